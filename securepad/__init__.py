@@ -1,0 +1,34 @@
+"""securepad: the hardened observation store for LLM agent runtimes."""
+
+from .errors import (
+    ExpiredError,
+    IntegrityError,
+    InvalidArgumentError,
+    NotFoundError,
+    PolicyError,
+    QuotaExceededError,
+    SecurepadError,
+    StoreBusyError,
+    WrongKeyError,
+)
+from .keys import Keyring
+from .policy import Policy
+from .principal import Principal
+from .store import Entry, Scratchpad
+
+__all__ = [
+    "Entry",
+    "ExpiredError",
+    "IntegrityError",
+    "InvalidArgumentError",
+    "Keyring",
+    "NotFoundError",
+    "Policy",
+    "PolicyError",
+    "Principal",
+    "QuotaExceededError",
+    "Scratchpad",
+    "SecurepadError",
+    "StoreBusyError",
+    "WrongKeyError",
+]

@@ -1,0 +1,192 @@
+"""SQLite through apsw: connections, pragmas, migrations, the one transaction helper.
+
+One connection per thread (concurrency comes from several connections, never
+from sharing one), re-opened after fork, all configured here.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import apsw
+
+from .errors import SecurepadError, StoreBusyError
+
+__all__ = ["SCHEMA_VERSION", "Database"]
+
+# How long a writer waits for the lock before StoreBusyError.
+BUSY_TIMEOUT_MS = 30_000
+
+SCHEMA_VERSION = 1
+
+_MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE store_meta(
+        key   TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE owner_keys(
+        owner_user_id TEXT NOT NULL,
+        version       INTEGER NOT NULL,
+        wrapped       BLOB NOT NULL,
+        created_at    REAL NOT NULL,
+        PRIMARY KEY (owner_user_id, version)
+    ) WITHOUT ROWID;
+    CREATE TABLE entries(
+        id             TEXT PRIMARY KEY,
+        owner_user_id  TEXT NOT NULL,
+        actor          TEXT NOT NULL,
+        channel        TEXT NOT NULL,
+        turn_id        TEXT NOT NULL,
+        step_num       INTEGER NOT NULL,
+        executor_name  TEXT NOT NULL,
+        content_kind   TEXT NOT NULL,
+        size_bytes     INTEGER NOT NULL,
+        size_chars     INTEGER NOT NULL,
+        segment_count  INTEGER NOT NULL,
+        key_version    INTEGER NOT NULL,
+        created_at     REAL NOT NULL,
+        expires_at     REAL NOT NULL,
+        wrapped_key    BLOB NOT NULL,
+        nonce_prefix   BLOB NOT NULL,
+        commitment     BLOB NOT NULL,
+        sealed_meta    BLOB NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX entries_owner_turn ON entries(owner_user_id, turn_id, step_num);
+    CREATE INDEX entries_expires ON entries(expires_at);
+    CREATE INDEX entries_owner_usage ON entries(owner_user_id, expires_at, size_bytes);
+    CREATE TABLE segments(
+        entry_id TEXT NOT NULL,
+        seq      INTEGER NOT NULL,
+        data     BLOB NOT NULL,
+        PRIMARY KEY (entry_id, seq)
+    ) WITHOUT ROWID;
+    """,
+}
+
+
+class Database:
+    """A store file and the per-thread apsw connections to it."""
+
+    def __init__(self, path: Path, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+        self.path = path
+        self._busy_timeout_ms = busy_timeout_ms
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._all: list[apsw.Connection] = []
+        self._closed = False
+        _create_private_file(path)
+        with self.transaction() as conn:
+            self._migrate(conn)
+
+    @property
+    def conn(self) -> apsw.Connection:
+        """This thread's connection, opened on first use and again after fork."""
+        if self._closed:
+            raise SecurepadError("the store is closed")
+        pid = os.getpid()
+        conn: apsw.Connection | None = getattr(self._local, "conn", None)
+        if conn is None or self._local.pid != pid:
+            conn = self._open()
+            self._local.conn, self._local.pid = conn, pid
+            with self._lock:
+                self._all.append(conn)
+        return conn
+
+    def _open(self) -> apsw.Connection:
+        try:
+            conn = apsw.Connection(str(self.path))
+        except apsw.Error as exc:
+            raise SecurepadError(f"cannot open store {self.path}: {exc}") from None
+        conn.setbusytimeout(self._busy_timeout_ms)
+        # Double-quoted strings are identifiers only, never string literals.
+        conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
+        conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        # Deleted content is overwritten with zeros, in the file and the WAL.
+        conn.execute("PRAGMA secure_delete = ON")
+        conn.execute("PRAGMA foreign_keys = ON")
+        return conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[apsw.Connection]:
+        """A write transaction (BEGIN IMMEDIATE), rolled back on any exception.
+
+        Raises:
+            StoreBusyError: the write lock was not obtained within the busy timeout.
+        """
+        conn = self.conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except apsw.BusyError:
+            raise StoreBusyError("the store is busy; try again") from None
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        try:
+            conn.execute("COMMIT")
+        except apsw.BusyError:
+            conn.execute("ROLLBACK")
+            raise StoreBusyError("the store is busy; try again") from None
+
+    @contextmanager
+    def snapshot(self) -> Iterator[apsw.Connection]:
+        """A read transaction: every query inside sees the same state."""
+        conn = self.conn
+        conn.execute("BEGIN DEFERRED")
+        try:
+            yield conn
+        finally:
+            conn.execute("COMMIT")
+
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        """Rows as dicts, on this thread's connection."""
+        cursor = self.conn.execute(sql, params)
+        try:
+            names = [d[0] for d in cursor.getdescription()]
+        except apsw.ExecutionCompleteError:  # no rows at all
+            return []
+        return [dict(zip(names, row, strict=True)) for row in cursor]
+
+    def checkpoint(self) -> None:
+        """Move the WAL into the database and truncate it to zero bytes."""
+        self.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+
+    def _migrate(self, conn: apsw.Connection) -> None:
+        version = int(conn.execute("PRAGMA user_version").fetchall()[0][0])  # type: ignore[arg-type]
+        if version > SCHEMA_VERSION:
+            raise SecurepadError(
+                f"store schema version {version} is newer than this securepad understands ({SCHEMA_VERSION})"
+            )
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            conn.execute(_MIGRATIONS[target])
+            conn.execute(f"PRAGMA user_version = {target}")
+
+    def close(self) -> None:
+        """Close every connection this object opened, in any thread."""
+        with self._lock:
+            self._closed = True
+            conns, self._all = self._all, []
+        for conn in conns:
+            conn.close()
+
+
+def _create_private_file(path: Path) -> None:
+    """Create the database file 0600 in a 0700 directory before SQLite does:
+    SQLite gives the -wal and -shm files the database file's mode."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    except OSError as exc:
+        raise SecurepadError(f"cannot create store {path}: {exc.strerror}") from None
+    os.close(fd)

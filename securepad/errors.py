@@ -1,0 +1,59 @@
+"""The exception hierarchy. Every error securepad raises is a ``SecurepadError``.
+
+The hierarchy is shallow on purpose: callers catch ``NotFoundError`` for
+"you cannot have this entry", whatever the reason (absent, another owner's,
+outside the policy's scope, expired for a non-owner), so that no reason leaks.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ExpiredError",
+    "IntegrityError",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "PolicyError",
+    "QuotaExceededError",
+    "SecurepadError",
+    "StoreBusyError",
+    "WrongKeyError",
+]
+
+
+class SecurepadError(Exception):
+    """Base class of every error raised by securepad."""
+
+
+class NotFoundError(SecurepadError):
+    """The entry does not exist, is not the caller's, or is outside its scope.
+
+    The message never says which: all of these look the same to the caller.
+    """
+
+
+class ExpiredError(NotFoundError):
+    """The caller's own entry has expired; it is never served again."""
+
+
+class InvalidArgumentError(SecurepadError, ValueError):
+    """An argument is malformed: bad mode, negative size, start > end, unknown field."""
+
+
+class IntegrityError(SecurepadError):
+    """Authentication failed: the stored data was tampered with or corrupted."""
+
+
+class WrongKeyError(SecurepadError):
+    """The master key does not open this store."""
+
+
+class PolicyError(SecurepadError):
+    """A policy file is unreadable, has an unknown key, or has a bad value."""
+
+
+class QuotaExceededError(SecurepadError):
+    """A put would exceed the owner's quota or the policy's entry size limit."""
+
+
+class StoreBusyError(SecurepadError):
+    """The store's write lock could not be obtained in time."""

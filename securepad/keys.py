@@ -1,0 +1,229 @@
+"""The keyring: where the master key comes from, and the key handles.
+
+Key hierarchy (see SECURITY.md):
+
+    master key (key file | environment variable | Argon2id(passphrase))
+      └─ wraps owner keys (one random key per owner and version)
+           └─ wrap item keys (one random key per entry)
+                └─ HKDF → content key, metadata key, key commitment
+
+Keys are handles, not bytes: they do not show in ``repr`` and refuse to be
+pickled, so they do not end up in logs, tracebacks or caches by accident.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import secrets
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from argon2.low_level import Type, hash_secret_raw
+
+from .errors import InvalidArgumentError, SecurepadError, WrongKeyError
+
+__all__ = ["KeyHandle", "Keyring", "default_key_file"]
+
+KEY_BYTES = 32
+
+# RFC 9106, section 4, second recommended option (memory-constrained):
+# Argon2id, t=3 passes, 64 MiB, 4 lanes, 16-byte salt, 32-byte tag.
+ARGON2_DEFAULTS: dict[str, int] = {"time_cost": 3, "memory_cost": 64 * 1024, "parallelism": 4}
+
+
+class KeyHandle:
+    """An opaque 32-byte key. Its bytes are reachable only inside securepad."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) != KEY_BYTES:
+            raise InvalidArgumentError(f"a key has {KEY_BYTES} bytes, not {len(key)}")
+        self._key = bytes(key)
+
+    def __repr__(self) -> str:
+        return "<KeyHandle (hidden)>"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("key handles cannot be pickled")
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+@dataclass(frozen=True)
+class _Source:
+    kind: str  # "file" | "env" | "passphrase"
+    detail: str  # the path or variable name; never the secret
+    secret: bytes = b""
+    argon2: tuple[tuple[str, int], ...] = ()
+
+    def __repr__(self) -> str:
+        return f"_Source({self.kind}, {self.detail})"
+
+
+class Keyring:
+    """The master key's source. Build one with a ``from_*`` class method.
+
+    The store derives the key when it opens: a passphrase needs the salt kept
+    in the store's metadata, so nothing is derived before that.
+    """
+
+    def __init__(self, source: _Source) -> None:
+        self._source = source
+
+    def __repr__(self) -> str:
+        return f"<Keyring {self._source.kind}: {self._source.detail}>"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("keyrings cannot be pickled")
+
+    @property
+    def kind(self) -> str:
+        """``file``, ``env`` or ``passphrase``."""
+        return self._source.kind
+
+    @property
+    def key_file(self) -> Path | None:
+        """The key file's path, for a keyring built from one."""
+        return Path(self._source.detail) if self._source.kind == "file" else None
+
+    @classmethod
+    def from_key_file(cls, path: str | os.PathLike[str] | None = None) -> Keyring:
+        """Use the master key in ``path``, creating it (mode 0600) if it is absent.
+
+        ``path`` defaults to ``key`` in the user config dir, apart from the data
+        dir where the database lives. The file holds the key in base64.
+
+        Raises:
+            WrongKeyError: the file exists but does not hold a base64 32-byte key.
+            SecurepadError: the file cannot be read or created.
+        """
+        key_path = Path(path) if path is not None else default_key_file()
+        try:
+            raw = key_path.read_bytes()
+        except FileNotFoundError:
+            raw = _create_key_file(key_path)
+        except OSError as exc:
+            raise SecurepadError(f"cannot read key file {key_path}: {exc.strerror}") from None
+        key = _decode_key(raw, f"key file {key_path}")
+        return cls(_Source("file", str(key_path), key))
+
+    @classmethod
+    def from_env(cls, var: str = "SECUREPAD_MASTER_KEY") -> Keyring:
+        """Use the base64 32-byte master key in environment variable ``var``.
+
+        Raises:
+            WrongKeyError: the variable is unset or does not hold a base64 32-byte key.
+        """
+        value = os.environ.get(var)
+        if not value:
+            raise WrongKeyError(f"environment variable {var} is not set")
+        key = _decode_key(value.encode("ascii", "replace"), f"environment variable {var}")
+        return cls(_Source("env", var, key))
+
+    @classmethod
+    def from_passphrase(
+        cls,
+        passphrase: str,
+        *,
+        time_cost: int = ARGON2_DEFAULTS["time_cost"],
+        memory_cost: int = ARGON2_DEFAULTS["memory_cost"],
+        parallelism: int = ARGON2_DEFAULTS["parallelism"],
+    ) -> Keyring:
+        """Stretch ``passphrase`` with Argon2id into the master key.
+
+        The defaults are RFC 9106's second recommended parameters. The
+        parameters apply when a store is created; an existing store keeps the
+        salt and parameters it was created with. Lower values are for tests.
+
+        Raises:
+            InvalidArgumentError: the passphrase is empty or a parameter is out of range.
+        """
+        if not isinstance(passphrase, str) or not passphrase:
+            raise InvalidArgumentError("the passphrase must be a non-empty string")
+        if time_cost < 1 or parallelism < 1 or memory_cost < 8 * parallelism:
+            raise InvalidArgumentError("Argon2id needs time_cost>=1, parallelism>=1, memory_cost>=8*parallelism")
+        params = (("time_cost", time_cost), ("memory_cost", memory_cost), ("parallelism", parallelism))
+        return cls(_Source("passphrase", "argon2id", passphrase.encode("utf-8"), params))
+
+    def _master_key(self, kdf: dict[str, Any] | None) -> tuple[KeyHandle, dict[str, Any] | None]:
+        """The master key for a store whose KDF record is ``kdf``.
+
+        Returns the key and, for a passphrase keyring opening a store without a
+        record, the new record to keep in the store.
+        """
+        source = self._source
+        if source.kind != "passphrase":
+            return KeyHandle(source.secret), None
+        record = kdf if kdf is not None and kdf.get("alg") == "argon2id" else None
+        if record is None:
+            record = {
+                "alg": "argon2id",
+                "salt": base64.b64encode(secrets.token_bytes(16)).decode(),
+                **dict(source.argon2),
+            }
+            created: dict[str, Any] | None = record
+        else:
+            created = None
+        try:
+            key = hash_secret_raw(
+                source.secret,
+                base64.b64decode(record["salt"]),
+                time_cost=int(record["time_cost"]),
+                memory_cost=int(record["memory_cost"]),
+                parallelism=int(record["parallelism"]),
+                hash_len=KEY_BYTES,
+                type=Type.ID,
+            )
+        except (KeyError, ValueError, TypeError) as exc:
+            raise WrongKeyError(f"the store's passphrase parameters are unreadable: {exc}") from None
+        return KeyHandle(key), created
+
+
+def default_key_file() -> Path:
+    """``key`` in the user config dir (``SECUREPAD_KEY_FILE`` overrides the CLI's choice)."""
+    from platformdirs import user_config_path
+
+    return user_config_path("securepad") / "key"
+
+
+def _decode_key(raw: bytes, where: str) -> bytes:
+    try:
+        key = base64.b64decode(raw.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raise WrongKeyError(f"{where} does not hold a base64 key") from None
+    if len(key) != KEY_BYTES:
+        raise WrongKeyError(f"{where} holds {len(key)} bytes; a master key has {KEY_BYTES}")
+    return key
+
+
+def _create_key_file(path: Path) -> bytes:
+    """Write a fresh key, mode 0600, atomically: written to a private temporary
+    file, then hard-linked into place so that a racing process either wins or
+    reads the winner's complete key, never a half-written one."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    encoded = base64.b64encode(secrets.token_bytes(KEY_BYTES)) + b"\n"
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, stat.S_IRUSR | stat.S_IWUSR)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(encoded)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return path.read_bytes()
+    except OSError as exc:
+        raise SecurepadError(f"cannot create key file {path}: {exc.strerror}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return encoded

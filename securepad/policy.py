@@ -1,0 +1,185 @@
+"""Policy files: loading, validation, and the one authorization decision.
+
+A policy narrows access inside an owner and sets limits. No policy can widen
+access across owners: the owner condition is always part of the scope.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .errors import NotFoundError, PolicyError
+from .principal import Principal
+
+__all__ = ["NOT_FOUND_MESSAGE", "Policy"]
+
+# One message for every "you cannot have this entry", whatever the reason.
+NOT_FOUND_MESSAGE = "no such entry"
+
+SCOPES = ("owner", "owner+channel", "owner+channel+actor")
+
+# (section, key) -> (type, minimum, maximum); every value is validated here.
+_LIMITS: dict[tuple[str, str], tuple[type, int, int]] = {
+    ("limits", "offload_threshold_bytes"): (int, 0, 1 << 30),
+    ("limits", "inline_max_chars"): (int, 1, 1 << 24),
+    ("limits", "max_read_chars"): (int, 16, 1 << 26),
+    ("limits", "max_entry_bytes"): (int, 1, 1 << 40),
+    ("limits", "owner_quota_bytes"): (int, 1, 1 << 50),
+    ("limits", "default_ttl_seconds"): (int, 1, 10 * 365 * 86400),
+    ("limits", "max_ttl_seconds"): (int, 1, 10 * 365 * 86400),
+}
+_FLAGS = {("audit", "log_denied"), ("audit", "log_reads")}
+_SECTIONS = {"access", "limits", "audit"}
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A validated policy. Build one with ``Policy.load(path)`` or ``Policy.default()``.
+
+    ``scope`` decides which entries of an owner a principal may touch:
+    ``owner`` (all of them), ``owner+channel`` (those stored on its channel),
+    ``owner+channel+actor`` (those stored by it on its channel).
+    """
+
+    scope: str = "owner"
+    offload_threshold_bytes: int = 4096
+    inline_max_chars: int = 1500
+    max_read_chars: int = 16000
+    max_entry_bytes: int = 100 * 1024 * 1024
+    owner_quota_bytes: int = 1024 * 1024 * 1024
+    default_ttl_seconds: int = 3600
+    max_ttl_seconds: int = 86400
+    log_denied: bool = True
+    log_reads: bool = False
+    name: str = "default"
+
+    @classmethod
+    def load(cls, path: str | Path) -> Policy:
+        """Load and validate a TOML policy file.
+
+        Raises:
+            PolicyError: the file cannot be read or parsed, has an unknown
+                section or key, a value of the wrong type or out of range, or
+                contradictory limits. The message names the offending key.
+        """
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise PolicyError(f"cannot read policy file {path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise PolicyError(f"policy file {path} is not UTF-8 text") from None
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise PolicyError(f"policy file {path} is not valid TOML: {exc}") from None
+        return cls.from_dict(data, name=path.stem)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, name: str = "custom") -> Policy:
+        """Validate a policy given as nested dicts (the parsed TOML).
+
+        Raises:
+            PolicyError: as for ``load``.
+        """
+        if not data:
+            raise PolicyError("policy is empty: give at least [access] scope")
+        values: dict[str, Any] = {"name": name}
+        for section, body in data.items():
+            if section not in _SECTIONS:
+                raise PolicyError(f"unknown policy section [{section}]")
+            if not isinstance(body, dict):
+                raise PolicyError(f"[{section}] must be a table")
+            for key, value in body.items():
+                values[key] = _validate(section, key, value)
+        policy = cls(**values)
+        if policy.default_ttl_seconds > policy.max_ttl_seconds:
+            raise PolicyError("limits.default_ttl_seconds exceeds limits.max_ttl_seconds")
+        if policy.max_entry_bytes > policy.owner_quota_bytes:
+            raise PolicyError("limits.max_entry_bytes exceeds limits.owner_quota_bytes")
+        return policy
+
+    @classmethod
+    def default(cls) -> Policy:
+        """The shipped ``default.toml``.
+
+        Raises:
+            PolicyError: the installed default policy is missing or invalid.
+        """
+        return cls.load(bundled_policy_path("default"))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The policy's values, for reports."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    # -- the authorization decision -------------------------------------------------
+
+    def scope_columns(self, principal: Principal) -> list[tuple[str, str]]:
+        """The (column, value) pairs an entry must match for ``principal``.
+
+        The owner is always first: this is the tenant boundary no policy can lift.
+        """
+        columns = [("owner_user_id", principal.owner_user_id)]
+        if self.scope in ("owner+channel", "owner+channel+actor"):
+            columns.append(("channel", principal.channel))
+        if self.scope == "owner+channel+actor":
+            columns.append(("actor", principal.actor))
+        return columns
+
+    def scope_sql(self, principal: Principal) -> tuple[str, tuple[str, ...]]:
+        """The SQL condition (for table ``entries``) and its parameters."""
+        columns = self.scope_columns(principal)
+        sql = " AND ".join(f"{column} = ?" for column, _ in columns)
+        return sql, tuple(value for _, value in columns)
+
+    def authorize_row(self, principal: Principal, row: dict[str, Any]) -> None:
+        """Check a fetched row again against the scope; the SQL already filtered it.
+
+        Raises:
+            NotFoundError: the row is outside the principal's scope.
+        """
+        for column, value in self.scope_columns(principal):
+            if row.get(column) != value:
+                raise NotFoundError(NOT_FOUND_MESSAGE)
+
+
+def _validate(section: str, key: str, value: Any) -> Any:
+    if (section, key) == ("access", "scope"):
+        if value not in SCOPES:
+            raise PolicyError(f"access.scope must be one of {', '.join(SCOPES)}, not {value!r}")
+        return value
+    if (section, key) in _FLAGS:
+        if not isinstance(value, bool):
+            raise PolicyError(f"{section}.{key} must be true or false, not {value!r}")
+        return value
+    limit = _LIMITS.get((section, key))
+    if limit is None:
+        raise PolicyError(f"unknown policy key {section}.{key}")
+    _, low, high = limit
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PolicyError(f"{section}.{key} must be an integer, not {value!r}")
+    if not low <= value <= high:
+        raise PolicyError(f"{section}.{key} must be between {low} and {high}, not {value}")
+    return value
+
+
+def bundled_policy_path(name: str) -> Path:
+    """Path of a policy shipped with securepad (``default``, ``strict``...).
+
+    Installed wheels carry the files inside the package; a source checkout
+    keeps them in the top-level ``policies/`` folder.
+
+    Raises:
+        PolicyError: no shipped policy has that name.
+    """
+    installed = resources.files("securepad") / "policies" / f"{name}.toml"
+    if installed.is_file():
+        return Path(str(installed))
+    checkout = Path(__file__).resolve().parent.parent / "policies" / f"{name}.toml"
+    if checkout.is_file():
+        return checkout
+    raise PolicyError(f"no shipped policy named {name!r}")

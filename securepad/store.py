@@ -1,0 +1,668 @@
+"""``Scratchpad``: the encrypted, authorized observation store.
+
+Every call that touches an entry runs authorize → fetch → decrypt: the
+principal's scope is part of the SQL, the row is checked again, and only
+then is anything unwrapped or decrypted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import apsw
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from . import reads, summary
+from ._db import Database
+from .crypto import FORMAT_VERSION, EntryCipher, Header, derive, lp, split_bytes, split_text, unwrap_key, wrap_key
+from .errors import (
+    ExpiredError,
+    IntegrityError,
+    InvalidArgumentError,
+    NotFoundError,
+    QuotaExceededError,
+    SecurepadError,
+    WrongKeyError,
+)
+from .keys import KEY_BYTES, Keyring
+from .policy import NOT_FOUND_MESSAGE, Policy
+from .principal import Principal, check_identifier
+
+__all__ = ["Entry", "Scratchpad"]
+
+audit_log = logging.getLogger("securepad.audit")
+
+_ID_RE = re.compile(r"[0-9a-f]{16}")
+# Clear columns that the sealed metadata repeats; a mismatch means tampering.
+_SEALED_COLUMNS = ("actor", "channel", "step_num", "executor_name", "created_at", "expires_at")
+_ENTRY_COLUMNS = (
+    "id, owner_user_id, actor, channel, turn_id, step_num, executor_name, content_kind, size_bytes,"
+    " size_chars, segment_count, key_version, created_at, expires_at, wrapped_key, nonce_prefix,"
+    " commitment, sealed_meta"
+)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A whole stored observation, as returned by ``Scratchpad.get``."""
+
+    scratchpad_id: str
+    owner_user_id: str
+    actor: str
+    channel: str
+    turn_id: str
+    step_num: int
+    executor_name: str
+    kind: str
+    size_bytes: int
+    size_chars: int
+    created_at: float
+    expires_at: float
+    observation: Any
+    view: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Opened:
+    """An authorized, authenticated entry whose content is still sealed."""
+
+    row: dict[str, Any]
+    meta: dict[str, Any]
+    content: reads.SegmentedContent
+
+    def view(self) -> dict[str, Any]:
+        return {"ok": True, "scratchpad_id": self.row["id"], **self.meta["view"]}
+
+
+class Scratchpad:
+    """The observation store. Open one with ``Scratchpad.open``; use it as a context manager.
+
+    Safe to share between threads (each gets its own SQLite connection) and
+    to use from several processes on the same file.
+    """
+
+    def __init__(self, db: Database, keyring: Keyring, policy: Policy, clock: Callable[[], float]) -> None:
+        self._db = db
+        self.policy = policy
+        self.keyring = keyring
+        self._clock = clock
+        self._owner_ciphers: dict[tuple[str, int], AESGCM] = {}
+        self._latest: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self.store_id, wrap_key_bytes = self._unlock(keyring)
+        self._wrap = AESGCM(wrap_key_bytes)
+
+    # -- opening -------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        db_path: str | os.PathLike[str],
+        *,
+        keyring: Keyring,
+        policy: str | os.PathLike[str] | Policy | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> Scratchpad:
+        """Open (creating if needed) the store at ``db_path``.
+
+        ``policy`` is a path to a TOML policy, a ``Policy``, or None for the
+        shipped default. ``clock`` is the time source for expiry.
+
+        Raises:
+            WrongKeyError: the keyring's master key does not open this store.
+            PolicyError: the policy file is invalid.
+            SecurepadError: the file cannot be opened or was made by a newer version.
+        """
+        if not isinstance(keyring, Keyring):
+            raise InvalidArgumentError("keyring must be a securepad.Keyring")
+        if policy is None:
+            resolved = Policy.default()
+        elif isinstance(policy, Policy):
+            resolved = policy
+        else:
+            resolved = Policy.load(Path(policy))
+        db = Database(Path(db_path))
+        try:
+            return cls(db, keyring, resolved, clock)
+        except BaseException:
+            db.close()
+            raise
+
+    def _unlock(self, keyring: Keyring) -> tuple[str, bytes]:
+        """Check the master key against the store (initializing a new store)."""
+        meta = self._store_meta()
+        if "store_id" not in meta:
+            store_id = secrets.token_hex(16)
+            master, kdf = keyring._master_key(None)
+            with self._db.transaction() as conn:
+                if not conn.execute("SELECT 1 FROM store_meta WHERE key = 'store_id'").fetchall():
+                    values = {
+                        "store_id": store_id,
+                        "format_version": str(FORMAT_VERSION),
+                        "key_check": derive(master, "key-check", store_id.encode()).hex(),
+                        "kdf": json.dumps(kdf),
+                    }
+                    conn.executemany("INSERT INTO store_meta(key, value) VALUES (?, ?)", list(values.items()))
+            meta = self._store_meta()
+        kdf_record = json.loads(meta.get("kdf", "null"))
+        store_id = meta["store_id"]
+        master, _ = keyring._master_key(kdf_record)
+        expected = bytes.fromhex(meta["key_check"])
+        if not secrets.compare_digest(derive(master, "key-check", store_id.encode()), expected):
+            raise WrongKeyError(f"the master key from {keyring!r} does not open this store")
+        return store_id, derive(master, "owner-wrap", store_id.encode())
+
+    def _store_meta(self) -> dict[str, str]:
+        return {r["key"]: r["value"] for r in self._db.query("SELECT key, value FROM store_meta")}
+
+    @property
+    def path(self) -> Path:
+        """The database file."""
+        return self._db.path
+
+    def close(self) -> None:
+        """Close every connection. The object cannot be used afterwards."""
+        self._db.close()
+
+    def __enter__(self) -> Scratchpad:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _now(self, now: float | None) -> float:
+        return self._clock() if now is None else float(now)
+
+    # -- owner keys ----------------------------------------------------------------
+
+    def _owner_aad(self, owner: str, version: int) -> bytes:
+        return lp("owner-key", self.store_id, owner, str(version))
+
+    def _owner_cipher(self, owner: str, version: int) -> AESGCM:
+        """The owner's key of ``version``, unwrapped once and cached.
+
+        Raises:
+            IntegrityError: the key is missing or its wrapping was altered.
+        """
+        cached = self._owner_ciphers.get((owner, version))
+        if cached is not None:
+            return cached
+        rows = self._db.query(
+            "SELECT wrapped FROM owner_keys WHERE owner_user_id = ? AND version = ?", (owner, version)
+        )
+        if not rows:
+            raise IntegrityError("the entry's owner key is missing")
+        cipher = AESGCM(unwrap_key(self._wrap, rows[0]["wrapped"], self._owner_aad(owner, version)))
+        with self._lock:
+            self._owner_ciphers[(owner, version)] = cipher
+        return cipher
+
+    def _current_owner_key(self, owner: str) -> tuple[int, AESGCM]:
+        """The owner's newest key, created (in its own short transaction) on first use."""
+        version = self._latest.get(owner)
+        if version is None:
+            rows = self._db.query("SELECT MAX(version) AS v FROM owner_keys WHERE owner_user_id = ?", (owner,))
+            version = rows[0]["v"]
+            if version is None:
+                version = 1
+                wrapped = wrap_key(self._wrap, secrets.token_bytes(KEY_BYTES), self._owner_aad(owner, version))
+                with self._db.transaction() as conn:
+                    conn.execute(
+                        "INSERT OR IGNORE INTO owner_keys(owner_user_id, version, wrapped, created_at)"
+                        " VALUES (?, ?, ?, ?)",
+                        (owner, version, wrapped, time.time()),
+                    )
+            with self._lock:
+                self._latest[owner] = version
+        return version, self._owner_cipher(owner, version)
+
+    # -- put -----------------------------------------------------------------------
+
+    def put(
+        self,
+        principal: Principal,
+        turn_id: str,
+        step_num: int,
+        executor_name: str,
+        observation: Any,
+        ttl_seconds: int | None = None,
+        *,
+        now: float | None = None,
+    ) -> dict[str, Any]:
+        """Store an observation, encrypted, and return its synthetic view.
+
+        ``observation`` is a str (text), bytes (binary), a dict whose
+        ``content`` is a str or bytes (text or binary; the other fields are
+        kept, encrypted), or any other JSON value (json). The view has
+        ``scratchpad_id``, ``step_num``, ``size_bytes``, ``kind``, ``summary``,
+        ``metadata``, the top-level scalars and, for json, ``list_field``,
+        ``count``, ``schema`` and a ``ref_hint``.
+
+        Raises:
+            InvalidArgumentError: a bad principal, id, step, ttl, or an
+                observation that is not JSON-serializable.
+            QuotaExceededError: the entry exceeds ``max_entry_bytes`` or the
+                owner's ``owner_quota_bytes``.
+            StoreBusyError: the write lock was not obtained in time.
+        """
+        _check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        check_identifier("executor_name", executor_name)
+        if isinstance(step_num, bool) or not isinstance(step_num, int) or not 0 <= step_num < 2**31:
+            raise InvalidArgumentError(f"step_num must be an integer from 0 to 2**31-1, not {step_num!r}")
+        ttl = self._ttl(ttl_seconds)
+        kind, shape, content, rest = _classify(observation)
+        if isinstance(content, bytes):
+            segments, counts, size_chars = split_bytes(content), None, 0
+        else:
+            segments, char_counts = split_text(content)
+            counts, size_chars = char_counts, sum(char_counts)
+        size_bytes = sum(len(s) for s in segments)
+        if size_bytes > self.policy.max_entry_bytes:
+            raise QuotaExceededError(
+                f"the observation has {size_bytes} bytes; the policy's max_entry_bytes is {self.policy.max_entry_bytes}"
+            )
+        created = self._now(now)
+        view = _view(kind, step_num, size_bytes, content, rest, observation)
+        meta = {
+            "actor": principal.actor,
+            "channel": principal.channel,
+            "step_num": step_num,
+            "executor_name": executor_name,
+            "created_at": created,
+            "expires_at": created + ttl,
+            "shape": shape,
+            "rest": rest,
+            "counts": counts,
+            "view": view,
+        }
+        owner = principal.owner_user_id
+        version, owner_cipher = self._current_owner_key(owner)
+        for _ in range(3):
+            entry_id = secrets.token_hex(8)
+            header = Header(entry_id, owner, turn_id, kind, size_bytes, size_chars, len(segments), version)
+            row, sealed = _seal(owner_cipher, header, meta, segments)
+            try:
+                self._insert(row, sealed, created)
+            except apsw.ConstraintError:
+                continue  # a 64-bit id collided: seal again under a new id
+            return {"ok": True, "scratchpad_id": entry_id, **view}
+        raise SecurepadError("could not allocate an entry id")
+
+    def _ttl(self, ttl_seconds: int | None) -> int:
+        if ttl_seconds is None:
+            return self.policy.default_ttl_seconds
+        if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int) or ttl_seconds <= 0:
+            raise InvalidArgumentError(f"ttl_seconds must be a positive integer, not {ttl_seconds!r}")
+        if ttl_seconds > self.policy.max_ttl_seconds:
+            raise InvalidArgumentError(
+                f"ttl_seconds {ttl_seconds} exceeds the policy's max_ttl_seconds ({self.policy.max_ttl_seconds})"
+            )
+        return ttl_seconds
+
+    def _insert(self, row: dict[str, Any], segments: list[bytes], now: float) -> None:
+        with self._db.transaction() as conn:
+            used = conn.execute(
+                "SELECT COALESCE(SUM(size_bytes), 0) FROM entries WHERE owner_user_id = ? AND expires_at > ?",
+                (row["owner_user_id"], now),
+            ).fetchall()[0][0]
+            if used + row["size_bytes"] > self.policy.owner_quota_bytes:
+                raise QuotaExceededError(
+                    f"owner quota exceeded: {used} bytes live + {row['size_bytes']} new"
+                    f" > owner_quota_bytes {self.policy.owner_quota_bytes}"
+                )
+            columns = ", ".join(row)
+            conn.execute(f"INSERT INTO entries({columns}) VALUES ({', '.join('?' * len(row))})", tuple(row.values()))
+            conn.executemany(
+                "INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)",
+                ((row["id"], seq, data) for seq, data in enumerate(segments)),
+            )
+
+    # -- authorize → fetch → decrypt ---------------------------------------------
+
+    def _open(self, principal: Principal, scratchpad_id: object, now: float | None) -> _Opened:
+        """The one path from an id to an entry's plaintext.
+
+        Raises:
+            NotFoundError: absent, malformed, another owner's, or outside the scope.
+            ExpiredError: the caller's own entry has expired.
+            IntegrityError: the stored entry fails authentication.
+        """
+        _check_principal(principal)
+        if not isinstance(scratchpad_id, str) or not _ID_RE.fullmatch(scratchpad_id):
+            self._denied(principal, "malformed id")
+            raise NotFoundError(NOT_FOUND_MESSAGE)
+        scope, params = self.policy.scope_sql(principal)
+        rows = self._db.query(
+            f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE id = ? AND {scope}", (scratchpad_id, *params)
+        )
+        if not rows:
+            self._denied(principal, scratchpad_id)
+            raise NotFoundError(NOT_FOUND_MESSAGE)
+        row = rows[0]
+        self.policy.authorize_row(principal, row)
+        if row["expires_at"] <= self._now(now):
+            raise ExpiredError("this entry has expired")
+        return self._authenticate(row)
+
+    def _authenticate(self, row: dict[str, Any]) -> _Opened:
+        """Unwrap the item key, check the commitment, open and cross-check the metadata."""
+        header = Header(
+            row["id"],
+            row["owner_user_id"],
+            row["turn_id"],
+            row["content_kind"],
+            row["size_bytes"],
+            row["size_chars"],
+            row["segment_count"],
+            row["key_version"],
+        )
+        owner_cipher = self._owner_cipher(row["owner_user_id"], row["key_version"])
+        item_key = unwrap_key(owner_cipher, row["wrapped_key"], _item_aad(header))
+        cipher = EntryCipher(item_key, header, row["nonce_prefix"])
+        cipher.verify_commitment(row["commitment"])
+        meta = json.loads(cipher.open_meta(row["sealed_meta"]))
+        for column in _SEALED_COLUMNS:
+            if meta[column] != row[column]:
+                raise IntegrityError(f"the entry's clear {column} does not match its sealed copy")
+        counts = meta["counts"]
+        if counts is None:  # binary: every segment but the last is full
+            counts = _binary_counts(header.size_bytes, header.segment_count)
+        if len(counts) != header.segment_count:
+            raise IntegrityError("the entry's segment index does not match its header")
+        kind = header.kind
+        content = reads.SegmentedContent(kind, counts, self._fetcher(row["id"], cipher, header.segment_count))
+        return _Opened(row, meta, content)
+
+    def _fetcher(self, entry_id: str, cipher: EntryCipher, count: int) -> reads.Fetch:
+        def fetch(first: int, last: int) -> list[bytes]:
+            rows = self._db.conn.execute(
+                "SELECT seq, data FROM segments WHERE entry_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
+                (entry_id, first, last),
+            ).fetchall()
+            if [seq for seq, _ in rows] != list(range(first, last + 1)):
+                raise IntegrityError("the entry's segments are missing or out of order")
+            return [cipher.open_segment(int(seq), bytes(data), seq == count - 1) for seq, data in rows]  # type: ignore[arg-type]
+
+        return fetch
+
+    def _denied(self, principal: Principal, what: str) -> None:
+        if self.policy.log_denied:
+            audit_log.warning(
+                "denied: owner=%r actor=%r channel=%r id=%r",
+                principal.owner_user_id,
+                principal.actor,
+                principal.channel,
+                what[:64],
+            )
+
+    # -- get / read / list ----------------------------------------------------------
+
+    def get(self, principal: Principal, scratchpad_id: str, *, now: float | None = None) -> Entry:
+        """The whole entry, ``observation`` equal to what was put (not capped:
+        this is the library's view, not the model's).
+
+        Raises:
+            NotFoundError: absent, another owner's, or outside the policy's scope.
+            ExpiredError: the caller's own entry has expired.
+            IntegrityError: the stored entry fails authentication.
+        """
+        opened = self._open(principal, scratchpad_id, now)
+        row, meta = opened.row, opened.meta
+        whole = opened.content.slice(0, opened.content.size)
+        return Entry(
+            scratchpad_id=row["id"],
+            owner_user_id=row["owner_user_id"],
+            actor=row["actor"],
+            channel=row["channel"],
+            turn_id=row["turn_id"],
+            step_num=row["step_num"],
+            executor_name=row["executor_name"],
+            kind=row["content_kind"],
+            size_bytes=row["size_bytes"],
+            size_chars=row["size_chars"],
+            created_at=row["created_at"],
+            expires_at=row["expires_at"],
+            observation=_rebuild(meta["shape"], whole, meta["rest"]),
+            view=opened.view(),
+        )
+
+    def read(
+        self,
+        principal: Principal,
+        scratchpad_id: str,
+        mode: str = "head",
+        n: int = reads.DEFAULT_N,
+        start: int = 0,
+        end: int | None = None,
+        *,
+        now: float | None = None,
+    ) -> dict[str, Any]:
+        """Read part of an entry, never more than the policy's ``max_read_chars``.
+
+        Text and json entries count characters; binary entries count bytes and
+        return base64. The result's ``metadata`` gives ``size_full``,
+        ``size_returned``, ``truncated`` (less than the whole entry came back),
+        ``capped`` (the read cap cut the request) and ``next_start``.
+
+        Raises:
+            NotFoundError, ExpiredError, IntegrityError: as for ``get``.
+            InvalidArgumentError: unknown mode, negative n/start/end, start > end.
+        """
+        if mode not in reads.MODES:
+            raise InvalidArgumentError(f"unknown read mode {mode!r}; use one of {', '.join(reads.MODES)}")
+        opened = self._open(principal, scratchpad_id, now)
+        result = reads.read(opened.content, mode, n=n, start=start, end=end, cap=self.policy.max_read_chars)
+        result["scratchpad_id"] = opened.row["id"]
+        if self.policy.log_reads:
+            audit_log.info("read: owner=%r id=%s mode=%s", principal.owner_user_id, opened.row["id"], mode)
+        return result
+
+    def list_for_turn(self, principal: Principal, turn_id: str, *, now: float | None = None) -> list[dict[str, Any]]:
+        """The live entries of a turn that the principal may see, in step order.
+
+        Another owner's turn id gives an empty list, as an unused one does.
+
+        Raises:
+            InvalidArgumentError: a bad principal or turn id.
+            IntegrityError: a listed entry fails authentication.
+        """
+        _check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        scope, params = self.policy.scope_sql(principal)
+        rows = self._db.query(
+            f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE turn_id = ? AND expires_at > ? AND {scope}"
+            " ORDER BY step_num, created_at, id",
+            (turn_id, self._now(now), *params),
+        )
+        listed = []
+        for row in rows:
+            self.policy.authorize_row(principal, row)
+            opened = self._authenticate(row)
+            listed.append(
+                {
+                    "scratchpad_id": row["id"],
+                    "step_num": row["step_num"],
+                    "executor_name": row["executor_name"],
+                    "actor": row["actor"],
+                    "channel": row["channel"],
+                    "kind": row["content_kind"],
+                    "size_bytes": row["size_bytes"],
+                    "size_chars": row["size_chars"],
+                    "created_at": row["created_at"],
+                    "expires_at": row["expires_at"],
+                    "summary": opened.meta["view"]["summary"],
+                    "view": opened.view(),
+                }
+            )
+        return listed
+
+    # -- maintenance ----------------------------------------------------------------
+
+    def gc(self, now: float | None = None) -> int:
+        """Delete expired entries and their segments, then checkpoint and truncate
+        the WAL so their ciphertext leaves the files. Returns how many were deleted.
+
+        Raises:
+            StoreBusyError: the write lock was not obtained in time.
+        """
+        cutoff = self._now(now)
+        with self._db.transaction() as conn:
+            conn.execute(
+                "DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE expires_at <= ?)", (cutoff,)
+            )
+            conn.execute("DELETE FROM entries WHERE expires_at <= ?", (cutoff,))
+            deleted = conn.changes()
+        self._db.checkpoint()
+        return deleted
+
+    def stats(self, principal: Principal | None = None, *, now: float | None = None) -> dict[str, Any]:
+        """Counts and sizes: for one principal's scope, or (None) for the whole store.
+
+        Raises:
+            InvalidArgumentError: a bad principal.
+        """
+        current = self._now(now)
+        if principal is not None:
+            _check_principal(principal)
+            scope, params = self.policy.scope_sql(principal)
+            rows = self._db.query(
+                "SELECT COUNT(*) AS entries, COALESCE(SUM(size_bytes), 0) AS bytes FROM entries"
+                f" WHERE expires_at > ? AND {scope}",
+                (current, *params),
+            )
+            return {"owner_user_id": principal.owner_user_id, "scope": self.policy.scope, **rows[0]}
+        rows = self._db.query(
+            "SELECT COUNT(*) AS entries, COALESCE(SUM(size_bytes), 0) AS bytes,"
+            " COUNT(DISTINCT owner_user_id) AS owners,"
+            " COALESCE(SUM(expires_at <= ?), 0) AS expired_pending_gc FROM entries",
+            (current,),
+        )
+        files = {suffix or "db": _file_size(Path(f"{self.path}{suffix}")) for suffix in ("", "-wal", "-shm")}
+        return {"path": str(self.path), "policy": self.policy.name, **rows[0], "file_bytes": files}
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def _check_principal(principal: object) -> None:
+    if not isinstance(principal, Principal):
+        raise InvalidArgumentError("principal must be a securepad.Principal")
+
+
+def _item_aad(header: Header) -> bytes:
+    return lp("item-key", header.entry_id, header.owner_user_id, str(header.key_version))
+
+
+def _seal(
+    owner_cipher: AESGCM, header: Header, meta: dict[str, Any], segments: list[bytes]
+) -> tuple[dict[str, Any], list[bytes]]:
+    """Encrypt an entry (outside any transaction) and build its row."""
+    item_key = secrets.token_bytes(KEY_BYTES)
+    nonce_prefix = secrets.token_bytes(7)
+    cipher = EntryCipher(item_key, header, nonce_prefix)
+    last = len(segments) - 1
+    sealed = [cipher.seal_segment(seq, data, seq == last) for seq, data in enumerate(segments)]
+    row = {
+        "id": header.entry_id,
+        "owner_user_id": header.owner_user_id,
+        "actor": meta["actor"],
+        "channel": meta["channel"],
+        "turn_id": header.turn_id,
+        "step_num": meta["step_num"],
+        "executor_name": meta["executor_name"],
+        "content_kind": header.kind,
+        "size_bytes": header.size_bytes,
+        "size_chars": header.size_chars,
+        "segment_count": header.segment_count,
+        "key_version": header.key_version,
+        "created_at": meta["created_at"],
+        "expires_at": meta["expires_at"],
+        "wrapped_key": wrap_key(owner_cipher, item_key, _item_aad(header)),
+        "nonce_prefix": nonce_prefix,
+        "commitment": cipher.commitment,
+        "sealed_meta": cipher.seal_meta(_dumps(meta)),
+    }
+    return row, sealed
+
+
+def _dumps(value: Any, *, indent: int | None = None) -> bytes:
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, indent=indent).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"the observation is not JSON-serializable: {exc}") from None
+
+
+def _classify(observation: Any) -> tuple[str, str, str | bytes, dict[str, Any] | None]:
+    """(kind, shape, content, rest): what is stored as content and what as sealed fields."""
+    if isinstance(observation, str):
+        return "text", "str", observation, None
+    if isinstance(observation, bytes | bytearray | memoryview):
+        return "binary", "bytes", bytes(observation), None
+    if isinstance(observation, dict) and isinstance(observation.get("content"), str | bytes):
+        rest = {k: v for k, v in observation.items() if k != "content"}
+        _dumps(rest)  # the other fields must be JSON; fail before anything is stored
+        content = observation["content"]
+        return ("binary" if isinstance(content, bytes) else "text"), "dict", content, rest
+    if isinstance(observation, dict) and any(not isinstance(k, str) for k in observation):
+        raise InvalidArgumentError("structured observations need string keys")
+    # Indented JSON: the readable content, so that lines and grep mean something.
+    return "json", "json", _dumps(observation, indent=2).decode("utf-8"), None
+
+
+def _rebuild(shape: str, whole: str | bytes, rest: dict[str, Any] | None) -> Any:
+    if shape == "json":
+        return json.loads(whole)
+    if shape == "dict":
+        return {**(rest or {}), "content": whole}
+    return whole
+
+
+def _view(
+    kind: str, step_num: int, size_bytes: int, content: str | bytes, rest: dict[str, Any] | None, observation: Any
+) -> dict[str, Any]:
+    """The synthetic view, without the id (added when the entry is returned)."""
+    view: dict[str, Any] = {"step_num": step_num, "size_bytes": size_bytes, "kind": kind}
+    fields = rest if rest is not None else (observation if isinstance(observation, dict) else {})
+    if isinstance(content, bytes):
+        view["summary"] = summary.binary_summary(content)
+    elif kind == "text":
+        view["summary"] = summary.text_summary(content)
+    else:
+        info = summary.structure(observation)
+        view["summary"] = summary.structure_summary(info)
+        view.update(info)
+        field = f".{info['list_field']}" if info["list_field"] else ""
+        view["ref_hint"] = (
+            f"pass {{{{step{step_num}{field}}}}} (or a path inside it, e.g. {{{{step{step_num}{field}.0}}}})"
+            " as a tool argument instead of copying the data; read it with scratchpad_read"
+        )
+    metadata = fields.get("metadata")
+    view["metadata"] = metadata if isinstance(metadata, dict) else {}
+    # Scalars (counts, flags, messages) sit at the top level; the view's own keys win.
+    return {**summary.scalars(fields), **view}
+
+
+def _binary_counts(size: int, segment_count: int) -> list[int]:
+    from .crypto import SEGMENT_BYTES
+
+    if segment_count <= 0:
+        return []
+    return [SEGMENT_BYTES] * (segment_count - 1) + [size - SEGMENT_BYTES * (segment_count - 1)]
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
