@@ -160,6 +160,11 @@ class Database:
         """Move the WAL into the database and truncate it to zero bytes."""
         self.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
 
+    def copy_to(self, dest: Path) -> None:
+        """Write a consistent copy of the store to ``dest`` (which must not exist)."""
+        _create_private_file(dest)
+        self.conn.execute("VACUUM INTO ?", (str(dest),))
+
     def _migrate(self, conn: apsw.Connection) -> None:
         version = int(conn.execute("PRAGMA user_version").fetchall()[0][0])  # type: ignore[arg-type]
         if version > SCHEMA_VERSION:

@@ -41,6 +41,8 @@ from .principal import Principal, check_identifier
 __all__ = ["Entry", "Scratchpad"]
 
 audit_log = logging.getLogger("securepad.audit")
+# A library does not print: applications attach handlers to "securepad.audit" to keep the log.
+audit_log.addHandler(logging.NullHandler())
 
 _ID_RE = re.compile(r"[0-9a-f]{16}")
 # Clear columns that the sealed metadata repeats; a mismatch means tampering.
@@ -506,6 +508,42 @@ class Scratchpad:
                 }
             )
         return listed
+
+    def delete(self, principal: Principal, scratchpad_id: str, *, now: float | None = None) -> None:
+        """Delete one entry of the caller's (expired ones too), with secure_delete.
+
+        Raises:
+            NotFoundError: absent, another owner's, or outside the policy's scope.
+            StoreBusyError: the write lock was not obtained in time.
+        """
+        _check_principal(principal)
+        if not isinstance(scratchpad_id, str) or not _ID_RE.fullmatch(scratchpad_id):
+            raise NotFoundError(NOT_FOUND_MESSAGE)
+        scope, params = self.policy.scope_sql(principal)
+        with self._db.transaction() as conn:
+            conn.execute(f"DELETE FROM entries WHERE id = ? AND {scope}", (scratchpad_id, *params))
+            if not conn.changes():
+                self._denied(principal, scratchpad_id)
+                raise NotFoundError(NOT_FOUND_MESSAGE)
+            conn.execute("DELETE FROM segments WHERE entry_id = ?", (scratchpad_id,))
+
+    def _purge_owner(self, owner_user_id: str) -> int:
+        """Delete every entry and key of an owner (for the demo's and the audit's
+        synthetic tenants); returns the number of entries removed."""
+        with self._db.transaction() as conn:
+            conn.execute(
+                "DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE owner_user_id = ?)",
+                (owner_user_id,),
+            )
+            conn.execute("DELETE FROM entries WHERE owner_user_id = ?", (owner_user_id,))
+            removed = conn.changes()
+            conn.execute("DELETE FROM owner_keys WHERE owner_user_id = ?", (owner_user_id,))
+        with self._lock:
+            self._latest.pop(owner_user_id, None)
+            for key in [k for k in self._owner_ciphers if k[0] == owner_user_id]:
+                del self._owner_ciphers[key]
+        self._db.checkpoint()
+        return removed
 
     # -- maintenance ----------------------------------------------------------------
 

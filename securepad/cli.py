@@ -1,0 +1,306 @@
+"""The ``securepad`` command line: options in, one library call, output out.
+
+No SQL and no cryptography here; everything goes through the public API.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+from platformdirs import user_data_path
+from rich.console import Console
+from rich.table import Table
+
+from . import Keyring, Principal, Scratchpad, SecurepadError
+from .demo import run_demo
+from .keys import default_key_file
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def default_db_path() -> Path:
+    """``store.db`` in the user data dir (the key file lives in the config dir)."""
+    return user_data_path("securepad") / "store.db"
+
+
+class Context:
+    """What every command needs to open the store."""
+
+    def __init__(
+        self,
+        db: Path,
+        key_file: Path,
+        master_key_env: str | None,
+        passphrase_env: str | None,
+        policy: str | None,
+        as_json: bool,
+    ) -> None:
+        self.db = db
+        self.key_file = key_file
+        self.master_key_env = master_key_env
+        self.passphrase_env = passphrase_env
+        self.policy = policy
+        self.as_json = as_json
+
+    def keyring(self) -> Keyring:
+        if self.master_key_env:
+            return Keyring.from_env(self.master_key_env)
+        if self.passphrase_env:
+            import os
+
+            passphrase = os.environ.get(self.passphrase_env)
+            if not passphrase:
+                raise click.UsageError(f"environment variable {self.passphrase_env} is not set")
+            return Keyring.from_passphrase(passphrase)
+        return Keyring.from_key_file(self.key_file)
+
+    def open(self) -> Scratchpad:
+        return Scratchpad.open(self.db, keyring=self.keyring(), policy=self.policy)
+
+
+def principal_options(func: F) -> F:
+    """--owner/--actor/--channel, turned into a ``principal`` argument."""
+    func = click.option(
+        "--channel", envvar="SECUREPAD_CHANNEL", default="cli", show_default=True, help="Channel of the caller."
+    )(func)
+    func = click.option(
+        "--actor", envvar="SECUREPAD_ACTOR", default="cli", show_default=True, help="Actor (agent) of the caller."
+    )(func)
+    func = click.option(
+        "--owner", envvar="SECUREPAD_OWNER", required=True, help="Owner (tenant) on whose behalf to act."
+    )(func)
+    return func
+
+
+def _fail(message: str) -> NoReturn:
+    err_console.print(f"[red]error:[/red] {message}", highlight=False)
+    sys.exit(1)
+
+
+def emit(ctx: Context, value: Any, render: Callable[[Any], None]) -> None:
+    """Print ``value`` as JSON with --json, else with ``render``."""
+    if ctx.as_json:
+        click.echo(json.dumps(value, indent=2, ensure_ascii=False, default=str))
+    else:
+        render(value)
+
+
+class SecurepadGroup(click.Group):
+    """Turns library errors into one clear line and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SecurepadError as exc:
+            _fail(f"{type(exc).__name__}: {exc}")
+
+
+@click.group(cls=SecurepadGroup)
+@click.option(
+    "--db",
+    type=click.Path(path_type=Path),
+    envvar="SECUREPAD_DB",
+    default=default_db_path,
+    show_default="user data dir/store.db",
+    help="The store's database file.",
+)
+@click.option(
+    "--key-file",
+    type=click.Path(path_type=Path),
+    envvar="SECUREPAD_KEY_FILE",
+    default=default_key_file,
+    show_default="user config dir/key",
+    help="Master key file (created 0600 if absent).",
+)
+@click.option("--master-key-env", metavar="VAR", help="Take the base64 master key from this environment variable.")
+@click.option("--passphrase-env", metavar="VAR", help="Derive the master key (Argon2id) from the passphrase in VAR.")
+@click.option("--policy", envvar="SECUREPAD_POLICY", help="Policy file (TOML); default: the shipped default.toml.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.pass_context
+def main(
+    ctx: click.Context,
+    db: Path,
+    key_file: Path,
+    master_key_env: str | None,
+    passphrase_env: str | None,
+    policy: str | None,
+    as_json: bool,
+) -> None:
+    """securepad: the hardened observation store for LLM agent runtimes."""
+    ctx.obj = Context(db, key_file, master_key_env, passphrase_env, policy, as_json)
+
+
+pass_context = click.make_pass_decorator(Context)
+
+
+@main.command()
+@pass_context
+def init(ctx: Context) -> None:
+    """Create the store and its master key (if absent) and check that the key opens it."""
+    with ctx.open() as pad:
+        info = pad.stats()
+    emit(
+        ctx,
+        {"db": info["path"], "policy": info["policy"], "key": ctx.keyring().__repr__()},
+        lambda v: console.print(f"store ready at [bold]{v['db']}[/bold] (policy {v['policy']})"),
+    )
+
+
+@main.command()
+@principal_options
+@click.option("--turn", "turn_id", required=True, help="Turn id.")
+@click.option("--step", "step_num", type=int, required=True, help="Step number within the turn.")
+@click.option("--executor", "executor_name", default="cli", show_default=True, help="Tool that produced it.")
+@click.option(
+    "--kind",
+    type=click.Choice(["text", "binary", "json"]),
+    default="text",
+    show_default=True,
+    help="How to read the input: UTF-8 text, raw bytes, or a JSON document.",
+)
+@click.option("--ttl", "ttl_seconds", type=int, default=None, help="Seconds until it expires (policy default).")
+@click.argument("source", type=click.File("rb"), default="-")
+@pass_context
+def put(
+    ctx: Context,
+    owner: str,
+    actor: str,
+    channel: str,
+    turn_id: str,
+    step_num: int,
+    executor_name: str,
+    kind: str,
+    ttl_seconds: int | None,
+    source: Any,
+) -> None:
+    """Store an observation read from SOURCE (a file, or - for standard input)."""
+    raw: bytes = source.read()
+    observation: Any
+    try:
+        if kind == "text":
+            observation = raw.decode("utf-8")
+        elif kind == "json":
+            observation = json.loads(raw)
+        else:
+            observation = raw
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise click.BadParameter(f"input is not valid {kind}: {exc}", param_hint="SOURCE") from None
+    with ctx.open() as pad:
+        view = pad.put(Principal(owner, actor, channel), turn_id, step_num, executor_name, observation, ttl_seconds)
+    emit(ctx, view, lambda v: console.print_json(data=v))
+
+
+@main.command()
+@principal_options
+@click.argument("scratchpad_id")
+@click.option("--mode", type=click.Choice(["head", "tail", "range", "full"]), default="head", show_default=True)
+@click.option("-n", "n", type=int, default=2000, show_default=True, help="Characters (bytes) for head/tail.")
+@click.option("--start", type=int, default=0, show_default=True, help="Start offset for range.")
+@click.option("--end", type=int, default=None, help="End offset (exclusive) for range.")
+@pass_context
+def read(
+    ctx: Context,
+    owner: str,
+    actor: str,
+    channel: str,
+    scratchpad_id: str,
+    mode: str,
+    n: int,
+    start: int,
+    end: int | None,
+) -> None:
+    """Read part of an entry (capped by the policy's max_read_chars)."""
+    with ctx.open() as pad:
+        result = pad.read(Principal(owner, actor, channel), scratchpad_id, mode=mode, n=n, start=start, end=end)
+
+    def render(r: dict[str, Any]) -> None:
+        click.echo(r["content"])
+        meta = r["metadata"]
+        err_console.print(
+            f"[dim]{meta['size_returned']} of {meta['size_full']} {meta['unit']}, "
+            f"truncated={meta['truncated']}{', ' + meta['hint'] if 'hint' in meta else ''}[/dim]",
+            highlight=False,
+        )
+
+    emit(ctx, result, render)
+
+
+@main.command(name="list")
+@principal_options
+@click.option("--turn", "turn_id", required=True, help="Turn id.")
+@pass_context
+def list_(ctx: Context, owner: str, actor: str, channel: str, turn_id: str) -> None:
+    """List a turn's live entries that the owner may see."""
+    with ctx.open() as pad:
+        rows = pad.list_for_turn(Principal(owner, actor, channel), turn_id)
+
+    def render(entries: list[dict[str, Any]]) -> None:
+        table = Table("step", "id", "executor", "kind", "bytes", "summary")
+        for e in entries:
+            first_line = e["summary"].splitlines()[0] if e["summary"] else ""
+            table.add_row(
+                str(e["step_num"]),
+                e["scratchpad_id"],
+                e["executor_name"],
+                e["kind"],
+                str(e["size_bytes"]),
+                first_line[:60],
+            )
+        console.print(table)
+
+    emit(ctx, [{k: v for k, v in e.items() if k != "view"} for e in rows], render)
+
+
+@main.command()
+@pass_context
+def gc(ctx: Context) -> None:
+    """Delete expired entries and scrub them from the files."""
+    with ctx.open() as pad:
+        deleted = pad.gc()
+    emit(ctx, {"deleted": deleted}, lambda v: console.print(f"deleted {v['deleted']} expired entries"))
+
+
+@main.command()
+@click.option("--owner", envvar="SECUREPAD_OWNER", default=None, help="Only this owner's entries.")
+@click.option("--actor", envvar="SECUREPAD_ACTOR", default="cli", show_default=True)
+@click.option("--channel", envvar="SECUREPAD_CHANNEL", default="cli", show_default=True)
+@pass_context
+def stats(ctx: Context, owner: str | None, actor: str, channel: str) -> None:
+    """Counts and sizes, for the whole store or one owner."""
+    with ctx.open() as pad:
+        info = pad.stats(Principal(owner, actor, channel) if owner else None)
+
+    def render(v: dict[str, Any]) -> None:
+        table = Table("statistic", "value")
+        for key, value in v.items():
+            table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value))
+        console.print(table)
+
+    emit(ctx, info, render)
+
+
+@main.command()
+@pass_context
+def demo(ctx: Context) -> None:
+    """A real round trip: two owners, a refusal, a tampered copy detected."""
+    steps = []
+    with ctx.open() as pad:
+        if not ctx.as_json:
+            console.print(f"store: [bold]{pad.path}[/bold]  policy: {pad.policy.name}")
+        for step in run_demo(pad):
+            steps.append({"step": step.title, "result": step.detail, "ok": step.ok})
+            if not ctx.as_json:
+                mark = "[green]ok[/green]" if step.ok else "[red]FAILED[/red]"
+                console.print(f"{mark}  {step.title}: {step.detail}", highlight=False)
+    if ctx.as_json:
+        click.echo(json.dumps(steps, indent=2))
+    if not all(s["ok"] for s in steps):
+        sys.exit(1)
