@@ -10,8 +10,9 @@ Modelled on Tink's AES-GCM-HKDF streaming AEAD, adapted to random access:
   the 4-byte segment number and a last-segment flag, so reordering,
   truncating or extending the segment list fails authentication;
 * every segment's AAD is a hash of the entry header (id, owner, turn, kind,
-  sizes, segment count, key version), so a segment, an item key or a whole
-  row moved to another entry or owner fails authentication too.
+  sizes, segment count), so a segment, an item key or a whole row moved to
+  another entry or owner fails authentication too; the owner-key version is
+  bound by the wrapped item key's AAD.
 
 Nonces are never chosen by a caller. Wrapped keys use random 96-bit nonces
 under keys that each seal few messages (see SECURITY.md for the limits).
@@ -102,7 +103,16 @@ class Header:
     key_version: int
 
     def digest(self) -> bytes:
-        body = json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+        """SHA-256 of every field but ``key_version``.
+
+        DESIGN.md put the key version in the segment AAD too; that would make
+        owner-key rotation re-encrypt every segment. The version is bound
+        where it matters instead: in the AAD of the wrapped item key, so a
+        row relabelled with another version fails to unwrap.
+        """
+        fields = asdict(self)
+        del fields["key_version"]
+        body = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(lp(_TAG + b"header", str(FORMAT_VERSION), body)).digest()
 
 
