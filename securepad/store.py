@@ -31,7 +31,7 @@ from .errors import (
     InvalidArgumentError,
     NotFoundError,
     QuotaExceededError,
-    SecurepadError,
+    StoreBusyError,
     WrongKeyError,
 )
 from .keys import KEY_BYTES, Keyring
@@ -162,6 +162,7 @@ class Scratchpad:
         expected = bytes.fromhex(meta["key_check"])
         if not secrets.compare_digest(derive(master, "key-check", store_id.encode()), expected):
             raise WrongKeyError(f"the master key from {keyring!r} does not open this store")
+        self._key_check = meta["key_check"]
         return store_id, derive(master, "owner-wrap", store_id.encode())
 
     def _store_meta(self) -> dict[str, str]:
@@ -203,8 +204,13 @@ class Scratchpad:
             "SELECT wrapped FROM owner_keys WHERE owner_user_id = ? AND version = ?", (owner, version)
         )
         if not rows:
-            raise IntegrityError("the entry's owner key is missing")
-        cipher = AESGCM(unwrap_key(self._wrap, rows[0]["wrapped"], self._owner_aad(owner, version)))
+            raise _MissingOwnerKey("the entry's owner key is missing")
+        try:
+            key = unwrap_key(self._wrap, rows[0]["wrapped"], self._owner_aad(owner, version))
+        except IntegrityError:
+            self._check_master_current()
+            raise
+        cipher = AESGCM(key)
         with self._lock:
             self._owner_ciphers[(owner, version)] = cipher
         return cipher
@@ -219,6 +225,7 @@ class Scratchpad:
                 version = 1
                 wrapped = wrap_key(self._wrap, secrets.token_bytes(KEY_BYTES), self._owner_aad(owner, version))
                 with self._db.transaction() as conn:
+                    self._check_master_current(conn)
                     conn.execute(
                         "INSERT OR IGNORE INTO owner_keys(owner_user_id, version, wrapped, created_at)"
                         " VALUES (?, ?, ?, ?)",
@@ -227,6 +234,19 @@ class Scratchpad:
             with self._lock:
                 self._latest[owner] = version
         return version, self._owner_cipher(owner, version)
+
+    def _check_master_current(self, conn: apsw.Connection | None = None) -> None:
+        """Raise WrongKeyError when another process has rotated the master key
+        since this store was opened: nothing may be wrapped under the old one."""
+        rows = (conn or self._db.conn).execute("SELECT value FROM store_meta WHERE key = 'key_check'").fetchall()
+        if not rows or rows[0][0] != self._key_check:
+            raise WrongKeyError("the master key was rotated since this store was opened; open it with the new key")
+
+    def _forget_cached_keys(self, owner: str) -> None:
+        with self._lock:
+            self._latest.pop(owner, None)
+            for key in [k for k in self._owner_ciphers if k[0] == owner]:
+                del self._owner_ciphers[key]
 
     # -- put -----------------------------------------------------------------------
 
@@ -290,7 +310,7 @@ class Scratchpad:
         }
         owner = principal.owner_user_id
         version, owner_cipher = self._current_owner_key(owner)
-        for _ in range(3):
+        for _ in range(5):
             entry_id = secrets.token_hex(8)
             header = Header(entry_id, owner, turn_id, kind, size_bytes, size_chars, len(segments), version)
             row, sealed = _seal(owner_cipher, header, meta, segments)
@@ -298,8 +318,13 @@ class Scratchpad:
                 self._insert(row, sealed, created)
             except apsw.ConstraintError:
                 continue  # a 64-bit id collided: seal again under a new id
+            except _StaleOwnerKey:
+                # The owner's key was rotated (maybe by another process) since it was cached.
+                self._forget_cached_keys(owner)
+                version, owner_cipher = self._current_owner_key(owner)
+                continue
             return {"ok": True, "scratchpad_id": entry_id, **view}
-        raise SecurepadError("could not allocate an entry id")
+        raise StoreBusyError("could not store the entry: its id or owner key kept changing; try again")
 
     def _ttl(self, ttl_seconds: int | None) -> int:
         if ttl_seconds is None:
@@ -314,6 +339,11 @@ class Scratchpad:
 
     def _insert(self, row: dict[str, Any], segments: list[bytes], now: float) -> None:
         with self._db.transaction() as conn:
+            current = conn.execute(
+                "SELECT MAX(version) FROM owner_keys WHERE owner_user_id = ?", (row["owner_user_id"],)
+            ).fetchall()[0][0]
+            if current != row["key_version"]:
+                raise _StaleOwnerKey
             used = conn.execute(
                 "SELECT COALESCE(SUM(size_bytes), 0) FROM entries WHERE owner_user_id = ? AND expires_at > ?",
                 (row["owner_user_id"], now),
@@ -355,7 +385,17 @@ class Scratchpad:
         self.policy.authorize_row(principal, row)
         if row["expires_at"] <= self._now(now):
             raise ExpiredError("this entry has expired")
-        return self._authenticate(row)
+        try:
+            return self._authenticate(row)
+        except _MissingOwnerKey:
+            # An owner-key rotation may have re-wrapped the entry and retired the
+            # old key between our two queries: look at the row once more.
+            again = self._db.query(
+                f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE id = ? AND {scope}", (scratchpad_id, *params)
+            )
+            if not again or again[0]["key_version"] == row["key_version"]:
+                raise
+            return self._authenticate(again[0])
 
     def _authenticate(self, row: dict[str, Any]) -> _Opened:
         """Unwrap the item key, check the commitment, open and cross-check the metadata."""
@@ -538,10 +578,7 @@ class Scratchpad:
             conn.execute("DELETE FROM entries WHERE owner_user_id = ?", (owner_user_id,))
             removed = conn.changes()
             conn.execute("DELETE FROM owner_keys WHERE owner_user_id = ?", (owner_user_id,))
-        with self._lock:
-            self._latest.pop(owner_user_id, None)
-            for key in [k for k in self._owner_ciphers if k[0] == owner_user_id]:
-                del self._owner_ciphers[key]
+        self._forget_cached_keys(owner_user_id)
         self._db.checkpoint()
         return removed
 
@@ -591,6 +628,14 @@ class Scratchpad:
 
 
 # -- helpers ---------------------------------------------------------------------------
+
+
+class _MissingOwnerKey(IntegrityError):
+    """No owner key of the entry's version: tampering, or a rotation retired it meanwhile."""
+
+
+class _StaleOwnerKey(Exception):
+    """The entry was sealed for an owner-key version that is no longer the newest."""
 
 
 def _check_principal(principal: object) -> None:
