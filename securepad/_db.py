@@ -156,9 +156,17 @@ class Database:
             return []
         return [dict(zip(names, row, strict=True)) for row in cursor]
 
-    def checkpoint(self) -> None:
-        """Move the WAL into the database and truncate it to zero bytes."""
-        self.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+    def checkpoint(self) -> bool:
+        """Move the WAL into the database and truncate it to zero bytes.
+
+        Returns False when a reader kept part of the WAL alive past the busy
+        timeout (the WAL then still holds frames; a later checkpoint clears them).
+        """
+        try:
+            log, done = self.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+        except apsw.BusyError:
+            return False
+        return bool(log == done)
 
     def copy_to(self, dest: Path) -> None:
         """Write a consistent copy of the store to ``dest`` (which must not exist)."""

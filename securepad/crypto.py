@@ -42,6 +42,8 @@ __all__ = [
     "EntryCipher",
     "Header",
     "derive",
+    "item_key_aad",
+    "owner_key_aad",
     "split_bytes",
     "split_text",
     "unwrap_key",
@@ -67,6 +69,16 @@ def derive(key: KeyHandle | bytes, label: str, salt: bytes, length: int = KEY_BY
     """HKDF-SHA256 of ``key`` for one purpose, named by ``label``."""
     raw = key._key if isinstance(key, KeyHandle) else key
     return HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=_TAG + label.encode()).derive(raw)
+
+
+def owner_key_aad(store_id: str, owner_user_id: str, version: int) -> bytes:
+    """AAD of a wrapped owner key: binds store, owner and key version."""
+    return lp("owner-key", store_id, owner_user_id, str(version))
+
+
+def item_key_aad(entry_id: str, owner_user_id: str, key_version: int) -> bytes:
+    """AAD of a wrapped item key: binds entry, owner and owner-key version."""
+    return lp("item-key", entry_id, owner_user_id, str(key_version))
 
 
 def wrap_key(wrapping: AESGCM, key: bytes, aad: bytes) -> bytes:

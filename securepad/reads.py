@@ -101,9 +101,9 @@ def read(
     elif mode == "range":
         lo = check_count("start", start) or 0
         hi_arg = check_count("end", end, allow_none=True)
+        if hi_arg is not None and lo > hi_arg:
+            raise InvalidArgumentError(f"start ({lo}) is greater than end ({hi_arg})")
         hi = size if hi_arg is None else hi_arg
-        if lo > hi:
-            raise InvalidArgumentError(f"start ({lo}) is greater than end ({hi})")
         lo, hi = min(lo, size), min(hi, size)
     else:
         lo, hi = 0, size

@@ -22,9 +22,20 @@ from typing import Any
 import apsw
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from . import reads, summary
+from . import lifecycle, reads, summary
 from ._db import Database
-from .crypto import FORMAT_VERSION, EntryCipher, Header, derive, lp, split_bytes, split_text, unwrap_key, wrap_key
+from .crypto import (
+    FORMAT_VERSION,
+    EntryCipher,
+    Header,
+    derive,
+    item_key_aad,
+    owner_key_aad,
+    split_bytes,
+    split_text,
+    unwrap_key,
+    wrap_key,
+)
 from .errors import (
     ExpiredError,
     IntegrityError,
@@ -188,9 +199,6 @@ class Scratchpad:
 
     # -- owner keys ----------------------------------------------------------------
 
-    def _owner_aad(self, owner: str, version: int) -> bytes:
-        return lp("owner-key", self.store_id, owner, str(version))
-
     def _owner_cipher(self, owner: str, version: int) -> AESGCM:
         """The owner's key of ``version``, unwrapped once and cached.
 
@@ -206,7 +214,7 @@ class Scratchpad:
         if not rows:
             raise _MissingOwnerKey("the entry's owner key is missing")
         try:
-            key = unwrap_key(self._wrap, rows[0]["wrapped"], self._owner_aad(owner, version))
+            key = unwrap_key(self._wrap, rows[0]["wrapped"], owner_key_aad(self.store_id, owner, version))
         except IntegrityError:
             self._check_master_current()
             raise
@@ -223,7 +231,9 @@ class Scratchpad:
             version = rows[0]["v"]
             if version is None:
                 version = 1
-                wrapped = wrap_key(self._wrap, secrets.token_bytes(KEY_BYTES), self._owner_aad(owner, version))
+                wrapped = wrap_key(
+                    self._wrap, secrets.token_bytes(KEY_BYTES), owner_key_aad(self.store_id, owner, version)
+                )
                 with self._db.transaction() as conn:
                     self._check_master_current(conn)
                     conn.execute(
@@ -410,7 +420,9 @@ class Scratchpad:
             row["key_version"],
         )
         owner_cipher = self._owner_cipher(row["owner_user_id"], row["key_version"])
-        item_key = unwrap_key(owner_cipher, row["wrapped_key"], _item_aad(header))
+        item_key = unwrap_key(
+            owner_cipher, row["wrapped_key"], item_key_aad(header.entry_id, header.owner_user_id, header.key_version)
+        )
         cipher = EntryCipher(item_key, header, row["nonce_prefix"])
         cipher.verify_commitment(row["commitment"])
         meta = json.loads(cipher.open_meta(row["sealed_meta"]))
@@ -567,20 +579,36 @@ class Scratchpad:
                 raise NotFoundError(NOT_FOUND_MESSAGE)
             conn.execute("DELETE FROM segments WHERE entry_id = ?", (scratchpad_id,))
 
-    def _purge_owner(self, owner_user_id: str) -> int:
-        """Delete every entry and key of an owner (for the demo's and the audit's
-        synthetic tenants); returns the number of entries removed."""
+    def _purge_owner(self, owner_user_id: str) -> dict[str, int]:
+        """Delete every entry and key of an owner, then scrub the files; returns
+        what was removed. ``forget_owner`` is the public face of this."""
+        removed: dict[str, int] = {}
         with self._db.transaction() as conn:
             conn.execute(
                 "DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE owner_user_id = ?)",
                 (owner_user_id,),
             )
-            conn.execute("DELETE FROM entries WHERE owner_user_id = ?", (owner_user_id,))
-            removed = conn.changes()
-            conn.execute("DELETE FROM owner_keys WHERE owner_user_id = ?", (owner_user_id,))
+            removed["segments"] = conn.changes()
+            for table in ("entries", "owner_keys"):
+                conn.execute(f"DELETE FROM {table} WHERE owner_user_id = ?", (owner_user_id,))
+                removed[table] = conn.changes()
         self._forget_cached_keys(owner_user_id)
-        self._db.checkpoint()
+        removed["wal_truncated"] = int(self._db.checkpoint())
         return removed
+
+    # -- key lifecycle (see lifecycle.py) -----------------------------------------
+
+    def rotate_master_key(self, new_keyring: Keyring, *, progress: lifecycle.Progress | None = None) -> dict[str, Any]:
+        """Re-wrap every owner key under ``new_keyring``'s master key; see ``lifecycle.rotate_master_key``."""
+        return lifecycle.rotate_master_key(self, new_keyring, progress=progress)
+
+    def rotate_owner_key(self, owner_user_id: str, *, progress: lifecycle.Progress | None = None) -> dict[str, Any]:
+        """New key version for an owner, old ones retired; see ``lifecycle.rotate_owner_key``."""
+        return lifecycle.rotate_owner_key(self, owner_user_id, progress=progress)
+
+    def forget_owner(self, owner_user_id: str) -> dict[str, Any]:
+        """Crypto-shred an owner's keys and entries; see ``lifecycle.forget_owner``."""
+        return lifecycle.forget_owner(self, owner_user_id)
 
     # -- maintenance ----------------------------------------------------------------
 
@@ -643,10 +671,6 @@ def _check_principal(principal: object) -> None:
         raise InvalidArgumentError("principal must be a securepad.Principal")
 
 
-def _item_aad(header: Header) -> bytes:
-    return lp("item-key", header.entry_id, header.owner_user_id, str(header.key_version))
-
-
 def _seal(
     owner_cipher: AESGCM, header: Header, meta: dict[str, Any], segments: list[bytes]
 ) -> tuple[dict[str, Any], list[bytes]]:
@@ -671,7 +695,9 @@ def _seal(
         "key_version": header.key_version,
         "created_at": meta["created_at"],
         "expires_at": meta["expires_at"],
-        "wrapped_key": wrap_key(owner_cipher, item_key, _item_aad(header)),
+        "wrapped_key": wrap_key(
+            owner_cipher, item_key, item_key_aad(header.entry_id, header.owner_user_id, header.key_version)
+        ),
         "nonce_prefix": nonce_prefix,
         "commitment": cipher.commitment,
         "sealed_meta": cipher.seal_meta(_dumps(meta)),
@@ -694,13 +720,27 @@ def _classify(observation: Any) -> tuple[str, str, str | bytes, dict[str, Any] |
         return "binary", "bytes", bytes(observation), None
     if isinstance(observation, dict) and isinstance(observation.get("content"), str | bytes):
         rest = {k: v for k, v in observation.items() if k != "content"}
+        _check_string_keys(rest)
         _dumps(rest)  # the other fields must be JSON; fail before anything is stored
         content = observation["content"]
         return ("binary" if isinstance(content, bytes) else "text"), "dict", content, rest
-    if isinstance(observation, dict) and any(not isinstance(k, str) for k in observation):
-        raise InvalidArgumentError("structured observations need string keys")
+    _check_string_keys(observation)
     # Indented JSON: the readable content, so that lines and grep mean something.
     return "json", "json", _dumps(observation, indent=2).decode("utf-8"), None
+
+
+def _check_string_keys(value: Any) -> None:
+    """Refuse non-string dict keys anywhere: JSON would turn 1 into "1" and the
+    observation would come back different from what was put."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            if any(not isinstance(k, str) for k in item):
+                raise InvalidArgumentError("structured observations need string keys at every level")
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
 
 
 def _rebuild(shape: str, whole: str | bytes, rest: dict[str, Any] | None) -> Any:
