@@ -22,7 +22,7 @@ __all__ = ["SCHEMA_VERSION", "Database"]
 # How long a writer waits for the lock before StoreBusyError.
 BUSY_TIMEOUT_MS = 30_000
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -66,6 +66,13 @@ _MIGRATIONS: dict[int, str] = {
         data     BLOB NOT NULL,
         PRIMARY KEY (entry_id, seq)
     ) WITHOUT ROWID;
+    """,
+    # Count the random-nonce AES-GCM encryptions under each owner key (item-key
+    # wraps) so that rotation is advised long before the 2^32 limit.
+    2: """
+    ALTER TABLE owner_keys ADD COLUMN wrap_count INTEGER NOT NULL DEFAULT 0;
+    INSERT OR IGNORE INTO store_meta(key, value)
+        SELECT 'master_wrap_count', CAST(COUNT(*) AS TEXT) FROM owner_keys;
     """,
 }
 
