@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +18,7 @@ import apsw
 
 from .errors import SecurepadError, StoreBusyError
 
-__all__ = ["SCHEMA_VERSION", "Database"]
+__all__ = ["SCHEMA_VERSION", "Database", "insert_owner_key"]
 
 # How long a writer waits for the lock before StoreBusyError.
 BUSY_TIMEOUT_MS = 30_000
@@ -210,3 +211,16 @@ def _create_private_file(path: Path) -> None:
     except OSError as exc:
         raise SecurepadError(f"cannot create store {path}: {exc.strerror}") from None
     os.close(fd)
+
+
+def insert_owner_key(conn: apsw.Connection, owner: str, version: int, wrapped: bytes) -> None:
+    """Add an owner-key version (unless a racing process already did) and count
+    the master key's random-nonce wrap."""
+    conn.execute(
+        "INSERT OR IGNORE INTO owner_keys(owner_user_id, version, wrapped, created_at) VALUES (?, ?, ?, ?)",
+        (owner, version, wrapped, time.time()),
+    )
+    if conn.changes():
+        conn.execute(
+            "UPDATE store_meta SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT) WHERE key = 'master_wrap_count'"
+        )

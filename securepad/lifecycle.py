@@ -32,6 +32,8 @@ from .principal import check_identifier
 if TYPE_CHECKING:
     from .store import Scratchpad
 
+from ._db import insert_owner_key as _insert_owner_key
+
 __all__ = ["Progress", "forget_owner", "rotate_master_key", "rotate_owner_key"]
 
 # Progress callback: (done, total).
@@ -72,7 +74,8 @@ def rotate_master_key(pad: Scratchpad, new_keyring: Keyring, *, progress: Progre
                 progress(done, len(rows))
         conn.executemany("UPDATE owner_keys SET wrapped = ? WHERE owner_user_id = ? AND version = ?", updates)
         conn.executemany(
-            "UPDATE store_meta SET value = ? WHERE key = ?", [(new_check, "key_check"), (json.dumps(kdf), "kdf")]
+            "UPDATE store_meta SET value = ? WHERE key = ?",
+            [(new_check, "key_check"), (json.dumps(kdf), "kdf"), (str(len(rows)), "master_wrap_count")],
         )
     pad._wrap, pad._key_check, pad.keyring = new_wrap, new_check, new_keyring
     pad._db.checkpoint()
@@ -108,10 +111,7 @@ def rotate_owner_key(
         )
         with pad._db.transaction() as conn:
             pad._check_master_current(conn)
-            conn.execute(
-                "INSERT OR IGNORE INTO owner_keys(owner_user_id, version, wrapped, created_at) VALUES (?, ?, ?, ?)",
-                (owner_user_id, new_version, wrapped, time.time()),
-            )
+            _insert_owner_key(conn, owner_user_id, new_version, wrapped)
         versions = _versions(pad, owner_user_id)
     new_version = versions[-1]
     pad._forget_cached_keys(owner_user_id)
@@ -138,6 +138,10 @@ def rotate_owner_key(
                 "UPDATE entries SET wrapped_key = ?, key_version = ?"
                 " WHERE id = ? AND key_version = ? AND wrapped_key = ?",
                 updates,
+            )
+            conn.execute(
+                "UPDATE owner_keys SET wrap_count = wrap_count + ? WHERE owner_user_id = ? AND version = ?",
+                (len(updates), owner_user_id, new_version),
             )
         done += len(rows)
         if progress is not None:

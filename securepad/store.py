@@ -23,7 +23,7 @@ import apsw
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from . import lifecycle, reads, summary
-from ._db import Database
+from ._db import Database, insert_owner_key
 from .crypto import (
     FORMAT_VERSION,
     EntryCipher,
@@ -54,6 +54,10 @@ __all__ = ["Entry", "Scratchpad"]
 audit_log = logging.getLogger("securepad.audit")
 # A library does not print: applications attach handlers to "securepad.audit" to keep the log.
 audit_log.addHandler(logging.NullHandler())
+
+# AES-GCM with random 96-bit nonces stays within NIST's bound for 2**32
+# encryptions per key; we advise rotating a key long before, at 2**28.
+ROTATE_ADVICE_LOG2 = 28
 
 _ID_RE = re.compile(r"[0-9a-f]{16}")
 # Clear columns that the sealed metadata repeats; a mismatch means tampering.
@@ -236,11 +240,7 @@ class Scratchpad:
                 )
                 with self._db.transaction() as conn:
                     self._check_master_current(conn)
-                    conn.execute(
-                        "INSERT OR IGNORE INTO owner_keys(owner_user_id, version, wrapped, created_at)"
-                        " VALUES (?, ?, ?, ?)",
-                        (owner, version, wrapped, time.time()),
-                    )
+                    insert_owner_key(conn, owner, version, wrapped)
             with self._lock:
                 self._latest[owner] = version
         return version, self._owner_cipher(owner, version)
@@ -368,6 +368,10 @@ class Scratchpad:
             conn.executemany(
                 "INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)",
                 ((row["id"], seq, data) for seq, data in enumerate(segments)),
+            )
+            conn.execute(
+                "UPDATE owner_keys SET wrap_count = wrap_count + 1 WHERE owner_user_id = ? AND version = ?",
+                (row["owner_user_id"], row["key_version"]),
             )
 
     # -- authorize → fetch → decrypt ---------------------------------------------
@@ -651,8 +655,25 @@ class Scratchpad:
             " COALESCE(SUM(expires_at <= ?), 0) AS expired_pending_gc FROM entries",
             (current,),
         )
+        usage = self._db.query("SELECT COALESCE(MAX(wrap_count), 0) AS owner_key_max_wraps FROM owner_keys")[0]
+        usage["master_key_wraps"] = int(self._store_meta().get("master_wrap_count", "0"))
+        usage["advice"] = [
+            f"{name} has sealed {count} keys with random nonces; rotate it"
+            f" (AES-GCM limit 2**32, advised below 2**{ROTATE_ADVICE_LOG2})"
+            for name, count in (
+                ("an owner key", usage["owner_key_max_wraps"]),
+                ("the master key", usage["master_key_wraps"]),
+            )
+            if count >= 2**ROTATE_ADVICE_LOG2
+        ]
         files = {suffix or "db": _file_size(Path(f"{self.path}{suffix}")) for suffix in ("", "-wal", "-shm")}
-        return {"path": str(self.path), "policy": self.policy.name, **rows[0], "file_bytes": files}
+        return {
+            "path": str(self.path),
+            "policy": self.policy.name,
+            **rows[0],
+            "file_bytes": files,
+            "key_usage": usage,
+        }
 
 
 # -- helpers ---------------------------------------------------------------------------
