@@ -304,3 +304,83 @@ def demo(ctx: Context) -> None:
         click.echo(json.dumps(steps, indent=2))
     if not all(s["ok"] for s in steps):
         sys.exit(1)
+
+
+def _progress_bar(ctx: Context, label: str) -> tuple[Any, Callable[[int, int], None]]:
+    """A rich progress bar on stderr (so --json output stays clean) and its callback."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    bar = Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=ctx.as_json,
+    )
+    task = bar.add_task(label, total=None)
+
+    def update(done: int, total: int) -> None:
+        bar.update(task, completed=done, total=total)
+
+    return bar, update
+
+
+def _show_report(ctx: Context, report: dict[str, Any], title: str) -> None:
+    def render(v: dict[str, Any]) -> None:
+        table = Table(title=title, show_header=False)
+        for key, value in v.items():
+            table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+        console.print(table)
+
+    emit(ctx, report, render)
+
+
+@main.group()
+def keys() -> None:
+    """Rotate the master key or an owner's key."""
+
+
+@keys.command(name="rotate-master")
+@click.option("--new-key-file", type=click.Path(path_type=Path), help="New master key file (created 0600 if absent).")
+@click.option("--new-master-key-env", metavar="VAR", help="New base64 master key from this environment variable.")
+@click.option("--new-passphrase-env", metavar="VAR", help="New passphrase (Argon2id) from this environment variable.")
+@pass_context
+def rotate_master(
+    ctx: Context, new_key_file: Path | None, new_master_key_env: str | None, new_passphrase_env: str | None
+) -> None:
+    """Re-wrap every owner key under a new master key (from exactly one source)."""
+    chosen = [o for o in (new_key_file, new_master_key_env, new_passphrase_env) if o]
+    if len(chosen) != 1:
+        raise click.UsageError("give exactly one of --new-key-file, --new-master-key-env, --new-passphrase-env")
+    new = Context(
+        ctx.db, new_key_file or ctx.key_file, new_master_key_env, new_passphrase_env, ctx.policy, ctx.as_json
+    ).keyring()
+    with ctx.open() as pad:
+        bar, update = _progress_bar(ctx, "re-wrapping owner keys")
+        with bar:
+            report = pad.rotate_master_key(new, progress=update)
+    _show_report(ctx, report, "master key rotated")
+
+
+@keys.command(name="rotate-owner")
+@click.argument("owner")
+@pass_context
+def rotate_owner(ctx: Context, owner: str) -> None:
+    """Give OWNER a new key version, re-wrap its item keys, retire the old versions."""
+    with ctx.open() as pad:
+        bar, update = _progress_bar(ctx, f"re-wrapping {owner}'s item keys")
+        with bar:
+            report = pad.rotate_owner_key(owner, progress=update)
+    _show_report(ctx, report, "owner key rotated")
+
+
+@main.command(name="forget-owner")
+@click.argument("owner")
+@click.confirmation_option(prompt="Delete every entry and key of this owner for good?")
+@pass_context
+def forget_owner(ctx: Context, owner: str) -> None:
+    """Crypto-shred OWNER: delete its keys and entries and scrub them from the files."""
+    with ctx.open() as pad:
+        report = pad.forget_owner(owner)
+    _show_report(ctx, report, "owner forgotten")
