@@ -1,0 +1,494 @@
+"""The stores compared, behind one small interface.
+
+1. ``securepad``: the real thing, through the public ``Scratchpad`` API
+   (encrypted, authorized, default policy except a larger owner quota).
+2. ``raw-apsw``: the floor. One plaintext apsw table, WAL and
+   synchronous=NORMAL like securepad, one ``BEGIN IMMEDIATE`` per put, and
+   reads through SQLite's incremental blob I/O at byte offsets (exact here
+   because the benchmark text is ASCII). No store on SQLite does less work.
+3. ``unhardened``: the scratchpad design securepad replaces. stdlib
+   ``sqlite3``, default journal mode (DELETE, synchronous=FULL), one table
+   with the content as one BLOB, a commit per put, and reads that load the
+   whole blob, decode it and slice it.
+4. ``diskcache``: ``diskcache.Cache`` with eviction off; values over 32 KiB
+   live in files and are read through ``get(read=True)`` with a seek.
+5. ``sqlcipher``: SQLCipher 4 (``sqlcipher3-binary``) with a raw 256-bit key,
+   the floor's schema and pragmas; reads use ``substr()`` in SQL (the driver
+   has no incremental blob I/O).
+
+Every backend stores the same view (step, size, kind, head-and-tail summary)
+next to the content, so that resuming a turn is the same job everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import apsw
+
+from securepad import Keyring, Policy, Principal, Scratchpad
+from securepad.summary import text_summary
+
+PRINCIPAL = Principal("bench-owner", "bench-agent", "bench")
+BUSY_TIMEOUT_MS = 30_000
+DEFAULT_TTL = 3600
+
+# The tool schema a resumed turn hands the model when it has stored entries;
+# securepad's own comes from securepad.turn when that module exists.
+READ_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {"name": "scratchpad_read", "parameters": {"type": "object", "properties": {}}},
+}
+
+
+def view_of(step: int, text: str) -> dict[str, Any]:
+    """The synthetic view every baseline stores with its content."""
+    return {"step_num": step, "size_bytes": len(text), "kind": "text", "summary": text_summary(text)}
+
+
+def slice_of(text: str, mode: str, n: int, start: int) -> str:
+    """What a head/tail/range read of ``n`` characters returns."""
+    if mode == "head":
+        return text[:n]
+    if mode == "tail":
+        return text[-n:] if n else ""
+    return text[start : start + n]
+
+
+class Backend:
+    """One store under test, opened on a directory it owns."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+
+    def __init__(self, root: Path, *, create: bool = True) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why this backend cannot run here, or None."""
+        return None
+
+    def put(self, turn_id: str, step: int, text: str, *, ttl: int = DEFAULT_TTL, now: float | None = None) -> str:
+        """Store one text observation; returns its id."""
+        raise NotImplementedError
+
+    def read(self, entry_id: str, mode: str, n: int, start: int = 0) -> str:
+        """head/tail/range of ``n`` characters."""
+        raise NotImplementedError
+
+    def get(self, entry_id: str) -> str:
+        """The whole content (to check for lost writes)."""
+        raise NotImplementedError
+
+    def resume(self, turn_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The turn's history (one view per step, in order) and the model's tool list."""
+        raise NotImplementedError
+
+    def fill_expired(self, count: int, size: int, now: float) -> None:
+        """Store ``count`` entries that have expired by ``now`` (setup for gc; not timed)."""
+        raise NotImplementedError
+
+    def gc(self, now: float) -> int:
+        """Delete expired entries; returns how many."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+# -- securepad ---------------------------------------------------------------------
+
+
+def bench_policy() -> Policy:
+    """The default policy with a quota large enough for the benchmark's gigabytes."""
+    return Policy.from_dict({"access": {"scope": "owner"}, "limits": {"owner_quota_bytes": 1 << 45}}, name="bench")
+
+
+class SecurepadBackend(Backend):
+    name = "securepad"
+    description = "securepad Scratchpad: AES-256-GCM segments, authorized, WAL"
+
+    def __init__(self, root: Path, *, create: bool = True, keyring: Keyring | None = None) -> None:
+        super().__init__(root)
+        self.keyring = keyring or Keyring.from_key_file(root / "config" / "key")
+        self.pad = Scratchpad.open(root / "data" / "store.db", keyring=self.keyring, policy=bench_policy())
+
+    def put(self, turn_id: str, step: int, text: str, *, ttl: int = DEFAULT_TTL, now: float | None = None) -> str:
+        view = self.pad.put(PRINCIPAL, turn_id, step, "bench", text, ttl, now=now)
+        return str(view["scratchpad_id"])
+
+    def read(self, entry_id: str, mode: str, n: int, start: int = 0) -> str:
+        if mode == "range":
+            result = self.pad.read(PRINCIPAL, entry_id, "range", start=start, end=start + n)
+        else:
+            result = self.pad.read(PRINCIPAL, entry_id, mode, n=n)
+        return str(result["content"])
+
+    def get(self, entry_id: str) -> str:
+        return str(self.pad.get(PRINCIPAL, entry_id).observation)
+
+    def resume(self, turn_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        resumed = resume_api(self.pad)
+        return resumed(turn_id)
+
+    def fill_expired(self, count: int, size: int, now: float) -> None:
+        # Through the public put, with the clock in the past: each entry expires
+        # one second after it is created, so all are expired by ``now``.
+        start = now - 10 - count * 0.001
+        for i in range(count):
+            self.put("gc-turn", i, _gc_text(size, i), ttl=1, now=start + i * 0.001)
+
+    def gc(self, now: float) -> int:
+        return self.pad.gc(now)
+
+    def close(self) -> None:
+        self.pad.close()
+
+
+def resume_api(pad: Scratchpad) -> Callable[[str], tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+    """securepad's resumption: ``pad.turn(...).history()/tools()`` when the
+    runtime surface exists, else ``list_for_turn`` (its views are the history)."""
+    turn = getattr(pad, "turn", None)
+    if turn is not None:
+
+        def via_turn(turn_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            resumed = turn(PRINCIPAL, turn_id)
+            return list(resumed.history()), list(resumed.tools())
+
+        return via_turn
+
+    def via_list(turn_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        history = [row["view"] for row in pad.list_for_turn(PRINCIPAL, turn_id)]
+        return history, [READ_TOOL] if history else []
+
+    return via_list
+
+
+def resume_api_name(pad: Scratchpad) -> str:
+    return "pad.turn().history()/tools()" if hasattr(pad, "turn") else "list_for_turn"
+
+
+def _gc_text(size: int, i: int) -> str:
+    from .data import text
+
+    return text(size, salt=i)
+
+
+# -- the SQL baselines -------------------------------------------------------------------
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries(
+    id          {id_type} PRIMARY KEY,
+    turn_id     TEXT NOT NULL,
+    step_num    INTEGER NOT NULL,
+    created_at  REAL NOT NULL,
+    expires_at  REAL NOT NULL,
+    view        TEXT NOT NULL,
+    content     BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS entries_turn ON entries(turn_id, step_num);
+CREATE INDEX IF NOT EXISTS entries_expires ON entries(expires_at);
+"""
+
+
+class _SqlBackend(Backend):
+    """The shared shape of the SQL baselines: one table, one connection per thread."""
+
+    id_type = "TEXT"
+    file_name = "store.db"
+
+    def __init__(self, root: Path, *, create: bool = True) -> None:
+        super().__init__(root)
+        self.path = root / self.file_name
+        self._local = threading.local()
+        self._all: list[Any] = []
+        self._lock = threading.Lock()
+        conn = self.conn
+        if not create:
+            return
+        for statement in _SCHEMA.format(id_type=self.id_type).split(";"):
+            if statement.strip():
+                self._write(conn, lambda c, s=statement: c.execute(s))
+
+    @property
+    def conn(self) -> Any:
+        conn = getattr(self._local, "conn", None)
+        if conn is None or self._local.pid != os.getpid():
+            conn = self._connect()
+            self._local.conn, self._local.pid = conn, os.getpid()
+            with self._lock:
+                self._all.append(conn)
+        return conn
+
+    def _connect(self) -> Any:
+        raise NotImplementedError
+
+    def _write(self, conn: Any, body: Callable[[Any], Any]) -> Any:
+        """One write transaction (BEGIN IMMEDIATE ... COMMIT, rollback on error)."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = body(conn)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return result
+
+    def _new_id(self) -> Any:
+        return secrets.token_hex(8)
+
+    def put(self, turn_id: str, step: int, text: str, *, ttl: int = DEFAULT_TTL, now: float | None = None) -> str:
+        created = time.time() if now is None else now
+        row = (turn_id, step, created, created + ttl, json.dumps(view_of(step, text)), text.encode("utf-8"))
+        return str(self._insert(row))
+
+    def _insert(self, row: tuple[Any, ...]) -> Any:
+        entry_id = self._new_id()
+
+        def insert(conn: Any) -> Any:
+            conn.execute(
+                "INSERT INTO entries(id, turn_id, step_num, created_at, expires_at, view, content)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (entry_id, *row),
+            )
+            return entry_id if entry_id is not None else conn.last_insert_rowid()
+
+        return self._write(self.conn, insert)
+
+    def get(self, entry_id: str) -> str:
+        rows = self.conn.execute("SELECT content FROM entries WHERE id = ?", (self._key(entry_id),)).fetchall()
+        if not rows:
+            raise KeyError(entry_id)
+        return bytes(rows[0][0]).decode("utf-8")
+
+    def _key(self, entry_id: str) -> Any:
+        return entry_id
+
+    def resume(self, turn_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        rows = self.conn.execute(
+            "SELECT id, view FROM entries WHERE turn_id = ? AND expires_at > ? ORDER BY step_num",
+            (turn_id, time.time()),
+        ).fetchall()
+        history = [{"scratchpad_id": str(entry_id), **json.loads(view)} for entry_id, view in rows]
+        return history, [READ_TOOL] if history else []
+
+    def fill_expired(self, count: int, size: int, now: float) -> None:
+        created = now - 10
+
+        def fill(conn: Any) -> None:
+            for i in range(count):
+                text = _gc_text(size, i)
+                conn.execute(
+                    "INSERT INTO entries(id, turn_id, step_num, created_at, expires_at, view, content)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (self._new_id(), "gc-turn", i, created, created + 1, json.dumps(view_of(i, text)), text.encode()),
+                )
+
+        self._write(self.conn, fill)
+
+    def gc(self, now: float) -> int:
+        def delete(conn: Any) -> int:
+            conn.execute("DELETE FROM entries WHERE expires_at <= ?", (now,))
+            return int(conn.execute("SELECT changes()").fetchall()[0][0])
+
+        return int(self._write(self.conn, delete))
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            conn.close()
+
+
+class RawApswBackend(_SqlBackend):
+    name = "raw-apsw"
+    description = "plaintext apsw table, WAL + synchronous=NORMAL, incremental blob reads (the floor)"
+    id_type = "INTEGER"
+
+    def _connect(self) -> apsw.Connection:
+        conn = apsw.Connection(str(self.path))
+        conn.setbusytimeout(BUSY_TIMEOUT_MS)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        return conn
+
+    def _new_id(self) -> Any:
+        return None  # the rowid
+
+    def _key(self, entry_id: str) -> Any:
+        return int(entry_id)
+
+    def read(self, entry_id: str, mode: str, n: int, start: int = 0) -> str:
+        with self.conn.blob_open("main", "entries", "content", int(entry_id), False) as blob:
+            size = blob.length()
+            offset = 0 if mode == "head" else max(0, size - n) if mode == "tail" else min(start, size)
+            blob.seek(offset)
+            return bytes(blob.read(n)).decode("utf-8")
+
+
+class UnhardenedBackend(_SqlBackend):
+    name = "unhardened"
+    description = "stdlib sqlite3, default journal (DELETE, synchronous=FULL), whole-blob reads"
+
+    def _connect(self) -> sqlite3.Connection:
+        # Every default (5 s timeout, implicit transactions, DELETE journal); one
+        # connection per thread still, check_same_thread off only so close() can run anywhere.
+        return sqlite3.connect(self.path, check_same_thread=False)
+
+    def _write(self, conn: Any, body: Callable[[Any], Any]) -> Any:
+        # The unhardened design: implicit transaction, commit per put.
+        try:
+            result = body(conn)
+        except BaseException:
+            conn.rollback()
+            raise
+        conn.commit()
+        return result
+
+    def read(self, entry_id: str, mode: str, n: int, start: int = 0) -> str:
+        return slice_of(self.get(entry_id), mode, n, start)
+
+    def gc(self, now: float) -> int:
+        def delete(conn: Any) -> int:
+            return int(conn.execute("DELETE FROM entries WHERE expires_at <= ?", (now,)).rowcount)
+
+        return int(self._write(self.conn, delete))
+
+
+class SqlCipherBackend(_SqlBackend):
+    name = "sqlcipher"
+    description = "SQLCipher 4 (sqlcipher3-binary), raw key, WAL + NORMAL, substr() reads"
+
+    def __init__(self, root: Path, *, create: bool = True) -> None:
+        key_file = root / "key.hex"
+        root.mkdir(parents=True, exist_ok=True)
+        if not key_file.exists():
+            key_file.write_text(secrets.token_hex(32))
+        self._hex_key = key_file.read_text().strip()
+        super().__init__(root, create=create)
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        try:
+            import sqlcipher3  # noqa: F401
+        except ImportError as exc:
+            return f"sqlcipher3 is not installed ({exc}); pip install sqlcipher3-binary"
+        return None
+
+    def _connect(self) -> Any:
+        from sqlcipher3 import dbapi2
+
+        conn = dbapi2.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        conn.execute(f"PRAGMA key = \"x'{self._hex_key}'\"")
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        return conn
+
+    def read(self, entry_id: str, mode: str, n: int, start: int = 0) -> str:
+        if mode == "head":
+            sql, params = "SELECT substr(content, 1, ?) FROM entries WHERE id = ?", (n, entry_id)
+        elif mode == "tail":
+            sql, params = "SELECT substr(content, -?) FROM entries WHERE id = ?", (n, entry_id)
+        else:
+            sql, params = "SELECT substr(content, ?, ?) FROM entries WHERE id = ?", (start + 1, n, entry_id)
+        return bytes(self.conn.execute(sql, params).fetchall()[0][0]).decode("utf-8")
+
+
+# -- diskcache ---------------------------------------------------------------------------
+
+
+class DiskcacheBackend(Backend):
+    name = "diskcache"
+    description = "diskcache.Cache (eviction off), file-backed values read with a seek"
+
+    def __init__(self, root: Path, *, create: bool = True) -> None:
+        super().__init__(root)
+        import diskcache
+
+        self.cache = diskcache.Cache(str(root / "cache"), size_limit=1 << 50, eviction_policy="none")
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        try:
+            import diskcache  # noqa: F401
+        except ImportError as exc:
+            return f"diskcache is not installed ({exc}); pip install diskcache"
+        return None
+
+    @staticmethod
+    def _id(turn_id: str, step: int) -> str:
+        return f"{turn_id}/{step:08d}"
+
+    def put(self, turn_id: str, step: int, text: str, *, ttl: int = DEFAULT_TTL, now: float | None = None) -> str:
+        # The view rides in the tag column, so one set() stores both, like one row elsewhere.
+        key = self._id(turn_id, step)
+        self.cache.set(key, text.encode("utf-8"), expire=ttl, tag=json.dumps(view_of(step, text)))
+        return key
+
+    def read(self, entry_id: str, mode: str, n: int, start: int = 0) -> str:
+        handle = self.cache.get(entry_id, read=True)
+        if handle is None:
+            raise KeyError(entry_id)
+        if isinstance(handle, bytes):  # values under disk_min_file_size come back whole
+            return slice_of(handle.decode("utf-8"), mode, n, start)
+        with handle:
+            size = handle.seek(0, os.SEEK_END)
+            offset = 0 if mode == "head" else max(0, size - n) if mode == "tail" else min(start, size)
+            handle.seek(offset)
+            return bytes(handle.read(n)).decode("utf-8")
+
+    def get(self, entry_id: str) -> str:
+        value = self.cache.get(entry_id)
+        if value is None:
+            raise KeyError(entry_id)
+        return bytes(value).decode("utf-8")
+
+    def resume(self, turn_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        # A key-value store lists a turn by probing its step keys in order.
+        history = []
+        step = 0
+        while True:
+            key = self._id(turn_id, step)
+            found = self.cache.get(key, read=True, tag=True)
+            if found[0] is None:
+                break
+            if hasattr(found[0], "close"):
+                found[0].close()
+            history.append({"scratchpad_id": key, **json.loads(found[1])})
+            step += 1
+        return history, [READ_TOOL] if history else []
+
+    def fill_expired(self, count: int, size: int, now: float) -> None:
+        # diskcache takes expiry relative to its own clock; gc then runs at a later "now".
+        for first in range(0, count, 1000):
+            with self.cache.transact():
+                for i in range(first, min(count, first + 1000)):
+                    text = _gc_text(size, i)
+                    self.cache.set(self._id("gc-turn", i), text.encode(), expire=1, tag=json.dumps(view_of(i, text)))
+
+    def gc(self, now: float) -> int:
+        return int(self.cache.expire(now=max(now, time.time() + 10)))
+
+    def close(self) -> None:
+        self.cache.close()
+
+
+BACKENDS: dict[str, type[Backend]] = {
+    b.name: b for b in (SecurepadBackend, RawApswBackend, UnhardenedBackend, DiskcacheBackend, SqlCipherBackend)
+}
+
+
+def open_backend(name: str, root: Path, *, create: bool = True) -> Backend:
+    """Open backend ``name`` on ``root``; ``create`` also creates its tables if absent."""
+    return BACKENDS[name](root, create=create)

@@ -1,0 +1,213 @@
+"""The parts of the suite that run in a fresh process.
+
+``python -m benchmarks.child '<json spec>'`` runs one task and prints one
+JSON line. A fresh process is what the issue asks for (a resumed turn starts
+in a new process) and it is the only honest place to measure a reader's peak
+memory: it holds nothing but the store and the read.
+
+Memory: the peak resident set size (Linux ``VmHWM``, the figure behind
+``ru_maxrss``) minus the resident set just before the measured operations.
+The high-water mark is reset before each measured mode by writing 5 to
+``/proc/self/clear_refs``; where that is not possible the parent runs one
+mode per process instead, and the baseline is ``ru_maxrss`` before the first
+measured operation.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import resource
+import sys
+import threading
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from . import data
+from .backends import open_backend
+
+# -- memory --------------------------------------------------------------------------
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    found = re.search(rf"^{field}:\s+(\d+) kB", status, re.MULTILINE)
+    return int(found.group(1)) if found else None
+
+
+def reset_peak() -> bool:
+    """Reset the peak RSS to the current RSS (Linux >= 4.0); False where unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def current_kib() -> int:
+    rss = _status_kib("VmRSS")
+    return rss if rss is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def peak_kib() -> int:
+    hwm = _status_kib("VmHWM")
+    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def can_reset_peak() -> bool:
+    return reset_peak() and _status_kib("VmHWM") is not None
+
+
+# -- tasks ---------------------------------------------------------------------------
+
+
+def task_read(spec: dict[str, Any]) -> dict[str, Any]:
+    """Time head/tail/range reads of one entry and measure the reader's peak memory."""
+    backend = open_backend(spec["backend"], Path(spec["root"]), create=False)
+    n, start = spec["n"], spec["start"]
+    out: dict[str, Any] = {}
+    for mode in spec["modes"]:
+        # Warm the connection and caches on a small entry, never on the measured one:
+        # a freed large buffer could stay in the heap and hide the next read's peak.
+        backend.read(spec["warm_id"], mode, n, 0)
+        reset = reset_peak()
+        base = current_kib() if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        samples: list[float] = []
+        began = time.perf_counter()
+        while len(samples) < spec["max_ops"] and (
+            len(samples) < spec["min_ops"] or time.perf_counter() - began < spec["budget_s"]
+        ):
+            t0 = time.perf_counter()
+            got = backend.read(spec["entry_id"], mode, n, start)
+            samples.append(time.perf_counter() - t0)
+            if len(got) != n:
+                raise AssertionError(f"{spec['backend']} {mode} returned {len(got)} characters, not {n}")
+            del got
+        out[mode] = {"samples": samples, "peak_rss_delta_kib": max(0, peak_kib() - base), "hwm_reset": reset}
+    backend.close()
+    return {"modes": out}
+
+
+def task_resume(spec: dict[str, Any]) -> dict[str, Any]:
+    """Open the store and resume a turn: history and tool list ready."""
+    base = current_kib()
+    reset_peak()
+    t0 = time.perf_counter()
+    backend = open_backend(spec["backend"], Path(spec["root"]), create=False)
+    history, tools = backend.resume(spec["turn_id"])
+    seconds = time.perf_counter() - t0
+    peak = peak_kib()
+    if len(history) != spec["steps"] or not tools:
+        raise AssertionError(f"resumed {len(history)} steps and {len(tools)} tools, expected {spec['steps']}")
+    api = None
+    if spec["backend"] == "securepad":
+        from .backends import SecurepadBackend, resume_api_name
+
+        assert isinstance(backend, SecurepadBackend)
+        api = resume_api_name(backend.pad)
+    backend.close()
+    return {"seconds": seconds, "peak_rss_delta_kib": max(0, peak - base), "api": api}
+
+
+def task_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """One process of the concurrent workload: ``threads`` threads doing 50/50
+    put/read until the deadline. Prints "ready", waits for "go" on stdin."""
+    backend = open_backend(spec["backend"], Path(spec["root"]), create=False)
+    size, n, read_ids = spec["size"], spec["n"], spec["read_ids"]
+    threads = spec["threads"]
+    ready = threading.Barrier(threads + 1)
+    go = threading.Event()
+    results: list[dict[str, Any]] = [{} for _ in range(threads)]
+    window: dict[str, float] = {}
+
+    def work(index: int) -> None:
+        rng = random.Random(spec["seed"] * 1000 + spec["proc"] * 100 + index)
+        put_lat: list[float] = []
+        read_lat: list[float] = []
+        errors: Counter[str] = Counter()
+        acked: list[tuple[str, int]] = []
+        turn = f"c{spec['proc']}-{index}"
+        try:
+            backend.read(rng.choice(read_ids), "head", n)  # this thread's connection, opened before the clock
+        except Exception as exc:
+            errors[_describe(exc)] += 1
+        ready.wait()
+        go.wait()
+        deadline = window["start"] + spec["seconds"]
+        seq = 0
+        while time.perf_counter() < deadline:
+            if rng.random() < 0.5:
+                salt = (spec["proc"] * 1000 + index) * 10_000_000 + seq
+                text = data.text(size, salt)
+                t0 = time.perf_counter()
+                try:
+                    entry_id = backend.put(turn, seq, text)
+                except Exception as exc:
+                    errors[_describe(exc)] += 1
+                else:
+                    put_lat.append(time.perf_counter() - t0)
+                    acked.append((entry_id, salt))
+                seq += 1
+            else:
+                entry_id = rng.choice(read_ids)
+                t0 = time.perf_counter()
+                try:
+                    backend.read(entry_id, "head", n)
+                except Exception as exc:
+                    errors[_describe(exc)] += 1
+                else:
+                    read_lat.append(time.perf_counter() - t0)
+        results[index] = {"put": put_lat, "read": read_lat, "errors": dict(errors), "acked": acked}
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    ready.wait()
+    print("ready", flush=True)
+    if sys.stdin.readline().strip() != "go":
+        raise SystemExit("no go from the parent")
+    window["start"] = time.perf_counter()
+    go.set()
+    for worker in workers:
+        worker.join()
+    window["end"] = time.perf_counter()
+    backend.close()
+    merged: dict[str, Any] = {"put": [], "read": [], "errors": Counter(), "acked": []}
+    for result in results:
+        merged["put"] += result["put"]
+        merged["read"] += result["read"]
+        merged["errors"].update(result["errors"])
+        merged["acked"] += result["acked"]
+    merged["errors"] = dict(merged["errors"])
+    merged["seconds"] = window["end"] - window["start"]
+    return merged
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:80]}"
+
+
+TASKS = {"read": task_read, "resume": task_resume, "worker": task_worker}
+
+
+def main() -> int:
+    spec = json.loads(sys.argv[1])
+    try:
+        result = TASKS[spec["task"]](spec)
+    except Exception:
+        print(json.dumps({"error": traceback.format_exc()}), flush=True)
+        return 1
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,217 @@
+"""Run the suite: ``python -m benchmarks [--quick]`` or ``securepad bench [--quick]``.
+
+Prints a markdown table per workload and the targets, writes
+``<out>/<mode>.json`` and ``<out>/<mode>.png``. ``--quick`` runs every
+workload on tiny sizes (the CI smoke run); it asserts nothing about timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from . import report
+from .backends import BACKENDS
+from .config import Config
+from .workloads import WORKLOADS
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="securepad bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, every workload, under a minute (CI)")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where to write the JSON and PNG")
+    parser.add_argument("--workdir", type=Path, default=None, help="where the stores go (default: a temp dir)")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated: " + ", ".join(BACKENDS))
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: " + ", ".join(WORKLOADS))
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-chart", action="store_true", help="skip the PNG")
+    parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the smoke test's config
+    args = parser.parse_args(argv)
+    for field, known in (("backends", BACKENDS), ("workloads", WORKLOADS)):
+        chosen = [x.strip() for x in getattr(args, field).split(",") if x.strip()]
+        unknown = [x for x in chosen if x not in known]
+        if unknown:
+            parser.error(f"unknown {field}: {', '.join(unknown)}")
+        setattr(args, field, chosen)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    config = Config.quick() if args.quick or args.tiny else Config.full()
+    if args.tiny:
+        config = config.tiny()
+    console = Console()
+    results = run(config, args.backends, args.workloads, workdir=args.workdir, progress=not args.no_progress)
+    args.out.mkdir(parents=True, exist_ok=True)
+    json_path = args.out / f"{config.mode}.json"
+    png_path = args.out / f"{config.mode}.png"
+    if not args.no_chart:
+        skipped = report.chart(results, png_path)
+        results["meta"]["chart"] = None if skipped else png_path.name
+        if skipped:
+            console.print(f"chart skipped: {skipped}", highlight=False)
+    report.write_json(results, json_path)
+    console.print(report.markdown(results), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"results: {json_path}" + ("" if args.no_chart else f", {png_path}"), highlight=False)
+    return 0
+
+
+def run(
+    config: Config,
+    backends: Sequence[str],
+    workloads: Sequence[str],
+    *,
+    workdir: Path | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run the chosen workloads on the chosen backends; returns the results dict."""
+    err = Console(stderr=True)
+    started = time.time()
+    available, skipped = [], []
+    for name in backends:
+        reason = BACKENDS[name].unavailable()
+        if reason:
+            skipped.append({"backend": name, "reason": reason})
+            err.print(f"[yellow]skipping {name}:[/yellow] {reason}", highlight=False)
+        else:
+            available.append(name)
+    scratch = Path(tempfile.mkdtemp(prefix="securepad-bench-", dir=workdir))
+    results: dict[str, Any] = {
+        "meta": {
+            "mode": config.mode,
+            "started": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
+            "machine": machine(scratch),
+            "config": config.as_dict(),
+            "command": "python -m benchmarks" + (" --quick" if config.mode == "quick" else ""),
+            "memory_method": (
+                "peak RSS (Linux VmHWM, i.e. ru_maxrss) minus the RSS before the measured operations,"
+                " the high-water mark reset through /proc/self/clear_refs; fresh process per entry"
+            ),
+        },
+        "backends": {
+            name: {"description": BACKENDS[name].description, "available": name in available} for name in backends
+        },
+        "workloads": {},
+        "skipped": skipped,
+    }
+    total = sum(WORKLOADS[w][1](config) * len(available) for w in workloads)
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    bar = Progress(*columns, console=err, disable=not progress, transient=False)
+    try:
+        with bar:
+            task = bar.add_task("benchmarks", total=total)
+            for workload in workloads:
+                records: list[dict[str, Any]] = []
+                for name in available:
+                    first = True
+
+                    def step(what: str, workload: str = workload, name: str = name) -> None:
+                        nonlocal first
+                        if not first:
+                            bar.advance(task)
+                        first = False
+                        bar.update(task, description=f"{workload:<10} {name:<10} {what}")
+
+                    records += WORKLOADS[workload][0](config, name, scratch, step)
+                    bar.advance(task)
+                results["workloads"][workload] = records
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    results["targets"] = report.targets(results)
+    results["meta"]["elapsed_s"] = round(time.time() - started, 1)
+    return results
+
+
+def machine(workdir: Path) -> dict[str, Any]:
+    """What the figures were measured on."""
+    import sqlite3
+
+    import apsw
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram_gib = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                ram_gib = round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    sqlcipher = None
+    try:
+        from sqlcipher3 import dbapi2
+
+        conn = dbapi2.connect(":memory:")
+        sqlcipher = f"{conn.execute('PRAGMA cipher_version').fetchall()[0][0]} (SQLite {dbapi2.sqlite_version})"
+        conn.close()
+    except Exception:  # not installed, or not SQLCipher
+        sqlcipher = None
+    info = {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "ram_gib": ram_gib,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "sqlite_apsw": apsw.sqlite_lib_version(),
+        "apsw": apsw.apsw_version(),
+        "sqlite_stdlib": sqlite3.sqlite_version,
+        "sqlcipher": sqlcipher,
+        "filesystem": _filesystem(workdir),
+        "securepad_commit": _git_commit(),
+    }
+    info["summary"] = f"{info['nproc']} cores, {cpu}, {ram_gib} GiB, Python {info['python']}"
+    return info
+
+
+def _filesystem(path: Path) -> str | None:
+    try:
+        mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
+    except OSError:
+        return None
+    best = None
+    resolved = str(path.resolve())
+    for device, mount, fstype, *_ in mounts:
+        if resolved.startswith(mount) and (best is None or len(mount) > len(best[1])):
+            best = (device, mount, fstype)
+    return f"{best[2]} on {best[1]}" if best else None
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""Summaries of latency samples: median, p90, p99, max, throughput."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+FIGURES = ("median", "p90", "p99", "max")
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default), q in [0, 100]."""
+    if not sorted_values:
+        return math.nan
+    pos = (len(sorted_values) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def summarize(samples: Sequence[float], *, nbytes: int | None = None, wall_s: float | None = None) -> dict[str, Any]:
+    """Latency figures in seconds, and throughput.
+
+    ``samples`` are per-operation latencies in seconds. Throughput is
+    ``len(samples) / wall_s`` when the operations ran concurrently over a
+    wall-clock window, else ``len(samples) / sum(samples)`` (sequential).
+    ``nbytes`` is the payload of one operation, for MB/s (10**6 bytes per MB).
+    """
+    ordered = sorted(samples)
+    n = len(ordered)
+    busy = wall_s if wall_s is not None else sum(ordered)
+    ops = n / busy if n and busy > 0 else 0.0
+    result: dict[str, Any] = {
+        "n": n,
+        "median": percentile(ordered, 50),
+        "p90": percentile(ordered, 90),
+        "p99": percentile(ordered, 99),
+        "max": ordered[-1] if ordered else math.nan,
+        "mean": busy / n if n and wall_s is None else (sum(ordered) / n if n else math.nan),
+        "ops_per_s": ops,
+        "mb_per_s": ops * nbytes / 1e6 if nbytes is not None else None,
+    }
+    return result

@@ -1,0 +1,432 @@
+"""The workloads, driven from the parent process. Each returns result records:
+``{"backend", "case", ..., "stats": {median, p90, p99, max, ops_per_s, mb_per_s}}``
+with latencies in seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import data
+from .backends import PRINCIPAL, Backend, SecurepadBackend, open_backend, slice_of
+from .child import can_reset_peak
+from .config import Config, KiB, size_label
+from .stats import summarize
+
+READ_MODES = ("head", "tail", "range")
+Record = dict[str, Any]
+# Called before each step of a workload with a short description of it.
+Step = Callable[[str], None]
+
+
+def _fresh(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def _child_env() -> dict[str, str]:
+    # Not resolved: a checkout reached through a symlink keeps its own securepad.
+    root = str(Path(__file__).absolute().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _child_cmd(spec: dict[str, Any]) -> list[str]:
+    return [sys.executable, "-m", f"{__package__}.child", json.dumps(spec)]
+
+
+def run_child(spec: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
+    """Run one task in a fresh process and return its JSON result."""
+    proc = subprocess.run(
+        _child_cmd(spec), capture_output=True, text=True, env=_child_env(), timeout=timeout, check=False
+    )
+    lines = proc.stdout.strip().splitlines()
+    result = json.loads(lines[-1]) if lines else {"error": proc.stderr[-2000:]}
+    if proc.returncode != 0 or "error" in result:
+        raise RuntimeError(f"child task {spec['task']} on {spec['backend']} failed:\n{result.get('error')}")
+    return dict(result)
+
+
+# -- put -----------------------------------------------------------------------------
+
+
+def put_steps(cfg: Config) -> int:
+    return len(cfg.put_sizes)
+
+
+def run_put(cfg: Config, name: str, workdir: Path, step: Step) -> list[Record]:
+    """Sequential puts of each size into one store, one process."""
+    records = []
+    backend = open_backend(name, _fresh(workdir / "put" / name))
+    try:
+        for size in cfg.put_sizes:
+            step(f"put {size_label(size)}")
+            samples: list[float] = []
+            began = time.perf_counter()
+            salt = 0
+            while len(samples) < cfg.put_max_ops and (
+                len(samples) < cfg.put_min_ops or time.perf_counter() - began < cfg.put_budget_s
+            ):
+                text = data.text(size, salt=size + salt)
+                t0 = time.perf_counter()
+                backend.put(f"put-{size}", salt, text)
+                samples.append(time.perf_counter() - t0)
+                salt += 1
+                del text
+            records.append(
+                {
+                    "backend": name,
+                    "case": size_label(size),
+                    "size_bytes": size,
+                    "stats": summarize(samples, nbytes=size),
+                }
+            )
+    finally:
+        backend.close()
+        shutil.rmtree(workdir / "put" / name, ignore_errors=True)
+    return records
+
+
+# -- head / tail / range -------------------------------------------------------------------
+
+
+def read_steps(cfg: Config) -> int:
+    return len(cfg.read_sizes) + 1
+
+
+def run_read(cfg: Config, name: str, workdir: Path, step: Step) -> list[Record]:
+    """Store one entry per size, check every read mode once here, then time
+    them and measure peak memory in a fresh process per entry (per mode where
+    the peak cannot be reset)."""
+    root = _fresh(workdir / "read" / name)
+    n = cfg.read_chars
+    backend = open_backend(name, root)
+    step(f"store {', '.join(size_label(s) for s in cfg.read_sizes)} entries")
+    ids: dict[int, str] = {}
+    try:
+        warm_id = backend.put("read-turn", 0, data.text(4 * KiB, salt=1))
+        for index, size in enumerate(cfg.read_sizes, start=1):
+            text = data.text(size, salt=size)
+            ids[size] = backend.put("read-turn", index, text)
+            for mode in READ_MODES:
+                got = backend.read(ids[size], mode, n, size // 2)
+                if got != slice_of(text, mode, n, size // 2):
+                    raise AssertionError(f"{name}: {mode} of {size_label(size)} returned the wrong characters")
+            del text
+    finally:
+        backend.close()
+    per_process = [list(READ_MODES)] if can_reset_peak() else [[mode] for mode in READ_MODES]
+    records = []
+    for size in cfg.read_sizes:
+        step(f"read {size_label(size)}")
+        for modes in per_process:
+            spec = {
+                "task": "read",
+                "backend": name,
+                "root": str(root),
+                "entry_id": ids[size],
+                "warm_id": warm_id,
+                "modes": modes,
+                "n": n,
+                "start": size // 2,
+                "budget_s": cfg.read_budget_s,
+                "max_ops": cfg.read_max_ops,
+                "min_ops": cfg.read_min_ops,
+            }
+            result = run_child(spec)
+            for mode, got in result["modes"].items():
+                records.append(
+                    {
+                        "backend": name,
+                        "case": f"{mode} {n} of {size_label(size)}",
+                        "mode": mode,
+                        "entry_bytes": size,
+                        "chars": n,
+                        "stats": summarize(got["samples"], nbytes=n),
+                        "peak_rss_delta_kib": got["peak_rss_delta_kib"],
+                        "peak_reset": got["hwm_reset"],
+                    }
+                )
+    shutil.rmtree(root, ignore_errors=True)
+    return records
+
+
+# -- concurrent mixed put/read ---------------------------------------------------------------
+
+
+def concurrent_steps(cfg: Config) -> int:
+    return len(cfg.concurrency)
+
+
+def run_concurrent(cfg: Config, name: str, workdir: Path, step: Step) -> list[Record]:
+    records = []
+    for processes, threads in cfg.concurrency:
+        case = f"{processes}x{threads}"
+        step(f"{case} for {cfg.concurrency_seconds:g} s")
+        root = _fresh(workdir / "concurrent" / name / case)
+        backend = open_backend(name, root)
+        try:
+            read_ids = [backend.put("seed", i, data.text(cfg.concurrent_bytes, salt=i)) for i in range(50)]
+        finally:
+            backend.close()
+        result = _concurrent_once(cfg, name, root, processes, threads, read_ids)
+        records.append({"backend": name, "case": case, "processes": processes, "threads": threads, **result})
+        shutil.rmtree(root, ignore_errors=True)
+    return records
+
+
+def _concurrent_once(
+    cfg: Config, name: str, root: Path, processes: int, threads: int, read_ids: list[str]
+) -> dict[str, Any]:
+    children = []
+    for proc in range(processes):
+        spec = {
+            "task": "worker",
+            "backend": name,
+            "root": str(root),
+            "proc": proc,
+            "threads": threads,
+            "seconds": cfg.concurrency_seconds,
+            "seed": cfg.seed,
+            "size": cfg.concurrent_bytes,
+            "n": cfg.read_chars,
+            "read_ids": read_ids,
+        }
+        children.append(
+            subprocess.Popen(
+                _child_cmd(spec),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=_child_env(),
+            )
+        )
+    outputs = []
+    try:
+        for child in children:  # a barrier: every process has its connections open
+            assert child.stdout is not None
+            line = child.stdout.readline().strip()
+            if line != "ready":
+                raise RuntimeError(
+                    f"a {name} worker did not start: {line} {child.stderr.read() if child.stderr else ''}"
+                )
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        for child in children:
+            out, err = child.communicate(timeout=cfg.concurrency_seconds + 120)
+            lines = out.strip().splitlines()
+            got = json.loads(lines[-1]) if lines else {"error": err[-2000:]}
+            if "error" in got:
+                raise RuntimeError(f"a {name} worker failed:\n{got['error']}")
+            outputs.append(got)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+    put_lat = [x for o in outputs for x in o["put"]]
+    read_lat = [x for o in outputs for x in o["read"]]
+    errors: dict[str, int] = {}
+    for o in outputs:
+        for key, count in o["errors"].items():
+            errors[key] = errors.get(key, 0) + count
+    seconds = max(o["seconds"] for o in outputs)
+    acked = [tuple(a) for o in outputs for a in o["acked"]]
+    lost = _lost_writes(name, root, acked, cfg.concurrent_bytes)
+    return {
+        "seconds": seconds,
+        "put": summarize(put_lat, nbytes=cfg.concurrent_bytes, wall_s=seconds),
+        "read": summarize(read_lat, nbytes=cfg.read_chars, wall_s=seconds),
+        "stats": summarize(put_lat + read_lat, wall_s=seconds),
+        "errors": errors,
+        "error_count": sum(errors.values()),
+        "acked_puts": len(acked),
+        "lost_writes": lost,
+    }
+
+
+def _lost_writes(name: str, root: Path, acked: list[tuple[Any, ...]], size: int) -> int:
+    """Acknowledged puts that are not readable with exactly the content put."""
+    backend = open_backend(name, root, create=False)
+    lost = 0
+    try:
+        for entry_id, salt in acked:
+            try:
+                if backend.get(entry_id) != data.text(size, salt):
+                    lost += 1
+            except Exception:
+                lost += 1
+    finally:
+        backend.close()
+    return lost
+
+
+# -- turn resumption -----------------------------------------------------------------------
+
+
+def resume_steps(cfg: Config) -> int:
+    return 1 + len(cfg.resume_steps)
+
+
+def run_resume(cfg: Config, name: str, workdir: Path, step: Step) -> list[Record]:
+    """A fresh process opens the store and resumes a turn (history and tools ready)."""
+    root = _fresh(workdir / "resume" / name)
+    step(f"record turns of {', '.join(map(str, cfg.resume_steps))} steps")
+    backend = open_backend(name, root)
+    try:
+        for steps in cfg.resume_steps:
+            for i in range(steps):
+                backend.put(f"turn-{steps}", i, data.text(cfg.resume_entry_bytes, salt=steps * 100_000 + i))
+    finally:
+        backend.close()
+    records = []
+    for steps in cfg.resume_steps:
+        step(f"resume {steps} steps")
+        spec = {"task": "resume", "backend": name, "root": str(root), "turn_id": f"turn-{steps}", "steps": steps}
+        runs = [run_child(spec) for _ in range(cfg.resume_processes)]
+        records.append(
+            {
+                "backend": name,
+                "case": f"{steps} steps",
+                "steps": steps,
+                "stats": summarize([r["seconds"] for r in runs]),
+                "peak_rss_delta_kib": max(r["peak_rss_delta_kib"] for r in runs),
+                "api": runs[0]["api"],
+            }
+        )
+    shutil.rmtree(root, ignore_errors=True)
+    return records
+
+
+# -- gc ----------------------------------------------------------------------------------------
+
+
+def gc_steps(cfg: Config) -> int:
+    return 2
+
+
+def run_gc(cfg: Config, name: str, workdir: Path, step: Step) -> list[Record]:
+    """gc of ``gc_entries`` expired entries among a few live ones, timed once."""
+    root = _fresh(workdir / "gc" / name)
+    backend = open_backend(name, root)
+    try:
+        now = time.time()
+        step(f"store {cfg.gc_entries} expiring entries")
+        backend.fill_expired(cfg.gc_entries, cfg.gc_entry_bytes, now)
+        live = [backend.put("live", i, data.text(cfg.gc_entry_bytes, salt=i)) for i in range(10)]
+        step(f"gc {cfg.gc_entries}")
+        t0 = time.perf_counter()
+        deleted = backend.gc(time.time())
+        seconds = time.perf_counter() - t0
+        if deleted != cfg.gc_entries:
+            raise AssertionError(f"{name}: gc deleted {deleted} entries, not {cfg.gc_entries}")
+        for entry_id in live:
+            backend.get(entry_id)
+    finally:
+        backend.close()
+        shutil.rmtree(root, ignore_errors=True)
+    stats = summarize([seconds])
+    stats["ops_per_s"] = cfg.gc_entries / seconds  # entries deleted per second
+    return [{"backend": name, "case": f"{cfg.gc_entries} expired", "entries": cfg.gc_entries, "stats": stats}]
+
+
+# -- open ----------------------------------------------------------------------------------------
+
+PASSPHRASE = "correct horse battery staple"
+
+
+def open_steps(cfg: Config) -> int:
+    return 1
+
+
+def run_open(cfg: Config, name: str, workdir: Path, step: Step) -> list[Record]:
+    """Opening an existing store: with each key source the backend has."""
+    root = _fresh(workdir / "open" / name)
+    step("open")
+    cases = _open_cases(name, root)
+    if name != "securepad":  # securepad's openers create their stores on first use
+        seeded = open_backend(name, root / "raw" if name == "sqlcipher" else root)
+        seeded.put("open-turn", 0, data.text(4 * KiB))
+        seeded.close()
+    records = []
+    try:
+        for case, opener in cases.items():
+            opener()()  # create the store (and, for a passphrase, its salt) and warm the OS cache
+            samples = []
+            for _ in range(cfg.open_reps):
+                t0 = time.perf_counter()
+                close = opener()
+                samples.append(time.perf_counter() - t0)
+                close()
+            records.append({"backend": name, "case": case, "stats": summarize(samples)})
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return records
+
+
+def _open_cases(name: str, root: Path) -> dict[str, Callable[[], Callable[[], None]]]:
+    """case -> a function that opens the store, ready to serve, and returns its close."""
+    if name == "securepad":
+        from securepad import Keyring
+
+        def key_file() -> Callable[[], None]:
+            backend = SecurepadBackend(root / "file", keyring=Keyring.from_key_file(root / "file" / "key"))
+            backend.pad.stats(PRINCIPAL)
+            return backend.close
+
+        def passphrase() -> Callable[[], None]:
+            backend = SecurepadBackend(root / "pass", keyring=Keyring.from_passphrase(PASSPHRASE))
+            backend.pad.stats(PRINCIPAL)
+            return backend.close
+
+        return {"key file": key_file, "passphrase (Argon2id t=3 m=64MiB p=4)": passphrase}
+    if name == "sqlcipher":
+        return {
+            "raw key": lambda: _sqlcipher_open(root / "raw", None),
+            "passphrase (PBKDF2-SHA512 256k)": lambda: _sqlcipher_open(root / "pass", PASSPHRASE),
+        }
+
+    def plain() -> Callable[[], None]:
+        backend: Backend = open_backend(name, root, create=False)
+        backend.resume("none")  # one query: the store is really open
+        return backend.close
+
+    return {"no key (plaintext)": plain}
+
+
+def _sqlcipher_open(path: Path, passphrase: str | None) -> Callable[[], None]:
+    from .backends import SqlCipherBackend
+
+    if passphrase is None:
+        backend = SqlCipherBackend(path, create=False)
+        backend.resume("none")
+        return backend.close
+    from sqlcipher3 import dbapi2
+
+    path.mkdir(parents=True, exist_ok=True)
+    conn = dbapi2.connect(str(path / "store.db"))
+    conn.execute(f"PRAGMA key = '{passphrase}'")  # SQLCipher 4 defaults: PBKDF2-HMAC-SHA512, 256,000 iterations
+    conn.execute("CREATE TABLE IF NOT EXISTS t(x)")
+    conn.execute("SELECT count(*) FROM t").fetchall()
+    return conn.close
+
+
+WORKLOADS: dict[str, tuple[Callable[[Config, str, Path, Step], list[Record]], Callable[[Config], int]]] = {
+    "put": (run_put, put_steps),
+    "read": (run_read, read_steps),
+    "concurrent": (run_concurrent, concurrent_steps),
+    "resume": (run_resume, resume_steps),
+    "gc": (run_gc, gc_steps),
+    "open": (run_open, open_steps),
+}
