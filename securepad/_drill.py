@@ -1,31 +1,154 @@
 """Drills against the store's defences, run on scratch copies, never the user's file.
 
-Used by ``securepad demo`` and ``securepad audit``: they copy the store,
-damage the copy the way an attacker with write access to the file would,
-and check that the damage is detected.
+Used by ``securepad demo``, ``securepad audit`` and the isolation tests: they
+copy the store, damage the copy the way an attacker with write access to the
+file would, and check that the damage is detected.
+
+Every function here opens its own apsw connection to the file it is given
+and commits before returning, so a ``Scratchpad`` open on the same file sees
+the damage on its next query.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import apsw
 
-__all__ = ["flip_segment_byte", "move_entry_to_owner"]
+__all__ = [
+    "ENTRY_COLUMNS",
+    "clone",
+    "copy_entry",
+    "copy_entry_columns",
+    "copy_segment",
+    "drop_last_segment",
+    "entry_row",
+    "flip_segment_byte",
+    "keep_only_owners",
+    "move_entry_to_owner",
+    "restore_entry",
+    "set_column",
+    "swap_owner_keys",
+    "swap_segments",
+]
+
+# Every column of ``entries``: the only names ever formatted into SQL here.
+ENTRY_COLUMNS = (
+    "id",
+    "owner_user_id",
+    "actor",
+    "channel",
+    "turn_id",
+    "step_num",
+    "executor_name",
+    "content_kind",
+    "size_bytes",
+    "size_chars",
+    "segment_count",
+    "key_version",
+    "created_at",
+    "expires_at",
+    "wrapped_key",
+    "nonce_prefix",
+    "commitment",
+    "sealed_meta",
+)
 
 
-def _edit(path: Path, sql: str, params: tuple[object, ...]) -> None:
+def _connect(path: Path) -> apsw.Connection:
     conn = apsw.Connection(str(path))
+    conn.setbusytimeout(5_000)
+    return conn
+
+
+def _edit(path: Path, statements: Iterable[tuple[str, tuple[Any, ...]]]) -> None:
+    conn = _connect(path)
     try:
         with conn:
-            conn.execute(sql, params)
+            for sql, params in statements:
+                conn.execute(sql, params)
     finally:
         conn.close()
 
 
+def _column(name: str) -> str:
+    if name not in ENTRY_COLUMNS:
+        raise ValueError(f"entries has no column {name!r}")
+    return name
+
+
+def clone(src: Path, dest: Path) -> None:
+    """Copy a (checkpointed, closed) scratch store file to ``dest``, created 0600."""
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out, src.open("rb") as source:
+        shutil.copyfileobj(source, out)
+
+
+def keep_only_owners(path: Path, owners: Iterable[str]) -> None:
+    """Delete every other owner's entries, segments and keys from a scratch copy, then vacuum it.
+
+    The audit's drills need only its own tenants; shrinking the copy makes each
+    drill's fresh copy cheap and keeps other owners' ciphertext out of scratch files.
+    """
+    keep = sorted(set(owners))
+    marks = ", ".join("?" * len(keep))
+    params = tuple(keep)
+    _edit(
+        path,
+        [
+            (
+                f"DELETE FROM segments WHERE entry_id NOT IN (SELECT id FROM entries WHERE owner_user_id IN ({marks}))",
+                params,
+            ),
+            (f"DELETE FROM entries WHERE owner_user_id NOT IN ({marks})", params),
+            (f"DELETE FROM owner_keys WHERE owner_user_id NOT IN ({marks})", params),
+        ],
+    )
+    conn = _connect(path)
+    try:
+        conn.execute("PRAGMA journal_mode = DELETE")
+        conn.execute("VACUUM")
+    finally:
+        conn.close()
+
+
+def entry_row(path: Path, entry_id: str) -> tuple[dict[str, Any], list[bytes]]:
+    """An entry's row and its segments' ciphertext, as stored (for rollbacks and comparisons)."""
+    conn = _connect(path)
+    try:
+        rows = conn.execute(f"SELECT {', '.join(ENTRY_COLUMNS)} FROM entries WHERE id = ?", (entry_id,)).fetchall()
+        if not rows:
+            raise LookupError(f"no entry {entry_id} in {path}")
+        segments = conn.execute("SELECT data FROM segments WHERE entry_id = ? ORDER BY seq", (entry_id,)).fetchall()
+    finally:
+        conn.close()
+    return dict(zip(ENTRY_COLUMNS, rows[0], strict=True)), [bytes(s[0]) for s in segments]  # type: ignore[arg-type]
+
+
+def restore_entry(path: Path, row: dict[str, Any], segments: list[bytes] | None = None) -> None:
+    """Write ``row`` back over the entry with its id (and, given them, its segments):
+    a rollback to an older state taken with ``entry_row``."""
+    columns = [_column(c) for c in row]
+    statements: list[tuple[str, tuple[Any, ...]]] = [
+        ("DELETE FROM entries WHERE id = ?", (row["id"],)),
+        (f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", tuple(row.values())),
+    ]
+    if segments is not None:
+        statements.append(("DELETE FROM segments WHERE entry_id = ?", (row["id"],)))
+        statements += [
+            ("INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)", (row["id"], seq, data))
+            for seq, data in enumerate(segments)
+        ]
+    _edit(path, statements)
+
+
 def flip_segment_byte(path: Path, entry_id: str, seq: int = 0) -> None:
     """Flip one bit in the middle of a segment's ciphertext, as bit rot or an attacker would."""
-    conn = apsw.Connection(str(path))
+    conn = _connect(path)
     try:
         rows = conn.execute("SELECT data FROM segments WHERE entry_id = ? AND seq = ?", (entry_id, seq)).fetchall()
         if not rows:
@@ -40,4 +163,94 @@ def flip_segment_byte(path: Path, entry_id: str, seq: int = 0) -> None:
 
 def move_entry_to_owner(path: Path, entry_id: str, owner_user_id: str) -> None:
     """Relabel an entry's row as another owner's, as an attacker with write access could."""
-    _edit(path, "UPDATE entries SET owner_user_id = ? WHERE id = ?", (owner_user_id, entry_id))
+    set_column(path, entry_id, "owner_user_id", owner_user_id)
+
+
+def set_column(path: Path, entry_id: str, column: str, value: object) -> None:
+    """Overwrite one clear column of an entry's row."""
+    _edit(path, [(f"UPDATE entries SET {_column(column)} = ? WHERE id = ?", (value, entry_id))])
+
+
+def copy_entry_columns(path: Path, src_id: str, dest_id: str, columns: Iterable[str]) -> None:
+    """Copy columns (say ``wrapped_key``: an item key) from one entry's row onto another's."""
+    names = [_column(c) for c in columns]
+    assignments = ", ".join(f"{c} = (SELECT {c} FROM entries WHERE id = ?)" for c in names)
+    _edit(path, [(f"UPDATE entries SET {assignments} WHERE id = ?", (*([src_id] * len(names)), dest_id))])
+
+
+def copy_segment(path: Path, src_id: str, src_seq: int, dest_id: str, dest_seq: int) -> None:
+    """Overwrite one segment's ciphertext with another segment's (of any entry or owner)."""
+    _edit(
+        path,
+        [
+            (
+                "UPDATE segments SET data = (SELECT data FROM segments WHERE entry_id = ? AND seq = ?)"
+                " WHERE entry_id = ? AND seq = ?",
+                (src_id, src_seq, dest_id, dest_seq),
+            )
+        ],
+    )
+
+
+def swap_segments(path: Path, entry_id: str, seq_a: int, seq_b: int) -> None:
+    """Exchange two segments of an entry: a reordering."""
+    _edit(
+        path,
+        [
+            ("UPDATE segments SET seq = -1 WHERE entry_id = ? AND seq = ?", (entry_id, seq_a)),
+            ("UPDATE segments SET seq = ? WHERE entry_id = ? AND seq = ?", (seq_a, entry_id, seq_b)),
+            ("UPDATE segments SET seq = ? WHERE entry_id = ? AND seq = -1", (seq_b, entry_id)),
+        ],
+    )
+
+
+def drop_last_segment(path: Path, entry_id: str, *, fix_count: bool = False) -> None:
+    """Truncate an entry by its last segment; with ``fix_count`` the row's
+    ``segment_count`` is lowered to match, as a careful attacker would."""
+    statements: list[tuple[str, tuple[Any, ...]]] = [
+        (
+            "DELETE FROM segments WHERE entry_id = ? AND seq = (SELECT MAX(seq) FROM segments WHERE entry_id = ?)",
+            (entry_id, entry_id),
+        )
+    ]
+    if fix_count:
+        statements.append(("UPDATE entries SET segment_count = segment_count - 1 WHERE id = ?", (entry_id,)))
+    _edit(path, statements)
+
+
+def copy_entry(path: Path, entry_id: str, new_id: str, owner_user_id: str) -> None:
+    """Insert a copy of an entry (row and segments) under a new id and owner."""
+    others = ", ".join(c for c in ENTRY_COLUMNS if c not in ("id", "owner_user_id"))
+    _edit(
+        path,
+        [
+            (
+                f"INSERT INTO entries(id, owner_user_id, {others}) SELECT ?, ?, {others} FROM entries WHERE id = ?",
+                (new_id, owner_user_id, entry_id),
+            ),
+            (
+                "INSERT INTO segments(entry_id, seq, data) SELECT ?, seq, data FROM segments WHERE entry_id = ?",
+                (new_id, entry_id),
+            ),
+        ],
+    )
+
+
+def swap_owner_keys(path: Path, owner_a: str, owner_b: str) -> None:
+    """Exchange two owners' wrapped owner keys (the versions both have)."""
+    conn = _connect(path)
+    try:
+        rows = conn.execute(
+            "SELECT owner_user_id, version, wrapped FROM owner_keys WHERE owner_user_id IN (?, ?)", (owner_a, owner_b)
+        ).fetchall()
+        keys = {(str(owner), int(version)): bytes(wrapped) for owner, version, wrapped in rows}  # type: ignore[arg-type]
+        shared = {v for (o, v) in keys if o == owner_a} & {v for (o, v) in keys if o == owner_b}
+        with conn:
+            for version in sorted(shared):
+                for owner, other in ((owner_a, owner_b), (owner_b, owner_a)):
+                    conn.execute(
+                        "UPDATE owner_keys SET wrapped = ? WHERE owner_user_id = ? AND version = ?",
+                        (keys[(other, version)], owner, version),
+                    )
+    finally:
+        conn.close()

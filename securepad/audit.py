@@ -1,0 +1,385 @@
+"""The isolation audit behind ``securepad audit``.
+
+It runs against a real store and its policy, as two synthetic audit owners
+(``audit-<random>-a`` and ``-b``) who store canary entries and then try
+everything one tenant could try against another: cross-owner get, read in
+every mode, list, stats and delete; forged, guessed and malformed ids;
+hostile principals and turn ids; expired entries; the policy's scope inside
+an owner; the read cap. It damages scratch copies of the file (never the
+user's file) the way an attacker with write access would, scans the
+database, WAL and journal files for the canaries' plaintext and, after gc,
+for the expired entries' ciphertext, and checks the deployment: file and
+directory permissions, where the key file lives, ``secure_delete``, the
+policy. Each check is one row: name, pass or fail, what was tried, what
+happened.
+
+Afterwards the audit owners are removed (``_purge_owner``: entries, keys,
+scrubbed from the files) and every real entry is compared, byte for byte,
+with its state before the audit.
+
+    with Scratchpad.open(path, keyring=keyring) as pad:
+        report = run_audit(pad)
+        assert report.passed, report.failed
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import _audit_api, _audit_files
+from ._audit_support import CheckFailed, Context, Tenants, scan_files, store_files
+from ._drill import ENTRY_COLUMNS
+from .errors import PolicyError, SecurepadError
+from .policy import _FLAGS, _LIMITS, SCOPES, Policy
+from .store import Scratchpad
+
+__all__ = ["Audit", "AuditReport", "CheckResult", "run_audit"]
+
+# Observations are transient; a policy that keeps them longer than this
+# defeats expiry as a way of keeping little.
+MAX_SANE_TTL_SECONDS = 30 * 86_400
+
+Check = Callable[[Context], str]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One row of the audit: a check, whether it passed, what was tried, what happened."""
+
+    name: str
+    group: str
+    passed: bool
+    tried: str
+    happened: str
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "group": self.group,
+            "passed": self.passed,
+            "tried": self.tried,
+            "happened": self.happened,
+            "seconds": round(self.seconds, 4),
+        }
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """Every row of one audit run."""
+
+    store: str
+    policy: str
+    key_source: str
+    results: tuple[CheckResult, ...]
+
+    @property
+    def passed(self) -> bool:
+        """True when there was at least one check and every check passed."""
+        return bool(self.results) and all(r.passed for r in self.results)
+
+    @property
+    def failed(self) -> tuple[CheckResult, ...]:
+        return tuple(r for r in self.results if not r.passed)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "store": self.store,
+            "policy": self.policy,
+            "key_source": self.key_source,
+            "passed": self.passed,
+            "checks": len(self.results),
+            "failures": len(self.failed),
+            "results": [r.as_dict() for r in self.results],
+        }
+
+
+@dataclass(frozen=True)
+class _Step:
+    name: str
+    group: str
+    tried: str
+    check: Check
+
+
+@dataclass
+class Audit:
+    """One audit of an open store. ``checks`` names every row in order (for a
+    progress bar); ``run()`` yields each row as it completes; ``report()``
+    gathers them. An ``Audit`` runs once.
+
+    ``key_file`` defaults to the keyring's key file (None for a keyring built
+    from an environment variable or a passphrase). Scratch copies go to a
+    private directory under ``scratch_dir``, by default beside the store.
+    """
+
+    pad: Scratchpad
+    key_file: str | os.PathLike[str] | None = None
+    scratch_dir: str | os.PathLike[str] | None = None
+    _steps: list[_Step] = field(default_factory=list, init=False)
+    _results: list[CheckResult] = field(default_factory=list, init=False)
+    _started: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self._steps = _plan(self.pad)
+
+    @property
+    def checks(self) -> tuple[str, ...]:
+        """The name of every row, in the order ``run`` yields them."""
+        return (*(s.name for s in self._steps), _REMOVED.name, _UNCHANGED.name)
+
+    def run(self) -> Iterator[CheckResult]:
+        """Run every check, yielding each result; then remove the audit tenants
+        and compare the real entries with their state before.
+
+        Raises:
+            SecurepadError: the audit was already run.
+        """
+        if self._started:
+            raise SecurepadError("an Audit runs once; make a new one")
+        self._started = True
+        pad = self.pad
+        key_file = Path(self.key_file) if self.key_file is not None else pad.keyring.key_file
+        scratch = Path(self.scratch_dir) if self.scratch_dir is not None else None
+        ctx = Context(pad, key_file, scratch)
+        tenants = _audit_api.new_tenants()
+        before = _real_state(pad, tenants.owners)
+        try:
+            for step in self._steps:
+                if step.name == _TENANTS:
+                    result = _timed(step, lambda c: _audit_api.populate(c.pad, tenants), ctx)
+                    ctx.setup = tenants if result.passed else None
+                else:
+                    result = _timed(step, step.check, ctx)
+                yield self._record(result)
+        finally:
+            removed = _timed(_REMOVED, lambda c: _remove_tenants(c, tenants), ctx)
+        yield self._record(removed)
+        after = _real_state(pad, tenants.owners)
+        yield self._record(_timed(_UNCHANGED, lambda c: _compare(before, after), ctx))
+
+    def _record(self, result: CheckResult) -> CheckResult:
+        self._results.append(result)
+        return result
+
+    def report(self) -> AuditReport:
+        """The rows so far (all of them once ``run`` is exhausted)."""
+        pad = self.pad
+        return AuditReport(str(pad.path), pad.policy.name, repr(pad.keyring), tuple(self._results))
+
+
+def run_audit(
+    pad: Scratchpad,
+    *,
+    key_file: str | os.PathLike[str] | None = None,
+    scratch_dir: str | os.PathLike[str] | None = None,
+    on_result: Callable[[CheckResult], None] | None = None,
+) -> AuditReport:
+    """Run the whole audit against ``pad`` and return its report.
+
+    ``on_result`` is called with each row as it completes. A failed check is
+    a row, not an exception: read ``report.passed``.
+
+    Raises:
+        SecurepadError: only when the store cannot be used at all (closed, busy...).
+    """
+    audit = Audit(pad, key_file=key_file, scratch_dir=scratch_dir)
+    for result in audit.run():
+        if on_result is not None:
+            on_result(result)
+    return audit.report()
+
+
+# -- the plan ------------------------------------------------------------------------
+
+_TENANTS = "audit tenants"
+_REMOVED = _Step(
+    "audit tenants removed",
+    "cleanup",
+    "purge both audit owners (entries, keys), remove the scratch copies, scan the files again",
+    lambda ctx: "",
+)
+_UNCHANGED = _Step(
+    "real entries unchanged",
+    "cleanup",
+    "compare every other owner's entry rows, segments and owner keys with their state before the audit",
+    lambda ctx: "",
+)
+
+
+def _plan(pad: Scratchpad) -> list[_Step]:
+    steps = [
+        _Step(
+            "store file permissions",
+            "deployment",
+            "mode and owner of the db, -wal, -shm files",
+            _audit_files.store_file_permissions,
+        ),
+        _Step(
+            "store directory permissions",
+            "deployment",
+            "mode and owner of the store's directory",
+            _audit_files.store_dir_permissions,
+        ),
+        _Step(
+            "key file permissions",
+            "deployment",
+            "mode and owner of the master key file and its directory",
+            _audit_files.key_file_permissions,
+        ),
+        _Step(
+            "key file apart from the data",
+            "deployment",
+            "whether the key file sits inside the store's data dir",
+            _audit_files.key_file_placement,
+        ),
+        _Step(
+            "secure_delete on",
+            "deployment",
+            "PRAGMA secure_delete and journal_mode on the store's connection",
+            _audit_files.secure_delete_on,
+        ),
+        _Step("policy sane", "deployment", "validate the policy again; log_denied on; bounded expiry", _policy_sane),
+        _Step(
+            _TENANTS,
+            "setup",
+            "store canary entries as two synthetic owners (three principals of a) and read them back",
+            lambda ctx: "",
+        ),
+    ]
+    steps += [_Step(name, "isolation", tried, check) for name, tried, check in _audit_api.api_checks(pad)]
+    steps += [_Step(name, "runtime", tried, check) for name, tried, check in _audit_api.runtime_checks(pad)]
+    steps += [_Step(name, "tamper", tried, check) for name, tried, check in _audit_files.tamper_checks()]
+    steps += [
+        _Step(
+            "wrong master key",
+            "tamper",
+            "open a scratch copy with a fresh random master key",
+            _audit_files.wrong_master_key,
+        ),
+        _Step(
+            "at-rest canary scan",
+            "at rest",
+            "search the db, -wal, -shm and -journal files for every canary, before and after a checkpoint",
+            _audit_files.canary_scan,
+        ),
+        _Step(
+            "gc scrubs expired entries",
+            "at rest",
+            "find the expired audit entry's ciphertext in the files, gc, search again",
+            _audit_files.gc_scrubs_expired,
+        ),
+    ]
+    return steps
+
+
+def _timed(step: _Step, check: Check, ctx: Context) -> CheckResult:
+    """Run one check; its failure (or any error) becomes a failed row."""
+    started = time.perf_counter()
+    try:
+        happened, passed = check(ctx), True
+    except CheckFailed as exc:
+        happened, passed = str(exc), False
+    except Exception as exc:
+        happened, passed = f"unexpected {type(exc).__name__}: {exc}", False
+    return CheckResult(step.name, step.group, passed, step.tried, happened, time.perf_counter() - started)
+
+
+# -- checks that belong to the run itself ----------------------------------------------
+
+
+def _policy_sane(ctx: Context) -> str:
+    policy = ctx.pad.policy
+    sections = {key: section for section, key in (*_LIMITS, *_FLAGS)}
+    values = policy.as_dict()
+    nested: dict[str, dict[str, Any]] = {"access": {"scope": values["scope"]}}
+    for key, section in sections.items():
+        nested.setdefault(section, {})[key] = values[key]
+    problems = []
+    try:
+        Policy.from_dict(nested, name=policy.name)
+    except PolicyError as exc:
+        problems.append(str(exc))
+    if policy.scope not in SCOPES:
+        problems.append(f"unknown scope {policy.scope!r}")
+    if not policy.log_denied:
+        problems.append("audit.log_denied is off: refused attempts leave no trace")
+    if policy.max_ttl_seconds > MAX_SANE_TTL_SECONDS:
+        problems.append(f"limits.max_ttl_seconds is {policy.max_ttl_seconds}, over 30 days")
+    if problems:
+        raise CheckFailed(f"policy {policy.name!r}: " + "; ".join(problems))
+    return (
+        f"policy {policy.name!r}: scope {policy.scope}, max_read_chars {policy.max_read_chars}, max_ttl_seconds"
+        f" {policy.max_ttl_seconds}, log_denied on; every value within its bounds"
+    )
+
+
+def _remove_tenants(ctx: Context, tenants: Tenants) -> str:
+    pad = ctx.pad
+    ctx.remove_scratch()
+    pieces: dict[str, bytes] = {}
+    for label, entry_id in tenants.ids.items():
+        pieces.update(_audit_files.entry_ciphertext(ctx, entry_id, label))
+    removed = [pad._purge_owner(owner) for owner in tenants.owners]
+    owners = tenants.owners
+    left = pad._db.query(
+        "SELECT (SELECT COUNT(*) FROM entries WHERE owner_user_id IN (?, ?))"
+        " + (SELECT COUNT(*) FROM owner_keys WHERE owner_user_id IN (?, ?)) AS n",
+        (*owners, *owners),
+    )[0]["n"]
+    if left:
+        raise CheckFailed(f"{left} rows of the audit owners remain")
+    if ctx._scratch is not None:
+        raise CheckFailed(f"the scratch directory {ctx._scratch} remains")
+    found = scan_files(store_files(pad.path), {**pieces, **tenants.canaries})
+    still = {label: where for label, where in found.items() if where}
+    if still:
+        raise CheckFailed(
+            "after removal, found in the files: " + "; ".join(f"{k} in {', '.join(v)}" for k, v in still.items())
+        )
+    entries = sum(r.get("entries", 0) for r in removed)
+    keys = sum(r.get("owner_keys", 0) for r in removed)
+    return (
+        f"{entries} entries and {keys} owner keys of {' and '.join(owners)} deleted; none of their"
+        f" {len(pieces)} ciphertext pieces or {len(tenants.canaries)} canaries is left in the files;"
+        " the scratch copies are gone"
+    )
+
+
+def _real_state(pad: Scratchpad, exclude: tuple[str, ...]) -> dict[str, str]:
+    """A digest of every entry (row and segments) and owner key not of ``exclude``."""
+    digests: dict[str, Any] = {}
+    with pad._db.snapshot() as conn:
+        for row in conn.execute(f"SELECT {', '.join(ENTRY_COLUMNS)} FROM entries ORDER BY id"):
+            if row[1] not in exclude:
+                digests[f"entry {row[0]}"] = hashlib.sha256(repr(row).encode())
+        for entry_id, seq, data in conn.execute("SELECT entry_id, seq, data FROM segments ORDER BY entry_id, seq"):
+            digest = digests.get(f"entry {entry_id}")
+            if digest is not None:
+                digest.update(repr(seq).encode() + bytes(data))
+        for owner, version, wrapped, created in conn.execute(
+            "SELECT owner_user_id, version, wrapped, created_at FROM owner_keys"
+        ):
+            if owner not in exclude:
+                digests[f"owner key {owner} v{version}"] = hashlib.sha256(repr((wrapped, created)).encode())
+    return {name: digest.hexdigest() for name, digest in digests.items()}
+
+
+def _compare(before: dict[str, str], after: dict[str, str]) -> str:
+    missing = [name for name in before if name not in after]
+    changed = [name for name in before if name in after and after[name] != before[name]]
+    if missing or changed:
+        raise CheckFailed(
+            f"{len(missing)} missing ({', '.join(missing[:5])}), {len(changed)} changed ({', '.join(changed[:5])})"
+            " (another process writing to the store during the audit would do this too)"
+        )
+    entries = sum(name.startswith("entry ") for name in before)
+    new = len(set(after) - set(before))
+    extra = f"; {new} written by others meanwhile were not compared" if new else ""
+    return f"{entries} entries and {len(before) - entries} owner keys byte for byte as before the audit{extra}"
