@@ -32,7 +32,9 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="securepad bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="securepad bench", description="securepad side by side with raw SQLite, sqlite3, diskcache and SQLCipher."
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes, every workload, under a minute (CI)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where to write the JSON and PNG")
     parser.add_argument("--workdir", type=Path, default=None, help="where the stores go (default: a temp dir)")

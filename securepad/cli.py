@@ -384,3 +384,31 @@ def forget_owner(ctx: Context, owner: str) -> None:
     with ctx.open() as pad:
         report = pad.forget_owner(owner)
     _show_report(ctx, report, "owner forgotten")
+
+
+@main.command(
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    add_help_option=False,
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench(args: tuple[str, ...]) -> None:
+    """Run the benchmark suite (from a source checkout; --quick for the smoke run, --help for options)."""
+    sys.exit(_bench_runner().main(list(args)))
+
+
+def _bench_runner() -> Any:
+    """``benchmarks.runner`` from a source checkout: the one beside this package
+    (editable install) or the one in the current directory. The suite is not
+    part of the wheel, and an unrelated top-level ``benchmarks`` is refused."""
+    import importlib
+
+    for root in (Path(__file__).resolve().parent.parent, Path.cwd()):
+        if (root / "benchmarks" / "runner.py").is_file():
+            sys.path.insert(0, str(root))
+            package = importlib.import_module("benchmarks")
+            if getattr(package, "SECUREPAD_BENCHMARKS", False):
+                return importlib.import_module("benchmarks.runner")
+    raise click.ClickException(
+        "securepad bench runs the suite in benchmarks/ of a source checkout, which the wheel does not"
+        " include: clone the repository, pip install -e '.[bench]' and run it from there"
+    )
