@@ -306,6 +306,53 @@ def demo(ctx: Context) -> None:
         sys.exit(1)
 
 
+@main.command()
+@click.option(
+    "--db", "db_path", type=click.Path(path_type=Path), default=None, help="Store to audit (as the global --db)."
+)
+@click.option("--policy", "policy_file", default=None, help="Policy file to audit with (as the global --policy).")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON report (as the global --json).")
+@pass_context
+def audit(ctx: Context, db_path: Path | None, policy_file: str | None, as_json: bool) -> None:
+    """Run the isolation audit: synthetic tenants attack each other, tampered scratch
+    copies, at-rest scan, permissions. Exit status 1 when any check fails."""
+    from rich.markup import escape
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress
+
+    from .audit import Audit, AuditReport
+
+    ctx.db, ctx.policy, ctx.as_json = db_path or ctx.db, policy_file or ctx.policy, as_json or ctx.as_json
+    with ctx.open() as pad:
+        run = Audit(pad)
+        bar = Progress("{task.description}", BarColumn(), MofNCompleteColumn(), console=err_console, transient=True)
+        with bar:
+            task = bar.add_task("auditing", total=len(run.checks))
+            for result in run.run():
+                bar.update(task, advance=1, description=result.name)
+        report = run.report()
+
+    def render(r: AuditReport) -> None:
+        table = Table("check", "result", "tried", "what happened", title=f"securepad audit of {r.store}")
+        group = None
+        for row in r.results:
+            if group is not None and row.group != group:
+                table.add_section()
+            group = row.group
+            mark = "[green]pass[/green]" if row.passed else "[bold red]FAIL[/bold red]"
+            table.add_row(escape(row.name), mark, escape(row.tried), escape(row.happened))
+        console.print(table)
+        failed = escape(", ".join(f.name for f in r.failed))
+        verdict = f"[bold red]{len(r.failed)} FAILED[/bold red]: {failed}" if failed else "[green]all passed[/green]"
+        console.print(
+            f"{len(r.results)} checks, policy {escape(r.policy)}, key {escape(r.key_source)}: {verdict}",
+            highlight=False,
+        )
+
+    emit(ctx, report.as_dict() if ctx.as_json else report, render)
+    if not report.passed:
+        sys.exit(1)
+
+
 def _progress_bar(ctx: Context, label: str) -> tuple[Any, Callable[[int, int], None]]:
     """A rich progress bar on stderr (so --json output stays clean) and its callback."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
