@@ -1,0 +1,67 @@
+"""The benchmark suite's smoke run: every workload on every backend that is
+installed, on tiny sizes, through ``securepad bench``. It checks the shape of
+the results, never a timing (benchmarks measure; tests do not)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from securepad.cli import main
+
+WORKLOADS = {"put", "read", "concurrent", "resume", "gc", "open"}
+BACKENDS = {"securepad", "raw-apsw", "unhardened", "diskcache", "sqlcipher"}
+FIGURES = ("median", "p90", "p99", "max")
+
+
+def _stats_blocks(record: dict[str, Any]) -> list[dict[str, Any]]:
+    return [value for key, value in record.items() if key in ("stats", "put", "read")]
+
+
+@pytest.mark.slow
+def test_bench_tiny_run_writes_every_workload_and_figure(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    args = ["bench", "--tiny", "--no-progress", "--out", str(out), "--workdir", str(tmp_path)]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "### targets" in result.output
+
+    results = json.loads((out / "quick.json").read_text())
+    assert set(results["backends"]) == BACKENDS
+    available = {name for name, info in results["backends"].items() if info["available"]}
+    skipped = {s["backend"] for s in results["skipped"]}
+    assert available | skipped == BACKENDS and not available & skipped
+    assert all(s["reason"] for s in results["skipped"])
+    assert {"securepad", "raw-apsw", "unhardened"} <= available  # no optional dependency
+
+    assert set(results["workloads"]) == WORKLOADS
+    for workload, records in results["workloads"].items():
+        assert {r["backend"] for r in records} == available, workload
+        for record in records:
+            blocks = _stats_blocks(record)
+            assert blocks, (workload, record)
+            for stats in blocks:
+                for figure in FIGURES:
+                    assert isinstance(stats[figure], float) and math.isfinite(stats[figure]), (workload, figure)
+                assert stats["n"] >= 1 and stats["ops_per_s"] > 0
+
+    for record in results["workloads"]["read"]:
+        assert record["mode"] in ("head", "tail", "range") and record["peak_rss_delta_kib"] >= 0
+    for record in results["workloads"]["resume"]:
+        assert record["peak_rss_delta_kib"] >= 0
+    for record in results["workloads"]["concurrent"]:
+        assert record["error_count"] == sum(record["errors"].values())
+        assert record["acked_puts"] == record["put"]["n"]
+        if record["backend"] == "securepad":
+            assert record["lost_writes"] == 0  # every acknowledged put reads back exactly
+
+    assert results["targets"] and all({"target", "measured", "passed"} <= set(t) for t in results["targets"])
+    assert results["meta"]["machine"]["nproc"] >= 1
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (out / "quick.png").stat().st_size > 0
