@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from argon2.exceptions import HashingError
 from argon2.low_level import Type, hash_secret_raw
 
 from .errors import InvalidArgumentError, SecurepadError, WrongKeyError
@@ -33,6 +34,12 @@ KEY_BYTES = 32
 # RFC 9106, section 4, second recommended option (memory-constrained):
 # Argon2id, t=3 passes, 64 MiB, 4 lanes, 16-byte salt, 32-byte tag.
 ARGON2_DEFAULTS: dict[str, int] = {"time_cost": 3, "memory_cost": 64 * 1024, "parallelism": 4}
+# What a store's record may ask for (memory in KiB): up to 4 GiB and 64 lanes.
+ARGON2_BOUNDS: dict[str, tuple[int, int]] = {
+    "time_cost": (1, 64),
+    "memory_cost": (8, 4 * 1024 * 1024),
+    "parallelism": (1, 64),
+}
 
 
 class KeyHandle:
@@ -149,8 +156,12 @@ class Keyring:
         """
         if not isinstance(passphrase, str) or not passphrase:
             raise InvalidArgumentError("the passphrase must be a non-empty string")
-        if time_cost < 1 or parallelism < 1 or memory_cost < 8 * parallelism:
-            raise InvalidArgumentError("Argon2id needs time_cost>=1, parallelism>=1, memory_cost>=8*parallelism")
+        for name, value in (("time_cost", time_cost), ("memory_cost", memory_cost), ("parallelism", parallelism)):
+            low, high = ARGON2_BOUNDS[name]
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise InvalidArgumentError(f"Argon2id {name} must be an integer from {low} to {high}")
+        if memory_cost < 8 * parallelism:
+            raise InvalidArgumentError("Argon2id needs memory_cost >= 8 * parallelism")
         params = (("time_cost", time_cost), ("memory_cost", memory_cost), ("parallelism", parallelism))
         return cls(_Source("passphrase", "argon2id", passphrase.encode("utf-8"), params))
 
@@ -173,19 +184,33 @@ class Keyring:
             created: dict[str, Any] | None = record
         else:
             created = None
+        salt, params = _kdf_params(record)
         try:
-            key = hash_secret_raw(
-                source.secret,
-                base64.b64decode(record["salt"]),
-                time_cost=int(record["time_cost"]),
-                memory_cost=int(record["memory_cost"]),
-                parallelism=int(record["parallelism"]),
-                hash_len=KEY_BYTES,
-                type=Type.ID,
-            )
-        except (KeyError, ValueError, TypeError) as exc:
-            raise WrongKeyError(f"the store's passphrase parameters are unreadable: {exc}") from None
+            key = hash_secret_raw(source.secret, salt, hash_len=KEY_BYTES, type=Type.ID, **params)
+        except HashingError as exc:
+            raise WrongKeyError(f"the store's passphrase parameters are unusable: {exc}") from None
         return KeyHandle(key), created
+
+
+def _kdf_params(record: dict[str, Any]) -> tuple[bytes, dict[str, int]]:
+    """Salt and Argon2id parameters from a store's KDF record, within sane bounds:
+    a tampered record must fail clearly, not hang the open on a huge memory_cost.
+
+    Raises:
+        WrongKeyError: the record is unreadable or out of bounds.
+    """
+    try:
+        salt = base64.b64decode(record["salt"], validate=True)
+        params = {name: record[name] for name in ARGON2_BOUNDS}
+    except (KeyError, TypeError, ValueError, binascii.Error):
+        raise WrongKeyError("the store's passphrase record is unreadable") from None
+    if len(salt) < 16:
+        raise WrongKeyError("the store's passphrase salt is shorter than 16 bytes")
+    for name, (low, high) in ARGON2_BOUNDS.items():
+        value = params[name]
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise WrongKeyError(f"the store's passphrase parameter {name} is out of bounds")
+    return salt, params
 
 
 def default_key_file() -> Path:
