@@ -342,11 +342,11 @@ def audit(ctx: Context, db_path: Path | None, policy_file: str | None, as_json: 
             table.add_row(escape(row.name), mark, escape(row.tried), escape(row.happened))
         console.print(table)
         failed = escape(", ".join(f.name for f in r.failed))
-        verdict = f"[bold red]{len(r.failed)} FAILED[/bold red]: {failed}" if failed else "[green]all passed[/green]"
-        console.print(
-            f"{len(r.results)} checks, policy {escape(r.policy)}, key {escape(r.key_source)}: {verdict}",
-            highlight=False,
-        )
+        if failed:
+            console.print(f"[bold red]{len(r.failed)} of {len(r.results)} checks FAILED[/bold red]: {failed}")
+        else:
+            console.print(f"[green]all {len(r.results)} checks passed[/green]")
+        console.print(f"policy {escape(r.policy)}, {escape(r.key_source)}", highlight=False)
 
     emit(ctx, report.as_dict() if ctx.as_json else report, render)
     if not report.passed:
