@@ -294,11 +294,14 @@ class Scratchpad:
             raise InvalidArgumentError(f"step_num must be an integer from 0 to 2**31-1, not {step_num!r}")
         ttl = self._ttl(ttl_seconds)
         kind, shape, content, rest = _classify(observation)
+        breaks: list[int] | None = None
+        line_count: int | None = None
         if isinstance(content, bytes):
             segments, counts, size_chars = split_bytes(content), None, 0
         else:
             segments, char_counts = split_text(content)
             counts, size_chars = char_counts, sum(char_counts)
+            breaks, line_count = reads.line_index(s.decode("utf-8") for s in segments)
         size_bytes = sum(len(s) for s in segments)
         if size_bytes > self.policy.max_entry_bytes:
             raise QuotaExceededError(
@@ -316,6 +319,8 @@ class Scratchpad:
             "shape": shape,
             "rest": rest,
             "counts": counts,
+            "breaks": breaks,
+            "lines": line_count,
             "view": view,
         }
         owner = principal.owner_user_id
@@ -436,10 +441,16 @@ class Scratchpad:
         counts = meta["counts"]
         if counts is None:  # binary: every segment but the last is full
             counts = _binary_counts(header.size_bytes, header.segment_count)
-        if len(counts) != header.segment_count:
+        breaks = meta.get("breaks")
+        if len(counts) != header.segment_count or (breaks is not None and len(breaks) != header.segment_count):
             raise IntegrityError("the entry's segment index does not match its header")
-        kind = header.kind
-        content = reads.SegmentedContent(kind, counts, self._fetcher(row["id"], cipher, header.segment_count))
+        content = reads.SegmentedContent(
+            header.kind,
+            counts,
+            self._fetcher(row["id"], cipher, header.segment_count),
+            breaks=breaks,
+            line_count=meta.get("lines"),
+        )
         return _Opened(row, meta, content)
 
     def _fetcher(self, entry_id: str, cipher: EntryCipher, count: int) -> reads.Fetch:
@@ -504,6 +515,9 @@ class Scratchpad:
         start: int = 0,
         end: int | None = None,
         *,
+        pattern: str | None = None,
+        max_matches: int = reads.DEFAULT_MAX_MATCHES,
+        context: int = 0,
         now: float | None = None,
     ) -> dict[str, Any]:
         """Read part of an entry, never more than the policy's ``max_read_chars``.
@@ -513,14 +527,33 @@ class Scratchpad:
         ``size_returned``, ``truncated`` (less than the whole entry came back),
         ``capped`` (the read cap cut the request) and ``next_start``.
 
+        ``mode='lines'`` returns lines ``start``..``end`` (1-based, inclusive;
+        0 means the first line). ``mode='grep'`` returns the lines matching
+        ``pattern`` (RE2 syntax, linear time) as ``N:line``, at most
+        ``max_matches`` of them, with ``context`` lines around each as
+        ``N-line``; ``start``/``end`` narrow the lines searched. Both work on
+        text and json entries, one segment at a time, and their metadata says
+        where to continue (``next_line``).
+
         Raises:
             NotFoundError, ExpiredError, IntegrityError: as for ``get``.
-            InvalidArgumentError: unknown mode, negative n/start/end, start > end.
+            InvalidArgumentError: unknown mode, negative n/start/end, start > end,
+                lines or grep on a binary entry, an invalid pattern, max_matches < 1.
         """
         if mode not in reads.MODES:
             raise InvalidArgumentError(f"unknown read mode {mode!r}; use one of {', '.join(reads.MODES)}")
         opened = self._open(principal, scratchpad_id, now)
-        result = reads.read(opened.content, mode, n=n, start=start, end=end, cap=self.policy.max_read_chars)
+        result = reads.read(
+            opened.content,
+            mode,
+            n=n,
+            start=start,
+            end=end,
+            pattern=pattern,
+            max_matches=max_matches,
+            context=context,
+            cap=self.policy.max_read_chars,
+        )
         result["scratchpad_id"] = opened.row["id"]
         if self.policy.log_reads:
             audit_log.info("read: owner=%r id=%s mode=%s", principal.owner_user_id, opened.row["id"], mode)

@@ -1,0 +1,383 @@
+"""Read modes ``lines`` and ``grep``: against Python's own splitlines and re,
+segment by segment, capped, and refusing what they cannot do."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from securepad import InvalidArgumentError, Keyring, NotFoundError, Policy, Principal, Scratchpad, reads
+from securepad.crypto import SEGMENT_BYTES
+
+# -- in-memory content with tiny segments: many segment boundaries in little text ------
+
+
+class Recorder:
+    """A fetch over in-memory segments that records what was asked for."""
+
+    def __init__(self, pieces: list[str]) -> None:
+        self.segments = [p.encode("utf-8") for p in pieces]
+        self.calls: list[tuple[int, int]] = []
+
+    def __call__(self, first: int, last: int) -> list[bytes]:
+        self.calls.append((first, last))
+        return self.segments[first : last + 1]
+
+
+def segmented(text: str, size: int = 7, *, index: bool = True) -> tuple[reads.SegmentedContent, Recorder]:
+    pieces = [text[i : i + size] for i in range(0, len(text), size)] or [""]
+    fetch = Recorder(pieces)
+    breaks, line_count = reads.line_index(pieces) if index else (None, None)
+    content = reads.SegmentedContent("text", [len(p) for p in pieces], fetch, breaks, line_count)
+    return content, fetch
+
+
+BIG_CAP = 10**6
+# Every line break str.splitlines knows, and text around them.
+line_text = st.lists(
+    st.sampled_from([*"ab é😀\t", "\n", "\r", "\r\n", "\x0b", "\x0c", "\x1c", "\x85", "\u2028"]), max_size=60
+).map("".join)
+
+
+@given(text=line_text, size=st.integers(1, 9), index=st.booleans(), start=st.integers(0, 30), span=st.integers(0, 30))
+def test_lines_equal_splitlines_slicing(text: str, size: int, index: bool, start: int, span: int) -> None:
+    content, _ = segmented(text, size, index=index)
+    end = max(start, 1) + span
+    result = reads.read(content, "lines", start=start, end=end, cap=BIG_CAP)
+    first = max(start, 1)
+    assert result["content"] == "".join(text.splitlines(keepends=True)[first - 1 : end])
+    meta = result["metadata"]
+    assert meta["start_line"] == first
+    assert text[meta["start"] : meta["end"]] == result["content"]
+    if index:
+        assert meta["total_lines"] == len(text.splitlines())
+
+
+@given(text=line_text, size=st.integers(1, 9))
+def test_line_index_counts_splitlines(text: str, size: int) -> None:
+    pieces = [text[i : i + size] for i in range(0, len(text), size)]
+    breaks, count = reads.line_index(pieces)
+    assert count == len(text.splitlines())
+    # A line break ends every line but maybe the last.
+    assert sum(breaks) == sum(a != b for a, b in zip(text.splitlines(keepends=True), text.splitlines(), strict=True))
+
+
+@given(
+    lines=st.lists(st.text(alphabet="abcXY é\t", max_size=12), max_size=40),
+    needle=st.text(alphabet="abcXY", min_size=1, max_size=3),
+    size=st.integers(1, 11),
+    max_matches=st.integers(1, 50),
+    ending=st.sampled_from(["\n", "\r\n", "\r"]),
+)
+def test_grep_equals_python_re_on_literals(
+    lines: list[str], needle: str, size: int, max_matches: int, ending: str
+) -> None:
+    text = ending.join(lines)
+    content, _ = segmented(text, size)
+    result = reads.read(content, "grep", pattern=re.escape(needle), max_matches=max_matches, cap=BIG_CAP)
+    expected = [(n, line) for n, line in enumerate(text.splitlines(), 1) if re.search(re.escape(needle), line)]
+    shown = expected[:max_matches]
+    assert result["metadata"]["match_lines"] == [n for n, _ in shown]
+    assert result["content"] == "\n".join(f"{n}:{line}" for n, line in shown)
+    meta = result["metadata"]
+    # Like grep -m, the search stops after the max_matches-th match.
+    total = len(text.splitlines())
+    stopped = len(expected) >= max_matches and expected[max_matches - 1][0] < total
+    assert meta["stopped_at_max_matches"] == meta["truncated"] == stopped
+    assert meta["next_line"] == (expected[max_matches - 1][0] + 1 if stopped else None)
+
+
+@given(
+    lines=st.lists(st.sampled_from(["ERROR x", "ok", "", "error", "xERROR", "warn"]), max_size=30),
+    pattern=st.sampled_from(
+        ["^ERROR", "ERROR$", r"\bERROR\b", "^$", "(?i)error", "^ok$|^warn", "o.", r"\Aok", r"ok\z"]
+    ),
+    size=st.integers(1, 9),
+    block=st.sampled_from([1, 10, 30, reads.GREP_BLOCK_CHARS]),
+)
+def test_grep_anchors_work_per_line(lines: list[str], pattern: str, size: int, block: int) -> None:
+    """Anchors and word boundaries mean the line's start and end, as grep does,
+    whether the block search or the line-by-line search runs, whatever the blocks."""
+    text = "\n".join(lines)
+    content, _ = segmented(text, size)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reads, "GREP_BLOCK_CHARS", block)
+        result = reads.read(content, "grep", pattern=pattern, max_matches=1000, cap=BIG_CAP)
+    python = pattern.replace(r"\z", r"\Z")
+    expected = [n for n, line in enumerate(text.splitlines(), 1) if re.search(python, line)]
+    assert result["metadata"]["match_lines"] == expected
+
+
+def test_grep_context_lines_like_grep() -> None:
+    text = "\n".join(f"line {i}" + (" ERROR" if i in (5, 6, 12) else "") for i in range(1, 21))
+    content, _ = segmented(text, 10)
+    result = reads.read(content, "grep", pattern="ERROR", context=2, cap=BIG_CAP)
+    assert result["content"].split("\n") == [
+        "3-line 3",
+        "4-line 4",
+        "5:line 5 ERROR",
+        "6:line 6 ERROR",
+        "7-line 7",
+        "8-line 8",
+        "--",
+        "10-line 10",
+        "11-line 11",
+        "12:line 12 ERROR",
+        "13-line 13",
+        "14-line 14",
+    ]
+    assert result["metadata"]["match_lines"] == [5, 6, 12]
+
+
+def test_grep_decrypts_one_segment_at_a_time_and_stops_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reads, "GREP_BLOCK_CHARS", 2000)
+    text = "".join(f"{i:05d} some log line\n" for i in range(2000))
+    content, fetch = segmented(text, 100)
+    result = reads.read(content, "grep", pattern="00010", max_matches=1, cap=BIG_CAP)
+    assert result["metadata"]["match_lines"] == [11]
+    assert all(first == last for first, last in fetch.calls)
+    # It stopped with the block after the first match, long before the last segment.
+    assert max(first for first, _ in fetch.calls) < len(content.counts) // 2
+
+
+def test_lines_start_at_the_segment_holding_the_line() -> None:
+    text = "".join(f"line {i}\n" for i in range(1, 1001))
+    content, fetch = segmented(text, 50)
+    result = reads.read(content, "lines", start=990, end=991, cap=BIG_CAP)
+    assert result["content"] == "line 990\nline 991\n"
+    assert all(first == last for first, last in fetch.calls)
+    assert min(first for first, _ in fetch.calls) >= len(content.counts) - 5
+
+
+def test_lines_without_an_index_scan_from_the_start() -> None:
+    text = "a\nb\nc\n"
+    content, _ = segmented(text, 2, index=False)
+    result = reads.read(content, "lines", start=3, end=3, cap=BIG_CAP)
+    assert result["content"] == "c\n"
+
+
+# -- caps and hints ----------------------------------------------------------------------
+
+
+@given(text=line_text, cap=st.integers(16, 60), start=st.integers(0, 5))
+def test_lines_never_exceed_the_cap(text: str, cap: int, start: int) -> None:
+    content, _ = segmented(text, 5)
+    result = reads.read(content, "lines", start=start, cap=cap)
+    assert len(result["content"]) <= cap
+    meta = result["metadata"]
+    if meta["capped"]:
+        assert meta["truncated"] and "hint" in meta and meta["next_line"] is not None
+
+
+def test_lines_cut_by_the_cap_say_where_to_continue() -> None:
+    text = "".join(f"line {i:03d}\n" for i in range(1, 101))  # 9 characters a line
+    content, _ = segmented(text, 13)
+    result = reads.read(content, "lines", start=1, end=100, cap=40)
+    meta = result["metadata"]
+    assert result["content"] == text[:36]  # four whole lines fit in 40
+    assert meta["capped"] and meta["truncated"]
+    assert meta["end_line"] == 4 and meta["next_line"] == 5
+    assert "start=5" in meta["hint"]
+    again = reads.read(content, "lines", start=meta["next_line"], end=100, cap=40)
+    assert again["content"].startswith("line 005\n")
+
+
+def test_a_line_longer_than_the_cap_comes_back_in_part_with_a_range_hint() -> None:
+    text = "short\n" + "x" * 100 + "\nafter\n"
+    content, _ = segmented(text, 8)
+    result = reads.read(content, "lines", start=2, end=2, cap=30)
+    meta = result["metadata"]
+    assert result["content"] == "x" * 30
+    assert meta["capped"] and meta["end_line"] is None and meta["next_line"] == 3
+    assert "mode='range', start=36" in meta["hint"]
+
+
+@given(count=st.integers(0, 60), cap=st.integers(16, 200), context=st.integers(0, 3))
+def test_grep_never_exceeds_the_cap(count: int, cap: int, context: int) -> None:
+    text = "".join(f"{i} ERROR something bad happened here\n" for i in range(count))
+    content, _ = segmented(text, 17)
+    result = reads.read(content, "grep", pattern="ERROR", context=context, max_matches=1000, cap=cap)
+    assert len(result["content"]) <= cap
+    meta = result["metadata"]
+    assert meta["size_returned"] == len(result["content"])
+    if meta["capped"]:
+        assert meta["truncated"] and "start=" in meta["hint"]
+
+
+def test_grep_cut_by_the_cap_continues_from_next_line() -> None:
+    text = "".join(f"{i:02d} ERROR\n" for i in range(1, 41))  # rows "NN:NN ERROR", 11 characters
+    content, _ = segmented(text, 9)
+    found: list[int] = []
+    start = 1
+    while True:
+        result = reads.read(content, "grep", pattern="ERROR", start=start, cap=50)
+        found += result["metadata"]["match_lines"]
+        if result["metadata"]["next_line"] is None:
+            break
+        start = result["metadata"]["next_line"]
+    assert found == list(range(1, 41))
+
+
+def test_grep_stops_at_max_matches() -> None:
+    text = "".join("ERROR\n" for _ in range(10))
+    content, _ = segmented(text, 4)
+    result = reads.read(content, "grep", pattern="ERROR", max_matches=3, cap=BIG_CAP)
+    meta = result["metadata"]
+    assert meta["match_lines"] == [1, 2, 3]
+    assert meta["stopped_at_max_matches"] and meta["truncated"] and meta["next_line"] == 4
+    assert "max_matches=3" in meta["hint"]
+
+
+def test_grep_shows_a_window_around_the_match_of_a_long_line() -> None:
+    text = "a" * 5000 + "NEEDLE" + "b" * 5000
+    content, _ = segmented(text, 1000)
+    result = reads.read(content, "grep", pattern="NEEDLE", cap=BIG_CAP)
+    row = result["content"]
+    assert row.startswith("1:…") and row.endswith("…") and "NEEDLE" in row
+    assert len(row) <= reads.GREP_SHOW_CHARS + 10
+    assert result["metadata"]["lines_shortened"] == 1
+
+
+def test_grep_says_when_a_huge_line_was_searched_only_in_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reads, "GREP_LINE_LIMIT", 100)
+    text = "x" * 50 + "\n" + "y" * 300 + "TAIL\n"
+    content, _ = segmented(text, 40)
+    result = reads.read(content, "grep", pattern="TAIL", cap=BIG_CAP)
+    assert result["metadata"]["match_lines"] == []
+    assert result["metadata"]["long_lines"] == 1
+    assert "mode='lines'" in result["metadata"]["hint"]
+
+
+def test_a_model_pattern_cannot_hang_the_process() -> None:
+    """(a+)+$ takes exponential time in a backtracking engine; RE2 is linear."""
+    text = "a" * 200_000 + "!"
+    content, _ = segmented(text, SEGMENT_BYTES)
+    result = reads.read(content, "grep", pattern="(a+)+$", cap=BIG_CAP)
+    assert result["metadata"]["match_lines"] == []
+    result = reads.read(content, "grep", pattern="(x+x+)+y", cap=BIG_CAP)
+    assert result["metadata"]["match_lines"] == []
+
+
+# -- refusals -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"mode": "grep"},
+        {"mode": "grep", "pattern": None},
+        {"mode": "grep", "pattern": 5},
+        {"mode": "grep", "pattern": "(a"},
+        {"mode": "grep", "pattern": r"(a)\1"},
+        {"mode": "grep", "pattern": "(?=a)"},
+        {"mode": "grep", "pattern": "x" * (reads.MAX_PATTERN_CHARS + 1)},
+        {"mode": "grep", "pattern": "\ud800"},
+        {"mode": "grep", "pattern": "a", "max_matches": 0},
+        {"mode": "grep", "pattern": "a", "max_matches": -1},
+        {"mode": "grep", "pattern": "a", "max_matches": True},
+        {"mode": "grep", "pattern": "a", "context": -1},
+        {"mode": "grep", "pattern": "a", "context": reads.MAX_CONTEXT + 1},
+        {"mode": "grep", "pattern": "a", "context": 1.5},
+        {"mode": "grep", "pattern": "a", "start": 5, "end": 4},
+        {"mode": "lines", "start": 5, "end": 4},
+        {"mode": "lines", "start": -1},
+        {"mode": "lines", "start": 1, "end": -1},
+        {"mode": "lines", "start": "1"},
+        {"mode": "lines", "end": 2.0},
+    ],
+    ids=repr,
+)
+def test_bad_lines_and_grep_arguments(kwargs: dict[str, Any]) -> None:
+    content, _ = segmented("a\nb\n")
+    mode = kwargs.pop("mode")
+    with pytest.raises(InvalidArgumentError):
+        reads.read(content, mode, cap=BIG_CAP, **kwargs)
+
+
+def test_invalid_pattern_message_names_the_rule() -> None:
+    content, _ = segmented("a\n")
+    with pytest.raises(InvalidArgumentError, match="RE2 syntax"):
+        reads.read(content, "grep", pattern=r"(a)\1", cap=BIG_CAP)
+
+
+# -- through the store: text and json entries, binary refused ---------------------------------
+
+
+@pytest.fixture
+def small_cap_pad(tmp_path: Path, keyring: Keyring) -> Any:
+    policy = Policy.from_dict({"access": {"scope": "owner"}, "limits": {"max_read_chars": 200}})
+    with Scratchpad.open(tmp_path / "cap.db", keyring=keyring, policy=policy) as store:
+        yield store
+
+
+def big_log(lines: int = 30_000) -> str:
+    body = "".join(f"2024-05-01T10:00:{i % 60:02d} INFO request {i} served in {i % 97} ms\n" for i in range(lines))
+    return body + "2024-05-01T10:59:58 ERROR disk full\n2024-05-01T10:59:59 ERROR giving up\n"
+
+
+def test_grep_and_lines_on_a_multi_segment_text_entry(pad: Scratchpad, alice: Principal) -> None:
+    log = big_log()
+    assert len(log.encode()) > 10 * SEGMENT_BYTES
+    entry = pad.put(alice, "t", 1, "read_file", {"content": log, "metadata": {"path": "/var/log/app.log"}})
+    found = pad.read(alice, entry["scratchpad_id"], "grep", pattern="ERROR")
+    total = len(log.splitlines())
+    assert (
+        found["content"]
+        == f"{total - 1}:2024-05-01T10:59:58 ERROR disk full\n{total}:2024-05-01T10:59:59 ERROR giving up"
+    )
+    assert found["metadata"]["total_lines"] == total and not found["metadata"]["truncated"]
+    tail = pad.read(alice, entry["scratchpad_id"], "lines", start=total - 2, end=total)
+    assert tail["content"] == "".join(log.splitlines(keepends=True)[-3:])
+    assert tail["scratchpad_id"] == entry["scratchpad_id"]
+
+
+def test_grep_with_context_through_the_store(pad: Scratchpad, alice: Principal) -> None:
+    entry = pad.put(alice, "t", 1, "x", "one\ntwo\nthree ERROR\nfour\nfive\n")
+    result = pad.read(alice, entry["scratchpad_id"], "grep", pattern="ERROR", context=1, max_matches=5)
+    assert result["content"] == "2-two\n3:three ERROR\n4-four"
+
+
+def test_lines_and_grep_on_a_json_entry(pad: Scratchpad, alice: Principal) -> None:
+    observation = {"items": [{"name": f"file{i}.py", "size": i} for i in range(50)]}
+    entry = pad.put(alice, "t", 1, "ls", observation)
+    indented = json.dumps(observation, indent=2, ensure_ascii=False)
+    result = pad.read(alice, entry["scratchpad_id"], "grep", pattern=r'"file4\d?\.py"')
+    expected = [n for n, line in enumerate(indented.splitlines(), 1) if re.search(r'"file4\d?\.py"', line)]
+    assert result["metadata"]["match_lines"] == expected and len(expected) == 11
+    lines = pad.read(alice, entry["scratchpad_id"], "lines", start=1, end=3)
+    assert lines["content"] == "".join(indented.splitlines(keepends=True)[:3])
+
+
+@pytest.mark.parametrize("mode", ["lines", "grep"])
+def test_lines_and_grep_refuse_binary_entries(pad: Scratchpad, alice: Principal, mode: str) -> None:
+    entry = pad.put(alice, "t", 1, "download", b"\x00\x01\n\x02" * 100)
+    with pytest.raises(InvalidArgumentError, match="binary"):
+        pad.read(alice, entry["scratchpad_id"], mode, pattern="a")
+    # The other modes still serve it.
+    head = pad.read(alice, entry["scratchpad_id"], "head", n=4)
+    assert base64.b64decode(head["content"]) == b"\x00\x01\n\x02"
+
+
+def test_reads_are_capped_by_the_policy(small_cap_pad: Scratchpad, alice: Principal) -> None:
+    entry = small_cap_pad.put(alice, "t", 1, "x", big_log(500))
+    lines = small_cap_pad.read(alice, entry["scratchpad_id"], "lines", start=1, end=400)
+    grep = small_cap_pad.read(alice, entry["scratchpad_id"], "grep", pattern="INFO", max_matches=400)
+    for result in (lines, grep):
+        assert len(result["content"]) <= 200
+        assert result["metadata"]["capped"] and result["metadata"]["truncated"] and "hint" in result["metadata"]
+
+
+def test_another_owner_gets_not_found_before_any_argument_check(
+    pad: Scratchpad, alice: Principal, bob: Principal
+) -> None:
+    entry = pad.put(alice, "t", 1, "x", b"binary")
+    for mode in ("lines", "grep"):
+        with pytest.raises(NotFoundError):
+            pad.read(bob, entry["scratchpad_id"], mode, pattern="(")
