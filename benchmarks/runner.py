@@ -182,9 +182,26 @@ def machine(workdir: Path) -> dict[str, Any]:
         "sqlcipher": sqlcipher,
         "filesystem": _filesystem(workdir),
         "securepad_commit": _git_commit(),
+        "cpu_parallel_scaling": _cpu_scaling(),
     }
     info["summary"] = f"{info['nproc']} cores, {cpu}, {ram_gib} GiB, Python {info['python']}"
     return info
+
+
+_SPIN = "import time\nt=time.perf_counter()\nn=0\nwhile time.perf_counter()-t<0.5: n+=1\nprint(n)"
+
+
+def _cpu_scaling() -> float | None:
+    """Work done by two CPU-bound processes at once, over one alone: 2.0 on two
+    free cores, nearer 1.0 where the vCPUs share a physical core or the host
+    is busy. It bounds what any multi-process workload can gain here."""
+    try:
+        alone = int(subprocess.run([sys.executable, "-c", _SPIN], capture_output=True, text=True, check=True).stdout)
+        pair = [subprocess.Popen([sys.executable, "-c", _SPIN], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        together = sum(int(p.communicate()[0]) for p in pair)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    return round(together / alone, 2)
 
 
 def _filesystem(path: Path) -> str | None:
