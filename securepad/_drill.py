@@ -30,7 +30,9 @@ __all__ = [
     "flip_segment_byte",
     "keep_only_owners",
     "move_entry_to_owner",
+    "owner_key_rows",
     "restore_entry",
+    "restore_owner_keys",
     "set_column",
     "swap_owner_keys",
     "swap_segments",
@@ -254,3 +256,34 @@ def swap_owner_keys(path: Path, owner_a: str, owner_b: str) -> None:
                     )
     finally:
         conn.close()
+
+
+def owner_key_rows(path: Path, owner_user_id: str) -> list[dict[str, Any]]:
+    """An owner's key rows as stored (wrapped under the master key), for rollbacks and transplants."""
+    conn = _connect(path)
+    try:
+        rows = conn.execute(
+            "SELECT owner_user_id, version, wrapped, created_at FROM owner_keys WHERE owner_user_id = ?",
+            (owner_user_id,),
+        ).fetchall()
+    finally:
+        conn.close()
+    names = ("owner_user_id", "version", "wrapped", "created_at")
+    return [dict(zip(names, row, strict=True)) for row in rows]
+
+
+def restore_owner_keys(path: Path, rows: list[dict[str, Any]], *, owner_user_id: str | None = None) -> None:
+    """Write key rows taken with ``owner_key_rows`` (from this file or another) over an
+    owner's current ones; with ``owner_user_id`` they are relabelled as that owner's."""
+    if not rows:
+        return
+    owner = owner_user_id if owner_user_id is not None else rows[0]["owner_user_id"]
+    statements: list[tuple[str, tuple[Any, ...]]] = [("DELETE FROM owner_keys WHERE owner_user_id = ?", (owner,))]
+    statements += [
+        (
+            "INSERT INTO owner_keys(owner_user_id, version, wrapped, created_at) VALUES (?, ?, ?, ?)",
+            (owner, row["version"], row["wrapped"], row["created_at"]),
+        )
+        for row in rows
+    ]
+    _edit(path, statements)
