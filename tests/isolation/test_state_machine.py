@@ -262,7 +262,7 @@ class IsolationMachine(RuleBasedStateMachine):
         n = args.get("n", 0)
         expected = {
             "head": whole[:n],
-            "tail": whole[len(whole) - n :] if n else whole[:0],
+            "tail": whole[max(0, len(whole) - n) :],
             "range": whole[args.get("start", 0) : args.get("end")],
             "full": whole,
         }[mode]
