@@ -332,7 +332,11 @@ def audit(ctx: Context, db_path: Path | None, policy_file: str | None, as_json: 
         report = run.report()
 
     def render(r: AuditReport) -> None:
-        table = Table("check", "result", "tried", "what happened", title=f"securepad audit of {r.store}")
+        table = Table(title=f"securepad audit of {escape(r.store)}", expand=True)
+        table.add_column("check", ratio=2, overflow="fold")
+        table.add_column("result", no_wrap=True)
+        table.add_column("tried", ratio=3, overflow="fold")
+        table.add_column("what happened", ratio=5, overflow="fold")
         group = None
         for row in r.results:
             if group is not None and row.group != group:
