@@ -208,7 +208,7 @@ _REMOVED = _Step(
 _UNCHANGED = _Step(
     "real entries unchanged",
     "cleanup",
-    "compare every other owner's entry rows, segments and owner keys with their state before the audit",
+    "compare every other owner's entry rows, segments, owner keys and turn records with their state before",
     lambda ctx: "",
 )
 
@@ -368,6 +368,15 @@ def _real_state(pad: Scratchpad, exclude: tuple[str, ...]) -> dict[str, str]:
         ):
             if owner not in exclude:
                 digests[f"owner key {owner} v{version}"] = hashlib.sha256(repr((wrapped, created)).encode())
+        # Turn records (checkpoints, compaction marks), in stores whose schema has them.
+        tables = conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('checkpoints', 'compaction_marks')"
+        ).fetchall()
+        for (table,) in tables:
+            name = str(table)[:-1].replace("_", " ")
+            for row in conn.execute(f"SELECT id, owner_user_id, * FROM {table} ORDER BY id"):
+                if row[1] not in exclude:
+                    digests[f"{name} {row[0]}"] = hashlib.sha256(repr(row).encode())
     return {name: digest.hexdigest() for name, digest in digests.items()}
 
 
@@ -380,6 +389,8 @@ def _compare(before: dict[str, str], after: dict[str, str]) -> str:
             " (another process writing to the store during the audit would do this too)"
         )
     entries = sum(name.startswith("entry ") for name in before)
+    keys = sum(name.startswith("owner key ") for name in before)
+    records = len(before) - entries - keys
     new = len(set(after) - set(before))
     extra = f"; {new} written by others meanwhile were not compared" if new else ""
-    return f"{entries} entries and {len(before) - entries} owner keys byte for byte as before the audit{extra}"
+    return f"{entries} entries, {keys} owner keys and {records} turn records byte for byte as before the audit{extra}"

@@ -105,6 +105,8 @@ def test_fresh_store_passes_every_check_and_exits_0(db_path: Path, key_file: Pat
     from securepad import reads
 
     assert {f"cross-owner read: {mode}" for mode in reads.MODES} <= names
+    runtime = {"cross-owner resolve", "cross-owner tool calls"}
+    assert (runtime <= names) == hasattr(Scratchpad, "turn")
     for row in report["results"]:
         assert row["tried"] and row["happened"], row
 
@@ -204,7 +206,10 @@ def test_real_entries_unchanged_and_tenants_removed(db_path: Path, key_file: Pat
         expired_before = pad._db.query("SELECT id, expires_at FROM entries WHERE expires_at <= ?", (time.time(),))
     result = audit_cli(db_path, key_file, "--json", "audit")
     assert result.exit_code == 0, result.output
-    assert "5 entries and 2 owner keys byte for byte" in rows(report_of(result))["real entries unchanged"]["happened"]
+    assert (
+        "5 entries, 2 owner keys and 0 turn records byte for byte"
+        in (rows(report_of(result))["real entries unchanged"]["happened"])
+    )
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         assert checksums(pad, entries) == before
         assert owners_in_store(pad) == owners_before == {"carol", "dave"}
