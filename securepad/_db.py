@@ -24,7 +24,7 @@ __all__ = ["SCHEMA_VERSION", "Database", "insert_owner_key"]
 # How long a writer waits for the lock before StoreBusyError.
 BUSY_TIMEOUT_MS = 30_000
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -75,6 +75,41 @@ _MIGRATIONS: dict[int, str] = {
     ALTER TABLE owner_keys ADD COLUMN wrap_count INTEGER NOT NULL DEFAULT 0;
     INSERT OR IGNORE INTO store_meta(key, value)
         SELECT 'master_wrap_count', CAST(COUNT(*) AS TEXT) FROM owner_keys;
+    """,
+    # Turn records (see _records.py): compaction checkpoints and compaction
+    # marks. Sealed like entries; only ids, owner, scope, turn, order, key
+    # version and times are in clear.
+    3: """
+    CREATE TABLE checkpoints(
+        id            TEXT PRIMARY KEY,
+        owner_user_id TEXT NOT NULL,
+        actor         TEXT NOT NULL,
+        channel       TEXT NOT NULL,
+        turn_id       TEXT NOT NULL,
+        seq           INTEGER NOT NULL,
+        key_version   INTEGER NOT NULL,
+        created_at    REAL NOT NULL,
+        expires_at    REAL NOT NULL,
+        wrapped_key   BLOB NOT NULL,
+        sealed        BLOB NOT NULL,
+        UNIQUE (owner_user_id, turn_id, seq)
+    ) WITHOUT ROWID;
+    CREATE INDEX checkpoints_expires ON checkpoints(expires_at);
+    CREATE TABLE compaction_marks(
+        id            TEXT PRIMARY KEY,
+        owner_user_id TEXT NOT NULL,
+        actor         TEXT NOT NULL,
+        channel       TEXT NOT NULL,
+        turn_id       TEXT NOT NULL,
+        seq           INTEGER NOT NULL,
+        key_version   INTEGER NOT NULL,
+        created_at    REAL NOT NULL,
+        expires_at    REAL NOT NULL,
+        wrapped_key   BLOB NOT NULL,
+        sealed        BLOB NOT NULL,
+        UNIQUE (owner_user_id, turn_id, seq)
+    ) WITHOUT ROWID;
+    CREATE INDEX compaction_marks_expires ON compaction_marks(expires_at);
     """,
 }
 
@@ -165,16 +200,24 @@ class Database:
             return []
         return [dict(zip(names, row, strict=True)) for row in cursor]
 
-    def checkpoint(self) -> bool:
+    def checkpoint(self, *, wait: bool = True) -> bool:
         """Move the WAL into the database and truncate it to zero bytes.
 
         Returns False when a reader kept part of the WAL alive past the busy
         timeout (the WAL then still holds frames; a later checkpoint clears them).
+        With ``wait=False`` the busy timeout is zero: what can be moved without
+        waiting is moved, and the call never blocks on readers.
         """
+        conn = self.conn
+        if not wait:
+            conn.setbusytimeout(0)
         try:
-            log, done = self.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+            log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
         except apsw.BusyError:
             return False
+        finally:
+            if not wait:
+                conn.setbusyhandler(_BusyHandler(self._busy_timeout_ms / 1000))
         return bool(log == done)
 
     def copy_to(self, dest: Path) -> None:

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from ._records import TABLES as _RECORD_TABLES
+from ._records import record_key_aad
 from .crypto import derive, item_key_aad, owner_key_aad, unwrap_key, wrap_key
 from .errors import InvalidArgumentError, NotFoundError
 from .keys import KEY_BYTES, Keyring
@@ -42,6 +44,13 @@ Progress = Callable[[int, int], None]
 # Item keys re-wrapped per transaction during an owner rotation: small enough
 # that concurrent writers wait milliseconds, large enough to amortize commits.
 REWRAP_BATCH = 500
+
+# Every table whose rows hold an item key wrapped by an owner key, with the
+# AAD of that wrapping: rotation re-wraps them all before retiring a version.
+_WRAPPED_TABLES: tuple[tuple[str, Callable[[str, str, int], bytes]], ...] = (
+    ("entries", item_key_aad),
+    *((table, record_key_aad) for table in _RECORD_TABLES),
+)
 
 
 def rotate_master_key(pad: Scratchpad, new_keyring: Keyring, *, progress: Progress | None = None) -> dict[str, Any]:
@@ -118,38 +127,43 @@ def rotate_owner_key(
     new_cipher = pad._owner_cipher(owner_user_id, new_version)
     total = _count_old(pad, owner_user_id, new_version)
     done = 0
-    while True:
-        rows = pad._db.query(
-            "SELECT id, key_version, wrapped_key FROM entries WHERE owner_user_id = ? AND key_version < ? LIMIT ?",
-            (owner_user_id, new_version, batch),
-        )
-        if not rows:
-            break
-        updates = []
-        for row in rows:
-            old_cipher = pad._owner_cipher(owner_user_id, row["key_version"])
-            old_aad = item_key_aad(row["id"], owner_user_id, row["key_version"])
-            item_key = unwrap_key(old_cipher, row["wrapped_key"], old_aad)
-            new_wrapped = wrap_key(new_cipher, item_key, item_key_aad(row["id"], owner_user_id, new_version))
-            updates.append((new_wrapped, new_version, row["id"], row["key_version"], row["wrapped_key"]))
-        with pad._db.transaction() as conn:
-            # Compare-and-set: a row changed meanwhile is left for the next batch.
-            conn.executemany(
-                "UPDATE entries SET wrapped_key = ?, key_version = ?"
-                " WHERE id = ? AND key_version = ? AND wrapped_key = ?",
-                updates,
+    for table, aad_of in _WRAPPED_TABLES:
+        while True:
+            rows = pad._db.query(
+                f"SELECT id, key_version, wrapped_key FROM {table} WHERE owner_user_id = ? AND key_version < ? LIMIT ?",
+                (owner_user_id, new_version, batch),
             )
-            conn.execute(
-                "UPDATE owner_keys SET wrap_count = wrap_count + ? WHERE owner_user_id = ? AND version = ?",
-                (len(updates), owner_user_id, new_version),
-            )
-        done += len(rows)
-        if progress is not None:
-            progress(min(done, total), total)
+            if not rows:
+                break
+            updates = []
+            for row in rows:
+                old_cipher = pad._owner_cipher(owner_user_id, row["key_version"])
+                old_aad = aad_of(row["id"], owner_user_id, row["key_version"])
+                item_key = unwrap_key(old_cipher, row["wrapped_key"], old_aad)
+                new_wrapped = wrap_key(new_cipher, item_key, aad_of(row["id"], owner_user_id, new_version))
+                updates.append((new_wrapped, new_version, row["id"], row["key_version"], row["wrapped_key"]))
+            with pad._db.transaction() as conn:
+                # Compare-and-set: a row changed meanwhile is left for the next batch.
+                conn.executemany(
+                    f"UPDATE {table} SET wrapped_key = ?, key_version = ?"
+                    " WHERE id = ? AND key_version = ? AND wrapped_key = ?",
+                    updates,
+                )
+                conn.execute(
+                    "UPDATE owner_keys SET wrap_count = wrap_count + ? WHERE owner_user_id = ? AND version = ?",
+                    (len(updates), owner_user_id, new_version),
+                )
+            done += len(rows)
+            if progress is not None:
+                progress(min(done, total), total)
     with pad._db.transaction() as conn:
-        left = conn.execute(
-            "SELECT COUNT(*) FROM entries WHERE owner_user_id = ? AND key_version < ?", (owner_user_id, new_version)
-        ).fetchall()[0][0]
+        left = 0
+        for table, _ in _WRAPPED_TABLES:
+            counted = conn.execute(
+                f"SELECT COUNT(*) FROM {table} WHERE owner_user_id = ? AND key_version < ?",
+                (owner_user_id, new_version),
+            ).fetchall()
+            left += int(counted[0][0])  # type: ignore[arg-type]
         if left:  # a writer slipped in under an old version: finish it next run
             retired: list[int] = []
         else:
@@ -188,7 +202,10 @@ def _versions(pad: Scratchpad, owner: str) -> list[int]:
 
 
 def _count_old(pad: Scratchpad, owner: str, version: int) -> int:
-    rows = pad._db.query(
-        "SELECT COUNT(*) AS n FROM entries WHERE owner_user_id = ? AND key_version < ?", (owner, version)
-    )
-    return int(rows[0]["n"])
+    total = 0
+    for table, _ in _WRAPPED_TABLES:
+        rows = pad._db.query(
+            f"SELECT COUNT(*) AS n FROM {table} WHERE owner_user_id = ? AND key_version < ?", (owner, version)
+        )
+        total += int(rows[0]["n"])
+    return total

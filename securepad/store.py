@@ -7,6 +7,8 @@ then is anything unwrapped or decrypted.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -22,7 +24,7 @@ from typing import Any
 import apsw
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from . import lifecycle, reads, summary
+from . import _records, lifecycle, reads, summary
 from ._db import Database, insert_owner_key
 from .crypto import (
     FORMAT_VERSION,
@@ -30,6 +32,7 @@ from .crypto import (
     Header,
     derive,
     item_key_aad,
+    lp,
     owner_key_aad,
     split_bytes,
     split_text,
@@ -96,6 +99,7 @@ class _Opened:
     row: dict[str, Any]
     meta: dict[str, Any]
     content: reads.SegmentedContent
+    cipher: EntryCipher
 
     def view(self) -> dict[str, Any]:
         return {"ok": True, "scratchpad_id": self.row["id"], **self.meta["view"]}
@@ -114,6 +118,7 @@ class Scratchpad:
         self.keyring = keyring
         self._clock = clock
         self._owner_ciphers: dict[tuple[str, int], AESGCM] = {}
+        self._identity_keys: dict[tuple[str, int], bytes] = {}
         self._latest: dict[str, int] = {}
         self._lock = threading.Lock()
         self.store_id, wrap_key_bytes = self._unlock(keyring)
@@ -212,20 +217,41 @@ class Scratchpad:
         cached = self._owner_ciphers.get((owner, version))
         if cached is not None:
             return cached
+        cipher = AESGCM(self._unwrap_owner_key(owner, version))
+        with self._lock:
+            self._owner_ciphers[(owner, version)] = cipher
+        return cipher
+
+    def _unwrap_owner_key(self, owner: str, version: int) -> bytes:
         rows = self._db.query(
             "SELECT wrapped FROM owner_keys WHERE owner_user_id = ? AND version = ?", (owner, version)
         )
         if not rows:
             raise _MissingOwnerKey("the entry's owner key is missing")
         try:
-            key = unwrap_key(self._wrap, rows[0]["wrapped"], owner_key_aad(self.store_id, owner, version))
+            return unwrap_key(self._wrap, rows[0]["wrapped"], owner_key_aad(self.store_id, owner, version))
         except IntegrityError:
             self._check_master_current()
             raise
-        cipher = AESGCM(key)
-        with self._lock:
-            self._owner_ciphers[(owner, version)] = cipher
-        return cipher
+
+    def _content_id(self, owner: str, version: int, kind: str, segments: list[bytes]) -> str:
+        """A keyed identity of an entry's content, for the re-read report.
+
+        HMAC-SHA256 under a key derived from the owner's key: equal contents of
+        one owner compare equal, and no one without the owner's key (another
+        owner included) can test a guess against it, as a plain hash would allow.
+        The owner-key version is part of the identity, so contents stored on
+        both sides of an owner-key rotation do not compare equal.
+        """
+        key = self._identity_keys.get((owner, version))
+        if key is None:
+            key = derive(self._unwrap_owner_key(owner, version), "content-identity", lp(self.store_id, owner))
+            with self._lock:
+                self._identity_keys[(owner, version)] = key
+        mac = hmac.new(key, lp("content", kind, str(sum(len(s) for s in segments))), hashlib.sha256)
+        for segment in segments:
+            mac.update(segment)
+        return f"{version}:{mac.hexdigest()}"
 
     def _current_owner_key(self, owner: str) -> tuple[int, AESGCM]:
         """The owner's newest key, created (in its own short transaction) on first use."""
@@ -257,6 +283,8 @@ class Scratchpad:
             self._latest.pop(owner, None)
             for key in [k for k in self._owner_ciphers if k[0] == owner]:
                 del self._owner_ciphers[key]
+            for key in [k for k in self._identity_keys if k[0] == owner]:
+                del self._identity_keys[key]
 
     # -- put -----------------------------------------------------------------------
 
@@ -287,6 +315,22 @@ class Scratchpad:
                 owner's ``owner_quota_bytes``.
             StoreBusyError: the write lock was not obtained in time.
         """
+        return self._put(principal, turn_id, step_num, executor_name, observation, ttl_seconds, now=now)
+
+    def _put(
+        self,
+        principal: Principal,
+        turn_id: str,
+        step_num: int,
+        executor_name: str,
+        observation: Any,
+        ttl_seconds: int | None = None,
+        *,
+        now: float | None = None,
+        inline: tuple[Any] | None = None,
+    ) -> dict[str, Any]:
+        """``put``, keeping (sealed) what a turn showed the model: ``inline`` is
+        ``(item,)`` when the observation went into the history itself."""
         _check_principal(principal)
         check_identifier("turn_id", turn_id)
         check_identifier("executor_name", executor_name)
@@ -323,9 +367,15 @@ class Scratchpad:
             "lines": line_count,
             "view": view,
         }
+        if inline is not None:
+            meta["inline"] = inline[0]
         owner = principal.owner_user_id
         version, owner_cipher = self._current_owner_key(owner)
+        content_version: int | None = None
         for _ in range(5):
+            if content_version != version:
+                meta["content_id"] = self._content_id(owner, version, kind, segments)
+                content_version = version
             entry_id = secrets.token_hex(8)
             header = Header(entry_id, owner, turn_id, kind, size_bytes, size_chars, len(segments), version)
             row, sealed = _seal(owner_cipher, header, meta, segments)
@@ -381,8 +431,10 @@ class Scratchpad:
 
     # -- authorize → fetch → decrypt ---------------------------------------------
 
-    def _open(self, principal: Principal, scratchpad_id: object, now: float | None) -> _Opened:
-        """The one path from an id to an entry's plaintext.
+    def _open(
+        self, principal: Principal, scratchpad_id: object, now: float | None, turn_id: str | None = None
+    ) -> _Opened:
+        """The one path from an id to an entry's plaintext (of one turn, if ``turn_id`` is given).
 
         Raises:
             NotFoundError: absent, malformed, another owner's, or outside the scope.
@@ -394,6 +446,8 @@ class Scratchpad:
             self._denied(principal, "malformed id")
             raise NotFoundError(NOT_FOUND_MESSAGE)
         scope, params = self.policy.scope_sql(principal)
+        if turn_id is not None:
+            scope, params = f"{scope} AND turn_id = ?", (*params, check_identifier("turn_id", turn_id))
         rows = self._db.query(
             f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE id = ? AND {scope}", (scratchpad_id, *params)
         )
@@ -402,6 +456,8 @@ class Scratchpad:
             raise NotFoundError(NOT_FOUND_MESSAGE)
         row = rows[0]
         self.policy.authorize_row(principal, row)
+        if turn_id is not None and row["turn_id"] != turn_id:
+            raise NotFoundError(NOT_FOUND_MESSAGE)
         if row["expires_at"] <= self._now(now):
             raise ExpiredError("this entry has expired")
         try:
@@ -451,7 +507,7 @@ class Scratchpad:
             breaks=breaks,
             line_count=meta.get("lines"),
         )
-        return _Opened(row, meta, content)
+        return _Opened(row, meta, content, cipher)
 
     def _fetcher(self, entry_id: str, cipher: EntryCipher, count: int) -> reads.Fetch:
         def fetch(first: int, last: int) -> list[bytes]:
@@ -477,16 +533,20 @@ class Scratchpad:
 
     # -- get / read / list ----------------------------------------------------------
 
-    def get(self, principal: Principal, scratchpad_id: str, *, now: float | None = None) -> Entry:
+    def get(
+        self, principal: Principal, scratchpad_id: str, *, now: float | None = None, turn_id: str | None = None
+    ) -> Entry:
         """The whole entry, ``observation`` equal to what was put (not capped:
-        this is the library's view, not the model's).
+        this is the library's view, not the model's). With ``turn_id``, only
+        an entry of that turn is found.
 
         Raises:
-            NotFoundError: absent, another owner's, or outside the policy's scope.
+            NotFoundError: absent, another owner's, outside the policy's scope,
+                or (with ``turn_id``) of another turn.
             ExpiredError: the caller's own entry has expired.
             IntegrityError: the stored entry fails authentication.
         """
-        opened = self._open(principal, scratchpad_id, now)
+        opened = self._open(principal, scratchpad_id, now, turn_id)
         row, meta = opened.row, opened.meta
         whole = opened.content.slice(0, opened.content.size)
         return Entry(
@@ -519,6 +579,7 @@ class Scratchpad:
         max_matches: int = reads.DEFAULT_MAX_MATCHES,
         context: int = 0,
         now: float | None = None,
+        turn_id: str | None = None,
     ) -> dict[str, Any]:
         """Read part of an entry, never more than the policy's ``max_read_chars``.
 
@@ -533,7 +594,8 @@ class Scratchpad:
         ``max_matches`` of them, with ``context`` lines around each as
         ``N-line``; ``start``/``end`` narrow the lines searched. Both work on
         text and json entries, one segment at a time, and their metadata says
-        where to continue (``next_line``).
+        where to continue (``next_line``). With ``turn_id``, only an entry of
+        that turn is read.
 
         Raises:
             NotFoundError, ExpiredError, IntegrityError: as for ``get``.
@@ -542,7 +604,7 @@ class Scratchpad:
         """
         if mode not in reads.MODES:
             raise InvalidArgumentError(f"unknown read mode {mode!r}; use one of {', '.join(reads.MODES)}")
-        opened = self._open(principal, scratchpad_id, now)
+        opened = self._open(principal, scratchpad_id, now, turn_id)
         result = reads.read(
             opened.content,
             mode,
@@ -568,18 +630,9 @@ class Scratchpad:
             InvalidArgumentError: a bad principal or turn id.
             IntegrityError: a listed entry fails authentication.
         """
-        _check_principal(principal)
-        check_identifier("turn_id", turn_id)
-        scope, params = self.policy.scope_sql(principal)
-        rows = self._db.query(
-            f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE turn_id = ? AND expires_at > ? AND {scope}"
-            " ORDER BY step_num, created_at, id",
-            (turn_id, self._now(now), *params),
-        )
         listed = []
-        for row in rows:
-            self.policy.authorize_row(principal, row)
-            opened = self._authenticate(row)
+        for opened in self._turn_entries(principal, turn_id, now):
+            row = opened.row
             listed.append(
                 {
                     "scratchpad_id": row["id"],
@@ -597,6 +650,69 @@ class Scratchpad:
                 }
             )
         return listed
+
+    def _turn_entries(self, principal: Principal, turn_id: str, now: float | None) -> list[_Opened]:
+        """The live entries of a turn in the principal's scope, authenticated, in step order."""
+        _check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        scope, params = self.policy.scope_sql(principal)
+        sql = (
+            f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE turn_id = ? AND expires_at > ? AND {scope}"
+            " ORDER BY step_num, created_at, id"
+        )
+        rows = self._db.query(sql, (turn_id, self._now(now), *params))
+        opened = []
+        for row in rows:
+            self.policy.authorize_row(principal, row)
+            try:
+                opened.append(self._authenticate(row))
+            except _MissingOwnerKey:
+                # A rotation re-wrapped the entry and retired its old key meanwhile.
+                again = self._db.query(f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE id = ?", (row["id"],))
+                if not again or again[0]["key_version"] == row["key_version"]:
+                    raise
+                self.policy.authorize_row(principal, again[0])
+                opened.append(self._authenticate(again[0]))
+        return opened
+
+    # -- turns ----------------------------------------------------------------------
+
+    def extend_turn(
+        self, principal: Principal, turn_id: str, ttl_seconds: int | None = None, *, now: float | None = None
+    ) -> int:
+        """Let a turn's live entries, checkpoints and compaction marks (those in
+        the principal's scope) live ``ttl_seconds`` from now; expiry is never
+        shortened. Returns how many were extended.
+
+        Only the small sealed metadata is re-sealed (the clear ``expires_at`` has
+        a sealed copy), all of it before one short write transaction; a row
+        that changed meanwhile is left as the other writer made it.
+
+        Raises:
+            InvalidArgumentError: a bad principal, turn id or ttl.
+            IntegrityError: an entry or record fails authentication.
+            StoreBusyError: the write lock was not obtained in time.
+        """
+        ttl = self._ttl(ttl_seconds)
+        current = self._now(now)
+        target = current + ttl
+        entry_updates = []
+        for opened in self._turn_entries(principal, turn_id, current):
+            if opened.row["expires_at"] >= target:
+                continue
+            meta = {**opened.meta, "expires_at": target}
+            sealed = opened.cipher.seal_meta(_dumps(meta))
+            entry_updates.append((target, sealed, opened.row["id"], opened.row["sealed_meta"]))
+        record_updates = _records.prepare_extend(self, principal, turn_id, target, current)
+        changed = 0
+        with self._db.transaction() as conn:
+            for update in entry_updates:
+                conn.execute(
+                    "UPDATE entries SET expires_at = ?, sealed_meta = ? WHERE id = ? AND sealed_meta = ?", update
+                )
+                changed += conn.changes()
+            changed += _records.apply_extend(conn, record_updates)
+        return changed
 
     def delete(self, principal: Principal, scratchpad_id: str, *, now: float | None = None) -> None:
         """Delete one entry of the caller's (expired ones too), with secure_delete.
@@ -626,11 +742,11 @@ class Scratchpad:
                 (owner_user_id,),
             )
             removed["segments"] = conn.changes()
-            for table in ("entries", "owner_keys"):
+            for table in ("entries", *_records.TABLES, "owner_keys"):
                 conn.execute(f"DELETE FROM {table} WHERE owner_user_id = ?", (owner_user_id,))
                 removed[table] = conn.changes()
         self._forget_cached_keys(owner_user_id)
-        removed["wal_truncated"] = int(self._db.checkpoint())
+        removed["wal_truncated"] = self._db.checkpoint()
         return removed
 
     # -- key lifecycle (see lifecycle.py) -----------------------------------------
@@ -649,9 +765,13 @@ class Scratchpad:
 
     # -- maintenance ----------------------------------------------------------------
 
-    def gc(self, now: float | None = None) -> int:
-        """Delete expired entries and their segments, then checkpoint and truncate
-        the WAL so their ciphertext leaves the files. Returns how many were deleted.
+    def gc(self, now: float | None = None, *, wait: bool = True) -> int:
+        """Delete expired entries and their segments (and expired turn checkpoints
+        and compaction marks), then checkpoint and truncate the WAL so their
+        ciphertext leaves the files. Returns how many entries were deleted.
+
+        With ``wait=False`` the WAL checkpoint does not wait for readers: it
+        moves what it can and a later checkpoint finishes (``turn`` uses this).
 
         Raises:
             StoreBusyError: the write lock was not obtained in time.
@@ -663,7 +783,8 @@ class Scratchpad:
             )
             conn.execute("DELETE FROM entries WHERE expires_at <= ?", (cutoff,))
             deleted = conn.changes()
-        self._db.checkpoint()
+            _records.delete_expired(conn, cutoff)
+        self._db.checkpoint(wait=wait)
         return deleted
 
     def stats(self, principal: Principal | None = None, *, now: float | None = None) -> dict[str, Any]:

@@ -381,3 +381,12 @@ def test_another_owner_gets_not_found_before_any_argument_check(
     for mode in ("lines", "grep"):
         with pytest.raises(NotFoundError):
             pad.read(bob, entry["scratchpad_id"], mode, pattern="(")
+
+
+def test_read_restricted_to_a_turn(pad: Scratchpad, alice: Principal) -> None:
+    entry = pad.put(alice, "turn-a", 1, "x", "hello\n")
+    assert pad.read(alice, entry["scratchpad_id"], "lines", turn_id="turn-a")["content"] == "hello\n"
+    with pytest.raises(NotFoundError):
+        pad.read(alice, entry["scratchpad_id"], "lines", turn_id="turn-b")
+    with pytest.raises(NotFoundError):
+        pad.get(alice, entry["scratchpad_id"], turn_id="turn-b")
