@@ -15,8 +15,10 @@ from .keys import Keyring
 from .policy import Policy
 from .principal import Principal
 from .store import Entry, Scratchpad
+from .turn import SCRATCHPAD_READ_TOOL, Turn
 
 __all__ = [
+    "SCRATCHPAD_READ_TOOL",
     "Entry",
     "ExpiredError",
     "IntegrityError",
@@ -30,5 +32,6 @@ __all__ = [
     "Scratchpad",
     "SecurepadError",
     "StoreBusyError",
+    "Turn",
     "WrongKeyError",
 ]

@@ -7,6 +7,7 @@ then is anything unwrapped or decrypted.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -51,6 +52,7 @@ from .errors import (
 from .keys import KEY_BYTES, Keyring
 from .policy import NOT_FOUND_MESSAGE, Policy
 from .principal import Principal, check_identifier
+from .turn import Turn
 
 __all__ = ["Entry", "Scratchpad"]
 
@@ -676,6 +678,24 @@ class Scratchpad:
         return opened
 
     # -- turns ----------------------------------------------------------------------
+
+    def turn(self, principal: Principal, turn_id: str, *, now: float | None = None) -> Turn:
+        """The runtime surface for one turn of one principal (see ``securepad.turn``).
+
+        Beginning a turn collects expired entries first (without waiting on
+        readers; see ``gc``). A turn id that another owner uses is, for this
+        principal, an empty turn.
+
+        Raises:
+            InvalidArgumentError: a bad principal or turn id.
+        """
+        _check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        # Collection is housekeeping (expired entries are never served anyway):
+        # a busy store does not stop a turn from starting.
+        with contextlib.suppress(StoreBusyError):
+            self.gc(now, wait=False)
+        return Turn(self, principal, turn_id)
 
     def extend_turn(
         self, principal: Principal, turn_id: str, ttl_seconds: int | None = None, *, now: float | None = None
