@@ -469,16 +469,22 @@ class DiskcacheBackend(Backend):
             step += 1
         return history, [READ_TOOL] if history else []
 
+    # diskcache takes expiry relative to its own clock at set(), and every set()
+    # culls a few expired entries itself; so the entries expire an hour after the
+    # fill, and gc runs with its clock two hours ahead.
+    _GC_TTL = 3600
+
     def fill_expired(self, count: int, size: int, now: float) -> None:
-        # diskcache takes expiry relative to its own clock; gc then runs at a later "now".
         for first in range(0, count, 1000):
             with self.cache.transact():
                 for i in range(first, min(count, first + 1000)):
                     text = _gc_text(size, i)
-                    self.cache.set(self._id("gc-turn", i), text.encode(), expire=1, tag=json.dumps(view_of(i, text)))
+                    self.cache.set(
+                        self._id("gc-turn", i), text.encode(), expire=self._GC_TTL, tag=json.dumps(view_of(i, text))
+                    )
 
     def gc(self, now: float) -> int:
-        return int(self.cache.expire(now=max(now, time.time() + 10)))
+        return int(self.cache.expire(now=max(now, time.time() + 2 * self._GC_TTL)))
 
     def close(self) -> None:
         self.cache.close()

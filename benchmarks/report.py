@@ -162,6 +162,9 @@ def markdown(results: Results) -> str:
                 ([t["target"], t["measured"], _verdict(t["passed"])] for t in results["targets"]),
             )
         )
+    if results.get("failures"):
+        failed = (f"{f['workload']} on {f['backend']}: {f['error']}" for f in results["failures"])
+        out.append("\nFAILED: " + "; ".join(failed))
     if results.get("skipped"):
         out.append("\nskipped: " + "; ".join(f"{s['backend']}: {s['reason']}" for s in results["skipped"]))
     return "\n".join(out) + "\n"

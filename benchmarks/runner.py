@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.write_json(results, json_path)
     console.print(report.markdown(results), markup=False, highlight=False, soft_wrap=True)
     console.print(f"results: {json_path}" + ("" if args.no_chart else f", {png_path}"), highlight=False)
-    return 0
+    return 1 if results["failures"] else 0
 
 
 def run(
@@ -111,6 +111,7 @@ def run(
         },
         "workloads": {},
         "skipped": skipped,
+        "failures": [],
     }
     total = sum(WORKLOADS[w][1](config) * len(available) for w in workloads)
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
@@ -121,22 +122,28 @@ def run(
             for workload in workloads:
                 records: list[dict[str, Any]] = []
                 for name in available:
-                    first = True
+                    done = 0
 
                     def step(what: str, workload: str = workload, name: str = name) -> None:
-                        nonlocal first
-                        if not first:
+                        nonlocal done
+                        if done:
                             bar.advance(task)
-                        first = False
+                        done += 1
                         bar.update(task, description=f"{workload:<10} {name:<10} {what}")
 
-                    records += WORKLOADS[workload][0](config, name, scratch, step)
-                    bar.advance(task)
+                    try:
+                        records += WORKLOADS[workload][0](config, name, scratch, step)
+                    except Exception as exc:  # one broken backend must not cost the whole run
+                        failure = {"workload": workload, "backend": name, "error": f"{type(exc).__name__}: {exc}"}
+                        results["failures"].append(failure)
+                        err.print(f"[red]failed:[/red] {workload} on {name}: {failure['error']}", highlight=False)
+                    bar.advance(task, max(1, WORKLOADS[workload][1](config) - max(done - 1, 0)))
                 results["workloads"][workload] = records
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     results["targets"] = report.targets(results)
     results["meta"]["elapsed_s"] = round(time.time() - started, 1)
+    results["meta"]["machine"]["loadavg_end"] = _loadavg()
     return results
 
 
@@ -183,6 +190,8 @@ def machine(workdir: Path) -> dict[str, Any]:
         "filesystem": _filesystem(workdir),
         "securepad_commit": _git_commit(),
         "cpu_parallel_scaling": _cpu_scaling(),
+        # Other work on the machine skews every figure; this shows whether there was any.
+        "loadavg_start": _loadavg(),
     }
     info["summary"] = f"{info['nproc']} cores, {cpu}, {ram_gib} GiB, Python {info['python']}"
     return info
@@ -202,6 +211,13 @@ def _cpu_scaling() -> float | None:
     except (OSError, ValueError, subprocess.SubprocessError):
         return None
     return round(together / alone, 2)
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def _filesystem(path: Path) -> str | None:

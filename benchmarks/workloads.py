@@ -324,7 +324,7 @@ def run_gc(cfg: Config, name: str, workdir: Path, step: Step) -> list[Record]:
         now = time.time()
         step(f"store {cfg.gc_entries} expiring entries")
         backend.fill_expired(cfg.gc_entries, cfg.gc_entry_bytes, now)
-        live = [backend.put("live", i, data.text(cfg.gc_entry_bytes, salt=i)) for i in range(10)]
+        live = [backend.put("live", i, data.text(cfg.gc_entry_bytes, salt=i), ttl=86400) for i in range(10)]
         step(f"gc {cfg.gc_entries}")
         t0 = time.perf_counter()
         deleted = backend.gc(time.time())

@@ -201,10 +201,24 @@ def put(
 @main.command()
 @principal_options
 @click.argument("scratchpad_id")
-@click.option("--mode", type=click.Choice(["head", "tail", "range", "full"]), default="head", show_default=True)
+@click.option(
+    "--mode",
+    type=click.Choice(["head", "tail", "range", "full", "lines", "grep"]),
+    default="head",
+    show_default=True,
+)
 @click.option("-n", "n", type=int, default=2000, show_default=True, help="Characters (bytes) for head/tail.")
-@click.option("--start", type=int, default=0, show_default=True, help="Start offset for range.")
-@click.option("--end", type=int, default=None, help="End offset (exclusive) for range.")
+@click.option(
+    "--start",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Start offset for range; first line (1-based) for lines/grep.",
+)
+@click.option("--end", type=int, default=None, help="End offset (exclusive) for range; last line for lines/grep.")
+@click.option("--pattern", default=None, help="grep: RE2 regular expression.")
+@click.option("--max-matches", type=int, default=50, show_default=True, help="grep: stop after this many matches.")
+@click.option("--context", "context_lines", type=int, default=0, show_default=True, help="grep: lines around each.")
 @pass_context
 def read(
     ctx: Context,
@@ -216,10 +230,23 @@ def read(
     n: int,
     start: int,
     end: int | None,
+    pattern: str | None,
+    max_matches: int,
+    context_lines: int,
 ) -> None:
     """Read part of an entry (capped by the policy's max_read_chars)."""
     with ctx.open() as pad:
-        result = pad.read(Principal(owner, actor, channel), scratchpad_id, mode=mode, n=n, start=start, end=end)
+        result = pad.read(
+            Principal(owner, actor, channel),
+            scratchpad_id,
+            mode=mode,
+            n=n,
+            start=start,
+            end=end,
+            pattern=pattern,
+            max_matches=max_matches,
+            context=context_lines,
+        )
 
     def render(r: dict[str, Any]) -> None:
         click.echo(r["content"])
@@ -257,6 +284,31 @@ def list_(ctx: Context, owner: str, actor: str, channel: str, turn_id: str) -> N
         console.print(table)
 
     emit(ctx, [{k: v for k, v in e.items() if k != "view"} for e in rows], render)
+
+
+@main.group(name="turn")
+def turn_group() -> None:
+    """Inspect an owner's turns."""
+
+
+@turn_group.command(name="show")
+@principal_options
+@click.option("--turn", "turn_id", required=True, help="Turn id.")
+@pass_context
+def turn_show(ctx: Context, owner: str, actor: str, channel: str, turn_id: str) -> None:
+    """Print a turn's history: what the model saw of each live step (beginning a turn collects expired entries)."""
+    with ctx.open() as pad:
+        steps = pad.turn(Principal(owner, actor, channel), turn_id).steps()
+
+    def render(items: list[dict[str, Any]]) -> None:
+        if not items:
+            console.print(f"turn {turn_id!r} has no live steps for this owner", highlight=False)
+        for item in items:
+            where = f"offloaded as {item['scratchpad_id']}" if item["offloaded"] else "inline"
+            console.print(f"[bold]step {item['step_num']}[/bold] {item['executor_name']} ({where})", highlight=False)
+            console.print_json(data=item["shown"])
+
+    emit(ctx, steps, render)
 
 
 @main.command()

@@ -370,7 +370,7 @@ def _read_lines(content: SegmentedContent, first: int, last: int | None, cap: in
     metadata: dict[str, Any] = {
         "mode": "lines",
         "kind": content.kind,
-        "unit": "lines",
+        "unit": "characters",
         "size_full": content.size,
         "total_lines": _total_lines(content, seen_last),
         "start_line": first,
@@ -555,6 +555,7 @@ def _grep(
     metadata: dict[str, Any] = {
         "mode": "grep",
         "kind": content.kind,
+        "unit": "characters",
         "pattern": pattern,
         "size_full": content.size,
         "total_lines": _total_lines(content, seen_last),

@@ -179,6 +179,24 @@ class Turn:
         """
         return [opened.meta["inline"] if "inline" in opened.meta else opened.view() for opened in self._entries(now)]
 
+    def steps(self, *, now: float | None = None) -> list[dict[str, Any]]:
+        """``history()`` with each step's ``step_num``, ``executor_name``,
+        ``scratchpad_id`` and whether it was ``offloaded``; the history item is ``shown``.
+
+        Raises:
+            IntegrityError: a stored entry fails authentication.
+        """
+        return [
+            {
+                "step_num": opened.row["step_num"],
+                "executor_name": opened.row["executor_name"],
+                "scratchpad_id": opened.row["id"],
+                "offloaded": "inline" not in opened.meta,
+                "shown": opened.meta["inline"] if "inline" in opened.meta else opened.view(),
+            }
+            for opened in self._entries(now)
+        ]
+
     def tools(self, *, now: float | None = None) -> list[dict[str, Any]]:
         """``[SCRATCHPAD_READ_TOOL]`` when the turn has offloaded entries, else ``[]``.
 

@@ -33,6 +33,7 @@ def test_bench_tiny_run_writes_every_workload_and_figure(tmp_path: Path) -> None
     assert "### targets" in result.output
 
     results = json.loads((out / "quick.json").read_text())
+    assert results["failures"] == []
     assert set(results["backends"]) == BACKENDS
     available = {name for name, info in results["backends"].items() if info["available"]}
     skipped = {s["backend"] for s in results["skipped"]}

@@ -390,3 +390,34 @@ def test_read_restricted_to_a_turn(pad: Scratchpad, alice: Principal) -> None:
         pad.read(alice, entry["scratchpad_id"], "lines", turn_id="turn-b")
     with pytest.raises(NotFoundError):
         pad.get(alice, entry["scratchpad_id"], turn_id="turn-b")
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+def cli(db_path: Path, key_file: Path, *args: str) -> Any:
+    from click.testing import CliRunner
+
+    from securepad.cli import main
+
+    return CliRunner().invoke(main, ["--db", str(db_path), "--key-file", str(key_file), *args], catch_exceptions=False)
+
+
+def test_cli_read_lines_and_grep(pad: Scratchpad, alice: Principal, db_path: Path, key_file: Path) -> None:
+    entry = pad.put(alice, "t", 1, "x", big_log(2000))["scratchpad_id"]
+    who = ["--owner", "alice", "--actor", "planner", "--channel", "web"]
+    found = cli(
+        db_path, key_file, "--json", "read", *who, entry, "--mode", "grep", "--pattern", "ERROR", "--context", "1"
+    )
+    assert found.exit_code == 0, found.output
+    result = json.loads(found.stdout)
+    assert result["metadata"]["match_lines"] == [2001, 2002]
+    assert result["content"].splitlines()[0].startswith("2000-")
+    lines = cli(db_path, key_file, "read", *who, entry, "--mode", "lines", "--start", "2001", "--end", "2002")
+    assert lines.exit_code == 0 and lines.stdout == "".join(big_log(2000).splitlines(keepends=True)[2000:]) + "\n"
+    stopped = cli(db_path, key_file, "read", *who, entry, "--mode", "grep", "--pattern", "INFO", "--max-matches", "2")
+    assert stopped.exit_code == 0 and "max_matches=2" in stopped.stderr
+    bad = cli(db_path, key_file, "read", *who, entry, "--mode", "grep", "--pattern", "(a")
+    assert bad.exit_code == 1 and "InvalidArgumentError" in bad.stderr
+    other = cli(db_path, key_file, "read", "--owner", "bob", entry, "--mode", "grep", "--pattern", "ERROR")
+    assert other.exit_code == 1 and "NotFoundError" in other.stderr

@@ -448,3 +448,46 @@ def test_bad_principal_is_refused(pad: Scratchpad) -> None:
 def test_turn_repr_shows_no_content(turn: Turn) -> None:
     offload(turn)
     assert repr(turn) == "<Turn 'turn-1' of 'alice'>"
+
+
+# -- steps and the command line ----------------------------------------------------------------
+
+
+def test_steps_label_the_history(turn: Turn) -> None:
+    small = turn.record(2, "echo", "hi", now=NOW)
+    view = turn.record(1, "read_file", {"content": BIG_TEXT}, now=NOW)
+    steps = turn.steps(now=NOW)
+    assert [(s["step_num"], s["executor_name"], s["offloaded"]) for s in steps] == [
+        (1, "read_file", True),
+        (2, "echo", False),
+    ]
+    assert [s["shown"] for s in steps] == turn.history(now=NOW) == [view, small]
+    assert steps[0]["scratchpad_id"] == view["scratchpad_id"]
+
+
+def test_cli_turn_show(pad: Scratchpad, alice: Principal, db_path: Path, key_file: Path) -> None:
+    from click.testing import CliRunner
+
+    from securepad.cli import main
+
+    turn = pad.turn(alice, "turn-cli")
+    view = turn.record(1, "read_file", {"content": BIG_TEXT, "metadata": {"path": "/x.log"}})
+    turn.record(2, "echo", {"said": "hello"})
+
+    def run(*args: str) -> Any:
+        base = ["--db", str(db_path), "--key-file", str(key_file)]
+        return CliRunner().invoke(main, [*base, *args], catch_exceptions=False)
+
+    who = ["--owner", "alice", "--actor", "planner", "--channel", "web"]
+    shown = run("--json", "turn", "show", *who, "--turn", "turn-cli")
+    assert shown.exit_code == 0, shown.output
+    assert [step["shown"] for step in json.loads(shown.stdout)] == turn.history()
+    table = run("turn", "show", *who, "--turn", "turn-cli")
+    assert table.exit_code == 0
+    assert f"step 1 read_file (offloaded as {view['scratchpad_id']})" in table.stdout
+    assert "step 2 echo (inline)" in table.stdout and "hello" in table.stdout
+    assert BIG_TEXT[600:700] not in table.stdout  # only the summary, never the whole observation
+    empty = run("turn", "show", "--owner", "bob", "--turn", "turn-cli")
+    assert empty.exit_code == 0 and "no live steps" in empty.stdout
+    missing = run("turn", "show", *who)
+    assert missing.exit_code == 2
