@@ -24,7 +24,7 @@ __all__ = ["SCHEMA_VERSION", "Database", "insert_owner_key"]
 # How long a writer waits for the lock before StoreBusyError.
 BUSY_TIMEOUT_MS = 30_000
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -110,6 +110,14 @@ _MIGRATIONS: dict[int, str] = {
         UNIQUE (owner_user_id, turn_id, seq)
     ) WITHOUT ROWID;
     CREATE INDEX compaction_marks_expires ON compaction_marks(expires_at);
+    """,
+    # What an entry stores in all (content and its other fields), for the
+    # size limit and the owner quota; the usage index covers the quota sum.
+    4: """
+    ALTER TABLE entries ADD COLUMN stored_bytes INTEGER NOT NULL DEFAULT 0;
+    UPDATE entries SET stored_bytes = size_bytes;
+    DROP INDEX entries_owner_usage;
+    CREATE INDEX entries_owner_usage ON entries(owner_user_id, expires_at, stored_bytes);
     """,
 }
 

@@ -349,9 +349,12 @@ class Scratchpad:
             counts, size_chars = char_counts, sum(char_counts)
             breaks, line_count = reads.line_index(s.decode("utf-8") for s in segments)
         size_bytes = sum(len(s) for s in segments)
-        if size_bytes > self.policy.max_entry_bytes:
+        # The limits count everything the observation stores: content and other fields.
+        stored_bytes = size_bytes + (len(_dumps(rest)) if rest else 0)
+        if stored_bytes > self.policy.max_entry_bytes:
             raise QuotaExceededError(
-                f"the observation has {size_bytes} bytes; the policy's max_entry_bytes is {self.policy.max_entry_bytes}"
+                f"the observation has {stored_bytes} bytes;"
+                f" the policy's max_entry_bytes is {self.policy.max_entry_bytes}"
             )
         created = self._now(now)
         view = _view(kind, step_num, size_bytes, content, rest, observation)
@@ -381,6 +384,7 @@ class Scratchpad:
             entry_id = secrets.token_hex(8)
             header = Header(entry_id, owner, turn_id, kind, size_bytes, size_chars, len(segments), version)
             row, sealed = _seal(owner_cipher, header, meta, segments)
+            row["stored_bytes"] = stored_bytes
             try:
                 self._insert(row, sealed, created)
             except apsw.ConstraintError:
@@ -412,12 +416,12 @@ class Scratchpad:
             if current != row["key_version"]:
                 raise _StaleOwnerKey
             used = conn.execute(
-                "SELECT COALESCE(SUM(size_bytes), 0) FROM entries WHERE owner_user_id = ? AND expires_at > ?",
+                "SELECT COALESCE(SUM(stored_bytes), 0) FROM entries WHERE owner_user_id = ? AND expires_at > ?",
                 (row["owner_user_id"], now),
             ).fetchall()[0][0]
-            if used + row["size_bytes"] > self.policy.owner_quota_bytes:
+            if used + row["stored_bytes"] > self.policy.owner_quota_bytes:
                 raise QuotaExceededError(
-                    f"owner quota exceeded: {used} bytes live + {row['size_bytes']} new"
+                    f"owner quota exceeded: {used} bytes live + {row['stored_bytes']} new"
                     f" > owner_quota_bytes {self.policy.owner_quota_bytes}"
                 )
             columns = ", ".join(row)
@@ -458,6 +462,7 @@ class Scratchpad:
             raise NotFoundError(NOT_FOUND_MESSAGE)
         row = rows[0]
         self.policy.authorize_row(principal, row)
+        _check_row_types(row)
         if turn_id is not None and row["turn_id"] != turn_id:
             raise NotFoundError(NOT_FOUND_MESSAGE)
         if row["expires_at"] <= self._now(now):
@@ -476,6 +481,7 @@ class Scratchpad:
 
     def _authenticate(self, row: dict[str, Any]) -> _Opened:
         """Unwrap the item key, check the commitment, open and cross-check the metadata."""
+        _check_row_types(row)
         header = Header(
             row["id"],
             row["owner_user_id"],
@@ -519,7 +525,9 @@ class Scratchpad:
             ).fetchall()
             if [seq for seq, _ in rows] != list(range(first, last + 1)):
                 raise IntegrityError("the entry's segments are missing or out of order")
-            return [cipher.open_segment(int(seq), bytes(data), seq == count - 1) for seq, data in rows]  # type: ignore[arg-type]
+            if not all(isinstance(data, bytes) for _, data in rows):
+                raise IntegrityError("an entry's segment is not a blob")
+            return [cipher.open_segment(seq, data, seq == count - 1) for seq, data in rows]  # type: ignore[arg-type]
 
         return fetch
 
@@ -818,13 +826,15 @@ class Scratchpad:
             _check_principal(principal)
             scope, params = self.policy.scope_sql(principal)
             rows = self._db.query(
-                "SELECT COUNT(*) AS entries, COALESCE(SUM(size_bytes), 0) AS bytes FROM entries"
+                "SELECT COUNT(*) AS entries, COALESCE(SUM(size_bytes), 0) AS bytes,"
+                " COALESCE(SUM(stored_bytes), 0) AS stored_bytes FROM entries"
                 f" WHERE expires_at > ? AND {scope}",
                 (current, *params),
             )
             return {"owner_user_id": principal.owner_user_id, "scope": self.policy.scope, **rows[0]}
         rows = self._db.query(
             "SELECT COUNT(*) AS entries, COALESCE(SUM(size_bytes), 0) AS bytes,"
+            " COALESCE(SUM(stored_bytes), 0) AS stored_bytes,"
             " COUNT(DISTINCT owner_user_id) AS owners,"
             " COALESCE(SUM(expires_at <= ?), 0) AS expired_pending_gc FROM entries",
             (current,),
@@ -859,6 +869,37 @@ class _MissingOwnerKey(IntegrityError):
 
 class _StaleOwnerKey(Exception):
     """The entry was sealed for an owner-key version that is no longer the newest."""
+
+
+# The type every clear column of an entry must have; SQLite's dynamic typing
+# would let an edited file hand us a string where the code expects a number.
+_COLUMN_TYPES: dict[str, type | tuple[type, ...]] = {
+    "id": str,
+    "owner_user_id": str,
+    "actor": str,
+    "channel": str,
+    "turn_id": str,
+    "step_num": int,
+    "executor_name": str,
+    "content_kind": str,
+    "size_bytes": int,
+    "size_chars": int,
+    "segment_count": int,
+    "key_version": int,
+    "created_at": (float, int),
+    "expires_at": (float, int),
+    "wrapped_key": bytes,
+    "nonce_prefix": bytes,
+    "commitment": bytes,
+    "sealed_meta": bytes,
+}
+
+
+def _check_row_types(row: dict[str, Any]) -> None:
+    """Raises IntegrityError when a clear column holds a value of the wrong type."""
+    for column, expected in _COLUMN_TYPES.items():
+        if column in row and not isinstance(row[column], expected):
+            raise IntegrityError(f"the entry's clear {column} has the wrong type")
 
 
 def _check_principal(principal: object) -> None:
