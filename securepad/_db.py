@@ -24,7 +24,7 @@ __all__ = ["SCHEMA_VERSION", "Database", "insert_owner_key"]
 # How long a writer waits for the lock before StoreBusyError.
 BUSY_TIMEOUT_MS = 30_000
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -118,6 +118,34 @@ _MIGRATIONS: dict[int, str] = {
     UPDATE entries SET stored_bytes = size_bytes;
     DROP INDEX entries_owner_usage;
     CREATE INDEX entries_owner_usage ON entries(owner_user_id, expires_at, stored_bytes);
+    """,
+    # Bytes stored per owner, kept by triggers whatever inserts, deletes or
+    # changes an entry. Expired entries count until gc removes them, so this is
+    # an upper bound of the owner's live bytes: a put that fits under it needs
+    # no sum over the owner's live entries, which cost O(entries) inside the
+    # write lock (about 0.2 ms per 3,000 entries). A row that drops to zero
+    # goes, so a forgotten owner leaves no id behind.
+    5: """
+    CREATE TABLE owner_usage(
+        owner_user_id TEXT PRIMARY KEY,
+        stored_bytes  INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    INSERT INTO owner_usage(owner_user_id, stored_bytes)
+        SELECT owner_user_id, SUM(stored_bytes) FROM entries GROUP BY owner_user_id;
+    CREATE TRIGGER owner_usage_insert AFTER INSERT ON entries BEGIN
+        INSERT INTO owner_usage(owner_user_id, stored_bytes) VALUES (NEW.owner_user_id, NEW.stored_bytes)
+            ON CONFLICT(owner_user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes;
+    END;
+    CREATE TRIGGER owner_usage_delete AFTER DELETE ON entries BEGIN
+        UPDATE owner_usage SET stored_bytes = stored_bytes - OLD.stored_bytes WHERE owner_user_id = OLD.owner_user_id;
+        DELETE FROM owner_usage WHERE owner_user_id = OLD.owner_user_id AND stored_bytes <= 0;
+    END;
+    CREATE TRIGGER owner_usage_update AFTER UPDATE OF owner_user_id, stored_bytes ON entries BEGIN
+        UPDATE owner_usage SET stored_bytes = stored_bytes - OLD.stored_bytes WHERE owner_user_id = OLD.owner_user_id;
+        DELETE FROM owner_usage WHERE owner_user_id = OLD.owner_user_id AND stored_bytes <= 0;
+        INSERT INTO owner_usage(owner_user_id, stored_bytes) VALUES (NEW.owner_user_id, NEW.stored_bytes)
+            ON CONFLICT(owner_user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes;
+    END;
     """,
 }
 
