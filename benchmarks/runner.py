@@ -15,13 +15,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from . import report
 from .backends import BACKENDS
@@ -120,31 +120,54 @@ def run(
         with bar:
             task = bar.add_task("benchmarks", total=total)
             for workload in workloads:
-                records: list[dict[str, Any]] = []
-                for name in available:
-                    done = 0
-
-                    def step(what: str, workload: str = workload, name: str = name) -> None:
-                        nonlocal done
-                        if done:
-                            bar.advance(task)
-                        done += 1
-                        bar.update(task, description=f"{workload:<10} {name:<10} {what}")
-
-                    try:
-                        records += WORKLOADS[workload][0](config, name, scratch, step)
-                    except Exception as exc:  # one broken backend must not cost the whole run
-                        failure = {"workload": workload, "backend": name, "error": f"{type(exc).__name__}: {exc}"}
-                        results["failures"].append(failure)
-                        err.print(f"[red]failed:[/red] {workload} on {name}: {failure['error']}", highlight=False)
-                    bar.advance(task, max(1, WORKLOADS[workload][1](config) - max(done - 1, 0)))
-                results["workloads"][workload] = records
+                results["workloads"][workload] = _interleaved(
+                    workload, config, available, scratch, bar, task, results["failures"], err
+                )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     results["targets"] = report.targets(results)
     results["meta"]["elapsed_s"] = round(time.time() - started, 1)
     results["meta"]["machine"]["loadavg_end"] = _loadavg()
     return results
+
+
+def _interleaved(
+    workload: str,
+    config: Config,
+    names: Sequence[str],
+    scratch: Path,
+    bar: Progress,
+    task: TaskID,
+    failures: list[dict[str, Any]],
+    err: Console,
+) -> list[dict[str, Any]]:
+    """Run one workload on every backend, case by case: each case is measured
+    on all backends back to back, so that a figure and its baseline share the
+    machine's state. A backend that fails drops out of this workload only."""
+    run, steps = WORKLOADS[workload]
+    started = bar.tasks[task].completed
+    cases: dict[str, Iterator[list[dict[str, Any]]]] = {}
+    for name in names:
+
+        def step(what: str, name: str = name) -> None:
+            bar.update(task, description=f"{workload:<10} {name:<10} {what}")
+            bar.advance(task)
+
+        cases[name] = run(config, name, scratch, step)
+    records: list[dict[str, Any]] = []
+    while cases:
+        for name, pending in list(cases.items()):
+            try:
+                records += next(pending)
+            except StopIteration:
+                del cases[name]
+            except Exception as exc:  # one broken backend must not cost the whole run
+                del cases[name]
+                failures.append({"workload": workload, "backend": name, "error": f"{type(exc).__name__}: {exc}"})
+                err.print(f"[red]failed:[/red] {workload} on {name}: {type(exc).__name__}: {exc}", highlight=False)
+    bar.update(task, completed=started + steps(config) * len(names))
+    order = {name: i for i, name in enumerate(names)}
+    return sorted(records, key=lambda r: order[r["backend"]])  # stable: each backend's cases stay in order
 
 
 def machine(workdir: Path) -> dict[str, Any]:

@@ -1,6 +1,11 @@
-"""The workloads, driven from the parent process. Each returns result records:
-``{"backend", "case", ..., "stats": {median, p90, p99, max, ops_per_s, mb_per_s}}``
-with latencies in seconds."""
+"""The workloads, driven from the parent process.
+
+Each is a generator over one backend that yields after every case (a list
+of result records, ``{"backend", "case", ..., "stats": {median, p90, p99,
+max, ops_per_s, mb_per_s}}``, latencies in seconds), so that the runner can
+measure each case on every backend back to back: a figure and the baseline
+it is compared with are taken seconds apart, not minutes, and whatever else
+the machine does then weighs on both alike."""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,7 @@ from .stats import summarize
 
 READ_MODES = ("head", "tail", "range")
 Record = dict[str, Any]
+Cases = Iterator[list[Record]]
 # Called before each step of a workload with a short description of it.
 Step = Callable[[str], None]
 
@@ -63,9 +69,8 @@ def put_steps(cfg: Config) -> int:
     return len(cfg.put_sizes)
 
 
-def run_put(cfg: Config, name: str, workdir: Path, step: Step) -> list[Record]:
+def run_put(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
     """Sequential puts of each size into one store, one process."""
-    records = []
     backend = open_backend(name, _fresh(workdir / "put" / name))
     try:
         for size in cfg.put_sizes:
@@ -82,18 +87,17 @@ def run_put(cfg: Config, name: str, workdir: Path, step: Step) -> list[Record]:
                 samples.append(time.perf_counter() - t0)
                 salt += 1
                 del text
-            records.append(
+            yield [
                 {
                     "backend": name,
                     "case": size_label(size),
                     "size_bytes": size,
                     "stats": summarize(samples, nbytes=size),
                 }
-            )
+            ]
     finally:
         backend.close()
         shutil.rmtree(workdir / "put" / name, ignore_errors=True)
-    return records
 
 
 # -- head / tail / range -------------------------------------------------------------------
@@ -103,7 +107,7 @@ def read_steps(cfg: Config) -> int:
     return len(cfg.read_sizes) + 1
 
 
-def run_read(cfg: Config, name: str, workdir: Path, step: Step) -> list[Record]:
+def run_read(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
     """Store one entry per size, check every read mode once here, then time
     them and measure peak memory in a fresh process per entry (per mode where
     the peak cannot be reset)."""
@@ -124,10 +128,11 @@ def run_read(cfg: Config, name: str, workdir: Path, step: Step) -> list[Record]:
             del text
     finally:
         backend.close()
+    yield []
     per_process = [list(READ_MODES)] if can_reset_peak() else [[mode] for mode in READ_MODES]
-    records = []
     for size in cfg.read_sizes:
         step(f"read {size_label(size)}")
+        records = []
         for modes in per_process:
             spec = {
                 "task": "read",
@@ -156,8 +161,8 @@ def run_read(cfg: Config, name: str, workdir: Path, step: Step) -> list[Record]:
                         "peak_reset": got["hwm_reset"],
                     }
                 )
+        yield records
     shutil.rmtree(root, ignore_errors=True)
-    return records
 
 
 # -- concurrent mixed put/read ---------------------------------------------------------------
@@ -167,8 +172,7 @@ def concurrent_steps(cfg: Config) -> int:
     return len(cfg.concurrency)
 
 
-def run_concurrent(cfg: Config, name: str, workdir: Path, step: Step) -> list[Record]:
-    records = []
+def run_concurrent(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
     for processes, threads in cfg.concurrency:
         case = f"{processes}x{threads}"
         step(f"{case} for {cfg.concurrency_seconds:g} s")
@@ -179,9 +183,8 @@ def run_concurrent(cfg: Config, name: str, workdir: Path, step: Step) -> list[Re
         finally:
             backend.close()
         result = _concurrent_once(cfg, name, root, processes, threads, read_ids)
-        records.append({"backend": name, "case": case, "processes": processes, "threads": threads, **result})
         shutil.rmtree(root, ignore_errors=True)
-    return records
+        yield [{"backend": name, "case": case, "processes": processes, "threads": threads, **result}]
 
 
 def _concurrent_once(
@@ -279,7 +282,7 @@ def resume_steps(cfg: Config) -> int:
     return 1 + len(cfg.resume_steps)
 
 
-def run_resume(cfg: Config, name: str, workdir: Path, step: Step) -> list[Record]:
+def run_resume(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
     """A fresh process opens the store and resumes a turn (history and tools ready)."""
     root = _fresh(workdir / "resume" / name)
     step(f"record turns of {', '.join(map(str, cfg.resume_steps))} steps")
@@ -290,12 +293,12 @@ def run_resume(cfg: Config, name: str, workdir: Path, step: Step) -> list[Record
                 backend.put(f"turn-{steps}", i, data.text(cfg.resume_entry_bytes, salt=steps * 100_000 + i))
     finally:
         backend.close()
-    records = []
+    yield []
     for steps in cfg.resume_steps:
         step(f"resume {steps} steps")
         spec = {"task": "resume", "backend": name, "root": str(root), "turn_id": f"turn-{steps}", "steps": steps}
         runs = [run_child(spec) for _ in range(cfg.resume_processes)]
-        records.append(
+        yield [
             {
                 "backend": name,
                 "case": f"{steps} steps",
@@ -304,9 +307,8 @@ def run_resume(cfg: Config, name: str, workdir: Path, step: Step) -> list[Record
                 "peak_rss_delta_kib": max(r["peak_rss_delta_kib"] for r in runs),
                 "api": runs[0]["api"],
             }
-        )
+        ]
     shutil.rmtree(root, ignore_errors=True)
-    return records
 
 
 # -- gc ----------------------------------------------------------------------------------------
@@ -316,7 +318,7 @@ def gc_steps(cfg: Config) -> int:
     return 2
 
 
-def run_gc(cfg: Config, name: str, workdir: Path, step: Step) -> list[Record]:
+def run_gc(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
     """gc of ``gc_entries`` expired entries among a few live ones, timed once."""
     root = _fresh(workdir / "gc" / name)
     backend = open_backend(name, root)
@@ -325,6 +327,7 @@ def run_gc(cfg: Config, name: str, workdir: Path, step: Step) -> list[Record]:
         step(f"store {cfg.gc_entries} expiring entries")
         backend.fill_expired(cfg.gc_entries, cfg.gc_entry_bytes, now)
         live = [backend.put("live", i, data.text(cfg.gc_entry_bytes, salt=i), ttl=86400) for i in range(10)]
+        yield []
         step(f"gc {cfg.gc_entries}")
         t0 = time.perf_counter()
         deleted = backend.gc(time.time())
@@ -338,7 +341,7 @@ def run_gc(cfg: Config, name: str, workdir: Path, step: Step) -> list[Record]:
         shutil.rmtree(root, ignore_errors=True)
     stats = summarize([seconds])
     stats["ops_per_s"] = cfg.gc_entries / seconds  # entries deleted per second
-    return [{"backend": name, "case": f"{cfg.gc_entries} expired", "entries": cfg.gc_entries, "stats": stats}]
+    yield [{"backend": name, "case": f"{cfg.gc_entries} expired", "entries": cfg.gc_entries, "stats": stats}]
 
 
 # -- open ----------------------------------------------------------------------------------------
@@ -350,7 +353,7 @@ def open_steps(cfg: Config) -> int:
     return 1
 
 
-def run_open(cfg: Config, name: str, workdir: Path, step: Step) -> list[Record]:
+def run_open(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
     """Opening an existing store: with each key source the backend has."""
     root = _fresh(workdir / "open" / name)
     step("open")
@@ -372,7 +375,7 @@ def run_open(cfg: Config, name: str, workdir: Path, step: Step) -> list[Record]:
             records.append({"backend": name, "case": case, "stats": summarize(samples)})
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return records
+    yield records
 
 
 def _open_cases(name: str, root: Path) -> dict[str, Callable[[], Callable[[], None]]]:
@@ -422,7 +425,7 @@ def _sqlcipher_open(path: Path, passphrase: str | None) -> Callable[[], None]:
     return conn.close
 
 
-WORKLOADS: dict[str, tuple[Callable[[Config, str, Path, Step], list[Record]], Callable[[Config], int]]] = {
+WORKLOADS: dict[str, tuple[Callable[[Config, str, Path, Step], Cases], Callable[[Config], int]]] = {
     "put": (run_put, put_steps),
     "read": (run_read, read_steps),
     "concurrent": (run_concurrent, concurrent_steps),
