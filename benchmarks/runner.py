@@ -8,6 +8,7 @@ workload on tiny sizes (the CI smoke run); it asserts nothing about timings.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -43,6 +44,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG")
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the smoke test's config
+    parser.add_argument("--from-json", type=Path, metavar="JSON", help="print the tables of a saved run; run nothing")
     args = parser.parse_args(argv)
     for field, known in (("backends", BACKENDS), ("workloads", WORKLOADS)):
         chosen = [x.strip() for x in getattr(args, field).split(",") if x.strip()]
@@ -55,6 +57,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.from_json:
+        print(report.markdown(json.loads(args.from_json.read_text())), end="")
+        return 0
     config = Config.quick() if args.quick or args.tiny else Config.full()
     if args.tiny:
         config = config.tiny()
