@@ -28,7 +28,7 @@ from .principal import Principal
 if TYPE_CHECKING:
     from .store import Scratchpad, _Opened
 
-__all__ = ["BUDGET_FIELDS", "SCRATCHPAD_READ_TOOL", "TOOL_NAME", "Turn"]
+__all__ = ["BUDGET_FIELDS", "SCRATCHPAD_READ_TOOL", "SCRATCHPAD_READ_TOOL_STRICT", "TOOL_NAME", "Turn"]
 
 TOOL_NAME = "scratchpad_read"
 
@@ -109,6 +109,40 @@ SCRATCHPAD_READ_TOOL: dict[str, Any] = {
         },
     },
 }
+
+
+def _strict_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """The tool under OpenAI's strict function-calling rules: every property
+    required, the optional ones nullable (the handler takes null as "not
+    given"), and no range keywords (the handler checks ranges; their messages
+    tell the model what to send instead)."""
+    strict = copy.deepcopy(tool)
+    function = strict["function"]
+    params = function["parameters"]
+    optional = [name for name in params["properties"] if name not in params["required"]]
+    for name, spec in params["properties"].items():
+        spec.pop("minimum", None)
+        if "maximum" in spec:
+            spec["description"] += f" At most {spec.pop('maximum')}."
+        if name not in optional:
+            continue
+        if "enum" in spec:
+            # A nullable enum as anyOf: the enum itself stays a list of strings.
+            params["properties"][name] = {
+                "anyOf": [{"type": spec["type"], "enum": spec["enum"]}, {"type": "null"}],
+                "description": spec["description"],
+            }
+        else:
+            spec["type"] = [spec["type"], "null"]
+    params["required"] = list(params["properties"])
+    function["description"] += " Pass null for every argument the mode does not use."
+    function["strict"] = True
+    return strict
+
+
+# ``SCRATCHPAD_READ_TOOL`` for OpenAI's strict mode (``"strict": true``); the
+# same handler answers both.
+SCRATCHPAD_READ_TOOL_STRICT: dict[str, Any] = _strict_tool(SCRATCHPAD_READ_TOOL)
 
 # {{step3.items.0.name}} or ${step3.items.0.name}; a path part is anything but
 # dots, braces and white space.
@@ -197,14 +231,15 @@ class Turn:
             for opened in self._entries(now)
         ]
 
-    def tools(self, *, now: float | None = None) -> list[dict[str, Any]]:
-        """``[SCRATCHPAD_READ_TOOL]`` when the turn has offloaded entries, else ``[]``.
+    def tools(self, *, strict: bool = False, now: float | None = None) -> list[dict[str, Any]]:
+        """``[SCRATCHPAD_READ_TOOL]`` when the turn has offloaded entries, else ``[]``;
+        with ``strict=True``, ``SCRATCHPAD_READ_TOOL_STRICT`` (OpenAI's strict mode).
 
         Raises:
             IntegrityError: a stored entry fails authentication.
         """
         if any("inline" not in opened.meta for opened in self._entries(now)):
-            return [copy.deepcopy(SCRATCHPAD_READ_TOOL)]
+            return [copy.deepcopy(SCRATCHPAD_READ_TOOL_STRICT if strict else SCRATCHPAD_READ_TOOL)]
         return []
 
     def _entries(self, now: float | None) -> list[_Opened]:
@@ -214,6 +249,8 @@ class Turn:
 
     def call_tool(self, name: object, arguments: object, *, now: float | None = None) -> dict[str, Any]:
         """Answer a model's tool call: ``arguments`` as a dict or a JSON string.
+        An argument that is null counts as not given (the strict schema has the
+        model send every argument).
 
         Returns the read's result, or ``{"ok": False, "error": "..."}`` with a
         message the model can act on for anything wrong with the call: unknown
@@ -495,6 +532,8 @@ def _tool_arguments(name: object, arguments: object) -> dict[str, Any]:
             f"the arguments must be a JSON object, not {type(arguments).__name__};"
             ' send {"scratchpad_id": "...", "mode": "..."}'
         )
+    # null is "not given": the strict schema makes the model send every argument.
+    arguments = {key: value for key, value in arguments.items() if value is not None}
     unknown = sorted(str(key)[:40] for key in arguments if key not in _ALL_ARGUMENTS)
     if unknown:
         raise InvalidArgumentError(

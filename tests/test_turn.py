@@ -231,7 +231,6 @@ BAD_CALLS: list[tuple[Any, Any, str]] = [
     ("scratchpad_read", {"scratchpad_id": "ID", "mode": "head", "n": "10"}, "n must be an integer"),
     ("scratchpad_read", {"scratchpad_id": "ID", "mode": "head", "n": 2.0}, "n must be an integer"),
     ("scratchpad_read", {"scratchpad_id": "ID", "mode": "head", "n": True}, "n must be an integer"),
-    ("scratchpad_read", {"scratchpad_id": "ID", "mode": "head", "n": None}, "n must be an integer"),
     ("scratchpad_read", {"scratchpad_id": "ID", "mode": "head", "n": -1}, "n must be 0 or more"),
     ("scratchpad_read", {"scratchpad_id": "ID", "mode": "head", "n": 10**40}, "too large"),
     ("scratchpad_read", '{"scratchpad_id": "ID", "n": 1e400}', "n must be an integer"),
