@@ -1,5 +1,6 @@
 """securepad: the hardened observation store for LLM agent runtimes."""
 
+from .aio import AsyncScratchpad, AsyncTurn
 from .errors import (
     ExpiredError,
     IntegrityError,
@@ -15,10 +16,13 @@ from .keys import Keyring
 from .policy import Policy
 from .principal import Principal
 from .store import Entry, Scratchpad
-from .turn import SCRATCHPAD_READ_TOOL, Turn
+from .turn import SCRATCHPAD_READ_TOOL, SCRATCHPAD_READ_TOOL_STRICT, Turn
 
 __all__ = [
     "SCRATCHPAD_READ_TOOL",
+    "SCRATCHPAD_READ_TOOL_STRICT",
+    "AsyncScratchpad",
+    "AsyncTurn",
     "Entry",
     "ExpiredError",
     "IntegrityError",
