@@ -312,6 +312,22 @@ def turn_show(ctx: Context, owner: str, actor: str, channel: str, turn_id: str) 
 
 
 @main.command()
+@principal_options
+@click.option("--turn", "turn_id", envvar="SECUREPAD_TURN", required=True, help="The turn the server serves.")
+@pass_context
+def mcp(ctx: Context, owner: str, actor: str, channel: str, turn_id: str) -> None:
+    """Serve scratchpad_read and scratchpad_list for one turn over MCP (stdio).
+
+    The principal and turn are fixed here, never taken from the model."""
+    try:
+        from .mcp_server import serve
+    except ImportError as exc:
+        raise click.ClickException(f"securepad mcp needs the MCP SDK ({exc}): pip install 'securepad[mcp]'") from None
+    principal = Principal(owner, actor, channel)
+    serve(ctx.open(), principal, turn_id)
+
+
+@main.command()
 @pass_context
 def gc(ctx: Context) -> None:
     """Delete expired entries and scrub them from the files."""
