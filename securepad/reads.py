@@ -4,8 +4,8 @@ A read decrypts only the segments that hold the characters (bytes, for
 binary entries) it returns: the per-segment counts come from the entry's
 sealed index, so finding a position costs a bisect, not a scan. The same
 index counts the line breaks in each segment, so ``lines`` starts decrypting
-at the segment that holds its first line. ``lines`` and ``grep`` stream one
-segment at a time and never hold the whole entry.
+at the segment that holds its first line. ``lines`` and ``grep`` (in
+``_grep.py``) stream one segment at a time and never hold the whole entry.
 
 Lines are the lines of ``str.splitlines``: the same breaks (``\\n``, ``\\r\\n``,
 ``\\r``, form feed, ``\\u2028``...), so line numbers agree with Python's.
@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import base64
 import bisect
-import collections
 import itertools
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import re2  # type: ignore[import-untyped]
-
+from . import _grep
+from ._grep import BREAK_CHARS as _BREAK_CHARS
 from .errors import InvalidArgumentError
 
 __all__ = ["MODES", "SegmentedContent", "iter_lines", "line_index", "read"]
@@ -33,21 +32,10 @@ DEFAULT_N = 2000
 DEFAULT_MAX_MATCHES = 50
 # Context lines around each grep match, before and after.
 MAX_CONTEXT = 50
-MAX_PATTERN_CHARS = 1000
-# A longer line is searched (and kept in memory) only up to here, so that a
-# single-line entry is never held whole.
-GREP_LINE_LIMIT = 1 << 20
-# A longer matching line is shown as a window around its match.
-GREP_SHOW_CHARS = 1000
-# Lines are searched in blocks of about this many characters (see _search).
-GREP_BLOCK_CHARS = 256 * 1024
+# iter_lines keeps at most this much of a line's text by default.
+LINE_LIMIT = 1 << 20
 
-# The breaks of str.splitlines; "\r\n" is one break.
-_BREAK_CHARS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 _BREAK_RE = re.compile("\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
-# Flag groups that could turn multi-line mode off, and the text anchors; a
-# pattern with either is searched line by line (see _search).
-_WHOLE_TEXT_SYNTAX = re.compile(r"\(\?[a-zA-Z-]*m|\\[Az]")
 
 # fetch(first, last) -> the decrypted segments first..last inclusive.
 Fetch = Callable[[int, int], list[bytes]]
@@ -155,14 +143,26 @@ def read(
             raise InvalidArgumentError(f"start line ({first}) is after end line ({last})")
         if mode == "lines":
             return _read_lines(content, first, last, cap)
-        regex, block_regex = compile_pattern(pattern)
+        regexes = _grep.compile_pattern(pattern)
         wanted = check_count("max_matches", max_matches)
         if not wanted:
             raise InvalidArgumentError("max_matches must be at least 1")
         around = check_count("context", context) or 0
         if around > MAX_CONTEXT:
             raise InvalidArgumentError(f"context must be at most {MAX_CONTEXT} lines, not {around}")
-        return _grep(content, pattern or "", regex, block_regex, wanted, around, first, last, cap)
+        seq, number = _seek(content, first)
+        return _grep.grep(
+            content,
+            str(pattern),
+            regexes,
+            max_matches=wanted,
+            context=around,
+            first=first,
+            last=last,
+            cap=cap,
+            start_segment=seq,
+            start_number=number,
+        )
     size = content.size
     limit = cap // 4 * 3 if content.is_binary else cap
     if mode in ("head", "tail"):
@@ -286,7 +286,7 @@ def _seek(content: SegmentedContent, first_line: int) -> tuple[int, int]:
 
 
 def iter_lines(
-    content: SegmentedContent, first_line: int = 1, last_line: int | None = None, *, limit: int = GREP_LINE_LIMIT
+    content: SegmentedContent, first_line: int = 1, last_line: int | None = None, *, limit: int = LINE_LIMIT
 ) -> Iterator[Line]:
     """The lines ``first_line``..``last_line`` of a text or json entry, decrypting
     one segment at a time. A line's ``text`` keeps at most ``limit`` characters."""
@@ -389,205 +389,3 @@ def _read_lines(content: SegmentedContent, first: int, last: int | None, cap: in
     if hint is not None:
         metadata["hint"] = hint
     return {"ok": True, "content": "".join(parts), "metadata": metadata}
-
-
-# -- grep -----------------------------------------------------------------------------
-
-
-def compile_pattern(pattern: object) -> tuple[Any, Any]:
-    """The RE2 regex for ``pattern`` and, when it is safe, its multi-line twin
-    used to search many lines at once (see ``_search``).
-
-    RE2 runs in time linear in the text, whatever the pattern: a pattern from
-    a model cannot hang the process.
-
-    Raises:
-        InvalidArgumentError: the pattern is missing, too long, or not valid RE2 syntax.
-    """
-    if not isinstance(pattern, str):
-        raise InvalidArgumentError("mode 'grep' needs a pattern (a string, RE2 regular expression syntax)")
-    if len(pattern) > MAX_PATTERN_CHARS:
-        raise InvalidArgumentError(f"the pattern has {len(pattern)} characters; at most {MAX_PATTERN_CHARS}")
-    options = re2.Options()
-    options.log_errors = False
-    try:
-        regex = re2.compile(pattern, options)
-        block = None if _WHOLE_TEXT_SYNTAX.search(pattern) else re2.compile("(?m)" + pattern, options)
-    except re2.error as exc:
-        reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
-        raise InvalidArgumentError(
-            f"invalid pattern {pattern[:80]!r}: {reason} (RE2 syntax: no backreferences or look-around)"
-        ) from None
-    except UnicodeEncodeError:
-        raise InvalidArgumentError("the pattern must be valid Unicode (no lone surrogates)") from None
-    return regex, block
-
-
-Hit = tuple[Line, tuple[int, int] | None]
-
-
-def _search(regex: Any, block_regex: Any, lines: Iterator[Line]) -> Iterator[Hit]:
-    """Each line with the span of the pattern's first match in it (or None).
-
-    Searching line by line costs a call per line. When the pattern has no
-    text anchors (``\\A``, ``\\z``) and cannot switch multi-line mode off, a
-    line matches on its own only if ``(?m)pattern`` matches somewhere in the
-    lines joined by ``\\n`` (``^``, ``$`` and ``\\b`` see the same neighbours),
-    so a block is searched once and only the lines where a block match starts
-    are checked on their own.
-    """
-    batch: list[Line] = []
-    size = 0
-    for line in lines:
-        batch.append(line)
-        size += len(line.text) + 1
-        if size >= GREP_BLOCK_CHARS:
-            yield from _search_batch(regex, block_regex, batch)
-            batch, size = [], 0
-    yield from _search_batch(regex, block_regex, batch)
-
-
-def _search_batch(regex: Any, block_regex: Any, batch: list[Line]) -> Iterator[Hit]:
-    if not batch:
-        return
-    if block_regex is None:
-        for line in batch:
-            found = regex.search(line.text)
-            yield line, (found.span() if found else None)
-        return
-    encoded = [line.text.encode("utf-8") for line in batch]
-    block = b"\n".join(encoded)
-    starts = [0, *itertools.accumulate(len(e) + 1 for e in encoded)]
-    spans: dict[int, tuple[int, int]] = {}
-    pos = 0
-    while pos <= len(block):
-        candidate = block_regex.search(block, pos)
-        if candidate is None:
-            break
-        index = bisect.bisect_right(starts, candidate.start()) - 1
-        found = regex.search(batch[index].text)
-        if found is not None:
-            spans[index] = found.span()
-        pos = starts[index + 1]
-    for index, line in enumerate(batch):
-        yield line, spans.get(index)
-
-
-def _show(line: Line, span: tuple[int, int] | None) -> str:
-    """A line as grep shows it: whole, or a window around its match if it is long."""
-    if line.length <= GREP_SHOW_CHARS:
-        return line.text
-    lo = 0 if span is None else max(0, span[0] - GREP_SHOW_CHARS // 4)
-    hi = min(len(line.text), lo + GREP_SHOW_CHARS)
-    lo = max(0, hi - GREP_SHOW_CHARS)
-    return ("…" if lo else "") + line.text[lo:hi] + ("…" if hi < line.length else "")
-
-
-def _grep(
-    content: SegmentedContent,
-    pattern: str,
-    regex: Any,
-    block_regex: Any,
-    max_matches: int,
-    context: int,
-    first: int,
-    last: int | None,
-    cap: int,
-) -> dict[str, Any]:
-    rows: list[str] = []
-    used = -1  # rows are joined by "\n": n rows cost their lengths + n - 1
-    matches: list[int] = []
-    before: collections.deque[Line] = collections.deque(maxlen=context)
-    after_left = 0
-    last_shown = 0
-    shortened = 0
-    searched_to = first - 1
-    next_line: int | None = None
-    capped = reached = False
-    long_lines = 0
-
-    def show(line: Line, mark: str, span: tuple[int, int] | None) -> bool:
-        nonlocal used, last_shown, shortened
-        text = _show(line, span)
-        row = f"{line.number}{mark}{text}"
-        # Like grep, "--" separates groups of context lines that are not adjacent.
-        gap = ["--"] if context and last_shown and line.number > last_shown + 1 else []
-        cost = sum(len(r) + 1 for r in [*gap, row])
-        cut = False
-        if used + cost > cap:
-            if rows:
-                return False
-            row, cut = row[:cap], True  # nothing shown yet: show what fits, so that a retry makes progress
-            gap, cost = [], len(row) + 1
-        rows.extend([*gap, row])
-        used += cost
-        last_shown = line.number
-        if cut or text != line.text or line.length > len(line.text):
-            shortened += 1
-        return True
-
-    for line, span in _search(regex, block_regex, iter_lines(content, first, last, limit=GREP_LINE_LIMIT)):
-        if span is not None:
-            if reached:  # like grep -m: stop at the first match past max_matches
-                next_line = line.number
-                break
-            shown = all(show(b, "-", None) for b in before if b.number > last_shown) and show(line, ":", span)
-            if not shown:
-                capped, next_line = True, line.number
-                break
-            matches.append(line.number)
-            before.clear()
-            after_left = context
-            reached = len(matches) == max_matches
-        elif after_left:
-            after_left -= 1
-            if not show(line, "-", None):
-                capped, next_line = True, line.number
-                break
-        elif reached:  # max_matches and its trailing context are shown
-            next_line = line.number
-            break
-        elif context:
-            before.append(line)
-        searched_to = line.number
-        if line.length > len(line.text):
-            long_lines += 1
-    complete = next_line is None
-    stopped = reached and not complete and not capped
-    seen_last = searched_to if complete and last is None else None
-    metadata: dict[str, Any] = {
-        "mode": "grep",
-        "kind": content.kind,
-        "unit": "characters",
-        "pattern": pattern,
-        "size_full": content.size,
-        "total_lines": _total_lines(content, seen_last),
-        "start_line": first,
-        "searched_to_line": searched_to,
-        "matches": len(matches),
-        "match_lines": matches,
-        "size_returned": max(used, 0),
-        "truncated": not complete,
-        "capped": capped,
-        "stopped_at_max_matches": stopped,
-        "next_line": next_line,
-    }
-    if stopped:
-        metadata["hint"] = (
-            f"stopped after max_matches={max_matches} matching lines; search on with mode='grep', start={next_line}"
-        )
-    elif capped:
-        metadata["hint"] = f"cut to the read cap of {cap} characters; continue with mode='grep', start={next_line}"
-    if long_lines:
-        metadata["long_lines"] = long_lines
-        metadata.setdefault(
-            "hint",
-            f"{long_lines} line(s) longer than {GREP_LINE_LIMIT} characters were searched only in their first"
-            f" {GREP_LINE_LIMIT} characters; read them with mode='lines' or mode='range'",
-        )
-    if shortened:
-        metadata["lines_shortened"] = shortened
-        metadata.setdefault(
-            "hint", "long lines are shown as a window around the match; read them whole with mode='lines'"
-        )
-    return {"ok": True, "content": "\n".join(rows), "metadata": metadata}

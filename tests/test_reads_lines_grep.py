@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from securepad import InvalidArgumentError, Keyring, NotFoundError, Policy, Principal, Scratchpad, reads
+from securepad import InvalidArgumentError, Keyring, NotFoundError, Policy, Principal, Scratchpad, _grep, reads
 from securepad.crypto import SEGMENT_BYTES
 
 # -- in-memory content with tiny segments: many segment boundaries in little text ------
@@ -99,17 +99,15 @@ def test_grep_equals_python_re_on_literals(
     pattern=st.sampled_from(
         ["^ERROR", "ERROR$", r"\bERROR\b", "^$", "(?i)error", "^ok$|^warn", "o.", r"\Aok", r"ok\z"]
     ),
-    size=st.integers(1, 9),
-    block=st.sampled_from([1, 10, 30, reads.GREP_BLOCK_CHARS]),
+    size=st.integers(1, 40),
+    ending=st.sampled_from(["\n", "\r\n", "\r", "\u2028"]),
 )
-def test_grep_anchors_work_per_line(lines: list[str], pattern: str, size: int, block: int) -> None:
+def test_grep_anchors_work_per_line(lines: list[str], pattern: str, size: int, ending: str) -> None:
     """Anchors and word boundaries mean the line's start and end, as grep does,
-    whether the block search or the line-by-line search runs, whatever the blocks."""
-    text = "\n".join(lines)
+    whether the block search or the line-by-line search runs, whatever the segments."""
+    text = ending.join(lines)
     content, _ = segmented(text, size)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(reads, "GREP_BLOCK_CHARS", block)
-        result = reads.read(content, "grep", pattern=pattern, max_matches=1000, cap=BIG_CAP)
+    result = reads.read(content, "grep", pattern=pattern, max_matches=1000, cap=BIG_CAP)
     python = pattern.replace(r"\z", r"\Z")
     expected = [n for n, line in enumerate(text.splitlines(), 1) if re.search(python, line)]
     assert result["metadata"]["match_lines"] == expected
@@ -136,15 +134,14 @@ def test_grep_context_lines_like_grep() -> None:
     assert result["metadata"]["match_lines"] == [5, 6, 12]
 
 
-def test_grep_decrypts_one_segment_at_a_time_and_stops_early(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reads, "GREP_BLOCK_CHARS", 2000)
+def test_grep_decrypts_one_segment_at_a_time_and_stops_early() -> None:
     text = "".join(f"{i:05d} some log line\n" for i in range(2000))
     content, fetch = segmented(text, 100)
     result = reads.read(content, "grep", pattern="00010", max_matches=1, cap=BIG_CAP)
     assert result["metadata"]["match_lines"] == [11]
     assert all(first == last for first, last in fetch.calls)
-    # It stopped with the block after the first match, long before the last segment.
-    assert max(first for first, _ in fetch.calls) < len(content.counts) // 2
+    # It stopped with the segment after the first match, long before the last segment.
+    assert max(first for first, _ in fetch.calls) <= 3
 
 
 def test_lines_start_at_the_segment_holding_the_line() -> None:
@@ -241,12 +238,12 @@ def test_grep_shows_a_window_around_the_match_of_a_long_line() -> None:
     result = reads.read(content, "grep", pattern="NEEDLE", cap=BIG_CAP)
     row = result["content"]
     assert row.startswith("1:…") and row.endswith("…") and "NEEDLE" in row
-    assert len(row) <= reads.GREP_SHOW_CHARS + 10
+    assert len(row) <= _grep.GREP_SHOW_CHARS + 10
     assert result["metadata"]["lines_shortened"] == 1
 
 
 def test_grep_says_when_a_huge_line_was_searched_only_in_part(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reads, "GREP_LINE_LIMIT", 100)
+    monkeypatch.setattr(_grep, "GREP_LINE_LIMIT", 100)
     text = "x" * 50 + "\n" + "y" * 300 + "TAIL\n"
     content, _ = segmented(text, 40)
     result = reads.read(content, "grep", pattern="TAIL", cap=BIG_CAP)
@@ -277,7 +274,7 @@ def test_a_model_pattern_cannot_hang_the_process() -> None:
         {"mode": "grep", "pattern": "(a"},
         {"mode": "grep", "pattern": r"(a)\1"},
         {"mode": "grep", "pattern": "(?=a)"},
-        {"mode": "grep", "pattern": "x" * (reads.MAX_PATTERN_CHARS + 1)},
+        {"mode": "grep", "pattern": "x" * (_grep.MAX_PATTERN_CHARS + 1)},
         {"mode": "grep", "pattern": "\ud800"},
         {"mode": "grep", "pattern": "a", "max_matches": 0},
         {"mode": "grep", "pattern": "a", "max_matches": -1},
@@ -421,3 +418,93 @@ def test_cli_read_lines_and_grep(pad: Scratchpad, alice: Principal, db_path: Pat
     assert bad.exit_code == 1 and "InvalidArgumentError" in bad.stderr
     other = cli(db_path, key_file, "read", "--owner", "bob", entry, "--mode", "grep", "--pattern", "ERROR")
     assert other.exit_code == 1 and "NotFoundError" in other.stderr
+
+
+def reference_grep(
+    text: str, pattern: str, max_matches: int, context: int, first: int, last: int | None
+) -> tuple[str, list[int], int | None]:
+    """grep -n -m max_matches -C context over lines first..last, written plainly with Python's re."""
+    lines = text.splitlines()
+    top = len(lines) if last is None else min(last, len(lines))
+    hits = [n for n in range(first, top + 1) if re.search(pattern, lines[n - 1])]
+    rows: list[str] = []
+    last_shown = after_until = 0
+
+    def show(n: int, mark: str) -> None:
+        nonlocal last_shown
+        if context and last_shown and n > last_shown + 1:
+            rows.append("--")
+        rows.append(f"{n}{mark}{lines[n - 1]}")
+        last_shown = n
+
+    for m in hits[:max_matches]:
+        for n in range(last_shown + 1, min(after_until, m - 1) + 1):
+            show(n, "-")
+        for n in range(max(last_shown + 1, m - context, first), m):
+            show(n, "-")
+        show(m, ":")
+        after_until = m + context
+    next_line: int | None = None
+    if len(hits) > max_matches:
+        next_line = min(hits[max_matches], after_until + 1)
+    elif len(hits) == max_matches and after_until < top:
+        next_line = after_until + 1
+    end = min(after_until, top) if next_line is None else min(after_until, next_line - 1)
+    for n in range(last_shown + 1, end + 1):
+        show(n, "-")
+    return "\n".join(rows), hits[:max_matches], next_line
+
+
+@given(
+    lines=st.lists(st.sampled_from(["ERROR a", "ok", "", "warn ERROR", "xx", "é😀 ERROR"]), max_size=40),
+    ending=st.sampled_from(["\n", "\r\n", "\r", "\x0c", "\u2029"]),
+    size=st.integers(1, 30),
+    pattern=st.sampled_from(["ERROR", "^ERROR", "ERROR$", "^$", "o", r"\Aok", "x{2}"]),
+    max_matches=st.integers(1, 6),
+    context=st.integers(0, 3),
+    first=st.integers(0, 8),
+    span=st.none() | st.integers(0, 30),
+)
+def test_grep_equals_a_plain_grep_with_context_and_ranges(
+    lines: list[str],
+    ending: str,
+    size: int,
+    pattern: str,
+    max_matches: int,
+    context: int,
+    first: int,
+    span: int | None,
+) -> None:
+    text = ending.join(lines) + (ending if lines and len(lines) % 2 else "")
+    content, _ = segmented(text, size)
+    start = max(first, 1)
+    last = None if span is None else start + span
+    result = reads.read(
+        content, "grep", pattern=pattern, max_matches=max_matches, context=context, start=first, end=last, cap=BIG_CAP
+    )
+    expected_rows, expected_hits, expected_next = reference_grep(
+        text, pattern.replace(r"\z", r"\Z"), max_matches, context, start, last
+    )
+    assert result["content"] == expected_rows
+    assert result["metadata"]["match_lines"] == expected_hits
+    assert result["metadata"]["next_line"] == expected_next
+
+
+@given(
+    lines=st.lists(st.text(alphabet="ab\n", min_size=0, max_size=30).map(lambda s: s.replace("\n", "")), max_size=12),
+    size=st.integers(1, 12),
+    limit=st.integers(1, 8),
+)
+def test_grep_over_long_lines_keeps_line_numbers(lines: list[str], size: int, limit: int) -> None:
+    """Lines longer than the limit are searched only in their first part, but
+    line numbering (and everything after them) stays exact."""
+    text = "\n".join(lines)
+    content, _ = segmented(text, size)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_grep, "GREP_LINE_LIMIT", limit)
+        result = reads.read(content, "grep", pattern="^a", max_matches=1000, cap=BIG_CAP)
+    expected = [n for n, line in enumerate(text.splitlines(), 1) if line.startswith("a")]
+    assert result["metadata"]["match_lines"] == expected
+    # Only a line carried across segments is cut; one inside a segment is whole anyway.
+    long_lines = sum(len(line) > limit for line in text.splitlines())
+    assert result["metadata"].get("long_lines", 0) <= long_lines

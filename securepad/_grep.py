@@ -1,0 +1,324 @@
+"""The grep read mode: lines matching a model's pattern, one segment at a time.
+
+Patterns run on RE2, whose matching time is linear in the text whatever the
+pattern: a pattern from a model cannot hang the process.
+
+Lines are those of ``str.splitlines``. Each segment's complete lines are
+searched as one block in which every line break is a ``\\n`` (``\\r\\n`` is
+one), with ``(?m)`` so that ``^``, ``$`` and ``\\b`` see a line's own edges:
+a line matches on its own only if the block has a match starting in it, so
+only the lines where block matches start are checked on their own. Patterns
+with text anchors (``\\A``, ``\\z``) or flags that might switch multi-line
+mode off skip the block search and are checked line by line. Nothing is
+held but one segment, the line that straddles segments (cut to
+``GREP_LINE_LIMIT`` characters) and the context lines.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import re2  # type: ignore[import-untyped]
+
+from .errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from .reads import SegmentedContent
+
+__all__ = ["GREP_LINE_LIMIT", "GREP_SHOW_CHARS", "MAX_PATTERN_CHARS", "compile_pattern", "grep"]
+
+MAX_PATTERN_CHARS = 1000
+# A longer line is searched (and kept in memory) only up to here, so that a
+# single-line entry is never held whole.
+GREP_LINE_LIMIT = 1 << 20
+# A longer line is shown as a window around its match.
+GREP_SHOW_CHARS = 1000
+
+# The breaks of str.splitlines; "\r\n" is one break.
+BREAK_CHARS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_TO_NEWLINE = str.maketrans(dict.fromkeys(BREAK_CHARS, "\n"))
+_FIRST_BREAK = re.compile("\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+_WHOLE_TEXT_SYNTAX = re.compile(r"\(\?[a-zA-Z-]*m|\\[Az]")
+
+
+def compile_pattern(pattern: object) -> tuple[Any, Any]:
+    """The RE2 regex for ``pattern`` and, when it is safe, its multi-line twin
+    for the block search (None when lines must be checked one by one).
+
+    Raises:
+        InvalidArgumentError: the pattern is missing, too long, or not valid RE2 syntax.
+    """
+    if not isinstance(pattern, str):
+        raise InvalidArgumentError("mode 'grep' needs a pattern (a string, RE2 regular expression syntax)")
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise InvalidArgumentError(f"the pattern has {len(pattern)} characters; at most {MAX_PATTERN_CHARS}")
+    options = re2.Options()
+    options.log_errors = False
+    try:
+        regex = re2.compile(pattern, options)
+        block = None if _WHOLE_TEXT_SYNTAX.search(pattern) else re2.compile("(?m)" + pattern, options)
+    except re2.error as exc:
+        reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        raise InvalidArgumentError(
+            f"invalid pattern {pattern[:80]!r}: {reason} (RE2 syntax: no backreferences or look-around)"
+        ) from None
+    except UnicodeEncodeError:
+        raise InvalidArgumentError("the pattern must be valid Unicode (no lone surrogates)") from None
+    return regex, block
+
+
+class _Output:
+    """The rows shown (``N:line`` for matches, ``N-line`` for context), within the cap."""
+
+    def __init__(self, cap: int, context: int) -> None:
+        self.cap, self.context = cap, context
+        self.rows: list[str] = []
+        self.used = -1  # rows are joined by "\n": n rows cost their lengths + n - 1
+        self.last_shown = 0
+        self.shortened = 0
+
+    def show(self, number: int, text: str, full_length: int, mark: str, span: tuple[int, int] | None) -> bool:
+        """Add a row; False (and nothing added) when it does not fit the cap."""
+        shown = _window(text, full_length, span)
+        row = f"{number}{mark}{shown}"
+        # Like grep, "--" separates groups of context lines that are not adjacent.
+        gap = ["--"] if self.context and self.last_shown and number > self.last_shown + 1 else []
+        cost = sum(len(r) + 1 for r in [*gap, row])
+        cut = False
+        if self.used + cost > self.cap:
+            if self.rows:
+                return False
+            row, cut = row[: self.cap], True  # nothing shown yet: show what fits, so a retry makes progress
+            gap, cost = [], len(row) + 1
+        self.rows.extend([*gap, row])
+        self.used += cost
+        self.last_shown = number
+        if cut or shown != text or full_length > len(text):
+            self.shortened += 1
+        return True
+
+
+def _window(text: str, full_length: int, span: tuple[int, int] | None) -> str:
+    """A line as shown: whole, or a window around its match if it is long."""
+    if full_length <= GREP_SHOW_CHARS:
+        return text
+    lo = 0 if span is None else max(0, span[0] - GREP_SHOW_CHARS // 4)
+    hi = min(len(text), lo + GREP_SHOW_CHARS)
+    lo = max(0, hi - GREP_SHOW_CHARS)
+    return ("…" if lo else "") + text[lo:hi] + ("…" if hi < full_length else "")
+
+
+class _Grep:
+    """The state of one grep across the blocks of complete lines fed to it."""
+
+    def __init__(
+        self, regex: Any, block_regex: Any, max_matches: int, context: int, first: int, last: int | None, cap: int
+    ) -> None:
+        self.regex, self.block_regex = regex, block_regex
+        self.max_matches, self.context = max_matches, context
+        self.first, self.last = first, last
+        self.out = _Output(cap, context)
+        self.matches: list[int] = []
+        self.lengths: dict[int, int] = {}  # full lengths of lines kept only in part
+        self.tail: deque[tuple[int, str]] = deque(maxlen=context)  # the lines before the block
+        self.after_until = 0  # show lines up to this number as trailing context
+        self.searched_to = first - 1
+        self.next_line: int | None = None
+        self.capped = self.reached = self.done = False
+
+    def feed(self, block: str, base: int) -> None:
+        """Search ``block``: complete lines, each ended by "\\n", the first numbered ``base``."""
+        count = block.count("\n")
+        top = base + count - 1 if self.last is None else min(base + count - 1, self.last)
+        lines: list[str] | None = None
+
+        def line(number: int) -> str:
+            nonlocal lines
+            if lines is None:
+                lines = block.split("\n")
+            return lines[number - base]
+
+        for number, span in self._hits(block, base, top):
+            if not self._context_until(number - 1, base, line):
+                return
+            if self.reached:  # like grep -m: no match past max_matches, only its trailing context
+                self._stop(min(number, self.after_until + 1))
+                return
+            for before in range(max(self.out.last_shown + 1, number - self.context, self.first), number):
+                text = line(before) if before >= base else dict(self.tail)[before]
+                if not self._show(before, text, "-", None):
+                    return
+            if not self._show(number, line(number), ":", span):
+                return
+            self.matches.append(number)
+            self.after_until = number + self.context
+            self.reached = len(self.matches) == self.max_matches
+        if not self._context_until(top, base, line):
+            return
+        if self.reached and self.after_until < top:
+            self._stop(self.after_until + 1)
+            return
+        self.searched_to = top
+        if self.last is not None and top >= self.last:
+            self.done = True
+        if self.context:
+            start = max(base, top - self.context + 1)
+            self.tail.extend((n, line(n)) for n in range(start, top + 1))
+
+    def _hits(self, block: str, base: int, top: int) -> list[tuple[int, tuple[int, int]]]:
+        """(line number, span) of each line from ``first`` to ``top`` that matches."""
+        hits = []
+        if self.block_regex is None:
+            for index, text in enumerate(block.split("\n")[: top - base + 1]):
+                number = base + index
+                found = self.regex.search(text) if number >= self.first else None
+                if found is not None:
+                    hits.append((number, found.span()))
+            return hits
+        data = block.encode("utf-8")
+        pos, index, counted_to = 0, 0, 0
+        while pos < len(data):
+            candidate = self.block_regex.search(data, pos)
+            if candidate is None:
+                break
+            index += data.count(b"\n", counted_to, candidate.start())
+            start = data.rfind(b"\n", 0, candidate.start()) + 1
+            end = data.find(b"\n", candidate.start())
+            end = len(data) if end < 0 else end
+            counted_to, pos = candidate.start(), end + 1
+            number = base + index
+            if number > top:
+                break
+            if number < self.first:
+                continue
+            found = self.regex.search(data[start:end].decode("utf-8"))
+            if found is not None:
+                hits.append((number, found.span()))
+        return hits
+
+    def _context_until(self, until: int, base: int, line: Any) -> bool:
+        """Show the trailing context lines of the last match, up to ``until``."""
+        for number in range(max(self.out.last_shown + 1, base), min(self.after_until, until) + 1):
+            if not self._show(number, line(number), "-", None):
+                return False
+        return True
+
+    def _show(self, number: int, text: str, mark: str, span: tuple[int, int] | None) -> bool:
+        if self.out.show(number, text, self.lengths.get(number, len(text)), mark, span):
+            return True
+        self.capped = True
+        self._stop(number)
+        return False
+
+    def _stop(self, next_line: int) -> None:
+        self.next_line, self.done = next_line, True
+        self.searched_to = max(self.searched_to, next_line - 1)
+
+
+def grep(
+    content: SegmentedContent,
+    pattern: str,
+    regexes: tuple[Any, Any],
+    *,
+    max_matches: int,
+    context: int,
+    first: int,
+    last: int | None,
+    cap: int,
+    start_segment: int,
+    start_number: int,
+) -> dict[str, Any]:
+    """Run grep over ``content`` from segment ``start_segment``, whose first
+    line is line ``start_number`` (a line that began in an earlier segment:
+    it is skipped, and it is before ``first`` anyway)."""
+    state = _Grep(*regexes, max_matches, context, first, last, cap)
+    number = start_number
+    carry = ""  # the kept part of the line that goes on into the next segment
+    extra = 0  # characters of that line beyond GREP_LINE_LIMIT, dropped
+    skipping = False  # the carried line is over the limit: drop text until its break
+    long_lines = 0
+    total = len(content.counts)
+    for seq in range(start_segment, total):
+        text = content.segment_text(seq)
+        if seq == start_segment and seq > 0:
+            found = _FIRST_BREAK.search(text)
+            text = text[found.end() :] if found else ""
+            number += 1
+        if skipping:
+            found = _FIRST_BREAK.search(text)
+            if found is None:
+                extra += len(text)
+                continue
+            extra += found.start()
+            text, skipping = text[found.start() :], False
+        chunk = carry + text
+        end = len(chunk) - 1 if seq < total - 1 and chunk.endswith("\r") else len(chunk)  # maybe half of "\r\n"
+        cut = max(chunk.rfind(c, 0, end) for c in BREAK_CHARS) + 1
+        if cut:
+            if extra:
+                state.lengths[number] = len(carry.rstrip("\r")) + extra
+                long_lines += state.first <= number <= (state.last or number)
+                extra = 0
+            block = chunk[:cut].replace("\r\n", "\n").translate(_TO_NEWLINE)
+            state.feed(block, number)
+            if state.done:
+                break
+            number += block.count("\n")
+        carry = chunk[cut:]
+        pending_cr = seq < total - 1 and carry.endswith("\r")
+        body = carry[:-1] if pending_cr else carry
+        if len(body) > GREP_LINE_LIMIT:
+            extra += len(body) - GREP_LINE_LIMIT
+            carry = body[:GREP_LINE_LIMIT] + ("\r" if pending_cr else "")
+            skipping = not pending_cr
+    else:
+        if carry:  # the last line, without a line break
+            if extra:
+                state.lengths[number] = len(carry) + extra
+                long_lines += state.first <= number <= (state.last or number)
+            state.feed(carry.translate(_TO_NEWLINE) + "\n", number)
+    complete = state.next_line is None
+    stopped = state.reached and not complete and not state.capped
+    metadata: dict[str, Any] = {
+        "mode": "grep",
+        "kind": content.kind,
+        "unit": "characters",
+        "pattern": pattern,
+        "size_full": content.size,
+        "total_lines": content.line_count
+        if content.line_count is not None
+        else (state.searched_to if complete and last is None else None),
+        "start_line": first,
+        "searched_to_line": state.searched_to,
+        "matches": len(state.matches),
+        "match_lines": state.matches,
+        "size_returned": max(state.out.used, 0),
+        "truncated": not complete,
+        "capped": state.capped,
+        "stopped_at_max_matches": stopped,
+        "next_line": state.next_line,
+    }
+    if stopped:
+        metadata["hint"] = (
+            f"stopped after max_matches={max_matches} matching lines;"
+            f" search on with mode='grep', start={state.next_line}"
+        )
+    elif state.capped:
+        metadata["hint"] = (
+            f"cut to the read cap of {cap} characters; continue with mode='grep', start={state.next_line}"
+        )
+    if long_lines:
+        metadata["long_lines"] = long_lines
+        metadata.setdefault(
+            "hint",
+            f"{long_lines} line(s) longer than {GREP_LINE_LIMIT} characters were searched only in their first"
+            f" {GREP_LINE_LIMIT} characters; read them with mode='lines' or mode='range'",
+        )
+    if state.out.shortened:
+        metadata["lines_shortened"] = state.out.shortened
+        metadata.setdefault(
+            "hint", "long lines are shown as a window around the match; read them whole with mode='lines'"
+        )
+    return {"ok": True, "content": "\n".join(state.out.rows), "metadata": metadata}
