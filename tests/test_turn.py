@@ -490,3 +490,21 @@ def test_cli_turn_show(pad: Scratchpad, alice: Principal, db_path: Path, key_fil
     assert empty.exit_code == 0 and "no live steps" in empty.stdout
     missing = run("turn", "show", *who)
     assert missing.exit_code == 2
+
+
+def test_beginning_a_turn_does_not_wait_for_readers(pad: Scratchpad, alice: Principal, db_path: Path) -> None:
+    """gc at the start of a turn checkpoints the WAL without waiting: a reader
+    holding an old snapshot (another process, say) does not hold the turn up."""
+    import apsw
+
+    pad.put(alice, "t", 1, "x", "before the reader", ttl_seconds=10, now=NOW)
+    reader = apsw.Connection(str(db_path))
+    reader.execute("BEGIN")
+    assert reader.execute("SELECT COUNT(*) FROM entries").fetchall() == [(1,)]
+    try:
+        pad.put(alice, "t", 2, "x", "after the reader", now=NOW)
+        turn = pad.turn(alice, "t", now=NOW + 20)  # collects step 1 while the reader is open
+        assert [item["summary"] for item in turn.history(now=NOW + 20)] == ["after the reader"]
+    finally:
+        reader.execute("COMMIT")
+        reader.close()
