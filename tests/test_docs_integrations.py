@@ -1,0 +1,50 @@
+"""Every Python example of docs/integrations.md runs as written and prints what it says."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "integrations.md"
+TEXT = DOC.read_text(encoding="utf-8")
+# Each section's heading and its Python example.
+SECTIONS = {
+    heading: blocks[0]
+    for heading, body in re.findall(r"^### (.+?)\n(.*?)(?=^### |\Z)", TEXT, re.S | re.M)
+    if (blocks := re.findall(r"```python\n(.*?)```", body, re.S))
+}
+EXPECTED = {
+    "asyncio": ["738918 bytes stored as ", "line 50000: ERROR disk full"],
+    "MCP server": [
+        "['scratchpad_read', 'scratchpad_list']",
+        "50001:line 50000: ERROR disk full",
+        "True unknown argument(s) 'owner'",
+    ],
+    "OpenAI Agents SDK": ["50001:line 50000: ERROR disk full"],
+    "LangGraph / LangChain": ["text 738918 True", "line 50000: ERROR disk full"],
+}
+
+
+def test_every_integration_has_one_example() -> None:
+    assert set(SECTIONS) == set(EXPECTED)
+    assert len(re.findall(r"```python\n", TEXT)) == len(EXPECTED)
+
+
+@pytest.mark.parametrize("heading", sorted(EXPECTED))
+def test_the_example_runs_as_written(heading: str, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", SECTIONS[heading]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    for line in EXPECTED[heading]:
+        assert line in result.stdout, (line, result.stdout)
+    assert list(tmp_path.iterdir()) == []  # everything it made lived in its own temporary directory
