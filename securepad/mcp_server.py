@@ -20,12 +20,12 @@ Needs the ``mcp`` extra (the official SDK, version 2).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from importlib import metadata
 from typing import Any
 
-import anyio
-import mcp_types as types
+from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
@@ -153,7 +153,7 @@ def serve(pad: Scratchpad, principal: Principal, turn_id: str, *, max_workers: i
     Raises:
         InvalidArgumentError: a bad principal, turn id or ``max_workers``.
     """
-    anyio.run(lambda: serve_stdio(pad, principal, turn_id, max_workers=max_workers))
+    asyncio.run(serve_stdio(pad, principal, turn_id, max_workers=max_workers))
 
 
 def _version() -> str:

@@ -32,6 +32,7 @@ from securepad.integrations.langgraph import (
     aoffload_tool_messages,
     offload_node,
     offload_tool_messages,
+    resolve_references,
     scratchpad_read_tool,
 )
 
@@ -175,11 +176,35 @@ def test_the_async_variant_records_the_same(turn: Turn) -> None:
         offload_tool_messages("not a turn", messages)  # type: ignore[arg-type]
 
 
+# -- references ----------------------------------------------------------------------------
+
+
+def test_references_in_tool_arguments_are_resolved_from_the_store(turn: Turn) -> None:
+    @tool
+    def total(sizes: list[int], label: str) -> str:
+        """Add sizes up."""
+        return f"{label}: {sum(sizes)}"
+
+    turn.record(1, "read_log", LOG)
+    turn.record(2, "stat", {"sizes": [1, 2, 3], "unit": "bytes"})
+    counted = resolve_references(word_count, turn)
+    assert counted.name == "word_count" and counted.description == word_count.description
+    assert counted.invoke({"text": "{{step1}}"}) == len(LOG.split())
+    summed = resolve_references(total, turn)
+    assert summed.args_schema["properties"]["sizes"]["type"] == "array"  # type: ignore[index]
+    # A whole-string reference keeps the value's type: the list reaches the tool as a list.
+    assert summed.invoke({"sizes": "{{step2.sizes}}", "label": "${step2.unit}"}) == "bytes: 6"
+    bad = json.loads(summed.invoke({"sizes": "{{step2.nope}}", "label": "x"}))
+    assert bad["ok"] is False and "has no field 'nope'" in bad["error"]
+    assert asyncio.run(counted.ainvoke({"text": "{{step1.content}}"})) == len(LOG.split())
+    assert json.loads(asyncio.run(counted.ainvoke({"text": "{{step7}}"})))["ok"] is False
+
+
 # -- a graph with a scripted model -----------------------------------------------------------
 
 
 def build_graph(turn: Any, model: ScriptedChatModel) -> Any:
-    tools = [read_log, word_count, scratchpad_read_tool(turn)]
+    tools = [read_log, resolve_references(word_count, turn), scratchpad_read_tool(turn)]
     graph = StateGraph(MessagesState)
     graph.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
     graph.add_node("tools", ToolNode(tools))
@@ -205,14 +230,15 @@ def scripted_model() -> ScriptedChatModel:
         script=[
             lambda messages: call("read_log", {"path": "/var/log/app.log"}, "c1"),
             grep_it,
-            lambda messages: call("word_count", {"text": "three small words"}, "c3"),
+            lambda messages: call("word_count", {"text": "{{step1.content}}"}, "c3"),
             answer,
         ]
     )
 
 
 def check_run(state: dict[str, Any], model: ScriptedChatModel, turn: Turn) -> None:
-    assert state["messages"][-1].content == "2024-05-01 line 20000: ERROR disk full (3 words)"
+    words = len(LOG.split())  # counted from the stored log, passed by reference
+    assert state["messages"][-1].content == f"2024-05-01 line 20000: ERROR disk full ({words} words)"
     # The model never had the log in its context: it saw the view, then what it read.
     assert all("line 12345: ok" not in str(m.content) for seen in model.seen for m in seen)
     tool_messages = [m for m in state["messages"] if isinstance(m, ToolMessage)]

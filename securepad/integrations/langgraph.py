@@ -10,6 +10,8 @@
   and owner-scoped, and the model can read the rest with ``scratchpad_read``.
 - ``offload_tool_messages(turn, messages)``: the same on a list of messages,
   for loops that are not graphs.
+- ``resolve_references(tool, turn)``: a tool whose arguments may refer to
+  earlier steps (``{{step1.content}}``), resolved from the store.
 
 A recorded message carries ``response_metadata["securepad"]`` (its
 ``step_num``, ``scratchpad_id`` and whether it was ``offloaded``) and is never
@@ -31,13 +33,22 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.runnables import RunnableLambda
 from langchain_core.tools import BaseTool, StructuredTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from .._steps import record_next
 from ..aio import AsyncTurn
+from ..errors import InvalidArgumentError
 from ..turn import SCRATCHPAD_READ_TOOL, SCRATCHPAD_READ_TOOL_STRICT, TOOL_NAME, Turn
-from ._common import as_observation, as_text
+from ._common import as_observation, as_text, error_text
 
-__all__ = ["METADATA_KEY", "aoffload_tool_messages", "offload_node", "offload_tool_messages", "scratchpad_read_tool"]
+__all__ = [
+    "METADATA_KEY",
+    "aoffload_tool_messages",
+    "offload_node",
+    "offload_tool_messages",
+    "resolve_references",
+    "scratchpad_read_tool",
+]
 
 # Where a recorded ToolMessage keeps what securepad did with it.
 METADATA_KEY = "securepad"
@@ -71,6 +82,48 @@ def scratchpad_read_tool(turn: Turn | AsyncTurn, *, strict: bool = False) -> Bas
         description=function["description"],
         args_schema=copy.deepcopy(function["parameters"]),
         infer_schema=False,
+    )
+
+
+def resolve_references(tool: BaseTool, turn: Turn | AsyncTurn) -> BaseTool:
+    """``tool`` with ``{{stepN.path}}`` / ``${stepN.path}`` in its arguments filled
+    from the turn's stored observations (``Turn.resolve``) before it runs, so
+    the model passes earlier results by reference instead of copying them. A
+    bad reference is answered as ``{"ok": false, "error": ...}`` without
+    running the tool. The model sees ``tool``'s name, description and schema;
+    the arguments are checked by ``tool`` itself, after resolution (so a
+    reference may stand for a list or a number). For tools without injected
+    arguments (``InjectedState``, ``InjectedStore``, ...).
+
+    Raises:
+        InvalidArgumentError: ``turn`` is not a turn.
+    """
+    bound = AsyncTurn.wrap(turn)
+    # The parameters a model is shown for ``tool`` (its injected arguments left out).
+    parameters = convert_to_openai_tool(tool)["function"]["parameters"]
+
+    def run(**arguments: Any) -> Any:
+        try:
+            resolved = bound.sync.resolve(arguments)
+        except InvalidArgumentError as exc:
+            return error_text(str(exc))
+        return tool.invoke(resolved)
+
+    async def arun(**arguments: Any) -> Any:
+        try:
+            resolved = await bound.resolve(arguments)
+        except InvalidArgumentError as exc:
+            return error_text(str(exc))
+        return await tool.ainvoke(resolved)
+
+    return StructuredTool.from_function(
+        func=run,
+        coroutine=arun,
+        name=tool.name,
+        description=tool.description,
+        args_schema=parameters,
+        infer_schema=False,
+        return_direct=tool.return_direct,
     )
 
 
