@@ -28,6 +28,7 @@ from hypothesis.stateful import (
     initialize,
     invariant,
     multiple,
+    precondition,
     rule,
     run_state_machine_as_test,
 )
@@ -43,6 +44,8 @@ OWNERS = ("alice", "Alice", "bob", "x' OR '1'='1", "ünï")
 ACTORS = ("planner", "coder")
 CHANNELS = ("web", "slack")
 TURNS = ("t1", "t2", "t1' OR '1'='1")
+# The runtime surface (turn.py): its rules run when the store has it.
+HAS_TURN = hasattr(Scratchpad, "turn")
 SCOPE_FIELDS = {"owner": (), "owner+channel": ("channel",), "owner+channel+actor": ("channel", "actor")}
 
 MALFORMED: tuple[object, ...] = (
@@ -92,6 +95,7 @@ def other(values: tuple[str, ...], value: str, data: st.DataObject) -> str:
 class Stored:
     writer: Principal
     turn: str
+    step: int
     observation: Any
     size: int
     expires_at: float
@@ -112,6 +116,10 @@ def readable_text(observation: Any) -> str | bytes | None:
         content: str = observation["content"]
         return content
     return None
+
+
+def reads_as_id(value: str) -> bool:
+    return len(value) == 16 and all(c in "0123456789abcdef" for c in value)
 
 
 def read_arguments(mode: str, data: st.DataObject) -> dict[str, Any]:
@@ -218,7 +226,7 @@ class IsolationMachine(RuleBasedStateMachine):
         view = self.pad.put(writer, turn, self.step, "tool", observation, ttl)
         entry_id: str = view["scratchpad_id"]
         lifetime = ttl if ttl is not None else self.pad.policy.default_ttl_seconds
-        self.model[entry_id] = Stored(writer, turn, observation, view["size_bytes"], self.now + lifetime)
+        self.model[entry_id] = Stored(writer, turn, self.step, observation, view["size_bytes"], self.now + lifetime)
         return entry_id
 
     @rule(seconds=steps)
@@ -293,10 +301,70 @@ class IsolationMachine(RuleBasedStateMachine):
 
     @rule()
     def gc(self) -> None:
+        assert self.pad.gc() == len(self.collect())
+
+    def collect(self) -> list[str]:
+        """What gc deletes, removed from the model."""
         expired = [entry_id for entry_id, stored in self.model.items() if stored.expires_at <= self.now]
-        assert self.pad.gc() == len(expired)
         for entry_id in expired:
             del self.model[entry_id]
+        return expired
+
+    # -- the runtime surface --------------------------------------------------------------
+
+    def turn_for(self, entry_id: object, data: st.DataObject) -> tuple[Principal, str, Any]:
+        """A reader related to the entry's writer, a turn id (mostly the entry's), and
+        that reader's turn; beginning a turn collects expired entries, as gc does."""
+        reader = self.reader_for(entry_id, data)
+        stored = self.model.get(entry_id) if isinstance(entry_id, str) else None
+        turn_id = data.draw(st.sampled_from((stored.turn if stored else "t1", *TURNS)))
+        self.collect()
+        return reader, turn_id, self.pad.turn(reader, turn_id)  # type: ignore[attr-defined]
+
+    @precondition(lambda self: HAS_TURN)
+    @rule(entry_id=ids, data=st.data())
+    def resolve(self, entry_id: str, data: st.DataObject) -> None:
+        """{{stepN}} resolves exactly when step N is a live entry of this turn the reader may see."""
+        stored = self.model.get(entry_id)
+        step = stored.step if stored else data.draw(st.integers(0, self.step + 1))
+        reader, turn_id, turn = self.turn_for(entry_id, data)
+        found = [
+            s for i, s in self.model.items() if s.step == step and s.turn == turn_id and self.state(reader, i) == "live"
+        ]
+        event(f"resolve: {'allowed' if found else 'refused'}")
+        reference = data.draw(st.sampled_from([f"{{{{step{step}}}}}", f"${{step{step}}}", f"x {{{{step{step}}}}}"]))
+        embedded = reference.startswith("x ")
+        if found and not (embedded and isinstance(found[0].observation, bytes)):
+            value = turn.resolve(reference)
+            if embedded:
+                assert isinstance(value, str) and value.startswith("x ")
+            else:
+                assert value == found[0].observation
+            return
+        with pytest.raises(InvalidArgumentError) as caught:
+            turn.resolve(reference)
+        if not found:
+            assert f"unknown step {step} " in str(caught.value)
+
+    @precondition(lambda self: HAS_TURN)
+    @rule(entry_id=any_ids, mode=st.sampled_from(reads.MODES), data=st.data())
+    def call_tool(self, entry_id: Any, mode: str, data: st.DataObject) -> None:
+        """The scratchpad_read tool reads only live entries of its own turn and scope."""
+        reader, turn_id, turn = self.turn_for(entry_id, data)
+        stored = self.model.get(entry_id) if isinstance(entry_id, str) else None
+        state = self.state(reader, entry_id)
+        if stored is not None and stored.turn != turn_id:
+            state = "absent"
+        event(f"call_tool: {state}")
+        arguments = {"scratchpad_id": entry_id, "mode": mode, **read_arguments(mode, data)}
+        result = turn.call_tool("scratchpad_read", arguments)
+        if state == "live":
+            assert result["ok"] is True or (isinstance(stored.observation, bytes) and mode in ("lines", "grep"))
+            return
+        assert result["ok"] is False
+        if state == "absent" and isinstance(entry_id, str) and reads_as_id(entry_id):
+            ghost = turn.call_tool("scratchpad_read", {**arguments, "scratchpad_id": "0" * 16})
+            assert result["error"].replace(entry_id, "<id>") == ghost["error"].replace("0" * 16, "<id>")
 
     # -- invariant ------------------------------------------------------------------------
 
