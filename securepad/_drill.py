@@ -26,6 +26,7 @@ __all__ = [
     "copy_entry_columns",
     "copy_segment",
     "drop_last_segment",
+    "entry_columns",
     "entry_row",
     "flip_segment_byte",
     "keep_only_owners",
@@ -38,7 +39,8 @@ __all__ = [
     "swap_segments",
 ]
 
-# Every column of ``entries``: the only names ever formatted into SQL here.
+# The columns of ``entries`` in schema 1; later schemas add more (``entry_columns``
+# reads a file's own list), and only a file's own column names are formatted into SQL.
 ENTRY_COLUMNS = (
     "id",
     "owner_user_id",
@@ -77,8 +79,17 @@ def _edit(path: Path, statements: Iterable[tuple[str, tuple[Any, ...]]]) -> None
         conn.close()
 
 
-def _column(name: str) -> str:
-    if name not in ENTRY_COLUMNS:
+def entry_columns(path: Path) -> tuple[str, ...]:
+    """Every column of the ``entries`` table in this file, in order."""
+    conn = _connect(path)
+    try:
+        return tuple(str(row[1]) for row in conn.execute("PRAGMA table_info(entries)").fetchall())
+    finally:
+        conn.close()
+
+
+def _column(path: Path, name: str) -> str:
+    if name not in entry_columns(path):
         raise ValueError(f"entries has no column {name!r}")
     return name
 
@@ -120,21 +131,22 @@ def keep_only_owners(path: Path, owners: Iterable[str]) -> None:
 
 def entry_row(path: Path, entry_id: str) -> tuple[dict[str, Any], list[bytes]]:
     """An entry's row and its segments' ciphertext, as stored (for rollbacks and comparisons)."""
+    columns = entry_columns(path)
     conn = _connect(path)
     try:
-        rows = conn.execute(f"SELECT {', '.join(ENTRY_COLUMNS)} FROM entries WHERE id = ?", (entry_id,)).fetchall()
+        rows = conn.execute(f"SELECT {', '.join(columns)} FROM entries WHERE id = ?", (entry_id,)).fetchall()
         if not rows:
             raise LookupError(f"no entry {entry_id} in {path}")
         segments = conn.execute("SELECT data FROM segments WHERE entry_id = ? ORDER BY seq", (entry_id,)).fetchall()
     finally:
         conn.close()
-    return dict(zip(ENTRY_COLUMNS, rows[0], strict=True)), [bytes(s[0]) for s in segments]  # type: ignore[arg-type]
+    return dict(zip(columns, rows[0], strict=True)), [bytes(s[0]) for s in segments]  # type: ignore[arg-type]
 
 
 def restore_entry(path: Path, row: dict[str, Any], segments: list[bytes] | None = None) -> None:
     """Write ``row`` back over the entry with its id (and, given them, its segments):
     a rollback to an older state taken with ``entry_row``."""
-    columns = [_column(c) for c in row]
+    columns = [_column(path, c) for c in row]
     statements: list[tuple[str, tuple[Any, ...]]] = [
         ("DELETE FROM entries WHERE id = ?", (row["id"],)),
         (f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", tuple(row.values())),
@@ -170,12 +182,12 @@ def move_entry_to_owner(path: Path, entry_id: str, owner_user_id: str) -> None:
 
 def set_column(path: Path, entry_id: str, column: str, value: object) -> None:
     """Overwrite one clear column of an entry's row."""
-    _edit(path, [(f"UPDATE entries SET {_column(column)} = ? WHERE id = ?", (value, entry_id))])
+    _edit(path, [(f"UPDATE entries SET {_column(path, column)} = ? WHERE id = ?", (value, entry_id))])
 
 
 def copy_entry_columns(path: Path, src_id: str, dest_id: str, columns: Iterable[str]) -> None:
     """Copy columns (say ``wrapped_key``: an item key) from one entry's row onto another's."""
-    names = [_column(c) for c in columns]
+    names = [_column(path, c) for c in columns]
     assignments = ", ".join(f"{c} = (SELECT {c} FROM entries WHERE id = ?)" for c in names)
     _edit(path, [(f"UPDATE entries SET {assignments} WHERE id = ?", (*([src_id] * len(names)), dest_id))])
 
@@ -222,7 +234,7 @@ def drop_last_segment(path: Path, entry_id: str, *, fix_count: bool = False) -> 
 
 def copy_entry(path: Path, entry_id: str, new_id: str, owner_user_id: str) -> None:
     """Insert a copy of an entry (row and segments) under a new id and owner."""
-    others = ", ".join(c for c in ENTRY_COLUMNS if c not in ("id", "owner_user_id"))
+    others = ", ".join(c for c in entry_columns(path) if c not in ("id", "owner_user_id"))
     _edit(
         path,
         [

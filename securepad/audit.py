@@ -34,7 +34,6 @@ from typing import Any
 
 from . import _audit_api, _audit_files
 from ._audit_support import CheckFailed, Context, Tenants, scan_files, store_files
-from ._drill import ENTRY_COLUMNS
 from .errors import PolicyError, SecurepadError
 from .policy import _FLAGS, _LIMITS, SCOPES, Policy
 from .store import Scratchpad
@@ -356,7 +355,8 @@ def _real_state(pad: Scratchpad, exclude: tuple[str, ...]) -> dict[str, str]:
     """A digest of every entry (row and segments) and owner key not of ``exclude``."""
     digests: dict[str, Any] = {}
     with pad._db.snapshot() as conn:
-        for row in conn.execute(f"SELECT {', '.join(ENTRY_COLUMNS)} FROM entries ORDER BY id"):
+        # Every column, those of later schemas too (id and owner first, for the keys).
+        for row in conn.execute("SELECT id, owner_user_id, * FROM entries ORDER BY id"):
             if row[1] not in exclude:
                 digests[f"entry {row[0]}"] = hashlib.sha256(repr(row).encode())
         for entry_id, seq, data in conn.execute("SELECT entry_id, seq, data FROM segments ORDER BY entry_id, seq"):
@@ -377,6 +377,10 @@ def _real_state(pad: Scratchpad, exclude: tuple[str, ...]) -> dict[str, str]:
             for row in conn.execute(f"SELECT id, owner_user_id, * FROM {table} ORDER BY id"):
                 if row[1] not in exclude:
                     digests[f"{name} {row[0]}"] = hashlib.sha256(repr(row).encode())
+        usage = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'owner_usage'").fetchall()
+        for owner, stored in conn.execute("SELECT owner_user_id, stored_bytes FROM owner_usage") if usage else ():
+            if owner not in exclude:
+                digests[f"usage of {owner}"] = hashlib.sha256(repr(stored).encode())
     return {name: digest.hexdigest() for name, digest in digests.items()}
 
 
@@ -390,7 +394,7 @@ def _compare(before: dict[str, str], after: dict[str, str]) -> str:
         )
     entries = sum(name.startswith("entry ") for name in before)
     keys = sum(name.startswith("owner key ") for name in before)
-    records = len(before) - entries - keys
+    records = len(before) - entries - keys - sum(name.startswith("usage of ") for name in before)
     new = len(set(after) - set(before))
     extra = f"; {new} written by others meanwhile were not compared" if new else ""
     return f"{entries} entries, {keys} owner keys and {records} turn records byte for byte as before the audit{extra}"

@@ -279,8 +279,24 @@ EDITS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def test_every_clear_column_is_covered() -> None:
-    assert set(EDITS) | {"id"} == set(_drill.ENTRY_COLUMNS)
+# Clear columns no one authenticates: quota accounting only. Changing one changes
+# no answer (see test_quota_accounting_column_changes_no_answer).
+UNAUTHENTICATED = {"stored_bytes"}
+
+
+def test_every_clear_column_is_covered(store: Store) -> None:
+    """A column added by a later schema must be added here: to EDITS, or (with a reason) to UNAUTHENTICATED."""
+    assert set(EDITS) | UNAUTHENTICATED | {"id"} == set(_drill.entry_columns(store.db_path))
+
+
+def test_quota_accounting_column_changes_no_answer(store: Store) -> None:
+    """``stored_bytes`` (what an entry counts against its owner's quota) is not
+    authenticated: whoever can write the file can skew the accounting, as they
+    could by deleting rows; every reader still gets exactly the right answer."""
+    for name in ("a_text", "b_text"):
+        _drill.set_column(store.db_path, store.ids[name], "stored_bytes", 1)
+    assert store.ask("a_text") == ["served"] * 3 + ["listed"] + ["NotFoundError"] * 3 + ["unlisted"]
+    assert store.ask("b_text", (BOB,)) == ["served"] * 3 + ["listed"]
 
 
 @pytest.mark.parametrize("column", sorted(EDITS))
