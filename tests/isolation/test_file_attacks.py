@@ -188,6 +188,35 @@ def test_known_gap_a_whole_entry_restored_with_its_keys_is_the_old_entry(store: 
     assert store.ask("a_text") == ["served"] * 3 + ["listed"] + ["NotFoundError"] * 3 + ["unlisted"]
 
 
+@pytest.mark.parametrize("columns", [("sealed_meta",), ("expires_at",)], ids=lambda c: c[0])
+def test_rollback_of_half_an_expiry_extension_fails(store: Store, columns: tuple[str, ...]) -> None:
+    """Resuming a turn with extend_ttl re-seals the metadata with the later expiry:
+    the older sealed metadata, or the older clear expiry, alone is a mismatch."""
+    entry_id = store.ids["a_text"]
+    before, _ = _drill.entry_row(store.db_path, entry_id)
+    with store.open() as pad:
+        assert pad.extend_turn(ALICE, "turn-1", 86_400, now=NOW) >= 1
+    after, _ = _drill.entry_row(store.db_path, entry_id)
+    assert after["expires_at"] > before["expires_at"] and after["sealed_meta"] != before["sealed_meta"]
+    for column in columns:
+        _drill.set_column(store.db_path, entry_id, column, before[column])
+    refused_everywhere(store.ask("a_text"))
+
+
+def test_known_gap_a_whole_expiry_extension_rolled_back_only_shortens_the_life(store: Store) -> None:
+    """Both halves rolled back together is the entry's older, consistent state: not
+    detected (SECURITY.md), and it only brings the old expiry back: a denial."""
+    entry_id = store.ids["a_text"]
+    before, _ = _drill.entry_row(store.db_path, entry_id)
+    with store.open() as pad:
+        pad.extend_turn(ALICE, "turn-1", 86_400, now=NOW)
+    _drill.set_column(store.db_path, entry_id, "sealed_meta", before["sealed_meta"])
+    _drill.set_column(store.db_path, entry_id, "expires_at", before["expires_at"])
+    assert store.ask("a_text", (ALICE,)) == ["served"] * 3 + ["listed"]
+    with store.open() as pad, pytest.raises(NotFoundError):
+        pad.get(ALICE, entry_id, now=before["expires_at"])
+
+
 def test_mixing_an_entry_with_an_older_state_of_itself_fails(store: Store, backup: Path) -> None:
     """Half a rollback: the current row with the backup's key material, or segments."""
     entry_id = store.ids["a_text"]
