@@ -1,4 +1,4 @@
-"""Every Python example of docs/integrations.md runs as written and prints what it says."""
+"""Every Python example of the README's Integrations section runs as written and prints what it says."""
 
 from __future__ import annotations
 
@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "integrations.md"
-TEXT = DOC.read_text(encoding="utf-8")
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+# The README's Integrations section, up to the next top-level section.
+_SECTION = re.search(r"^## Integrations\n(.*?)(?=^## |\Z)", README, re.S | re.M)
+assert _SECTION is not None
+TEXT = _SECTION.group(1)
 # Each section's heading and its Python example.
 SECTIONS = {
     heading: blocks[0]

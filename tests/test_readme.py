@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+TEXT = README.read_text(encoding="utf-8")
+# Sections whose examples have tests of their own (test_examples.py, test_docs_integrations.py).
+TESTED_ELSEWHERE = ("Wiring securepad into an agent loop", "Integrations")
+SECTIONS = re.findall(r"^## (.+?)\n(.*?)(?=^## |\Z)", TEXT, re.S | re.M)
+BLOCKS = [
+    block
+    for heading, body in SECTIONS
+    if heading not in TESTED_ELSEWHERE
+    for block in re.findall(r"```python\n(.*?)```", body, re.S)
+]
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
@@ -21,6 +30,6 @@ def test_readme_python_block_runs(index: int, tmp_path: Path) -> None:
 
 
 def test_readme_starts_with_the_two_setup_commands() -> None:
-    commands = re.findall(r"```bash\n(.*?)```", README.read_text(encoding="utf-8"), re.S)[:2]
+    commands = re.findall(r"```bash\n(.*?)```", TEXT, re.S)[:2]
     assert "pip install ." in commands[0] and "securepad" in commands[0]
     assert "pip install '.[test]'" in commands[1] and "pytest" in commands[1]
