@@ -113,7 +113,7 @@ def key_file_placement(ctx: Context) -> str:
 
 
 def secure_delete_on(ctx: Context) -> str:
-    conn = ctx.pad._db.conn
+    conn = ctx.pad._sqlite().conn
     secure = conn.execute("PRAGMA secure_delete").fetchall()[0][0]
     journal = conn.execute("PRAGMA journal_mode").fetchall()[0][0]
     if secure != 1:

@@ -113,7 +113,7 @@ class Context:
         """A fresh scratch copy of the store holding only the audit tenants."""
         if self._base_copy is None:
             base = self.scratch() / "base.db"
-            self.pad._db.copy_to(base)
+            self.pad._sqlite().copy_to(base)
             _drill.keep_only_owners(base, self.tenants.owners)
             self._base_copy = base
         self._copies += 1

@@ -10,16 +10,16 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import apsw
 
+from ._backend import DuplicateKeyError, Params, Rows
 from .errors import SecurepadError, StoreBusyError
 
-__all__ = ["SCHEMA_VERSION", "Database", "insert_owner_key"]
+__all__ = ["SCHEMA_VERSION", "Database"]
 
 # How long a writer waits for the lock before StoreBusyError.
 BUSY_TIMEOUT_MS = 30_000
@@ -150,11 +150,49 @@ _MIGRATIONS: dict[int, str] = {
 }
 
 
+class _Conn:
+    """An apsw connection inside a transaction, as the store's ``Conn`` protocol."""
+
+    def __init__(self, conn: apsw.Connection) -> None:
+        self.raw = conn
+
+    def query(self, sql: str, params: Params = ()) -> Rows:
+        return _rows(self.raw.execute(sql, params))
+
+    def execute(self, sql: str, params: Params = ()) -> int:
+        try:
+            self.raw.execute(sql, params)
+        except apsw.ConstraintError:
+            raise DuplicateKeyError from None
+        return int(self.raw.changes())
+
+    def executemany(self, sql: str, rows: Iterable[Params]) -> None:
+        try:
+            self.raw.executemany(sql, rows)
+        except apsw.ConstraintError:
+            raise DuplicateKeyError from None
+
+
+def _rows(cursor: apsw.Cursor) -> Rows:
+    try:
+        names = [d[0] for d in cursor.getdescription()]
+    except apsw.ExecutionCompleteError:  # no rows at all
+        return []
+    return [dict(zip(names, row, strict=True)) for row in cursor]
+
+
 class Database:
-    """A store file and the per-thread apsw connections to it."""
+    """A store file and the per-thread apsw connections to it (the SQLite backend).
+
+    Owners and the admin flag change nothing here: the file's permissions are
+    the boundary, and every write transaction is serialized.
+    """
+
+    dialect = "sqlite"
 
     def __init__(self, path: Path, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
         self.path = path
+        self.location = str(path)
         self._busy_timeout_ms = busy_timeout_ms
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -162,7 +200,7 @@ class Database:
         self._closed = False
         _create_private_file(path)
         with self.transaction() as conn:
-            self._migrate(conn)
+            self._migrate(conn.raw)
 
     @property
     def conn(self) -> apsw.Connection:
@@ -195,7 +233,7 @@ class Database:
         return conn
 
     @contextmanager
-    def transaction(self) -> Iterator[apsw.Connection]:
+    def transaction(self, owner: str | None = None, *, admin: bool = False, wait: bool = True) -> Iterator[_Conn]:
         """A write transaction (BEGIN IMMEDIATE), rolled back on any exception.
 
         Raises:
@@ -207,7 +245,7 @@ class Database:
         except apsw.BusyError:
             raise StoreBusyError("the store is busy; try again") from None
         try:
-            yield conn
+            yield _Conn(conn)
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -227,14 +265,9 @@ class Database:
         finally:
             conn.execute("COMMIT")
 
-    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    def query(self, sql: str, params: Params = (), *, owner: str | None = None, admin: bool = False) -> Rows:
         """Rows as dicts, on this thread's connection."""
-        cursor = self.conn.execute(sql, params)
-        try:
-            names = [d[0] for d in cursor.getdescription()]
-        except apsw.ExecutionCompleteError:  # no rows at all
-            return []
-        return [dict(zip(names, row, strict=True)) for row in cursor]
+        return _rows(self.conn.execute(sql, params))
 
     def checkpoint(self, *, wait: bool = True) -> bool:
         """Move the WAL into the database and truncate it to zero bytes.
@@ -317,16 +350,3 @@ def _create_private_file(path: Path) -> None:
     except OSError as exc:
         raise SecurepadError(f"cannot create store {path}: {exc.strerror}") from None
     os.close(fd)
-
-
-def insert_owner_key(conn: apsw.Connection, owner: str, version: int, wrapped: bytes) -> None:
-    """Add an owner-key version (unless a racing process already did) and count
-    the master key's random-nonce wrap."""
-    conn.execute(
-        "INSERT OR IGNORE INTO owner_keys(owner_user_id, version, wrapped, created_at) VALUES (?, ?, ?, ?)",
-        (owner, version, wrapped, time.time()),
-    )
-    if conn.changes():
-        conn.execute(
-            "UPDATE store_meta SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT) WHERE key = 'master_wrap_count'"
-        )

@@ -19,10 +19,10 @@ import json
 import secrets
 from typing import TYPE_CHECKING, Any
 
-import apsw
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from ._backend import Conn, DuplicateKeyError
 from .crypto import FORMAT_VERSION, lp, unwrap_key, wrap_key
 from .errors import IntegrityError, StoreBusyError
 from .keys import KEY_BYTES
@@ -117,6 +117,7 @@ def save(
         last = pad._db.query(
             f"SELECT COALESCE(MAX(seq), 0) AS seq FROM {table} WHERE owner_user_id = ? AND turn_id = ?",
             (owner, turn_id),
+            owner=owner,
         )[0]["seq"]
         row: dict[str, Any] = {
             "id": secrets.token_hex(8),
@@ -133,10 +134,10 @@ def save(
         row["wrapped_key"] = wrap_key(owner_cipher, item_key, record_key_aad(row["id"], owner, version))
         row["sealed"] = _seal_payload(item_key, table, row, body)
         try:
-            with pad._db.transaction() as conn:
-                newest = conn.execute(
-                    "SELECT MAX(version) FROM owner_keys WHERE owner_user_id = ?", (owner,)
-                ).fetchall()[0][0]
+            with pad._db.transaction(owner) as conn:
+                newest = conn.query("SELECT MAX(version) AS v FROM owner_keys WHERE owner_user_id = ?", (owner,))[0][
+                    "v"
+                ]
                 if newest != version:
                     raise _StaleOwnerKey
                 conn.execute(
@@ -146,7 +147,7 @@ def save(
                     "UPDATE owner_keys SET wrap_count = wrap_count + 1 WHERE owner_user_id = ? AND version = ?",
                     (owner, version),
                 )
-        except apsw.ConstraintError:
+        except DuplicateKeyError:
             continue  # another writer took this seq (or the id collided): seal again
         except _StaleOwnerKey:
             pad._forget_cached_keys(owner)
@@ -177,6 +178,7 @@ def load(
     rows = pad._db.query(
         f"SELECT {_COLUMNS} FROM {table} WHERE turn_id = ? AND expires_at > ? AND {scope} ORDER BY {order}",
         (turn_id, pad._now(now), *params),
+        owner=principal.owner_user_id,
     )
     loaded = []
     for row in rows:
@@ -202,7 +204,7 @@ def _open(pad: Scratchpad, table: str, row: dict[str, Any]) -> tuple[bytes, Any]
     except IntegrityError:
         # An owner-key rotation may have re-wrapped the record and retired the
         # old key between our two queries: look at the row once more.
-        again = pad._db.query(f"SELECT {_COLUMNS} FROM {table} WHERE id = ?", (row["id"],))
+        again = pad._db.query(f"SELECT {_COLUMNS} FROM {table} WHERE id = ?", (row["id"],), owner=row["owner_user_id"])
         if not again or again[0]["key_version"] == row["key_version"]:
             raise
         row = again[0]
@@ -236,6 +238,7 @@ def prepare_extend(pad: Scratchpad, principal: Principal, turn_id: str, target: 
         rows = pad._db.query(
             f"SELECT {_COLUMNS} FROM {table} WHERE turn_id = ? AND expires_at > ? AND expires_at < ? AND {scope}",
             (turn_id, now, target, *params),
+            owner=principal.owner_user_id,
         )
         for row in rows:
             pad.policy.authorize_row(principal, row)
@@ -246,23 +249,18 @@ def prepare_extend(pad: Scratchpad, principal: Principal, turn_id: str, target: 
     return updates
 
 
-def apply_extend(conn: apsw.Connection, updates: Updates) -> int:
+def apply_extend(conn: Conn, updates: Updates) -> int:
     """Write ``prepare_extend``'s updates inside the caller's transaction; a
     record changed meanwhile is left as it is. Returns how many were extended."""
     changed = 0
     for table, rows in updates.items():
         for update in rows:
-            conn.execute(
+            changed += conn.execute(
                 f"UPDATE {_check_table(table)} SET expires_at = ?, sealed = ? WHERE id = ? AND sealed = ?", update
             )
-            changed += conn.changes()
     return changed
 
 
-def delete_expired(conn: apsw.Connection, cutoff: float) -> int:
+def delete_expired(conn: Conn, cutoff: float) -> int:
     """Delete expired records inside the caller's (gc) transaction."""
-    deleted = 0
-    for table in TABLES:
-        conn.execute(f"DELETE FROM {table} WHERE expires_at <= ?", (cutoff,))
-        deleted += conn.changes()
-    return deleted
+    return sum(conn.execute(f"DELETE FROM {table} WHERE expires_at <= ?", (cutoff,)) for table in TABLES)

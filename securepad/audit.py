@@ -354,7 +354,7 @@ def _remove_tenants(ctx: Context, tenants: Tenants) -> str:
 def _real_state(pad: Scratchpad, exclude: tuple[str, ...]) -> dict[str, str]:
     """A digest of every entry (row and segments) and owner key not of ``exclude``."""
     digests: dict[str, Any] = {}
-    with pad._db.snapshot() as conn:
+    with pad._sqlite().snapshot() as conn:
         # Every column, those of later schemas too (id and owner first, for the keys).
         for row in conn.execute("SELECT id, owner_user_id, * FROM entries ORDER BY id"):
             if row[1] not in exclude:

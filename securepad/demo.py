@@ -65,7 +65,7 @@ def run_demo(pad: Scratchpad) -> Iterator[DemoStep]:
 def _tamper_step(pad: Scratchpad, alice: Principal, entry_id: str) -> DemoStep:
     with tempfile.TemporaryDirectory(prefix="securepad-demo-") as scratch:
         copy = Path(scratch) / "tampered.db"
-        pad._db.copy_to(copy)
+        pad._sqlite().copy_to(copy)
         flip_segment_byte(copy, entry_id)
         with Scratchpad.open(copy, keyring=pad.keyring, policy=pad.policy) as tampered:
             try:

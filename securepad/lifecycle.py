@@ -34,7 +34,7 @@ from .principal import check_identifier
 if TYPE_CHECKING:
     from .store import Scratchpad
 
-from ._db import insert_owner_key as _insert_owner_key
+from ._backend import insert_owner_key as _insert_owner_key
 
 __all__ = ["Progress", "forget_owner", "rotate_master_key", "rotate_owner_key"]
 
@@ -71,9 +71,9 @@ def rotate_master_key(pad: Scratchpad, new_keyring: Keyring, *, progress: Progre
         raise InvalidArgumentError("the new master key is the current one")
     new_wrap = AESGCM(derive(new_master, "owner-wrap", store_id))
     started = time.perf_counter()
-    with pad._db.transaction() as conn:
+    with pad._db.transaction(admin=True) as conn:
         pad._check_master_current(conn)
-        rows = pad._db.query("SELECT owner_user_id, version, wrapped FROM owner_keys")
+        rows = conn.query("SELECT owner_user_id, version, wrapped FROM owner_keys")
         updates = []
         for done, row in enumerate(rows, 1):
             aad = owner_key_aad(pad.store_id, row["owner_user_id"], row["version"])
@@ -118,9 +118,9 @@ def rotate_owner_key(
         wrapped = wrap_key(
             pad._wrap, secrets.token_bytes(KEY_BYTES), owner_key_aad(pad.store_id, owner_user_id, new_version)
         )
-        with pad._db.transaction() as conn:
+        with pad._db.transaction(owner_user_id, admin=True) as conn:
             pad._check_master_current(conn)
-            _insert_owner_key(conn, owner_user_id, new_version, wrapped)
+            _insert_owner_key(conn, owner_user_id, new_version, wrapped, time.time())
         versions = _versions(pad, owner_user_id)
     new_version = versions[-1]
     pad._forget_cached_keys(owner_user_id)
@@ -132,6 +132,8 @@ def rotate_owner_key(
             rows = pad._db.query(
                 f"SELECT id, key_version, wrapped_key FROM {table} WHERE owner_user_id = ? AND key_version < ? LIMIT ?",
                 (owner_user_id, new_version, batch),
+                owner=owner_user_id,
+                admin=True,
             )
             if not rows:
                 break
@@ -142,7 +144,7 @@ def rotate_owner_key(
                 item_key = unwrap_key(old_cipher, row["wrapped_key"], old_aad)
                 new_wrapped = wrap_key(new_cipher, item_key, aad_of(row["id"], owner_user_id, new_version))
                 updates.append((new_wrapped, new_version, row["id"], row["key_version"], row["wrapped_key"]))
-            with pad._db.transaction() as conn:
+            with pad._db.transaction(owner_user_id, admin=True) as conn:
                 # Compare-and-set: a row changed meanwhile is left for the next batch.
                 conn.executemany(
                     f"UPDATE {table} SET wrapped_key = ?, key_version = ?"
@@ -156,14 +158,14 @@ def rotate_owner_key(
             done += len(rows)
             if progress is not None:
                 progress(min(done, total), total)
-    with pad._db.transaction() as conn:
+    with pad._db.transaction(owner_user_id, admin=True) as conn:
         left = 0
         for table, _ in _WRAPPED_TABLES:
-            counted = conn.execute(
-                f"SELECT COUNT(*) FROM {table} WHERE owner_user_id = ? AND key_version < ?",
+            counted = conn.query(
+                f"SELECT COUNT(*) AS n FROM {table} WHERE owner_user_id = ? AND key_version < ?",
                 (owner_user_id, new_version),
-            ).fetchall()
-            left += int(counted[0][0])  # type: ignore[arg-type]
+            )
+            left += int(counted[0]["n"])
         if left:  # a writer slipped in under an old version: finish it next run
             retired: list[int] = []
         else:
@@ -197,7 +199,9 @@ def forget_owner(pad: Scratchpad, owner_user_id: str) -> dict[str, Any]:
 
 
 def _versions(pad: Scratchpad, owner: str) -> list[int]:
-    rows = pad._db.query("SELECT version FROM owner_keys WHERE owner_user_id = ? ORDER BY version", (owner,))
+    rows = pad._db.query(
+        "SELECT version FROM owner_keys WHERE owner_user_id = ? ORDER BY version", (owner,), owner=owner, admin=True
+    )
     return [int(r["version"]) for r in rows]
 
 
@@ -205,7 +209,10 @@ def _count_old(pad: Scratchpad, owner: str, version: int) -> int:
     total = 0
     for table, _ in _WRAPPED_TABLES:
         rows = pad._db.query(
-            f"SELECT COUNT(*) AS n FROM {table} WHERE owner_user_id = ? AND key_version < ?", (owner, version)
+            f"SELECT COUNT(*) AS n FROM {table} WHERE owner_user_id = ? AND key_version < ?",
+            (owner, version),
+            owner=owner,
+            admin=True,
         )
         total += int(rows[0]["n"])
     return total

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import apsw
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from . import _records, lifecycle, reads, summary
-from ._db import Database, insert_owner_key
+from ._backend import Backend, Conn, DuplicateKeyError, insert_owner_key
+from ._db import Database
 from .crypto import (
     FORMAT_VERSION,
     EntryCipher,
@@ -46,6 +46,7 @@ from .errors import (
     InvalidArgumentError,
     NotFoundError,
     QuotaExceededError,
+    SecurepadError,
     StoreBusyError,
     WrongKeyError,
 )
@@ -114,7 +115,7 @@ class Scratchpad:
     to use from several processes on the same file.
     """
 
-    def __init__(self, db: Database, keyring: Keyring, policy: Policy, clock: Callable[[], float]) -> None:
+    def __init__(self, db: Backend, keyring: Keyring, policy: Policy, clock: Callable[[], float]) -> None:
         self._db = db
         self.policy = policy
         self.keyring = keyring
@@ -131,13 +132,22 @@ class Scratchpad:
     @classmethod
     def open(
         cls,
-        db_path: str | os.PathLike[str],
+        db_path: str | os.PathLike[str] | Any,
         *,
         keyring: Keyring,
         policy: str | os.PathLike[str] | Policy | None = None,
         clock: Callable[[], float] = time.time,
+        admin: str | Any | None = None,
+        schema: str = "securepad",
     ) -> Scratchpad:
         """Open (creating if needed) the store at ``db_path``.
+
+        ``db_path`` is a SQLite file, or a PostgreSQL store: a
+        ``postgresql://`` DSN or a ``psycopg_pool.ConnectionPool`` (install
+        ``psycopg[binary]`` and ``psycopg-pool``). On PostgreSQL, ``admin``
+        (a DSN or pool; default: the same as ``db_path``) runs housekeeping
+        and migrations, and the store lives in ``schema``; see
+        docs/postgresql.md for roles and grants.
 
         ``policy`` is a path to a TOML policy, a ``Policy``, or None for the
         shipped default. ``clock`` is the time source for expiry.
@@ -145,7 +155,9 @@ class Scratchpad:
         Raises:
             WrongKeyError: the keyring's master key does not open this store.
             PolicyError: the policy file is invalid.
-            SecurepadError: the file cannot be opened or was made by a newer version.
+            InvalidArgumentError: PostgreSQL options given for a SQLite file.
+            SecurepadError: the file or server cannot be opened, or the store
+                was made by a newer version.
         """
         if not isinstance(keyring, Keyring):
             raise InvalidArgumentError("keyring must be a securepad.Keyring")
@@ -155,7 +167,7 @@ class Scratchpad:
             resolved = policy
         else:
             resolved = Policy.load(Path(policy))
-        db = Database(Path(db_path))
+        db = _open_backend(db_path, admin, schema)
         try:
             return cls(db, keyring, resolved, clock)
         except BaseException:
@@ -168,8 +180,8 @@ class Scratchpad:
         if "store_id" not in meta:
             store_id = secrets.token_hex(16)
             master, kdf = keyring._master_key(None)
-            with self._db.transaction() as conn:
-                if not conn.execute("SELECT 1 FROM store_meta WHERE key = 'store_id'").fetchall():
+            with self._db.transaction(admin=True) as conn:
+                if not conn.query("SELECT 1 FROM store_meta WHERE key = 'store_id'"):
                     values = {
                         "store_id": store_id,
                         "format_version": str(FORMAT_VERSION),
@@ -192,8 +204,32 @@ class Scratchpad:
 
     @property
     def path(self) -> Path:
-        """The database file."""
-        return self._db.path
+        """The database file of a SQLite store.
+
+        Raises:
+            SecurepadError: the store is on PostgreSQL (see ``location``).
+        """
+        return self._sqlite().path
+
+    def _sqlite(self) -> Database:
+        """The SQLite database, for what works on the file itself (the audit's scans, copies).
+
+        Raises:
+            SecurepadError: the store is on PostgreSQL.
+        """
+        if not isinstance(self._db, Database):
+            raise SecurepadError(f"the store at {self._db.location} is not a SQLite file")
+        return self._db
+
+    @property
+    def location(self) -> str:
+        """Where the store lives: its file, or its PostgreSQL server, database and schema."""
+        return self._db.location
+
+    @property
+    def backend(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self._db.dialect
 
     def close(self) -> None:
         """Close every connection. The object cannot be used afterwards."""
@@ -226,7 +262,7 @@ class Scratchpad:
 
     def _unwrap_owner_key(self, owner: str, version: int) -> bytes:
         rows = self._db.query(
-            "SELECT wrapped FROM owner_keys WHERE owner_user_id = ? AND version = ?", (owner, version)
+            "SELECT wrapped FROM owner_keys WHERE owner_user_id = ? AND version = ?", (owner, version), owner=owner
         )
         if not rows:
             raise _MissingOwnerKey("the entry's owner key is missing")
@@ -259,25 +295,28 @@ class Scratchpad:
         """The owner's newest key, created (in its own short transaction) on first use."""
         version = self._latest.get(owner)
         if version is None:
-            rows = self._db.query("SELECT MAX(version) AS v FROM owner_keys WHERE owner_user_id = ?", (owner,))
+            rows = self._db.query(
+                "SELECT MAX(version) AS v FROM owner_keys WHERE owner_user_id = ?", (owner,), owner=owner
+            )
             version = rows[0]["v"]
             if version is None:
                 version = 1
                 wrapped = wrap_key(
                     self._wrap, secrets.token_bytes(KEY_BYTES), owner_key_aad(self.store_id, owner, version)
                 )
-                with self._db.transaction() as conn:
+                with self._db.transaction(owner) as conn:
                     self._check_master_current(conn)
-                    insert_owner_key(conn, owner, version, wrapped)
+                    insert_owner_key(conn, owner, version, wrapped, time.time())
             with self._lock:
                 self._latest[owner] = version
         return version, self._owner_cipher(owner, version)
 
-    def _check_master_current(self, conn: apsw.Connection | None = None) -> None:
+    def _check_master_current(self, conn: Conn | None = None) -> None:
         """Raise WrongKeyError when another process has rotated the master key
         since this store was opened: nothing may be wrapped under the old one."""
-        rows = (conn or self._db.conn).execute("SELECT value FROM store_meta WHERE key = 'key_check'").fetchall()
-        if not rows or rows[0][0] != self._key_check:
+        sql = "SELECT value FROM store_meta WHERE key = 'key_check'"
+        rows = conn.query(sql) if conn is not None else self._db.query(sql)
+        if not rows or rows[0]["value"] != self._key_check:
             raise WrongKeyError("the master key was rotated since this store was opened; open it with the new key")
 
     def _forget_cached_keys(self, owner: str) -> None:
@@ -387,7 +426,7 @@ class Scratchpad:
             row["stored_bytes"] = stored_bytes
             try:
                 self._insert(row, sealed, created)
-            except apsw.ConstraintError:
+            except DuplicateKeyError:
                 continue  # a 64-bit id collided: seal again under a new id
             except _StaleOwnerKey:
                 # The owner's key was rotated (maybe by another process) since it was cached.
@@ -408,28 +447,29 @@ class Scratchpad:
             )
         return ttl_seconds
 
-    def _quota_used(self, conn: apsw.Connection, owner: str, adding: int, now: float) -> int:
+    def _quota_used(self, conn: Conn, owner: str, adding: int, now: float) -> int:
         """The owner's live stored bytes, or an upper bound of them that leaves room for ``adding``.
 
         ``owner_usage`` (kept by triggers) still counts expired entries that gc
         has not removed: when even that bound leaves room, the exact sum over
         the owner's live entries, O(entries), would not change the answer.
         """
-        bound = conn.execute("SELECT stored_bytes FROM owner_usage WHERE owner_user_id = ?", (owner,)).fetchall()
-        stored = int(bound[0][0]) if bound else 0  # type: ignore[arg-type]
+        bound = conn.query("SELECT stored_bytes FROM owner_usage WHERE owner_user_id = ?", (owner,))
+        stored = int(bound[0]["stored_bytes"]) if bound else 0
         if stored + adding <= self.policy.owner_quota_bytes:
             return stored
-        live = conn.execute(
-            "SELECT COALESCE(SUM(stored_bytes), 0) FROM entries WHERE owner_user_id = ? AND expires_at > ?",
+        live = conn.query(
+            "SELECT CAST(COALESCE(SUM(stored_bytes), 0) AS BIGINT) AS used FROM entries"
+            " WHERE owner_user_id = ? AND expires_at > ?",
             (owner, now),
-        ).fetchall()
-        return int(live[0][0])  # type: ignore[arg-type]
+        )
+        return int(live[0]["used"])
 
     def _insert(self, row: dict[str, Any], segments: list[bytes], now: float) -> None:
-        with self._db.transaction() as conn:
-            current = conn.execute(
-                "SELECT MAX(version) FROM owner_keys WHERE owner_user_id = ?", (row["owner_user_id"],)
-            ).fetchall()[0][0]
+        with self._db.transaction(row["owner_user_id"]) as conn:
+            current = conn.query(
+                "SELECT MAX(version) AS v FROM owner_keys WHERE owner_user_id = ?", (row["owner_user_id"],)
+            )[0]["v"]
             if current != row["key_version"]:
                 raise _StaleOwnerKey
             used = self._quota_used(conn, row["owner_user_id"], row["stored_bytes"], now)
@@ -468,8 +508,9 @@ class Scratchpad:
         scope, params = self.policy.scope_sql(principal)
         if turn_id is not None:
             scope, params = f"{scope} AND turn_id = ?", (*params, check_identifier("turn_id", turn_id))
+        owner = principal.owner_user_id
         rows = self._db.query(
-            f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE id = ? AND {scope}", (scratchpad_id, *params)
+            f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE id = ? AND {scope}", (scratchpad_id, *params), owner=owner
         )
         if not rows:
             self._denied(principal, scratchpad_id)
@@ -487,7 +528,7 @@ class Scratchpad:
             # An owner-key rotation may have re-wrapped the entry and retired the
             # old key between our two queries: look at the row once more.
             again = self._db.query(
-                f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE id = ? AND {scope}", (scratchpad_id, *params)
+                f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE id = ? AND {scope}", (scratchpad_id, *params), owner=owner
             )
             if not again or again[0]["key_version"] == row["key_version"]:
                 raise
@@ -525,23 +566,25 @@ class Scratchpad:
         content = reads.SegmentedContent(
             header.kind,
             counts,
-            self._fetcher(row["id"], cipher, header.segment_count),
+            self._fetcher(row["id"], row["owner_user_id"], cipher, header.segment_count),
             breaks=breaks,
             line_count=meta.get("lines"),
         )
         return _Opened(row, meta, content, cipher)
 
-    def _fetcher(self, entry_id: str, cipher: EntryCipher, count: int) -> reads.Fetch:
+    def _fetcher(self, entry_id: str, owner: str, cipher: EntryCipher, count: int) -> reads.Fetch:
         def fetch(first: int, last: int) -> list[bytes]:
-            rows = self._db.conn.execute(
+            # Only the segments asked for travel from the database.
+            rows = self._db.query(
                 "SELECT seq, data FROM segments WHERE entry_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
                 (entry_id, first, last),
-            ).fetchall()
-            if [seq for seq, _ in rows] != list(range(first, last + 1)):
+                owner=owner,
+            )
+            if [row["seq"] for row in rows] != list(range(first, last + 1)):
                 raise IntegrityError("the entry's segments are missing or out of order")
-            if not all(isinstance(data, bytes) for _, data in rows):
+            if not all(isinstance(row["data"], bytes) for row in rows):
                 raise IntegrityError("an entry's segment is not a blob")
-            return [cipher.open_segment(seq, data, seq == count - 1) for seq, data in rows]  # type: ignore[arg-type]
+            return [cipher.open_segment(row["seq"], row["data"], row["seq"] == count - 1) for row in rows]
 
         return fetch
 
@@ -684,7 +727,8 @@ class Scratchpad:
             f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE turn_id = ? AND expires_at > ? AND {scope}"
             " ORDER BY step_num, created_at, id"
         )
-        rows = self._db.query(sql, (turn_id, self._now(now), *params))
+        owner = principal.owner_user_id
+        rows = self._db.query(sql, (turn_id, self._now(now), *params), owner=owner)
         opened = []
         for row in rows:
             self.policy.authorize_row(principal, row)
@@ -692,7 +736,7 @@ class Scratchpad:
                 opened.append(self._authenticate(row))
             except _MissingOwnerKey:
                 # A rotation re-wrapped the entry and retired its old key meanwhile.
-                again = self._db.query(f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE id = ?", (row["id"],))
+                again = self._db.query(f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE id = ?", (row["id"],), owner=owner)
                 if not again or again[0]["key_version"] == row["key_version"]:
                     raise
                 self.policy.authorize_row(principal, again[0])
@@ -747,12 +791,11 @@ class Scratchpad:
             entry_updates.append((target, sealed, opened.row["id"], opened.row["sealed_meta"]))
         record_updates = _records.prepare_extend(self, principal, turn_id, target, current)
         changed = 0
-        with self._db.transaction() as conn:
+        with self._db.transaction(principal.owner_user_id) as conn:
             for update in entry_updates:
-                conn.execute(
+                changed += conn.execute(
                     "UPDATE entries SET expires_at = ?, sealed_meta = ? WHERE id = ? AND sealed_meta = ?", update
                 )
-                changed += conn.changes()
             changed += _records.apply_extend(conn, record_updates)
         return changed
 
@@ -767,9 +810,8 @@ class Scratchpad:
         if not isinstance(scratchpad_id, str) or not _ID_RE.fullmatch(scratchpad_id):
             raise NotFoundError(NOT_FOUND_MESSAGE)
         scope, params = self.policy.scope_sql(principal)
-        with self._db.transaction() as conn:
-            conn.execute(f"DELETE FROM entries WHERE id = ? AND {scope}", (scratchpad_id, *params))
-            if not conn.changes():
+        with self._db.transaction(principal.owner_user_id) as conn:
+            if not conn.execute(f"DELETE FROM entries WHERE id = ? AND {scope}", (scratchpad_id, *params)):
                 self._denied(principal, scratchpad_id)
                 raise NotFoundError(NOT_FOUND_MESSAGE)
             conn.execute("DELETE FROM segments WHERE entry_id = ?", (scratchpad_id,))
@@ -778,15 +820,13 @@ class Scratchpad:
         """Delete every entry and key of an owner, then scrub the files; returns
         what was removed. ``forget_owner`` is the public face of this."""
         removed: dict[str, int] = {}
-        with self._db.transaction() as conn:
-            conn.execute(
+        with self._db.transaction(owner_user_id, admin=True) as conn:
+            removed["segments"] = conn.execute(
                 "DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE owner_user_id = ?)",
                 (owner_user_id,),
             )
-            removed["segments"] = conn.changes()
             for table in ("entries", *_records.TABLES, "owner_keys"):
-                conn.execute(f"DELETE FROM {table} WHERE owner_user_id = ?", (owner_user_id,))
-                removed[table] = conn.changes()
+                removed[table] = conn.execute(f"DELETE FROM {table} WHERE owner_user_id = ?", (owner_user_id,))
         self._forget_cached_keys(owner_user_id)
         removed["wal_truncated"] = self._db.checkpoint()
         return removed
@@ -819,12 +859,11 @@ class Scratchpad:
             StoreBusyError: the write lock was not obtained in time.
         """
         cutoff = self._now(now)
-        with self._db.transaction() as conn:
+        with self._db.transaction(admin=True, wait=wait) as conn:
             conn.execute(
                 "DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE expires_at <= ?)", (cutoff,)
             )
-            conn.execute("DELETE FROM entries WHERE expires_at <= ?", (cutoff,))
-            deleted = conn.changes()
+            deleted = conn.execute("DELETE FROM entries WHERE expires_at <= ?", (cutoff,))
             _records.delete_expired(conn, cutoff)
         self._db.checkpoint(wait=wait)
         return deleted
@@ -840,20 +879,24 @@ class Scratchpad:
             _check_principal(principal)
             scope, params = self.policy.scope_sql(principal)
             rows = self._db.query(
-                "SELECT COUNT(*) AS entries, COALESCE(SUM(size_bytes), 0) AS bytes,"
-                " COALESCE(SUM(stored_bytes), 0) AS stored_bytes FROM entries"
+                "SELECT COUNT(*) AS entries, CAST(COALESCE(SUM(size_bytes), 0) AS BIGINT) AS bytes,"
+                " CAST(COALESCE(SUM(stored_bytes), 0) AS BIGINT) AS stored_bytes FROM entries"
                 f" WHERE expires_at > ? AND {scope}",
                 (current, *params),
+                owner=principal.owner_user_id,
             )
             return {"owner_user_id": principal.owner_user_id, "scope": self.policy.scope, **rows[0]}
         rows = self._db.query(
-            "SELECT COUNT(*) AS entries, COALESCE(SUM(size_bytes), 0) AS bytes,"
-            " COALESCE(SUM(stored_bytes), 0) AS stored_bytes,"
+            "SELECT COUNT(*) AS entries, CAST(COALESCE(SUM(size_bytes), 0) AS BIGINT) AS bytes,"
+            " CAST(COALESCE(SUM(stored_bytes), 0) AS BIGINT) AS stored_bytes,"
             " COUNT(DISTINCT owner_user_id) AS owners,"
-            " COALESCE(SUM(expires_at <= ?), 0) AS expired_pending_gc FROM entries",
+            " COUNT(CASE WHEN expires_at <= ? THEN 1 END) AS expired_pending_gc FROM entries",
             (current,),
+            admin=True,
         )
-        usage = self._db.query("SELECT COALESCE(MAX(wrap_count), 0) AS owner_key_max_wraps FROM owner_keys")[0]
+        usage = self._db.query(
+            "SELECT COALESCE(MAX(wrap_count), 0) AS owner_key_max_wraps FROM owner_keys", admin=True
+        )[0]
         usage["master_key_wraps"] = int(self._store_meta().get("master_wrap_count", "0"))
         usage["advice"] = [
             f"{name} has sealed {count} keys with random nonces; rotate it"
@@ -864,17 +907,30 @@ class Scratchpad:
             )
             if count >= 2**ROTATE_ADVICE_LOG2
         ]
-        files = {suffix or "db": _file_size(Path(f"{self.path}{suffix}")) for suffix in ("", "-wal", "-shm")}
-        return {
-            "path": str(self.path),
-            "policy": self.policy.name,
-            **rows[0],
-            "file_bytes": files,
-            "key_usage": usage,
-        }
+        result = {"path": self.location, "policy": self.policy.name, **rows[0], "key_usage": usage}
+        if isinstance(self._db, Database):
+            result["file_bytes"] = {
+                suffix or "db": _file_size(Path(f"{self.path}{suffix}")) for suffix in ("", "-wal", "-shm")
+            }
+        return result
 
 
 # -- helpers ---------------------------------------------------------------------------
+
+_PG_SCHEMES = ("postgresql://", "postgres://")
+
+
+def _open_backend(where: Any, admin: Any, schema: str) -> Backend:
+    """A SQLite file, or a PostgreSQL store for a DSN or a connection pool."""
+    if isinstance(where, str | os.PathLike) and not str(where).startswith(_PG_SCHEMES):
+        if admin is not None or schema != "securepad":
+            raise InvalidArgumentError("admin and schema are options of PostgreSQL stores")
+        return Database(Path(where))
+    try:
+        from ._pg import PostgresDatabase
+    except ImportError:
+        raise SecurepadError("PostgreSQL stores need psycopg: pip install 'psycopg[binary]' psycopg-pool") from None
+    return PostgresDatabase(str(where) if isinstance(where, os.PathLike) else where, admin=admin, schema=schema)
 
 
 class _MissingOwnerKey(IntegrityError):

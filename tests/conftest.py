@@ -1,9 +1,22 @@
-"""Shared fixtures: a real store (apsw + AES-GCM) in a temporary directory."""
+"""Shared fixtures: a real store (AES-GCM over apsw, and over PostgreSQL when a
+server is reachable) in a temporary directory or a throwaway database.
+
+The ``pad`` fixture runs each test on both backends (ids ``[sqlite]`` and
+``[postgresql]``), except tests that also take ``db_path`` (they work on the
+file) or are marked ``sqlite_only``. The PostgreSQL runs use one database per
+test session, created under a unique name and dropped at the end, and a fresh
+schema per test. Without a server they are skipped, saying why; with
+``CI=true`` a missing server is an error.
+"""
 
 from __future__ import annotations
 
+import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -40,9 +53,69 @@ def db_path(tmp_path: Path) -> Path:
     return tmp_path / "data" / "store.db"
 
 
+# The server the PostgreSQL tests use: a role that may create databases and roles.
+PG_SERVER_DSN = os.environ.get("SECUREPAD_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+BACKENDS = ("sqlite", "postgresql")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "sqlite_only: the test works on the SQLite file itself")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" not in metafunc.fixturenames:
+        return
+    file_bound = "db_path" in metafunc.fixturenames or metafunc.definition.get_closest_marker("sqlite_only")
+    metafunc.parametrize("backend", ("sqlite",) if file_bound else BACKENDS)
+
+
+def _server_dsn(dbname: str) -> str:
+    """PG_SERVER_DSN (a postgresql:// URL) with another database."""
+    return urlunsplit(urlsplit(PG_SERVER_DSN)._replace(path=f"/{dbname}"))
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """A database of its own for this test session (dropped afterwards); its DSN."""
+    try:
+        import psycopg
+
+        server = psycopg.connect(PG_SERVER_DSN, autocommit=True, connect_timeout=3)
+    except Exception as exc:  # ImportError, or any connection failure
+        reason = f"PostgreSQL tests need a server at {PG_SERVER_DSN} (SECUREPAD_TEST_PG_DSN): {exc}"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    name = f"securepad_test_{secrets.token_hex(6)}"
+    with server:
+        server.execute(f"CREATE DATABASE {name}")
+        try:
+            yield _server_dsn(name)
+        finally:
+            server.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 @pytest.fixture
-def pad(db_path: Path, keyring: Keyring) -> Iterator[Scratchpad]:
-    with Scratchpad.open(db_path, keyring=keyring) as store:
+def pg_dsn(pg_database: str) -> Iterator[str]:
+    """The session database, whose store schema is dropped after each test."""
+    yield pg_database
+    import psycopg
+
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA IF EXISTS securepad CASCADE")
+
+
+@pytest.fixture
+def store_location(backend: str, request: pytest.FixtureRequest) -> Any:
+    """Where ``pad`` lives: a SQLite file path, or a PostgreSQL DSN."""
+    if backend == "sqlite":
+        return request.getfixturevalue("db_path")
+    return request.getfixturevalue("pg_dsn")
+
+
+@pytest.fixture
+def pad(store_location: Any, keyring: Keyring) -> Iterator[Scratchpad]:
+    with Scratchpad.open(store_location, keyring=keyring) as store:
         yield store
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import os
+import secrets
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -137,6 +138,7 @@ def read_arguments(mode: str, data: st.DataObject) -> dict[str, Any]:
 
 class IsolationMachine(RuleBasedStateMachine):
     policy_path: Path
+    pg_dsn: str | None = None  # a PostgreSQL database, or None for a SQLite file
 
     ids = Bundle("ids")
     # Mostly ids that exist or existed (any owner's), sometimes odd ones.
@@ -146,11 +148,15 @@ class IsolationMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="securepad-isolation-"))
         self.now = 1_000_000.0
+        # On PostgreSQL, a schema of its own per example (dropped in teardown).
+        self.schema = f"isolation_{secrets.token_hex(6)}"
+        where: Any = self.dir / "data" / "store.db" if self.pg_dsn is None else self.pg_dsn
         self.pad = Scratchpad.open(
-            self.dir / "data" / "store.db",
+            where,
             keyring=Keyring.from_key_file(self.dir / "config" / "key"),
             policy=self.policy_path,
             clock=lambda: self.now,
+            **({} if self.pg_dsn is None else {"schema": self.schema}),
         )
         self.scope = self.pad.policy.scope
         self.model: dict[str, Stored] = {}
@@ -159,6 +165,11 @@ class IsolationMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         self.pad.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self.pg_dsn is not None:
+            import psycopg
+
+            with psycopg.connect(self.pg_dsn, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
 
     # -- expectations ---------------------------------------------------------------------
 
@@ -385,8 +396,9 @@ EXAMPLES = int(os.environ.get("SECUREPAD_ISOLATION_EXAMPLES", "40"))
 
 
 @pytest.mark.parametrize("policy_path", POLICIES, ids=lambda p: p.stem)
-def test_isolation_state_machine(policy_path: Path) -> None:
-    machine = type(f"Isolation_{policy_path.stem}", (IsolationMachine,), {"policy_path": policy_path})
+def test_isolation_state_machine(policy_path: Path, backend: str, request: pytest.FixtureRequest) -> None:
+    pg_dsn = request.getfixturevalue("pg_database") if backend == "postgresql" else None
+    machine = type(f"Isolation_{policy_path.stem}", (IsolationMachine,), {"policy_path": policy_path, "pg_dsn": pg_dsn})
     run_state_machine_as_test(
         machine,
         settings=settings(

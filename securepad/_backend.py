@@ -1,0 +1,92 @@
+"""What the store needs from a database engine: the one interface above SQLite and PostgreSQL.
+
+The store, the turn records and the key lifecycle speak portable SQL with
+``?`` placeholders (SQLite's and PostgreSQL's common ground: ``ON CONFLICT``,
+``CAST(... AS BIGINT)``, no boolean sums) through these two protocols; a
+backend owns its dialect's details, its connections and its migrations.
+
+Every call says whose rows it touches. ``owner`` scopes a call to one owner:
+PostgreSQL's row-level security then shows that owner's rows only, and write
+transactions of one owner are serialized as SQLite serializes every write.
+``admin`` marks the store-wide housekeeping (gc, rotation, forgetting an
+owner, store-wide stats, initialization), which PostgreSQL runs under a
+separate role. A call with neither sees no owner's rows on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+__all__ = ["Backend", "Conn", "DuplicateKeyError", "Params", "Rows", "insert_owner_key"]
+
+Params = tuple[Any, ...]
+Rows = list[dict[str, Any]]
+
+
+class DuplicateKeyError(Exception):
+    """An insert hit a unique key (an id collided, or a racing writer took a
+    sequence number): the caller seals again under a new one."""
+
+
+class Conn(Protocol):
+    """A connection inside one transaction."""
+
+    def query(self, sql: str, params: Params = ()) -> Rows:
+        """Rows as dicts."""
+
+    def execute(self, sql: str, params: Params = ()) -> int:
+        """Run one statement; the number of rows it changed.
+
+        Raises:
+            DuplicateKeyError: an insert or update hit a unique key.
+        """
+
+    def executemany(self, sql: str, rows: Iterable[Params]) -> None:
+        """Run one statement for each parameter tuple."""
+
+
+class Backend(Protocol):
+    """A store's database: connections, transactions, migrations."""
+
+    #: "sqlite" or "postgresql".
+    dialect: str
+    #: Where the store lives, for messages and stats (never a password).
+    location: str
+
+    def transaction(
+        self, owner: str | None = None, *, admin: bool = False, wait: bool = True
+    ) -> AbstractContextManager[Conn]:
+        """A write transaction, rolled back on any exception.
+
+        ``wait=False`` gives up at once (StoreBusyError) where the engine can
+        tell that another writer holds the lock.
+
+        Raises:
+            StoreBusyError: the lock was not obtained in time.
+        """
+
+    def query(self, sql: str, params: Params = (), *, owner: str | None = None, admin: bool = False) -> Rows:
+        """Rows as dicts, outside any write transaction."""
+
+    def checkpoint(self, *, wait: bool = True) -> bool:
+        """Make deleted data leave the engine's files where it can (SQLite's WAL);
+        returns False when part of it had to stay for now."""
+
+    def close(self) -> None:
+        """Close every connection this object opened."""
+
+
+def insert_owner_key(conn: Conn, owner: str, version: int, wrapped: bytes, now: float) -> None:
+    """Add an owner-key version (unless a racing process already did) and count
+    the master key's random-nonce wrap."""
+    added = conn.execute(
+        "INSERT INTO owner_keys(owner_user_id, version, wrapped, created_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT DO NOTHING",
+        (owner, version, wrapped, now),
+    )
+    if added:
+        conn.execute(
+            "UPDATE store_meta SET value = CAST(CAST(value AS BIGINT) + 1 AS TEXT) WHERE key = 'master_wrap_count'"
+        )
