@@ -100,7 +100,9 @@ class SecurepadGroup(click.Group):
         try:
             return super().invoke(ctx)
         except SecurepadError as exc:
-            _fail(f"{type(exc).__name__}: {exc}")
+            # Name the public class: private subclasses are an implementation detail.
+            public = next(c for c in type(exc).__mro__ if not c.__name__.startswith("_"))
+            _fail(f"{public.__name__}: {exc}")
 
 
 @click.group(cls=SecurepadGroup)

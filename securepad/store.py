@@ -800,7 +800,8 @@ class Scratchpad:
         return changed
 
     def delete(self, principal: Principal, scratchpad_id: str, *, now: float | None = None) -> None:
-        """Delete one entry of the caller's (expired ones too), with secure_delete.
+        """Delete one entry of the caller's (expired ones too), with secure_delete,
+        and checkpoint the WAL (without waiting on readers) so its ciphertext leaves the files.
 
         Raises:
             NotFoundError: absent, another owner's, or outside the policy's scope.
@@ -815,6 +816,8 @@ class Scratchpad:
                 self._denied(principal, scratchpad_id)
                 raise NotFoundError(NOT_FOUND_MESSAGE)
             conn.execute("DELETE FROM segments WHERE entry_id = ?", (scratchpad_id,))
+        # secure_delete zeroed the pages; the checkpoint takes the old ones out of the WAL too.
+        self._db.checkpoint(wait=False)
 
     def _purge_owner(self, owner_user_id: str) -> dict[str, int]:
         """Delete every entry and key of an owner, then scrub the files; returns
