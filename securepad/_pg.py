@@ -287,6 +287,9 @@ class PostgresDatabase:
                 return source
             if source not in made:
                 try:
+                    # One plain connection first: a refused or failed connection is
+                    # reported at once, with the server's reason (a pool would retry).
+                    psycopg.connect(source).close()
                     made[source] = ConnectionPool(
                         source,
                         min_size=1,
@@ -322,23 +325,28 @@ class PostgresDatabase:
         return self._admin if admin else self._app
 
     @contextmanager
-    def _session(self, owner: str | None, admin: bool, locks: str | None, lock_params: Params) -> Iterator[_Conn]:
-        """A transaction with the role, schema, owner and lock timeout set locally."""
+    def _session(
+        self, owner: str | None, admin: bool, locks: str, lock_params: Params, *, optional: bool = False
+    ) -> Iterator[_Conn]:
+        """A transaction with the role, schema, owner and lock timeout set locally,
+        and ``locks`` taken, all in one statement (the settings come first: a
+        target list is evaluated left to right). ``optional`` housekeeping that
+        this connection may not do (no admin role) is StoreBusyError: skipped."""
         try:
             with self._pool(admin).connection() as conn, conn.transaction():
-                conn.execute(
+                taken = conn.execute(
                     "SELECT set_config('role', %s, true), set_config('search_path', %s, true),"
-                    " set_config('securepad.owner', %s, true), set_config('lock_timeout', %s, true)",
-                    (ADMIN_ROLE if admin else APP_ROLE, self.schema, owner or "", self._lock_timeout),
-                )
-                if locks is not None:
-                    taken = conn.execute(locks, lock_params).fetchone()
-                    if taken is not None and taken[-1] is False:
-                        raise StoreBusyError("the store is busy; try again")
+                    " set_config('securepad.owner', %s, true), set_config('lock_timeout', %s, true)" + locks,
+                    (ADMIN_ROLE if admin else APP_ROLE, self.schema, owner or "", self._lock_timeout, *lock_params),
+                ).fetchone()
+                if taken is not None and taken[-1] is False:  # pg_try_advisory_xact_lock
+                    raise StoreBusyError("the store is busy; try again")
                 yield _Conn(conn)
         except _BUSY:
             raise StoreBusyError("the store is busy; try again") from None
         except pg_errors.InsufficientPrivilege as exc:
+            if optional:
+                raise StoreBusyError(f"housekeeping skipped: {exc}") from None
             raise SecurepadError(f"PostgreSQL refused the store's role: {exc}") from None
         except psycopg.OperationalError as exc:
             raise SecurepadError(f"PostgreSQL connection failed: {exc}") from None
@@ -353,26 +361,45 @@ class PostgresDatabase:
                 once with ``wait=False``), or the pool had no free connection.
         """
         if owner is not None:
-            locks = "SELECT pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s)"
+            locks = ", pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s)"
             params: Params = (self._store_lock, _lock_key("securepad-owner", self.schema, owner))
         elif wait:
-            locks, params = "SELECT pg_advisory_xact_lock(%s)", (self._store_lock,)
+            locks, params = ", pg_advisory_xact_lock(%s)", (self._store_lock,)
         else:
-            locks, params = "SELECT pg_try_advisory_xact_lock(%s)", (self._store_lock,)
-        with self._session(owner, admin, locks, params) as conn:
+            locks, params = ", pg_try_advisory_xact_lock(%s)", (self._store_lock,)
+        with self._session(owner, admin, locks, params, optional=admin and not wait) as conn:
             yield conn
 
     def query(self, sql: str, params: Params = (), *, owner: str | None = None, admin: bool = False) -> Rows:
         """Rows as dicts, in a transaction of their own."""
-        with self._session(owner, admin, None, ()) as conn:
+        with self._session(owner, admin, "", ()) as conn:
             return conn.query(sql, params)
 
     def checkpoint(self, *, wait: bool = True) -> bool:
         """Nothing to do: the server manages its own files (see docs/postgresql.md on VACUUM)."""
         return True
 
+    def _app_version(self) -> int | None:
+        """The schema version as the application role sees it; None when it cannot tell."""
+        try:
+            rows = self.query("SELECT MAX(version) AS v FROM schema_version")
+        except (psycopg.Error, SecurepadError):
+            return None
+        return None if rows[0]["v"] is None else int(rows[0]["v"])
+
     def _migrate(self) -> None:
-        """Create the roles and schema when missing, then bring the tables to SCHEMA_VERSION."""
+        """Create the roles and schema when missing, then bring the tables to SCHEMA_VERSION.
+
+        A store already at SCHEMA_VERSION opens with the application role
+        alone: a process that serves principals needs no admin login.
+        """
+        version = self._app_version()
+        if version == SCHEMA_VERSION:
+            return
+        if version is not None and version > SCHEMA_VERSION:
+            raise SecurepadError(
+                f"store schema version {version} is newer than this securepad understands ({SCHEMA_VERSION})"
+            )
         pool = self._pool(admin=True)
         try:
             with pool.connection() as conn, conn.transaction():
@@ -400,6 +427,7 @@ class PostgresDatabase:
                     (ADMIN_ROLE, self.schema),
                 )
                 conn.execute("CREATE TABLE IF NOT EXISTS schema_version(version INTEGER NOT NULL)")
+                conn.execute(f"GRANT SELECT ON schema_version TO {APP_ROLE}")
                 row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
                 version = int(row[0]) if row is not None and row[0] is not None else 0
                 if version > SCHEMA_VERSION:

@@ -14,9 +14,9 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from securepad import Keyring, NotFoundError, Principal, Scratchpad
-from securepad._pg import APP_ROLE
 
-psycopg = pytest.importorskip("psycopg")
+psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
+from securepad._pg import APP_ROLE  # noqa: E402  (needs psycopg)
 
 ALICE = Principal("alice", "planner", "web")
 BOB = Principal("bob", "planner", "web")
