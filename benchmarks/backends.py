@@ -497,4 +497,8 @@ BACKENDS: dict[str, type[Backend]] = {
 
 def open_backend(name: str, root: Path, *, create: bool = True) -> Backend:
     """Open backend ``name`` on ``root``; ``create`` also creates its tables if absent."""
+    if name not in BACKENDS:  # PostgreSQL and variants: run by benchmarks/postgres.py only
+        from .postgres import EXTRA_BACKENDS
+
+        return EXTRA_BACKENDS[name](root, create=create)
     return BACKENDS[name](root, create=create)

@@ -1,0 +1,203 @@
+"""securepad on PostgreSQL side by side with securepad on SQLite: the
+concurrency and resumption workloads of the suite, run by the suite's own code.
+
+    python -m benchmarks.postgres [--processes 8] [--threads 1] [--seconds 5]
+
+The server is ``SECUREPAD_BENCH_PG_DSN`` (default
+``postgresql://postgres@127.0.0.1:5432/postgres``), a role that may create
+databases and roles; the stores live in a database ``securepad_bench`` (created
+when missing), each in a schema named after its directory, dropped when the
+workload creates the store afresh. Workers and parent use the same principal,
+as in the SQLite runs: every put of the run is one owner's, so PostgreSQL
+serializes them on that owner's lock as SQLite serializes all writes.
+``--owner-per-process`` adds a run in which each worker process puts as an
+owner of its own (reads stay on the seeded entries), the multi-tenant case
+where PostgreSQL writes different owners in parallel; SQLite is run the same
+way for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from securepad import Keyring, Principal, Scratchpad
+
+from .backends import PRINCIPAL, Backend, SecurepadBackend, bench_policy
+from .config import Config
+from .runner import RESULTS_DIR
+from .workloads import run_concurrent, run_resume
+
+SERVER_DSN = os.environ.get("SECUREPAD_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+DATABASE = "securepad_bench"
+SIDE_BY_SIDE = ("securepad", "securepad-postgresql")
+# Set to the parent's pid: every other process (a worker) puts as an owner of its own.
+OWNER_PER_PROCESS = "SECUREPAD_BENCH_OWNER_PER_PROCESS"
+
+
+def _put_principal() -> Principal:
+    parent = os.environ.get(OWNER_PER_PROCESS)
+    if parent is None or int(parent) == os.getpid():
+        return PRINCIPAL
+    return Principal(f"bench-owner-{os.getpid()}", PRINCIPAL.actor, PRINCIPAL.channel)
+
+
+def _get_any_owner(pad: Scratchpad, entry_id: str) -> str:
+    """The whole content, whichever owner put it (the lost-writes check only)."""
+    rows = pad._db.query("SELECT owner_user_id FROM entries WHERE id = ?", (entry_id,), admin=True)
+    owner = rows[0]["owner_user_id"] if rows else PRINCIPAL.owner_user_id
+    return str(pad.get(Principal(owner, PRINCIPAL.actor, PRINCIPAL.channel), entry_id).observation)
+
+
+class _OwnerPerProcess:
+    """put as the process's owner (see OWNER_PER_PROCESS); get finds any owner's entry."""
+
+    pad: Scratchpad
+
+    def put(self, turn_id: str, step: int, text: str, *, ttl: int = 3600, now: float | None = None) -> str:
+        return str(self.pad.put(_put_principal(), turn_id, step, "bench", text, ttl, now=now)["scratchpad_id"])
+
+    def get(self, entry_id: str) -> str:
+        return _get_any_owner(self.pad, entry_id)
+
+
+class SqliteOwnerPerProcess(_OwnerPerProcess, SecurepadBackend):
+    name = "securepad-owner-per-process"
+
+
+def _dsn(dbname: str) -> str:
+    return urlunsplit(urlsplit(SERVER_DSN)._replace(path=f"/{dbname}"))
+
+
+def _ensure_database() -> None:
+    import psycopg
+
+    with psycopg.connect(_dsn("postgres"), autocommit=True) as server:
+        if server.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone() is None:
+            server.execute(f"CREATE DATABASE {DATABASE}")
+
+
+class SecurepadPostgresBackend(SecurepadBackend):
+    name = "securepad-postgresql"
+    description = "securepad Scratchpad on PostgreSQL: the same client-side encryption, row-level security"
+
+    def __init__(self, root: Path, *, create: bool = True, keyring: Keyring | None = None) -> None:
+        Backend.__init__(self, root)
+        import psycopg
+
+        self.keyring = keyring or Keyring.from_key_file(root / "config" / "key")
+        schema = "bench_" + hashlib.blake2b(str(root.resolve()).encode(), digest_size=8).hexdigest()
+        if create:
+            _ensure_database()
+            with psycopg.connect(_dsn(DATABASE), autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        self.pad = Scratchpad.open(_dsn(DATABASE), keyring=self.keyring, policy=bench_policy(), schema=schema)
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        try:
+            import psycopg
+
+            psycopg.connect(_dsn("postgres"), connect_timeout=3).close()
+        except Exception as exc:  # ImportError or any connection failure
+            return f"no PostgreSQL at {SERVER_DSN}: {exc}"
+        return None
+
+
+class PostgresOwnerPerProcess(_OwnerPerProcess, SecurepadPostgresBackend):
+    name = "securepad-postgresql-owner-per-process"
+
+
+# What benchmarks.backends.open_backend finds here (the suite's own run does not include them).
+EXTRA_BACKENDS: dict[str, type[Backend]] = {
+    b.name: b for b in (SecurepadPostgresBackend, SqliteOwnerPerProcess, PostgresOwnerPerProcess)
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.postgres", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each concurrency run")
+    parser.add_argument("--resume-steps", default="10,100,1000")
+    parser.add_argument("--resume-processes", type=int, default=8)
+    parser.add_argument(
+        "--synchronous-commit",
+        choices=("on", "off"),
+        default="on",
+        help="the bench database's setting; off is SQLite's WAL + synchronous=NORMAL durability"
+        " (a crash may lose the last commits, never corrupt)",
+    )
+    parser.add_argument(
+        "--owner-per-process", action="store_true", help="also run the concurrency case with an owner per worker"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "postgres.json")
+    args = parser.parse_args(argv)
+    reason = SecurepadPostgresBackend.unavailable()
+    if reason:
+        print(reason)
+        return 1
+    _ensure_database()
+    import psycopg
+
+    with psycopg.connect(_dsn("postgres"), autocommit=True) as server:
+        server.execute(f"ALTER DATABASE {DATABASE} SET synchronous_commit = {args.synchronous_commit}")
+    config = dataclasses.replace(
+        Config.full(),
+        concurrency=((args.processes, args.threads),),
+        concurrency_seconds=args.seconds,
+        resume_steps=tuple(int(s) for s in args.resume_steps.split(",")),
+        resume_processes=args.resume_processes,
+    )
+    records: dict[str, list[dict[str, Any]]] = {"concurrent": [], "resume": []}
+    with tempfile.TemporaryDirectory(prefix="securepad-bench-pg-") as tmp:
+        workdir = Path(tmp)
+        for name in SIDE_BY_SIDE:
+            for batch in run_concurrent(config, name, workdir, lambda _: None):
+                records["concurrent"].extend(batch)
+            for batch in run_resume(config, name, workdir, lambda _: None):
+                records["resume"].extend(batch)
+        if args.owner_per_process:
+            os.environ[OWNER_PER_PROCESS] = str(os.getpid())
+            try:
+                for name in ("securepad-owner-per-process", "securepad-postgresql-owner-per-process"):
+                    for batch in run_concurrent(config, name, workdir, lambda _: None):
+                        records["concurrent"].extend(batch)
+            finally:
+                del os.environ[OWNER_PER_PROCESS]
+    print(
+        f"## concurrency: {args.processes} processes x {args.threads} threads, {args.seconds:g} s, 50/50 put/read"
+        f" (PostgreSQL synchronous_commit = {args.synchronous_commit})"
+    )
+    print("| backend | put ops/s | read ops/s | all ops/s | put p99 ms | read p99 ms | errors | lost writes |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in records["concurrent"]:
+        print(
+            f"| {r['backend']} | {r['put']['ops_per_s']:.0f} | {r['read']['ops_per_s']:.0f}"
+            f" | {r['stats']['ops_per_s']:.0f} | {r['put']['p99'] * 1e3:.1f} | {r['read']['p99'] * 1e3:.1f}"
+            f" | {r['error_count']} | {r['lost_writes']} |"
+        )
+    print(f"\n## resumption in a fresh process ({args.resume_processes} runs each)")
+    print("| backend | steps | median ms | p90 ms | max ms |")
+    print("|---|---:|---:|---:|---:|")
+    for r in records["resume"]:
+        s = r["stats"]
+        print(
+            f"| {r['backend']} | {r['steps']} | {s['median'] * 1e3:.1f} | {s['p90'] * 1e3:.1f} | {s['max'] * 1e3:.1f} |"
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, **records}, indent=2, default=str))
+    print(f"\nresults: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
