@@ -271,6 +271,7 @@ class PostgresDatabase:
         self._closed = False
         self._pid = os.getpid()
         self._owned: list[ConnectionPool[Any]] = []
+        self._inherited: list[ConnectionPool[Any]] = []
         self._app, self._admin = self._pools()
         self.location = _describe(app, schema)
         try:
@@ -319,6 +320,9 @@ class PostgresDatabase:
                 raise SecurepadError("a store opened on a connection pool cannot be used after fork; open it again")
             with self._lock:
                 if os.getpid() != self._pid:
+                    # Never closed nor collected here: closing would end the
+                    # parent's sessions on the sockets both processes hold.
+                    self._inherited.extend(self._owned)
                     self._owned = []
                     self._app, self._admin = self._pools()
                     self._pid = os.getpid()

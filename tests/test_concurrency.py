@@ -48,9 +48,9 @@ def put_many(pad: Scratchpad, writer: str, count: int = PUTS) -> list[tuple[str,
     return done
 
 
-def check_all(db_path: Path, keyring: Keyring, done: list[tuple[str, str, int]]) -> None:
+def check_all(store_location: Any, keyring: Keyring, done: list[tuple[str, str, int]]) -> None:
     assert len({entry_id for entry_id, _, _ in done}) == len(done)
-    with Scratchpad.open(db_path, keyring=keyring) as pad:
+    with Scratchpad.open(store_location, keyring=keyring) as pad:
         for entry_id, writer, i in done:
             assert pad.get(principal_for(writer, i), entry_id).observation == observation(writer, i)
         assert pad.stats()["entries"] == len(done)
@@ -83,14 +83,14 @@ def run_threads(pad: Scratchpad, writers: list[str]) -> list[Any]:
     return [item for writer in writers for item in results[writer]]
 
 
-def test_two_threads_share_one_store(db_path: Path, keyring: Keyring) -> None:
-    with Scratchpad.open(db_path, keyring=keyring) as pad:
+def test_two_threads_share_one_store(store_location: Any, keyring: Keyring) -> None:
+    with Scratchpad.open(store_location, keyring=keyring) as pad:
         done = run_threads(pad, ["t1", "t2"])
-    check_all(db_path, keyring, done)
+    check_all(store_location, keyring, done)
 
 
-def test_threads_with_their_own_stores(db_path: Path, keyring: Keyring) -> None:
-    pads = [Scratchpad.open(db_path, keyring=keyring) for _ in range(2)]
+def test_threads_with_their_own_stores(store_location: Any, keyring: Keyring) -> None:
+    pads = [Scratchpad.open(store_location, keyring=keyring) for _ in range(2)]
     barrier = threading.Barrier(2)
     results: list[list[tuple[str, str, int]]] = [[], []]
     errors: list[BaseException] = []
@@ -110,12 +110,12 @@ def test_threads_with_their_own_stores(db_path: Path, keyring: Keyring) -> None:
     for pad in pads:
         pad.close()
     assert errors == []
-    check_all(db_path, keyring, results[0] + results[1])
+    check_all(store_location, keyring, results[0] + results[1])
 
 
-def test_readers_while_writers_write(db_path: Path, keyring: Keyring) -> None:
+def test_readers_while_writers_write(store_location: Any, keyring: Keyring) -> None:
     alice = Principal("alice", "reader", "web")
-    with Scratchpad.open(db_path, keyring=keyring) as pad:
+    with Scratchpad.open(store_location, keyring=keyring) as pad:
         text = "read me while they write ✓ " * 10000
         entry_id = pad.put(alice, "t", 0, "x", text)["scratchpad_id"]
         stop = threading.Event()
@@ -140,7 +140,7 @@ def test_readers_while_writers_write(db_path: Path, keyring: Keyring) -> None:
         assert reader_errors == []
         assert reads[0] > 0
         assert pad.get(alice, entry_id).observation == text
-    with Scratchpad.open(db_path, keyring=keyring) as pad:
+    with Scratchpad.open(store_location, keyring=keyring) as pad:
         for got_id, writer, i in done:
             assert pad.get(principal_for(writer, i), got_id).observation == observation(writer, i)
 
@@ -173,21 +173,21 @@ def collect(procs: list[Any], queue: Any) -> list[tuple[str, str, int]]:
     return done
 
 
-def test_two_spawned_processes(db_path: Path, key_file: Path, keyring: Keyring) -> None:
-    Scratchpad.open(db_path, keyring=keyring).close()
+def test_two_spawned_processes(store_location: Any, key_file: Path, keyring: Keyring) -> None:
+    Scratchpad.open(store_location, keyring=keyring).close()
     ctx = multiprocessing.get_context("spawn")
     barrier, queue = ctx.Barrier(2), ctx.Queue()
     procs = [
-        ctx.Process(target=_spawned_writer, args=(str(db_path), str(key_file), writer, barrier, queue))
+        ctx.Process(target=_spawned_writer, args=(str(store_location), str(key_file), writer, barrier, queue))
         for writer in ("s1", "s2")
     ]
-    check_all(db_path, keyring, collect(procs, queue))
+    check_all(store_location, keyring, collect(procs, queue))
 
 
 @pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "darwin", reason="fork start method")
-def test_two_forked_processes_and_the_parent(db_path: Path, keyring: Keyring) -> None:
+def test_two_forked_processes_and_the_parent(store_location: Any, keyring: Keyring) -> None:
     ctx = multiprocessing.get_context("fork")
-    with Scratchpad.open(db_path, keyring=keyring) as pad:
+    with Scratchpad.open(store_location, keyring=keyring) as pad:
         # The parent has used its connection before forking: the children must not share it.
         parent_done = put_many(pad, "parent", 3)
         barrier, queue = ctx.Barrier(3), ctx.Queue()
@@ -206,7 +206,7 @@ def test_two_forked_processes_and_the_parent(db_path: Path, keyring: Keyring) ->
         for entry_id, writer, i in parent_done:
             assert pad.get(principal_for(writer, i), entry_id).observation == observation(writer, i)
     all_done = parent_done + done
-    with Scratchpad.open(db_path, keyring=keyring) as pad:
+    with Scratchpad.open(store_location, keyring=keyring) as pad:
         for entry_id, writer, i in all_done:
             assert pad.get(principal_for(writer, i), entry_id).observation == observation(writer, i)
         assert pad.stats()["entries"] == len(all_done)

@@ -185,3 +185,57 @@ def test_a_login_with_the_application_role_only_serves_principals(
         finally:
             admin.execute(f"DROP ROLE IF EXISTS {login}")
     assert pg_pad.stats()["entries"] == 1
+
+
+def _fill(pad: Scratchpad, principal: Principal, count: int) -> dict[str, str]:
+    turn = pad.turn(principal, "t1")
+    turn.checkpoint(facts=[f"fact of {principal.owner_user_id}"])
+    entries = {}
+    for i in range(count):
+        text = f"{principal.owner_user_id} {i} " * 5_000
+        entries[pad.put(principal, "t1", i + 10, "shell", text)["scratchpad_id"]] = text
+    return entries
+
+
+def _admin_count(pad: Scratchpad, sql: str, *params: object) -> int:
+    return int(pad._db.query(sql, params, admin=True)[0]["n"])
+
+
+def test_owner_rotation_rewraps_and_retires_on_postgresql(pg_pad: Scratchpad) -> None:
+    alice, bob = _fill(pg_pad, ALICE, 3), _fill(pg_pad, BOB, 2)
+    result = pg_pad.rotate_owner_key("alice", progress=lambda done, total: None)
+    assert (result["version"], result["retired_versions"], result["complete"]) == (2, [1], True)
+    assert result["item_keys_rewrapped"] == 4  # 3 entries and the checkpoint
+    rows = pg_pad._db.query("SELECT owner_user_id, version FROM owner_keys ORDER BY 1", admin=True)
+    assert [(r["owner_user_id"], r["version"]) for r in rows] == [("alice", 2), ("bob", 1)]
+    for principal, entries in ((ALICE, alice), (BOB, bob)):
+        for entry, text in entries.items():
+            assert pg_pad.get(principal, entry).observation == text
+        checkpoint = pg_pad.turn(principal, "t1").latest_checkpoint()
+        assert checkpoint is not None
+        assert checkpoint["facts"] == [f"fact of {principal.owner_user_id}"]
+
+
+def test_master_rotation_on_postgresql(pg_pad: Scratchpad, pg_dsn: str, keyring: Keyring, tmp_path: Path) -> None:
+    from securepad import WrongKeyError
+
+    entries = _fill(pg_pad, ALICE, 2)
+    new = Keyring.from_key_file(tmp_path / "new-key")
+    assert pg_pad.rotate_master_key(new)["owner_keys_rewrapped"] == 1
+    with pytest.raises(WrongKeyError):
+        Scratchpad.open(pg_dsn, keyring=keyring)
+    with Scratchpad.open(pg_dsn, keyring=new) as reopened:
+        for entry, text in entries.items():
+            assert reopened.get(ALICE, entry).observation == text
+
+
+def test_forget_owner_on_postgresql_leaves_no_row_of_the_owner(pg_pad: Scratchpad) -> None:
+    _fill(pg_pad, ALICE, 2)
+    bob = _fill(pg_pad, BOB, 1)
+    removed = pg_pad.forget_owner("alice")
+    assert (removed["entries"], removed["owner_keys"], removed["checkpoints"]) == (2, 1, 1)
+    assert removed["segments"] >= 2
+    for table in ("entries", "segments", "owner_keys", "owner_usage", "checkpoints", "compaction_marks"):
+        assert _admin_count(pg_pad, f"SELECT COUNT(*) AS n FROM {table} WHERE owner_user_id = ?", "alice") == 0
+    ((entry, text),) = bob.items()
+    assert pg_pad.get(BOB, entry).observation == text
