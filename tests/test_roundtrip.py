@@ -45,7 +45,7 @@ def repeated_bytes(draw: st.DrawFn) -> bytes:
     return chunk * max(1, target // len(chunk))
 
 
-texts = st.one_of(st.text(), st.text(alphabet=st.characters(min_codepoint=0x80)), repeated_text())
+texts = st.one_of(st.text(), st.text(alphabet=st.characters(min_codepoint=0x80, codec="utf-8")), repeated_text())
 binaries = st.one_of(st.binary(), repeated_bytes())
 json_scalars = st.one_of(
     st.none(),
