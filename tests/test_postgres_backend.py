@@ -239,3 +239,11 @@ def test_forget_owner_on_postgresql_leaves_no_row_of_the_owner(pg_pad: Scratchpa
         assert _admin_count(pg_pad, f"SELECT COUNT(*) AS n FROM {table} WHERE owner_user_id = ?", "alice") == 0
     ((entry, text),) = bob.items()
     assert pg_pad.get(BOB, entry).observation == text
+
+
+def test_the_audit_refuses_a_postgresql_store_and_plants_nothing(pg_pad: Scratchpad) -> None:
+    from securepad.audit import run_audit
+
+    with pytest.raises(SecurepadError, match="not a SQLite file"):
+        run_audit(pg_pad)
+    assert pg_pad.stats()["owners"] == 0
