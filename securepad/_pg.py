@@ -191,6 +191,12 @@ _MIGRATIONS: dict[int, str] = {
     """,
 }
 
+# The role, schema, owner and lock timeout of one transaction (``true``: local to it).
+_SETTINGS = (
+    "SELECT set_config('role', %s, true), set_config('search_path', %s, true),"
+    " set_config('securepad.owner', %s, true), set_config('lock_timeout', %s, true)"
+)
+
 _BUSY = (
     pg_errors.LockNotAvailable,
     pg_errors.SerializationFailure,
@@ -339,8 +345,7 @@ class PostgresDatabase:
         try:
             with self._pool(admin).connection() as conn, conn.transaction():
                 taken = conn.execute(
-                    "SELECT set_config('role', %s, true), set_config('search_path', %s, true),"
-                    " set_config('securepad.owner', %s, true), set_config('lock_timeout', %s, true)" + locks,
+                    _SETTINGS + locks,
                     (ADMIN_ROLE if admin else APP_ROLE, self.schema, owner or "", self._lock_timeout, *lock_params),
                 ).fetchone()
                 if taken is not None and taken[-1] is False:  # pg_try_advisory_xact_lock
@@ -375,9 +380,28 @@ class PostgresDatabase:
             yield conn
 
     def query(self, sql: str, params: Params = (), *, owner: str | None = None, admin: bool = False) -> Rows:
-        """Rows as dicts, in a transaction of their own."""
-        with self._session(owner, admin, "", ()) as conn:
-            return conn.query(sql, params)
+        """Rows as dicts, in a transaction of their own.
+
+        One round trip: the settings and the query go as one simple-protocol
+        message, which PostgreSQL runs as one implicit transaction (so the
+        local settings hold for the query and end with it). The parameters are
+        bound by psycopg's client-side quoting.
+        """
+        settings = (ADMIN_ROLE if admin else APP_ROLE, self.schema, owner or "", self._lock_timeout)
+        try:
+            with self._pool(admin).connection() as conn, psycopg.ClientCursor(conn) as cursor:
+                cursor.execute(_SETTINGS + "; " + translate(sql), (*settings, *params))
+                cursor.nextset()
+                if cursor.description is None:
+                    return []
+                names = [d.name for d in cursor.description]
+                return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+        except _BUSY:
+            raise StoreBusyError("the store is busy; try again") from None
+        except pg_errors.InsufficientPrivilege as exc:
+            raise SecurepadError(f"PostgreSQL refused the store's role: {exc}") from None
+        except psycopg.OperationalError as exc:
+            raise SecurepadError(f"PostgreSQL connection failed: {exc}") from None
 
     def checkpoint(self, *, wait: bool = True) -> bool:
         """Nothing to do: the server manages its own files (see docs/postgresql.md on VACUUM)."""
