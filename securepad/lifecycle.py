@@ -44,6 +44,8 @@ Progress = Callable[[int, int], None]
 # Item keys re-wrapped per transaction during an owner rotation: small enough
 # that concurrent writers wait milliseconds, large enough to amortize commits.
 REWRAP_BATCH = 500
+# Passes over an owner's rows per table in one rotation (see rotate_owner_key).
+MAX_PASSES = 3
 
 # Every table whose rows hold an item key wrapped by an owner key, with the
 # AAD of that wrapping: rotation re-wraps them all before retiring a version.
@@ -128,36 +130,53 @@ def rotate_owner_key(
     total = _count_old(pad, owner_user_id, new_version)
     done = 0
     for table, aad_of in _WRAPPED_TABLES:
-        while True:
-            rows = pad._db.query(
-                f"SELECT id, key_version, wrapped_key FROM {table} WHERE owner_user_id = ? AND key_version < ? LIMIT ?",
-                (owner_user_id, new_version, batch),
-                owner=owner_user_id,
-                admin=True,
-            )
-            if not rows:
+        # List the ids once, then fetch them by id: paging with LIMIT over
+        # "key_version < new" rescanned every re-wrapped row on each batch,
+        # which made a rotation quadratic in the owner's entries. A pass more
+        # picks up rows whose compare-and-set lost a race; what is still left
+        # after that is reported (complete=False) and finished by a rerun.
+        for _ in range(MAX_PASSES):
+            ids = [
+                row["id"]
+                for row in pad._db.query(
+                    f"SELECT id FROM {table} WHERE owner_user_id = ? AND key_version < ?",
+                    (owner_user_id, new_version),
+                    owner=owner_user_id,
+                    admin=True,
+                )
+            ]
+            if not ids:
                 break
-            updates = []
-            for row in rows:
-                old_cipher = pad._owner_cipher(owner_user_id, row["key_version"])
-                old_aad = aad_of(row["id"], owner_user_id, row["key_version"])
-                item_key = unwrap_key(old_cipher, row["wrapped_key"], old_aad)
-                new_wrapped = wrap_key(new_cipher, item_key, aad_of(row["id"], owner_user_id, new_version))
-                updates.append((new_wrapped, new_version, row["id"], row["key_version"], row["wrapped_key"]))
-            with pad._db.transaction(owner_user_id, admin=True) as conn:
-                # Compare-and-set: a row changed meanwhile is left for the next batch.
-                conn.executemany(
-                    f"UPDATE {table} SET wrapped_key = ?, key_version = ?"
-                    " WHERE id = ? AND key_version = ? AND wrapped_key = ?",
-                    updates,
+            for first in range(0, len(ids), batch):
+                chunk = ids[first : first + batch]
+                rows = pad._db.query(
+                    f"SELECT id, key_version, wrapped_key FROM {table}"
+                    f" WHERE owner_user_id = ? AND key_version < ? AND id IN ({', '.join('?' * len(chunk))})",
+                    (owner_user_id, new_version, *chunk),
+                    owner=owner_user_id,
+                    admin=True,
                 )
-                conn.execute(
-                    "UPDATE owner_keys SET wrap_count = wrap_count + ? WHERE owner_user_id = ? AND version = ?",
-                    (len(updates), owner_user_id, new_version),
-                )
-            done += len(rows)
-            if progress is not None:
-                progress(min(done, total), total)
+                updates = []
+                for row in rows:
+                    old_cipher = pad._owner_cipher(owner_user_id, row["key_version"])
+                    old_aad = aad_of(row["id"], owner_user_id, row["key_version"])
+                    item_key = unwrap_key(old_cipher, row["wrapped_key"], old_aad)
+                    new_wrapped = wrap_key(new_cipher, item_key, aad_of(row["id"], owner_user_id, new_version))
+                    updates.append((new_wrapped, new_version, row["id"], row["key_version"], row["wrapped_key"]))
+                with pad._db.transaction(owner_user_id, admin=True) as conn:
+                    # Compare-and-set: a row changed meanwhile is left for the next pass.
+                    conn.executemany(
+                        f"UPDATE {table} SET wrapped_key = ?, key_version = ?"
+                        " WHERE id = ? AND key_version = ? AND wrapped_key = ?",
+                        updates,
+                    )
+                    conn.execute(
+                        "UPDATE owner_keys SET wrap_count = wrap_count + ? WHERE owner_user_id = ? AND version = ?",
+                        (len(updates), owner_user_id, new_version),
+                    )
+                done += len(rows)
+                if progress is not None:
+                    progress(min(done, total), total)
     with pad._db.transaction(owner_user_id, admin=True) as conn:
         left = 0
         for table, _ in _WRAPPED_TABLES:
