@@ -149,13 +149,16 @@ def rotate_owner_key(
                 break
             for first in range(0, len(ids), batch):
                 chunk = ids[first : first + batch]
-                rows = pad._db.query(
-                    f"SELECT id, key_version, wrapped_key FROM {table}"
-                    f" WHERE owner_user_id = ? AND key_version < ? AND id IN ({', '.join('?' * len(chunk))})",
-                    (owner_user_id, new_version, *chunk),
+                # By primary key only, so the engine cannot pick the owner index and
+                # scan the owner's rows per chunk; owner and version are checked here.
+                fetched = pad._db.query(
+                    f"SELECT id, owner_user_id, key_version, wrapped_key FROM {table}"
+                    f" WHERE id IN ({', '.join('?' * len(chunk))})",
+                    tuple(chunk),
                     owner=owner_user_id,
                     admin=True,
                 )
+                rows = [r for r in fetched if r["owner_user_id"] == owner_user_id and r["key_version"] < new_version]
                 updates = []
                 for row in rows:
                     old_cipher = pad._owner_cipher(owner_user_id, row["key_version"])
