@@ -6,6 +6,7 @@ import base64
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import apsw
 import pytest
@@ -49,7 +50,7 @@ def test_master_rotation_to_each_source(
     pad: Scratchpad,
     alice: Principal,
     bob: Principal,
-    db_path: Path,
+    store_location: Any,
     keyring: Keyring,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -70,13 +71,13 @@ def test_master_rotation_to_each_source(
     carol_id = pad.put(carol, "t", 1, "tool", "carol's")["scratchpad_id"]
     pad.close()
     with pytest.raises(WrongKeyError):
-        Scratchpad.open(db_path, keyring=keyring)
+        Scratchpad.open(store_location, keyring=keyring)
     reopened = {
         "file": lambda: Keyring.from_key_file(tmp_path / "new" / "key"),
         "env": lambda: Keyring.from_env("NEW_MASTER"),
         "passphrase": lambda: Keyring.from_passphrase("correct horse battery staple", **FAST_ARGON2),
     }[target]()
-    with Scratchpad.open(db_path, keyring=reopened) as again:
+    with Scratchpad.open(store_location, keyring=reopened) as again:
         _assert_readable(again, alice, {k: v for k, v in expected.items() if v.startswith("alice")})
         _assert_readable(again, bob, {k: v for k, v in expected.items() if v.startswith("bob")})
         assert again.get(carol, carol_id).observation == "carol's"
@@ -99,9 +100,12 @@ def test_master_rotation_to_the_same_key_is_refused(pad: Scratchpad, keyring: Ke
 
 
 def test_other_handle_with_the_old_master_key_cannot_wrap_new_owner_keys(
-    db_path: Path, keyring: Keyring, alice: Principal, tmp_path: Path
+    store_location: Any, keyring: Keyring, alice: Principal, tmp_path: Path
 ) -> None:
-    with Scratchpad.open(db_path, keyring=keyring) as first, Scratchpad.open(db_path, keyring=keyring) as stale:
+    with (
+        Scratchpad.open(store_location, keyring=keyring) as first,
+        Scratchpad.open(store_location, keyring=keyring) as stale,
+    ):
         _fill(first, alice, 1)
         first.rotate_master_key(Keyring.from_key_file(tmp_path / "new-key"))
         with pytest.raises(WrongKeyError):
