@@ -404,7 +404,7 @@ class PostgresDatabase:
             raise SecurepadError(f"PostgreSQL connection failed: {exc}") from None
 
     def checkpoint(self, *, wait: bool = True) -> bool:
-        """Nothing to do: the server manages its own files (see docs/postgresql.md on VACUUM)."""
+        """Nothing to do: the server manages its own files (see the README's PostgreSQL section on VACUUM)."""
         return True
 
     def _app_version(self) -> int | None:
@@ -468,7 +468,7 @@ class PostgresDatabase:
         except pg_errors.InsufficientPrivilege as exc:
             raise SecurepadError(
                 f"cannot set up the store in schema {self.schema}: {exc}"
-                " (see docs/postgresql.md for the roles and grants it needs)"
+                " (see the README's PostgreSQL section for the roles and grants it needs)"
             ) from None
         except psycopg.Error as exc:
             raise SecurepadError(f"cannot set up the store in schema {self.schema}: {exc}") from None

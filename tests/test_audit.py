@@ -17,7 +17,7 @@ from securepad.audit import Audit, run_audit
 from securepad.cli import main
 from securepad.policy import NOT_FOUND_MESSAGE
 
-# The audit scans and copies the store's files: a SQLite feature (docs/postgresql.md).
+# The audit scans and copies the store's files: a SQLite feature (the README's PostgreSQL section).
 pytestmark = pytest.mark.sqlite_only
 
 REAL = [Principal("carol", "planner", "web"), Principal("dave", "coder", "slack")]
