@@ -17,7 +17,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,7 +147,7 @@ class Scratchpad:
         ``psycopg[binary]`` and ``psycopg-pool``). On PostgreSQL, ``admin``
         (a DSN or pool; default: the same as ``db_path``) runs housekeeping
         and migrations, and the store lives in ``schema``; see
-        docs/postgresql.md for roles and grants.
+        the README's PostgreSQL section for roles and grants.
 
         ``policy`` is a path to a TOML policy, a ``Policy``, or None for the
         shipped default. ``clock`` is the time source for expiry.
@@ -369,14 +369,16 @@ class Scratchpad:
         *,
         now: float | None = None,
         inline: tuple[Any] | None = None,
+        free_step: bool = False,
     ) -> dict[str, Any]:
         """``put``, keeping (sealed) what a turn showed the model: ``inline`` is
-        ``(item,)`` when the observation went into the history itself."""
+        ``(item,)`` when the observation went into the history itself. With
+        ``free_step``, the write transaction refuses a step that a live entry
+        of the turn in the principal's scope already has (see ``_check_step_free``)."""
         _check_principal(principal)
         check_identifier("turn_id", turn_id)
         check_identifier("executor_name", executor_name)
-        if isinstance(step_num, bool) or not isinstance(step_num, int) or not 0 <= step_num < 2**31:
-            raise InvalidArgumentError(f"step_num must be an integer from 0 to 2**31-1, not {step_num!r}")
+        _check_step_num(step_num)
         ttl = self._ttl(ttl_seconds)
         kind, shape, content, rest = _classify(observation)
         breaks: list[int] | None = None
@@ -425,7 +427,7 @@ class Scratchpad:
             row, sealed = _seal(owner_cipher, header, meta, segments)
             row["stored_bytes"] = stored_bytes
             try:
-                self._insert(row, sealed, created)
+                self._insert(row, sealed, created, free_step_for=principal if free_step else None)
             except DuplicateKeyError:
                 continue  # a 64-bit id collided: seal again under a new id
             except _StaleOwnerKey:
@@ -465,13 +467,17 @@ class Scratchpad:
         )
         return int(live[0]["used"])
 
-    def _insert(self, row: dict[str, Any], segments: list[bytes], now: float) -> None:
+    def _insert(
+        self, row: dict[str, Any], segments: list[bytes], now: float, *, free_step_for: Principal | None = None
+    ) -> None:
         with self._db.transaction(row["owner_user_id"]) as conn:
             current = conn.query(
                 "SELECT MAX(version) AS v FROM owner_keys WHERE owner_user_id = ?", (row["owner_user_id"],)
             )[0]["v"]
             if current != row["key_version"]:
                 raise _StaleOwnerKey
+            if free_step_for is not None:
+                self._check_step_free(free_step_for, row["turn_id"], row["step_num"], now, conn)
             used = self._quota_used(conn, row["owner_user_id"], row["stored_bytes"], now)
             if used + row["stored_bytes"] > self.policy.owner_quota_bytes:
                 raise QuotaExceededError(
@@ -723,25 +729,84 @@ class Scratchpad:
         _check_principal(principal)
         check_identifier("turn_id", turn_id)
         scope, params = self.policy.scope_sql(principal)
+        sql = f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE turn_id = ? AND {scope} ORDER BY step_num, created_at, id"
+        rows = self._db.query(sql, (turn_id, *params), owner=principal.owner_user_id)
+        return list(self._authenticate_rows(principal, _live(rows, self._now(now))))
+
+    def _turn_offloads(self, principal: Principal, turn_id: str, now: float | None) -> bool:
+        """Whether a live entry of the turn in the principal's scope was offloaded
+        (its sealed metadata holds no ``inline`` history item).
+
+        Entries are fetched newest step first, in pages that double (8, 16,
+        ...), and authenticated one at a time until one is offloaded: when the
+        latest steps were offloaded, one small indexed query and one
+        authentication answer, whatever the turn's length. The answer comes
+        from authenticated metadata only.
+
+        Raises:
+            InvalidArgumentError: a bad principal or turn id.
+            IntegrityError: an entry looked at fails authentication.
+        """
+        _check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        scope, params = self.policy.scope_sql(principal)
+        current = self._now(now)
+        # (step_num, id) follows entries_owner_turn, so a page reads only its own rows.
         sql = (
-            f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE turn_id = ? AND expires_at > ? AND {scope}"
-            " ORDER BY step_num, created_at, id"
+            f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE turn_id = ? AND {scope}"
+            " ORDER BY step_num DESC, id DESC LIMIT ? OFFSET ?"
         )
+        offset, size = 0, 8
+        while True:
+            rows = self._db.query(sql, (turn_id, *params, size, offset), owner=principal.owner_user_id)
+            if any("inline" not in opened.meta for opened in self._authenticate_rows(principal, _live(rows, current))):
+                return True
+            if len(rows) < size:
+                return False
+            offset, size = offset + size, size * 2
+
+    def _authenticate_rows(self, principal: Principal, rows: Iterable[dict[str, Any]]) -> Iterator[_Opened]:
+        """Each row authorized again and authenticated, as the caller gets to it.
+
+        Raises:
+            NotFoundError: a row outside the principal's scope (the query let it through).
+            IntegrityError: an entry fails authentication.
+        """
         owner = principal.owner_user_id
-        rows = self._db.query(sql, (turn_id, self._now(now), *params), owner=owner)
-        opened = []
         for row in rows:
             self.policy.authorize_row(principal, row)
             try:
-                opened.append(self._authenticate(row))
+                opened = self._authenticate(row)
             except _MissingOwnerKey:
                 # A rotation re-wrapped the entry and retired its old key meanwhile.
                 again = self._db.query(f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE id = ?", (row["id"],), owner=owner)
                 if not again or again[0]["key_version"] == row["key_version"]:
                     raise
                 self.policy.authorize_row(principal, again[0])
-                opened.append(self._authenticate(again[0]))
-        return opened
+                opened = self._authenticate(again[0])
+            yield opened
+
+    def _check_step_free(
+        self, principal: Principal, turn_id: str, step_num: int, now: float | None, conn: Conn | None = None
+    ) -> None:
+        """Refuse a step that a live entry of the turn in the principal's scope
+        already has: one lookup on the (owner, turn, step) index, whatever the
+        turn's length. Inside ``_insert``'s write transaction (``conn``), which
+        serializes the owner's writes on both backends, no other writer can
+        take the step between this look and the insert.
+
+        Raises:
+            InvalidArgumentError: a bad principal, turn id or step, or the step is taken.
+        """
+        _check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        _check_step_num(step_num)
+        scope, params = self.policy.scope_sql(principal)
+        sql = f"SELECT expires_at FROM entries WHERE turn_id = ? AND step_num = ? AND {scope}"
+        args = (turn_id, step_num, *params)
+        rows = conn.query(sql, args) if conn is not None else self._db.query(sql, args, owner=principal.owner_user_id)
+        if _live(rows, self._now(now)):
+            raise InvalidArgumentError(f"step {step_num} is already recorded in turn {turn_id!r}")
 
     # -- turns ----------------------------------------------------------------------
 
@@ -978,6 +1043,30 @@ def _check_row_types(row: dict[str, Any]) -> None:
 def _check_principal(principal: object) -> None:
     if not isinstance(principal, Principal):
         raise InvalidArgumentError("principal must be a securepad.Principal")
+
+
+def _live(rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """The rows that expire after ``now``.
+
+    Filtered here rather than by ``expires_at > ?`` in the query: given that
+    range, SQLite (which has no statistics unless ANALYZE ran) walks
+    ``entries_owner_usage``, every live entry of the owner, instead of the
+    turn's part of ``entries_owner_turn``, and a turn's lookups grow with
+    all of the owner's turns.
+
+    Raises:
+        IntegrityError: a clear expiry that is not a number (such a row used
+            to pass ``expires_at > ?``, as text sorts after numbers, and fail
+            authentication: the outcome is the same).
+    """
+    for row in rows:
+        _check_row_types({"expires_at": row["expires_at"]})
+    return [row for row in rows if row["expires_at"] > now]
+
+
+def _check_step_num(step_num: object) -> None:
+    if isinstance(step_num, bool) or not isinstance(step_num, int) or not 0 <= step_num < 2**31:
+        raise InvalidArgumentError(f"step_num must be an integer from 0 to 2**31-1, not {step_num!r}")
 
 
 def _seal(

@@ -195,12 +195,20 @@ class Turn:
                 as for ``Scratchpad.put``.
             QuotaExceededError, StoreBusyError: as for ``Scratchpad.put``.
         """
-        taken = {opened.row["step_num"] for opened in self._entries(now)}
-        if step_num in taken:
-            raise InvalidArgumentError(f"step {step_num} is already recorded in turn {self.turn_id!r}")
+        # Checked here, before anything is sealed, and again inside the write
+        # transaction, where no other writer (another process too) can take the step meanwhile.
+        self._pad._check_step_free(self.principal, self.turn_id, step_num, now)
         inline = _inline(observation, step_num, self._pad.policy)
         view = self._pad._put(
-            self.principal, self.turn_id, step_num, executor_name, observation, ttl_seconds, now=now, inline=inline
+            self.principal,
+            self.turn_id,
+            step_num,
+            executor_name,
+            observation,
+            ttl_seconds,
+            now=now,
+            inline=inline,
+            free_step=True,
         )
         return view if inline is None else inline[0]
 
@@ -238,7 +246,7 @@ class Turn:
         Raises:
             IntegrityError: a stored entry fails authentication.
         """
-        if any("inline" not in opened.meta for opened in self._entries(now)):
+        if self._pad._turn_offloads(self.principal, self.turn_id, now):
             return [copy.deepcopy(SCRATCHPAD_READ_TOOL_STRICT if strict else SCRATCHPAD_READ_TOOL)]
         return []
 

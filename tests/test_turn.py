@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib
 import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import apsw
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -124,6 +126,37 @@ def test_a_step_is_recorded_once(turn: Turn) -> None:
         turn.record(1, "x", "b", now=NOW)
 
 
+def test_a_step_taken_by_another_writer_meanwhile_is_refused(
+    pad: Scratchpad, store_location: Any, keyring: Keyring, alice: Principal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another process records step 1 after this one found it free and before it writes:
+    # the write transaction looks again.
+    turn_module = importlib.import_module("securepad.turn")
+    inline = turn_module._inline
+    turn = pad.turn(alice, "turn-1", now=NOW)
+    with Scratchpad.open(store_location, keyring=keyring) as other:
+        raced: list[bool] = []
+
+        def racing(*args: Any) -> Any:
+            if not raced:
+                raced.append(True)
+                other.turn(alice, "turn-1", now=NOW).record(1, "x", "theirs", now=NOW)
+            return inline(*args)
+
+        monkeypatch.setattr(turn_module, "_inline", racing)
+        with pytest.raises(InvalidArgumentError, match="step 1 is already recorded"):
+            turn.record(1, "x", "ours", now=NOW)
+    assert raced and turn.history(now=NOW) == ["theirs"]
+
+
+def test_an_expired_step_can_be_recorded_again(turn: Turn) -> None:
+    turn.record(1, "x", "old", ttl_seconds=10, now=NOW)
+    with pytest.raises(InvalidArgumentError, match="step 1 is already recorded"):
+        turn.record(1, "x", "new", now=NOW + 9)
+    assert turn.record(1, "x", "new", now=NOW + 10) == "new"
+    assert turn.history(now=NOW + 10) == ["new"]
+
+
 @pytest.mark.parametrize("observation", [{1, 2}, {"a": object()}, float("nan")], ids=repr)
 def test_observation_that_is_not_json_is_refused(turn: Turn, observation: Any) -> None:
     with pytest.raises(InvalidArgumentError):
@@ -154,6 +187,27 @@ def test_tools_only_when_something_was_offloaded(turn: Turn) -> None:
     assert tools == [SCRATCHPAD_READ_TOOL]
     tools[0]["function"]["name"] = "changed"  # the runtime gets its own copy
     assert SCRATCHPAD_READ_TOOL["function"]["name"] == "scratchpad_read"
+
+
+def test_tools_finds_an_offloaded_step_behind_many_inline_ones(turn: Turn) -> None:
+    # Only the offloaded step 1 (oldest, expiring first) makes the tool worth offering.
+    turn.record(1, "read_file", {"content": BIG_TEXT}, ttl_seconds=10, now=NOW)
+    for step in range(2, 32):
+        turn.record(step, "echo", f"small {step}", now=NOW)
+    assert turn.tools(now=NOW + 9) == [SCRATCHPAD_READ_TOOL]
+    assert turn.tools(now=NOW + 10) == []
+
+
+def test_tools_decides_on_authenticated_metadata(small_pad: Scratchpad, alice: Principal) -> None:
+    turn = small_pad.turn(alice, "t", now=NOW)
+    entry = offload(turn, 1)
+    conn = apsw.Connection(str(small_pad.path))
+    try:
+        conn.execute("UPDATE entries SET sealed_meta = ? WHERE id = ?", (bytes(64), entry))
+    finally:
+        conn.close()
+    with pytest.raises(securepad.IntegrityError):
+        turn.tools(now=NOW)
 
 
 def test_tool_schema_is_an_openai_function() -> None:
