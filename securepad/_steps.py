@@ -39,6 +39,16 @@ def _turn_lock(turn: Turn) -> threading.Lock:
         return locks.setdefault(key, threading.Lock())
 
 
+def _taken(turn: Turn, step_num: int, now: float | None) -> bool:
+    if step_num >= 2**31:
+        return False  # no such step: record refused the number itself
+    try:
+        turn._pad._check_step_free(turn.principal, turn.turn_id, step_num, now)
+    except InvalidArgumentError:
+        return True  # the principal, turn and step are valid: record_next checked them
+    return False
+
+
 def record_next(
     turn: Turn,
     executor_name: str,
@@ -54,14 +64,14 @@ def record_next(
     Raises:
         InvalidArgumentError, QuotaExceededError, StoreBusyError: as for ``Turn.record``.
     """
+    pad = turn._pad
     with _turn_lock(turn):
         for _ in range(_ATTEMPTS):
-            taken = [step["step_num"] for step in turn.steps(now=now)]
-            step_num = max(taken, default=0) + 1
+            step_num = pad._last_step(turn.principal, turn.turn_id, now) + 1
             try:
                 return step_num, turn.record(step_num, executor_name, observation, ttl_seconds=ttl_seconds, now=now)
             except InvalidArgumentError:
                 # Only a step that another process recorded meanwhile is worth another try.
-                if step_num not in {step["step_num"] for step in turn.steps(now=now)}:
+                if not _taken(turn, step_num, now):
                     raise
     raise InvalidArgumentError(f"could not find a free step in turn {turn.turn_id!r}: other writers keep taking it")

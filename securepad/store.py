@@ -786,6 +786,36 @@ class Scratchpad:
                 opened = self._authenticate(again[0])
             yield opened
 
+    def _last_step(self, principal: Principal, turn_id: str, now: float | None) -> int:
+        """The highest step number of the turn's live entries in the principal's
+        scope, 0 for none: newest first, in doubling pages (one small indexed
+        query unless the newest steps have expired).
+
+        Read from the clear column: it only proposes the next step to try, and
+        ``Turn.record`` checks that one; nothing of it reaches the model.
+
+        Raises:
+            InvalidArgumentError: a bad principal or turn id.
+            IntegrityError: a clear step or expiry that is not a number.
+        """
+        _check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        scope, params = self.policy.scope_sql(principal)
+        current = self._now(now)
+        sql = (
+            f"SELECT step_num, expires_at FROM entries WHERE turn_id = ? AND {scope}"
+            " ORDER BY step_num DESC, id DESC LIMIT ? OFFSET ?"
+        )
+        offset, size = 0, 8
+        while True:
+            rows = self._db.query(sql, (turn_id, *params, size, offset), owner=principal.owner_user_id)
+            for row in _live(rows, current):
+                _check_row_types({"step_num": row["step_num"]})
+                return int(row["step_num"])
+            if len(rows) < size:
+                return 0
+            offset, size = offset + size, size * 2
+
     def _check_step_free(
         self, principal: Principal, turn_id: str, step_num: int, now: float | None, conn: Conn | None = None
     ) -> None:

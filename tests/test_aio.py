@@ -238,6 +238,21 @@ def test_append_gives_concurrent_records_distinct_steps(tmp_path: Path) -> None:
     run(main())
 
 
+def test_append_follows_the_highest_live_step(pad: Scratchpad) -> None:
+    now = 1_000_000.0
+    turn = pad.turn(ALICE, "t", now=now)
+    for step in range(1, 21):  # steps 9-20 expire first: more than a page of 8 to look past
+        turn.record(step, "tool", f"output {step}", ttl_seconds=10 if step > 8 else 1000, now=now)
+
+    async def main() -> None:
+        wrapped = AsyncTurn.wrap(turn)
+        assert await wrapped.append("tool", "next", ttl_seconds=10, now=now) == (21, "next")
+        assert await wrapped.append("tool", "after expiry", now=now + 10) == (9, "after expiry")
+
+    run(main())
+    assert [step["step_num"] for step in turn.steps(now=now + 10)] == list(range(1, 10))
+
+
 def test_wrap_puts_a_sync_turn_behind_the_default_pool(pad: Scratchpad) -> None:
     turn = pad.turn(ALICE, "t")
 
