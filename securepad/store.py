@@ -747,22 +747,34 @@ class Scratchpad:
             InvalidArgumentError: a bad principal or turn id.
             IntegrityError: an entry looked at fails authentication.
         """
+        rows = self._newest_first(principal, turn_id, _ENTRY_COLUMNS, now)
+        return any("inline" not in opened.meta for opened in self._authenticate_rows(principal, rows))
+
+    def _newest_first(
+        self, principal: Principal, turn_id: str, columns: str, now: float | None
+    ) -> Iterator[dict[str, Any]]:
+        """The turn's live rows in the principal's scope, highest step first, fetched
+        lazily in pages that double (8, 16, ...): a caller that stops early pays
+        for one small indexed query.
+
+        Raises:
+            InvalidArgumentError: a bad principal or turn id.
+        """
         _check_principal(principal)
         check_identifier("turn_id", turn_id)
         scope, params = self.policy.scope_sql(principal)
         current = self._now(now)
         # (step_num, id) follows entries_owner_turn, so a page reads only its own rows.
         sql = (
-            f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE turn_id = ? AND {scope}"
+            f"SELECT {columns} FROM entries WHERE turn_id = ? AND {scope}"
             " ORDER BY step_num DESC, id DESC LIMIT ? OFFSET ?"
         )
         offset, size = 0, 8
         while True:
             rows = self._db.query(sql, (turn_id, *params, size, offset), owner=principal.owner_user_id)
-            if any("inline" not in opened.meta for opened in self._authenticate_rows(principal, _live(rows, current))):
-                return True
+            yield from _live(rows, current)
             if len(rows) < size:
-                return False
+                return
             offset, size = offset + size, size * 2
 
     def _authenticate_rows(self, principal: Principal, rows: Iterable[dict[str, Any]]) -> Iterator[_Opened]:
@@ -798,23 +810,10 @@ class Scratchpad:
             InvalidArgumentError: a bad principal or turn id.
             IntegrityError: a clear step or expiry that is not a number.
         """
-        _check_principal(principal)
-        check_identifier("turn_id", turn_id)
-        scope, params = self.policy.scope_sql(principal)
-        current = self._now(now)
-        sql = (
-            f"SELECT step_num, expires_at FROM entries WHERE turn_id = ? AND {scope}"
-            " ORDER BY step_num DESC, id DESC LIMIT ? OFFSET ?"
-        )
-        offset, size = 0, 8
-        while True:
-            rows = self._db.query(sql, (turn_id, *params, size, offset), owner=principal.owner_user_id)
-            for row in _live(rows, current):
-                _check_row_types({"step_num": row["step_num"]})
-                return int(row["step_num"])
-            if len(rows) < size:
-                return 0
-            offset, size = offset + size, size * 2
+        for row in self._newest_first(principal, turn_id, "step_num, expires_at", now):
+            _check_row_types({"step_num": row["step_num"]})
+            return int(row["step_num"])
+        return 0
 
     def _check_step_free(
         self, principal: Principal, turn_id: str, step_num: int, now: float | None, conn: Conn | None = None
