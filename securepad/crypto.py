@@ -187,9 +187,9 @@ class EntryCipher:
             raise IntegrityError("the entry's metadata failed authentication") from None
 
 
-def split_text(text: str) -> tuple[list[bytes], list[int]]:
+def split_text(text: str) -> tuple[list[bytes], list[str]]:
     """UTF-8 segments of at most SEGMENT_BYTES, cut on character boundaries,
-    and the number of characters in each.
+    and the text of each (decoded once, for the character and line indexes).
 
     Raises:
         InvalidArgumentError: the text holds lone surrogates (not valid Unicode).
@@ -198,12 +198,8 @@ def split_text(text: str) -> tuple[list[bytes], list[int]]:
         data = text.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidArgumentError("text content must be valid Unicode (no lone surrogates)") from None
-    segments: list[bytes] = []
-    counts: list[int] = []
-    for chunk in _utf8_chunks(data):
-        segments.append(chunk)
-        counts.append(len(chunk.decode("utf-8")))
-    return segments, counts
+    segments = list(_utf8_chunks(data))
+    return segments, [chunk.decode("utf-8") for chunk in segments]
 
 
 def _utf8_chunks(data: bytes) -> Iterator[bytes]:

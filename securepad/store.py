@@ -386,9 +386,11 @@ class Scratchpad:
         if isinstance(content, bytes):
             segments, counts, size_chars = split_bytes(content), None, 0
         else:
-            segments, char_counts = split_text(content)
-            counts, size_chars = char_counts, sum(char_counts)
-            breaks, line_count = reads.line_index(s.decode("utf-8") for s in segments)
+            segments, pieces = split_text(content)
+            counts = [len(piece) for piece in pieces]
+            size_chars = sum(counts)
+            breaks, line_count = reads.line_index(pieces)
+            del pieces  # a second copy of the text; not needed past the indexes
         size_bytes = sum(len(s) for s in segments)
         # The limits count everything the observation stores: content and other fields.
         stored_bytes = size_bytes + (len(_dumps(rest)) if rest else 0)
