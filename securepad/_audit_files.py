@@ -22,7 +22,7 @@ from ._audit_support import CheckFailed, Context, expect_not_found, expect_refus
 from .errors import IntegrityError, NotFoundError, WrongKeyError
 from .keys import Keyring
 from .principal import Principal
-from .store import Scratchpad
+from .store import Scratchpad, sqlite_of
 
 __all__ = [
     "canary_scan",
@@ -113,7 +113,7 @@ def key_file_placement(ctx: Context) -> str:
 
 
 def secure_delete_on(ctx: Context) -> str:
-    conn = ctx.pad._sqlite().conn
+    conn = sqlite_of(ctx.pad).conn
     secure = conn.execute("PRAGMA secure_delete").fetchall()[0][0]
     journal = conn.execute("PRAGMA journal_mode").fetchall()[0][0]
     if secure != 1:
@@ -131,11 +131,11 @@ def entry_ciphertext(ctx: Context, entry_id: str, label: str) -> dict[str, bytes
     metadata and the wrapped item key. Random bytes: found in a file only if the
     entry is still there."""
     pieces: dict[str, bytes] = {}
-    rows = ctx.pad._db.query("SELECT sealed_meta, wrapped_key FROM entries WHERE id = ?", (entry_id,))
+    rows = sqlite_of(ctx.pad).query("SELECT sealed_meta, wrapped_key FROM entries WHERE id = ?", (entry_id,))
     for row in rows:
         pieces[f"{label} sealed metadata"] = bytes(row["sealed_meta"])[12:44]
         pieces[f"{label} wrapped item key"] = bytes(row["wrapped_key"])[12:44]
-    for row in ctx.pad._db.query("SELECT seq, data FROM segments WHERE entry_id = ?", (entry_id,)):
+    for row in sqlite_of(ctx.pad).query("SELECT seq, data FROM segments WHERE entry_id = ?", (entry_id,)):
         data = bytes(row["data"])
         middle = max(0, len(data) // 2 - 16)
         pieces[f"{label} segment {row['seq']}"] = data[middle : middle + 32]
@@ -150,7 +150,7 @@ def canary_scan(ctx: Context) -> str:
     reports = []
     for when in ("before", "after"):
         if when == "after":
-            ctx.pad._db.checkpoint()  # move the WAL's pages into the database file, then look again
+            sqlite_of(ctx.pad).checkpoint()  # move the WAL's pages into the database file, then look again
         files = store_files(ctx.pad.path)
         found = scan_files(files, needles)
         if not found[marker]:
@@ -189,8 +189,8 @@ def gc_scrubs_expired(ctx: Context) -> str:
     deleted = pad.gc(now=tenants.expired_cutoff)
     ids = tuple(tenants.ids[label] for label in tenants.expired)
     marks = ", ".join("?" * len(ids))
-    rows = pad._db.query(f"SELECT COUNT(*) AS n FROM entries WHERE id IN ({marks})", ids)[0]["n"]
-    segs = pad._db.query(f"SELECT COUNT(*) AS n FROM segments WHERE entry_id IN ({marks})", ids)[0]["n"]
+    rows = sqlite_of(pad).query(f"SELECT COUNT(*) AS n FROM entries WHERE id IN ({marks})", ids)[0]["n"]
+    segs = sqlite_of(pad).query(f"SELECT COUNT(*) AS n FROM segments WHERE entry_id IN ({marks})", ids)[0]["n"]
     if rows or segs:
         raise CheckFailed(f"gc left {rows} rows and {segs} segments of the expired audit entries")
     files = store_files(pad.path)
@@ -212,7 +212,7 @@ def gc_scrubs_expired(ctx: Context) -> str:
 
 
 def _segment_count(ctx: Context, entry_id: str) -> int:
-    return int(ctx.pad._db.query("SELECT segment_count AS n FROM entries WHERE id = ?", (entry_id,))[0]["n"])
+    return int(sqlite_of(ctx.pad).query("SELECT segment_count AS n FROM entries WHERE id = ?", (entry_id,))[0]["n"])
 
 
 def _flipped(ctx: Context) -> str:

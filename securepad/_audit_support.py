@@ -19,7 +19,7 @@ from typing import Any
 from . import _drill
 from .errors import IntegrityError, NotFoundError, SecurepadError
 from .principal import Principal
-from .store import Scratchpad
+from .store import Scratchpad, sqlite_of
 
 __all__ = [
     "STORE_FILE_SUFFIXES",
@@ -113,7 +113,7 @@ class Context:
         """A fresh scratch copy of the store holding only the audit tenants."""
         if self._base_copy is None:
             base = self.scratch() / "base.db"
-            self.pad._sqlite().copy_to(base)
+            sqlite_of(self.pad).copy_to(base)
             _drill.keep_only_owners(base, self.tenants.owners)
             self._base_copy = base
         self._copies += 1
@@ -129,6 +129,11 @@ class Context:
             drill(path)
         with Scratchpad.open(path, keyring=self.pad.keyring, policy=self.pad.policy) as copy:
             yield copy, path
+
+    @property
+    def scratch_dir(self) -> Path | None:
+        """The scratch directory, while it exists."""
+        return self._scratch
 
     def remove_scratch(self) -> None:
         if self._scratch is not None:

@@ -4,83 +4,43 @@ A record is a small JSON payload that belongs to one turn of one owner. It
 gets a random item key, wrapped by the owner's current key (the AAD binds the
 record id, owner and key version, so an owner-key rotation re-wraps it like an
 entry's item key), and its payload is sealed with AES-256-GCM under that item
-key. The payload's AAD binds the table, record id, owner, actor, channel,
-turn, sequence number and both times: a record moved to another owner, turn,
-table or position, or given another expiry, fails authentication.
+key (``crypto.seal_record``). The payload's AAD binds the table, record id,
+owner, actor, channel, turn, sequence number and both times: a record moved to
+another owner, turn, table or position, or given another expiry, fails
+authentication.
 
 In clear: the id, owner, actor and channel (the policy's scope is part of
 the query, as for entries), turn id, sequence number, key version and the two
-times. Everything the runtime wrote is in the sealed payload.
+times. Everything the runtime wrote is in the sealed payload. Every fetch goes
+through ``access.Access``.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
-from ._backend import Conn, DuplicateKeyError
-from .crypto import FORMAT_VERSION, lp, unwrap_key, wrap_key
-from .errors import IntegrityError, StoreBusyError
-from .keys import KEY_BYTES
+from ._backend import Backend, Conn
+from .access import Access
+from .crypto import Wrapper, open_record, reseal_record, seal_record
+from .errors import IntegrityError
+from .keystore import Keystore
 from .principal import Principal
 
-if TYPE_CHECKING:
-    from .store import Scratchpad
-
-__all__ = [
-    "TABLES",
-    "apply_extend",
-    "delete_expired",
-    "load",
-    "prepare_extend",
-    "record_key_aad",
-    "save",
-]
+__all__ = ["TABLES", "Records", "Updates"]
 
 TABLES = ("checkpoints", "compaction_marks")
 # The blobs are read as blobs whatever was written there: a value of another
 # type is then an authentication failure, not a decoding error.
 _COLUMNS = (
-    "id, owner_user_id, actor, channel, turn_id, seq, key_version, created_at, expires_at,"
+    "id, turn_id, seq, key_version, created_at, expires_at,"
     " CAST(wrapped_key AS BLOB) AS wrapped_key, CAST(sealed AS BLOB) AS sealed"
 )
 
 # (expires_at, sealed, id, old sealed) per table: a compare-and-set update.
 Updates = dict[str, list[tuple[float, bytes, str, bytes]]]
-
-
-class _StaleOwnerKey(Exception):
-    """The record was sealed for an owner-key version that is no longer the newest."""
-
-
-def record_key_aad(record_id: str, owner_user_id: str, key_version: int) -> bytes:
-    """AAD of a record's wrapped item key: binds record, owner and owner-key version."""
-    return lp("record-key", record_id, owner_user_id, str(key_version))
-
-
-def _payload_aad(table: str, row: dict[str, Any]) -> bytes:
-    return lp(
-        "turn-record",
-        str(FORMAT_VERSION),
-        table,
-        row["id"],
-        row["owner_user_id"],
-        row["actor"],
-        row["channel"],
-        row["turn_id"],
-        str(row["seq"]),
-        float(row["created_at"]).hex(),
-        float(row["expires_at"]).hex(),
-    )
-
-
-def _seal_payload(item_key: bytes, table: str, row: dict[str, Any], body: bytes) -> bytes:
-    nonce = secrets.token_bytes(12)
-    return nonce + AESGCM(item_key).encrypt(nonce, body, _payload_aad(table, row))
 
 
 def _check_table(table: str) -> str:
@@ -89,178 +49,153 @@ def _check_table(table: str) -> str:
     return table
 
 
-def save(
-    pad: Scratchpad,
-    table: str,
-    principal: Principal,
-    turn_id: str,
-    payload: dict[str, Any],
-    ttl_seconds: int | None,
-    now: float | None,
-) -> dict[str, Any]:
-    """Seal ``payload`` (outside the transaction) and append it to the turn's records.
+class Records:
+    """The turn records of one store, built from its parts."""
 
-    Returns the record's ``seq``, ``created_at`` and ``expires_at``.
+    def __init__(
+        self,
+        db: Backend,
+        keys: Keystore,
+        access: Access,
+        ttl: Callable[[int | None], int],
+        now: Callable[[float | None], float],
+    ) -> None:
+        self._db = db
+        self._keys = keys
+        self._access = access
+        self._ttl = ttl
+        self._now = now
 
-    Raises:
-        InvalidArgumentError: a bad ttl.
-        StoreBusyError: the write lock was not obtained in time, or the
-            sequence number kept being taken by other writers.
-    """
-    _check_table(table)
-    ttl = pad._ttl(ttl_seconds)
-    created = pad._now(now)
-    body = json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8")
-    owner = principal.owner_user_id
-    version, owner_cipher = pad._current_owner_key(owner)
-    for _ in range(8):
-        last = pad._db.query(
-            f"SELECT COALESCE(MAX(seq), 0) AS seq FROM {table} WHERE owner_user_id = ? AND turn_id = ?",
-            (owner, turn_id),
-            owner=owner,
-        )[0]["seq"]
-        row: dict[str, Any] = {
-            "id": secrets.token_hex(8),
-            "owner_user_id": owner,
-            "actor": principal.actor,
-            "channel": principal.channel,
-            "turn_id": turn_id,
-            "seq": int(last) + 1,
-            "key_version": version,
-            "created_at": created,
-            "expires_at": created + ttl,
-        }
-        item_key = secrets.token_bytes(KEY_BYTES)
-        row["wrapped_key"] = wrap_key(owner_cipher, item_key, record_key_aad(row["id"], owner, version))
-        row["sealed"] = _seal_payload(item_key, table, row, body)
-        try:
-            with pad._db.transaction(owner) as conn:
-                newest = conn.query("SELECT MAX(version) AS v FROM owner_keys WHERE owner_user_id = ?", (owner,))[0][
-                    "v"
-                ]
-                if newest != version:
-                    raise _StaleOwnerKey
-                conn.execute(
-                    f"INSERT INTO {table}({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
-                )
-                conn.execute(
-                    "UPDATE owner_keys SET wrap_count = wrap_count + 1 WHERE owner_user_id = ? AND version = ?",
-                    (owner, version),
-                )
-        except DuplicateKeyError:
-            continue  # another writer took this seq (or the id collided): seal again
-        except _StaleOwnerKey:
-            pad._forget_cached_keys(owner)
-            version, owner_cipher = pad._current_owner_key(owner)
-            continue
-        return {"seq": row["seq"], "created_at": created, "expires_at": row["expires_at"]}
-    raise StoreBusyError("could not store the turn record: other writers kept taking its place; try again")
+    def save(
+        self,
+        table: str,
+        principal: Principal,
+        turn_id: str,
+        payload: dict[str, Any],
+        ttl_seconds: int | None,
+        now: float | None,
+    ) -> dict[str, Any]:
+        """Seal ``payload`` (outside the transaction) and append it to the turn's records.
 
+        Returns the record's ``seq``, ``created_at`` and ``expires_at``.
 
-def load(
-    pad: Scratchpad,
-    table: str,
-    principal: Principal,
-    turn_id: str,
-    now: float | None,
-    *,
-    latest: bool = False,
-) -> list[dict[str, Any]]:
-    """The live records of a turn in the principal's scope, oldest first (only
-    the newest with ``latest``), each as ``{"seq", "created_at", "expires_at", "payload"}``.
+        Raises:
+            InvalidArgumentError: a bad ttl.
+            StoreBusyError: the write lock was not obtained in time, or the
+                sequence number kept being taken by other writers.
+        """
+        _check_table(table)
+        ttl = self._ttl(ttl_seconds)
+        created = self._now(now)
+        body = json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        owner = principal.owner_user_id
 
-    Raises:
-        IntegrityError: a record fails authentication.
-    """
-    _check_table(table)
-    scope, params = pad.policy.scope_sql(principal)
-    order = "seq DESC LIMIT 1" if latest else "seq"
-    rows = pad._db.query(
-        f"SELECT {_COLUMNS} FROM {table} WHERE turn_id = ? AND expires_at > ? AND {scope} ORDER BY {order}",
-        (turn_id, pad._now(now), *params),
-        owner=principal.owner_user_id,
-    )
-    loaded = []
-    for row in rows:
-        pad.policy.authorize_row(principal, row)
-        _, payload = _open(pad, table, row)
-        loaded.append(
-            {"seq": row["seq"], "created_at": row["created_at"], "expires_at": row["expires_at"], "payload": payload}
-        )
-    return loaded
+        def seal(version: int, wrapper: Wrapper) -> dict[str, Any]:
+            last = self._db.query(
+                f"SELECT COALESCE(MAX(seq), 0) AS seq FROM {table} WHERE owner_user_id = ? AND turn_id = ?",
+                (owner, turn_id),
+                owner=owner,
+            )[0]["seq"]
+            row: dict[str, Any] = {
+                "id": secrets.token_hex(8),
+                "owner_user_id": owner,
+                "actor": principal.actor,
+                "channel": principal.channel,
+                "turn_id": turn_id,
+                "seq": int(last) + 1,
+                "key_version": version,
+                "created_at": created,
+                "expires_at": created + ttl,
+            }
+            row["wrapped_key"], row["sealed"] = seal_record(wrapper, table, row, body)
+            return row
 
-
-def _open(pad: Scratchpad, table: str, row: dict[str, Any]) -> tuple[bytes, Any]:
-    """The record's item key and payload.
-
-    Raises:
-        IntegrityError: the wrapped key or the payload fails authentication.
-    """
-    numbers = (row["seq"], row["key_version"], row["created_at"], row["expires_at"])
-    if not all(isinstance(value, int | float) and not isinstance(value, bool) for value in numbers):
-        raise IntegrityError("a turn record's clear fields are malformed")
-    try:
-        item_key = _unwrap(pad, row)
-    except IntegrityError:
-        # An owner-key rotation may have re-wrapped the record and retired the
-        # old key between our two queries: look at the row once more.
-        again = pad._db.query(f"SELECT {_COLUMNS} FROM {table} WHERE id = ?", (row["id"],), owner=row["owner_user_id"])
-        if not again or again[0]["key_version"] == row["key_version"]:
-            raise
-        row = again[0]
-        item_key = _unwrap(pad, row)
-    blob = row["sealed"]
-    if not isinstance(blob, bytes) or len(blob) < 28:
-        raise IntegrityError("a turn record is truncated")
-    try:
-        body = AESGCM(item_key).decrypt(blob[:12], blob[12:], _payload_aad(table, row))
-    except InvalidTag:
-        raise IntegrityError("a turn record failed authentication") from None
-    return item_key, json.loads(body)
-
-
-def _unwrap(pad: Scratchpad, row: dict[str, Any]) -> bytes:
-    owner_cipher = pad._owner_cipher(row["owner_user_id"], row["key_version"])
-    aad = record_key_aad(row["id"], row["owner_user_id"], row["key_version"])
-    return unwrap_key(owner_cipher, row["wrapped_key"], aad)
-
-
-def prepare_extend(pad: Scratchpad, principal: Principal, turn_id: str, target: float, now: float) -> Updates:
-    """Re-sealed payloads (outside any transaction) for the turn's live records
-    that expire before ``target``; ``apply_extend`` writes them.
-
-    Raises:
-        IntegrityError: a record fails authentication.
-    """
-    scope, params = pad.policy.scope_sql(principal)
-    updates: Updates = {}
-    for table in TABLES:
-        rows = pad._db.query(
-            f"SELECT {_COLUMNS} FROM {table} WHERE turn_id = ? AND expires_at > ? AND expires_at < ? AND {scope}",
-            (turn_id, now, target, *params),
-            owner=principal.owner_user_id,
-        )
-        for row in rows:
-            pad.policy.authorize_row(principal, row)
-            item_key, payload = _open(pad, table, row)
-            body = json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8")
-            sealed = _seal_payload(item_key, table, {**row, "expires_at": target}, body)
-            updates.setdefault(table, []).append((target, sealed, row["id"], row["sealed"]))
-    return updates
-
-
-def apply_extend(conn: Conn, updates: Updates) -> int:
-    """Write ``prepare_extend``'s updates inside the caller's transaction; a
-    record changed meanwhile is left as it is. Returns how many were extended."""
-    changed = 0
-    for table, rows in updates.items():
-        for update in rows:
-            changed += conn.execute(
-                f"UPDATE {_check_table(table)} SET expires_at = ?, sealed = ? WHERE id = ? AND sealed = ?", update
+        def write(conn: Conn, row: dict[str, Any]) -> dict[str, Any]:
+            conn.execute(
+                f"INSERT INTO {table}({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
             )
-    return changed
+            return {"seq": row["seq"], "created_at": created, "expires_at": row["expires_at"]}
 
+        # A DuplicateKeyError (another writer took this seq, or the id collided) seals again.
+        return self._keys.write_current(
+            owner,
+            seal,
+            write,
+            attempts=8,
+            busy="could not store the turn record: other writers kept taking its place; try again",
+        )
 
-def delete_expired(conn: Conn, cutoff: float) -> int:
-    """Delete expired records inside the caller's (gc) transaction."""
-    return sum(conn.execute(f"DELETE FROM {table} WHERE expires_at <= ?", (cutoff,)) for table in TABLES)
+    def load(
+        self, table: str, principal: Principal, turn_id: str, now: float | None, *, latest: bool = False
+    ) -> list[dict[str, Any]]:
+        """The live records of a turn in the principal's scope, oldest first (only
+        the newest with ``latest``), each as ``{"seq", "created_at", "expires_at", "payload"}``.
+
+        Raises:
+            IntegrityError: a record fails authentication.
+        """
+        _check_table(table)
+        order = "ORDER BY seq DESC LIMIT 1" if latest else "ORDER BY seq"
+        rows = self._access.rows(
+            principal, table, _COLUMNS, "turn_id = ? AND expires_at > ?", (turn_id, self._now(now)), order
+        )
+        return [
+            {"seq": row["seq"], "created_at": row["created_at"], "expires_at": row["expires_at"], "payload": payload}
+            for row, _, payload in self._access.open_each(principal, table, _COLUMNS, rows, self._opener(table))
+        ]
+
+    def _opener(self, table: str) -> Callable[[dict[str, Any]], tuple[dict[str, Any], Any, Any]]:
+        def opened(row: dict[str, Any]) -> tuple[dict[str, Any], Any, Any]:
+            """(row, item key, payload) of a record.
+
+            Raises:
+                IntegrityError: malformed clear fields, or the wrapped key or payload fails authentication.
+            """
+            numbers = (row["seq"], row["key_version"], row["created_at"], row["expires_at"])
+            if not all(isinstance(value, int | float) and not isinstance(value, bool) for value in numbers):
+                raise IntegrityError("a turn record's clear fields are malformed")
+            wrapper = self._keys.owner_wrapper(row["owner_user_id"], row["key_version"])
+            item_key, body = open_record(wrapper, table, row)
+            return row, item_key, json.loads(body)
+
+        return opened
+
+    def prepare_extend(self, principal: Principal, turn_id: str, target: float, now: float) -> Updates:
+        """Re-sealed payloads (outside any transaction) for the turn's live records
+        that expire before ``target``; ``apply_extend`` writes them.
+
+        Raises:
+            IntegrityError: a record fails authentication.
+        """
+        updates: Updates = {}
+        for table in TABLES:
+            rows = self._access.rows(
+                principal, table, _COLUMNS, "turn_id = ? AND expires_at > ? AND expires_at < ?", (turn_id, now, target)
+            )
+            for row, item_key, payload in self._access.open_each(principal, table, _COLUMNS, rows, self._opener(table)):
+                body = json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8")
+                sealed = reseal_record(item_key, table, {**row, "expires_at": target}, body)
+                updates.setdefault(table, []).append((target, sealed, row["id"], row["sealed"]))
+        return updates
+
+    @staticmethod
+    def apply_extend(conn: Conn, updates: Updates) -> int:
+        """Write ``prepare_extend``'s updates inside the caller's transaction; a
+        record changed meanwhile is left as it is. Returns how many were extended."""
+        changed = 0
+        for table, rows in updates.items():
+            for update in rows:
+                changed += conn.execute(
+                    f"UPDATE {_check_table(table)} SET expires_at = ?, sealed = ? WHERE id = ? AND sealed = ?", update
+                )
+        return changed
+
+    @staticmethod
+    def delete_expired(conn: Conn, cutoff: float) -> int:
+        """Delete expired records inside the caller's (gc) transaction."""
+        return sum(conn.execute(f"DELETE FROM {table} WHERE expires_at <= ?", (cutoff,)) for table in TABLES)
+
+    @staticmethod
+    def delete_owner(conn: Conn, owner: str) -> dict[str, int]:
+        """Delete every record of an owner inside the caller's transaction."""
+        return {table: conn.execute(f"DELETE FROM {table} WHERE owner_user_id = ?", (owner,)) for table in TABLES}

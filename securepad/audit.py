@@ -13,7 +13,7 @@ directory permissions, where the key file lives, ``secure_delete``, the
 policy. Each check is one row: name, pass or fail, what was tried, what
 happened.
 
-Afterwards the audit owners are removed (``_purge_owner``: entries, keys,
+Afterwards the audit owners are removed (``forget_owner``: entries, keys,
 scrubbed from the files) and every real entry is compared, byte for byte,
 with its state before the audit.
 
@@ -35,8 +35,8 @@ from typing import Any
 from . import _audit_api, _audit_files
 from ._audit_support import CheckFailed, Context, Tenants, scan_files, store_files
 from .errors import PolicyError, SecurepadError
-from .policy import _FLAGS, _LIMITS, SCOPES, Policy
-from .store import Scratchpad
+from .policy import SCOPES, Policy, setting_sections
+from .store import Scratchpad, sqlite_of
 
 __all__ = ["Audit", "AuditReport", "CheckResult", "run_audit"]
 
@@ -295,7 +295,7 @@ def _timed(step: _Step, check: Check, ctx: Context) -> CheckResult:
 
 def _policy_sane(ctx: Context) -> str:
     policy = ctx.pad.policy
-    sections = {key: section for section, key in (*_LIMITS, *_FLAGS)}
+    sections = setting_sections()
     values = policy.as_dict()
     nested: dict[str, dict[str, Any]] = {"access": {"scope": values["scope"]}}
     for key, section in sections.items():
@@ -325,17 +325,18 @@ def _remove_tenants(ctx: Context, tenants: Tenants) -> str:
     pieces: dict[str, bytes] = {}
     for label, entry_id in tenants.ids.items():
         pieces.update(_audit_files.entry_ciphertext(ctx, entry_id, label))
-    removed = [pad._purge_owner(owner) for owner in tenants.owners]
+    removed = [pad.forget_owner(owner) for owner in tenants.owners]
     owners = tenants.owners
-    left = pad._db.query(
+    left = sqlite_of(pad).query(
         "SELECT (SELECT COUNT(*) FROM entries WHERE owner_user_id IN (?, ?))"
         " + (SELECT COUNT(*) FROM owner_keys WHERE owner_user_id IN (?, ?)) AS n",
         (*owners, *owners),
+        admin=True,
     )[0]["n"]
     if left:
         raise CheckFailed(f"{left} rows of the audit owners remain")
-    if ctx._scratch is not None:
-        raise CheckFailed(f"the scratch directory {ctx._scratch} remains")
+    if ctx.scratch_dir is not None:
+        raise CheckFailed(f"the scratch directory {ctx.scratch_dir} remains")
     found = scan_files(store_files(pad.path), {**pieces, **tenants.canaries})
     still = {label: where for label, where in found.items() if where}
     if still:
@@ -354,7 +355,7 @@ def _remove_tenants(ctx: Context, tenants: Tenants) -> str:
 def _real_state(pad: Scratchpad, exclude: tuple[str, ...]) -> dict[str, str]:
     """A digest of every entry (row and segments) and owner key not of ``exclude``."""
     digests: dict[str, Any] = {}
-    with pad._sqlite().snapshot() as conn:
+    with sqlite_of(pad).snapshot() as conn:
         # Every column, those of later schemas too (id and owner first, for the keys).
         for row in conn.execute("SELECT id, owner_user_id, * FROM entries ORDER BY id"):
             if row[1] not in exclude:

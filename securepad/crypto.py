@@ -27,6 +27,7 @@ import secrets
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
+from typing import Any, NoReturn
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -34,26 +35,67 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from .errors import IntegrityError, InvalidArgumentError
-from .keys import KEY_BYTES, KeyHandle
 
 __all__ = [
     "FORMAT_VERSION",
+    "KEY_BYTES",
     "SEGMENT_BYTES",
+    "ContentIdentity",
     "EntryCipher",
     "Header",
-    "derive",
+    "KeyHandle",
+    "Wrapper",
     "item_key_aad",
+    "key_check",
+    "open_entry",
+    "open_record",
     "owner_key_aad",
+    "record_key_aad",
+    "reseal_record",
+    "seal_entry",
+    "seal_record",
     "split_bytes",
     "split_text",
-    "unwrap_key",
-    "wrap_key",
 ]
 
 FORMAT_VERSION = 1
+KEY_BYTES = 32
 SEGMENT_BYTES = 64 * 1024
 NONCE_PREFIX_BYTES = 7
 _TAG = b"securepad/v1/"
+
+
+class KeyHandle:
+    """An opaque 32-byte key. Its bytes are reachable only inside this module.
+
+    Every key of the hierarchy (master, owner, item) travels as a handle: it
+    does not show in ``repr`` (so not in logs, nor in the locals a traceback
+    renders) and refuses to be pickled.
+    """
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) != KEY_BYTES:
+            raise InvalidArgumentError(f"a key has {KEY_BYTES} bytes, not {len(key)}")
+        self._key = bytes(key)
+
+    @classmethod
+    def random(cls) -> KeyHandle:
+        """A fresh key from the OS's CSPRNG."""
+        return cls(secrets.token_bytes(KEY_BYTES))
+
+    def __repr__(self) -> str:
+        return "<KeyHandle (hidden)>"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("key handles cannot be pickled")
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
 
 
 def lp(*parts: str | bytes) -> bytes:
@@ -65,10 +107,14 @@ def lp(*parts: str | bytes) -> bytes:
     return bytes(out)
 
 
-def derive(key: KeyHandle | bytes, label: str, salt: bytes, length: int = KEY_BYTES) -> bytes:
+def _derive(key: KeyHandle, label: str, salt: bytes, length: int = KEY_BYTES) -> bytes:
     """HKDF-SHA256 of ``key`` for one purpose, named by ``label``."""
-    raw = key._key if isinstance(key, KeyHandle) else key
-    return HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=_TAG + label.encode()).derive(raw)
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=_TAG + label.encode()).derive(key._key)
+
+
+def key_check(master: KeyHandle, store_id: str) -> str:
+    """The store's public check value of a master key (hex): tells a wrong key at open."""
+    return _derive(master, "key-check", store_id.encode()).hex()
 
 
 def owner_key_aad(store_id: str, owner_user_id: str, version: int) -> bytes:
@@ -81,24 +127,92 @@ def item_key_aad(entry_id: str, owner_user_id: str, key_version: int) -> bytes:
     return lp("item-key", entry_id, owner_user_id, str(key_version))
 
 
-def wrap_key(wrapping: AESGCM, key: bytes, aad: bytes) -> bytes:
-    """Seal a key under a wrapping cipher: random nonce || ciphertext || tag."""
-    nonce = secrets.token_bytes(12)
-    return nonce + wrapping.encrypt(nonce, key, aad)
+def record_key_aad(record_id: str, owner_user_id: str, key_version: int) -> bytes:
+    """AAD of a turn record's wrapped item key: binds record, owner and owner-key version."""
+    return lp("record-key", record_id, owner_user_id, str(key_version))
 
 
-def unwrap_key(wrapping: AESGCM, blob: bytes, aad: bytes) -> bytes:
-    """Open a wrapped key.
+class Wrapper:
+    """AES-256-GCM key wrapping under one key: the master's owner-wrap key
+    (wraps owner keys) or an owner key (wraps item keys).
 
-    Raises:
-        IntegrityError: the blob was altered, or belongs to another owner, entry or version.
+    A wrapped key is random nonce || ciphertext || tag. Keys go in and come
+    out as ``KeyHandle``: no raw key is ever bound to a caller's variable.
     """
-    if not isinstance(blob, bytes) or len(blob) != 12 + KEY_BYTES + 16:
-        raise IntegrityError("a wrapped key has the wrong length")
-    try:
-        return wrapping.decrypt(blob[:12], blob[12:], aad)
-    except InvalidTag:
-        raise IntegrityError("a wrapped key failed authentication") from None
+
+    __slots__ = ("_aead",)
+
+    def __init__(self, aead: AESGCM) -> None:
+        self._aead = aead
+
+    @classmethod
+    def for_master(cls, master: KeyHandle, store_id: str) -> Wrapper:
+        """The wrapper of owner keys: HKDF of the master key, bound to the store."""
+        return cls(AESGCM(_derive(master, "owner-wrap", store_id.encode())))
+
+    @classmethod
+    def of(cls, key: KeyHandle) -> Wrapper:
+        """The wrapper whose key is ``key`` itself (an owner key)."""
+        return cls(AESGCM(key._key))
+
+    def __repr__(self) -> str:
+        return "<Wrapper (hidden)>"
+
+    def wrap(self, key: KeyHandle, aad: bytes) -> bytes:
+        """Seal ``key``."""
+        nonce = secrets.token_bytes(12)
+        return nonce + self._aead.encrypt(nonce, key._key, aad)
+
+    def wrap_new(self, aad: bytes) -> bytes:
+        """Seal a fresh random key (a new owner-key version)."""
+        return self.wrap(KeyHandle.random(), aad)
+
+    def unwrap(self, blob: object, aad: bytes) -> KeyHandle:
+        """Open a wrapped key.
+
+        Raises:
+            IntegrityError: the blob was altered, or belongs to another owner, entry or version.
+        """
+        if not isinstance(blob, bytes) or len(blob) != 12 + KEY_BYTES + 16:
+            raise IntegrityError("a wrapped key has the wrong length")
+        try:
+            return KeyHandle(self._aead.decrypt(blob[:12], blob[12:], aad))
+        except InvalidTag:
+            raise IntegrityError("a wrapped key failed authentication") from None
+
+    def rewrap(self, blob: object, aad: bytes, into: Wrapper, new_aad: bytes) -> bytes:
+        """Move a wrapped key from this wrapper to ``into`` (a rotation).
+
+        Raises:
+            IntegrityError: the blob fails to unwrap.
+        """
+        return into.wrap(self.unwrap(blob, aad), new_aad)
+
+
+class ContentIdentity:
+    """A keyed identity of an owner's content, for the re-read report.
+
+    HMAC-SHA256 under a key derived from the owner's key: equal contents of
+    one owner compare equal, and no one without the owner's key (another
+    owner included) can test a guess against it, as a plain hash would allow.
+    The owner-key version is part of the identity, so contents stored on
+    both sides of an owner-key rotation do not compare equal.
+    """
+
+    __slots__ = ("_key", "_version")
+
+    def __init__(self, owner_key: KeyHandle, store_id: str, owner_user_id: str, version: int) -> None:
+        self._key = KeyHandle(_derive(owner_key, "content-identity", lp(store_id, owner_user_id)))
+        self._version = version
+
+    def __repr__(self) -> str:
+        return "<ContentIdentity (hidden)>"
+
+    def of(self, kind: str, segments: list[bytes]) -> str:
+        mac = hmac.new(self._key._key, lp("content", kind, str(sum(len(s) for s in segments))), hashlib.sha256)
+        for segment in segments:
+            mac.update(segment)
+        return f"{self._version}:{mac.hexdigest()}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,22 +256,28 @@ class EntryCipher:
 
     __slots__ = ("_aad", "_content", "_meta", "_prefix", "commitment")
 
-    def __init__(self, item_key: bytes, header: Header, nonce_prefix: bytes) -> None:
-        if len(nonce_prefix) != NONCE_PREFIX_BYTES:
+    def __init__(self, item_key: KeyHandle, header: Header, nonce_prefix: object) -> None:
+        if not isinstance(nonce_prefix, bytes) or len(nonce_prefix) != NONCE_PREFIX_BYTES:
             raise IntegrityError("an entry's nonce prefix has the wrong length")
         okm = HKDF(
             algorithm=hashes.SHA256(),
             length=3 * KEY_BYTES,
             salt=None,
             info=lp(_TAG + b"entry", str(FORMAT_VERSION), header.entry_id, header.owner_user_id),
-        ).derive(item_key)
-        self._content = AESGCM(okm[:32])
-        self._meta = AESGCM(okm[32:64])
-        self.commitment = okm[64:]
+        ).derive(item_key._key)
+        try:
+            self._content = AESGCM(okm[:32])
+            self._meta = AESGCM(okm[32:64])
+            self.commitment = okm[64:]
+        finally:
+            del okm
         self._aad = header.digest()
         self._prefix = nonce_prefix
 
-    def verify_commitment(self, stored: bytes) -> None:
+    def __repr__(self) -> str:
+        return "<EntryCipher (hidden)>"
+
+    def verify_commitment(self, stored: object) -> None:
         """Raises IntegrityError unless ``stored`` is this item key's commitment."""
         if not isinstance(stored, bytes) or not hmac.compare_digest(stored, self.commitment):
             raise IntegrityError("the entry's key commitment does not match")
@@ -185,6 +305,85 @@ class EntryCipher:
             return self._meta.decrypt(blob[:12], blob[12:], self._aad)
         except (InvalidTag, TypeError, ValueError):
             raise IntegrityError("the entry's metadata failed authentication") from None
+
+
+def seal_entry(
+    owner: Wrapper, header: Header, meta: bytes, segments: list[bytes]
+) -> tuple[dict[str, bytes], list[bytes]]:
+    """Seal an entry under a fresh item key wrapped by ``owner`` (the owner's
+    key of ``header.key_version``): the row's crypto columns and the sealed segments."""
+    item_key = KeyHandle.random()
+    nonce_prefix = secrets.token_bytes(NONCE_PREFIX_BYTES)
+    cipher = EntryCipher(item_key, header, nonce_prefix)
+    last = len(segments) - 1
+    sealed = [cipher.seal_segment(seq, data, seq == last) for seq, data in enumerate(segments)]
+    columns = {
+        "wrapped_key": owner.wrap(item_key, item_key_aad(header.entry_id, header.owner_user_id, header.key_version)),
+        "nonce_prefix": nonce_prefix,
+        "commitment": cipher.commitment,
+        "sealed_meta": cipher.seal_meta(meta),
+    }
+    return columns, sealed
+
+
+def open_entry(
+    owner: Wrapper, header: Header, wrapped_key: object, nonce_prefix: object, commitment: object
+) -> EntryCipher:
+    """The cipher of a stored entry: its item key unwrapped, its commitment checked.
+
+    Raises:
+        IntegrityError: the wrapped key, the nonce prefix or the commitment is not this entry's.
+    """
+    aad = item_key_aad(header.entry_id, header.owner_user_id, header.key_version)
+    cipher = EntryCipher(owner.unwrap(wrapped_key, aad), header, nonce_prefix)
+    cipher.verify_commitment(commitment)
+    return cipher
+
+
+def _record_aad(table: str, row: dict[str, Any]) -> bytes:
+    return lp(
+        "turn-record",
+        str(FORMAT_VERSION),
+        table,
+        row["id"],
+        row["owner_user_id"],
+        row["actor"],
+        row["channel"],
+        row["turn_id"],
+        str(row["seq"]),
+        float(row["created_at"]).hex(),
+        float(row["expires_at"]).hex(),
+    )
+
+
+def reseal_record(item_key: KeyHandle, table: str, row: dict[str, Any], body: bytes) -> bytes:
+    """A turn record's sealed payload: AES-256-GCM under its item key; the AAD
+    binds table, id, owner, actor, channel, turn, sequence number and both times."""
+    nonce = secrets.token_bytes(12)
+    return nonce + AESGCM(item_key._key).encrypt(nonce, body, _record_aad(table, row))
+
+
+def seal_record(owner: Wrapper, table: str, row: dict[str, Any], body: bytes) -> tuple[bytes, bytes]:
+    """(wrapped item key, sealed payload) of a new turn record, under a fresh item key."""
+    item_key = KeyHandle.random()
+    wrapped = owner.wrap(item_key, record_key_aad(row["id"], row["owner_user_id"], row["key_version"]))
+    return wrapped, reseal_record(item_key, table, row, body)
+
+
+def open_record(owner: Wrapper, table: str, row: dict[str, Any]) -> tuple[KeyHandle, bytes]:
+    """A stored turn record's item key and payload.
+
+    Raises:
+        IntegrityError: the wrapped key or the payload fails authentication.
+    """
+    item_key = owner.unwrap(row["wrapped_key"], record_key_aad(row["id"], row["owner_user_id"], row["key_version"]))
+    blob = row["sealed"]
+    if not isinstance(blob, bytes) or len(blob) < 28:
+        raise IntegrityError("a turn record is truncated")
+    try:
+        return item_key, AESGCM(item_key._key).decrypt(blob[:12], blob[12:], _record_aad(table, row))
+    except InvalidTag:
+        raise IntegrityError("a turn record failed authentication") from None
 
 
 def split_text(text: str) -> tuple[list[bytes], list[str]]:

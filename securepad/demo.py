@@ -16,7 +16,7 @@ from pathlib import Path
 from ._drill import flip_segment_byte
 from .errors import IntegrityError, NotFoundError
 from .principal import Principal
-from .store import Scratchpad
+from .store import Scratchpad, sqlite_of
 
 __all__ = ["DemoStep", "run_demo"]
 
@@ -57,15 +57,15 @@ def run_demo(pad: Scratchpad) -> Iterator[DemoStep]:
             yield DemoStep("bob asks for alice's id", f"refused: NotFoundError({str(exc)!r})", True)
         yield _tamper_step(pad, alice, view["scratchpad_id"])
     finally:
-        pad._purge_owner(alice.owner_user_id)
-        pad._purge_owner(bob.owner_user_id)
+        pad.forget_owner(alice.owner_user_id)
+        pad.forget_owner(bob.owner_user_id)
     yield DemoStep("cleanup", "the demo's two owners and their keys are removed", True)
 
 
 def _tamper_step(pad: Scratchpad, alice: Principal, entry_id: str) -> DemoStep:
     with tempfile.TemporaryDirectory(prefix="securepad-demo-") as scratch:
         copy = Path(scratch) / "tampered.db"
-        pad._sqlite().copy_to(copy)
+        sqlite_of(pad).copy_to(copy)
         flip_segment_byte(copy, entry_id)
         with Scratchpad.open(copy, keyring=pad.keyring, policy=pad.policy) as tampered:
             try:

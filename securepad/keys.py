@@ -25,11 +25,11 @@ from typing import Any, NoReturn
 from argon2.exceptions import HashingError
 from argon2.low_level import Type, hash_secret_raw
 
+from .crypto import KEY_BYTES, KeyHandle
 from .errors import InvalidArgumentError, SecurepadError, WrongKeyError
 
 __all__ = ["KeyHandle", "Keyring", "default_key_file"]
 
-KEY_BYTES = 32
 
 # RFC 9106, section 4, second recommended option (memory-constrained):
 # Argon2id, t=3 passes, 64 MiB, 4 lanes, 16-byte salt, 32-byte tag.
@@ -40,29 +40,6 @@ ARGON2_BOUNDS: dict[str, tuple[int, int]] = {
     "memory_cost": (8, 4 * 1024 * 1024),
     "parallelism": (1, 64),
 }
-
-
-class KeyHandle:
-    """An opaque 32-byte key. Its bytes are reachable only inside securepad."""
-
-    __slots__ = ("_key",)
-
-    def __init__(self, key: bytes) -> None:
-        if len(key) != KEY_BYTES:
-            raise InvalidArgumentError(f"a key has {KEY_BYTES} bytes, not {len(key)}")
-        self._key = bytes(key)
-
-    def __repr__(self) -> str:
-        return "<KeyHandle (hidden)>"
-
-    def __reduce__(self) -> NoReturn:
-        raise TypeError("key handles cannot be pickled")
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
-
-    def __hash__(self) -> int:
-        return id(self)
 
 
 @dataclass(frozen=True)
@@ -165,31 +142,35 @@ class Keyring:
         params = (("time_cost", time_cost), ("memory_cost", memory_cost), ("parallelism", parallelism))
         return cls(_Source("passphrase", "argon2id", passphrase.encode("utf-8"), params))
 
-    def _master_key(self, kdf: dict[str, Any] | None) -> tuple[KeyHandle, dict[str, Any] | None]:
-        """The master key for a store whose KDF record is ``kdf``.
 
-        Returns the key and, for a passphrase keyring opening a store without a
-        record, the new record to keep in the store.
-        """
-        source = self._source
-        if source.kind != "passphrase":
-            return KeyHandle(source.secret), None
-        record = kdf if kdf is not None and kdf.get("alg") == "argon2id" else None
-        if record is None:
-            record = {
-                "alg": "argon2id",
-                "salt": base64.b64encode(secrets.token_bytes(16)).decode(),
-                **dict(source.argon2),
-            }
-            created: dict[str, Any] | None = record
-        else:
-            created = None
-        salt, params = _kdf_params(record)
-        try:
-            key = hash_secret_raw(source.secret, salt, hash_len=KEY_BYTES, type=Type.ID, **params)
-        except HashingError as exc:
-            raise WrongKeyError(f"the store's passphrase parameters are unusable: {exc}") from None
-        return KeyHandle(key), created
+def master_key(keyring: Keyring, kdf: dict[str, Any] | None) -> tuple[KeyHandle, dict[str, Any] | None]:
+    """The master key of ``keyring`` for a store whose KDF record is ``kdf``.
+
+    Returns the key and, for a passphrase keyring opening a store without a
+    record, the new record to keep in the store.
+
+    Raises:
+        WrongKeyError: the store's passphrase record is unreadable or unusable.
+    """
+    source = keyring._source
+    if source.kind != "passphrase":
+        return KeyHandle(source.secret), None
+    record = kdf if kdf is not None and kdf.get("alg") == "argon2id" else None
+    if record is None:
+        record = {
+            "alg": "argon2id",
+            "salt": base64.b64encode(secrets.token_bytes(16)).decode(),
+            **dict(source.argon2),
+        }
+        created: dict[str, Any] | None = record
+    else:
+        created = None
+    salt, params = _kdf_params(record)
+    try:
+        # The derived key goes straight into its handle: never a local of this frame.
+        return KeyHandle(hash_secret_raw(source.secret, salt, hash_len=KEY_BYTES, type=Type.ID, **params)), created
+    except HashingError as exc:
+        raise WrongKeyError(f"the store's passphrase parameters are unusable: {exc}") from None
 
 
 def _kdf_params(record: dict[str, Any]) -> tuple[bytes, dict[str, int]]:

@@ -15,7 +15,7 @@ from typing import Any
 from .errors import NotFoundError, PolicyError
 from .principal import Principal
 
-__all__ = ["NOT_FOUND_MESSAGE", "Policy"]
+__all__ = ["NOT_FOUND_MESSAGE", "Policy", "setting_sections"]
 
 # One message for every "you cannot have this entry", whatever the reason.
 NOT_FOUND_MESSAGE = "no such entry"
@@ -165,6 +165,11 @@ def _validate(section: str, key: str, value: Any) -> Any:
     if not low <= value <= high:
         raise PolicyError(f"{section}.{key} must be between {low} and {high}, not {value}")
     return value
+
+
+def setting_sections() -> dict[str, str]:
+    """Every setting a policy file may hold besides ``access.scope``: its key and its section."""
+    return {key: section for section, key in (*_LIMITS, *_FLAGS)}
 
 
 def bundled_policy_path(name: str) -> Path:

@@ -17,18 +17,27 @@ import copy
 import json
 import math
 import re
+import threading
+import weakref
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from . import _records, reads
+from . import reads
+from ._records import Records
+from .entries import Entries, Opened
 from .errors import ExpiredError, InvalidArgumentError, NotFoundError
 from .policy import Policy
 from .principal import Principal
 
-if TYPE_CHECKING:
-    from .store import Scratchpad, _Opened
-
-__all__ = ["BUDGET_FIELDS", "SCRATCHPAD_READ_TOOL", "SCRATCHPAD_READ_TOOL_STRICT", "TOOL_NAME", "Turn"]
+__all__ = [
+    "BUDGET_FIELDS",
+    "SCRATCHPAD_READ_TOOL",
+    "SCRATCHPAD_READ_TOOL_STRICT",
+    "TOOL_NAME",
+    "Turn",
+    "extend_turn",
+    "record_next",
+]
 
 TOOL_NAME = "scratchpad_read"
 
@@ -158,10 +167,11 @@ class Turn:
     ever seen. Safe to use from several threads, like the store.
     """
 
-    __slots__ = ("_pad", "principal", "turn_id")
+    __slots__ = ("_entries", "_records", "principal", "turn_id")
 
-    def __init__(self, pad: Scratchpad, principal: Principal, turn_id: str) -> None:
-        self._pad = pad
+    def __init__(self, entries: Entries, records: Records, principal: Principal, turn_id: str) -> None:
+        self._entries = entries
+        self._records = records
         self.principal = principal
         self.turn_id = turn_id
 
@@ -197,9 +207,9 @@ class Turn:
         """
         # Checked here, before anything is sealed, and again inside the write
         # transaction, where no other writer (another process too) can take the step meanwhile.
-        self._pad._check_step_free(self.principal, self.turn_id, step_num, now)
-        inline = _inline(observation, step_num, self._pad.policy)
-        view = self._pad._put(
+        self._entries.check_step_free(self.principal, self.turn_id, step_num, now)
+        inline = _inline(observation, step_num, self._entries.policy)
+        view = self._entries.put(
             self.principal,
             self.turn_id,
             step_num,
@@ -219,7 +229,7 @@ class Turn:
         Raises:
             IntegrityError: a stored entry fails authentication.
         """
-        return [opened.meta["inline"] if "inline" in opened.meta else opened.view() for opened in self._entries(now)]
+        return [opened.meta["inline"] if "inline" in opened.meta else opened.view() for opened in self._opened(now)]
 
     def steps(self, *, now: float | None = None) -> list[dict[str, Any]]:
         """``history()`` with each step's ``step_num``, ``executor_name``,
@@ -236,7 +246,7 @@ class Turn:
                 "offloaded": "inline" not in opened.meta,
                 "shown": opened.meta["inline"] if "inline" in opened.meta else opened.view(),
             }
-            for opened in self._entries(now)
+            for opened in self._opened(now)
         ]
 
     def tools(self, *, strict: bool = False, now: float | None = None) -> list[dict[str, Any]]:
@@ -246,12 +256,12 @@ class Turn:
         Raises:
             IntegrityError: a stored entry fails authentication.
         """
-        if self._pad._turn_offloads(self.principal, self.turn_id, now):
+        if self._entries.turn_offloads(self.principal, self.turn_id, now):
             return [copy.deepcopy(SCRATCHPAD_READ_TOOL_STRICT if strict else SCRATCHPAD_READ_TOOL)]
         return []
 
-    def _entries(self, now: float | None) -> list[_Opened]:
-        return self._pad._turn_entries(self.principal, self.turn_id, now)
+    def _opened(self, now: float | None) -> list[Opened]:
+        return self._entries.turn_entries(self.principal, self.turn_id, now)
 
     # -- the tool handler -----------------------------------------------------------------
 
@@ -279,7 +289,7 @@ class Turn:
             return _error(str(exc))
         scratchpad_id = args.pop("scratchpad_id")
         try:
-            return self._pad.read(self.principal, scratchpad_id, turn_id=self.turn_id, now=now, **args)
+            return self._entries.read(self.principal, scratchpad_id, turn_id=self.turn_id, now=now, **args)
         except ExpiredError:
             return _error(f"the entry {scratchpad_id!r} has expired and can no longer be read")
         except NotFoundError:
@@ -329,8 +339,8 @@ class Turn:
         """
         extended = 0
         if extend_ttl is not None:
-            extended = self._pad.extend_turn(self.principal, self.turn_id, extend_ttl, now=now)
-        return {"turn_id": self.turn_id, "steps": len(self._entries(now)), "extended": extended}
+            extended = extend_turn(self._entries, self._records, self.principal, self.turn_id, extend_ttl, now)
+        return {"turn_id": self.turn_id, "steps": len(self._opened(now)), "extended": extended}
 
     # -- compaction -----------------------------------------------------------------------
 
@@ -366,11 +376,10 @@ class Turn:
             "unresolved": _string_list("unresolved", unresolved),
         }
         size = len(json.dumps(payload, ensure_ascii=False).encode("utf-8"))
-        if size > self._pad.policy.max_entry_bytes:
-            raise InvalidArgumentError(
-                f"the checkpoint has {size} bytes; the policy's max_entry_bytes is {self._pad.policy.max_entry_bytes}"
-            )
-        saved = _records.save(self._pad, "checkpoints", self.principal, self.turn_id, payload, ttl_seconds, now)
+        limit = self._entries.policy.max_entry_bytes
+        if size > limit:
+            raise InvalidArgumentError(f"the checkpoint has {size} bytes; the policy's max_entry_bytes is {limit}")
+        saved = self._records.save("checkpoints", self.principal, self.turn_id, payload, ttl_seconds, now)
         return {"turn_id": self.turn_id, **saved, **payload}
 
     def latest_checkpoint(self, *, now: float | None = None) -> dict[str, Any] | None:
@@ -379,7 +388,7 @@ class Turn:
         Raises:
             IntegrityError: the checkpoint fails authentication.
         """
-        found = _records.load(self._pad, "checkpoints", self.principal, self.turn_id, now, latest=True)
+        found = self._records.load("checkpoints", self.principal, self.turn_id, now, latest=True)
         if not found:
             return None
         record = found[0]
@@ -401,9 +410,9 @@ class Turn:
             IntegrityError: a stored entry fails authentication.
             StoreBusyError: the write lock was not obtained in time.
         """
-        before = [_fingerprint(opened) for opened in self._entries(now)]
-        saved = _records.save(
-            self._pad, "compaction_marks", self.principal, self.turn_id, {"entries": before}, ttl_seconds, now
+        before = [_fingerprint(opened) for opened in self._opened(now)]
+        saved = self._records.save(
+            "compaction_marks", self.principal, self.turn_id, {"entries": before}, ttl_seconds, now
         )
         return {"turn_id": self.turn_id, **saved, "entries_before": len(before)}
 
@@ -420,7 +429,7 @@ class Turn:
         Raises:
             IntegrityError: a stored entry or the mark fails authentication.
         """
-        marks = _records.load(self._pad, "compaction_marks", self.principal, self.turn_id, now, latest=True)
+        marks = self._records.load("compaction_marks", self.principal, self.turn_id, now, latest=True)
         report: dict[str, Any] = {
             "turn_id": self.turn_id,
             "mark": None,
@@ -445,7 +454,7 @@ class Turn:
                 first_by_path.setdefault(item["path"], item["step_num"])
             if item["content_id"] is not None:
                 first_by_content.setdefault(item["content_id"], item["step_num"])
-        after = [_fingerprint(opened) for opened in self._entries(now) if opened.row["id"] not in before_ids]
+        after = [_fingerprint(opened) for opened in self._opened(now) if opened.row["id"] not in before_ids]
         rereads = []
         for item in after:
             same_path = item["path"] is not None and item["path"] in first_by_path
@@ -478,6 +487,84 @@ class Turn:
             ratio=len(rereads) / len(after) if after else 0.0,
         )
         return report
+
+
+def extend_turn(
+    entries: Entries,
+    records: Records,
+    principal: Principal,
+    turn_id: str,
+    ttl_seconds: int | None,
+    now: float | None,
+) -> int:
+    """``Scratchpad.extend_turn``: the turn's live entries and records in the
+    principal's scope live ``ttl_seconds`` from now, never less than they had.
+
+    Only the small sealed metadata is re-sealed, all of it before one short
+    write transaction; a row that changed meanwhile is left as the other
+    writer made it. Returns how many rows were extended.
+    """
+    ttl = entries.ttl(ttl_seconds)
+    current = entries.now(now)
+    target = current + ttl
+    entry_updates = entries.prepare_extend(principal, turn_id, target, current)
+    record_updates = records.prepare_extend(principal, turn_id, target, current)
+    with entries.transaction(principal.owner_user_id) as conn:
+        return Entries.apply_extend(conn, entry_updates) + Records.apply_extend(conn, record_updates)
+
+
+# Another process may take the step we picked between our look and our write;
+# each retry looks again. More collisions than this in a row is not a race.
+_NEXT_ATTEMPTS = 8
+
+_registry_lock = threading.Lock()
+_turn_locks: weakref.WeakKeyDictionary[Entries, dict[tuple[str, str, str, str], threading.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _turn_lock(turn: Turn) -> threading.Lock:
+    principal = turn.principal
+    key = (principal.owner_user_id, principal.actor, principal.channel, turn.turn_id)
+    with _registry_lock:
+        return _turn_locks.setdefault(turn._entries, {}).setdefault(key, threading.Lock())
+
+
+def _taken(turn: Turn, step_num: int, now: float | None) -> bool:
+    if step_num >= 2**31:
+        return False  # no such step: record refused the number itself
+    try:
+        turn._entries.check_step_free(turn.principal, turn.turn_id, step_num, now)
+    except InvalidArgumentError:
+        return True  # the principal, turn and step are valid: record_next checked them
+    return False
+
+
+def record_next(
+    turn: Turn,
+    executor_name: str,
+    observation: Any,
+    *,
+    ttl_seconds: int | None = None,
+    now: float | None = None,
+) -> tuple[int, Any]:
+    """Record ``observation`` as the turn's next step (one more than its highest
+    live step, 1 for an empty turn); returns ``(step_num, shown)`` where
+    ``shown`` is what ``Turn.record`` returned for the model's history.
+
+    Raises:
+        InvalidArgumentError, QuotaExceededError, StoreBusyError: as for ``Turn.record``.
+    """
+    with _turn_lock(turn):
+        for _ in range(_NEXT_ATTEMPTS):
+            step_num = turn._entries.last_step(turn.principal, turn.turn_id, now) + 1
+            try:
+                return step_num, turn.record(step_num, executor_name, observation, ttl_seconds=ttl_seconds, now=now)
+            except InvalidArgumentError:
+                # Only a step that another process recorded meanwhile is worth another try.
+                if not _taken(turn, step_num, now):
+                    raise
+    raise InvalidArgumentError(f"could not find a free step in turn {turn.turn_id!r}: other writers keep taking it")
 
 
 # -- helpers ----------------------------------------------------------------------------
@@ -638,14 +725,14 @@ class _Resolver:
             return self._observations[step]
         turn = self._turn
         if self._steps is None:
-            self._steps = {o.row["step_num"]: o.row["id"] for o in turn._entries(self._now)}
+            self._steps = {o.row["step_num"]: o.row["id"] for o in turn._opened(self._now)}
         if step not in self._steps:
             known = ", ".join(str(s) for s in sorted(self._steps)) or "none"
             raise InvalidArgumentError(
                 f"{reference}: unknown step {step} in turn {turn.turn_id!r} (its steps: {known})"
             )
         try:
-            entry = turn._pad.get(turn.principal, self._steps[step], now=self._now, turn_id=turn.turn_id)
+            entry = turn._entries.get(turn.principal, self._steps[step], now=self._now, turn_id=turn.turn_id)
         except NotFoundError:  # expired (or removed) since the turn was listed
             raise InvalidArgumentError(f"{reference}: step {step} is no longer stored") from None
         self._observations[step] = entry.observation
@@ -676,7 +763,7 @@ def _kind(node: Any) -> str:
     return "a number" if isinstance(node, int | float) and not isinstance(node, bool) else "a scalar"
 
 
-def _fingerprint(opened: _Opened) -> dict[str, Any]:
+def _fingerprint(opened: Opened) -> dict[str, Any]:
     """What a compaction mark keeps of an entry (sealed inside the mark)."""
     view = opened.meta["view"]
     return {

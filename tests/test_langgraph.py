@@ -117,7 +117,7 @@ def test_the_read_tool_reads_this_turn(pad: Scratchpad, turn: Turn) -> None:
 # -- offloading ToolMessages ---------------------------------------------------------------
 
 
-def test_large_tool_messages_are_replaced_by_the_view(turn: Turn) -> None:
+def test_large_tool_messages_are_replaced_by_the_view(pad: Scratchpad, turn: Turn) -> None:
     messages: list[BaseMessage] = [
         HumanMessage("why?"),
         AIMessage(
@@ -142,7 +142,7 @@ def test_large_tool_messages_are_replaced_by_the_view(turn: Turn) -> None:
         "scratchpad_id": view["scratchpad_id"],
     }
     assert small.content == "2" and small.response_metadata[METADATA_KEY] == {"step_num": 2, "offloaded": False}
-    assert turn._pad.get(ALICE, view["scratchpad_id"]).observation == LOG
+    assert pad.get(ALICE, view["scratchpad_id"]).observation == LOG
     # Recorded messages are never recorded again.
     assert offload_tool_messages(turn, out) == out
     assert len(turn.steps()) == 2

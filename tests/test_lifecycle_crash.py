@@ -24,11 +24,12 @@ WORKER = """
 import sys
 from securepad import Keyring, Scratchpad
 from securepad.lifecycle import rotate_owner_key
+from securepad.store import parts
 db, key, op, arg = sys.argv[1:5]
 pad = Scratchpad.open(db, keyring=Keyring.from_key_file(key))
 print("ready", flush=True)
 if op == "rotate-owner":
-    rotate_owner_key(pad, arg, batch=25)
+    rotate_owner_key(parts(pad).db, parts(pad).keys, arg, batch=25)
 elif op == "rotate-master":
     pad.rotate_master_key(Keyring.from_key_file(arg))
 elif op == "forget-owner":

@@ -109,13 +109,13 @@ def test_the_read_tool_takes_an_async_turn(tmp_path: Path) -> None:
 # -- offload_outputs -----------------------------------------------------------------------
 
 
-def test_large_outputs_reach_the_model_as_the_view(turn: Turn) -> None:
+def test_large_outputs_reach_the_model_as_the_view(pad: Scratchpad, turn: Turn) -> None:
     tool = offload_outputs(read_log, turn)
     assert tool.name == "read_log" and tool.params_json_schema == read_log.params_json_schema
     shown = json.loads(invoke(tool, {"path": "/var/log/app"}))
     assert shown["ok"] is True and shown["kind"] == "text" and shown["step_num"] == 1
     assert "ERROR disk full" in shown["summary"] and len(json.dumps(shown)) < 4000
-    entry = turn._pad.get(ALICE, shown["scratchpad_id"])
+    entry = pad.get(ALICE, shown["scratchpad_id"])
     assert entry.observation == LOG and entry.executor_name == "read_log"
     # A small output is what the model gets, and it is recorded too (step 2).
     assert invoke(offload_outputs(word_count, turn), {"text": "three small words"}) == "3"

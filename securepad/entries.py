@@ -1,0 +1,614 @@
+"""The entries: the put pipeline, the authenticated open, the turn listings, delete, gc, stats.
+
+Built from its parts (the database, the keystore, the authorized access path,
+the policy, the clock), never from a ``Scratchpad``. Every fetch of an entry
+row goes through ``access.Access``; every entry is sealed by
+``crypto.seal_entry`` and opened by ``crypto.open_entry``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import reads, shaping
+from ._backend import Backend, Conn
+from ._db import Database
+from .access import Access, audit_log, check_principal
+from .crypto import EntryCipher, Header, Wrapper, open_entry, seal_entry, split_bytes, split_text
+from .errors import ExpiredError, IntegrityError, InvalidArgumentError, NotFoundError, QuotaExceededError
+from .keystore import Keystore
+from .policy import NOT_FOUND_MESSAGE, Policy
+from .principal import Principal, check_identifier
+
+__all__ = ["ROTATE_ADVICE_LOG2", "Entries", "Entry", "Opened", "check_step_num"]
+
+# AES-GCM with random 96-bit nonces stays within NIST's bound for 2**32
+# encryptions per key; we advise rotating a key long before, at 2**28.
+ROTATE_ADVICE_LOG2 = 28
+
+_ID_RE = re.compile(r"[0-9a-f]{16}")
+# Clear columns that the sealed metadata repeats; a mismatch means tampering.
+_SEALED_COLUMNS = ("actor", "channel", "step_num", "executor_name", "created_at", "expires_at")
+_COLUMNS = (
+    "id, turn_id, step_num, executor_name, content_kind, size_bytes,"
+    " size_chars, segment_count, key_version, created_at, expires_at, wrapped_key, nonce_prefix,"
+    " commitment, sealed_meta"
+)
+# The type every clear column of an entry must have; SQLite's dynamic typing
+# would let an edited file hand us a string where the code expects a number.
+_COLUMN_TYPES: dict[str, type | tuple[type, ...]] = {
+    "id": str,
+    "owner_user_id": str,
+    "actor": str,
+    "channel": str,
+    "turn_id": str,
+    "step_num": int,
+    "executor_name": str,
+    "content_kind": str,
+    "size_bytes": int,
+    "size_chars": int,
+    "segment_count": int,
+    "key_version": int,
+    "created_at": (float, int),
+    "expires_at": (float, int),
+    "wrapped_key": bytes,
+    "nonce_prefix": bytes,
+    "commitment": bytes,
+    "sealed_meta": bytes,
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A whole stored observation, as returned by ``Scratchpad.get``."""
+
+    scratchpad_id: str
+    owner_user_id: str
+    actor: str
+    channel: str
+    turn_id: str
+    step_num: int
+    executor_name: str
+    kind: str
+    size_bytes: int
+    size_chars: int
+    created_at: float
+    expires_at: float
+    observation: Any
+    view: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Opened:
+    """An authorized, authenticated entry whose content is still sealed."""
+
+    row: dict[str, Any]
+    meta: dict[str, Any]
+    content: reads.SegmentedContent
+    cipher: EntryCipher
+
+    def view(self) -> dict[str, Any]:
+        return {"ok": True, "scratchpad_id": self.row["id"], **self.meta["view"]}
+
+    def entry(self) -> Entry:
+        """The whole entry, its observation rebuilt."""
+        row, meta = self.row, self.meta
+        whole = self.content.slice(0, self.content.size)
+        return Entry(
+            scratchpad_id=row["id"],
+            owner_user_id=row["owner_user_id"],
+            actor=row["actor"],
+            channel=row["channel"],
+            turn_id=row["turn_id"],
+            step_num=row["step_num"],
+            executor_name=row["executor_name"],
+            kind=row["content_kind"],
+            size_bytes=row["size_bytes"],
+            size_chars=row["size_chars"],
+            created_at=row["created_at"],
+            expires_at=row["expires_at"],
+            observation=shaping.rebuild(meta["shape"], whole, meta["rest"]),
+            view=self.view(),
+        )
+
+
+class Entries:
+    """The entries of one store. Safe to share between threads."""
+
+    def __init__(self, db: Backend, keys: Keystore, access: Access, policy: Policy, clock: Callable[[], float]) -> None:
+        self._db = db
+        self._keys = keys
+        self._access = access
+        self.policy = policy
+        self._clock = clock
+
+    def now(self, now: float | None) -> float:
+        return self._clock() if now is None else float(now)
+
+    def ttl(self, ttl_seconds: int | None) -> int:
+        """The policy's default, or ``ttl_seconds`` checked against its maximum.
+
+        Raises:
+            InvalidArgumentError: not a positive integer, or above ``max_ttl_seconds``.
+        """
+        if ttl_seconds is None:
+            return self.policy.default_ttl_seconds
+        if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int) or ttl_seconds <= 0:
+            raise InvalidArgumentError(f"ttl_seconds must be a positive integer, not {ttl_seconds!r}")
+        if ttl_seconds > self.policy.max_ttl_seconds:
+            raise InvalidArgumentError(
+                f"ttl_seconds {ttl_seconds} exceeds the policy's max_ttl_seconds ({self.policy.max_ttl_seconds})"
+            )
+        return ttl_seconds
+
+    # -- put -------------------------------------------------------------------------------
+
+    def put(
+        self,
+        principal: Principal,
+        turn_id: str,
+        step_num: int,
+        executor_name: str,
+        observation: Any,
+        ttl_seconds: int | None,
+        *,
+        now: float | None,
+        inline: tuple[Any] | None = None,
+        free_step: bool = False,
+    ) -> dict[str, Any]:
+        """Store an observation (see ``Scratchpad.put``), keeping (sealed) what a
+        turn showed the model: ``inline`` is ``(item,)`` when the observation
+        went into the history itself. With ``free_step``, the write transaction
+        refuses a step that a live entry of the turn in the principal's scope already has."""
+        check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        check_identifier("executor_name", executor_name)
+        check_step_num(step_num)
+        ttl = self.ttl(ttl_seconds)
+        kind, shape, content, rest = shaping.classify(observation)
+        segments, counts, size_chars, breaks, line_count = _split(content)
+        size_bytes = sum(len(s) for s in segments)
+        # The limits count everything the observation stores: content and other fields.
+        stored_bytes = size_bytes + (len(shaping.dumps(rest)) if rest else 0)
+        if stored_bytes > self.policy.max_entry_bytes:
+            raise QuotaExceededError(
+                f"the observation has {stored_bytes} bytes;"
+                f" the policy's max_entry_bytes is {self.policy.max_entry_bytes}"
+            )
+        created = self.now(now)
+        view = shaping.view(kind, step_num, size_bytes, content, rest, observation)
+        meta = {
+            "actor": principal.actor,
+            "channel": principal.channel,
+            "step_num": step_num,
+            "executor_name": executor_name,
+            "created_at": created,
+            "expires_at": created + ttl,
+            "shape": shape,
+            "rest": rest,
+            "counts": counts,
+            "breaks": breaks,
+            "lines": line_count,
+            "view": view,
+        }
+        if inline is not None:
+            meta["inline"] = inline[0]
+        owner = principal.owner_user_id
+        identities: dict[int, str] = {}
+
+        def seal(version: int, wrapper: Wrapper) -> tuple[dict[str, Any], list[bytes]]:
+            if version not in identities:
+                identities[version] = self._keys.identity(owner, version).of(kind, segments)
+            meta["content_id"] = identities[version]
+            header = Header(secrets.token_hex(8), owner, turn_id, kind, size_bytes, size_chars, len(segments), version)
+            crypto_columns, sealed = seal_entry(wrapper, header, shaping.dumps(meta), segments)
+            row = {
+                "id": header.entry_id,
+                "owner_user_id": owner,
+                **{column: meta[column] for column in ("actor", "channel")},
+                "turn_id": turn_id,
+                **{column: meta[column] for column in ("step_num", "executor_name")},
+                "content_kind": kind,
+                "size_bytes": size_bytes,
+                "size_chars": size_chars,
+                "segment_count": len(segments),
+                "key_version": version,
+                "created_at": created,
+                "expires_at": meta["expires_at"],
+                **crypto_columns,
+                "stored_bytes": stored_bytes,
+            }
+            return row, sealed
+
+        def write(conn: Conn, sealed: tuple[dict[str, Any], list[bytes]]) -> str:
+            row, segments_sealed = sealed
+            if free_step:
+                self.check_step_free(principal, turn_id, step_num, created, conn)
+            self._check_quota(conn, owner, stored_bytes, created)
+            conn.execute(
+                f"INSERT INTO entries({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
+            )
+            conn.executemany(
+                "INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)",
+                ((row["id"], seq, data) for seq, data in enumerate(segments_sealed)),
+            )
+            return str(row["id"])
+
+        entry_id = self._keys.write_current(
+            owner,
+            seal,
+            write,
+            attempts=5,
+            busy="could not store the entry: its id or owner key kept changing; try again",
+        )
+        return {"ok": True, "scratchpad_id": entry_id, **view}
+
+    def _check_quota(self, conn: Conn, owner: str, adding: int, now: float) -> None:
+        """Raise QuotaExceededError when ``adding`` bytes would take the owner past its quota.
+
+        ``owner_usage`` (kept by triggers) still counts expired entries that gc
+        has not removed: when even that bound leaves room, the exact sum over
+        the owner's live entries, O(entries), would not change the answer.
+        """
+        bound = conn.query("SELECT stored_bytes FROM owner_usage WHERE owner_user_id = ?", (owner,))
+        used = int(bound[0]["stored_bytes"]) if bound else 0
+        if used + adding > self.policy.owner_quota_bytes:
+            live = conn.query(
+                "SELECT CAST(COALESCE(SUM(stored_bytes), 0) AS BIGINT) AS used FROM entries"
+                " WHERE owner_user_id = ? AND expires_at > ?",
+                (owner, now),
+            )
+            used = int(live[0]["used"])
+        if used + adding > self.policy.owner_quota_bytes:
+            raise QuotaExceededError(
+                f"owner quota exceeded: {used} bytes live + {adding} new"
+                f" > owner_quota_bytes {self.policy.owner_quota_bytes}"
+            )
+
+    # -- authorize → fetch → decrypt ---------------------------------------------------------
+
+    def open(
+        self, principal: Principal, scratchpad_id: object, now: float | None, turn_id: str | None = None
+    ) -> Opened:
+        """The one path from an id to an entry's plaintext (of one turn, if ``turn_id`` is given).
+
+        Raises:
+            NotFoundError: absent, malformed, another owner's, or outside the scope.
+            ExpiredError: the caller's own entry has expired.
+            IntegrityError: the stored entry fails authentication.
+        """
+        check_principal(principal)
+        if not isinstance(scratchpad_id, str) or not _ID_RE.fullmatch(scratchpad_id):
+            self._access.denied(principal, "malformed id")
+            raise NotFoundError(NOT_FOUND_MESSAGE)
+        where = "id = ?"
+        params: tuple[str, ...] = (scratchpad_id,)
+        if turn_id is not None:
+            where, params = "id = ? AND turn_id = ?", (scratchpad_id, check_identifier("turn_id", turn_id))
+        rows = self._access.rows(principal, "entries", _COLUMNS, where, params)
+        if not rows:
+            self._access.denied(principal, scratchpad_id)
+            raise NotFoundError(NOT_FOUND_MESSAGE)
+        row = rows[0]
+        _check_row_types(row)
+        if turn_id is not None and row["turn_id"] != turn_id:
+            raise NotFoundError(NOT_FOUND_MESSAGE)
+        if row["expires_at"] <= self.now(now):
+            raise ExpiredError("this entry has expired")
+        return next(self._access.open_each(principal, "entries", _COLUMNS, [row], self._authenticate))
+
+    def _authenticate(self, row: dict[str, Any]) -> Opened:
+        """Unwrap the item key, check the commitment, open and cross-check the metadata."""
+        _check_row_types(row)
+        header = Header(
+            row["id"],
+            row["owner_user_id"],
+            row["turn_id"],
+            row["content_kind"],
+            row["size_bytes"],
+            row["size_chars"],
+            row["segment_count"],
+            row["key_version"],
+        )
+        wrapper = self._keys.owner_wrapper(header.owner_user_id, header.key_version)
+        cipher = open_entry(wrapper, header, row["wrapped_key"], row["nonce_prefix"], row["commitment"])
+        meta = json.loads(cipher.open_meta(row["sealed_meta"]))
+        for column in _SEALED_COLUMNS:
+            if meta[column] != row[column]:
+                raise IntegrityError(f"the entry's clear {column} does not match its sealed copy")
+        counts = meta["counts"]
+        if counts is None:  # binary: every segment but the last is full
+            counts = shaping.binary_counts(header.size_bytes, header.segment_count)
+        breaks = meta.get("breaks")
+        if len(counts) != header.segment_count or (breaks is not None and len(breaks) != header.segment_count):
+            raise IntegrityError("the entry's segment index does not match its header")
+        content = reads.SegmentedContent(
+            header.kind,
+            counts,
+            self._fetcher(row["id"], row["owner_user_id"], cipher, header.segment_count),
+            breaks=breaks,
+            line_count=meta.get("lines"),
+        )
+        return Opened(row, meta, content, cipher)
+
+    def _fetcher(self, entry_id: str, owner: str, cipher: EntryCipher, count: int) -> reads.Fetch:
+        def fetch(first: int, last: int) -> list[bytes]:
+            # Only the segments asked for travel from the database; the entry row
+            # they belong to was authorized and authenticated by the caller.
+            rows = self._db.query(
+                "SELECT seq, data FROM segments WHERE entry_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
+                (entry_id, first, last),
+                owner=owner,
+            )
+            if [row["seq"] for row in rows] != list(range(first, last + 1)):
+                raise IntegrityError("the entry's segments are missing or out of order")
+            if not all(isinstance(row["data"], bytes) for row in rows):
+                raise IntegrityError("an entry's segment is not a blob")
+            return [cipher.open_segment(row["seq"], row["data"], row["seq"] == count - 1) for row in rows]
+
+        return fetch
+
+    def get(
+        self, principal: Principal, scratchpad_id: str, *, now: float | None = None, turn_id: str | None = None
+    ) -> Entry:
+        return self.open(principal, scratchpad_id, now, turn_id).entry()
+
+    def read(
+        self,
+        principal: Principal,
+        scratchpad_id: str,
+        mode: str = "head",
+        *,
+        now: float | None = None,
+        turn_id: str | None = None,
+        **args: Any,
+    ) -> dict[str, Any]:
+        """``Scratchpad.read``: part of an entry, never more than ``max_read_chars``."""
+        if mode not in reads.MODES:
+            raise InvalidArgumentError(f"unknown read mode {mode!r}; use one of {', '.join(reads.MODES)}")
+        opened = self.open(principal, scratchpad_id, now, turn_id)
+        result = reads.read(opened.content, mode, cap=self.policy.max_read_chars, **args)
+        result["scratchpad_id"] = opened.row["id"]
+        if self.policy.log_reads:
+            audit_log.info("read: owner=%r id=%s mode=%s", principal.owner_user_id, opened.row["id"], mode)
+        return result
+
+    # -- turn listings ---------------------------------------------------------------------------
+
+    def turn_entries(self, principal: Principal, turn_id: str, now: float | None) -> list[Opened]:
+        """The live entries of a turn in the principal's scope, authenticated, in step order."""
+        check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        rows = self._access.rows(
+            principal, "entries", _COLUMNS, "turn_id = ?", (turn_id,), "ORDER BY step_num, created_at, id"
+        )
+        return list(self._authenticate_rows(principal, _live(rows, self.now(now))))
+
+    def turn_offloads(self, principal: Principal, turn_id: str, now: float | None) -> bool:
+        """Whether a live entry of the turn in the principal's scope was offloaded
+        (its sealed metadata holds no ``inline`` history item).
+
+        Entries are fetched newest step first, in pages that double (8, 16,
+        ...), and authenticated one at a time until one is offloaded: when the
+        latest steps were offloaded, one small indexed query and one
+        authentication answer, whatever the turn's length. The answer comes
+        from authenticated metadata only.
+        """
+        rows = self._newest_first(principal, turn_id, _COLUMNS, now)
+        return any("inline" not in opened.meta for opened in self._authenticate_rows(principal, rows))
+
+    def _newest_first(
+        self, principal: Principal, turn_id: str, columns: str, now: float | None
+    ) -> Iterator[dict[str, Any]]:
+        """The turn's live rows in the principal's scope, highest step first, fetched
+        lazily in pages that double (8, 16, ...): a caller that stops early pays
+        for one small indexed query."""
+        check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        current = self.now(now)
+        offset, size = 0, 8
+        while True:
+            # (step_num, id) follows entries_owner_turn, so a page reads only its own rows.
+            rows = self._access.rows(
+                principal,
+                "entries",
+                columns,
+                "turn_id = ?",
+                (turn_id,),
+                "ORDER BY step_num DESC, id DESC LIMIT ? OFFSET ?",
+                (size, offset),
+            )
+            yield from _live(rows, current)
+            if len(rows) < size:
+                return
+            offset, size = offset + size, size * 2
+
+    def _authenticate_rows(self, principal: Principal, rows: Iterable[dict[str, Any]]) -> Iterator[Opened]:
+        return self._access.open_each(principal, "entries", _COLUMNS, rows, self._authenticate)
+
+    def last_step(self, principal: Principal, turn_id: str, now: float | None) -> int:
+        """The highest step number of the turn's live entries in the principal's
+        scope, 0 for none: newest first, in doubling pages.
+
+        Read from the clear column: it only proposes the next step to try, and
+        ``Turn.record`` checks that one; nothing of it reaches the model.
+
+        Raises:
+            IntegrityError: a clear step or expiry that is not a number.
+        """
+        for row in self._newest_first(principal, turn_id, "step_num, expires_at", now):
+            _check_row_types({"step_num": row["step_num"]})
+            return int(row["step_num"])
+        return 0
+
+    def check_step_free(
+        self, principal: Principal, turn_id: str, step_num: int, now: float | None, conn: Conn | None = None
+    ) -> None:
+        """Refuse a step that a live entry of the turn in the principal's scope
+        already has: one lookup on the (owner, turn, step) index. Inside the
+        put's write transaction (``conn``), which serializes the owner's writes
+        on both backends, no other writer can take the step between this look and the insert.
+
+        Raises:
+            InvalidArgumentError: a bad principal, turn id or step, or the step is taken.
+        """
+        check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        check_step_num(step_num)
+        rows = self._access.rows(
+            principal, "entries", "expires_at", "turn_id = ? AND step_num = ?", (turn_id, step_num), conn=conn
+        )
+        if _live(rows, self.now(now)):
+            raise InvalidArgumentError(f"step {step_num} is already recorded in turn {turn_id!r}")
+
+    # -- expiry, delete, gc, stats -----------------------------------------------------------------
+
+    def transaction(self, owner: str) -> AbstractContextManager[Conn]:
+        """A write transaction of ``owner`` (for writes that span entries and records)."""
+        return self._db.transaction(owner)
+
+    def prepare_extend(self, principal: Principal, turn_id: str, target: float, now: float) -> list[tuple[Any, ...]]:
+        """Re-sealed metadata (outside any transaction) for the turn's live entries
+        that expire before ``target``; ``apply_extend`` writes them."""
+        updates = []
+        for opened in self.turn_entries(principal, turn_id, now):
+            if opened.row["expires_at"] >= target:
+                continue
+            sealed = opened.cipher.seal_meta(shaping.dumps({**opened.meta, "expires_at": target}))
+            updates.append((target, sealed, opened.row["id"], opened.row["sealed_meta"]))
+        return updates
+
+    @staticmethod
+    def apply_extend(conn: Conn, updates: list[tuple[Any, ...]]) -> int:
+        """Write ``prepare_extend``'s updates (compare-and-set) inside the caller's transaction."""
+        return sum(
+            conn.execute("UPDATE entries SET expires_at = ?, sealed_meta = ? WHERE id = ? AND sealed_meta = ?", update)
+            for update in updates
+        )
+
+    def delete(self, principal: Principal, scratchpad_id: str) -> None:
+        """``Scratchpad.delete``."""
+        check_principal(principal)
+        if not isinstance(scratchpad_id, str) or not _ID_RE.fullmatch(scratchpad_id):
+            raise NotFoundError(NOT_FOUND_MESSAGE)
+        with self._db.transaction(principal.owner_user_id) as conn:
+            if not self._access.delete(conn, principal, "entries", scratchpad_id):
+                self._access.denied(principal, scratchpad_id)
+                raise NotFoundError(NOT_FOUND_MESSAGE)
+            conn.execute("DELETE FROM segments WHERE entry_id = ?", (scratchpad_id,))
+        # secure_delete zeroed the pages; the checkpoint takes the old ones out of the WAL too.
+        self._db.checkpoint(wait=False)
+
+    @staticmethod
+    def delete_expired(conn: Conn, cutoff: float) -> int:
+        """Delete expired entries and their segments inside the caller's (gc) transaction."""
+        conn.execute("DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE expires_at <= ?)", (cutoff,))
+        return conn.execute("DELETE FROM entries WHERE expires_at <= ?", (cutoff,))
+
+    @staticmethod
+    def delete_owner(conn: Conn, owner: str) -> dict[str, int]:
+        """Delete every entry and segment of an owner inside the caller's transaction."""
+        return {
+            "segments": conn.execute(
+                "DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE owner_user_id = ?)", (owner,)
+            ),
+            "entries": conn.execute("DELETE FROM entries WHERE owner_user_id = ?", (owner,)),
+        }
+
+    def stats(self, principal: Principal | None, now: float | None, location: str, policy_name: str) -> dict[str, Any]:
+        """``Scratchpad.stats``: for one principal's scope, or (None) for the whole store."""
+        current = self.now(now)
+        if principal is not None:
+            check_principal(principal)
+            totals = self._access.aggregate(
+                principal,
+                "entries",
+                "COUNT(*) AS entries, CAST(COALESCE(SUM(size_bytes), 0) AS BIGINT) AS bytes,"
+                " CAST(COALESCE(SUM(stored_bytes), 0) AS BIGINT) AS stored_bytes",
+                "expires_at > ?",
+                (current,),
+            )
+            return {"owner_user_id": principal.owner_user_id, "scope": self.policy.scope, **totals}
+        rows = self._db.query(
+            "SELECT COUNT(*) AS entries, CAST(COALESCE(SUM(size_bytes), 0) AS BIGINT) AS bytes,"
+            " CAST(COALESCE(SUM(stored_bytes), 0) AS BIGINT) AS stored_bytes,"
+            " COUNT(DISTINCT owner_user_id) AS owners,"
+            " COUNT(CASE WHEN expires_at <= ? THEN 1 END) AS expired_pending_gc FROM entries",
+            (current,),
+            admin=True,
+        )
+        usage = self._db.query(
+            "SELECT COALESCE(MAX(wrap_count), 0) AS owner_key_max_wraps FROM owner_keys", admin=True
+        )[0]
+        usage["master_key_wraps"] = int(self._keys.store_meta().get("master_wrap_count", "0"))
+        usage["advice"] = [
+            f"{name} has sealed {count} keys with random nonces; rotate it"
+            f" (AES-GCM limit 2**32, advised below 2**{ROTATE_ADVICE_LOG2})"
+            for name, count in (
+                ("an owner key", usage["owner_key_max_wraps"]),
+                ("the master key", usage["master_key_wraps"]),
+            )
+            if count >= 2**ROTATE_ADVICE_LOG2
+        ]
+        result = {"path": location, "policy": policy_name, **rows[0], "key_usage": usage}
+        if isinstance(self._db, Database):
+            path = self._db.path
+            result["file_bytes"] = {
+                suffix or "db": _file_size(Path(f"{path}{suffix}")) for suffix in ("", "-wal", "-shm")
+            }
+        return result
+
+
+def _split(content: str | bytes) -> tuple[list[bytes], list[int] | None, int, list[int] | None, int | None]:
+    """(segments, character counts, characters, line breaks, lines) of an entry's content."""
+    if isinstance(content, bytes):
+        return split_bytes(content), None, 0, None, None
+    segments, pieces = split_text(content)
+    counts = [len(piece) for piece in pieces]
+    breaks, line_count = reads.line_index(pieces)
+    return segments, counts, sum(counts), breaks, line_count
+
+
+def check_step_num(step_num: object) -> None:
+    if isinstance(step_num, bool) or not isinstance(step_num, int) or not 0 <= step_num < 2**31:
+        raise InvalidArgumentError(f"step_num must be an integer from 0 to 2**31-1, not {step_num!r}")
+
+
+def _check_row_types(row: dict[str, Any]) -> None:
+    """Raises IntegrityError when a clear column holds a value of the wrong type."""
+    for column, expected in _COLUMN_TYPES.items():
+        if column in row and not isinstance(row[column], expected):
+            raise IntegrityError(f"the entry's clear {column} has the wrong type")
+
+
+def _live(rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """The rows that expire after ``now``.
+
+    Filtered here rather than by ``expires_at > ?`` in the query: given that
+    range, SQLite (which has no statistics unless ANALYZE ran) walks
+    ``entries_owner_usage``, every live entry of the owner, instead of the
+    turn's part of ``entries_owner_turn``, and a turn's lookups grow with
+    all of the owner's turns.
+
+    Raises:
+        IntegrityError: a clear expiry that is not a number (such a row used
+            to pass ``expires_at > ?``, as text sorts after numbers, and fail
+            authentication: the outcome is the same).
+    """
+    for row in rows:
+        _check_row_types({"expires_at": row["expires_at"]})
+    return [row for row in rows if row["expires_at"] > now]
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

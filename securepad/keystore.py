@@ -1,0 +1,278 @@
+"""The keystore: the master key's unlock, the owner keys, and writing under the current one.
+
+Everything that holds or chooses a key lives here: the check of the master
+key against the store (and the store's initialization), the wrapper of owner
+keys, the cache of unwrapped owner keys, and the one loop that writes a row
+sealed under an owner's newest key version, sealing again when a rotation
+(in any process) made that version stale. Keys are ``crypto.KeyHandle``s and
+``crypto.Wrapper``s, never bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from ._backend import Backend, Conn, DuplicateKeyError, insert_owner_key
+from .crypto import FORMAT_VERSION, ContentIdentity, KeyHandle, Wrapper, key_check, owner_key_aad
+from .errors import IntegrityError, InvalidArgumentError, StoreBusyError, WrongKeyError
+from .keys import Keyring, master_key
+
+__all__ = ["Keystore", "Progress"]
+
+T = TypeVar("T")
+P = TypeVar("P")
+# Progress callback: (done, total).
+Progress = Callable[[int, int], None]
+
+
+class _StaleOwnerKey(Exception):
+    """The row was sealed for an owner-key version that is no longer the newest."""
+
+
+class Keystore:
+    """The store's keys. Safe to share between threads."""
+
+    def __init__(self, db: Backend, keyring: Keyring) -> None:
+        self._db = db
+        self._lock = threading.Lock()
+        self._owner_keys: dict[tuple[str, int], tuple[Wrapper, KeyHandle]] = {}
+        self._identities: dict[tuple[str, int], ContentIdentity] = {}
+        self._latest: dict[str, int] = {}
+        self.keyring = keyring
+        self.store_id, self._wrap, self._key_check = self._unlock(keyring)
+
+    def _unlock(self, keyring: Keyring) -> tuple[str, Wrapper, str]:
+        """Check the master key against the store (initializing a new store).
+
+        Raises:
+            WrongKeyError: the master key does not open this store.
+        """
+        meta = self.store_meta()
+        if "store_id" not in meta:
+            store_id = secrets.token_hex(16)
+            master, kdf = master_key(keyring, None)
+            with self._db.transaction(admin=True) as conn:
+                if not conn.query("SELECT 1 FROM store_meta WHERE key = 'store_id'"):
+                    values = {
+                        "store_id": store_id,
+                        "format_version": str(FORMAT_VERSION),
+                        "key_check": key_check(master, store_id),
+                        "kdf": json.dumps(kdf),
+                    }
+                    conn.executemany("INSERT INTO store_meta(key, value) VALUES (?, ?)", list(values.items()))
+            meta = self.store_meta()
+        store_id = meta["store_id"]
+        master, _ = master_key(keyring, json.loads(meta.get("kdf", "null")))
+        if not secrets.compare_digest(key_check(master, store_id), meta["key_check"]):
+            raise WrongKeyError(f"the master key from {keyring!r} does not open this store")
+        return store_id, Wrapper.for_master(master, store_id), meta["key_check"]
+
+    def store_meta(self) -> dict[str, str]:
+        """The store's clear metadata (id, format version, key check, KDF record, counters)."""
+        return {r["key"]: r["value"] for r in self._db.query("SELECT key, value FROM store_meta")}
+
+    # -- owner keys ------------------------------------------------------------------------
+
+    def owner_wrapper(self, owner: str, version: int) -> Wrapper:
+        """The owner's key of ``version``, unwrapped once and cached.
+
+        Raises:
+            IntegrityError: the key is missing (tampering, or a rotation retired
+                it meanwhile) or its wrapping was altered.
+            WrongKeyError: another process rotated the master key meanwhile.
+        """
+        return self._owner_key(owner, version)[0]
+
+    def identity(self, owner: str, version: int) -> ContentIdentity:
+        """The keyed content identity of the owner's key of ``version`` (see ``crypto.ContentIdentity``).
+
+        Raises:
+            IntegrityError, WrongKeyError: as for ``owner_wrapper``.
+        """
+        found = self._identities.get((owner, version))
+        if found is None:
+            found = ContentIdentity(self._owner_key(owner, version)[1], self.store_id, owner, version)
+            with self._lock:
+                self._identities[(owner, version)] = found
+        return found
+
+    def _owner_key(self, owner: str, version: int) -> tuple[Wrapper, KeyHandle]:
+        cached = self._owner_keys.get((owner, version))
+        if cached is not None:
+            return cached
+        rows = self._db.query(
+            "SELECT wrapped FROM owner_keys WHERE owner_user_id = ? AND version = ?", (owner, version), owner=owner
+        )
+        if not rows:
+            raise IntegrityError("the owner key of this row is missing")
+        try:
+            key = self._wrap.unwrap(rows[0]["wrapped"], owner_key_aad(self.store_id, owner, version))
+        except IntegrityError:
+            self.check_master_current()
+            raise
+        pair = (Wrapper.of(key), key)
+        with self._lock:
+            self._owner_keys[(owner, version)] = pair
+        return pair
+
+    def current(self, owner: str) -> tuple[int, Wrapper]:
+        """The owner's newest key version and its wrapper, created (in its own
+        short transaction) on first use.
+
+        Raises:
+            WrongKeyError: another process rotated the master key meanwhile.
+        """
+        version = self._latest.get(owner)
+        if version is None:
+            version = self.newest_version(owner)
+            if version is None:
+                version = 1
+                self.add_version(owner, version)
+            with self._lock:
+                self._latest[owner] = version
+        return version, self.owner_wrapper(owner, version)
+
+    def newest_version(self, owner: str) -> int | None:
+        rows = self._db.query("SELECT MAX(version) AS v FROM owner_keys WHERE owner_user_id = ?", (owner,), owner=owner)
+        version = rows[0]["v"]
+        return None if version is None else int(version)
+
+    def versions(self, owner: str) -> list[int]:
+        """Every key version the owner has, oldest first (housekeeping: rotation)."""
+        rows = self._db.query(
+            "SELECT version FROM owner_keys WHERE owner_user_id = ? ORDER BY version", (owner,), owner=owner, admin=True
+        )
+        return [int(r["version"]) for r in rows]
+
+    def add_version(self, owner: str, version: int, *, admin: bool = False) -> None:
+        """Add a fresh owner key of ``version`` (unless a racing process did);
+        ``admin`` for a rotation (housekeeping), not for an owner's first key.
+
+        Raises:
+            WrongKeyError: another process rotated the master key meanwhile.
+        """
+        wrapped = self._wrap.wrap_new(owner_key_aad(self.store_id, owner, version))
+        with self._db.transaction(owner, admin=admin) as conn:
+            self.check_master_current(conn)
+            insert_owner_key(conn, owner, version, wrapped, time.time())
+
+    @staticmethod
+    def retire_older(conn: Conn, owner: str, version: int) -> int:
+        """Delete the owner's key versions below ``version`` (inside the caller's transaction)."""
+        return conn.execute("DELETE FROM owner_keys WHERE owner_user_id = ? AND version < ?", (owner, version))
+
+    @staticmethod
+    def delete_owner(conn: Conn, owner: str) -> int:
+        """Delete every key of the owner (inside the caller's transaction): crypto-shredding."""
+        return conn.execute("DELETE FROM owner_keys WHERE owner_user_id = ?", (owner,))
+
+    def count_wraps(self, conn: Conn, owner: str, version: int, count: int = 1) -> None:
+        """Count random-nonce wraps under an owner key (the rotation advice in ``stats``)."""
+        conn.execute(
+            "UPDATE owner_keys SET wrap_count = wrap_count + ? WHERE owner_user_id = ? AND version = ?",
+            (count, owner, version),
+        )
+
+    def check_master_current(self, conn: Conn | None = None) -> None:
+        """Raise WrongKeyError when another process has rotated the master key
+        since this store was opened: nothing may be wrapped under the old one."""
+        sql = "SELECT value FROM store_meta WHERE key = 'key_check'"
+        rows = conn.query(sql) if conn is not None else self._db.query(sql)
+        if not rows or rows[0]["value"] != self._key_check:
+            raise WrongKeyError("the master key was rotated since this store was opened; open it with the new key")
+
+    def forget(self, owner: str) -> None:
+        """Drop the owner's cached keys (after a rotation, or when it is forgotten)."""
+        with self._lock:
+            self._latest.pop(owner, None)
+            for key in [k for k in self._owner_keys if k[0] == owner]:
+                del self._owner_keys[key]
+            for key in [k for k in self._identities if k[0] == owner]:
+                del self._identities[key]
+
+    # -- the one write under the current key -------------------------------------------------
+
+    def write_current(
+        self,
+        owner: str,
+        seal: Callable[[int, Wrapper], P],
+        write: Callable[[Conn, P], T],
+        *,
+        attempts: int,
+        busy: str,
+    ) -> T:
+        """Seal (outside any transaction) under the owner's newest key, then write
+        in one transaction that first checks the version is still the newest.
+
+        ``seal(version, wrapper)`` builds the row; ``write(conn, sealed)``
+        stores it. A rotation meanwhile (a stale version) or a unique-key
+        collision (``DuplicateKeyError``: an id or sequence number taken)
+        seals again, at most ``attempts`` times.
+
+        Raises:
+            StoreBusyError: ``busy``, when every attempt lost a race.
+        """
+        version, wrapper = self.current(owner)
+        for _ in range(attempts):
+            sealed = seal(version, wrapper)
+            try:
+                with self._db.transaction(owner) as conn:
+                    if self.newest_in(conn, owner) != version:
+                        raise _StaleOwnerKey
+                    result = write(conn, sealed)
+                    self.count_wraps(conn, owner, version)
+                return result
+            except DuplicateKeyError:
+                continue
+            except _StaleOwnerKey:
+                # The owner's key was rotated (maybe by another process) since it was cached.
+                self.forget(owner)
+                version, wrapper = self.current(owner)
+        raise StoreBusyError(busy)
+
+    @staticmethod
+    def newest_in(conn: Conn, owner: str) -> int | None:
+        rows = conn.query("SELECT MAX(version) AS v FROM owner_keys WHERE owner_user_id = ?", (owner,))
+        return None if rows[0]["v"] is None else int(rows[0]["v"])
+
+    # -- master rotation ---------------------------------------------------------------------
+
+    def rotate_master(self, new_keyring: Keyring, progress: Progress | None) -> int:
+        """Re-wrap every owner key under ``new_keyring``'s master key, in one
+        transaction; afterwards only the new key opens the store. Returns how
+        many owner keys were re-wrapped.
+
+        Raises:
+            InvalidArgumentError: the new master key is the current one.
+            WrongKeyError: this keystore's master key is no longer the store's.
+            StoreBusyError: the write lock was not obtained in time.
+        """
+        new_master, kdf = master_key(new_keyring, None)
+        new_check = key_check(new_master, self.store_id)
+        if secrets.compare_digest(new_check, self._key_check):
+            raise InvalidArgumentError("the new master key is the current one")
+        new_wrap = Wrapper.for_master(new_master, self.store_id)
+        del new_master
+        with self._db.transaction(admin=True) as conn:
+            self.check_master_current(conn)
+            rows = conn.query("SELECT owner_user_id, version, wrapped FROM owner_keys")
+            updates = []
+            for done, row in enumerate(rows, 1):
+                aad = owner_key_aad(self.store_id, row["owner_user_id"], row["version"])
+                updates.append(
+                    (self._wrap.rewrap(row["wrapped"], aad, new_wrap, aad), row["owner_user_id"], row["version"])
+                )
+                if progress is not None and (done % 256 == 0 or done == len(rows)):
+                    progress(done, len(rows))
+            conn.executemany("UPDATE owner_keys SET wrapped = ? WHERE owner_user_id = ? AND version = ?", updates)
+            conn.executemany(
+                "UPDATE store_meta SET value = ? WHERE key = ?",
+                [(new_check, "key_check"), (json.dumps(kdf), "kdf"), (str(len(rows)), "master_wrap_count")],
+            )
+        self._wrap, self._key_check, self.keyring = new_wrap, new_check, new_keyring
+        return len(rows)

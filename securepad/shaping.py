@@ -1,0 +1,105 @@
+"""Observation shaping, as pure functions: what is stored, what the model sees, what comes back.
+
+``classify`` splits an observation into its content (text or bytes) and its
+other fields; ``view`` builds the synthetic view; ``rebuild`` gives the
+observation back from its content and fields. No keys, no database.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from . import summary
+from .crypto import SEGMENT_BYTES
+from .errors import InvalidArgumentError
+
+__all__ = ["binary_counts", "classify", "dumps", "rebuild", "view"]
+
+
+def dumps(value: Any, *, indent: int | None = None) -> bytes:
+    """Compact UTF-8 JSON (or indented, for a json entry's readable content).
+
+    Raises:
+        InvalidArgumentError: the value is not JSON-serializable.
+    """
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, indent=indent).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"the observation is not JSON-serializable: {exc}") from None
+
+
+def classify(observation: Any) -> tuple[str, str, str | bytes, dict[str, Any] | None]:
+    """(kind, shape, content, rest): what is stored as content and what as sealed fields.
+
+    Raises:
+        InvalidArgumentError: non-string keys, or fields that are not JSON.
+    """
+    if isinstance(observation, str):
+        return "text", "str", observation, None
+    if isinstance(observation, bytes | bytearray | memoryview):
+        return "binary", "bytes", bytes(observation), None
+    if isinstance(observation, dict) and isinstance(observation.get("content"), str | bytes):
+        rest = {k: v for k, v in observation.items() if k != "content"}
+        _check_string_keys(rest)
+        dumps(rest)  # the other fields must be JSON; fail before anything is stored
+        content = observation["content"]
+        return ("binary" if isinstance(content, bytes) else "text"), "dict", content, rest
+    _check_string_keys(observation)
+    # Indented JSON: the readable content, so that lines and grep mean something.
+    return "json", "json", dumps(observation, indent=2).decode("utf-8"), None
+
+
+def _check_string_keys(value: Any) -> None:
+    """Refuse non-string dict keys anywhere: JSON would turn 1 into "1" and the
+    observation would come back different from what was put."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            if any(not isinstance(k, str) for k in item):
+                raise InvalidArgumentError("structured observations need string keys at every level")
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+
+
+def rebuild(shape: str, whole: str | bytes, rest: dict[str, Any] | None) -> Any:
+    """The observation as it was put, from its content and its other fields."""
+    if shape == "json":
+        return json.loads(whole)
+    if shape == "dict":
+        return {**(rest or {}), "content": whole}
+    return whole
+
+
+def view(
+    kind: str, step_num: int, size_bytes: int, content: str | bytes, rest: dict[str, Any] | None, observation: Any
+) -> dict[str, Any]:
+    """The synthetic view, without the id (added when the entry is returned)."""
+    shown: dict[str, Any] = {"step_num": step_num, "size_bytes": size_bytes, "kind": kind}
+    fields = rest if rest is not None else (observation if isinstance(observation, dict) else {})
+    if isinstance(content, bytes):
+        shown["summary"] = summary.binary_summary(content)
+    elif kind == "text":
+        shown["summary"] = summary.text_summary(content)
+    else:
+        info = summary.structure(observation)
+        shown["summary"] = summary.structure_summary(info)
+        shown.update(info)
+        field = f".{info['list_field']}" if info["list_field"] else ""
+        shown["ref_hint"] = (
+            f"pass {{{{step{step_num}{field}}}}} (or a path inside it, e.g. {{{{step{step_num}{field}.0}}}})"
+            " as a tool argument instead of copying the data; read it with scratchpad_read"
+        )
+    metadata = fields.get("metadata")
+    shown["metadata"] = metadata if isinstance(metadata, dict) else {}
+    # Scalars (counts, flags, messages) sit at the top level; the view's own keys win.
+    return {**summary.scalars(fields), **shown}
+
+
+def binary_counts(size: int, segment_count: int) -> list[int]:
+    """The byte counts of a binary entry's segments: every one but the last is full."""
+    if segment_count <= 0:
+        return []
+    return [SEGMENT_BYTES] * (segment_count - 1) + [size - SEGMENT_BYTES * (segment_count - 1)]
