@@ -27,6 +27,7 @@ from . import reads
 from ._steps import record_next
 from .errors import InvalidArgumentError, SecurepadError
 from .keys import Keyring
+from .keystore import Progress
 from .policy import Policy
 from .principal import Principal
 from .store import Entry, Scratchpad
@@ -79,20 +80,26 @@ class AsyncScratchpad:
     @classmethod
     async def open(
         cls,
-        db_path: str | os.PathLike[str],
+        db_path: str | os.PathLike[str] | Any,
         *,
         keyring: Keyring,
         policy: str | os.PathLike[str] | Policy | None = None,
         clock: Callable[[], float] = time.time,
+        admin: str | Any | None = None,
+        schema: str = "securepad",
         max_workers: int | None = None,
     ) -> AsyncScratchpad:
-        """Open (creating if needed) the store at ``db_path``, off the event loop.
+        """Open (creating if needed) the store at ``db_path`` (a SQLite file, or a
+        PostgreSQL DSN or pool with ``admin`` and ``schema``), off the event loop.
 
         Raises:
             WrongKeyError, PolicyError, SecurepadError: as for ``Scratchpad.open``.
-            InvalidArgumentError: ``max_workers`` is not a positive integer.
+            InvalidArgumentError: ``max_workers`` is not a positive integer, or
+                PostgreSQL options given for a SQLite file.
         """
-        pad = await asyncio.to_thread(Scratchpad.open, db_path, keyring=keyring, policy=policy, clock=clock)
+        pad = await asyncio.to_thread(
+            Scratchpad.open, db_path, keyring=keyring, policy=policy, clock=clock, admin=admin, schema=schema
+        )
         try:
             return cls(pad, max_workers=max_workers)
         except BaseException:
@@ -110,9 +117,33 @@ class AsyncScratchpad:
         return self._pad.policy
 
     @property
+    def keyring(self) -> Keyring:
+        """The keyring whose master key opens the store."""
+        return self._pad.keyring
+
+    @property
+    def store_id(self) -> str:
+        """The store's random id (it binds every wrapped owner key to this store)."""
+        return self._pad.store_id
+
+    @property
     def path(self) -> Path:
-        """The database file."""
+        """The database file of a SQLite store.
+
+        Raises:
+            SecurepadError: the store is on PostgreSQL (see ``location``).
+        """
         return self._pad.path
+
+    @property
+    def location(self) -> str:
+        """Where the store lives: its file, or its PostgreSQL server, database and schema."""
+        return self._pad.location
+
+    @property
+    def backend(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self._pad.backend
 
     async def close(self) -> None:
         """Wait for the calls in progress, then close every connection. Calling it again does nothing."""
@@ -239,6 +270,34 @@ class AsyncScratchpad:
         """
         return await self._run(self._pad.stats, principal, now=now)
 
+    async def rotate_master_key(self, new_keyring: Keyring, *, progress: Progress | None = None) -> dict[str, Any]:
+        """``Scratchpad.rotate_master_key``: re-wrap every owner key under ``new_keyring``'s master key.
+
+        ``progress`` is called in the worker thread.
+
+        Raises:
+            InvalidArgumentError, WrongKeyError, StoreBusyError: as for ``Scratchpad.rotate_master_key``.
+        """
+        return await self._run(self._pad.rotate_master_key, new_keyring, progress=progress)
+
+    async def rotate_owner_key(self, owner_user_id: str, *, progress: Progress | None = None) -> dict[str, Any]:
+        """``Scratchpad.rotate_owner_key``: a new key version for an owner, the old ones retired.
+
+        ``progress`` is called in the worker thread.
+
+        Raises:
+            NotFoundError, StoreBusyError: as for ``Scratchpad.rotate_owner_key``.
+        """
+        return await self._run(self._pad.rotate_owner_key, owner_user_id, progress=progress)
+
+    async def forget_owner(self, owner_user_id: str) -> dict[str, Any]:
+        """``Scratchpad.forget_owner``: crypto-shred an owner's keys and entries.
+
+        Raises:
+            StoreBusyError: the write lock was not obtained in time.
+        """
+        return await self._run(self._pad.forget_owner, owner_user_id)
+
     async def turn(self, principal: Principal, turn_id: str, *, now: float | None = None) -> AsyncTurn:
         """``Scratchpad.turn`` (which collects expired entries first): the runtime
         surface for one turn of one principal, with async methods.
@@ -301,7 +360,7 @@ class AsyncTurn:
         *,
         ttl_seconds: int | None = None,
         now: float | None = None,
-    ) -> Any:
+    ) -> dict[str, Any] | Any:
         """``Turn.record``: store a step's observation; returns what goes into the history.
 
         Raises:

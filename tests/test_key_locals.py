@@ -162,6 +162,7 @@ TAMPERS: dict[str, str] = {
     "entry metadata": "UPDATE entries SET sealed_meta = zeroblob(100)",
     "entry segment": "UPDATE segments SET data = zeroblob(length(data))",
     "owner key": "UPDATE owner_keys SET wrapped = zeroblob(60)",
+    "owner key deleted": "DELETE FROM owner_keys",
     "record payload": "UPDATE checkpoints SET sealed = zeroblob(100)",
     "mark payload": "UPDATE compaction_marks SET sealed = zeroblob(100)",
     "record wrapped key": "UPDATE checkpoints SET wrapped_key = zeroblob(60)",
@@ -193,6 +194,8 @@ def test_tampered_rows_fail_without_keys_in_the_traceback(store: Any, tamper: st
             if isinstance(exc, IntegrityError):
                 failed += 1
                 _assert_no_key(exc, keys)
+                # A public type, not a private subclass a caller would have to walk the MRO of.
+                assert type(exc) is IntegrityError, type(exc)
     assert failed, f"tampering with the {tamper} made no call fail"
 
 
