@@ -18,14 +18,32 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import re2  # type: ignore[import-untyped]
 
 from .errors import InvalidArgumentError
 
-if TYPE_CHECKING:
-    from .reads import SegmentedContent
+
+class SegmentedContent(Protocol):
+    """What grep reads of an entry's content (``reads.SegmentedContent``, which
+    imports this module: a protocol here keeps the import one-way)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def counts(self) -> Sequence[int]: ...
+
+    @property
+    def line_count(self) -> int | None: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def segment_text(self, seq: int) -> str: ...
+
 
 __all__ = ["GREP_LINE_LIMIT", "GREP_SHOW_CHARS", "MAX_PATTERN_CHARS", "compile_pattern", "grep"]
 
