@@ -1,0 +1,210 @@
+"""The layering rules of ARCHITECTURE.md, checked by reading the code (``ast``).
+
+- no import circle inside ``securepad/`` (imports under ``TYPE_CHECKING`` count);
+- no module imports another module's underscore names (``from .x import _y``);
+- no module reads an underscore attribute of an object of another module's
+  class (``obj._attr`` where no class of the reading module defines ``_attr``);
+- ``AESGCM``, ``HKDF``, ``HMAC`` (and anything of ``cryptography``'s hazmat
+  layer) appear only in ``crypto.py``;
+- SQL appears only in the backends, the layers that own the tables, and the
+  audit and drills (which work on the SQLite file itself).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import securepad
+
+PACKAGE = Path(securepad.__file__).resolve().parent
+MODULES = {
+    ".".join(("securepad", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__"): path
+    for path in sorted(PACKAGE.rglob("*.py"))
+}
+TREES = {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items()}
+
+CRYPTO_NAMES = {"AESGCM", "HKDF", "HMAC", "hmac"}
+CRYPTO_MODULE = "securepad.crypto"
+# Who may hold SQL text: the backends, the owners of the tables, the access path, the audit and drills.
+SQL_MODULES = {
+    "securepad._backend",
+    "securepad._db",
+    "securepad._pg",
+    "securepad.keystore",
+    "securepad.access",
+    "securepad.entries",
+    "securepad._records",
+    "securepad.lifecycle",
+    "securepad.audit",
+    "securepad._audit_api",
+    "securepad._audit_files",
+    "securepad._drill",
+}
+SQL_STARTS = ("SELECT ", "DELETE FROM ", "INSERT INTO ", "UPDATE ", "CREATE TABLE ", "DROP TABLE ")
+
+
+def _is_package(module: str) -> bool:
+    return MODULES[module].name == "__init__.py"
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    """The absolute module an ``ImportFrom`` names."""
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".") if _is_package(module) else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def _imports(module: str) -> Iterator[tuple[str, str | None, int]]:
+    """(imported module, imported name or None, line) for every import of ``module``."""
+    for node in ast.walk(TREES[module]):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, None, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, node)
+            for alias in node.names:
+                # ``from . import x`` imports the module x.
+                if f"{target}.{alias.name}" in MODULES:
+                    yield f"{target}.{alias.name}", None, node.lineno
+                else:
+                    yield target, alias.name, node.lineno
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {name: set() for name in MODULES}
+    for module in MODULES:
+        for target, _, _ in _imports(module):
+            if target in MODULES and target != module and not module.startswith(f"{target}."):
+                graph[module].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_the_circle_detector_finds_a_circle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    offenders = [
+        f"{module}:{line} imports {name} from {target}"
+        for module in MODULES
+        for target, name, line in _imports(module)
+        if target.startswith("securepad") and name is not None and name.startswith("_") and not name.startswith("__")
+    ]
+    assert offenders == []
+
+
+def _own_private_attributes(tree: ast.Module) -> set[str]:
+    """Underscore attributes the module's own classes define: assigned on self,
+    declared in __slots__, or defined as methods, properties and class attributes."""
+    names: set[str] = set()
+    for cls in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)):
+        for node in ast.walk(cls):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("_"):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id.startswith("_"):
+                names.add(node.id)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("_"):
+                names.add(node.value)  # __slots__ entries
+    return names
+
+
+def test_no_module_reads_private_attributes_of_another_modules_objects() -> None:
+    offenders = []
+    for module, tree in TREES.items():
+        own = _own_private_attributes(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            if node.attr not in own:
+                offenders.append(f"{module}:{node.lineno} reads .{node.attr}")
+    assert offenders == []
+
+
+def test_raw_crypto_primitives_only_in_crypto() -> None:
+    offenders = [
+        f"{module}:{line} imports {name or target}"
+        for module in MODULES
+        if module != CRYPTO_MODULE
+        for target, name, line in _imports(module)
+        if target.startswith("cryptography.hazmat") or name in CRYPTO_NAMES or target in CRYPTO_NAMES
+    ]
+    assert offenders == []
+    uses = [
+        f"{module}:{node.lineno}"
+        for module, tree in TREES.items()
+        if module != CRYPTO_MODULE
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Name) and node.id in CRYPTO_NAMES
+    ]
+    assert uses == []
+
+
+def test_sql_only_where_the_tables_are_owned() -> None:
+    offenders = sorted(
+        {
+            module
+            for module, tree in TREES.items()
+            if module not in SQL_MODULES
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.lstrip().upper().startswith(SQL_STARTS)
+        }
+    )
+    assert offenders == []
+
+
+@pytest.mark.parametrize("module", ["securepad.store", "securepad.turn", "securepad.aio", "securepad.reads"])
+def test_the_faces_and_pure_layers_hold_no_sql(module: str) -> None:
+    assert module not in SQL_MODULES
