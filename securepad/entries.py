@@ -172,72 +172,29 @@ class Entries:
         check_identifier("executor_name", executor_name)
         check_step_num(step_num)
         ttl = self.ttl(ttl_seconds)
-        kind, shape, content, rest = shaping.classify(observation)
-        segments, counts, size_chars, breaks, line_count = _split(content)
-        size_bytes = sum(len(s) for s in segments)
-        # The limits count everything the observation stores: content and other fields.
-        stored_bytes = size_bytes + (len(shaping.dumps(rest)) if rest else 0)
-        if stored_bytes > self.policy.max_entry_bytes:
-            raise QuotaExceededError(
-                f"the observation has {stored_bytes} bytes;"
-                f" the policy's max_entry_bytes is {self.policy.max_entry_bytes}"
-            )
+        prepared = _Prepared.of(observation, step_num, self.policy.max_entry_bytes)
         created = self.now(now)
-        view = shaping.view(kind, step_num, size_bytes, content, rest, observation)
-        meta = {
-            "actor": principal.actor,
-            "channel": principal.channel,
-            "step_num": step_num,
-            "executor_name": executor_name,
-            "created_at": created,
-            "expires_at": created + ttl,
-            "shape": shape,
-            "rest": rest,
-            "counts": counts,
-            "breaks": breaks,
-            "lines": line_count,
-            "view": view,
-        }
-        if inline is not None:
-            meta["inline"] = inline[0]
+        meta = prepared.meta(principal, step_num, executor_name, created, created + ttl, inline)
         owner = principal.owner_user_id
         identities: dict[int, str] = {}
 
         def seal(version: int, wrapper: Wrapper) -> tuple[dict[str, Any], list[bytes]]:
             if version not in identities:
-                identities[version] = self._keys.identity(owner, version).of(kind, segments)
+                identities[version] = self._keys.identity(owner, version).of(prepared.kind, prepared.segments)
             meta["content_id"] = identities[version]
-            header = Header(secrets.token_hex(8), owner, turn_id, kind, size_bytes, size_chars, len(segments), version)
-            crypto_columns, sealed = seal_entry(wrapper, header, shaping.dumps(meta), segments)
-            row = {
-                "id": header.entry_id,
-                "owner_user_id": owner,
-                **{column: meta[column] for column in ("actor", "channel")},
-                "turn_id": turn_id,
-                **{column: meta[column] for column in ("step_num", "executor_name")},
-                "content_kind": kind,
-                "size_bytes": size_bytes,
-                "size_chars": size_chars,
-                "segment_count": len(segments),
-                "key_version": version,
-                "created_at": created,
-                "expires_at": meta["expires_at"],
-                **crypto_columns,
-                "stored_bytes": stored_bytes,
-            }
-            return row, sealed
+            return prepared.seal(wrapper, version, owner, turn_id, meta)
 
         def write(conn: Conn, sealed: tuple[dict[str, Any], list[bytes]]) -> str:
-            row, segments_sealed = sealed
+            row, segments = sealed
             if free_step:
                 self.check_step_free(principal, turn_id, step_num, created, conn)
-            self._check_quota(conn, owner, stored_bytes, created)
+            self._check_quota(conn, owner, prepared.stored_bytes, created)
             conn.execute(
                 f"INSERT INTO entries({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
             )
             conn.executemany(
                 "INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)",
-                ((row["id"], seq, data) for seq, data in enumerate(segments_sealed)),
+                ((row["id"], seq, data) for seq, data in enumerate(segments)),
             )
             return str(row["id"])
 
@@ -248,7 +205,7 @@ class Entries:
             attempts=5,
             busy="could not store the entry: its id or owner key kept changing; try again",
         )
-        return {"ok": True, "scratchpad_id": entry_id, **view}
+        return {"ok": True, "scratchpad_id": entry_id, **prepared.view}
 
     def _check_quota(self, conn: Conn, owner: str, adding: int, now: float) -> None:
         """Raise QuotaExceededError when ``adding`` bytes would take the owner past its quota.
@@ -485,14 +442,6 @@ class Entries:
             updates.append((target, sealed, opened.row["id"], opened.row["sealed_meta"]))
         return updates
 
-    @staticmethod
-    def apply_extend(conn: Conn, updates: list[tuple[Any, ...]]) -> int:
-        """Write ``prepare_extend``'s updates (compare-and-set) inside the caller's transaction."""
-        return sum(
-            conn.execute("UPDATE entries SET expires_at = ?, sealed_meta = ? WHERE id = ? AND sealed_meta = ?", update)
-            for update in updates
-        )
-
     def delete(self, principal: Principal, scratchpad_id: str) -> None:
         """``Scratchpad.delete``."""
         check_principal(principal)
@@ -506,64 +455,166 @@ class Entries:
         # secure_delete zeroed the pages; the checkpoint takes the old ones out of the WAL too.
         self._db.checkpoint(wait=False)
 
-    @staticmethod
-    def delete_expired(conn: Conn, cutoff: float) -> int:
-        """Delete expired entries and their segments inside the caller's (gc) transaction."""
-        conn.execute("DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE expires_at <= ?)", (cutoff,))
-        return conn.execute("DELETE FROM entries WHERE expires_at <= ?", (cutoff,))
 
-    @staticmethod
-    def delete_owner(conn: Conn, owner: str) -> dict[str, int]:
-        """Delete every entry and segment of an owner inside the caller's transaction."""
-        return {
-            "segments": conn.execute(
-                "DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE owner_user_id = ?)", (owner,)
-            ),
-            "entries": conn.execute("DELETE FROM entries WHERE owner_user_id = ?", (owner,)),
-        }
+def apply_extend(conn: Conn, updates: list[tuple[Any, ...]]) -> int:
+    """Write ``prepare_extend``'s updates (compare-and-set) inside the caller's transaction."""
+    return sum(
+        conn.execute("UPDATE entries SET expires_at = ?, sealed_meta = ? WHERE id = ? AND sealed_meta = ?", update)
+        for update in updates
+    )
 
-    def stats(self, principal: Principal | None, now: float | None, location: str, policy_name: str) -> dict[str, Any]:
-        """``Scratchpad.stats``: for one principal's scope, or (None) for the whole store."""
-        current = self.now(now)
-        if principal is not None:
-            check_principal(principal)
-            totals = self._access.aggregate(
-                principal,
-                "entries",
-                "COUNT(*) AS entries, CAST(COALESCE(SUM(size_bytes), 0) AS BIGINT) AS bytes,"
-                " CAST(COALESCE(SUM(stored_bytes), 0) AS BIGINT) AS stored_bytes",
-                "expires_at > ?",
-                (current,),
-            )
-            return {"owner_user_id": principal.owner_user_id, "scope": self.policy.scope, **totals}
-        rows = self._db.query(
-            "SELECT COUNT(*) AS entries, CAST(COALESCE(SUM(size_bytes), 0) AS BIGINT) AS bytes,"
-            " CAST(COALESCE(SUM(stored_bytes), 0) AS BIGINT) AS stored_bytes,"
-            " COUNT(DISTINCT owner_user_id) AS owners,"
-            " COUNT(CASE WHEN expires_at <= ? THEN 1 END) AS expired_pending_gc FROM entries",
+
+def delete_expired(conn: Conn, cutoff: float) -> int:
+    """Delete expired entries and their segments inside the caller's (gc) transaction."""
+    conn.execute("DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE expires_at <= ?)", (cutoff,))
+    return conn.execute("DELETE FROM entries WHERE expires_at <= ?", (cutoff,))
+
+
+def delete_owner(conn: Conn, owner: str) -> dict[str, int]:
+    """Delete every entry and segment of an owner inside the caller's transaction."""
+    return {
+        "segments": conn.execute(
+            "DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE owner_user_id = ?)", (owner,)
+        ),
+        "entries": conn.execute("DELETE FROM entries WHERE owner_user_id = ?", (owner,)),
+    }
+
+
+def stats(
+    db: Backend, keys: Keystore, access: Access, principal: Principal | None, current: float, location: str
+) -> dict[str, Any]:
+    """``Scratchpad.stats`` at time ``current``: for one principal's scope, or (None) for the whole store."""
+    policy = access.policy
+    if principal is not None:
+        check_principal(principal)
+        totals = access.aggregate(
+            principal,
+            "entries",
+            "COUNT(*) AS entries, CAST(COALESCE(SUM(size_bytes), 0) AS BIGINT) AS bytes,"
+            " CAST(COALESCE(SUM(stored_bytes), 0) AS BIGINT) AS stored_bytes",
+            "expires_at > ?",
             (current,),
-            admin=True,
         )
-        usage = self._db.query(
-            "SELECT COALESCE(MAX(wrap_count), 0) AS owner_key_max_wraps FROM owner_keys", admin=True
-        )[0]
-        usage["master_key_wraps"] = int(self._keys.store_meta().get("master_wrap_count", "0"))
-        usage["advice"] = [
-            f"{name} has sealed {count} keys with random nonces; rotate it"
-            f" (AES-GCM limit 2**32, advised below 2**{ROTATE_ADVICE_LOG2})"
-            for name, count in (
-                ("an owner key", usage["owner_key_max_wraps"]),
-                ("the master key", usage["master_key_wraps"]),
+        return {"owner_user_id": principal.owner_user_id, "scope": policy.scope, **totals}
+    rows = db.query(
+        "SELECT COUNT(*) AS entries, CAST(COALESCE(SUM(size_bytes), 0) AS BIGINT) AS bytes,"
+        " CAST(COALESCE(SUM(stored_bytes), 0) AS BIGINT) AS stored_bytes,"
+        " COUNT(DISTINCT owner_user_id) AS owners,"
+        " COUNT(CASE WHEN expires_at <= ? THEN 1 END) AS expired_pending_gc FROM entries",
+        (current,),
+        admin=True,
+    )
+    usage = db.query("SELECT COALESCE(MAX(wrap_count), 0) AS owner_key_max_wraps FROM owner_keys", admin=True)[0]
+    usage["master_key_wraps"] = int(keys.store_meta().get("master_wrap_count", "0"))
+    usage["advice"] = [
+        f"{name} has sealed {count} keys with random nonces; rotate it"
+        f" (AES-GCM limit 2**32, advised below 2**{ROTATE_ADVICE_LOG2})"
+        for name, count in (
+            ("an owner key", usage["owner_key_max_wraps"]),
+            ("the master key", usage["master_key_wraps"]),
+        )
+        if count >= 2**ROTATE_ADVICE_LOG2
+    ]
+    result = {"path": location, "policy": policy.name, **rows[0], "key_usage": usage}
+    if isinstance(db, Database):
+        path = db.path
+        result["file_bytes"] = {suffix or "db": _file_size(Path(f"{path}{suffix}")) for suffix in ("", "-wal", "-shm")}
+    return result
+
+
+@dataclass
+class _Prepared:
+    """An observation shaped and cut into segments, before it is sealed (pure)."""
+
+    kind: str
+    shape: str
+    rest: dict[str, Any] | None
+    segments: list[bytes]
+    counts: list[int] | None
+    size_bytes: int
+    size_chars: int
+    breaks: list[int] | None
+    line_count: int | None
+    stored_bytes: int
+    view: dict[str, Any]
+
+    @classmethod
+    def of(cls, observation: Any, step_num: int, max_entry_bytes: int) -> _Prepared:
+        """Raises InvalidArgumentError (not storable) or QuotaExceededError (over ``max_entry_bytes``)."""
+        kind, shape, content, rest = shaping.classify(observation)
+        segments, counts, size_chars, breaks, line_count = _split(content)
+        size_bytes = sum(len(s) for s in segments)
+        # The limits count everything the observation stores: content and other fields.
+        stored_bytes = size_bytes + (len(shaping.dumps(rest)) if rest else 0)
+        if stored_bytes > max_entry_bytes:
+            raise QuotaExceededError(
+                f"the observation has {stored_bytes} bytes; the policy's max_entry_bytes is {max_entry_bytes}"
             )
-            if count >= 2**ROTATE_ADVICE_LOG2
-        ]
-        result = {"path": location, "policy": policy_name, **rows[0], "key_usage": usage}
-        if isinstance(self._db, Database):
-            path = self._db.path
-            result["file_bytes"] = {
-                suffix or "db": _file_size(Path(f"{path}{suffix}")) for suffix in ("", "-wal", "-shm")
-            }
-        return result
+        view = shaping.view(kind, step_num, size_bytes, content, rest, observation)
+        return cls(kind, shape, rest, segments, counts, size_bytes, size_chars, breaks, line_count, stored_bytes, view)
+
+    def meta(
+        self,
+        principal: Principal,
+        step_num: int,
+        executor_name: str,
+        created: float,
+        expires: float,
+        inline: tuple[Any] | None,
+    ) -> dict[str, Any]:
+        """The sealed metadata (its clear columns are checked against it on every open)."""
+        meta = {
+            "actor": principal.actor,
+            "channel": principal.channel,
+            "step_num": step_num,
+            "executor_name": executor_name,
+            "created_at": created,
+            "expires_at": expires,
+            "shape": self.shape,
+            "rest": self.rest,
+            "counts": self.counts,
+            "breaks": self.breaks,
+            "lines": self.line_count,
+            "view": self.view,
+        }
+        if inline is not None:
+            meta["inline"] = inline[0]
+        return meta
+
+    def seal(
+        self, wrapper: Wrapper, version: int, owner: str, turn_id: str, meta: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[bytes]]:
+        """The entry's row and sealed segments under a fresh id and item key."""
+        header = Header(
+            secrets.token_hex(8),
+            owner,
+            turn_id,
+            self.kind,
+            self.size_bytes,
+            self.size_chars,
+            len(self.segments),
+            version,
+        )
+        crypto_columns, sealed = seal_entry(wrapper, header, shaping.dumps(meta), self.segments)
+        row = {
+            "id": header.entry_id,
+            "owner_user_id": owner,
+            "actor": meta["actor"],
+            "channel": meta["channel"],
+            "turn_id": turn_id,
+            "step_num": meta["step_num"],
+            "executor_name": meta["executor_name"],
+            "content_kind": self.kind,
+            "size_bytes": self.size_bytes,
+            "size_chars": self.size_chars,
+            "segment_count": len(self.segments),
+            "key_version": version,
+            "created_at": meta["created_at"],
+            "expires_at": meta["expires_at"],
+            **crypto_columns,
+            "stored_bytes": self.stored_bytes,
+        }
+        return row, sealed
 
 
 def _split(content: str | bytes) -> tuple[list[bytes], list[int] | None, int, list[int] | None, int | None]:

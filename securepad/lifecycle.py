@@ -20,11 +20,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import entries
 from ._backend import Backend
 from ._records import TABLES as _RECORD_TABLES
 from ._records import Records
 from .crypto import item_key_aad, record_key_aad
-from .entries import Entries
 from .errors import NotFoundError
 from .keys import Keyring
 from .keystore import Keystore, Progress
@@ -208,7 +208,7 @@ def forget_owner(db: Backend, keys: Keystore, owner_user_id: str) -> dict[str, A
     check_identifier("owner_user_id", owner_user_id)
     removed: dict[str, Any] = {"owner_user_id": owner_user_id}
     with db.transaction(owner_user_id, admin=True) as conn:
-        removed.update(Entries.delete_owner(conn, owner_user_id))
+        removed.update(entries.delete_owner(conn, owner_user_id))
         removed.update(Records.delete_owner(conn, owner_user_id))
         removed["owner_keys"] = keys.delete_owner(conn, owner_user_id)
     keys.forget(owner_user_id)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import lifecycle, reads
+from . import entries, lifecycle, reads
 from ._backend import Backend
 from ._db import Database
 from ._records import Records
@@ -344,7 +344,7 @@ class Scratchpad:
         """
         cutoff = self._entries.now(now)
         with self._db.transaction(admin=True, wait=wait) as conn:
-            deleted = Entries.delete_expired(conn, cutoff)
+            deleted = entries.delete_expired(conn, cutoff)
             Records.delete_expired(conn, cutoff)
         self._db.checkpoint(wait=wait)
         return deleted
@@ -355,7 +355,8 @@ class Scratchpad:
         Raises:
             InvalidArgumentError: a bad principal.
         """
-        return self._entries.stats(principal, now, self.location, self.policy.name)
+        access = self._parts.access
+        return entries.stats(self._db, self._keys, access, principal, self._entries.now(now), self.location)
 
 
 # -- helpers ---------------------------------------------------------------------------

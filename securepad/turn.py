@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+from . import entries as _entries
 from . import reads
 from ._records import Records
 from .entries import Entries, Opened
@@ -510,7 +511,7 @@ def extend_turn(
     entry_updates = entries.prepare_extend(principal, turn_id, target, current)
     record_updates = records.prepare_extend(principal, turn_id, target, current)
     with entries.transaction(principal.owner_user_id) as conn:
-        return Entries.apply_extend(conn, entry_updates) + Records.apply_extend(conn, record_updates)
+        return _entries.apply_extend(conn, entry_updates) + Records.apply_extend(conn, record_updates)
 
 
 # Another process may take the step we picked between our look and our write;
