@@ -163,6 +163,14 @@ def read(
             start_segment=seq,
             start_number=number,
         )
+    return _read_span(content, mode, n, start, end, cap)
+
+
+# -- lines ----------------------------------------------------------------------------
+
+
+def _read_span(content: SegmentedContent, mode: str, n: int, start: int, end: int | None, cap: int) -> dict[str, Any]:
+    """``head``, ``tail``, ``range`` and ``all``: one span of characters (bytes for binary), capped."""
     size = content.size
     limit = cap // 4 * 3 if content.is_binary else cap
     if mode in ("head", "tail"):
@@ -211,9 +219,6 @@ def read(
             "metadata": metadata,
         }
     return {"ok": True, "content": data, "metadata": metadata}
-
-
-# -- lines ----------------------------------------------------------------------------
 
 
 def line_index(texts: Iterable[str]) -> tuple[list[int], int]:
