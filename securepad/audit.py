@@ -126,6 +126,13 @@ class Audit:
     _started: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
+        # Refused up front: most checks work on the store's file (scans, copies, edits).
+        if self.pad.backend != "sqlite":
+            raise SecurepadError(
+                f"the audit works on a SQLite store file; {self.pad.location} is a {self.pad.backend} store."
+                " Its isolation is enforced by row-level security, which the PostgreSQL tests check;"
+                " audit a SQLite store opened with the same keyring and policy instead"
+            )
         self._steps = _plan(self.pad)
 
     @property
@@ -186,7 +193,8 @@ def run_audit(
     a row, not an exception: read ``report.passed``.
 
     Raises:
-        SecurepadError: only when the store cannot be used at all (closed, busy...).
+        SecurepadError: the store is not a SQLite file (refused before any
+            check), or it cannot be used at all (closed, busy...).
     """
     audit = Audit(pad, key_file=key_file, scratch_dir=scratch_dir)
     for result in audit.run():

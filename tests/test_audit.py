@@ -318,3 +318,13 @@ def test_key_file_in_a_directory_others_can_write_fails(db_path: Path, key_file:
     result = audit_cli(db_path, key_file, "--json", "audit")
     assert result.exit_code == 1
     assert "key file permissions" in failed(report_of(result))
+
+
+def test_a_postgresql_store_is_refused_up_front(pg_dsn: str, keyring: Keyring) -> None:
+    pytest.importorskip("psycopg")
+    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+        with pytest.raises(SecurepadError, match="the audit works on a SQLite store file"):
+            Audit(pad)
+        with pytest.raises(SecurepadError, match="SQLite"):
+            run_audit(pad)
+        assert pad.stats()["entries"] == 0  # nothing was touched
