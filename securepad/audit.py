@@ -129,8 +129,9 @@ class Audit:
         # Refused up front: most checks work on the store's file (scans, copies, edits).
         if self.pad.backend != "sqlite":
             raise SecurepadError(
-                f"the audit works on a SQLite store file; {self.pad.location} is a {self.pad.backend} store."
-                " Its isolation is enforced by row-level security, which the PostgreSQL tests check;"
+                f"the audit works on a SQLite store file: the store at {self.pad.location} is not a SQLite file"
+                f" ({self.pad.backend}). Its isolation is enforced by row-level security,"
+                " which the PostgreSQL tests check;"
                 " audit a SQLite store opened with the same keyring and policy instead"
             )
         self._steps = _plan(self.pad)

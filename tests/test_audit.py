@@ -16,6 +16,7 @@ from securepad import ExpiredError, Keyring, Policy, Principal, Scratchpad, Secu
 from securepad.audit import Audit, run_audit
 from securepad.cli import main
 from securepad.policy import NOT_FOUND_MESSAGE
+from securepad.store import parts
 
 # The audit scans and copies the store's files: a SQLite feature (the README's PostgreSQL section).
 pytestmark = pytest.mark.sqlite_only
@@ -69,7 +70,7 @@ def checksums(pad: Scratchpad, entries: list[tuple[Principal, str]]) -> dict[str
 
 
 def owners_in_store(pad: Scratchpad) -> set[str]:
-    rows = pad._db.query("SELECT owner_user_id AS o FROM entries UNION SELECT owner_user_id FROM owner_keys")
+    rows = parts(pad).db.query("SELECT owner_user_id AS o FROM entries UNION SELECT owner_user_id FROM owner_keys")
     return {r["o"] for r in rows}
 
 
@@ -206,7 +207,7 @@ def test_real_entries_unchanged_and_tenants_removed(db_path: Path, key_file: Pat
         before = checksums(pad, entries)
         owners_before = owners_in_store(pad)
         stats_before = pad.stats()
-        expired_before = pad._db.query("SELECT id, expires_at FROM entries WHERE expires_at <= ?", (time.time(),))
+        expired_before = parts(pad).db.query("SELECT id, expires_at FROM entries WHERE expires_at <= ?", (time.time(),))
     result = audit_cli(db_path, key_file, "--json", "audit")
     assert result.exit_code == 0, result.output
     assert (
@@ -223,7 +224,7 @@ def test_real_entries_unchanged_and_tenants_removed(db_path: Path, key_file: Pat
             stats_before["owners"],
         )
         # The real expired entry was not gc'd by the audit: expiring it is the user's gc's job.
-        assert pad._db.query("SELECT id, expires_at FROM entries WHERE expires_at <= ?", (time.time(),)) == (
+        assert parts(pad).db.query("SELECT id, expires_at FROM entries WHERE expires_at <= ?", (time.time(),)) == (
             expired_before
         )
         with pytest.raises(ExpiredError):
@@ -307,7 +308,7 @@ def test_audit_catches_a_leaky_refusal_message(pad: Scratchpad, monkeypatch: pyt
 
 
 def test_audit_catches_secure_delete_off(pad: Scratchpad) -> None:
-    pad._db.conn.execute("PRAGMA secure_delete = OFF")
+    parts(pad).db.conn.execute("PRAGMA secure_delete = OFF")
     report = run_audit(pad)
     assert "secure_delete on" in {r.name for r in report.failed}
 

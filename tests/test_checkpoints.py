@@ -157,7 +157,7 @@ def test_checkpoints_and_marks_are_encrypted_at_rest(pad: Scratchpad, turn: Turn
         path = Path(f"{db_path}{suffix}")
         if path.exists():
             assert CANARY.encode() not in path.read_bytes()
-    pad._db.checkpoint()
+    parts(pad).db.checkpoint()
     assert CANARY.encode() not in db_path.read_bytes()
     conn = apsw.Connection(str(db_path))
     columns = [row[1] for row in conn.execute("PRAGMA table_info(checkpoints)")]

@@ -25,6 +25,7 @@ psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psyco
 from psycopg_pool import ConnectionPool  # noqa: E402  (needs psycopg)
 
 from securepad._pg import PostgresDatabase  # noqa: E402
+from securepad.store import parts  # noqa: E402
 
 ALICE = Principal("alice", "planner", "web")
 BOB = Principal("bob", "planner", "web")
@@ -148,7 +149,7 @@ def _put_or_error(pad: Scratchpad, principal: Principal) -> object:
 
 
 def test_gc_that_begins_a_turn_does_not_wait_for_another_collector(pg_pad: Scratchpad) -> None:
-    db = pg_pad._db
+    db = parts(pg_pad).db
     with db.transaction(admin=True):  # another process is collecting
         turn = pg_pad.turn(ALICE, "t1")  # returns at once instead of waiting
         assert turn.history() == []
@@ -198,7 +199,7 @@ def _fill(pad: Scratchpad, principal: Principal, count: int) -> dict[str, str]:
 
 
 def _admin_count(pad: Scratchpad, sql: str, *params: object) -> int:
-    return int(pad._db.query(sql, params, admin=True)[0]["n"])
+    return int(parts(pad).db.query(sql, params, admin=True)[0]["n"])
 
 
 def test_owner_rotation_rewraps_and_retires_on_postgresql(pg_pad: Scratchpad) -> None:
@@ -206,7 +207,7 @@ def test_owner_rotation_rewraps_and_retires_on_postgresql(pg_pad: Scratchpad) ->
     result = pg_pad.rotate_owner_key("alice", progress=lambda done, total: None)
     assert (result["version"], result["retired_versions"], result["complete"]) == (2, [1], True)
     assert result["item_keys_rewrapped"] == 4  # 3 entries and the checkpoint
-    rows = pg_pad._db.query("SELECT owner_user_id, version FROM owner_keys ORDER BY 1", admin=True)
+    rows = parts(pg_pad).db.query("SELECT owner_user_id, version FROM owner_keys ORDER BY 1", admin=True)
     assert [(r["owner_user_id"], r["version"]) for r in rows] == [("alice", 2), ("bob", 1)]
     for principal, entries in ((ALICE, alice), (BOB, bob)):
         for entry, text in entries.items():

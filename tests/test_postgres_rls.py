@@ -17,6 +17,7 @@ from securepad import Keyring, NotFoundError, Principal, Scratchpad
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from securepad._pg import APP_ROLE  # noqa: E402  (needs psycopg)
+from securepad.store import parts  # noqa: E402
 
 ALICE = Principal("alice", "planner", "web")
 BOB = Principal("bob", "planner", "web")
@@ -140,7 +141,7 @@ def test_a_query_that_forgets_the_owner_still_sees_only_the_owners_rows(
     alice_id = pg_pad.list_for_turn(ALICE, "t1")[0]["scratchpad_id"]
     monkeypatch.setattr(type(pg_pad.policy), "scope_sql", lambda self, principal: ("1 = 1", ()))
     monkeypatch.setattr(type(pg_pad.policy), "authorize_row", lambda self, principal, row: None)
-    rows = pg_pad._db.query("SELECT owner_user_id FROM entries", owner="bob")
+    rows = parts(pg_pad).db.query("SELECT owner_user_id FROM entries", owner="bob")
     assert [row["owner_user_id"] for row in rows] == ["bob"]
     assert [entry["scratchpad_id"] for entry in pg_pad.list_for_turn(BOB, "t1")] != [alice_id]
     assert len(pg_pad.list_for_turn(BOB, "t1")) == 1
@@ -155,13 +156,13 @@ def test_segments_are_read_one_range_at_a_time(pg_pad: Scratchpad, monkeypatch: 
     """A partial read asks the server for the segments it needs, not the whole entry."""
     big = pg_pad.put(ALICE, "t2", 1, "shell", "x" * 300_000)["scratchpad_id"]
     asked: list[tuple[object, ...]] = []
-    query = pg_pad._db.query
+    query = parts(pg_pad).db.query
 
     def spy(sql: str, params: tuple[object, ...] = (), **kwargs: object) -> list[dict[str, object]]:
         if "FROM segments" in sql:
             asked.append(params)
         return query(sql, params, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(pg_pad._db, "query", spy)
+    monkeypatch.setattr(parts(pg_pad).db, "query", spy)
     assert pg_pad.read(ALICE, big, "tail", n=10)["content"] == "x" * 10
     assert asked == [(big, 4, 4)]

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from securepad import IntegrityError, Keyring, NotFoundError, Principal, Scratchpad, WrongKeyError, _drill
+from securepad.store import parts
 
 ALICE = Principal("alice", "planner", "web")
 BOB = Principal("bob", "planner", "web")
@@ -116,7 +117,7 @@ def backup(store: Store, tmp_path: Path) -> Iterator[Path]:
     path = tmp_path / "backup" / "store.db"
     path.parent.mkdir(mode=0o700)
     with store.open() as pad:
-        pad._db.copy_to(path)
+        parts(pad).db.copy_to(path)
     yield path
 
 
