@@ -40,8 +40,8 @@ SQL_MODULES = {
     "securepad._records",
     "securepad.lifecycle",
     "securepad.audit",
-    "securepad._audit_api",
-    "securepad._audit_files",
+    "securepad.audit._api",
+    "securepad.audit._files",
     "securepad._drill",
 }
 SQL_STARTS = ("SELECT ", "DELETE FROM ", "INSERT INTO ", "UPDATE ", "CREATE TABLE ", "DROP TABLE ")

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import _audit_api, _audit_files
-from ._audit_support import CheckFailed, Context, Tenants, scan_files, store_files
-from .errors import PolicyError, SecurepadError
-from .policy import SCOPES, Policy, setting_sections
-from .store import Scratchpad, sqlite_of
+from ..errors import PolicyError, SecurepadError
+from ..policy import SCOPES, Policy, setting_sections
+from ..store import Scratchpad, sqlite_of
+from . import _api, _files
+from ._support import CheckFailed, Context, Tenants, scan_files, store_files
 
 __all__ = ["Audit", "AuditReport", "CheckResult", "run_audit"]
 
@@ -155,12 +155,12 @@ class Audit:
         key_file = Path(self.key_file) if self.key_file is not None else pad.keyring.key_file
         scratch = Path(self.scratch_dir) if self.scratch_dir is not None else None
         ctx = Context(pad, key_file, scratch)
-        tenants = _audit_api.new_tenants()
+        tenants = _api.new_tenants()
         before = _real_state(pad, tenants.owners)
         try:
             for step in self._steps:
                 if step.name == _TENANTS:
-                    result = _timed(step, lambda c: _audit_api.populate(c.pad, tenants), ctx)
+                    result = _timed(step, lambda c: _api.populate(c.pad, tenants), ctx)
                     ctx.setup = tenants if result.passed else None
                 else:
                     result = _timed(step, step.check, ctx)
@@ -227,31 +227,31 @@ def _plan(pad: Scratchpad) -> list[_Step]:
             "store file permissions",
             "deployment",
             "mode and owner of the db, -wal, -shm files",
-            _audit_files.store_file_permissions,
+            _files.store_file_permissions,
         ),
         _Step(
             "store directory permissions",
             "deployment",
             "mode and owner of the store's directory",
-            _audit_files.store_dir_permissions,
+            _files.store_dir_permissions,
         ),
         _Step(
             "key file permissions",
             "deployment",
             "mode and owner of the master key file and its directory",
-            _audit_files.key_file_permissions,
+            _files.key_file_permissions,
         ),
         _Step(
             "key file apart from the data",
             "deployment",
             "whether the key file sits inside the store's data dir",
-            _audit_files.key_file_placement,
+            _files.key_file_placement,
         ),
         _Step(
             "secure_delete on",
             "deployment",
             "PRAGMA secure_delete and journal_mode on the store's connection",
-            _audit_files.secure_delete_on,
+            _files.secure_delete_on,
         ),
         _Step("policy sane", "deployment", "validate the policy again; log_denied on; bounded expiry", _policy_sane),
         _Step(
@@ -261,27 +261,27 @@ def _plan(pad: Scratchpad) -> list[_Step]:
             lambda ctx: "",
         ),
     ]
-    steps += [_Step(name, "isolation", tried, check) for name, tried, check in _audit_api.api_checks(pad)]
-    steps += [_Step(name, "runtime", tried, check) for name, tried, check in _audit_api.runtime_checks(pad)]
-    steps += [_Step(name, "tamper", tried, check) for name, tried, check in _audit_files.tamper_checks()]
+    steps += [_Step(name, "isolation", tried, check) for name, tried, check in _api.api_checks(pad)]
+    steps += [_Step(name, "runtime", tried, check) for name, tried, check in _api.runtime_checks(pad)]
+    steps += [_Step(name, "tamper", tried, check) for name, tried, check in _files.tamper_checks()]
     steps += [
         _Step(
             "wrong master key",
             "tamper",
             "open a scratch copy with a fresh random master key",
-            _audit_files.wrong_master_key,
+            _files.wrong_master_key,
         ),
         _Step(
             "at-rest canary scan",
             "at rest",
             "search the db, -wal, -shm and -journal files for every canary, before and after a checkpoint",
-            _audit_files.canary_scan,
+            _files.canary_scan,
         ),
         _Step(
             "gc scrubs expired entries",
             "at rest",
             "find the expired audit entry's ciphertext in the files, gc, search again",
-            _audit_files.gc_scrubs_expired,
+            _files.gc_scrubs_expired,
         ),
     ]
     return steps
@@ -333,7 +333,7 @@ def _remove_tenants(ctx: Context, tenants: Tenants) -> str:
     ctx.remove_scratch()
     pieces: dict[str, bytes] = {}
     for label, entry_id in tenants.ids.items():
-        pieces.update(_audit_files.entry_ciphertext(ctx, entry_id, label))
+        pieces.update(_files.entry_ciphertext(ctx, entry_id, label))
     removed = [pad.forget_owner(owner) for owner in tenants.owners]
     owners = tenants.owners
     left = sqlite_of(pad).query(

@@ -16,11 +16,11 @@ import secrets
 from collections.abc import Callable
 from typing import Any, cast
 
-from . import reads
-from ._audit_support import CheckFailed, Context, Tenants, describe, expect_not_found
-from .errors import ExpiredError, InvalidArgumentError, NotFoundError
-from .principal import Principal
-from .store import Scratchpad, sqlite_of
+from .. import reads
+from ..errors import ExpiredError, InvalidArgumentError, NotFoundError
+from ..principal import Principal
+from ..store import Scratchpad, sqlite_of
+from ._support import CheckFailed, Context, Tenants, describe, expect_not_found
 
 __all__ = ["api_checks", "new_tenants", "populate", "read_args", "runtime_checks"]
 

@@ -17,12 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import _drill
-from ._audit_support import CheckFailed, Context, expect_not_found, expect_refused, scan_files, store_files
-from .errors import IntegrityError, NotFoundError, WrongKeyError
-from .keys import Keyring
-from .principal import Principal
-from .store import Scratchpad, sqlite_of
+from .. import _drill
+from ..errors import IntegrityError, NotFoundError, WrongKeyError
+from ..keys import Keyring
+from ..principal import Principal
+from ..store import Scratchpad, sqlite_of
+from ._support import CheckFailed, Context, expect_not_found, expect_refused, scan_files, store_files
 
 __all__ = [
     "canary_scan",

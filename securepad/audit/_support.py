@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import _drill
-from .errors import IntegrityError, NotFoundError, SecurepadError
-from .principal import Principal
-from .store import Scratchpad, sqlite_of
+from .. import _drill
+from ..errors import IntegrityError, NotFoundError, SecurepadError
+from ..principal import Principal
+from ..store import Scratchpad, sqlite_of
 
 __all__ = [
     "STORE_FILE_SUFFIXES",
