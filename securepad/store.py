@@ -373,9 +373,10 @@ def sqlite_of(pad: Scratchpad) -> Database:
     Raises:
         SecurepadError: the store is on PostgreSQL.
     """
-    if not isinstance(pad._db, Database):
-        raise SecurepadError(f"the store at {pad._db.location} is not a SQLite file")
-    return pad._db
+    db = parts(pad).db
+    if not isinstance(db, Database):
+        raise SecurepadError(f"the store at {db.location} is not a SQLite file")
+    return db
 
 
 _PG_SCHEMES = ("postgresql://", "postgres://")
