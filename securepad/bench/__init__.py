@@ -1,9 +1,6 @@
 """securepad's benchmark suite: securepad side by side with the alternatives.
 
-Run it from a source checkout with ``python -m benchmarks`` or ``securepad
-bench`` (``--quick`` for the CI smoke run). See ``docs/performance.md``.
+Shipped inside the package: ``pip install '.[bench]'``, then ``securepad bench``
+anywhere (``--quick`` for the smoke run, ``--out`` for where the results go).
+See the docs' performance page.
 """
-
-# ``securepad bench`` checks this marker, so that an unrelated top-level
-# package called "benchmarks" is never run by mistake.
-SECUREPAD_BENCHMARKS = True

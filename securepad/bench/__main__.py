@@ -1,5 +1,5 @@
-"""``python -m benchmarks``: run the suite."""
+"""``python -m securepad.bench``: the same as ``securepad bench``."""
 
-from .runner import main
+from ..cli import bench
 
-raise SystemExit(main())
+bench(prog_name="python -m securepad.bench")
