@@ -1,29 +1,58 @@
 """The ``securepad`` command line: options in, one library call, output out.
 
 No SQL and no cryptography here; everything goes through the public API.
+
+Rules every command follows:
+
+- The global options (``--db``, the key source, ``--policy``, ``--json``) are
+  accepted before or after the subcommand, and each has an environment
+  variable (listed by ``securepad --help``); the command line beats the
+  environment.
+- Only ``securepad init`` creates a store (and a key file with it); every other
+  command on a missing store fails, naming the path and how to create one.
+- Stored text is data: it is never read as rich markup, and terminal control
+  sequences are removed before it reaches a terminal.
+- With ``--json`` the result is JSON on stdout and an error is JSON on stderr.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
+from click.core import ParameterSource
 from platformdirs import user_data_path
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from . import Keyring, Principal, Scratchpad, SecurepadError
-from .demo import run_demo
 from .keys import default_key_file
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)
+
+# Every environment variable the command line reads: (variable, option, what it sets).
+ENVIRONMENT = (
+    ("SECUREPAD_DB", "--db", "the store's database file (or a postgresql:// DSN)"),
+    ("SECUREPAD_KEY_FILE", "--key-file", "the master key file"),
+    ("SECUREPAD_POLICY", "--policy", "a shipped policy's name or a TOML policy file"),
+    ("SECUREPAD_OWNER", "--owner", "the owner (tenant) a command acts for"),
+    ("SECUREPAD_ACTOR", "--actor", "the actor (agent) a command acts as"),
+    ("SECUREPAD_CHANNEL", "--channel", "the channel a command acts on"),
+    ("SECUREPAD_TURN", "--turn", "the turn id of list, put, turn show and mcp"),
+)
+
+_PG_SCHEMES = ("postgresql://", "postgres://")
 
 
 def default_db_path() -> Path:
@@ -31,135 +60,409 @@ def default_db_path() -> Path:
     return user_data_path("securepad") / "store.db"
 
 
-class Context:
-    """What every command needs to open the store."""
+# -- text that reaches a terminal ---------------------------------------------------------
 
-    def __init__(
+# CSI and OSC sequences (OSC 8 makes links), then any other C0/C1 control but tab and newline.
+_ESCAPE_SEQUENCES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x9b[0-?]*[ -/]*[@-~]")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_RAW_JSON_CONTROLS = re.compile(r"[\x7f-\x9f\u2028\u2029]")
+
+
+def for_terminal(text: str) -> str:
+    """``text`` without terminal control sequences: escape sequences are dropped,
+    other control characters shown as ``\\xNN``; tabs and newlines stay."""
+    text = _ESCAPE_SEQUENCES.sub("", text)
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def to_json(value: Any) -> str:
+    """``value`` as indented JSON; the C1 controls and DEL that ``json.dumps``
+    leaves raw are written as ``\\u`` escapes (the same JSON, safe on a terminal)."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    return _RAW_JSON_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def plain(value: object) -> Text:
+    """A table cell or line that rich never reads as markup, stripped for the terminal."""
+    return Text(for_terminal(str(value)))
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+def _error_type(exc: BaseException) -> str:
+    # Name the public class: private subclasses are an implementation detail.
+    return next(c for c in type(exc).__mro__ if not c.__name__.startswith("_")).__name__
+
+
+def _wants_json(args: Sequence[str]) -> bool:
+    """Whether ``--json`` is among the options (before a ``--``)."""
+    end = args.index("--") if "--" in args else len(args)
+    return "--json" in args[:end]
+
+
+class SecurepadGroup(click.Group):
+    """One error line (or one JSON object with ``--json``) on stderr for every failure:
+    a library error and a store that is not there exit 1, a usage error 2."""
+
+    def main(
         self,
-        db: Path,
-        key_file: Path,
-        master_key_env: str | None,
-        passphrase_env: str | None,
-        policy: str | None,
-        as_json: bool,
-    ) -> None:
-        self.db = db
-        self.key_file = key_file
-        self.master_key_env = master_key_env
-        self.passphrase_env = passphrase_env
-        self.policy = policy
-        self.as_json = as_json
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        if not standalone_mode:
+            return super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        as_json = _wants_json(argv)
+        try:
+            result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        except SecurepadError as exc:
+            _fail(_error_type(exc), str(exc), as_json, 1)
+        except click.ClickException as exc:
+            if as_json:
+                _fail(type(exc).__name__, exc.format_message(), True, exc.exit_code)
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            _fail("Aborted", "aborted", as_json, 1)
+        sys.exit(result if isinstance(result, int) else 0)
 
-    def keyring(self) -> Keyring:
+
+def _fail(kind: str, message: str, as_json: bool, status: int) -> NoReturn:
+    if as_json:
+        click.echo(json.dumps({"error": {"type": kind, "message": message}}, ensure_ascii=False), err=True)
+    else:
+        click.echo(f"error: {kind}: {for_terminal(message)}", err=True)
+    sys.exit(status)
+
+
+class StoreMissingError(click.ClickException):
+    """A command other than ``init`` on a store (or key file) that is not there."""
+
+
+# -- the global options, before or after the subcommand ----------------------------------
+
+
+class State:
+    """What every command needs to open the store: the global options, the command
+    line's values overriding the environment's, wherever they were given."""
+
+    def __init__(self) -> None:
+        self.db: str | Path = default_db_path()
+        self.key_file: Path = default_key_file()
+        self.master_key_env: str | None = None
+        self.passphrase_env: str | None = None
+        self.policy: str | None = None
+        self.as_json = False
+        # The key sources given on the command line (the environment's key file yields to them).
+        self.key_options: set[str] = set()
+        self.key_file_explicit = False
+
+    # -- the store and its key ---------------------------------------------------------
+
+    def store_exists(self) -> bool | None:
+        """Whether the SQLite file exists; None for a PostgreSQL store (not checked here)."""
+        if isinstance(self.db, str):
+            return None
+        return self.db.exists()
+
+    def require_store(self) -> None:
+        """Refuse to go on when the store is not there: only ``init`` creates one."""
+        if self.store_exists() is False:
+            raise StoreMissingError(
+                f"no store at {self.db}: `securepad init` creates one there (with the same --db or"
+                " SECUREPAD_DB); to use an existing store, point --db or SECUREPAD_DB at it"
+            )
+
+    def keyring(self, *, new_store: bool = False) -> Keyring:
+        """The master key's source. A key file is created only for a new store.
+
+        Raises:
+            click.UsageError: more than one key source, or an unset variable.
+            StoreMissingError: the key file is missing for an existing store.
+        """
+        given = sorted(self.key_options)
+        if len(given) > 1:
+            raise click.UsageError(
+                f"{' and '.join(given)} are two key sources: give one of --key-file, --master-key-env, --passphrase-env"
+            )
         if self.master_key_env:
+            if not os.environ.get(self.master_key_env):
+                raise click.UsageError(f"environment variable {self.master_key_env} (--master-key-env) is not set")
             return Keyring.from_env(self.master_key_env)
         if self.passphrase_env:
-            import os
-
             passphrase = os.environ.get(self.passphrase_env)
             if not passphrase:
-                raise click.UsageError(f"environment variable {self.passphrase_env} is not set")
+                raise click.UsageError(f"environment variable {self.passphrase_env} (--passphrase-env) is not set")
             return Keyring.from_passphrase(passphrase)
+        if not new_store and not self.key_file.exists():
+            raise StoreMissingError(
+                f"no key file at {self.key_file}: opening an existing store never creates a key; give this"
+                " store's key with --key-file (SECUREPAD_KEY_FILE), --master-key-env or --passphrase-env"
+            )
         return Keyring.from_key_file(self.key_file)
 
     def open(self) -> Scratchpad:
+        """Open the existing store (never creating one)."""
+        self.require_store()
         return Scratchpad.open(self.db, keyring=self.keyring(), policy=self.policy)
+
+    def create(self) -> Scratchpad:
+        """Open the store, creating it (and its key file) if it is not there: ``init`` only."""
+        new = self.store_exists() is not False
+        return Scratchpad.open(self.db, keyring=self.keyring(new_store=not new), policy=self.policy)
+
+
+def _db_value(value: str | None) -> str | Path | None:
+    if value is None:
+        return None
+    return value if value.startswith(_PG_SCHEMES) else Path(value).expanduser()
+
+
+def _set_db(state: State, value: str) -> None:
+    db = _db_value(value)
+    if db is not None:
+        state.db = db
+
+
+def _set_key_file(state: State, value: str) -> None:
+    state.key_file = Path(value).expanduser()
+    state.key_file_explicit = True
+
+
+def _set_attr(name: str) -> Callable[[State, Any], None]:
+    def set_value(state: State, value: Any) -> None:
+        setattr(state, name, value)
+
+    return set_value
+
+
+# (name, option, envvar, help, setter); the key sources are the first three.
+_GLOBALS: tuple[tuple[str, str, str | None, str, Callable[[State, Any], None]], ...] = (
+    ("key_file", "--key-file", "SECUREPAD_KEY_FILE", "Master key file [default: user config dir/key].", _set_key_file),
+    (
+        "master_key_env",
+        "--master-key-env",
+        None,
+        "Take the base64 master key from this variable.",
+        _set_attr("master_key_env"),
+    ),
+    (
+        "passphrase_env",
+        "--passphrase-env",
+        None,
+        "Derive the master key (Argon2id) from the passphrase in this variable.",
+        _set_attr("passphrase_env"),
+    ),
+    (
+        "db",
+        "--db",
+        "SECUREPAD_DB",
+        "The store: a database file [default: user data dir/store.db] or a postgresql:// DSN.",
+        _set_db,
+    ),
+    (
+        "policy",
+        "--policy",
+        "SECUREPAD_POLICY",
+        "A shipped policy's name (default, strict, channel...) or a TOML policy file [default: default].",
+        _set_attr("policy"),
+    ),
+)
+_KEY_OPTIONS = ("--key-file", "--master-key-env", "--passphrase-env")
+
+
+def _state() -> State:
+    ctx = click.get_current_context()
+    state = ctx.find_object(State)
+    if state is None:
+        state = ctx.ensure_object(State)
+    return state
+
+
+def _global_callback(
+    name: str, option: str, setter: Callable[[State, Any], None]
+) -> Callable[[click.Context, click.Parameter, Any], None]:
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        source = ctx.get_parameter_source(name)
+        state = ctx.find_object(State) or ctx.ensure_object(State)
+        if value is None or value is False or source not in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+            return
+        if source is ParameterSource.ENVIRONMENT and ctx.parent is not None:
+            return  # the group already took the environment's value; a subcommand takes only its own command line
+        if source is ParameterSource.COMMANDLINE and option in _KEY_OPTIONS:
+            state.key_options.add(option)
+        if source is ParameterSource.ENVIRONMENT and option == "--key-file" and state.key_options - {"--key-file"}:
+            return
+        setter(state, value)
+
+    return callback
+
+
+def global_options(func: F) -> F:
+    """The global options, on the group and on every subcommand (so they go before or after it)."""
+    func = click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        default=False,
+        expose_value=False,
+        is_eager=False,
+        callback=_global_callback("as_json", "--json", _set_attr("as_json")),
+        help="Print JSON (results on stdout, errors on stderr).",
+    )(func)
+    for name, option, envvar, help_text, setter in reversed(_GLOBALS):
+        func = click.option(
+            option,
+            name,
+            metavar="VAR" if option.endswith("-env") else ("PATH" if option != "--policy" else "NAME|PATH"),
+            envvar=envvar,
+            show_envvar=envvar is not None,
+            expose_value=False,
+            callback=_global_callback(name, option, setter),
+            help=help_text,
+        )(func)
+    return func
+
+
+def _required(value: str | None, option: str, envvar: str) -> str:
+    if not value:
+        raise click.UsageError(f"Missing option '{option}' (or set {envvar}).")
+    return value
 
 
 def principal_options(func: F) -> F:
     """--owner/--actor/--channel, turned into a ``principal`` argument."""
-    func = click.option(
-        "--channel", envvar="SECUREPAD_CHANNEL", default="cli", show_default=True, help="Channel of the caller."
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, owner: str | None, actor: str, channel: str, **kwargs: Any) -> Any:
+        principal = Principal(_required(owner, "--owner", "SECUREPAD_OWNER"), actor, channel)
+        return func(*args, principal=principal, **kwargs)
+
+    decorated: Any = wrapper
+    decorated = click.option(
+        "--channel",
+        envvar="SECUREPAD_CHANNEL",
+        show_envvar=True,
+        default="cli",
+        show_default=True,
+        help="Channel of the caller.",
+    )(decorated)
+    decorated = click.option(
+        "--actor",
+        envvar="SECUREPAD_ACTOR",
+        show_envvar=True,
+        default="cli",
+        show_default=True,
+        help="Actor (agent) of the caller.",
+    )(decorated)
+    decorated = click.option(
+        "--owner",
+        envvar="SECUREPAD_OWNER",
+        show_envvar=True,
+        help="Owner (tenant) on whose behalf to act (required: the option or its variable).",
+    )(decorated)
+    return decorated  # type: ignore[no-any-return]
+
+
+def turn_option(func: F) -> F:
+    return click.option(
+        "--turn",
+        "turn_id",
+        envvar="SECUREPAD_TURN",
+        show_envvar=True,
+        help="Turn id (required: the option or its variable).",
     )(func)
-    func = click.option(
-        "--actor", envvar="SECUREPAD_ACTOR", default="cli", show_default=True, help="Actor (agent) of the caller."
-    )(func)
-    func = click.option(
-        "--owner", envvar="SECUREPAD_OWNER", required=True, help="Owner (tenant) on whose behalf to act."
-    )(func)
-    return func
 
 
-def _fail(message: str) -> NoReturn:
-    err_console.print(f"[red]error:[/red] {message}", highlight=False)
-    sys.exit(1)
+def _turn(turn_id: str | None) -> str:
+    return _required(turn_id, "--turn", "SECUREPAD_TURN")
 
 
-def emit(ctx: Context, value: Any, render: Callable[[Any], None]) -> None:
+def emit(value: Any, render: Callable[[Any], None]) -> None:
     """Print ``value`` as JSON with --json, else with ``render``."""
-    if ctx.as_json:
-        click.echo(json.dumps(value, indent=2, ensure_ascii=False, default=str))
+    if _state().as_json:
+        click.echo(to_json(value))
     else:
         render(value)
 
 
-class SecurepadGroup(click.Group):
-    """Turns library errors into one clear line and exit status 1."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except SecurepadError as exc:
-            # Name the public class: private subclasses are an implementation detail.
-            public = next(c for c in type(exc).__mro__ if not c.__name__.startswith("_"))
-            _fail(f"{public.__name__}: {exc}")
+def _print_json(value: Any) -> None:
+    console.print(to_json(value), markup=False, highlight=False, soft_wrap=True)
 
 
-@click.group(cls=SecurepadGroup)
-@click.option(
-    "--db",
-    type=click.Path(path_type=Path),
-    envvar="SECUREPAD_DB",
-    default=default_db_path,
-    show_default="user data dir/store.db",
-    help="The store's database file.",
+def _print(text: str) -> None:
+    """A line of plain text (never markup), stripped for the terminal."""
+    console.print(plain(text), highlight=False, soft_wrap=True)
+
+
+_ENV_HELP = "\b\nEnvironment variables (the command line wins over them):\n" + "\n".join(
+    f"  {var:<20} {option:<10} {what}" for var, option, what in ENVIRONMENT
 )
-@click.option(
-    "--key-file",
-    type=click.Path(path_type=Path),
-    envvar="SECUREPAD_KEY_FILE",
-    default=default_key_file,
-    show_default="user config dir/key",
-    help="Master key file (created 0600 if absent).",
+
+
+@click.group(
+    cls=SecurepadGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
+    epilog=_ENV_HELP,
 )
-@click.option("--master-key-env", metavar="VAR", help="Take the base64 master key from this environment variable.")
-@click.option("--passphrase-env", metavar="VAR", help="Derive the master key (Argon2id) from the passphrase in VAR.")
-@click.option("--policy", envvar="SECUREPAD_POLICY", help="Policy file (TOML); default: the shipped default.toml.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-@click.pass_context
-def main(
-    ctx: click.Context,
-    db: Path,
-    key_file: Path,
-    master_key_env: str | None,
-    passphrase_env: str | None,
-    policy: str | None,
-    as_json: bool,
-) -> None:
-    """securepad: the hardened observation store for LLM agent runtimes."""
-    ctx.obj = Context(db, key_file, master_key_env, passphrase_env, policy, as_json)
+@click.version_option(package_name="securepad", prog_name="securepad", message="%(prog)s %(version)s")
+@global_options
+def main() -> None:
+    """securepad: the hardened observation store for LLM agent runtimes.
+
+    The global options (--db, --key-file, --master-key-env, --passphrase-env,
+    --policy, --json) go before or after the command. Only `securepad init`
+    creates a store; every other command needs an existing one.
+    """
+    _state()
 
 
-pass_context = click.make_pass_decorator(Context)
+def command(group: click.Group, *args: Any, **kwargs: Any) -> Callable[[F], F]:
+    """A subcommand of ``group`` that also takes the global options."""
+
+    def decorate(func: F) -> F:
+        group.command(*args, **kwargs)(global_options(func))
+        return func
+
+    return decorate
 
 
-@main.command()
-@pass_context
-def init(ctx: Context) -> None:
-    """Create the store and its master key (if absent) and check that the key opens it."""
-    with ctx.open() as pad:
+# -- the commands ------------------------------------------------------------------------
+
+
+@command(main)
+def init() -> None:
+    """Create the store and its master key file (if absent) and check that the key opens it.
+
+    The only command that creates a store; on an existing store it checks the key."""
+    state = _state()
+    with state.create() as pad:
         info = pad.stats()
     emit(
-        ctx,
-        {"db": info["path"], "policy": info["policy"], "key": ctx.keyring().__repr__()},
-        lambda v: console.print(f"store ready at [bold]{v['db']}[/bold] (policy {v['policy']})"),
+        {"db": str(info["path"]), "policy": info["policy"], "key": repr(pad.keyring)},
+        lambda v: _print(f"store ready at {v['db']} (policy {v['policy']})"),
     )
 
 
-@main.command()
+def _decode(raw: bytes, kind: str) -> Any:
+    try:
+        if kind == "text":
+            return raw.decode("utf-8")
+        if kind == "json":
+            return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise click.BadParameter(f"input is not valid {kind}: {exc}", param_hint="SOURCE") from None
+    return raw
+
+
+@command(main)
 @principal_options
-@click.option("--turn", "turn_id", required=True, help="Turn id.")
-@click.option("--step", "step_num", type=int, required=True, help="Step number within the turn.")
+@turn_option
+@click.option("--step", "step_num", type=int, required=True, help="Step number within the turn (one live entry each).")
 @click.option("--executor", "executor_name", default="cli", show_default=True, help="Tool that produced it.")
 @click.option(
     "--kind",
@@ -170,37 +473,26 @@ def init(ctx: Context) -> None:
 )
 @click.option("--ttl", "ttl_seconds", type=int, default=None, help="Seconds until it expires (policy default).")
 @click.argument("source", type=click.File("rb"), default="-")
-@pass_context
 def put(
-    ctx: Context,
-    owner: str,
-    actor: str,
-    channel: str,
-    turn_id: str,
+    principal: Principal,
+    turn_id: str | None,
     step_num: int,
     executor_name: str,
     kind: str,
     ttl_seconds: int | None,
     source: Any,
 ) -> None:
-    """Store an observation read from SOURCE (a file, or - for standard input)."""
-    raw: bytes = source.read()
-    observation: Any
-    try:
-        if kind == "text":
-            observation = raw.decode("utf-8")
-        elif kind == "json":
-            observation = json.loads(raw)
-        else:
-            observation = raw
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise click.BadParameter(f"input is not valid {kind}: {exc}", param_hint="SOURCE") from None
-    with ctx.open() as pad:
-        view = pad.put(Principal(owner, actor, channel), turn_id, step_num, executor_name, observation, ttl_seconds)
-    emit(ctx, view, lambda v: console.print_json(data=v))
+    """Store an observation read from SOURCE (a file, or - for standard input).
+
+    A step of a turn holds one live entry: a step already recorded is refused."""
+    turn = _turn(turn_id)
+    observation = _decode(source.read(), kind)
+    with _state().open() as pad:
+        view = pad.put(principal, turn, step_num, executor_name, observation, ttl_seconds)
+    emit(view, _print_json)
 
 
-@main.command()
+@command(main)
 @principal_options
 @click.argument("scratchpad_id")
 @click.option(
@@ -221,12 +513,8 @@ def put(
 @click.option("--pattern", default=None, help="grep: RE2 regular expression.")
 @click.option("--max-matches", type=int, default=50, show_default=True, help="grep: stop after this many matches.")
 @click.option("--context", "context_lines", type=int, default=0, show_default=True, help="grep: lines around each.")
-@pass_context
 def read(
-    ctx: Context,
-    owner: str,
-    actor: str,
-    channel: str,
+    principal: Principal,
     scratchpad_id: str,
     mode: str,
     n: int,
@@ -237,9 +525,9 @@ def read(
     context_lines: int,
 ) -> None:
     """Read part of an entry (capped by the policy's max_read_chars)."""
-    with ctx.open() as pad:
+    with _state().open() as pad:
         result = pad.read(
-            Principal(owner, actor, channel),
+            principal,
             scratchpad_id,
             mode=mode,
             n=n,
@@ -251,41 +539,46 @@ def read(
         )
 
     def render(r: dict[str, Any]) -> None:
-        click.echo(r["content"])
+        content = r["content"]
+        # The stored text itself: exact when piped, without control sequences on a terminal.
+        click.echo(for_terminal(content) if sys.stdout.isatty() else content)
         meta = r["metadata"]
+        hint = f", {meta['hint']}" if "hint" in meta else ""
         err_console.print(
-            f"[dim]{meta['size_returned']} of {meta['size_full']} {meta['unit']}, "
-            f"truncated={meta['truncated']}{', ' + meta['hint'] if 'hint' in meta else ''}[/dim]",
+            plain(
+                f"{meta['size_returned']} of {meta['size_full']} {meta['unit']}, truncated={meta['truncated']}{hint}"
+            ),
+            style="dim",
             highlight=False,
         )
 
-    emit(ctx, result, render)
+    emit(result, render)
 
 
-@main.command(name="list")
+@command(main, name="list")
 @principal_options
-@click.option("--turn", "turn_id", required=True, help="Turn id.")
-@pass_context
-def list_(ctx: Context, owner: str, actor: str, channel: str, turn_id: str) -> None:
+@turn_option
+def list_(principal: Principal, turn_id: str | None) -> None:
     """List a turn's live entries that the owner may see."""
-    with ctx.open() as pad:
-        rows = pad.list_for_turn(Principal(owner, actor, channel), turn_id)
+    turn = _turn(turn_id)
+    with _state().open() as pad:
+        rows = pad.list_for_turn(principal, turn)
 
     def render(entries: list[dict[str, Any]]) -> None:
         table = Table("step", "id", "executor", "kind", "bytes", "summary")
         for e in entries:
             first_line = e["summary"].splitlines()[0] if e["summary"] else ""
             table.add_row(
-                str(e["step_num"]),
-                e["scratchpad_id"],
-                e["executor_name"],
-                e["kind"],
-                str(e["size_bytes"]),
-                first_line[:60],
+                plain(e["step_num"]),
+                plain(e["scratchpad_id"]),
+                plain(e["executor_name"]),
+                plain(e["kind"]),
+                plain(e["size_bytes"]),
+                plain(first_line[:60]),
             )
         console.print(table)
 
-    emit(ctx, [{k: v for k, v in e.items() if k != "view"} for e in rows], render)
+    emit([{k: v for k, v in e.items() if k != "view"} for e in rows], render)
 
 
 @main.group(name="turn")
@@ -293,116 +586,160 @@ def turn_group() -> None:
     """Inspect an owner's turns."""
 
 
-@turn_group.command(name="show")
+@command(turn_group, name="show")
 @principal_options
-@click.option("--turn", "turn_id", required=True, help="Turn id.")
-@pass_context
-def turn_show(ctx: Context, owner: str, actor: str, channel: str, turn_id: str) -> None:
+@turn_option
+def turn_show(principal: Principal, turn_id: str | None) -> None:
     """Print a turn's history: what the model saw of each live step (beginning a turn collects expired entries)."""
-    with ctx.open() as pad:
-        steps = pad.turn(Principal(owner, actor, channel), turn_id).steps()
+    turn = _turn(turn_id)
+    with _state().open() as pad:
+        steps = pad.turn(principal, turn).steps()
 
     def render(items: list[dict[str, Any]]) -> None:
         if not items:
-            console.print(f"turn {turn_id!r} has no live steps for this owner", highlight=False)
+            _print(f"turn {turn!r} has no live steps for this owner")
         for item in items:
             where = f"offloaded as {item['scratchpad_id']}" if item["offloaded"] else "inline"
-            console.print(f"[bold]step {item['step_num']}[/bold] {item['executor_name']} ({where})", highlight=False)
-            console.print_json(data=item["shown"])
+            console.print(
+                Text.assemble(
+                    ("step ", "bold"), (str(item["step_num"]), "bold"), " ", plain(f"{item['executor_name']} ({where})")
+                ),
+                highlight=False,
+            )
+            _print_json(item["shown"])
 
-    emit(ctx, steps, render)
+    emit(steps, render)
 
 
-@main.command()
+@command(main)
 @principal_options
-@click.option("--turn", "turn_id", envvar="SECUREPAD_TURN", required=True, help="The turn the server serves.")
-@pass_context
-def mcp(ctx: Context, owner: str, actor: str, channel: str, turn_id: str) -> None:
+@turn_option
+def mcp(principal: Principal, turn_id: str | None) -> None:
     """Serve scratchpad_read and scratchpad_list for one turn over MCP (stdio).
 
     The principal and turn are fixed here, never taken from the model."""
+    turn = _turn(turn_id)
     try:
         from .mcp_server import serve
     except ImportError as exc:
-        raise click.ClickException(f"securepad mcp needs the MCP SDK ({exc}): pip install 'securepad[mcp]'") from None
-    principal = Principal(owner, actor, channel)
-    serve(ctx.open(), principal, turn_id)
+        raise click.ClickException(f"securepad mcp needs the MCP SDK ({exc}): pip install '.[mcp]'") from None
+    serve(_state().open(), principal, turn)
 
 
-@main.command()
-@pass_context
-def gc(ctx: Context) -> None:
+@command(main)
+def gc() -> None:
     """Delete expired entries and scrub them from the files."""
-    with ctx.open() as pad:
+    with _state().open() as pad:
         deleted = pad.gc()
-    emit(ctx, {"deleted": deleted}, lambda v: console.print(f"deleted {v['deleted']} expired entries"))
+    emit({"deleted": deleted}, lambda v: _print(f"deleted {v['deleted']} expired entries"))
 
 
-@main.command()
-@click.option("--owner", envvar="SECUREPAD_OWNER", default=None, help="Only this owner's entries.")
-@click.option("--actor", envvar="SECUREPAD_ACTOR", default="cli", show_default=True)
-@click.option("--channel", envvar="SECUREPAD_CHANNEL", default="cli", show_default=True)
-@pass_context
-def stats(ctx: Context, owner: str | None, actor: str, channel: str) -> None:
-    """Counts and sizes, for the whole store or one owner."""
-    with ctx.open() as pad:
+@command(main)
+@click.option("--owner", envvar="SECUREPAD_OWNER", show_envvar=True, default=None, help="Only this owner's entries.")
+@click.option("--actor", envvar="SECUREPAD_ACTOR", show_envvar=True, default="cli", show_default=True)
+@click.option("--channel", envvar="SECUREPAD_CHANNEL", show_envvar=True, default="cli", show_default=True)
+def stats(owner: str | None, actor: str, channel: str) -> None:
+    """Counts and sizes, for the whole store or one owner (--owner or SECUREPAD_OWNER)."""
+    if owner and click.get_current_context().get_parameter_source("owner") is ParameterSource.ENVIRONMENT:
+        # Narrowed by the environment, not by this command line: say so.
+        err_console.print(plain(f"stats of owner {owner!r} only (from SECUREPAD_OWNER)"), style="dim", highlight=False)
+    with _state().open() as pad:
         info = pad.stats(Principal(owner, actor, channel) if owner else None)
 
     def render(v: dict[str, Any]) -> None:
         table = Table("statistic", "value")
         for key, value in v.items():
-            table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value))
+            table.add_row(plain(key), plain(json.dumps(value) if isinstance(value, dict) else value))
         console.print(table)
 
-    emit(ctx, info, render)
+    emit(info, render)
 
 
-@main.command()
-@pass_context
-def demo(ctx: Context) -> None:
-    """A real round trip: two owners, a refusal, a tampered copy detected."""
+def _scratch_store(state: State) -> tuple[Any, Scratchpad]:
+    """A throwaway store and key in private temporary directories (for ``audit`` and
+    ``demo`` before ``init``); returns the directory to clean up and the open store."""
+    import tempfile
+
+    scratch = tempfile.TemporaryDirectory(prefix="securepad-scratch-")
+    root = Path(scratch.name)
+    (root / "data").mkdir(mode=0o700)
+    (root / "keys").mkdir(mode=0o700)
+    try:
+        keyring = Keyring.from_key_file(root / "keys" / "key")
+        return scratch, Scratchpad.open(root / "data" / "store.db", keyring=keyring, policy=state.policy)
+    except BaseException:
+        scratch.cleanup()
+        raise
+
+
+def _open_or_scratch(state: State, what: str) -> tuple[Any, Scratchpad]:
+    if state.store_exists() is False:
+        err_console.print(
+            plain(f"no store at {state.db} yet (`securepad init` creates it): {what} a throwaway store"),
+            style="yellow",
+            highlight=False,
+        )
+        return _scratch_store(state)
+    return None, state.open()
+
+
+@command(main)
+def demo() -> None:
+    """A real round trip: two owners, a refusal, a tampered copy detected.
+
+    On the configured store (its demo owners removed afterwards), or on a throwaway
+    store when there is none yet."""
+    from .demo import run_demo
+
+    state = _state()
+    scratch, pad = _open_or_scratch(state, "the demo runs on")
     steps = []
-    with ctx.open() as pad:
-        if not ctx.as_json:
-            console.print(f"store: [bold]{pad.path}[/bold]  policy: {pad.policy.name}")
-        for step in run_demo(pad):
-            steps.append({"step": step.title, "result": step.detail, "ok": step.ok})
-            if not ctx.as_json:
-                mark = "[green]ok[/green]" if step.ok else "[red]FAILED[/red]"
-                console.print(f"{mark}  {step.title}: {step.detail}", highlight=False)
-    if ctx.as_json:
-        click.echo(json.dumps(steps, indent=2))
+    try:
+        with pad:
+            if not state.as_json:
+                _print(f"store: {pad.path}  policy: {pad.policy.name}")
+            for step in run_demo(pad):
+                steps.append({"step": step.title, "result": step.detail, "ok": step.ok})
+                if not state.as_json:
+                    mark = Text("ok", "green") if step.ok else Text("FAILED", "red")
+                    console.print(Text.assemble(mark, "  ", plain(f"{step.title}: {step.detail}")), highlight=False)
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
+    if state.as_json:
+        click.echo(to_json(steps))
     if not all(s["ok"] for s in steps):
         sys.exit(1)
 
 
-@main.command()
-@click.option(
-    "--db", "db_path", type=click.Path(path_type=Path), default=None, help="Store to audit (as the global --db)."
-)
-@click.option("--policy", "policy_file", default=None, help="Policy file to audit with (as the global --policy).")
-@click.option("--json", "as_json", is_flag=True, help="Print the JSON report (as the global --json).")
-@pass_context
-def audit(ctx: Context, db_path: Path | None, policy_file: str | None, as_json: bool) -> None:
+@command(main)
+def audit() -> None:
     """Run the isolation audit: synthetic tenants attack each other, tampered scratch
-    copies, at-rest scan, permissions. Exit status 1 when any check fails."""
-    from rich.markup import escape
+    copies, at-rest scan, permissions. Exit status 1 when any check fails.
+
+    Audits the configured store, or a throwaway store with the same policy when
+    there is none yet."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress
 
     from .audit import Audit, AuditReport
 
-    ctx.db, ctx.policy, ctx.as_json = db_path or ctx.db, policy_file or ctx.policy, as_json or ctx.as_json
-    with ctx.open() as pad:
-        run = Audit(pad)
-        bar = Progress("{task.description}", BarColumn(), MofNCompleteColumn(), console=err_console, transient=True)
-        with bar:
-            task = bar.add_task("auditing", total=len(run.checks))
-            for result in run.run():
-                bar.update(task, advance=1, description=result.name)
-        report = run.report()
+    state = _state()
+    scratch, pad = _open_or_scratch(state, "auditing")
+    try:
+        with pad:
+            run = Audit(pad)
+            bar = Progress("{task.description}", BarColumn(), MofNCompleteColumn(), console=err_console, transient=True)
+            with bar:
+                task = bar.add_task("auditing", total=len(run.checks))
+                for result in run.run():
+                    bar.update(task, advance=1, description=for_terminal(result.name).replace("[", "\\["))
+            report = run.report()
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
 
     def render(r: AuditReport) -> None:
-        table = Table(title=f"securepad audit of {escape(r.store)}", expand=True)
+        table = Table(title=plain(f"securepad audit of {r.store}"), expand=True)
         table.add_column("check", ratio=2, overflow="fold")
         table.add_column("result", no_wrap=True)
         table.add_column("tried", ratio=3, overflow="fold")
@@ -412,34 +749,34 @@ def audit(ctx: Context, db_path: Path | None, policy_file: str | None, as_json: 
             if group is not None and row.group != group:
                 table.add_section()
             group = row.group
-            mark = "[green]pass[/green]" if row.passed else "[bold red]FAIL[/bold red]"
-            table.add_row(escape(row.name), mark, escape(row.tried), escape(row.happened))
+            mark = Text("pass", "green") if row.passed else Text("FAIL", "bold red")
+            table.add_row(plain(row.name), mark, plain(row.tried), plain(row.happened))
         console.print(table)
-        failed = escape(", ".join(f.name for f in r.failed))
+        failed = ", ".join(f.name for f in r.failed)
         if failed:
-            console.print(f"[bold red]{len(r.failed)} of {len(r.results)} checks FAILED[/bold red]: {failed}")
+            console.print(Text(f"{len(r.failed)} of {len(r.results)} checks FAILED: ", "bold red") + plain(failed))
         else:
-            console.print(f"[green]all {len(r.results)} checks passed[/green]")
-        console.print(f"policy {escape(r.policy)}, {escape(r.key_source)}", highlight=False)
+            console.print(Text(f"all {len(r.results)} checks passed", "green"))
+        _print(f"policy {r.policy}, {r.key_source}")
 
-    emit(ctx, report.as_dict() if ctx.as_json else report, render)
+    emit(report.as_dict() if state.as_json else report, render)
     if not report.passed:
         sys.exit(1)
 
 
-def _progress_bar(ctx: Context, label: str) -> tuple[Any, Callable[[int, int], None]]:
+def _progress_bar(label: str) -> tuple[Any, Callable[[int, int], None]]:
     """A rich progress bar on stderr (so --json output stays clean) and its callback."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     bar = Progress(
-        "[progress.description]{task.description}",
+        "{task.description}",
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=err_console,
-        transient=ctx.as_json,
+        transient=_state().as_json,
     )
-    task = bar.add_task(label, total=None)
+    task = bar.add_task(for_terminal(label).replace("[", "\\["), total=None)
 
     def update(done: int, total: int) -> None:
         bar.update(task, completed=done, total=total)
@@ -447,14 +784,14 @@ def _progress_bar(ctx: Context, label: str) -> tuple[Any, Callable[[int, int], N
     return bar, update
 
 
-def _show_report(ctx: Context, report: dict[str, Any], title: str) -> None:
+def _show_report(report: dict[str, Any], title: str) -> None:
     def render(v: dict[str, Any]) -> None:
-        table = Table(title=title, show_header=False)
+        table = Table(title=plain(title), show_header=False)
         for key, value in v.items():
-            table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+            table.add_row(plain(key), plain(f"{value:.3f}" if isinstance(value, float) else value))
         console.print(table)
 
-    emit(ctx, report, render)
+    emit(report, render)
 
 
 @main.group()
@@ -462,74 +799,175 @@ def keys() -> None:
     """Rotate the master key or an owner's key."""
 
 
-@keys.command(name="rotate-master")
+@command(keys, name="rotate-master")
 @click.option("--new-key-file", type=click.Path(path_type=Path), help="New master key file (created 0600 if absent).")
 @click.option("--new-master-key-env", metavar="VAR", help="New base64 master key from this environment variable.")
 @click.option("--new-passphrase-env", metavar="VAR", help="New passphrase (Argon2id) from this environment variable.")
-@pass_context
+@click.option(
+    "--install",
+    is_flag=True,
+    help="Put the new key in place of the current key file once the rotation is committed (the old key stays"
+    " until then); without --new-key-file, a new key is made for it.",
+)
 def rotate_master(
-    ctx: Context, new_key_file: Path | None, new_master_key_env: str | None, new_passphrase_env: str | None
+    new_key_file: Path | None, new_master_key_env: str | None, new_passphrase_env: str | None, install: bool
 ) -> None:
-    """Re-wrap every owner key under a new master key (from exactly one source)."""
+    """Re-wrap every owner key under a new master key (from exactly one source).
+
+    Afterwards only the new key opens the store: --install puts a new key file in
+    place of the current one; otherwise the command says what to change."""
+    state = _state()
     chosen = [o for o in (new_key_file, new_master_key_env, new_passphrase_env) if o]
-    if len(chosen) != 1:
+    if len(chosen) > 1 or (not chosen and not install):
         raise click.UsageError("give exactly one of --new-key-file, --new-master-key-env, --new-passphrase-env")
-    new = Context(
-        ctx.db, new_key_file or ctx.key_file, new_master_key_env, new_passphrase_env, ctx.policy, ctx.as_json
-    ).keyring()
-    with ctx.open() as pad:
-        bar, update = _progress_bar(ctx, "re-wrapping owner keys")
-        with bar:
-            report = pad.rotate_master_key(new, progress=update)
-    _show_report(ctx, report, "master key rotated")
+    if install and (new_master_key_env or new_passphrase_env):
+        raise click.UsageError("--install installs a key file: use it with --new-key-file or alone")
+    current = state.keyring()
+    if install and current.key_file is None:
+        raise click.UsageError("--install replaces the current key file, but this store's key is not from a file")
+    made: Path | None = None
+    if install and new_key_file is None:
+        made = state.key_file.with_name(state.key_file.name + ".new")
+        if made.exists():
+            raise click.UsageError(
+                f"{made} exists (left by an earlier rotation?): remove it or pass it as --new-key-file"
+            )
+        new_key_file = made
+    new = State()
+    new.key_file, new.master_key_env, new.passphrase_env = (
+        new_key_file or state.key_file,
+        new_master_key_env,
+        new_passphrase_env,
+    )
+    state.require_store()
+    try:
+        new_keyring = new.keyring(new_store=True)
+        with state.open() as pad:
+            bar, update = _progress_bar("re-wrapping owner keys")
+            with bar:
+                report = pad.rotate_master_key(new_keyring, progress=update)
+    except BaseException:
+        if made is not None:
+            made.unlink(missing_ok=True)
+        raise
+    if install and new_key_file is not None:
+        os.replace(new_key_file, state.key_file)
+        report["installed"] = str(state.key_file)
+        report["next"] = f"nothing: the new key is in place at {state.key_file}; the old key no longer opens this store"
+    elif new_key_file is not None:
+        report["next"] = (
+            f"only the new key opens the store now: move it into place (mv {new_key_file} {state.key_file}),"
+            f" or give --key-file {new_key_file} (or SECUREPAD_KEY_FILE) to every command"
+        )
+    else:
+        option = "--master-key-env" if new_master_key_env else "--passphrase-env"
+        report["next"] = (
+            f"only the new key opens the store now: give {option} {new_master_key_env or new_passphrase_env}"
+            " to every command (the old key no longer opens this store)"
+        )
+    _show_report(report, "master key rotated")
+    if not state.as_json:
+        err_console.print(plain(f"next: {report['next']}"), style="bold", highlight=False)
 
 
-@keys.command(name="rotate-owner")
+@command(keys, name="rotate-owner")
 @click.argument("owner")
-@pass_context
-def rotate_owner(ctx: Context, owner: str) -> None:
+def rotate_owner(owner: str) -> None:
     """Give OWNER a new key version, re-wrap its item keys, retire the old versions."""
-    with ctx.open() as pad:
-        bar, update = _progress_bar(ctx, f"re-wrapping {owner}'s item keys")
+    with _state().open() as pad:
+        bar, update = _progress_bar(f"re-wrapping {owner}'s item keys")
         with bar:
             report = pad.rotate_owner_key(owner, progress=update)
-    _show_report(ctx, report, "owner key rotated")
+    _show_report(report, "owner key rotated")
 
 
-@main.command(name="forget-owner")
+@command(main, name="forget-owner")
 @click.argument("owner")
-@click.confirmation_option(prompt="Delete every entry and key of this owner for good?")
-@pass_context
-def forget_owner(ctx: Context, owner: str) -> None:
-    """Crypto-shred OWNER: delete its keys and entries and scrub them from the files."""
-    with ctx.open() as pad:
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+def forget_owner(owner: str, yes: bool) -> None:
+    """Crypto-shred OWNER: delete its keys and entries and scrub them from the files.
+
+    Exit status 1 when the store holds nothing of OWNER (a mistyped name deletes nothing)."""
+    state = _state()
+    state.require_store()
+    if not yes:
+        click.confirm(f"Delete every entry and key of owner {for_terminal(repr(owner))} for good?", abort=True)
+    with state.open() as pad:
         report = pad.forget_owner(owner)
-    _show_report(ctx, report, "owner forgotten")
+    found = any(v for k, v in report.items() if k not in ("owner_user_id", "wal_truncated") and isinstance(v, int))
+    report["found"] = found
+    _show_report(report, "owner forgotten" if found else f"owner {owner!r} not found: nothing was deleted")
+    if not found:
+        sys.exit(1)
 
 
-@main.command(
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
-    add_help_option=False,
+@main.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--quick", is_flag=True, help="Tiny sizes, every workload, about a minute (the CI smoke run).")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("securepad-bench-results"),
+    show_default=True,
+    help="Where to write <mode>.json (and <mode>.png with matplotlib).",
 )
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def bench(args: tuple[str, ...]) -> None:
-    """Run the benchmark suite (from a source checkout; --quick for the smoke run, --help for options)."""
-    sys.exit(_bench_runner().main(list(args)))
+@click.option(
+    "--workdir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Where the stores go [default: a temporary dir].",
+)
+@click.option(
+    "--backends",
+    default=None,
+    help="Comma-separated backends [default: all]: securepad, raw-apsw, unhardened, diskcache, sqlcipher.",
+)
+@click.option(
+    "--workloads",
+    default=None,
+    help="Comma-separated workloads [default: all]: put, read, concurrent, resume, gc, open.",
+)
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--no-chart", is_flag=True, help="Skip the PNG.")
+@click.option("--tiny", is_flag=True, hidden=True)  # the smoke test's config
+@click.option(
+    "--from-json",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="Print the tables of a saved run's JSON; run nothing.",
+)
+def bench(
+    quick: bool,
+    out: Path,
+    workdir: Path | None,
+    backends: str | None,
+    workloads: str | None,
+    no_progress: bool,
+    no_chart: bool,
+    tiny: bool,
+    from_json: Path | None,
+) -> None:
+    """Benchmark securepad against raw SQLite, sqlite3, diskcache and SQLCipher on this machine.
 
+    Needs the bench extra (pip install '.[bench]'); runs anywhere, writes under --out."""
+    from .bench import runner
+    from .bench.backends import BACKENDS
+    from .bench.workloads import WORKLOADS
 
-def _bench_runner() -> Any:
-    """``benchmarks.runner`` from a source checkout: the one beside this package
-    (editable install) or the one in the current directory. The suite is not
-    part of the wheel, and an unrelated top-level ``benchmarks`` is refused."""
-    import importlib
-
-    for root in (Path(__file__).resolve().parent.parent, Path.cwd()):
-        if (root / "benchmarks" / "runner.py").is_file():
-            sys.path.insert(0, str(root))
-            package = importlib.import_module("benchmarks")
-            if getattr(package, "SECUREPAD_BENCHMARKS", False):
-                return importlib.import_module("benchmarks.runner")
-    raise click.ClickException(
-        "securepad bench runs the suite in benchmarks/ of a source checkout, which the wheel does not"
-        " include: clone the repository, pip install -e '.[bench]' and run it from there"
+    if from_json is not None:
+        runner.print_saved(from_json)
+        return
+    try:
+        chosen_backends = runner.parse_names("backends", backends) if backends else list(BACKENDS)
+        chosen_workloads = runner.parse_names("workloads", workloads) if workloads else list(WORKLOADS)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    status = runner.main(
+        out=out,
+        quick=quick,
+        tiny=tiny,
+        workdir=workdir,
+        backends=chosen_backends,
+        workloads=chosen_workloads,
+        progress=not no_progress,
+        chart=not no_chart,
     )
+    sys.exit(status)

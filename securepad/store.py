@@ -349,14 +349,19 @@ class Scratchpad:
         ``metadata``, the top-level scalars and, for json, ``list_field``,
         ``count``, ``schema`` and a ``ref_hint``.
 
+        A live step of a turn holds one entry: as ``Turn.record``, ``put``
+        refuses a step that a live entry of the turn in the principal's scope
+        already has (an expired or deleted one frees the step).
+
         Raises:
-            InvalidArgumentError: a bad principal, id, step, ttl, or an
-                observation that is not JSON-serializable.
+            InvalidArgumentError: a bad principal, id, step, ttl, an
+                observation that is not JSON-serializable, or the step is
+                already recorded in the turn.
             QuotaExceededError: the entry exceeds ``max_entry_bytes`` or the
                 owner's ``owner_quota_bytes``.
             StoreBusyError: the write lock was not obtained in time.
         """
-        return self._put(principal, turn_id, step_num, executor_name, observation, ttl_seconds, now=now)
+        return self._put(principal, turn_id, step_num, executor_name, observation, ttl_seconds, now=now, free_step=True)
 
     def _put(
         self,

@@ -279,6 +279,9 @@ def test_audit_catches_a_store_that_ignores_the_owner(pad: Scratchpad, monkeypat
     """Simulate the worst bug: the owner condition dropped from every query."""
     monkeypatch.setattr(Policy, "scope_sql", lambda self, principal: ("1 = 1", ()))
     monkeypatch.setattr(Policy, "authorize_row", lambda self, principal, row: None)
+    # Owner b's step 1 shares a's turn id and step on purpose; with the owner condition
+    # dropped, put's one-live-step check would refuse it and the tenants never be set up.
+    monkeypatch.setattr(Scratchpad, "_check_step_free", lambda *args, **kwargs: None)
     report = run_audit(pad)
     assert not report.passed
     broken = {r.name for r in report.failed}
