@@ -149,8 +149,8 @@ class Scratchpad:
         and migrations, and the store lives in ``schema``; see
         the README's PostgreSQL section for roles and grants.
 
-        ``policy`` is a path to a TOML policy, a ``Policy``, or None for the
-        shipped default. ``clock`` is the time source for expiry.
+        ``policy`` is a shipped policy's name (``"strict"``), a path to a TOML
+        policy, a ``Policy``, or None for the shipped default. ``clock`` is the time source for expiry.
 
         Raises:
             WrongKeyError: the keyring's master key does not open this store.
@@ -166,7 +166,7 @@ class Scratchpad:
         elif isinstance(policy, Policy):
             resolved = policy
         else:
-            resolved = Policy.load(Path(policy))
+            resolved = Policy.load(policy if isinstance(policy, str) else Path(policy))
         db = _open_backend(db_path, admin, schema)
         try:
             return cls(db, keyring, resolved, clock)
@@ -195,6 +195,14 @@ class Scratchpad:
         master, _ = keyring._master_key(kdf_record)
         expected = bytes.fromhex(meta["key_check"])
         if not secrets.compare_digest(derive(master, "key-check", store_id.encode()), expected):
+            if kdf_record is not None and keyring.kind != "passphrase":
+                raise WrongKeyError(
+                    f"this store uses a passphrase (Argon2id): the master key from {keyring!r} cannot open it"
+                )
+            if kdf_record is None and keyring.kind == "passphrase":
+                raise WrongKeyError(
+                    "this store's master key is not derived from a passphrase: give its key file or variable"
+                )
             raise WrongKeyError(f"the master key from {keyring!r} does not open this store")
         self._key_check = meta["key_check"]
         return store_id, derive(master, "owner-wrap", store_id.encode())
