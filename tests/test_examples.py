@@ -1,4 +1,4 @@
-"""The agent-loop example and the README section that shows it run as written."""
+"""The agent-loop example and the docs page that shows it run as written."""
 
 from __future__ import annotations
 
@@ -12,11 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "agent_loop.py"
-README = (ROOT / "README.md").read_text(encoding="utf-8")
-# The README's agent-loop section, up to the next top-level section.
-SECTION = re.search(r"^## Wiring securepad into an agent loop\n(.*?)(?=^## |\Z)", README, re.S | re.M)
-assert SECTION is not None
-DOC_TEXT = SECTION.group(1)
+# The docs' agent-loop page.
+DOC_TEXT = (ROOT / "docs" / "how-to" / "agent-loop.md").read_text(encoding="utf-8")
 BLOCKS = re.findall(r"```python\n(.*?)```", DOC_TEXT, re.S)
 
 
