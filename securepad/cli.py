@@ -329,7 +329,7 @@ def global_options(func: F) -> F:
 
 
 def _required(value: str | None, option: str, envvar: str) -> str:
-    if not value:
+    if value is None:  # an empty value goes on to the library, which says what is wrong with it
         raise click.UsageError(f"Missing option '{option}' (or set {envvar}).")
     return value
 
