@@ -68,8 +68,16 @@ def test_readme_starts_with_the_two_setup_commands() -> None:
 
 def test_readme_is_a_front_door() -> None:
     assert len(README.splitlines()) <= 200
-    for page in ("how-to/reads.md", "how-to/keys.md", "how-to/policies.md", "integrations/index.md",
-                 "how-to/postgresql.md", "how-to/audit.md", "reference/cli.md", "reference/api.md"):
+    for page in (
+        "how-to/reads.md",
+        "how-to/keys.md",
+        "how-to/policies.md",
+        "integrations/index.md",
+        "how-to/postgresql.md",
+        "how-to/audit.md",
+        "reference/cli.md",
+        "reference/api.md",
+    ):
         assert f"docs/{page}" in README, page
         assert (DOCS / page).is_file(), page
     assert "pip install securepad" not in README and "securepad[" not in README
@@ -79,3 +87,14 @@ def test_the_docs_navigation_lists_every_page() -> None:
     nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     for page in DOCS.rglob("*.md"):
         assert str(page.relative_to(DOCS)) in nav, page
+
+
+def test_the_audit_page_counts_the_checks_there_are(tmp_path: Path) -> None:
+    from securepad import Keyring, Scratchpad
+    from securepad.audit import Audit
+
+    with Scratchpad.open(tmp_path / "s.db", keyring=Keyring.from_key_file(tmp_path / "key")) as pad:
+        count = len(Audit(pad).checks)
+    text = (DOCS / "how-to" / "audit.md").read_text(encoding="utf-8")
+    stated = re.findall(r"(\d+) rows in all|all (\d+) checks passed|of (\d+) checks FAILED|\"checks\": (\d+)", text)
+    assert len(stated) == 4 and {int(n) for group in stated for n in group if n} == {count}

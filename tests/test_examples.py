@@ -48,7 +48,11 @@ def test_every_python_block_of_the_doc_runs(index: int, tmp_path: Path) -> None:
 def test_the_doc_output_is_the_examples_output(tmp_path: Path) -> None:
     """The output shown in the doc is what the example prints, but for the random
     id and the history's size (it holds the temporary directory's path)."""
-    shown = re.search(r"Its output \(the id differs each run\):\n\n```\n(.*?)```", DOC_TEXT, re.S)
+    heading = r"Its output \(the id differs each run, and so does the history's size: it holds the temporary"
+    heading += r" directory's path\):\n\n```\n(.*?)```"
+    shown = re.search(heading, DOC_TEXT, re.S)
+        re.S,
+    )
     assert shown is not None
     result = run_python([str(EXAMPLE)], tmp_path)
     varying = re.compile(r"stored as [0-9a-f]{16}|, \d+ characters$", re.M)
