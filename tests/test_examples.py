@@ -51,8 +51,6 @@ def test_the_doc_output_is_the_examples_output(tmp_path: Path) -> None:
     heading = r"Its output \(the id differs each run, and so does the history's size: it holds the temporary"
     heading += r" directory's path\):\n\n```\n(.*?)```"
     shown = re.search(heading, DOC_TEXT, re.S)
-        re.S,
-    )
     assert shown is not None
     result = run_python([str(EXAMPLE)], tmp_path)
     varying = re.compile(r"stored as [0-9a-f]{16}|, \d+ characters$", re.M)
