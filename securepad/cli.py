@@ -582,6 +582,7 @@ def list_(principal: Principal, turn_id: str | None) -> None:
 
 
 @main.group(name="turn")
+@global_options
 def turn_group() -> None:
     """Inspect an owner's turns."""
 
@@ -795,6 +796,7 @@ def _show_report(report: dict[str, Any], title: str) -> None:
 
 
 @main.group()
+@global_options
 def keys() -> None:
     """Rotate the master key or an owner's key."""
 

@@ -248,6 +248,8 @@ def test_global_options_work_after_the_subcommand(cli: Cli, tmp_path: Path) -> N
     # The command line after the subcommand wins over the one before it and over the environment.
     rows = json.loads(ok(cli("--db", "nope.db", "list", "--db", db, "--owner", "bob", "--turn", "t", "--json")).stdout)
     assert len(rows) == 1
+    shown = json.loads(ok(cli("turn", "--db", db, "show", "--owner", "bob", "--turn", "t", "--json")).stdout)
+    assert [s["step_num"] for s in shown] == [1]
     assert not cli.db.exists()
 
 
