@@ -1,413 +1,42 @@
-"""The ``securepad`` command line: options in, one library call, output out.
-
-No SQL and no cryptography here; everything goes through the public API.
-
-Rules every command follows:
-
-- The global options (``--db``, the key source, ``--policy``, ``--json``) are
-  accepted before or after the subcommand, and each has an environment
-  variable (listed by ``securepad --help``); the command line beats the
-  environment.
-- Only ``securepad init`` creates a store (and a key file with it); every other
-  command on a missing store fails, naming the path and how to create one.
-- Stored text is data: it is never read as rich markup, and terminal control
-  sequences are removed before it reaches a terminal.
-- With ``--json`` the result is JSON on stdout and an error is JSON on stderr.
-"""
+"""The commands: each takes its options, makes one library call and prints the
+result (see ``securepad.cli`` for the rules they all follow)."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
-import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any
 
 import click
 from click.core import ParameterSource
-from platformdirs import user_data_path
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import Keyring, Principal, Scratchpad, SecurepadError
-from .keys import default_key_file
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True)
-
-# Every environment variable the command line reads: (variable, option, what it sets).
-ENVIRONMENT = (
-    ("SECUREPAD_DB", "--db", "the store's database file (or a postgresql:// DSN)"),
-    ("SECUREPAD_KEY_FILE", "--key-file", "the master key file"),
-    ("SECUREPAD_POLICY", "--policy", "a shipped policy's name or a TOML policy file"),
-    ("SECUREPAD_OWNER", "--owner", "the owner (tenant) a command acts for"),
-    ("SECUREPAD_ACTOR", "--actor", "the actor (agent) a command acts as"),
-    ("SECUREPAD_CHANNEL", "--channel", "the channel a command acts on"),
-    ("SECUREPAD_TURN", "--turn", "the turn id of list, put, turn show and mcp"),
+from .. import Keyring, Principal, Scratchpad
+from .options import (
+    ENV_HELP,
+    SecurepadGroup,
+    State,
+    command,
+    current_state,
+    emit,
+    global_options,
+    principal_options,
+    required,
+    turn_option,
 )
+from .output import console, err_console, for_terminal, plain, print_json, print_line, to_json
 
-_PG_SCHEMES = ("postgresql://", "postgres://")
-
-
-def default_db_path() -> Path:
-    """``store.db`` in the user data dir (the key file lives in the config dir)."""
-    return user_data_path("securepad") / "store.db"
-
-
-# -- text that reaches a terminal ---------------------------------------------------------
-
-# CSI and OSC sequences (OSC 8 makes links), then any other C0/C1 control but tab and newline.
-_ESCAPE_SEQUENCES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x9b[0-?]*[ -/]*[@-~]")
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-_RAW_JSON_CONTROLS = re.compile(r"[\x7f-\x9f\u2028\u2029]")
-
-
-def for_terminal(text: str) -> str:
-    """``text`` without terminal control sequences: escape sequences are dropped,
-    other control characters shown as ``\\xNN``; tabs and newlines stay."""
-    text = _ESCAPE_SEQUENCES.sub("", text)
-    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
-
-
-def to_json(value: Any) -> str:
-    """``value`` as indented JSON; the C1 controls and DEL that ``json.dumps``
-    leaves raw are written as ``\\u`` escapes (the same JSON, safe on a terminal)."""
-    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
-    return _RAW_JSON_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
-
-
-def plain(value: object) -> Text:
-    """A table cell or line that rich never reads as markup, stripped for the terminal."""
-    return Text(for_terminal(str(value)))
-
-
-# -- errors ------------------------------------------------------------------------------
-
-
-def _error_type(exc: BaseException) -> str:
-    # Name the public class: private subclasses are an implementation detail.
-    return next(c for c in type(exc).__mro__ if not c.__name__.startswith("_")).__name__
-
-
-def _wants_json(args: Sequence[str]) -> bool:
-    """Whether ``--json`` is among the options (before a ``--``)."""
-    end = args.index("--") if "--" in args else len(args)
-    return "--json" in args[:end]
-
-
-class SecurepadGroup(click.Group):
-    """One error line (or one JSON object with ``--json``) on stderr for every failure:
-    a library error and a store that is not there exit 1, a usage error 2."""
-
-    def main(
-        self,
-        args: Sequence[str] | None = None,
-        prog_name: str | None = None,
-        complete_var: str | None = None,
-        standalone_mode: bool = True,
-        **extra: Any,
-    ) -> Any:
-        argv = list(sys.argv[1:] if args is None else args)
-        if not standalone_mode:
-            return super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
-        as_json = _wants_json(argv)
-        try:
-            result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
-        except SecurepadError as exc:
-            _fail(_error_type(exc), str(exc), as_json, 1)
-        except click.ClickException as exc:
-            if as_json:
-                _fail(type(exc).__name__, exc.format_message(), True, exc.exit_code)
-            exc.show()
-            sys.exit(exc.exit_code)
-        except click.exceptions.Abort:
-            _fail("Aborted", "aborted", as_json, 1)
-        sys.exit(result if isinstance(result, int) else 0)
-
-
-def _fail(kind: str, message: str, as_json: bool, status: int) -> NoReturn:
-    if as_json:
-        click.echo(json.dumps({"error": {"type": kind, "message": message}}, ensure_ascii=False), err=True)
-    else:
-        click.echo(f"error: {kind}: {for_terminal(message)}", err=True)
-    sys.exit(status)
-
-
-class StoreMissingError(click.ClickException):
-    """A command other than ``init`` on a store (or key file) that is not there."""
-
-
-# -- the global options, before or after the subcommand ----------------------------------
-
-
-class State:
-    """What every command needs to open the store: the global options, the command
-    line's values overriding the environment's, wherever they were given."""
-
-    def __init__(self) -> None:
-        self.db: str | Path = default_db_path()
-        self.key_file: Path = default_key_file()
-        self.master_key_env: str | None = None
-        self.passphrase_env: str | None = None
-        self.policy: str | None = None
-        self.as_json = False
-        # The key sources given on the command line (the environment's key file yields to them).
-        self.key_options: set[str] = set()
-        self.key_file_explicit = False
-
-    # -- the store and its key ---------------------------------------------------------
-
-    def store_exists(self) -> bool | None:
-        """Whether the SQLite file exists; None for a PostgreSQL store (not checked here)."""
-        if isinstance(self.db, str):
-            return None
-        return self.db.exists()
-
-    def require_store(self) -> None:
-        """Refuse to go on when the store is not there: only ``init`` creates one."""
-        if self.store_exists() is False:
-            raise StoreMissingError(
-                f"no store at {self.db}: `securepad init` creates one there (with the same --db or"
-                " SECUREPAD_DB); to use an existing store, point --db or SECUREPAD_DB at it"
-            )
-
-    def keyring(self, *, new_store: bool = False) -> Keyring:
-        """The master key's source. A key file is created only for a new store.
-
-        Raises:
-            click.UsageError: more than one key source, or an unset variable.
-            StoreMissingError: the key file is missing for an existing store.
-        """
-        given = sorted(self.key_options)
-        if len(given) > 1:
-            raise click.UsageError(
-                f"{' and '.join(given)} are two key sources: give one of --key-file, --master-key-env, --passphrase-env"
-            )
-        if self.master_key_env:
-            if not os.environ.get(self.master_key_env):
-                raise click.UsageError(f"environment variable {self.master_key_env} (--master-key-env) is not set")
-            return Keyring.from_env(self.master_key_env)
-        if self.passphrase_env:
-            passphrase = os.environ.get(self.passphrase_env)
-            if not passphrase:
-                raise click.UsageError(f"environment variable {self.passphrase_env} (--passphrase-env) is not set")
-            return Keyring.from_passphrase(passphrase)
-        if not new_store and not self.key_file.exists():
-            raise StoreMissingError(
-                f"no key file at {self.key_file}: opening an existing store never creates a key; give this"
-                " store's key with --key-file (SECUREPAD_KEY_FILE), --master-key-env or --passphrase-env"
-            )
-        return Keyring.from_key_file(self.key_file)
-
-    def open(self) -> Scratchpad:
-        """Open the existing store (never creating one)."""
-        self.require_store()
-        return Scratchpad.open(self.db, keyring=self.keyring(), policy=self.policy)
-
-    def create(self) -> Scratchpad:
-        """Open the store, creating it (and its key file) if it is not there: ``init`` only."""
-        new = self.store_exists() is not False
-        return Scratchpad.open(self.db, keyring=self.keyring(new_store=not new), policy=self.policy)
-
-
-def _db_value(value: str | None) -> str | Path | None:
-    if value is None:
-        return None
-    return value if value.startswith(_PG_SCHEMES) else Path(value).expanduser()
-
-
-def _set_db(state: State, value: str) -> None:
-    db = _db_value(value)
-    if db is not None:
-        state.db = db
-
-
-def _set_key_file(state: State, value: str) -> None:
-    state.key_file = Path(value).expanduser()
-    state.key_file_explicit = True
-
-
-def _set_attr(name: str) -> Callable[[State, Any], None]:
-    def set_value(state: State, value: Any) -> None:
-        setattr(state, name, value)
-
-    return set_value
-
-
-# (name, option, envvar, help, setter); the key sources are the first three.
-_GLOBALS: tuple[tuple[str, str, str | None, str, Callable[[State, Any], None]], ...] = (
-    ("key_file", "--key-file", "SECUREPAD_KEY_FILE", "Master key file [default: user config dir/key].", _set_key_file),
-    (
-        "master_key_env",
-        "--master-key-env",
-        None,
-        "Take the base64 master key from this variable.",
-        _set_attr("master_key_env"),
-    ),
-    (
-        "passphrase_env",
-        "--passphrase-env",
-        None,
-        "Derive the master key (Argon2id) from the passphrase in this variable.",
-        _set_attr("passphrase_env"),
-    ),
-    (
-        "db",
-        "--db",
-        "SECUREPAD_DB",
-        "The store: a database file [default: user data dir/store.db] or a postgresql:// DSN.",
-        _set_db,
-    ),
-    (
-        "policy",
-        "--policy",
-        "SECUREPAD_POLICY",
-        "A shipped policy's name (default, strict, channel...) or a TOML policy file [default: default].",
-        _set_attr("policy"),
-    ),
-)
-_KEY_OPTIONS = ("--key-file", "--master-key-env", "--passphrase-env")
-
-
-def _state() -> State:
-    ctx = click.get_current_context()
-    state = ctx.find_object(State)
-    if state is None:
-        state = ctx.ensure_object(State)
-    return state
-
-
-def _global_callback(
-    name: str, option: str, setter: Callable[[State, Any], None]
-) -> Callable[[click.Context, click.Parameter, Any], None]:
-    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
-        source = ctx.get_parameter_source(name)
-        state = ctx.find_object(State) or ctx.ensure_object(State)
-        if value is None or value is False or source not in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
-            return
-        if source is ParameterSource.ENVIRONMENT and ctx.parent is not None:
-            return  # the group already took the environment's value; a subcommand takes only its own command line
-        if source is ParameterSource.COMMANDLINE and option in _KEY_OPTIONS:
-            state.key_options.add(option)
-        if source is ParameterSource.ENVIRONMENT and option == "--key-file" and state.key_options - {"--key-file"}:
-            return
-        setter(state, value)
-
-    return callback
-
-
-def global_options(func: F) -> F:
-    """The global options, on the group and on every subcommand (so they go before or after it)."""
-    func = click.option(
-        "--json",
-        "as_json",
-        is_flag=True,
-        default=False,
-        expose_value=False,
-        is_eager=False,
-        callback=_global_callback("as_json", "--json", _set_attr("as_json")),
-        help="Print JSON (results on stdout, errors on stderr).",
-    )(func)
-    for name, option, envvar, help_text, setter in reversed(_GLOBALS):
-        func = click.option(
-            option,
-            name,
-            metavar="VAR" if option.endswith("-env") else ("PATH" if option != "--policy" else "NAME|PATH"),
-            envvar=envvar,
-            show_envvar=envvar is not None,
-            expose_value=False,
-            callback=_global_callback(name, option, setter),
-            help=help_text,
-        )(func)
-    return func
-
-
-def _required(value: str | None, option: str, envvar: str) -> str:
-    if value is None:  # an empty value goes on to the library, which says what is wrong with it
-        raise click.UsageError(f"Missing option '{option}' (or set {envvar}).")
-    return value
-
-
-def principal_options(func: F) -> F:
-    """--owner/--actor/--channel, turned into a ``principal`` argument."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, owner: str | None, actor: str, channel: str, **kwargs: Any) -> Any:
-        principal = Principal(_required(owner, "--owner", "SECUREPAD_OWNER"), actor, channel)
-        return func(*args, principal=principal, **kwargs)
-
-    decorated: Any = wrapper
-    decorated = click.option(
-        "--channel",
-        envvar="SECUREPAD_CHANNEL",
-        show_envvar=True,
-        default="cli",
-        show_default=True,
-        help="Channel of the caller.",
-    )(decorated)
-    decorated = click.option(
-        "--actor",
-        envvar="SECUREPAD_ACTOR",
-        show_envvar=True,
-        default="cli",
-        show_default=True,
-        help="Actor (agent) of the caller.",
-    )(decorated)
-    decorated = click.option(
-        "--owner",
-        envvar="SECUREPAD_OWNER",
-        show_envvar=True,
-        help="Owner (tenant) on whose behalf to act (required: the option or its variable).",
-    )(decorated)
-    return decorated  # type: ignore[no-any-return]
-
-
-def turn_option(func: F) -> F:
-    return click.option(
-        "--turn",
-        "turn_id",
-        envvar="SECUREPAD_TURN",
-        show_envvar=True,
-        help="Turn id (required: the option or its variable).",
-    )(func)
-
-
-def _turn(turn_id: str | None) -> str:
-    return _required(turn_id, "--turn", "SECUREPAD_TURN")
-
-
-def emit(value: Any, render: Callable[[Any], None]) -> None:
-    """Print ``value`` as JSON with --json, else with ``render``."""
-    if _state().as_json:
-        click.echo(to_json(value))
-    else:
-        render(value)
-
-
-def _print_json(value: Any) -> None:
-    console.print(to_json(value), markup=False, highlight=False, soft_wrap=True)
-
-
-def _print(text: str) -> None:
-    """A line of plain text (never markup), stripped for the terminal."""
-    console.print(plain(text), highlight=False, soft_wrap=True)
-
-
-_ENV_HELP = "\b\nEnvironment variables (the command line wins over them):\n" + "\n".join(
-    f"  {var:<20} {option:<10} {what}" for var, option, what in ENVIRONMENT
-)
+__all__ = ["bench", "main"]
 
 
 @click.group(
     cls=SecurepadGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
-    epilog=_ENV_HELP,
+    epilog=ENV_HELP,
 )
 @click.version_option(package_name="securepad", prog_name="securepad", message="%(prog)s %(version)s")
 @global_options
@@ -418,17 +47,11 @@ def main() -> None:
     --policy, --json) go before or after the command. Only `securepad init`
     creates a store; every other command needs an existing one.
     """
-    _state()
+    current_state()
 
 
-def command(group: click.Group, *args: Any, **kwargs: Any) -> Callable[[F], F]:
-    """A subcommand of ``group`` that also takes the global options."""
-
-    def decorate(func: F) -> F:
-        group.command(*args, **kwargs)(global_options(func))
-        return func
-
-    return decorate
+def _turn(turn_id: str | None) -> str:
+    return required(turn_id, "--turn", "SECUREPAD_TURN")
 
 
 # -- the commands ------------------------------------------------------------------------
@@ -439,12 +62,12 @@ def init() -> None:
     """Create the store and its master key file (if absent) and check that the key opens it.
 
     The only command that creates a store; on an existing store it checks the key."""
-    state = _state()
+    state = current_state()
     with state.create() as pad:
         info = pad.stats()
     emit(
         {"db": str(info["path"]), "policy": info["policy"], "key": repr(pad.keyring)},
-        lambda v: _print(f"store ready at {v['db']} (policy {v['policy']})"),
+        lambda v: print_line(f"store ready at {v['db']} (policy {v['policy']})"),
     )
 
 
@@ -487,9 +110,9 @@ def put(
     A step of a turn holds one live entry: a step already recorded is refused."""
     turn = _turn(turn_id)
     observation = _decode(source.read(), kind)
-    with _state().open() as pad:
+    with current_state().open() as pad:
         view = pad.put(principal, turn, step_num, executor_name, observation, ttl_seconds)
-    emit(view, _print_json)
+    emit(view, print_json)
 
 
 @command(main)
@@ -525,7 +148,7 @@ def read(
     context_lines: int,
 ) -> None:
     """Read part of an entry (capped by the policy's max_read_chars)."""
-    with _state().open() as pad:
+    with current_state().open() as pad:
         result = pad.read(
             principal,
             scratchpad_id,
@@ -561,7 +184,7 @@ def read(
 def list_(principal: Principal, turn_id: str | None) -> None:
     """List a turn's live entries that the owner may see."""
     turn = _turn(turn_id)
-    with _state().open() as pad:
+    with current_state().open() as pad:
         rows = pad.list_for_turn(principal, turn)
 
     def render(entries: list[dict[str, Any]]) -> None:
@@ -593,12 +216,12 @@ def turn_group() -> None:
 def turn_show(principal: Principal, turn_id: str | None) -> None:
     """Print a turn's history: what the model saw of each live step (beginning a turn collects expired entries)."""
     turn = _turn(turn_id)
-    with _state().open() as pad:
+    with current_state().open() as pad:
         steps = pad.turn(principal, turn).steps()
 
     def render(items: list[dict[str, Any]]) -> None:
         if not items:
-            _print(f"turn {turn!r} has no live steps for this owner")
+            print_line(f"turn {turn!r} has no live steps for this owner")
         for item in items:
             where = f"offloaded as {item['scratchpad_id']}" if item["offloaded"] else "inline"
             console.print(
@@ -607,7 +230,7 @@ def turn_show(principal: Principal, turn_id: str | None) -> None:
                 ),
                 highlight=False,
             )
-            _print_json(item["shown"])
+            print_json(item["shown"])
 
     emit(steps, render)
 
@@ -621,18 +244,18 @@ def mcp(principal: Principal, turn_id: str | None) -> None:
     The principal and turn are fixed here, never taken from the model."""
     turn = _turn(turn_id)
     try:
-        from .mcp_server import serve
+        from ..mcp_server import serve
     except ImportError as exc:
         raise click.ClickException(f"securepad mcp needs the MCP SDK ({exc}): pip install '.[mcp]'") from None
-    serve(_state().open(), principal, turn)
+    serve(current_state().open(), principal, turn)
 
 
 @command(main)
 def gc() -> None:
     """Delete expired entries and scrub them from the files."""
-    with _state().open() as pad:
+    with current_state().open() as pad:
         deleted = pad.gc()
-    emit({"deleted": deleted}, lambda v: _print(f"deleted {v['deleted']} expired entries"))
+    emit({"deleted": deleted}, lambda v: print_line(f"deleted {v['deleted']} expired entries"))
 
 
 @command(main)
@@ -644,7 +267,7 @@ def stats(owner: str | None, actor: str, channel: str) -> None:
     if owner and click.get_current_context().get_parameter_source("owner") is ParameterSource.ENVIRONMENT:
         # Narrowed by the environment, not by this command line: say so.
         err_console.print(plain(f"stats of owner {owner!r} only (from SECUREPAD_OWNER)"), style="dim", highlight=False)
-    with _state().open() as pad:
+    with current_state().open() as pad:
         info = pad.stats(Principal(owner, actor, channel) if owner else None)
 
     def render(v: dict[str, Any]) -> None:
@@ -690,15 +313,15 @@ def demo() -> None:
 
     On the configured store (its demo owners removed afterwards), or on a throwaway
     store when there is none yet."""
-    from .demo import run_demo
+    from ..demo import run_demo
 
-    state = _state()
+    state = current_state()
     scratch, pad = _open_or_scratch(state, "the demo runs on")
     steps = []
     try:
         with pad:
             if not state.as_json:
-                _print(f"store: {pad.path}  policy: {pad.policy.name}")
+                print_line(f"store: {pad.path}  policy: {pad.policy.name}")
             for step in run_demo(pad):
                 steps.append({"step": step.title, "result": step.detail, "ok": step.ok})
                 if not state.as_json:
@@ -722,9 +345,9 @@ def audit() -> None:
     there is none yet."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress
 
-    from .audit import Audit, AuditReport
+    from ..audit import Audit, AuditReport
 
-    state = _state()
+    state = current_state()
     scratch, pad = _open_or_scratch(state, "auditing")
     try:
         with pad:
@@ -758,7 +381,7 @@ def audit() -> None:
             console.print(Text(f"{len(r.failed)} of {len(r.results)} checks FAILED: ", "bold red") + plain(failed))
         else:
             console.print(Text(f"all {len(r.results)} checks passed", "green"))
-        _print(f"policy {r.policy}, {r.key_source}")
+        print_line(f"policy {r.policy}, {r.key_source}")
 
     emit(report.as_dict() if state.as_json else report, render)
     if not report.passed:
@@ -775,7 +398,7 @@ def _progress_bar(label: str) -> tuple[Any, Callable[[int, int], None]]:
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=err_console,
-        transient=_state().as_json,
+        transient=current_state().as_json,
     )
     task = bar.add_task(for_terminal(label).replace("[", "\\["), total=None)
 
@@ -818,7 +441,7 @@ def rotate_master(
 
     Afterwards only the new key opens the store: --install puts a new key file in
     place of the current one; otherwise the command says what to change."""
-    state = _state()
+    state = current_state()
     chosen = [o for o in (new_key_file, new_master_key_env, new_passphrase_env) if o]
     if len(chosen) > 1 or (not chosen and not install):
         raise click.UsageError("give exactly one of --new-key-file, --new-master-key-env, --new-passphrase-env")
@@ -876,7 +499,7 @@ def rotate_master(
 @click.argument("owner")
 def rotate_owner(owner: str) -> None:
     """Give OWNER a new key version, re-wrap its item keys, retire the old versions."""
-    with _state().open() as pad:
+    with current_state().open() as pad:
         bar, update = _progress_bar(f"re-wrapping {owner}'s item keys")
         with bar:
             report = pad.rotate_owner_key(owner, progress=update)
@@ -890,7 +513,7 @@ def forget_owner(owner: str, yes: bool) -> None:
     """Crypto-shred OWNER: delete its keys and entries and scrub them from the files.
 
     Exit status 1 when the store holds nothing of OWNER (a mistyped name deletes nothing)."""
-    state = _state()
+    state = current_state()
     state.require_store()
     if not yes:
         click.confirm(f"Delete every entry and key of owner {for_terminal(repr(owner))} for good?", abort=True)
@@ -950,9 +573,9 @@ def bench(
     """Benchmark securepad against raw SQLite, sqlite3, diskcache and SQLCipher on this machine.
 
     Needs the bench extra (pip install '.[bench]'); runs anywhere, writes under --out."""
-    from .bench import runner
-    from .bench.backends import BACKENDS
-    from .bench.workloads import WORKLOADS
+    from ..bench import runner
+    from ..bench.backends import BACKENDS
+    from ..bench.workloads import WORKLOADS
 
     if from_json is not None:
         runner.print_saved(from_json)
