@@ -3,8 +3,8 @@
 Python blocks run in a fresh interpreter; bash blocks run in bash with a fresh
 HOME, in a scratch directory, with this environment's ``securepad`` first on
 the PATH. A block preceded by ``<!-- not run: REASON -->`` is not run (it
-installs packages or names a deployment's paths); the agent-loop and
-integration pages have tests of their own (test_examples.py,
+installs packages or names a deployment's paths); the Python blocks of the
+agent-loop and integration pages have tests of their own (test_examples.py,
 test_docs_integrations.py), which check what they print.
 """
 
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 TESTED_ELSEWHERE = {DOCS / "how-to" / "agent-loop.md", *(DOCS / "integrations").glob("*.md")}
-PAGES = [ROOT / "README.md", *sorted(p for p in DOCS.rglob("*.md") if p not in TESTED_ELSEWHERE)]
+PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 _BLOCK = re.compile(r"(<!-- not run: [^>]+ -->\n)?```(python|bash)\n(.*?)```", re.S)
 
 
@@ -31,7 +31,7 @@ def _blocks() -> list[tuple[str, str, str]]:
     for page in PAGES:
         text = page.read_text(encoding="utf-8")
         for number, (skip, language, code) in enumerate(_BLOCK.findall(text), start=1):
-            if not skip:
+            if not skip and (language == "bash" or page not in TESTED_ELSEWHERE):
                 found.append((f"{page.relative_to(ROOT)}#{number}", language, code))
     return found
 
