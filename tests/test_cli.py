@@ -65,9 +65,19 @@ def put(cli: Cli, step: int, text: str = "hello\n", *extra: str) -> Result:
 # -- commands that silently did the wrong thing -----------------------------------------
 
 
-@pytest.mark.parametrize("command", [["list", "--turn", "t"], ["stats"], ["read", "0123456789abcdef"], ["gc"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["list", "--turn", "t"],
+        ["stats"],
+        ["read", "0123456789abcdef"],
+        ["gc"],
+        ["mcp", "--turn", "t"],
+        ["turn", "show", "--turn", "t"],
+    ],
+)
 def test_a_missing_store_fails_naming_it_and_creates_nothing(cli: Cli, tmp_path: Path, command: list[str]) -> None:
-    owner = ["--owner", "bob"] if command[0] in ("list", "read") else []
+    owner = ["--owner", "bob"] if command[0] in ("list", "read", "mcp", "turn") else []
     for db in ("./s.dbb", str(tmp_path / "nonexistent" / "dir" / "x.db")):
         result = cli("--db", db, *command, *owner)
         assert result.exit_code == 1, result.stdout
