@@ -67,8 +67,17 @@ class Keystore:
                     conn.executemany("INSERT INTO store_meta(key, value) VALUES (?, ?)", list(values.items()))
             meta = self.store_meta()
         store_id = meta["store_id"]
-        master, _ = master_key(keyring, json.loads(meta.get("kdf", "null")))
+        kdf_record = json.loads(meta.get("kdf", "null"))
+        master, _ = master_key(keyring, kdf_record)
         if not secrets.compare_digest(key_check(master, store_id), meta["key_check"]):
+            if kdf_record is not None and keyring.kind != "passphrase":
+                raise WrongKeyError(
+                    f"this store uses a passphrase (Argon2id): the master key from {keyring!r} cannot open it"
+                )
+            if kdf_record is None and keyring.kind == "passphrase":
+                raise WrongKeyError(
+                    "this store's master key is not derived from a passphrase: give its key file or variable"
+                )
             raise WrongKeyError(f"the master key from {keyring!r} does not open this store")
         return store_id, Wrapper.for_master(master, store_id), meta["key_check"]
 

@@ -44,6 +44,11 @@ SQL_MODULES = {
     "securepad.audit._files",
     "securepad._drill",
 }
+# The benchmark suite measures securepad against raw SQLite, sqlite3, diskcache and
+# SQLCipher baselines: its SQL is the baselines' and the checks of what was stored.
+SQL_PREFIXES = ("securepad.bench.",)
+# namedtuple's public methods start with an underscore (to stay clear of field names).
+NAMEDTUPLE_API = {"_replace", "_asdict", "_fields", "_make"}
 SQL_STARTS = ("SELECT ", "DELETE FROM ", "INSERT INTO ", "UPDATE ", "CREATE TABLE ", "DROP TABLE ")
 
 
@@ -164,6 +169,8 @@ def test_no_module_reads_private_attributes_of_another_modules_objects() -> None
         for node in ast.walk(tree):
             if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
                 continue
+            if node.attr in NAMEDTUPLE_API:
+                continue
             if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
                 continue
             if node.attr not in own:
@@ -195,7 +202,7 @@ def test_sql_only_where_the_tables_are_owned() -> None:
         {
             module
             for module, tree in TREES.items()
-            if module not in SQL_MODULES
+            if module not in SQL_MODULES and not module.startswith(SQL_PREFIXES)
             for node in ast.walk(tree)
             if isinstance(node, ast.Constant)
             and isinstance(node.value, str)
