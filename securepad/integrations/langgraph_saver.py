@@ -57,7 +57,7 @@ from ..errors import ExpiredError, IntegrityError, InvalidArgumentError, NotFoun
 from ..principal import Principal
 from ..store import Scratchpad
 
-__all__ = ["INLINE_MAX_BYTES", "TURN_PREFIX", "SecurepadSaver"]
+__all__ = ["INLINE_MAX_BYTES", "TURN_PREFIX", "SecurepadSaver", "turn_id"]
 
 # Every turn the saver uses starts with this; see SECURITY.md for what it reserves.
 TURN_PREFIX = "securepad.langgraph:"
