@@ -616,6 +616,39 @@ class SecurepadSaver(BaseCheckpointSaver[str]):
                 now=now,
             )
 
+    def import_thread(self, source: BaseCheckpointSaver[Any], thread_id: str) -> int:
+        """Copy a thread out of another checkpointer (``SqliteSaver``,
+        ``PostgresSaver``, ...) into this one: every checkpoint of every
+        namespace, oldest first, with its metadata, parent and pending writes.
+        Returns how many checkpoints were copied. The source is not changed;
+        delete the thread there (``source.delete_thread``) once you are done.
+        A thread that already has checkpoints here is refused (importing twice
+        would double it).
+
+        Raises:
+            InvalidArgumentError: the thread already has checkpoints in this saver.
+        """
+        principal = self._who({"configurable": {"thread_id": thread_id}})
+        if self._checkpoints(principal, thread_id):
+            raise InvalidArgumentError(f"thread {thread_id!r} already has checkpoints here")
+        found = sorted(
+            source.list({"configurable": {"thread_id": thread_id}}),
+            key=lambda t: (t.config["configurable"].get("checkpoint_ns", ""), t.checkpoint["id"]),
+        )
+        for item in found:
+            configurable = dict(item.config["configurable"])
+            ns = str(configurable.get("checkpoint_ns") or "")
+            config: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns}}
+            if item.parent_config is not None:
+                config["configurable"]["checkpoint_id"] = item.parent_config["configurable"]["checkpoint_id"]
+            stored = self.put(config, item.checkpoint, item.metadata, item.checkpoint["channel_versions"])
+            by_task: dict[str, builtins.list[tuple[str, Any]]] = {}
+            for task_id, channel, value in item.pending_writes or []:
+                by_task.setdefault(task_id, []).append((channel, value))
+            for task_id, writes in by_task.items():
+                self.put_writes(stored, writes, task_id)
+        return len(found)
+
     # -- async: the same calls in a worker thread -----------------------------------
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
