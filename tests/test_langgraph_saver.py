@@ -299,3 +299,18 @@ def test_a_thread_is_not_copied_to_another_owner(pad: Scratchpad) -> None:
     with pytest.raises(InvalidArgumentError):
         saver.copy_thread("alice/t", "bob/t")
     assert saver.get_tuple(generate_config("bob/t")) is None
+
+
+def test_a_thread_is_imported_from_another_saver_once(pad: Scratchpad, alice: Principal) -> None:
+    memory = InMemorySaver()
+    old = job_graph(memory)  # type: ignore[arg-type]
+    old.invoke({"request": "import"}, thread("moved"))
+    saver = SecurepadSaver(pad, alice)
+    assert saver.import_thread(memory, "moved") == 3
+    assert saver.import_thread(memory, "nothing here") == 0
+    graph = job_graph(saver)
+    assert graph.get_state(thread("moved")).values == old.get_state(thread("moved")).values
+    assert graph.invoke(Command(resume="yes"), thread("moved"))["log"][-1] == "done: steps for import"
+    with pytest.raises(InvalidArgumentError):
+        saver.import_thread(memory, "moved")  # it would double the thread
+    assert len(list(saver.list(thread("moved")))) == 5

@@ -107,11 +107,28 @@ def test_an_untouched_file_reads_back(world: World) -> None:
 # -- refused today -----------------------------------------------------------------------------
 
 
-def test_an_edited_checkpoint_is_refused(world: World) -> None:
-    first = world.ids("langgraph.checkpoint", turn_id("thread", "t1"))[0]
-    _edit(world.db_path, "UPDATE segments SET data = zeroblob(length(data)) WHERE entry_id = ?", first)
+@pytest.mark.parametrize("executor", ["langgraph.checkpoint", "langgraph.write"])
+def test_an_edited_checkpoint_or_write_is_refused(world: World, executor: str) -> None:
+    """Small checkpoints and writes live in the entry's sealed metadata."""
+    conn = apsw.Connection(str(world.db_path))
+    try:
+        sql = "SELECT id, sealed_meta FROM entries WHERE executor_name = ? AND owner_user_id = 'alice' LIMIT 1"
+        entry_id, sealed = next(conn.execute(sql, (executor,)))
+    finally:
+        conn.close()
+    changed = bytearray(sealed)
+    changed[len(changed) // 2] ^= 1
+    _edit(world.db_path, "UPDATE entries SET sealed_meta = ? WHERE id = ?", bytes(changed), entry_id)
     with pytest.raises(IntegrityError):
-        world.listed()
+        world.listed("t1")
+        world.listed("t2")
+
+
+def test_an_edited_big_value_is_refused(world: World) -> None:
+    (value,) = world.ids("langgraph.blob", turn_id("value", "t1", "", "big", "1"))
+    _edit(world.db_path, "UPDATE segments SET data = zeroblob(length(data)) WHERE entry_id = ?", value)
+    with pytest.raises(IntegrityError):
+        world.latest()
 
 
 def test_a_deleted_big_value_is_refused(world: World) -> None:
@@ -150,7 +167,7 @@ def test_a_pending_write_replayed_onto_another_checkpoint_is_refused(world: Worl
     first, second = (c["configurable"]["checkpoint_id"] for c in world.configs[("alice", "t1")])
     source = turn_id("writes", "t1", "", second)
     target = turn_id("writes", "t1", "", first)
-    assert _edit(world.db_path, "UPDATE entries SET turn_id = ? WHERE turn_id = ?", target, source) == 2
+    assert _edit(world.db_path, "UPDATE entries SET turn_id = ? WHERE turn_id = ?", target, source) == 1
     with pytest.raises(IntegrityError):
         world.listed()
 
@@ -198,3 +215,16 @@ def test_rolling_the_file_back_is_not_detected_yet(world: World, tmp_path: Path)
         Path(f"{world.db_path}{suffix}").unlink(missing_ok=True)
     shutil.copy(copy, world.db_path)
     assert world.latest().checkpoint["channel_values"]["small"] == 2
+
+
+def test_an_edited_large_checkpoint_is_refused(world: World) -> None:
+    """A checkpoint above the metadata's 4 KiB is the entry's content."""
+    with world.saver() as saver:
+        config = generate_config("t3")
+        checkpoint = generate_checkpoint(channel_values={"mid": "m" * 8000}, channel_versions={"mid": "1"})
+        saver.put(config, checkpoint, generate_metadata(), {"mid": "1"})
+        assert world.latest("t3") is not None
+    (entry,) = world.ids("langgraph.checkpoint", turn_id("thread", "t3"))
+    assert _edit(world.db_path, "UPDATE segments SET data = zeroblob(length(data)) WHERE entry_id = ?", entry) == 1
+    with pytest.raises(IntegrityError):
+        world.latest("t3")

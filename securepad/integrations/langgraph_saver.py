@@ -29,6 +29,7 @@ outlives the values it references (those are kept alive while in use).
 from __future__ import annotations
 
 import asyncio
+import base64
 import builtins
 import contextlib
 import hashlib
@@ -63,6 +64,9 @@ __all__ = ["INLINE_MAX_BYTES", "TURN_PREFIX", "SecurepadSaver", "turn_id"]
 TURN_PREFIX = "securepad.langgraph:"
 # Channel values serialized larger than this get an entry of their own (see module doc).
 INLINE_MAX_BYTES = 16 * 1024
+# Checkpoints and writes serialized at most this large are kept in the entry's
+# sealed metadata (see _sealed); larger ones are its content.
+META_DATA_BYTES = 4 * 1024
 _CHECKPOINT = "langgraph.checkpoint"
 _WRITE = "langgraph.write"
 _BLOB = "langgraph.blob"
@@ -260,11 +264,20 @@ class SecurepadSaver(BaseCheckpointSaver[str]):
             raise IntegrityError(f"{what} is not an entry the saver wrote")
         return observation.get("metadata") or {}, observation["content"]
 
+    def _payload(self, principal: Principal, stored: _Stored, what: str) -> bytes:
+        """What an entry holds: in its sealed metadata when small (listing the
+        turn brought it already), else its content."""
+        if "data" in stored.meta:
+            return base64.b64decode(stored.meta["data"])
+        sealed, content = self._content(principal, stored.scratchpad_id, what)
+        if sealed != stored.meta:
+            raise IntegrityError(f"{what} changed while it was read")
+        return content
+
     def _load(self, principal: Principal, thread_id: str, stored: _Stored) -> CheckpointTuple:
-        meta = stored.meta
-        ns, checkpoint_id = meta["ns"], meta["checkpoint_id"]
-        sealed, content = self._content(principal, stored.scratchpad_id, f"checkpoint {checkpoint_id}")
-        _expect(sealed, thread_id=thread_id, ns=ns, checkpoint_id=checkpoint_id)
+        sealed = stored.meta
+        ns, checkpoint_id = sealed["ns"], sealed["checkpoint_id"]
+        content = self._payload(principal, stored, f"checkpoint {checkpoint_id}")
         checkpoint: Checkpoint = self.serde.loads_typed((sealed["type"], content))
         values = dict(checkpoint.get("channel_values") or {})
         for channel, (version, value_id) in sealed["values"].items():
@@ -300,14 +313,20 @@ class SecurepadSaver(BaseCheckpointSaver[str]):
     ) -> builtins.list[tuple[str, str, Any]]:
         writes = []
         for stored in self._writes(principal, thread_id, ns, checkpoint_id):
-            meta, data = self._content(principal, stored.scratchpad_id, "a pending write")
-            _expect(meta, thread_id=thread_id, ns=ns, checkpoint_id=checkpoint_id, task_id=stored.meta["task_id"])
-            value = self.serde.loads_typed((meta["type"], data))
-            order = (meta["task_path"], meta["task_id"], meta["idx"])
-            writes.append((order, (meta["task_id"], meta["channel"], value)))
+            meta = stored.meta
+            for idx, channel, value in self._write_items(principal, stored):
+                writes.append(((meta["task_path"], meta["task_id"], idx), (meta["task_id"], channel, value)))
         # LangGraph applies a step's writes in this order (see langgraph's writes_sort_key).
         writes.sort(key=lambda pair: pair[0])
         return [write for _, write in writes]
+
+    def _write_items(self, principal: Principal, stored: _Stored) -> builtins.list[tuple[int, str, Any]]:
+        """The (idx, channel, value) writes of one put_writes entry."""
+        items = self.serde.loads_typed((stored.meta["type"], self._payload(principal, stored, "a pending write")))
+        found = [(int(idx), str(channel), value) for idx, channel, value in items]
+        if [idx for idx, _, _ in found] != stored.meta["idxs"]:
+            raise IntegrityError("a pending write entry does not hold the writes its metadata names")
+        return found
 
     # -- writing -------------------------------------------------------------------
 
@@ -353,19 +372,17 @@ class SecurepadSaver(BaseCheckpointSaver[str]):
         except (TypeError, ValueError) as exc:
             raise InvalidArgumentError(f"the checkpoint's metadata is not JSON: {exc}") from None
         parent = (config.get("configurable") or {}).get("checkpoint_id")
-        observation = {
-            "content": data,
-            "metadata": {
-                "format": _FORMAT,
-                "thread_id": thread_id,
-                "ns": ns,
-                "checkpoint_id": checkpoint["id"],
-                "parent_checkpoint_id": parent,
-                "type": kind,
-                "metadata": sealed_metadata,
-                "values": referenced,
-            },
+        meta = {
+            "format": _FORMAT,
+            "thread_id": thread_id,
+            "ns": ns,
+            "checkpoint_id": checkpoint["id"],
+            "parent_checkpoint_id": parent,
+            "type": kind,
+            "metadata": sealed_metadata,
+            "values": referenced,
         }
+        observation = _sealed(meta, data)
         # The checkpoint dies no later than the values it refers to (see _value).
         ttl = max(1, min(self.ttl_seconds, int(expiry - now)))
         self.pad.put(principal, turn_id("thread", thread_id), 0, _CHECKPOINT, observation, ttl, now=now)
@@ -436,31 +453,34 @@ class SecurepadSaver(BaseCheckpointSaver[str]):
         if checkpoint_id is None:
             raise InvalidArgumentError("put_writes needs a config with configurable.checkpoint_id")
         now = self._clock()
-        turn = turn_id("writes", thread_id, ns, checkpoint_id)
-        existing = {
-            (s.meta["task_id"], s.meta["idx"]): s.scratchpad_id
-            for s in self._writes(principal, thread_id, ns, checkpoint_id)
-        }
+        mine = [s for s in self._writes(principal, thread_id, ns, checkpoint_id) if s.meta["task_id"] == task_id]
+        stored_idx = {idx for s in mine for idx in s.meta["idxs"]}
+        fresh: dict[int, tuple[str, Any]] = {}
         for index, (channel, value) in enumerate(writes):
             idx = WRITES_IDX_MAP.get(channel, index)
-            replaced = existing.get((task_id, idx))
-            if replaced is not None and idx >= 0:
-                continue
-            kind, data = self.serde.dumps_typed(value)
-            meta = {
-                "format": _FORMAT,
-                "thread_id": thread_id,
-                "ns": ns,
-                "checkpoint_id": checkpoint_id,
-                "task_id": task_id,
-                "task_path": task_path,
-                "idx": idx,
-                "channel": channel,
-                "type": kind,
-            }
-            self.pad.put(principal, turn, 0, _WRITE, {"content": data, "metadata": meta}, self.ttl_seconds, now=now)
-            if replaced is not None:
-                self._delete(principal, replaced)
+            if idx < 0 or idx not in stored_idx:
+                fresh[idx] = (channel, value)
+        if not fresh:
+            return
+        # The special writes replace stored ones: their entries are written again without them.
+        stale = [s for s in mine if set(s.meta["idxs"]) & fresh.keys()]
+        kept = {idx: (ch, v) for s in stale for idx, ch, v in self._write_items(principal, s) if idx not in fresh}
+        items = [[idx, channel, value] for idx, (channel, value) in sorted({**kept, **fresh}.items())]
+        kind, data = self.serde.dumps_typed(items)
+        meta = {
+            "format": _FORMAT,
+            "thread_id": thread_id,
+            "ns": ns,
+            "checkpoint_id": checkpoint_id,
+            "task_id": task_id,
+            "task_path": task_path,
+            "idxs": [idx for idx, _, _ in items],
+            "type": kind,
+        }
+        turn = turn_id("writes", thread_id, ns, checkpoint_id)
+        self.pad.put(principal, turn, 0, _WRITE, _sealed(meta, data), self.ttl_seconds, now=now)
+        for entry in stale:
+            self._delete(principal, entry.scratchpad_id)
 
     # -- the owner's thread list ---------------------------------------------------
 
@@ -697,6 +717,14 @@ class SecurepadSaver(BaseCheckpointSaver[str]):
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+
+
+def _sealed(meta: dict[str, Any], data: bytes) -> dict[str, Any]:
+    """The observation to put: small data travels in the sealed metadata (a
+    turn's listing then brings it, with no read per entry), the rest as content."""
+    if len(data) <= META_DATA_BYTES:
+        return {"content": b"", "metadata": {**meta, "data": base64.b64encode(data).decode("ascii")}}
+    return {"content": data, "metadata": meta}
 
 
 def _expect(meta: Mapping[str, Any], **fields: Any) -> None:

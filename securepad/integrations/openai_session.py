@@ -5,7 +5,9 @@ A session is the turn ``securepad.openai:session:<sha256 of the id>`` of its
 owner; each item is one entry (executor ``openai.session_item``) whose step
 number is its position, so the store's own checks refuse an item moved to
 another session or owner, edited, or moved to another position. The item is
-kept as JSON text; the sealed metadata repeats the session id.
+kept as JSON text, in the entry's sealed metadata when it is small (listing
+the session then brings it) and as its content otherwise; the sealed
+metadata repeats the session id.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ __all__ = ["TURN_PREFIX", "SecurepadSession"]
 # Every turn the session uses starts with this; see SECURITY.md for what it reserves.
 TURN_PREFIX = "securepad.openai:"
 _ITEM = "openai.session_item"
+# Items whose JSON has at most this many characters are kept in the entry's
+# sealed metadata, so that listing the session brings them (no read per item).
+META_ITEM_CHARS = 4 * 1024
 _FORMAT = 1
 
 
@@ -105,7 +110,11 @@ class SecurepadSession(SessionABC):
                 raise IntegrityError("an entry in the session's turn is not one of its items")
         return listed
 
-    def _item(self, scratchpad_id: str) -> Any:
+    def _item(self, listed: dict[str, Any]) -> Any:
+        meta = listed["view"]["metadata"]
+        if "item" in meta:
+            return json.loads(meta["item"])
+        scratchpad_id = listed["scratchpad_id"]
         try:
             entry = self.pad.get(self.principal, scratchpad_id, turn_id=self.turn_id)
         except NotFoundError:
@@ -119,7 +128,7 @@ class SecurepadSession(SessionABC):
         listed = self._listed()
         if limit is not None:
             listed = listed[len(listed) - limit :] if limit else []
-        return [self._item(item["scratchpad_id"]) for item in listed]
+        return [self._item(item) for item in listed]
 
     def _add_items(self, items: list[Any]) -> None:
         if not items:
@@ -150,7 +159,7 @@ class SecurepadSession(SessionABC):
                 self._last = 0
                 return None
             newest = listed[-1]
-            item = self._item(newest["scratchpad_id"])
+            item = self._item(newest)
             with contextlib.suppress(NotFoundError):
                 self.pad.delete(self.principal, newest["scratchpad_id"])
             self._last = listed[-2]["step_num"] if len(listed) > 1 else 0
