@@ -314,3 +314,16 @@ def test_a_thread_is_imported_from_another_saver_once(pad: Scratchpad, alice: Pr
     with pytest.raises(InvalidArgumentError):
         saver.import_thread(memory, "moved")  # it would double the thread
     assert len(list(saver.list(thread("moved")))) == 5
+
+
+def test_an_unchanged_value_whose_entry_is_gone_is_stored_again(pad: Scratchpad, alice: Principal) -> None:
+    from securepad.integrations.langgraph_saver import turn_id
+
+    big = "g" * 40_000
+    first = _put(SecurepadSaver(pad, alice), "t", None, {"big": big}, {"big": "1"})
+    (value,) = pad.list_for_turn(alice, turn_id("value", "t", "", "big", "1"))
+    pad.delete(alice, value["scratchpad_id"])  # as gc does once it has expired
+    saver = SecurepadSaver(pad, alice)  # a new process: nothing cached
+    second = _put(saver, "t", first, {"big": big, "n": 1}, {"n": "1"}, versions={"big": "1", "n": "1"})
+    assert saver.get_tuple(second).checkpoint["channel_values"] == {"big": big, "n": 1}  # type: ignore[union-attr]
+    assert len(pad.list_for_turn(alice, turn_id("value", "t", "", "big", "1"))) == 1

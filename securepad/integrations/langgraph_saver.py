@@ -348,21 +348,18 @@ class SecurepadSaver(BaseCheckpointSaver[str]):
         referenced: dict[str, builtins.list[Any]] = {}
         expiry = now + self.ttl_seconds
         for channel, version in checkpoint["channel_versions"].items():
-            if channel in new_versions:
+            # An unchanged channel refers to its value's entry again; one that has
+            # none (small, or its entry is gone) is stored like a new value.
+            known = None if channel in new_versions else self._value(principal, thread_id, ns, channel, version, now)
+            if known is None:
                 if channel not in values:
                     continue
                 kind, data = self.serde.dumps_typed(values[channel])
                 if len(data) <= self.inline_max_bytes:
                     inline[channel] = values[channel]
                     continue
-                stored = self._put_value(principal, thread_id, ns, channel, version, kind, data, now)
-            else:
-                known = self._value(principal, thread_id, ns, channel, version, now)
-                if known is None:
-                    if channel in values:
-                        inline[channel] = values[channel]
-                    continue
-                stored = known
+                known = self._put_value(principal, thread_id, ns, channel, version, kind, data, now)
+            stored = known
             referenced[channel] = [version, stored.scratchpad_id]
             expiry = min(expiry, stored.expires_at)
         body = {**checkpoint, "channel_values": inline}
