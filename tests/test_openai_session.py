@@ -169,15 +169,34 @@ def _items(db_path: Path, keyring: Keyring, alice: Principal, session_id: str = 
         return run(SecurepadSession(session_id, pad, alice).get_items())
 
 
-def test_an_edited_item_is_refused(stored: Path, keyring: Keyring, alice: Principal) -> None:
+def test_an_edited_small_item_is_refused(stored: Path, keyring: Keyring, alice: Principal) -> None:
+    """Small items live in the entry's sealed metadata."""
     with Scratchpad.open(stored, keyring=keyring) as pad:
         s1 = SecurepadSession("s1", pad, alice).turn_id
-    sql = (
-        "UPDATE segments SET data = zeroblob(length(data)) WHERE entry_id IN (SELECT id FROM entries WHERE turn_id = ?)"
-    )
-    assert _edit(stored, sql, s1) == 3
+    conn = apsw.Connection(str(stored))
+    try:
+        entry_id, sealed = next(conn.execute("SELECT id, sealed_meta FROM entries WHERE turn_id = ? LIMIT 1", (s1,)))
+    finally:
+        conn.close()
+    changed = bytearray(sealed)
+    changed[len(changed) // 2] ^= 1
+    assert _edit(stored, "UPDATE entries SET sealed_meta = ? WHERE id = ?", bytes(changed), entry_id) == 1
     with pytest.raises(IntegrityError):
         _items(stored, keyring, alice, "s1")
+
+
+def test_an_edited_large_item_is_refused(stored: Path, keyring: Keyring, alice: Principal) -> None:
+    """Large items are the entry's content."""
+    large = {"role": "user", "content": "L" * 10_000}
+    with Scratchpad.open(stored, keyring=keyring) as pad:
+        session = SecurepadSession("s3", pad, alice)
+        run(session.add_items([large]))
+        assert run(session.get_items()) == [large]
+    sql = "UPDATE segments SET data = zeroblob(length(data)) WHERE entry_id IN"
+    sql += " (SELECT id FROM entries WHERE turn_id = ?)"
+    assert _edit(stored, sql, session.turn_id) == 1
+    with pytest.raises(IntegrityError):
+        _items(stored, keyring, alice, "s3")
 
 
 def test_an_item_moved_to_another_session_is_refused(stored: Path, keyring: Keyring, alice: Principal) -> None:

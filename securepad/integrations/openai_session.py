@@ -147,9 +147,11 @@ class SecurepadSession(SessionABC):
                 last = max((item["step_num"] for item in listed), default=0)
             for text in texts:
                 last += 1
-                self.pad.put(
-                    self.principal, self.turn_id, last, _ITEM, {"content": text, "metadata": meta}, self.ttl_seconds
-                )
+                if len(text) <= META_ITEM_CHARS:
+                    observation = {"content": "", "metadata": {**meta, "item": text}}
+                else:
+                    observation = {"content": text, "metadata": meta}
+                self.pad.put(self.principal, self.turn_id, last, _ITEM, observation, self.ttl_seconds)
                 self._last = last
 
     def _pop_item(self) -> Any:
