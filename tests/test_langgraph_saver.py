@@ -276,6 +276,9 @@ def test_bad_construction_and_bad_calls_are_refused(pad: Scratchpad, alice: Prin
     for ttl in (0, -1, True, pad.policy.max_ttl_seconds + 1):
         with pytest.raises(InvalidArgumentError):
             SecurepadSaver(pad, alice, ttl_seconds=ttl)
+    for size in (-1, 1.5, None):
+        with pytest.raises(InvalidArgumentError):
+            SecurepadSaver(pad, alice, inline_max_bytes=size)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError):
         SecurepadSaver(pad, principal_from_config=lambda config: "alice").get_tuple(generate_config("t"))  # type: ignore[arg-type,return-value]
     saver = SecurepadSaver(pad, alice)

@@ -134,6 +134,8 @@ class SecurepadSaver(BaseCheckpointSaver[str]):
             raise InvalidArgumentError(
                 f"ttl_seconds {ttl_seconds} exceeds the policy's max_ttl_seconds ({pad.policy.max_ttl_seconds})"
             )
+        if isinstance(inline_max_bytes, bool) or not isinstance(inline_max_bytes, int) or inline_max_bytes < 0:
+            raise InvalidArgumentError(f"inline_max_bytes must be a non-negative integer, not {inline_max_bytes!r}")
         self.inline_max_bytes = inline_max_bytes
         self._clock = clock
         self._lock = threading.Lock()
