@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "openai_session_migration.py"
-GUIDE = (ROOT / "docs" / "integrations" / "openai_agents.md").read_text(encoding="utf-8")
+GUIDE = (ROOT / "docs" / "integrations" / "openai-agents-session.md").read_text(encoding="utf-8")
 
 
 def _run(tmp_path: Path) -> str:
