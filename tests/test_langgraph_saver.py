@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import itertools
 import operator
+import threading
 from collections.abc import Iterator
 from typing import Annotated, Any, TypedDict
 
@@ -330,3 +331,61 @@ def test_an_unchanged_value_whose_entry_is_gone_is_stored_again(pad: Scratchpad,
     second = _put(saver, "t", first, {"big": big, "n": 1}, {"n": "1"}, versions={"big": "1", "n": "1"})
     assert saver.get_tuple(second).checkpoint["channel_values"] == {"big": big, "n": 1}  # type: ignore[union-attr]
     assert len(pad.list_for_turn(alice, turn_id("value", "t", "", "big", "1"))) == 1
+
+
+# -- one live entry per step (the store's rule) ----------------------------------------------
+
+
+def test_writers_of_one_thread_in_two_stores_never_share_a_step(
+    store_location: Any, keyring: Keyring, alice: Principal
+) -> None:
+    from securepad.integrations.langgraph_saver import turn_id
+
+    per_writer, errors = 5, []
+    with (
+        Scratchpad.open(store_location, keyring=keyring) as one,
+        Scratchpad.open(store_location, keyring=keyring) as two,
+    ):
+        # Two processes' savers (their own store objects), each shared by two threads.
+        savers = {"a": SecurepadSaver(one, alice), "b": SecurepadSaver(two, alice)}
+
+        def writer(name: str) -> None:
+            try:
+                parent = None
+                for i in range(per_writer):
+                    parent = _put(savers[name[0]], "shared", parent, {"who": name, "i": i}, {"who": "1", "i": f"{i}"})
+                    savers[name[0]].put_writes(parent, [("who", name)], task_id=f"{name}-{i}")
+            except Exception as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(name,)) for name in ("a0", "a1", "b0", "b1")]
+        for each in threads:
+            each.start()
+        for each in threads:
+            each.join()
+        assert errors == []
+        listed = list(savers["b"].list(thread("shared")))
+        assert len(listed) == 4 * per_writer
+        assert all(len(item.pending_writes or []) == 1 for item in listed)
+        steps = [item["step_num"] for item in one.list_for_turn(alice, turn_id("thread", "shared"))]
+        assert steps == list(range(1, 4 * per_writer + 1))
+
+
+def test_after_the_newest_checkpoints_expire_the_next_takes_the_freed_step(
+    store_location: Any, keyring: Keyring, alice: Principal
+) -> None:
+    from securepad.integrations.langgraph_saver import turn_id
+
+    now = [1_000_000.0]
+    with Scratchpad.open(store_location, keyring=keyring, clock=lambda: now[0]) as pad:
+        long = SecurepadSaver(pad, alice, ttl_seconds=1000, clock=lambda: now[0])
+        short = SecurepadSaver(pad, alice, ttl_seconds=10, clock=lambda: now[0])
+        first = _put(long, "t", None, {"n": 1}, {"n": "1"})
+        second = _put(short, "t", first, {"n": 2}, {"n": "2"})
+        _put(short, "t", second, {"n": 3}, {"n": "3"})
+        assert [e["step_num"] for e in pad.list_for_turn(alice, turn_id("thread", "t"))] == [1, 2, 3]
+        now[0] += 10  # the two newest expire: their steps are free again
+        fourth = _put(long, "t", first, {"n": 4}, {"n": "4"})
+        assert [e["step_num"] for e in pad.list_for_turn(alice, turn_id("thread", "t"))] == [1, 2]
+        assert long.get_tuple(generate_config("t")).config == fourth  # type: ignore[union-attr]
+        assert [t.checkpoint["channel_values"]["n"] for t in long.list(thread("t"))] == [4, 1]

@@ -5,6 +5,7 @@ turns, owner isolation, and what an edit of the file does."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -231,3 +232,38 @@ def test_a_deleted_newest_item_is_not_detected_yet(stored: Path, keyring: Keyrin
         s1 = SecurepadSession("s1", pad, alice).turn_id
     _edit(stored, "DELETE FROM entries WHERE turn_id = ? AND step_num = 3", s1)
     assert _items(stored, keyring, alice, "s1") == [message(1), message(2)]
+
+
+def test_objects_on_one_session_never_share_a_position(store_location: Any, keyring: Keyring, alice: Principal) -> None:
+    with (
+        Scratchpad.open(store_location, keyring=keyring) as one,
+        Scratchpad.open(store_location, keyring=keyring) as two,
+    ):
+        first, second = SecurepadSession("chat", one, alice), SecurepadSession("chat", two, alice)
+        run(first.add_items([message(1)]))
+        run(second.add_items([message(2)]))
+        run(first.add_items([message(3)]))  # after the other object's item, not on it
+        assert run(second.get_items()) == [message(1), message(2), message(3)]
+        errors: list[Exception] = []
+
+        def add(session: SecurepadSession, base: int) -> None:
+            try:
+                for n in range(base, base + 5):
+                    run(session.add_items([message(n)]))
+            except Exception as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=add, args=(s, base)) for s, base in ((first, 10), (second, 20))]
+        for each in threads:
+            each.start()
+        for each in threads:
+            each.join()
+        assert errors == []
+        items = [item["content"] for item in run(first.get_items())]
+        assert sorted(items) == sorted(f"message {n}" for n in (1, 2, 3, *range(10, 15), *range(20, 25)))
+        for base in (10, 20):  # each writer's items in its order
+            assert [i for i in items if i[-2:].isdigit() and int(i[-2:]) // 10 == base // 10] == [
+                f"message {n}" for n in range(base, base + 5)
+            ]
+        steps = [item["step_num"] for item in one.list_for_turn(alice, first.turn_id)]
+        assert steps == list(range(1, 14))

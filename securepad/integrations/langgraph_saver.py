@@ -19,9 +19,18 @@ sealing, tamper evidence and expiry are the store's own):
 - the owner's threads are listed in the turn ``securepad.langgraph:threads``
   (for ``delete_for_runs`` and ``list(None)``).
 
-Turn ids are hashes, so thread ids never appear in clear; the header of each
-entry binds it to its turn and owner, and the sealed metadata repeats the
-thread, namespace and ids, checked on every read. Entries live
+Each entry takes its turn's next step number (one more than the highest live
+one; the store keeps one live entry per step), chosen in the write
+transaction that serializes the owner's writes: writers of one thread in
+several threads or processes never share a step, and a turn lists its live
+entries in the order they were written. Nothing here depends on that order:
+checkpoints are ordered by id, pending writes by task and index.
+
+Turn ids are hashes, so thread ids never appear in clear; step numbers do,
+as for every entry, and show about how many entries a turn has had (e.g. a
+thread's checkpoints). The header of each entry binds it to its turn and
+owner, and the sealed metadata repeats the thread, namespace and ids,
+checked on every read. Entries live
 ``ttl_seconds`` (default: the policy's ``max_ttl_seconds``); a checkpoint never
 outlives the values it references (those are kept alive while in use).
 """
@@ -54,6 +63,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from .._steps import put_next
 from ..errors import ExpiredError, IntegrityError, InvalidArgumentError, NotFoundError
 from ..principal import Principal
 from ..store import Scratchpad
@@ -384,7 +394,7 @@ class SecurepadSaver(BaseCheckpointSaver[str]):
         observation = _sealed(meta, data)
         # The checkpoint dies no later than the values it refers to (see _value).
         ttl = max(1, min(self.ttl_seconds, int(expiry - now)))
-        self.pad.put(principal, turn_id("thread", thread_id), 0, _CHECKPOINT, observation, ttl, now=now)
+        put_next(self.pad, principal, turn_id("thread", thread_id), _CHECKPOINT, observation, ttl, now=now)
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
 
     def _put_value(
@@ -407,7 +417,9 @@ class SecurepadSaver(BaseCheckpointSaver[str]):
             "type": kind,
         }
         turn = turn_id("value", thread_id, ns, channel, version)
-        view = self.pad.put(principal, turn, 0, _BLOB, {"content": data, "metadata": meta}, self.ttl_seconds, now=now)
+        view = put_next(
+            self.pad, principal, turn, _BLOB, {"content": data, "metadata": meta}, self.ttl_seconds, now=now
+        )
         stored = _Stored(view["scratchpad_id"], now + self.ttl_seconds, meta)
         with self._lock:
             self._values[(principal.owner_user_id, thread_id, ns, channel, str(version))] = stored
@@ -477,7 +489,7 @@ class SecurepadSaver(BaseCheckpointSaver[str]):
             "type": kind,
         }
         turn = turn_id("writes", thread_id, ns, checkpoint_id)
-        self.pad.put(principal, turn, 0, _WRITE, _sealed(meta, data), self.ttl_seconds, now=now)
+        put_next(self.pad, principal, turn, _WRITE, _sealed(meta, data), self.ttl_seconds, now=now)
         for entry in stale:
             self._delete(principal, entry.scratchpad_id)
 
@@ -504,7 +516,7 @@ class SecurepadSaver(BaseCheckpointSaver[str]):
         if expires is None:
             meta = {"format": _FORMAT, "thread_id": thread_id}
             entry = {"content": thread_id.encode(), "metadata": meta}
-            self.pad.put(principal, turn, 0, _THREAD, entry, self.ttl_seconds, now=now)
+            put_next(self.pad, principal, turn, _THREAD, entry, self.ttl_seconds, now=now)
             expires = now + self.ttl_seconds
         elif expires - now < self.ttl_seconds / 2:
             self.pad.extend_turn(principal, turn, self.ttl_seconds, now=now)
@@ -616,19 +628,19 @@ class SecurepadSaver(BaseCheckpointSaver[str]):
                 values[channel] = [version, copied_values[value_id].scratchpad_id]
             for write in self._writes(principal, source_thread_id, ns, checkpoint_id):
                 write_meta, data = self._content(principal, write.scratchpad_id, "a pending write")
-                self.pad.put(
+                put_next(
+                    self.pad,
                     target_principal,
                     turn_id("writes", target_thread_id, ns, checkpoint_id),
-                    0,
                     _WRITE,
                     {"content": data, "metadata": {**write_meta, "thread_id": target_thread_id}},
                     self.ttl_seconds,
                     now=now,
                 )
-            self.pad.put(
+            put_next(
+                self.pad,
                 target_principal,
                 turn_id("thread", target_thread_id),
-                0,
                 _CHECKPOINT,
                 {"content": content, "metadata": {**meta, "thread_id": target_thread_id, "values": values}},
                 self.ttl_seconds,

@@ -3,11 +3,13 @@ are sealed securepad entries of their owner.
 
 A session is the turn ``securepad.openai:session:<sha256 of the id>`` of its
 owner; each item is one entry (executor ``openai.session_item``) whose step
-number is its position, so the store's own checks refuse an item moved to
-another session or owner, edited, or moved to another position. The item is
-kept as JSON text, in the entry's sealed metadata when it is small (listing
-the session then brings it) and as its content otherwise; the sealed
-metadata repeats the session id.
+number gives its position: ``add_items`` puts each item at the session's
+next step (above every live item's, chosen in the write transaction, so no
+two writers share one), so items list in the order they were added and the
+store's own checks refuse an item moved to another session or owner, edited,
+or moved to another position. The item is kept as JSON text, in the entry's
+sealed metadata when it is small (listing the session then brings it) and as
+its content otherwise; the sealed metadata repeats the session id.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from agents.items import TResponseInputItem
 from agents.memory import SessionABC, SessionSettings
 
+from .._steps import put_next
 from ..errors import IntegrityError, InvalidArgumentError, NotFoundError
 from ..principal import Principal
 from ..store import Scratchpad
@@ -44,7 +47,8 @@ class SecurepadSession(SessionABC):
     ``session_settings.limit`` when set) oldest first; ``add_items`` appends;
     ``pop_item`` removes and returns the newest; ``clear_session`` deletes all.
     Items live ``ttl_seconds`` (default: the policy's ``max_ttl_seconds``).
-    Use one object per session at a time: it counts the positions it hands out.
+    Several objects (threads, processes) may add to one session: no two items
+    share a position.
 
     Raises (from every method): ``IntegrityError`` when a stored item fails
     authentication or is not one the session wrote; ``InvalidArgumentError``
@@ -74,8 +78,7 @@ class SecurepadSession(SessionABC):
         self.ttl_seconds = pad.policy.max_ttl_seconds if ttl_seconds is None else ttl_seconds
         digest = hashlib.sha256(session_id.encode()).hexdigest()
         self.turn_id = f"{TURN_PREFIX}session:{digest}"
-        self._lock = threading.Lock()
-        self._last: int | None = None  # the highest position handed out, once known
+        self._lock = threading.Lock()  # one pop or clear of this object at a time
 
     # -- the SDK's protocol (async: the store's calls run in a worker thread) -------
 
@@ -140,31 +143,23 @@ class SecurepadSession(SessionABC):
             except (TypeError, ValueError) as exc:
                 raise InvalidArgumentError(f"a session item is not JSON: {exc}") from None
         meta = {"format": _FORMAT, "session_id": self.session_id}
-        with self._lock:
-            last = self._last
-            if last is None:
-                listed = self._listed()
-                last = max((item["step_num"] for item in listed), default=0)
-            for text in texts:
-                last += 1
-                if len(text) <= META_ITEM_CHARS:
-                    observation = {"content": "", "metadata": {**meta, "item": text}}
-                else:
-                    observation = {"content": text, "metadata": meta}
-                self.pad.put(self.principal, self.turn_id, last, _ITEM, observation, self.ttl_seconds)
-                self._last = last
+        for text in texts:
+            if len(text) <= META_ITEM_CHARS:
+                observation = {"content": "", "metadata": {**meta, "item": text}}
+            else:
+                observation = {"content": text, "metadata": meta}
+            # The next position: above every live item's, taken by no other writer.
+            put_next(self.pad, self.principal, self.turn_id, _ITEM, observation, self.ttl_seconds)
 
     def _pop_item(self) -> Any:
         with self._lock:
             listed = self._listed()
             if not listed:
-                self._last = 0
                 return None
             newest = listed[-1]
             item = self._item(newest)
             with contextlib.suppress(NotFoundError):
                 self.pad.delete(self.principal, newest["scratchpad_id"])
-            self._last = listed[-2]["step_num"] if len(listed) > 1 else 0
             return item
 
     def _clear(self) -> None:
@@ -172,4 +167,3 @@ class SecurepadSession(SessionABC):
             for item in self._listed():
                 with contextlib.suppress(NotFoundError):
                     self.pad.delete(self.principal, item["scratchpad_id"])
-            self._last = 0
