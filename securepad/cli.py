@@ -193,7 +193,7 @@ def put(
             observation = json.loads(raw)
         else:
             observation = raw
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # bad UTF-8, bad JSON, or an integer past Python's 4,300-digit limit
         raise click.BadParameter(f"input is not valid {kind}: {exc}", param_hint="SOURCE") from None
     with ctx.open() as pad:
         view = pad.put(Principal(owner, actor, channel), turn_id, step_num, executor_name, observation, ttl_seconds)

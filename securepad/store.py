@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -167,7 +168,7 @@ class Scratchpad:
             resolved = policy
         else:
             resolved = Policy.load(Path(policy))
-        db = _open_backend(db_path, admin, schema)
+        db = _open_backend(db_path, admin, schema, resolved)
         try:
             return cls(db, keyring, resolved, clock)
         except BaseException:
@@ -242,7 +243,12 @@ class Scratchpad:
         self.close()
 
     def _now(self, now: float | None) -> float:
-        return self._clock() if now is None else float(now)
+        """The time for expiry: ``now`` (validated) or the clock's.
+
+        Raises:
+            InvalidArgumentError: ``now`` is not a finite number of seconds.
+        """
+        return _check_now(self._clock() if now is None else now)
 
     # -- owner keys ----------------------------------------------------------------
 
@@ -1011,6 +1017,7 @@ class Scratchpad:
             result["file_bytes"] = {
                 suffix or "db": _file_size(Path(f"{self.path}{suffix}")) for suffix in ("", "-wal", "-shm")
             }
+            result["wal"] = self._db.wal_status()
         return result
 
 
@@ -1019,17 +1026,33 @@ class Scratchpad:
 _PG_SCHEMES = ("postgresql://", "postgres://")
 
 
-def _open_backend(where: Any, admin: Any, schema: str) -> Backend:
+def _open_backend(where: Any, admin: Any, schema: str, policy: Policy) -> Backend:
     """A SQLite file, or a PostgreSQL store for a DSN or a connection pool."""
     if isinstance(where, str | os.PathLike) and not str(where).startswith(_PG_SCHEMES):
         if admin is not None or schema != "securepad":
             raise InvalidArgumentError("admin and schema are options of PostgreSQL stores")
-        return Database(Path(where))
+        return Database(
+            Path(where), wal_limit_bytes=policy.wal_limit_bytes, incremental_vacuum=policy.incremental_vacuum
+        )
     try:
         from ._pg import PostgresDatabase
     except ImportError:
         raise SecurepadError("PostgreSQL stores need psycopg: pip install 'psycopg[binary]' psycopg-pool") from None
     return PostgresDatabase(str(where) if isinstance(where, os.PathLike) else where, admin=admin, schema=schema)
+
+
+def _check_now(now: object) -> float:
+    """A finite number of seconds; NaN would make every expiry comparison false
+    (an expired entry served), infinity every entry expired or eternal."""
+    if isinstance(now, bool) or not isinstance(now, int | float):
+        raise InvalidArgumentError(f"now must be a number of seconds, not {type(now).__name__}")
+    try:
+        value = float(now)
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value):
+        raise InvalidArgumentError(f"now must be a finite number of seconds, not {value}")
+    return value
 
 
 class _MissingOwnerKey(IntegrityError):
