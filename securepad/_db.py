@@ -168,7 +168,7 @@ _MIGRATIONS: dict[int, str] = {
 }
 
 
-ErrorMap = Callable[[apsw.Error, apsw.Connection], SecurepadError]
+ErrorMap = Callable[[apsw.Error | UnicodeDecodeError, apsw.Connection], SecurepadError]
 
 
 class _Conn:
@@ -181,7 +181,7 @@ class _Conn:
     def query(self, sql: str, params: Params = ()) -> Rows:
         try:
             return _rows(self.raw.execute(sql, params))
-        except apsw.Error as exc:
+        except (apsw.Error, UnicodeDecodeError) as exc:
             raise self._error(exc, self.raw) from None
 
     def execute(self, sql: str, params: Params = ()) -> int:
@@ -378,7 +378,7 @@ class Database:
             raise error from None
         return conn
 
-    def _error(self, exc: apsw.Error, conn: apsw.Connection) -> SecurepadError:
+    def _error(self, exc: apsw.Error | UnicodeDecodeError, conn: apsw.Connection) -> SecurepadError:
         return _storage_error(exc, self.path, conn)
 
     def _check_wal(self) -> None:
@@ -469,7 +469,7 @@ class Database:
             raise self._error(exc, conn) from None
         try:
             yield conn
-        except apsw.Error as exc:
+        except (apsw.Error, UnicodeDecodeError) as exc:
             self._rollback(conn)
             raise self._error(exc, conn) from None
         except BaseException:
@@ -491,7 +491,7 @@ class Database:
         conn = self.conn
         try:
             return _rows(conn.execute(sql, params))
-        except apsw.Error as exc:
+        except (apsw.Error, UnicodeDecodeError) as exc:
             raise self._error(exc, conn) from None
 
     def checkpoint(self, *, wait: bool = True) -> bool:
@@ -558,6 +558,8 @@ class Database:
 
     def _migrate(self, conn: apsw.Connection) -> None:
         version = int(conn.execute("PRAGMA user_version").fetchall()[0][0])  # type: ignore[arg-type]
+        if version < 0:
+            raise StoreCorruptError(f"the store {self.path} is damaged: schema version {version}")
         if version > SCHEMA_VERSION:
             raise SecurepadError(
                 f"store schema version {version} is newer than this securepad understands ({SCHEMA_VERSION})"
@@ -571,8 +573,14 @@ class Database:
         self._connections.close_all()
 
 
-def _storage_error(exc: apsw.Error, path: Path, conn: apsw.Connection) -> SecurepadError:
-    """The typed error for an apsw error: what the caller can act on, and the file."""
+def _storage_error(exc: apsw.Error | UnicodeDecodeError, path: Path, conn: apsw.Connection) -> SecurepadError:
+    """The typed error for an apsw error: what the caller can act on, and the file.
+
+    A TEXT column that is not UTF-8 (apsw raises UnicodeDecodeError) is damage
+    too: the store only ever writes valid text.
+    """
+    if isinstance(exc, UnicodeDecodeError):
+        return StoreCorruptError(f"the store {path} is damaged: a text field is not UTF-8")
     if isinstance(exc, apsw.IOError) and _system_errno(conn) in (errno.ENOSPC, errno.EDQUOT):
         exc = apsw.FullError(str(exc))
     if isinstance(exc, apsw.FullError):
