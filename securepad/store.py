@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from . import _records, lifecycle, reads, summary
 from ._backend import Backend, Conn, DuplicateKeyError, insert_owner_key
 from ._db import Database
+from ._lru import LRUCache
 from .crypto import (
     FORMAT_VERSION,
     EntryCipher,
@@ -65,6 +66,9 @@ audit_log.addHandler(logging.NullHandler())
 # AES-GCM with random 96-bit nonces stays within NIST's bound for 2**32
 # encryptions per key; we advise rotating a key long before, at 2**28.
 ROTATE_ADVICE_LOG2 = 28
+# Owners whose unwrapped keys stay cached (each cache; ~2.7 KB per owner in
+# all). Past it the least recently used owner's keys are unwrapped again on use.
+OWNER_KEY_CACHE_SIZE = 4096
 
 _ID_RE = re.compile(r"[0-9a-f]{16}")
 # Clear columns that the sealed metadata repeats; a mismatch means tampering.
@@ -121,9 +125,11 @@ class Scratchpad:
         self.policy = policy
         self.keyring = keyring
         self._clock = clock
-        self._owner_ciphers: dict[tuple[str, int], AESGCM] = {}
-        self._identity_keys: dict[tuple[str, int], bytes] = {}
-        self._latest: dict[str, int] = {}
+        # Bounded (issue 18): a long-lived process serving many owners keeps
+        # the most recently used ones' keys only.
+        self._owner_ciphers: LRUCache[tuple[str, int], AESGCM] = LRUCache(OWNER_KEY_CACHE_SIZE)
+        self._identity_keys: LRUCache[tuple[str, int], bytes] = LRUCache(OWNER_KEY_CACHE_SIZE)
+        self._latest: LRUCache[str, int] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._lock = threading.Lock()
         self.store_id, wrap_key_bytes = self._unlock(keyring)
         self._wrap = AESGCM(wrap_key_bytes)
@@ -327,11 +333,9 @@ class Scratchpad:
 
     def _forget_cached_keys(self, owner: str) -> None:
         with self._lock:
-            self._latest.pop(owner, None)
-            for key in [k for k in self._owner_ciphers if k[0] == owner]:
-                del self._owner_ciphers[key]
-            for key in [k for k in self._identity_keys if k[0] == owner]:
-                del self._identity_keys[key]
+            self._latest.pop(owner)
+            self._owner_ciphers.discard_if(lambda key: key[0] == owner)
+            self._identity_keys.discard_if(lambda key: key[0] == owner)
 
     # -- put -----------------------------------------------------------------------
 
