@@ -8,6 +8,7 @@ that names its cause (see ``_storage_error``).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
@@ -452,7 +453,8 @@ class Database:
             holder: _Holder | None = getattr(self._local, "holder", None)
             if holder is not None and holder.conn is conn:
                 del self._local.holder
-                holder.finalizer()
+                with contextlib.suppress(apsw.Error):
+                    holder.finalizer()
 
     @contextmanager
     def snapshot(self) -> Iterator[apsw.Connection]:

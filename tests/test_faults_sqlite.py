@@ -426,3 +426,19 @@ def test_a_broken_clock_is_refused(db_path: Path, keyring: Keyring) -> None:
         pytest.raises(InvalidArgumentError, match="finite"),
     ):
         pad.put(ALICE, "t", 1, "tool", "x")
+
+
+def test_a_transaction_sqlite_already_ended_does_not_hide_the_cause(db_path: Path, keyring: Keyring) -> None:
+    """SQLite rolls a transaction back by itself on SQLITE_FULL and I/O errors;
+    the helper's own ROLLBACK then failed and replaced the real error with
+    ``apsw.SQLError: cannot rollback - no transaction is active``."""
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        db = pad._sqlite()
+        with pytest.raises(StorageFullError, match="full"), db.transaction() as conn:
+            conn.execute("INSERT INTO store_meta(key, value) VALUES ('probe', 'x')")
+            conn.raw.execute("ROLLBACK")  # what SQLite does on SQLITE_FULL
+            raise StorageFullError("the disk holding the store is full")
+        assert db.query("SELECT value FROM store_meta WHERE key = 'probe'") == []
+        with db.transaction() as conn:  # the connection is usable again
+            conn.execute("INSERT INTO store_meta(key, value) VALUES ('probe', 'y')")
+        assert db.query("SELECT value FROM store_meta WHERE key = 'probe'") == [{"value": "y"}]
