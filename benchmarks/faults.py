@@ -20,7 +20,6 @@ import sys
 import tempfile
 import threading
 import time
-import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -100,49 +99,58 @@ def wal(where: Path, limit_mb: int = 64, size: int = 16 * 1024) -> dict[str, Any
 
 
 def vacuum(where: Path, entries: int = 2000, size: int = 20_000) -> dict[str, Any]:
+    """gc with and without incremental vacuum: everything expired, and every
+    other entry expired (live pages scattered through the file must move)."""
     keyring = Keyring.from_key_file(where / "key")
     out: dict[str, Any] = {"entries": entries, "entry_bytes": size}
-    for on in (False, True):
-        db = where / f"vacuum-{on}.db"
-        policy = Policy.from_dict({"storage": {"incremental_vacuum": on}})
-        with Scratchpad.open(db, keyring=keyring, policy=policy) as pad:
-            started = time.perf_counter()
-            for step in range(entries):
-                pad.put(ALICE, "t", step, "tool", random.randbytes(size), ttl_seconds=10)
-            put_s = time.perf_counter() - started
-            before = db.stat().st_size
-            started = time.perf_counter()
-            pad.gc(now=time.time() + 60)
-            gc_s = time.perf_counter() - started
-            out["on" if on else "off"] = {
-                "put_ms_each": round(put_s * 1000 / entries, 3),
-                "gc_s": round(gc_s, 3),
-                "file_mb_before_gc": round(before / 2**20, 1),
-                "file_mb_after_gc": round(db.stat().st_size / 2**20, 2),
-            }
+    for keep_every in (0, 2):
+        for on in (False, True):
+            db = where / f"vacuum-{on}-{keep_every}.db"
+            policy = Policy.from_dict({"storage": {"incremental_vacuum": on}})
+            with Scratchpad.open(db, keyring=keyring, policy=policy) as pad:
+                started = time.perf_counter()
+                for step in range(entries):
+                    ttl = 3600 if keep_every and step % keep_every == 0 else 10
+                    pad.put(ALICE, "t", step, "tool", random.randbytes(size), ttl_seconds=ttl)
+                put_s = time.perf_counter() - started
+                before = db.stat().st_size
+                started = time.perf_counter()
+                pad.gc(now=time.time() + 60)
+                gc_s = time.perf_counter() - started
+                case = "all expired" if not keep_every else f"1 in {keep_every} kept"
+                out[f"{case}, vacuum {'on' if on else 'off'}"] = {
+                    "put_ms_each": round(put_s * 1000 / entries, 3),
+                    "gc_s": round(gc_s, 3),
+                    "file_mb_before_gc": round(before / 2**20, 1),
+                    "file_mb_after_gc": round(db.stat().st_size / 2**20, 2),
+                }
     return out
 
 
-def caches(where: Path, owners: int = 6000) -> dict[str, Any]:
+def caches(where: Path, owners: int = 8192) -> dict[str, Any]:
+    """Memory of the owner-key caches: RSS after reading as many owners as the
+    cache holds, and after as many again (it should stay flat)."""
+    from securepad.store import OWNER_KEY_CACHE_SIZE
+
     keyring = Keyring.from_key_file(where / "key")
     with Scratchpad.open(where / "caches.db", keyring=keyring) as pad:
         people = [Principal(f"owner-{i}", "a", "c") for i in range(owners)]
         ids = [pad.put(p, "t", 1, "tool", "x")["scratchpad_id"] for p in people]
-        tracemalloc.start()
         fresh = Scratchpad(pad._db, keyring, pad.policy, time.time)
         gc.collect()
-        rss = _rss_kb()
-        base = tracemalloc.take_snapshot()
-        for p, sid in zip(people, ids, strict=True):
-            fresh.get(p, sid)
-            fresh._content_id(p.owner_user_id, 1, "text", [b"x"])
-        gc.collect()
-        grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(base, "filename"))
-        tracemalloc.stop()
+        rss = [_rss_kb()]
+        for lo, hi in ((0, OWNER_KEY_CACHE_SIZE), (OWNER_KEY_CACHE_SIZE, owners)):
+            for p, sid in zip(people[lo:hi], ids[lo:hi], strict=True):
+                fresh.get(p, sid)
+                fresh._content_id(p.owner_user_id, 1, "text", [b"x"])
+            gc.collect()
+            rss.append(_rss_kb())
         return {
-            "owners": owners,
-            "python_bytes_per_owner": round(grown / owners),
-            "rss_bytes_per_owner": round((_rss_kb() - rss) * 1024 / owners),
+            "cache_size": OWNER_KEY_CACHE_SIZE,
+            "owners_read": owners,
+            "rss_kb_growth_first_fill": rss[1] - rss[0],
+            "bytes_per_cached_owner": round((rss[1] - rss[0]) * 1024 / OWNER_KEY_CACHE_SIZE),
+            "rss_kb_growth_after_full": rss[2] - rss[1],
             "cached_owners": len(fresh._owner_ciphers),
         }
 
