@@ -87,6 +87,10 @@ _NETWORK_LIMITS = {
 # then doubles the wait: with its default (300 s) the first success after a
 # 15 s outage came 19 s late; capped here, tries are ~1 s apart.
 RECONNECT_TIMEOUT_S = 2.0
+# Housekeeping (gc, rotations, forgetting an owner: the admin role) works
+# store-wide and may run long on a large store: its statement and call limits
+# are this many times a principal's.
+_HOUSEKEEPING_FACTOR = 10
 # How often the watchdog looks at the calls in flight.
 _WATCH_TICK_S = 0.1
 SCHEMA_VERSION = 1
@@ -367,7 +371,8 @@ class PostgresDatabase:
     ``tcp_user_timeout`` (unless the DSN sets them) and retry a lost
     connection every ~1 s; a pool passed in keeps its own settings. Every call
     gets ``statement_timeout_ms`` on the server, waits at most
-    ``pool_timeout_s`` for a connection, and is cut at ``call_timeout_s``.
+    ``pool_timeout_s`` for a connection, and is cut at ``call_timeout_s``
+    (housekeeping: ten times the statement and call limits).
     """
 
     dialect = "postgresql"
@@ -391,7 +396,7 @@ class PostgresDatabase:
         self._sources = (app, app if admin is None else admin)
         self._pool_size = pool_size
         self._lock_timeout = f"{int(lock_timeout_ms)}ms"
-        self._statement_timeout = f"{int(statement_timeout_ms)}ms"
+        self._statement_ms = int(statement_timeout_ms)
         self._network = {**_NETWORK_LIMITS, "connect_timeout": max(1, round(connect_timeout_s))}
         self._pool_timeout_s = pool_timeout_s
         self._call_timeout_s = call_timeout_s
@@ -479,7 +484,7 @@ class PostgresDatabase:
             StoreBusyError: no connection within the pool timeout, all in use.
         """
         pool = self._pool(admin)
-        deadline = time.monotonic() + self._call_timeout_s
+        deadline = time.monotonic() + self._call_timeout(admin)
         try:
             conn = pool.getconn(timeout=self._pool_timeout_s)
         except PoolTimeout:
@@ -512,7 +517,7 @@ class PostgresDatabase:
     def _unavailable(self, exc: psycopg.OperationalError, call: _Watch | None) -> SecurepadError:
         if call is not None and call.cut:
             return StoreUnavailableError(
-                f"PostgreSQL did not answer within {self._call_timeout_s:g} s; the call was cut; try again"
+                "PostgreSQL did not answer before the call's deadline; the call was cut; try again"
             )
         if isinstance(exc, pg_errors.QueryCanceled):
             return StoreUnavailableError(f"PostgreSQL cancelled the statement: {exc}; try again")
@@ -521,7 +526,11 @@ class PostgresDatabase:
 
     def _settings(self, owner: str | None, admin: bool) -> Params:
         role = ADMIN_ROLE if admin else APP_ROLE
-        return (role, self.schema, owner or "", self._lock_timeout, self._statement_timeout)
+        statement_ms = self._statement_ms * (_HOUSEKEEPING_FACTOR if admin else 1)
+        return (role, self.schema, owner or "", self._lock_timeout, f"{statement_ms}ms")
+
+    def _call_timeout(self, admin: bool) -> float:
+        return self._call_timeout_s * (_HOUSEKEEPING_FACTOR if admin else 1)
 
     @contextmanager
     def _begin(self, admin: bool, sql: str, params: Params) -> Iterator[tuple[_Watch, Any]]:
