@@ -23,6 +23,8 @@ import apsw
 import pytest
 from click.testing import CliRunner
 from conftest import ALICE
+from hypothesis import given
+from hypothesis import strategies as st
 
 from securepad import (
     InvalidArgumentError,
@@ -442,3 +444,17 @@ def test_a_transaction_sqlite_already_ended_does_not_hide_the_cause(db_path: Pat
         with db.transaction() as conn:  # the connection is usable again
             conn.execute("INSERT INTO store_meta(key, value) VALUES ('probe', 'y')")
         assert db.query("SELECT value FROM store_meta WHERE key = 'probe'") == [{"value": "y"}]
+
+
+@given(now=st.floats(allow_nan=True, allow_infinity=True) | st.integers())
+def test_now_is_accepted_exactly_when_finite(db_path: Path, keyring: Keyring, now: float) -> None:
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        try:
+            finite = math.isfinite(float(now))
+        except OverflowError:  # an integer past the largest float
+            finite = False
+        if finite:
+            assert pad.stats(now=now)["entries"] >= 0
+        else:
+            with pytest.raises(InvalidArgumentError, match="now must be"):
+                pad.stats(now=now)
