@@ -228,13 +228,13 @@ class _Connections:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._open: dict[int, apsw.Connection] = {}
+        self._open: dict[int, tuple[apsw.Connection, int]] = {}
         self._inherited: list[apsw.Connection] = []
         self.closed = False
 
     def add(self, conn: apsw.Connection) -> None:
         with self._lock:
-            self._open[id(conn)] = conn
+            self._open[id(conn)] = (conn, os.getpid())
 
     def release(self, conn: apsw.Connection, pid: int) -> None:
         """Close ``conn`` (opened in process ``pid``): its thread ended, or it failed."""
@@ -250,11 +250,15 @@ class _Connections:
             return len(self._open)
 
     def close_all(self) -> None:
+        """Close every connection this process opened (a forked child leaves its parent's alone)."""
         with self._lock:
             self.closed = True
             conns, self._open = list(self._open.values()), {}
-        for conn in conns:
-            conn.close()
+            pid = os.getpid()
+            self._inherited.extend(conn for conn, opened_in in conns if opened_in != pid)
+        for conn, opened_in in conns:
+            if opened_in == pid:
+                conn.close()
 
 
 class _WalWatch:
