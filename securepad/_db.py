@@ -245,10 +245,6 @@ class _Connections:
                 return
         conn.close()
 
-    def count(self) -> int:
-        with self._lock:
-            return len(self._open)
-
     def close_all(self) -> None:
         """Close every connection this process opened (a forked child leaves its parent's alone)."""
         with self._lock:
@@ -352,10 +348,6 @@ class Database:
             self._local.holder = holder
             self._connections.add(holder.conn)
         return holder.conn
-
-    def open_connections(self) -> int:
-        """How many connections this object holds open (one per live thread that used it)."""
-        return self._connections.count()
 
     def _open(self) -> apsw.Connection:
         try:
