@@ -442,7 +442,7 @@ class PostgresDatabase:
                     for opened in made.values():
                         opened.close()
                     raise StoreUnavailableError(
-                        f"cannot connect to PostgreSQL at {_describe(source, self.schema)}: {exc}"
+                        f"cannot connect to PostgreSQL at {_describe(source, self.schema)}: {_reason(exc)}"
                     ) from None
                 self._owned.append(made[source])
             return made[source]
@@ -454,7 +454,7 @@ class PostgresDatabase:
         try:
             given = conninfo_to_dict(dsn)
         except psycopg.ProgrammingError as exc:
-            raise SecurepadError(f"not a PostgreSQL connection string: {exc}") from None
+            raise SecurepadError(f"not a PostgreSQL connection string: {_reason(exc)}") from None
         return {key: value for key, value in self._network.items() if key not in given}
 
     def _pool(self, admin: bool) -> ConnectionPool[Any]:
@@ -504,8 +504,7 @@ class PostgresDatabase:
         try:
             psycopg.connect(conninfo, **limit).close()
         except psycopg.Error as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            return StoreUnavailableError(f"PostgreSQL is unavailable ({reason}); try again")
+            return StoreUnavailableError(f"PostgreSQL is unavailable ({_reason(exc)}); try again")
         return StoreBusyError("the store is busy (no free connection in the pool); try again")
 
     def _retry(self, call: _Watch, attempt: int) -> bool:
@@ -520,9 +519,8 @@ class PostgresDatabase:
                 "PostgreSQL did not answer before the call's deadline; the call was cut; try again"
             )
         if isinstance(exc, pg_errors.QueryCanceled):
-            return StoreUnavailableError(f"PostgreSQL cancelled the statement: {exc}; try again")
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return StoreUnavailableError(f"PostgreSQL connection failed ({reason}); try again")
+            return StoreUnavailableError(f"PostgreSQL cancelled the statement: {_reason(exc)}; try again")
+        return StoreUnavailableError(f"PostgreSQL connection failed ({_reason(exc)}); try again")
 
     def _settings(self, owner: str | None, admin: bool) -> Params:
         role = ADMIN_ROLE if admin else APP_ROLE
@@ -584,8 +582,8 @@ class PostgresDatabase:
             raise StoreBusyError("the store is busy; try again") from None
         except pg_errors.InsufficientPrivilege as exc:
             if optional:
-                raise StoreBusyError(f"housekeeping skipped: {exc}") from None
-            raise SecurepadError(f"PostgreSQL refused the store's role: {exc}") from None
+                raise StoreBusyError(f"housekeeping skipped: {_reason(exc)}") from None
+            raise SecurepadError(f"PostgreSQL refused the store's role: {_reason(exc)}") from None
         except psycopg.OperationalError as exc:
             raise self._unavailable(exc, call) from None
 
@@ -644,7 +642,7 @@ class PostgresDatabase:
         except _BUSY:
             raise StoreBusyError("the store is busy; try again") from None
         except pg_errors.InsufficientPrivilege as exc:
-            raise SecurepadError(f"PostgreSQL refused the store's role: {exc}") from None
+            raise SecurepadError(f"PostgreSQL refused the store's role: {_reason(exc)}") from None
         except psycopg.OperationalError as exc:
             raise self._unavailable(exc, call) from None
 
@@ -712,11 +710,11 @@ class PostgresDatabase:
                     conn.execute("INSERT INTO schema_version(version) VALUES (%s)", (target,))
         except pg_errors.InsufficientPrivilege as exc:
             raise SecurepadError(
-                f"cannot set up the store in schema {self.schema}: {exc}"
+                f"cannot set up the store in schema {self.schema}: {_reason(exc)}"
                 " (see the README's PostgreSQL section for the roles and grants it needs)"
             ) from None
         except psycopg.Error as exc:
-            raise SecurepadError(f"cannot set up the store in schema {self.schema}: {exc}") from None
+            raise SecurepadError(f"cannot set up the store in schema {self.schema}: {_reason(exc)}") from None
 
     def close(self) -> None:
         """Close the pools this object made (never one that was passed in)."""
@@ -727,6 +725,12 @@ class PostgresDatabase:
             return  # the parent's pools: their sockets are not ours to close
         for pool in pools:
             pool.close()
+
+
+def _reason(exc: BaseException) -> str:
+    """The exception's message on one line (psycopg's span several: the command
+    line prints an error as one line), or its class name when it has none."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _describe(source: str | ConnectionPool[Any], schema: str) -> str:

@@ -9,139 +9,30 @@ real restart.
 
 from __future__ import annotations
 
-import contextlib
-import socket
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from click.testing import CliRunner
 from conftest import ALICE
 
 from securepad import Keyring, Policy, Scratchpad, StoreBusyError, StoreUnavailableError
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from securepad._pg import PostgresDatabase  # noqa: E402  (needs psycopg)
-
-
-class FaultyProxy:
-    """A TCP proxy on 127.0.0.1 in front of the server, with faults on demand.
-
-    ``black_hole`` keeps every connection open but forwards nothing either way
-    (the kernel still acknowledges packets: TCP keepalives see nothing wrong);
-    ``refuse`` drops every connection and refuses new ones; ``heal`` undoes both.
-    """
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.black_hole = False
-        self._down = False
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
-        self._listener: socket.socket | None = None
-        self.port = 0
-        self.accept()
-
-    def accept(self) -> None:
-        """Listen (again, on the same port)."""
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
-        listener.listen(64)
-        self.port = listener.getsockname()[1]
-        self._listener = listener
-        threading.Thread(target=self._accept_loop, args=(listener,), daemon=True).start()
-
-    def _accept_loop(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return  # the listener was closed: refusing
-            try:
-                upstream = socket.create_connection(self.target)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                if self._down:  # accepted just before the listener closed
-                    client.close()
-                    upstream.close()
-                    continue
-                self._sockets += [client, upstream]
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        while True:
-            try:
-                data = src.recv(65536)
-            except OSError:
-                data = b""
-            if not data:
-                break
-            if self._down:
-                break
-            if self.black_hole:
-                continue  # swallowed: neither side hears anything
-            try:
-                dst.sendall(data)
-            except OSError:
-                break
-        for sock in (src, dst):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    def drop_all(self) -> None:
-        """End every proxied connection, as a server restart does."""
-        with self._lock:
-            sockets, self._sockets = self._sockets, []
-        for sock in sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-
-    def refuse(self) -> None:
-        """Drop every connection and refuse new ones (the server is down)."""
-        self._down = True
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
-        self.drop_all()
-
-    def heal(self) -> None:
-        self.black_hole = False
-        if self._listener is None:
-            self.accept()
-        self._down = False
-
-    def close(self) -> None:
-        self.refuse()
+from securepad.bench.faults import LIMITS, FaultyProxy, proxy_for, through  # noqa: E402
+from securepad.cli import main  # noqa: E402
 
 
 @pytest.fixture
 def proxy(pg_database: str) -> Iterator[FaultyProxy]:
-    server = urlsplit(pg_database)
-    faulty = FaultyProxy((server.hostname or "127.0.0.1", server.port or 5432))
+    faulty = proxy_for(pg_database)
     yield faulty
     faulty.close()
-
-
-def through(dsn: str, proxy: FaultyProxy) -> str:
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{proxy.port}"))
-
-
-# Small limits, so that each fault shows within seconds.
-LIMITS: dict[str, Any] = {
-    "lock_timeout_ms": 1000,
-    "statement_timeout_ms": 1500,
-    "connect_timeout_s": 1,
-    "pool_timeout_s": 1.5,
-    "call_timeout_s": 2.5,
-}
 
 
 @pytest.fixture
@@ -283,3 +174,16 @@ def test_opening_an_unreachable_server_is_unavailable(proxy: FaultyProxy, pg_dsn
     outcome, _ = bounded(lambda: Scratchpad.open(through(pg_dsn, proxy), keyring=keyring))
     assert type(outcome) is StoreUnavailableError
     assert "cannot connect" in str(outcome)
+
+
+def test_cli_prints_one_line_when_the_server_is_unreachable(proxy: FaultyProxy, pg_dsn: str, tmp_path: Path) -> None:
+    Keyring.from_key_file(tmp_path / "key")
+    proxy.refuse()
+    store = ["--db", through(pg_dsn, proxy), "--key-file", str(tmp_path / "key")]
+    result = CliRunner().invoke(main, [*store, "stats"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.stderr.startswith("error: StoreUnavailableError: ") and result.stderr.count("\n") == 1
+    result = CliRunner().invoke(main, [*store, "stats", "--json"])
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1
+    error = json.loads(result.stderr)["error"]
+    assert error["type"] == "StoreUnavailableError" and "cannot connect" in error["message"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import math
 import os
 import random
@@ -32,21 +33,32 @@ from securepad import (
     NotFoundError,
     Policy,
     Scratchpad,
-    SecurepadError,
     StorageFullError,
     StoreBusyError,
     StoreCorruptError,
 )
+from securepad.bench.faults import damaged_copies, exercise
 from securepad.cli import main
 
 
 def assert_one_error(result: Any, name: str) -> None:
-    """The CLI failed with exit status 1 and one message naming ``name`` (the
-    console may wrap it), never a traceback."""
+    """The CLI failed with exit status 1 and one line on stderr naming
+    ``name``, never a traceback."""
     assert result.exit_code == 1, result.output
     assert isinstance(result.exception, SystemExit)
     assert "Traceback" not in result.output
-    assert " ".join(result.output.split()).startswith(f"error: {name}: ")
+    assert result.stderr.startswith(f"error: {name}: ")
+    assert result.stderr.count("\n") == 1, result.stderr
+
+
+def assert_json_error(result: Any, name: str) -> dict[str, str]:
+    """With ``--json``: exit status 1 and one JSON object on stderr whose type is ``name``."""
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    assert result.stderr.count("\n") == 1, result.stderr
+    error: dict[str, str] = json.loads(result.stderr)["error"]
+    assert error["type"] == name and error["message"]
+    return error
 
 
 def open_fds() -> int:
@@ -204,54 +216,17 @@ def test_delete_on_a_full_disk(small_disk: Path, keyring: Keyring) -> None:
 
 def test_cli_prints_one_line_on_a_full_disk(small_disk: Path, tmp_path: Path) -> None:
     db = small_disk / "store.db"
-    key = tmp_path / "key"
+    store = ["--db", str(db), "--key-file", str(tmp_path / "key")]
+    assert CliRunner().invoke(main, [*store, "init"]).exit_code == 0  # only init creates a store
     (tmp_path / "big").write_bytes(random.randbytes(4 * 1024 * 1024))
-    args = ["--db", str(db), "--key-file", str(key), "put", "--owner", "alice", "--turn", "t", "--step", "1"]
-    result = CliRunner().invoke(main, [*args, "--kind", "binary", str(tmp_path / "big")])
+    args = [*store, "put", "--owner", "alice", "--turn", "t", "--kind", "binary"]
+    result = CliRunner().invoke(main, [*args, "--step", "1", str(tmp_path / "big")])
     assert_one_error(result, "StorageFullError")
+    result = CliRunner().invoke(main, [*args, "--step", "2", "--json", str(tmp_path / "big")])
+    assert "full" in assert_json_error(result, "StorageFullError")["message"]
 
 
 # -- 2. a damaged file ----------------------------------------------------------------
-
-
-def damaged_copies(source: Path, where: Path, trials: int, seed: int) -> Iterator[Path]:
-    """Copies of a store file, each damaged at random: overwritten ranges, a
-    truncation, zeroed pages, a flipped header."""
-    rng = random.Random(seed)
-    data = source.read_bytes()
-    for trial in range(trials):
-        damaged = bytearray(data)
-        how = trial % 4
-        if how == 0:
-            for _ in range(rng.randint(1, 8)):
-                at = rng.randrange(len(damaged))
-                damaged[at : at + 64] = rng.randbytes(len(damaged[at : at + 64]))
-        elif how == 1:
-            damaged = damaged[: rng.randrange(100, len(damaged))]
-        elif how == 2:
-            page = rng.randrange(len(damaged) // 4096) * 4096
-            damaged[page : page + 4096] = bytes(4096)
-        else:
-            damaged[rng.randrange(100)] ^= 0xFF
-        path = where / f"damaged-{trial}.db"
-        path.write_bytes(bytes(damaged))
-        yield path
-
-
-def exercise(path: Path, keyring: Keyring, ids: list[str]) -> str:
-    """Open and read a (maybe damaged) store; the typed error's class name, or "ok"."""
-    try:
-        with Scratchpad.open(path, keyring=keyring) as pad:
-            for sid in ids:
-                with contextlib.suppress(NotFoundError):
-                    pad.get(ALICE, sid)
-            pad.stats()
-            pad.list_for_turn(ALICE, "t")
-            pad.put(ALICE, "t2", 1, "tool", "after damage")
-            pad.gc()
-    except SecurepadError as exc:
-        return type(exc).__name__
-    return "ok"
 
 
 def test_random_damage_gives_typed_errors(tmp_path: Path, keyring: Keyring) -> None:
@@ -279,26 +254,44 @@ def test_not_a_database_at_open(tmp_path: Path, keyring: Keyring) -> None:
 def test_cli_on_a_damaged_file_prints_one_line(tmp_path: Path) -> None:
     path = tmp_path / "notes.db"
     path.write_bytes(b"x" * 10_000)
-    result = CliRunner().invoke(main, ["--db", str(path), "--key-file", str(tmp_path / "key"), "stats"])
-    assert_one_error(result, "StoreCorruptError")
+    Keyring.from_key_file(tmp_path / "key")  # the key exists: the file is what is wrong
+    store = ["--db", str(path), "--key-file", str(tmp_path / "key")]
+    assert_one_error(CliRunner().invoke(main, [*store, "stats"]), "StoreCorruptError")
+    result = CliRunner().invoke(main, [*store, "stats", "--json"])
+    assert "damaged" in assert_json_error(result, "StoreCorruptError")["message"]
 
 
 def test_cli_db_inside_a_regular_file(tmp_path: Path) -> None:
     (tmp_path / "plain").write_text("a file, not a folder")
     db = tmp_path / "plain" / "store.db"
-    result = CliRunner().invoke(main, ["--db", str(db), "--key-file", str(tmp_path / "key"), "stats"])
+    store = ["--db", str(db), "--key-file", str(tmp_path / "key")]
+    # Creating it (init) fails on the path, in one line.
+    result = CliRunner().invoke(main, [*store, "init"])
     assert_one_error(result, "SecurepadError")
-    assert "cannot create store" in result.output
+    assert "cannot create store" in result.stderr
+    assert (
+        "cannot create store"
+        in assert_json_error(CliRunner().invoke(main, [*store, "init", "--json"]), "SecurepadError")["message"]
+    )
+    # Any other command finds no store there (only init creates one), in one line too.
+    result = CliRunner().invoke(main, [*store, "stats"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "no store at" in result.stderr and result.stderr.count("\n") == 1
 
 
 def test_cli_json_with_a_huge_integer(tmp_path: Path) -> None:
     source = tmp_path / "big.json"
     source.write_text('{"n": ' + "9" * 5000 + "}")
-    args = ["--db", str(tmp_path / "s.db"), "--key-file", str(tmp_path / "key"), "put", "--owner", "alice"]
-    result = CliRunner().invoke(main, [*args, "--turn", "t", "--step", "1", "--kind", "json", str(source)])
+    store = ["--db", str(tmp_path / "s.db"), "--key-file", str(tmp_path / "key")]
+    assert CliRunner().invoke(main, [*store, "init"]).exit_code == 0
+    args = [*store, "put", "--owner", "alice", "--turn", "t", "--step", "1", "--kind", "json", str(source)]
+    result = CliRunner().invoke(main, args)
     assert result.exit_code == 2
     assert "input is not valid json" in result.output
     assert "Traceback" not in result.output
+    result = CliRunner().invoke(main, [*args, "--json"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "input is not valid json" in json.loads(result.stderr)["error"]["message"]
 
 
 # -- 4. the WAL under a long reader ---------------------------------------------------

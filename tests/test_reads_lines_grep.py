@@ -449,7 +449,8 @@ def reference_grep(
         next_line = min(hits[max_matches], after_until + 1)
     elif len(hits) == max_matches and after_until < top:
         next_line = after_until + 1
-    end = min(after_until, top) if next_line is None else min(after_until, next_line - 1)
+    # Like grep -m NUM -C N: the last match's trailing context is shown whole, a matching line in it as context.
+    end = min(after_until, top)
     for n in range(last_shown + 1, end + 1):
         show(n, "-")
     return "\n".join(rows), hits[:max_matches], next_line
