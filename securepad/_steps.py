@@ -1,11 +1,53 @@
-"""``record_next``: record an observation as the turn's next free step.
+"""Steps chosen for the caller: ``record_next`` and ``put_next``.
 
-It lives in ``turn.py`` (it needs the turn's parts); this module keeps the
-import path the adapters use.
+``record_next`` (record an observation as the turn's next free step) lives in
+``turn.py``, which owns the turn's parts; this module keeps the import path
+the adapters use.
+
+``put_next`` is ``Scratchpad.put`` at the turn's next step, for the
+integrations' own entries (``SecurepadSaver``, ``SecurepadSession``): the
+step is chosen inside the write transaction, which serializes the owner's
+writes on both backends, so writers in other threads or processes never
+collide and never retry; each entry's step is above every live entry's of
+its turn when it is written.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from .errors import InvalidArgumentError
+from .principal import Principal
+from .store import Scratchpad, parts
 from .turn import record_next
 
-__all__ = ["record_next"]
+__all__ = ["put_next", "record_next"]
+
+
+def put_next(
+    pad: Scratchpad,
+    principal: Principal,
+    turn_id: str,
+    executor_name: str,
+    observation: Any,
+    ttl_seconds: int | None = None,
+    *,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """``Scratchpad.put`` at the turn's next step (one more than its highest
+    live step in the principal's scope, 1 for an empty turn); returns
+    ``put``'s view, whose ``step_num`` is the step taken.
+
+    The step read before sealing is a guess that spares sealing the metadata
+    again under the write lock when no other writer came in between.
+
+    Raises:
+        InvalidArgumentError, QuotaExceededError, StoreBusyError: as for ``Scratchpad.put``.
+    """
+    if not isinstance(principal, Principal):
+        raise InvalidArgumentError("principal must be a securepad.Principal")
+    entries = parts(pad).entries
+    guess = entries.last_step(principal, turn_id, now) + 1
+    return entries.put(
+        principal, turn_id, guess, executor_name, observation, ttl_seconds, now=now, free_step=True, next_step=True
+    )

@@ -309,9 +309,10 @@ class EntryCipher:
 
 def seal_entry(
     owner: Wrapper, header: Header, meta: bytes, segments: list[bytes]
-) -> tuple[dict[str, bytes], list[bytes]]:
+) -> tuple[dict[str, bytes], list[bytes], EntryCipher]:
     """Seal an entry under a fresh item key wrapped by ``owner`` (the owner's
-    key of ``header.key_version``): the row's crypto columns and the sealed segments."""
+    key of ``header.key_version``): the row's crypto columns, the sealed
+    segments, and the entry's cipher (to seal its metadata again)."""
     item_key = KeyHandle.random()
     nonce_prefix = secrets.token_bytes(NONCE_PREFIX_BYTES)
     cipher = EntryCipher(item_key, header, nonce_prefix)
@@ -323,7 +324,7 @@ def seal_entry(
         "commitment": cipher.commitment,
         "sealed_meta": cipher.seal_meta(meta),
     }
-    return columns, sealed
+    return columns, sealed, cipher
 
 
 def open_entry(

@@ -9,6 +9,7 @@ row goes through ``access.Access``; every entry is sealed by
 from __future__ import annotations
 
 import json
+import math
 import re
 import secrets
 from collections.abc import Callable, Iterable, Iterator
@@ -130,7 +131,12 @@ class Entries:
         self._clock = clock
 
     def now(self, now: float | None) -> float:
-        return self._clock() if now is None else float(now)
+        """The time for expiry: ``now`` (validated) or the clock's.
+
+        Raises:
+            InvalidArgumentError: ``now`` is not a finite number of seconds.
+        """
+        return _check_now(self._clock() if now is None else now)
 
     def ttl(self, ttl_seconds: int | None) -> int:
         """The policy's default, or ``ttl_seconds`` checked against its maximum.
@@ -162,11 +168,19 @@ class Entries:
         now: float | None,
         inline: tuple[Any] | None = None,
         free_step: bool = False,
+        next_step: bool = False,
     ) -> dict[str, Any]:
         """Store an observation (see ``Scratchpad.put``), keeping (sealed) what a
         turn showed the model: ``inline`` is ``(item,)`` when the observation
         went into the history itself. With ``free_step``, the write transaction
-        refuses a step that a live entry of the turn in the principal's scope already has."""
+        refuses a step that a live entry of the turn in the principal's scope already has.
+        With ``next_step`` too (and no ``inline``), ``step_num`` is only a guess:
+        the write transaction, which serializes the owner's writes, gives the
+        entry the step after the turn's highest live one in the principal's
+        scope (sealing its metadata again when the guess was not that), so
+        concurrent writers never collide; the returned view has the step taken."""
+        if next_step and (inline is not None or not free_step):
+            raise InvalidArgumentError("next_step needs free_step and no inline item")
         check_principal(principal)
         check_identifier("turn_id", turn_id)
         check_identifier("executor_name", executor_name)
@@ -178,15 +192,20 @@ class Entries:
         owner = principal.owner_user_id
         identities: dict[int, str] = {}
 
-        def seal(version: int, wrapper: Wrapper) -> tuple[dict[str, Any], list[bytes]]:
+        def seal(version: int, wrapper: Wrapper) -> tuple[dict[str, Any], list[bytes], EntryCipher]:
             if version not in identities:
                 identities[version] = self._keys.identity(owner, version).of(prepared.kind, prepared.segments)
             meta["content_id"] = identities[version]
             return prepared.seal(wrapper, version, owner, turn_id, meta)
 
-        def write(conn: Conn, sealed: tuple[dict[str, Any], list[bytes]]) -> str:
-            row, segments = sealed
-            if free_step:
+        def write(conn: Conn, sealed: tuple[dict[str, Any], list[bytes], EntryCipher]) -> str:
+            row, segments, cipher = sealed
+            if next_step:
+                taken = self.last_step(principal, turn_id, created, conn) + 1
+                check_step_num(taken)
+                if taken != row["step_num"]:
+                    row["step_num"], row["sealed_meta"] = taken, prepared.restep(meta, cipher, taken, observation)
+            elif free_step:
                 self.check_step_free(principal, turn_id, step_num, created, conn)
             self._check_quota(conn, owner, prepared.stored_bytes, created)
             conn.execute(
@@ -205,7 +224,7 @@ class Entries:
             attempts=5,
             busy="could not store the entry: its id or owner key kept changing; try again",
         )
-        return {"ok": True, "scratchpad_id": entry_id, **prepared.view}
+        return {"ok": True, "scratchpad_id": entry_id, **meta["view"]}
 
     def _check_quota(self, conn: Conn, owner: str, adding: int, now: float) -> None:
         """Raise QuotaExceededError when ``adding`` bytes would take the owner past its quota.
@@ -362,7 +381,7 @@ class Entries:
         return any("inline" not in opened.meta for opened in self._authenticate_rows(principal, rows))
 
     def _newest_first(
-        self, principal: Principal, turn_id: str, columns: str, now: float | None
+        self, principal: Principal, turn_id: str, columns: str, now: float | None, conn: Conn | None = None
     ) -> Iterator[dict[str, Any]]:
         """The turn's live rows in the principal's scope, highest step first, fetched
         lazily in pages that double (8, 16, ...): a caller that stops early pays
@@ -381,6 +400,7 @@ class Entries:
                 (turn_id,),
                 "ORDER BY step_num DESC, id DESC LIMIT ? OFFSET ?",
                 (size, offset),
+                conn=conn,
             )
             yield from _live(rows, current)
             if len(rows) < size:
@@ -390,7 +410,7 @@ class Entries:
     def _authenticate_rows(self, principal: Principal, rows: Iterable[dict[str, Any]]) -> Iterator[Opened]:
         return self._access.open_each(principal, "entries", _COLUMNS, rows, self._authenticate)
 
-    def last_step(self, principal: Principal, turn_id: str, now: float | None) -> int:
+    def last_step(self, principal: Principal, turn_id: str, now: float | None, conn: Conn | None = None) -> int:
         """The highest step number of the turn's live entries in the principal's
         scope, 0 for none: newest first, in doubling pages.
 
@@ -400,7 +420,7 @@ class Entries:
         Raises:
             IntegrityError: a clear step or expiry that is not a number.
         """
-        for row in self._newest_first(principal, turn_id, "step_num, expires_at", now):
+        for row in self._newest_first(principal, turn_id, "step_num, expires_at", now, conn):
             _check_row_types({"step_num": row["step_num"]})
             return int(row["step_num"])
         return 0
@@ -519,6 +539,7 @@ def stats(
     if isinstance(db, Database):
         path = db.path
         result["file_bytes"] = {suffix or "db": _file_size(Path(f"{path}{suffix}")) for suffix in ("", "-wal", "-shm")}
+        result["wal"] = db.wal_status()
     return result
 
 
@@ -528,6 +549,7 @@ class _Prepared:
 
     kind: str
     shape: str
+    content: str | bytes
     rest: dict[str, Any] | None
     segments: list[bytes]
     counts: list[int] | None
@@ -551,7 +573,9 @@ class _Prepared:
                 f"the observation has {stored_bytes} bytes; the policy's max_entry_bytes is {max_entry_bytes}"
             )
         view = shaping.view(kind, step_num, size_bytes, content, rest, observation)
-        return cls(kind, shape, rest, segments, counts, size_bytes, size_chars, breaks, line_count, stored_bytes, view)
+        return cls(
+            kind, shape, content, rest, segments, counts, size_bytes, size_chars, breaks, line_count, stored_bytes, view
+        )
 
     def meta(
         self,
@@ -583,8 +607,8 @@ class _Prepared:
 
     def seal(
         self, wrapper: Wrapper, version: int, owner: str, turn_id: str, meta: dict[str, Any]
-    ) -> tuple[dict[str, Any], list[bytes]]:
-        """The entry's row and sealed segments under a fresh id and item key."""
+    ) -> tuple[dict[str, Any], list[bytes], EntryCipher]:
+        """The entry's row, sealed segments and cipher under a fresh id and item key."""
         header = Header(
             secrets.token_hex(8),
             owner,
@@ -595,7 +619,7 @@ class _Prepared:
             len(self.segments),
             version,
         )
-        crypto_columns, sealed = seal_entry(wrapper, header, shaping.dumps(meta), self.segments)
+        crypto_columns, sealed, cipher = seal_entry(wrapper, header, shaping.dumps(meta), self.segments)
         row = {
             "id": header.entry_id,
             "owner_user_id": owner,
@@ -614,7 +638,14 @@ class _Prepared:
             **crypto_columns,
             "stored_bytes": self.stored_bytes,
         }
-        return row, sealed
+        return row, sealed, cipher
+
+    def restep(self, meta: dict[str, Any], cipher: EntryCipher, step_num: int, observation: Any) -> bytes:
+        """The entry's metadata for another step, sealed (``put(next_step=True)``):
+        the view names the step (its reference hint), so it is made again."""
+        meta["step_num"] = step_num
+        meta["view"] = shaping.view(self.kind, step_num, self.size_bytes, self.content, self.rest, observation)
+        return cipher.seal_meta(shaping.dumps(meta))
 
 
 def _split(content: str | bytes) -> tuple[list[bytes], list[int] | None, int, list[int] | None, int | None]:
@@ -625,6 +656,20 @@ def _split(content: str | bytes) -> tuple[list[bytes], list[int] | None, int, li
     counts = [len(piece) for piece in pieces]
     breaks, line_count = reads.line_index(pieces)
     return segments, counts, sum(counts), breaks, line_count
+
+
+def _check_now(now: object) -> float:
+    """A finite number of seconds; NaN would make every expiry comparison false
+    (an expired entry served), infinity every entry expired or eternal."""
+    if isinstance(now, bool) or not isinstance(now, int | float):
+        raise InvalidArgumentError(f"now must be a number of seconds, not {type(now).__name__}")
+    try:
+        value = float(now)
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value):
+        raise InvalidArgumentError(f"now must be a finite number of seconds, not {value}")
+    return value
 
 
 def check_step_num(step_num: object) -> None:

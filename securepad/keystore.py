@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from ._backend import Backend, Conn, DuplicateKeyError, insert_owner_key
+from ._lru import LRUCache
 from .crypto import FORMAT_VERSION, ContentIdentity, KeyHandle, Wrapper, key_check, owner_key_aad
 from .errors import IntegrityError, InvalidArgumentError, StoreBusyError, WrongKeyError
 from .keys import Keyring, master_key
@@ -28,6 +29,9 @@ T = TypeVar("T")
 P = TypeVar("P")
 # Progress callback: (done, total).
 Progress = Callable[[int, int], None]
+# Owners whose unwrapped keys stay cached (each cache; ~2.7 KB per owner in
+# all). Past it the least recently used owner's keys are unwrapped again on use.
+OWNER_KEY_CACHE_SIZE = 4096
 
 
 class _StaleOwnerKey(Exception):
@@ -40,9 +44,11 @@ class Keystore:
     def __init__(self, db: Backend, keyring: Keyring) -> None:
         self._db = db
         self._lock = threading.Lock()
-        self._owner_keys: dict[tuple[str, int], tuple[Wrapper, KeyHandle]] = {}
-        self._identities: dict[tuple[str, int], ContentIdentity] = {}
-        self._latest: dict[str, int] = {}
+        # Bounded (issue 18): a long-lived process serving many owners keeps
+        # the most recently used ones' keys only.
+        self._owner_keys: LRUCache[tuple[str, int], tuple[Wrapper, KeyHandle]] = LRUCache(OWNER_KEY_CACHE_SIZE)
+        self._identities: LRUCache[tuple[str, int], ContentIdentity] = LRUCache(OWNER_KEY_CACHE_SIZE)
+        self._latest: LRUCache[str, int] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self.keyring = keyring
         self.store_id, self._wrap, self._key_check = self._unlock(keyring)
 
@@ -80,6 +86,14 @@ class Keystore:
                 )
             raise WrongKeyError(f"the master key from {keyring!r} does not open this store")
         return store_id, Wrapper.for_master(master, store_id), meta["key_check"]
+
+    def cache_sizes(self) -> dict[str, int]:
+        """How many entries each owner-key cache holds (bounded by ``OWNER_KEY_CACHE_SIZE``)."""
+        return {"owner_keys": len(self._owner_keys), "identities": len(self._identities), "latest": len(self._latest)}
+
+    def is_cached(self, owner: str, version: int) -> bool:
+        """Whether the owner's key of ``version`` is unwrapped in the cache."""
+        return self._owner_keys.get((owner, version)) is not None
 
     def store_meta(self) -> dict[str, str]:
         """The store's clear metadata (id, format version, key check, KDF record, counters)."""
@@ -198,11 +212,9 @@ class Keystore:
     def forget(self, owner: str) -> None:
         """Drop the owner's cached keys (after a rotation, or when it is forgotten)."""
         with self._lock:
-            self._latest.pop(owner, None)
-            for key in [k for k in self._owner_keys if k[0] == owner]:
-                del self._owner_keys[key]
-            for key in [k for k in self._identities if k[0] == owner]:
-                del self._identities[key]
+            self._latest.pop(owner)
+            self._owner_keys.discard_if(lambda key: key[0] == owner)
+            self._identities.discard_if(lambda key: key[0] == owner)
 
     # -- the one write under the current key -------------------------------------------------
 

@@ -31,9 +31,10 @@ _LIMITS: dict[tuple[str, str], tuple[type, int, int]] = {
     ("limits", "owner_quota_bytes"): (int, 1, 1 << 50),
     ("limits", "default_ttl_seconds"): (int, 1, 10 * 365 * 86400),
     ("limits", "max_ttl_seconds"): (int, 1, 10 * 365 * 86400),
+    ("storage", "wal_limit_bytes"): (int, 1 << 20, 1 << 40),
 }
-_FLAGS = {("audit", "log_denied"), ("audit", "log_reads")}
-_SECTIONS = {"access", "limits", "audit"}
+_FLAGS = {("audit", "log_denied"), ("audit", "log_reads"), ("storage", "incremental_vacuum")}
+_SECTIONS = {"access", "limits", "audit", "storage"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,10 @@ class Policy:
     max_ttl_seconds: int = 86400
     log_denied: bool = True
     log_reads: bool = False
+    # SQLite stores only (docs/reliability.md): the write-ahead log's bound,
+    # and whether gc gives freed pages back to the file system.
+    wal_limit_bytes: int = 256 * 1024 * 1024
+    incremental_vacuum: bool = False
     name: str = "default"
 
     @classmethod

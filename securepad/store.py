@@ -24,12 +24,12 @@ from .access import Access, check_principal
 from .entries import Entries, Entry
 from .errors import InvalidArgumentError, SecurepadError, StoreBusyError
 from .keys import Keyring
-from .keystore import Keystore, Progress
+from .keystore import OWNER_KEY_CACHE_SIZE, Keystore, Progress
 from .policy import Policy
 from .principal import Principal, check_identifier
 from .turn import Turn, extend_turn
 
-__all__ = ["Entry", "Parts", "Scratchpad", "parts"]
+__all__ = ["OWNER_KEY_CACHE_SIZE", "Entry", "Parts", "Scratchpad", "parts", "sqlite_of"]
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class Scratchpad:
             resolved = policy
         else:
             resolved = Policy.load(policy if isinstance(policy, str) else Path(policy))
-        db = _open_backend(db_path, admin, schema)
+        db = _open_backend(db_path, admin, schema, resolved)
         try:
             return cls(db, keyring, resolved, clock)
         except BaseException:
@@ -389,12 +389,14 @@ def sqlite_of(pad: Scratchpad) -> Database:
 _PG_SCHEMES = ("postgresql://", "postgres://")
 
 
-def _open_backend(where: Any, admin: Any, schema: str) -> Backend:
+def _open_backend(where: Any, admin: Any, schema: str, policy: Policy) -> Backend:
     """A SQLite file, or a PostgreSQL store for a DSN or a connection pool."""
     if isinstance(where, str | os.PathLike) and not str(where).startswith(_PG_SCHEMES):
         if admin is not None or schema != "securepad":
             raise InvalidArgumentError("admin and schema are options of PostgreSQL stores")
-        return Database(Path(where))
+        return Database(
+            Path(where), wal_limit_bytes=policy.wal_limit_bytes, incremental_vacuum=policy.incremental_vacuum
+        )
     try:
         from ._pg import PostgresDatabase
     except ImportError:
