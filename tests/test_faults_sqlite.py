@@ -39,6 +39,7 @@ from securepad import (
 )
 from securepad.bench.faults import damaged_copies, exercise
 from securepad.cli import main
+from securepad.store import sqlite_of
 
 
 def assert_one_error(result: Any, name: str) -> None:
@@ -233,7 +234,7 @@ def test_random_damage_gives_typed_errors(tmp_path: Path, keyring: Keyring) -> N
     source = tmp_path / "source.db"
     with Scratchpad.open(source, keyring=keyring) as pad:
         ids = [pad.put(ALICE, "t", step, "tool", random.randbytes(3000))["scratchpad_id"] for step in range(40)]
-        pad._sqlite().checkpoint()  # everything in the main file, none in the WAL
+        sqlite_of(pad).checkpoint()  # everything in the main file, none in the WAL
     (tmp_path / "copies").mkdir()
     outcomes: dict[str, int] = {}
     for path in damaged_copies(source, tmp_path / "copies", trials=50, seed=18):
@@ -366,7 +367,7 @@ def test_incremental_vacuum_gives_space_back(tmp_path: Path, keyring: Keyring) -
             for step in range(60):
                 pad.put(ALICE, "t", step, "tool", random.randbytes(50_000), ttl_seconds=10)
             pad.put(ALICE, "keep", 1, "tool", "kept", ttl_seconds=3600)
-            pad.gc(now=pad._clock() + 60)
+            pad.gc(now=time.time() + 60)
             full = db.stat().st_size
             assert pad.list_for_turn(ALICE, "keep")
         sizes[vacuum] = full
@@ -378,7 +379,7 @@ def test_incremental_vacuum_converts_an_existing_store(db_path: Path, keyring: K
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         sid = pad.put(ALICE, "t", 1, "tool", random.randbytes(200_000), ttl_seconds=10)["scratchpad_id"]
         kept = pad.put(ALICE, "t", 2, "tool", "kept")["scratchpad_id"]
-        pad.gc(now=pad._clock() + 60)
+        pad.gc(now=time.time() + 60)
     big = db_path.stat().st_size
     policy = Policy.from_dict({"storage": {"incremental_vacuum": True}})
     with Scratchpad.open(db_path, keyring=keyring, policy=policy) as pad:
@@ -428,7 +429,7 @@ def test_a_transaction_sqlite_already_ended_does_not_hide_the_cause(db_path: Pat
     the helper's own ROLLBACK then failed and replaced the real error with
     ``apsw.SQLError: cannot rollback - no transaction is active``."""
     with Scratchpad.open(db_path, keyring=keyring) as pad:
-        db = pad._sqlite()
+        db = sqlite_of(pad)
         with pytest.raises(StorageFullError, match="full"), db.transaction() as conn:
             conn.execute("INSERT INTO store_meta(key, value) VALUES ('probe', 'x')")
             conn.raw.execute("ROLLBACK")  # what SQLite does on SQLITE_FULL
