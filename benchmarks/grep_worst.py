@@ -1,0 +1,118 @@
+"""Time grep's worst patterns on a large entry, through the real store (decrypting
+every segment), and check each call against the stated bound.
+
+    python -m benchmarks.grep_worst [--mib 100] [--only NAME]
+
+The bound (issue 11): a grep call's cost is linear in the bytes it scans,
+whatever the pattern, and no call runs longer than the work budget
+(``GREP_TIME_BUDGET_S``, plus the one bounded RE2 call in flight) before it
+returns a partial result that says where to go on. The figures printed per
+pattern: seconds for the call, MiB scanned, MiB/s, RE2 calls, whether the
+budget cut it short. Every call must finish within ``--bound`` seconds
+(default: the budget plus 1 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from securepad import Keyring, Policy, Principal, Scratchpad
+
+MIB = 1 << 20
+
+
+def _two_char_lines(size: int) -> str:
+    return "a\n" * (size // 2)
+
+
+def _json_list(size: int) -> list[dict[str, object]]:
+    item = {"id": 0, "title": "result title here", "tags": ["x", "y"], "score": 0.5}
+    return [dict(item, id=i) for i in range(size // 80)]
+
+
+def _ab_text(size: int) -> str:
+    # Long lines of a/b: the text on which an exponential DFA runs out of its cache.
+    line = ("ab" * 40 + "aabba" * 20 + "b") + "\n"
+    return line * (size // len(line))
+
+
+def _one_line(size: int) -> str:
+    return "x" * size
+
+
+def _log_lines(size: int) -> str:
+    line = "2026-01-01T00:00:00 INFO request served path=/api/v1/items status=200 ms=12\n"
+    return line * (size // len(line))
+
+
+_GROUPS = "".join("(.)" for _ in range(300))
+
+# name -> (observation builder, pattern, max_matches)
+CASES: dict[str, tuple[Callable[[int], object], str, int]] = {
+    "cross-line pattern, 2-char lines": (_two_char_lines, r"\S[\s\S]*\n[\s\S]*\S", 50),
+    "cross-line pattern, json list": (_json_list, r"\S[\s\S]*\n[\s\S]*\S", 50),
+    "300 capture groups, 2-char lines": (_two_char_lines, _GROUPS, 1),
+    "300 capture groups + every line matches": (_log_lines, _GROUPS[: 3 * 60], 1_000_000),
+    "DFA blow-up (a|b)*a(a|b){20}": (_ab_text, r"(a|b)*a(a|b){20}c", 50),
+    "counted repetition, no match, one line": (_one_line, r"[a-z]{200}y", 50),
+    "text anchors (line by line)": (_two_char_lines, r"\Ab\z", 50),
+    "match-all pattern": (_two_char_lines, r"", 1_000_000),
+    "plain literal, no match": (_log_lines, r"status=500", 50),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=float, default=100.0, help="size of each entry in MiB")
+    parser.add_argument("--only", action="append", help="run only the cases whose name contains this")
+    parser.add_argument("--bound", type=float, default=None, help="seconds no call may exceed")
+    args = parser.parse_args()
+    size = int(args.mib * MIB)
+    try:
+        from securepad._grep import GREP_TIME_BUDGET_S
+
+        budget: float | None = GREP_TIME_BUDGET_S
+    except ImportError:  # a securepad from before the work budget
+        budget = None
+    bound = args.bound if args.bound is not None else (budget + 1.0 if budget is not None else None)
+    policy = Policy.from_dict(
+        {"access": {"scope": "owner"}, "limits": {"max_entry_bytes": 4 * size + MIB, "owner_quota_bytes": 1 << 40}}
+    )
+    worst = 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        with Scratchpad.open(root / "store.db", keyring=Keyring.from_key_file(root / "key"), policy=policy) as pad:
+            alice = Principal("alice", "agent", "bench")
+            for step, (name, (build, pattern, max_matches)) in enumerate(CASES.items(), 1):
+                if args.only and not any(part in name for part in args.only):
+                    continue
+                view = pad.put(alice, "grep", step, "tool", build(size))
+                started = time.perf_counter()
+                result = pad.read(
+                    alice, view["scratchpad_id"], mode="grep", pattern=pattern, max_matches=max_matches
+                )
+                took = time.perf_counter() - started
+                meta = result["metadata"]
+                scanned = meta.get("bytes_scanned")
+                rate = f"{scanned / MIB / took:7.1f} MiB/s" if scanned and took else "   n/a"
+                worst = max(worst, took)
+                print(
+                    f"{name:42s} {took:7.2f} s  entry {view['size_bytes'] / MIB:6.1f} MiB"
+                    f"  scanned {'n/a' if scanned is None else f'{scanned / MIB:6.1f} MiB'} {rate}"
+                    f"  re2 calls {meta.get('re2_calls', 'n/a')}  matches {meta['matches']}"
+                    f"  budget hit {meta.get('budget_exhausted', 'n/a')}",
+                    flush=True,
+                )
+                pad.delete(alice, view["scratchpad_id"])
+    verdict = "" if bound is None else (" (within the bound)" if worst <= bound else " (OVER THE BOUND)")
+    print(f"slowest call {worst:.2f} s; bound {bound if bound is not None else 'none'} s{verdict}")
+    if bound is not None and worst > bound:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
