@@ -44,6 +44,10 @@ def _one_line(size: int) -> str:
     return "x" * size
 
 
+def _long_lines(size: int) -> str:
+    return ("y" * 400 + "\n") * (size // 401)
+
+
 def _log_lines(size: int) -> str:
     line = "2026-01-01T00:00:00 INFO request served path=/api/v1/items status=200 ms=12\n"
     return line * (size // len(line))
@@ -56,6 +60,7 @@ CASES: dict[str, tuple[Callable[[int], object], str, int]] = {
     "cross-line pattern, 2-char lines": (_two_char_lines, r"\S[\s\S]*\n[\s\S]*\S", 50),
     "cross-line pattern, json list": (_json_list, r"\S[\s\S]*\n[\s\S]*\S", 50),
     "300 capture groups, 2-char lines": (_two_char_lines, _GROUPS, 1),
+    "240 capture groups, max_matches=1": (_long_lines, "(.*)" * 240, 1),
     "300 capture groups + every line matches": (_log_lines, _GROUPS[: 3 * 60], 1_000_000),
     "DFA blow-up (a|b)*a(a|b){20}": (_ab_text, r"(a|b)*a(a|b){20}c", 50),
     "counted repetition, no match, one line": (_one_line, r"[a-z]{200}y", 50),

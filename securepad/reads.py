@@ -116,6 +116,7 @@ def read(
     max_matches: int = DEFAULT_MAX_MATCHES,
     context: int = 0,
     cap: int,
+    grep_budget_s: float | None = None,
 ) -> dict[str, Any]:
     """Run one read mode, never returning more than ``cap`` characters.
 
@@ -123,7 +124,8 @@ def read(
     cap then bounds the base64 text, so at most ``cap // 4 * 3`` bytes.
     ``lines`` takes 1-based inclusive line numbers in ``start``/``end``
     (0 means the first line); ``grep`` searches lines ``start``..``end``
-    (the whole entry by default) for ``pattern`` (RE2 syntax).
+    (the whole entry by default) for ``pattern`` (RE2 syntax), stopping with a
+    partial result after ``grep_budget_s`` (``_grep.GREP_TIME_BUDGET_S`` by default).
 
     Raises:
         InvalidArgumentError: unknown mode, negative or non-integer n/start/end,
@@ -162,6 +164,7 @@ def read(
             cap=cap,
             start_segment=seq,
             start_number=number,
+            budget_s=grep_budget_s,
         )
     size = content.size
     limit = cap // 4 * 3 if content.is_binary else cap

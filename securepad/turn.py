@@ -90,6 +90,8 @@ SCRATCHPAD_READ_TOOL: dict[str, Any] = {
                     "type": "string",
                     "description": (
                         "grep: an RE2 regular expression (no backreferences or look-around); (?i) ignores case."
+                        " Each line is matched on its own. A grep that uses up its work budget returns the"
+                        " lines found so far with metadata.budget_exhausted true; go on from metadata.next_line."
                     ),
                 },
                 "max_matches": {
