@@ -927,7 +927,7 @@ class Scratchpad:
             for table in ("entries", *_records.TABLES, "owner_keys"):
                 removed[table] = conn.execute(f"DELETE FROM {table} WHERE owner_user_id = ?", (owner_user_id,))
         self._forget_cached_keys(owner_user_id)
-        removed["wal_truncated"] = self._db.checkpoint()
+        removed["wal_truncated"] = self._db.scrub()
         return removed
 
     # -- key lifecycle (see lifecycle.py) -----------------------------------------
@@ -948,11 +948,12 @@ class Scratchpad:
 
     def gc(self, now: float | None = None, *, wait: bool = True) -> int:
         """Delete expired entries and their segments (and expired turn checkpoints
-        and compaction marks), then checkpoint and truncate the WAL so their
-        ciphertext leaves the files. Returns how many entries were deleted.
+        and compaction marks), then, when it deleted anything, ``scrub`` the
+        file so their ciphertext leaves it. Returns how many entries were deleted.
 
-        With ``wait=False`` the WAL checkpoint does not wait for readers: it
-        moves what it can and a later checkpoint finishes (``turn`` uses this).
+        With ``wait=False`` (``turn`` uses this) it does not scrub and the WAL
+        checkpoint does not wait for readers: it moves what it can, and a later
+        ``gc``, ``scrub`` or ``forget_owner`` finishes the job.
 
         Raises:
             StoreBusyError: the write lock was not obtained in time.
@@ -963,9 +964,29 @@ class Scratchpad:
                 "DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE expires_at <= ?)", (cutoff,)
             )
             deleted = conn.execute("DELETE FROM entries WHERE expires_at <= ?", (cutoff,))
-            _records.delete_expired(conn, cutoff)
-        self._db.checkpoint(wait=wait)
+            records = _records.delete_expired(conn, cutoff)
+        if wait and (deleted or records):
+            self._db.scrub()
+        else:
+            self._db.checkpoint(wait=wait)
         return deleted
+
+    def scrub(self) -> bool:
+        """Rewrite the store file so that nothing deleted remains anywhere in it.
+
+        ``delete`` and ``gc`` delete with ``secure_delete``, which zeroes a
+        deleted row, but SQLite can leave stale copies of rows it moved
+        between pages in those pages' unused space; this rebuilds the file
+        (VACUUM) and truncates the WAL. ``gc`` (when it deleted something) and
+        ``forget_owner`` do it themselves. It reads and writes the whole store
+        and holds the write lock meanwhile. Returns False when a reader kept
+        part of the WAL alive (the next checkpoint clears it). On PostgreSQL
+        it does nothing (the server's VACUUM removes dead rows).
+
+        Raises:
+            StoreBusyError: the write lock was not obtained in time.
+        """
+        return self._db.scrub()
 
     def stats(self, principal: Principal | None = None, *, now: float | None = None) -> dict[str, Any]:
         """Counts and sizes: for one principal's scope, or (None) for the whole store.
