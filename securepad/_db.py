@@ -17,6 +17,7 @@ from pathlib import Path
 import apsw
 
 from ._backend import DuplicateKeyError, Params, Rows
+from ._files import STORE_OVERRIDE, check_directory, check_private_file
 from .errors import SecurepadError, StoreBusyError
 
 __all__ = ["SCHEMA_VERSION", "Database"]
@@ -190,7 +191,7 @@ class Database:
 
     dialect = "sqlite"
 
-    def __init__(self, path: Path, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+    def __init__(self, path: Path, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS, allow_shared: bool = False) -> None:
         self.path = path
         self.location = str(path)
         self._busy_timeout_ms = busy_timeout_ms
@@ -198,7 +199,7 @@ class Database:
         self._lock = threading.Lock()
         self._all: list[apsw.Connection] = []
         self._closed = False
-        _create_private_file(path)
+        _create_private_file(path, allow_shared)
         with self.transaction() as conn:
             self._migrate(conn.raw)
 
@@ -312,7 +313,7 @@ class Database:
 
     def copy_to(self, dest: Path) -> None:
         """Write a consistent copy of the store to ``dest`` (which must not exist)."""
-        _create_private_file(dest)
+        _create_private_file(dest, companions=False)
         self.conn.execute("VACUUM INTO ?", (str(dest),))
 
     def _migrate(self, conn: apsw.Connection) -> None:
@@ -360,14 +361,28 @@ class _BusyHandler:
         return True
 
 
-def _create_private_file(path: Path) -> None:
-    """Create the database file 0600 in a 0700 directory before SQLite does:
-    SQLite gives the -wal and -shm files the database file's mode."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+def _create_private_file(path: Path, allow_shared: bool = False, *, companions: bool = True) -> None:
+    """Create the database, -wal and -shm files 0600 in a 0700 directory before
+    SQLite does (SQLite gives the -wal and -shm files the database file's mode),
+    and refuse existing ones others may read or write, or a directory others
+    may write to (unless ``allow_shared``: a deliberate shared setup)."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         raise SecurepadError(f"cannot create store {path}: {exc.strerror}") from None
-    os.close(fd)
+    if not allow_shared:
+        check_directory(path.parent, "store", STORE_OVERRIDE)
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")) if companions else (path,):
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            if not allow_shared:
+                try:
+                    info = name.stat()
+                except FileNotFoundError:  # SQLite removed it meanwhile
+                    continue
+                check_private_file(name, info, "store file", STORE_OVERRIDE)
+            continue
+        except OSError as exc:
+            raise SecurepadError(f"cannot create store {path}: {exc.strerror}") from None
+        os.close(fd)

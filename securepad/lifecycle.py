@@ -67,7 +67,7 @@ def rotate_master_key(pad: Scratchpad, new_keyring: Keyring, *, progress: Progre
         StoreBusyError: the write lock was not obtained in time.
     """
     store_id = pad.store_id.encode()
-    new_master, kdf = new_keyring._master_key(None)
+    new_master, kdf = new_keyring._master_key(None, new=True)
     new_check = derive(new_master, "key-check", store_id).hex()
     if secrets.compare_digest(new_check, pad._key_check):
         raise InvalidArgumentError("the new master key is the current one")

@@ -167,7 +167,7 @@ class Scratchpad:
             resolved = policy
         else:
             resolved = Policy.load(Path(policy))
-        db = _open_backend(db_path, admin, schema)
+        db = _open_backend(db_path, admin, schema, resolved.allow_shared_files)
         try:
             return cls(db, keyring, resolved, clock)
         except BaseException:
@@ -179,7 +179,7 @@ class Scratchpad:
         meta = self._store_meta()
         if "store_id" not in meta:
             store_id = secrets.token_hex(16)
-            master, kdf = keyring._master_key(None)
+            master, kdf = keyring._master_key(None, new=True)
             with self._db.transaction(admin=True) as conn:
                 if not conn.query("SELECT 1 FROM store_meta WHERE key = 'store_id'"):
                     values = {
@@ -380,7 +380,7 @@ class Scratchpad:
         check_identifier("executor_name", executor_name)
         _check_step_num(step_num)
         ttl = self._ttl(ttl_seconds)
-        kind, shape, content, rest = _classify(observation)
+        kind, shape, content, rest = _classify(observation, self.policy.max_json_depth)
         breaks: list[int] | None = None
         line_count: int | None = None
         if isinstance(content, bytes):
@@ -1040,12 +1040,12 @@ class Scratchpad:
 _PG_SCHEMES = ("postgresql://", "postgres://")
 
 
-def _open_backend(where: Any, admin: Any, schema: str) -> Backend:
+def _open_backend(where: Any, admin: Any, schema: str, allow_shared: bool = False) -> Backend:
     """A SQLite file, or a PostgreSQL store for a DSN or a connection pool."""
     if isinstance(where, str | os.PathLike) and not str(where).startswith(_PG_SCHEMES):
         if admin is not None or schema != "securepad":
             raise InvalidArgumentError("admin and schema are options of PostgreSQL stores")
-        return Database(Path(where))
+        return Database(Path(where), allow_shared=allow_shared)
     try:
         from ._pg import PostgresDatabase
     except ImportError:
@@ -1162,7 +1162,7 @@ def _dumps(value: Any, *, indent: int | None = None) -> bytes:
         raise InvalidArgumentError(f"the observation is not JSON-serializable: {exc}") from None
 
 
-def _classify(observation: Any) -> tuple[str, str, str | bytes, dict[str, Any] | None]:
+def _classify(observation: Any, max_depth: int) -> tuple[str, str, str | bytes, dict[str, Any] | None]:
     """(kind, shape, content, rest): what is stored as content and what as sealed fields."""
     if isinstance(observation, str):
         return "text", "str", observation, None
@@ -1170,27 +1170,35 @@ def _classify(observation: Any) -> tuple[str, str, str | bytes, dict[str, Any] |
         return "binary", "bytes", bytes(observation), None
     if isinstance(observation, dict) and isinstance(observation.get("content"), str | bytes):
         rest = {k: v for k, v in observation.items() if k != "content"}
-        _check_string_keys(rest)
+        _check_structure(rest, max_depth)
         _dumps(rest)  # the other fields must be JSON; fail before anything is stored
         content = observation["content"]
         return ("binary" if isinstance(content, bytes) else "text"), "dict", content, rest
-    _check_string_keys(observation)
+    _check_structure(observation, max_depth)
     # Indented JSON: the readable content, so that lines and grep mean something.
     return "json", "json", _dumps(observation, indent=2).decode("utf-8"), None
 
 
-def _check_string_keys(value: Any) -> None:
-    """Refuse non-string dict keys anywhere: JSON would turn 1 into "1" and the
-    observation would come back different from what was put."""
-    pending = [value]
+def _check_structure(value: Any, max_depth: int) -> None:
+    """Refuse non-string dict keys anywhere (JSON would turn 1 into "1" and the
+    observation would come back different from what was put), and nesting
+    deeper than ``max_depth`` (JSON's encoder would hit Python's recursion
+    limit). Iterative: a deep value cannot exhaust the stack here."""
+    pending: list[tuple[Any, int]] = [(value, 1)]
     while pending:
-        item = pending.pop()
+        item, depth = pending.pop()
+        if not isinstance(item, dict | list | tuple):
+            continue
+        if depth > max_depth:
+            raise InvalidArgumentError(
+                f"the observation nests deeper than {max_depth} levels (the policy's limits.max_json_depth)"
+            )
         if isinstance(item, dict):
             if any(not isinstance(k, str) for k in item):
                 raise InvalidArgumentError("structured observations need string keys at every level")
-            pending.extend(item.values())
-        elif isinstance(item, list | tuple):
-            pending.extend(item)
+            pending.extend((v, depth + 1) for v in item.values())
+        else:
+            pending.extend((v, depth + 1) for v in item)
 
 
 def _rebuild(shape: str, whole: str | bytes, rest: dict[str, Any] | None) -> Any:
