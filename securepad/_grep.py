@@ -22,6 +22,7 @@ Nothing is held but one segment, the line that straddles segments (cut to
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import deque
@@ -97,12 +98,17 @@ def compile_pattern(pattern: object) -> tuple[Any, Any]:
 
 
 class _Output:
-    """The rows shown (``N:line`` for matches, ``N-line`` for context), within the cap."""
+    """The rows shown (``N:line`` for matches, ``N-line`` for context), within the cap.
+
+    The cap counts what the model sees: each row as JSON-escaped text (a
+    quote or a control character costs its escape), and for each match its
+    number in ``match_lines`` too.
+    """
 
     def __init__(self, cap: int, context: int) -> None:
         self.cap, self.context = cap, context
         self.rows: list[str] = []
-        self.used = -1  # rows are joined by "\n": n rows cost their lengths + n - 1
+        self.used = -2  # rows are joined by "\n", two characters in JSON: n rows cost their lengths + 2(n - 1)
         self.last_shown = 0
         self.shortened = 0
 
@@ -112,19 +118,34 @@ class _Output:
         row = f"{number}{mark}{shown}"
         # Like grep, "--" separates groups of context lines that are not adjacent.
         gap = ["--"] if self.context and self.last_shown and number > self.last_shown + 1 else []
-        cost = sum(len(r) + 1 for r in [*gap, row])
+        listed = len(str(number)) + 2 if mark == ":" else 0  # its entry in match_lines, with ", "
+        cost = sum(_json_length(r) + 2 for r in [*gap, row]) + listed
         cut = False
         if self.used + cost > self.cap:
             if self.rows:
                 return False
-            row, cut = row[: self.cap], True  # nothing shown yet: show what fits, so a retry makes progress
-            gap, cost = [], len(row) + 1
+            # Nothing shown yet: show what fits, so a retry makes progress.
+            row, cut = _json_prefix(row, max(1, self.cap - listed)), True
+            gap, cost = [], _json_length(row) + 2 + listed
         self.rows.extend([*gap, row])
         self.used += cost
         self.last_shown = number
         if cut or shown != text or full_length > len(text):
             self.shortened += 1
         return True
+
+
+def _json_length(text: str) -> int:
+    """Characters of ``text`` inside a JSON string (ensure_ascii=False), quotes excluded."""
+    return len(json.dumps(text, ensure_ascii=False)) - 2
+
+
+def _json_prefix(text: str, limit: int) -> str:
+    """The longest prefix of ``text`` whose JSON form fits in ``limit`` characters."""
+    cut = min(len(text), limit)
+    while cut > 0 and _json_length(text[:cut]) > limit:
+        cut = max(0, min(cut - 1, cut - (_json_length(text[:cut]) - limit)))
+    return text[:cut]
 
 
 def _window(text: str, full_length: int, span: tuple[int, int] | None) -> str:
@@ -360,6 +381,7 @@ def grep(
                 state.lengths[number] = len(carry) + extra
                 long_lines += state.first <= number <= (state.last or number)
             state.feed(carry.translate(_TO_NEWLINE) + "\n", number)
+    shown = "\n".join(state.out.rows)
     complete = state.next_line is None
     stopped = state.reached and not complete and not state.capped
     metadata: dict[str, Any] = {
@@ -375,7 +397,7 @@ def grep(
         "searched_to_line": state.searched_to,
         "matches": len(state.matches),
         "match_lines": state.matches,
-        "size_returned": max(state.out.used, 0),
+        "size_returned": len(shown),
         "truncated": not complete,
         "capped": state.capped,
         "stopped_at_max_matches": stopped,
@@ -410,4 +432,4 @@ def grep(
         metadata.setdefault(
             "hint", "long lines are shown as a window around the match; read them whole with mode='lines'"
         )
-    return {"ok": True, "content": "\n".join(state.out.rows), "metadata": metadata}
+    return {"ok": True, "content": shown, "metadata": metadata}

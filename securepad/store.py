@@ -400,7 +400,7 @@ class Scratchpad:
                 f" the policy's max_entry_bytes is {self.policy.max_entry_bytes}"
             )
         created = self._now(now)
-        view = _view(kind, step_num, size_bytes, content, rest, observation)
+        view = _view(kind, step_num, size_bytes, content, rest, observation, self.policy.inline_max_chars)
         meta = {
             "actor": principal.actor,
             "channel": principal.channel,
@@ -1210,9 +1210,16 @@ def _rebuild(shape: str, whole: str | bytes, rest: dict[str, Any] | None) -> Any
 
 
 def _view(
-    kind: str, step_num: int, size_bytes: int, content: str | bytes, rest: dict[str, Any] | None, observation: Any
+    kind: str,
+    step_num: int,
+    size_bytes: int,
+    content: str | bytes,
+    rest: dict[str, Any] | None,
+    observation: Any,
+    limit: int,
 ) -> dict[str, Any]:
-    """The synthetic view, without the id (added when the entry is returned)."""
+    """The synthetic view, without the id (added when the entry is returned),
+    within ``limit`` characters as JSON (with the id)."""
     view: dict[str, Any] = {"step_num": step_num, "size_bytes": size_bytes, "kind": kind}
     fields = rest if rest is not None else (observation if isinstance(observation, dict) else {})
     if isinstance(content, bytes):
@@ -1231,7 +1238,7 @@ def _view(
     metadata = fields.get("metadata")
     view["metadata"] = metadata if isinstance(metadata, dict) else {}
     # Scalars (counts, flags, messages) sit at the top level; the view's own keys win.
-    return {**summary.scalars(fields), **view}
+    return summary.fit_view(view, summary.scalars(fields), limit)
 
 
 def _binary_counts(size: int, segment_count: int) -> list[int]:

@@ -4,6 +4,7 @@ environment (10), deeply nested JSON (11)."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import secrets
 import stat
@@ -152,3 +153,39 @@ def test_deep_json_is_an_invalid_argument_not_a_recursion_error(
         # Within the policy's limit: stored and read back whole.
         view = pad.put(ALICE, "t", 2, "tool", wrap(_nested(40)))  # type: ignore[operator]
         assert pad.get(ALICE, view["scratchpad_id"]).observation == wrap(_nested(40))  # type: ignore[operator]
+
+
+# -- 7: what reaches the model is bounded ----------------------------------------------------
+
+
+def _view_json(view: dict[str, object]) -> int:
+    return len(json.dumps(view, ensure_ascii=False))
+
+
+@pytest.mark.parametrize(
+    "observation",
+    [
+        {f"field_{i}": i for i in range(30_000)},  # a flat dict: every scalar and key name
+        {"content": "log\n" * 5000, "metadata": {f"m{i}": "v" * 50 for i in range(5000)}},
+        {"items": [{f"k{i}": 1 for i in range(3000)}], "note": "n" * 150},
+        {"content": '"\\\n' * 5000, "metadata": {"path": "/a"}},  # escapes count as the model sees them
+    ],
+    ids=["flat dict", "huge metadata", "huge schema", "escaped text"],
+)
+@pytest.mark.parametrize("limit", [1500, 300])
+def test_the_view_fits_inline_max_chars_as_json(
+    db_path: Path, keyring: Keyring, observation: dict[str, object], limit: int
+) -> None:
+    policy = Policy.from_dict({"access": {"scope": "owner"}, "limits": {"inline_max_chars": limit}})
+    with Scratchpad.open(db_path, keyring=keyring, policy=policy) as pad:
+        view = pad.put(ALICE, "t", 1, "tool", observation)
+        assert _view_json(view) <= limit
+        assert view["view_cut"]  # says what was left out
+        again = pad.get(ALICE, view["scratchpad_id"])
+        assert again.observation == observation  # nothing is lost: only the view is cut
+
+
+def test_a_view_that_fits_is_unchanged(db_path: Path, keyring: Keyring) -> None:
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        view = pad.put(ALICE, "t", 1, "tool", {"content": "x" * 5000, "metadata": {"path": "/a"}, "status": 200})
+        assert "view_cut" not in view and view["metadata"] == {"path": "/a"} and view["status"] == 200

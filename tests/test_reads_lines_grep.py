@@ -338,6 +338,19 @@ def test_a_grep_out_of_budget_returns_a_partial_result_and_where_to_go_on(patter
     assert found == whole["match_lines"] and len(found) == 60_000 // 7
 
 
+@pytest.mark.parametrize("line", ["x", '"x"\t\\', "\x01x\x02"], ids=["short", "escaped", "control"])
+def test_a_grep_result_fits_the_cap_as_the_json_the_model_sees(line: str) -> None:
+    """match_lines and JSON escapes count: 34,482 characters came back for a 16,000 cap."""
+    text = (line + "\n") * 20_000
+    content, _ = segmented(text, SEGMENT_BYTES)
+    result = reads.read(content, "grep", pattern="x", max_matches=10**9, cap=16_000)
+    meta = result["metadata"]
+    assert meta["capped"] and meta["matches"] > 100
+    seen = len(json.dumps(result["content"], ensure_ascii=False)) + len(json.dumps(meta["match_lines"]))
+    assert seen <= 16_000 + 4
+    assert meta["size_returned"] == len(result["content"])
+
+
 # -- refusals -----------------------------------------------------------------------------
 
 
