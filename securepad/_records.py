@@ -57,6 +57,10 @@ class _StaleOwnerKey(Exception):
     """The record was sealed for an owner-key version that is no longer the newest."""
 
 
+# What a record's row costs on disk besides its sealed bytes (clear columns,
+# its indexes): counted against the owner's quota with them.
+RECORD_ROW_OVERHEAD = 256
+
 def record_key_aad(record_id: str, owner_user_id: str, key_version: int) -> bytes:
     """AAD of a record's wrapped item key: binds record, owner and owner-key version."""
     return lp("record-key", record_id, owner_user_id, str(key_version))
@@ -140,6 +144,8 @@ def save(
                 ]
                 if newest != version:
                     raise _StaleOwnerKey
+                cost = len(row["sealed"]) + len(row["wrapped_key"]) + RECORD_ROW_OVERHEAD
+                pad._check_quota(conn, owner, cost, created, "record")
                 conn.execute(
                     f"INSERT INTO {table}({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
                 )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from securepad import InvalidArgumentError, Keyring, Policy, Principal, Scratchpad, SecurepadError
+from securepad import InvalidArgumentError, Keyring, Policy, Principal, QuotaExceededError, Scratchpad, SecurepadError
 
 ALICE = Principal("alice", "planner", "web")
 
@@ -189,3 +189,49 @@ def test_a_view_that_fits_is_unchanged(db_path: Path, keyring: Keyring) -> None:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         view = pad.put(ALICE, "t", 1, "tool", {"content": "x" * 5000, "metadata": {"path": "/a"}, "status": 200})
         assert "view_cut" not in view and view["metadata"] == {"path": "/a"} and view["status"] == 200
+
+
+# -- 4 and 6: the quota counts every row, and says nothing of other scopes ------------------
+
+
+def _quota_pad(db_path: Path, keyring: Keyring, quota: int, scope: str = "owner") -> Scratchpad:
+    policy = Policy.from_dict(
+        {"access": {"scope": scope}, "limits": {"owner_quota_bytes": quota, "max_entry_bytes": quota}}
+    )
+    return Scratchpad.open(db_path, keyring=keyring, policy=policy)
+
+
+def test_empty_entries_count_against_the_quota(db_path: Path, keyring: Keyring) -> None:
+    """3,000 empty entries grew a file by 15 MB under a 1,000-byte quota."""
+    with _quota_pad(db_path, keyring, 100_000) as pad:
+        stored = 0
+        with pytest.raises(QuotaExceededError):
+            for step in range(3000):
+                pad.put(ALICE, "t", step, "tool", "")
+                stored += 1
+        assert 0 < stored <= 100_000 // 512
+        assert pad.stats(ALICE)["stored_bytes"] <= 100_000
+
+
+def test_checkpoints_and_marks_count_against_the_quota(db_path: Path, keyring: Keyring) -> None:
+    """6 MB of checkpoints were stored under a 1 MB quota."""
+    with _quota_pad(db_path, keyring, 1_000_000) as pad:
+        turn = pad.turn(ALICE, "t")
+        written = 0
+        with pytest.raises(QuotaExceededError, match="record"):
+            for _ in range(60):
+                turn.checkpoint(facts=["f" * 1000] * 100)  # about 100 KB each
+                written += 1
+        assert 5 <= written <= 10
+        with pytest.raises(QuotaExceededError):
+            pad.put(ALICE, "t", 1, "tool", "x" * 200_000)  # the records leave no room for it
+
+
+def test_the_quota_message_tells_nothing_of_other_scopes(db_path: Path, keyring: Keyring) -> None:
+    web, slack = Principal("alice", "planner", "web"), Principal("alice", "planner", "slack")
+    with _quota_pad(db_path, keyring, 200_000, scope="owner+channel") as pad:
+        pad.put(web, "t", 1, "tool", "w" * 150_000)
+        hidden = pad.stats(web)["stored_bytes"]
+        with pytest.raises(QuotaExceededError) as caught:
+            pad.put(slack, "t", 1, "tool", "s" * 100_000)
+        assert str(hidden) not in str(caught.value) and "live" not in str(caught.value)
