@@ -153,13 +153,18 @@ def save(
                     "UPDATE owner_keys SET wrap_count = wrap_count + 1 WHERE owner_user_id = ? AND version = ?",
                     (owner, version),
                 )
+                scope, params = pad.policy.scope_sql(principal)
+                number = conn.query(
+                    f"SELECT COUNT(*) AS n FROM {table} WHERE turn_id = ? AND seq <= ? AND {scope}",
+                    (turn_id, row["seq"], *params),
+                )[0]["n"]
         except DuplicateKeyError:
             continue  # another writer took this seq (or the id collided): seal again
         except _StaleOwnerKey:
             pad._forget_cached_keys(owner)
             version, owner_cipher = pad._current_owner_key(owner)
             continue
-        return {"seq": row["seq"], "created_at": created, "expires_at": row["expires_at"]}
+        return {"seq": int(number), "created_at": created, "expires_at": row["expires_at"]}
     raise StoreBusyError("could not store the turn record: other writers kept taking its place; try again")
 
 
@@ -175,6 +180,10 @@ def load(
     """The live records of a turn in the principal's scope, oldest first (only
     the newest with ``latest``), each as ``{"seq", "created_at", "expires_at", "payload"}``.
 
+    ``seq`` numbers the records within the principal's scope (1, 2, ... in the
+    order they were written, as ``save`` returned it): the stored sequence
+    runs over the whole turn, and would tell of records in other scopes.
+
     Raises:
         IntegrityError: a record fails authentication.
     """
@@ -186,12 +195,24 @@ def load(
         (turn_id, pad._now(now), *params),
         owner=principal.owner_user_id,
     )
+    # Every record of the scope (expired ones not yet collected too) numbers the scope's sequence.
+    stored = pad._db.query(
+        f"SELECT seq FROM {table} WHERE turn_id = ? AND {scope} ORDER BY seq",
+        (turn_id, *params),
+        owner=principal.owner_user_id,
+    )
+    numbers = {row["seq"]: index for index, row in enumerate(stored, 1)}
     loaded = []
     for row in rows:
         pad.policy.authorize_row(principal, row)
         _, payload = _open(pad, table, row)
         loaded.append(
-            {"seq": row["seq"], "created_at": row["created_at"], "expires_at": row["expires_at"], "payload": payload}
+            {
+                "seq": numbers.get(row["seq"], len(numbers) + 1),
+                "created_at": row["created_at"],
+                "expires_at": row["expires_at"],
+                "payload": payload,
+            }
         )
     return loaded
 

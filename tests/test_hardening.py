@@ -235,3 +235,19 @@ def test_the_quota_message_tells_nothing_of_other_scopes(db_path: Path, keyring:
         with pytest.raises(QuotaExceededError) as caught:
             pad.put(slack, "t", 1, "tool", "s" * 100_000)
         assert str(hidden) not in str(caught.value) and "live" not in str(caught.value)
+
+
+def test_checkpoint_and_mark_numbers_count_only_the_callers_scope(db_path: Path, keyring: Keyring) -> None:
+    """MAX(seq) over the whole turn told a web principal of slack's records."""
+    web, slack = Principal("alice", "planner", "web"), Principal("alice", "planner", "slack")
+    policy = Policy.from_dict({"access": {"scope": "owner+channel"}})
+    with Scratchpad.open(db_path, keyring=keyring, policy=policy) as pad:
+        for _ in range(2):
+            pad.turn(slack, "t").checkpoint(facts=["slack's"])
+        mine = pad.turn(web, "t").checkpoint(facts=["web's"])
+        assert mine["seq"] == 1
+        latest = pad.turn(web, "t").latest_checkpoint()
+        assert latest is not None and latest["seq"] == 1 and latest["facts"] == ["web's"]
+        second = pad.turn(web, "t").checkpoint(facts=["web's again"])
+        assert second["seq"] == 2
+        assert pad.turn(slack, "t").latest_checkpoint()["seq"] == 2  # type: ignore[index]
