@@ -97,9 +97,7 @@ def main() -> None:
                     continue
                 view = pad.put(alice, "grep", step, "tool", build(size))
                 started = time.perf_counter()
-                result = pad.read(
-                    alice, view["scratchpad_id"], mode="grep", pattern=pattern, max_matches=max_matches
-                )
+                result = pad.read(alice, view["scratchpad_id"], mode="grep", pattern=pattern, max_matches=max_matches)
                 took = time.perf_counter() - started
                 meta = result["metadata"]
                 scanned = meta.get("bytes_scanned")

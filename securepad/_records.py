@@ -61,6 +61,7 @@ class _StaleOwnerKey(Exception):
 # its indexes): counted against the owner's quota with them.
 RECORD_ROW_OVERHEAD = 256
 
+
 def record_key_aad(record_id: str, owner_user_id: str, key_version: int) -> bytes:
     """AAD of a record's wrapped item key: binds record, owner and owner-key version."""
     return lp("record-key", record_id, owner_user_id, str(key_version))

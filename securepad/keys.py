@@ -233,7 +233,6 @@ class Keyring:
             raise WrongKeyError(f"the store's passphrase parameters are unusable: {exc}") from None
         return KeyHandle(key), created
 
-
     def _key_file_secret(self, new: bool) -> bytes:
         if self._late_secret is None:
             path = Path(self._source.detail)

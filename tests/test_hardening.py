@@ -102,9 +102,7 @@ def test_the_shared_files_override_is_a_policy_flag() -> None:
 # -- 10: the master key leaves the environment once read ----------------------------------
 
 
-def test_from_env_removes_the_master_key_from_the_environment(
-    monkeypatch: pytest.MonkeyPatch, db_path: Path
-) -> None:
+def test_from_env_removes_the_master_key_from_the_environment(monkeypatch: pytest.MonkeyPatch, db_path: Path) -> None:
     key = base64.b64encode(secrets.token_bytes(32)).decode()
     monkeypatch.setenv("SECUREPAD_TEST_KEY", key)
     keyring = Keyring.from_env("SECUREPAD_TEST_KEY")
@@ -141,9 +139,7 @@ def _nested(depth: int) -> object:
 
 
 @pytest.mark.parametrize("wrap", [lambda v: v, lambda v: {"content": "text", "metadata": {"deep": v}}])
-def test_deep_json_is_an_invalid_argument_not_a_recursion_error(
-    db_path: Path, keyring: Keyring, wrap: object
-) -> None:
+def test_deep_json_is_an_invalid_argument_not_a_recursion_error(db_path: Path, keyring: Keyring, wrap: object) -> None:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         with pytest.raises(InvalidArgumentError, match="max_json_depth"):
             pad.put(ALICE, "t", 1, "tool", wrap(_nested(3000)))  # type: ignore[operator]
