@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import bisect
 import itertools
+import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -187,6 +188,13 @@ def read(
         # A tail keeps its end; every other mode keeps its start.
         lo, hi = (hi - limit, hi) if mode == "tail" else (lo, lo + limit)
     data = content.slice(lo, hi)
+    if isinstance(data, str):
+        # The cap counts the text as the model sees it: JSON, where a quote, a
+        # line break or a control character costs its escape.
+        fitted = _fit_json(data, limit, keep_end=mode == "tail")
+        if len(fitted) < len(data):
+            lo, hi = (hi - len(fitted), hi) if mode == "tail" else (lo, lo + len(fitted))
+            data, capped = fitted, True
     metadata: dict[str, Any] = {
         "mode": mode,
         "kind": content.kind,
@@ -214,6 +222,25 @@ def read(
             "metadata": metadata,
         }
     return {"ok": True, "content": data, "metadata": metadata}
+
+
+def _fit_json(text: str, limit: int, *, keep_end: bool) -> str:
+    """``text``, or its longest prefix (suffix with ``keep_end``) whose JSON
+    string form (ensure_ascii=False, quotes excluded) has at most ``limit`` characters."""
+    if len(json.dumps(text, ensure_ascii=False)) - 2 <= limit:
+        return text
+    low, high = 0, min(len(text), limit)  # a character costs at least one
+
+    def part(n: int) -> str:
+        return text[len(text) - n :] if keep_end else text[:n]
+
+    while low < high:
+        middle = (low + high + 1) // 2
+        if len(json.dumps(part(middle), ensure_ascii=False)) - 2 <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return part(low)
 
 
 # -- lines ----------------------------------------------------------------------------

@@ -597,3 +597,16 @@ def test_grep_over_long_lines_keeps_line_numbers(lines: list[str], size: int, li
     # Only a line carried across segments is cut; one inside a segment is whole anyway.
     long_lines = sum(len(line) > limit for line in text.splitlines())
     assert result["metadata"].get("long_lines", 0) <= long_lines
+
+
+@pytest.mark.parametrize("mode", ["head", "tail", "range", "full"])
+@pytest.mark.parametrize("char", ["\x01", '"', "\n", "é"])
+def test_a_read_fits_the_cap_as_the_json_the_model_sees(mode: str, char: str) -> None:
+    """A control character is six characters in JSON: 16,000 of them were 96,000."""
+    text = ("ab" + char) * 20_000
+    content, _ = segmented(text, 4096)
+    result = reads.read(content, mode, n=10**6, cap=16_000)
+    meta = result["metadata"]
+    assert len(json.dumps(result["content"], ensure_ascii=False)) - 2 <= 16_000
+    assert meta["capped"] and meta["size_returned"] == len(result["content"]) == meta["end"] - meta["start"]
+    assert result["content"] == text[meta["start"] : meta["end"]]
