@@ -370,6 +370,7 @@ def _read_lines(content: SegmentedContent, first: int, last: int | None, cap: in
     start_char: int | None = None
     end_line: int | None = None
     next_line: int | None = None
+    seen = 0  # the cap counts the text as JSON, as the model sees it (escapes included)
     capped = False
     hint: str | None = None
     for line in iter_lines(content, first, None, limit=cap + 1):
@@ -379,23 +380,26 @@ def _read_lines(content: SegmentedContent, first: int, last: int | None, cap: in
         if start_char is None:
             start_char = line.start
         whole = line.length + len(line.ending)
-        if used + whole > cap:
+        cost = len(json.dumps(line.text + line.ending, ensure_ascii=False)) - 2
+        if seen + cost > cap:
             capped = True
             if parts:
                 next_line = line.number
                 hint = f"cut to the read cap of {cap} characters; continue with mode='lines', start={line.number}"
             else:  # the line alone is over the cap: return its first part
-                parts.append((line.text + line.ending)[:cap])
-                used = cap
+                part = _fit_json(line.text + line.ending, cap, keep_end=False)
+                parts.append(part)
+                used = len(part)
                 next_line = line.number + 1
                 hint = (
                     f"line {line.number} has {line.length} characters, more than the read cap of {cap};"
-                    f" read the rest of it with mode='range', start={line.start + cap},"
+                    f" read the rest of it with mode='range', start={line.start + used},"
                     f" end={line.start + line.length}, or go on with mode='lines', start={line.number + 1}"
                 )
             break
         parts.append(line.text + line.ending)
         used += whole
+        seen += cost
         end_line = line.number
     # Without an index, a scan that ran to the end has counted the lines.
     seen_last = end_line if next_line is None else None

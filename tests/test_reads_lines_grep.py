@@ -599,7 +599,7 @@ def test_grep_over_long_lines_keeps_line_numbers(lines: list[str], size: int, li
     assert result["metadata"].get("long_lines", 0) <= long_lines
 
 
-@pytest.mark.parametrize("mode", ["head", "tail", "range", "full"])
+@pytest.mark.parametrize("mode", ["head", "tail", "range", "full", "lines"])
 @pytest.mark.parametrize("char", ["\x01", '"', "\n", "é"])
 def test_a_read_fits_the_cap_as_the_json_the_model_sees(mode: str, char: str) -> None:
     """A control character is six characters in JSON: 16,000 of them were 96,000."""
