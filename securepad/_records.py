@@ -109,6 +109,7 @@ def save(
 
     Raises:
         InvalidArgumentError: a bad ttl.
+        QuotaExceededError: the record does not fit in the owner's quota.
         StoreBusyError: the write lock was not obtained in time, or the
             sequence number kept being taken by other writers.
     """

@@ -359,6 +359,7 @@ class Turn:
             InvalidArgumentError: a field of the wrong shape, an unknown budget
                 key, a negative budget, a bad ttl, or a record larger than the
                 policy's ``max_entry_bytes``.
+            QuotaExceededError: the record does not fit in the owner's quota.
             StoreBusyError: the write lock was not obtained in time.
         """
         payload = {
@@ -401,6 +402,7 @@ class Turn:
         Raises:
             InvalidArgumentError: a bad ttl.
             IntegrityError: a stored entry fails authentication.
+            QuotaExceededError: the mark does not fit in the owner's quota.
             StoreBusyError: the write lock was not obtained in time.
         """
         before = [_fingerprint(opened) for opened in self._entries(now)]
