@@ -180,6 +180,7 @@ class _Grep:
         self.lengths: dict[int, int] = {}  # full lengths of lines kept only in part
         self.tail: deque[tuple[int, str]] = deque(maxlen=context)  # the lines before the block
         self.after_until = 0  # show lines up to this number as trailing context
+        self.resume_at = 0  # the first match past max_matches, shown only as context: a later grep starts there
         self.searched_to = first - 1
         self.next_line: int | None = None
         self.capped = self.reached = self.done = False
@@ -204,8 +205,11 @@ class _Grep:
         for number, span in self._hits(block, base, top):
             if not self._context_until(number - 1, base, line):
                 return
-            if self.reached:  # like grep -m: no match past max_matches, only its trailing context
-                self._stop(min(number, self.after_until + 1))
+            if self.reached:  # like grep -m: no match past max_matches, only its trailing context,
+                if number <= self.after_until:  # which shows a matching line as context ("N-line")
+                    self.resume_at = self.resume_at or number
+                    continue
+                self._stop(min(self.resume_at or number, self.after_until + 1))
                 return
             for before in range(max(self.out.last_shown + 1, number - self.context, self.first), number):
                 text = line(before) if before >= base else dict(self.tail)[before]
@@ -218,14 +222,18 @@ class _Grep:
             self.reached = len(self.matches) == self.max_matches
         if self.budget_line is not None:  # out of budget: lines from budget_line on were not searched
             stop = self.budget_line
+            if self.reached and self.after_until < stop:  # max_matches and its context were shown: not the budget
+                if self._context_until(stop - 1, base, line):
+                    self._stop(min(self.resume_at or stop, self.after_until + 1))
+                return
             if self._context_until(stop - 1, base, line):
                 self.out_of_budget = True
-                self._stop(stop)
+                self._stop(min(self.resume_at or stop, stop))
             return
         if not self._context_until(top, base, line):
             return
         if self.reached and self.after_until < top:
-            self._stop(self.after_until + 1)
+            self._stop(min(self.resume_at or top, self.after_until + 1))
             return
         self.searched_to = top
         if self.last is not None and top >= self.last:
@@ -381,6 +389,8 @@ def grep(
                 state.lengths[number] = len(carry) + extra
                 long_lines += state.first <= number <= (state.last or number)
             state.feed(carry.translate(_TO_NEWLINE) + "\n", number)
+    if state.resume_at and state.next_line is None:
+        state._stop(state.resume_at)  # the content ended inside the last match's trailing context
     shown = "\n".join(state.out.rows)
     complete = state.next_line is None
     stopped = state.reached and not complete and not state.capped

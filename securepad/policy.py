@@ -64,18 +64,32 @@ class Policy:
 
     @classmethod
     def load(cls, path: str | Path) -> Policy:
-        """Load and validate a TOML policy file.
+        """Load and validate a policy: a shipped policy's name (``"strict"``; see
+        ``Policy.shipped()``) or the path of a TOML policy file.
+
+        A bare name (no directory, no ``.toml``) that is not a file in the
+        current directory is a shipped policy's name.
 
         Raises:
-            PolicyError: the file cannot be read or parsed, has an unknown
-                section or key, a value of the wrong type or out of range, or
-                contradictory limits. The message names the offending key.
+            PolicyError: no shipped policy has that name; the file cannot be
+                read or parsed, has an unknown section or key, a value of the
+                wrong type or out of range, or contradictory limits. The message
+                names the offending key.
         """
+        if isinstance(path, str) and _is_name(path) and not Path(path).is_file():
+            if path not in cls.shipped():
+                raise PolicyError(
+                    f"no shipped policy named {path!r} (shipped: {', '.join(cls.shipped())}); a file needs its path"
+                )
+            path = bundled_policy_path(path)
         path = Path(path)
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
-            raise PolicyError(f"cannot read policy file {path}: {exc.strerror}") from None
+            raise PolicyError(
+                f"cannot read policy file {path}: {exc.strerror} (a shipped policy is named without a path:"
+                f" {', '.join(cls.shipped())})"
+            ) from None
         except UnicodeDecodeError:
             raise PolicyError(f"policy file {path} is not UTF-8 text") from None
         try:
@@ -107,6 +121,11 @@ class Policy:
         if policy.max_entry_bytes > policy.owner_quota_bytes:
             raise PolicyError("limits.max_entry_bytes exceeds limits.owner_quota_bytes")
         return policy
+
+    @staticmethod
+    def shipped() -> tuple[str, ...]:
+        """The names of the policies shipped with securepad, sorted."""
+        return tuple(sorted(p.stem for p in _bundled_dir().glob("*.toml")))
 
     @classmethod
     def default(cls) -> Policy:
@@ -170,6 +189,18 @@ def _validate(section: str, key: str, value: Any) -> Any:
     if not low <= value <= high:
         raise PolicyError(f"{section}.{key} must be between {low} and {high}, not {value}")
     return value
+
+
+def _is_name(value: str) -> bool:
+    return bool(value) and "/" not in value and "\\" not in value and not value.endswith(".toml")
+
+
+def _bundled_dir() -> Path:
+    """Where the shipped policies are: inside the installed package, or a checkout's ``policies/``."""
+    installed = Path(str(resources.files("securepad"))) / "policies"
+    if installed.is_dir():
+        return installed
+    return Path(__file__).resolve().parent.parent / "policies"
 
 
 def bundled_policy_path(name: str) -> Path:

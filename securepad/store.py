@@ -149,8 +149,8 @@ class Scratchpad:
         and migrations, and the store lives in ``schema``; see
         the README's PostgreSQL section for roles and grants.
 
-        ``policy`` is a path to a TOML policy, a ``Policy``, or None for the
-        shipped default. ``clock`` is the time source for expiry.
+        ``policy`` is a shipped policy's name (``"strict"``), a path to a TOML
+        policy, a ``Policy``, or None for the shipped default. ``clock`` is the time source for expiry.
 
         Raises:
             WrongKeyError: the keyring's master key does not open this store.
@@ -166,7 +166,7 @@ class Scratchpad:
         elif isinstance(policy, Policy):
             resolved = policy
         else:
-            resolved = Policy.load(Path(policy))
+            resolved = Policy.load(policy if isinstance(policy, str) else Path(policy))
         db = _open_backend(db_path, admin, schema, resolved.allow_shared_files)
         try:
             return cls(db, keyring, resolved, clock)
@@ -195,6 +195,14 @@ class Scratchpad:
         master, _ = keyring._master_key(kdf_record)
         expected = bytes.fromhex(meta["key_check"])
         if not secrets.compare_digest(derive(master, "key-check", store_id.encode()), expected):
+            if kdf_record is not None and keyring.kind != "passphrase":
+                raise WrongKeyError(
+                    f"this store uses a passphrase (Argon2id): the master key from {keyring!r} cannot open it"
+                )
+            if kdf_record is None and keyring.kind == "passphrase":
+                raise WrongKeyError(
+                    "this store's master key is not derived from a passphrase: give its key file or variable"
+                )
             raise WrongKeyError(f"the master key from {keyring!r} does not open this store")
         self._key_check = meta["key_check"]
         return store_id, derive(master, "owner-wrap", store_id.encode())
@@ -349,14 +357,19 @@ class Scratchpad:
         ``metadata``, the top-level scalars and, for json, ``list_field``,
         ``count``, ``schema`` and a ``ref_hint``.
 
+        A live step of a turn holds one entry: as ``Turn.record``, ``put``
+        refuses a step that a live entry of the turn in the principal's scope
+        already has (an expired or deleted one frees the step).
+
         Raises:
-            InvalidArgumentError: a bad principal, id, step, ttl, or an
-                observation that is not JSON-serializable.
+            InvalidArgumentError: a bad principal, id, step, ttl, an
+                observation that is not JSON-serializable, or the step is
+                already recorded in the turn.
             QuotaExceededError: the entry exceeds ``max_entry_bytes`` or the
                 owner's ``owner_quota_bytes``.
             StoreBusyError: the write lock was not obtained in time.
         """
-        return self._put(principal, turn_id, step_num, executor_name, observation, ttl_seconds, now=now)
+        return self._put(principal, turn_id, step_num, executor_name, observation, ttl_seconds, now=now, free_step=True)
 
     def _put(
         self,

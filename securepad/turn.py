@@ -268,12 +268,12 @@ class Turn:
         negative or huge numbers, start > end, an invalid pattern, or an id
         that is not an entry of this turn and principal (absent, another
         turn's or another owner's: one message for all). Never returns more
-        than the policy's read cap.
+        than the policy's read cap. Bad input never raises; what raises is not
+        the model's doing.
 
         Raises:
             IntegrityError: the stored entry fails authentication (tampering).
             StoreBusyError: the store could not be read in time.
-            These are not the model's doing; bad input never raises.
         """
         try:
             args = _tool_arguments(name, arguments)

@@ -24,6 +24,12 @@ REAL = [Principal("carol", "planner", "web"), Principal("dave", "coder", "slack"
 
 
 def audit_cli(db_path: Path, key_file: Path, *extra: str, env: dict[str, str] | None = None) -> Result:
+    if not db_path.exists():  # only init creates a store; the audit of a missing one runs on a scratch store
+        init = [arg for arg in extra if arg not in ("audit", "--json")]
+        made = CliRunner().invoke(
+            main, ["--db", str(db_path), "--key-file", str(key_file), *init, "init"], env=env, catch_exceptions=False
+        )
+        assert made.exit_code == 0, made.output
     # A wide terminal, so that table rows do not wrap check names.
     return CliRunner().invoke(
         main,
@@ -127,6 +133,8 @@ def test_table_output_has_one_row_per_check(db_path: Path, key_file: Path) -> No
 
 def test_subcommand_options_and_policy(db_path: Path, key_file: Path) -> None:
     strict = Path(__file__).resolve().parent.parent / "policies" / "strict.toml"
+    made = CliRunner().invoke(main, ["--key-file", str(key_file), "init", "--db", str(db_path)])
+    assert made.exit_code == 0, made.output
     result = CliRunner().invoke(
         main, ["--key-file", str(key_file), "audit", "--db", str(db_path), "--policy", str(strict), "--json"]
     )
@@ -198,9 +206,11 @@ def test_policy_without_denied_log_is_not_sane(db_path: Path, key_file: Path, tm
 
 def test_master_key_from_environment_has_no_key_file_to_check(db_path: Path, key_file: Path) -> None:
     key = "A" * 43 + "="
-    result = audit_cli(
-        db_path, key_file, "--master-key-env", "SP_TEST_KEY", "--json", "audit", env={"SP_TEST_KEY": key}
-    )
+    env = {"SP_TEST_KEY": key, "SECUREPAD_KEY_FILE": str(key_file)}  # the command line's key source wins
+    for command in (["init"], ["--json", "audit"]):
+        result = CliRunner().invoke(
+            main, ["--db", str(db_path), "--master-key-env", "SP_TEST_KEY", *command], env=env, catch_exceptions=False
+        )
     assert result.exit_code == 0, result.output
     report = report_of(result)
     assert "no key file" in rows(report)["key file permissions"]["happened"]
@@ -290,6 +300,9 @@ def test_audit_catches_a_store_that_ignores_the_owner(pad: Scratchpad, monkeypat
     """Simulate the worst bug: the owner condition dropped from every query."""
     monkeypatch.setattr(Policy, "scope_sql", lambda self, principal: ("1 = 1", ()))
     monkeypatch.setattr(Policy, "authorize_row", lambda self, principal, row: None)
+    # Owner b's step 1 shares a's turn id and step on purpose; with the owner condition
+    # dropped, put's one-live-step check would refuse it and the tenants never be set up.
+    monkeypatch.setattr(Scratchpad, "_check_step_free", lambda *args, **kwargs: None)
     report = run_audit(pad)
     assert not report.passed
     broken = {r.name for r in report.failed}
@@ -311,6 +324,7 @@ def test_audit_catches_a_leaky_refusal_message(pad: Scratchpad, monkeypatch: pyt
 
     monkeypatch.setattr(Policy, "scope_sql", lambda self, p: ("owner_user_id = owner_user_id", ()))
     monkeypatch.setattr(Policy, "authorize_row", authorize_row)
+    monkeypatch.setattr(Scratchpad, "_check_step_free", lambda *args, **kwargs: None)  # see above
     report = run_audit(pad)
     row = next(r for r in report.results if r.name == "cross-owner get")
     assert not row.passed

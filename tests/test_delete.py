@@ -38,9 +38,8 @@ def test_delete_scrubs_the_entry_from_the_files(
 
 
 def test_cli_names_the_public_error_class(tmp_path: Path) -> None:
-    result = CliRunner().invoke(
-        main,
-        ["--db", str(tmp_path / "s.db"), "--key-file", str(tmp_path / "key"), "read", "--owner", "a", "0" * 16],
-    )
+    store = ["--db", str(tmp_path / "s.db"), "--key-file", str(tmp_path / "key")]
+    assert CliRunner().invoke(main, [*store, "init"]).exit_code == 0
+    result = CliRunner().invoke(main, [*store, "read", "--owner", "a", "0" * 16])
     assert result.exit_code == 1
     assert "NotFoundError: no such entry" in result.output

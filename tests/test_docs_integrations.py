@@ -1,4 +1,4 @@
-"""Every Python example of the README's Integrations section runs as written and prints what it says."""
+"""Every Python example of the docs' integration pages runs as written and prints what it says."""
 
 from __future__ import annotations
 
@@ -9,16 +9,14 @@ from pathlib import Path
 
 import pytest
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-# The README's Integrations section, up to the next top-level section.
-_SECTION = re.search(r"^## Integrations\n(.*?)(?=^## |\Z)", README, re.S | re.M)
-assert _SECTION is not None
-TEXT = _SECTION.group(1)
-# Each section's heading and its Python example.
+PAGES = sorted((Path(__file__).resolve().parent.parent / "docs" / "integrations").glob("*.md"))
+# Each integration page's title and its Python example (the index page has none).
 SECTIONS = {
-    heading: blocks[0]
-    for heading, body in re.findall(r"^### (.+?)\n(.*?)(?=^### |\Z)", TEXT, re.S | re.M)
-    if (blocks := re.findall(r"```python\n(.*?)```", body, re.S))
+    title: blocks[0]
+    for page in PAGES
+    if (text := page.read_text(encoding="utf-8"))
+    and (title := text.splitlines()[0].removeprefix("# "))
+    and (blocks := re.findall(r"```python\n(.*?)```", text, re.S))
 }
 EXPECTED = {
     "asyncio": ["738918 bytes stored as ", "line 50000: ERROR disk full"],
@@ -34,7 +32,7 @@ EXPECTED = {
 
 def test_every_integration_has_one_example() -> None:
     assert set(SECTIONS) == set(EXPECTED)
-    assert len(re.findall(r"```python\n", TEXT)) == len(EXPECTED)
+    assert sum(len(re.findall(r"```python\n", p.read_text(encoding="utf-8"))) for p in PAGES) == len(EXPECTED)
 
 
 @pytest.mark.parametrize("heading", sorted(EXPECTED))

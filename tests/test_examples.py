@@ -1,4 +1,4 @@
-"""The agent-loop example and the README section that shows it run as written."""
+"""The agent-loop example and the docs page that shows it run as written."""
 
 from __future__ import annotations
 
@@ -12,11 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "agent_loop.py"
-README = (ROOT / "README.md").read_text(encoding="utf-8")
-# The README's agent-loop section, up to the next top-level section.
-SECTION = re.search(r"^## Wiring securepad into an agent loop\n(.*?)(?=^## |\Z)", README, re.S | re.M)
-assert SECTION is not None
-DOC_TEXT = SECTION.group(1)
+# The docs' agent-loop page.
+DOC_TEXT = (ROOT / "docs" / "how-to" / "agent-loop.md").read_text(encoding="utf-8")
 BLOCKS = re.findall(r"```python\n(.*?)```", DOC_TEXT, re.S)
 
 
@@ -51,7 +48,9 @@ def test_every_python_block_of_the_doc_runs(index: int, tmp_path: Path) -> None:
 def test_the_doc_output_is_the_examples_output(tmp_path: Path) -> None:
     """The output shown in the doc is what the example prints, but for the random
     id and the history's size (it holds the temporary directory's path)."""
-    shown = re.search(r"Its output \(the id differs each run\):\n\n```\n(.*?)```", DOC_TEXT, re.S)
+    heading = r"Its output \(the id differs each run, and so does the history's size: it holds the temporary"
+    heading += r" directory's path\):\n\n```\n(.*?)```"
+    shown = re.search(heading, DOC_TEXT, re.S)
     assert shown is not None
     result = run_python([str(EXAMPLE)], tmp_path)
     varying = re.compile(r"stored as [0-9a-f]{16}|, \d+ characters$", re.M)

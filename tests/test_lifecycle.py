@@ -205,7 +205,7 @@ def test_rotation_while_threads_put_and_read(pad: Scratchpad, alice: Principal) 
         while not stop.is_set():
             content = f"writer {n} item {i}"
             try:
-                written[pad.put(alice, "live", i, "tool", content)["scratchpad_id"]] = content
+                written[pad.put(alice, f"live-{n}", i, "tool", content)["scratchpad_id"]] = content
                 entry_id = next(iter(expected))
                 assert pad.get(alice, entry_id).observation == expected[entry_id]
             except BaseException as exc:  # collected and asserted below

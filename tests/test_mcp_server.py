@@ -231,4 +231,4 @@ def test_the_command_says_how_to_install_the_sdk(store: Store, monkeypatch: pyte
     result = CliRunner().invoke(
         main, ["--db", str(store.db), "--key-file", str(store.key), "mcp", "--owner", "alice", "--turn", "t1"]
     )
-    assert result.exit_code == 1 and "pip install 'securepad[mcp]'" in result.output
+    assert result.exit_code == 1 and "pip install '.[mcp]'" in result.output  # from the checkout: no index serves it

@@ -338,6 +338,16 @@ def test_a_grep_out_of_budget_returns_a_partial_result_and_where_to_go_on(patter
     assert found == whole["match_lines"] and len(found) == 60_000 // 7
 
 
+def test_a_grep_that_reached_max_matches_before_its_budget_says_so() -> None:
+    """The budget running out after max_matches and its context were shown is a max_matches stop."""
+    text = "".join(f"{'ERR' if i % 3 == 0 else 'ok'} {i}\n" for i in range(1, 30_001))
+    content, _ = segmented(text, 4096)
+    result = _grep_all(content, "ERR", max_matches=1, grep_budget_s=0.0)
+    meta = result["metadata"]
+    assert result["content"] == "3:ERR 3" and meta["next_line"] == 4
+    assert meta["stopped_at_max_matches"] and not meta["budget_exhausted"] and "max_matches=1" in meta["hint"]
+
+
 @pytest.mark.parametrize("line", ["x", '"x"\t\\', "\x01x\x02"], ids=["short", "escaped", "control"])
 def test_a_grep_result_fits_the_cap_as_the_json_the_model_sees(line: str) -> None:
     """match_lines and JSON escapes count: 34,482 characters came back for a 16,000 cap."""
@@ -538,7 +548,8 @@ def reference_grep(
         next_line = min(hits[max_matches], after_until + 1)
     elif len(hits) == max_matches and after_until < top:
         next_line = after_until + 1
-    end = min(after_until, top) if next_line is None else min(after_until, next_line - 1)
+    # Like grep -m NUM -C N: the last match's trailing context is shown whole, a matching line in it as context.
+    end = min(after_until, top)
     for n in range(last_shown + 1, end + 1):
         show(n, "-")
     return "\n".join(rows), hits[:max_matches], next_line

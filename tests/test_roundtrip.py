@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,8 +83,10 @@ def wide_pad(tmp_path: Path, keyring: Keyring) -> Iterator[Scratchpad]:
         yield store
 
 
-def put(pad: Scratchpad, p: Principal, observation: Any, step: int = 1) -> str:
-    view = pad.put(p, "turn-1", step, "fetch", observation)
+def put(pad: Scratchpad, p: Principal, observation: Any, step: int | None = None) -> str:
+    # Hypothesis runs many examples on one store: each gets a fresh turn unless it names a step.
+    turn = "turn-1" if step is not None else f"turn-{secrets.token_hex(6)}"
+    view = pad.put(p, turn, 1 if step is None else step, "fetch", observation)
     assert ID_RE.fullmatch(view["scratchpad_id"])
     return str(view["scratchpad_id"])
 

@@ -39,15 +39,17 @@ def _fresh(path: Path) -> Path:
 
 
 def _child_env() -> dict[str, str]:
-    # Not resolved: a checkout reached through a symlink keeps its own securepad.
-    root = str(Path(__file__).absolute().parent.parent)
+    # The directory that holds this securepad (a checkout or site-packages), first on the
+    # path; not resolved: a checkout reached through a symlink keeps its own securepad.
+    root = str(Path(__file__).absolute().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
 
 def _child_cmd(spec: dict[str, Any]) -> list[str]:
-    return [sys.executable, "-m", f"{__package__}.child", json.dumps(spec)]
+    # -P: the child never imports from its working directory (it may be anyone's).
+    return [sys.executable, "-P", "-m", f"{__package__}.child", json.dumps(spec)]
 
 
 def run_child(spec: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
@@ -214,7 +216,7 @@ def _concurrent_once(
                 env=_child_env(),
             )
         )
-    outputs = []
+    outputs: list[dict[str, Any]] = []
     try:
         for child in children:  # a barrier: every process has its connections open
             assert child.stdout is not None
@@ -422,7 +424,8 @@ def _sqlcipher_open(path: Path, passphrase: str | None) -> Callable[[], None]:
     conn.execute(f"PRAGMA key = '{passphrase}'")  # SQLCipher 4 defaults: PBKDF2-HMAC-SHA512, 256,000 iterations
     conn.execute("CREATE TABLE IF NOT EXISTS t(x)")
     conn.execute("SELECT count(*) FROM t").fetchall()
-    return conn.close
+    close: Callable[[], None] = conn.close
+    return close
 
 
 WORKLOADS: dict[str, tuple[Callable[[Config, str, Path, Step], Cases], Callable[[Config], int]]] = {

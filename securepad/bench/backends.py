@@ -22,6 +22,7 @@ next to the content, so that resuming a turn is the same job everywhere.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -61,6 +62,10 @@ def slice_of(text: str, mode: str, n: int, start: int) -> str:
     if mode == "tail":
         return text[-n:] if n else ""
     return text[start : start + n]
+
+
+def _execute(conn: Any, sql: str) -> Any:
+    return conn.execute(sql)
 
 
 class Backend:
@@ -218,7 +223,7 @@ class _SqlBackend(Backend):
             return
         for statement in _SCHEMA.format(id_type=self.id_type).split(";"):
             if statement.strip():
-                self._write(conn, lambda c, s=statement: c.execute(s))
+                self._write(conn, functools.partial(_execute, sql=statement))
 
     @property
     def conn(self) -> Any:
@@ -397,7 +402,8 @@ class SqlCipherBackend(_SqlBackend):
 
     def read(self, entry_id: str, mode: str, n: int, start: int = 0) -> str:
         if mode == "head":
-            sql, params = "SELECT substr(content, 1, ?) FROM entries WHERE id = ?", (n, entry_id)
+            sql = "SELECT substr(content, 1, ?) FROM entries WHERE id = ?"
+            params: tuple[int | str, ...] = (n, entry_id)
         elif mode == "tail":
             sql, params = "SELECT substr(content, -?) FROM entries WHERE id = ?", (n, entry_id)
         else:
@@ -495,10 +501,19 @@ BACKENDS: dict[str, type[Backend]] = {
 }
 
 
+# Backends outside the suite's own run (PostgreSQL and variants), added by the module
+# that defines them (postgres.py): this module never imports them.
+EXTRA_BACKENDS: dict[str, type[Backend]] = {}
+
+
+def register_backend(backend: type[Backend]) -> None:
+    """Make ``backend`` known to ``open_backend`` (not to the suite's own run)."""
+    EXTRA_BACKENDS[backend.name] = backend
+
+
 def open_backend(name: str, root: Path, *, create: bool = True) -> Backend:
     """Open backend ``name`` on ``root``; ``create`` also creates its tables if absent."""
-    if name not in BACKENDS:  # PostgreSQL and variants: run by benchmarks/postgres.py only
-        from .postgres import EXTRA_BACKENDS
-
-        return EXTRA_BACKENDS[name](root, create=create)
-    return BACKENDS[name](root, create=create)
+    found = BACKENDS.get(name) or EXTRA_BACKENDS.get(name)
+    if found is None:
+        raise KeyError(f"unknown backend {name!r}")
+    return found(root, create=create)

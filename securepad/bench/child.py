@@ -1,6 +1,6 @@
 """The parts of the suite that run in a fresh process.
 
-``python -m benchmarks.child '<json spec>'`` runs one task and prints one
+``python -m securepad.bench.child '<json spec>'`` runs one task and prints one
 JSON line. A fresh process is what the issue asks for (a resumed turn starts
 in a new process) and it is the only honest place to measure a reader's peak
 memory: it holds nothing but the store and the read.
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import data
-from .backends import open_backend
+from .backends import BACKENDS, open_backend
 
 # -- memory --------------------------------------------------------------------------
 
@@ -200,6 +200,10 @@ TASKS = {"read": task_read, "resume": task_resume, "worker": task_worker}
 
 def main() -> int:
     spec = json.loads(sys.argv[1])
+    if spec.get("backend") not in (None, *BACKENDS):
+        import importlib
+
+        importlib.import_module(f"{__package__}.postgres")  # registers the PostgreSQL backends
     try:
         result = TASKS[spec["task"]](spec)
     except Exception:

@@ -1,13 +1,13 @@
 """Turn.record late in a long turn, and a fresh-process resume of it (SQLite).
 
-    python -m benchmarks.turn_steps [STEPS] [RUNS]
+    python -m securepad.bench.turn_steps [STEPS] [RUNS]
 
 Records STEPS (default 1000) steps of 8 KiB text each into one turn (every
 one offloaded under the default policy) and prints how long recording the
 last step took (and the median of the last ten), then resumes the turn RUNS
 times (default 9), each in a fresh process: open the store, ``pad.turn``,
 ``history()`` and ``tools()``; the import of securepad is not counted.
-Not part of the full run (``python -m benchmarks``): a quick check of the
+Not part of the full run (``python -m securepad.bench``): a quick check of the
 two runtime paths that used to grow with the turn's length.
 """
 
@@ -52,7 +52,7 @@ def main(steps: int = 1000, runs: int = 9) -> None:
             f"record step {steps}: {times[-1] * 1e3:.2f} ms"
             f" (median of the last 10: {statistics.median(times[-10:]) * 1e3:.2f} ms; all {steps}: {sum(times):.1f} s)"
         )
-        command = [sys.executable, "-c", _RESUME, str(db), str(key), str(steps)]
+        command = [sys.executable, "-P", "-c", _RESUME, str(db), str(key), str(steps)]
         resumes = [float(subprocess.check_output(command)) for _ in range(runs)]
         print(
             f"resume {steps} steps, fresh process x{runs}: median {statistics.median(resumes) * 1e3:.1f} ms"

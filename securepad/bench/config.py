@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
+
+# Where a run writes its results unless told (--out): beside the user, never inside the package.
+DEFAULT_OUT = Path("securepad-bench-results")
 
 KiB = 1024
 MiB = 1024 * KiB

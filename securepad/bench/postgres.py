@@ -1,7 +1,7 @@
 """securepad on PostgreSQL side by side with securepad on SQLite: the
 concurrency and resumption workloads of the suite, run by the suite's own code.
 
-    python -m benchmarks.postgres [--processes 8] [--threads 1] [--seconds 5]
+    python -m securepad.bench.postgres [--processes 8] [--threads 1] [--seconds 5]
 
 The server is ``SECUREPAD_BENCH_PG_DSN`` (default
 ``postgresql://postgres@127.0.0.1:5432/postgres``), a role that may create
@@ -31,9 +31,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from securepad import Keyring, Principal, Scratchpad
 
-from .backends import PRINCIPAL, Backend, SecurepadBackend, bench_policy
-from .config import Config
-from .runner import RESULTS_DIR
+from .backends import PRINCIPAL, Backend, SecurepadBackend, bench_policy, register_backend
+from .config import DEFAULT_OUT, Config
 from .workloads import run_concurrent, run_resume
 
 SERVER_DSN = os.environ.get("SECUREPAD_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -116,14 +115,14 @@ class PostgresOwnerPerProcess(_OwnerPerProcess, SecurepadPostgresBackend):
     name = "securepad-postgresql-owner-per-process"
 
 
-# What benchmarks.backends.open_backend finds here (the suite's own run does not include them).
-EXTRA_BACKENDS: dict[str, type[Backend]] = {
-    b.name: b for b in (SecurepadPostgresBackend, SqliteOwnerPerProcess, PostgresOwnerPerProcess)
-}
+# What securepad.bench.backends.open_backend finds once this module is imported
+# (the suite's own run does not include them).
+for _backend in (SecurepadPostgresBackend, SqliteOwnerPerProcess, PostgresOwnerPerProcess):
+    register_backend(_backend)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.postgres", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m securepad.bench.postgres", description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each concurrency run")
@@ -139,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--owner-per-process", action="store_true", help="also run the concurrency case with an owner per worker"
     )
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "postgres.json")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT / "postgres.json")
     args = parser.parse_args(argv)
     reason = SecurepadPostgresBackend.unavailable()
     if reason:

@@ -1,4 +1,4 @@
-"""Run the suite: ``python -m benchmarks [--quick]`` or ``securepad bench [--quick]``.
+"""Run the suite: ``securepad bench [--quick]`` (or ``python -m securepad.bench``).
 
 Prints a markdown table per workload and the targets, writes
 ``<out>/<mode>.json`` and ``<out>/<mode>.png``. ``--quick`` runs every
@@ -7,7 +7,6 @@ workload on tiny sizes (the CI smoke run); it asserts nothing about timings.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -29,54 +28,59 @@ from .backends import BACKENDS
 from .config import Config
 from .workloads import WORKLOADS
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+def parse_names(field: str, given: str) -> list[str]:
+    """The comma-separated backends or workloads of ``given``, checked against the known ones.
+
+    Raises:
+        ValueError: an unknown name (the message names it and lists the known ones).
+    """
+    known = BACKENDS if field == "backends" else WORKLOADS
+    chosen = [x.strip() for x in given.split(",") if x.strip()]
+    unknown = [x for x in chosen if x not in known]
+    if unknown:
+        raise ValueError(f"unknown {field}: {', '.join(unknown)} (known: {', '.join(known)})")
+    return chosen
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="securepad bench", description="securepad side by side with raw SQLite, sqlite3, diskcache and SQLCipher."
-    )
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, every workload, under a minute (CI)")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where to write the JSON and PNG")
-    parser.add_argument("--workdir", type=Path, default=None, help="where the stores go (default: a temp dir)")
-    parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated: " + ", ".join(BACKENDS))
-    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: " + ", ".join(WORKLOADS))
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--no-chart", action="store_true", help="skip the PNG")
-    parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the smoke test's config
-    parser.add_argument("--from-json", type=Path, metavar="JSON", help="print the tables of a saved run; run nothing")
-    args = parser.parse_args(argv)
-    for field, known in (("backends", BACKENDS), ("workloads", WORKLOADS)):
-        chosen = [x.strip() for x in getattr(args, field).split(",") if x.strip()]
-        unknown = [x for x in chosen if x not in known]
-        if unknown:
-            parser.error(f"unknown {field}: {', '.join(unknown)}")
-        setattr(args, field, chosen)
-    return args
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.from_json:
-        print(report.markdown(json.loads(args.from_json.read_text())), end="")
-        return 0
-    config = Config.quick() if args.quick or args.tiny else Config.full()
-    if args.tiny:
+def main(
+    *,
+    out: Path,
+    quick: bool = False,
+    tiny: bool = False,
+    workdir: Path | None = None,
+    backends: Sequence[str] = tuple(BACKENDS),
+    workloads: Sequence[str] = tuple(WORKLOADS),
+    progress: bool = True,
+    chart: bool = True,
+) -> int:
+    """Run the suite, print its tables and write ``<out>/<mode>.json`` (and ``.png`` when drawn)."""
+    config = Config.quick() if quick or tiny else Config.full()
+    if tiny:
         config = config.tiny()
     console = Console()
-    results = run(config, args.backends, args.workloads, workdir=args.workdir, progress=not args.no_progress)
-    args.out.mkdir(parents=True, exist_ok=True)
-    json_path = args.out / f"{config.mode}.json"
-    png_path = args.out / f"{config.mode}.png"
-    if not args.no_chart:
+    results = run(config, backends, workloads, workdir=workdir, progress=progress)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / f"{config.mode}.json"
+    png_path = out / f"{config.mode}.png"
+    written = [json_path]
+    results["meta"]["chart"] = None
+    if chart:
         skipped = report.chart(results, png_path)
-        results["meta"]["chart"] = None if skipped else png_path.name
         if skipped:
-            console.print(f"chart skipped: {skipped}", highlight=False)
+            console.print(f"chart skipped: {skipped}", markup=False, highlight=False)
+        else:
+            results["meta"]["chart"] = png_path.name
+            written.append(png_path)
     report.write_json(results, json_path)
     console.print(report.markdown(results), markup=False, highlight=False, soft_wrap=True)
-    console.print(f"results: {json_path}" + ("" if args.no_chart else f", {png_path}"), highlight=False)
+    console.print("results: " + ", ".join(str(p) for p in written), markup=False, highlight=False, soft_wrap=True)
     return 1 if results["failures"] else 0
+
+
+def print_saved(path: Path) -> None:
+    """Print the tables of a saved run's JSON."""
+    print(report.markdown(json.loads(path.read_text(encoding="utf-8"))), end="")
 
 
 def run(
@@ -105,7 +109,7 @@ def run(
             "started": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
             "machine": machine(scratch),
             "config": config.as_dict(),
-            "command": "python -m benchmarks" + (" --quick" if config.mode == "quick" else ""),
+            "command": "securepad bench" + (" --quick" if config.mode == "quick" else ""),
             "memory_method": (
                 "peak RSS (Linux VmHWM, i.e. ru_maxrss) minus the RSS before the measured operations,"
                 " the high-water mark reset through /proc/self/clear_refs; fresh process per entry"
@@ -233,8 +237,12 @@ def _cpu_scaling() -> float | None:
     free cores, nearer 1.0 where the vCPUs share a physical core or the host
     is busy. It bounds what any multi-process workload can gain here."""
     try:
-        alone = int(subprocess.run([sys.executable, "-c", _SPIN], capture_output=True, text=True, check=True).stdout)
-        pair = [subprocess.Popen([sys.executable, "-c", _SPIN], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        alone = int(
+            subprocess.run([sys.executable, "-P", "-c", _SPIN], capture_output=True, text=True, check=True).stdout
+        )
+        pair = [
+            subprocess.Popen([sys.executable, "-P", "-c", _SPIN], stdout=subprocess.PIPE, text=True) for _ in range(2)
+        ]
         together = sum(int(p.communicate()[0]) for p in pair)
     except (OSError, ValueError, subprocess.SubprocessError):
         return None
@@ -274,7 +282,3 @@ def _git_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
-
-
-if __name__ == "__main__":
-    sys.exit(main())

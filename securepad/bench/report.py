@@ -363,10 +363,12 @@ def _bars(
     for i, backend in enumerate(backends):
         xs, ys = [], []
         for j, case in enumerate(cases):
-            r = next((r for r in records if r["backend"] == backend and r[key] == case), None)
-            if r is not None and value(r):
+            found: dict[str, Any] | None = next(
+                (r for r in records if r["backend"] == backend and r[key] == case), None
+            )
+            if found is not None and value(found):
                 xs.append(j + i * width - 0.4 + width / 2)
-                ys.append(value(r))
+                ys.append(value(found))
         ax.bar(xs, ys, width, label=backend, color=COLORS.get(backend))
     ax.set_xticks(range(len(cases)), [names[c] for c in cases], fontsize=8)
     if log:

@@ -1,0 +1,598 @@
+"""The commands: each takes its options, makes one library call and prints the
+result (see ``securepad.cli`` for the rules they all follow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from click.core import ParameterSource
+from rich.table import Table
+from rich.text import Text
+
+from .. import Keyring, Principal, Scratchpad
+from .options import (
+    ENV_HELP,
+    SecurepadGroup,
+    State,
+    command,
+    current_state,
+    emit,
+    global_options,
+    principal_options,
+    required,
+    turn_option,
+)
+from .output import console, err_console, for_terminal, plain, print_json, print_line, to_json
+
+__all__ = ["bench", "main"]
+
+
+@click.group(
+    cls=SecurepadGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
+    epilog=ENV_HELP,
+)
+@click.version_option(package_name="securepad", prog_name="securepad", message="%(prog)s %(version)s")
+@global_options
+def main() -> None:
+    """securepad: the hardened observation store for LLM agent runtimes.
+
+    The global options (--db, --key-file, --master-key-env, --passphrase-env,
+    --policy, --json) go before or after the command. Only `securepad init`
+    creates a store; every other command needs an existing one.
+    """
+    current_state()
+
+
+def _turn(turn_id: str | None) -> str:
+    return required(turn_id, "--turn", "SECUREPAD_TURN")
+
+
+# -- the commands ------------------------------------------------------------------------
+
+
+@command(main)
+def init() -> None:
+    """Create the store and its master key file (if absent) and check that the key opens it.
+
+    The only command that creates a store; on an existing store it checks the key."""
+    state = current_state()
+    with state.create() as pad:
+        info = pad.stats()
+    emit(
+        {"db": str(info["path"]), "policy": info["policy"], "key": repr(pad.keyring)},
+        lambda v: print_line(f"store ready at {v['db']} (policy {v['policy']})"),
+    )
+
+
+def _decode(raw: bytes, kind: str) -> Any:
+    try:
+        if kind == "text":
+            return raw.decode("utf-8")
+        if kind == "json":
+            return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise click.BadParameter(f"input is not valid {kind}: {exc}", param_hint="SOURCE") from None
+    return raw
+
+
+@command(main)
+@principal_options
+@turn_option
+@click.option("--step", "step_num", type=int, required=True, help="Step number within the turn (one live entry each).")
+@click.option("--executor", "executor_name", default="cli", show_default=True, help="Tool that produced it.")
+@click.option(
+    "--kind",
+    type=click.Choice(["text", "binary", "json"]),
+    default="text",
+    show_default=True,
+    help="How to read the input: UTF-8 text, raw bytes, or a JSON document.",
+)
+@click.option("--ttl", "ttl_seconds", type=int, default=None, help="Seconds until it expires (policy default).")
+@click.argument("source", type=click.File("rb"), default="-")
+def put(
+    principal: Principal,
+    turn_id: str | None,
+    step_num: int,
+    executor_name: str,
+    kind: str,
+    ttl_seconds: int | None,
+    source: Any,
+) -> None:
+    """Store an observation read from SOURCE (a file, or - for standard input).
+
+    A step of a turn holds one live entry: a step already recorded is refused."""
+    turn = _turn(turn_id)
+    observation = _decode(source.read(), kind)
+    with current_state().open() as pad:
+        view = pad.put(principal, turn, step_num, executor_name, observation, ttl_seconds)
+    emit(view, print_json)
+
+
+@command(main)
+@principal_options
+@click.argument("scratchpad_id")
+@click.option(
+    "--mode",
+    type=click.Choice(["head", "tail", "range", "full", "lines", "grep"]),
+    default="head",
+    show_default=True,
+)
+@click.option("-n", "n", type=int, default=2000, show_default=True, help="Characters (bytes) for head/tail.")
+@click.option(
+    "--start",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Start offset for range; first line (1-based) for lines/grep.",
+)
+@click.option("--end", type=int, default=None, help="End offset (exclusive) for range; last line for lines/grep.")
+@click.option("--pattern", default=None, help="grep: RE2 regular expression.")
+@click.option("--max-matches", type=int, default=50, show_default=True, help="grep: stop after this many matches.")
+@click.option("--context", "context_lines", type=int, default=0, show_default=True, help="grep: lines around each.")
+def read(
+    principal: Principal,
+    scratchpad_id: str,
+    mode: str,
+    n: int,
+    start: int,
+    end: int | None,
+    pattern: str | None,
+    max_matches: int,
+    context_lines: int,
+) -> None:
+    """Read part of an entry (capped by the policy's max_read_chars)."""
+    with current_state().open() as pad:
+        result = pad.read(
+            principal,
+            scratchpad_id,
+            mode=mode,
+            n=n,
+            start=start,
+            end=end,
+            pattern=pattern,
+            max_matches=max_matches,
+            context=context_lines,
+        )
+
+    def render(r: dict[str, Any]) -> None:
+        content = r["content"]
+        # The stored text itself: exact when piped, without control sequences on a terminal.
+        click.echo(for_terminal(content) if sys.stdout.isatty() else content)
+        meta = r["metadata"]
+        hint = f", {meta['hint']}" if "hint" in meta else ""
+        err_console.print(
+            plain(
+                f"{meta['size_returned']} of {meta['size_full']} {meta['unit']}, truncated={meta['truncated']}{hint}"
+            ),
+            style="dim",
+            highlight=False,
+        )
+
+    emit(result, render)
+
+
+@command(main, name="list")
+@principal_options
+@turn_option
+def list_(principal: Principal, turn_id: str | None) -> None:
+    """List a turn's live entries that the owner may see."""
+    turn = _turn(turn_id)
+    with current_state().open() as pad:
+        rows = pad.list_for_turn(principal, turn)
+
+    def render(entries: list[dict[str, Any]]) -> None:
+        table = Table("step", "id", "executor", "kind", "bytes", "summary")
+        for e in entries:
+            first_line = e["summary"].splitlines()[0] if e["summary"] else ""
+            table.add_row(
+                plain(e["step_num"]),
+                plain(e["scratchpad_id"]),
+                plain(e["executor_name"]),
+                plain(e["kind"]),
+                plain(e["size_bytes"]),
+                plain(first_line[:60]),
+            )
+        console.print(table)
+
+    emit([{k: v for k, v in e.items() if k != "view"} for e in rows], render)
+
+
+@main.group(name="turn")
+@global_options
+def turn_group() -> None:
+    """Inspect an owner's turns."""
+
+
+@command(turn_group, name="show")
+@principal_options
+@turn_option
+def turn_show(principal: Principal, turn_id: str | None) -> None:
+    """Print a turn's history: what the model saw of each live step (beginning a turn collects expired entries)."""
+    turn = _turn(turn_id)
+    with current_state().open() as pad:
+        steps = pad.turn(principal, turn).steps()
+
+    def render(items: list[dict[str, Any]]) -> None:
+        if not items:
+            print_line(f"turn {turn!r} has no live steps for this owner")
+        for item in items:
+            where = f"offloaded as {item['scratchpad_id']}" if item["offloaded"] else "inline"
+            console.print(
+                Text.assemble(
+                    ("step ", "bold"), (str(item["step_num"]), "bold"), " ", plain(f"{item['executor_name']} ({where})")
+                ),
+                highlight=False,
+            )
+            print_json(item["shown"])
+
+    emit(steps, render)
+
+
+@command(main)
+@principal_options
+@turn_option
+def mcp(principal: Principal, turn_id: str | None) -> None:
+    """Serve scratchpad_read and scratchpad_list for one turn over MCP (stdio).
+
+    The principal and turn are fixed here, never taken from the model."""
+    turn = _turn(turn_id)
+    try:
+        from ..mcp_server import serve
+    except ImportError as exc:
+        raise click.ClickException(f"securepad mcp needs the MCP SDK ({exc}): pip install '.[mcp]'") from None
+    serve(current_state().open(), principal, turn)
+
+
+@command(main)
+def gc() -> None:
+    """Delete expired entries and scrub them from the files."""
+    with current_state().open() as pad:
+        deleted = pad.gc()
+    emit({"deleted": deleted}, lambda v: print_line(f"deleted {v['deleted']} expired entries"))
+
+
+@command(main)
+@click.option("--owner", envvar="SECUREPAD_OWNER", show_envvar=True, default=None, help="Only this owner's entries.")
+@click.option("--actor", envvar="SECUREPAD_ACTOR", show_envvar=True, default="cli", show_default=True)
+@click.option("--channel", envvar="SECUREPAD_CHANNEL", show_envvar=True, default="cli", show_default=True)
+def stats(owner: str | None, actor: str, channel: str) -> None:
+    """Counts and sizes, for the whole store or one owner (--owner or SECUREPAD_OWNER)."""
+    if owner and click.get_current_context().get_parameter_source("owner") is ParameterSource.ENVIRONMENT:
+        # Narrowed by the environment, not by this command line: say so.
+        err_console.print(plain(f"stats of owner {owner!r} only (from SECUREPAD_OWNER)"), style="dim", highlight=False)
+    with current_state().open() as pad:
+        info = pad.stats(Principal(owner, actor, channel) if owner else None)
+
+    def render(v: dict[str, Any]) -> None:
+        table = Table("statistic", "value")
+        for key, value in v.items():
+            table.add_row(plain(key), plain(json.dumps(value) if isinstance(value, dict) else value))
+        console.print(table)
+
+    emit(info, render)
+
+
+def _scratch_store(state: State) -> tuple[Any, Scratchpad]:
+    """A throwaway store and key in private temporary directories (for ``audit`` and
+    ``demo`` before ``init``); returns the directory to clean up and the open store."""
+    import tempfile
+
+    scratch = tempfile.TemporaryDirectory(prefix="securepad-scratch-")
+    root = Path(scratch.name)
+    (root / "data").mkdir(mode=0o700)
+    (root / "keys").mkdir(mode=0o700)
+    try:
+        keyring = Keyring.from_key_file(root / "keys" / "key")
+        return scratch, Scratchpad.open(root / "data" / "store.db", keyring=keyring, policy=state.policy)
+    except BaseException:
+        scratch.cleanup()
+        raise
+
+
+def _open_or_scratch(state: State, what: str) -> tuple[Any, Scratchpad]:
+    if state.store_exists() is False:
+        err_console.print(
+            plain(f"no store at {state.db} yet (`securepad init` creates it): {what} a throwaway store"),
+            style="yellow",
+            highlight=False,
+        )
+        return _scratch_store(state)
+    return None, state.open()
+
+
+@command(main)
+def demo() -> None:
+    """A real round trip: two owners, a refusal, a tampered copy detected.
+
+    On the configured store (its demo owners removed afterwards), or on a throwaway
+    store when there is none yet."""
+    from ..demo import run_demo
+
+    state = current_state()
+    scratch, pad = _open_or_scratch(state, "the demo runs on")
+    steps = []
+    try:
+        with pad:
+            if not state.as_json:
+                print_line(f"store: {pad.path}  policy: {pad.policy.name}")
+            for step in run_demo(pad):
+                steps.append({"step": step.title, "result": step.detail, "ok": step.ok})
+                if not state.as_json:
+                    mark = Text("ok", "green") if step.ok else Text("FAILED", "red")
+                    console.print(Text.assemble(mark, "  ", plain(f"{step.title}: {step.detail}")), highlight=False)
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
+    if state.as_json:
+        click.echo(to_json(steps))
+    if not all(s["ok"] for s in steps):
+        sys.exit(1)
+
+
+@command(main)
+def audit() -> None:
+    """Run the isolation audit: synthetic tenants attack each other, tampered scratch
+    copies, at-rest scan, permissions. Exit status 1 when any check fails.
+
+    Audits the configured store, or a throwaway store with the same policy when
+    there is none yet."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress
+
+    from ..audit import Audit, AuditReport
+
+    state = current_state()
+    scratch, pad = _open_or_scratch(state, "auditing")
+    try:
+        with pad:
+            run = Audit(pad)
+            bar = Progress("{task.description}", BarColumn(), MofNCompleteColumn(), console=err_console, transient=True)
+            with bar:
+                task = bar.add_task("auditing", total=len(run.checks))
+                for result in run.run():
+                    bar.update(task, advance=1, description=for_terminal(result.name).replace("[", "\\["))
+            report = run.report()
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
+
+    def render(r: AuditReport) -> None:
+        table = Table(title=plain(f"securepad audit of {r.store}"), expand=True)
+        table.add_column("check", ratio=2, overflow="fold")
+        table.add_column("result", no_wrap=True)
+        table.add_column("tried", ratio=3, overflow="fold")
+        table.add_column("what happened", ratio=5, overflow="fold")
+        group = None
+        for row in r.results:
+            if group is not None and row.group != group:
+                table.add_section()
+            group = row.group
+            mark = Text("pass", "green") if row.passed else Text("FAIL", "bold red")
+            table.add_row(plain(row.name), mark, plain(row.tried), plain(row.happened))
+        console.print(table)
+        failed = ", ".join(f.name for f in r.failed)
+        if failed:
+            console.print(Text(f"{len(r.failed)} of {len(r.results)} checks FAILED: ", "bold red") + plain(failed))
+        else:
+            console.print(Text(f"all {len(r.results)} checks passed", "green"))
+        print_line(f"policy {r.policy}, {r.key_source}")
+
+    emit(report.as_dict() if state.as_json else report, render)
+    if not report.passed:
+        sys.exit(1)
+
+
+def _progress_bar(label: str) -> tuple[Any, Callable[[int, int], None]]:
+    """A rich progress bar on stderr (so --json output stays clean) and its callback."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    bar = Progress(
+        "{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=current_state().as_json,
+    )
+    task = bar.add_task(for_terminal(label).replace("[", "\\["), total=None)
+
+    def update(done: int, total: int) -> None:
+        bar.update(task, completed=done, total=total)
+
+    return bar, update
+
+
+def _show_report(report: dict[str, Any], title: str) -> None:
+    def render(v: dict[str, Any]) -> None:
+        table = Table(title=plain(title), show_header=False)
+        for key, value in v.items():
+            table.add_row(plain(key), plain(f"{value:.3f}" if isinstance(value, float) else value))
+        console.print(table)
+
+    emit(report, render)
+
+
+@main.group()
+@global_options
+def keys() -> None:
+    """Rotate the master key or an owner's key."""
+
+
+@command(keys, name="rotate-master")
+@click.option("--new-key-file", type=click.Path(path_type=Path), help="New master key file (created 0600 if absent).")
+@click.option("--new-master-key-env", metavar="VAR", help="New base64 master key from this environment variable.")
+@click.option("--new-passphrase-env", metavar="VAR", help="New passphrase (Argon2id) from this environment variable.")
+@click.option(
+    "--install",
+    is_flag=True,
+    help="Put the new key in place of the current key file once the rotation is committed (the old key stays"
+    " until then); without --new-key-file, a new key is made for it.",
+)
+def rotate_master(
+    new_key_file: Path | None, new_master_key_env: str | None, new_passphrase_env: str | None, install: bool
+) -> None:
+    """Re-wrap every owner key under a new master key (from exactly one source).
+
+    Afterwards only the new key opens the store: --install puts a new key file in
+    place of the current one; otherwise the command says what to change."""
+    state = current_state()
+    chosen = [o for o in (new_key_file, new_master_key_env, new_passphrase_env) if o]
+    if len(chosen) > 1 or (not chosen and not install):
+        raise click.UsageError("give exactly one of --new-key-file, --new-master-key-env, --new-passphrase-env")
+    if install and (new_master_key_env or new_passphrase_env):
+        raise click.UsageError("--install installs a key file: use it with --new-key-file or alone")
+    current = state.keyring()
+    if install and current.key_file is None:
+        raise click.UsageError("--install replaces the current key file, but this store's key is not from a file")
+    made: Path | None = None
+    if install and new_key_file is None:
+        made = state.key_file.with_name(state.key_file.name + ".new")
+        if made.exists():
+            raise click.UsageError(
+                f"{made} exists (left by an earlier rotation?): remove it or pass it as --new-key-file"
+            )
+        new_key_file = made
+    new = State()
+    new.key_file, new.master_key_env, new.passphrase_env = (
+        new_key_file or state.key_file,
+        new_master_key_env,
+        new_passphrase_env,
+    )
+    state.require_store()
+    try:
+        new_keyring = new.keyring(new_store=True)
+        with state.open() as pad:
+            bar, update = _progress_bar("re-wrapping owner keys")
+            with bar:
+                report = pad.rotate_master_key(new_keyring, progress=update)
+    except BaseException:
+        if made is not None:
+            made.unlink(missing_ok=True)
+        raise
+    if install and new_key_file is not None:
+        os.replace(new_key_file, state.key_file)
+        report["installed"] = str(state.key_file)
+        report["next"] = f"nothing: the new key is in place at {state.key_file}; the old key no longer opens this store"
+    elif new_key_file is not None:
+        report["next"] = (
+            f"only the new key opens the store now: move it into place (mv {new_key_file} {state.key_file}),"
+            f" or give --key-file {new_key_file} (or SECUREPAD_KEY_FILE) to every command"
+        )
+    else:
+        option = "--master-key-env" if new_master_key_env else "--passphrase-env"
+        report["next"] = (
+            f"only the new key opens the store now: give {option} {new_master_key_env or new_passphrase_env}"
+            " to every command (the old key no longer opens this store)"
+        )
+    _show_report(report, "master key rotated")
+    if not state.as_json:
+        err_console.print(plain(f"next: {report['next']}"), style="bold", highlight=False)
+
+
+@command(keys, name="rotate-owner")
+@click.argument("owner")
+def rotate_owner(owner: str) -> None:
+    """Give OWNER a new key version, re-wrap its item keys, retire the old versions."""
+    with current_state().open() as pad:
+        bar, update = _progress_bar(f"re-wrapping {owner}'s item keys")
+        with bar:
+            report = pad.rotate_owner_key(owner, progress=update)
+    _show_report(report, "owner key rotated")
+
+
+@command(main, name="forget-owner")
+@click.argument("owner")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+def forget_owner(owner: str, yes: bool) -> None:
+    """Crypto-shred OWNER: delete its keys and entries and scrub them from the files.
+
+    Exit status 1 when the store holds nothing of OWNER (a mistyped name deletes nothing)."""
+    state = current_state()
+    state.require_store()
+    if not yes:
+        click.confirm(f"Delete every entry and key of owner {for_terminal(repr(owner))} for good?", abort=True)
+    with state.open() as pad:
+        report = pad.forget_owner(owner)
+    found = any(v for k, v in report.items() if k not in ("owner_user_id", "wal_truncated") and isinstance(v, int))
+    report["found"] = found
+    _show_report(report, "owner forgotten" if found else f"owner {owner!r} not found: nothing was deleted")
+    if not found:
+        sys.exit(1)
+
+
+@main.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--quick", is_flag=True, help="Tiny sizes, every workload, about a minute (the CI smoke run).")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("securepad-bench-results"),
+    show_default=True,
+    help="Where to write <mode>.json (and <mode>.png with matplotlib).",
+)
+@click.option(
+    "--workdir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Where the stores go [default: a temporary dir].",
+)
+@click.option(
+    "--backends",
+    default=None,
+    help="Comma-separated backends [default: all]: securepad, raw-apsw, unhardened, diskcache, sqlcipher.",
+)
+@click.option(
+    "--workloads",
+    default=None,
+    help="Comma-separated workloads [default: all]: put, read, concurrent, resume, gc, open.",
+)
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--no-chart", is_flag=True, help="Skip the PNG.")
+@click.option("--tiny", is_flag=True, hidden=True)  # the smoke test's config
+@click.option(
+    "--from-json",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="Print the tables of a saved run's JSON; run nothing.",
+)
+def bench(
+    quick: bool,
+    out: Path,
+    workdir: Path | None,
+    backends: str | None,
+    workloads: str | None,
+    no_progress: bool,
+    no_chart: bool,
+    tiny: bool,
+    from_json: Path | None,
+) -> None:
+    """Benchmark securepad against raw SQLite, sqlite3, diskcache and SQLCipher on this machine.
+
+    Needs the bench extra (pip install '.[bench]'); runs anywhere, writes under --out."""
+    from ..bench import runner
+    from ..bench.backends import BACKENDS
+    from ..bench.workloads import WORKLOADS
+
+    if from_json is not None:
+        runner.print_saved(from_json)
+        return
+    try:
+        chosen_backends = runner.parse_names("backends", backends) if backends else list(BACKENDS)
+        chosen_workloads = runner.parse_names("workloads", workloads) if workloads else list(WORKLOADS)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    status = runner.main(
+        out=out,
+        quick=quick,
+        tiny=tiny,
+        workdir=workdir,
+        backends=chosen_backends,
+        workloads=chosen_workloads,
+        progress=not no_progress,
+        chart=not no_chart,
+    )
+    sys.exit(status)

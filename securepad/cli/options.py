@@ -1,0 +1,372 @@
+"""The options every command shares and the state they fill: the global options
+(before or after the command), the principal and the turn, the key sources,
+and how errors are reported."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+from click.core import ParameterSource
+from platformdirs import user_data_path
+
+from .. import Keyring, Principal, Scratchpad, SecurepadError
+from ..keys import default_key_file
+from .output import for_terminal, to_json
+
+__all__ = [
+    "ENVIRONMENT",
+    "ENV_HELP",
+    "SecurepadGroup",
+    "State",
+    "StoreMissingError",
+    "command",
+    "current_state",
+    "default_db_path",
+    "emit",
+    "fail",
+    "global_options",
+    "principal_options",
+    "required",
+    "turn_option",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Every environment variable the command line reads: (variable, option, what it sets).
+ENVIRONMENT = (
+    ("SECUREPAD_DB", "--db", "the store's database file (or a postgresql:// DSN)"),
+    ("SECUREPAD_KEY_FILE", "--key-file", "the master key file"),
+    ("SECUREPAD_POLICY", "--policy", "a shipped policy's name or a TOML policy file"),
+    ("SECUREPAD_OWNER", "--owner", "the owner (tenant) a command acts for"),
+    ("SECUREPAD_ACTOR", "--actor", "the actor (agent) a command acts as"),
+    ("SECUREPAD_CHANNEL", "--channel", "the channel a command acts on"),
+    ("SECUREPAD_TURN", "--turn", "the turn id of list, put, turn show and mcp"),
+)
+
+_PG_SCHEMES = ("postgresql://", "postgres://")
+
+
+def default_db_path() -> Path:
+    """``store.db`` in the user data dir (the key file lives in the config dir)."""
+    return user_data_path("securepad") / "store.db"
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+def _error_type(exc: BaseException) -> str:
+    # Name the public class: private subclasses are an implementation detail.
+    return next(c for c in type(exc).__mro__ if not c.__name__.startswith("_")).__name__
+
+
+def _wants_json(args: Sequence[str]) -> bool:
+    """Whether ``--json`` is among the options (before a ``--``)."""
+    end = args.index("--") if "--" in args else len(args)
+    return "--json" in args[:end]
+
+
+class SecurepadGroup(click.Group):
+    """One error line (or one JSON object with ``--json``) on stderr for every failure:
+    a library error and a store that is not there exit 1, a usage error 2."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        if not standalone_mode:
+            return super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        as_json = _wants_json(argv)
+        try:
+            result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        except SecurepadError as exc:
+            fail(_error_type(exc), str(exc), as_json, 1)
+        except click.ClickException as exc:
+            if as_json:
+                fail(type(exc).__name__, exc.format_message(), True, exc.exit_code)
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            fail("Aborted", "aborted", as_json, 1)
+        sys.exit(result if isinstance(result, int) else 0)
+
+
+def fail(kind: str, message: str, as_json: bool, status: int) -> NoReturn:
+    if as_json:
+        click.echo(json.dumps({"error": {"type": kind, "message": message}}, ensure_ascii=False), err=True)
+    else:
+        click.echo(f"error: {kind}: {for_terminal(message)}", err=True)
+    sys.exit(status)
+
+
+class StoreMissingError(click.ClickException):
+    """A command other than ``init`` on a store (or key file) that is not there."""
+
+
+# -- the global options, before or after the subcommand ----------------------------------
+
+
+class State:
+    """What every command needs to open the store: the global options, the command
+    line's values overriding the environment's, wherever they were given."""
+
+    def __init__(self) -> None:
+        self.db: str | Path = default_db_path()
+        self.key_file: Path = default_key_file()
+        self.master_key_env: str | None = None
+        self.passphrase_env: str | None = None
+        self.policy: str | None = None
+        self.as_json = False
+        # The key sources given on the command line (the environment's key file yields to them).
+        self.key_options: set[str] = set()
+        self.key_file_explicit = False
+
+    # -- the store and its key ---------------------------------------------------------
+
+    def store_exists(self) -> bool | None:
+        """Whether the SQLite file exists; None for a PostgreSQL store (not checked here)."""
+        if isinstance(self.db, str):
+            return None
+        return self.db.exists()
+
+    def require_store(self) -> None:
+        """Refuse to go on when the store is not there: only ``init`` creates one."""
+        if self.store_exists() is False:
+            raise StoreMissingError(
+                f"no store at {Path(self.db).absolute()}: `securepad init` creates one there (with the same --db or"
+                " SECUREPAD_DB); to use an existing store, point --db or SECUREPAD_DB at it"
+            )
+
+    def keyring(self, *, new_store: bool = False) -> Keyring:
+        """The master key's source. A key file is created only for a new store.
+
+        Raises:
+            click.UsageError: more than one key source, or an unset variable.
+            StoreMissingError: the key file is missing for an existing store.
+        """
+        given = sorted(self.key_options)
+        if len(given) > 1:
+            raise click.UsageError(
+                f"{' and '.join(given)} are two key sources: give one of --key-file, --master-key-env, --passphrase-env"
+            )
+        if self.master_key_env:
+            if not os.environ.get(self.master_key_env):
+                raise click.UsageError(f"environment variable {self.master_key_env} (--master-key-env) is not set")
+            return Keyring.from_env(self.master_key_env)
+        if self.passphrase_env:
+            passphrase = os.environ.get(self.passphrase_env)
+            if not passphrase:
+                raise click.UsageError(f"environment variable {self.passphrase_env} (--passphrase-env) is not set")
+            return Keyring.from_passphrase(passphrase)
+        if not new_store and not self.key_file.exists():
+            raise StoreMissingError(
+                f"no key file at {self.key_file.absolute()}: opening an existing store never creates a key; give this"
+                " store's key with --key-file (SECUREPAD_KEY_FILE), --master-key-env or --passphrase-env"
+            )
+        return Keyring.from_key_file(self.key_file)
+
+    def open(self) -> Scratchpad:
+        """Open the existing store (never creating one)."""
+        self.require_store()
+        return Scratchpad.open(self.db, keyring=self.keyring(), policy=self.policy)
+
+    def create(self) -> Scratchpad:
+        """Open the store, creating it (and its key file) if it is not there: ``init`` only."""
+        new = self.store_exists() is not False
+        return Scratchpad.open(self.db, keyring=self.keyring(new_store=not new), policy=self.policy)
+
+
+def _db_value(value: str | None) -> str | Path | None:
+    if value is None:
+        return None
+    return value if value.startswith(_PG_SCHEMES) else Path(value).expanduser()
+
+
+def _set_db(state: State, value: str) -> None:
+    db = _db_value(value)
+    if db is not None:
+        state.db = db
+
+
+def _set_key_file(state: State, value: str) -> None:
+    state.key_file = Path(value).expanduser()
+    state.key_file_explicit = True
+
+
+def _set_attr(name: str) -> Callable[[State, Any], None]:
+    def set_value(state: State, value: Any) -> None:
+        setattr(state, name, value)
+
+    return set_value
+
+
+# (name, option, envvar, help, setter); the key sources are the first three.
+_GLOBALS: tuple[tuple[str, str, str | None, str, Callable[[State, Any], None]], ...] = (
+    ("key_file", "--key-file", "SECUREPAD_KEY_FILE", "Master key file [default: user config dir/key].", _set_key_file),
+    (
+        "master_key_env",
+        "--master-key-env",
+        None,
+        "Take the base64 master key from this variable.",
+        _set_attr("master_key_env"),
+    ),
+    (
+        "passphrase_env",
+        "--passphrase-env",
+        None,
+        "Derive the master key (Argon2id) from the passphrase in this variable.",
+        _set_attr("passphrase_env"),
+    ),
+    (
+        "db",
+        "--db",
+        "SECUREPAD_DB",
+        "The store: a database file [default: user data dir/store.db] or a postgresql:// DSN.",
+        _set_db,
+    ),
+    (
+        "policy",
+        "--policy",
+        "SECUREPAD_POLICY",
+        "A shipped policy's name (default, strict, channel...) or a TOML policy file [default: default].",
+        _set_attr("policy"),
+    ),
+)
+_KEY_OPTIONS = ("--key-file", "--master-key-env", "--passphrase-env")
+
+
+def current_state() -> State:
+    ctx = click.get_current_context()
+    state = ctx.find_object(State)
+    if state is None:
+        state = ctx.ensure_object(State)
+    return state
+
+
+def _global_callback(
+    name: str, option: str, setter: Callable[[State, Any], None]
+) -> Callable[[click.Context, click.Parameter, Any], None]:
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        source = ctx.get_parameter_source(name)
+        state = ctx.find_object(State) or ctx.ensure_object(State)
+        if value is None or value is False or source not in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+            return
+        if source is ParameterSource.ENVIRONMENT and ctx.parent is not None:
+            return  # the group already took the environment's value; a subcommand takes only its own command line
+        if source is ParameterSource.COMMANDLINE and option in _KEY_OPTIONS:
+            state.key_options.add(option)
+        if source is ParameterSource.ENVIRONMENT and option == "--key-file" and state.key_options - {"--key-file"}:
+            return
+        setter(state, value)
+
+    return callback
+
+
+def global_options(func: F) -> F:
+    """The global options, on the group and on every subcommand (so they go before or after it)."""
+    func = click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        default=False,
+        expose_value=False,
+        is_eager=False,
+        callback=_global_callback("as_json", "--json", _set_attr("as_json")),
+        help="Print JSON (results on stdout, errors on stderr).",
+    )(func)
+    for name, option, envvar, help_text, setter in reversed(_GLOBALS):
+        func = click.option(
+            option,
+            name,
+            metavar="VAR" if option.endswith("-env") else ("PATH" if option != "--policy" else "NAME|PATH"),
+            envvar=envvar,
+            show_envvar=envvar is not None,
+            expose_value=False,
+            callback=_global_callback(name, option, setter),
+            help=help_text,
+        )(func)
+    return func
+
+
+def required(value: str | None, option: str, envvar: str) -> str:
+    if value is None:  # an empty value goes on to the library, which says what is wrong with it
+        raise click.UsageError(f"Missing option '{option}' (or set {envvar}).")
+    return value
+
+
+def principal_options(func: F) -> F:
+    """--owner/--actor/--channel, turned into a ``principal`` argument."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, owner: str | None, actor: str, channel: str, **kwargs: Any) -> Any:
+        principal = Principal(required(owner, "--owner", "SECUREPAD_OWNER"), actor, channel)
+        return func(*args, principal=principal, **kwargs)
+
+    decorated: Any = wrapper
+    decorated = click.option(
+        "--channel",
+        envvar="SECUREPAD_CHANNEL",
+        show_envvar=True,
+        default="cli",
+        show_default=True,
+        help="Channel of the caller.",
+    )(decorated)
+    decorated = click.option(
+        "--actor",
+        envvar="SECUREPAD_ACTOR",
+        show_envvar=True,
+        default="cli",
+        show_default=True,
+        help="Actor (agent) of the caller.",
+    )(decorated)
+    decorated = click.option(
+        "--owner",
+        envvar="SECUREPAD_OWNER",
+        show_envvar=True,
+        help="Owner (tenant) on whose behalf to act (required: the option or its variable).",
+    )(decorated)
+    return decorated  # type: ignore[no-any-return]
+
+
+def turn_option(func: F) -> F:
+    return click.option(
+        "--turn",
+        "turn_id",
+        envvar="SECUREPAD_TURN",
+        show_envvar=True,
+        help="Turn id (required: the option or its variable).",
+    )(func)
+
+
+def emit(value: Any, render: Callable[[Any], None]) -> None:
+    """Print ``value`` as JSON with --json, else with ``render``."""
+    if current_state().as_json:
+        click.echo(to_json(value))
+    else:
+        render(value)
+
+
+ENV_HELP = "\b\nEnvironment variables (the command line wins over them):\n" + "\n".join(
+    f"  {var:<20} {option:<10} {what}" for var, option, what in ENVIRONMENT
+)
+
+
+def command(group: click.Group, *args: Any, **kwargs: Any) -> Callable[[F], F]:
+    """A subcommand of ``group`` that also takes the global options."""
+
+    def decorate(func: F) -> F:
+        group.command(*args, **kwargs)(global_options(func))
+        return func
+
+    return decorate

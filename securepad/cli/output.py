@@ -1,0 +1,50 @@
+"""What the command line prints: stored text is data, never markup, and no
+terminal control sequence from the store reaches a terminal."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+__all__ = ["console", "err_console", "for_terminal", "plain", "print_json", "print_line", "to_json"]
+
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+
+# CSI and OSC sequences (OSC 8 makes links), then any other C0/C1 control but tab and newline.
+_ESCAPE_SEQUENCES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x9b[0-?]*[ -/]*[@-~]")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_RAW_JSON_CONTROLS = re.compile(r"[\x7f-\x9f\u2028\u2029]")
+
+
+def for_terminal(text: str) -> str:
+    """``text`` without terminal control sequences: escape sequences are dropped,
+    other control characters shown as ``\\xNN``; tabs and newlines stay."""
+    text = _ESCAPE_SEQUENCES.sub("", text)
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def to_json(value: Any) -> str:
+    """``value`` as indented JSON; the C1 controls and DEL that ``json.dumps``
+    leaves raw are written as ``\\u`` escapes (the same JSON, safe on a terminal)."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    return _RAW_JSON_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def plain(value: object) -> Text:
+    """A table cell or line that rich never reads as markup, stripped for the terminal."""
+    return Text(for_terminal(str(value)))
+
+
+def print_json(value: Any) -> None:
+    console.print(to_json(value), markup=False, highlight=False, soft_wrap=True)
+
+
+def print_line(text: str) -> None:
+    """A line of plain text (never markup), stripped for the terminal."""
+    console.print(plain(text), highlight=False, soft_wrap=True)
