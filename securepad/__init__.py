@@ -9,7 +9,10 @@ from .errors import (
     PolicyError,
     QuotaExceededError,
     SecurepadError,
+    StorageFullError,
     StoreBusyError,
+    StoreCorruptError,
+    StoreUnavailableError,
     WrongKeyError,
 )
 from .keys import Keyring
@@ -35,7 +38,10 @@ __all__ = [
     "QuotaExceededError",
     "Scratchpad",
     "SecurepadError",
+    "StorageFullError",
     "StoreBusyError",
+    "StoreCorruptError",
+    "StoreUnavailableError",
     "Turn",
     "WrongKeyError",
 ]

@@ -1,16 +1,21 @@
 """SQLite through apsw: connections, pragmas, migrations, the one transaction helper.
 
 One connection per thread (concurrency comes from several connections, never
-from sharing one), re-opened after fork, all configured here.
+from sharing one), closed when its thread ends and re-opened after fork, all
+configured here. Every apsw error leaves this module as a ``SecurepadError``
+that names its cause (see ``_storage_error``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import random
 import threading
 import time
-from collections.abc import Iterable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -18,12 +23,26 @@ import apsw
 
 from ._backend import DuplicateKeyError, Params, Rows
 from ._files import STORE_OVERRIDE, check_directory, check_private_file
-from .errors import SecurepadError, StoreBusyError
+from .errors import SecurepadError, StorageFullError, StoreBusyError, StoreCorruptError
 
-__all__ = ["SCHEMA_VERSION", "Database"]
+__all__ = ["SCHEMA_VERSION", "WAL_LIMIT_BYTES", "Database"]
 
 # How long a writer waits for the lock before StoreBusyError.
 BUSY_TIMEOUT_MS = 30_000
+
+# The write-ahead log's bound. A reader that holds one snapshot keeps every
+# frame written after it in the WAL (a checkpoint cannot move them), so the
+# WAL grows with every write for as long as the reader lives: 652 MB in 60 s
+# at 200 puts/s (issue 18). Past this size a write first tries to checkpoint
+# and, if a reader still pins the WAL, fails with StoreBusyError until the
+# reader ends: the file stays bounded and writers see a retryable error.
+WAL_LIMIT_BYTES = 256 * 1024 * 1024
+# Checkpoint (PASSIVE, never waiting) once the WAL holds this many pages, as
+# SQLite's own auto-checkpoint does; our WAL hook replaces SQLite's.
+AUTOCHECKPOINT_PAGES = 1000
+# After a checkpoint the WAL file is cut back to this size (SQLite otherwise
+# keeps the largest size it ever reached until a TRUNCATE checkpoint).
+WAL_KEEP_BYTES = 16 * 1024 * 1024
 
 SCHEMA_VERSION = 5
 
@@ -151,20 +170,29 @@ _MIGRATIONS: dict[int, str] = {
 }
 
 
+ErrorMap = Callable[[apsw.Error | UnicodeDecodeError, apsw.Connection], SecurepadError]
+
+
 class _Conn:
     """An apsw connection inside a transaction, as the store's ``Conn`` protocol."""
 
-    def __init__(self, conn: apsw.Connection) -> None:
+    def __init__(self, conn: apsw.Connection, error: ErrorMap) -> None:
         self.raw = conn
+        self._error = error
 
     def query(self, sql: str, params: Params = ()) -> Rows:
-        return _rows(self.raw.execute(sql, params))
+        try:
+            return _rows(self.raw.execute(sql, params))
+        except (apsw.Error, UnicodeDecodeError) as exc:
+            raise self._error(exc, self.raw) from None
 
     def execute(self, sql: str, params: Params = ()) -> int:
         try:
             self.raw.execute(sql, params)
         except apsw.ConstraintError:
             raise DuplicateKeyError from None
+        except apsw.Error as exc:
+            raise self._error(exc, self.raw) from None
         return int(self.raw.changes())
 
     def executemany(self, sql: str, rows: Iterable[Params]) -> None:
@@ -172,6 +200,8 @@ class _Conn:
             self.raw.executemany(sql, rows)
         except apsw.ConstraintError:
             raise DuplicateKeyError from None
+        except apsw.Error as exc:
+            raise self._error(exc, self.raw) from None
 
 
 def _rows(cursor: apsw.Cursor) -> Rows:
@@ -182,112 +212,322 @@ def _rows(cursor: apsw.Cursor) -> Rows:
     return [dict(zip(names, row, strict=True)) for row in cursor]
 
 
+class _Connections:
+    """The open connections of one Database, closed as their threads end.
+
+    Each thread's connection hangs off a holder in that thread's
+    ``threading.local``; when the thread ends its locals go, and the holder's
+    finalizer closes the connection. A process with many short-lived threads
+    therefore holds one connection (2 file descriptors, ~180 KB) per *live*
+    thread, not per thread that ever used the store (issue 18: 2,000 threads
+    left 2,001 connections and 4,000 descriptors open).
+
+    A connection inherited through fork is never closed by the child: that
+    would disturb the parent's locks on the shared file. It is kept (not
+    collected) and left alone.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[int, tuple[apsw.Connection, int]] = {}
+        self._inherited: list[apsw.Connection] = []
+        self.closed = False
+
+    def add(self, conn: apsw.Connection) -> None:
+        with self._lock:
+            self._open[id(conn)] = (conn, os.getpid())
+
+    def release(self, conn: apsw.Connection, pid: int) -> None:
+        """Close ``conn`` (opened in process ``pid``): its thread ended, or it failed."""
+        with self._lock:
+            self._open.pop(id(conn), None)
+            if pid != os.getpid():
+                self._inherited.append(conn)
+                return
+        conn.close()
+
+    def close_all(self) -> None:
+        """Close every connection this process opened (a forked child leaves its parent's alone)."""
+        with self._lock:
+            self.closed = True
+            conns, self._open = list(self._open.values()), {}
+            pid = os.getpid()
+            self._inherited.extend(conn for conn, opened_in in conns if opened_in != pid)
+        for conn, opened_in in conns:
+            if opened_in == pid:
+                conn.close()
+
+
+class _WalWatch:
+    """The WAL's size as SQLite reports it after each commit of any of our
+    connections (the whole WAL's page count, whoever wrote it), and our
+    replacement for SQLite's auto-checkpoint. It holds no reference to the
+    Database, so a store dropped without ``close`` is still collected."""
+
+    def __init__(self) -> None:
+        self.pages = 0
+        self.page_size = 4096
+
+    def bytes(self) -> int:
+        return self.pages * self.page_size
+
+    def hook(self, conn: apsw.Connection, dbname: str, pages: int) -> int:
+        """After each commit: checkpoint as SQLite's auto-checkpoint would
+        (PASSIVE: moves what readers allow, never waits)."""
+        self.pages = pages
+        if pages >= AUTOCHECKPOINT_PAGES:
+            try:
+                log, _ = conn.wal_checkpoint(dbname, apsw.SQLITE_CHECKPOINT_PASSIVE)
+            except apsw.Error:
+                return apsw.SQLITE_OK  # the commit stands; a later one checkpoints
+            self.pages = max(log, 0)
+        return apsw.SQLITE_OK
+
+
+class _Holder:
+    """One thread's connection; its finalizer closes the connection when the thread's locals go."""
+
+    def __init__(self, conn: apsw.Connection, connections: _Connections) -> None:
+        self.conn = conn
+        self.pid = os.getpid()
+        self.finalizer = weakref.finalize(self, connections.release, conn, self.pid)
+
+
 class Database:
     """A store file and the per-thread apsw connections to it (the SQLite backend).
 
     Owners and the admin flag change nothing here: the file's permissions are
     the boundary, and every write transaction is serialized.
+
+    ``wal_limit_bytes`` bounds the write-ahead log (see ``WAL_LIMIT_BYTES``).
+    ``incremental_vacuum`` makes the file give freed pages back to the file
+    system at each ``checkpoint`` (gc, forget-owner); an existing store is
+    converted once, at open, by a full VACUUM.
     """
 
     dialect = "sqlite"
 
-    def __init__(self, path: Path, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS, allow_shared: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+        wal_limit_bytes: int = WAL_LIMIT_BYTES,
+        incremental_vacuum: bool = False,
+        allow_shared: bool = False,
+    ) -> None:
         self.path = path
         self.location = str(path)
         self._busy_timeout_ms = busy_timeout_ms
+        self.wal_limit_bytes = wal_limit_bytes
         self._local = threading.local()
-        self._lock = threading.Lock()
-        self._all: list[apsw.Connection] = []
-        self._closed = False
+        self._connections = _Connections()
+        self._wal = _WalWatch()
+        self.incremental_vacuum = False
         _create_private_file(path, allow_shared)
-        with self.transaction() as conn:
-            self._migrate(conn.raw)
+        conn = self.conn
+        try:
+            self._wal.page_size = int(conn.execute("PRAGMA page_size").fetchall()[0][0])  # type: ignore[arg-type]
+        except apsw.Error as exc:
+            raise self._error(exc, conn) from None
+        with self.transaction() as tx:
+            self._migrate(tx.raw)
+        self.incremental_vacuum = incremental_vacuum and self._enable_incremental_vacuum(conn)
 
     @property
     def conn(self) -> apsw.Connection:
-        """This thread's connection, opened on first use and again after fork."""
-        if self._closed:
+        """This thread's connection, opened on first use and again after fork.
+
+        Raises:
+            SecurepadError: the store is closed, or its file cannot be opened.
+            StoreCorruptError: the file is not a SQLite database.
+        """
+        if self._connections.closed:
             raise SecurepadError("the store is closed")
-        pid = os.getpid()
-        conn: apsw.Connection | None = getattr(self._local, "conn", None)
-        if conn is None or self._local.pid != pid:
-            conn = self._open()
-            self._local.conn, self._local.pid = conn, pid
-            with self._lock:
-                self._all.append(conn)
-        return conn
+        holder: _Holder | None = getattr(self._local, "holder", None)
+        if holder is None or holder.pid != os.getpid():
+            holder = _Holder(self._open(), self._connections)
+            self._local.holder = holder
+            self._connections.add(holder.conn)
+        return holder.conn
 
     def _open(self) -> apsw.Connection:
         try:
             conn = apsw.Connection(str(self.path))
         except apsw.Error as exc:
             raise SecurepadError(f"cannot open store {self.path}: {exc}") from None
-        conn.setbusyhandler(_BusyHandler(self._busy_timeout_ms / 1000))
-        # Double-quoted strings are identifiers only, never string literals.
-        conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
-        conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        # Deleted content is overwritten with zeros, in the file and the WAL.
-        conn.execute("PRAGMA secure_delete = ON")
-        conn.execute("PRAGMA foreign_keys = ON")
+        try:
+            conn.setbusyhandler(_BusyHandler(self._busy_timeout_ms / 1000))
+            # Double-quoted strings are identifiers only, never string literals.
+            conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
+            conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
+            conn.execute("PRAGMA journal_mode = WAL")
+            # NORMAL: a commit is durable once the WAL is synced at checkpoint;
+            # a power cut (not a process crash) can lose the last commits
+            # (docs/reliability.md).
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute(f"PRAGMA journal_size_limit = {WAL_KEEP_BYTES}")
+            # Deleted content is overwritten with zeros, in the file and the WAL.
+            conn.execute("PRAGMA secure_delete = ON")
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.setwalhook(self._wal.hook)
+        except apsw.Error as exc:
+            error = self._error(exc, conn)
+            conn.close()
+            raise error from None
         return conn
+
+    def _error(self, exc: apsw.Error | UnicodeDecodeError, conn: apsw.Connection) -> SecurepadError:
+        return _storage_error(exc, self.path, conn)
+
+    def _check_wal(self) -> None:
+        """Refuse a write while the WAL is over its limit and a reader pins it."""
+        if self._wal.bytes() <= self.wal_limit_bytes:
+            return
+        if self.checkpoint(wait=False):
+            return
+        raise StoreBusyError(
+            f"the store's write-ahead log is over its {self.wal_limit_bytes // (1024 * 1024)} MiB limit because"
+            " a reader has held one snapshot for long; writes resume when it ends"
+        )
+
+    def wal_status(self) -> dict[str, object]:
+        """The WAL's size against its limit, with a warning past half of it (for ``stats``)."""
+        used = self._wal.bytes()
+        status: dict[str, object] = {
+            "wal_bytes": used,
+            "wal_limit_bytes": self.wal_limit_bytes,
+            "incremental_vacuum": self.incremental_vacuum,
+            "warnings": [],
+        }
+        if used > self.wal_limit_bytes // 2:
+            status["warnings"] = [
+                f"the write-ahead log holds {used} bytes of its {self.wal_limit_bytes}-byte limit:"
+                " a long-lived reader keeps it from being checkpointed; writes fail (StoreBusyError)"
+                " at the limit until that reader ends"
+            ]
+        return status
 
     @contextmanager
     def transaction(self, owner: str | None = None, *, admin: bool = False, wait: bool = True) -> Iterator[_Conn]:
         """A write transaction (BEGIN IMMEDIATE), rolled back on any exception.
 
         Raises:
-            StoreBusyError: the write lock was not obtained within the busy timeout.
+            StoreBusyError: the write lock was not obtained within the busy
+                timeout, or the WAL is over its limit (a long reader pins it).
+            StorageFullError: the disk is full; nothing was written.
+            StoreCorruptError: the file is damaged.
         """
         conn = self.conn
+        self._check_wal()
         try:
             conn.execute("BEGIN IMMEDIATE")
-        except apsw.BusyError:
-            raise StoreBusyError("the store is busy; try again") from None
+        except apsw.Error as exc:
+            raise self._error(exc, conn) from None
         try:
-            yield _Conn(conn)
+            yield _Conn(conn, self._error)
+        except apsw.Error as exc:
+            self._rollback(conn)
+            raise self._error(exc, conn) from None
         except BaseException:
-            conn.execute("ROLLBACK")
+            self._rollback(conn)
             raise
         try:
             conn.execute("COMMIT")
-        except apsw.BusyError:
+        except apsw.Error as exc:
+            self._rollback(conn)
+            raise self._error(exc, conn) from None
+
+    def _rollback(self, conn: apsw.Connection) -> None:
+        """End the failed transaction, unless SQLite already did (it rolls back by
+        itself on SQLITE_FULL and I/O errors: a second ROLLBACK would fail with
+        "no transaction is active" and hide the real cause)."""
+        if conn.getautocommit():
+            return
+        try:
             conn.execute("ROLLBACK")
-            raise StoreBusyError("the store is busy; try again") from None
+        except apsw.Error:
+            # The connection is in an unknown state: drop it; the next call opens another.
+            holder: _Holder | None = getattr(self._local, "holder", None)
+            if holder is not None and holder.conn is conn:
+                del self._local.holder
+                with contextlib.suppress(apsw.Error):
+                    holder.finalizer()
 
     @contextmanager
     def snapshot(self) -> Iterator[apsw.Connection]:
-        """A read transaction: every query inside sees the same state."""
+        """A read transaction: every query inside sees the same state.
+
+        Raises:
+            StoreCorruptError: the file is damaged.
+            SecurepadError: another storage error.
+        """
         conn = self.conn
-        conn.execute("BEGIN DEFERRED")
+        try:
+            conn.execute("BEGIN DEFERRED")
+        except apsw.Error as exc:
+            raise self._error(exc, conn) from None
         try:
             yield conn
-        finally:
+        except (apsw.Error, UnicodeDecodeError) as exc:
+            self._rollback(conn)
+            raise self._error(exc, conn) from None
+        except BaseException:
+            self._rollback(conn)
+            raise
+        try:
             conn.execute("COMMIT")
+        except apsw.Error as exc:
+            self._rollback(conn)
+            raise self._error(exc, conn) from None
 
     def query(self, sql: str, params: Params = (), *, owner: str | None = None, admin: bool = False) -> Rows:
-        """Rows as dicts, on this thread's connection."""
-        return _rows(self.conn.execute(sql, params))
+        """Rows as dicts, on this thread's connection.
+
+        Raises:
+            StoreCorruptError: the file is damaged.
+            SecurepadError: another storage error.
+        """
+        conn = self.conn
+        try:
+            return _rows(conn.execute(sql, params))
+        except (apsw.Error, UnicodeDecodeError) as exc:
+            raise self._error(exc, conn) from None
 
     def checkpoint(self, *, wait: bool = True) -> bool:
-        """Move the WAL into the database and truncate it to zero bytes.
+        """Move the WAL into the database and truncate it to zero bytes (after
+        giving the file's free pages back, with ``incremental_vacuum``).
 
         Returns False when a reader kept part of the WAL alive past the busy
-        timeout (the WAL then still holds frames; a later checkpoint clears them).
+        timeout, or the disk had no room to move it (the WAL then still holds
+        frames; a later checkpoint clears them).
         With ``wait=False`` the busy timeout is zero: what can be moved without
         waiting is moved, and the call never blocks on readers.
+
+        Raises:
+            StoreCorruptError: the file is damaged.
         """
         conn = self.conn
         if not wait:
             conn.setbusytimeout(0)
         try:
+            if self.incremental_vacuum:
+                conn.execute("PRAGMA incremental_vacuum").fetchall()
             log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
-        except apsw.BusyError:
+        except (apsw.BusyError, apsw.LockedError):
             return False
+        except apsw.Error as exc:
+            error = self._error(exc, conn)
+            if isinstance(error, StorageFullError):
+                # The write before it (a delete, a gc) stands; its frames stay
+                # in the WAL until a checkpoint finds room.
+                return False
+            raise error from None
         finally:
             if not wait:
                 conn.setbusyhandler(_BusyHandler(self._busy_timeout_ms / 1000))
+        if log == done:
+            self._wal.pages = 0
         return bool(log == done)
 
     def scrub(self) -> bool:
@@ -304,20 +544,43 @@ class Database:
         Returns False when a reader kept part of the WAL alive (see ``checkpoint``).
         """
         conn = self.conn
-        conn.execute("PRAGMA temp_store = MEMORY")  # the rebuild's copy never reaches a temp file
         try:
+            conn.execute("PRAGMA temp_store = MEMORY")  # the rebuild's copy never reaches a temp file
             conn.execute("VACUUM")
-        except apsw.BusyError:
-            raise StoreBusyError("the store is busy; try again") from None
+        except apsw.Error as exc:
+            raise self._error(exc, conn) from None
         return self.checkpoint()
 
     def copy_to(self, dest: Path) -> None:
-        """Write a consistent copy of the store to ``dest`` (which must not exist)."""
+        """Write a consistent copy of the store to ``dest`` (which must not exist).
+
+        Raises:
+            StorageFullError: the disk is full.
+            SecurepadError: ``dest`` cannot be written.
+        """
         _create_private_file(dest, companions=False)
-        self.conn.execute("VACUUM INTO ?", (str(dest),))
+        conn = self.conn
+        try:
+            conn.execute("VACUUM INTO ?", (str(dest),))
+        except apsw.Error as exc:
+            raise self._error(exc, conn) from None
+
+    def _enable_incremental_vacuum(self, conn: apsw.Connection) -> bool:
+        """Switch the file to auto_vacuum=INCREMENTAL (a full VACUUM, once, for
+        a store made without it); True once it is on."""
+        try:
+            mode = int(conn.execute("PRAGMA auto_vacuum").fetchall()[0][0])  # type: ignore[arg-type]
+            if mode != 2:  # 0 none, 1 full, 2 incremental
+                conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+                conn.execute("VACUUM")
+        except apsw.Error as exc:
+            raise self._error(exc, conn) from None
+        return True
 
     def _migrate(self, conn: apsw.Connection) -> None:
         version = int(conn.execute("PRAGMA user_version").fetchall()[0][0])  # type: ignore[arg-type]
+        if version < 0:
+            raise StoreCorruptError(f"the store {self.path} is damaged: schema version {version}")
         if version > SCHEMA_VERSION:
             raise SecurepadError(
                 f"store schema version {version} is newer than this securepad understands ({SCHEMA_VERSION})"
@@ -328,11 +591,41 @@ class Database:
 
     def close(self) -> None:
         """Close every connection this object opened, in any thread."""
-        with self._lock:
-            self._closed = True
-            conns, self._all = self._all, []
-        for conn in conns:
-            conn.close()
+        self._connections.close_all()
+
+
+def _storage_error(exc: apsw.Error | UnicodeDecodeError, path: Path, conn: apsw.Connection) -> SecurepadError:
+    """The typed error for an apsw error: what the caller can act on, and the file.
+
+    A TEXT column that is not UTF-8 (apsw raises UnicodeDecodeError) is damage
+    too: the store only ever writes valid text.
+    """
+    if isinstance(exc, UnicodeDecodeError):
+        return StoreCorruptError(f"the store {path} is damaged: a text field is not UTF-8")
+    if isinstance(exc, apsw.IOError) and _system_errno(conn) in (errno.ENOSPC, errno.EDQUOT):
+        exc = apsw.FullError(str(exc))
+    if isinstance(exc, apsw.FullError):
+        return StorageFullError(
+            f"the disk holding {path} is full (or the store reached its size limit); nothing was written"
+        )
+    if isinstance(exc, apsw.CorruptError | apsw.NotADBError):
+        return StoreCorruptError(f"the store {path} is damaged or is not a securepad store ({exc})")
+    if isinstance(exc, apsw.BusyError | apsw.LockedError):
+        return StoreBusyError("the store is busy; try again")
+    if isinstance(exc, apsw.IOError):
+        return SecurepadError(f"disk I/O error on the store {path} ({exc})")
+    if isinstance(exc, apsw.ReadOnlyError):
+        return SecurepadError(f"the store {path} is read-only ({exc})")
+    if isinstance(exc, apsw.CantOpenError):
+        return SecurepadError(f"cannot open store {path} ({exc})")
+    return SecurepadError(f"store error on {path}: {exc}")
+
+
+def _system_errno(conn: apsw.Connection) -> int:
+    try:
+        return int(conn.system_errno)
+    except apsw.Error:
+        return 0
 
 
 class _BusyHandler:
@@ -369,7 +662,7 @@ def _create_private_file(path: Path, allow_shared: bool = False, *, companions: 
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
-        raise SecurepadError(f"cannot create store {path}: {exc.strerror}") from None
+        raise SecurepadError(f"cannot create store {path}: {exc.strerror or exc}") from None
     if not allow_shared:
         check_directory(path.parent, "store", STORE_OVERRIDE)
     for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")) if companions else (path,):
@@ -384,5 +677,5 @@ def _create_private_file(path: Path, allow_shared: bool = False, *, companions: 
                 check_private_file(name, info, "store file", STORE_OVERRIDE)
             continue
         except OSError as exc:
-            raise SecurepadError(f"cannot create store {path}: {exc.strerror}") from None
+            raise SecurepadError(f"cannot create store {path}: {exc.strerror or exc}") from None
         os.close(fd)

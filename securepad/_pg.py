@@ -20,15 +20,27 @@ can do that a file cannot: a second line of defence in the server.
   one), store-wide housekeeping takes the store-wide lock exclusively. The
   store's check-then-write steps (quota, owner-key version, sequence numbers)
   therefore hold exactly as on SQLite, while different owners write in parallel.
+* Every call has a deadline (issue 18: a 65 s network black hole blocked a
+  call 65 s): libpq's connect timeout, TCP keepalives and user timeout for a
+  dead network, the server's lock and statement timeouts, the pool's wait,
+  and a watchdog that cuts the connection of a call still running at its
+  deadline (a proxy or a hung server that keeps TCP alive). A server that
+  cannot be reached is ``StoreUnavailableError`` (retryable), distinct from
+  ``StoreBusyError``; connections that died while idle (a server restart) are
+  replaced within the same call, and the pool retries connecting every ~1 s,
+  so the store works again within a second or two of the server's return.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import re
+import socket
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -39,7 +51,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ._backend import DuplicateKeyError, Params, Rows
-from .errors import SecurepadError, StoreBusyError
+from .errors import SecurepadError, StoreBusyError, StoreUnavailableError
 
 __all__ = ["ADMIN_ROLE", "APP_ROLE", "SCHEMA_VERSION", "PostgresDatabase"]
 
@@ -49,6 +61,38 @@ ADMIN_ROLE = "securepad_admin"
 LOCK_TIMEOUT_MS = 30_000
 # Connections per pool that Scratchpad.open creates from a DSN.
 DEFAULT_POOL_SIZE = 8
+# The time limits of every call (see the module docstring and docs/reliability.md).
+# Connecting (TCP, TLS, authentication): libpq's connect_timeout.
+CONNECT_TIMEOUT_S = 5
+# One statement on the server, lock waits included (so above LOCK_TIMEOUT_MS).
+STATEMENT_TIMEOUT_MS = 45_000
+# Waiting for a free pooled connection.
+POOL_TIMEOUT_S = 10.0
+# A whole call (one query, or one transaction from BEGIN to COMMIT): the
+# watchdog cuts its connection past this. Above the statement timeout, so a
+# healthy server always answers first.
+CALL_TIMEOUT_S = 60.0
+# A dead network: keepalive probes after 5 s idle, every 2 s, 3 lost = dead;
+# unacknowledged data for 10 s = dead (Linux's tcp_user_timeout).
+_NETWORK_LIMITS = {
+    "connect_timeout": CONNECT_TIMEOUT_S,
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
+# How long a pool keeps retrying a lost connection before it gives the slot up
+# (a caller that then needs one makes it try at once). psycopg_pool waits 1 s,
+# then doubles the wait: with its default (300 s) the first success after a
+# 15 s outage came 19 s late; capped here, tries are ~1 s apart.
+RECONNECT_TIMEOUT_S = 2.0
+# Housekeeping (gc, rotations, forgetting an owner: the admin role) works
+# store-wide and may run long on a large store: its statement and call limits
+# are this many times a principal's.
+_HOUSEKEEPING_FACTOR = 10
+# How often the watchdog looks at the calls in flight.
+_WATCH_TICK_S = 0.1
 SCHEMA_VERSION = 1
 
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -191,17 +235,17 @@ _MIGRATIONS: dict[int, str] = {
     """,
 }
 
-# The role, schema, owner and lock timeout of one transaction (``true``: local to it).
+# The role, schema, owner, lock and statement timeouts of one transaction (``true``: local to it).
 _SETTINGS = (
     "SELECT set_config('role', %s, true), set_config('search_path', %s, true),"
-    " set_config('securepad.owner', %s, true), set_config('lock_timeout', %s, true)"
+    " set_config('securepad.owner', %s, true), set_config('lock_timeout', %s, true),"
+    " set_config('statement_timeout', %s, true)"
 )
 
 _BUSY = (
     pg_errors.LockNotAvailable,
     pg_errors.SerializationFailure,
     pg_errors.DeadlockDetected,
-    PoolTimeout,
 )
 
 
@@ -247,12 +291,88 @@ class _Conn:
             raise DuplicateKeyError from None
 
 
+class _Watch:
+    """One call in flight: its connection, its deadline, and whether the watchdog cut it."""
+
+    __slots__ = ("conn", "cut", "deadline")
+
+    def __init__(self, conn: psycopg.Connection[Any], deadline: float) -> None:
+        self.conn = conn
+        self.deadline = deadline
+        self.cut = False
+
+
+class _Watchdog:
+    """Cuts the connection of a call that runs past its deadline.
+
+    The server's statement timeout cannot help when the server (or the
+    network in between) does not answer at all, and TCP keepalives do not
+    fire while something on the path still acknowledges packets. Shutting the
+    socket down makes the blocked call fail at once (libpq sees the connection
+    closed); the pool then drops the connection. One thread per store, running
+    only while calls are in flight.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: dict[int, _Watch] = {}
+        self._running = False
+        self._pid = os.getpid()
+
+    @contextmanager
+    def watch(self, conn: psycopg.Connection[Any], deadline: float) -> Iterator[_Watch]:
+        call = _Watch(conn, deadline)
+        with self._lock:
+            self._calls[id(call)] = call
+            if not self._running or self._pid != os.getpid():
+                self._running, self._pid = True, os.getpid()
+                threading.Thread(target=self._run, name="securepad-pg-watchdog", daemon=True).start()
+        try:
+            yield call
+        finally:
+            with self._lock:
+                del self._calls[id(call)]
+
+    def _run(self) -> None:
+        idle_since = time.monotonic()
+        while True:
+            time.sleep(_WATCH_TICK_S)
+            now = time.monotonic()
+            with self._lock:
+                if self._calls:
+                    idle_since = now
+                elif now - idle_since > 1.0:
+                    self._running = False
+                    return
+                for call in self._calls.values():
+                    if not call.cut and now >= call.deadline:
+                        call.cut = True
+                        _cut(call.conn)
+
+
+def _cut(conn: psycopg.Connection[Any]) -> None:
+    """Shut a connection's socket down under libpq's feet: its blocked call fails now."""
+    try:
+        fd = conn.pgconn.socket
+    except psycopg.OperationalError:
+        return  # already closed
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
+
+
 class PostgresDatabase:
     """A store in one schema of a PostgreSQL database, reached through connection pools.
 
     ``app`` (a DSN or a ``psycopg_pool.ConnectionPool``) serves principals;
     ``admin`` (default: the same) serves housekeeping and migrations. Pools
     made here from a DSN are closed by ``close``; pools passed in are not.
+
+    Pools made here connect with ``connect_timeout``, TCP keepalives and
+    ``tcp_user_timeout`` (unless the DSN sets them) and retry a lost
+    connection every ~1 s; a pool passed in keeps its own settings. Every call
+    gets ``statement_timeout_ms`` on the server, waits at most
+    ``pool_timeout_s`` for a connection, and is cut at ``call_timeout_s``
+    (housekeeping: ten times the statement and call limits).
     """
 
     dialect = "postgresql"
@@ -265,6 +385,10 @@ class PostgresDatabase:
         schema: str = "securepad",
         pool_size: int = DEFAULT_POOL_SIZE,
         lock_timeout_ms: int = LOCK_TIMEOUT_MS,
+        statement_timeout_ms: int = STATEMENT_TIMEOUT_MS,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        pool_timeout_s: float = POOL_TIMEOUT_S,
+        call_timeout_s: float = CALL_TIMEOUT_S,
     ) -> None:
         if not _SCHEMA_RE.fullmatch(schema):
             raise SecurepadError(f"schema must be a lowercase SQL identifier, not {schema!r}")
@@ -272,6 +396,11 @@ class PostgresDatabase:
         self._sources = (app, app if admin is None else admin)
         self._pool_size = pool_size
         self._lock_timeout = f"{int(lock_timeout_ms)}ms"
+        self._statement_ms = int(statement_timeout_ms)
+        self._network = {**_NETWORK_LIMITS, "connect_timeout": max(1, round(connect_timeout_s))}
+        self._pool_timeout_s = pool_timeout_s
+        self._call_timeout_s = call_timeout_s
+        self._watchdog = _Watchdog()
         self._store_lock = _lock_key("securepad-store", schema)
         self._lock = threading.Lock()
         self._closed = False
@@ -293,29 +422,40 @@ class PostgresDatabase:
             if not isinstance(source, str):
                 return source
             if source not in made:
+                limits = self._limits_for(source)
                 try:
                     # One plain connection first: a refused or failed connection is
                     # reported at once, with the server's reason (a pool would retry).
-                    psycopg.connect(source).close()
+                    psycopg.connect(source, **limits).close()
                     made[source] = ConnectionPool(
                         source,
                         min_size=1,
                         max_size=self._pool_size,
-                        kwargs={"autocommit": True},
+                        kwargs={"autocommit": True, **limits},
                         name=f"securepad-{self.schema}",
+                        timeout=self._pool_timeout_s,
+                        reconnect_timeout=RECONNECT_TIMEOUT_S,
                         open=True,
                     )
-                    made[source].wait(timeout=30)
+                    made[source].wait(timeout=self._pool_timeout_s)
                 except (psycopg.Error, PoolTimeout) as exc:
                     for opened in made.values():
                         opened.close()
-                    raise SecurepadError(
-                        f"cannot connect to PostgreSQL at {_describe(source, self.schema)}: {exc}"
+                    raise StoreUnavailableError(
+                        f"cannot connect to PostgreSQL at {_describe(source, self.schema)}: {_reason(exc)}"
                     ) from None
                 self._owned.append(made[source])
             return made[source]
 
         return pool(self._sources[0]), pool(self._sources[1])
+
+    def _limits_for(self, dsn: str) -> dict[str, Any]:
+        """The network limits the DSN does not set itself."""
+        try:
+            given = conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError as exc:
+            raise SecurepadError(f"not a PostgreSQL connection string: {_reason(exc)}") from None
+        return {key: value for key, value in self._network.items() if key not in given}
 
     def _pool(self, admin: bool) -> ConnectionPool[Any]:
         if self._closed:
@@ -335,30 +475,117 @@ class PostgresDatabase:
         return self._admin if admin else self._app
 
     @contextmanager
+    def _connection(self, admin: bool) -> Iterator[_Watch]:
+        """A pooled connection for one call, watched until the call's deadline.
+
+        Raises:
+            StoreUnavailableError: no connection within the pool timeout, and
+                the server cannot be reached.
+            StoreBusyError: no connection within the pool timeout, all in use.
+        """
+        pool = self._pool(admin)
+        deadline = time.monotonic() + self._call_timeout(admin)
+        try:
+            conn = pool.getconn(timeout=self._pool_timeout_s)
+        except PoolTimeout:
+            raise self._no_connection(pool) from None
+        try:
+            with self._watchdog.watch(conn, deadline) as call:
+                yield call
+        finally:
+            pool.putconn(conn)
+
+    def _no_connection(self, pool: ConnectionPool[Any]) -> SecurepadError:
+        """Why the pool had no connection: the server is unreachable, or every
+        connection is in use (asked directly, once, within the connect timeout)."""
+        conninfo = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
+        kwargs = (pool.kwargs() if callable(pool.kwargs) else pool.kwargs) or {}
+        limit = {"connect_timeout": self._network["connect_timeout"], **kwargs, "autocommit": True}
+        try:
+            psycopg.connect(conninfo, **limit).close()
+        except psycopg.Error as exc:
+            return StoreUnavailableError(f"PostgreSQL is unavailable ({_reason(exc)}); try again")
+        return StoreBusyError("the store is busy (no free connection in the pool); try again")
+
+    def _retry(self, call: _Watch, attempt: int) -> bool:
+        """Whether a call whose first statement failed may run again on another
+        connection: the connection had died while idle in the pool (a server
+        restart ends every pooled session), not at the deadline."""
+        return call.conn.broken and not call.cut and attempt < self._pool_size and time.monotonic() < call.deadline
+
+    def _unavailable(self, exc: psycopg.OperationalError, call: _Watch | None) -> SecurepadError:
+        if call is not None and call.cut:
+            return StoreUnavailableError(
+                "PostgreSQL did not answer before the call's deadline; the call was cut; try again"
+            )
+        if isinstance(exc, pg_errors.QueryCanceled):
+            return StoreUnavailableError(f"PostgreSQL cancelled the statement: {_reason(exc)}; try again")
+        return StoreUnavailableError(f"PostgreSQL connection failed ({_reason(exc)}); try again")
+
+    def _settings(self, owner: str | None, admin: bool) -> Params:
+        role = ADMIN_ROLE if admin else APP_ROLE
+        statement_ms = self._statement_ms * (_HOUSEKEEPING_FACTOR if admin else 1)
+        return (role, self.schema, owner or "", self._lock_timeout, f"{statement_ms}ms")
+
+    def _call_timeout(self, admin: bool) -> float:
+        return self._call_timeout_s * (_HOUSEKEEPING_FACTOR if admin else 1)
+
+    @contextmanager
+    def _begin(self, admin: bool, sql: str, params: Params) -> Iterator[tuple[_Watch, Any]]:
+        """BEGIN and the first statement (settings and locks) on a live connection;
+        COMMIT when the caller's block ends, ROLLBACK when it raises. Connections
+        found dead at BEGIN are dropped and the next one is tried."""
+        for attempt in range(self._pool_size + 1):
+            with self._connection(admin) as call:
+                conn = call.conn
+                try:
+                    conn.execute("BEGIN")
+                    row = conn.execute(sql, params).fetchone()
+                except psycopg.OperationalError as exc:
+                    if self._retry(call, attempt) and not isinstance(exc, _BUSY):
+                        continue
+                    self._end(conn)
+                    raise
+                except BaseException:
+                    self._end(conn)
+                    raise
+                try:
+                    yield call, row
+                except BaseException:
+                    self._end(conn)
+                    raise
+                conn.execute("COMMIT")
+                return
+
+    @staticmethod
+    def _end(conn: psycopg.Connection[Any]) -> None:
+        if not conn.broken:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
+
+    @contextmanager
     def _session(
         self, owner: str | None, admin: bool, locks: str, lock_params: Params, *, optional: bool = False
     ) -> Iterator[_Conn]:
-        """A transaction with the role, schema, owner and lock timeout set locally,
-        and ``locks`` taken, all in one statement (the settings come first: a
-        target list is evaluated left to right). ``optional`` housekeeping that
-        this connection may not do (no admin role) is StoreBusyError: skipped."""
+        """A transaction with the role, schema, owner, lock and statement timeouts
+        set locally, and ``locks`` taken, all in one statement (the settings
+        come first: a target list is evaluated left to right). ``optional``
+        housekeeping that this connection may not do (no admin role) is
+        StoreBusyError: skipped."""
+        call: _Watch | None = None
         try:
-            with self._pool(admin).connection() as conn, conn.transaction():
-                taken = conn.execute(
-                    _SETTINGS + locks,
-                    (ADMIN_ROLE if admin else APP_ROLE, self.schema, owner or "", self._lock_timeout, *lock_params),
-                ).fetchone()
-                if taken is not None and taken[-1] is False:  # pg_try_advisory_xact_lock
+            with self._begin(admin, _SETTINGS + locks, (*self._settings(owner, admin), *lock_params)) as (call, row):
+                if row is not None and row[-1] is False:  # pg_try_advisory_xact_lock
                     raise StoreBusyError("the store is busy; try again")
-                yield _Conn(conn)
+                yield _Conn(call.conn)
         except _BUSY:
             raise StoreBusyError("the store is busy; try again") from None
         except pg_errors.InsufficientPrivilege as exc:
             if optional:
-                raise StoreBusyError(f"housekeeping skipped: {exc}") from None
-            raise SecurepadError(f"PostgreSQL refused the store's role: {exc}") from None
+                raise StoreBusyError(f"housekeeping skipped: {_reason(exc)}") from None
+            raise SecurepadError(f"PostgreSQL refused the store's role: {_reason(exc)}") from None
         except psycopg.OperationalError as exc:
-            raise SecurepadError(f"PostgreSQL connection failed: {exc}") from None
+            raise self._unavailable(exc, call) from None
 
     @contextmanager
     def transaction(self, owner: str | None = None, *, admin: bool = False, wait: bool = True) -> Iterator[_Conn]:
@@ -368,6 +595,9 @@ class PostgresDatabase:
         Raises:
             StoreBusyError: a lock was not obtained within the lock timeout (at
                 once with ``wait=False``), or the pool had no free connection.
+            StoreUnavailableError: the server cannot be reached or did not
+                answer in time (if that happened at COMMIT, the write may or
+                may not have been applied).
         """
         if owner is not None:
             locks = ", pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s)"
@@ -386,22 +616,35 @@ class PostgresDatabase:
         message, which PostgreSQL runs as one implicit transaction (so the
         local settings hold for the query and end with it). The parameters are
         bound by psycopg's client-side quoting.
+
+        Raises:
+            StoreBusyError: a lock wait timed out, or the pool had no free connection.
+            StoreUnavailableError: the server cannot be reached or did not answer in time.
         """
-        settings = (ADMIN_ROLE if admin else APP_ROLE, self.schema, owner or "", self._lock_timeout)
+        text = _SETTINGS + "; " + translate(sql)
+        values = (*self._settings(owner, admin), *params)
+        call: _Watch | None = None
         try:
-            with self._pool(admin).connection() as conn, psycopg.ClientCursor(conn) as cursor:
-                cursor.execute(_SETTINGS + "; " + translate(sql), (*settings, *params))
-                cursor.nextset()
-                if cursor.description is None:
-                    return []
-                names = [d.name for d in cursor.description]
-                return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+            for attempt in range(self._pool_size + 1):
+                with self._connection(admin) as call, psycopg.ClientCursor(call.conn) as cursor:
+                    try:
+                        cursor.execute(text, values)
+                    except psycopg.OperationalError as exc:
+                        if self._retry(call, attempt) and not isinstance(exc, _BUSY):
+                            continue  # a connection that died while idle: reads are safe to run again
+                        raise
+                    cursor.nextset()
+                    if cursor.description is None:
+                        return []
+                    names = [d.name for d in cursor.description]
+                    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+            raise AssertionError("unreachable: the last attempt returns or raises")
         except _BUSY:
             raise StoreBusyError("the store is busy; try again") from None
         except pg_errors.InsufficientPrivilege as exc:
-            raise SecurepadError(f"PostgreSQL refused the store's role: {exc}") from None
+            raise SecurepadError(f"PostgreSQL refused the store's role: {_reason(exc)}") from None
         except psycopg.OperationalError as exc:
-            raise SecurepadError(f"PostgreSQL connection failed: {exc}") from None
+            raise self._unavailable(exc, call) from None
 
     def checkpoint(self, *, wait: bool = True) -> bool:
         """Nothing to do: the server manages its own files (see the README's PostgreSQL section on VACUUM)."""
@@ -471,11 +714,11 @@ class PostgresDatabase:
                     conn.execute("INSERT INTO schema_version(version) VALUES (%s)", (target,))
         except pg_errors.InsufficientPrivilege as exc:
             raise SecurepadError(
-                f"cannot set up the store in schema {self.schema}: {exc}"
+                f"cannot set up the store in schema {self.schema}: {_reason(exc)}"
                 " (see the README's PostgreSQL section for the roles and grants it needs)"
             ) from None
         except psycopg.Error as exc:
-            raise SecurepadError(f"cannot set up the store in schema {self.schema}: {exc}") from None
+            raise SecurepadError(f"cannot set up the store in schema {self.schema}: {_reason(exc)}") from None
 
     def close(self) -> None:
         """Close the pools this object made (never one that was passed in)."""
@@ -486,6 +729,12 @@ class PostgresDatabase:
             return  # the parent's pools: their sockets are not ours to close
         for pool in pools:
             pool.close()
+
+
+def _reason(exc: BaseException) -> str:
+    """The exception's message on one line (psycopg's span several: the command
+    line prints an error as one line), or its class name when it has none."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _describe(source: str | ConnectionPool[Any], schema: str) -> str:

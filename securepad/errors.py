@@ -15,7 +15,10 @@ __all__ = [
     "PolicyError",
     "QuotaExceededError",
     "SecurepadError",
+    "StorageFullError",
     "StoreBusyError",
+    "StoreCorruptError",
+    "StoreUnavailableError",
     "WrongKeyError",
 ]
 
@@ -57,3 +60,27 @@ class QuotaExceededError(SecurepadError):
 
 class StoreBusyError(SecurepadError):
     """The store's write lock could not be obtained in time."""
+
+
+class StoreUnavailableError(SecurepadError):
+    """The database server cannot be reached, or did not answer in time.
+
+    Retryable, like ``StoreBusyError``: nothing was written (a transaction
+    that lost its connection is rolled back by the server). The store is used
+    again as soon as the server answers.
+    """
+
+
+class StorageFullError(SecurepadError):
+    """The disk (or the database's size limit) is full: the write was rolled back.
+
+    The store is as it was before the call; free space (or run ``gc``) and retry.
+    """
+
+
+class StoreCorruptError(SecurepadError):
+    """The store's file is damaged or is not a securepad store at all.
+
+    Raised where SQLite detects the damage (at open, or on the page a read
+    touches). Tampering that keeps the file well-formed is ``IntegrityError``.
+    """

@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -27,6 +28,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from . import _records, lifecycle, reads, summary
 from ._backend import Backend, Conn, DuplicateKeyError, insert_owner_key
 from ._db import Database
+from ._lru import LRUCache
 from .crypto import (
     FORMAT_VERSION,
     EntryCipher,
@@ -64,6 +66,9 @@ audit_log.addHandler(logging.NullHandler())
 # AES-GCM with random 96-bit nonces stays within NIST's bound for 2**32
 # encryptions per key; we advise rotating a key long before, at 2**28.
 ROTATE_ADVICE_LOG2 = 28
+# Owners whose unwrapped keys stay cached (each cache; ~2.7 KB per owner in
+# all). Past it the least recently used owner's keys are unwrapped again on use.
+OWNER_KEY_CACHE_SIZE = 4096
 
 _ID_RE = re.compile(r"[0-9a-f]{16}")
 # Clear columns that the sealed metadata repeats; a mismatch means tampering.
@@ -120,9 +125,11 @@ class Scratchpad:
         self.policy = policy
         self.keyring = keyring
         self._clock = clock
-        self._owner_ciphers: dict[tuple[str, int], AESGCM] = {}
-        self._identity_keys: dict[tuple[str, int], bytes] = {}
-        self._latest: dict[str, int] = {}
+        # Bounded (issue 18): a long-lived process serving many owners keeps
+        # the most recently used ones' keys only.
+        self._owner_ciphers: LRUCache[tuple[str, int], AESGCM] = LRUCache(OWNER_KEY_CACHE_SIZE)
+        self._identity_keys: LRUCache[tuple[str, int], bytes] = LRUCache(OWNER_KEY_CACHE_SIZE)
+        self._latest: LRUCache[str, int] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._lock = threading.Lock()
         self.store_id, wrap_key_bytes = self._unlock(keyring)
         self._wrap = AESGCM(wrap_key_bytes)
@@ -167,7 +174,7 @@ class Scratchpad:
             resolved = policy
         else:
             resolved = Policy.load(policy if isinstance(policy, str) else Path(policy))
-        db = _open_backend(db_path, admin, schema, resolved.allow_shared_files)
+        db = _open_backend(db_path, admin, schema, resolved)
         try:
             return cls(db, keyring, resolved, clock)
         except BaseException:
@@ -250,7 +257,12 @@ class Scratchpad:
         self.close()
 
     def _now(self, now: float | None) -> float:
-        return self._clock() if now is None else float(now)
+        """The time for expiry: ``now`` (validated) or the clock's.
+
+        Raises:
+            InvalidArgumentError: ``now`` is not a finite number of seconds.
+        """
+        return _check_now(self._clock() if now is None else now)
 
     # -- owner keys ----------------------------------------------------------------
 
@@ -329,11 +341,9 @@ class Scratchpad:
 
     def _forget_cached_keys(self, owner: str) -> None:
         with self._lock:
-            self._latest.pop(owner, None)
-            for key in [k for k in self._owner_ciphers if k[0] == owner]:
-                del self._owner_ciphers[key]
-            for key in [k for k in self._identity_keys if k[0] == owner]:
-                del self._identity_keys[key]
+            self._latest.pop(owner)
+            self._owner_ciphers.discard_if(lambda key: key[0] == owner)
+            self._identity_keys.discard_if(lambda key: key[0] == owner)
 
     # -- put -----------------------------------------------------------------------
 
@@ -1066,6 +1076,7 @@ class Scratchpad:
             result["file_bytes"] = {
                 suffix or "db": _file_size(Path(f"{self.path}{suffix}")) for suffix in ("", "-wal", "-shm")
             }
+            result["wal"] = self._db.wal_status()
         return result
 
 
@@ -1074,17 +1085,36 @@ class Scratchpad:
 _PG_SCHEMES = ("postgresql://", "postgres://")
 
 
-def _open_backend(where: Any, admin: Any, schema: str, allow_shared: bool = False) -> Backend:
+def _open_backend(where: Any, admin: Any, schema: str, policy: Policy) -> Backend:
     """A SQLite file, or a PostgreSQL store for a DSN or a connection pool."""
     if isinstance(where, str | os.PathLike) and not str(where).startswith(_PG_SCHEMES):
         if admin is not None or schema != "securepad":
             raise InvalidArgumentError("admin and schema are options of PostgreSQL stores")
-        return Database(Path(where), allow_shared=allow_shared)
+        return Database(
+            Path(where),
+            wal_limit_bytes=policy.wal_limit_bytes,
+            incremental_vacuum=policy.incremental_vacuum,
+            allow_shared=policy.allow_shared_files,
+        )
     try:
         from ._pg import PostgresDatabase
     except ImportError:
         raise SecurepadError("PostgreSQL stores need psycopg: pip install 'psycopg[binary]' psycopg-pool") from None
     return PostgresDatabase(str(where) if isinstance(where, os.PathLike) else where, admin=admin, schema=schema)
+
+
+def _check_now(now: object) -> float:
+    """A finite number of seconds; NaN would make every expiry comparison false
+    (an expired entry served), infinity every entry expired or eternal."""
+    if isinstance(now, bool) or not isinstance(now, int | float):
+        raise InvalidArgumentError(f"now must be a number of seconds, not {type(now).__name__}")
+    try:
+        value = float(now)
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value):
+        raise InvalidArgumentError(f"now must be a finite number of seconds, not {value}")
+    return value
 
 
 class _MissingOwnerKey(IntegrityError):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +82,27 @@ def test_grep_worst_case_benchmark_runs_and_writes_its_figures(tmp_path: Path) -
     for record in results["cases"]:
         # ASCII text: a byte a character, and a last line without a break is searched with one.
         assert record["bytes_scanned"] <= record["text_chars"] + 1 and record["re2_calls"] >= 1
+
+
+def test_faults_suite_runs_anywhere_and_writes_under_out(tmp_path: Path) -> None:
+    """``python -m securepad.bench.faults`` (the reliability page's figures) runs
+    outside a checkout, imports nothing from the working directory (not even a
+    ``tests`` package there), and writes its results to ``--out``."""
+    work = tmp_path / "work"
+    marker = tmp_path / "pwned"
+    for package in ("tests", "benchmarks"):
+        (work / package).mkdir(parents=True)
+        (work / package / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    (work / "test_faults_sqlite.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    out = tmp_path / "results" / "faults.json"
+    command = [sys.executable, "-m", "securepad.bench.faults", "--quick", "--out", str(out), "threads", "damage"]
+    done = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not marker.exists()
+    results = json.loads(out.read_text())
+    assert results["threads"]["threads"] == 200 and results["threads"]["extra_fds"] < 200
+    outcomes = results["damage"]["outcomes"]
+    assert sum(outcomes.values()) == results["damage"]["trials"]
+    assert not [name for name in outcomes if name.startswith("untyped")]
+    wrong = subprocess.run([*command[:3], "nosuchpart"], cwd=work, capture_output=True, text=True, check=False)
+    assert wrong.returncode == 2 and "unknown part 'nosuchpart'" in wrong.stderr

@@ -90,7 +90,7 @@ def test_master_rotation_killed_at_random_points(
 ) -> None:
     db, key, alice, bob = populated
     keys = [key, tmp_path / "key2"]
-    Keyring.from_key_file(keys[1])  # create the second key file up front
+    Keyring.create_key_file(keys[1])  # create the second key file up front
     rng = random.Random(7)
     current = 0
     for _ in range(10):

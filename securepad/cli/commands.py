@@ -77,7 +77,7 @@ def _decode(raw: bytes, kind: str) -> Any:
             return raw.decode("utf-8")
         if kind == "json":
             return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # bad UTF-8, bad JSON, or an integer past Python's 4,300-digit limit
         raise click.BadParameter(f"input is not valid {kind}: {exc}", param_hint="SOURCE") from None
     return raw
 
