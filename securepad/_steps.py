@@ -5,6 +5,13 @@ numbers, and may run several tools of one turn at once. ``record_next``
 picks the turn's next step number and records under a lock per store, turn
 and principal, so concurrent callers in one process never collide; a step
 taken meanwhile by another process is retried with the next number.
+
+``put_next`` is ``Scratchpad.put`` at the turn's next step, for the
+integrations' own entries (``SecurepadSaver``, ``SecurepadSession``): the
+step is chosen inside the write transaction, which serializes the owner's
+writes on both backends, so writers in other threads or processes never
+collide and never retry; each entry's step is above every live entry's of
+its turn when it is written.
 """
 
 from __future__ import annotations
@@ -14,12 +21,13 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidArgumentError
+from .principal import Principal
 
 if TYPE_CHECKING:
     from .store import Scratchpad
     from .turn import Turn
 
-__all__ = ["record_next"]
+__all__ = ["put_next", "record_next"]
 
 # Another process may take the step we picked between our look and our write;
 # each retry looks again. More collisions than this in a row is not a race.
@@ -75,3 +83,31 @@ def record_next(
                 if not _taken(turn, step_num, now):
                     raise
     raise InvalidArgumentError(f"could not find a free step in turn {turn.turn_id!r}: other writers keep taking it")
+
+
+def put_next(
+    pad: Scratchpad,
+    principal: Principal,
+    turn_id: str,
+    executor_name: str,
+    observation: Any,
+    ttl_seconds: int | None = None,
+    *,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """``Scratchpad.put`` at the turn's next step (one more than its highest
+    live step in the principal's scope, 1 for an empty turn); returns
+    ``put``'s view, whose ``step_num`` is the step taken.
+
+    The step read before sealing is a guess that spares sealing the metadata
+    again under the write lock when no other writer came in between.
+
+    Raises:
+        InvalidArgumentError, QuotaExceededError, StoreBusyError: as for ``Scratchpad.put``.
+    """
+    if not isinstance(principal, Principal):
+        raise InvalidArgumentError("principal must be a securepad.Principal")
+    guess = pad._last_step(principal, turn_id, now) + 1
+    return pad._put(
+        principal, turn_id, guess, executor_name, observation, ttl_seconds, now=now, free_step=True, next_step=True
+    )

@@ -8,6 +8,7 @@ then is anything unwrapped or decrypted.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import hmac
 import json
@@ -393,11 +394,19 @@ class Scratchpad:
         now: float | None = None,
         inline: tuple[Any] | None = None,
         free_step: bool = False,
+        next_step: bool = False,
     ) -> dict[str, Any]:
         """``put``, keeping (sealed) what a turn showed the model: ``inline`` is
         ``(item,)`` when the observation went into the history itself. With
         ``free_step``, the write transaction refuses a step that a live entry
-        of the turn in the principal's scope already has (see ``_check_step_free``)."""
+        of the turn in the principal's scope already has (see ``_check_step_free``).
+        With ``next_step`` too (and no ``inline``), ``step_num`` is only a guess:
+        the write transaction, which serializes the owner's writes, gives the
+        entry the step after the turn's highest live one in the principal's
+        scope (sealing its metadata again when the guess was not that), so
+        concurrent writers never collide; the returned view has the step taken."""
+        if next_step and (inline is not None or not free_step):
+            raise InvalidArgumentError("next_step needs free_step and no inline item")
         _check_principal(principal)
         check_identifier("turn_id", turn_id)
         check_identifier("executor_name", executor_name)
@@ -424,7 +433,7 @@ class Scratchpad:
             )
         created = self._now(now)
         view = _view(kind, step_num, size_bytes, content, rest, observation, self.policy.inline_max_chars)
-        meta = {
+        meta: dict[str, Any] = {
             "actor": principal.actor,
             "channel": principal.channel,
             "step_num": step_num,
@@ -449,10 +458,14 @@ class Scratchpad:
                 content_version = version
             entry_id = secrets.token_hex(8)
             header = Header(entry_id, owner, turn_id, kind, size_bytes, size_chars, len(segments), version)
-            row, sealed = _seal(owner_cipher, header, meta, segments)
+            row, sealed, cipher = _seal(owner_cipher, header, meta, segments)
             row["stored_bytes"] = _row_cost(row, sealed)
+            restep = None
+            if next_step:
+                parts = (kind, size_bytes, content, rest, observation)
+                restep = functools.partial(_restep, meta, cipher, parts, self.policy.inline_max_chars)
             try:
-                self._insert(row, sealed, created, free_step_for=principal if free_step else None)
+                self._insert(row, sealed, created, free_step_for=principal if free_step else None, restep=restep)
             except DuplicateKeyError:
                 continue  # a 64-bit id collided: seal again under a new id
             except _StaleOwnerKey:
@@ -460,7 +473,7 @@ class Scratchpad:
                 self._forget_cached_keys(owner)
                 version, owner_cipher = self._current_owner_key(owner)
                 continue
-            return {"ok": True, "scratchpad_id": entry_id, **view}
+            return {"ok": True, "scratchpad_id": entry_id, **meta["view"]}
         raise StoreBusyError("could not store the entry: its id or owner key kept changing; try again")
 
     def _ttl(self, ttl_seconds: int | None) -> int:
@@ -519,15 +532,32 @@ class Scratchpad:
             )
 
     def _insert(
-        self, row: dict[str, Any], segments: list[bytes], now: float, *, free_step_for: Principal | None = None
+        self,
+        row: dict[str, Any],
+        segments: list[bytes],
+        now: float,
+        *,
+        free_step_for: Principal | None = None,
+        restep: Callable[[int], bytes] | None = None,
     ) -> None:
+        """Insert a sealed entry. With ``free_step_for``, refuse a step that a live
+        entry of the turn in that principal's scope has; with ``restep`` too,
+        take the step after the turn's highest live one instead (``restep(step)``
+        seals the metadata for it), read under the same lock as the insert."""
         with self._db.transaction(row["owner_user_id"]) as conn:
             current = conn.query(
                 "SELECT MAX(version) AS v FROM owner_keys WHERE owner_user_id = ?", (row["owner_user_id"],)
             )[0]["v"]
             if current != row["key_version"]:
                 raise _StaleOwnerKey
-            if free_step_for is not None:
+            if free_step_for is not None and restep is not None:
+                step_num = self._last_step(free_step_for, row["turn_id"], now, conn) + 1
+                _check_step_num(step_num)
+                if step_num != row["step_num"]:
+                    resealed = restep(step_num)
+                    row["stored_bytes"] += len(resealed) - len(row["sealed_meta"])  # the quota counts the new one
+                    row["step_num"], row["sealed_meta"] = step_num, resealed
+            elif free_step_for is not None:
                 self._check_step_free(free_step_for, row["turn_id"], row["step_num"], now, conn)
             self._check_quota(conn, row["owner_user_id"], row["stored_bytes"], now, "entry")
             columns = ", ".join(row)
@@ -797,11 +827,11 @@ class Scratchpad:
         return any("inline" not in opened.meta for opened in self._authenticate_rows(principal, rows))
 
     def _newest_first(
-        self, principal: Principal, turn_id: str, columns: str, now: float | None
+        self, principal: Principal, turn_id: str, columns: str, now: float | None, conn: Conn | None = None
     ) -> Iterator[dict[str, Any]]:
         """The turn's live rows in the principal's scope, highest step first, fetched
         lazily in pages that double (8, 16, ...): a caller that stops early pays
-        for one small indexed query.
+        for one small indexed query. Inside a write transaction with ``conn``.
 
         Raises:
             InvalidArgumentError: a bad principal or turn id.
@@ -817,7 +847,10 @@ class Scratchpad:
         )
         offset, size = 0, 8
         while True:
-            rows = self._db.query(sql, (turn_id, *params, size, offset), owner=principal.owner_user_id)
+            args = (turn_id, *params, size, offset)
+            rows = (
+                conn.query(sql, args) if conn is not None else self._db.query(sql, args, owner=principal.owner_user_id)
+            )
             yield from _live(rows, current)
             if len(rows) < size:
                 return
@@ -844,19 +877,22 @@ class Scratchpad:
                 opened = self._authenticate(again[0])
             yield opened
 
-    def _last_step(self, principal: Principal, turn_id: str, now: float | None) -> int:
+    def _last_step(self, principal: Principal, turn_id: str, now: float | None, conn: Conn | None = None) -> int:
         """The highest step number of the turn's live entries in the principal's
         scope, 0 for none: newest first, in doubling pages (one small indexed
-        query unless the newest steps have expired).
+        query unless the newest steps have expired); inside a write transaction
+        with ``conn``.
 
         Read from the clear column: it only proposes the next step to try, and
-        ``Turn.record`` checks that one; nothing of it reaches the model.
+        ``Turn.record`` checks that one, or the insert takes the step after it
+        under the owner's write lock (``_put(next_step=True)``); nothing of it
+        reaches the model.
 
         Raises:
             InvalidArgumentError: a bad principal or turn id.
             IntegrityError: a clear step or expiry that is not a number.
         """
-        for row in self._newest_first(principal, turn_id, "step_num, expires_at", now):
+        for row in self._newest_first(principal, turn_id, "step_num, expires_at", now, conn):
             _check_row_types({"step_num": row["step_num"]})
             return int(row["step_num"])
         return 0
@@ -1187,8 +1223,9 @@ def _check_step_num(step_num: object) -> None:
 
 def _seal(
     owner_cipher: AESGCM, header: Header, meta: dict[str, Any], segments: list[bytes]
-) -> tuple[dict[str, Any], list[bytes]]:
-    """Encrypt an entry (outside any transaction) and build its row."""
+) -> tuple[dict[str, Any], list[bytes], EntryCipher]:
+    """Encrypt an entry (outside any transaction) and build its row; the
+    entry's cipher too (to seal its metadata again, see ``_restep``)."""
     item_key = secrets.token_bytes(KEY_BYTES)
     nonce_prefix = secrets.token_bytes(7)
     cipher = EntryCipher(item_key, header, nonce_prefix)
@@ -1216,7 +1253,22 @@ def _seal(
         "commitment": cipher.commitment,
         "sealed_meta": cipher.seal_meta(_dumps(meta)),
     }
-    return row, sealed
+    return row, sealed, cipher
+
+
+def _restep(
+    meta: dict[str, Any],
+    cipher: EntryCipher,
+    parts: tuple[str, int, str | bytes, dict[str, Any] | None, Any],
+    inline_max_chars: int,
+    step_num: int,
+) -> bytes:
+    """The entry's metadata for another step, sealed (see ``_put(next_step=True)``):
+    the view names the step (its reference hint), so it is made again."""
+    kind, size_bytes, content, rest, observation = parts
+    meta["step_num"] = step_num
+    meta["view"] = _view(kind, step_num, size_bytes, content, rest, observation, inline_max_chars)
+    return cipher.seal_meta(_dumps(meta))
 
 
 # What a row costs on disk besides its sealed bytes (measured: an empty entry

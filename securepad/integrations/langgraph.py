@@ -12,6 +12,9 @@
   for loops that are not graphs.
 - ``resolve_references(tool, turn)``: a tool whose arguments may refer to
   earlier steps (``{{step1.content}}``), resolved from the store.
+- ``SecurepadSaver(pad, principal)``: a checkpointer, so that the graph's own
+  state (checkpoints, pending writes, channel values) is sealed per owner too
+  (see ``securepad.integrations.langgraph_saver``).
 
 A recorded message carries ``response_metadata["securepad"]`` (its
 ``step_num``, ``scratchpad_id`` and whether it was ``offloaded``) and is never
@@ -40,9 +43,11 @@ from ..aio import AsyncTurn
 from ..errors import InvalidArgumentError
 from ..turn import SCRATCHPAD_READ_TOOL, SCRATCHPAD_READ_TOOL_STRICT, TOOL_NAME, Turn
 from ._common import as_observation, as_text, error_text
+from .langgraph_saver import SecurepadSaver
 
 __all__ = [
     "METADATA_KEY",
+    "SecurepadSaver",
     "aoffload_tool_messages",
     "offload_node",
     "offload_tool_messages",

@@ -9,6 +9,9 @@
   or the synthetic view with its ``scratchpad_id`` when it is not. Its
   arguments may refer to earlier steps (``{{step1.content}}``), resolved from
   the store.
+- ``SecurepadSession(session_id, pad, principal)``: the SDK's session protocol,
+  so that the conversation itself is sealed per owner too (see
+  ``securepad.integrations.openai_session``).
 
 The turn is either an ``AsyncTurn`` (``await pad.turn(...)`` on an
 ``AsyncScratchpad``) or a ``Turn``, whose calls then run in asyncio's default
@@ -29,8 +32,9 @@ from ..aio import AsyncTurn
 from ..errors import InvalidArgumentError
 from ..turn import SCRATCHPAD_READ_TOOL_STRICT, TOOL_NAME, Turn
 from ._common import as_observation, as_text, error_text, resolve_json_arguments
+from .openai_session import SecurepadSession
 
-__all__ = ["offload_outputs", "scratchpad_read_tool"]
+__all__ = ["SecurepadSession", "offload_outputs", "scratchpad_read_tool"]
 
 
 def scratchpad_read_tool(turn: Turn | AsyncTurn, *, only_when_offloaded: bool = True) -> FunctionTool:

@@ -1,0 +1,335 @@
+"""securepad as the frameworks' own store, beside the frameworks' stores.
+
+    python -m securepad.bench.frameworks [--quick] [--no-postgresql] [--out FILE.json]
+
+LangGraph checkpointers: ``SecurepadSaver`` (SQLite file, PostgreSQL) beside
+``SqliteSaver`` and ``PostgresSaver``, each also with LangGraph's
+``EncryptedSerializer`` (AES, ``from_pycryptodome_aes``). Per state size
+(1 KiB, 64 KiB, 1 MiB of one channel that changes every step, plus a small
+counter): ``put`` of the next checkpoint and ``get_tuple`` of the latest, in
+a thread of 20 checkpoints. Then a 100-step graph run end to end (each step
+appends ~200 bytes to a list channel and bumps a counter), on every saver.
+
+OpenAI Agents sessions: ``SecurepadSession`` (SQLite, PostgreSQL) beside
+``SQLiteSession`` (file) and ``EncryptedSession`` over it: ``add_items`` of
+one item of each size to a session of 20 items, and ``get_items()`` of all.
+
+Medians in milliseconds; nothing here is asserted (``.ci/run`` runs
+``--quick --no-postgresql`` as a smoke run). PostgreSQL is ``SECUREPAD_BENCH_PG_DSN`` (default
+``postgresql://postgres@127.0.0.1:5432/postgres``); each run uses a scratch
+database, dropped at the end. The module needs the ``bench`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import itertools
+import json
+import operator
+import os
+import platform
+import secrets
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+from urllib.parse import urlsplit, urlunsplit
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import BaseCheckpointSaver, empty_checkpoint
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+from langgraph.graph import END, START, StateGraph
+
+from securepad import Keyring, Principal, Scratchpad
+from securepad.integrations.langgraph import SecurepadSaver
+from securepad.integrations.openai_agents import SecurepadSession
+
+SERVER_DSN = os.environ.get("SECUREPAD_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+SIZES = {"1 KiB": 1024, "64 KiB": 64 * 1024, "1 MiB": 1024 * 1024}
+PRINCIPAL = Principal("bench-owner", "agent", "bench")
+THREAD_LENGTH = 20
+GRAPH_STEPS = 100
+
+
+def _repeats(size: int, quick: bool) -> int:
+    base = 3 if quick else 40
+    return max(2, base if size <= 64 * 1024 else base // 4)
+
+
+# -- the stores ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _scratch_database() -> Iterator[str]:
+    import psycopg
+
+    name = f"securepad_frameworks_{secrets.token_hex(4)}"
+    with psycopg.connect(SERVER_DSN, autocommit=True) as server:
+        server.execute(f"CREATE DATABASE {name}")
+    try:
+        yield urlunsplit(urlsplit(SERVER_DSN)._replace(path=f"/{name}"))
+    finally:
+        with psycopg.connect(SERVER_DSN, autocommit=True) as server:
+            server.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def _encrypted() -> EncryptedSerializer:
+    return EncryptedSerializer.from_pycryptodome_aes(key=secrets.token_bytes(32))
+
+
+SaverFactory = Callable[[], contextlib.AbstractContextManager[BaseCheckpointSaver[Any]]]
+
+
+def _savers(workdir: Path, dsn: str | None) -> dict[str, SaverFactory]:
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    keyring = Keyring.from_key_file(workdir / "key")
+
+    def securepad_sqlite() -> Any:
+        @contextlib.contextmanager
+        def opened() -> Iterator[BaseCheckpointSaver[Any]]:
+            with Scratchpad.open(workdir / f"securepad-{secrets.token_hex(4)}.db", keyring=keyring) as pad:
+                yield SecurepadSaver(pad, PRINCIPAL)
+
+        return opened()
+
+    def sqlite_saver(encrypted: bool) -> SaverFactory:
+        @contextlib.contextmanager
+        def opened() -> Iterator[BaseCheckpointSaver[Any]]:
+            path = workdir / f"langgraph-{secrets.token_hex(4)}.db"
+            with SqliteSaver.from_conn_string(str(path)) as saver:
+                if encrypted:
+                    saver = SqliteSaver(saver.conn, serde=_encrypted())
+                saver.setup()
+                yield saver
+
+        return opened
+
+    factories: dict[str, SaverFactory] = {
+        "SecurepadSaver (SQLite)": securepad_sqlite,
+        "SqliteSaver": sqlite_saver(False),
+        "SqliteSaver + EncryptedSerializer": sqlite_saver(True),
+    }
+    if dsn is not None:
+        from langgraph.checkpoint.postgres import PostgresSaver
+
+        def securepad_pg() -> Any:
+            @contextlib.contextmanager
+            def opened() -> Iterator[BaseCheckpointSaver[Any]]:
+                with Scratchpad.open(dsn, keyring=keyring, schema=f"sp_{secrets.token_hex(4)}") as pad:
+                    yield SecurepadSaver(pad, PRINCIPAL)
+
+            return opened()
+
+        def postgres_saver(encrypted: bool) -> SaverFactory:
+            @contextlib.contextmanager
+            def opened() -> Iterator[BaseCheckpointSaver[Any]]:
+                import psycopg
+
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    conn.execute(
+                        "DROP TABLE IF EXISTS checkpoints, checkpoint_blobs, checkpoint_writes, checkpoint_migrations"
+                    )
+                with PostgresSaver.from_conn_string(dsn) as saver:
+                    if encrypted:
+                        saver = PostgresSaver(saver.conn, serde=_encrypted())
+                    saver.setup()
+                    yield saver
+
+            return opened
+
+        factories["SecurepadSaver (PostgreSQL)"] = securepad_pg
+        factories["PostgresSaver"] = postgres_saver(False)
+        factories["PostgresSaver + EncryptedSerializer"] = postgres_saver(True)
+    return factories
+
+
+# -- checkpoints ------------------------------------------------------------------------------
+
+
+def _checkpoint_figures(factory: SaverFactory, size: int, repeats: int) -> dict[str, float]:
+    """put of the next checkpoint (one channel changed, ``size`` bytes) and
+    get_tuple of the latest, on a thread of THREAD_LENGTH checkpoints."""
+    puts: list[float] = []
+    gets: list[float] = []
+    with factory() as saver:
+        for run in range(repeats):
+            config: RunnableConfig = {"configurable": {"thread_id": f"t{run}", "checkpoint_ns": ""}}
+            checkpoint = empty_checkpoint()
+            version = None
+            for step in range(THREAD_LENGTH):
+                version = saver.get_next_version(version, None)
+                payload = base64.b64encode(os.urandom(size * 3 // 4 + 1)).decode()[:size]
+                checkpoint = {
+                    **checkpoint,
+                    "id": str(_uuid6()),
+                    "channel_values": {"data": payload, "step": step},
+                    "channel_versions": {"data": version, "step": version},
+                }
+                started = time.perf_counter()
+                config = saver.put(
+                    config, checkpoint, {"source": "loop", "step": step}, {"data": version, "step": version}
+                )
+                if step == THREAD_LENGTH - 1:
+                    puts.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            found = saver.get_tuple({"configurable": {"thread_id": f"t{run}", "checkpoint_ns": ""}})
+            gets.append(time.perf_counter() - started)
+            assert found is not None and found.checkpoint["channel_values"]["data"] == payload
+    return {"put_ms": _ms(puts), "get_ms": _ms(gets)}
+
+
+def _uuid6() -> str:
+    from langgraph.checkpoint.base.id import uuid6
+
+    return str(uuid6(clock_seq=-1))
+
+
+class _Chat(TypedDict, total=False):
+    notes: Annotated[list[str], operator.add]
+    count: int
+
+
+def _note(state: _Chat) -> dict[str, Any]:
+    count = state.get("count", 0) + 1
+    return {"notes": [f"step {count}: " + "n" * 190], "count": count}
+
+
+def _graph_run(factory: SaverFactory, repeats: int) -> dict[str, float]:
+    builder = StateGraph(_Chat)
+    names = [f"n{i}" for i in range(GRAPH_STEPS)]
+    for name in names:
+        builder.add_node(name, _note)
+    builder.add_edge(START, names[0])
+    for first, second in itertools.pairwise(names):
+        builder.add_edge(first, second)
+    builder.add_edge(names[-1], END)
+    times = []
+    with factory() as saver:
+        graph = builder.compile(checkpointer=saver)
+        for run in range(repeats):
+            started = time.perf_counter()
+            result = graph.invoke({"count": 0}, {"configurable": {"thread_id": f"g{run}"}, "recursion_limit": 1000})
+            times.append(time.perf_counter() - started)
+            assert result["count"] == GRAPH_STEPS
+    return {"run_ms": _ms(times)}
+
+
+# -- sessions --------------------------------------------------------------------------------
+
+
+def _sessions(workdir: Path, dsn: str | None, stack: contextlib.ExitStack) -> dict[str, Callable[[str], Any]]:
+    from agents import SQLiteSession
+    from agents.extensions.memory import EncryptedSession
+
+    keyring = Keyring.from_key_file(workdir / "key")
+    pads = {"SecurepadSession (SQLite)": stack.enter_context(Scratchpad.open(workdir / "sessions.db", keyring=keyring))}
+    if dsn is not None:
+        pads["SecurepadSession (PostgreSQL)"] = stack.enter_context(
+            Scratchpad.open(dsn, keyring=keyring, schema="sp_sessions")
+        )
+    key = base64.urlsafe_b64encode(os.urandom(32)).decode()
+    plain_path = str(workdir / "agents-sessions.db")
+    factories: dict[str, Callable[[str], Any]] = {name: _securepad_session(pad) for name, pad in pads.items()}
+    factories["SQLiteSession"] = lambda sid: SQLiteSession(sid, plain_path)
+    factories["EncryptedSession (over SQLiteSession)"] = lambda sid: EncryptedSession(
+        sid, SQLiteSession(sid, plain_path), key
+    )
+    return factories
+
+
+def _securepad_session(pad: Scratchpad) -> Callable[[str], Any]:
+    return lambda session_id: SecurepadSession(session_id, pad, PRINCIPAL)
+
+
+def _session_figures(make: Callable[[str], Any], size: int, repeats: int) -> dict[str, float]:
+    adds: list[float] = []
+    gets: list[float] = []
+
+    async def one(run: int) -> None:
+        session = make(f"s{size}-{run}-{secrets.token_hex(3)}")
+        text = "m" * size
+        await session.add_items([{"role": "user", "content": f"{i}: {text}"} for i in range(THREAD_LENGTH - 1)])
+        started = time.perf_counter()
+        await session.add_items([{"role": "assistant", "content": text}])
+        adds.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        items = await session.get_items()
+        gets.append(time.perf_counter() - started)
+        assert len(items) == THREAD_LENGTH
+
+    for run in range(repeats):
+        asyncio.run(one(run))
+    return {"add_ms": _ms(adds), "get_ms": _ms(gets)}
+
+
+# -- the run and the report ------------------------------------------------------------------------
+
+
+def _ms(samples: list[float]) -> float:
+    return round(statistics.median(samples) * 1000, 3)
+
+
+def run(*, quick: bool, postgresql: bool) -> dict[str, Any]:
+    results: dict[str, Any] = {
+        "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()},
+        "quick": quick,
+        "checkpoints": {},
+        "graph_100_steps": {},
+        "sessions": {},
+    }
+    with contextlib.ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        dsn = stack.enter_context(_scratch_database()) if postgresql else None
+        for name, factory in _savers(workdir, dsn).items():
+            results["checkpoints"][name] = {
+                label: _checkpoint_figures(factory, size, _repeats(size, quick)) for label, size in SIZES.items()
+            }
+            results["graph_100_steps"][name] = _graph_run(factory, 2 if quick else 5)
+            print(f"  {name}: done", flush=True)
+        for name, make in _sessions(workdir, dsn, stack).items():
+            results["sessions"][name] = {
+                label: _session_figures(make, size, _repeats(size, quick)) for label, size in SIZES.items()
+            }
+            print(f"  {name}: done", flush=True)
+    return results
+
+
+def markdown(results: dict[str, Any]) -> str:
+    sizes = list(SIZES)
+    lines = ["Checkpoints (median ms: put of the next / get_tuple of the latest, thread of 20):", ""]
+    lines.append("| saver | " + " | ".join(f"{s} put | {s} get" for s in sizes) + " | 100-step graph run |")
+    lines.append("|---|" + "---:|" * (2 * len(sizes) + 1))
+    for name, figures in results["checkpoints"].items():
+        cells = [f"{figures[s]['put_ms']:.2f} | {figures[s]['get_ms']:.2f}" for s in sizes]
+        run_ms = results["graph_100_steps"][name]["run_ms"]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {run_ms:.0f} |")
+    lines += ["", "Sessions (median ms: add_items of one item / get_items of all 20):", ""]
+    lines.append("| session | " + " | ".join(f"{s} add | {s} get" for s in sizes) + " |")
+    lines.append("|---|" + "---:|" * (2 * len(sizes)))
+    for name, figures in results["sessions"].items():
+        cells = [f"{figures[s]['add_ms']:.2f} | {figures[s]['get_ms']:.2f}" for s in sizes]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m securepad.bench.frameworks", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="few repetitions (a smoke run)")
+    parser.add_argument("--no-postgresql", action="store_true", help="SQLite only")
+    parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    args = parser.parse_args(argv)
+    results = run(quick=args.quick, postgresql=not args.no_postgresql)
+    if args.out is not None:
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

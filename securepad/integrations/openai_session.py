@@ -1,0 +1,183 @@
+"""``SecurepadSession``: an OpenAI Agents SDK session whose conversation items
+are sealed securepad entries of their owner.
+
+A session is the turn ``securepad.openai:session:<sha256 of the id>`` of its
+owner; each item is one entry (executor ``openai.session_item``) whose step
+number gives its position: ``add_items`` puts each item at the session's
+next step (above every live item's, chosen in the write transaction, so no
+two writers share one), so items list in the order they were added and the
+store's own checks refuse an item moved to another session or owner, edited,
+or moved to another position. The item is kept as JSON text, in the entry's
+sealed metadata when it is small (listing the session then brings it) and as
+its content otherwise; the sealed metadata repeats the session id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import threading
+from typing import Any
+
+from agents.items import TResponseInputItem
+from agents.memory import SessionABC, SessionSettings
+
+from .._steps import put_next
+from ..errors import IntegrityError, InvalidArgumentError, NotFoundError
+from ..principal import Principal
+from ..store import Scratchpad
+
+__all__ = ["TURN_PREFIX", "SecurepadSession"]
+
+# Every turn the session uses starts with this; see SECURITY.md for what it reserves.
+TURN_PREFIX = "securepad.openai:"
+_ITEM = "openai.session_item"
+# Items whose JSON has at most this many characters are kept in the entry's
+# sealed metadata, so that listing the session brings them (no read per item).
+META_ITEM_CHARS = 4 * 1024
+_FORMAT = 1
+
+
+class SecurepadSession(SessionABC):
+    """The SDK's session protocol over an open ``Scratchpad``, for one principal.
+
+    ``get_items(limit)`` returns the latest ``limit`` items (all with None, or
+    ``session_settings.limit`` when set) oldest first; ``add_items`` appends;
+    ``pop_item`` removes and returns the newest; ``clear_session`` deletes all.
+    Items live ``ttl_seconds`` (default: the policy's ``max_ttl_seconds``).
+    Several objects (threads, processes) may add to one session: no two items
+    share a position.
+
+    Raises (from every method): ``IntegrityError`` when a stored item fails
+    authentication or is not one the session wrote; ``InvalidArgumentError``
+    for a negative limit or an item that is not JSON; ``QuotaExceededError``
+    and ``StoreBusyError`` as for ``Scratchpad.put``.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        pad: Scratchpad,
+        principal: Principal,
+        *,
+        ttl_seconds: int | None = None,
+        session_settings: SessionSettings | None = None,
+    ) -> None:
+        if not isinstance(session_id, str) or not session_id:
+            raise InvalidArgumentError("session_id must be a non-empty string")
+        if not isinstance(pad, Scratchpad):
+            raise InvalidArgumentError("SecurepadSession needs an open securepad.Scratchpad")
+        if not isinstance(principal, Principal):
+            raise InvalidArgumentError("principal must be a securepad.Principal")
+        self.session_id = session_id
+        self.session_settings = session_settings
+        self.pad = pad
+        self.principal = principal
+        self.ttl_seconds = pad.policy.max_ttl_seconds if ttl_seconds is None else ttl_seconds
+        digest = hashlib.sha256(session_id.encode()).hexdigest()
+        self.turn_id = f"{TURN_PREFIX}session:{digest}"
+        self._lock = threading.Lock()  # one pop or clear of this object at a time
+
+    # -- the SDK's protocol (async: the store's calls run in a worker thread) -------
+
+    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
+        if limit is None and self.session_settings is not None:
+            limit = self.session_settings.limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise InvalidArgumentError(f"limit must be None or a non-negative integer, not {limit!r}")
+        return await asyncio.to_thread(self._get_items, limit)
+
+    async def add_items(self, items: list[TResponseInputItem]) -> None:
+        await asyncio.to_thread(self._add_items, list(items))
+
+    async def pop_item(self) -> TResponseInputItem | None:
+        return await asyncio.to_thread(self._pop_item)
+
+    async def clear_session(self) -> None:
+        await asyncio.to_thread(self._clear)
+
+    # -- the work ------------------------------------------------------------------
+
+    def _listed(self) -> list[dict[str, Any]]:
+        """The session's live item entries, oldest first, each checked to be one of ours."""
+        listed = self.pad.list_for_turn(self.principal, self.turn_id)
+        for item in listed:
+            if "metadata" in item["view"].get("view_cut", ()):
+                # The view fits the policy's inline_max_chars (what a model may see): the entry has it whole.
+                item["view"]["metadata"] = self._whole_metadata(item["scratchpad_id"])
+            meta = item["view"].get("metadata") or {}
+            if (
+                item["executor_name"] != _ITEM
+                or meta.get("format") != _FORMAT
+                or meta.get("session_id") != self.session_id
+            ):
+                raise IntegrityError("an entry in the session's turn is not one of its items")
+        return listed
+
+    def _whole_metadata(self, scratchpad_id: str) -> dict[str, Any]:
+        try:
+            entry = self.pad.get(self.principal, scratchpad_id, turn_id=self.turn_id)
+        except NotFoundError:
+            raise IntegrityError("a listed session item is missing from the store") from None
+        observation = entry.observation
+        metadata = observation.get("metadata") if isinstance(observation, dict) else None
+        if not isinstance(metadata, dict):
+            raise IntegrityError("a session item is not one the session wrote")
+        return metadata
+
+    def _item(self, listed: dict[str, Any]) -> Any:
+        meta = listed["view"]["metadata"]
+        if "item" in meta:
+            return json.loads(meta["item"])
+        scratchpad_id = listed["scratchpad_id"]
+        try:
+            entry = self.pad.get(self.principal, scratchpad_id, turn_id=self.turn_id)
+        except NotFoundError:
+            raise IntegrityError("a listed session item is missing from the store") from None
+        observation = entry.observation
+        if not isinstance(observation, dict) or not isinstance(observation.get("content"), str):
+            raise IntegrityError("a session item is not one the session wrote")
+        return json.loads(observation["content"])
+
+    def _get_items(self, limit: int | None) -> list[Any]:
+        listed = self._listed()
+        if limit is not None:
+            listed = listed[len(listed) - limit :] if limit else []
+        return [self._item(item) for item in listed]
+
+    def _add_items(self, items: list[Any]) -> None:
+        if not items:
+            return
+        texts = []
+        for item in items:
+            try:
+                texts.append(json.dumps(item, ensure_ascii=False, allow_nan=False))
+            except (TypeError, ValueError) as exc:
+                raise InvalidArgumentError(f"a session item is not JSON: {exc}") from None
+        meta = {"format": _FORMAT, "session_id": self.session_id}
+        for text in texts:
+            if len(text) <= META_ITEM_CHARS:
+                observation = {"content": "", "metadata": {**meta, "item": text}}
+            else:
+                observation = {"content": text, "metadata": meta}
+            # The next position: above every live item's, taken by no other writer.
+            put_next(self.pad, self.principal, self.turn_id, _ITEM, observation, self.ttl_seconds)
+
+    def _pop_item(self) -> Any:
+        with self._lock:
+            listed = self._listed()
+            if not listed:
+                return None
+            newest = listed[-1]
+            item = self._item(newest)
+            with contextlib.suppress(NotFoundError):
+                self.pad.delete(self.principal, newest["scratchpad_id"])
+            return item
+
+    def _clear(self) -> None:
+        with self._lock:
+            for item in self._listed():
+                with contextlib.suppress(NotFoundError):
+                    self.pad.delete(self.principal, item["scratchpad_id"])

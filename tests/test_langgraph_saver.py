@@ -1,0 +1,391 @@
+"""``SecurepadSaver`` beyond the conformance suite: a real graph with interrupts
+and resumption, big values stored once, expiry, owner isolation, and bad input.
+Edits of the file are in test_langgraph_saver_tamper.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import operator
+import threading
+from collections.abc import Iterator
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+
+from securepad import InvalidArgumentError, Keyring, Principal, Scratchpad
+from securepad.integrations.langgraph import SecurepadSaver
+
+# -- a real graph: a plan, a human approval (interrupt), then the work ------------------------
+
+
+class Job(TypedDict, total=False):
+    request: str
+    plan: str
+    approved: str
+    log: Annotated[list[str], operator.add]
+
+
+def plan(state: Job) -> dict[str, Any]:
+    return {"plan": f"steps for {state['request']}", "log": ["planned"]}
+
+
+def approve(state: Job) -> dict[str, Any]:
+    answer = interrupt({"question": "run this plan?", "plan": state["plan"]})
+    return {"approved": answer, "log": [f"approval: {answer}"]}
+
+
+def work(state: Job) -> dict[str, Any]:
+    return {"log": [f"done: {state['plan']}" if state["approved"] == "yes" else "skipped"]}
+
+
+def job_graph(saver: SecurepadSaver) -> Any:
+    builder = StateGraph(Job)
+    builder.add_node("plan", plan)
+    builder.add_node("approve", approve)
+    builder.add_node("work", work)
+    builder.add_edge(START, "plan")
+    builder.add_edge("plan", "approve")
+    builder.add_edge("approve", "work")
+    builder.add_edge("work", END)
+    return builder.compile(checkpointer=saver)
+
+
+def thread(name: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": name}}
+
+
+def _plain(value: Any) -> Any:
+    """A graph result with its Interrupt objects as their values, to compare runs."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return getattr(value, "value", value) if type(value).__name__ == "Interrupt" else value
+
+
+def _session(open_saver: Any) -> list[Any]:
+    """A human-in-the-loop session; each step opens the saver afresh (as a new
+    process would). Returns everything it observed."""
+    seen: list[Any] = []
+    with open_saver() as saver:
+        graph = job_graph(saver)
+        seen.append(_plain(graph.invoke({"request": "backup"}, thread("job-1"))))
+        state = graph.get_state(thread("job-1"))
+        seen += [state.next, state.values]
+    with open_saver() as saver:
+        graph = job_graph(saver)
+        seen.append(_plain(graph.invoke(Command(resume="yes"), thread("job-1"))))
+        history = list(graph.get_state_history(thread("job-1")))
+        seen.append([(snapshot.next, snapshot.values) for snapshot in history])
+        # Time travel: run again from the interrupted checkpoint, and fork from the plan.
+        seen.append(_plain(graph.invoke(None, history[2].config)))
+        branch = graph.update_state(history[3].config, {"plan": "steps for restore"})
+        seen.append(_plain(graph.invoke(None, branch)))
+        seen.append(_plain(graph.invoke(Command(resume="no"), thread("job-1"))))
+        seen.append(len(list(graph.get_state_history(thread("job-1")))))
+    return seen
+
+
+def test_a_graph_with_interrupts_runs_as_on_langgraphs_own_saver(
+    store_location: Any, keyring: Keyring, alice: Principal
+) -> None:
+    memory = InMemorySaver()
+
+    @contextlib.contextmanager
+    def in_memory() -> Iterator[Any]:
+        yield memory
+
+    @contextlib.contextmanager
+    def on_securepad() -> Iterator[Any]:
+        with Scratchpad.open(store_location, keyring=keyring) as pad:
+            yield SecurepadSaver(pad, alice)
+
+    expected = _session(in_memory)
+    assert expected[0]["__interrupt__"] == [{"question": "run this plan?", "plan": "steps for backup"}]
+    assert expected[3]["log"] == ["planned", "approval: yes", "done: steps for backup"]
+    assert expected[-2]["log"][-1] == "skipped"
+    assert _session(on_securepad) == expected
+
+
+def test_an_async_graph_runs_on_the_async_methods(pad: Scratchpad, alice: Principal) -> None:
+    graph = job_graph(SecurepadSaver(pad, alice))
+
+    async def main() -> dict[str, Any]:
+        await graph.ainvoke({"request": "report"}, thread("job-2"))
+        return dict(await graph.ainvoke(Command(resume="yes"), thread("job-2")))
+
+    assert asyncio.run(main())["log"][-1] == "done: steps for report"
+
+
+# -- big values are entries of their own, stored once while unchanged ------------------------
+
+
+class Document(TypedDict, total=False):
+    text: str
+    count: int
+
+
+def count_step(state: Document) -> dict[str, Any]:
+    return {"count": state.get("count", 0) + 1}
+
+
+def document_graph(saver: SecurepadSaver, steps: int) -> Any:
+    builder = StateGraph(Document)
+    names = [f"step{n}" for n in range(steps)]
+    for name in names:
+        builder.add_node(name, count_step)
+    builder.add_edge(START, names[0])
+    for first, second in itertools.pairwise(names):
+        builder.add_edge(first, second)
+    builder.add_edge(names[-1], END)
+    return builder.compile(checkpointer=saver)
+
+
+def test_an_unchanged_big_value_is_stored_once(pad: Scratchpad, alice: Principal) -> None:
+    text = "x" * 300_000
+    graph = document_graph(SecurepadSaver(pad, alice), steps=10)
+    result = graph.invoke({"text": text}, thread("doc"))
+    assert result == {"text": text, "count": 10}
+    stats = pad.stats(alice)
+    # Twelve checkpoints, but the 300 KB text is sealed three times, as on LangGraph's own
+    # savers: the graph's input (channel __start__), the input task's pending write, and
+    # the channel "text" itself, once: the ten steps that left it unchanged referred to it.
+    assert len(list(graph.get_state_history(thread("doc")))) == 12
+    assert 3 * len(text) <= stats["bytes"] < 3 * len(text) + 100_000
+    assert graph.get_state(thread("doc")).values["text"] == text
+
+
+def test_a_value_in_use_outlives_its_ttl_and_a_checkpoint_never_outlives_its_values(
+    store_location: Any, keyring: Keyring, alice: Principal
+) -> None:
+    now = [1_000_000.0]
+    with Scratchpad.open(store_location, keyring=keyring, clock=lambda: now[0]) as pad:
+        saver = SecurepadSaver(pad, alice, ttl_seconds=100, clock=lambda: now[0], inline_max_bytes=10)
+        big = "v" * 1000
+        first = _put(saver, "t", None, {"big": big, "small": 1}, {"big": "1", "small": "1"})
+        now[0] += 30
+        second = _put(saver, "t", first, {"big": big, "small": 2}, {"small": "2"}, versions={"big": "1", "small": "2"})
+        now[0] += 40  # 70 s after the value was stored: less than half its TTL is left
+        third = _put(saver, "t", second, {"big": big, "small": 3}, {"small": "3"}, versions={"big": "1", "small": "3"})
+        now[0] += 50  # 120 s: the value would have expired without the third checkpoint
+        assert saver.get_tuple(first) is None  # expired with its TTL
+        assert saver.get_tuple(second) is None
+        assert saver.get_tuple(third).checkpoint["channel_values"] == {"big": big, "small": 3}  # type: ignore[union-attr]
+        now[0] += 100
+        assert saver.get_tuple(generate_config("t")) is None
+
+
+def _put(
+    saver: SecurepadSaver,
+    thread_id: str,
+    parent: RunnableConfig | None,
+    values: dict[str, Any],
+    new_versions: dict[str, Any],
+    *,
+    versions: dict[str, Any] | None = None,
+    owner_config: dict[str, Any] | None = None,
+) -> RunnableConfig:
+    config = generate_config(thread_id)
+    config["configurable"].update(owner_config or {})
+    if parent is not None:
+        config["configurable"]["checkpoint_id"] = parent["configurable"]["checkpoint_id"]
+    checkpoint = generate_checkpoint(channel_values=values, channel_versions=versions or dict(new_versions))
+    return saver.put(config, checkpoint, generate_metadata(), new_versions)
+
+
+# -- owners -------------------------------------------------------------------------------------
+
+
+def by_user(config: RunnableConfig) -> Principal:
+    return Principal(str(config["configurable"].get("user_id", "nobody")), "graph", "api")
+
+
+@given(thread_id=st.text(min_size=1, max_size=40), value=st.text(max_size=50))
+def test_another_owner_never_sees_or_changes_a_thread(
+    pad: Scratchpad, alice: Principal, bob: Principal, thread_id: str, value: str
+) -> None:
+    mine, theirs = SecurepadSaver(pad, alice), SecurepadSaver(pad, bob)
+    stored = _put(mine, thread_id, None, {"v": value}, {"v": "1"})
+    mine.put_writes(stored, [("v", "pending")], "task")
+    assert theirs.get_tuple(generate_config(thread_id)) is None
+    assert theirs.get_tuple(stored) is None
+    assert list(theirs.list(generate_config(thread_id))) == []
+    assert list(theirs.list(None)) == []
+    theirs.delete_thread(thread_id)
+    theirs.prune([thread_id], strategy="delete")
+    theirs.delete_for_runs(["run"])
+    theirs.copy_thread(thread_id, "bob's copy")
+    assert list(theirs.list(generate_config("bob's copy"))) == []
+    _put(theirs, thread_id, None, {"v": "bob's"}, {"v": "1"})
+    mine_now = mine.get_tuple(generate_config(thread_id))
+    assert mine_now is not None
+    assert mine_now.checkpoint["channel_values"] == {"v": value}
+    assert mine_now.pending_writes == [("task", "v", "pending")]
+    mine.delete_thread(thread_id)
+    theirs.delete_thread(thread_id)
+
+
+def test_the_principal_can_come_from_the_config(pad: Scratchpad) -> None:
+    saver = SecurepadSaver(pad, principal_from_config=by_user)
+    _put(saver, "shared-name", None, {"v": "alice's"}, {"v": "1"}, owner_config={"user_id": "alice"})
+    _put(saver, "shared-name", None, {"v": "bob's"}, {"v": "1"}, owner_config={"user_id": "bob"})
+    for user in ("alice", "bob"):
+        config = generate_config("shared-name")
+        config["configurable"]["user_id"] = user
+        found = list(saver.list(config))
+        assert [t.checkpoint["channel_values"]["v"] for t in found] == [f"{user}'s"]
+    config = generate_config("shared-name")
+    assert saver.get_tuple(config) is None  # "nobody" has no threads
+
+
+def test_list_without_a_config_covers_the_owners_threads_only(
+    pad: Scratchpad, alice: Principal, bob: Principal
+) -> None:
+    mine = SecurepadSaver(pad, alice)
+    for name in ("a", "b"):
+        _put(mine, name, None, {"v": name}, {"v": "1"})
+    _put(SecurepadSaver(pad, bob), "c", None, {"v": "c"}, {"v": "1"})
+    # A second saver (a new process) finds the threads from the store, not from memory.
+    found = list(SecurepadSaver(pad, alice).list(None))
+    assert sorted(t.config["configurable"]["thread_id"] for t in found) == ["a", "b"]
+    assert len(list(SecurepadSaver(pad, alice).list(None, limit=1))) == 1
+    mine.delete_thread("a")
+    assert [t.config["configurable"]["thread_id"] for t in SecurepadSaver(pad, alice).list(None)] == ["b"]
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+
+def test_bad_construction_and_bad_calls_are_refused(pad: Scratchpad, alice: Principal) -> None:
+    with pytest.raises(InvalidArgumentError):
+        SecurepadSaver(pad)
+    with pytest.raises(InvalidArgumentError):
+        SecurepadSaver(pad, alice, principal_from_config=by_user)
+    with pytest.raises(InvalidArgumentError):
+        SecurepadSaver("pad", alice)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        SecurepadSaver(pad, "alice")  # type: ignore[arg-type]
+    for ttl in (0, -1, True, pad.policy.max_ttl_seconds + 1):
+        with pytest.raises(InvalidArgumentError):
+            SecurepadSaver(pad, alice, ttl_seconds=ttl)
+    for size in (-1, 1.5, None):
+        with pytest.raises(InvalidArgumentError):
+            SecurepadSaver(pad, alice, inline_max_bytes=size)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        SecurepadSaver(pad, principal_from_config=lambda config: "alice").get_tuple(generate_config("t"))  # type: ignore[arg-type,return-value]
+    saver = SecurepadSaver(pad, alice)
+    with pytest.raises(InvalidArgumentError):
+        saver.get_tuple({"configurable": {}})
+    with pytest.raises(InvalidArgumentError):
+        saver.put_writes(generate_config("t"), [("ch", 1)], "task")  # no checkpoint id
+    with pytest.raises(InvalidArgumentError):
+        saver.prune(["t"], strategy="keep_some")
+    with pytest.raises(InvalidArgumentError):
+        saver.put(generate_config("t"), generate_checkpoint(), generate_metadata(odd=object()), {})
+    assert saver.get_tuple(generate_config("t")) is None  # the refused put stored nothing
+
+
+def test_a_thread_is_not_copied_to_another_owner(pad: Scratchpad) -> None:
+    def owner_by_thread(config: RunnableConfig) -> Principal:
+        return Principal(str(config["configurable"].get("thread_id", "x")).split("/")[0], "graph", "api")
+
+    saver = SecurepadSaver(pad, principal_from_config=owner_by_thread)
+    _put(saver, "alice/t", None, {"v": 1}, {"v": "1"})
+    with pytest.raises(InvalidArgumentError):
+        saver.copy_thread("alice/t", "bob/t")
+    assert saver.get_tuple(generate_config("bob/t")) is None
+
+
+def test_a_thread_is_imported_from_another_saver_once(pad: Scratchpad, alice: Principal) -> None:
+    memory = InMemorySaver()
+    old = job_graph(memory)  # type: ignore[arg-type]
+    old.invoke({"request": "import"}, thread("moved"))
+    saver = SecurepadSaver(pad, alice)
+    assert saver.import_thread(memory, "moved") == 3
+    assert saver.import_thread(memory, "nothing here") == 0
+    graph = job_graph(saver)
+    assert graph.get_state(thread("moved")).values == old.get_state(thread("moved")).values
+    assert graph.invoke(Command(resume="yes"), thread("moved"))["log"][-1] == "done: steps for import"
+    with pytest.raises(InvalidArgumentError):
+        saver.import_thread(memory, "moved")  # it would double the thread
+    assert len(list(saver.list(thread("moved")))) == 5
+
+
+def test_an_unchanged_value_whose_entry_is_gone_is_stored_again(pad: Scratchpad, alice: Principal) -> None:
+    from securepad.integrations.langgraph_saver import turn_id
+
+    big = "g" * 40_000
+    first = _put(SecurepadSaver(pad, alice), "t", None, {"big": big}, {"big": "1"})
+    (value,) = pad.list_for_turn(alice, turn_id("value", "t", "", "big", "1"))
+    pad.delete(alice, value["scratchpad_id"])  # as gc does once it has expired
+    saver = SecurepadSaver(pad, alice)  # a new process: nothing cached
+    second = _put(saver, "t", first, {"big": big, "n": 1}, {"n": "1"}, versions={"big": "1", "n": "1"})
+    assert saver.get_tuple(second).checkpoint["channel_values"] == {"big": big, "n": 1}  # type: ignore[union-attr]
+    assert len(pad.list_for_turn(alice, turn_id("value", "t", "", "big", "1"))) == 1
+
+
+# -- one live entry per step (the store's rule) ----------------------------------------------
+
+
+def test_writers_of_one_thread_in_two_stores_never_share_a_step(
+    store_location: Any, keyring: Keyring, alice: Principal
+) -> None:
+    from securepad.integrations.langgraph_saver import turn_id
+
+    per_writer, errors = 5, []
+    with (
+        Scratchpad.open(store_location, keyring=keyring) as one,
+        Scratchpad.open(store_location, keyring=keyring) as two,
+    ):
+        # Two processes' savers (their own store objects), each shared by two threads.
+        savers = {"a": SecurepadSaver(one, alice), "b": SecurepadSaver(two, alice)}
+
+        def writer(name: str) -> None:
+            try:
+                parent = None
+                for i in range(per_writer):
+                    parent = _put(savers[name[0]], "shared", parent, {"who": name, "i": i}, {"who": "1", "i": f"{i}"})
+                    savers[name[0]].put_writes(parent, [("who", name)], task_id=f"{name}-{i}")
+            except Exception as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(name,)) for name in ("a0", "a1", "b0", "b1")]
+        for each in threads:
+            each.start()
+        for each in threads:
+            each.join()
+        assert errors == []
+        listed = list(savers["b"].list(thread("shared")))
+        assert len(listed) == 4 * per_writer
+        assert all(len(item.pending_writes or []) == 1 for item in listed)
+        steps = [item["step_num"] for item in one.list_for_turn(alice, turn_id("thread", "shared"))]
+        assert steps == list(range(1, 4 * per_writer + 1))
+
+
+def test_after_the_newest_checkpoints_expire_the_next_takes_the_freed_step(
+    store_location: Any, keyring: Keyring, alice: Principal
+) -> None:
+    from securepad.integrations.langgraph_saver import turn_id
+
+    now = [1_000_000.0]
+    with Scratchpad.open(store_location, keyring=keyring, clock=lambda: now[0]) as pad:
+        long = SecurepadSaver(pad, alice, ttl_seconds=1000, clock=lambda: now[0])
+        short = SecurepadSaver(pad, alice, ttl_seconds=10, clock=lambda: now[0])
+        first = _put(long, "t", None, {"n": 1}, {"n": "1"})
+        second = _put(short, "t", first, {"n": 2}, {"n": "2"})
+        _put(short, "t", second, {"n": 3}, {"n": "3"})
+        assert [e["step_num"] for e in pad.list_for_turn(alice, turn_id("thread", "t"))] == [1, 2, 3]
+        now[0] += 10  # the two newest expire: their steps are free again
+        fourth = _put(long, "t", first, {"n": 4}, {"n": "4"})
+        assert [e["step_num"] for e in pad.list_for_turn(alice, turn_id("thread", "t"))] == [1, 2]
+        assert long.get_tuple(generate_config("t")).config == fourth  # type: ignore[union-attr]
+        assert [t.checkpoint["channel_values"]["n"] for t in long.list(thread("t"))] == [4, 1]

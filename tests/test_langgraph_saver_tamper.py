@@ -1,0 +1,230 @@
+"""Edits of the SQLite file under ``SecurepadSaver``, as an attacker with write
+access to the file (and no key) would make them.
+
+What is refused today comes from the entries' own format: every checkpoint,
+pending write and channel value is a sealed entry bound to its owner, turn
+(thread / checkpoint / channel version) and step, and a checkpoint names the
+entries of its big values. What is not refused yet (deleting the newest
+checkpoint or a pending write, rolling the whole file back) needs tamper
+evidence over a whole turn, issue 14; the last tests pin those gaps.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import apsw
+import pytest
+from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+
+from securepad import IntegrityError, Keyring, Principal, Scratchpad
+from securepad.integrations.langgraph import SecurepadSaver
+from securepad.integrations.langgraph_saver import turn_id
+
+BIG = "b" * 50_000
+
+
+def _edit(db_path: Path, sql: str, *args: Any) -> int:
+    conn = apsw.Connection(str(db_path))
+    try:
+        with conn:
+            conn.execute(sql, args)
+            return conn.changes()
+    finally:
+        conn.close()
+
+
+def _put(saver: SecurepadSaver, thread_id: str, parent: Any, small: int, new: dict[str, str]) -> Any:
+    config = generate_config(thread_id)
+    if parent is not None:
+        config["configurable"]["checkpoint_id"] = parent["configurable"]["checkpoint_id"]
+    versions = {"big": "1", "small": str(small)}
+    checkpoint = generate_checkpoint(channel_values={"big": BIG, "small": small}, channel_versions=versions)
+    return saver.put(config, checkpoint, generate_metadata(step=small), new)
+
+
+class World:
+    """Two threads of alice and one of bob, each: a checkpoint with a big value,
+    a second one with pending writes."""
+
+    def __init__(self, db_path: Path, keyring: Keyring) -> None:
+        self.db_path, self.keyring = db_path, keyring
+        self.configs: dict[tuple[str, str], list[Any]] = {}
+        for owner in ("alice", "bob"):
+            with self.saver(owner) as saver:
+                for thread_id in ("t1", "t2") if owner == "alice" else ("t1",):
+                    first = _put(saver, thread_id, None, 1, {"big": "1", "small": "1"})
+                    second = _put(saver, thread_id, first, 2, {"small": "2"})
+                    saver.put_writes(second, [("small", 3), ("note", "pending")], "task-1")
+                    self.configs[(owner, thread_id)] = [first, second]
+
+    def saver(self, owner: str = "alice") -> Any:
+        world = self
+
+        class Opened:
+            def __enter__(self) -> SecurepadSaver:
+                self.pad = Scratchpad.open(world.db_path, keyring=world.keyring)
+                return SecurepadSaver(self.pad, Principal(owner, "graph", "api"))
+
+            def __exit__(self, *exc: object) -> None:
+                self.pad.close()
+
+        return Opened()
+
+    def latest(self, thread_id: str = "t1", owner: str = "alice") -> Any:
+        with self.saver(owner) as saver:
+            return saver.get_tuple(generate_config(thread_id))
+
+    def listed(self, thread_id: str = "t1", owner: str = "alice") -> list[Any]:
+        with self.saver(owner) as saver:
+            return list(saver.list(generate_config(thread_id)))
+
+    def ids(self, executor: str, turn: str) -> list[str]:
+        conn = apsw.Connection(str(self.db_path))
+        try:
+            sql = "SELECT id FROM entries WHERE executor_name = ? AND turn_id = ? AND owner_user_id = 'alice'"
+            return [row[0] for row in conn.execute(sql, (executor, turn))]
+        finally:
+            conn.close()
+
+
+@pytest.fixture
+def world(db_path: Path, keyring: Keyring) -> Iterator[World]:
+    built = World(db_path, keyring)
+    assert built.latest().pending_writes == [("task-1", "small", 3), ("task-1", "note", "pending")]
+    yield built
+
+
+def test_an_untouched_file_reads_back(world: World) -> None:
+    latest = world.latest()
+    assert latest.checkpoint["channel_values"] == {"big": BIG, "small": 2}
+    assert len(world.listed()) == 2
+
+
+# -- refused today -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("executor", ["langgraph.checkpoint", "langgraph.write"])
+def test_an_edited_checkpoint_or_write_is_refused(world: World, executor: str) -> None:
+    """Small checkpoints and writes live in the entry's sealed metadata."""
+    conn = apsw.Connection(str(world.db_path))
+    try:
+        sql = "SELECT id, sealed_meta FROM entries WHERE executor_name = ? AND owner_user_id = 'alice' LIMIT 1"
+        entry_id, sealed = next(conn.execute(sql, (executor,)))
+    finally:
+        conn.close()
+    changed = bytearray(sealed)
+    changed[len(changed) // 2] ^= 1
+    _edit(world.db_path, "UPDATE entries SET sealed_meta = ? WHERE id = ?", bytes(changed), entry_id)
+    with pytest.raises(IntegrityError):
+        world.listed("t1")
+        world.listed("t2")
+
+
+def test_an_edited_big_value_is_refused(world: World) -> None:
+    (value,) = world.ids("langgraph.blob", turn_id("value", "t1", "", "big", "1"))
+    _edit(world.db_path, "UPDATE segments SET data = zeroblob(length(data)) WHERE entry_id = ?", value)
+    with pytest.raises(IntegrityError):
+        world.latest()
+
+
+def test_a_deleted_big_value_is_refused(world: World) -> None:
+    assert _edit(
+        world.db_path, "DELETE FROM entries WHERE executor_name = 'langgraph.blob' AND owner_user_id = 'alice'"
+    )
+    with pytest.raises(IntegrityError, match="missing"):
+        world.latest()
+    assert world.latest("t1", owner="bob").checkpoint["channel_values"]["big"] == BIG
+
+
+def test_a_big_value_swapped_for_another_threads_is_refused(world: World) -> None:
+    (one,) = world.ids("langgraph.blob", turn_id("value", "t1", "", "big", "1"))
+    (two,) = world.ids("langgraph.blob", turn_id("value", "t2", "", "big", "1"))
+    # The value of t2 put in place of t1's (same owner, channel, version and size).
+    _edit(
+        world.db_path,
+        "UPDATE segments SET data = (SELECT data FROM segments WHERE entry_id = ? AND seq = 0)"
+        " WHERE entry_id = ? AND seq = 0",
+        two,
+        one,
+    )
+    with pytest.raises(IntegrityError):
+        world.latest("t1")
+    assert world.latest("t2").checkpoint["channel_values"]["big"] == BIG
+
+
+def test_a_checkpoint_replayed_into_another_thread_is_refused(world: World) -> None:
+    moved = world.ids("langgraph.checkpoint", turn_id("thread", "t2"))[0]
+    _edit(world.db_path, "UPDATE entries SET turn_id = ? WHERE id = ?", turn_id("thread", "t1"), moved)
+    with pytest.raises(IntegrityError):
+        world.latest("t1")
+
+
+def test_a_pending_write_replayed_onto_another_checkpoint_is_refused(world: World) -> None:
+    first, second = (c["configurable"]["checkpoint_id"] for c in world.configs[("alice", "t1")])
+    source = turn_id("writes", "t1", "", second)
+    target = turn_id("writes", "t1", "", first)
+    assert _edit(world.db_path, "UPDATE entries SET turn_id = ? WHERE turn_id = ?", target, source) == 1
+    with pytest.raises(IntegrityError):
+        world.listed()
+
+
+def test_a_checkpoint_given_to_another_owner_is_refused(world: World) -> None:
+    _edit(world.db_path, "UPDATE entries SET owner_user_id = 'bob' WHERE owner_user_id = 'alice'")
+    with pytest.raises(IntegrityError):
+        world.latest("t1", owner="bob")
+    assert world.latest("t1", owner="alice") is None
+
+
+def test_a_reordered_or_relabelled_entry_is_refused(world: World) -> None:
+    _edit(world.db_path, "UPDATE entries SET step_num = 5 WHERE executor_name = 'langgraph.write'")
+    with pytest.raises(IntegrityError):
+        world.latest()
+
+
+# -- not refused until issue 14 (tamper evidence over a whole turn) -----------------------------
+
+
+def test_deleting_the_newest_checkpoint_is_not_detected_yet(world: World) -> None:
+    second = world.configs[("alice", "t1")][1]["configurable"]["checkpoint_id"]
+    with world.saver() as saver:  # which row is the newest checkpoint (the test may look; an attacker guesses)
+        listed = saver.pad.list_for_turn(Principal("alice", "graph", "api"), turn_id("thread", "t1"))
+    (newest,) = [item["scratchpad_id"] for item in listed if item["view"]["metadata"]["checkpoint_id"] == second]
+    assert _edit(world.db_path, "DELETE FROM entries WHERE id = ?", newest) == 1
+    assert world.latest().checkpoint["channel_values"]["small"] == 1  # the previous one, served as the latest
+    assert len(world.listed()) == 1
+
+
+def test_deleting_pending_writes_is_not_detected_yet(world: World) -> None:
+    _edit(world.db_path, "DELETE FROM entries WHERE executor_name = 'langgraph.write' AND owner_user_id = 'alice'")
+    assert world.latest().pending_writes == []
+
+
+def test_rolling_the_file_back_is_not_detected_yet(world: World, tmp_path: Path) -> None:
+    copy = tmp_path / "before.db"
+    with world.saver() as saver:
+        saver.pad.gc()  # the WAL into the file, so that the copy is whole
+    shutil.copy(world.db_path, copy)
+    with world.saver() as saver:
+        saver.delete_thread("t1")
+    assert world.latest() is None
+    for suffix in ("-wal", "-shm"):
+        Path(f"{world.db_path}{suffix}").unlink(missing_ok=True)
+    shutil.copy(copy, world.db_path)
+    assert world.latest().checkpoint["channel_values"]["small"] == 2
+
+
+def test_an_edited_large_checkpoint_is_refused(world: World) -> None:
+    """A checkpoint above the metadata's 4 KiB is the entry's content."""
+    with world.saver() as saver:
+        config = generate_config("t3")
+        checkpoint = generate_checkpoint(channel_values={"mid": "m" * 8000}, channel_versions={"mid": "1"})
+        saver.put(config, checkpoint, generate_metadata(), {"mid": "1"})
+        assert world.latest("t3") is not None
+    (entry,) = world.ids("langgraph.checkpoint", turn_id("thread", "t3"))
+    assert _edit(world.db_path, "UPDATE segments SET data = zeroblob(length(data)) WHERE entry_id = ?", entry) == 1
+    with pytest.raises(IntegrityError):
+        world.latest("t3")
