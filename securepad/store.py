@@ -794,7 +794,7 @@ class Scratchpad:
                     "size_chars": row["size_chars"],
                     "created_at": row["created_at"],
                     "expires_at": row["expires_at"],
-                    "summary": opened.meta["view"]["summary"],
+                    "summary": opened.meta["view"].get("summary", ""),
                     "view": opened.view(),
                 }
             )
