@@ -32,7 +32,7 @@ with tempfile.TemporaryDirectory() as tmp:
 
     tools = {"read_file": read_file, "write_file": write_file}
 
-    keyring = Keyring.from_key_file(work / "config" / "key")  # created 0600 on first use
+    keyring = Keyring.from_key_file(work / "config" / "key")  # created 0600 with the new store
     with Scratchpad.open(work / "data" / "store.db", keyring=keyring) as pad:
         turn = pad.turn(Principal(owner_user_id="alice", actor="agent", channel="cli"), "turn-0001")
         history: list = []  # what the model sees

@@ -74,6 +74,10 @@ class Backend(Protocol):
         """Make deleted data leave the engine's files where it can (SQLite's WAL);
         returns False when part of it had to stay for now."""
 
+    def scrub(self) -> bool:
+        """Rewrite the engine's files so that nothing deleted remains in them
+        (SQLite: VACUUM, then a checkpoint); returns False as ``checkpoint`` does."""
+
     def close(self) -> None:
         """Close every connection this object opened."""
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import apsw
 
 from ._backend import DuplicateKeyError, Params, Rows
+from ._files import STORE_OVERRIDE, check_directory, check_private_file
 from .errors import SecurepadError, StorageFullError, StoreBusyError, StoreCorruptError
 
 __all__ = ["SCHEMA_VERSION", "WAL_LIMIT_BYTES", "Database"]
@@ -313,6 +314,7 @@ class Database:
         busy_timeout_ms: int = BUSY_TIMEOUT_MS,
         wal_limit_bytes: int = WAL_LIMIT_BYTES,
         incremental_vacuum: bool = False,
+        allow_shared: bool = False,
     ) -> None:
         self.path = path
         self.location = str(path)
@@ -322,7 +324,7 @@ class Database:
         self._connections = _Connections()
         self._wal = _WalWatch()
         self.incremental_vacuum = False
-        _create_private_file(path)
+        _create_private_file(path, allow_shared)
         conn = self.conn
         try:
             self._wal.page_size = int(conn.execute("PRAGMA page_size").fetchall()[0][0])  # type: ignore[arg-type]
@@ -528,6 +530,27 @@ class Database:
             self._wal.pages = 0
         return bool(log == done)
 
+    def scrub(self) -> bool:
+        """Rebuild the file (VACUUM), then checkpoint and truncate the WAL.
+
+        ``secure_delete`` zeroes a deleted row's cell, but when SQLite
+        rebalances a b-tree it rebuilds pages without zeroing their unused
+        space, so a copy of a row that moved to another page can stay in the
+        old page's gap after the row itself is deleted (issue 11: about one
+        audit in 40 found a deleted wrapped item key that way). VACUUM writes
+        every page afresh, so only live rows remain anywhere in the file. It
+        costs a pass over the whole store and holds the write lock meanwhile.
+
+        Returns False when a reader kept part of the WAL alive (see ``checkpoint``).
+        """
+        conn = self.conn
+        try:
+            conn.execute("PRAGMA temp_store = MEMORY")  # the rebuild's copy never reaches a temp file
+            conn.execute("VACUUM")
+        except apsw.Error as exc:
+            raise self._error(exc, conn) from None
+        return self.checkpoint()
+
     def copy_to(self, dest: Path) -> None:
         """Write a consistent copy of the store to ``dest`` (which must not exist).
 
@@ -535,7 +558,7 @@ class Database:
             StorageFullError: the disk is full.
             SecurepadError: ``dest`` cannot be written.
         """
-        _create_private_file(dest)
+        _create_private_file(dest, companions=False)
         conn = self.conn
         try:
             conn.execute("VACUUM INTO ?", (str(dest),))
@@ -631,17 +654,28 @@ class _BusyHandler:
         return True
 
 
-def _create_private_file(path: Path) -> None:
-    """Create the database file 0600 in a 0700 directory before SQLite does:
-    SQLite gives the -wal and -shm files the database file's mode."""
+def _create_private_file(path: Path, allow_shared: bool = False, *, companions: bool = True) -> None:
+    """Create the database, -wal and -shm files 0600 in a 0700 directory before
+    SQLite does (SQLite gives the -wal and -shm files the database file's mode),
+    and refuse existing ones others may read or write, or a directory others
+    may write to (unless ``allow_shared``: a deliberate shared setup)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         raise SecurepadError(f"cannot create store {path}: {exc.strerror or exc}") from None
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return
-    except OSError as exc:
-        raise SecurepadError(f"cannot create store {path}: {exc.strerror}") from None
-    os.close(fd)
+    if not allow_shared:
+        check_directory(path.parent, "store", STORE_OVERRIDE)
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")) if companions else (path,):
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            if not allow_shared:
+                try:
+                    info = name.stat()
+                except FileNotFoundError:  # SQLite removed it meanwhile
+                    continue
+                check_private_file(name, info, "store file", STORE_OVERRIDE)
+            continue
+        except OSError as exc:
+            raise SecurepadError(f"cannot create store {path}: {exc.strerror or exc}") from None
+        os.close(fd)

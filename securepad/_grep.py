@@ -5,20 +5,28 @@ pattern: a pattern from a model cannot hang the process.
 
 Lines are those of ``str.splitlines``. Each segment's complete lines are
 searched as one block in which every line break is a ``\\n`` (``\\r\\n`` is
-one), with ``(?m)`` so that ``^``, ``$`` and ``\\b`` see a line's own edges:
-a line matches on its own only if the block has a match starting in it, so
-only the lines where block matches start are checked on their own. Patterns
-with text anchors (``\\A``, ``\\z``) or flags that might switch multi-line
-mode off skip the block search and are checked line by line. Nothing is
-held but one segment, the line that straddles segments (cut to
+one), with ``(?m)`` so that ``^``, ``$`` and ``\\b`` see a line's own edges.
+The block regex is compiled with RE2's ``never_nl``, so no match can contain a
+line break: a match lies inside one line, the line it starts in is a matching
+line, and the next search starts at the next line. It is also compiled with
+``never_capture``: a line match needs no submatches, and capture groups
+would make each search cost more than the text it reads. Each RE2 call reads
+at most ``GREP_CHUNK_BYTES`` plus the rest of one line, and a grep call
+stops, with a partial result that says where to go on, once it has run
+``GREP_TIME_BUDGET_S``: its cost is linear in the bytes it scans and bounded
+in time, whatever the pattern. Patterns with text anchors (``\\A``, ``\\z``)
+or flags that might switch multi-line mode off are checked line by line.
+Nothing is held but one segment, the line that straddles segments (cut to
 ``GREP_LINE_LIMIT`` characters) and the context lines.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import re2  # type: ignore[import-untyped]
@@ -45,7 +53,15 @@ class SegmentedContent(Protocol):
     def segment_text(self, seq: int) -> str: ...
 
 
-__all__ = ["GREP_LINE_LIMIT", "GREP_SHOW_CHARS", "MAX_PATTERN_CHARS", "compile_pattern", "grep"]
+__all__ = [
+    "GREP_CHUNK_BYTES",
+    "GREP_LINE_LIMIT",
+    "GREP_SHOW_CHARS",
+    "GREP_TIME_BUDGET_S",
+    "MAX_PATTERN_CHARS",
+    "compile_pattern",
+    "grep",
+]
 
 MAX_PATTERN_CHARS = 1000
 # A longer line is searched (and kept in memory) only up to here, so that a
@@ -53,6 +69,12 @@ MAX_PATTERN_CHARS = 1000
 GREP_LINE_LIMIT = 1 << 20
 # A longer line is shown as a window around its match.
 GREP_SHOW_CHARS = 1000
+# One RE2 call reads at most this many bytes (plus the rest of the line it ends in).
+GREP_CHUNK_BYTES = 1 << 16
+# A grep call that has run this long returns what it found so far, with where to go on.
+GREP_TIME_BUDGET_S = 2.0
+# The line-by-line search (text anchors) looks at the clock after this many lines.
+_LINES_PER_CLOCK = 256
 
 # The breaks of str.splitlines; "\r\n" is one break.
 BREAK_CHARS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
@@ -74,9 +96,14 @@ def compile_pattern(pattern: object) -> tuple[Any, Any]:
         raise InvalidArgumentError(f"the pattern has {len(pattern)} characters; at most {MAX_PATTERN_CHARS}")
     options = re2.Options()
     options.log_errors = False
+    options.never_capture = True  # a line match needs no submatches: groups only cost
+    lines_only = re2.Options()
+    lines_only.log_errors = False
+    lines_only.never_capture = True
+    lines_only.never_nl = True  # no match crosses a line break: a block match is a line match
     try:
         regex = re2.compile(pattern, options)
-        block = None if _WHOLE_TEXT_SYNTAX.search(pattern) else re2.compile("(?m)" + pattern, options)
+        block = None if _WHOLE_TEXT_SYNTAX.search(pattern) else re2.compile("(?m)" + pattern, lines_only)
     except re2.error as exc:
         reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
         raise InvalidArgumentError(
@@ -88,12 +115,17 @@ def compile_pattern(pattern: object) -> tuple[Any, Any]:
 
 
 class _Output:
-    """The rows shown (``N:line`` for matches, ``N-line`` for context), within the cap."""
+    """The rows shown (``N:line`` for matches, ``N-line`` for context), within the cap.
+
+    The cap counts what the model sees: each row as JSON-escaped text (a
+    quote or a control character costs its escape), and for each match its
+    number in ``match_lines`` too.
+    """
 
     def __init__(self, cap: int, context: int) -> None:
         self.cap, self.context = cap, context
         self.rows: list[str] = []
-        self.used = -1  # rows are joined by "\n": n rows cost their lengths + n - 1
+        self.used = -2  # rows are joined by "\n", two characters in JSON: n rows cost their lengths + 2(n - 1)
         self.last_shown = 0
         self.shortened = 0
 
@@ -103,19 +135,34 @@ class _Output:
         row = f"{number}{mark}{shown}"
         # Like grep, "--" separates groups of context lines that are not adjacent.
         gap = ["--"] if self.context and self.last_shown and number > self.last_shown + 1 else []
-        cost = sum(len(r) + 1 for r in [*gap, row])
+        listed = len(str(number)) + 2 if mark == ":" else 0  # its entry in match_lines, with ", "
+        cost = sum(_json_length(r) + 2 for r in [*gap, row]) + listed
         cut = False
         if self.used + cost > self.cap:
             if self.rows:
                 return False
-            row, cut = row[: self.cap], True  # nothing shown yet: show what fits, so a retry makes progress
-            gap, cost = [], len(row) + 1
+            # Nothing shown yet: show what fits, so a retry makes progress.
+            row, cut = _json_prefix(row, max(1, self.cap - listed)), True
+            gap, cost = [], _json_length(row) + 2 + listed
         self.rows.extend([*gap, row])
         self.used += cost
         self.last_shown = number
         if cut or shown != text or full_length > len(text):
             self.shortened += 1
         return True
+
+
+def _json_length(text: str) -> int:
+    """Characters of ``text`` inside a JSON string (ensure_ascii=False), quotes excluded."""
+    return len(json.dumps(text, ensure_ascii=False)) - 2
+
+
+def _json_prefix(text: str, limit: int) -> str:
+    """The longest prefix of ``text`` whose JSON form fits in ``limit`` characters."""
+    cut = min(len(text), limit)
+    while cut > 0 and _json_length(text[:cut]) > limit:
+        cut = max(0, min(cut - 1, cut - (_json_length(text[:cut]) - limit)))
+    return text[:cut]
 
 
 def _window(text: str, full_length: int, span: tuple[int, int] | None) -> str:
@@ -132,7 +179,15 @@ class _Grep:
     """The state of one grep across the blocks of complete lines fed to it."""
 
     def __init__(
-        self, regex: Any, block_regex: Any, max_matches: int, context: int, first: int, last: int | None, cap: int
+        self,
+        regex: Any,
+        block_regex: Any,
+        max_matches: int,
+        context: int,
+        first: int,
+        last: int | None,
+        cap: int,
+        budget_s: float,
     ) -> None:
         self.regex, self.block_regex = regex, block_regex
         self.max_matches, self.context = max_matches, context
@@ -146,6 +201,11 @@ class _Grep:
         self.searched_to = first - 1
         self.next_line: int | None = None
         self.capped = self.reached = self.done = False
+        # The work done: bytes handed to RE2 (each read at most once) and RE2 calls.
+        self.bytes_scanned = self.re2_calls = 0
+        self.deadline = time.monotonic() + budget_s
+        self.out_of_budget = False
+        self.budget_line: int | None = None  # the first line not searched when the budget ran out
 
     def feed(self, block: str, base: int) -> None:
         """Search ``block``: complete lines, each ended by "\\n", the first numbered ``base``."""
@@ -177,6 +237,16 @@ class _Grep:
             self.matches.append(number)
             self.after_until = number + self.context
             self.reached = len(self.matches) == self.max_matches
+        if self.budget_line is not None:  # out of budget: lines from budget_line on were not searched
+            stop = self.budget_line
+            if self.reached and self.after_until < stop:  # max_matches and its context were shown: not the budget
+                if self._context_until(stop - 1, base, line):
+                    self._stop(min(self.resume_at or stop, self.after_until + 1))
+                return
+            if self._context_until(stop - 1, base, line):
+                self.out_of_budget = True
+                self._stop(min(self.resume_at or stop, stop))
+            return
         if not self._context_until(top, base, line):
             return
         if self.reached and self.after_until < top:
@@ -189,36 +259,67 @@ class _Grep:
             start = max(base, top - self.context + 1)
             self.tail.extend((n, line(n)) for n in range(start, top + 1))
 
-    def _hits(self, block: str, base: int, top: int) -> list[tuple[int, tuple[int, int]]]:
-        """(line number, span) of each line from ``first`` to ``top`` that matches."""
-        hits = []
+    def _spent(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def _hits(self, block: str, base: int, top: int) -> Iterator[tuple[int, tuple[int, int]]]:
+        """(line number, span) of each line from ``first`` to ``top`` that matches,
+        found lazily: the search goes no further than the caller pulls. Sets
+        ``budget_line`` and ends when the work budget runs out."""
+        if top < max(base, self.first):
+            return
         if self.block_regex is None:
             for index, text in enumerate(block.split("\n")[: top - base + 1]):
                 number = base + index
-                found = self.regex.search(text) if number >= self.first else None
+                if number < self.first:
+                    continue
+                if index % _LINES_PER_CLOCK == 0 and self.re2_calls and self._spent():
+                    self.budget_line = number
+                    return
+                self.re2_calls += 1
+                self.bytes_scanned += len(text)
+                found = self.regex.search(text)
                 if found is not None:
-                    hits.append((number, found.span()))
-            return hits
+                    yield number, found.span()
+            return
         data = block.encode("utf-8")
-        pos, index, counted_to = 0, 0, 0
-        while pos < len(data):
-            candidate = self.block_regex.search(data, pos)
-            if candidate is None:
-                break
-            index += data.count(b"\n", counted_to, candidate.start())
-            start = data.rfind(b"\n", 0, candidate.start()) + 1
-            end = data.find(b"\n", candidate.start())
-            end = len(data) if end < 0 else end
-            counted_to, pos = candidate.start(), end + 1
-            number = base + index
-            if number > top:
-                break
-            if number < self.first:
+        size = len(data)
+        pos, number = 0, base
+        if self.first > base:  # skip the lines before ``first`` without searching them
+            for _ in range(self.first - base):
+                pos = data.index(b"\n", pos) + 1
+            number = self.first
+        end_of_top = size
+        if top < base + block.count("\n") - 1:  # ``last`` ends the search inside the block
+            end_of_top = pos
+            for _ in range(top - number + 1):
+                end_of_top = data.index(b"\n", end_of_top) + 1
+        while pos < end_of_top:
+            if self.re2_calls and self._spent():
+                self.budget_line = number
+                return
+            # One bounded call: a chunk of whole lines (a match never crosses a line break).
+            limit = data.find(b"\n", min(pos + GREP_CHUNK_BYTES, end_of_top - 1))
+            limit = end_of_top if limit < 0 else min(limit + 1, end_of_top)
+            self.re2_calls += 1
+            # Up to the last line's break, not past it: there the next line would begin.
+            found = self.block_regex.search(data, pos, limit - 1)
+            if found is None:
+                self.bytes_scanned += limit - pos
+                number += data.count(b"\n", pos, limit)
+                pos = limit
                 continue
-            found = self.regex.search(data[start:end].decode("utf-8"))
-            if found is not None:
-                hits.append((number, found.span()))
-        return hits
+            at = found.start()
+            number += data.count(b"\n", pos, at)
+            start = data.rfind(b"\n", 0, at) + 1
+            end = data.find(b"\n", at)
+            end = size if end < 0 else end
+            self.bytes_scanned += end + 1 - pos
+            pos = end + 1
+            prefix = len(data[start:at].decode("utf-8"))
+            matched = len(data[at : found.end()].decode("utf-8"))
+            yield number, (prefix, prefix + matched)
+            number += 1
 
     def _context_until(self, until: int, base: int, line: Any) -> bool:
         """Show the trailing context lines of the last match, up to ``until``."""
@@ -251,11 +352,15 @@ def grep(
     cap: int,
     start_segment: int,
     start_number: int,
+    budget_s: float | None = None,
 ) -> dict[str, Any]:
     """Run grep over ``content`` from segment ``start_segment``, whose first
     line is line ``start_number`` (a line that began in an earlier segment:
-    it is skipped, and it is before ``first`` anyway)."""
-    state = _Grep(*regexes, max_matches, context, first, last, cap)
+    it is skipped, and it is before ``first`` anyway). The call stops once it
+    has run ``budget_s`` (``GREP_TIME_BUDGET_S`` by default) with a partial
+    result: ``budget_exhausted`` true and ``next_line`` where to go on."""
+    budget = GREP_TIME_BUDGET_S if budget_s is None else budget_s
+    state = _Grep(*regexes, max_matches, context, first, last, cap, budget)
     number = start_number
     carry = ""  # the kept part of the line that goes on into the next segment
     extra = 0  # characters of that line beyond GREP_LINE_LIMIT, dropped
@@ -303,6 +408,7 @@ def grep(
             state.feed(carry.translate(_TO_NEWLINE) + "\n", number)
     if state.resume_at and state.next_line is None:
         state._stop(state.resume_at)  # the content ended inside the last match's trailing context
+    shown = "\n".join(state.out.rows)
     complete = state.next_line is None
     stopped = state.reached and not complete and not state.capped
     metadata: dict[str, Any] = {
@@ -318,13 +424,21 @@ def grep(
         "searched_to_line": state.searched_to,
         "matches": len(state.matches),
         "match_lines": state.matches,
-        "size_returned": max(state.out.used, 0),
+        "size_returned": len(shown),
         "truncated": not complete,
         "capped": state.capped,
         "stopped_at_max_matches": stopped,
         "next_line": state.next_line,
+        "budget_exhausted": state.out_of_budget,
+        "bytes_scanned": state.bytes_scanned,
+        "re2_calls": state.re2_calls,
     }
-    if stopped:
+    if state.out_of_budget:
+        metadata["hint"] = (
+            f"stopped after the grep work budget of {budget:g} s, having searched lines {first}"
+            f" to {state.searched_to}; search on with mode='grep', start={state.next_line}"
+        )
+    elif stopped:
         metadata["hint"] = (
             f"stopped after max_matches={max_matches} matching lines;"
             f" search on with mode='grep', start={state.next_line}"
@@ -345,4 +459,4 @@ def grep(
         metadata.setdefault(
             "hint", "long lines are shown as a window around the match; read them whole with mode='lines'"
         )
-    return {"ok": True, "content": "\n".join(state.out.rows), "metadata": metadata}
+    return {"ok": True, "content": shown, "metadata": metadata}

@@ -650,6 +650,10 @@ class PostgresDatabase:
         """Nothing to do: the server manages its own files (see the README's PostgreSQL section on VACUUM)."""
         return True
 
+    def scrub(self) -> bool:
+        """Nothing to do here: dead rows go with the server's VACUUM (see SECURITY.md)."""
+        return True
+
     def _app_version(self) -> int | None:
         """The schema version as the application role sees it; None when it cannot tell."""
         try:

@@ -29,7 +29,7 @@ from .errors import IntegrityError
 from .keystore import Keystore
 from .principal import Principal
 
-__all__ = ["TABLES", "Records", "Updates"]
+__all__ = ["RECORD_ROW_OVERHEAD", "TABLES", "QuotaCheck", "Records", "Updates", "record_cost"]
 
 TABLES = ("checkpoints", "compaction_marks")
 # The blobs are read as blobs whatever was written there: a value of another
@@ -41,6 +41,14 @@ _COLUMNS = (
 
 # (expires_at, sealed, id, old sealed) per table: a compare-and-set update.
 Updates = dict[str, list[tuple[float, bytes, str, bytes]]]
+
+# What a record's row costs on disk besides its sealed bytes (clear columns,
+# its indexes): counted against the owner's quota with them.
+RECORD_ROW_OVERHEAD = 256
+
+# The quota check of the entries table, run inside the write transaction:
+# (conn, owner, bytes added, now, what is added); raises QuotaExceededError.
+QuotaCheck = Callable[[Conn, str, int, float, str], None]
 
 
 def _check_table(table: str) -> str:
@@ -59,12 +67,14 @@ class Records:
         access: Access,
         ttl: Callable[[int | None], int],
         now: Callable[[float | None], float],
+        check_quota: QuotaCheck,
     ) -> None:
         self._db = db
         self._keys = keys
         self._access = access
         self._ttl = ttl
         self._now = now
+        self._check_quota = check_quota
 
     def save(
         self,
@@ -79,8 +89,13 @@ class Records:
 
         Returns the record's ``seq``, ``created_at`` and ``expires_at``.
 
+        ``seq`` numbers the record within the principal's scope (as ``load``
+        does): the stored sequence runs over the whole turn, and would tell
+        of records in other scopes.
+
         Raises:
             InvalidArgumentError: a bad ttl.
+            QuotaExceededError: the record does not fit in the owner's quota.
             StoreBusyError: the write lock was not obtained in time, or the
                 sequence number kept being taken by other writers.
         """
@@ -111,10 +126,14 @@ class Records:
             return row
 
         def write(conn: Conn, row: dict[str, Any]) -> dict[str, Any]:
+            self._check_quota(conn, owner, record_cost(row), created, "record")
             conn.execute(
                 f"INSERT INTO {table}({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
             )
-            return {"seq": row["seq"], "created_at": created, "expires_at": row["expires_at"]}
+            number = len(
+                self._access.rows(principal, table, "seq", "turn_id = ? AND seq <= ?", (turn_id, row["seq"]), conn=conn)
+            )
+            return {"seq": number, "created_at": created, "expires_at": row["expires_at"]}
 
         # A DuplicateKeyError (another writer took this seq, or the id collided) seals again.
         return self._keys.write_current(
@@ -131,6 +150,10 @@ class Records:
         """The live records of a turn in the principal's scope, oldest first (only
         the newest with ``latest``), each as ``{"seq", "created_at", "expires_at", "payload"}``.
 
+        ``seq`` numbers the records within the principal's scope (1, 2, ... in the
+        order they were written, as ``save`` returned it): the stored sequence
+        runs over the whole turn, and would tell of records in other scopes.
+
         Raises:
             IntegrityError: a record fails authentication.
         """
@@ -139,8 +162,16 @@ class Records:
         rows = self._access.rows(
             principal, table, _COLUMNS, "turn_id = ? AND expires_at > ?", (turn_id, self._now(now)), order
         )
+        # Every record of the scope (expired ones not yet collected too) numbers the scope's sequence.
+        stored = self._access.rows(principal, table, "seq", "turn_id = ?", (turn_id,), "ORDER BY seq")
+        numbers = {row["seq"]: index for index, row in enumerate(stored, 1)}
         return [
-            {"seq": row["seq"], "created_at": row["created_at"], "expires_at": row["expires_at"], "payload": payload}
+            {
+                "seq": numbers.get(row["seq"], len(numbers) + 1),
+                "created_at": row["created_at"],
+                "expires_at": row["expires_at"],
+                "payload": payload,
+            }
             for row, _, payload in self._access.open_each(principal, table, _COLUMNS, rows, self._opener(table))
         ]
 
@@ -191,6 +222,20 @@ class Records:
         return changed
 
     @staticmethod
+    def used_bytes(conn: Conn, owner: str, now: float) -> int:
+        """What the owner's live records cost on disk (sealed bytes plus
+        ``RECORD_ROW_OVERHEAD`` each), summed inside the caller's write transaction."""
+        used = 0
+        for table in TABLES:
+            rows = conn.query(
+                f"SELECT CAST(COALESCE(SUM(length(sealed) + length(wrapped_key) + {RECORD_ROW_OVERHEAD}), 0)"
+                f" AS BIGINT) AS used FROM {table} WHERE owner_user_id = ? AND expires_at > ?",
+                (owner, now),
+            )
+            used += int(rows[0]["used"])
+        return used
+
+    @staticmethod
     def delete_expired(conn: Conn, cutoff: float) -> int:
         """Delete expired records inside the caller's (gc) transaction."""
         return sum(conn.execute(f"DELETE FROM {table} WHERE expires_at <= ?", (cutoff,)) for table in TABLES)
@@ -199,3 +244,8 @@ class Records:
     def delete_owner(conn: Conn, owner: str) -> dict[str, int]:
         """Delete every record of an owner inside the caller's transaction."""
         return {table: conn.execute(f"DELETE FROM {table} WHERE owner_user_id = ?", (owner,)) for table in TABLES}
+
+
+def record_cost(row: dict[str, Any]) -> int:
+    """What a record's row costs on disk: its sealed bytes plus a fixed overhead."""
+    return len(row["sealed"]) + len(row["wrapped_key"]) + RECORD_ROW_OVERHEAD

@@ -262,6 +262,14 @@ class AsyncScratchpad:
         """
         return await self._run(self._pad.gc, now, wait=wait)
 
+    async def scrub(self) -> bool:
+        """``Scratchpad.scrub``: rewrite the store file so that nothing deleted remains in it.
+
+        Raises:
+            StoreBusyError: the write lock was not obtained in time.
+        """
+        return await self._run(self._pad.scrub)
+
     async def stats(self, principal: Principal | None = None, *, now: float | None = None) -> dict[str, Any]:
         """``Scratchpad.stats``: counts and sizes, for one principal's scope or the whole store.
 

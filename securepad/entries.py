@@ -21,6 +21,7 @@ from typing import Any
 from . import reads, shaping
 from ._backend import Backend, Conn
 from ._db import Database
+from ._records import Records
 from .access import Access, audit_log, check_principal
 from .crypto import EntryCipher, Header, Wrapper, open_entry, seal_entry, split_bytes, split_text
 from .errors import ExpiredError, IntegrityError, InvalidArgumentError, NotFoundError, QuotaExceededError
@@ -186,7 +187,7 @@ class Entries:
         check_identifier("executor_name", executor_name)
         check_step_num(step_num)
         ttl = self.ttl(ttl_seconds)
-        prepared = _Prepared.of(observation, step_num, self.policy.max_entry_bytes)
+        prepared = _Prepared.of(observation, step_num, self.policy)
         created = self.now(now)
         meta = prepared.meta(principal, step_num, executor_name, created, created + ttl, inline)
         owner = principal.owner_user_id
@@ -204,10 +205,12 @@ class Entries:
                 taken = self.last_step(principal, turn_id, created, conn) + 1
                 check_step_num(taken)
                 if taken != row["step_num"]:
-                    row["step_num"], row["sealed_meta"] = taken, prepared.restep(meta, cipher, taken, observation)
+                    resealed = prepared.restep(meta, cipher, taken, observation)
+                    row["stored_bytes"] += len(resealed) - len(row["sealed_meta"])  # the quota counts the new one
+                    row["step_num"], row["sealed_meta"] = taken, resealed
             elif free_step:
                 self.check_step_free(principal, turn_id, step_num, created, conn)
-            self._check_quota(conn, owner, prepared.stored_bytes, created)
+            self.check_quota(conn, owner, row["stored_bytes"], created, "entry")
             conn.execute(
                 f"INSERT INTO entries({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
             )
@@ -226,26 +229,37 @@ class Entries:
         )
         return {"ok": True, "scratchpad_id": entry_id, **meta["view"]}
 
-    def _check_quota(self, conn: Conn, owner: str, adding: int, now: float) -> None:
-        """Raise QuotaExceededError when ``adding`` bytes would take the owner past its quota.
+    def check_quota(self, conn: Conn, owner: str, adding: int, now: float, what: str) -> None:
+        """Refuse ``adding`` bytes (a new ``what``: entry or record) that do not
+        fit in the owner's quota, inside the owner's write transaction.
 
-        ``owner_usage`` (kept by triggers) still counts expired entries that gc
-        has not removed: when even that bound leaves room, the exact sum over
-        the owner's live entries, O(entries), would not change the answer.
+        Entries count what their row costs on disk (``row_cost``), and so do
+        the owner's live checkpoints and compaction marks (``Records.used_bytes``:
+        a turn keeps few). ``owner_usage`` (kept by triggers) still counts
+        expired entries that gc has not removed: when even that bound leaves
+        room, the exact sum over the owner's live entries, O(entries), would
+        not change the answer. The message gives the new bytes and the quota
+        only: the owner's total counts entries outside the caller's scope,
+        which it must not learn of.
+
+        Raises:
+            QuotaExceededError: no room.
         """
+        quota = self.policy.owner_quota_bytes
+        used = Records.used_bytes(conn, owner, now)
         bound = conn.query("SELECT stored_bytes FROM owner_usage WHERE owner_user_id = ?", (owner,))
-        used = int(bound[0]["stored_bytes"]) if bound else 0
-        if used + adding > self.policy.owner_quota_bytes:
+        stored = int(bound[0]["stored_bytes"]) if bound else 0
+        if used + stored + adding > quota:
             live = conn.query(
                 "SELECT CAST(COALESCE(SUM(stored_bytes), 0) AS BIGINT) AS used FROM entries"
                 " WHERE owner_user_id = ? AND expires_at > ?",
                 (owner, now),
             )
-            used = int(live[0]["used"])
-        if used + adding > self.policy.owner_quota_bytes:
+            stored = int(live[0]["used"])
+        if used + stored + adding > quota:
             raise QuotaExceededError(
-                f"owner quota exceeded: {used} bytes live + {adding} new"
-                f" > owner_quota_bytes {self.policy.owner_quota_bytes}"
+                f"owner quota exceeded: the {what} needs {adding} bytes on disk and owner_quota_bytes"
+                f" {quota} has no room for it; delete entries or let them expire"
             )
 
     # -- authorize → fetch → decrypt ---------------------------------------------------------
@@ -557,13 +571,15 @@ class _Prepared:
     size_chars: int
     breaks: list[int] | None
     line_count: int | None
-    stored_bytes: int
+    stored_bytes: int  # what the observation stores (max_entry_bytes); the row's cost on disk is row_cost
     view: dict[str, Any]
+    inline_max_chars: int  # the view's bound, kept for the next-step re-seal
 
     @classmethod
-    def of(cls, observation: Any, step_num: int, max_entry_bytes: int) -> _Prepared:
+    def of(cls, observation: Any, step_num: int, policy: Policy) -> _Prepared:
         """Raises InvalidArgumentError (not storable) or QuotaExceededError (over ``max_entry_bytes``)."""
-        kind, shape, content, rest = shaping.classify(observation)
+        max_entry_bytes = policy.max_entry_bytes
+        kind, shape, content, rest = shaping.classify(observation, policy.max_json_depth)
         segments, counts, size_chars, breaks, line_count = _split(content)
         size_bytes = sum(len(s) for s in segments)
         # The limits count everything the observation stores: content and other fields.
@@ -572,9 +588,22 @@ class _Prepared:
             raise QuotaExceededError(
                 f"the observation has {stored_bytes} bytes; the policy's max_entry_bytes is {max_entry_bytes}"
             )
-        view = shaping.view(kind, step_num, size_bytes, content, rest, observation)
+        limit = policy.inline_max_chars
+        view = shaping.view(kind, step_num, size_bytes, content, rest, observation, limit)
         return cls(
-            kind, shape, content, rest, segments, counts, size_bytes, size_chars, breaks, line_count, stored_bytes, view
+            kind,
+            shape,
+            content,
+            rest,
+            segments,
+            counts,
+            size_bytes,
+            size_chars,
+            breaks,
+            line_count,
+            stored_bytes,
+            view,
+            limit,
         )
 
     def meta(
@@ -636,16 +665,32 @@ class _Prepared:
             "created_at": meta["created_at"],
             "expires_at": meta["expires_at"],
             **crypto_columns,
-            "stored_bytes": self.stored_bytes,
         }
+        row["stored_bytes"] = row_cost(row, sealed)
         return row, sealed, cipher
 
     def restep(self, meta: dict[str, Any], cipher: EntryCipher, step_num: int, observation: Any) -> bytes:
         """The entry's metadata for another step, sealed (``put(next_step=True)``):
         the view names the step (its reference hint), so it is made again."""
         meta["step_num"] = step_num
-        meta["view"] = shaping.view(self.kind, step_num, self.size_bytes, self.content, self.rest, observation)
+        meta["view"] = shaping.view(
+            self.kind, step_num, self.size_bytes, self.content, self.rest, observation, self.inline_max_chars
+        )
         return cipher.seal_meta(shaping.dumps(meta))
+
+
+# What a row costs on disk besides its sealed bytes (measured: an empty entry
+# grows the file by about 990 bytes, 530 of them sealed): clear columns, index
+# entries, b-tree cells, the segment rows' keys. Counted against the quota, so
+# that empty entries, checkpoints and marks are not free.
+ENTRY_ROW_OVERHEAD = 512
+
+
+def row_cost(row: dict[str, Any], sealed: list[bytes]) -> int:
+    """What an entry's rows cost on disk: its sealed bytes plus a fixed overhead."""
+    sealed_bytes = sum(len(s) for s in sealed)
+    fields = sum(len(row[c]) for c in ("sealed_meta", "wrapped_key", "nonce_prefix", "commitment"))
+    return sealed_bytes + fields + ENTRY_ROW_OVERHEAD
 
 
 def _split(content: str | bytes) -> tuple[list[bytes], list[int] | None, int, list[int] | None, int | None]:

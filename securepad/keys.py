@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 from argon2.exceptions import HashingError
 from argon2.low_level import Type, hash_secret_raw
 
+from ._files import check_directory, check_private_file
 from .crypto import KEY_BYTES, KeyHandle
 from .errors import InvalidArgumentError, SecurepadError, WrongKeyError
 
@@ -60,8 +61,11 @@ class Keyring:
     in the store's metadata, so nothing is derived before that.
     """
 
-    def __init__(self, source: _Source) -> None:
+    def __init__(self, source: _Source, *, allow_shared: bool = False) -> None:
         self._source = source
+        self._allow_shared = allow_shared
+        # A key file read or created later: absent when the keyring was made.
+        self._late_secret: bytes | None = None
 
     def __repr__(self) -> str:
         return f"<Keyring {self._source.kind}: {self._source.detail}>"
@@ -80,37 +84,68 @@ class Keyring:
         return Path(self._source.detail) if self._source.kind == "file" else None
 
     @classmethod
-    def from_key_file(cls, path: str | os.PathLike[str] | None = None) -> Keyring:
-        """Use the master key in ``path``, creating it (mode 0600) if it is absent.
+    def from_key_file(cls, path: str | os.PathLike[str] | None = None, *, allow_shared: bool = False) -> Keyring:
+        """Use the master key in ``path``.
 
         ``path`` defaults to ``key`` in the user config dir, apart from the data
-        dir where the database lives. The file holds the key in base64.
+        dir where the database lives. The file holds the key in base64. An
+        absent file is created (mode 0600, in a 0700 directory) only together
+        with a new store, or as the new key of ``rotate_master_key``: opening
+        an existing store with it raises ``WrongKeyError`` and creates nothing.
+
+        The file must be the current user's and neither readable nor writable
+        by anyone else, and its directory not writable by others: whoever can
+        read the key reads every entry, and whoever can plant or replace it
+        reads what is stored afterwards. ``allow_shared=True`` lifts these
+        checks for a deliberate setup (a key mounted by an orchestrator, say).
 
         Raises:
             WrongKeyError: the file exists but does not hold a base64 32-byte key.
-            SecurepadError: the file cannot be read or created.
+            SecurepadError: the file cannot be read, or its owner or mode or its
+                directory's mode lets others read, plant or replace it (the
+                message says how to fix it).
         """
         key_path = Path(path) if path is not None else default_key_file()
-        try:
-            raw = key_path.read_bytes()
-        except FileNotFoundError:
-            raw = _create_key_file(key_path)
-        except OSError as exc:
-            raise SecurepadError(f"cannot read key file {key_path}: {exc.strerror}") from None
+        raw = _read_key_file(key_path, allow_shared)
+        if raw is None:
+            return cls(_Source("file", str(key_path)), allow_shared=allow_shared)
         key = _decode_key(raw, f"key file {key_path}")
-        return cls(_Source("file", str(key_path), key))
+        return cls(_Source("file", str(key_path), key), allow_shared=allow_shared)
 
     @classmethod
-    def from_env(cls, var: str = "SECUREPAD_MASTER_KEY") -> Keyring:
-        """Use the base64 32-byte master key in environment variable ``var``.
+    def create_key_file(cls, path: str | os.PathLike[str], *, allow_shared: bool = False) -> Keyring:
+        """Write a new random master key to ``path`` (which must not exist) and use it.
 
         Raises:
-            WrongKeyError: the variable is unset or does not hold a base64 32-byte key.
+            SecurepadError: the file exists, cannot be created, or its directory
+                is writable by others (unless ``allow_shared``).
+        """
+        key_path = Path(path)
+        if not allow_shared and key_path.parent.exists():
+            check_directory(key_path.parent, "key file")
+        if key_path.exists():
+            raise SecurepadError(f"key file {key_path} already exists; a new key is never written over a key")
+        raw = _create_key_file(key_path)
+        return cls(_Source("file", str(key_path), _decode_key(raw, f"key file {key_path}")), allow_shared=allow_shared)
+
+    @classmethod
+    def from_env(cls, var: str = "SECUREPAD_MASTER_KEY", *, keep_in_env: bool = False) -> Keyring:
+        """Use the base64 32-byte master key in environment variable ``var``.
+
+        Once read, the variable is removed from this process's environment, so
+        that no subprocess the agent starts (a shell tool, say) inherits the
+        master key. ``keep_in_env=True`` leaves it there.
+
+        Raises:
+            WrongKeyError: the variable is unset or does not hold a base64 32-byte key
+                (it is then left as it was).
         """
         value = os.environ.get(var)
         if not value:
             raise WrongKeyError(f"environment variable {var} is not set")
         key = _decode_key(value.encode("ascii", "replace"), f"environment variable {var}")
+        if not keep_in_env:
+            os.environ.pop(var, None)  # os.environ's pop also unsets it for child processes
         return cls(_Source("env", var, key))
 
     @classmethod
@@ -142,17 +177,40 @@ class Keyring:
         params = (("time_cost", time_cost), ("memory_cost", memory_cost), ("parallelism", parallelism))
         return cls(_Source("passphrase", "argon2id", passphrase.encode("utf-8"), params))
 
+    def _key_file_secret(self, new: bool) -> bytes:
+        if self._late_secret is None:
+            path = Path(self._source.detail)
+            raw = _read_key_file(path, self._allow_shared)
+            if raw is None:
+                if not new:
+                    raise WrongKeyError(
+                        f"key file {path} does not exist, and this store was made with a key:"
+                        " give the key file it was created with (none was created)"
+                    )
+                if not self._allow_shared and path.parent.exists():
+                    check_directory(path.parent, "key file")
+                raw = _create_key_file(path)
+            self._late_secret = _decode_key(raw, f"key file {path}")
+        return self._late_secret
 
-def master_key(keyring: Keyring, kdf: dict[str, Any] | None) -> tuple[KeyHandle, dict[str, Any] | None]:
-    """The master key of ``keyring`` for a store whose KDF record is ``kdf``.
+
+def master_key(
+    keyring: Keyring, kdf: dict[str, Any] | None, *, new: bool = False
+) -> tuple[KeyHandle, dict[str, Any] | None]:
+    """The master key of ``keyring`` for a store whose KDF record is ``kdf``;
+    ``new`` when the key is being set up (a new store, or the target of a
+    rotation): only then is an absent key file created.
 
     Returns the key and, for a passphrase keyring opening a store without a
     record, the new record to keep in the store.
 
     Raises:
-        WrongKeyError: the store's passphrase record is unreadable or unusable.
+        WrongKeyError: the store's passphrase record is unreadable or unusable,
+            or the key file is absent and the store exists.
     """
     source = keyring._source
+    if source.kind == "file" and not source.secret:
+        return KeyHandle(keyring._key_file_secret(new)), None
     if source.kind != "passphrase":
         return KeyHandle(source.secret), None
     record = kdf if kdf is not None and kdf.get("alg") == "argon2id" else None
@@ -211,11 +269,38 @@ def _decode_key(raw: bytes, where: str) -> bytes:
     return key
 
 
+def _read_key_file(path: Path, allow_shared: bool) -> bytes | None:
+    """The key file's bytes after its safety checks; None when it does not exist.
+
+    Raises:
+        SecurepadError: unreadable, or others could read, plant or replace it.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SecurepadError(f"cannot read key file {path}: {exc.strerror}") from None
+    try:
+        if not allow_shared:
+            check_private_file(path, os.fstat(fd), "key file")
+            check_directory(path.parent, "key file")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read()
+    except OSError as exc:
+        raise SecurepadError(f"cannot read key file {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
 def _create_key_file(path: Path) -> bytes:
     """Write a fresh key, mode 0600, atomically: written to a private temporary
     file, then hard-linked into place so that a racing process either wins or
     reads the winner's complete key, never a half-written one."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise SecurepadError(f"cannot create key file {path}: {exc.strerror}") from None
     encoded = base64.b64encode(secrets.token_bytes(KEY_BYTES)) + b"\n"
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     try:

@@ -61,7 +61,7 @@ class Keystore:
         meta = self.store_meta()
         if "store_id" not in meta:
             store_id = secrets.token_hex(16)
-            master, kdf = master_key(keyring, None)
+            master, kdf = master_key(keyring, None, new=True)
             with self._db.transaction(admin=True) as conn:
                 if not conn.query("SELECT 1 FROM store_meta WHERE key = 'store_id'"):
                     values = {
@@ -273,7 +273,7 @@ class Keystore:
             WrongKeyError: this keystore's master key is no longer the store's.
             StoreBusyError: the write lock was not obtained in time.
         """
-        new_master, kdf = master_key(new_keyring, None)
+        new_master, kdf = master_key(new_keyring, None, new=True)
         new_check = key_check(new_master, self.store_id)
         if secrets.compare_digest(new_check, self._key_check):
             raise InvalidArgumentError("the new master key is the current one")

@@ -11,7 +11,8 @@ interrupted run started.
   re-wraps the owner's item keys in batches, then retires (deletes) the old
   versions: they are the ``min_decryption_version`` cut-off.
 * Forgetting an owner deletes its keys and entries with ``secure_delete`` on
-  and truncates the WAL, so neither ciphertext nor wrapped keys remain.
+  and scrubs the file (VACUUM, WAL truncated), so neither ciphertext nor
+  wrapped keys remain.
 """
 
 from __future__ import annotations
@@ -197,8 +198,9 @@ def _count_old_sql(table: str, owner: str, version: int) -> tuple[str, tuple[str
 def forget_owner(db: Backend, keys: Keystore, owner_user_id: str) -> dict[str, Any]:
     """Crypto-shred an owner: delete its keys, entries, segments and turn records, scrub the files.
 
-    ``secure_delete`` overwrites the freed pages and the WAL is checkpointed
-    and truncated, so neither the owner's ciphertext nor its wrapped keys
+    ``secure_delete`` overwrites the freed pages, and the file is then
+    scrubbed (rebuilt with VACUUM, the WAL truncated: stale copies of moved
+    rows go too), so neither the owner's ciphertext nor its wrapped keys
     remain in the database, WAL or journal files. Backups taken before keep
     both (see SECURITY.md). Returns what was removed, per table.
 
@@ -212,5 +214,5 @@ def forget_owner(db: Backend, keys: Keystore, owner_user_id: str) -> dict[str, A
         removed.update(Records.delete_owner(conn, owner_user_id))
         removed["owner_keys"] = keys.delete_owner(conn, owner_user_id)
     keys.forget(owner_user_id)
-    removed["wal_truncated"] = db.checkpoint()
+    removed["wal_truncated"] = db.scrub()
     return removed

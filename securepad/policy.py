@@ -31,9 +31,16 @@ _LIMITS: dict[tuple[str, str], tuple[type, int, int]] = {
     ("limits", "owner_quota_bytes"): (int, 1, 1 << 50),
     ("limits", "default_ttl_seconds"): (int, 1, 10 * 365 * 86400),
     ("limits", "max_ttl_seconds"): (int, 1, 10 * 365 * 86400),
+    # Nesting of a structured observation; past ~900 Python's JSON encoder overflows its stack.
+    ("limits", "max_json_depth"): (int, 1, 500),
     ("storage", "wal_limit_bytes"): (int, 1 << 20, 1 << 40),
 }
-_FLAGS = {("audit", "log_denied"), ("audit", "log_reads"), ("storage", "incremental_vacuum")}
+_FLAGS = {
+    ("audit", "log_denied"),
+    ("audit", "log_reads"),
+    ("access", "allow_shared_files"),
+    ("storage", "incremental_vacuum"),
+}
 _SECTIONS = {"access", "limits", "audit", "storage"}
 
 
@@ -54,8 +61,11 @@ class Policy:
     owner_quota_bytes: int = 1024 * 1024 * 1024
     default_ttl_seconds: int = 3600
     max_ttl_seconds: int = 86400
+    max_json_depth: int = 100
     log_denied: bool = True
     log_reads: bool = False
+    # Adopt store files and directories others may read or write (a deliberate shared setup).
+    allow_shared_files: bool = False
     # SQLite stores only (docs/reliability.md): the write-ahead log's bound,
     # and whether gc gives freed pages back to the file system.
     wal_limit_bytes: int = 256 * 1024 * 1024

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import bisect
 import itertools
+import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -116,6 +117,7 @@ def read(
     max_matches: int = DEFAULT_MAX_MATCHES,
     context: int = 0,
     cap: int,
+    grep_budget_s: float | None = None,
 ) -> dict[str, Any]:
     """Run one read mode, never returning more than ``cap`` characters.
 
@@ -123,7 +125,8 @@ def read(
     cap then bounds the base64 text, so at most ``cap // 4 * 3`` bytes.
     ``lines`` takes 1-based inclusive line numbers in ``start``/``end``
     (0 means the first line); ``grep`` searches lines ``start``..``end``
-    (the whole entry by default) for ``pattern`` (RE2 syntax).
+    (the whole entry by default) for ``pattern`` (RE2 syntax), stopping with a
+    partial result after ``grep_budget_s`` (``_grep.GREP_TIME_BUDGET_S`` by default).
 
     Raises:
         InvalidArgumentError: unknown mode, negative or non-integer n/start/end,
@@ -162,6 +165,7 @@ def read(
             cap=cap,
             start_segment=seq,
             start_number=number,
+            budget_s=grep_budget_s,
         )
     return _read_span(content, mode, n, start, end, cap)
 
@@ -192,6 +196,13 @@ def _read_span(content: SegmentedContent, mode: str, n: int, start: int, end: in
         # A tail keeps its end; every other mode keeps its start.
         lo, hi = (hi - limit, hi) if mode == "tail" else (lo, lo + limit)
     data = content.slice(lo, hi)
+    if isinstance(data, str):
+        # The cap counts the text as the model sees it: JSON, where a quote, a
+        # line break or a control character costs its escape.
+        fitted = _fit_json(data, limit, keep_end=mode == "tail")
+        if len(fitted) < len(data):
+            lo, hi = (hi - len(fitted), hi) if mode == "tail" else (lo, lo + len(fitted))
+            data, capped = fitted, True
     metadata: dict[str, Any] = {
         "mode": mode,
         "kind": content.kind,
@@ -219,6 +230,25 @@ def _read_span(content: SegmentedContent, mode: str, n: int, start: int, end: in
             "metadata": metadata,
         }
     return {"ok": True, "content": data, "metadata": metadata}
+
+
+def _fit_json(text: str, limit: int, *, keep_end: bool) -> str:
+    """``text``, or its longest prefix (suffix with ``keep_end``) whose JSON
+    string form (ensure_ascii=False, quotes excluded) has at most ``limit`` characters."""
+    if len(json.dumps(text, ensure_ascii=False)) - 2 <= limit:
+        return text
+    low, high = 0, min(len(text), limit)  # a character costs at least one
+
+    def part(n: int) -> str:
+        return text[len(text) - n :] if keep_end else text[:n]
+
+    while low < high:
+        middle = (low + high + 1) // 2
+        if len(json.dumps(part(middle), ensure_ascii=False)) - 2 <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return part(low)
 
 
 def line_index(texts: Iterable[str]) -> tuple[list[int], int]:
@@ -345,6 +375,7 @@ def _read_lines(content: SegmentedContent, first: int, last: int | None, cap: in
     start_char: int | None = None
     end_line: int | None = None
     next_line: int | None = None
+    seen = 0  # the cap counts the text as JSON, as the model sees it (escapes included)
     capped = False
     hint: str | None = None
     for line in iter_lines(content, first, None, limit=cap + 1):
@@ -354,23 +385,26 @@ def _read_lines(content: SegmentedContent, first: int, last: int | None, cap: in
         if start_char is None:
             start_char = line.start
         whole = line.length + len(line.ending)
-        if used + whole > cap:
+        cost = len(json.dumps(line.text + line.ending, ensure_ascii=False)) - 2
+        if seen + cost > cap:
             capped = True
             if parts:
                 next_line = line.number
                 hint = f"cut to the read cap of {cap} characters; continue with mode='lines', start={line.number}"
             else:  # the line alone is over the cap: return its first part
-                parts.append((line.text + line.ending)[:cap])
-                used = cap
+                part = _fit_json(line.text + line.ending, cap, keep_end=False)
+                parts.append(part)
+                used = len(part)
                 next_line = line.number + 1
                 hint = (
                     f"line {line.number} has {line.length} characters, more than the read cap of {cap};"
-                    f" read the rest of it with mode='range', start={line.start + cap},"
+                    f" read the rest of it with mode='range', start={line.start + used},"
                     f" end={line.start + line.length}, or go on with mode='lines', start={line.number + 1}"
                 )
             break
         parts.append(line.text + line.ending)
         used += whole
+        seen += cost
         end_line = line.number
     # Without an index, a scan that ran to the end has counted the lines.
     seen_last = end_line if next_line is None else None

@@ -29,11 +29,12 @@ def dumps(value: Any, *, indent: int | None = None) -> bytes:
         raise InvalidArgumentError(f"the observation is not JSON-serializable: {exc}") from None
 
 
-def classify(observation: Any) -> tuple[str, str, str | bytes, dict[str, Any] | None]:
+def classify(observation: Any, max_depth: int) -> tuple[str, str, str | bytes, dict[str, Any] | None]:
     """(kind, shape, content, rest): what is stored as content and what as sealed fields.
 
     Raises:
-        InvalidArgumentError: non-string keys, or fields that are not JSON.
+        InvalidArgumentError: non-string keys, nesting deeper than ``max_depth``,
+            or fields that are not JSON.
     """
     if isinstance(observation, str):
         return "text", "str", observation, None
@@ -41,27 +42,35 @@ def classify(observation: Any) -> tuple[str, str, str | bytes, dict[str, Any] | 
         return "binary", "bytes", bytes(observation), None
     if isinstance(observation, dict) and isinstance(observation.get("content"), str | bytes):
         rest = {k: v for k, v in observation.items() if k != "content"}
-        _check_string_keys(rest)
+        _check_structure(rest, max_depth)
         dumps(rest)  # the other fields must be JSON; fail before anything is stored
         content = observation["content"]
         return ("binary" if isinstance(content, bytes) else "text"), "dict", content, rest
-    _check_string_keys(observation)
+    _check_structure(observation, max_depth)
     # Indented JSON: the readable content, so that lines and grep mean something.
     return "json", "json", dumps(observation, indent=2).decode("utf-8"), None
 
 
-def _check_string_keys(value: Any) -> None:
-    """Refuse non-string dict keys anywhere: JSON would turn 1 into "1" and the
-    observation would come back different from what was put."""
-    pending = [value]
+def _check_structure(value: Any, max_depth: int) -> None:
+    """Refuse non-string dict keys anywhere (JSON would turn 1 into "1" and the
+    observation would come back different from what was put), and nesting
+    deeper than ``max_depth`` (JSON's encoder would hit Python's recursion
+    limit). Iterative: a deep value cannot exhaust the stack here."""
+    pending: list[tuple[Any, int]] = [(value, 1)]
     while pending:
-        item = pending.pop()
+        item, depth = pending.pop()
+        if not isinstance(item, dict | list | tuple):
+            continue
+        if depth > max_depth:
+            raise InvalidArgumentError(
+                f"the observation nests deeper than {max_depth} levels (the policy's limits.max_json_depth)"
+            )
         if isinstance(item, dict):
             if any(not isinstance(k, str) for k in item):
                 raise InvalidArgumentError("structured observations need string keys at every level")
-            pending.extend(item.values())
-        elif isinstance(item, list | tuple):
-            pending.extend(item)
+            pending.extend((v, depth + 1) for v in item.values())
+        else:
+            pending.extend((v, depth + 1) for v in item)
 
 
 def rebuild(shape: str, whole: str | bytes, rest: dict[str, Any] | None) -> Any:
@@ -74,9 +83,16 @@ def rebuild(shape: str, whole: str | bytes, rest: dict[str, Any] | None) -> Any:
 
 
 def view(
-    kind: str, step_num: int, size_bytes: int, content: str | bytes, rest: dict[str, Any] | None, observation: Any
+    kind: str,
+    step_num: int,
+    size_bytes: int,
+    content: str | bytes,
+    rest: dict[str, Any] | None,
+    observation: Any,
+    limit: int,
 ) -> dict[str, Any]:
-    """The synthetic view, without the id (added when the entry is returned)."""
+    """The synthetic view, without the id (added when the entry is returned),
+    within ``limit`` characters as JSON (with the id)."""
     shown: dict[str, Any] = {"step_num": step_num, "size_bytes": size_bytes, "kind": kind}
     fields = rest if rest is not None else (observation if isinstance(observation, dict) else {})
     if isinstance(content, bytes):
@@ -95,7 +111,7 @@ def view(
     metadata = fields.get("metadata")
     shown["metadata"] = metadata if isinstance(metadata, dict) else {}
     # Scalars (counts, flags, messages) sit at the top level; the view's own keys win.
-    return {**summary.scalars(fields), **shown}
+    return summary.fit_view(shown, summary.scalars(fields), limit)
 
 
 def binary_counts(size: int, segment_count: int) -> list[int]:

@@ -58,7 +58,7 @@ class Scratchpad:
         self.store_id = self._keys.store_id
         access = Access(db, policy)
         self._entries = Entries(db, self._keys, access, policy, clock)
-        self._records = Records(db, self._keys, access, self._entries.ttl, self._entries.now)
+        self._records = Records(db, self._keys, access, self._entries.ttl, self._entries.now, self._entries.check_quota)
         self._parts = Parts(db, self._keys, access, self._entries, self._records)
 
     @property
@@ -266,7 +266,7 @@ class Scratchpad:
                 "size_chars": opened.row["size_chars"],
                 "created_at": opened.row["created_at"],
                 "expires_at": opened.row["expires_at"],
-                "summary": opened.meta["view"]["summary"],
+                "summary": opened.meta["view"].get("summary", ""),
                 "view": opened.view(),
             }
             for opened in self._entries.turn_entries(principal, turn_id, now)
@@ -340,11 +340,12 @@ class Scratchpad:
 
     def gc(self, now: float | None = None, *, wait: bool = True) -> int:
         """Delete expired entries and their segments (and expired turn checkpoints
-        and compaction marks), then checkpoint and truncate the WAL so their
-        ciphertext leaves the files. Returns how many entries were deleted.
+        and compaction marks), then, when it deleted anything, ``scrub`` the
+        file so their ciphertext leaves it. Returns how many entries were deleted.
 
-        With ``wait=False`` the WAL checkpoint does not wait for readers: it
-        moves what it can and a later checkpoint finishes (``turn`` uses this).
+        With ``wait=False`` (``turn`` uses this) it does not scrub and the WAL
+        checkpoint does not wait for readers: it moves what it can, and a later
+        ``gc``, ``scrub`` or ``forget_owner`` finishes the job.
 
         Raises:
             StoreBusyError: the write lock was not obtained in time.
@@ -352,9 +353,29 @@ class Scratchpad:
         cutoff = self._entries.now(now)
         with self._db.transaction(admin=True, wait=wait) as conn:
             deleted = entries.delete_expired(conn, cutoff)
-            Records.delete_expired(conn, cutoff)
-        self._db.checkpoint(wait=wait)
+            records = Records.delete_expired(conn, cutoff)
+        if wait and (deleted or records):
+            self._db.scrub()
+        else:
+            self._db.checkpoint(wait=wait)
         return deleted
+
+    def scrub(self) -> bool:
+        """Rewrite the store file so that nothing deleted remains anywhere in it.
+
+        ``delete`` and ``gc`` delete with ``secure_delete``, which zeroes a
+        deleted row, but SQLite can leave stale copies of rows it moved
+        between pages in those pages' unused space; this rebuilds the file
+        (VACUUM) and truncates the WAL. ``gc`` (when it deleted something) and
+        ``forget_owner`` do it themselves. It reads and writes the whole store
+        and holds the write lock meanwhile. Returns False when a reader kept
+        part of the WAL alive (the next checkpoint clears it). On PostgreSQL
+        it does nothing (the server's VACUUM removes dead rows).
+
+        Raises:
+            StoreBusyError: the write lock was not obtained in time.
+        """
+        return self._db.scrub()
 
     def stats(self, principal: Principal | None = None, *, now: float | None = None) -> dict[str, Any]:
         """Counts and sizes: for one principal's scope, or (None) for the whole store.
@@ -395,7 +416,10 @@ def _open_backend(where: Any, admin: Any, schema: str, policy: Policy) -> Backen
         if admin is not None or schema != "securepad":
             raise InvalidArgumentError("admin and schema are options of PostgreSQL stores")
         return Database(
-            Path(where), wal_limit_bytes=policy.wal_limit_bytes, incremental_vacuum=policy.incremental_vacuum
+            Path(where),
+            wal_limit_bytes=policy.wal_limit_bytes,
+            incremental_vacuum=policy.incremental_vacuum,
+            allow_shared=policy.allow_shared_files,
         )
     try:
         from ._pg import PostgresDatabase

@@ -8,9 +8,10 @@ structured: the item count and field names, never the items.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
-__all__ = ["SUMMARY_EDGE_CHARS", "binary_summary", "scalars", "structure", "text_summary"]
+__all__ = ["SUMMARY_EDGE_CHARS", "binary_summary", "fit_view", "scalars", "structure", "text_summary"]
 
 SUMMARY_EDGE_CHARS = 500
 # Top-level strings longer than this are content, not scalars worth preserving.
@@ -76,4 +77,85 @@ def scalars(observation: dict[str, Any]) -> dict[str, Any]:
             or (isinstance(value, str) and len(value) <= MAX_SCALAR_CHARS)
         ):
             kept[key] = value
+    return kept
+
+
+# What the store adds to a view ("ok" and the 16-hex id), as JSON.
+_VIEW_FRAME = len(json.dumps({"ok": True, "scratchpad_id": "0" * 16}, ensure_ascii=False))
+# Kept whatever the limit: they say what the entry is and how to read it.
+_CORE = ("step_num", "size_bytes", "kind")
+# Then, as long as they fit, in this order.
+_OPTIONAL = ("list_field", "count", "summary", "ref_hint", "schema", "metadata")
+# The longest "view_cut" there can be, reserved up front.
+_CUT_RESERVE = len(', "view_cut": ') + len(json.dumps([*_OPTIONAL, "scalars"]))
+
+
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=False))
+
+
+def fit_view(view: dict[str, Any], kept_scalars: dict[str, Any], limit: int) -> dict[str, Any]:
+    """``{**kept_scalars, **view}`` if its JSON (with the id the store adds)
+    fits in ``limit`` characters; else the view cut to fit: the summary
+    shortened, schema names, metadata fields and scalars kept only while they
+    fit, and ``view_cut`` naming what was cut (read the entry for the rest).
+    Only the core (step, size, kind) can overrun a limit too small for it."""
+    whole = {**kept_scalars, **view}
+    if _json_size(whole) + _VIEW_FRAME <= limit:
+        return whole
+    budget = limit - _VIEW_FRAME - _CUT_RESERVE
+    fitted: dict[str, Any] = {key: view[key] for key in _CORE if key in view}
+    cut: list[str] = []
+
+    def room() -> int:
+        return budget - _json_size(fitted)
+
+    for key in _OPTIONAL:
+        if key not in view:
+            continue
+        value = view[key]
+        cost = len(json.dumps(key)) + 4 + _json_size(value)  # ', "key": value'
+        if cost <= room():
+            fitted[key] = value
+            continue
+        cut.append(key)
+        if key == "summary" and isinstance(value, str):
+            fitted[key] = _cut_text(value, room() - len(json.dumps(key)) - 4)
+        elif key == "schema" and isinstance(value, list):
+            fitted[key] = _prefix_fitting(value, room() - len(json.dumps(key)) - 4)
+        elif key == "metadata" and isinstance(value, dict):
+            fitted[key] = dict(_prefix_fitting(list(value.items()), room() - len(json.dumps(key)) - 4, pairs=True))
+        if key in fitted and room() < 0:
+            del fitted[key]
+    for key, value in kept_scalars.items():
+        if key in view:
+            continue
+        if len(json.dumps(key)) + 4 + _json_size(value) <= room():
+            fitted[key] = value
+        elif "scalars" not in cut:
+            cut.append("scalars")
+    fitted["view_cut"] = cut
+    return fitted
+
+
+def _cut_text(text: str, room: int) -> str:
+    """A prefix of ``text`` ending in "…" whose JSON (quotes included) fits in ``room`` ("" if none does)."""
+    if room < 4:
+        return ""
+    cut = min(len(text), room)
+    while cut > 0 and _json_size(text[:cut] + "…") > room:
+        cut = max(0, min(cut - 1, cut - (_json_size(text[:cut] + "…") - room)))
+    return text[:cut] + "…" if cut else ""
+
+
+def _prefix_fitting(items: list[Any], room: int, *, pairs: bool = False) -> list[Any]:
+    """The longest prefix of ``items`` whose JSON (a list, or a dict for pairs) fits in ``room``."""
+    kept: list[Any] = []
+    used = 2  # the brackets
+    for item in items:
+        cost = (len(json.dumps(item[0])) + 2 + _json_size(item[1]) if pairs else _json_size(item)) + 2
+        if used + cost > room:
+            break
+        kept.append(item)
+        used += cost
     return kept

@@ -100,6 +100,8 @@ SCRATCHPAD_READ_TOOL: dict[str, Any] = {
                     "type": "string",
                     "description": (
                         "grep: an RE2 regular expression (no backreferences or look-around); (?i) ignores case."
+                        " Each line is matched on its own. A grep that uses up its work budget returns the"
+                        " lines found so far with metadata.budget_exhausted true; go on from metadata.next_line."
                     ),
                 },
                 "max_matches": {
@@ -368,6 +370,7 @@ class Turn:
             InvalidArgumentError: a field of the wrong shape, an unknown budget
                 key, a negative budget, a bad ttl, or a record larger than the
                 policy's ``max_entry_bytes``.
+            QuotaExceededError: the record does not fit in the owner's quota.
             StoreBusyError: the write lock was not obtained in time.
         """
         payload = {
@@ -409,6 +412,7 @@ class Turn:
         Raises:
             InvalidArgumentError: a bad ttl.
             IntegrityError: a stored entry fails authentication.
+            QuotaExceededError: the mark does not fit in the owner's quota.
             StoreBusyError: the write lock was not obtained in time.
         """
         before = [_fingerprint(opened) for opened in self._opened(now)]

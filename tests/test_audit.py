@@ -146,22 +146,26 @@ def test_subcommand_options_and_policy(db_path: Path, key_file: Path) -> None:
     assert "policy scope: owner+channel+actor" in rows(report)
 
 
-def test_world_readable_key_file_fails_and_exits_nonzero(db_path: Path, key_file: Path) -> None:
-    Keyring.from_key_file(key_file)
+def test_world_readable_key_file_is_refused_and_fails_the_audit_when_allowed(db_path: Path, key_file: Path) -> None:
+    Scratchpad.open(db_path, keyring=Keyring.from_key_file(key_file)).close()
     key_file.chmod(0o644)
+    # Refused at open (issue 11), with the fix in the message.
     result = audit_cli(db_path, key_file, "--json", "audit")
     assert result.exit_code == 1
-    report = report_of(result)
+    assert "chmod 600" in result.output
+    # Allowed on purpose, the audit still flags it.
+    with Scratchpad.open(db_path, keyring=Keyring.from_key_file(key_file, allow_shared=True)) as pad:
+        report = run_audit(pad).as_dict()
     assert failed(report) == {"key file permissions"}
     assert "0644" in rows(report)["key file permissions"]["happened"]
 
 
-def test_world_readable_key_file_shows_fail_in_table(db_path: Path, key_file: Path) -> None:
-    Keyring.from_key_file(key_file)
+def test_world_readable_key_file_shows_the_fix(db_path: Path, key_file: Path) -> None:
+    Scratchpad.open(db_path, keyring=Keyring.from_key_file(key_file)).close()
     key_file.chmod(0o604)
     result = audit_cli(db_path, key_file, "audit")
     assert result.exit_code == 1
-    assert "checks FAILED: key file permissions" in result.stdout
+    assert f"chmod 600 {key_file}" in " ".join(result.output.split())
 
 
 def test_key_file_inside_data_dir_fails(db_path: Path) -> None:
@@ -174,12 +178,19 @@ def test_key_file_inside_data_dir_fails(db_path: Path) -> None:
     assert "inside the store's data dir" in rows(report)["key file apart from the data"]["happened"]
 
 
-def test_readable_store_file_and_dir_fail(db_path: Path, key_file: Path) -> None:
+def test_readable_store_file_and_dir_fail(db_path: Path, key_file: Path, tmp_path: Path) -> None:
     with Scratchpad.open(db_path, keyring=Keyring.from_key_file(key_file)):
         pass
     db_path.chmod(0o640)
     db_path.parent.chmod(0o755)
+    # A store file others may read is refused at open (issue 11)...
     result = audit_cli(db_path, key_file, "--json", "audit")
+    assert result.exit_code == 1
+    assert "chmod 600" in result.output
+    # ...and when shared on purpose, the audit still flags the file and its directory.
+    shared = tmp_path / "shared.toml"
+    shared.write_text('[access]\nscope = "owner"\nallow_shared_files = true\n')
+    result = audit_cli(db_path, key_file, "--policy", str(shared), "--json", "audit")
     assert result.exit_code == 1
     assert failed(report_of(result)) == {"store file permissions", "store directory permissions"}
 
@@ -329,11 +340,13 @@ def test_audit_catches_secure_delete_off(pad: Scratchpad) -> None:
 
 
 def test_key_file_in_a_directory_others_can_write_fails(db_path: Path, key_file: Path) -> None:
-    Keyring.from_key_file(key_file)
+    Scratchpad.open(db_path, keyring=Keyring.from_key_file(key_file)).close()
     key_file.parent.chmod(0o777)
     result = audit_cli(db_path, key_file, "--json", "audit")
     assert result.exit_code == 1
-    assert "key file permissions" in failed(report_of(result))
+    assert "chmod o-w" in result.output
+    with Scratchpad.open(db_path, keyring=Keyring.from_key_file(key_file, allow_shared=True)) as pad:
+        assert "key file permissions" in failed(run_audit(pad).as_dict())
 
 
 def test_a_postgresql_store_is_refused_up_front(pg_dsn: str, keyring: Keyring) -> None:

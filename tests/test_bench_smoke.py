@@ -70,6 +70,20 @@ def test_bench_tiny_run_writes_every_workload_and_figure(tmp_path: Path) -> None
         assert (out / "quick.png").stat().st_size > 0
 
 
+def test_grep_worst_case_benchmark_runs_and_writes_its_figures(tmp_path: Path) -> None:
+    """The grep worst-case benchmark (issue 11) on a tiny entry: every case within the bound, results under --out."""
+    from securepad.bench import grep_worst
+
+    out = tmp_path / "results" / "grep_worst.json"
+    assert grep_worst.main(["--mib", "0.05", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert results["within_bound"] and results["slowest_s"] <= results["bound_s"]
+    assert [r["case"] for r in results["cases"]] == list(grep_worst.CASES)
+    for record in results["cases"]:
+        # ASCII text: a byte a character, and a last line without a break is searched with one.
+        assert record["bytes_scanned"] <= record["text_chars"] + 1 and record["re2_calls"] >= 1
+
+
 def test_faults_suite_runs_anywhere_and_writes_under_out(tmp_path: Path) -> None:
     """``python -m securepad.bench.faults`` (the reliability page's figures) runs
     outside a checkout, imports nothing from the working directory (not even a

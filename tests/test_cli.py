@@ -105,6 +105,18 @@ def test_a_mistyped_key_file_leaves_no_stray_key(cli: Cli) -> None:
     assert not Path("x").exists()
 
 
+def test_init_on_postgresql_creates_a_key_file_only_with_a_new_store(cli: Cli, pg_dsn: str) -> None:
+    """One rule on both backends: a key file is created only together with a new store."""
+    ok(cli("--db", pg_dsn, "init"))
+    assert cli.key.exists()
+    ok(cli("--db", pg_dsn, "init"))  # again: the same key, nothing created
+    cli.key.unlink()
+    for command in (("init",), ("stats",)):
+        result = cli("--db", pg_dsn, *command)
+        assert result.exit_code == 1 and "key file" in result.stderr, command
+        assert not cli.key.exists(), command
+
+
 def test_a_key_file_on_a_passphrase_store_says_it_uses_a_passphrase(cli: Cli, tmp_path: Path) -> None:
     env = {"PASS": "correct horse battery staple"}
     ok(cli("--db", "p.db", "--passphrase-env", "PASS", "init", env=env))

@@ -344,6 +344,7 @@ def test_wrong_key_file(db_path: Path, keyring: Keyring, tmp_path: Path, alice: 
 def test_key_file_without_a_key(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "key"
     path.write_bytes(content)
+    path.chmod(0o600)
     with pytest.raises(WrongKeyError):
         Keyring.from_key_file(path)
 
@@ -439,7 +440,9 @@ def test_unreadable_policy_file(tmp_path: Path, kind: str) -> None:
 def small_pad(tmp_path: Path, keyring: Keyring) -> Any:
     path = write_policy(
         tmp_path,
-        "[access]\nscope = 'owner'\n[limits]\nmax_entry_bytes = 1000\nowner_quota_bytes = 3000\n",
+        # Room for three 1000-character entries as they cost on disk (3,025 bytes each:
+        # content, sealed fields with the view, the per-row overhead), not four.
+        "[access]\nscope = 'owner'\n[limits]\nmax_entry_bytes = 1000\nowner_quota_bytes = 9100\n",
         name="small",
     )
     with Scratchpad.open(tmp_path / "small" / "store.db", keyring=keyring, policy=path) as store:

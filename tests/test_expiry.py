@@ -168,7 +168,8 @@ def test_expired_entries_free_the_quota_before_gc(tmp_path: Path, keyring: Keyri
     from securepad import Policy
     from securepad.errors import QuotaExceededError
 
-    policy = Policy.from_dict({"limits": {"max_entry_bytes": 100, "owner_quota_bytes": 100}})
+    # Room for one 100-byte entry as it costs on disk (content, sealed fields, row overhead).
+    policy = Policy.from_dict({"limits": {"max_entry_bytes": 100, "owner_quota_bytes": 1500}})
     with Scratchpad.open(tmp_path / "q.db", keyring=keyring, policy=policy) as pad:
         put(pad, alice, "x" * 100)
         with pytest.raises(QuotaExceededError):

@@ -177,7 +177,7 @@ def test_opening_an_unreachable_server_is_unavailable(proxy: FaultyProxy, pg_dsn
 
 
 def test_cli_prints_one_line_when_the_server_is_unreachable(proxy: FaultyProxy, pg_dsn: str, tmp_path: Path) -> None:
-    Keyring.from_key_file(tmp_path / "key")
+    Keyring.create_key_file(tmp_path / "key")
     proxy.refuse()
     store = ["--db", through(pg_dsn, proxy), "--key-file", str(tmp_path / "key")]
     result = CliRunner().invoke(main, [*store, "stats"])

@@ -248,6 +248,7 @@ def test_random_damage_gives_typed_errors(tmp_path: Path, keyring: Keyring) -> N
 def test_not_a_database_at_open(tmp_path: Path, keyring: Keyring) -> None:
     path = tmp_path / "notes.db"
     path.write_bytes(b"these are not the pages you are looking for\n" * 200)
+    path.chmod(0o600)  # private, as a store file must be: what is wrong is its content
     with pytest.raises(StoreCorruptError, match="damaged or is not a securepad store"):
         Scratchpad.open(path, keyring=keyring)
 
@@ -255,7 +256,8 @@ def test_not_a_database_at_open(tmp_path: Path, keyring: Keyring) -> None:
 def test_cli_on_a_damaged_file_prints_one_line(tmp_path: Path) -> None:
     path = tmp_path / "notes.db"
     path.write_bytes(b"x" * 10_000)
-    Keyring.from_key_file(tmp_path / "key")  # the key exists: the file is what is wrong
+    path.chmod(0o600)
+    Keyring.create_key_file(tmp_path / "key")  # the key exists: the file is what is wrong
     store = ["--db", str(path), "--key-file", str(tmp_path / "key")]
     assert_one_error(CliRunner().invoke(main, [*store, "stats"]), "StoreCorruptError")
     result = CliRunner().invoke(main, [*store, "stats", "--json"])
@@ -367,10 +369,14 @@ def test_incremental_vacuum_gives_space_back(tmp_path: Path, keyring: Keyring) -
             for step in range(60):
                 pad.put(ALICE, "t", step, "tool", random.randbytes(50_000), ttl_seconds=10)
             pad.put(ALICE, "keep", 1, "tool", "kept", ttl_seconds=3600)
-            pad.gc(now=time.time() + 60)
+            pad.gc(now=time.time() + 60, wait=False)  # a turn's quick gc: no scrub
             full = db.stat().st_size
             assert pad.list_for_turn(ALICE, "keep")
+            pad.scrub()  # what a full gc ends with (issue 11): the file is rebuilt whatever the option
+            scrubbed = db.stat().st_size
+            assert pad.list_for_turn(ALICE, "keep")
         sizes[vacuum] = full
+        assert scrubbed < 300_000
     assert sizes[False] > 2_500_000  # the file keeps its pages (free, zeroed)
     assert sizes[True] < 300_000  # handed back to the file system
 
@@ -379,7 +385,7 @@ def test_incremental_vacuum_converts_an_existing_store(db_path: Path, keyring: K
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         sid = pad.put(ALICE, "t", 1, "tool", random.randbytes(200_000), ttl_seconds=10)["scratchpad_id"]
         kept = pad.put(ALICE, "t", 2, "tool", "kept")["scratchpad_id"]
-        pad.gc(now=time.time() + 60)
+        pad.gc(now=time.time() + 60, wait=False)  # no scrub: the file keeps its pages
     big = db_path.stat().st_size
     policy = Policy.from_dict({"storage": {"incremental_vacuum": True}})
     with Scratchpad.open(db_path, keyring=keyring, policy=policy) as pad:

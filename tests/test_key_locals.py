@@ -219,7 +219,7 @@ def test_a_wrong_passphrase_fails_without_keys_in_the_traceback(tmp_path: Path) 
 def test_an_interrupted_master_rotation_leaves_no_key_in_the_traceback(store: Any, tmp_path: Path) -> None:
     db_path, keyring, keys, _ = store
     new_key_file = tmp_path / "new-key"
-    new_keyring = Keyring.from_key_file(new_key_file)
+    new_keyring = Keyring.create_key_file(new_key_file)  # its bytes are needed before the rotation
     keys = {**keys, "new master": base64.b64decode(new_key_file.read_bytes().strip())}
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         exc = _raised(lambda: pad.rotate_master_key(new_keyring, progress=_stop))

@@ -40,9 +40,11 @@ def opens(db_path: Path, keyring: Keyring) -> bool:
 # -- key file -----------------------------------------------------------------------
 
 
-def test_key_file_is_created_private(tmp_path: Path) -> None:
+def test_key_file_is_created_private(tmp_path: Path, db_path: Path) -> None:
     path = tmp_path / "config" / "securepad" / "key"
-    Keyring.from_key_file(path)
+    keyring = Keyring.from_key_file(path)
+    assert not path.exists()  # created only together with a new store
+    assert opens(db_path, keyring)
     assert mode(path) == 0o600
     assert mode(path.parent) == 0o700
     assert len(base64.b64decode(path.read_bytes().strip(), validate=True)) == 32
@@ -52,8 +54,8 @@ def test_key_file_is_created_private(tmp_path: Path) -> None:
 def test_key_file_is_reused(tmp_path: Path, db_path: Path) -> None:
     path = tmp_path / "key"
     first = Keyring.from_key_file(path)
-    content = path.read_bytes()
     assert opens(db_path, first)
+    content = path.read_bytes()
     again = Keyring.from_key_file(path)
     assert path.read_bytes() == content
     assert opens(db_path, again)
@@ -63,8 +65,16 @@ def test_key_file_is_reused(tmp_path: Path, db_path: Path) -> None:
 
 def test_each_new_key_file_holds_a_new_key(tmp_path: Path, db_path: Path) -> None:
     assert opens(db_path, Keyring.from_key_file(tmp_path / "one"))
+    assert opens(tmp_path / "other.db", Keyring.from_key_file(tmp_path / "two"))
     assert not opens(db_path, Keyring.from_key_file(tmp_path / "two"))
     assert (tmp_path / "one").read_bytes() != (tmp_path / "two").read_bytes()
+
+
+def test_opening_an_existing_store_never_creates_a_key_file(tmp_path: Path, db_path: Path) -> None:
+    assert opens(db_path, Keyring.from_key_file(tmp_path / "one"))
+    with pytest.raises(WrongKeyError, match="does not exist"):
+        Scratchpad.open(db_path, keyring=Keyring.from_key_file(tmp_path / "absent"))
+    assert not (tmp_path / "absent").exists()
 
 
 def test_racing_threads_create_one_key(tmp_path: Path) -> None:
@@ -73,22 +83,23 @@ def test_racing_threads_create_one_key(tmp_path: Path) -> None:
     keyrings: list[Keyring] = []
     errors: list[BaseException] = []
 
-    def create() -> None:
+    def create(number: int) -> None:
+        keyring = Keyring.from_key_file(path)
+        keyrings.append(keyring)
         barrier.wait()
         try:
-            keyrings.append(Keyring.from_key_file(path))
+            Scratchpad.open(tmp_path / f"store{number}.db", keyring=keyring).close()
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=create) for _ in range(8)]
+    threads = [threading.Thread(target=create, args=(n,)) for n in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert errors == []
-    db_path = tmp_path / "store.db"
-    assert opens(db_path, Keyring.from_key_file(path))
-    assert all(opens(db_path, keyring) for keyring in keyrings)
+    final = Keyring.from_key_file(path)
+    assert all(opens(tmp_path / f"store{n}.db", final) for n in range(8))
     assert [p.name for p in path.parent.iterdir()] == ["key"]
 
 
@@ -130,6 +141,7 @@ def test_from_env(monkeypatch: pytest.MonkeyPatch, db_path: Path) -> None:
         assert pad.get(ALICE, entry_id).observation == "from env"
     # The same key from a file opens the same store: the source does not matter, the key does.
     (db_path.parent / "key").write_text(key)
+    (db_path.parent / "key").chmod(0o600)
     assert opens(db_path, Keyring.from_key_file(db_path.parent / "key"))
 
 
@@ -206,7 +218,7 @@ def secret_forms(raw: bytes) -> list[str]:
 
 def test_reprs_hide_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "key"
-    from_file = Keyring.from_key_file(path)
+    from_file = Keyring.create_key_file(path)
     file_key = base64.b64decode(path.read_bytes())
     env_key = os.urandom(32)
     monkeypatch.setenv("SECUREPAD_TEST_KEY", base64.b64encode(env_key).decode())
@@ -267,7 +279,7 @@ def test_store_file_is_private_whatever_the_umask(tmp_path: Path, keyring: Keyri
             assert mode(db_path) == 0o600
             assert mode(Path(f"{db_path}-wal")) == 0o600
         key = tmp_path / "lax-config" / "key"
-        Keyring.from_key_file(key)
+        Keyring.create_key_file(key)
         assert mode(key) == 0o600
         assert mode(key.parent) == 0o700
     finally:

@@ -60,7 +60,7 @@ def test_master_rotation_to_each_source(
     monkeypatch.setenv("NEW_MASTER", base64.b64encode(os.urandom(32)).decode())
     new = {
         "file": lambda: Keyring.from_key_file(tmp_path / "new" / "key"),
-        "env": lambda: Keyring.from_env("NEW_MASTER"),
+        "env": lambda: Keyring.from_env("NEW_MASTER", keep_in_env=True),  # read again below
         "passphrase": lambda: Keyring.from_passphrase("correct horse battery staple", **FAST_ARGON2),
     }[target]()
     report = pad.rotate_master_key(new)

@@ -47,6 +47,24 @@ def test_items_come_back_in_order_with_the_sdk_limit_semantics(pad: Scratchpad, 
     assert run(limited.get_items(limit=2)) == [message(2), message(3)]
 
 
+def test_items_whose_view_was_cut_to_the_inline_limit_come_back_whole(tmp_path: Path, alice: Principal) -> None:
+    """The listing's view fits inline_max_chars (issue 11) and may leave out the
+    metadata an item travels in: the session then reads it from the entry."""
+    from securepad import Policy
+
+    policy = Policy.from_dict({"limits": {"inline_max_chars": 200}})
+    keyring = Keyring.create_key_file(tmp_path / "key")
+    with Scratchpad.open(tmp_path / "s.db", keyring=keyring, policy=policy) as small:
+        session = SecurepadSession("chat-1", small, alice)
+        items = [{"role": "user", "content": "x" * 900}, message(2)]
+        run(session.add_items(items))
+        listed = small.list_for_turn(alice, session.turn_id)
+        assert any("metadata" in entry["view"].get("view_cut", ()) for entry in listed)
+        assert run(session.get_items()) == items
+        assert run(session.pop_item()) == message(2)
+        assert run(session.get_items()) == items[:1]
+
+
 def test_pop_takes_the_newest_and_clear_takes_everything(pad: Scratchpad, alice: Principal) -> None:
     session = SecurepadSession("chat-1", pad, alice)
     assert run(session.pop_item()) is None

@@ -80,6 +80,8 @@ def test_default_policy_values() -> None:
         "max_ttl_seconds": 86400,
         "log_denied": True,
         "log_reads": False,
+        "max_json_depth": 100,
+        "allow_shared_files": False,
         "wal_limit_bytes": 268435456,
         "incremental_vacuum": False,
         "name": "default",

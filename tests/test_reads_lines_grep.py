@@ -262,6 +262,105 @@ def test_a_model_pattern_cannot_hang_the_process() -> None:
     assert result["metadata"]["match_lines"] == []
 
 
+# -- the cost of a grep call (issue 11) ----------------------------------------------------
+
+
+def _grep_all(content: reads.SegmentedContent, pattern: str, **kwargs: Any) -> dict[str, Any]:
+    return reads.read(content, "grep", pattern=pattern, cap=BIG_CAP, **kwargs)
+
+
+@pytest.mark.parametrize("lines", [["a"] * 40_000, [json.dumps({"id": i, "t": "result title"}) for i in range(6000)]])
+def test_a_pattern_that_crosses_lines_scans_each_byte_once(lines: list[str]) -> None:
+    """It can match across lines but never within one: each search used to
+    rescan the rest of the segment after every candidate (seconds per segment)."""
+    text = "\n".join(lines) + "\n"
+    content, _ = segmented(text, SEGMENT_BYTES)
+    meta = _grep_all(content, r"\S[\s\S]*\n[\s\S]*\S")["metadata"]
+    assert meta["match_lines"] == [] and not meta["truncated"]
+    size = len(text.encode())
+    assert meta["bytes_scanned"] <= size
+    # One RE2 call per GREP_CHUNK_BYTES of whole lines, per segment.
+    assert meta["re2_calls"] <= 2 * (size // _grep.GREP_CHUNK_BYTES + len(content.counts))
+
+
+def test_grep_work_is_linear_in_the_bytes_scanned_whatever_matches() -> None:
+    text = "".join(f"line {i} x\n" for i in range(20_000))
+    content, _ = segmented(text, SEGMENT_BYTES)
+    meta = reads.read(content, "grep", pattern="x", max_matches=10**9, cap=16_000)["metadata"]
+    # Every line matches: the cap stops the call, after one RE2 call per line shown.
+    assert meta["capped"] and meta["re2_calls"] <= meta["matches"] + 1
+    assert meta["bytes_scanned"] <= len(text.encode())
+
+
+def test_capture_groups_cost_nothing_and_max_matches_stops_the_search() -> None:
+    """Hundreds of groups made each search cost milliseconds, and every
+    candidate of a segment was searched before max_matches applied."""
+    text = ("y" * 400 + "\n") * 4000
+    content, _ = segmented(text, SEGMENT_BYTES)
+    pattern = "(.*)" * 240
+    regex, block = _grep.compile_pattern(pattern)
+    assert regex.groups == 0 and block.groups == 0  # RE2 is never asked for submatches
+    meta = _grep_all(content, pattern, max_matches=1)["metadata"]
+    assert meta["match_lines"] == [1] and meta["stopped_at_max_matches"]
+    assert meta["re2_calls"] <= 2 and meta["bytes_scanned"] <= 2 * 401
+
+
+@given(
+    lines=st.lists(st.sampled_from(["ab", "a", "b", "", "ba x", "a b"]), max_size=30),
+    pattern=st.sampled_from([r"a[\s\S]*b", r"a\s*b", r"[^x]+", r"a\n", r"\S\s", r"(a)(b)?", r"$\n^"]),
+    size=st.integers(1, 40),
+)
+def test_grep_matches_each_line_on_its_own(lines: list[str], pattern: str, size: int) -> None:
+    """A pattern that could match across a line break matches lines one by one, like grep."""
+    text = "\n".join(lines)
+    content, _ = segmented(text, size)
+    expected = [n for n, line in enumerate(text.splitlines(), 1) if re.search(pattern, line)]
+    assert _grep_all(content, pattern, max_matches=1000)["metadata"]["match_lines"] == expected
+
+
+@pytest.mark.parametrize("pattern", ["ERR", r"\AERR"], ids=["block search", "line by line"])
+def test_a_grep_out_of_budget_returns_a_partial_result_and_where_to_go_on(pattern: str) -> None:
+    text = "".join(f"{'ERR' if i % 7 == 0 else 'ok'} {i}\n" for i in range(1, 60_001))
+    content, _ = segmented(text, 4096)
+    whole = _grep_all(content, pattern, max_matches=10**9)["metadata"]
+    found: list[int] = []
+    start, calls = 1, 0
+    while start is not None:
+        meta = _grep_all(content, pattern, max_matches=10**9, start=start, grep_budget_s=0.0)["metadata"]
+        calls += 1
+        assert meta["budget_exhausted"] == (meta["next_line"] is not None)
+        if meta["budget_exhausted"]:
+            assert meta["truncated"] and f"start={meta['next_line']}" in meta["hint"]
+            assert meta["next_line"] > start  # every call makes progress
+        found += meta["match_lines"]
+        start = meta["next_line"]
+    assert calls > 1
+    assert found == whole["match_lines"] and len(found) == 60_000 // 7
+
+
+def test_a_grep_that_reached_max_matches_before_its_budget_says_so() -> None:
+    """The budget running out after max_matches and its context were shown is a max_matches stop."""
+    text = "".join(f"{'ERR' if i % 3 == 0 else 'ok'} {i}\n" for i in range(1, 30_001))
+    content, _ = segmented(text, 4096)
+    result = _grep_all(content, "ERR", max_matches=1, grep_budget_s=0.0)
+    meta = result["metadata"]
+    assert result["content"] == "3:ERR 3" and meta["next_line"] == 4
+    assert meta["stopped_at_max_matches"] and not meta["budget_exhausted"] and "max_matches=1" in meta["hint"]
+
+
+@pytest.mark.parametrize("line", ["x", '"x"\t\\', "\x01x\x02"], ids=["short", "escaped", "control"])
+def test_a_grep_result_fits_the_cap_as_the_json_the_model_sees(line: str) -> None:
+    """match_lines and JSON escapes count: 34,482 characters came back for a 16,000 cap."""
+    text = (line + "\n") * 20_000
+    content, _ = segmented(text, SEGMENT_BYTES)
+    result = reads.read(content, "grep", pattern="x", max_matches=10**9, cap=16_000)
+    meta = result["metadata"]
+    assert meta["capped"] and meta["matches"] > 100
+    seen = len(json.dumps(result["content"], ensure_ascii=False)) + len(json.dumps(meta["match_lines"]))
+    assert seen <= 16_000 + 4
+    assert meta["size_returned"] == len(result["content"])
+
+
 # -- refusals -----------------------------------------------------------------------------
 
 
@@ -509,3 +608,16 @@ def test_grep_over_long_lines_keeps_line_numbers(lines: list[str], size: int, li
     # Only a line carried across segments is cut; one inside a segment is whole anyway.
     long_lines = sum(len(line) > limit for line in text.splitlines())
     assert result["metadata"].get("long_lines", 0) <= long_lines
+
+
+@pytest.mark.parametrize("mode", ["head", "tail", "range", "full", "lines"])
+@pytest.mark.parametrize("char", ["\x01", '"', "\n", "é"])
+def test_a_read_fits_the_cap_as_the_json_the_model_sees(mode: str, char: str) -> None:
+    """A control character is six characters in JSON: 16,000 of them were 96,000."""
+    text = ("ab" + char) * 20_000
+    content, _ = segmented(text, 4096)
+    result = reads.read(content, mode, n=10**6, cap=16_000)
+    meta = result["metadata"]
+    assert len(json.dumps(result["content"], ensure_ascii=False)) - 2 <= 16_000
+    assert meta["capped"] and meta["size_returned"] == len(result["content"]) == meta["end"] - meta["start"]
+    assert result["content"] == text[meta["start"] : meta["end"]]

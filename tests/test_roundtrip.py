@@ -131,6 +131,8 @@ def check_read(
     want = requested(original, mode, n, start, end)
     assert result["ok"] is True
     assert len(result["content"]) <= cap
+    if isinstance(original, str):  # the cap counts the JSON the model sees
+        assert len(json.dumps(result["content"], ensure_ascii=False)) - 2 <= cap
     if meta["capped"]:
         assert len(got) < len(want)
         # A tail keeps its end; every other mode keeps its start.
@@ -305,9 +307,13 @@ def test_full_read_of_a_big_text_is_capped_and_says_where_to_continue(pad: Scrat
     entry_id = put(pad, alice, text)
     result = check_read(pad, alice, entry_id, text, "full", 0, 0, None)
     meta = result["metadata"]
-    assert result["content"] == text[:DEFAULT_CAP]
-    assert (meta["truncated"], meta["capped"], meta["next_start"]) == (True, True, DEFAULT_CAP)
-    assert f"start={DEFAULT_CAP}" in meta["hint"]
+    # The cap counts the text as JSON, as the model sees it: each "\n" is two characters (issue 11).
+    shown = len(result["content"])
+    assert result["content"] == text[:shown]
+    assert len(json.dumps(result["content"], ensure_ascii=False)) - 2 <= DEFAULT_CAP
+    assert len(json.dumps(text[: shown + 1], ensure_ascii=False)) - 2 > DEFAULT_CAP
+    assert (meta["truncated"], meta["capped"], meta["next_start"]) == (True, True, shown)
+    assert f"start={shown}" in meta["hint"]
     # Following next_start with range reads gives back the whole text, piece by piece.
     pieces, start = [result["content"]], meta["next_start"]
     while start is not None:

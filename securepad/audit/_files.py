@@ -428,7 +428,7 @@ def tamper_checks() -> list[tuple[str, str, Callable[[Context], str]]]:
 
 def wrong_master_key(ctx: Context) -> str:
     path = ctx.drill_copy()
-    wrong = Keyring.from_key_file(ctx.scratch() / "wrong.key")
+    wrong = Keyring.create_key_file(ctx.scratch() / "wrong.key")
     try:
         with Scratchpad.open(path, keyring=wrong, policy=ctx.pad.policy):
             pass

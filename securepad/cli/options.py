@@ -182,9 +182,14 @@ class State:
         return Scratchpad.open(self.db, keyring=self.keyring(), policy=self.policy)
 
     def create(self) -> Scratchpad:
-        """Open the store, creating it (and its key file) if it is not there: ``init`` only."""
-        new = self.store_exists() is not False
-        return Scratchpad.open(self.db, keyring=self.keyring(new_store=not new), policy=self.policy)
+        """Open the store, creating it (and its key file) if it is not there: ``init`` only.
+
+        A PostgreSQL store is not checked here: the library creates an absent
+        key file only if the store turns out to be new, and otherwise raises
+        ``WrongKeyError`` without creating one."""
+        return Scratchpad.open(
+            self.db, keyring=self.keyring(new_store=self.store_exists() is not True), policy=self.policy
+        )
 
 
 def _db_value(value: str | None) -> str | Path | None:

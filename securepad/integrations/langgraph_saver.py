@@ -257,6 +257,9 @@ class SecurepadSaver(BaseCheckpointSaver[str]):
         stored = []
         for item in self.pad.list_for_turn(principal, turn, now=self._clock()):
             meta = item["view"].get("metadata") or {}
+            if "metadata" in item["view"].get("view_cut", ()):
+                # The view fits the policy's inline_max_chars (what a model may see): the entry has it whole.
+                meta, _ = self._content(principal, item["scratchpad_id"], f"an entry of the saver's turn {turn}")
             if item["executor_name"] != executor or meta.get("format") != _FORMAT:
                 raise IntegrityError(f"an entry in the saver's turn {turn} is not one of its {executor} entries")
             stored.append(_Stored(item["scratchpad_id"], float(item["expires_at"]), meta))

@@ -104,6 +104,9 @@ class SecurepadSession(SessionABC):
         """The session's live item entries, oldest first, each checked to be one of ours."""
         listed = self.pad.list_for_turn(self.principal, self.turn_id)
         for item in listed:
+            if "metadata" in item["view"].get("view_cut", ()):
+                # The view fits the policy's inline_max_chars (what a model may see): the entry has it whole.
+                item["view"]["metadata"] = self._whole_metadata(item["scratchpad_id"])
             meta = item["view"].get("metadata") or {}
             if (
                 item["executor_name"] != _ITEM
@@ -112,6 +115,17 @@ class SecurepadSession(SessionABC):
             ):
                 raise IntegrityError("an entry in the session's turn is not one of its items")
         return listed
+
+    def _whole_metadata(self, scratchpad_id: str) -> dict[str, Any]:
+        try:
+            entry = self.pad.get(self.principal, scratchpad_id, turn_id=self.turn_id)
+        except NotFoundError:
+            raise IntegrityError("a listed session item is missing from the store") from None
+        observation = entry.observation
+        metadata = observation.get("metadata") if isinstance(observation, dict) else None
+        if not isinstance(metadata, dict):
+            raise IntegrityError("a session item is not one the session wrote")
+        return metadata
 
     def _item(self, listed: dict[str, Any]) -> Any:
         meta = listed["view"]["metadata"]
