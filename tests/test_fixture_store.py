@@ -39,6 +39,9 @@ def _json(value: Any) -> Any:
 @pytest.fixture
 def old_pad(tmp_path: Path) -> Any:
     shutil.copy(FIXTURES / "store_v1.db", tmp_path / "store.db")
+    # git keeps no file modes but the executable bit: a fresh clone checks the fixture
+    # out 0644, which opening a store refuses (issue 11); a store of one's own is 0600.
+    (tmp_path / "store.db").chmod(0o600)
     key = tmp_path / "key"
     key.write_bytes((FIXTURES / "store_v1.key").read_bytes())
     key.chmod(0o600)
