@@ -364,8 +364,8 @@ class Entries:
         if mode not in reads.MODES:
             raise InvalidArgumentError(f"unknown read mode {mode!r}; use one of {', '.join(reads.MODES)}")
         opened = self.open(principal, scratchpad_id, now, turn_id)
-        result = reads.read(opened.content, mode, cap=self.policy.max_read_chars, **args)
-        result["scratchpad_id"] = opened.row["id"]
+        extra = {"scratchpad_id": opened.row["id"]}
+        result = reads.read_fitted(opened.content, mode, cap=self.policy.max_read_chars, extra=extra, **args)
         if self.policy.log_reads:
             audit_log.info("read: owner=%r id=%s mode=%s", principal.owner_user_id, opened.row["id"], mode)
         return result

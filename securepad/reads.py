@@ -170,6 +170,48 @@ def read(
     return _read_span(content, mode, n, start, end, cap)
 
 
+def read_fitted(
+    content: SegmentedContent, mode: str, *, cap: int, extra: dict[str, Any], **args: Any
+) -> dict[str, Any]:
+    """``read`` plus the ``extra`` fields, the whole result fitting ``cap``
+    characters as the JSON the model sees: the content, its escapes and the
+    result's own fields (positions, hint, the echoed pattern) all count, down
+    to one character of content however small the cap (issue 11).
+
+    Raises:
+        InvalidArgumentError: as ``read``.
+    """
+
+    def once(content_cap: int) -> dict[str, Any]:
+        result = read(content, mode, cap=content_cap, **args)
+        result.update(extra)
+        return result
+
+    # A grep sets room aside for its own fields up front (a second scan is not free);
+    # the other modes see what their fields took and read again, smaller, when over.
+    pattern = args.get("pattern")
+    reserve = json_chars(pattern) + GREP_FIELDS_CHARS if mode == "grep" and isinstance(pattern, str) else 0
+    content_cap = max(1, cap - reserve)
+    result = once(content_cap)
+    for _ in range(4):  # the fields' own digits may move by one on the way down
+        over = json_chars(result) - cap
+        if over <= 0 or mode == "grep" or content_cap == 1:
+            break
+        content_cap = max(1, min(content_cap, json_chars(result["content"]) - 2) - over)
+        result = once(content_cap)
+    return result
+
+
+# What a grep result's own fields take besides its lines and match_lines (mode,
+# counts, positions, next_line, the longest hint, flags), with room to spare.
+GREP_FIELDS_CHARS = 700
+
+
+def json_chars(value: object) -> int:
+    """Characters of ``value`` as JSON (ensure_ascii=False), as the model sees it."""
+    return len(json.dumps(value, ensure_ascii=False))
+
+
 # -- lines ----------------------------------------------------------------------------
 
 

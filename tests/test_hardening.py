@@ -247,3 +247,34 @@ def test_checkpoint_and_mark_numbers_count_only_the_callers_scope(db_path: Path,
         second = pad.turn(web, "t").checkpoint(facts=["web's again"])
         assert second["seq"] == 2
         assert pad.turn(slack, "t").latest_checkpoint()["seq"] == 2  # type: ignore[index]
+
+
+@pytest.mark.parametrize("max_read_chars", [16000, 2000])
+def test_every_tool_result_fits_the_read_cap_as_the_json_the_model_sees(
+    tmp_path: Path, keyring: Keyring, max_read_chars: int
+) -> None:
+    """Content, escapes and the result's own fields (match_lines, hint, the echoed
+    pattern) together fit max_read_chars (issue 11, item 7)."""
+    policy_file = tmp_path / "p.toml"
+    policy_file.write_text(f'[access]\nscope = "owner"\n[limits]\nmax_read_chars = {max_read_chars}\n')
+    text = "".join(f'line {i}: "quoted" ERROR \\ tab\there\n' for i in range(20000))
+    p = Principal("alice", "agent", "web")
+    with Scratchpad.open(tmp_path / "store.db", keyring=keyring, policy=policy_file) as pad:
+        cap = pad.policy.max_read_chars
+        turn = pad.turn(p, "t")
+        entry_id = turn.record(1, "tool", text)["scratchpad_id"]
+        long_pattern = "ERROR|" + "|".join(f"nomatch{i}" for i in range(90))
+        calls = [
+            {"mode": "full"},
+            {"mode": "head", "n": 10**6},
+            {"mode": "tail", "n": 10**6},
+            {"mode": "range", "start": 5, "end": 10**6},
+            {"mode": "lines", "start": 1, "end": 20000},
+            {"mode": "grep", "pattern": "ERROR", "max_matches": 10**4},
+            {"mode": "grep", "pattern": long_pattern, "max_matches": 10**4, "context": 2},
+        ]
+        for call in calls:
+            result = turn.call_tool("scratchpad_read", {"scratchpad_id": entry_id, **call})
+            assert result["ok"] is True, result
+            assert len(json.dumps(result, ensure_ascii=False)) <= cap, call["mode"]
+            assert result["content"], call["mode"]

@@ -4,6 +4,7 @@ policy lets one owner reach another's entries."""
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,7 +39,10 @@ def test_each_policy_file_loads_and_runs_a_store(path: Path, tmp_path: Path, key
         entry_id = pad.put(p, "t", 1, "x", text, now=1000.0)["scratchpad_id"]
         assert pad.get(p, entry_id, now=1000.0).observation == text
         full = pad.read(p, entry_id, mode="full", now=1000.0)
-        assert full["content"] == text[: policy.max_read_chars]
+        shown = len(full["content"])
+        assert full["content"] == text[:shown]
+        assert policy.max_read_chars - 1000 < shown < policy.max_read_chars
+        assert len(json.dumps(full, ensure_ascii=False)) <= policy.max_read_chars
         assert pad.get(p, entry_id, now=1000.0).expires_at == 1000.0 + policy.default_ttl_seconds
         with pytest.raises(InvalidArgumentError):
             pad.put(p, "t", 2, "x", "data", ttl_seconds=policy.max_ttl_seconds + 1)

@@ -133,6 +133,8 @@ def check_read(
     assert len(result["content"]) <= cap
     if isinstance(original, str):  # the cap counts the JSON the model sees
         assert len(json.dumps(result["content"], ensure_ascii=False)) - 2 <= cap
+    # ... and the whole result counts: content, escapes and the result's own fields (issue 11).
+    assert len(json.dumps(result, ensure_ascii=False)) <= cap
     if meta["capped"]:
         assert len(got) < len(want)
         # A tail keeps its end; every other mode keeps its start.
@@ -311,7 +313,9 @@ def test_full_read_of_a_big_text_is_capped_and_says_where_to_continue(pad: Scrat
     shown = len(result["content"])
     assert result["content"] == text[:shown]
     assert len(json.dumps(result["content"], ensure_ascii=False)) - 2 <= DEFAULT_CAP
-    assert len(json.dumps(text[: shown + 1], ensure_ascii=False)) - 2 > DEFAULT_CAP
+    # The whole result fits the cap; its own fields take what the content leaves (under 1,000).
+    assert len(json.dumps(result, ensure_ascii=False)) <= DEFAULT_CAP
+    assert len(json.dumps(text[: shown + 1], ensure_ascii=False)) - 2 > DEFAULT_CAP - 1000
     assert (meta["truncated"], meta["capped"], meta["next_start"]) == (True, True, shown)
     assert f"start={shown}" in meta["hint"]
     # Following next_start with range reads gives back the whole text, piece by piece.
@@ -328,10 +332,13 @@ def test_capped_tail_keeps_the_end(pad: Scratchpad, alice: Principal) -> None:
     entry_id = put(pad, alice, text)
     result = check_read(pad, alice, entry_id, text, "tail", 50000, 0, None)
     meta = result["metadata"]
-    assert result["content"] == text[-DEFAULT_CAP:]
+    shown = len(result["content"])
+    assert result["content"] == text[-shown:]
+    assert DEFAULT_CAP - 1000 < shown < DEFAULT_CAP  # the result's own fields count in the cap too
+    assert len(json.dumps(result, ensure_ascii=False)) <= DEFAULT_CAP
     assert (meta["capped"], meta["truncated"], meta["next_start"]) == (True, True, None)
-    lo = len(text) - DEFAULT_CAP
-    assert f"start={lo - DEFAULT_CAP}, end={lo}" in meta["hint"]
+    lo = len(text) - shown
+    assert f"start={lo - shown}, end={lo}" in meta["hint"]
 
 
 def test_binary_full_read_base64_fits_the_cap(pad: Scratchpad, alice: Principal) -> None:
@@ -341,7 +348,8 @@ def test_binary_full_read_base64_fits_the_cap(pad: Scratchpad, alice: Principal)
     assert len(result["content"]) <= DEFAULT_CAP
     got = base64.b64decode(result["content"])
     assert got == data[: len(got)]
-    assert len(got) == DEFAULT_CAP // 4 * 3
+    assert (DEFAULT_CAP - 1000) // 4 * 3 < len(got) <= DEFAULT_CAP // 4 * 3
+    assert len(json.dumps(result, ensure_ascii=False)) <= DEFAULT_CAP
     assert result["metadata"]["next_start"] == len(got)
 
 
