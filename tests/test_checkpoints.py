@@ -186,8 +186,16 @@ TAMPERS = [
     ("actor", "UPDATE {table} SET actor = 'coder'"),
     ("created_at as text", "UPDATE {table} SET created_at = 'yesterday'"),
     ("seq as text", "UPDATE {table} SET seq = 'x'"),
-    ("sealed", "UPDATE {table} SET sealed = substr(sealed, 1, 20) || x'00' || substr(sealed, 22)"),
-    ("wrapped_key", "UPDATE {table} SET wrapped_key = substr(wrapped_key, 1, 20) || x'00' || substr(wrapped_key, 22)"),
+    (
+        "sealed",
+        "UPDATE {table} SET sealed = substr(sealed, 1, 20)"
+        " || CASE WHEN substr(sealed, 21, 1) = x'00' THEN x'01' ELSE x'00' END || substr(sealed, 22)",
+    ),
+    (
+        "wrapped_key",
+        "UPDATE {table} SET wrapped_key = substr(wrapped_key, 1, 20)"
+        " || CASE WHEN substr(wrapped_key, 21, 1) = x'00' THEN x'01' ELSE x'00' END || substr(wrapped_key, 22)",
+    ),
 ]
 
 
