@@ -22,7 +22,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from ._backend import Backend, Conn
+from ._backend import Backend, Conn, Params
 from .access import Access
 from .crypto import Wrapper, open_record, reseal_record, seal_record
 from .errors import IntegrityError
@@ -222,18 +222,17 @@ class Records:
         return changed
 
     @staticmethod
-    def used_bytes(conn: Conn, owner: str, now: float) -> int:
-        """What the owner's live records cost on disk (sealed bytes plus
-        ``RECORD_ROW_OVERHEAD`` each), summed inside the caller's write transaction."""
-        used = 0
-        for table in TABLES:
-            rows = conn.query(
-                f"SELECT CAST(COALESCE(SUM(length(sealed) + length(wrapped_key) + {RECORD_ROW_OVERHEAD}), 0)"
-                f" AS BIGINT) AS used FROM {table} WHERE owner_user_id = ? AND expires_at > ?",
-                (owner, now),
-            )
-            used += int(rows[0]["used"])
-        return used
+    def used_sql(owner: str, now: float) -> tuple[str, Params]:
+        """A scalar SQL expression (and its parameters) of what the owner's live
+        records cost on disk (sealed bytes plus ``RECORD_ROW_OVERHEAD`` each),
+        for a query of the caller's write transaction (the quota check folds
+        it into one statement)."""
+        parts = [
+            f"(SELECT CAST(COALESCE(SUM(length(sealed) + length(wrapped_key) + {RECORD_ROW_OVERHEAD}), 0) AS BIGINT)"
+            f" FROM {table} WHERE owner_user_id = ? AND expires_at > ?)"
+            for table in TABLES
+        ]
+        return " + ".join(parts), tuple(value for _ in TABLES for value in (owner, now))
 
     @staticmethod
     def delete_expired(conn: Conn, cutoff: float) -> int:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import reads, shaping
-from ._backend import Backend, Conn
+from ._backend import Backend, Conn, Params
 from ._db import Database
 from ._records import Records
 from .access import Access, audit_log, check_principal
@@ -38,10 +38,19 @@ ROTATE_ADVICE_LOG2 = 28
 _ID_RE = re.compile(r"[0-9a-f]{16}")
 # Clear columns that the sealed metadata repeats; a mismatch means tampering.
 _SEALED_COLUMNS = ("actor", "channel", "step_num", "executor_name", "created_at", "expires_at")
+# check_step_free's columns and condition (turn, step).
+_STEP_QUERY = ("expires_at", "turn_id = ? AND step_num = ?")
 _COLUMNS = (
     "id, turn_id, step_num, executor_name, content_kind, size_bytes,"
     " size_chars, segment_count, key_version, created_at, expires_at, wrapped_key, nonce_prefix,"
     " commitment, sealed_meta"
+)
+# An entry to open comes with its segment when it has only one (up to
+# SEGMENT_BYTES: most entries), selected with the authorized row itself: one
+# query per read (one round trip on PostgreSQL) instead of two.
+_OPEN_COLUMNS = (
+    f"{_COLUMNS}, CASE WHEN segment_count = 1 THEN"
+    " (SELECT data FROM segments WHERE segments.entry_id = entries.id AND segments.seq = 0) END AS only_segment"
 )
 # The type every clear column of an entry must have; SQLite's dynamic typing
 # would let an edited file hand us a string where the code expects a number.
@@ -211,7 +220,7 @@ class Entries:
             elif free_step:
                 self.check_step_free(principal, turn_id, step_num, created, conn)
             self.check_quota(conn, owner, row["stored_bytes"], created, "entry")
-            conn.execute(
+            conn.defer(
                 f"INSERT INTO entries({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
             )
             conn.executemany(
@@ -220,12 +229,17 @@ class Entries:
             )
             return str(row["id"])
 
+        # The transaction's reads go in one round trip with its version check (PostgreSQL).
+        prefetch = [_quota_sql(owner, created)]
+        if free_step and not next_step:
+            prefetch.append(self._step_sql(principal, turn_id, step_num))
         entry_id = self._keys.write_current(
             owner,
             seal,
             write,
             attempts=5,
             busy="could not store the entry: its id or owner key kept changing; try again",
+            prefetch=prefetch,
         )
         return {"ok": True, "scratchpad_id": entry_id, **meta["view"]}
 
@@ -234,7 +248,7 @@ class Entries:
         fit in the owner's quota, inside the owner's write transaction.
 
         Entries count what their row costs on disk (``row_cost``), and so do
-        the owner's live checkpoints and compaction marks (``Records.used_bytes``:
+        the owner's live checkpoints and compaction marks (``Records.used_sql``:
         a turn keeps few). ``owner_usage`` (kept by triggers) still counts
         expired entries that gc has not removed: when even that bound leaves
         room, the exact sum over the owner's live entries, O(entries), would
@@ -246,9 +260,8 @@ class Entries:
             QuotaExceededError: no room.
         """
         quota = self.policy.owner_quota_bytes
-        used = Records.used_bytes(conn, owner, now)
-        bound = conn.query("SELECT stored_bytes FROM owner_usage WHERE owner_user_id = ?", (owner,))
-        stored = int(bound[0]["stored_bytes"]) if bound else 0
+        bound = conn.query(*_quota_sql(owner, now))[0]
+        used, stored = int(bound["used"]), int(bound["stored_bytes"] or 0)
         if used + stored + adding > quota:
             live = conn.query(
                 "SELECT CAST(COALESCE(SUM(stored_bytes), 0) AS BIGINT) AS used FROM entries"
@@ -282,7 +295,7 @@ class Entries:
         params: tuple[str, ...] = (scratchpad_id,)
         if turn_id is not None:
             where, params = "id = ? AND turn_id = ?", (scratchpad_id, check_identifier("turn_id", turn_id))
-        rows = self._access.rows(principal, "entries", _COLUMNS, where, params)
+        rows = self._access.rows(principal, "entries", _OPEN_COLUMNS, where, params)
         if not rows:
             self._access.denied(principal, scratchpad_id)
             raise NotFoundError(NOT_FOUND_MESSAGE)
@@ -292,7 +305,7 @@ class Entries:
             raise NotFoundError(NOT_FOUND_MESSAGE)
         if row["expires_at"] <= self.now(now):
             raise ExpiredError("this entry has expired")
-        return next(self._access.open_each(principal, "entries", _COLUMNS, [row], self._authenticate))
+        return next(self._access.open_each(principal, "entries", _OPEN_COLUMNS, [row], self._authenticate))
 
     def _authenticate(self, row: dict[str, Any]) -> Opened:
         """Unwrap the item key, check the commitment, open and cross-check the metadata."""
@@ -322,14 +335,19 @@ class Entries:
         content = reads.SegmentedContent(
             header.kind,
             counts,
-            self._fetcher(row["id"], row["owner_user_id"], cipher, header.segment_count),
+            self._fetcher(row["id"], row["owner_user_id"], cipher, header.segment_count, row.get("only_segment")),
             breaks=breaks,
             line_count=meta.get("lines"),
         )
         return Opened(row, meta, content, cipher)
 
-    def _fetcher(self, entry_id: str, owner: str, cipher: EntryCipher, count: int) -> reads.Fetch:
+    def _fetcher(self, entry_id: str, owner: str, cipher: EntryCipher, count: int, only: object = None) -> reads.Fetch:
+        """The entry's segments, opened; ``only`` is the one segment of a
+        one-segment entry when it came with the entry row (``_OPEN_COLUMNS``)."""
+
         def fetch(first: int, last: int) -> list[bytes]:
+            if count == 1 and (first, last) == (0, 0) and isinstance(only, bytes):
+                return [cipher.open_segment(0, only, True)]
             # Only the segments asked for travel from the database; the entry row
             # they belong to was authorized and authenticated by the caller.
             rows = self._db.query(
@@ -453,11 +471,13 @@ class Entries:
         check_principal(principal)
         check_identifier("turn_id", turn_id)
         check_step_num(step_num)
-        rows = self._access.rows(
-            principal, "entries", "expires_at", "turn_id = ? AND step_num = ?", (turn_id, step_num), conn=conn
-        )
+        rows = self._access.rows(principal, "entries", *_STEP_QUERY, (turn_id, step_num), conn=conn)
         if _live(rows, self.now(now)):
             raise InvalidArgumentError(f"step {step_num} is already recorded in turn {turn_id!r}")
+
+    def _step_sql(self, principal: Principal, turn_id: str, step_num: int) -> tuple[str, Params]:
+        """``check_step_free``'s query (for ``Conn.prefetch``)."""
+        return self._access.rows_sql(principal, "entries", *_STEP_QUERY, (turn_id, step_num))
 
     # -- expiry, delete, gc, stats -----------------------------------------------------------------
 
@@ -485,9 +505,18 @@ class Entries:
             if not self._access.delete(conn, principal, "entries", scratchpad_id):
                 self._access.denied(principal, scratchpad_id)
                 raise NotFoundError(NOT_FOUND_MESSAGE)
-            conn.execute("DELETE FROM segments WHERE entry_id = ?", (scratchpad_id,))
+            conn.defer("DELETE FROM segments WHERE entry_id = ?", (scratchpad_id,))
         # secure_delete zeroed the pages; the checkpoint takes the old ones out of the WAL too.
         self._db.checkpoint(wait=False)
+
+
+def _quota_sql(owner: str, now: float) -> tuple[str, Params]:
+    """``check_quota``'s one query: the owner's live records' cost and its usage bound."""
+    records, params = Records.used_sql(owner, now)
+    return (
+        f"SELECT {records} AS used, (SELECT stored_bytes FROM owner_usage WHERE owner_user_id = ?) AS stored_bytes",
+        (*params, owner),
+    )
 
 
 def apply_extend(conn: Conn, updates: list[tuple[Any, ...]]) -> int:

@@ -14,10 +14,10 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from ._backend import Backend, Conn, DuplicateKeyError, insert_owner_key
+from ._backend import Backend, Conn, DuplicateKeyError, Params, insert_owner_key
 from ._lru import LRUCache
 from .crypto import FORMAT_VERSION, ContentIdentity, KeyHandle, Wrapper, key_check, owner_key_aad
 from .errors import IntegrityError, InvalidArgumentError, StoreBusyError, WrongKeyError
@@ -196,7 +196,7 @@ class Keystore:
 
     def count_wraps(self, conn: Conn, owner: str, version: int, count: int = 1) -> None:
         """Count random-nonce wraps under an owner key (the rotation advice in ``stats``)."""
-        conn.execute(
+        conn.defer(
             "UPDATE owner_keys SET wrap_count = wrap_count + ? WHERE owner_user_id = ? AND version = ?",
             (count, owner, version),
         )
@@ -226,6 +226,7 @@ class Keystore:
         *,
         attempts: int,
         busy: str,
+        prefetch: Sequence[tuple[str, Params]] = (),
     ) -> T:
         """Seal (outside any transaction) under the owner's newest key, then write
         in one transaction that first checks the version is still the newest.
@@ -233,7 +234,8 @@ class Keystore:
         ``seal(version, wrapper)`` builds the row; ``write(conn, sealed)``
         stores it. A rotation meanwhile (a stale version) or a unique-key
         collision (``DuplicateKeyError``: an id or sequence number taken)
-        seals again, at most ``attempts`` times.
+        seals again, at most ``attempts`` times. The reads of ``prefetch``
+        (those ``write`` will make) go with the version check (``Conn.prefetch``).
 
         Raises:
             StoreBusyError: ``busy``, when every attempt lost a race.
@@ -243,6 +245,8 @@ class Keystore:
             sealed = seal(version, wrapper)
             try:
                 with self._db.transaction(owner) as conn:
+                    for sql, params in prefetch:
+                        conn.prefetch(sql, params)
                     if self.newest_in(conn, owner) != version:
                         raise _StaleOwnerKey
                     result = write(conn, sealed)
