@@ -232,7 +232,7 @@ class Entries:
         # The transaction's reads go in one round trip with its version check (PostgreSQL).
         prefetch = [_quota_sql(owner, created)]
         if free_step and not next_step:
-            prefetch.append(self._step_sql(principal, turn_id, step_num))
+            prefetch.append(_step_sql(self._access, principal, turn_id, step_num))
         entry_id = self._keys.write_current(
             owner,
             seal,
@@ -335,33 +335,11 @@ class Entries:
         content = reads.SegmentedContent(
             header.kind,
             counts,
-            self._fetcher(row["id"], row["owner_user_id"], cipher, header.segment_count, row.get("only_segment")),
+            _fetcher(self._db, row["id"], row["owner_user_id"], cipher, header.segment_count, row.get("only_segment")),
             breaks=breaks,
             line_count=meta.get("lines"),
         )
         return Opened(row, meta, content, cipher)
-
-    def _fetcher(self, entry_id: str, owner: str, cipher: EntryCipher, count: int, only: object = None) -> reads.Fetch:
-        """The entry's segments, opened; ``only`` is the one segment of a
-        one-segment entry when it came with the entry row (``_OPEN_COLUMNS``)."""
-
-        def fetch(first: int, last: int) -> list[bytes]:
-            if count == 1 and (first, last) == (0, 0) and isinstance(only, bytes):
-                return [cipher.open_segment(0, only, True)]
-            # Only the segments asked for travel from the database; the entry row
-            # they belong to was authorized and authenticated by the caller.
-            rows = self._db.query(
-                "SELECT seq, data FROM segments WHERE entry_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
-                (entry_id, first, last),
-                owner=owner,
-            )
-            if [row["seq"] for row in rows] != list(range(first, last + 1)):
-                raise IntegrityError("the entry's segments are missing or out of order")
-            if not all(isinstance(row["data"], bytes) for row in rows):
-                raise IntegrityError("an entry's segment is not a blob")
-            return [cipher.open_segment(row["seq"], row["data"], row["seq"] == count - 1) for row in rows]
-
-        return fetch
 
     def get(
         self, principal: Principal, scratchpad_id: str, *, now: float | None = None, turn_id: str | None = None
@@ -475,10 +453,6 @@ class Entries:
         if _live(rows, self.now(now)):
             raise InvalidArgumentError(f"step {step_num} is already recorded in turn {turn_id!r}")
 
-    def _step_sql(self, principal: Principal, turn_id: str, step_num: int) -> tuple[str, Params]:
-        """``check_step_free``'s query (for ``Conn.prefetch``)."""
-        return self._access.rows_sql(principal, "entries", *_STEP_QUERY, (turn_id, step_num))
-
     # -- expiry, delete, gc, stats -----------------------------------------------------------------
 
     def transaction(self, owner: str) -> AbstractContextManager[Conn]:
@@ -508,6 +482,36 @@ class Entries:
             conn.defer("DELETE FROM segments WHERE entry_id = ?", (scratchpad_id,))
         # secure_delete zeroed the pages; the checkpoint takes the old ones out of the WAL too.
         self._db.checkpoint(wait=False)
+
+
+def _step_sql(access: Access, principal: Principal, turn_id: str, step_num: int) -> tuple[str, Params]:
+    """``check_step_free``'s query (for ``Conn.prefetch``)."""
+    return access.rows_sql(principal, "entries", *_STEP_QUERY, (turn_id, step_num))
+
+
+def _fetcher(
+    db: Backend, entry_id: str, owner: str, cipher: EntryCipher, count: int, only: object = None
+) -> reads.Fetch:
+    """The entry's segments, opened; ``only`` is the one segment of a
+    one-segment entry when it came with the entry row (``_OPEN_COLUMNS``)."""
+
+    def fetch(first: int, last: int) -> list[bytes]:
+        if count == 1 and (first, last) == (0, 0) and isinstance(only, bytes):
+            return [cipher.open_segment(0, only, True)]
+        # Only the segments asked for travel from the database; the entry row
+        # they belong to was authorized and authenticated by the caller.
+        rows = db.query(
+            "SELECT seq, data FROM segments WHERE entry_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
+            (entry_id, first, last),
+            owner=owner,
+        )
+        if [row["seq"] for row in rows] != list(range(first, last + 1)):
+            raise IntegrityError("the entry's segments are missing or out of order")
+        if not all(isinstance(row["data"], bytes) for row in rows):
+            raise IntegrityError("an entry's segment is not a blob")
+        return [cipher.open_segment(row["seq"], row["data"], row["seq"] == count - 1) for row in rows]
+
+    return fetch
 
 
 def _quota_sql(owner: str, now: float) -> tuple[str, Params]:

@@ -19,18 +19,19 @@ import pytest
 from securepad import Keyring, Principal, Scratchpad
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
-from psycopg_pool import ConnectionPool  # noqa: E402  (needs psycopg)
+from psycopg import Connection  # noqa: E402  (needs psycopg)
+from psycopg_pool import ConnectionPool  # noqa: E402
 
 ALICE = Principal("alice", "planner", "web")
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # about 4 KiB, 60 lines
 
 
-class CountingConnection(psycopg.Connection[Any]):
+class CountingConnection(Connection[Any]):
     """A psycopg connection that counts its waits for the server (round trips)."""
 
     waits = 0
 
-    def wait(self, gen: Any, interval: float | None = 0.1, *, timeout: float | None = None) -> Any:  # type: ignore[override]
+    def wait(self, gen: Any, interval: float = 0.1, *, timeout: float | None = None) -> Any:  # type: ignore[override]
         CountingConnection.waits += 1
         return super().wait(gen, interval, timeout=timeout)
 
