@@ -117,8 +117,8 @@ def _postgres(keyring: Keyring, dsn: str, count: int, size: int, read_chars: int
             pid = int(row[0]) if row is not None else None
             return _run(pad, _Meter(pid, lambda: Counting.waits), count, size, read_chars)
     finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 def cpu_per_op(dsn: str, *, count: int = 1000, size: int = 4096, read_chars: int = 2000) -> dict[str, Any]:

@@ -11,7 +11,8 @@ workload creates the store afresh. Workers and parent use the same principal,
 as in the SQLite runs: every put of the run is one owner's, so PostgreSQL
 serializes them on that owner's lock as SQLite serializes all writes.
 ``--owner-per-process`` (the default; ``--no-owner-per-process`` skips it)
-adds a run in which each worker process puts as an owner of its own (reads stay on the seeded entries), the multi-tenant case
+adds a run in which each worker process puts as an owner of its own (reads
+stay on the seeded entries), the multi-tenant case
 where PostgreSQL writes different owners in parallel; SQLite is run the same
 way for comparison. Then one client's CPU (its own and the server's) and
 round trips per put and per read on each backend (``securepad.bench.pg_costs``).
