@@ -93,10 +93,13 @@ class Transaction:
         self.call: Watch | None = None
 
     def query(self, sql: str, params: Params = ()) -> Rows:
-        fetched = self._fetched.pop((sql, tuple(params)), None)
+        key = (sql, tuple(params))
+        if key not in self._fetched and any(pending == key for _, _, pending in self._pending):
+            self._send(None)  # the read was prefetched: it goes now, with what else waits
+        fetched = self._fetched.pop(key, None)
         if fetched is not None:
             return fetched
-        return rows_of(self._send(translate(sql), params))
+        return rows_of(self._send((translate(sql), params)))
 
     def prefetch(self, sql: str, params: Params = ()) -> None:
         """Run the read ``sql`` with the next message and keep its rows: the
@@ -104,7 +107,7 @@ class Transaction:
         self._pending.append((translate(sql), tuple(params), (sql, tuple(params))))
 
     def execute(self, sql: str, params: Params = ()) -> int:
-        return self._send(translate(sql), params).rowcount
+        return self._send((translate(sql), params)).rowcount
 
     def defer(self, sql: str, params: Params = ()) -> None:
         """Run ``sql`` with the next message (its row count is not wanted)."""
@@ -118,7 +121,7 @@ class Transaction:
         """COMMIT, with whatever is still pending; no round trip for an empty transaction."""
         if self.call is None and len(self._pending) == 2:
             return
-        self._send("COMMIT", ())
+        self._send(("COMMIT", ()))
 
     def close(self, committed: bool) -> None:
         """Give the connection back, rolled back first unless ``committed``."""
@@ -131,8 +134,9 @@ class Transaction:
             self._stack.close()
             self._stack = None
 
-    def _send(self, text: str, params: Params) -> psycopg.ClientCursor[Any]:
-        batch, self._pending = [*self._pending, (text, params, None)], []
+    def _send(self, last: tuple[str, Params] | None) -> psycopg.ClientCursor[Any]:
+        """Send what is pending, and ``last``, as one message."""
+        batch, self._pending = [*self._pending, *([(*last, None)] if last is not None else [])], []
         if self.call is not None:
             return self._run(self.call.conn, batch, first=False)
         for attempt in itertools.count():
