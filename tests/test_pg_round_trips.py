@@ -106,3 +106,15 @@ def test_the_counted_store_still_answers_correctly(counted: Scratchpad) -> None:
     counted.delete(ALICE, entry)
     with pytest.raises(NotFoundError):
         counted.get(ALICE, entry)
+
+
+def test_the_benchmark_meter_reports_the_same_round_trips(pg_dsn: str) -> None:
+    """``python -m securepad.bench.postgres``'s CPU table: its round trips agree
+    with the budget (the CPU figures are timings: the benchmark reports them)."""
+    from securepad.bench.pg_costs import cpu_per_op
+
+    result = cpu_per_op(pg_dsn, count=5, size=4096, read_chars=2000)
+    assert result["securepad-postgresql"]["put"]["round_trips"] == BUDGET["put"]
+    assert result["securepad-postgresql"]["read"]["round_trips"] == BUDGET["read head"]
+    assert result["securepad"]["put"]["round_trips"] == 0
+    assert set(result["ratio"]) == {"put", "read"}
