@@ -44,7 +44,18 @@ class Conn(Protocol):
         """
 
     def executemany(self, sql: str, rows: Iterable[Params]) -> None:
-        """Run one statement for each parameter tuple."""
+        """Run one statement for each parameter tuple (PostgreSQL: with the next message)."""
+
+    def defer(self, sql: str, params: Params = ()) -> None:
+        """Run a statement whose row count is not wanted: at once (SQLite), or
+        with the transaction's next message (PostgreSQL: no round trip of its
+        own). Its errors (``DuplicateKeyError``) may come from a later call of
+        the transaction, or from its COMMIT."""
+
+    def prefetch(self, sql: str, params: Params = ()) -> None:
+        """Announce a read that the transaction will ``query`` later with the
+        same SQL and parameters: PostgreSQL sends it with the next message and
+        keeps its rows (several reads share one round trip); SQLite ignores it."""
 
 
 class Backend(Protocol):

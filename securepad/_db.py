@@ -264,6 +264,12 @@ class _Conn:
             raise self._error(exc, self.raw) from None
         return int(self.raw.changes())
 
+    def defer(self, sql: str, params: Params = ()) -> None:
+        self.execute(sql, params)
+
+    def prefetch(self, sql: str, params: Params = ()) -> None:
+        """Nothing to do: a query of a local file costs no round trip."""
+
     def executemany(self, sql: str, rows: Iterable[Params]) -> None:
         try:
             self.raw.executemany(sql, rows)

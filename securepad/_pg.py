@@ -33,15 +33,11 @@ can do that a file cannot: a second line of defence in the server.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import hashlib
 import os
 import re
-import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -50,13 +46,13 @@ from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ._backend import DuplicateKeyError, Params, Rows
+from ._backend import Params, Rows
+from ._pg_conn import BUSY, Transaction, Watch, Watchdog, rows_of, translate
+from ._pg_schema import ADMIN_ROLE, APP_ROLE, SCHEMA_VERSION, lock_key, migrate, reason
 from .errors import SecurepadError, StoreBusyError, StoreUnavailableError
 
 __all__ = ["ADMIN_ROLE", "APP_ROLE", "SCHEMA_VERSION", "PostgresDatabase"]
 
-APP_ROLE = "securepad_app"
-ADMIN_ROLE = "securepad_admin"
 # How long a transaction waits for a lock (an owner's, or the store's) before StoreBusyError.
 LOCK_TIMEOUT_MS = 30_000
 # Connections per pool that Scratchpad.open creates from a DSN.
@@ -91,273 +87,14 @@ RECONNECT_TIMEOUT_S = 2.0
 # store-wide and may run long on a large store: its statement and call limits
 # are this many times a principal's.
 _HOUSEKEEPING_FACTOR = 10
-# How often the watchdog looks at the calls in flight.
-_WATCH_TICK_S = 0.1
-SCHEMA_VERSION = 1
 
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-_OWNER = "current_setting('securepad.owner', true)"
-_OWNER_TABLES = ("owner_keys", "entries", "checkpoints", "compaction_marks", "owner_usage")
 
-# The SQLite schema at version 5, in PostgreSQL's types. Segments also carry
-# their entry's owner (filled from the transaction's owner setting), so that
-# row-level security can hold them even after their entry row is deleted.
-_MIGRATIONS: dict[int, str] = {
-    1: f"""
-    CREATE TABLE store_meta(
-        key   TEXT PRIMARY KEY,
-        value TEXT NOT NULL
-    );
-    INSERT INTO store_meta(key, value) VALUES ('master_wrap_count', '0');
-    CREATE TABLE owner_keys(
-        owner_user_id TEXT NOT NULL,
-        version       INTEGER NOT NULL,
-        wrapped       BYTEA NOT NULL,
-        created_at    DOUBLE PRECISION NOT NULL,
-        wrap_count    BIGINT NOT NULL DEFAULT 0,
-        PRIMARY KEY (owner_user_id, version)
-    );
-    CREATE TABLE entries(
-        id             TEXT PRIMARY KEY,
-        owner_user_id  TEXT NOT NULL,
-        actor          TEXT NOT NULL,
-        channel        TEXT NOT NULL,
-        turn_id        TEXT NOT NULL,
-        step_num       INTEGER NOT NULL,
-        executor_name  TEXT NOT NULL,
-        content_kind   TEXT NOT NULL,
-        size_bytes     BIGINT NOT NULL,
-        size_chars     BIGINT NOT NULL,
-        segment_count  INTEGER NOT NULL,
-        key_version    INTEGER NOT NULL,
-        created_at     DOUBLE PRECISION NOT NULL,
-        expires_at     DOUBLE PRECISION NOT NULL,
-        wrapped_key    BYTEA NOT NULL,
-        nonce_prefix   BYTEA NOT NULL,
-        commitment     BYTEA NOT NULL,
-        sealed_meta    BYTEA NOT NULL,
-        stored_bytes   BIGINT NOT NULL DEFAULT 0
-    );
-    CREATE INDEX entries_owner_turn ON entries(owner_user_id, turn_id, step_num);
-    CREATE INDEX entries_expires ON entries(expires_at);
-    CREATE INDEX entries_owner_usage ON entries(owner_user_id, expires_at, stored_bytes);
-    CREATE TABLE segments(
-        entry_id      TEXT NOT NULL,
-        seq           INTEGER NOT NULL,
-        data          BYTEA NOT NULL,
-        owner_user_id TEXT NOT NULL DEFAULT {_OWNER},
-        PRIMARY KEY (entry_id, seq)
-    );
-    CREATE TABLE checkpoints(
-        id            TEXT PRIMARY KEY,
-        owner_user_id TEXT NOT NULL,
-        actor         TEXT NOT NULL,
-        channel       TEXT NOT NULL,
-        turn_id       TEXT NOT NULL,
-        seq           INTEGER NOT NULL,
-        key_version   INTEGER NOT NULL,
-        created_at    DOUBLE PRECISION NOT NULL,
-        expires_at    DOUBLE PRECISION NOT NULL,
-        wrapped_key   BYTEA NOT NULL,
-        sealed        BYTEA NOT NULL,
-        UNIQUE (owner_user_id, turn_id, seq)
-    );
-    CREATE INDEX checkpoints_expires ON checkpoints(expires_at);
-    CREATE TABLE compaction_marks(
-        id            TEXT PRIMARY KEY,
-        owner_user_id TEXT NOT NULL,
-        actor         TEXT NOT NULL,
-        channel       TEXT NOT NULL,
-        turn_id       TEXT NOT NULL,
-        seq           INTEGER NOT NULL,
-        key_version   INTEGER NOT NULL,
-        created_at    DOUBLE PRECISION NOT NULL,
-        expires_at    DOUBLE PRECISION NOT NULL,
-        wrapped_key   BYTEA NOT NULL,
-        sealed        BYTEA NOT NULL,
-        UNIQUE (owner_user_id, turn_id, seq)
-    );
-    CREATE INDEX compaction_marks_expires ON compaction_marks(expires_at);
-    CREATE TABLE owner_usage(
-        owner_user_id TEXT PRIMARY KEY,
-        stored_bytes  BIGINT NOT NULL
-    );
-    -- Bytes stored per owner, as SQLite's triggers keep them (schema 5 there).
-    CREATE FUNCTION owner_usage_track() RETURNS trigger LANGUAGE plpgsql
-    SET search_path FROM CURRENT AS $$
-    BEGIN
-        IF TG_OP IN ('DELETE', 'UPDATE') THEN
-            UPDATE owner_usage SET stored_bytes = stored_bytes - OLD.stored_bytes
-                WHERE owner_user_id = OLD.owner_user_id;
-            DELETE FROM owner_usage WHERE owner_user_id = OLD.owner_user_id AND stored_bytes <= 0;
-        END IF;
-        IF TG_OP IN ('INSERT', 'UPDATE') THEN
-            INSERT INTO owner_usage(owner_user_id, stored_bytes) VALUES (NEW.owner_user_id, NEW.stored_bytes)
-                ON CONFLICT (owner_user_id)
-                DO UPDATE SET stored_bytes = owner_usage.stored_bytes + excluded.stored_bytes;
-        END IF;
-        RETURN NULL;
-    END $$;
-    CREATE TRIGGER owner_usage_track AFTER INSERT OR DELETE OR UPDATE OF owner_user_id, stored_bytes
-        ON entries FOR EACH ROW EXECUTE FUNCTION owner_usage_track();
-
-    -- Row-level security: the application role sees one owner's rows, the
-    -- one named by the transaction's securepad.owner setting.
-    {
-        "".join(
-            f'''
-    ALTER TABLE {table} ENABLE ROW LEVEL SECURITY;
-    CREATE POLICY owner_rows ON {table} TO {APP_ROLE}
-        USING (owner_user_id = {_OWNER}) WITH CHECK (owner_user_id = {_OWNER});'''
-            for table in _OWNER_TABLES
-        )
-    }
-    ALTER TABLE segments ENABLE ROW LEVEL SECURITY;
-    CREATE POLICY owner_rows ON segments TO {APP_ROLE}
-        USING (owner_user_id = {_OWNER})
-        WITH CHECK (owner_user_id = {_OWNER}
-                    AND EXISTS (SELECT 1 FROM entries e WHERE e.id = segments.entry_id));
-    -- Everyone's store metadata is readable (the key check, the format); the
-    -- application may only count the master key's wraps.
-    ALTER TABLE store_meta ENABLE ROW LEVEL SECURITY;
-    CREATE POLICY read_meta ON store_meta FOR SELECT TO {APP_ROLE} USING (true);
-    CREATE POLICY count_wraps ON store_meta FOR UPDATE TO {APP_ROLE}
-        USING (key = 'master_wrap_count') WITH CHECK (key = 'master_wrap_count');
-
-    GRANT SELECT ON store_meta TO {APP_ROLE};
-    GRANT UPDATE (value) ON store_meta TO {APP_ROLE};
-    GRANT SELECT, INSERT ON owner_keys TO {APP_ROLE};
-    GRANT UPDATE (wrap_count) ON owner_keys TO {APP_ROLE};
-    GRANT SELECT, INSERT, DELETE ON entries, segments, checkpoints, compaction_marks TO {APP_ROLE};
-    GRANT UPDATE (expires_at, sealed_meta) ON entries TO {APP_ROLE};
-    GRANT UPDATE (expires_at, sealed) ON checkpoints, compaction_marks TO {APP_ROLE};
-    GRANT SELECT, INSERT, UPDATE, DELETE ON owner_usage TO {APP_ROLE};
-    """,
-}
-
-# The role, schema, owner, lock and statement timeouts of one transaction (``true``: local to it).
 _SETTINGS = (
     "SELECT set_config('role', %s, true), set_config('search_path', %s, true),"
     " set_config('securepad.owner', %s, true), set_config('lock_timeout', %s, true),"
     " set_config('statement_timeout', %s, true)"
 )
-
-_BUSY = (
-    pg_errors.LockNotAvailable,
-    pg_errors.SerializationFailure,
-    pg_errors.DeadlockDetected,
-)
-
-
-@functools.lru_cache(maxsize=512)
-def translate(sql: str) -> str:
-    """The store's portable SQL in psycopg's dialect: ``%s`` placeholders, BYTEA casts."""
-    return sql.replace("%", "%%").replace("?", "%s").replace(" AS BLOB)", " AS BYTEA)")
-
-
-def _lock_key(*parts: str) -> int:
-    """A signed 64-bit advisory-lock key."""
-    digest = hashlib.blake2b("\x00".join(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
-
-
-class _Conn:
-    """A psycopg connection inside a transaction, as the store's ``Conn`` protocol."""
-
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self.raw = conn
-
-    def query(self, sql: str, params: Params = ()) -> Rows:
-        cursor = self._run(sql, params)
-        if cursor.description is None:
-            return []
-        names = [d.name for d in cursor.description]
-        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-
-    def execute(self, sql: str, params: Params = ()) -> int:
-        return self._run(sql, params).rowcount
-
-    def executemany(self, sql: str, rows: Iterable[Params]) -> None:
-        try:
-            with self.raw.cursor() as cursor:
-                cursor.executemany(translate(sql), list(rows))
-        except pg_errors.UniqueViolation:
-            raise DuplicateKeyError from None
-
-    def _run(self, sql: str, params: Params) -> psycopg.Cursor[Any]:
-        try:
-            return self.raw.execute(translate(sql), params)
-        except pg_errors.UniqueViolation:
-            raise DuplicateKeyError from None
-
-
-class _Watch:
-    """One call in flight: its connection, its deadline, and whether the watchdog cut it."""
-
-    __slots__ = ("conn", "cut", "deadline")
-
-    def __init__(self, conn: psycopg.Connection[Any], deadline: float) -> None:
-        self.conn = conn
-        self.deadline = deadline
-        self.cut = False
-
-
-class _Watchdog:
-    """Cuts the connection of a call that runs past its deadline.
-
-    The server's statement timeout cannot help when the server (or the
-    network in between) does not answer at all, and TCP keepalives do not
-    fire while something on the path still acknowledges packets. Shutting the
-    socket down makes the blocked call fail at once (libpq sees the connection
-    closed); the pool then drops the connection. One thread per store, running
-    only while calls are in flight.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._calls: dict[int, _Watch] = {}
-        self._running = False
-        self._pid = os.getpid()
-
-    @contextmanager
-    def watch(self, conn: psycopg.Connection[Any], deadline: float) -> Iterator[_Watch]:
-        call = _Watch(conn, deadline)
-        with self._lock:
-            self._calls[id(call)] = call
-            if not self._running or self._pid != os.getpid():
-                self._running, self._pid = True, os.getpid()
-                threading.Thread(target=self._run, name="securepad-pg-watchdog", daemon=True).start()
-        try:
-            yield call
-        finally:
-            with self._lock:
-                del self._calls[id(call)]
-
-    def _run(self) -> None:
-        idle_since = time.monotonic()
-        while True:
-            time.sleep(_WATCH_TICK_S)
-            now = time.monotonic()
-            with self._lock:
-                if self._calls:
-                    idle_since = now
-                elif now - idle_since > 1.0:
-                    self._running = False
-                    return
-                for call in self._calls.values():
-                    if not call.cut and now >= call.deadline:
-                        call.cut = True
-                        _cut(call.conn)
-
-
-def _cut(conn: psycopg.Connection[Any]) -> None:
-    """Shut a connection's socket down under libpq's feet: its blocked call fails now."""
-    try:
-        fd = conn.pgconn.socket
-    except psycopg.OperationalError:
-        return  # already closed
-    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
-        sock.shutdown(socket.SHUT_RDWR)
 
 
 class PostgresDatabase:
@@ -400,8 +137,8 @@ class PostgresDatabase:
         self._network = {**_NETWORK_LIMITS, "connect_timeout": max(1, round(connect_timeout_s))}
         self._pool_timeout_s = pool_timeout_s
         self._call_timeout_s = call_timeout_s
-        self._watchdog = _Watchdog()
-        self._store_lock = _lock_key("securepad-store", schema)
+        self._watchdog = Watchdog()
+        self._store_lock = lock_key("securepad-store", schema)
         self._lock = threading.Lock()
         self._closed = False
         self._pid = os.getpid()
@@ -442,7 +179,7 @@ class PostgresDatabase:
                     for opened in made.values():
                         opened.close()
                     raise StoreUnavailableError(
-                        f"cannot connect to PostgreSQL at {_describe(source, self.schema)}: {_reason(exc)}"
+                        f"cannot connect to PostgreSQL at {_describe(source, self.schema)}: {reason(exc)}"
                     ) from None
                 self._owned.append(made[source])
             return made[source]
@@ -454,7 +191,7 @@ class PostgresDatabase:
         try:
             given = conninfo_to_dict(dsn)
         except psycopg.ProgrammingError as exc:
-            raise SecurepadError(f"not a PostgreSQL connection string: {_reason(exc)}") from None
+            raise SecurepadError(f"not a PostgreSQL connection string: {reason(exc)}") from None
         return {key: value for key, value in self._network.items() if key not in given}
 
     def _pool(self, admin: bool) -> ConnectionPool[Any]:
@@ -475,7 +212,7 @@ class PostgresDatabase:
         return self._admin if admin else self._app
 
     @contextmanager
-    def _connection(self, admin: bool) -> Iterator[_Watch]:
+    def _connection(self, admin: bool) -> Iterator[Watch]:
         """A pooled connection for one call, watched until the call's deadline.
 
         Raises:
@@ -504,23 +241,23 @@ class PostgresDatabase:
         try:
             psycopg.connect(conninfo, **limit).close()
         except psycopg.Error as exc:
-            return StoreUnavailableError(f"PostgreSQL is unavailable ({_reason(exc)}); try again")
+            return StoreUnavailableError(f"PostgreSQL is unavailable ({reason(exc)}); try again")
         return StoreBusyError("the store is busy (no free connection in the pool); try again")
 
-    def _retry(self, call: _Watch, attempt: int) -> bool:
+    def _retry(self, call: Watch, attempt: int) -> bool:
         """Whether a call whose first statement failed may run again on another
         connection: the connection had died while idle in the pool (a server
         restart ends every pooled session), not at the deadline."""
         return call.conn.broken and not call.cut and attempt < self._pool_size and time.monotonic() < call.deadline
 
-    def _unavailable(self, exc: psycopg.OperationalError, call: _Watch | None) -> SecurepadError:
+    def _unavailable(self, exc: psycopg.OperationalError, call: Watch | None) -> SecurepadError:
         if call is not None and call.cut:
             return StoreUnavailableError(
                 "PostgreSQL did not answer before the call's deadline; the call was cut; try again"
             )
         if isinstance(exc, pg_errors.QueryCanceled):
-            return StoreUnavailableError(f"PostgreSQL cancelled the statement: {_reason(exc)}; try again")
-        return StoreUnavailableError(f"PostgreSQL connection failed ({_reason(exc)}); try again")
+            return StoreUnavailableError(f"PostgreSQL cancelled the statement: {reason(exc)}; try again")
+        return StoreUnavailableError(f"PostgreSQL connection failed ({reason(exc)}); try again")
 
     def _settings(self, owner: str | None, admin: bool) -> Params:
         role = ADMIN_ROLE if admin else APP_ROLE
@@ -531,64 +268,7 @@ class PostgresDatabase:
         return self._call_timeout_s * (_HOUSEKEEPING_FACTOR if admin else 1)
 
     @contextmanager
-    def _begin(self, admin: bool, sql: str, params: Params) -> Iterator[tuple[_Watch, Any]]:
-        """BEGIN and the first statement (settings and locks) on a live connection;
-        COMMIT when the caller's block ends, ROLLBACK when it raises. Connections
-        found dead at BEGIN are dropped and the next one is tried."""
-        for attempt in range(self._pool_size + 1):
-            with self._connection(admin) as call:
-                conn = call.conn
-                try:
-                    conn.execute("BEGIN")
-                    row = conn.execute(sql, params).fetchone()
-                except psycopg.OperationalError as exc:
-                    if self._retry(call, attempt) and not isinstance(exc, _BUSY):
-                        continue
-                    self._end(conn)
-                    raise
-                except BaseException:
-                    self._end(conn)
-                    raise
-                try:
-                    yield call, row
-                except BaseException:
-                    self._end(conn)
-                    raise
-                conn.execute("COMMIT")
-                return
-
-    @staticmethod
-    def _end(conn: psycopg.Connection[Any]) -> None:
-        if not conn.broken:
-            with contextlib.suppress(psycopg.Error):
-                conn.execute("ROLLBACK")
-
-    @contextmanager
-    def _session(
-        self, owner: str | None, admin: bool, locks: str, lock_params: Params, *, optional: bool = False
-    ) -> Iterator[_Conn]:
-        """A transaction with the role, schema, owner, lock and statement timeouts
-        set locally, and ``locks`` taken, all in one statement (the settings
-        come first: a target list is evaluated left to right). ``optional``
-        housekeeping that this connection may not do (no admin role) is
-        StoreBusyError: skipped."""
-        call: _Watch | None = None
-        try:
-            with self._begin(admin, _SETTINGS + locks, (*self._settings(owner, admin), *lock_params)) as (call, row):
-                if row is not None and row[-1] is False:  # pg_try_advisory_xact_lock
-                    raise StoreBusyError("the store is busy; try again")
-                yield _Conn(call.conn)
-        except _BUSY:
-            raise StoreBusyError("the store is busy; try again") from None
-        except pg_errors.InsufficientPrivilege as exc:
-            if optional:
-                raise StoreBusyError(f"housekeeping skipped: {_reason(exc)}") from None
-            raise SecurepadError(f"PostgreSQL refused the store's role: {_reason(exc)}") from None
-        except psycopg.OperationalError as exc:
-            raise self._unavailable(exc, call) from None
-
-    @contextmanager
-    def transaction(self, owner: str | None = None, *, admin: bool = False, wait: bool = True) -> Iterator[_Conn]:
+    def transaction(self, owner: str | None = None, *, admin: bool = False, wait: bool = True) -> Iterator[Transaction]:
         """A write transaction, serialized with the owner's other writes (or,
         for store-wide housekeeping, with every write); rolled back on any exception.
 
@@ -601,13 +281,28 @@ class PostgresDatabase:
         """
         if owner is not None:
             locks = ", pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s)"
-            params: Params = (self._store_lock, _lock_key("securepad-owner", self.schema, owner))
+            params: Params = (self._store_lock, lock_key("securepad-owner", self.schema, owner))
         elif wait:
             locks, params = ", pg_advisory_xact_lock(%s)", (self._store_lock,)
         else:
             locks, params = ", pg_try_advisory_xact_lock(%s)", (self._store_lock,)
-        with self._session(owner, admin, locks, params, optional=admin and not wait) as conn:
-            yield conn
+        opening = (_SETTINGS + locks, (*self._settings(owner, admin), *params))
+        tx = Transaction(lambda: self._connection(admin), self._retry, opening, try_lock=owner is None and not wait)
+        committed = False
+        try:
+            yield tx
+            tx.commit()
+            committed = True
+        except BUSY:
+            raise StoreBusyError("the store is busy; try again") from None
+        except pg_errors.InsufficientPrivilege as exc:
+            if admin and not wait:  # optional housekeeping this connection may not do: skipped
+                raise StoreBusyError(f"housekeeping skipped: {reason(exc)}") from None
+            raise SecurepadError(f"PostgreSQL refused the store's role: {reason(exc)}") from None
+        except psycopg.OperationalError as exc:
+            raise self._unavailable(exc, tx.call) from None
+        finally:
+            tx.close(committed)
 
     def query(self, sql: str, params: Params = (), *, owner: str | None = None, admin: bool = False) -> Rows:
         """Rows as dicts, in a transaction of their own.
@@ -623,26 +318,23 @@ class PostgresDatabase:
         """
         text = _SETTINGS + "; " + translate(sql)
         values = (*self._settings(owner, admin), *params)
-        call: _Watch | None = None
+        call: Watch | None = None
         try:
             for attempt in range(self._pool_size + 1):
                 with self._connection(admin) as call, psycopg.ClientCursor(call.conn) as cursor:
                     try:
                         cursor.execute(text, values)
                     except psycopg.OperationalError as exc:
-                        if self._retry(call, attempt) and not isinstance(exc, _BUSY):
+                        if self._retry(call, attempt) and not isinstance(exc, BUSY):
                             continue  # a connection that died while idle: reads are safe to run again
                         raise
                     cursor.nextset()
-                    if cursor.description is None:
-                        return []
-                    names = [d.name for d in cursor.description]
-                    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+                    return rows_of(cursor)
             raise AssertionError("unreachable: the last attempt returns or raises")
-        except _BUSY:
+        except BUSY:
             raise StoreBusyError("the store is busy; try again") from None
         except pg_errors.InsufficientPrivilege as exc:
-            raise SecurepadError(f"PostgreSQL refused the store's role: {_reason(exc)}") from None
+            raise SecurepadError(f"PostgreSQL refused the store's role: {reason(exc)}") from None
         except psycopg.OperationalError as exc:
             raise self._unavailable(exc, call) from None
 
@@ -663,62 +355,7 @@ class PostgresDatabase:
         return None if rows[0]["v"] is None else int(rows[0]["v"])
 
     def _migrate(self) -> None:
-        """Create the roles and schema when missing, then bring the tables to SCHEMA_VERSION.
-
-        A store already at SCHEMA_VERSION opens with the application role
-        alone: a process that serves principals needs no admin login.
-        """
-        version = self._app_version()
-        if version == SCHEMA_VERSION:
-            return
-        if version is not None and version > SCHEMA_VERSION:
-            raise SecurepadError(
-                f"store schema version {version} is newer than this securepad understands ({SCHEMA_VERSION})"
-            )
-        pool = self._pool(admin=True)
-        try:
-            with pool.connection() as conn, conn.transaction():
-                # One migration at a time per database (roles are cluster-wide: a
-                # racing creation in another database is tolerated below).
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key("securepad-migrate"),))
-                existing = {
-                    r[0]
-                    for r in conn.execute(
-                        "SELECT rolname FROM pg_roles WHERE rolname IN (%s, %s)", (APP_ROLE, ADMIN_ROLE)
-                    )
-                }
-                for role in (APP_ROLE, ADMIN_ROLE):
-                    if role not in existing:
-                        conn.execute(
-                            f"DO $$ BEGIN CREATE ROLE {role} NOLOGIN NOBYPASSRLS;"
-                            " EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$"
-                        )
-                has_schema = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,)).fetchone()
-                if has_schema is None:
-                    conn.execute(f"CREATE SCHEMA {self.schema} AUTHORIZATION {ADMIN_ROLE}")
-                    conn.execute(f"GRANT USAGE ON SCHEMA {self.schema} TO {APP_ROLE}")
-                conn.execute(
-                    "SELECT set_config('role', %s, true), set_config('search_path', %s, true)",
-                    (ADMIN_ROLE, self.schema),
-                )
-                conn.execute("CREATE TABLE IF NOT EXISTS schema_version(version INTEGER NOT NULL)")
-                conn.execute(f"GRANT SELECT ON schema_version TO {APP_ROLE}")
-                row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
-                version = int(row[0]) if row is not None and row[0] is not None else 0
-                if version > SCHEMA_VERSION:
-                    raise SecurepadError(
-                        f"store schema version {version} is newer than this securepad understands ({SCHEMA_VERSION})"
-                    )
-                for target in range(version + 1, SCHEMA_VERSION + 1):
-                    conn.execute(_MIGRATIONS[target])
-                    conn.execute("INSERT INTO schema_version(version) VALUES (%s)", (target,))
-        except pg_errors.InsufficientPrivilege as exc:
-            raise SecurepadError(
-                f"cannot set up the store in schema {self.schema}: {_reason(exc)}"
-                " (see the README's PostgreSQL section for the roles and grants it needs)"
-            ) from None
-        except psycopg.Error as exc:
-            raise SecurepadError(f"cannot set up the store in schema {self.schema}: {_reason(exc)}") from None
+        migrate(self.schema, self._app_version, lambda: self._pool(admin=True))
 
     def close(self) -> None:
         """Close the pools this object made (never one that was passed in)."""
@@ -729,12 +366,6 @@ class PostgresDatabase:
             return  # the parent's pools: their sockets are not ours to close
         for pool in pools:
             pool.close()
-
-
-def _reason(exc: BaseException) -> str:
-    """The exception's message on one line (psycopg's span several: the command
-    line prints an error as one line), or its class name when it has none."""
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _describe(source: str | ConnectionPool[Any], schema: str) -> str:

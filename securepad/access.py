@@ -74,14 +74,27 @@ class Access:
         Raises:
             NotFoundError: a row outside the principal's scope (the query let it through).
         """
-        check_principal(principal)
-        scope, scope_params = self.policy.scope_sql(principal)
-        sql = f"SELECT {_SCOPE_COLUMNS}, {columns} FROM {_table(table)} WHERE {where} AND {scope} {tail}"
-        args = (*params, *scope_params, *tail_params)
+        sql, args = self.rows_sql(principal, table, columns, where, params, tail, tail_params)
         rows = conn.query(sql, args) if conn is not None else self._db.query(sql, args, owner=principal.owner_user_id)
         for row in rows:
             self.policy.authorize_row(principal, row)
         return rows
+
+    def rows_sql(
+        self,
+        principal: Principal,
+        table: str,
+        columns: str,
+        where: str,
+        params: Params = (),
+        tail: str = "",
+        tail_params: Params = (),
+    ) -> tuple[str, Params]:
+        """The SQL and parameters that ``rows`` runs (for ``Conn.prefetch``)."""
+        check_principal(principal)
+        scope, scope_params = self.policy.scope_sql(principal)
+        sql = f"SELECT {_SCOPE_COLUMNS}, {columns} FROM {_table(table)} WHERE {where} AND {scope} {tail}"
+        return sql, (*params, *scope_params, *tail_params)
 
     def open_each(
         self,

@@ -14,10 +14,10 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from ._backend import Backend, Conn, DuplicateKeyError, insert_owner_key
+from ._backend import Backend, Conn, DuplicateKeyError, Params, insert_owner_key
 from ._lru import LRUCache
 from .crypto import FORMAT_VERSION, ContentIdentity, KeyHandle, Wrapper, key_check, owner_key_aad
 from .errors import IntegrityError, InvalidArgumentError, StoreBusyError, WrongKeyError
@@ -240,7 +240,7 @@ class Keystore:
 
     def count_wraps(self, conn: Conn, owner: str, version: int, count: int = 1) -> None:
         """Count random-nonce wraps under an owner key (the rotation advice in ``stats``)."""
-        conn.execute(
+        conn.defer(
             "UPDATE owner_keys SET wrap_count = wrap_count + ? WHERE owner_user_id = ? AND version = ?",
             (count, owner, version),
         )
@@ -290,6 +290,7 @@ class Keystore:
         attempts: int,
         busy: str,
         count: int = 1,
+        prefetch: Sequence[tuple[str, Params]] = (),
     ) -> T:
         """Seal (outside any transaction) under the owner's newest key, then write
         in one transaction that checks the version is still the newest.
@@ -303,6 +304,8 @@ class Keystore:
         at most ``attempts`` times. The ``count`` wraps (one per row) are
         counted in memory and added to the key's row once ``WRAP_FLUSH_EVERY``
         are pending.
+        The reads of ``prefetch`` (those ``write`` will make) go with the
+        transaction's first message (``Conn.prefetch``).
 
         Raises:
             StoreBusyError: ``busy``, when every attempt lost a race.
@@ -313,6 +316,8 @@ class Keystore:
             flush = self._wraps.take((owner, version), WRAP_FLUSH_EVERY, count)
             try:
                 with self._db.transaction(owner) as conn:
+                    for sql, params in prefetch:
+                        conn.prefetch(sql, params)
                     result = write(conn, sealed)
                     if flush is not None:
                         self.count_wraps(conn, owner, version, flush + count)

@@ -208,9 +208,9 @@ class Turn:
                 as for ``Scratchpad.put``.
             QuotaExceededError, StoreBusyError: as for ``Scratchpad.put``.
         """
-        # Checked here, before anything is sealed, and again inside the write
-        # transaction, where no other writer (another process too) can take the step meanwhile.
-        self._entries.check_step_free(self.principal, self.turn_id, step_num, now)
+        # The step is checked inside the write transaction (free_step), where no
+        # other writer (another process too) can take it meanwhile: on
+        # PostgreSQL in the same round trip as the transaction's other reads.
         inline = _inline(observation, step_num, self._entries.policy)
         view = self._entries.put(
             self.principal,

@@ -136,7 +136,8 @@ def test_a_lock_held_too_long_is_store_busy(pg_dsn: str, keyring: Keyring) -> No
     pad = Scratchpad(db, keyring, Policy.default(), __import__("time").time)
     try:
         pad.put(ALICE, "t1", 1, "shell", "first")  # alice's key exists
-        with db.transaction("alice"):
+        with db.transaction("alice") as held:
+            held.query("SELECT 1 AS one")  # the lock is taken with the transaction's first message
             done: list[object] = []
             thread = threading.Thread(target=lambda: done.append(_put_or_error(pad, ALICE)))
             thread.start()
@@ -157,7 +158,8 @@ def _put_or_error(pad: Scratchpad, principal: Principal) -> object:
 
 def test_gc_that_begins_a_turn_does_not_wait_for_another_collector(pg_pad: Scratchpad) -> None:
     db = parts(pg_pad).db
-    with db.transaction(admin=True):  # another process is collecting
+    with db.transaction(admin=True) as held:  # another process is collecting
+        held.query("SELECT 1 AS one")  # its lock is taken with its first message
         turn = pg_pad.turn(ALICE, "t1")  # returns at once instead of waiting
         assert turn.history() == []
         with pytest.raises(StoreBusyError):

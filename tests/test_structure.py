@@ -34,6 +34,8 @@ SQL_MODULES = {
     "securepad._backend",
     "securepad._db",
     "securepad._pg",
+    "securepad._pg_conn",
+    "securepad._pg_schema",
     "securepad.keystore",
     "securepad.access",
     "securepad.entries",

@@ -10,10 +10,12 @@ when missing), each in a schema named after its directory, dropped when the
 workload creates the store afresh. Workers and parent use the same principal,
 as in the SQLite runs: every put of the run is one owner's, so PostgreSQL
 serializes them on that owner's lock as SQLite serializes all writes.
-``--owner-per-process`` adds a run in which each worker process puts as an
-owner of its own (reads stay on the seeded entries), the multi-tenant case
+``--owner-per-process`` (the default; ``--no-owner-per-process`` skips it)
+adds a run in which each worker process puts as an owner of its own (reads
+stay on the seeded entries), the multi-tenant case
 where PostgreSQL writes different owners in parallel; SQLite is run the same
-way for comparison.
+way for comparison. Then one client's CPU (its own and the server's) and
+round trips per put and per read on each backend (``securepad.bench.pg_costs``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from securepad.store import parts
 
 from .backends import PRINCIPAL, Backend, SecurepadBackend, bench_policy, register_backend
 from .config import DEFAULT_OUT, Config
+from .pg_costs import cpu_per_op
 from .workloads import run_concurrent, run_resume
 
 SERVER_DSN = os.environ.get("SECUREPAD_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -137,8 +140,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         " (a crash may lose the last commits, never corrupt)",
     )
     parser.add_argument(
-        "--owner-per-process", action="store_true", help="also run the concurrency case with an owner per worker"
+        "--owner-per-process",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run the concurrency case with an owner per worker (default: yes)",
     )
+    parser.add_argument("--cpu-ops", type=int, default=1000, help="puts and reads of the CPU-per-operation run")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT / "postgres.json")
     args = parser.parse_args(argv)
     reason = SecurepadPostgresBackend.unavailable()
@@ -185,6 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" | {r['stats']['ops_per_s']:.0f} | {r['put']['p99'] * 1e3:.1f} | {r['read']['p99'] * 1e3:.1f}"
             f" | {r['error_count']} | {r['lost_writes']} |"
         )
+    _print_ratios(records["concurrent"])
+    records["cpu"] = [cpu_per_op(_dsn(DATABASE), count=args.cpu_ops, size=config.concurrent_bytes)]
+    _print_cpu(records["cpu"][0], args.cpu_ops)
     print(f"\n## resumption in a fresh process ({args.resume_processes} runs each)")
     print("| backend | steps | median ms | p90 ms | max ms |")
     print("|---|---:|---:|---:|---:|")
@@ -197,6 +207,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, **records}, indent=2, default=str))
     print(f"\nresults: {args.out}")
     return 0
+
+
+def _print_ratios(concurrent: list[dict[str, Any]]) -> None:
+    """PostgreSQL's throughput as a multiple of SQLite's, one owner and an owner per process."""
+    by_name = {r["backend"]: r for r in concurrent}
+    pairs = (
+        ("one owner", "securepad", "securepad-postgresql"),
+        ("an owner per process", "securepad-owner-per-process", "securepad-postgresql-owner-per-process"),
+    )
+    print("\n| case | PostgreSQL / SQLite, put | read | all |")
+    print("|---|---:|---:|---:|")
+    for case, sqlite, pg in pairs:
+        if sqlite in by_name and pg in by_name:
+            a, b = by_name[sqlite], by_name[pg]
+            ratios = [b[k]["ops_per_s"] / max(a[k]["ops_per_s"], 1e-9) for k in ("put", "read", "stats")]
+            print(f"| {case} | {ratios[0]:.2f}x | {ratios[1]:.2f}x | {ratios[2]:.2f}x |")
+
+
+def _print_cpu(cpu: dict[str, Any], count: int) -> None:
+    print(f"\n## CPU and round trips per operation (one client, {count} puts then {count} head reads, 4 KiB)")
+    print("| backend | op | ops/s | client CPU us | server CPU us | total CPU us | round trips |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for name in SIDE_BY_SIDE:
+        for op in ("put", "read"):
+            m = cpu[name][op]
+            print(
+                f"| {name} | {op} | {m['ops_per_s']:.0f} | {m['client_cpu_us']:.0f} | {m['server_cpu_us']:.0f}"
+                f" | {m['cpu_us']:.0f} | {m['round_trips']:.1f} |"
+            )
+    print(f"\nPostgreSQL CPU per put {cpu['ratio']['put']:.2f}x SQLite's, per read {cpu['ratio']['read']:.2f}x")
 
 
 if __name__ == "__main__":

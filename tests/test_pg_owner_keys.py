@@ -1,0 +1,84 @@
+"""Ready to be distributed by owner (issue 15): on PostgreSQL every primary
+key and unique constraint of a table that holds owners' rows includes
+``owner_user_id``, checked on the live schema (pg_catalog), and a store made
+at schema 1 (ids alone as keys) is converted when it opens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from securepad import Keyring, Principal, Scratchpad
+
+psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
+
+from securepad import _pg_schema  # noqa: E402
+
+ALICE = Principal("alice", "planner", "web")
+# Tables without owners' rows: reference tables on a distributed PostgreSQL.
+REFERENCE_TABLES = {"store_meta", "schema_version"}
+
+_CONSTRAINTS = """
+SELECT c.relname AS table_name, k.conname AS name, k.contype AS kind,
+       ARRAY(SELECT a.attname::text FROM unnest(k.conkey) WITH ORDINALITY AS key(n, position)
+             JOIN pg_attribute a ON a.attrelid = k.conrelid AND a.attnum = key.n
+             ORDER BY key.position) AS columns
+FROM pg_constraint k
+JOIN pg_class c ON c.oid = k.conrelid
+JOIN pg_namespace s ON s.oid = c.relnamespace
+WHERE s.nspname = %s AND k.contype IN ('p', 'u')
+"""
+_TABLES = """
+SELECT c.relname AS table_name,
+       EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'owner_user_id'
+               AND NOT a.attisdropped) AS has_owner
+FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace
+WHERE s.nspname = %s AND c.relkind = 'r'
+"""
+
+
+def schema_of(dsn: str, schema: str = "securepad") -> tuple[dict[str, bool], list[dict[str, Any]]]:
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        tables = {row["table_name"]: row["has_owner"] for row in cur.execute(_TABLES, (schema,)).fetchall()}
+        constraints = cur.execute(_CONSTRAINTS, (schema,)).fetchall()
+    return tables, constraints
+
+
+def test_every_key_of_an_owners_table_includes_the_owner(pg_dsn: str, keyring: Keyring) -> None:
+    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+        pad.put(ALICE, "t1", 1, "shell", "x")
+    tables, constraints = schema_of(pg_dsn)
+    owners_tables = {name for name, has_owner in tables.items() if has_owner}
+    assert set(tables) - owners_tables == REFERENCE_TABLES
+    assert owners_tables == {"owner_keys", "entries", "segments", "checkpoints", "compaction_marks", "owner_usage"}
+    keyed = {c["table_name"] for c in constraints if c["kind"] == "p"}
+    assert owners_tables <= keyed  # every owner's table has a primary key
+    without_owner = [
+        (c["table_name"], c["name"], c["columns"])
+        for c in constraints
+        if c["table_name"] in owners_tables and "owner_user_id" not in c["columns"]
+    ]
+    assert without_owner == []
+    # The owner leads each key: one owner's rows are one contiguous range (and one shard).
+    assert all(c["columns"][0] == "owner_user_id" for c in constraints if c["table_name"] in owners_tables)
+
+
+def test_a_schema_1_store_is_converted_and_keeps_its_entries(
+    pg_dsn: str, keyring: Keyring, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as patch:
+        patch.setattr(_pg_schema, "SCHEMA_VERSION", 1)
+        with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+            entry = pad.put(ALICE, "t1", 1, "shell", "made at schema 1")["scratchpad_id"]
+        _, constraints = schema_of(pg_dsn)
+        assert ("entries", ["id"]) in [(c["table_name"], c["columns"]) for c in constraints]
+    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+        assert pad.get(ALICE, entry).observation == "made at schema 1"
+        pad.put(ALICE, "t1", 2, "shell", "made at schema 2")
+        assert [e["step_num"] for e in pad.list_for_turn(ALICE, "t1")] == [1, 2]
+    _, constraints = schema_of(pg_dsn)
+    assert ("entries", ["owner_user_id", "id"]) in [(c["table_name"], c["columns"]) for c in constraints]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        versions = [row[0] for row in conn.execute("SELECT version FROM securepad.schema_version ORDER BY version")]
+    assert versions == [1, 2]
