@@ -93,7 +93,7 @@ RECONNECT_TIMEOUT_S = 2.0
 _HOUSEKEEPING_FACTOR = 10
 # How often the watchdog looks at the calls in flight.
 _WATCH_TICK_S = 0.1
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _OWNER = "current_setting('securepad.owner', true)"
@@ -233,6 +233,14 @@ _MIGRATIONS: dict[int, str] = {
     GRANT UPDATE (expires_at, sealed) ON checkpoints, compaction_marks TO {APP_ROLE};
     GRANT SELECT, INSERT, UPDATE, DELETE ON owner_usage TO {APP_ROLE};
     """,
+    # Row-level security forced: the tables' owner (the admin role) is held by
+    # policies too, which let its housekeeping see every row, and nobody else.
+    2: "".join(
+        f"""
+    ALTER TABLE {table} FORCE ROW LEVEL SECURITY;
+    CREATE POLICY housekeeping ON {table} TO {ADMIN_ROLE} USING (true) WITH CHECK (true);"""
+        for table in (*_OWNER_TABLES, "segments")
+    ),
 }
 
 # The role, schema, owner, lock and statement timeouts of one transaction (``true``: local to it).
