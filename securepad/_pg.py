@@ -765,9 +765,8 @@ def store_present(dsn: str, schema: str = "securepad") -> bool:
     Raises:
         StoreUnavailableError: the server cannot be reached.
     """
-    limits = {"connect_timeout": CONNECT_TIMEOUT_S}
     try:
-        with psycopg.connect(dsn, autocommit=True, **limits) as conn:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn:
             row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.schema_version",)).fetchone()
     except psycopg.OperationalError as exc:
         raise StoreUnavailableError(
