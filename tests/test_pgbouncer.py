@@ -156,3 +156,17 @@ def test_scram_password_authentication_through_pgbouncer(
             with pytest.raises(SecurepadError, match=r"SASL authentication failed|no password supplied") as refused:
                 Scratchpad.open(b.dsn(dbname, role, wrong), keyring=keyring)
             assert password not in str(refused.value)
+
+
+def test_the_benchmark_runs_and_counts_errors_and_lost_writes(
+    pgbouncer_exe: str, pg_database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A smoke run (no timing asserted): the table has a row per client count, with 0 errors and 0 lost writes."""
+    from securepad.bench.pgbouncer import main
+
+    assert main(["--seconds", "0.5", "--clients", "1", "4", "--server", pg_database]) == 0
+    rows = [
+        line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line
+    ]
+    assert [r[1].strip() for r in rows[1:]] == ["1", "4"]
+    assert all(r[5].strip() == "0" and r[6].strip() == "0" for r in rows[1:]), rows
