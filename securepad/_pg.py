@@ -235,12 +235,16 @@ _MIGRATIONS: dict[int, str] = {
     """,
     # Row-level security forced: the tables' owner (the admin role) is held by
     # policies too, which let its housekeeping see every row, and nobody else.
-    2: "".join(
-        f"""
-    ALTER TABLE {table} FORCE ROW LEVEL SECURITY;
-    CREATE POLICY housekeeping ON {table} TO {ADMIN_ROLE} USING (true) WITH CHECK (true);"""
-        for table in (*_OWNER_TABLES, "segments")
-    ),
+    # Every table with an owner_rows policy (whatever earlier migrations made).
+    2: f"""
+    DO $$ DECLARE t text; BEGIN
+        FOR t IN SELECT tablename FROM pg_policies
+                 WHERE schemaname = current_schema() AND policyname = 'owner_rows' LOOP
+            EXECUTE format('ALTER TABLE %I FORCE ROW LEVEL SECURITY', t);
+            EXECUTE format('CREATE POLICY housekeeping ON %I TO {ADMIN_ROLE} USING (true) WITH CHECK (true)', t);
+        END LOOP;
+    END $$;
+    """,
 }
 
 # The role, schema, owner, lock and statement timeouts of one transaction (``true``: local to it).

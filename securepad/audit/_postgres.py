@@ -23,7 +23,8 @@ from ._support import CheckFailed, Context, Tenants, expect_not_found, expect_re
 
 __all__ = ["deployment_checks", "raw_query_check", "real_state", "remove_check", "tamper_checks"]
 
-# Tables whose rows belong to one owner (row-level security holds each).
+# Tables whose rows belong to one owner (row-level security holds each): these
+# at least, and every other table of the schema with an owner_user_id column.
 OWNER_TABLES = ("owner_keys", "entries", "segments", "checkpoints", "compaction_marks", "owner_usage")
 # The application role's documented rights: table -> privileges on the whole
 # table, and the columns it may UPDATE where it may not update the whole row.
@@ -36,6 +37,7 @@ TABLE_GRANTS: dict[str, frozenset[str]] = {
     "checkpoints": frozenset({"SELECT", "INSERT", "DELETE"}),
     "compaction_marks": frozenset({"SELECT", "INSERT", "DELETE"}),
     "owner_usage": frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"}),
+    "turn_heads": frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"}),
 }
 UPDATE_COLUMNS: dict[str, frozenset[str]] = {
     "store_meta": frozenset({"value"}),
@@ -57,6 +59,17 @@ def _admin(ctx: Context, sql: str, params: tuple[Any, ...] = ()) -> list[dict[st
 
 def _app(ctx: Context, sql: str, params: tuple[Any, ...] = (), owner: str | None = None) -> list[dict[str, Any]]:
     return parts(ctx.pad).db.query(sql, params, owner=owner)
+
+
+def owner_tables(ctx: Context) -> tuple[str, ...]:
+    """OWNER_TABLES and every other table of the store's schema with an owner_user_id column."""
+    rows = _admin(
+        ctx,
+        "SELECT c.relname AS name FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid"
+        " WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r'"
+        " AND a.attname = 'owner_user_id' AND NOT a.attisdropped ORDER BY c.relname",
+    )
+    return (*OWNER_TABLES, *(r["name"] for r in rows if r["name"] not in OWNER_TABLES))
 
 
 # -- deployment ------------------------------------------------------------------------
@@ -103,6 +116,7 @@ def _app_role(ctx: Context) -> str:
 
 
 def _rls_forced(ctx: Context) -> str:
+    tables_ = owner_tables(ctx)
     rows = _admin(
         ctx,
         "SELECT c.relname AS name, c.relrowsecurity AS enabled, c.relforcerowsecurity AS forced"
@@ -117,7 +131,7 @@ def _rls_forced(ctx: Context) -> str:
     ):
         policies.setdefault(p["t"], {})[p["name"]] = p
     problems = []
-    for table in OWNER_TABLES:
+    for table in tables_:
         row = tables.get(table)
         if row is None:
             problems.append(f"{table} is missing")
@@ -130,7 +144,7 @@ def _rls_forced(ctx: Context) -> str:
     if problems:
         raise CheckFailed("; ".join(problems))
     return (
-        f"{len(OWNER_TABLES)} owner tables ({', '.join(OWNER_TABLES)}): row-level security enabled and forced;"
+        f"{len(tables_)} owner tables ({', '.join(tables_)}): row-level security enabled and forced;"
         f" each has exactly owner_rows for {APP_ROLE} (USING and WITH CHECK owner_user_id = the owner setting)"
         f" and housekeeping for {ADMIN_ROLE}"
     )
@@ -223,16 +237,17 @@ def deployment_checks() -> list[tuple[str, str, Check]]:
 
 
 def _raw_query(ctx: Context) -> str:
+    tables_ = owner_tables(ctx)
     t = ctx.tenants
-    counts = " + ".join(f"(SELECT COUNT(*) FROM {table})" for table in OWNER_TABLES)
+    counts = " + ".join(f"(SELECT COUNT(*) FROM {table})" for table in tables_)
     total = _admin(ctx, f"SELECT {counts} AS n")[0]["n"]
     unset = _app(ctx, f"SELECT {counts} AS n")[0]["n"]
     if unset:
         raise CheckFailed(f"{APP_ROLE} without the owner setting saw {unset} of {total} rows")
     owner_a, _ = t.owners
-    others = " + ".join(f"(SELECT COUNT(*) FROM {table} WHERE owner_user_id <> ?)" for table in OWNER_TABLES)
-    own = " + ".join(f"(SELECT COUNT(*) FROM {table})" for table in OWNER_TABLES)
-    row = _app(ctx, f"SELECT {others} AS others, {own} AS own", (owner_a,) * len(OWNER_TABLES), owner=owner_a)[0]
+    others = " + ".join(f"(SELECT COUNT(*) FROM {table} WHERE owner_user_id <> ?)" for table in tables_)
+    own = " + ".join(f"(SELECT COUNT(*) FROM {table})" for table in tables_)
+    row = _app(ctx, f"SELECT {others} AS others, {own} AS own", (owner_a,) * len(tables_), owner=owner_a)[0]
     if row["others"] or not row["own"]:
         raise CheckFailed(f"{APP_ROLE} as {owner_a} saw {row['others']} rows of others and {row['own']} in all")
     return (
@@ -340,30 +355,34 @@ def tamper_checks() -> list[tuple[str, str, Check]]:
 
 
 def remove_check(ctx: Context, tenants: Tenants) -> str:
+    tables_ = owner_tables(ctx)
     removed = [ctx.pad.forget_owner(owner) for owner in tenants.owners]
-    counts = " + ".join(f"(SELECT COUNT(*) FROM {table} WHERE owner_user_id IN (?, ?))" for table in OWNER_TABLES)
-    left = _admin(ctx, f"SELECT {counts} AS n", tenants.owners * len(OWNER_TABLES))[0]["n"]
+    counts = " + ".join(f"(SELECT COUNT(*) FROM {table} WHERE owner_user_id IN (?, ?))" for table in tables_)
+    left = _admin(ctx, f"SELECT {counts} AS n", tenants.owners * len(tables_))[0]["n"]
     if left:
         raise CheckFailed(f"{left} rows of the audit owners remain")
     entries = sum(r.get("entries", 0) for r in removed)
     keys = sum(r.get("owner_keys", 0) for r in removed)
     return (
         f"{entries} entries and {keys} owner keys of {' and '.join(tenants.owners)} deleted; no row of theirs is"
-        f" left in {', '.join(OWNER_TABLES)} (dead row versions go with the server's VACUUM)"
+        f" left in {', '.join(tables_)} (dead row versions go with the server's VACUUM)"
     )
 
 
 def real_state(ctx: Context, exclude: tuple[str, ...]) -> dict[str, str]:
     """A digest of every row of every owner table not of ``exclude`` (segments in their entry's)."""
     digests: dict[str, Any] = {}
-    for table in OWNER_TABLES:
+    for table in owner_tables(ctx):
         for row in _admin(ctx, f"SELECT * FROM {table} ORDER BY 1, 2"):
             if row["owner_user_id"] in exclude:
                 continue
-            if table == "segments" and f"entry {row['entry_id']}" in digests:
-                digests[f"entry {row['entry_id']}"].update(repr(sorted(row.items())).encode())
+            if table == "segments":
+                name = f"entry {row['entry_id']}"
+                if name not in digests:  # an entry's segments follow it: an orphan is named on its own
+                    digests[name] = hashlib.sha256(b"orphan segments")
+                digests[name].update(repr(sorted(row.items())).encode())
                 continue
-            key = row.get("id") or row.get("entry_id") or row["owner_user_id"]
+            key = row.get("id") or "/".join(str(row[c]) for c in ("owner_user_id", "turn_id") if c in row)
             sub = f" v{row['version']}" if table == "owner_keys" else ""
             digests[f"{_label(table)} {key}{sub}"] = hashlib.sha256(repr(sorted(row.items())).encode())
     return {name: digest.hexdigest() for name, digest in digests.items()}
