@@ -380,3 +380,24 @@ def _describe(source: str | ConnectionPool[Any], schema: str) -> str:
     host = info.get("host") or "localhost"
     port = info.get("port") or "5432"
     return f"postgresql://{info.get('user') or ''}@{host}:{port}/{info.get('dbname') or ''} (schema {schema})"
+
+
+def store_present(dsn: str, schema: str = "securepad") -> bool:
+    """Whether a store (its schema_version table) exists at ``dsn``, before opening it.
+
+    Raises:
+        StoreUnavailableError: the server cannot be reached.
+    """
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn:
+            row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.schema_version",)).fetchone()
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailableError(
+            f"cannot connect to PostgreSQL at {_describe(dsn, schema)}: {_reason(exc)}"
+        ) from None
+    return bool(row and row[0])
+
+
+def describe(dsn: str, schema: str = "securepad") -> str:
+    """Where a store is, without a password (for messages)."""
+    return _describe(dsn, schema)

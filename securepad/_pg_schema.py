@@ -22,7 +22,7 @@ __all__ = ["ADMIN_ROLE", "APP_ROLE", "MIGRATIONS", "SCHEMA_VERSION", "lock_key",
 
 APP_ROLE = "securepad_app"
 ADMIN_ROLE = "securepad_admin"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _OWNER = "current_setting('securepad.owner', true)"
 _OWNER_TABLES = ("owner_keys", "entries", "checkpoints", "compaction_marks", "owner_usage")
@@ -177,6 +177,19 @@ MIGRATIONS: dict[int, str] = {
         WITH CHECK (owner_user_id = {_OWNER}
                     AND EXISTS (SELECT 1 FROM entries e
                                 WHERE e.owner_user_id = segments.owner_user_id AND e.id = segments.entry_id));
+    """,
+    # Row-level security forced (issue 15): the tables' owner is held to the
+    # policies too, and the admin role gets an explicit housekeeping policy,
+    # on every table that has an owner_rows policy (so a table added by a
+    # later migration with that policy must be forced there as well).
+    3: f"""
+    DO $$ DECLARE t text; BEGIN
+        FOR t IN SELECT tablename FROM pg_policies
+                 WHERE schemaname = current_schema() AND policyname = 'owner_rows' LOOP
+            EXECUTE format('ALTER TABLE %I FORCE ROW LEVEL SECURITY', t);
+            EXECUTE format('CREATE POLICY housekeeping ON %I TO {ADMIN_ROLE} USING (true) WITH CHECK (true)', t);
+        END LOOP;
+    END $$;
     """,
 }
 

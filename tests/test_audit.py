@@ -349,11 +349,21 @@ def test_key_file_in_a_directory_others_can_write_fails(db_path: Path, key_file:
         assert "key file permissions" in failed(run_audit(pad).as_dict())
 
 
-def test_a_postgresql_store_is_refused_up_front(pg_dsn: str, keyring: Keyring) -> None:
+def test_a_postgresql_store_is_audited_with_the_checks_that_apply_there(pg_dsn: str, keyring: Keyring) -> None:
+    """No file to scan or copy: the server's roles, row-level security and grants
+    instead, rows tampered in place; the real rows are untouched (see
+    tests/test_cli_postgres.py for the failures)."""
     pytest.importorskip("psycopg")
     with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
-        with pytest.raises(SecurepadError, match="the audit works on a SQLite store file"):
-            Audit(pad)
-        with pytest.raises(SecurepadError, match="SQLite"):
-            run_audit(pad)
-        assert pad.stats()["entries"] == 0  # nothing was touched
+        ids = [pad.put(p, "turn", 1, "tool", f"real {p.owner_user_id}")["scratchpad_id"] for p in REAL]
+        before = {k: v for k, v in pad.stats().items() if k != "key_usage"}  # the audit owners' keys count master wraps
+        report = run_audit(pad)
+        assert report.passed, [(r.name, r.happened) for r in report.failed]
+        names = [r.name for r in report.results]
+        assert "at-rest canary scan" not in names and "store file permissions" not in names
+        assert names[-2:] == ["audit tenants removed", "real entries unchanged"]
+        assert "2 entries, 2 owner keys" in report.results[-1].happened
+        assert report.store.startswith("postgresql://")
+        assert {k: v for k, v in pad.stats().items() if k != "key_usage"} == before
+        for principal, entry_id in zip(REAL, ids, strict=True):
+            assert pad.get(principal, entry_id).observation == f"real {principal.owner_user_id}"

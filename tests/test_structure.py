@@ -44,6 +44,7 @@ SQL_MODULES = {
     "securepad.audit",
     "securepad.audit._api",
     "securepad.audit._files",
+    "securepad.audit._postgres",
     "securepad._drill",
 }
 # The benchmark suite measures securepad against raw SQLite, sqlite3, diskcache and

@@ -35,7 +35,7 @@ from typing import Any
 from ..errors import PolicyError, SecurepadError
 from ..policy import SCOPES, Policy, setting_sections
 from ..store import Scratchpad, sqlite_of
-from . import _api, _files
+from . import _api, _files, _postgres
 from ._support import CheckFailed, Context, Tenants, scan_files, store_files
 
 __all__ = ["Audit", "AuditReport", "CheckResult", "run_audit"]
@@ -126,15 +126,7 @@ class Audit:
     _started: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
-        # Refused up front: most checks work on the store's file (scans, copies, edits).
-        if self.pad.backend != "sqlite":
-            raise SecurepadError(
-                f"the audit works on a SQLite store file: the store at {self.pad.location} is not a SQLite file"
-                f" ({self.pad.backend}). Its isolation is enforced by row-level security,"
-                " which the PostgreSQL tests check;"
-                " audit a SQLite store opened with the same keyring and policy instead"
-            )
-        self._steps = _plan(self.pad)
+        self._steps = _plan(self.pad) if self.pad.backend == "sqlite" else _pg_plan(self.pad)
 
     @property
     def checks(self) -> tuple[str, ...]:
@@ -156,7 +148,15 @@ class Audit:
         scratch = Path(self.scratch_dir) if self.scratch_dir is not None else None
         ctx = Context(pad, key_file, scratch)
         tenants = _api.new_tenants()
-        before = _real_state(pad, tenants.owners)
+        on_pg = pad.backend != "sqlite"
+
+        def state() -> dict[str, str]:
+            return _postgres.real_state(ctx, tenants.owners) if on_pg else _real_state(pad, tenants.owners)
+
+        def remove(c: Context) -> str:
+            return _postgres.remove_check(c, tenants) if on_pg else _remove_tenants(c, tenants)
+
+        before = state()
         try:
             for step in self._steps:
                 if step.name == _TENANTS:
@@ -166,9 +166,9 @@ class Audit:
                     result = _timed(step, step.check, ctx)
                 yield self._record(result)
         finally:
-            removed = _timed(_REMOVED, lambda c: _remove_tenants(c, tenants), ctx)
+            removed = _timed(_REMOVED, remove, ctx)
         yield self._record(removed)
-        after = _real_state(pad, tenants.owners)
+        after = state()
         yield self._record(_timed(_UNCHANGED, lambda c: _compare(before, after), ctx))
 
     def _record(self, result: CheckResult) -> CheckResult:
@@ -178,7 +178,8 @@ class Audit:
     def report(self) -> AuditReport:
         """The rows so far (all of them once ``run`` is exhausted)."""
         pad = self.pad
-        return AuditReport(str(pad.path), pad.policy.name, repr(pad.keyring), tuple(self._results))
+        store = str(pad.path) if pad.backend == "sqlite" else str(pad.location)
+        return AuditReport(store, pad.policy.name, repr(pad.keyring), tuple(self._results))
 
 
 def run_audit(
@@ -194,8 +195,7 @@ def run_audit(
     a row, not an exception: read ``report.passed``.
 
     Raises:
-        SecurepadError: the store is not a SQLite file (refused before any
-            check), or it cannot be used at all (closed, busy...).
+        SecurepadError: the store cannot be used at all (closed, busy...).
     """
     audit = Audit(pad, key_file=key_file, scratch_dir=scratch_dir)
     for result in audit.run():
@@ -284,6 +284,27 @@ def _plan(pad: Scratchpad) -> list[_Step]:
             _files.gc_scrubs_expired,
         ),
     ]
+    return steps
+
+
+def _pg_plan(pad: Scratchpad) -> list[_Step]:
+    """The checks that apply on PostgreSQL: no file to copy or scan; the server's
+    roles, row-level security and grants instead, and rows tampered in place."""
+    steps = [_Step(name, "deployment", tried, check) for name, tried, check in _postgres.deployment_checks()]
+    steps += [
+        _Step("policy sane", "deployment", "validate the policy again; log_denied on; bounded expiry", _policy_sane),
+        _Step(
+            _TENANTS,
+            "setup",
+            "store canary entries as two synthetic owners (three principals of a) and read them back",
+            lambda ctx: "",
+        ),
+    ]
+    name, tried, check = _postgres.raw_query_check()
+    steps.append(_Step(name, "isolation", tried, check))
+    steps += [_Step(name, "isolation", tried, check) for name, tried, check in _api.api_checks(pad)]
+    steps += [_Step(name, "runtime", tried, check) for name, tried, check in _api.runtime_checks(pad)]
+    steps += [_Step(name, "tamper", tried, check) for name, tried, check in _postgres.tamper_checks()]
     return steps
 
 

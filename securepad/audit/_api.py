@@ -19,7 +19,7 @@ from typing import Any, cast
 from .. import reads
 from ..errors import ExpiredError, InvalidArgumentError, NotFoundError
 from ..principal import Principal
-from ..store import Scratchpad, sqlite_of
+from ..store import Scratchpad, parts
 from ._support import CheckFailed, Context, Tenants, describe, expect_not_found
 
 __all__ = ["api_checks", "new_tenants", "populate", "read_args", "runtime_checks"]
@@ -103,7 +103,7 @@ def populate(pad: Scratchpad, t: Tenants) -> str:
         t.ids[label], t.puts[label], t.writers[label], t.steps[label] = view["scratchpad_id"], observation, who, step
         t.sizes[label] = int(view["size_bytes"])
 
-    rows = sqlite_of(pad).query("SELECT MIN(expires_at) AS low FROM entries")
+    rows = parts(pad).db.query("SELECT MIN(expires_at) AS low FROM entries", admin=True)
     low = rows[0]["low"]
     base = 86_400.0 if low is None else min(86_400.0, float(low) - 10.0)
     t.expired_cutoff = base + 1.0
@@ -150,7 +150,9 @@ def populate(pad: Scratchpad, t: Tenants) -> str:
                 raise
             if not result.get("ok"):
                 raise CheckFailed(f"{mode} read of the {label} entry by its writer failed: {describe(result)}")
-    segments = sqlite_of(pad).query("SELECT segment_count AS n FROM entries WHERE id = ?", (t.ids["text"],))[0]["n"]
+    segments = parts(pad).db.query("SELECT segment_count AS n FROM entries WHERE id = ?", (t.ids["text"],), admin=True)[
+        0
+    ]["n"]
     return (
         f"{len(t.ids)} entries stored as {t.a.owner_user_id} (3 principals) and {t.b.owner_user_id}: text in"
         f" {segments} segments, binary, json, one already expired, and others' from another channel and actor;"

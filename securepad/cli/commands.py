@@ -299,7 +299,7 @@ def _scratch_store(state: State) -> tuple[Any, Scratchpad]:
 def _open_or_scratch(state: State, what: str) -> tuple[Any, Scratchpad]:
     if state.store_exists() is False:
         err_console.print(
-            plain(f"no store at {state.db} yet (`securepad init` creates it): {what} a throwaway store"),
+            plain(f"no store at {state.where()} yet (`securepad init` creates it): {what} a throwaway store"),
             style="yellow",
             highlight=False,
         )

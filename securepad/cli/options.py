@@ -134,17 +134,31 @@ class State:
 
     # -- the store and its key ---------------------------------------------------------
 
-    def store_exists(self) -> bool | None:
-        """Whether the SQLite file exists; None for a PostgreSQL store (not checked here)."""
+    def store_exists(self) -> bool:
+        """Whether the SQLite file exists, or the PostgreSQL store's schema.
+
+        Raises:
+            StoreUnavailableError: the PostgreSQL server cannot be reached.
+        """
         if isinstance(self.db, str):
-            return None
+            from .._pg import store_present
+
+            return store_present(self.db)
         return self.db.exists()
+
+    def where(self) -> str:
+        """The store's location for a message (a DSN without its password)."""
+        if isinstance(self.db, str):
+            from .._pg import describe
+
+            return describe(self.db)
+        return str(Path(self.db).absolute())
 
     def require_store(self) -> None:
         """Refuse to go on when the store is not there: only ``init`` creates one."""
         if self.store_exists() is False:
             raise StoreMissingError(
-                f"no store at {Path(self.db).absolute()}: `securepad init` creates one there (with the same --db or"
+                f"no store at {self.where()}: `securepad init` creates one there (with the same --db or"
                 " SECUREPAD_DB); to use an existing store, point --db or SECUREPAD_DB at it"
             )
 

@@ -1,0 +1,399 @@
+"""The audit's checks of a PostgreSQL store: the server's own line of defence.
+
+On PostgreSQL there is no file to copy, scan or damage. What the audit checks
+instead is what the server enforces: the application role's rights (no
+BYPASSRLS, no superuser, owns no table, may create nothing, cannot become the
+admin role), row-level security enabled and forced on every owner table with
+the expected policies, a raw query as the application role without the owner
+setting (it must see no row), every grant as documented in
+``docs/how-to/postgresql.md``, and tampered rows of the audit owners (edited in
+place, in one transaction each, then restored) refused by the API.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from .._pg import ADMIN_ROLE, APP_ROLE
+from ..store import parts
+from ._support import CheckFailed, Context, Tenants, expect_not_found, expect_refused
+
+__all__ = ["deployment_checks", "raw_query_check", "real_state", "remove_check", "tamper_checks"]
+
+# Tables whose rows belong to one owner (row-level security holds each): these
+# at least, and every other table of the schema with an owner_user_id column.
+OWNER_TABLES = ("owner_keys", "entries", "segments", "checkpoints", "compaction_marks", "owner_usage")
+# The application role's documented rights: table -> privileges on the whole
+# table, and the columns it may UPDATE where it may not update the whole row.
+TABLE_GRANTS: dict[str, frozenset[str]] = {
+    "schema_version": frozenset({"SELECT"}),
+    "store_meta": frozenset({"SELECT"}),
+    "owner_keys": frozenset({"SELECT", "INSERT"}),
+    "entries": frozenset({"SELECT", "INSERT", "DELETE"}),
+    "segments": frozenset({"SELECT", "INSERT", "DELETE"}),
+    "checkpoints": frozenset({"SELECT", "INSERT", "DELETE"}),
+    "compaction_marks": frozenset({"SELECT", "INSERT", "DELETE"}),
+    "owner_usage": frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"}),
+    "turn_heads": frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"}),
+}
+UPDATE_COLUMNS: dict[str, frozenset[str]] = {
+    "store_meta": frozenset({"value"}),
+    "owner_keys": frozenset({"wrap_count"}),
+    "entries": frozenset({"expires_at", "sealed_meta"}),
+    "checkpoints": frozenset({"expires_at", "sealed"}),
+    "compaction_marks": frozenset({"expires_at", "sealed"}),
+}
+_TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
+_COLUMN_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "REFERENCES")
+_OWNER_EXPR = "(owner_user_id = current_setting('securepad.owner'::text, true))"
+
+Check = Callable[[Context], str]
+
+
+def _admin(ctx: Context, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    return parts(ctx.pad).db.query(sql, params, admin=True)
+
+
+def _app(ctx: Context, sql: str, params: tuple[Any, ...] = (), owner: str | None = None) -> list[dict[str, Any]]:
+    return parts(ctx.pad).db.query(sql, params, owner=owner)
+
+
+def owner_tables(ctx: Context) -> tuple[str, ...]:
+    """OWNER_TABLES and every other table of the store's schema with an owner_user_id column."""
+    rows = _admin(
+        ctx,
+        "SELECT c.relname AS name FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid"
+        " WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r'"
+        " AND a.attname = 'owner_user_id' AND NOT a.attisdropped ORDER BY c.relname",
+    )
+    return (*OWNER_TABLES, *(r["name"] for r in rows if r["name"] not in OWNER_TABLES))
+
+
+# -- deployment ------------------------------------------------------------------------
+
+
+def _app_role(ctx: Context) -> str:
+    rows = _admin(
+        ctx,
+        "SELECT r.rolsuper AS superuser, r.rolbypassrls AS bypassrls, r.rolcreaterole AS createrole,"
+        " r.rolcreatedb AS createdb, pg_has_role(r.rolname, ?, 'USAGE') AS admin,"
+        " has_schema_privilege(r.rolname, current_schema(), 'CREATE') AS schema_create,"
+        " has_database_privilege(r.rolname, current_database(), 'CREATE') AS db_create,"
+        " (SELECT COUNT(*) FROM pg_class c WHERE c.relnamespace = current_schema()::regnamespace"
+        "  AND pg_has_role(r.rolname, c.relowner, 'USAGE')) AS owned,"
+        " current_schema() AS schema, session_user AS login"
+        " FROM pg_roles r WHERE r.rolname = ?",
+        (ADMIN_ROLE, APP_ROLE),
+    )
+    if not rows:
+        raise CheckFailed(f"the application role {APP_ROLE} does not exist")
+    r = rows[0]
+    problems = [
+        text
+        for flag, text in (
+            ("bypassrls", "has BYPASSRLS (row-level security does not hold it)"),
+            ("superuser", "is a superuser"),
+            ("createrole", "has CREATEROLE"),
+            ("createdb", "has CREATEDB"),
+            ("admin", f"can act as {ADMIN_ROLE}"),
+            ("schema_create", f"may CREATE in schema {r['schema']} (DDL)"),
+            ("db_create", "may CREATE schemas in the database (DDL)"),
+        )
+        if r[flag]
+    ]
+    if r["owned"]:
+        problems.append(f"owns {r['owned']} tables or objects of schema {r['schema']}")
+    if problems:
+        raise CheckFailed(f"{APP_ROLE} " + "; ".join(problems))
+    return (
+        f"{APP_ROLE}: no BYPASSRLS, not superuser, no CREATEROLE/CREATEDB, not a member of {ADMIN_ROLE}, owns"
+        f" nothing in schema {r['schema']}, may create nothing there or in the database"
+        f" (this connection logs in as {r['login']})"
+    )
+
+
+def _rls_forced(ctx: Context) -> str:
+    tables_ = owner_tables(ctx)
+    rows = _admin(
+        ctx,
+        "SELECT c.relname AS name, c.relrowsecurity AS enabled, c.relforcerowsecurity AS forced"
+        " FROM pg_class c WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r'",
+    )
+    tables = {r["name"]: r for r in rows}
+    policies: dict[str, dict[str, Any]] = {}
+    for p in _admin(
+        ctx,
+        "SELECT tablename AS t, policyname AS name, roles::text[] AS roles, cmd, qual, with_check"
+        " FROM pg_policies WHERE schemaname = current_schema()",
+    ):
+        policies.setdefault(p["t"], {})[p["name"]] = p
+    problems = []
+    for table in tables_:
+        row = tables.get(table)
+        if row is None:
+            problems.append(f"{table} is missing")
+            continue
+        if not row["enabled"]:
+            problems.append(f"{table}: row-level security disabled")
+        if not row["forced"]:
+            problems.append(f"{table}: row-level security not forced (the tables' owner is not held)")
+        problems += _policy_problems(table, policies.get(table, {}))
+    if problems:
+        raise CheckFailed("; ".join(problems))
+    return (
+        f"{len(tables_)} owner tables ({', '.join(tables_)}): row-level security enabled and forced;"
+        f" each has exactly owner_rows for {APP_ROLE} (USING and WITH CHECK owner_user_id = the owner setting)"
+        f" and housekeeping for {ADMIN_ROLE}"
+    )
+
+
+def _policy_problems(table: str, found: dict[str, dict[str, Any]]) -> list[str]:
+    problems = []
+    if set(found) != {"owner_rows", "housekeeping"}:
+        problems.append(f"{table}: policies {sorted(found)}, expected owner_rows and housekeeping")
+    rows = found.get("owner_rows")
+    if rows is not None:
+        if list(rows["roles"]) != [APP_ROLE] or rows["cmd"] != "ALL":
+            problems.append(f"{table}.owner_rows applies to {rows['roles']} for {rows['cmd']}")
+        check = str(rows["with_check"])
+        # segments' check also asks for the entry row: (owner condition AND (EXISTS ...)).
+        if rows["qual"] != _OWNER_EXPR or not (check == _OWNER_EXPR or check.startswith(f"({_OWNER_EXPR} AND ")):
+            problems.append(f"{table}.owner_rows is USING {rows['qual']} WITH CHECK {rows['with_check']}")
+    keeping = found.get("housekeeping")
+    if keeping is not None and list(keeping["roles"]) != [ADMIN_ROLE]:
+        problems.append(f"{table}.housekeeping applies to {keeping['roles']}")
+    return problems
+
+
+def _grants(ctx: Context) -> str:
+    tables = _admin(
+        ctx,
+        "SELECT c.oid::bigint AS oid, c.relname AS name FROM pg_class c"
+        " WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'v', 'm', 'p')",
+    )
+    problems = []
+    checked = 0
+    for t in tables:
+        name = t["name"]
+        if name not in TABLE_GRANTS:
+            problems.append(f"{name}: not in the documented grants")
+            continue
+        have = {
+            p
+            for p in _TABLE_PRIVILEGES
+            if _admin(ctx, "SELECT has_table_privilege(?, ?::oid, ?) AS ok", (APP_ROLE, t["oid"], p))[0]["ok"]
+        }
+        if have != TABLE_GRANTS[name]:
+            problems.append(f"{name}: {sorted(have)} on the table, documented {sorted(TABLE_GRANTS[name])}")
+        columns = _admin(
+            ctx,
+            "SELECT a.attname AS col,"
+            + ", ".join(
+                f" has_column_privilege(?, a.attrelid, a.attnum, '{p}') AS {p.lower()}" for p in _COLUMN_PRIVILEGES
+            )
+            + " FROM pg_attribute a WHERE a.attrelid = ?::oid AND a.attnum > 0 AND NOT a.attisdropped",
+            (*([APP_ROLE] * len(_COLUMN_PRIVILEGES)), t["oid"]),
+        )
+        for col in columns:
+            checked += 1
+            expected = set(TABLE_GRANTS[name]) & set(_COLUMN_PRIVILEGES)
+            if col["col"] in UPDATE_COLUMNS.get(name, ()):
+                expected.add("UPDATE")
+            have_col = {p for p in _COLUMN_PRIVILEGES if col[p.lower()]}
+            if have_col != expected:
+                problems.append(f"{name}.{col['col']}: {sorted(have_col)}, documented {sorted(expected)}")
+    if problems:
+        raise CheckFailed("; ".join(problems))
+    return (
+        f"{len(tables)} tables and {checked} columns: {APP_ROLE} holds exactly the documented privileges"
+        " (no TRUNCATE, REFERENCES or TRIGGER; UPDATE only on the documented columns)"
+    )
+
+
+def deployment_checks() -> list[tuple[str, str, Check]]:
+    return [
+        (
+            "application role privileges",
+            f"read {APP_ROLE}'s attributes, memberships, ownerships and CREATE rights in pg_roles and pg_class",
+            _app_role,
+        ),
+        (
+            "row-level security forced",
+            "read relrowsecurity, relforcerowsecurity and pg_policies for every owner table",
+            _rls_forced,
+        ),
+        (
+            "column grants as documented",
+            f"has_table_privilege and has_column_privilege of {APP_ROLE} on every table and column",
+            _grants,
+        ),
+    ]
+
+
+# -- the raw query ---------------------------------------------------------------------
+
+
+def _raw_query(ctx: Context) -> str:
+    tables_ = owner_tables(ctx)
+    t = ctx.tenants
+    counts = " + ".join(f"(SELECT COUNT(*) FROM {table})" for table in tables_)
+    total = _admin(ctx, f"SELECT {counts} AS n")[0]["n"]
+    unset = _app(ctx, f"SELECT {counts} AS n")[0]["n"]
+    if unset:
+        raise CheckFailed(f"{APP_ROLE} without the owner setting saw {unset} of {total} rows")
+    owner_a, _ = t.owners
+    others = " + ".join(f"(SELECT COUNT(*) FROM {table} WHERE owner_user_id <> ?)" for table in tables_)
+    own = " + ".join(f"(SELECT COUNT(*) FROM {table})" for table in tables_)
+    row = _app(ctx, f"SELECT {others} AS others, {own} AS own", (owner_a,) * len(tables_), owner=owner_a)[0]
+    if row["others"] or not row["own"]:
+        raise CheckFailed(f"{APP_ROLE} as {owner_a} saw {row['others']} rows of others and {row['own']} in all")
+    return (
+        f"SELECT COUNT(*) of every owner table as {APP_ROLE}: without the owner setting 0 of {total} rows;"
+        f" with owner {owner_a}, its own {row['own']} rows and no other's"
+    )
+
+
+def raw_query_check() -> tuple[str, str, Check]:
+    return (
+        "raw query without owner",
+        f"count every owner table's rows as {APP_ROLE} with no owner setting, and as one audit owner",
+        _raw_query,
+    )
+
+
+# -- tampered rows ---------------------------------------------------------------------
+
+
+@contextmanager
+def _tampered(
+    ctx: Context, edits: list[tuple[str, tuple[Any, ...]]], undo: list[tuple[str, tuple[Any, ...]]]
+) -> Iterator[None]:
+    """Edit audit rows in place (one admin transaction), then put them back."""
+    db = parts(ctx.pad).db
+    with db.transaction(admin=True) as conn:
+        for sql, params in edits:
+            if conn.execute(sql, params) < 1:
+                raise CheckFailed(f"the edit {sql!r} changed no row")
+    try:
+        yield
+    finally:
+        with db.transaction(admin=True) as conn:
+            for sql, params in undo:
+                conn.execute(sql, params)
+
+
+def _segment(ctx: Context, entry_id: str, seq: int) -> bytes:
+    return bytes(_admin(ctx, "SELECT data FROM segments WHERE entry_id = ? AND seq = ?", (entry_id, seq))[0]["data"])
+
+
+def _flipped(ctx: Context) -> str:
+    t = ctx.tenants
+    text = t.ids["text"]
+    data = _segment(ctx, text, 0)
+    bad = bytes([data[0] ^ 1]) + data[1:]
+    sql = "UPDATE segments SET data = ? WHERE entry_id = ? AND seq = 0"
+    with _tampered(ctx, [(sql, (bad, text))], [(sql, (data, text))]):
+        got = expect_refused("get after one flipped bit", ctx.pad.get, t.a, text)
+        read = expect_refused("head read after one flipped bit", ctx.pad.read, t.a, text, mode="head", n=10)
+    return f"one bit flipped in segment 0 of the text entry's row: get -> {got}, head read -> {read}"
+
+
+def _segment_moved(ctx: Context) -> str:
+    t = ctx.tenants
+    binary, theirs = t.ids["binary"], t.ids["b_text"]
+    mine, other = _segment(ctx, binary, 0), _segment(ctx, theirs, 0)
+    sql = "UPDATE segments SET data = ? WHERE entry_id = ? AND seq = 0"
+    with _tampered(ctx, [(sql, (other, binary))], [(sql, (mine, binary))]):
+        got = expect_refused("segment from another owner", ctx.pad.get, t.a, binary)
+    return f"segment 0 of a's binary entry replaced by owner b's: {got}"
+
+
+def _item_key_swapped(ctx: Context) -> str:
+    t = ctx.tenants
+    text, json_ = t.ids["text"], t.ids["json"]
+    keys = {
+        r["id"]: bytes(r["k"])
+        for r in _admin(ctx, "SELECT id, wrapped_key AS k FROM entries WHERE id IN (?, ?)", (text, json_))
+    }
+    sql = "UPDATE entries SET wrapped_key = ? WHERE id = ?"
+    with _tampered(ctx, [(sql, (keys[text], json_))], [(sql, (keys[json_], json_))]):
+        got = expect_refused("another entry's wrapped item key", ctx.pad.get, t.a, json_)
+    return f"the json entry given the text entry's wrapped item key: {got}"
+
+
+def _row_moved(ctx: Context) -> str:
+    t = ctx.tenants
+    text = t.ids["text"]
+    owner_a, owner_b = t.owners
+    entry = "UPDATE entries SET owner_user_id = ? WHERE id = ?"
+    segments = "UPDATE segments SET owner_user_id = ? WHERE entry_id = ?"
+    edits = [(entry, (owner_b, text)), (segments, (owner_b, text))]
+    undo = [(entry, (owner_a, text)), (segments, (owner_a, text))]
+    with _tampered(ctx, edits, undo):
+        taken = expect_refused("b reads a's row relabelled as b's", ctx.pad.get, t.b, text)
+        expect_not_found(t.absent_message, "a asks for its relabelled row", ctx.pad.get, t.a, text)
+    return f"a's row (and its segments) relabelled as owner b's: b's get -> {taken}, a's get -> NotFoundError"
+
+
+def tamper_checks() -> list[tuple[str, str, Check]]:
+    return [
+        ("tamper: flipped bit", "flip one bit of a segment row of an audit entry, read the entry", _flipped),
+        ("tamper: segment moved", "replace a segment's data with another owner's", _segment_moved),
+        (
+            "tamper: item key swapped",
+            "copy another entry's wrapped item key into an audit entry's row",
+            _item_key_swapped,
+        ),
+        ("tamper: row moved to another owner", "relabel owner a's row and segments as owner b's", _row_moved),
+    ]
+
+
+# -- cleanup ---------------------------------------------------------------------------
+
+
+def remove_check(ctx: Context, tenants: Tenants) -> str:
+    tables_ = owner_tables(ctx)
+    removed = [ctx.pad.forget_owner(owner) for owner in tenants.owners]
+    counts = " + ".join(f"(SELECT COUNT(*) FROM {table} WHERE owner_user_id IN (?, ?))" for table in tables_)
+    left = _admin(ctx, f"SELECT {counts} AS n", tenants.owners * len(tables_))[0]["n"]
+    if left:
+        raise CheckFailed(f"{left} rows of the audit owners remain")
+    entries = sum(r.get("entries", 0) for r in removed)
+    keys = sum(r.get("owner_keys", 0) for r in removed)
+    return (
+        f"{entries} entries and {keys} owner keys of {' and '.join(tenants.owners)} deleted; no row of theirs is"
+        f" left in {', '.join(tables_)} (dead row versions go with the server's VACUUM)"
+    )
+
+
+def real_state(ctx: Context, exclude: tuple[str, ...]) -> dict[str, str]:
+    """A digest of every row of every owner table not of ``exclude`` (segments in their entry's)."""
+    digests: dict[str, Any] = {}
+    for table in owner_tables(ctx):
+        for row in _admin(ctx, f"SELECT * FROM {table} ORDER BY 1, 2"):
+            if row["owner_user_id"] in exclude:
+                continue
+            if table == "segments":
+                name = f"entry {row['entry_id']}"
+                if name not in digests:  # an entry's segments follow it: an orphan is named on its own
+                    digests[name] = hashlib.sha256(b"orphan segments")
+                digests[name].update(repr(sorted(row.items())).encode())
+                continue
+            key = row.get("id") or "/".join(str(row[c]) for c in ("owner_user_id", "turn_id") if c in row)
+            sub = f" v{row['version']}" if table == "owner_keys" else ""
+            digests[f"{_label(table)} {key}{sub}"] = hashlib.sha256(repr(sorted(row.items())).encode())
+    return {name: digest.hexdigest() for name, digest in digests.items()}
+
+
+def _label(table: str) -> str:
+    return {
+        "owner_keys": "owner key",
+        "entries": "entry",
+        "segments": "segment of",
+        "checkpoints": "checkpoint",
+        "compaction_marks": "compaction mark",
+        "owner_usage": "usage of",
+    }.get(table, table)
