@@ -393,7 +393,7 @@ def store_present(dsn: str, schema: str = "securepad") -> bool:
             row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.schema_version",)).fetchone()
     except psycopg.OperationalError as exc:
         raise StoreUnavailableError(
-            f"cannot connect to PostgreSQL at {_describe(dsn, schema)}: {_reason(exc)}"
+            f"cannot connect to PostgreSQL at {_describe(dsn, schema)}: {reason(exc)}"
         ) from None
     return bool(row and row[0])
 
