@@ -34,7 +34,10 @@ _LIMITS: dict[tuple[str, str], tuple[type, int, int]] = {
     # Nesting of a structured observation; past ~900 Python's JSON encoder overflows its stack.
     ("limits", "max_json_depth"): (int, 1, 500),
     ("storage", "wal_limit_bytes"): (int, 1 << 20, 1 << 40),
+    ("storage", "anchor_interval_seconds"): (int, 1, 86400),
 }
+# The snapshot-rollback anchor's sync policy (anchor.py, SECURITY.md).
+ANCHOR_SYNC = ("commit", "interval", "close")
 _FLAGS = {
     ("audit", "log_denied"),
     ("audit", "log_reads"),
@@ -70,6 +73,11 @@ class Policy:
     # and whether gc gives freed pages back to the file system.
     wal_limit_bytes: int = 256 * 1024 * 1024
     incremental_vacuum: bool = False
+    # When the snapshot-rollback anchor follows the store's write counter:
+    # after every commit, at most every anchor_interval_seconds, or at open
+    # and close only (SECURITY.md, "Snapshot rollback", for each one's window).
+    anchor_sync: str = "interval"
+    anchor_interval_seconds: int = 1
     name: str = "default"
 
     @classmethod
@@ -186,6 +194,10 @@ def _validate(section: str, key: str, value: Any) -> Any:
         if value not in SCOPES:
             raise PolicyError(f"access.scope must be one of {', '.join(SCOPES)}, not {value!r}")
         return value
+    if (section, key) == ("storage", "anchor_sync"):
+        if value not in ANCHOR_SYNC:
+            raise PolicyError(f"storage.anchor_sync must be one of {', '.join(ANCHOR_SYNC)}, not {value!r}")
+        return value
     if (section, key) in _FLAGS:
         if not isinstance(value, bool):
             raise PolicyError(f"{section}.{key} must be true or false, not {value!r}")
@@ -203,7 +215,7 @@ def _validate(section: str, key: str, value: Any) -> Any:
 
 def setting_sections() -> dict[str, str]:
     """Every setting a policy file may hold besides ``access.scope``: its key and its section."""
-    return {key: section for section, key in (*_LIMITS, *_FLAGS)}
+    return {key: section for section, key in (*_LIMITS, *_FLAGS, ("storage", "anchor_sync"))}
 
 
 def _is_name(value: str) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 from . import entries, lifecycle, reads
 from ._backend import Backend
 from ._db import Database
+from .anchor import Anchor, default_path
 from ._records import Records
 from .access import Access, check_principal
 from .entries import Entries, Entry
@@ -51,11 +52,20 @@ class Scratchpad:
     to use from several processes on the same file.
     """
 
-    def __init__(self, db: Backend, keyring: Keyring, policy: Policy, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        db: Backend,
+        keyring: Keyring,
+        policy: Policy,
+        clock: Callable[[], float],
+        anchor: str | os.PathLike[str] | bool | None = None,
+        adopt_anchor: bool = False,
+    ) -> None:
         self._db = db
         self.policy = policy
         self._keys = Keystore(db, keyring)
         self.store_id = self._keys.store_id
+        self._anchor = _open_anchor(db, self._keys, policy, anchor, adopt_anchor)
         access = Access(db, policy)
         self._entries = Entries(db, self._keys, access, policy, clock)
         self._records = Records(db, self._keys, access, self._entries.ttl, self._entries.now, self._entries.check_quota)
@@ -78,6 +88,8 @@ class Scratchpad:
         clock: Callable[[], float] = time.time,
         admin: str | Any | None = None,
         schema: str = "securepad",
+        anchor: str | os.PathLike[str] | bool | None = None,
+        adopt_anchor: bool = False,
     ) -> Scratchpad:
         """Open (creating if needed) the store at ``db_path``.
 
@@ -108,7 +120,7 @@ class Scratchpad:
             resolved = Policy.load(policy if isinstance(policy, str) else Path(policy))
         db = _open_backend(db_path, admin, schema, resolved)
         try:
-            return cls(db, keyring, resolved, clock)
+            return cls(db, keyring, resolved, clock, anchor, adopt_anchor)
         except BaseException:
             db.close()
             raise
@@ -133,8 +145,13 @@ class Scratchpad:
         return self._db.dialect
 
     def close(self) -> None:
-        """Close every connection. The object cannot be used afterwards."""
-        self._db.close()
+        """Raise the anchor to the last write, close every connection. The
+        object cannot be used afterwards."""
+        try:
+            if self._anchor is not None:
+                self._anchor.close()
+        finally:
+            self._db.close()
 
     def __enter__(self) -> Scratchpad:
         return self
@@ -326,7 +343,9 @@ class Scratchpad:
         """Re-wrap every owner key under ``new_keyring``'s master key; see ``lifecycle.rotate_master_key``."""
         if not isinstance(new_keyring, Keyring):
             raise InvalidArgumentError("new_keyring must be a securepad.Keyring")
-        return lifecycle.rotate_master_key(self._db, self._keys, new_keyring, progress=progress)
+        done = lifecycle.rotate_master_key(self._db, self._keys, new_keyring, progress=progress)
+        self._anchor = _move_anchor(self._anchor, self._keys, new_keyring)
+        return done
 
     def rotate_owner_key(self, owner_user_id: str, *, progress: Progress | None = None) -> dict[str, Any]:
         """New key version for an owner, old ones retired; see ``lifecycle.rotate_owner_key``."""
@@ -384,7 +403,10 @@ class Scratchpad:
             InvalidArgumentError: a bad principal.
         """
         access = self._parts.access
-        return entries.stats(self._db, self._keys, access, principal, self._entries.now(now), self.location)
+        result = entries.stats(self._db, self._keys, access, principal, self._entries.now(now), self.location)
+        if principal is None:
+            result["anchor"] = None if self._anchor is None else self._anchor.status()
+        return result
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -405,6 +427,43 @@ def sqlite_of(pad: Scratchpad) -> Database:
     if not isinstance(db, Database):
         raise SecurepadError(f"the store at {db.location} is not a SQLite file")
     return db
+
+
+def _open_anchor(
+    db: Backend, keys: Keystore, policy: Policy, where: str | os.PathLike[str] | bool | None, adopt: bool
+) -> Anchor | None:
+    """The snapshot-rollback anchor of a SQLite store, checked and hooked into
+    every write (None on PostgreSQL, with ``anchor=False``, or with no path
+    and no key file to put it beside)."""
+    if where is True or not isinstance(where, str | os.PathLike | bool | None):
+        raise InvalidArgumentError("anchor must be a path, None (the default place) or False (no anchor)")
+    if not isinstance(db, Database):
+        if where not in (None, False) or adopt:
+            raise InvalidArgumentError("anchor and adopt_anchor are options of SQLite stores (SECURITY.md)")
+        return None
+    if where is False:
+        return None
+    path = default_path(keys.keyring.key_file, keys.store_id) if where is None else Path(where)
+    if path is None:
+        return None
+    sync, interval_s = policy.anchor_sync, float(policy.anchor_interval_seconds)
+    anchor = Anchor(db, keys.counter_seal, path, sync=sync, interval_s=interval_s, default=where is None)
+    anchor.open(adopt=adopt)
+    return anchor
+
+
+def _move_anchor(anchor: Anchor | None, keys: Keystore, new_keyring: Keyring) -> Anchor | None:
+    """After a master rotation to a key file elsewhere, the anchor follows it
+    (where the next open will look for it)."""
+    if anchor is None or not anchor.default:
+        return anchor
+    path = default_path(new_keyring.key_file, keys.store_id)
+    if path is None or path == anchor.path:
+        return anchor
+    anchor.close()
+    moved = Anchor(anchor.db, keys.counter_seal, path, sync=anchor.sync, interval_s=anchor.interval_s, default=True)
+    moved.open(adopt=True)
+    return moved
 
 
 _PG_SCHEMES = ("postgresql://", "postgres://")

@@ -88,6 +88,8 @@ def test_default_policy_values() -> None:
         "allow_shared_files": False,
         "wal_limit_bytes": 268435456,
         "incremental_vacuum": False,
+        "anchor_sync": "interval",
+        "anchor_interval_seconds": 1,
         "name": "default",
     }
 
