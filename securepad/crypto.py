@@ -38,10 +38,10 @@ from .errors import IntegrityError, InvalidArgumentError
 
 __all__ = [
     "FORMAT_VERSION",
-    "CounterSeal",
     "KEY_BYTES",
     "SEGMENT_BYTES",
     "ContentIdentity",
+    "CounterSeal",
     "EntryCipher",
     "Header",
     "KeyHandle",

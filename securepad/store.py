@@ -19,9 +19,9 @@ from typing import Any
 from . import entries, lifecycle, reads
 from ._backend import Backend
 from ._db import Database
-from .anchor import Anchor, default_path
 from ._records import Records
 from .access import Access, check_principal
+from .anchor import Anchor, default_path
 from .entries import Entries, Entry
 from .errors import InvalidArgumentError, SecurepadError, StoreBusyError
 from .keys import Keyring
@@ -437,6 +437,7 @@ def _open_anchor(
     and no key file to put it beside)."""
     if where is True or not isinstance(where, str | os.PathLike | bool | None):
         raise InvalidArgumentError("anchor must be a path, None (the default place) or False (no anchor)")
+    assert where is not True  # for mypy: refused above
     if not isinstance(db, Database):
         if where not in (None, False) or adopt:
             raise InvalidArgumentError("anchor and adopt_anchor are options of SQLite stores (SECURITY.md)")

@@ -268,7 +268,9 @@ def anchor_adopt(yes: bool) -> None:
     state = current_state()
     state.require_store()
     if not yes:
-        click.confirm("Accept this copy of the store as the current one (an older copy is no longer refused)?", abort=True)
+        click.confirm(
+            "Accept this copy of the store as the current one (an older copy is no longer refused)?", abort=True
+        )
     with state.open(adopt_anchor=True) as pad:
         anchor = pad.stats()["anchor"]
     emit({"anchor": anchor}, lambda v: print_line(f"anchor reset: {json.dumps(v['anchor'])}"))
