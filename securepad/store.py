@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,11 @@ from .keystore import OWNER_KEY_CACHE_SIZE, Keystore, Progress
 from .policy import Policy
 from .principal import Principal, check_identifier
 from .turn import Turn, extend_turn
+
+# Scratchpad.open's anchor: a path, None (beside the key file) or False (none).
+AnchorOption = str | os.PathLike[str] | bool | None
+Anchoring = tuple[AnchorOption, bool]  # (anchor, adopt_anchor)
+NEAR_KEY: Anchoring = (None, False)
 
 __all__ = ["OWNER_KEY_CACHE_SIZE", "Entry", "Parts", "Scratchpad", "parts", "sqlite_of"]
 
@@ -53,19 +58,13 @@ class Scratchpad:
     """
 
     def __init__(
-        self,
-        db: Backend,
-        keyring: Keyring,
-        policy: Policy,
-        clock: Callable[[], float],
-        anchor: str | os.PathLike[str] | bool | None = None,
-        adopt_anchor: bool = False,
+        self, db: Backend, keyring: Keyring, policy: Policy, clock: Callable[[], float], anchor: Anchoring = NEAR_KEY
     ) -> None:
         self._db = db
         self.policy = policy
         self._keys = Keystore(db, keyring)
         self.store_id = self._keys.store_id
-        self._anchor = _open_anchor(db, self._keys, policy, anchor, adopt_anchor)
+        self._anchor = _open_anchor(db, self._keys, policy, anchor)
         access = Access(db, policy)
         self._entries = Entries(db, self._keys, access, policy, clock)
         self._records = Records(db, self._keys, access, self._entries.ttl, self._entries.now, self._entries.check_quota)
@@ -102,8 +101,12 @@ class Scratchpad:
 
         ``policy`` is a shipped policy's name (``"strict"``), a path to a TOML
         policy, a ``Policy``, or None for the shipped default. ``clock`` is the time source for expiry.
+        ``anchor``: the snapshot-rollback anchor (SQLite; a path, None: beside the key
+        file, False: none); ``adopt_anchor=True`` accepts this copy as current (SECURITY.md).
 
         Raises:
+            IntegrityError: this is an older copy of the store (below its
+                anchor), or the anchor is missing, damaged or forged.
             WrongKeyError: the keyring's master key does not open this store.
             PolicyError: the policy file is invalid.
             InvalidArgumentError: PostgreSQL options given for a SQLite file.
@@ -120,7 +123,7 @@ class Scratchpad:
             resolved = Policy.load(policy if isinstance(policy, str) else Path(policy))
         db = _open_backend(db_path, admin, schema, resolved)
         try:
-            return cls(db, keyring, resolved, clock, anchor, adopt_anchor)
+            return cls(db, keyring, resolved, clock, (anchor, adopt_anchor))
         except BaseException:
             db.close()
             raise
@@ -145,13 +148,9 @@ class Scratchpad:
         return self._db.dialect
 
     def close(self) -> None:
-        """Raise the anchor to the last write, close every connection. The
-        object cannot be used afterwards."""
-        try:
-            if self._anchor is not None:
-                self._anchor.close()
-        finally:
-            self._db.close()
+        """Anchor the last writes, close every connection. The object cannot be used afterwards."""
+        with _closing(self._db):
+            _close_anchor(self._anchor)
 
     def __enter__(self) -> Scratchpad:
         return self
@@ -404,9 +403,7 @@ class Scratchpad:
         """
         access = self._parts.access
         result = entries.stats(self._db, self._keys, access, principal, self._entries.now(now), self.location)
-        if principal is None:
-            result["anchor"] = None if self._anchor is None else self._anchor.status()
-        return result
+        return result if principal else {**result, "anchor": self._anchor and self._anchor.status()}
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -429,12 +426,11 @@ def sqlite_of(pad: Scratchpad) -> Database:
     return db
 
 
-def _open_anchor(
-    db: Backend, keys: Keystore, policy: Policy, where: str | os.PathLike[str] | bool | None, adopt: bool
-) -> Anchor | None:
+def _open_anchor(db: Backend, keys: Keystore, policy: Policy, anchoring: Anchoring) -> Anchor | None:
     """The snapshot-rollback anchor of a SQLite store, checked and hooked into
     every write (None on PostgreSQL, with ``anchor=False``, or with no path
-    and no key file to put it beside)."""
+    and no key file to put it beside). ``anchoring``: (``anchor``, ``adopt_anchor``)."""
+    where, adopt = anchoring
     if where is True or not isinstance(where, str | os.PathLike | bool | None):
         raise InvalidArgumentError("anchor must be a path, None (the default place) or False (no anchor)")
     assert where is not True  # for mypy: refused above
@@ -451,6 +447,20 @@ def _open_anchor(
     anchor = Anchor(db, keys.counter_seal, path, sync=sync, interval_s=interval_s, default=where is None)
     anchor.open(adopt=adopt)
     return anchor
+
+
+@contextlib.contextmanager
+def _closing(db: Backend) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        db.close()
+
+
+def _close_anchor(anchor: Anchor | None) -> None:
+    """Anchor the last writes of a store that has an anchor."""
+    if anchor is not None:
+        anchor.close()
 
 
 def _move_anchor(anchor: Anchor | None, keys: Keystore, new_keyring: Keyring) -> Anchor | None:
