@@ -18,14 +18,15 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
 import apsw
 
-from ._backend import DuplicateKeyError, Params, Rows
+from ._backend import Conn, DuplicateKeyError, Params, Rows
 from ._files import STORE_OVERRIDE, check_directory, check_private_file
 from .errors import SecurepadError, StorageFullError, StoreBusyError, StoreCorruptError
 
-__all__ = ["SCHEMA_VERSION", "WAL_LIMIT_BYTES", "Database"]
+__all__ = ["SCHEMA_VERSION", "WAL_LIMIT_BYTES", "CommitHooks", "Database"]
 
 # How long a writer waits for the lock before StoreBusyError.
 BUSY_TIMEOUT_MS = 30_000
@@ -239,6 +240,16 @@ _MIGRATIONS: dict[int, str] = {
 }
 
 
+class CommitHooks(Protocol):
+    """What runs around every write transaction's COMMIT (the anchor, ``anchor.Anchor``)."""
+
+    def before_commit(self, conn: Conn) -> None:
+        """Inside the transaction, last: an exception rolls it back."""
+
+    def after_commit(self) -> None:
+        """After a successful COMMIT."""
+
+
 ErrorMap = Callable[[apsw.Error | UnicodeDecodeError, apsw.Connection], SecurepadError]
 
 
@@ -404,6 +415,8 @@ class Database:
         self._connections = _Connections()
         self._wal = _WalWatch()
         self.incremental_vacuum = False
+        # Set once by the anchor after its open check; the one hook into every write.
+        self.hooks: CommitHooks | None = None
         _create_private_file(path, allow_shared)
         conn = self.conn
         try:
@@ -505,8 +518,12 @@ class Database:
             conn.execute("BEGIN IMMEDIATE")
         except apsw.Error as exc:
             raise self._error(exc, conn) from None
+        hooks = self.hooks
         try:
-            yield _Conn(conn, self._error)
+            tx = _Conn(conn, self._error)
+            yield tx
+            if hooks is not None:
+                hooks.before_commit(tx)
         except apsw.Error as exc:
             self._rollback(conn)
             raise self._error(exc, conn) from None
@@ -518,6 +535,8 @@ class Database:
         except apsw.Error as exc:
             self._rollback(conn)
             raise self._error(exc, conn) from None
+        if hooks is not None:
+            hooks.after_commit()
 
     def _rollback(self, conn: apsw.Connection) -> None:
         """End the failed transaction, unless SQLite already did (it rolls back by
@@ -669,6 +688,30 @@ class Database:
         for target in range(version + 1, SCHEMA_VERSION + 1):
             conn.execute(_MIGRATIONS[target])
             conn.execute(f"PRAGMA user_version = {target}")
+
+    def sync(self) -> None:
+        """Make every commit so far durable: fsync the file and its WAL.
+
+        With ``synchronous = NORMAL`` a commit is in the WAL, not yet synced;
+        the anchor calls this before it records a counter, so that the anchor
+        is never ahead of what a power cut leaves on disk.
+
+        Raises:
+            SecurepadError: a file cannot be synced.
+        """
+        for name in (str(self.path), f"{self.path}-wal"):
+            try:
+                fd = os.open(name, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise SecurepadError(f"cannot open {name} to sync it: {exc.strerror}") from None
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise SecurepadError(f"cannot sync {name}: {exc.strerror}") from None
+            finally:
+                os.close(fd)
 
     def close(self) -> None:
         """Close every connection this object opened, in any thread."""

@@ -87,10 +87,14 @@ class AsyncScratchpad:
         clock: Callable[[], float] = time.time,
         admin: str | Any | None = None,
         schema: str = "securepad",
+        anchor: str | os.PathLike[str] | bool | None = None,
+        adopt_anchor: bool = False,
         max_workers: int | None = None,
     ) -> AsyncScratchpad:
         """Open (creating if needed) the store at ``db_path`` (a SQLite file, or a
         PostgreSQL DSN or pool with ``admin`` and ``schema``), off the event loop.
+        ``anchor`` and ``adopt_anchor``: the snapshot-rollback anchor, as for
+        ``Scratchpad.open``.
 
         Raises:
             WrongKeyError, PolicyError, SecurepadError: as for ``Scratchpad.open``.
@@ -98,7 +102,15 @@ class AsyncScratchpad:
                 PostgreSQL options given for a SQLite file.
         """
         pad = await asyncio.to_thread(
-            Scratchpad.open, db_path, keyring=keyring, policy=policy, clock=clock, admin=admin, schema=schema
+            Scratchpad.open,
+            db_path,
+            keyring=keyring,
+            policy=policy,
+            clock=clock,
+            admin=admin,
+            schema=schema,
+            anchor=anchor,
+            adopt_anchor=adopt_anchor,
         )
         try:
             return cls(pad, max_workers=max_workers)

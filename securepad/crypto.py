@@ -42,6 +42,7 @@ __all__ = [
     "SEGMENT_BYTES",
     "WORK",
     "ContentIdentity",
+    "CounterSeal",
     "EntryCipher",
     "Header",
     "KeyHandle",
@@ -138,6 +139,47 @@ def _derive(key: KeyHandle, label: str, salt: bytes, length: int = KEY_BYTES) ->
 def key_check(master: KeyHandle, store_id: str) -> str:
     """The store's public check value of a master key (hex): tells a wrong key at open."""
     return _derive(master, "key-check", store_id.encode()).hex()
+
+
+def anchor_key(master: KeyHandle, store_id: str) -> KeyHandle:
+    """The key of the store's write counter and its anchor: HKDF of the master
+    key at the store's first anchored open, kept wrapped under the master key
+    (so a master rotation re-wraps it and the counters stay valid)."""
+    return KeyHandle(_derive(master, "anchor", store_id.encode()))
+
+
+def anchor_key_aad(store_id: str) -> bytes:
+    """AAD of the wrapped anchor key: the store it belongs to."""
+    return lp(_TAG, "anchor-key", store_id)
+
+
+class CounterSeal:
+    """HMAC-SHA256 tags over the store's write counter, under the anchor key.
+
+    ``purpose`` keeps the store's copy (``"store"``) and the anchor file's
+    (``"anchor"``) apart: one cannot be pasted as the other.
+    """
+
+    __slots__ = ("_key", "_store_id")
+
+    def __init__(self, key: KeyHandle, store_id: str) -> None:
+        self._key = key
+        self._store_id = store_id
+
+    def __repr__(self) -> str:
+        return "<CounterSeal (hidden)>"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("key handles cannot be pickled")
+
+    def tag(self, purpose: str, counter: int) -> str:
+        """The hex tag of ``counter`` for ``purpose``."""
+        message = lp(_TAG, "counter", purpose, self._store_id, str(counter))
+        return hmac.new(self._key._key, message, hashlib.sha256).hexdigest()
+
+    def check(self, purpose: str, counter: int, tag: str) -> bool:
+        """Whether ``tag`` is this key's tag of ``counter`` (constant time)."""
+        return hmac.compare_digest(self.tag(purpose, counter), tag)
 
 
 def owner_key_aad(store_id: str, owner_user_id: str, version: int) -> bytes:

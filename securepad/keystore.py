@@ -19,7 +19,17 @@ from typing import TypeVar
 
 from ._backend import Backend, Conn, DuplicateKeyError, Params, insert_owner_key
 from ._lru import LRUCache
-from .crypto import FORMAT_VERSION, ContentIdentity, KeyHandle, Wrapper, key_check, owner_key_aad
+from .crypto import (
+    FORMAT_VERSION,
+    ContentIdentity,
+    CounterSeal,
+    KeyHandle,
+    Wrapper,
+    anchor_key,
+    anchor_key_aad,
+    key_check,
+    owner_key_aad,
+)
 from .errors import IntegrityError, InvalidArgumentError, StoreBusyError, WrongKeyError
 from .keys import Keyring, master_key
 
@@ -95,6 +105,7 @@ class Keystore:
         self._wraps = _WrapCounts()
         self.keyring = keyring
         self.store_id, self._wrap, self._key_check = self._unlock(keyring)
+        self.counter_seal = self._counter_seal()
 
     def _unlock(self, keyring: Keyring) -> tuple[str, Wrapper, str]:
         """Check the master key against the store (initializing a new store).
@@ -129,7 +140,28 @@ class Keystore:
                     "this store's master key is not derived from a passphrase: give its key file or variable"
                 )
             raise WrongKeyError(f"the master key from {keyring!r} does not open this store")
-        return store_id, Wrapper.for_master(master, store_id), meta["key_check"]
+        wrap = Wrapper.for_master(master, store_id)
+        if "anchor_key" not in meta:
+            # The store's first anchored open (a new store, or one made before
+            # the anchor): derive the anchor key once and keep it wrapped.
+            wrapped = wrap.wrap(anchor_key(master, store_id), anchor_key_aad(store_id)).hex()
+            with self._db.transaction(admin=True) as conn:
+                if not conn.query("SELECT 1 FROM store_meta WHERE key = 'anchor_key'"):
+                    conn.execute("INSERT INTO store_meta(key, value) VALUES ('anchor_key', ?)", (wrapped,))
+        return store_id, wrap, meta["key_check"]
+
+    def _counter_seal(self) -> CounterSeal:
+        """The seal of the store's write counter (see ``anchor.Anchor``).
+
+        Raises:
+            IntegrityError: the wrapped anchor key was altered.
+        """
+        wrapped = self.store_meta().get("anchor_key", "")
+        try:
+            blob = bytes.fromhex(wrapped)
+        except ValueError:
+            raise IntegrityError("the store's wrapped anchor key was altered (not hex)") from None
+        return CounterSeal(self._wrap.unwrap(blob, anchor_key_aad(self.store_id)), self.store_id)
 
     def cache_sizes(self) -> dict[str, int]:
         """How many entries each owner-key cache holds (bounded by ``OWNER_KEY_CACHE_SIZE``)."""
@@ -378,6 +410,10 @@ class Keystore:
                 if progress is not None and (done % 256 == 0 or done == len(rows)):
                     progress(done, len(rows))
             conn.executemany("UPDATE owner_keys SET wrapped = ? WHERE owner_user_id = ? AND version = ?", updates)
+            for row in conn.query("SELECT value FROM store_meta WHERE key = 'anchor_key'"):
+                aad = anchor_key_aad(self.store_id)
+                rewrapped = self._wrap.rewrap(bytes.fromhex(row["value"]), aad, new_wrap, aad).hex()
+                conn.execute("UPDATE store_meta SET value = ? WHERE key = 'anchor_key'", (rewrapped,))
             conn.executemany(
                 "UPDATE store_meta SET value = ? WHERE key = ?",
                 [(new_check, "key_check"), (json.dumps(kdf), "kdf"), (str(len(rows)), "master_wrap_count")],

@@ -38,7 +38,10 @@ _LIMITS: dict[tuple[str, str], tuple[type, int, int]] = {
     # Nesting of a structured observation; past ~900 Python's JSON encoder overflows its stack.
     ("limits", "max_json_depth"): (int, 1, 500),
     ("storage", "wal_limit_bytes"): (int, 1 << 20, 1 << 40),
+    ("storage", "anchor_interval_seconds"): (int, 1, 86400),
 }
+# The snapshot-rollback anchor's sync policy (anchor.py, SECURITY.md).
+ANCHOR_SYNC = ("commit", "interval", "close")
 _FLAGS = {
     ("audit", "log_denied"),
     ("audit", "log_reads"),
@@ -48,6 +51,7 @@ _FLAGS = {
 # (section, key) -> the values it may take.
 _CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("storage", "durability"): DURABILITY,
+    ("storage", "anchor_sync"): ANCHOR_SYNC,
 }
 _SECTIONS = {"access", "limits", "audit", "storage"}
 
@@ -80,6 +84,11 @@ class Policy:
     wal_limit_bytes: int = 256 * 1024 * 1024
     incremental_vacuum: bool = False
     durability: str = "normal"
+    # When the snapshot-rollback anchor follows the store's write counter:
+    # after every commit, at most every anchor_interval_seconds, or at open
+    # and close only (SECURITY.md, "Snapshot rollback", for each one's window).
+    anchor_sync: str = "interval"
+    anchor_interval_seconds: int = 1
     name: str = "default"
 
     @classmethod

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from ._backend import Backend
 from ._db import Database
 from ._records import Records
 from .access import Access, check_principal
+from .anchor import Anchor, default_path
 from .entries import Entries, Entry
 from .errors import InvalidArgumentError, SecurepadError, StoreBusyError
 from .keys import Keyring
@@ -28,6 +29,11 @@ from .keystore import OWNER_KEY_CACHE_SIZE, Keystore, Progress
 from .policy import Policy
 from .principal import Principal, check_identifier
 from .turn import Turn, extend_turn
+
+# Scratchpad.open's anchor: a path, None (beside the key file) or False (none).
+AnchorOption = str | os.PathLike[str] | bool | None
+Anchoring = tuple[AnchorOption, bool]  # (anchor, adopt_anchor)
+NEAR_KEY: Anchoring = (None, False)
 
 __all__ = ["OWNER_KEY_CACHE_SIZE", "Entry", "Parts", "Scratchpad", "parts", "sqlite_of"]
 
@@ -51,11 +57,14 @@ class Scratchpad:
     to use from several processes on the same file.
     """
 
-    def __init__(self, db: Backend, keyring: Keyring, policy: Policy, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, db: Backend, keyring: Keyring, policy: Policy, clock: Callable[[], float], anchor: Anchoring = NEAR_KEY
+    ) -> None:
         self._db = db
         self.policy = policy
         self._keys = Keystore(db, keyring)
         self.store_id = self._keys.store_id
+        self._anchor = _open_anchor(db, self._keys, policy, anchor)
         access = Access(db, policy)
         self._entries = Entries(db, self._keys, access, policy, clock)
         self._records = Records(db, self._keys, access, self._entries.ttl, self._entries.now, self._entries.check_quota)
@@ -78,6 +87,8 @@ class Scratchpad:
         clock: Callable[[], float] = time.time,
         admin: str | Any | None = None,
         schema: str = "securepad",
+        anchor: str | os.PathLike[str] | bool | None = None,
+        adopt_anchor: bool = False,
     ) -> Scratchpad:
         """Open (creating if needed) the store at ``db_path``.
 
@@ -90,8 +101,12 @@ class Scratchpad:
 
         ``policy`` is a shipped policy's name (``"strict"``), a path to a TOML
         policy, a ``Policy``, or None for the shipped default. ``clock`` is the time source for expiry.
+        ``anchor``: the snapshot-rollback anchor (SQLite; a path, None: beside the key
+        file, False: none); ``adopt_anchor=True`` accepts this copy as current (SECURITY.md).
 
         Raises:
+            IntegrityError: this is an older copy of the store (below its
+                anchor), or the anchor is missing, damaged or forged.
             WrongKeyError: the keyring's master key does not open this store.
             PolicyError: the policy file is invalid.
             InvalidArgumentError: PostgreSQL options given for a SQLite file.
@@ -108,7 +123,7 @@ class Scratchpad:
             resolved = Policy.load(policy if isinstance(policy, str) else Path(policy))
         db = _open_backend(db_path, admin, schema, resolved)
         try:
-            return cls(db, keyring, resolved, clock)
+            return cls(db, keyring, resolved, clock, (anchor, adopt_anchor))
         except BaseException:
             db.close()
             raise
@@ -133,11 +148,12 @@ class Scratchpad:
         return self._db.dialect
 
     def close(self) -> None:
-        """Write this process's pending key-use counts, then close every
-        connection. The object cannot be used afterwards."""
-        with contextlib.suppress(SecurepadError):  # a busy or broken store: the counts stay low by < 256 a key
-            self._keys.flush_wraps()
-        self._db.close()
+        """Write this process's pending key-use counts, anchor the last writes,
+        then close every connection. The object cannot be used afterwards."""
+        with _closing(self._db):
+            with contextlib.suppress(SecurepadError):  # a busy or broken store: the counts stay low by < 256 a key
+                self._keys.flush_wraps()
+            _close_anchor(self._anchor)
 
     def __enter__(self) -> Scratchpad:
         return self
@@ -349,7 +365,9 @@ class Scratchpad:
         """Re-wrap every owner key under ``new_keyring``'s master key; see ``lifecycle.rotate_master_key``."""
         if not isinstance(new_keyring, Keyring):
             raise InvalidArgumentError("new_keyring must be a securepad.Keyring")
-        return lifecycle.rotate_master_key(self._db, self._keys, new_keyring, progress=progress)
+        done = lifecycle.rotate_master_key(self._db, self._keys, new_keyring, progress=progress)
+        self._anchor = _move_anchor(self._anchor, self._keys, new_keyring)
+        return done
 
     def rotate_owner_key(self, owner_user_id: str, *, progress: Progress | None = None) -> dict[str, Any]:
         """New key version for an owner, old ones retired; see ``lifecycle.rotate_owner_key``."""
@@ -407,7 +425,8 @@ class Scratchpad:
             InvalidArgumentError: a bad principal.
         """
         access = self._parts.access
-        return entries.stats(self._db, self._keys, access, principal, self._entries.now(now), self.location)
+        result = entries.stats(self._db, self._keys, access, principal, self._entries.now(now), self.location)
+        return result if principal else {**result, "anchor": self._anchor and self._anchor.status()}
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -428,6 +447,57 @@ def sqlite_of(pad: Scratchpad) -> Database:
     if not isinstance(db, Database):
         raise SecurepadError(f"the store at {db.location} is not a SQLite file")
     return db
+
+
+def _open_anchor(db: Backend, keys: Keystore, policy: Policy, anchoring: Anchoring) -> Anchor | None:
+    """The snapshot-rollback anchor of a SQLite store, checked and hooked into
+    every write (None on PostgreSQL, with ``anchor=False``, or with no path
+    and no key file to put it beside). ``anchoring``: (``anchor``, ``adopt_anchor``)."""
+    where, adopt = anchoring
+    if where is True or not isinstance(where, str | os.PathLike | bool | None):
+        raise InvalidArgumentError("anchor must be a path, None (the default place) or False (no anchor)")
+    assert where is not True  # for mypy: refused above
+    if not isinstance(db, Database):
+        if where not in (None, False) or adopt:
+            raise InvalidArgumentError("anchor and adopt_anchor are options of SQLite stores (SECURITY.md)")
+        return None
+    if where is False:
+        return None
+    path = default_path(keys.keyring.key_file, keys.store_id) if where is None else Path(where)
+    if path is None:
+        return None
+    sync, interval_s = policy.anchor_sync, float(policy.anchor_interval_seconds)
+    anchor = Anchor(db, keys.counter_seal, path, sync=sync, interval_s=interval_s, default=where is None)
+    anchor.open(adopt=adopt)
+    return anchor
+
+
+@contextlib.contextmanager
+def _closing(db: Backend) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        db.close()
+
+
+def _close_anchor(anchor: Anchor | None) -> None:
+    """Anchor the last writes of a store that has an anchor."""
+    if anchor is not None:
+        anchor.close()
+
+
+def _move_anchor(anchor: Anchor | None, keys: Keystore, new_keyring: Keyring) -> Anchor | None:
+    """After a master rotation to a key file elsewhere, the anchor follows it
+    (where the next open will look for it)."""
+    if anchor is None or not anchor.default:
+        return anchor
+    path = default_path(new_keyring.key_file, keys.store_id)
+    if path is None or path == anchor.path:
+        return anchor
+    anchor.close()
+    moved = Anchor(anchor.db, keys.counter_seal, path, sync=anchor.sync, interval_s=anchor.interval_s, default=True)
+    moved.open(adopt=True)
+    return moved
 
 
 _PG_SCHEMES = ("postgresql://", "postgres://")

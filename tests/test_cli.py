@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -145,7 +146,8 @@ def test_rotate_master_install_puts_the_new_key_in_place(cli: Cli) -> None:
     report = json.loads(ok(cli("keys", "rotate-master", "--install", "--json")).stdout)
     assert report["installed"] == str(cli.key) and report["owner_keys_rewrapped"] == 1
     assert cli.key.read_bytes() != old_key
-    assert list(cli.key.parent.iterdir()) == [cli.key]  # no ".new" file left behind
+    # No ".new" file left behind (beside the key: the store's anchor and its lock).
+    assert [p for p in cli.key.parent.iterdir() if not p.name.startswith("anchor-")] == [cli.key]
     assert (
         "hello"
         in ok(
@@ -398,3 +400,22 @@ def test_user_strings_keep_their_brackets_in_errors(cli: Cli) -> None:
 def test_for_terminal_strips_sequences_and_controls() -> None:
     assert for_terminal("a\x1b[2Jb\x1b]8;;http://x\x07c\x1b]8;;\x1b\\d\te\nf") == "abcd\te\nf"
     assert for_terminal("x\x00y\x9b2Jz\x7f\x85") == "x\\x00yz\\x7f\\x85"
+
+
+def test_an_older_copy_of_the_store_is_refused_until_adopted(cli: Cli, tmp_path: Path) -> None:
+    ok(cli("init"))
+    ok(put(cli, 1))
+    saved = tmp_path / "saved.db"
+    shutil.copy(cli.db, saved)  # the WAL is empty after the CLI's close
+    ok(put(cli, 2))
+    for suffix in ("-wal", "-shm"):
+        Path(f"{cli.db}{suffix}").unlink(missing_ok=True)
+    shutil.copy(saved, cli.db)
+    refused = cli("stats")
+    assert refused.exit_code == 1 and "snapshot rollback" in refused.stderr and "anchor-adopt" in refused.stderr
+    assert "anchor reset" in ok(cli("anchor-adopt", "--yes")).stdout
+    assert json.loads(ok(cli("--json", "stats")).stdout)["anchor"]["sync"] == "interval"
+    moved = tmp_path / "elsewhere" / "anchor"
+    ok(cli("--anchor", str(moved), "anchor-adopt", "--yes"))
+    assert moved.exists()
+    ok(cli("stats", env={"SECUREPAD_ANCHOR": str(moved)}))

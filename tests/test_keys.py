@@ -48,7 +48,11 @@ def test_key_file_is_created_private(tmp_path: Path, db_path: Path) -> None:
     assert mode(path) == 0o600
     assert mode(path.parent) == 0o700
     assert len(base64.b64decode(path.read_bytes().strip(), validate=True)) == 32
-    assert [p.name for p in path.parent.iterdir()] == ["key"]  # no temporary file left behind
+    # No temporary file left behind: the key, and the store's snapshot-rollback anchor and its lock.
+    names = sorted(p.name for p in path.parent.iterdir())
+    assert len(names) == 3 and names[2] == "key"
+    assert names[0].startswith("anchor-") and names[1] == names[0] + ".lock"
+    assert mode(path.parent / names[0]) == 0o600
 
 
 def test_key_file_is_reused(tmp_path: Path, db_path: Path) -> None:
@@ -100,7 +104,10 @@ def test_racing_threads_create_one_key(tmp_path: Path) -> None:
     assert errors == []
     final = Keyring.from_key_file(path)
     assert all(opens(tmp_path / f"store{n}.db", final) for n in range(8))
-    assert [p.name for p in path.parent.iterdir()] == ["key"]
+    # One key; beside it each store's anchor and its lock, no temporary file.
+    names = [p.name for p in path.parent.iterdir()]
+    assert "key" in names and len(names) == 1 + 2 * 8
+    assert all(n == "key" or n.startswith("anchor-") for n in names)
 
 
 def _race_for_key(path: str, db_path: str, barrier: Any) -> None:

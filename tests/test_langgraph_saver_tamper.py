@@ -5,8 +5,9 @@ What is refused today comes from the entries' own format: every checkpoint,
 pending write and channel value is a sealed entry bound to its owner, turn
 (thread / checkpoint / channel version) and step, and a checkpoint names the
 entries of its big values. What is not refused yet (deleting the newest
-checkpoint or a pending write, rolling the whole file back) needs tamper
-evidence over a whole turn, issue 14; the last tests pin those gaps.
+checkpoint or a pending write) needs tamper evidence over a whole turn,
+issue 14; the last tests pin those gaps. Rolling the whole file back is
+refused by the store's snapshot-rollback anchor.
 """
 
 from __future__ import annotations
@@ -203,7 +204,8 @@ def test_deleting_pending_writes_is_not_detected_yet(world: World) -> None:
     assert world.latest().pending_writes == []
 
 
-def test_rolling_the_file_back_is_not_detected_yet(world: World, tmp_path: Path) -> None:
+def test_rolling_the_file_back_is_refused(world: World, tmp_path: Path) -> None:
+    """The store's anchor (beside the key file) is above the older copy's write counter."""
     copy = tmp_path / "before.db"
     with world.saver() as saver:
         saver.pad.gc()  # the WAL into the file, so that the copy is whole
@@ -214,7 +216,8 @@ def test_rolling_the_file_back_is_not_detected_yet(world: World, tmp_path: Path)
     for suffix in ("-wal", "-shm"):
         Path(f"{world.db_path}{suffix}").unlink(missing_ok=True)
     shutil.copy(copy, world.db_path)
-    assert world.latest().checkpoint["channel_values"]["small"] == 2
+    with pytest.raises(IntegrityError, match="snapshot rollback"):
+        world.latest()
 
 
 def test_an_edited_large_checkpoint_is_refused(world: World) -> None:

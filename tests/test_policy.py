@@ -89,6 +89,8 @@ def test_default_policy_values() -> None:
         "wal_limit_bytes": 268435456,
         "incremental_vacuum": False,
         "durability": "normal",
+        "anchor_sync": "interval",
+        "anchor_interval_seconds": 1,
         "name": "default",
     }
 

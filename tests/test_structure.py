@@ -46,6 +46,7 @@ SQL_MODULES = {
     "securepad.audit._files",
     "securepad.audit._postgres",
     "securepad._drill",
+    "securepad.anchor",
 }
 # The benchmark suite measures securepad against raw SQLite, sqlite3, diskcache and
 # SQLCipher baselines: its SQL is the baselines' and the checks of what was stored.

@@ -430,7 +430,7 @@ def wrong_master_key(ctx: Context) -> str:
     path = ctx.drill_copy()
     wrong = Keyring.create_key_file(ctx.scratch() / "wrong.key")
     try:
-        with Scratchpad.open(path, keyring=wrong, policy=ctx.pad.policy):
+        with Scratchpad.open(path, keyring=wrong, policy=ctx.pad.policy, anchor=False):
             pass
     except WrongKeyError as exc:
         return f"a fresh random master key is refused at open: WrongKeyError({exc})"

@@ -123,11 +123,13 @@ class Context:
 
     @contextmanager
     def tampered(self, *drills: Callable[[Path], None]) -> Iterator[tuple[Scratchpad, Path]]:
-        """Open a scratch copy damaged by ``drills`` with the store's keyring and policy."""
+        """Open a scratch copy damaged by ``drills`` with the store's keyring and
+        policy, and no anchor: the copy has the store's id, and writes to it
+        must not move the real store's anchor (nor is the copy an older store)."""
         path = self.drill_copy()
         for drill in drills:
             drill(path)
-        with Scratchpad.open(path, keyring=self.pad.keyring, policy=self.pad.policy) as copy:
+        with Scratchpad.open(path, keyring=self.pad.keyring, policy=self.pad.policy, anchor=False) as copy:
             yield copy, path
 
     @property

@@ -87,9 +87,10 @@ def damaged_copies(source: Path, where: Path, trials: int, seed: int) -> Iterato
 def exercise(path: Path, keyring: Keyring, ids: list[str]) -> str:
     """Open and use a (maybe damaged) store as ``ALICE``: read ``ids``, stats,
     list, put, gc. The typed error's class name, or "ok"; anything but a
-    ``SecurepadError`` propagates."""
+    ``SecurepadError`` propagates. The copies share the store's id: no anchor
+    (their writes would otherwise raise each other's floor)."""
     try:
-        with Scratchpad.open(path, keyring=keyring) as pad:
+        with Scratchpad.open(path, keyring=keyring, anchor=False) as pad:
             for sid in ids:
                 with contextlib.suppress(NotFoundError):
                     pad.get(ALICE, sid)

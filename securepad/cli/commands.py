@@ -258,6 +258,24 @@ def gc() -> None:
     emit({"deleted": deleted}, lambda v: print_line(f"deleted {v['deleted']} expired entries"))
 
 
+@command(main, name="anchor-adopt")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+def anchor_adopt(yes: bool) -> None:
+    """Accept this copy of the store as current and reset its snapshot-rollback anchor.
+
+    Only after a deliberate restore (a backup put back on purpose) or a moved
+    anchor: it silences the check that refuses an older copy of the store."""
+    state = current_state()
+    state.require_store()
+    if not yes:
+        click.confirm(
+            "Accept this copy of the store as the current one (an older copy is no longer refused)?", abort=True
+        )
+    with state.open(adopt_anchor=True) as pad:
+        anchor = pad.stats()["anchor"]
+    emit({"anchor": anchor}, lambda v: print_line(f"anchor reset: {json.dumps(v['anchor'])}"))
+
+
 @command(main)
 @click.option("--owner", envvar="SECUREPAD_OWNER", show_envvar=True, default=None, help="Only this owner's entries.")
 @click.option("--actor", envvar="SECUREPAD_ACTOR", show_envvar=True, default="cli", show_default=True)

@@ -44,6 +44,7 @@ ENVIRONMENT = (
     ("SECUREPAD_DB", "--db", "the store's database file (or a postgresql:// DSN)"),
     ("SECUREPAD_KEY_FILE", "--key-file", "the master key file"),
     ("SECUREPAD_POLICY", "--policy", "a shipped policy's name or a TOML policy file"),
+    ("SECUREPAD_ANCHOR", "--anchor", "the snapshot-rollback anchor file"),
     ("SECUREPAD_OWNER", "--owner", "the owner (tenant) a command acts for"),
     ("SECUREPAD_ACTOR", "--actor", "the actor (agent) a command acts as"),
     ("SECUREPAD_CHANNEL", "--channel", "the channel a command acts on"),
@@ -127,6 +128,7 @@ class State:
         self.master_key_env: str | None = None
         self.passphrase_env: str | None = None
         self.policy: str | None = None
+        self.anchor: Path | None = None
         self.as_json = False
         # The key sources given on the command line (the environment's key file yields to them).
         self.key_options: set[str] = set()
@@ -190,10 +192,12 @@ class State:
             )
         return Keyring.from_key_file(self.key_file)
 
-    def open(self) -> Scratchpad:
+    def open(self, *, adopt_anchor: bool = False) -> Scratchpad:
         """Open the existing store (never creating one)."""
         self.require_store()
-        return Scratchpad.open(self.db, keyring=self.keyring(), policy=self.policy)
+        return Scratchpad.open(
+            self.db, keyring=self.keyring(), policy=self.policy, anchor=self.anchor, adopt_anchor=adopt_anchor
+        )
 
     def create(self) -> Scratchpad:
         """Open the store, creating it (and its key file) if it is not there: ``init`` only.
@@ -202,7 +206,10 @@ class State:
         key file only if the store turns out to be new, and otherwise raises
         ``WrongKeyError`` without creating one."""
         return Scratchpad.open(
-            self.db, keyring=self.keyring(new_store=self.store_exists() is not True), policy=self.policy
+            self.db,
+            keyring=self.keyring(new_store=self.store_exists() is not True),
+            policy=self.policy,
+            anchor=self.anchor,
         )
 
 
@@ -221,6 +228,10 @@ def _set_db(state: State, value: str) -> None:
 def _set_key_file(state: State, value: str) -> None:
     state.key_file = Path(value).expanduser()
     state.key_file_explicit = True
+
+
+def _set_anchor(state: State, value: str) -> None:
+    state.anchor = Path(value).expanduser()
 
 
 def _set_attr(name: str) -> Callable[[State, Any], None]:
@@ -260,6 +271,14 @@ _GLOBALS: tuple[tuple[str, str, str | None, str, Callable[[State, Any], None]], 
         "SECUREPAD_POLICY",
         "A shipped policy's name (default, strict, channel...) or a TOML policy file [default: default].",
         _set_attr("policy"),
+    ),
+    (
+        "anchor",
+        "--anchor",
+        "SECUREPAD_ANCHOR",
+        "The snapshot-rollback anchor file, outside the store's directory [default: beside the key file;"
+        " none with --master-key-env or --passphrase-env unless given].",
+        _set_anchor,
     ),
 )
 _KEY_OPTIONS = ("--key-file", "--master-key-env", "--passphrase-env")
