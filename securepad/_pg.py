@@ -93,7 +93,7 @@ RECONNECT_TIMEOUT_S = 2.0
 _HOUSEKEEPING_FACTOR = 10
 # How often the watchdog looks at the calls in flight.
 _WATCH_TICK_S = 0.1
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _OWNER = "current_setting('securepad.owner', true)"
@@ -232,6 +232,22 @@ _MIGRATIONS: dict[int, str] = {
     GRANT UPDATE (expires_at, sealed_meta) ON entries TO {APP_ROLE};
     GRANT UPDATE (expires_at, sealed) ON checkpoints, compaction_marks TO {APP_ROLE};
     GRANT SELECT, INSERT, UPDATE, DELETE ON owner_usage TO {APP_ROLE};
+    """,
+    # Sealed turn heads (heads.py), as SQLite's schema 6.
+    2: f"""
+    CREATE TABLE turn_heads(
+        owner_user_id TEXT NOT NULL,
+        turn_id       TEXT NOT NULL,
+        key_version   INTEGER NOT NULL,
+        sealed        BYTEA NOT NULL,
+        PRIMARY KEY (owner_user_id, turn_id)
+    );
+    ALTER TABLE turn_heads ENABLE ROW LEVEL SECURITY;
+    CREATE POLICY owner_rows ON turn_heads TO {APP_ROLE}
+        USING (owner_user_id = {_OWNER}) WITH CHECK (owner_user_id = {_OWNER});
+    GRANT SELECT, INSERT, UPDATE, DELETE ON turn_heads TO {APP_ROLE};
+    INSERT INTO store_meta(key, value) VALUES ('turn_heads', 'pending')
+        ON CONFLICT (key) DO UPDATE SET value = excluded.value;
     """,
 }
 

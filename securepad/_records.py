@@ -26,6 +26,7 @@ from ._backend import Backend, Conn
 from .access import Access
 from .crypto import Wrapper, open_record, reseal_record, seal_record
 from .errors import IntegrityError
+from .heads import RECORD_KINDS, Heads, record_item
 from .keystore import Keystore
 from .principal import Principal
 
@@ -68,7 +69,9 @@ class Records:
         ttl: Callable[[int | None], int],
         now: Callable[[float | None], float],
         check_quota: QuotaCheck,
+        heads: Heads,
     ) -> None:
+        self._heads = heads
         self._db = db
         self._keys = keys
         self._access = access
@@ -130,6 +133,10 @@ class Records:
             conn.execute(
                 f"INSERT INTO {table}({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
             )
+            section = RECORD_KINDS[table]
+            self._heads.change(
+                conn, owner, turn_id, lambda head: head.section(section).__setitem__(row["id"], record_item(row))
+            )
             number = len(
                 self._access.rows(principal, table, "seq", "turn_id = ? AND seq <= ?", (turn_id, row["seq"]), conn=conn)
             )
@@ -159,9 +166,11 @@ class Records:
         """
         _check_table(table)
         order = "ORDER BY seq DESC LIMIT 1" if latest else "ORDER BY seq"
+        current = self._now(now)
         rows = self._access.rows(
-            principal, table, _COLUMNS, "turn_id = ? AND expires_at > ?", (turn_id, self._now(now)), order
+            principal, table, _COLUMNS, "turn_id = ? AND expires_at > ?", (turn_id, current), order
         )
+        self._heads.check_records(principal, table, turn_id, rows, current, latest)
         # Every record of the scope (expired ones not yet collected too) numbers the scope's sequence.
         stored = self._access.rows(principal, table, "seq", "turn_id = ?", (turn_id,), "ORDER BY seq")
         numbers = {row["seq"]: index for index, row in enumerate(stored, 1)}
@@ -210,15 +219,16 @@ class Records:
         return updates
 
     @staticmethod
-    def apply_extend(conn: Conn, updates: Updates) -> int:
+    def apply_extend(conn: Conn, updates: Updates) -> dict[str, list[str]]:
         """Write ``prepare_extend``'s updates inside the caller's transaction; a
-        record changed meanwhile is left as it is. Returns how many were extended."""
-        changed = 0
+        record changed meanwhile is left as it is. Returns the ids extended, per table."""
+        changed: dict[str, list[str]] = {}
         for table, rows in updates.items():
             for update in rows:
-                changed += conn.execute(
+                if conn.execute(
                     f"UPDATE {_check_table(table)} SET expires_at = ?, sealed = ? WHERE id = ? AND sealed = ?", update
-                )
+                ):
+                    changed.setdefault(table, []).append(update[2])
         return changed
 
     @staticmethod

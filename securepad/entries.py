@@ -25,6 +25,7 @@ from ._records import Records
 from .access import Access, audit_log, check_principal
 from .crypto import EntryCipher, Header, Wrapper, open_entry, seal_entry, split_bytes, split_text
 from .errors import ExpiredError, IntegrityError, InvalidArgumentError, NotFoundError, QuotaExceededError
+from .heads import Heads, entry_item
 from .keystore import Keystore
 from .policy import NOT_FOUND_MESSAGE, Policy
 from .principal import Principal, check_identifier
@@ -41,7 +42,7 @@ _SEALED_COLUMNS = ("actor", "channel", "step_num", "executor_name", "created_at"
 _COLUMNS = (
     "id, turn_id, step_num, executor_name, content_kind, size_bytes,"
     " size_chars, segment_count, key_version, created_at, expires_at, wrapped_key, nonce_prefix,"
-    " commitment, sealed_meta"
+    " commitment, sealed_meta, stored_bytes"
 )
 # The type every clear column of an entry must have; SQLite's dynamic typing
 # would let an edited file hand us a string where the code expects a number.
@@ -130,6 +131,7 @@ class Entries:
         self._access = access
         self.policy = policy
         self._clock = clock
+        self.heads = Heads(db, keys, policy)
 
     def now(self, now: float | None) -> float:
         """The time for expiry: ``now`` (validated) or the clock's.
@@ -218,6 +220,7 @@ class Entries:
                 "INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)",
                 ((row["id"], seq, data) for seq, data in enumerate(segments)),
             )
+            self.heads.change(conn, owner, turn_id, lambda head: head.e.__setitem__(row["id"], entry_item(row)))
             return str(row["id"])
 
         entry_id = self._keys.write_current(
@@ -292,7 +295,9 @@ class Entries:
             raise NotFoundError(NOT_FOUND_MESSAGE)
         if row["expires_at"] <= self.now(now):
             raise ExpiredError("this entry has expired")
-        return next(self._access.open_each(principal, "entries", _COLUMNS, [row], self._authenticate))
+        opened = next(self._access.open_each(principal, "entries", _COLUMNS, [row], self._authenticate))
+        self.heads.check_entry(opened.row)
+        return opened
 
     def _authenticate(self, row: dict[str, Any]) -> Opened:
         """Unwrap the item key, check the commitment, open and cross-check the metadata."""
@@ -379,7 +384,10 @@ class Entries:
         rows = self._access.rows(
             principal, "entries", _COLUMNS, "turn_id = ?", (turn_id,), "ORDER BY step_num, created_at, id"
         )
-        return list(self._authenticate_rows(principal, _live(rows, self.now(now))))
+        current = self.now(now)
+        opened = list(self._authenticate_rows(principal, _live(rows, current)))
+        self.heads.check_entries(principal, turn_id, [each.row for each in opened], current)
+        return opened
 
     def turn_offloads(self, principal: Principal, turn_id: str, now: float | None) -> bool:
         """Whether a live entry of the turn in the principal's scope was offloaded
@@ -481,21 +489,26 @@ class Entries:
         check_principal(principal)
         if not isinstance(scratchpad_id, str) or not _ID_RE.fullmatch(scratchpad_id):
             raise NotFoundError(NOT_FOUND_MESSAGE)
-        with self._db.transaction(principal.owner_user_id) as conn:
+        owner = principal.owner_user_id
+        with self._db.transaction(owner) as conn:
+            turns = conn.query("SELECT turn_id FROM entries WHERE id = ? AND owner_user_id = ?", (scratchpad_id, owner))
             if not self._access.delete(conn, principal, "entries", scratchpad_id):
                 self._access.denied(principal, scratchpad_id)
                 raise NotFoundError(NOT_FOUND_MESSAGE)
             conn.execute("DELETE FROM segments WHERE entry_id = ?", (scratchpad_id,))
+            self.heads.change(conn, owner, turns[0]["turn_id"], lambda head: head.e.pop(scratchpad_id, None) and None)
         # secure_delete zeroed the pages; the checkpoint takes the old ones out of the WAL too.
         self._db.checkpoint(wait=False)
 
 
-def apply_extend(conn: Conn, updates: list[tuple[Any, ...]]) -> int:
-    """Write ``prepare_extend``'s updates (compare-and-set) inside the caller's transaction."""
-    return sum(
-        conn.execute("UPDATE entries SET expires_at = ?, sealed_meta = ? WHERE id = ? AND sealed_meta = ?", update)
+def apply_extend(conn: Conn, updates: list[tuple[Any, ...]]) -> list[str]:
+    """Write ``prepare_extend``'s updates (compare-and-set) inside the caller's
+    transaction; the ids of the entries extended."""
+    return [
+        update[2]
         for update in updates
-    )
+        if conn.execute("UPDATE entries SET expires_at = ?, sealed_meta = ? WHERE id = ? AND sealed_meta = ?", update)
+    ]
 
 
 def delete_expired(conn: Conn, cutoff: float) -> int:

@@ -58,7 +58,10 @@ class Scratchpad:
         self.store_id = self._keys.store_id
         access = Access(db, policy)
         self._entries = Entries(db, self._keys, access, policy, clock)
-        self._records = Records(db, self._keys, access, self._entries.ttl, self._entries.now, self._entries.check_quota)
+        self._records = Records(
+            db, self._keys, access, self._entries.ttl, self._entries.now, self._entries.check_quota, self._entries.heads
+        )
+        self._entries.heads.build_if_needed()
         self._parts = Parts(db, self._keys, access, self._entries, self._records)
 
     @property
@@ -330,7 +333,9 @@ class Scratchpad:
 
     def rotate_owner_key(self, owner_user_id: str, *, progress: Progress | None = None) -> dict[str, Any]:
         """New key version for an owner, old ones retired; see ``lifecycle.rotate_owner_key``."""
-        return lifecycle.rotate_owner_key(self._db, self._keys, owner_user_id, progress=progress)
+        return lifecycle.rotate_owner_key(
+            self._db, self._keys, owner_user_id, progress=progress, heads=self._entries.heads
+        )
 
     def forget_owner(self, owner_user_id: str) -> dict[str, Any]:
         """Crypto-shred an owner's keys and entries; see ``lifecycle.forget_owner``."""
@@ -352,6 +357,7 @@ class Scratchpad:
         """
         cutoff = self._entries.now(now)
         with self._db.transaction(admin=True, wait=wait) as conn:
+            self._entries.heads.prune(conn, cutoff)
             deleted = entries.delete_expired(conn, cutoff)
             records = Records.delete_expired(conn, cutoff)
         if wait and (deleted or records):
