@@ -294,6 +294,7 @@ class Entries:
         if turn_id is not None and row["turn_id"] != turn_id:
             raise NotFoundError(NOT_FOUND_MESSAGE)
         if row["expires_at"] <= self.now(now):
+            self.heads.check_expired(row, self.now(now))
             raise ExpiredError("this entry has expired")
         opened = next(self._access.open_each(principal, "entries", _COLUMNS, [row], self._authenticate))
         self.heads.check_entry(opened.row)

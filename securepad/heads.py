@@ -164,6 +164,16 @@ class Heads:
         """
         _same_entry(self.load(row["owner_user_id"], row["turn_id"]), row)
 
+    def check_expired(self, row: dict[str, Any], now: float) -> None:
+        """Refuse an entry whose clear expiry has passed while its turn's head says it still lives.
+
+        Raises:
+            IntegrityError: the clear expiry was moved earlier.
+        """
+        sealed = self.load(row["owner_user_id"], row["turn_id"]).e.get(row["id"])
+        if sealed is not None and sealed[1] > now:
+            raise IntegrityError(f"entry {row['id']} expires later than its clear expiry says: tampering")
+
     def check_records(
         self, principal: Principal, table: str, turn_id: str, rows: list[dict[str, Any]], now: float, latest: bool
     ) -> None:
