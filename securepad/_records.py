@@ -22,7 +22,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from ._backend import Backend, Conn
+from ._backend import Backend, Conn, Rows
 from .access import Access
 from .crypto import Wrapper, open_record, reseal_record, seal_record
 from .errors import IntegrityError
@@ -183,6 +183,22 @@ class Records:
             }
             for row, _, payload in self._access.open_each(principal, table, _COLUMNS, rows, self._opener(table))
         ]
+
+    def all_rows(self, table: str) -> Rows:
+        """Every row of a record table (housekeeping: ``verify``)."""
+        return self._db.query(
+            f"SELECT owner_user_id, actor, channel, {_COLUMNS} FROM {_check_table(table)}"
+            " ORDER BY owner_user_id, turn_id, seq",
+            admin=True,
+        )
+
+    def verify_row(self, table: str, row: dict[str, Any]) -> None:
+        """Authenticate a record row (``verify``).
+
+        Raises:
+            IntegrityError: the record fails authentication.
+        """
+        self._opener(table)(row)
 
     def _opener(self, table: str) -> Callable[[dict[str, Any]], tuple[dict[str, Any], Any, Any]]:
         def opened(row: dict[str, Any]) -> tuple[dict[str, Any], Any, Any]:

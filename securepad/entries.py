@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import reads, shaping
-from ._backend import Backend, Conn
+from ._backend import Backend, Conn, Rows
 from ._db import Database
 from ._records import Records
 from .access import Access, audit_log, check_principal
@@ -334,6 +334,24 @@ class Entries:
         )
         return Opened(row, meta, content, cipher)
 
+    def all_rows(self) -> Rows:
+        """Every entry row of the store, by owner and turn (housekeeping: ``verify``)."""
+        return self._db.query(
+            f"SELECT owner_user_id, actor, channel, {_COLUMNS} FROM entries ORDER BY owner_user_id, turn_id, step_num",
+            admin=True,
+        )
+
+    def verify_row(self, row: dict[str, Any]) -> None:
+        """Authenticate an entry row and every one of its segments (``verify``).
+
+        Raises:
+            IntegrityError: the row or a segment fails authentication.
+        """
+        opened = self._authenticate(row)
+        count = int(row["segment_count"])
+        if count:
+            self._fetcher(row["id"], row["owner_user_id"], opened.cipher, count)(0, count - 1)
+
     def _fetcher(self, entry_id: str, owner: str, cipher: EntryCipher, count: int) -> reads.Fetch:
         def fetch(first: int, last: int) -> list[bytes]:
             # Only the segments asked for travel from the database; the entry row
@@ -497,7 +515,7 @@ class Entries:
                 self._access.denied(principal, scratchpad_id)
                 raise NotFoundError(NOT_FOUND_MESSAGE)
             conn.execute("DELETE FROM segments WHERE entry_id = ?", (scratchpad_id,))
-            self.heads.change(conn, owner, turns[0]["turn_id"], lambda head: head.e.pop(scratchpad_id, None) and None)
+            self.heads.change(conn, owner, turns[0]["turn_id"], lambda head: head.e.pop(scratchpad_id, None))
         # secure_delete zeroed the pages; the checkpoint takes the old ones out of the WAL too.
         self._db.checkpoint(wait=False)
 

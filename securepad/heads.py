@@ -27,6 +27,7 @@ absent (gc), and gc prunes the heads of the turns it collected from.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from .keystore import Keystore
 from .policy import Policy
 from .principal import Principal
 
-__all__ = ["OWNER_HEAD", "RECORD_KINDS", "Head", "Heads", "entry_item", "extend_head", "record_item"]
+__all__ = ["OWNER_HEAD", "RECORD_KINDS", "Head", "Heads", "entry_item", "extend_head", "record_item", "same_entry"]
 
 OWNER_HEAD = ""
 # Head sections of the turn records, by table.
@@ -129,6 +130,23 @@ class Heads:
         except (ValueError, KeyError, TypeError):
             raise IntegrityError("an owner head is malformed") from None
 
+    def all_heads(self) -> dict[str, dict[str, Head | set[str] | IntegrityError]]:
+        """Every head of the store, opened: ``{owner: {turn: Head}}``, the owner head
+        under ``""`` as its set of turns; a head that fails to open is its error (``verify``)."""
+        found: dict[str, dict[str, Head | set[str] | IntegrityError]] = {}
+        rows = self._db.query("SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads", admin=True)
+        for row in rows:
+            owner, turn_id = row["owner_user_id"], row["turn_id"]
+            opened: Head | set[str] | IntegrityError
+            try:
+                opened = (
+                    self._turns(row, owner) if turn_id == OWNER_HEAD else Head.loads(self._open(row, owner, turn_id))
+                )
+            except IntegrityError as exc:
+                opened = exc
+            found.setdefault(owner, {})[turn_id] = opened
+        return found
+
     def _in_scope(self, principal: Principal, actor: str, channel: str) -> bool:
         values = {"actor": actor, "channel": channel, "owner_user_id": principal.owner_user_id}
         return all(values[column] == value for column, value in self._policy.scope_columns(principal))
@@ -203,7 +221,7 @@ class Heads:
 
     # -- writing: the one place ------------------------------------------------------------
 
-    def change(self, conn: Conn, owner: str, turn_id: str, edit: Callable[[Head], None]) -> None:
+    def change(self, conn: Conn, owner: str, turn_id: str, edit: Callable[[Head], object]) -> None:
         """Apply ``edit`` to the turn's head and seal it again, inside the caller's
         write transaction, under the owner's newest key version; a turn new to
         the owner joins the owner head in the same transaction.
@@ -257,7 +275,7 @@ class Heads:
             (cutoff, cutoff, cutoff),
         )
         for row in turns:
-            self.change(conn, row["owner_user_id"], row["turn_id"], lambda head: head.prune(cutoff) and None)
+            self.change(conn, row["owner_user_id"], row["turn_id"], lambda head: head.prune(cutoff))
         return len(turns)
 
     def reseal_owner(self, conn: Conn, owner: str) -> int:
@@ -292,7 +310,7 @@ class Heads:
                 if self._keys.newest_in(conn, owner) is None:
                     continue
                 for turn_id, head in turns.items():
-                    self.change(conn, owner, turn_id, lambda h, head=head: _fill(h, head))
+                    self.change(conn, owner, turn_id, functools.partial(_fill, source=head))
                     built += 1
             conn.execute(
                 "INSERT INTO store_meta(key, value) VALUES ('turn_heads', ?)"
@@ -321,6 +339,11 @@ def _existing(conn: Conn) -> dict[str, dict[str, Head]]:
             head = found.setdefault(row["owner_user_id"], {}).setdefault(row["turn_id"], Head())
             head.section(kind)[row["id"]] = [row["seq"], row["expires_at"], row["actor"], row["channel"]]
     return found
+
+
+def same_entry(head: Head, row: dict[str, Any]) -> None:
+    """Raise IntegrityError unless ``head`` lists the entry ``row`` as it is."""
+    _same_entry(head, row)
 
 
 def _same_entry(head: Head, row: dict[str, Any]) -> None:
