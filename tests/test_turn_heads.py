@@ -71,7 +71,9 @@ def _step_id(conn: apsw.Connection, step: int, turn: str = TURN, owner: str = "a
 
 def _copy_row(conn: apsw.Connection, entry_id: str, new_id: str, **changes: Any) -> None:
     columns = [row[1] for row in conn.execute("PRAGMA table_info(entries)").fetchall()]
-    values = dict(zip(columns, conn.execute("SELECT * FROM entries WHERE id = ?", (entry_id,)).fetchall()[0]))
+    values = dict(
+        zip(columns, conn.execute("SELECT * FROM entries WHERE id = ?", (entry_id,)).fetchall()[0], strict=True)
+    )
     values.update(id=new_id, **changes)
     conn.execute(
         f"INSERT INTO entries({', '.join(values)}) VALUES ({', '.join('?' * len(values))})", tuple(values.values())
