@@ -44,7 +44,10 @@ AUTOCHECKPOINT_PAGES = 1000
 # keeps the largest size it ever reached until a TRUNCATE checkpoint).
 WAL_KEEP_BYTES = 16 * 1024 * 1024
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
+
+# The policy's durability -> SQLite's synchronous setting, set on every connection.
+_SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL"}
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -167,10 +170,76 @@ _MIGRATIONS: dict[int, str] = {
             ON CONFLICT(owner_user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes;
     END;
     """,
+    # The hot path (issue 13). entries and segments become rowid tables: a put
+    # appends to the last leaf instead of landing in a random leaf of a table
+    # keyed by random ids (which split pages and rewrote 3-4 pages a put);
+    # the random id keeps a small unique index. The indexes no query of a put
+    # or a listing needs go: entries_expires (gc scans the table) and
+    # entries_owner_usage (the quota reads owner_usage; the exact sum near
+    # the quota walks the owner's part of entries_owner_turn). Columns and
+    # keys are unchanged. One transaction: a failure leaves the v5 store.
+    6: """
+    CREATE TABLE entries_v6(
+        id             TEXT PRIMARY KEY,
+        owner_user_id  TEXT NOT NULL,
+        actor          TEXT NOT NULL,
+        channel        TEXT NOT NULL,
+        turn_id        TEXT NOT NULL,
+        step_num       INTEGER NOT NULL,
+        executor_name  TEXT NOT NULL,
+        content_kind   TEXT NOT NULL,
+        size_bytes     INTEGER NOT NULL,
+        size_chars     INTEGER NOT NULL,
+        segment_count  INTEGER NOT NULL,
+        key_version    INTEGER NOT NULL,
+        created_at     REAL NOT NULL,
+        expires_at     REAL NOT NULL,
+        wrapped_key    BLOB NOT NULL,
+        nonce_prefix   BLOB NOT NULL,
+        commitment     BLOB NOT NULL,
+        sealed_meta    BLOB NOT NULL,
+        stored_bytes   INTEGER NOT NULL DEFAULT 0
+    );
+    INSERT INTO entries_v6(id, owner_user_id, actor, channel, turn_id, step_num, executor_name,
+            content_kind, size_bytes, size_chars, segment_count, key_version, created_at, expires_at,
+            wrapped_key, nonce_prefix, commitment, sealed_meta, stored_bytes)
+        SELECT id, owner_user_id, actor, channel, turn_id, step_num, executor_name,
+            content_kind, size_bytes, size_chars, segment_count, key_version, created_at, expires_at,
+            wrapped_key, nonce_prefix, commitment, sealed_meta, stored_bytes
+        FROM entries ORDER BY created_at, id;
+    CREATE TABLE segments_v6(
+        entry_id TEXT NOT NULL,
+        seq      INTEGER NOT NULL,
+        data     BLOB NOT NULL,
+        PRIMARY KEY (entry_id, seq)
+    );
+    INSERT INTO segments_v6(entry_id, seq, data)
+        SELECT s.entry_id, s.seq, s.data FROM segments s LEFT JOIN entries_v6 e ON e.id = s.entry_id
+        ORDER BY e.rowid, s.seq;
+    DROP TABLE entries;
+    DROP TABLE segments;
+    ALTER TABLE entries_v6 RENAME TO entries;
+    ALTER TABLE segments_v6 RENAME TO segments;
+    CREATE INDEX entries_owner_turn ON entries(owner_user_id, turn_id, step_num);
+    CREATE TRIGGER owner_usage_insert AFTER INSERT ON entries BEGIN
+        INSERT INTO owner_usage(owner_user_id, stored_bytes) VALUES (NEW.owner_user_id, NEW.stored_bytes)
+            ON CONFLICT(owner_user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes;
+    END;
+    CREATE TRIGGER owner_usage_delete AFTER DELETE ON entries BEGIN
+        UPDATE owner_usage SET stored_bytes = stored_bytes - OLD.stored_bytes WHERE owner_user_id = OLD.owner_user_id;
+        DELETE FROM owner_usage WHERE owner_user_id = OLD.owner_user_id AND stored_bytes <= 0;
+    END;
+    CREATE TRIGGER owner_usage_update AFTER UPDATE OF owner_user_id, stored_bytes ON entries BEGIN
+        UPDATE owner_usage SET stored_bytes = stored_bytes - OLD.stored_bytes WHERE owner_user_id = OLD.owner_user_id;
+        DELETE FROM owner_usage WHERE owner_user_id = OLD.owner_user_id AND stored_bytes <= 0;
+        INSERT INTO owner_usage(owner_user_id, stored_bytes) VALUES (NEW.owner_user_id, NEW.stored_bytes)
+            ON CONFLICT(owner_user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes;
+    END;
+    """,
     # Sealed turn heads (heads.py): one row per (owner, turn) and one per owner
     # (turn_id ''), sealed under the owner's key. The heads of an existing
     # store are built when it is first opened with its key (Heads.build_if_needed).
-    6: """
+    7: """
     CREATE TABLE turn_heads(
         owner_user_id TEXT NOT NULL,
         turn_id       TEXT NOT NULL,
@@ -315,7 +384,8 @@ class Database:
     ``wal_limit_bytes`` bounds the write-ahead log (see ``WAL_LIMIT_BYTES``).
     ``incremental_vacuum`` makes the file give freed pages back to the file
     system at each ``checkpoint`` (gc, forget-owner); an existing store is
-    converted once, at open, by a full VACUUM.
+    converted once, at open, by a full VACUUM. ``durability`` ("normal" or
+    "full") is the ``synchronous`` setting of every connection.
     """
 
     dialect = "sqlite"
@@ -328,10 +398,14 @@ class Database:
         wal_limit_bytes: int = WAL_LIMIT_BYTES,
         incremental_vacuum: bool = False,
         allow_shared: bool = False,
+        durability: str = "normal",
     ) -> None:
         self.path = path
         self.location = str(path)
         self._busy_timeout_ms = busy_timeout_ms
+        if durability not in _SYNCHRONOUS:
+            raise SecurepadError(f"durability must be one of {', '.join(_SYNCHRONOUS)}, not {durability!r}")
+        self.durability = durability
         self.wal_limit_bytes = wal_limit_bytes
         self._local = threading.local()
         self._connections = _Connections()
@@ -375,10 +449,11 @@ class Database:
             conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
             conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
             conn.execute("PRAGMA journal_mode = WAL")
-            # NORMAL: a commit is durable once the WAL is synced at checkpoint;
-            # a power cut (not a process crash) can lose the last commits
-            # (docs/reliability.md).
-            conn.execute("PRAGMA synchronous = NORMAL")
+            # The policy's durability (docs/reliability.md). NORMAL: a commit is
+            # durable once the WAL is synced at checkpoint; a power cut (not a
+            # process crash) can lose the last commits. FULL: the WAL is synced
+            # at every commit.
+            conn.execute(f"PRAGMA synchronous = {_SYNCHRONOUS[self.durability]}")
             conn.execute(f"PRAGMA journal_size_limit = {WAL_KEEP_BYTES}")
             # Deleted content is overwritten with zeros, in the file and the WAL.
             conn.execute("PRAGMA secure_delete = ON")

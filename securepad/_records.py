@@ -26,7 +26,7 @@ from ._backend import Backend, Conn, Rows
 from .access import Access
 from .crypto import Wrapper, open_record, reseal_record, seal_record
 from .errors import IntegrityError
-from .heads import RECORD_KINDS, Heads, record_item
+from .heads import RECORD_KINDS, Head, Heads, record_item
 from .keystore import Keystore
 from .principal import Principal
 
@@ -49,7 +49,9 @@ RECORD_ROW_OVERHEAD = 256
 
 # The quota check of the entries table, run inside the write transaction:
 # (conn, owner, bytes added, now, what is added); raises QuotaExceededError.
-QuotaCheck = Callable[[Conn, str, int, float, str], None]
+# (conn, owner, key version sealed under, bytes added, now, what): checks the
+# version is still the newest and the quota has room, in one statement.
+QuotaCheck = Callable[[Conn, str, int, int, float, str], None]
 
 
 def _check_table(table: str) -> str:
@@ -129,13 +131,17 @@ class Records:
             return row
 
         def write(conn: Conn, row: dict[str, Any]) -> dict[str, Any]:
-            self._check_quota(conn, owner, record_cost(row), created, "record")
+            self._check_quota(conn, owner, row["key_version"], record_cost(row), created, "record")
             conn.execute(
                 f"INSERT INTO {table}({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
             )
             section = RECORD_KINDS[table]
             self._heads.change(
-                conn, owner, turn_id, lambda head: head.section(section).__setitem__(row["id"], record_item(row))
+                conn,
+                owner,
+                turn_id,
+                lambda head: head.section(section).__setitem__(row["id"], record_item(row)),
+                row["key_version"],
             )
             number = len(
                 self._access.rows(principal, table, "seq", "turn_id = ? AND seq <= ?", (turn_id, row["seq"]), conn=conn)
@@ -167,12 +173,18 @@ class Records:
         _check_table(table)
         order = "ORDER BY seq DESC LIMIT 1" if latest else "ORDER BY seq"
         current = self._now(now)
-        rows = self._access.rows(
-            principal, table, _COLUMNS, "turn_id = ? AND expires_at > ?", (turn_id, current), order
-        )
-        self._heads.check_records(principal, table, turn_id, rows, current, latest)
-        # Every record of the scope (expired ones not yet collected too) numbers the scope's sequence.
-        stored = self._access.rows(principal, table, "seq", "turn_id = ?", (turn_id,), "ORDER BY seq")
+
+        def fetch() -> tuple[Rows, Rows]:
+            rows = self._access.rows(
+                principal, table, _COLUMNS, "turn_id = ? AND expires_at > ?", (turn_id, current), order
+            )
+            # Every record of the scope (expired ones not yet collected too) numbers the scope's sequence.
+            return rows, self._access.rows(principal, table, "seq", "turn_id = ?", (turn_id,), "ORDER BY seq")
+
+        def check(head: Head, fetched: tuple[Rows, Rows]) -> None:
+            self._heads.check_records_in(head, principal, table, turn_id, fetched[0], current, latest)
+
+        rows, stored = self._heads.checked(principal.owner_user_id, turn_id, fetch, check)
         numbers = {row["seq"]: index for index, row in enumerate(stored, 1)}
         return [
             {
@@ -248,18 +260,16 @@ class Records:
         return changed
 
     @staticmethod
-    def used_bytes(conn: Conn, owner: str, now: float) -> int:
-        """What the owner's live records cost on disk (sealed bytes plus
-        ``RECORD_ROW_OVERHEAD`` each), summed inside the caller's write transaction."""
-        used = 0
-        for table in TABLES:
-            rows = conn.query(
-                f"SELECT CAST(COALESCE(SUM(length(sealed) + length(wrapped_key) + {RECORD_ROW_OVERHEAD}), 0)"
-                f" AS BIGINT) AS used FROM {table} WHERE owner_user_id = ? AND expires_at > ?",
-                (owner, now),
-            )
-            used += int(rows[0]["used"])
-        return used
+    def used_sql(owner: str, now: float) -> tuple[str, tuple[Any, ...]]:
+        """What the owner's live records cost on disk, as one SQL expression and
+        its parameters (read inside the caller's write transaction, in the
+        statement that reads the rest of the quota)."""
+        parts = [
+            f"(SELECT CAST(COALESCE(SUM(length(sealed) + length(wrapped_key) + {RECORD_ROW_OVERHEAD}), 0)"
+            f" AS BIGINT) FROM {table} WHERE owner_user_id = ? AND expires_at > ?)"
+            for table in TABLES
+        ]
+        return " + ".join(parts), tuple(value for _ in TABLES for value in (owner, now))
 
     @staticmethod
     def delete_expired(conn: Conn, cutoff: float) -> int:

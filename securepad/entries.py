@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from . import reads, shaping
-from ._backend import Backend, Conn, Rows
+from ._backend import Backend, Conn, DuplicateKeyError, Rows
 from ._db import Database
 from ._records import Records
 from .access import Access, audit_log, check_principal
 from .crypto import EntryCipher, Header, Wrapper, open_entry, seal_entry, split_bytes, split_text
 from .errors import ExpiredError, IntegrityError, InvalidArgumentError, NotFoundError, QuotaExceededError
-from .heads import Heads, entry_item
-from .keystore import Keystore
+from .heads import Head, Heads, entry_item, same_entry
+from .keystore import NEWEST_VERSION_SQL, Keystore
 from .policy import NOT_FOUND_MESSAGE, Policy
 from .principal import Principal, check_identifier
 
@@ -212,7 +212,7 @@ class Entries:
                     row["step_num"], row["sealed_meta"] = taken, resealed
             elif free_step:
                 self.check_step_free(principal, turn_id, step_num, created, conn)
-            self.check_quota(conn, owner, row["stored_bytes"], created, "entry")
+            self.check_quota(conn, owner, row["key_version"], row["stored_bytes"], created, "entry")
             conn.execute(
                 f"INSERT INTO entries({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
             )
@@ -220,7 +220,9 @@ class Entries:
                 "INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)",
                 ((row["id"], seq, data) for seq, data in enumerate(segments)),
             )
-            self.heads.change(conn, owner, turn_id, lambda head: head.e.__setitem__(row["id"], entry_item(row)))
+            self.heads.change(
+                conn, owner, turn_id, lambda head: head.e.__setitem__(row["id"], entry_item(row)), row["key_version"]
+            )
             return str(row["id"])
 
         entry_id = self._keys.write_current(
@@ -232,12 +234,29 @@ class Entries:
         )
         return {"ok": True, "scratchpad_id": entry_id, **meta["view"]}
 
-    def check_quota(self, conn: Conn, owner: str, adding: int, now: float, what: str) -> None:
-        """Refuse ``adding`` bytes (a new ``what``: entry or record) that do not
-        fit in the owner's quota, inside the owner's write transaction.
+    def put_many(
+        self,
+        principal: Principal,
+        turn_id: str,
+        items: Any,
+        ttl_seconds: int | None = None,
+        *,
+        now: float | None = None,
+        shown: Shown | None = None,
+    ) -> list[dict[str, Any]]:
+        """Store several observations in one transaction, all or nothing (see
+        ``Scratchpad.put_many``); with ``shown``, the steps are chosen (see ``_Batch``)."""
+        return _Batch(self, self._keys, self._access, principal, turn_id, shown).put(items, ttl_seconds, now)
+
+    def check_quota(self, conn: Conn, owner: str, version: int, adding: int, now: float, what: str) -> None:
+        """Inside the owner's write transaction, in one statement: refuse a write
+        sealed under owner-key ``version`` when that is no longer the newest
+        (``StaleOwnerKey``, which the keystore's retry takes), and refuse
+        ``adding`` bytes (a new ``what``: entry or record) that do not fit in
+        the owner's quota.
 
         Entries count what their row costs on disk (``row_cost``), and so do
-        the owner's live checkpoints and compaction marks (``Records.used_bytes``:
+        the owner's live checkpoints and compaction marks (``Records.used_sql``:
         a turn keeps few). ``owner_usage`` (kept by triggers) still counts
         expired entries that gc has not removed: when even that bound leaves
         room, the exact sum over the owner's live entries, O(entries), would
@@ -249,9 +268,15 @@ class Entries:
             QuotaExceededError: no room.
         """
         quota = self.policy.owner_quota_bytes
-        used = Records.used_bytes(conn, owner, now)
-        bound = conn.query("SELECT stored_bytes FROM owner_usage WHERE owner_user_id = ?", (owner,))
-        stored = int(bound[0]["stored_bytes"]) if bound else 0
+        records, params = Records.used_sql(owner, now)
+        found = conn.query(
+            f"SELECT {NEWEST_VERSION_SQL} AS newest,"
+            " (SELECT stored_bytes FROM owner_usage WHERE owner_user_id = ?) AS stored,"
+            f" {records} AS used",
+            (owner, owner, *params),
+        )[0]
+        Keystore.check_newest(found["newest"], version)
+        used, stored = int(found["used"]), int(found["stored"] or 0)
         if used + stored + adding > quota:
             live = conn.query(
                 "SELECT CAST(COALESCE(SUM(stored_bytes), 0) AS BIGINT) AS used FROM entries"
@@ -289,15 +314,34 @@ class Entries:
         if not rows:
             self._access.denied(principal, scratchpad_id)
             raise NotFoundError(NOT_FOUND_MESSAGE)
-        row = rows[0]
-        _check_row_types(row)
-        if turn_id is not None and row["turn_id"] != turn_id:
+        current = self.now(now)
+        first = [rows]
+
+        def fetch() -> tuple[dict[str, Any] | None, Opened | None]:
+            got = first.pop() if first else self._access.rows(principal, "entries", _COLUMNS, where, params)
+            if not got:
+                return None, None
+            row = got[0]
+            _check_row_types(row)
+            if turn_id is not None and row["turn_id"] != turn_id:
+                raise NotFoundError(NOT_FOUND_MESSAGE)
+            if row["expires_at"] <= current:
+                return row, None
+            return row, next(self._access.open_each(principal, "entries", _COLUMNS, [row], self._authenticate))
+
+        def check(head: Head, fetched: tuple[dict[str, Any] | None, Opened | None]) -> None:
+            row, opened = fetched
+            if row is not None and opened is None:
+                self.heads.check_expired_in(head, row, current)
+            elif opened is not None:
+                same_entry(head, opened.row)
+
+        _check_row_types(rows[0])
+        row, opened = self.heads.checked(principal.owner_user_id, rows[0]["turn_id"], fetch, check)
+        if row is None:  # deleted meanwhile
             raise NotFoundError(NOT_FOUND_MESSAGE)
-        if row["expires_at"] <= self.now(now):
-            self.heads.check_expired(row, self.now(now))
+        if opened is None:
             raise ExpiredError("this entry has expired")
-        opened = next(self._access.open_each(principal, "entries", _COLUMNS, [row], self._authenticate))
-        self.heads.check_entry(opened.row)
         return opened
 
     def _authenticate(self, row: dict[str, Any]) -> Opened:
@@ -397,16 +441,22 @@ class Entries:
     # -- turn listings ---------------------------------------------------------------------------
 
     def turn_entries(self, principal: Principal, turn_id: str, now: float | None) -> list[Opened]:
-        """The live entries of a turn in the principal's scope, authenticated, in step order."""
+        """The live entries of a turn in the principal's scope, authenticated, in
+        step order, checked against the turn's head."""
         check_principal(principal)
         check_identifier("turn_id", turn_id)
-        rows = self._access.rows(
-            principal, "entries", _COLUMNS, "turn_id = ?", (turn_id,), "ORDER BY step_num, created_at, id"
-        )
         current = self.now(now)
-        opened = list(self._authenticate_rows(principal, _live(rows, current)))
-        self.heads.check_entries(principal, turn_id, [each.row for each in opened], current)
-        return opened
+
+        def fetch() -> list[Opened]:
+            rows = self._access.rows(
+                principal, "entries", _COLUMNS, "turn_id = ?", (turn_id,), "ORDER BY step_num, created_at, id"
+            )
+            return list(self._authenticate_rows(principal, _live(rows, current)))
+
+        def check(head: Head, opened: list[Opened]) -> None:
+            self.heads.check_entries_in(head, principal, turn_id, [each.row for each in opened], current)
+
+        return self.heads.checked(principal.owner_user_id, turn_id, fetch, check)
 
     def turn_offloads(self, principal: Principal, turn_id: str, now: float | None) -> bool:
         """Whether a live entry of the turn in the principal's scope was offloaded
@@ -570,7 +620,14 @@ def stats(
         (current,),
         admin=True,
     )
-    usage = db.query("SELECT COALESCE(MAX(wrap_count), 0) AS owner_key_max_wraps FROM owner_keys", admin=True)[0]
+    # With the wraps this process counted but has not written yet (Keystore.WRAP_FLUSH_EVERY).
+    pending = keys.pending_wraps()
+    counted = db.query("SELECT owner_user_id, version, wrap_count FROM owner_keys", admin=True)
+    usage: dict[str, Any] = {
+        "owner_key_max_wraps": max(
+            (int(r["wrap_count"]) + pending.get((r["owner_user_id"], r["version"]), 0) for r in counted), default=0
+        )
+    }
     usage["master_key_wraps"] = int(keys.store_meta().get("master_wrap_count", "0"))
     usage["advice"] = [
         f"{name} has sealed {count} keys with random nonces; rotate it"
@@ -587,6 +644,154 @@ def stats(
         result["file_bytes"] = {suffix or "db": _file_size(Path(f"{path}{suffix}")) for suffix in ("", "-wal", "-shm")}
         result["wal"] = db.wal_status()
     return result
+
+
+# What ``Turn.record_many`` shows the model of an observation at a step:
+# ``(history item,)``, or None for the view.
+Shown = Callable[[Any, int], tuple[Any] | None]
+# A batch sealed: its rows, each row's sealed segments, each row's metadata.
+_Sealed = tuple[list[dict[str, Any]], list[list[bytes]], list[dict[str, Any]]]
+
+
+class _Batch:
+    """One ``put_many``: every observation checked and sealed first, then one
+    write transaction that checks each step, the key version and the quota of
+    the whole batch, and inserts every row (a failure stores none).
+
+    With ``shown`` (``Turn.record_many``), items are ``(executor_name,
+    observation)`` and take the steps after the turn's highest live one,
+    consecutively: read before sealing (the history item may name its step)
+    and checked again inside the transaction; another writer that took one
+    meanwhile makes the batch seal again (``write_current``'s retry)."""
+
+    def __init__(
+        self,
+        entries: Entries,
+        keys: Keystore,
+        access: Access,
+        principal: Principal,
+        turn_id: str,
+        shown: Shown | None,
+    ) -> None:
+        check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        self.entries, self.keys, self.access = entries, keys, access
+        self.principal, self.turn_id, self.shown = principal, turn_id, shown
+
+    def _items(self, items: Any) -> list[tuple[int, str, Any]]:
+        """The items as (step, executor, observation), validated (steps to choose are -1)."""
+        width = 2 if self.shown is not None else 3
+        if isinstance(items, str | bytes | dict) or not hasattr(items, "__iter__"):
+            raise InvalidArgumentError("items must be a sequence of tuples")
+        checked: list[tuple[int, str, Any]] = []
+        for item in items:
+            if not isinstance(item, tuple | list) or len(item) != width:
+                raise InvalidArgumentError(f"each item must be a tuple of {width} values, not {item!r:.80}")
+            step, executor, observation = (-1, *item) if width == 2 else item
+            if width == 3:
+                check_step_num(step)
+            check_identifier("executor_name", executor)
+            checked.append((step, executor, observation))
+        steps = [step for step, _, _ in checked]
+        if width == 3 and len(set(steps)) != len(steps):
+            raise InvalidArgumentError("a batch gives one step twice")
+        return checked
+
+    def put(self, items: Any, ttl_seconds: int | None, now: float | None) -> list[dict[str, Any]]:
+        checked = self._items(items)
+        ttl = self.entries.ttl(ttl_seconds)
+        created = self.entries.now(now)
+        if not checked:
+            return []
+        owner = self.principal.owner_user_id
+        policy = self.entries.policy
+        if self.shown is None:  # shaped once: the steps are the caller's
+            fixed = [_Prepared.of(obs, step, policy) for step, _, obs in checked]
+        identities: dict[tuple[int, int], str] = {}
+        shown_items: list[tuple[Any] | None] = []
+
+        def seal(version: int, wrapper: Wrapper) -> _Sealed:
+            steps = [step for step, _, _ in checked]
+            prepared = fixed if self.shown is None else []
+            shown_items.clear()
+            if self.shown is not None:
+                first = self.entries.last_step(self.principal, self.turn_id, created) + 1
+                steps = list(range(first, first + len(checked)))
+                check_step_num(steps[-1])
+                prepared = [_Prepared.of(obs, step, policy) for step, (_, _, obs) in zip(steps, checked, strict=True)]
+            rows: list[dict[str, Any]] = []
+            segments: list[list[bytes]] = []
+            metas: list[dict[str, Any]] = []
+            for index, (step, (_, executor, obs), prep) in enumerate(zip(steps, checked, prepared, strict=True)):
+                inline = self.shown(obs, step) if self.shown is not None else None
+                shown_items.append(inline)
+                meta = prep.meta(self.principal, step, executor, created, created + ttl, inline)
+                if (version, index) not in identities or self.shown is not None:
+                    identities[(version, index)] = self.keys.identity(owner, version).of(prep.kind, prep.segments)
+                meta["content_id"] = identities[(version, index)]
+                row, sealed, _ = prep.seal(wrapper, version, owner, self.turn_id, meta)
+                rows.append(row)
+                segments.append(sealed)
+                metas.append(meta)
+            return rows, segments, metas
+
+        def write(conn: Conn, sealed: _Sealed) -> _Sealed:
+            rows, segments, _ = sealed
+            self._check_steps(conn, [row["step_num"] for row in rows], created)
+            version = rows[0]["key_version"]
+            self.entries.check_quota(conn, owner, version, sum(r["stored_bytes"] for r in rows), created, "batch")
+            columns = list(rows[0])
+            conn.executemany(
+                f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                [tuple(row[c] for c in columns) for row in rows],
+            )
+            conn.executemany(
+                "INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)",
+                [
+                    (row["id"], seq, data)
+                    for row, parts in zip(rows, segments, strict=True)
+                    for seq, data in enumerate(parts)
+                ],
+            )
+            self.entries.heads.change(
+                conn, owner, self.turn_id, lambda head: head.e.update((r["id"], entry_item(r)) for r in rows), version
+            )
+            return sealed
+
+        rows, _, metas = self.keys.write_current(
+            owner,
+            seal,
+            write,
+            attempts=5,
+            count=len(checked),
+            busy="could not store the batch: its ids, steps or owner key kept changing; try again",
+        )
+        views = [
+            {"ok": True, "scratchpad_id": row["id"], **meta["view"]} for row, meta in zip(rows, metas, strict=True)
+        ]
+        if self.shown is None:
+            return views
+        return [view if inline is None else inline[0] for view, inline in zip(views, shown_items, strict=True)]
+
+    def _check_steps(self, conn: Conn, steps: list[int], now: float) -> None:
+        """Inside the write: refuse steps a live entry of the turn in the
+        principal's scope has (chosen steps: seal again, another writer took one)."""
+        marks = ", ".join("?" * len(steps))
+        rows = self.access.rows(
+            self.principal,
+            "entries",
+            "step_num, expires_at",
+            f"turn_id = ? AND step_num IN ({marks})",
+            (self.turn_id, *steps),
+            conn=conn,
+        )
+        taken = sorted(row["step_num"] for row in _live(rows, now))
+        if taken and self.shown is not None:
+            raise DuplicateKeyError
+        if taken:
+            raise InvalidArgumentError(f"step {taken[0]} is already recorded in turn {self.turn_id!r}")
+        if self.shown is not None and self.entries.last_step(self.principal, self.turn_id, now, conn) >= steps[0]:
+            raise DuplicateKeyError  # a higher step appeared: these are no longer the next ones
 
 
 @dataclass

@@ -31,11 +31,11 @@ import functools
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ._backend import Backend, Conn
 from .crypto import head_aad
-from .errors import IntegrityError
+from .errors import IntegrityError, StoreBusyError
 from .keystore import Keystore
 from .policy import Policy
 from .principal import Principal
@@ -46,6 +46,9 @@ OWNER_HEAD = ""
 # Head sections of the turn records, by table.
 RECORD_KINDS = {"checkpoints": "c", "compaction_marks": "m"}
 _BUILT = "built"
+# Reads of a turn tried again on a consistent (head, rows) pair before a mismatch is believed.
+_CONSISTENT_TRIES = 8
+T = TypeVar("T")
 
 
 @dataclass
@@ -100,6 +103,49 @@ class Heads:
             raise IntegrityError("a turn head belongs to another owner")
         return self._keys.owner_wrapper(owner, version).open(row["sealed"], head_aad(owner, turn_id, version))
 
+    def checked(self, owner: str, turn_id: str, fetch: Callable[[], T], check: Callable[[Head, T], None]) -> T:
+        """``fetch()`` checked by ``check(head, fetched)`` against the turn's head.
+
+        The head is read after the rows: a writer that commits between the two
+        reads makes them disagree, so a failed check is tried again on a
+        consistent pair (the head's sealed bytes equal before and after the
+        fetch: every write of the turn reseals it, with a fresh nonce) before
+        it is believed. The common path costs one head row and one open.
+
+        Raises:
+            IntegrityError: the check fails on a consistent pair.
+            StoreBusyError: writers kept changing the turn while it was read.
+        """
+        fetched = fetch()
+        try:
+            check(self.load(owner, turn_id), fetched)
+            return fetched
+        except IntegrityError:
+            pass
+        for _ in range(_CONSISTENT_TRIES):
+            before = self._rows(owner, turn_id)
+            fetched = fetch()
+            if self._rows(owner, turn_id) == before:
+                check(self._from_rows(before, owner, turn_id), fetched)
+                return fetched
+        raise StoreBusyError(f"turn {turn_id!r} kept changing while it was read; try again")
+
+    def _rows(self, owner: str, turn_id: str, conn: Conn | None = None) -> list[dict[str, Any]]:
+        sql = (
+            "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads"
+            " WHERE owner_user_id = ? AND turn_id IN (?, ?) ORDER BY turn_id"
+        )
+        params = (owner, turn_id, OWNER_HEAD)
+        return conn.query(sql, params) if conn is not None else self._db.query(sql, params, owner=owner)
+
+    def _from_rows(self, rows: list[dict[str, Any]], owner: str, turn_id: str) -> Head:
+        by_turn = {row["turn_id"]: row for row in rows}
+        if turn_id in by_turn:
+            return Head.loads(self._open(by_turn[turn_id], owner, turn_id))
+        if OWNER_HEAD in by_turn and turn_id in self._turns(by_turn[OWNER_HEAD], owner):
+            raise IntegrityError(f"turn {turn_id!r} lost its head: the turn was removed from the store")
+        return Head()
+
     def load(self, owner: str, turn_id: str, conn: Conn | None = None) -> Head:
         """The turn's head (empty for a turn that never held anything), authenticated.
 
@@ -111,18 +157,7 @@ class Heads:
             IntegrityError: a head fails authentication, or the turn's head is
                 missing while the owner head lists the turn.
         """
-        sql = (
-            "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads"
-            " WHERE owner_user_id = ? AND turn_id IN (?, ?)"
-        )
-        params = (owner, turn_id, OWNER_HEAD)
-        rows = conn.query(sql, params) if conn is not None else self._db.query(sql, params, owner=owner)
-        by_turn = {row["turn_id"]: row for row in rows}
-        if turn_id in by_turn:
-            return Head.loads(self._open(by_turn[turn_id], owner, turn_id))
-        if OWNER_HEAD in by_turn and turn_id in self._turns(by_turn[OWNER_HEAD], owner):
-            raise IntegrityError(f"turn {turn_id!r} lost its head: the turn was removed from the store")
-        return Head()
+        return self._from_rows(self._rows(owner, turn_id, conn), owner, turn_id)
 
     def _turns(self, row: dict[str, Any], owner: str) -> set[str]:
         try:
@@ -162,7 +197,18 @@ class Heads:
         Raises:
             IntegrityError: a missing, unlisted or altered entry.
         """
-        head = self.load(principal.owner_user_id, turn_id)
+        self.check_entries_in(self.load(principal.owner_user_id, turn_id), principal, turn_id, rows, now, complete)
+
+    def check_entries_in(
+        self,
+        head: Head,
+        principal: Principal,
+        turn_id: str,
+        rows: Iterable[dict[str, Any]],
+        now: float,
+        complete: bool = True,
+    ) -> None:
+        """``check_entries`` against a head already read."""
         seen = set()
         for row in rows:
             _same_entry(head, row)
@@ -182,6 +228,12 @@ class Heads:
         """
         _same_entry(self.load(row["owner_user_id"], row["turn_id"]), row)
 
+    def check_expired_in(self, head: Head, row: dict[str, Any], now: float) -> None:
+        """``check_expired`` against a head already read."""
+        sealed = head.e.get(row["id"])
+        if sealed is not None and sealed[1] > now:
+            raise IntegrityError(f"entry {row['id']} expires later than its clear expiry says: tampering")
+
     def check_expired(self, row: dict[str, Any], now: float) -> None:
         """Refuse an entry whose clear expiry has passed while its turn's head says it still lives.
 
@@ -200,7 +252,20 @@ class Heads:
         Raises:
             IntegrityError: a missing, unlisted or altered record, or an older one served as the newest.
         """
-        section = self.load(principal.owner_user_id, turn_id).section(RECORD_KINDS[table])
+        self.check_records_in(self.load(principal.owner_user_id, turn_id), principal, table, turn_id, rows, now, latest)
+
+    def check_records_in(
+        self,
+        head: Head,
+        principal: Principal,
+        table: str,
+        turn_id: str,
+        rows: list[dict[str, Any]],
+        now: float,
+        latest: bool,
+    ) -> None:
+        """``check_records`` against a head already read."""
+        section = head.section(RECORD_KINDS[table])
         for row in rows:
             sealed = section.get(row["id"])
             if sealed is None or sealed[0] != row["seq"] or sealed[1] != row["expires_at"]:
@@ -221,10 +286,13 @@ class Heads:
 
     # -- writing: the one place ------------------------------------------------------------
 
-    def change(self, conn: Conn, owner: str, turn_id: str, edit: Callable[[Head], object]) -> None:
+    def change(
+        self, conn: Conn, owner: str, turn_id: str, edit: Callable[[Head], object], version: int | None = None
+    ) -> None:
         """Apply ``edit`` to the turn's head and seal it again, inside the caller's
-        write transaction, under the owner's newest key version; a turn new to
-        the owner joins the owner head in the same transaction.
+        write transaction, under the owner's newest key version (``version``
+        when the caller's transaction already checked it is the newest); a turn
+        new to the owner joins the owner head in the same transaction.
 
         Raises:
             IntegrityError: the stored head fails authentication.
@@ -249,11 +317,12 @@ class Heads:
         if after == before:
             return
         if turns is not None:
-            self._write(conn, owner, OWNER_HEAD, json.dumps({"t": sorted(turns | {turn_id})}).encode())
-        self._write(conn, owner, turn_id, after)
+            self._write(conn, owner, OWNER_HEAD, json.dumps({"t": sorted(turns | {turn_id})}).encode(), version)
+        self._write(conn, owner, turn_id, after, version)
 
-    def _write(self, conn: Conn, owner: str, turn_id: str, body: bytes) -> None:
-        version = self._keys.newest_in(conn, owner)
+    def _write(self, conn: Conn, owner: str, turn_id: str, body: bytes, version: int | None = None) -> None:
+        if version is None:
+            version = self._keys.newest_in(conn, owner)
         if version is None:
             raise IntegrityError(f"owner {owner!r} has no key to seal its turn head with")
         sealed = self._keys.owner_wrapper(owner, version).seal(body, head_aad(owner, turn_id, version))
@@ -263,7 +332,7 @@ class Heads:
             " sealed = excluded.sealed",
             (owner, turn_id, version, sealed),
         )
-        self._keys.count_wraps(conn, owner, version)
+        self._keys.count_wraps_later(owner, version)
 
     def prune(self, conn: Conn, cutoff: float) -> int:
         """Drop what gc collects at ``cutoff`` from the heads of the turns it collects
