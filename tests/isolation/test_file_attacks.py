@@ -177,16 +177,16 @@ def test_restoring_a_forgotten_owners_entries_from_a_backup_fails(store: Store, 
     refused_everywhere(store.ask("a_json"))
 
 
-def test_known_gap_a_whole_entry_restored_with_its_keys_is_the_old_entry(store: Store, backup: Path) -> None:
-    """Not detected (SECURITY.md, "holds a backup"): an entry deleted since, put back
-    whole (row and segments) while its owner key still exists, is served again. What
-    comes back is exactly the old entry, to its own owner only; nothing mixes."""
+def test_a_deleted_entry_restored_whole_from_a_backup_is_refused(store: Store, backup: Path) -> None:
+    """Issue 14: an entry deleted since, put back whole (row and segments) while its
+    owner key still exists, is not in its turn's head any more: every read of it and
+    of its turn is refused; the other owner still sees nothing of it."""
     with store.open() as pad:
         pad.delete(ALICE, store.ids["a_text"])
     assert store.ask("a_text", (ALICE,)) == ["NotFoundError"] * 3 + ["unlisted"]
     row, segments = _drill.entry_row(backup, store.ids["a_text"])
     _drill.restore_entry(store.db_path, row, segments)
-    assert store.ask("a_text") == ["served"] * 3 + ["listed"] + ["NotFoundError"] * 3 + ["unlisted"]
+    assert store.ask("a_text") == ["IntegrityError"] * 4 + ["NotFoundError"] * 3 + ["unlisted"]
 
 
 @pytest.mark.parametrize("columns", [("sealed_meta",), ("expires_at",)], ids=lambda c: c[0])
