@@ -50,8 +50,10 @@ def verify_store(entries: Entries, records: Records, heads: Heads, now: float) -
                 problems.append(_problem(owner, turn_id, None, "turn head", "the turn and its head were removed"))
     counted = {"entries": 0, **dict.fromkeys(TABLES, 0)}
     seen: dict[tuple[str, str], set[str]] = {}
+    usage: dict[str, int] = {}
     for row in entries.all_rows():
         counted["entries"] += 1
+        usage[row["owner_user_id"]] = usage.get(row["owner_user_id"], 0) + int(row["stored_bytes"])
         where = (row["owner_user_id"], row["turn_id"])
         seen.setdefault(where, set()).add(row["id"])
         try:
@@ -79,6 +81,19 @@ def verify_store(entries: Entries, records: Records, heads: Heads, now: float) -
             for item_id, item in section.items():
                 if item[1] > now and item_id not in present:
                     problems.append(_problem(owner, turn_id, item_id, kind, "removed before its sealed expiry"))
+    # The quota's running totals, recomputed from stored_bytes (which the heads authenticate).
+    stored = entries.usage_rows()
+    for owner in sorted(set(stored) | set(usage)):
+        if stored.get(owner, 0) != usage.get(owner, 0):
+            problems.append(
+                _problem(
+                    owner,
+                    None,
+                    None,
+                    "owner_usage",
+                    f"counts {stored.get(owner, 0)} bytes, the entries {usage.get(owner, 0)}",
+                )
+            )
     return {
         "ok": not problems,
         "owners": len(opened),

@@ -246,6 +246,14 @@ def test_get_and_read_of_an_edited_entry_are_refused(store: dict[str, Any], edit
                 pad.get(ALICE, entry_id, now=NOW + 100)
 
 
+def test_verify_recomputes_the_quota_totals(store: dict[str, Any]) -> None:
+    with raw(store["path"]) as conn:
+        conn.execute("UPDATE owner_usage SET stored_bytes = 1 WHERE owner_user_id = 'alice'")
+    with _open(store) as pad:
+        problems = pad.verify(now=NOW + 100)["problems"]
+    assert [(p["owner_user_id"], p["what"]) for p in problems] == [("alice", "owner_usage")]
+
+
 def test_content_tamper_is_refused_on_read(store: dict[str, Any]) -> None:
     _edit(store, content_tamper)
     with _open(store) as pad, pytest.raises(IntegrityError):
