@@ -8,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 
+import apsw
 import click
 import pytest
 from click.testing import CliRunner, Result
@@ -398,3 +399,24 @@ def test_user_strings_keep_their_brackets_in_errors(cli: Cli) -> None:
 def test_for_terminal_strips_sequences_and_controls() -> None:
     assert for_terminal("a\x1b[2Jb\x1b]8;;http://x\x07c\x1b]8;;\x1b\\d\te\nf") == "abcd\te\nf"
     assert for_terminal("x\x00y\x9b2Jz\x7f\x85") == "x\\x00yz\\x7f\\x85"
+
+
+# -- verify (issue 14) ----------------------------------------------------------------------------
+
+
+def test_verify_passes_a_genuine_store_and_names_a_deleted_entry(cli: Cli) -> None:
+    ok(cli("init"))
+    for step in (1, 2, 3):
+        ok(put(cli, step, f"step {step}\n"))
+    report = json.loads(ok(cli("--json", "verify")).stdout)
+    assert report["ok"] and report["entries"] == 3 and report["problems"] == []
+    conn = apsw.Connection(str(cli.db))
+    with conn:
+        conn.execute("DELETE FROM entries WHERE step_num = 2")
+    conn.close()
+    result = cli("--json", "verify")
+    assert result.exit_code == 1
+    (problem,) = json.loads(result.stdout)["problems"]
+    assert (problem["owner_user_id"], problem["turn_id"], problem["what"]) == ("bob", "t", "entry")
+    table = cli("verify")
+    assert table.exit_code == 1 and "removed before its sealed expiry" in table.stdout
