@@ -34,8 +34,9 @@ PUT_TRIGGER_STATEMENTS = 2
 # Measured on a store of 200 entries: 4 KiB 9 (entries leaf, its id index and
 # the turn index, a segments leaf + overflow page and its key index,
 # owner_usage, page 1); 64 KiB 25. Before migration 6: 13.3 and 31.1.
-# Issue 14's turn head adds its turn_heads leaf: 4 KiB 11, 64 KiB 28 measured.
-MAX_FRAMES = {4 * 1024: 12, 64 * 1024: 29}
+# Issue 14's turn head adds its turn_heads leaf: 4 KiB 11-13, 64 KiB 28-30 measured
+# (13 and 30 when the new turn's head split a turn_heads page).
+MAX_FRAMES = {4 * 1024: 13, 64 * 1024: 30}
 
 
 @pytest.fixture
