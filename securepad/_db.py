@@ -45,7 +45,7 @@ AUTOCHECKPOINT_PAGES = 1000
 # keeps the largest size it ever reached until a TRUNCATE checkpoint).
 WAL_KEEP_BYTES = 16 * 1024 * 1024
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # The policy's durability -> SQLite's synchronous setting, set on every connection.
 _SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL"}
@@ -236,6 +236,19 @@ _MIGRATIONS: dict[int, str] = {
         INSERT INTO owner_usage(owner_user_id, stored_bytes) VALUES (NEW.owner_user_id, NEW.stored_bytes)
             ON CONFLICT(owner_user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes;
     END;
+    """,
+    # Sealed turn heads (heads.py): one row per (owner, turn) and one per owner
+    # (turn_id ''), sealed under the owner's key. The heads of an existing
+    # store are built when it is first opened with its key (Heads.build_if_needed).
+    7: """
+    CREATE TABLE turn_heads(
+        owner_user_id TEXT NOT NULL,
+        turn_id       TEXT NOT NULL,
+        key_version   INTEGER NOT NULL,
+        sealed        BLOB NOT NULL,
+        PRIMARY KEY (owner_user_id, turn_id)
+    ) WITHOUT ROWID;
+    INSERT OR REPLACE INTO store_meta(key, value) VALUES ('turn_heads', 'pending');
     """,
 }
 

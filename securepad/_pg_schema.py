@@ -22,7 +22,7 @@ __all__ = ["ADMIN_ROLE", "APP_ROLE", "MIGRATIONS", "SCHEMA_VERSION", "lock_key",
 
 APP_ROLE = "securepad_app"
 ADMIN_ROLE = "securepad_admin"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _OWNER = "current_setting('securepad.owner', true)"
 _OWNER_TABLES = ("owner_keys", "entries", "checkpoints", "compaction_marks", "owner_usage")
@@ -178,11 +178,28 @@ MIGRATIONS: dict[int, str] = {
                     AND EXISTS (SELECT 1 FROM entries e
                                 WHERE e.owner_user_id = segments.owner_user_id AND e.id = segments.entry_id));
     """,
+    # Sealed turn heads (issue 14, heads.py): one row per (owner, turn) and
+    # one per owner; a store from before them builds them on its next open.
+    3: f"""
+    CREATE TABLE turn_heads(
+        owner_user_id TEXT NOT NULL,
+        turn_id       TEXT NOT NULL,
+        key_version   INTEGER NOT NULL,
+        sealed        BYTEA NOT NULL,
+        PRIMARY KEY (owner_user_id, turn_id)
+    );
+    ALTER TABLE turn_heads ENABLE ROW LEVEL SECURITY;
+    CREATE POLICY owner_rows ON turn_heads TO {APP_ROLE}
+        USING (owner_user_id = {_OWNER}) WITH CHECK (owner_user_id = {_OWNER});
+    GRANT SELECT, INSERT, UPDATE, DELETE ON turn_heads TO {APP_ROLE};
+    INSERT INTO store_meta(key, value) VALUES ('turn_heads', 'pending')
+        ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+    """,
     # Row-level security forced (issue 15): the tables' owner is held to the
     # policies too, and the admin role gets an explicit housekeeping policy,
     # on every table that has an owner_rows policy (so a table added by a
     # later migration with that policy must be forced there as well).
-    3: f"""
+    4: f"""
     DO $$ DECLARE t text; BEGIN
         FOR t IN SELECT tablename FROM pg_policies
                  WHERE schemaname = current_schema() AND policyname = 'owner_rows' LOOP

@@ -22,10 +22,11 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from ._backend import Backend, Conn
+from ._backend import Backend, Conn, Rows
 from .access import Access
 from .crypto import Wrapper, open_record, reseal_record, seal_record
 from .errors import IntegrityError
+from .heads import RECORD_KINDS, Head, Heads, record_item
 from .keystore import Keystore
 from .principal import Principal
 
@@ -70,7 +71,9 @@ class Records:
         ttl: Callable[[int | None], int],
         now: Callable[[float | None], float],
         check_quota: QuotaCheck,
+        heads: Heads,
     ) -> None:
+        self._heads = heads
         self._db = db
         self._keys = keys
         self._access = access
@@ -132,6 +135,14 @@ class Records:
             conn.execute(
                 f"INSERT INTO {table}({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
             )
+            section = RECORD_KINDS[table]
+            self._heads.change(
+                conn,
+                owner,
+                turn_id,
+                lambda head: head.section(section).__setitem__(row["id"], record_item(row)),
+                row["key_version"],
+            )
             number = len(
                 self._access.rows(principal, table, "seq", "turn_id = ? AND seq <= ?", (turn_id, row["seq"]), conn=conn)
             )
@@ -161,11 +172,19 @@ class Records:
         """
         _check_table(table)
         order = "ORDER BY seq DESC LIMIT 1" if latest else "ORDER BY seq"
-        rows = self._access.rows(
-            principal, table, _COLUMNS, "turn_id = ? AND expires_at > ?", (turn_id, self._now(now)), order
-        )
-        # Every record of the scope (expired ones not yet collected too) numbers the scope's sequence.
-        stored = self._access.rows(principal, table, "seq", "turn_id = ?", (turn_id,), "ORDER BY seq")
+        current = self._now(now)
+
+        def fetch() -> tuple[Rows, Rows]:
+            rows = self._access.rows(
+                principal, table, _COLUMNS, "turn_id = ? AND expires_at > ?", (turn_id, current), order
+            )
+            # Every record of the scope (expired ones not yet collected too) numbers the scope's sequence.
+            return rows, self._access.rows(principal, table, "seq", "turn_id = ?", (turn_id,), "ORDER BY seq")
+
+        def check(head: Head, fetched: tuple[Rows, Rows]) -> None:
+            self._heads.check_records_in(head, principal, table, turn_id, fetched[0], current, latest)
+
+        rows, stored = self._heads.checked(principal.owner_user_id, turn_id, fetch, check)
         numbers = {row["seq"]: index for index, row in enumerate(stored, 1)}
         return [
             {
@@ -176,6 +195,22 @@ class Records:
             }
             for row, _, payload in self._access.open_each(principal, table, _COLUMNS, rows, self._opener(table))
         ]
+
+    def all_rows(self, table: str) -> Rows:
+        """Every row of a record table (housekeeping: ``verify``)."""
+        return self._db.query(
+            f"SELECT owner_user_id, actor, channel, {_COLUMNS} FROM {_check_table(table)}"
+            " ORDER BY owner_user_id, turn_id, seq",
+            admin=True,
+        )
+
+    def verify_row(self, table: str, row: dict[str, Any]) -> None:
+        """Authenticate a record row (``verify``).
+
+        Raises:
+            IntegrityError: the record fails authentication.
+        """
+        self._opener(table)(row)
 
     def _opener(self, table: str) -> Callable[[dict[str, Any]], tuple[dict[str, Any], Any, Any]]:
         def opened(row: dict[str, Any]) -> tuple[dict[str, Any], Any, Any]:
@@ -212,15 +247,16 @@ class Records:
         return updates
 
     @staticmethod
-    def apply_extend(conn: Conn, updates: Updates) -> int:
+    def apply_extend(conn: Conn, updates: Updates) -> dict[str, list[str]]:
         """Write ``prepare_extend``'s updates inside the caller's transaction; a
-        record changed meanwhile is left as it is. Returns how many were extended."""
-        changed = 0
+        record changed meanwhile is left as it is. Returns the ids extended, per table."""
+        changed: dict[str, list[str]] = {}
         for table, rows in updates.items():
             for update in rows:
-                changed += conn.execute(
+                if conn.execute(
                     f"UPDATE {_check_table(table)} SET expires_at = ?, sealed = ? WHERE id = ? AND sealed = ?", update
-                )
+                ):
+                    changed.setdefault(table, []).append(update[2])
         return changed
 
     @staticmethod

@@ -298,6 +298,14 @@ class AsyncScratchpad:
         """
         return await self._run(self._pad.scrub)
 
+    async def verify(self, *, now: float | None = None) -> dict[str, Any]:
+        """``Scratchpad.verify``: the whole-store check of heads, entries and records.
+
+        Raises:
+            InvalidArgumentError: a bad ``now``.
+        """
+        return await self._run(self._pad.verify, now=now)
+
     async def stats(self, principal: Principal | None = None, *, now: float | None = None) -> dict[str, Any]:
         """``Scratchpad.stats``: counts and sizes, for one principal's scope or the whole store.
 

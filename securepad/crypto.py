@@ -48,6 +48,7 @@ __all__ = [
     "KeyHandle",
     "WorkCounter",
     "Wrapper",
+    "head_aad",
     "item_key_aad",
     "key_check",
     "open_entry",
@@ -197,6 +198,11 @@ def record_key_aad(record_id: str, owner_user_id: str, key_version: int) -> byte
     return lp("record-key", record_id, owner_user_id, str(key_version))
 
 
+def head_aad(owner_user_id: str, turn_id: str, key_version: int) -> bytes:
+    """AAD of a sealed turn head (``turn_id`` empty: the owner head): binds owner, turn and key version."""
+    return lp("turn-head", str(FORMAT_VERSION), owner_user_id, turn_id, str(key_version))
+
+
 class Wrapper:
     """AES-256-GCM key wrapping under one key: the master's owner-wrap key
     (wraps owner keys) or an owner key (wraps item keys).
@@ -245,6 +251,24 @@ class Wrapper:
             return KeyHandle(self._aead.decrypt(blob[:12], blob[12:], aad))
         except InvalidTag:
             raise IntegrityError("a wrapped key failed authentication") from None
+
+    def seal(self, data: bytes, aad: bytes) -> bytes:
+        """Seal a small payload directly under this key (a turn head): random nonce || ciphertext || tag."""
+        nonce = secrets.token_bytes(12)
+        return nonce + self._aead.encrypt(nonce, data, aad)
+
+    def open(self, blob: object, aad: bytes) -> bytes:
+        """Open what ``seal`` sealed.
+
+        Raises:
+            IntegrityError: the blob was altered or belongs to another owner, turn or version.
+        """
+        if not isinstance(blob, bytes) or len(blob) < 28:
+            raise IntegrityError("a sealed head is truncated")
+        try:
+            return self._aead.decrypt(blob[:12], blob[12:], aad)
+        except InvalidTag:
+            raise IntegrityError("a turn head failed authentication") from None
 
     def rewrap(self, blob: object, aad: bytes, into: Wrapper, new_aad: bytes) -> bytes:
         """Move a wrapped key from this wrapper to ``into`` (a rotation).

@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from . import reads, shaping
-from ._backend import Backend, Conn, DuplicateKeyError, Params
+from ._backend import Backend, Conn, DuplicateKeyError, Params, Rows
 from ._db import Database
 from ._records import Records
 from .access import Access, audit_log, check_principal
 from .crypto import EntryCipher, Header, Wrapper, open_entry, seal_entry, split_bytes, split_text
 from .errors import ExpiredError, IntegrityError, InvalidArgumentError, NotFoundError, QuotaExceededError
+from .heads import Head, Heads, entry_item, same_entry
 from .keystore import NEWEST_VERSION_SQL, Keystore
 from .policy import NOT_FOUND_MESSAGE, Policy
 from .principal import Principal, check_identifier
@@ -43,7 +44,7 @@ _STEP_QUERY = ("expires_at", "turn_id = ? AND step_num = ?")
 _COLUMNS = (
     "id, turn_id, step_num, executor_name, content_kind, size_bytes,"
     " size_chars, segment_count, key_version, created_at, expires_at, wrapped_key, nonce_prefix,"
-    " commitment, sealed_meta"
+    " commitment, sealed_meta, stored_bytes"
 )
 # An entry to open comes with its segment when it has only one (up to
 # SEGMENT_BYTES: most entries), selected with the authorized row itself: one
@@ -139,6 +140,7 @@ class Entries:
         self._access = access
         self.policy = policy
         self._clock = clock
+        self.heads = Heads(db, keys, policy)
 
     def now(self, now: float | None) -> float:
         """The time for expiry: ``now`` (validated) or the clock's.
@@ -226,6 +228,9 @@ class Entries:
             conn.executemany(
                 "INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)",
                 ((row["id"], seq, data) for seq, data in enumerate(segments)),
+            )
+            self.heads.change(
+                conn, owner, turn_id, lambda head: head.e.__setitem__(row["id"], entry_item(row)), row["key_version"]
             )
             return str(row["id"])
 
@@ -317,13 +322,35 @@ class Entries:
         if not rows:
             self._access.denied(principal, scratchpad_id)
             raise NotFoundError(NOT_FOUND_MESSAGE)
-        row = rows[0]
-        _check_row_types(row)
-        if turn_id is not None and row["turn_id"] != turn_id:
+        current = self.now(now)
+        first = [rows]
+
+        def fetch() -> tuple[dict[str, Any] | None, Opened | None]:
+            got = first.pop() if first else self._access.rows(principal, "entries", _OPEN_COLUMNS, where, params)
+            if not got:
+                return None, None
+            row = got[0]
+            _check_row_types(row)
+            if turn_id is not None and row["turn_id"] != turn_id:
+                raise NotFoundError(NOT_FOUND_MESSAGE)
+            if row["expires_at"] <= current:
+                return row, None
+            return row, next(self._access.open_each(principal, "entries", _OPEN_COLUMNS, [row], self._authenticate))
+
+        def check(head: Head, fetched: tuple[dict[str, Any] | None, Opened | None]) -> None:
+            row, opened = fetched
+            if row is not None and opened is None:
+                self.heads.check_expired_in(head, row, current)
+            elif opened is not None:
+                same_entry(head, opened.row)
+
+        _check_row_types(rows[0])
+        row, opened = self.heads.checked(principal.owner_user_id, rows[0]["turn_id"], fetch, check)
+        if row is None:  # deleted meanwhile
             raise NotFoundError(NOT_FOUND_MESSAGE)
-        if row["expires_at"] <= self.now(now):
+        if opened is None:
             raise ExpiredError("this entry has expired")
-        return next(self._access.open_each(principal, "entries", _OPEN_COLUMNS, [row], self._authenticate))
+        return opened
 
     def _authenticate(self, row: dict[str, Any]) -> Opened:
         """Unwrap the item key, check the commitment, open and cross-check the metadata."""
@@ -359,6 +386,29 @@ class Entries:
         )
         return Opened(row, meta, content, cipher)
 
+    def all_rows(self) -> Rows:
+        """Every entry row of the store, by owner and turn (housekeeping: ``verify``)."""
+        return self._db.query(
+            f"SELECT owner_user_id, actor, channel, {_COLUMNS} FROM entries ORDER BY owner_user_id, turn_id, step_num",
+            admin=True,
+        )
+
+    def usage_rows(self) -> dict[str, int]:
+        """``owner_usage`` as stored: each owner's counted bytes (housekeeping: ``verify``)."""
+        rows = self._db.query("SELECT owner_user_id, stored_bytes FROM owner_usage", admin=True)
+        return {str(row["owner_user_id"]): int(row["stored_bytes"]) for row in rows}
+
+    def verify_row(self, row: dict[str, Any]) -> None:
+        """Authenticate an entry row and every one of its segments (``verify``).
+
+        Raises:
+            IntegrityError: the row or a segment fails authentication.
+        """
+        opened = self._authenticate(row)
+        count = int(row["segment_count"])
+        if count:
+            _fetcher(self._db, row["id"], row["owner_user_id"], opened.cipher, count)(0, count - 1)
+
     def get(
         self, principal: Principal, scratchpad_id: str, *, now: float | None = None, turn_id: str | None = None
     ) -> Entry:
@@ -387,13 +437,22 @@ class Entries:
     # -- turn listings ---------------------------------------------------------------------------
 
     def turn_entries(self, principal: Principal, turn_id: str, now: float | None) -> list[Opened]:
-        """The live entries of a turn in the principal's scope, authenticated, in step order."""
+        """The live entries of a turn in the principal's scope, authenticated, in
+        step order, checked against the turn's head."""
         check_principal(principal)
         check_identifier("turn_id", turn_id)
-        rows = self._access.rows(
-            principal, "entries", _COLUMNS, "turn_id = ?", (turn_id,), "ORDER BY step_num, created_at, id"
-        )
-        return list(self._authenticate_rows(principal, _live(rows, self.now(now))))
+        current = self.now(now)
+
+        def fetch() -> list[Opened]:
+            rows = self._access.rows(
+                principal, "entries", _COLUMNS, "turn_id = ?", (turn_id,), "ORDER BY step_num, created_at, id"
+            )
+            return list(self._authenticate_rows(principal, _live(rows, current)))
+
+        def check(head: Head, opened: list[Opened]) -> None:
+            self.heads.check_entries_in(head, principal, turn_id, [each.row for each in opened], current)
+
+        return self.heads.checked(principal.owner_user_id, turn_id, fetch, check)
 
     def turn_offloads(self, principal: Principal, turn_id: str, now: float | None) -> bool:
         """Whether a live entry of the turn in the principal's scope was offloaded
@@ -493,11 +552,14 @@ class Entries:
         check_principal(principal)
         if not isinstance(scratchpad_id, str) or not _ID_RE.fullmatch(scratchpad_id):
             raise NotFoundError(NOT_FOUND_MESSAGE)
-        with self._db.transaction(principal.owner_user_id) as conn:
+        owner = principal.owner_user_id
+        with self._db.transaction(owner) as conn:
+            turns = conn.query("SELECT turn_id FROM entries WHERE id = ? AND owner_user_id = ?", (scratchpad_id, owner))
             if not self._access.delete(conn, principal, "entries", scratchpad_id):
                 self._access.denied(principal, scratchpad_id)
                 raise NotFoundError(NOT_FOUND_MESSAGE)
             conn.defer("DELETE FROM segments WHERE entry_id = ?", (scratchpad_id,))
+            self.heads.change(conn, owner, turns[0]["turn_id"], lambda head: head.e.pop(scratchpad_id, None))
         # secure_delete zeroed the pages; the checkpoint takes the old ones out of the WAL too.
         self._db.checkpoint(wait=False)
 
@@ -544,12 +606,14 @@ def _quota_sql(owner: str, now: float) -> tuple[str, Params]:
     )
 
 
-def apply_extend(conn: Conn, updates: list[tuple[Any, ...]]) -> int:
-    """Write ``prepare_extend``'s updates (compare-and-set) inside the caller's transaction."""
-    return sum(
-        conn.execute("UPDATE entries SET expires_at = ?, sealed_meta = ? WHERE id = ? AND sealed_meta = ?", update)
+def apply_extend(conn: Conn, updates: list[tuple[Any, ...]]) -> list[str]:
+    """Write ``prepare_extend``'s updates (compare-and-set) inside the caller's
+    transaction; the ids of the entries extended."""
+    return [
+        update[2]
         for update in updates
-    )
+        if conn.execute("UPDATE entries SET expires_at = ?, sealed_meta = ? WHERE id = ? AND sealed_meta = ?", update)
+    ]
 
 
 def delete_expired(conn: Conn, cutoff: float) -> int:
@@ -724,6 +788,9 @@ class _Batch:
                     for row, parts in zip(rows, segments, strict=True)
                     for seq, data in enumerate(parts)
                 ],
+            )
+            self.entries.heads.change(
+                conn, owner, self.turn_id, lambda head: head.e.update((r["id"], entry_item(r)) for r in rows), version
             )
             return sealed
 

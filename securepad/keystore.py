@@ -277,6 +277,11 @@ class Keystore:
             (count, owner, version),
         )
 
+    def count_wraps_later(self, owner: str, version: int, count: int = 1) -> None:
+        """Count wraps made inside a write transaction (a turn head's seal) with
+        the pending ones: no statement now; a rollback leaves an overcount, never less."""
+        self._wraps.add((owner, version), count)
+
     def pending_wraps(self) -> dict[tuple[str, int], int]:
         """Wraps this process made that ``owner_keys.wrap_count`` does not count yet."""
         return self._wraps.peek()

@@ -27,6 +27,7 @@ from ._records import TABLES as _RECORD_TABLES
 from ._records import Records
 from .crypto import item_key_aad, record_key_aad
 from .errors import NotFoundError
+from .heads import Heads
 from .keys import Keyring
 from .keystore import Keystore, Progress
 from .principal import check_identifier
@@ -73,6 +74,7 @@ def rotate_owner_key(
     *,
     progress: Progress | None = None,
     batch: int = REWRAP_BATCH,
+    heads: Heads,
 ) -> dict[str, Any]:
     """Give an owner a new key version, re-wrap its item keys, retire the old versions.
 
@@ -116,6 +118,7 @@ def rotate_owner_key(
             retired: list[int] = []
         else:
             retired = [v for v in versions if v < new_version]
+            heads.reseal_owner(conn, owner_user_id)
             keys.retire_older(conn, owner_user_id, new_version)
     keys.forget(owner_user_id)
     db.checkpoint()
@@ -212,6 +215,7 @@ def forget_owner(db: Backend, keys: Keystore, owner_user_id: str) -> dict[str, A
     with db.transaction(owner_user_id, admin=True) as conn:
         removed.update(entries.delete_owner(conn, owner_user_id))
         removed.update(Records.delete_owner(conn, owner_user_id))
+        removed["turn_heads"] = Heads.delete_owner(conn, owner_user_id)
         removed["owner_keys"] = keys.delete_owner(conn, owner_user_id)
     keys.forget(owner_user_id)
     removed["wal_truncated"] = db.scrub()

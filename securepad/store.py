@@ -29,6 +29,7 @@ from .keystore import OWNER_KEY_CACHE_SIZE, Keystore, Progress
 from .policy import Policy
 from .principal import Principal, check_identifier
 from .turn import Turn, extend_turn
+from .verify import verify_store
 
 # Scratchpad.open's anchor: a path, None (beside the key file) or False (none).
 AnchorOption = str | os.PathLike[str] | bool | None
@@ -67,7 +68,10 @@ class Scratchpad:
         self._anchor = _open_anchor(db, self._keys, policy, anchor)
         access = Access(db, policy)
         self._entries = Entries(db, self._keys, access, policy, clock)
-        self._records = Records(db, self._keys, access, self._entries.ttl, self._entries.now, self._entries.check_quota)
+        self._records = Records(
+            db, self._keys, access, self._entries.ttl, self._entries.now, self._entries.check_quota, self._entries.heads
+        )
+        self._entries.heads.build_if_needed()
         self._parts = Parts(db, self._keys, access, self._entries, self._records)
 
     @property
@@ -371,7 +375,9 @@ class Scratchpad:
 
     def rotate_owner_key(self, owner_user_id: str, *, progress: Progress | None = None) -> dict[str, Any]:
         """New key version for an owner, old ones retired; see ``lifecycle.rotate_owner_key``."""
-        return lifecycle.rotate_owner_key(self._db, self._keys, owner_user_id, progress=progress)
+        return lifecycle.rotate_owner_key(
+            self._db, self._keys, owner_user_id, progress=progress, heads=self._entries.heads
+        )
 
     def forget_owner(self, owner_user_id: str) -> dict[str, Any]:
         """Crypto-shred an owner's keys and entries; see ``lifecycle.forget_owner``."""
@@ -393,6 +399,7 @@ class Scratchpad:
         """
         cutoff = self._entries.now(now)
         with self._db.transaction(admin=True, wait=wait) as conn:
+            self._entries.heads.prune(conn, cutoff)
             deleted = entries.delete_expired(conn, cutoff)
             records = Records.delete_expired(conn, cutoff)
         if wait and (deleted or records):
@@ -400,6 +407,21 @@ class Scratchpad:
         else:
             self._db.checkpoint(wait=wait)
         return deleted
+
+    def verify(self, *, now: float | None = None) -> dict[str, Any]:
+        """Check the whole store: every owner's heads, every entry (with all its
+        segments) and turn record authenticated and compared with its turn's
+        head. Time linear in the store; it changes nothing.
+
+        Returns ``ok`` (no problem found), counts (``owners``, ``turns``,
+        ``entries``, ``checkpoints``, ``compaction_marks``), ``seconds`` and
+        ``problems``: one dict per problem with ``owner_user_id``, ``turn_id``,
+        ``id`` (entry or record, or None for a head), ``what`` and ``problem``.
+
+        Raises:
+            InvalidArgumentError: a bad ``now``.
+        """
+        return verify_store(self._entries, self._records, self._entries.heads, self._entries.now(now))
 
     def scrub(self) -> bool:
         """Rewrite the store file so that nothing deleted remains anywhere in it.

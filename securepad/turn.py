@@ -27,6 +27,7 @@ from . import reads
 from ._records import Records
 from .entries import Entries, Opened
 from .errors import ExpiredError, InvalidArgumentError, NotFoundError
+from .heads import extend_head
 from .policy import Policy
 from .principal import Principal
 
@@ -540,7 +541,12 @@ def extend_turn(
     entry_updates = entries.prepare_extend(principal, turn_id, target, current)
     record_updates = records.prepare_extend(principal, turn_id, target, current)
     with entries.transaction(principal.owner_user_id) as conn:
-        return _entries.apply_extend(conn, entry_updates) + Records.apply_extend(conn, record_updates)
+        extended = _entries.apply_extend(conn, entry_updates)
+        records_extended = Records.apply_extend(conn, record_updates)
+        entries.heads.change(
+            conn, principal.owner_user_id, turn_id, lambda head: extend_head(head, target, extended, records_extended)
+        )
+        return len(extended) + sum(len(ids) for ids in records_extended.values())
 
 
 # Another process may take the step we picked between our look and our write;

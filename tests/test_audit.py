@@ -310,7 +310,9 @@ def test_audit_catches_a_store_that_ignores_the_owner(pad: Scratchpad, monkeypat
     broken = {r.name for r in report.failed}
     assert {"cross-owner get", "cross-owner read: full", "cross-owner list", "cross-owner stats"} <= broken
     get_row = next(r for r in report.failed if r.name == "cross-owner get")
-    assert "served" in get_row.happened
+    # Served, or (issue 14) refused by b's turn head, which does not list a's entry:
+    # either way not the NotFoundError the audit requires, so the check fails.
+    assert "served" in get_row.happened or "not in the head of turn" in get_row.happened
     # Cleanup still ran.
     assert owners_in_store(pad) == set()
 

@@ -9,6 +9,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import apsw
 import click
 import pytest
 from click.testing import CliRunner, Result
@@ -419,3 +420,24 @@ def test_an_older_copy_of_the_store_is_refused_until_adopted(cli: Cli, tmp_path:
     ok(cli("--anchor", str(moved), "anchor-adopt", "--yes"))
     assert moved.exists()
     ok(cli("stats", env={"SECUREPAD_ANCHOR": str(moved)}))
+
+
+# -- verify (issue 14) ----------------------------------------------------------------------------
+
+
+def test_verify_passes_a_genuine_store_and_names_a_deleted_entry(cli: Cli) -> None:
+    ok(cli("init"))
+    for step in (1, 2, 3):
+        ok(put(cli, step, f"step {step}\n"))
+    report = json.loads(ok(cli("--json", "verify")).stdout)
+    assert report["ok"] and report["entries"] == 3 and report["problems"] == []
+    conn = apsw.Connection(str(cli.db))
+    with conn:
+        conn.execute("DELETE FROM entries WHERE step_num = 2")
+    conn.close()
+    result = cli("--json", "verify")
+    assert result.exit_code == 1
+    (problem,) = json.loads(result.stdout)["problems"]
+    assert (problem["owner_user_id"], problem["turn_id"], problem["what"]) == ("bob", "t", "entry")
+    table = cli("verify")
+    assert table.exit_code == 1 and "removed before its sealed expiry" in table.stdout

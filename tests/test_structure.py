@@ -40,6 +40,7 @@ SQL_MODULES = {
     "securepad.access",
     "securepad.entries",
     "securepad._records",
+    "securepad.heads",
     "securepad.lifecycle",
     "securepad.audit",
     "securepad.audit._api",

@@ -400,15 +400,16 @@ def test_extended_expiry_does_not_revive_an_expired_entry(db_path: Path, keyring
             pad.list_for_turn(ALICE, "t", now=2000.0)
 
 
-def test_shortened_expiry_only_hides_the_entry(db_path: Path, keyring: Keyring) -> None:
+def test_shortened_expiry_is_refused_by_the_turn_head(db_path: Path, keyring: Keyring) -> None:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         entry_id = pad.put(ALICE, "t", 1, "x", "data", ttl_seconds=3600, now=1000.0)["scratchpad_id"]
     with raw(db_path) as conn:
         conn.execute("UPDATE entries SET expires_at = 1001.0 WHERE id = ?", (entry_id,))
     with Scratchpad.open(db_path, keyring=keyring) as pad:
-        with pytest.raises(NotFoundError):
+        with pytest.raises(IntegrityError):
             pad.get(ALICE, entry_id, now=1500.0)
-        assert pad.list_for_turn(ALICE, "t", now=1500.0) == []
+        with pytest.raises(IntegrityError):
+            pad.list_for_turn(ALICE, "t", now=1500.0)
 
 
 def test_moved_row_is_refused_to_both_owners(world: World) -> None:

@@ -177,16 +177,16 @@ def test_restoring_a_forgotten_owners_entries_from_a_backup_fails(store: Store, 
     refused_everywhere(store.ask("a_json"))
 
 
-def test_known_gap_a_whole_entry_restored_with_its_keys_is_the_old_entry(store: Store, backup: Path) -> None:
-    """Not detected (SECURITY.md, "holds a backup"): an entry deleted since, put back
-    whole (row and segments) while its owner key still exists, is served again. What
-    comes back is exactly the old entry, to its own owner only; nothing mixes."""
+def test_a_deleted_entry_restored_whole_from_a_backup_is_refused(store: Store, backup: Path) -> None:
+    """Issue 14: an entry deleted since, put back whole (row and segments) while its
+    owner key still exists, is not in its turn's head any more: every read of it and
+    of its turn is refused; the other owner still sees nothing of it."""
     with store.open() as pad:
         pad.delete(ALICE, store.ids["a_text"])
     assert store.ask("a_text", (ALICE,)) == ["NotFoundError"] * 3 + ["unlisted"]
     row, segments = _drill.entry_row(backup, store.ids["a_text"])
     _drill.restore_entry(store.db_path, row, segments)
-    assert store.ask("a_text") == ["served"] * 3 + ["listed"] + ["NotFoundError"] * 3 + ["unlisted"]
+    assert store.ask("a_text") == ["IntegrityError"] * 4 + ["NotFoundError"] * 3 + ["unlisted"]
 
 
 @pytest.mark.parametrize("columns", [("sealed_meta",), ("expires_at",)], ids=lambda c: c[0])
@@ -204,17 +204,17 @@ def test_rollback_of_half_an_expiry_extension_fails(store: Store, columns: tuple
     refused_everywhere(store.ask("a_text"))
 
 
-def test_known_gap_a_whole_expiry_extension_rolled_back_only_shortens_the_life(store: Store) -> None:
-    """Both halves rolled back together is the entry's older, consistent state: not
-    detected (SECURITY.md), and it only brings the old expiry back: a denial."""
+def test_a_whole_expiry_extension_rolled_back_is_refused(store: Store) -> None:
+    """Both halves rolled back together is the entry's older, consistent state; the
+    turn head (issue 14) holds the extended expiry, so every read refuses it."""
     entry_id = store.ids["a_text"]
     before, _ = _drill.entry_row(store.db_path, entry_id)
     with store.open() as pad:
         pad.extend_turn(ALICE, "turn-1", 86_400, now=NOW)
     _drill.set_column(store.db_path, entry_id, "sealed_meta", before["sealed_meta"])
     _drill.set_column(store.db_path, entry_id, "expires_at", before["expires_at"])
-    assert store.ask("a_text", (ALICE,)) == ["served"] * 3 + ["listed"]
-    with store.open() as pad, pytest.raises(NotFoundError):
+    assert store.ask("a_text", (ALICE,)) == ["IntegrityError"] * 4
+    with store.open() as pad, pytest.raises(IntegrityError):
         pad.get(ALICE, entry_id, now=before["expires_at"])
 
 
@@ -319,14 +319,15 @@ def test_every_clear_column_is_covered(store: Store) -> None:
     assert set(EDITS) | UNAUTHENTICATED | {"id"} == set(_drill.entry_columns(store.db_path))
 
 
-def test_quota_accounting_column_changes_no_answer(store: Store) -> None:
-    """``stored_bytes`` (what an entry counts against its owner's quota) is not
-    authenticated: whoever can write the file can skew the accounting, as they
-    could by deleting rows; every reader still gets exactly the right answer."""
+def test_quota_accounting_column_is_authenticated_by_the_turn_head(store: Store) -> None:
+    """``stored_bytes`` (what an entry counts against its owner's quota) is in the
+    turn head (issue 14): an edited value is refused to its owner, and the other
+    owner still sees nothing of it."""
     for name in ("a_text", "b_text"):
         _drill.set_column(store.db_path, store.ids[name], "stored_bytes", 1)
-    assert store.ask("a_text") == ["served"] * 3 + ["listed"] + ["NotFoundError"] * 3 + ["unlisted"]
-    assert store.ask("b_text", (BOB,)) == ["served"] * 3 + ["listed"]
+    # bob's listing fails on his own edited entry of the turn
+    assert store.ask("a_text") == ["IntegrityError"] * 4 + ["NotFoundError"] * 3 + ["IntegrityError"]
+    assert store.ask("b_text", (BOB,)) == ["IntegrityError"] * 4
 
 
 @pytest.mark.parametrize("column", sorted(EDITS))

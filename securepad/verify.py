@@ -1,0 +1,108 @@
+"""``Scratchpad.verify``: the whole-store check of heads, entries and records.
+
+One pass over the heads (each opened once), one over the entries (each
+authenticated with all its segments) and one over each record table, so the
+time is linear in the store. Nothing is taken on trust: every row is
+authenticated before it is compared with its turn's head, and every head
+before its lists are used. Expiry is legitimate: a row whose *sealed* expiry
+has passed may be absent.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ._records import TABLES, Records
+from .entries import Entries
+from .errors import IntegrityError
+from .heads import OWNER_HEAD, RECORD_KINDS, Head, Heads, same_entry
+
+__all__ = ["verify_store"]
+
+Problem = dict[str, Any]
+
+
+def verify_store(entries: Entries, records: Records, heads: Heads, now: float) -> dict[str, Any]:
+    """What is wrong in the store, and where (see ``Scratchpad.verify``)."""
+    started = time.perf_counter()
+    problems: list[Problem] = []
+    opened = heads.all_heads()
+    turn_heads: dict[tuple[str, str], Head] = {}
+    for owner, by_turn in opened.items():
+        turns = by_turn.get(OWNER_HEAD)
+        if isinstance(turns, IntegrityError):
+            problems.append(_problem(owner, None, None, "owner head", str(turns)))
+            turns = None
+        elif turns is None:
+            problems.append(_problem(owner, None, None, "owner head", "the owner's turn heads have no owner head"))
+        for turn_id, head in by_turn.items():
+            if turn_id == OWNER_HEAD:
+                continue
+            if isinstance(head, IntegrityError):
+                problems.append(_problem(owner, turn_id, None, "turn head", str(head)))
+            elif isinstance(head, Head):
+                turn_heads[(owner, turn_id)] = head
+            if isinstance(turns, set) and turn_id not in turns:
+                problems.append(_problem(owner, turn_id, None, "turn head", "a turn head the owner head does not list"))
+        for turn_id in sorted(turns if isinstance(turns, set) else set()):
+            if turn_id not in by_turn:
+                problems.append(_problem(owner, turn_id, None, "turn head", "the turn and its head were removed"))
+    counted = {"entries": 0, **dict.fromkeys(TABLES, 0)}
+    seen: dict[tuple[str, str], set[str]] = {}
+    usage: dict[str, int] = {}
+    for row in entries.all_rows():
+        counted["entries"] += 1
+        usage[row["owner_user_id"]] = usage.get(row["owner_user_id"], 0) + int(row["stored_bytes"])
+        where = (row["owner_user_id"], row["turn_id"])
+        seen.setdefault(where, set()).add(row["id"])
+        try:
+            entries.verify_row(row)
+            if where not in turn_heads:
+                raise IntegrityError("the entry's turn has no head")
+            same_entry(turn_heads[where], row)
+        except IntegrityError as exc:
+            problems.append(_problem(*where, row["id"], "entry", str(exc)))
+    for table in TABLES:
+        for row in records.all_rows(table):
+            counted[table] += 1
+            where = (row["owner_user_id"], row["turn_id"])
+            seen.setdefault(where, set()).add(row["id"])
+            try:
+                records.verify_row(table, row)
+                listed = turn_heads[where].section(RECORD_KINDS[table]).get(row["id"]) if where in turn_heads else None
+                if listed is None or listed[0] != row["seq"] or listed[1] != row["expires_at"]:
+                    raise IntegrityError("the record is not the one its turn head lists")
+            except IntegrityError as exc:
+                problems.append(_problem(*where, row["id"], table[:-1], str(exc)))
+    for (owner, turn_id), head in turn_heads.items():
+        present = seen.get((owner, turn_id), set())
+        for kind, section in (("entry", head.e), ("checkpoint", head.c), ("compaction_mark", head.m)):
+            for item_id, item in section.items():
+                if item[1] > now and item_id not in present:
+                    problems.append(_problem(owner, turn_id, item_id, kind, "removed before its sealed expiry"))
+    # The quota's running totals, recomputed from stored_bytes (which the heads authenticate).
+    stored = entries.usage_rows()
+    for owner in sorted(set(stored) | set(usage)):
+        if stored.get(owner, 0) != usage.get(owner, 0):
+            problems.append(
+                _problem(
+                    owner,
+                    None,
+                    None,
+                    "owner_usage",
+                    f"counts {stored.get(owner, 0)} bytes, the entries {usage.get(owner, 0)}",
+                )
+            )
+    return {
+        "ok": not problems,
+        "owners": len(opened),
+        "turns": len(turn_heads),
+        **counted,
+        "problems": problems,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def _problem(owner: str, turn_id: str | None, item_id: str | None, what: str, problem: str) -> Problem:
+    return {"owner_user_id": owner, "turn_id": turn_id, "id": item_id, "what": what, "problem": problem}

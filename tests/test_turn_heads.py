@@ -1,0 +1,368 @@
+"""Issue 14: sealed turn heads refuse whole-turn tampering on every read path.
+
+A turn of five recorded steps, two compaction checkpoints and a compaction
+mark is edited on the real file (a raw apsw connection, as an attacker with
+write access to the file would) and read back through the public API. Each
+edit must end in IntegrityError (or, for an id that no longer exists under its
+owner, NotFoundError) on every read of the turn it touched, and be named by
+``pad.verify()``. A genuine store never raises it: expiry and gc, deletion,
+resume, rotation, forgetting an owner and concurrent writers.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import apsw
+import pytest
+
+from securepad import Keyring, Principal, Scratchpad
+from securepad.errors import IntegrityError, NotFoundError
+
+ALICE = Principal("alice", "planner", "web")
+BOB = Principal("bob", "planner", "web")
+NOW = 1_000_000.0
+TURN = "t1"
+
+
+@contextmanager
+def raw(db_path: Path) -> Iterator[apsw.Connection]:
+    """A plain SQLite connection to the store file: no securepad involved."""
+    conn = apsw.Connection(str(db_path))
+    try:
+        with conn:
+            yield conn
+    finally:
+        conn.close()
+
+
+def _record(pad: Scratchpad, principal: Principal, turn: str, steps: int, now: float = NOW) -> list[str]:
+    ids = []
+    t = pad.turn(principal, turn, now=now)
+    for step in range(1, steps + 1):
+        view = pad.put(principal, turn, step, "fetch", f"observation {step} " + "x" * 3000, ttl_seconds=3600, now=now)
+        ids.append(view["scratchpad_id"])
+    t.checkpoint(facts=["first"], now=now)
+    t.checkpoint(facts=["second"], now=now + 1)
+    t.mark_compaction(now=now + 2)
+    return ids
+
+
+@pytest.fixture
+def store(db_path: Path, keyring: Keyring) -> dict[str, Any]:
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        ids = _record(pad, ALICE, TURN, 5)
+        other = _record(pad, ALICE, "t2", 2)
+        bob = _record(pad, BOB, TURN, 2)
+    return {"path": db_path, "keyring": keyring, "ids": ids, "other": other, "bob": bob}
+
+
+def _step_id(conn: apsw.Connection, step: int, turn: str = TURN, owner: str = "alice") -> str:
+    rows = conn.execute(
+        "SELECT id FROM entries WHERE owner_user_id = ? AND turn_id = ? AND step_num = ?", (owner, turn, step)
+    ).fetchall()
+    return str(rows[0][0])
+
+
+def _copy_row(conn: apsw.Connection, entry_id: str, new_id: str, **changes: Any) -> None:
+    columns = [row[1] for row in conn.execute("PRAGMA table_info(entries)").fetchall()]
+    values = dict(
+        zip(columns, conn.execute("SELECT * FROM entries WHERE id = ?", (entry_id,)).fetchall()[0], strict=True)
+    )
+    values.update(id=new_id, **changes)
+    conn.execute(
+        f"INSERT INTO entries({', '.join(values)}) VALUES ({', '.join('?' * len(values))})", tuple(values.values())
+    )
+    conn.execute(
+        "INSERT INTO segments(entry_id, seq, data) SELECT ?, seq, data FROM segments WHERE entry_id = ?",
+        (new_id, entry_id),
+    )
+
+
+# -- the edits: each takes the raw connection and the store's ids ------------------------------
+
+
+def content_tamper(conn: apsw.Connection, s: dict[str, Any]) -> None:
+    data = bytearray(conn.execute("SELECT data FROM segments WHERE entry_id = ?", (s["ids"][2],)).fetchall()[0][0])
+    data[len(data) // 2] ^= 0x01
+    conn.execute("UPDATE segments SET data = ? WHERE entry_id = ?", (bytes(data), s["ids"][2]))
+
+
+def tail_truncation(conn: apsw.Connection, s: dict[str, Any]) -> None:
+    for entry_id in s["ids"][3:]:
+        conn.execute("DELETE FROM segments WHERE entry_id = ?", (entry_id,))
+        conn.execute("DELETE FROM entries WHERE id = ?", (entry_id,))
+
+
+def middle_deletion(conn: apsw.Connection, s: dict[str, Any]) -> None:
+    conn.execute("DELETE FROM segments WHERE entry_id = ?", (s["ids"][2],))
+    conn.execute("DELETE FROM entries WHERE id = ?", (s["ids"][2],))
+
+
+def reordering(conn: apsw.Connection, s: dict[str, Any]) -> None:
+    conn.execute("UPDATE entries SET step_num = 9 WHERE id = ?", (s["ids"][1],))
+    conn.execute("UPDATE entries SET step_num = 2 WHERE id = ?", (s["ids"][3],))
+    conn.execute("UPDATE entries SET step_num = 4 WHERE id = ?", (s["ids"][1],))
+
+
+def forged_insertion(conn: apsw.Connection, s: dict[str, Any]) -> None:
+    _copy_row(conn, s["ids"][4], secrets.token_hex(8), step_num=6)
+
+
+def cross_turn_replay(conn: apsw.Connection, s: dict[str, Any]) -> None:
+    _copy_row(conn, s["other"][0], secrets.token_hex(8), turn_id=TURN, step_num=7)
+
+
+def cross_owner_replay(conn: apsw.Connection, s: dict[str, Any]) -> None:
+    _copy_row(conn, s["bob"][0], secrets.token_hex(8), owner_user_id="alice", step_num=7)
+
+
+def newest_checkpoint_deleted(conn: apsw.Connection, s: dict[str, Any]) -> None:
+    conn.execute(
+        "DELETE FROM checkpoints WHERE owner_user_id = 'alice' AND turn_id = ? AND seq = "
+        "(SELECT MAX(seq) FROM checkpoints WHERE owner_user_id = 'alice' AND turn_id = ?)",
+        (TURN, TURN),
+    )
+
+
+def mark_deleted(conn: apsw.Connection, s: dict[str, Any]) -> None:
+    conn.execute("DELETE FROM compaction_marks WHERE owner_user_id = 'alice' AND turn_id = ?", (TURN,))
+
+
+def expiry_moved_earlier(conn: apsw.Connection, s: dict[str, Any]) -> None:
+    conn.execute("UPDATE entries SET expires_at = ? WHERE id = ?", (NOW + 10, s["ids"][4]))
+
+
+def owner_relabelled(conn: apsw.Connection, s: dict[str, Any]) -> None:
+    conn.execute("UPDATE entries SET owner_user_id = 'mallory' WHERE id = ?", (s["ids"][1],))
+
+
+def turn_relabelled(conn: apsw.Connection, s: dict[str, Any]) -> None:
+    conn.execute("UPDATE entries SET turn_id = 't9' WHERE id = ?", (s["ids"][1],))
+
+
+def stored_bytes_changed(conn: apsw.Connection, s: dict[str, Any]) -> None:
+    conn.execute("UPDATE entries SET stored_bytes = 1 WHERE id = ?", (s["ids"][0],))
+
+
+def whole_turn_removed(conn: apsw.Connection, s: dict[str, Any]) -> None:
+    for table in ("entries", "checkpoints", "compaction_marks", "turn_heads"):
+        conn.execute(f"DELETE FROM {table} WHERE owner_user_id = 'alice' AND turn_id = ?", (TURN,))
+
+
+def head_swapped(conn: apsw.Connection, s: dict[str, Any]) -> None:
+    other = conn.execute("SELECT sealed FROM turn_heads WHERE owner_user_id = 'alice' AND turn_id = 't2'").fetchall()
+    conn.execute("UPDATE turn_heads SET sealed = ? WHERE owner_user_id = 'alice' AND turn_id = ?", (other[0][0], TURN))
+
+
+ENTRY_EDITS: list[Callable[[apsw.Connection, dict[str, Any]], None]] = [
+    tail_truncation,
+    middle_deletion,
+    reordering,
+    forged_insertion,
+    cross_turn_replay,
+    cross_owner_replay,
+    expiry_moved_earlier,
+    owner_relabelled,
+    turn_relabelled,
+    stored_bytes_changed,
+    whole_turn_removed,
+    head_swapped,
+]
+
+TURN_READS: dict[str, Callable[[Scratchpad], Any]] = {
+    "history": lambda pad: pad.turn(ALICE, TURN, now=NOW + 100).history(now=NOW + 100),
+    "steps": lambda pad: pad.turn(ALICE, TURN, now=NOW + 100).steps(now=NOW + 100),
+    "list_for_turn": lambda pad: pad.list_for_turn(ALICE, TURN, now=NOW + 100),
+    "resume": lambda pad: pad.turn(ALICE, TURN, now=NOW + 100).resume(now=NOW + 100),
+    "resume_extend": lambda pad: pad.turn(ALICE, TURN, now=NOW + 100).resume(extend_ttl=7200, now=NOW + 100),
+    "reread_report": lambda pad: pad.turn(ALICE, TURN, now=NOW + 100).reread_report(now=NOW + 100),
+}
+
+
+def _open(s: dict[str, Any]) -> Scratchpad:
+    return Scratchpad.open(s["path"], keyring=s["keyring"])
+
+
+def _edit(s: dict[str, Any], edit: Callable[[apsw.Connection, dict[str, Any]], None]) -> None:
+    with raw(s["path"]) as conn:
+        edit(conn, s)
+
+
+def test_a_genuine_store_reads_and_verifies(store: dict[str, Any]) -> None:
+    with _open(store) as pad:
+        for read in TURN_READS.values():
+            read(pad)
+        assert len(pad.turn(ALICE, TURN, now=NOW + 100).history(now=NOW + 100)) == 5
+        assert pad.turn(ALICE, TURN, now=NOW).latest_checkpoint(now=NOW + 100)["facts"] == ["second"]  # type: ignore[index]
+        report = pad.verify(now=NOW + 100)
+    assert report["ok"], report["problems"]
+    assert (report["owners"], report["turns"], report["entries"], report["checkpoints"]) == (2, 3, 9, 6)
+
+
+@pytest.mark.parametrize("edit", ENTRY_EDITS, ids=lambda edit: edit.__name__)
+@pytest.mark.parametrize("read", list(TURN_READS), ids=str)
+def test_each_edit_is_refused_on_every_turn_read(store: dict[str, Any], edit: Any, read: str) -> None:
+    _edit(store, edit)
+    with _open(store) as pad, pytest.raises(IntegrityError):
+        TURN_READS[read](pad)
+
+
+@pytest.mark.parametrize("edit", [*ENTRY_EDITS, content_tamper, newest_checkpoint_deleted, mark_deleted])
+def test_verify_names_each_edit(store: dict[str, Any], edit: Any) -> None:
+    _edit(store, edit)
+    with _open(store) as pad:
+        report = pad.verify(now=NOW + 100)
+    assert not report["ok"]
+    assert any(p["owner_user_id"] == "alice" for p in report["problems"]), report["problems"]
+
+
+@pytest.mark.parametrize(
+    "edit", [middle_deletion, reordering, expiry_moved_earlier, turn_relabelled, stored_bytes_changed, head_swapped]
+)
+def test_get_and_read_of_an_edited_entry_are_refused(store: dict[str, Any], edit: Any) -> None:
+    target = {
+        middle_deletion: 2,
+        reordering: 1,
+        expiry_moved_earlier: 4,
+        turn_relabelled: 1,
+        stored_bytes_changed: 0,
+        head_swapped: 0,
+    }[edit]
+    _edit(store, edit)
+    entry_id = store["ids"][target]
+    with _open(store) as pad:
+        with pytest.raises((IntegrityError, NotFoundError)):  # NotFound only for an id it deleted
+            pad.get(ALICE, entry_id, now=NOW + 100)
+        with pytest.raises((IntegrityError, NotFoundError)):
+            pad.read(ALICE, entry_id, now=NOW + 100)
+        if edit is not middle_deletion:
+            with pytest.raises(IntegrityError):
+                pad.get(ALICE, entry_id, now=NOW + 100)
+
+
+def test_verify_recomputes_the_quota_totals(store: dict[str, Any]) -> None:
+    with raw(store["path"]) as conn:
+        conn.execute("UPDATE owner_usage SET stored_bytes = 1 WHERE owner_user_id = 'alice'")
+    with _open(store) as pad:
+        problems = pad.verify(now=NOW + 100)["problems"]
+    assert [(p["owner_user_id"], p["what"]) for p in problems] == [("alice", "owner_usage")]
+
+
+def test_content_tamper_is_refused_on_read(store: dict[str, Any]) -> None:
+    _edit(store, content_tamper)
+    with _open(store) as pad, pytest.raises(IntegrityError):
+        pad.read(ALICE, store["ids"][2], mode="range", start=0, end=3000, now=NOW + 100)
+
+
+@pytest.mark.parametrize("edit", [newest_checkpoint_deleted, whole_turn_removed, head_swapped])
+def test_an_older_checkpoint_is_not_served_as_the_latest(store: dict[str, Any], edit: Any) -> None:
+    _edit(store, edit)
+    with _open(store) as pad, pytest.raises(IntegrityError):
+        pad.turn(ALICE, TURN, now=NOW).latest_checkpoint(now=NOW + 100)
+
+
+def test_a_deleted_mark_is_refused_by_reread_report(store: dict[str, Any]) -> None:
+    _edit(store, mark_deleted)
+    with _open(store) as pad, pytest.raises(IntegrityError):
+        pad.turn(ALICE, TURN, now=NOW).reread_report(now=NOW + 100)
+
+
+def test_metadata_rolled_back_to_before_resume_is_refused(store: dict[str, Any]) -> None:
+    with raw(store["path"]) as conn:
+        before = conn.execute("SELECT expires_at, sealed_meta FROM entries WHERE id = ?", (store["ids"][0],)).fetchall()
+    with _open(store) as pad:
+        assert pad.turn(ALICE, TURN, now=NOW).resume(extend_ttl=7200, now=NOW + 100)["extended"] >= 5
+    with raw(store["path"]) as conn:
+        conn.execute("UPDATE entries SET expires_at = ?, sealed_meta = ? WHERE id = ?", (*before[0], store["ids"][0]))
+    with _open(store) as pad:
+        with pytest.raises(IntegrityError):
+            pad.get(ALICE, store["ids"][0], now=NOW + 200)
+        with pytest.raises(IntegrityError):
+            pad.turn(ALICE, TURN, now=NOW).history(now=NOW + 200)
+        assert not pad.verify(now=NOW + 200)["ok"]
+
+
+def test_other_turns_and_owners_still_read(store: dict[str, Any]) -> None:
+    _edit(store, middle_deletion)
+    with _open(store) as pad:
+        assert len(pad.turn(ALICE, "t2", now=NOW).history(now=NOW + 100)) == 2
+        assert len(pad.turn(BOB, TURN, now=NOW).history(now=NOW + 100)) == 2
+
+
+# -- no false alarm ----------------------------------------------------------------------------
+
+
+def test_expiry_and_gc_are_no_tampering(db_path: Path, keyring: Keyring) -> None:
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        short = pad.put(ALICE, TURN, 1, "x", "short", ttl_seconds=10, now=NOW)["scratchpad_id"]
+        pad.put(ALICE, TURN, 2, "x", "long", ttl_seconds=3600, now=NOW)
+        pad.turn(ALICE, TURN, now=NOW).checkpoint(facts=["a"], ttl_seconds=10, now=NOW)
+        assert len(pad.list_for_turn(ALICE, TURN, now=NOW + 20)) == 1  # expired, not yet collected
+        assert pad.turn(ALICE, TURN, now=NOW).latest_checkpoint(now=NOW + 20) is None
+        assert pad.gc(now=NOW + 20) == 1
+        for when in (NOW + 5, NOW + 20):  # a read "before" the gc cutoff is no alarm either
+            assert len(pad.list_for_turn(ALICE, TURN, now=when)) == 1
+        with pytest.raises(NotFoundError):
+            pad.get(ALICE, short, now=NOW + 20)
+        assert pad.verify(now=NOW + 20)["ok"]
+        assert pad.gc(now=NOW + 7200) == 1
+        assert pad.list_for_turn(ALICE, TURN, now=NOW + 7200) == []
+        assert pad.verify(now=NOW + 7200)["ok"]
+
+
+def test_delete_rotation_and_forget_keep_heads_consistent(db_path: Path, keyring: Keyring) -> None:
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        ids = _record(pad, ALICE, TURN, 3)
+        _record(pad, BOB, TURN, 2)
+        pad.delete(ALICE, ids[1])
+        assert [s["step_num"] for s in pad.list_for_turn(ALICE, TURN, now=NOW)] == [1, 3]
+        assert pad.rotate_owner_key("alice")["complete"]
+        assert pad.verify(now=NOW)["ok"]
+        assert len(pad.turn(ALICE, TURN, now=NOW).history(now=NOW)) == 2
+        pad.put(ALICE, TURN, 4, "x", "after rotation", now=NOW)
+        assert pad.turn(ALICE, TURN, now=NOW).latest_checkpoint(now=NOW) is not None
+        pad.forget_owner("bob")
+        assert pad.list_for_turn(BOB, TURN, now=NOW) == []
+        report = pad.verify(now=NOW)
+    assert report["ok"] and report["owners"] == 1, report
+
+
+def test_a_store_without_heads_gets_them_on_open(db_path: Path, keyring: Keyring) -> None:
+    """A store migrated from before heads (the heads table empty, marked pending) builds them."""
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        _record(pad, ALICE, TURN, 3)
+    with raw(db_path) as conn:
+        conn.execute("DELETE FROM turn_heads")
+        conn.execute("UPDATE store_meta SET value = 'pending' WHERE key = 'turn_heads'")
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        assert len(pad.turn(ALICE, TURN, now=NOW).history(now=NOW)) == 3
+        assert pad.verify(now=NOW)["ok"]
+
+
+def test_concurrent_writers_raise_no_false_alarm(db_path: Path, keyring: Keyring) -> None:
+    errors: list[BaseException] = []
+
+    def work(n: int) -> None:
+        try:
+            with Scratchpad.open(db_path, keyring=keyring) as pad:
+                for i in range(10):
+                    pad.turn(ALICE, f"w{n % 2}", now=NOW).record(n * 100 + i + 1, "x", f"{n}-{i}", now=NOW)
+                    pad.turn(ALICE, f"w{(n + 1) % 2}", now=NOW).history(now=NOW)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        assert len(pad.turn(ALICE, "w0", now=NOW).history(now=NOW)) == 20
+        assert pad.verify(now=NOW)["ok"]
