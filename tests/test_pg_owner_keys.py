@@ -51,7 +51,15 @@ def test_every_key_of_an_owners_table_includes_the_owner(pg_dsn: str, keyring: K
     tables, constraints = schema_of(pg_dsn)
     owners_tables = {name for name, has_owner in tables.items() if has_owner}
     assert set(tables) - owners_tables == REFERENCE_TABLES
-    assert owners_tables == {"owner_keys", "entries", "segments", "checkpoints", "compaction_marks", "owner_usage"}
+    assert owners_tables == {
+        "owner_keys",
+        "entries",
+        "segments",
+        "checkpoints",
+        "compaction_marks",
+        "owner_usage",
+        "turn_heads",
+    }
     keyed = {c["table_name"] for c in constraints if c["kind"] == "p"}
     assert owners_tables <= keyed  # every owner's table has a primary key
     without_owner = [
@@ -67,12 +75,18 @@ def test_every_key_of_an_owners_table_includes_the_owner(pg_dsn: str, keyring: K
 def test_a_schema_1_store_is_converted_and_keeps_its_entries(
     pg_dsn: str, keyring: Keyring, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A schema-1 store with an entry: schema 1 plus the turn heads (schema 3),
+    # which today's put needs, then the heads dropped again, as schema 1 had none.
     with monkeypatch.context() as patch:
         patch.setattr(_pg_schema, "SCHEMA_VERSION", 1)
+        patch.setitem(_pg_schema.MIGRATIONS, 1, _pg_schema.MIGRATIONS[1] + _pg_schema.MIGRATIONS[3])
         with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
             entry = pad.put(ALICE, "t1", 1, "shell", "made at schema 1")["scratchpad_id"]
         _, constraints = schema_of(pg_dsn)
         assert ("entries", ["id"]) in [(c["table_name"], c["columns"]) for c in constraints]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE securepad.turn_heads")
+        conn.execute("DELETE FROM securepad.store_meta WHERE key = 'turn_heads'")
     with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
         assert pad.get(ALICE, entry).observation == "made at schema 1"
         pad.put(ALICE, "t1", 2, "shell", "made at schema 2")
@@ -81,4 +95,4 @@ def test_a_schema_1_store_is_converted_and_keeps_its_entries(
     assert ("entries", ["owner_user_id", "id"]) in [(c["table_name"], c["columns"]) for c in constraints]
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         versions = [row[0] for row in conn.execute("SELECT version FROM securepad.schema_version ORDER BY version")]
-    assert versions == [1, 2]
+    assert versions == list(range(1, _pg_schema.SCHEMA_VERSION + 1))
