@@ -840,6 +840,7 @@ class _Batch:
             write,
             attempts=5,
             count=len(checked),
+            prefetch=[Heads.select_sql(owner, self.turn_id)],
             busy="could not store the batch: its ids, steps or owner key kept changing; try again",
         )
         views = [
