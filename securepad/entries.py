@@ -319,9 +319,8 @@ class Entries:
         if turn_id is not None:
             where, params = "id = ? AND turn_id = ?", (scratchpad_id, check_identifier("turn_id", turn_id))
         # The entry's row and its turn's head rows: one round trip on PostgreSQL.
-        rows, head_rows = self._rows_and_head(
-            principal, _OPEN_COLUMNS, where, params, Heads.entry_select_sql(principal.owner_user_id, scratchpad_id)
-        )
+        head_sql = Heads.entry_select_sql(principal.owner_user_id, scratchpad_id)
+        rows, head_rows = _rows_and_head(self._db, self._access, principal, head_sql, _OPEN_COLUMNS, where, params)
         if not rows:
             self._access.denied(principal, scratchpad_id)
             raise NotFoundError(NOT_FOUND_MESSAGE)
@@ -447,7 +446,6 @@ class Entries:
         check_principal(principal)
         check_identifier("turn_id", turn_id)
         current = self.now(now)
-
         order = "ORDER BY step_num, created_at, id"
 
         def fetch(rows: Rows | None = None) -> list[Opened]:
@@ -459,30 +457,11 @@ class Entries:
             self.heads.check_entries_in(head, principal, turn_id, [each.row for each in opened], current)
 
         # The turn's rows and its head rows: one round trip on PostgreSQL.
-        rows, head_rows = self._rows_and_head(
-            principal, _COLUMNS, "turn_id = ?", (turn_id,), Heads.select_sql(principal.owner_user_id, turn_id), order
+        head_sql = Heads.select_sql(principal.owner_user_id, turn_id)
+        rows, head_rows = _rows_and_head(
+            self._db, self._access, principal, head_sql, _COLUMNS, "turn_id = ?", (turn_id,), order
         )
         return self.heads.checked(principal.owner_user_id, turn_id, fetch, check, first=(fetch(rows), head_rows))
-
-    def _rows_and_head(
-        self,
-        principal: Principal,
-        columns: str,
-        where: str,
-        params: Params,
-        head: tuple[str, Params],
-        tail: str = "",
-    ) -> tuple[Rows, Rows]:
-        """``Access.rows`` over entries (each row authorized again) and the head
-        query ``head``, read together (``Backend.queries``)."""
-        rows, head_rows = self._db.queries(
-            self._access.rows_sql(principal, "entries", columns, where, params, tail),
-            head,
-            owner=principal.owner_user_id,
-        )
-        for row in rows:
-            self.policy.authorize_row(principal, row)
-        return rows, head_rows
 
     def turn_offloads(self, principal: Principal, turn_id: str, now: float | None) -> bool:
         """Whether a live entry of the turn in the principal's scope was offloaded
@@ -583,10 +562,7 @@ class Entries:
         if not isinstance(scratchpad_id, str) or not _ID_RE.fullmatch(scratchpad_id):
             raise NotFoundError(NOT_FOUND_MESSAGE)
         owner = principal.owner_user_id
-        turn_sql: tuple[str, Params] = (
-            "SELECT turn_id FROM entries WHERE id = ? AND owner_user_id = ?",
-            (scratchpad_id, owner),
-        )
+        turn_sql = ("SELECT turn_id FROM entries WHERE id = ? AND owner_user_id = ?", (scratchpad_id, owner))
         with self._db.transaction(owner) as conn:
             # Read before the delete, with it (one message on PostgreSQL): the
             # entry's turn, its head rows, the owner's newest key version.
@@ -602,6 +578,26 @@ class Entries:
             )
         # secure_delete zeroed the pages; the checkpoint takes the old ones out of the WAL too.
         self._db.checkpoint(wait=False)
+
+
+def _rows_and_head(
+    db: Backend,
+    access: Access,
+    principal: Principal,
+    head: tuple[str, Params],
+    columns: str,
+    where: str,
+    params: Params,
+    tail: str = "",
+) -> tuple[Rows, Rows]:
+    """``Access.rows`` over entries (each row authorized again) and the head
+    query ``head``, read together (``Backend.queries``: one round trip on PostgreSQL)."""
+    rows, head_rows = db.queries(
+        access.rows_sql(principal, "entries", columns, where, params, tail), head, owner=principal.owner_user_id
+    )
+    for row in rows:
+        access.policy.authorize_row(principal, row)
+    return rows, head_rows
 
 
 def _step_sql(access: Access, principal: Principal, turn_id: str, step_num: int) -> tuple[str, Params]:
