@@ -54,8 +54,9 @@ _HEAD_SQL = (
     "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads"
     " WHERE owner_user_id = ? AND turn_id IN ({turns}, ?) ORDER BY turn_id"
 )
-# The turn of one entry of the owner (``entry_select_sql``).
-_ENTRY_TURN_SQL = "(SELECT turn_id FROM entries WHERE id = ? AND owner_user_id = ?)"
+# The turn of one entry (``entry_select_sql``); the heads read are the owner's
+# whoever the row's owner is, as when the caller reads the turn's head itself.
+_ENTRY_TURN_SQL = "(SELECT turn_id FROM entries WHERE id = ?)"
 
 
 @dataclass
@@ -163,7 +164,7 @@ class Heads:
     @staticmethod
     def entry_select_sql(owner: str, entry_id: str) -> tuple[str, Params]:
         """``select_sql`` for the turn of entry ``entry_id`` (read with, or before, the entry's row)."""
-        return _HEAD_SQL.format(turns=_ENTRY_TURN_SQL), (owner, entry_id, owner, OWNER_HEAD)
+        return _HEAD_SQL.format(turns=_ENTRY_TURN_SQL), (owner, entry_id, OWNER_HEAD)
 
     @staticmethod
     def newest_sql(owner: str) -> tuple[str, Params]:
