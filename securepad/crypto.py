@@ -40,10 +40,12 @@ __all__ = [
     "FORMAT_VERSION",
     "KEY_BYTES",
     "SEGMENT_BYTES",
+    "WORK",
     "ContentIdentity",
     "EntryCipher",
     "Header",
     "KeyHandle",
+    "WorkCounter",
     "Wrapper",
     "item_key_aad",
     "key_check",
@@ -107,8 +109,29 @@ def lp(*parts: str | bytes) -> bytes:
     return bytes(out)
 
 
+class WorkCounter:
+    """How much key work this process did: HKDF derivations, key unwraps and
+    entry-header digests. A load-independent measure of a call's cost (the
+    benchmarks' cost meter and the hot-path tests read it; approximate when
+    several threads count at once)."""
+
+    __slots__ = ("derivations", "digests", "unwraps")
+
+    def __init__(self) -> None:
+        self.derivations = 0
+        self.unwraps = 0
+        self.digests = 0
+
+    def snapshot(self) -> dict[str, int]:
+        return {"key_derivations": self.derivations, "key_unwraps": self.unwraps, "header_digests": self.digests}
+
+
+WORK = WorkCounter()
+
+
 def _derive(key: KeyHandle, label: str, salt: bytes, length: int = KEY_BYTES) -> bytes:
     """HKDF-SHA256 of ``key`` for one purpose, named by ``label``."""
+    WORK.derivations += 1
     return HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=_TAG + label.encode()).derive(key._key)
 
 
@@ -175,6 +198,7 @@ class Wrapper:
         """
         if not isinstance(blob, bytes) or len(blob) != 12 + KEY_BYTES + 16:
             raise IntegrityError("a wrapped key has the wrong length")
+        WORK.unwraps += 1
         try:
             return KeyHandle(self._aead.decrypt(blob[:12], blob[12:], aad))
         except InvalidTag:
@@ -237,6 +261,7 @@ class Header:
         row relabelled with another version fails to unwrap.
         """
         # Not dataclasses.asdict: its deep copy cost about 13 µs of every put and read.
+        WORK.digests += 1
         body = json.dumps(
             {name: getattr(self, name) for name in _DIGEST_FIELDS}, sort_keys=True, separators=(",", ":")
         ).encode()
@@ -259,6 +284,7 @@ class EntryCipher:
     def __init__(self, item_key: KeyHandle, header: Header, nonce_prefix: object) -> None:
         if not isinstance(nonce_prefix, bytes) or len(nonce_prefix) != NONCE_PREFIX_BYTES:
             raise IntegrityError("an entry's nonce prefix has the wrong length")
+        WORK.derivations += 1
         okm = HKDF(
             algorithm=hashes.SHA256(),
             length=3 * KEY_BYTES,
