@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import functools
 import importlib
 import os
 import secrets
@@ -38,7 +39,7 @@ from typing import Any
 from securepad import Keyring, Policy, Scratchpad
 
 from . import data
-from .backends import PRINCIPAL, UnhardenedBackend, bench_policy
+from .backends import PRINCIPAL, RawApswBackend, UnhardenedBackend, bench_policy
 from .config import Config, KiB, MiB, size_label
 from .stats import summarize
 
@@ -96,7 +97,8 @@ def durability_policy(setting: str) -> Policy | None:
     policy = bench_policy()
     if "durability" not in {f.name for f in dataclasses.fields(policy)}:
         return None
-    return dataclasses.replace(policy, durability=setting)
+    setting_of: dict[str, Any] = {"durability": setting}
+    return dataclasses.replace(policy, **setting_of)
 
 
 def costs_meter() -> Callable[..., dict[str, Any]] | None:
@@ -112,7 +114,8 @@ def _costs(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
     meter = costs_meter()
     sizes = [s for s in cfg.put_sizes if s <= MiB]
     if meter is None:
-        return [{"case": "costs", "skipped": "WAL frames/statements: not available (no securepad.bench.costs)"}]
+        reason = "WAL frames/statements: not available (no securepad.bench.costs)"
+        return [{"store": "securepad", "case": "costs", "skipped": reason}]
     records = []
     with Scratchpad.open(root / "costs.db", keyring=keyring, policy=bench_policy()) as pad:
         pad.put(PRINCIPAL, "warm", 0, "bench", data.text(WRITE_BYTES, salt=1))
@@ -125,9 +128,25 @@ def _costs(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
                     "statements": int(found["statements"]),
                     "wal_frames": int(found["wal_frames"]),
                     "detail": {k: v for k, v in found.items() if k not in ("statements", "wal_frames")},
+                    "raw_wal_frames": _raw_frames(root / "raw-costs", size),
                 }
             )
     return records
+
+
+def _raw_frames(root: Path, size: int) -> int:
+    """WAL frames of one put of ``size`` bytes into the raw-apsw floor (after a warm-up put)."""
+    raw = RawApswBackend(root)
+    try:
+        raw.put("warm", 0, "warm-up")
+        conn = raw.conn
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        raw.put("costs", 1, data.text(size, salt=size))
+        page = int(conn.execute("PRAGMA page_size").fetchall()[0][0])
+        wal = Path(f"{raw.path}-wal")
+        return max(0, (wal.stat().st_size if wal.exists() else 0) - 32) // (page + 24)
+    finally:
+        raw.close()
 
 
 # -- write rates --------------------------------------------------------------------------------
@@ -149,37 +168,44 @@ def _timed(cfg: Config, operation: Callable[[int], None], per_call: int) -> dict
     return stats
 
 
+Modes = list[tuple[str, int, Callable[[int], None]]]
+
+
+def _securepad_modes(pad: Scratchpad, texts: list[str]) -> Modes:
+    """Single puts, and put_many of each batch size (when this securepad has it)."""
+    counter = iter(range(1 << 40))
+
+    def single(i: int) -> None:
+        pad.put(PRINCIPAL, "single", next(counter), "bench", texts[i % 64])
+
+    def batch_of(size: int) -> Callable[[int], None]:
+        def batch(i: int) -> None:
+            items = [(next(counter), "bench", texts[j]) for j in range(size)]
+            pad.put_many(PRINCIPAL, f"batch-{size}", items)  # type: ignore[attr-defined,unused-ignore]
+
+        return batch
+
+    modes: Modes = [("single", 1, single)]
+    if put_many_missing() is None:
+        modes += [(f"put_many {size}", size, batch_of(size)) for size in BATCHES]
+    return modes
+
+
 def _securepad_writes(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
     records: list[Record] = []
     texts = [data.text(WRITE_BYTES, salt=i) for i in range(64)]
+    missing = put_many_missing()
     for setting in DURABILITIES:
         policy = durability_policy(setting)
-        if policy is None:
-            if setting != "normal":
-                records.append({"store": "securepad", "durability": setting, "case": f"securepad {setting}",
-                                "skipped": "durability setting: not available (Policy has no durability)"})
-                continue
-            policy = bench_policy()
+        if policy is None and setting != "normal":
+            reason = "durability setting: not available (Policy has no durability)"
+            records.append(_skip("securepad", setting, "single", reason))
+            continue
+        if missing:
+            records += [_skip("securepad", setting, f"put_many {size}", missing) for size in BATCHES]
         path = root / f"write-{setting}.db"
-        with Scratchpad.open(path, keyring=keyring, policy=policy) as pad:
-            counter = iter(range(1 << 40))
-
-            def single(i: int, pad: Scratchpad = pad) -> None:
-                pad.put(PRINCIPAL, "single", next(counter), "bench", texts[i % 64])
-
-            modes: list[tuple[str, int, Callable[[int], None]]] = [("single", 1, single)]
-            missing = put_many_missing()
-            for size in BATCHES:
-                if missing:
-                    records.append(_skip("securepad", setting, f"put_many {size}", missing))
-                    continue
-
-                def batch(i: int, pad: Scratchpad = pad, size: int = size) -> None:
-                    items = [(next(counter), "bench", texts[j]) for j in range(size)]
-                    pad.put_many(PRINCIPAL, f"batch-{size}", items)  # type: ignore[attr-defined]
-
-                modes.append((f"put_many {size}", size, batch))
-            for mode, per_call, operation in modes:
+        with Scratchpad.open(path, keyring=keyring, policy=policy or bench_policy()) as pad:
+            for mode, per_call, operation in _securepad_modes(pad, texts):
                 records.append(
                     {
                         "store": "securepad",
@@ -195,7 +221,8 @@ def _securepad_writes(cfg: Config, root: Path, keyring: Keyring) -> list[Record]
 
 
 def _skip(store: str, durability: str, mode: str, reason: str) -> Record:
-    return {"store": store, "durability": durability, "mode": mode, "case": f"{store} {mode}", "skipped": reason}
+    case = f"{store} {mode}" if store != "securepad" else f"{store} {durability} {mode}"
+    return {"store": store, "durability": durability, "mode": mode, "case": case, "skipped": reason}
 
 
 # -- the framework stores --------------------------------------------------------------------------
@@ -240,6 +267,19 @@ class _SessionPeer:
     def write(self, session: Any, texts: list[str]) -> None:
         self.loop.run_until_complete(session.add_items([{"role": "user", "content": t} for t in texts]))
 
+    def modes(self, texts: list[str]) -> Modes:
+        session = self.session("writes")
+
+        def batch_of(size: int) -> Callable[[int], None]:
+            return lambda i: self.write(session, [texts[i % 64]] if size == 1 else texts[:size])
+
+        return [("single", 1, batch_of(1)), *((f"add_items {n}", n, batch_of(n)) for n in BATCHES)]
+
+    def tail_reader(self, text: str) -> Callable[[], str]:
+        session = self.session("tail")
+        self.write(session, [text])
+        return functools.partial(self.tail, session, TAIL_CHARS)
+
     def tail(self, session: Any, n: int) -> str:
         items = self.loop.run_until_complete(session.get_items(limit=1))
         return str(items[-1]["content"])[-n:]
@@ -274,10 +314,26 @@ class _SaverPeer:
             "channel_versions": {"data": self.version},
         }
         config: Any = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
-        return dict(self.saver.put(config, checkpoint, {"source": "loop", "step": 0}, {"data": self.version}))
+        metadata: Any = {"source": "loop", "step": 0}
+        return dict(self.saver.put(config, checkpoint, metadata, {"data": self.version}))  # type: ignore[arg-type]
 
     def put_writes(self, config: dict[str, Any], texts: list[str]) -> None:
         self.saver.put_writes(config, [("data", t) for t in texts], task_id=secrets.token_hex(8))  # type: ignore[arg-type]
+
+    def modes(self, texts: list[str]) -> Modes:
+        config = self.put("batches", "x")
+
+        def single(i: int) -> None:
+            self.put(f"t{i % 8}", texts[i % 64])
+
+        def batch_of(size: int) -> Callable[[int], None]:
+            return lambda i: self.put_writes(config, texts[:size])
+
+        return [("single", 1, single), *((f"put_writes {n}", n, batch_of(n)) for n in BATCHES)]
+
+    def tail_reader(self, text: str) -> Callable[[], str]:
+        self.put("tail", text)
+        return functools.partial(self.tail, "tail", TAIL_CHARS)
 
     def tail(self, thread: str, n: int) -> str:
         found = self.saver.get_tuple({"configurable": {"thread_id": thread, "checkpoint_ns": ""}})
@@ -296,22 +352,12 @@ def _peer_writes(cfg: Config, root: Path) -> list[Record]:
         if reason:
             records += [_skip(peer, PEER_DURABILITY, m, reason) for m in ("single", *(f"batch {b}" for b in BATCHES))]
             continue
-        modes: list[tuple[str, int, Callable[[int], None]]] = []
-        closer: Callable[[], None]
+        store: _SaverPeer | _SessionPeer
         if peer == "SqliteSaver + EncryptedSerializer":
-            saver = _SaverPeer(root / "saver-write.db")
-            closer = saver.close
-            config = saver.put("batches", "x")
-            modes.append(("single", 1, lambda i, s=saver: None if s.put(f"t{i % 8}", texts[i % 64]) else None))
-            for size in BATCHES:
-                modes.append((f"put_writes {size}", size, lambda i, s=saver, n=size: s.put_writes(config, texts[:n])))
+            store = _SaverPeer(root / "saver-write.db")
         else:
-            sessions = _SessionPeer(root / f"{peer}-write.db", encrypted=peer == "EncryptedSession")
-            closer = sessions.close
-            session = sessions.session("writes")
-            modes.append(("single", 1, lambda i, p=sessions, s=session: p.write(s, [texts[i % 64]])))
-            for size in BATCHES:
-                modes.append((f"add_items {size}", size, lambda i, p=sessions, s=session, n=size: p.write(s, texts[:n])))
+            store = _SessionPeer(root / f"{peer}-write.db", encrypted=peer == "EncryptedSession")
+        modes = store.modes(texts)
         try:
             for mode, per_call, operation in modes:
                 records.append(
@@ -325,7 +371,7 @@ def _peer_writes(cfg: Config, root: Path) -> list[Record]:
                     }
                 )
         finally:
-            closer()
+            store.close()
     return records
 
 
@@ -362,19 +408,15 @@ def _tails(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
         if reason:
             records.append({"store": peer, "case": peer, "skipped": reason})
             continue
+        store: _SaverPeer | _SessionPeer
         if peer == "SqliteSaver + EncryptedSerializer":
-            saver = _SaverPeer(root / "saver-tail.db")
-            saver.put("tail", text)
-            read, close = (lambda s=saver: s.tail("tail", TAIL_CHARS)), saver.close
+            store = _SaverPeer(root / "saver-tail.db")
         else:
-            sessions = _SessionPeer(root / f"{peer}-tail.db", encrypted=peer == "EncryptedSession")
-            session = sessions.session("tail")
-            sessions.write(session, [text])
-            read, close = (lambda p=sessions, s=session: p.tail(s, TAIL_CHARS)), sessions.close
+            store = _SessionPeer(root / f"{peer}-tail.db", encrypted=peer == "EncryptedSession")
         try:
-            records.append({"store": peer, "case": peer, "stats": _read_stats(cfg, read, expected)})
+            records.append({"store": peer, "case": peer, "stats": _read_stats(cfg, store.tail_reader(text), expected)})
         finally:
-            close()
+            store.close()
     return records
 
 
@@ -390,16 +432,24 @@ def _listing(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
             return str(len(pad.list_for_turn(PRINCIPAL, "listed")))
 
         records.append(
-            {"store": "securepad", "case": f"list_for_turn {steps}", "steps": steps,
-             "stats": _read_stats(cfg, listed, str(steps))}
+            {
+                "store": "securepad",
+                "case": f"list_for_turn {steps}",
+                "steps": steps,
+                "stats": _read_stats(cfg, listed, str(steps)),
+            }
         )
     plain = UnhardenedBackend(root / "unhardened")
     try:
         for i in range(steps):
             plain.put("listed", i, texts[i % len(texts)])
         records.append(
-            {"store": "unhardened", "case": f"SELECT by turn {steps}", "steps": steps,
-             "stats": _read_stats(cfg, lambda: str(len(plain.resume("listed")[0])), str(steps))}
+            {
+                "store": "unhardened",
+                "case": f"SELECT by turn {steps}",
+                "steps": steps,
+                "stats": _read_stats(cfg, lambda: str(len(plain.resume("listed")[0])), str(steps)),
+            }
         )
     finally:
         plain.close()

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from . import hotpath_report
 from .config import MiB, size_label
 
 Results = dict[str, Any]
@@ -154,6 +155,7 @@ def markdown(results: Results) -> str:
                 ([r["backend"], r["case"], *_figures(r["stats"])] for r in w["open"]),
             )
         )
+    out += hotpath_report.markdown(w.get("hotpath", []))
     if results.get("targets"):
         out.append("\n### targets (ratios measured in this run)\n")
         out.append(
@@ -277,6 +279,7 @@ def targets(results: Results) -> list[dict[str, Any]]:
         )
     else:
         add("resume 1000 steps within 5x of listing them from unhardened (median)", None, None)
+    hotpath_report.targets(w.get("hotpath", []), add)
     return found
 
 
