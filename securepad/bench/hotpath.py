@@ -123,6 +123,7 @@ def _costs(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
             found = meter(pad, PRINCIPAL, size)
             records.append(
                 {
+                    "store": "securepad",
                     "case": f"costs {size_label(size)}",
                     "size_bytes": size,
                     "statements": int(found["statements"]),
