@@ -44,7 +44,7 @@ AUTOCHECKPOINT_PAGES = 1000
 # keeps the largest size it ever reached until a TRUNCATE checkpoint).
 WAL_KEEP_BYTES = 16 * 1024 * 1024
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -152,6 +152,72 @@ _MIGRATIONS: dict[int, str] = {
     ) WITHOUT ROWID;
     INSERT INTO owner_usage(owner_user_id, stored_bytes)
         SELECT owner_user_id, SUM(stored_bytes) FROM entries GROUP BY owner_user_id;
+    CREATE TRIGGER owner_usage_insert AFTER INSERT ON entries BEGIN
+        INSERT INTO owner_usage(owner_user_id, stored_bytes) VALUES (NEW.owner_user_id, NEW.stored_bytes)
+            ON CONFLICT(owner_user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes;
+    END;
+    CREATE TRIGGER owner_usage_delete AFTER DELETE ON entries BEGIN
+        UPDATE owner_usage SET stored_bytes = stored_bytes - OLD.stored_bytes WHERE owner_user_id = OLD.owner_user_id;
+        DELETE FROM owner_usage WHERE owner_user_id = OLD.owner_user_id AND stored_bytes <= 0;
+    END;
+    CREATE TRIGGER owner_usage_update AFTER UPDATE OF owner_user_id, stored_bytes ON entries BEGIN
+        UPDATE owner_usage SET stored_bytes = stored_bytes - OLD.stored_bytes WHERE owner_user_id = OLD.owner_user_id;
+        DELETE FROM owner_usage WHERE owner_user_id = OLD.owner_user_id AND stored_bytes <= 0;
+        INSERT INTO owner_usage(owner_user_id, stored_bytes) VALUES (NEW.owner_user_id, NEW.stored_bytes)
+            ON CONFLICT(owner_user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes;
+    END;
+    """,
+    # The hot path (issue 13). entries and segments become rowid tables: a put
+    # appends to the last leaf instead of landing in a random leaf of a table
+    # keyed by random ids (which split pages and rewrote 3-4 pages a put);
+    # the random id keeps a small unique index. The indexes no query of a put
+    # or a listing needs go: entries_expires (gc scans the table) and
+    # entries_owner_usage (the quota reads owner_usage; the exact sum near
+    # the quota walks the owner's part of entries_owner_turn). Columns and
+    # keys are unchanged. One transaction: a failure leaves the v5 store.
+    6: """
+    CREATE TABLE entries_v6(
+        id             TEXT PRIMARY KEY,
+        owner_user_id  TEXT NOT NULL,
+        actor          TEXT NOT NULL,
+        channel        TEXT NOT NULL,
+        turn_id        TEXT NOT NULL,
+        step_num       INTEGER NOT NULL,
+        executor_name  TEXT NOT NULL,
+        content_kind   TEXT NOT NULL,
+        size_bytes     INTEGER NOT NULL,
+        size_chars     INTEGER NOT NULL,
+        segment_count  INTEGER NOT NULL,
+        key_version    INTEGER NOT NULL,
+        created_at     REAL NOT NULL,
+        expires_at     REAL NOT NULL,
+        wrapped_key    BLOB NOT NULL,
+        nonce_prefix   BLOB NOT NULL,
+        commitment     BLOB NOT NULL,
+        sealed_meta    BLOB NOT NULL,
+        stored_bytes   INTEGER NOT NULL DEFAULT 0
+    );
+    INSERT INTO entries_v6(id, owner_user_id, actor, channel, turn_id, step_num, executor_name,
+            content_kind, size_bytes, size_chars, segment_count, key_version, created_at, expires_at,
+            wrapped_key, nonce_prefix, commitment, sealed_meta, stored_bytes)
+        SELECT id, owner_user_id, actor, channel, turn_id, step_num, executor_name,
+            content_kind, size_bytes, size_chars, segment_count, key_version, created_at, expires_at,
+            wrapped_key, nonce_prefix, commitment, sealed_meta, stored_bytes
+        FROM entries ORDER BY created_at, id;
+    CREATE TABLE segments_v6(
+        entry_id TEXT NOT NULL,
+        seq      INTEGER NOT NULL,
+        data     BLOB NOT NULL,
+        PRIMARY KEY (entry_id, seq)
+    );
+    INSERT INTO segments_v6(entry_id, seq, data)
+        SELECT s.entry_id, s.seq, s.data FROM segments s LEFT JOIN entries_v6 e ON e.id = s.entry_id
+        ORDER BY e.rowid, s.seq;
+    DROP TABLE entries;
+    DROP TABLE segments;
+    ALTER TABLE entries_v6 RENAME TO entries;
+    ALTER TABLE segments_v6 RENAME TO segments;
+    CREATE INDEX entries_owner_turn ON entries(owner_user_id, turn_id, step_num);
     CREATE TRIGGER owner_usage_insert AFTER INSERT ON entries BEGIN
         INSERT INTO owner_usage(owner_user_id, stored_bytes) VALUES (NEW.owner_user_id, NEW.stored_bytes)
             ON CONFLICT(owner_user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes;

@@ -48,7 +48,9 @@ RECORD_ROW_OVERHEAD = 256
 
 # The quota check of the entries table, run inside the write transaction:
 # (conn, owner, bytes added, now, what is added); raises QuotaExceededError.
-QuotaCheck = Callable[[Conn, str, int, float, str], None]
+# (conn, owner, key version sealed under, bytes added, now, what): checks the
+# version is still the newest and the quota has room, in one statement.
+QuotaCheck = Callable[[Conn, str, int, int, float, str], None]
 
 
 def _check_table(table: str) -> str:
@@ -126,7 +128,7 @@ class Records:
             return row
 
         def write(conn: Conn, row: dict[str, Any]) -> dict[str, Any]:
-            self._check_quota(conn, owner, record_cost(row), created, "record")
+            self._check_quota(conn, owner, row["key_version"], record_cost(row), created, "record")
             conn.execute(
                 f"INSERT INTO {table}({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
             )
@@ -222,18 +224,16 @@ class Records:
         return changed
 
     @staticmethod
-    def used_bytes(conn: Conn, owner: str, now: float) -> int:
-        """What the owner's live records cost on disk (sealed bytes plus
-        ``RECORD_ROW_OVERHEAD`` each), summed inside the caller's write transaction."""
-        used = 0
-        for table in TABLES:
-            rows = conn.query(
-                f"SELECT CAST(COALESCE(SUM(length(sealed) + length(wrapped_key) + {RECORD_ROW_OVERHEAD}), 0)"
-                f" AS BIGINT) AS used FROM {table} WHERE owner_user_id = ? AND expires_at > ?",
-                (owner, now),
-            )
-            used += int(rows[0]["used"])
-        return used
+    def used_sql(owner: str, now: float) -> tuple[str, tuple[Any, ...]]:
+        """What the owner's live records cost on disk, as one SQL expression and
+        its parameters (read inside the caller's write transaction, in the
+        statement that reads the rest of the quota)."""
+        parts = [
+            f"(SELECT CAST(COALESCE(SUM(length(sealed) + length(wrapped_key) + {RECORD_ROW_OVERHEAD}), 0)"
+            f" AS BIGINT) FROM {table} WHERE owner_user_id = ? AND expires_at > ?)"
+            for table in TABLES
+        ]
+        return " + ".join(parts), tuple(value for _ in TABLES for value in (owner, now))
 
     @staticmethod
     def delete_expired(conn: Conn, cutoff: float) -> int:

@@ -25,7 +25,7 @@ from ._records import Records
 from .access import Access, audit_log, check_principal
 from .crypto import EntryCipher, Header, Wrapper, open_entry, seal_entry, split_bytes, split_text
 from .errors import ExpiredError, IntegrityError, InvalidArgumentError, NotFoundError, QuotaExceededError
-from .keystore import Keystore
+from .keystore import NEWEST_VERSION_SQL, Keystore
 from .policy import NOT_FOUND_MESSAGE, Policy
 from .principal import Principal, check_identifier
 
@@ -210,7 +210,7 @@ class Entries:
                     row["step_num"], row["sealed_meta"] = taken, resealed
             elif free_step:
                 self.check_step_free(principal, turn_id, step_num, created, conn)
-            self.check_quota(conn, owner, row["stored_bytes"], created, "entry")
+            self.check_quota(conn, owner, row["key_version"], row["stored_bytes"], created, "entry")
             conn.execute(
                 f"INSERT INTO entries({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
             )
@@ -229,12 +229,15 @@ class Entries:
         )
         return {"ok": True, "scratchpad_id": entry_id, **meta["view"]}
 
-    def check_quota(self, conn: Conn, owner: str, adding: int, now: float, what: str) -> None:
-        """Refuse ``adding`` bytes (a new ``what``: entry or record) that do not
-        fit in the owner's quota, inside the owner's write transaction.
+    def check_quota(self, conn: Conn, owner: str, version: int, adding: int, now: float, what: str) -> None:
+        """Inside the owner's write transaction, in one statement: refuse a write
+        sealed under owner-key ``version`` when that is no longer the newest
+        (``StaleOwnerKey``, which the keystore's retry takes), and refuse
+        ``adding`` bytes (a new ``what``: entry or record) that do not fit in
+        the owner's quota.
 
         Entries count what their row costs on disk (``row_cost``), and so do
-        the owner's live checkpoints and compaction marks (``Records.used_bytes``:
+        the owner's live checkpoints and compaction marks (``Records.used_sql``:
         a turn keeps few). ``owner_usage`` (kept by triggers) still counts
         expired entries that gc has not removed: when even that bound leaves
         room, the exact sum over the owner's live entries, O(entries), would
@@ -246,9 +249,15 @@ class Entries:
             QuotaExceededError: no room.
         """
         quota = self.policy.owner_quota_bytes
-        used = Records.used_bytes(conn, owner, now)
-        bound = conn.query("SELECT stored_bytes FROM owner_usage WHERE owner_user_id = ?", (owner,))
-        stored = int(bound[0]["stored_bytes"]) if bound else 0
+        records, params = Records.used_sql(owner, now)
+        found = conn.query(
+            f"SELECT {NEWEST_VERSION_SQL} AS newest,"
+            " (SELECT stored_bytes FROM owner_usage WHERE owner_user_id = ?) AS stored,"
+            f" {records} AS used",
+            (owner, owner, *params),
+        )[0]
+        Keystore.check_newest(found["newest"], version)
+        used, stored = int(found["used"]), int(found["stored"] or 0)
         if used + stored + adding > quota:
             live = conn.query(
                 "SELECT CAST(COALESCE(SUM(stored_bytes), 0) AS BIGINT) AS used FROM entries"
@@ -538,7 +547,14 @@ def stats(
         (current,),
         admin=True,
     )
-    usage = db.query("SELECT COALESCE(MAX(wrap_count), 0) AS owner_key_max_wraps FROM owner_keys", admin=True)[0]
+    # With the wraps this process counted but has not written yet (Keystore.WRAP_FLUSH_EVERY).
+    pending = keys.pending_wraps()
+    counted = db.query("SELECT owner_user_id, version, wrap_count FROM owner_keys", admin=True)
+    usage: dict[str, Any] = {
+        "owner_key_max_wraps": max(
+            (int(r["wrap_count"]) + pending.get((r["owner_user_id"], r["version"]), 0) for r in counted), default=0
+        )
+    }
     usage["master_key_wraps"] = int(keys.store_meta().get("master_wrap_count", "0"))
     usage["advice"] = [
         f"{name} has sealed {count} keys with random nonces; rotate it"

@@ -23,7 +23,7 @@ from .crypto import FORMAT_VERSION, ContentIdentity, KeyHandle, Wrapper, key_che
 from .errors import IntegrityError, InvalidArgumentError, StoreBusyError, WrongKeyError
 from .keys import Keyring, master_key
 
-__all__ = ["Keystore", "Progress"]
+__all__ = ["NEWEST_VERSION_SQL", "WRAP_FLUSH_EVERY", "Keystore", "Progress", "StaleOwnerKey"]
 
 T = TypeVar("T")
 P = TypeVar("P")
@@ -34,8 +34,50 @@ Progress = Callable[[int, int], None]
 OWNER_KEY_CACHE_SIZE = 4096
 
 
-class _StaleOwnerKey(Exception):
-    """The row was sealed for an owner-key version that is no longer the newest."""
+# Item-key wraps under an owner key are counted in memory and added to
+# ``owner_keys.wrap_count`` by the write transaction of every this-many-th put
+# of that key (and at close): no counter-row UPDATE per put. A process that
+# dies undercounts by fewer than this many wraps per key, against a rotation
+# advice at 2**28 (16 times below AES-GCM's 2**32 bound).
+WRAP_FLUSH_EVERY = 256
+
+# The owner's newest key version, as a scalar subquery with one parameter (the
+# owner): the write transaction reads it in the statement that reads the quota.
+NEWEST_VERSION_SQL = "(SELECT MAX(version) FROM owner_keys WHERE owner_user_id = ?)"
+
+
+class StaleOwnerKey(Exception):
+    """The row was sealed for an owner-key version that is no longer the newest
+    (raised inside ``write_current``'s transaction; it never leaves the retry)."""
+
+
+class _WrapCounts:
+    """Wraps of committed writes not yet added to ``owner_keys.wrap_count``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[tuple[str, int], int] = {}
+
+    def take(self, key: tuple[str, int], every: int) -> int:
+        """The pending count to flush with the next write of ``key``, or 0 (not yet due)."""
+        with self._lock:
+            if self._pending.get(key, 0) + 1 < every:
+                return 0
+            return self._pending.pop(key, 0)
+
+    def add(self, key: tuple[str, int], count: int) -> None:
+        if count:
+            with self._lock:
+                self._pending[key] = self._pending.get(key, 0) + count
+
+    def take_all(self) -> dict[tuple[str, int], int]:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            return pending
+
+    def peek(self) -> dict[tuple[str, int], int]:
+        with self._lock:
+            return dict(self._pending)
 
 
 class Keystore:
@@ -49,6 +91,7 @@ class Keystore:
         self._owner_keys: LRUCache[tuple[str, int], tuple[Wrapper, KeyHandle]] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._identities: LRUCache[tuple[str, int], ContentIdentity] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._latest: LRUCache[str, int] = LRUCache(OWNER_KEY_CACHE_SIZE)
+        self._wraps = _WrapCounts()
         self.keyring = keyring
         self.store_id, self._wrap, self._key_check = self._unlock(keyring)
 
@@ -201,6 +244,25 @@ class Keystore:
             (count, owner, version),
         )
 
+    def pending_wraps(self) -> dict[tuple[str, int], int]:
+        """Wraps this process made that ``owner_keys.wrap_count`` does not count yet."""
+        return self._wraps.peek()
+
+    def flush_wraps(self) -> None:
+        """Add this process's pending wrap counts to ``owner_keys`` (at close).
+        A failure (a busy or closed store) puts them back as pending."""
+        pending = self._wraps.take_all()
+        if not pending:
+            return
+        try:
+            with self._db.transaction(admin=True) as conn:
+                for (owner, version), count in pending.items():
+                    self.count_wraps(conn, owner, version, count)
+        except Exception:
+            for key, count in pending.items():
+                self._wraps.add(key, count)
+            raise
+
     def check_master_current(self, conn: Conn | None = None) -> None:
         """Raise WrongKeyError when another process has rotated the master key
         since this store was opened: nothing may be wrapped under the old one."""
@@ -228,12 +290,16 @@ class Keystore:
         busy: str,
     ) -> T:
         """Seal (outside any transaction) under the owner's newest key, then write
-        in one transaction that first checks the version is still the newest.
+        in one transaction that checks the version is still the newest.
 
         ``seal(version, wrapper)`` builds the row; ``write(conn, sealed)``
-        stores it. A rotation meanwhile (a stale version) or a unique-key
-        collision (``DuplicateKeyError``: an id or sequence number taken)
-        seals again, at most ``attempts`` times.
+        stores it and must check the version inside the transaction, before
+        its insert: ``check_version`` (``Entries.check_quota`` does it in the
+        statement that reads the quota, with ``NEWEST_VERSION_SQL``). A
+        rotation meanwhile (a stale version) or a unique-key collision
+        (``DuplicateKeyError``: an id or sequence number taken) seals again,
+        at most ``attempts`` times. The wrap is counted in memory and added to
+        the key's row with every ``WRAP_FLUSH_EVERY``-th write.
 
         Raises:
             StoreBusyError: ``busy``, when every attempt lost a race.
@@ -241,20 +307,38 @@ class Keystore:
         version, wrapper = self.current(owner)
         for _ in range(attempts):
             sealed = seal(version, wrapper)
+            flush = self._wraps.take((owner, version), WRAP_FLUSH_EVERY)
             try:
                 with self._db.transaction(owner) as conn:
-                    if self.newest_in(conn, owner) != version:
-                        raise _StaleOwnerKey
                     result = write(conn, sealed)
-                    self.count_wraps(conn, owner, version)
-                return result
-            except DuplicateKeyError:
-                continue
-            except _StaleOwnerKey:
+                    if flush:
+                        self.count_wraps(conn, owner, version, flush + 1)
+            except BaseException as exc:
+                self._wraps.add((owner, version), flush)
+                if isinstance(exc, DuplicateKeyError):
+                    continue
+                if not isinstance(exc, StaleOwnerKey):
+                    raise
                 # The owner's key was rotated (maybe by another process) since it was cached.
                 self.forget(owner)
                 version, wrapper = self.current(owner)
+                continue
+            if not flush:
+                self._wraps.add((owner, version), 1)
+            return result
         raise StoreBusyError(busy)
+
+    def check_version(self, conn: Conn, owner: str, version: int) -> None:
+        """Inside a write transaction: raise ``StaleOwnerKey`` unless ``version`` is the owner's newest."""
+        if self.newest_in(conn, owner) != version:
+            raise StaleOwnerKey
+
+    @staticmethod
+    def check_newest(newest: object, version: int) -> None:
+        """``NEWEST_VERSION_SQL``'s answer, read inside the write transaction: raise
+        ``StaleOwnerKey`` unless ``version`` is the owner's newest."""
+        if newest != version:
+            raise StaleOwnerKey
 
     @staticmethod
     def newest_in(conn: Conn, owner: str) -> int | None:

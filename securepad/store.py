@@ -133,7 +133,10 @@ class Scratchpad:
         return self._db.dialect
 
     def close(self) -> None:
-        """Close every connection. The object cannot be used afterwards."""
+        """Write this process's pending key-use counts, then close every
+        connection. The object cannot be used afterwards."""
+        with contextlib.suppress(SecurepadError):  # a busy or broken store: the counts stay low by < 256 a key
+            self._keys.flush_wraps()
         self._db.close()
 
     def __enter__(self) -> Scratchpad:
