@@ -46,6 +46,9 @@ WAL_KEEP_BYTES = 16 * 1024 * 1024
 
 SCHEMA_VERSION = 6
 
+# The policy's durability -> SQLite's synchronous setting, set on every connection.
+_SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL"}
+
 _MIGRATIONS: dict[int, str] = {
     1: """
     CREATE TABLE store_meta(
@@ -368,7 +371,8 @@ class Database:
     ``wal_limit_bytes`` bounds the write-ahead log (see ``WAL_LIMIT_BYTES``).
     ``incremental_vacuum`` makes the file give freed pages back to the file
     system at each ``checkpoint`` (gc, forget-owner); an existing store is
-    converted once, at open, by a full VACUUM.
+    converted once, at open, by a full VACUUM. ``durability`` ("normal" or
+    "full") is the ``synchronous`` setting of every connection.
     """
 
     dialect = "sqlite"
@@ -381,10 +385,14 @@ class Database:
         wal_limit_bytes: int = WAL_LIMIT_BYTES,
         incremental_vacuum: bool = False,
         allow_shared: bool = False,
+        durability: str = "normal",
     ) -> None:
         self.path = path
         self.location = str(path)
         self._busy_timeout_ms = busy_timeout_ms
+        if durability not in _SYNCHRONOUS:
+            raise SecurepadError(f"durability must be one of {', '.join(_SYNCHRONOUS)}, not {durability!r}")
+        self.durability = durability
         self.wal_limit_bytes = wal_limit_bytes
         self._local = threading.local()
         self._connections = _Connections()
@@ -428,10 +436,11 @@ class Database:
             conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
             conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
             conn.execute("PRAGMA journal_mode = WAL")
-            # NORMAL: a commit is durable once the WAL is synced at checkpoint;
-            # a power cut (not a process crash) can lose the last commits
-            # (docs/reliability.md).
-            conn.execute("PRAGMA synchronous = NORMAL")
+            # The policy's durability (docs/reliability.md). NORMAL: a commit is
+            # durable once the WAL is synced at checkpoint; a power cut (not a
+            # process crash) can lose the last commits. FULL: the WAL is synced
+            # at every commit.
+            conn.execute(f"PRAGMA synchronous = {_SYNCHRONOUS[self.durability]}")
             conn.execute(f"PRAGMA journal_size_limit = {WAL_KEEP_BYTES}")
             # Deleted content is overwritten with zeros, in the file and the WAL.
             conn.execute("PRAGMA secure_delete = ON")

@@ -18,7 +18,7 @@ import contextvars
 import functools
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -180,6 +180,22 @@ class AsyncScratchpad:
         return await self._run(
             self._pad.put, principal, turn_id, step_num, executor_name, observation, ttl_seconds, now=now
         )
+
+    async def put_many(
+        self,
+        principal: Principal,
+        turn_id: str,
+        items: Sequence[tuple[int, str, Any]],
+        ttl_seconds: int | None = None,
+        *,
+        now: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """``Scratchpad.put_many``: several observations in one transaction; returns their views.
+
+        Raises:
+            InvalidArgumentError, QuotaExceededError, StoreBusyError: as for ``Scratchpad.put_many``.
+        """
+        return await self._run(self._pad.put_many, principal, turn_id, items, ttl_seconds, now=now)
 
     async def get(
         self, principal: Principal, scratchpad_id: str, *, now: float | None = None, turn_id: str | None = None
@@ -377,6 +393,20 @@ class AsyncTurn:
         return await self._run(
             self._turn.record, step_num, executor_name, observation, ttl_seconds=ttl_seconds, now=now
         )
+
+    async def record_many(
+        self,
+        items: Sequence[tuple[str, Any]],
+        *,
+        ttl_seconds: int | None = None,
+        now: float | None = None,
+    ) -> list[Any]:
+        """``Turn.record_many``: several observations at the turn's next steps, in one transaction.
+
+        Raises:
+            InvalidArgumentError, QuotaExceededError, StoreBusyError: as for ``Turn.record_many``.
+        """
+        return await self._run(self._turn.record_many, items, ttl_seconds=ttl_seconds, now=now)
 
     async def append(
         self, executor_name: str, observation: Any, *, ttl_seconds: int | None = None, now: float | None = None

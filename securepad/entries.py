@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import reads, shaping
-from ._backend import Backend, Conn
+from ._backend import Backend, Conn, DuplicateKeyError
 from ._db import Database
 from ._records import Records
 from .access import Access, audit_log, check_principal
@@ -228,6 +228,20 @@ class Entries:
             busy="could not store the entry: its id or owner key kept changing; try again",
         )
         return {"ok": True, "scratchpad_id": entry_id, **meta["view"]}
+
+    def put_many(
+        self,
+        principal: Principal,
+        turn_id: str,
+        items: Any,
+        ttl_seconds: int | None = None,
+        *,
+        now: float | None = None,
+        shown: Shown | None = None,
+    ) -> list[dict[str, Any]]:
+        """Store several observations in one transaction, all or nothing (see
+        ``Scratchpad.put_many``); with ``shown``, the steps are chosen (see ``_Batch``)."""
+        return _Batch(self, self._keys, self._access, principal, turn_id, shown).put(items, ttl_seconds, now)
 
     def check_quota(self, conn: Conn, owner: str, version: int, adding: int, now: float, what: str) -> None:
         """Inside the owner's write transaction, in one statement: refuse a write
@@ -571,6 +585,151 @@ def stats(
         result["file_bytes"] = {suffix or "db": _file_size(Path(f"{path}{suffix}")) for suffix in ("", "-wal", "-shm")}
         result["wal"] = db.wal_status()
     return result
+
+
+# What ``Turn.record_many`` shows the model of an observation at a step:
+# ``(history item,)``, or None for the view.
+Shown = Callable[[Any, int], tuple[Any] | None]
+# A batch sealed: its rows, each row's sealed segments, each row's metadata.
+_Sealed = tuple[list[dict[str, Any]], list[list[bytes]], list[dict[str, Any]]]
+
+
+class _Batch:
+    """One ``put_many``: every observation checked and sealed first, then one
+    write transaction that checks each step, the key version and the quota of
+    the whole batch, and inserts every row (a failure stores none).
+
+    With ``shown`` (``Turn.record_many``), items are ``(executor_name,
+    observation)`` and take the steps after the turn's highest live one,
+    consecutively: read before sealing (the history item may name its step)
+    and checked again inside the transaction; another writer that took one
+    meanwhile makes the batch seal again (``write_current``'s retry)."""
+
+    def __init__(
+        self,
+        entries: Entries,
+        keys: Keystore,
+        access: Access,
+        principal: Principal,
+        turn_id: str,
+        shown: Shown | None,
+    ) -> None:
+        check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        self.entries, self.keys, self.access = entries, keys, access
+        self.principal, self.turn_id, self.shown = principal, turn_id, shown
+
+    def _items(self, items: Any) -> list[tuple[int, str, Any]]:
+        """The items as (step, executor, observation), validated (steps to choose are -1)."""
+        width = 2 if self.shown is not None else 3
+        if isinstance(items, str | bytes | dict) or not hasattr(items, "__iter__"):
+            raise InvalidArgumentError("items must be a sequence of tuples")
+        checked: list[tuple[int, str, Any]] = []
+        for item in items:
+            if not isinstance(item, tuple | list) or len(item) != width:
+                raise InvalidArgumentError(f"each item must be a tuple of {width} values, not {item!r:.80}")
+            step, executor, observation = (-1, *item) if width == 2 else item
+            if width == 3:
+                check_step_num(step)
+            check_identifier("executor_name", executor)
+            checked.append((step, executor, observation))
+        steps = [step for step, _, _ in checked]
+        if width == 3 and len(set(steps)) != len(steps):
+            raise InvalidArgumentError("a batch gives one step twice")
+        return checked
+
+    def put(self, items: Any, ttl_seconds: int | None, now: float | None) -> list[dict[str, Any]]:
+        checked = self._items(items)
+        ttl = self.entries.ttl(ttl_seconds)
+        created = self.entries.now(now)
+        if not checked:
+            return []
+        owner = self.principal.owner_user_id
+        policy = self.entries.policy
+        if self.shown is None:  # shaped once: the steps are the caller's
+            fixed = [_Prepared.of(obs, step, policy) for step, _, obs in checked]
+        identities: dict[tuple[int, int], str] = {}
+        shown_items: list[tuple[Any] | None] = []
+
+        def seal(version: int, wrapper: Wrapper) -> _Sealed:
+            steps = [step for step, _, _ in checked]
+            prepared = fixed if self.shown is None else []
+            shown_items.clear()
+            if self.shown is not None:
+                first = self.entries.last_step(self.principal, self.turn_id, created) + 1
+                steps = list(range(first, first + len(checked)))
+                check_step_num(steps[-1])
+                prepared = [_Prepared.of(obs, step, policy) for step, (_, _, obs) in zip(steps, checked, strict=True)]
+            rows: list[dict[str, Any]] = []
+            segments: list[list[bytes]] = []
+            metas: list[dict[str, Any]] = []
+            for index, (step, (_, executor, obs), prep) in enumerate(zip(steps, checked, prepared, strict=True)):
+                inline = self.shown(obs, step) if self.shown is not None else None
+                shown_items.append(inline)
+                meta = prep.meta(self.principal, step, executor, created, created + ttl, inline)
+                if (version, index) not in identities or self.shown is not None:
+                    identities[(version, index)] = self.keys.identity(owner, version).of(prep.kind, prep.segments)
+                meta["content_id"] = identities[(version, index)]
+                row, sealed, _ = prep.seal(wrapper, version, owner, self.turn_id, meta)
+                rows.append(row)
+                segments.append(sealed)
+                metas.append(meta)
+            return rows, segments, metas
+
+        def write(conn: Conn, sealed: _Sealed) -> _Sealed:
+            rows, segments, _ = sealed
+            self._check_steps(conn, [row["step_num"] for row in rows], created)
+            version = rows[0]["key_version"]
+            self.entries.check_quota(conn, owner, version, sum(r["stored_bytes"] for r in rows), created, "batch")
+            columns = list(rows[0])
+            conn.executemany(
+                f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                [tuple(row[c] for c in columns) for row in rows],
+            )
+            conn.executemany(
+                "INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)",
+                [
+                    (row["id"], seq, data)
+                    for row, parts in zip(rows, segments, strict=True)
+                    for seq, data in enumerate(parts)
+                ],
+            )
+            return sealed
+
+        rows, _, metas = self.keys.write_current(
+            owner,
+            seal,
+            write,
+            attempts=5,
+            count=len(checked),
+            busy="could not store the batch: its ids, steps or owner key kept changing; try again",
+        )
+        views = [
+            {"ok": True, "scratchpad_id": row["id"], **meta["view"]} for row, meta in zip(rows, metas, strict=True)
+        ]
+        if self.shown is None:
+            return views
+        return [view if inline is None else inline[0] for view, inline in zip(views, shown_items, strict=True)]
+
+    def _check_steps(self, conn: Conn, steps: list[int], now: float) -> None:
+        """Inside the write: refuse steps a live entry of the turn in the
+        principal's scope has (chosen steps: seal again, another writer took one)."""
+        marks = ", ".join("?" * len(steps))
+        rows = self.access.rows(
+            self.principal,
+            "entries",
+            "step_num, expires_at",
+            f"turn_id = ? AND step_num IN ({marks})",
+            (self.turn_id, *steps),
+            conn=conn,
+        )
+        taken = sorted(row["step_num"] for row in _live(rows, now))
+        if taken and self.shown is not None:
+            raise DuplicateKeyError
+        if taken:
+            raise InvalidArgumentError(f"step {taken[0]} is already recorded in turn {self.turn_id!r}")
+        if self.shown is not None and self.entries.last_step(self.principal, self.turn_id, now, conn) >= steps[0]:
+            raise DuplicateKeyError  # a higher step appeared: these are no longer the next ones
 
 
 @dataclass

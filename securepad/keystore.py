@@ -58,11 +58,12 @@ class _WrapCounts:
         self._lock = threading.Lock()
         self._pending: dict[tuple[str, int], int] = {}
 
-    def take(self, key: tuple[str, int], every: int) -> int:
-        """The pending count to flush with the next write of ``key``, or 0 (not yet due)."""
+    def take(self, key: tuple[str, int], every: int, adding: int) -> int | None:
+        """The pending count to write with the next write of ``key`` (``adding``
+        wraps), or None (not yet due)."""
         with self._lock:
-            if self._pending.get(key, 0) + 1 < every:
-                return 0
+            if self._pending.get(key, 0) + adding < every:
+                return None
             return self._pending.pop(key, 0)
 
     def add(self, key: tuple[str, int], count: int) -> None:
@@ -288,18 +289,20 @@ class Keystore:
         *,
         attempts: int,
         busy: str,
+        count: int = 1,
     ) -> T:
         """Seal (outside any transaction) under the owner's newest key, then write
         in one transaction that checks the version is still the newest.
 
         ``seal(version, wrapper)`` builds the row; ``write(conn, sealed)``
         stores it and must check the version inside the transaction, before
-        its insert: ``check_version`` (``Entries.check_quota`` does it in the
+        its insert, with ``check_newest`` (``Entries.check_quota`` does, in the
         statement that reads the quota, with ``NEWEST_VERSION_SQL``). A
         rotation meanwhile (a stale version) or a unique-key collision
         (``DuplicateKeyError``: an id or sequence number taken) seals again,
-        at most ``attempts`` times. The wrap is counted in memory and added to
-        the key's row with every ``WRAP_FLUSH_EVERY``-th write.
+        at most ``attempts`` times. The ``count`` wraps (one per row) are
+        counted in memory and added to the key's row once ``WRAP_FLUSH_EVERY``
+        are pending.
 
         Raises:
             StoreBusyError: ``busy``, when every attempt lost a race.
@@ -307,14 +310,14 @@ class Keystore:
         version, wrapper = self.current(owner)
         for _ in range(attempts):
             sealed = seal(version, wrapper)
-            flush = self._wraps.take((owner, version), WRAP_FLUSH_EVERY)
+            flush = self._wraps.take((owner, version), WRAP_FLUSH_EVERY, count)
             try:
                 with self._db.transaction(owner) as conn:
                     result = write(conn, sealed)
-                    if flush:
-                        self.count_wraps(conn, owner, version, flush + 1)
+                    if flush is not None:
+                        self.count_wraps(conn, owner, version, flush + count)
             except BaseException as exc:
-                self._wraps.add((owner, version), flush)
+                self._wraps.add((owner, version), flush or 0)
                 if isinstance(exc, DuplicateKeyError):
                     continue
                 if not isinstance(exc, StaleOwnerKey):
@@ -323,15 +326,10 @@ class Keystore:
                 self.forget(owner)
                 version, wrapper = self.current(owner)
                 continue
-            if not flush:
-                self._wraps.add((owner, version), 1)
+            if flush is None:
+                self._wraps.add((owner, version), count)
             return result
         raise StoreBusyError(busy)
-
-    def check_version(self, conn: Conn, owner: str, version: int) -> None:
-        """Inside a write transaction: raise ``StaleOwnerKey`` unless ``version`` is the owner's newest."""
-        if self.newest_in(conn, owner) != version:
-            raise StaleOwnerKey
 
     @staticmethod
     def check_newest(newest: object, version: int) -> None:

@@ -21,6 +21,10 @@ __all__ = ["NOT_FOUND_MESSAGE", "Policy", "setting_sections"]
 NOT_FOUND_MESSAGE = "no such entry"
 
 SCOPES = ("owner", "owner+channel", "owner+channel+actor")
+# SQLite's synchronous setting in WAL mode (docs/reliability.md): "normal"
+# syncs the WAL at checkpoints (a power cut can lose the last commits),
+# "full" at every commit.
+DURABILITY = ("normal", "full")
 
 # (section, key) -> (type, minimum, maximum); every value is validated here.
 _LIMITS: dict[tuple[str, str], tuple[type, int, int]] = {
@@ -40,6 +44,10 @@ _FLAGS = {
     ("audit", "log_reads"),
     ("access", "allow_shared_files"),
     ("storage", "incremental_vacuum"),
+}
+# (section, key) -> the values it may take.
+_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("storage", "durability"): DURABILITY,
 }
 _SECTIONS = {"access", "limits", "audit", "storage"}
 
@@ -67,9 +75,11 @@ class Policy:
     # Adopt store files and directories others may read or write (a deliberate shared setup).
     allow_shared_files: bool = False
     # SQLite stores only (docs/reliability.md): the write-ahead log's bound,
-    # and whether gc gives freed pages back to the file system.
+    # whether gc gives freed pages back to the file system, and when a commit
+    # reaches the disk ("normal": at the next checkpoint; "full": before it returns).
     wal_limit_bytes: int = 256 * 1024 * 1024
     incremental_vacuum: bool = False
+    durability: str = "normal"
     name: str = "default"
 
     @classmethod
@@ -186,6 +196,11 @@ def _validate(section: str, key: str, value: Any) -> Any:
         if value not in SCOPES:
             raise PolicyError(f"access.scope must be one of {', '.join(SCOPES)}, not {value!r}")
         return value
+    choices = _CHOICES.get((section, key))
+    if choices is not None:
+        if value not in choices:
+            raise PolicyError(f"{section}.{key} must be one of {', '.join(map(repr, choices))}, not {value!r}")
+        return value
     if (section, key) in _FLAGS:
         if not isinstance(value, bool):
             raise PolicyError(f"{section}.{key} must be true or false, not {value!r}")
@@ -203,7 +218,7 @@ def _validate(section: str, key: str, value: Any) -> Any:
 
 def setting_sections() -> dict[str, str]:
     """Every setting a policy file may hold besides ``access.scope``: its key and its section."""
-    return {key: section for section, key in (*_LIMITS, *_FLAGS)}
+    return {key: section for section, key in (*_LIMITS, *_FLAGS, *_CHOICES)}
 
 
 def _is_name(value: str) -> bool:

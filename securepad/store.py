@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,6 +182,26 @@ class Scratchpad:
         return self._entries.put(
             principal, turn_id, step_num, executor_name, observation, ttl_seconds, now=now, free_step=True
         )
+
+    def put_many(
+        self,
+        principal: Principal,
+        turn_id: str,
+        items: Sequence[tuple[int, str, Any]],
+        ttl_seconds: int | None = None,
+        *,
+        now: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """Store several observations of a turn, ``(step_num, executor_name,
+        observation)`` each (an agent's parallel tool calls), in one
+        transaction: all of them or none. Each is checked as ``put`` checks it
+        (a step given twice, or already live, refuses the batch); the quota
+        must hold the whole batch. Returns the views, in order.
+
+        Raises:
+            InvalidArgumentError, QuotaExceededError, StoreBusyError: as for ``put``.
+        """
+        return self._entries.put_many(principal, turn_id, items, ttl_seconds, now=now)
 
     def get(
         self, principal: Principal, scratchpad_id: str, *, now: float | None = None, turn_id: str | None = None
@@ -422,6 +442,7 @@ def _open_backend(where: Any, admin: Any, schema: str, policy: Policy) -> Backen
             Path(where),
             wal_limit_bytes=policy.wal_limit_bytes,
             incremental_vacuum=policy.incremental_vacuum,
+            durability=policy.durability,
             allow_shared=policy.allow_shared_files,
         )
     try:

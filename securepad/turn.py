@@ -19,7 +19,7 @@ import math
 import re
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import entries as _entries
@@ -224,6 +224,31 @@ class Turn:
             free_step=True,
         )
         return view if inline is None else inline[0]
+
+    def record_many(
+        self,
+        items: Sequence[tuple[str, Any]],
+        *,
+        ttl_seconds: int | None = None,
+        now: float | None = None,
+    ) -> list[Any]:
+        """Record several observations, ``(executor_name, observation)`` each
+        (an agent's parallel tool calls), at the turn's next steps (after its
+        highest live one, consecutively), in one transaction: all or none.
+        Returns what ``record`` returns for each, in order.
+
+        Raises:
+            InvalidArgumentError, QuotaExceededError, StoreBusyError: as for ``record``.
+        """
+        policy = self._entries.policy
+        return self._entries.put_many(
+            self.principal,
+            self.turn_id,
+            items,
+            ttl_seconds,
+            now=now,
+            shown=lambda observation, step: _inline(observation, step, policy),
+        )
 
     def history(self, *, now: float | None = None) -> list[Any]:
         """What the model saw of each live step of this turn, in step order,

@@ -9,12 +9,14 @@ the WAL file's size after a truncating checkpoint, ``crypto.WORK``.
 from __future__ import annotations
 
 import shutil
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import apsw
 import pytest
 
-from securepad import Keyring, Principal, Scratchpad, SecurepadError
+from securepad import Keyring, Policy, PolicyError, Principal, Scratchpad, SecurepadError
 from securepad.bench.costs import listing_costs, put_costs
 from securepad.keystore import WRAP_FLUSH_EVERY
 from securepad.store import sqlite_of
@@ -34,7 +36,7 @@ MAX_FRAMES = {4 * 1024: 10, 64 * 1024: 27}
 
 
 @pytest.fixture
-def filled(db_path: Path, keyring: Keyring) -> Scratchpad:
+def filled(db_path: Path, keyring: Keyring) -> Iterator[Scratchpad]:
     pad = Scratchpad.open(db_path, keyring=keyring)
     for step in range(200):
         pad.put(ALICE, f"turn-{step % 20}", step, "tool", "y" * 4096)
@@ -165,3 +167,37 @@ def test_a_failed_migration_leaves_the_old_store_as_it_was(tmp_path: Path) -> No
     with Scratchpad.open(path, keyring=keyring) as pad:
         assert _schema(path)[0] == 6
         assert pad.stats()["entries"] == before[2]
+
+
+# -- durability -----------------------------------------------------------------------------------
+
+
+def _synchronous(pad: Scratchpad) -> int:
+    return int(sqlite_of(pad).conn.execute("PRAGMA synchronous").fetchall()[0][0])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("durability", "synchronous"), [("normal", 1), ("full", 2)])
+def test_durability_sets_synchronous_on_every_connection(
+    db_path: Path, keyring: Keyring, durability: str, synchronous: int
+) -> None:
+    policy = Policy.from_dict({"access": {"scope": "owner"}, "storage": {"durability": durability}})
+    with Scratchpad.open(db_path, keyring=keyring, policy=policy) as pad:
+        assert pad.policy.durability == durability
+        assert _synchronous(pad) == synchronous
+        seen: list[int] = []
+        worker = threading.Thread(target=lambda: seen.append(_synchronous(pad)))  # another thread's connection
+        worker.start()
+        worker.join()
+        assert seen == [synchronous]
+        pad.put(ALICE, "t", 1, "tool", "kept")
+        assert pad.get(ALICE, pad.list_for_turn(ALICE, "t")[0]["scratchpad_id"]).observation == "kept"
+
+
+def test_the_default_durability_is_normal() -> None:
+    assert Policy.default().durability == "normal"
+
+
+@pytest.mark.parametrize("value", ["off", "FULL", 2, True, ""])
+def test_an_unknown_durability_is_refused(value: object) -> None:
+    with pytest.raises(PolicyError, match="storage.durability"):
+        Policy.from_dict({"access": {"scope": "owner"}, "storage": {"durability": value}})

@@ -88,6 +88,7 @@ def test_default_policy_values() -> None:
         "allow_shared_files": False,
         "wal_limit_bytes": 268435456,
         "incremental_vacuum": False,
+        "durability": "normal",
         "name": "default",
     }
 
