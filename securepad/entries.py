@@ -908,10 +908,10 @@ def _live(rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
     """The rows that expire after ``now``.
 
     Filtered here rather than by ``expires_at > ?`` in the query: given that
-    range, SQLite (which has no statistics unless ANALYZE ran) walks
-    ``entries_owner_usage``, every live entry of the owner, instead of the
-    turn's part of ``entries_owner_turn``, and a turn's lookups grow with
-    all of the owner's turns.
+    range, SQLite (which has no statistics unless ANALYZE ran) walked
+    ``entries_owner_usage`` (on PostgreSQL still there; on SQLite gone since
+    schema 6), every live entry of the owner, instead of the turn's part of
+    ``entries_owner_turn``, and a turn's lookups grew with all of the owner's turns.
 
     Raises:
         IntegrityError: a clear expiry that is not a number (such a row used

@@ -199,5 +199,5 @@ def test_the_default_durability_is_normal() -> None:
 
 @pytest.mark.parametrize("value", ["off", "FULL", 2, True, ""])
 def test_an_unknown_durability_is_refused(value: object) -> None:
-    with pytest.raises(PolicyError, match="storage.durability"):
+    with pytest.raises(PolicyError, match=r"storage\.durability"):
         Policy.from_dict({"access": {"scope": "owner"}, "storage": {"durability": value}})
