@@ -226,7 +226,7 @@ class _Grep:
                 if number <= self.after_until:  # which shows a matching line as context ("N-line")
                     self.resume_at = self.resume_at or number
                     continue
-                self._stop(min(self.resume_at or number, self.after_until + 1))
+                self.stop(min(self.resume_at or number, self.after_until + 1))
                 return
             for before in range(max(self.out.last_shown + 1, number - self.context, self.first), number):
                 text = line(before) if before >= base else dict(self.tail)[before]
@@ -241,16 +241,16 @@ class _Grep:
             stop = self.budget_line
             if self.reached and self.after_until < stop:  # max_matches and its context were shown: not the budget
                 if self._context_until(stop - 1, base, line):
-                    self._stop(min(self.resume_at or stop, self.after_until + 1))
+                    self.stop(min(self.resume_at or stop, self.after_until + 1))
                 return
             if self._context_until(stop - 1, base, line):
                 self.out_of_budget = True
-                self._stop(min(self.resume_at or stop, stop))
+                self.stop(min(self.resume_at or stop, stop))
             return
         if not self._context_until(top, base, line):
             return
         if self.reached and self.after_until < top:
-            self._stop(min(self.resume_at or top, self.after_until + 1))
+            self.stop(min(self.resume_at or top, self.after_until + 1))
             return
         self.searched_to = top
         if self.last is not None and top >= self.last:
@@ -332,10 +332,10 @@ class _Grep:
         if self.out.show(number, text, self.lengths.get(number, len(text)), mark, span):
             return True
         self.capped = True
-        self._stop(number)
+        self.stop(number)
         return False
 
-    def _stop(self, next_line: int) -> None:
+    def stop(self, next_line: int) -> None:
         self.next_line, self.done = next_line, True
         self.searched_to = max(self.searched_to, next_line - 1)
 
@@ -361,6 +361,26 @@ def grep(
     result: ``budget_exhausted`` true and ``next_line`` where to go on."""
     budget = GREP_TIME_BUDGET_S if budget_s is None else budget_s
     state = _Grep(*regexes, max_matches, context, first, last, cap, budget)
+    long_lines = _search_segments(content, state, start_segment, start_number)
+    if state.resume_at and state.next_line is None:
+        state.stop(state.resume_at)  # the content ended inside the last match's trailing context
+    shown = "\n".join(state.out.rows)
+    metadata = _metadata(content, state, pattern, shown)
+    hint = _hint(state, budget, max_matches, cap, long_lines)
+    if hint is not None:
+        metadata["hint"] = hint
+    if long_lines:
+        metadata["long_lines"] = long_lines
+    if state.out.shortened:
+        metadata["lines_shortened"] = state.out.shortened
+    return {"ok": True, "content": shown, "metadata": metadata}
+
+
+def _search_segments(content: SegmentedContent, state: _Grep, start_segment: int, start_number: int) -> int:
+    """Feed ``state`` the content's lines, segment by segment, as blocks of whole
+    lines (a line that straddles segments is carried over, cut to
+    ``GREP_LINE_LIMIT`` characters); returns how many lines in the searched
+    range were longer than that limit (searched only in their first part)."""
     number = start_number
     carry = ""  # the kept part of the line that goes on into the next segment
     extra = 0  # characters of that line beyond GREP_LINE_LIMIT, dropped
@@ -391,7 +411,7 @@ def grep(
             block = chunk[:cut].replace("\r\n", "\n").translate(_TO_NEWLINE)
             state.feed(block, number)
             if state.done:
-                break
+                return long_lines
             number += block.count("\n")
         carry = chunk[cut:]
         pending_cr = seq < total - 1 and carry.endswith("\r")
@@ -400,63 +420,67 @@ def grep(
             extra += len(body) - GREP_LINE_LIMIT
             carry = body[:GREP_LINE_LIMIT] + ("\r" if pending_cr else "")
             skipping = not pending_cr
-    else:
-        if carry:  # the last line, without a line break
-            if extra:
-                state.lengths[number] = len(carry) + extra
-                long_lines += state.first <= number <= (state.last or number)
-            state.feed(carry.translate(_TO_NEWLINE) + "\n", number)
-    if state.resume_at and state.next_line is None:
-        state._stop(state.resume_at)  # the content ended inside the last match's trailing context
-    shown = "\n".join(state.out.rows)
+    if carry:  # the last line, without a line break
+        if extra:
+            state.lengths[number] = len(carry) + extra
+            long_lines += state.first <= number <= (state.last or number)
+        state.feed(carry.translate(_TO_NEWLINE) + "\n", number)
+    return long_lines
+
+
+def _metadata(content: SegmentedContent, state: _Grep, pattern: str, shown: str) -> dict[str, Any]:
+    """The result's metadata: what was searched, what matched, where to go on."""
     complete = state.next_line is None
-    stopped = state.reached and not complete and not state.capped
-    metadata: dict[str, Any] = {
+    total_lines: int | None = content.line_count
+    if total_lines is None:
+        total_lines = state.searched_to if complete and state.last is None else None
+    return {
         "mode": "grep",
         "kind": content.kind,
         "unit": "characters",
         "pattern": pattern,
         "size_full": content.size,
-        "total_lines": content.line_count
-        if content.line_count is not None
-        else (state.searched_to if complete and last is None else None),
-        "start_line": first,
+        "total_lines": total_lines,
+        "start_line": state.first,
         "searched_to_line": state.searched_to,
         "matches": len(state.matches),
         "match_lines": state.matches,
         "size_returned": len(shown),
         "truncated": not complete,
         "capped": state.capped,
-        "stopped_at_max_matches": stopped,
+        "stopped_at_max_matches": _stopped(state),
         "next_line": state.next_line,
         "budget_exhausted": state.out_of_budget,
         "bytes_scanned": state.bytes_scanned,
         "re2_calls": state.re2_calls,
     }
+
+
+def _stopped(state: _Grep) -> bool:
+    """The search stopped at ``max_matches`` (not at the end, the cap or the budget)."""
+    return state.reached and state.next_line is not None and not state.capped
+
+
+def _hint(state: _Grep, budget: float, max_matches: int, cap: int, long_lines: int) -> str | None:
+    """What the model should do next, the first that applies: go on after the
+    budget, the match limit or the cap, or read long or shortened lines whole."""
     if state.out_of_budget:
-        metadata["hint"] = (
-            f"stopped after the grep work budget of {budget:g} s, having searched lines {first}"
+        return (
+            f"stopped after the grep work budget of {budget:g} s, having searched lines {state.first}"
             f" to {state.searched_to}; search on with mode='grep', start={state.next_line}"
         )
-    elif stopped:
-        metadata["hint"] = (
+    if _stopped(state):
+        return (
             f"stopped after max_matches={max_matches} matching lines;"
             f" search on with mode='grep', start={state.next_line}"
         )
-    elif state.capped:
-        metadata["hint"] = (
-            f"cut to the read cap of {cap} characters; continue with mode='grep', start={state.next_line}"
-        )
+    if state.capped:
+        return f"cut to the read cap of {cap} characters; continue with mode='grep', start={state.next_line}"
     if long_lines:
-        metadata["long_lines"] = long_lines
-        metadata.setdefault(
-            "hint",
+        return (
             f"{long_lines} line(s) longer than {GREP_LINE_LIMIT} characters were searched only in their first"
-            f" {GREP_LINE_LIMIT} characters; read them with mode='lines' or mode='range'",
+            f" {GREP_LINE_LIMIT} characters; read them with mode='lines' or mode='range'"
         )
     if state.out.shortened:
-        metadata["lines_shortened"] = state.out.shortened
-        metadata.setdefault(
-            "hint", "long lines are shown as a window around the match; read them whole with mode='lines'"
-        )
-    return {"ok": True, "content": shown, "metadata": metadata}
+        return "long lines are shown as a window around the match; read them whole with mode='lines'"
+    return None

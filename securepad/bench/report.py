@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -63,99 +63,12 @@ def markdown(results: Results) -> str:
     """Every workload's table, then the targets."""
     w = results["workloads"]
     out: list[str] = []
-    if w.get("put"):
-        out.append("### put: sequential, one process, one entry per put\n")
-        out.append(
-            _table(
-                ["backend", "size", *FIG, "ops/s", "MB/s"],
-                (
-                    [
-                        r["backend"],
-                        r["case"],
-                        *_figures(r["stats"]),
-                        fmt_rate(r["stats"]["ops_per_s"]),
-                        fmt_rate(r["stats"]["mb_per_s"]),
-                    ]
-                    for r in w["put"]
-                ),
-            )
-        )
-    if w.get("read"):
-        out.append("\n### read: 2000 characters, fresh process per entry; peak RSS above the process's resting RSS\n")
-        out.append(
-            _table(
-                ["backend", "read", *FIG, "ops/s", "peak RSS Δ"],
-                (
-                    [
-                        r["backend"],
-                        r["case"],
-                        *_figures(r["stats"]),
-                        fmt_rate(r["stats"]["ops_per_s"]),
-                        fmt_kib(r["peak_rss_delta_kib"]),
-                    ]
-                    for r in w["read"]
-                ),
-            )
-        )
-    if w.get("concurrent"):
-        out.append("\n### concurrent: 50/50 put/read of 4 KiB entries, processes x threads, fixed time\n")
-        rows = []
-        for r in w["concurrent"]:
-            for op in ("put", "read"):
-                rows.append(
-                    [
-                        r["backend"],
-                        r["case"],
-                        op,
-                        *_figures(r[op]),
-                        fmt_rate(r[op]["ops_per_s"]),
-                        fmt_rate(r["stats"]["ops_per_s"]) if op == "put" else "",
-                        str(r["error_count"]) if op == "put" else "",
-                        str(r["lost_writes"]) if op == "put" else "",
-                    ]
-                )
-        out.append(_table(["backend", "PxT", "op", *FIG, "op/s", "total ops/s", "errors", "lost writes"], rows))
-        errors = [(r["backend"], r["case"], k, v) for r in w["concurrent"] for k, v in r["errors"].items()]
-        if errors:
-            out.append("\nerrors: " + "; ".join(f"{b} {c}: {v}x {k}" for b, c, k, v in errors))
-    if w.get("resume"):
-        out.append("\n### resume: a fresh process opens the store, history and tools ready\n")
-        out.append(
-            _table(
-                ["backend", "turn", *FIG, "resumes/s", "peak RSS Δ", "how"],
-                (
-                    [
-                        r["backend"],
-                        r["case"],
-                        *_figures(r["stats"]),
-                        fmt_rate(r["stats"]["ops_per_s"]),
-                        fmt_kib(r["peak_rss_delta_kib"]),
-                        r.get("api") or "SELECT by turn",
-                    ]
-                    for r in w["resume"]
-                ),
-            )
-        )
-    if w.get("gc"):
-        out.append("\n### gc: delete expired entries (one run each; securepad also zeroes and truncates the WAL)\n")
-        out.append(
-            _table(
-                ["backend", "entries", "time", "entries/s"],
-                (
-                    [r["backend"], r["case"], fmt_time(r["stats"]["max"]), fmt_rate(r["stats"]["ops_per_s"])]
-                    for r in w["gc"]
-                ),
-            )
-        )
-    if w.get("open"):
-        out.append("\n### open: an existing store, ready to serve\n")
-        out.append(
-            _table(
-                ["backend", "key source", *FIG],
-                ([r["backend"], r["case"], *_figures(r["stats"])] for r in w["open"]),
-            )
-        )
-    out += hotpath_report.markdown(w.get("hotpath", []))
+    for name, (heading, section) in _SECTIONS.items():
+        if w.get(name):
+            # put comes first: no blank line above its heading.
+            out.append(("" if name == "put" else "\n") + f"### {heading}\n")
+            out.extend(section(w[name]))
+    out += hotpath_report.markdown(w.get("hotpath", []))  # its own headings, one per part
     if results.get("targets"):
         out.append("\n### targets (ratios measured in this run)\n")
         out.append(
@@ -170,6 +83,98 @@ def markdown(results: Results) -> str:
     if results.get("skipped"):
         out.append("\nskipped: " + "; ".join(f"{s['backend']}: {s['reason']}" for s in results["skipped"]))
     return "\n".join(out) + "\n"
+
+
+def _put_table(records: list[dict[str, Any]]) -> list[str]:
+    rows = (
+        [
+            r["backend"],
+            r["case"],
+            *_figures(r["stats"]),
+            fmt_rate(r["stats"]["ops_per_s"]),
+            fmt_rate(r["stats"]["mb_per_s"]),
+        ]
+        for r in records
+    )
+    return [_table(["backend", "size", *FIG, "ops/s", "MB/s"], rows)]
+
+
+def _read_table(records: list[dict[str, Any]]) -> list[str]:
+    rows = (
+        [
+            r["backend"],
+            r["case"],
+            *_figures(r["stats"]),
+            fmt_rate(r["stats"]["ops_per_s"]),
+            fmt_kib(r["peak_rss_delta_kib"]),
+        ]
+        for r in records
+    )
+    return [_table(["backend", "read", *FIG, "ops/s", "peak RSS Δ"], rows)]
+
+
+def _concurrent_table(records: list[dict[str, Any]]) -> list[str]:
+    """One row per operation (put, read); the totals, errors and lost writes on the put row."""
+    rows = []
+    for r in records:
+        for op in ("put", "read"):
+            rows.append(
+                [
+                    r["backend"],
+                    r["case"],
+                    op,
+                    *_figures(r[op]),
+                    fmt_rate(r[op]["ops_per_s"]),
+                    fmt_rate(r["stats"]["ops_per_s"]) if op == "put" else "",
+                    str(r["error_count"]) if op == "put" else "",
+                    str(r["lost_writes"]) if op == "put" else "",
+                ]
+            )
+    out = [_table(["backend", "PxT", "op", *FIG, "op/s", "total ops/s", "errors", "lost writes"], rows)]
+    errors = [(r["backend"], r["case"], k, v) for r in records for k, v in r["errors"].items()]
+    if errors:
+        out.append("\nerrors: " + "; ".join(f"{b} {c}: {v}x {k}" for b, c, k, v in errors))
+    return out
+
+
+def _resume_table(records: list[dict[str, Any]]) -> list[str]:
+    rows = (
+        [
+            r["backend"],
+            r["case"],
+            *_figures(r["stats"]),
+            fmt_rate(r["stats"]["ops_per_s"]),
+            fmt_kib(r["peak_rss_delta_kib"]),
+            r.get("api") or "SELECT by turn",
+        ]
+        for r in records
+    )
+    return [_table(["backend", "turn", *FIG, "resumes/s", "peak RSS Δ", "how"], rows)]
+
+
+def _gc_table(records: list[dict[str, Any]]) -> list[str]:
+    rows = ([r["backend"], r["case"], fmt_time(r["stats"]["max"]), fmt_rate(r["stats"]["ops_per_s"])] for r in records)
+    return [_table(["backend", "entries", "time", "entries/s"], rows)]
+
+
+def _open_table(records: list[dict[str, Any]]) -> list[str]:
+    return [
+        _table(["backend", "key source", *FIG], ([r["backend"], r["case"], *_figures(r["stats"])] for r in records))
+    ]
+
+
+# workload -> (heading, its table), in the order markdown shows them.
+_SECTIONS: dict[str, tuple[str, Callable[[list[dict[str, Any]]], list[str]]]] = {
+    "put": ("put: sequential, one process, one entry per put", _put_table),
+    "read": (
+        "read: 2000 characters, fresh process per entry; peak RSS above the process's resting RSS",
+        _read_table,
+    ),
+    "concurrent": ("concurrent: 50/50 put/read of 4 KiB entries, processes x threads, fixed time", _concurrent_table),
+    "resume": ("resume: a fresh process opens the store, history and tools ready", _resume_table),
+    "gc": ("gc: delete expired entries (one run each; securepad also zeroes and truncates the WAL)", _gc_table),
+    "open": ("open: an existing store, ready to serve", _open_table),
+}
 
 
 def _verdict(passed: bool | None) -> str:
@@ -189,98 +194,107 @@ def _find(records: list[dict[str, Any]], backend: str, **match: Any) -> dict[str
 def targets(results: Results) -> list[dict[str, Any]]:
     """The issue's targets, each a ratio of two figures from this run."""
     w = results["workloads"]
+    return [
+        *_put_targets(w.get("put", [])),
+        *_read_targets(w.get("read", [])),
+        *_concurrent_targets(w.get("concurrent", [])),
+        *_resume_targets(w.get("resume", [])),
+        *_hotpath_targets(w.get("hotpath", [])),
+    ]
+
+
+def _hotpath_targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
+    hotpath_report.targets(records, lambda *target: found.append(_target(*target)))
+    return found
 
-    def add(target: str, measured: str | None, passed: bool | None, value: float | None = None) -> None:
-        found.append(
-            {"target": target, "measured": measured or "not measured in this run", "passed": passed, "value": value}
-        )
 
-    puts = w.get("put", [])
+def _target(target: str, measured: str | None, passed: bool | None, value: float | None = None) -> dict[str, Any]:
+    """One target's line; ``measured`` None: a figure it needs is not in this run."""
+    return {"target": target, "measured": measured or "not measured in this run", "passed": passed, "value": value}
+
+
+def _put_targets(puts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """securepad's put rate against raw plaintext (per size) and against the unhardened store."""
+    found = []
     for size, floor in ((4096, 0.5), (65536, 0.8), (MiB, 0.85)):
+        name = f"put {size_label(size)}: securepad >= {floor}x raw plaintext"
         sp, raw = _find(puts, "securepad", size_bytes=size), _find(puts, "raw-apsw", size_bytes=size)
         if sp and raw:
             ratio = sp["stats"]["ops_per_s"] / raw["stats"]["ops_per_s"]
-            add(f"put {size_label(size)}: securepad >= {floor}x raw plaintext", f"{ratio:.2f}x", ratio >= floor, ratio)
+            found.append(_target(name, f"{ratio:.2f}x", ratio >= floor, ratio))
         else:
-            add(f"put {size_label(size)}: securepad >= {floor}x raw plaintext", None, None)
+            found.append(_target(name, None, None))
     for sp in (r for r in puts if r["backend"] == "securepad"):
         un = _find(puts, "unhardened", size_bytes=sp["size_bytes"])
         if un:
             ratio = sp["stats"]["ops_per_s"] / un["stats"]["ops_per_s"]
-            add(f"put {sp['case']}: securepad above unhardened", f"{ratio:.2f}x", ratio > 1, ratio)
+            found.append(_target(f"put {sp['case']}: securepad above unhardened", f"{ratio:.2f}x", ratio > 1, ratio))
+    return found
 
-    reads = w.get("read", [])
+
+def _read_targets(reads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tail of a 100 MiB entry: against 64 KiB, against the unhardened store, its memory."""
     big = _find(reads, "securepad", mode="tail", entry_bytes=100 * MiB)
     ref = _find(reads, "securepad", mode="tail", entry_bytes=64 * 1024)
     un_big = _find(reads, "unhardened", mode="tail", entry_bytes=100 * MiB)
+    found = []
+    name = "tail 2000 of 100 MiB within 3x of the same read on 64 KiB (median)"
     if big and ref:
         ratio = big["stats"]["median"] / ref["stats"]["median"]
-        add(
-            "tail 2000 of 100 MiB within 3x of the same read on 64 KiB (median)",
-            f"{ratio:.2f}x ({fmt_time(big['stats']['median'])} vs {fmt_time(ref['stats']['median'])})",
-            ratio <= 3,
-            ratio,
-        )
+        times = f"({fmt_time(big['stats']['median'])} vs {fmt_time(ref['stats']['median'])})"
+        found.append(_target(name, f"{ratio:.2f}x {times}", ratio <= 3, ratio))
     else:
-        add("tail 2000 of 100 MiB within 3x of the same read on 64 KiB (median)", None, None)
+        found.append(_target(name, None, None))
+    name = "tail 2000 of 100 MiB >= 100x faster than unhardened (median)"
     if big and un_big:
         ratio = un_big["stats"]["median"] / big["stats"]["median"]
-        add(
-            "tail 2000 of 100 MiB >= 100x faster than unhardened (median)",
-            f"{ratio:,.0f}x ({fmt_time(un_big['stats']['median'])} vs {fmt_time(big['stats']['median'])})",
-            ratio >= 100,
-            ratio,
-        )
+        times = f"({fmt_time(un_big['stats']['median'])} vs {fmt_time(big['stats']['median'])})"
+        found.append(_target(name, f"{ratio:,.0f}x {times}", ratio >= 100, ratio))
     else:
-        add("tail 2000 of 100 MiB >= 100x faster than unhardened (median)", None, None)
+        found.append(_target(name, None, None))
+    name = "tail 2000 of 100 MiB: < 4 MiB extra peak memory"
     if big:
         kib = big["peak_rss_delta_kib"]
-        add("tail 2000 of 100 MiB: < 4 MiB extra peak memory", fmt_kib(kib), kib < 4 * 1024, kib)
+        found.append(_target(name, fmt_kib(kib), kib < 4 * 1024, kib))
     else:
-        add("tail 2000 of 100 MiB: < 4 MiB extra peak memory", None, None)
+        found.append(_target(name, None, None))
+    return found
 
-    conc = w.get("concurrent", [])
+
+def _concurrent_targets(conc: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """2 processes x 4 threads: no errors, no lost writes, put latency, throughput against raw plaintext."""
     sp, raw = _find(conc, "securepad", case="2x4"), _find(conc, "raw-apsw", case="2x4")
     labels = ("2x4: 0 errors", "2x4: 0 lost writes", "2x4: put p99 <= 20 ms", "2x4: put max <= 200 ms")
     if sp:
-        add(labels[0], str(sp["error_count"]), sp["error_count"] == 0, sp["error_count"])
-        add(
-            labels[1],
-            f"{sp['lost_writes']} of {sp['acked_puts']} acknowledged",
-            sp["lost_writes"] == 0,
-            sp["lost_writes"],
-        )
-        add(labels[2], fmt_time(sp["put"]["p99"]), sp["put"]["p99"] <= 0.020, sp["put"]["p99"])
-        add(labels[3], fmt_time(sp["put"]["max"]), sp["put"]["max"] <= 0.200, sp["put"]["max"])
+        lost = f"{sp['lost_writes']} of {sp['acked_puts']} acknowledged"
+        found = [
+            _target(labels[0], str(sp["error_count"]), sp["error_count"] == 0, sp["error_count"]),
+            _target(labels[1], lost, sp["lost_writes"] == 0, sp["lost_writes"]),
+            _target(labels[2], fmt_time(sp["put"]["p99"]), sp["put"]["p99"] <= 0.020, sp["put"]["p99"]),
+            _target(labels[3], fmt_time(sp["put"]["max"]), sp["put"]["max"] <= 0.200, sp["put"]["max"]),
+        ]
     else:
-        for label in labels:
-            add(label, None, None)
+        found = [_target(label, None, None) for label in labels]
+    name = "2x4: throughput >= 0.5x raw plaintext"
     if sp and raw:
         ratio = sp["stats"]["ops_per_s"] / raw["stats"]["ops_per_s"]
-        add(
-            "2x4: throughput >= 0.5x raw plaintext",
-            f"{ratio:.2f}x ({sp['stats']['ops_per_s']:,.0f} vs {raw['stats']['ops_per_s']:,.0f} ops/s)",
-            ratio >= 0.5,
-            ratio,
-        )
+        rates = f"({sp['stats']['ops_per_s']:,.0f} vs {raw['stats']['ops_per_s']:,.0f} ops/s)"
+        found.append(_target(name, f"{ratio:.2f}x {rates}", ratio >= 0.5, ratio))
     else:
-        add("2x4: throughput >= 0.5x raw plaintext", None, None)
+        found.append(_target(name, None, None))
+    return found
 
-    resumes = w.get("resume", [])
+
+def _resume_targets(resumes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Resuming a 1000-step turn against listing it from the unhardened store."""
     sp, un = _find(resumes, "securepad", steps=1000), _find(resumes, "unhardened", steps=1000)
+    name = "resume 1000 steps within 5x of listing them from unhardened (median)"
     if sp and un:
         ratio = sp["stats"]["median"] / un["stats"]["median"]
-        add(
-            "resume 1000 steps within 5x of listing them from unhardened (median)",
-            f"{ratio:.2f}x ({fmt_time(sp['stats']['median'])} vs {fmt_time(un['stats']['median'])})",
-            ratio <= 5,
-            ratio,
-        )
-    else:
-        add("resume 1000 steps within 5x of listing them from unhardened (median)", None, None)
-    hotpath_report.targets(w.get("hotpath", []), add)
-    return found
+        times = f"({fmt_time(sp['stats']['median'])} vs {fmt_time(un['stats']['median'])})"
+        return [_target(name, f"{ratio:.2f}x {times}", ratio <= 5, ratio)]
+    return [_target(name, None, None)]
 
 
 # -- files -------------------------------------------------------------------------------------

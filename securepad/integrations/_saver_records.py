@@ -1,0 +1,365 @@
+"""The sealed records under ``SecurepadSaver``: checkpoints, pending writes,
+channel values (blobs) and the owner's thread list as securepad entries.
+
+This layer knows where each record lives (its turn, its executor), checks
+that what it lists or opens is the saver's own record for the place it was
+found, keeps big values and the thread list alive, and deletes. It handles
+bytes and sealed metadata only: the serializer (``serde``) belongs to the
+saver's face, which LangGraph may clone with another one
+(``BaseCheckpointSaver.with_allowlist``). See ``langgraph_saver`` for the
+layout.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .._steps import put_next
+from ..errors import ExpiredError, IntegrityError, NotFoundError
+from ..principal import Principal
+from ..store import Scratchpad
+
+__all__ = [
+    "BLOB",
+    "CHECKPOINT",
+    "FORMAT",
+    "THREAD",
+    "TURN_PREFIX",
+    "WRITE",
+    "Loads",
+    "SaverRecords",
+    "Stored",
+    "ThreadList",
+    "expect",
+    "newest_per_namespace",
+    "sealed",
+    "turn_id",
+]
+
+# Every turn the saver uses starts with this; see SECURITY.md for what it reserves.
+TURN_PREFIX = "securepad.langgraph:"
+# Checkpoints and writes serialized at most this large are kept in the entry's
+# sealed metadata (see sealed); larger ones are its content.
+META_DATA_BYTES = 4 * 1024
+CHECKPOINT = "langgraph.checkpoint"
+WRITE = "langgraph.write"
+BLOB = "langgraph.blob"
+THREAD = "langgraph.thread"
+FORMAT = 1
+# The saver's ``serde.loads_typed``: (type, serialized form) -> the value.
+Loads = Callable[[tuple[str, bytes]], Any]
+
+
+def turn_id(kind: str, *parts: Any) -> str:
+    """The turn that holds ``kind`` entries for ``parts`` (a thread, a checkpoint, a channel version)."""
+    digest = hashlib.sha256(json.dumps([kind, *parts], separators=(",", ":")).encode()).hexdigest()
+    return f"{TURN_PREFIX}{kind}:{digest}"
+
+
+@dataclass(frozen=True)
+class Stored:
+    """An entry as ``list_for_turn`` shows it: id, expiry and the sealed metadata."""
+
+    scratchpad_id: str
+    expires_at: float
+    meta: dict[str, Any]
+
+
+def sealed(meta: dict[str, Any], data: bytes) -> dict[str, Any]:
+    """The observation to put: small data travels in the sealed metadata (a
+    turn's listing then brings it, with no read per entry), the rest as content."""
+    if len(data) <= META_DATA_BYTES:
+        return {"content": b"", "metadata": {**meta, "data": base64.b64encode(data).decode("ascii")}}
+    return {"content": data, "metadata": meta}
+
+
+def newest_per_namespace(listed: list[Stored]) -> list[Stored]:
+    """Each namespace's newest checkpoint among ``listed``."""
+    newest: dict[str, Stored] = {}
+    for stored in listed:
+        current = newest.get(stored.meta["ns"])
+        if current is None or stored.meta["checkpoint_id"] > current.meta["checkpoint_id"]:
+            newest[stored.meta["ns"]] = stored
+    return list(newest.values())
+
+
+def expect(meta: Mapping[str, Any], **fields: Any) -> None:
+    """The sealed fields of an entry must name what it was looked up for: an
+    entry found elsewhere was moved there, which its turn binding already
+    refuses; this also catches the astronomically unlikely hash collision."""
+    for name, value in fields.items():
+        if name not in meta or meta[name] != value:
+            raise IntegrityError(f"a stored entry's sealed {name} does not match where it was found")
+
+
+class SaverRecords:
+    """Checkpoint, write and value entries of one ``Scratchpad``, for any owner.
+
+    Raises (from every method): ``IntegrityError`` when an entry fails
+    authentication, is missing although a checkpoint refers to it, or is not
+    the saver's record for where it was found; ``QuotaExceededError`` and
+    ``StoreBusyError`` from writes, as for ``Scratchpad.put``.
+    """
+
+    def __init__(self, pad: Scratchpad, ttl_seconds: int, clock: Callable[[], float]) -> None:
+        self.pad = pad
+        self.ttl_seconds = ttl_seconds
+        self.clock = clock
+        self._lock = threading.Lock()
+        # (owner, thread, ns, channel, version) -> the value's entry, or None when it is inline.
+        self._values: dict[tuple[str, str, str, str, str], Stored | None] = {}
+
+    # -- reading -------------------------------------------------------------------
+
+    def listed(self, principal: Principal, turn: str, executor: str) -> list[Stored]:
+        """The live entries of ``turn``, all of which must be the saver's ``executor`` entries."""
+        stored = []
+        for item in self.pad.list_for_turn(principal, turn, now=self.clock()):
+            meta = item["view"].get("metadata") or {}
+            if "metadata" in item["view"].get("view_cut", ()):
+                # The view fits the policy's inline_max_chars (what a model may see): the entry has it whole.
+                meta, _ = self.content(principal, item["scratchpad_id"], f"an entry of the saver's turn {turn}")
+            if item["executor_name"] != executor or meta.get("format") != FORMAT:
+                raise IntegrityError(f"an entry in the saver's turn {turn} is not one of its {executor} entries")
+            stored.append(Stored(item["scratchpad_id"], float(item["expires_at"]), meta))
+        return stored
+
+    def content(self, principal: Principal, scratchpad_id: str, what: str) -> tuple[dict[str, Any], bytes]:
+        """An entry's sealed metadata and content. A live checkpoint's part that is
+        gone was deleted under it: that is tampering, not absence."""
+        try:
+            entry = self.pad.get(principal, scratchpad_id, now=self.clock())
+        except ExpiredError:
+            raise IntegrityError(f"{what} expired before the checkpoint that refers to it") from None
+        except NotFoundError:
+            raise IntegrityError(f"{what} is missing from the store") from None
+        observation = entry.observation
+        if not isinstance(observation, dict) or not isinstance(observation.get("content"), bytes):
+            raise IntegrityError(f"{what} is not an entry the saver wrote")
+        return observation.get("metadata") or {}, observation["content"]
+
+    def payload(self, principal: Principal, stored: Stored, what: str) -> bytes:
+        """What an entry holds: in its sealed metadata when small (listing the
+        turn brought it already), else its content."""
+        if "data" in stored.meta:
+            return base64.b64decode(stored.meta["data"])
+        meta, content = self.content(principal, stored.scratchpad_id, what)
+        if meta != stored.meta:
+            raise IntegrityError(f"{what} changed while it was read")
+        return content
+
+    def checkpoints(self, principal: Principal, thread_id: str) -> list[Stored]:
+        """The live checkpoint entries of a thread, their sealed metadata checked."""
+        listed = self.listed(principal, turn_id("thread", thread_id), CHECKPOINT)
+        for stored in listed:
+            expect(stored.meta, thread_id=thread_id)
+        return listed
+
+    def writes(self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str) -> list[Stored]:
+        """The live pending-write entries of a checkpoint, their sealed metadata checked."""
+        listed = self.listed(principal, turn_id("writes", thread_id, ns, checkpoint_id), WRITE)
+        for stored in listed:
+            expect(stored.meta, thread_id=thread_id, ns=ns, checkpoint_id=checkpoint_id)
+        return listed
+
+    def pending_writes(
+        self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str, loads: Loads
+    ) -> list[tuple[str, str, Any]]:
+        """A checkpoint's pending writes as LangGraph wants them: (task id, channel,
+        value), in the order it applies them; ``loads`` is the saver's ``serde.loads_typed``."""
+        writes = []
+        for stored in self.writes(principal, thread_id, ns, checkpoint_id):
+            meta = stored.meta
+            for idx, channel, value in self.write_items(principal, stored, loads):
+                writes.append(((meta["task_path"], meta["task_id"], idx), (meta["task_id"], channel, value)))
+        # LangGraph applies a step's writes in this order (see langgraph's writes_sort_key).
+        writes.sort(key=lambda pair: pair[0])
+        return [write for _, write in writes]
+
+    def write_items(self, principal: Principal, stored: Stored, loads: Loads) -> list[tuple[int, str, Any]]:
+        """The (idx, channel, value) writes of one put_writes entry."""
+        items = loads((stored.meta["type"], self.payload(principal, stored, "a pending write")))
+        found = [(int(idx), str(channel), value) for idx, channel, value in items]
+        if [idx for idx, _, _ in found] != stored.meta["idxs"]:
+            raise IntegrityError("a pending write entry does not hold the writes its metadata names")
+        return found
+
+    def value_content(
+        self, principal: Principal, thread_id: str, ns: str, channel: str, version: Any, value_id: str
+    ) -> tuple[dict[str, Any], bytes]:
+        """A big channel value's sealed metadata and serialized form, checked to be
+        the value of ``(thread_id, ns, channel, version)``."""
+        meta, data = self.content(principal, value_id, f"the value of channel {channel!r}")
+        expect(meta, thread_id=thread_id, ns=ns, channel=channel, version=version)
+        return meta, data
+
+    # -- writing -------------------------------------------------------------------
+
+    def put(
+        self, principal: Principal, turn: str, executor: str, observation: Any, ttl: int, now: float
+    ) -> dict[str, Any]:
+        """Put an entry at its turn's next step (``_steps.put_next``); returns its view."""
+        return put_next(self.pad, principal, turn, executor, observation, ttl, now=now)
+
+    def put_value(
+        self,
+        principal: Principal,
+        thread_id: str,
+        ns: str,
+        channel: str,
+        version: Any,
+        kind: str,
+        data: bytes,
+        now: float,
+    ) -> Stored:
+        """Store a big channel value as an entry of its own, and remember it."""
+        meta = {
+            "format": FORMAT,
+            "thread_id": thread_id,
+            "ns": ns,
+            "channel": channel,
+            "version": version,
+            "type": kind,
+        }
+        turn = turn_id("value", thread_id, ns, channel, version)
+        view = self.put(principal, turn, BLOB, {"content": data, "metadata": meta}, self.ttl_seconds, now)
+        stored = Stored(view["scratchpad_id"], now + self.ttl_seconds, meta)
+        with self._lock:
+            self._values[(principal.owner_user_id, thread_id, ns, channel, str(version))] = stored
+        return stored
+
+    def value(
+        self, principal: Principal, thread_id: str, ns: str, channel: str, version: Any, now: float
+    ) -> Stored | None:
+        """The entry of an unchanged channel's value (None: the value was inline),
+        kept alive: one with less than half the TTL left gets the whole TTL again."""
+        key = (principal.owner_user_id, thread_id, ns, channel, str(version))
+        with self._lock:
+            known = key in self._values
+            cached = self._values.get(key)
+        if not known:
+            turn = turn_id("value", thread_id, ns, channel, version)
+            listed = self.listed(principal, turn, BLOB)
+            for stored in listed:
+                expect(stored.meta, thread_id=thread_id, ns=ns, channel=channel, version=version)
+            cached = max(listed, key=lambda s: s.expires_at) if listed else None
+        if isinstance(cached, Stored) and cached.expires_at - now < self.ttl_seconds / 2:
+            turn = turn_id("value", thread_id, ns, channel, version)
+            self.pad.extend_turn(principal, turn, self.ttl_seconds, now=now)
+            cached = Stored(cached.scratchpad_id, now + self.ttl_seconds, cached.meta)
+        with self._lock:
+            self._values[key] = cached
+        return cached
+
+    def copy_checkpoints(
+        self,
+        principal: Principal,
+        listed: list[Stored],
+        source: str,
+        target_principal: Principal,
+        target: str,
+        now: float,
+    ) -> None:
+        """Copy the checkpoints ``listed`` of thread ``source``, with their writes and
+        values, to thread ``target`` of the same owner (sealed again under its turns)."""
+        copied_values: dict[str, Stored] = {}
+        for stored in sorted(listed, key=lambda s: s.meta["checkpoint_id"]):
+            meta, content = self.content(principal, stored.scratchpad_id, "a checkpoint")
+            ns, checkpoint_id = meta["ns"], meta["checkpoint_id"]
+            values = {}
+            for channel, (version, value_id) in meta["values"].items():
+                if value_id not in copied_values:
+                    value_meta, data = self.content(principal, value_id, f"the value of channel {channel!r}")
+                    copied_values[value_id] = self.put_value(
+                        target_principal, target, ns, channel, version, value_meta["type"], data, now
+                    )
+                values[channel] = [version, copied_values[value_id].scratchpad_id]
+            for write in self.writes(principal, source, ns, checkpoint_id):
+                write_meta, data = self.content(principal, write.scratchpad_id, "a pending write")
+                observation: dict[str, Any] = {"content": data, "metadata": {**write_meta, "thread_id": target}}
+                turn = turn_id("writes", target, ns, checkpoint_id)
+                self.put(target_principal, turn, WRITE, observation, self.ttl_seconds, now)
+            observation = {"content": content, "metadata": {**meta, "thread_id": target, "values": values}}
+            self.put(target_principal, turn_id("thread", target), CHECKPOINT, observation, self.ttl_seconds, now)
+
+    # -- deleting ------------------------------------------------------------------
+
+    def delete(self, principal: Principal, scratchpad_id: str) -> None:
+        """Delete an entry; gone already (expired and collected, or deleted by another call) is fine."""
+        with contextlib.suppress(NotFoundError):
+            self.pad.delete(principal, scratchpad_id)
+
+    def drop(self, principal: Principal, thread_id: str, doomed: list[Stored], kept: list[Stored]) -> None:
+        """Delete checkpoints with their pending writes and the values no kept checkpoint refers to."""
+        in_use = {value_id for stored in kept for _, value_id in stored.meta["values"].values()}
+        for stored in doomed:
+            meta = stored.meta
+            for write in self.writes(principal, thread_id, meta["ns"], meta["checkpoint_id"]):
+                self.delete(principal, write.scratchpad_id)
+            for _, value_id in meta["values"].values():
+                if value_id not in in_use:
+                    self.delete(principal, value_id)
+            self.delete(principal, stored.scratchpad_id)
+        with self._lock:
+            gone = {value_id for stored in doomed for _, value_id in stored.meta["values"].values()} - in_use
+            for key in [k for k, v in self._values.items() if v is not None and v.scratchpad_id in gone]:
+                del self._values[key]
+
+
+class ThreadList:
+    """Each owner's threads, in the turn ``securepad.langgraph:threads`` (for
+    ``delete_for_runs`` and ``list(None)``), cached with each entry's expiry."""
+
+    def __init__(self, records: SaverRecords) -> None:
+        self.records = records
+        self._lock = threading.Lock()
+        # owner -> {thread_id: expiry of its entry in the owner's thread list}
+        self._threads: dict[str, dict[str, float]] = {}
+
+    def of(self, principal: Principal) -> dict[str, float]:
+        """The owner's threads, each with the expiry of its entry in the list."""
+        owner = principal.owner_user_id
+        with self._lock:
+            known = self._threads.get(owner)
+        if known is None:
+            known = {}
+            for stored in self.records.listed(principal, turn_id("threads"), THREAD):
+                tid = stored.meta["thread_id"]
+                known[tid] = max(known.get(tid, 0.0), stored.expires_at)
+            with self._lock:
+                self._threads[owner] = known
+        return known
+
+    def register(self, principal: Principal, thread_id: str, now: float) -> None:
+        """Note the thread in the owner's list (once), and keep the list alive."""
+        known = self.of(principal)
+        expires = known.get(thread_id)
+        turn = turn_id("threads")
+        ttl = self.records.ttl_seconds
+        if expires is None:
+            entry = {"content": thread_id.encode(), "metadata": {"format": FORMAT, "thread_id": thread_id}}
+            self.records.put(principal, turn, THREAD, entry, ttl, now)
+            expires = now + ttl
+        elif expires - now < ttl / 2:
+            self.records.pad.extend_turn(principal, turn, ttl, now=now)
+            with self._lock:
+                for tid in known:
+                    known[tid] = max(known[tid], now + ttl)
+            expires = now + ttl
+        with self._lock:
+            known[thread_id] = expires
+
+    def unregister(self, principal: Principal, thread_id: str) -> None:
+        """Take the thread out of the owner's list."""
+        for stored in self.records.listed(principal, turn_id("threads"), THREAD):
+            if stored.meta["thread_id"] == thread_id:
+                self.records.delete(principal, stored.scratchpad_id)
+        with self._lock:
+            self._threads.get(principal.owner_user_id, {}).pop(thread_id, None)
