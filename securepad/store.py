@@ -23,7 +23,7 @@ from ._records import Records
 from .access import Access, check_principal
 from .anchor import Anchor, default_path
 from .entries import Entries, Entry
-from .errors import InvalidArgumentError, SecurepadError, StoreBusyError
+from .errors import InvalidArgumentError, SecurepadError, StorageFullError, StoreBusyError
 from .keys import Keyring
 from .keystore import OWNER_KEY_CACHE_SIZE, Keystore, Progress
 from .policy import Policy
@@ -157,7 +157,10 @@ class Scratchpad:
         with _closing(self._db):
             with contextlib.suppress(SecurepadError):  # a busy or broken store: the counts stay low by < 256 a key
                 self._keys.flush_wraps()
-            _close_anchor(self._anchor)
+            # A full or busy store cannot advance its counter now: the writes
+            # are committed, only the anchor lags, as after a kill (SECURITY.md).
+            with contextlib.suppress(StorageFullError, StoreBusyError):
+                _close_anchor(self._anchor)
 
     def __enter__(self) -> Scratchpad:
         return self

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from securepad.bench import hotpath, hotpath_report
 from securepad.cli import main
 
-WORKLOADS = {"put", "read", "concurrent", "resume", "gc", "open"}
+WORKLOADS = {"put", "read", "concurrent", "resume", "gc", "open", "hotpath"}
 BACKENDS = {"securepad", "raw-apsw", "unhardened", "diskcache", "sqlcipher"}
 FIGURES = ("median", "p90", "p99", "max")
 
@@ -45,6 +46,9 @@ def test_bench_tiny_run_writes_every_workload_and_figure(tmp_path: Path) -> None
 
     assert set(results["workloads"]) == WORKLOADS
     for workload, records in results["workloads"].items():
+        if workload == "hotpath":
+            _check_hotpath(records)
+            continue
         assert {r["backend"] for r in records} == available, workload
         for record in records:
             blocks = _stats_blocks(record)
@@ -68,6 +72,101 @@ def test_bench_tiny_run_writes_every_workload_and_figure(tmp_path: Path) -> None
     assert results["meta"]["machine"]["nproc"] >= 1
     if importlib.util.find_spec("matplotlib") is not None:
         assert (out / "quick.png").stat().st_size > 0
+
+
+def _check_hotpath(records: list[dict[str, Any]]) -> None:
+    """Every hot-path figure is measured or skipped with its reason; the load-independent ones are counts."""
+    assert {r["section"] for r in records} == {"costs", "write", "tail", "listing"}
+    for record in records:
+        if "skipped" in record:
+            assert record["skipped"], record
+            continue
+        if record["section"] == "costs":
+            assert record["statements"] >= 3 and record["wal_frames"] >= 1 and record["raw_wal_frames"] >= 1
+        else:
+            assert record["stats"]["n"] >= 1 and record["stats"]["ops_per_s"] > 0, record
+    stores = {(r["section"], r["store"]) for r in records}
+    for section in ("write", "tail"):
+        for store in ("securepad", *hotpath.PEERS):
+            assert (section, store) in stores, (section, store)  # measured, or skipped with the reason
+    writes = [r for r in records if r["section"] == "write" and r["store"] == "securepad"]
+    assert {r["durability"] for r in writes} == {"normal", "full"}
+    assert {r["mode"] for r in writes} >= {"single", "put_many 8", "put_many 64"}
+
+
+def test_hotpath_targets_name_the_reason_of_a_missing_figure() -> None:
+    """A securepad without put_many (or a durability setting), and a peer that is not
+    installed: their targets say why they were not measured, and nothing is called met."""
+    single = {"n": 10, "median": 0.001, "p99": 0.002, "ops_per_s": 1000.0, "obs_per_s": 1000.0}
+    peer = {**single, "obs_per_s": 250.0}
+    records: list[dict[str, Any]] = [
+        {
+            "section": "costs",
+            "store": "securepad",
+            "size_bytes": 4096,
+            "case": "costs 4 KiB",
+            "statements": 4,
+            "wal_frames": 6,
+            "raw_wal_frames": 3,
+        },
+        {
+            "section": "write",
+            "store": "securepad",
+            "durability": "normal",
+            "mode": "single",
+            "case": "s",
+            "stats": single,
+        },
+        {
+            "section": "write",
+            "store": "securepad",
+            "durability": "normal",
+            "mode": "put_many 64",
+            "case": "m",
+            "skipped": "put_many: not available (Scratchpad has no put_many)",
+        },
+        {
+            "section": "write",
+            "store": "securepad",
+            "durability": "full",
+            "mode": "single",
+            "case": "f",
+            "skipped": "durability setting: not available (Policy has no durability)",
+        },
+        {
+            "section": "write",
+            "store": "SQLiteSession",
+            "durability": "theirs",
+            "mode": "single",
+            "case": "p",
+            "stats": peer,
+        },
+        {
+            "section": "write",
+            "store": "EncryptedSession",
+            "durability": "theirs",
+            "mode": "single",
+            "case": "e",
+            "skipped": "EncryptedSession: not installed",
+        },
+    ]
+    found: dict[str, tuple[str | None, bool | None]] = {}
+    hotpath_report.targets(records, lambda target, measured, passed, value: found.update({target: (measured, passed)}))
+    assert found["put 4 KiB: <= 4 statements"] == ("4", True)
+    assert found["put 4 KiB: <= 5 WAL frames"] == ("6 (raw apsw: 3)", False)
+    assert found["put_many 64 x 4 KiB >= 5x the rate of single puts (normal)"] == (
+        "put_many: not available (Scratchpad has no put_many)",
+        None,
+    )
+    assert found["4 KiB write rate >= 3x SQLiteSession (normal vs theirs)"] == ("4.00x (1,000 vs 250 obs/s)", True)
+    assert found["4 KiB write rate >= 3x EncryptedSession (normal vs theirs)"] == (
+        "EncryptedSession: not installed",
+        None,
+    )
+    assert found["4 KiB write rate >= 3x SQLiteSession (full vs theirs)"][1] is None
+    assert "durability setting" in str(found["4 KiB write rate >= 3x SQLiteSession (full vs theirs)"][0])
+    text = "\n".join(hotpath_report.markdown(records))
+    assert "put_many: not available" in text and "| securepad | normal | single |" in text
 
 
 def test_grep_worst_case_benchmark_runs_and_writes_its_figures(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from . import hotpath_report
 from .config import MiB, size_label
 
 Results = dict[str, Any]
@@ -67,6 +68,7 @@ def markdown(results: Results) -> str:
             # put comes first: no blank line above its heading.
             out.append(("" if name == "put" else "\n") + f"### {heading}\n")
             out.extend(section(w[name]))
+    out += hotpath_report.markdown(w.get("hotpath", []))  # its own headings, one per part
     if results.get("targets"):
         out.append("\n### targets (ratios measured in this run)\n")
         out.append(
@@ -197,7 +199,14 @@ def targets(results: Results) -> list[dict[str, Any]]:
         *_read_targets(w.get("read", [])),
         *_concurrent_targets(w.get("concurrent", [])),
         *_resume_targets(w.get("resume", [])),
+        *_hotpath_targets(w.get("hotpath", [])),
     ]
+
+
+def _hotpath_targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    hotpath_report.targets(records, lambda *target: found.append(_target(*target)))
+    return found
 
 
 def _target(target: str, measured: str | None, passed: bool | None, value: float | None = None) -> dict[str, Any]:

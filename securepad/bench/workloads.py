@@ -23,6 +23,7 @@ from . import data
 from .backends import PRINCIPAL, Backend, SecurepadBackend, open_backend, slice_of
 from .child import can_reset_peak
 from .config import Config, KiB, size_label
+from .hotpath import hotpath_steps, run_hotpath
 from .stats import summarize
 
 READ_MODES = ("head", "tail", "range")
@@ -435,4 +436,5 @@ WORKLOADS: dict[str, tuple[Callable[[Config, str, Path, Step], Cases], Callable[
     "resume": (run_resume, resume_steps),
     "gc": (run_gc, gc_steps),
     "open": (run_open, open_steps),
+    "hotpath": (run_hotpath, hotpath_steps),
 }

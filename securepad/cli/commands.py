@@ -597,7 +597,7 @@ def forget_owner(owner: str, yes: bool) -> None:
 @click.option(
     "--workloads",
     default=None,
-    help="Comma-separated workloads [default: all]: put, read, concurrent, resume, gc, open.",
+    help="Comma-separated workloads [default: all]: put, read, concurrent, resume, gc, open, hotpath.",
 )
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--no-chart", is_flag=True, help="Skip the PNG.")

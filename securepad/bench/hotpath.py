@@ -1,0 +1,457 @@
+"""Issue 13's hot-path figures, as the ``hotpath`` workload of ``securepad bench``.
+
+Four sections, each a list of records with ``"section"`` set:
+
+- ``costs``: statements and WAL frames of one put at each size up to 1 MiB,
+  from ``securepad.bench.costs.put_costs`` (load-independent figures);
+- ``write``: 4 KiB observations per second with single puts and with
+  ``put_many`` of 8 and 64, under each durability setting (``normal``,
+  ``full``), and the same for the agent-framework stores (single writes, and
+  their own batch call: ``add_items`` of 8/64 items, ``put_writes`` of 8/64
+  writes);
+- ``tail``: the last 2,000 characters of a 1 MiB observation, in process,
+  securepad's ``read(tail)`` beside each framework store's read of the item;
+- ``listing``: ``list_for_turn`` of a turn beside the unhardened design's
+  listing of the same turn, in process.
+
+The framework stores are optional peers: OpenAI Agents ``SQLiteSession`` and
+``EncryptedSession`` over it, LangGraph ``SqliteSaver`` with
+``EncryptedSerializer``. A peer whose package is missing is a record with
+``"skipped"`` and the reason; so is a securepad feature this checkout lacks
+(``put_many``, the ``durability`` setting, the cost meter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import functools
+import importlib
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from securepad import Keyring, Policy, Scratchpad
+
+from . import data
+from .backends import PRINCIPAL, RawApswBackend, UnhardenedBackend, bench_policy
+from .config import Config, KiB, MiB, size_label
+from .stats import summarize
+
+Record = dict[str, Any]
+Step = Callable[[str], None]
+WRITE_BYTES = 4 * KiB
+BATCHES = (8, 64)
+DURABILITIES = ("normal", "full")
+TAIL_ENTRY = 1 * MiB
+TAIL_CHARS = 2000
+
+
+def hotpath_steps(cfg: Config) -> int:
+    return 5
+
+
+def run_hotpath(cfg: Config, name: str, workdir: Path, step: Step) -> Iterator[list[Record]]:
+    """The hot-path sections, once per run: only on the securepad backend
+    (the peers are measured beside it, inside this workload)."""
+    if name != "securepad":
+        return
+    root = workdir / "hotpath"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    keyring = Keyring.from_key_file(root / "key")
+    try:
+        step("WAL frames and statements per put")
+        yield [_tag("costs", r) for r in _costs(cfg, root, keyring)]
+        step("4 KiB write rate, single puts and put_many, normal/full")
+        yield [_tag("write", r) for r in _securepad_writes(cfg, root, keyring)]
+        step("framework stores: 4 KiB write rate")
+        yield [_tag("write", r) for r in _peer_writes(cfg, root)]
+        step("tail 2000 of 1 MiB, securepad and the framework stores")
+        yield [_tag("tail", r) for r in _tails(cfg, root, keyring)]
+        step("list_for_turn beside the unhardened listing")
+        yield [_tag("listing", r) for r in _listing(cfg, root, keyring)]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _tag(section: str, record: Record) -> Record:
+    return {"backend": "securepad", "section": section, **record}
+
+
+# -- securepad's optional features ----------------------------------------------------------------
+
+
+def put_many_missing() -> str | None:
+    """Why ``put_many`` cannot be measured here, or None."""
+    return None if hasattr(Scratchpad, "put_many") else "put_many: not available (Scratchpad has no put_many)"
+
+
+def durability_policy(setting: str) -> Policy | None:
+    """The bench policy with ``durability`` set, or None when Policy has no such setting."""
+    policy = bench_policy()
+    if "durability" not in {f.name for f in dataclasses.fields(policy)}:
+        return None
+    setting_of: dict[str, Any] = {"durability": setting}
+    return dataclasses.replace(policy, **setting_of)
+
+
+def costs_meter() -> Callable[..., dict[str, Any]] | None:
+    try:
+        module = importlib.import_module(f"{__package__}.costs")
+    except ImportError:
+        return None
+    meter: Callable[..., dict[str, Any]] | None = getattr(module, "put_costs", None)
+    return meter
+
+
+def _costs(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
+    meter = costs_meter()
+    sizes = [s for s in cfg.put_sizes if s <= MiB]
+    if meter is None:
+        reason = "WAL frames/statements: not available (no securepad.bench.costs)"
+        return [{"store": "securepad", "case": "costs", "skipped": reason}]
+    records = []
+    with Scratchpad.open(root / "costs.db", keyring=keyring, policy=bench_policy()) as pad:
+        pad.put(PRINCIPAL, "warm", 0, "bench", data.text(WRITE_BYTES, salt=1))
+        for size in sizes:
+            found = meter(pad, PRINCIPAL, size)
+            records.append(
+                {
+                    "store": "securepad",
+                    "case": f"costs {size_label(size)}",
+                    "size_bytes": size,
+                    "statements": int(found["statements"]),
+                    "wal_frames": int(found["wal_frames"]),
+                    "detail": {k: v for k, v in found.items() if k not in ("statements", "wal_frames")},
+                    "raw_wal_frames": _raw_frames(root / "raw-costs", size),
+                }
+            )
+    return records
+
+
+def _raw_frames(root: Path, size: int) -> int:
+    """WAL frames of one put of ``size`` bytes into the raw-apsw floor (after a warm-up put)."""
+    raw = RawApswBackend(root)
+    try:
+        raw.put("warm", 0, "warm-up")
+        conn = raw.conn
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        raw.put("costs", 1, data.text(size, salt=size))
+        page = int(conn.execute("PRAGMA page_size").fetchall()[0][0])
+        wal = Path(f"{raw.path}-wal")
+        return max(0, (wal.stat().st_size if wal.exists() else 0) - 32) // (page + 24)
+    finally:
+        raw.close()
+
+
+# -- write rates --------------------------------------------------------------------------------
+
+
+def _timed(cfg: Config, operation: Callable[[int], None], per_call: int) -> dict[str, Any]:
+    """Run ``operation(i)`` within the put budget; stats per call, plus observations per second."""
+    samples: list[float] = []
+    began = time.perf_counter()
+    calls = 0
+    max_calls = max(cfg.put_min_ops, cfg.put_max_ops // per_call)
+    while calls < max_calls and (calls < cfg.put_min_ops or time.perf_counter() - began < cfg.put_budget_s):
+        t0 = time.perf_counter()
+        operation(calls)
+        samples.append(time.perf_counter() - t0)
+        calls += 1
+    stats = summarize(samples, nbytes=WRITE_BYTES * per_call)
+    stats["obs_per_s"] = stats["ops_per_s"] * per_call
+    return stats
+
+
+Modes = list[tuple[str, int, Callable[[int], None]]]
+
+
+def _securepad_modes(pad: Scratchpad, texts: list[str]) -> Modes:
+    """Single puts, and put_many of each batch size (when this securepad has it)."""
+    counter = iter(range(1 << 40))
+
+    def single(i: int) -> None:
+        pad.put(PRINCIPAL, "single", next(counter), "bench", texts[i % 64])
+
+    def batch_of(size: int) -> Callable[[int], None]:
+        def batch(i: int) -> None:
+            items = [(next(counter), "bench", texts[j]) for j in range(size)]
+            pad.put_many(PRINCIPAL, f"batch-{size}", items)  # type: ignore[attr-defined,unused-ignore]
+
+        return batch
+
+    modes: Modes = [("single", 1, single)]
+    if put_many_missing() is None:
+        modes += [(f"put_many {size}", size, batch_of(size)) for size in BATCHES]
+    return modes
+
+
+def _securepad_writes(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
+    records: list[Record] = []
+    texts = [data.text(WRITE_BYTES, salt=i) for i in range(64)]
+    missing = put_many_missing()
+    for setting in DURABILITIES:
+        policy = durability_policy(setting)
+        if policy is None and setting != "normal":
+            reason = "durability setting: not available (Policy has no durability)"
+            records.append(_skip("securepad", setting, "single", reason))
+            continue
+        if missing:
+            records += [_skip("securepad", setting, f"put_many {size}", missing) for size in BATCHES]
+        path = root / f"write-{setting}.db"
+        with Scratchpad.open(path, keyring=keyring, policy=policy or bench_policy()) as pad:
+            for mode, per_call, operation in _securepad_modes(pad, texts):
+                records.append(
+                    {
+                        "store": "securepad",
+                        "durability": setting,
+                        "mode": mode,
+                        "batch": per_call,
+                        "case": f"securepad {setting} {mode}",
+                        "stats": _timed(cfg, operation, per_call),
+                    }
+                )
+        path.unlink(missing_ok=True)
+    return records
+
+
+def _skip(store: str, durability: str, mode: str, reason: str) -> Record:
+    case = f"{store} {mode}" if store != "securepad" else f"{store} {durability} {mode}"
+    return {"store": store, "durability": durability, "mode": mode, "case": case, "skipped": reason}
+
+
+# -- the framework stores --------------------------------------------------------------------------
+
+PEERS = ("SQLiteSession", "EncryptedSession", "SqliteSaver + EncryptedSerializer")
+PEER_DURABILITY = "theirs: WAL, synchronous=FULL"
+
+
+def peer_missing(peer: str) -> str | None:
+    """Why a framework store cannot run here, or None."""
+    modules = ["agents"] if "Session" in peer and "Saver" not in peer else ["langgraph.checkpoint.sqlite", "Crypto"]
+    if peer == "EncryptedSession":
+        modules = ["agents.extensions.memory"]
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            return f"{peer}: not installed ({exc}); pip install 'securepad[bench]'"
+    return None
+
+
+class _SessionPeer:
+    """An OpenAI Agents session on a file, driven from one event loop."""
+
+    def __init__(self, path: Path, encrypted: bool) -> None:
+        from agents import SQLiteSession
+
+        self.loop = asyncio.new_event_loop()
+        self.path = str(path)
+        self.encrypted = encrypted
+        self.key = base64.urlsafe_b64encode(os.urandom(32)).decode()
+        self.plain = SQLiteSession
+
+    def session(self, session_id: str) -> Any:
+        underlying = self.plain(session_id, self.path)
+        if not self.encrypted:
+            return underlying
+        from agents.extensions.memory import EncryptedSession
+
+        return EncryptedSession(session_id, underlying, self.key)
+
+    def write(self, session: Any, texts: list[str]) -> None:
+        self.loop.run_until_complete(session.add_items([{"role": "user", "content": t} for t in texts]))
+
+    def modes(self, texts: list[str]) -> Modes:
+        session = self.session("writes")
+
+        def batch_of(size: int) -> Callable[[int], None]:
+            return lambda i: self.write(session, [texts[i % 64]] if size == 1 else texts[:size])
+
+        return [("single", 1, batch_of(1)), *((f"add_items {n}", n, batch_of(n)) for n in BATCHES)]
+
+    def tail_reader(self, text: str) -> Callable[[], str]:
+        session = self.session("tail")
+        self.write(session, [text])
+        return functools.partial(self.tail, session, TAIL_CHARS)
+
+    def tail(self, session: Any, n: int) -> str:
+        items = self.loop.run_until_complete(session.get_items(limit=1))
+        return str(items[-1]["content"])[-n:]
+
+    def close(self) -> None:
+        self.loop.close()
+
+
+class _SaverPeer:
+    """LangGraph's SqliteSaver with EncryptedSerializer (AES) on a file."""
+
+    def __init__(self, path: Path) -> None:
+        import sqlite3
+
+        from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+        from langgraph.checkpoint.sqlite import SqliteSaver
+
+        self.conn = sqlite3.connect(str(path), check_same_thread=False)
+        self.saver = SqliteSaver(self.conn, serde=EncryptedSerializer.from_pycryptodome_aes(key=os.urandom(32)))
+        self.saver.setup()
+        self.version: Any = None
+
+    def put(self, thread: str, text: str) -> dict[str, Any]:
+        from langgraph.checkpoint.base import empty_checkpoint
+        from langgraph.checkpoint.base.id import uuid6
+
+        self.version = self.saver.get_next_version(self.version, None)
+        checkpoint = {
+            **empty_checkpoint(),
+            "id": str(uuid6(clock_seq=-1)),
+            "channel_values": {"data": text},
+            "channel_versions": {"data": self.version},
+        }
+        config: Any = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+        metadata: Any = {"source": "loop", "step": 0}
+        return dict(self.saver.put(config, checkpoint, metadata, {"data": self.version}))  # type: ignore[arg-type]
+
+    def put_writes(self, config: dict[str, Any], texts: list[str]) -> None:
+        self.saver.put_writes(config, [("data", t) for t in texts], task_id=secrets.token_hex(8))  # type: ignore[arg-type]
+
+    def modes(self, texts: list[str]) -> Modes:
+        config = self.put("batches", "x")
+
+        def single(i: int) -> None:
+            self.put(f"t{i % 8}", texts[i % 64])
+
+        def batch_of(size: int) -> Callable[[int], None]:
+            return lambda i: self.put_writes(config, texts[:size])
+
+        return [("single", 1, single), *((f"put_writes {n}", n, batch_of(n)) for n in BATCHES)]
+
+    def tail_reader(self, text: str) -> Callable[[], str]:
+        self.put("tail", text)
+        return functools.partial(self.tail, "tail", TAIL_CHARS)
+
+    def tail(self, thread: str, n: int) -> str:
+        found = self.saver.get_tuple({"configurable": {"thread_id": thread, "checkpoint_ns": ""}})
+        assert found is not None
+        return str(found.checkpoint["channel_values"]["data"])[-n:]
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _peer_writes(cfg: Config, root: Path) -> list[Record]:
+    records: list[Record] = []
+    texts = [data.text(WRITE_BYTES, salt=i) for i in range(64)]
+    for peer in PEERS:
+        reason = peer_missing(peer)
+        if reason:
+            records += [_skip(peer, PEER_DURABILITY, m, reason) for m in ("single", *(f"batch {b}" for b in BATCHES))]
+            continue
+        store: _SaverPeer | _SessionPeer
+        if peer == "SqliteSaver + EncryptedSerializer":
+            store = _SaverPeer(root / "saver-write.db")
+        else:
+            store = _SessionPeer(root / f"{peer}-write.db", encrypted=peer == "EncryptedSession")
+        modes = store.modes(texts)
+        try:
+            for mode, per_call, operation in modes:
+                records.append(
+                    {
+                        "store": peer,
+                        "durability": PEER_DURABILITY,
+                        "mode": mode,
+                        "batch": per_call,
+                        "case": f"{peer} {mode}",
+                        "stats": _timed(cfg, operation, per_call),
+                    }
+                )
+        finally:
+            store.close()
+    return records
+
+
+# -- tail and listing --------------------------------------------------------------------------------
+
+
+def _read_stats(cfg: Config, read: Callable[[], str], expected: str) -> dict[str, Any]:
+    if read() != expected:
+        raise AssertionError("the tail read returned the wrong characters")
+    samples: list[float] = []
+    began = time.perf_counter()
+    while len(samples) < cfg.read_max_ops and (
+        len(samples) < cfg.read_min_ops or time.perf_counter() - began < cfg.read_budget_s
+    ):
+        t0 = time.perf_counter()
+        read()
+        samples.append(time.perf_counter() - t0)
+    return summarize(samples)
+
+
+def _tails(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
+    text = data.text(TAIL_ENTRY, salt=TAIL_ENTRY)
+    expected = text[-TAIL_CHARS:]
+    records: list[Record] = []
+    with Scratchpad.open(root / "tail.db", keyring=keyring, policy=bench_policy()) as pad:
+        entry = pad.put(PRINCIPAL, "tail", 0, "bench", text)["scratchpad_id"]
+
+        def securepad_tail() -> str:
+            return str(pad.read(PRINCIPAL, entry, "tail", n=TAIL_CHARS)["content"])
+
+        records.append({"store": "securepad", "case": "securepad", "stats": _read_stats(cfg, securepad_tail, expected)})
+    for peer in PEERS:
+        reason = peer_missing(peer)
+        if reason:
+            records.append({"store": peer, "case": peer, "skipped": reason})
+            continue
+        store: _SaverPeer | _SessionPeer
+        if peer == "SqliteSaver + EncryptedSerializer":
+            store = _SaverPeer(root / "saver-tail.db")
+        else:
+            store = _SessionPeer(root / f"{peer}-tail.db", encrypted=peer == "EncryptedSession")
+        try:
+            records.append({"store": peer, "case": peer, "stats": _read_stats(cfg, store.tail_reader(text), expected)})
+        finally:
+            store.close()
+    return records
+
+
+def _listing(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
+    steps = max(cfg.resume_steps)
+    texts = [data.text(cfg.resume_entry_bytes, salt=i) for i in range(min(steps, 50))]
+    records: list[Record] = []
+    with Scratchpad.open(root / "listing.db", keyring=keyring, policy=bench_policy()) as pad:
+        for i in range(steps):
+            pad.put(PRINCIPAL, "listed", i, "bench", texts[i % len(texts)])
+
+        def listed() -> str:
+            return str(len(pad.list_for_turn(PRINCIPAL, "listed")))
+
+        records.append(
+            {
+                "store": "securepad",
+                "case": f"list_for_turn {steps}",
+                "steps": steps,
+                "stats": _read_stats(cfg, listed, str(steps)),
+            }
+        )
+    plain = UnhardenedBackend(root / "unhardened")
+    try:
+        for i in range(steps):
+            plain.put("listed", i, texts[i % len(texts)])
+        records.append(
+            {
+                "store": "unhardened",
+                "case": f"SELECT by turn {steps}",
+                "steps": steps,
+                "stats": _read_stats(cfg, lambda: str(len(plain.resume("listed")[0])), str(steps)),
+            }
+        )
+    finally:
+        plain.close()
+    return records
