@@ -16,12 +16,11 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool
 
+from ._pg_roles import ADMIN_ROLE, APP_ROLE
 from .errors import SecurepadError
 
 __all__ = ["ADMIN_ROLE", "APP_ROLE", "MIGRATIONS", "SCHEMA_VERSION", "lock_key", "migrate", "reason"]
 
-APP_ROLE = "securepad_app"
-ADMIN_ROLE = "securepad_admin"
 SCHEMA_VERSION = 4
 
 _OWNER = "current_setting('securepad.owner', true)"

@@ -220,3 +220,16 @@ def test_sql_only_where_the_tables_are_owned() -> None:
 @pytest.mark.parametrize("module", ["securepad.store", "securepad.turn", "securepad.aio", "securepad.reads"])
 def test_the_faces_and_pure_layers_hold_no_sql(module: str) -> None:
     assert module not in SQL_MODULES
+
+
+def test_the_cli_and_the_audit_import_without_the_postgresql_extra() -> None:
+    """`pip install securepad` (no extras) must run `securepad audit`: psycopg is optional."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['psycopg'] = None; sys.modules['psycopg_pool'] = None\n"
+        "import securepad.cli.commands, securepad.audit, securepad.verify"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,14 @@
+"""The PostgreSQL backend's two role names, importable without psycopg.
+
+The audit names them in its checks; it is imported by the CLI on every store,
+and psycopg is an optional dependency (the ``postgresql`` extra).
+"""
+
+from __future__ import annotations
+
+__all__ = ["ADMIN_ROLE", "APP_ROLE"]
+
+# The login the application uses: row-level security holds it to one owner.
+APP_ROLE = "securepad_app"
+# The tables' owner: migrations and store-wide housekeeping.
+ADMIN_ROLE = "securepad_admin"
