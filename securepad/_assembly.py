@@ -24,7 +24,7 @@ from ._records import Records
 from .access import Access
 from .anchor import Anchor, default_path
 from .entries import Entries
-from .errors import InvalidArgumentError, SecurepadError, StoreBusyError
+from .errors import InvalidArgumentError, SecurepadError, StorageFullError, StoreBusyError
 from .keys import Keyring
 from .keystore import Keystore, Progress
 from .policy import Policy
@@ -109,8 +109,11 @@ class Assembly:
         with _closing(self.parts.db):
             with contextlib.suppress(SecurepadError):  # a busy or broken store: the counts stay low by < 256 a key
                 self.parts.keys.flush_wraps()
+            # A full or busy store cannot advance its counter now: the writes
+            # are committed, only the anchor lags, as after a kill (SECURITY.md).
             if self.anchor is not None:
-                self.anchor.close()
+                with contextlib.suppress(StorageFullError, StoreBusyError):
+                    self.anchor.close()
 
     def rotate_master_key(self, new_keyring: Keyring, progress: Progress | None) -> dict[str, Any]:
         """``Scratchpad.rotate_master_key``; the anchor follows the key file."""

@@ -197,6 +197,10 @@ class Anchor:
                 with self.db.transaction(admin=True):
                     pass  # before_commit advances the counter
                 pending: tuple[int, str] = self._local.pending
+            except BaseException:
+                with self._mutex:
+                    self._dirty = True  # not anchored: the next sync tries again
+                raise
             finally:
                 self._local.bumping = False
                 self._local.pending = None
