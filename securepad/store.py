@@ -3,7 +3,9 @@
 The store is built in layers that look down only (see ARCHITECTURE.md):
 ``keystore`` (keys), ``access`` (the one authorized access path),
 ``entries`` and ``_records`` (the sealed tables), ``turn`` and ``lifecycle``
-on top. ``Scratchpad`` validates, documents and delegates.
+on top. ``_assembly`` puts one open store together (backend, layers,
+anchor) and runs the work that spans the layers (close, gc, stats,
+rotation). ``Scratchpad`` validates, documents and delegates.
 """
 
 from __future__ import annotations
