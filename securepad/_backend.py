@@ -55,7 +55,9 @@ class Conn(Protocol):
     def prefetch(self, sql: str, params: Params = ()) -> None:
         """Announce a read that the transaction will ``query`` later with the
         same SQL and parameters: PostgreSQL sends it with the next message and
-        keeps its rows (several reads share one round trip); SQLite ignores it."""
+        keeps its rows (several reads share one round trip); SQLite runs it at
+        once and keeps its rows. Either way the later ``query`` gets the rows as
+        they were when announced."""
 
 
 class Backend(Protocol):
@@ -80,6 +82,12 @@ class Backend(Protocol):
 
     def query(self, sql: str, params: Params = (), *, owner: str | None = None, admin: bool = False) -> Rows:
         """Rows as dicts, outside any write transaction."""
+
+    def queries(self, *statements: tuple[str, Params], owner: str | None = None, admin: bool = False) -> list[Rows]:
+        """The rows of each ``(sql, params)`` query, in order, outside any write
+        transaction: one message, one round trip on PostgreSQL; one after
+        another on SQLite. Queries run after one another may see writes
+        committed in between."""
 
     def checkpoint(self, *, wait: bool = True) -> bool:
         """Make deleted data leave the engine's files where it can (SQLite's WAL);

@@ -272,8 +272,13 @@ class _Conn:
     def __init__(self, conn: apsw.Connection, error: ErrorMap) -> None:
         self.raw = conn
         self._error = error
+        # Prefetched reads' rows, by (SQL, parameters), until the same query takes them.
+        self._fetched: dict[tuple[str, Params], Rows] = {}
 
     def query(self, sql: str, params: Params = ()) -> Rows:
+        fetched = self._fetched.pop((sql, tuple(params)), None)
+        if fetched is not None:
+            return fetched
         try:
             return _rows(self.raw.execute(sql, params))
         except (apsw.Error, UnicodeDecodeError) as exc:
@@ -292,7 +297,13 @@ class _Conn:
         self.execute(sql, params)
 
     def prefetch(self, sql: str, params: Params = ()) -> None:
-        """Nothing to do: a query of a local file costs no round trip."""
+        """Run the read now and keep its rows for the same ``query`` later: the
+        rows are as of this point of the transaction, as on PostgreSQL (where
+        the read goes with the next message); no extra statement when that
+        query comes."""
+        key = (sql, tuple(params))
+        if key not in self._fetched:
+            self._fetched[key] = self.query(sql, params)
 
     def executemany(self, sql: str, rows: Iterable[Params]) -> None:
         try:
@@ -606,6 +617,16 @@ class Database:
             return _rows(conn.execute(sql, params))
         except (apsw.Error, UnicodeDecodeError) as exc:
             raise self._error(exc, conn) from None
+
+    def queries(self, *statements: tuple[str, Params], owner: str | None = None, admin: bool = False) -> list[Rows]:
+        """The rows of each query, in order, one after another on this thread's
+        connection (a local file: no round trip to save).
+
+        Raises:
+            StoreCorruptError: the file is damaged.
+            SecurepadError: another storage error.
+        """
+        return [self.query(sql, params, owner=owner, admin=admin) for sql, params in statements]
 
     def checkpoint(self, *, wait: bool = True) -> bool:
         """Move the WAL into the database and truncate it to zero bytes (after

@@ -316,8 +316,18 @@ class PostgresDatabase:
             StoreBusyError: a lock wait timed out, or the pool had no free connection.
             StoreUnavailableError: the server cannot be reached or did not answer in time.
         """
-        text = _SETTINGS + "; " + translate(sql)
-        values = (*self._settings(owner, admin), *params)
+        return self.queries((sql, params), owner=owner, admin=admin)[0]
+
+    def queries(self, *statements: tuple[str, Params], owner: str | None = None, admin: bool = False) -> list[Rows]:
+        """The rows of each query, in order: the settings and the queries go as
+        one simple-protocol message (one round trip, one implicit transaction).
+
+        Raises:
+            StoreBusyError: a lock wait timed out, or the pool had no free connection.
+            StoreUnavailableError: the server cannot be reached or did not answer in time.
+        """
+        text = "; ".join([_SETTINGS, *(translate(sql) for sql, _ in statements)])
+        values = (*self._settings(owner, admin), *(value for _, params in statements for value in params))
         call: Watch | None = None
         try:
             for attempt in range(self._pool_size + 1):
@@ -328,8 +338,11 @@ class PostgresDatabase:
                         if self._retry(call, attempt) and not isinstance(exc, BUSY):
                             continue  # a connection that died while idle: reads are safe to run again
                         raise
-                    cursor.nextset()
-                    return rows_of(cursor)
+                    found = []
+                    for _ in statements:
+                        cursor.nextset()
+                        found.append(rows_of(cursor))
+                    return found
             raise AssertionError("unreachable: the last attempt returns or raises")
         except BUSY:
             raise StoreBusyError("the store is busy; try again") from None

@@ -155,6 +155,7 @@ class Records:
             write,
             attempts=8,
             busy="could not store the turn record: other writers kept taking its place; try again",
+            prefetch=[Heads.select_sql(owner, turn_id)],
         )
 
     def load(
@@ -174,17 +175,28 @@ class Records:
         order = "ORDER BY seq DESC LIMIT 1" if latest else "ORDER BY seq"
         current = self._now(now)
 
+        live = (principal, table, _COLUMNS, "turn_id = ? AND expires_at > ?", (turn_id, current), order)
+        # Every record of the scope (expired ones not yet collected too) numbers the scope's sequence.
+        numbered = (principal, table, "seq", "turn_id = ?", (turn_id,), "ORDER BY seq")
+
         def fetch() -> tuple[Rows, Rows]:
-            rows = self._access.rows(
-                principal, table, _COLUMNS, "turn_id = ? AND expires_at > ?", (turn_id, current), order
-            )
-            # Every record of the scope (expired ones not yet collected too) numbers the scope's sequence.
-            return rows, self._access.rows(principal, table, "seq", "turn_id = ?", (turn_id,), "ORDER BY seq")
+            return self._access.rows(*live), self._access.rows(*numbered)
 
         def check(head: Head, fetched: tuple[Rows, Rows]) -> None:
             self._heads.check_records_in(head, principal, table, turn_id, fetched[0], current, latest)
 
-        rows, stored = self._heads.checked(principal.owner_user_id, turn_id, fetch, check)
+        # The records, their numbering and the turn's head rows: one round trip on PostgreSQL.
+        first_rows, first_stored, head_rows = self._db.queries(
+            self._access.rows_sql(*live),
+            self._access.rows_sql(*numbered),
+            Heads.select_sql(principal.owner_user_id, turn_id),
+            owner=principal.owner_user_id,
+        )
+        for row in (*first_rows, *first_stored):
+            self._access.policy.authorize_row(principal, row)
+        rows, stored = self._heads.checked(
+            principal.owner_user_id, turn_id, fetch, check, first=((first_rows, first_stored), head_rows)
+        )
         numbers = {row["seq"]: index for index, row in enumerate(stored, 1)}
         return [
             {

@@ -235,7 +235,7 @@ class Entries:
             return str(row["id"])
 
         # The transaction's reads go in one round trip with its version check (PostgreSQL).
-        prefetch = [_quota_sql(owner, created)]
+        prefetch = [_quota_sql(owner, created), Heads.select_sql(owner, turn_id)]
         if free_step and not next_step:
             prefetch.append(_step_sql(self._access, principal, turn_id, step_num))
         entry_id = self._keys.write_current(
@@ -318,15 +318,17 @@ class Entries:
         params: tuple[str, ...] = (scratchpad_id,)
         if turn_id is not None:
             where, params = "id = ? AND turn_id = ?", (scratchpad_id, check_identifier("turn_id", turn_id))
-        rows = self._access.rows(principal, "entries", _OPEN_COLUMNS, where, params)
+        # The entry's row and its turn's head rows: one round trip on PostgreSQL.
+        head_sql = Heads.entry_select_sql(principal.owner_user_id, scratchpad_id)
+        rows, head_rows = _rows_and_head(self._db, self._access, principal, head_sql, _OPEN_COLUMNS, where, params)
         if not rows:
             self._access.denied(principal, scratchpad_id)
             raise NotFoundError(NOT_FOUND_MESSAGE)
         current = self.now(now)
-        first = [rows]
 
-        def fetch() -> tuple[dict[str, Any] | None, Opened | None]:
-            got = first.pop() if first else self._access.rows(principal, "entries", _OPEN_COLUMNS, where, params)
+        def fetch(got: Rows | None = None) -> tuple[dict[str, Any] | None, Opened | None]:
+            if got is None:
+                got = self._access.rows(principal, "entries", _OPEN_COLUMNS, where, params)
             if not got:
                 return None, None
             row = got[0]
@@ -345,7 +347,9 @@ class Entries:
                 same_entry(head, opened.row)
 
         _check_row_types(rows[0])
-        row, opened = self.heads.checked(principal.owner_user_id, rows[0]["turn_id"], fetch, check)
+        row, opened = self.heads.checked(
+            principal.owner_user_id, rows[0]["turn_id"], fetch, check, first=(fetch(rows), head_rows)
+        )
         if row is None:  # deleted meanwhile
             raise NotFoundError(NOT_FOUND_MESSAGE)
         if opened is None:
@@ -442,17 +446,22 @@ class Entries:
         check_principal(principal)
         check_identifier("turn_id", turn_id)
         current = self.now(now)
+        order = "ORDER BY step_num, created_at, id"
 
-        def fetch() -> list[Opened]:
-            rows = self._access.rows(
-                principal, "entries", _COLUMNS, "turn_id = ?", (turn_id,), "ORDER BY step_num, created_at, id"
-            )
+        def fetch(rows: Rows | None = None) -> list[Opened]:
+            if rows is None:
+                rows = self._access.rows(principal, "entries", _COLUMNS, "turn_id = ?", (turn_id,), order)
             return list(self._authenticate_rows(principal, _live(rows, current)))
 
         def check(head: Head, opened: list[Opened]) -> None:
             self.heads.check_entries_in(head, principal, turn_id, [each.row for each in opened], current)
 
-        return self.heads.checked(principal.owner_user_id, turn_id, fetch, check)
+        # The turn's rows and its head rows: one round trip on PostgreSQL.
+        head_sql = Heads.select_sql(principal.owner_user_id, turn_id)
+        rows, head_rows = _rows_and_head(
+            self._db, self._access, principal, head_sql, _COLUMNS, "turn_id = ?", (turn_id,), order
+        )
+        return self.heads.checked(principal.owner_user_id, turn_id, fetch, check, first=(fetch(rows), head_rows))
 
     def turn_offloads(self, principal: Principal, turn_id: str, now: float | None) -> bool:
         """Whether a live entry of the turn in the principal's scope was offloaded
@@ -553,15 +562,42 @@ class Entries:
         if not isinstance(scratchpad_id, str) or not _ID_RE.fullmatch(scratchpad_id):
             raise NotFoundError(NOT_FOUND_MESSAGE)
         owner = principal.owner_user_id
+        turn_sql = ("SELECT turn_id FROM entries WHERE id = ? AND owner_user_id = ?", (scratchpad_id, owner))
         with self._db.transaction(owner) as conn:
-            turns = conn.query("SELECT turn_id FROM entries WHERE id = ? AND owner_user_id = ?", (scratchpad_id, owner))
+            # Read before the delete, with it (one message on PostgreSQL): the
+            # entry's turn, its head rows, the owner's newest key version.
+            for sql, params in (turn_sql, Heads.entry_select_sql(owner, scratchpad_id), Heads.newest_sql(owner)):
+                conn.prefetch(sql, params)
             if not self._access.delete(conn, principal, "entries", scratchpad_id):
                 self._access.denied(principal, scratchpad_id)
                 raise NotFoundError(NOT_FOUND_MESSAGE)
             conn.defer("DELETE FROM segments WHERE entry_id = ?", (scratchpad_id,))
-            self.heads.change(conn, owner, turns[0]["turn_id"], lambda head: head.e.pop(scratchpad_id, None))
+            turn_id = conn.query(*turn_sql)[0]["turn_id"]
+            self.heads.change(
+                conn, owner, turn_id, lambda head: head.e.pop(scratchpad_id, None), entry_id=scratchpad_id
+            )
         # secure_delete zeroed the pages; the checkpoint takes the old ones out of the WAL too.
         self._db.checkpoint(wait=False)
+
+
+def _rows_and_head(
+    db: Backend,
+    access: Access,
+    principal: Principal,
+    head: tuple[str, Params],
+    columns: str,
+    where: str,
+    params: Params,
+    tail: str = "",
+) -> tuple[Rows, Rows]:
+    """``Access.rows`` over entries (each row authorized again) and the head
+    query ``head``, read together (``Backend.queries``: one round trip on PostgreSQL)."""
+    rows, head_rows = db.queries(
+        access.rows_sql(principal, "entries", columns, where, params, tail), head, owner=principal.owner_user_id
+    )
+    for row in rows:
+        access.policy.authorize_row(principal, row)
+    return rows, head_rows
 
 
 def _step_sql(access: Access, principal: Principal, turn_id: str, step_num: int) -> tuple[str, Params]:
@@ -800,6 +836,7 @@ class _Batch:
             write,
             attempts=5,
             count=len(checked),
+            prefetch=[Heads.select_sql(owner, self.turn_id)],
             busy="could not store the batch: its ids, steps or owner key kept changing; try again",
         )
         views = [

@@ -33,10 +33,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ._backend import Backend, Conn
+from ._backend import Backend, Conn, Params, Rows
 from .crypto import head_aad
 from .errors import IntegrityError, StoreBusyError
-from .keystore import Keystore
+from .keystore import NEWEST_VERSION_SQL, Keystore
 from .policy import Policy
 from .principal import Principal
 
@@ -49,6 +49,14 @@ _BUILT = "built"
 # Reads of a turn tried again on a consistent (head, rows) pair before a mismatch is believed.
 _CONSISTENT_TRIES = 8
 T = TypeVar("T")
+# A turn's head and its owner head; ``turns`` is the placeholder of the turn's id.
+_HEAD_SQL = (
+    "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads"
+    " WHERE owner_user_id = ? AND turn_id IN ({turns}, ?) ORDER BY turn_id"
+)
+# The turn of one entry (``entry_select_sql``); the heads read are the owner's
+# whoever the row's owner is, as when the caller reads the turn's head itself.
+_ENTRY_TURN_SQL = "(SELECT turn_id FROM entries WHERE id = ?)"
 
 
 @dataclass
@@ -103,8 +111,20 @@ class Heads:
             raise IntegrityError("a turn head belongs to another owner")
         return self._keys.owner_wrapper(owner, version).open(row["sealed"], head_aad(owner, turn_id, version))
 
-    def checked(self, owner: str, turn_id: str, fetch: Callable[[], T], check: Callable[[Head, T], None]) -> T:
+    def checked(
+        self,
+        owner: str,
+        turn_id: str,
+        fetch: Callable[[], T],
+        check: Callable[[Head, T], None],
+        first: tuple[T, Rows] | None = None,
+    ) -> T:
         """``fetch()`` checked by ``check(head, fetched)`` against the turn's head.
+
+        ``first`` is a first ``(fetched, head rows)`` pair the caller read
+        together (``Backend.queries``: one round trip on PostgreSQL, the head's
+        query from ``select_sql`` or ``entry_select_sql``); without it the
+        first try fetches, then loads the head.
 
         The head is read after the rows: a writer that commits between the two
         reads makes them disagree, so a failed check is tried again on a
@@ -116,9 +136,14 @@ class Heads:
             IntegrityError: the check fails on a consistent pair.
             StoreBusyError: writers kept changing the turn while it was read.
         """
-        fetched = fetch()
+        if first is None:
+            fetched = fetch()
+            head = self.load(owner, turn_id)
+        else:
+            fetched, head_rows = first
+            head = self._from_rows(head_rows, owner, turn_id)
         try:
-            check(self.load(owner, turn_id), fetched)
+            check(head, fetched)
             return fetched
         except IntegrityError:
             pass
@@ -130,12 +155,24 @@ class Heads:
                 return fetched
         raise StoreBusyError(f"turn {turn_id!r} kept changing while it was read; try again")
 
+    @staticmethod
+    def select_sql(owner: str, turn_id: str) -> tuple[str, Params]:
+        """The query of a turn's head rows (the turn's and the owner head), for
+        ``Conn.prefetch`` and ``Backend.queries``."""
+        return _HEAD_SQL.format(turns="?"), (owner, turn_id, OWNER_HEAD)
+
+    @staticmethod
+    def entry_select_sql(owner: str, entry_id: str) -> tuple[str, Params]:
+        """``select_sql`` for the turn of entry ``entry_id`` (read with, or before, the entry's row)."""
+        return _HEAD_SQL.format(turns=_ENTRY_TURN_SQL), (owner, entry_id, OWNER_HEAD)
+
+    @staticmethod
+    def newest_sql(owner: str) -> tuple[str, Params]:
+        """The owner's newest key version, as ``change`` reads it without a version (for ``Conn.prefetch``)."""
+        return f"SELECT {NEWEST_VERSION_SQL} AS v", (owner,)
+
     def _rows(self, owner: str, turn_id: str, conn: Conn | None = None) -> list[dict[str, Any]]:
-        sql = (
-            "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads"
-            " WHERE owner_user_id = ? AND turn_id IN (?, ?) ORDER BY turn_id"
-        )
-        params = (owner, turn_id, OWNER_HEAD)
+        sql, params = self.select_sql(owner, turn_id)
         return conn.query(sql, params) if conn is not None else self._db.query(sql, params, owner=owner)
 
     def _from_rows(self, rows: list[dict[str, Any]], owner: str, turn_id: str) -> Head:
@@ -287,20 +324,31 @@ class Heads:
     # -- writing: the one place ------------------------------------------------------------
 
     def change(
-        self, conn: Conn, owner: str, turn_id: str, edit: Callable[[Head], object], version: int | None = None
+        self,
+        conn: Conn,
+        owner: str,
+        turn_id: str,
+        edit: Callable[[Head], object],
+        version: int | None = None,
+        *,
+        entry_id: str | None = None,
     ) -> None:
         """Apply ``edit`` to the turn's head and seal it again, inside the caller's
         write transaction, under the owner's newest key version (``version``
         when the caller's transaction already checked it is the newest); a turn
         new to the owner joins the owner head in the same transaction.
 
+        The head's rows are read with ``select_sql`` (``entry_select_sql`` with
+        ``entry_id``, the turn's entry), and the newest version with
+        ``newest_sql``: a caller that announced them (``Conn.prefetch``) at the
+        start of its transaction pays no round trip for them; the upserts are
+        deferred (``Conn.defer``: they go with COMMIT on PostgreSQL).
+
         Raises:
             IntegrityError: the stored head fails authentication.
         """
         rows = conn.query(
-            "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads"
-            " WHERE owner_user_id = ? AND turn_id IN (?, ?)",
-            (owner, turn_id, OWNER_HEAD),
+            *(self.select_sql(owner, turn_id) if entry_id is None else self.entry_select_sql(owner, entry_id))
         )
         by_turn = {row["turn_id"]: row for row in rows}
         turns: set[str] | None = None
@@ -316,17 +364,23 @@ class Heads:
         after = head.dumps()
         if after == before:
             return
+        if version is None:
+            version = self._newest(conn, owner)
         if turns is not None:
             self._write(conn, owner, OWNER_HEAD, json.dumps({"t": sorted(turns | {turn_id})}).encode(), version)
         self._write(conn, owner, turn_id, after, version)
 
+    def _newest(self, conn: Conn, owner: str) -> int | None:
+        found = conn.query(*self.newest_sql(owner))[0]["v"]
+        return None if found is None else int(found)
+
     def _write(self, conn: Conn, owner: str, turn_id: str, body: bytes, version: int | None = None) -> None:
         if version is None:
-            version = self._keys.newest_in(conn, owner)
+            version = self._newest(conn, owner)
         if version is None:
             raise IntegrityError(f"owner {owner!r} has no key to seal its turn head with")
         sealed = self._keys.owner_wrapper(owner, version).seal(body, head_aad(owner, turn_id, version))
-        conn.execute(
+        conn.defer(
             "INSERT INTO turn_heads(owner_user_id, turn_id, key_version, sealed) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (owner_user_id, turn_id) DO UPDATE SET key_version = excluded.key_version,"
             " sealed = excluded.sealed",

@@ -37,8 +37,10 @@ def _without_heads(pad: Scratchpad) -> None:
     def change(*args: Any, **kwargs: Any) -> None:
         return None
 
-    def checked(owner: str, turn_id: str, fetch: Callable[[], Any], check: Callable[..., None]) -> Any:
-        return fetch()
+    def checked(
+        owner: str, turn_id: str, fetch: Callable[[], Any], check: Callable[..., None], first: Any = None
+    ) -> Any:
+        return fetch() if first is None else first[0]
 
     heads.change = change  # type: ignore[method-assign]
     heads.checked = checked  # type: ignore[method-assign]
