@@ -3,52 +3,34 @@
 The store is built in layers that look down only (see ARCHITECTURE.md):
 ``keystore`` (keys), ``access`` (the one authorized access path),
 ``entries`` and ``_records`` (the sealed tables), ``turn`` and ``lifecycle``
-on top. ``Scratchpad`` validates, documents and delegates.
+on top. ``_assembly`` puts one open store together (backend, layers,
+anchor) and runs the work that spans the layers (close, gc, stats,
+rotation). ``Scratchpad`` validates, documents and delegates.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import entries, lifecycle, reads
+from . import reads
+from ._assembly import NEAR_KEY, Anchoring, Assembly, Parts, open_backend, resolve_policy
 from ._backend import Backend
 from ._db import Database
-from ._records import Records
-from .access import Access, check_principal
-from .anchor import Anchor, default_path
-from .entries import Entries, Entry
-from .errors import InvalidArgumentError, SecurepadError, StorageFullError, StoreBusyError
+from .access import check_principal
+from .entries import Entry, Opened
+from .errors import InvalidArgumentError, SecurepadError
 from .keys import Keyring
-from .keystore import OWNER_KEY_CACHE_SIZE, Keystore, Progress
+from .keystore import OWNER_KEY_CACHE_SIZE, Progress
 from .policy import Policy
 from .principal import Principal, check_identifier
 from .turn import Turn, extend_turn
 from .verify import verify_store
 
-# Scratchpad.open's anchor: a path, None (beside the key file) or False (none).
-AnchorOption = str | os.PathLike[str] | bool | None
-Anchoring = tuple[AnchorOption, bool]  # (anchor, adopt_anchor)
-NEAR_KEY: Anchoring = (None, False)
-
 __all__ = ["OWNER_KEY_CACHE_SIZE", "Entry", "Parts", "Scratchpad", "parts", "sqlite_of"]
-
-
-@dataclass(frozen=True)
-class Parts:
-    """The layers one open store is built from, for the package's own tools
-    (the audit, the drills, the demo) that work below the public surface."""
-
-    db: Backend
-    keys: Keystore
-    access: Access
-    entries: Entries
-    records: Records
 
 
 class Scratchpad:
@@ -61,23 +43,16 @@ class Scratchpad:
     def __init__(
         self, db: Backend, keyring: Keyring, policy: Policy, clock: Callable[[], float], anchor: Anchoring = NEAR_KEY
     ) -> None:
-        self._db = db
         self.policy = policy
-        self._keys = Keystore(db, keyring)
-        self.store_id = self._keys.store_id
-        self._anchor = _open_anchor(db, self._keys, policy, anchor)
-        access = Access(db, policy)
-        self._entries = Entries(db, self._keys, access, policy, clock)
-        self._records = Records(
-            db, self._keys, access, self._entries.ttl, self._entries.now, self._entries.check_quota, self._entries.heads
-        )
-        self._entries.heads.build_if_needed()
-        self._parts = Parts(db, self._keys, access, self._entries, self._records)
+        self._assembly = Assembly(db, keyring, policy, clock, anchor)
+        self._parts = self._assembly.parts
+        self._entries, self._records = self._parts.entries, self._parts.records
+        self.store_id = self._parts.keys.store_id
 
     @property
     def keyring(self) -> Keyring:
         """The keyring whose master key opens the store (the new one after ``rotate_master_key``)."""
-        return self._keys.keyring
+        return self._parts.keys.keyring
 
     # -- opening -------------------------------------------------------------------
 
@@ -119,13 +94,8 @@ class Scratchpad:
         """
         if not isinstance(keyring, Keyring):
             raise InvalidArgumentError("keyring must be a securepad.Keyring")
-        if policy is None:
-            resolved = Policy.default()
-        elif isinstance(policy, Policy):
-            resolved = policy
-        else:
-            resolved = Policy.load(policy if isinstance(policy, str) else Path(policy))
-        db = _open_backend(db_path, admin, schema, resolved)
+        resolved = resolve_policy(policy)
+        db = open_backend(db_path, admin, schema, resolved)
         try:
             return cls(db, keyring, resolved, clock, (anchor, adopt_anchor))
         except BaseException:
@@ -144,23 +114,17 @@ class Scratchpad:
     @property
     def location(self) -> str:
         """Where the store lives: its file, or its PostgreSQL server, database and schema."""
-        return self._db.location
+        return self._parts.db.location
 
     @property
     def backend(self) -> str:
         """``"sqlite"`` or ``"postgresql"``."""
-        return self._db.dialect
+        return self._parts.db.dialect
 
     def close(self) -> None:
         """Write this process's pending key-use counts, anchor the last writes,
         then close every connection. The object cannot be used afterwards."""
-        with _closing(self._db):
-            with contextlib.suppress(SecurepadError):  # a busy or broken store: the counts stay low by < 256 a key
-                self._keys.flush_wraps()
-            # A full or busy store cannot advance its counter now: the writes
-            # are committed, only the anchor lags, as after a kill (SECURITY.md).
-            with contextlib.suppress(StorageFullError, StoreBusyError):
-                _close_anchor(self._anchor)
+        self._assembly.close()
 
     def __enter__(self) -> Scratchpad:
         return self
@@ -300,23 +264,7 @@ class Scratchpad:
             InvalidArgumentError: a bad principal or turn id.
             IntegrityError: a listed entry fails authentication.
         """
-        return [
-            {
-                "scratchpad_id": opened.row["id"],
-                "step_num": opened.row["step_num"],
-                "executor_name": opened.row["executor_name"],
-                "actor": opened.row["actor"],
-                "channel": opened.row["channel"],
-                "kind": opened.row["content_kind"],
-                "size_bytes": opened.row["size_bytes"],
-                "size_chars": opened.row["size_chars"],
-                "created_at": opened.row["created_at"],
-                "expires_at": opened.row["expires_at"],
-                "summary": opened.meta["view"].get("summary", ""),
-                "view": opened.view(),
-            }
-            for opened in self._entries.turn_entries(principal, turn_id, now)
-        ]
+        return [_listed(opened) for opened in self._entries.turn_entries(principal, turn_id, now)]
 
     def delete(self, principal: Principal, scratchpad_id: str, *, now: float | None = None) -> None:
         """Delete one entry of the caller's (expired ones too), with secure_delete,
@@ -342,10 +290,7 @@ class Scratchpad:
         """
         check_principal(principal)
         check_identifier("turn_id", turn_id)
-        # Collection is housekeeping (expired entries are never served anyway):
-        # a busy store does not stop a turn from starting.
-        with contextlib.suppress(StoreBusyError):
-            self.gc(now, wait=False)
+        self._assembly.gc_quietly(now)
         return Turn(self._entries, self._records, principal, turn_id)
 
     def extend_turn(
@@ -372,19 +317,15 @@ class Scratchpad:
         """Re-wrap every owner key under ``new_keyring``'s master key; see ``lifecycle.rotate_master_key``."""
         if not isinstance(new_keyring, Keyring):
             raise InvalidArgumentError("new_keyring must be a securepad.Keyring")
-        done = lifecycle.rotate_master_key(self._db, self._keys, new_keyring, progress=progress)
-        self._anchor = _move_anchor(self._anchor, self._keys, new_keyring)
-        return done
+        return self._assembly.rotate_master_key(new_keyring, progress)
 
     def rotate_owner_key(self, owner_user_id: str, *, progress: Progress | None = None) -> dict[str, Any]:
         """New key version for an owner, old ones retired; see ``lifecycle.rotate_owner_key``."""
-        return lifecycle.rotate_owner_key(
-            self._db, self._keys, owner_user_id, progress=progress, heads=self._entries.heads
-        )
+        return self._assembly.rotate_owner_key(owner_user_id, progress)
 
     def forget_owner(self, owner_user_id: str) -> dict[str, Any]:
         """Crypto-shred an owner's keys and entries; see ``lifecycle.forget_owner``."""
-        return lifecycle.forget_owner(self._db, self._keys, owner_user_id)
+        return self._assembly.forget_owner(owner_user_id)
 
     # -- maintenance ----------------------------------------------------------------
 
@@ -400,16 +341,7 @@ class Scratchpad:
         Raises:
             StoreBusyError: the write lock was not obtained in time.
         """
-        cutoff = self._entries.now(now)
-        with self._db.transaction(admin=True, wait=wait) as conn:
-            self._entries.heads.prune(conn, cutoff)
-            deleted = entries.delete_expired(conn, cutoff)
-            records = Records.delete_expired(conn, cutoff)
-        if wait and (deleted or records):
-            self._db.scrub()
-        else:
-            self._db.checkpoint(wait=wait)
-        return deleted
+        return self._assembly.gc(now, wait=wait)
 
     def verify(self, *, now: float | None = None) -> dict[str, Any]:
         """Check the whole store: every owner's heads, every entry (with all its
@@ -441,7 +373,7 @@ class Scratchpad:
         Raises:
             StoreBusyError: the write lock was not obtained in time.
         """
-        return self._db.scrub()
+        return self._parts.db.scrub()
 
     def stats(self, principal: Principal | None = None, *, now: float | None = None) -> dict[str, Any]:
         """Counts and sizes: for one principal's scope, or (None) for the whole store.
@@ -449,9 +381,7 @@ class Scratchpad:
         Raises:
             InvalidArgumentError: a bad principal.
         """
-        access = self._parts.access
-        result = entries.stats(self._db, self._keys, access, principal, self._entries.now(now), self.location)
-        return result if principal else {**result, "anchor": self._anchor and self._anchor.status()}
+        return self._assembly.stats(principal, now)
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -474,74 +404,20 @@ def sqlite_of(pad: Scratchpad) -> Database:
     return db
 
 
-def _open_anchor(db: Backend, keys: Keystore, policy: Policy, anchoring: Anchoring) -> Anchor | None:
-    """The snapshot-rollback anchor of a SQLite store, checked and hooked into
-    every write (None on PostgreSQL, with ``anchor=False``, or with no path
-    and no key file to put it beside). ``anchoring``: (``anchor``, ``adopt_anchor``)."""
-    where, adopt = anchoring
-    if where is True or not isinstance(where, str | os.PathLike | bool | None):
-        raise InvalidArgumentError("anchor must be a path, None (the default place) or False (no anchor)")
-    assert where is not True  # for mypy: refused above
-    if not isinstance(db, Database):
-        if where not in (None, False) or adopt:
-            raise InvalidArgumentError("anchor and adopt_anchor are options of SQLite stores (SECURITY.md)")
-        return None
-    if where is False:
-        return None
-    path = default_path(keys.keyring.key_file, keys.store_id) if where is None else Path(where)
-    if path is None:
-        return None
-    sync, interval_s = policy.anchor_sync, float(policy.anchor_interval_seconds)
-    anchor = Anchor(db, keys.counter_seal, path, sync=sync, interval_s=interval_s, default=where is None)
-    anchor.open(adopt=adopt)
-    return anchor
-
-
-@contextlib.contextmanager
-def _closing(db: Backend) -> Iterator[None]:
-    try:
-        yield
-    finally:
-        db.close()
-
-
-def _close_anchor(anchor: Anchor | None) -> None:
-    """Anchor the last writes of a store that has an anchor."""
-    if anchor is not None:
-        anchor.close()
-
-
-def _move_anchor(anchor: Anchor | None, keys: Keystore, new_keyring: Keyring) -> Anchor | None:
-    """After a master rotation to a key file elsewhere, the anchor follows it
-    (where the next open will look for it)."""
-    if anchor is None or not anchor.default:
-        return anchor
-    path = default_path(new_keyring.key_file, keys.store_id)
-    if path is None or path == anchor.path:
-        return anchor
-    anchor.close()
-    moved = Anchor(anchor.db, keys.counter_seal, path, sync=anchor.sync, interval_s=anchor.interval_s, default=True)
-    moved.open(adopt=True)
-    return moved
-
-
-_PG_SCHEMES = ("postgresql://", "postgres://")
-
-
-def _open_backend(where: Any, admin: Any, schema: str, policy: Policy) -> Backend:
-    """A SQLite file, or a PostgreSQL store for a DSN or a connection pool."""
-    if isinstance(where, str | os.PathLike) and not str(where).startswith(_PG_SCHEMES):
-        if admin is not None or schema != "securepad":
-            raise InvalidArgumentError("admin and schema are options of PostgreSQL stores")
-        return Database(
-            Path(where),
-            wal_limit_bytes=policy.wal_limit_bytes,
-            incremental_vacuum=policy.incremental_vacuum,
-            durability=policy.durability,
-            allow_shared=policy.allow_shared_files,
-        )
-    try:
-        from ._pg import PostgresDatabase
-    except ImportError:
-        raise SecurepadError("PostgreSQL stores need psycopg: pip install 'psycopg[binary]' psycopg-pool") from None
-    return PostgresDatabase(str(where) if isinstance(where, os.PathLike) else where, admin=admin, schema=schema)
+def _listed(opened: Opened) -> dict[str, Any]:
+    """One entry of ``Scratchpad.list_for_turn``: its clear columns, summary and view."""
+    row = opened.row
+    return {
+        "scratchpad_id": row["id"],
+        "step_num": row["step_num"],
+        "executor_name": row["executor_name"],
+        "actor": row["actor"],
+        "channel": row["channel"],
+        "kind": row["content_kind"],
+        "size_bytes": row["size_bytes"],
+        "size_chars": row["size_chars"],
+        "created_at": row["created_at"],
+        "expires_at": row["expires_at"],
+        "summary": opened.meta["view"].get("summary", ""),
+        "view": opened.view(),
+    }

@@ -217,7 +217,9 @@ def test_sql_only_where_the_tables_are_owned() -> None:
     assert offenders == []
 
 
-@pytest.mark.parametrize("module", ["securepad.store", "securepad.turn", "securepad.aio", "securepad.reads"])
+@pytest.mark.parametrize(
+    "module", ["securepad.store", "securepad._assembly", "securepad.turn", "securepad.aio", "securepad.reads"]
+)
 def test_the_faces_and_pure_layers_hold_no_sql(module: str) -> None:
     assert module not in SQL_MODULES
 

@@ -126,6 +126,36 @@ for _backend in (SecurepadPostgresBackend, SqliteOwnerPerProcess, PostgresOwnerP
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(argv)
+    reason = SecurepadPostgresBackend.unavailable()
+    if reason:
+        print(reason)
+        return 1
+    _ensure_database()
+    import psycopg
+
+    with psycopg.connect(_dsn("postgres"), autocommit=True) as server:
+        server.execute(f"ALTER DATABASE {DATABASE} SET synchronous_commit = {args.synchronous_commit}")
+    config = dataclasses.replace(
+        Config.full(),
+        concurrency=((args.processes, args.threads),),
+        concurrency_seconds=args.seconds,
+        resume_steps=tuple(int(s) for s in args.resume_steps.split(",")),
+        resume_processes=args.resume_processes,
+    )
+    records = _run(config, owner_per_process=args.owner_per_process)
+    _print_concurrent(records["concurrent"], args)
+    _print_ratios(records["concurrent"])
+    records["cpu"] = [cpu_per_op(_dsn(DATABASE), count=args.cpu_ops, size=config.concurrent_bytes)]
+    _print_cpu(records["cpu"][0], args.cpu_ops)
+    _print_resume(records["resume"], args.resume_processes)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, **records}, indent=2, default=str))
+    print(f"\nresults: {args.out}")
+    return 0
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m securepad.bench.postgres", description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
@@ -147,23 +177,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--cpu-ops", type=int, default=1000, help="puts and reads of the CPU-per-operation run")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT / "postgres.json")
-    args = parser.parse_args(argv)
-    reason = SecurepadPostgresBackend.unavailable()
-    if reason:
-        print(reason)
-        return 1
-    _ensure_database()
-    import psycopg
+    return parser.parse_args(argv)
 
-    with psycopg.connect(_dsn("postgres"), autocommit=True) as server:
-        server.execute(f"ALTER DATABASE {DATABASE} SET synchronous_commit = {args.synchronous_commit}")
-    config = dataclasses.replace(
-        Config.full(),
-        concurrency=((args.processes, args.threads),),
-        concurrency_seconds=args.seconds,
-        resume_steps=tuple(int(s) for s in args.resume_steps.split(",")),
-        resume_processes=args.resume_processes,
-    )
+
+def _run(config: Config, *, owner_per_process: bool) -> dict[str, list[dict[str, Any]]]:
+    """The concurrency and resumption workloads on each backend side by side,
+    then (``owner_per_process``) the concurrency one with an owner per worker."""
     records: dict[str, list[dict[str, Any]]] = {"concurrent": [], "resume": []}
     with tempfile.TemporaryDirectory(prefix="securepad-bench-pg-") as tmp:
         workdir = Path(tmp)
@@ -172,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 records["concurrent"].extend(batch)
             for batch in run_resume(config, name, workdir, lambda _: None):
                 records["resume"].extend(batch)
-        if args.owner_per_process:
+        if owner_per_process:
             os.environ[OWNER_PER_PROCESS] = str(os.getpid())
             try:
                 for name in ("securepad-owner-per-process", "securepad-postgresql-owner-per-process"):
@@ -180,33 +199,33 @@ def main(argv: Sequence[str] | None = None) -> int:
                         records["concurrent"].extend(batch)
             finally:
                 del os.environ[OWNER_PER_PROCESS]
+    return records
+
+
+def _print_concurrent(concurrent: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(
         f"## concurrency: {args.processes} processes x {args.threads} threads, {args.seconds:g} s, 50/50 put/read"
         f" (PostgreSQL synchronous_commit = {args.synchronous_commit})"
     )
     print("| backend | put ops/s | read ops/s | all ops/s | put p99 ms | read p99 ms | errors | lost writes |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for r in records["concurrent"]:
+    for r in concurrent:
         print(
             f"| {r['backend']} | {r['put']['ops_per_s']:.0f} | {r['read']['ops_per_s']:.0f}"
             f" | {r['stats']['ops_per_s']:.0f} | {r['put']['p99'] * 1e3:.1f} | {r['read']['p99'] * 1e3:.1f}"
             f" | {r['error_count']} | {r['lost_writes']} |"
         )
-    _print_ratios(records["concurrent"])
-    records["cpu"] = [cpu_per_op(_dsn(DATABASE), count=args.cpu_ops, size=config.concurrent_bytes)]
-    _print_cpu(records["cpu"][0], args.cpu_ops)
-    print(f"\n## resumption in a fresh process ({args.resume_processes} runs each)")
+
+
+def _print_resume(resume: list[dict[str, Any]], processes: int) -> None:
+    print(f"\n## resumption in a fresh process ({processes} runs each)")
     print("| backend | steps | median ms | p90 ms | max ms |")
     print("|---|---:|---:|---:|---:|")
-    for r in records["resume"]:
+    for r in resume:
         s = r["stats"]
         print(
             f"| {r['backend']} | {r['steps']} | {s['median'] * 1e3:.1f} | {s['p90'] * 1e3:.1f} | {s['max'] * 1e3:.1f} |"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, **records}, indent=2, default=str))
-    print(f"\nresults: {args.out}")
-    return 0
 
 
 def _print_ratios(concurrent: list[dict[str, Any]]) -> None:

@@ -1,0 +1,205 @@
+"""One open store put together: the backend for a path, DSN or pool; the
+layers built over it, in order (keys, anchor, access, tables); and the work
+that spans those layers, which ``Scratchpad`` delegates to: the
+snapshot-rollback anchor kept from open through a master rotation to close,
+expiry collection (``gc``) and the store-wide ``stats``.
+
+``Scratchpad`` (the face) validates and documents; this module holds no SQL
+of its own and reads no policy setting the layers do not hand it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import entries, lifecycle
+from ._backend import Backend
+from ._db import Database
+from ._records import Records
+from .access import Access
+from .anchor import Anchor, default_path
+from .entries import Entries
+from .errors import InvalidArgumentError, SecurepadError, StorageFullError, StoreBusyError
+from .keys import Keyring
+from .keystore import Keystore, Progress
+from .policy import Policy
+from .principal import Principal
+
+__all__ = ["NEAR_KEY", "AnchorOption", "Anchoring", "Assembly", "Parts", "open_backend", "resolve_policy"]
+
+# Scratchpad.open's anchor: a path, None (beside the key file) or False (none).
+AnchorOption = str | os.PathLike[str] | bool | None
+Anchoring = tuple[AnchorOption, bool]  # (anchor, adopt_anchor)
+NEAR_KEY: Anchoring = (None, False)
+
+_PG_SCHEMES = ("postgresql://", "postgres://")
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The layers one open store is built from, for the package's own tools
+    (the audit, the drills, the demo) that work below the public surface."""
+
+    db: Backend
+    keys: Keystore
+    access: Access
+    entries: Entries
+    records: Records
+
+
+def resolve_policy(policy: str | os.PathLike[str] | Policy | None) -> Policy:
+    """A shipped policy's name, a TOML file's path, a ``Policy``, or None (the shipped default).
+
+    Raises:
+        PolicyError: the policy file is invalid.
+    """
+    if policy is None:
+        return Policy.default()
+    if isinstance(policy, Policy):
+        return policy
+    return Policy.load(policy if isinstance(policy, str) else Path(policy))
+
+
+def open_backend(where: Any, admin: Any, schema: str, policy: Policy) -> Backend:
+    """A SQLite file, or a PostgreSQL store for a DSN or a connection pool.
+
+    Raises:
+        InvalidArgumentError: PostgreSQL options given for a SQLite file.
+        SecurepadError: psycopg is not installed.
+    """
+    if isinstance(where, str | os.PathLike) and not str(where).startswith(_PG_SCHEMES):
+        if admin is not None or schema != "securepad":
+            raise InvalidArgumentError("admin and schema are options of PostgreSQL stores")
+        return Database(
+            Path(where),
+            wal_limit_bytes=policy.wal_limit_bytes,
+            incremental_vacuum=policy.incremental_vacuum,
+            durability=policy.durability,
+            allow_shared=policy.allow_shared_files,
+        )
+    try:
+        from ._pg import PostgresDatabase
+    except ImportError:
+        raise SecurepadError("PostgreSQL stores need psycopg: pip install 'psycopg[binary]' psycopg-pool") from None
+    return PostgresDatabase(str(where) if isinstance(where, os.PathLike) else where, admin=admin, schema=schema)
+
+
+class Assembly:
+    """An open store's layers (``parts``) and its anchor, and the work that spans them."""
+
+    def __init__(
+        self, db: Backend, keyring: Keyring, policy: Policy, clock: Callable[[], float], anchoring: Anchoring
+    ) -> None:
+        keys = Keystore(db, keyring)
+        # The anchor is checked before anything is written (heads.build_if_needed may write).
+        self.anchor = _open_anchor(db, keys, policy, anchoring)
+        access = Access(db, policy)
+        table = Entries(db, keys, access, policy, clock)
+        records = Records(db, keys, access, table.ttl, table.now, table.check_quota, table.heads)
+        table.heads.build_if_needed()
+        self.parts = Parts(db, keys, access, table, records)
+
+    def close(self) -> None:
+        """``Scratchpad.close``: key-use counts, then the anchor, then the connections."""
+        with _closing(self.parts.db):
+            with contextlib.suppress(SecurepadError):  # a busy or broken store: the counts stay low by < 256 a key
+                self.parts.keys.flush_wraps()
+            # A full or busy store cannot advance its counter now: the writes
+            # are committed, only the anchor lags, as after a kill (SECURITY.md).
+            if self.anchor is not None:
+                with contextlib.suppress(StorageFullError, StoreBusyError):
+                    self.anchor.close()
+
+    def rotate_master_key(self, new_keyring: Keyring, progress: Progress | None) -> dict[str, Any]:
+        """``Scratchpad.rotate_master_key``; the anchor follows the key file."""
+        done = lifecycle.rotate_master_key(self.parts.db, self.parts.keys, new_keyring, progress=progress)
+        self.anchor = _move_anchor(self.anchor, self.parts.keys, new_keyring)
+        return done
+
+    def rotate_owner_key(self, owner_user_id: str, progress: Progress | None) -> dict[str, Any]:
+        """``Scratchpad.rotate_owner_key``."""
+        db, keys, heads = self.parts.db, self.parts.keys, self.parts.entries.heads
+        return lifecycle.rotate_owner_key(db, keys, owner_user_id, progress=progress, heads=heads)
+
+    def forget_owner(self, owner_user_id: str) -> dict[str, Any]:
+        """``Scratchpad.forget_owner``."""
+        return lifecycle.forget_owner(self.parts.db, self.parts.keys, owner_user_id)
+
+    def gc(self, now: float | None, *, wait: bool) -> int:
+        """``Scratchpad.gc``: heads pruned, expired entries and records deleted in
+        one admin transaction, then a scrub (or, without ``wait``, a checkpoint)."""
+        db = self.parts.db
+        cutoff = self.parts.entries.now(now)
+        with db.transaction(admin=True, wait=wait) as conn:
+            self.parts.entries.heads.prune(conn, cutoff)
+            deleted = entries.delete_expired(conn, cutoff)
+            records = Records.delete_expired(conn, cutoff)
+        if wait and (deleted or records):
+            db.scrub()
+        else:
+            db.checkpoint(wait=wait)
+        return deleted
+
+    def gc_quietly(self, now: float | None) -> None:
+        """Collect expired entries without waiting on readers (``Scratchpad.turn``).
+
+        Collection is housekeeping (expired entries are never served anyway):
+        a busy store does not stop a turn from starting."""
+        with contextlib.suppress(StoreBusyError):
+            self.gc(now, wait=False)
+
+    def stats(self, principal: Principal | None, now: float | None) -> dict[str, Any]:
+        """``Scratchpad.stats``; the store-wide figures include the anchor's status."""
+        db, keys, access, table = self.parts.db, self.parts.keys, self.parts.access, self.parts.entries
+        result = entries.stats(db, keys, access, principal, table.now(now), db.location)
+        return result if principal else {**result, "anchor": self.anchor and self.anchor.status()}
+
+
+def _open_anchor(db: Backend, keys: Keystore, policy: Policy, anchoring: Anchoring) -> Anchor | None:
+    """The snapshot-rollback anchor of a SQLite store, checked and hooked into
+    every write (None on PostgreSQL, with ``anchor=False``, or with no path
+    and no key file to put it beside). ``anchoring``: (``anchor``, ``adopt_anchor``)."""
+    where, adopt = anchoring
+    if where is True or not isinstance(where, str | os.PathLike | bool | None):
+        raise InvalidArgumentError("anchor must be a path, None (the default place) or False (no anchor)")
+    assert where is not True  # for mypy: refused above
+    if not isinstance(db, Database):
+        if where not in (None, False) or adopt:
+            raise InvalidArgumentError("anchor and adopt_anchor are options of SQLite stores (SECURITY.md)")
+        return None
+    if where is False:
+        return None
+    path = default_path(keys.keyring.key_file, keys.store_id) if where is None else Path(where)
+    if path is None:
+        return None
+    sync, interval_s = policy.anchor_sync, float(policy.anchor_interval_seconds)
+    anchor = Anchor(db, keys.counter_seal, path, sync=sync, interval_s=interval_s, default=where is None)
+    anchor.open(adopt=adopt)
+    return anchor
+
+
+@contextlib.contextmanager
+def _closing(db: Backend) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        db.close()
+
+
+def _move_anchor(anchor: Anchor | None, keys: Keystore, new_keyring: Keyring) -> Anchor | None:
+    """After a master rotation to a key file elsewhere, the anchor follows it
+    (where the next open will look for it)."""
+    if anchor is None or not anchor.default:
+        return anchor
+    path = default_path(new_keyring.key_file, keys.store_id)
+    if path is None or path == anchor.path:
+        return anchor
+    anchor.close()
+    moved = Anchor(anchor.db, keys.counter_seal, path, sync=anchor.sync, interval_s=anchor.interval_s, default=True)
+    moved.open(adopt=True)
+    return moved
