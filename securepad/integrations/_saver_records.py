@@ -53,6 +53,12 @@ WRITE = "langgraph.write"
 BLOB = "langgraph.blob"
 THREAD = "langgraph.thread"
 FORMAT = 1
+# The leading sealed fields of each kind of entry that choose it (and check where
+# it was found); the saver writes them before the rest, the data last (see listed).
+CHECKPOINT_CHOICE = ("format", "thread_id", "ns", "checkpoint_id")
+WRITE_CHOICE = ("format", "thread_id", "ns", "checkpoint_id", "task_id", "task_path", "idxs", "type")
+VALUE_CHOICE = ("format", "thread_id", "ns", "channel", "version")
+THREAD_CHOICE = ("format", "thread_id")
 # The saver's ``serde.loads_typed``: (type, serialized form) -> the value.
 Loads = Callable[[tuple[str, bytes]], Any]
 
@@ -65,11 +71,13 @@ def turn_id(kind: str, *parts: Any) -> str:
 
 @dataclass(frozen=True)
 class Stored:
-    """An entry as ``list_for_turn`` shows it: id, expiry and the sealed metadata."""
+    """An entry as ``list_for_turn`` shows it: id, expiry and the sealed metadata,
+    whole or (``whole`` False) the leading fields the listing's view kept."""
 
     scratchpad_id: str
     expires_at: float
     meta: dict[str, Any]
+    whole: bool = True
 
 
 def sealed(meta: dict[str, Any], data: bytes) -> dict[str, Any]:
@@ -118,17 +126,26 @@ class SaverRecords:
 
     # -- reading -------------------------------------------------------------------
 
-    def listed(self, principal: Principal, turn: str, executor: str) -> list[Stored]:
-        """The live entries of ``turn``, all of which must be the saver's ``executor`` entries."""
+    def listed(self, principal: Principal, turn: str, executor: str, needs: tuple[str, ...]) -> list[Stored]:
+        """The live entries of ``turn``, all of which must be the saver's ``executor`` entries.
+
+        A listing's view fits the policy's ``inline_max_chars`` (it is what a
+        model may see): sealed metadata longer than that is cut to its leading
+        fields. The saver writes the fields that choose an entry first and the
+        data last, so a cut view normally still holds ``needs``: the entry is
+        then not read (``Stored.whole`` is False; ``having`` and ``opened`` read
+        the rest when it is wanted). Only a view cut before one of ``needs`` is read here.
+        """
         stored = []
         for item in self.pad.list_for_turn(principal, turn, now=self.clock()):
             meta = item["view"].get("metadata") or {}
-            if "metadata" in item["view"].get("view_cut", ()):
-                # The view fits the policy's inline_max_chars (what a model may see): the entry has it whole.
+            whole = "metadata" not in item["view"].get("view_cut", ())
+            if not whole and not all(name in meta for name in needs):
                 meta, _ = self.content(principal, item["scratchpad_id"], f"an entry of the saver's turn {turn}")
+                whole = True
             if item["executor_name"] != executor or meta.get("format") != FORMAT:
                 raise IntegrityError(f"an entry in the saver's turn {turn} is not one of its {executor} entries")
-            stored.append(Stored(item["scratchpad_id"], float(item["expires_at"]), meta))
+            stored.append(Stored(item["scratchpad_id"], float(item["expires_at"]), meta, whole))
         return stored
 
     def content(self, principal: Principal, scratchpad_id: str, what: str) -> tuple[dict[str, Any], bytes]:
@@ -145,26 +162,37 @@ class SaverRecords:
             raise IntegrityError(f"{what} is not an entry the saver wrote")
         return observation.get("metadata") or {}, observation["content"]
 
-    def payload(self, principal: Principal, stored: Stored, what: str) -> bytes:
-        """What an entry holds: in its sealed metadata when small (listing the
-        turn brought it already), else its content."""
-        if "data" in stored.meta:
-            return base64.b64decode(stored.meta["data"])
-        meta, content = self.content(principal, stored.scratchpad_id, what)
-        if meta != stored.meta:
-            raise IntegrityError(f"{what} changed while it was read")
-        return content
+    def having(self, principal: Principal, stored: Stored, *names: str) -> Stored:
+        """``stored``, with its whole sealed metadata read from the entry if the
+        listing cut one of ``names`` (what the listing showed must be part of it)."""
+        if all(name in stored.meta for name in names):
+            return stored
+        meta, _ = self.opened(principal, stored, f"entry {stored.scratchpad_id}")
+        return Stored(stored.scratchpad_id, stored.expires_at, meta)
 
-    def checkpoints(self, principal: Principal, thread_id: str) -> list[Stored]:
-        """The live checkpoint entries of a thread, their sealed metadata checked."""
-        listed = self.listed(principal, turn_id("thread", thread_id), CHECKPOINT)
+    def opened(self, principal: Principal, stored: Stored, what: str) -> tuple[dict[str, Any], bytes]:
+        """An entry's whole sealed metadata and what it holds: in its sealed
+        metadata when small (when the listing brought that whole, nothing is
+        read), else its content."""
+        if stored.whole and "data" in stored.meta:
+            return stored.meta, base64.b64decode(stored.meta["data"])
+        meta, content = self.content(principal, stored.scratchpad_id, what)
+        shown = all(name in meta and meta[name] == value for name, value in stored.meta.items())
+        if not shown or (stored.whole and meta.keys() != stored.meta.keys()):
+            raise IntegrityError(f"{what} changed while it was read")
+        return meta, base64.b64decode(meta["data"]) if "data" in meta else content
+
+    def checkpoints(self, principal: Principal, thread_id: str, *needs: str) -> list[Stored]:
+        """The live checkpoint entries of a thread, their sealed metadata checked
+        (and holding ``needs``, e.g. ``"metadata"`` to match LangGraph's, see ``listed``)."""
+        listed = self.listed(principal, turn_id("thread", thread_id), CHECKPOINT, CHECKPOINT_CHOICE + needs)
         for stored in listed:
             expect(stored.meta, thread_id=thread_id)
         return listed
 
     def writes(self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str) -> list[Stored]:
         """The live pending-write entries of a checkpoint, their sealed metadata checked."""
-        listed = self.listed(principal, turn_id("writes", thread_id, ns, checkpoint_id), WRITE)
+        listed = self.listed(principal, turn_id("writes", thread_id, ns, checkpoint_id), WRITE, WRITE_CHOICE)
         for stored in listed:
             expect(stored.meta, thread_id=thread_id, ns=ns, checkpoint_id=checkpoint_id)
         return listed
@@ -185,9 +213,9 @@ class SaverRecords:
 
     def write_items(self, principal: Principal, stored: Stored, loads: Loads) -> list[tuple[int, str, Any]]:
         """The (idx, channel, value) writes of one put_writes entry."""
-        items = loads((stored.meta["type"], self.payload(principal, stored, "a pending write")))
-        found = [(int(idx), str(channel), value) for idx, channel, value in items]
-        if [idx for idx, _, _ in found] != stored.meta["idxs"]:
+        meta, data = self.opened(principal, stored, "a pending write")
+        found = [(int(idx), str(channel), value) for idx, channel, value in loads((meta["type"], data))]
+        if [idx for idx, _, _ in found] != meta["idxs"]:
             raise IntegrityError("a pending write entry does not hold the writes its metadata names")
         return found
 
@@ -246,7 +274,7 @@ class SaverRecords:
             cached = self._values.get(key)
         if not known:
             turn = turn_id("value", thread_id, ns, channel, version)
-            listed = self.listed(principal, turn, BLOB)
+            listed = self.listed(principal, turn, BLOB, VALUE_CHOICE)
             for stored in listed:
                 expect(stored.meta, thread_id=thread_id, ns=ns, channel=channel, version=version)
             cached = max(listed, key=lambda s: s.expires_at) if listed else None
@@ -298,6 +326,8 @@ class SaverRecords:
 
     def drop(self, principal: Principal, thread_id: str, doomed: list[Stored], kept: list[Stored]) -> None:
         """Delete checkpoints with their pending writes and the values no kept checkpoint refers to."""
+        doomed = [self.having(principal, stored, "values") for stored in doomed]
+        kept = [self.having(principal, stored, "values") for stored in kept]
         in_use = {value_id for stored in kept for _, value_id in stored.meta["values"].values()}
         for stored in doomed:
             meta = stored.meta
@@ -330,7 +360,7 @@ class ThreadList:
             known = self._threads.get(owner)
         if known is None:
             known = {}
-            for stored in self.records.listed(principal, turn_id("threads"), THREAD):
+            for stored in self.records.listed(principal, turn_id("threads"), THREAD, THREAD_CHOICE):
                 tid = stored.meta["thread_id"]
                 known[tid] = max(known.get(tid, 0.0), stored.expires_at)
             with self._lock:
@@ -358,7 +388,7 @@ class ThreadList:
 
     def unregister(self, principal: Principal, thread_id: str) -> None:
         """Take the thread out of the owner's list."""
-        for stored in self.records.listed(principal, turn_id("threads"), THREAD):
+        for stored in self.records.listed(principal, turn_id("threads"), THREAD, THREAD_CHOICE):
             if stored.meta["thread_id"] == thread_id:
                 self.records.delete(principal, stored.scratchpad_id)
         with self._lock:

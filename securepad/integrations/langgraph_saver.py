@@ -19,6 +19,15 @@ sealing, tamper evidence and expiry are the store's own):
 - the owner's threads are listed in the turn ``securepad.langgraph:threads``
   (for ``delete_for_runs`` and ``list(None)``).
 
+A serialized checkpoint or write of at most 4 KiB travels in the entry's
+sealed metadata (``data``, its last field). Choosing among a thread's
+checkpoints reads its listing only: a listing's view fits the policy's
+``inline_max_chars``, and a view cut to fit keeps the leading fields (format,
+thread, namespace, ids, LangGraph's metadata), which are all that choosing
+needs. So ``get_tuple`` reads whole only the checkpoint it returns (and its
+big values and writes), ``list(limit=n)`` only the ``n`` it yields, however
+long the thread.
+
 Each entry takes its turn's next step number (one more than the highest live
 one; the store keeps one live entry per step), chosen in the write
 transaction that serializes the owner's writes: writers of one thread in
@@ -207,7 +216,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
             return
         found: builtins.list[tuple[str, Stored]] = []
         for thread_id in threads:
-            for stored in self.records.checkpoints(principal, thread_id):
+            for stored in self.records.checkpoints(principal, thread_id, *(["metadata"] if filter else [])):
                 if _selected(stored.meta, ns=ns, wanted=wanted, below=below, filter=filter):
                     found.append((thread_id, stored))
         found.sort(key=lambda item: item[1].meta["checkpoint_id"], reverse=True)
@@ -215,9 +224,8 @@ class SecurepadSaver(ThreadedAsyncSaver):
             yield self._load(principal, thread_id, stored)
 
     def _load(self, principal: Principal, thread_id: str, stored: Stored) -> CheckpointTuple:
-        meta = stored.meta
+        meta, content = self.records.opened(principal, stored, f"checkpoint {stored.meta['checkpoint_id']}")
         ns, checkpoint_id = meta["ns"], meta["checkpoint_id"]
-        content = self.records.payload(principal, stored, f"checkpoint {checkpoint_id}")
         checkpoint: Checkpoint = self.serde.loads_typed((meta["type"], content))
         values = dict(checkpoint.get("channel_values") or {})
         for channel, (version, value_id) in meta["values"].items():
@@ -361,7 +369,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
         runs = set(run_ids)
         principal = self._who({"configurable": {}})
         for thread_id in sorted(self.threads.of(principal)):
-            listed = self.records.checkpoints(principal, thread_id)
+            listed = self.records.checkpoints(principal, thread_id, "metadata")
             doomed = [s for s in listed if s.meta["metadata"].get("run_id") in runs]
             if doomed:
                 kept = [s for s in listed if s not in doomed]
