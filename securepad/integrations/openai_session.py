@@ -9,7 +9,11 @@ two writers share one), so items list in the order they were added and the
 store's own checks refuse an item moved to another session or owner, edited,
 or moved to another position. The item is kept as JSON text, in the entry's
 sealed metadata when it is small (listing the session then brings it) and as
-its content otherwise; the sealed metadata repeats the session id.
+its content otherwise; the sealed metadata repeats the session id. A listing's
+view fits the policy's ``inline_max_chars``: one cut to fit keeps the format
+and session id (the leading fields), and its item is read from the entry
+only when it is returned, so ``get_items(limit)`` and ``pop_item`` read whole
+only the items they return.
 """
 
 from __future__ import annotations
@@ -104,10 +108,12 @@ class SecurepadSession(SessionABC):
         """The session's live item entries, oldest first, each checked to be one of ours."""
         listed = self.pad.list_for_turn(self.principal, self.turn_id)
         for item in listed:
-            if "metadata" in item["view"].get("view_cut", ()):
-                # The view fits the policy's inline_max_chars (what a model may see): the entry has it whole.
-                item["view"]["metadata"] = self._whole_metadata(item["scratchpad_id"])
             meta = item["view"].get("metadata") or {}
+            # A view fits the policy's inline_max_chars (what a model may see): one cut to fit keeps
+            # the leading fields (format, session id), and the item is read when it is wanted.
+            # Only a view cut before them is read here.
+            if "metadata" in item["view"].get("view_cut", ()) and not {"format", "session_id"} <= meta.keys():
+                meta = item["view"]["metadata"] = self._whole_metadata(item["scratchpad_id"])
             if (
                 item["executor_name"] != _ITEM
                 or meta.get("format") != _FORMAT
@@ -139,7 +145,11 @@ class SecurepadSession(SessionABC):
         observation = entry.observation
         if not isinstance(observation, dict) or not isinstance(observation.get("content"), str):
             raise IntegrityError("a session item is not one the session wrote")
-        return json.loads(observation["content"])
+        metadata = observation.get("metadata") or {}
+        if any(metadata.get(name) != value for name, value in meta.items()):
+            raise IntegrityError("a session item changed while it was read")
+        # Small items are in the sealed metadata (cut from the view when it is narrow), the rest are content.
+        return json.loads(metadata["item"] if "item" in metadata else observation["content"])
 
     def _get_items(self, limit: int | None) -> list[Any]:
         listed = self._listed()
