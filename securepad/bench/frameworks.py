@@ -7,7 +7,8 @@ LangGraph checkpointers: ``SecurepadSaver`` (SQLite file, PostgreSQL) beside
 ``EncryptedSerializer`` (AES, ``from_pycryptodome_aes``). Per state size
 (1 KiB, 64 KiB, 1 MiB of one channel that changes every step, plus a small
 counter): ``put`` of the next checkpoint and ``get_tuple`` of the latest, in
-a thread of 20 checkpoints. Then a 100-step graph run end to end (each step
+a thread of 20 checkpoints; ``get_tuple`` of the latest 1 KiB checkpoint in
+threads of 1 and 50 (its cost should not grow with the thread). Then a 100-step graph run end to end (each step
 appends ~200 bytes to a list channel and bumps a counter), on every saver.
 
 OpenAI Agents sessions: ``SecurepadSession`` (SQLite, PostgreSQL) beside
@@ -53,6 +54,8 @@ SERVER_DSN = os.environ.get("SECUREPAD_BENCH_PG_DSN", "postgresql://postgres@127
 SIZES = {"1 KiB": 1024, "64 KiB": 64 * 1024, "1 MiB": 1024 * 1024}
 PRINCIPAL = Principal("bench-owner", "agent", "bench")
 THREAD_LENGTH = 20
+# get_tuple of the latest 1 KiB checkpoint in threads of these lengths.
+LENGTHS = (1, 50)
 GRAPH_STEPS = 100
 
 
@@ -152,9 +155,11 @@ def _savers(workdir: Path, dsn: str | None) -> dict[str, SaverFactory]:
 # -- checkpoints ------------------------------------------------------------------------------
 
 
-def _checkpoint_figures(factory: SaverFactory, size: int, repeats: int) -> dict[str, float]:
+def _checkpoint_figures(
+    factory: SaverFactory, size: int, repeats: int, length: int = THREAD_LENGTH
+) -> dict[str, float]:
     """put of the next checkpoint (one channel changed, ``size`` bytes) and
-    get_tuple of the latest, on a thread of THREAD_LENGTH checkpoints."""
+    get_tuple of the latest, on a thread of ``length`` checkpoints."""
     puts: list[float] = []
     gets: list[float] = []
     with factory() as saver:
@@ -162,7 +167,7 @@ def _checkpoint_figures(factory: SaverFactory, size: int, repeats: int) -> dict[
             config: RunnableConfig = {"configurable": {"thread_id": f"t{run}", "checkpoint_ns": ""}}
             checkpoint = empty_checkpoint()
             version = None
-            for step in range(THREAD_LENGTH):
+            for step in range(length):
                 version = saver.get_next_version(version, None)
                 payload = base64.b64encode(os.urandom(size * 3 // 4 + 1)).decode()[:size]
                 checkpoint = {
@@ -175,7 +180,7 @@ def _checkpoint_figures(factory: SaverFactory, size: int, repeats: int) -> dict[
                 config = saver.put(
                     config, checkpoint, {"source": "loop", "step": step}, {"data": version, "step": version}
                 )
-                if step == THREAD_LENGTH - 1:
+                if step == length - 1:
                     puts.append(time.perf_counter() - started)
             started = time.perf_counter()
             found = saver.get_tuple({"configurable": {"thread_id": f"t{run}", "checkpoint_ns": ""}})
@@ -280,6 +285,7 @@ def run(*, quick: bool, postgresql: bool) -> dict[str, Any]:
         "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()},
         "quick": quick,
         "checkpoints": {},
+        "get_tuple_by_thread_length": {},
         "graph_100_steps": {},
         "sessions": {},
     }
@@ -289,6 +295,10 @@ def run(*, quick: bool, postgresql: bool) -> dict[str, Any]:
         for name, factory in _savers(workdir, dsn).items():
             results["checkpoints"][name] = {
                 label: _checkpoint_figures(factory, size, _repeats(size, quick)) for label, size in SIZES.items()
+            }
+            results["get_tuple_by_thread_length"][name] = {
+                str(length): _checkpoint_figures(factory, 1024, 3 if quick else 20, length)["get_ms"]
+                for length in LENGTHS
             }
             results["graph_100_steps"][name] = _graph_run(factory, 2 if quick else 5)
             print(f"  {name}: done", flush=True)
@@ -309,6 +319,12 @@ def markdown(results: dict[str, Any]) -> str:
         cells = [f"{figures[s]['put_ms']:.2f} | {figures[s]['get_ms']:.2f}" for s in sizes]
         run_ms = results["graph_100_steps"][name]["run_ms"]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {run_ms:.0f} |")
+    lengths = [str(length) for length in LENGTHS]
+    lines += ["", "get_tuple of the latest 1 KiB checkpoint by thread length (median ms):", ""]
+    lines.append("| saver | " + " | ".join(f"{n} checkpoint{'s' * (n != '1')}" for n in lengths) + " |")
+    lines.append("|---|" + "---:|" * len(lengths))
+    for name, figures in results["get_tuple_by_thread_length"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{figures[n]:.2f}" for n in lengths) + " |")
     lines += ["", "Sessions (median ms: add_items of one item / get_items of all 20):", ""]
     lines.append("| session | " + " | ".join(f"{s} add | {s} get" for s in sizes) + " |")
     lines.append("|---|" + "---:|" * (2 * len(sizes)))
