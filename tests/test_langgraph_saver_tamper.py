@@ -1,13 +1,11 @@
 """Edits of the SQLite file under ``SecurepadSaver``, as an attacker with write
 access to the file (and no key) would make them.
 
-What is refused today comes from the entries' own format: every checkpoint,
-pending write and channel value is a sealed entry bound to its owner, turn
-(thread / checkpoint / channel version) and step, and a checkpoint names the
-entries of its big values. What is not refused yet (deleting the newest
-checkpoint or a pending write) needs tamper evidence over a whole turn,
-issue 14; the last tests pin those gaps. Rolling the whole file back is
-refused by the store's snapshot-rollback anchor.
+Every checkpoint, pending write and channel value is a sealed entry bound to
+its owner, turn (thread / checkpoint / channel version) and step, and a
+checkpoint names the entries of its big values. Deleting the newest
+checkpoint or a pending write is refused by the turn's sealed head (issue
+14); rolling the whole file back by the store's snapshot-rollback anchor.
 """
 
 from __future__ import annotations
@@ -208,7 +206,7 @@ def test_deleting_pending_writes_is_refused(world: World) -> None:
         world.latest()
 
 
-# -- not refused until the snapshot anchor (issue 14, second part) ------------------------------
+# -- refused since issue 14: the store's snapshot-rollback anchor -----------------------------------
 
 
 def test_rolling_the_file_back_is_refused(world: World, tmp_path: Path) -> None:

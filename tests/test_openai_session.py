@@ -5,6 +5,7 @@ turns, owner isolation, and what an edit of the file does."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -251,6 +252,22 @@ def test_a_deleted_newest_item_is_refused(stored: Path, keyring: Keyring, alice:
         s1 = SecurepadSession("s1", pad, alice).turn_id
     _edit(stored, "DELETE FROM entries WHERE turn_id = ? AND step_num = 3", s1)
     with pytest.raises(IntegrityError):
+        _items(stored, keyring, alice, "s1")
+
+
+def test_rolling_the_file_back_is_refused(stored: Path, keyring: Keyring, alice: Principal, tmp_path: Path) -> None:
+    """A popped item brought back by copying an older file over the store: the
+    store's anchor (beside the key file) is above the copy's write counter."""
+    with Scratchpad.open(stored, keyring=keyring) as pad:
+        pad.gc()  # the WAL into the file, so that the copy is whole
+    copy = tmp_path / "before.db"
+    shutil.copy(stored, copy)
+    with Scratchpad.open(stored, keyring=keyring) as pad:
+        assert run(SecurepadSession("s1", pad, alice).pop_item()) == message(3)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{stored}{suffix}").unlink(missing_ok=True)
+    shutil.copy(copy, stored)
+    with pytest.raises(IntegrityError, match="snapshot rollback"):
         _items(stored, keyring, alice, "s1")
 
 
