@@ -282,7 +282,13 @@ def _ms(samples: list[float]) -> float:
 
 def run(*, quick: bool, postgresql: bool) -> dict[str, Any]:
     results: dict[str, Any] = {
-        "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()},
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            # The 1-minute load average at the start and the end: the machine may be shared.
+            "load_average": {"start": round(os.getloadavg()[0], 2)},
+        },
         "quick": quick,
         "checkpoints": {},
         "get_tuple_by_thread_length": {},
@@ -307,6 +313,7 @@ def run(*, quick: bool, postgresql: bool) -> dict[str, Any]:
                 label: _session_figures(make, size, _repeats(size, quick)) for label, size in SIZES.items()
             }
             print(f"  {name}: done", flush=True)
+    results["machine"]["load_average"]["end"] = round(os.getloadavg()[0], 2)
     return results
 
 
