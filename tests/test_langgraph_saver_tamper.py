@@ -200,6 +200,19 @@ def test_deleting_the_newest_checkpoint_is_refused(world: World) -> None:
         world.listed()
 
 
+def test_deleting_an_older_checkpoint_is_refused(world: World) -> None:
+    """Not only the tail: any checkpoint of the thread deleted from the file."""
+    first = world.configs[("alice", "t1")][0]["configurable"]["checkpoint_id"]
+    with world.saver() as saver:
+        listed = saver.pad.list_for_turn(Principal("alice", "graph", "api"), turn_id("thread", "t1"))
+    (older,) = [item["scratchpad_id"] for item in listed if item["view"]["metadata"]["checkpoint_id"] == first]
+    assert _edit(world.db_path, "DELETE FROM entries WHERE id = ?", older) == 1
+    with pytest.raises(IntegrityError):
+        world.latest()
+    with pytest.raises(IntegrityError):
+        world.listed()
+
+
 def test_deleting_pending_writes_is_refused(world: World) -> None:
     _edit(world.db_path, "DELETE FROM entries WHERE executor_name = 'langgraph.write' AND owner_user_id = 'alice'")
     with pytest.raises(IntegrityError):

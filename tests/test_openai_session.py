@@ -255,6 +255,14 @@ def test_a_deleted_newest_item_is_refused(stored: Path, keyring: Keyring, alice:
         _items(stored, keyring, alice, "s1")
 
 
+def test_a_deleted_middle_item_is_refused(stored: Path, keyring: Keyring, alice: Principal) -> None:
+    with Scratchpad.open(stored, keyring=keyring) as pad:
+        s1 = SecurepadSession("s1", pad, alice).turn_id
+    assert _edit(stored, "DELETE FROM entries WHERE turn_id = ? AND step_num = 2", s1) == 1
+    with pytest.raises(IntegrityError):
+        _items(stored, keyring, alice, "s1")
+
+
 def test_rolling_the_file_back_is_refused(stored: Path, keyring: Keyring, alice: Principal, tmp_path: Path) -> None:
     """A popped item brought back by copying an older file over the store: the
     store's anchor (beside the key file) is above the copy's write counter."""
