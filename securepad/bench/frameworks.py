@@ -276,6 +276,14 @@ def _session_figures(make: Callable[[str], Any], size: int, repeats: int) -> dic
 # -- the run and the report ------------------------------------------------------------------------
 
 
+def _load() -> float | None:
+    """The 1-minute load average (None where the platform has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
 def _ms(samples: list[float]) -> float:
     return round(statistics.median(samples) * 1000, 3)
 
@@ -287,7 +295,7 @@ def run(*, quick: bool, postgresql: bool) -> dict[str, Any]:
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
             # The 1-minute load average at the start and the end: the machine may be shared.
-            "load_average": {"start": round(os.getloadavg()[0], 2)},
+            "load_average": {"start": _load()},
         },
         "quick": quick,
         "checkpoints": {},
@@ -313,7 +321,7 @@ def run(*, quick: bool, postgresql: bool) -> dict[str, Any]:
                 label: _session_figures(make, size, _repeats(size, quick)) for label, size in SIZES.items()
             }
             print(f"  {name}: done", flush=True)
-    results["machine"]["load_average"]["end"] = round(os.getloadavg()[0], 2)
+    results["machine"]["load_average"]["end"] = _load()
     return results
 
 
