@@ -47,7 +47,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ._backend import Params, Rows
-from ._pg_conn import BUSY, Transaction, Watch, Watchdog, rows_of, translate
+from ._pg_conn import BUSY, Transaction, Watch, Watchdog, cursor, rows_of, translate
 from ._pg_schema import ADMIN_ROLE, APP_ROLE, SCHEMA_VERSION, lock_key, migrate, reason
 from .errors import SecurepadError, StoreBusyError, StoreUnavailableError
 
@@ -285,7 +285,7 @@ class PostgresDatabase:
         elif wait:
             locks, params = ", pg_advisory_xact_lock(%s)", (self._store_lock,)
         else:
-            locks, params = ", pg_try_advisory_xact_lock(%s)", (self._store_lock,)
+            locks, params = ", pg_try_advisory_xact_lock(%s) AS locked", (self._store_lock,)
         opening = (_SETTINGS + locks, (*self._settings(owner, admin), *params))
         tx = Transaction(lambda: self._connection(admin), self._retry, opening, try_lock=owner is None and not wait)
         committed = False
@@ -331,17 +331,17 @@ class PostgresDatabase:
         call: Watch | None = None
         try:
             for attempt in range(self._pool_size + 1):
-                with self._connection(admin) as call, psycopg.ClientCursor(call.conn) as cursor:
+                with self._connection(admin) as call, cursor(call.conn) as sent:
                     try:
-                        cursor.execute(text, values)
+                        sent.execute(text, values)
                     except psycopg.OperationalError as exc:
                         if self._retry(call, attempt) and not isinstance(exc, BUSY):
                             continue  # a connection that died while idle: reads are safe to run again
                         raise
                     found = []
                     for _ in statements:
-                        cursor.nextset()
-                        found.append(rows_of(cursor))
+                        sent.nextset()
+                        found.append(rows_of(sent))
                     return found
             raise AssertionError("unreachable: the last attempt returns or raises")
         except BUSY:
