@@ -18,7 +18,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
@@ -28,9 +28,10 @@ from psycopg.pq import ExecStatus
 from psycopg.rows import DictRow, dict_row
 
 from ._backend import DuplicateKeyError, Params, Rows
-from .errors import StoreBusyError
+from ._pg_prepare import Statements
+from .errors import StoreBusyError, StoreUnavailableError
 
-__all__ = ["BUSY", "Transaction", "Watch", "Watchdog", "cursor", "cut", "end", "rows_of", "translate"]
+__all__ = ["BUSY", "Transaction", "Watch", "Watchdog", "cursor", "cut", "end", "rows_of", "seek", "send", "translate"]
 
 # A prefetched read: its SQL (as the store wrote it) and parameters.
 _Key = tuple[str, tuple[Any, ...]]
@@ -67,6 +68,44 @@ def rows_of(cursor: psycopg.ClientCursor[DictRow]) -> Rows:
     return cursor.fetchall()
 
 
+def send(
+    conn: psycopg.Connection[Any], statements: Statements, batch: Sequence[tuple[str, Params]], *, first: bool
+) -> tuple[psycopg.ClientCursor[DictRow], list[int]]:
+    """Send ``batch`` as one message, its statements prepared where
+    ``statements`` allows (see ``_pg_prepare``): the cursor on the message's
+    first result, and the index of each statement's result among them.
+
+    ``first``: the first message of a call. If the server session does not
+    have the connection's statements (a transaction pooler), the store
+    prepares no more and sends a first message again, unprepared; a later one
+    (its transaction's earlier messages ran) is ``StoreUnavailableError``.
+    """
+    message = statements.message(conn, batch, first=first)
+    sent = cursor(conn)
+    try:
+        sent.execute(message.text, message.params)
+    except pg_errors.InvalidSqlStatementName:
+        statements.missing()
+        if not first:
+            raise StoreUnavailableError(
+                "PostgreSQL lost the connection's prepared statements (a transaction pooler?); try again"
+            ) from None
+        end(conn)
+        message = statements.message(conn, batch, first=first)
+        sent = cursor(conn)
+        sent.execute(message.text, message.params)
+    statements.sent(message)
+    return sent, message.results
+
+
+def seek(sent: psycopg.ClientCursor[DictRow], position: int, target: int) -> int:
+    """Move the cursor from result ``position`` on to result ``target``."""
+    while position < target:
+        sent.nextset()
+        position += 1
+    return position
+
+
 def end(conn: psycopg.Connection[Any]) -> None:
     """Roll back whatever the connection has open (a failed or abandoned transaction)."""
     if not conn.broken:
@@ -91,10 +130,12 @@ class Transaction:
         connect: Callable[[], AbstractContextManager[Watch]],
         retry: Callable[[Watch, int], bool],
         opening: tuple[str, Params],
+        statements: Statements,
         *,
         try_lock: bool,
     ) -> None:
         self._connect = connect
+        self._statements = statements
         self._retry = retry
         # Statements not sent yet, each with the key of a prefetched read (or None).
         self._pending: list[tuple[str, Params, _Key | None]] = [("BEGIN", (), None), (*opening, None)]
@@ -168,14 +209,13 @@ class Transaction:
         self, conn: psycopg.Connection[Any], batch: list[tuple[str, Params, _Key | None]], *, first: bool
     ) -> psycopg.ClientCursor[DictRow]:
         """Send ``batch`` as one message; the cursor on its last result."""
-        sent = cursor(conn)
         try:
-            sent.execute("; ".join(text for text, _, _ in batch), tuple(p for _, ps, _ in batch for p in ps))
+            sent, results = send(conn, self._statements, [(text, params) for text, params, _ in batch], first=first)
         except pg_errors.UniqueViolation:
             raise DuplicateKeyError from None
+        position = 0
         for index, (_, _, key) in enumerate(batch):
-            if index:
-                sent.nextset()
+            position = seek(sent, position, results[index])
             if first and index == 1 and self._try_lock:  # the settings and the lock's answer
                 row = sent.fetchone()
                 if row is not None and row.get("locked") is False:
