@@ -289,13 +289,18 @@ class _Batch:
             )
             return sealed
 
+        # The transaction's reads go in one round trip with its version check (PostgreSQL);
+        # chosen steps are known only once sealed.
+        prefetch = [_quota_sql(owner, created), Heads.select_sql(owner, self.turn_id)]
+        if self.shown is None:
+            prefetch.append(self._steps_sql([step for step, _, _ in checked]))
         rows, _, metas = self.keys.write_current(
             owner,
             seal,
             write,
             attempts=5,
             count=len(checked),
-            prefetch=[Heads.select_sql(owner, self.turn_id)],
+            prefetch=prefetch,
             busy="could not store the batch: its ids, steps or owner key kept changing; try again",
         )
         views = [
@@ -305,18 +310,19 @@ class _Batch:
             return views
         return [view if inline is None else inline[0] for view, inline in zip(views, shown_items, strict=True)]
 
+    def _steps_query(self, steps: list[int]) -> tuple[str, str, str, Params]:
+        """``_check_steps``'s query, as ``Access.rows`` and ``rows_sql`` take it."""
+        where = f"turn_id = ? AND step_num IN ({', '.join('?' * len(steps))})"
+        return "entries", "step_num, expires_at", where, (self.turn_id, *steps)
+
+    def _steps_sql(self, steps: list[int]) -> tuple[str, Params]:
+        """``_check_steps``'s query (for ``Conn.prefetch``)."""
+        return self.access.rows_sql(self.principal, *self._steps_query(steps))
+
     def _check_steps(self, conn: Conn, steps: list[int], now: float) -> None:
         """Inside the write: refuse steps a live entry of the turn in the
         principal's scope has (chosen steps: seal again, another writer took one)."""
-        marks = ", ".join("?" * len(steps))
-        rows = self.access.rows(
-            self.principal,
-            "entries",
-            "step_num, expires_at",
-            f"turn_id = ? AND step_num IN ({marks})",
-            (self.turn_id, *steps),
-            conn=conn,
-        )
+        rows = self.access.rows(self.principal, *self._steps_query(steps), conn=conn)
         taken = sorted(row["step_num"] for row in live(rows, now))
         if taken and self.shown is not None:
             raise DuplicateKeyError
