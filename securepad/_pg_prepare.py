@@ -53,7 +53,7 @@ class _Session:
     __slots__ = ("anchor", "count", "names", "token")
 
     def __init__(self) -> None:
-        self.token = secrets.token_hex(4)
+        self.token = secrets.token_hex(6)
         self.count = 0
         self.names: dict[tuple[str, str], str] = {}
         self.anchor: str | None = None

@@ -187,3 +187,28 @@ def test_messages_prepare_each_statement_once_and_stop_at_the_cap(pg_dsn: str) -
         assert capped.text.count("PREPARE") == MAX_PER_CONNECTION - 1  # one statement exists (the anchor apart)
         statements.missing()
         assert statements.message(conn, [("SELECT %s", (3,))], first=True).text == "SELECT %s"
+
+
+def test_a_statement_prepared_for_one_owner_and_role_answers_for_another(
+    single: tuple[Scratchpad, ConnectionPool[Any]],
+) -> None:
+    """One prepared statement, run (on the pool's one connection) for alice,
+    for bob, without an owner, and as the admin role: row-level security and
+    the role are applied at each run, never frozen into the plan."""
+    pad, pool = single
+    db = parts(pad).db
+    bob = Principal("bob", "planner", "web")
+    for step in range(1, 3):
+        pad.put(ALICE, "t1", step, "shell", TEXT)
+    pad.put(bob, "t1", 1, "shell", TEXT)
+    sql = "SELECT owner_user_id, COUNT(*) AS n FROM entries WHERE expires_at > ? GROUP BY owner_user_id"
+    before = _statements(pool)
+    for _ in range(7):  # past the custom plans: the generic plan is cached
+        assert db.query(sql, (0,), owner="alice") == [{"owner_user_id": "alice", "n": 2}]
+    assert db.query(sql, (0,), owner="bob") == [{"owner_user_id": "bob", "n": 1}]
+    assert db.query(sql, (0,)) == []
+    everyone = sorted((row["owner_user_id"], row["n"]) for row in db.query(sql, (0,), admin=True))
+    assert everyone == [("alice", 2), ("bob", 1)]
+    ran = {name: count - before.get(name, (0, 0))[0] for name, (count, _) in _statements(pool).items()}
+    # the anchor, the settings and the query: each prepared once, run all ten times
+    assert sorted(count for count in ran.values() if count) == [10, 10, 10]
