@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import re
 import secrets
-import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -85,17 +84,17 @@ class Statements:
     def __init__(self, schema: str, *, enabled: bool = True) -> None:
         self.schema = schema
         self.enabled = enabled
+        # No lock (so nothing for a forked child to inherit held): a
+        # connection serves one call at a time, and each has its own key.
         self._sessions: weakref.WeakKeyDictionary[psycopg.Connection[Any], _Session] = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
 
     def _session(self, conn: psycopg.Connection[Any]) -> _Session | None:
         if not self.enabled or conn.prepare_threshold is None:
             return None
-        with self._lock:
-            session = self._sessions.get(conn)
-            if session is None:
-                session = self._sessions[conn] = _Session()
-            return session
+        session = self._sessions.get(conn)
+        if session is None:
+            session = self._sessions[conn] = _Session()
+        return session
 
     def message(self, conn: psycopg.Connection[Any], batch: Sequence[tuple[str, Params]], *, first: bool) -> Message:
         """``batch`` (statements in psycopg's dialect) as one message for ``conn``;

@@ -289,18 +289,13 @@ class _Batch:
             )
             return sealed
 
-        # The transaction's reads go in one round trip with its version check (PostgreSQL);
-        # chosen steps are known only once sealed.
-        prefetch = [_quota_sql(owner, created), Heads.select_sql(owner, self.turn_id)]
-        if self.shown is None:
-            prefetch.append(self._steps_sql([step for step, _, _ in checked]))
         rows, _, metas = self.keys.write_current(
             owner,
             seal,
             write,
             attempts=5,
             count=len(checked),
-            prefetch=prefetch,
+            prefetch=self._prefetch(created, [step for step, _, _ in checked]),
             busy="could not store the batch: its ids, steps or owner key kept changing; try again",
         )
         views = [
@@ -309,6 +304,14 @@ class _Batch:
         if self.shown is None:
             return views
         return [view if inline is None else inline[0] for view, inline in zip(views, shown_items, strict=True)]
+
+    def _prefetch(self, now: float, steps: list[int]) -> list[tuple[str, Params]]:
+        """The write's reads, sent with the transaction's first message
+        (PostgreSQL: one round trip): the quota, the turn's heads and, when the
+        caller gave the steps (chosen ones are known only once sealed), the steps."""
+        owner = self.principal.owner_user_id
+        reads = [_quota_sql(owner, now), Heads.select_sql(owner, self.turn_id)]
+        return reads if self.shown is not None else [*reads, self._steps_sql(steps)]
 
     def _steps_query(self, steps: list[int]) -> tuple[str, str, str, Params]:
         """``_check_steps``'s query, as ``Access.rows`` and ``rows_sql`` take it."""
