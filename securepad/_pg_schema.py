@@ -21,7 +21,7 @@ from .errors import SecurepadError
 
 __all__ = ["ADMIN_ROLE", "APP_ROLE", "MIGRATIONS", "SCHEMA_VERSION", "lock_key", "migrate", "reason"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _OWNER = "current_setting('securepad.owner', true)"
 _OWNER_TABLES = ("owner_keys", "entries", "checkpoints", "compaction_marks", "owner_usage")
@@ -206,6 +206,11 @@ MIGRATIONS: dict[int, str] = {
             EXECUTE format('CREATE POLICY housekeeping ON %I TO {ADMIN_ROLE} USING (true) WITH CHECK (true)', t);
         END LOOP;
     END $$;
+    """,
+    # The put path (issue 13; SQLite's migration 8): a one-segment entry keeps
+    # its sealed segment in its own row; rows written before keep theirs in segments.
+    5: """
+    ALTER TABLE entries ADD COLUMN only_segment BYTEA;
     """,
 }
 

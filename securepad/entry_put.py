@@ -85,32 +85,31 @@ class Putter:
                     resealed = prepared.restep(meta, cipher, taken, observation)
                     row["stored_bytes"] += len(resealed) - len(row["sealed_meta"])  # the quota counts the new one
                     row["step_num"], row["sealed_meta"] = taken, resealed
-            elif free_step:
-                self.listings.check_step_free(principal, turn_id, step_num, created, conn)
-            self.check_quota(conn, owner, row["key_version"], row["stored_bytes"], created, "entry")
+            found = None
+            if step is not None:  # the step's look came with the version-and-quota statement
+                found = conn.query(*quota)[0]
+                self.listings.check_step_free(principal, turn_id, step_num, created, conn, taken=_taken(found))
+            self.check_quota(conn, owner, row["key_version"], row["stored_bytes"], created, "entry", found)
             conn.defer(
                 f"INSERT INTO entries({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
             )
-            conn.executemany(
-                "INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)",
-                ((row["id"], seq, data) for seq, data in enumerate(segments)),
-            )
+            _insert_segments(conn, [row], [segments])
             self.heads.change(
                 conn, owner, turn_id, lambda head: head.e.__setitem__(row["id"], entry_item(row)), row["key_version"]
             )
             return str(row["id"])
 
-        # The transaction's reads go in one round trip with its version check (PostgreSQL).
-        prefetch = [_quota_sql(owner, created), Heads.select_sql(owner, turn_id)]
-        if free_step and not next_step:
-            prefetch.append(step_sql(self._access, principal, turn_id, step_num))
+        # One statement reads the key version, the quota and (free_step) the step;
+        # it and the head go in one round trip with the version check (PostgreSQL).
+        step = step_sql(self._access, principal, turn_id, step_num) if free_step and not next_step else None
+        quota = _quota_sql(owner, created, step)
         entry_id = self._keys.write_current(
             owner,
             seal,
             write,
             attempts=5,
             busy="could not store the entry: its id or owner key kept changing; try again",
-            prefetch=prefetch,
+            prefetch=[quota, Heads.select_sql(owner, turn_id)],
         )
         return {"ok": True, "scratchpad_id": entry_id, **meta["view"]}
 
@@ -128,7 +127,16 @@ class Putter:
         ``Scratchpad.put_many``); with ``shown``, the steps are chosen (see ``_Batch``)."""
         return _Batch(self, self._keys, self._access, principal, turn_id, shown).put(items, ttl_seconds, now)
 
-    def check_quota(self, conn: Conn, owner: str, version: int, adding: int, now: float, what: str) -> None:
+    def check_quota(
+        self,
+        conn: Conn,
+        owner: str,
+        version: int,
+        adding: int,
+        now: float,
+        what: str,
+        found: dict[str, Any] | None = None,
+    ) -> None:
         """Inside the owner's write transaction, in one statement: refuse a write
         sealed under owner-key ``version`` when that is no longer the newest
         (``StaleOwnerKey``, which the keystore's retry takes), and refuse
@@ -144,11 +152,15 @@ class Putter:
         only: the owner's total counts entries outside the caller's scope,
         which it must not learn of.
 
+        ``found`` is that statement's row when the caller ran it already
+        (``put``, which reads the step with it).
+
         Raises:
             QuotaExceededError: no room.
         """
         quota = self.policy.owner_quota_bytes
-        found = conn.query(*_quota_sql(owner, now))[0]
+        if found is None:
+            found = conn.query(*_quota_sql(owner, now))[0]
         Keystore.check_newest(found["newest"], version)
         used, stored = int(found["used"]), int(found["stored"] or 0)
         if used + stored + adding > quota:
@@ -165,16 +177,30 @@ class Putter:
             )
 
 
-def _quota_sql(owner: str, now: float) -> tuple[str, Params]:
+def _quota_sql(owner: str, now: float, step: tuple[str, Params] | None = None) -> tuple[str, Params]:
     """``check_quota``'s one query: the owner's newest key version, its usage
-    bound and its live records' cost."""
+    bound and its live records' cost; with ``step`` (``step_sql``), also the
+    latest expiry of the entries in the principal's scope that have the step
+    (``step_expires``, NULL for none)."""
     records, params = Records.used_sql(owner, now)
-    return (
+    sql = (
         f"SELECT {NEWEST_VERSION_SQL} AS newest,"
         " (SELECT stored_bytes FROM owner_usage WHERE owner_user_id = ?) AS stored,"
-        f" {records} AS used",
-        (owner, owner, *params),
+        f" {records} AS used"
     )
+    if step is None:
+        return sql, (owner, owner, *params)
+    return f"{sql}, (SELECT MAX(expires_at) FROM ({step[0]}) AS taken) AS step_expires", (
+        owner,
+        owner,
+        *params,
+        *step[1],
+    )
+
+
+def _taken(found: dict[str, Any]) -> list[dict[str, Any]]:
+    """The step's look, from the version-and-quota row: its latest expiry, as a row for ``live``."""
+    return [] if found["step_expires"] is None else [{"expires_at": found["step_expires"]}]
 
 
 # What ``Turn.record_many`` shows the model of an observation at a step:
@@ -276,14 +302,7 @@ class _Batch:
                 f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
                 [tuple(row[c] for c in columns) for row in rows],
             )
-            conn.executemany(
-                "INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)",
-                [
-                    (row["id"], seq, data)
-                    for row, parts in zip(rows, segments, strict=True)
-                    for seq, data in enumerate(parts)
-                ],
-            )
+            _insert_segments(conn, rows, segments)
             self.entries.heads.change(
                 conn, owner, self.turn_id, lambda head: head.e.update((r["id"], entry_item(r)) for r in rows), version
             )
@@ -446,6 +465,8 @@ class _Prepared:
             "created_at": meta["created_at"],
             "expires_at": meta["expires_at"],
             **crypto_columns,
+            # A one-segment entry's sealed segment stays in its row (no segments row).
+            "only_segment": sealed[0] if len(sealed) == 1 else None,
         }
         row["stored_bytes"] = row_cost(row, sealed)
         return row, sealed, cipher
@@ -472,6 +493,19 @@ def row_cost(row: dict[str, Any], sealed: list[bytes]) -> int:
     sealed_bytes = sum(len(s) for s in sealed)
     fields = sum(len(row[c]) for c in ("sealed_meta", "wrapped_key", "nonce_prefix", "commitment"))
     return sealed_bytes + fields + ENTRY_ROW_OVERHEAD
+
+
+def _insert_segments(conn: Conn, rows: list[dict[str, Any]], segments: list[list[bytes]]) -> None:
+    """Insert the segments rows of entries of more than one segment (a
+    one-segment entry carries its segment in ``only_segment``)."""
+    values = [
+        (row["id"], seq, data)
+        for row, parts in zip(rows, segments, strict=True)
+        if len(parts) > 1
+        for seq, data in enumerate(parts)
+    ]
+    if values:
+        conn.executemany("INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)", values)
 
 
 def _split(content: str | bytes) -> tuple[list[bytes], list[int] | None, int, list[int] | None, int | None]:
