@@ -30,11 +30,11 @@ ALICE = Principal("alice", "planner", "web")
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # about 4 KiB
 
 # Statements the server runs per call in the steady state, every one prepared:
-# put: the anchor, the settings and locks, the quota check, the turn's heads,
-# the entry, its segment, the turn's head and the owner's head (BEGIN and
-# COMMIT are not planned); read: the anchor, the settings, the entry with its
-# segment, the heads.
-STATEMENTS = {"put": 8, "read": 4}
+# put: the anchor, the settings and locks, the quota check (with the key
+# version), the turn's heads, the entry (its one segment in its row) and the
+# turn's head (BEGIN and COMMIT are not planned); read: the anchor, the
+# settings, the entry, the heads.
+STATEMENTS = {"put": 6, "read": 4}
 
 
 def _statements(pool: ConnectionPool[Any]) -> dict[str, tuple[int, int]]:
