@@ -47,7 +47,8 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ._backend import Params, Rows
-from ._pg_conn import BUSY, Transaction, Watch, Watchdog, rows_of, translate
+from ._pg_conn import BUSY, Transaction, Watch, Watchdog, rows_of, seek, send, translate
+from ._pg_prepare import Statements
 from ._pg_schema import ADMIN_ROLE, APP_ROLE, SCHEMA_VERSION, lock_key, migrate, reason
 from .errors import SecurepadError, StoreBusyError, StoreUnavailableError
 
@@ -139,6 +140,7 @@ class PostgresDatabase:
         self._call_timeout_s = call_timeout_s
         self._watchdog = Watchdog()
         self._store_lock = lock_key("securepad-store", schema)
+        self._statements = Statements(schema)
         self._lock = threading.Lock()
         self._closed = False
         self._pid = os.getpid()
@@ -285,9 +287,11 @@ class PostgresDatabase:
         elif wait:
             locks, params = ", pg_advisory_xact_lock(%s)", (self._store_lock,)
         else:
-            locks, params = ", pg_try_advisory_xact_lock(%s)", (self._store_lock,)
+            locks, params = ", pg_try_advisory_xact_lock(%s) AS locked", (self._store_lock,)
         opening = (_SETTINGS + locks, (*self._settings(owner, admin), *params))
-        tx = Transaction(lambda: self._connection(admin), self._retry, opening, try_lock=owner is None and not wait)
+        tx = Transaction(
+            lambda: self._connection(admin), self._retry, opening, self._statements, try_lock=owner is None and not wait
+        )
         committed = False
         try:
             yield tx
@@ -326,23 +330,23 @@ class PostgresDatabase:
             StoreBusyError: a lock wait timed out, or the pool had no free connection.
             StoreUnavailableError: the server cannot be reached or did not answer in time.
         """
-        text = "; ".join([_SETTINGS, *(translate(sql) for sql, _ in statements)])
-        values = (*self._settings(owner, admin), *(value for _, params in statements for value in params))
+        batch = [(_SETTINGS, self._settings(owner, admin)), *((translate(sql), params) for sql, params in statements)]
         call: Watch | None = None
         try:
             for attempt in range(self._pool_size + 1):
-                with self._connection(admin) as call, psycopg.ClientCursor(call.conn) as cursor:
+                with self._connection(admin) as call:
                     try:
-                        cursor.execute(text, values)
+                        sent, results = send(call.conn, self._statements, batch, first=True)
                     except psycopg.OperationalError as exc:
                         if self._retry(call, attempt) and not isinstance(exc, BUSY):
                             continue  # a connection that died while idle: reads are safe to run again
                         raise
-                    found = []
-                    for _ in statements:
-                        cursor.nextset()
-                        found.append(rows_of(cursor))
-                    return found
+                    with sent:
+                        position, found = 0, []
+                        for target in results[1:]:
+                            position = seek(sent, position, target)
+                            found.append(rows_of(sent))
+                        return found
             raise AssertionError("unreachable: the last attempt returns or raises")
         except BUSY:
             raise StoreBusyError("the store is busy; try again") from None

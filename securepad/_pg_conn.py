@@ -18,17 +18,20 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.pq import ExecStatus
+from psycopg.rows import DictRow, dict_row
 
 from ._backend import DuplicateKeyError, Params, Rows
-from .errors import StoreBusyError
+from ._pg_prepare import Statements
+from .errors import StoreBusyError, StoreUnavailableError
 
-__all__ = ["BUSY", "Transaction", "Watch", "Watchdog", "cut", "end", "rows_of", "translate"]
+__all__ = ["BUSY", "Transaction", "Watch", "Watchdog", "cursor", "cut", "end", "rows_of", "seek", "send", "translate"]
 
 # A prefetched read: its SQL (as the store wrote it) and parameters.
 _Key = tuple[str, tuple[Any, ...]]
@@ -48,12 +51,59 @@ def translate(sql: str) -> str:
     return sql.replace("%", "%%").replace("?", "%s").replace(" AS BLOB)", " AS BYTEA)")
 
 
-def rows_of(cursor: psycopg.Cursor[Any]) -> Rows:
-    """The current result set as dicts."""
-    if cursor.description is None:
+def cursor(conn: psycopg.Connection[Any]) -> psycopg.ClientCursor[DictRow]:
+    """A cursor that binds parameters on the client (one simple-protocol
+    message may carry several statements) and makes each row a dict, its
+    names read from the result itself: ``cursor.description`` would build a
+    ``Column`` object per column of every result set, a fifth of the
+    client's CPU per call (cProfile of ``securepad.bench.pg_costs``)."""
+    return psycopg.ClientCursor(conn, row_factory=dict_row)
+
+
+def rows_of(cursor: psycopg.ClientCursor[DictRow]) -> Rows:
+    """The current result set's rows (none for a statement that returns no rows)."""
+    result = cursor.pgresult
+    if result is None or result.status != ExecStatus.TUPLES_OK:
         return []
-    names = [d.name for d in cursor.description]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    return cursor.fetchall()
+
+
+def send(
+    conn: psycopg.Connection[Any], statements: Statements, batch: Sequence[tuple[str, Params]], *, first: bool
+) -> tuple[psycopg.ClientCursor[DictRow], list[int]]:
+    """Send ``batch`` as one message, its statements prepared where
+    ``statements`` allows (see ``_pg_prepare``): the cursor on the message's
+    first result, and the index of each statement's result among them.
+
+    ``first``: the first message of a call. If the server session does not
+    have the connection's statements (a transaction pooler), the store
+    prepares no more and sends a first message again, unprepared; a later one
+    (its transaction's earlier messages ran) is ``StoreUnavailableError``.
+    """
+    message = statements.message(conn, batch, first=first)
+    sent = cursor(conn)
+    try:
+        sent.execute(message.text, message.params)
+    except pg_errors.InvalidSqlStatementName:
+        statements.missing()
+        if not first:
+            raise StoreUnavailableError(
+                "PostgreSQL lost the connection's prepared statements (a transaction pooler?); try again"
+            ) from None
+        end(conn)
+        message = statements.message(conn, batch, first=first)
+        sent = cursor(conn)
+        sent.execute(message.text, message.params)
+    statements.sent(message)
+    return sent, message.results
+
+
+def seek(sent: psycopg.ClientCursor[DictRow], position: int, target: int) -> int:
+    """Move the cursor from result ``position`` on to result ``target``."""
+    while position < target:
+        sent.nextset()
+        position += 1
+    return position
 
 
 def end(conn: psycopg.Connection[Any]) -> None:
@@ -68,7 +118,7 @@ class Transaction:
     sent in as few round trips as the caller's reads allow.
 
     ``opening`` (the settings and locks statement, already in psycopg's
-    dialect) follows BEGIN; with ``try_lock`` its last column is
+    dialect) follows BEGIN; with ``try_lock`` its column ``locked`` is
     ``pg_try_advisory_xact_lock``'s answer (False: StoreBusyError). The
     connection is taken at the first message: ``connect()`` gives a watched
     connection, and one found dead at that message (a server restart ends
@@ -80,10 +130,12 @@ class Transaction:
         connect: Callable[[], AbstractContextManager[Watch]],
         retry: Callable[[Watch, int], bool],
         opening: tuple[str, Params],
+        statements: Statements,
         *,
         try_lock: bool,
     ) -> None:
         self._connect = connect
+        self._statements = statements
         self._retry = retry
         # Statements not sent yet, each with the key of a prefetched read (or None).
         self._pending: list[tuple[str, Params, _Key | None]] = [("BEGIN", (), None), (*opening, None)]
@@ -134,7 +186,7 @@ class Transaction:
             self._stack.close()
             self._stack = None
 
-    def _send(self, last: tuple[str, Params] | None) -> psycopg.ClientCursor[Any]:
+    def _send(self, last: tuple[str, Params] | None) -> psycopg.ClientCursor[DictRow]:
         """Send what is pending, and ``last``, as one message."""
         batch, self._pending = [*self._pending, *([(*last, None)] if last is not None else [])], []
         if self.call is not None:
@@ -155,23 +207,22 @@ class Transaction:
 
     def _run(
         self, conn: psycopg.Connection[Any], batch: list[tuple[str, Params, _Key | None]], *, first: bool
-    ) -> psycopg.ClientCursor[Any]:
+    ) -> psycopg.ClientCursor[DictRow]:
         """Send ``batch`` as one message; the cursor on its last result."""
-        cursor = psycopg.ClientCursor(conn)
         try:
-            cursor.execute("; ".join(text for text, _, _ in batch), tuple(p for _, ps, _ in batch for p in ps))
+            sent, results = send(conn, self._statements, [(text, params) for text, params, _ in batch], first=first)
         except pg_errors.UniqueViolation:
             raise DuplicateKeyError from None
+        position = 0
         for index, (_, _, key) in enumerate(batch):
-            if index:
-                cursor.nextset()
+            position = seek(sent, position, results[index])
             if first and index == 1 and self._try_lock:  # the settings and the lock's answer
-                row = cursor.fetchone()
-                if row is not None and row[-1] is False:
+                row = sent.fetchone()
+                if row is not None and row.get("locked") is False:
                     raise StoreBusyError("the store is busy; try again")
             if key is not None:
-                self._fetched[key] = rows_of(cursor)
-        return cursor
+                self._fetched[key] = rows_of(sent)
+        return sent
 
 
 class Watch:

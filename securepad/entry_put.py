@@ -314,7 +314,7 @@ class _Batch:
             write,
             attempts=5,
             count=len(checked),
-            prefetch=[Heads.select_sql(owner, self.turn_id)],
+            prefetch=self._prefetch(created, [step for step, _, _ in checked]),
             busy="could not store the batch: its ids, steps or owner key kept changing; try again",
         )
         views = [
@@ -324,18 +324,27 @@ class _Batch:
             return views
         return [view if inline is None else inline[0] for view, inline in zip(views, shown_items, strict=True)]
 
+    def _prefetch(self, now: float, steps: list[int]) -> list[tuple[str, Params]]:
+        """The write's reads, sent with the transaction's first message
+        (PostgreSQL: one round trip): the quota, the turn's heads and, when the
+        caller gave the steps (chosen ones are known only once sealed), the steps."""
+        owner = self.principal.owner_user_id
+        reads = [_quota_sql(owner, now), Heads.select_sql(owner, self.turn_id)]
+        return reads if self.shown is not None else [*reads, self._steps_sql(steps)]
+
+    def _steps_query(self, steps: list[int]) -> tuple[str, str, str, Params]:
+        """``_check_steps``'s query, as ``Access.rows`` and ``rows_sql`` take it."""
+        where = f"turn_id = ? AND step_num IN ({', '.join('?' * len(steps))})"
+        return "entries", "step_num, expires_at", where, (self.turn_id, *steps)
+
+    def _steps_sql(self, steps: list[int]) -> tuple[str, Params]:
+        """``_check_steps``'s query (for ``Conn.prefetch``)."""
+        return self.access.rows_sql(self.principal, *self._steps_query(steps))
+
     def _check_steps(self, conn: Conn, steps: list[int], now: float) -> None:
         """Inside the write: refuse steps a live entry of the turn in the
         principal's scope has (chosen steps: seal again, another writer took one)."""
-        marks = ", ".join("?" * len(steps))
-        rows = self.access.rows(
-            self.principal,
-            "entries",
-            "step_num, expires_at",
-            f"turn_id = ? AND step_num IN ({marks})",
-            (self.turn_id, *steps),
-            conn=conn,
-        )
+        rows = self.access.rows(self.principal, *self._steps_query(steps), conn=conn)
         taken = sorted(row["step_num"] for row in live(rows, now))
         if taken and self.shown is not None:
             raise DuplicateKeyError

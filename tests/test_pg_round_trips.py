@@ -59,6 +59,7 @@ def measure(pad: Scratchpad) -> dict[str, int]:
     entry = pad.put(ALICE, "t1", 2, "shell", TEXT)["scratchpad_id"]
     figures = {
         "put": trips(lambda: pad.put(ALICE, "t1", 3, "shell", TEXT)),
+        "put_many of 4": trips(lambda: pad.put_many(ALICE, "t1", [(s, "shell", TEXT) for s in range(4, 8)])),
         "get": trips(lambda: pad.get(ALICE, entry)),
         "read head": trips(lambda: pad.read(ALICE, entry, "head", n=100)),
         "read tail": trips(lambda: pad.read(ALICE, entry, "tail", n=100)),
@@ -75,6 +76,7 @@ def measure(pad: Scratchpad) -> dict[str, int]:
 
 BUDGET = {
     "put": 2,
+    "put_many of 4": 2,  # like put: its reads (quota, steps, heads) with the first message
     "get": 1,
     "read head": 1,
     "read tail": 1,
