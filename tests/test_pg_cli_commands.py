@@ -247,6 +247,19 @@ def test_forget_owner_asks_first(store: Cli) -> None:
     assert as_json(store("--json", "stats", "--owner", "bob"))["entries"] == 0
 
 
+def test_the_anchor_is_refused_on_postgresql(store: Cli, tmp_path: Path) -> None:
+    """The snapshot-rollback anchor is a SQLite store's (SECURITY.md): on PostgreSQL
+    anchor-adopt and an anchor path are typed errors that change nothing."""
+    entry = store.put("bob", 1)
+    adopt = store("--json", "anchor-adopt", "--yes")
+    assert "SQLite" in failed(adopt, "InvalidArgumentError")
+    anchor = tmp_path / "anchor"
+    given = store("--json", "stats", env={"SECUREPAD_ANCHOR": str(anchor)})
+    assert "SQLite" in failed(given, "InvalidArgumentError") and not anchor.exists()
+    assert as_json(store("--json", "stats"))["anchor"] is None
+    assert as_json(store("--json", "read", "--owner", "bob", entry, "--mode", "full"))["content"] == LOG
+
+
 # -- verify and audit ------------------------------------------------------------------
 
 
