@@ -247,6 +247,36 @@ def test_forget_owner_asks_first(store: Cli) -> None:
     assert as_json(store("--json", "stats", "--owner", "bob"))["entries"] == 0
 
 
+def test_writes_past_the_policy_limits_change_nothing(store: Cli, tmp_path: Path) -> None:
+    """A policy file with small limits (--policy PATH): an entry past max_entry_bytes and
+    one past the owner's quota are typed errors, and the store is as it was."""
+    policy = tmp_path / "small.toml"
+    policy.write_text("[limits]\nmax_entry_bytes = 6000\nowner_quota_bytes = 16000\n")
+    small = Cli(store.home, store.dsn, via_env=store.via_env)
+    small.env["SECUREPAD_POLICY"] = str(policy)
+    kept = small.put("bob", 1, "k" * 5000)
+
+    def state() -> list[tuple[Any, ...]]:
+        return admin(
+            store.dsn,
+            "SELECT (SELECT COUNT(*) FROM securepad.entries), (SELECT COUNT(*) FROM securepad.segments),"
+            " (SELECT array_agg(stored_bytes ORDER BY owner_user_id) FROM securepad.owner_usage),"
+            " (SELECT array_agg(sealed ORDER BY owner_user_id, turn_id) FROM securepad.turn_heads)",
+        )
+
+    before = state()
+    too_big = small("--json", "put", "--owner", "bob", "--turn", "t", "--step", "2", input="b" * 7000)
+    assert "max_entry_bytes" in failed(too_big, "QuotaExceededError")
+    assert state() == before
+    small.put("bob", 2, "q" * 5000)
+    before = state()
+    over = small("--json", "put", "--owner", "bob", "--turn", "t", "--step", "3", input="q" * 5000)
+    assert "quota" in failed(over, "QuotaExceededError")
+    assert state() == before
+    assert as_json(small("--json", "read", "--owner", "bob", kept, "--mode", "full"))["content"] == "k" * 5000
+    assert as_json(small("--json", "verify"))["ok"]
+
+
 def test_the_anchor_is_refused_on_postgresql(store: Cli, tmp_path: Path) -> None:
     """The snapshot-rollback anchor is a SQLite store's (SECURITY.md): on PostgreSQL
     anchor-adopt and an anchor path are typed errors that change nothing."""
