@@ -168,11 +168,7 @@ class PostgresDatabase:
                         source,
                         min_size=1,
                         max_size=self._pool_size,
-                        # Never prepare: every statement goes as a simple-protocol
-                        # message anyway, and a transaction pooler (PgBouncer < 1.21)
-                        # hands a prepared statement's name to the wrong server
-                        # connection (psycopg would prepare the 6th ROLLBACK).
-                        kwargs={"autocommit": True, "prepare_threshold": None, **limits},
+                        kwargs={"autocommit": True, **limits},
                         name=f"securepad-{self.schema}",
                         timeout=self._pool_timeout_s,
                         reconnect_timeout=RECONNECT_TIMEOUT_S,
