@@ -193,7 +193,7 @@ class PostgresDatabase:
         try:
             given = conninfo_to_dict(dsn)
         except psycopg.ProgrammingError as exc:
-            raise SecurepadError(f"not a PostgreSQL connection string: {reason(exc)}") from None
+            raise _bad_dsn(dsn, exc) from None
         return {key: value for key, value in self._network.items() if key not in given}
 
     def _pool(self, admin: bool) -> ConnectionPool[Any]:
@@ -399,12 +399,23 @@ def _describe(source: str | ConnectionPool[Any], schema: str) -> str:
     return f"postgresql://{info.get('user') or ''}@{host}:{port}/{info.get('dbname') or ''} (schema {schema})"
 
 
+def _bad_dsn(dsn: str, exc: psycopg.ProgrammingError) -> SecurepadError:
+    """A connection string libpq cannot parse; its message may quote the whole
+    string, password included: the string is left out."""
+    return SecurepadError(f"not a PostgreSQL connection string: {reason(exc).replace(dsn, '(the DSN)')}")
+
+
 def store_present(dsn: str, schema: str = "securepad") -> bool:
     """Whether a store (its schema_version table) exists at ``dsn``, before opening it.
 
     Raises:
+        SecurepadError: ``dsn`` is not a connection string.
         StoreUnavailableError: the server cannot be reached.
     """
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise _bad_dsn(dsn, exc) from None
     try:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn:
             row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.schema_version",)).fetchone()

@@ -110,7 +110,9 @@ def end(conn: psycopg.Connection[Any]) -> None:
     """Roll back whatever the connection has open (a failed or abandoned transaction)."""
     if not conn.broken:
         with contextlib.suppress(psycopg.Error):
-            conn.execute("ROLLBACK")
+            # Never prepared (psycopg prepares a statement's 6th run): behind a transaction
+            # pooler the name would reach another server session, and the rollback fail.
+            conn.execute("ROLLBACK", prepare=False)
 
 
 class Transaction:

@@ -330,11 +330,20 @@ def demo() -> None:
     """A real round trip: two owners, a refusal, a tampered copy detected.
 
     On the configured store (its demo owners removed afterwards), or on a throwaway
-    store when there is none yet."""
+    store when there is none yet or the store is on PostgreSQL."""
     from ..demo import run_demo
 
     state = current_state()
-    scratch, pad = _open_or_scratch(state, "the demo runs on")
+    if isinstance(state.db, str):  # PostgreSQL: the demo damages a copy of the store's file
+        state.require_store()
+        err_console.print(
+            plain(f"the demo's tampered copy is a file, not {state.where()}: the demo runs on a throwaway store"),
+            style="yellow",
+            highlight=False,
+        )
+        scratch, pad = _scratch_store(state)
+    else:
+        scratch, pad = _open_or_scratch(state, "the demo runs on")
     steps = []
     try:
         with pad:

@@ -1,0 +1,519 @@
+"""Issue 14 on PostgreSQL: rows edited by the admin role, refused on every read of the turn.
+
+``tests/test_turn_heads.py`` makes its edits on the SQLite file; here the same
+turn (five recorded steps, two compaction checkpoints, a compaction mark; a
+second turn of the same owner, a turn of another owner) is stored on
+PostgreSQL and edited in place by ``securepad_admin``, the role that owns the
+tables and may touch every row (a DBA, or whoever holds the housekeeping
+login, without the master key). Each edit must end in ``IntegrityError`` on
+every read of the turn it touched (``history``, ``steps``, ``list_for_turn``,
+``resume``, ``reread_report``; ``get``/``read`` of the edited entry;
+``latest_checkpoint``), and be named by ``pad.verify()``. A genuine store
+raises nothing: expiry and gc, deletion, rotation, forgetting an owner,
+concurrent writers.
+
+Four tests are strict xfails, each a gap of the heads (heads.py, branch i14),
+on SQLite as here: ``latest_checkpoint`` after entries were deleted (tail or
+middle); a turn removed together with the owner head (read as an empty turn);
+heads rebuilt over a truncated turn after the admin marks them pending.
+
+A rollback of a whole owner (every row and head put back as they were) is not
+among the edits: on PostgreSQL that is a restore of the server's history,
+outside the threat model (SECURITY.md, "Snapshot rollback: no anchor file").
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+import psycopg
+import pytest
+
+from securepad import Keyring, Principal, Scratchpad
+from securepad.errors import IntegrityError, NotFoundError
+
+ALICE = Principal("alice", "planner", "web")
+BOB = Principal("bob", "planner", "web")
+NOW = 1_000_000.0
+LATER = NOW + 100
+TURN = "t1"
+
+Edit = Callable[[psycopg.Connection[Any], dict[str, Any]], None]
+
+
+@contextmanager
+def as_admin(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """One transaction as ``securepad_admin`` (the tables' owner), outside securepad."""
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SET ROLE securepad_admin")
+        conn.execute("SET search_path = securepad")
+        yield conn  # committed when the block ends without an error
+
+
+def _record(pad: Scratchpad, principal: Principal, turn: str, steps: int) -> list[str]:
+    ids = []
+    for step in range(1, steps + 1):
+        view = pad.put(principal, turn, step, "fetch", f"observation {step} " + "x" * 3000, ttl_seconds=3600, now=NOW)
+        ids.append(view["scratchpad_id"])
+    t = pad.turn(principal, turn, now=NOW)
+    t.checkpoint(facts=["first"], now=NOW)
+    t.checkpoint(facts=["second"], now=NOW + 1)
+    t.mark_compaction(now=NOW + 2)
+    return ids
+
+
+@pytest.fixture
+def store(pg_dsn: str, keyring: Keyring) -> dict[str, Any]:
+    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+        ids = _record(pad, ALICE, TURN, 5)
+        other = _record(pad, ALICE, "t2", 2)
+        bob = _record(pad, BOB, TURN, 2)
+    return {"dsn": pg_dsn, "keyring": keyring, "ids": ids, "other": other, "bob": bob}
+
+
+def _open(s: dict[str, Any]) -> Scratchpad:
+    return Scratchpad.open(s["dsn"], keyring=s["keyring"])
+
+
+def _edit(s: dict[str, Any], edit: Edit) -> None:
+    with as_admin(s["dsn"]) as conn:
+        edit(conn, s)
+
+
+def _delete_entry(conn: psycopg.Connection[Any], entry_id: str) -> None:
+    conn.execute("DELETE FROM segments WHERE entry_id = %s", (entry_id,))
+    conn.execute("DELETE FROM entries WHERE id = %s", (entry_id,))
+
+
+def _copy_row(conn: psycopg.Connection[Any], entry_id: str, new_id: str, **changes: Any) -> None:
+    """Genuine sealed bytes under a new id (and whatever else ``changes`` says)."""
+    columns = [
+        str(r[0])
+        for r in conn.execute(
+            "SELECT column_name FROM information_schema.columns"
+            " WHERE table_schema = 'securepad' AND table_name = 'entries' ORDER BY ordinal_position"
+        )
+    ]
+    row = conn.execute(f"SELECT {', '.join(columns)} FROM entries WHERE id = %s", (entry_id,)).fetchone()
+    assert row is not None
+    values = dict(zip(columns, row, strict=True)) | {"id": new_id, **changes}
+    conn.execute(
+        f"INSERT INTO entries({', '.join(values)}) VALUES ({', '.join(['%s'] * len(values))})", tuple(values.values())
+    )
+    conn.execute(
+        "INSERT INTO segments(entry_id, seq, data, owner_user_id) SELECT %s, seq, data, %s FROM segments"
+        " WHERE entry_id = %s",
+        (new_id, values["owner_user_id"], entry_id),
+    )
+
+
+# -- the edits, as the admin role ------------------------------------------------------------
+
+
+def content_tamper(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+    row = conn.execute("SELECT data FROM segments WHERE entry_id = %s AND seq = 0", (s["ids"][2],)).fetchone()
+    assert row is not None
+    data = bytearray(row[0])
+    data[len(data) // 2] ^= 0x01
+    conn.execute("UPDATE segments SET data = %s WHERE entry_id = %s AND seq = 0", (bytes(data), s["ids"][2]))
+
+
+def tail_truncation(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+    for entry_id in s["ids"][3:]:
+        _delete_entry(conn, entry_id)
+
+
+def middle_deletion(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+    _delete_entry(conn, s["ids"][2])
+
+
+def reordering(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+    conn.execute("UPDATE entries SET step_num = 9 WHERE id = %s", (s["ids"][1],))
+    conn.execute("UPDATE entries SET step_num = 2 WHERE id = %s", (s["ids"][3],))
+    conn.execute("UPDATE entries SET step_num = 4 WHERE id = %s", (s["ids"][1],))
+
+
+def forged_insertion(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+    _copy_row(conn, s["ids"][4], secrets.token_hex(8), step_num=6)
+
+
+def cross_turn_replay(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+    _copy_row(conn, s["other"][0], secrets.token_hex(8), turn_id=TURN, step_num=7)
+
+
+def cross_owner_replay(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+    _copy_row(conn, s["bob"][0], secrets.token_hex(8), owner_user_id="alice", step_num=7)
+
+
+def newest_checkpoint_deleted(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+    """Rollback of a record to an older genuine version: the superseded checkpoint becomes the newest."""
+    conn.execute(
+        "DELETE FROM checkpoints WHERE owner_user_id = 'alice' AND turn_id = %s AND seq ="
+        " (SELECT MAX(seq) FROM checkpoints WHERE owner_user_id = 'alice' AND turn_id = %s)",
+        (TURN, TURN),
+    )
+
+
+def mark_deleted(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+    conn.execute("DELETE FROM compaction_marks WHERE owner_user_id = 'alice' AND turn_id = %s", (TURN,))
+
+
+def expiry_moved_earlier(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+    conn.execute("UPDATE entries SET expires_at = %s WHERE id = %s", (NOW + 10, s["ids"][4]))
+
+
+def owner_relabelled(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+    conn.execute("UPDATE entries SET owner_user_id = 'mallory' WHERE id = %s", (s["ids"][1],))
+    conn.execute("UPDATE segments SET owner_user_id = 'mallory' WHERE entry_id = %s", (s["ids"][1],))
+
+
+def turn_relabelled(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+    conn.execute("UPDATE entries SET turn_id = 't9' WHERE id = %s", (s["ids"][1],))
+
+
+def stored_bytes_changed(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+    conn.execute("UPDATE entries SET stored_bytes = 1 WHERE id = %s", (s["ids"][0],))
+
+
+def whole_turn_removed(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+    conn.execute(
+        "DELETE FROM segments WHERE owner_user_id = 'alice'"
+        " AND entry_id IN (SELECT id FROM entries WHERE owner_user_id = 'alice' AND turn_id = %s)",
+        (TURN,),
+    )
+    for table in ("entries", "checkpoints", "compaction_marks", "turn_heads"):
+        conn.execute(f"DELETE FROM {table} WHERE owner_user_id = 'alice' AND turn_id = %s", (TURN,))
+
+
+def head_deleted(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+    conn.execute("DELETE FROM turn_heads WHERE owner_user_id = 'alice' AND turn_id = %s", (TURN,))
+
+
+def head_swapped(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+    conn.execute(
+        "UPDATE turn_heads SET sealed = (SELECT sealed FROM turn_heads WHERE owner_user_id = 'alice'"
+        " AND turn_id = 't2') WHERE owner_user_id = 'alice' AND turn_id = %s",
+        (TURN,),
+    )
+
+
+def head_of_another_owner(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+    conn.execute(
+        "UPDATE turn_heads SET sealed = (SELECT sealed FROM turn_heads WHERE owner_user_id = 'bob'"
+        " AND turn_id = %s) WHERE owner_user_id = 'alice' AND turn_id = %s",
+        (TURN, TURN),
+    )
+
+
+# Edits of the turn's entries or head: every read of the turn refuses them.
+TURN_EDITS: list[Edit] = [
+    tail_truncation,
+    middle_deletion,
+    reordering,
+    forged_insertion,
+    cross_turn_replay,
+    cross_owner_replay,
+    expiry_moved_earlier,
+    owner_relabelled,
+    turn_relabelled,
+    stored_bytes_changed,
+    whole_turn_removed,
+    head_deleted,
+    head_swapped,
+    head_of_another_owner,
+]
+
+TURN_READS: dict[str, Callable[[Scratchpad], Any]] = {
+    "history": lambda pad: pad.turn(ALICE, TURN, now=LATER).history(now=LATER),
+    "steps": lambda pad: pad.turn(ALICE, TURN, now=LATER).steps(now=LATER),
+    "list_for_turn": lambda pad: pad.list_for_turn(ALICE, TURN, now=LATER),
+    "resume": lambda pad: pad.turn(ALICE, TURN, now=LATER).resume(now=LATER),
+    "resume_extend": lambda pad: pad.turn(ALICE, TURN, now=LATER).resume(extend_ttl=7200, now=LATER),
+    "reread_report": lambda pad: pad.turn(ALICE, TURN, now=LATER).reread_report(now=LATER),
+}
+
+
+def _served(pad: Scratchpad, reads: dict[str, Callable[[Scratchpad], Any]]) -> list[str]:
+    """The reads that did not raise IntegrityError (each read on its own)."""
+    served = []
+    for name, read in reads.items():
+        try:
+            read(pad)
+        except IntegrityError:
+            continue
+        served.append(name)
+    return served
+
+
+def _alice_problems(pad: Scratchpad) -> list[dict[str, Any]]:
+    report = pad.verify(now=LATER)
+    assert not report["ok"]
+    return [p for p in report["problems"] if p["owner_user_id"] == "alice"]
+
+
+def test_a_genuine_store_reads_and_verifies(store: dict[str, Any]) -> None:
+    with _open(store) as pad:
+        assert _served(pad, TURN_READS) == list(TURN_READS)
+        assert len(pad.turn(ALICE, TURN, now=LATER).history(now=LATER)) == 5
+        assert pad.turn(ALICE, TURN, now=NOW).latest_checkpoint(now=LATER)["facts"] == ["second"]  # type: ignore[index]
+        for entry_id in store["ids"]:
+            assert pad.read(ALICE, entry_id, mode="full", now=LATER)["content"].startswith("observation")
+        report = pad.verify(now=LATER)
+    assert report["ok"], report["problems"]
+    assert (report["owners"], report["turns"], report["entries"], report["checkpoints"]) == (2, 3, 9, 6)
+
+
+@pytest.mark.parametrize("edit", TURN_EDITS, ids=lambda edit: edit.__name__)
+def test_each_edit_is_refused_on_every_read_of_the_turn_and_named_by_verify(store: dict[str, Any], edit: Edit) -> None:
+    _edit(store, edit)
+    with _open(store) as pad:
+        assert _served(pad, TURN_READS) == []
+        assert {p["turn_id"] for p in _alice_problems(pad)} & {TURN, ""}, pad.verify(now=LATER)["problems"]
+        # Alice's other turn and Bob's turn still read.
+        if edit not in (cross_turn_replay, head_swapped):
+            assert len(pad.turn(ALICE, "t2", now=NOW).history(now=LATER)) == 2
+        assert len(pad.turn(BOB, TURN, now=NOW).history(now=LATER)) == 2
+
+
+@pytest.mark.parametrize(
+    "edit, target",
+    [
+        (content_tamper, 2),
+        (middle_deletion, 2),
+        (reordering, 1),
+        (expiry_moved_earlier, 4),
+        (owner_relabelled, 1),
+        (turn_relabelled, 1),
+        (stored_bytes_changed, 0),
+        (head_deleted, 0),
+        (head_swapped, 0),
+    ],
+    ids=lambda v: getattr(v, "__name__", str(v)),
+)
+def test_get_and_read_of_an_edited_entry_are_refused(store: dict[str, Any], edit: Edit, target: int) -> None:
+    _edit(store, edit)
+    entry_id = store["ids"][target]
+    gone = edit in (middle_deletion, owner_relabelled)  # no row of alice's under that id any more
+    with _open(store) as pad:
+        for read in (
+            lambda: pad.get(ALICE, entry_id, now=LATER),
+            lambda: pad.read(ALICE, entry_id, mode="full", now=LATER),
+            lambda: pad.read(ALICE, entry_id, mode="range", start=0, end=3000, now=LATER),
+        ):
+            with pytest.raises(NotFoundError if gone else IntegrityError):
+                read()
+        assert _alice_problems(pad)
+
+
+@pytest.mark.parametrize("edit", [content_tamper, newest_checkpoint_deleted, mark_deleted], ids=lambda e: e.__name__)
+def test_record_and_content_edits_are_named_by_verify(store: dict[str, Any], edit: Edit) -> None:
+    _edit(store, edit)
+    with _open(store) as pad:
+        assert {p["turn_id"] for p in _alice_problems(pad)} == {TURN}
+
+
+_ENTRIES_ONLY = (
+    "latest_checkpoint checks the checkpoints against the head's record section only: with entries of the"
+    " turn deleted (the checkpoints intact) it still serves the newest checkpoint, on SQLite as here"
+    " (issue 14's table: 'the latest checkpoint still speaks of a step that is gone'); heads.py is i14's"
+)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        newest_checkpoint_deleted,
+        whole_turn_removed,
+        head_deleted,
+        head_swapped,
+        head_of_another_owner,
+        pytest.param(
+            tail_truncation, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=_ENTRIES_ONLY)
+        ),
+        pytest.param(
+            middle_deletion, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=_ENTRIES_ONLY)
+        ),
+    ],
+    ids=lambda e: e.__name__,
+)
+def test_latest_checkpoint_is_refused(store: dict[str, Any], edit: Edit) -> None:
+    _edit(store, edit)
+    with _open(store) as pad:
+        assert (
+            _served(pad, {"latest_checkpoint": lambda p: p.turn(ALICE, TURN, now=NOW).latest_checkpoint(now=LATER)})
+            == []
+        )
+
+
+def test_a_deleted_mark_is_refused_by_reread_report(store: dict[str, Any]) -> None:
+    _edit(store, mark_deleted)
+    with _open(store) as pad, pytest.raises(IntegrityError):
+        pad.turn(ALICE, TURN, now=NOW).reread_report(now=LATER)
+
+
+def test_a_deleted_record_is_not_laundered_by_resume_extend(store: dict[str, Any]) -> None:
+    """resume(extend_ttl=...) rewrites the turn's expiries (and its head): the
+    checkpoint the admin deleted must stay missing, not become forgotten (the
+    extension may refuse the turn outright, or go on and leave the gap seen)."""
+    _edit(store, newest_checkpoint_deleted)
+    with _open(store) as pad:
+        with suppress(IntegrityError):
+            pad.turn(ALICE, TURN, now=LATER).resume(extend_ttl=7200, now=LATER)
+        with pytest.raises(IntegrityError):
+            pad.turn(ALICE, TURN, now=NOW).latest_checkpoint(now=LATER)
+        assert _alice_problems(pad)
+
+
+def turn_and_owner_head_removed(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+    whole_turn_removed(conn, s)
+    conn.execute("DELETE FROM turn_heads WHERE owner_user_id = 'alice' AND turn_id = ''")
+
+
+def heads_rebuilt_after_truncation(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+    """The heads deleted and the store marked as one from before heads (store_meta
+    'turn_heads' = 'pending', a clear value): the next open builds them again."""
+    tail_truncation(conn, s)
+    conn.execute("DELETE FROM turn_heads")
+    conn.execute("UPDATE store_meta SET value = 'pending' WHERE key = 'turn_heads'")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="with the owner head deleted too, a turn whose rows and head are gone reads as an empty turn, no"
+    " error (verify names it: 'the owner's turn heads have no owner head'); the same on SQLite; heads.py is i14's",
+)
+def test_a_turn_removed_with_the_owner_head_is_refused_on_read(store: dict[str, Any]) -> None:
+    _edit(store, turn_and_owner_head_removed)
+    with _open(store) as pad:
+        assert _alice_problems(pad)  # holds today
+        assert _served(pad, TURN_READS) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="the pending marker of a store from before heads is a clear store_meta value: set by the admin after"
+    " deleting rows and heads, the next open builds heads over the truncated turn; every read serves 3 of 5"
+    " steps and verify finds nothing (the same on SQLite by editing the file); heads.py is i14's",
+)
+def test_heads_rebuilt_over_a_truncated_turn_are_refused(store: dict[str, Any]) -> None:
+    _edit(store, heads_rebuilt_after_truncation)
+    with _open(store) as pad:
+        served = _served(pad, TURN_READS)
+        report = pad.verify(now=LATER)
+    assert served == [] and not report["ok"]
+
+
+def test_a_head_put_back_to_its_older_genuine_version_is_refused(store: dict[str, Any]) -> None:
+    """The admin keeps the turn's sealed head, the turn records step 6, the old head goes back."""
+    with as_admin(store["dsn"]) as conn:
+        before = conn.execute(
+            "SELECT key_version, sealed FROM turn_heads WHERE owner_user_id = 'alice' AND turn_id = %s", (TURN,)
+        ).fetchone()
+    assert before is not None
+    with _open(store) as pad:
+        step6 = pad.put(ALICE, TURN, 6, "fetch", "step six", ttl_seconds=3600, now=NOW + 50)["scratchpad_id"]
+    with as_admin(store["dsn"]) as conn:
+        conn.execute(
+            "UPDATE turn_heads SET key_version = %s, sealed = %s WHERE owner_user_id = 'alice' AND turn_id = %s",
+            (*before, TURN),
+        )
+    with _open(store) as pad:
+        assert _served(pad, TURN_READS) == []
+        with pytest.raises(IntegrityError):
+            pad.get(ALICE, step6, now=LATER)
+        assert _alice_problems(pad)
+
+
+def test_metadata_rolled_back_to_before_resume_is_refused(store: dict[str, Any]) -> None:
+    with as_admin(store["dsn"]) as conn:
+        before = conn.execute(
+            "SELECT expires_at, sealed_meta FROM entries WHERE id = %s", (store["ids"][0],)
+        ).fetchone()
+    assert before is not None
+    with _open(store) as pad:
+        assert pad.turn(ALICE, TURN, now=NOW).resume(extend_ttl=7200, now=LATER)["extended"] >= 5
+    with as_admin(store["dsn"]) as conn:
+        conn.execute("UPDATE entries SET expires_at = %s, sealed_meta = %s WHERE id = %s", (*before, store["ids"][0]))
+    with _open(store) as pad:
+        with pytest.raises(IntegrityError):
+            pad.get(ALICE, store["ids"][0], now=NOW + 200)
+        with pytest.raises(IntegrityError):
+            pad.turn(ALICE, TURN, now=NOW).history(now=NOW + 200)
+        assert not pad.verify(now=NOW + 200)["ok"]
+
+
+def test_verify_recomputes_the_quota_totals(store: dict[str, Any]) -> None:
+    with as_admin(store["dsn"]) as conn:
+        conn.execute("UPDATE owner_usage SET stored_bytes = 1 WHERE owner_user_id = 'alice'")
+    with _open(store) as pad:
+        problems = pad.verify(now=LATER)["problems"]
+    assert [(p["owner_user_id"], p["what"]) for p in problems] == [("alice", "owner_usage")]
+
+
+# -- no false alarm ----------------------------------------------------------------------------
+
+
+def test_expiry_and_gc_are_no_tampering(pg_dsn: str, keyring: Keyring) -> None:
+    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+        short = pad.put(ALICE, TURN, 1, "x", "short", ttl_seconds=10, now=NOW)["scratchpad_id"]
+        pad.put(ALICE, TURN, 2, "x", "long", ttl_seconds=3600, now=NOW)
+        pad.turn(ALICE, TURN, now=NOW).checkpoint(facts=["a"], ttl_seconds=10, now=NOW)
+        assert len(pad.list_for_turn(ALICE, TURN, now=NOW + 20)) == 1  # expired, not yet collected
+        assert pad.turn(ALICE, TURN, now=NOW).latest_checkpoint(now=NOW + 20) is None
+        assert pad.gc(now=NOW + 20) == 1
+        for when in (NOW + 5, NOW + 20):
+            assert len(pad.list_for_turn(ALICE, TURN, now=when)) == 1
+        with pytest.raises(NotFoundError):
+            pad.get(ALICE, short, now=NOW + 20)
+        assert pad.verify(now=NOW + 20)["ok"]
+        assert pad.gc(now=NOW + 7200) == 1
+        assert pad.list_for_turn(ALICE, TURN, now=NOW + 7200) == []
+        assert pad.verify(now=NOW + 7200)["ok"]
+
+
+def test_delete_rotation_and_forget_keep_heads_consistent(pg_dsn: str, keyring: Keyring) -> None:
+    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+        ids = _record(pad, ALICE, TURN, 3)
+        _record(pad, BOB, TURN, 2)
+        pad.delete(ALICE, ids[1])
+        assert [s["step_num"] for s in pad.list_for_turn(ALICE, TURN, now=NOW)] == [1, 3]
+        assert pad.rotate_owner_key("alice")["complete"]
+        assert pad.verify(now=NOW)["ok"]
+        assert len(pad.turn(ALICE, TURN, now=NOW).history(now=NOW)) == 2
+        pad.put(ALICE, TURN, 4, "x", "after rotation", now=NOW)
+        assert pad.turn(ALICE, TURN, now=NOW).latest_checkpoint(now=NOW) is not None
+        pad.forget_owner("bob")
+        assert pad.list_for_turn(BOB, TURN, now=NOW) == []
+        report = pad.verify(now=NOW)
+    assert report["ok"] and report["owners"] == 1, report
+
+
+def test_concurrent_writers_raise_no_false_alarm(pg_dsn: str, keyring: Keyring) -> None:
+    errors: list[BaseException] = []
+
+    def work(n: int) -> None:
+        try:
+            with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+                for i in range(10):
+                    pad.turn(ALICE, f"w{n % 2}", now=NOW).record(n * 100 + i + 1, "x", f"{n}-{i}", now=NOW)
+                    pad.turn(ALICE, f"w{(n + 1) % 2}", now=NOW).history(now=NOW)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    with Scratchpad.open(pg_dsn, keyring=keyring):
+        pass  # the schema exists before the writers race
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+        assert len(pad.turn(ALICE, "w0", now=NOW).history(now=NOW)) == 20
+        assert pad.verify(now=NOW)["ok"]
