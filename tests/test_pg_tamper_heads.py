@@ -115,11 +115,12 @@ def _copy_row(conn: psycopg.Connection[Any], entry_id: str, new_id: str, **chang
 
 
 def content_tamper(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
-    row = conn.execute("SELECT data FROM segments WHERE entry_id = %s AND seq = 0", (s["ids"][2],)).fetchone()
-    assert row is not None
+    # A one-segment entry keeps its sealed segment in its row (entries.only_segment).
+    row = conn.execute("SELECT only_segment FROM entries WHERE id = %s", (s["ids"][2],)).fetchone()
+    assert row is not None and row[0] is not None
     data = bytearray(row[0])
     data[len(data) // 2] ^= 0x01
-    conn.execute("UPDATE segments SET data = %s WHERE entry_id = %s AND seq = 0", (bytes(data), s["ids"][2]))
+    conn.execute("UPDATE entries SET only_segment = %s WHERE id = %s", (bytes(data), s["ids"][2]))
 
 
 def tail_truncation(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
