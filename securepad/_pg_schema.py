@@ -21,7 +21,7 @@ from .errors import SecurepadError
 
 __all__ = ["ADMIN_ROLE", "APP_ROLE", "MIGRATIONS", "SCHEMA_VERSION", "lock_key", "migrate", "reason"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _OWNER = "current_setting('securepad.owner', true)"
 _OWNER_TABLES = ("owner_keys", "entries", "checkpoints", "compaction_marks", "owner_usage")
@@ -206,6 +206,12 @@ MIGRATIONS: dict[int, str] = {
             EXECUTE format('CREATE POLICY housekeeping ON %I TO {ADMIN_ROLE} USING (true) WITH CHECK (true)', t);
         END LOOP;
     END $$;
+    """,
+    # The listing part of an entry (issue 13, crypto.ListingKey), as SQLite's
+    # migration 8; an extension of a turn re-seals it.
+    5: f"""
+    ALTER TABLE entries ADD COLUMN sealed_listing BYTEA;
+    GRANT UPDATE (sealed_listing) ON entries TO {APP_ROLE};
     """,
 }
 

@@ -24,6 +24,7 @@ from .crypto import (
     ContentIdentity,
     CounterSeal,
     KeyHandle,
+    ListingKey,
     Wrapper,
     anchor_key,
     anchor_key_aad,
@@ -101,6 +102,7 @@ class Keystore:
         # the most recently used ones' keys only.
         self._owner_keys: LRUCache[tuple[str, int], tuple[Wrapper, KeyHandle]] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._identities: LRUCache[tuple[str, int], ContentIdentity] = LRUCache(OWNER_KEY_CACHE_SIZE)
+        self._listings: LRUCache[tuple[str, int], ListingKey] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._latest: LRUCache[str, int] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._wraps = _WrapCounts()
         self.keyring = keyring
@@ -165,7 +167,12 @@ class Keystore:
 
     def cache_sizes(self) -> dict[str, int]:
         """How many entries each owner-key cache holds (bounded by ``OWNER_KEY_CACHE_SIZE``)."""
-        return {"owner_keys": len(self._owner_keys), "identities": len(self._identities), "latest": len(self._latest)}
+        return {
+            "owner_keys": len(self._owner_keys),
+            "identities": len(self._identities),
+            "listings": len(self._listings),
+            "latest": len(self._latest),
+        }
 
     def is_cached(self, owner: str, version: int) -> bool:
         """Whether the owner's key of ``version`` is unwrapped in the cache."""
@@ -198,6 +205,19 @@ class Keystore:
             found = ContentIdentity(self._owner_key(owner, version)[1], self.store_id, owner, version)
             with self._lock:
                 self._identities[(owner, version)] = found
+        return found
+
+    def listing_key(self, owner: str, version: int) -> ListingKey:
+        """The key of the owner's listing parts of ``version`` (see ``crypto.ListingKey``), derived once and cached.
+
+        Raises:
+            IntegrityError, WrongKeyError: as for ``owner_wrapper``.
+        """
+        found = self._listings.get((owner, version))
+        if found is None:
+            found = ListingKey(self._owner_key(owner, version)[1], self.store_id, owner)
+            with self._lock:
+                self._listings[(owner, version)] = found
         return found
 
     def _owner_key(self, owner: str, version: int) -> tuple[Wrapper, KeyHandle]:
@@ -315,6 +335,7 @@ class Keystore:
             self._latest.pop(owner)
             self._owner_keys.discard_if(lambda key: key[0] == owner)
             self._identities.discard_if(lambda key: key[0] == owner)
+            self._listings.discard_if(lambda key: key[0] == owner)
 
     # -- the one write under the current key -------------------------------------------------
 

@@ -10,11 +10,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
+
 from . import summary
 from .crypto import SEGMENT_BYTES
-from .errors import InvalidArgumentError
+from .errors import IntegrityError, InvalidArgumentError
 
-__all__ = ["binary_counts", "classify", "dumps", "rebuild", "view"]
+__all__ = ["binary_counts", "classify", "dumps", "pack", "rebuild", "unpack", "view"]
+
+# pack's leading byte: how the rest is encoded.
+PACKED_MSGPACK = 1
+PACKED_JSON = 2
+_msgpack_encode = msgspec.msgpack.Encoder().encode
+_msgpack_decode = msgspec.msgpack.Decoder().decode
+_json_encode = msgspec.json.Encoder().encode
+_json_decode = msgspec.json.Decoder().decode
 
 
 def dumps(value: Any, *, indent: int | None = None) -> bytes:
@@ -27,6 +37,49 @@ def dumps(value: Any, *, indent: int | None = None) -> bytes:
         return json.dumps(value, ensure_ascii=False, allow_nan=False, indent=indent).encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise InvalidArgumentError(f"the observation is not JSON-serializable: {exc}") from None
+
+
+def pack(value: Any) -> bytes:
+    """The sealed metadata's encoding: a version byte, then msgpack (msgspec).
+
+    Chosen by measurement (``python -m securepad.bench.encoding``): decoding a
+    text entry's listing part takes about 0.35 µs against 2.8 µs for the
+    standard library's ``json``, encoding 0.15 µs against 4.4, and it is a few
+    percent smaller. msgpack carries what JSON does (the values reaching here
+    passed ``dumps``) except integers beyond 64 bits, which JSON allows:
+    those few values are written as JSON (msgspec's) under the other version
+    byte, so nothing storable before is refused now. Both decode to what
+    ``json.loads(dumps(value))`` gives (tuples become lists).
+
+    Raises:
+        InvalidArgumentError: the value is not JSON-serializable.
+    """
+    try:
+        return bytes((PACKED_MSGPACK,)) + _msgpack_encode(value)
+    except OverflowError:
+        pass
+    except (TypeError, ValueError, msgspec.EncodeError) as exc:
+        raise InvalidArgumentError(f"the observation is not JSON-serializable: {exc}") from None
+    try:
+        return bytes((PACKED_JSON,)) + _json_encode(value)
+    except (TypeError, ValueError, msgspec.EncodeError) as exc:
+        raise InvalidArgumentError(f"the observation is not JSON-serializable: {exc}") from None
+
+
+def unpack(blob: bytes) -> Any:
+    """What ``pack`` encoded (the blob was authenticated: a failure here is a bug or an unknown version).
+
+    Raises:
+        IntegrityError: an unknown version byte, or a body that does not decode.
+    """
+    try:
+        if blob[:1] == b"\x01":
+            return _msgpack_decode(blob[1:])
+        if blob[:1] == b"\x02":
+            return _json_decode(blob[1:])
+    except msgspec.DecodeError:
+        raise IntegrityError("the entry's sealed metadata does not decode") from None
+    raise IntegrityError("the entry's sealed metadata has an unknown encoding")
 
 
 def classify(observation: Any, max_depth: int) -> tuple[str, str, str | bytes, dict[str, Any] | None]:
