@@ -452,7 +452,7 @@ class Header:
 _DIGEST_FIELDS = tuple(f.name for f in fields(Header) if f.name not in ("key_version", "format"))
 # Format 2's digest input: the four strings' lengths, the sizes and the
 # segment count (fixed width), then the strings.
-_HEADER_LAYOUT = struct.Struct(">4IQQI")
+_HEADER_LAYOUT = struct.Struct(">4IQQQ")
 _HEADER_TAG = lp(_TAG + b"header", str(ENTRY_FORMAT))
 
 
