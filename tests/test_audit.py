@@ -15,7 +15,7 @@ from click.testing import CliRunner, Result
 from securepad import ExpiredError, Keyring, Policy, Principal, Scratchpad, SecurepadError
 from securepad.audit import Audit, run_audit
 from securepad.cli import main
-from securepad.entries import Entries
+from securepad.entry_listings import Listings
 from securepad.policy import NOT_FOUND_MESSAGE
 from securepad.store import parts
 
@@ -304,7 +304,7 @@ def test_audit_catches_a_store_that_ignores_the_owner(pad: Scratchpad, monkeypat
     monkeypatch.setattr(Policy, "authorize_row", lambda self, principal, row: None)
     # Owner b's step 1 shares a's turn id and step on purpose; with the owner condition
     # dropped, put's one-live-step check would refuse it and the tenants never be set up.
-    monkeypatch.setattr(Entries, "check_step_free", lambda *args, **kwargs: None)
+    monkeypatch.setattr(Listings, "check_step_free", lambda *args, **kwargs: None)
     report = run_audit(pad)
     assert not report.passed
     broken = {r.name for r in report.failed}
@@ -328,7 +328,7 @@ def test_audit_catches_a_leaky_refusal_message(pad: Scratchpad, monkeypatch: pyt
 
     monkeypatch.setattr(Policy, "scope_sql", lambda self, p: ("owner_user_id = owner_user_id", ()))
     monkeypatch.setattr(Policy, "authorize_row", authorize_row)
-    monkeypatch.setattr(Entries, "check_step_free", lambda *args, **kwargs: None)  # see above
+    monkeypatch.setattr(Listings, "check_step_free", lambda *args, **kwargs: None)  # see above
     report = run_audit(pad)
     row = next(r for r in report.results if r.name == "cross-owner get")
     assert not row.passed

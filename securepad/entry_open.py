@@ -1,0 +1,211 @@
+"""Opening one entry: the authorized fetch of its row, its authentication, its content.
+
+``Opener.open`` is the one path from an entry id to its plaintext; the row is
+fetched through ``access.Access`` and authenticated by ``crypto.open_entry``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from . import reads, shaping
+from ._backend import Backend, Params, Rows
+from .access import Access, audit_log, check_principal
+from .crypto import EntryCipher, Header, open_entry
+from .entry_rows import COLUMNS, ID_RE, Entry, EntryParts, Opened, check_row_types
+from .errors import ExpiredError, IntegrityError, InvalidArgumentError, NotFoundError
+from .heads import Head, Heads, same_entry
+from .policy import NOT_FOUND_MESSAGE
+from .principal import Principal, check_identifier
+
+__all__ = ["Opener", "rows_and_head"]
+
+# Clear columns that the sealed metadata repeats; a mismatch means tampering.
+_SEALED_COLUMNS = ("actor", "channel", "step_num", "executor_name", "created_at", "expires_at")
+# An entry to open comes with its segment when it has only one (up to
+# SEGMENT_BYTES: most entries), selected with the authorized row itself: one
+# query per read (one round trip on PostgreSQL) instead of two.
+_OPEN_COLUMNS = (
+    f"{COLUMNS}, CASE WHEN segment_count = 1 THEN"
+    " (SELECT data FROM segments WHERE segments.entry_id = entries.id AND segments.seq = 0) END AS only_segment"
+)
+
+
+class Opener:
+    """Opens the entries of one store: ``open``, ``get``, ``read``, ``verify_row``."""
+
+    def __init__(self, parts: EntryParts) -> None:
+        self._db, self._keys, self._access = parts.db, parts.keys, parts.access
+        self.policy, self.heads, self.now = parts.policy, parts.heads, parts.now
+
+    def open(
+        self, principal: Principal, scratchpad_id: object, now: float | None, turn_id: str | None = None
+    ) -> Opened:
+        """The one path from an id to an entry's plaintext (of one turn, if ``turn_id`` is given).
+
+        Raises:
+            NotFoundError: absent, malformed, another owner's, or outside the scope.
+            ExpiredError: the caller's own entry has expired.
+            IntegrityError: the stored entry fails authentication.
+        """
+        check_principal(principal)
+        if not isinstance(scratchpad_id, str) or not ID_RE.fullmatch(scratchpad_id):
+            self._access.denied(principal, "malformed id")
+            raise NotFoundError(NOT_FOUND_MESSAGE)
+        where = "id = ?"
+        params: tuple[str, ...] = (scratchpad_id,)
+        if turn_id is not None:
+            where, params = "id = ? AND turn_id = ?", (scratchpad_id, check_identifier("turn_id", turn_id))
+        # The entry's row and its turn's head rows: one round trip on PostgreSQL.
+        head_sql = Heads.entry_select_sql(principal.owner_user_id, scratchpad_id)
+        rows, head_rows = rows_and_head(self._db, self._access, principal, head_sql, _OPEN_COLUMNS, where, params)
+        if not rows:
+            self._access.denied(principal, scratchpad_id)
+            raise NotFoundError(NOT_FOUND_MESSAGE)
+        current = self.now(now)
+
+        def fetch(got: Rows | None = None) -> tuple[dict[str, Any] | None, Opened | None]:
+            if got is None:
+                got = self._access.rows(principal, "entries", _OPEN_COLUMNS, where, params)
+            if not got:
+                return None, None
+            row = got[0]
+            check_row_types(row)
+            if turn_id is not None and row["turn_id"] != turn_id:
+                raise NotFoundError(NOT_FOUND_MESSAGE)
+            if row["expires_at"] <= current:
+                return row, None
+            return row, next(self._access.open_each(principal, "entries", _OPEN_COLUMNS, [row], self.authenticate))
+
+        def check(head: Head, fetched: tuple[dict[str, Any] | None, Opened | None]) -> None:
+            row, opened = fetched
+            if row is not None and opened is None:
+                self.heads.check_expired_in(head, row, current)
+            elif opened is not None:
+                same_entry(head, opened.row)
+
+        check_row_types(rows[0])
+        row, opened = self.heads.checked(
+            principal.owner_user_id, rows[0]["turn_id"], fetch, check, first=(fetch(rows), head_rows)
+        )
+        if row is None:  # deleted meanwhile
+            raise NotFoundError(NOT_FOUND_MESSAGE)
+        if opened is None:
+            raise ExpiredError("this entry has expired")
+        return opened
+
+    def authenticate(self, row: dict[str, Any]) -> Opened:
+        """Unwrap the item key, check the commitment, open and cross-check the metadata."""
+        check_row_types(row)
+        header = Header(
+            row["id"],
+            row["owner_user_id"],
+            row["turn_id"],
+            row["content_kind"],
+            row["size_bytes"],
+            row["size_chars"],
+            row["segment_count"],
+            row["key_version"],
+        )
+        wrapper = self._keys.owner_wrapper(header.owner_user_id, header.key_version)
+        cipher = open_entry(wrapper, header, row["wrapped_key"], row["nonce_prefix"], row["commitment"])
+        meta = json.loads(cipher.open_meta(row["sealed_meta"]))
+        for column in _SEALED_COLUMNS:
+            if meta[column] != row[column]:
+                raise IntegrityError(f"the entry's clear {column} does not match its sealed copy")
+        counts = meta["counts"]
+        if counts is None:  # binary: every segment but the last is full
+            counts = shaping.binary_counts(header.size_bytes, header.segment_count)
+        breaks = meta.get("breaks")
+        if len(counts) != header.segment_count or (breaks is not None and len(breaks) != header.segment_count):
+            raise IntegrityError("the entry's segment index does not match its header")
+        content = reads.SegmentedContent(
+            header.kind,
+            counts,
+            _fetcher(self._db, row["id"], row["owner_user_id"], cipher, header.segment_count, row.get("only_segment")),
+            breaks=breaks,
+            line_count=meta.get("lines"),
+        )
+        return Opened(row, meta, content, cipher)
+
+    def verify_row(self, row: dict[str, Any]) -> None:
+        """Authenticate an entry row and every one of its segments (``verify``).
+
+        Raises:
+            IntegrityError: the row or a segment fails authentication.
+        """
+        opened = self.authenticate(row)
+        count = int(row["segment_count"])
+        if count:
+            _fetcher(self._db, row["id"], row["owner_user_id"], opened.cipher, count)(0, count - 1)
+
+    def get(
+        self, principal: Principal, scratchpad_id: str, *, now: float | None = None, turn_id: str | None = None
+    ) -> Entry:
+        return self.open(principal, scratchpad_id, now, turn_id).entry()
+
+    def read(
+        self,
+        principal: Principal,
+        scratchpad_id: str,
+        mode: str = "head",
+        *,
+        now: float | None = None,
+        turn_id: str | None = None,
+        **args: Any,
+    ) -> dict[str, Any]:
+        """``Scratchpad.read``: part of an entry, never more than ``max_read_chars``."""
+        if mode not in reads.MODES:
+            raise InvalidArgumentError(f"unknown read mode {mode!r}; use one of {', '.join(reads.MODES)}")
+        opened = self.open(principal, scratchpad_id, now, turn_id)
+        extra = {"scratchpad_id": opened.row["id"]}
+        result = reads.read_fitted(opened.content, mode, cap=self.policy.max_read_chars, extra=extra, **args)
+        if self.policy.log_reads:
+            audit_log.info("read: owner=%r id=%s mode=%s", principal.owner_user_id, opened.row["id"], mode)
+        return result
+
+
+def rows_and_head(
+    db: Backend,
+    access: Access,
+    principal: Principal,
+    head: tuple[str, Params],
+    columns: str,
+    where: str,
+    params: Params,
+    tail: str = "",
+) -> tuple[Rows, Rows]:
+    """``Access.rows`` over entries (each row authorized again) and the head
+    query ``head``, read together (``Backend.queries``: one round trip on PostgreSQL)."""
+    rows, head_rows = db.queries(
+        access.rows_sql(principal, "entries", columns, where, params, tail), head, owner=principal.owner_user_id
+    )
+    for row in rows:
+        access.policy.authorize_row(principal, row)
+    return rows, head_rows
+
+
+def _fetcher(
+    db: Backend, entry_id: str, owner: str, cipher: EntryCipher, count: int, only: object = None
+) -> reads.Fetch:
+    """The entry's segments, opened; ``only`` is the one segment of a
+    one-segment entry when it came with the entry row (``_OPEN_COLUMNS``)."""
+
+    def fetch(first: int, last: int) -> list[bytes]:
+        if count == 1 and (first, last) == (0, 0) and isinstance(only, bytes):
+            return [cipher.open_segment(0, only, True)]
+        # Only the segments asked for travel from the database; the entry row
+        # they belong to was authorized and authenticated by the caller.
+        rows = db.query(
+            "SELECT seq, data FROM segments WHERE entry_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
+            (entry_id, first, last),
+            owner=owner,
+        )
+        if [row["seq"] for row in rows] != list(range(first, last + 1)):
+            raise IntegrityError("the entry's segments are missing or out of order")
+        if not all(isinstance(row["data"], bytes) for row in rows):
+            raise IntegrityError("an entry's segment is not a blob")
+        return [cipher.open_segment(row["seq"], row["data"], row["seq"] == count - 1) for row in rows]
+
+    return fetch

@@ -1,0 +1,475 @@
+"""The put pipeline: an observation shaped, cut into segments and sealed
+(``crypto.seal_entry``) outside any transaction, then written in one write
+transaction that checks the step, the owner key's version and the quota.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import reads, shaping
+from ._backend import Conn, DuplicateKeyError, Params
+from ._records import Records
+from .access import Access, check_principal
+from .crypto import EntryCipher, Header, Wrapper, seal_entry, split_bytes, split_text
+from .entry_listings import Listings, step_sql
+from .entry_rows import EntryParts, check_step_num, live
+from .errors import InvalidArgumentError, QuotaExceededError
+from .heads import Heads, entry_item
+from .keystore import NEWEST_VERSION_SQL, Keystore
+from .policy import Policy
+from .principal import Principal, check_identifier
+
+__all__ = ["ENTRY_ROW_OVERHEAD", "Putter", "Shown", "row_cost"]
+
+
+class Putter:
+    """Stores the entries of one store: ``put``, ``put_many``, ``check_quota``."""
+
+    def __init__(self, parts: EntryParts, listings: Listings) -> None:
+        self._keys, self._access = parts.keys, parts.access
+        self.policy, self.heads, self.now, self.ttl = parts.policy, parts.heads, parts.now, parts.ttl
+        self.listings = listings
+
+    def put(
+        self,
+        principal: Principal,
+        turn_id: str,
+        step_num: int,
+        executor_name: str,
+        observation: Any,
+        ttl_seconds: int | None = None,
+        *,
+        now: float | None = None,
+        inline: tuple[Any] | None = None,
+        free_step: bool = False,
+        next_step: bool = False,
+    ) -> dict[str, Any]:
+        """Store an observation (see ``Scratchpad.put``), keeping (sealed) what a
+        turn showed the model: ``inline`` is ``(item,)`` when the observation
+        went into the history itself. With ``free_step``, the write transaction
+        refuses a step that a live entry of the turn in the principal's scope already has.
+        With ``next_step`` too (and no ``inline``), ``step_num`` is only a guess:
+        the write transaction, which serializes the owner's writes, gives the
+        entry the step after the turn's highest live one in the principal's
+        scope (sealing its metadata again when the guess was not that), so
+        concurrent writers never collide; the returned view has the step taken."""
+        if next_step and (inline is not None or not free_step):
+            raise InvalidArgumentError("next_step needs free_step and no inline item")
+        check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        check_identifier("executor_name", executor_name)
+        check_step_num(step_num)
+        ttl = self.ttl(ttl_seconds)
+        prepared = _Prepared.of(observation, step_num, self.policy)
+        created = self.now(now)
+        meta = prepared.meta(principal, step_num, executor_name, created, created + ttl, inline)
+        owner = principal.owner_user_id
+        identities: dict[int, str] = {}
+
+        def seal(version: int, wrapper: Wrapper) -> tuple[dict[str, Any], list[bytes], EntryCipher]:
+            if version not in identities:
+                identities[version] = self._keys.identity(owner, version).of(prepared.kind, prepared.segments)
+            meta["content_id"] = identities[version]
+            return prepared.seal(wrapper, version, owner, turn_id, meta)
+
+        def write(conn: Conn, sealed: tuple[dict[str, Any], list[bytes], EntryCipher]) -> str:
+            row, segments, cipher = sealed
+            if next_step:
+                taken = self.listings.last_step(principal, turn_id, created, conn) + 1
+                check_step_num(taken)
+                if taken != row["step_num"]:
+                    resealed = prepared.restep(meta, cipher, taken, observation)
+                    row["stored_bytes"] += len(resealed) - len(row["sealed_meta"])  # the quota counts the new one
+                    row["step_num"], row["sealed_meta"] = taken, resealed
+            elif free_step:
+                self.listings.check_step_free(principal, turn_id, step_num, created, conn)
+            self.check_quota(conn, owner, row["key_version"], row["stored_bytes"], created, "entry")
+            conn.defer(
+                f"INSERT INTO entries({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
+            )
+            conn.executemany(
+                "INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)",
+                ((row["id"], seq, data) for seq, data in enumerate(segments)),
+            )
+            self.heads.change(
+                conn, owner, turn_id, lambda head: head.e.__setitem__(row["id"], entry_item(row)), row["key_version"]
+            )
+            return str(row["id"])
+
+        # The transaction's reads go in one round trip with its version check (PostgreSQL).
+        prefetch = [_quota_sql(owner, created), Heads.select_sql(owner, turn_id)]
+        if free_step and not next_step:
+            prefetch.append(step_sql(self._access, principal, turn_id, step_num))
+        entry_id = self._keys.write_current(
+            owner,
+            seal,
+            write,
+            attempts=5,
+            busy="could not store the entry: its id or owner key kept changing; try again",
+            prefetch=prefetch,
+        )
+        return {"ok": True, "scratchpad_id": entry_id, **meta["view"]}
+
+    def put_many(
+        self,
+        principal: Principal,
+        turn_id: str,
+        items: Any,
+        ttl_seconds: int | None = None,
+        *,
+        now: float | None = None,
+        shown: Shown | None = None,
+    ) -> list[dict[str, Any]]:
+        """Store several observations in one transaction, all or nothing (see
+        ``Scratchpad.put_many``); with ``shown``, the steps are chosen (see ``_Batch``)."""
+        return _Batch(self, self._keys, self._access, principal, turn_id, shown).put(items, ttl_seconds, now)
+
+    def check_quota(self, conn: Conn, owner: str, version: int, adding: int, now: float, what: str) -> None:
+        """Inside the owner's write transaction, in one statement: refuse a write
+        sealed under owner-key ``version`` when that is no longer the newest
+        (``StaleOwnerKey``, which the keystore's retry takes), and refuse
+        ``adding`` bytes (a new ``what``: entry or record) that do not fit in
+        the owner's quota.
+
+        Entries count what their row costs on disk (``row_cost``), and so do
+        the owner's live checkpoints and compaction marks (``Records.used_sql``:
+        a turn keeps few). ``owner_usage`` (kept by triggers) still counts
+        expired entries that gc has not removed: when even that bound leaves
+        room, the exact sum over the owner's live entries, O(entries), would
+        not change the answer. The message gives the new bytes and the quota
+        only: the owner's total counts entries outside the caller's scope,
+        which it must not learn of.
+
+        Raises:
+            QuotaExceededError: no room.
+        """
+        quota = self.policy.owner_quota_bytes
+        found = conn.query(*_quota_sql(owner, now))[0]
+        Keystore.check_newest(found["newest"], version)
+        used, stored = int(found["used"]), int(found["stored"] or 0)
+        if used + stored + adding > quota:
+            live = conn.query(
+                "SELECT CAST(COALESCE(SUM(stored_bytes), 0) AS BIGINT) AS used FROM entries"
+                " WHERE owner_user_id = ? AND expires_at > ?",
+                (owner, now),
+            )
+            stored = int(live[0]["used"])
+        if used + stored + adding > quota:
+            raise QuotaExceededError(
+                f"owner quota exceeded: the {what} needs {adding} bytes on disk and owner_quota_bytes"
+                f" {quota} has no room for it; delete entries or let them expire"
+            )
+
+
+def _quota_sql(owner: str, now: float) -> tuple[str, Params]:
+    """``check_quota``'s one query: the owner's newest key version, its usage
+    bound and its live records' cost."""
+    records, params = Records.used_sql(owner, now)
+    return (
+        f"SELECT {NEWEST_VERSION_SQL} AS newest,"
+        " (SELECT stored_bytes FROM owner_usage WHERE owner_user_id = ?) AS stored,"
+        f" {records} AS used",
+        (owner, owner, *params),
+    )
+
+
+# What ``Turn.record_many`` shows the model of an observation at a step:
+# ``(history item,)``, or None for the view.
+Shown = Callable[[Any, int], tuple[Any] | None]
+# A batch sealed: its rows, each row's sealed segments, each row's metadata.
+_Sealed = tuple[list[dict[str, Any]], list[list[bytes]], list[dict[str, Any]]]
+
+
+class _Batch:
+    """One ``put_many``: every observation checked and sealed first, then one
+    write transaction that checks each step, the key version and the quota of
+    the whole batch, and inserts every row (a failure stores none).
+
+    With ``shown`` (``Turn.record_many``), items are ``(executor_name,
+    observation)`` and take the steps after the turn's highest live one,
+    consecutively: read before sealing (the history item may name its step)
+    and checked again inside the transaction; another writer that took one
+    meanwhile makes the batch seal again (``write_current``'s retry)."""
+
+    def __init__(
+        self,
+        entries: Putter,
+        keys: Keystore,
+        access: Access,
+        principal: Principal,
+        turn_id: str,
+        shown: Shown | None,
+    ) -> None:
+        check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        self.entries, self.keys, self.access = entries, keys, access
+        self.principal, self.turn_id, self.shown = principal, turn_id, shown
+
+    def _items(self, items: Any) -> list[tuple[int, str, Any]]:
+        """The items as (step, executor, observation), validated (steps to choose are -1)."""
+        width = 2 if self.shown is not None else 3
+        if isinstance(items, str | bytes | dict) or not hasattr(items, "__iter__"):
+            raise InvalidArgumentError("items must be a sequence of tuples")
+        checked: list[tuple[int, str, Any]] = []
+        for item in items:
+            if not isinstance(item, tuple | list) or len(item) != width:
+                raise InvalidArgumentError(f"each item must be a tuple of {width} values, not {item!r:.80}")
+            step, executor, observation = (-1, *item) if width == 2 else item
+            if width == 3:
+                check_step_num(step)
+            check_identifier("executor_name", executor)
+            checked.append((step, executor, observation))
+        steps = [step for step, _, _ in checked]
+        if width == 3 and len(set(steps)) != len(steps):
+            raise InvalidArgumentError("a batch gives one step twice")
+        return checked
+
+    def put(self, items: Any, ttl_seconds: int | None, now: float | None) -> list[dict[str, Any]]:
+        checked = self._items(items)
+        ttl = self.entries.ttl(ttl_seconds)
+        created = self.entries.now(now)
+        if not checked:
+            return []
+        owner = self.principal.owner_user_id
+        policy = self.entries.policy
+        if self.shown is None:  # shaped once: the steps are the caller's
+            fixed = [_Prepared.of(obs, step, policy) for step, _, obs in checked]
+        identities: dict[tuple[int, int], str] = {}
+        shown_items: list[tuple[Any] | None] = []
+
+        def seal(version: int, wrapper: Wrapper) -> _Sealed:
+            steps = [step for step, _, _ in checked]
+            prepared = fixed if self.shown is None else []
+            shown_items.clear()
+            if self.shown is not None:
+                first = self.entries.listings.last_step(self.principal, self.turn_id, created) + 1
+                steps = list(range(first, first + len(checked)))
+                check_step_num(steps[-1])
+                prepared = [_Prepared.of(obs, step, policy) for step, (_, _, obs) in zip(steps, checked, strict=True)]
+            rows: list[dict[str, Any]] = []
+            segments: list[list[bytes]] = []
+            metas: list[dict[str, Any]] = []
+            for index, (step, (_, executor, obs), prep) in enumerate(zip(steps, checked, prepared, strict=True)):
+                inline = self.shown(obs, step) if self.shown is not None else None
+                shown_items.append(inline)
+                meta = prep.meta(self.principal, step, executor, created, created + ttl, inline)
+                if (version, index) not in identities or self.shown is not None:
+                    identities[(version, index)] = self.keys.identity(owner, version).of(prep.kind, prep.segments)
+                meta["content_id"] = identities[(version, index)]
+                row, sealed, _ = prep.seal(wrapper, version, owner, self.turn_id, meta)
+                rows.append(row)
+                segments.append(sealed)
+                metas.append(meta)
+            return rows, segments, metas
+
+        def write(conn: Conn, sealed: _Sealed) -> _Sealed:
+            rows, segments, _ = sealed
+            self._check_steps(conn, [row["step_num"] for row in rows], created)
+            version = rows[0]["key_version"]
+            self.entries.check_quota(conn, owner, version, sum(r["stored_bytes"] for r in rows), created, "batch")
+            columns = list(rows[0])
+            conn.executemany(
+                f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                [tuple(row[c] for c in columns) for row in rows],
+            )
+            conn.executemany(
+                "INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)",
+                [
+                    (row["id"], seq, data)
+                    for row, parts in zip(rows, segments, strict=True)
+                    for seq, data in enumerate(parts)
+                ],
+            )
+            self.entries.heads.change(
+                conn, owner, self.turn_id, lambda head: head.e.update((r["id"], entry_item(r)) for r in rows), version
+            )
+            return sealed
+
+        rows, _, metas = self.keys.write_current(
+            owner,
+            seal,
+            write,
+            attempts=5,
+            count=len(checked),
+            prefetch=[Heads.select_sql(owner, self.turn_id)],
+            busy="could not store the batch: its ids, steps or owner key kept changing; try again",
+        )
+        views = [
+            {"ok": True, "scratchpad_id": row["id"], **meta["view"]} for row, meta in zip(rows, metas, strict=True)
+        ]
+        if self.shown is None:
+            return views
+        return [view if inline is None else inline[0] for view, inline in zip(views, shown_items, strict=True)]
+
+    def _check_steps(self, conn: Conn, steps: list[int], now: float) -> None:
+        """Inside the write: refuse steps a live entry of the turn in the
+        principal's scope has (chosen steps: seal again, another writer took one)."""
+        marks = ", ".join("?" * len(steps))
+        rows = self.access.rows(
+            self.principal,
+            "entries",
+            "step_num, expires_at",
+            f"turn_id = ? AND step_num IN ({marks})",
+            (self.turn_id, *steps),
+            conn=conn,
+        )
+        taken = sorted(row["step_num"] for row in live(rows, now))
+        if taken and self.shown is not None:
+            raise DuplicateKeyError
+        if taken:
+            raise InvalidArgumentError(f"step {taken[0]} is already recorded in turn {self.turn_id!r}")
+        if (
+            self.shown is not None
+            and self.entries.listings.last_step(self.principal, self.turn_id, now, conn) >= steps[0]
+        ):
+            raise DuplicateKeyError  # a higher step appeared: these are no longer the next ones
+
+
+@dataclass
+class _Prepared:
+    """An observation shaped and cut into segments, before it is sealed (pure)."""
+
+    kind: str
+    shape: str
+    content: str | bytes
+    rest: dict[str, Any] | None
+    segments: list[bytes]
+    counts: list[int] | None
+    size_bytes: int
+    size_chars: int
+    breaks: list[int] | None
+    line_count: int | None
+    stored_bytes: int  # what the observation stores (max_entry_bytes); the row's cost on disk is row_cost
+    view: dict[str, Any]
+    inline_max_chars: int  # the view's bound, kept for the next-step re-seal
+
+    @classmethod
+    def of(cls, observation: Any, step_num: int, policy: Policy) -> _Prepared:
+        """Raises InvalidArgumentError (not storable) or QuotaExceededError (over ``max_entry_bytes``)."""
+        max_entry_bytes = policy.max_entry_bytes
+        kind, shape, content, rest = shaping.classify(observation, policy.max_json_depth)
+        segments, counts, size_chars, breaks, line_count = _split(content)
+        size_bytes = sum(len(s) for s in segments)
+        # The limits count everything the observation stores: content and other fields.
+        stored_bytes = size_bytes + (len(shaping.dumps(rest)) if rest else 0)
+        if stored_bytes > max_entry_bytes:
+            raise QuotaExceededError(
+                f"the observation has {stored_bytes} bytes; the policy's max_entry_bytes is {max_entry_bytes}"
+            )
+        limit = policy.inline_max_chars
+        view = shaping.view(kind, step_num, size_bytes, content, rest, observation, limit)
+        return cls(
+            kind,
+            shape,
+            content,
+            rest,
+            segments,
+            counts,
+            size_bytes,
+            size_chars,
+            breaks,
+            line_count,
+            stored_bytes,
+            view,
+            limit,
+        )
+
+    def meta(
+        self,
+        principal: Principal,
+        step_num: int,
+        executor_name: str,
+        created: float,
+        expires: float,
+        inline: tuple[Any] | None,
+    ) -> dict[str, Any]:
+        """The sealed metadata (its clear columns are checked against it on every open)."""
+        meta = {
+            "actor": principal.actor,
+            "channel": principal.channel,
+            "step_num": step_num,
+            "executor_name": executor_name,
+            "created_at": created,
+            "expires_at": expires,
+            "shape": self.shape,
+            "rest": self.rest,
+            "counts": self.counts,
+            "breaks": self.breaks,
+            "lines": self.line_count,
+            "view": self.view,
+        }
+        if inline is not None:
+            meta["inline"] = inline[0]
+        return meta
+
+    def seal(
+        self, wrapper: Wrapper, version: int, owner: str, turn_id: str, meta: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[bytes], EntryCipher]:
+        """The entry's row, sealed segments and cipher under a fresh id and item key."""
+        header = Header(
+            secrets.token_hex(8),
+            owner,
+            turn_id,
+            self.kind,
+            self.size_bytes,
+            self.size_chars,
+            len(self.segments),
+            version,
+        )
+        crypto_columns, sealed, cipher = seal_entry(wrapper, header, shaping.dumps(meta), self.segments)
+        row = {
+            "id": header.entry_id,
+            "owner_user_id": owner,
+            "actor": meta["actor"],
+            "channel": meta["channel"],
+            "turn_id": turn_id,
+            "step_num": meta["step_num"],
+            "executor_name": meta["executor_name"],
+            "content_kind": self.kind,
+            "size_bytes": self.size_bytes,
+            "size_chars": self.size_chars,
+            "segment_count": len(self.segments),
+            "key_version": version,
+            "created_at": meta["created_at"],
+            "expires_at": meta["expires_at"],
+            **crypto_columns,
+        }
+        row["stored_bytes"] = row_cost(row, sealed)
+        return row, sealed, cipher
+
+    def restep(self, meta: dict[str, Any], cipher: EntryCipher, step_num: int, observation: Any) -> bytes:
+        """The entry's metadata for another step, sealed (``put(next_step=True)``):
+        the view names the step (its reference hint), so it is made again."""
+        meta["step_num"] = step_num
+        meta["view"] = shaping.view(
+            self.kind, step_num, self.size_bytes, self.content, self.rest, observation, self.inline_max_chars
+        )
+        return cipher.seal_meta(shaping.dumps(meta))
+
+
+# What a row costs on disk besides its sealed bytes (measured: an empty entry
+# grows the file by about 990 bytes, 530 of them sealed): clear columns, index
+# entries, b-tree cells, the segment rows' keys. Counted against the quota, so
+# that empty entries, checkpoints and marks are not free.
+ENTRY_ROW_OVERHEAD = 512
+
+
+def row_cost(row: dict[str, Any], sealed: list[bytes]) -> int:
+    """What an entry's rows cost on disk: its sealed bytes plus a fixed overhead."""
+    sealed_bytes = sum(len(s) for s in sealed)
+    fields = sum(len(row[c]) for c in ("sealed_meta", "wrapped_key", "nonce_prefix", "commitment"))
+    return sealed_bytes + fields + ENTRY_ROW_OVERHEAD
+
+
+def _split(content: str | bytes) -> tuple[list[bytes], list[int] | None, int, list[int] | None, int | None]:
+    """(segments, character counts, characters, line breaks, lines) of an entry's content."""
+    if isinstance(content, bytes):
+        return split_bytes(content), None, 0, None, None
+    segments, pieces = split_text(content)
+    counts = [len(piece) for piece in pieces]
+    breaks, line_count = reads.line_index(pieces)
+    return segments, counts, sum(counts), breaks, line_count
