@@ -210,7 +210,7 @@ MIGRATIONS: dict[int, str] = {
     # The listing part of an entry (issue 13, crypto.ListingKey), as SQLite's
     # migration 8; an extension of a turn re-seals it.
     5: f"""
-    ALTER TABLE entries ADD COLUMN sealed_listing BYTEA;
+    ALTER TABLE entries ADD COLUMN IF NOT EXISTS sealed_listing BYTEA;
     GRANT UPDATE (sealed_listing) ON entries TO {APP_ROLE};
     """,
 }

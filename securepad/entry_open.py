@@ -12,8 +12,8 @@ from typing import Any
 from . import reads, shaping
 from ._backend import Backend, Params, Rows
 from .access import Access, audit_log, check_principal
-from .crypto import EntryCipher, Header, open_entry
-from .entry_rows import COLUMNS, ID_RE, Entry, EntryParts, Opened, check_row_types
+from .crypto import ENTRY_FORMAT, EntryCipher, Header, open_entry
+from .entry_rows import COLUMNS, ID_RE, Entry, EntryParts, Opened, Readable, check_row_types
 from .errors import ExpiredError, IntegrityError, InvalidArgumentError, NotFoundError
 from .heads import Head, Heads, same_entry
 from .policy import NOT_FOUND_MESSAGE
@@ -41,7 +41,7 @@ class Opener:
 
     def open(
         self, principal: Principal, scratchpad_id: object, now: float | None, turn_id: str | None = None
-    ) -> Opened:
+    ) -> Readable:
         """The one path from an id to an entry's plaintext (of one turn, if ``turn_id`` is given).
 
         Raises:
@@ -65,7 +65,7 @@ class Opener:
             raise NotFoundError(NOT_FOUND_MESSAGE)
         current = self.now(now)
 
-        def fetch(got: Rows | None = None) -> tuple[dict[str, Any] | None, Opened | None]:
+        def fetch(got: Rows | None = None) -> tuple[dict[str, Any] | None, Readable | None]:
             if got is None:
                 got = self._access.rows(principal, "entries", _OPEN_COLUMNS, where, params)
             if not got:
@@ -78,7 +78,7 @@ class Opener:
                 return row, None
             return row, next(self._access.open_each(principal, "entries", _OPEN_COLUMNS, [row], self.authenticate))
 
-        def check(head: Head, fetched: tuple[dict[str, Any] | None, Opened | None]) -> None:
+        def check(head: Head, fetched: tuple[dict[str, Any] | None, Readable | None]) -> None:
             row, opened = fetched
             if row is not None and opened is None:
                 self.heads.check_expired_in(head, row, current)
@@ -95,9 +95,16 @@ class Opener:
             raise ExpiredError("this entry has expired")
         return opened
 
-    def authenticate(self, row: dict[str, Any]) -> Opened:
-        """Unwrap the item key, check the commitment, open and cross-check the metadata."""
+    def authenticate(self, row: dict[str, Any]) -> Readable:
+        """Unwrap the item key, check the commitment, open the metadata and, for
+        a row of format 2, its listing part (format 1 repeats the clear columns
+        inside its metadata instead: they are compared).
+
+        Raises:
+            IntegrityError: any of them fails authentication or does not match.
+        """
         check_row_types(row)
+        entry_format = 1 if row["sealed_listing"] is None else ENTRY_FORMAT
         header = Header(
             row["id"],
             row["owner_user_id"],
@@ -107,13 +114,17 @@ class Opener:
             row["size_chars"],
             row["segment_count"],
             row["key_version"],
+            entry_format,
         )
         wrapper = self._keys.owner_wrapper(header.owner_user_id, header.key_version)
         cipher = open_entry(wrapper, header, row["wrapped_key"], row["nonce_prefix"], row["commitment"])
-        meta = json.loads(cipher.open_meta(row["sealed_meta"]))
-        for column in _SEALED_COLUMNS:
-            if meta[column] != row[column]:
-                raise IntegrityError(f"the entry's clear {column} does not match its sealed copy")
+        if entry_format == 1:
+            meta = json.loads(cipher.open_meta(row["sealed_meta"]))
+            for column in _SEALED_COLUMNS:
+                if meta[column] != row[column]:
+                    raise IntegrityError(f"the entry's clear {column} does not match its sealed copy")
+        else:
+            meta = {**_entry_meta(cipher.open_meta(row["sealed_meta"])), **self._listing_meta(row)}
         counts = meta["counts"]
         if counts is None:  # binary: every segment but the last is full
             counts = shaping.binary_counts(header.size_bytes, header.segment_count)
@@ -127,7 +138,27 @@ class Opener:
             breaks=breaks,
             line_count=meta.get("lines"),
         )
-        return Opened(row, meta, content, cipher)
+        return Readable(row, meta, content, cipher)
+
+    def listed(self, row: dict[str, Any]) -> Opened:
+        """What a listing shows of an entry: its listing part, opened under the
+        owner's listing key, one AES-GCM call and no key of its own. A row
+        written before issue 13 has no listing part: it is opened whole
+        (``authenticate``), as a listing always did.
+
+        Raises:
+            IntegrityError: the part, or a clear column it is bound to, was altered.
+        """
+        check_row_types(row)
+        if row["sealed_listing"] is None:
+            return self.authenticate(row)
+        return Opened(row, self._listing_meta(row))
+
+    def _listing_meta(self, row: dict[str, Any]) -> dict[str, Any]:
+        meta = shaping.unpack(self._keys.listing_key(row["owner_user_id"], row["key_version"]).open(row))
+        if not isinstance(meta, dict) or not isinstance(meta.get("view"), dict):
+            raise IntegrityError("the entry's listing part has no view")
+        return meta
 
     def verify_row(self, row: dict[str, Any]) -> None:
         """Authenticate an entry row and every one of its segments (``verify``).
@@ -184,6 +215,14 @@ def rows_and_head(
     for row in rows:
         access.policy.authorize_row(principal, row)
     return rows, head_rows
+
+
+def _entry_meta(plain: bytes) -> dict[str, Any]:
+    """The metadata a format-2 entry seals under its item key (authenticated)."""
+    meta = shaping.unpack(plain)
+    if not isinstance(meta, dict) or not {"shape", "rest", "counts"} <= meta.keys():
+        raise IntegrityError("the entry's metadata is incomplete")
+    return meta
 
 
 def _fetcher(

@@ -159,7 +159,7 @@ class _Rewrap:
             admin=True,
         )
         rows = [r for r in fetched if r["owner_user_id"] == owner and r["key_version"] < version]
-        updates = []
+        updates: list[tuple[Any, ...]] = []
         for row in rows:
             old = row["key_version"]
             wrapped = self._keys.owner_wrapper(owner, old).rewrap(

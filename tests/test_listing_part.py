@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +23,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from securepad import IntegrityError, Keyring, NotFoundError, Principal, Scratchpad
+from securepad._db import SCHEMA_VERSION
 from securepad.bench.costs import listing_costs
 from securepad.crypto import ENTRY_FORMAT, LISTING_FORMAT, Header
 from securepad.shaping import PACKED_JSON, PACKED_MSGPACK, pack, unpack
+from securepad.store import parts, sqlite_of
 
 ALICE = Principal("alice", "agent", "web")
 BOB = Principal("bob", "agent", "web")
@@ -194,7 +197,7 @@ def test_an_extension_reseals_the_listing_part(store: Store) -> None:
     before = store.column("a1", "sealed_listing")
     with store.open() as pad:
         expiry = pad.list_for_turn(ALICE, "t1")[0]["expires_at"]
-        assert pad.turn(ALICE, "t1").resume(extend_ttl=30 * 86400)["extended"] >= 2
+        assert pad.turn(ALICE, "t1").resume(extend_ttl=86400)["extended"] >= 2
         listed = pad.list_for_turn(ALICE, "t1")
         assert listed[0]["expires_at"] > expiry
         assert pad.get(ALICE, store.ids["a1"]).expires_at == listed[0]["expires_at"]
@@ -214,13 +217,17 @@ def test_an_owner_key_rotation_reseals_the_listing_parts(store: Store) -> None:
 
 
 def test_a_next_step_put_seals_the_step_it_took(store: Store) -> None:
+    """A stale guess (step 1 is taken) makes the write transaction take step 3
+    and seal the listing part again for it: its view's reference names step 3."""
     with store.open() as pad:
-        turn = pad.turn(ALICE, "t1")
-        shown = turn.record("tool", {"items": list(range(3))})
-        assert shown["step_num"] == 3
-        steps = turn.steps()
-        assert [step["step_num"] for step in steps] == [1, 2, 3]
-        assert "step3" in json.dumps(steps[-1]["shown"]) or steps[-1]["shown"] == {"items": [0, 1, 2]}
+        entries = parts(pad).entries
+        view = entries.put(ALICE, "t1", 1, "tool", {"items": [1, 2, 3]}, free_step=True, next_step=True)
+        assert view["step_num"] == 3 and "{{step3.items}}" in view["ref_hint"]
+        listed = pad.list_for_turn(ALICE, "t1")
+        assert [item["step_num"] for item in listed] == [1, 2, 3]
+        assert listed[-1]["view"] == {k: v for k, v in view.items()}
+        assert pad.get(ALICE, view["scratchpad_id"]).observation == {"items": [1, 2, 3]}
+        assert pad.verify()["ok"]
 
 
 # -- the encodings ----------------------------------------------------------------------------------
@@ -290,3 +297,76 @@ def test_the_binary_header_digest_tells_every_field_apart(
 def test_a_header_out_of_range_is_an_integrity_error() -> None:
     with pytest.raises(IntegrityError):
         Header("0123456789abcdef", "alice", "t", "text", -1, 0, 1, 1, ENTRY_FORMAT).digest()
+
+
+# -- migration 8: stores written before the listing part ------------------------------------------
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+V7 = json.loads((FIXTURES / "store_v7.json").read_text())
+V7_NOW = V7["now"]
+
+
+@pytest.fixture
+def v7_store(tmp_path: Path) -> Store:
+    """A private copy of tests/fixtures/store_v7.db (written by main at e7494e0), its key and anchor."""
+    db, keys = tmp_path / "store.db", tmp_path / "keys"
+    keys.mkdir()
+    shutil.copy(FIXTURES / "store_v7.db", db)
+    db.chmod(0o600)
+    (keys / "key").write_bytes((FIXTURES / "store_v7.key").read_bytes())
+    (keys / "key").chmod(0o600)
+    anchor = keys / f"anchor-{V7['store_id']}"
+    anchor.write_bytes((FIXTURES / "store_v7.anchor").read_bytes())
+    anchor.chmod(0o600)
+    ids = {name: entry["id"] for name, entry in V7["entries"].items()}
+    return Store(db, Keyring.from_key_file(keys / "key"), ids)
+
+
+def _listing_parts(store: Store) -> dict[str, bytes | None]:
+    conn = apsw.Connection(str(store.path))
+    try:
+        return {str(i): p for i, p in conn.execute("SELECT id, sealed_listing FROM entries")}  # type: ignore[misc]
+    finally:
+        conn.close()
+
+
+def test_migration_8_adds_the_column_and_old_rows_list_through_their_item_keys(v7_store: Store) -> None:
+    old_views = {entry["id"]: entry["view"] for entry in [*V7["entries"].values(), *V7["batch"]]}
+    with v7_store.open() as pad:
+        assert sqlite_of(pad).query("PRAGMA user_version")[0]["user_version"] == SCHEMA_VERSION
+        assert set(_listing_parts(v7_store).values()) == {None}
+        costs = listing_costs(pad, ALICE, "turn-fixture")
+        assert costs["entries"] == len(old_views)
+        assert costs["header_digests"] == costs["entries"]  # each opened with its own key, as before
+        listed = pad.list_for_turn(ALICE, "turn-fixture", now=V7_NOW)
+        assert {item["scratchpad_id"]: _sorted(item["view"]) for item in listed} == old_views
+        new = pad.put(ALICE, "turn-fixture", 99, "new_tool", "written now", now=V7_NOW)["scratchpad_id"]
+        after = listing_costs(pad, ALICE, "turn-fixture")
+        assert after["entries"] == costs["entries"] + 1
+        assert after["header_digests"] == costs["entries"]  # the new entry lists by its listing part
+        assert pad.list_for_turn(ALICE, "turn-fixture", now=V7_NOW)[-1]["scratchpad_id"] == new
+    parts_now = _listing_parts(v7_store)
+    assert parts_now[new] is not None and parts_now[v7_store.ids["text"]] is None
+
+
+def test_an_old_turn_extended_and_rotated_keeps_each_row_in_its_format(v7_store: Store) -> None:
+    text = v7_store.ids["text"]
+    with v7_store.open() as pad:
+        new = pad.put(ALICE, "turn-fixture", 99, "new_tool", "written now", now=V7_NOW)["scratchpad_id"]
+        before = (v7_store.column("text", "sealed_meta"), _listing_parts(v7_store)[new])
+        extended = pad.extend_turn(ALICE, "turn-fixture", 86_400, now=V7_NOW)
+        assert extended == len(V7["entries"]) + len(V7["batch"]) + 1
+        # Format 1: the metadata under the item key holds the expiry; format 2: the listing part.
+        assert v7_store.column("text", "sealed_meta") != before[0] and _listing_parts(v7_store)[text] is None
+        assert _listing_parts(v7_store)[new] != before[1]
+        assert pad.rotate_owner_key("alice")["complete"]
+        listed = {item["scratchpad_id"]: item for item in pad.list_for_turn(ALICE, "turn-fixture", now=V7_NOW)}
+        assert listed[new]["expires_at"] == listed[text]["expires_at"] == V7_NOW + 86_400
+        assert pad.get(ALICE, text, now=V7_NOW).expires_at == V7_NOW + 86_400
+        assert pad.get(ALICE, new, now=V7_NOW).observation == "written now"
+        report = pad.verify(now=V7_NOW)
+        assert report["ok"], report["problems"]
+
+
+def _sorted(value: Any) -> Any:
+    return json.loads(json.dumps(value, sort_keys=True))
