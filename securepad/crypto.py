@@ -23,12 +23,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import operator
 import secrets
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import Any, NoReturn
 
+import msgspec
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -313,45 +315,47 @@ class ContentIdentity:
 # A listing part: its format byte, the AES-GCM nonce, then ciphertext and tag.
 LISTING_FORMAT = 2
 _LISTING_MIN = 1 + 12 + 16
-# The AAD of a listing part: format, the seven strings' lengths, the numbers
-# (fixed width), then the strings and the key commitment.
-_LISTING_LAYOUT = struct.Struct(">B7IiQQQIdd")
-_LISTING_TAG = lp(_TAG + b"listing")
+_LISTING_TAG = lp(_TAG + b"listing", str(LISTING_FORMAT))
+# The clear columns a listing part is bound to, in the order its AAD has them.
+_LISTING_BOUND = operator.itemgetter(
+    "id",
+    "owner_user_id",
+    "turn_id",
+    "key_version",
+    "actor",
+    "channel",
+    "step_num",
+    "executor_name",
+    "content_kind",
+    "size_bytes",
+    "size_chars",
+    "segment_count",
+    "created_at",
+    "expires_at",
+    "commitment",
+)
+_msgpack = msgspec.msgpack.Encoder().encode
 
 
 def listing_aad(row: dict[str, Any]) -> bytes:
     """What a listing part is bound to: the entry's id, owner, turn, key version
     and every clear column a listing shows or trusts (actor, channel, step,
     executor, kind, sizes, segment count, creation and expiry), and the item
-    key's commitment. The row's types were checked by the caller.
+    key's commitment.
+
+    msgpack of the values as the row holds them: self-delimiting and typed, so
+    unambiguous, and a value edited into another type (a step stored as text)
+    encodes differently and fails authentication like any other edit: the
+    listing needs no type check of its own. Three times cheaper than packing
+    the same fields with ``struct`` (``securepad.bench.encoding``).
 
     Raises:
-        IntegrityError: a clear number out of its range (an edited row).
+        IntegrityError: a column holds a value no column can hold.
     """
-    texts = (
-        row["id"].encode(),
-        row["owner_user_id"].encode(),
-        row["turn_id"].encode(),
-        row["actor"].encode(),
-        row["channel"].encode(),
-        row["executor_name"].encode(),
-        row["content_kind"].encode(),
-    )
     try:
-        fixed = _LISTING_LAYOUT.pack(
-            LISTING_FORMAT,
-            *map(len, texts),
-            row["step_num"],
-            row["key_version"],
-            row["size_bytes"],
-            row["size_chars"],
-            row["segment_count"],
-            row["created_at"],
-            row["expires_at"],
-        )
-    except (struct.error, OverflowError):
-        raise IntegrityError("the entry's clear columns are out of range") from None
-    return b"".join((_LISTING_TAG, fixed, *texts, row["commitment"]))
+        return _LISTING_TAG + _msgpack(_LISTING_BOUND(row))
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError):
+        raise IntegrityError("the entry's clear columns hold a value of the wrong type") from None
 
 
 class ListingKey:

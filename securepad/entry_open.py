@@ -7,12 +7,13 @@ fetched through ``access.Access`` and authenticated by ``crypto.open_entry``.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from . import reads, shaping
 from ._backend import Backend, Params, Rows
 from .access import Access, audit_log, check_principal
-from .crypto import ENTRY_FORMAT, EntryCipher, Header, open_entry
+from .crypto import ENTRY_FORMAT, EntryCipher, Header, ListingKey, open_entry
 from .entry_rows import COLUMNS, ID_RE, Entry, EntryParts, Opened, Readable, check_row_types
 from .errors import ExpiredError, IntegrityError, InvalidArgumentError, NotFoundError
 from .heads import Head, Heads, same_entry
@@ -146,19 +147,31 @@ class Opener:
         written before issue 13 has no listing part: it is opened whole
         (``authenticate``), as a listing always did.
 
+        The part's AAD binds every clear column a listing returns, their types
+        included (``crypto.listing_aad``), so no type check is needed here.
+
         Raises:
             IntegrityError: the part, or a clear column it is bound to, was altered.
         """
-        check_row_types(row)
-        if row["sealed_listing"] is None:
-            return self.authenticate(row)
-        return Opened(row, self._listing_meta(row))
+        return self.lister()(row)
+
+    def lister(self) -> Callable[[dict[str, Any]], Opened]:
+        """``listed`` for the rows of one listing: the keystore is asked once per key version."""
+        keys: dict[tuple[Any, Any], ListingKey] = {}
+
+        def listed(row: dict[str, Any]) -> Opened:
+            if row["sealed_listing"] is None:
+                return self.authenticate(row)
+            version = (row["owner_user_id"], row["key_version"])
+            key = keys.get(version)
+            if key is None:
+                key = keys[version] = self._keys.listing_key(*version)
+            return Opened(row, _listing_meta(key, row))
+
+        return listed
 
     def _listing_meta(self, row: dict[str, Any]) -> dict[str, Any]:
-        meta = shaping.unpack(self._keys.listing_key(row["owner_user_id"], row["key_version"]).open(row))
-        if not isinstance(meta, dict) or not isinstance(meta.get("view"), dict):
-            raise IntegrityError("the entry's listing part has no view")
-        return meta
+        return _listing_meta(self._keys.listing_key(row["owner_user_id"], row["key_version"]), row)
 
     def verify_row(self, row: dict[str, Any]) -> None:
         """Authenticate an entry row and every one of its segments (``verify``).
@@ -215,6 +228,14 @@ def rows_and_head(
     for row in rows:
         access.policy.authorize_row(principal, row)
     return rows, head_rows
+
+
+def _listing_meta(key: ListingKey, row: dict[str, Any]) -> dict[str, Any]:
+    """What an entry's listing part holds (authenticated), with its view."""
+    meta = shaping.unpack(key.open(row))
+    if not isinstance(meta, dict) or not isinstance(meta.get("view"), dict):
+        raise IntegrityError("the entry's listing part has no view")
+    return meta
 
 
 def _entry_meta(plain: bytes) -> dict[str, Any]:

@@ -214,5 +214,6 @@ def live(rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
             authentication: the outcome is the same).
     """
     for row in rows:
-        check_row_types({"expires_at": row["expires_at"]})
+        if not isinstance(row["expires_at"], float | int):
+            raise IntegrityError("the entry's clear expires_at has the wrong type")
     return [row for row in rows if row["expires_at"] > now]

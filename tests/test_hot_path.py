@@ -35,8 +35,11 @@ PUT_TRIGGER_STATEMENTS = 2
 # the turn index, a segments leaf + overflow page and its key index,
 # owner_usage, page 1); 64 KiB 25. Before migration 6: 13.3 and 31.1.
 # Issue 14's turn head adds its turn_heads leaf: 4 KiB 11-13, 64 KiB 28-30 measured
-# (13 and 30 when the new turn's head split a turn_heads page).
-MAX_FRAMES = {4 * 1024: 13, 64 * 1024: 30}
+# (13 and 30 when the new turn's head split a turn_heads page). 4 KiB: 14 when
+# that split and a new entries leaf fall on the same put: 3 puts of 40 with
+# issue 13's rows (~180 bytes smaller, so leaves fill at other puts), none of
+# 40 on main's, where the same coincidence can happen.
+MAX_FRAMES = {4 * 1024: 14, 64 * 1024: 30}
 
 
 @pytest.fixture
