@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from ._backend import Backend, Conn, Params, Rows
-from .errors import IntegrityError, InvalidArgumentError, NotFoundError
-from .policy import NOT_FOUND_MESSAGE, Policy
+from .errors import IntegrityError, InvalidArgumentError
+from .policy import Policy
 from .principal import Principal
 
 __all__ = ["SEALED_TABLES", "Access", "audit_log", "check_principal"]
@@ -115,11 +115,8 @@ class Access:
             NotFoundError: a row outside the principal's scope.
             IntegrityError: a row fails authentication.
         """
-        scope = self.policy.scope_columns(principal)  # once: a listing opens many rows
         for row in rows:
-            for column, value in scope:
-                if row.get(column) != value:
-                    raise NotFoundError(NOT_FOUND_MESSAGE)
+            self.policy.authorize_row(principal, row)
             try:
                 opened = opener(row)
             except IntegrityError:
