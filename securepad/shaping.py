@@ -21,6 +21,8 @@ __all__ = ["binary_counts", "classify", "dumps", "pack", "rebuild", "unpack", "v
 # pack's leading byte: how the rest is encoded.
 PACKED_MSGPACK = 1
 PACKED_JSON = 2
+_MSGPACK_BYTE = bytes((PACKED_MSGPACK,))
+_JSON_BYTE = bytes((PACKED_JSON,))
 _msgpack_encode = msgspec.msgpack.Encoder().encode
 _msgpack_decode = msgspec.msgpack.Decoder().decode
 _json_encode = msgspec.json.Encoder().encode
@@ -55,13 +57,13 @@ def pack(value: Any) -> bytes:
         InvalidArgumentError: the value is not JSON-serializable.
     """
     try:
-        return bytes((PACKED_MSGPACK,)) + _msgpack_encode(value)
+        return _MSGPACK_BYTE + _msgpack_encode(value)
     except OverflowError:
         pass
     except (TypeError, ValueError, msgspec.EncodeError) as exc:
         raise InvalidArgumentError(f"the observation is not JSON-serializable: {exc}") from None
     try:
-        return bytes((PACKED_JSON,)) + _json_encode(value)
+        return _JSON_BYTE + _json_encode(value)
     except (TypeError, ValueError, msgspec.EncodeError) as exc:
         raise InvalidArgumentError(f"the observation is not JSON-serializable: {exc}") from None
 
@@ -72,11 +74,12 @@ def unpack(blob: bytes) -> Any:
     Raises:
         IntegrityError: an unknown version byte, or a body that does not decode.
     """
+    version, body = blob[:1], memoryview(blob)[1:]
     try:
-        if blob[:1] == b"\x01":
-            return _msgpack_decode(blob[1:])
-        if blob[:1] == b"\x02":
-            return _json_decode(blob[1:])
+        if version == _MSGPACK_BYTE:
+            return _msgpack_decode(body)
+        if version == _JSON_BYTE:
+            return _json_decode(body)
     except msgspec.DecodeError:
         raise IntegrityError("the entry's sealed metadata does not decode") from None
     raise IntegrityError("the entry's sealed metadata has an unknown encoding")

@@ -9,6 +9,8 @@ the code costs rather than how loaded the machine was), and in bytes:
   segments and metadata), built and hashed: the JSON object of the first
   format beside a fixed ``struct`` layout (what ``crypto.Header.digest``
   writes since format 2) and msgpack (msgspec);
+- ``listing AAD``: what a listing part is bound to (fifteen clear columns),
+  packed by ``struct`` and by msgpack (what ``crypto.listing_aad`` writes);
 - ``listing part``, ``entry metadata``: encode and decode of what a listing
   shows of an entry (its view, its history item, its content identity) and of
   what only a read needs (shape, other fields, segment and line index), for
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import struct
 import timeit
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +37,7 @@ import msgspec
 
 from securepad import shaping
 from securepad.bench import data
-from securepad.crypto import ENTRY_FORMAT, Header
+from securepad.crypto import ENTRY_FORMAT, Header, listing_aad
 from securepad.policy import Policy
 
 __all__ = ["main", "run"]
@@ -103,6 +106,47 @@ def _digests(repeat: int) -> list[dict[str, Any]]:
     ]
 
 
+# A listing's row, as the database hands it over (crypto.listing_aad binds these).
+_ROW: dict[str, Any] = {
+    "id": "0123456789abcdef",
+    "owner_user_id": "alice",
+    "turn_id": "turn-0001",
+    "key_version": 1,
+    "actor": "agent",
+    "channel": "web",
+    "step_num": 3,
+    "executor_name": "read_file",
+    "content_kind": "text",
+    "size_bytes": 4096,
+    "size_chars": 4096,
+    "segment_count": 1,
+    "created_at": 1.9e9,
+    "expires_at": 1.9e9 + 3600,
+    "commitment": bytes(32),
+}
+_TEXTS = ("id", "owner_user_id", "turn_id", "actor", "channel", "executor_name", "content_kind")
+_NUMBERS = struct.Struct(">iQQQQdd")
+
+
+def _listing_aads(repeat: int) -> list[dict[str, Any]]:
+    """A listing part's AAD: the same columns packed by ``struct`` (lengths,
+    fixed-width numbers, strings) and by msgpack (what ``listing_aad`` does)."""
+
+    def as_struct() -> bytes:
+        texts = [_ROW[name].encode() for name in _TEXTS]
+        numbers = _NUMBERS.pack(
+            *(_ROW[n] for n in ("step_num", "key_version", "size_bytes", "size_chars", "segment_count")),
+            _ROW["created_at"],
+            _ROW["expires_at"],
+        )
+        return b"".join((struct.pack(">7I", *map(len, texts)), numbers, *texts, _ROW["commitment"]))
+
+    return [
+        {"case": "listing AAD", "codec": codec, "bytes": len(call()), "encode_us": _best(call, repeat)}
+        for codec, call in (("struct", as_struct), ("msgspec msgpack (format 2)", lambda: listing_aad(_ROW)))
+    ]
+
+
 def _row(
     case: str, codec: str, value: Any, encode: Callable[[Any], bytes], decode: Callable[[bytes], Any], repeat: int
 ) -> dict[str, Any]:
@@ -120,7 +164,7 @@ def _row(
 
 def run(repeat: int = 20000) -> list[dict[str, Any]]:
     """Every case: one row per (case, codec)."""
-    rows = _digests(repeat)
+    rows = _digests(repeat) + _listing_aads(repeat)
     for shape, parts in _samples().items():
         for part, value in parts.items():
             case = f"{'listing part' if part == 'listing' else 'entry metadata'}, {shape}"
