@@ -372,8 +372,8 @@ class ListingKey:
 
     __slots__ = ("_aead",)
 
-    def __init__(self, owner_key: KeyHandle, store_id: str, owner_user_id: str) -> None:
-        self._aead = AESGCM(_derive(owner_key, "listing", lp(store_id, owner_user_id)))
+    def __init__(self, owner_key: KeyHandle, store_id: str, owner_user_id: str, version: int) -> None:
+        self._aead = AESGCM(_derive(owner_key, "listing", lp(store_id, owner_user_id, str(version))))
 
     def __repr__(self) -> str:
         return "<ListingKey (hidden)>"

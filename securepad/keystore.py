@@ -14,7 +14,7 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from typing import TypeVar
 
 from ._backend import Backend, Conn, DuplicateKeyError, Params, insert_owner_key
@@ -38,6 +38,9 @@ __all__ = ["NEWEST_VERSION_SQL", "WRAP_FLUSH_EVERY", "Keystore", "Progress", "St
 
 T = TypeVar("T")
 P = TypeVar("P")
+D = TypeVar("D", ContentIdentity, ListingKey)
+# A key derived from an owner key: (owner key, store id, owner, version) -> key.
+Derive = Callable[[KeyHandle, str, str, int], D]
 # Progress callback: (done, total).
 Progress = Callable[[int, int], None]
 # Owners whose unwrapped keys stay cached (each cache; ~2.7 KB per owner in
@@ -167,12 +170,9 @@ class Keystore:
 
     def cache_sizes(self) -> dict[str, int]:
         """How many entries each owner-key cache holds (bounded by ``OWNER_KEY_CACHE_SIZE``)."""
-        return {
-            "owner_keys": len(self._owner_keys),
-            "identities": len(self._identities),
-            "listings": len(self._listings),
-            "latest": len(self._latest),
-        }
+        caches: dict[str, Sized] = {"owner_keys": self._owner_keys, "identities": self._identities}
+        caches.update(listings=self._listings, latest=self._latest)
+        return {name: len(cache) for name, cache in caches.items()}
 
     def is_cached(self, owner: str, version: int) -> bool:
         """Whether the owner's key of ``version`` is unwrapped in the cache."""
@@ -200,24 +200,23 @@ class Keystore:
         Raises:
             IntegrityError, WrongKeyError: as for ``owner_wrapper``.
         """
-        found = self._identities.get((owner, version))
-        if found is None:
-            found = ContentIdentity(self._owner_key(owner, version)[1], self.store_id, owner, version)
-            with self._lock:
-                self._identities[(owner, version)] = found
-        return found
+        return self._derived(self._identities, ContentIdentity, owner, version)
 
     def listing_key(self, owner: str, version: int) -> ListingKey:
-        """The key of the owner's listing parts of ``version`` (see ``crypto.ListingKey``), derived once and cached.
+        """The key of the owner's listing parts of ``version`` (see ``crypto.ListingKey``).
 
         Raises:
             IntegrityError, WrongKeyError: as for ``owner_wrapper``.
         """
-        found = self._listings.get((owner, version))
+        return self._derived(self._listings, ListingKey, owner, version)
+
+    def _derived(self, cache: LRUCache[tuple[str, int], D], make: Derive[D], owner: str, version: int) -> D:
+        """A key derived from the owner's key of ``version``, once, then cached."""
+        found = cache.get((owner, version))
         if found is None:
-            found = ListingKey(self._owner_key(owner, version)[1], self.store_id, owner)
+            found = make(self._owner_key(owner, version)[1], self.store_id, owner, version)
             with self._lock:
-                self._listings[(owner, version)] = found
+                cache[(owner, version)] = found
         return found
 
     def _owner_key(self, owner: str, version: int) -> tuple[Wrapper, KeyHandle]:
