@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from securepad import IntegrityError, Keyring, NotFoundError, Principal, Scratchpad
 from securepad._db import SCHEMA_VERSION
 from securepad.bench.costs import listing_costs
-from securepad.crypto import ENTRY_FORMAT, LISTING_FORMAT, Header
+from securepad.crypto import ENTRY_FORMAT, LISTING_FORMAT, WORK, Header
 from securepad.shaping import PACKED_JSON, PACKED_MSGPACK, pack, unpack
 from securepad.store import parts, sqlite_of
 
@@ -370,3 +370,35 @@ def test_an_old_turn_extended_and_rotated_keeps_each_row_in_its_format(v7_store:
 
 def _sorted(value: Any) -> Any:
     return json.loads(json.dumps(value, sort_keys=True))
+
+
+# -- PostgreSQL -------------------------------------------------------------------------------------
+
+
+def test_on_postgresql_parts_are_checked_re_sealed_by_extension_and_rotation(pg_dsn: str, keyring: Keyring) -> None:
+    psycopg = pytest.importorskip("psycopg")
+    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+        first = pad.put(ALICE, "t1", 1, "read_file", "one")["scratchpad_id"]
+        second = pad.put(ALICE, "t1", 2, "read_file", "two")["scratchpad_id"]
+        assert listing_costs_free(pad)
+        assert pad.extend_turn(ALICE, "t1", 86_400) == 2  # the app role may re-seal the part
+        assert pad.rotate_owner_key("alice")["complete"]
+        assert [item["scratchpad_id"] for item in pad.list_for_turn(ALICE, "t1")] == [first, second]
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:  # the database's owner edits rows in place
+            admin.execute(
+                "UPDATE securepad.entries SET sealed_listing ="
+                " (SELECT sealed_listing FROM securepad.entries WHERE id = %s) WHERE id = %s",
+                (second, first),
+            )
+        with pytest.raises(IntegrityError):
+            pad.list_for_turn(ALICE, "t1")
+        with pytest.raises(IntegrityError):
+            pad.get(ALICE, first)
+
+
+def listing_costs_free(pad: Scratchpad) -> bool:
+    """No per-entry key work in a listing on PostgreSQL either (WORK counts the process's key work)."""
+    before = WORK.snapshot()
+    pad.list_for_turn(ALICE, "t1")
+    after = WORK.snapshot()
+    return all(after[name] == before[name] for name in after)
