@@ -141,22 +141,18 @@ class Opener:
         )
         return Readable(row, meta, content, cipher)
 
-    def listed(self, row: dict[str, Any]) -> Opened:
-        """What a listing shows of an entry: its listing part, opened under the
-        owner's listing key, one AES-GCM call and no key of its own. A row
-        written before issue 13 has no listing part: it is opened whole
+    def lister(self) -> Callable[[dict[str, Any]], Opened]:
+        """What a listing shows of each of its rows: the entry's listing part,
+        opened under the owner's listing key (asked of the keystore once per
+        key version), one AES-GCM call and no key of its own. A row written
+        before issue 13 has no listing part: it is opened whole
         (``authenticate``), as a listing always did.
 
         The part's AAD binds every clear column a listing returns, their types
         included (``crypto.listing_aad``), so no type check is needed here.
-
-        Raises:
-            IntegrityError: the part, or a clear column it is bound to, was altered.
+        The function raises IntegrityError when the part, or a clear column it
+        is bound to, was altered.
         """
-        return self.lister()(row)
-
-    def lister(self) -> Callable[[dict[str, Any]], Opened]:
-        """``listed`` for the rows of one listing: the keystore is asked once per key version."""
         keys: dict[tuple[Any, Any], ListingKey] = {}
 
         def listed(row: dict[str, Any]) -> Opened:
