@@ -299,7 +299,7 @@ def test_a_header_out_of_range_is_an_integrity_error() -> None:
         Header("0123456789abcdef", "alice", "t", "text", -1, 0, 1, 1, ENTRY_FORMAT).digest()
 
 
-# -- migration 8: stores written before the listing part ------------------------------------------
+# -- migration 9: stores written before the listing part ------------------------------------------
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 V7 = json.loads((FIXTURES / "store_v7.json").read_text())
@@ -330,7 +330,7 @@ def _listing_parts(store: Store) -> dict[str, bytes | None]:
         conn.close()
 
 
-def test_migration_8_adds_the_column_and_old_rows_list_through_their_item_keys(v7_store: Store) -> None:
+def test_migration_9_adds_the_column_and_old_rows_list_through_their_item_keys(v7_store: Store) -> None:
     old_views = {entry["id"]: entry["view"] for entry in [*V7["entries"].values(), *V7["batch"]]}
     with v7_store.open() as pad:
         assert sqlite_of(pad).query("PRAGMA user_version")[0]["user_version"] == SCHEMA_VERSION
