@@ -369,7 +369,14 @@ class Keystore:
         """
         version, wrapper = self.current(owner)
         for _ in range(attempts):
-            sealed = seal(version, wrapper)
+            try:
+                sealed = seal(version, wrapper)
+            except IntegrityError:  # a rotation retired the version (and its derived keys) while sealing
+                if self.newest_version(owner) == version:
+                    raise
+                self.forget(owner)
+                version, wrapper = self.current(owner)
+                continue
             flush = self._wraps.take((owner, version), WRAP_FLUSH_EVERY, count)
             try:
                 with self._db.transaction(owner) as conn:

@@ -402,3 +402,28 @@ def listing_costs_free(pad: Scratchpad) -> bool:
     pad.list_for_turn(ALICE, "t1")
     after = WORK.snapshot()
     return all(after[name] == before[name] for name in after)
+
+
+def test_a_put_overtaken_by_a_rotation_while_sealing_seals_again(
+    db_path: Path, keyring: Keyring, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listing key of a version a rotation retired meanwhile cannot be
+    derived again: the put seals once more under the newest version."""
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        pad.put(ALICE, "t", 1, "tool", "before")
+        keys = parts(pad).keys
+        derive = keys.listing_key
+        rotations: list[dict[str, Any]] = []
+
+        def listing_key(owner: str, version: int) -> Any:
+            if not rotations:  # the first seal: a rotation completes before the key is derived
+                rotations.append({})
+                rotations[0] = pad.rotate_owner_key(owner)
+            return derive(owner, version)
+
+        monkeypatch.setattr(keys, "listing_key", listing_key)
+        entry = pad.put(ALICE, "t", 2, "tool", "during")["scratchpad_id"]
+        assert rotations[0]["retired_versions"] == [1]
+        assert pad.get(ALICE, entry).observation == "during"
+        assert [item["step_num"] for item in pad.list_for_turn(ALICE, "t")] == [1, 2]
+    assert Store(db_path, keyring, {"e": entry}).column("e", "key_version") == 2
