@@ -69,12 +69,14 @@ class Putter:
         meta = prepared.meta(principal, step_num, executor_name, created, created + ttl, inline)
         owner = principal.owner_user_id
         identities: dict[int, str] = {}
+        listings: dict[int, ListingKey] = {}
 
         def seal(version: int, wrapper: Wrapper) -> tuple[dict[str, Any], list[bytes], EntryCipher]:
             if version not in identities:
                 identities[version] = self._keys.identity(owner, version).of(prepared.kind, prepared.segments)
             meta["content_id"] = identities[version]
-            return prepared.seal(wrapper, self._keys.listing_key(owner, version), version, owner, turn_id, meta)
+            listings[version] = self._keys.listing_key(owner, version)  # for a re-step inside the write, too
+            return prepared.seal(wrapper, listings[version], version, owner, turn_id, meta)
 
         def write(conn: Conn, sealed: tuple[dict[str, Any], list[bytes], EntryCipher]) -> str:
             row, segments, _ = sealed
@@ -82,7 +84,7 @@ class Putter:
                 taken = self.listings.last_step(principal, turn_id, created, conn) + 1
                 check_step_num(taken)
                 if taken != row["step_num"]:
-                    prepared.restep(row, meta, self._keys.listing_key(owner, row["key_version"]), taken, observation)
+                    prepared.restep(row, meta, listings[row["key_version"]], taken, observation)
             elif free_step:
                 self.listings.check_step_free(principal, turn_id, step_num, created, conn)
             self.check_quota(conn, owner, row["key_version"], row["stored_bytes"], created, "entry")
