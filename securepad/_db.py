@@ -45,7 +45,7 @@ AUTOCHECKPOINT_PAGES = 1000
 # keeps the largest size it ever reached until a TRUNCATE checkpoint).
 WAL_KEEP_BYTES = 16 * 1024 * 1024
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 # The policy's durability -> SQLite's synchronous setting, set on every connection.
 _SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL"}
@@ -256,6 +256,12 @@ _MIGRATIONS: dict[int, str] = {
     # before keep theirs in segments; reads take either. Same column on PostgreSQL.
     8: """
     ALTER TABLE entries ADD COLUMN only_segment BLOB;
+    """,
+    # The listing part of an entry (issue 13, crypto.ListingKey): what a
+    # listing shows, sealed under the owner's listing key. NULL in rows written
+    # before it, which still list through their item key.
+    9: """
+    ALTER TABLE entries ADD COLUMN sealed_listing BLOB;
     """,
 }
 

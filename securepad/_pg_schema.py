@@ -21,7 +21,7 @@ from .errors import SecurepadError
 
 __all__ = ["ADMIN_ROLE", "APP_ROLE", "MIGRATIONS", "SCHEMA_VERSION", "lock_key", "migrate", "reason"]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _OWNER = "current_setting('securepad.owner', true)"
 _OWNER_TABLES = ("owner_keys", "entries", "checkpoints", "compaction_marks", "owner_usage")
@@ -211,6 +211,12 @@ MIGRATIONS: dict[int, str] = {
     # its sealed segment in its own row; rows written before keep theirs in segments.
     5: """
     ALTER TABLE entries ADD COLUMN only_segment BYTEA;
+    """,
+    # The listing part of an entry (issue 13, crypto.ListingKey), as SQLite's
+    # migration 9; an extension of a turn re-seals it.
+    6: f"""
+    ALTER TABLE entries ADD COLUMN IF NOT EXISTS sealed_listing BYTEA;
+    GRANT UPDATE (sealed_listing) ON entries TO {APP_ROLE};
     """,
 }
 

@@ -21,7 +21,7 @@ from .access import Access, check_principal
 from .entry_listings import Listings
 from .entry_open import Opener
 from .entry_put import Putter, Shown
-from .entry_rows import COLUMNS, ID_RE, Entry, EntryParts, Opened, check_step_num
+from .entry_rows import COLUMNS, ID_RE, Entry, EntryParts, Opened, Readable, check_step_num, listing_fields
 from .errors import NotFoundError
 from .heads import Heads
 from .keystore import Keystore
@@ -41,6 +41,7 @@ class Entries:
     def __init__(self, db: Backend, keys: Keystore, access: Access, policy: Policy, clock: Callable[[], float]) -> None:
         self._db = db
         self._access = access
+        self._keys = keys
         self.policy = policy
         parts = EntryParts(db, keys, access, policy, clock, Heads(db, keys, policy))
         self.heads = parts.heads
@@ -98,7 +99,7 @@ class Entries:
 
     def open(
         self, principal: Principal, scratchpad_id: object, now: float | None, turn_id: str | None = None
-    ) -> Opened:
+    ) -> Readable:
         """``entry_open.Opener.open``."""
         return self.opener.open(principal, scratchpad_id, now, turn_id)
 
@@ -164,14 +165,22 @@ class Entries:
         return self._db.transaction(owner)
 
     def prepare_extend(self, principal: Principal, turn_id: str, target: float, now: float) -> list[tuple[Any, ...]]:
-        """Re-sealed metadata (outside any transaction) for the turn's live entries
-        that expire before ``target``; ``apply_extend`` writes them."""
-        updates = []
+        """The turn's live entries that expire before ``target``, sealed again
+        for it (outside any transaction); ``apply_extend`` writes them. An entry
+        of format 2 gets a new listing part (its expiry is bound to it, under
+        the owner's listing key); one of format 1, new metadata under its item key."""
+        updates: list[tuple[Any, ...]] = []
         for opened in self.turn_entries(principal, turn_id, now):
-            if opened.row["expires_at"] >= target:
+            row = opened.row
+            if row["expires_at"] >= target:
                 continue
-            sealed = opened.cipher.seal_meta(shaping.dumps({**opened.meta, "expires_at": target}))
-            updates.append((target, sealed, opened.row["id"], opened.row["sealed_meta"]))
+            if isinstance(opened, Readable) and row["sealed_listing"] is None:
+                sealed = opened.cipher.seal_meta(shaping.dumps({**opened.meta, "expires_at": target}))
+                updates.append(("sealed_meta", target, sealed, row["id"], row["sealed_meta"]))
+            else:
+                listing = self._keys.listing_key(row["owner_user_id"], row["key_version"])
+                sealed = listing.seal({**row, "expires_at": target}, shaping.pack(listing_fields(opened.meta)))
+                updates.append(("sealed_listing", target, sealed, row["id"], row["sealed_listing"]))
         return updates
 
     def delete(self, principal: Principal, scratchpad_id: str) -> None:
@@ -202,9 +211,12 @@ def apply_extend(conn: Conn, updates: list[tuple[Any, ...]]) -> list[str]:
     """Write ``prepare_extend``'s updates (compare-and-set) inside the caller's
     transaction; the ids of the entries extended."""
     return [
-        update[2]
-        for update in updates
-        if conn.execute("UPDATE entries SET expires_at = ?, sealed_meta = ? WHERE id = ? AND sealed_meta = ?", update)
+        entry_id
+        for column, target, sealed, entry_id, before in updates
+        if conn.execute(
+            f"UPDATE entries SET expires_at = ?, {column} = ? WHERE id = ? AND {column} = ?",
+            (target, sealed, entry_id, before),
+        )
     ]
 
 

@@ -1,6 +1,7 @@
 """The turn listings: a turn's live entries in step order, whether one was
 offloaded, its highest step, whether a step is free. Every row comes through
-``access.Access`` and is authenticated by ``Opener.authenticate``.
+``access.Access`` and is authenticated by ``Opener.lister``: its listing part
+under the owner's listing key, no per-entry key work (issue 13).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class Listings:
     def __init__(self, parts: EntryParts, opener: Opener) -> None:
         self._db, self._access = parts.db, parts.access
         self.heads, self.now = parts.heads, parts.now
-        self._authenticate = opener.authenticate
+        self._lister = opener.lister
 
     def turn_entries(self, principal: Principal, turn_id: str, now: float | None) -> list[Opened]:
         """The live entries of a turn in the principal's scope, authenticated, in
@@ -94,7 +95,7 @@ class Listings:
             offset, size = offset + size, size * 2
 
     def _authenticate_rows(self, principal: Principal, rows: Iterable[dict[str, Any]]) -> Iterator[Opened]:
-        return self._access.open_each(principal, "entries", COLUMNS, rows, self._authenticate)
+        return self._access.open_each(principal, "entries", COLUMNS, rows, self._lister())
 
     def last_step(self, principal: Principal, turn_id: str, now: float | None, conn: Conn | None = None) -> int:
         """The highest step number of the turn's live entries in the principal's

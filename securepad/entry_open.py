@@ -7,13 +7,14 @@ fetched through ``access.Access`` and authenticated by ``crypto.open_entry``.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from . import reads, shaping
 from ._backend import Backend, Params, Rows
 from .access import Access, audit_log, check_principal
-from .crypto import EntryCipher, Header, open_entry
-from .entry_rows import COLUMNS, ID_RE, Entry, EntryParts, Opened, check_row_types
+from .crypto import ENTRY_FORMAT, EntryCipher, Header, ListingKey, open_entry
+from .entry_rows import COLUMNS, ID_RE, Entry, EntryParts, Opened, Readable, check_row_types
 from .errors import ExpiredError, IntegrityError, InvalidArgumentError, NotFoundError
 from .heads import Head, Heads, same_entry
 from .policy import NOT_FOUND_MESSAGE
@@ -42,7 +43,7 @@ class Opener:
 
     def open(
         self, principal: Principal, scratchpad_id: object, now: float | None, turn_id: str | None = None
-    ) -> Opened:
+    ) -> Readable:
         """The one path from an id to an entry's plaintext (of one turn, if ``turn_id`` is given).
 
         Raises:
@@ -66,7 +67,7 @@ class Opener:
             raise NotFoundError(NOT_FOUND_MESSAGE)
         current = self.now(now)
 
-        def fetch(got: Rows | None = None) -> tuple[dict[str, Any] | None, Opened | None]:
+        def fetch(got: Rows | None = None) -> tuple[dict[str, Any] | None, Readable | None]:
             if got is None:
                 got = self._access.rows(principal, "entries", _OPEN_COLUMNS, where, params)
             if not got:
@@ -79,7 +80,7 @@ class Opener:
                 return row, None
             return row, next(self._access.open_each(principal, "entries", _OPEN_COLUMNS, [row], self.authenticate))
 
-        def check(head: Head, fetched: tuple[dict[str, Any] | None, Opened | None]) -> None:
+        def check(head: Head, fetched: tuple[dict[str, Any] | None, Readable | None]) -> None:
             row, opened = fetched
             if row is not None and opened is None:
                 self.heads.check_expired_in(head, row, current)
@@ -96,9 +97,16 @@ class Opener:
             raise ExpiredError("this entry has expired")
         return opened
 
-    def authenticate(self, row: dict[str, Any]) -> Opened:
-        """Unwrap the item key, check the commitment, open and cross-check the metadata."""
+    def authenticate(self, row: dict[str, Any]) -> Readable:
+        """Unwrap the item key, check the commitment, open the metadata and, for
+        a row of format 2, its listing part (format 1 repeats the clear columns
+        inside its metadata instead: they are compared).
+
+        Raises:
+            IntegrityError: any of them fails authentication or does not match.
+        """
         check_row_types(row)
+        entry_format = 1 if row["sealed_listing"] is None else ENTRY_FORMAT
         header = Header(
             row["id"],
             row["owner_user_id"],
@@ -108,13 +116,17 @@ class Opener:
             row["size_chars"],
             row["segment_count"],
             row["key_version"],
+            entry_format,
         )
         wrapper = self._keys.owner_wrapper(header.owner_user_id, header.key_version)
         cipher = open_entry(wrapper, header, row["wrapped_key"], row["nonce_prefix"], row["commitment"])
-        meta = json.loads(cipher.open_meta(row["sealed_meta"]))
-        for column in _SEALED_COLUMNS:
-            if meta[column] != row[column]:
-                raise IntegrityError(f"the entry's clear {column} does not match its sealed copy")
+        if entry_format == 1:
+            meta = json.loads(cipher.open_meta(row["sealed_meta"]))
+            for column in _SEALED_COLUMNS:
+                if meta[column] != row[column]:
+                    raise IntegrityError(f"the entry's clear {column} does not match its sealed copy")
+        else:
+            meta = {**_entry_meta(cipher.open_meta(row["sealed_meta"])), **self._listing_meta(row)}
         counts = meta["counts"]
         if counts is None:  # binary: every segment but the last is full
             counts = shaping.binary_counts(header.size_bytes, header.segment_count)
@@ -128,7 +140,35 @@ class Opener:
             breaks=breaks,
             line_count=meta.get("lines"),
         )
-        return Opened(row, meta, content, cipher)
+        return Readable(row, meta, content, cipher)
+
+    def lister(self) -> Callable[[dict[str, Any]], Opened]:
+        """What a listing shows of each of its rows: the entry's listing part,
+        opened under the owner's listing key (asked of the keystore once per
+        key version), one AES-GCM call and no key of its own. A row written
+        before issue 13 has no listing part: it is opened whole
+        (``authenticate``), as a listing always did.
+
+        The part's AAD binds every clear column a listing returns, their types
+        included (``crypto.listing_aad``), so no type check is needed here.
+        The function raises IntegrityError when the part, or a clear column it
+        is bound to, was altered.
+        """
+        keys: dict[tuple[Any, Any], ListingKey] = {}
+
+        def listed(row: dict[str, Any]) -> Opened:
+            if row["sealed_listing"] is None:
+                return self.authenticate(row)
+            version = (row["owner_user_id"], row["key_version"])
+            key = keys.get(version)
+            if key is None:
+                key = keys[version] = self._keys.listing_key(*version)
+            return Opened(row, _listing_meta(key, row))
+
+        return listed
+
+    def _listing_meta(self, row: dict[str, Any]) -> dict[str, Any]:
+        return _listing_meta(self._keys.listing_key(row["owner_user_id"], row["key_version"]), row)
 
     def verify_row(self, row: dict[str, Any]) -> None:
         """Authenticate an entry row and every one of its segments (``verify``).
@@ -185,6 +225,22 @@ def rows_and_head(
     for row in rows:
         access.policy.authorize_row(principal, row)
     return rows, head_rows
+
+
+def _listing_meta(key: ListingKey, row: dict[str, Any]) -> dict[str, Any]:
+    """What an entry's listing part holds (authenticated), with its view."""
+    meta = shaping.unpack(key.open(row))
+    if not isinstance(meta, dict) or not isinstance(meta.get("view"), dict):
+        raise IntegrityError("the entry's listing part has no view")
+    return meta
+
+
+def _entry_meta(plain: bytes) -> dict[str, Any]:
+    """The metadata a format-2 entry seals under its item key (authenticated)."""
+    meta = shaping.unpack(plain)
+    if not isinstance(meta, dict) or not {"shape", "rest", "counts"} <= meta.keys():
+        raise IntegrityError("the entry's metadata is incomplete")
+    return meta
 
 
 def _fetcher(

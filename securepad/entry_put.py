@@ -14,9 +14,9 @@ from . import reads, shaping
 from ._backend import Conn, DuplicateKeyError, Params
 from ._records import Records
 from .access import Access, check_principal
-from .crypto import EntryCipher, Header, Wrapper, seal_entry, split_bytes, split_text
+from .crypto import ENTRY_FORMAT, EntryCipher, Header, ListingKey, Wrapper, seal_entry, split_bytes, split_text
 from .entry_listings import Listings, step_sql
-from .entry_rows import EntryParts, check_step_num, live
+from .entry_rows import EntryParts, check_step_num, listing_fields, live
 from .errors import InvalidArgumentError, QuotaExceededError
 from .heads import Heads, entry_item
 from .keystore import NEWEST_VERSION_SQL, Keystore
@@ -69,22 +69,22 @@ class Putter:
         meta = prepared.meta(principal, step_num, executor_name, created, created + ttl, inline)
         owner = principal.owner_user_id
         identities: dict[int, str] = {}
+        listings: dict[int, ListingKey] = {}
 
         def seal(version: int, wrapper: Wrapper) -> tuple[dict[str, Any], list[bytes], EntryCipher]:
             if version not in identities:
                 identities[version] = self._keys.identity(owner, version).of(prepared.kind, prepared.segments)
             meta["content_id"] = identities[version]
-            return prepared.seal(wrapper, version, owner, turn_id, meta)
+            listings[version] = self._keys.listing_key(owner, version)  # for a re-step inside the write, too
+            return prepared.seal(wrapper, listings[version], version, owner, turn_id, meta)
 
         def write(conn: Conn, sealed: tuple[dict[str, Any], list[bytes], EntryCipher]) -> str:
-            row, segments, cipher = sealed
+            row, segments, _ = sealed
             if next_step:
                 taken = self.listings.last_step(principal, turn_id, created, conn) + 1
                 check_step_num(taken)
                 if taken != row["step_num"]:
-                    resealed = prepared.restep(meta, cipher, taken, observation)
-                    row["stored_bytes"] += len(resealed) - len(row["sealed_meta"])  # the quota counts the new one
-                    row["step_num"], row["sealed_meta"] = taken, resealed
+                    prepared.restep(row, meta, listings[row["key_version"]], taken, observation)
             found = None
             if step is not None:  # the step's look came with the version-and-quota statement
                 found = conn.query(*quota)[0]
@@ -279,6 +279,7 @@ class _Batch:
             rows: list[dict[str, Any]] = []
             segments: list[list[bytes]] = []
             metas: list[dict[str, Any]] = []
+            listing = self.keys.listing_key(owner, version)
             for index, (step, (_, executor, obs), prep) in enumerate(zip(steps, checked, prepared, strict=True)):
                 inline = self.shown(obs, step) if self.shown is not None else None
                 shown_items.append(inline)
@@ -286,7 +287,7 @@ class _Batch:
                 if (version, index) not in identities or self.shown is not None:
                     identities[(version, index)] = self.keys.identity(owner, version).of(prep.kind, prep.segments)
                 meta["content_id"] = identities[(version, index)]
-                row, sealed, _ = prep.seal(wrapper, version, owner, self.turn_id, meta)
+                row, sealed, _ = prep.seal(wrapper, listing, version, owner, self.turn_id, meta)
                 rows.append(row)
                 segments.append(sealed)
                 metas.append(meta)
@@ -415,7 +416,8 @@ class _Prepared:
         expires: float,
         inline: tuple[Any] | None,
     ) -> dict[str, Any]:
-        """The sealed metadata (its clear columns are checked against it on every open)."""
+        """The entry's metadata: its clear columns, what a read needs and what a
+        listing shows (``seal`` puts each where it belongs)."""
         meta = {
             "actor": principal.actor,
             "channel": principal.channel,
@@ -435,9 +437,12 @@ class _Prepared:
         return meta
 
     def seal(
-        self, wrapper: Wrapper, version: int, owner: str, turn_id: str, meta: dict[str, Any]
+        self, wrapper: Wrapper, listing: ListingKey, version: int, owner: str, turn_id: str, meta: dict[str, Any]
     ) -> tuple[dict[str, Any], list[bytes], EntryCipher]:
-        """The entry's row, sealed segments and cipher under a fresh id and item key."""
+        """The entry's row, sealed segments and cipher under a fresh id and item
+        key (format 2): what only a read needs is sealed under the item key, what
+        a listing shows under ``listing``, the owner's listing key of ``version``,
+        bound to the clear columns (which format 1 repeated inside its metadata)."""
         header = Header(
             secrets.token_hex(8),
             owner,
@@ -447,8 +452,10 @@ class _Prepared:
             self.size_chars,
             len(self.segments),
             version,
+            ENTRY_FORMAT,
         )
-        crypto_columns, sealed, cipher = seal_entry(wrapper, header, shaping.dumps(meta), self.segments)
+        inner = shaping.pack({name: meta[name] for name in ("shape", "rest", "counts", "breaks", "lines")})
+        crypto_columns, sealed, cipher = seal_entry(wrapper, header, inner, self.segments)
         row = {
             "id": header.entry_id,
             "owner_user_id": owner,
@@ -468,17 +475,23 @@ class _Prepared:
             # A one-segment entry's sealed segment stays in its row (no segments row).
             "only_segment": sealed[0] if len(sealed) == 1 else None,
         }
+        row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))
         row["stored_bytes"] = row_cost(row, sealed)
         return row, sealed, cipher
 
-    def restep(self, meta: dict[str, Any], cipher: EntryCipher, step_num: int, observation: Any) -> bytes:
-        """The entry's metadata for another step, sealed (``put(next_step=True)``):
-        the view names the step (its reference hint), so it is made again."""
-        meta["step_num"] = step_num
+    def restep(
+        self, row: dict[str, Any], meta: dict[str, Any], listing: ListingKey, step_num: int, observation: Any
+    ) -> None:
+        """Give the sealed ``row`` another step (``put(next_step=True)``): the
+        view names the step (its reference hint), so it is made again, and the
+        listing part, bound to the step, sealed again; the quota counts the new part."""
+        meta["step_num"] = row["step_num"] = step_num
         meta["view"] = shaping.view(
             self.kind, step_num, self.size_bytes, self.content, self.rest, observation, self.inline_max_chars
         )
-        return cipher.seal_meta(shaping.dumps(meta))
+        before = len(row["sealed_listing"])
+        row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))
+        row["stored_bytes"] += len(row["sealed_listing"]) - before
 
 
 # What a row costs on disk besides its sealed bytes (measured: an empty entry
@@ -492,6 +505,7 @@ def row_cost(row: dict[str, Any], sealed: list[bytes]) -> int:
     """What an entry's rows cost on disk: its sealed bytes plus a fixed overhead."""
     sealed_bytes = sum(len(s) for s in sealed)
     fields = sum(len(row[c]) for c in ("sealed_meta", "wrapped_key", "nonce_prefix", "commitment"))
+    fields += len(row.get("sealed_listing") or b"")
     return sealed_bytes + fields + ENTRY_ROW_OVERHEAD
 
 

@@ -26,9 +26,11 @@ __all__ = [
     "Entry",
     "EntryParts",
     "Opened",
+    "Readable",
     "check_now",
     "check_row_types",
     "check_step_num",
+    "listing_fields",
     "live",
 ]
 
@@ -36,7 +38,7 @@ ID_RE = re.compile(r"[0-9a-f]{16}")
 COLUMNS = (
     "id, turn_id, step_num, executor_name, content_kind, size_bytes,"
     " size_chars, segment_count, key_version, created_at, expires_at, wrapped_key, nonce_prefix,"
-    " commitment, sealed_meta, stored_bytes"
+    " commitment, sealed_meta, stored_bytes, sealed_listing"
 )
 # The type every clear column of an entry must have; SQLite's dynamic typing
 # would let an edited file hand us a string where the code expects a number.
@@ -59,7 +61,11 @@ _COLUMN_TYPES: dict[str, type | tuple[type, ...]] = {
     "nonce_prefix": bytes,
     "commitment": bytes,
     "sealed_meta": bytes,
+    "sealed_listing": (bytes, type(None)),  # None: a row written before issue 13
 }
+# What a listing part holds (``listing_fields``); the rest of the metadata
+# (shape, other fields, segment and line index) is sealed under the item key.
+_LISTING_FIELDS = ("view", "content_id", "inline")
 
 
 @dataclass(frozen=True)
@@ -84,15 +90,25 @@ class Entry:
 
 @dataclass(frozen=True)
 class Opened:
-    """An authorized, authenticated entry whose content is still sealed."""
+    """An authorized, authenticated entry as a listing shows it: its clear row
+    and what its listing part holds (``view``, ``content_id``, and ``inline``,
+    the history item, when the observation went into the history itself). Its
+    content is still sealed, and no key of its own was used (``Readable`` has those)."""
 
     row: dict[str, Any]
     meta: dict[str, Any]
-    content: reads.SegmentedContent
-    cipher: EntryCipher
 
     def view(self) -> dict[str, Any]:
         return {"ok": True, "scratchpad_id": self.row["id"], **self.meta["view"]}
+
+
+@dataclass(frozen=True)
+class Readable(Opened):
+    """An entry opened with its own item key: ``meta`` also has its shape,
+    other fields and segment index, and ``content`` reads its segments."""
+
+    content: reads.SegmentedContent
+    cipher: EntryCipher
 
     def entry(self) -> Entry:
         """The whole entry, its observation rebuilt."""
@@ -114,6 +130,11 @@ class Opened:
             observation=shaping.rebuild(meta["shape"], whole, meta["rest"]),
             view=self.view(),
         )
+
+
+def listing_fields(meta: dict[str, Any]) -> dict[str, Any]:
+    """The part of an entry's metadata that its listing part holds."""
+    return {name: meta[name] for name in _LISTING_FIELDS if name in meta}
 
 
 @dataclass(frozen=True)
@@ -193,5 +214,6 @@ def live(rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
             authentication: the outcome is the same).
     """
     for row in rows:
-        check_row_types({"expires_at": row["expires_at"]})
+        if not isinstance(row["expires_at"], float | int):
+            raise IntegrityError("the entry's clear expires_at has the wrong type")
     return [row for row in rows if row["expires_at"] > now]

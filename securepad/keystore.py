@@ -14,7 +14,7 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from typing import TypeVar
 
 from ._backend import Backend, Conn, DuplicateKeyError, Params, insert_owner_key
@@ -24,6 +24,7 @@ from .crypto import (
     ContentIdentity,
     CounterSeal,
     KeyHandle,
+    ListingKey,
     Wrapper,
     anchor_key,
     anchor_key_aad,
@@ -37,6 +38,9 @@ __all__ = ["NEWEST_VERSION_SQL", "WRAP_FLUSH_EVERY", "Keystore", "Progress", "St
 
 T = TypeVar("T")
 P = TypeVar("P")
+D = TypeVar("D", ContentIdentity, ListingKey)
+# A key derived from an owner key: (owner key, store id, owner, version) -> key.
+Derive = Callable[[KeyHandle, str, str, int], D]
 # Progress callback: (done, total).
 Progress = Callable[[int, int], None]
 # Owners whose unwrapped keys stay cached (each cache; ~2.7 KB per owner in
@@ -101,6 +105,7 @@ class Keystore:
         # the most recently used ones' keys only.
         self._owner_keys: LRUCache[tuple[str, int], tuple[Wrapper, KeyHandle]] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._identities: LRUCache[tuple[str, int], ContentIdentity] = LRUCache(OWNER_KEY_CACHE_SIZE)
+        self._listings: LRUCache[tuple[str, int], ListingKey] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._latest: LRUCache[str, int] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._wraps = _WrapCounts()
         self.keyring = keyring
@@ -165,7 +170,9 @@ class Keystore:
 
     def cache_sizes(self) -> dict[str, int]:
         """How many entries each owner-key cache holds (bounded by ``OWNER_KEY_CACHE_SIZE``)."""
-        return {"owner_keys": len(self._owner_keys), "identities": len(self._identities), "latest": len(self._latest)}
+        caches: dict[str, Sized] = {"owner_keys": self._owner_keys, "identities": self._identities}
+        caches.update(listings=self._listings, latest=self._latest)
+        return {name: len(cache) for name, cache in caches.items()}
 
     def is_cached(self, owner: str, version: int) -> bool:
         """Whether the owner's key of ``version`` is unwrapped in the cache."""
@@ -193,11 +200,23 @@ class Keystore:
         Raises:
             IntegrityError, WrongKeyError: as for ``owner_wrapper``.
         """
-        found = self._identities.get((owner, version))
+        return self._derived(self._identities, ContentIdentity, owner, version)
+
+    def listing_key(self, owner: str, version: int) -> ListingKey:
+        """The key of the owner's listing parts of ``version`` (see ``crypto.ListingKey``).
+
+        Raises:
+            IntegrityError, WrongKeyError: as for ``owner_wrapper``.
+        """
+        return self._derived(self._listings, ListingKey, owner, version)
+
+    def _derived(self, cache: LRUCache[tuple[str, int], D], make: Derive[D], owner: str, version: int) -> D:
+        """A key derived from the owner's key of ``version``, once, then cached."""
+        found = cache.get((owner, version))
         if found is None:
-            found = ContentIdentity(self._owner_key(owner, version)[1], self.store_id, owner, version)
+            found = make(self._owner_key(owner, version)[1], self.store_id, owner, version)
             with self._lock:
-                self._identities[(owner, version)] = found
+                cache[(owner, version)] = found
         return found
 
     def _owner_key(self, owner: str, version: int) -> tuple[Wrapper, KeyHandle]:
@@ -315,6 +334,7 @@ class Keystore:
             self._latest.pop(owner)
             self._owner_keys.discard_if(lambda key: key[0] == owner)
             self._identities.discard_if(lambda key: key[0] == owner)
+            self._listings.discard_if(lambda key: key[0] == owner)
 
     # -- the one write under the current key -------------------------------------------------
 
@@ -349,7 +369,14 @@ class Keystore:
         """
         version, wrapper = self.current(owner)
         for _ in range(attempts):
-            sealed = seal(version, wrapper)
+            try:
+                sealed = seal(version, wrapper)
+            except IntegrityError:  # a rotation retired the version (and its derived keys) while sealing
+                if self.newest_version(owner) == version:
+                    raise
+                self.forget(owner)
+                version, wrapper = self.current(owner)
+                continue
             flush = self._wraps.take((owner, version), WRAP_FLUSH_EVERY, count)
             try:
                 with self._db.transaction(owner) as conn:

@@ -145,44 +145,64 @@ class _Rewrap:
         self.done = 0
 
     def chunk(self, table: str, aad_of: Callable[[str, str, int], bytes], ids: list[str]) -> None:
-        """Re-wrap the item keys of ``ids`` (still under an old version) in one transaction."""
+        """Re-wrap the item keys of ``ids`` (still under an old version) in one
+        transaction; an entry's listing part is sealed again under the new version's listing key."""
         owner, version = self._owner, self._version
+        listed = table == "entries"
         # By primary key only, so the engine cannot pick the owner index and
         # scan the owner's rows per chunk; owner and version are checked here.
         fetched = self._db.query(
-            f"SELECT id, owner_user_id, key_version, wrapped_key FROM {table}"
+            f"SELECT {_LISTING_COLUMNS if listed else _KEY_COLUMNS} FROM {table}"
             f" WHERE id IN ({', '.join('?' * len(ids))})",
             tuple(ids),
             owner=owner,
             admin=True,
         )
         rows = [r for r in fetched if r["owner_user_id"] == owner and r["key_version"] < version]
-        updates = [
-            (
-                self._keys.owner_wrapper(owner, row["key_version"]).rewrap(
-                    row["wrapped_key"],
-                    aad_of(row["id"], owner, row["key_version"]),
-                    self._new,
-                    aad_of(row["id"], owner, version),
-                ),
-                version,
-                row["id"],
-                row["key_version"],
-                row["wrapped_key"],
+        updates: list[tuple[Any, ...]] = []
+        for row in rows:
+            old = row["key_version"]
+            wrapped = self._keys.owner_wrapper(owner, old).rewrap(
+                row["wrapped_key"], aad_of(row["id"], owner, old), self._new, aad_of(row["id"], owner, version)
             )
-            for row in rows
-        ]
+            keys = (row["id"], old, row["wrapped_key"])
+            if listed:  # the part as it was read, too: an extension may have re-sealed it meanwhile
+                updates.append((wrapped, version, self._reseal_listing(row), *keys, b"", row["sealed_listing"] or b""))
+            else:
+                updates.append((wrapped, version, *keys))
+        # Compare-and-set: a row changed meanwhile is left for the next pass.
+        sql = (
+            "UPDATE entries SET wrapped_key = ?, key_version = ?, sealed_listing = ?"
+            " WHERE id = ? AND key_version = ? AND wrapped_key = ? AND COALESCE(sealed_listing, ?) = ?"
+            if listed
+            else f"UPDATE {table} SET wrapped_key = ?, key_version = ?"
+            " WHERE id = ? AND key_version = ? AND wrapped_key = ?"
+        )
         with self._db.transaction(owner, admin=True) as conn:
-            # Compare-and-set: a row changed meanwhile is left for the next pass.
-            conn.executemany(
-                f"UPDATE {table} SET wrapped_key = ?, key_version = ?"
-                " WHERE id = ? AND key_version = ? AND wrapped_key = ?",
-                updates,
-            )
+            conn.executemany(sql, updates)
             self._keys.count_wraps(conn, owner, version, len(updates))
         self.done += len(rows)
         if self._progress is not None:
             self._progress(min(self.done, self.total), self.total)
+
+    def _reseal_listing(self, row: dict[str, Any]) -> bytes | None:
+        """An entry's listing part under the new version's listing key (None: a row written before it has none).
+
+        Raises:
+            IntegrityError: the part fails authentication under the old version.
+        """
+        if row["sealed_listing"] is None:
+            return None
+        plain = self._keys.listing_key(self._owner, row["key_version"]).open(row)
+        return self._keys.listing_key(self._owner, self._version).seal({**row, "key_version": self._version}, plain)
+
+
+_KEY_COLUMNS = "id, owner_user_id, key_version, wrapped_key"
+# What an entry's listing part is bound to (crypto.listing_aad), besides the key columns.
+_LISTING_COLUMNS = (
+    f"{_KEY_COLUMNS}, turn_id, actor, channel, step_num, executor_name, content_kind, size_bytes,"
+    " size_chars, segment_count, created_at, expires_at, commitment, sealed_listing"
+)
 
 
 def _old_rows(db: Backend, table: str, columns: str, owner: str, version: int) -> list[dict[str, Any]]:

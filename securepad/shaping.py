@@ -10,11 +10,23 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
+
 from . import summary
 from .crypto import SEGMENT_BYTES
-from .errors import InvalidArgumentError
+from .errors import IntegrityError, InvalidArgumentError
 
-__all__ = ["binary_counts", "classify", "dumps", "rebuild", "view"]
+__all__ = ["binary_counts", "classify", "dumps", "pack", "rebuild", "unpack", "view"]
+
+# pack's leading byte: how the rest is encoded.
+PACKED_MSGPACK = 1
+PACKED_JSON = 2
+_MSGPACK_BYTE = bytes((PACKED_MSGPACK,))
+_JSON_BYTE = bytes((PACKED_JSON,))
+_msgpack_encode = msgspec.msgpack.Encoder().encode
+_msgpack_decode = msgspec.msgpack.Decoder().decode
+_json_encode = msgspec.json.Encoder().encode
+_json_decode = msgspec.json.Decoder().decode
 
 
 def dumps(value: Any, *, indent: int | None = None) -> bytes:
@@ -27,6 +39,50 @@ def dumps(value: Any, *, indent: int | None = None) -> bytes:
         return json.dumps(value, ensure_ascii=False, allow_nan=False, indent=indent).encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise InvalidArgumentError(f"the observation is not JSON-serializable: {exc}") from None
+
+
+def pack(value: Any) -> bytes:
+    """The sealed metadata's encoding: a version byte, then msgpack (msgspec).
+
+    Chosen by measurement (``python -m securepad.bench.encoding``): decoding a
+    text entry's listing part takes about 0.35 µs against 2.8 µs for the
+    standard library's ``json``, encoding 0.15 µs against 4.4, and it is a few
+    percent smaller. msgpack carries what JSON does (the values reaching here
+    passed ``dumps``) except integers beyond 64 bits, which JSON allows:
+    those few values are written as JSON (msgspec's) under the other version
+    byte, so nothing storable before is refused now. Both decode to what
+    ``json.loads(dumps(value))`` gives (tuples become lists).
+
+    Raises:
+        InvalidArgumentError: the value is not JSON-serializable.
+    """
+    try:
+        return _MSGPACK_BYTE + _msgpack_encode(value)
+    except OverflowError:
+        pass
+    except (TypeError, ValueError, msgspec.EncodeError) as exc:
+        raise InvalidArgumentError(f"the observation is not JSON-serializable: {exc}") from None
+    try:
+        return _JSON_BYTE + _json_encode(value)
+    except (TypeError, ValueError, msgspec.EncodeError) as exc:
+        raise InvalidArgumentError(f"the observation is not JSON-serializable: {exc}") from None
+
+
+def unpack(blob: bytes) -> Any:
+    """What ``pack`` encoded (the blob was authenticated: a failure here is a bug or an unknown version).
+
+    Raises:
+        IntegrityError: an unknown version byte, or a body that does not decode.
+    """
+    version, body = blob[:1], memoryview(blob)[1:]
+    try:
+        if version == _MSGPACK_BYTE:
+            return _msgpack_decode(body)
+        if version == _JSON_BYTE:
+            return _json_decode(body)
+    except msgspec.DecodeError:
+        raise IntegrityError("the entry's sealed metadata does not decode") from None
+    raise IntegrityError("the entry's sealed metadata has an unknown encoding")
 
 
 def classify(observation: Any, max_depth: int) -> tuple[str, str, str | bytes, dict[str, Any] | None]:

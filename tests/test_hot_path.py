@@ -47,7 +47,10 @@ PUT_TRIGGER_STATEMENTS = 2
 # the turn_heads leaf, page 1; more when a page splits), 64 KiB 23-27.
 # Before migration 8 (segments row, its overflow and key index): 4 KiB 9-13, 64 KiB 24-25;
 # before issue 14's turn head 9 and 25; before migration 6: 13.3 and 31.1.
-MAX_FRAMES = {4 * 1024: 11, 64 * 1024: 27}
+# 4 KiB 12 when a turn_heads split (4 pages more) falls on a put whose row also
+# takes a third entries page (issue 13's listing part shifts where rows end:
+# 5 puts of 30 measured; i12 alone: 11, the split on a two-page put).
+MAX_FRAMES = {4 * 1024: 12, 64 * 1024: 27}
 
 
 @pytest.fixture
@@ -101,10 +104,9 @@ def test_a_listing_is_one_query_and_constant_key_work_per_entry(filled: Scratchp
     assert costs["entries"] == 50
     assert costs["statements"] == 2  # the rows, and the turn head (issue 14)
     assert costs["wal_frames"] == 0
-    # Today: the item key of each entry is unwrapped and expanded (issue 13 wants one key per owner).
-    assert costs["key_unwraps"] <= costs["entries"]
-    assert costs["key_derivations"] <= costs["entries"]
-    assert costs["header_digests"] <= costs["entries"]
+    # Issue 13: each entry's listing part opens under the owner's listing key,
+    # derived once and cached with the owner key: no per-entry key work at all.
+    assert (costs["key_unwraps"], costs["key_derivations"], costs["header_digests"]) == (0, 0, 0)
 
 
 def _file_wraps(pad: Scratchpad) -> int:

@@ -108,16 +108,16 @@ def test_an_untouched_file_reads_back(world: World) -> None:
 
 @pytest.mark.parametrize("executor", ["langgraph.checkpoint", "langgraph.write"])
 def test_an_edited_checkpoint_or_write_is_refused(world: World, executor: str) -> None:
-    """Small checkpoints and writes live in the entry's sealed metadata."""
+    """Small checkpoints and writes live in the entry's listing part (its sealed metadata before issue 13)."""
     conn = apsw.Connection(str(world.db_path))
     try:
-        sql = "SELECT id, sealed_meta FROM entries WHERE executor_name = ? AND owner_user_id = 'alice' LIMIT 1"
+        sql = "SELECT id, sealed_listing FROM entries WHERE executor_name = ? AND owner_user_id = 'alice' LIMIT 1"
         entry_id, sealed = next(conn.execute(sql, (executor,)))
     finally:
         conn.close()
     changed = bytearray(sealed)
     changed[len(changed) // 2] ^= 1
-    _edit(world.db_path, "UPDATE entries SET sealed_meta = ? WHERE id = ?", bytes(changed), entry_id)
+    _edit(world.db_path, "UPDATE entries SET sealed_listing = ? WHERE id = ?", bytes(changed), entry_id)
     with pytest.raises(IntegrityError):
         world.listed("t1")
         world.listed("t2")

@@ -190,17 +190,18 @@ def _items(db_path: Path, keyring: Keyring, alice: Principal, session_id: str = 
 
 
 def test_an_edited_small_item_is_refused(stored: Path, keyring: Keyring, alice: Principal) -> None:
-    """Small items live in the entry's sealed metadata."""
+    """Small items live in the entry's listing part (its sealed metadata before issue 13)."""
     with Scratchpad.open(stored, keyring=keyring) as pad:
         s1 = SecurepadSession("s1", pad, alice).turn_id
     conn = apsw.Connection(str(stored))
     try:
-        entry_id, sealed = next(conn.execute("SELECT id, sealed_meta FROM entries WHERE turn_id = ? LIMIT 1", (s1,)))
+        sql = "SELECT id, sealed_listing FROM entries WHERE turn_id = ? LIMIT 1"
+        entry_id, sealed = next(conn.execute(sql, (s1,)))
     finally:
         conn.close()
     changed = bytearray(sealed)
     changed[len(changed) // 2] ^= 1
-    assert _edit(stored, "UPDATE entries SET sealed_meta = ? WHERE id = ?", bytes(changed), entry_id) == 1
+    assert _edit(stored, "UPDATE entries SET sealed_listing = ? WHERE id = ?", bytes(changed), entry_id) == 1
     with pytest.raises(IntegrityError):
         _items(stored, keyring, alice, "s1")
 

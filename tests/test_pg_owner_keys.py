@@ -75,12 +75,14 @@ def test_every_key_of_an_owners_table_includes_the_owner(pg_dsn: str, keyring: K
 def test_a_schema_1_store_is_converted_and_keeps_its_entries(
     pg_dsn: str, keyring: Keyring, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A schema-1 store with an entry: schema 1 plus the turn heads (schema 3),
+    # A schema-1 store with an entry: schema 1 plus the turn heads (schema 3)
+    # and the listing part's column (schema 5, which adds it only when missing),
     # which today's put needs, then the heads dropped again, as schema 1 had none.
     with monkeypatch.context() as patch:
         patch.setattr(_pg_schema, "SCHEMA_VERSION", 1)
         migrations = _pg_schema.MIGRATIONS
-        patch.setitem(migrations, 1, migrations[1] + migrations[3] + migrations[5])
+        # ... and the listing part's column (schema 6, added only when missing), kept.
+        patch.setitem(migrations, 1, migrations[1] + migrations[3] + migrations[5] + migrations[6])
         with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
             entry = pad.put(ALICE, "t1", 1, "shell", "made at schema 1")["scratchpad_id"]
         _, constraints = schema_of(pg_dsn)

@@ -128,16 +128,18 @@ def secure_delete_on(ctx: Context) -> str:
 
 def entry_ciphertext(ctx: Context, entry_id: str, label: str) -> dict[str, bytes]:
     """32-byte pieces of an entry's ciphertext as stored: each segment, the sealed
-    metadata and the wrapped item key. Random bytes: found in a file only if the
+    metadata, the listing part and the wrapped item key. Random bytes: found in a file only if the
     entry is still there."""
     pieces: dict[str, bytes] = {}
     rows = sqlite_of(ctx.pad).query(
-        "SELECT sealed_meta, wrapped_key, only_segment FROM entries WHERE id = ?", (entry_id,)
+        "SELECT sealed_meta, wrapped_key, only_segment, sealed_listing FROM entries WHERE id = ?", (entry_id,)
     )
     segments = sqlite_of(ctx.pad).query("SELECT seq, data FROM segments WHERE entry_id = ?", (entry_id,))
     for row in rows:
         pieces[f"{label} sealed metadata"] = bytes(row["sealed_meta"])[12:44]
         pieces[f"{label} wrapped item key"] = bytes(row["wrapped_key"])[12:44]
+        if row["sealed_listing"] is not None:  # format byte and nonce, then ciphertext
+            pieces[f"{label} listing part"] = bytes(row["sealed_listing"])[13:45]
         if row["only_segment"] is not None:  # a one-segment entry's segment, in its row
             segments = [*segments, {"seq": 0, "data": row["only_segment"]}]
     for row in segments:
@@ -370,6 +372,7 @@ def _tampered_values(row: dict[str, Any]) -> dict[str, object]:
         "nonce_prefix": flipped(row["nonce_prefix"], 0),
         "commitment": flipped(row["commitment"], 0),
         "sealed_meta": flipped(row["sealed_meta"], len(row["sealed_meta"]) // 2),
+        "sealed_listing": flipped(row["sealed_listing"], len(row["sealed_listing"]) // 2),
     }
 
 

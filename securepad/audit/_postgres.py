@@ -42,7 +42,7 @@ TABLE_GRANTS: dict[str, frozenset[str]] = {
 UPDATE_COLUMNS: dict[str, frozenset[str]] = {
     "store_meta": frozenset({"value"}),
     "owner_keys": frozenset({"wrap_count"}),
-    "entries": frozenset({"expires_at", "sealed_meta"}),
+    "entries": frozenset({"expires_at", "sealed_meta", "sealed_listing"}),
     "checkpoints": frozenset({"expires_at", "sealed"}),
     "compaction_marks": frozenset({"expires_at", "sealed"}),
 }

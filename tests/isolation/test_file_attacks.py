@@ -189,16 +189,17 @@ def test_a_deleted_entry_restored_whole_from_a_backup_is_refused(store: Store, b
     assert store.ask("a_text") == ["IntegrityError"] * 4 + ["NotFoundError"] * 3 + ["unlisted"]
 
 
-@pytest.mark.parametrize("columns", [("sealed_meta",), ("expires_at",)], ids=lambda c: c[0])
+@pytest.mark.parametrize("columns", [("sealed_listing",), ("expires_at",)], ids=lambda c: c[0])
 def test_rollback_of_half_an_expiry_extension_fails(store: Store, columns: tuple[str, ...]) -> None:
-    """Resuming a turn with extend_ttl re-seals the metadata with the later expiry:
-    the older sealed metadata, or the older clear expiry, alone is a mismatch."""
+    """Resuming a turn with extend_ttl re-seals the listing part, bound to the
+    later expiry (issue 13; the whole metadata before it): the older part, or
+    the older clear expiry, alone is a mismatch."""
     entry_id = store.ids["a_text"]
     before, _ = _drill.entry_row(store.db_path, entry_id)
     with store.open() as pad:
         assert pad.extend_turn(ALICE, "turn-1", 86_400, now=NOW) >= 1
     after, _ = _drill.entry_row(store.db_path, entry_id)
-    assert after["expires_at"] > before["expires_at"] and after["sealed_meta"] != before["sealed_meta"]
+    assert after["expires_at"] > before["expires_at"] and after["sealed_listing"] != before["sealed_listing"]
     for column in columns:
         _drill.set_column(store.db_path, entry_id, column, before[column])
     refused_everywhere(store.ask("a_text"))
@@ -211,7 +212,7 @@ def test_a_whole_expiry_extension_rolled_back_is_refused(store: Store) -> None:
     before, _ = _drill.entry_row(store.db_path, entry_id)
     with store.open() as pad:
         pad.extend_turn(ALICE, "turn-1", 86_400, now=NOW)
-    _drill.set_column(store.db_path, entry_id, "sealed_meta", before["sealed_meta"])
+    _drill.set_column(store.db_path, entry_id, "sealed_listing", before["sealed_listing"])
     _drill.set_column(store.db_path, entry_id, "expires_at", before["expires_at"])
     assert store.ask("a_text", (ALICE,)) == ["IntegrityError"] * 4
     with store.open() as pad, pytest.raises(IntegrityError):
@@ -306,6 +307,7 @@ EDITS: dict[str, Callable[[Any], Any]] = {
     "commitment": _flip,
     "wrapped_key": _flip,
     "sealed_meta": _flip,
+    "sealed_listing": _flip,
 }
 
 
