@@ -101,7 +101,7 @@ class Assembly:
         access = Access(db, policy)
         table = Entries(db, keys, access, policy, clock)
         records = Records(db, keys, access, table.ttl, table.now, table.check_quota, table.heads)
-        table.heads.build_if_needed()
+        table.heads.build_if_needed(table.now(None), writes=self.anchor.status()["committed"] if self.anchor else 0)
         self.parts = Parts(db, keys, access, table, records)
 
     def close(self) -> None:

@@ -45,7 +45,7 @@ AUTOCHECKPOINT_PAGES = 1000
 # keeps the largest size it ever reached until a TRUNCATE checkpoint).
 WAL_KEEP_BYTES = 16 * 1024 * 1024
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 # The policy's durability -> SQLite's synchronous setting, set on every connection.
 _SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL"}
@@ -249,6 +249,12 @@ _MIGRATIONS: dict[int, str] = {
         PRIMARY KEY (owner_user_id, turn_id)
     ) WITHOUT ROWID;
     INSERT OR REPLACE INTO store_meta(key, value) VALUES ('turn_heads', 'pending');
+    """,
+    # Constant-size turn heads (issue 14, heads.py format 2): heads of format 1
+    # (a listing of every row) are converted to tallies on the next open with
+    # the key (Heads.build_if_needed); the flag becomes a sealed token then.
+    8: """
+    UPDATE store_meta SET value = 'convert' WHERE key = 'turn_heads' AND value = 'built';
     """,
 }
 

@@ -21,7 +21,7 @@ from .errors import SecurepadError
 
 __all__ = ["ADMIN_ROLE", "APP_ROLE", "MIGRATIONS", "SCHEMA_VERSION", "lock_key", "migrate", "reason"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _OWNER = "current_setting('securepad.owner', true)"
 _OWNER_TABLES = ("owner_keys", "entries", "checkpoints", "compaction_marks", "owner_usage")
@@ -206,6 +206,11 @@ MIGRATIONS: dict[int, str] = {
             EXECUTE format('CREATE POLICY housekeeping ON %I TO {ADMIN_ROLE} USING (true) WITH CHECK (true)', t);
         END LOOP;
     END $$;
+    """,
+    # Constant-size turn heads (issue 14, heads.py format 2): heads of format 1
+    # are converted to tallies on the next open with the key (Heads.build_if_needed).
+    5: """
+    UPDATE store_meta SET value = 'convert' WHERE key = 'turn_heads' AND value = 'built';
     """,
 }
 

@@ -47,7 +47,7 @@ class Listings:
             self.heads.check_entries_in(head, principal, turn_id, [each.row for each in opened], current)
 
         # The turn's rows and its head rows: one round trip on PostgreSQL.
-        head_sql = Heads.select_sql(principal.owner_user_id, turn_id)
+        head_sql = Heads.checked_sql(principal.owner_user_id, turn_id)
         rows, head_rows = rows_and_head(
             self._db, self._access, principal, head_sql, COLUMNS, "turn_id = ?", (turn_id,), order
         )

@@ -96,7 +96,7 @@ class Putter:
                 ((row["id"], seq, data) for seq, data in enumerate(segments)),
             )
             self.heads.change(
-                conn, owner, turn_id, lambda head: head.e.__setitem__(row["id"], entry_item(row)), row["key_version"]
+                conn, owner, turn_id, lambda head: head.add("e", row["id"], entry_item(row)), row["key_version"]
             )
             return str(row["id"])
 
@@ -285,7 +285,11 @@ class _Batch:
                 ],
             )
             self.entries.heads.change(
-                conn, owner, self.turn_id, lambda head: head.e.update((r["id"], entry_item(r)) for r in rows), version
+                conn,
+                owner,
+                self.turn_id,
+                lambda head: head.add_all("e", ((r["id"], entry_item(r)) for r in rows)),
+                version,
             )
             return sealed
 

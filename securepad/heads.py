@@ -1,28 +1,43 @@
 """Sealed turn heads: what each turn holds, so that a row cannot vanish unseen.
 
 Every entry and every turn record is authenticated on its own; what a single
-row cannot say is that it is *missing*. A head per (owner, turn) lists what
-the turn holds: for each entry its id, step, sealed expiry, stored bytes and
-scope (actor, channel), and for each checkpoint and compaction mark its id,
-sequence number, expiry and scope. An owner head (turn id ``""``) lists the
-owner's turns, so a whole turn (entries and head) cannot vanish either.
+row cannot say is that it is *missing*. A head per (owner, turn) holds a
+constant-size **tally** of what the turn holds: for each kind (``e`` entries,
+``c`` checkpoints, ``m`` compaction marks) a count and a keyed multiset digest,
+and the highest step ever recorded. An owner head (turn id ``""``) lists the
+owner's turns, so a whole turn (rows and head) cannot vanish either.
 
-Heads are sealed directly under the owner's key (``crypto.Wrapper.seal``)
-with owner, turn and key version in the AAD (``crypto.head_aad``): a head
-moved to another turn or owner, or edited, fails to open.
+**The digest** of a kind is the sum, mod 2**256, of one HMAC-SHA256 per row
+over the row's clear columns that matter (owner, turn, kind, id, step or
+sequence number, expiry, stored bytes, actor, channel), under a key derived
+from the master key (``Keystore.counter_seal``, the anchor key; HKDF label
+``anchor``). A sum can be added to and subtracted from: a put adds its row, a
+delete or gc subtracts, an extension swaps the old row for the new one, each
+in O(1), so a write of a turn costs the same whatever the turn's length
+(issue 14). The HMAC is keyed because the rows' clear columns are the
+attacker's to choose: with a plain hash, one could search for other rows
+summing to the same value (Wagner's generalized birthday); with a key it
+cannot compute a single term. The key is the store's, not the owner's, so an
+owner-key rotation leaves every digest valid; owner and turn are in each
+term, so nothing can be moved between owners or turns. The tally itself is
+inside the head's AES-GCM seal (owner's key, owner, turn and key version in
+the AAD: ``crypto.head_aad``): an attacker does not even see the sums.
 
 * Every write that changes a turn calls ``Heads.change`` inside its own
   transaction (the one place): put, checkpoint, mark, extend, delete, gc
   (``prune``), forgetting an owner (``delete_owner``), owner-key rotation
-  (``reseal_owner``).
-* Every read of a turn fetches the turn's head (one row, one AES-GCM open)
-  and checks what it returns against it (``check_entries``, ``check_entry``,
-  ``check_records``): a row the head lists that is absent before its sealed
-  expiry, a row it does not list, or a row whose step, sequence, expiry or
-  stored bytes differ from the head's raises ``IntegrityError``.
+  (``reseal_owner``). It reads and rewrites one small row.
+* Every read of a turn fetches the turn's head together with the turn's
+  **inventory** (the clear columns above of every row of the turn, expired
+  ones not yet collected included: ``checked_sql``), recomputes the tally
+  from it, and refuses a difference; the inventory, so authenticated, is the
+  ``Head`` the read's rows are then checked against (``check_entries``,
+  ``check_entry``, ``check_records``): a row absent before its sealed expiry,
+  a row not in the inventory, or a row whose step, sequence, expiry or stored
+  bytes differ raises ``IntegrityError``.
 
 Expiry stays legitimate: an entry whose *sealed* expiry has passed may be
-absent (gc), and gc prunes the heads of the turns it collected from.
+absent (gc subtracts what it collects, in its transaction).
 """
 
 from __future__ import annotations
@@ -34,36 +49,73 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ._backend import Backend, Conn, Params, Rows
-from .crypto import head_aad
+from .crypto import CounterSeal, head_aad
 from .errors import IntegrityError, StoreBusyError
 from .keystore import NEWEST_VERSION_SQL, Keystore
 from .policy import Policy
 from .principal import Principal
 
-__all__ = ["OWNER_HEAD", "RECORD_KINDS", "Head", "Heads", "entry_item", "extend_head", "record_item", "same_entry"]
+__all__ = [
+    "OWNER_HEAD",
+    "RECORD_KINDS",
+    "Head",
+    "HeadEdit",
+    "Heads",
+    "Tally",
+    "entry_item",
+    "record_item",
+    "same_entry",
+]
 
 OWNER_HEAD = ""
 # Head sections of the turn records, by table.
 RECORD_KINDS = {"checkpoints": "c", "compaction_marks": "m"}
-_BUILT = "built"
+KINDS = {"e": "entries", "c": "checkpoints", "m": "compaction_marks"}
+HEAD_FORMAT = 2
+_MOD = 1 << 256
 # Reads of a turn tried again on a consistent (head, rows) pair before a mismatch is believed.
 _CONSISTENT_TRIES = 8
+# Digest terms kept, so that reading a turn again recomputes only what changed.
+_TERM_CACHE = 1 << 14
 T = TypeVar("T")
-# A turn's head and its owner head; ``turns`` is the placeholder of the turn's id.
+# A turn's head and its owner head (writers); ``turn`` is the placeholder of the turn's id.
 _HEAD_SQL = (
     "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads"
-    " WHERE owner_user_id = ? AND turn_id IN ({turns}, ?) ORDER BY turn_id"
+    " WHERE owner_user_id = ? AND turn_id IN ({turn}, ?) ORDER BY turn_id"
+)
+# The same with the turn's inventory (readers): one statement, so one snapshot
+# and one round trip; expired rows not yet collected are part of the tally.
+_INVENTORY_SQL = (
+    "SELECT 'h' AS k, owner_user_id, turn_id, key_version, sealed, NULL AS id, NULL AS n,"
+    " NULL AS expires_at, NULL AS stored_bytes, NULL AS actor, NULL AS channel FROM turn_heads"
+    " WHERE owner_user_id = ? AND turn_id IN ({turn}, ?)"
+    " UNION ALL SELECT 'e', owner_user_id, turn_id, NULL, NULL, id, step_num, expires_at, stored_bytes, actor,"
+    " channel FROM entries WHERE owner_user_id = ? AND turn_id = {turn}"
+    " UNION ALL SELECT 'c', owner_user_id, turn_id, NULL, NULL, id, seq, expires_at, NULL, actor, channel"
+    " FROM checkpoints WHERE owner_user_id = ? AND turn_id = {turn}"
+    " UNION ALL SELECT 'm', owner_user_id, turn_id, NULL, NULL, id, seq, expires_at, NULL, actor, channel"
+    " FROM compaction_marks WHERE owner_user_id = ? AND turn_id = {turn}"
+    " ORDER BY k, turn_id, id"
 )
 # The turn of one entry (``entry_select_sql``); the heads read are the owner's
 # whoever the row's owner is, as when the caller reads the turn's head itself.
 _ENTRY_TURN_SQL = "(SELECT turn_id FROM entries WHERE id = ?)"
+# What gc collects at a cutoff, by turn (``prune``), and the clear items of one turn (``items``).
+_ITEMS_SQL = (
+    "SELECT 'e' AS k, owner_user_id, turn_id, id, step_num AS n, expires_at, stored_bytes, actor, channel"
+    " FROM entries WHERE {where}"
+    " UNION ALL SELECT 'c', owner_user_id, turn_id, id, seq, expires_at, NULL, actor, channel FROM checkpoints"
+    " WHERE {where}"
+    " UNION ALL SELECT 'm', owner_user_id, turn_id, id, seq, expires_at, NULL, actor, channel FROM compaction_marks"
+    " WHERE {where}"
+)
 
 
 @dataclass
 class Head:
-    """The opened head of one turn: ``e`` entries ``{id: [step, expires_at,
-    stored_bytes, actor, channel]}``; ``c``/``m`` records ``{id: [seq,
-    expires_at, actor, channel]}``."""
+    """What a turn holds, as its authenticated inventory: ``e`` entries ``{id:
+    [step, expires_at, stored_bytes, actor, channel]}``; ``c``/``m`` records
+    ``{id: [seq, expires_at, actor, channel]}``."""
 
     e: dict[str, list[Any]] = field(default_factory=dict)
     c: dict[str, list[Any]] = field(default_factory=dict)
@@ -72,25 +124,67 @@ class Head:
     def section(self, kind: str) -> dict[str, list[Any]]:
         return {"e": self.e, "c": self.c, "m": self.m}[kind]
 
+
+@dataclass
+class Tally:
+    """The sealed body of a turn head: per kind a count and a digest, and the
+    highest step recorded (constant size, whatever the turn holds)."""
+
+    n: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    d: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    last: int = 0
+
     def dumps(self) -> bytes:
-        return json.dumps({"e": self.e, "c": self.c, "m": self.m}, separators=(",", ":"), sort_keys=True).encode()
+        body = {"f": HEAD_FORMAT, "n": self.n, "d": {k: format(v, "064x") for k, v in self.d.items()}, "l": self.last}
+        return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
     @classmethod
-    def loads(cls, data: bytes) -> Head:
+    def loads(cls, data: bytes) -> Tally:
         try:
             body = json.loads(data)
-            return cls(dict(body["e"]), dict(body["c"]), dict(body["m"]))
+            if body["f"] != HEAD_FORMAT:
+                raise ValueError("format")
+            n = {kind: _count(body["n"][kind]) for kind in KINDS}
+            d = {kind: int(body["d"][kind], 16) for kind in KINDS}
+            return cls(n, d, _count(body["l"]))
         except (ValueError, KeyError, TypeError):
-            raise IntegrityError("a turn head is malformed") from None
+            raise IntegrityError(
+                "a turn head is malformed or from an older format (a head of before its conversion put back)"
+            ) from None
 
-    def prune(self, cutoff: float) -> bool:
-        """Drop what expired (by its sealed expiry) at ``cutoff``; whether anything went."""
-        changed = False
-        for section in (self.e, self.c, self.m):
-            for key in [key for key, value in section.items() if value[1] <= cutoff]:
-                del section[key]
-                changed = True
-        return changed
+
+def _count(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError("count")
+    return value
+
+
+class HeadEdit:
+    """One write's change to a turn's tally: rows added, removed, replaced."""
+
+    def __init__(self, tally: Tally, term: Callable[[str, str, tuple[Any, ...]], int]) -> None:
+        self.tally = tally
+        self._term = term
+
+    def add(self, kind: str, item_id: str, item: list[Any]) -> None:
+        """A row ``item`` (``entry_item``/``record_item``) joins the turn."""
+        self.tally.n[kind] += 1
+        self.tally.d[kind] = (self.tally.d[kind] + self._term(kind, item_id, tuple(item))) % _MOD
+        if kind == "e":
+            self.tally.last = max(self.tally.last, int(item[0]))
+
+    def add_all(self, kind: str, items: Iterable[tuple[str, list[Any]]]) -> None:
+        for item_id, item in items:
+            self.add(kind, item_id, item)
+
+    def remove(self, kind: str, item_id: str, item: list[Any]) -> None:
+        """A row leaves the turn (delete, gc), as its clear columns were."""
+        self.tally.n[kind] -= 1
+        self.tally.d[kind] = (self.tally.d[kind] - self._term(kind, item_id, tuple(item))) % _MOD
+
+    def replace(self, kind: str, item_id: str, old: list[Any], new: list[Any]) -> None:
+        self.remove(kind, item_id, old)
+        self.add(kind, item_id, new)
 
 
 class Heads:
@@ -100,6 +194,7 @@ class Heads:
         self._db = db
         self._keys = keys
         self._policy = policy
+        self._term = functools.lru_cache(maxsize=_TERM_CACHE)(functools.partial(_term, keys.counter_seal))
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -110,6 +205,9 @@ class Heads:
         if row["owner_user_id"] != owner:
             raise IntegrityError("a turn head belongs to another owner")
         return self._keys.owner_wrapper(owner, version).open(row["sealed"], head_aad(owner, turn_id, version))
+
+    def _tally(self, row: dict[str, Any], owner: str, turn_id: str) -> Tally:
+        return Tally.loads(self._open(row, owner, turn_id))
 
     def checked(
         self,
@@ -123,14 +221,14 @@ class Heads:
 
         ``first`` is a first ``(fetched, head rows)`` pair the caller read
         together (``Backend.queries``: one round trip on PostgreSQL, the head's
-        query from ``select_sql`` or ``entry_select_sql``); without it the
+        query from ``checked_sql`` or ``entry_checked_sql``); without it the
         first try fetches, then loads the head.
 
-        The head is read after the rows: a writer that commits between the two
-        reads makes them disagree, so a failed check is tried again on a
-        consistent pair (the head's sealed bytes equal before and after the
-        fetch: every write of the turn reseals it, with a fresh nonce) before
-        it is believed. The common path costs one head row and one open.
+        The head and inventory are read after the rows: a writer that commits
+        between the two reads makes them disagree, so a failed check is tried
+        again on a consistent pair (head and inventory equal before and after
+        the fetch) before it is believed. The common path costs one query, one
+        AES-GCM open and one HMAC per row of the turn not read before.
 
         Raises:
             IntegrityError: the check fails on a consistent pair.
@@ -138,12 +236,11 @@ class Heads:
         """
         if first is None:
             fetched = fetch()
-            head = self.load(owner, turn_id)
+            head_rows = self._rows(owner, turn_id)
         else:
             fetched, head_rows = first
-            head = self._from_rows(head_rows, owner, turn_id)
         try:
-            check(head, fetched)
+            check(self._from_rows(head_rows, owner, turn_id), fetched)
             return fetched
         except IntegrityError:
             pass
@@ -157,44 +254,86 @@ class Heads:
 
     @staticmethod
     def select_sql(owner: str, turn_id: str) -> tuple[str, Params]:
-        """The query of a turn's head rows (the turn's and the owner head), for
-        ``Conn.prefetch`` and ``Backend.queries``."""
-        return _HEAD_SQL.format(turns="?"), (owner, turn_id, OWNER_HEAD)
+        """The query of a turn's head rows (the turn's and the owner head), as
+        ``change`` reads them (for ``Conn.prefetch``)."""
+        return _HEAD_SQL.format(turn="?"), (owner, turn_id, OWNER_HEAD)
 
     @staticmethod
     def entry_select_sql(owner: str, entry_id: str) -> tuple[str, Params]:
         """``select_sql`` for the turn of entry ``entry_id`` (read with, or before, the entry's row)."""
-        return _HEAD_SQL.format(turns=_ENTRY_TURN_SQL), (owner, entry_id, OWNER_HEAD)
+        return _HEAD_SQL.format(turn=_ENTRY_TURN_SQL), (owner, entry_id, OWNER_HEAD)
+
+    @staticmethod
+    def checked_sql(owner: str, turn_id: str) -> tuple[str, Params]:
+        """The query of a turn's head rows and inventory, as ``checked`` reads
+        them (for ``Backend.queries``, beside the read's own rows)."""
+        return _INVENTORY_SQL.format(turn="?"), (owner, turn_id, OWNER_HEAD, *(owner, turn_id) * 3)
+
+    @staticmethod
+    def entry_checked_sql(owner: str, entry_id: str) -> tuple[str, Params]:
+        """``checked_sql`` for the turn of entry ``entry_id``."""
+        return _INVENTORY_SQL.format(turn=_ENTRY_TURN_SQL), (owner, entry_id, OWNER_HEAD, *(owner, entry_id) * 3)
 
     @staticmethod
     def newest_sql(owner: str) -> tuple[str, Params]:
         """The owner's newest key version, as ``change`` reads it without a version (for ``Conn.prefetch``)."""
         return f"SELECT {NEWEST_VERSION_SQL} AS v", (owner,)
 
-    def _rows(self, owner: str, turn_id: str, conn: Conn | None = None) -> list[dict[str, Any]]:
-        sql, params = self.select_sql(owner, turn_id)
-        return conn.query(sql, params) if conn is not None else self._db.query(sql, params, owner=owner)
+    def _rows(self, owner: str, turn_id: str) -> list[dict[str, Any]]:
+        return self._db.query(*self.checked_sql(owner, turn_id), owner=owner)
 
     def _from_rows(self, rows: list[dict[str, Any]], owner: str, turn_id: str) -> Head:
-        by_turn = {row["turn_id"]: row for row in rows}
+        """The turn's inventory, authenticated by its head (rows of ``checked_sql``)."""
+        by_turn = {row["turn_id"]: row for row in rows if row["k"] == "h"}
         if turn_id in by_turn:
-            return Head.loads(self._open(by_turn[turn_id], owner, turn_id))
-        if OWNER_HEAD in by_turn and turn_id in self._turns(by_turn[OWNER_HEAD], owner):
+            tally = self._tally(by_turn[turn_id], owner, turn_id)
+        elif OWNER_HEAD in by_turn and turn_id in self._turns(by_turn[OWNER_HEAD], owner):
             raise IntegrityError(f"turn {turn_id!r} lost its head: the turn was removed from the store")
-        return Head()
+        else:
+            tally = Tally()
+        head, found = Head(), HeadEdit(Tally(), self._terms(owner, turn_id))
+        for row in rows:
+            kind = row["k"]
+            if kind == "h" or row["turn_id"] != turn_id:
+                continue
+            item = entry_item(row) if kind == "e" else record_item(row)
+            found.add(kind, row["id"], item)
+            head.section(kind)[row["id"]] = item
+        self._same_tally(tally, found.tally, turn_id)
+        return head
 
-    def load(self, owner: str, turn_id: str, conn: Conn | None = None) -> Head:
-        """The turn's head (empty for a turn that never held anything), authenticated.
+    @staticmethod
+    def _same_tally(sealed: Tally, found: Tally, turn_id: str) -> None:
+        for kind, table in KINDS.items():
+            if found.n[kind] != sealed.n[kind]:
+                raise IntegrityError(
+                    f"turn {turn_id!r} holds {found.n[kind]} {table}, its head {sealed.n[kind]}:"
+                    " rows were removed or added (tampering)"
+                )
+            if found.d[kind] != sealed.d[kind]:
+                raise IntegrityError(
+                    f"turn {turn_id!r}'s {table} differ from its head (an id, step, expiry, stored bytes or scope"
+                    " was altered, or a row replaced): tampering or a rolled-back row"
+                )
+        if found.last > sealed.last:
+            raise IntegrityError(f"turn {turn_id!r} holds a step above the highest its head recorded: tampering")
 
-        One query fetches the turn's head and the owner head; the owner head
-        is opened only when the turn has no head, to tell a new turn from a
-        vanished one.
+    def _terms(self, owner: str, turn_id: str) -> Callable[[str, str, tuple[Any, ...]], int]:
+        return functools.partial(self._term, owner, turn_id)
+
+    def load(self, owner: str, turn_id: str) -> Head:
+        """The turn's inventory (empty for a turn that never held anything), authenticated.
+
+        One query fetches the turn's head, the owner head and the inventory;
+        the owner head is opened only when the turn has no head, to tell a new
+        turn from a vanished one.
 
         Raises:
-            IntegrityError: a head fails authentication, or the turn's head is
-                missing while the owner head lists the turn.
+            IntegrityError: a head fails authentication, the inventory differs
+                from the head, or the turn's head is missing while the owner
+                head lists the turn.
         """
-        return self._from_rows(self._rows(owner, turn_id, conn), owner, turn_id)
+        return self._from_rows(self._rows(owner, turn_id), owner, turn_id)
 
     def _turns(self, row: dict[str, Any], owner: str) -> set[str]:
         try:
@@ -202,22 +341,28 @@ class Heads:
         except (ValueError, KeyError, TypeError):
             raise IntegrityError("an owner head is malformed") from None
 
-    def all_heads(self) -> dict[str, dict[str, Head | set[str] | IntegrityError]]:
-        """Every head of the store, opened: ``{owner: {turn: Head}}``, the owner head
+    def all_heads(self) -> dict[str, dict[str, Tally | set[str] | IntegrityError]]:
+        """Every head of the store, opened: ``{owner: {turn: Tally}}``, the owner head
         under ``""`` as its set of turns; a head that fails to open is its error (``verify``)."""
-        found: dict[str, dict[str, Head | set[str] | IntegrityError]] = {}
+        found: dict[str, dict[str, Tally | set[str] | IntegrityError]] = {}
         rows = self._db.query("SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads", admin=True)
         for row in rows:
             owner, turn_id = row["owner_user_id"], row["turn_id"]
-            opened: Head | set[str] | IntegrityError
+            opened: Tally | set[str] | IntegrityError
             try:
-                opened = (
-                    self._turns(row, owner) if turn_id == OWNER_HEAD else Head.loads(self._open(row, owner, turn_id))
-                )
+                opened = self._turns(row, owner) if turn_id == OWNER_HEAD else self._tally(row, owner, turn_id)
             except IntegrityError as exc:
                 opened = exc
             found.setdefault(owner, {})[turn_id] = opened
         return found
+
+    def tally_of(self, owner: str, turn_id: str) -> HeadEdit:
+        """An empty tally to add authenticated rows to (``verify``), compared with ``same_tally``."""
+        return HeadEdit(Tally(), self._terms(owner, turn_id))
+
+    def same_tally(self, sealed: Tally, found: Tally, turn_id: str) -> None:
+        """Raise IntegrityError unless ``found`` (the rows) equals ``sealed`` (the head)."""
+        self._same_tally(sealed, found, turn_id)
 
     def _in_scope(self, principal: Principal, actor: str, channel: str) -> bool:
         values = {"actor": actor, "channel": channel, "owner_user_id": principal.owner_user_id}
@@ -328,15 +473,16 @@ class Heads:
         conn: Conn,
         owner: str,
         turn_id: str,
-        edit: Callable[[Head], object],
+        edit: Callable[[HeadEdit], object],
         version: int | None = None,
         *,
         entry_id: str | None = None,
     ) -> None:
-        """Apply ``edit`` to the turn's head and seal it again, inside the caller's
-        write transaction, under the owner's newest key version (``version``
-        when the caller's transaction already checked it is the newest); a turn
-        new to the owner joins the owner head in the same transaction.
+        """Apply ``edit`` to the turn's tally and seal it again, inside the
+        caller's write transaction, under the owner's newest key version
+        (``version`` when the caller's transaction already checked it is the
+        newest); a turn new to the owner joins the owner head in the same
+        transaction. Reads and writes one small row, whatever the turn holds.
 
         The head's rows are read with ``select_sql`` (``entry_select_sql`` with
         ``entry_id``, the turn's entry), and the newest version with
@@ -353,15 +499,15 @@ class Heads:
         by_turn = {row["turn_id"]: row for row in rows}
         turns: set[str] | None = None
         if turn_id in by_turn:
-            head = Head.loads(self._open(by_turn[turn_id], owner, turn_id))
+            tally = self._tally(by_turn[turn_id], owner, turn_id)
         else:
             turns = self._turns(by_turn[OWNER_HEAD], owner) if OWNER_HEAD in by_turn else set()
             if turn_id in turns:
                 raise IntegrityError(f"turn {turn_id!r} lost its head: the turn was removed from the store")
-            head = Head()
-        before = head.dumps()
-        edit(head)
-        after = head.dumps()
+            tally = Tally()
+        before = tally.dumps()
+        edit(HeadEdit(tally, self._terms(owner, turn_id)))
+        after = tally.dumps()
         if after == before:
             return
         if version is None:
@@ -388,22 +534,31 @@ class Heads:
         )
         self._keys.count_wraps_later(owner, version)
 
+    @staticmethod
+    def items(conn: Conn, owner: str, turn_id: str) -> dict[str, dict[str, list[Any]]]:
+        """The clear items of a turn's rows, by kind (``{"e": {id: item}, ...}``), inside
+        the caller's transaction: what an extension replaces (``extend_head``)."""
+        where = "owner_user_id = ? AND turn_id = ?"
+        found: dict[str, dict[str, list[Any]]] = {kind: {} for kind in KINDS}
+        for row in conn.query(_ITEMS_SQL.format(where=where), (owner, turn_id) * 3):
+            found[row["k"]][row["id"]] = entry_item(row) if row["k"] == "e" else record_item(row)
+        return found
+
     def prune(self, conn: Conn, cutoff: float) -> int:
-        """Drop what gc collects at ``cutoff`` from the heads of the turns it collects
-        from (inside gc's transaction, before its deletes). Returns the heads changed."""
-        turns = conn.query(
-            "SELECT DISTINCT owner_user_id, turn_id FROM entries WHERE expires_at <= ?"
-            " UNION SELECT DISTINCT owner_user_id, turn_id FROM checkpoints WHERE expires_at <= ?"
-            " UNION SELECT DISTINCT owner_user_id, turn_id FROM compaction_marks WHERE expires_at <= ?",
-            (cutoff, cutoff, cutoff),
-        )
-        for row in turns:
-            self.change(conn, row["owner_user_id"], row["turn_id"], lambda head: head.prune(cutoff))
-        return len(turns)
+        """Subtract what gc collects at ``cutoff`` from the heads of the turns it
+        collects from (inside gc's transaction, before its deletes: the same
+        rows). Returns the heads changed."""
+        by_turn: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for row in conn.query(_ITEMS_SQL.format(where="expires_at <= ?"), (cutoff,) * 3):
+            by_turn.setdefault((row["owner_user_id"], row["turn_id"]), []).append(row)
+        for (owner, turn_id), rows in by_turn.items():
+            self.change(conn, owner, turn_id, functools.partial(_remove_rows, rows=rows))
+        return len(by_turn)
 
     def reseal_owner(self, conn: Conn, owner: str) -> int:
         """Seal every head of the owner again under its newest key version (an
-        owner-key rotation, before the old versions retire). Returns how many."""
+        owner-key rotation, before the old versions retire). Returns how many.
+        The tallies' key is the store's, so they carry over unchanged."""
         rows = conn.query(
             "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads WHERE owner_user_id = ?", (owner,)
         )
@@ -416,52 +571,120 @@ class Heads:
         """Delete every head of the owner (forgetting it), inside the caller's transaction."""
         return conn.execute("DELETE FROM turn_heads WHERE owner_user_id = ?", (owner,))
 
-    # -- building the heads of a store written before them -----------------------------------
+    # -- building and converting: at open ---------------------------------------------------
 
-    def build_if_needed(self) -> int:
-        """Build the heads of every turn of a store migrated from before heads
-        (trusting what it holds then); a no-op once built. Returns the turns built."""
+    def _token(self) -> str:
+        """``store_meta.turn_heads`` once the heads are built in this format: a tag
+        under the store's anchor key, so the flag cannot be reset to make an
+        open rebuild the heads from an edited file (issue 14)."""
+        return f"{HEAD_FORMAT}:{self._keys.counter_seal.tag('turn-heads', HEAD_FORMAT)}"
+
+    def build_if_needed(self, now: float, writes: int = 0) -> int:
+        """Bring the store's heads to this format; a no-op (one query) once done.
+
+        ``store_meta.turn_heads`` says what to do: the sealed token (done);
+        ``pending`` (migration 7: a store from before heads) builds every
+        turn's tally from what the store holds then, refused when the store
+        has heads or its authenticated write counter (``writes``, the anchor's)
+        shows a heads-aware version wrote it; ``convert`` (migration 8) or
+        ``built`` turn each head of format 1 (authenticated: it lists each row)
+        into a tally. Returns the turns built or converted.
+
+        Raises:
+            IntegrityError: the flag is neither of these, or says ``pending`` on a
+                store that had heads.
+        """
+        token = self._token()
         rows = self._db.query("SELECT value FROM store_meta WHERE key = 'turn_heads'")
-        if rows and rows[0]["value"] == _BUILT:
+        if rows and rows[0]["value"] == token:
             return 0
-        built = 0
         with self._db.transaction(admin=True) as conn:
             again = conn.query("SELECT value FROM store_meta WHERE key = 'turn_heads'")
-            if again and again[0]["value"] == _BUILT:
+            state = again[0]["value"] if again else "pending"
+            if state == token:
                 return 0
-            for owner, turns in _existing(conn).items():
-                if self._keys.newest_in(conn, owner) is None:
-                    continue
-                for turn_id, head in turns.items():
-                    self.change(conn, owner, turn_id, functools.partial(_fill, source=head))
-                    built += 1
+            if state == "pending":
+                if writes > 0 or conn.query("SELECT 1 FROM turn_heads LIMIT 1"):
+                    raise IntegrityError(
+                        "store_meta.turn_heads was reset to 'pending' on a store that has turn heads: the file"
+                        " was edited to make the heads rebuilt from it; refused (SECURITY.md, 'turn heads')"
+                    )
+                done = self._build(conn)
+            elif state in ("built", "convert"):
+                done = self._convert(conn, now)
+            else:
+                raise IntegrityError("store_meta.turn_heads does not authenticate: the file was edited")
             conn.execute(
                 "INSERT INTO store_meta(key, value) VALUES ('turn_heads', ?)"
                 " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (_BUILT,),
+                (token,),
             )
+        return done
+
+    def _build(self, conn: Conn) -> int:
+        """Every turn's tally from the rows as they are (a store from before heads)."""
+        by_turn: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for row in conn.query(_ITEMS_SQL.format(where="1 = 1")):
+            by_turn.setdefault((row["owner_user_id"], row["turn_id"]), []).append(row)
+        built = 0
+        for (owner, turn_id), rows in sorted(by_turn.items()):
+            if self._keys.newest_in(conn, owner) is None:
+                continue
+            self.change(conn, owner, turn_id, functools.partial(_add_rows, rows=rows))
+            built += 1
         return built
 
+    def _convert(self, conn: Conn, now: float) -> int:
+        """Each format-1 head (a listing of the turn's rows) as a tally of what it
+        lists: a listed row already gone is kept out only when its sealed
+        expiry has passed (gc'd), so tampering done before stays visible."""
+        converted = 0
+        for row in conn.query("SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads"):
+            owner, turn_id = row["owner_user_id"], row["turn_id"]
+            if turn_id == OWNER_HEAD:
+                continue
+            body = json.loads(self._open(row, owner, turn_id))
+            if body.get("f") == HEAD_FORMAT:
+                continue
+            present = self.items(conn, owner, turn_id)
+            edit = HeadEdit(Tally(), self._terms(owner, turn_id))
+            for kind in KINDS:
+                for item_id, item in dict(body.get(kind, {})).items():
+                    if item_id in present[kind] or item[1] > now:
+                        edit.add(kind, item_id, item)
+            self._write(conn, owner, turn_id, edit.tally.dumps(), int(row["key_version"]))
+            converted += 1
+        return converted
 
-def _fill(target: Head, source: Head) -> None:
-    target.e.update(source.e)
-    target.c.update(source.c)
-    target.m.update(source.m)
+
+def _term(seal: CounterSeal, owner: str, turn_id: str, kind: str, item_id: str, item: tuple[Any, ...]) -> int:
+    """One row's term of its turn's digest: HMAC-SHA256 under the store's anchor
+    key of (owner, turn, kind, id, clear item), as an integer."""
+    canonical = json.dumps([owner, turn_id, item_id, *_canonical(kind, item)], separators=(",", ":"))
+    return int(seal.tag(f"turn-head/{kind}/{canonical}", HEAD_FORMAT), 16)
 
 
-def _existing(conn: Conn) -> dict[str, dict[str, Head]]:
-    """What each (owner, turn) holds now, from the clear columns (a migration only)."""
-    found: dict[str, dict[str, Head]] = {}
-    for row in conn.query(
-        "SELECT id, owner_user_id, turn_id, step_num, expires_at, stored_bytes, actor, channel FROM entries"
-    ):
-        head = found.setdefault(row["owner_user_id"], {}).setdefault(row["turn_id"], Head())
-        head.e[row["id"]] = [row["step_num"], row["expires_at"], row["stored_bytes"], row["actor"], row["channel"]]
-    for table, kind in RECORD_KINDS.items():
-        for row in conn.query(f"SELECT id, owner_user_id, turn_id, seq, expires_at, actor, channel FROM {table}"):
-            head = found.setdefault(row["owner_user_id"], {}).setdefault(row["turn_id"], Head())
-            head.section(kind)[row["id"]] = [row["seq"], row["expires_at"], row["actor"], row["channel"]]
-    return found
+def _canonical(kind: str, item: tuple[Any, ...]) -> list[Any]:
+    """The item with its numbers in one form (SQLite and PostgreSQL may hand back an int or a float)."""
+    numbers, scope = (item[:3], item[3:]) if kind == "e" else (item[:2], item[2:])
+    out: list[Any] = []
+    for position, value in enumerate(numbers):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise IntegrityError("a clear column of a turn's row is not a number: tampering")
+        out.append(float(value) if position == 1 else int(value))
+    if not all(isinstance(value, str) for value in scope):
+        raise IntegrityError("a clear scope column of a turn's row is not text: tampering")
+    return out + list(scope)
+
+
+def _add_rows(edit: HeadEdit, rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        edit.add(row["k"], row["id"], entry_item(row) if row["k"] == "e" else record_item(row))
+
+
+def _remove_rows(edit: HeadEdit, rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        edit.remove(row["k"], row["id"], entry_item(row) if row["k"] == "e" else record_item(row))
 
 
 def same_entry(head: Head, row: dict[str, Any]) -> None:
@@ -481,23 +704,31 @@ def _same_entry(head: Head, row: dict[str, Any]) -> None:
         )
 
 
-def extend_head(head: Head, target: float, entry_ids: Iterable[str], record_ids: dict[str, list[str]]) -> None:
-    """Give the extended entries and records (the ids whose rows were updated) their new expiry in the head."""
-    for entry_id in entry_ids:
-        if entry_id in head.e:
-            head.e[entry_id][1] = target
-    for table, ids in record_ids.items():
-        section = head.section(RECORD_KINDS[table])
-        for record_id in ids:
-            if record_id in section:
-                section[record_id][1] = target
+def extend_head(
+    edit: HeadEdit,
+    before: dict[str, dict[str, list[Any]]],
+    target: float,
+    entry_ids: Iterable[str],
+    record_ids: dict[str, list[str]],
+) -> None:
+    """Give the extended entries and records (the ids whose rows were updated)
+    their new expiry in the tally: ``before`` holds their items as they were
+    (``Heads.items``, read in the same transaction before the update)."""
+    changed = [("e", entry_id) for entry_id in entry_ids]
+    changed += [(RECORD_KINDS[table], record_id) for table, ids in record_ids.items() for record_id in ids]
+    for kind, item_id in changed:
+        old = before[kind].get(item_id)
+        if old is not None:
+            new = list(old)
+            new[1] = target
+            edit.replace(kind, item_id, old, new)
 
 
 def entry_item(row: dict[str, Any]) -> list[Any]:
-    """The head's item of a new entry row."""
-    return [row["step_num"], row["expires_at"], row["stored_bytes"], row["actor"], row["channel"]]
+    """The clear item of an entry row: step, expiry, stored bytes, actor, channel."""
+    return [row.get("step_num", row.get("n")), row["expires_at"], row["stored_bytes"], row["actor"], row["channel"]]
 
 
 def record_item(row: dict[str, Any]) -> list[Any]:
-    """The head's item of a new turn record row."""
-    return [row["seq"], row["expires_at"], row["actor"], row["channel"]]
+    """The clear item of a turn record row: sequence number, expiry, actor, channel."""
+    return [row.get("seq", row.get("n")), row["expires_at"], row["actor"], row["channel"]]

@@ -11,7 +11,9 @@ resume, rotation, forgetting an owner and concurrent writers.
 
 from __future__ import annotations
 
+import json
 import secrets
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +24,7 @@ import apsw
 import pytest
 
 from securepad import Keyring, Principal, Scratchpad
+from securepad.bench.heads import turn_put_costs
 from securepad.errors import IntegrityError, NotFoundError
 
 ALICE = Principal("alice", "planner", "web")
@@ -333,16 +336,47 @@ def test_delete_rotation_and_forget_keep_heads_consistent(db_path: Path, keyring
     assert report["ok"] and report["owners"] == 1, report
 
 
-def test_a_store_without_heads_gets_them_on_open(db_path: Path, keyring: Keyring) -> None:
-    """A store migrated from before heads (the heads table empty, marked pending) builds them."""
+def test_a_store_without_heads_gets_them_on_open(tmp_path: Path) -> None:
+    """A store written before heads (tests/fixtures/store_v1.db, flag 'pending') builds them."""
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    shutil.copy(fixtures / "store_v1.db", tmp_path / "store.db")
+    (tmp_path / "store.db").chmod(0o600)
+    key = tmp_path / "key"
+    key.write_bytes((fixtures / "store_v1.key").read_bytes())
+    key.chmod(0o600)
+    now = json.loads((fixtures / "store_v1.json").read_text())["now"]
+    with Scratchpad.open(tmp_path / "store.db", keyring=Keyring.from_key_file(key)) as pad:
+        report = pad.verify(now=now)
+    assert report["ok"] and report["turns"] >= 1, report
+    with raw(tmp_path / "store.db") as conn:
+        flag = conn.execute("SELECT value FROM store_meta WHERE key = 'turn_heads'").fetchall()[0][0]
+    assert flag.startswith("2:")  # sealed: not a clear word an edit could set back
+
+
+@pytest.mark.parametrize("heads", ["kept", "deleted"])
+def test_resetting_the_heads_flag_is_refused(db_path: Path, keyring: Keyring, heads: str) -> None:
+    """Setting store_meta.turn_heads back to 'pending' (so that an open would
+    rebuild the heads from the edited file) is refused: the store has heads, or
+    (heads deleted too) its authenticated write counter shows it was written since."""
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         _record(pad, ALICE, TURN, 3)
     with raw(db_path) as conn:
-        conn.execute("DELETE FROM turn_heads")
+        conn.execute("DELETE FROM entries WHERE step_num = 3")
+        if heads == "deleted":
+            conn.execute("DELETE FROM turn_heads")
         conn.execute("UPDATE store_meta SET value = 'pending' WHERE key = 'turn_heads'")
+    with pytest.raises(IntegrityError, match="pending"):
+        Scratchpad.open(db_path, keyring=keyring)
+
+
+@pytest.mark.parametrize("value", ["built-forged", "2:" + "0" * 64, ""])
+def test_a_forged_heads_flag_is_refused(db_path: Path, keyring: Keyring, value: str) -> None:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
-        assert len(pad.turn(ALICE, TURN, now=NOW).history(now=NOW)) == 3
-        assert pad.verify(now=NOW)["ok"]
+        _record(pad, ALICE, TURN, 1)
+    with raw(db_path) as conn:
+        conn.execute("UPDATE store_meta SET value = ? WHERE key = 'turn_heads'", (value,))
+    with pytest.raises(IntegrityError, match="turn_heads"):
+        Scratchpad.open(db_path, keyring=keyring)
 
 
 def test_concurrent_writers_raise_no_false_alarm(db_path: Path, keyring: Keyring) -> None:
@@ -366,3 +400,29 @@ def test_concurrent_writers_raise_no_false_alarm(db_path: Path, keyring: Keyring
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         assert len(pad.turn(ALICE, "w0", now=NOW).history(now=NOW)) == 20
         assert pad.verify(now=NOW)["ok"]
+
+
+# -- constant-size heads -----------------------------------------------------------------------
+
+
+def test_a_put_costs_the_same_whatever_the_turn_length(db_path: Path, keyring: Keyring) -> None:
+    """A head is a constant-size tally: a put into a 500-step turn runs the same
+    statements and appends the same WAL frames as one into a 5-step turn (one
+    store holds both, so the B-trees are the same)."""
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        for turn, steps in (("short", 5), ("long", 500)):
+            pad.put_many(ALICE, turn, [(s, "tool", "x" * 512) for s in range(1, steps + 1)], now=NOW)
+        short = [turn_put_costs(pad, ALICE, "short", step) for step in (6, 7, 8)]
+        long = [turn_put_costs(pad, ALICE, "long", step) for step in (501, 502, 503)]
+        assert pad.verify(now=NOW)["ok"]
+    assert [c["statements"] for c in short] == [c["statements"] for c in long]
+    assert min(c["wal_frames"] for c in long) <= min(c["wal_frames"] for c in short)
+
+
+def test_a_head_is_small_whatever_the_turn_length(db_path: Path, keyring: Keyring) -> None:
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        pad.put_many(ALICE, "long", [(s, "tool", "x") for s in range(1, 501)], now=NOW)
+        pad.put(ALICE, "short", 1, "tool", "x", now=NOW)
+    with raw(db_path) as conn:
+        sizes = dict(conn.execute("SELECT turn_id, length(sealed) FROM turn_heads WHERE turn_id != ''").fetchall())
+    assert sizes["long"] - sizes["short"] <= 8 and sizes["long"] < 320  # only the counts' digits differ
