@@ -127,15 +127,25 @@ class Head:
 
 @dataclass
 class Tally:
-    """The sealed body of a turn head: per kind a count and a digest, and the
-    highest step recorded (constant size, whatever the turn holds)."""
+    """The sealed body of a turn head: per kind a count and a digest, the
+    highest step ever recorded, and the newest entry (``[id, step, expires_at,
+    actor, channel]`` of the highest (step, id); None when the turn holds no
+    entry, or when the newest was deleted or collected and the next one is not
+    known yet). Constant size, whatever the turn holds."""
 
     n: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     d: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     last: int = 0
+    newest: list[Any] | None = None
 
     def dumps(self) -> bytes:
-        body = {"f": HEAD_FORMAT, "n": self.n, "d": {k: format(v, "064x") for k, v in self.d.items()}, "l": self.last}
+        body = {
+            "f": HEAD_FORMAT,
+            "n": self.n,
+            "d": {k: format(v, "064x") for k, v in self.d.items()},
+            "l": self.last,
+            "w": self.newest,
+        }
         return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
     @classmethod
@@ -146,7 +156,10 @@ class Tally:
                 raise ValueError("format")
             n = {kind: _count(body["n"][kind]) for kind in KINDS}
             d = {kind: int(body["d"][kind], 16) for kind in KINDS}
-            return cls(n, d, _count(body["l"]))
+            newest = body["w"]
+            if newest is not None and (not isinstance(newest, list) or len(newest) != 5):
+                raise ValueError("newest")
+            return cls(n, d, _count(body["l"]), newest)
         except (ValueError, KeyError, TypeError):
             raise IntegrityError(
                 "a turn head is malformed or from an older format (a head of before its conversion put back)"
@@ -168,10 +181,20 @@ class HeadEdit:
 
     def add(self, kind: str, item_id: str, item: list[Any]) -> None:
         """A row ``item`` (``entry_item``/``record_item``) joins the turn."""
-        self.tally.n[kind] += 1
-        self.tally.d[kind] = (self.tally.d[kind] + self._term(kind, item_id, tuple(item))) % _MOD
+        tally = self.tally
         if kind == "e":
-            self.tally.last = max(self.tally.last, int(item[0]))
+            # The newest stays known while entries come in; after the newest left,
+            # an entry above every step ever recorded is the newest again.
+            newest = tally.newest
+            if (
+                tally.n["e"] == 0
+                or (newest is not None and (int(item[0]), item_id) > (int(newest[1]), newest[0]))
+                or (newest is None and int(item[0]) > tally.last)
+            ):
+                tally.newest = [item_id, item[0], item[1], item[3], item[4]]
+            tally.last = max(tally.last, int(item[0]))
+        tally.n[kind] += 1
+        tally.d[kind] = (tally.d[kind] + self._term(kind, item_id, tuple(item))) % _MOD
 
     def add_all(self, kind: str, items: Iterable[tuple[str, list[Any]]]) -> None:
         for item_id, item in items:
@@ -181,10 +204,16 @@ class HeadEdit:
         """A row leaves the turn (delete, gc), as its clear columns were."""
         self.tally.n[kind] -= 1
         self.tally.d[kind] = (self.tally.d[kind] - self._term(kind, item_id, tuple(item))) % _MOD
+        if kind == "e" and self.tally.newest is not None and self.tally.newest[0] == item_id:
+            self.tally.newest = None  # not known until an entry above every step comes in
 
     def replace(self, kind: str, item_id: str, old: list[Any], new: list[Any]) -> None:
+        """A row's clear columns change (an extension): the newest stays the newest."""
+        newest = self.tally.newest
         self.remove(kind, item_id, old)
         self.add(kind, item_id, new)
+        if kind == "e" and newest is not None and newest[0] == item_id:
+            self.tally.newest = [item_id, new[0], new[1], new[3], new[4]]
 
 
 class Heads:
@@ -315,8 +344,8 @@ class Heads:
                     f"turn {turn_id!r}'s {table} differ from its head (an id, step, expiry, stored bytes or scope"
                     " was altered, or a row replaced): tampering or a rolled-back row"
                 )
-        if found.last > sealed.last:
-            raise IntegrityError(f"turn {turn_id!r} holds a step above the highest its head recorded: tampering")
+        if found.last > sealed.last or (sealed.newest is not None and sealed.newest != found.newest):
+            raise IntegrityError(f"turn {turn_id!r}'s newest step is not the one its head recorded: tampering")
 
     def _terms(self, owner: str, turn_id: str) -> Callable[[str, str, tuple[Any, ...]], int]:
         return functools.partial(self._term, owner, turn_id)
@@ -401,6 +430,59 @@ class Heads:
                     raise IntegrityError(
                         f"turn {turn_id!r} lost step {step} (entry {entry_id}) before its expiry: tampering"
                     )
+
+    def check_newest_first(
+        self, head: Head, principal: Principal, turn_id: str, seen: list[dict[str, Any]], now: float, complete: bool
+    ) -> None:
+        """Check the first rows of a newest-first scan of the turn (``tools``,
+        ``last_step``): they must be the head's live entries in the principal's
+        scope, highest (step, id) first, and all of them with ``complete``.
+
+        Raises:
+            IntegrityError: a newest step is missing, altered or not the head's.
+        """
+        expected = sorted(
+            (
+                (item[0], entry_id)
+                for entry_id, item in head.e.items()
+                if item[1] > now and self._in_scope(principal, item[3], item[4])
+            ),
+            reverse=True,
+        )
+        got = [(row["step_num"], row["id"]) for row in seen]
+        if got != expected[: len(got)] or (complete and len(got) != len(expected)):
+            raise IntegrityError(f"turn {turn_id!r}'s newest steps are not the ones its head lists: tampering")
+
+    def checked_last(
+        self, principal: Principal, turn_id: str, fetch: Callable[[], dict[str, Any] | None], now: float
+    ) -> dict[str, Any] | None:
+        """``fetch()`` (the turn's newest live row in the principal's scope, or
+        None) checked against the head. When the head knows that row (its
+        ``newest``, live and in scope) the head alone answers: one small row,
+        whatever the turn's length; otherwise the inventory does (``checked``).
+
+        Raises:
+            IntegrityError: the row is not the turn's newest.
+            StoreBusyError: writers kept changing the turn while it was read.
+        """
+        owner = principal.owner_user_id
+        for _ in range(_CONSISTENT_TRIES):
+            row = fetch()
+            rows = self._db.query(*self.select_sql(owner, turn_id), owner=owner)
+            by_turn = {each["turn_id"]: each for each in rows}
+            newest = self._tally(by_turn[turn_id], owner, turn_id).newest if turn_id in by_turn else None
+            if newest is None or newest[2] <= now or not self._in_scope(principal, newest[3], newest[4]):
+                break
+            if row is not None and (row["id"], row["step_num"]) == (newest[0], newest[1]):
+                return row
+        return self.checked(
+            owner,
+            turn_id,
+            fetch,
+            lambda head, found: self.check_newest_first(
+                head, principal, turn_id, [] if found is None else [found], now, complete=found is None
+            ),
+        )
 
     def check_entry(self, row: dict[str, Any]) -> None:
         """Check one authenticated entry row against its turn's head.

@@ -31,8 +31,8 @@ def test_format_1_heads_are_converted_and_the_store_verifies(tmp_path: Path) -> 
         pad.put(ALICE, "turn-records", 99, "tool", "after the conversion", now=NOW)
         assert pad.verify(now=NOW)["ok"]
     tallies = dict(_sql(db, "SELECT turn_id, length(sealed) FROM turn_heads WHERE turn_id != ''"))
-    assert set(tallies) == set(listed) and max(tallies.values()) < 320  # type: ignore[type-var]
-    assert max(listed.values()) > 320  # type: ignore[type-var]  # the listings were bigger
+    assert set(tallies) == set(listed) and max(tallies.values()) < 450  # type: ignore[type-var]
+    assert max(listed.values()) > 450  # type: ignore[type-var]  # the listings were bigger
     flag = _sql(db, "SELECT value FROM store_meta WHERE key = 'turn_heads'")[0][0]
     assert str(flag).startswith("2:")
     with Scratchpad.open(db, keyring=Keyring.from_key_file(key)) as pad:  # converted once
