@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ._backend import Backend, Conn, Params, Rows
-from .crypto import CounterSeal, head_aad
+from .crypto import CounterSeal, Wrapper, head_aad
 from .errors import IntegrityError, StoreBusyError
 from .keystore import NEWEST_VERSION_SQL, Keystore
 from .policy import Policy
@@ -72,6 +72,7 @@ OWNER_HEAD = ""
 RECORD_KINDS = {"checkpoints": "c", "compaction_marks": "m"}
 KINDS = {"e": "entries", "c": "checkpoints", "m": "compaction_marks"}
 HEAD_FORMAT = 2
+_NO_TURNS = json.dumps({"t": []}).encode()
 _MOD = 1 << 256
 # Reads of a turn tried again on a consistent (head, rows) pair before a mismatch is believed.
 _CONSISTENT_TRIES = 8
@@ -95,6 +96,8 @@ _INVENTORY_SQL = (
     " FROM checkpoints WHERE owner_user_id = ? AND turn_id = {turn}"
     " UNION ALL SELECT 'm', owner_user_id, turn_id, NULL, NULL, id, seq, expires_at, NULL, actor, channel"
     " FROM compaction_marks WHERE owner_user_id = ? AND turn_id = {turn}"
+    " UNION ALL SELECT 'k', owner_user_id, '', MAX(version), NULL, NULL, NULL, NULL, NULL, NULL, NULL"
+    " FROM owner_keys WHERE owner_user_id = ? GROUP BY owner_user_id"
     " ORDER BY k, turn_id, id"
 )
 # The turn of one entry (``entry_select_sql``); the heads read are the owner's
@@ -224,6 +227,7 @@ class Heads:
         self._keys = keys
         self._policy = policy
         self._term = functools.lru_cache(maxsize=_TERM_CACHE)(functools.partial(_term, keys.counter_seal))
+        keys.on_first_key = self.first_owner_head
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -296,12 +300,18 @@ class Heads:
     def checked_sql(owner: str, turn_id: str) -> tuple[str, Params]:
         """The query of a turn's head rows and inventory, as ``checked`` reads
         them (for ``Backend.queries``, beside the read's own rows)."""
-        return _INVENTORY_SQL.format(turn="?"), (owner, turn_id, OWNER_HEAD, *(owner, turn_id) * 3)
+        return _INVENTORY_SQL.format(turn="?"), (owner, turn_id, OWNER_HEAD, *(owner, turn_id) * 3, owner)
 
     @staticmethod
     def entry_checked_sql(owner: str, entry_id: str) -> tuple[str, Params]:
         """``checked_sql`` for the turn of entry ``entry_id``."""
-        return _INVENTORY_SQL.format(turn=_ENTRY_TURN_SQL), (owner, entry_id, OWNER_HEAD, *(owner, entry_id) * 3)
+        return _INVENTORY_SQL.format(turn=_ENTRY_TURN_SQL), (
+            owner,
+            entry_id,
+            OWNER_HEAD,
+            *(owner, entry_id) * 3,
+            owner,
+        )
 
     @staticmethod
     def newest_sql(owner: str) -> tuple[str, Params]:
@@ -316,14 +326,18 @@ class Heads:
         by_turn = {row["turn_id"]: row for row in rows if row["k"] == "h"}
         if turn_id in by_turn:
             tally = self._tally(by_turn[turn_id], owner, turn_id)
-        elif OWNER_HEAD in by_turn and turn_id in self._turns(by_turn[OWNER_HEAD], owner):
-            raise IntegrityError(f"turn {turn_id!r} lost its head: the turn was removed from the store")
+        elif OWNER_HEAD in by_turn:
+            if turn_id in self._turns(by_turn[OWNER_HEAD], owner):
+                raise IntegrityError(f"turn {turn_id!r} lost its head: the turn was removed from the store")
+            tally = Tally()
+        elif any(row["k"] == "k" for row in rows):
+            raise _owner_removed(owner)
         else:
             tally = Tally()
         head, found = Head(), HeadEdit(Tally(), self._terms(owner, turn_id))
         for row in rows:
             kind = row["k"]
-            if kind == "h" or row["turn_id"] != turn_id:
+            if kind in ("h", "k") or row["turn_id"] != turn_id:
                 continue
             item = entry_item(row) if kind == "e" else record_item(row)
             found.add(kind, row["id"], item)
@@ -592,6 +606,10 @@ class Heads:
         after = tally.dumps()
         if after == before:
             return
+        if OWNER_HEAD not in by_turn:
+            # Every owner with a key has an owner head (``first_owner_head``), and a
+            # write that changes a turn has a key: none means the owner's heads were removed.
+            raise _owner_removed(owner)
         if version is None:
             version = self._newest(conn, owner)
         if turns is not None:
@@ -648,6 +666,38 @@ class Heads:
             self._write(conn, owner, row["turn_id"], self._open(row, owner, row["turn_id"]))
         return len(rows)
 
+    def first_owner_head(self, conn: Conn, owner: str, version: int, wrapper: Wrapper) -> None:
+        """The empty owner head of an owner's first key, in the key's transaction
+        (``Keystore.on_first_key``): an owner whose every turn and head were
+        removed while its key stayed is then told from one that never wrote."""
+        sealed = wrapper.seal(_NO_TURNS, head_aad(owner, OWNER_HEAD, version))
+        conn.defer(
+            "INSERT INTO turn_heads(owner_user_id, turn_id, key_version, sealed) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (owner_user_id, turn_id) DO NOTHING",
+            (owner, OWNER_HEAD, version, sealed),
+        )
+        self._keys.count_wraps_later(owner, version)
+
+    def owners_without_heads(self) -> list[str]:
+        """Owners with a key but no owner head (``verify``): their heads were removed."""
+        rows = self._db.query(
+            "SELECT DISTINCT owner_user_id FROM owner_keys WHERE owner_user_id NOT IN"
+            " (SELECT owner_user_id FROM turn_heads WHERE turn_id = ?) ORDER BY owner_user_id",
+            (OWNER_HEAD,),
+            admin=True,
+        )
+        return [str(row["owner_user_id"]) for row in rows]
+
+    def _owner_heads_for_keys(self, conn: Conn) -> None:
+        """Give every owner with a key and no owner head an empty one (building or
+        converting a store's heads, which sets the invariant ``change`` relies on)."""
+        for row in conn.query(
+            "SELECT owner_user_id, MAX(version) AS v FROM owner_keys WHERE owner_user_id NOT IN"
+            " (SELECT owner_user_id FROM turn_heads WHERE turn_id = ?) GROUP BY owner_user_id",
+            (OWNER_HEAD,),
+        ):
+            self._write(conn, row["owner_user_id"], OWNER_HEAD, _NO_TURNS, int(row["v"]))
+
     @staticmethod
     def delete_owner(conn: Conn, owner: str) -> int:
         """Delete every head of the owner (forgetting it), inside the caller's transaction."""
@@ -691,9 +741,11 @@ class Heads:
                         "store_meta.turn_heads was reset to 'pending' on a store that has turn heads: the file"
                         " was edited to make the heads rebuilt from it; refused (SECURITY.md, 'turn heads')"
                     )
+                self._owner_heads_for_keys(conn)
                 done = self._build(conn)
             elif state in ("built", "convert"):
                 done = self._convert(conn, now)
+                self._owner_heads_for_keys(conn)
             else:
                 raise IntegrityError("store_meta.turn_heads does not authenticate: the file was edited")
             conn.execute(
@@ -737,6 +789,12 @@ class Heads:
             self._write(conn, owner, turn_id, edit.tally.dumps(), int(row["key_version"]))
             converted += 1
         return converted
+
+
+def _owner_removed(owner: str) -> IntegrityError:
+    return IntegrityError(
+        f"owner {owner!r} has a key but no owner head: its turns and their heads were removed (tampering)"
+    )
 
 
 def _term(seal: CounterSeal, owner: str, turn_id: str, kind: str, item_id: str, item: tuple[Any, ...]) -> int:

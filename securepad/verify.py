@@ -48,6 +48,12 @@ def verify_store(entries: Entries, records: Records, heads: Heads, now: float) -
         for turn_id in sorted(turns if isinstance(turns, set) else set()):
             if turn_id not in by_turn:
                 problems.append(_problem(owner, turn_id, None, "turn head", "the turn and its head were removed"))
+    for owner in heads.owners_without_heads():
+        problems.append(
+            _problem(
+                owner, None, None, "owner head", "the owner has a key but no heads: its turns and heads were removed"
+            )
+        )
     counted = {"entries": 0, **dict.fromkeys(TABLES, 0)}
     found: dict[tuple[str, str], HeadEdit] = {}
     usage: dict[str, int] = {}

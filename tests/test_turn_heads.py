@@ -25,7 +25,7 @@ import pytest
 
 from securepad import Keyring, Principal, Scratchpad
 from securepad.bench.heads import turn_put_costs
-from securepad.errors import IntegrityError, NotFoundError
+from securepad.errors import IntegrityError, InvalidArgumentError, NotFoundError
 from securepad.turn import record_next
 
 ALICE = Principal("alice", "planner", "web")
@@ -319,6 +319,36 @@ def test_the_next_step_follows_the_head_after_deletes_and_gc(db_path: Path, keyr
         assert pad.gc(now=NOW + 20) == 1
         assert record_next(turn, "tool", "after gc", now=NOW + 20)[0] == 5
         assert pad.verify(now=NOW + 20)["ok"]
+
+
+def _remove_owner_but_its_key(conn: apsw.Connection, s: dict[str, Any]) -> None:
+    conn.execute("DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE owner_user_id = 'alice')")
+    for table in ("entries", "checkpoints", "compaction_marks", "turn_heads"):
+        conn.execute(f"DELETE FROM {table} WHERE owner_user_id = 'alice'")
+
+
+def test_an_owner_whose_turns_and_heads_were_all_removed_is_refused(store: dict[str, Any]) -> None:
+    """Every owner with a key has an owner head (made with its first key): an
+    owner emptied of all its rows and heads while its key stays is refused on
+    every read and write of its turns, and named by verify."""
+    _edit(store, _remove_owner_but_its_key)
+    with _open(store) as pad:
+        for read in TURN_READS.values():
+            with pytest.raises(IntegrityError, match="no owner head"):
+                read(pad)
+        with pytest.raises(IntegrityError, match="no owner head"):
+            pad.put(ALICE, "t-new", 1, "tool", "a write does not paper over it", now=NOW)
+        problems = pad.verify(now=NOW)["problems"]
+    assert [(p["owner_user_id"], p["what"]) for p in problems] == [("alice", "owner head")]
+
+
+def test_an_owner_whose_first_put_failed_reads_empty(db_path: Path, keyring: Keyring) -> None:
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        pad.put(BOB, TURN, 1, "tool", "x", now=NOW)
+        with pytest.raises(InvalidArgumentError):
+            pad.put(ALICE, TURN, 1, "tool", float("nan"), now=NOW)  # after the key, before any head
+        assert pad.list_for_turn(ALICE, TURN, now=NOW) == []
+        assert pad.verify(now=NOW)["ok"]
 
 
 def test_other_turns_and_owners_still_read(store: dict[str, Any]) -> None:
