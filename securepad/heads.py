@@ -334,16 +334,31 @@ class Heads:
             raise _owner_removed(owner)
         else:
             tally = Tally()
-        head, found = Head(), HeadEdit(Tally(), self._terms(owner, turn_id))
+        head = Head()
+        self._same_tally(tally, self._recount(head, rows, owner, turn_id), turn_id)
+        return head
+
+    def _recount(self, head: Head, rows: list[dict[str, Any]], owner: str, turn_id: str) -> Tally:
+        """The tally of the inventory rows, filling ``head`` with them (the read path's loop: kept lean)."""
+        term = self._term
+        sections = {"e": head.e, "c": head.c, "m": head.m}
+        sums = dict.fromkeys(KINDS, 0)
         for row in rows:
             kind = row["k"]
-            if kind in ("h", "k") or row["turn_id"] != turn_id:
+            if kind not in sections or row["turn_id"] != turn_id:
                 continue
-            item = entry_item(row) if kind == "e" else record_item(row)
-            found.add(kind, row["id"], item)
-            head.section(kind)[row["id"]] = item
-        self._same_tally(tally, found.tally, turn_id)
-        return head
+            if kind == "e":
+                item = [row["n"], row["expires_at"], row["stored_bytes"], row["actor"], row["channel"]]
+            else:
+                item = [row["n"], row["expires_at"], row["actor"], row["channel"]]
+            sums[kind] += term(owner, turn_id, kind, row["id"], tuple(item))
+            sections[kind][row["id"]] = item
+        found = Tally({kind: len(sections[kind]) for kind in KINDS}, {kind: sums[kind] % _MOD for kind in KINDS})
+        if head.e:
+            top = max(head.e.items(), key=lambda pair: (int(pair[1][0]), pair[0]))
+            found.last = int(top[1][0])
+            found.newest = [top[0], top[1][0], top[1][1], top[1][3], top[1][4]]
+        return found
 
     @staticmethod
     def _same_tally(sealed: Tally, found: Tally, turn_id: str) -> None:
