@@ -252,7 +252,7 @@ _MIGRATIONS: dict[int, str] = {
     """,
     # Constant-size turn heads (issue 14, heads.py format 2): heads of format 1
     # (a listing of every row) are converted to tallies on the next open with
-    # the key (Heads.build_if_needed); the flag becomes a sealed token then.
+    # the key (head_build.HeadBuilder); the flag becomes a sealed token then.
     8: """
     UPDATE store_meta SET value = 'convert' WHERE key = 'turn_heads' AND value = 'built';
     """,

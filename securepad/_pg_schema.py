@@ -208,7 +208,7 @@ MIGRATIONS: dict[int, str] = {
     END $$;
     """,
     # Constant-size turn heads (issue 14, heads.py format 2): heads of format 1
-    # are converted to tallies on the next open with the key (Heads.build_if_needed).
+    # are converted to tallies on the next open with the key (head_build.HeadBuilder).
     5: """
     UPDATE store_meta SET value = 'convert' WHERE key = 'turn_heads' AND value = 'built';
     """,

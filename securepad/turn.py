@@ -27,7 +27,8 @@ from . import reads
 from ._records import Records
 from .entries import Entries, Opened
 from .errors import ExpiredError, InvalidArgumentError, NotFoundError
-from .heads import Heads, extend_head
+from .head_tally import extend_head
+from .heads import Heads
 from .policy import Policy
 from .principal import Principal
 
