@@ -61,3 +61,14 @@ def test_a_format_1_head_put_back_after_the_conversion_is_refused(tmp_path: Path
         with pytest.raises(IntegrityError, match="older format"):
             pad.turn(ALICE, "turn-fixture", now=NOW).history(now=NOW)
         assert not pad.verify(now=NOW)["ok"]
+
+
+def test_a_head_swapped_before_the_conversion_fails_its_turn_not_the_open(tmp_path: Path) -> None:
+    db, key = copy_v7(tmp_path)
+    other = _sql(db, "SELECT sealed FROM turn_heads WHERE owner_user_id = 'alice' AND turn_id = 'turn-records'")
+    _sql(db, "UPDATE turn_heads SET sealed = ? WHERE owner_user_id = 'alice' AND turn_id = 'turn-fixture'", other[0])
+    with Scratchpad.open(db, keyring=Keyring.from_key_file(key)) as pad:
+        with pytest.raises(IntegrityError):
+            pad.turn(ALICE, "turn-fixture", now=NOW).history(now=NOW)
+        assert len(pad.turn(ALICE, "turn-records", now=NOW).history(now=NOW)) == len(EXPECTED["turn"]["history"])
+        assert {p["turn_id"] for p in pad.verify(now=NOW)["problems"]} == {"turn-fixture"}
