@@ -45,7 +45,7 @@ AUTOCHECKPOINT_PAGES = 1000
 # keeps the largest size it ever reached until a TRUNCATE checkpoint).
 WAL_KEEP_BYTES = 16 * 1024 * 1024
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 # The policy's durability -> SQLite's synchronous setting, set on every connection.
 _SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL"}
@@ -250,10 +250,17 @@ _MIGRATIONS: dict[int, str] = {
     ) WITHOUT ROWID;
     INSERT OR REPLACE INTO store_meta(key, value) VALUES ('turn_heads', 'pending');
     """,
+    # The put path (issue 13): a one-segment entry (up to SEGMENT_BYTES: most
+    # entries) keeps its sealed segment in its own row, so its put writes no
+    # segments row (a leaf, an overflow page and the key index). Rows written
+    # before keep theirs in segments; reads take either. Same column on PostgreSQL.
+    8: """
+    ALTER TABLE entries ADD COLUMN only_segment BLOB;
+    """,
     # Constant-size turn heads (issue 14, heads.py format 2): heads of format 1
     # (a listing of every row) are converted to tallies on the next open with
     # the key (head_build.HeadBuilder); the flag becomes a sealed token then.
-    8: """
+    9: """
     UPDATE store_meta SET value = 'convert' WHERE key = 'turn_heads' AND value = 'built';
     """,
 }

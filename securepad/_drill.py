@@ -130,7 +130,8 @@ def keep_only_owners(path: Path, owners: Iterable[str]) -> None:
 
 
 def entry_row(path: Path, entry_id: str) -> tuple[dict[str, Any], list[bytes]]:
-    """An entry's row and its segments' ciphertext, as stored (for rollbacks and comparisons)."""
+    """An entry's row and its segments' ciphertext, as stored (for rollbacks and comparisons):
+    the segments table's rows (none for an entry whose one segment is in its row's ``only_segment``)."""
     columns = entry_columns(path)
     conn = _connect(path)
     try:
@@ -160,17 +161,37 @@ def restore_entry(path: Path, row: dict[str, Any], segments: list[bytes] | None 
     _edit(path, statements)
 
 
+# A segment's ciphertext wherever it is kept: the segments table, or (segment 0
+# of a one-segment entry, schema 8 on) the entry row's only_segment. Parameters: entry id, seq (twice each).
+_SEGMENT_SQL = (
+    "COALESCE((SELECT data FROM segments WHERE entry_id = ? AND seq = ?),"
+    " (SELECT only_segment FROM entries WHERE id = ? AND ? = 0))"
+)
+
+
+def _set_segment(entry_id: str, seq: int, value_sql: str, params: tuple[Any, ...]) -> list[tuple[str, tuple[Any, ...]]]:
+    """The statements that overwrite segment ``seq`` of an entry, wherever it is kept."""
+    return [
+        (f"UPDATE segments SET data = {value_sql} WHERE entry_id = ? AND seq = ?", (*params, entry_id, seq)),
+        (
+            f"UPDATE entries SET only_segment = {value_sql} WHERE id = ? AND ? = 0 AND only_segment IS NOT NULL",
+            (*params, entry_id, seq),
+        ),
+    ]
+
+
 def flip_segment_byte(path: Path, entry_id: str, seq: int = 0) -> None:
     """Flip one bit in the middle of a segment's ciphertext, as bit rot or an attacker would."""
     conn = _connect(path)
     try:
-        rows = conn.execute("SELECT data FROM segments WHERE entry_id = ? AND seq = ?", (entry_id, seq)).fetchall()
-        if not rows:
+        rows = conn.execute(f"SELECT {_SEGMENT_SQL}", (entry_id, seq, entry_id, seq)).fetchall()
+        if not rows or rows[0][0] is None:
             raise LookupError(f"no segment {seq} of {entry_id} in {path}")
         data = bytearray(rows[0][0])  # type: ignore[arg-type]
         data[len(data) // 2] ^= 0x01
         with conn:
-            conn.execute("UPDATE segments SET data = ? WHERE entry_id = ? AND seq = ?", (bytes(data), entry_id, seq))
+            for sql, params in _set_segment(entry_id, seq, "?", (bytes(data),)):
+                conn.execute(sql, params)
     finally:
         conn.close()
 
@@ -194,16 +215,7 @@ def copy_entry_columns(path: Path, src_id: str, dest_id: str, columns: Iterable[
 
 def copy_segment(path: Path, src_id: str, src_seq: int, dest_id: str, dest_seq: int) -> None:
     """Overwrite one segment's ciphertext with another segment's (of any entry or owner)."""
-    _edit(
-        path,
-        [
-            (
-                "UPDATE segments SET data = (SELECT data FROM segments WHERE entry_id = ? AND seq = ?)"
-                " WHERE entry_id = ? AND seq = ?",
-                (src_id, src_seq, dest_id, dest_seq),
-            )
-        ],
-    )
+    _edit(path, _set_segment(dest_id, dest_seq, _SEGMENT_SQL, (src_id, src_seq, src_id, src_seq)))
 
 
 def swap_segments(path: Path, entry_id: str, seq_a: int, seq_b: int) -> None:
@@ -227,6 +239,8 @@ def drop_last_segment(path: Path, entry_id: str, *, fix_count: bool = False) -> 
             (entry_id, entry_id),
         )
     ]
+    # A one-segment entry that keeps its segment in its row loses that one.
+    statements.append(("UPDATE entries SET only_segment = NULL WHERE id = ? AND segment_count = 1", (entry_id,)))
     if fix_count:
         statements.append(("UPDATE entries SET segment_count = segment_count - 1 WHERE id = ?", (entry_id,)))
     _edit(path, statements)

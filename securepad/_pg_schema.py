@@ -21,7 +21,7 @@ from .errors import SecurepadError
 
 __all__ = ["ADMIN_ROLE", "APP_ROLE", "MIGRATIONS", "SCHEMA_VERSION", "lock_key", "migrate", "reason"]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _OWNER = "current_setting('securepad.owner', true)"
 _OWNER_TABLES = ("owner_keys", "entries", "checkpoints", "compaction_marks", "owner_usage")
@@ -207,9 +207,14 @@ MIGRATIONS: dict[int, str] = {
         END LOOP;
     END $$;
     """,
+    # The put path (issue 13; SQLite's migration 8): a one-segment entry keeps
+    # its sealed segment in its own row; rows written before keep theirs in segments.
+    5: """
+    ALTER TABLE entries ADD COLUMN only_segment BYTEA;
+    """,
     # Constant-size turn heads (issue 14, heads.py format 2): heads of format 1
     # are converted to tallies on the next open with the key (head_build.HeadBuilder).
-    5: """
+    6: """
     UPDATE store_meta SET value = 'convert' WHERE key = 'turn_heads' AND value = 'built';
     """,
 }

@@ -223,9 +223,14 @@ def delete_expired(conn: Conn, cutoff: float) -> int:
 
 
 def delete_owner(conn: Conn, owner: str) -> dict[str, int]:
-    """Delete every entry and segment of an owner inside the caller's transaction."""
+    """Delete every entry and segment of an owner inside the caller's transaction
+    (``segments`` counts those kept in their entry's row too)."""
+    in_rows = conn.query(
+        "SELECT COUNT(*) AS n FROM entries WHERE owner_user_id = ? AND only_segment IS NOT NULL", (owner,)
+    )
     return {
-        "segments": conn.execute(
+        "segments": int(in_rows[0]["n"])
+        + conn.execute(
             "DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE owner_user_id = ?)", (owner,)
         ),
         "entries": conn.execute("DELETE FROM entries WHERE owner_user_id = ?", (owner,)),

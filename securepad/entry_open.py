@@ -26,10 +26,11 @@ _SEALED_COLUMNS = ("actor", "channel", "step_num", "executor_name", "created_at"
 # An entry to open comes with its segment when it has only one (up to
 # SEGMENT_BYTES: most entries), selected with the authorized row itself: one
 # query per read (one round trip on PostgreSQL) instead of two.
-_OPEN_COLUMNS = (
-    f"{COLUMNS}, CASE WHEN segment_count = 1 THEN"
-    " (SELECT data FROM segments WHERE segments.entry_id = entries.id AND segments.seq = 0) END AS only_segment"
+# A one-segment entry's segment: in its row (schema 8 on), or in segments (rows written before).
+_ONLY_SEGMENT = (
+    "COALESCE(only_segment, (SELECT data FROM segments WHERE segments.entry_id = entries.id AND segments.seq = 0))"
 )
+_OPEN_COLUMNS = f"{COLUMNS}, CASE WHEN segment_count = 1 THEN {_ONLY_SEGMENT} END AS only_segment"
 
 
 class Opener:
@@ -193,8 +194,10 @@ def _fetcher(
     one-segment entry when it came with the entry row (``_OPEN_COLUMNS``)."""
 
     def fetch(first: int, last: int) -> list[bytes]:
-        if count == 1 and (first, last) == (0, 0) and isinstance(only, bytes):
-            return [cipher.open_segment(0, only, True)]
+        if count == 1 and (first, last) == (0, 0):
+            return [
+                cipher.open_segment(0, only if isinstance(only, bytes) else _only_segment(db, entry_id, owner), True)
+            ]
         # Only the segments asked for travel from the database; the entry row
         # they belong to was authorized and authenticated by the caller.
         rows = db.query(
@@ -209,3 +212,14 @@ def _fetcher(
         return [cipher.open_segment(row["seq"], row["data"], row["seq"] == count - 1) for row in rows]
 
     return fetch
+
+
+def _only_segment(db: Backend, entry_id: str, owner: str) -> bytes:
+    """The sealed segment of a one-segment entry, wherever it is kept (the
+    entry row was authorized and authenticated by the caller)."""
+    rows = db.query(f"SELECT {_ONLY_SEGMENT} AS data FROM entries WHERE id = ?", (entry_id,), owner=owner)
+    if not rows or rows[0]["data"] is None:
+        raise IntegrityError("the entry's segments are missing or out of order")
+    if not isinstance(rows[0]["data"], bytes):
+        raise IntegrityError("an entry's segment is not a blob")
+    return rows[0]["data"]

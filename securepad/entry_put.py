@@ -91,10 +91,7 @@ class Putter:
             conn.defer(
                 f"INSERT INTO entries({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
             )
-            conn.executemany(
-                "INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)",
-                ((row["id"], seq, data) for seq, data in enumerate(segments)),
-            )
+            _insert_segments(conn, [row], [segments])
             self.heads.change(
                 conn, owner, turn_id, lambda head: head.add("e", row["id"], entry_item(row)), row["key_version"]
             )
@@ -276,14 +273,7 @@ class _Batch:
                 f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
                 [tuple(row[c] for c in columns) for row in rows],
             )
-            conn.executemany(
-                "INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)",
-                [
-                    (row["id"], seq, data)
-                    for row, parts in zip(rows, segments, strict=True)
-                    for seq, data in enumerate(parts)
-                ],
-            )
+            _insert_segments(conn, rows, segments)
             self.entries.heads.change(
                 conn,
                 owner,
@@ -441,6 +431,8 @@ class _Prepared:
             "created_at": meta["created_at"],
             "expires_at": meta["expires_at"],
             **crypto_columns,
+            # A one-segment entry's sealed segment stays in its row (no segments row).
+            "only_segment": sealed[0] if len(sealed) == 1 else None,
         }
         row["stored_bytes"] = row_cost(row, sealed)
         return row, sealed, cipher
@@ -467,6 +459,19 @@ def row_cost(row: dict[str, Any], sealed: list[bytes]) -> int:
     sealed_bytes = sum(len(s) for s in sealed)
     fields = sum(len(row[c]) for c in ("sealed_meta", "wrapped_key", "nonce_prefix", "commitment"))
     return sealed_bytes + fields + ENTRY_ROW_OVERHEAD
+
+
+def _insert_segments(conn: Conn, rows: list[dict[str, Any]], segments: list[list[bytes]]) -> None:
+    """Insert the segments rows of entries of more than one segment (a
+    one-segment entry carries its segment in ``only_segment``)."""
+    values = [
+        (row["id"], seq, data)
+        for row, parts in zip(rows, segments, strict=True)
+        if len(parts) > 1
+        for seq, data in enumerate(parts)
+    ]
+    if values:
+        conn.executemany("INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)", values)
 
 
 def _split(content: str | bytes) -> tuple[list[bytes], list[int] | None, int, list[int] | None, int | None]:

@@ -39,7 +39,7 @@ class HeadBuilder:
         ``pending`` (migration 7: a store from before heads) builds every
         turn's tally from what the store holds then, refused when the store
         has heads or its authenticated write counter (``writes``, the anchor's)
-        shows a heads-aware version wrote it; ``convert`` (migration 8) or
+        shows a heads-aware version wrote it; ``convert`` (SQLite migration 9, PostgreSQL 6) or
         ``built`` turn each head of format 1 (authenticated: it lists each row)
         into a tally. Returns the turns built or converted.
 

@@ -313,10 +313,11 @@ def test_flipped_ciphertext_byte(db_path: Path, keyring: Keyring, alice: Princip
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         entry_id = pad.put(alice, "t", 1, "x", "authentic " * 100)["scratchpad_id"]
     conn = apsw.Connection(str(db_path))
-    (data,) = conn.execute("SELECT data FROM segments WHERE entry_id = ?", (entry_id,)).fetchall()[0]
+    # A one-segment entry keeps its sealed segment in its row (migration 8).
+    (data,) = conn.execute("SELECT only_segment FROM entries WHERE id = ?", (entry_id,)).fetchall()[0]
     flipped = bytearray(data)  # type: ignore[arg-type]
     flipped[10] ^= 0x80
-    conn.execute("UPDATE segments SET data = ? WHERE entry_id = ?", (bytes(flipped), entry_id))
+    conn.execute("UPDATE entries SET only_segment = ? WHERE id = ?", (bytes(flipped), entry_id))
     conn.close()
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         with pytest.raises(IntegrityError):

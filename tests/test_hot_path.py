@@ -8,6 +8,7 @@ the WAL file's size after a truncating checkpoint, ``crypto.WORK``.
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from securepad import Keyring, Policy, PolicyError, Principal, Scratchpad, SecurepadError
+from securepad import IntegrityError, Keyring, Policy, PolicyError, Principal, Scratchpad, SecurepadError
 from securepad._db import SCHEMA_VERSION
 from securepad.bench.costs import listing_costs, put_costs
 from securepad.keystore import WRAP_FLUSH_EVERY
@@ -26,17 +27,17 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 ALICE = Principal("alice", "agent", "web")
 
 # BEGIN IMMEDIATE; the step's look; one SELECT of the key version and the quota;
-# INSERT entries; INSERT segments (one per 64 KiB segment); the turn head's
-# SELECT and upsert (issue 14); COMMIT.
-PUT_STATEMENTS = 8  # issue 14: + the turn head's SELECT and its upsert
+# INSERT entries (a one-segment entry carries its segment: migration 8); the turn
+# head's SELECT and upsert (issue 14); COMMIT. Before migration 8: 8 (+ INSERT segments).
+PUT_STATEMENTS = 7
 # The owner_usage trigger: its firing and its upsert.
 PUT_TRIGGER_STATEMENTS = 2
-# Measured on a store of 200 entries: 4 KiB 9 (entries leaf, its id index and
-# the turn index, a segments leaf + overflow page and its key index,
-# owner_usage, page 1); 64 KiB 25. Before migration 6: 13.3 and 31.1.
-# Issue 14's turn head adds its turn_heads leaf: 4 KiB 11-13, 64 KiB 28-30 measured
-# (13 and 30 when the new turn's head split a turn_heads page).
-MAX_FRAMES = {4 * 1024: 13, 64 * 1024: 30}
+# Measured on a store of 200 entries (bench/costs.py, 7 puts each): 4 KiB 7-11
+# (entries leaf and overflow page, its id index and the turn index, owner_usage,
+# the turn_heads leaf, page 1; more when a page splits), 64 KiB 23-27.
+# Before migration 8 (segments row, its overflow and key index): 4 KiB 9-13, 64 KiB 24-25;
+# before issue 14's turn head 9 and 25; before migration 6: 13.3 and 31.1.
+MAX_FRAMES = {4 * 1024: 11, 64 * 1024: 27}
 
 
 @pytest.fixture
@@ -60,8 +61,8 @@ def test_a_put_runs_few_statements_and_appends_few_wal_frames(filled: Scratchpad
 
 
 def test_a_large_put_adds_one_statement_per_segment(filled: Scratchpad) -> None:
-    costs = put_costs(filled, ALICE, 1024 * 1024)  # 16 segments of 64 KiB
-    assert costs["statements"] == PUT_STATEMENTS + 15
+    costs = put_costs(filled, ALICE, 1024 * 1024)  # 16 segments of 64 KiB, in the segments table
+    assert costs["statements"] == PUT_STATEMENTS + 16
 
 
 def test_a_listing_is_one_query_and_constant_key_work_per_entry(filled: Scratchpad) -> None:
@@ -143,8 +144,8 @@ def test_migration_6_makes_rowid_tables_with_only_the_indexes_queries_need(tmp_p
         pad.put(ALICE, "after-migration", 1, "tool", "new entry")
         assert pad.read(ALICE, pad.list_for_turn(ALICE, "after-migration")[0]["scratchpad_id"])["content"]
     version, objects, after_entries, after_segments = _schema(path)
-    assert version == SCHEMA_VERSION  # 6, then 7 (issue 14's turn heads)
-    assert (after_entries, after_segments) == (entries + 1, segments + 1)
+    assert version == SCHEMA_VERSION  # 6, then 7 (issue 14's turn heads), 8 (one-segment entries inline)
+    assert (after_entries, after_segments) == (entries + 1, segments)  # one segment: in its row (migration 8)
     names = {name for _, name in objects}
     assert {"entries_expires", "entries_owner_usage", "entries_v6", "segments_v6"}.isdisjoint(names)
     assert {"entries_owner_turn", "owner_usage_insert", "owner_usage_delete", "owner_usage_update"} <= names
@@ -174,6 +175,100 @@ def test_a_failed_migration_leaves_the_old_store_as_it_was(tmp_path: Path) -> No
     with Scratchpad.open(path, keyring=keyring) as pad:
         assert _schema(path)[0] == SCHEMA_VERSION
         assert pad.stats()["entries"] == before[2]
+
+
+# -- migration 8: a one-segment entry's segment in its row --------------------------------------------
+
+
+def _v7_store(tmp_path: Path) -> tuple[Path, Keyring]:
+    """A copy of the schema-7 store written by main e7494e0 (``tests/fixtures/make_store_v7.py``)."""
+    expected = json.loads((FIXTURES / "store_v7.json").read_text())
+    path = tmp_path / "store.db"
+    shutil.copy(FIXTURES / "store_v7.db", path)
+    path.chmod(0o600)
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    for source, target in (("store_v7.key", "key"), ("store_v7.anchor", f"anchor-{expected['store_id']}")):
+        (keys / target).write_bytes((FIXTURES / source).read_bytes())
+        (keys / target).chmod(0o600)
+    return path, Keyring.from_key_file(keys / "key")
+
+
+def _entry_columns(path: Path) -> list[str]:
+    conn = apsw.Connection(str(path))
+    try:
+        return [str(row[1]) for row in conn.execute("PRAGMA table_info(entries)")]
+    finally:
+        conn.close()
+
+
+def _stored(path: Path, entry_id: str) -> tuple[bool, int]:
+    """(whether the entry's row holds its segment, how many segments rows it has)."""
+    conn = apsw.Connection(str(path))
+    try:
+        inline = conn.execute("SELECT only_segment IS NOT NULL FROM entries WHERE id = ?", (entry_id,)).fetchall()
+        count = conn.execute("SELECT COUNT(*) FROM segments WHERE entry_id = ?", (entry_id,)).fetchall()
+    finally:
+        conn.close()
+    return bool(inline[0][0]), int(count[0][0])  # type: ignore[arg-type]
+
+
+def test_migration_8_keeps_a_one_segment_entry_in_its_row_and_reads_old_rows(tmp_path: Path) -> None:
+    path, keyring = _v7_store(tmp_path)
+    expected = json.loads((FIXTURES / "store_v7.json").read_text())
+    old_small, old_large = expected["entries"]["small_text"]["id"], expected["entries"]["text"]["id"]
+    assert _schema(path)[0] == 7 and "only_segment" not in _entry_columns(path)
+    with Scratchpad.open(path, keyring=keyring) as pad:
+        small = pad.put(ALICE, "after-8", 1, "tool", "a small observation")["scratchpad_id"]
+        large = pad.put(ALICE, "after-8", 2, "tool", "z" * (3 * 64 * 1024))["scratchpad_id"]
+        batch = [v["scratchpad_id"] for v in pad.put_many(ALICE, "after-8", [(3, "t", "one"), (4, "t", "y" * 70_000)])]
+        assert pad.get(ALICE, small).observation == "a small observation"
+        assert pad.read(ALICE, large, "tail", n=3)["content"] == "zzz"
+        assert [pad.get(ALICE, i).observation for i in batch] == ["one", "y" * 70_000]
+        assert pad.get(ALICE, old_small).observation == "a one-segment text\nwith two lines"
+        assert pad.read(ALICE, old_large, "tail", n=9)["content"] == "last line"
+        assert pad.verify()["ok"]
+    assert _schema(path)[0] == SCHEMA_VERSION and "only_segment" in _entry_columns(path)
+    assert _stored(path, small) == (True, 0)  # no segments row
+    assert _stored(path, batch[0]) == (True, 0)
+    assert _stored(path, large) == (False, 3)  # several segments: the segments table, as before
+    assert _stored(path, batch[1]) == (False, 2)
+    assert _stored(path, old_small) == (False, 1)  # written before: left where it was
+
+
+def test_a_tampered_inline_segment_is_refused(db_path: Path, keyring: Keyring) -> None:
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        mine = pad.put(ALICE, "t", 1, "tool", "mine")["scratchpad_id"]
+        other = pad.put(ALICE, "t", 2, "tool", "other")["scratchpad_id"]
+    conn = apsw.Connection(str(db_path))
+    conn.execute(
+        "UPDATE entries SET only_segment = (SELECT only_segment FROM entries WHERE id = ?) WHERE id = ?", (other, mine)
+    )
+    conn.close()
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        with pytest.raises(IntegrityError):
+            pad.get(ALICE, mine)
+        assert pad.get(ALICE, other).observation == "other"
+        assert not pad.verify()["ok"]
+
+
+def test_a_failed_migration_8_leaves_the_v7_store_as_it_was(tmp_path: Path) -> None:
+    path, keyring = _v7_store(tmp_path)
+    conn = apsw.Connection(str(path))
+    conn.execute("ALTER TABLE entries ADD COLUMN only_segment TEXT")  # makes migration 8 fail
+    conn.close()
+    before = _schema(path)
+    assert before[0] == 7
+    with pytest.raises(SecurepadError):
+        Scratchpad.open(path, keyring=keyring)
+    assert _schema(path) == before
+    conn = apsw.Connection(str(path))
+    conn.execute("ALTER TABLE entries DROP COLUMN only_segment")
+    conn.close()
+    with Scratchpad.open(path, keyring=keyring) as pad:
+        assert _schema(path)[0] == SCHEMA_VERSION
+        assert pad.stats()["entries"] == before[2]
+        assert pad.verify()["ok"]
 
 
 # -- durability -----------------------------------------------------------------------------------

@@ -136,7 +136,8 @@ def store(
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         turn = pad.turn(ALICE, TURN, now=NOW)
         ids = {
-            "text": turn.record(1, "read", {"content": "x" * 5000, "metadata": {"path": "a"}}, now=NOW),
+            # two segments (in the segments table); the json one keeps its one segment in its row
+            "text": turn.record(1, "read", {"content": "x" * 70_000, "metadata": {"path": "a"}}, now=NOW),
             "json": turn.record(2, "list", {"rows": list(range(3000))}, now=NOW),
         }
         turn.checkpoint(facts=["f"], now=NOW)
@@ -161,6 +162,7 @@ TAMPERS: dict[str, str] = {
     "entry commitment": "UPDATE entries SET commitment = zeroblob(32)",
     "entry metadata": "UPDATE entries SET sealed_meta = zeroblob(100)",
     "entry segment": "UPDATE segments SET data = zeroblob(length(data))",
+    "entry segment in its row": "UPDATE entries SET only_segment = zeroblob(length(only_segment))",
     "owner key": "UPDATE owner_keys SET wrapped = zeroblob(60)",
     "owner key deleted": "DELETE FROM owner_keys",
     "record payload": "UPDATE checkpoints SET sealed = zeroblob(100)",
@@ -225,7 +227,7 @@ def test_an_interrupted_master_rotation_leaves_no_key_in_the_traceback(store: An
         exc = _raised(lambda: pad.rotate_master_key(new_keyring, progress=_stop))
         assert isinstance(exc, _Stop)
         _assert_no_key(exc, keys)
-        assert pad.get(ALICE, store[3]["text"], now=NOW).observation["content"] == "x" * 5000
+        assert pad.get(ALICE, store[3]["text"], now=NOW).observation["content"] == "x" * 70_000
 
 
 def test_an_interrupted_owner_rotation_leaves_no_key_in_the_traceback(store: Any) -> None:

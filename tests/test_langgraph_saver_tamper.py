@@ -127,7 +127,8 @@ def test_an_edited_checkpoint_or_write_is_refused(world: World, executor: str) -
 
 def test_an_edited_big_value_is_refused(world: World) -> None:
     (value,) = world.ids("langgraph.blob", turn_id("value", "t1", "", "big", "1"))
-    _edit(world.db_path, "UPDATE segments SET data = zeroblob(length(data)) WHERE entry_id = ?", value)
+    # One segment: kept in the entry's row (migration 8).
+    _edit(world.db_path, "UPDATE entries SET only_segment = zeroblob(length(only_segment)) WHERE id = ?", value)
     with pytest.raises(IntegrityError):
         world.latest()
 
@@ -147,8 +148,7 @@ def test_a_big_value_swapped_for_another_threads_is_refused(world: World) -> Non
     # The value of t2 put in place of t1's (same owner, channel, version and size).
     _edit(
         world.db_path,
-        "UPDATE segments SET data = (SELECT data FROM segments WHERE entry_id = ? AND seq = 0)"
-        " WHERE entry_id = ? AND seq = 0",
+        "UPDATE entries SET only_segment = (SELECT only_segment FROM entries WHERE id = ?) WHERE id = ?",
         two,
         one,
     )
@@ -235,6 +235,7 @@ def test_an_edited_large_checkpoint_is_refused(world: World) -> None:
         saver.put(config, checkpoint, generate_metadata(), {"mid": "1"})
         assert world.latest("t3") is not None
     (entry,) = world.ids("langgraph.checkpoint", turn_id("thread", "t3"))
-    assert _edit(world.db_path, "UPDATE segments SET data = zeroblob(length(data)) WHERE entry_id = ?", entry) == 1
+    sql = "UPDATE entries SET only_segment = zeroblob(length(only_segment)) WHERE id = ?"  # its one segment
+    assert _edit(world.db_path, sql, entry) == 1
     with pytest.raises(IntegrityError):
         world.latest("t3")

@@ -164,6 +164,7 @@ def test_forget_owner_leaves_no_ciphertext_or_wrapped_key(
         bytes(b)
         for (b,) in raw.execute(  # type: ignore[misc]
             "SELECT data FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE owner_user_id = 'alice')"
+            " UNION ALL SELECT only_segment FROM entries WHERE owner_user_id = 'alice' AND only_segment IS NOT NULL"
         )
     ]
     secrets_on_disk += [

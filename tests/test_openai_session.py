@@ -211,8 +211,8 @@ def test_an_edited_large_item_is_refused(stored: Path, keyring: Keyring, alice: 
         session = SecurepadSession("s3", pad, alice)
         run(session.add_items([large]))
         assert run(session.get_items()) == [large]
-    sql = "UPDATE segments SET data = zeroblob(length(data)) WHERE entry_id IN"
-    sql += " (SELECT id FROM entries WHERE turn_id = ?)"
+    # One segment: kept in the entry's row (migration 8).
+    sql = "UPDATE entries SET only_segment = zeroblob(length(only_segment)) WHERE turn_id = ?"
     assert _edit(stored, sql, session.turn_id) == 1
     with pytest.raises(IntegrityError):
         _items(stored, keyring, alice, "s3")

@@ -79,7 +79,8 @@ def test_a_schema_1_store_is_converted_and_keeps_its_entries(
     # which today's put needs, then the heads dropped again, as schema 1 had none.
     with monkeypatch.context() as patch:
         patch.setattr(_pg_schema, "SCHEMA_VERSION", 1)
-        patch.setitem(_pg_schema.MIGRATIONS, 1, _pg_schema.MIGRATIONS[1] + _pg_schema.MIGRATIONS[3])
+        migrations = _pg_schema.MIGRATIONS
+        patch.setitem(migrations, 1, migrations[1] + migrations[3] + migrations[5])
         with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
             entry = pad.put(ALICE, "t1", 1, "shell", "made at schema 1")["scratchpad_id"]
         _, constraints = schema_of(pg_dsn)
@@ -87,6 +88,12 @@ def test_a_schema_1_store_is_converted_and_keeps_its_entries(
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("DROP TABLE securepad.turn_heads")
         conn.execute("DELETE FROM securepad.store_meta WHERE key = 'turn_heads'")
+        # Today's put keeps a one-segment entry in its row (schema 5); schema 1 kept it in segments.
+        conn.execute(
+            "INSERT INTO securepad.segments(entry_id, seq, data, owner_user_id)"
+            " SELECT id, 0, only_segment, owner_user_id FROM securepad.entries WHERE only_segment IS NOT NULL"
+        )
+        conn.execute("ALTER TABLE securepad.entries DROP COLUMN only_segment")
     with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
         assert pad.get(ALICE, entry).observation == "made at schema 1"
         pad.put(ALICE, "t1", 2, "shell", "made at schema 2")

@@ -92,9 +92,10 @@ def _copy_row(conn: apsw.Connection, entry_id: str, new_id: str, **changes: Any)
 
 
 def content_tamper(conn: apsw.Connection, s: dict[str, Any]) -> None:
-    data = bytearray(conn.execute("SELECT data FROM segments WHERE entry_id = ?", (s["ids"][2],)).fetchall()[0][0])
+    # A one-segment entry keeps its segment in its row (migration 8).
+    data = bytearray(conn.execute("SELECT only_segment FROM entries WHERE id = ?", (s["ids"][2],)).fetchall()[0][0])
     data[len(data) // 2] ^= 0x01
-    conn.execute("UPDATE segments SET data = ? WHERE entry_id = ?", (bytes(data), s["ids"][2]))
+    conn.execute("UPDATE entries SET only_segment = ? WHERE id = ?", (bytes(data), s["ids"][2]))
 
 
 def tail_truncation(conn: apsw.Connection, s: dict[str, Any]) -> None:

@@ -1,6 +1,6 @@
 """Issue 14: the heads of a store written by main at e7494e0 (format 1: a listing
 of every row) become constant-size tallies (format 2) on the first open with the
-key after migration 8, and what they refused before they still refuse."""
+key after migration 9 (PostgreSQL 6), and what they refused before they still refuse."""
 
 from __future__ import annotations
 

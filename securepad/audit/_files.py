@@ -131,11 +131,16 @@ def entry_ciphertext(ctx: Context, entry_id: str, label: str) -> dict[str, bytes
     metadata and the wrapped item key. Random bytes: found in a file only if the
     entry is still there."""
     pieces: dict[str, bytes] = {}
-    rows = sqlite_of(ctx.pad).query("SELECT sealed_meta, wrapped_key FROM entries WHERE id = ?", (entry_id,))
+    rows = sqlite_of(ctx.pad).query(
+        "SELECT sealed_meta, wrapped_key, only_segment FROM entries WHERE id = ?", (entry_id,)
+    )
+    segments = sqlite_of(ctx.pad).query("SELECT seq, data FROM segments WHERE entry_id = ?", (entry_id,))
     for row in rows:
         pieces[f"{label} sealed metadata"] = bytes(row["sealed_meta"])[12:44]
         pieces[f"{label} wrapped item key"] = bytes(row["wrapped_key"])[12:44]
-    for row in sqlite_of(ctx.pad).query("SELECT seq, data FROM segments WHERE entry_id = ?", (entry_id,)):
+        if row["only_segment"] is not None:  # a one-segment entry's segment, in its row
+            segments = [*segments, {"seq": 0, "data": row["only_segment"]}]
+    for row in segments:
         data = bytes(row["data"])
         middle = max(0, len(data) // 2 - 16)
         pieces[f"{label} segment {row['seq']}"] = data[middle : middle + 32]

@@ -286,7 +286,26 @@ def _tampered(
 
 
 def _segment(ctx: Context, entry_id: str, seq: int) -> bytes:
-    return bytes(_admin(ctx, "SELECT data FROM segments WHERE entry_id = ? AND seq = ?", (entry_id, seq))[0]["data"])
+    """A segment's ciphertext: in segments, or (a one-segment entry, schema 5 on) in its row."""
+    sql = (
+        "SELECT COALESCE((SELECT data FROM segments WHERE entry_id = ? AND seq = ?),"
+        " (SELECT only_segment FROM entries WHERE id = ? AND ? = 0)) AS data"
+    )
+    return bytes(_admin(ctx, sql, (entry_id, seq, entry_id, seq))[0]["data"])
+
+
+def _in_row(ctx: Context, entry_id: str) -> bool:
+    """Whether the entry keeps its one segment in its row (``only_segment``)."""
+    return bool(
+        _admin(ctx, "SELECT only_segment IS NOT NULL AS kept FROM entries WHERE id = ?", (entry_id,))[0]["kept"]
+    )
+
+
+def _set_first_segment(ctx: Context, entry_id: str) -> str:
+    """The UPDATE of an entry's segment 0 wherever it is kept; parameters (data, entry id)."""
+    if _in_row(ctx, entry_id):
+        return "UPDATE entries SET only_segment = ? WHERE id = ?"
+    return "UPDATE segments SET data = ? WHERE entry_id = ? AND seq = 0"
 
 
 def _flipped(ctx: Context) -> str:
@@ -294,7 +313,7 @@ def _flipped(ctx: Context) -> str:
     text = t.ids["text"]
     data = _segment(ctx, text, 0)
     bad = bytes([data[0] ^ 1]) + data[1:]
-    sql = "UPDATE segments SET data = ? WHERE entry_id = ? AND seq = 0"
+    sql = _set_first_segment(ctx, text)
     with _tampered(ctx, [(sql, (bad, text))], [(sql, (data, text))]):
         got = expect_refused("get after one flipped bit", ctx.pad.get, t.a, text)
         read = expect_refused("head read after one flipped bit", ctx.pad.read, t.a, text, mode="head", n=10)
@@ -305,7 +324,7 @@ def _segment_moved(ctx: Context) -> str:
     t = ctx.tenants
     binary, theirs = t.ids["binary"], t.ids["b_text"]
     mine, other = _segment(ctx, binary, 0), _segment(ctx, theirs, 0)
-    sql = "UPDATE segments SET data = ? WHERE entry_id = ? AND seq = 0"
+    sql = _set_first_segment(ctx, binary)
     with _tampered(ctx, [(sql, (other, binary))], [(sql, (mine, binary))]):
         got = expect_refused("segment from another owner", ctx.pad.get, t.a, binary)
     return f"segment 0 of a's binary entry replaced by owner b's: {got}"
@@ -332,6 +351,8 @@ def _row_moved(ctx: Context) -> str:
     segments = "UPDATE segments SET owner_user_id = ? WHERE entry_id = ?"
     edits = [(entry, (owner_b, text)), (segments, (owner_b, text))]
     undo = [(entry, (owner_a, text)), (segments, (owner_a, text))]
+    if _in_row(ctx, text):  # its one segment moves with the row
+        edits, undo = edits[:1], undo[:1]
     with _tampered(ctx, edits, undo):
         taken = expect_refused("b reads a's row relabelled as b's", ctx.pad.get, t.b, text)
         expect_not_found(t.absent_message, "a asks for its relabelled row", ctx.pad.get, t.a, text)
