@@ -477,7 +477,8 @@ def test_a_put_costs_the_same_whatever_the_turn_length(db_path: Path, keyring: K
         long = [turn_put_costs(pad, ALICE, "long", step) for step in (501, 502, 503)]
         assert pad.verify(now=NOW)["ok"]
     assert [c["statements"] for c in short] == [c["statements"] for c in long]
-    assert min(c["wal_frames"] for c in long) <= min(c["wal_frames"] for c in short)
+    # A B-tree page split can cost a frame either way; a listing head cost 15 frames more at 500 steps.
+    assert min(c["wal_frames"] for c in long) <= min(c["wal_frames"] for c in short) + 1
 
 
 def test_a_head_is_small_whatever_the_turn_length(db_path: Path, keyring: Keyring) -> None:
