@@ -142,12 +142,21 @@ class Listings:
         return int(newest["step_num"])
 
     def check_step_free(
-        self, principal: Principal, turn_id: str, step_num: int, now: float | None, conn: Conn | None = None
+        self,
+        principal: Principal,
+        turn_id: str,
+        step_num: int,
+        now: float | None,
+        conn: Conn | None = None,
+        taken: list[dict[str, Any]] | None = None,
     ) -> None:
         """Refuse a step that a live entry of the turn in the principal's scope
         already has: one lookup on the (owner, turn, step) index. Inside the
         put's write transaction (``conn``), which serializes the owner's writes
         on both backends, no other writer can take the step between this look and the insert.
+        ``taken``: what that lookup found when the caller ran it already (``put``
+        reads it in its version-and-quota statement, ``step_sql`` inside; the
+        rows only refuse a step, none reaches the caller).
 
         Raises:
             InvalidArgumentError: a bad principal, turn id or step, or the step is taken.
@@ -155,7 +164,9 @@ class Listings:
         check_principal(principal)
         check_identifier("turn_id", turn_id)
         check_step_num(step_num)
-        rows = self._access.rows(principal, "entries", *_STEP_QUERY, (turn_id, step_num), conn=conn)
+        rows = taken
+        if rows is None:
+            rows = self._access.rows(principal, "entries", *_STEP_QUERY, (turn_id, step_num), conn=conn)
         if live(rows, self.now(now)):
             raise InvalidArgumentError(f"step {step_num} is already recorded in turn {turn_id!r}")
 

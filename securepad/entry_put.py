@@ -85,9 +85,11 @@ class Putter:
                     resealed = prepared.restep(meta, cipher, taken, observation)
                     row["stored_bytes"] += len(resealed) - len(row["sealed_meta"])  # the quota counts the new one
                     row["step_num"], row["sealed_meta"] = taken, resealed
-            elif free_step:
-                self.listings.check_step_free(principal, turn_id, step_num, created, conn)
-            self.check_quota(conn, owner, row["key_version"], row["stored_bytes"], created, "entry")
+            found = None
+            if step is not None:  # the step's look came with the version-and-quota statement
+                found = conn.query(*quota)[0]
+                self.listings.check_step_free(principal, turn_id, step_num, created, conn, taken=_taken(found))
+            self.check_quota(conn, owner, row["key_version"], row["stored_bytes"], created, "entry", found)
             conn.defer(
                 f"INSERT INTO entries({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
             )
@@ -97,17 +99,17 @@ class Putter:
             )
             return str(row["id"])
 
-        # The transaction's reads go in one round trip with its version check (PostgreSQL).
-        prefetch = [_quota_sql(owner, created), Heads.select_sql(owner, turn_id)]
-        if free_step and not next_step:
-            prefetch.append(step_sql(self._access, principal, turn_id, step_num))
+        # One statement reads the key version, the quota and (free_step) the step;
+        # it and the head go in one round trip with the version check (PostgreSQL).
+        step = step_sql(self._access, principal, turn_id, step_num) if free_step and not next_step else None
+        quota = _quota_sql(owner, created, step)
         entry_id = self._keys.write_current(
             owner,
             seal,
             write,
             attempts=5,
             busy="could not store the entry: its id or owner key kept changing; try again",
-            prefetch=prefetch,
+            prefetch=[quota, Heads.select_sql(owner, turn_id)],
         )
         return {"ok": True, "scratchpad_id": entry_id, **meta["view"]}
 
@@ -125,7 +127,16 @@ class Putter:
         ``Scratchpad.put_many``); with ``shown``, the steps are chosen (see ``_Batch``)."""
         return _Batch(self, self._keys, self._access, principal, turn_id, shown).put(items, ttl_seconds, now)
 
-    def check_quota(self, conn: Conn, owner: str, version: int, adding: int, now: float, what: str) -> None:
+    def check_quota(
+        self,
+        conn: Conn,
+        owner: str,
+        version: int,
+        adding: int,
+        now: float,
+        what: str,
+        found: dict[str, Any] | None = None,
+    ) -> None:
         """Inside the owner's write transaction, in one statement: refuse a write
         sealed under owner-key ``version`` when that is no longer the newest
         (``StaleOwnerKey``, which the keystore's retry takes), and refuse
@@ -141,11 +152,15 @@ class Putter:
         only: the owner's total counts entries outside the caller's scope,
         which it must not learn of.
 
+        ``found`` is that statement's row when the caller ran it already
+        (``put``, which reads the step with it).
+
         Raises:
             QuotaExceededError: no room.
         """
         quota = self.policy.owner_quota_bytes
-        found = conn.query(*_quota_sql(owner, now))[0]
+        if found is None:
+            found = conn.query(*_quota_sql(owner, now))[0]
         Keystore.check_newest(found["newest"], version)
         used, stored = int(found["used"]), int(found["stored"] or 0)
         if used + stored + adding > quota:
@@ -162,16 +177,30 @@ class Putter:
             )
 
 
-def _quota_sql(owner: str, now: float) -> tuple[str, Params]:
+def _quota_sql(owner: str, now: float, step: tuple[str, Params] | None = None) -> tuple[str, Params]:
     """``check_quota``'s one query: the owner's newest key version, its usage
-    bound and its live records' cost."""
+    bound and its live records' cost; with ``step`` (``step_sql``), also the
+    latest expiry of the entries in the principal's scope that have the step
+    (``step_expires``, NULL for none)."""
     records, params = Records.used_sql(owner, now)
-    return (
+    sql = (
         f"SELECT {NEWEST_VERSION_SQL} AS newest,"
         " (SELECT stored_bytes FROM owner_usage WHERE owner_user_id = ?) AS stored,"
-        f" {records} AS used",
-        (owner, owner, *params),
+        f" {records} AS used"
     )
+    if step is None:
+        return sql, (owner, owner, *params)
+    return f"{sql}, (SELECT MAX(expires_at) FROM ({step[0]}) AS taken) AS step_expires", (
+        owner,
+        owner,
+        *params,
+        *step[1],
+    )
+
+
+def _taken(found: dict[str, Any]) -> list[dict[str, Any]]:
+    """The step's look, from the version-and-quota row: its latest expiry, as a row for ``live``."""
+    return [] if found["step_expires"] is None else [{"expires_at": found["step_expires"]}]
 
 
 # What ``Turn.record_many`` shows the model of an observation at a step:

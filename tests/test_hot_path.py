@@ -17,7 +17,16 @@ from pathlib import Path
 import apsw
 import pytest
 
-from securepad import IntegrityError, Keyring, Policy, PolicyError, Principal, Scratchpad, SecurepadError
+from securepad import (
+    IntegrityError,
+    InvalidArgumentError,
+    Keyring,
+    Policy,
+    PolicyError,
+    Principal,
+    Scratchpad,
+    SecurepadError,
+)
 from securepad._db import SCHEMA_VERSION
 from securepad.bench.costs import listing_costs, put_costs
 from securepad.keystore import WRAP_FLUSH_EVERY
@@ -26,10 +35,11 @@ from securepad.store import sqlite_of
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 ALICE = Principal("alice", "agent", "web")
 
-# BEGIN IMMEDIATE; the step's look; one SELECT of the key version and the quota;
+# BEGIN IMMEDIATE; one SELECT of the key version, the quota and the step's look;
 # INSERT entries (a one-segment entry carries its segment: migration 8); the turn
-# head's SELECT and upsert (issue 14); COMMIT. Before migration 8: 8 (+ INSERT segments).
-PUT_STATEMENTS = 7
+# head's SELECT and upsert (issue 14); COMMIT. Before migration 8: 8 (+ INSERT
+# segments); before the step's look joined the quota's SELECT: 7.
+PUT_STATEMENTS = 6
 # The owner_usage trigger: its firing and its upsert.
 PUT_TRIGGER_STATEMENTS = 2
 # Measured on a store of 200 entries (bench/costs.py, 7 puts each): 4 KiB 7-11
@@ -58,6 +68,25 @@ def test_a_put_runs_few_statements_and_appends_few_wal_frames(filled: Scratchpad
         assert costs["wal_frames"] <= MAX_FRAMES[size], costs
         # One item key: one HKDF, one header digest; no unwrap (the owner key is cached).
         assert (costs["key_derivations"], costs["key_unwraps"], costs["header_digests"]) == (1, 0, 1)
+
+
+def test_the_step_look_in_the_quota_statement_refuses_only_a_live_step_in_scope(
+    db_path: Path, keyring: Keyring
+) -> None:
+    bob = Principal("bob", "agent", "web")
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        pad.put(ALICE, "t", 1, "tool", "live", now=1000.0)
+        pad.put(ALICE, "t", 2, "tool", "expires", 10, now=1000.0)
+        pad.put(bob, "t", 3, "tool", "bob's step 3", now=1000.0)
+        with pytest.raises(InvalidArgumentError, match="step 1 is already recorded"):
+            pad.put(ALICE, "t", 1, "tool", "again", now=1001.0)
+        pad.put(ALICE, "t", 2, "tool", "after expiry", now=1011.0)  # the expired entry does not hold the step
+        pad.put(ALICE, "t", 3, "tool", "alice's step 3", now=1001.0)  # bob's entry is outside alice's scope
+        assert [e["summary"] for e in pad.list_for_turn(ALICE, "t", now=1011.0)] == [
+            "live",
+            "after expiry",
+            "alice's step 3",
+        ]
 
 
 def test_a_large_put_adds_one_statement_per_segment(filled: Scratchpad) -> None:
