@@ -25,6 +25,7 @@ from .access import Access
 from .anchor import Anchor, default_path
 from .entries import Entries
 from .errors import InvalidArgumentError, SecurepadError, StorageFullError, StoreBusyError
+from .head_build import HeadBuilder
 from .keys import Keyring
 from .keystore import Keystore, Progress
 from .policy import Policy
@@ -96,12 +97,13 @@ class Assembly:
         self, db: Backend, keyring: Keyring, policy: Policy, clock: Callable[[], float], anchoring: Anchoring
     ) -> None:
         keys = Keystore(db, keyring)
-        # The anchor is checked before anything is written (heads.build_if_needed may write).
+        # The anchor is checked before anything is written (HeadBuilder.build_if_needed may write).
         self.anchor = _open_anchor(db, keys, policy, anchoring)
         access = Access(db, policy)
         table = Entries(db, keys, access, policy, clock)
         records = Records(db, keys, access, table.ttl, table.now, table.check_quota, table.heads)
-        table.heads.build_if_needed()
+        writes = self.anchor.status()["committed"] if self.anchor else 0
+        HeadBuilder(table.heads, db, keys).build_if_needed(table.now, writes=writes)
         self.parts = Parts(db, keys, access, table, records)
 
     def close(self) -> None:

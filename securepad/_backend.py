@@ -101,9 +101,9 @@ class Backend(Protocol):
         """Close every connection this object opened."""
 
 
-def insert_owner_key(conn: Conn, owner: str, version: int, wrapped: bytes, now: float) -> None:
+def insert_owner_key(conn: Conn, owner: str, version: int, wrapped: bytes, now: float) -> bool:
     """Add an owner-key version (unless a racing process already did) and count
-    the master key's random-nonce wrap."""
+    the master key's random-nonce wrap; whether this call added it."""
     added = conn.execute(
         "INSERT INTO owner_keys(owner_user_id, version, wrapped, created_at) VALUES (?, ?, ?, ?)"
         " ON CONFLICT DO NOTHING",
@@ -113,3 +113,4 @@ def insert_owner_key(conn: Conn, owner: str, version: int, wrapped: bytes, now: 
         conn.execute(
             "UPDATE store_meta SET value = CAST(CAST(value AS BIGINT) + 1 AS TEXT) WHERE key = 'master_wrap_count'"
         )
+    return bool(added)

@@ -45,7 +45,7 @@ AUTOCHECKPOINT_PAGES = 1000
 # keeps the largest size it ever reached until a TRUNCATE checkpoint).
 WAL_KEEP_BYTES = 16 * 1024 * 1024
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 # The policy's durability -> SQLite's synchronous setting, set on every connection.
 _SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL"}
@@ -262,6 +262,12 @@ _MIGRATIONS: dict[int, str] = {
     # before it, which still list through their item key.
     9: """
     ALTER TABLE entries ADD COLUMN sealed_listing BLOB;
+    """,
+    # Constant-size turn heads (issue 14, heads.py format 2): heads of format 1
+    # (a listing of every row) are converted to tallies on the next open with
+    # the key (head_build.HeadBuilder); the flag becomes a sealed token then.
+    10: """
+    UPDATE store_meta SET value = 'convert' WHERE key = 'turn_heads' AND value = 'built';
     """,
 }
 

@@ -21,7 +21,7 @@ from .errors import SecurepadError
 
 __all__ = ["ADMIN_ROLE", "APP_ROLE", "MIGRATIONS", "SCHEMA_VERSION", "lock_key", "migrate", "reason"]
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _OWNER = "current_setting('securepad.owner', true)"
 _OWNER_TABLES = ("owner_keys", "entries", "checkpoints", "compaction_marks", "owner_usage")
@@ -217,6 +217,11 @@ MIGRATIONS: dict[int, str] = {
     6: f"""
     ALTER TABLE entries ADD COLUMN IF NOT EXISTS sealed_listing BYTEA;
     GRANT UPDATE (sealed_listing) ON entries TO {APP_ROLE};
+    """,
+    # Constant-size turn heads (issue 14, heads.py format 2): heads of format 1
+    # are converted to tallies on the next open with the key (head_build.HeadBuilder).
+    7: """
+    UPDATE store_meta SET value = 'convert' WHERE key = 'turn_heads' AND value = 'built';
     """,
 }
 

@@ -140,7 +140,7 @@ class Records:
                 conn,
                 owner,
                 turn_id,
-                lambda head: head.section(section).__setitem__(row["id"], record_item(row)),
+                lambda head: head.add(section, row["id"], record_item(row)),
                 row["key_version"],
             )
             number = len(
@@ -189,7 +189,7 @@ class Records:
         first_rows, first_stored, head_rows = self._db.queries(
             self._access.rows_sql(*live),
             self._access.rows_sql(*numbered),
-            Heads.select_sql(principal.owner_user_id, turn_id),
+            Heads.checked_sql(principal.owner_user_id, turn_id),
             owner=principal.owner_user_id,
         )
         for row in (*first_rows, *first_stored):

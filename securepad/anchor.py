@@ -19,7 +19,8 @@ fsync, rename, fsync of the directory), mode 0600.
 
 ``anchor_sync`` (policy, ``[storage]``) chooses when the anchor follows the
 counter: ``commit`` (after every write), ``interval`` (at most every
-``anchor_interval_seconds``), ``close`` (at open and close only). SECURITY.md
+``anchor_interval_seconds``, in a background thread: the write that crosses
+the interval only wakes it), ``close`` (at open and close only). SECURITY.md
 states the window each leaves.
 """
 
@@ -87,6 +88,12 @@ class Anchor:
         self._last_value: str | None = None  # the store row as last written here
         self._synced_at = time.monotonic()
         self._dirty = False  # written since the last sync
+        # ``interval``: the syncs run in a background thread, off the put path.
+        self._syncer: threading.Thread | None = None
+        self._syncer_pid = 0
+        self._due = threading.Event()
+        self._stop = threading.Event()
+        self._failed: IntegrityError | None = None  # what the syncer found, raised by the next write
 
     # -- open ----------------------------------------------------------------------------
 
@@ -157,13 +164,20 @@ class Anchor:
     def after_commit(self) -> None:
         """Record the commit; sync the anchor when the policy says so.
 
+        With ``interval`` the sync runs in a background thread (``_sync_loop``):
+        the put that crosses the interval only wakes it, and pays no fsync.
+
         Raises:
-            IntegrityError: the sync found the store below its anchor.
+            IntegrityError: the sync (this one, or the background one since the
+                last write) found the store below its anchor.
             SecurepadError: the anchor cannot be written (the write itself is
                 committed; the anchor catches up at the next sync or close).
         """
         if getattr(self._local, "bumping", False):
             return
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed
         pending: tuple[int, str] | None = getattr(self._local, "pending", None)
         self._local.pending = None
         with self._mutex:
@@ -174,8 +188,45 @@ class Anchor:
             due = self.sync == "commit" or (
                 self.sync == "interval" and time.monotonic() - self._synced_at >= self.interval_s
             )
-        if due:
+        if due and self.sync == "commit":
             self.advance()
+        elif due:
+            self._wake()
+
+    def _wake(self) -> None:
+        """Start the background syncer if this process has none, and wake it."""
+        with self._mutex:
+            if self._syncer is None or not self._syncer.is_alive() or self._syncer_pid != os.getpid():
+                self._stop.clear()
+                self._syncer = threading.Thread(target=self._sync_loop, name="securepad-anchor", daemon=True)
+                self._syncer_pid = os.getpid()
+                self._syncer.start()
+        self._due.set()
+
+    def _sync_loop(self) -> None:
+        """The ``interval`` syncs, one at a time, each on this thread's connection.
+        A rollback it finds is raised by the next write (or close); a busy or
+        full store is tried again at the next interval (``advance`` keeps the
+        writes marked as not anchored)."""
+        while True:
+            self._due.wait()
+            self._due.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.advance()
+            except IntegrityError as exc:
+                self._failed = exc
+            except SecurepadError:
+                pass
+
+    def _stop_syncer(self) -> None:
+        syncer = self._syncer
+        if syncer is not None and syncer.is_alive() and self._syncer_pid == os.getpid():
+            self._stop.set()
+            self._due.set()
+            syncer.join()
+        self._syncer = None
 
     def advance(self) -> None:
         """Anchor every write so far: advance the counter (in its own
@@ -216,9 +267,19 @@ class Anchor:
             self._write_anchor(counter, current if current is not None else -1)
 
     def close(self) -> None:
-        """Anchor this process's last writes (every sync policy)."""
+        """Anchor this process's last writes (every sync policy), after the
+        background syncer stopped.
+
+        Raises:
+            IntegrityError: the store is below its anchor (found now, or by the syncer).
+            SecurepadError: as for ``advance``.
+        """
         if self.db.hooks is self:
             try:
+                self._stop_syncer()
+                failed, self._failed = self._failed, None
+                if failed is not None:
+                    raise failed
                 self.advance()
             finally:
                 self.db.hooks = None

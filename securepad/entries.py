@@ -23,7 +23,7 @@ from .entry_open import Opener
 from .entry_put import Putter, Shown
 from .entry_rows import COLUMNS, ID_RE, Entry, EntryParts, Opened, Readable, check_step_num, listing_fields
 from .errors import NotFoundError
-from .heads import Heads
+from .heads import Heads, entry_item
 from .keystore import Keystore
 from .policy import NOT_FOUND_MESSAGE, Policy
 from .principal import Principal
@@ -189,7 +189,11 @@ class Entries:
         if not isinstance(scratchpad_id, str) or not ID_RE.fullmatch(scratchpad_id):
             raise NotFoundError(NOT_FOUND_MESSAGE)
         owner = principal.owner_user_id
-        turn_sql = ("SELECT turn_id FROM entries WHERE id = ? AND owner_user_id = ?", (scratchpad_id, owner))
+        turn_sql = (
+            "SELECT turn_id, step_num, expires_at, stored_bytes, actor, channel FROM entries"
+            " WHERE id = ? AND owner_user_id = ?",
+            (scratchpad_id, owner),
+        )
         with self._db.transaction(owner) as conn:
             # Read before the delete, with it (one message on PostgreSQL): the
             # entry's turn, its head rows, the owner's newest key version.
@@ -199,9 +203,13 @@ class Entries:
                 self._access.denied(principal, scratchpad_id)
                 raise NotFoundError(NOT_FOUND_MESSAGE)
             conn.defer("DELETE FROM segments WHERE entry_id = ?", (scratchpad_id,))
-            turn_id = conn.query(*turn_sql)[0]["turn_id"]
+            row = conn.query(*turn_sql)[0]
             self.heads.change(
-                conn, owner, turn_id, lambda head: head.e.pop(scratchpad_id, None), entry_id=scratchpad_id
+                conn,
+                owner,
+                row["turn_id"],
+                lambda head: head.remove("e", scratchpad_id, entry_item(row)),
+                entry_id=scratchpad_id,
             )
         # secure_delete zeroed the pages; the checkpoint takes the old ones out of the WAL too.
         self._db.checkpoint(wait=False)

@@ -48,7 +48,7 @@ class Listings:
             self.heads.check_entries_in(head, principal, turn_id, [each.row for each in opened], current)
 
         # The turn's rows and its head rows: one round trip on PostgreSQL.
-        head_sql = Heads.select_sql(principal.owner_user_id, turn_id)
+        head_sql = Heads.checked_sql(principal.owner_user_id, turn_id)
         rows, head_rows = rows_and_head(
             self._db, self._access, principal, head_sql, COLUMNS, "turn_id = ?", (turn_id,), order
         )
@@ -62,10 +62,26 @@ class Listings:
         ...), and authenticated one at a time until one is offloaded: when the
         latest steps were offloaded, one small indexed query and one
         authentication answer, whatever the turn's length. The answer comes
-        from authenticated metadata only.
+        from authenticated metadata only, and the rows it looked at are checked
+        against the turn's head (the newest ones, all of them when none was
+        offloaded): deleting the offloaded entries cannot hide the read tool.
         """
-        rows = self._newest_first(principal, turn_id, COLUMNS, now)
-        return any("inline" not in opened.meta for opened in self._authenticate_rows(principal, rows))
+        current = self.now(now)
+
+        def fetch() -> tuple[bool, list[dict[str, Any]]]:
+            seen = []
+            rows = self._newest_first(principal, turn_id, COLUMNS, now)
+            for opened in self._authenticate_rows(principal, rows):
+                seen.append(opened.row)
+                if "inline" not in opened.meta:
+                    return True, seen
+            return False, seen
+
+        def check(head: Head, fetched: tuple[bool, list[dict[str, Any]]]) -> None:
+            found, seen = fetched
+            self.heads.check_newest_first(head, principal, turn_id, seen, current, complete=not found)
+
+        return self.heads.checked(principal.owner_user_id, turn_id, fetch, check)[0]
 
     def _newest_first(
         self, principal: Principal, turn_id: str, columns: str, now: float | None, conn: Conn | None = None
@@ -103,14 +119,28 @@ class Listings:
 
         Read from the clear column: it only proposes the next step to try, and
         ``Turn.record`` checks that one; nothing of it reaches the model.
+        Outside a write (``conn``) the answer is checked against the turn's
+        head (``Heads.checked_last``: the head's newest entry, one small row),
+        so a truncated or forged newest step is refused, not recorded over.
 
         Raises:
-            IntegrityError: a clear step or expiry that is not a number.
+            IntegrityError: a clear step or expiry that is not a number, or a
+                newest step that is not the head's.
         """
-        for row in self._newest_first(principal, turn_id, "step_num, expires_at", now, conn):
-            check_row_types({"step_num": row["step_num"]})
-            return int(row["step_num"])
-        return 0
+        if conn is not None:  # a write's guess, checked by the write itself
+            for row in self._newest_first(principal, turn_id, "step_num, expires_at", now, conn):
+                check_row_types({"step_num": row["step_num"]})
+                return int(row["step_num"])
+            return 0
+
+        def fetch() -> dict[str, Any] | None:
+            return next(self._newest_first(principal, turn_id, "id, step_num, expires_at", now), None)
+
+        newest = self.heads.checked_last(principal, turn_id, fetch, self.now(now))
+        if newest is None:
+            return 0
+        check_row_types({"step_num": newest["step_num"]})
+        return int(newest["step_num"])
 
     def check_step_free(
         self,

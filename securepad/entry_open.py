@@ -60,7 +60,7 @@ class Opener:
         if turn_id is not None:
             where, params = "id = ? AND turn_id = ?", (scratchpad_id, check_identifier("turn_id", turn_id))
         # The entry's row and its turn's head rows: one round trip on PostgreSQL.
-        head_sql = Heads.entry_select_sql(principal.owner_user_id, scratchpad_id)
+        head_sql = Heads.entry_checked_sql(principal.owner_user_id, scratchpad_id)
         rows, head_rows = rows_and_head(self._db, self._access, principal, head_sql, _OPEN_COLUMNS, where, params)
         if not rows:
             self._access.denied(principal, scratchpad_id)

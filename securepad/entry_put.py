@@ -95,7 +95,7 @@ class Putter:
             )
             _insert_segments(conn, [row], [segments])
             self.heads.change(
-                conn, owner, turn_id, lambda head: head.e.__setitem__(row["id"], entry_item(row)), row["key_version"]
+                conn, owner, turn_id, lambda head: head.add("e", row["id"], entry_item(row)), row["key_version"]
             )
             return str(row["id"])
 
@@ -305,7 +305,11 @@ class _Batch:
             )
             _insert_segments(conn, rows, segments)
             self.entries.heads.change(
-                conn, owner, self.turn_id, lambda head: head.e.update((r["id"], entry_item(r)) for r in rows), version
+                conn,
+                owner,
+                self.turn_id,
+                lambda head: head.add_all("e", ((r["id"], entry_item(r)) for r in rows)),
+                version,
             )
             return sealed
 

@@ -109,6 +109,9 @@ class Keystore:
         self._latest: LRUCache[str, int] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._wraps = _WrapCounts()
         self.keyring = keyring
+        # Runs in the transaction that adds an owner's first key (the owner's
+        # empty owner head, ``heads.Heads``): a key never exists without it.
+        self.on_first_key: Callable[[Conn, str, int, Wrapper], None] | None = None
         self.store_id, self._wrap, self._key_check = self._unlock(keyring)
         self.counter_seal = self._counter_seal()
 
@@ -274,10 +277,12 @@ class Keystore:
         Raises:
             WrongKeyError: another process rotated the master key meanwhile.
         """
-        wrapped = self._wrap.wrap_new(owner_key_aad(self.store_id, owner, version))
+        aad = owner_key_aad(self.store_id, owner, version)
+        wrapped = self._wrap.wrap_new(aad)
         with self._db.transaction(owner, admin=admin) as conn:
             self.check_master_current(conn)
-            insert_owner_key(conn, owner, version, wrapped, time.time())
+            if insert_owner_key(conn, owner, version, wrapped, time.time()) and version == 1 and self.on_first_key:
+                self.on_first_key(conn, owner, version, Wrapper.of(self._wrap.unwrap(wrapped, aad)))
 
     @staticmethod
     def retire_older(conn: Conn, owner: str, version: int) -> int:

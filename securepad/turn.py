@@ -27,7 +27,8 @@ from . import reads
 from ._records import Records
 from .entries import Entries, Opened
 from .errors import ExpiredError, InvalidArgumentError, NotFoundError
-from .heads import extend_head
+from .head_tally import extend_head
+from .heads import Heads
 from .policy import Policy
 from .principal import Principal
 
@@ -540,11 +541,13 @@ def extend_turn(
     target = current + ttl
     entry_updates = entries.prepare_extend(principal, turn_id, target, current)
     record_updates = records.prepare_extend(principal, turn_id, target, current)
-    with entries.transaction(principal.owner_user_id) as conn:
+    owner = principal.owner_user_id
+    with entries.transaction(owner) as conn:
+        before = Heads.items(conn, owner, turn_id)  # what the updates replace, in the same transaction
         extended = _entries.apply_extend(conn, entry_updates)
         records_extended = Records.apply_extend(conn, record_updates)
         entries.heads.change(
-            conn, principal.owner_user_id, turn_id, lambda head: extend_head(head, target, extended, records_extended)
+            conn, owner, turn_id, lambda head: extend_head(head, before, target, extended, records_extended)
         )
         return len(extended) + sum(len(ids) for ids in records_extended.values())
 

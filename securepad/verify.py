@@ -16,7 +16,7 @@ from typing import Any
 from ._records import TABLES, Records
 from .entries import Entries
 from .errors import IntegrityError
-from .heads import OWNER_HEAD, RECORD_KINDS, Head, Heads, same_entry
+from .heads import OWNER_HEAD, RECORD_KINDS, HeadEdit, Heads, Tally, entry_item, record_item
 
 __all__ = ["verify_store"]
 
@@ -28,7 +28,7 @@ def verify_store(entries: Entries, records: Records, heads: Heads, now: float) -
     started = time.perf_counter()
     problems: list[Problem] = []
     opened = heads.all_heads()
-    turn_heads: dict[tuple[str, str], Head] = {}
+    turn_heads: dict[tuple[str, str], Tally] = {}
     for owner, by_turn in opened.items():
         turns = by_turn.get(OWNER_HEAD)
         if isinstance(turns, IntegrityError):
@@ -41,46 +41,55 @@ def verify_store(entries: Entries, records: Records, heads: Heads, now: float) -
                 continue
             if isinstance(head, IntegrityError):
                 problems.append(_problem(owner, turn_id, None, "turn head", str(head)))
-            elif isinstance(head, Head):
+            elif isinstance(head, Tally):
                 turn_heads[(owner, turn_id)] = head
             if isinstance(turns, set) and turn_id not in turns:
                 problems.append(_problem(owner, turn_id, None, "turn head", "a turn head the owner head does not list"))
         for turn_id in sorted(turns if isinstance(turns, set) else set()):
             if turn_id not in by_turn:
                 problems.append(_problem(owner, turn_id, None, "turn head", "the turn and its head were removed"))
+    for owner in heads.owners_without_heads():
+        problems.append(
+            _problem(
+                owner, None, None, "owner head", "the owner has a key but no heads: its turns and heads were removed"
+            )
+        )
     counted = {"entries": 0, **dict.fromkeys(TABLES, 0)}
-    seen: dict[tuple[str, str], set[str]] = {}
+    found: dict[tuple[str, str], HeadEdit] = {}
     usage: dict[str, int] = {}
+
+    def tally(where: tuple[str, str]) -> HeadEdit:
+        if where not in found:
+            found[where] = heads.tally_of(*where)
+        return found[where]
+
     for row in entries.all_rows():
         counted["entries"] += 1
         usage[row["owner_user_id"]] = usage.get(row["owner_user_id"], 0) + int(row["stored_bytes"])
         where = (row["owner_user_id"], row["turn_id"])
-        seen.setdefault(where, set()).add(row["id"])
         try:
+            tally(where).add("e", row["id"], entry_item(row))
             entries.verify_row(row)
             if where not in turn_heads:
                 raise IntegrityError("the entry's turn has no head")
-            same_entry(turn_heads[where], row)
         except IntegrityError as exc:
             problems.append(_problem(*where, row["id"], "entry", str(exc)))
     for table in TABLES:
         for row in records.all_rows(table):
             counted[table] += 1
             where = (row["owner_user_id"], row["turn_id"])
-            seen.setdefault(where, set()).add(row["id"])
             try:
+                tally(where).add(RECORD_KINDS[table], row["id"], record_item(row))
                 records.verify_row(table, row)
-                listed = turn_heads[where].section(RECORD_KINDS[table]).get(row["id"]) if where in turn_heads else None
-                if listed is None or listed[0] != row["seq"] or listed[1] != row["expires_at"]:
-                    raise IntegrityError("the record is not the one its turn head lists")
+                if where not in turn_heads:
+                    raise IntegrityError("the record's turn has no head")
             except IntegrityError as exc:
                 problems.append(_problem(*where, row["id"], table[:-1], str(exc)))
-    for (owner, turn_id), head in turn_heads.items():
-        present = seen.get((owner, turn_id), set())
-        for kind, section in (("entry", head.e), ("checkpoint", head.c), ("compaction_mark", head.m)):
-            for item_id, item in section.items():
-                if item[1] > now and item_id not in present:
-                    problems.append(_problem(owner, turn_id, item_id, kind, "removed before its sealed expiry"))
+    for (owner, turn_id), sealed in turn_heads.items():
+        try:
+            heads.same_tally(sealed, tally((owner, turn_id)).tally, turn_id)
+        except IntegrityError as exc:
+            problems.append(_problem(owner, turn_id, None, "turn", str(exc)))
     # The quota's running totals, recomputed from stored_bytes (which the heads authenticate).
     stored = entries.usage_rows()
     for owner in sorted(set(stored) | set(usage)):

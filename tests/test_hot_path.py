@@ -120,16 +120,17 @@ def test_wrap_counts_are_kept_in_memory_and_written_with_a_later_put_and_at_clos
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         for step in range(10):
             pad.put(ALICE, "t", step, "tool", "x")
-        # file + this process's pending: 10 item keys, 10 turn-head seals, 1 owner-head seal (issue 14)
-        assert pad.stats()["key_usage"]["owner_key_max_wraps"] == 21
+        # file + this process's pending: 10 item keys, 10 turn-head seals, 2 owner-head seals
+        # (issue 14: the empty one with the owner's first key, then the one listing the turn)
+        assert pad.stats()["key_usage"]["owner_key_max_wraps"] == 22
         assert _file_wraps(pad) == 0  # no counter UPDATE per put
         for step in range(10, WRAP_FLUSH_EVERY):
             pad.put(ALICE, "t", step, "tool", "x")
-        assert 0 < _file_wraps(pad) < 2 * WRAP_FLUSH_EVERY + 1  # a put's transaction wrote them
+        assert 0 < _file_wraps(pad) < 2 * WRAP_FLUSH_EVERY + 2  # a put's transaction wrote them
         pad.put(ALICE, "t", WRAP_FLUSH_EVERY, "tool", "x")
     with Scratchpad.open(db_path, keyring=keyring) as pad:
-        assert _file_wraps(pad) == 2 * (WRAP_FLUSH_EVERY + 1) + 1  # close wrote the rest
-        assert pad.stats()["key_usage"]["owner_key_max_wraps"] == 2 * (WRAP_FLUSH_EVERY + 1) + 1
+        assert _file_wraps(pad) == 2 * (WRAP_FLUSH_EVERY + 1) + 2  # close wrote the rest
+        assert pad.stats()["key_usage"]["owner_key_max_wraps"] == 2 * (WRAP_FLUSH_EVERY + 1) + 2
 
 
 def test_a_failed_put_counts_no_wrap(db_path: Path, keyring: Keyring) -> None:
@@ -137,7 +138,8 @@ def test_a_failed_put_counts_no_wrap(db_path: Path, keyring: Keyring) -> None:
         pad.put(ALICE, "t", 1, "tool", "x")
         with pytest.raises(SecurepadError):
             pad.put(ALICE, "t", 1, "tool", "taken step")
-        assert pad.stats()["key_usage"]["owner_key_max_wraps"] == 3  # item key, turn head, owner head
+        # item key, turn head, owner head (empty with the key, then listing the turn)
+        assert pad.stats()["key_usage"]["owner_key_max_wraps"] == 4
 
 
 # -- migration 6 --------------------------------------------------------------------------------

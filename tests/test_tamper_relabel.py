@@ -95,7 +95,13 @@ def test_a_relabelled_duplicate_of_bobs_row_is_never_served(attacked: Any, call:
         with pytest.raises(REFUSED):
             CALLS[call](pad, turn)
     else:
-        assert SECRET not in repr(CALLS[call](pad, turn))
+        # Since issue 14 every read of the turn checks the turn's whole inventory
+        # (every table) against its head: a refusal is right too; a leak never is.
+        try:
+            result = CALLS[call](pad, turn)
+        except IntegrityError:
+            return
+        assert SECRET not in repr(result)
 
 
 @pytest.mark.parametrize("attacked", ["entries", "checkpoints", "compaction_marks"], indirect=True)

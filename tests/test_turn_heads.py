@@ -11,7 +11,9 @@ resume, rotation, forgetting an owner and concurrent writers.
 
 from __future__ import annotations
 
+import json
 import secrets
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,7 +24,9 @@ import apsw
 import pytest
 
 from securepad import Keyring, Principal, Scratchpad
-from securepad.errors import IntegrityError, NotFoundError
+from securepad.bench.heads import turn_put_costs
+from securepad.errors import IntegrityError, InvalidArgumentError, NotFoundError
+from securepad.turn import record_next
 
 ALICE = Principal("alice", "planner", "web")
 BOB = Principal("bob", "planner", "web")
@@ -183,6 +187,7 @@ TURN_READS: dict[str, Callable[[Scratchpad], Any]] = {
     "resume": lambda pad: pad.turn(ALICE, TURN, now=NOW + 100).resume(now=NOW + 100),
     "resume_extend": lambda pad: pad.turn(ALICE, TURN, now=NOW + 100).resume(extend_ttl=7200, now=NOW + 100),
     "reread_report": lambda pad: pad.turn(ALICE, TURN, now=NOW + 100).reread_report(now=NOW + 100),
+    "tools": lambda pad: pad.turn(ALICE, TURN, now=NOW + 100).tools(now=NOW + 100),
 }
 
 
@@ -289,6 +294,64 @@ def test_metadata_rolled_back_to_before_resume_is_refused(store: dict[str, Any])
         assert not pad.verify(now=NOW + 200)["ok"]
 
 
+@pytest.mark.parametrize("edit", [tail_truncation, expiry_moved_earlier, owner_relabelled, forged_insertion])
+def test_the_next_step_is_checked_against_the_head(store: dict[str, Any], edit: Any) -> None:
+    """``last_step`` (the next step of ``record_next`` and the integrations) is the head's newest:
+    a truncated, hidden or forged newest step is refused, not recorded over."""
+    if edit is owner_relabelled:
+        edit = _relabel_newest
+    _edit(store, edit)
+    with _open(store) as pad, pytest.raises(IntegrityError):
+        record_next(pad.turn(ALICE, TURN, now=NOW + 100), "tool", "next", now=NOW + 100)
+
+
+def _relabel_newest(conn: apsw.Connection, s: dict[str, Any]) -> None:
+    conn.execute("UPDATE entries SET owner_user_id = 'mallory' WHERE id = ?", (s["ids"][4],))
+
+
+def test_the_next_step_follows_the_head_after_deletes_and_gc(db_path: Path, keyring: Keyring) -> None:
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        ids = _record(pad, ALICE, TURN, 3)
+        pad.delete(ALICE, ids[2])  # the newest leaves: the head no longer knows the newest, the inventory answers
+        turn = pad.turn(ALICE, TURN, now=NOW)
+        assert record_next(turn, "tool", "four", now=NOW)[0] == 3
+        pad.put(ALICE, TURN, 9, "tool", "short-lived", ttl_seconds=10, now=NOW)
+        assert record_next(turn, "tool", "after expiry", now=NOW + 20)[0] == 4
+        assert pad.gc(now=NOW + 20) == 1
+        assert record_next(turn, "tool", "after gc", now=NOW + 20)[0] == 5
+        assert pad.verify(now=NOW + 20)["ok"]
+
+
+def _remove_owner_but_its_key(conn: apsw.Connection, s: dict[str, Any]) -> None:
+    conn.execute("DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE owner_user_id = 'alice')")
+    for table in ("entries", "checkpoints", "compaction_marks", "turn_heads"):
+        conn.execute(f"DELETE FROM {table} WHERE owner_user_id = 'alice'")
+
+
+def test_an_owner_whose_turns_and_heads_were_all_removed_is_refused(store: dict[str, Any]) -> None:
+    """Every owner with a key has an owner head (made with its first key): an
+    owner emptied of all its rows and heads while its key stays is refused on
+    every read and write of its turns, and named by verify."""
+    _edit(store, _remove_owner_but_its_key)
+    with _open(store) as pad:
+        for read in TURN_READS.values():
+            with pytest.raises(IntegrityError, match="no owner head"):
+                read(pad)
+        with pytest.raises(IntegrityError, match="no owner head"):
+            pad.put(ALICE, "t-new", 1, "tool", "a write does not paper over it", now=NOW)
+        problems = pad.verify(now=NOW)["problems"]
+    assert [(p["owner_user_id"], p["what"]) for p in problems] == [("alice", "owner head")]
+
+
+def test_an_owner_whose_first_put_failed_reads_empty(db_path: Path, keyring: Keyring) -> None:
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        pad.put(BOB, TURN, 1, "tool", "x", now=NOW)
+        with pytest.raises(InvalidArgumentError):
+            pad.put(ALICE, TURN, 1, "tool", float("nan"), now=NOW)  # after the key, before any head
+        assert pad.list_for_turn(ALICE, TURN, now=NOW) == []
+        assert pad.verify(now=NOW)["ok"]
+
+
 def test_other_turns_and_owners_still_read(store: dict[str, Any]) -> None:
     _edit(store, middle_deletion)
     with _open(store) as pad:
@@ -334,16 +397,47 @@ def test_delete_rotation_and_forget_keep_heads_consistent(db_path: Path, keyring
     assert report["ok"] and report["owners"] == 1, report
 
 
-def test_a_store_without_heads_gets_them_on_open(db_path: Path, keyring: Keyring) -> None:
-    """A store migrated from before heads (the heads table empty, marked pending) builds them."""
+def test_a_store_without_heads_gets_them_on_open(tmp_path: Path) -> None:
+    """A store written before heads (tests/fixtures/store_v1.db, flag 'pending') builds them."""
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    shutil.copy(fixtures / "store_v1.db", tmp_path / "store.db")
+    (tmp_path / "store.db").chmod(0o600)
+    key = tmp_path / "key"
+    key.write_bytes((fixtures / "store_v1.key").read_bytes())
+    key.chmod(0o600)
+    now = json.loads((fixtures / "store_v1.json").read_text())["now"]
+    with Scratchpad.open(tmp_path / "store.db", keyring=Keyring.from_key_file(key)) as pad:
+        report = pad.verify(now=now)
+    assert report["ok"] and report["turns"] >= 1, report
+    with raw(tmp_path / "store.db") as conn:
+        flag = conn.execute("SELECT value FROM store_meta WHERE key = 'turn_heads'").fetchall()[0][0]
+    assert flag.startswith("2:")  # sealed: not a clear word an edit could set back
+
+
+@pytest.mark.parametrize("heads", ["kept", "deleted"])
+def test_resetting_the_heads_flag_is_refused(db_path: Path, keyring: Keyring, heads: str) -> None:
+    """Setting store_meta.turn_heads back to 'pending' (so that an open would
+    rebuild the heads from the edited file) is refused: the store has heads, or
+    (heads deleted too) its authenticated write counter shows it was written since."""
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         _record(pad, ALICE, TURN, 3)
     with raw(db_path) as conn:
-        conn.execute("DELETE FROM turn_heads")
+        conn.execute("DELETE FROM entries WHERE step_num = 3")
+        if heads == "deleted":
+            conn.execute("DELETE FROM turn_heads")
         conn.execute("UPDATE store_meta SET value = 'pending' WHERE key = 'turn_heads'")
+    with pytest.raises(IntegrityError, match="pending"):
+        Scratchpad.open(db_path, keyring=keyring)
+
+
+@pytest.mark.parametrize("value", ["built-forged", "2:" + "0" * 64, ""])
+def test_a_forged_heads_flag_is_refused(db_path: Path, keyring: Keyring, value: str) -> None:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
-        assert len(pad.turn(ALICE, TURN, now=NOW).history(now=NOW)) == 3
-        assert pad.verify(now=NOW)["ok"]
+        _record(pad, ALICE, TURN, 1)
+    with raw(db_path) as conn:
+        conn.execute("UPDATE store_meta SET value = ? WHERE key = 'turn_heads'", (value,))
+    with pytest.raises(IntegrityError, match="turn_heads"):
+        Scratchpad.open(db_path, keyring=keyring)
 
 
 def test_concurrent_writers_raise_no_false_alarm(db_path: Path, keyring: Keyring) -> None:
@@ -367,3 +461,30 @@ def test_concurrent_writers_raise_no_false_alarm(db_path: Path, keyring: Keyring
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         assert len(pad.turn(ALICE, "w0", now=NOW).history(now=NOW)) == 20
         assert pad.verify(now=NOW)["ok"]
+
+
+# -- constant-size heads -----------------------------------------------------------------------
+
+
+def test_a_put_costs_the_same_whatever_the_turn_length(db_path: Path, keyring: Keyring) -> None:
+    """A head is a constant-size tally: a put into a 500-step turn runs the same
+    statements and appends the same WAL frames as one into a 5-step turn (one
+    store holds both, so the B-trees are the same)."""
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        for turn, steps in (("short", 5), ("long", 500)):
+            pad.put_many(ALICE, turn, [(s, "tool", "x" * 512) for s in range(1, steps + 1)], now=NOW)
+        short = [turn_put_costs(pad, ALICE, "short", step) for step in (6, 7, 8)]
+        long = [turn_put_costs(pad, ALICE, "long", step) for step in (501, 502, 503)]
+        assert pad.verify(now=NOW)["ok"]
+    assert [c["statements"] for c in short] == [c["statements"] for c in long]
+    # A B-tree page split can cost a frame either way; a listing head cost 15 frames more at 500 steps.
+    assert min(c["wal_frames"] for c in long) <= min(c["wal_frames"] for c in short) + 1
+
+
+def test_a_head_is_small_whatever_the_turn_length(db_path: Path, keyring: Keyring) -> None:
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        pad.put_many(ALICE, "long", [(s, "tool", "x") for s in range(1, 501)], now=NOW)
+        pad.put(ALICE, "short", 1, "tool", "x", now=NOW)
+    with raw(db_path) as conn:
+        sizes = dict(conn.execute("SELECT turn_id, length(sealed) FROM turn_heads WHERE turn_id != ''").fetchall())
+    assert sizes["long"] - sizes["short"] <= 8 and sizes["long"] < 450  # only the counts' digits differ

@@ -1,0 +1,127 @@
+"""Bringing a store's turn heads to this format at open (``HeadBuilder.build_if_needed``, run by ``_assembly``):
+building them for a store from before heads, converting format-1 heads, and the
+sealed flag that says it is done."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from typing import Any
+
+from ._backend import Backend, Conn
+from .errors import IntegrityError
+from .head_tally import HEAD_FORMAT, KINDS, HeadEdit, Tally
+from .heads import ITEMS_SQL, NO_TURNS, OWNER_HEAD, Heads, add_rows
+from .keystore import Keystore
+
+__all__ = ["HeadBuilder"]
+
+
+class HeadBuilder:
+    """Builds or converts the heads of one store, once."""
+
+    def __init__(self, heads: Heads, db: Backend, keys: Keystore) -> None:
+        self._heads = heads
+        self._db = db
+        self._keys = keys
+
+    def _token(self) -> str:
+        """``store_meta.turn_heads`` once the heads are built in this format: a tag
+        under the store's anchor key, so the flag cannot be reset to make an
+        open rebuild the heads from an edited file (issue 14)."""
+        return f"{HEAD_FORMAT}:{self._keys.counter_seal.tag('turn-heads', HEAD_FORMAT)}"
+
+    def build_if_needed(self, now: Callable[[float | None], float], writes: int = 0) -> int:
+        """Bring the store's heads to this format; a no-op (one query) once done.
+
+        ``store_meta.turn_heads`` says what to do: the sealed token (done);
+        ``pending`` (migration 7: a store from before heads) builds every
+        turn's tally from what the store holds then, refused when the store
+        has heads or its authenticated write counter (``writes``, the anchor's)
+        shows a heads-aware version wrote it; ``convert`` (SQLite migration 10, PostgreSQL 7) or
+        ``built`` turn each head of format 1 (authenticated: it lists each row)
+        into a tally. Returns the turns built or converted.
+
+        Raises:
+            IntegrityError: the flag is neither of these, or says ``pending`` on a
+                store that had heads.
+        """
+        token = self._token()
+        rows = self._db.query("SELECT value FROM store_meta WHERE key = 'turn_heads'")
+        if rows and rows[0]["value"] == token:
+            return 0
+        with self._db.transaction(admin=True) as conn:
+            again = conn.query("SELECT value FROM store_meta WHERE key = 'turn_heads'")
+            state = again[0]["value"] if again else "pending"
+            if state == token:
+                return 0
+            if state == "pending":
+                if writes > 0 or conn.query("SELECT 1 FROM turn_heads LIMIT 1"):
+                    raise IntegrityError(
+                        "store_meta.turn_heads was reset to 'pending' on a store that has turn heads: the file"
+                        " was edited to make the heads rebuilt from it; refused (SECURITY.md, 'turn heads')"
+                    )
+                self._owner_heads_for_keys(conn)
+                done = self._build(conn)
+            elif state in ("built", "convert"):
+                done = self._convert(conn, now(None))  # the clock is read only to convert
+                self._owner_heads_for_keys(conn)
+            else:
+                raise IntegrityError("store_meta.turn_heads does not authenticate: the file was edited")
+            conn.execute(
+                "INSERT INTO store_meta(key, value) VALUES ('turn_heads', ?)"
+                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (token,),
+            )
+        return done
+
+    def _build(self, conn: Conn) -> int:
+        """Every turn's tally from the rows as they are (a store from before heads)."""
+        by_turn: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for row in conn.query(ITEMS_SQL.format(where="1 = 1")):
+            by_turn.setdefault((row["owner_user_id"], row["turn_id"]), []).append(row)
+        built = 0
+        for (owner, turn_id), rows in sorted(by_turn.items()):
+            if self._keys.newest_in(conn, owner) is None:
+                continue
+            self._heads.change(conn, owner, turn_id, functools.partial(add_rows, rows=rows))
+            built += 1
+        return built
+
+    def _convert(self, conn: Conn, now: float) -> int:
+        """Each format-1 head (a listing of the turn's rows) as a tally of what it
+        lists: a listed row already gone is kept out only when its sealed
+        expiry has passed (gc'd), so tampering done before stays visible."""
+        converted = 0
+        for row in conn.query("SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads"):
+            owner, turn_id = row["owner_user_id"], row["turn_id"]
+            if turn_id == OWNER_HEAD:
+                continue
+            try:
+                body = json.loads(self._heads.open_body(row, owner, turn_id))
+                if body.get("f") == HEAD_FORMAT:
+                    continue
+                present = self._heads.items(conn, owner, turn_id)
+                edit = HeadEdit(Tally(), self._heads.terms(owner, turn_id))
+                for kind in KINDS:
+                    for item_id, item in dict(body.get(kind, {})).items():
+                        if item_id in present[kind] or item[1] > now:
+                            edit.add(kind, item_id, item)
+            except (IntegrityError, ValueError, TypeError, AttributeError, IndexError):
+                # A head that was tampered with stays as it is: its turn's reads
+                # refuse it ("older format") and verify names it; the store opens.
+                continue
+            self._heads.write_body(conn, owner, turn_id, edit.tally.dumps(), int(row["key_version"]))
+            converted += 1
+        return converted
+
+    def _owner_heads_for_keys(self, conn: Conn) -> None:
+        """Give every owner with a key and no owner head an empty one (building or
+        converting a store's heads, which sets the invariant ``change`` relies on)."""
+        for row in conn.query(
+            "SELECT owner_user_id, MAX(version) AS v FROM owner_keys WHERE owner_user_id NOT IN"
+            " (SELECT owner_user_id FROM turn_heads WHERE turn_id = ?) GROUP BY owner_user_id",
+            (OWNER_HEAD,),
+        ):
+            self._heads.write_body(conn, row["owner_user_id"], OWNER_HEAD, NO_TURNS, int(row["v"]))
