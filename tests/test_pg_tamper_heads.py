@@ -12,10 +12,11 @@ every read of the turn it touched (``history``, ``steps``, ``list_for_turn``,
 raises nothing: expiry and gc, deletion, rotation, forgetting an owner,
 concurrent writers.
 
-Four tests are strict xfails, each a gap of the heads (heads.py, branch i14),
-on SQLite as here: ``latest_checkpoint`` after entries were deleted (tail or
-middle); a turn removed together with the owner head (read as an empty turn);
-heads rebuilt over a truncated turn after the admin marks them pending.
+One test is a strict xfail, a gap stated in SECURITY.md: the admin deletes
+rows and every head and marks the heads ``pending`` (the state of a store
+migrated from before heads). PostgreSQL has no anchor counter to show that the
+store had heads, so the next open builds them over the truncated turn. On
+SQLite the anchor's authenticated write counter refuses it.
 
 A rollback of a whole owner (every row and head put back as they were) is not
 among the edits: on PostgreSQL that is a restore of the server's history,
@@ -317,13 +318,6 @@ def test_record_and_content_edits_are_named_by_verify(store: dict[str, Any], edi
         assert {p["turn_id"] for p in _alice_problems(pad)} == {TURN}
 
 
-_ENTRIES_ONLY = (
-    "latest_checkpoint checks the checkpoints against the head's record section only: with entries of the"
-    " turn deleted (the checkpoints intact) it still serves the newest checkpoint, on SQLite as here"
-    " (issue 14's table: 'the latest checkpoint still speaks of a step that is gone'); heads.py is i14's"
-)
-
-
 @pytest.mark.parametrize(
     "edit",
     [
@@ -332,12 +326,8 @@ _ENTRIES_ONLY = (
         head_deleted,
         head_swapped,
         head_of_another_owner,
-        pytest.param(
-            tail_truncation, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=_ENTRIES_ONLY)
-        ),
-        pytest.param(
-            middle_deletion, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=_ENTRIES_ONLY)
-        ),
+        tail_truncation,
+        middle_deletion,
     ],
     ids=lambda e: e.__name__,
 )
@@ -382,12 +372,6 @@ def heads_rebuilt_after_truncation(conn: psycopg.Connection[Any], s: dict[str, A
     conn.execute("UPDATE store_meta SET value = 'pending' WHERE key = 'turn_heads'")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="with the owner head deleted too, a turn whose rows and head are gone reads as an empty turn, no"
-    " error (verify names it: 'the owner's turn heads have no owner head'); the same on SQLite; heads.py is i14's",
-)
 def test_a_turn_removed_with_the_owner_head_is_refused_on_read(store: dict[str, Any]) -> None:
     _edit(store, turn_and_owner_head_removed)
     with _open(store) as pad:
@@ -398,9 +382,8 @@ def test_a_turn_removed_with_the_owner_head_is_refused_on_read(store: dict[str, 
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
-    reason="the pending marker of a store from before heads is a clear store_meta value: set by the admin after"
-    " deleting rows and heads, the next open builds heads over the truncated turn; every read serves 3 of 5"
-    " steps and verify finds nothing (the same on SQLite by editing the file); heads.py is i14's",
+    reason="PostgreSQL has no anchor counter: heads deleted with the flag set back to 'pending' (a store from"
+    " before heads) are built again over the truncated turn; every read serves 3 of 5 steps (SECURITY.md)",
 )
 def test_heads_rebuilt_over_a_truncated_turn_are_refused(store: dict[str, Any]) -> None:
     _edit(store, heads_rebuilt_after_truncation)
