@@ -88,9 +88,11 @@ class Opener:
                 same_entry(head, opened.row)
 
         check_row_types(rows[0])
-        row, opened = self.heads.checked(
-            principal.owner_user_id, rows[0]["turn_id"], fetch, check, first=(fetch(rows), head_rows)
-        )
+        try:
+            first: tuple[tuple[dict[str, Any] | None, Readable | None], Rows] | None = (fetch(rows), head_rows)
+        except IntegrityError:  # tampering, or a rotation retired the row's key meanwhile: read again
+            first = None
+        row, opened = self.heads.checked(principal.owner_user_id, rows[0]["turn_id"], fetch, check, first=first)
         if row is None:  # deleted meanwhile
             raise NotFoundError(NOT_FOUND_MESSAGE)
         if opened is None:

@@ -162,23 +162,24 @@ class Heads(HeadChecks):
         The head and inventory are read after the rows: a writer that commits
         between the two reads makes them disagree, so a failed check is tried
         again on a consistent pair (head and inventory equal before and after
-        the fetch) before it is believed. The common path costs one query, one
+        the fetch) before it is believed; so is a failed fetch (a rotation may
+        retire the key version of the rows it read). The common path costs one query, one
         AES-GCM open and one HMAC per row of the turn not read before.
 
         Raises:
             IntegrityError: the check fails on a consistent pair.
             StoreBusyError: writers kept changing the turn while it was read.
         """
-        if first is None:
-            fetched = fetch()
-            head_rows = self._rows(owner, turn_id)
-        else:
-            fetched, head_rows = first
         try:
+            if first is None:
+                fetched = fetch()
+                head_rows = self._rows(owner, turn_id)
+            else:
+                fetched, head_rows = first
             check(self._from_rows(head_rows, owner, turn_id), fetched)
             return fetched
         except IntegrityError:
-            pass
+            pass  # tampering, or a writer or a rotation (a key retired) between the reads
         for _ in range(_CONSISTENT_TRIES):
             before = self._rows(owner, turn_id)
             fetched = fetch()

@@ -15,6 +15,7 @@ from conftest import FAST_ARGON2
 
 from securepad import Keyring, Principal, Scratchpad
 from securepad.cli import main
+from securepad.entry_open import Opener
 from securepad.errors import InvalidArgumentError, NotFoundError, WrongKeyError
 
 
@@ -229,6 +230,30 @@ def test_rotation_while_threads_put_and_read(pad: Scratchpad, alice: Principal) 
     pad.rotate_owner_key("alice")  # finishes anything a racing writer left on an older version
     _assert_readable(pad, alice, expected)
     _assert_readable(pad, alice, written)
+
+
+def test_a_rotation_between_a_reads_row_and_its_key_is_no_integrity_error(
+    pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A get reads the entry's row (key version 1), then a rotation re-wraps it
+    and retires version 1, then the get authenticates: it still returns the
+    entry (a failed first try is read again on a consistent pair, never
+    reported as tampering: the race behind test_rotation_while_threads_put_and_read)."""
+    expected = _fill(pad, alice, 3)
+    entry_id = next(iter(expected))
+    original = Opener.authenticate
+    rotated: list[dict[str, Any]] = []
+
+    def rotate_first(self: Opener, row: dict[str, Any]) -> Any:
+        if not rotated:
+            rotated.append(pad.rotate_owner_key("alice"))
+        return original(self, row)
+
+    monkeypatch.setattr(Opener, "authenticate", rotate_first)
+    assert pad.get(alice, entry_id).observation == expected[entry_id]
+    assert rotated[0]["retired_versions"] == [1]
+    monkeypatch.undo()
+    _assert_readable(pad, alice, expected)
 
 
 def test_cli_rotate_and_forget(tmp_path: Path, alice: Principal) -> None:
