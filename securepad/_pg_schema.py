@@ -285,7 +285,9 @@ def migrate(schema: str, app_version: Callable[[], int | None], admin_pool: Call
                 )
             for target in range(version + 1, SCHEMA_VERSION + 1):
                 conn.execute(MIGRATIONS[target])
-                conn.execute("INSERT INTO schema_version(version) VALUES (%s)", (target,))
+                # Never prepared: psycopg prepares a statement on its sixth run, and
+                # behind a transaction pooler the name would outlive this server session.
+                conn.execute("INSERT INTO schema_version(version) VALUES (%s)", (target,), prepare=False)
     except pg_errors.InsufficientPrivilege as exc:
         raise SecurepadError(
             f"cannot set up the store in schema {schema}: {reason(exc)}"
