@@ -1,17 +1,15 @@
-"""The keystore: the master key's unlock, the owner keys, and writing under the current one.
+"""The keystore: the owner keys, their cache, and writing under the current one.
 
-Everything that holds or chooses a key lives here: the check of the master
-key against the store (and the store's initialization), the wrapper of owner
-keys, the cache of unwrapped owner keys, and the one loop that writes a row
-sealed under an owner's newest key version, sealing again when a rotation
-(in any process) made that version stale. Keys are ``crypto.KeyHandle``s and
-``crypto.Wrapper``s, never bytes.
+Everything that chooses an owner key lives here: the cache of unwrapped owner
+keys (and the keys derived from them), the wrap counts, and the one loop that
+writes a row sealed under an owner's newest key version, sealing again when a
+rotation (in any process) made that version stale. The master key (its
+unlock, the owner keys' wrapping, its rotation) is ``master.Master``. Keys are
+``crypto.KeyHandle``s and ``crypto.Wrapper``s, never bytes.
 """
 
 from __future__ import annotations
 
-import json
-import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence, Sized
@@ -19,20 +17,10 @@ from typing import TypeVar
 
 from ._backend import Backend, Conn, DuplicateKeyError, Params, insert_owner_key
 from ._lru import LRUCache
-from .crypto import (
-    FORMAT_VERSION,
-    ContentIdentity,
-    CounterSeal,
-    KeyHandle,
-    ListingKey,
-    Wrapper,
-    anchor_key,
-    anchor_key_aad,
-    key_check,
-    owner_key_aad,
-)
-from .errors import IntegrityError, InvalidArgumentError, StoreBusyError, WrongKeyError
-from .keys import Keyring, master_key
+from .crypto import ContentIdentity, KeyHandle, ListingKey, Wrapper
+from .errors import IntegrityError, StoreBusyError
+from .keys import Keyring
+from .master import Master, Progress, store_meta
 
 __all__ = ["NEWEST_VERSION_SQL", "WRAP_FLUSH_EVERY", "Keystore", "Progress", "StaleOwnerKey"]
 
@@ -41,8 +29,6 @@ P = TypeVar("P")
 D = TypeVar("D", ContentIdentity, ListingKey)
 # A key derived from an owner key: (owner key, store id, owner, version) -> key.
 Derive = Callable[[KeyHandle, str, str, int], D]
-# Progress callback: (done, total).
-Progress = Callable[[int, int], None]
 # Owners whose unwrapped keys stay cached (each cache; ~2.7 KB per owner in
 # all). Past it the least recently used owner's keys are unwrapped again on use.
 OWNER_KEY_CACHE_SIZE = 4096
@@ -108,68 +94,17 @@ class Keystore:
         self._listings: LRUCache[tuple[str, int], ListingKey] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._latest: LRUCache[str, int] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._wraps = _WrapCounts()
-        self.keyring = keyring
         # Runs in the transaction that adds an owner's first key (the owner's
         # empty owner head, ``heads.Heads``): a key never exists without it.
         self.on_first_key: Callable[[Conn, str, int, Wrapper], None] | None = None
-        self.store_id, self._wrap, self._key_check = self._unlock(keyring)
-        self.counter_seal = self._counter_seal()
+        self._master = Master(db, keyring)
+        self.store_id = self._master.store_id
+        self.counter_seal = self._master.counter_seal()
 
-    def _unlock(self, keyring: Keyring) -> tuple[str, Wrapper, str]:
-        """Check the master key against the store (initializing a new store).
-
-        Raises:
-            WrongKeyError: the master key does not open this store.
-        """
-        meta = self.store_meta()
-        if "store_id" not in meta:
-            store_id = secrets.token_hex(16)
-            master, kdf = master_key(keyring, None, new=True)
-            with self._db.transaction(admin=True) as conn:
-                if not conn.query("SELECT 1 FROM store_meta WHERE key = 'store_id'"):
-                    values = {
-                        "store_id": store_id,
-                        "format_version": str(FORMAT_VERSION),
-                        "key_check": key_check(master, store_id),
-                        "kdf": json.dumps(kdf),
-                    }
-                    conn.executemany("INSERT INTO store_meta(key, value) VALUES (?, ?)", list(values.items()))
-            meta = self.store_meta()
-        store_id = meta["store_id"]
-        kdf_record = json.loads(meta.get("kdf", "null"))
-        master, _ = master_key(keyring, kdf_record)
-        if not secrets.compare_digest(key_check(master, store_id), meta["key_check"]):
-            if kdf_record is not None and keyring.kind != "passphrase":
-                raise WrongKeyError(
-                    f"this store uses a passphrase (Argon2id): the master key from {keyring!r} cannot open it"
-                )
-            if kdf_record is None and keyring.kind == "passphrase":
-                raise WrongKeyError(
-                    "this store's master key is not derived from a passphrase: give its key file or variable"
-                )
-            raise WrongKeyError(f"the master key from {keyring!r} does not open this store")
-        wrap = Wrapper.for_master(master, store_id)
-        if "anchor_key" not in meta:
-            # The store's first anchored open (a new store, or one made before
-            # the anchor): derive the anchor key once and keep it wrapped.
-            wrapped = wrap.wrap(anchor_key(master, store_id), anchor_key_aad(store_id)).hex()
-            with self._db.transaction(admin=True) as conn:
-                if not conn.query("SELECT 1 FROM store_meta WHERE key = 'anchor_key'"):
-                    conn.execute("INSERT INTO store_meta(key, value) VALUES ('anchor_key', ?)", (wrapped,))
-        return store_id, wrap, meta["key_check"]
-
-    def _counter_seal(self) -> CounterSeal:
-        """The seal of the store's write counter (see ``anchor.Anchor``).
-
-        Raises:
-            IntegrityError: the wrapped anchor key was altered.
-        """
-        wrapped = self.store_meta().get("anchor_key", "")
-        try:
-            blob = bytes.fromhex(wrapped)
-        except ValueError:
-            raise IntegrityError("the store's wrapped anchor key was altered (not hex)") from None
-        return CounterSeal(self._wrap.unwrap(blob, anchor_key_aad(self.store_id)), self.store_id)
+    @property
+    def keyring(self) -> Keyring:
+        """The keyring whose master key opens the store (the new one after a rotation)."""
+        return self._master.keyring
 
     def cache_sizes(self) -> dict[str, int]:
         """How many entries each owner-key cache holds (bounded by ``OWNER_KEY_CACHE_SIZE``)."""
@@ -183,7 +118,7 @@ class Keystore:
 
     def store_meta(self) -> dict[str, str]:
         """The store's clear metadata (id, format version, key check, KDF record, counters)."""
-        return {r["key"]: r["value"] for r in self._db.query("SELECT key, value FROM store_meta")}
+        return store_meta(self._db)
 
     # -- owner keys ------------------------------------------------------------------------
 
@@ -231,11 +166,7 @@ class Keystore:
         )
         if not rows:
             raise IntegrityError("the owner key of this row is missing")
-        try:
-            key = self._wrap.unwrap(rows[0]["wrapped"], owner_key_aad(self.store_id, owner, version))
-        except IntegrityError:
-            self.check_master_current()
-            raise
+        key = self._master.unwrap_owner_key(rows[0]["wrapped"], owner, version)
         pair = (Wrapper.of(key), key)
         with self._lock:
             self._owner_keys[(owner, version)] = pair
@@ -277,12 +208,11 @@ class Keystore:
         Raises:
             WrongKeyError: another process rotated the master key meanwhile.
         """
-        aad = owner_key_aad(self.store_id, owner, version)
-        wrapped = self._wrap.wrap_new(aad)
+        wrapped, key = self._master.new_owner_key(owner, version)
         with self._db.transaction(owner, admin=admin) as conn:
             self.check_master_current(conn)
             if insert_owner_key(conn, owner, version, wrapped, time.time()) and version == 1 and self.on_first_key:
-                self.on_first_key(conn, owner, version, Wrapper.of(self._wrap.unwrap(wrapped, aad)))
+                self.on_first_key(conn, owner, version, Wrapper.of(key))
 
     @staticmethod
     def retire_older(conn: Conn, owner: str, version: int) -> int:
@@ -328,10 +258,7 @@ class Keystore:
     def check_master_current(self, conn: Conn | None = None) -> None:
         """Raise WrongKeyError when another process has rotated the master key
         since this store was opened: nothing may be wrapped under the old one."""
-        sql = "SELECT value FROM store_meta WHERE key = 'key_check'"
-        rows = conn.query(sql) if conn is not None else self._db.query(sql)
-        if not rows or rows[0]["value"] != self._key_check:
-            raise WrongKeyError("the master key was rotated since this store was opened; open it with the new key")
+        self._master.check_current(conn)
 
     def forget(self, owner: str) -> None:
         """Drop the owner's cached keys (after a rotation, or when it is forgotten)."""
@@ -417,43 +344,10 @@ class Keystore:
         rows = conn.query("SELECT MAX(version) AS v FROM owner_keys WHERE owner_user_id = ?", (owner,))
         return None if rows[0]["v"] is None else int(rows[0]["v"])
 
-    # -- master rotation ---------------------------------------------------------------------
-
     def rotate_master(self, new_keyring: Keyring, progress: Progress | None) -> int:
-        """Re-wrap every owner key under ``new_keyring``'s master key, in one
-        transaction; afterwards only the new key opens the store. Returns how
-        many owner keys were re-wrapped.
+        """Re-wrap every owner key under ``new_keyring``'s master key (``Master.rotate``).
 
         Raises:
-            InvalidArgumentError: the new master key is the current one.
-            WrongKeyError: this keystore's master key is no longer the store's.
-            StoreBusyError: the write lock was not obtained in time.
+            InvalidArgumentError, WrongKeyError, StoreBusyError: as for ``Master.rotate``.
         """
-        new_master, kdf = master_key(new_keyring, None, new=True)
-        new_check = key_check(new_master, self.store_id)
-        if secrets.compare_digest(new_check, self._key_check):
-            raise InvalidArgumentError("the new master key is the current one")
-        new_wrap = Wrapper.for_master(new_master, self.store_id)
-        del new_master
-        with self._db.transaction(admin=True) as conn:
-            self.check_master_current(conn)
-            rows = conn.query("SELECT owner_user_id, version, wrapped FROM owner_keys")
-            updates = []
-            for done, row in enumerate(rows, 1):
-                aad = owner_key_aad(self.store_id, row["owner_user_id"], row["version"])
-                updates.append(
-                    (self._wrap.rewrap(row["wrapped"], aad, new_wrap, aad), row["owner_user_id"], row["version"])
-                )
-                if progress is not None and (done % 256 == 0 or done == len(rows)):
-                    progress(done, len(rows))
-            conn.executemany("UPDATE owner_keys SET wrapped = ? WHERE owner_user_id = ? AND version = ?", updates)
-            for row in conn.query("SELECT value FROM store_meta WHERE key = 'anchor_key'"):
-                aad = anchor_key_aad(self.store_id)
-                rewrapped = self._wrap.rewrap(bytes.fromhex(row["value"]), aad, new_wrap, aad).hex()
-                conn.execute("UPDATE store_meta SET value = ? WHERE key = 'anchor_key'", (rewrapped,))
-            conn.executemany(
-                "UPDATE store_meta SET value = ? WHERE key = ?",
-                [(new_check, "key_check"), (json.dumps(kdf), "kdf"), (str(len(rows)), "master_wrap_count")],
-            )
-        self._wrap, self._key_check, self.keyring = new_wrap, new_check, new_keyring
-        return len(rows)
+        return self._master.rotate(new_keyring, progress)

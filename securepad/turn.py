@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import entries as _entries
-from . import reads
+from . import reads, reread
 from ._records import Records
 from .entries import Entries, Opened
 from .errors import ExpiredError, InvalidArgumentError, NotFoundError
@@ -31,6 +31,7 @@ from .head_tally import extend_head
 from .heads import Heads
 from .policy import Policy
 from .principal import Principal
+from .reread import fingerprint
 
 __all__ = [
     "BUDGET_FIELDS",
@@ -442,7 +443,7 @@ class Turn:
             QuotaExceededError: the mark does not fit in the owner's quota.
             StoreBusyError: the write lock was not obtained in time.
         """
-        before = [_fingerprint(opened) for opened in self._opened(now)]
+        before = [fingerprint(opened) for opened in self._opened(now)]
         saved = self._records.save(
             "compaction_marks", self.principal, self.turn_id, {"entries": before}, ttl_seconds, now
         )
@@ -462,63 +463,8 @@ class Turn:
             IntegrityError: a stored entry or the mark fails authentication.
         """
         marks = self._records.load("compaction_marks", self.principal, self.turn_id, now, latest=True)
-        report: dict[str, Any] = {
-            "turn_id": self.turn_id,
-            "mark": None,
-            "stored_before": 0,
-            "fetched_after": 0,
-            "rereads": [],
-            "reread_count": 0,
-            "same_path": 0,
-            "same_content": 0,
-            "reread_paths": [],
-            "ratio": 0.0,
-        }
-        if not marks:
-            return report
-        mark = marks[0]
-        before = mark["payload"]["entries"]
-        before_ids = {item["id"] for item in before}
-        first_by_path: dict[str, int] = {}
-        first_by_content: dict[str, int] = {}
-        for item in before:
-            if item["path"] is not None:
-                first_by_path.setdefault(item["path"], item["step_num"])
-            if item["content_id"] is not None:
-                first_by_content.setdefault(item["content_id"], item["step_num"])
-        after = [_fingerprint(opened) for opened in self._opened(now) if opened.row["id"] not in before_ids]
-        rereads = []
-        for item in after:
-            same_path = item["path"] is not None and item["path"] in first_by_path
-            same_content = item["content_id"] is not None and item["content_id"] in first_by_content
-            if not (same_path or same_content):
-                continue
-            firsts = [first_by_path[item["path"]]] if same_path else []
-            if same_content:
-                firsts.append(first_by_content[item["content_id"]])
-            rereads.append(
-                {
-                    "step_num": item["step_num"],
-                    "scratchpad_id": item["id"],
-                    "executor_name": item["executor_name"],
-                    "path": item["path"],
-                    "same_path": same_path,
-                    "same_content": same_content,
-                    "first_step": min(firsts),
-                }
-            )
-        report.update(
-            mark={"seq": mark["seq"], "created_at": mark["created_at"]},
-            stored_before=len(before),
-            fetched_after=len(after),
-            rereads=rereads,
-            reread_count=len(rereads),
-            same_path=sum(r["same_path"] for r in rereads),
-            same_content=sum(r["same_content"] for r in rereads),
-            reread_paths=sorted({r["path"] for r in rereads if r["same_path"]}),
-            ratio=len(rereads) / len(after) if after else 0.0,
-        )
-        return report
+        after = [] if not marks else [fingerprint(opened) for opened in self._opened(now)]
+        return reread.report(self.turn_id, marks[0] if marks else None, after)
 
 
 def extend_turn(
@@ -800,28 +746,6 @@ def _kind(node: Any) -> str:
     if isinstance(node, bytes):
         return "binary content"
     return "a number" if isinstance(node, int | float) and not isinstance(node, bool) else "a scalar"
-
-
-def _fingerprint(opened: Opened) -> dict[str, Any]:
-    """What a compaction mark keeps of an entry (sealed inside the mark)."""
-    view = opened.meta["view"]
-    return {
-        "id": opened.row["id"],
-        "step_num": opened.row["step_num"],
-        "executor_name": opened.row["executor_name"],
-        "path": _path_of(view),
-        "content_id": opened.meta.get("content_id"),
-    }
-
-
-def _path_of(view: Mapping[str, Any]) -> str | None:
-    metadata = view.get("metadata")
-    for source in (metadata if isinstance(metadata, Mapping) else {}, view):
-        for key in ("path", "url"):
-            value = source.get(key)
-            if isinstance(value, str) and value:
-                return value
-    return None
 
 
 def _string_map(name: str, value: object) -> dict[str, str]:

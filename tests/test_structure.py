@@ -37,6 +37,7 @@ SQL_MODULES = {
     "securepad._pg_conn",
     "securepad._pg_schema",
     "securepad.keystore",
+    "securepad.master",
     "securepad.access",
     "securepad.entries",
     "securepad.entry_put",
