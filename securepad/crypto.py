@@ -41,6 +41,7 @@ from .errors import IntegrityError, InvalidArgumentError
 __all__ = [
     "ENTRY_FORMAT",
     "FORMAT_VERSION",
+    "HEADS_ERA",
     "KEY_BYTES",
     "SEGMENT_BYTES",
     "WORK",
@@ -190,8 +191,17 @@ class CounterSeal:
         return hmac.compare_digest(self.tag(purpose, counter), tag)
 
 
-def owner_key_aad(store_id: str, owner_user_id: str, version: int) -> bytes:
-    """AAD of a wrapped owner key: binds store, owner and key version."""
+# The era an owner key's wrapping carries once the store has turn heads (issue
+# 14): a store holding a key wrapped with it had heads, whatever its clear
+# ``store_meta.turn_heads`` says (``master.Master.mark_owner_keys``).
+HEADS_ERA = "heads"
+
+
+def owner_key_aad(store_id: str, owner_user_id: str, version: int, era: str = "") -> bytes:
+    """AAD of a wrapped owner key: binds store, owner and key version, and the
+    era (``HEADS_ERA``) when given; without it, the AAD keys were wrapped with before heads."""
+    if era:
+        return lp("owner-key", store_id, owner_user_id, str(version), era)
     return lp("owner-key", store_id, owner_user_id, str(version))
 
 

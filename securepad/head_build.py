@@ -26,11 +26,12 @@ class HeadBuilder:
         self._db = db
         self._keys = keys
 
-    def _token(self) -> str:
-        """``store_meta.turn_heads`` once the heads are built in this format: a tag
-        under the store's anchor key, so the flag cannot be reset to make an
-        open rebuild the heads from an edited file (issue 14)."""
-        return f"{HEAD_FORMAT}:{self._keys.counter_seal.tag('turn-heads', HEAD_FORMAT)}"
+    def _token(self, purpose: str = "turn-heads-era") -> str:
+        """``store_meta.turn_heads`` once the heads are built in this format and every
+        owner key is wrapped in the heads era: a tag under the store's anchor
+        key, so the flag cannot be forged (issue 14). ``turn-heads`` is the
+        token of the heads built before the era (keys not yet marked)."""
+        return f"{HEAD_FORMAT}:{self._keys.counter_seal.tag(purpose, HEAD_FORMAT)}"
 
     def build_if_needed(self, now: Callable[[float | None], float], writes: int = 0) -> int:
         """Bring the store's heads to this format; a no-op (one query) once done.
@@ -41,7 +42,12 @@ class HeadBuilder:
         has heads or its authenticated write counter (``writes``, the anchor's)
         shows a heads-aware version wrote it; ``convert`` (SQLite migration 10, PostgreSQL 7) or
         ``built`` turn each head of format 1 (authenticated: it lists each row)
-        into a tally. Returns the turns built or converted.
+        into a tally; the token of heads built before the era needs the keys
+        marked only. In the same transaction every owner key wrapped before
+        heads is wrapped again in the heads era (``Keystore.mark_owner_keys``):
+        a store whose flag says ``pending`` while a key carries that era had
+        heads (where no anchor counter says so: PostgreSQL, SQLite without an
+        anchor). Returns the turns built or converted.
 
         Raises:
             IntegrityError: the flag is neither of these, or says ``pending`` on a
@@ -62,13 +68,18 @@ class HeadBuilder:
                         "store_meta.turn_heads was reset to 'pending' on a store that has turn heads: the file"
                         " was edited to make the heads rebuilt from it; refused (SECURITY.md, 'turn heads')"
                     )
+                self._keys.mark_owner_keys(conn, refuse_marked=True)
                 self._owner_heads_for_keys(conn)
                 done = self._build(conn)
+            elif state == self._token("turn-heads"):
+                done = 0
             elif state in ("built", "convert"):
                 done = self._convert(conn, now(None))  # the clock is read only to convert
                 self._owner_heads_for_keys(conn)
             else:
                 raise IntegrityError("store_meta.turn_heads does not authenticate: the file was edited")
+            if state != "pending":
+                self._keys.mark_owner_keys(conn, refuse_marked=False)
             conn.execute(
                 "INSERT INTO store_meta(key, value) VALUES ('turn_heads', ?)"
                 " ON CONFLICT (key) DO UPDATE SET value = excluded.value",

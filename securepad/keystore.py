@@ -344,6 +344,14 @@ class Keystore:
         rows = conn.query("SELECT MAX(version) AS v FROM owner_keys WHERE owner_user_id = ?", (owner,))
         return None if rows[0]["v"] is None else int(rows[0]["v"])
 
+    def mark_owner_keys(self, conn: Conn, *, refuse_marked: bool) -> int:
+        """Wrap every owner key from before heads again in the heads era (``Master.mark_owner_keys``).
+
+        Raises:
+            IntegrityError, WrongKeyError: as for ``Master.mark_owner_keys``.
+        """
+        return self._master.mark_owner_keys(conn, refuse_marked=refuse_marked)
+
     def rotate_master(self, new_keyring: Keyring, progress: Progress | None) -> int:
         """Re-wrap every owner key under ``new_keyring``'s master key (``Master.rotate``).
 

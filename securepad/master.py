@@ -17,6 +17,7 @@ from collections.abc import Callable
 from ._backend import Backend, Conn
 from .crypto import (
     FORMAT_VERSION,
+    HEADS_ERA,
     CounterSeal,
     KeyHandle,
     Wrapper,
@@ -106,23 +107,68 @@ class Master:
     # -- owner keys ------------------------------------------------------------------------
 
     def new_owner_key(self, owner: str, version: int) -> tuple[bytes, KeyHandle]:
-        """A fresh owner key of ``version``: (its wrapping, to store; the key)."""
-        aad = owner_key_aad(self.store_id, owner, version)
+        """A fresh owner key of ``version`` (wrapped in the heads era): (its wrapping, to store; the key)."""
+        aad = owner_key_aad(self.store_id, owner, version, HEADS_ERA)
         wrapped = self._wrap.wrap_new(aad)
         return wrapped, self._wrap.unwrap(wrapped, aad)
 
     def unwrap_owner_key(self, wrapped: object, owner: str, version: int) -> KeyHandle:
-        """The owner key of ``version`` from its stored wrapping.
+        """The owner key of ``version`` from its stored wrapping (of either era).
 
         Raises:
             IntegrityError: the wrapping was altered (or is another owner's or version's).
             WrongKeyError: another process rotated the master key meanwhile.
         """
         try:
-            return self._wrap.unwrap(wrapped, owner_key_aad(self.store_id, owner, version))
+            return self._unwrap_either(wrapped, owner, version)[0]
         except IntegrityError:
             self.check_current()
             raise
+
+    def _unwrap_either(self, wrapped: object, owner: str, version: int) -> tuple[KeyHandle, bool]:
+        """(the key, whether its wrapping carries the heads era): that AAD first,
+        a wrapping from before heads second."""
+        try:
+            return self._wrap.unwrap(wrapped, owner_key_aad(self.store_id, owner, version, HEADS_ERA)), True
+        except IntegrityError:
+            return self._wrap.unwrap(wrapped, owner_key_aad(self.store_id, owner, version)), False
+
+    def mark_owner_keys(self, conn: Conn, *, refuse_marked: bool) -> int:
+        """Wrap again, in the heads era, every owner key wrapped before heads (in the
+        caller's transaction: the one that seals ``store_meta.turn_heads``). A key
+        whose wrapping opens under neither AAD is left as it is (its owner's
+        reads refuse it). Returns how many keys were wrapped again.
+
+        Raises:
+            IntegrityError: ``refuse_marked`` (the flag says the store never had
+                heads) and a key already carries the heads era: the flag was reset.
+            WrongKeyError: another process rotated the master key meanwhile.
+        """
+        self.check_current(conn)
+        updates = []
+        for row in conn.query("SELECT owner_user_id, version, wrapped FROM owner_keys"):
+            owner, version = row["owner_user_id"], int(row["version"])
+            try:
+                key, marked = self._unwrap_either(row["wrapped"], owner, version)
+            except IntegrityError:
+                continue
+            if marked and refuse_marked:
+                raise IntegrityError(
+                    "store_meta.turn_heads says 'pending' (a store from before heads) but an owner key was"
+                    " wrapped since the store had heads: the flag was reset to rebuild the heads from an edited"
+                    " store; refused (SECURITY.md, 'turn heads')"
+                )
+            if not marked:
+                updates.append(
+                    (self._wrap.wrap(key, owner_key_aad(self.store_id, owner, version, HEADS_ERA)), owner, version)
+                )
+        if updates:
+            conn.executemany("UPDATE owner_keys SET wrapped = ? WHERE owner_user_id = ? AND version = ?", updates)
+            conn.execute(
+                "UPDATE store_meta SET value = CAST(CAST(value AS BIGINT) + ? AS TEXT) WHERE key = 'master_wrap_count'",
+                (len(updates),),
+            )
+        return len(updates)
 
     def check_current(self, conn: Conn | None = None) -> None:
         """Raise WrongKeyError when another process has rotated the master key
@@ -155,10 +201,10 @@ class Master:
             rows = conn.query("SELECT owner_user_id, version, wrapped FROM owner_keys")
             updates = []
             for done, row in enumerate(rows, 1):
-                aad = owner_key_aad(self.store_id, row["owner_user_id"], row["version"])
-                updates.append(
-                    (self._wrap.rewrap(row["wrapped"], aad, new_wrap, aad), row["owner_user_id"], row["version"])
-                )
+                owner, version = row["owner_user_id"], int(row["version"])
+                key, _ = self._unwrap_either(row["wrapped"], owner, version)
+                aad = owner_key_aad(self.store_id, owner, version, HEADS_ERA)  # an open store has heads
+                updates.append((new_wrap.wrap(key, aad), owner, row["version"]))
                 if progress is not None and (done % 256 == 0 or done == len(rows)):
                     progress(done, len(rows))
             conn.executemany("UPDATE owner_keys SET wrapped = ? WHERE owner_user_id = ? AND version = ?", updates)

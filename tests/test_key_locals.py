@@ -25,7 +25,7 @@ import pytest
 from conftest import FAST_ARGON2
 
 from securepad import IntegrityError, Keyring, Principal, Scratchpad, WrongKeyError
-from securepad.crypto import KeyHandle, Wrapper, item_key_aad, owner_key_aad, record_key_aad
+from securepad.crypto import HEADS_ERA, KeyHandle, Wrapper, item_key_aad, owner_key_aad, record_key_aad
 
 NOW = 2_000_000.0
 TURN = "turn-keys"
@@ -58,7 +58,7 @@ def _keys_in_file(db_path: Path, master: KeyHandle) -> dict[str, bytes]:
         found = {"master": _raw(master)}
         owners: dict[tuple[str, int], Wrapper] = {}
         for owner, version, wrapped in conn.execute("SELECT owner_user_id, version, wrapped FROM owner_keys"):
-            key = wrap.unwrap(bytes(wrapped), owner_key_aad(store_id, owner, version))  # type: ignore[arg-type]
+            key = wrap.unwrap(bytes(wrapped), owner_key_aad(store_id, owner, version, HEADS_ERA))  # type: ignore[arg-type]
             found[f"owner {owner} v{version}"] = _raw(key)
             owners[(str(owner), int(version))] = Wrapper.of(key)  # type: ignore[arg-type]
         tables: list[tuple[str, Callable[[str, str, int], bytes]]] = [

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from securepad import Keyring, Principal, Scratchpad
+from securepad.crypto import HEADS_ERA, Wrapper, owner_key_aad
+from securepad.keys import master_key
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 
@@ -89,6 +91,7 @@ def test_a_schema_1_store_is_converted_and_keeps_its_entries(
         assert ("entries", ["id"]) in [(c["table_name"], c["columns"]) for c in constraints]
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("DROP TABLE securepad.turn_heads")
+        _wrapped_as_before_heads(conn, keyring)
         conn.execute("DELETE FROM securepad.store_meta WHERE key = 'turn_heads'")
         # Today's put keeps a one-segment entry in its row (schema 5); schema 1 kept it in segments.
         conn.execute(
@@ -105,3 +108,18 @@ def test_a_schema_1_store_is_converted_and_keeps_its_entries(
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         versions = [row[0] for row in conn.execute("SELECT version FROM securepad.schema_version ORDER BY version")]
     assert versions == list(range(1, _pg_schema.SCHEMA_VERSION + 1))
+
+
+def _wrapped_as_before_heads(conn: Any, keyring: Keyring) -> None:
+    """The owner keys wrapped as a store from before heads wrapped them (no heads era in the AAD)."""
+    master, _ = master_key(keyring, None)
+    store_id = conn.execute("SELECT value FROM securepad.store_meta WHERE key = 'store_id'").fetchone()[0]
+    wrap = Wrapper.for_master(master, store_id)
+    for owner, version, wrapped in conn.execute(
+        "SELECT owner_user_id, version, wrapped FROM securepad.owner_keys"
+    ).fetchall():
+        heads, before = (owner_key_aad(store_id, owner, version, era) for era in (HEADS_ERA, ""))
+        conn.execute(
+            "UPDATE securepad.owner_keys SET wrapped = %s WHERE owner_user_id = %s AND version = %s",
+            (wrap.rewrap(bytes(wrapped), heads, wrap, before), owner, version),
+        )

@@ -12,11 +12,12 @@ every read of the turn it touched (``history``, ``steps``, ``list_for_turn``,
 raises nothing: expiry and gc, deletion, rotation, forgetting an owner,
 concurrent writers.
 
-One test is a strict xfail, a gap stated in SECURITY.md: the admin deletes
-rows and every head and marks the heads ``pending`` (the state of a store
-migrated from before heads). PostgreSQL has no anchor counter to show that the
-store had heads, so the next open builds them over the truncated turn. On
-SQLite the anchor's authenticated write counter refuses it.
+The admin may also delete rows and every head and mark the heads ``pending``
+(the state of a store migrated from before heads). PostgreSQL has no anchor
+counter to show that the store had heads; its owner keys do: every key is
+wrapped in the heads era once a store has heads, so the next open refuses the
+flag. Deleting every owner key as well is crypto-shredding: the open builds
+heads, but nothing of the old rows is served.
 
 A rollback of a whole owner (every row and head put back as they were) is not
 among the edits: on PostgreSQL that is a restore of the server's history,
@@ -379,18 +380,27 @@ def test_a_turn_removed_with_the_owner_head_is_refused_on_read(store: dict[str, 
         assert _served(pad, TURN_READS) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="PostgreSQL has no anchor counter: heads deleted with the flag set back to 'pending' (a store from"
-    " before heads) are built again over the truncated turn; every read serves 3 of 5 steps (SECURITY.md)",
-)
 def test_heads_rebuilt_over_a_truncated_turn_are_refused(store: dict[str, Any]) -> None:
+    """No anchor counter on PostgreSQL: the owner keys, wrapped in the heads era, say the store had heads."""
     _edit(store, heads_rebuilt_after_truncation)
+    for _ in range(2):  # the refused open wrote nothing: refused again
+        with pytest.raises(IntegrityError, match="pending"):
+            _open(store)
+
+
+def test_heads_rebuilt_after_every_owner_key_was_deleted_serve_nothing(store: dict[str, Any]) -> None:
+    """The keys deleted too (so none says the store had heads): crypto-shredding, not a wrong answer."""
+
+    def and_every_key(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+        heads_rebuilt_after_truncation(conn, s)
+        conn.execute("DELETE FROM owner_keys")
+
+    _edit(store, and_every_key)
     with _open(store) as pad:
-        served = _served(pad, TURN_READS)
-        report = pad.verify(now=LATER)
-    assert served == [] and not report["ok"]
+        assert _served(pad, TURN_READS) == []
+        with pytest.raises(IntegrityError):
+            pad.get(ALICE, store["ids"][0], now=LATER)
+        assert not pad.verify(now=LATER)["ok"]
 
 
 def test_a_head_put_back_to_its_older_genuine_version_is_refused(store: dict[str, Any]) -> None:
