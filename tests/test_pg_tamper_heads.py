@@ -367,7 +367,7 @@ def turn_and_owner_head_removed(conn: psycopg.Connection[Any], s: dict[str, Any]
 
 def heads_rebuilt_after_truncation(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
     """The heads deleted and the store marked as one from before heads (store_meta
-    'turn_heads' = 'pending', a clear value): the next open builds them again."""
+    'turn_heads' = 'pending', a clear value), for the next open to build them again."""
     tail_truncation(conn, s)
     conn.execute("DELETE FROM turn_heads")
     conn.execute("UPDATE store_meta SET value = 'pending' WHERE key = 'turn_heads'")
