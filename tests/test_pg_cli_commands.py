@@ -260,7 +260,6 @@ def test_writes_past_the_policy_limits_change_nothing(store: Cli, tmp_path: Path
         return admin(
             store.dsn,
             "SELECT (SELECT COUNT(*) FROM securepad.entries), (SELECT COUNT(*) FROM securepad.segments),"
-            " (SELECT array_agg(stored_bytes ORDER BY owner_user_id) FROM securepad.owner_usage),"
             " (SELECT array_agg(sealed ORDER BY owner_user_id, turn_id) FROM securepad.turn_heads)",
         )
 
