@@ -5,7 +5,8 @@ row cannot say is that it is *missing*. A head per (owner, turn) holds a
 constant-size **tally** of what the turn holds: for each kind (``e`` entries,
 ``c`` checkpoints, ``m`` compaction marks) a count and a keyed multiset digest,
 and the highest step ever recorded. An owner head (turn id ``""``) lists the
-owner's turns, so a whole turn (rows and head) cannot vanish either.
+owner's turns, so a whole turn (rows and head) cannot vanish either; a usage
+head holds the owner's usage total, the quota's (``head_owner``).
 
 **The digest** of a kind is the sum, mod 2**256, of one HMAC-SHA256 per row
 over the row's clear columns that matter (owner, turn, kind, id, step or
@@ -339,8 +340,9 @@ class Heads(HeadChecks, OwnerHeads):
         """Apply ``edit`` to the turn's tally and seal it again, inside the
         caller's write transaction, under the owner's newest key version
         (``version`` when the caller's transaction already checked it is the
-        newest); a turn new to the owner joins the owner head in the same
-        transaction. Reads and writes one small row, whatever the turn holds.
+        newest); a turn new to the owner joins the owner head, and the entries'
+        stored bytes it adds or removes go to the owner's usage head, in the
+        same upsert. Reads and writes small rows, whatever the turn holds.
 
         The head's rows are read with ``select_sql`` (``entry_select_sql`` with
         ``entry_id``, the turn's entry), and the newest version with
