@@ -104,6 +104,7 @@ class Assembly:
         records = Records(db, keys, access, table.ttl, table.now, table.check_quota, table.heads)
         writes = self.anchor.status()["committed"] if self.anchor else 0
         HeadBuilder(table.heads, db, keys).build_if_needed(table.now, writes=writes)
+        table.heads.seed_usage()  # after the heads' build: a store from before usage totals
         self.parts = Parts(db, keys, access, table, records)
 
     def close(self) -> None:

@@ -45,7 +45,7 @@ AUTOCHECKPOINT_PAGES = 1000
 # keeps the largest size it ever reached until a TRUNCATE checkpoint).
 WAL_KEEP_BYTES = 16 * 1024 * 1024
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 # The policy's durability -> SQLite's synchronous setting, set on every connection.
 _SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL"}
@@ -268,6 +268,18 @@ _MIGRATIONS: dict[int, str] = {
     # the key (head_build.HeadBuilder); the flag becomes a sealed token then.
     10: """
     UPDATE store_meta SET value = 'convert' WHERE key = 'turn_heads' AND value = 'built';
+    """,
+    # No per-put counter row (issue 13): each owner's usage total lives in its
+    # sealed owner head (head_owner.py), which the put rewrites with its turn
+    # head in one statement; the triggers and their table go. A migration
+    # cannot seal: the next open with the key gives each owner head the sum
+    # over the owner's entries (Heads.seed_usage, flag below).
+    11: """
+    DROP TRIGGER IF EXISTS owner_usage_insert;
+    DROP TRIGGER IF EXISTS owner_usage_delete;
+    DROP TRIGGER IF EXISTS owner_usage_update;
+    DROP TABLE IF EXISTS owner_usage;
+    INSERT OR REPLACE INTO store_meta(key, value) VALUES ('owner_usage', 'seed');
     """,
 }
 

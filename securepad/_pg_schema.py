@@ -21,7 +21,7 @@ from .errors import SecurepadError
 
 __all__ = ["ADMIN_ROLE", "APP_ROLE", "MIGRATIONS", "SCHEMA_VERSION", "lock_key", "migrate", "reason"]
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 _OWNER = "current_setting('securepad.owner', true)"
 _OWNER_TABLES = ("owner_keys", "entries", "checkpoints", "compaction_marks", "owner_usage")
@@ -222,6 +222,15 @@ MIGRATIONS: dict[int, str] = {
     # are converted to tallies on the next open with the key (head_build.HeadBuilder).
     7: """
     UPDATE store_meta SET value = 'convert' WHERE key = 'turn_heads' AND value = 'built';
+    """,
+    # No per-put counter row (issue 13; SQLite's migration 11): the usage
+    # totals move into the sealed owner heads, given at the next open with the key.
+    8: """
+    DROP TRIGGER IF EXISTS owner_usage_track ON entries;
+    DROP FUNCTION IF EXISTS owner_usage_track();
+    DROP TABLE IF EXISTS owner_usage;
+    INSERT INTO store_meta(key, value) VALUES ('owner_usage', 'seed')
+        ON CONFLICT (key) DO UPDATE SET value = excluded.value;
     """,
 }
 

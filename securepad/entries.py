@@ -153,11 +153,6 @@ class Entries:
             admin=True,
         )
 
-    def usage_rows(self) -> dict[str, int]:
-        """``owner_usage`` as stored: each owner's counted bytes (housekeeping: ``verify``)."""
-        rows = self._db.query("SELECT owner_user_id, stored_bytes FROM owner_usage", admin=True)
-        return {str(row["owner_user_id"]): int(row["stored_bytes"]) for row in rows}
-
     # -- expiry, delete, gc, stats -----------------------------------------------------------------
 
     def transaction(self, owner: str) -> AbstractContextManager[Conn]:

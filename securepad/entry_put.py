@@ -18,7 +18,7 @@ from .crypto import ENTRY_FORMAT, EntryCipher, Header, ListingKey, Wrapper, seal
 from .entry_listings import Listings, step_sql
 from .entry_rows import EntryParts, check_step_num, listing_fields, live
 from .errors import InvalidArgumentError, QuotaExceededError
-from .heads import Heads, entry_item
+from .heads import USAGE_HEAD, Heads, entry_item
 from .keystore import NEWEST_VERSION_SQL, Keystore
 from .policy import Policy
 from .principal import Principal, check_identifier
@@ -145,12 +145,13 @@ class Putter:
 
         Entries count what their row costs on disk (``row_cost``), and so do
         the owner's live checkpoints and compaction marks (``Records.used_sql``:
-        a turn keeps few). ``owner_usage`` (kept by triggers) still counts
+        a turn keeps few). The owner's usage total, sealed in its usage head
+        (``head_owner``) and read with the same statement, still counts
         expired entries that gc has not removed: when even that bound leaves
         room, the exact sum over the owner's live entries, O(entries), would
-        not change the answer. The message gives the new bytes and the quota
-        only: the owner's total counts entries outside the caller's scope,
-        which it must not learn of.
+        not change the answer (an owner without a usage head takes that
+        sum). The message gives the new bytes and the quota only: the owner's
+        total counts entries outside the caller's scope, which it must not learn of.
 
         ``found`` is that statement's row when the caller ran it already
         (``put``, which reads the step with it).
@@ -162,7 +163,9 @@ class Putter:
         if found is None:
             found = conn.query(*_quota_sql(owner, now))[0]
         Keystore.check_newest(found["newest"], version)
-        used, stored = int(found["used"]), int(found["stored"] or 0)
+        used = int(found["used"])
+        total = self.heads.usage(owner, found["head_version"], found["head_sealed"])
+        stored = quota if total is None else total
         if used + stored + adding > quota:
             live = conn.query(
                 "SELECT CAST(COALESCE(SUM(stored_bytes), 0) AS BIGINT) AS used FROM entries"
@@ -179,20 +182,24 @@ class Putter:
 
 def _quota_sql(owner: str, now: float, step: tuple[str, Params] | None = None) -> tuple[str, Params]:
     """``check_quota``'s one query: the owner's newest key version, its usage
-    bound and its live records' cost; with ``step`` (``step_sql``), also the
+    head (``head_owner``: its sealed usage total) and its live records' cost; with ``step`` (``step_sql``), also the
     latest expiry of the entries in the principal's scope that have the step
     (``step_expires``, NULL for none)."""
     records, params = Records.used_sql(owner, now)
     sql = (
         f"SELECT {NEWEST_VERSION_SQL} AS newest,"
-        " (SELECT stored_bytes FROM owner_usage WHERE owner_user_id = ?) AS stored,"
+        f" (SELECT key_version FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?) AS head_version,"
+        f" (SELECT sealed FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?) AS head_sealed,"
         f" {records} AS used"
     )
     if step is None:
-        return sql, (owner, owner, *params)
+        return sql, (owner, owner, USAGE_HEAD, owner, USAGE_HEAD, *params)
     return f"{sql}, (SELECT MAX(expires_at) FROM ({step[0]}) AS taken) AS step_expires", (
         owner,
         owner,
+        USAGE_HEAD,
+        owner,
+        USAGE_HEAD,
         *params,
         *step[1],
     )

@@ -107,6 +107,7 @@ class HeadEdit:
     def __init__(self, tally: Tally, term: Callable[[str, str, tuple[Any, ...]], int]) -> None:
         self.tally = tally
         self._term = term
+        self.bytes = 0  # the change of the entries' stored bytes (the owner's usage total)
 
     def add(self, kind: str, item_id: str, item: list[Any]) -> None:
         """A row ``item`` (``entry_item``/``record_item``) joins the turn."""
@@ -122,6 +123,7 @@ class HeadEdit:
             ):
                 tally.newest = [item_id, item[0], item[1], item[3], item[4]]
             tally.last = max(tally.last, int(item[0]))
+            self.bytes += int(item[2])
         tally.n[kind] += 1
         tally.d[kind] = (tally.d[kind] + self._term(kind, item_id, tuple(item))) % MOD
 
@@ -133,6 +135,8 @@ class HeadEdit:
         """A row leaves the turn (delete, gc), as its clear columns were."""
         self.tally.n[kind] -= 1
         self.tally.d[kind] = (self.tally.d[kind] - self._term(kind, item_id, tuple(item))) % MOD
+        if kind == "e":
+            self.bytes -= int(item[2])
         if kind == "e" and self.tally.newest is not None and self.tally.newest[0] == item_id:
             self.tally.newest = None  # not known until an entry above every step comes in
 

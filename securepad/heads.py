@@ -5,7 +5,8 @@ row cannot say is that it is *missing*. A head per (owner, turn) holds a
 constant-size **tally** of what the turn holds: for each kind (``e`` entries,
 ``c`` checkpoints, ``m`` compaction marks) a count and a keyed multiset digest,
 and the highest step ever recorded. An owner head (turn id ``""``) lists the
-owner's turns, so a whole turn (rows and head) cannot vanish either.
+owner's turns, so a whole turn (rows and head) cannot vanish either; a usage
+head holds the owner's usage total, the quota's (``head_owner``).
 
 **The digest** of a kind is the sum, mod 2**256, of one HMAC-SHA256 per row
 over the row's clear columns that matter (owner, turn, kind, id, step or
@@ -48,9 +49,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ._backend import Backend, Conn, Params, Rows
-from .crypto import Wrapper, head_aad
 from .errors import IntegrityError, StoreBusyError
 from .head_checks import HeadChecks
+from .head_owner import NO_TURNS, OWNER_HEAD, USAGE_HEAD, OwnerHeads, usage_body, usage_of
 from .head_tally import (
     KINDS,
     MOD,
@@ -68,8 +69,11 @@ from .policy import Policy
 from .principal import Principal
 
 __all__ = [
+    "ITEMS_SQL",
+    "NO_TURNS",
     "OWNER_HEAD",
     "RECORD_KINDS",
+    "USAGE_HEAD",
     "Head",
     "HeadEdit",
     "Heads",
@@ -79,17 +83,15 @@ __all__ = [
     "same_entry",
 ]
 
-OWNER_HEAD = ""
-NO_TURNS = json.dumps({"t": []}).encode()
 # Reads of a turn tried again on a consistent (head, rows) pair before a mismatch is believed.
 _CONSISTENT_TRIES = 8
 # Digest terms kept, so that reading a turn again recomputes only what changed.
 _TERM_CACHE = 1 << 14
 T = TypeVar("T")
-# A turn's head and its owner head (writers); ``turn`` is the placeholder of the turn's id.
+# A turn's head, its owner head and usage head (writers); ``turn`` is the placeholder of the turn's id.
 _HEAD_SQL = (
     "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads"
-    " WHERE owner_user_id = ? AND turn_id IN ({turn}, ?) ORDER BY turn_id"
+    " WHERE owner_user_id = ? AND turn_id IN ({turn}, ?, ?) ORDER BY turn_id"
 )
 # The same with the turn's inventory (readers): one statement, so one snapshot
 # and one round trip; expired rows not yet collected are part of the tally.
@@ -121,28 +123,16 @@ ITEMS_SQL = (
 )
 
 
-class Heads(HeadChecks):
+class Heads(HeadChecks, OwnerHeads):
     """The sealed heads of one store. Safe to share between threads."""
 
     def __init__(self, db: Backend, keys: Keystore, policy: Policy) -> None:
-        super().__init__(policy)
-        self._db = db
-        self._keys = keys
+        HeadChecks.__init__(self, policy)
+        OwnerHeads.__init__(self, db, keys)
         self._term = functools.lru_cache(maxsize=_TERM_CACHE)(functools.partial(term, keys.counter_seal))
         keys.on_first_key = self.first_owner_head
 
     # -- reading ---------------------------------------------------------------------------
-
-    def open_body(self, row: dict[str, Any], owner: str, turn_id: str) -> bytes:
-        version = row["key_version"]
-        if not isinstance(version, int) or isinstance(version, bool) or row["turn_id"] != turn_id:
-            raise IntegrityError("a turn head's clear fields are malformed")
-        if row["owner_user_id"] != owner:
-            raise IntegrityError("a turn head belongs to another owner")
-        return self._keys.owner_wrapper(owner, version).open(row["sealed"], head_aad(owner, turn_id, version))
-
-    def _tally(self, row: dict[str, Any], owner: str, turn_id: str) -> Tally:
-        return Tally.loads(self.open_body(row, owner, turn_id))
 
     def checked(
         self,
@@ -190,14 +180,14 @@ class Heads(HeadChecks):
 
     @staticmethod
     def select_sql(owner: str, turn_id: str) -> tuple[str, Params]:
-        """The query of a turn's head rows (the turn's and the owner head), as
+        """The query of a turn's head rows (the turn's, the owner and usage heads), as
         ``change`` reads them (for ``Conn.prefetch``)."""
-        return _HEAD_SQL.format(turn="?"), (owner, turn_id, OWNER_HEAD)
+        return _HEAD_SQL.format(turn="?"), (owner, turn_id, OWNER_HEAD, USAGE_HEAD)
 
     @staticmethod
     def entry_select_sql(owner: str, entry_id: str) -> tuple[str, Params]:
         """``select_sql`` for the turn of entry ``entry_id`` (read with, or before, the entry's row)."""
-        return _HEAD_SQL.format(turn=_ENTRY_TURN_SQL), (owner, entry_id, OWNER_HEAD)
+        return _HEAD_SQL.format(turn=_ENTRY_TURN_SQL), (owner, entry_id, OWNER_HEAD, USAGE_HEAD)
 
     @staticmethod
     def checked_sql(owner: str, turn_id: str) -> tuple[str, Params]:
@@ -230,7 +220,7 @@ class Heads(HeadChecks):
         if turn_id in by_turn:
             tally = self._tally(by_turn[turn_id], owner, turn_id)
         elif OWNER_HEAD in by_turn:
-            if turn_id in self._turns(by_turn[OWNER_HEAD], owner):
+            if turn_id in self.owner_head(by_turn[OWNER_HEAD], owner):
                 raise IntegrityError(f"turn {turn_id!r} lost its head: the turn was removed from the store")
             tally = Tally()
         elif any(row["k"] == "k" for row in rows):
@@ -296,27 +286,6 @@ class Heads(HeadChecks):
         """
         return self._from_rows(self._rows(owner, turn_id), owner, turn_id)
 
-    def _turns(self, row: dict[str, Any], owner: str) -> set[str]:
-        try:
-            return set(json.loads(self.open_body(row, owner, OWNER_HEAD))["t"])
-        except (ValueError, KeyError, TypeError):
-            raise IntegrityError("an owner head is malformed") from None
-
-    def all_heads(self) -> dict[str, dict[str, Tally | set[str] | IntegrityError]]:
-        """Every head of the store, opened: ``{owner: {turn: Tally}}``, the owner head
-        under ``""`` as its set of turns; a head that fails to open is its error (``verify``)."""
-        found: dict[str, dict[str, Tally | set[str] | IntegrityError]] = {}
-        rows = self._db.query("SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads", admin=True)
-        for row in rows:
-            owner, turn_id = row["owner_user_id"], row["turn_id"]
-            opened: Tally | set[str] | IntegrityError
-            try:
-                opened = self._turns(row, owner) if turn_id == OWNER_HEAD else self._tally(row, owner, turn_id)
-            except IntegrityError as exc:
-                opened = exc
-            found.setdefault(owner, {})[turn_id] = opened
-        return found
-
     def tally_of(self, owner: str, turn_id: str) -> HeadEdit:
         """An empty tally to add authenticated rows to (``verify``), compared with ``same_tally``."""
         return HeadEdit(Tally(), self.terms(owner, turn_id))
@@ -371,8 +340,9 @@ class Heads(HeadChecks):
         """Apply ``edit`` to the turn's tally and seal it again, inside the
         caller's write transaction, under the owner's newest key version
         (``version`` when the caller's transaction already checked it is the
-        newest); a turn new to the owner joins the owner head in the same
-        transaction. Reads and writes one small row, whatever the turn holds.
+        newest); a turn new to the owner joins the owner head, and the entries'
+        stored bytes it adds or removes go to the owner's usage head, in the
+        same upsert. Reads and writes small rows, whatever the turn holds.
 
         The head's rows are read with ``select_sql`` (``entry_select_sql`` with
         ``entry_id``, the turn's entry), and the newest version with
@@ -387,16 +357,16 @@ class Heads(HeadChecks):
             *(self.select_sql(owner, turn_id) if entry_id is None else self.entry_select_sql(owner, entry_id))
         )
         by_turn = {row["turn_id"]: row for row in rows}
-        turns: set[str] | None = None
-        if turn_id in by_turn:
+        new_turn = turn_id not in by_turn
+        if not new_turn:
             tally = self._tally(by_turn[turn_id], owner, turn_id)
         else:
-            turns = self._turns(by_turn[OWNER_HEAD], owner) if OWNER_HEAD in by_turn else set()
-            if turn_id in turns:
+            if OWNER_HEAD in by_turn and turn_id in self.owner_head(by_turn[OWNER_HEAD], owner):
                 raise IntegrityError(f"turn {turn_id!r} lost its head: the turn was removed from the store")
             tally = Tally()
         before = tally.dumps()
-        edit(HeadEdit(tally, self.terms(owner, turn_id)))
+        change = HeadEdit(tally, self.terms(owner, turn_id))
+        edit(change)
         after = tally.dumps()
         if after == before:
             return
@@ -404,29 +374,14 @@ class Heads(HeadChecks):
             # Every owner with a key has an owner head (``first_owner_head``), and a
             # write that changes a turn has a key: none means the owner's heads were removed.
             raise _owner_removed(owner)
-        if version is None:
-            version = self._newest(conn, owner)
-        if turns is not None:
-            self.write_body(conn, owner, OWNER_HEAD, json.dumps({"t": sorted(turns | {turn_id})}).encode(), version)
-        self.write_body(conn, owner, turn_id, after, version)
-
-    def _newest(self, conn: Conn, owner: str) -> int | None:
-        found = conn.query(*self.newest_sql(owner))[0]["v"]
-        return None if found is None else int(found)
-
-    def write_body(self, conn: Conn, owner: str, turn_id: str, body: bytes, version: int | None = None) -> None:
-        if version is None:
-            version = self._newest(conn, owner)
-        if version is None:
-            raise IntegrityError(f"owner {owner!r} has no key to seal its turn head with")
-        sealed = self._keys.owner_wrapper(owner, version).seal(body, head_aad(owner, turn_id, version))
-        conn.defer(
-            "INSERT INTO turn_heads(owner_user_id, turn_id, key_version, sealed) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (owner_user_id, turn_id) DO UPDATE SET key_version = excluded.key_version,"
-            " sealed = excluded.sealed",
-            (owner, turn_id, version, sealed),
-        )
-        self._keys.count_wraps_later(owner, version)
+        bodies = [(turn_id, after)]
+        if new_turn:
+            turns = self.owner_head(by_turn[OWNER_HEAD], owner) | {turn_id}
+            bodies.append((OWNER_HEAD, json.dumps({"t": sorted(turns)}).encode()))
+        if change.bytes and USAGE_HEAD in by_turn:  # none: unknown (``head_owner``), the quota sums
+            total = usage_of(self.open_body(by_turn[USAGE_HEAD], owner, USAGE_HEAD)) + change.bytes
+            bodies.append((USAGE_HEAD, usage_body(max(total, 0))))
+        self.write_bodies(conn, owner, bodies, version)
 
     @staticmethod
     def items(conn: Conn, owner: str, turn_id: str) -> dict[str, dict[str, list[Any]]]:
@@ -459,33 +414,6 @@ class Heads(HeadChecks):
         for row in rows:
             self.write_body(conn, owner, row["turn_id"], self.open_body(row, owner, row["turn_id"]))
         return len(rows)
-
-    def first_owner_head(self, conn: Conn, owner: str, version: int, wrapper: Wrapper) -> None:
-        """The empty owner head of an owner's first key, in the key's transaction
-        (``Keystore.on_first_key``): an owner whose every turn and head were
-        removed while its key stayed is then told from one that never wrote."""
-        sealed = wrapper.seal(NO_TURNS, head_aad(owner, OWNER_HEAD, version))
-        conn.defer(
-            "INSERT INTO turn_heads(owner_user_id, turn_id, key_version, sealed) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (owner_user_id, turn_id) DO NOTHING",
-            (owner, OWNER_HEAD, version, sealed),
-        )
-        self._keys.count_wraps_later(owner, version)
-
-    def owners_without_heads(self) -> list[str]:
-        """Owners with a key but no owner head (``verify``): their heads were removed."""
-        rows = self._db.query(
-            "SELECT DISTINCT owner_user_id FROM owner_keys WHERE owner_user_id NOT IN"
-            " (SELECT owner_user_id FROM turn_heads WHERE turn_id = ?) ORDER BY owner_user_id",
-            (OWNER_HEAD,),
-            admin=True,
-        )
-        return [str(row["owner_user_id"]) for row in rows]
-
-    @staticmethod
-    def delete_owner(conn: Conn, owner: str) -> int:
-        """Delete every head of the owner (forgetting it), inside the caller's transaction."""
-        return conn.execute("DELETE FROM turn_heads WHERE owner_user_id = ?", (owner,))
 
 
 def _owner_removed(owner: str) -> IntegrityError:

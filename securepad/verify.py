@@ -16,7 +16,7 @@ from typing import Any
 from ._records import TABLES, Records
 from .entries import Entries
 from .errors import IntegrityError
-from .heads import OWNER_HEAD, RECORD_KINDS, HeadEdit, Heads, Tally, entry_item, record_item
+from .heads import OWNER_HEAD, RECORD_KINDS, USAGE_HEAD, HeadEdit, Heads, Tally, entry_item, record_item
 
 __all__ = ["verify_store"]
 
@@ -28,26 +28,7 @@ def verify_store(entries: Entries, records: Records, heads: Heads, now: float) -
     started = time.perf_counter()
     problems: list[Problem] = []
     opened = heads.all_heads()
-    turn_heads: dict[tuple[str, str], Tally] = {}
-    for owner, by_turn in opened.items():
-        turns = by_turn.get(OWNER_HEAD)
-        if isinstance(turns, IntegrityError):
-            problems.append(_problem(owner, None, None, "owner head", str(turns)))
-            turns = None
-        elif turns is None:
-            problems.append(_problem(owner, None, None, "owner head", "the owner's turn heads have no owner head"))
-        for turn_id, head in by_turn.items():
-            if turn_id == OWNER_HEAD:
-                continue
-            if isinstance(head, IntegrityError):
-                problems.append(_problem(owner, turn_id, None, "turn head", str(head)))
-            elif isinstance(head, Tally):
-                turn_heads[(owner, turn_id)] = head
-            if isinstance(turns, set) and turn_id not in turns:
-                problems.append(_problem(owner, turn_id, None, "turn head", "a turn head the owner head does not list"))
-        for turn_id in sorted(turns if isinstance(turns, set) else set()):
-            if turn_id not in by_turn:
-                problems.append(_problem(owner, turn_id, None, "turn head", "the turn and its head were removed"))
+    turn_heads, owner_heads = _check_heads(opened, problems)
     for owner in heads.owners_without_heads():
         problems.append(
             _problem(
@@ -90,19 +71,7 @@ def verify_store(entries: Entries, records: Records, heads: Heads, now: float) -
             heads.same_tally(sealed, tally((owner, turn_id)).tally, turn_id)
         except IntegrityError as exc:
             problems.append(_problem(owner, turn_id, None, "turn", str(exc)))
-    # The quota's running totals, recomputed from stored_bytes (which the heads authenticate).
-    stored = entries.usage_rows()
-    for owner in sorted(set(stored) | set(usage)):
-        if stored.get(owner, 0) != usage.get(owner, 0):
-            problems.append(
-                _problem(
-                    owner,
-                    None,
-                    None,
-                    "owner_usage",
-                    f"counts {stored.get(owner, 0)} bytes, the entries {usage.get(owner, 0)}",
-                )
-            )
+    problems += _usage_problems(owner_heads, usage)
     return {
         "ok": not problems,
         "owners": len(opened),
@@ -111,6 +80,54 @@ def verify_store(entries: Entries, records: Records, heads: Heads, now: float) -
         "problems": problems,
         "seconds": round(time.perf_counter() - started, 3),
     }
+
+
+def _check_heads(
+    opened: dict[str, dict[str, Tally | set[str] | int | IntegrityError]], problems: list[Problem]
+) -> tuple[dict[tuple[str, str], Tally], dict[str, int | None]]:
+    """The turn heads that opened, by (owner, turn), and each owner's usage
+    total (None: no usage head); what is wrong with the heads themselves goes to ``problems``."""
+    turn_heads: dict[tuple[str, str], Tally] = {}
+    totals: dict[str, int | None] = {}
+    for owner, by_turn in opened.items():
+        turns = by_turn.get(OWNER_HEAD)
+        if isinstance(turns, IntegrityError):
+            problems.append(_problem(owner, None, None, "owner head", str(turns)))
+        elif turns is None:
+            problems.append(_problem(owner, None, None, "owner head", "the owner's turn heads have no owner head"))
+        usage = by_turn.get(USAGE_HEAD)
+        if isinstance(usage, IntegrityError):
+            problems.append(_problem(owner, None, None, "owner usage", str(usage)))
+        else:
+            totals[owner] = usage if isinstance(usage, int) else None
+        listed = turns if isinstance(turns, set) else None
+        for turn_id, head in by_turn.items():
+            if turn_id in (OWNER_HEAD, USAGE_HEAD):
+                continue
+            if isinstance(head, IntegrityError):
+                problems.append(_problem(owner, turn_id, None, "turn head", str(head)))
+            elif isinstance(head, Tally):
+                turn_heads[(owner, turn_id)] = head
+            if listed is not None and turn_id not in listed:
+                problems.append(_problem(owner, turn_id, None, "turn head", "a turn head the owner head does not list"))
+        for turn_id in sorted(listed or ()):
+            if turn_id not in by_turn:
+                problems.append(_problem(owner, turn_id, None, "turn head", "the turn and its head were removed"))
+    return turn_heads, totals
+
+
+def _usage_problems(totals: dict[str, int | None], usage: dict[str, int]) -> list[Problem]:
+    """The quota's running totals (sealed in the usage heads) against the sum of
+    the entries' stored_bytes (which the turn heads authenticate)."""
+    problems: list[Problem] = []
+    for owner, total in sorted(totals.items()):
+        if total is None:
+            problems.append(_problem(owner, None, None, "owner usage", "the owner has no usage head"))
+        elif total != usage.get(owner, 0):
+            problems.append(
+                _problem(owner, None, None, "owner usage", f"counts {total} bytes, the entries {usage.get(owner, 0)}")
+            )
+    return problems
 
 
 def _problem(owner: str, turn_id: str | None, item_id: str | None, what: str, problem: str) -> Problem:

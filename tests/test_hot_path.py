@@ -28,7 +28,7 @@ from securepad import (
     SecurepadError,
 )
 from securepad._db import SCHEMA_VERSION
-from securepad.bench.costs import listing_costs, put_costs
+from securepad.bench.costs import listing_costs, put_costs, wal_frames
 from securepad.keystore import WRAP_FLUSH_EVERY
 from securepad.store import sqlite_of
 
@@ -40,8 +40,10 @@ ALICE = Principal("alice", "agent", "web")
 # head's SELECT and upsert (issue 14); COMMIT. Before migration 8: 8 (+ INSERT
 # segments); before the step's look joined the quota's SELECT: 7.
 PUT_STATEMENTS = 6
-# The owner_usage trigger: its firing and its upsert.
-PUT_TRIGGER_STATEMENTS = 2
+# None: the owner_usage triggers (2 statements a put: their firing and their
+# upsert) went with SQLite migration 11; the usage total is the usage head's,
+# written by the turn head's upsert (one statement, two rows: head_owner.py).
+PUT_TRIGGER_STATEMENTS = 0
 # Measured on a store of 200 entries (bench/costs.py, 7 puts each): 4 KiB 7-11
 # (entries leaf and overflow page, its id index and the turn index, owner_usage,
 # the turn_heads leaf, page 1; more when a page splits), 64 KiB 23-27.
@@ -71,6 +73,22 @@ def test_a_put_runs_few_statements_and_appends_few_wal_frames(filled: Scratchpad
         assert costs["wal_frames"] <= MAX_FRAMES[size], costs
         # One item key: one HKDF, one header digest; no unwrap (the owner key is cached).
         assert (costs["key_derivations"], costs["key_unwraps"], costs["header_digests"]) == (1, 0, 1)
+
+
+def test_a_put_into_an_owners_turn_writes_no_counter_page(db_path: Path, keyring: Keyring) -> None:
+    """Issue 13: the owner's usage total is its usage head, which the put's turn-head
+    upsert writes and which shares the turn head's page when the owner has few turns:
+    20 puts of 4 KiB into an existing turn, measured (bench/costs.py) 130 frames
+    (6 or 7 each), 150 with the owner_usage row before SQLite migration 11."""
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        for step in range(200):
+            pad.put(ALICE, f"turn-{step % 3}", step, "tool", "y" * 4096)
+        frames = []
+        for step in range(1000, 1020):
+            assert sqlite_of(pad).checkpoint()
+            pad.put(ALICE, "turn-1", step, "tool", "z" * 4096)
+            frames.append(wal_frames(pad))
+    assert sum(frames) <= 135, frames
 
 
 def test_the_step_look_in_the_quota_statement_refuses_only_a_live_step_in_scope(
@@ -122,15 +140,16 @@ def test_wrap_counts_are_kept_in_memory_and_written_with_a_later_put_and_at_clos
             pad.put(ALICE, "t", step, "tool", "x")
         # file + this process's pending: 10 item keys, 10 turn-head seals, 2 owner-head seals
         # (issue 14: the empty one with the owner's first key, then the one listing the turn)
-        assert pad.stats()["key_usage"]["owner_key_max_wraps"] == 22
+        # and 11 usage-head seals (issue 13: a zero one with the key, then one a put)
+        assert pad.stats()["key_usage"]["owner_key_max_wraps"] == 33
         assert _file_wraps(pad) == 0  # no counter UPDATE per put
         for step in range(10, WRAP_FLUSH_EVERY):
             pad.put(ALICE, "t", step, "tool", "x")
-        assert 0 < _file_wraps(pad) < 2 * WRAP_FLUSH_EVERY + 2  # a put's transaction wrote them
+        assert 0 < _file_wraps(pad) < 3 * WRAP_FLUSH_EVERY + 3  # a put's transaction wrote them
         pad.put(ALICE, "t", WRAP_FLUSH_EVERY, "tool", "x")
     with Scratchpad.open(db_path, keyring=keyring) as pad:
-        assert _file_wraps(pad) == 2 * (WRAP_FLUSH_EVERY + 1) + 2  # close wrote the rest
-        assert pad.stats()["key_usage"]["owner_key_max_wraps"] == 2 * (WRAP_FLUSH_EVERY + 1) + 2
+        assert _file_wraps(pad) == 3 * (WRAP_FLUSH_EVERY + 1) + 3  # close wrote the rest
+        assert pad.stats()["key_usage"]["owner_key_max_wraps"] == 3 * (WRAP_FLUSH_EVERY + 1) + 3
 
 
 def test_a_failed_put_counts_no_wrap(db_path: Path, keyring: Keyring) -> None:
@@ -138,8 +157,9 @@ def test_a_failed_put_counts_no_wrap(db_path: Path, keyring: Keyring) -> None:
         pad.put(ALICE, "t", 1, "tool", "x")
         with pytest.raises(SecurepadError):
             pad.put(ALICE, "t", 1, "tool", "taken step")
-        # item key, turn head, owner head (empty with the key, then listing the turn)
-        assert pad.stats()["key_usage"]["owner_key_max_wraps"] == 4
+        # item key, turn head, owner head (empty with the key, then listing the turn),
+        # usage head (zero with the key, then the put's total)
+        assert pad.stats()["key_usage"]["owner_key_max_wraps"] == 6
 
 
 # -- migration 6 --------------------------------------------------------------------------------
@@ -179,16 +199,15 @@ def test_migration_6_makes_rowid_tables_with_only_the_indexes_queries_need(tmp_p
     assert (after_entries, after_segments) == (entries + 1, segments)  # one segment: in its row (migration 8)
     names = {name for _, name in objects}
     assert {"entries_expires", "entries_owner_usage", "entries_v6", "segments_v6"}.isdisjoint(names)
-    assert {"entries_owner_turn", "owner_usage_insert", "owner_usage_delete", "owner_usage_update"} <= names
+    assert "entries_owner_turn" in names
+    # Migration 11 (issue 13): the owner_usage triggers and table went; the usage heads took them over.
+    assert {"owner_usage", "owner_usage_insert", "owner_usage_delete", "owner_usage_update"}.isdisjoint(names)
     conn = apsw.Connection(str(path))
     try:
         sql = {str(n): str(s) for n, s in conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'")}
-        usage = conn.execute("SELECT SUM(stored_bytes) FROM entries").fetchall()[0][0]
-        counted = conn.execute("SELECT SUM(stored_bytes) FROM owner_usage").fetchall()[0][0]
     finally:
         conn.close()
     assert "WITHOUT ROWID" not in sql["entries"] and "WITHOUT ROWID" not in sql["segments"]
-    assert usage == counted  # the triggers came back with the tables
 
 
 def test_a_failed_migration_leaves_the_old_store_as_it_was(tmp_path: Path) -> None:

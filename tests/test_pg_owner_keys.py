@@ -59,7 +59,6 @@ def test_every_key_of_an_owners_table_includes_the_owner(pg_dsn: str, keyring: K
         "segments",
         "checkpoints",
         "compaction_marks",
-        "owner_usage",
         "turn_heads",
     }
     keyed = {c["table_name"] for c in constraints if c["kind"] == "p"}

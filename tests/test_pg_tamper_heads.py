@@ -443,11 +443,18 @@ def test_metadata_rolled_back_to_before_resume_is_refused(store: dict[str, Any])
 
 
 def test_verify_recomputes_the_quota_totals(store: dict[str, Any]) -> None:
+    usage = "FROM turn_heads WHERE owner_user_id = 'alice' AND turn_id = chr(1) || 'usage'"
     with as_admin(store["dsn"]) as conn:
-        conn.execute("UPDATE owner_usage SET stored_bytes = 1 WHERE owner_user_id = 'alice'")
+        older = conn.execute(f"SELECT sealed {usage}").fetchall()[0][0]
+    with _open(store) as pad:
+        pad.put(ALICE, "t-usage", 50, "tool", "one more entry", now=NOW)
+    with as_admin(store["dsn"]) as conn:  # the usage head rolled back to its genuine value before the put
+        conn.execute(
+            f"UPDATE turn_heads SET sealed = %s WHERE {usage.removeprefix('FROM turn_heads WHERE ')}", (older,)
+        )
     with _open(store) as pad:
         problems = pad.verify(now=LATER)["problems"]
-    assert [(p["owner_user_id"], p["what"]) for p in problems] == [("alice", "owner_usage")]
+    assert [(p["owner_user_id"], p["what"]) for p in problems] == [("alice", "owner usage")]
 
 
 # -- no false alarm ----------------------------------------------------------------------------

@@ -245,7 +245,7 @@ def test_forget_owner_on_postgresql_leaves_no_row_of_the_owner(pg_pad: Scratchpa
     removed = pg_pad.forget_owner("alice")
     assert (removed["entries"], removed["owner_keys"], removed["checkpoints"]) == (2, 1, 1)
     assert removed["segments"] >= 2
-    for table in ("entries", "segments", "owner_keys", "owner_usage", "checkpoints", "compaction_marks"):
+    for table in ("entries", "segments", "owner_keys", "turn_heads", "checkpoints", "compaction_marks"):
         assert _admin_count(pg_pad, f"SELECT COUNT(*) AS n FROM {table} WHERE owner_user_id = ?", "alice") == 0
     ((entry, text),) = bob.items()
     assert pg_pad.get(BOB, entry).observation == text

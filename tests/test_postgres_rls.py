@@ -21,7 +21,7 @@ from securepad.store import parts  # noqa: E402
 
 ALICE = Principal("alice", "planner", "web")
 BOB = Principal("bob", "planner", "web")
-OWNER_TABLES = ("entries", "segments", "owner_keys", "owner_usage", "checkpoints", "compaction_marks")
+OWNER_TABLES = ("entries", "segments", "owner_keys", "turn_heads", "checkpoints", "compaction_marks")
 
 
 @pytest.fixture

@@ -147,7 +147,7 @@ def test_the_comparison_sees_a_difference(tmp_path: Path, keyring: Keyring) -> N
 
 def test_every_table_is_compared(both: tuple[Path, str]) -> None:
     path, _ = both
-    assert {"store_meta", "owner_keys", "entries", "segments", "checkpoints", "compaction_marks", "owner_usage"} <= set(
+    assert {"store_meta", "owner_keys", "entries", "segments", "checkpoints", "compaction_marks", "turn_heads"} <= set(
         _sqlite_schema(path)
     )
     assert ("owner_user_id", "turn_id", "seq") in _sqlite_keys(path)["checkpoints"]

@@ -45,6 +45,7 @@ SQL_MODULES = {
     "securepad.entry_listings",
     "securepad._records",
     "securepad.heads",
+    "securepad.head_owner",
     "securepad.head_build",
     "securepad.lifecycle",
     "securepad.audit",

@@ -253,11 +253,16 @@ def test_get_and_read_of_an_edited_entry_are_refused(store: dict[str, Any], edit
 
 
 def test_verify_recomputes_the_quota_totals(store: dict[str, Any]) -> None:
+    usage = "SELECT sealed FROM turn_heads WHERE owner_user_id = 'alice' AND turn_id = char(1) || 'usage'"
     with raw(store["path"]) as conn:
-        conn.execute("UPDATE owner_usage SET stored_bytes = 1 WHERE owner_user_id = 'alice'")
+        older = conn.execute(usage).fetchall()[0][0]
+    with _open(store) as pad:
+        pad.put(ALICE, "t2", 50, "tool", "one more entry", now=NOW)
+    with raw(store["path"]) as conn:  # the usage head rolled back to its genuine value before the put
+        conn.execute(usage.replace("SELECT sealed FROM", "UPDATE").replace("WHERE", "SET sealed = ? WHERE"), (older,))
     with _open(store) as pad:
         problems = pad.verify(now=NOW + 100)["problems"]
-    assert [(p["owner_user_id"], p["what"]) for p in problems] == [("alice", "owner_usage")]
+    assert [(p["owner_user_id"], p["what"]) for p in problems] == [("alice", "owner usage")]
 
 
 def test_content_tamper_is_refused_on_read(store: dict[str, Any]) -> None:

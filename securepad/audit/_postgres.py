@@ -25,7 +25,7 @@ __all__ = ["deployment_checks", "raw_query_check", "real_state", "remove_check",
 
 # Tables whose rows belong to one owner (row-level security holds each): these
 # at least, and every other table of the schema with an owner_user_id column.
-OWNER_TABLES = ("owner_keys", "entries", "segments", "checkpoints", "compaction_marks", "owner_usage")
+OWNER_TABLES = ("owner_keys", "entries", "segments", "checkpoints", "compaction_marks")
 # The application role's documented rights: table -> privileges on the whole
 # table, and the columns it may UPDATE where it may not update the whole row.
 TABLE_GRANTS: dict[str, frozenset[str]] = {
@@ -36,7 +36,6 @@ TABLE_GRANTS: dict[str, frozenset[str]] = {
     "segments": frozenset({"SELECT", "INSERT", "DELETE"}),
     "checkpoints": frozenset({"SELECT", "INSERT", "DELETE"}),
     "compaction_marks": frozenset({"SELECT", "INSERT", "DELETE"}),
-    "owner_usage": frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"}),
     "turn_heads": frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"}),
 }
 UPDATE_COLUMNS: dict[str, frozenset[str]] = {
@@ -416,5 +415,4 @@ def _label(table: str) -> str:
         "segments": "segment of",
         "checkpoints": "checkpoint",
         "compaction_marks": "compaction mark",
-        "owner_usage": "usage of",
     }.get(table, table)

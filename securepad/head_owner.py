@@ -1,0 +1,201 @@
+"""Sealing heads; the owner heads (each owner's turns) and usage heads (its usage total).
+
+An owner head (turn id ``""``, a row of ``turn_heads`` beside the owner's turn
+heads) lists, sealed under the owner's key (``crypto.head_aad``), the owner's
+turns, so that a whole turn cannot vanish. A **usage head** (turn id
+``USAGE_HEAD``, which no turn can have: ``check_identifier`` refuses control
+characters) holds the owner's usage total, sealed the same way: the sum of
+``stored_bytes`` over the owner's entries, expired ones not yet collected
+included (issues 13 and 14). The quota reads it instead of the
+``owner_usage`` counter row that triggers used to rewrite on every put. It is
+a row of its own, not part of the owner head, because the owner head grows
+with the owner's turns and a put would rewrite it: the usage head is a few
+dozen bytes, sorts right after the owner head, and the put writes it with its
+turn head in one statement (usually onto the page the put writes anyway).
+
+The total is exact because it changes only in ``Heads.change``, inside the
+write transaction that adds or removes the entries (put, put_many, delete, gc,
+the heads' build; forgetting an owner deletes its heads), and the writers of
+one owner are serialized (SQLite: one writer; PostgreSQL: the per-owner
+advisory lock). It is authenticated: the seal covers it, and ``verify``
+compares it with the sum of the entries' ``stored_bytes`` (which the turn
+heads authenticate). An owner without a usage head (removed, or a store from
+before it not yet seeded) has an unknown total: the quota then sums the
+owner's live entries, and ``verify`` names it.
+
+Stores from before (SQLite migration 11, PostgreSQL 8 dropped ``owner_usage``
+and set ``store_meta.owner_usage``): ``seed_usage``, at open with the key,
+gives every owner with an owner head and no usage head the sum over its entries.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ._backend import Backend, Conn
+from .crypto import Wrapper, head_aad
+from .errors import IntegrityError
+from .head_tally import Tally
+from .keystore import NEWEST_VERSION_SQL, Keystore
+
+__all__ = ["NO_TURNS", "OWNER_HEAD", "USAGE_HEAD", "OwnerHeads", "usage_body", "usage_of"]
+
+OWNER_HEAD = ""
+USAGE_HEAD = "\x01usage"
+_UPSERT = (
+    "INSERT INTO turn_heads(owner_user_id, turn_id, key_version, sealed) VALUES {values}"
+    " ON CONFLICT (owner_user_id, turn_id) DO UPDATE SET key_version = excluded.key_version,"
+    " sealed = excluded.sealed"
+)
+
+
+NO_TURNS = json.dumps({"t": []}).encode()
+
+
+def usage_body(total: int) -> bytes:
+    """A usage head's body: the total as a JSON number (not an object, so that
+    the heads' format-1 conversion, which skips what it cannot read, leaves it)."""
+    return str(total).encode()
+
+
+def usage_of(body: bytes) -> int:
+    try:
+        total = json.loads(body)
+    except ValueError:
+        total = None
+    if not isinstance(total, int) or isinstance(total, bool) or total < 0:
+        raise IntegrityError("a usage head is malformed")
+    return total
+
+
+class OwnerHeads:
+    """Opening and sealing heads; the owner heads (``Heads`` builds on it)."""
+
+    def __init__(self, db: Backend, keys: Keystore) -> None:
+        self._db = db
+        self._keys = keys
+
+    def open_body(self, row: dict[str, Any], owner: str, turn_id: str) -> bytes:
+        version = row["key_version"]
+        if not isinstance(version, int) or isinstance(version, bool) or row["turn_id"] != turn_id:
+            raise IntegrityError("a turn head's clear fields are malformed")
+        if row["owner_user_id"] != owner:
+            raise IntegrityError("a turn head belongs to another owner")
+        return self._keys.owner_wrapper(owner, version).open(row["sealed"], head_aad(owner, turn_id, version))
+
+    def owner_head(self, row: dict[str, Any], owner: str) -> set[str]:
+        """The turns an owner head lists."""
+        try:
+            turns = json.loads(self.open_body(row, owner, OWNER_HEAD))["t"]
+            if isinstance(turns, list) and all(isinstance(turn, str) for turn in turns):
+                return set(turns)
+        except (ValueError, KeyError, TypeError):
+            pass
+        raise IntegrityError("an owner head is malformed")
+
+    def _tally(self, row: dict[str, Any], owner: str, turn_id: str) -> Tally:
+        return Tally.loads(self.open_body(row, owner, turn_id))
+
+    def usage(self, owner: str, version: Any, sealed: Any) -> int | None:
+        """The owner's usage total from its usage head's clear ``version`` and
+        ``sealed`` (read with the quota's statement): None without a usage head."""
+        if sealed is None:
+            return None
+        row = {"owner_user_id": owner, "turn_id": USAGE_HEAD, "key_version": version, "sealed": sealed}
+        return usage_of(self.open_body(row, owner, USAGE_HEAD))
+
+    def _newest(self, conn: Conn, owner: str) -> int | None:
+        found = conn.query(f"SELECT {NEWEST_VERSION_SQL} AS v", (owner,))[0]["v"]
+        return None if found is None else int(found)
+
+    def write_body(self, conn: Conn, owner: str, turn_id: str, body: bytes, version: int | None = None) -> None:
+        self.write_bodies(conn, owner, [(turn_id, body)], version)
+
+    def write_bodies(self, conn: Conn, owner: str, bodies: list[tuple[str, bytes]], version: int | None = None) -> None:
+        """Seal and upsert heads of the owner, in one statement (a put writes its
+        turn head and its owner head together)."""
+        if version is None:
+            version = self._newest(conn, owner)
+        if version is None:
+            raise IntegrityError(f"owner {owner!r} has no key to seal its turn head with")
+        wrapper = self._keys.owner_wrapper(owner, version)
+        params: list[Any] = []
+        for turn_id, body in bodies:
+            params += [owner, turn_id, version, wrapper.seal(body, head_aad(owner, turn_id, version))]
+        conn.defer(_UPSERT.format(values=", ".join(["(?, ?, ?, ?)"] * len(bodies))), tuple(params))
+        self._keys.count_wraps_later(owner, version, len(bodies))
+
+    def first_owner_head(self, conn: Conn, owner: str, version: int, wrapper: Wrapper) -> None:
+        """The empty owner head and a zero usage head of an owner's first key, in
+        the key's transaction (``Keystore.on_first_key``): an owner whose every
+        turn and head were removed while its key stayed is then told from one
+        that never wrote."""
+        params: list[Any] = []
+        for turn_id, body in ((OWNER_HEAD, NO_TURNS), (USAGE_HEAD, usage_body(0))):
+            params += [owner, turn_id, version, wrapper.seal(body, head_aad(owner, turn_id, version))]
+        conn.defer(
+            "INSERT INTO turn_heads(owner_user_id, turn_id, key_version, sealed) VALUES (?, ?, ?, ?), (?, ?, ?, ?)"
+            " ON CONFLICT (owner_user_id, turn_id) DO NOTHING",
+            tuple(params),
+        )
+        self._keys.count_wraps_later(owner, version, 2)
+
+    def seed_usage(self) -> int:
+        """Give every owner with an owner head and no usage head one holding the
+        sum of its entries' ``stored_bytes``, once, at open (``store_meta.owner_usage``,
+        set by the migration that dropped the ``owner_usage`` table); a no-op
+        (one query) otherwise. Returns the usage heads written."""
+        flag = "SELECT value FROM store_meta WHERE key = 'owner_usage'"
+        if not self._db.query(flag):
+            return 0
+        with self._db.transaction(admin=True) as conn:
+            if not conn.query(flag):
+                return 0
+            rows = conn.query(
+                "SELECT h.owner_user_id AS owner, (SELECT CAST(COALESCE(SUM(e.stored_bytes), 0) AS BIGINT)"
+                " FROM entries e WHERE e.owner_user_id = h.owner_user_id) AS used FROM turn_heads h"
+                " WHERE h.turn_id = ? AND NOT EXISTS (SELECT 1 FROM turn_heads u"
+                " WHERE u.owner_user_id = h.owner_user_id AND u.turn_id = ?)",
+                (OWNER_HEAD, USAGE_HEAD),
+            )
+            for row in rows:
+                self.write_body(conn, row["owner"], USAGE_HEAD, usage_body(int(row["used"])))
+            conn.execute("DELETE FROM store_meta WHERE key = 'owner_usage'")
+        return len(rows)
+
+    def all_heads(self) -> dict[str, dict[str, Tally | set[str] | int | IntegrityError]]:
+        """Every head of the store, opened: ``{owner: {turn: Tally}}``, the owner head
+        under ``OWNER_HEAD`` as its set of turns, the usage head under ``USAGE_HEAD``
+        as its total; a head that fails to open is its error (``verify``)."""
+        found: dict[str, dict[str, Tally | set[str] | int | IntegrityError]] = {}
+        rows = self._db.query("SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads", admin=True)
+        for row in rows:
+            owner, turn_id = row["owner_user_id"], row["turn_id"]
+            opened: Tally | set[str] | int | IntegrityError
+            try:
+                if turn_id == OWNER_HEAD:
+                    opened = self.owner_head(row, owner)
+                elif turn_id == USAGE_HEAD:
+                    opened = usage_of(self.open_body(row, owner, turn_id))
+                else:
+                    opened = self._tally(row, owner, turn_id)
+            except IntegrityError as exc:
+                opened = exc
+            found.setdefault(owner, {})[turn_id] = opened
+        return found
+
+    def owners_without_heads(self) -> list[str]:
+        """Owners with a key but no owner head (``verify``): their heads were removed."""
+        rows = self._db.query(
+            "SELECT DISTINCT owner_user_id FROM owner_keys WHERE owner_user_id NOT IN"
+            " (SELECT owner_user_id FROM turn_heads WHERE turn_id = ?) ORDER BY owner_user_id",
+            (OWNER_HEAD,),
+            admin=True,
+        )
+        return [str(row["owner_user_id"]) for row in rows]
+
+    @staticmethod
+    def delete_owner(conn: Conn, owner: str) -> int:
+        """Delete every head of the owner (forgetting it), inside the caller's transaction."""
+        return conn.execute("DELETE FROM turn_heads WHERE owner_user_id = ?", (owner,))
