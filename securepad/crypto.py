@@ -169,11 +169,12 @@ class CounterSeal:
     (``"anchor"``) apart: one cannot be pasted as the other.
     """
 
-    __slots__ = ("_key", "_store_id")
+    __slots__ = ("_key", "_store_id", "_term_prefix")
 
     def __init__(self, key: KeyHandle, store_id: str) -> None:
         self._key = key
         self._store_id = store_id
+        self._term_prefix = lp(_TAG, "term", store_id)
 
     def __repr__(self) -> str:
         return "<CounterSeal (hidden)>"
@@ -189,6 +190,15 @@ class CounterSeal:
     def check(self, purpose: str, counter: int, tag: str) -> bool:
         """Whether ``tag`` is this key's tag of ``counter`` (constant time)."""
         return hmac.compare_digest(self.tag(purpose, counter), tag)
+
+    def term(self, message: bytes) -> int:
+        """HMAC-SHA256 of ``message`` under the anchor key, as an integer: one
+        row's term of a turn head's multiset digest (``head_tally.term``).
+
+        Its own domain (``"term"`` and the store id, length-prefixed) keeps it
+        apart from the counter tags; ``message`` must be self-delimiting
+        (the callers pass msgpack)."""
+        return int.from_bytes(hmac.digest(self._key._key, self._term_prefix + message, "sha256"), "big")
 
 
 # The era an owner key's wrapping carries once the store has turn heads (issue

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from .crypto import CounterSeal
 from .errors import IntegrityError
 
@@ -151,9 +153,16 @@ class HeadEdit:
 
 def term(seal: CounterSeal, owner: str, turn_id: str, kind: str, item_id: str, item: tuple[Any, ...]) -> int:
     """One row's term of its turn's digest: HMAC-SHA256 under the store's anchor
-    key of (owner, turn, kind, id, clear item), as an integer."""
-    canonical = json.dumps([owner, turn_id, item_id, *_canonical(kind, item)], separators=(",", ":"))
-    return int(seal.tag(f"turn-head/{kind}/{canonical}", HEAD_FORMAT), 16)
+    key of (head format, kind, owner, turn, id, clear item), as an integer.
+
+    The message is msgpack (typed and self-delimiting: a string cannot pass for
+    a number, nor two fields for one). With ``hmac.digest`` it costs 2.5 us a
+    row against 5.3 for JSON and ``hmac.new`` (timeit, one row of an entry):
+    a turn read recounts every row it has not seen."""
+    return seal.term(_PACK([HEAD_FORMAT, kind, owner, turn_id, item_id, *_canonical(kind, item)]))
+
+
+_PACK = msgspec.msgpack.Encoder().encode
 
 
 def _canonical(kind: str, item: tuple[Any, ...]) -> list[Any]:
