@@ -50,6 +50,7 @@ from typing import Any, TypeVar
 
 from ._backend import Backend, Conn, Params, Rows
 from .errors import IntegrityError, StoreBusyError
+from .head_cache import HeadCache
 from .head_checks import HeadChecks
 from .head_owner import NO_TURNS, OWNER_HEAD, USAGE_HEAD, OwnerHeads, usage_body, usage_of
 from .head_tally import (
@@ -107,7 +108,37 @@ _INVENTORY_SQL = (
     " FROM compaction_marks WHERE owner_user_id = ? AND turn_id = {turn}"
     " UNION ALL SELECT 'k', owner_user_id, '', MAX(version), NULL, NULL, NULL, NULL, NULL, NULL, NULL"
     " FROM owner_keys WHERE owner_user_id = ? GROUP BY owner_user_id"
-    " ORDER BY k, turn_id, id"
+    "{token} ORDER BY k, turn_id, id"
+)
+# A read's freshness token (``head_cache``), in the inventory's statement (a ``v``
+# row: the same snapshot) or alone (a ``q`` row, after the read's own rows).
+# SQLite: the connection's data version, which moves with every commit of any
+# other connection, in this process or another.
+_SQLITE_VERSION_ROW = (
+    " UNION ALL SELECT 'v', NULL, NULL, NULL, NULL, NULL, data_version, NULL, NULL, NULL, NULL"
+    " FROM pragma_data_version()"
+)
+_SQLITE_QUICK = "SELECT 'q' AS k, data_version AS token FROM pragma_data_version()"
+# PostgreSQL: the server's SHA-256 over the inventory's rows, each as a row
+# value's text (fields quoted where needed, so unambiguous; the expiry as its 8
+# bytes, exact whatever ``extra_float_digits`` says), one a line, in a fixed order
+# (bytewise: no locale's collation). The server still reads the turn's rows and
+# sorts them, in C; the client receives 32 bytes instead of them.
+_PG_DIGEST = (
+    "(SELECT sha256(convert_to(string_agg(ROW(r.k, r.id, r.n, float8send(r.x), r.b, r.a, r.c)::text, chr(10)"
+    ' ORDER BY r.k COLLATE "C", r.id COLLATE "C"), \'UTF8\')) FROM ('
+    "SELECT 'e' AS k, id, step_num AS n, expires_at AS x, stored_bytes AS b, actor AS a, channel AS c"
+    " FROM entries WHERE owner_user_id = ? AND turn_id = {turn}"
+    " UNION ALL SELECT 'c', id, seq, expires_at, NULL, actor, channel FROM checkpoints"
+    " WHERE owner_user_id = ? AND turn_id = {turn}"
+    " UNION ALL SELECT 'm', id, seq, expires_at, NULL, actor, channel FROM compaction_marks"
+    " WHERE owner_user_id = ? AND turn_id = {turn}) AS r)"
+)
+_PG_DIGEST_ROW = f" UNION ALL SELECT 'v', NULL, NULL, NULL, {_PG_DIGEST}, NULL, NULL, NULL, NULL, NULL, NULL"
+_PG_QUICK = (
+    "SELECT 'q' AS k, {turn} AS turn_id,"
+    " (SELECT sealed FROM turn_heads WHERE owner_user_id = ? AND turn_id = {turn}) AS sealed,"
+    f" {_PG_DIGEST} AS token"
 )
 # The turn of one entry (``entry_select_sql``); the heads read are the owner's
 # whoever the row's owner is, as when the caller reads the turn's head itself.
@@ -130,7 +161,16 @@ class Heads(HeadChecks, OwnerHeads):
         HeadChecks.__init__(self, policy)
         OwnerHeads.__init__(self, db, keys)
         self._term = functools.lru_cache(maxsize=_TERM_CACHE)(functools.partial(term, keys.counter_seal))
+        self._cache = HeadCache()
+        sqlite = db.dialect == "sqlite"
+        self._sqlite = sqlite
+        self._inventory = _INVENTORY_SQL.replace("{token}", _SQLITE_VERSION_ROW if sqlite else _PG_DIGEST_ROW)
         keys.on_first_key = self.first_owner_head
+
+    def cache_limit(self, turns: int) -> None:
+        """Keep at most ``turns`` verified inventories (``head_cache``); 0 turns the
+        cache off, so that every read recounts its turn (the benchmark's "before")."""
+        self._cache.limit(turns)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -146,8 +186,19 @@ class Heads(HeadChecks, OwnerHeads):
 
         ``first`` is a first ``(fetched, head rows)`` pair the caller read
         together (``Backend.queries``: one round trip on PostgreSQL, the head's
-        query from ``checked_sql`` or ``entry_checked_sql``); without it the
-        first try fetches, then loads the head.
+        query from ``read_sql`` or ``entry_read_sql``); without it the first
+        try fetches, then reads the head.
+
+        **A verified inventory is reused** (``head_cache``) while the read's
+        freshness token is the one it was verified with: the rows are then
+        checked against it, and no inventory is fetched or recounted. The token
+        is read after the rows (or in the inventory's own statement): SQLite's
+        data version of this thread's connection (it moves with every commit
+        of another connection; this process's writes drop what they change,
+        in ``change``), or PostgreSQL's turn head with the server's digest of
+        the inventory's rows. Anything else (no entry, another token, a check
+        that fails against the cached inventory) reads and verifies the
+        inventory as below, and keeps it.
 
         The head and inventory are read after the rows: a writer that commits
         between the two reads makes them disagree, so a failed check is tried
@@ -160,23 +211,109 @@ class Heads(HeadChecks, OwnerHeads):
             IntegrityError: the check fails on a consistent pair.
             StoreBusyError: writers kept changing the turn while it was read.
         """
+        scope = self._db.read_scope()
         try:
             if first is None:
                 fetched = fetch()
-                head_rows = self._rows(owner, turn_id)
+                head_rows = self._db.query(*self.read_sql(owner, turn_id), owner=owner)
             else:
                 fetched, head_rows = first
-            check(self._from_rows(head_rows, owner, turn_id), fetched)
+            if _quick(head_rows):
+                if self._hit(scope, owner, turn_id, head_rows, check, fetched):
+                    return fetched
+                head_rows = self._rows(owner, turn_id)  # after the rows, as a lone fetch reads it
+            head = self._from_rows(head_rows, owner, turn_id)
+            check(head, fetched)
+            self._keep(scope, owner, turn_id, head_rows, head)
             return fetched
         except IntegrityError:
             pass  # tampering, or a writer or a rotation (a key retired) between the reads
         for _ in range(_CONSISTENT_TRIES):
             before = self._rows(owner, turn_id)
             fetched = fetch()
-            if self._rows(owner, turn_id) == before:
-                check(self._from_rows(before, owner, turn_id), fetched)
+            if _without_token(self._rows(owner, turn_id)) == _without_token(before):
+                head = self._from_rows(before, owner, turn_id)
+                check(head, fetched)
+                self._keep(scope, owner, turn_id, before, head)
                 return fetched
         raise StoreBusyError(f"turn {turn_id!r} kept changing while it was read; try again")
+
+    def _hit(
+        self, scope: object, owner: str, turn_id: str, quick: Rows, check: Callable[[Head, T], None], fetched: T
+    ) -> bool:
+        """Whether ``fetched`` passed ``check`` against the cached inventory of a
+        token equal to ``quick``'s; a failed check drops the entry (the caller
+        then verifies the inventory itself)."""
+        token = self._token(quick, turn_id)
+        if token is None:
+            return False
+        if self._sqlite:
+            self._cache.seen(scope, token)
+        entry = self._cache.get(scope, owner, turn_id)
+        if entry is None or entry.token != token:
+            return False
+        try:
+            check(entry.head, fetched)
+        except IntegrityError:
+            self._cache.drop(owner, turn_id)
+            return False
+        return True
+
+    def _keep(self, scope: object, owner: str, turn_id: str, rows: Rows, head: Head) -> None:
+        """Cache ``head``, verified from ``rows`` (a turn with a head only: one
+        without holds nothing to recount)."""
+        token = self._token(rows, turn_id)
+        if token is not None:
+            if self._sqlite:
+                self._cache.seen(scope, token)
+            self._cache.put(scope, owner, turn_id, token, head)
+
+    def _token(self, rows: Rows, turn_id: str) -> tuple[Any, ...] | None:
+        """The freshness token in a ``q`` row or an inventory's ``v`` row; None
+        when the turn has no head (nothing cached then)."""
+        sealed: Any = None
+        token: Any = None
+        for row in rows:
+            kind = row["k"]
+            if kind == "q":
+                if self._sqlite:
+                    return (row["token"],)
+                if row["turn_id"] != turn_id or row["sealed"] is None:
+                    return None
+                return (bytes(row["sealed"]), _digest(row["token"]))
+            if kind == "v":
+                token = row["n"] if self._sqlite else _digest(row["sealed"])
+            elif kind == "h" and row["turn_id"] == turn_id:
+                sealed = bytes(row["sealed"]) if row["sealed"] is not None else None
+        if sealed is None:
+            return None
+        return (token,) if self._sqlite else (sealed, token)
+
+    def read_sql(self, owner: str, turn_id: str) -> tuple[str, Params]:
+        """The query of what a read of the turn checks its rows against, sent
+        with them (``Backend.queries``): the token alone when a fresh verified
+        inventory of the turn is cached, else the turn's head rows and inventory
+        (with the token, in the same statement)."""
+        if self._cache.fresh(self._db.read_scope(), owner, turn_id):
+            return self._quick_sql("?", turn_id, owner)
+        return self._inventory_sql("?", turn_id, owner)
+
+    def entry_read_sql(self, owner: str, entry_id: str) -> tuple[str, Params]:
+        """``read_sql`` for the turn of entry ``entry_id``."""
+        if self._cache.lists(self._db.read_scope(), owner, entry_id):
+            return self._quick_sql(_ENTRY_TURN_SQL, entry_id, owner)
+        return self._inventory_sql(_ENTRY_TURN_SQL, entry_id, owner)
+
+    def _inventory_sql(self, turn: str, value: str, owner: str) -> tuple[str, Params]:
+        """The head rows, inventory and token of the turn ``turn`` (``?`` for ``value``,
+        a turn id, or the turn of entry ``value``)."""
+        token = () if self._sqlite else (owner, value) * 3
+        return self._inventory.format(turn=turn), (owner, value, OWNER_HEAD, *(owner, value) * 3, owner, *token)
+
+    def _quick_sql(self, turn: str, value: str, owner: str) -> tuple[str, Params]:
+        if self._sqlite:
+            return _SQLITE_QUICK, ()
+        return _PG_QUICK.format(turn=turn), (value, owner, value, *(owner, value) * 3)
 
     @staticmethod
     def select_sql(owner: str, turn_id: str) -> tuple[str, Params]:
@@ -190,29 +327,12 @@ class Heads(HeadChecks, OwnerHeads):
         return _HEAD_SQL.format(turn=_ENTRY_TURN_SQL), (owner, entry_id, OWNER_HEAD, USAGE_HEAD)
 
     @staticmethod
-    def checked_sql(owner: str, turn_id: str) -> tuple[str, Params]:
-        """The query of a turn's head rows and inventory, as ``checked`` reads
-        them (for ``Backend.queries``, beside the read's own rows)."""
-        return _INVENTORY_SQL.format(turn="?"), (owner, turn_id, OWNER_HEAD, *(owner, turn_id) * 3, owner)
-
-    @staticmethod
-    def entry_checked_sql(owner: str, entry_id: str) -> tuple[str, Params]:
-        """``checked_sql`` for the turn of entry ``entry_id``."""
-        return _INVENTORY_SQL.format(turn=_ENTRY_TURN_SQL), (
-            owner,
-            entry_id,
-            OWNER_HEAD,
-            *(owner, entry_id) * 3,
-            owner,
-        )
-
-    @staticmethod
     def newest_sql(owner: str) -> tuple[str, Params]:
         """The owner's newest key version, as ``change`` reads it without a version (for ``Conn.prefetch``)."""
         return f"SELECT {NEWEST_VERSION_SQL} AS v", (owner,)
 
     def _rows(self, owner: str, turn_id: str) -> list[dict[str, Any]]:
-        return self._db.query(*self.checked_sql(owner, turn_id), owner=owner)
+        return self._db.query(*self._inventory_sql("?", turn_id, owner), owner=owner)
 
     def _from_rows(self, rows: list[dict[str, Any]], owner: str, turn_id: str) -> Head:
         """The turn's inventory, authenticated by its head (rows of ``checked_sql``)."""
@@ -350,9 +470,14 @@ class Heads(HeadChecks, OwnerHeads):
         start of its transaction pays no round trip for them; the upserts are
         deferred (``Conn.defer``: they go with COMMIT on PostgreSQL).
 
+        The turn's verified inventory cached in this process is dropped
+        (``head_cache``): the next read verifies the turn again (on SQLite this
+        connection's own commits do not move its data version).
+
         Raises:
             IntegrityError: the stored head fails authentication.
         """
+        self._cache.drop(owner, turn_id)
         rows = conn.query(
             *(self.select_sql(owner, turn_id) if entry_id is None else self.entry_select_sql(owner, entry_id))
         )
@@ -430,3 +555,18 @@ def add_rows(edit: HeadEdit, rows: list[dict[str, Any]]) -> None:
 def _remove_rows(edit: HeadEdit, rows: list[dict[str, Any]]) -> None:
     for row in rows:
         edit.remove(row["k"], row["id"], entry_item(row) if row["k"] == "e" else record_item(row))
+
+
+def _quick(rows: Rows) -> bool:
+    """Whether ``rows`` are a token alone (``read_sql`` found a fresh cached inventory)."""
+    return bool(rows) and rows[0]["k"] == "q"
+
+
+def _without_token(rows: Rows) -> Rows:
+    """The inventory without its token: on SQLite the data version moves with any
+    commit, of any turn, and must not make a consistent pair look inconsistent."""
+    return [row for row in rows if row["k"] != "v"]
+
+
+def _digest(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)
