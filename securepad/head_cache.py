@@ -66,8 +66,6 @@ class HeadCache:
         self._entries: OrderedDict[_Key, Verified] = OrderedDict()
         self._by_owner: dict[tuple[int, str], set[str]] = {}
         self._held = 0
-        # The newest token each scope has seen (SQLite: its connection's data version).
-        self._seen: dict[int, tuple[Any, ...]] = {}
 
     def _forked(self) -> None:
         if self._pid != os.getpid():
@@ -94,37 +92,16 @@ class HeadCache:
             self._entries.move_to_end(key)
             return entry
 
-    def fresh(self, scope: object, owner: str, turn_id: str) -> bool:
-        """Whether the turn has an entry whose token is the newest its scope has seen
-        (worth asking the token alone for, instead of the whole inventory)."""
-        return self.fresh_entry(scope, owner, turn_id) is not None
-
-    def fresh_entry(self, scope: object, owner: str, turn_id: str) -> Verified | None:
-        """``get``, unless the scope has seen a newer token than the entry's."""
-        entry = self.get(scope, owner, turn_id)
-        if entry is None or self._seen.get(id(scope), entry.token) != entry.token:
-            return None
-        return entry
-
-    def lists(self, scope: object, owner: str, entry_id: str) -> bool:
-        """Whether a fresh entry of one of the owner's turns lists the entry ``entry_id``."""
+    def listing(self, scope: object, owner: str, entry_id: str) -> Verified | None:
+        """The entry of one of the owner's turns in ``scope`` that lists the entry ``entry_id``, if any."""
         self._forked()
         with self._lock:
             turns = list(self._by_owner.get((id(scope), owner), ()))
-        return any(
-            entry_id in entry.head.e
-            for turn_id in turns
-            if (entry := self.fresh_entry(scope, owner, turn_id)) is not None
-        )
-
-    def seen(self, scope: object, token: tuple[Any, ...]) -> None:
-        """The newest token read in ``scope``, when a token is the scope's whole state
-        (a SQLite connection's data version: every entry with another is stale)."""
-        self._forked()
-        with self._lock:
-            if len(self._seen) > 4 * max(self._turns, 1):
-                self._seen.clear()
-            self._seen[id(scope)] = token
+        for turn_id in turns:
+            entry = self.get(scope, owner, turn_id)
+            if entry is not None and entry_id in entry.head.e:
+                return entry
+        return None
 
     def put(self, scope: object, owner: str, turn_id: str, token: tuple[Any, ...], head: Head) -> None:
         self._forked()

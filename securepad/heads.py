@@ -36,6 +36,16 @@ the AAD: ``crypto.head_aad``): an attacker does not even see the sums.
   ``check_entry``, ``check_records``): a row absent before its sealed expiry,
   a row not in the inventory, or a row whose step, sequence, expiry or stored
   bytes differ raises ``IntegrityError``.
+* A read keeps the inventory it verified (``head_cache``) with a **freshness
+  token** of the snapshot it was read in, and sends that token with its next
+  read of the turn: the head's statement computes the token again, after the
+  read's rows, and leaves the inventory out when it is the same, so the rows
+  are checked against the cached inventory, in time independent of the turn's
+  length. SQLite's token is ``PRAGMA data_version`` of the reading connection
+  (it moves with every commit of any other connection); PostgreSQL's is the
+  turn's sealed head with the server's SHA-256 of the inventory's rows. This
+  process's writes drop the turns they change (``change``). What each token
+  trusts is in SECURITY.md ("Turn heads").
 
 Expiry stays legitimate: an entry whose *sealed* expiry has passed may be
 absent (gc subtracts what it collects, in its transaction).
@@ -96,37 +106,48 @@ _HEAD_SQL = (
 )
 # The same with the turn's inventory (readers): one statement, so one snapshot
 # and one round trip; expired rows not yet collected are part of the tally.
+# ``token`` is the read's freshness token (``head_cache``), computed first: a
+# ``v`` row returns it, with ``same`` (``n``) set when it equals the token the
+# read sent, the one of the inventory it has cached; every other row is then
+# left out, and the database does not even read it (``stale``, ``fresh``).
 _INVENTORY_SQL = (
-    "SELECT 'h' AS k, owner_user_id, turn_id, key_version, sealed, NULL AS id, NULL AS n,"
-    " NULL AS expires_at, NULL AS stored_bytes, NULL AS actor, NULL AS channel FROM turn_heads"
-    " WHERE owner_user_id = ? AND turn_id IN ({turn}, ?)"
+    "WITH token AS MATERIALIZED ({token})"
+    " SELECT 'h' AS k, owner_user_id, turn_id, key_version, sealed, NULL AS id, NULL AS n,"
+    " NULL AS expires_at, NULL AS stored_bytes, NULL AS actor, NULL AS channel"
+    " FROM {stale}turn_heads WHERE owner_user_id = ? AND turn_id IN ({turn}, ?){fresh}"
     " UNION ALL SELECT 'e', owner_user_id, turn_id, NULL, NULL, id, step_num, expires_at, stored_bytes, actor,"
-    " channel FROM entries WHERE owner_user_id = ? AND turn_id = {turn}"
+    " channel FROM {stale}entries WHERE owner_user_id = ? AND turn_id = {turn}{fresh}"
     " UNION ALL SELECT 'c', owner_user_id, turn_id, NULL, NULL, id, seq, expires_at, NULL, actor, channel"
-    " FROM checkpoints WHERE owner_user_id = ? AND turn_id = {turn}"
+    " FROM {stale}checkpoints WHERE owner_user_id = ? AND turn_id = {turn}{fresh}"
     " UNION ALL SELECT 'm', owner_user_id, turn_id, NULL, NULL, id, seq, expires_at, NULL, actor, channel"
-    " FROM compaction_marks WHERE owner_user_id = ? AND turn_id = {turn}"
+    " FROM {stale}compaction_marks WHERE owner_user_id = ? AND turn_id = {turn}{fresh}"
     " UNION ALL SELECT 'k', owner_user_id, '', MAX(version), NULL, NULL, NULL, NULL, NULL, NULL, NULL"
-    " FROM owner_keys WHERE owner_user_id = ? GROUP BY owner_user_id"
-    "{token} ORDER BY k, turn_id, id"
+    " FROM {stale}owner_keys WHERE owner_user_id = ?{fresh} GROUP BY owner_user_id"
+    " UNION ALL SELECT 'v', NULL, token.turn_id, NULL, token.sealed, NULL, token.same, NULL, NULL, token.value, NULL"
+    " FROM token ORDER BY k, turn_id, id"
 )
-# A read's freshness token (``head_cache``), in the inventory's statement (a ``v``
-# row: the same snapshot) or alone (a ``q`` row, after the read's own rows).
-# SQLite: the connection's data version, which moves with every commit of any
-# other connection, in this process or another.
-_SQLITE_VERSION_ROW = (
-    " UNION ALL SELECT 'v', NULL, NULL, NULL, NULL, NULL, data_version, NULL, NULL, NULL, NULL"
-    " FROM pragma_data_version()"
+# How a branch reads nothing when the token is the same. SQLite: a join whose
+# outer side (CROSS JOIN keeps the order) is empty, so the index is not even
+# searched; PostgreSQL: a condition on an uncorrelated subquery, which its
+# planner evaluates once, before the scan (a one-time filter).
+_SQLITE_STALE = ("(SELECT 1 FROM token WHERE same = 0) AS stale CROSS JOIN ", "")
+_PG_STALE = ("", " AND (SELECT same FROM token) = 0")
+# SQLite's token: the connection's data version, which moves with every commit
+# of any other connection, in this process or another.
+_SQLITE_FRESHNESS = (
+    "SELECT NULL AS turn_id, NULL AS sealed, CASE WHEN data_version IS ? THEN 1 ELSE 0 END AS same,"
+    " data_version AS value FROM pragma_data_version()"
 )
-_SQLITE_QUICK = "SELECT 'q' AS k, data_version AS token FROM pragma_data_version()"
-# PostgreSQL: the server's SHA-256 over the inventory's rows, each as a row
-# value's text (fields quoted where needed, so unambiguous; the expiry as its 8
-# bytes, exact whatever ``extra_float_digits`` says), one a line, in a fixed order
-# (bytewise: no locale's collation). The server still reads the turn's rows and
-# sorts them, in C; the client receives 32 bytes instead of them.
+# PostgreSQL's: the turn's head with the server's SHA-256 over the inventory's
+# rows, each as a row value's text (fields quoted where needed, so unambiguous;
+# the expiry as its 8 bytes, exact whatever ``extra_float_digits`` says), one a
+# line. The rows come in the order of the scans, not sorted: equal digests mean
+# equal sequences of rows, so equal inventories, whatever the order; a turn read
+# in another order (another plan) is only a miss. The server still reads the
+# turn's rows, in C; the client receives 64 hex digits instead of them.
 _PG_DIGEST = (
-    "(SELECT sha256(convert_to(string_agg(ROW(r.k, r.id, r.n, float8send(r.x), r.b, r.a, r.c)::text, chr(10)"
-    ' ORDER BY r.k COLLATE "C", r.id COLLATE "C"), \'UTF8\')) FROM ('
+    "(SELECT encode(sha256(convert_to(string_agg(ROW(r.k, r.id, r.n, float8send(r.x), r.b, r.a, r.c)::text,"
+    " chr(10)), 'UTF8')), 'hex') FROM ("
     "SELECT 'e' AS k, id, step_num AS n, expires_at AS x, stored_bytes AS b, actor AS a, channel AS c"
     " FROM entries WHERE owner_user_id = ? AND turn_id = {turn}"
     " UNION ALL SELECT 'c', id, seq, expires_at, NULL, actor, channel FROM checkpoints"
@@ -134,11 +155,12 @@ _PG_DIGEST = (
     " UNION ALL SELECT 'm', id, seq, expires_at, NULL, actor, channel FROM compaction_marks"
     " WHERE owner_user_id = ? AND turn_id = {turn}) AS r)"
 )
-_PG_DIGEST_ROW = f" UNION ALL SELECT 'v', NULL, NULL, NULL, {_PG_DIGEST}, NULL, NULL, NULL, NULL, NULL, NULL"
-_PG_QUICK = (
-    "SELECT 'q' AS k, {turn} AS turn_id,"
+# (OFFSET 0: the digest is computed once, not once per use of ``value``.)
+_PG_FRESHNESS = (
+    "SELECT t.turn_id, t.sealed, CASE WHEN t.sealed = ? AND t.value = ? THEN 1 ELSE 0 END AS same, t.value FROM"
+    " (SELECT {turn} AS turn_id,"
     " (SELECT sealed FROM turn_heads WHERE owner_user_id = ? AND turn_id = {turn}) AS sealed,"
-    f" {_PG_DIGEST} AS token"
+    f" {_PG_DIGEST} AS value OFFSET 0) AS t"
 )
 # The turn of one entry (``entry_select_sql``); the heads read are the owner's
 # whoever the row's owner is, as when the caller reads the turn's head itself.
@@ -162,9 +184,9 @@ class Heads(HeadChecks, OwnerHeads):
         OwnerHeads.__init__(self, db, keys)
         self._term = functools.lru_cache(maxsize=_TERM_CACHE)(functools.partial(term, keys.counter_seal))
         self._cache = HeadCache()
-        sqlite = db.dialect == "sqlite"
-        self._sqlite = sqlite
-        self._inventory = _INVENTORY_SQL.replace("{token}", _SQLITE_VERSION_ROW if sqlite else _PG_DIGEST_ROW)
+        self._sqlite = db.dialect == "sqlite"
+        token, (stale, fresh) = (_SQLITE_FRESHNESS, _SQLITE_STALE) if self._sqlite else (_PG_FRESHNESS, _PG_STALE)
+        self._inventory = _INVENTORY_SQL.replace("{token}", token).replace("{stale}", stale).replace("{fresh}", fresh)
         keys.on_first_key = self.first_owner_head
 
     def cache_limit(self, turns: int) -> None:
@@ -192,13 +214,14 @@ class Heads(HeadChecks, OwnerHeads):
         **A verified inventory is reused** (``head_cache``) while the read's
         freshness token is the one it was verified with: the rows are then
         checked against it, and no inventory is fetched or recounted. The token
-        is read after the rows (or in the inventory's own statement): SQLite's
+        is computed in the head's statement, after the rows were read: SQLite's
         data version of this thread's connection (it moves with every commit
         of another connection; this process's writes drop what they change,
-        in ``change``), or PostgreSQL's turn head with the server's digest of
-        the inventory's rows. Anything else (no entry, another token, a check
-        that fails against the cached inventory) reads and verifies the
-        inventory as below, and keeps it.
+        in ``change``), or PostgreSQL's turn head with the server's SHA-256 of
+        the inventory's rows. The statement leaves the inventory out when the
+        token is the one the read sent (its cached inventory's), and sends it
+        otherwise: one statement either way. A check that fails against the
+        cached inventory reads and verifies the inventory as below, and keeps it.
 
         The head and inventory are read after the rows: a writer that commits
         between the two reads makes them disagree, so a failed check is tried
@@ -218,10 +241,17 @@ class Heads(HeadChecks, OwnerHeads):
                 head_rows = self._db.query(*self.read_sql(owner, turn_id), owner=owner)
             else:
                 fetched, head_rows = first
-            if _quick(head_rows):
-                if self._hit(scope, owner, turn_id, head_rows, check, fetched):
+            token, same = self._token(head_rows, turn_id)
+            entry = self._cache.get(scope, owner, turn_id)
+            if entry is not None and token is not None and entry.token == token:
+                try:
+                    check(entry.head, fetched)
                     return fetched
-                head_rows = self._rows(owner, turn_id)  # after the rows, as a lone fetch reads it
+                except IntegrityError:
+                    self._cache.drop(owner, turn_id)
+                    same = True  # read the inventory itself
+            if same:  # the statement left out an inventory no longer cached (another thread's change)
+                head_rows = self._rows(owner, turn_id)
             head = self._from_rows(head_rows, owner, turn_id)
             check(head, fetched)
             self._keep(scope, owner, turn_id, head_rows, head)
@@ -238,82 +268,53 @@ class Heads(HeadChecks, OwnerHeads):
                 return fetched
         raise StoreBusyError(f"turn {turn_id!r} kept changing while it was read; try again")
 
-    def _hit(
-        self, scope: object, owner: str, turn_id: str, quick: Rows, check: Callable[[Head, T], None], fetched: T
-    ) -> bool:
-        """Whether ``fetched`` passed ``check`` against the cached inventory of a
-        token equal to ``quick``'s; a failed check drops the entry (the caller
-        then verifies the inventory itself)."""
-        token = self._token(quick, turn_id)
-        if token is None:
-            return False
-        if self._sqlite:
-            self._cache.seen(scope, token)
-        entry = self._cache.get(scope, owner, turn_id)
-        if entry is None or entry.token != token:
-            return False
-        try:
-            check(entry.head, fetched)
-        except IntegrityError:
-            self._cache.drop(owner, turn_id)
-            return False
-        return True
-
     def _keep(self, scope: object, owner: str, turn_id: str, rows: Rows, head: Head) -> None:
         """Cache ``head``, verified from ``rows`` (a turn with a head only: one
         without holds nothing to recount)."""
-        token = self._token(rows, turn_id)
-        if token is not None:
-            if self._sqlite:
-                self._cache.seen(scope, token)
+        token, _ = self._token(rows, turn_id)
+        if token is not None and any(row["k"] == "h" and row["turn_id"] == turn_id for row in rows):
             self._cache.put(scope, owner, turn_id, token, head)
 
-    def _token(self, rows: Rows, turn_id: str) -> tuple[Any, ...] | None:
-        """The freshness token in a ``q`` row or an inventory's ``v`` row; None
-        when the turn has no head (nothing cached then)."""
-        sealed: Any = None
-        token: Any = None
+    def _token(self, rows: Rows, turn_id: str) -> tuple[tuple[Any, ...] | None, bool]:
+        """The freshness token in the rows' ``v`` row (None on PostgreSQL when
+        the turn has no head, or the row is of another turn), and whether the
+        statement found it equal to the one sent, leaving the inventory out."""
         for row in rows:
-            kind = row["k"]
-            if kind == "q":
+            if row["k"] == "v":
+                same = bool(row["n"])
                 if self._sqlite:
-                    return (row["token"],)
+                    return (row["actor"],), same
                 if row["turn_id"] != turn_id or row["sealed"] is None:
-                    return None
-                return (bytes(row["sealed"]), _digest(row["token"]))
-            if kind == "v":
-                token = row["n"] if self._sqlite else _digest(row["sealed"])
-            elif kind == "h" and row["turn_id"] == turn_id:
-                sealed = bytes(row["sealed"]) if row["sealed"] is not None else None
-        if sealed is None:
-            return None
-        return (token,) if self._sqlite else (sealed, token)
+                    return None, same
+                return (row["turn_id"], bytes(row["sealed"]), row["actor"]), same
+        return None, False
 
     def read_sql(self, owner: str, turn_id: str) -> tuple[str, Params]:
         """The query of what a read of the turn checks its rows against, sent
-        with them (``Backend.queries``): the token alone when a fresh verified
-        inventory of the turn is cached, else the turn's head rows and inventory
-        (with the token, in the same statement)."""
-        if self._cache.fresh(self._db.read_scope(), owner, turn_id):
-            return self._quick_sql("?", turn_id, owner)
-        return self._inventory_sql("?", turn_id, owner)
+        with them (``Backend.queries``): the turn's head rows, its inventory and
+        the freshness token, the inventory left out by the database when the
+        token equals the one of the turn's cached inventory."""
+        entry = self._cache.get(self._db.read_scope(), owner, turn_id)
+        return self._inventory_sql("?", turn_id, owner, None if entry is None else entry.token)
 
     def entry_read_sql(self, owner: str, entry_id: str) -> tuple[str, Params]:
         """``read_sql`` for the turn of entry ``entry_id``."""
-        if self._cache.lists(self._db.read_scope(), owner, entry_id):
-            return self._quick_sql(_ENTRY_TURN_SQL, entry_id, owner)
-        return self._inventory_sql(_ENTRY_TURN_SQL, entry_id, owner)
+        entry = self._cache.listing(self._db.read_scope(), owner, entry_id)
+        return self._inventory_sql(_ENTRY_TURN_SQL, entry_id, owner, None if entry is None else entry.token)
 
-    def _inventory_sql(self, turn: str, value: str, owner: str) -> tuple[str, Params]:
-        """The head rows, inventory and token of the turn ``turn`` (``?`` for ``value``,
-        a turn id, or the turn of entry ``value``)."""
-        token = () if self._sqlite else (owner, value) * 3
-        return self._inventory.format(turn=turn), (owner, value, OWNER_HEAD, *(owner, value) * 3, owner, *token)
-
-    def _quick_sql(self, turn: str, value: str, owner: str) -> tuple[str, Params]:
+    def _inventory_sql(
+        self, turn: str, value: str, owner: str, token: tuple[Any, ...] | None = None
+    ) -> tuple[str, Params]:
+        """The statement of ``read_sql`` for ``turn`` (``?`` for ``value``, a turn
+        id, or the turn of entry ``value``); ``token``: the cached inventory's."""
         if self._sqlite:
-            return _SQLITE_QUICK, ()
-        return _PG_QUICK.format(turn=turn), (value, owner, value, *(owner, value) * 3)
+            sent: Params = (None,) if token is None else token
+        else:
+            sent = (None, None, value, owner, value, *(owner, value) * 3)
+            if token is not None:
+                sent = (token[1], token[2], *sent[2:])
+        inventory = (owner, value, OWNER_HEAD, *(owner, value) * 3, owner)
+        return self._inventory.format(turn=turn), (*sent, *inventory)
 
     @staticmethod
     def select_sql(owner: str, turn_id: str) -> tuple[str, Params]:
@@ -332,6 +333,7 @@ class Heads(HeadChecks, OwnerHeads):
         return f"SELECT {NEWEST_VERSION_SQL} AS v", (owner,)
 
     def _rows(self, owner: str, turn_id: str) -> list[dict[str, Any]]:
+        """The turn's head rows, inventory and token, whatever is cached."""
         return self._db.query(*self._inventory_sql("?", turn_id, owner), owner=owner)
 
     def _from_rows(self, rows: list[dict[str, Any]], owner: str, turn_id: str) -> Head:
@@ -555,11 +557,6 @@ def add_rows(edit: HeadEdit, rows: list[dict[str, Any]]) -> None:
 def _remove_rows(edit: HeadEdit, rows: list[dict[str, Any]]) -> None:
     for row in rows:
         edit.remove(row["k"], row["id"], entry_item(row) if row["k"] == "e" else record_item(row))
-
-
-def _quick(rows: Rows) -> bool:
-    """Whether ``rows`` are a token alone (``read_sql`` found a fresh cached inventory)."""
-    return bool(rows) and rows[0]["k"] == "q"
 
 
 def _without_token(rows: Rows) -> Rows:

@@ -1,14 +1,14 @@
 """Issue 14's read cost on PostgreSQL: the verified-head cache and its digest token.
 
-A warm read sends, beside its own rows, the turn's head and the server's
-SHA-256 of the turn's inventory rows (``heads._PG_QUICK``): equal to the
-cached pair, the cached inventory checks the rows, and no inventory row
-travels. The read stays one round trip. An edit by the admin role (the
-tables' owner) changes the digest or the head: the next warm read verifies
-the inventory itself and refuses the edit. A genuine write from elsewhere (a
-store object with a cache of its own) costs the next read one more round
-trip, and the new rows are served. Through PgBouncer (no prepared statements)
-the same holds.
+A warm read sends, beside its own rows, the token of its cached inventory;
+the server computes the turn's head and its SHA-256 of the turn's inventory
+rows (``heads._PG_FRESHNESS``): equal to the cached pair, the inventory's rows
+are left out and the cached inventory checks the read's rows. The read stays
+one round trip. An edit by the admin role (the tables' owner) changes the
+digest or the head: the statement then sends the inventory (still one round
+trip), and the read verifies it and refuses the edit. A genuine write from
+elsewhere (a store object with a cache of its own) is served the same way.
+Through PgBouncer (no prepared statements) the same holds.
 """
 
 from __future__ import annotations
@@ -129,20 +129,23 @@ def test_a_warm_read_is_one_round_trip_and_fetches_no_inventory(counted: Scratch
         assert by_read["history"] == (1, {"statements": 2, "rows": length + 1, "calls": 1})
 
 
-def test_a_write_from_elsewhere_costs_the_next_read_one_round_trip_more(
+def test_a_write_from_elsewhere_sends_the_inventory_in_the_same_round_trip(
     counted: Scratchpad, pg_dsn: str, keyring: Keyring
 ) -> None:
     pad = counted
     ids = _record(pad, TURN, 3)
     _warm(pad, ids)
+    meter = ReadMeter(pad)
     assert trips(lambda: pad.get(ALICE, ids[0], now=LATER)) == 1
+    assert meter.counts(lambda: pad.get(ALICE, ids[0], now=LATER))["rows"] == 2  # warm
     with Scratchpad.open(pg_dsn, keyring=keyring) as other:  # another process's store, in effect
         other.put(ALICE, TURN, 4, "fetch", "from elsewhere", now=NOW)
     handle = pad.turn(ALICE, TURN, now=LATER)
-    # The head moved: the token differs, the inventory is read and verified, the new row served.
-    assert trips(lambda: handle.history(now=LATER)) == 2
+    # The head moved: the token differs, so the statement sends the inventory; it is verified, the new row served.
+    assert trips(lambda: handle.history(now=LATER)) == 1
     assert [view["step_num"] for view in pad.list_for_turn(ALICE, TURN, now=LATER)] == [1, 2, 3, 4]
-    assert trips(lambda: pad.get(ALICE, ids[0], now=LATER)) == 1  # cached again
+    assert trips(lambda: pad.get(ALICE, ids[0], now=LATER)) == 1
+    assert meter.counts(lambda: pad.get(ALICE, ids[0], now=LATER))["rows"] == 2  # cached again
 
 
 def test_this_process_s_write_drops_the_turn_so_the_next_read_is_still_one_round_trip(counted: Scratchpad) -> None:

@@ -33,8 +33,7 @@ TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # about 4 KiB
 # put: the anchor, the settings and locks, the quota check (with the key
 # version), the turn's heads, the entry (its one segment in its row) and the
 # turn's head (BEGIN and COMMIT are not planned); read: the anchor, the
-# settings, the entry, the heads (the turn's inventory after a write, then its
-# token alone while the verified inventory is cached: either is one statement).
+# settings, the entry, the heads.
 STATEMENTS = {"put": 6, "read": 4}
 
 
@@ -68,8 +67,7 @@ def test_put_and_read_run_prepared_statements_only_planned_once(single: tuple[Sc
     entry = ""
     for step in range(1, 8):  # past the server's five custom plans per statement
         entry = pad.put(ALICE, "t1", step, "shell", TEXT)["scratchpad_id"]
-        pad.read(ALICE, entry, "head", n=100)  # after a put: the entry with the turn's inventory
-        pad.read(ALICE, entry, "head", n=100)  # the same again: with the cached inventory's token (issue 14)
+        pad.read(ALICE, entry, "head", n=100)
     before = _statements(pool)
     for step in range(8, 18):
         pad.put(ALICE, "t1", step, "shell", TEXT)
