@@ -470,3 +470,16 @@ def test_threads_share_the_cache_safely() -> None:
     for thread in threads:
         thread.join()
     assert errors == []
+
+
+def test_the_benchmark_s_read_length_counts_are_the_ones_the_docs_give(db_path: Path, keyring: Keyring) -> None:
+    """``python -m securepad.bench.heads``'s read_length section (no timing asserted)."""
+    from securepad.bench.heads import read_length
+
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        result = read_length(pad, (1, 20), repeat=2)
+    for length in (1, 20):
+        sides = result[f"{length}_steps"]
+        assert (sides["cache"]["statements"], sides["cache"]["rows"]) == (2, 2)
+        # The entry, the turn's head and owner head, its rows, the owner's key version, the token.
+        assert (sides["no_cache"]["statements"], sides["no_cache"]["rows"]) == (2, length + 5)
