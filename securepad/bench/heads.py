@@ -16,7 +16,8 @@ load of the machine; the statement and WAL-frame counts of
 
 ``read_length`` (``--read-lengths 1,20,500``, ``--pg DSN`` for PostgreSQL
 too) reads the tail (2,000 characters) of a 4 KiB entry of turns of those
-lengths, warm (the same read just ran), with the verified-head cache
+lengths, warm (the same read just ran; the garbage collector paused during
+the timed read, as ``timeit`` does), with the verified-head cache
 (``head_cache``) and without it (``Heads.cache_limit(0)``: every read
 recounts its turn's inventory, as before the cache), alternating read by
 read on one store. Besides the time it counts what a read sends and fetches
@@ -29,6 +30,7 @@ turn's rows to digest them).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import secrets
@@ -237,12 +239,16 @@ def read_length(
                 if index == 0:
                     counts[side] = meter.counts(read)
                     continue
-                client, server = time.process_time(), _server_cpu_s(server_pid)
-                started = time.perf_counter()
-                read()
-                times[side].append((time.perf_counter() - started) * 1e6)
-                cpu[side][0] += time.process_time() - client
-                cpu[side][1] += _server_cpu_s(server_pid) - server
+                gc.disable()  # as timeit does: the warm-up's garbage is not the read's cost
+                try:
+                    client, server = time.process_time(), _server_cpu_s(server_pid)
+                    started = time.perf_counter()
+                    read()
+                    times[side].append((time.perf_counter() - started) * 1e6)
+                    cpu[side][0] += time.process_time() - client
+                    cpu[side][1] += _server_cpu_s(server_pid) - server
+                finally:
+                    gc.enable()
         out[f"{length}_steps"] = {
             side: {
                 "read_us_median": round(statistics.median(times[side]), 1),
