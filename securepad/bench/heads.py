@@ -17,10 +17,10 @@ load of the machine; the statement and WAL-frame counts of
 ``read_length`` (``--read-lengths 1,20,500``, ``--pg DSN`` for PostgreSQL
 too) reads the tail (2,000 characters) of a 4 KiB entry of turns of those
 lengths, warm (the same read just ran; the garbage collector paused during
-the timed read, as ``timeit`` does), with the verified-head cache
+the timed reads, as ``timeit`` does), with the verified-head cache
 (``head_cache``) and without it (``Heads.cache_limit(0)``: every read
-recounts its turn's inventory, as before the cache), alternating read by
-read on one store. Besides the time it counts what a read sends and fetches
+recounts its turn's inventory, as before the cache), alternating in blocks
+of ten reads on one store. Besides the time it counts what a read sends and fetches
 (statements, rows; round trips on PostgreSQL), which load does not change
 (``tests/test_head_cache.py`` guards them), and on PostgreSQL the serving
 backend's CPU per read (``/proc/<pid>/stat``: the server still reads the
@@ -54,6 +54,8 @@ ALICE = Principal("alice", "agent", "web")
 _NOW = 1_000_000.0
 _TURN_STEPS = 20
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+# read_length alternates the two sides in blocks of this many timed reads.
+_BLOCK = 10
 
 
 def _without_heads(pad: Scratchpad) -> None:
@@ -232,32 +234,33 @@ def read_length(
         times: dict[str, list[float]] = {side: [] for side in sides}
         cpu: dict[str, list[float]] = {side: [0.0, 0.0] for side in sides}
         counts = {}
-        for index in range(repeat + 1):
+        for block in range(max(repeat // _BLOCK, 1) + 1):
             for side, turns in sides.items():
                 heads.cache_limit(turns)
                 read()  # warm: the cache (when on) holds the turn
-                if index == 0:
+                if block == 0:
                     counts[side] = meter.counts(read)
                     continue
-                gc.disable()  # as timeit does: the warm-up's garbage is not the read's cost
+                gc.disable()  # as timeit does: the warm-up's garbage is not the reads' cost
                 try:
-                    client, server = time.process_time(), _server_cpu_s(server_pid)
-                    started = time.perf_counter()
-                    read()
-                    times[side].append((time.perf_counter() - started) * 1e6)
-                    cpu[side][0] += time.process_time() - client
-                    cpu[side][1] += _server_cpu_s(server_pid) - server
+                    for _ in range(_BLOCK):
+                        client, server = time.process_time(), _server_cpu_s(server_pid)
+                        started = time.perf_counter()
+                        read()
+                        times[side].append((time.perf_counter() - started) * 1e6)
+                        cpu[side][0] += time.process_time() - client
+                        cpu[side][1] += _server_cpu_s(server_pid) - server
                 finally:
                     gc.enable()
-        out[f"{length}_steps"] = {
-            side: {
+        out[f"{length}_steps"] = {}
+        for side in sides:
+            reads = len(times[side])
+            out[f"{length}_steps"][side] = {
                 "read_us_median": round(statistics.median(times[side]), 1),
-                "client_cpu_us": round(cpu[side][0] / repeat * 1e6, 1),
-                **({"server_cpu_us": round(cpu[side][1] / repeat * 1e6, 1)} if server_pid is not None else {}),
+                "client_cpu_us": round(cpu[side][0] / reads * 1e6, 1),
+                **({"server_cpu_us": round(cpu[side][1] / reads * 1e6, 1)} if server_pid is not None else {}),
                 **counts[side],
             }
-            for side in sides
-        }
     heads.cache_limit(CACHE_TURNS)
     return out
 
