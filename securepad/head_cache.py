@@ -78,6 +78,11 @@ class HeadCache:
             self._turns, self._rows = turns, rows
             self._evict()
 
+    @property
+    def enabled(self) -> bool:
+        """Whether anything is kept (``limit`` above 0 turns)."""
+        return self._turns > 0
+
     def get(self, scope: object, owner: str, turn_id: str) -> Verified | None:
         """The turn's entry in ``scope``, if any (the caller compares its token)."""
         self._forked()

@@ -162,6 +162,7 @@ _PG_FRESHNESS = (
     " (SELECT sealed FROM turn_heads WHERE owner_user_id = ? AND turn_id = {turn}) AS sealed,"
     f" {_PG_DIGEST} AS value OFFSET 0) AS t"
 )
+_PG_NO_FRESHNESS = "SELECT NULL::text AS turn_id, NULL::bytea AS sealed, 0 AS same, NULL::text AS value"
 # The turn of one entry (``entry_select_sql``); the heads read are the owner's
 # whoever the row's owner is, as when the caller reads the turn's head itself.
 _ENTRY_TURN_SQL = "(SELECT turn_id FROM entries WHERE id = ?)"
@@ -186,7 +187,10 @@ class Heads(HeadChecks, OwnerHeads):
         self._cache = HeadCache()
         self._sqlite = db.dialect == "sqlite"
         token, (stale, fresh) = (_SQLITE_FRESHNESS, _SQLITE_STALE) if self._sqlite else (_PG_FRESHNESS, _PG_STALE)
-        self._inventory = _INVENTORY_SQL.replace("{token}", token).replace("{stale}", stale).replace("{fresh}", fresh)
+        template = _INVENTORY_SQL.replace("{stale}", stale).replace("{fresh}", fresh)
+        self._inventory = template.replace("{token}", token)
+        # With the cache off, PostgreSQL's statement computes no digest (nothing would keep it).
+        self._bare = template.replace("{token}", _PG_NO_FRESHNESS)
         keys.on_first_key = self.first_owner_head
 
     def cache_limit(self, turns: int) -> None:
@@ -307,13 +311,15 @@ class Heads(HeadChecks, OwnerHeads):
     ) -> tuple[str, Params]:
         """The statement of ``read_sql`` for ``turn`` (``?`` for ``value``, a turn
         id, or the turn of entry ``value``); ``token``: the cached inventory's."""
+        inventory = (owner, value, OWNER_HEAD, *(owner, value) * 3, owner)
         if self._sqlite:
             sent: Params = (None,) if token is None else token
+        elif not self._cache.enabled:
+            return self._bare.format(turn=turn), inventory
         else:
             sent = (None, None, value, owner, value, *(owner, value) * 3)
             if token is not None:
                 sent = (token[1], token[2], *sent[2:])
-        inventory = (owner, value, OWNER_HEAD, *(owner, value) * 3, owner)
         return self._inventory.format(turn=turn), (*sent, *inventory)
 
     @staticmethod

@@ -248,3 +248,19 @@ def test_through_pgbouncer_warm_reads_use_the_digest_and_refuse_an_edit(
             pad.turn(ALICE, TURN, now=LATER).history(now=LATER)
         with pytest.raises(IntegrityError):
             pad.get(ALICE, ids[1], now=LATER)
+
+
+def test_with_the_cache_off_every_read_verifies_the_whole_inventory(pg_dsn: str, keyring: Keyring) -> None:
+    """``Heads.cache_limit(0)`` (the benchmark's "before"): no digest, the inventory every time."""
+    from securepad.store import parts
+
+    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+        parts(pad).entries.heads.cache_limit(0)
+        ids = _record(pad, TURN, 5)
+        meter = ReadMeter(pad)
+        for _ in range(2):
+            assert meter.counts(lambda: pad.get(ALICE, ids[0], now=LATER))["rows"] >= 10
+        with as_admin(pg_dsn) as conn:
+            conn.execute("DELETE FROM entries WHERE id = %s", (ids[3],))
+        with pytest.raises(IntegrityError):
+            pad.get(ALICE, ids[0], now=LATER)
