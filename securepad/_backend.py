@@ -89,6 +89,12 @@ class Backend(Protocol):
         another on SQLite. Queries run after one another may see writes
         committed in between."""
 
+    def read_scope(self) -> object:
+        """What a cache of verified reads (``head_cache``) is bound to: SQLite's
+        connection of this thread (its data version compares only with its own),
+        None on PostgreSQL (a read's token there is the server's, the same for
+        every connection)."""
+
     def checkpoint(self, *, wait: bool = True) -> bool:
         """Make deleted data leave the engine's files where it can (SQLite's WAL);
         returns False when part of it had to stay for now."""

@@ -659,6 +659,15 @@ class Database:
         """
         return [self.query(sql, params, owner=owner, admin=admin) for sql, params in statements]
 
+    def read_scope(self) -> object:
+        """This thread's connection: what ``PRAGMA data_version`` (a cached read's
+        token, ``heads``) belongs to; it compares only with its own connection's.
+
+        Raises:
+            SecurepadError: the store is closed.
+        """
+        return self.conn
+
     def checkpoint(self, *, wait: bool = True) -> bool:
         """Move the WAL into the database and truncate it to zero bytes (after
         giving the file's free pages back, with ``incremental_vacuum``).

@@ -355,6 +355,10 @@ class PostgresDatabase:
         except psycopg.OperationalError as exc:
             raise self._unavailable(exc, call) from None
 
+    def read_scope(self) -> object:
+        """None: a cached read's token (``heads``) is the server's digest of the rows, the same on every connection."""
+        return None
+
     def checkpoint(self, *, wait: bool = True) -> bool:
         """Nothing to do: the server manages its own files (see the README's PostgreSQL section on VACUUM)."""
         return True

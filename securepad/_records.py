@@ -189,7 +189,7 @@ class Records:
         first_rows, first_stored, head_rows = self._db.queries(
             self._access.rows_sql(*live),
             self._access.rows_sql(*numbered),
-            Heads.checked_sql(principal.owner_user_id, turn_id),
+            self._heads.read_sql(principal.owner_user_id, turn_id),
             owner=principal.owner_user_id,
         )
         for row in (*first_rows, *first_stored):

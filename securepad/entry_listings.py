@@ -14,7 +14,7 @@ from .access import Access, check_principal
 from .entry_open import Opener, rows_and_head
 from .entry_rows import COLUMNS, EntryParts, Opened, check_row_types, check_step_num, live
 from .errors import InvalidArgumentError
-from .heads import Head, Heads
+from .heads import Head
 from .principal import Principal, check_identifier
 
 __all__ = ["Listings", "step_sql"]
@@ -48,7 +48,7 @@ class Listings:
             self.heads.check_entries_in(head, principal, turn_id, [each.row for each in opened], current)
 
         # The turn's rows and its head rows: one round trip on PostgreSQL.
-        head_sql = Heads.checked_sql(principal.owner_user_id, turn_id)
+        head_sql = self.heads.read_sql(principal.owner_user_id, turn_id)
         rows, head_rows = rows_and_head(
             self._db, self._access, principal, head_sql, COLUMNS, "turn_id = ?", (turn_id,), order
         )

@@ -16,7 +16,7 @@ from .access import Access, audit_log, check_principal
 from .crypto import ENTRY_FORMAT, EntryCipher, Header, ListingKey, open_entry
 from .entry_rows import COLUMNS, ID_RE, Entry, EntryParts, Opened, Readable, check_row_types
 from .errors import ExpiredError, IntegrityError, InvalidArgumentError, NotFoundError
-from .heads import Head, Heads, same_entry
+from .heads import Head, same_entry
 from .policy import NOT_FOUND_MESSAGE
 from .principal import Principal, check_identifier
 
@@ -60,7 +60,7 @@ class Opener:
         if turn_id is not None:
             where, params = "id = ? AND turn_id = ?", (scratchpad_id, check_identifier("turn_id", turn_id))
         # The entry's row and its turn's head rows: one round trip on PostgreSQL.
-        head_sql = Heads.entry_checked_sql(principal.owner_user_id, scratchpad_id)
+        head_sql = self.heads.entry_read_sql(principal.owner_user_id, scratchpad_id)
         rows, head_rows = rows_and_head(self._db, self._access, principal, head_sql, _OPEN_COLUMNS, where, params)
         if not rows:
             self._access.denied(principal, scratchpad_id)
