@@ -144,6 +144,11 @@ class Anchor:
         self._committed = counter
         self.db.hooks = self
         _OPEN.add(self)
+        # Registered (again) now, after the store's connections and their
+        # finalizers: exit handlers run last-registered first, and weakref's
+        # (which closes those connections at exit) must run after this one.
+        atexit.unregister(_close_at_exit)
+        atexit.register(_close_at_exit)
 
     # -- the write path --------------------------------------------------------------------
 
@@ -408,7 +413,6 @@ def _end_syncer(stop: threading.Event, due: threading.Event) -> None:
     due.set()
 
 
-@atexit.register
 def _close_at_exit() -> None:
     """At a normal interpreter exit, anchor the last writes of every store still
     open, as ``close`` would (the thread is a daemon: it would die mid-wait, and

@@ -75,19 +75,21 @@ def test_a_rollback_the_syncer_finds_stops_the_next_write(db_path: Path, keyring
 _NEVER_CLOSED = """
 import json, sys, time
 from securepad import Keyring, Policy, Principal, Scratchpad
-policy = Policy.from_dict({"storage": {"anchor_sync": "interval", "anchor_interval_seconds": 1}})
+policy = Policy.from_dict({"storage": {"anchor_sync": "interval", "anchor_interval_seconds": 3}})
 pad = Scratchpad.open(sys.argv[1], keyring=Keyring.from_key_file(sys.argv[2]), policy=policy)
+opened = pad.stats()["anchor"]["committed"]
 alice = Principal("alice", "planner", "web")
 pad.put(alice, "t", 1, "tool", "one")
-time.sleep(1.1)
-pad.put(alice, "t", 2, "tool", "two")  # crosses the interval: the background thread starts
-deadline = time.monotonic() + 30
-while pad.stats()["anchor"]["anchored"] == pad.stats()["anchor"]["committed"] - 1 and time.monotonic() < deadline:
+time.sleep(3.1)
+pad.put(alice, "t", 2, "tool", "two")  # crosses the interval: the background thread starts and syncs
+deadline = time.monotonic() + 60
+while pad.stats()["anchor"]["anchored"] <= opened and time.monotonic() < deadline:
     time.sleep(0.02)
-before = pad.stats()["anchor"]
-pad.put(alice, "t", 3, "tool", "three")  # inside the interval: not synced by the thread
+synced = pad.stats()["anchor"]
+pad.put(alice, "t", 3, "tool", "three")  # inside the new interval: the thread does not sync them
 pad.put(alice, "t", 4, "tool", "four")
-print(json.dumps({**before, "threads": sorted(t.name for t in __import__("threading").enumerate())}))
+threads = sorted(t.name for t in __import__("threading").enumerate())
+print(json.dumps({**synced, "opened": opened, "threads": threads}))
 # no close: the interpreter exits with the store open
 """
 
@@ -116,11 +118,12 @@ def test_a_store_never_closed_is_anchored_at_exit(db_path: Path, key_file: Path,
     )
     assert child.returncode == 0, child.stderr
     assert child.stderr == ""
-    before = json.loads(child.stdout)
-    assert "securepad-anchor" in before["threads"]
+    synced = json.loads(child.stdout)
+    assert "securepad-anchor" in synced["threads"]
+    assert synced["anchored"] == synced["committed"] > synced["opened"]  # the thread synced step 2
     counter = _store_counter(db_path)
-    assert counter > before["committed"]  # the writes after the last sync were anchored at exit
-    assert json.loads(Path(before["path"]).read_text())["counter"] == counter
+    assert counter > synced["committed"]  # steps 3 and 4, after that sync, were anchored at exit
+    assert json.loads(Path(synced["path"]).read_text())["counter"] == counter
     with Scratchpad.open(db_path, keyring=keyring, policy=INTERVAL) as pad:
         assert len(pad.list_for_turn(ALICE, "t", now=1_000_000_000.0)) == 4
 
