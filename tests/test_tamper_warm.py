@@ -107,6 +107,9 @@ def _entry_reads(entry: int) -> dict[str, Read]:
         "read_head_edited": lambda pad, s: pad.read(ALICE, s["ids"][entry], mode="head", now=LATER),
         "read_tail_edited": lambda pad, s: pad.read(ALICE, s["ids"][entry], mode="tail", now=LATER),
         "read_full_edited": lambda pad, s: pad.read(ALICE, s["ids"][entry], mode="full", now=LATER),
+        "read_range_edited": lambda pad, s: pad.read(ALICE, s["ids"][entry], mode="range", end=100, now=LATER),
+        "read_lines_edited": lambda pad, s: pad.read(ALICE, s["ids"][entry], mode="lines", end=3, now=LATER),
+        "read_grep_edited": lambda pad, s: pad.read(ALICE, s["ids"][entry], mode="grep", pattern="obs", now=LATER),
         "resolve_edited": lambda pad, s: _turn(pad).resolve(f"{{{{step{entry + 1}.n}}}}", now=LATER),
     }
 
