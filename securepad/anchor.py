@@ -22,10 +22,19 @@ counter: ``commit`` (after every write), ``interval`` (at most every
 ``anchor_interval_seconds``, in a background thread: the write that crosses
 the interval only wakes it), ``close`` (at open and close only). SECURITY.md
 states the window each leaves.
+
+A store that is never closed still ends cleanly: the background thread holds
+only a weak reference to its anchor and ends when the anchor is garbage
+collected, and at a normal interpreter exit every anchor still open is
+closed (``atexit``), as ``close`` would: the store's last writes are
+anchored. A store dropped without ``close`` before the exit keeps the anchor
+of its last sync: its writes since then are committed but unanchored, as
+after a kill (never a false alarm).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import json
@@ -33,6 +42,7 @@ import os
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -94,6 +104,8 @@ class Anchor:
         self._due = threading.Event()
         self._stop = threading.Event()
         self._failed: IntegrityError | None = None  # what the syncer found, raised by the next write
+        # Collected without close: the syncer (which holds only a weak reference) is told to end.
+        weakref.finalize(self, _end_syncer, self._stop, self._due).atexit = False
 
     # -- open ----------------------------------------------------------------------------
 
@@ -131,6 +143,12 @@ class Anchor:
             self._write_anchor(counter, -1 if anchored is None else anchored)
         self._committed = counter
         self.db.hooks = self
+        _OPEN.add(self)
+        # Registered (again) now, after the store's connections and their
+        # finalizers: exit handlers run last-registered first, and weakref's
+        # (which closes those connections at exit) must run after this one.
+        atexit.unregister(_close_at_exit)
+        atexit.register(_close_at_exit)
 
     # -- the write path --------------------------------------------------------------------
 
@@ -198,27 +216,15 @@ class Anchor:
         with self._mutex:
             if self._syncer is None or not self._syncer.is_alive() or self._syncer_pid != os.getpid():
                 self._stop.clear()
-                self._syncer = threading.Thread(target=self._sync_loop, name="securepad-anchor", daemon=True)
+                self._syncer = threading.Thread(
+                    target=_sync_loop,
+                    args=(weakref.ref(self), self._due, self._stop),
+                    name="securepad-anchor",
+                    daemon=True,
+                )
                 self._syncer_pid = os.getpid()
                 self._syncer.start()
         self._due.set()
-
-    def _sync_loop(self) -> None:
-        """The ``interval`` syncs, one at a time, each on this thread's connection.
-        A rollback it finds is raised by the next write (or close); a busy or
-        full store is tried again at the next interval (``advance`` keeps the
-        writes marked as not anchored)."""
-        while True:
-            self._due.wait()
-            self._due.clear()
-            if self._stop.is_set():
-                return
-            try:
-                self.advance()
-            except IntegrityError as exc:
-                self._failed = exc
-            except SecurepadError:
-                pass
 
     def _stop_syncer(self) -> None:
         syncer = self._syncer
@@ -283,6 +289,7 @@ class Anchor:
                 self.advance()
             finally:
                 self.db.hooks = None
+                _OPEN.discard(self)
 
     def status(self) -> dict[str, Any]:
         """The anchor's path, sync policy, and the counters (for ``stats``)."""
@@ -369,3 +376,49 @@ class Anchor:
             yield
         finally:
             os.close(fd)
+
+
+# -- the background syncer and the exit ---------------------------------------------------------
+
+# The anchors of this process whose stores are open (and not yet collected).
+_OPEN: weakref.WeakSet[Anchor] = weakref.WeakSet()
+
+
+def _sync_loop(anchor_ref: weakref.ref[Anchor], due: threading.Event, stop: threading.Event) -> None:
+    """The ``interval`` syncs of one anchor, one at a time, each on this thread's
+    connection. It holds the anchor only while a sync runs, so an anchor whose
+    store was dropped without ``close`` is collected, and its finalizer ends
+    this loop. A rollback it finds is raised by the next write (or close); a
+    busy or full store is tried again at the next interval (``advance`` keeps
+    the writes marked as not anchored)."""
+    while True:
+        due.wait()
+        due.clear()
+        if stop.is_set():
+            return
+        anchor = anchor_ref()
+        if anchor is None:
+            return
+        try:
+            anchor.advance()
+        except IntegrityError as exc:
+            anchor._failed = exc
+        except SecurepadError:
+            pass
+        del anchor
+
+
+def _end_syncer(stop: threading.Event, due: threading.Event) -> None:
+    stop.set()
+    due.set()
+
+
+def _close_at_exit() -> None:
+    """At a normal interpreter exit, anchor the last writes of every store still
+    open, as ``close`` would (the thread is a daemon: it would die mid-wait, and
+    the writes since its last sync would stay unanchored). What cannot be done
+    now (a busy or full store, a rollback found) is left to the next open, which
+    checks the store against its anchor as always."""
+    for anchor in list(_OPEN):
+        with contextlib.suppress(SecurepadError):
+            anchor.close()

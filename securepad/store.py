@@ -351,7 +351,9 @@ class Scratchpad:
         Returns ``ok`` (no problem found), counts (``owners``, ``turns``,
         ``entries``, ``checkpoints``, ``compaction_marks``), ``seconds`` and
         ``problems``: one dict per problem with ``owner_user_id``, ``turn_id``,
-        ``id`` (entry or record, or None for a head), ``what`` and ``problem``.
+        ``id`` (entry or record, or None for a head), ``what`` and ``problem``;
+        a turn whose entries differ from its head also has ``steps``,
+        ``last_step``, ``missing_steps`` and ``newest_removed`` (``verify.py``).
 
         Raises:
             InvalidArgumentError: a bad ``now``.

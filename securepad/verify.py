@@ -6,6 +6,15 @@ time is linear in the store. Nothing is taken on trust: every row is
 authenticated before it is compared with its turn's head, and every head
 before its lists are used. Expiry is legitimate: a row whose *sealed* expiry
 has passed may be absent.
+
+A turn's head is a digest, so it cannot name a row that is gone; but for a
+turn whose entries differ from its head, verify says which steps it still
+holds (authenticated entries), the highest step the head recorded, and the
+step numbers below it with no authenticated entry: removed, altered, or
+expired and collected (or never recorded: step numbers may be skipped). When
+the head's own newest entry is gone before its sealed expiry, that is named
+as a removal. The steps come from the entry pass (rows arrive in step order
+within a turn), so this stays linear.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from .heads import OWNER_HEAD, RECORD_KINDS, USAGE_HEAD, HeadEdit, Heads, Tally,
 __all__ = ["verify_store"]
 
 Problem = dict[str, Any]
+Steps = list[list[int]]  # runs of step numbers, [first, last] each
 
 
 def verify_store(entries: Entries, records: Records, heads: Heads, now: float) -> dict[str, Any]:
@@ -38,6 +48,8 @@ def verify_store(entries: Entries, records: Records, heads: Heads, now: float) -
     counted = {"entries": 0, **dict.fromkeys(TABLES, 0)}
     found: dict[tuple[str, str], HeadEdit] = {}
     usage: dict[str, int] = {}
+    steps: dict[tuple[str, str], list[int]] = {}  # each turn's authenticated steps, in order
+    stored: set[str] = set()  # every entry id in the store, authenticated or not
 
     def tally(where: tuple[str, str]) -> HeadEdit:
         if where not in found:
@@ -46,11 +58,13 @@ def verify_store(entries: Entries, records: Records, heads: Heads, now: float) -
 
     for row in entries.all_rows():
         counted["entries"] += 1
+        stored.add(row["id"])
         usage[row["owner_user_id"]] = usage.get(row["owner_user_id"], 0) + int(row["stored_bytes"])
         where = (row["owner_user_id"], row["turn_id"])
         try:
             tally(where).add("e", row["id"], entry_item(row))
             entries.verify_row(row)
+            steps.setdefault(where, []).append(int(row["step_num"]))
             if where not in turn_heads:
                 raise IntegrityError("the entry's turn has no head")
         except IntegrityError as exc:
@@ -67,10 +81,15 @@ def verify_store(entries: Entries, records: Records, heads: Heads, now: float) -
             except IntegrityError as exc:
                 problems.append(_problem(*where, row["id"], table[:-1], str(exc)))
     for (owner, turn_id), sealed in turn_heads.items():
+        rows = tally((owner, turn_id)).tally
         try:
-            heads.same_tally(sealed, tally((owner, turn_id)).tally, turn_id)
+            heads.same_tally(sealed, rows, turn_id)
         except IntegrityError as exc:
-            problems.append(_problem(owner, turn_id, None, "turn", str(exc)))
+            problem = _problem(owner, turn_id, None, "turn", str(exc))
+            if _entries_differ(sealed, rows):
+                problem.update(_steps_named(sealed, steps.get((owner, turn_id), []), stored, now))
+                problem["problem"] += _steps_text(problem)
+            problems.append(problem)
     problems += _usage_problems(owner_heads, usage)
     return {
         "ok": not problems,
@@ -128,6 +147,76 @@ def _usage_problems(totals: dict[str, int | None], usage: dict[str, int]) -> lis
                 _problem(owner, None, None, "owner usage", f"counts {total} bytes, the entries {usage.get(owner, 0)}")
             )
     return problems
+
+
+def _entries_differ(sealed: Tally, rows: Tally) -> bool:
+    """Whether the turn's entries (not only its records) differ from its head,
+    by the tests of ``Heads.same_tally`` (a head's ``last`` is the highest step
+    ever recorded: the rows may legitimately stay below it)."""
+    return (
+        (rows.n["e"], rows.d["e"]) != (sealed.n["e"], sealed.d["e"])
+        or rows.last > sealed.last
+        or (sealed.newest is not None and sealed.newest != rows.newest)
+    )
+
+
+def _steps_named(sealed: Tally, present: list[int], stored: set[str], now: float) -> dict[str, Any]:
+    """What can be said of a turn whose entries differ from its head: ``steps``
+    (the authenticated entries' steps, as runs), ``last_step`` (the highest step
+    the head recorded), ``missing_steps`` (runs of 1..last_step with no
+    authenticated entry) and ``newest_removed`` (the head's newest entry's step
+    when no row of the store has its id any more and its sealed expiry has not
+    passed, else None)."""
+    newest = sealed.newest
+    removed = None
+    if newest is not None and newest[0] not in stored and float(newest[2]) > now:
+        removed = int(newest[1])
+    return {
+        "steps": _runs(present),
+        "last_step": sealed.last,
+        "missing_steps": _gaps(present, sealed.last),
+        "newest_removed": removed,
+    }
+
+
+def _runs(ordered: list[int]) -> Steps:
+    """Sorted step numbers (repeats allowed) as runs ``[first, last]``."""
+    runs: Steps = []
+    for step in ordered:
+        if runs and step <= runs[-1][1] + 1:
+            runs[-1][1] = max(runs[-1][1], step)
+        else:
+            runs.append([step, step])
+    return runs
+
+
+def _gaps(ordered: list[int], last: int) -> Steps:
+    """The runs of 1..``last`` that ``ordered`` (sorted) does not hold."""
+    gaps: Steps = []
+    expected = 1
+    for first, end in _runs([step for step in ordered if 1 <= step <= last]):
+        if first > expected:
+            gaps.append([expected, first - 1])
+        expected = end + 1
+    if expected <= last:
+        gaps.append([expected, last])
+    return gaps
+
+
+def _steps_text(named: dict[str, Any]) -> str:
+    def runs(found: Steps) -> str:
+        return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in found) or "none"
+
+    text = f"; steps present: {runs(named['steps'])}; the head's last step: {named['last_step']}"
+    if named["missing_steps"]:
+        missing = named["missing_steps"]
+        text += (
+            f"; no authenticated entry for step{'' if missing == [[missing[0][0]] * 2] else 's'} {runs(missing)}"
+            " (removed, altered, or expired and collected; or never recorded)"
+        )
+    if named["newest_removed"] is not None:
+        text += f"; the head's newest entry (step {named['newest_removed']}) is gone before its sealed expiry: removed"
+    return text
 
 
 def _problem(owner: str, turn_id: str | None, item_id: str | None, what: str, problem: str) -> Problem:

@@ -26,14 +26,36 @@ outside the threat model (SECURITY.md, "Snapshot rollback: no anchor file").
 
 from __future__ import annotations
 
-import secrets
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
-import psycopg
 import pytest
+from tamper_edits import (
+    Edit,
+    Raw,
+    as_admin,
+    content_tamper,
+    cross_owner_replay,
+    cross_turn_replay,
+    entry_meta,
+    entry_meta_before_resume,
+    expiry_moved_earlier,
+    forged_insertion,
+    head_deleted,
+    head_of_another_owner,
+    head_swapped,
+    mark_deleted,
+    middle_deletion,
+    newest_checkpoint_deleted,
+    owner_relabelled,
+    reordering,
+    stored_bytes_changed,
+    tail_truncation,
+    turn_relabelled,
+    whole_turn_removed,
+)
 
 from securepad import Keyring, Principal, Scratchpad
 from securepad.errors import IntegrityError, NotFoundError
@@ -43,17 +65,6 @@ BOB = Principal("bob", "planner", "web")
 NOW = 1_000_000.0
 LATER = NOW + 100
 TURN = "t1"
-
-Edit = Callable[[psycopg.Connection[Any], dict[str, Any]], None]
-
-
-@contextmanager
-def as_admin(dsn: str) -> Iterator[psycopg.Connection[Any]]:
-    """One transaction as ``securepad_admin`` (the tables' owner), outside securepad."""
-    with psycopg.connect(dsn) as conn:
-        conn.execute("SET ROLE securepad_admin")
-        conn.execute("SET search_path = securepad")
-        yield conn  # committed when the block ends without an error
 
 
 def _record(pad: Scratchpad, principal: Principal, turn: str, steps: int) -> list[str]:
@@ -86,131 +97,7 @@ def _edit(s: dict[str, Any], edit: Edit) -> None:
         edit(conn, s)
 
 
-def _delete_entry(conn: psycopg.Connection[Any], entry_id: str) -> None:
-    conn.execute("DELETE FROM segments WHERE entry_id = %s", (entry_id,))
-    conn.execute("DELETE FROM entries WHERE id = %s", (entry_id,))
-
-
-def _copy_row(conn: psycopg.Connection[Any], entry_id: str, new_id: str, **changes: Any) -> None:
-    """Genuine sealed bytes under a new id (and whatever else ``changes`` says)."""
-    columns = [
-        str(r[0])
-        for r in conn.execute(
-            "SELECT column_name FROM information_schema.columns"
-            " WHERE table_schema = 'securepad' AND table_name = 'entries' ORDER BY ordinal_position"
-        )
-    ]
-    row = conn.execute(f"SELECT {', '.join(columns)} FROM entries WHERE id = %s", (entry_id,)).fetchone()
-    assert row is not None
-    values = dict(zip(columns, row, strict=True)) | {"id": new_id, **changes}
-    conn.execute(
-        f"INSERT INTO entries({', '.join(values)}) VALUES ({', '.join(['%s'] * len(values))})", tuple(values.values())
-    )
-    conn.execute(
-        "INSERT INTO segments(entry_id, seq, data, owner_user_id) SELECT %s, seq, data, %s FROM segments"
-        " WHERE entry_id = %s",
-        (new_id, values["owner_user_id"], entry_id),
-    )
-
-
-# -- the edits, as the admin role ------------------------------------------------------------
-
-
-def content_tamper(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
-    # A one-segment entry keeps its sealed segment in its row (entries.only_segment).
-    row = conn.execute("SELECT only_segment FROM entries WHERE id = %s", (s["ids"][2],)).fetchone()
-    assert row is not None and row[0] is not None
-    data = bytearray(row[0])
-    data[len(data) // 2] ^= 0x01
-    conn.execute("UPDATE entries SET only_segment = %s WHERE id = %s", (bytes(data), s["ids"][2]))
-
-
-def tail_truncation(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
-    for entry_id in s["ids"][3:]:
-        _delete_entry(conn, entry_id)
-
-
-def middle_deletion(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
-    _delete_entry(conn, s["ids"][2])
-
-
-def reordering(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
-    conn.execute("UPDATE entries SET step_num = 9 WHERE id = %s", (s["ids"][1],))
-    conn.execute("UPDATE entries SET step_num = 2 WHERE id = %s", (s["ids"][3],))
-    conn.execute("UPDATE entries SET step_num = 4 WHERE id = %s", (s["ids"][1],))
-
-
-def forged_insertion(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
-    _copy_row(conn, s["ids"][4], secrets.token_hex(8), step_num=6)
-
-
-def cross_turn_replay(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
-    _copy_row(conn, s["other"][0], secrets.token_hex(8), turn_id=TURN, step_num=7)
-
-
-def cross_owner_replay(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
-    _copy_row(conn, s["bob"][0], secrets.token_hex(8), owner_user_id="alice", step_num=7)
-
-
-def newest_checkpoint_deleted(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
-    """Rollback of a record to an older genuine version: the superseded checkpoint becomes the newest."""
-    conn.execute(
-        "DELETE FROM checkpoints WHERE owner_user_id = 'alice' AND turn_id = %s AND seq ="
-        " (SELECT MAX(seq) FROM checkpoints WHERE owner_user_id = 'alice' AND turn_id = %s)",
-        (TURN, TURN),
-    )
-
-
-def mark_deleted(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
-    conn.execute("DELETE FROM compaction_marks WHERE owner_user_id = 'alice' AND turn_id = %s", (TURN,))
-
-
-def expiry_moved_earlier(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
-    conn.execute("UPDATE entries SET expires_at = %s WHERE id = %s", (NOW + 10, s["ids"][4]))
-
-
-def owner_relabelled(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
-    conn.execute("UPDATE entries SET owner_user_id = 'mallory' WHERE id = %s", (s["ids"][1],))
-    conn.execute("UPDATE segments SET owner_user_id = 'mallory' WHERE entry_id = %s", (s["ids"][1],))
-
-
-def turn_relabelled(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
-    conn.execute("UPDATE entries SET turn_id = 't9' WHERE id = %s", (s["ids"][1],))
-
-
-def stored_bytes_changed(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
-    conn.execute("UPDATE entries SET stored_bytes = 1 WHERE id = %s", (s["ids"][0],))
-
-
-def whole_turn_removed(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
-    conn.execute(
-        "DELETE FROM segments WHERE owner_user_id = 'alice'"
-        " AND entry_id IN (SELECT id FROM entries WHERE owner_user_id = 'alice' AND turn_id = %s)",
-        (TURN,),
-    )
-    for table in ("entries", "checkpoints", "compaction_marks", "turn_heads"):
-        conn.execute(f"DELETE FROM {table} WHERE owner_user_id = 'alice' AND turn_id = %s", (TURN,))
-
-
-def head_deleted(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
-    conn.execute("DELETE FROM turn_heads WHERE owner_user_id = 'alice' AND turn_id = %s", (TURN,))
-
-
-def head_swapped(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
-    conn.execute(
-        "UPDATE turn_heads SET sealed = (SELECT sealed FROM turn_heads WHERE owner_user_id = 'alice'"
-        " AND turn_id = 't2') WHERE owner_user_id = 'alice' AND turn_id = %s",
-        (TURN,),
-    )
-
-
-def head_of_another_owner(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
-    conn.execute(
-        "UPDATE turn_heads SET sealed = (SELECT sealed FROM turn_heads WHERE owner_user_id = 'bob'"
-        " AND turn_id = %s) WHERE owner_user_id = 'alice' AND turn_id = %s",
-        (TURN, TURN),
-    )
-
+# -- the edits (tests/tamper_edits.py), as the admin role ----------------------------------
 
 # Edits of the turn's entries or head: every read of the turn refuses them.
 TURN_EDITS: list[Edit] = [
@@ -360,12 +247,12 @@ def test_a_deleted_record_is_not_laundered_by_resume_extend(store: dict[str, Any
         assert _alice_problems(pad)
 
 
-def turn_and_owner_head_removed(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+def turn_and_owner_head_removed(conn: Raw, s: dict[str, Any]) -> None:
     whole_turn_removed(conn, s)
     conn.execute("DELETE FROM turn_heads WHERE owner_user_id = 'alice' AND turn_id = ''")
 
 
-def heads_rebuilt_after_truncation(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+def heads_rebuilt_after_truncation(conn: Raw, s: dict[str, Any]) -> None:
     """The heads deleted and the store marked as one from before heads (store_meta
     'turn_heads' = 'pending', a clear value), for the next open to build them again."""
     tail_truncation(conn, s)
@@ -391,7 +278,7 @@ def test_heads_rebuilt_over_a_truncated_turn_are_refused(store: dict[str, Any]) 
 def test_heads_rebuilt_after_every_owner_key_was_deleted_serve_nothing(store: dict[str, Any]) -> None:
     """The keys deleted too (so none says the store had heads): crypto-shredding, not a wrong answer."""
 
-    def and_every_key(conn: psycopg.Connection[Any], s: dict[str, Any]) -> None:
+    def and_every_key(conn: Raw, s: dict[str, Any]) -> None:
         heads_rebuilt_after_truncation(conn, s)
         conn.execute("DELETE FROM owner_keys")
 
@@ -406,15 +293,14 @@ def test_heads_rebuilt_after_every_owner_key_was_deleted_serve_nothing(store: di
 def test_a_head_put_back_to_its_older_genuine_version_is_refused(store: dict[str, Any]) -> None:
     """The admin keeps the turn's sealed head, the turn records step 6, the old head goes back."""
     with as_admin(store["dsn"]) as conn:
-        before = conn.execute(
-            "SELECT key_version, sealed FROM turn_heads WHERE owner_user_id = 'alice' AND turn_id = %s", (TURN,)
-        ).fetchone()
-    assert before is not None
+        (before,) = conn.execute(
+            "SELECT key_version, sealed FROM turn_heads WHERE owner_user_id = 'alice' AND turn_id = ?", (TURN,)
+        )
     with _open(store) as pad:
         step6 = pad.put(ALICE, TURN, 6, "fetch", "step six", ttl_seconds=3600, now=NOW + 50)["scratchpad_id"]
     with as_admin(store["dsn"]) as conn:
         conn.execute(
-            "UPDATE turn_heads SET key_version = %s, sealed = %s WHERE owner_user_id = 'alice' AND turn_id = %s",
+            "UPDATE turn_heads SET key_version = ?, sealed = ? WHERE owner_user_id = 'alice' AND turn_id = ?",
             (*before, TURN),
         )
     with _open(store) as pad:
@@ -426,14 +312,11 @@ def test_a_head_put_back_to_its_older_genuine_version_is_refused(store: dict[str
 
 def test_metadata_rolled_back_to_before_resume_is_refused(store: dict[str, Any]) -> None:
     with as_admin(store["dsn"]) as conn:
-        before = conn.execute(
-            "SELECT expires_at, sealed_meta FROM entries WHERE id = %s", (store["ids"][0],)
-        ).fetchone()
-    assert before is not None
+        before = entry_meta(conn, store["ids"][0])
     with _open(store) as pad:
         assert pad.turn(ALICE, TURN, now=NOW).resume(extend_ttl=7200, now=LATER)["extended"] >= 5
     with as_admin(store["dsn"]) as conn:
-        conn.execute("UPDATE entries SET expires_at = %s, sealed_meta = %s WHERE id = %s", (*before, store["ids"][0]))
+        entry_meta_before_resume(conn, {**store, "before_resume": before})
     with _open(store) as pad:
         with pytest.raises(IntegrityError):
             pad.get(ALICE, store["ids"][0], now=NOW + 200)
@@ -445,13 +328,11 @@ def test_metadata_rolled_back_to_before_resume_is_refused(store: dict[str, Any])
 def test_verify_recomputes_the_quota_totals(store: dict[str, Any]) -> None:
     usage = "FROM turn_heads WHERE owner_user_id = 'alice' AND turn_id = chr(1) || 'usage'"
     with as_admin(store["dsn"]) as conn:
-        older = conn.execute(f"SELECT sealed {usage}").fetchall()[0][0]
+        older = conn.execute(f"SELECT sealed {usage}")[0][0]
     with _open(store) as pad:
         pad.put(ALICE, "t-usage", 50, "tool", "one more entry", now=NOW)
     with as_admin(store["dsn"]) as conn:  # the usage head rolled back to its genuine value before the put
-        conn.execute(
-            f"UPDATE turn_heads SET sealed = %s WHERE {usage.removeprefix('FROM turn_heads WHERE ')}", (older,)
-        )
+        conn.execute(f"UPDATE turn_heads SET sealed = ? WHERE {usage.removeprefix('FROM turn_heads WHERE ')}", (older,))
     with _open(store) as pad:
         problems = pad.verify(now=LATER)["problems"]
     assert [(p["owner_user_id"], p["what"]) for p in problems] == [("alice", "owner usage")]

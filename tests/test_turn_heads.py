@@ -12,7 +12,6 @@ resume, rotation, forgetting an owner and concurrent writers.
 from __future__ import annotations
 
 import json
-import secrets
 import shutil
 import threading
 from collections.abc import Callable, Iterator
@@ -22,6 +21,28 @@ from typing import Any
 
 import apsw
 import pytest
+from tamper_edits import (
+    Edit,
+    Raw,
+    content_tamper,
+    cross_owner_replay,
+    cross_turn_replay,
+    entry_meta,
+    entry_meta_before_resume,
+    expiry_moved_earlier,
+    forged_insertion,
+    head_swapped,
+    mark_deleted,
+    middle_deletion,
+    newest_checkpoint_deleted,
+    on_sqlite,
+    owner_relabelled,
+    reordering,
+    stored_bytes_changed,
+    tail_truncation,
+    turn_relabelled,
+    whole_turn_removed,
+)
 
 from securepad import Keyring, Principal, Scratchpad
 from securepad.bench.heads import turn_put_costs
@@ -66,106 +87,9 @@ def store(db_path: Path, keyring: Keyring) -> dict[str, Any]:
     return {"path": db_path, "keyring": keyring, "ids": ids, "other": other, "bob": bob}
 
 
-def _step_id(conn: apsw.Connection, step: int, turn: str = TURN, owner: str = "alice") -> str:
-    rows = conn.execute(
-        "SELECT id FROM entries WHERE owner_user_id = ? AND turn_id = ? AND step_num = ?", (owner, turn, step)
-    ).fetchall()
-    return str(rows[0][0])
+# -- the edits (tests/tamper_edits.py): of the turn's entries or its head ---------------------
 
-
-def _copy_row(conn: apsw.Connection, entry_id: str, new_id: str, **changes: Any) -> None:
-    columns = [row[1] for row in conn.execute("PRAGMA table_info(entries)").fetchall()]
-    values = dict(
-        zip(columns, conn.execute("SELECT * FROM entries WHERE id = ?", (entry_id,)).fetchall()[0], strict=True)
-    )
-    values.update(id=new_id, **changes)
-    conn.execute(
-        f"INSERT INTO entries({', '.join(values)}) VALUES ({', '.join('?' * len(values))})", tuple(values.values())
-    )
-    conn.execute(
-        "INSERT INTO segments(entry_id, seq, data) SELECT ?, seq, data FROM segments WHERE entry_id = ?",
-        (new_id, entry_id),
-    )
-
-
-# -- the edits: each takes the raw connection and the store's ids ------------------------------
-
-
-def content_tamper(conn: apsw.Connection, s: dict[str, Any]) -> None:
-    # A one-segment entry keeps its segment in its row (migration 8).
-    data = bytearray(conn.execute("SELECT only_segment FROM entries WHERE id = ?", (s["ids"][2],)).fetchall()[0][0])
-    data[len(data) // 2] ^= 0x01
-    conn.execute("UPDATE entries SET only_segment = ? WHERE id = ?", (bytes(data), s["ids"][2]))
-
-
-def tail_truncation(conn: apsw.Connection, s: dict[str, Any]) -> None:
-    for entry_id in s["ids"][3:]:
-        conn.execute("DELETE FROM segments WHERE entry_id = ?", (entry_id,))
-        conn.execute("DELETE FROM entries WHERE id = ?", (entry_id,))
-
-
-def middle_deletion(conn: apsw.Connection, s: dict[str, Any]) -> None:
-    conn.execute("DELETE FROM segments WHERE entry_id = ?", (s["ids"][2],))
-    conn.execute("DELETE FROM entries WHERE id = ?", (s["ids"][2],))
-
-
-def reordering(conn: apsw.Connection, s: dict[str, Any]) -> None:
-    conn.execute("UPDATE entries SET step_num = 9 WHERE id = ?", (s["ids"][1],))
-    conn.execute("UPDATE entries SET step_num = 2 WHERE id = ?", (s["ids"][3],))
-    conn.execute("UPDATE entries SET step_num = 4 WHERE id = ?", (s["ids"][1],))
-
-
-def forged_insertion(conn: apsw.Connection, s: dict[str, Any]) -> None:
-    _copy_row(conn, s["ids"][4], secrets.token_hex(8), step_num=6)
-
-
-def cross_turn_replay(conn: apsw.Connection, s: dict[str, Any]) -> None:
-    _copy_row(conn, s["other"][0], secrets.token_hex(8), turn_id=TURN, step_num=7)
-
-
-def cross_owner_replay(conn: apsw.Connection, s: dict[str, Any]) -> None:
-    _copy_row(conn, s["bob"][0], secrets.token_hex(8), owner_user_id="alice", step_num=7)
-
-
-def newest_checkpoint_deleted(conn: apsw.Connection, s: dict[str, Any]) -> None:
-    conn.execute(
-        "DELETE FROM checkpoints WHERE owner_user_id = 'alice' AND turn_id = ? AND seq = "
-        "(SELECT MAX(seq) FROM checkpoints WHERE owner_user_id = 'alice' AND turn_id = ?)",
-        (TURN, TURN),
-    )
-
-
-def mark_deleted(conn: apsw.Connection, s: dict[str, Any]) -> None:
-    conn.execute("DELETE FROM compaction_marks WHERE owner_user_id = 'alice' AND turn_id = ?", (TURN,))
-
-
-def expiry_moved_earlier(conn: apsw.Connection, s: dict[str, Any]) -> None:
-    conn.execute("UPDATE entries SET expires_at = ? WHERE id = ?", (NOW + 10, s["ids"][4]))
-
-
-def owner_relabelled(conn: apsw.Connection, s: dict[str, Any]) -> None:
-    conn.execute("UPDATE entries SET owner_user_id = 'mallory' WHERE id = ?", (s["ids"][1],))
-
-
-def turn_relabelled(conn: apsw.Connection, s: dict[str, Any]) -> None:
-    conn.execute("UPDATE entries SET turn_id = 't9' WHERE id = ?", (s["ids"][1],))
-
-
-def stored_bytes_changed(conn: apsw.Connection, s: dict[str, Any]) -> None:
-    conn.execute("UPDATE entries SET stored_bytes = 1 WHERE id = ?", (s["ids"][0],))
-
-
-def whole_turn_removed(conn: apsw.Connection, s: dict[str, Any]) -> None:
-    for table in ("entries", "checkpoints", "compaction_marks", "turn_heads"):
-        conn.execute(f"DELETE FROM {table} WHERE owner_user_id = 'alice' AND turn_id = ?", (TURN,))
-
-
-def head_swapped(conn: apsw.Connection, s: dict[str, Any]) -> None:
-    other = conn.execute("SELECT sealed FROM turn_heads WHERE owner_user_id = 'alice' AND turn_id = 't2'").fetchall()
-    conn.execute("UPDATE turn_heads SET sealed = ? WHERE owner_user_id = 'alice' AND turn_id = ?", (other[0][0], TURN))
-
-
-ENTRY_EDITS: list[Callable[[apsw.Connection, dict[str, Any]], None]] = [
+ENTRY_EDITS: list[Edit] = [
     tail_truncation,
     middle_deletion,
     reordering,
@@ -195,8 +119,8 @@ def _open(s: dict[str, Any]) -> Scratchpad:
     return Scratchpad.open(s["path"], keyring=s["keyring"])
 
 
-def _edit(s: dict[str, Any], edit: Callable[[apsw.Connection, dict[str, Any]], None]) -> None:
-    with raw(s["path"]) as conn:
+def _edit(s: dict[str, Any], edit: Edit) -> None:
+    with on_sqlite(s["path"]) as conn:
         edit(conn, s)
 
 
@@ -285,12 +209,12 @@ def test_a_deleted_mark_is_refused_by_reread_report(store: dict[str, Any]) -> No
 
 
 def test_metadata_rolled_back_to_before_resume_is_refused(store: dict[str, Any]) -> None:
-    with raw(store["path"]) as conn:
-        before = conn.execute("SELECT expires_at, sealed_meta FROM entries WHERE id = ?", (store["ids"][0],)).fetchall()
+    with on_sqlite(store["path"]) as conn:
+        before = entry_meta(conn, store["ids"][0])
     with _open(store) as pad:
         assert pad.turn(ALICE, TURN, now=NOW).resume(extend_ttl=7200, now=NOW + 100)["extended"] >= 5
-    with raw(store["path"]) as conn:
-        conn.execute("UPDATE entries SET expires_at = ?, sealed_meta = ? WHERE id = ?", (*before[0], store["ids"][0]))
+    with on_sqlite(store["path"]) as conn:
+        entry_meta_before_resume(conn, {**store, "before_resume": before})
     with _open(store) as pad:
         with pytest.raises(IntegrityError):
             pad.get(ALICE, store["ids"][0], now=NOW + 200)
@@ -310,7 +234,7 @@ def test_the_next_step_is_checked_against_the_head(store: dict[str, Any], edit: 
         record_next(pad.turn(ALICE, TURN, now=NOW + 100), "tool", "next", now=NOW + 100)
 
 
-def _relabel_newest(conn: apsw.Connection, s: dict[str, Any]) -> None:
+def _relabel_newest(conn: Raw, s: dict[str, Any]) -> None:
     conn.execute("UPDATE entries SET owner_user_id = 'mallory' WHERE id = ?", (s["ids"][4],))
 
 
@@ -327,7 +251,7 @@ def test_the_next_step_follows_the_head_after_deletes_and_gc(db_path: Path, keyr
         assert pad.verify(now=NOW + 20)["ok"]
 
 
-def _remove_owner_but_its_key(conn: apsw.Connection, s: dict[str, Any]) -> None:
+def _remove_owner_but_its_key(conn: Raw, s: dict[str, Any]) -> None:
     conn.execute("DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE owner_user_id = 'alice')")
     for table in ("entries", "checkpoints", "compaction_marks", "turn_heads"):
         conn.execute(f"DELETE FROM {table} WHERE owner_user_id = 'alice'")
