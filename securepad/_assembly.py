@@ -139,9 +139,9 @@ class Assembly:
         db = self.parts.db
         cutoff = self.parts.entries.now(now)
         with db.transaction(admin=True, wait=wait) as conn:
-            self.parts.entries.heads.prune(conn, cutoff)
-            deleted = entries.delete_expired(conn, cutoff)
-            records = Records.delete_expired(conn, cutoff)
+            _, kept = self.parts.entries.heads.prune(conn, cutoff)
+            deleted = entries.delete_expired(conn, cutoff, kept)
+            records = Records.delete_expired(conn, cutoff, kept)
         if wait and (deleted or records):
             db.scrub()
         else:

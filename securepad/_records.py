@@ -26,7 +26,7 @@ from ._backend import Backend, Conn, Rows
 from .access import Access
 from .crypto import Wrapper, open_record, reseal_record, seal_record
 from .errors import IntegrityError
-from .heads import RECORD_KINDS, Head, Heads, record_item
+from .heads import RECORD_KINDS, Head, Heads, expired_sql, record_item
 from .keystore import Keystore
 from .principal import Principal
 
@@ -284,9 +284,11 @@ class Records:
         return " + ".join(parts), tuple(value for _ in TABLES for value in (owner, now))
 
     @staticmethod
-    def delete_expired(conn: Conn, cutoff: float) -> int:
-        """Delete expired records inside the caller's (gc) transaction."""
-        return sum(conn.execute(f"DELETE FROM {table} WHERE expires_at <= ?", (cutoff,)) for table in TABLES)
+    def delete_expired(conn: Conn, cutoff: float, kept: list[tuple[str, str]]) -> int:
+        """Delete expired records inside the caller's (gc) transaction, except
+        those of the turns in ``kept`` (``Heads.prune``)."""
+        where, params = expired_sql(cutoff, kept)
+        return sum(conn.execute(f"DELETE FROM {table} WHERE {where}", params) for table in TABLES)
 
     @staticmethod
     def delete_owner(conn: Conn, owner: str) -> dict[str, int]:

@@ -23,7 +23,7 @@ from .entry_open import Opener
 from .entry_put import Putter, Shown
 from .entry_rows import COLUMNS, ID_RE, Entry, EntryParts, Opened, Readable, check_step_num, listing_fields
 from .errors import NotFoundError
-from .heads import Heads, entry_item
+from .heads import Heads, entry_item, expired_sql
 from .keystore import Keystore
 from .policy import NOT_FOUND_MESSAGE, Policy
 from .principal import Principal
@@ -223,10 +223,12 @@ def apply_extend(conn: Conn, updates: list[tuple[Any, ...]]) -> list[str]:
     ]
 
 
-def delete_expired(conn: Conn, cutoff: float) -> int:
-    """Delete expired entries and their segments inside the caller's (gc) transaction."""
-    conn.execute("DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE expires_at <= ?)", (cutoff,))
-    return conn.execute("DELETE FROM entries WHERE expires_at <= ?", (cutoff,))
+def delete_expired(conn: Conn, cutoff: float, kept: list[tuple[str, str]]) -> int:
+    """Delete expired entries and their segments inside the caller's (gc)
+    transaction, except those of the turns in ``kept`` (``Heads.prune``)."""
+    where, params = expired_sql(cutoff, kept)
+    conn.execute(f"DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE {where})", params)
+    return conn.execute(f"DELETE FROM entries WHERE {where}", params)
 
 
 def delete_owner(conn: Conn, owner: str) -> dict[str, int]:

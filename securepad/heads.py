@@ -59,6 +59,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ._backend import Backend, Conn, Params, Rows
+from .access import audit_log
 from .errors import IntegrityError, StoreBusyError
 from .head_cache import HeadCache
 from .head_checks import HeadChecks
@@ -90,6 +91,7 @@ __all__ = [
     "Heads",
     "Tally",
     "entry_item",
+    "expired_sql",
     "record_item",
     "same_entry",
 ]
@@ -526,16 +528,31 @@ class Heads(HeadChecks, OwnerHeads):
             found[row["k"]][row["id"]] = entry_item(row) if row["k"] == "e" else record_item(row)
         return found
 
-    def prune(self, conn: Conn, cutoff: float) -> int:
+    def prune(self, conn: Conn, cutoff: float) -> tuple[int, list[tuple[str, str]]]:
         """Subtract what gc collects at ``cutoff`` from the heads of the turns it
         collects from (inside gc's transaction, before its deletes: the same
-        rows). Returns the heads changed."""
+        rows). Returns the heads changed, and the turns gc must leave alone.
+
+        A turn is collected from only when its inventory matches its head: the
+        clear ``expires_at`` gc selects by is then the sealed one. A turn that
+        fails the check (an expiry moved earlier, a relabelled or forged row,
+        anything else) keeps every row and its head, so that gc never deletes
+        the evidence of tampering or a row whose sealed expiry has not passed;
+        its reads and ``verify`` keep refusing it, and the audit log names it.
+        """
         by_turn: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for row in conn.query(ITEMS_SQL.format(where="expires_at <= ?"), (cutoff,) * 3):
             by_turn.setdefault((row["owner_user_id"], row["turn_id"]), []).append(row)
+        kept: list[tuple[str, str]] = []
         for (owner, turn_id), rows in by_turn.items():
+            try:
+                self._from_rows(conn.query(*self._inventory_sql("?", turn_id, owner)), owner, turn_id)
+            except IntegrityError as exc:
+                audit_log.warning("gc left turn %r of owner %r uncollected: %s", turn_id, owner, exc)
+                kept.append((owner, turn_id))
+                continue
             self.change(conn, owner, turn_id, functools.partial(_remove_rows, rows=rows))
-        return len(by_turn)
+        return len(by_turn) - len(kept), kept
 
     def reseal_owner(self, conn: Conn, owner: str) -> int:
         """Seal every head of the owner again under its newest key version (an
@@ -553,6 +570,13 @@ def _owner_removed(owner: str) -> IntegrityError:
     return IntegrityError(
         f"owner {owner!r} has a key but no owner head: its turns and their heads were removed (tampering)"
     )
+
+
+def expired_sql(cutoff: float, kept: list[tuple[str, str]]) -> tuple[str, Params]:
+    """The condition (and its values) of what gc deletes at ``cutoff``: expired
+    rows, except those of the turns ``prune`` left alone."""
+    keep = " OR ".join(["(owner_user_id = ? AND turn_id = ?)"] * len(kept))
+    return "expires_at <= ?" + (f" AND NOT ({keep})" if kept else ""), (cutoff, *(v for pair in kept for v in pair))
 
 
 def add_rows(edit: HeadEdit, rows: list[dict[str, Any]]) -> None:
