@@ -94,8 +94,16 @@ _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _SETTINGS = (
     "SELECT set_config('role', %s, true), set_config('search_path', %s, true),"
     " set_config('securepad.owner', %s, true), set_config('lock_timeout', %s, true),"
-    " set_config('statement_timeout', %s, true)"
+    " set_config('statement_timeout', %s, true), set_config('synchronous_commit', %s, true)"
 )
+# The policy's durability -> the server's synchronous_commit for the store's
+# transactions (docs/reliability.md), as SQLite's maps it to its synchronous
+# setting. "normal": a commit is acknowledged before its WAL record is flushed
+# (the WAL writer flushes within ~3x wal_writer_delay); a server crash may
+# lose the last acknowledged commits, never part of one. "full": each commit
+# waits for its WAL flush. Set per transaction (like the owner), so nothing
+# outlives the transaction on a pooled server session.
+SYNCHRONOUS_COMMIT = {"normal": "off", "full": "on"}
 
 
 class PostgresDatabase:
@@ -127,9 +135,13 @@ class PostgresDatabase:
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         pool_timeout_s: float = POOL_TIMEOUT_S,
         call_timeout_s: float = CALL_TIMEOUT_S,
+        durability: str = "normal",
     ) -> None:
         if not _SCHEMA_RE.fullmatch(schema):
             raise SecurepadError(f"schema must be a lowercase SQL identifier, not {schema!r}")
+        if durability not in SYNCHRONOUS_COMMIT:
+            raise SecurepadError(f"durability must be one of {', '.join(SYNCHRONOUS_COMMIT)}, not {durability!r}")
+        self.durability = durability
         self.schema = schema
         self._sources = (app, app if admin is None else admin)
         self._pool_size = pool_size
@@ -264,7 +276,14 @@ class PostgresDatabase:
     def _settings(self, owner: str | None, admin: bool) -> Params:
         role = ADMIN_ROLE if admin else APP_ROLE
         statement_ms = self._statement_ms * (_HOUSEKEEPING_FACTOR if admin else 1)
-        return (role, self.schema, owner or "", self._lock_timeout, f"{statement_ms}ms")
+        return (
+            role,
+            self.schema,
+            owner or "",
+            self._lock_timeout,
+            f"{statement_ms}ms",
+            SYNCHRONOUS_COMMIT[self.durability],
+        )
 
     def _call_timeout(self, admin: bool) -> float:
         return self._call_timeout_s * (_HOUSEKEEPING_FACTOR if admin else 1)
