@@ -15,6 +15,10 @@ can do that a file cannot: a second line of defence in the server.
   Policies on every owner-scoped table show ``securepad_app`` the rows of that
   owner only: a query that forgot its owner condition still returns nothing
   of anyone else's, and one run without an owner returns no rows at all.
+* Every transaction also sets ``synchronous_commit`` from the policy's
+  durability (``SYNCHRONOUS_COMMIT``), in the same statement: "normal" does
+  not wait for the WAL flush at commit, as SQLite's ``synchronous=NORMAL``
+  does not sync (docs/reliability.md says what a crash may lose on each).
 * Writes are serialized as SQLite serializes them, but per owner: an owner's
   write transactions take that owner's advisory lock (and a shared store-wide
   one), store-wide housekeeping takes the store-wide lock exclusively. The

@@ -117,3 +117,30 @@ def test_through_pgbouncer_the_setting_never_reaches_the_next_transaction(pg_dsn
         finally:
             pad.close()
             pool.close()
+
+
+class _Counting(psycopg.Connection[Any]):
+    """Counts the connection's waits for the server: its round trips (as test_pg_round_trips)."""
+
+    waits = 0
+
+    def wait(self, gen: Any, interval: float = 0.1, *, timeout: float | None = None) -> Any:  # type: ignore[override]
+        _Counting.waits += 1
+        return super().wait(gen, interval, timeout=timeout)
+
+
+@pytest.mark.parametrize("durability", ["normal", "full"])
+def test_the_setting_costs_no_round_trip(pg_dsn: str, keyring: Keyring, durability: str) -> None:
+    """A put is two round trips and a read one under either policy (the budget of issue 15)."""
+    kwargs = {"autocommit": True}
+    with (
+        ConnectionPool(pg_dsn, min_size=1, max_size=1, kwargs=kwargs, connection_class=_Counting) as pool,
+        Scratchpad.open(pool, keyring=keyring, policy=_policy(durability)) as pad,
+    ):
+        pad.put(ALICE, "t", 1, "shell", "warm")  # the owner's key made and cached
+        before = _Counting.waits
+        entry = pad.put(ALICE, "t", 2, "shell", "x" * 4096)["scratchpad_id"]
+        put = _Counting.waits - before
+        before = _Counting.waits
+        assert pad.read(ALICE, entry, "head", n=100)["content"] == "x" * 100
+        assert (put, _Counting.waits - before) == (2, 1)
