@@ -122,7 +122,9 @@ class PostgresDatabase:
     connection every ~1 s; a pool passed in keeps its own settings. Every call
     gets ``statement_timeout_ms`` on the server, waits at most
     ``pool_timeout_s`` for a connection, and is cut at ``call_timeout_s``
-    (housekeeping: ten times the statement and call limits).
+    (housekeeping: ten times the statement and call limits). ``durability``
+    (the policy's: "normal" or "full") is every transaction's
+    ``synchronous_commit`` (``SYNCHRONOUS_COMMIT``).
     """
 
     dialect = "postgresql"
