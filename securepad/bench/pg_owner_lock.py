@@ -26,10 +26,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from securepad import Keyring, Policy, Principal, Scratchpad
 
-from .postgres import DATABASE, _dsn, _ensure_database
+from .postgres import DATABASE, SERVER_DSN
 
 OWNER = Principal("lock-probe", "agent", "web")
 TEXT = "x" * 4096
@@ -39,6 +40,18 @@ _SAMPLE = (
     " WHERE l.locktype = 'advisory' AND l.mode = 'ExclusiveLock' AND l.database ="
     " (SELECT oid FROM pg_database WHERE datname = current_database())"
 )
+
+
+def _dsn(dbname: str) -> str:
+    return urlunsplit(urlsplit(SERVER_DSN)._replace(path=f"/{dbname}"))
+
+
+def _ensure_database() -> None:
+    import psycopg
+
+    with psycopg.connect(_dsn("postgres"), autocommit=True) as server:
+        if server.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone() is None:
+            server.execute(f"CREATE DATABASE {DATABASE}")
 
 
 def _worker(index: int, schema: str, key: str, durability: str, seconds: float, go: Any, out: Any) -> None:
