@@ -87,7 +87,12 @@ def open_backend(where: Any, admin: Any, schema: str, policy: Policy) -> Backend
         from ._pg import PostgresDatabase
     except ImportError:
         raise SecurepadError("PostgreSQL stores need psycopg: pip install 'psycopg[binary]' psycopg-pool") from None
-    return PostgresDatabase(str(where) if isinstance(where, os.PathLike) else where, admin=admin, schema=schema)
+    return PostgresDatabase(
+        str(where) if isinstance(where, os.PathLike) else where,
+        admin=admin,
+        schema=schema,
+        durability=policy.durability,
+    )
 
 
 class Assembly:

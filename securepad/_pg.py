@@ -15,6 +15,10 @@ can do that a file cannot: a second line of defence in the server.
   Policies on every owner-scoped table show ``securepad_app`` the rows of that
   owner only: a query that forgot its owner condition still returns nothing
   of anyone else's, and one run without an owner returns no rows at all.
+* Every transaction also sets ``synchronous_commit`` from the policy's
+  durability (``SYNCHRONOUS_COMMIT``), in the same statement: "normal" does
+  not wait for the WAL flush at commit, as SQLite's ``synchronous=NORMAL``
+  does not sync (docs/reliability.md says what a crash may lose on each).
 * Writes are serialized as SQLite serializes them, but per owner: an owner's
   write transactions take that owner's advisory lock (and a shared store-wide
   one), store-wide housekeeping takes the store-wide lock exclusively. The
@@ -94,8 +98,16 @@ _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _SETTINGS = (
     "SELECT set_config('role', %s, true), set_config('search_path', %s, true),"
     " set_config('securepad.owner', %s, true), set_config('lock_timeout', %s, true),"
-    " set_config('statement_timeout', %s, true)"
+    " set_config('statement_timeout', %s, true), set_config('synchronous_commit', %s, true)"
 )
+# The policy's durability -> the server's synchronous_commit for the store's
+# transactions (docs/reliability.md), as SQLite's maps it to its synchronous
+# setting. "normal": a commit is acknowledged before its WAL record is flushed
+# (the WAL writer flushes within ~3x wal_writer_delay); a server crash may
+# lose the last acknowledged commits, never part of one. "full": each commit
+# waits for its WAL flush. Set per transaction (like the owner), so nothing
+# outlives the transaction on a pooled server session.
+SYNCHRONOUS_COMMIT = {"normal": "off", "full": "on"}
 
 
 class PostgresDatabase:
@@ -110,7 +122,9 @@ class PostgresDatabase:
     connection every ~1 s; a pool passed in keeps its own settings. Every call
     gets ``statement_timeout_ms`` on the server, waits at most
     ``pool_timeout_s`` for a connection, and is cut at ``call_timeout_s``
-    (housekeeping: ten times the statement and call limits).
+    (housekeeping: ten times the statement and call limits). ``durability``
+    (the policy's: "normal" or "full") is every transaction's
+    ``synchronous_commit`` (``SYNCHRONOUS_COMMIT``).
     """
 
     dialect = "postgresql"
@@ -127,9 +141,13 @@ class PostgresDatabase:
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         pool_timeout_s: float = POOL_TIMEOUT_S,
         call_timeout_s: float = CALL_TIMEOUT_S,
+        durability: str = "normal",
     ) -> None:
         if not _SCHEMA_RE.fullmatch(schema):
             raise SecurepadError(f"schema must be a lowercase SQL identifier, not {schema!r}")
+        if durability not in SYNCHRONOUS_COMMIT:
+            raise SecurepadError(f"durability must be one of {', '.join(SYNCHRONOUS_COMMIT)}, not {durability!r}")
+        self.durability = durability
         self.schema = schema
         self._sources = (app, app if admin is None else admin)
         self._pool_size = pool_size
@@ -264,7 +282,14 @@ class PostgresDatabase:
     def _settings(self, owner: str | None, admin: bool) -> Params:
         role = ADMIN_ROLE if admin else APP_ROLE
         statement_ms = self._statement_ms * (_HOUSEKEEPING_FACTOR if admin else 1)
-        return (role, self.schema, owner or "", self._lock_timeout, f"{statement_ms}ms")
+        return (
+            role,
+            self.schema,
+            owner or "",
+            self._lock_timeout,
+            f"{statement_ms}ms",
+            SYNCHRONOUS_COMMIT[self.durability],
+        )
 
     def _call_timeout(self, admin: bool) -> float:
         return self._call_timeout_s * (_HOUSEKEEPING_FACTOR if admin else 1)

@@ -78,11 +78,12 @@ class Policy:
     log_reads: bool = False
     # Adopt store files and directories others may read or write (a deliberate shared setup).
     allow_shared_files: bool = False
-    # SQLite stores only (docs/reliability.md): the write-ahead log's bound,
-    # whether gc gives freed pages back to the file system, and when a commit
-    # reaches the disk ("normal": at the next checkpoint; "full": before it returns).
+    # SQLite stores only (docs/reliability.md): the write-ahead log's bound and
+    # whether gc gives freed pages back to the file system.
     wal_limit_bytes: int = 256 * 1024 * 1024
     incremental_vacuum: bool = False
+    # Both backends: when a commit reaches the disk ("normal": SQLite at the
+    # next checkpoint, PostgreSQL synchronous_commit = off; "full": before it returns).
     durability: str = "normal"
     # When the snapshot-rollback anchor follows the store's write counter:
     # after every commit, at most every anchor_interval_seconds, or at open
