@@ -103,8 +103,12 @@ class Assembly:
         table = Entries(db, keys, access, policy, clock)
         records = Records(db, keys, access, table.ttl, table.now, table.check_quota, table.heads)
         writes = self.anchor.status()["committed"] if self.anchor else 0
-        HeadBuilder(table.heads, db, keys).build_if_needed(table.now, writes=writes)
-        table.heads.seed_usage()  # after the heads' build: a store from before usage totals
+        # The flags as read at unlock, not read again (a round trip each on
+        # PostgreSQL): a flag only goes from "to do" to "done", in a transaction
+        # that reads it again, so a read made earlier in this open decides as well.
+        meta = keys.opened_meta
+        HeadBuilder(table.heads, db, keys).build_if_needed(table.now, writes=writes, meta=meta)
+        table.heads.seed_usage(meta)  # after the heads' build: a store from before usage totals
         self.parts = Parts(db, keys, access, table, records)
 
     def close(self) -> None:
