@@ -143,9 +143,16 @@ class Assembly:
         db = self.parts.db
         cutoff = self.parts.entries.now(now)
         with db.transaction(admin=True, wait=wait) as conn:
-            self.parts.entries.heads.prune(conn, cutoff)
-            deleted = entries.delete_expired(conn, cutoff)
-            records = Records.delete_expired(conn, cutoff)
+            # prune reads every row the deletes below would remove (expired
+            # entries, checkpoints and marks; segments go with their entries),
+            # under the store-wide write lock: when it finds none, the deletes
+            # are skipped (on PostgreSQL, 4 round trips of the 6 that each
+            # pad.turn paid for its collection, the common case).
+            if self.parts.entries.heads.prune(conn, cutoff):
+                deleted = entries.delete_expired(conn, cutoff)
+                records = Records.delete_expired(conn, cutoff)
+            else:
+                deleted = records = 0
         if wait and (deleted or records):
             db.scrub()
         else:

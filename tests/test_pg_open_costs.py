@@ -132,3 +132,38 @@ def test_a_refused_connection_is_reported_at_once_with_nothing_left_open(
         counts.during(lambda: Scratchpad.open(missing, keyring=keyring))
     assert "hunter2" not in str(raised.value)
     assert counts.connections == 1
+
+
+def test_a_first_resume_takes_six_round_trips_and_a_gc_with_nothing_expired_two(
+    pg_dsn: str, keyring: Keyring, counts: Counts
+) -> None:
+    """After the open: ``pad.turn`` collects expired rows first (its gc reads
+    them with its first message and, finding none, deletes nothing: that
+    message and COMMIT), then the history (the turn's rows with its head, and
+    the owner's key, new to this process) and the tools (2). Before: the gc
+    sent its four DELETEs whatever it found (10 round trips)."""
+    _existing_store(pg_dsn, keyring)
+    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+
+        def resume() -> tuple[list[Any], list[Any]]:
+            turn = pad.turn(ALICE, "t1")
+            return list(turn.history()), list(turn.tools())
+
+        (history, tools), _, round_trips = counts.during(resume)
+        assert len(history) == 1 and tools
+        assert round_trips == 6
+        _, _, round_trips = counts.during(lambda: pad.gc())
+        assert round_trips == 2
+
+
+def test_a_gc_that_finds_expired_rows_still_deletes_them(pg_dsn: str, keyring: Keyring) -> None:
+    clock = [1_000_000.0]
+    with Scratchpad.open(pg_dsn, keyring=keyring, clock=lambda: clock[0]) as pad:
+        short = pad.put(ALICE, "t1", 1, "shell", "short-lived", ttl_seconds=60)["scratchpad_id"]
+        kept = pad.put(ALICE, "t1", 2, "shell", "kept", ttl_seconds=3600)["scratchpad_id"]
+        assert pad.gc() == 0
+        clock[0] += 120
+        assert pad.gc() == 1
+        rows = parts(pad).db.query("SELECT id FROM entries", admin=True)
+        assert [r["id"] for r in rows] == [kept] != [short]
+        assert [e["view"]["step_num"] for e in pad.list_for_turn(ALICE, "t1")] == [2]
