@@ -33,7 +33,7 @@ from typing import Any
 from securepad import Keyring, Principal, Scratchpad
 
 from . import data
-from .postgres import DATABASE, _dsn, _ensure_database
+from .postgres import bench_database
 
 __all__ = ["main"]
 
@@ -114,8 +114,7 @@ def _store(dsn: str, key: Path, steps: int) -> None:
 
 def run(trees: list[Path], *, runs: int, steps: int) -> dict[str, list[dict[str, Any]]]:
     """``runs`` fresh processes per tree, the trees in alternation."""
-    _ensure_database()
-    dsn = _dsn(DATABASE)
+    dsn = bench_database()
     results: dict[str, list[dict[str, Any]]] = {str(t): [] for t in trees}
     with tempfile.TemporaryDirectory(prefix="securepad-bench-open-") as tmp:
         key, pycache = Path(tmp) / "key", Path(tmp) / "pycache"

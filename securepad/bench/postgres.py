@@ -99,6 +99,13 @@ def _ensure_database() -> None:
             server.execute(f"CREATE DATABASE {DATABASE}")
 
 
+def bench_database() -> str:
+    """The DSN of the bench database, created when missing (for the other
+    PostgreSQL benchmarks: ``pg_open``, ``pg_cpu``)."""
+    _ensure_database()
+    return _dsn(DATABASE)
+
+
 class SecurepadPostgresBackend(SecurepadBackend):
     name = "securepad-postgresql"
     description = "securepad Scratchpad on PostgreSQL: the same client-side encryption, row-level security"
