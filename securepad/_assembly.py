@@ -108,8 +108,12 @@ class Assembly:
         table = Entries(db, keys, access, policy, clock)
         records = Records(db, keys, access, table.ttl, table.now, table.check_quota, table.heads)
         writes = self.anchor.status()["committed"] if self.anchor else 0
-        HeadBuilder(table.heads, db, keys).build_if_needed(table.now, writes=writes)
-        table.heads.seed_usage()  # after the heads' build: a store from before usage totals
+        # The flags as read at unlock, not read again (a round trip each on
+        # PostgreSQL): a flag only goes from "to do" to "done", in a transaction
+        # that reads it again, so a read made earlier in this open decides as well.
+        meta = keys.opened_meta
+        HeadBuilder(table.heads, db, keys).build_if_needed(table.now, writes=writes, meta=meta)
+        table.heads.seed_usage(meta)  # after the heads' build: a store from before usage totals
         self.parts = Parts(db, keys, access, table, records)
 
     def close(self) -> None:
@@ -144,9 +148,19 @@ class Assembly:
         db = self.parts.db
         cutoff = self.parts.entries.now(now)
         with db.transaction(admin=True, wait=wait) as conn:
-            _, kept = self.parts.entries.heads.prune(conn, cutoff)
-            deleted = entries.delete_expired(conn, cutoff, kept)
-            records = Records.delete_expired(conn, cutoff, kept)
+            # prune reads every row the deletes below would remove (expired
+            # entries, checkpoints and marks; segments go with their entries),
+            # under the store-wide write lock, and checks each turn it collects
+            # from against its head: the deletes leave the turns that failed
+            # (``kept``) alone, and are skipped when no turn is collected from
+            # (on PostgreSQL, 4 round trips of the 6 that each pad.turn paid
+            # for its collection, the common case).
+            changed, kept = self.parts.entries.heads.prune(conn, cutoff)
+            if changed:
+                deleted = entries.delete_expired(conn, cutoff, kept)
+                records = Records.delete_expired(conn, cutoff, kept)
+            else:
+                deleted = records = 0
         if wait and (deleted or records):
             db.scrub()
         else:

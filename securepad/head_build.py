@@ -33,8 +33,11 @@ class HeadBuilder:
         token of the heads built before the era (keys not yet marked)."""
         return f"{HEAD_FORMAT}:{self._keys.counter_seal.tag(purpose, HEAD_FORMAT)}"
 
-    def build_if_needed(self, now: Callable[[float | None], float], writes: int = 0) -> int:
-        """Bring the store's heads to this format; a no-op (one query) once done.
+    def build_if_needed(
+        self, now: Callable[[float | None], float], writes: int = 0, meta: dict[str, str] | None = None
+    ) -> int:
+        """Bring the store's heads to this format; a no-op (one query, none when
+        ``meta``, the store's metadata read at open, says it is done) once done.
 
         ``store_meta.turn_heads`` says what to do: the sealed token (done);
         ``pending`` (migration 7: a store from before heads) builds every
@@ -54,8 +57,10 @@ class HeadBuilder:
                 store that had heads.
         """
         token = self._token()
-        rows = self._db.query("SELECT value FROM store_meta WHERE key = 'turn_heads'")
-        if rows and rows[0]["value"] == token:
+        if meta is None:
+            rows = self._db.query("SELECT value FROM store_meta WHERE key = 'turn_heads'")
+            meta = {"turn_heads": rows[0]["value"]} if rows else {}
+        if meta.get("turn_heads") == token:
             return 0
         with self._db.transaction(admin=True) as conn:
             again = conn.query("SELECT value FROM store_meta WHERE key = 'turn_heads'")

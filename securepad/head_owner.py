@@ -141,13 +141,15 @@ class OwnerHeads:
         )
         self._keys.count_wraps_later(owner, version, 2)
 
-    def seed_usage(self) -> int:
+    def seed_usage(self, meta: dict[str, str] | None = None) -> int:
         """Give every owner with an owner head and no usage head one holding the
         sum of its entries' ``stored_bytes``, once, at open (``store_meta.owner_usage``,
         set by the migration that dropped the ``owner_usage`` table); a no-op
-        (one query) otherwise. Returns the usage heads written."""
+        (one query, none when ``meta``, the store's metadata read at open, has
+        no flag) otherwise. Returns the usage heads written."""
         flag = "SELECT value FROM store_meta WHERE key = 'owner_usage'"
-        if not self._db.query(flag):
+        flagged = "owner_usage" in meta if meta is not None else bool(self._db.query(flag))
+        if not flagged:
             return 0
         with self._db.transaction(admin=True) as conn:
             if not conn.query(flag):

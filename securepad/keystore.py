@@ -120,6 +120,12 @@ class Keystore:
         """The store's clear metadata (id, format version, key check, KDF record, counters)."""
         return store_meta(self._db)
 
+    @property
+    def opened_meta(self) -> dict[str, str]:
+        """The store's clear metadata as read when the store was opened (its flags
+        for the rest of the open: one read, not one per flag)."""
+        return dict(self._master.opened_meta)
+
     # -- owner keys ------------------------------------------------------------------------
 
     def owner_wrapper(self, owner: str, version: int) -> Wrapper:

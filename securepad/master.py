@@ -51,6 +51,10 @@ class Master:
         """
         self._db = db
         self.keyring = keyring
+        # The store's metadata as read to unlock it: what the rest of the open
+        # needs of it (the anchor key, the heads' and usage flags) is read here
+        # once, not again by each (one round trip each on PostgreSQL).
+        self.opened_meta: dict[str, str] = {}
         self.store_id, self._wrap, self._key_check = self._unlock(keyring)
 
     def _unlock(self, keyring: Keyring) -> tuple[str, Wrapper, str]:
@@ -89,15 +93,18 @@ class Master:
             with self._db.transaction(admin=True) as conn:
                 if not conn.query("SELECT 1 FROM store_meta WHERE key = 'anchor_key'"):
                     conn.execute("INSERT INTO store_meta(key, value) VALUES ('anchor_key', ?)", (wrapped,))
+            meta = store_meta(self._db)  # the anchor key stored (ours, or a racing opener's)
+        self.opened_meta = meta
         return store_id, wrap, meta["key_check"]
 
     def counter_seal(self) -> CounterSeal:
-        """The seal of the store's write counter (see ``anchor.Anchor``).
+        """The seal of the store's write counter (see ``anchor.Anchor``), from
+        the wrapped anchor key read at unlock.
 
         Raises:
             IntegrityError: the wrapped anchor key was altered.
         """
-        wrapped = store_meta(self._db).get("anchor_key", "")
+        wrapped = self.opened_meta.get("anchor_key", "")
         try:
             blob = bytes.fromhex(wrapped)
         except ValueError:

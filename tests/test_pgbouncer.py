@@ -161,12 +161,15 @@ def test_scram_password_authentication_through_pgbouncer(
 def test_the_benchmark_runs_and_counts_errors_and_lost_writes(
     pgbouncer_exe: str, pg_database: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A smoke run (no timing asserted): the table has a row per client count, with 0 errors and 0 lost writes."""
-    from securepad.bench.pgbouncer import main
+    """A smoke run (no timing asserted): the table has a row per target and client
+    count, with 0 errors and 0 lost writes."""
+    from securepad.bench.pgbouncer import TARGETS, main
 
-    assert main(["--seconds", "0.5", "--clients", "1", "4", "--server", pg_database]) == 0
+    assert main(["--quick", "--seconds", "0.5", "--clients", "1", "4", "32", "--server", pg_database]) == 0
     rows = [
-        line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line
+        [cell.strip() for cell in line.split("|")[1:-1]]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("| ") and "---" not in line
     ]
-    assert [r[1].strip() for r in rows[1:]] == ["1", "4"]
-    assert all(r[5].strip() == "0" and r[6].strip() == "0" for r in rows[1:]), rows
+    assert [(r[0], r[1]) for r in rows[1:]] == [(t, c) for t in TARGETS for c in ("1", "4")]  # --quick: up to 8
+    assert all(r[5] == "0" and r[6] == "0" for r in rows[1:]), rows

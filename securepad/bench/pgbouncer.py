@@ -1,17 +1,23 @@
-"""Clients through PgBouncer in transaction pooling mode (issue 15).
+"""Clients through PgBouncer in transaction pooling mode (issue 15), and straight to the server.
 
 ``python -m securepad.bench.pgbouncer`` starts Debian's ``pgbouncer`` on a free
 local port in front of the PostgreSQL server (``--server``, default the local
-one), creates a throwaway database, and runs 1, 8, 32 and 64 client threads,
-each its own owner, 50/50 put/read of 4 KiB; it prints ops/s, p50 and p99 per
-client count, errors and lost writes, then stops PgBouncer and drops the
-database. ``PgBouncer`` is also what the tests start.
+one), creates a throwaway database, and runs 1, 8, 32 and 64 client threads
+(``--clients``), each its own owner and its own pooled connection, 50/50
+put/read of 4 KiB, for each target (``--targets``):
 
-Through a transaction pooler a client's connections share a few server
-connections, so the pools the store uses must not prepare statements
-(``prepare_threshold=None``: PgBouncer 1.18 in transaction mode does not carry
-a prepared statement from one server connection to another); ``pooled_store``
-opens a store that way.
+* ``pgbouncer``: a store opened on a pool to PgBouncer's DSN with the store's
+  defaults: it prepares its statements until it notices the pooler, then
+  stops (``securepad/_pg_prepare.py``);
+* ``pgbouncer-unprepared``: the pool the PostgreSQL guide recommends behind a
+  pooler (``prepare_threshold=None``: never prepares);
+* ``direct``: straight to the server, one server connection per client,
+  statements prepared.
+
+It prints ops/s, p50 and p99 per target and client count, errors and lost
+writes (entries acknowledged but not in the store), then stops PgBouncer and
+drops the database. ``--quick`` runs 1 and 8 clients for 1 s each (a smoke
+run). ``PgBouncer`` is also what the tests start.
 """
 
 from __future__ import annotations
@@ -32,11 +38,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import SecurepadError
 
-__all__ = ["PgBouncer", "find_pgbouncer", "main", "pooled_store", "run"]
+__all__ = ["TARGETS", "PgBouncer", "find_pgbouncer", "main", "pooled_store", "run"]
 
 SERVER_DSN = os.environ.get("SECUREPAD_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 CLIENTS = (1, 8, 32, 64)
@@ -155,20 +161,17 @@ class PgBouncer:
             self._dir = None
 
 
-def pooled_store(dsn: str, keyring: Any, *, pool_size: int = 8, **options: Any) -> Any:
-    """A store whose connections go through a transaction pooler: a pool of its
-    own without prepared statements (``Scratchpad.open`` takes pools)."""
+def pooled_store(dsn: str, keyring: Any, *, pool_size: int = 8, prepare: bool = False, **options: Any) -> Any:
+    """A store on a pool of its own (``Scratchpad.open`` takes pools): by default
+    one that never prepares statements (``prepare_threshold=None``), as the
+    PostgreSQL guide recommends behind a transaction pooler; with ``prepare``,
+    psycopg's defaults, so the store prepares until it notices a pooler."""
     from psycopg_pool import ConnectionPool
 
     from ..store import Scratchpad
 
-    pool: ConnectionPool[Any] = ConnectionPool(
-        dsn,
-        min_size=1,
-        max_size=pool_size,
-        kwargs={"autocommit": True, "prepare_threshold": None},
-        open=True,
-    )
+    kwargs: dict[str, Any] = {"autocommit": True} if prepare else {"autocommit": True, "prepare_threshold": None}
+    pool: ConnectionPool[Any] = ConnectionPool(dsn, min_size=1, max_size=pool_size, kwargs=kwargs, open=True)
     try:
         pool.wait(timeout=10)
         return Scratchpad.open(pool, keyring=keyring, **options), pool
@@ -190,14 +193,15 @@ def _database(server_dsn: str) -> Iterator[str]:
             server.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-def run(
-    clients: int, bouncer: PgBouncer, dbname: str, keyring: Any, *, seconds: float, size: int = 4096
-) -> dict[str, Any]:
+TARGETS = ("pgbouncer", "pgbouncer-unprepared", "direct")
+
+
+def run(clients: int, dsn: str, keyring: Any, *, seconds: float, prepare: bool, size: int = 4096) -> dict[str, Any]:
     """``clients`` threads, an owner each, alternating put and read for ``seconds``;
-    one store (pool of ``clients`` connections) through PgBouncer."""
+    one store on a pool of ``clients`` connections to ``dsn`` (``prepare``: see ``pooled_store``)."""
     from ..principal import Principal
 
-    pad, pool = pooled_store(bouncer.dsn(dbname), keyring, pool_size=clients)
+    pad, pool = pooled_store(dsn, keyring, pool_size=clients, prepare=prepare)
     latencies: list[list[float]] = [[] for _ in range(clients)]
     errors: list[str] = []
     written = [0] * clients
@@ -252,10 +256,14 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m securepad.bench.pgbouncer", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=10.0, help="per client count (default 10)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="per target and client count (default 10)")
     parser.add_argument("--clients", type=int, nargs="+", default=list(CLIENTS))
+    parser.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
+    parser.add_argument("--quick", action="store_true", help="1 and 8 clients, 1 s each (a smoke run)")
     parser.add_argument("--server", default=SERVER_DSN, help="the PostgreSQL server behind PgBouncer")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.clients, args.seconds = [c for c in args.clients if c <= 8] or [1], min(args.seconds, 1.0)
     from ..keys import Keyring
 
     parts = urlsplit(args.server)
@@ -266,18 +274,24 @@ def main(argv: list[str] | None = None) -> int:
         _database(args.server) as dbname,
         PgBouncer(server_host=parts.hostname or "127.0.0.1", server_port=parts.port or 5432) as b,
     ):
-        print(f"PgBouncer {b.port}, transaction pooling, {SERVER_POOL_SIZE} server connections; 50/50 put/get of 4 KiB")
-        print("| clients | ops/s | p50 ms | p99 ms | errors | lost writes |")
-        print("|---:|---:|---:|---:|---:|---:|")
-        for clients in args.clients:
-            r = run(clients, b, dbname, keyring, seconds=args.seconds)
-            print(
-                f"| {r['clients']} | {r['ops_per_s']:,.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |"
-                f" {r['errors']} | {r['lost_writes']} |",
-                flush=True,
-            )
-            if r["errors"]:
-                print(f"  first error: {r['first_error']}")
+        direct = urlunsplit(parts._replace(path=f"/{dbname}"))
+        print(
+            f"PgBouncer {b.port}, transaction pooling, {SERVER_POOL_SIZE} server connections;"
+            f" direct: a server connection per client; 50/50 put/get of 4 KiB, {args.seconds:g} s each"
+        )
+        print("| target | clients | ops/s | p50 ms | p99 ms | errors | lost writes |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for target in args.targets:
+            dsn = direct if target == "direct" else b.dsn(dbname)
+            for clients in args.clients:
+                r = run(clients, dsn, keyring, seconds=args.seconds, prepare=target != "pgbouncer-unprepared")
+                print(
+                    f"| {target} | {r['clients']} | {r['ops_per_s']:,.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |"
+                    f" {r['errors']} | {r['lost_writes']} |",
+                    flush=True,
+                )
+                if r["errors"]:
+                    print(f"  first error: {r['first_error']}")
     return 0
 
 
