@@ -26,11 +26,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from securepad import Keyring, Policy, Principal, Scratchpad
 
-from .postgres import DATABASE, SERVER_DSN
+from .postgres import bench_database
 
 OWNER = Principal("lock-probe", "agent", "web")
 TEXT = "x" * 4096
@@ -42,22 +41,10 @@ _SAMPLE = (
 )
 
 
-def _dsn(dbname: str) -> str:
-    return urlunsplit(urlsplit(SERVER_DSN)._replace(path=f"/{dbname}"))
-
-
-def _ensure_database() -> None:
-    import psycopg
-
-    with psycopg.connect(_dsn("postgres"), autocommit=True) as server:
-        if server.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone() is None:
-            server.execute(f"CREATE DATABASE {DATABASE}")
-
-
-def _worker(index: int, schema: str, key: str, durability: str, seconds: float, go: Any, out: Any) -> None:
+def _worker(index: int, dsn: str, schema: str, key: str, durability: str, seconds: float, go: Any, out: Any) -> None:
     """One process's puts and reads for the owner, in its own turn; (puts, reads) to ``out``."""
     policy = Policy.from_dict({"access": {"scope": "owner"}, "storage": {"durability": durability}})
-    pad = Scratchpad.open(_dsn(DATABASE), keyring=Keyring.from_key_file(key), schema=schema, policy=policy)
+    pad = Scratchpad.open(dsn, keyring=Keyring.from_key_file(key), schema=schema, policy=policy)
     latest = pad.put(OWNER, f"w{index}", 0, "tool", TEXT)["scratchpad_id"]
     go.wait()
     end = time.monotonic() + seconds
@@ -81,18 +68,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--durability", choices=("normal", "full"), default="normal")
     args = parser.parse_args(argv)
-    _ensure_database()
+    dsn = bench_database()
     import psycopg
 
     schema = "lockprobe_" + secrets.token_hex(4)
     with tempfile.TemporaryDirectory(prefix="securepad-lock-") as tmp:
         key = str(Path(tmp) / "key")
         Keyring.create_key_file(key)
-        Scratchpad.open(_dsn(DATABASE), keyring=Keyring.from_key_file(key), schema=schema).close()
+        Scratchpad.open(dsn, keyring=Keyring.from_key_file(key), schema=schema).close()
         go = multiprocessing.Event()
         out: multiprocessing.Queue[tuple[int, int]] = multiprocessing.Queue()
         workers = [
-            multiprocessing.Process(target=_worker, args=(i, schema, key, args.durability, args.seconds, go, out))
+            multiprocessing.Process(target=_worker, args=(i, dsn, schema, key, args.durability, args.seconds, go, out))
             for i in range(args.processes)
         ]
         for worker in workers:
@@ -100,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         holder: collections.Counter[str] = collections.Counter()
         waiting: collections.Counter[int] = collections.Counter()
         samples = 0
-        with psycopg.connect(_dsn(DATABASE), autocommit=True) as monitor:
+        with psycopg.connect(dsn, autocommit=True) as monitor:
             time.sleep(2.0)  # every worker has opened its store and made its first put
             go.set()
             start = time.monotonic()
