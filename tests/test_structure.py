@@ -46,6 +46,7 @@ SQL_MODULES = {
     "securepad._records",
     "securepad.heads",
     "securepad.head_owner",
+    "securepad.head_reads",
     "securepad.head_build",
     "securepad.lifecycle",
     "securepad.audit",

@@ -1,0 +1,163 @@
+"""What a read of a turn sends beside its rows: the turn's head rows, its
+inventory and the freshness token of the inventory verified last (issue 14).
+
+``heads.Heads.checked`` checks a read's rows against the turn's inventory,
+authenticated by its head. The inventory costs time linear in the turn; a
+read keeps the one it verified (``head_cache``) with a **freshness token**
+of the snapshot it was read in, and sends that token with its next read of
+the turn. One statement (``read_sql``) returns the head rows, the token
+computed again after the read's rows, and the inventory, which the database
+leaves out (without reading it) when the token is the one sent:
+
+* SQLite's token is ``PRAGMA data_version`` of the reading connection; it
+  moves with every commit of any other connection, in this process or
+  another (this process's own writes drop the turns they change:
+  ``Heads.change``).
+* PostgreSQL's is the turn's sealed head with the server's SHA-256 of the
+  inventory's rows: as trustworthy as the rows the server would send.
+
+What each token trusts, and the window that remains, is in SECURITY.md
+("Turn heads").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._backend import Backend, Params, Rows
+from .head_cache import HeadCache
+from .head_owner import OWNER_HEAD
+from .head_tally import Head
+
+__all__ = ["ENTRY_TURN_SQL", "InventoryReads", "without_token"]
+
+# The same with the turn's inventory (readers): one statement, so one snapshot
+# and one round trip; expired rows not yet collected are part of the tally.
+# ``token`` is the read's freshness token (``head_cache``), computed first: a
+# ``v`` row returns it, with ``same`` (``n``) set when it equals the token the
+# read sent, the one of the inventory it has cached; every other row is then
+# left out, and the database does not even read it (``stale``, ``fresh``).
+_INVENTORY_SQL = (
+    "WITH token AS MATERIALIZED ({token})"
+    " SELECT 'h' AS k, owner_user_id, turn_id, key_version, sealed, NULL AS id, NULL AS n,"
+    " NULL AS expires_at, NULL AS stored_bytes, NULL AS actor, NULL AS channel"
+    " FROM {stale}turn_heads WHERE owner_user_id = ? AND turn_id IN ({turn}, ?){fresh}"
+    " UNION ALL SELECT 'e', owner_user_id, turn_id, NULL, NULL, id, step_num, expires_at, stored_bytes, actor,"
+    " channel FROM {stale}entries WHERE owner_user_id = ? AND turn_id = {turn}{fresh}"
+    " UNION ALL SELECT 'c', owner_user_id, turn_id, NULL, NULL, id, seq, expires_at, NULL, actor, channel"
+    " FROM {stale}checkpoints WHERE owner_user_id = ? AND turn_id = {turn}{fresh}"
+    " UNION ALL SELECT 'm', owner_user_id, turn_id, NULL, NULL, id, seq, expires_at, NULL, actor, channel"
+    " FROM {stale}compaction_marks WHERE owner_user_id = ? AND turn_id = {turn}{fresh}"
+    " UNION ALL SELECT 'k', owner_user_id, '', MAX(version), NULL, NULL, NULL, NULL, NULL, NULL, NULL"
+    " FROM {stale}owner_keys WHERE owner_user_id = ?{fresh} GROUP BY owner_user_id"
+    " UNION ALL SELECT 'v', NULL, token.turn_id, NULL, token.sealed, NULL, token.same, NULL, NULL, token.value, NULL"
+    " FROM token ORDER BY k, turn_id, id"
+)
+# How a branch reads nothing when the token is the same. SQLite: a join whose
+# outer side (CROSS JOIN keeps the order) is empty, so the index is not even
+# searched; PostgreSQL: a condition on an uncorrelated subquery, which its
+# planner evaluates once, before the scan (a one-time filter).
+_SQLITE_STALE = ("(SELECT 1 FROM token WHERE same = 0) AS stale CROSS JOIN ", "")
+_PG_STALE = ("", " AND (SELECT same FROM token) = 0")
+# SQLite's token: the connection's data version, which moves with every commit
+# of any other connection, in this process or another.
+_SQLITE_FRESHNESS = (
+    "SELECT NULL AS turn_id, NULL AS sealed, CASE WHEN data_version IS ? THEN 1 ELSE 0 END AS same,"
+    " data_version AS value FROM pragma_data_version()"
+)
+# PostgreSQL's: the turn's head with the server's SHA-256 over the inventory's
+# rows, each as a row value's text (fields quoted where needed, so unambiguous;
+# the expiry as its 8 bytes, exact whatever ``extra_float_digits`` says), one a
+# line. The rows come in the order of the scans, not sorted: equal digests mean
+# equal sequences of rows, so equal inventories, whatever the order; a turn read
+# in another order (another plan) is only a miss. The server still reads the
+# turn's rows, in C; the client receives 64 hex digits instead of them.
+_PG_DIGEST = (
+    "(SELECT encode(sha256(convert_to(string_agg(ROW(r.k, r.id, r.n, float8send(r.x), r.b, r.a, r.c)::text,"
+    " chr(10)), 'UTF8')), 'hex') FROM ("
+    "SELECT 'e' AS k, id, step_num AS n, expires_at AS x, stored_bytes AS b, actor AS a, channel AS c"
+    " FROM entries WHERE owner_user_id = ? AND turn_id = {turn}"
+    " UNION ALL SELECT 'c', id, seq, expires_at, NULL, actor, channel FROM checkpoints"
+    " WHERE owner_user_id = ? AND turn_id = {turn}"
+    " UNION ALL SELECT 'm', id, seq, expires_at, NULL, actor, channel FROM compaction_marks"
+    " WHERE owner_user_id = ? AND turn_id = {turn}) AS r)"
+)
+# (OFFSET 0: the digest is computed once, not once per use of ``value``.)
+_PG_FRESHNESS = (
+    "SELECT t.turn_id, t.sealed, CASE WHEN t.sealed = ? AND t.value = ? THEN 1 ELSE 0 END AS same, t.value FROM"
+    " (SELECT {turn} AS turn_id,"
+    " (SELECT sealed FROM turn_heads WHERE owner_user_id = ? AND turn_id = {turn}) AS sealed,"
+    f" {_PG_DIGEST} AS value OFFSET 0) AS t"
+)
+_PG_NO_FRESHNESS = "SELECT NULL::text AS turn_id, NULL::bytea AS sealed, 0 AS same, NULL::text AS value"
+# The turn of one entry (``entry_select_sql``); the heads read are the owner's
+# whoever the row's owner is, as when the caller reads the turn's head itself.
+ENTRY_TURN_SQL = "(SELECT turn_id FROM entries WHERE id = ?)"
+
+
+class InventoryReads:
+    """The statements of a store's turn reads and the tokens in their rows (one per ``Heads``)."""
+
+    def __init__(self, db: Backend, cache: HeadCache) -> None:
+        self._db = db
+        self._cache = cache
+        self._sqlite = db.dialect == "sqlite"
+        token, (stale, fresh) = (_SQLITE_FRESHNESS, _SQLITE_STALE) if self._sqlite else (_PG_FRESHNESS, _PG_STALE)
+        template = _INVENTORY_SQL.replace("{stale}", stale).replace("{fresh}", fresh)
+        self._inventory = template.replace("{token}", token)
+        # With the cache off, PostgreSQL's statement computes no digest (nothing would keep it).
+        self._bare = template.replace("{token}", _PG_NO_FRESHNESS)
+
+    def keep(self, scope: object, owner: str, turn_id: str, rows: Rows, head: Head) -> None:
+        """Cache ``head``, verified from ``rows`` (a turn with a head only: one
+        without holds nothing to recount)."""
+        token, _ = self.token(rows, turn_id)
+        if token is not None and any(row["k"] == "h" and row["turn_id"] == turn_id for row in rows):
+            self._cache.put(scope, owner, turn_id, token, head)
+
+    def token(self, rows: Rows, turn_id: str) -> tuple[tuple[Any, ...] | None, bool]:
+        """The freshness token in the rows' ``v`` row (None on PostgreSQL when
+        the turn has no head, or the row is of another turn), and whether the
+        statement found it equal to the one sent, leaving the inventory out."""
+        for row in rows:
+            if row["k"] == "v":
+                same = bool(row["n"])
+                if self._sqlite:
+                    return (row["actor"],), same
+                if row["turn_id"] != turn_id or row["sealed"] is None:
+                    return None, same
+                return (row["turn_id"], bytes(row["sealed"]), row["actor"]), same
+        return None, False
+
+    def read_sql(self, owner: str, turn_id: str) -> tuple[str, Params]:
+        """The query of what a read of the turn checks its rows against, sent
+        with them (``Backend.queries``): the turn's head rows, its inventory and
+        the freshness token, the inventory left out by the database when the
+        token equals the one of the turn's cached inventory."""
+        entry = self._cache.get(self._db.read_scope(), owner, turn_id)
+        return self.sql("?", turn_id, owner, None if entry is None else entry.token)
+
+    def entry_read_sql(self, owner: str, entry_id: str) -> tuple[str, Params]:
+        """``read_sql`` for the turn of entry ``entry_id``."""
+        entry = self._cache.listing(self._db.read_scope(), owner, entry_id)
+        return self.sql(ENTRY_TURN_SQL, entry_id, owner, None if entry is None else entry.token)
+
+    def sql(self, turn: str, value: str, owner: str, token: tuple[Any, ...] | None = None) -> tuple[str, Params]:
+        """The statement of ``read_sql`` for ``turn`` (``?`` for ``value``, a turn
+        id, or the turn of entry ``value``); ``token``: the cached inventory's."""
+        inventory = (owner, value, OWNER_HEAD, *(owner, value) * 3, owner)
+        if self._sqlite:
+            sent: Params = (None,) if token is None else token
+        elif not self._cache.enabled:
+            return self._bare.format(turn=turn), inventory
+        else:
+            sent = (None, None, value, owner, value, *(owner, value) * 3)
+            if token is not None:
+                sent = (token[1], token[2], *sent[2:])
+        return self._inventory.format(turn=turn), (*sent, *inventory)
+
+
+def without_token(rows: Rows) -> Rows:
+    """The inventory without its token: on SQLite the data version moves with any
+    commit, of any turn, and must not make a consistent pair look inconsistent."""
+    return [row for row in rows if row["k"] != "v"]
