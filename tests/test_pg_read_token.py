@@ -236,3 +236,12 @@ def test_an_admin_edit_after_a_snapshot_was_cached_is_refused(store: dict[str, A
         pad.get(ALICE, ids[0], now=LATER)
     with pytest.raises(IntegrityError):
         pad.turn(ALICE, TURN, now=LATER).history(now=LATER)
+
+
+def test_the_token_benchmark_runs_each_case(pg_dsn: str) -> None:
+    """``python -m securepad.bench.pg_read_token``: the figures the PostgreSQL guide quotes."""
+    from securepad.bench.pg_read_token import token_costs
+
+    costs = token_costs(pg_dsn, entries=20, executions=20, rounds=1)
+    assert list(costs) == ["SELECT 1", "warm", "token part", "snapshot moved"]
+    assert all(len(figures) == 1 and figures[0] >= 0 for figures in costs.values())
