@@ -101,7 +101,7 @@ def _ensure_database() -> None:
 
 def bench_database() -> str:
     """The DSN of the bench database, created when missing (for the other
-    PostgreSQL benchmarks: ``pg_open``, ``pg_cpu``, ``pg_owner_lock``, ``pg_read_token``)."""
+    PostgreSQL benchmarks: ``pg_open``, ``pg_cpu``, ``pg_owner_lock``)."""
     _ensure_database()
     return _dsn(DATABASE)
 
