@@ -162,8 +162,9 @@ class Heads(HeadChecks, OwnerHeads):
         SHA-256 of the inventory's rows (the last two not even computed while
         the snapshot is the one sent; ``InventoryReads.holds``). The statement
         leaves the inventory out when the token is the one the read sent (its
-        cached inventory's), and sends it otherwise: one statement either way. A check that fails against the
-        cached inventory reads and verifies the inventory as below, and keeps it.
+        cached inventory's), and sends it otherwise: one statement either way.
+        A check that fails against the cached inventory reads and verifies the
+        inventory as below, and keeps it.
 
         The head and inventory are read after the rows: a writer that commits
         between the two reads makes them disagree, so a failed check is tried
