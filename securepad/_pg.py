@@ -387,7 +387,7 @@ class PostgresDatabase:
             raise self._unavailable(exc, call) from None
 
     def read_scope(self) -> object:
-        """None: a cached read's token (``heads``) is the server's digest of the rows, the same on every connection."""
+        """None: a cached read's token (``head_reads``) is the server's snapshot and digest, on any connection."""
         return None
 
     def checkpoint(self, *, wait: bool = True) -> bool:

@@ -12,8 +12,8 @@ safe to share between threads, and emptied in a forked child.
 
 Every entry belongs to a **scope**: the SQLite connection whose data version
 its token holds (a data version compares only with one of the same
-connection), or None on PostgreSQL (the token is the server's own digest of
-the rows, the same for every connection).
+connection), or None on PostgreSQL (the token is the server's snapshot and
+its own digest of the rows, the same for every connection to that server).
 """
 
 from __future__ import annotations

@@ -13,8 +13,12 @@ leaves out (without reading it) when the token is the one sent:
   moves with every commit of any other connection, in this process or
   another (this process's own writes drop the turns they change:
   ``Heads.change``).
-* PostgreSQL's is the turn's sealed head with the server's SHA-256 of the
-  inventory's rows: as trustworthy as the rows the server would send.
+* PostgreSQL's is the server's snapshot (``xmin:xmax:xip``, with the
+  postmaster's start time and the cluster's system identifier), then the
+  turn's sealed head with the server's SHA-256 of the inventory's rows: an
+  unchanged snapshot means no transaction ended since, so the statement
+  evaluates neither head nor digest (issue 15); otherwise both are computed,
+  as trustworthy as the rows the server would send.
 
 What each token trusts, and the window that remains, is in SECURITY.md
 ("Turn heads").
@@ -50,46 +54,92 @@ _INVENTORY_SQL = (
     " FROM {stale}compaction_marks WHERE owner_user_id = ? AND turn_id = {turn}{fresh}"
     " UNION ALL SELECT 'k', owner_user_id, '', MAX(version), NULL, NULL, NULL, NULL, NULL, NULL, NULL"
     " FROM {stale}owner_keys WHERE owner_user_id = ?{fresh} GROUP BY owner_user_id"
-    " UNION ALL SELECT 'v', NULL, token.turn_id, NULL, token.sealed, NULL, token.same, NULL, NULL, token.value, NULL"
-    " FROM token ORDER BY k, turn_id, id"
+    " UNION ALL SELECT 'v', NULL, token.turn_id, NULL, token.sealed, NULL, token.same, NULL, NULL, token.value,"
+    " token.snap FROM token ORDER BY k, turn_id, id"
 )
-# How a branch reads nothing when the token is the same. SQLite: a join whose
+# How a branch reads nothing when the token is the same (SQLite): a join whose
 # outer side (CROSS JOIN keeps the order) is empty, so the index is not even
-# searched; PostgreSQL: a condition on an uncorrelated subquery, which its
-# planner evaluates once, before the scan (a one-time filter).
+# searched.
 _SQLITE_STALE = ("(SELECT 1 FROM token WHERE same = 0) AS stale CROSS JOIN ", "")
-_PG_STALE = ("", " AND (SELECT same FROM token) = 0")
 # SQLite's token: the connection's data version, which moves with every commit
 # of any other connection, in this process or another.
 _SQLITE_FRESHNESS = (
     "SELECT NULL AS turn_id, NULL AS sealed, CASE WHEN data_version IS ? THEN 1 ELSE 0 END AS same,"
-    " data_version AS value FROM pragma_data_version()"
+    " data_version AS value, NULL AS snap FROM pragma_data_version()"
 )
-# PostgreSQL's: the turn's head with the server's SHA-256 over the inventory's
-# rows, each as a row value's text (fields quoted where needed, so unambiguous;
-# the expiry as its 8 bytes, exact whatever ``extra_float_digits`` says), one a
-# line. The rows come in the order of the scans, not sorted: equal digests mean
-# equal sequences of rows, so equal inventories, whatever the order; a turn read
-# in another order (another plan) is only a miss. The server still reads the
-# turn's rows, in C; the client receives 64 hex digits instead of them.
+# PostgreSQL's statement (issue 15): the same rows, each value sent once (``p``:
+# owner, turn, and the sent token's head, digest and snapshot), the turn's
+# clear columns read by one scan per table (``inv``), which both the digest
+# and the inventory read; and a plan whose parts the warm read never runs.
+# ``inv`` is computed only when something reads it: when the token's snapshot
+# is the one sent, nothing does (the digest is in a CASE branch not taken, the
+# other rows behind one-time filters on ``same``), and the head is not read.
+_PG_INVENTORY_SQL = (
+    "WITH p AS MATERIALIZED (SELECT ?::text AS owner, {turn}::text AS turn, ?::bytea AS sealed, ?::text AS value,"
+    " ?::text AS snap),"
+    " inv AS MATERIALIZED ("
+    "SELECT 'e' AS k, owner_user_id, turn_id, id, step_num AS n, expires_at, stored_bytes, actor, channel"
+    " FROM entries WHERE owner_user_id = (SELECT owner FROM p) AND turn_id = (SELECT turn FROM p)"
+    " UNION ALL SELECT 'c', owner_user_id, turn_id, id, seq, expires_at, NULL, actor, channel FROM checkpoints"
+    " WHERE owner_user_id = (SELECT owner FROM p) AND turn_id = (SELECT turn FROM p)"
+    " UNION ALL SELECT 'm', owner_user_id, turn_id, id, seq, expires_at, NULL, actor, channel FROM compaction_marks"
+    " WHERE owner_user_id = (SELECT owner FROM p) AND turn_id = (SELECT turn FROM p)),"
+    " token AS MATERIALIZED ({token})"
+    " SELECT 'h' AS k, owner_user_id, turn_id, key_version, sealed, NULL AS id, NULL AS n,"
+    " NULL AS expires_at, NULL AS stored_bytes, NULL AS actor, NULL AS channel"
+    " FROM turn_heads WHERE owner_user_id = (SELECT owner FROM p) AND turn_id IN ((SELECT turn FROM p), ?)"
+    " AND (SELECT same FROM token) = 0"
+    " UNION ALL SELECT k, owner_user_id, turn_id, NULL, NULL, id, n, expires_at, stored_bytes, actor, channel"
+    " FROM inv WHERE (SELECT same FROM token) = 0"
+    " UNION ALL SELECT 'k', owner_user_id, '', MAX(version), NULL, NULL, NULL, NULL, NULL, NULL, NULL"
+    " FROM owner_keys WHERE owner_user_id = (SELECT owner FROM p) AND (SELECT same FROM token) = 0"
+    " GROUP BY owner_user_id"
+    " UNION ALL SELECT 'v', NULL, token.turn_id, NULL, token.sealed, NULL, token.same, NULL, NULL, token.value,"
+    " token.snap FROM token ORDER BY k, turn_id, id"
+)
+# The server's SHA-256 over the inventory's rows (``inv``), each as a row
+# value's text (fields quoted where needed, so unambiguous; the expiry as its 8
+# bytes, exact whatever ``extra_float_digits`` says), one a line. The rows come
+# in the order of the scans, not sorted: equal digests mean equal sequences of
+# rows, so equal inventories, whatever the order; a turn read in another order
+# (another plan) is only a miss. Owner and turn are the statement's (``p``).
+# Other ways to write it (a bytea concatenation with length prefixes,
+# ``record_send``, ``concat_ws``) cost the server the same within the noise
+# (docs/performance.md); reading the rows is a quarter of it.
 _PG_DIGEST = (
-    "(SELECT encode(sha256(convert_to(string_agg(ROW(r.k, r.id, r.n, float8send(r.x), r.b, r.a, r.c)::text,"
-    " chr(10)), 'UTF8')), 'hex') FROM ("
-    "SELECT 'e' AS k, id, step_num AS n, expires_at AS x, stored_bytes AS b, actor AS a, channel AS c"
-    " FROM entries WHERE owner_user_id = ? AND turn_id = {turn}"
-    " UNION ALL SELECT 'c', id, seq, expires_at, NULL, actor, channel FROM checkpoints"
-    " WHERE owner_user_id = ? AND turn_id = {turn}"
-    " UNION ALL SELECT 'm', id, seq, expires_at, NULL, actor, channel FROM compaction_marks"
-    " WHERE owner_user_id = ? AND turn_id = {turn}) AS r)"
+    "(SELECT encode(sha256(convert_to(string_agg(ROW(r.k, r.id, r.n, float8send(r.expires_at), r.stored_bytes,"
+    " r.actor, r.channel)::text, chr(10)), 'UTF8')), 'hex') FROM inv AS r)"
 )
-# (OFFSET 0: the digest is computed once, not once per use of ``value``.)
+# The server's snapshot of the statement, with what tells one server lifetime
+# from another: the postmaster's start time (exact, as epoch seconds) and the
+# cluster's system identifier. Equal to the one of the statement that fetched
+# the cached inventory, no transaction has ended since (xmin:xmax:xip would
+# differ), in any database of the server: no row can differ (SECURITY.md,
+# "Turn heads").
+_PG_SNAPSHOT = (
+    "concat_ws(' ', extract(epoch FROM pg_postmaster_start_time()), (pg_control_system()).system_identifier,"
+    " pg_current_snapshot())"
+)
+# PostgreSQL's token: the snapshot above, then the turn's head and the digest.
+# When the snapshot is the one sent, neither the head nor the digest is
+# evaluated (each is an uncorrelated subquery, an initplan the server runs only
+# when its CASE branch is taken) and the statement returns the head and digest
+# sent with it; otherwise both are computed, and ``same`` says whether they are
+# the ones sent (a commit elsewhere that left this turn alone: the read still
+# fetches no inventory, and its cache takes the new snapshot). OFFSET 0: each
+# expression is computed once, not once per use.
 _PG_FRESHNESS = (
-    "SELECT t.turn_id, t.sealed, CASE WHEN t.sealed = ? AND t.value = ? THEN 1 ELSE 0 END AS same, t.value FROM"
-    " (SELECT {turn} AS turn_id,"
-    " (SELECT sealed FROM turn_heads WHERE owner_user_id = ? AND turn_id = {turn}) AS sealed,"
-    f" {_PG_DIGEST} AS value OFFSET 0) AS t"
+    "SELECT t.turn_id, t.sealed, CASE WHEN t.sealed = p.sealed AND t.value = p.value THEN 1 ELSE 0 END AS same,"
+    " t.value, t.snap FROM p, (SELECT s.turn_id, s.snap,"
+    " CASE WHEN s.snap = (SELECT snap FROM p) THEN (SELECT sealed FROM p) ELSE (SELECT sealed FROM turn_heads"
+    " WHERE owner_user_id = (SELECT owner FROM p) AND turn_id = (SELECT turn FROM p)) END AS sealed,"
+    f" CASE WHEN s.snap = (SELECT snap FROM p) THEN (SELECT value FROM p) ELSE {_PG_DIGEST} END AS value"
+    f" FROM (SELECT (SELECT turn FROM p) AS turn_id, {_PG_SNAPSHOT} AS snap OFFSET 0) AS s OFFSET 0) AS t"
 )
-_PG_NO_FRESHNESS = "SELECT NULL::text AS turn_id, NULL::bytea AS sealed, 0 AS same, NULL::text AS value"
+# With the cache off (``Heads.cache_limit(0)``): no token, so no digest.
+_PG_NO_FRESHNESS = (
+    "SELECT NULL::text AS turn_id, NULL::bytea AS sealed, 0 AS same, NULL::text AS value, NULL::text AS snap"
+)
 # The turn of one entry (``entry_select_sql``); the heads read are the owner's
 # whoever the row's owner is, as when the caller reads the turn's head itself.
 ENTRY_TURN_SQL = "(SELECT turn_id FROM entries WHERE id = ?)"
@@ -100,25 +150,29 @@ class InventoryReads:
 
     def __init__(self, db: Backend, cache: HeadCache) -> None:
         self._db = db
-        self._cache = cache
+        self.cache = cache
         self._sqlite = db.dialect == "sqlite"
-        token, (stale, fresh) = (_SQLITE_FRESHNESS, _SQLITE_STALE) if self._sqlite else (_PG_FRESHNESS, _PG_STALE)
-        template = _INVENTORY_SQL.replace("{stale}", stale).replace("{fresh}", fresh)
-        self._inventory = template.replace("{token}", token)
-        # With the cache off, PostgreSQL's statement computes no digest (nothing would keep it).
-        self._bare = template.replace("{token}", _PG_NO_FRESHNESS)
+        if self._sqlite:
+            stale, fresh = _SQLITE_STALE
+            template = _INVENTORY_SQL.replace("{stale}", stale).replace("{fresh}", fresh)
+            self._inventory = self._bare = template.replace("{token}", _SQLITE_FRESHNESS)
+        else:
+            self._inventory = _PG_INVENTORY_SQL.replace("{token}", _PG_FRESHNESS)
+            # With the cache off, PostgreSQL's statement computes no digest (nothing would keep it).
+            self._bare = _PG_INVENTORY_SQL.replace("{token}", _PG_NO_FRESHNESS)
 
     def keep(self, scope: object, owner: str, turn_id: str, rows: Rows, head: Head) -> None:
         """Cache ``head``, verified from ``rows`` (a turn with a head only: one
         without holds nothing to recount)."""
         token, _ = self.token(rows, turn_id)
         if token is not None and any(row["k"] == "h" and row["turn_id"] == turn_id for row in rows):
-            self._cache.put(scope, owner, turn_id, token, head)
+            self.cache.put(scope, owner, turn_id, token, head)
 
     def token(self, rows: Rows, turn_id: str) -> tuple[tuple[Any, ...] | None, bool]:
         """The freshness token in the rows' ``v`` row (None on PostgreSQL when
         the turn has no head, or the row is of another turn), and whether the
-        statement found it equal to the one sent, leaving the inventory out."""
+        statement found it equal to the one sent, leaving the inventory out.
+        PostgreSQL's is (turn, sealed head, digest, snapshot): see ``holds``."""
         for row in rows:
             if row["k"] == "v":
                 same = bool(row["n"])
@@ -126,35 +180,40 @@ class InventoryReads:
                     return (row["actor"],), same
                 if row["turn_id"] != turn_id or row["sealed"] is None:
                     return None, same
-                return (row["turn_id"], bytes(row["sealed"]), row["actor"]), same
+                return (row["turn_id"], bytes(row["sealed"]), row["actor"], row["channel"]), same
         return None, False
+
+    @staticmethod
+    def holds(cached: tuple[Any, ...], token: tuple[Any, ...]) -> bool:
+        """Whether the inventory verified with token ``cached`` is the one of a
+        read whose token is ``token``. On PostgreSQL the snapshot (the last
+        field) may differ: an equal head and digest prove the same rows; the
+        caller then keeps the inventory with ``token``, so that the next read
+        whose snapshot has not moved skips the digest."""
+        return cached[:3] == token[:3]
 
     def read_sql(self, owner: str, turn_id: str) -> tuple[str, Params]:
         """The query of what a read of the turn checks its rows against, sent
         with them (``Backend.queries``): the turn's head rows, its inventory and
         the freshness token, the inventory left out by the database when the
         token equals the one of the turn's cached inventory."""
-        entry = self._cache.get(self._db.read_scope(), owner, turn_id)
+        entry = self.cache.get(self._db.read_scope(), owner, turn_id)
         return self.sql("?", turn_id, owner, None if entry is None else entry.token)
 
     def entry_read_sql(self, owner: str, entry_id: str) -> tuple[str, Params]:
         """``read_sql`` for the turn of entry ``entry_id``."""
-        entry = self._cache.listing(self._db.read_scope(), owner, entry_id)
+        entry = self.cache.listing(self._db.read_scope(), owner, entry_id)
         return self.sql(ENTRY_TURN_SQL, entry_id, owner, None if entry is None else entry.token)
 
     def sql(self, turn: str, value: str, owner: str, token: tuple[Any, ...] | None = None) -> tuple[str, Params]:
         """The statement of ``read_sql`` for ``turn`` (``?`` for ``value``, a turn
         id, or the turn of entry ``value``); ``token``: the cached inventory's."""
-        inventory = (owner, value, OWNER_HEAD, *(owner, value) * 3, owner)
         if self._sqlite:
             sent: Params = (None,) if token is None else token
-        elif not self._cache.enabled:
-            return self._bare.format(turn=turn), inventory
-        else:
-            sent = (None, None, value, owner, value, *(owner, value) * 3)
-            if token is not None:
-                sent = (token[1], token[2], *sent[2:])
-        return self._inventory.format(turn=turn), (*sent, *inventory)
+            return self._inventory.format(turn=turn), (*sent, owner, value, OWNER_HEAD, *(owner, value) * 3, owner)
+        sealed, digest, snap = (None, None, None) if token is None else token[1:]
+        template = self._inventory if self.cache.enabled else self._bare
+        return template.format(turn=turn), (owner, value, sealed, digest, snap, OWNER_HEAD)
 
 
 def without_token(rows: Rows) -> Rows:

@@ -43,7 +43,8 @@ the AAD: ``crypto.head_aad``): an attacker does not even see the sums.
   are checked against the cached inventory, in time independent of the turn's
   length. SQLite's token is ``PRAGMA data_version`` of the reading connection
   (it moves with every commit of any other connection); PostgreSQL's is the
-  turn's sealed head with the server's SHA-256 of the inventory's rows. This
+  server's snapshot, then (when that moved) the turn's sealed head with the
+  server's SHA-256 of the inventory's rows. This
   process's writes drop the turns they change (``change``). What each token
   trusts is in SECURITY.md ("Turn heads").
 
@@ -157,11 +158,13 @@ class Heads(HeadChecks, OwnerHeads):
         is computed in the head's statement, after the rows were read: SQLite's
         data version of this thread's connection (it moves with every commit
         of another connection; this process's writes drop what they change,
-        in ``change``), or PostgreSQL's turn head with the server's SHA-256 of
-        the inventory's rows. The statement leaves the inventory out when the
-        token is the one the read sent (its cached inventory's), and sends it
-        otherwise: one statement either way. A check that fails against the
-        cached inventory reads and verifies the inventory as below, and keeps it.
+        in ``change``), or PostgreSQL's snapshot, turn head and the server's
+        SHA-256 of the inventory's rows (the last two not even computed while
+        the snapshot is the one sent; ``InventoryReads.holds``). The statement
+        leaves the inventory out when the token is the one the read sent (its
+        cached inventory's), and sends it otherwise: one statement either way.
+        A check that fails against the cached inventory reads and verifies the
+        inventory as below, and keeps it.
 
         The head and inventory are read after the rows: a writer that commits
         between the two reads makes them disagree, so a failed check is tried
@@ -183,9 +186,11 @@ class Heads(HeadChecks, OwnerHeads):
                 fetched, head_rows = first
             token, same = self.reads.token(head_rows, turn_id)
             entry = self._cache.get(scope, owner, turn_id)
-            if entry is not None and token is not None and entry.token == token:
+            if entry is not None and token is not None and self.reads.holds(entry.token, token):
                 try:
                     check(entry.head, fetched)
+                    if entry.token != token:  # the same inventory in a newer snapshot
+                        self._cache.put(scope, owner, turn_id, token, entry.head)
                     return fetched
                 except IntegrityError:
                     self._cache.drop(owner, turn_id)

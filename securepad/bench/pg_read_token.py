@@ -1,0 +1,130 @@
+"""What a warm PostgreSQL read's head statement costs the server (issue 15).
+
+    python -m securepad.bench.pg_read_token [--entries 1000] [--executions 3000] [--rounds 3]
+
+A store in its own schema of the bench database (``SECUREPAD_BENCH_PG_DSN``)
+with one turn of ``--entries`` entries; then one connection as the
+application role, in one REPEATABLE READ transaction, so that every
+statement sees the same snapshot (a warm read's token then always holds,
+whatever else the server runs). Each statement is prepared, as the store
+prepares it, and executed ``--executions`` times per round, the cases
+alternating; the server process's CPU (``/proc/<pid>/stat``) per execution:
+
+* ``SELECT 1``: a round trip that runs a prepared statement;
+* ``warm``: the head statement of a read by entry (``Heads.entry_read_sql``)
+  with its cached token: neither the turn's head nor its digest is evaluated;
+* ``token part``: the same statement's token alone (its inventory rows
+  left out of the statement): what the rest of the plan costs to start;
+* ``snapshot moved``: the same with another snapshot in the token (a commit
+  happened elsewhere): the head and the digest of the turn's rows run, equal
+  to the cached ones, so the inventory still stays out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import secrets
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from securepad import Keyring, Scratchpad
+from securepad.head_reads import ENTRY_TURN_SQL
+from securepad.store import parts
+
+from . import data
+from .backends import PRINCIPAL, bench_policy
+from .postgres import bench_database
+
+__all__ = ["main", "token_costs"]
+
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def _server_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * _TICK_S
+
+
+def _prepared(sql: str) -> str:
+    """The store's ``?`` placeholders as ``$1``, ``$2``... (``PREPARE``)."""
+    numbers = iter(range(1, 1 << 16))
+    return re.sub(r"\?", lambda _: f"${next(numbers)}", sql)
+
+
+def token_costs(dsn: str, *, entries: int = 1000, executions: int = 3000, rounds: int = 3) -> dict[str, list[float]]:
+    """Server CPU microseconds per execution of each case, one figure per round."""
+    import psycopg
+
+    schema = f"bench_token_{secrets.token_hex(4)}"
+    owner = PRINCIPAL.owner_user_id
+    try:
+        with tempfile.TemporaryDirectory(prefix="securepad-bench-token-") as tmp:
+            keyring = Keyring.from_key_file(Path(tmp) / "key")
+            with Scratchpad.open(dsn, keyring=keyring, policy=bench_policy(), schema=schema) as pad:
+                ids: list[str] = []
+                for first in range(0, entries, 100):
+                    batch = [(i, "bench", data.text(4096, salt=i)) for i in range(first, min(first + 100, entries))]
+                    ids += [str(view["scratchpad_id"]) for view in pad.put_many(PRINCIPAL, "token", batch)]
+                reads = parts(pad).entries.heads.reads
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            pid = int(row[0]) if row is not None else 0
+            conn.execute("COMMIT")
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            conn.execute(f"SET LOCAL ROLE securepad_app; SET LOCAL search_path = {schema}")
+            conn.execute("SELECT set_config('securepad.owner', %s, true)", (owner,))
+            cur = psycopg.ClientCursor(conn)
+            sql, params = reads.sql(ENTRY_TURN_SQL, ids[len(ids) // 2], owner)
+            cur.execute(sql.replace("?", "%s"), params)
+            v = cur.fetchall()[-1]  # the token row: turn (2), head (4), digest (9), snapshot (10)
+            sql, params = reads.sql(ENTRY_TURN_SQL, ids[len(ids) // 2], owner, (v[2], bytes(v[4]), v[9], v[10]))
+            moved = tuple("0 0 1:1:" if value == v[10] else value for value in params)
+            token_part = sql[: sql.index(" SELECT 'h' AS k")] + " SELECT * FROM token"
+            cases: dict[str, tuple[str, tuple[Any, ...]]] = {
+                "SELECT 1": ("SELECT ?::int", (1,)),
+                "warm": (sql, tuple(params)),
+                "token part": (token_part, tuple(params[:-1])),
+                "snapshot moved": (sql, moved),
+            }
+            for index, (text, _) in enumerate(cases.values()):
+                cur.execute(f"PREPARE token_{index} AS {_prepared(text)}")
+            costs: dict[str, list[float]] = {name: [] for name in cases}
+            for _ in range(rounds):
+                for index, (name, (_, values)) in enumerate(cases.items()):
+                    statement = f"EXECUTE token_{index}({', '.join(['%s'] * len(values))})"
+                    for _ in range(10):
+                        cur.execute(statement, values)
+                    before = _server_cpu_s(pid)
+                    for _ in range(executions):
+                        cur.execute(statement, values)
+                        cur.fetchall()
+                    costs[name].append((_server_cpu_s(pid) - before) / executions * 1e6)
+            conn.execute("ROLLBACK")
+        return costs
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m securepad.bench.pg_read_token", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--entries", type=int, default=1000, help="entries in the turn read")
+    parser.add_argument("--executions", type=int, default=3000, help="executions of each case per round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, the cases alternating")
+    args = parser.parse_args(argv)
+    costs = token_costs(bench_database(), entries=args.entries, executions=args.executions, rounds=args.rounds)
+    print(f"## Server CPU per execution, us (a turn of {args.entries} entries, {args.executions} executions a round)")
+    print("| statement | " + " | ".join(f"round {i + 1}" for i in range(args.rounds)) + " |")
+    print("|---|" + "---:|" * args.rounds)
+    for name, figures in costs.items():
+        print(f"| {name} | " + " | ".join(f"{figure:.0f}" for figure in figures) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

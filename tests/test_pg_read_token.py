@@ -1,0 +1,247 @@
+"""Issue 15: a warm PostgreSQL read costs the server nothing per turn row while nothing commits.
+
+A read sends the freshness token of its cached inventory (``head_reads``):
+the server's snapshot (``xmin:xmax:xip``) with the postmaster's start time and
+the cluster's system identifier, then the turn's sealed head and the server's
+digest of the inventory. When the snapshot is the one sent, no transaction
+has ended since the inventory was read, so no row can differ: the statement
+evaluates neither the head nor the digest (proved here with EXPLAIN ANALYZE of
+the exact statement, custom and generic plans). Any other snapshot (a commit
+anywhere on the server, another database's included; another server lifetime
+or cluster with the same transaction ids) runs the digest, and an admin edit
+is refused as before.
+
+The snapshot is made to stand still honestly: inside one REPEATABLE READ
+transaction every statement sees the same snapshot. The shared server is
+never restarted; another start time or system identifier is a token edited
+in the test.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from securepad import Keyring, Principal, Scratchpad
+from securepad.bench.heads import ReadMeter
+from securepad.errors import IntegrityError
+from securepad.store import parts
+
+psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
+from psycopg.rows import dict_row  # noqa: E402  (needs psycopg)
+
+ALICE = Principal("alice", "planner", "web")
+NOW = 1_000_000.0
+LATER = NOW + 100
+TURN = "t1"
+STEPS = 30
+# The turn's tables: what the head and the digest read.
+TURN_TABLES = ("turn_heads", "entries", "checkpoints", "compaction_marks")
+
+
+@pytest.fixture
+def store(pg_dsn: str, keyring: Keyring) -> Iterator[dict[str, Any]]:
+    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+        views = pad.put_many(
+            ALICE, TURN, [(step, "fetch", f"observation {step}") for step in range(1, STEPS + 1)], now=NOW
+        )
+        ids = [view["scratchpad_id"] for view in views]
+        pad.turn(ALICE, TURN, now=NOW).checkpoint(facts=["first"], now=NOW)
+        for _ in range(2):
+            pad.get(ALICE, ids[0], now=LATER)
+            pad.turn(ALICE, TURN, now=LATER).history(now=LATER)
+        yield {"pad": pad, "dsn": pg_dsn, "ids": ids, "reads": parts(pad).entries.heads.reads}
+
+
+@contextmanager
+def app_transaction(dsn: str, isolation: str = "REPEATABLE READ") -> Iterator[Any]:
+    """A cursor in one transaction as the application role, for owner alice
+    (as the store's own statements run), binding parameters on the client."""
+    with psycopg.connect(dsn) as conn:
+        conn.execute(f"SET TRANSACTION ISOLATION LEVEL {isolation}")
+        conn.execute("SET LOCAL ROLE securepad_app")
+        conn.execute("SET LOCAL search_path = securepad")
+        conn.execute("SELECT set_config('securepad.owner', 'alice', true)")
+        yield psycopg.ClientCursor(conn, row_factory=dict_row)
+
+
+def _pg(sql: str) -> str:
+    return sql.replace("?", "%s")
+
+
+def run(cur: Any, statement: tuple[str, Any]) -> list[dict[str, Any]]:
+    cur.execute(_pg(statement[0]), statement[1])
+    return list(cur.fetchall())
+
+
+def token_of(rows: list[dict[str, Any]]) -> tuple[Any, ...]:
+    (v,) = [row for row in rows if row["k"] == "v"]
+    return (v["turn_id"], bytes(v["sealed"]), v["actor"], v["channel"])
+
+
+def rows_read(cur: Any, statement: tuple[str, Any], *, generic: bool = False) -> dict[str, int]:
+    """Rows each turn table gave the statement (EXPLAIN ANALYZE: actual rows x loops
+    over its scans; a scan never executed gives none). ``generic``: as a prepared
+    statement's generic plan, as the store runs it after a few executions."""
+    sql, params = statement
+    if generic:
+        counter = iter(range(1, 1000))
+        numbered = re.sub(r"\?", lambda _: f"${next(counter)}", sql)
+        cur.execute("DEALLOCATE ALL")
+        cur.execute(f"PREPARE token_test AS {numbered}")
+        cur.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        placeholders = ", ".join(["%s"] * len(params))
+        cur.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE token_test({placeholders})", params)
+    else:
+        cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + _pg(sql), params)
+    plan = next(iter(cur.fetchone().values()))[0]["Plan"]
+    found = dict.fromkeys(TURN_TABLES, 0)
+
+    def walk(node: dict[str, Any]) -> None:
+        if node.get("Relation Name") in found:
+            found[node["Relation Name"]] += node.get("Actual Rows", 0) * node.get("Actual Loops", 0)
+        for child in node.get("Plans", ()):
+            walk(child)
+
+    walk(plan)
+    return found
+
+
+def _moved(token: tuple[Any, ...], field: int) -> tuple[Any, ...]:
+    """``token`` with one field of its snapshot part changed: 0 the start time,
+    1 the system identifier, 2 the transaction ids (``xmin:xmax:xip``)."""
+    parts_ = token[3].split(" ")
+    parts_[field] = {0: "1.5", 1: "1", 2: "3:3:"}[field]
+    return (*token[:3], " ".join(parts_))
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom_plan", "generic_plan"])
+@pytest.mark.parametrize("by", ["turn", "entry"])
+def test_an_unchanged_snapshot_evaluates_neither_the_head_nor_the_digest(
+    store: dict[str, Any], by: str, generic: bool
+) -> None:
+    reads, ids = store["reads"], store["ids"]
+    with app_transaction(store["dsn"]) as cur:
+        token = token_of(run(cur, reads.sql("?", TURN, "alice")))
+        cur.execute(
+            "SELECT concat_ws(' ', extract(epoch FROM pg_postmaster_start_time()),"
+            " (pg_control_system()).system_identifier, pg_current_snapshot()) AS server"
+        )
+        assert token[3] == cur.fetchone()["server"]  # this server's lifetime, its cluster, the snapshot
+        statement = (
+            reads.sql("?", TURN, "alice", token)
+            if by == "turn"
+            else reads.sql("(SELECT turn_id FROM entries WHERE id = ?)", ids[4], "alice", token)
+        )
+        # The entry's turn is looked up by its id (one row); nothing else of the turn is read.
+        expected = {"turn_heads": 0, "entries": 0 if by == "turn" else 1, "checkpoints": 0, "compaction_marks": 0}
+        assert rows_read(cur, statement, generic=generic) == expected
+        rows = run(cur, statement)
+        assert [row["k"] for row in rows] == ["v"] and rows[0]["n"] == 1
+        assert token_of(rows) == token
+
+
+@pytest.mark.parametrize("field", [0, 1, 2], ids=["start_time", "system_identifier", "transaction_ids"])
+def test_another_snapshot_runs_the_head_and_the_digest(store: dict[str, Any], field: int) -> None:
+    """A token of another server lifetime (restarted, restored from a backup) or
+    another cluster, or taken before a commit, is never taken at its word."""
+    reads = store["reads"]
+    with app_transaction(store["dsn"]) as cur:
+        token = token_of(run(cur, reads.sql("?", TURN, "alice")))
+        other = _moved(token, field)
+        statement = reads.sql("?", TURN, "alice", other)
+        read = rows_read(cur, statement)
+        assert read["turn_heads"] >= 1 and read["entries"] >= STEPS and read["checkpoints"] >= 1
+        rows = run(cur, statement)
+        # Head and digest equal: the inventory stays out, and the new snapshot comes back.
+        assert [row["k"] for row in rows] == ["v"] and rows[0]["n"] == 1
+        assert token_of(rows) == token
+
+
+def test_an_edit_seen_only_by_the_digest_is_refused_when_the_snapshot_belongs_to_another_server(
+    store: dict[str, Any],
+) -> None:
+    """The model of a restored or replaced server whose transaction ids repeat:
+    a cached token whose ``xmin:xmax:xip`` equals the server's while a row
+    differs. Equal start time and system identifier too, the statement would
+    trust it (the first assertion: what the two fields are there for); with
+    either one different, the digest runs and the edit is refused."""
+    pad, reads, ids = store["pad"], store["reads"], store["ids"]
+    cached = reads.cache.get(None, "alice", TURN)
+    assert cached is not None
+    with psycopg.connect(store["dsn"]) as admin:
+        admin.execute("SET ROLE securepad_admin")
+        admin.execute("DELETE FROM securepad.entries WHERE id = %s", (ids[5],))
+    with app_transaction(store["dsn"]) as cur:
+        now = token_of(run(cur, reads.sql("?", TURN, "alice")))[3]
+        same_xids = (*cached.token[:3], now)
+        assert [row["k"] for row in run(cur, reads.sql("?", TURN, "alice", same_xids))] == ["v"]
+        for field in (0, 1):
+            rows = run(cur, reads.sql("?", TURN, "alice", _moved(same_xids, field)))
+            assert rows[-1]["n"] == 0 and sum(row["k"] == "e" for row in rows) == STEPS - 1
+    reads.cache.put(None, "alice", TURN, _moved(same_xids, 0), cached.head)
+    with pytest.raises(IntegrityError):
+        pad.turn(ALICE, TURN, now=LATER).history(now=LATER)
+    reads.cache.put(None, "alice", TURN, _moved(same_xids, 1), cached.head)
+    with pytest.raises(IntegrityError):
+        pad.get(ALICE, ids[0], now=LATER)
+
+
+def _commit_in_another_database(dsn: str) -> None:
+    """One transaction that takes a transaction id and commits, in the server's ``postgres`` database."""
+    other = re.sub(r"/[^/]*$", "/postgres", dsn)
+    with psycopg.connect(other, autocommit=True) as conn:
+        conn.execute("SELECT pg_current_xact_id()")
+
+
+def test_a_commit_in_another_database_makes_the_next_read_run_the_digest(store: dict[str, Any]) -> None:
+    reads = store["reads"]
+    with app_transaction(store["dsn"], "READ COMMITTED") as cur:
+        token = token_of(run(cur, reads.sql("?", TURN, "alice")))
+    _commit_in_another_database(store["dsn"])
+    with app_transaction(store["dsn"], "READ COMMITTED") as cur:
+        statement = reads.sql("?", TURN, "alice", token)
+        read = rows_read(cur, statement)
+        assert read["entries"] >= STEPS and read["turn_heads"] >= 1
+        rows = run(cur, statement)
+    assert rows[-1]["n"] == 1  # the same head and digest: still no inventory
+    assert token_of(rows)[:3] == token[:3] and token_of(rows)[3] != token[3]
+
+
+def test_a_warm_read_after_a_commit_elsewhere_fetches_no_inventory_and_keeps_the_new_snapshot(
+    store: dict[str, Any],
+) -> None:
+    pad, reads, ids = store["pad"], store["reads"], store["ids"]
+    before = reads.cache.get(None, "alice", TURN)
+    assert before is not None
+    _commit_in_another_database(store["dsn"])
+    meter = ReadMeter(pad)
+    assert meter.counts(lambda: pad.get(ALICE, ids[3], now=LATER)) == {"statements": 2, "rows": 2, "calls": 1}
+    after = reads.cache.get(None, "alice", TURN)
+    assert after is not None and after.head is before.head
+    assert after.token[:3] == before.token[:3] and after.token[3] != before.token[3]
+
+
+def test_an_admin_edit_after_a_snapshot_was_cached_is_refused(store: dict[str, Any]) -> None:
+    """The admin's transaction ends, so the snapshot moves: the digest runs and sees the edit."""
+    pad, ids = store["pad"], store["ids"]
+    with psycopg.connect(store["dsn"]) as admin:
+        admin.execute("SET ROLE securepad_admin")
+        admin.execute("UPDATE securepad.entries SET actor = 'other' WHERE id = %s", (ids[7],))
+    with pytest.raises(IntegrityError):
+        pad.get(ALICE, ids[0], now=LATER)
+    with pytest.raises(IntegrityError):
+        pad.turn(ALICE, TURN, now=LATER).history(now=LATER)
+
+
+def test_the_token_benchmark_runs_each_case(pg_dsn: str) -> None:
+    """``python -m securepad.bench.pg_read_token``: the figures the PostgreSQL guide quotes."""
+    from securepad.bench.pg_read_token import token_costs
+
+    costs = token_costs(pg_dsn, entries=20, executions=20, rounds=1)
+    assert list(costs) == ["SELECT 1", "warm", "token part", "snapshot moved"]
+    assert all(len(figures) == 1 and figures[0] >= 0 for figures in costs.values())
