@@ -34,7 +34,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.abc import PQGen
 from psycopg.adapt import PyFormat, Transformer
-from psycopg.pq import ExecStatus, Format
+from psycopg.pq import ConnStatus, ExecStatus, Format, PipelineStatus
 from psycopg.pq.abc import PGconn, PGresult
 from psycopg.waiting import Ready, Wait
 
@@ -46,6 +46,7 @@ __all__ = ["BUSY", "Transaction", "Watch", "Watchdog", "cut", "end", "rowcount",
 
 # A prefetched read: its SQL (as the store wrote it) and parameters.
 _Key = tuple[str, tuple[Any, ...]]
+_TEXT, _BINARY = Format.TEXT, Format.BINARY
 # How often the watchdog looks at the calls in flight.
 _WATCH_TICK_S = 0.1
 
@@ -125,13 +126,13 @@ def _exchange(conn: psycopg.Connection[Any], commands: list[Command]) -> list[PG
         try:
             for kind, what, values in commands:
                 if kind == PREPARE:
-                    pgconn.send_prepare(what.encode(encoding), values[0].encode(encoding))
+                    pgconn.send_prepare(_encoded(what, encoding), _encoded(values[0], encoding))
                     continue
                 params, formats = _bind(conn, values, encoding)
                 if kind == EXECUTE:
-                    pgconn.send_query_prepared(what.encode(encoding), params, param_formats=formats)
+                    pgconn.send_query_prepared(_encoded(what, encoding), params, param_formats=formats)
                 else:
-                    pgconn.send_query_params(what.encode(encoding), params, param_formats=formats)
+                    pgconn.send_query_params(_encoded(what, encoding), params, param_formats=formats)
             pgconn.pipeline_sync()
             results = conn.wait(_round_trip(pgconn))
         finally:
@@ -142,28 +143,39 @@ def _exchange(conn: psycopg.Connection[Any], commands: list[Command]) -> list[PG
     return results
 
 
+@functools.lru_cache(maxsize=1024)
+def _encoded(text: str, encoding: str) -> bytes:
+    """A statement's text or name as the server reads it (the same few, every call)."""
+    return text.encode(encoding)
+
+
 def _bind(conn: psycopg.Connection[Any], values: Params, encoding: str) -> tuple[list[bytes | None], list[Format]]:
     """A statement's parameters for the server: ``bytes`` in binary, the
     rest as text, their types those the server gave the statement's placeholders."""
     params: list[bytes | None] = []
     formats: list[Format] = []
     for value in values:
-        if value is None:
+        kind = type(value)
+        if kind is str:
+            params.append(value.encode(encoding))
+        elif kind is bytes:
+            params.append(value)
+            formats.append(_BINARY)
+            continue
+        elif kind is int or kind is float:
+            params.append(repr(value).encode())
+        elif value is None:
             params.append(None)
+        elif kind is bool:
+            params.append(b"t" if value else b"f")
         elif isinstance(value, bytes | bytearray | memoryview):
             params.append(bytes(value))
-            formats.append(Format.BINARY)
+            formats.append(_BINARY)
             continue
-        elif isinstance(value, str):
-            params.append(value.encode(encoding))
-        elif isinstance(value, bool):
-            params.append(b"t" if value else b"f")
-        elif isinstance(value, int | float):
-            params.append(repr(value).encode())
         else:
             dumped = Transformer(conn).get_dumper(value, PyFormat.TEXT).dump(value)
             params.append(None if dumped is None else bytes(dumped))
-        formats.append(Format.TEXT)
+        formats.append(_TEXT)
     return params, formats
 
 
@@ -189,10 +201,11 @@ def _round_trip(pgconn: PGconn) -> PQGen[list[PGresult]]:
 
 
 def _leave_pipeline(conn: psycopg.Connection[Any]) -> None:
-    """Back to libpq's normal mode; a connection that cannot (its results were
-    not all read: a failure on the way) is closed, so the pool drops it."""
+    """Back to libpq's normal mode. A connection that died on the way is left
+    broken (the call may be retried on another, and the pool drops it); one
+    that cannot leave (its results were not all read) is closed, so the pool drops it."""
     pgconn = conn.pgconn
-    if pgconn.pipeline_status == 0:
+    if pgconn.pipeline_status == PipelineStatus.OFF or pgconn.status == ConnStatus.BAD:
         return
     try:
         pgconn.exit_pipeline_mode()

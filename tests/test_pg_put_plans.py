@@ -112,3 +112,28 @@ def test_schema_9_makes_the_turns_index_the_newest_of_entries(young: tuple[Scrat
         version = conn.execute("SELECT MAX(version) FROM securepad.schema_version").fetchone()
     assert rows[0][0] == "entries_owner_turn"
     assert version == (_pg_schema.SCHEMA_VERSION,) and _pg_schema.SCHEMA_VERSION >= 9
+
+
+def test_a_put_maintains_these_indexes_only(young: tuple[Scratchpad, ConnectionPool[Any]]) -> None:
+    """Every index of a table a put inserts into or updates costs each put an
+    index insertion (a new index must say which query needs it). entries: the
+    key (an entry by id), a turn's entries (steps, listings, the turn's
+    inventory), gc's expiry scan and the owner's live bytes (the quota's exact
+    sum); turn_heads: its key."""
+    _, pool = young
+    with pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT t.relname, c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i"
+            " JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid"
+            " JOIN pg_namespace n ON n.oid = t.relnamespace"
+            " WHERE n.nspname = 'securepad' AND t.relname IN ('entries', 'turn_heads', 'owner_keys')"
+        ).fetchall()
+    found = {(table, index): definition.split(" USING ")[1] for table, index, definition in rows}
+    assert found == {
+        ("entries", "entries_pkey"): "btree (owner_user_id, id)",
+        ("entries", "entries_owner_turn"): "btree (owner_user_id, turn_id, step_num)",
+        ("entries", "entries_expires"): "btree (expires_at)",
+        ("entries", "entries_owner_usage"): "btree (owner_user_id, expires_at, stored_bytes)",
+        ("turn_heads", "turn_heads_pkey"): "btree (owner_user_id, turn_id)",
+        ("owner_keys", "owner_keys_pkey"): "btree (owner_user_id, version)",
+    }
