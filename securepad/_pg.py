@@ -51,7 +51,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ._backend import Params, Rows
-from ._pg_conn import BUSY, Transaction, Watch, Watchdog, rows_of, seek, send, translate
+from ._pg_conn import BUSY, Transaction, Watch, Watchdog, rows_of, send, translate
 from ._pg_prepare import Statements
 from ._pg_schema import ADMIN_ROLE, APP_ROLE, SCHEMA_VERSION, lock_key, migrate, reason
 from .errors import SecurepadError, StoreBusyError, StoreUnavailableError
@@ -342,10 +342,9 @@ class PostgresDatabase:
     def query(self, sql: str, params: Params = (), *, owner: str | None = None, admin: bool = False) -> Rows:
         """Rows as dicts, in a transaction of their own.
 
-        One round trip: the settings and the query go as one simple-protocol
-        message, which PostgreSQL runs as one implicit transaction (so the
-        local settings hold for the query and end with it). The parameters are
-        bound by psycopg's client-side quoting.
+        One round trip: the settings and the query go as one message (one
+        pipeline, one Sync), which PostgreSQL runs as one implicit transaction
+        (so the local settings hold for the query and end with it).
 
         Raises:
             StoreBusyError: a lock wait timed out, or the pool had no free connection.
@@ -355,7 +354,7 @@ class PostgresDatabase:
 
     def queries(self, *statements: tuple[str, Params], owner: str | None = None, admin: bool = False) -> list[Rows]:
         """The rows of each query, in order: the settings and the queries go as
-        one simple-protocol message (one round trip, one implicit transaction).
+        one message (one round trip, one implicit transaction).
 
         Raises:
             StoreBusyError: a lock wait timed out, or the pool had no free connection.
@@ -367,17 +366,12 @@ class PostgresDatabase:
             for attempt in range(self._pool_size + 1):
                 with self._connection(admin) as call:
                     try:
-                        sent, results = send(call.conn, self._statements, batch, first=True)
+                        results = send(call.conn, self._statements, batch, first=True)
                     except psycopg.OperationalError as exc:
                         if self._retry(call, attempt) and not isinstance(exc, BUSY):
                             continue  # a connection that died while idle: reads are safe to run again
                         raise
-                    with sent:
-                        position, found = 0, []
-                        for target in results[1:]:
-                            position = seek(sent, position, target)
-                            found.append(rows_of(sent))
-                        return found
+                    return [rows_of(call.conn, result) for result in results[1:]]
             raise AssertionError("unreachable: the last attempt returns or raises")
         except BUSY:
             raise StoreBusyError("the store is busy; try again") from None

@@ -4,9 +4,17 @@ trips, and the watchdog that cuts a call past its deadline (see ``_pg``).
 A transaction (``Transaction``) sends nothing until it must: BEGIN, the
 transaction's settings and locks, and the writes whose row count nobody reads
 (``defer``) wait for the next query, or for COMMIT, and go with it as one
-simple-protocol message (psycopg binds the parameters on the client). A put
-(owner-key check, quota, INSERTs, COMMIT) costs three round trips instead of
+message: one libpq pipeline of the extended protocol ended by one Sync
+(``send``), the parameters bound by the server, ``bytea`` in binary. A put
+(owner-key check, quota, INSERTs, COMMIT) costs two round trips instead of
 thirteen; a transaction that only writes costs one.
+
+The pipeline is driven at libpq's level (``psycopg.pq``) rather than through
+psycopg's cursors and ``Connection.pipeline``: per put that costs the client
+~70 us less CPU and the server ~120 us less than one simple-protocol message
+of ``EXECUTE`` statements with the parameters quoted into its text (the
+server parsed 8 KiB of hex per 4 KiB entry, and analysed each parameter as
+an expression), measured side by side (docs/how-to/postgresql.md, "CPU per put").
 """
 
 from __future__ import annotations
@@ -24,17 +32,21 @@ from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg.pq import ExecStatus
-from psycopg.rows import DictRow, dict_row
+from psycopg.abc import PQGen
+from psycopg.adapt import PyFormat, Transformer
+from psycopg.pq import ConnStatus, ExecStatus, Format, PipelineStatus
+from psycopg.pq.abc import PGconn, PGresult
+from psycopg.waiting import Ready, Wait
 
 from ._backend import DuplicateKeyError, Params, Rows
-from ._pg_prepare import Statements
+from ._pg_prepare import EXECUTE, PREPARE, Command, Statements
 from .errors import StoreBusyError, StoreUnavailableError
 
-__all__ = ["BUSY", "Transaction", "Watch", "Watchdog", "cursor", "cut", "end", "rows_of", "seek", "send", "translate"]
+__all__ = ["BUSY", "Transaction", "Watch", "Watchdog", "cut", "end", "rowcount", "rows_of", "send", "translate"]
 
 # A prefetched read: its SQL (as the store wrote it) and parameters.
 _Key = tuple[str, tuple[Any, ...]]
+_TEXT, _BINARY = Format.TEXT, Format.BINARY
 # How often the watchdog looks at the calls in flight.
 _WATCH_TICK_S = 0.1
 
@@ -51,39 +63,41 @@ def translate(sql: str) -> str:
     return sql.replace("%", "%%").replace("?", "%s").replace(" AS BLOB)", " AS BYTEA)")
 
 
-def cursor(conn: psycopg.Connection[Any]) -> psycopg.ClientCursor[DictRow]:
-    """A cursor that binds parameters on the client (one simple-protocol
-    message may carry several statements) and makes each row a dict, its
-    names read from the result itself: ``cursor.description`` would build a
-    ``Column`` object per column of every result set, a fifth of the
-    client's CPU per call (cProfile of ``securepad.bench.pg_costs``)."""
-    return psycopg.ClientCursor(conn, row_factory=dict_row)
-
-
-def rows_of(cursor: psycopg.ClientCursor[DictRow]) -> Rows:
-    """The current result set's rows (none for a statement that returns no rows)."""
-    result = cursor.pgresult
-    if result is None or result.status != ExecStatus.TUPLES_OK:
+def rows_of(conn: psycopg.Connection[Any], result: PGresult) -> Rows:
+    """A statement's rows as dicts (none for a statement that returns no
+    rows), each value loaded as psycopg's cursors load it."""
+    if result.status != ExecStatus.TUPLES_OK:
         return []
-    return cursor.fetchall()
+    encoding = conn.info.encoding
+    names = [(result.fname(i) or b"").decode(encoding) for i in range(result.nfields)]
+    loader = Transformer(conn)
+    loader.set_pgresult(result)
+    return [dict(zip(names, row, strict=True)) for row in loader.load_rows(0, result.ntuples, tuple)]
+
+
+def rowcount(result: PGresult) -> int:
+    """The rows a statement changed (-1 when the server does not say)."""
+    count = result.command_tuples
+    return -1 if count is None else count
 
 
 def send(
     conn: psycopg.Connection[Any], statements: Statements, batch: Sequence[tuple[str, Params]], *, first: bool
-) -> tuple[psycopg.ClientCursor[DictRow], list[int]]:
+) -> list[PGresult]:
     """Send ``batch`` as one message, its statements prepared where
-    ``statements`` allows (see ``_pg_prepare``): the cursor on the message's
-    first result, and the index of each statement's result among them.
+    ``statements`` allows (see ``_pg_prepare``): each statement's result.
 
     ``first``: the first message of a call. If the server session does not
     have the connection's statements (a transaction pooler), the store
     prepares no more and sends a first message again, unprepared; a later one
     (its transaction's earlier messages ran) is ``StoreUnavailableError``.
+
+    Raises:
+        psycopg.Error: the first statement that failed (the later ones did not run).
     """
     message = statements.message(conn, batch, first=first)
-    sent = cursor(conn)
     try:
-        sent.execute(message.text, message.params)
+        results = _exchange(conn, message.commands)
     except pg_errors.InvalidSqlStatementName:
         statements.missing()
         if not first:
@@ -92,18 +106,111 @@ def send(
             ) from None
         end(conn)
         message = statements.message(conn, batch, first=first)
-        sent = cursor(conn)
-        sent.execute(message.text, message.params)
+        results = _exchange(conn, message.commands)
     statements.sent(message)
-    return sent, message.results
+    return [results[index] for index in message.results]
 
 
-def seek(sent: psycopg.ClientCursor[DictRow], position: int, target: int) -> int:
-    """Move the cursor from result ``position`` on to result ``target``."""
-    while position < target:
-        sent.nextset()
-        position += 1
-    return position
+def _exchange(conn: psycopg.Connection[Any], commands: list[Command]) -> list[PGresult]:
+    """Run ``commands`` as one pipeline ended by one Sync (one round trip:
+    one ``Connection.wait``); each command's result, in order.
+
+    Raises:
+        psycopg.Error: the first command that failed (the server skipped the
+            rest up to the Sync; an explicit transaction is left failed).
+    """
+    pgconn = conn.pgconn
+    encoding = conn.info.encoding
+    with conn.lock:
+        pgconn.enter_pipeline_mode()
+        try:
+            for kind, what, values in commands:
+                if kind == PREPARE:
+                    pgconn.send_prepare(_encoded(what, encoding), _encoded(values[0], encoding))
+                    continue
+                params, formats = _bind(conn, values, encoding)
+                if kind == EXECUTE:
+                    pgconn.send_query_prepared(_encoded(what, encoding), params, param_formats=formats)
+                else:
+                    pgconn.send_query_params(_encoded(what, encoding), params, param_formats=formats)
+            pgconn.pipeline_sync()
+            results = conn.wait(_round_trip(pgconn))
+        finally:
+            _leave_pipeline(conn)
+    for result in results:
+        if result.status == ExecStatus.FATAL_ERROR:
+            raise pg_errors.error_from_result(result, encoding=encoding)
+    return results
+
+
+@functools.lru_cache(maxsize=1024)
+def _encoded(text: str, encoding: str) -> bytes:
+    """A statement's text or name as the server reads it (the same few, every call)."""
+    return text.encode(encoding)
+
+
+def _bind(conn: psycopg.Connection[Any], values: Params, encoding: str) -> tuple[list[bytes | None], list[Format]]:
+    """A statement's parameters for the server: ``bytes`` in binary, the
+    rest as text, their types those the server gave the statement's placeholders."""
+    params: list[bytes | None] = []
+    formats: list[Format] = []
+    for value in values:
+        kind = type(value)
+        if kind is str:
+            params.append(value.encode(encoding))
+        elif kind is bytes:
+            params.append(value)
+            formats.append(_BINARY)
+            continue
+        elif kind is int or kind is float:
+            params.append(repr(value).encode())
+        elif value is None:
+            params.append(None)
+        elif kind is bool:
+            params.append(b"t" if value else b"f")
+        elif isinstance(value, bytes | bytearray | memoryview):
+            params.append(bytes(value))
+            formats.append(_BINARY)
+            continue
+        else:
+            dumped = Transformer(conn).get_dumper(value, PyFormat.TEXT).dump(value)
+            params.append(None if dumped is None else bytes(dumped))
+        formats.append(_TEXT)
+    return params, formats
+
+
+def _round_trip(pgconn: PGconn) -> PQGen[list[PGresult]]:
+    """Flush the pipeline, then read every command's result up to the Sync's."""
+    while pgconn.flush() != 0:
+        while not (ready := (yield Wait.RW)):
+            continue
+        if ready & Ready.R:
+            pgconn.consume_input()
+    results: list[PGresult] = []
+    while True:
+        while pgconn.is_busy():
+            while not (yield Wait.R):
+                continue
+            pgconn.consume_input()
+        result = pgconn.get_result()
+        if result is None:
+            continue  # the end of one command's results
+        if result.status == ExecStatus.PIPELINE_SYNC:
+            return results
+        results.append(result)
+
+
+def _leave_pipeline(conn: psycopg.Connection[Any]) -> None:
+    """Back to libpq's normal mode. A connection that died on the way is left
+    broken (the call may be retried on another, and the pool drops it); one
+    that cannot leave (its results were not all read) is closed, so the pool drops it."""
+    pgconn = conn.pgconn
+    if pgconn.pipeline_status == PipelineStatus.OFF or pgconn.status == ConnStatus.BAD:
+        return
+    try:
+        pgconn.exit_pipeline_mode()
+    except psycopg.Error:
+        conn.close()
 
 
 def end(conn: psycopg.Connection[Any]) -> None:
@@ -153,7 +260,8 @@ class Transaction:
         fetched = self._fetched.pop(key, None)
         if fetched is not None:
             return fetched
-        return rows_of(self._send((translate(sql), params)))
+        result = self._send((translate(sql), params))
+        return rows_of(self._conn(), result)
 
     def prefetch(self, sql: str, params: Params = ()) -> None:
         """Run the read ``sql`` with the next message and keep its rows: the
@@ -161,7 +269,7 @@ class Transaction:
         self._pending.append((translate(sql), tuple(params), (sql, tuple(params))))
 
     def execute(self, sql: str, params: Params = ()) -> int:
-        return self._send((translate(sql), params)).rowcount
+        return rowcount(self._send((translate(sql), params)))
 
     def defer(self, sql: str, params: Params = ()) -> None:
         """Run ``sql`` with the next message (its row count is not wanted)."""
@@ -188,8 +296,12 @@ class Transaction:
             self._stack.close()
             self._stack = None
 
-    def _send(self, last: tuple[str, Params] | None) -> psycopg.ClientCursor[DictRow]:
-        """Send what is pending, and ``last``, as one message."""
+    def _conn(self) -> psycopg.Connection[Any]:
+        assert self.call is not None, "a message was sent"
+        return self.call.conn
+
+    def _send(self, last: tuple[str, Params] | None) -> PGresult:
+        """Send what is pending, and ``last``, as one message: the last statement's result."""
         batch, self._pending = [*self._pending, *([(*last, None)] if last is not None else [])], []
         if self.call is not None:
             return self._run(self.call.conn, batch, first=False)
@@ -209,22 +321,20 @@ class Transaction:
 
     def _run(
         self, conn: psycopg.Connection[Any], batch: list[tuple[str, Params, _Key | None]], *, first: bool
-    ) -> psycopg.ClientCursor[DictRow]:
-        """Send ``batch`` as one message; the cursor on its last result."""
+    ) -> PGresult:
+        """Send ``batch`` as one message; its last statement's result."""
         try:
-            sent, results = send(conn, self._statements, [(text, params) for text, params, _ in batch], first=first)
+            results = send(conn, self._statements, [(text, params) for text, params, _ in batch], first=first)
         except pg_errors.UniqueViolation:
             raise DuplicateKeyError from None
-        position = 0
-        for index, (_, _, key) in enumerate(batch):
-            position = seek(sent, position, results[index])
-            if first and index == 1 and self._try_lock:  # the settings and the lock's answer
-                row = sent.fetchone()
-                if row is not None and row.get("locked") is False:
-                    raise StoreBusyError("the store is busy; try again")
+        if first and self._try_lock:  # the settings and the lock's answer
+            answer = rows_of(conn, results[1])
+            if answer and answer[0].get("locked") is False:
+                raise StoreBusyError("the store is busy; try again")
+        for (_, _, key), result in zip(batch, results, strict=True):
             if key is not None:
-                self._fetched[key] = rows_of(sent)
-        return sent
+                self._fetched[key] = rows_of(conn, result)
+        return results[-1]
 
 
 class Watch:

@@ -1,12 +1,13 @@
-"""Server-side prepared statements inside one simple-protocol message.
+"""Server-side prepared statements in one pipeline of the extended protocol.
 
 Parsing and planning a statement costs the server 20 to 200 us (the quota
 check's four row-level-security subqueries: 190 us), more than executing it.
-Prepared once per connection, a statement is planned once: the message
-carries ``PREPARE name AS ...; EXECUTE name(...)`` the first time and
-``EXECUTE name(...)`` after, so the round trips stay as they were (every
-statement of a message still goes in one message, parameters bound on the
-client).
+Prepared once per connection, a statement is planned once: a message (one
+libpq pipeline, ended by one Sync: one round trip, see ``_pg_conn.send``)
+carries Parse for the statement the first time and only Bind and Execute
+after, its parameters bound by the server (``bytea`` in binary: no hex text
+to build on the client and to parse on the server). A statement that is not
+prepared goes as an unnamed Parse, Bind and Execute in the same pipeline.
 
 Prepared statements belong to the server session. Behind a transaction
 pooler (PgBouncer in ``pool_mode = transaction``), consecutive transactions
@@ -16,10 +17,10 @@ of one client connection may run on different server sessions. So:
   statements need behind such a pooler, and what the PostgreSQL guide
   tells pools made for one) never prepares;
 * names are unique per client connection (never reused, even after a failed
-  message: a PREPARE is not undone by ROLLBACK), so a name on a server
-  session always means what its client meant;
+  message: a prepared statement is not undone by ROLLBACK), so a name on a
+  server session always means what its client meant;
 * every first message of a call on a connection that prepared anything
-  starts with ``EXECUTE`` of the connection's first statement, the anchor:
+  starts with an Execute of the connection's first statement, the anchor:
   run on another server session, it fails (SQLSTATE 26000) before anything
   else in the message runs, and the store stops preparing (``Statements.missing``)
   and sends the message again. Every later message of the transaction runs
@@ -28,6 +29,7 @@ of one client connection may run on different server sessions. So:
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 import weakref
@@ -38,7 +40,7 @@ import psycopg
 
 from ._backend import Params
 
-__all__ = ["MAX_PER_CONNECTION", "Message", "Statements"]
+__all__ = ["EXECUTE", "MAX_PER_CONNECTION", "PREPARE", "QUERY", "Command", "Message", "Statements", "numbered"]
 
 # Statements prepared per connection at most; later ones go unprepared.
 MAX_PER_CONNECTION = 256
@@ -62,19 +64,24 @@ class _Session:
         return f"securepad_{self.token}_{self.count}"
 
 
+# What a message asks of the server, in order (``Message.commands``):
+PREPARE = 0  # (PREPARE, name, text): Parse of a named statement (its result: no rows)
+EXECUTE = 1  # (EXECUTE, name, params): Bind and Execute of a named statement
+QUERY = 2  # (QUERY, text, params): Parse, Bind and Execute of the unnamed statement
+Command = tuple[int, str, Params]
+
+
 class Message:
-    """One message: its text and parameters, where each statement's result
-    is among the message's results, and the names it prepares."""
+    """One message: its commands, where each statement's result is among the
+    message's results, and the names it prepares."""
 
-    __slots__ = ("announced", "params", "prepared", "results", "session", "text")
+    __slots__ = ("commands", "prepared", "results", "session")
 
-    def __init__(self, text: str, params: Params, results: list[int], session: _Session | None) -> None:
-        self.text = text
-        self.params = params
-        self.results = results
+    def __init__(self, session: _Session | None) -> None:
+        self.commands: list[Command] = []
+        self.results: list[int] = []
         self.session = session
         self.prepared: dict[tuple[str, str], str] = {}
-        self.announced: set[str] = set()
 
 
 class Statements:
@@ -100,31 +107,27 @@ class Statements:
         """``batch`` (statements in psycopg's dialect) as one message for ``conn``;
         ``first``: the first message of a call (a transaction or a query)."""
         session = self._session(conn)
-        parts: list[str] = []
-        params: list[Any] = []
-        results: list[int] = []
-        message = Message("", (), results, session)
+        message = Message(session)
+        commands = message.commands
         if session is not None and first:
             if session.anchor is None:
                 anchor = session.new_name()
-                parts.append(f"PREPARE {anchor} AS SELECT 1")
+                commands.append((PREPARE, anchor, ("SELECT 1",)))
                 message.prepared[("", "anchor")] = anchor
             else:
                 anchor = session.anchor
-            parts.append(f"EXECUTE {anchor}")
+            commands.append((EXECUTE, anchor, ()))
+        announced: set[str] = set()
         for text, values in batch:
             name = self._name(session, message, text) if values else None
             if name is None:
-                parts.append(text)
+                commands.append((QUERY, numbered(text), values))
             else:
-                if message.prepared.get((self.schema, text)) == name and name not in message.announced:
-                    parts.append(f"PREPARE {name} AS {_numbered(text)}")
-                    message.announced.add(name)
-                parts.append(f"EXECUTE {name}({', '.join(['%s'] * len(values))})")
-            params.extend(values)
-            results.append(len(parts) - 1)
-        message.text = "; ".join(parts)
-        message.params = tuple(params)
+                if name not in announced and message.prepared.get((self.schema, text)) == name:
+                    commands.append((PREPARE, name, (numbered(text),)))
+                    announced.add(name)
+                commands.append((EXECUTE, name, values))
+            message.results.append(len(commands) - 1)
         return message
 
     def _name(self, session: _Session | None, message: Message, text: str) -> str | None:
@@ -152,7 +155,8 @@ class Statements:
         self.enabled = False
 
 
-def _numbered(text: str) -> str:
-    """``%s`` placeholders as ``$1``, ``$2``...; ``%%`` stays (psycopg reads it as ``%``)."""
+@functools.lru_cache(maxsize=512)
+def numbered(text: str) -> str:
+    """psycopg's dialect in the server's: ``%s`` placeholders as ``$1``, ``$2``..., ``%%`` as ``%``."""
     counter = iter(range(1, 1 << 30))
-    return _PLACEHOLDER.sub(lambda m: "%%" if m.group() == "%%" else f"${next(counter)}", text)
+    return _PLACEHOLDER.sub(lambda m: "%" if m.group() == "%%" else f"${next(counter)}", text)

@@ -21,7 +21,7 @@ from .errors import SecurepadError
 
 __all__ = ["ADMIN_ROLE", "APP_ROLE", "MIGRATIONS", "SCHEMA_VERSION", "lock_key", "migrate", "reason"]
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 _OWNER = "current_setting('securepad.owner', true)"
 _OWNER_TABLES = ("owner_keys", "entries", "checkpoints", "compaction_marks", "owner_usage")
@@ -231,6 +231,19 @@ MIGRATIONS: dict[int, str] = {
     DROP TABLE IF EXISTS owner_usage;
     INSERT INTO store_meta(key, value) VALUES ('owner_usage', 'seed')
         ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+    """,
+    # A turn's entries through their own index on a young store (issue 15,
+    # docs/how-to/postgresql.md "CPU per put"). A connection's prepared
+    # statements keep the generic plan made at their sixth run; on a store
+    # that autovacuum has not analyzed yet (its first minute, or its first 50
+    # rows), the planner sees a tiny table and the costs of the owner-only
+    # primary key (owner_user_id, id) and of this index tie: it keeps the
+    # newest index, which migration 2 made the primary key. A put's step check
+    # then read every entry of the owner (518 rows a put in the CPU benchmark,
+    # 43% of the server's CPU). Made again here, this index is the newest.
+    9: """
+    DROP INDEX entries_owner_turn;
+    CREATE INDEX entries_owner_turn ON entries(owner_user_id, turn_id, step_num);
     """,
 }
 

@@ -24,7 +24,7 @@ from securepad.store import parts
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from psycopg_pool import ConnectionPool  # noqa: E402  (needs psycopg)
 
-from securepad._pg_prepare import MAX_PER_CONNECTION, Statements, _numbered  # noqa: E402
+from securepad._pg_prepare import EXECUTE, MAX_PER_CONNECTION, PREPARE, QUERY, Statements, numbered  # noqa: E402
 
 ALICE = Principal("alice", "planner", "web")
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # about 4 KiB
@@ -168,25 +168,28 @@ def test_through_a_transaction_pooler_the_store_stops_preparing_and_loses_nothin
             assert direct.get(Principal(owner, "agent", "web"), entry).observation.startswith("client ")
 
 
-def test_placeholders_are_numbered_and_percent_signs_kept() -> None:
-    assert _numbered("SELECT %s, '%%', x LIKE %s || '%%'") == "SELECT $1, '%%', x LIKE $2 || '%%'"
+def test_placeholders_are_numbered_and_percent_signs_unescaped() -> None:
+    assert numbered("SELECT %s, '%%', x LIKE %s || '%%'") == "SELECT $1, '%', x LIKE $2 || '%'"
 
 
 def test_messages_prepare_each_statement_once_and_stop_at_the_cap(pg_dsn: str) -> None:
     statements = Statements("s")
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         first = statements.message(conn, [("SELECT %s", (1,)), ("SELECT %s", (2,)), ("BEGIN", ())], first=True)
-        assert first.text.count("PREPARE") == 2  # the anchor, and the repeated statement once
-        assert first.text.endswith("; BEGIN")
-        assert first.results == [3, 4, 5]  # after the anchor's PREPARE and EXECUTE, and the statement's PREPARE
+        kinds = [kind for kind, _, _ in first.commands]
+        # The anchor's Parse and Execute, the repeated statement's Parse once, its two Executes, BEGIN.
+        assert kinds == [PREPARE, EXECUTE, PREPARE, EXECUTE, EXECUTE, QUERY]
+        assert first.commands[2][2] == ("SELECT $1",) and first.commands[-1][1] == "BEGIN"
+        assert first.results == [3, 4, 5]
         statements.sent(first)
         again = statements.message(conn, [("SELECT %s", (3,))], first=True)
-        assert "PREPARE" not in again.text and again.results == [1]
+        assert [kind for kind, _, _ in again.commands] == [EXECUTE, EXECUTE] and again.results == [1]
         many = [(f"SELECT %s AS c{i}", (i,)) for i in range(MAX_PER_CONNECTION + 10)]
         capped = statements.message(conn, many, first=False)
-        assert capped.text.count("PREPARE") == MAX_PER_CONNECTION - 1  # one statement exists (the anchor apart)
+        prepares = [kind for kind, _, _ in capped.commands].count(PREPARE)
+        assert prepares == MAX_PER_CONNECTION - 1  # one statement exists (the anchor apart)
         statements.missing()
-        assert statements.message(conn, [("SELECT %s", (3,))], first=True).text == "SELECT %s"
+        assert statements.message(conn, [("SELECT %s", (3,))], first=True).commands == [(QUERY, "SELECT $1", (3,))]
 
 
 def test_a_statement_prepared_for_one_owner_and_role_answers_for_another(

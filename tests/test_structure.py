@@ -35,6 +35,7 @@ SQL_MODULES = {
     "securepad._db",
     "securepad._pg",
     "securepad._pg_conn",
+    "securepad._pg_prepare",  # the anchor statement (SELECT 1), prepared on each connection
     "securepad._pg_schema",
     "securepad.keystore",
     "securepad.master",
