@@ -51,7 +51,7 @@ RECORD_ROW_OVERHEAD = 256
 # (conn, owner, bytes added, now, what is added); raises QuotaExceededError.
 # (conn, owner, key version sealed under, bytes added, now, what): checks the
 # version is still the newest and the quota has room, in one statement.
-QuotaCheck = Callable[[Conn, str, int, int, float, str], None]
+QuotaCheck = Callable[[Conn, str, int, int, float, str, str], None]
 
 
 def _check_table(table: str) -> str:
@@ -131,7 +131,7 @@ class Records:
             return row
 
         def write(conn: Conn, row: dict[str, Any]) -> dict[str, Any]:
-            self._check_quota(conn, owner, row["key_version"], record_cost(row), created, "record")
+            self._check_quota(conn, owner, row["key_version"], record_cost(row), created, "record", turn_id)
             conn.execute(
                 f"INSERT INTO {table}({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
             )

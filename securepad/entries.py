@@ -93,9 +93,11 @@ class Entries:
         """``entry_put.Putter.put_many``."""
         return self.putter.put_many(principal, turn_id, items, ttl_seconds, now=now, shown=shown)
 
-    def check_quota(self, conn: Conn, owner: str, version: int, adding: int, now: float, what: str) -> None:
+    def check_quota(
+        self, conn: Conn, owner: str, version: int, adding: int, now: float, what: str, turn_id: str
+    ) -> None:
         """``entry_put.Putter.check_quota``."""
-        self.putter.check_quota(conn, owner, version, adding, now, what)
+        self.putter.check_quota(conn, owner, version, adding, now, what, turn_id)
 
     def open(
         self, principal: Principal, scratchpad_id: object, now: float | None, turn_id: str | None = None

@@ -189,16 +189,19 @@ class Putter:
         adding: int,
         now: float,
         what: str,
+        turn_id: str,
         found: dict[str, Any] | None = None,
     ) -> None:
         """Inside the owner's write transaction (exclusive lock), in one
         statement: ``room``'s version check, and refuse ``adding`` bytes of a
-        record (a checkpoint or mark: ``what``) that do not fit in the
-        owner's quota beside its turns' reservations (``head_owner``, read
-        with the same statement). When they do not, the turns' unused
-        reservations are given back (``Heads.reclaim``) and, failing that, the
-        exact sum over the owner's live entries decides, as for a put (an
-        owner without a usage head takes that sum).
+        record (a checkpoint or mark: ``what``) into ``turn_id`` that do not
+        fit in the owner's quota beside its turns' reservations
+        (``head_owner``, read with the same statement). When they do not, the
+        other turns' unused reservations are given back (``Heads.reclaim``)
+        and, failing that, the exact sum over the owner's live entries
+        decides, as for a put (an owner without a usage head takes that sum).
+        The record's own turn keeps its reservation: the caller's
+        ``Heads.change`` rewrites that head from the rows it prefetched.
 
         Raises:
             QuotaExceededError: no room.
@@ -208,7 +211,7 @@ class Putter:
         room = self.room(conn, owner, version, now, what, found)
         total = self.heads.usage(owner, found["head_version"], found["head_sealed"])
         if total is not None and room.records + total + adding > room.quota:
-            total = self.heads.reclaim_all(conn, owner, total, version)
+            total = self.heads.reclaim_all(conn, owner, total, turn_id, version)
         if (total is None or room.records + total + adding > room.quota) and (
             room.records + room.live() + adding > room.quota
         ):

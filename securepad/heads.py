@@ -512,10 +512,10 @@ class Heads(HeadChecks, OwnerHeads):
             self.write_bodies(conn, owner, bodies, version)
         return max(total, 0)
 
-    def reclaim_all(self, conn: Conn, owner: str, total: int, version: int) -> int:
-        """``reclaim`` for every turn of the owner, its usage head sealed again
-        with what remains (a record's quota check: ``Putter.check_quota``)."""
-        reclaimed = self.reclaim(conn, owner, total, OWNER_HEAD, version)
+    def reclaim_all(self, conn: Conn, owner: str, total: int, turn_id: str, version: int) -> int:
+        """``reclaim``, the owner's usage head sealed again with what remains (a
+        record's quota check: ``Putter.check_quota``)."""
+        reclaimed = self.reclaim(conn, owner, total, turn_id, version)
         if reclaimed != total:
             self.write_body(conn, owner, USAGE_HEAD, usage_body(reclaimed), version)
         return reclaimed
