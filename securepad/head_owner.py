@@ -28,7 +28,12 @@ against what the entries really hold; only then, as before, the exact sum
 over the owner's live entries decides (expired entries not yet collected do
 not count, so R may then pass the quota until gc, as the total could
 before). A removal (delete, gc) lowers the turn's ``b``, its ``r`` and R by
-the same amount. The quota stays an upper bound that is authenticated: R and
+the same amount. A checkpoint or mark (whose cost the quota counts from
+the live records, not from reservations) reclaims the other turns'
+reservations the same way, but not its own turn's: that head is rewritten
+from rows read before the check (``Putter.check_quota``), so near the limit
+a record can be refused while its own turn holds up to a chunk unused.
+The quota stays an upper bound that is authenticated: R and
 every ``r`` and ``b`` are sealed under the owner's key, which the server never
 has, and ``verify`` checks each turn's ``b`` against its entries and R against
 the sum of the ``r``. A clear server-side counter would not be (issue 14).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -130,11 +131,8 @@ def test_eight_threads_of_two_owners_keep_the_totals_exact(pg_dsn: str, keyring:
             except BaseException as exc:  # handed to the test
                 errors.append(exc)
 
-        threads = [threading.Thread(target=work, args=(index,)) for index in range(8)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(work, range(8)))
         assert not errors, errors
         exact(pad)
         assert pad.verify(now=NOW)["ok"]
