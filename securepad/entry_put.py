@@ -18,7 +18,6 @@ from .crypto import ENTRY_FORMAT, EntryCipher, Header, ListingKey, Wrapper, seal
 from .entry_listings import Listings, step_sql
 from .entry_rows import EntryParts, check_step_num, listing_fields, live
 from .errors import InvalidArgumentError, QuotaExceededError
-from .head_owner import refused
 from .heads import USAGE_HEAD, Heads, Room, entry_item
 from .keystore import NEWEST_VERSION_SQL, Keystore
 from .policy import Policy
@@ -31,7 +30,7 @@ _HINTS = 4096
 
 
 class Putter:
-    """Stores the entries of one store: ``put``, ``put_many``, ``check_quota``."""
+    """Stores the entries of one store: ``put``, ``put_many``, ``room`` (the quota's)."""
 
     def __init__(self, parts: EntryParts, listings: Listings) -> None:
         self._keys, self._access = parts.keys, parts.access
@@ -155,18 +154,27 @@ class Putter:
         return _Batch(self, self._keys, self._access, principal, turn_id, shown).put(items, ttl_seconds, now)
 
     def room(
-        self, conn: Conn, owner: str, version: int, now: float, what: str, found: dict[str, Any] | None = None
+        self,
+        conn: Conn,
+        owner: str,
+        version: int,
+        now: float,
+        what: str,
+        found: dict[str, Any] | None = None,
+        *,
+        records_adding: int = 0,
     ) -> Room:
         """Inside the owner's write transaction: refuse a write sealed under
         owner-key ``version`` when that is no longer the newest
         (``StaleOwnerKey``, which the keystore's retry takes), and what the
-        owner's quota leaves for entries the write adds (``Heads.change``
-        reserves it, or refuses: ``head_owner``). ``found`` is the row of
-        ``_quota_sql`` when the caller read it already.
+        owner's quota leaves for what the write adds: ``Heads.change`` reserves
+        it, or refuses (``head_owner``). ``found`` is the row of ``_quota_sql``
+        when the caller read it already; ``records_adding``, the cost of a
+        checkpoint or mark the write adds (``what``: ``record``).
 
         Entries count what their row costs on disk (``row_cost``), and so do
         the owner's live checkpoints and compaction marks (``Records.used_sql``:
-        a turn keeps few)."""
+        a turn keeps few), which the quota counts beside the entries' reservations."""
         if found is None:
             found = conn.query(*_quota_sql(owner, now))[0]
         Keystore.check_newest(found["newest"], version)
@@ -179,43 +187,7 @@ class Putter:
             )
             return int(rows[0]["used"])
 
-        return Room(self.policy.owner_quota_bytes, int(found["used"]), live, what)
-
-    def check_quota(
-        self,
-        conn: Conn,
-        owner: str,
-        version: int,
-        adding: int,
-        now: float,
-        what: str,
-        turn_id: str,
-        found: dict[str, Any] | None = None,
-    ) -> None:
-        """Inside the owner's write transaction (exclusive lock), in one
-        statement: ``room``'s version check, and refuse ``adding`` bytes of a
-        record (a checkpoint or mark: ``what``) into ``turn_id`` that do not
-        fit in the owner's quota beside its turns' reservations
-        (``head_owner``, read with the same statement). When they do not, the
-        other turns' unused reservations are given back (``Heads.reclaim``)
-        and, failing that, the exact sum over the owner's live entries
-        decides, as for a put (an owner without a usage head takes that sum).
-        The record's own turn keeps its reservation: the caller's
-        ``Heads.change`` rewrites that head from the rows it prefetched.
-
-        Raises:
-            QuotaExceededError: no room.
-        """
-        if found is None:
-            found = conn.query(*_quota_sql(owner, now))[0]
-        room = self.room(conn, owner, version, now, what, found)
-        total = self.heads.usage(owner, found["head_version"], found["head_sealed"])
-        if total is not None and room.records + total + adding > room.quota:
-            total = self.heads.reclaim_all(conn, owner, total, turn_id, version)
-        if (total is None or room.records + total + adding > room.quota) and (
-            room.records + room.live() + adding > room.quota
-        ):
-            raise refused(room, adding)
+        return Room(self.policy.owner_quota_bytes, int(found["used"]), live, what, records_adding)
 
 
 def _quota_sql(owner: str, now: float, step: tuple[str, Params] | None = None) -> tuple[str, Params]:

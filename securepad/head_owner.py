@@ -28,11 +28,9 @@ against what the entries really hold; only then, as before, the exact sum
 over the owner's live entries decides (expired entries not yet collected do
 not count, so R may then pass the quota until gc, as the total could
 before). A removal (delete, gc) lowers the turn's ``b``, its ``r`` and R by
-the same amount. A checkpoint or mark (whose cost the quota counts from
-the live records, not from reservations) reclaims the other turns'
-reservations the same way, but not its own turn's: that head is rewritten
-from rows read before the check (``Putter.check_quota``), so near the limit
-a record can be refused while its own turn holds up to a chunk unused.
+the same amount. A checkpoint or mark, whose cost the quota counts from
+the owner's live records beside R (not in a reservation), must fit beside
+R; near the limit it reclaims the same way (its own turn's spare included).
 The quota stays an upper bound that is authenticated: R and
 every ``r`` and ``b`` are sealed under the owner's key, which the server never
 has, and ``verify`` checks each turn's ``b`` against its entries and R against
@@ -103,15 +101,17 @@ CHUNK = 256 * 1024
 
 @dataclass(frozen=True)
 class Room:
-    """What a write that adds entries needs to reserve quota (``Heads.change``):
-    the owner's quota, its live records' cost, the exact sum over its live
-    entries (a query, the last word near the limit: it counts the rows the
-    write inserted), and the write's name for the refusal's message."""
+    """What a write that adds entries or a record needs to check the quota
+    (``Heads.change``): the owner's quota, its live records' cost (before
+    this write), the exact sum over its live entries (a query, the last word
+    near the limit: it counts the rows the write inserted), the write's name
+    for the refusal's message, and the cost of a record the write adds."""
 
     quota: int
     records: int
     live: Callable[[], int]
     what: str
+    records_adding: int = 0
 
 
 def grant(quota: int, records: int, total: int, need: int) -> int:

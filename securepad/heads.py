@@ -427,6 +427,8 @@ class Heads(HeadChecks, OwnerHeads):
         usage = by_turn.get(USAGE_HEAD)
         total = None if usage is None else usage_of(self.open_body(usage, owner, USAGE_HEAD))
         reserved = self._reserve(conn, owner, turn_id, tally, change.bytes, total, room, version)
+        if room is not None and room.records_adding:
+            reserved = self._record_room(conn, owner, turn_id, tally, reserved, room, version)
         bodies = [(turn_id, tally.dumps())]
         if new_turn:
             turns = self.owner_head(by_turn[OWNER_HEAD], owner) | {turn_id}
@@ -485,6 +487,27 @@ class Heads(HeadChecks, OwnerHeads):
         tally.r += granted
         return total + granted
 
+    def _record_room(
+        self, conn: Conn, owner: str, turn_id: str, tally: Tally, total: int | None, room: Room, version: int | None
+    ) -> int | None:
+        """Refuse a record (``room.records_adding`` bytes: checked beside the live
+        records and the reservations ``total``) that does not fit, after the
+        owner's unused reservations, this turn's included, were given back;
+        the owner's total reservation after that.
+
+        Raises:
+            QuotaExceededError: no room, even counting the live entries only.
+        """
+        adding = room.records_adding
+        if total is not None and room.records + total + adding > room.quota:
+            total = self.reclaim(conn, owner, total, turn_id, version) - (tally.r - tally.b)
+            tally.r = tally.b
+        if (total is None or room.records + total + adding > room.quota) and (
+            room.records + room.live() + adding > room.quota
+        ):
+            raise refused(room, adding)
+        return total
+
     def reclaim(self, conn: Conn, owner: str, total: int, turn_id: str, version: int | None = None) -> int:
         """Give back the unused reservation of every turn of the owner but
         ``turn_id`` (their heads rewritten with ``r = b``), inside the caller's
@@ -511,14 +534,6 @@ class Heads(HeadChecks, OwnerHeads):
         if bodies:
             self.write_bodies(conn, owner, bodies, version)
         return max(total, 0)
-
-    def reclaim_all(self, conn: Conn, owner: str, total: int, turn_id: str, version: int) -> int:
-        """``reclaim``, the owner's usage head sealed again with what remains (a
-        record's quota check: ``Putter.check_quota``)."""
-        reclaimed = self.reclaim(conn, owner, total, turn_id, version)
-        if reclaimed != total:
-            self.write_body(conn, owner, USAGE_HEAD, usage_body(reclaimed), version)
-        return reclaimed
 
     def converted(self, conn: Conn, row: dict[str, Any]) -> bytes | None:
         """A format-2 turn head's tally (``row``, as stored) in this format, with

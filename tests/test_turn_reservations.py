@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_usage_heads import exact, reserved, totals
@@ -82,13 +83,22 @@ def test_near_the_limit_other_turns_reservations_are_reclaimed(store_location: A
 
 
 def test_a_checkpoint_reclaims_reservations_too(store_location: Any, keyring: Keyring) -> None:
+    """A record's cost counts beside the reservations: one that fits only once the
+    turns' unused reservations (its own turn's included) are given back is kept."""
     alice = Principal("alice", "agent", "web")
-    with Scratchpad.open(store_location, keyring=keyring, policy=POLICY) as pad:
-        for step in range(1, 5):
-            pad.put(alice, f"t{step}", 1, "tool", "x" * 10_000, now=NOW)
-        assert totals(pad)["alice"] > _used(pad, "alice")
-        facts = ["f" * 900] * ((QUOTA - _used(pad, "alice") - 5_000) // 1000)
+    policy = Policy(owner_quota_bytes=QUOTA, max_entry_bytes=50_000)  # a checkpoint near the quota's size
+    with Scratchpad.open(store_location, keyring=keyring, policy=policy) as pad:
+        pad.put(alice, "t1", 1, "tool", "x" * 10_000, now=NOW)
+        head = _heads(pad, "alice")["t1"]
+        spare = head.r - head.b
+        assert spare > 4_000 and totals(pad)["alice"] == head.r
+        # More than the quota leaves beside the reservation, less than beside the bytes:
+        facts = ["f" * 900] * ((QUOTA - head.r + spare // 2 - 700) // 903)  # ~903 bytes a fact, ~700 a record
         pad.turn(alice, "t1", now=NOW).checkpoint(facts=facts, now=NOW)
+        head = _heads(pad, "alice")["t1"]
+        assert head.r == head.b and totals(pad)["alice"] == head.b
+        with pytest.raises(QuotaExceededError):  # and one that does not fit is refused
+            pad.turn(alice, "t1", now=NOW).checkpoint(facts=["g" * 900] * 20, now=NOW)
         exact(pad)
         assert pad.verify(now=NOW)["ok"]
 
