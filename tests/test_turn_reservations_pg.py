@@ -142,3 +142,26 @@ def test_eight_threads_of_two_owners_keep_the_totals_exact(pg_dsn: str, keyring:
         assert all(total <= quota for total in used.values())
         if quota < 1 << 30:
             assert refused[0] > 0  # the quota was reached: its check ran under load
+
+
+def test_round_trips_of_a_put_in_each_mode(pg_dsn: str, keyring: Keyring) -> None:
+    """Steady state 2 (either lock); a stale hint (the turn's reservation reclaimed
+    by another process) costs the shared attempt's first message and its
+    rollback before the 2 of the exclusive one."""
+    from psycopg_pool import ConnectionPool
+    from test_pg_round_trips import CountingConnection, trips
+
+    policy = Policy(owner_quota_bytes=100_000, max_entry_bytes=90_000)
+    kwargs = {"autocommit": True}
+    with (
+        ConnectionPool(pg_dsn, min_size=1, max_size=1, kwargs=kwargs, connection_class=CountingConnection) as pool,
+        Scratchpad.open(pool, keyring=keyring, policy=policy) as pad,
+        Scratchpad.open(pg_dsn, keyring=keyring, policy=policy) as other,
+    ):
+        pad.put(ALICE, "warm", 1, "tool", "x", now=NOW)  # the owner's key made and cached
+        assert trips(lambda: pad.put(ALICE, "t1", 1, "tool", "x" * 1000, now=NOW)) == 2  # the grant
+        assert trips(lambda: pad.put(ALICE, "t1", 2, "tool", "x" * 1000, now=NOW)) == 2  # within it: shared
+        other.put(ALICE, "t2", 1, "tool", "y" * 85_000, now=NOW)  # near the quota: t1's spare reclaimed
+        assert trips(lambda: pad.put(ALICE, "t1", 3, "tool", "x" * 1000, now=NOW)) == 4
+        exact(pad)
+        assert pad.verify(now=NOW)["ok"]
