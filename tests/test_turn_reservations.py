@@ -103,6 +103,25 @@ def test_a_checkpoint_reclaims_reservations_too(store_location: Any, keyring: Ke
         assert pad.verify(now=NOW)["ok"]
 
 
+def test_expired_entries_awaiting_gc_do_not_refuse_a_put(store_location: Any, keyring: Keyring) -> None:
+    """As before reservations: the live entries decide near the limit, so the
+    reservations may pass the quota until gc collects what expired."""
+    alice = Principal("alice", "agent", "web")
+    with Scratchpad.open(store_location, keyring=keyring, policy=POLICY) as pad:
+        for step in range(4):
+            pad.put(alice, "old", step, "tool", "x" * 11_000, ttl_seconds=10, now=NOW)
+        with pytest.raises(QuotaExceededError):
+            pad.put(alice, "new", 1, "tool", "y" * 11_000, now=NOW)
+        later = NOW + 60  # expired, not collected (the store's own gc runs when a turn begins)
+        pad.put(alice, "new", 1, "tool", "y" * 11_000, now=later)
+        assert totals(pad)["alice"] > QUOTA and _heads(pad, "alice")["new"].r == _heads(pad, "alice")["new"].b
+        exact(pad)
+        assert pad.gc(now=later) == 4
+        assert totals(pad)["alice"] <= QUOTA
+        exact(pad)
+        assert pad.verify(now=later)["ok"]
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     st.lists(
