@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-__all__ = ["Backend", "Conn", "DuplicateKeyError", "Params", "Rows", "insert_owner_key"]
+__all__ = ["Backend", "Conn", "DuplicateKeyError", "OwnerLockNeeded", "Params", "Rows", "insert_owner_key"]
 
 Params = tuple[Any, ...]
 Rows = list[dict[str, Any]]
@@ -28,6 +28,12 @@ Rows = list[dict[str, Any]]
 class DuplicateKeyError(Exception):
     """An insert hit a unique key (an id collided, or a racing writer took a
     sequence number): the caller seals again under a new one."""
+
+
+class OwnerLockNeeded(Exception):
+    """A write begun under the owner's shared lock (``transaction(owner, turn=...)``)
+    found that it must change the owner's state (a new turn, a reservation): it
+    is rolled back, and the caller runs it again under the owner's exclusive lock."""
 
 
 class Conn(Protocol):
@@ -69,12 +75,17 @@ class Backend(Protocol):
     location: str
 
     def transaction(
-        self, owner: str | None = None, *, admin: bool = False, wait: bool = True
+        self, owner: str | None = None, *, admin: bool = False, wait: bool = True, turn: str | None = None
     ) -> AbstractContextManager[Conn]:
         """A write transaction, rolled back on any exception.
 
         ``wait=False`` gives up at once (StoreBusyError) where the engine can
-        tell that another writer holds the lock.
+        tell that another writer holds the lock. With ``turn`` (and ``owner``),
+        a write that changes that turn's rows and head only (a put within the
+        turn's reservation, ``heads``): it excludes the owner's other writes of
+        that turn and the owner's owner-wide writes, not its writes of other
+        turns (PostgreSQL: the owner's advisory lock shared, the turn's
+        exclusive; SQLite serializes every write anyway).
 
         Raises:
             StoreBusyError: the lock was not obtained in time.

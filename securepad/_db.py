@@ -558,8 +558,11 @@ class Database:
         return status
 
     @contextmanager
-    def transaction(self, owner: str | None = None, *, admin: bool = False, wait: bool = True) -> Iterator[_Conn]:
-        """A write transaction (BEGIN IMMEDIATE), rolled back on any exception.
+    def transaction(
+        self, owner: str | None = None, *, admin: bool = False, wait: bool = True, turn: str | None = None
+    ) -> Iterator[_Conn]:
+        """A write transaction (BEGIN IMMEDIATE), rolled back on any exception;
+        ``owner`` and ``turn`` change nothing here: SQLite has one writer.
 
         Raises:
             StoreBusyError: the write lock was not obtained within the busy

@@ -301,9 +301,13 @@ class PostgresDatabase:
         return self._call_timeout_s * (_HOUSEKEEPING_FACTOR if admin else 1)
 
     @contextmanager
-    def transaction(self, owner: str | None = None, *, admin: bool = False, wait: bool = True) -> Iterator[Transaction]:
+    def transaction(
+        self, owner: str | None = None, *, admin: bool = False, wait: bool = True, turn: str | None = None
+    ) -> Iterator[Transaction]:
         """A write transaction, serialized with the owner's other writes (or,
-        for store-wide housekeeping, with every write); rolled back on any exception.
+        for store-wide housekeeping, with every write; with ``turn``, with the
+        owner's writes of that turn and its owner-wide ones: ``Backend.transaction``);
+        rolled back on any exception.
 
         Raises:
             StoreBusyError: a lock was not obtained within the lock timeout (at
@@ -312,9 +316,16 @@ class PostgresDatabase:
                 answer in time (if that happened at COMMIT, the write may or
                 may not have been applied).
         """
-        if owner is not None:
+        if owner is not None and turn is not None:  # the owner's lock shared, then its turn's (always that order)
+            locks = ", pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s)"
+            params: Params = (
+                self._store_lock,
+                lock_key("securepad-owner", self.schema, owner),
+                lock_key("securepad-turn", self.schema, owner, turn),
+            )
+        elif owner is not None:
             locks = ", pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s)"
-            params: Params = (self._store_lock, lock_key("securepad-owner", self.schema, owner))
+            params = (self._store_lock, lock_key("securepad-owner", self.schema, owner))
         elif wait:
             locks, params = ", pg_advisory_xact_lock(%s)", (self._store_lock,)
         else:

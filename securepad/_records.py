@@ -26,7 +26,7 @@ from ._backend import Backend, Conn, Rows
 from .access import Access
 from .crypto import Wrapper, open_record, reseal_record, seal_record
 from .errors import IntegrityError
-from .heads import RECORD_KINDS, Head, Heads, expired_sql, record_item
+from .heads import RECORD_KINDS, Head, Heads, Room, expired_sql, record_item
 from .keystore import Keystore
 from .principal import Principal
 
@@ -51,7 +51,7 @@ RECORD_ROW_OVERHEAD = 256
 # (conn, owner, bytes added, now, what is added); raises QuotaExceededError.
 # (conn, owner, key version sealed under, bytes added, now, what): checks the
 # version is still the newest and the quota has room, in one statement.
-QuotaCheck = Callable[[Conn, str, int, int, float, str], None]
+QuotaCheck = Callable[[Conn, str, int, int, float, str], Room]
 
 
 def _check_table(table: str) -> str:
@@ -131,7 +131,7 @@ class Records:
             return row
 
         def write(conn: Conn, row: dict[str, Any]) -> dict[str, Any]:
-            self._check_quota(conn, owner, row["key_version"], record_cost(row), created, "record")
+            room = self._check_quota(conn, owner, row["key_version"], record_cost(row), created, "record")
             conn.execute(
                 f"INSERT INTO {table}({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
             )
@@ -142,6 +142,7 @@ class Records:
                 turn_id,
                 lambda head: head.add(section, row["id"], record_item(row)),
                 row["key_version"],
+                room=room,
             )
             number = len(
                 self._access.rows(principal, table, "seq", "turn_id = ? AND seq <= ?", (turn_id, row["seq"]), conn=conn)

@@ -23,7 +23,7 @@ from .entry_open import Opener
 from .entry_put import Putter, Shown
 from .entry_rows import COLUMNS, ID_RE, Entry, EntryParts, Opened, Readable, check_step_num, listing_fields
 from .errors import NotFoundError
-from .heads import Heads, entry_item, expired_sql
+from .heads import Heads, Room, entry_item, expired_sql
 from .keystore import Keystore
 from .policy import NOT_FOUND_MESSAGE, Policy
 from .principal import Principal
@@ -93,9 +93,9 @@ class Entries:
         """``entry_put.Putter.put_many``."""
         return self.putter.put_many(principal, turn_id, items, ttl_seconds, now=now, shown=shown)
 
-    def check_quota(self, conn: Conn, owner: str, version: int, adding: int, now: float, what: str) -> None:
-        """``entry_put.Putter.check_quota``."""
-        self.putter.check_quota(conn, owner, version, adding, now, what)
+    def check_quota(self, conn: Conn, owner: str, version: int, adding: int, now: float, what: str) -> Room:
+        """``entry_put.Putter.room`` for a record of ``adding`` bytes (``Heads.change`` decides)."""
+        return self.putter.room(conn, owner, version, now, what, records_adding=adding)
 
     def open(
         self, principal: Principal, scratchpad_id: object, now: float | None, turn_id: str | None = None

@@ -11,28 +11,34 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import reads, shaping
-from ._backend import Conn, DuplicateKeyError, Params
+from ._backend import Conn, DuplicateKeyError, OwnerLockNeeded, Params
 from ._records import Records
 from .access import Access, check_principal
 from .crypto import ENTRY_FORMAT, EntryCipher, Header, ListingKey, Wrapper, seal_entry, split_bytes, split_text
 from .entry_listings import Listings, step_sql
 from .entry_rows import EntryParts, check_step_num, listing_fields, live
 from .errors import InvalidArgumentError, QuotaExceededError
-from .heads import USAGE_HEAD, Heads, entry_item
+from .heads import USAGE_HEAD, Heads, Room, entry_item
 from .keystore import NEWEST_VERSION_SQL, Keystore
 from .policy import Policy
 from .principal import Principal, check_identifier
 
 __all__ = ["ENTRY_ROW_OVERHEAD", "Putter", "Shown", "row_cost"]
 
+# Turns whose lock hint ``Putter`` keeps (emptied when full: a lost hint costs one put the exclusive lock).
+_HINTS = 4096
+
 
 class Putter:
-    """Stores the entries of one store: ``put``, ``put_many``, ``check_quota``."""
+    """Stores the entries of one store: ``put``, ``put_many``, ``room`` (the quota's)."""
 
     def __init__(self, parts: EntryParts, listings: Listings) -> None:
         self._keys, self._access = parts.keys, parts.access
         self.policy, self.heads, self.now, self.ttl = parts.policy, parts.heads, parts.now, parts.ttl
         self.listings = listings
+        # The reservation (owner, turn) had left after its last put here: a
+        # hint that picks the put's lock (``put``), never trusted.
+        self._spare: dict[tuple[str, str], int] = {}
 
     def put(
         self,
@@ -78,39 +84,59 @@ class Putter:
             listings[version] = self._keys.listing_key(owner, version)  # for a re-step inside the write, too
             return prepared.seal(wrapper, listings[version], version, owner, turn_id, meta)
 
-        def write(conn: Conn, sealed: tuple[dict[str, Any], list[bytes], EntryCipher]) -> str:
+        def write(conn: Conn, sealed: tuple[dict[str, Any], list[bytes], EntryCipher]) -> tuple[str, int]:
             row, segments, _ = sealed
             if next_step:
                 taken = self.listings.last_step(principal, turn_id, created, conn) + 1
                 check_step_num(taken)
                 if taken != row["step_num"]:
                     prepared.restep(row, meta, listings[row["key_version"]], taken, observation)
-            found = None
+            found = conn.query(*quota)[0]
             if step is not None:  # the step's look came with the version-and-quota statement
-                found = conn.query(*quota)[0]
                 self.listings.check_step_free(principal, turn_id, step_num, created, conn, taken=_taken(found))
-            self.check_quota(conn, owner, row["key_version"], row["stored_bytes"], created, "entry", found)
+            room = self.room(conn, owner, row["key_version"], created, "entry", found)
             conn.defer(
                 f"INSERT INTO entries({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
             )
             _insert_segments(conn, [row], [segments])
-            self.heads.change(
-                conn, owner, turn_id, lambda head: head.add("e", row["id"], entry_item(row)), row["key_version"]
+            spare = self.heads.change(
+                conn,
+                owner,
+                turn_id,
+                lambda head: head.add("e", row["id"], entry_item(row)),
+                row["key_version"],
+                room=room,
+                turn_only=shared,
             )
-            return str(row["id"])
+            return str(row["id"]), spare
+
+        def attempt() -> tuple[str, int]:
+            return self._keys.write_current(
+                owner,
+                seal,
+                write,
+                attempts=5,
+                busy="could not store the entry: its id or owner key kept changing; try again",
+                prefetch=[quota, Heads.select_sql(owner, turn_id)],
+                turn=turn_id if shared else None,
+            )
 
         # One statement reads the key version, the quota and (free_step) the step;
         # it and the head go in one round trip with the version check (PostgreSQL).
         step = step_sql(self._access, principal, turn_id, step_num) if free_step and not next_step else None
         quota = _quota_sql(owner, created, step)
-        entry_id = self._keys.write_current(
-            owner,
-            seal,
-            write,
-            attempts=5,
-            busy="could not store the entry: its id or owner key kept changing; try again",
-            prefetch=[quota, Heads.select_sql(owner, turn_id)],
-        )
+        # Under the owner's shared lock when the turn had room at its last put
+        # here (``heads``: a put within its turn's reservation); else, or when
+        # that hint is stale, under its exclusive lock.
+        shared = self._spare.get((owner, turn_id), 0) >= prepared.cost_bound()
+        try:
+            entry_id, spare = attempt()
+        except OwnerLockNeeded:
+            shared = False
+            entry_id, spare = attempt()
+        if len(self._spare) >= _HINTS:
+            self._spare.clear()
+        self._spare[(owner, turn_id)] = spare
         return {"ok": True, "scratchpad_id": entry_id, **meta["view"]}
 
     def put_many(
@@ -127,57 +153,41 @@ class Putter:
         ``Scratchpad.put_many``); with ``shown``, the steps are chosen (see ``_Batch``)."""
         return _Batch(self, self._keys, self._access, principal, turn_id, shown).put(items, ttl_seconds, now)
 
-    def check_quota(
+    def room(
         self,
         conn: Conn,
         owner: str,
         version: int,
-        adding: int,
         now: float,
         what: str,
         found: dict[str, Any] | None = None,
-    ) -> None:
-        """Inside the owner's write transaction, in one statement: refuse a write
-        sealed under owner-key ``version`` when that is no longer the newest
-        (``StaleOwnerKey``, which the keystore's retry takes), and refuse
-        ``adding`` bytes (a new ``what``: entry or record) that do not fit in
-        the owner's quota.
+        *,
+        records_adding: int = 0,
+    ) -> Room:
+        """Inside the owner's write transaction: refuse a write sealed under
+        owner-key ``version`` when that is no longer the newest
+        (``StaleOwnerKey``, which the keystore's retry takes), and what the
+        owner's quota leaves for what the write adds: ``Heads.change`` reserves
+        it, or refuses (``head_owner``). ``found`` is the row of ``_quota_sql``
+        when the caller read it already; ``records_adding``, the cost of a
+        checkpoint or mark the write adds (``what``: ``record``).
 
         Entries count what their row costs on disk (``row_cost``), and so do
         the owner's live checkpoints and compaction marks (``Records.used_sql``:
-        a turn keeps few). The owner's usage total, sealed in its usage head
-        (``head_owner``) and read with the same statement, still counts
-        expired entries that gc has not removed: when even that bound leaves
-        room, the exact sum over the owner's live entries, O(entries), would
-        not change the answer (an owner without a usage head takes that
-        sum). The message gives the new bytes and the quota only: the owner's
-        total counts entries outside the caller's scope, which it must not learn of.
-
-        ``found`` is that statement's row when the caller ran it already
-        (``put``, which reads the step with it).
-
-        Raises:
-            QuotaExceededError: no room.
-        """
-        quota = self.policy.owner_quota_bytes
+        a turn keeps few), which the quota counts beside the entries' reservations."""
         if found is None:
             found = conn.query(*_quota_sql(owner, now))[0]
         Keystore.check_newest(found["newest"], version)
-        used = int(found["used"])
-        total = self.heads.usage(owner, found["head_version"], found["head_sealed"])
-        stored = quota if total is None else total
-        if used + stored + adding > quota:
-            live = conn.query(
+
+        def live() -> int:
+            rows = conn.query(
                 "SELECT CAST(COALESCE(SUM(stored_bytes), 0) AS BIGINT) AS used FROM entries"
                 " WHERE owner_user_id = ? AND expires_at > ?",
                 (owner, now),
             )
-            stored = int(live[0]["used"])
-        if used + stored + adding > quota:
-            raise QuotaExceededError(
-                f"owner quota exceeded: the {what} needs {adding} bytes on disk and owner_quota_bytes"
-                f" {quota} has no room for it; delete entries or let them expire"
-            )
+            return int(rows[0]["used"])
+
+        return Room(self.policy.owner_quota_bytes, int(found["used"]), live, what, records_adding)
 
 
 def _quota_sql(owner: str, now: float, step: tuple[str, Params] | None = None) -> tuple[str, Params]:
@@ -304,7 +314,7 @@ class _Batch:
             rows, segments, _ = sealed
             self._check_steps(conn, [row["step_num"] for row in rows], created)
             version = rows[0]["key_version"]
-            self.entries.check_quota(conn, owner, version, sum(r["stored_bytes"] for r in rows), created, "batch")
+            room = self.entries.room(conn, owner, version, created, "batch")
             columns = list(rows[0])
             conn.executemany(
                 f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
@@ -317,6 +327,7 @@ class _Batch:
                 self.turn_id,
                 lambda head: head.add_all("e", ((r["id"], entry_item(r)) for r in rows)),
                 version,
+                room=room,
             )
             return sealed
 
@@ -418,6 +429,11 @@ class _Prepared:
             limit,
         )
 
+    def cost_bound(self) -> int:
+        """More than the entry's ``row_cost`` will be (before it is sealed): what a
+        put must find spare in its turn's reservation to try the shared lock."""
+        return self.stored_bytes + ENTRY_ROW_OVERHEAD + _SEALING_BOUND + 32 * len(self.segments)
+
     def meta(
         self,
         principal: Principal,
@@ -510,6 +526,9 @@ class _Prepared:
 # entries, b-tree cells, the segment rows' keys. Counted against the quota, so
 # that empty entries, checkpoints and marks are not free.
 ENTRY_ROW_OVERHEAD = 512
+# More than an entry's sealed fields add to its content (metadata, wrapped key,
+# nonce prefix, commitment, listing part; 32 bytes a segment besides): ``cost_bound``.
+_SEALING_BOUND = 2048
 
 
 def row_cost(row: dict[str, Any], sealed: list[bytes]) -> int:

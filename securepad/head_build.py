@@ -12,7 +12,7 @@ from typing import Any
 from ._backend import Backend, Conn
 from .errors import IntegrityError
 from .head_tally import HEAD_FORMAT, KINDS, HeadEdit, Tally
-from .heads import ITEMS_SQL, NO_TURNS, OWNER_HEAD, Heads, add_rows
+from .heads import ITEMS_SQL, NO_TURNS, OWNER_HEAD, USAGE_HEAD, Heads, add_rows
 from .keystore import Keystore
 
 __all__ = ["HeadBuilder"]
@@ -31,7 +31,10 @@ class HeadBuilder:
         owner key is wrapped in the heads era: a tag under the store's anchor
         key, so the flag cannot be forged (issue 14). ``turn-heads`` is the
         token of the heads built before the era (keys not yet marked)."""
-        return f"{HEAD_FORMAT}:{self._keys.counter_seal.tag(purpose, HEAD_FORMAT)}"
+        return self._token_of(HEAD_FORMAT, purpose)
+
+    def _token_of(self, head_format: int, purpose: str) -> str:
+        return f"{head_format}:{self._keys.counter_seal.tag(purpose, head_format)}"
 
     def build_if_needed(
         self, now: Callable[[float | None], float], writes: int = 0, meta: dict[str, str] | None = None
@@ -46,7 +49,9 @@ class HeadBuilder:
         shows a heads-aware version wrote it; ``convert`` (SQLite migration 10, PostgreSQL 7) or
         ``built`` turn each head of format 1 (authenticated: it lists each row)
         into a tally; the token of heads built before the era needs the keys
-        marked only. In the same transaction every owner key wrapped before
+        marked only; a token of format 2 (before per-turn reservations, issue
+        15) gives each format-2 tally its bytes and an equal reservation
+        (``Heads.converted``: from its authenticated inventory). In the same transaction every owner key wrapped before
         heads is wrapped again in the heads era (``Keystore.mark_owner_keys``):
         a store whose flag says ``pending`` while a key carries that era had
         heads (where no anchor counter says so: PostgreSQL, SQLite without an
@@ -81,6 +86,8 @@ class HeadBuilder:
             elif state in ("built", "convert"):
                 done = self._convert(conn, now(None))  # the clock is read only to convert
                 self._owner_heads_for_keys(conn)
+            elif state in (self._token_of(2, "turn-heads-era"), self._token_of(2, "turn-heads")):
+                done = self._reserve(conn)
             else:
                 raise IntegrityError("store_meta.turn_heads does not authenticate: the file was edited")
             if state != "pending":
@@ -128,8 +135,22 @@ class HeadBuilder:
                 # A head that was tampered with stays as it is: its turn's reads
                 # refuse it ("older format") and verify names it; the store opens.
                 continue
+            edit.tally.r = edit.tally.b
             self._heads.write_body(conn, owner, turn_id, edit.tally.dumps(), int(row["key_version"]))
             converted += 1
+        return converted
+
+    def _reserve(self, conn: Conn) -> int:
+        """Each format-2 tally with its bytes and an equal reservation; the usage
+        heads held the sum of the bytes, now the sum of the reservations."""
+        converted = 0
+        for row in conn.query("SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads"):
+            if row["turn_id"] in (OWNER_HEAD, USAGE_HEAD):
+                continue
+            body = self._heads.converted(conn, row)
+            if body is not None:
+                self._heads.write_body(conn, row["owner_user_id"], row["turn_id"], body, int(row["key_version"]))
+                converted += 1
         return converted
 
     def _owner_heads_for_keys(self, conn: Conn) -> None:

@@ -1,45 +1,85 @@
-"""Sealing heads; the owner heads (each owner's turns) and usage heads (its usage total).
+"""Sealing heads; the owner heads (each owner's turns) and usage heads (its quota reservations).
 
 An owner head (turn id ``""``, a row of ``turn_heads`` beside the owner's turn
 heads) lists, sealed under the owner's key (``crypto.head_aad``), the owner's
 turns, so that a whole turn cannot vanish. A **usage head** (turn id
 ``USAGE_HEAD``, which no turn can have: ``check_identifier`` refuses control
-characters) holds the owner's usage total, sealed the same way: the sum of
-``stored_bytes`` over the owner's entries, expired ones not yet collected
-included (issues 13 and 14). The quota reads it instead of the
-``owner_usage`` counter row that triggers used to rewrite on every put. It is
-a row of its own, not part of the owner head, because the owner head grows
-with the owner's turns and a put would rewrite it: the usage head is a few
-dozen bytes, sorts right after the owner head, and the put writes it with its
-turn head in one statement (usually onto the page the put writes anyway).
+characters) holds, sealed the same way, the owner's total **reservation** R:
+the sum of its turns' reservations (issue 15).
 
-The total is exact because it changes only in ``Heads.change``, inside the
-write transaction that adds or removes the entries (put, put_many, delete, gc,
-the heads' build; forgetting an owner deletes its heads), and the writers of
-one owner are serialized (SQLite: one writer; PostgreSQL: the per-owner
-advisory lock). It is authenticated: the seal covers it, and ``verify``
-compares it with the sum of the entries' ``stored_bytes`` (which the turn
-heads authenticate). An owner without a usage head (removed, or a store from
-before it not yet seeded) has an unknown total: the quota then sums the
-owner's live entries, and ``verify`` names it.
+**Per-turn bytes and reservations.** Each turn head's tally (``head_tally``,
+format 3) carries ``b``, the sum of ``stored_bytes`` over the entries it
+counts (expired ones not yet collected included: issues 13 and 14), and
+``r >= b``, the share of the owner's quota the turn holds. Invariants: the
+sum of the ``b`` is at most R = the sum of the ``r``, and a write never takes
+R (with the owner's live records, ``Records.used_sql``) above the quota. A put
+whose entry fits in its turn's reservation (``b + adding <= r``) rewrites its
+turn head only: it takes the owner's lock *shared* and its turn's lock
+exclusive (``Backend.transaction(owner, turn=...)``), so one owner's puts into
+different turns run at once on PostgreSQL (issue 15: before, every put
+read-modify-wrote the owner's usage total on the client under the owner's
+exclusive lock, across a round trip). A put that does not fit, the first of a
+turn, and every other write that changes owner-wide state take the owner's
+lock exclusive; such a put **grants** its turn what it lacks plus a chunk
+(``grant``). Near the limit, a put that does not fit in R is not refused
+while other turns hold unused reservation: ``Heads.reclaim`` gives it back
+(rewrites those heads with ``r = b``; one more query) and the put is tried
+against what the entries really hold; only then, as before, the exact sum
+over the owner's live entries decides (expired entries not yet collected do
+not count, so R may then pass the quota until gc, as the total could
+before). A removal (delete, gc) lowers the turn's ``b``, its ``r`` and R by
+the same amount. A checkpoint or mark, whose cost the quota counts from
+the owner's live records beside R (not in a reservation), must fit beside
+R; near the limit it reclaims the same way (its own turn's spare included).
+The quota stays an upper bound that is authenticated: R and
+every ``r`` and ``b`` are sealed under the owner's key, which the server never
+has, and ``verify`` checks each turn's ``b`` against its entries and R against
+the sum of the ``r``. A clear server-side counter would not be (issue 14).
+
+The usage head is a row of its own, not part of the owner head, because the
+owner head grows with the owner's turns. R changes only in ``Heads.change``
+(and ``reclaim``), inside the write transaction that changes the entries,
+under the owner's exclusive lock (SQLite: one writer). An owner without a
+usage head (removed, or a store from before it not yet seeded) has an unknown
+total: the quota then sums the owner's live entries, its turns get no
+reservation beyond their bytes (so every put of it takes the exclusive lock),
+and ``verify`` names it.
 
 Stores from before (SQLite migration 11, PostgreSQL 8 dropped ``owner_usage``
 and set ``store_meta.owner_usage``): ``seed_usage``, at open with the key,
-gives every owner with an owner head and no usage head the sum over its entries.
+gives every owner with an owner head and no usage head the sum of its turns'
+reservations (equal to their bytes, the sum over its entries, right after
+their conversion). Format-2 turn heads (no ``b``, ``r``) get ``r = b =`` their
+authenticated inventory's bytes at open (``head_build``): the usage head,
+which held the sum of the bytes, is then already the sum of the reservations.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ._backend import Backend, Conn
 from .crypto import Wrapper, head_aad
-from .errors import IntegrityError
+from .errors import IntegrityError, QuotaExceededError
 from .head_tally import Tally
 from .keystore import NEWEST_VERSION_SQL, Keystore
 
-__all__ = ["NO_TURNS", "OWNER_HEAD", "USAGE_HEAD", "OwnerHeads", "usage_body", "usage_of"]
+__all__ = [
+    "CHUNK",
+    "NO_TURNS",
+    "OWNER_HEAD",
+    "USAGE_HEAD",
+    "OwnerHeads",
+    "Room",
+    "grant",
+    "refused",
+    "usage_body",
+    "usage_of",
+]
 
 OWNER_HEAD = ""
 USAGE_HEAD = "\x01usage"
@@ -51,6 +91,44 @@ _UPSERT = (
 
 
 NO_TURNS = json.dumps({"t": []}).encode()
+# The most a grant adds beyond what the write needs: 256 KiB, about 55 puts of
+# a 4 KiB observation (4.6 KiB on disk each) before the turn's next grant, so
+# that ~2% of a steady writer's puts take the owner's exclusive lock; never
+# more than an eighth of the room the quota still has (``grant``), so that
+# near the limit turns do not strand the quota in reservations.
+CHUNK = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Room:
+    """What a write that adds entries or a record needs to check the quota
+    (``Heads.change``): the owner's quota, its live records' cost (before
+    this write), the exact sum over its live entries (a query, the last word
+    near the limit: it counts the rows the write inserted), the write's name
+    for the refusal's message, and the cost of a record the write adds."""
+
+    quota: int
+    records: int
+    live: Callable[[], int]
+    what: str
+    records_adding: int = 0
+
+
+def grant(quota: int, records: int, total: int, need: int) -> int:
+    """What a turn short of ``need`` bytes of reservation is granted, when the
+    owner's reservations ``total`` and live ``records`` leave room for it: the
+    need and a chunk (``CHUNK``, or an eighth of the room left, if less)."""
+    return need + max(0, min(CHUNK, (quota - records - total - need) // 8))
+
+
+def refused(room: Room, adding: int) -> QuotaExceededError:
+    """The refusal of ``adding`` bytes. The message gives the new bytes and the
+    quota only: the owner's total counts entries outside the caller's scope,
+    which it must not learn of."""
+    return QuotaExceededError(
+        f"owner quota exceeded: the {room.what} needs {adding} bytes on disk and owner_quota_bytes"
+        f" {room.quota} has no room for it; delete entries or let them expire"
+    )
 
 
 def usage_body(total: int) -> bytes:
@@ -143,10 +221,13 @@ class OwnerHeads:
 
     def seed_usage(self, meta: dict[str, str] | None = None) -> int:
         """Give every owner with an owner head and no usage head one holding the
-        sum of its entries' ``stored_bytes``, once, at open (``store_meta.owner_usage``,
-        set by the migration that dropped the ``owner_usage`` table); a no-op
-        (one query, none when ``meta``, the store's metadata read at open, has
-        no flag) otherwise. Returns the usage heads written."""
+        sum of its turns' reservations (which a store converted at this open
+        has equal to their bytes: ``head_build``), once, at open
+        (``store_meta.owner_usage``, set by the migration that dropped the
+        ``owner_usage`` table); a no-op (one query, none when ``meta``, the
+        store's metadata read at open, has no flag) otherwise. A turn head that
+        fails to open counts nothing (its reads and ``verify`` name it).
+        Returns the usage heads written."""
         flag = "SELECT value FROM store_meta WHERE key = 'owner_usage'"
         flagged = "owner_usage" in meta if meta is not None else bool(self._db.query(flag))
         if not flagged:
@@ -155,16 +236,23 @@ class OwnerHeads:
             if not conn.query(flag):
                 return 0
             rows = conn.query(
-                "SELECT h.owner_user_id AS owner, (SELECT CAST(COALESCE(SUM(e.stored_bytes), 0) AS BIGINT)"
-                " FROM entries e WHERE e.owner_user_id = h.owner_user_id) AS used FROM turn_heads h"
-                " WHERE h.turn_id = ? AND NOT EXISTS (SELECT 1 FROM turn_heads u"
-                " WHERE u.owner_user_id = h.owner_user_id AND u.turn_id = ?)",
-                (OWNER_HEAD, USAGE_HEAD),
+                "SELECT h.owner_user_id, h.turn_id, h.key_version, h.sealed FROM turn_heads h"
+                " WHERE h.turn_id != ? AND h.owner_user_id IN (SELECT o.owner_user_id FROM turn_heads o"
+                " WHERE o.turn_id = ? AND NOT EXISTS (SELECT 1 FROM turn_heads u"
+                " WHERE u.owner_user_id = o.owner_user_id AND u.turn_id = ?))",
+                (USAGE_HEAD, OWNER_HEAD, USAGE_HEAD),
             )
+            totals: dict[str, int] = {}
             for row in rows:
-                self.write_body(conn, row["owner"], USAGE_HEAD, usage_body(int(row["used"])))
+                owner = row["owner_user_id"]
+                totals.setdefault(owner, 0)
+                if row["turn_id"] != OWNER_HEAD:
+                    with contextlib.suppress(IntegrityError):
+                        totals[owner] += self._tally(row, owner, row["turn_id"]).r
+            for owner, total in totals.items():
+                self.write_body(conn, owner, USAGE_HEAD, usage_body(total))
             conn.execute("DELETE FROM store_meta WHERE key = 'owner_usage'")
-        return len(rows)
+        return len(totals)
 
     def all_heads(self) -> dict[str, dict[str, Tally | set[str] | int | IntegrityError]]:
         """Every head of the store, opened: ``{owner: {turn: Tally}}``, the owner head

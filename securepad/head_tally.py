@@ -3,7 +3,10 @@ turn's inventory as the reads check it.
 
 A turn's tally is constant-size: per kind (``e`` entries, ``c`` checkpoints,
 ``m`` compaction marks) a count and a keyed multiset digest, the highest step
-ever recorded and the newest entry. The digest is the sum, mod 2**256, of one
+ever recorded and the newest entry; and (format 3, issue 15) the turn's byte
+total ``b`` (the sum of its counted entries' ``stored_bytes``) and its
+reservation ``r >= b``, the share of the owner's quota the turn holds
+(``head_owner``: the owner's usage head is the sum of the reservations). The digest is the sum, mod 2**256, of one
 HMAC-SHA256 per row (``term``) under the store's anchor key; see ``heads``
 and SECURITY.md for why it is keyed and why that key.
 """
@@ -25,6 +28,7 @@ __all__ = [
     "KINDS",
     "MOD",
     "RECORD_KINDS",
+    "TERM_FORMAT",
     "Head",
     "HeadEdit",
     "Tally",
@@ -38,7 +42,11 @@ __all__ = [
 # Head sections of the turn records, by table.
 RECORD_KINDS = {"checkpoints": "c", "compaction_marks": "m"}
 KINDS = {"e": "entries", "c": "checkpoints", "m": "compaction_marks"}
-HEAD_FORMAT = 2
+# 3: with the turn's bytes and reservation (issue 15); format-2 tallies are
+# converted once at open (``head_build``). A digest term keeps format 2's tag
+# (``TERM_FORMAT``): the rows' terms did not change, so neither did any digest.
+HEAD_FORMAT = 3
+TERM_FORMAT = 2
 MOD = 1 << 256
 
 
@@ -62,12 +70,16 @@ class Tally:
     highest step ever recorded, and the newest entry (``[id, step, expires_at,
     actor, channel]`` of the highest (step, id); None when the turn holds no
     entry, or when the newest was deleted or collected and the next one is not
-    known yet). Constant size, whatever the turn holds."""
+    known yet); the bytes of the entries counted (``b``) and the turn's
+    reservation of the owner's quota (``r``, at least ``b``). Constant size,
+    whatever the turn holds."""
 
     n: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     d: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     last: int = 0
     newest: list[Any] | None = None
+    b: int = 0
+    r: int = 0
 
     def dumps(self) -> bytes:
         body = {
@@ -76,21 +88,29 @@ class Tally:
             "d": {k: format(v, "064x") for k, v in self.d.items()},
             "l": self.last,
             "w": self.newest,
+            "b": self.b,
+            "r": self.r,
         }
         return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
     @classmethod
-    def loads(cls, data: bytes) -> Tally:
+    def loads(cls, data: bytes, *, before: bool = False) -> Tally:
+        """A tally of this format; with ``before``, one of format 2 too (its
+        conversion at open: ``b`` and ``r`` then 0, for the caller to fill)."""
         try:
             body = json.loads(data)
-            if body["f"] != HEAD_FORMAT:
+            old = before and body["f"] == 2
+            if body["f"] != HEAD_FORMAT and not old:
                 raise ValueError("format")
             n = {kind: _count(body["n"][kind]) for kind in KINDS}
             d = {kind: int(body["d"][kind], 16) for kind in KINDS}
             newest = body["w"]
             if newest is not None and (not isinstance(newest, list) or len(newest) != 5):
                 raise ValueError("newest")
-            return cls(n, d, _count(body["l"]), newest)
+            used, reserved = (0, 0) if old else (_count(body["b"]), _count(body["r"]))
+            if used > reserved:
+                raise ValueError("reservation")
+            return cls(n, d, _count(body["l"]), newest, used, reserved)
         except (ValueError, KeyError, TypeError):
             raise IntegrityError(
                 "a turn head is malformed or from an older format (a head of before its conversion put back)"
@@ -126,6 +146,7 @@ class HeadEdit:
                 tally.newest = [item_id, item[0], item[1], item[3], item[4]]
             tally.last = max(tally.last, int(item[0]))
             self.bytes += int(item[2])
+            tally.b += int(item[2])
         tally.n[kind] += 1
         tally.d[kind] = (tally.d[kind] + self._term(kind, item_id, tuple(item))) % MOD
 
@@ -139,6 +160,7 @@ class HeadEdit:
         self.tally.d[kind] = (self.tally.d[kind] - self._term(kind, item_id, tuple(item))) % MOD
         if kind == "e":
             self.bytes -= int(item[2])
+            self.tally.b -= int(item[2])
         if kind == "e" and self.tally.newest is not None and self.tally.newest[0] == item_id:
             self.tally.newest = None  # not known until an entry above every step comes in
 
@@ -159,7 +181,7 @@ def term(seal: CounterSeal, owner: str, turn_id: str, kind: str, item_id: str, i
     a number, nor two fields for one). With ``hmac.digest`` it costs 2.5 us a
     row against 5.3 for JSON and ``hmac.new`` (timeit, one row of an entry):
     a turn read recounts every row it has not seen."""
-    return seal.term(_PACK([HEAD_FORMAT, kind, owner, turn_id, item_id, *_canonical(kind, item)]))
+    return seal.term(_PACK([TERM_FORMAT, kind, owner, turn_id, item_id, *_canonical(kind, item)]))
 
 
 _PACK = msgspec.msgpack.Encoder().encode

@@ -59,12 +59,12 @@ import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ._backend import Backend, Conn, Params, Rows
+from ._backend import Backend, Conn, OwnerLockNeeded, Params, Rows
 from .access import audit_log
 from .errors import IntegrityError, StoreBusyError
 from .head_cache import HeadCache
 from .head_checks import HeadChecks
-from .head_owner import NO_TURNS, OWNER_HEAD, USAGE_HEAD, OwnerHeads, usage_body, usage_of
+from .head_owner import NO_TURNS, OWNER_HEAD, USAGE_HEAD, OwnerHeads, Room, grant, refused, usage_body, usage_of
 from .head_reads import ENTRY_TURN_SQL, InventoryReads, without_token
 from .head_tally import (
     KINDS,
@@ -91,6 +91,7 @@ __all__ = [
     "Head",
     "HeadEdit",
     "Heads",
+    "Room",
     "Tally",
     "entry_item",
     "expired_sql",
@@ -363,13 +364,25 @@ class Heads(HeadChecks, OwnerHeads):
         version: int | None = None,
         *,
         entry_id: str | None = None,
-    ) -> None:
+        room: Room | None = None,
+        turn_only: bool = False,
+    ) -> int:
         """Apply ``edit`` to the turn's tally and seal it again, inside the
         caller's write transaction, under the owner's newest key version
         (``version`` when the caller's transaction already checked it is the
-        newest); a turn new to the owner joins the owner head, and the entries'
-        stored bytes it adds or removes go to the owner's usage head, in the
-        same upsert. Reads and writes small rows, whatever the turn holds.
+        newest); a turn new to the owner joins the owner head, and the turn's
+        reservation and the owner's usage head follow the entries' stored
+        bytes it adds or removes (``head_owner``), in the same upsert. Reads
+        and writes small rows, whatever the turn holds. Returns the turn's
+        reservation left unused (``r - b``) after the change.
+
+        A write that adds entries gives ``room`` (its quota check): when the
+        turn's reservation does not cover them, the turn is granted more
+        (``head_owner.grant``), reclaiming other turns' unused reservations
+        when the quota has no room for it. ``turn_only``: the caller holds the
+        owner's lock shared (``Backend.transaction(owner, turn=...)``), so
+        nothing but the turn's head may change: a new turn, or bytes past the
+        turn's reservation, raise ``OwnerLockNeeded`` instead.
 
         The head's rows are read with ``select_sql`` (``entry_select_sql`` with
         ``entry_id``, the turn's entry), and the newest version with
@@ -383,6 +396,9 @@ class Heads(HeadChecks, OwnerHeads):
 
         Raises:
             IntegrityError: the stored head fails authentication.
+            QuotaExceededError: ``room`` has none for the entries added, even
+                counting the owner's live entries only.
+            OwnerLockNeeded: with ``turn_only``, as above.
         """
         self._cache.drop(owner, turn_id)
         rows = conn.query(
@@ -390,6 +406,8 @@ class Heads(HeadChecks, OwnerHeads):
         )
         by_turn = {row["turn_id"]: row for row in rows}
         new_turn = turn_id not in by_turn
+        if new_turn and turn_only:
+            raise OwnerLockNeeded
         if not new_turn:
             tally = self._tally(by_turn[turn_id], owner, turn_id)
         else:
@@ -399,21 +417,147 @@ class Heads(HeadChecks, OwnerHeads):
         before = tally.dumps()
         change = HeadEdit(tally, self.terms(owner, turn_id))
         edit(change)
-        after = tally.dumps()
-        if after == before:
-            return
+        tally.b = max(tally.b, 0)
+        if tally.dumps() == before:
+            return tally.r - tally.b
+        if turn_only:
+            if tally.b > tally.r or change.bytes < 0:
+                raise OwnerLockNeeded  # the reservation is short: the owner's usage head must change
+            self.write_bodies(conn, owner, [(turn_id, tally.dumps())], version)
+            return tally.r - tally.b
         if OWNER_HEAD not in by_turn:
             # Every owner with a key has an owner head (``first_owner_head``), and a
             # write that changes a turn has a key: none means the owner's heads were removed.
             raise _owner_removed(owner)
-        bodies = [(turn_id, after)]
+        usage = by_turn.get(USAGE_HEAD)
+        total = None if usage is None else usage_of(self.open_body(usage, owner, USAGE_HEAD))
+        reserved = self._reserve(conn, owner, turn_id, tally, change.bytes, total, room, version)
+        if room is not None and room.records_adding:
+            reserved = self._record_room(conn, owner, turn_id, tally, reserved, room, version)
+        bodies = [(turn_id, tally.dumps())]
         if new_turn:
             turns = self.owner_head(by_turn[OWNER_HEAD], owner) | {turn_id}
             bodies.append((OWNER_HEAD, json.dumps({"t": sorted(turns)}).encode()))
-        if change.bytes and USAGE_HEAD in by_turn:  # none: unknown (``head_owner``), the quota sums
-            total = usage_of(self.open_body(by_turn[USAGE_HEAD], owner, USAGE_HEAD)) + change.bytes
-            bodies.append((USAGE_HEAD, usage_body(max(total, 0))))
+        if reserved is not None and reserved != total:  # none: unknown (``head_owner``), the quota sums
+            bodies.append((USAGE_HEAD, usage_body(reserved)))
         self.write_bodies(conn, owner, bodies, version)
+        return tally.r - tally.b
+
+    def _reserve(
+        self,
+        conn: Conn,
+        owner: str,
+        turn_id: str,
+        tally: Tally,
+        added: int,
+        total: int | None,
+        room: Room | None,
+        version: int | None,
+    ) -> int | None:
+        """Set the turn's reservation ``tally.r`` after its bytes changed by
+        ``added`` (``tally.b`` has them), under the owner's exclusive lock; the
+        owner's new total reservation (``total`` the usage head's, None:
+        unknown). A removal gives back what it took; bytes past the
+        reservation are granted (``head_owner``) or refused.
+
+        Raises:
+            QuotaExceededError: no room for the bytes added (``room``).
+        """
+        if total is None:  # no usage head: no reservations; the live entries decide
+            if added > 0 and room is not None and room.records + room.live() > room.quota:
+                raise refused(room, added)
+            tally.r = tally.b
+            return None
+        if added <= 0:
+            given_back = min(-added, tally.r - tally.b)  # removed bytes leave the reservation too
+            tally.r -= given_back
+            return max(total - given_back, 0)
+        if tally.b <= tally.r:
+            return total
+        need = tally.b - tally.r
+        if room is None:  # the heads' build: what the store holds, no quota to check
+            tally.r = tally.b
+            return total + need
+        if room.records + total + need > room.quota:
+            # Other turns may hold reservations their entries do not use; so may this one.
+            total = self.reclaim(conn, owner, total, turn_id, version) - (tally.r - (tally.b - added))
+            tally.r = tally.b - added
+            need = added
+            if room.records + total + need > room.quota:
+                if room.records + room.live() > room.quota:
+                    raise refused(room, added)
+                tally.r = tally.b  # fits the live entries only (expired ones await gc): no more than that
+                return total + need
+        granted = grant(room.quota, room.records, total, need)
+        tally.r += granted
+        return total + granted
+
+    def _record_room(
+        self, conn: Conn, owner: str, turn_id: str, tally: Tally, total: int | None, room: Room, version: int | None
+    ) -> int | None:
+        """Refuse a record (``room.records_adding`` bytes: checked beside the live
+        records and the reservations ``total``) that does not fit, after the
+        owner's unused reservations, this turn's included, were given back;
+        the owner's total reservation after that.
+
+        Raises:
+            QuotaExceededError: no room, even counting the live entries only.
+        """
+        adding = room.records_adding
+        if total is not None and room.records + total + adding > room.quota:
+            total = self.reclaim(conn, owner, total, turn_id, version) - (tally.r - tally.b)
+            tally.r = tally.b
+        if (total is None or room.records + total + adding > room.quota) and (
+            room.records + room.live() + adding > room.quota
+        ):
+            raise refused(room, adding)
+        return total
+
+    def reclaim(self, conn: Conn, owner: str, total: int, turn_id: str, version: int | None = None) -> int:
+        """Give back the unused reservation of every turn of the owner but
+        ``turn_id`` (their heads rewritten with ``r = b``), inside the caller's
+        write transaction under the owner's exclusive lock (a put near the
+        quota); the owner's total reservation ``total`` less what was given
+        back. A head that fails to open keeps its reservation (its reads and
+        ``verify`` name it). One query and one upsert, O(the owner's turns)."""
+        rows = conn.query(
+            "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads"
+            " WHERE owner_user_id = ? AND turn_id NOT IN (?, ?, ?)",
+            (owner, OWNER_HEAD, USAGE_HEAD, turn_id),
+        )
+        bodies: list[tuple[str, bytes]] = []
+        for row in rows:
+            try:
+                tally = self._tally(row, owner, row["turn_id"])
+            except IntegrityError:
+                continue
+            if tally.r > tally.b:
+                total -= tally.r - tally.b
+                tally.r = tally.b
+                bodies.append((row["turn_id"], tally.dumps()))
+                self._cache.drop(owner, row["turn_id"])
+        if bodies:
+            self.write_bodies(conn, owner, bodies, version)
+        return max(total, 0)
+
+    def converted(self, conn: Conn, row: dict[str, Any]) -> bytes | None:
+        """A format-2 turn head's tally (``row``, as stored) in this format, with
+        ``b`` and ``r`` its authenticated inventory's bytes (``head_build``, at
+        open); None when it is not of format 2, or fails authentication (it
+        stays: its reads refuse it, ``verify`` names it)."""
+        owner, turn_id = row["owner_user_id"], row["turn_id"]
+        try:
+            body = self.open_body(row, owner, turn_id)
+            if json.loads(body).get("f") != 2:
+                return None
+            tally = Tally.loads(body, before=True)
+            head = Head()
+            found = self._recount(head, conn.query(*self.reads.sql("?", turn_id, owner)), owner, turn_id)
+            self._same_tally(tally, found, turn_id)
+        except (IntegrityError, ValueError, AttributeError):
+            return None
+        tally.b = tally.r = sum(int(item[2]) for item in head.e.values())
+        return tally.dumps()
 
     @staticmethod
     def items(conn: Conn, owner: str, turn_id: str) -> dict[str, dict[str, list[Any]]]:

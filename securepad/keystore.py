@@ -286,6 +286,7 @@ class Keystore:
         busy: str,
         count: int = 1,
         prefetch: Sequence[tuple[str, Params]] = (),
+        turn: str | None = None,
     ) -> T:
         """Seal (outside any transaction) under the owner's newest key, then write
         in one transaction that checks the version is still the newest.
@@ -300,10 +301,15 @@ class Keystore:
         counted in memory and added to the key's row once ``WRAP_FLUSH_EVERY``
         are pending.
         The reads of ``prefetch`` (those ``write`` will make) go with the
-        transaction's first message (``Conn.prefetch``).
+        transaction's first message (``Conn.prefetch``). With ``turn``, the
+        transaction excludes only the owner's writes of that turn and its
+        owner-wide ones (``Backend.transaction``); ``write`` raises
+        ``OwnerLockNeeded`` (which leaves this call, for the caller to run
+        it again without ``turn``) when it must change more than the turn.
 
         Raises:
             StoreBusyError: ``busy``, when every attempt lost a race.
+            OwnerLockNeeded: with ``turn``, as above.
         """
         version, wrapper = self.current(owner)
         for _ in range(attempts):
@@ -317,7 +323,7 @@ class Keystore:
                 continue
             flush = self._wraps.take((owner, version), WRAP_FLUSH_EVERY, count)
             try:
-                with self._db.transaction(owner) as conn:
+                with self._db.transaction(owner, turn=turn) as conn:
                     for sql, params in prefetch:
                         conn.prefetch(sql, params)
                     result = write(conn, sealed)

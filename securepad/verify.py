@@ -47,7 +47,6 @@ def verify_store(entries: Entries, records: Records, heads: Heads, now: float) -
         )
     counted = {"entries": 0, **dict.fromkeys(TABLES, 0)}
     found: dict[tuple[str, str], HeadEdit] = {}
-    usage: dict[str, int] = {}
     steps: dict[tuple[str, str], list[int]] = {}  # each turn's authenticated steps, in order
     stored: set[str] = set()  # every entry id in the store, authenticated or not
 
@@ -59,7 +58,6 @@ def verify_store(entries: Entries, records: Records, heads: Heads, now: float) -
     for row in entries.all_rows():
         counted["entries"] += 1
         stored.add(row["id"])
-        usage[row["owner_user_id"]] = usage.get(row["owner_user_id"], 0) + int(row["stored_bytes"])
         where = (row["owner_user_id"], row["turn_id"])
         try:
             tally(where).add("e", row["id"], entry_item(row))
@@ -80,8 +78,10 @@ def verify_store(entries: Entries, records: Records, heads: Heads, now: float) -
                     raise IntegrityError("the record's turn has no head")
             except IntegrityError as exc:
                 problems.append(_problem(*where, row["id"], table[:-1], str(exc)))
+    reserved: dict[str, int] = {}
     for (owner, turn_id), sealed in turn_heads.items():
         rows = tally((owner, turn_id)).tally
+        reserved[owner] = reserved.get(owner, 0) + sealed.r
         try:
             heads.same_tally(sealed, rows, turn_id)
         except IntegrityError as exc:
@@ -90,7 +90,12 @@ def verify_store(entries: Entries, records: Records, heads: Heads, now: float) -
                 problem.update(_steps_named(sealed, steps.get((owner, turn_id), []), stored, now))
                 problem["problem"] += _steps_text(problem)
             problems.append(problem)
-    problems += _usage_problems(owner_heads, usage)
+            continue
+        if sealed.b != rows.b:
+            problems.append(
+                _problem(owner, turn_id, None, "turn usage", f"counts {sealed.b} bytes, its entries {rows.b}")
+            )
+    problems += _usage_problems(owner_heads, reserved)
     return {
         "ok": not problems,
         "owners": len(opened),
@@ -135,16 +140,20 @@ def _check_heads(
     return turn_heads, totals
 
 
-def _usage_problems(totals: dict[str, int | None], usage: dict[str, int]) -> list[Problem]:
-    """The quota's running totals (sealed in the usage heads) against the sum of
-    the entries' stored_bytes (which the turn heads authenticate)."""
+def _usage_problems(totals: dict[str, int | None], reserved: dict[str, int]) -> list[Problem]:
+    """The quota's reservations (sealed in the usage heads: ``head_owner``)
+    against the sum of the turns' reservations. That they cover the entries
+    follows: each turn's bytes equal its entries' (``verify_store``, which the
+    turn heads authenticate) and are at most its reservation (``Tally.loads``)."""
     problems: list[Problem] = []
     for owner, total in sorted(totals.items()):
         if total is None:
             problems.append(_problem(owner, None, None, "owner usage", "the owner has no usage head"))
-        elif total != usage.get(owner, 0):
+        elif total != reserved.get(owner, 0):
             problems.append(
-                _problem(owner, None, None, "owner usage", f"counts {total} bytes, the entries {usage.get(owner, 0)}")
+                _problem(
+                    owner, None, None, "owner usage", f"reserves {total} bytes, its turns {reserved.get(owner, 0)}"
+                )
             )
     return problems
 

@@ -34,7 +34,7 @@ def test_format_1_heads_are_converted_and_the_store_verifies(tmp_path: Path) -> 
     assert set(tallies) == set(listed) and max(tallies.values()) < 450  # type: ignore[type-var]
     assert max(listed.values()) > 450  # type: ignore[type-var]  # the listings were bigger
     flag = _sql(db, "SELECT value FROM store_meta WHERE key = 'turn_heads'")[0][0]
-    assert str(flag).startswith("2:")
+    assert str(flag).startswith("3:")
     with Scratchpad.open(db, keyring=Keyring.from_key_file(key)) as pad:  # converted once
         assert pad.verify(now=NOW)["ok"]
 

@@ -1,4 +1,9 @@
-"""Issue 13/14: each owner's usage total lives in its sealed usage head (``head_owner``).
+"""Issue 13/14/15: each owner's quota reservation lives in its sealed usage head (``head_owner``).
+
+Since issue 15 the usage head holds the sum of the owner's turns' reservations,
+and each turn head its bytes and its reservation: ``totals`` must equal
+``reserved`` (the sum of the turns' ``r``), and ``used`` (the sum of their ``b``)
+the entries' stored bytes.
 
 No per-put counter row: the ``owner_usage`` table and its triggers are gone
 (SQLite migration 11, PostgreSQL 8); the put writes the usage head with its
@@ -19,7 +24,7 @@ from hypothesis import strategies as st
 from test_fixture_store_v7 import EXPECTED, copy_v7
 
 from securepad import Keyring, Policy, Principal, QuotaExceededError, Scratchpad
-from securepad.heads import USAGE_HEAD
+from securepad.heads import USAGE_HEAD, Tally
 from securepad.store import parts, sqlite_of
 
 ALICE = Principal("alice", "agent", "web")
@@ -31,6 +36,29 @@ def totals(pad: Scratchpad) -> dict[str, Any]:
     """Each owner's usage total as its usage head holds it (opened: authenticated)."""
     heads = parts(pad).entries.heads.all_heads()
     return {owner: by_turn.get(USAGE_HEAD) for owner, by_turn in heads.items()}
+
+
+def _turns(pad: Scratchpad, field: str) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for owner, by_turn in parts(pad).entries.heads.all_heads().items():
+        for head in by_turn.values():
+            if isinstance(head, Tally):
+                found[owner] = found.get(owner, 0) + int(getattr(head, field))
+    return found
+
+
+def reserved(pad: Scratchpad) -> dict[str, int]:
+    """The sum of each owner's turns' reservations (what its usage head must hold)."""
+    return _turns(pad, "r")
+
+
+def exact(pad: Scratchpad) -> None:
+    """The usage heads hold the turns' reservations, which cover the turns'
+    bytes, which are the entries' stored bytes."""
+    owners = {owner: total for owner, total in totals(pad).items() if total is not None}
+    assert owners == {owner: reserved(pad).get(owner, 0) for owner in owners}
+    assert {o: b for o, b in _turns(pad, "b").items() if b} == stored(pad)
+    assert all(owners[owner] >= used for owner, used in stored(pad).items())
 
 
 def stored(pad: Scratchpad) -> dict[str, int]:
@@ -46,21 +74,27 @@ def test_every_write_keeps_the_usage_total_exact(pad: Scratchpad) -> None:
     pad.put(ALICE, "t", 2, "tool", "y" * 100_000, now=NOW)
     pad.put_many(ALICE, "u", [(1, "tool", "a"), (2, "tool", b"b" * 3000)], now=NOW)
     pad.put(BOB, "t", 1, "tool", "bob's", now=NOW)
-    assert totals(pad) == {"alice": stored(pad)["alice"], "bob": stored(pad)["bob"]}
+    exact(pad)
+    before = totals(pad)["alice"]
     pad.delete(ALICE, pad.list_for_turn(ALICE, "u", now=NOW)[0]["scratchpad_id"], now=NOW)
-    assert totals(pad)["alice"] == stored(pad)["alice"]
+    exact(pad)
+    assert totals(pad)["alice"] < before  # a removal gives back what it held
     assert pad.gc(now=NOW + 20) == 1  # the first entry expired and is collected
     assert first["scratchpad_id"] not in {row["id"] for row in parts(pad).entries.all_rows()}
-    assert totals(pad) == {"alice": stored(pad)["alice"], "bob": stored(pad)["bob"]}
+    exact(pad)
     pad.forget_owner("bob")
     assert "bob" not in totals(pad)
     assert pad.verify(now=NOW + 20)["ok"]
 
 
-def test_a_new_owner_starts_at_zero_and_an_empty_owner_returns_to_zero(pad: Scratchpad) -> None:
+def test_a_new_owner_starts_at_zero_and_an_empty_owner_keeps_only_its_turns_reservations(pad: Scratchpad) -> None:
+    pad.put(BOB, "t", 1, "tool", "x", now=NOW)
+    pad.delete(BOB, pad.list_for_turn(BOB, "t", now=NOW)[0]["scratchpad_id"], now=NOW)
     entry = pad.put(ALICE, "t", 1, "tool", "x", now=NOW)
     pad.delete(ALICE, entry["scratchpad_id"], now=NOW)
-    assert totals(pad) == {"alice": 0}
+    # The delete gave back the entry's bytes; the turn keeps the rest of its grant.
+    assert totals(pad)["alice"] == reserved(pad)["alice"] > 0 and stored(pad) == {}
+    assert _turns(pad, "b") == {"alice": 0, "bob": 0}
     assert pad.verify(now=NOW)["ok"]
 
 
@@ -84,7 +118,7 @@ def test_the_total_equals_the_entries_after_any_writes(tmp_path: Path, ops: list
                 pad.put_many(ALICE, turn, [(step, "tool", "m" * size), (step + 1, "tool", b"n")], now=NOW)
             else:
                 pad.put(ALICE, turn, step, "tool", "p" * size, now=NOW)
-        assert totals(pad).get("alice", 0) == stored(pad).get("alice", 0)
+        exact(pad)
         assert pad.verify(now=NOW)["ok"]
 
 
@@ -104,7 +138,7 @@ def test_the_quota_reads_the_usage_total_and_a_refused_put_changes_nothing(
         pad.put(BOB, "t", 1, "tool", "k" * 8_000, now=NOW)  # another owner's quota is its own
         pad.delete(ALICE, kept["scratchpad_id"], now=NOW)
         pad.put(ALICE, "t", 3, "tool", "k" * 8_000, now=NOW)  # the delete made room
-        assert totals(pad)["alice"] == stored(pad)["alice"]
+        exact(pad)
 
 
 @pytest.mark.sqlite_only
@@ -124,7 +158,9 @@ def test_without_its_usage_head_the_quota_sums_the_entries_and_verify_names_it(d
 
 
 @pytest.mark.sqlite_only
-def test_a_put_runs_no_trigger_and_the_usage_head_shares_the_turn_heads_upsert(db_path: Path, keyring: Keyring) -> None:
+def test_a_put_runs_no_trigger_and_within_its_reservation_writes_its_turn_head_only(
+    db_path: Path, keyring: Keyring
+) -> None:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         pad.put(ALICE, "t", 1, "tool", "x", now=NOW)
         conn = apsw.Connection(str(db_path))
@@ -141,7 +177,7 @@ def test_a_put_runs_no_trigger_and_the_usage_head_shares_the_turn_heads_upsert(d
         finally:
             conn.trace_v2(0, None)
         upserts = [sql for sql in statements if sql.startswith("INSERT INTO turn_heads")]
-        assert len(upserts) == 1 and upserts[0].count("(?, ?, ?, ?)") == 2  # the turn head and the usage head
+        assert len(upserts) == 1 and upserts[0].count("(?, ?, ?, ?)") == 1  # the turn head: no usage head (issue 15)
 
 
 def test_a_store_from_before_usage_heads_gets_them_at_open(tmp_path: Path) -> None:
@@ -153,10 +189,11 @@ def test_a_store_from_before_usage_heads_gets_them_at_open(tmp_path: Path) -> No
         conn.close()
     with Scratchpad.open(db, keyring=Keyring.from_key_file(key)) as pad:
         # The migration's totals are the triggers' ones: expired entries not yet collected count.
-        assert totals(pad) == counted == stored(pad)
+        # Converted turns reserve what they hold: the sum of reservations is the sum of bytes.
+        assert totals(pad) == counted == stored(pad) == reserved(pad)
         assert pad.verify(now=EXPECTED["now"])["ok"]
         pad.put(ALICE, "after", 1, "tool", "z" * 3000, now=EXPECTED["now"])
-        assert totals(pad)["alice"] == stored(pad)["alice"]
+        exact(pad)
     conn = apsw.Connection(str(db))
     try:
         names = {str(row[0]) for row in conn.execute("SELECT name FROM sqlite_master")}
@@ -178,8 +215,10 @@ def test_a_postgresql_store_from_before_usage_heads_gets_them_at_open(pg_dsn: st
         conn.execute("DELETE FROM turn_heads WHERE turn_id = %s", (USAGE_HEAD,))
         conn.execute("INSERT INTO store_meta(key, value) VALUES ('owner_usage', 'seed')")
     with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
-        assert totals(pad) == expected
+        assert totals(pad) == reserved(pad)  # seeded with the turns' reservations
         assert pad.verify(now=NOW)["ok"]
+        exact(pad)
+        assert stored(pad) == expected
     with psycopg.connect(pg_dsn) as conn:
         conn.execute("SET search_path = securepad")
         assert conn.execute("SELECT value FROM store_meta WHERE key = 'owner_usage'").fetchall() == []

@@ -61,8 +61,8 @@ _BLOCK = 10
 def _without_heads(pad: Scratchpad) -> None:
     heads = parts(pad).entries.heads
 
-    def change(*args: Any, **kwargs: Any) -> None:
-        return None
+    def change(*args: Any, **kwargs: Any) -> int:
+        return 0
 
     def checked(
         owner: str, turn_id: str, fetch: Callable[[], Any], check: Callable[..., None], first: Any = None
