@@ -277,12 +277,12 @@ class Records:
         """What the owner's live records cost on disk, as one SQL expression and
         its parameters (read inside the caller's write transaction, in the
         statement that reads the rest of the quota)."""
-        parts = [
-            f"(SELECT CAST(COALESCE(SUM(length(sealed) + length(wrapped_key) + {RECORD_ROW_OVERHEAD}), 0)"
-            f" AS BIGINT) FROM {table} WHERE owner_user_id = ? AND expires_at > ?)"
+        parts = " UNION ALL ".join(
+            f"SELECT length(sealed) + length(wrapped_key) AS n FROM {table} WHERE owner_user_id = ? AND expires_at > ?"
             for table in TABLES
-        ]
-        return " + ".join(parts), tuple(value for _ in TABLES for value in (owner, now))
+        )
+        sql = f"(SELECT CAST(COALESCE(SUM(n + {RECORD_ROW_OVERHEAD}), 0) AS BIGINT) FROM ({parts}) AS records)"
+        return sql, tuple(value for _ in TABLES for value in (owner, now))
 
     @staticmethod
     def delete_expired(conn: Conn, cutoff: float, kept: list[tuple[str, str]]) -> int:

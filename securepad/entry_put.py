@@ -18,7 +18,7 @@ from .crypto import ENTRY_FORMAT, EntryCipher, Header, ListingKey, Wrapper, seal
 from .entry_listings import Listings, step_sql
 from .entry_rows import EntryParts, check_step_num, listing_fields, live
 from .errors import InvalidArgumentError, QuotaExceededError
-from .heads import USAGE_HEAD, Heads, Room, entry_item
+from .heads import Heads, Room, entry_item
 from .keystore import NEWEST_VERSION_SQL, Keystore
 from .policy import Policy
 from .principal import Principal, check_identifier
@@ -191,28 +191,17 @@ class Putter:
 
 
 def _quota_sql(owner: str, now: float, step: tuple[str, Params] | None = None) -> tuple[str, Params]:
-    """``check_quota``'s one query: the owner's newest key version, its usage
-    head (``head_owner``: its sealed usage total) and its live records' cost; with ``step`` (``step_sql``), also the
-    latest expiry of the entries in the principal's scope that have the step
-    (``step_expires``, NULL for none)."""
+    """``room``'s one query: the owner's newest key version and its live
+    records' cost; with ``step`` (``step_sql``), also the latest expiry of the
+    entries in the principal's scope that have the step (``step_expires``, NULL
+    for none). The reservations are in the heads, read beside it
+    (``Heads.select_sql``); each sub-query here costs the server an executor
+    node's start-up on every put (issue 15), so it holds only what is read."""
     records, params = Records.used_sql(owner, now)
-    sql = (
-        f"SELECT {NEWEST_VERSION_SQL} AS newest,"
-        f" (SELECT key_version FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?) AS head_version,"
-        f" (SELECT sealed FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?) AS head_sealed,"
-        f" {records} AS used"
-    )
+    sql = f"SELECT {NEWEST_VERSION_SQL} AS newest, {records} AS used"
     if step is None:
-        return sql, (owner, owner, USAGE_HEAD, owner, USAGE_HEAD, *params)
-    return f"{sql}, (SELECT MAX(expires_at) FROM ({step[0]}) AS taken) AS step_expires", (
-        owner,
-        owner,
-        USAGE_HEAD,
-        owner,
-        USAGE_HEAD,
-        *params,
-        *step[1],
-    )
+        return sql, (owner, *params)
+    return f"{sql}, (SELECT MAX(expires_at) FROM ({step[0]}) AS taken) AS step_expires", (owner, *params, *step[1])
 
 
 def _taken(found: dict[str, Any]) -> list[dict[str, Any]]:
