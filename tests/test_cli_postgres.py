@@ -147,6 +147,10 @@ def test_audit_passes_on_a_fresh_postgresql_store(cli: Cli) -> None:
             "functions as documented",
         ),
         (
+            "ALTER FUNCTION securepad.turn_inventory(text, text, bytea, text, text, text) RESET search_path",
+            "functions as documented",
+        ),
+        (
             "GRANT EXECUTE ON FUNCTION securepad.entry_turn_inventory(text, text, bytea, text, text, text) TO PUBLIC",
             "functions as documented",
         ),

@@ -299,15 +299,24 @@ def test_the_read_functions_run_as_the_caller_and_only_the_application_role_may_
     store: dict[str, Any],
 ) -> None:
     """SECURITY INVOKER (row-level security applies as the application role),
-    owned by the admin role, EXECUTE for the application role and nobody else."""
+    search_path pinned to the store's schema, owned by the admin role, EXECUTE
+    for the application role and nobody else."""
     with psycopg.connect(store["dsn"], row_factory=dict_row) as conn:
         rows = conn.execute(
             "SELECT p.proname AS name, p.prosecdef AS definer, pg_get_userbyid(p.proowner) AS owner,"
             " has_function_privilege('securepad_app', p.oid, 'EXECUTE') AS app,"
-            " EXISTS (SELECT 1 FROM aclexplode(p.proacl) AS a WHERE a.grantee = 0) AS public"
+            " EXISTS (SELECT 1 FROM aclexplode(p.proacl) AS a WHERE a.grantee = 0) AS public,"
+            " p.proconfig AS config"
             " FROM pg_proc AS p WHERE p.pronamespace = 'securepad'::regnamespace ORDER BY p.proname"
         ).fetchall()
     assert rows == [
-        {"name": name, "definer": False, "owner": "securepad_admin", "app": True, "public": False}
+        {
+            "name": name,
+            "definer": False,
+            "owner": "securepad_admin",
+            "app": True,
+            "public": False,
+            "config": ["search_path=securepad"],
+        }
         for name in ("entry_turn_inventory", "turn_inventory")
     ]

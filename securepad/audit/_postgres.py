@@ -46,7 +46,8 @@ UPDATE_COLUMNS: dict[str, frozenset[str]] = {
     "compaction_marks": frozenset({"expires_at", "sealed"}),
 }
 # The schema's functions (migration 10: a warm read's, ``head_reads``): each
-# SECURITY INVOKER (it runs as its caller, under row-level security), owned by
+# SECURITY INVOKER (it runs as its caller, under row-level security) with its
+# search_path pinned to the schema, owned by
 # the admin role, EXECUTE for the application role and not for PUBLIC.
 FUNCTIONS = frozenset({"turn_inventory", "entry_turn_inventory"})
 _TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
@@ -222,7 +223,8 @@ def _functions(ctx: Context) -> str:
         "SELECT p.proname AS name, p.prosecdef AS definer, pg_get_userbyid(p.proowner) AS owner,"
         " has_function_privilege(?, p.oid, 'EXECUTE') AS app,"
         " EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) AS a"
-        " WHERE a.grantee = 0) AS public"
+        " WHERE a.grantee = 0) AS public,"
+        " coalesce(p.proconfig = ARRAY['search_path=' || current_schema()], false) AS pinned"
         " FROM pg_proc AS p WHERE p.pronamespace = current_schema()::regnamespace",
         (APP_ROLE,),
     )
@@ -234,6 +236,8 @@ def _functions(ctx: Context) -> str:
             continue
         if f["definer"]:
             problems.append(f"{name}: SECURITY DEFINER")
+        if not f["pinned"]:
+            problems.append(f"{name}: search_path not pinned to the schema")
         if f["owner"] != ADMIN_ROLE:
             problems.append(f"{name}: owned by {f['owner']}")
         if not f["app"] or f["public"]:
@@ -244,7 +248,7 @@ def _functions(ctx: Context) -> str:
     if problems:
         raise CheckFailed("; ".join(problems))
     return (
-        f"{len(found)} functions, each SECURITY INVOKER, owned by {ADMIN_ROLE},"
+        f"{len(found)} functions, each SECURITY INVOKER with the schema as search_path, owned by {ADMIN_ROLE},"
         f" EXECUTE for {APP_ROLE} and not for PUBLIC"
     )
 
@@ -268,7 +272,8 @@ def deployment_checks() -> list[tuple[str, str, Check]]:
         ),
         (
             "functions as documented",
-            "read prosecdef, the owner and EXECUTE of the application role and PUBLIC for every function of the schema",
+            "read prosecdef, proconfig, the owner and EXECUTE of the application role and PUBLIC"
+            " for every function of the schema",
             _functions,
         ),
     ]
