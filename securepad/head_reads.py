@@ -18,7 +18,9 @@ leaves out (without reading it) when the token is the one sent:
   turn's sealed head with the server's SHA-256 of the inventory's rows: an
   unchanged snapshot means no transaction ended since, so the statement
   evaluates neither head nor digest (issue 15); otherwise both are computed,
-  as trustworthy as the rows the server would send.
+  as trustworthy as the rows the server would send. A read that sends a
+  cached token calls the schema's read function instead, which compares the
+  snapshot before any plan of the statement is started (``pg_read_functions``).
 
 What each token trusts, and the window that remains, is in SECURITY.md
 ("Turn heads").
