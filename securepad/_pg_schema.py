@@ -18,10 +18,11 @@ from psycopg_pool import ConnectionPool
 
 from ._pg_roles import ADMIN_ROLE, APP_ROLE
 from .errors import SecurepadError
+from .head_reads import pg_read_functions
 
 __all__ = ["ADMIN_ROLE", "APP_ROLE", "MIGRATIONS", "SCHEMA_VERSION", "lock_key", "migrate", "reason"]
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 _OWNER = "current_setting('securepad.owner', true)"
 _OWNER_TABLES = ("owner_keys", "entries", "checkpoints", "compaction_marks", "owner_usage")
@@ -245,6 +246,14 @@ MIGRATIONS: dict[int, str] = {
     DROP INDEX entries_owner_turn;
     CREATE INDEX entries_owner_turn ON entries(owner_user_id, turn_id, step_num);
     """,
+    # A warm read that the server does not plan in full (issue 15,
+    # docs/how-to/postgresql.md "CPU per read"): the functions a read with a
+    # cached token calls (head_reads), SECURITY INVOKER, owned by the admin
+    # role, EXECUTE for the application role alone.
+    10: "".join(
+        f"{create}GRANT EXECUTE ON FUNCTION {name}(text, text, bytea, text, text, text) TO {APP_ROLE};\n"
+        for name, create in pg_read_functions().items()
+    ),
 }
 
 

@@ -18,7 +18,9 @@ leaves out (without reading it) when the token is the one sent:
   turn's sealed head with the server's SHA-256 of the inventory's rows: an
   unchanged snapshot means no transaction ended since, so the statement
   evaluates neither head nor digest (issue 15); otherwise both are computed,
-  as trustworthy as the rows the server would send.
+  as trustworthy as the rows the server would send. A read that sends a
+  cached token calls the schema's read function instead, which compares the
+  snapshot before any plan of the statement is started (``pg_read_functions``).
 
 What each token trusts, and the window that remains, is in SECURITY.md
 ("Turn heads").
@@ -33,7 +35,7 @@ from .head_cache import HeadCache
 from .head_owner import OWNER_HEAD
 from .head_tally import Head
 
-__all__ = ["ENTRY_TURN_SQL", "InventoryReads", "without_token"]
+__all__ = ["ENTRY_TURN_SQL", "InventoryReads", "pg_read_functions", "without_token"]
 
 # The same with the turn's inventory (readers): one statement, so one snapshot
 # and one round trip; expired rows not yet collected are part of the tally.
@@ -136,6 +138,40 @@ _PG_FRESHNESS = (
     f" CASE WHEN s.snap = (SELECT snap FROM p) THEN (SELECT value FROM p) ELSE {_PG_DIGEST} END AS value"
     f" FROM (SELECT (SELECT turn FROM p) AS turn_id, {_PG_SNAPSHOT} AS snap OFFSET 0) AS s OFFSET 0) AS t"
 )
+# The warm read as a server-side function (issue 15; PostgreSQL's migration 10
+# creates both, EXECUTE granted to the application role alone): a read that
+# sends a cached token calls it instead of the statement. The statement's
+# plan holds every scan of the head, the digest and the inventory, and the
+# server opens, locks and initializes all of them at every execution though a
+# warm read runs none (docs/how-to/postgresql.md, "CPU per read"); the
+# function compares the snapshot first and returns the token row alone when
+# it is the one sent (so the head and digest sent, as the statement does),
+# and otherwise runs the statement itself, the same rows in the same order.
+# PL/pgSQL keeps the statement's plan per server session; STABLE: the whole
+# call sees the calling statement's snapshot, as the one statement did.
+# SECURITY INVOKER (the default): it runs as the application role, so
+# row-level security and the owner setting apply as to the statement. Its
+# search_path is pinned to the store's schema (``FROM CURRENT``: the
+# migration's), so its names never resolve elsewhere whoever calls it; the
+# clause costs no server CPU measurable per call (docs/how-to/postgresql.md).
+# Migrations are never edited: a change to the statements above needs a new
+# migration that replaces these functions (``CREATE OR REPLACE FUNCTION``).
+_PG_READ_FUNCTION = (
+    "CREATE FUNCTION {name}(text, text, bytea, text, text, text) RETURNS TABLE(k text, owner_user_id text,"
+    " turn_id text, key_version integer, sealed bytea, id text, n integer, expires_at double precision,"
+    " stored_bytes bigint, actor text, channel text) LANGUAGE plpgsql STABLE SECURITY INVOKER"
+    " SET search_path FROM CURRENT AS $body$\n"
+    "#variable_conflict use_column\n"
+    "BEGIN\n"
+    f"  IF $5 = {_PG_SNAPSHOT} THEN\n"
+    "    k := 'v'; turn_id := {warm_turn}; sealed := $3; n := 1; actor := $4; channel := $5;\n"
+    "    RETURN NEXT;\n"
+    "    RETURN;\n"
+    "  END IF;\n"
+    "  RETURN QUERY {statement};\n"
+    "END $body$;\n"
+    "REVOKE ALL ON FUNCTION {name}(text, text, bytea, text, text, text) FROM PUBLIC;\n"
+)
 # With the cache off (``Heads.cache_limit(0)``): no token, so no digest.
 _PG_NO_FRESHNESS = (
     "SELECT NULL::text AS turn_id, NULL::bytea AS sealed, 0 AS same, NULL::text AS value, NULL::text AS snap"
@@ -143,6 +179,29 @@ _PG_NO_FRESHNESS = (
 # The turn of one entry (``entry_select_sql``); the heads read are the owner's
 # whoever the row's owner is, as when the caller reads the turn's head itself.
 ENTRY_TURN_SQL = "(SELECT turn_id FROM entries WHERE id = ?)"
+# The read functions by the turn expression of their statement (the turn
+# given, or the turn of an entry): name, and the turn of the warm branch.
+_PG_FUNCTIONS = {
+    "?": ("turn_inventory", "$2"),
+    ENTRY_TURN_SQL: ("entry_turn_inventory", "(SELECT e.turn_id FROM entries AS e WHERE e.id = $2)"),
+}
+
+
+def _numbered(sql: str) -> str:
+    """``?`` placeholders as PL/pgSQL's ``$1``, ``$2``... in order."""
+    pieces = sql.split("?")
+    return "".join(piece + (f"${index}" if index < len(pieces) else "") for index, piece in enumerate(pieces, 1))
+
+
+def pg_read_functions() -> dict[str, str]:
+    """The functions a warm PostgreSQL read calls (name -> its ``CREATE
+    FUNCTION`` and ``REVOKE``), for the schema's migration 10; the caller
+    grants EXECUTE to the application role."""
+    statement = _PG_INVENTORY_SQL.replace("{token}", _PG_FRESHNESS)
+    return {
+        name: _PG_READ_FUNCTION.format(name=name, warm_turn=warm_turn, statement=_numbered(statement.format(turn=turn)))
+        for turn, (name, warm_turn) in _PG_FUNCTIONS.items()
+    }
 
 
 class InventoryReads:
@@ -198,22 +257,31 @@ class InventoryReads:
         the freshness token, the inventory left out by the database when the
         token equals the one of the turn's cached inventory."""
         entry = self.cache.get(self._db.read_scope(), owner, turn_id)
-        return self.sql("?", turn_id, owner, None if entry is None else entry.token)
+        return self.sql("?", turn_id, owner, None if entry is None else entry.token, function=True)
 
     def entry_read_sql(self, owner: str, entry_id: str) -> tuple[str, Params]:
         """``read_sql`` for the turn of entry ``entry_id``."""
         entry = self.cache.listing(self._db.read_scope(), owner, entry_id)
-        return self.sql(ENTRY_TURN_SQL, entry_id, owner, None if entry is None else entry.token)
+        return self.sql(ENTRY_TURN_SQL, entry_id, owner, None if entry is None else entry.token, function=True)
 
-    def sql(self, turn: str, value: str, owner: str, token: tuple[Any, ...] | None = None) -> tuple[str, Params]:
+    def sql(
+        self, turn: str, value: str, owner: str, token: tuple[Any, ...] | None = None, *, function: bool = False
+    ) -> tuple[str, Params]:
         """The statement of ``read_sql`` for ``turn`` (``?`` for ``value``, a turn
-        id, or the turn of entry ``value``); ``token``: the cached inventory's."""
+        id, or ``ENTRY_TURN_SQL``: the turn of entry ``value``); ``token``: the
+        cached inventory's. ``function``: on PostgreSQL, with a token, a call of
+        the schema's read function instead (the same rows; the warm read's
+        server CPU, without the statement's plan: ``pg_read_functions``)."""
         if self._sqlite:
             sent: Params = (None,) if token is None else token
             return self._inventory.format(turn=turn), (*sent, owner, value, OWNER_HEAD, *(owner, value) * 3, owner)
         sealed, digest, snap = (None, None, None) if token is None else token[1:]
-        template = self._inventory if self.cache.enabled else self._bare
-        return template.format(turn=turn), (owner, value, sealed, digest, snap, OWNER_HEAD)
+        params = (owner, value, sealed, digest, snap, OWNER_HEAD)
+        if not self.cache.enabled:
+            return self._bare.format(turn=turn), params
+        if function and token is not None:
+            return f"SELECT * FROM {_PG_FUNCTIONS[turn][0]}(?, ?, ?, ?, ?, ?)", params
+        return self._inventory.format(turn=turn), params
 
 
 def without_token(rows: Rows) -> Rows:

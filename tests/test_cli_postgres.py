@@ -120,6 +120,7 @@ def test_audit_passes_on_a_fresh_postgresql_store(cli: Cli) -> None:
         "application role privileges",
         "row-level security forced",
         "column grants as documented",
+        "functions as documented",
         "raw query without owner",
         "tamper: flipped bit",
         "audit tenants removed",
@@ -141,6 +142,18 @@ def test_audit_passes_on_a_fresh_postgresql_store(cli: Cli) -> None:
         ("GRANT UPDATE ON securepad.entries TO securepad_app", "column grants as documented"),
         ("GRANT TRUNCATE ON securepad.segments TO securepad_app", "column grants as documented"),
         ("GRANT CREATE ON SCHEMA securepad TO securepad_app", "application role privileges"),
+        (
+            "ALTER FUNCTION securepad.turn_inventory(text, text, bytea, text, text, text) SECURITY DEFINER",
+            "functions as documented",
+        ),
+        (
+            "ALTER FUNCTION securepad.turn_inventory(text, text, bytea, text, text, text) RESET search_path",
+            "functions as documented",
+        ),
+        (
+            "GRANT EXECUTE ON FUNCTION securepad.entry_turn_inventory(text, text, bytea, text, text, text) TO PUBLIC",
+            "functions as documented",
+        ),
     ],
 )
 def test_audit_fails_naming_the_check_when_the_store_is_weakened(cli: Cli, weaken: str, check: str) -> None:

@@ -243,5 +243,80 @@ def test_the_token_benchmark_runs_each_case(pg_dsn: str) -> None:
     from securepad.bench.pg_read_token import token_costs
 
     costs = token_costs(pg_dsn, entries=20, executions=20, rounds=1)
-    assert list(costs) == ["SELECT 1", "warm", "token part", "snapshot moved"]
+    assert list(costs) == ["SELECT 1", "warm", "warm, one statement", "token part", "snapshot moved"]
     assert all(len(figures) == 1 and figures[0] >= 0 for figures in costs.values())
+
+
+def _stale(token: tuple[Any, ...], case: str) -> tuple[Any, ...]:
+    """``token`` as a read would send it in each case the read functions tell apart."""
+    if case == "warm":
+        return token
+    if case == "another_head":  # the snapshot moved and the head differs: the inventory comes back
+        return (token[0], token[1][:-1] + bytes([token[1][-1] ^ 1]), token[2], _moved(token, 2)[3])
+    return _moved(token, {"start_time": 0, "system_identifier": 1, "transaction_ids": 2}[case])
+
+
+@pytest.mark.parametrize("case", ["warm", "start_time", "system_identifier", "transaction_ids", "another_head"])
+@pytest.mark.parametrize("by", ["turn", "entry"])
+def test_the_read_function_returns_the_rows_of_the_statement(store: dict[str, Any], by: str, case: str) -> None:
+    """Migration 10's functions (``pg_read_functions``): what a warm read calls
+    returns exactly the statement's rows, in its order, whatever the token."""
+    from securepad.head_reads import ENTRY_TURN_SQL
+
+    reads, ids = store["reads"], store["ids"]
+    turn, value = ("?", TURN) if by == "turn" else (ENTRY_TURN_SQL, ids[4])
+    with app_transaction(store["dsn"]) as cur:
+        token = _stale(token_of(run(cur, reads.sql("?", TURN, "alice"))), case)
+        call = reads.sql(turn, value, "alice", token, function=True)
+        assert call[0].startswith("SELECT * FROM ") and "inventory(" in call[0]
+        expected = run(cur, reads.sql(turn, value, "alice", token))
+        assert run(cur, call) == expected
+        kinds = {row["k"] for row in expected}
+        assert kinds == ({"v", "h", "e", "c", "k"} if case == "another_head" else {"v"})
+
+
+def test_a_warm_read_calls_the_function_which_reads_no_turn_table(store: dict[str, Any]) -> None:
+    """The store's warm read (a cached token) sends a call of the read function;
+    with the snapshot unmoved it scans no table of the turn."""
+    reads = store["reads"]
+    statement = reads.read_sql("alice", TURN)
+    assert statement[0] == "SELECT * FROM turn_inventory(?, ?, ?, ?, ?, ?)"
+    with app_transaction(store["dsn"]) as cur:
+        token = token_of(run(cur, reads.sql("?", TURN, "alice")))
+        scans = (
+            "SELECT coalesce(sum(seq_scan + coalesce(idx_scan, 0)), 0) AS n FROM pg_stat_xact_user_tables"
+            " WHERE schemaname = 'securepad'"
+        )
+        before = run(cur, (scans, ()))[0]["n"]
+        rows = run(cur, reads.sql("?", TURN, "alice", token, function=True))
+        assert [row["k"] for row in rows] == ["v"] and token_of(rows) == token
+        assert run(cur, (scans, ()))[0]["n"] == before
+        run(cur, reads.sql("?", TURN, "alice", _moved(token, 2), function=True))
+        assert run(cur, (scans, ()))[0]["n"] > before  # the same counters see the digest's scans
+
+
+def test_the_read_functions_run_as_the_caller_and_only_the_application_role_may_call_them(
+    store: dict[str, Any],
+) -> None:
+    """SECURITY INVOKER (row-level security applies as the application role),
+    search_path pinned to the store's schema, owned by the admin role, EXECUTE
+    for the application role and nobody else."""
+    with psycopg.connect(store["dsn"], row_factory=dict_row) as conn:
+        rows = conn.execute(
+            "SELECT p.proname AS name, p.prosecdef AS definer, pg_get_userbyid(p.proowner) AS owner,"
+            " has_function_privilege('securepad_app', p.oid, 'EXECUTE') AS app,"
+            " EXISTS (SELECT 1 FROM aclexplode(p.proacl) AS a WHERE a.grantee = 0) AS public,"
+            " p.proconfig AS config"
+            " FROM pg_proc AS p WHERE p.pronamespace = 'securepad'::regnamespace ORDER BY p.proname"
+        ).fetchall()
+    assert rows == [
+        {
+            "name": name,
+            "definer": False,
+            "owner": "securepad_admin",
+            "app": True,
+            "public": False,
+            "config": ["search_path=securepad"],
+        }
+        for name in ("entry_turn_inventory", "turn_inventory")
+    ]

@@ -5,7 +5,7 @@ instead is what the server enforces: the application role's rights (no
 BYPASSRLS, no superuser, owns no table, may create nothing, cannot become the
 admin role), row-level security enabled and forced on every owner table with
 the expected policies, a raw query as the application role without the owner
-setting (it must see no row), every grant as documented in
+setting (it must see no row), every grant and function as documented in
 ``docs/how-to/postgresql.md``, and tampered rows of the audit owners (edited in
 place, in one transaction each, then restored) refused by the API.
 """
@@ -45,6 +45,11 @@ UPDATE_COLUMNS: dict[str, frozenset[str]] = {
     "checkpoints": frozenset({"expires_at", "sealed"}),
     "compaction_marks": frozenset({"expires_at", "sealed"}),
 }
+# The schema's functions (migration 10: a warm read's, ``head_reads``): each
+# SECURITY INVOKER (it runs as its caller, under row-level security) with its
+# search_path pinned to the schema, owned by
+# the admin role, EXECUTE for the application role and not for PUBLIC.
+FUNCTIONS = frozenset({"turn_inventory", "entry_turn_inventory"})
 _TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 _COLUMN_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "REFERENCES")
 _OWNER_EXPR = "(owner_user_id = current_setting('securepad.owner'::text, true))"
@@ -212,6 +217,42 @@ def _grants(ctx: Context) -> str:
     )
 
 
+def _functions(ctx: Context) -> str:
+    found = _admin(
+        ctx,
+        "SELECT p.proname AS name, p.prosecdef AS definer, pg_get_userbyid(p.proowner) AS owner,"
+        " has_function_privilege(?, p.oid, 'EXECUTE') AS app,"
+        " EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) AS a"
+        " WHERE a.grantee = 0) AS public,"
+        " coalesce(p.proconfig = ARRAY['search_path=' || current_schema()], false) AS pinned"
+        " FROM pg_proc AS p WHERE p.pronamespace = current_schema()::regnamespace",
+        (APP_ROLE,),
+    )
+    problems = []
+    for f in found:
+        name = f["name"]
+        if name not in FUNCTIONS:
+            problems.append(f"{name}: not a documented function")
+            continue
+        if f["definer"]:
+            problems.append(f"{name}: SECURITY DEFINER")
+        if not f["pinned"]:
+            problems.append(f"{name}: search_path not pinned to the schema")
+        if f["owner"] != ADMIN_ROLE:
+            problems.append(f"{name}: owned by {f['owner']}")
+        if not f["app"] or f["public"]:
+            problems.append(f"{name}: EXECUTE for {APP_ROLE} {f['app']}, for PUBLIC {f['public']}")
+    missing = FUNCTIONS - {f["name"] for f in found}
+    if missing:
+        problems.append(f"missing: {sorted(missing)}")
+    if problems:
+        raise CheckFailed("; ".join(problems))
+    return (
+        f"{len(found)} functions, each SECURITY INVOKER with the schema as search_path, owned by {ADMIN_ROLE},"
+        f" EXECUTE for {APP_ROLE} and not for PUBLIC"
+    )
+
+
 def deployment_checks() -> list[tuple[str, str, Check]]:
     return [
         (
@@ -228,6 +269,12 @@ def deployment_checks() -> list[tuple[str, str, Check]]:
             "column grants as documented",
             f"has_table_privilege and has_column_privilege of {APP_ROLE} on every table and column",
             _grants,
+        ),
+        (
+            "functions as documented",
+            "read prosecdef, proconfig, the owner and EXECUTE of the application role and PUBLIC"
+            " for every function of the schema",
+            _functions,
         ),
     ]
 

@@ -11,13 +11,17 @@ prepares it, and executed ``--executions`` times per round, the cases
 alternating; the server process's CPU (``/proc/<pid>/stat``) per execution:
 
 * ``SELECT 1``: a round trip that runs a prepared statement;
-* ``warm``: the head statement of a read by entry (``Heads.entry_read_sql``)
-  with its cached token: neither the turn's head nor its digest is evaluated;
-* ``token part``: the same statement's token alone (its inventory rows
-  left out of the statement): what the rest of the plan costs to start;
-* ``snapshot moved``: the same with another snapshot in the token (a commit
-  happened elsewhere): the head and the digest of the turn's rows run, equal
-  to the cached ones, so the inventory still stays out.
+* ``warm``: what a read by entry (``Heads.entry_read_sql``) with its cached
+  token sends: a call of the schema's read function, which compares the
+  snapshot and returns the token row alone;
+* ``warm, one statement``: the statement that function runs when the
+  snapshot moved, with the same token (the warm read before migration 10):
+  neither the turn's head nor its digest is evaluated;
+* ``token part``: that statement's token alone (its inventory rows left out
+  of the statement): what the rest of the plan costs to start;
+* ``snapshot moved``: the function with another snapshot in the token (a
+  commit happened elsewhere): the head and the digest of the turn's rows
+  run, equal to the cached ones, so the inventory still stays out.
 """
 
 from __future__ import annotations
@@ -80,14 +84,17 @@ def token_costs(dsn: str, *, entries: int = 1000, executions: int = 3000, rounds
             sql, params = reads.sql(ENTRY_TURN_SQL, ids[len(ids) // 2], owner)
             cur.execute(sql.replace("?", "%s"), params)
             v = cur.fetchall()[-1]  # the token row: turn (2), head (4), digest (9), snapshot (10)
-            sql, params = reads.sql(ENTRY_TURN_SQL, ids[len(ids) // 2], owner, (v[2], bytes(v[4]), v[9], v[10]))
+            token = (v[2], bytes(v[4]), v[9], v[10])
+            call, params = reads.sql(ENTRY_TURN_SQL, ids[len(ids) // 2], owner, token, function=True)
+            sql, _ = reads.sql(ENTRY_TURN_SQL, ids[len(ids) // 2], owner, token)
             moved = tuple("0 0 1:1:" if value == v[10] else value for value in params)
             token_part = sql[: sql.index(" SELECT 'h' AS k")] + " SELECT * FROM token"
             cases: dict[str, tuple[str, tuple[Any, ...]]] = {
                 "SELECT 1": ("SELECT ?::int", (1,)),
-                "warm": (sql, tuple(params)),
+                "warm": (call, tuple(params)),
+                "warm, one statement": (sql, tuple(params)),
                 "token part": (token_part, tuple(params[:-1])),
-                "snapshot moved": (sql, moved),
+                "snapshot moved": (call, moved),
             }
             for index, (text, _) in enumerate(cases.values()):
                 cur.execute(f"PREPARE token_{index} AS {_prepared(text)}")
