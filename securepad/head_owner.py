@@ -21,7 +21,7 @@ read-modify-wrote the owner's usage total on the client under the owner's
 exclusive lock, across a round trip). A put that does not fit, the first of a
 turn, and every other write that changes owner-wide state take the owner's
 lock exclusive; such a put **grants** its turn what it lacks plus a chunk
-(``grant``). Near the limit, a put that does not fit in R is not refused
+(``head_quota.grant``). Near the limit, a put that does not fit in R is not refused
 while other turns hold unused reservation: ``Heads.reclaim`` gives it back
 (rewrites those heads with ``r = b``; one more query) and the put is tried
 against what the entries really hold; only then, as before, the exact sum
@@ -58,25 +58,19 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ._backend import Backend, Conn
 from .crypto import Wrapper, head_aad
-from .errors import IntegrityError, QuotaExceededError
+from .errors import IntegrityError
 from .head_tally import Tally
 from .keystore import NEWEST_VERSION_SQL, Keystore
 
 __all__ = [
-    "CHUNK",
     "NO_TURNS",
     "OWNER_HEAD",
     "USAGE_HEAD",
     "OwnerHeads",
-    "Room",
-    "grant",
-    "refused",
     "usage_body",
     "usage_of",
 ]
@@ -91,44 +85,6 @@ _UPSERT = (
 
 
 NO_TURNS = json.dumps({"t": []}).encode()
-# The most a grant adds beyond what the write needs: 256 KiB, about 55 puts of
-# a 4 KiB observation (4.6 KiB on disk each) before the turn's next grant, so
-# that ~2% of a steady writer's puts take the owner's exclusive lock; never
-# more than an eighth of the room the quota still has (``grant``), so that
-# near the limit turns do not strand the quota in reservations.
-CHUNK = 256 * 1024
-
-
-@dataclass(frozen=True)
-class Room:
-    """What a write that adds entries or a record needs to check the quota
-    (``Heads.change``): the owner's quota, its live records' cost (before
-    this write), the exact sum over its live entries (a query, the last word
-    near the limit: it counts the rows the write inserted), the write's name
-    for the refusal's message, and the cost of a record the write adds."""
-
-    quota: int
-    records: int
-    live: Callable[[], int]
-    what: str
-    records_adding: int = 0
-
-
-def grant(quota: int, records: int, total: int, need: int) -> int:
-    """What a turn short of ``need`` bytes of reservation is granted, when the
-    owner's reservations ``total`` and live ``records`` leave room for it: the
-    need and a chunk (``CHUNK``, or an eighth of the room left, if less)."""
-    return need + max(0, min(CHUNK, (quota - records - total - need) // 8))
-
-
-def refused(room: Room, adding: int) -> QuotaExceededError:
-    """The refusal of ``adding`` bytes. The message gives the new bytes and the
-    quota only: the owner's total counts entries outside the caller's scope,
-    which it must not learn of."""
-    return QuotaExceededError(
-        f"owner quota exceeded: the {room.what} needs {adding} bytes on disk and owner_quota_bytes"
-        f" {room.quota} has no room for it; delete entries or let them expire"
-    )
 
 
 def usage_body(total: int) -> bytes:

@@ -64,7 +64,8 @@ from .access import audit_log
 from .errors import IntegrityError, StoreBusyError
 from .head_cache import HeadCache
 from .head_checks import HeadChecks
-from .head_owner import NO_TURNS, OWNER_HEAD, USAGE_HEAD, OwnerHeads, Room, grant, refused, usage_body, usage_of
+from .head_owner import NO_TURNS, OWNER_HEAD, USAGE_HEAD, OwnerHeads, usage_body, usage_of
+from .head_quota import Room, record_room, reserve
 from .head_reads import ENTRY_TURN_SQL, InventoryReads, without_token
 from .head_tally import (
     KINDS,
@@ -431,9 +432,13 @@ class Heads(HeadChecks, OwnerHeads):
             raise _owner_removed(owner)
         usage = by_turn.get(USAGE_HEAD)
         total = None if usage is None else usage_of(self.open_body(usage, owner, USAGE_HEAD))
-        reserved = self._reserve(conn, owner, turn_id, tally, change.bytes, total, room, version)
+
+        def reclaim(total: int) -> int:
+            return self.reclaim(conn, owner, total, turn_id, version)
+
+        reserved = reserve(tally, change.bytes, total, room, reclaim)
         if room is not None and room.records_adding:
-            reserved = self._record_room(conn, owner, turn_id, tally, reserved, room, version)
+            reserved = record_room(tally, reserved, room, reclaim)
         bodies = [(turn_id, tally.dumps())]
         if new_turn:
             turns = self.owner_head(by_turn[OWNER_HEAD], owner) | {turn_id}
@@ -442,76 +447,6 @@ class Heads(HeadChecks, OwnerHeads):
             bodies.append((USAGE_HEAD, usage_body(reserved)))
         self.write_bodies(conn, owner, bodies, version)
         return tally.r - tally.b
-
-    def _reserve(
-        self,
-        conn: Conn,
-        owner: str,
-        turn_id: str,
-        tally: Tally,
-        added: int,
-        total: int | None,
-        room: Room | None,
-        version: int | None,
-    ) -> int | None:
-        """Set the turn's reservation ``tally.r`` after its bytes changed by
-        ``added`` (``tally.b`` has them), under the owner's exclusive lock; the
-        owner's new total reservation (``total`` the usage head's, None:
-        unknown). A removal gives back what it took; bytes past the
-        reservation are granted (``head_owner``) or refused.
-
-        Raises:
-            QuotaExceededError: no room for the bytes added (``room``).
-        """
-        if total is None:  # no usage head: no reservations; the live entries decide
-            if added > 0 and room is not None and room.records + room.live() > room.quota:
-                raise refused(room, added)
-            tally.r = tally.b
-            return None
-        if added <= 0:
-            given_back = min(-added, tally.r - tally.b)  # removed bytes leave the reservation too
-            tally.r -= given_back
-            return max(total - given_back, 0)
-        if tally.b <= tally.r:
-            return total
-        need = tally.b - tally.r
-        if room is None:  # the heads' build: what the store holds, no quota to check
-            tally.r = tally.b
-            return total + need
-        if room.records + total + need > room.quota:
-            # Other turns may hold reservations their entries do not use; so may this one.
-            total = self.reclaim(conn, owner, total, turn_id, version) - (tally.r - (tally.b - added))
-            tally.r = tally.b - added
-            need = added
-            if room.records + total + need > room.quota:
-                if room.records + room.live() > room.quota:
-                    raise refused(room, added)
-                tally.r = tally.b  # fits the live entries only (expired ones await gc): no more than that
-                return total + need
-        granted = grant(room.quota, room.records, total, need)
-        tally.r += granted
-        return total + granted
-
-    def _record_room(
-        self, conn: Conn, owner: str, turn_id: str, tally: Tally, total: int | None, room: Room, version: int | None
-    ) -> int | None:
-        """Refuse a record (``room.records_adding`` bytes: checked beside the live
-        records and the reservations ``total``) that does not fit, after the
-        owner's unused reservations, this turn's included, were given back;
-        the owner's total reservation after that.
-
-        Raises:
-            QuotaExceededError: no room, even counting the live entries only.
-        """
-        adding = room.records_adding
-        if total is not None and room.records + total + adding > room.quota:
-            total = self.reclaim(conn, owner, total, turn_id, version) - (tally.r - tally.b)
-            tally.r = tally.b
-        if (total is None or room.records + total + adding > room.quota) and (
-            room.records + room.live() + adding > room.quota
-        ):
-            raise refused(room, adding)
-        return total
 
     def reclaim(self, conn: Conn, owner: str, total: int, turn_id: str, version: int | None = None) -> int:
         """Give back the unused reservation of every turn of the owner but

@@ -293,7 +293,7 @@ class Keystore:
 
         ``seal(version, wrapper)`` builds the row; ``write(conn, sealed)``
         stores it and must check the version inside the transaction, before
-        its insert, with ``check_newest`` (``Entries.check_quota`` does, in the
+        its insert, with ``check_newest`` (``Putter.room`` does, in the
         statement that reads the quota, with ``NEWEST_VERSION_SQL``). A
         rotation meanwhile (a stale version) or a unique-key collision
         (``DuplicateKeyError``: an id or sequence number taken) seals again,

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from test_usage_heads import exact, reserved, totals
 
 from securepad import Keyring, Policy, Principal, QuotaExceededError, Scratchpad
-from securepad.head_owner import CHUNK, OWNER_HEAD, USAGE_HEAD
+from securepad.head_owner import OWNER_HEAD, USAGE_HEAD
+from securepad.head_quota import CHUNK
 from securepad.head_tally import Tally
 from securepad.store import parts
 
