@@ -106,6 +106,20 @@ def pg_dsn(pg_database: str) -> Iterator[str]:
 
 
 @pytest.fixture
+def pg_single(pg_dsn: str, keyring: Keyring) -> Iterator[tuple[Scratchpad, Any]]:
+    """A PostgreSQL store on a pool of one autocommit connection, with that
+    pool: every call of the store runs in the one server session a test can
+    inspect (its prepared statements, its plans)."""
+    from psycopg_pool import ConnectionPool
+
+    with (
+        ConnectionPool(pg_dsn, min_size=1, max_size=1, kwargs={"autocommit": True}) as pool,
+        Scratchpad.open(pool, keyring=keyring) as pad,
+    ):
+        yield pad, pool
+
+
+@pytest.fixture
 def store_location(backend: str, request: pytest.FixtureRequest) -> Any:
     """Where ``pad`` lives: a SQLite file path, or a PostgreSQL DSN."""
     if backend == "sqlite":

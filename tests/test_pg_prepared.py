@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,6 +24,9 @@ psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psyco
 from psycopg_pool import ConnectionPool  # noqa: E402  (needs psycopg)
 
 from securepad._pg_prepare import EXECUTE, MAX_PER_CONNECTION, PREPARE, QUERY, Statements, numbered  # noqa: E402
+
+# The conftest fixture ``pg_single``: a store on one connection, and its pool.
+Single = tuple[Scratchpad, ConnectionPool[Any]]
 
 ALICE = Principal("alice", "planner", "web")
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # about 4 KiB
@@ -53,17 +55,8 @@ def _delta(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]
     return ran, planned, len(set(after) - set(before))
 
 
-@pytest.fixture
-def single(pg_dsn: str, keyring: Keyring) -> Iterator[tuple[Scratchpad, ConnectionPool[Any]]]:
-    with (
-        ConnectionPool(pg_dsn, min_size=1, max_size=1, kwargs={"autocommit": True}) as pool,
-        Scratchpad.open(pool, keyring=keyring) as pad,
-    ):
-        yield pad, pool
-
-
-def test_put_and_read_run_prepared_statements_only_planned_once(single: tuple[Scratchpad, ConnectionPool[Any]]) -> None:
-    pad, pool = single
+def test_put_and_read_run_prepared_statements_only_planned_once(pg_single: Single) -> None:
+    pad, pool = pg_single
     entry = ""
     for step in range(1, 8):  # past the server's five custom plans per statement
         entry = pad.put(ALICE, "t1", step, "shell", TEXT)["scratchpad_id"]
@@ -92,12 +85,12 @@ def test_a_pool_that_does_not_prepare_gets_no_prepared_statement(pg_dsn: str, ke
 
 
 def test_deallocated_statements_are_noticed_and_the_call_still_answers(
-    single: tuple[Scratchpad, ConnectionPool[Any]],
+    pg_single: Single,
 ) -> None:
     """A reset that deallocates the session's statements (DISCARD ALL, a
     pooler's reset query): the next call's first message fails at its anchor,
     before anything ran; the store stops preparing and sends it again."""
-    pad, pool = single
+    pad, pool = pg_single
     entry = pad.put(ALICE, "t1", 1, "shell", TEXT)["scratchpad_id"]
     with pool.connection() as conn:
         conn.execute("DEALLOCATE ALL")
@@ -108,11 +101,11 @@ def test_deallocated_statements_are_noticed_and_the_call_still_answers(
     assert [e["step_num"] for e in pad.list_for_turn(ALICE, "t1")] == [1, 2]
 
 
-def test_a_failed_message_never_makes_a_name_taken(single: tuple[Scratchpad, ConnectionPool[Any]]) -> None:
+def test_a_failed_message_never_makes_a_name_taken(pg_single: Single) -> None:
     """A PREPARE is not undone by the failure of a later statement of its
     message (nor by ROLLBACK): the names of a failed message are never used
     again, so the statement is prepared afresh under a new name."""
-    pad, _ = single
+    pad, _ = pg_single
     db = parts(pad).db
     good = ("SELECT COUNT(*) AS n FROM entries WHERE owner_user_id = ?", ("alice",))
     with pytest.raises(psycopg.errors.UndefinedColumn):
@@ -194,12 +187,12 @@ def test_messages_prepare_each_statement_once_and_stop_at_the_cap(pg_dsn: str) -
 
 
 def test_a_statement_prepared_for_one_owner_and_role_answers_for_another(
-    single: tuple[Scratchpad, ConnectionPool[Any]],
+    pg_single: Single,
 ) -> None:
     """One prepared statement, run (on the pool's one connection) for alice,
     for bob, without an owner, and as the admin role: row-level security and
     the role are applied at each run, never frozen into the plan."""
-    pad, pool = single
+    pad, pool = pg_single
     db = parts(pad).db
     bob = Principal("bob", "planner", "web")
     for step in range(1, 3):

@@ -10,17 +10,19 @@ put in the CPU benchmark, 43% of the server's CPU per put.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from securepad import Keyring, Principal, Scratchpad
+from securepad import Principal, Scratchpad
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from psycopg_pool import ConnectionPool  # noqa: E402  (needs psycopg)
 
 from securepad import _pg_schema  # noqa: E402
+
+# The conftest fixture ``pg_single``: a store on one connection, and its pool.
+Single = tuple[Scratchpad, ConnectionPool[Any]]
 
 ALICE = Principal("alice", "planner", "web")
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # about 4 KiB
@@ -30,15 +32,6 @@ STEP_CHECK = (
     "SELECT MAX(expires_at) FROM (SELECT owner_user_id, actor, channel, expires_at FROM entries"
     " WHERE turn_id = $1 AND step_num = $2 AND owner_user_id = $3) AS taken"
 )
-
-
-@pytest.fixture
-def young(pg_dsn: str, keyring: Keyring) -> Iterator[tuple[Scratchpad, ConnectionPool[Any]]]:
-    with (
-        ConnectionPool(pg_dsn, min_size=1, max_size=1, kwargs={"autocommit": True}) as pool,
-        Scratchpad.open(pool, keyring=keyring) as pad,
-    ):
-        yield pad, pool
 
 
 def _generic_plan(pool: ConnectionPool[Any], sql: str, params: tuple[Any, ...]) -> str:
@@ -81,8 +74,8 @@ def _entries_read(pool: ConnectionPool[Any], turn: str, step: int) -> int:
     return scanned(plan[0][0]["Plan"])
 
 
-def test_on_a_young_store_the_step_check_takes_the_turns_index(young: tuple[Scratchpad, ConnectionPool[Any]]) -> None:
-    pad, pool = young
+def test_on_a_young_store_the_step_check_takes_the_turns_index(pg_single: Single) -> None:
+    pad, pool = pg_single
     for step in range(1, 6):
         pad.put(ALICE, "t1", step, "shell", TEXT)
     plan = _generic_plan(pool, STEP_CHECK, ("t1", 3, "alice"))
@@ -90,9 +83,9 @@ def test_on_a_young_store_the_step_check_takes_the_turns_index(young: tuple[Scra
     assert "entries_pkey" not in plan and "Seq Scan" not in plan
 
 
-def test_a_puts_step_check_reads_no_more_rows_as_the_owner_grows(young: tuple[Scratchpad, ConnectionPool[Any]]) -> None:
+def test_a_puts_step_check_reads_no_more_rows_as_the_owner_grows(pg_single: Single) -> None:
     """Rows read by the step check of a new step: none, with 5 entries of the owner or with 60."""
-    pad, pool = young
+    pad, pool = pg_single
     for step in range(1, 6):
         pad.put(ALICE, "t1", step, "shell", TEXT)
     few = _entries_read(pool, "t1", 1000)
@@ -100,10 +93,10 @@ def test_a_puts_step_check_reads_no_more_rows_as_the_owner_grows(young: tuple[Sc
     assert (few, _entries_read(pool, "t1", 1000)) == (0, 0)
 
 
-def test_schema_9_makes_the_turns_index_the_newest_of_entries(young: tuple[Scratchpad, ConnectionPool[Any]]) -> None:
+def test_schema_9_makes_the_turns_index_the_newest_of_entries(pg_single: Single) -> None:
     """On a tie of costs the planner keeps the newest index (the planner's
     list of a table's indexes is newest first): the turn's index must be it."""
-    _, pool = young
+    _, pool = pg_single
     with pool.connection() as conn:
         rows = conn.execute(
             "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
@@ -114,13 +107,13 @@ def test_schema_9_makes_the_turns_index_the_newest_of_entries(young: tuple[Scrat
     assert version == (_pg_schema.SCHEMA_VERSION,) and _pg_schema.SCHEMA_VERSION >= 9
 
 
-def test_a_put_maintains_these_indexes_only(young: tuple[Scratchpad, ConnectionPool[Any]]) -> None:
+def test_a_put_maintains_these_indexes_only(pg_single: Single) -> None:
     """Every index of a table a put inserts into or updates costs each put an
     index insertion (a new index must say which query needs it). entries: the
     key (an entry by id), a turn's entries (steps, listings, the turn's
     inventory), gc's expiry scan and the owner's live bytes (the quota's exact
     sum); turn_heads: its key."""
-    _, pool = young
+    _, pool = pg_single
     with pool.connection() as conn:
         rows = conn.execute(
             "SELECT t.relname, c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i"
