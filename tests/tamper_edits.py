@@ -23,10 +23,27 @@ from typing import Any
 import apsw
 import psycopg
 
+from securepad import Principal, Scratchpad
+
 NOW = 1_000_000.0
 TURN = "t1"
 
+
 # The tables an edit touches; restored parents first (segments refer to entries).
+def record_turn(pad: Scratchpad, principal: Principal, turn: str, steps: int, now: float = NOW) -> list[str]:
+    """``steps`` entries of ~3 KB, two checkpoints and a compaction mark in one
+    turn (every kind a head counts); the entries' ids."""
+    ids = []
+    t = pad.turn(principal, turn, now=now)
+    for step in range(1, steps + 1):
+        view = pad.put(principal, turn, step, "fetch", f"observation {step} " + "x" * 3000, ttl_seconds=3600, now=now)
+        ids.append(view["scratchpad_id"])
+    t.checkpoint(facts=["first"], now=now)
+    t.checkpoint(facts=["second"], now=now + 1)
+    t.mark_compaction(now=now + 2)
+    return ids
+
+
 TABLES = ("entries", "segments", "checkpoints", "compaction_marks", "turn_heads")
 
 

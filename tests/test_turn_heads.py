@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,6 +36,7 @@ from tamper_edits import (
     newest_checkpoint_deleted,
     on_sqlite,
     owner_relabelled,
+    record_turn,
     reordering,
     stored_bytes_changed,
     tail_truncation,
@@ -66,24 +66,12 @@ def raw(db_path: Path) -> Iterator[apsw.Connection]:
         conn.close()
 
 
-def _record(pad: Scratchpad, principal: Principal, turn: str, steps: int, now: float = NOW) -> list[str]:
-    ids = []
-    t = pad.turn(principal, turn, now=now)
-    for step in range(1, steps + 1):
-        view = pad.put(principal, turn, step, "fetch", f"observation {step} " + "x" * 3000, ttl_seconds=3600, now=now)
-        ids.append(view["scratchpad_id"])
-    t.checkpoint(facts=["first"], now=now)
-    t.checkpoint(facts=["second"], now=now + 1)
-    t.mark_compaction(now=now + 2)
-    return ids
-
-
 @pytest.fixture
 def store(db_path: Path, keyring: Keyring) -> dict[str, Any]:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
-        ids = _record(pad, ALICE, TURN, 5)
-        other = _record(pad, ALICE, "t2", 2)
-        bob = _record(pad, BOB, TURN, 2)
+        ids = record_turn(pad, ALICE, TURN, 5)
+        other = record_turn(pad, ALICE, "t2", 2)
+        bob = record_turn(pad, BOB, TURN, 2)
     return {"path": db_path, "keyring": keyring, "ids": ids, "other": other, "bob": bob}
 
 
@@ -240,7 +228,7 @@ def _relabel_newest(conn: Raw, s: dict[str, Any]) -> None:
 
 def test_the_next_step_follows_the_head_after_deletes_and_gc(db_path: Path, keyring: Keyring) -> None:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
-        ids = _record(pad, ALICE, TURN, 3)
+        ids = record_turn(pad, ALICE, TURN, 3)
         pad.delete(ALICE, ids[2])  # the newest leaves: the head no longer knows the newest, the inventory answers
         turn = pad.turn(ALICE, TURN, now=NOW)
         assert record_next(turn, "tool", "four", now=NOW)[0] == 3
@@ -288,42 +276,7 @@ def test_other_turns_and_owners_still_read(store: dict[str, Any]) -> None:
         assert len(pad.turn(BOB, TURN, now=NOW).history(now=NOW + 100)) == 2
 
 
-# -- no false alarm ----------------------------------------------------------------------------
-
-
-def test_expiry_and_gc_are_no_tampering(db_path: Path, keyring: Keyring) -> None:
-    with Scratchpad.open(db_path, keyring=keyring) as pad:
-        short = pad.put(ALICE, TURN, 1, "x", "short", ttl_seconds=10, now=NOW)["scratchpad_id"]
-        pad.put(ALICE, TURN, 2, "x", "long", ttl_seconds=3600, now=NOW)
-        pad.turn(ALICE, TURN, now=NOW).checkpoint(facts=["a"], ttl_seconds=10, now=NOW)
-        assert len(pad.list_for_turn(ALICE, TURN, now=NOW + 20)) == 1  # expired, not yet collected
-        assert pad.turn(ALICE, TURN, now=NOW).latest_checkpoint(now=NOW + 20) is None
-        assert pad.gc(now=NOW + 20) == 1
-        for when in (NOW + 5, NOW + 20):  # a read "before" the gc cutoff is no alarm either
-            assert len(pad.list_for_turn(ALICE, TURN, now=when)) == 1
-        with pytest.raises(NotFoundError):
-            pad.get(ALICE, short, now=NOW + 20)
-        assert pad.verify(now=NOW + 20)["ok"]
-        assert pad.gc(now=NOW + 7200) == 1
-        assert pad.list_for_turn(ALICE, TURN, now=NOW + 7200) == []
-        assert pad.verify(now=NOW + 7200)["ok"]
-
-
-def test_delete_rotation_and_forget_keep_heads_consistent(db_path: Path, keyring: Keyring) -> None:
-    with Scratchpad.open(db_path, keyring=keyring) as pad:
-        ids = _record(pad, ALICE, TURN, 3)
-        _record(pad, BOB, TURN, 2)
-        pad.delete(ALICE, ids[1])
-        assert [s["step_num"] for s in pad.list_for_turn(ALICE, TURN, now=NOW)] == [1, 3]
-        assert pad.rotate_owner_key("alice")["complete"]
-        assert pad.verify(now=NOW)["ok"]
-        assert len(pad.turn(ALICE, TURN, now=NOW).history(now=NOW)) == 2
-        pad.put(ALICE, TURN, 4, "x", "after rotation", now=NOW)
-        assert pad.turn(ALICE, TURN, now=NOW).latest_checkpoint(now=NOW) is not None
-        pad.forget_owner("bob")
-        assert pad.list_for_turn(BOB, TURN, now=NOW) == []
-        report = pad.verify(now=NOW)
-    assert report["ok"] and report["owners"] == 1, report
+# -- no false alarm (a genuine store, on both backends: tests/test_heads_genuine.py) -------------
 
 
 def test_a_store_without_heads_gets_them_on_open(tmp_path: Path) -> None:
@@ -349,7 +302,7 @@ def test_resetting_the_heads_flag_is_refused(db_path: Path, keyring: Keyring, he
     rebuild the heads from the edited file) is refused: the store has heads, or
     (heads deleted too) its authenticated write counter shows it was written since."""
     with Scratchpad.open(db_path, keyring=keyring) as pad:
-        _record(pad, ALICE, TURN, 3)
+        record_turn(pad, ALICE, TURN, 3)
     with raw(db_path) as conn:
         conn.execute("DELETE FROM entries WHERE step_num = 3")
         if heads == "deleted":
@@ -362,34 +315,11 @@ def test_resetting_the_heads_flag_is_refused(db_path: Path, keyring: Keyring, he
 @pytest.mark.parametrize("value", ["built-forged", "2:" + "0" * 64, ""])
 def test_a_forged_heads_flag_is_refused(db_path: Path, keyring: Keyring, value: str) -> None:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
-        _record(pad, ALICE, TURN, 1)
+        record_turn(pad, ALICE, TURN, 1)
     with raw(db_path) as conn:
         conn.execute("UPDATE store_meta SET value = ? WHERE key = 'turn_heads'", (value,))
     with pytest.raises(IntegrityError, match="turn_heads"):
         Scratchpad.open(db_path, keyring=keyring)
-
-
-def test_concurrent_writers_raise_no_false_alarm(db_path: Path, keyring: Keyring) -> None:
-    errors: list[BaseException] = []
-
-    def work(n: int) -> None:
-        try:
-            with Scratchpad.open(db_path, keyring=keyring) as pad:
-                for i in range(10):
-                    pad.turn(ALICE, f"w{n % 2}", now=NOW).record(n * 100 + i + 1, "x", f"{n}-{i}", now=NOW)
-                    pad.turn(ALICE, f"w{(n + 1) % 2}", now=NOW).history(now=NOW)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
-    with Scratchpad.open(db_path, keyring=keyring) as pad:
-        assert len(pad.turn(ALICE, "w0", now=NOW).history(now=NOW)) == 20
-        assert pad.verify(now=NOW)["ok"]
 
 
 # -- constant-size heads -----------------------------------------------------------------------
