@@ -5,8 +5,8 @@ A transaction (``Transaction``) sends nothing until it must: BEGIN, the
 transaction's settings and locks, and the writes whose row count nobody reads
 (``defer``) wait for the next query, or for COMMIT, and go with it as one
 message: one libpq pipeline of the extended protocol ended by one Sync
-(``send``), the parameters bound by the server, ``bytea`` in binary. A put
-(owner-key check, quota, INSERTs, COMMIT) costs two round trips instead of
+(``send``), the parameters bound by the server, ``bytea`` in binary, the rows
+in binary (``rows_of``). A put (owner-key check, quota, INSERTs, COMMIT) costs two round trips instead of
 thirteen; a transaction that only writes costs one.
 
 The pipeline is driven at libpq's level (``psycopg.pq``) rather than through
@@ -47,6 +47,9 @@ __all__ = ["BUSY", "Transaction", "Watch", "Watchdog", "cut", "end", "rowcount",
 # A prefetched read: its SQL (as the store wrote it) and parameters.
 _Key = tuple[str, tuple[Any, ...]]
 _TEXT, _BINARY = Format.TEXT, Format.BINARY
+# Every statement's rows come in binary: no hex text of a ``bytea`` for the server to
+# write and the client to parse (see ``rows_of``).
+_RESULTS = _BINARY
 # How often the watchdog looks at the calls in flight.
 _WATCH_TICK_S = 0.1
 
@@ -65,7 +68,13 @@ def translate(sql: str) -> str:
 
 def rows_of(conn: psycopg.Connection[Any], result: PGresult) -> Rows:
     """A statement's rows as dicts (none for a statement that returns no
-    rows), each value loaded as psycopg's cursors load it."""
+    rows), each value loaded as psycopg's binary cursors load it.
+
+    Rows come in binary (``_RESULTS``): a ``bytea`` arrives as its bytes, not
+    as hex text the server writes and the client parses (twice its size: a
+    4 KiB entry's ciphertext was 8 KiB of hex). The values are those of text rows
+    for every type the store reads; a type psycopg has no binary loader for
+    (``void``, ``regclass``) would load as ``bytes``."""
     if result.status != ExecStatus.TUPLES_OK:
         return []
     encoding = conn.info.encoding
@@ -130,9 +139,13 @@ def _exchange(conn: psycopg.Connection[Any], commands: list[Command]) -> list[PG
                     continue
                 params, formats = _bind(conn, values, encoding)
                 if kind == EXECUTE:
-                    pgconn.send_query_prepared(_encoded(what, encoding), params, param_formats=formats)
+                    pgconn.send_query_prepared(
+                        _encoded(what, encoding), params, param_formats=formats, result_format=_RESULTS
+                    )
                 else:
-                    pgconn.send_query_params(_encoded(what, encoding), params, param_formats=formats)
+                    pgconn.send_query_params(
+                        _encoded(what, encoding), params, param_formats=formats, result_format=_RESULTS
+                    )
             pgconn.pipeline_sync()
             results = conn.wait(_round_trip(pgconn))
         finally:
