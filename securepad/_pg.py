@@ -382,7 +382,7 @@ class PostgresDatabase:
                         if self._retry(call, attempt) and not isinstance(exc, BUSY):
                             continue  # a connection that died while idle: reads are safe to run again
                         raise
-                    return [rows_of(call.conn, result) for result in results[1:]]
+                    return [rows_of(call, result) for result in results[1:]]
             raise AssertionError("unreachable: the last attempt returns or raises")
         except BUSY:
             raise StoreBusyError("the store is busy; try again") from None

@@ -114,3 +114,22 @@ def test_a_failing_statement_raises_its_error_and_the_connection_serves_on(singl
     assert db.query("SELECT CAST(? AS INTEGER) AS v", (7,), owner="alice") == [{"v": 7}]
     entry = pad.put(ALICE, "t1", 1, "shell", TEXT)["scratchpad_id"]
     assert pad.get(ALICE, entry).observation == TEXT
+
+
+def test_rows_load_as_psycopg_loads_text_rows(single: tuple[Scratchpad, Any]) -> None:
+    """The store asks for its rows in binary (no hex text of a ``bytea`` to write
+    and to parse): every kind of value it reads loads as psycopg's own cursors
+    load the same rows as text, of the same Python types."""
+    pad, pool = single
+    sql = (
+        "SELECT COUNT(*) AS n, SUM(x) AS s, MAX(x) AS m, 'h' AS k, NULL AS nothing, MAX(x) > 1 AS big,"
+        " CAST(1.5 AS NUMERIC) AS d, CAST('2026-01-01 00:00:00+00' AS TIMESTAMPTZ) AS ts,"
+        " CAST('{\"a\": [1, \"b\"]}' AS JSONB) AS j, decode('00ff27', 'hex') AS b, CAST(0.25 AS DOUBLE PRECISION) AS f"
+        " FROM (VALUES (CAST(1 AS BIGINT)), (2)) AS t(x)"
+    )
+    rows = parts(pad).db.query(sql, owner="alice")
+    with pool.connection() as conn:
+        expected = conn.cursor(row_factory=psycopg.rows.dict_row).execute(sql).fetchall()
+    assert rows == expected
+    assert [type(v) for v in rows[0].values()] == [type(v) for v in expected[0].values()]
+    assert rows[0]["b"] == b"\x00\xff'"
