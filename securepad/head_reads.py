@@ -155,7 +155,8 @@ _PG_FRESHNESS = (
 # migration's), so its names never resolve elsewhere whoever calls it; the
 # clause costs no server CPU measurable per call (docs/how-to/postgresql.md).
 # Migrations are never edited: a change to the statements above needs a new
-# migration that replaces these functions (``CREATE OR REPLACE FUNCTION``).
+# migration that replaces these functions (``CREATE OR REPLACE FUNCTION``);
+# tests/test_pg_read_token.py pins their text so that such a change cannot go unnoticed.
 _PG_READ_FUNCTION = (
     "CREATE FUNCTION {name}(text, text, bytea, text, text, text) RETURNS TABLE(k text, owner_user_id text,"
     " turn_id text, key_version integer, sealed bytea, id text, n integer, expires_at double precision,"

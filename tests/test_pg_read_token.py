@@ -256,6 +256,27 @@ def _stale(token: tuple[Any, ...], case: str) -> tuple[Any, ...]:
     return _moved(token, {"start_time": 0, "system_identifier": 1, "transaction_ids": 2}[case])
 
 
+# The SHA-256 of each function's text as migration 10 creates it. Migrations
+# are never edited, and migration 10 builds its functions from the read
+# statement (``pg_read_functions``): a change to that statement would give new
+# stores other functions than the ones existing stores have. Change the
+# statement, and this test fails: add a migration that replaces both functions
+# (CREATE OR REPLACE, same grants), and freeze migration 10's text as it was.
+MIGRATION_10_FUNCTIONS = {
+    "entry_turn_inventory": "1f298ac82f8ac585e6d7957fff54aa5604a92fe774ab1727236d32dfd1357f60",
+    "turn_inventory": "b309af71244c309672a54280ed32c617d6a66bebfe94c253198ad44fe7f469b7",
+}
+
+
+def test_migration_10_creates_the_functions_it_always_created() -> None:
+    import hashlib
+
+    from securepad.head_reads import pg_read_functions
+
+    texts = pg_read_functions()
+    assert {name: hashlib.sha256(text.encode()).hexdigest() for name, text in texts.items()} == MIGRATION_10_FUNCTIONS
+
+
 @pytest.mark.parametrize("case", ["warm", "start_time", "system_identifier", "transaction_ids", "another_head"])
 @pytest.mark.parametrize("by", ["turn", "entry"])
 def test_the_read_function_returns_the_rows_of_the_statement(store: dict[str, Any], by: str, case: str) -> None:
