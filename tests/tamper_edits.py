@@ -44,7 +44,37 @@ def record_turn(pad: Scratchpad, principal: Principal, turn: str, steps: int, no
     return ids
 
 
+# About 4 KiB of text, 64 lines: the observation of ``record_batches``.
+LINES_4K = "".join(f"line {i}: {'x' * 60}\n" for i in range(64))
+
+
+def record_batches(pad: Scratchpad, principal: Principal, turn: str, steps: int, now: float = NOW) -> list[str]:
+    """``steps`` entries of ~4 KiB put 100 at a time (a turn of hundreds of
+    steps, quickly), then two checkpoints; the entries' ids."""
+    ids = []
+    for first in range(1, steps + 1, 100):
+        steps_here = range(first, min(first + 100, steps + 1))
+        batch = [(step, "fetch", f"observation {step} " + LINES_4K) for step in steps_here]
+        ids += [view["scratchpad_id"] for view in pad.put_many(principal, turn, batch, ttl_seconds=3600, now=now)]
+    t = pad.turn(principal, turn, now=now)
+    t.checkpoint(facts=["first"], now=now)
+    t.checkpoint(facts=["second"], now=now + 1)
+    return ids
+
+
 TABLES = ("entries", "segments", "checkpoints", "compaction_marks", "turn_heads")
+
+
+@contextmanager
+def raw_file(db_path: Path) -> Iterator[apsw.Connection]:
+    """A plain SQLite connection to the store file, no securepad involved (an
+    attacker's, or another program's); its block is one transaction."""
+    conn = apsw.Connection(str(db_path))
+    try:
+        with conn:
+            yield conn
+    finally:
+        conn.close()
 
 
 class Raw:

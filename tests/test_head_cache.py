@@ -18,12 +18,12 @@ import multiprocessing
 import os
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import apsw
 import pytest
+from tamper_edits import raw_file, record_batches
 
 from securepad import Keyring, Principal, Scratchpad
 from securepad.bench.heads import ReadMeter
@@ -36,29 +36,6 @@ ALICE = Principal("alice", "planner", "web")
 NOW = 1_000_000.0
 LATER = NOW + 100
 TURN = "t1"
-TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(64))  # about 4 KiB
-
-
-@contextmanager
-def raw(db_path: Path) -> Iterator[apsw.Connection]:
-    """Another SQLite connection to the store file (an attacker's, or another program's)."""
-    conn = apsw.Connection(str(db_path))
-    try:
-        with conn:
-            yield conn
-    finally:
-        conn.close()
-
-
-def _record(pad: Scratchpad, turn: str, steps: int) -> list[str]:
-    ids = []
-    for first in range(1, steps + 1, 100):
-        batch = [(step, "fetch", f"observation {step} " + TEXT) for step in range(first, min(first + 100, steps + 1))]
-        ids += [view["scratchpad_id"] for view in pad.put_many(ALICE, turn, batch, ttl_seconds=3600, now=NOW)]
-    t = pad.turn(ALICE, turn, now=NOW)
-    t.checkpoint(facts=["first"], now=NOW)
-    t.checkpoint(facts=["second"], now=NOW + 1)
-    return ids
 
 
 def _warm(pad: Scratchpad, ids: list[str], turn: str = TURN) -> None:
@@ -74,8 +51,8 @@ def _warm(pad: Scratchpad, ids: list[str], turn: str = TURN) -> None:
 def warm(db_path: Path, keyring: Keyring) -> Iterator[dict[str, Any]]:
     """An open store whose turn was read (warm), and what the edits need."""
     with Scratchpad.open(db_path, keyring=keyring) as pad:
-        ids = _record(pad, TURN, 5)
-        with raw(db_path) as conn:
+        ids = record_batches(pad, ALICE, TURN, 5)
+        with raw_file(db_path) as conn:
             head = conn.execute("SELECT sealed FROM turn_heads WHERE owner_user_id = 'alice' AND turn_id = ?", (TURN,))
             older_head = head.fetchall()[0][0]
             older_meta = conn.execute("SELECT expires_at, sealed_meta FROM entries WHERE id = ?", (ids[0],)).fetchall()
@@ -185,7 +162,7 @@ _NOT_SEEN = {
 def test_an_edit_through_another_connection_is_refused_by_the_next_warm_turn_read(
     warm: dict[str, Any], read: str, edit: Any
 ) -> None:
-    with raw(warm["path"]) as conn:
+    with raw_file(warm["path"]) as conn:
         edit(conn, warm)
     with pytest.raises(IntegrityError):
         READS[read](warm["pad"], warm["ids"])
@@ -195,7 +172,7 @@ def test_an_edit_through_another_connection_is_refused_by_the_next_warm_turn_rea
 def test_an_edit_through_another_connection_is_refused_by_the_next_warm_get_and_read(
     warm: dict[str, Any], edit: Any
 ) -> None:
-    with raw(warm["path"]) as conn:
+    with raw_file(warm["path"]) as conn:
         edit(conn, warm)
     entry = warm["ids"][TOUCHED[edit]]
     deleted = edit in (tail_deletion, middle_deletion)
@@ -224,7 +201,7 @@ def test_a_genuine_write_through_another_connection_is_seen_by_the_next_warm_rea
 
 def test_a_warm_read_fetches_no_inventory_whatever_the_turn_length(db_path: Path, keyring: Keyring) -> None:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
-        tails = {length: _record(pad, f"length-{length}", length)[-1] for length in (1, 300)}
+        tails = {length: record_batches(pad, ALICE, f"length-{length}", length)[-1] for length in (1, 300)}
         meter = ReadMeter(pad)
         costs = {}
         for length, entry in tails.items():
@@ -250,7 +227,7 @@ def test_a_warm_read_fetches_no_inventory_whatever_the_turn_length(db_path: Path
 
 def test_without_the_cache_every_read_fetches_the_inventory(db_path: Path, keyring: Keyring) -> None:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
-        entry = _record(pad, TURN, 20)[-1]
+        entry = record_batches(pad, ALICE, TURN, 20)[-1]
         parts(pad).entries.heads.cache_limit(0)
         meter = ReadMeter(pad)
         for _ in range(3):
@@ -259,8 +236,8 @@ def test_without_the_cache_every_read_fetches_the_inventory(db_path: Path, keyri
 
 def test_a_write_of_this_process_drops_the_turn_and_the_next_read_verifies_it(db_path: Path, keyring: Keyring) -> None:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
-        ids = _record(pad, TURN, 3)
-        other = _record(pad, "t2", 3)
+        ids = record_batches(pad, ALICE, TURN, 3)
+        other = record_batches(pad, ALICE, "t2", 3)
         _warm(pad, ids)
         _warm(pad, other, "t2")
         meter = ReadMeter(pad)
@@ -280,7 +257,7 @@ def _history(pad: Scratchpad, turn: str = TURN, now: float = LATER) -> list[int]
 
 def test_every_kind_of_write_keeps_warm_reads_right(db_path: Path, keyring: Keyring) -> None:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
-        ids = _record(pad, TURN, 3)
+        ids = record_batches(pad, ALICE, TURN, 3)
         _warm(pad, ids)
         turn = pad.turn(ALICE, TURN, now=NOW)
         new = pad.put(ALICE, TURN, 4, "fetch", "put", ttl_seconds=60, now=NOW)["scratchpad_id"]
@@ -316,7 +293,7 @@ def test_every_kind_of_write_keeps_warm_reads_right(db_path: Path, keyring: Keyr
 
 def test_threads_writing_and_reading_never_see_a_false_alarm(db_path: Path, keyring: Keyring) -> None:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
-        _record(pad, TURN, 2)
+        record_batches(pad, ALICE, TURN, 2)
         errors: list[BaseException] = []
 
         def writer(turn: str) -> None:
@@ -356,7 +333,7 @@ def _write_in_a_process(path: str, key: str, turn: str, steps: int) -> None:
 
 def test_processes_writing_while_a_warm_reader_reads(db_path: Path, keyring: Keyring, key_file: Path) -> None:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
-        _record(pad, TURN, 2)
+        record_batches(pad, ALICE, TURN, 2)
         _history(pad)
         context = multiprocessing.get_context("spawn")
         workers = [context.Process(target=_write_in_a_process, args=(str(db_path), str(key_file), TURN, 10))]

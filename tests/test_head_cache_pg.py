@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from tamper_edits import record_batches
 
 from securepad import Keyring, Principal, Scratchpad
 from securepad.bench.heads import ReadMeter
@@ -34,7 +35,6 @@ ALICE = Principal("alice", "planner", "web")
 NOW = 1_000_000.0
 LATER = NOW + 100
 TURN = "t1"
-TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(64))  # about 4 KiB
 
 
 class CountingConnection(Connection[Any]):
@@ -62,17 +62,6 @@ def as_admin(dsn: str, schema: str = "securepad") -> Iterator[psycopg.Connection
         yield conn
 
 
-def _record(pad: Scratchpad, turn: str, steps: int) -> list[str]:
-    ids = []
-    for first in range(1, steps + 1, 100):
-        batch = [(step, "fetch", f"observation {step} " + TEXT) for step in range(first, min(first + 100, steps + 1))]
-        ids += [view["scratchpad_id"] for view in pad.put_many(ALICE, turn, batch, ttl_seconds=3600, now=NOW)]
-    t = pad.turn(ALICE, turn, now=NOW)
-    t.checkpoint(facts=["first"], now=NOW)
-    t.checkpoint(facts=["second"], now=NOW + 1)
-    return ids
-
-
 def _warm(pad: Scratchpad, ids: list[str]) -> None:
     for _ in range(2):
         pad.get(ALICE, ids[0], now=LATER)
@@ -93,7 +82,7 @@ def counted(pg_dsn: str, keyring: Keyring) -> Iterator[Scratchpad]:
 @pytest.fixture
 def warm(pg_dsn: str, keyring: Keyring) -> Iterator[dict[str, Any]]:
     with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
-        ids = _record(pad, TURN, 5)
+        ids = record_batches(pad, ALICE, TURN, 5)
         with as_admin(pg_dsn) as conn:
             older_head = conn.execute(
                 "SELECT sealed FROM turn_heads WHERE owner_user_id = 'alice' AND turn_id = %s", (TURN,)
@@ -112,7 +101,7 @@ def test_a_warm_read_is_one_round_trip_and_fetches_no_inventory(counted: Scratch
     meter = ReadMeter(pad)
     costs = {}
     for length in (1, 200):
-        entry = _record(pad, f"length-{length}", length)[-1]
+        entry = record_batches(pad, ALICE, f"length-{length}", length)[-1]
         turn = f"length-{length}"
         assert meter.counts(lambda entry=entry: pad.get(ALICE, entry, now=LATER))["rows"] >= length + 4  # cold
         handle = pad.turn(ALICE, turn, now=LATER)
@@ -133,7 +122,7 @@ def test_a_write_from_elsewhere_sends_the_inventory_in_the_same_round_trip(
     counted: Scratchpad, pg_dsn: str, keyring: Keyring
 ) -> None:
     pad = counted
-    ids = _record(pad, TURN, 3)
+    ids = record_batches(pad, ALICE, TURN, 3)
     _warm(pad, ids)
     meter = ReadMeter(pad)
     assert trips(lambda: pad.get(ALICE, ids[0], now=LATER)) == 1
@@ -150,7 +139,7 @@ def test_a_write_from_elsewhere_sends_the_inventory_in_the_same_round_trip(
 
 def test_this_process_s_write_drops_the_turn_so_the_next_read_is_still_one_round_trip(counted: Scratchpad) -> None:
     pad = counted
-    ids = _record(pad, TURN, 3)
+    ids = record_batches(pad, ALICE, TURN, 3)
     _warm(pad, ids)
     new = pad.put(ALICE, TURN, 4, "fetch", "four", now=NOW)["scratchpad_id"]
     assert trips(lambda: pad.get(ALICE, new, now=LATER)) == 1  # the inventory, asked for at once
@@ -236,7 +225,7 @@ def test_through_pgbouncer_warm_reads_use_the_digest_and_refuse_an_edit(
         pass  # the store is created directly (the migration takes session-level care)
     dbname = pg_dsn.rsplit("/", 1)[1]
     with PgBouncer(pool_size=2) as bouncer, Scratchpad.open(bouncer.dsn(dbname), keyring=keyring) as pad:
-        ids = _record(pad, TURN, 5)
+        ids = record_batches(pad, ALICE, TURN, 5)
         for _ in range(3):  # past the first messages: the pooler makes the store stop preparing
             _warm(pad, ids)
         meter = ReadMeter(pad)
@@ -256,7 +245,7 @@ def test_with_the_cache_off_every_read_verifies_the_whole_inventory(pg_dsn: str,
 
     with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
         parts(pad).entries.heads.cache_limit(0)
-        ids = _record(pad, TURN, 5)
+        ids = record_batches(pad, ALICE, TURN, 5)
         meter = ReadMeter(pad)
         for _ in range(2):
             assert meter.counts(lambda: pad.get(ALICE, ids[0], now=LATER))["rows"] >= 10

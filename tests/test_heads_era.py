@@ -15,12 +15,10 @@ before the era (its keys marked at the next open).
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-import apsw
 import pytest
+from tamper_edits import raw_file
 from test_fixture_store_v7 import NOW as V7_NOW
 from test_fixture_store_v7 import copy_v7
 
@@ -36,17 +34,6 @@ TURN = "t1"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
-@contextmanager
-def raw(db: Path) -> Iterator[apsw.Connection]:
-    """A plain SQLite connection to the store file: no securepad involved."""
-    conn = apsw.Connection(str(db))
-    try:
-        with conn:
-            yield conn
-    finally:
-        conn.close()
-
-
 def _record(pad: Scratchpad, steps: int = 5, now: float = NOW) -> None:
     for principal in (ALICE, BOB):
         turn = pad.turn(principal, TURN, now=now)
@@ -56,7 +43,7 @@ def _record(pad: Scratchpad, steps: int = 5, now: float = NOW) -> None:
 
 def _truncate_and_reset(db: Path) -> None:
     """Alice's newest steps deleted, every head deleted, the flag set back to 'pending'."""
-    with raw(db) as conn:
+    with raw_file(db) as conn:
         ids = [row[0] for row in conn.execute("SELECT id FROM entries WHERE owner_user_id = 'alice' AND step_num > 3")]
         for entry_id in ids:
             conn.execute("DELETE FROM segments WHERE entry_id = ?", (entry_id,))
@@ -68,7 +55,7 @@ def _truncate_and_reset(db: Path) -> None:
 def _eras(db: Path, keyring: Keyring) -> list[bool]:
     """For each owner key: whether its wrapping carries the heads era."""
     master, _ = master_key(keyring, None)
-    with raw(db) as conn:
+    with raw_file(db) as conn:
         store_id = str(conn.execute("SELECT value FROM store_meta WHERE key = 'store_id'").fetchall()[0][0])
         rows = conn.execute("SELECT owner_user_id, version, wrapped FROM owner_keys").fetchall()
     wrap = Wrapper.for_master(master, store_id)
@@ -112,7 +99,7 @@ def test_a_reset_flag_with_every_owner_key_deleted_serves_nothing(db_path: Path,
     with Scratchpad.open(db_path, keyring=keyring, anchor=False) as pad:
         _record(pad)
     _truncate_and_reset(db_path)
-    with raw(db_path) as conn:
+    with raw_file(db_path) as conn:
         conn.execute("DELETE FROM owner_keys")
     with Scratchpad.open(db_path, keyring=keyring, anchor=False) as pad:
         for principal in (ALICE, BOB):
@@ -147,7 +134,7 @@ def test_a_store_from_before_heads_opens_and_its_keys_are_marked(tmp_path: Path,
     assert eras and all(eras)
     with Scratchpad.open(db, keyring=keyring, anchor=False) as pad:  # marked once: opens again
         assert pad.verify(now=now)["ok"]
-    with raw(db) as conn:
+    with raw_file(db) as conn:
         conn.execute("DELETE FROM turn_heads")
         conn.execute("UPDATE store_meta SET value = 'pending' WHERE key = 'turn_heads'")
     with pytest.raises(IntegrityError, match="pending"):
@@ -161,7 +148,7 @@ def test_heads_built_before_the_era_get_their_keys_marked(db_path: Path, keyring
         _record(pad)
         before_era = f"2:{parts(pad).keys.counter_seal.tag('turn-heads', 2)}"
     master, _ = master_key(keyring, None)
-    with raw(db_path) as conn:
+    with raw_file(db_path) as conn:
         store_id = str(conn.execute("SELECT value FROM store_meta WHERE key = 'store_id'").fetchall()[0][0])
         wrap = Wrapper.for_master(master, store_id)
         for owner, version, wrapped in conn.execute(

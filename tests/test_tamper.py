@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import base64
 import secrets
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import apsw
 import pytest
+from tamper_edits import raw_file
 
 from securepad import Keyring, Principal, Scratchpad
 from securepad.crypto import SEGMENT_BYTES
@@ -26,17 +26,6 @@ from securepad.errors import IntegrityError, NotFoundError
 ALICE = Principal("alice", "planner", "web")
 BOB = Principal("bob", "planner", "web")
 REFUSED = (IntegrityError, NotFoundError)
-
-
-@contextmanager
-def raw(db_path: Path) -> Iterator[apsw.Connection]:
-    """A plain SQLite connection to the store file: no securepad involved."""
-    conn = apsw.Connection(str(db_path))
-    try:
-        with conn:
-            yield conn
-    finally:
-        conn.close()
 
 
 def flip(data: Any, at: int = -1) -> bytes:
@@ -99,7 +88,7 @@ def world(db_path: Path, keyring: Keyring) -> World:
             entry_id = pad.put(owner, "turn-1", step, "fetch", content, ttl_seconds=3600, now=1000.0)["scratchpad_id"]
             ids[name] = entry_id
             truth[entry_id] = (owner, content)
-    with raw(db_path) as conn:
+    with raw_file(db_path) as conn:
         counts = dict(conn.execute("SELECT entry_id, COUNT(*) FROM segments GROUP BY entry_id").fetchall())
     assert all(counts[i] >= 2 for i in ids.values()), counts
     return World(db_path, keyring, ids, truth)
@@ -372,7 +361,7 @@ CASES: list[Tamper] = [
 
 @pytest.mark.parametrize("tamper", CASES, ids=lambda t: t.__name__)
 def test_tampering_is_detected(world: World, tamper: Tamper) -> None:
-    with raw(world.db_path) as conn:
+    with raw_file(world.db_path) as conn:
         broken = tamper(world, conn)
     check_everything(world, broken)
 
@@ -388,7 +377,7 @@ def test_untouched_world_reads_back(world: World) -> None:
 def test_extended_expiry_does_not_revive_an_expired_entry(db_path: Path, keyring: Keyring) -> None:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         entry_id = pad.put(ALICE, "t", 1, "x", "short-lived", ttl_seconds=10, now=1000.0)["scratchpad_id"]
-    with raw(db_path) as conn:
+    with raw_file(db_path) as conn:
         conn.execute("UPDATE entries SET expires_at = ? WHERE id = ?", (1e12, entry_id))
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         for who in (ALICE, BOB):
@@ -403,7 +392,7 @@ def test_extended_expiry_does_not_revive_an_expired_entry(db_path: Path, keyring
 def test_shortened_expiry_is_refused_by_the_turn_head(db_path: Path, keyring: Keyring) -> None:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         entry_id = pad.put(ALICE, "t", 1, "x", "data", ttl_seconds=3600, now=1000.0)["scratchpad_id"]
-    with raw(db_path) as conn:
+    with raw_file(db_path) as conn:
         conn.execute("UPDATE entries SET expires_at = 1001.0 WHERE id = ?", (entry_id,))
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         with pytest.raises(IntegrityError):
@@ -413,7 +402,7 @@ def test_shortened_expiry_is_refused_by_the_turn_head(db_path: Path, keyring: Ke
 
 
 def test_moved_row_is_refused_to_both_owners(world: World) -> None:
-    with raw(world.db_path) as conn:
+    with raw_file(world.db_path) as conn:
         move_row_to_bob(world, conn)
     with world.open() as pad:
         with pytest.raises(NotFoundError):

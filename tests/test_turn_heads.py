@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import apsw
 import pytest
 from tamper_edits import (
     Edit,
@@ -36,6 +34,7 @@ from tamper_edits import (
     newest_checkpoint_deleted,
     on_sqlite,
     owner_relabelled,
+    raw_file,
     record_turn,
     reordering,
     stored_bytes_changed,
@@ -53,17 +52,6 @@ ALICE = Principal("alice", "planner", "web")
 BOB = Principal("bob", "planner", "web")
 NOW = 1_000_000.0
 TURN = "t1"
-
-
-@contextmanager
-def raw(db_path: Path) -> Iterator[apsw.Connection]:
-    """A plain SQLite connection to the store file: no securepad involved."""
-    conn = apsw.Connection(str(db_path))
-    try:
-        with conn:
-            yield conn
-    finally:
-        conn.close()
 
 
 @pytest.fixture
@@ -166,11 +154,11 @@ def test_get_and_read_of_an_edited_entry_are_refused(store: dict[str, Any], edit
 
 def test_verify_recomputes_the_quota_totals(store: dict[str, Any]) -> None:
     usage = "SELECT sealed FROM turn_heads WHERE owner_user_id = 'alice' AND turn_id = char(1) || 'usage'"
-    with raw(store["path"]) as conn:
+    with raw_file(store["path"]) as conn:
         older = conn.execute(usage).fetchall()[0][0]
     with _open(store) as pad:
         pad.put(ALICE, "t-new", 50, "tool", "one more entry", now=NOW)  # a new turn's grant (issue 15)
-    with raw(store["path"]) as conn:  # the usage head rolled back to its genuine value before the put
+    with raw_file(store["path"]) as conn:  # the usage head rolled back to its genuine value before the put
         conn.execute(usage.replace("SELECT sealed FROM", "UPDATE").replace("WHERE", "SET sealed = ? WHERE"), (older,))
     with _open(store) as pad:
         problems = pad.verify(now=NOW + 100)["problems"]
@@ -291,7 +279,7 @@ def test_a_store_without_heads_gets_them_on_open(tmp_path: Path) -> None:
     with Scratchpad.open(tmp_path / "store.db", keyring=Keyring.from_key_file(key)) as pad:
         report = pad.verify(now=now)
     assert report["ok"] and report["turns"] >= 1, report
-    with raw(tmp_path / "store.db") as conn:
+    with raw_file(tmp_path / "store.db") as conn:
         flag = conn.execute("SELECT value FROM store_meta WHERE key = 'turn_heads'").fetchall()[0][0]
     assert flag.startswith("3:")  # sealed: not a clear word an edit could set back
 
@@ -303,7 +291,7 @@ def test_resetting_the_heads_flag_is_refused(db_path: Path, keyring: Keyring, he
     (heads deleted too) its authenticated write counter shows it was written since."""
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         record_turn(pad, ALICE, TURN, 3)
-    with raw(db_path) as conn:
+    with raw_file(db_path) as conn:
         conn.execute("DELETE FROM entries WHERE step_num = 3")
         if heads == "deleted":
             conn.execute("DELETE FROM turn_heads")
@@ -316,7 +304,7 @@ def test_resetting_the_heads_flag_is_refused(db_path: Path, keyring: Keyring, he
 def test_a_forged_heads_flag_is_refused(db_path: Path, keyring: Keyring, value: str) -> None:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         record_turn(pad, ALICE, TURN, 1)
-    with raw(db_path) as conn:
+    with raw_file(db_path) as conn:
         conn.execute("UPDATE store_meta SET value = ? WHERE key = 'turn_heads'", (value,))
     with pytest.raises(IntegrityError, match="turn_heads"):
         Scratchpad.open(db_path, keyring=keyring)
@@ -344,7 +332,7 @@ def test_a_head_is_small_whatever_the_turn_length(db_path: Path, keyring: Keyrin
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         pad.put_many(ALICE, "long", [(s, "tool", "x") for s in range(1, 501)], now=NOW)
         pad.put(ALICE, "short", 1, "tool", "x", now=NOW)
-    with raw(db_path) as conn:
+    with raw_file(db_path) as conn:
         sizes = dict(conn.execute("SELECT turn_id, length(sealed) FROM turn_heads WHERE turn_id != ''").fetchall())
     # only the digits of the counts and of the bytes and reservation (issue 15) differ
     assert sizes["long"] - sizes["short"] <= 24 and sizes["long"] < 480
