@@ -31,9 +31,9 @@ class CountingConnection(Connection[Any]):
 
     waits = 0
 
-    def wait(self, gen: Any, interval: float = 0.1, *, timeout: float | None = None) -> Any:  # type: ignore[override]
+    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         CountingConnection.waits += 1
-        return super().wait(gen, interval, timeout=timeout)
+        return super().wait(gen, *args, **kwargs)
 
 
 @pytest.fixture

@@ -101,9 +101,9 @@ def _postgres(keyring: Keyring, dsn: str, count: int, size: int, read_chars: int
     class Counting(psycopg.Connection[Any]):
         waits = 0
 
-        def wait(self, gen: Any, interval: float = 0.1, *, timeout: float | None = None) -> Any:  # type: ignore[override]
+        def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
             Counting.waits += 1
-            return super().wait(gen, interval, timeout=timeout)
+            return super().wait(gen, *args, **kwargs)
 
     schema = f"bench_cpu_{secrets.token_hex(4)}"
     kwargs = {"autocommit": True}
