@@ -101,7 +101,7 @@ def _postgres(keyring: Keyring, dsn: str, count: int, size: int, read_chars: int
     class Counting(psycopg.Connection[Any]):
         waits = 0
 
-        def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
             Counting.waits += 1
             return super().wait(gen, *args, **kwargs)
 
