@@ -22,7 +22,7 @@ from .head_reads import pg_read_functions
 
 __all__ = ["ADMIN_ROLE", "APP_ROLE", "MIGRATIONS", "SCHEMA_VERSION", "lock_key", "migrate", "reason"]
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 _OWNER = "current_setting('securepad.owner', true)"
 _OWNER_TABLES = ("owner_keys", "entries", "checkpoints", "compaction_marks", "owner_usage")
@@ -254,6 +254,33 @@ MIGRATIONS: dict[int, str] = {
         f"{create}GRANT EXECUTE ON FUNCTION {name}(text, text, bytea, text, text, text) TO {APP_ROLE};\n"
         for name, create in pg_read_functions().items()
     ),
+    # Every statement's generic plan right on a young store (issue 15,
+    # docs/how-to/postgresql.md "Young stores and generic plans"). On a table
+    # that autovacuum has not analyzed yet the planner's row estimates clamp
+    # to one, so two indexes whose leading columns a query binds cost the
+    # same, and the newest one wins. With the primary key (owner_user_id, id)
+    # beside the other owner-leading indexes, either the fetch of an entry by
+    # id took a turn's index (reading every entry of the owner: 87 rows for
+    # one in tests/test_pg_young_plans.py) or the turn's statements took the
+    # key (migration 9 chose the former). With the id first, the key is no
+    # choice at all for a statement that does not name an id (a key whose
+    # leading column is unbound is a whole-index scan, never a tie): a turn's
+    # checkpoints and marks take their unique (owner_user_id, turn_id, seq),
+    # the only index that leads with the owner, whatever the ages. Left to
+    # age, and said here: a statement that names an id and the owner also
+    # matches the owner-leading indexes on their first column, and the key
+    # wins the tie as the newest index of its table (made here, so a later
+    # migration that creates an index on these tables must make the key
+    # again after it); a turn's entries take entries_owner_turn over
+    # entries_owner_usage, newer since migration 9. The owner is still in
+    # every key (distributing by owner: the shard column must be in each
+    # unique constraint, not first). The tables are locked while their keys
+    # are rebuilt.
+    11: """
+    ALTER TABLE entries DROP CONSTRAINT entries_pkey, ADD PRIMARY KEY (id, owner_user_id);
+    ALTER TABLE checkpoints DROP CONSTRAINT checkpoints_pkey, ADD PRIMARY KEY (id, owner_user_id);
+    ALTER TABLE compaction_marks DROP CONSTRAINT compaction_marks_pkey, ADD PRIMARY KEY (id, owner_user_id);
+    """,
 }
 
 

@@ -93,9 +93,11 @@ def test_a_puts_step_check_reads_no_more_rows_as_the_owner_grows(pg_single: Sing
     assert (few, _entries_read(pool, "t1", 1000)) == (0, 0)
 
 
-def test_schema_9_makes_the_turns_index_the_newest_of_entries(pg_single: Single) -> None:
+def test_the_tie_breaking_ages_of_the_indexes_of_entries(pg_single: Single) -> None:
     """On a tie of costs the planner keeps the newest index (the planner's
-    list of a table's indexes is newest first): the turn's index must be it."""
+    list of a table's indexes is newest first). The key (id, owner_user_id)
+    must be the newest (schema 11: an entry by id and owner), and the turn's
+    index newer than the owner's live bytes (schema 9: a turn's entries)."""
     _, pool = pg_single
     with pool.connection() as conn:
         rows = conn.execute(
@@ -103,8 +105,10 @@ def test_schema_9_makes_the_turns_index_the_newest_of_entries(pg_single: Single)
             " WHERE i.indrelid = 'securepad.entries'::regclass ORDER BY i.indexrelid DESC"
         ).fetchall()
         version = conn.execute("SELECT MAX(version) FROM securepad.schema_version").fetchone()
-    assert rows[0][0] == "entries_owner_turn"
-    assert version == (_pg_schema.SCHEMA_VERSION,) and _pg_schema.SCHEMA_VERSION >= 9
+    newest_first = [row[0] for row in rows]
+    assert newest_first[0] == "entries_pkey"
+    assert newest_first.index("entries_owner_turn") < newest_first.index("entries_owner_usage")
+    assert version == (_pg_schema.SCHEMA_VERSION,) and _pg_schema.SCHEMA_VERSION >= 11
 
 
 def test_a_put_maintains_these_indexes_only(pg_single: Single) -> None:
@@ -123,7 +127,7 @@ def test_a_put_maintains_these_indexes_only(pg_single: Single) -> None:
         ).fetchall()
     found = {(table, index): definition.split(" USING ")[1] for table, index, definition in rows}
     assert found == {
-        ("entries", "entries_pkey"): "btree (owner_user_id, id)",
+        ("entries", "entries_pkey"): "btree (id, owner_user_id)",
         ("entries", "entries_owner_turn"): "btree (owner_user_id, turn_id, step_num)",
         ("entries", "entries_expires"): "btree (expires_at)",
         ("entries", "entries_owner_usage"): "btree (owner_user_id, expires_at, stored_bytes)",
