@@ -114,8 +114,11 @@ def test_a_4_kib_segment_is_stored_out_of_line_uncompressed(pg_single: Single) -
             " FROM securepad.entries WHERE id = %s",
             (entry_id,),
         ).fetchone()
-        toast = conn.execute("SELECT reltoastrelid::regclass FROM pg_class WHERE oid = 'securepad.entries'::regclass")
-        chunks = conn.execute(f"SELECT COUNT(*) FROM {toast.fetchone()[0]}").fetchone()  # type: ignore[index]
+        toast = conn.execute(
+            "SELECT reltoastrelid::regclass FROM pg_class WHERE oid = 'securepad.entries'::regclass"
+        ).fetchone()
+        assert toast is not None
+        chunks = conn.execute(f"SELECT COUNT(*) FROM {toast[0]}").fetchone()
     assert row is not None
     length, stored, compression = row
     assert length > 4096 and stored >= length and compression is None
