@@ -258,8 +258,9 @@ MIGRATIONS: dict[int, str] = {
     # "CPU per put"): ciphertext does not compress, yet a row over 2 KiB (an
     # entry with its 4 KiB segment) made the server try pglz on its biggest
     # value before moving it out of line, on every put (2% of the server's CPU
-    # per put, about 5 us of the INSERT's 55 to 69). EXTERNAL keeps the out-of-line
-    # storage and skips the attempt; rows already stored are not rewritten.
+    # per put, about 5 us of the INSERT's 55 to 69). EXTERNAL keeps the
+    # out-of-line storage and skips the attempt; rows already stored are not
+    # rewritten.
     # (Numbered 12 on the main line: migration 11 there is another branch's.)
     11: """
     ALTER TABLE entries ALTER COLUMN only_segment SET STORAGE EXTERNAL,
