@@ -237,9 +237,9 @@ class PostgresDatabase:
                     self._pid = os.getpid()
         return self._admin if admin else self._app
 
-    @contextmanager
-    def _connection(self, admin: bool) -> Iterator[Watch]:
-        """A pooled connection for one call, watched until the call's deadline.
+    def _checkout(self, admin: bool) -> Watch:
+        """A pooled connection for one call, watched until the call's deadline;
+        ``_checkin`` gives it back (each caller's ``finally``).
 
         Raises:
             StoreUnavailableError: no connection within the pool timeout, and
@@ -253,10 +253,17 @@ class PostgresDatabase:
         except PoolTimeout:
             raise self._no_connection(pool) from None
         try:
-            with self._watchdog.watch(conn, deadline) as call:
-                yield call
-        finally:
+            return self._watchdog.start(conn, deadline, pool)
+        except BaseException:
             pool.putconn(conn)
+            raise
+
+    def _checkin(self, call: Watch) -> None:
+        """The call is over: its connection goes back to its pool."""
+        try:
+            self._watchdog.stop(call)
+        finally:
+            call.pool.putconn(call.conn)
 
     def _no_connection(self, pool: ConnectionPool[Any]) -> SecurepadError:
         """Why the pool had no connection: the server is unreachable, or every
@@ -332,7 +339,12 @@ class PostgresDatabase:
             locks, params = ", pg_try_advisory_xact_lock(%s) AS locked", (self._store_lock,)
         opening = (_SETTINGS + locks, (*self._settings(owner, admin), *params))
         tx = Transaction(
-            lambda: self._connection(admin), self._retry, opening, self._statements, try_lock=owner is None and not wait
+            lambda: self._checkout(admin),
+            self._checkin,
+            self._retry,
+            opening,
+            self._statements,
+            try_lock=owner is None and not wait,
         )
         committed = False
         try:
@@ -375,14 +387,16 @@ class PostgresDatabase:
         call: Watch | None = None
         try:
             for attempt in range(self._pool_size + 1):
-                with self._connection(admin) as call:
-                    try:
-                        results = send(call.conn, self._statements, batch, first=True)
-                    except psycopg.OperationalError as exc:
-                        if self._retry(call, attempt) and not isinstance(exc, BUSY):
-                            continue  # a connection that died while idle: reads are safe to run again
-                        raise
+                call = self._checkout(admin)
+                try:
+                    results = send(call, self._statements, batch, first=True)
                     return [rows_of(call, result) for result in results[1:]]
+                except psycopg.OperationalError as exc:
+                    if self._retry(call, attempt) and not isinstance(exc, BUSY):
+                        continue  # a connection that died while idle: reads are safe to run again
+                    raise
+                finally:
+                    self._checkin(call)
             raise AssertionError("unreachable: the last attempt returns or raises")
         except BUSY:
             raise StoreBusyError("the store is busy; try again") from None
