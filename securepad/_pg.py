@@ -37,6 +37,7 @@ can do that a file cannot: a second line of defence in the server.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
@@ -100,6 +101,15 @@ _SETTINGS = (
     " set_config('securepad.owner', %s, true), set_config('lock_timeout', %s, true),"
     " set_config('statement_timeout', %s, true), set_config('synchronous_commit', %s, true)"
 )
+# A write transaction's first statement after BEGIN: the settings and its
+# advisory locks (``PostgresDatabase.transaction``). Built once: a string made
+# per call is hashed anew at each of the call's cache lookups (its name, its text).
+_OPENING_TURN = (
+    _SETTINGS + ", pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s)"
+)
+_OPENING_OWNER = _SETTINGS + ", pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s)"
+_OPENING_STORE = _SETTINGS + ", pg_advisory_xact_lock(%s)"
+_OPENING_TRY_STORE = _SETTINGS + ", pg_try_advisory_xact_lock(%s) AS locked"
 # The policy's durability -> the server's synchronous_commit for the store's
 # transactions (docs/reliability.md), as SQLite's maps it to its synchronous
 # setting. "normal": a commit is acknowledged before its WAL record is flushed
@@ -324,20 +334,19 @@ class PostgresDatabase:
                 may not have been applied).
         """
         if owner is not None and turn is not None:  # the owner's lock shared, then its turn's (always that order)
-            locks = ", pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s)"
+            text = _OPENING_TURN
             params: Params = (
                 self._store_lock,
-                lock_key("securepad-owner", self.schema, owner),
-                lock_key("securepad-turn", self.schema, owner, turn),
+                _lock_key("securepad-owner", self.schema, owner),
+                _lock_key("securepad-turn", self.schema, owner, turn),
             )
         elif owner is not None:
-            locks = ", pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s)"
-            params = (self._store_lock, lock_key("securepad-owner", self.schema, owner))
+            text, params = _OPENING_OWNER, (self._store_lock, _lock_key("securepad-owner", self.schema, owner))
         elif wait:
-            locks, params = ", pg_advisory_xact_lock(%s)", (self._store_lock,)
+            text, params = _OPENING_STORE, (self._store_lock,)
         else:
-            locks, params = ", pg_try_advisory_xact_lock(%s) AS locked", (self._store_lock,)
-        opening = (_SETTINGS + locks, (*self._settings(owner, admin), *params))
+            text, params = _OPENING_TRY_STORE, (self._store_lock,)
+        opening = (text, (*self._settings(owner, admin), *params))
         tx = Transaction(
             lambda: self._checkout(admin),
             self._checkin,
@@ -437,6 +446,13 @@ class PostgresDatabase:
             return  # the parent's pools: their sockets are not ours to close
         for pool in pools:
             pool.close()
+
+
+@functools.lru_cache(maxsize=4096)
+def _lock_key(*parts: str) -> int:
+    """``lock_key``, remembered: the same owners' and turns' keys at every
+    transaction, a BLAKE2b digest each (~1 us)."""
+    return lock_key(*parts)
 
 
 class _HandOver(psycopg.Connection[Any]):
