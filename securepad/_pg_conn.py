@@ -370,10 +370,10 @@ class Transaction:
 
 
 class Watch:
-    """One call in flight: its connection (and the pool it goes back to), its
-    deadline, and whether the watchdog cut it."""
+    """One call in flight: its connection (and the pool it goes back to, and
+    since when it is out of it), its deadline, and whether the watchdog cut it."""
 
-    __slots__ = ("conn", "cut", "deadline", "encoding", "loader", "pgconn", "pool")
+    __slots__ = ("conn", "cut", "deadline", "encoding", "loader", "pgconn", "pool", "since")
 
     def __init__(self, conn: psycopg.Connection[Any], deadline: float, pool: Any = None) -> None:
         self.conn = conn
@@ -383,6 +383,7 @@ class Watch:
         self.encoding = conn.info.encoding
         self.deadline = deadline
         self.pool = pool
+        self.since = 0.0
         self.cut = False
         # The call's rows' loader (``rows_of``), made at the first rows.
         self.loader: Loader | None = None
