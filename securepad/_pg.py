@@ -48,6 +48,7 @@ from typing import Any, ClassVar, Self, cast
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.abc import Transformer as Loader
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -273,15 +274,15 @@ class PostgresDatabase:
         lender = self._lender(admin)
         deadline = time.monotonic() + self._call_timeout(admin)
         try:
-            conn, since = lender.lend(self._pool_timeout_s)
+            conn, since, loader = lender.lend(self._pool_timeout_s)
         except PoolTimeout:
             raise self._no_connection(lender.pool) from None
         try:
             call = self._watchdog.start(conn, deadline, lender)
         except BaseException:
-            lender.take_back(conn, since)
+            lender.take_back(conn, since, loader)
             raise
-        call.since = since
+        call.since, call.loader = since, loader
         return call
 
     def _checkin(self, call: Watch) -> None:
@@ -289,7 +290,7 @@ class PostgresDatabase:
         try:
             self._watchdog.stop(call)
         finally:
-            call.pool.take_back(call.conn, call.since)
+            call.pool.take_back(call.conn, call.since, call.loader)
 
     def _no_connection(self, pool: ConnectionPool[Any]) -> SecurepadError:
         """Why the pool had no connection: the server is unreachable, or every
@@ -490,6 +491,9 @@ class _Lender:
       ``KEEP_S`` after it left it, and at ``drain`` (closing the store,
       migrations that take connections from the pool directly).
 
+    The kept connection's rows' loader (``Watch.loader``) is kept with it: its
+    loaders per column type are made once, not at each call's first rows.
+
     A pool passed in (``keep`` False) may be shared with other code: every
     connection goes back to it at once.
     """
@@ -499,18 +503,18 @@ class _Lender:
     def __init__(self, pool: ConnectionPool[Any], *, keep: bool) -> None:
         self.pool = pool
         self.keep = keep
-        self._kept: list[tuple[psycopg.Connection[Any], float]] = []
+        self._kept: list[tuple[psycopg.Connection[Any], float, Loader | None]] = []
         self._waiting = 0
         self._lock = threading.Lock()
 
-    def lend(self, timeout: float) -> tuple[psycopg.Connection[Any], float]:
-        """A connection and when it left the pool.
+    def lend(self, timeout: float) -> tuple[psycopg.Connection[Any], float, Loader | None]:
+        """A connection, when it left the pool, and its rows' loader if it has one yet.
 
         Raises:
             PoolTimeout: the pool had none within ``timeout`` seconds.
         """
         if not self.keep:
-            return self.pool.getconn(timeout=timeout), 0.0
+            return self.pool.getconn(timeout=timeout), 0.0, None
         try:
             return self._kept.pop()  # list.pop is atomic: one call gets it
         except IndexError:
@@ -521,24 +525,24 @@ class _Lender:
             try:
                 return self._kept.pop()  # given back meanwhile, before it saw this call waiting
             except IndexError:
-                return self.pool.getconn(timeout=timeout), time.monotonic()
+                return self.pool.getconn(timeout=timeout), time.monotonic(), None
         finally:
             with self._lock:
                 self._waiting -= 1
 
-    def take_back(self, conn: psycopg.Connection[Any], since: float) -> None:
-        """A call is over with ``conn`` (lent at ``since``)."""
+    def take_back(self, conn: psycopg.Connection[Any], since: float, loader: Loader | None) -> None:
+        """A call is over with ``conn`` (lent at ``since``; its rows' ``loader``)."""
         if (
             self.keep
             and not self._kept
             and conn.pgconn.transaction_status == TransactionStatus.IDLE
             and time.monotonic() - since < KEEP_S
         ):
-            self._kept.append((conn, since))
+            self._kept.append((conn, since, loader))
             if not self._waiting:
                 return
             try:  # a call waits for the pool: it gets a connection from there
-                conn, since = self._kept.pop()
+                conn, since, loader = self._kept.pop()
             except IndexError:
                 return  # the waiting call took it
         self.pool.putconn(conn)
@@ -550,7 +554,7 @@ class _Lender:
             self.keep = False
         while True:
             try:
-                conn, _ = self._kept.pop()
+                conn, _, _ = self._kept.pop()
             except IndexError:
                 return self.pool
             self.pool.putconn(conn)

@@ -135,7 +135,7 @@ def test_a_connection_goes_back_to_its_pool_after_keep_s(pg_dsn: str, monkeypatc
 def test_closing_the_store_closes_the_kept_connection(pg_dsn: str) -> None:
     db = PostgresDatabase(pg_dsn)
     db.query("SELECT 1 AS one")
-    ((conn, _),) = db._lent[0]._kept
+    ((conn, _, _),) = db._lent[0]._kept
     db.close()
     assert conn.closed and db._lent[0]._kept == []
 
@@ -167,3 +167,18 @@ def test_a_message_from_its_plan_is_the_message_made_afresh(pg_dsn: str, prepare
         results = send(call, statements, later, first=True)
         assert [rows_of(call, result) for result in results[1:]] == [[{"a": 7}], [{"b": "y", "c": 8}]]
         conn.execute("ROLLBACK")
+
+
+def test_the_kept_connections_rows_loader_is_kept_with_it(pg_dsn: str) -> None:
+    """Its loaders per column type are made once, and rows load as a fresh
+    loader loads them, whatever the statement's types."""
+    db = PostgresDatabase(pg_dsn)
+    try:
+        assert db.query("SELECT 1 AS one") == [{"one": 1}]
+        ((_, _, loader),) = db._lent[0]._kept
+        assert loader is not None
+        rows = db.query("SELECT 'x'::text AS t, '\\x00ff'::bytea AS b, 2.5::float8 AS f, NULL::bigint AS n, true AS ok")
+        assert rows == [{"t": "x", "b": b"\x00\xff", "f": 2.5, "n": None, "ok": True}]
+        assert db._lent[0]._kept[0][2] is loader
+    finally:
+        db.close()
