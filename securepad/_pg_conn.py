@@ -370,8 +370,9 @@ class Transaction:
 
 
 class Watch:
-    """One call in flight: its connection (and the pool it goes back to, and
-    since when it is out of it), its deadline, and whether the watchdog cut it."""
+    """One call in flight: its connection (with what it goes back to, since
+    when it is out of its pool, and its rows' loader), its deadline, and
+    whether the watchdog cut it."""
 
     __slots__ = ("conn", "cut", "deadline", "encoding", "loader", "pgconn", "pool", "since")
 
