@@ -37,6 +37,7 @@ can do that a file cannot: a second line of defence in the server.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
@@ -47,7 +48,9 @@ from typing import Any, ClassVar, Self, cast
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.abc import Transformer as Loader
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ._backend import Params, Rows
@@ -88,6 +91,9 @@ _NETWORK_LIMITS = {
 # then doubles the wait: with its default (300 s) the first success after a
 # 15 s outage came 19 s late; capped here, tries are ~1 s apart.
 RECONNECT_TIMEOUT_S = 2.0
+# How long a connection may stay out of its pool between calls (``_Lender``):
+# the pool applies its lifetime and idle rules when it comes back.
+KEEP_S = 60.0
 # Housekeeping (gc, rotations, forgetting an owner: the admin role) works
 # store-wide and may run long on a large store: its statement and call limits
 # are this many times a principal's.
@@ -100,6 +106,15 @@ _SETTINGS = (
     " set_config('securepad.owner', %s, true), set_config('lock_timeout', %s, true),"
     " set_config('statement_timeout', %s, true), set_config('synchronous_commit', %s, true)"
 )
+# A write transaction's first statement after BEGIN: the settings and its
+# advisory locks (``PostgresDatabase.transaction``). Built once: a string made
+# per call is hashed anew at each of the call's cache lookups (its name, its text).
+_OPENING_TURN = (
+    _SETTINGS + ", pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s)"
+)
+_OPENING_OWNER = _SETTINGS + ", pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s)"
+_OPENING_STORE = _SETTINGS + ", pg_advisory_xact_lock(%s)"
+_OPENING_TRY_STORE = _SETTINGS + ", pg_try_advisory_xact_lock(%s) AS locked"
 # The policy's durability -> the server's synchronous_commit for the store's
 # transactions (docs/reliability.md), as SQLite's maps it to its synchronous
 # setting. "normal": a commit is acknowledged before its WAL record is flushed
@@ -163,8 +178,9 @@ class PostgresDatabase:
         self._closed = False
         self._pid = os.getpid()
         self._owned: list[ConnectionPool[Any]] = []
-        self._inherited: list[ConnectionPool[Any]] = []
+        self._inherited: list[object] = []
         self._app, self._admin = self._pools()
+        self._lent = self._lenders(self._app, self._admin)
         self.location = _describe(app, schema)
         try:
             self._migrate()
@@ -212,6 +228,13 @@ class PostgresDatabase:
 
         return pool(self._sources[0]), pool(self._sources[1])
 
+    def _lenders(self, app: ConnectionPool[Any], admin: ConnectionPool[Any]) -> tuple[_Lender, _Lender]:
+        """A lender per pool, the application's then the admin's (one for both
+        when they share a pool): it keeps a connection between calls only from
+        a pool this object made."""
+        lent = _Lender(app, keep=app in self._owned)
+        return lent, lent if admin is app else _Lender(admin, keep=admin in self._owned)
+
     def _limits_for(self, dsn: str) -> dict[str, Any]:
         """The network limits the DSN does not set itself."""
         try:
@@ -220,7 +243,7 @@ class PostgresDatabase:
             raise _bad_dsn(dsn, exc) from None
         return {key: value for key, value in self._network.items() if key not in given}
 
-    def _pool(self, admin: bool) -> ConnectionPool[Any]:
+    def _lender(self, admin: bool) -> _Lender:
         if self._closed:
             raise SecurepadError("the store is closed")
         if os.getpid() != self._pid:
@@ -229,34 +252,45 @@ class PostgresDatabase:
                 raise SecurepadError("a store opened on a connection pool cannot be used after fork; open it again")
             with self._lock:
                 if os.getpid() != self._pid:
-                    # Never closed nor collected here: closing would end the
-                    # parent's sessions on the sockets both processes hold.
-                    self._inherited.extend(self._owned)
+                    # Never closed nor collected here (nor the connections their
+                    # lenders keep): closing would end the parent's sessions on
+                    # the sockets both processes hold.
+                    self._inherited.extend([*self._owned, *self._lent])
                     self._owned = []
                     self._app, self._admin = self._pools()
+                    self._lent = self._lenders(self._app, self._admin)
                     self._pid = os.getpid()
-        return self._admin if admin else self._app
+        return self._lent[admin]
 
-    @contextmanager
-    def _connection(self, admin: bool) -> Iterator[Watch]:
-        """A pooled connection for one call, watched until the call's deadline.
+    def _checkout(self, admin: bool) -> Watch:
+        """A pooled connection for one call, watched until the call's deadline;
+        ``_checkin`` gives it back (each caller's ``finally``).
 
         Raises:
             StoreUnavailableError: no connection within the pool timeout, and
                 the server cannot be reached.
             StoreBusyError: no connection within the pool timeout, all in use.
         """
-        pool = self._pool(admin)
+        lender = self._lender(admin)
         deadline = time.monotonic() + self._call_timeout(admin)
         try:
-            conn = pool.getconn(timeout=self._pool_timeout_s)
+            conn, since, loader = lender.lend(self._pool_timeout_s)
         except PoolTimeout:
-            raise self._no_connection(pool) from None
+            raise self._no_connection(lender.pool) from None
         try:
-            with self._watchdog.watch(conn, deadline) as call:
-                yield call
+            call = self._watchdog.start(conn, deadline, lender)
+        except BaseException:
+            lender.take_back(conn, since, loader)
+            raise
+        call.since, call.loader = since, loader
+        return call
+
+    def _checkin(self, call: Watch) -> None:
+        """The call is over: its connection goes back to its lender."""
+        try:
+            self._watchdog.stop(call)
         finally:
-            pool.putconn(conn)
+            call.pool.take_back(call.conn, call.since, call.loader)
 
     def _no_connection(self, pool: ConnectionPool[Any]) -> SecurepadError:
         """Why the pool had no connection: the server is unreachable, or every
@@ -317,22 +351,26 @@ class PostgresDatabase:
                 may not have been applied).
         """
         if owner is not None and turn is not None:  # the owner's lock shared, then its turn's (always that order)
-            locks = ", pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s)"
+            text = _OPENING_TURN
             params: Params = (
                 self._store_lock,
-                lock_key("securepad-owner", self.schema, owner),
-                lock_key("securepad-turn", self.schema, owner, turn),
+                _lock_key("securepad-owner", self.schema, owner),
+                _lock_key("securepad-turn", self.schema, owner, turn),
             )
         elif owner is not None:
-            locks = ", pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s)"
-            params = (self._store_lock, lock_key("securepad-owner", self.schema, owner))
+            text, params = _OPENING_OWNER, (self._store_lock, _lock_key("securepad-owner", self.schema, owner))
         elif wait:
-            locks, params = ", pg_advisory_xact_lock(%s)", (self._store_lock,)
+            text, params = _OPENING_STORE, (self._store_lock,)
         else:
-            locks, params = ", pg_try_advisory_xact_lock(%s) AS locked", (self._store_lock,)
-        opening = (_SETTINGS + locks, (*self._settings(owner, admin), *params))
+            text, params = _OPENING_TRY_STORE, (self._store_lock,)
+        opening = (text, (*self._settings(owner, admin), *params))
         tx = Transaction(
-            lambda: self._connection(admin), self._retry, opening, self._statements, try_lock=owner is None and not wait
+            lambda: self._checkout(admin),
+            self._checkin,
+            self._retry,
+            opening,
+            self._statements,
+            try_lock=owner is None and not wait,
         )
         committed = False
         try:
@@ -375,14 +413,16 @@ class PostgresDatabase:
         call: Watch | None = None
         try:
             for attempt in range(self._pool_size + 1):
-                with self._connection(admin) as call:
-                    try:
-                        results = send(call.conn, self._statements, batch, first=True)
-                    except psycopg.OperationalError as exc:
-                        if self._retry(call, attempt) and not isinstance(exc, BUSY):
-                            continue  # a connection that died while idle: reads are safe to run again
-                        raise
+                call = self._checkout(admin)
+                try:
+                    results = send(call, self._statements, batch, first=True)
                     return [rows_of(call, result) for result in results[1:]]
+                except psycopg.OperationalError as exc:
+                    if self._retry(call, attempt) and not isinstance(exc, BUSY):
+                        continue  # a connection that died while idle: reads are safe to run again
+                    raise
+                finally:
+                    self._checkin(call)
             raise AssertionError("unreachable: the last attempt returns or raises")
         except BUSY:
             raise StoreBusyError("the store is busy; try again") from None
@@ -412,7 +452,7 @@ class PostgresDatabase:
         return None if rows[0]["v"] is None else int(rows[0]["v"])
 
     def _migrate(self) -> None:
-        migrate(self.schema, self._app_version, lambda: self._pool(admin=True))
+        migrate(self.schema, self._app_version, lambda: self._lender(admin=True).drain())
 
     def close(self) -> None:
         """Close the pools this object made (never one that was passed in)."""
@@ -421,8 +461,110 @@ class PostgresDatabase:
             pools, self._owned = self._owned, []
         if os.getpid() != self._pid:
             return  # the parent's pools: their sockets are not ours to close
+        for lender in self._lent:
+            lender.drain(closing=True)
         for pool in pools:
             pool.close()
+
+
+class _Lender:
+    """Lends a pool's connections to calls, one call at a time each.
+
+    From a pool the store made (``keep``: nothing else takes connections from
+    it), the connection a call gives back healthy and idle is kept for the next
+    call instead of going back to the pool: psycopg_pool's ``getconn`` and
+    ``putconn`` (its lock, deque, statistics, log calls and return checks) cost
+    the client ~9 us of CPU per call, more than a put's or a read's messages
+    take to build. What the pool decides still holds:
+
+    * its size: a kept connection is one the pool lent and counts as in use;
+    * one kept at most, and never while a call of this store waits for the
+      pool (``_waiting``: such a call looks at the kept one again after saying
+      it waits, and a call giving one back looks for waiting calls after
+      keeping it, so one of them always sees the other);
+    * dead and broken connections: one that is not idle (failed, closed, cut
+      by the watchdog, in a transaction) goes back to the pool, which drops or
+      resets it; one that died while kept fails at its next call's first
+      message, which runs again on another connection, as one that died in
+      the pool does (``PostgresDatabase._retry``);
+    * its lifetime and idle rules: a connection goes back to the pool once
+      ``KEEP_S`` after it left it, and at ``drain`` (closing the store,
+      migrations that take connections from the pool directly).
+
+    The kept connection's rows' loader (``Watch.loader``) is kept with it: its
+    loaders per column type are made once, not at each call's first rows.
+
+    A pool passed in (``keep`` False) may be shared with other code: every
+    connection goes back to it at once.
+    """
+
+    __slots__ = ("_kept", "_lock", "_waiting", "keep", "pool")
+
+    def __init__(self, pool: ConnectionPool[Any], *, keep: bool) -> None:
+        self.pool = pool
+        self.keep = keep
+        self._kept: list[tuple[psycopg.Connection[Any], float, Loader | None]] = []
+        self._waiting = 0
+        self._lock = threading.Lock()
+
+    def lend(self, timeout: float) -> tuple[psycopg.Connection[Any], float, Loader | None]:
+        """A connection, when it left the pool, and its rows' loader if it has one yet.
+
+        Raises:
+            PoolTimeout: the pool had none within ``timeout`` seconds.
+        """
+        if not self.keep:
+            return self.pool.getconn(timeout=timeout), 0.0, None
+        try:
+            return self._kept.pop()  # list.pop is atomic: one call gets it
+        except IndexError:
+            pass
+        with self._lock:
+            self._waiting += 1
+        try:
+            try:
+                return self._kept.pop()  # given back meanwhile, before it saw this call waiting
+            except IndexError:
+                return self.pool.getconn(timeout=timeout), time.monotonic(), None
+        finally:
+            with self._lock:
+                self._waiting -= 1
+
+    def take_back(self, conn: psycopg.Connection[Any], since: float, loader: Loader | None) -> None:
+        """A call is over with ``conn`` (lent at ``since``; its rows' ``loader``)."""
+        if (
+            self.keep
+            and not self._kept
+            and conn.pgconn.transaction_status == TransactionStatus.IDLE
+            and time.monotonic() - since < KEEP_S
+        ):
+            self._kept.append((conn, since, loader))
+            if not self._waiting:
+                return
+            try:  # a call waits for the pool: it gets a connection from there
+                conn, since, loader = self._kept.pop()
+            except IndexError:
+                return  # the waiting call took it
+        self.pool.putconn(conn)
+
+    def drain(self, *, closing: bool = False) -> ConnectionPool[Any]:
+        """Give the kept connection back to the pool (``closing``: and keep
+        none from now on); the pool."""
+        if closing:
+            self.keep = False
+        while True:
+            try:
+                conn, _, _ = self._kept.pop()
+            except IndexError:
+                return self.pool
+            self.pool.putconn(conn)
+
+
+@functools.lru_cache(maxsize=4096)
+def _lock_key(*parts: str) -> int:
+    """``lock_key``, remembered: the same owners' and turns' keys at every
+    transaction, a BLAKE2b digest each (~1 us)."""
+    return lock_key(*parts)
 
 
 class _HandOver(psycopg.Connection[Any]):

@@ -26,8 +26,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import psycopg
@@ -85,7 +84,7 @@ def rows_of(call: Watch, result: PGresult) -> Rows:
     if loader is None:
         loader = call.loader = Transformer(call.conn)
     loader.set_pgresult(result)
-    names = _names(tuple([result.fname(i) for i in range(result.nfields)]), call.conn.info.encoding)
+    names = _names(tuple([result.fname(i) for i in range(result.nfields)]), call.encoding)
     return [dict(zip(names, row, strict=True)) for row in loader.load_rows(0, result.ntuples, tuple)]
 
 
@@ -101,9 +100,7 @@ def rowcount(result: PGresult) -> int:
     return -1 if count is None else count
 
 
-def send(
-    conn: psycopg.Connection[Any], statements: Statements, batch: Sequence[tuple[str, Params]], *, first: bool
-) -> list[PGresult]:
+def send(call: Watch, statements: Statements, batch: Sequence[tuple[str, Params]], *, first: bool) -> list[PGresult]:
     """Send ``batch`` as one message, its statements prepared where
     ``statements`` allows (see ``_pg_prepare``): each statement's result.
 
@@ -115,9 +112,10 @@ def send(
     Raises:
         psycopg.Error: the first statement that failed (the later ones did not run).
     """
+    conn = call.conn
     message = statements.message(conn, batch, first=first)
     try:
-        results = _exchange(conn, message.commands)
+        results = _exchange(call, message.commands)
     except pg_errors.InvalidSqlStatementName:
         statements.missing()
         if not first:
@@ -126,12 +124,12 @@ def send(
             ) from None
         end(conn)
         message = statements.message(conn, batch, first=first)
-        results = _exchange(conn, message.commands)
+        results = _exchange(call, message.commands)
     statements.sent(message)
     return [results[index] for index in message.results]
 
 
-def _exchange(conn: psycopg.Connection[Any], commands: list[Command]) -> list[PGresult]:
+def _exchange(call: Watch, commands: list[Command]) -> list[PGresult]:
     """Run ``commands`` as one pipeline ended by one Sync (one round trip:
     one ``Connection.wait``); each command's result, in order.
 
@@ -139,21 +137,22 @@ def _exchange(conn: psycopg.Connection[Any], commands: list[Command]) -> list[PG
         psycopg.Error: the first command that failed (the server skipped the
             rest up to the Sync; an explicit transaction is left failed).
     """
-    pgconn = conn.pgconn
-    encoding = conn.info.encoding
+    conn = call.conn
+    pgconn = call.pgconn
+    encoding = call.encoding
     with conn.lock:
         pgconn.enter_pipeline_mode()
         try:
             for kind, what, values in commands:
                 if kind == PREPARE:
                     pgconn.send_prepare(_encoded(what, encoding), _encoded(values[0], encoding))
-                    continue
-                params, formats = _bind(conn, values, encoding)
-                if kind == EXECUTE:
+                elif kind == EXECUTE:
+                    params, formats = _bind(conn, values, encoding) if values else _NO_PARAMS
                     pgconn.send_query_prepared(
                         _encoded(what, encoding), params, param_formats=formats, result_format=_RESULTS
                     )
                 else:
+                    params, formats = _bind(conn, values, encoding) if values else _NO_PARAMS
                     pgconn.send_query_params(
                         _encoded(what, encoding), params, param_formats=formats, result_format=_RESULTS
                     )
@@ -162,7 +161,7 @@ def _exchange(conn: psycopg.Connection[Any], commands: list[Command]) -> list[PG
         finally:
             _leave_pipeline(conn)
     for result in results:
-        if result.status == ExecStatus.FATAL_ERROR:
+        if result.status == _FATAL:
             raise pg_errors.error_from_result(result, encoding=encoding)
     return results
 
@@ -173,34 +172,44 @@ def _encoded(text: str, encoding: str) -> bytes:
     return text.encode(encoding)
 
 
-def _bind(conn: psycopg.Connection[Any], values: Params, encoding: str) -> tuple[list[bytes | None], list[Format]]:
+_NO_PARAMS: tuple[None, None] = (None, None)
+_FATAL = ExecStatus.FATAL_ERROR
+# The Python types bound in binary (``_bind``).
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+
+
+def _bind(
+    conn: psycopg.Connection[Any], values: Params, encoding: str
+) -> tuple[list[bytes | None], list[Format] | None]:
     """A statement's parameters for the server: ``bytes`` in binary, the
-    rest as text, their types those the server gave the statement's placeholders."""
+    rest as text, their types those the server gave the statement's placeholders.
+
+    The formats are None (all text) unless a value is binary: most statements
+    bind no ``bytes``, and libpq reads None as all text."""
     params: list[bytes | None] = []
-    formats: list[Format] = []
+    binary = False
     for value in values:
         kind = type(value)
         if kind is str:
             params.append(value.encode(encoding))
         elif kind is bytes:
             params.append(value)
-            formats.append(_BINARY)
-            continue
+            binary = True
         elif kind is int or kind is float:
             params.append(repr(value).encode())
         elif value is None:
             params.append(None)
         elif kind is bool:
             params.append(b"t" if value else b"f")
-        elif isinstance(value, bytes | bytearray | memoryview):
+        elif isinstance(value, _BYTES_LIKE):
             params.append(bytes(value))
-            formats.append(_BINARY)
-            continue
+            binary = True
         else:
             dumped = Transformer(conn).get_dumper(value, PyFormat.TEXT).dump(value)
             params.append(None if dumped is None else bytes(dumped))
-        formats.append(_TEXT)
-    return params, formats
+    if not binary:
+        return params, None
+    return params, [_BINARY if isinstance(value, _BYTES_LIKE) else _TEXT for value in values]
 
 
 def _round_trip(pgconn: PGconn) -> PQGen[list[PGresult]]:
@@ -254,13 +263,15 @@ class Transaction:
     dialect) follows BEGIN; with ``try_lock`` its column ``locked`` is
     ``pg_try_advisory_xact_lock``'s answer (False: StoreBusyError). The
     connection is taken at the first message: ``connect()`` gives a watched
-    connection, and one found dead at that message (a server restart ends
-    every pooled session) is replaced while ``retry(call, attempt)`` allows.
+    connection, ``release(call)`` gives it back, and one found dead at that
+    message (a server restart ends every pooled session) is replaced while
+    ``retry(call, attempt)`` allows.
     """
 
     def __init__(
         self,
-        connect: Callable[[], AbstractContextManager[Watch]],
+        connect: Callable[[], Watch],
+        release: Callable[[Watch], None],
         retry: Callable[[Watch, int], bool],
         opening: tuple[str, Params],
         statements: Statements,
@@ -268,13 +279,13 @@ class Transaction:
         try_lock: bool,
     ) -> None:
         self._connect = connect
+        self._release = release
         self._statements = statements
         self._retry = retry
         # Statements not sent yet, each with the key of a prefetched read (or None).
         self._pending: list[tuple[str, Params, _Key | None]] = [("BEGIN", (), None), (*opening, None)]
         self._fetched: dict[_Key, Rows] = {}
         self._try_lock = try_lock
-        self._stack: ExitStack | None = None
         self.call: Watch | None = None
 
     def query(self, sql: str, params: Params = ()) -> Rows:
@@ -311,14 +322,15 @@ class Transaction:
 
     def close(self, committed: bool) -> None:
         """Give the connection back, rolled back first unless ``committed``."""
-        if self._stack is None:
+        call = self.call
+        if call is None:
             return
+        self.call = None
         try:
-            if not committed and self.call is not None:
-                end(self.call.conn)
+            if not committed:
+                end(call.conn)
         finally:
-            self._stack.close()
-            self._stack = None
+            self._release(call)
 
     def _call(self) -> Watch:
         assert self.call is not None, "a message was sent"
@@ -330,15 +342,13 @@ class Transaction:
         if self.call is not None:
             return self._run(self.call, batch, first=False)
         for attempt in itertools.count():
-            stack = ExitStack()
-            self.call = call = stack.enter_context(self._connect())
-            self._stack = stack
+            self.call = call = self._connect()
             try:
                 return self._run(call, batch, first=True)
             except psycopg.OperationalError as exc:
                 if self._retry(call, attempt) and not isinstance(exc, BUSY):
-                    self.call, self._stack = None, None
-                    stack.close()
+                    self.call = None
+                    self._release(call)
                     continue  # a connection that died while idle: nothing was done on it
                 raise
         raise AssertionError("unreachable: itertools.count never ends")
@@ -346,7 +356,7 @@ class Transaction:
     def _run(self, call: Watch, batch: list[tuple[str, Params, _Key | None]], *, first: bool) -> PGresult:
         """Send ``batch`` as one message on the call's connection; its last statement's result."""
         try:
-            results = send(call.conn, self._statements, [(text, params) for text, params, _ in batch], first=first)
+            results = send(call, self._statements, [(text, params) for text, params, _ in batch], first=first)
         except pg_errors.UniqueViolation:
             raise DuplicateKeyError from None
         if first and self._try_lock:  # the settings and the lock's answer
@@ -360,13 +370,21 @@ class Transaction:
 
 
 class Watch:
-    """One call in flight: its connection, its deadline, and whether the watchdog cut it."""
+    """One call in flight: its connection (with what it goes back to, since
+    when it is out of its pool, and its rows' loader), its deadline, and
+    whether the watchdog cut it."""
 
-    __slots__ = ("conn", "cut", "deadline", "loader")
+    __slots__ = ("conn", "cut", "deadline", "encoding", "loader", "pgconn", "pool", "since")
 
-    def __init__(self, conn: psycopg.Connection[Any], deadline: float) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], deadline: float, pool: Any = None) -> None:
         self.conn = conn
+        self.pgconn = conn.pgconn
+        # Read once per call: ``conn.info.encoding`` asks libpq again at every
+        # use (each message and each result's column names).
+        self.encoding = conn.info.encoding
         self.deadline = deadline
+        self.pool = pool
+        self.since = 0.0
         self.cut = False
         # The call's rows' loader (``rows_of``), made at the first rows.
         self.loader: Loader | None = None
@@ -389,19 +407,25 @@ class Watchdog:
         self._running = False
         self._pid = os.getpid()
 
-    @contextmanager
-    def watch(self, conn: psycopg.Connection[Any], deadline: float) -> Iterator[Watch]:
-        call = Watch(conn, deadline)
+    def start(self, conn: psycopg.Connection[Any], deadline: float, pool: Any = None) -> Watch:
+        """Watch a call on ``conn`` until ``stop``: cut it at ``deadline``.
+
+        Two plain calls rather than a context manager: the store's own
+        ``try``/``finally`` around each call does the rest, without a
+        generator and an exit stack per call (``PostgresDatabase._checkout``)."""
+        call = Watch(conn, deadline, pool)
+        pid = os.getpid()
         with self._lock:
             self._calls[id(call)] = call
-            if not self._running or self._pid != os.getpid():
-                self._running, self._pid = True, os.getpid()
+            if not self._running or self._pid != pid:
+                self._running, self._pid = True, pid
                 threading.Thread(target=self._run, name="securepad-pg-watchdog", daemon=True).start()
-        try:
-            yield call
-        finally:
-            with self._lock:
-                del self._calls[id(call)]
+        return call
+
+    def stop(self, call: Watch) -> None:
+        """The call is over: no longer watched."""
+        with self._lock:
+            del self._calls[id(call)]
 
     def _run(self) -> None:
         idle_since = time.monotonic()

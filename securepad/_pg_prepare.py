@@ -51,13 +51,14 @@ _PLACEHOLDER = re.compile(r"%%|%s")
 class _Session:
     """What one client connection prepared: (schema, SQL) -> name, and its anchor."""
 
-    __slots__ = ("anchor", "count", "names", "token")
+    __slots__ = ("anchor", "count", "names", "plans", "token")
 
     def __init__(self) -> None:
         self.token = secrets.token_hex(6)
         self.count = 0
         self.names: dict[tuple[str, str], str] = {}
         self.anchor: str | None = None
+        self.plans: dict[_PlanKey, _Plan] = {}
 
     def new_name(self) -> str:
         self.count += 1
@@ -69,6 +70,11 @@ PREPARE = 0  # (PREPARE, name, text): Parse of a named statement (its result: no
 EXECUTE = 1  # (EXECUTE, name, params): Bind and Execute of a named statement
 QUERY = 2  # (QUERY, text, params): Parse, Bind and Execute of the unnamed statement
 Command = tuple[int, str, Params]
+# A message's shape once every statement in it has its name: the commands
+# before the statements (the anchor), then each statement's kind and name (or
+# text), by whether it is a call's first message and the statements' texts.
+_PlanKey = tuple[bool, tuple[str, ...]]
+_Plan = tuple[tuple[Command, ...], tuple[tuple[int, str], ...]]
 
 
 class Message:
@@ -94,6 +100,8 @@ class Statements:
         # No lock (so nothing for a forked child to inherit held): a
         # connection serves one call at a time, and each has its own key.
         self._sessions: weakref.WeakKeyDictionary[psycopg.Connection[Any], _Session] = weakref.WeakKeyDictionary()
+        # The plans of messages on connections that prepare nothing (``message``).
+        self._plans: dict[_PlanKey, _Plan] = {}
 
     def _session(self, conn: psycopg.Connection[Any]) -> _Session | None:
         if not self.enabled or conn.prepare_threshold is None:
@@ -105,9 +113,22 @@ class Statements:
 
     def message(self, conn: psycopg.Connection[Any], batch: Sequence[tuple[str, Params]], *, first: bool) -> Message:
         """``batch`` (statements in psycopg's dialect) as one message for ``conn``;
-        ``first``: the first message of a call (a transaction or a query)."""
+        ``first``: the first message of a call (a transaction or a query).
+
+        A message that prepares nothing new is remembered by its texts (its
+        plan): the next with the same texts (every put's two, every read's
+        one) is made from it, without a name lookup per statement."""
         session = self._session(conn)
         message = Message(session)
+        plans = self._plans if session is None else session.plans
+        key = (first, tuple([text for text, _ in batch]))
+        plan = plans.get(key)
+        if plan is not None:
+            before, kinds = plan
+            commands = message.commands = [*before]
+            commands.extend([(kind, what, values) for (kind, what), (_, values) in zip(kinds, batch, strict=True)])
+            message.results = list(range(len(before), len(commands)))
+            return message
         commands = message.commands
         if session is not None and first:
             if session.anchor is None:
@@ -128,6 +149,9 @@ class Statements:
                     announced.add(name)
                 commands.append((EXECUTE, name, values))
             message.results.append(len(commands) - 1)
+        if not message.prepared and len(plans) < MAX_PER_CONNECTION:
+            before = tuple(commands[: message.results[0]]) if message.results else tuple(commands)
+            plans[key] = (before, tuple([(commands[i][0], commands[i][1]) for i in message.results]))
         return message
 
     def _name(self, session: _Session | None, message: Message, text: str) -> str | None:
