@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, StoreBusyError
 from .principal import Principal
 from .store import Scratchpad, parts
 from .turn import record_next
@@ -39,7 +39,11 @@ def put_next(
     ``put``'s view, whose ``step_num`` is the step taken.
 
     The step read before sealing is a guess that spares sealing the metadata
-    again under the write lock when no other writer came in between.
+    again under the write lock when no other writer came in between. When
+    writers kept changing the turn while it was read (``StoreBusyError`` from
+    the consistent read), the guess is 1 and the write transaction, which
+    reads the turn under the owner's serialization, takes the step: the read
+    that is only a guess never makes the put fail.
 
     Raises:
         InvalidArgumentError, QuotaExceededError, StoreBusyError: as for ``Scratchpad.put``.
@@ -47,7 +51,10 @@ def put_next(
     if not isinstance(principal, Principal):
         raise InvalidArgumentError("principal must be a securepad.Principal")
     entries = parts(pad).entries
-    guess = entries.last_step(principal, turn_id, now) + 1
+    try:
+        guess = entries.last_step(principal, turn_id, now) + 1
+    except StoreBusyError:  # only a guess: the write transaction takes the step
+        guess = 1
     return entries.put(
         principal, turn_id, guess, executor_name, observation, ttl_seconds, now=now, free_step=True, next_step=True
     )
