@@ -91,14 +91,11 @@ class Putter:
                 check_step_num(taken)
                 if taken != row["step_num"]:
                     prepared.restep(row, meta, listings[row["key_version"]], taken, observation)
-            found = conn.query(*quota)[0]
+            rows = conn.query(*reads)
+            found = rows[0]
             if step is not None:  # the step's look came with the version-and-quota statement
                 self.listings.check_step_free(principal, turn_id, step_num, created, conn, taken=_taken(found))
-            room = self.room(conn, owner, row["key_version"], created, "entry", found)
-            conn.defer(
-                f"INSERT INTO entries({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
-            )
-            _insert_segments(conn, [row], [segments])
+            room = self.room(conn, owner, row["key_version"], created, "entry", found, unsent=row["stored_bytes"])
             spare = self.heads.change(
                 conn,
                 owner,
@@ -107,7 +104,13 @@ class Putter:
                 row["key_version"],
                 room=room,
                 turn_only=shared,
+                rows=Heads.head_rows(rows),
+                insert=(
+                    f"INSERT INTO entries({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                    tuple(row.values()),
+                ),
             )
+            _insert_segments(conn, [row], [segments])  # after their entry (the heads' upsert carries its insert)
             return str(row["id"]), spare
 
         def attempt() -> tuple[str, int]:
@@ -117,14 +120,14 @@ class Putter:
                 write,
                 attempts=5,
                 busy="could not store the entry: its id or owner key kept changing; try again",
-                prefetch=[quota, Heads.select_sql(owner, turn_id)],
+                prefetch=[reads],
                 turn=turn_id if shared else None,
             )
 
-        # One statement reads the key version, the quota and (free_step) the step;
-        # it and the head go in one round trip with the version check (PostgreSQL).
+        # One statement reads the key version, the quota, (free_step) the step
+        # and the turn's heads (``Heads.beside_sql``), with BEGIN (PostgreSQL).
         step = step_sql(self._access, principal, turn_id, step_num) if free_step and not next_step else None
-        quota = _quota_sql(owner, created, step)
+        reads = Heads.beside_sql(_quota_sql(owner, created, step), owner, turn_id)
         # Under the owner's shared lock when the turn had room at its last put
         # here (``heads``: a put within its turn's reservation); else, or when
         # that hint is stale, under its exclusive lock.
@@ -163,6 +166,7 @@ class Putter:
         found: dict[str, Any] | None = None,
         *,
         records_adding: int = 0,
+        unsent: int = 0,
     ) -> Room:
         """Inside the owner's write transaction: refuse a write sealed under
         owner-key ``version`` when that is no longer the newest
@@ -170,7 +174,9 @@ class Putter:
         owner's quota leaves for what the write adds: ``Heads.change`` reserves
         it, or refuses (``head_owner``). ``found`` is the row of ``_quota_sql``
         when the caller read it already; ``records_adding``, the cost of a
-        checkpoint or mark the write adds (``what``: ``record``).
+        checkpoint or mark the write adds (``what``: ``record``); ``unsent``, the
+        stored bytes of an entry the write inserts but has not sent yet (``put``:
+        its insert goes with the heads' upsert), which the live entries' sum adds.
 
         Entries count what their row costs on disk (``row_cost``), and so do
         the owner's live checkpoints and compaction marks (``Records.used_sql``:
@@ -185,7 +191,7 @@ class Putter:
                 " WHERE owner_user_id = ? AND expires_at > ?",
                 (owner, now),
             )
-            return int(rows[0]["used"])
+            return int(rows[0]["used"]) + unsent
 
         return Room(self.policy.owner_quota_bytes, int(found["used"]), live, what, records_adding)
 
