@@ -309,7 +309,8 @@ class _Batch:
             rows, segments, _ = sealed
             self._check_steps(conn, [row["step_num"] for row in rows], created)
             version = rows[0]["key_version"]
-            room = self.entries.room(conn, owner, version, created, "batch")
+            found = conn.query(*self._reads(created))
+            room = self.entries.room(conn, owner, version, created, "batch", found[0])
             columns = list(rows[0])
             conn.executemany(
                 f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
@@ -323,6 +324,7 @@ class _Batch:
                 lambda head: head.add_all("e", ((r["id"], entry_item(r)) for r in rows)),
                 version,
                 room=room,
+                rows=Heads.head_rows(found),
             )
             return sealed
 
@@ -344,11 +346,15 @@ class _Batch:
 
     def _prefetch(self, now: float, steps: list[int]) -> list[tuple[str, Params]]:
         """The write's reads, sent with the transaction's first message
-        (PostgreSQL: one round trip): the quota, the turn's heads and, when the
+        (PostgreSQL: one round trip): the quota with the turn's heads and, when the
         caller gave the steps (chosen ones are known only once sealed), the steps."""
-        owner = self.principal.owner_user_id
-        reads = [_quota_sql(owner, now), Heads.select_sql(owner, self.turn_id)]
+        reads = [self._reads(now)]
         return reads if self.shown is not None else [*reads, self._steps_sql(steps)]
+
+    def _reads(self, now: float) -> tuple[str, Params]:
+        """The quota's row and the turn's heads, in one statement (``Heads.beside_sql``)."""
+        owner = self.principal.owner_user_id
+        return Heads.beside_sql(_quota_sql(owner, now), owner, self.turn_id)
 
     def _steps_query(self, steps: list[int]) -> tuple[str, str, str, Params]:
         """``_check_steps``'s query, as ``Access.rows`` and ``rows_sql`` take it."""
