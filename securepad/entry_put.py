@@ -91,8 +91,7 @@ class Putter:
                 check_step_num(taken)
                 if taken != row["step_num"]:
                     prepared.restep(row, meta, listings[row["key_version"]], taken, observation)
-            rows = conn.query(*reads)
-            found = rows[0]
+            found, head_rows = Heads.read_with_heads(conn, reads)
             if step is not None:  # the step's look came with the version-and-quota statement
                 self.listings.check_step_free(principal, turn_id, step_num, created, conn, taken=_taken(found))
             room = self.room(conn, owner, row["key_version"], created, "entry", found, unsent=row["stored_bytes"])
@@ -104,7 +103,7 @@ class Putter:
                 row["key_version"],
                 room=room,
                 turn_only=shared,
-                rows=Heads.head_rows(rows),
+                rows=head_rows,
                 insert=(
                     f"INSERT INTO entries({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                     tuple(row.values()),
@@ -120,14 +119,14 @@ class Putter:
                 write,
                 attempts=5,
                 busy="could not store the entry: its id or owner key kept changing; try again",
-                prefetch=[reads],
+                prefetch=reads,
                 turn=turn_id if shared else None,
             )
 
         # One statement reads the key version, the quota, (free_step) the step
-        # and the turn's heads (``Heads.beside_sql``), with BEGIN (PostgreSQL).
+        # and (PostgreSQL) the turn's heads (``Heads.with_heads``), with BEGIN.
         step = step_sql(self._access, principal, turn_id, step_num) if free_step and not next_step else None
-        reads = Heads.beside_sql(_quota_sql(owner, created, step), owner, turn_id)
+        reads = self.heads.with_heads(_quota_sql(owner, created, step), owner, turn_id)
         # Under the owner's shared lock when the turn had room at its last put
         # here (``heads``: a put within its turn's reservation); else, or when
         # that hint is stale, under its exclusive lock.
@@ -309,8 +308,8 @@ class _Batch:
             rows, segments, _ = sealed
             self._check_steps(conn, [row["step_num"] for row in rows], created)
             version = rows[0]["key_version"]
-            found = conn.query(*self._reads(created))
-            room = self.entries.room(conn, owner, version, created, "batch", found[0])
+            found, head_rows = Heads.read_with_heads(conn, self._reads(created))
+            room = self.entries.room(conn, owner, version, created, "batch", found)
             columns = list(rows[0])
             conn.executemany(
                 f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
@@ -324,7 +323,7 @@ class _Batch:
                 lambda head: head.add_all("e", ((r["id"], entry_item(r)) for r in rows)),
                 version,
                 room=room,
-                rows=Heads.head_rows(found),
+                rows=head_rows,
             )
             return sealed
 
@@ -348,13 +347,13 @@ class _Batch:
         """The write's reads, sent with the transaction's first message
         (PostgreSQL: one round trip): the quota with the turn's heads and, when the
         caller gave the steps (chosen ones are known only once sealed), the steps."""
-        reads = [self._reads(now)]
+        reads = self._reads(now)
         return reads if self.shown is not None else [*reads, self._steps_sql(steps)]
 
-    def _reads(self, now: float) -> tuple[str, Params]:
-        """The quota's row and the turn's heads, in one statement (``Heads.beside_sql``)."""
+    def _reads(self, now: float) -> list[tuple[str, Params]]:
+        """The quota's row and the turn's heads (one statement on PostgreSQL: ``Heads.with_heads``)."""
         owner = self.principal.owner_user_id
-        return Heads.beside_sql(_quota_sql(owner, now), owner, self.turn_id)
+        return self.entries.heads.with_heads(_quota_sql(owner, now), owner, self.turn_id)
 
     def _steps_query(self, steps: list[int]) -> tuple[str, str, str, Params]:
         """``_check_steps``'s query, as ``Access.rows`` and ``rows_sql`` take it."""

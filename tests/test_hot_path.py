@@ -35,12 +35,11 @@ from securepad.store import sqlite_of
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 ALICE = Principal("alice", "agent", "web")
 
-# BEGIN IMMEDIATE; one SELECT of the key version, the quota, the step's look and
-# the turn's heads (issue 15: the heads joined it); INSERT entries (a one-segment
-# entry carries its segment: migration 8); the turn head's upsert (issue 14);
-# COMMIT. Before the heads' SELECT joined: 6; before migration 8: 8 (+ INSERT
+# BEGIN IMMEDIATE; one SELECT of the key version, the quota and the step's look;
+# INSERT entries (a one-segment entry carries its segment: migration 8); the turn
+# head's SELECT and upsert (issue 14); COMMIT. Before migration 8: 8 (+ INSERT
 # segments); before the step's look joined the quota's SELECT: 7.
-PUT_STATEMENTS = 5
+PUT_STATEMENTS = 6
 # None: the owner_usage triggers (2 statements a put: their firing and their
 # upsert) went with SQLite migration 11; the usage total is the usage head's,
 # written by the turn head's upsert (one statement, two rows: head_owner.py).
