@@ -91,10 +91,14 @@ class Putter:
                 check_step_num(taken)
                 if taken != row["step_num"]:
                     prepared.restep(row, meta, listings[row["key_version"]], taken, observation)
-            found, head_rows = Heads.read_with_heads(conn, reads)
+            found, head_rows = Heads.read_with_heads(conn, reads())
             if step is not None:  # the step's look came with the version-and-quota statement
                 self.listings.check_step_free(principal, turn_id, step_num, created, conn, taken=_taken(found))
-            room = self.room(conn, owner, row["key_version"], created, "entry", found, unsent=row["stored_bytes"])
+            room = None
+            if shared:  # within the turn's reservation, or ``change`` raises OwnerLockNeeded: no quota to check
+                Keystore.check_newest(found["newest"], row["key_version"])
+            else:
+                room = self.room(conn, owner, row["key_version"], created, "entry", found, unsent=row["stored_bytes"])
             spare = self.heads.change(
                 conn,
                 owner,
@@ -119,14 +123,17 @@ class Putter:
                 write,
                 attempts=5,
                 busy="could not store the entry: its id or owner key kept changing; try again",
-                prefetch=reads,
+                prefetch=reads(),
                 turn=turn_id if shared else None,
             )
 
-        # One statement reads the key version, the quota, (free_step) the step
-        # and (PostgreSQL) the turn's heads (``Heads.with_heads``), with BEGIN.
+        def reads() -> list[tuple[str, Params]]:
+            # One statement reads the key version, the quota (not under the shared
+            # lock: ``_quota_sql``), (free_step) the step and (PostgreSQL) the
+            # turn's heads (``Heads.with_heads``), with BEGIN.
+            return self.heads.with_heads(_quota_sql(owner, created, step, records=not shared), owner, turn_id)
+
         step = step_sql(self._access, principal, turn_id, step_num) if free_step and not next_step else None
-        reads = self.heads.with_heads(_quota_sql(owner, created, step), owner, turn_id)
         # Under the owner's shared lock when the turn had room at its last put
         # here (``heads``: a put within its turn's reservation); else, or when
         # that hint is stale, under its exclusive lock.
@@ -195,15 +202,20 @@ class Putter:
         return Room(self.policy.owner_quota_bytes, int(found["used"]), live, what, records_adding)
 
 
-def _quota_sql(owner: str, now: float, step: tuple[str, Params] | None = None) -> tuple[str, Params]:
+def _quota_sql(
+    owner: str, now: float, step: tuple[str, Params] | None = None, *, records: bool = True
+) -> tuple[str, Params]:
     """``room``'s one query: the owner's newest key version and its live
     records' cost; with ``step`` (``step_sql``), also the latest expiry of the
     entries in the principal's scope that have the step (``step_expires``, NULL
     for none). The reservations are in the heads, read beside it
     (``Heads.select_sql``); each sub-query here costs the server an executor
-    node's start-up on every put (issue 15), so it holds only what is read."""
-    records, params = Records.used_sql(owner, now)
-    sql = f"SELECT {NEWEST_VERSION_SQL} AS newest, {records} AS used"
+    node's start-up on every put (issue 15), so it holds only what is read:
+    without ``records`` (a put under the owner's shared lock, which cannot
+    grant a reservation, so never checks the quota: ``Heads.change``) the
+    records' cost is left out (``used`` NULL)."""
+    used, params = Records.used_sql(owner, now) if records else ("NULL", ())
+    sql = f"SELECT {NEWEST_VERSION_SQL} AS newest, {used} AS used"
     if step is None:
         return sql, (owner, *params)
     return f"{sql}, (SELECT MAX(expires_at) FROM ({step[0]}) AS taken) AS step_expires", (owner, *params, *step[1])

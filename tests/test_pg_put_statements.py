@@ -53,16 +53,20 @@ def _ran(pool: ConnectionPool[Any], put: Any) -> list[str]:
 def test_a_put_runs_one_read_statement_and_one_write_statement(pg_single: Single) -> None:
     """Besides the first message's anchor and its settings and locks: one
     statement reads the quota with the heads, one writes the entry with its
-    turn's head (6 statements before the folds, 4 now), on a new turn too."""
+    turn's head (6 statements before the folds, 4 now), on a new turn too.
+    A put within its turn's reservation (the owner's lock shared) reads no
+    records' cost, which only a grant checks; a new turn's put (the owner's
+    lock exclusive, a grant) does."""
     pad, pool = pg_single
     for step in range(1, 8):  # the statements prepared, past the server's custom plans
         pad.put(ALICE, "t1", step, "shell", TEXT)
-    for turn, step in (("t1", 8), ("t2", 1)):  # an existing turn, then a new one (the owner head too)
+    for turn, step, records in (("t1", 8, False), ("t2", 1, True)):  # an existing turn, a new one
         texts = _ran(pool, lambda turn=turn, step=step: pad.put(ALICE, turn, step, "shell", TEXT))
         assert len(texts) == 4, texts
         reads = [text for text in texts if "LEFT JOIN turn_heads" in text]
         writes = [text for text in texts if "INSERT INTO" in text]
-        assert len(reads) == 1 and "owner_keys" in reads[0] and "checkpoints" in reads[0]
+        assert len(reads) == 1 and "owner_keys" in reads[0]
+        assert ("FROM checkpoints" in reads[0]) is records
         assert len(writes) == 1 and writes[0].startswith("WITH written AS (INSERT INTO entries(")
         assert "INSERT INTO turn_heads" in writes[0]
     assert [e["step_num"] for e in pad.list_for_turn(ALICE, "t1")] == list(range(1, 9))
