@@ -457,14 +457,15 @@ class Heads(HeadChecks, OwnerHeads):
         change = HeadEdit(tally, self.terms(owner, turn_id))
         edit(change)
         tally.b = max(tally.b, 0)
-        if tally.dumps() == before:
+        body = tally.dumps()  # what a write within the reservation seals, unchanged below (issue 15: one JSON less)
+        if body == before:
             if insert is not None:
                 conn.defer(*insert)
             return tally.r - tally.b
         if turn_only:
             if tally.b > tally.r or change.bytes < 0:
                 raise OwnerLockNeeded  # the reservation is short: the owner's usage head must change
-            self.write_bodies(conn, owner, [(turn_id, tally.dumps())], version, insert)
+            self.write_bodies(conn, owner, [(turn_id, body)], version, insert)
             return tally.r - tally.b
         if OWNER_HEAD not in by_turn:
             # Every owner with a key has an owner head (``first_owner_head``), and a
