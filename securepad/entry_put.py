@@ -91,14 +91,14 @@ class Putter:
                 check_step_num(taken)
                 if taken != row["step_num"]:
                     prepared.restep(row, meta, listings[row["key_version"]], taken, observation)
-            found = conn.query(*quota)[0]
+            found, head_rows = Heads.read_with_heads(conn, reads())
             if step is not None:  # the step's look came with the version-and-quota statement
                 self.listings.check_step_free(principal, turn_id, step_num, created, conn, taken=_taken(found))
-            room = self.room(conn, owner, row["key_version"], created, "entry", found)
-            conn.defer(
-                f"INSERT INTO entries({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
-            )
-            _insert_segments(conn, [row], [segments])
+            room = None
+            if shared:  # within the turn's reservation, or ``change`` raises OwnerLockNeeded: no quota to check
+                Keystore.check_newest(found["newest"], row["key_version"])
+            else:
+                room = self.room(conn, owner, row["key_version"], created, "entry", found, unsent=row["stored_bytes"])
             spare = self.heads.change(
                 conn,
                 owner,
@@ -107,7 +107,13 @@ class Putter:
                 row["key_version"],
                 room=room,
                 turn_only=shared,
+                rows=head_rows,
+                insert=(
+                    f"INSERT INTO entries({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                    tuple(row.values()),
+                ),
             )
+            _insert_segments(conn, [row], [segments])  # after their entry (the heads' upsert carries its insert)
             return str(row["id"]), spare
 
         def attempt() -> tuple[str, int]:
@@ -117,14 +123,17 @@ class Putter:
                 write,
                 attempts=5,
                 busy="could not store the entry: its id or owner key kept changing; try again",
-                prefetch=[quota, Heads.select_sql(owner, turn_id)],
+                prefetch=reads(),
                 turn=turn_id if shared else None,
             )
 
-        # One statement reads the key version, the quota and (free_step) the step;
-        # it and the head go in one round trip with the version check (PostgreSQL).
+        def reads() -> list[tuple[str, Params]]:
+            # One statement reads the key version, the quota (not under the shared
+            # lock: ``_quota_sql``), (free_step) the step and (PostgreSQL) the
+            # turn's heads (``Heads.with_heads``), with BEGIN.
+            return self.heads.with_heads(_quota_sql(owner, created, step, records=not shared), owner, turn_id)
+
         step = step_sql(self._access, principal, turn_id, step_num) if free_step and not next_step else None
-        quota = _quota_sql(owner, created, step)
         # Under the owner's shared lock when the turn had room at its last put
         # here (``heads``: a put within its turn's reservation); else, or when
         # that hint is stale, under its exclusive lock.
@@ -163,6 +172,7 @@ class Putter:
         found: dict[str, Any] | None = None,
         *,
         records_adding: int = 0,
+        unsent: int = 0,
     ) -> Room:
         """Inside the owner's write transaction: refuse a write sealed under
         owner-key ``version`` when that is no longer the newest
@@ -170,7 +180,9 @@ class Putter:
         owner's quota leaves for what the write adds: ``Heads.change`` reserves
         it, or refuses (``head_owner``). ``found`` is the row of ``_quota_sql``
         when the caller read it already; ``records_adding``, the cost of a
-        checkpoint or mark the write adds (``what``: ``record``).
+        checkpoint or mark the write adds (``what``: ``record``); ``unsent``, the
+        stored bytes of an entry the write inserts but has not sent yet (``put``:
+        its insert goes with the heads' upsert), which the live entries' sum adds.
 
         Entries count what their row costs on disk (``row_cost``), and so do
         the owner's live checkpoints and compaction marks (``Records.used_sql``:
@@ -185,20 +197,25 @@ class Putter:
                 " WHERE owner_user_id = ? AND expires_at > ?",
                 (owner, now),
             )
-            return int(rows[0]["used"])
+            return int(rows[0]["used"]) + unsent
 
         return Room(self.policy.owner_quota_bytes, int(found["used"]), live, what, records_adding)
 
 
-def _quota_sql(owner: str, now: float, step: tuple[str, Params] | None = None) -> tuple[str, Params]:
+def _quota_sql(
+    owner: str, now: float, step: tuple[str, Params] | None = None, *, records: bool = True
+) -> tuple[str, Params]:
     """``room``'s one query: the owner's newest key version and its live
     records' cost; with ``step`` (``step_sql``), also the latest expiry of the
     entries in the principal's scope that have the step (``step_expires``, NULL
     for none). The reservations are in the heads, read beside it
     (``Heads.select_sql``); each sub-query here costs the server an executor
-    node's start-up on every put (issue 15), so it holds only what is read."""
-    records, params = Records.used_sql(owner, now)
-    sql = f"SELECT {NEWEST_VERSION_SQL} AS newest, {records} AS used"
+    node's start-up on every put (issue 15), so it holds only what is read:
+    without ``records`` (a put under the owner's shared lock, which cannot
+    grant a reservation, so never checks the quota: ``Heads.change``) the
+    records' cost is left out (``used`` NULL)."""
+    used, params = Records.used_sql(owner, now) if records else ("NULL", ())
+    sql = f"SELECT {NEWEST_VERSION_SQL} AS newest, {used} AS used"
     if step is None:
         return sql, (owner, *params)
     return f"{sql}, (SELECT MAX(expires_at) FROM ({step[0]}) AS taken) AS step_expires", (owner, *params, *step[1])
@@ -303,7 +320,8 @@ class _Batch:
             rows, segments, _ = sealed
             self._check_steps(conn, [row["step_num"] for row in rows], created)
             version = rows[0]["key_version"]
-            room = self.entries.room(conn, owner, version, created, "batch")
+            found, head_rows = Heads.read_with_heads(conn, self._reads(created))
+            room = self.entries.room(conn, owner, version, created, "batch", found)
             columns = list(rows[0])
             conn.executemany(
                 f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
@@ -317,6 +335,7 @@ class _Batch:
                 lambda head: head.add_all("e", ((r["id"], entry_item(r)) for r in rows)),
                 version,
                 room=room,
+                rows=head_rows,
             )
             return sealed
 
@@ -338,11 +357,15 @@ class _Batch:
 
     def _prefetch(self, now: float, steps: list[int]) -> list[tuple[str, Params]]:
         """The write's reads, sent with the transaction's first message
-        (PostgreSQL: one round trip): the quota, the turn's heads and, when the
+        (PostgreSQL: one round trip): the quota with the turn's heads and, when the
         caller gave the steps (chosen ones are known only once sealed), the steps."""
-        owner = self.principal.owner_user_id
-        reads = [_quota_sql(owner, now), Heads.select_sql(owner, self.turn_id)]
+        reads = self._reads(now)
         return reads if self.shown is not None else [*reads, self._steps_sql(steps)]
+
+    def _reads(self, now: float) -> list[tuple[str, Params]]:
+        """The quota's row and the turn's heads (one statement on PostgreSQL: ``Heads.with_heads``)."""
+        owner = self.principal.owner_user_id
+        return self.entries.heads.with_heads(_quota_sql(owner, now), owner, self.turn_id)
 
     def _steps_query(self, steps: list[int]) -> tuple[str, str, str, Params]:
         """``_check_steps``'s query, as ``Access.rows`` and ``rows_sql`` take it."""

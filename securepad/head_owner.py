@@ -60,7 +60,7 @@ import contextlib
 import json
 from typing import Any
 
-from ._backend import Backend, Conn
+from ._backend import Backend, Conn, Params
 from .crypto import Wrapper, head_aad
 from .errors import IntegrityError
 from .head_tally import Tally
@@ -146,9 +146,22 @@ class OwnerHeads:
     def write_body(self, conn: Conn, owner: str, turn_id: str, body: bytes, version: int | None = None) -> None:
         self.write_bodies(conn, owner, [(turn_id, body)], version)
 
-    def write_bodies(self, conn: Conn, owner: str, bodies: list[tuple[str, bytes]], version: int | None = None) -> None:
+    def write_bodies(
+        self,
+        conn: Conn,
+        owner: str,
+        bodies: list[tuple[str, bytes]],
+        version: int | None = None,
+        insert: tuple[str, Params] | None = None,
+    ) -> None:
         """Seal and upsert heads of the owner, in one statement (a put writes its
-        turn head and its owner head together)."""
+        turn head and its owner head together). ``insert``, the caller's insert
+        of the rows the heads now count, goes first: on PostgreSQL in the same
+        statement, as a data-modifying ``WITH`` (one Bind, one portal and one
+        executor start-up less per put, issue 15; it runs to completion whatever
+        the upsert reads, and its errors, such as a unique violation or a
+        row-level security check, fail the statement as they failed its own),
+        on SQLite before it (SQLite has no data-modifying ``WITH``)."""
         if version is None:
             version = self._newest(conn, owner)
         if version is None:
@@ -157,7 +170,14 @@ class OwnerHeads:
         params: list[Any] = []
         for turn_id, body in bodies:
             params += [owner, turn_id, version, wrapper.seal(body, head_aad(owner, turn_id, version))]
-        conn.defer(_UPSERT.format(values=", ".join(["(?, ?, ?, ?)"] * len(bodies))), tuple(params))
+        upsert = _UPSERT.format(values=", ".join(["(?, ?, ?, ?)"] * len(bodies)))
+        if insert is None:
+            conn.defer(upsert, tuple(params))
+        elif self._db.dialect == "postgresql":
+            conn.defer(f"WITH written AS ({insert[0]}) {upsert}", (*insert[1], *params))
+        else:
+            conn.defer(*insert)
+            conn.defer(upsert, tuple(params))
         self._keys.count_wraps_later(owner, version, len(bodies))
 
     def first_owner_head(self, conn: Conn, owner: str, version: int, wrapper: Wrapper) -> None:
