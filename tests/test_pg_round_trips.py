@@ -111,12 +111,31 @@ def test_the_counted_store_still_answers_correctly(counted: Scratchpad) -> None:
 
 
 def test_the_benchmark_meter_reports_the_same_round_trips(pg_dsn: str) -> None:
-    """``python -m securepad.bench.postgres``'s CPU table: its round trips agree
-    with the budget (the CPU figures are timings: the benchmark reports them)."""
+    """``python -m securepad.bench.pg_cpu``'s table, for the store opened from a
+    DSN (as users open it) and on a pool passed in: its round trips agree with
+    the budget, its server CPU is read from the store's one server process (the
+    CPU figures are timings: the benchmark reports them), and the class-level
+    counter it installs on ``psycopg.Connection.wait`` is gone after it."""
+    from securepad.bench.pg_costs import cpu_per_op, cpu_table
+
+    wait = Connection.wait
+    result = cpu_per_op(pg_dsn, count=5, size=4096, read_chars=2000, pool=True)
+    assert Connection.wait is wait
+    for mode in ("securepad-postgresql", "securepad-postgresql-pool"):
+        assert result[mode]["put"]["round_trips"] == BUDGET["put"]
+        assert result[mode]["read"]["round_trips"] == BUDGET["read head"]
+        assert result[mode]["put"]["server_processes"] == result[mode]["read"]["server_processes"] == 1
+    assert result["securepad"]["put"]["round_trips"] == 0
+    assert set(result["ratio"]) == set(result["ratio_pool"]) == {"put", "read"}
+    table = "\n".join(cpu_table(result))
+    assert "| from a DSN | put |" in table and "| on a pool passed in | read |" in table
+
+
+def test_the_benchmark_measures_the_store_from_a_dsn_unless_asked(pg_dsn: str) -> None:
+    """The pool passed in is a second, optional row: ``python -m
+    securepad.bench.postgres`` reads ``securepad-postgresql`` and ``ratio``."""
     from securepad.bench.pg_costs import cpu_per_op
 
-    result = cpu_per_op(pg_dsn, count=5, size=4096, read_chars=2000)
-    assert result["securepad-postgresql"]["put"]["round_trips"] == BUDGET["put"]
+    result = cpu_per_op(pg_dsn, count=2, size=256, read_chars=100)
+    assert set(result) == {"securepad", "securepad-postgresql", "ratio"}
     assert result["securepad-postgresql"]["read"]["round_trips"] == BUDGET["read head"]
-    assert result["securepad"]["put"]["round_trips"] == 0
-    assert set(result["ratio"]) == {"put", "read"}

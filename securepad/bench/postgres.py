@@ -15,7 +15,8 @@ adds a run in which each worker process puts as an owner of its own (reads
 stay on the seeded entries), the multi-tenant case
 where PostgreSQL writes different owners in parallel; SQLite is run the same
 way for comparison. Then one client's CPU (its own and the server's) and
-round trips per put and per read on each backend (``securepad.bench.pg_costs``).
+round trips per put and per read on each backend, the PostgreSQL store opened
+from the DSN as users open it (``securepad.bench.pg_costs``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from securepad.store import parts
 
 from .backends import PRINCIPAL, Backend, SecurepadBackend, bench_policy, register_backend
 from .config import DEFAULT_OUT, Config
-from .pg_costs import cpu_per_op
+from .pg_costs import cpu_per_op, cpu_table
 from .workloads import run_concurrent, run_resume
 
 # The PostgreSQL modules imported with this one, before any workload's clock
@@ -266,16 +267,7 @@ def _print_ratios(concurrent: list[dict[str, Any]]) -> None:
 
 def _print_cpu(cpu: dict[str, Any], count: int) -> None:
     print(f"\n## CPU and round trips per operation (one client, {count} puts then {count} head reads, 4 KiB)")
-    print("| backend | op | ops/s | client CPU us | server CPU us | total CPU us | round trips |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for name in SIDE_BY_SIDE:
-        for op in ("put", "read"):
-            m = cpu[name][op]
-            print(
-                f"| {name} | {op} | {m['ops_per_s']:.0f} | {m['client_cpu_us']:.0f} | {m['server_cpu_us']:.0f}"
-                f" | {m['cpu_us']:.0f} | {m['round_trips']:.1f} |"
-            )
-    print(f"\nPostgreSQL CPU per put {cpu['ratio']['put']:.2f}x SQLite's, per read {cpu['ratio']['read']:.2f}x")
+    print("\n".join(cpu_table(cpu)))
 
 
 if __name__ == "__main__":
