@@ -58,10 +58,21 @@ def store(pg_dsn: str, keyring: Keyring) -> Iterator[dict[str, Any]]:
 
 
 @contextmanager
-def app_transaction(dsn: str, isolation: str = "REPEATABLE READ") -> Iterator[Any]:
+def app_transaction(dsn: str, isolation: str = "REPEATABLE READ", *, plans: list[str] | None = None) -> Iterator[Any]:
     """A cursor in one transaction as the application role, for owner alice
-    (as the store's own statements run), binding parameters on the client."""
+    (as the store's own statements run), binding parameters on the client.
+    ``plans``: receives the text of every statement the server runs, nested
+    ones (a function's) included, as auto_explain reports them (loaded by the
+    test's superuser connection before it takes the application role)."""
     with psycopg.connect(dsn) as conn:
+        if plans is not None:
+            conn.execute("LOAD 'auto_explain'")
+            conn.execute(
+                "SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;"
+                " SET auto_explain.log_level = notice"
+            )
+            conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
+            conn.execute("COMMIT")
         conn.execute(f"SET TRANSACTION ISOLATION LEVEL {isolation}")
         conn.execute("SET LOCAL ROLE securepad_app")
         conn.execute("SET LOCAL search_path = securepad")
@@ -224,6 +235,77 @@ def test_a_warm_read_after_a_commit_elsewhere_fetches_no_inventory_and_keeps_the
     after = reads.cache.get(None, "alice", TURN)
     assert after is not None and after.head is before.head
     assert after.token[:3] == before.token[:3] and after.token[3] != before.token[3]
+
+
+def _unsnapped(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows without the token's snapshot: in READ COMMITTED each statement
+    has its own, and the server's other sessions commit in between."""
+    return [row | {"channel": None} if row["k"] == "v" else row for row in rows]
+
+
+def _scans(cur: Any) -> dict[str, int]:
+    """Index and sequential scans of each turn table so far in the cursor's transaction."""
+    cur.execute(
+        "SELECT relname, seq_scan + coalesce(idx_scan, 0) AS n FROM pg_stat_xact_user_tables"
+        " WHERE schemaname = 'securepad'"
+    )
+    found = {row["relname"]: row["n"] for row in cur.fetchall()}
+    return {table: found.get(table, 0) for table in TURN_TABLES}
+
+
+@pytest.mark.parametrize("by", ["turn", "entry"])
+def test_after_a_commit_elsewhere_the_read_function_reads_the_turn_once_and_returns_the_token_row(
+    store: dict[str, Any], by: str
+) -> None:
+    """Migration 13: the snapshot moved, the turn did not. The function's lean
+    statement reads the head and the turn's rows once (the statement, had it
+    run after it, would read them again: a digest read in another order than
+    the statement's is a miss) and returns the row the statement returns:
+    the head and digest sent, ``same`` set, the new snapshot."""
+    from securepad.head_reads import ENTRY_TURN_SQL
+
+    reads, ids = store["reads"], store["ids"]
+    turn, value = ("?", TURN) if by == "turn" else (ENTRY_TURN_SQL, ids[4])
+    with app_transaction(store["dsn"], "READ COMMITTED") as cur:
+        token = token_of(run(cur, reads.sql("?", TURN, "alice")))
+    _commit_in_another_database(store["dsn"])
+    plans: list[str] = []
+    with app_transaction(store["dsn"], "READ COMMITTED", plans=plans) as cur:
+        for _ in range(8):  # past PL/pgSQL's custom plans: the generic plan reads in the same order
+            before = _scans(cur)
+            plans.clear()
+            rows = run(cur, reads.sql(turn, value, "alice", token, function=True))
+            # The call and the lean statement; never the statement (its token CTE).
+            assert len(plans) == 2 and " h AS MATERIALIZED (" in plans[0]
+            assert not any("token AS MATERIALIZED" in plan for plan in plans)
+            after = _scans(cur)
+            assert [row["k"] for row in rows] == ["v"] and rows[0]["n"] == 1
+            assert token_of(rows)[:3] == token[:3] and token_of(rows)[3] != token[3]
+            # One scan of each table; the entry's turn is looked up by its id in entries.
+            once = {table: 1 for table in TURN_TABLES} | {"entries": 1 if by == "turn" else 2}
+            assert {table: after[table] - before[table] for table in TURN_TABLES} == once
+        assert _unsnapped(run(cur, reads.sql(turn, value, "alice", token))) == _unsnapped(rows)  # the statement's
+
+
+@pytest.mark.parametrize("by", ["turn", "entry"])
+def test_after_a_change_of_the_turn_the_read_function_reads_the_digest_once(store: dict[str, Any], by: str) -> None:
+    """A put to the turn seals another head: the lean statement reads the head
+    and stops (no digest), and the statement returns the inventory."""
+    from securepad.head_reads import ENTRY_TURN_SQL
+
+    pad, reads, ids = store["pad"], store["reads"], store["ids"]
+    turn, value = ("?", TURN) if by == "turn" else (ENTRY_TURN_SQL, ids[4])
+    with app_transaction(store["dsn"], "READ COMMITTED") as cur:
+        token = token_of(run(cur, reads.sql("?", TURN, "alice")))
+    pad.put(ALICE, TURN, STEPS + 1, "fetch", "one more", now=LATER)
+    with app_transaction(store["dsn"], "READ COMMITTED") as cur:
+        before = _scans(cur)
+        rows = run(cur, reads.sql(turn, value, "alice", token, function=True))
+        after = _scans(cur)
+        assert rows[-1]["n"] == 0 and sum(row["k"] == "e" for row in rows) == STEPS + 1
+        lookups = 0 if by == "turn" else 2  # the entry's turn, in the lean statement and in the statement
+        assert after["entries"] - before["entries"] == 1 + lookups
+        assert _unsnapped(run(cur, reads.sql(turn, value, "alice", token))) == _unsnapped(rows)
 
 
 def test_an_admin_edit_after_a_snapshot_was_cached_is_refused(store: dict[str, Any]) -> None:
