@@ -329,6 +329,15 @@ def test_the_token_benchmark_runs_each_case(pg_dsn: str) -> None:
     assert all(len(figures) == 1 and figures[0] >= 0 for figures in costs.values())
 
 
+def test_the_commit_benchmark_runs_each_case(pg_dsn: str) -> None:
+    """``python -m securepad.bench.pg_read_token --commit-every-ms 1``: stop 24's figures."""
+    from securepad.bench.pg_read_token import commit_costs
+
+    costs = commit_costs(pg_dsn, entries=10, executions=20, rounds=1, every_ms=1.0)
+    assert list(costs) == ["SELECT 1", "migration 10", "migration 13"]
+    assert all(len(figures) == 1 and figures[0] >= 0 for figures in costs.values())
+
+
 def _stale(token: tuple[Any, ...], case: str) -> tuple[Any, ...]:
     """``token`` as a read would send it in each case the read functions tell apart."""
     if case == "warm":
@@ -350,6 +359,13 @@ MIGRATION_10_FUNCTIONS = {
 }
 
 
+# The same for migration 13, which replaces both (``pg_lean_read_functions``).
+MIGRATION_13_FUNCTIONS = {
+    "entry_turn_inventory": "c452687e83b4ee57876ed64fe88ba93f9cbcc80e380dde31ccba1a4d065cce16",
+    "turn_inventory": "63c82170c8223caef8b430cab686d8d3879735117f22575a678789fe023f4f0f",
+}
+
+
 def test_migration_10_creates_the_functions_it_always_created() -> None:
     import hashlib
 
@@ -357,6 +373,18 @@ def test_migration_10_creates_the_functions_it_always_created() -> None:
 
     texts = pg_read_functions()
     assert {name: hashlib.sha256(text.encode()).hexdigest() for name, text in texts.items()} == MIGRATION_10_FUNCTIONS
+
+
+def test_migration_13_replaces_them_with_the_functions_it_always_created() -> None:
+    import hashlib
+
+    from securepad._pg_schema import MIGRATIONS
+    from securepad.head_reads import pg_lean_read_functions
+
+    texts = pg_lean_read_functions()
+    assert {name: hashlib.sha256(text.encode()).hexdigest() for name, text in texts.items()} == MIGRATION_13_FUNCTIONS
+    assert all(text.startswith(f"CREATE OR REPLACE FUNCTION {name}(") for name, text in texts.items())
+    assert all(text in MIGRATIONS[13] for text in texts.values())
 
 
 @pytest.mark.parametrize("case", ["warm", "start_time", "system_identifier", "transaction_ids", "another_head"])
