@@ -287,6 +287,25 @@ def test_after_a_commit_elsewhere_the_read_function_reads_the_turn_once_and_retu
         assert _unsnapped(run(cur, reads.sql(turn, value, "alice", token))) == _unsnapped(rows)  # the statement's
 
 
+@pytest.mark.parametrize("entry", ["unknown", "another_owners"])
+def test_a_read_function_call_for_an_entry_it_cannot_see_returns_the_rows_of_the_statement(
+    store: dict[str, Any], entry: str
+) -> None:
+    """No turn (an unknown id, or another owner's entry under row-level
+    security): the lean statement finds no head, so the statement runs."""
+    from securepad.head_reads import ENTRY_TURN_SQL
+
+    pad, reads = store["pad"], store["reads"]
+    value = "no-such-entry"
+    if entry == "another_owners":
+        value = pad.put(Principal("bob", "planner", "web"), "b1", 1, "fetch", "bob's", now=NOW)["scratchpad_id"]
+    with app_transaction(store["dsn"]) as cur:
+        token = _moved(token_of(run(cur, reads.sql("?", TURN, "alice"))), 2)
+        expected = run(cur, reads.sql(ENTRY_TURN_SQL, value, "alice", token))
+        assert run(cur, reads.sql(ENTRY_TURN_SQL, value, "alice", token, function=True)) == expected
+        assert expected[-1]["k"] == "v" and expected[-1]["n"] == 0 and expected[-1]["turn_id"] is None
+
+
 @pytest.mark.parametrize("by", ["turn", "entry"])
 def test_after_a_change_of_the_turn_the_read_function_reads_the_digest_once(store: dict[str, Any], by: str) -> None:
     """A put to the turn seals another head: the lean statement reads the head
