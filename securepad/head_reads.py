@@ -20,7 +20,9 @@ leaves out (without reading it) when the token is the one sent:
   evaluates neither head nor digest (issue 15); otherwise both are computed,
   as trustworthy as the rows the server would send. A read that sends a
   cached token calls the schema's read function instead, which compares the
-  snapshot before any plan of the statement is started (``pg_read_functions``).
+  snapshot before any plan of the statement is started (``pg_read_functions``)
+  and, when it moved, computes the head and digest by a lean statement before
+  it runs the whole one (``pg_lean_read_functions``, schema 13).
 
 What each token trusts, and the window that remains, is in SECURITY.md
 ("Turn heads").
@@ -193,14 +195,18 @@ _PG_READ_FUNCTION = "CREATE FUNCTION " + _PG_FUNCTION_HEAD + _PG_FUNCTION_TAIL
 # (``_PG_TURN_ROWS``: the same scans, so the same rows in the same order),
 # the head, and the digest, evaluated only when the head is the one sent (a
 # changed turn has another head: its digest is computed once, by the
-# statement). When both are the ones sent, it returns the row the statement
+# statement). Read by the digest alone, the rows are not materialized: the
+# digest reads them from the scans (the Append of the three, in order), not
+# from a tuple store written first (a fifth of the server's CPU for a
+# 1,000-entry turn, docs/how-to/postgresql.md). When both are the ones sent, it returns the row the statement
 # would return in that case: the turn, the head, ``same`` set, the digest and
 # the new snapshot (the same snapshot as the statement's: a STABLE function's
 # statements all see the caller's). Otherwise it runs the statement, as
 # before; so the digest is what it was, over the same rows, and a row edited,
 # deleted or inserted still gives another digest, hence the inventory.
 _PG_LEAN = (
-    _PG_TURN_ROWS + " h AS MATERIALIZED (SELECT (SELECT turn FROM p) AS turn_id, (SELECT sealed FROM turn_heads"
+    _PG_TURN_ROWS.replace(" inv AS MATERIALIZED (", " inv AS NOT MATERIALIZED (")
+    + " h AS MATERIALIZED (SELECT (SELECT turn FROM p) AS turn_id, (SELECT sealed FROM turn_heads"
     " WHERE owner_user_id = (SELECT owner FROM p) AND turn_id = (SELECT turn FROM p)) AS sealed,"
     f" {_PG_SNAPSHOT} AS snap)"
     f" SELECT h.turn_id, h.sealed, CASE WHEN h.sealed = (SELECT sealed FROM p) THEN {_PG_DIGEST} END AS value,"

@@ -380,8 +380,8 @@ MIGRATION_10_FUNCTIONS = {
 
 # The same for migration 13, which replaces both (``pg_lean_read_functions``).
 MIGRATION_13_FUNCTIONS = {
-    "entry_turn_inventory": "c452687e83b4ee57876ed64fe88ba93f9cbcc80e380dde31ccba1a4d065cce16",
-    "turn_inventory": "63c82170c8223caef8b430cab686d8d3879735117f22575a678789fe023f4f0f",
+    "entry_turn_inventory": "cd807bbcc5cc1cb0f8a0c7659300799533c9648b2087d91efd29b69565d5d424",
+    "turn_inventory": "09fa57b38b79b6405d13be52272468ed74d33248b2d18ccba742f6268b641ec9",
 }
 
 
