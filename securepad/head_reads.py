@@ -164,14 +164,15 @@ _PG_FRESHNESS = (
 # Migrations are never edited: a change to the statements above needs a new
 # migration that replaces these functions (``CREATE OR REPLACE FUNCTION``);
 # tests/test_pg_read_token.py pins their text so that such a change cannot go unnoticed.
-_PG_FUNCTION_HEAD = (
+_PG_FUNCTION_SIGNATURE = (
     "{name}(text, text, bytea, text, text, text) RETURNS TABLE(k text, owner_user_id text,"
     " turn_id text, key_version integer, sealed bytea, id text, n integer, expires_at double precision,"
     " stored_bytes bigint, actor text, channel text) LANGUAGE plpgsql STABLE SECURITY INVOKER"
     " SET search_path FROM CURRENT AS $body$\n"
     "#variable_conflict use_column\n"
-    "BEGIN\n"
-    f"  IF $5 = {_PG_SNAPSHOT} THEN\n"
+)
+_PG_WARM = (
+    "  IF $5 = {snapshot} THEN\n"
     "    k := 'v'; turn_id := {warm_turn}; sealed := $3; n := 1; actor := $4; channel := $5;\n"
     "    RETURN NEXT;\n"
     "    RETURN;\n"
@@ -182,7 +183,13 @@ _PG_FUNCTION_TAIL = (
     "END $body$;\n"
     "REVOKE ALL ON FUNCTION {name}(text, text, bytea, text, text, text) FROM PUBLIC;\n"
 )
-_PG_READ_FUNCTION = "CREATE FUNCTION " + _PG_FUNCTION_HEAD + _PG_FUNCTION_TAIL
+_PG_READ_FUNCTION = (
+    "CREATE FUNCTION "
+    + _PG_FUNCTION_SIGNATURE
+    + "BEGIN\n"
+    + _PG_WARM.replace("{snapshot}", _PG_SNAPSHOT)
+    + _PG_FUNCTION_TAIL
+)
 # When the snapshot moved, the function above runs the whole statement, and
 # the server starts every node of its plan (every scan of the head, the
 # digest and the inventory, the UNION ALL of the four branches: 130-150 us)
@@ -198,26 +205,30 @@ _PG_READ_FUNCTION = "CREATE FUNCTION " + _PG_FUNCTION_HEAD + _PG_FUNCTION_TAIL
 # statement). Read by the digest alone, the rows are not materialized: the
 # digest reads them from the scans (the Append of the three, in order), not
 # from a tuple store written first (a fifth of the server's CPU for a
-# 1,000-entry turn, docs/how-to/postgresql.md). When both are the ones sent, it returns the row the statement
-# would return in that case: the turn, the head, ``same`` set, the digest and
-# the new snapshot (the same snapshot as the statement's: a STABLE function's
-# statements all see the caller's). Otherwise it runs the statement, as
-# before; so the digest is what it was, over the same rows, and a row edited,
-# deleted or inserted still gives another digest, hence the inventory.
+# 1,000-entry turn, docs/how-to/postgresql.md). When both are the ones sent,
+# it returns the row the statement would return in that case: the turn, the
+# head, ``same`` set, the digest and the new snapshot (the same snapshot as
+# the statement's: a STABLE function's statements all see the caller's).
+# Otherwise it runs the statement, as before; so the digest is what it was,
+# over the same rows, and a row edited, deleted or inserted still gives
+# another digest, hence the inventory.
 _PG_LEAN = (
     _PG_TURN_ROWS.replace(" inv AS MATERIALIZED (", " inv AS NOT MATERIALIZED (")
     + " h AS MATERIALIZED (SELECT (SELECT turn FROM p) AS turn_id, (SELECT sealed FROM turn_heads"
-    " WHERE owner_user_id = (SELECT owner FROM p) AND turn_id = (SELECT turn FROM p)) AS sealed,"
-    f" {_PG_SNAPSHOT} AS snap)"
-    f" SELECT h.turn_id, h.sealed, CASE WHEN h.sealed = (SELECT sealed FROM p) THEN {_PG_DIGEST} END AS value,"
-    " h.snap FROM h"
+    " WHERE owner_user_id = (SELECT owner FROM p) AND turn_id = (SELECT turn FROM p)) AS sealed)"
+    f" SELECT h.turn_id, h.sealed, CASE WHEN h.sealed = (SELECT sealed FROM p) THEN {_PG_DIGEST} END AS value"
+    " FROM h"
 )
+# The snapshot is computed once (it reads the control file, ~10 us), before
+# the warm comparison, and is the lean answer's.
 _PG_LEAN_READ_FUNCTION = (
-    "CREATE OR REPLACE FUNCTION "
-    + _PG_FUNCTION_HEAD
-    + "  SELECT l.turn_id, l.sealed, l.value, l.snap INTO turn_id, sealed, actor, channel FROM ({lean}) AS l;\n"
+    "CREATE OR REPLACE FUNCTION " + _PG_FUNCTION_SIGNATURE + "DECLARE\n"
+    f"  server_snapshot text := {_PG_SNAPSHOT};\n"
+    "BEGIN\n"
+    + _PG_WARM.replace("{snapshot}", "server_snapshot")
+    + "  SELECT l.turn_id, l.sealed, l.value INTO turn_id, sealed, actor FROM ({lean}) AS l;\n"
     "  IF sealed = $3 AND actor = $4 THEN\n"
-    "    k := 'v'; n := 1;\n"
+    "    k := 'v'; n := 1; channel := server_snapshot;\n"
     "    RETURN NEXT;\n"
     "    RETURN;\n"
     "  END IF;\n" + _PG_FUNCTION_TAIL

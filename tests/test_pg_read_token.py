@@ -380,8 +380,8 @@ MIGRATION_10_FUNCTIONS = {
 
 # The same for migration 13, which replaces both (``pg_lean_read_functions``).
 MIGRATION_13_FUNCTIONS = {
-    "entry_turn_inventory": "cd807bbcc5cc1cb0f8a0c7659300799533c9648b2087d91efd29b69565d5d424",
-    "turn_inventory": "09fa57b38b79b6405d13be52272468ed74d33248b2d18ccba742f6268b641ec9",
+    "entry_turn_inventory": "50c52cf5cbcee81894a5c7c4c0115eb7f3fdf55950596347492f62c20365bbff",
+    "turn_inventory": "a46b9a3a2bf45a2a4b74f07681b489f2db9b559364cd9217ad0a0a3cbe2ebfd2",
 }
 
 
