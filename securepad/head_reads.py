@@ -191,13 +191,12 @@ _PG_READ_FUNCTION = (
     + _PG_FUNCTION_TAIL
 )
 # When the snapshot moved, the function above runs the whole statement, and
-# the server starts every node of its plan (every scan of the head, the
-# digest and the inventory, the UNION ALL of the four branches: 130-150 us)
-# to return, as a rule, the token row alone: a commit anywhere on the server
-# moves the snapshot, most leave the turn alone (with another connection
-# committing every millisecond, a warm read of a 1,000-entry turn cost the
-# server 970-980 us, against 100-110 alone; docs/how-to/postgresql.md, "Stop
-# 24"). Migration 13 replaces both functions with this one, which first runs
+# the server starts every node of its plan (48: every scan of the head, the
+# digest and the inventory, the UNION ALL of the four branches) to return, as
+# a rule, the token row alone: a commit anywhere on the server moves the
+# snapshot, and most leave the turn alone (docs/how-to/postgresql.md, "Stop
+# 24: after a commit elsewhere"). Migration 13 replaces both functions with
+# this one, which first runs
 # a lean statement: the turn's rows by the statement's own CTEs
 # (``_PG_TURN_ROWS``: the same scans, so the same rows in the same order),
 # the head, and the digest, evaluated only when the head is the one sent (a
@@ -207,8 +206,8 @@ _PG_READ_FUNCTION = (
 # from a tuple store written first (a fifth of the server's CPU for a
 # 1,000-entry turn, docs/how-to/postgresql.md). When both are the ones sent,
 # it returns the row the statement would return in that case: the turn, the
-# head, ``same`` set, the digest and the new snapshot (the same snapshot as
-# the statement's: a STABLE function's statements all see the caller's).
+# head, ``same`` set, the digest and the new snapshot (the one the statement
+# would compute: a STABLE function's statements all see the caller's).
 # Otherwise it runs the statement, as before; so the digest is what it was,
 # over the same rows, and a row edited, deleted or inserted still gives
 # another digest, hence the inventory.
