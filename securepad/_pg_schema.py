@@ -18,11 +18,11 @@ from psycopg_pool import ConnectionPool
 
 from ._pg_roles import ADMIN_ROLE, APP_ROLE
 from .errors import SecurepadError
-from .head_reads import pg_read_functions
+from .head_reads import pg_lean_read_functions, pg_read_functions
 
 __all__ = ["ADMIN_ROLE", "APP_ROLE", "MIGRATIONS", "SCHEMA_VERSION", "lock_key", "migrate", "reason"]
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 _OWNER = "current_setting('securepad.owner', true)"
 _OWNER_TABLES = ("owner_keys", "entries", "checkpoints", "compaction_marks", "owner_usage")
@@ -296,6 +296,17 @@ MIGRATIONS: dict[int, str] = {
     ALTER TABLE compaction_marks ALTER COLUMN sealed SET STORAGE EXTERNAL;
     ALTER TABLE turn_heads ALTER COLUMN sealed SET STORAGE EXTERNAL;
     """,
+    # A warm read after a commit elsewhere without the whole statement (issue
+    # 15, docs/how-to/postgresql.md "CPU per read", stop 24): both read
+    # functions replaced (head_reads: ``pg_lean_read_functions``), a lean
+    # statement first (the turn's head and digest) when the snapshot moved.
+    # Same signature, SECURITY INVOKER, search_path, owner (the admin role
+    # replaces its own functions, which keep their privileges); the REVOKE
+    # from PUBLIC and the GRANT to the application role as migration 10's.
+    13: "".join(
+        f"{create}GRANT EXECUTE ON FUNCTION {name}(text, text, bytea, text, text, text) TO {APP_ROLE};\n"
+        for name, create in pg_lean_read_functions().items()
+    ),
 }
 
 

@@ -20,7 +20,9 @@ leaves out (without reading it) when the token is the one sent:
   evaluates neither head nor digest (issue 15); otherwise both are computed,
   as trustworthy as the rows the server would send. A read that sends a
   cached token calls the schema's read function instead, which compares the
-  snapshot before any plan of the statement is started (``pg_read_functions``).
+  snapshot before any plan of the statement is started (``pg_read_functions``)
+  and, when it moved, computes the head and digest by a lean statement before
+  it runs the whole one (``pg_lean_read_functions``, schema 13).
 
 What each token trusts, and the window that remains, is in SECURITY.md
 ("Turn heads").
@@ -35,7 +37,7 @@ from .head_cache import HeadCache
 from .head_owner import OWNER_HEAD
 from .head_tally import Head
 
-__all__ = ["ENTRY_TURN_SQL", "InventoryReads", "pg_read_functions", "without_token"]
+__all__ = ["ENTRY_TURN_SQL", "InventoryReads", "pg_lean_read_functions", "pg_read_functions", "without_token"]
 
 # The same with the turn's inventory (readers): one statement, so one snapshot
 # and one round trip; expired rows not yet collected are part of the tally.
@@ -76,7 +78,10 @@ _SQLITE_FRESHNESS = (
 # ``inv`` is computed only when something reads it: when the token's snapshot
 # is the one sent, nothing does (the digest is in a CASE branch not taken, the
 # other rows behind one-time filters on ``same``), and the head is not read.
-_PG_INVENTORY_SQL = (
+# Its first two CTEs (``_PG_TURN_ROWS``) open the lean statement of the read
+# functions too (``_PG_LEAN``), so that both read the turn's rows by the same
+# plan, in the same order.
+_PG_TURN_ROWS = (
     "WITH p AS MATERIALIZED (SELECT ?::text AS owner, {turn}::text AS turn, ?::bytea AS sealed, ?::text AS value,"
     " ?::text AS snap),"
     " inv AS MATERIALIZED ("
@@ -86,7 +91,9 @@ _PG_INVENTORY_SQL = (
     " WHERE owner_user_id = (SELECT owner FROM p) AND turn_id = (SELECT turn FROM p)"
     " UNION ALL SELECT 'm', owner_user_id, turn_id, id, seq, expires_at, NULL, actor, channel FROM compaction_marks"
     " WHERE owner_user_id = (SELECT owner FROM p) AND turn_id = (SELECT turn FROM p)),"
-    " token AS MATERIALIZED ({token})"
+)
+_PG_INVENTORY_SQL = (
+    _PG_TURN_ROWS + " token AS MATERIALIZED ({token})"
     " SELECT 'h' AS k, owner_user_id, turn_id, key_version, sealed, NULL AS id, NULL AS n,"
     " NULL AS expires_at, NULL AS stored_bytes, NULL AS actor, NULL AS channel"
     " FROM turn_heads WHERE owner_user_id = (SELECT owner FROM p) AND turn_id IN ((SELECT turn FROM p), ?)"
@@ -157,21 +164,73 @@ _PG_FRESHNESS = (
 # Migrations are never edited: a change to the statements above needs a new
 # migration that replaces these functions (``CREATE OR REPLACE FUNCTION``);
 # tests/test_pg_read_token.py pins their text so that such a change cannot go unnoticed.
-_PG_READ_FUNCTION = (
-    "CREATE FUNCTION {name}(text, text, bytea, text, text, text) RETURNS TABLE(k text, owner_user_id text,"
+_PG_FUNCTION_SIGNATURE = (
+    "{name}(text, text, bytea, text, text, text) RETURNS TABLE(k text, owner_user_id text,"
     " turn_id text, key_version integer, sealed bytea, id text, n integer, expires_at double precision,"
     " stored_bytes bigint, actor text, channel text) LANGUAGE plpgsql STABLE SECURITY INVOKER"
     " SET search_path FROM CURRENT AS $body$\n"
     "#variable_conflict use_column\n"
-    "BEGIN\n"
-    f"  IF $5 = {_PG_SNAPSHOT} THEN\n"
+)
+_PG_WARM = (
+    "  IF $5 = {snapshot} THEN\n"
     "    k := 'v'; turn_id := {warm_turn}; sealed := $3; n := 1; actor := $4; channel := $5;\n"
     "    RETURN NEXT;\n"
     "    RETURN;\n"
     "  END IF;\n"
+)
+_PG_FUNCTION_TAIL = (
     "  RETURN QUERY {statement};\n"
     "END $body$;\n"
     "REVOKE ALL ON FUNCTION {name}(text, text, bytea, text, text, text) FROM PUBLIC;\n"
+)
+_PG_READ_FUNCTION = (
+    "CREATE FUNCTION "
+    + _PG_FUNCTION_SIGNATURE
+    + "BEGIN\n"
+    + _PG_WARM.replace("{snapshot}", _PG_SNAPSHOT)
+    + _PG_FUNCTION_TAIL
+)
+# When the snapshot moved, the function above runs the whole statement, and
+# the server starts every node of its plan (48: every scan of the head, the
+# digest and the inventory, the UNION ALL of the four branches) to return, as
+# a rule, the token row alone: a commit anywhere on the server moves the
+# snapshot, and most leave the turn alone (docs/how-to/postgresql.md, "Stop
+# 24: after a commit elsewhere"). Migration 13 replaces both functions with
+# this one, which first runs
+# a lean statement: the turn's rows by the statement's own CTEs
+# (``_PG_TURN_ROWS``: the same scans, so the same rows in the same order),
+# the head, and the digest, evaluated only when the head is the one sent (a
+# changed turn has another head: its digest is computed once, by the
+# statement). Read by the digest alone, the rows are not materialized: the
+# digest reads them from the scans (the Append of the three, in order), not
+# from a tuple store written first (a fifth of the server's CPU for a
+# 1,000-entry turn, docs/how-to/postgresql.md). When both are the ones sent,
+# it returns the row the statement would return in that case: the turn, the
+# head, ``same`` set, the digest and the new snapshot (the one the statement
+# would compute: a STABLE function's statements all see the caller's).
+# Otherwise it runs the statement, as before; so the digest is what it was,
+# over the same rows, and a row edited, deleted or inserted still gives
+# another digest, hence the inventory.
+_PG_LEAN = (
+    _PG_TURN_ROWS.replace(" inv AS MATERIALIZED (", " inv AS NOT MATERIALIZED (")
+    + " h AS MATERIALIZED (SELECT (SELECT turn FROM p) AS turn_id, (SELECT sealed FROM turn_heads"
+    " WHERE owner_user_id = (SELECT owner FROM p) AND turn_id = (SELECT turn FROM p)) AS sealed)"
+    f" SELECT h.turn_id, h.sealed, CASE WHEN h.sealed = (SELECT sealed FROM p) THEN {_PG_DIGEST} END AS value"
+    " FROM h"
+)
+# The snapshot is computed once (it reads the control file, ~10 us), before
+# the warm comparison, and is the lean answer's.
+_PG_LEAN_READ_FUNCTION = (
+    "CREATE OR REPLACE FUNCTION " + _PG_FUNCTION_SIGNATURE + "DECLARE\n"
+    f"  server_snapshot text := {_PG_SNAPSHOT};\n"
+    "BEGIN\n"
+    + _PG_WARM.replace("{snapshot}", "server_snapshot")
+    + "  SELECT l.turn_id, l.sealed, l.value INTO turn_id, sealed, actor FROM ({lean}) AS l;\n"
+    "  IF sealed = $3 AND actor = $4 THEN\n"
+    "    k := 'v'; n := 1; channel := server_snapshot;\n"
+    "    RETURN NEXT;\n"
+    "    RETURN;\n"
+    "  END IF;\n" + _PG_FUNCTION_TAIL
 )
 # With the cache off (``Heads.cache_limit(0)``): no token, so no digest.
 _PG_NO_FRESHNESS = (
@@ -201,6 +260,22 @@ def pg_read_functions() -> dict[str, str]:
     statement = _PG_INVENTORY_SQL.replace("{token}", _PG_FRESHNESS)
     return {
         name: _PG_READ_FUNCTION.format(name=name, warm_turn=warm_turn, statement=_numbered(statement.format(turn=turn)))
+        for turn, (name, warm_turn) in _PG_FUNCTIONS.items()
+    }
+
+
+def pg_lean_read_functions() -> dict[str, str]:
+    """The same functions with the lean statement first (name -> its ``CREATE
+    OR REPLACE FUNCTION`` and ``REVOKE``), for the schema's migration 13: same
+    signature, settings and owner; the caller grants EXECUTE again."""
+    statement = _PG_INVENTORY_SQL.replace("{token}", _PG_FRESHNESS)
+    return {
+        name: _PG_LEAN_READ_FUNCTION.format(
+            name=name,
+            warm_turn=warm_turn,
+            lean=_numbered(_PG_LEAN.format(turn=turn)),
+            statement=_numbered(statement.format(turn=turn)),
+        )
         for turn, (name, warm_turn) in _PG_FUNCTIONS.items()
     }
 

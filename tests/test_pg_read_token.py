@@ -58,10 +58,21 @@ def store(pg_dsn: str, keyring: Keyring) -> Iterator[dict[str, Any]]:
 
 
 @contextmanager
-def app_transaction(dsn: str, isolation: str = "REPEATABLE READ") -> Iterator[Any]:
+def app_transaction(dsn: str, isolation: str = "REPEATABLE READ", *, plans: list[str] | None = None) -> Iterator[Any]:
     """A cursor in one transaction as the application role, for owner alice
-    (as the store's own statements run), binding parameters on the client."""
+    (as the store's own statements run), binding parameters on the client.
+    ``plans``: receives the text of every statement the server runs, nested
+    ones (a function's) included, as auto_explain reports them (loaded by the
+    test's superuser connection before it takes the application role)."""
     with psycopg.connect(dsn) as conn:
+        if plans is not None:
+            conn.execute("LOAD 'auto_explain'")
+            conn.execute(
+                "SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;"
+                " SET auto_explain.log_level = notice"
+            )
+            conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
+            conn.execute("COMMIT")
         conn.execute(f"SET TRANSACTION ISOLATION LEVEL {isolation}")
         conn.execute("SET LOCAL ROLE securepad_app")
         conn.execute("SET LOCAL search_path = securepad")
@@ -226,6 +237,96 @@ def test_a_warm_read_after_a_commit_elsewhere_fetches_no_inventory_and_keeps_the
     assert after.token[:3] == before.token[:3] and after.token[3] != before.token[3]
 
 
+def _unsnapped(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows without the token's snapshot: in READ COMMITTED each statement
+    has its own, and the server's other sessions commit in between."""
+    return [row | {"channel": None} if row["k"] == "v" else row for row in rows]
+
+
+def _scans(cur: Any) -> dict[str, int]:
+    """Index and sequential scans of each turn table so far in the cursor's transaction."""
+    cur.execute(
+        "SELECT relname, seq_scan + coalesce(idx_scan, 0) AS n FROM pg_stat_xact_user_tables"
+        " WHERE schemaname = 'securepad'"
+    )
+    found = {row["relname"]: row["n"] for row in cur.fetchall()}
+    return {table: found.get(table, 0) for table in TURN_TABLES}
+
+
+@pytest.mark.parametrize("by", ["turn", "entry"])
+def test_after_a_commit_elsewhere_the_read_function_reads_the_turn_once_and_returns_the_token_row(
+    store: dict[str, Any], by: str
+) -> None:
+    """Migration 13: the snapshot moved, the turn did not. The function's lean
+    statement reads the head and the turn's rows once (the statement, had it
+    run after it, would read them again: a digest read in another order than
+    the statement's is a miss) and returns the row the statement returns:
+    the head and digest sent, ``same`` set, the new snapshot."""
+    from securepad.head_reads import ENTRY_TURN_SQL
+
+    reads, ids = store["reads"], store["ids"]
+    turn, value = ("?", TURN) if by == "turn" else (ENTRY_TURN_SQL, ids[4])
+    with app_transaction(store["dsn"], "READ COMMITTED") as cur:
+        token = token_of(run(cur, reads.sql("?", TURN, "alice")))
+    _commit_in_another_database(store["dsn"])
+    plans: list[str] = []
+    with app_transaction(store["dsn"], "READ COMMITTED", plans=plans) as cur:
+        for _ in range(8):  # past PL/pgSQL's custom plans: the generic plan reads in the same order
+            before = _scans(cur)
+            plans.clear()
+            rows = run(cur, reads.sql(turn, value, "alice", token, function=True))
+            # The call and the lean statement; never the statement (its token CTE).
+            assert len(plans) == 2 and " h AS MATERIALIZED (" in plans[0]
+            assert not any("token AS MATERIALIZED" in plan for plan in plans)
+            after = _scans(cur)
+            assert [row["k"] for row in rows] == ["v"] and rows[0]["n"] == 1
+            assert token_of(rows)[:3] == token[:3] and token_of(rows)[3] != token[3]
+            # One scan of each table; the entry's turn is looked up by its id in entries.
+            once = {table: 1 for table in TURN_TABLES} | {"entries": 1 if by == "turn" else 2}
+            assert {table: after[table] - before[table] for table in TURN_TABLES} == once
+        assert _unsnapped(run(cur, reads.sql(turn, value, "alice", token))) == _unsnapped(rows)  # the statement's
+
+
+@pytest.mark.parametrize("entry", ["unknown", "another_owners"])
+def test_a_read_function_call_for_an_entry_it_cannot_see_returns_the_rows_of_the_statement(
+    store: dict[str, Any], entry: str
+) -> None:
+    """No turn (an unknown id, or another owner's entry under row-level
+    security): the lean statement finds no head, so the statement runs."""
+    from securepad.head_reads import ENTRY_TURN_SQL
+
+    pad, reads = store["pad"], store["reads"]
+    value = "no-such-entry"
+    if entry == "another_owners":
+        value = pad.put(Principal("bob", "planner", "web"), "b1", 1, "fetch", "bob's", now=NOW)["scratchpad_id"]
+    with app_transaction(store["dsn"]) as cur:
+        token = _moved(token_of(run(cur, reads.sql("?", TURN, "alice"))), 2)
+        expected = run(cur, reads.sql(ENTRY_TURN_SQL, value, "alice", token))
+        assert run(cur, reads.sql(ENTRY_TURN_SQL, value, "alice", token, function=True)) == expected
+        assert expected[-1]["k"] == "v" and expected[-1]["n"] == 0 and expected[-1]["turn_id"] is None
+
+
+@pytest.mark.parametrize("by", ["turn", "entry"])
+def test_after_a_change_of_the_turn_the_read_function_reads_the_digest_once(store: dict[str, Any], by: str) -> None:
+    """A put to the turn seals another head: the lean statement reads the head
+    and stops (no digest), and the statement returns the inventory."""
+    from securepad.head_reads import ENTRY_TURN_SQL
+
+    pad, reads, ids = store["pad"], store["reads"], store["ids"]
+    turn, value = ("?", TURN) if by == "turn" else (ENTRY_TURN_SQL, ids[4])
+    with app_transaction(store["dsn"], "READ COMMITTED") as cur:
+        token = token_of(run(cur, reads.sql("?", TURN, "alice")))
+    pad.put(ALICE, TURN, STEPS + 1, "fetch", "one more", now=LATER)
+    with app_transaction(store["dsn"], "READ COMMITTED") as cur:
+        before = _scans(cur)
+        rows = run(cur, reads.sql(turn, value, "alice", token, function=True))
+        after = _scans(cur)
+        assert rows[-1]["n"] == 0 and sum(row["k"] == "e" for row in rows) == STEPS + 1
+        lookups = 0 if by == "turn" else 2  # the entry's turn, in the lean statement and in the statement
+        assert after["entries"] - before["entries"] == 1 + lookups
+        assert _unsnapped(run(cur, reads.sql(turn, value, "alice", token))) == _unsnapped(rows)
+
+
 def test_an_admin_edit_after_a_snapshot_was_cached_is_refused(store: dict[str, Any]) -> None:
     """The admin's transaction ends, so the snapshot moves: the digest runs and sees the edit."""
     pad, ids = store["pad"], store["ids"]
@@ -244,6 +345,15 @@ def test_the_token_benchmark_runs_each_case(pg_dsn: str) -> None:
 
     costs = token_costs(pg_dsn, entries=20, executions=20, rounds=1)
     assert list(costs) == ["SELECT 1", "warm", "warm, one statement", "token part", "snapshot moved"]
+    assert all(len(figures) == 1 and figures[0] >= 0 for figures in costs.values())
+
+
+def test_the_commit_benchmark_runs_each_case(pg_dsn: str) -> None:
+    """``python -m securepad.bench.pg_read_token --commit-every-ms 1``: stop 24's figures."""
+    from securepad.bench.pg_read_token import commit_costs
+
+    costs = commit_costs(pg_dsn, entries=10, executions=20, rounds=1, every_ms=1.0)
+    assert list(costs) == ["SELECT 1", "migration 10", "migration 13"]
     assert all(len(figures) == 1 and figures[0] >= 0 for figures in costs.values())
 
 
@@ -268,6 +378,13 @@ MIGRATION_10_FUNCTIONS = {
 }
 
 
+# The same for migration 13, which replaces both (``pg_lean_read_functions``).
+MIGRATION_13_FUNCTIONS = {
+    "entry_turn_inventory": "50c52cf5cbcee81894a5c7c4c0115eb7f3fdf55950596347492f62c20365bbff",
+    "turn_inventory": "a46b9a3a2bf45a2a4b74f07681b489f2db9b559364cd9217ad0a0a3cbe2ebfd2",
+}
+
+
 def test_migration_10_creates_the_functions_it_always_created() -> None:
     import hashlib
 
@@ -275,6 +392,18 @@ def test_migration_10_creates_the_functions_it_always_created() -> None:
 
     texts = pg_read_functions()
     assert {name: hashlib.sha256(text.encode()).hexdigest() for name, text in texts.items()} == MIGRATION_10_FUNCTIONS
+
+
+def test_migration_13_replaces_them_with_the_functions_it_always_created() -> None:
+    import hashlib
+
+    from securepad._pg_schema import MIGRATIONS
+    from securepad.head_reads import pg_lean_read_functions
+
+    texts = pg_lean_read_functions()
+    assert {name: hashlib.sha256(text.encode()).hexdigest() for name, text in texts.items()} == MIGRATION_13_FUNCTIONS
+    assert all(text.startswith(f"CREATE OR REPLACE FUNCTION {name}(") for name, text in texts.items())
+    assert all(text in MIGRATIONS[13] for text in texts.values())
 
 
 @pytest.mark.parametrize("case", ["warm", "start_time", "system_identifier", "transaction_ids", "another_head"])
