@@ -48,6 +48,7 @@ import secrets
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,41 @@ def _prepared(sql: str) -> str:
     """The store's ``?`` placeholders as ``$1``, ``$2``... (``PREPARE``)."""
     numbers = iter(range(1, 1 << 16))
     return re.sub(r"\?", lambda _: f"${next(numbers)}", sql)
+
+
+def _measure(
+    cur: Any,
+    pid: int,
+    cases: dict[str, tuple[str, tuple[Any, ...]]],
+    *,
+    rounds: int,
+    executions: int,
+    start: Callable[[], None] | None = None,
+    token_only: bool = False,
+) -> dict[str, list[float]]:
+    """Each case's statement prepared, then ``rounds`` rounds of the cases in
+    turn (10 untimed executions, then ``executions`` timed): the server's CPU
+    microseconds per execution of each, one figure a round. ``start`` runs
+    after the statements are prepared and before the first round; with
+    ``token_only`` an execution that returns more than the token row (the
+    inventory came back: head or digest differed) is an error."""
+    for index, (text, _) in enumerate(cases.values()):
+        cur.execute(f"PREPARE token_{index} AS {_prepared(text)}")
+    if start is not None:
+        start()
+    costs: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for index, (name, (_, values)) in enumerate(cases.items()):
+            statement = f"EXECUTE token_{index}({', '.join(['%s'] * len(values))})"
+            for _ in range(10):
+                cur.execute(statement, values)
+            before = _server_cpu_s(pid)
+            for _ in range(executions):
+                cur.execute(statement, values)
+                if len(cur.fetchall()) != 1 and token_only:
+                    raise RuntimeError(f"{name}: the inventory came back")
+            costs[name].append((_server_cpu_s(pid) - before) / executions * 1e6)
+    return costs
 
 
 def _turn(dsn: str, schema: str, entries: int) -> tuple[list[str], InventoryReads]:
@@ -118,19 +154,7 @@ def token_costs(dsn: str, *, entries: int = 1000, executions: int = 3000, rounds
                 "token part": (token_part, tuple(params[:-1])),
                 "snapshot moved": (call, moved),
             }
-            for index, (text, _) in enumerate(cases.values()):
-                cur.execute(f"PREPARE token_{index} AS {_prepared(text)}")
-            costs: dict[str, list[float]] = {name: [] for name in cases}
-            for _ in range(rounds):
-                for index, (name, (_, values)) in enumerate(cases.items()):
-                    statement = f"EXECUTE token_{index}({', '.join(['%s'] * len(values))})"
-                    for _ in range(10):
-                        cur.execute(statement, values)
-                    before = _server_cpu_s(pid)
-                    for _ in range(executions):
-                        cur.execute(statement, values)
-                        cur.fetchall()
-                    costs[name].append((_server_cpu_s(pid) - before) / executions * 1e6)
+            costs = _measure(cur, pid, cases, rounds=rounds, executions=executions)
             conn.execute("ROLLBACK")
         return costs
     finally:
@@ -190,22 +214,9 @@ def commit_costs(
                 "migration 10": (call.replace("entry_turn_inventory(", "entry_turn_inventory_10("), tuple(params)),
                 "migration 13": (call, tuple(params)),
             }
-            for index, (text, _) in enumerate(cases.values()):
-                cur.execute(f"PREPARE token_{index} AS {_prepared(text)}")
-            committer.start()
-            costs: dict[str, list[float]] = {name: [] for name in cases}
-            for _ in range(rounds):
-                for index, (name, (_, values)) in enumerate(cases.items()):
-                    statement = f"EXECUTE token_{index}({', '.join(['%s'] * len(values))})"
-                    for _ in range(10):
-                        cur.execute(statement, values)
-                    before = _server_cpu_s(pid)
-                    for _ in range(executions):
-                        cur.execute(statement, values)
-                        if len(cur.fetchall()) != 1:  # the token row alone: the head and digest held
-                            raise RuntimeError(f"{name}: the inventory came back")
-                    costs[name].append((_server_cpu_s(pid) - before) / executions * 1e6)
-        return costs
+            return _measure(
+                cur, pid, cases, rounds=rounds, executions=executions, start=committer.start, token_only=True
+            )
     finally:
         stop.set()
         if committer.is_alive():
