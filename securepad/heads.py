@@ -277,16 +277,9 @@ class Heads(HeadChecks, OwnerHeads):
     def _from_rows(self, rows: list[dict[str, Any]], owner: str, turn_id: str) -> Head:
         """The turn's inventory, authenticated by its head (rows of ``InventoryReads.sql``)."""
         by_turn = {row["turn_id"]: row for row in rows if row["k"] == "h"}
-        if turn_id in by_turn:
-            tally = self._tally(by_turn[turn_id], owner, turn_id)
-        elif OWNER_HEAD in by_turn:
-            if turn_id in self.owner_head(by_turn[OWNER_HEAD], owner):
-                raise IntegrityError(f"turn {turn_id!r} lost its head: the turn was removed from the store")
-            tally = Tally()
-        elif any(row["k"] == "k" for row in rows):
-            raise _owner_removed(owner)
-        else:
-            tally = Tally()
+        if turn_id not in by_turn and OWNER_HEAD not in by_turn and any(row["k"] == "k" for row in rows):
+            raise _owner_removed(owner)  # the owner has a key (a "k" row) but no heads
+        tally = self._turn_tally(by_turn, owner, turn_id)
         head = Head()
         self._same_tally(tally, self._recount(head, rows, owner, turn_id), turn_id)
         return head
@@ -418,14 +411,15 @@ class Heads(HeadChecks, OwnerHeads):
         nothing but the turn's head may change: a new turn, or bytes past the
         turn's reservation, raise ``OwnerLockNeeded`` instead.
 
-        The head's rows are read with ``select_sql`` (``entry_select_sql`` with
-        ``entry_id``, the turn's entry), and the newest version with
-        ``newest_sql``: a caller that announced them (``Conn.prefetch``) at the
-        start of its transaction pays no round trip for them; the upserts are
-        deferred (``Conn.defer``: they go with COMMIT on PostgreSQL). ``rows``:
-        the head rows, when the caller read them in a statement of its own
-        (``with_heads``, ``read_with_heads``). ``insert``: the caller's insert of the
-        rows the edit adds, not yet sent: it goes with the upsert
+        The steps: read the head rows (``_heads_of``: no round trip of its
+        own; ``rows``, the head rows when the caller read them in a statement
+        of its own, ``with_heads``; ``entry_id``, the turn of that entry);
+        open the turn's tally (``_turn_tally``) and apply ``edit``; write
+        (deferred, ``Conn.defer``: with COMMIT on PostgreSQL) the caller's
+        ``insert`` alone when the tally did not change, the turn head alone
+        under the shared lock, or what the owner's exclusive lock may change
+        too (``_owner_bodies``). ``insert``: the caller's insert of the rows
+        the edit adds, not yet sent: it goes with the upsert
         (``OwnerHeads.write_bodies``: one statement on PostgreSQL).
 
         The turn's verified inventory cached in this process is dropped
@@ -439,34 +433,77 @@ class Heads(HeadChecks, OwnerHeads):
             OwnerLockNeeded: with ``turn_only``, as above.
         """
         self._cache.drop(owner, turn_id)
-        if rows is None:
-            rows = conn.query(
-                *(self.select_sql(owner, turn_id) if entry_id is None else self.entry_select_sql(owner, entry_id))
-            )
-        by_turn = {row["turn_id"]: row for row in rows}
-        new_turn = turn_id not in by_turn
-        if new_turn and turn_only:
-            raise OwnerLockNeeded
-        if not new_turn:
-            tally = self._tally(by_turn[turn_id], owner, turn_id)
-        else:
-            if OWNER_HEAD in by_turn and turn_id in self.owner_head(by_turn[OWNER_HEAD], owner):
-                raise IntegrityError(f"turn {turn_id!r} lost its head: the turn was removed from the store")
-            tally = Tally()
+        by_turn = self._heads_of(conn, owner, turn_id, entry_id, rows)
+        if turn_only and turn_id not in by_turn:
+            raise OwnerLockNeeded  # a new turn joins the owner head: the exclusive lock's
+        tally = self._turn_tally(by_turn, owner, turn_id)
         before = tally.dumps()
         change = HeadEdit(tally, self.terms(owner, turn_id))
         edit(change)
         tally.b = max(tally.b, 0)
         body = tally.dumps()  # what a write within the reservation seals, unchanged below (issue 15: one JSON less)
-        if body == before:
+        if body == before:  # nothing the head counts changed: the caller's insert alone
             if insert is not None:
                 conn.defer(*insert)
-            return tally.r - tally.b
-        if turn_only:
+        elif turn_only:
             if tally.b > tally.r or change.bytes < 0:
                 raise OwnerLockNeeded  # the reservation is short: the owner's usage head must change
             self.write_bodies(conn, owner, [(turn_id, body)], version, insert)
-            return tally.r - tally.b
+        else:
+            bodies = self._owner_bodies(conn, owner, turn_id, by_turn, tally, change.bytes, room, version)
+            self.write_bodies(conn, owner, bodies, version, insert)
+        return tally.r - tally.b
+
+    def _heads_of(
+        self, conn: Conn, owner: str, turn_id: str, entry_id: str | None, rows: Rows | None
+    ) -> dict[str, dict[str, Any]]:
+        """``change``'s head rows by turn id (the turn's, the owner head and
+        the usage head): ``rows`` when the caller read them beside its own
+        row, else read here with the SQL of ``select_sql`` (``entry_select_sql``
+        with ``entry_id``, the turn's entry), which a caller announces at the
+        start of its transaction (``Conn.prefetch``), so that the read costs no
+        round trip of its own on PostgreSQL."""
+        if rows is None:
+            rows = conn.query(
+                *(self.select_sql(owner, turn_id) if entry_id is None else self.entry_select_sql(owner, entry_id))
+            )
+        return {row["turn_id"]: row for row in rows}
+
+    def _turn_tally(self, by_turn: dict[str, dict[str, Any]], owner: str, turn_id: str) -> Tally:
+        """The turn's tally as its head seals it, or an empty one for a turn
+        the owner never wrote; a turn the owner head lists but that has no head
+        was removed, rows and head together (the owner head is opened only then).
+
+        Raises:
+            IntegrityError: a head fails authentication, or the turn lost its head.
+        """
+        if turn_id in by_turn:
+            return self._tally(by_turn[turn_id], owner, turn_id)
+        if OWNER_HEAD in by_turn and turn_id in self.owner_head(by_turn[OWNER_HEAD], owner):
+            raise IntegrityError(f"turn {turn_id!r} lost its head: the turn was removed from the store")
+        return Tally()
+
+    def _owner_bodies(
+        self,
+        conn: Conn,
+        owner: str,
+        turn_id: str,
+        by_turn: dict[str, dict[str, Any]],
+        tally: Tally,
+        added: int,
+        room: Room | None,
+        version: int | None,
+    ) -> list[tuple[str, bytes]]:
+        """What a change under the owner's exclusive lock seals: the turn head,
+        its reservation set for the ``added`` bytes (``head_quota.reserve``:
+        granted, reclaimed from other turns, or refused; ``record_room`` for a
+        record), the owner head when the turn is new, and the usage head when
+        the owner's total reservation moved.
+
+        Raises:
+            IntegrityError: the owner's heads were removed, or one fails authentication.
+            QuotaExceededError: ``room`` has none for what the write adds.
+        """
         if OWNER_HEAD not in by_turn:
             # Every owner with a key has an owner head (``first_owner_head``), and a
             # write that changes a turn has a key: none means the owner's heads were removed.
@@ -477,17 +514,16 @@ class Heads(HeadChecks, OwnerHeads):
         def reclaim(total: int) -> int:
             return self.reclaim(conn, owner, total, turn_id, version)
 
-        reserved = reserve(tally, change.bytes, total, room, reclaim)
+        reserved = reserve(tally, added, total, room, reclaim)
         if room is not None and room.records_adding:
             reserved = record_room(tally, reserved, room, reclaim)
         bodies = [(turn_id, tally.dumps())]
-        if new_turn:
+        if turn_id not in by_turn:
             turns = self.owner_head(by_turn[OWNER_HEAD], owner) | {turn_id}
             bodies.append((OWNER_HEAD, json.dumps({"t": sorted(turns)}).encode()))
         if reserved is not None and reserved != total:  # none: unknown (``head_owner``), the quota sums
             bodies.append((USAGE_HEAD, usage_body(reserved)))
-        self.write_bodies(conn, owner, bodies, version, insert)
-        return tally.r - tally.b
+        return bodies
 
     def reclaim(self, conn: Conn, owner: str, total: int, turn_id: str, version: int | None = None) -> int:
         """Give back the unused reservation of every turn of the owner but
