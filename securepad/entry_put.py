@@ -18,7 +18,8 @@ from .crypto import ENTRY_FORMAT, EntryCipher, Header, ListingKey, Wrapper, seal
 from .entry_listings import Listings, step_sql
 from .entry_rows import EntryParts, check_step_num, listing_fields, live
 from .errors import InvalidArgumentError, QuotaExceededError
-from .heads import Heads, Room, entry_item
+from .head_beside import read_with_heads, with_heads
+from .heads import Room, entry_item
 from .keystore import NEWEST_VERSION_SQL, Keystore
 from .policy import Policy
 from .principal import Principal, check_identifier
@@ -34,6 +35,7 @@ class Putter:
 
     def __init__(self, parts: EntryParts, listings: Listings) -> None:
         self._keys, self._access = parts.keys, parts.access
+        self.dialect = parts.db.dialect
         self.policy, self.heads, self.now, self.ttl = parts.policy, parts.heads, parts.now, parts.ttl
         self.listings = listings
         # The reservation (owner, turn) had left after its last put here: a
@@ -91,7 +93,7 @@ class Putter:
                 check_step_num(taken)
                 if taken != row["step_num"]:
                     prepared.restep(row, meta, listings[row["key_version"]], taken, observation)
-            found, head_rows = Heads.read_with_heads(conn, reads())
+            found, head_rows = read_with_heads(conn, reads())
             if step is not None:  # the step's look came with the version-and-quota statement
                 self.listings.check_step_free(principal, turn_id, step_num, created, conn, taken=_taken(found))
             room = None
@@ -130,8 +132,8 @@ class Putter:
         def reads() -> list[tuple[str, Params]]:
             # One statement reads the key version, the quota (not under the shared
             # lock: ``_quota_sql``), (free_step) the step and (PostgreSQL) the
-            # turn's heads (``Heads.with_heads``), with BEGIN.
-            return self.heads.with_heads(_quota_sql(owner, created, step, records=not shared), owner, turn_id)
+            # turn's heads (``head_beside``), with BEGIN.
+            return with_heads(self.dialect, _quota_sql(owner, created, step, records=not shared), owner, turn_id)
 
         step = step_sql(self._access, principal, turn_id, step_num) if free_step and not next_step else None
         # Under the owner's shared lock when the turn had room at its last put
@@ -320,7 +322,7 @@ class _Batch:
             rows, segments, _ = sealed
             self._check_steps(conn, [row["step_num"] for row in rows], created)
             version = rows[0]["key_version"]
-            found, head_rows = Heads.read_with_heads(conn, self._reads(created))
+            found, head_rows = read_with_heads(conn, self._reads(created))
             room = self.entries.room(conn, owner, version, created, "batch", found)
             columns = list(rows[0])
             conn.executemany(
@@ -363,9 +365,9 @@ class _Batch:
         return reads if self.shown is not None else [*reads, self._steps_sql(steps)]
 
     def _reads(self, now: float) -> list[tuple[str, Params]]:
-        """The quota's row and the turn's heads (one statement on PostgreSQL: ``Heads.with_heads``)."""
+        """The quota's row and the turn's heads (one statement on PostgreSQL: ``head_beside``)."""
         owner = self.principal.owner_user_id
-        return self.entries.heads.with_heads(_quota_sql(owner, now), owner, self.turn_id)
+        return with_heads(self.entries.dialect, _quota_sql(owner, now), owner, self.turn_id)
 
     def _steps_query(self, steps: list[int]) -> tuple[str, str, str, Params]:
         """``_check_steps``'s query, as ``Access.rows`` and ``rows_sql`` take it."""

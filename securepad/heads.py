@@ -230,37 +230,6 @@ class Heads(HeadChecks, OwnerHeads):
         return _HEAD_SQL.format(turn="?"), (owner, turn_id, OWNER_HEAD, USAGE_HEAD)
 
     @staticmethod
-    def beside_sql(one_row: tuple[str, Params], owner: str, turn_id: str) -> tuple[str, Params]:
-        """The query ``one_row`` (one row of scalars, as ``entry_put``'s quota) and the
-        turn's head rows (``select_sql``) in one statement: each head row carries
-        the scalars; with no head row, one row of the scalars and NULL head
-        columns. A put's reads then cost PostgreSQL one Bind, one portal and one
-        executor start-up rather than two (issue 15); ``read_with_heads`` splits them."""
-        sql, params = one_row
-        return (
-            f"SELECT one.*, h.owner_user_id, h.turn_id, h.key_version, h.sealed FROM ({sql}) AS one"
-            " LEFT JOIN turn_heads AS h ON h.owner_user_id = ? AND h.turn_id IN (?, ?, ?)",
-            (*params, owner, turn_id, OWNER_HEAD, USAGE_HEAD),
-        )
-
-    def with_heads(self, one_row: tuple[str, Params], owner: str, turn_id: str) -> list[tuple[str, Params]]:
-        """The reads of ``one_row`` and of the turn's head rows, as a write
-        announces them (``Conn.prefetch``) and ``read_with_heads`` answers them:
-        one statement on PostgreSQL (``beside_sql``); two on SQLite, whose put
-        measured no faster with the join (a statement there costs no message)."""
-        if self._db.dialect == "postgresql":
-            return [self.beside_sql(one_row, owner, turn_id)]
-        return [one_row, self.select_sql(owner, turn_id)]
-
-    @staticmethod
-    def read_with_heads(conn: Conn, reads: list[tuple[str, Params]]) -> tuple[dict[str, Any], Rows]:
-        """``with_heads``'s answer inside the write: the one row, and the head rows (for ``change``)."""
-        rows = conn.query(*reads[0])
-        if len(reads) == 1:
-            return rows[0], [row for row in rows if row["turn_id"] is not None]
-        return rows[0], conn.query(*reads[1])
-
-    @staticmethod
     def entry_select_sql(owner: str, entry_id: str) -> tuple[str, Params]:
         """``select_sql`` for the turn of entry ``entry_id`` (read with, or before, the entry's row)."""
         return _HEAD_SQL.format(turn=ENTRY_TURN_SQL), (owner, entry_id, OWNER_HEAD, USAGE_HEAD)
@@ -413,7 +382,7 @@ class Heads(HeadChecks, OwnerHeads):
 
         The steps: read the head rows (``_heads_of``: no round trip of its
         own; ``rows``, the head rows when the caller read them in a statement
-        of its own, ``with_heads``; ``entry_id``, the turn of that entry);
+        of its own, ``head_beside``; ``entry_id``, the turn of that entry);
         open the turn's tally (``_turn_tally``) and apply ``edit``; write
         (deferred, ``Conn.defer``: with COMMIT on PostgreSQL) the caller's
         ``insert`` alone when the tally did not change, the turn head alone
