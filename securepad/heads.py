@@ -250,7 +250,7 @@ class Heads(HeadChecks, OwnerHeads):
             raise _owner_removed(owner)  # the owner has a key (a "k" row) but no heads
         tally = self._turn_tally(by_turn, owner, turn_id)
         head = Head()
-        self._same_tally(tally, self._recount(head, rows, owner, turn_id), turn_id)
+        tally.check_found(self._recount(head, rows, owner, turn_id), turn_id)
         return head
 
     def _recount(self, head: Head, rows: list[dict[str, Any]], owner: str, turn_id: str) -> Tally:
@@ -275,22 +275,6 @@ class Heads(HeadChecks, OwnerHeads):
             found.newest = [top[0], top[1][0], top[1][1], top[1][3], top[1][4]]
         return found
 
-    @staticmethod
-    def _same_tally(sealed: Tally, found: Tally, turn_id: str) -> None:
-        for kind, table in KINDS.items():
-            if found.n[kind] != sealed.n[kind]:
-                raise IntegrityError(
-                    f"turn {turn_id!r} holds {found.n[kind]} {table}, its head {sealed.n[kind]}:"
-                    " rows were removed or added (tampering)"
-                )
-            if found.d[kind] != sealed.d[kind]:
-                raise IntegrityError(
-                    f"turn {turn_id!r}'s {table} differ from its head (an id, step, expiry, stored bytes or scope"
-                    " was altered, or a row replaced): tampering or a rolled-back row"
-                )
-        if found.last > sealed.last or (sealed.newest is not None and sealed.newest != found.newest):
-            raise IntegrityError(f"turn {turn_id!r}'s newest step is not the one its head recorded: tampering")
-
     def terms(self, owner: str, turn_id: str) -> Callable[[str, str, tuple[Any, ...]], int]:
         return functools.partial(self._term, owner, turn_id)
 
@@ -309,12 +293,8 @@ class Heads(HeadChecks, OwnerHeads):
         return self._from_rows(self._rows(owner, turn_id), owner, turn_id)
 
     def tally_of(self, owner: str, turn_id: str) -> HeadEdit:
-        """An empty tally to add authenticated rows to (``verify``), compared with ``same_tally``."""
+        """An empty tally to add authenticated rows to (``verify``), compared with ``Tally.check_found``."""
         return HeadEdit(Tally(), self.terms(owner, turn_id))
-
-    def same_tally(self, sealed: Tally, found: Tally, turn_id: str) -> None:
-        """Raise IntegrityError unless ``found`` (the rows) equals ``sealed`` (the head)."""
-        self._same_tally(sealed, found, turn_id)
 
     def checked_last(
         self, principal: Principal, turn_id: str, fetch: Callable[[], dict[str, Any] | None], now: float
@@ -534,7 +514,7 @@ class Heads(HeadChecks, OwnerHeads):
             tally = Tally.loads(body, before=True)
             head = Head()
             found = self._recount(head, conn.query(*self.reads.sql("?", turn_id, owner)), owner, turn_id)
-            self._same_tally(tally, found, turn_id)
+            tally.check_found(found, turn_id)
         except (IntegrityError, ValueError, AttributeError):
             return None
         tally.b = tally.r = sum(int(item[2]) for item in head.e.values())
