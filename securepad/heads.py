@@ -367,9 +367,10 @@ class Heads(HeadChecks, OwnerHeads):
         (deferred, ``Conn.defer``: with COMMIT on PostgreSQL) the caller's
         ``insert`` alone when the tally did not change, the turn head alone
         under the shared lock, or what the owner's exclusive lock may change
-        too (``_owner_bodies``). ``insert``: the caller's insert of the rows
-        the edit adds, not yet sent: it goes with the upsert
-        (``OwnerHeads.write_bodies``: one statement on PostgreSQL).
+        too (``_owner_bodies``); without ``version``, the newest is read with
+        the SQL of ``newest_sql``, which a caller announces too. ``insert``: the
+        caller's insert of the rows the edit adds, not yet sent: it goes with
+        the upsert (``OwnerHeads.write_bodies``: one statement on PostgreSQL).
 
         The turn's verified inventory cached in this process is dropped
         (``head_cache``): the next read verifies the turn again (on SQLite this
