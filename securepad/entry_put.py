@@ -361,6 +361,10 @@ class _Batch:
         return checked
 
     def put(self, items: Any, ttl_seconds: int | None, now: float | None) -> list[dict[str, Any]]:
+        """The batch's views (with ``shown``, each item the model was shown
+        instead, where there is one): validated and shaped, then sealed
+        (``seal``, again on each retry) and written (``_write``) by
+        ``Keystore.write_current``."""
         checked = self._items(items)
         ttl = self.entries.ttl(ttl_seconds)
         created = self.entries.now(now)
@@ -368,20 +372,13 @@ class _Batch:
             return []
         owner = self.principal.owner_user_id
         policy = self.entries.policy
-        if self.shown is None:  # shaped once: the steps are the caller's
-            fixed = [_Prepared.of(obs, step, policy) for step, _, obs in checked]
+        fixed = [_Prepared.of(obs, step, policy) for step, _, obs in checked] if self.shown is None else []
         identities: dict[tuple[int, int], str] = {}
         shown_items: list[tuple[Any] | None] = []
 
         def seal(version: int, wrapper: Wrapper) -> _Sealed:
-            steps = [step for step, _, _ in checked]
-            prepared = fixed if self.shown is None else []
             shown_items.clear()
-            if self.shown is not None:
-                first = self.entries.listings.last_step(self.principal, self.turn_id, created) + 1
-                steps = list(range(first, first + len(checked)))
-                check_step_num(steps[-1])
-                prepared = [_Prepared.of(obs, step, policy) for step, (_, _, obs) in zip(steps, checked, strict=True)]
+            steps, prepared = self._steps(checked, fixed, created)
             rows: list[dict[str, Any]] = []
             segments: list[list[bytes]] = []
             metas: list[dict[str, Any]] = []
@@ -399,33 +396,10 @@ class _Batch:
                 metas.append(meta)
             return rows, segments, metas
 
-        def write(conn: Conn, sealed: _Sealed) -> _Sealed:
-            rows, segments, _ = sealed
-            self._check_steps(conn, [row["step_num"] for row in rows], created)
-            version = rows[0]["key_version"]
-            found, head_rows = read_with_heads(conn, self._reads(created))
-            room = self.entries.room(conn, owner, version, created, "batch", found)
-            columns = list(rows[0])
-            conn.executemany(
-                f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-                [tuple(row[c] for c in columns) for row in rows],
-            )
-            _insert_segments(conn, rows, segments)
-            self.entries.heads.change(
-                conn,
-                owner,
-                self.turn_id,
-                lambda head: head.add_all("e", ((r["id"], entry_item(r)) for r in rows)),
-                version,
-                room=room,
-                rows=head_rows,
-            )
-            return sealed
-
         rows, _, metas = self.keys.write_current(
             owner,
             seal,
-            write,
+            lambda conn, sealed: self._write(conn, sealed, created),
             attempts=5,
             count=len(checked),
             prefetch=self._prefetch(created, [step for step, _, _ in checked]),
@@ -437,6 +411,48 @@ class _Batch:
         if self.shown is None:
             return views
         return [view if inline is None else inline[0] for view, inline in zip(views, shown_items, strict=True)]
+
+    def _steps(
+        self, checked: list[tuple[int, str, Any]], fixed: list[_Prepared], now: float
+    ) -> tuple[list[int], list[_Prepared]]:
+        """The items' steps and shaped observations, before each seal: the
+        caller's steps (shaped once, ``fixed``), or (``shown``) the steps after
+        the turn's highest live one, read again each time (the observations
+        shaped again: a view names its step)."""
+        if self.shown is None:
+            return [step for step, _, _ in checked], fixed
+        first = self.entries.listings.last_step(self.principal, self.turn_id, now) + 1
+        steps = list(range(first, first + len(checked)))
+        check_step_num(steps[-1])
+        policy = self.entries.policy
+        return steps, [_Prepared.of(obs, step, policy) for step, (_, _, obs) in zip(steps, checked, strict=True)]
+
+    def _write(self, conn: Conn, sealed: _Sealed, now: float) -> _Sealed:
+        """Inside the owner's write transaction: refuse taken steps, read the
+        key version, the quota and the turn's heads (``head_beside``), check
+        the quota's room, insert every row, then the heads' change (``Heads.change``)."""
+        rows, segments, _ = sealed
+        owner = self.principal.owner_user_id
+        self._check_steps(conn, [row["step_num"] for row in rows], now)
+        version = rows[0]["key_version"]
+        found, head_rows = read_with_heads(conn, self._reads(now))
+        room = self.entries.room(conn, owner, version, now, "batch", found)
+        columns = list(rows[0])
+        conn.executemany(
+            f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+            [tuple(row[c] for c in columns) for row in rows],
+        )
+        _insert_segments(conn, rows, segments)
+        self.entries.heads.change(
+            conn,
+            owner,
+            self.turn_id,
+            lambda head: head.add_all("e", ((r["id"], entry_item(r)) for r in rows)),
+            version,
+            room=room,
+            rows=head_rows,
+        )
+        return sealed
 
     def _prefetch(self, now: float, steps: list[int]) -> list[tuple[str, Params]]:
         """The write's reads, sent with the transaction's first message
