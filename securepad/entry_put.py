@@ -11,14 +11,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import reads, shaping
-from ._backend import Conn, DuplicateKeyError, OwnerLockNeeded, Params
+from ._backend import Conn, DuplicateKeyError, OwnerLockNeeded, Params, Rows
 from ._records import Records
 from .access import Access, check_principal
 from .crypto import ENTRY_FORMAT, EntryCipher, Header, ListingKey, Wrapper, seal_entry, split_bytes, split_text
 from .entry_listings import Listings, step_sql
 from .entry_rows import EntryParts, check_step_num, listing_fields, live
 from .errors import InvalidArgumentError, QuotaExceededError
-from .heads import Heads, Room, entry_item
+from .head_beside import read_with_heads, with_heads
+from .heads import Room, entry_item
 from .keystore import NEWEST_VERSION_SQL, Keystore
 from .policy import Policy
 from .principal import Principal, check_identifier
@@ -34,6 +35,7 @@ class Putter:
 
     def __init__(self, parts: EntryParts, listings: Listings) -> None:
         self._keys, self._access = parts.keys, parts.access
+        self.dialect = parts.db.dialect
         self.policy, self.heads, self.now, self.ttl = parts.policy, parts.heads, parts.now, parts.ttl
         self.listings = listings
         # The reservation (owner, turn) had left after its last put here: a
@@ -62,7 +64,8 @@ class Putter:
         the write transaction, which serializes the owner's writes, gives the
         entry the step after the turn's highest live one in the principal's
         scope (sealing its metadata again when the guess was not that), so
-        concurrent writers never collide; the returned view has the step taken."""
+        concurrent writers never collide; the returned view has the step taken.
+        The steps of one put are ``_Put``'s."""
         if next_step and (inline is not None or not free_step):
             raise InvalidArgumentError("next_step needs free_step and no inline item")
         check_principal(principal)
@@ -73,76 +76,17 @@ class Putter:
         prepared = _Prepared.of(observation, step_num, self.policy)
         created = self.now(now)
         meta = prepared.meta(principal, step_num, executor_name, created, created + ttl, inline)
-        owner = principal.owner_user_id
-        identities: dict[int, str] = {}
-        listings: dict[int, ListingKey] = {}
-
-        def seal(version: int, wrapper: Wrapper) -> tuple[dict[str, Any], list[bytes], EntryCipher]:
-            if version not in identities:
-                identities[version] = self._keys.identity(owner, version).of(prepared.kind, prepared.segments)
-            meta["content_id"] = identities[version]
-            listings[version] = self._keys.listing_key(owner, version)  # for a re-step inside the write, too
-            return prepared.seal(wrapper, listings[version], version, owner, turn_id, meta)
-
-        def write(conn: Conn, sealed: tuple[dict[str, Any], list[bytes], EntryCipher]) -> tuple[str, int]:
-            row, segments, _ = sealed
-            if next_step:
-                taken = self.listings.last_step(principal, turn_id, created, conn) + 1
-                check_step_num(taken)
-                if taken != row["step_num"]:
-                    prepared.restep(row, meta, listings[row["key_version"]], taken, observation)
-            found, head_rows = Heads.read_with_heads(conn, reads())
-            if step is not None:  # the step's look came with the version-and-quota statement
-                self.listings.check_step_free(principal, turn_id, step_num, created, conn, taken=_taken(found))
-            room = None
-            if shared:  # within the turn's reservation, or ``change`` raises OwnerLockNeeded: no quota to check
-                Keystore.check_newest(found["newest"], row["key_version"])
-            else:
-                room = self.room(conn, owner, row["key_version"], created, "entry", found, unsent=row["stored_bytes"])
-            spare = self.heads.change(
-                conn,
-                owner,
-                turn_id,
-                lambda head: head.add("e", row["id"], entry_item(row)),
-                row["key_version"],
-                room=room,
-                turn_only=shared,
-                rows=head_rows,
-                insert=(
-                    f"INSERT INTO entries({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
-                    tuple(row.values()),
-                ),
-            )
-            _insert_segments(conn, [row], [segments])  # after their entry (the heads' upsert carries its insert)
-            return str(row["id"]), spare
-
-        def attempt() -> tuple[str, int]:
-            return self._keys.write_current(
-                owner,
-                seal,
-                write,
-                attempts=5,
-                busy="could not store the entry: its id or owner key kept changing; try again",
-                prefetch=reads(),
-                turn=turn_id if shared else None,
-            )
-
-        def reads() -> list[tuple[str, Params]]:
-            # One statement reads the key version, the quota (not under the shared
-            # lock: ``_quota_sql``), (free_step) the step and (PostgreSQL) the
-            # turn's heads (``Heads.with_heads``), with BEGIN.
-            return self.heads.with_heads(_quota_sql(owner, created, step, records=not shared), owner, turn_id)
-
+        # A given step's look goes into the version-and-quota statement (``_quota_sql``).
         step = step_sql(self._access, principal, turn_id, step_num) if free_step and not next_step else None
+        one = _Put(self, self._keys, principal, turn_id, observation, prepared, meta, step, next_step)
+        owner = principal.owner_user_id
         # Under the owner's shared lock when the turn had room at its last put
         # here (``heads``: a put within its turn's reservation); else, or when
         # that hint is stale, under its exclusive lock.
-        shared = self._spare.get((owner, turn_id), 0) >= prepared.cost_bound()
         try:
-            entry_id, spare = attempt()
+            entry_id, spare = one.attempt(shared=self._spare.get((owner, turn_id), 0) >= prepared.cost_bound())
         except OwnerLockNeeded:
-            shared = False
-            entry_id, spare = attempt()
+            entry_id, spare = one.attempt(shared=False)
         if len(self._spare) >= _HINTS:
             self._spare.clear()
         self._spare[(owner, turn_id)] = spare
@@ -226,6 +170,145 @@ def _taken(found: dict[str, Any]) -> list[dict[str, Any]]:
     return [] if found["step_expires"] is None else [{"expires_at": found["step_expires"]}]
 
 
+# One put's sealed entry: its row, its sealed segments, its cipher.
+_SealedOne = tuple[dict[str, Any], list[bytes], EntryCipher]
+
+
+class _Put:
+    """One ``Putter.put``, its observation shaped (``_Prepared``) and its
+    metadata made: sealed outside any transaction (``seal``), then written in
+    the owner's write transaction (``write``) in three steps, each readable
+    alone: what it reads (``reads``: one statement with BEGIN), what it
+    decides from that (``check``), what it writes (``insert``); a next-step
+    put takes its step first (``take_next_step``).
+
+    ``Keystore.write_current`` runs ``seal`` and ``write`` again when a
+    rotation made the key version stale or an id collided; ``Putter.put``
+    runs the whole (``attempt``) again under the owner's exclusive lock when
+    the shared lock was not enough (``OwnerLockNeeded``). What is derived per
+    key version (the content identity, the listing key) is kept across them."""
+
+    def __init__(
+        self,
+        putter: Putter,
+        keys: Keystore,
+        principal: Principal,
+        turn_id: str,
+        observation: Any,
+        prepared: _Prepared,
+        meta: dict[str, Any],
+        step: tuple[str, Params] | None,
+        next_step: bool,
+    ) -> None:
+        self.putter, self.keys, self.principal, self.turn_id = putter, keys, principal, turn_id
+        self.owner = principal.owner_user_id
+        self.observation, self.prepared, self.meta = observation, prepared, meta
+        self.step_num, self.created = meta["step_num"], meta["created_at"]  # the step given (or guessed)
+        self.step, self.next_step = step, next_step  # ``step``: the given step's look (``step_sql``), or None
+        self.shared = False  # this attempt holds the owner's lock shared (``attempt``)
+        self.identities: dict[int, str] = {}
+        self.listings: dict[int, ListingKey] = {}
+
+    def attempt(self, shared: bool) -> tuple[str, int]:
+        """Seal and write under the owner's lock, ``shared`` (the turn's lock
+        exclusive: ``write_current(turn=...)``) or exclusive; the entry's id,
+        and the turn's reservation left unused (``Heads.change``).
+
+        Raises:
+            OwnerLockNeeded: ``shared``, and the turn's reservation did not cover the entry.
+        """
+        self.shared = shared
+        return self.keys.write_current(
+            self.owner,
+            self.seal,
+            self.write,
+            attempts=5,
+            busy="could not store the entry: its id or owner key kept changing; try again",
+            prefetch=self.reads(),
+            turn=self.turn_id if shared else None,
+        )
+
+    def seal(self, version: int, wrapper: Wrapper) -> _SealedOne:
+        """The entry sealed under owner-key ``version`` (``_Prepared.seal``), with its content identity."""
+        if version not in self.identities:
+            identity = self.keys.identity(self.owner, version)
+            self.identities[version] = identity.of(self.prepared.kind, self.prepared.segments)
+        self.meta["content_id"] = self.identities[version]
+        self.listings[version] = self.keys.listing_key(self.owner, version)  # for a re-step inside the write, too
+        return self.prepared.seal(wrapper, self.listings[version], version, self.owner, self.turn_id, self.meta)
+
+    def write(self, conn: Conn, sealed: _SealedOne) -> tuple[str, int]:
+        """Inside the owner's write transaction: (``next_step``) take the next
+        step, read, decide, write; ``attempt``'s answer."""
+        row, segments, _ = sealed
+        if self.next_step:
+            self.take_next_step(conn, row)
+        found, head_rows = read_with_heads(conn, self.reads())
+        room = self.check(conn, found, row)
+        return str(row["id"]), self.insert(conn, row, segments, room, head_rows)
+
+    def reads(self) -> list[tuple[str, Params]]:
+        """The write's reads, announced with BEGIN (``Conn.prefetch``): one
+        statement reads the key version, the quota (not under the shared lock:
+        ``_quota_sql``), (free_step) the step and (PostgreSQL) the turn's heads
+        (``head_beside``)."""
+        quota = _quota_sql(self.owner, self.created, self.step, records=not self.shared)
+        return with_heads(self.putter.dialect, quota, self.owner, self.turn_id)
+
+    def take_next_step(self, conn: Conn, row: dict[str, Any]) -> None:
+        """``next_step``: the step after the turn's highest live one in the
+        principal's scope, looked up now that the transaction serializes the
+        owner's writes; the row's listing part sealed again when the guess
+        was not it (``_Prepared.restep``)."""
+        taken = self.putter.listings.last_step(self.principal, self.turn_id, self.created, conn) + 1
+        check_step_num(taken)
+        if taken != row["step_num"]:
+            self.prepared.restep(row, self.meta, self.listings[row["key_version"]], taken, self.observation)
+
+    def check(self, conn: Conn, found: dict[str, Any], row: dict[str, Any]) -> Room | None:
+        """What the reads decide: the step is still free (``free_step``), the
+        row's key version is the newest, and, under the exclusive lock, the
+        quota's room, which ``Heads.change`` reserves. Under the shared lock
+        there is no quota to check: the entry must fit in its turn's
+        reservation, or ``change`` raises ``OwnerLockNeeded``.
+
+        Raises:
+            InvalidArgumentError: the step is taken.
+            QuotaExceededError: the owner's quota has no room (``room``).
+        """
+        if self.step is not None:  # the step's look came with the version-and-quota statement
+            self.putter.listings.check_step_free(
+                self.principal, self.turn_id, self.step_num, self.created, conn, taken=_taken(found)
+            )
+        if self.shared:
+            Keystore.check_newest(found["newest"], row["key_version"])
+            return None
+        return self.putter.room(
+            conn, self.owner, row["key_version"], self.created, "entry", found, unsent=row["stored_bytes"]
+        )
+
+    def insert(self, conn: Conn, row: dict[str, Any], segments: list[bytes], room: Room | None, head_rows: Rows) -> int:
+        """The entry's insert, sent with the turn head's upsert (``Heads.change``:
+        one statement on PostgreSQL), then its segments (after their entry);
+        the turn's reservation left unused."""
+        spare = self.putter.heads.change(
+            conn,
+            self.owner,
+            self.turn_id,
+            lambda head: head.add("e", row["id"], entry_item(row)),
+            row["key_version"],
+            room=room,
+            turn_only=self.shared,
+            rows=head_rows,
+            insert=(
+                f"INSERT INTO entries({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                tuple(row.values()),
+            ),
+        )
+        _insert_segments(conn, [row], [segments])
+        return spare
+
+
 # What ``Turn.record_many`` shows the model of an observation at a step:
 # ``(history item,)``, or None for the view.
 Shown = Callable[[Any, int], tuple[Any] | None]
@@ -278,6 +361,10 @@ class _Batch:
         return checked
 
     def put(self, items: Any, ttl_seconds: int | None, now: float | None) -> list[dict[str, Any]]:
+        """The batch's views (with ``shown``, each item the model was shown
+        instead, where there is one): validated and shaped, then sealed
+        (``seal``, again on each retry) and written (``_write``) by
+        ``Keystore.write_current``."""
         checked = self._items(items)
         ttl = self.entries.ttl(ttl_seconds)
         created = self.entries.now(now)
@@ -285,20 +372,13 @@ class _Batch:
             return []
         owner = self.principal.owner_user_id
         policy = self.entries.policy
-        if self.shown is None:  # shaped once: the steps are the caller's
-            fixed = [_Prepared.of(obs, step, policy) for step, _, obs in checked]
+        fixed = [_Prepared.of(obs, step, policy) for step, _, obs in checked] if self.shown is None else []
         identities: dict[tuple[int, int], str] = {}
         shown_items: list[tuple[Any] | None] = []
 
         def seal(version: int, wrapper: Wrapper) -> _Sealed:
-            steps = [step for step, _, _ in checked]
-            prepared = fixed if self.shown is None else []
             shown_items.clear()
-            if self.shown is not None:
-                first = self.entries.listings.last_step(self.principal, self.turn_id, created) + 1
-                steps = list(range(first, first + len(checked)))
-                check_step_num(steps[-1])
-                prepared = [_Prepared.of(obs, step, policy) for step, (_, _, obs) in zip(steps, checked, strict=True)]
+            steps, prepared = self._steps(checked, fixed, created)
             rows: list[dict[str, Any]] = []
             segments: list[list[bytes]] = []
             metas: list[dict[str, Any]] = []
@@ -316,33 +396,10 @@ class _Batch:
                 metas.append(meta)
             return rows, segments, metas
 
-        def write(conn: Conn, sealed: _Sealed) -> _Sealed:
-            rows, segments, _ = sealed
-            self._check_steps(conn, [row["step_num"] for row in rows], created)
-            version = rows[0]["key_version"]
-            found, head_rows = Heads.read_with_heads(conn, self._reads(created))
-            room = self.entries.room(conn, owner, version, created, "batch", found)
-            columns = list(rows[0])
-            conn.executemany(
-                f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-                [tuple(row[c] for c in columns) for row in rows],
-            )
-            _insert_segments(conn, rows, segments)
-            self.entries.heads.change(
-                conn,
-                owner,
-                self.turn_id,
-                lambda head: head.add_all("e", ((r["id"], entry_item(r)) for r in rows)),
-                version,
-                room=room,
-                rows=head_rows,
-            )
-            return sealed
-
         rows, _, metas = self.keys.write_current(
             owner,
             seal,
-            write,
+            lambda conn, sealed: self._write(conn, sealed, created),
             attempts=5,
             count=len(checked),
             prefetch=self._prefetch(created, [step for step, _, _ in checked]),
@@ -355,6 +412,48 @@ class _Batch:
             return views
         return [view if inline is None else inline[0] for view, inline in zip(views, shown_items, strict=True)]
 
+    def _steps(
+        self, checked: list[tuple[int, str, Any]], fixed: list[_Prepared], now: float
+    ) -> tuple[list[int], list[_Prepared]]:
+        """The items' steps and shaped observations, before each seal: the
+        caller's steps (shaped once, ``fixed``), or (``shown``) the steps after
+        the turn's highest live one, read again each time (the observations
+        shaped again: a view names its step)."""
+        if self.shown is None:
+            return [step for step, _, _ in checked], fixed
+        first = self.entries.listings.last_step(self.principal, self.turn_id, now) + 1
+        steps = list(range(first, first + len(checked)))
+        check_step_num(steps[-1])
+        policy = self.entries.policy
+        return steps, [_Prepared.of(obs, step, policy) for step, (_, _, obs) in zip(steps, checked, strict=True)]
+
+    def _write(self, conn: Conn, sealed: _Sealed, now: float) -> _Sealed:
+        """Inside the owner's write transaction: refuse taken steps, read the
+        key version, the quota and the turn's heads (``head_beside``), check
+        the quota's room, insert every row, then the heads' change (``Heads.change``)."""
+        rows, segments, _ = sealed
+        owner = self.principal.owner_user_id
+        self._check_steps(conn, [row["step_num"] for row in rows], now)
+        version = rows[0]["key_version"]
+        found, head_rows = read_with_heads(conn, self._reads(now))
+        room = self.entries.room(conn, owner, version, now, "batch", found)
+        columns = list(rows[0])
+        conn.executemany(
+            f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+            [tuple(row[c] for c in columns) for row in rows],
+        )
+        _insert_segments(conn, rows, segments)
+        self.entries.heads.change(
+            conn,
+            owner,
+            self.turn_id,
+            lambda head: head.add_all("e", ((r["id"], entry_item(r)) for r in rows)),
+            version,
+            room=room,
+            rows=head_rows,
+        )
+        return sealed
+
     def _prefetch(self, now: float, steps: list[int]) -> list[tuple[str, Params]]:
         """The write's reads, sent with the transaction's first message
         (PostgreSQL: one round trip): the quota with the turn's heads and, when the
@@ -363,9 +462,9 @@ class _Batch:
         return reads if self.shown is not None else [*reads, self._steps_sql(steps)]
 
     def _reads(self, now: float) -> list[tuple[str, Params]]:
-        """The quota's row and the turn's heads (one statement on PostgreSQL: ``Heads.with_heads``)."""
+        """The quota's row and the turn's heads (one statement on PostgreSQL: ``head_beside``)."""
         owner = self.principal.owner_user_id
-        return self.entries.heads.with_heads(_quota_sql(owner, now), owner, self.turn_id)
+        return with_heads(self.entries.dialect, _quota_sql(owner, now), owner, self.turn_id)
 
     def _steps_query(self, steps: list[int]) -> tuple[str, str, str, Params]:
         """``_check_steps``'s query, as ``Access.rows`` and ``rows_sql`` take it."""

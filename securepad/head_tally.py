@@ -93,6 +93,28 @@ class Tally:
         }
         return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
+    def check_found(self, found: Tally, turn_id: str) -> None:
+        """Refuse the tally ``found`` of the turn's rows unless it is this one,
+        as its head seals it: counts and digests per kind, and the newest entry
+        (the rows may stay below the highest step ever recorded, ``last``).
+
+        Raises:
+            IntegrityError: rows were removed, added, altered or replaced.
+        """
+        for kind, table in KINDS.items():
+            if found.n[kind] != self.n[kind]:
+                raise IntegrityError(
+                    f"turn {turn_id!r} holds {found.n[kind]} {table}, its head {self.n[kind]}:"
+                    " rows were removed or added (tampering)"
+                )
+            if found.d[kind] != self.d[kind]:
+                raise IntegrityError(
+                    f"turn {turn_id!r}'s {table} differ from its head (an id, step, expiry, stored bytes or scope"
+                    " was altered, or a row replaced): tampering or a rolled-back row"
+                )
+        if found.last > self.last or (self.newest is not None and self.newest != found.newest):
+            raise IntegrityError(f"turn {turn_id!r}'s newest step is not the one its head recorded: tampering")
+
     @classmethod
     def loads(cls, data: bytes, *, before: bool = False) -> Tally:
         """A tally of this format; with ``before``, one of format 2 too (its

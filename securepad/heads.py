@@ -230,37 +230,6 @@ class Heads(HeadChecks, OwnerHeads):
         return _HEAD_SQL.format(turn="?"), (owner, turn_id, OWNER_HEAD, USAGE_HEAD)
 
     @staticmethod
-    def beside_sql(one_row: tuple[str, Params], owner: str, turn_id: str) -> tuple[str, Params]:
-        """The query ``one_row`` (one row of scalars, as ``entry_put``'s quota) and the
-        turn's head rows (``select_sql``) in one statement: each head row carries
-        the scalars; with no head row, one row of the scalars and NULL head
-        columns. A put's reads then cost PostgreSQL one Bind, one portal and one
-        executor start-up rather than two (issue 15); ``read_with_heads`` splits them."""
-        sql, params = one_row
-        return (
-            f"SELECT one.*, h.owner_user_id, h.turn_id, h.key_version, h.sealed FROM ({sql}) AS one"
-            " LEFT JOIN turn_heads AS h ON h.owner_user_id = ? AND h.turn_id IN (?, ?, ?)",
-            (*params, owner, turn_id, OWNER_HEAD, USAGE_HEAD),
-        )
-
-    def with_heads(self, one_row: tuple[str, Params], owner: str, turn_id: str) -> list[tuple[str, Params]]:
-        """The reads of ``one_row`` and of the turn's head rows, as a write
-        announces them (``Conn.prefetch``) and ``read_with_heads`` answers them:
-        one statement on PostgreSQL (``beside_sql``); two on SQLite, whose put
-        measured no faster with the join (a statement there costs no message)."""
-        if self._db.dialect == "postgresql":
-            return [self.beside_sql(one_row, owner, turn_id)]
-        return [one_row, self.select_sql(owner, turn_id)]
-
-    @staticmethod
-    def read_with_heads(conn: Conn, reads: list[tuple[str, Params]]) -> tuple[dict[str, Any], Rows]:
-        """``with_heads``'s answer inside the write: the one row, and the head rows (for ``change``)."""
-        rows = conn.query(*reads[0])
-        if len(reads) == 1:
-            return rows[0], [row for row in rows if row["turn_id"] is not None]
-        return rows[0], conn.query(*reads[1])
-
-    @staticmethod
     def entry_select_sql(owner: str, entry_id: str) -> tuple[str, Params]:
         """``select_sql`` for the turn of entry ``entry_id`` (read with, or before, the entry's row)."""
         return _HEAD_SQL.format(turn=ENTRY_TURN_SQL), (owner, entry_id, OWNER_HEAD, USAGE_HEAD)
@@ -277,18 +246,11 @@ class Heads(HeadChecks, OwnerHeads):
     def _from_rows(self, rows: list[dict[str, Any]], owner: str, turn_id: str) -> Head:
         """The turn's inventory, authenticated by its head (rows of ``InventoryReads.sql``)."""
         by_turn = {row["turn_id"]: row for row in rows if row["k"] == "h"}
-        if turn_id in by_turn:
-            tally = self._tally(by_turn[turn_id], owner, turn_id)
-        elif OWNER_HEAD in by_turn:
-            if turn_id in self.owner_head(by_turn[OWNER_HEAD], owner):
-                raise IntegrityError(f"turn {turn_id!r} lost its head: the turn was removed from the store")
-            tally = Tally()
-        elif any(row["k"] == "k" for row in rows):
-            raise _owner_removed(owner)
-        else:
-            tally = Tally()
+        if turn_id not in by_turn and OWNER_HEAD not in by_turn and any(row["k"] == "k" for row in rows):
+            raise _owner_removed(owner)  # the owner has a key (a "k" row) but no heads
+        tally = self._turn_tally(by_turn, owner, turn_id)
         head = Head()
-        self._same_tally(tally, self._recount(head, rows, owner, turn_id), turn_id)
+        tally.check_found(self._recount(head, rows, owner, turn_id), turn_id)
         return head
 
     def _recount(self, head: Head, rows: list[dict[str, Any]], owner: str, turn_id: str) -> Tally:
@@ -313,22 +275,6 @@ class Heads(HeadChecks, OwnerHeads):
             found.newest = [top[0], top[1][0], top[1][1], top[1][3], top[1][4]]
         return found
 
-    @staticmethod
-    def _same_tally(sealed: Tally, found: Tally, turn_id: str) -> None:
-        for kind, table in KINDS.items():
-            if found.n[kind] != sealed.n[kind]:
-                raise IntegrityError(
-                    f"turn {turn_id!r} holds {found.n[kind]} {table}, its head {sealed.n[kind]}:"
-                    " rows were removed or added (tampering)"
-                )
-            if found.d[kind] != sealed.d[kind]:
-                raise IntegrityError(
-                    f"turn {turn_id!r}'s {table} differ from its head (an id, step, expiry, stored bytes or scope"
-                    " was altered, or a row replaced): tampering or a rolled-back row"
-                )
-        if found.last > sealed.last or (sealed.newest is not None and sealed.newest != found.newest):
-            raise IntegrityError(f"turn {turn_id!r}'s newest step is not the one its head recorded: tampering")
-
     def terms(self, owner: str, turn_id: str) -> Callable[[str, str, tuple[Any, ...]], int]:
         return functools.partial(self._term, owner, turn_id)
 
@@ -347,12 +293,8 @@ class Heads(HeadChecks, OwnerHeads):
         return self._from_rows(self._rows(owner, turn_id), owner, turn_id)
 
     def tally_of(self, owner: str, turn_id: str) -> HeadEdit:
-        """An empty tally to add authenticated rows to (``verify``), compared with ``same_tally``."""
+        """An empty tally to add authenticated rows to (``verify``), compared with ``Tally.check_found``."""
         return HeadEdit(Tally(), self.terms(owner, turn_id))
-
-    def same_tally(self, sealed: Tally, found: Tally, turn_id: str) -> None:
-        """Raise IntegrityError unless ``found`` (the rows) equals ``sealed`` (the head)."""
-        self._same_tally(sealed, found, turn_id)
 
     def checked_last(
         self, principal: Principal, turn_id: str, fetch: Callable[[], dict[str, Any] | None], now: float
@@ -418,15 +360,17 @@ class Heads(HeadChecks, OwnerHeads):
         nothing but the turn's head may change: a new turn, or bytes past the
         turn's reservation, raise ``OwnerLockNeeded`` instead.
 
-        The head's rows are read with ``select_sql`` (``entry_select_sql`` with
-        ``entry_id``, the turn's entry), and the newest version with
-        ``newest_sql``: a caller that announced them (``Conn.prefetch``) at the
-        start of its transaction pays no round trip for them; the upserts are
-        deferred (``Conn.defer``: they go with COMMIT on PostgreSQL). ``rows``:
-        the head rows, when the caller read them in a statement of its own
-        (``with_heads``, ``read_with_heads``). ``insert``: the caller's insert of the
-        rows the edit adds, not yet sent: it goes with the upsert
-        (``OwnerHeads.write_bodies``: one statement on PostgreSQL).
+        The steps: read the head rows (``_heads_of``: no round trip of its
+        own; ``rows``, the head rows when the caller read them in a statement
+        of its own, ``head_beside``; ``entry_id``, the turn of that entry);
+        open the turn's tally (``_turn_tally``) and apply ``edit``; write
+        (deferred, ``Conn.defer``: with COMMIT on PostgreSQL) the caller's
+        ``insert`` alone when the tally did not change, the turn head alone
+        under the shared lock, or what the owner's exclusive lock may change
+        too (``_owner_bodies``); without ``version``, the newest is read with
+        the SQL of ``newest_sql``, which a caller announces too. ``insert``: the
+        caller's insert of the rows the edit adds, not yet sent: it goes with
+        the upsert (``OwnerHeads.write_bodies``: one statement on PostgreSQL).
 
         The turn's verified inventory cached in this process is dropped
         (``head_cache``): the next read verifies the turn again (on SQLite this
@@ -439,34 +383,77 @@ class Heads(HeadChecks, OwnerHeads):
             OwnerLockNeeded: with ``turn_only``, as above.
         """
         self._cache.drop(owner, turn_id)
-        if rows is None:
-            rows = conn.query(
-                *(self.select_sql(owner, turn_id) if entry_id is None else self.entry_select_sql(owner, entry_id))
-            )
-        by_turn = {row["turn_id"]: row for row in rows}
-        new_turn = turn_id not in by_turn
-        if new_turn and turn_only:
-            raise OwnerLockNeeded
-        if not new_turn:
-            tally = self._tally(by_turn[turn_id], owner, turn_id)
-        else:
-            if OWNER_HEAD in by_turn and turn_id in self.owner_head(by_turn[OWNER_HEAD], owner):
-                raise IntegrityError(f"turn {turn_id!r} lost its head: the turn was removed from the store")
-            tally = Tally()
+        by_turn = self._heads_of(conn, owner, turn_id, entry_id, rows)
+        if turn_only and turn_id not in by_turn:
+            raise OwnerLockNeeded  # a new turn joins the owner head: the exclusive lock's
+        tally = self._turn_tally(by_turn, owner, turn_id)
         before = tally.dumps()
         change = HeadEdit(tally, self.terms(owner, turn_id))
         edit(change)
         tally.b = max(tally.b, 0)
         body = tally.dumps()  # what a write within the reservation seals, unchanged below (issue 15: one JSON less)
-        if body == before:
+        if body == before:  # nothing the head counts changed: the caller's insert alone
             if insert is not None:
                 conn.defer(*insert)
-            return tally.r - tally.b
-        if turn_only:
+        elif turn_only:
             if tally.b > tally.r or change.bytes < 0:
                 raise OwnerLockNeeded  # the reservation is short: the owner's usage head must change
             self.write_bodies(conn, owner, [(turn_id, body)], version, insert)
-            return tally.r - tally.b
+        else:
+            bodies = self._owner_bodies(conn, owner, turn_id, by_turn, tally, change.bytes, room, version)
+            self.write_bodies(conn, owner, bodies, version, insert)
+        return tally.r - tally.b
+
+    def _heads_of(
+        self, conn: Conn, owner: str, turn_id: str, entry_id: str | None, rows: Rows | None
+    ) -> dict[str, dict[str, Any]]:
+        """``change``'s head rows by turn id (the turn's, the owner head and
+        the usage head): ``rows`` when the caller read them beside its own
+        row, else read here with the SQL of ``select_sql`` (``entry_select_sql``
+        with ``entry_id``, the turn's entry), which a caller announces at the
+        start of its transaction (``Conn.prefetch``), so that the read costs no
+        round trip of its own on PostgreSQL."""
+        if rows is None:
+            rows = conn.query(
+                *(self.select_sql(owner, turn_id) if entry_id is None else self.entry_select_sql(owner, entry_id))
+            )
+        return {row["turn_id"]: row for row in rows}
+
+    def _turn_tally(self, by_turn: dict[str, dict[str, Any]], owner: str, turn_id: str) -> Tally:
+        """The turn's tally as its head seals it, or an empty one for a turn
+        the owner never wrote; a turn the owner head lists but that has no head
+        was removed, rows and head together (the owner head is opened only then).
+
+        Raises:
+            IntegrityError: a head fails authentication, or the turn lost its head.
+        """
+        if turn_id in by_turn:
+            return self._tally(by_turn[turn_id], owner, turn_id)
+        if OWNER_HEAD in by_turn and turn_id in self.owner_head(by_turn[OWNER_HEAD], owner):
+            raise IntegrityError(f"turn {turn_id!r} lost its head: the turn was removed from the store")
+        return Tally()
+
+    def _owner_bodies(
+        self,
+        conn: Conn,
+        owner: str,
+        turn_id: str,
+        by_turn: dict[str, dict[str, Any]],
+        tally: Tally,
+        added: int,
+        room: Room | None,
+        version: int | None,
+    ) -> list[tuple[str, bytes]]:
+        """What a change under the owner's exclusive lock seals: the turn head,
+        its reservation set for the ``added`` bytes (``head_quota.reserve``:
+        granted, reclaimed from other turns, or refused; ``record_room`` for a
+        record), the owner head when the turn is new, and the usage head when
+        the owner's total reservation moved.
+
+        Raises:
+            IntegrityError: the owner's heads were removed, or one fails authentication.
+            QuotaExceededError: ``room`` has none for what the write adds.
+        """
         if OWNER_HEAD not in by_turn:
             # Every owner with a key has an owner head (``first_owner_head``), and a
             # write that changes a turn has a key: none means the owner's heads were removed.
@@ -477,17 +464,16 @@ class Heads(HeadChecks, OwnerHeads):
         def reclaim(total: int) -> int:
             return self.reclaim(conn, owner, total, turn_id, version)
 
-        reserved = reserve(tally, change.bytes, total, room, reclaim)
+        reserved = reserve(tally, added, total, room, reclaim)
         if room is not None and room.records_adding:
             reserved = record_room(tally, reserved, room, reclaim)
         bodies = [(turn_id, tally.dumps())]
-        if new_turn:
+        if turn_id not in by_turn:
             turns = self.owner_head(by_turn[OWNER_HEAD], owner) | {turn_id}
             bodies.append((OWNER_HEAD, json.dumps({"t": sorted(turns)}).encode()))
         if reserved is not None and reserved != total:  # none: unknown (``head_owner``), the quota sums
             bodies.append((USAGE_HEAD, usage_body(reserved)))
-        self.write_bodies(conn, owner, bodies, version, insert)
-        return tally.r - tally.b
+        return bodies
 
     def reclaim(self, conn: Conn, owner: str, total: int, turn_id: str, version: int | None = None) -> int:
         """Give back the unused reservation of every turn of the owner but
@@ -529,7 +515,7 @@ class Heads(HeadChecks, OwnerHeads):
             tally = Tally.loads(body, before=True)
             head = Head()
             found = self._recount(head, conn.query(*self.reads.sql("?", turn_id, owner)), owner, turn_id)
-            self._same_tally(tally, found, turn_id)
+            tally.check_found(found, turn_id)
         except (IntegrityError, ValueError, AttributeError):
             return None
         tally.b = tally.r = sum(int(item[2]) for item in head.e.values())

@@ -83,7 +83,7 @@ def verify_store(entries: Entries, records: Records, heads: Heads, now: float) -
         rows = tally((owner, turn_id)).tally
         reserved[owner] = reserved.get(owner, 0) + sealed.r
         try:
-            heads.same_tally(sealed, rows, turn_id)
+            sealed.check_found(rows, turn_id)
         except IntegrityError as exc:
             problem = _problem(owner, turn_id, None, "turn", str(exc))
             if _entries_differ(sealed, rows):
@@ -160,7 +160,7 @@ def _usage_problems(totals: dict[str, int | None], reserved: dict[str, int]) -> 
 
 def _entries_differ(sealed: Tally, rows: Tally) -> bool:
     """Whether the turn's entries (not only its records) differ from its head,
-    by the tests of ``Heads.same_tally`` (a head's ``last`` is the highest step
+    by the tests of ``Tally.check_found`` (a head's ``last`` is the highest step
     ever recorded: the rows may legitimately stay below it)."""
     return (
         (rows.n["e"], rows.d["e"]) != (sealed.n["e"], sealed.d["e"])

@@ -4,7 +4,7 @@
 Each statement of a message costs the server a Bind, a portal and an executor
 start-up and the client a result to read, whatever the statement does. A
 put's first message reads the key version, the quota, the step's look and the
-turn's heads in one statement (``Heads.beside_sql``); its second inserts the
+turn's heads in one statement (``head_beside.beside_sql``); its second inserts the
 entry and upserts the turn's head in one (a data-modifying ``WITH``,
 ``OwnerHeads.write_bodies``). The folds must change no answer: a collision of
 the entry's id in the folded write is retried as before, and a failure of

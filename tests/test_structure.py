@@ -49,6 +49,7 @@ SQL_MODULES = {
     "securepad.head_owner",
     "securepad.head_reads",
     "securepad.head_build",
+    "securepad.head_beside",  # a put's one-row read joined with its turn's head rows
     "securepad.lifecycle",
     "securepad.audit",
     "securepad.audit._api",
