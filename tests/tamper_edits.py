@@ -154,6 +154,21 @@ def copy_row(raw: Raw, entry_id: str, new_id: str, **changes: Any) -> None:
         )
 
 
+def pg_entry_copy(conn: psycopg.Connection[Any], new_id: str) -> tuple[str, str]:
+    """The column list of PostgreSQL's ``entries`` and a select list that
+    copies a row of it with ``new_id`` (an SQL expression) as its id, for an
+    ``INSERT INTO entries(<columns>) SELECT <copy> FROM entries ...`` that a test
+    runs as the application role inside a statement of its own."""
+    columns = [
+        row[0]
+        for row in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = 'securepad.entries'::regclass"
+            " AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
+        )
+    ]
+    return ", ".join(columns), ", ".join(new_id if column == "id" else column for column in columns)
+
+
 def snapshot(raw: Raw) -> dict[str, tuple[list[str], list[tuple[Any, ...]]]]:
     """Every row of the tables an edit touches, as stored."""
     taken = {}

@@ -21,6 +21,7 @@ from securepad import Principal, Scratchpad
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from psycopg_pool import ConnectionPool  # noqa: E402  (needs psycopg)
+from tamper_edits import pg_entry_copy  # noqa: E402  (needs psycopg)
 
 from securepad import entry_put  # noqa: E402
 
@@ -108,21 +109,14 @@ def test_a_refused_head_in_the_folded_write_leaves_no_entry(pg_single: Single) -
     pad, pool = pg_single
     pad.put(ALICE, "t1", 1, "shell", TEXT)
     with pool.connection() as conn:
-        columns = [
-            row[0]
-            for row in conn.execute(
-                "SELECT column_name FROM information_schema.columns"
-                " WHERE table_schema = 'securepad' AND table_name = 'entries' ORDER BY ordinal_position"
-            )
-        ]
-        copied = ", ".join("'copy'" if column == "id" else column for column in columns)
+        columns, copied = pg_entry_copy(conn, "'copy'")
         with pytest.raises(psycopg.errors.InsufficientPrivilege), conn.transaction():
             conn.execute(
                 "SELECT set_config('role', 'securepad_app', true), set_config('search_path', 'securepad', true),"
                 " set_config('securepad.owner', 'alice', true)"
             )
             conn.execute(
-                f"WITH written AS (INSERT INTO entries({', '.join(columns)}) SELECT {copied} FROM entries"
+                f"WITH written AS (INSERT INTO entries({columns}) SELECT {copied} FROM entries"
                 " WHERE owner_user_id = 'alice') INSERT INTO turn_heads(owner_user_id, turn_id, key_version, sealed)"
                 " VALUES ('bob', 't1', 1, 'x') ON CONFLICT (owner_user_id, turn_id) DO UPDATE SET"
                 " key_version = excluded.key_version, sealed = excluded.sealed"

@@ -19,6 +19,7 @@ from securepad import Principal, Scratchpad
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from psycopg_pool import ConnectionPool  # noqa: E402  (needs psycopg)
+from tamper_edits import pg_entry_copy  # noqa: E402  (needs psycopg)
 
 # The conftest fixture ``pg_single``: a store on one connection, and its pool.
 Single = tuple[Scratchpad, ConnectionPool[Any]]
@@ -58,21 +59,14 @@ def _insert_cost(pool: ConnectionPool[Any], entry_id: str) -> dict[str, int]:
     INSERT does: the server detoasts the copied values and stores them again.
     Rolled back."""
     with pool.connection() as conn:
-        columns = [
-            row[0]
-            for row in conn.execute(
-                "SELECT attname FROM pg_attribute WHERE attrelid = 'securepad.entries'::regclass"
-                " AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
-            )
-        ]
-        copied = ", ".join("'copy' || id" if column == "id" else column for column in columns)
+        columns, copied = pg_entry_copy(conn, "'copy' || id")
         with conn.transaction(force_rollback=True):
             conn.execute(
                 "SELECT set_config('role', 'securepad_app', true), set_config('search_path', 'securepad', true),"
                 " set_config('securepad.owner', 'alice', true)"
             )
             row = conn.execute(
-                f"EXPLAIN (ANALYZE, WAL, FORMAT JSON) INSERT INTO entries({', '.join(columns)})"
+                f"EXPLAIN (ANALYZE, WAL, FORMAT JSON) INSERT INTO entries({columns})"
                 f" SELECT {copied} FROM entries WHERE owner_user_id = 'alice' AND id = %s",
                 (entry_id,),
                 prepare=False,
