@@ -17,9 +17,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Backend", "Conn", "DuplicateKeyError", "OwnerLockNeeded", "Params", "Rows", "insert_owner_key"]
+__all__ = [
+    "Backend",
+    "Conn",
+    "DuplicateKeyError",
+    "OnceWriter",
+    "OwnerLockNeeded",
+    "Params",
+    "Rows",
+    "insert_owner_key",
+]
 
 Params = tuple[Any, ...]
 Rows = list[dict[str, Any]]
@@ -116,6 +125,25 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Close every connection this object opened."""
+
+
+@runtime_checkable
+class OnceWriter(Protocol):
+    """A backend that can send a write of one turn as one message (PostgreSQL:
+    a put whose turn head this process sealed last, ``Heads.change_once``)."""
+
+    def write_once(self, owner: str, turn_id: str, sql: str, params: Params) -> int | None:
+        """Run the one statement ``sql`` under the locks of
+        ``transaction(owner, turn=turn_id)``, in one message: the rows it
+        changed, or None when the connection failed after the message was sent
+        (it may or may not have been applied; a transaction that takes the
+        same locks afterwards sees which).
+
+        Raises:
+            DuplicateKeyError: the statement hit a unique key; nothing was written.
+            StoreBusyError: a lock was not obtained in time, or the pool had no free connection.
+            StoreUnavailableError: no connection to send it on.
+        """
 
 
 def insert_owner_key(conn: Conn, owner: str, version: int, wrapped: bytes, now: float) -> bool:

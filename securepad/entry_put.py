@@ -11,14 +11,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import reads, shaping
-from ._backend import Conn, DuplicateKeyError, OwnerLockNeeded, Params, Rows
+from ._backend import Conn, DuplicateKeyError, OnceWriter, OwnerLockNeeded, Params, Rows
 from ._records import Records
 from .access import Access, check_principal
 from .crypto import ENTRY_FORMAT, EntryCipher, Header, ListingKey, Wrapper, seal_entry, split_bytes, split_text
 from .entry_listings import Listings, step_sql
 from .entry_rows import EntryParts, check_step_num, listing_fields, live
-from .errors import InvalidArgumentError, QuotaExceededError
+from .errors import IntegrityError, InvalidArgumentError, QuotaExceededError
 from .head_beside import read_with_heads, with_heads
+from .head_last import Once
 from .heads import Room, entry_item
 from .keystore import NEWEST_VERSION_SQL, Keystore
 from .policy import Policy
@@ -38,6 +39,8 @@ class Putter:
         self.dialect = parts.db.dialect
         self.policy, self.heads, self.now, self.ttl = parts.policy, parts.heads, parts.now, parts.ttl
         self.listings = listings
+        # The backend that sends a put in one message (PostgreSQL), or None.
+        self._once = parts.db if isinstance(parts.db, OnceWriter) else None
         # The reservation (owner, turn) had left after its last put here: a
         # hint that picks the put's lock (``put``), never trusted.
         self._spare: dict[tuple[str, str], int] = {}
@@ -83,10 +86,15 @@ class Putter:
         # Under the owner's shared lock when the turn had room at its last put
         # here (``heads``: a put within its turn's reservation); else, or when
         # that hint is stale, under its exclusive lock.
-        try:
-            entry_id, spare = one.attempt(shared=self._spare.get((owner, turn_id), 0) >= prepared.cost_bound())
-        except OwnerLockNeeded:
-            entry_id, spare = one.attempt(shared=False)
+        # In one message when this process sealed the turn's head last (``_Put.once``).
+        done = one.once(self._once) if self._once is not None else None
+        if done is not None:
+            entry_id, spare = done
+        else:
+            try:
+                entry_id, spare = one.attempt(shared=self._spare.get((owner, turn_id), 0) >= prepared.cost_bound())
+            except OwnerLockNeeded:
+                entry_id, spare = one.attempt(shared=False)
         if len(self._spare) >= _HINTS:
             self._spare.clear()
         self._spare[(owner, turn_id)] = spare
@@ -165,6 +173,10 @@ def _quota_sql(
     return f"{sql}, (SELECT MAX(expires_at) FROM ({step[0]}) AS taken) AS step_expires", (owner, *params, *step[1])
 
 
+# ``_Put.once``'s condition that a given step is free (``step_sql``, then ``live``'s bound).
+_STEP_FREE = "NOT EXISTS (SELECT 1 FROM ({step}) AS taken WHERE expires_at > ?)"
+
+
 def _taken(found: dict[str, Any]) -> list[dict[str, Any]]:
     """The step's look, from the version-and-quota row: its latest expiry, as a row for ``live``."""
     return [] if found["step_expires"] is None else [{"expires_at": found["step_expires"]}]
@@ -208,6 +220,10 @@ class _Put:
         self.shared = False  # this attempt holds the owner's lock shared (``attempt``)
         self.identities: dict[int, str] = {}
         self.listings: dict[int, ListingKey] = {}
+        # ``once``'s entry when its statement wrote nothing: the first ``seal`` of its version reuses it.
+        self.kept: tuple[int, _SealedOne] | None = None
+        # ``once``'s statement when its connection failed after sending it, with its entry's id.
+        self.landed: tuple[Once, str] | None = None
 
     def attempt(self, shared: bool) -> tuple[str, int]:
         """Seal and write under the owner's lock, ``shared`` (the turn's lock
@@ -228,8 +244,63 @@ class _Put:
             turn=self.turn_id if shared else None,
         )
 
+    def once(self, db: OnceWriter) -> tuple[str, int] | None:
+        """The put in one message (PostgreSQL, issue 15), when this process
+        sealed the turn's head last: the entry sealed, the next head sealed
+        from the recorded one (``Heads.change_once``), and one statement that
+        writes both only if the stored head is still the recorded one and the
+        key version the newest (``OnceWriter.write_once``); ``attempt``'s
+        answer, or None when it did not write. Then ``attempt`` runs: with the
+        entry sealed here (``kept``) when the statement wrote nothing, or
+        looking first for the head sealed here (``landed``) when the connection
+        failed after sending it, so that a put is never stored twice.
+
+        A given step's look goes into the statement (it writes nothing when the
+        step is taken; ``attempt`` then refuses it). Not for a step taken
+        (``next_step``: its look needs the transaction), an entry of more than
+        one segment (its segment rows follow it), or a write that must add the
+        pending wrap counts (``Keystore.flush_due``)."""
+        heads, owner, turn_id = self.putter.heads, self.owner, self.turn_id
+        if self.next_step or len(self.prepared.segments) > 1:
+            return None
+        if not heads.last.has(owner, turn_id):
+            return None
+        version, wrapper = self.keys.current(owner)
+        if self.keys.flush_due(owner, version):
+            return None
+        try:
+            sealed = self.seal(version, wrapper)
+        except IntegrityError:  # a rotation retired the version: ``attempt`` finds out
+            return None
+        row = sealed[0]
+        insert = (f"INSERT INTO entries({', '.join(row)}) SELECT {', '.join('?' * len(row))}", tuple(row.values()))
+        # A given step: free when its look (``step_sql``) finds no live entry, as ``check``'s.
+        free = None if self.step is None else (_STEP_FREE.format(step=self.step[0]), (*self.step[1], self.created))
+        once = heads.change_once(
+            owner, turn_id, lambda head: head.add("e", row["id"], entry_item(row)), version, insert, free
+        )
+        if once is None:
+            self.kept = (version, sealed)
+            return None
+        self.keys.count_wraps_later(owner, version)  # the entry's key, sent: counted whether or not it lands
+        try:
+            written = db.write_once(owner, turn_id, once.sql, once.params)
+        except DuplicateKeyError:
+            return None  # its id was taken: ``attempt`` seals it again under another
+        if written == 1:
+            heads.record(owner, turn_id, once)
+            return str(row["id"]), once.spare
+        if written is None:
+            self.landed = (once, str(row["id"]))
+        self.kept = (version, sealed)
+        return None
+
     def seal(self, version: int, wrapper: Wrapper) -> _SealedOne:
-        """The entry sealed under owner-key ``version`` (``_Prepared.seal``), with its content identity."""
+        """The entry sealed under owner-key ``version`` (``_Prepared.seal``), with
+        its content identity; ``once``'s entry when it is of ``version`` and unsent."""
+        if self.kept is not None and self.kept[0] == version:
+            sealed, self.kept = self.kept[1], None
+            return sealed
         if version not in self.identities:
             identity = self.keys.identity(self.owner, version)
             self.identities[version] = identity.of(self.prepared.kind, self.prepared.segments)
@@ -244,6 +315,11 @@ class _Put:
         if self.next_step:
             self.take_next_step(conn, row)
         found, head_rows = read_with_heads(conn, self.reads())
+        if self.landed is not None:
+            once, entry_id = self.landed
+            if any(head["turn_id"] == self.turn_id and head["sealed"] == once.head.sealed for head in head_rows):
+                self.putter.heads.record(self.owner, self.turn_id, once)
+                return entry_id, once.spare  # ``once`` was applied before its connection failed
         room = self.check(conn, found, row)
         return str(row["id"]), self.insert(conn, row, segments, room, head_rows)
 

@@ -63,6 +63,7 @@ from typing import Any
 from ._backend import Backend, Conn, Params
 from .crypto import Wrapper, head_aad
 from .errors import IntegrityError
+from .head_last import LastSealed, Sealed
 from .head_tally import Tally
 from .keystore import NEWEST_VERSION_SQL, Keystore
 
@@ -109,6 +110,8 @@ class OwnerHeads:
     def __init__(self, db: Backend, keys: Keystore) -> None:
         self._db = db
         self._keys = keys
+        # The turn heads sealed here last (``head_last``): every turn head written goes through ``write_bodies``.
+        self.last = LastSealed()
 
     def open_body(self, row: dict[str, Any], owner: str, turn_id: str) -> bytes:
         version = row["key_version"]
@@ -153,7 +156,7 @@ class OwnerHeads:
         bodies: list[tuple[str, bytes]],
         version: int | None = None,
         insert: tuple[str, Params] | None = None,
-    ) -> None:
+    ) -> list[bytes]:
         """Seal and upsert heads of the owner, in one statement (a put writes its
         turn head and its owner head together). ``insert``, the caller's insert
         of the rows the heads now count, goes first: on PostgreSQL in the same
@@ -161,15 +164,21 @@ class OwnerHeads:
         executor start-up less per put, issue 15; it runs to completion whatever
         the upsert reads, and its errors, such as a unique violation or a
         row-level security check, fail the statement as they failed its own),
-        on SQLite before it (SQLite has no data-modifying ``WITH``)."""
+        on SQLite before it (SQLite has no data-modifying ``WITH``). Each turn
+        head sealed is recorded as this process's last of its turn (``last``:
+        ``head_last``); returns the sealed heads, in the order of ``bodies``."""
         if version is None:
             version = self._newest(conn, owner)
         if version is None:
             raise IntegrityError(f"owner {owner!r} has no key to seal its turn head with")
         wrapper = self._keys.owner_wrapper(owner, version)
         params: list[Any] = []
+        sealed: list[bytes] = []
         for turn_id, body in bodies:
-            params += [owner, turn_id, version, wrapper.seal(body, head_aad(owner, turn_id, version))]
+            sealed.append(wrapper.seal(body, head_aad(owner, turn_id, version)))
+            params += [owner, turn_id, version, sealed[-1]]
+            if turn_id not in (OWNER_HEAD, USAGE_HEAD):
+                self.last.record(owner, turn_id, Sealed(version, sealed[-1], body))
         upsert = _UPSERT.format(values=", ".join(["(?, ?, ?, ?)"] * len(bodies)))
         if insert is None:
             conn.defer(upsert, tuple(params))
@@ -179,6 +188,7 @@ class OwnerHeads:
             conn.defer(*insert)
             conn.defer(upsert, tuple(params))
         self._keys.count_wraps_later(owner, version, len(bodies))
+        return sealed
 
     def first_owner_head(self, conn: Conn, owner: str, version: int, wrapper: Wrapper) -> None:
         """The empty owner head and a zero usage head of an owner's first key, in

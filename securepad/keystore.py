@@ -66,6 +66,11 @@ class _WrapCounts:
                 return None
             return self._pending.pop(key, 0)
 
+    def due(self, key: tuple[str, int], every: int, adding: int) -> bool:
+        """Whether the next write of ``key`` (``adding`` wraps) must write the pending count (``take``)."""
+        with self._lock:
+            return self._pending.get(key, 0) + adding >= every
+
     def add(self, key: tuple[str, int], count: int) -> None:
         if count:
             with self._lock:
@@ -241,6 +246,12 @@ class Keystore:
         """Count wraps made inside a write transaction (a turn head's seal) with
         the pending ones: no statement now; a rollback leaves an overcount, never less."""
         self._wraps.add((owner, version), count)
+
+    def flush_due(self, owner: str, version: int, count: int = 1) -> bool:
+        """Whether a write adding ``count`` wraps must add the pending wrap
+        counts to ``owner_keys`` in its transaction (``write_current`` does): a
+        write without a transaction of its own (a put in one message) leaves it to one."""
+        return self._wraps.due((owner, version), WRAP_FLUSH_EVERY, count)
 
     def pending_wraps(self) -> dict[tuple[str, int], int]:
         """Wraps this process made that ``owner_keys.wrap_count`` does not count yet."""
