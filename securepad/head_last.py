@@ -34,7 +34,7 @@ from .keystore import NEWEST_VERSION_SQL
 __all__ = ["LastSealed", "Once", "Sealed", "once_sql"]
 
 # Turns whose last sealed head is kept (emptied when full: a lost record costs one put a read).
-_TURNS = 4096
+_TURNS = 1024
 
 
 @dataclass
@@ -53,12 +53,16 @@ class Sealed:
 
 
 class LastSealed:
-    """(owner, turn) -> the ``Sealed`` head this process wrote last."""
+    """(owner, turn) -> the ``Sealed`` head this process wrote last; keeps
+    nothing unless ``enabled`` (a backend that sends a put in one message)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, enabled: bool) -> None:
         self._heads: dict[tuple[str, str], Sealed] = {}
+        self._enabled = enabled
 
     def record(self, owner: str, turn_id: str, head: Sealed) -> None:
+        if not self._enabled:
+            return
         if len(self._heads) >= _TURNS:
             self._heads.clear()
         self._heads[(owner, turn_id)] = head

@@ -60,7 +60,7 @@ import contextlib
 import json
 from typing import Any
 
-from ._backend import Backend, Conn, Params
+from ._backend import Backend, Conn, OnceWriter, Params
 from .crypto import Wrapper, head_aad
 from .errors import IntegrityError
 from .head_last import LastSealed, Sealed
@@ -111,7 +111,7 @@ class OwnerHeads:
         self._db = db
         self._keys = keys
         # The turn heads sealed here last (``head_last``): every turn head written goes through ``write_bodies``.
-        self.last = LastSealed()
+        self.last = LastSealed(enabled=isinstance(db, OnceWriter))
 
     def open_body(self, row: dict[str, Any], owner: str, turn_id: str) -> bytes:
         version = row["key_version"]
