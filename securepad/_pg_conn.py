@@ -7,7 +7,8 @@ transaction's settings and locks, and the writes whose row count nobody reads
 message: one libpq pipeline of the extended protocol ended by one Sync
 (``send``), the parameters bound by the server, ``bytea`` in binary, the rows
 in binary (``rows_of``). A put (owner-key check, quota, INSERTs, COMMIT) costs two round trips instead of
-thirteen; a transaction that only writes costs one.
+thirteen (one when its turn's head was sealed by this process last: ``_pg.write_once``,
+``head_last``); a transaction that only writes costs one.
 
 The pipeline is driven at libpq's level (``psycopg.pq``) rather than through
 psycopg's cursors and ``Connection.pipeline``: per put that costs the client

@@ -288,7 +288,7 @@ class _Put:
         except DuplicateKeyError:
             return None  # its id was taken: ``attempt`` seals it again under another
         if written == 1:
-            heads.record(owner, turn_id, once)
+            heads.last.record(owner, turn_id, once.head)
             return str(row["id"]), once.spare
         if written is None:
             self.landed = (once, str(row["id"]))
@@ -318,7 +318,7 @@ class _Put:
         if self.landed is not None:
             once, entry_id = self.landed
             if any(head["turn_id"] == self.turn_id and head["sealed"] == once.head.sealed for head in head_rows):
-                self.putter.heads.record(self.owner, self.turn_id, once)
+                self.putter.heads.last.record(self.owner, self.turn_id, once.head)
                 return entry_id, once.spare  # ``once`` was applied before its connection failed
         room = self.check(conn, found, row)
         return str(row["id"]), self.insert(conn, row, segments, room, head_rows)

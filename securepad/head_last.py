@@ -25,10 +25,13 @@ takes its record out (``take``) so that no two threads edit one tally.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ._backend import Params
-from .head_tally import Tally
+from .crypto import Wrapper, head_aad
+from .head_tally import HeadEdit, Tally
 from .keystore import NEWEST_VERSION_SQL
 
 __all__ = ["LastSealed", "Once", "Sealed", "once_sql"]
@@ -83,6 +86,35 @@ class LastSealed:
 
     def drop(self, owner: str, turn_id: str) -> None:
         self._heads.pop((owner, turn_id), None)
+
+    def following(
+        self,
+        owner: str,
+        turn_id: str,
+        edit: Callable[[HeadEdit], object],
+        term: Callable[[str, str, tuple[Any, ...]], int],
+        wrapper: Wrapper,
+        version: int,
+    ) -> tuple[Sealed, Sealed, int] | None:
+        """The turn's record taken out, the head that follows it once ``edit``
+        is applied (its digest terms by ``term``), sealed by ``wrapper`` under
+        ``version``, and the turn's reservation it leaves unused; None when
+        there is no record, or the edit takes more than the reservation or
+        gives bytes back (the owner's usage head must change: ``Heads.change``).
+        The record stays out either way: the caller records the new head if
+        it writes it, and a put that finds none reads the head."""
+        last = self.take(owner, turn_id)
+        if last is None:
+            return None
+        tally = last.opened()
+        change = HeadEdit(tally, term)
+        edit(change)
+        tally.b = max(tally.b, 0)
+        if tally.b > tally.r or change.bytes < 0:
+            return None
+        body = tally.dumps()
+        head = Sealed(version, wrapper.seal(body, head_aad(owner, turn_id, version)), body, tally)
+        return last, head, tally.r - tally.b
 
 
 @dataclass

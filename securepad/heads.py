@@ -61,11 +61,10 @@ from typing import Any, TypeVar
 
 from ._backend import Backend, Conn, OwnerLockNeeded, Params, Rows
 from .access import audit_log
-from .crypto import head_aad
 from .errors import IntegrityError, StoreBusyError
 from .head_cache import HeadCache
 from .head_checks import HeadChecks
-from .head_last import Once, Sealed, once_sql
+from .head_last import Once, once_sql
 from .head_owner import NO_TURNS, OWNER_HEAD, USAGE_HEAD, OwnerHeads, usage_body, usage_of
 from .head_quota import Room, record_room, reserve
 from .head_reads import ENTRY_TURN_SQL, InventoryReads, without_token
@@ -417,38 +416,24 @@ class Heads(HeadChecks, OwnerHeads):
         insert: tuple[str, Params],
         condition: tuple[str, Params] | None = None,
     ) -> Once | None:
-        """``change`` of a turn whose head this process sealed last (``head_last``),
-        without reading it: ``edit`` applied to the recorded tally, the head
-        sealed again under ``version``, and one statement that writes it with
-        the caller's ``insert`` (``INSERT ... SELECT`` of one row, whose
-        ``SELECT`` list the statement completes with ``FROM head``) only if the
-        stored head is still the recorded one, ``version`` is the owner's
-        newest and the caller's SQL ``condition`` holds (``once_sql``): for the caller to send in one message
-        (``entry_put``), and to ``record`` once it wrote. None when there is no
-        record, or the edit needs more than the turn's reservation (the owner's
-        exclusive lock: ``change``). The record is taken out either way: a
-        written head is recorded again (``record``), and a statement that wrote
-        nothing leaves the next put to read the head.
-        """
-        last = self.last.take(owner, turn_id)
-        if last is None:
+        """``change`` of a turn whose head this process sealed last, without
+        reading it (``head_last``): the next head (``LastSealed.following``) and
+        one statement that writes it with the caller's ``insert`` (``INSERT ...
+        SELECT`` of one row, completed with ``FROM head``) only if the stored
+        head is still the recorded one, ``version`` is the owner's newest and
+        ``condition`` (SQL) holds (``once_sql``); for the caller to send in one
+        message (``entry_put``) and, once it wrote, to record (``last.record``).
+        None when there is no record, or the edit needs more than the turn's
+        reservation (the owner's exclusive lock: ``change``)."""
+        wrapper = self._keys.owner_wrapper(owner, version)
+        found = self.last.following(owner, turn_id, edit, self.terms(owner, turn_id), wrapper, version)
+        if found is None:
             return None
-        tally = last.opened()
-        change = HeadEdit(tally, self.terms(owner, turn_id))
-        edit(change)
-        tally.b = max(tally.b, 0)
-        if tally.b > tally.r or change.bytes < 0:
-            return None
+        last, head, spare = found
         self._cache.drop(owner, turn_id)
-        body = tally.dumps()
-        sealed = self._keys.owner_wrapper(owner, version).seal(body, head_aad(owner, turn_id, version))
         self._keys.count_wraps_later(owner, version, 1)
-        sql, params = once_sql(insert, owner, turn_id, version, sealed, last.sealed, condition)
-        return Once(sql, params, Sealed(version, sealed, body, tally), tally.r - tally.b)
-
-    def record(self, owner: str, turn_id: str, once: Once) -> None:
-        """``change_once``'s statement wrote: its head is the turn's last sealed here."""
-        self.last.record(owner, turn_id, once.head)
+        sql, params = once_sql(insert, owner, turn_id, version, head.sealed, last.sealed, condition)
+        return Once(sql, params, head, spare)
 
     def _heads_of(
         self, conn: Conn, owner: str, turn_id: str, entry_id: str | None, rows: Rows | None
