@@ -5,27 +5,24 @@ transaction that checks the step, the owner key's version and the quota.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from . import reads, shaping
 from ._backend import Conn, DuplicateKeyError, OnceWriter, OwnerLockNeeded, Params, Rows
 from ._records import Records
 from .access import Access, check_principal
-from .crypto import ENTRY_FORMAT, EntryCipher, Header, ListingKey, Wrapper, seal_entry, split_bytes, split_text
+from .crypto import EntryCipher, ListingKey, Wrapper
 from .entry_listings import Listings, step_sql
-from .entry_rows import EntryParts, check_step_num, listing_fields, live
-from .errors import IntegrityError, InvalidArgumentError, QuotaExceededError
+from .entry_rows import EntryParts, check_step_num, live
+from .entry_shape import Prepared
+from .errors import IntegrityError, InvalidArgumentError
 from .head_beside import read_with_heads, with_heads
 from .head_last import Once
 from .heads import Room, entry_item
 from .keystore import NEWEST_VERSION_SQL, Keystore
-from .policy import Policy
 from .principal import Principal, check_identifier
 
-__all__ = ["ENTRY_ROW_OVERHEAD", "Putter", "Shown", "row_cost"]
+__all__ = ["Putter", "Shown"]
 
 # Turns whose lock hint ``Putter`` keeps (emptied when full: a lost hint costs one put the exclusive lock).
 _HINTS = 4096
@@ -76,7 +73,7 @@ class Putter:
         check_identifier("executor_name", executor_name)
         check_step_num(step_num)
         ttl = self.ttl(ttl_seconds)
-        prepared = _Prepared.of(observation, step_num, self.policy)
+        prepared = Prepared.of(observation, step_num, self.policy)
         created = self.now(now)
         meta = prepared.meta(principal, step_num, executor_name, created, created + ttl, inline)
         # A given step's look goes into the version-and-quota statement (``_quota_sql``).
@@ -136,7 +133,7 @@ class Putter:
         stored bytes of an entry the write inserts but has not sent yet (``put``:
         its insert goes with the heads' upsert), which the live entries' sum adds.
 
-        Entries count what their row costs on disk (``row_cost``), and so do
+        Entries count what their row costs on disk (``entry_shape.row_cost``), and so do
         the owner's live checkpoints and compaction marks (``Records.used_sql``:
         a turn keeps few), which the quota counts beside the entries' reservations."""
         if found is None:
@@ -187,7 +184,7 @@ _SealedOne = tuple[dict[str, Any], list[bytes], EntryCipher]
 
 
 class _Put:
-    """One ``Putter.put``, its observation shaped (``_Prepared``) and its
+    """One ``Putter.put``, its observation shaped (``Prepared``) and its
     metadata made: sealed outside any transaction (``seal``), then written in
     the owner's write transaction (``write``) in three steps, each readable
     alone: what it reads (``reads``: one statement with BEGIN), what it
@@ -207,7 +204,7 @@ class _Put:
         principal: Principal,
         turn_id: str,
         observation: Any,
-        prepared: _Prepared,
+        prepared: Prepared,
         meta: dict[str, Any],
         step: tuple[str, Params] | None,
         next_step: bool,
@@ -296,7 +293,7 @@ class _Put:
         return None
 
     def seal(self, version: int, wrapper: Wrapper) -> _SealedOne:
-        """The entry sealed under owner-key ``version`` (``_Prepared.seal``), with
+        """The entry sealed under owner-key ``version`` (``Prepared.seal``), with
         its content identity; ``once``'s entry when it is of ``version`` and unsent."""
         if self.kept is not None and self.kept[0] == version:
             sealed, self.kept = self.kept[1], None
@@ -335,7 +332,7 @@ class _Put:
         """``next_step``: the step after the turn's highest live one in the
         principal's scope, looked up now that the transaction serializes the
         owner's writes; the row's listing part sealed again when the guess
-        was not it (``_Prepared.restep``)."""
+        was not it (``Prepared.restep``)."""
         taken = self.putter.listings.last_step(self.principal, self.turn_id, self.created, conn) + 1
         check_step_num(taken)
         if taken != row["step_num"]:
@@ -448,7 +445,7 @@ class _Batch:
             return []
         owner = self.principal.owner_user_id
         policy = self.entries.policy
-        fixed = [_Prepared.of(obs, step, policy) for step, _, obs in checked] if self.shown is None else []
+        fixed = [Prepared.of(obs, step, policy) for step, _, obs in checked] if self.shown is None else []
         identities: dict[tuple[int, int], str] = {}
         shown_items: list[tuple[Any] | None] = []
 
@@ -489,8 +486,8 @@ class _Batch:
         return [view if inline is None else inline[0] for view, inline in zip(views, shown_items, strict=True)]
 
     def _steps(
-        self, checked: list[tuple[int, str, Any]], fixed: list[_Prepared], now: float
-    ) -> tuple[list[int], list[_Prepared]]:
+        self, checked: list[tuple[int, str, Any]], fixed: list[Prepared], now: float
+    ) -> tuple[list[int], list[Prepared]]:
         """The items' steps and shaped observations, before each seal: the
         caller's steps (shaped once, ``fixed``), or (``shown``) the steps after
         the turn's highest live one, read again each time (the observations
@@ -501,7 +498,7 @@ class _Batch:
         steps = list(range(first, first + len(checked)))
         check_step_num(steps[-1])
         policy = self.entries.policy
-        return steps, [_Prepared.of(obs, step, policy) for step, (_, _, obs) in zip(steps, checked, strict=True)]
+        return steps, [Prepared.of(obs, step, policy) for step, (_, _, obs) in zip(steps, checked, strict=True)]
 
     def _write(self, conn: Conn, sealed: _Sealed, now: float) -> _Sealed:
         """Inside the owner's write transaction: refuse taken steps, read the
@@ -567,165 +564,6 @@ class _Batch:
             raise DuplicateKeyError  # a higher step appeared: these are no longer the next ones
 
 
-@dataclass
-class _Prepared:
-    """An observation shaped and cut into segments, before it is sealed (pure)."""
-
-    kind: str
-    shape: str
-    content: str | bytes
-    rest: dict[str, Any] | None
-    segments: list[bytes]
-    counts: list[int] | None
-    size_bytes: int
-    size_chars: int
-    breaks: list[int] | None
-    line_count: int | None
-    stored_bytes: int  # what the observation stores (max_entry_bytes); the row's cost on disk is row_cost
-    view: dict[str, Any]
-    inline_max_chars: int  # the view's bound, kept for the next-step re-seal
-
-    @classmethod
-    def of(cls, observation: Any, step_num: int, policy: Policy) -> _Prepared:
-        """Raises InvalidArgumentError (not storable) or QuotaExceededError (over ``max_entry_bytes``)."""
-        max_entry_bytes = policy.max_entry_bytes
-        kind, shape, content, rest = shaping.classify(observation, policy.max_json_depth)
-        segments, counts, size_chars, breaks, line_count = _split(content)
-        size_bytes = sum(len(s) for s in segments)
-        # The limits count everything the observation stores: content and other fields.
-        stored_bytes = size_bytes + (len(shaping.dumps(rest)) if rest else 0)
-        if stored_bytes > max_entry_bytes:
-            raise QuotaExceededError(
-                f"the observation has {stored_bytes} bytes; the policy's max_entry_bytes is {max_entry_bytes}"
-            )
-        limit = policy.inline_max_chars
-        view = shaping.view(kind, step_num, size_bytes, content, rest, observation, limit)
-        return cls(
-            kind,
-            shape,
-            content,
-            rest,
-            segments,
-            counts,
-            size_bytes,
-            size_chars,
-            breaks,
-            line_count,
-            stored_bytes,
-            view,
-            limit,
-        )
-
-    def cost_bound(self) -> int:
-        """More than the entry's ``row_cost`` will be (before it is sealed): what a
-        put must find spare in its turn's reservation to try the shared lock."""
-        return self.stored_bytes + ENTRY_ROW_OVERHEAD + _SEALING_BOUND + 32 * len(self.segments)
-
-    def meta(
-        self,
-        principal: Principal,
-        step_num: int,
-        executor_name: str,
-        created: float,
-        expires: float,
-        inline: tuple[Any] | None,
-    ) -> dict[str, Any]:
-        """The entry's metadata: its clear columns, what a read needs and what a
-        listing shows (``seal`` puts each where it belongs)."""
-        meta = {
-            "actor": principal.actor,
-            "channel": principal.channel,
-            "step_num": step_num,
-            "executor_name": executor_name,
-            "created_at": created,
-            "expires_at": expires,
-            "shape": self.shape,
-            "rest": self.rest,
-            "counts": self.counts,
-            "breaks": self.breaks,
-            "lines": self.line_count,
-            "view": self.view,
-        }
-        if inline is not None:
-            meta["inline"] = inline[0]
-        return meta
-
-    def seal(
-        self, wrapper: Wrapper, listing: ListingKey, version: int, owner: str, turn_id: str, meta: dict[str, Any]
-    ) -> tuple[dict[str, Any], list[bytes], EntryCipher]:
-        """The entry's row, sealed segments and cipher under a fresh id and item
-        key (format 2): what only a read needs is sealed under the item key, what
-        a listing shows under ``listing``, the owner's listing key of ``version``,
-        bound to the clear columns (which format 1 repeated inside its metadata)."""
-        header = Header(
-            secrets.token_hex(8),
-            owner,
-            turn_id,
-            self.kind,
-            self.size_bytes,
-            self.size_chars,
-            len(self.segments),
-            version,
-            ENTRY_FORMAT,
-        )
-        inner = shaping.pack({name: meta[name] for name in ("shape", "rest", "counts", "breaks", "lines")})
-        crypto_columns, sealed, cipher = seal_entry(wrapper, header, inner, self.segments)
-        row = {
-            "id": header.entry_id,
-            "owner_user_id": owner,
-            "actor": meta["actor"],
-            "channel": meta["channel"],
-            "turn_id": turn_id,
-            "step_num": meta["step_num"],
-            "executor_name": meta["executor_name"],
-            "content_kind": self.kind,
-            "size_bytes": self.size_bytes,
-            "size_chars": self.size_chars,
-            "segment_count": len(self.segments),
-            "key_version": version,
-            "created_at": meta["created_at"],
-            "expires_at": meta["expires_at"],
-            **crypto_columns,
-            # A one-segment entry's sealed segment stays in its row (no segments row).
-            "only_segment": sealed[0] if len(sealed) == 1 else None,
-        }
-        row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))
-        row["stored_bytes"] = row_cost(row, sealed)
-        return row, sealed, cipher
-
-    def restep(
-        self, row: dict[str, Any], meta: dict[str, Any], listing: ListingKey, step_num: int, observation: Any
-    ) -> None:
-        """Give the sealed ``row`` another step (``put(next_step=True)``): the
-        view names the step (its reference hint), so it is made again, and the
-        listing part, bound to the step, sealed again; the quota counts the new part."""
-        meta["step_num"] = row["step_num"] = step_num
-        meta["view"] = shaping.view(
-            self.kind, step_num, self.size_bytes, self.content, self.rest, observation, self.inline_max_chars
-        )
-        before = len(row["sealed_listing"])
-        row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))
-        row["stored_bytes"] += len(row["sealed_listing"]) - before
-
-
-# What a row costs on disk besides its sealed bytes (measured: an empty entry
-# grows the file by about 990 bytes, 530 of them sealed): clear columns, index
-# entries, b-tree cells, the segment rows' keys. Counted against the quota, so
-# that empty entries, checkpoints and marks are not free.
-ENTRY_ROW_OVERHEAD = 512
-# More than an entry's sealed fields add to its content (metadata, wrapped key,
-# nonce prefix, commitment, listing part; 32 bytes a segment besides): ``cost_bound``.
-_SEALING_BOUND = 2048
-
-
-def row_cost(row: dict[str, Any], sealed: list[bytes]) -> int:
-    """What an entry's rows cost on disk: its sealed bytes plus a fixed overhead."""
-    sealed_bytes = sum(len(s) for s in sealed)
-    fields = sum(len(row[c]) for c in ("sealed_meta", "wrapped_key", "nonce_prefix", "commitment"))
-    fields += len(row.get("sealed_listing") or b"")
-    return sealed_bytes + fields + ENTRY_ROW_OVERHEAD
-
-
 def _insert_segments(conn: Conn, rows: list[dict[str, Any]], segments: list[list[bytes]]) -> None:
     """Insert the segments rows of entries of more than one segment (a
     one-segment entry carries its segment in ``only_segment``)."""
@@ -737,13 +575,3 @@ def _insert_segments(conn: Conn, rows: list[dict[str, Any]], segments: list[list
     ]
     if values:
         conn.executemany("INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)", values)
-
-
-def _split(content: str | bytes) -> tuple[list[bytes], list[int] | None, int, list[int] | None, int | None]:
-    """(segments, character counts, characters, line breaks, lines) of an entry's content."""
-    if isinstance(content, bytes):
-        return split_bytes(content), None, 0, None, None
-    segments, pieces = split_text(content)
-    counts = [len(piece) for piece in pieces]
-    breaks, line_count = reads.line_index(pieces)
-    return segments, counts, sum(counts), breaks, line_count

@@ -1,0 +1,189 @@
+"""An observation made ready to store: shaped, cut into segments, indexed
+(``Prepared.of``, pure), then sealed under a fresh id and item key
+(``Prepared.seal``); what its rows cost against the quota (``row_cost``).
+The put pipeline (``entry_put``) writes what this makes.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from . import reads, shaping
+from .crypto import ENTRY_FORMAT, EntryCipher, Header, ListingKey, Wrapper, seal_entry, split_bytes, split_text
+from .entry_rows import listing_fields
+from .errors import QuotaExceededError
+from .policy import Policy
+from .principal import Principal
+
+__all__ = ["ENTRY_ROW_OVERHEAD", "Prepared", "row_cost", "split"]
+
+
+@dataclass
+class Prepared:
+    """An observation shaped and cut into segments, before it is sealed (pure)."""
+
+    kind: str
+    shape: str
+    content: str | bytes
+    rest: dict[str, Any] | None
+    segments: list[bytes]
+    counts: list[int] | None
+    size_bytes: int
+    size_chars: int
+    breaks: list[int] | None
+    line_count: int | None
+    stored_bytes: int  # what the observation stores (max_entry_bytes); the row's cost on disk is row_cost
+    view: dict[str, Any]
+    inline_max_chars: int  # the view's bound, kept for the next-step re-seal
+
+    @classmethod
+    def of(cls, observation: Any, step_num: int, policy: Policy) -> Prepared:
+        """Raises InvalidArgumentError (not storable) or QuotaExceededError (over ``max_entry_bytes``)."""
+        max_entry_bytes = policy.max_entry_bytes
+        kind, shape, content, rest = shaping.classify(observation, policy.max_json_depth)
+        segments, counts, size_chars, breaks, line_count = split(content)
+        size_bytes = sum(len(s) for s in segments)
+        # The limits count everything the observation stores: content and other fields.
+        stored_bytes = size_bytes + (len(shaping.dumps(rest)) if rest else 0)
+        if stored_bytes > max_entry_bytes:
+            raise QuotaExceededError(
+                f"the observation has {stored_bytes} bytes; the policy's max_entry_bytes is {max_entry_bytes}"
+            )
+        limit = policy.inline_max_chars
+        view = shaping.view(kind, step_num, size_bytes, content, rest, observation, limit)
+        return cls(
+            kind,
+            shape,
+            content,
+            rest,
+            segments,
+            counts,
+            size_bytes,
+            size_chars,
+            breaks,
+            line_count,
+            stored_bytes,
+            view,
+            limit,
+        )
+
+    def cost_bound(self) -> int:
+        """More than the entry's ``row_cost`` will be (before it is sealed): what a
+        put must find spare in its turn's reservation to try the shared lock."""
+        return self.stored_bytes + ENTRY_ROW_OVERHEAD + _SEALING_BOUND + 32 * len(self.segments)
+
+    def meta(
+        self,
+        principal: Principal,
+        step_num: int,
+        executor_name: str,
+        created: float,
+        expires: float,
+        inline: tuple[Any] | None,
+    ) -> dict[str, Any]:
+        """The entry's metadata: its clear columns, what a read needs and what a
+        listing shows (``seal`` puts each where it belongs)."""
+        meta = {
+            "actor": principal.actor,
+            "channel": principal.channel,
+            "step_num": step_num,
+            "executor_name": executor_name,
+            "created_at": created,
+            "expires_at": expires,
+            "shape": self.shape,
+            "rest": self.rest,
+            "counts": self.counts,
+            "breaks": self.breaks,
+            "lines": self.line_count,
+            "view": self.view,
+        }
+        if inline is not None:
+            meta["inline"] = inline[0]
+        return meta
+
+    def seal(
+        self, wrapper: Wrapper, listing: ListingKey, version: int, owner: str, turn_id: str, meta: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[bytes], EntryCipher]:
+        """The entry's row, sealed segments and cipher under a fresh id and item
+        key (format 2): what only a read needs is sealed under the item key, what
+        a listing shows under ``listing``, the owner's listing key of ``version``,
+        bound to the clear columns (which format 1 repeated inside its metadata)."""
+        header = Header(
+            secrets.token_hex(8),
+            owner,
+            turn_id,
+            self.kind,
+            self.size_bytes,
+            self.size_chars,
+            len(self.segments),
+            version,
+            ENTRY_FORMAT,
+        )
+        inner = shaping.pack({name: meta[name] for name in ("shape", "rest", "counts", "breaks", "lines")})
+        crypto_columns, sealed, cipher = seal_entry(wrapper, header, inner, self.segments)
+        row = {
+            "id": header.entry_id,
+            "owner_user_id": owner,
+            "actor": meta["actor"],
+            "channel": meta["channel"],
+            "turn_id": turn_id,
+            "step_num": meta["step_num"],
+            "executor_name": meta["executor_name"],
+            "content_kind": self.kind,
+            "size_bytes": self.size_bytes,
+            "size_chars": self.size_chars,
+            "segment_count": len(self.segments),
+            "key_version": version,
+            "created_at": meta["created_at"],
+            "expires_at": meta["expires_at"],
+            **crypto_columns,
+            # A one-segment entry's sealed segment stays in its row (no segments row).
+            "only_segment": sealed[0] if len(sealed) == 1 else None,
+        }
+        row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))
+        row["stored_bytes"] = row_cost(row, sealed)
+        return row, sealed, cipher
+
+    def restep(
+        self, row: dict[str, Any], meta: dict[str, Any], listing: ListingKey, step_num: int, observation: Any
+    ) -> None:
+        """Give the sealed ``row`` another step (``put(next_step=True)``): the
+        view names the step (its reference hint), so it is made again, and the
+        listing part, bound to the step, sealed again; the quota counts the new part."""
+        meta["step_num"] = row["step_num"] = step_num
+        meta["view"] = shaping.view(
+            self.kind, step_num, self.size_bytes, self.content, self.rest, observation, self.inline_max_chars
+        )
+        before = len(row["sealed_listing"])
+        row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))
+        row["stored_bytes"] += len(row["sealed_listing"]) - before
+
+
+# What a row costs on disk besides its sealed bytes (measured: an empty entry
+# grows the file by about 990 bytes, 530 of them sealed): clear columns, index
+# entries, b-tree cells, the segment rows' keys. Counted against the quota, so
+# that empty entries, checkpoints and marks are not free.
+ENTRY_ROW_OVERHEAD = 512
+# More than an entry's sealed fields add to its content (metadata, wrapped key,
+# nonce prefix, commitment, listing part; 32 bytes a segment besides): ``cost_bound``.
+_SEALING_BOUND = 2048
+
+
+def row_cost(row: dict[str, Any], sealed: list[bytes]) -> int:
+    """What an entry's rows cost on disk: its sealed bytes plus a fixed overhead."""
+    sealed_bytes = sum(len(s) for s in sealed)
+    fields = sum(len(row[c]) for c in ("sealed_meta", "wrapped_key", "nonce_prefix", "commitment"))
+    fields += len(row.get("sealed_listing") or b"")
+    return sealed_bytes + fields + ENTRY_ROW_OVERHEAD
+
+
+def split(content: str | bytes) -> tuple[list[bytes], list[int] | None, int, list[int] | None, int | None]:
+    """(segments, character counts, characters, line breaks, lines) of an entry's content."""
+    if isinstance(content, bytes):
+        return split_bytes(content), None, 0, None, None
+    segments, pieces = split_text(content)
+    counts = [len(piece) for piece in pieces]
+    breaks, line_count = reads.line_index(pieces)
+    return segments, counts, sum(counts), breaks, line_count
