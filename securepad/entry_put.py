@@ -170,6 +170,13 @@ def _quota_sql(
     return f"{sql}, (SELECT MAX(expires_at) FROM ({step[0]}) AS taken) AS step_expires", (owner, *params, *step[1])
 
 
+def _landed_sql(owner: str, entry_id: str) -> tuple[str, Params]:
+    """Whether ``_Put.once``'s entry is stored (``landed``): its id is random, and
+    the statement that inserted it rewrote the turn's head too; another writer
+    may have changed the head since, so the entry tells, not the head."""
+    return "SELECT id FROM entries WHERE id = ? AND owner_user_id = ?", (entry_id, owner)
+
+
 # ``_Put.once``'s condition that a given step is free (``step_sql``, then ``live``'s bound).
 _STEP_FREE = "NOT EXISTS (SELECT 1 FROM ({step}) AS taken WHERE expires_at > ?)"
 
@@ -237,7 +244,7 @@ class _Put:
             self.write,
             attempts=5,
             busy="could not store the entry: its id or owner key kept changing; try again",
-            prefetch=self.reads(),
+            prefetch=[*self.reads(), *([_landed_sql(self.owner, self.landed[1])] if self.landed is not None else [])],
             turn=self.turn_id if shared else None,
         )
 
@@ -249,8 +256,8 @@ class _Put:
         key version the newest (``OnceWriter.write_once``); ``attempt``'s
         answer, or None when it did not write. Then ``attempt`` runs: with the
         entry sealed here (``kept``) when the statement wrote nothing, or
-        looking first for the head sealed here (``landed``) when the connection
-        failed after sending it, so that a put is never stored twice.
+        looking first for that entry (``landed``) when the connection failed
+        after sending it, so that a put is never stored twice.
 
         A given step's look goes into the statement (it writes nothing when the
         step is taken; ``attempt`` then refuses it). Not for a step taken
@@ -263,7 +270,7 @@ class _Put:
         if not heads.last.has(owner, turn_id):
             return None
         version, wrapper = self.keys.current(owner)
-        if self.keys.flush_due(owner, version):
+        if self.keys.flush_due(owner, version, 2):  # the entry's key and the head
             return None
         try:
             sealed = self.seal(version, wrapper)
@@ -312,11 +319,12 @@ class _Put:
         if self.next_step:
             self.take_next_step(conn, row)
         found, head_rows = read_with_heads(conn, self.reads())
-        if self.landed is not None:
+        if self.landed is not None and conn.query(*_landed_sql(self.owner, self.landed[1])):
+            # ``once`` was applied before its connection failed: its entry is stored (with its head, in one statement).
             once, entry_id = self.landed
             if any(head["turn_id"] == self.turn_id and head["sealed"] == once.head.sealed for head in head_rows):
                 self.putter.heads.last.record(self.owner, self.turn_id, once.head)
-                return entry_id, once.spare  # ``once`` was applied before its connection failed
+            return entry_id, once.spare
         room = self.check(conn, found, row)
         return str(row["id"]), self.insert(conn, row, segments, room, head_rows)
 
