@@ -401,7 +401,7 @@ class PostgresDatabase:
         restart, the call's deadline): the write may or may not have been
         applied. It is not sent again here; a transaction that takes the same
         locks afterwards runs after it, if it ran, and sees its effect
-        (``entry_put``: the put's fallback looks for the head it sealed).
+        (``entry_put``: the put's fallback looks for its entry by id).
 
         Raises:
             DuplicateKeyError: the statement hit a unique key; nothing was written.
