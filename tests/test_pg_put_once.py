@@ -468,3 +468,31 @@ def test_puts_of_two_stores_with_deletes_and_gc_are_each_listed_once(
         expected = [entry for entry, t, expires in puts if t == turn and entry not in deleted and expires > clock]
         assert listed == expected
     assert stores[1].verify(now=clock)["ok"]
+
+
+def test_one_message_puts_leave_the_key_use_count_to_a_two_message_put(single: Single, pg_dsn: str) -> None:
+    """The owner key's use count still reaches the store: a put due to write it goes in two messages."""
+    from securepad.keystore import WRAP_FLUSH_EVERY
+
+    pad, _ = single
+    pad.put(ALICE, "t1", 1, "shell", "first")
+    trips = [counted(functools.partial(pad.put, ALICE, "t1", step, "shell", "x"))[1] for step in range(2, 202)]
+    stored = _admin(pg_dsn, "SELECT wrap_count FROM securepad.owner_keys WHERE owner_user_id = 'alice'")[0][0]
+    pending = parts(pad).keys.pending_wraps().get(("alice", 1), 0)
+    assert stored > 0 and pending < WRAP_FLUSH_EVERY
+    assert stored + pending >= 2 * 201  # an entry key and a head sealed per put, none uncounted
+    assert trips.count(2) >= 1 and trips.count(1) == len(trips) - trips.count(2)  # 400 wraps: a flush or more
+
+
+def test_an_entry_of_several_segments_goes_in_two_messages(single: Single) -> None:
+    """An entry over one 64 KiB segment is stored by the two-message put (its segment rows follow it), whole."""
+    pad, _ = single
+    pad.put(ALICE, "t1", 1, "shell", TEXT)
+    big = TEXT * 20  # about 80 KiB: two segments
+    view, trips = counted(lambda: pad.put(ALICE, "t1", 2, "shell", big))
+    assert trips == 2
+    assert pad.get(ALICE, view["scratchpad_id"]).observation == big
+    _, trips = counted(lambda: pad.put(ALICE, "t1", 3, "shell", "small"))
+    assert trips == 1  # the head the big put sealed is this store's last
+    assert [step for step, _ in _steps(pad, ALICE, "t1")] == [1, 2, 3]
+    assert pad.verify()["ok"]
