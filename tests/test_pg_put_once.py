@@ -32,7 +32,7 @@ psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psyco
 from psycopg import Connection  # noqa: E402  (needs psycopg)
 from psycopg_pool import ConnectionPool  # noqa: E402
 
-from securepad import entry_put  # noqa: E402
+from securepad import entry_shape  # noqa: E402
 from securepad._pg import PostgresDatabase  # noqa: E402
 from securepad._pg_prepare import Statements  # noqa: E402
 from securepad.bench.pgbouncer import PgBouncer, find_pgbouncer  # noqa: E402
@@ -235,13 +235,13 @@ def test_an_id_collision_in_the_one_message_put_is_stored_under_another_id(
     ids = iter([taken])
 
     class Secrets:
-        """``secrets`` for ``entry_put``: the id just taken once, then fresh ones."""
+        """``secrets`` for ``entry_shape``: the id just taken once, then fresh ones."""
 
         @staticmethod
         def token_hex(n: int) -> str:
             return next(ids, None) or secrets.token_hex(n)
 
-    monkeypatch.setattr(entry_put, "secrets", Secrets)
+    monkeypatch.setattr(entry_shape, "secrets", Secrets)
     view, trips = counted(lambda: pad.put(ALICE, "t1", 3, "shell", "three"))
     assert next(ids, None) is None and view["scratchpad_id"] != taken  # the taken id was tried, then another
     assert trips == 3  # the one message failed as a whole; the two-message put wrote the entry
