@@ -1,14 +1,16 @@
 """The policy's durability on PostgreSQL (docs/reliability.md): ``"normal"``
 is ``synchronous_commit = off`` and ``"full"`` is ``on``, set inside each of
 the store's transactions with the owner and the role (``set_config(...,
-true)``, in the statement the transaction sends anyway), so it costs no round
-trip and never outlives its transaction on a pooled server session.
+true)``, in the statement the transaction sends anyway; in a put of one
+message, the implicit transaction's, issue 15), so it costs no round trip and
+never outlives its transaction on a pooled server session.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psyco
 from psycopg_pool import ConnectionPool  # noqa: E402  (needs psycopg)
 
 from securepad._pg import PostgresDatabase  # noqa: E402
+from securepad._pg_schema import APP_ROLE  # noqa: E402
 from securepad.store import parts  # noqa: E402
 
 ALICE = Principal("alice", "planner", "web")
@@ -129,18 +132,64 @@ class _Counting(psycopg.Connection[Any]):
         return super().wait(gen, *args, **kwargs)
 
 
+@contextmanager
+def _settings_noted(pg_dsn: str) -> Iterator[Callable[[str], tuple[str, str, int]]]:
+    """A trigger on the store's entries (the test's, not the store's) that notes,
+    for each entry inserted, the ``synchronous_commit`` and role of the
+    statement that inserted it and its server session: what it holds until its
+    transaction commits. Yields: entry id -> (setting, role, server pid)."""
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+        admin.execute("CREATE TABLE public.settings_noted (entry_id text, sync text, role text, pid int)")
+        admin.execute(
+            "CREATE FUNCTION public.note_settings() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$ BEGIN"
+            " INSERT INTO public.settings_noted VALUES (NEW.id, current_setting('synchronous_commit'),"
+            " current_setting('role'), pg_backend_pid()); RETURN NEW; END $$"
+        )
+        admin.execute(
+            "CREATE TRIGGER note_settings AFTER INSERT ON securepad.entries"
+            " FOR EACH ROW EXECUTE FUNCTION public.note_settings()"
+        )
+
+        def noted(entry_id: str) -> tuple[str, str, int]:
+            rows = admin.execute(
+                "SELECT sync, role, pid FROM public.settings_noted WHERE entry_id = %s", (entry_id,)
+            ).fetchall()
+            assert len(rows) == 1, rows
+            return str(rows[0][0]), str(rows[0][1]), int(rows[0][2])
+
+        try:
+            yield noted
+        finally:
+            admin.execute("DROP TRIGGER IF EXISTS note_settings ON securepad.entries")
+            admin.execute("DROP FUNCTION public.note_settings()")
+            admin.execute("DROP TABLE public.settings_noted")
+
+
 @pytest.mark.parametrize("durability", ["normal", "full"])
 def test_the_setting_costs_no_round_trip(pg_dsn: str, keyring: Keyring, durability: str) -> None:
-    """A put is two round trips and a read one under either policy (the budget of issue 15)."""
+    """Under either policy (the budget of issue 15): a put is one round trip
+    into a turn whose head this process sealed last, and two into a turn's
+    first (the head read first); a read is one. Each put's entry is inserted
+    under the policy's setting and the store's role (noted by a trigger): in
+    the put of one message too, whose settings statement goes in that message
+    and whose implicit transaction commits under it. The session's own
+    setting is the server's default after each."""
     kwargs = {"autocommit": True}
     with (
         ConnectionPool(pg_dsn, min_size=1, max_size=1, kwargs=kwargs, connection_class=_Counting) as pool,
         Scratchpad.open(pool, keyring=keyring, policy=_policy(durability)) as pad,
+        _settings_noted(pg_dsn) as noted,
     ):
-        pad.put(ALICE, "t", 1, "shell", "warm")  # the owner's key made and cached
-        before = _Counting.waits
-        entry = pad.put(ALICE, "t", 2, "shell", "x" * 4096)["scratchpad_id"]
-        put = _Counting.waits - before
+        pad.put(ALICE, "warm", 1, "shell", "warm")  # the owner's key made and cached
+        default, pid = _session_default(pool)
+        trips: dict[str, int] = {}
+        for name, step in (("put (first into a turn)", 1), ("put (turn this process wrote last)", 2)):
+            before = _Counting.waits
+            entry = pad.put(ALICE, "t", step, "shell", "x" * 4096)["scratchpad_id"]
+            trips[name] = _Counting.waits - before
+            assert noted(entry) == (EXPECTED[durability], APP_ROLE, pid)
+            assert _session_default(pool) == (default, pid) == ("on", pid)
         before = _Counting.waits
         assert pad.read(ALICE, entry, "head", n=100)["content"] == "x" * 100
-        assert (put, _Counting.waits - before) == (2, 1)
+        trips["read"] = _Counting.waits - before
+        assert trips == {"put (first into a turn)": 2, "put (turn this process wrote last)": 1, "read": 1}

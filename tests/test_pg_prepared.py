@@ -32,12 +32,15 @@ ALICE = Principal("alice", "planner", "web")
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # about 4 KiB
 
 # Statements the server runs per call in the steady state, every one prepared:
-# put: the anchor, the settings and locks, the quota check (with the key
+# a put into a turn whose head this process sealed last: the anchor, the
+# settings and locks, the entry with the turn's head in one conditional
+# statement (``_Put.once``: one message, no BEGIN or COMMIT); a turn's first
+# put here: the anchor, the settings and locks, the quota check (with the key
 # version and the turn's heads), the entry (its one segment in its row) with
 # the turn's head (BEGIN and COMMIT are not planned; before issue 15's folds,
 # tests/test_pg_put_statements.py: 6); read: the anchor, the settings, the
 # entry, the heads.
-STATEMENTS = {"put": 4, "read": 4}
+STATEMENTS = {"put (turn this process wrote last)": 3, "put (first into a turn)": 4, "read": 4}
 
 
 def _statements(pool: ConnectionPool[Any]) -> dict[str, tuple[int, int]]:
@@ -61,17 +64,22 @@ def test_put_and_read_run_prepared_statements_only_planned_once(pg_single: Singl
     entry = ""
     for step in range(1, 8):  # past the server's five custom plans per statement
         entry = pad.put(ALICE, "t1", step, "shell", TEXT)["scratchpad_id"]
+        pad.put(ALICE, f"warm{step}", 1, "shell", TEXT)  # a turn's first put: the two messages
         pad.read(ALICE, entry, "head", n=100)
         pad.read(ALICE, entry, "head", n=100)  # a warm read: its cached token, the read function's call
     before = _statements(pool)
     for step in range(8, 18):
         pad.put(ALICE, "t1", step, "shell", TEXT)
     after_puts = _statements(pool)
+    for turn in range(10):
+        pad.put(ALICE, f"new{turn}", 1, "shell", TEXT)
+    after_first_puts = _statements(pool)
     for _ in range(10):
         assert pad.read(ALICE, entry, "head", n=100)["content"] == TEXT[:100]
     after_reads = _statements(pool)
-    assert _delta(before, after_puts) == (10 * STATEMENTS["put"], 0, 0)
-    assert _delta(after_puts, after_reads) == (10 * STATEMENTS["read"], 0, 0)
+    assert _delta(before, after_puts) == (10 * STATEMENTS["put (turn this process wrote last)"], 0, 0)
+    assert _delta(after_puts, after_first_puts) == (10 * STATEMENTS["put (first into a turn)"], 0, 0)
+    assert _delta(after_first_puts, after_reads) == (10 * STATEMENTS["read"], 0, 0)
 
 
 def test_a_pool_that_does_not_prepare_gets_no_prepared_statement(pg_dsn: str, keyring: Keyring) -> None:

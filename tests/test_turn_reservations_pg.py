@@ -145,13 +145,19 @@ def test_eight_threads_of_two_owners_keep_the_totals_exact(pg_dsn: str, keyring:
 
 
 def test_round_trips_of_a_put_in_each_mode(pg_dsn: str, keyring: Keyring) -> None:
-    """Steady state 2 (either lock); a stale hint (the turn's reservation reclaimed
-    by another process) costs the shared attempt's first message and its
-    rollback before the 2 of the exclusive one."""
+    """A turn's grant 2 (the owner's lock exclusive); within the reservation 1
+    when this process sealed the turn's head last (one message, under the
+    owner's lock shared), else 3: the one message writes nothing (another
+    process wrote the turn), then the 2 of the shared attempt. A stale hint
+    (the turn's reservation reclaimed by another process) costs, after that
+    message, the shared attempt's first message and its rollback before the 2
+    of the exclusive one, which records the head it sealed (the next put is one
+    message again); a put that needs more than the turn's reservation sends no
+    message that cannot write: the 2 of a grant."""
     from psycopg_pool import ConnectionPool
     from test_pg_round_trips import CountingConnection, trips
 
-    policy = Policy(owner_quota_bytes=100_000, max_entry_bytes=90_000)
+    policy = Policy(owner_quota_bytes=200_000, max_entry_bytes=190_000)
     kwargs = {"autocommit": True}
     with (
         ConnectionPool(pg_dsn, min_size=1, max_size=1, kwargs=kwargs, connection_class=CountingConnection) as pool,
@@ -160,8 +166,14 @@ def test_round_trips_of_a_put_in_each_mode(pg_dsn: str, keyring: Keyring) -> Non
     ):
         pad.put(ALICE, "warm", 1, "tool", "x", now=NOW)  # the owner's key made and cached
         assert trips(lambda: pad.put(ALICE, "t1", 1, "tool", "x" * 1000, now=NOW)) == 2  # the grant
-        assert trips(lambda: pad.put(ALICE, "t1", 2, "tool", "x" * 1000, now=NOW)) == 2  # within it: shared
-        other.put(ALICE, "t2", 1, "tool", "y" * 85_000, now=NOW)  # near the quota: t1's spare reclaimed
-        assert trips(lambda: pad.put(ALICE, "t1", 3, "tool", "x" * 1000, now=NOW)) == 4
+        assert trips(lambda: pad.put(ALICE, "t1", 2, "tool", "x" * 1000, now=NOW)) == 1  # within it: one message
+        other.put(ALICE, "t1", 3, "tool", "x" * 10, now=NOW)  # within it too: t1's head is other's now
+        assert trips(lambda: pad.put(ALICE, "t1", 4, "tool", "x" * 1000, now=NOW)) == 3  # one message, then shared
+        assert trips(lambda: pad.put(ALICE, "t1", 5, "tool", "x" * 1000, now=NOW)) == 1  # the head is pad's again
+        other.put(ALICE, "t2", 1, "tool", "y" * 170_000, now=NOW)  # near the quota: t1's spare reclaimed
+        assert trips(lambda: pad.put(ALICE, "t1", 6, "tool", "x" * 1000, now=NOW)) == 1 + 2 + 2  # as said above
+        assert trips(lambda: pad.put(ALICE, "t1", 7, "tool", "x" * 10, now=NOW)) == 1  # its head recorded again
+        # Past the reservation left: no message that cannot write, straight to the exclusive grant.
+        assert trips(lambda: pad.put(ALICE, "t1", 8, "tool", "x" * 3000, now=NOW)) == 2
         exact(pad)
         assert pad.verify(now=NOW)["ok"]
