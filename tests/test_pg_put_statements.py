@@ -28,7 +28,7 @@ psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psyco
 from psycopg_pool import ConnectionPool  # noqa: E402  (needs psycopg)
 from tamper_edits import pg_entry_copy  # noqa: E402  (needs psycopg)
 
-from securepad import entry_put  # noqa: E402
+from securepad import entry_shape  # noqa: E402
 from securepad._backend import DuplicateKeyError  # noqa: E402
 from securepad._pg import PostgresDatabase  # noqa: E402
 
@@ -120,7 +120,7 @@ def test_an_id_collision_in_the_folded_write_is_sealed_again_and_leaves_nothing(
     ids = iter([taken])
 
     class Secrets:
-        """``secrets`` for ``entry_put``: the id just taken once, then fresh ones."""
+        """``secrets`` for ``entry_shape``: the id just taken once, then fresh ones."""
 
         @staticmethod
         def token_hex(n: int) -> str:
@@ -140,7 +140,7 @@ def test_an_id_collision_in_the_folded_write_is_sealed_again_and_leaves_nothing(
         sent.append(f"wrote {written}")
         return written
 
-    monkeypatch.setattr(entry_put, "secrets", Secrets)
+    monkeypatch.setattr(entry_shape, "secrets", Secrets)
     monkeypatch.setattr(PostgresDatabase, "write_once", noted)
     second = pad.put(ALICE, turn, 2, "shell", "second")["scratchpad_id"]
     assert next(ids, None) is None and second != taken  # the taken id was tried, then another
