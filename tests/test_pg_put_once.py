@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from securepad import InvalidArgumentError, Keyring, Principal, Scratchpad
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
+from pg_prepared_runs import ran  # noqa: E402  (needs psycopg)
 from psycopg import Connection  # noqa: E402  (needs psycopg)
 from psycopg_pool import ConnectionPool  # noqa: E402
 
@@ -108,24 +109,11 @@ def messages(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     return sent
 
 
-def _runs(pool: ConnectionPool[Any]) -> dict[str, tuple[int, str]]:
-    """name -> (times run, text) of the prepared statements of the pool's one connection."""
-    with pool.connection() as conn:
-        rows = conn.execute(
-            "SELECT name, generic_plans + custom_plans, statement FROM pg_prepared_statements"
-            " WHERE name LIKE 'securepad_%'"
-        ).fetchall()
-    return {name: (runs, text) for name, runs, text in rows}
-
-
 def _ran(pool: ConnectionPool[Any], call: Callable[[], object]) -> list[str]:
     """The texts of the prepared statements ``call()`` ran, once each."""
-    before = _runs(pool)
-    call()
-    after = _runs(pool)
-    ran = {name: runs - before.get(name, (0, ""))[0] for name, (runs, _) in after.items()}
-    assert all(count in (0, 1) for count in ran.values()), ran
-    return sorted(after[name][1] for name, count in ran.items() if count)
+    texts = ran(pool, call)
+    assert len(set(texts)) == len(texts), texts
+    return texts
 
 
 def _steps(pad: Scratchpad, who: Principal, turn: str, now: float | None = None) -> list[tuple[int, str]]:

@@ -25,6 +25,7 @@ import pytest
 from securepad import Keyring, Principal, Scratchpad
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
+from pg_prepared_runs import ran  # noqa: E402  (needs psycopg)
 from psycopg_pool import ConnectionPool  # noqa: E402  (needs psycopg)
 from tamper_edits import pg_entry_copy  # noqa: E402  (needs psycopg)
 
@@ -38,23 +39,9 @@ ALICE = Principal("alice", "planner", "web")
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # about 4 KiB, one segment
 
 
-def _runs(pool: ConnectionPool[Any]) -> dict[str, tuple[int, str]]:
-    """name -> (times run, text) of the prepared statements of the pool's one connection."""
-    with pool.connection() as conn:
-        rows = conn.execute(
-            "SELECT name, generic_plans + custom_plans, statement FROM pg_prepared_statements"
-            " WHERE name LIKE 'securepad_%'"
-        ).fetchall()
-    return {name: (runs, text) for name, runs, text in rows}
-
-
 def _ran(pool: ConnectionPool[Any], put: Any) -> list[str]:
     """The prepared statements ``put()`` ran, as ``_kind`` names them, each as often as it ran."""
-    before = _runs(pool)
-    put()
-    after = _runs(pool)
-    ran = {name: runs - before.get(name, (0, ""))[0] for name, (runs, _) in after.items()}
-    return sorted(_kind(after[name][1]) for name, count in ran.items() for _ in range(count))
+    return sorted(_kind(text) for text in ran(pool, put))
 
 
 def _kind(text: str) -> str:
