@@ -142,7 +142,8 @@ class OnceWriter(Protocol):
         Raises:
             DuplicateKeyError: the statement hit a unique key; nothing was written.
             StoreBusyError: a lock was not obtained in time, or the pool had no free connection.
-            StoreUnavailableError: no connection to send it on.
+            StoreUnavailableError: no connection to send it on, or the call
+                was cut at its deadline (it may or may not have been applied).
         """
 
 

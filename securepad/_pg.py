@@ -398,15 +398,17 @@ class PostgresDatabase:
         two statements fewer for the server to run); the rows it changed.
 
         None when the connection failed once the message was sent (a server
-        restart, the call's deadline): the write may or may not have been
-        applied. It is not sent again here; a transaction that takes the same
-        locks afterwards runs after it, if it ran, and sees its effect
+        restart, a connection ended by the server): the write may or may not
+        have been applied. It is not sent again here; a transaction that takes
+        the same locks afterwards runs after it, if it ran, and sees its effect
         (``entry_put``: the put's fallback looks for its entry by id).
 
         Raises:
             DuplicateKeyError: the statement hit a unique key; nothing was written.
             StoreBusyError: a lock was not obtained in time, or the pool had no free connection.
-            StoreUnavailableError: no connection could be had.
+            StoreUnavailableError: no connection could be had; or the call was
+                cut at its deadline, and the write may or may not have been
+                applied (as a COMMIT cut in ``transaction``).
         """
         batch = [
             (_OPENING_TURN, (*self._settings(owner, False), *self._turn_locks(owner, turn_id))),
@@ -421,7 +423,9 @@ class PostgresDatabase:
             raise StoreBusyError("the store is busy; try again") from None
         except pg_errors.InsufficientPrivilege as exc:
             raise SecurepadError(f"PostgreSQL refused the store's role: {reason(exc)}") from None
-        except psycopg.OperationalError:
+        except psycopg.OperationalError as exc:
+            if call.cut:  # past the call's deadline: no fallback with a deadline of its own
+                raise self._unavailable(exc, call) from None
             return None
         finally:
             self._checkin(call)

@@ -80,14 +80,14 @@ class Putter:
         step = step_sql(self._access, principal, turn_id, step_num) if free_step and not next_step else None
         one = _Put(self, self._keys, principal, turn_id, observation, prepared, meta, step, next_step)
         owner = principal.owner_user_id
-        # Under the owner's shared lock when the turn had room at its last put
-        # here (``heads``: a put within its turn's reservation); else, or when
-        # that hint is stale, under its exclusive lock.
         # In one message when this process sealed the turn's head last (``_Put.once``).
         done = one.once(self._once) if self._once is not None else None
         if done is not None:
             entry_id, spare = done
         else:
+            # Under the owner's shared lock when the turn had room at its last put
+            # here (``heads``: a put within its turn's reservation); else, or when
+            # that hint is stale, under its exclusive lock.
             try:
                 entry_id, spare = one.attempt(shared=self._spare.get((owner, turn_id), 0) >= prepared.cost_bound())
             except OwnerLockNeeded:
