@@ -84,9 +84,6 @@ class LastSealed:
         """The record, removed: the caller edits its tally, and records the next head if it writes one."""
         return self._heads.pop((owner, turn_id), None)
 
-    def drop(self, owner: str, turn_id: str) -> None:
-        self._heads.pop((owner, turn_id), None)
-
     def following(
         self,
         owner: str,

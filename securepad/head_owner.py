@@ -156,7 +156,7 @@ class OwnerHeads:
         bodies: list[tuple[str, bytes]],
         version: int | None = None,
         insert: tuple[str, Params] | None = None,
-    ) -> list[bytes]:
+    ) -> None:
         """Seal and upsert heads of the owner, in one statement (a put writes its
         turn head and its owner head together). ``insert``, the caller's insert
         of the rows the heads now count, goes first: on PostgreSQL in the same
@@ -166,19 +166,18 @@ class OwnerHeads:
         row-level security check, fail the statement as they failed its own),
         on SQLite before it (SQLite has no data-modifying ``WITH``). Each turn
         head sealed is recorded as this process's last of its turn (``last``:
-        ``head_last``); returns the sealed heads, in the order of ``bodies``."""
+        ``head_last``)."""
         if version is None:
             version = self._newest(conn, owner)
         if version is None:
             raise IntegrityError(f"owner {owner!r} has no key to seal its turn head with")
         wrapper = self._keys.owner_wrapper(owner, version)
         params: list[Any] = []
-        sealed: list[bytes] = []
         for turn_id, body in bodies:
-            sealed.append(wrapper.seal(body, head_aad(owner, turn_id, version)))
-            params += [owner, turn_id, version, sealed[-1]]
+            sealed = wrapper.seal(body, head_aad(owner, turn_id, version))
+            params += [owner, turn_id, version, sealed]
             if turn_id not in (OWNER_HEAD, USAGE_HEAD):
-                self.last.record(owner, turn_id, Sealed(version, sealed[-1], body))
+                self.last.record(owner, turn_id, Sealed(version, sealed, body))
         upsert = _UPSERT.format(values=", ".join(["(?, ?, ?, ?)"] * len(bodies)))
         if insert is None:
             conn.defer(upsert, tuple(params))
@@ -188,7 +187,6 @@ class OwnerHeads:
             conn.defer(*insert)
             conn.defer(upsert, tuple(params))
         self._keys.count_wraps_later(owner, version, len(bodies))
-        return sealed
 
     def first_owner_head(self, conn: Conn, owner: str, version: int, wrapper: Wrapper) -> None:
         """The empty owner head and a zero usage head of an owner's first key, in
