@@ -64,6 +64,7 @@ class LastSealed:
         self._enabled = enabled
 
     def record(self, owner: str, turn_id: str, head: Sealed) -> None:
+        """``head`` is the one this process sealed last for the turn (nothing kept unless enabled)."""
         if not self._enabled:
             return
         if len(self._heads) >= _TURNS:
@@ -78,6 +79,7 @@ class LastSealed:
             head.tally = tally
 
     def has(self, owner: str, turn_id: str) -> bool:
+        """Whether a head of the turn is recorded (``take`` may still find none: another thread took it)."""
         return (owner, turn_id) in self._heads
 
     def take(self, owner: str, turn_id: str) -> Sealed | None:
@@ -125,12 +127,13 @@ class Once:
     spare: int
 
 
-# The turn head rewritten only if it is still the one recorded and the key version is the
+# The turn head rewritten only if it is still the one recorded (its clear key version too:
+# an edit of that alone would otherwise be overwritten unseen) and the key version is the
 # owner's newest; the caller's INSERT ... SELECT takes its one row FROM head, so it inserts
 # exactly when the head was rewritten.
 _ONCE_SQL = (
     "WITH head AS (UPDATE turn_heads SET key_version = ?, sealed = ? WHERE owner_user_id = ? AND turn_id = ?"
-    f" AND sealed = ? AND ? = {NEWEST_VERSION_SQL}{{condition}} RETURNING 1) {{insert}} FROM head"
+    f" AND key_version = ? AND sealed = ? AND ? = {NEWEST_VERSION_SQL}{{condition}} RETURNING 1) {{insert}} FROM head"
 )
 
 
@@ -138,17 +141,27 @@ def once_sql(
     insert: tuple[str, Params],
     owner: str,
     turn_id: str,
-    version: int,
-    sealed: bytes,
-    expected: bytes,
+    head: Sealed,
+    expected: Sealed,
     condition: tuple[str, Params] | None = None,
 ) -> tuple[str, Params]:
     """The statement of ``Once``: ``insert`` (``INSERT ... SELECT`` of one row,
-    without its ``FROM``) when the turn's stored head is ``expected`` (and
-    ``condition``, an SQL condition, holds), with the head ``sealed`` under
-    ``version``; the row count says whether it wrote."""
+    without its ``FROM``) when the turn's stored head is ``expected`` (its key
+    version and sealed bytes; and ``condition``, an SQL condition, holds),
+    with ``head`` written in its place; the row count says whether it wrote."""
     more, more_params = (f" AND {condition[0]}", condition[1]) if condition is not None else ("", ())
     return (
         _ONCE_SQL.format(condition=more, insert=insert[0]),
-        (version, sealed, owner, turn_id, expected, version, owner, *more_params, *insert[1]),
+        (
+            head.version,
+            head.sealed,
+            owner,
+            turn_id,
+            expected.version,
+            expected.sealed,
+            head.version,
+            owner,
+            *more_params,
+            *insert[1],
+        ),
     )

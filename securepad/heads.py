@@ -61,6 +61,7 @@ from typing import Any, TypeVar
 
 from ._backend import Backend, Conn, OwnerLockNeeded, Params, Rows
 from .access import audit_log
+from .crypto import Wrapper
 from .errors import IntegrityError, StoreBusyError
 from .head_cache import HeadCache
 from .head_checks import HeadChecks
@@ -396,23 +397,24 @@ class Heads(HeadChecks, OwnerHeads):
         if body == before:  # nothing the head counts changed: the caller's insert alone
             if insert is not None:
                 conn.defer(*insert)
-        elif turn_only:
+            return tally.r - tally.b
+        if turn_only:
             if tally.b > tally.r or change.bytes < 0:
                 raise OwnerLockNeeded  # the reservation is short: the owner's usage head must change
-            self.write_bodies(conn, owner, [(turn_id, body)], version, insert)
-            self.last.attach(owner, turn_id, body, tally)
+            bodies = [(turn_id, body)]
         else:
             bodies = self._owner_bodies(conn, owner, turn_id, by_turn, tally, change.bytes, room, version)
-            self.write_bodies(conn, owner, bodies, version, insert)
-            self.last.attach(owner, turn_id, bodies[0][1], tally)
-        return tally.r - tally.b
+        spare = tally.r - tally.b  # before the tally is handed on (``head_last``: a put in one message edits it)
+        self.write_bodies(conn, owner, bodies, version, insert)
+        self.last.attach(owner, turn_id, bodies[0][1], tally)
+        return spare
 
     def change_once(
         self,
         owner: str,
         turn_id: str,
         edit: Callable[[HeadEdit], object],
-        version: int,
+        sealing: tuple[int, Wrapper],
         insert: tuple[str, Params],
         condition: tuple[str, Params] | None = None,
     ) -> Once | None:
@@ -420,19 +422,21 @@ class Heads(HeadChecks, OwnerHeads):
         reading it (``head_last``): the next head (``LastSealed.following``) and
         one statement that writes it with the caller's ``insert`` (``INSERT ...
         SELECT`` of one row, completed with ``FROM head``) only if the stored
-        head is still the recorded one, ``version`` is the owner's newest and
-        ``condition`` (SQL) holds (``once_sql``); for the caller to send in one
-        message (``entry_put``) and, once it wrote, to record (``last.record``).
-        None when there is no record, or the edit needs more than the turn's
-        reservation (the owner's exclusive lock: ``change``)."""
-        wrapper = self._keys.owner_wrapper(owner, version)
+        head is still the recorded one, the key version of ``sealing`` (the
+        version and its wrapper, the caller's entry's) is the owner's newest
+        and ``condition`` (SQL) holds (``once_sql``); for the caller to send in
+        one message (``entry_put``) and, once it wrote, to record
+        (``last.record``). None when there is no record, or the edit needs
+        more than the turn's reservation (the owner's exclusive lock:
+        ``change``). Raises nothing of its own: the head is sealed in memory."""
+        version, wrapper = sealing
         found = self.last.following(owner, turn_id, edit, self.terms(owner, turn_id), wrapper, version)
         if found is None:
             return None
         last, head, spare = found
         self._cache.drop(owner, turn_id)
         self._keys.count_wraps_later(owner, version, 1)
-        sql, params = once_sql(insert, owner, turn_id, version, head.sealed, last.sealed, condition)
+        sql, params = once_sql(insert, owner, turn_id, head, last, condition)
         return Once(sql, params, head, spare)
 
     def _heads_of(
