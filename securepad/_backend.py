@@ -24,6 +24,7 @@ __all__ = [
     "Conn",
     "DuplicateKeyError",
     "OnceWriter",
+    "OutcomeUnknown",
     "OwnerLockNeeded",
     "Params",
     "Rows",
@@ -37,6 +38,11 @@ Rows = list[dict[str, Any]]
 class DuplicateKeyError(Exception):
     """An insert hit a unique key (an id collided, or a racing writer took a
     sequence number): the caller seals again under a new one."""
+
+
+class OutcomeUnknown(Exception):
+    """A write's connection was lost once the write was sent, and there is no
+    time left to find out whether the server applied it (the call's deadline)."""
 
 
 class OwnerLockNeeded(Exception):
@@ -141,9 +147,11 @@ class OnceWriter(Protocol):
 
         Raises:
             DuplicateKeyError: the statement hit a unique key; nothing was written.
+            OutcomeUnknown: the call was cut at its deadline once the message
+                was sent: it may or may not have been applied (or be applied later).
             StoreBusyError: a lock was not obtained in time, or the pool had no free connection.
-            StoreUnavailableError: no connection to send it on, or the call
-                was cut at its deadline (it may or may not have been applied).
+            StoreUnavailableError: no connection to send it on, or the server
+                refused or cancelled it (nothing was written).
         """
 
 

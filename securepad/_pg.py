@@ -53,7 +53,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ._backend import DuplicateKeyError, Params, Rows
+from ._backend import DuplicateKeyError, OutcomeUnknown, Params, Rows
 from ._pg_conn import BUSY, Transaction, Watch, Watchdog, rowcount, rows_of, send, translate
 from ._pg_prepare import Statements
 from ._pg_schema import ADMIN_ROLE, APP_ROLE, SCHEMA_VERSION, lock_key, migrate, reason
@@ -397,18 +397,20 @@ class PostgresDatabase:
         runs as one implicit transaction (no BEGIN, no COMMIT: one round trip,
         two statements fewer for the server to run); the rows it changed.
 
-        None when the connection failed once the message was sent (a server
-        restart, a connection ended by the server): the write may or may not
+        None when the connection broke once the message was sent (a server
+        restart, a session ended by the server): the write may or may not
         have been applied. It is not sent again here; a transaction that takes
         the same locks afterwards runs after it, if it ran, and sees its effect
         (``entry_put``: the put's fallback looks for its entry by id).
 
         Raises:
             DuplicateKeyError: the statement hit a unique key; nothing was written.
+            OutcomeUnknown: the call was cut at its deadline: the message was
+                sent, and the server may apply it even later (it waits for its locks).
             StoreBusyError: a lock was not obtained in time, or the pool had no free connection.
-            StoreUnavailableError: no connection could be had; or the call was
-                cut at its deadline, and the write may or may not have been
-                applied (as a COMMIT cut in ``transaction``).
+            StoreUnavailableError: no connection could be had, or the server
+                reported an error of its own on a live connection (a cancelled
+                statement): the implicit transaction was rolled back.
         """
         batch = [
             (_OPENING_TURN, (*self._settings(owner, False), *self._turn_locks(owner, turn_id))),
@@ -425,6 +427,8 @@ class PostgresDatabase:
             raise SecurepadError(f"PostgreSQL refused the store's role: {reason(exc)}") from None
         except psycopg.OperationalError as exc:
             if call.cut:  # past the call's deadline: no fallback with a deadline of its own
+                raise OutcomeUnknown(str(self._unavailable(exc, call))) from None
+            if not call.conn.broken:  # the server's own error: the implicit transaction rolled back
                 raise self._unavailable(exc, call) from None
             return None
         finally:

@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._backend import Conn, DuplicateKeyError, OnceWriter, OwnerLockNeeded, Params, Rows
+from ._backend import Conn, DuplicateKeyError, OnceWriter, OutcomeUnknown, OwnerLockNeeded, Params, Rows
 from ._records import Records
 from .access import Access, check_principal
 from .crypto import EntryCipher, ListingKey, Wrapper
 from .entry_listings import Listings, step_sql
 from .entry_rows import EntryParts, check_step_num, live
 from .entry_shape import Prepared
-from .errors import IntegrityError, InvalidArgumentError
+from .errors import IntegrityError, InvalidArgumentError, StoreBusyError, StoreUnavailableError
 from .head_beside import read_with_heads, with_heads
 from .head_last import Once
 from .heads import Room, entry_item
@@ -80,18 +80,11 @@ class Putter:
         step = step_sql(self._access, principal, turn_id, step_num) if free_step and not next_step else None
         one = _Put(self, self._keys, principal, turn_id, observation, prepared, meta, step, next_step)
         owner = principal.owner_user_id
-        # In one message when this process sealed the turn's head last (``_Put.once``).
+        # In one message when this process sealed the turn's head last (``_Put.once``);
+        # else under the owner's shared lock when the turn had room at its last put here
+        # (``heads``: a put within its turn's reservation), or its exclusive lock.
         done = one.once(self._once) if self._once is not None else None
-        if done is not None:
-            entry_id, spare = done
-        else:
-            # Under the owner's shared lock when the turn had room at its last put
-            # here (``heads``: a put within its turn's reservation); else, or when
-            # that hint is stale, under its exclusive lock.
-            try:
-                entry_id, spare = one.attempt(shared=self._spare.get((owner, turn_id), 0) >= prepared.cost_bound())
-            except OwnerLockNeeded:
-                entry_id, spare = one.attempt(shared=False)
+        entry_id, spare = done or one.written(shared=self._spare.get((owner, turn_id), 0) >= prepared.cost_bound())
         if len(self._spare) >= _HINTS:
             self._spare.clear()
         self._spare[(owner, turn_id)] = spare
@@ -168,6 +161,15 @@ def _quota_sql(
     if step is None:
         return sql, (owner, *params)
     return f"{sql}, (SELECT MAX(expires_at) FROM ({step[0]}) AS taken) AS step_expires", (owner, *params, *step[1])
+
+
+def _maybe_stored(entry_id: str, why: str) -> StoreUnavailableError:
+    """The error of a put whose outcome is unknown: its one message was sent
+    (``_Put.once``), then its connection was lost and nothing could tell."""
+    return StoreUnavailableError(
+        f"{why}; the put's one message had been sent, so it may be stored as entry {entry_id!r}:"
+        " get that id to know (putting the same step again is refused if it was stored)"
+    )
 
 
 def _landed_sql(owner: str, entry_id: str) -> tuple[str, Params]:
@@ -248,6 +250,25 @@ class _Put:
             turn=self.turn_id if shared else None,
         )
 
+    def written(self, shared: bool) -> tuple[str, int]:
+        """``attempt`` under the owner's shared lock when ``shared`` (a hint),
+        under its exclusive lock when that was not enough.
+
+        Raises:
+            StoreUnavailableError: as ``attempt``; and when ``once``'s connection
+                broke after sending it (``landed``) and this attempt failed too,
+                naming the entry that may be stored.
+        """
+        try:
+            try:
+                return self.attempt(shared)
+            except OwnerLockNeeded:
+                return self.attempt(shared=False)
+        except (StoreBusyError, StoreUnavailableError) as exc:
+            if self.landed is None:
+                raise
+            raise _maybe_stored(self.landed[1], str(exc)) from None
+
     def once(self, db: OnceWriter) -> tuple[str, int] | None:
         """The put in one message (PostgreSQL, issue 15), when this process
         sealed the turn's head last: the entry sealed, the next head sealed
@@ -263,14 +284,21 @@ class _Put:
         step is taken; ``attempt`` then refuses it). Not for a step taken
         (``next_step``: its look needs the transaction), an entry of more than
         one segment (its segment rows follow it), or a write that must add the
-        pending wrap counts (``Keystore.flush_due``)."""
+        pending wrap counts (``Keystore.flush_due``).
+
+        Raises:
+            StoreBusyError: the turn's locks were not obtained in time.
+            StoreUnavailableError: the server cannot be reached or refused the
+                statement (nothing written); or the call was cut at its deadline
+                once the message was sent, naming the entry that may be stored.
+        """
         heads, owner, turn_id = self.putter.heads, self.owner, self.turn_id
         if self.next_step or len(self.prepared.segments) > 1:
             return None
         if not heads.last.has(owner, turn_id):
             return None
         version, wrapper = self.keys.current(owner)
-        if self.keys.flush_due(owner, version, 2):  # the entry's key and the head
+        if self.keys.flush_due(owner, version):  # as ``write_current`` decides it: that put writes them
             return None
         try:
             sealed = self.seal(version, wrapper)
@@ -281,7 +309,7 @@ class _Put:
         # A given step: free when its look (``step_sql``) finds no live entry, as ``check``'s.
         free = None if self.step is None else (_STEP_FREE.format(step=self.step[0]), (*self.step[1], self.created))
         once = heads.change_once(
-            owner, turn_id, lambda head: head.add("e", row["id"], entry_item(row)), version, insert, free
+            owner, turn_id, lambda head: head.add("e", row["id"], entry_item(row)), (version, wrapper), insert, free
         )
         if once is None:
             self.kept = (version, sealed)
@@ -291,6 +319,8 @@ class _Put:
             written = db.write_once(owner, turn_id, once.sql, once.params)
         except DuplicateKeyError:
             return None  # its id was taken: ``attempt`` seals it again under another
+        except OutcomeUnknown as exc:
+            raise _maybe_stored(str(row["id"]), str(exc)) from None
         if written == 1:
             heads.last.record(owner, turn_id, once.head)
             return str(row["id"]), once.spare

@@ -66,8 +66,12 @@ class StoreUnavailableError(SecurepadError):
     """The database server cannot be reached, or did not answer in time.
 
     Retryable, like ``StoreBusyError``: nothing was written (a transaction
-    that lost its connection is rolled back by the server). The store is used
-    again as soon as the server answers.
+    that lost its connection is rolled back by the server), except where the
+    message says a write may have been applied: a connection lost during
+    COMMIT, or a put sent in one message (PostgreSQL) whose connection was
+    lost and whose outcome nothing could tell (the message names the entry
+    that may be stored: get it to know). The store is used again as soon as
+    the server answers.
     """
 
 

@@ -110,7 +110,8 @@ class OwnerHeads:
     def __init__(self, db: Backend, keys: Keystore) -> None:
         self._db = db
         self._keys = keys
-        # The turn heads sealed here last (``head_last``): every turn head written goes through ``write_bodies``.
+        # The turn heads sealed here last (``head_last``): every turn head a transaction writes goes through
+        # ``write_bodies``; a put in one message records its own (``entry_put``).
         self.last = LastSealed(enabled=isinstance(db, OnceWriter))
 
     def open_body(self, row: dict[str, Any], owner: str, turn_id: str) -> bytes:
