@@ -91,6 +91,28 @@ def test_a_black_hole_ends_at_the_deadline(faulty_pad: Scratchpad, proxy: Faulty
     assert faulty_pad.get(ALICE, entry).observation == "before the black hole"
 
 
+def test_a_put_sent_in_one_message_into_a_black_hole_names_its_entry(
+    faulty_pad: Scratchpad, proxy: FaultyProxy
+) -> None:
+    """A put in one message (its turn's head sealed here last) sent into a black hole
+    is cut at the deadline: it may yet be applied, so the error names the entry it may
+    have stored instead of meaning "nothing was written"; once the network is back,
+    the entry is there or not, and the turn reads and verifies either way."""
+    faulty_pad.put(ALICE, "t", 1, "tool", "before the black hole")
+    proxy.black_hole = True
+    outcome, _ = bounded(lambda: faulty_pad.put(ALICE, "t", 2, "tool", "into the void"))
+    proxy.black_hole = False
+    assert isinstance(outcome, StoreUnavailableError), outcome
+    assert "the call was cut" in str(outcome) and "may be stored as entry" in str(outcome), outcome
+    entry = str(outcome).split("may be stored as entry '")[1].split("'")[0]
+    until_it_works(lambda: faulty_pad.list_for_turn(ALICE, "t"))
+    steps = [e["step_num"] for e in faulty_pad.list_for_turn(ALICE, "t")]
+    assert steps in ([1], [1, 2])
+    if steps == [1, 2]:
+        assert faulty_pad.get(ALICE, entry).observation == "into the void"
+    assert faulty_pad.verify()["ok"]
+
+
 def test_a_refusing_server_is_unavailable_not_busy(faulty_pad: Scratchpad, proxy: FaultyProxy) -> None:
     faulty_pad.put(ALICE, "t", 1, "tool", "first")
     proxy.refuse()

@@ -15,6 +15,7 @@ transaction pooler, and leaves a store that verifies.
 from __future__ import annotations
 
 import functools
+import itertools
 import secrets
 import threading
 import time
@@ -26,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from securepad import InvalidArgumentError, Keyring, Principal, Scratchpad
+from securepad import IntegrityError, InvalidArgumentError, Keyring, Principal, Scratchpad, StoreUnavailableError
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from pg_prepared_runs import ran  # noqa: E402  (needs psycopg)
@@ -37,6 +38,7 @@ from securepad import entry_shape  # noqa: E402
 from securepad._pg import PostgresDatabase  # noqa: E402
 from securepad._pg_prepare import Statements  # noqa: E402
 from securepad.bench.pgbouncer import PgBouncer, find_pgbouncer  # noqa: E402
+from securepad.heads import Heads  # noqa: E402
 from securepad.store import parts  # noqa: E402
 
 Single = tuple[Scratchpad, ConnectionPool[Any]]
@@ -335,9 +337,10 @@ def _holding_the_turn(store: Scratchpad, owner: str, turn: str) -> Iterator[None
         yield
 
 
-def _terminate_the_lock_waiter(dsn: str) -> bool:
+def _terminate_the_lock_waiter(dsn: str, how: str = "pg_terminate_backend") -> bool:
     """End the one server process of the database waiting for an advisory
-    lock, once it waits (polled: the outcome, not the time, is asserted)."""
+    lock (or, ``how="pg_cancel_backend"``, its statement), once it waits
+    (polled: the outcome, not the time, is asserted)."""
     deadline = time.monotonic() + 20
     with psycopg.connect(dsn, autocommit=True) as admin:
         while time.monotonic() < deadline:
@@ -347,7 +350,7 @@ def _terminate_the_lock_waiter(dsn: str) -> bool:
             ).fetchall()
             if rows:
                 assert len(rows) == 1 and "pg_advisory_xact_lock(" in rows[0][1], rows
-                return bool(admin.execute("SELECT pg_terminate_backend(%s)", (rows[0][0],)).fetchone()[0])
+                return bool(admin.execute(f"SELECT {how}(%s)", (rows[0][0],)).fetchone()[0])
             time.sleep(0.02)
     return False
 
@@ -484,3 +487,143 @@ def test_an_entry_of_several_segments_goes_in_two_messages(single: Single) -> No
     assert trips == 1  # the head the big put sealed is this store's last
     assert [step for step, _ in _steps(pad, ALICE, "t1")] == [1, 2, 3]
     assert pad.verify()["ok"]
+
+
+def test_a_rotation_between_sealing_and_the_next_head_falls_back(
+    pg_dsn: str, keyring: Keyring, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rotation that retires the entry's key version after it was sealed (another
+    thread of this process) makes the put fall back and store under the new version."""
+    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+        pad.put(ALICE, "t1", 1, "shell", "one")
+        change_once = Heads.change_once
+        rotated: list[dict[str, Any]] = []
+
+        def after_a_rotation(self: Heads, *args: Any, **kwargs: Any) -> Any:
+            if not rotated:
+                rotated.append(pad.rotate_owner_key("alice"))  # another thread's, between seal and head
+            return change_once(self, *args, **kwargs)
+
+        monkeypatch.setattr(Heads, "change_once", after_a_rotation)
+        entry = pad.put(ALICE, "t1", 2, "shell", "two")["scratchpad_id"]
+        assert rotated and rotated[0]["complete"] and rotated[0]["version"] == 2
+        assert _admin(pg_dsn, "SELECT key_version FROM securepad.entries WHERE id = %s", (entry,)) == [(2,)]
+        assert pad.get(ALICE, entry).observation == "two"
+        assert pad.verify()["ok"]
+
+
+def test_a_lost_reply_then_a_failed_fallback_names_the_entry_that_may_be_stored(
+    single: Single, other: Scratchpad, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one statement applied, its reply lost, and the fallback's lock wait timed
+    out (another process's owner-wide write): the put raises StoreUnavailableError
+    naming its entry, not StoreBusyError ("nothing written"); the entry is there,
+    and putting the step again is refused."""
+    pad, _ = single
+    db = parts(pad).db
+    assert isinstance(db, PostgresDatabase)
+    monkeypatch.setattr(db, "_lock_timeout", "300ms")  # a short lock wait for this store
+    pad.put(ALICE, "t1", 1, "shell", "one")
+    write_once = PostgresDatabase.write_once
+    applied: list[int | None] = []
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with _holding_the_owner(other, "alice"):
+            held.set()
+            release.wait(20)
+
+    def reply_lost(self: PostgresDatabase, owner: str, turn_id: str, sql: str, params: Any) -> int | None:
+        applied.append(write_once(self, owner, turn_id, sql, params))
+        threading.Thread(target=hold).start()  # then another process's owner-wide write begins
+        assert held.wait(20)
+        return None
+
+    monkeypatch.setattr(PostgresDatabase, "write_once", reply_lost)
+    try:
+        with pytest.raises(StoreUnavailableError, match="may be stored as entry") as exc:
+            pad.put(ALICE, "t1", 2, "shell", "two")
+    finally:
+        release.set()
+    assert applied == [1]
+    entry = str(exc.value).split("may be stored as entry '")[1].split("'")[0]
+    monkeypatch.undo()
+    assert pad.get(ALICE, entry).observation == "two"
+    with pytest.raises(InvalidArgumentError, match="already recorded"):
+        pad.put(ALICE, "t1", 2, "shell", "two")
+    assert [step for step, _ in _steps(pad, ALICE, "t1")] == [1, 2]
+    assert pad.verify()["ok"]
+
+
+@contextmanager
+def _holding_the_owner(store: Scratchpad, owner: str) -> Iterator[None]:
+    """``store``'s write transaction of ``owner`` (its exclusive lock), until the block ends."""
+    with parts(store).db.transaction(owner) as conn:
+        conn.query("SELECT 1 AS one")  # BEGIN, the settings and the locks go with it
+        yield
+
+
+def test_an_edited_head_key_version_is_refused_not_overwritten(
+    pg_dsn: str, keyring: Keyring, other: Scratchpad
+) -> None:
+    """An edit of the head's clear key version alone makes the head fail to open:
+    the one statement does not write over it, and the put refuses it, as a
+    two-message put does; verify still names it."""
+    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+        pad.put(ALICE, "t1", 1, "shell", "one")
+        pad.put(ALICE, "t1", 2, "shell", "two")
+        _admin(
+            pg_dsn,
+            "UPDATE securepad.turn_heads SET key_version = key_version + 5"
+            " WHERE owner_user_id = 'alice' AND turn_id = 't1' RETURNING 1",
+        )
+        with pytest.raises(IntegrityError):
+            pad.put(ALICE, "t1", 3, "shell", "three")
+        with pytest.raises(IntegrityError):
+            other.list_for_turn(ALICE, "t1")
+        assert not pad.verify()["ok"]
+        assert [step for (step,) in _admin(pg_dsn, "SELECT step_num FROM securepad.entries ORDER BY 1")] == [1, 2]
+
+
+def test_the_wrap_count_goes_with_one_put_in_128(single: Single, pg_dsn: str) -> None:
+    """Every put wraps two keys (the entry's, the head), counted in memory; the put
+    that adds them to ``owner_keys`` (every 256 wraps, as ``write_current``
+    decides) goes in two messages, once in 128 puts. The other two-message puts
+    are the turn's reservation grants."""
+    pad, _ = single
+    pad.put(ALICE, "t1", 1, "shell", "first")
+
+    def wrap_count() -> int:
+        return int(_admin(pg_dsn, "SELECT wrap_count FROM securepad.owner_keys WHERE owner_user_id = 'alice'")[0][0])
+
+    flushed, counted_before = [], wrap_count()
+    for step in range(2, 1002):
+        _, trips = counted(lambda step=step: pad.put(ALICE, "t1", step, "shell", "x"))
+        assert trips in (1, 2)
+        if trips == 2 and wrap_count() != counted_before:
+            flushed.append(step)
+            counted_before = wrap_count()
+    assert len(flushed) == 7 and all(b - a == 128 for a, b in itertools.pairwise(flushed)), flushed
+
+
+def test_a_put_whose_statement_the_server_cancels_writes_nothing_and_says_so(
+    pg_dsn: str, keyring: Keyring, other: Scratchpad
+) -> None:
+    """The server cancels the one-message put while it waits for the turn's lock
+    (its connection stays up): the implicit transaction rolled back, so the put
+    raises StoreUnavailableError without a fallback and nothing is stored."""
+    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+        first = pad.put(ALICE, "t1", 1, "shell", TEXT)["scratchpad_id"]
+        outcome: list[Any] = []
+        with _holding_the_turn(other, "alice", "t1"):
+            putter = threading.Thread(target=lambda: outcome.append(_outcome(pad, 2)))
+            putter.start()
+            cancelled = _terminate_the_lock_waiter(pg_dsn, "pg_cancel_backend")
+        putter.join(30)
+        assert not putter.is_alive() and cancelled
+        assert len(outcome) == 1 and isinstance(outcome[0], StoreUnavailableError), outcome
+        assert "cancelled" in str(outcome[0]) and "may be stored" not in str(outcome[0])
+        assert _steps(pad, ALICE, "t1") == [(1, first)]
+        second = pad.put(ALICE, "t1", 2, "shell", "two")["scratchpad_id"]
+        assert _steps(pad, ALICE, "t1") == [(1, first), (2, second)]
+        assert pad.verify()["ok"]
