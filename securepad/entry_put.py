@@ -167,8 +167,8 @@ def _maybe_stored(entry_id: str, why: str) -> StoreUnavailableError:
     """The error of a put whose outcome is unknown: its one message was sent
     (``_Put.once``), then its connection was lost and nothing could tell."""
     return StoreUnavailableError(
-        f"{why}; the put's one message had been sent, so it may be stored as entry {entry_id!r}:"
-        " get that id to know (putting the same step again is refused if it was stored)"
+        f"{why.removesuffix('; try again')}; the put's one message had been sent, so it may be stored as"
+        f" entry {entry_id!r}: get that id to know (putting the same step again is refused if it was stored)"
     )
 
 
