@@ -306,19 +306,26 @@ def test_a_put_whose_connection_is_terminated_while_it_waits_is_stored_once(
     monkeypatch.setattr(PostgresDatabase, "write_once", observed)  # an observer: it runs and answers as it is
     with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
         first = pad.put(ALICE, "t1", 1, "shell", TEXT)["scratchpad_id"]
-        outcome: list[Any] = []
-        with _holding_the_turn(other, "alice", "t1"):
-            putter = threading.Thread(target=lambda: outcome.append(_outcome(pad, 2)))
-            putter.start()
-            terminated = _terminate_the_lock_waiter(pg_dsn)
-        putter.join(30)
-        assert not putter.is_alive()
-        assert terminated
+        outcome = _put_while_its_lock_waiter_is_ended(pad, other, pg_dsn, "pg_terminate_backend")
         assert replies == [None]  # the one message was sent and its connection lost
         assert len(outcome) == 1 and isinstance(outcome[0], str), outcome
         assert _steps(pad, ALICE, "t1") == [(1, first), (2, outcome[0])]
         assert pad.get(ALICE, outcome[0]).observation == "two"
         assert pad.verify()["ok"]
+
+
+def _put_while_its_lock_waiter_is_ended(pad: Scratchpad, other: Scratchpad, dsn: str, how: str) -> list[Any]:
+    """``pad``'s put of step 2 into alice's ``t1`` while ``other`` holds the turn,
+    its server process (or statement: ``how``) ended once it waits for the lock;
+    the put's outcome (``_outcome``), alone in the list."""
+    outcome: list[Any] = []
+    with _holding_the_turn(other, "alice", "t1"):
+        putter = threading.Thread(target=lambda: outcome.append(_outcome(pad, 2)))
+        putter.start()
+        ended = _terminate_the_lock_waiter(dsn, how)
+    putter.join(30)
+    assert not putter.is_alive() and ended
+    return outcome
 
 
 def _outcome(pad: Scratchpad, step: int) -> str | BaseException:
@@ -614,13 +621,7 @@ def test_a_put_whose_statement_the_server_cancels_writes_nothing_and_says_so(
     raises StoreUnavailableError without a fallback and nothing is stored."""
     with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
         first = pad.put(ALICE, "t1", 1, "shell", TEXT)["scratchpad_id"]
-        outcome: list[Any] = []
-        with _holding_the_turn(other, "alice", "t1"):
-            putter = threading.Thread(target=lambda: outcome.append(_outcome(pad, 2)))
-            putter.start()
-            cancelled = _terminate_the_lock_waiter(pg_dsn, "pg_cancel_backend")
-        putter.join(30)
-        assert not putter.is_alive() and cancelled
+        outcome = _put_while_its_lock_waiter_is_ended(pad, other, pg_dsn, "pg_cancel_backend")
         assert len(outcome) == 1 and isinstance(outcome[0], StoreUnavailableError), outcome
         assert "cancelled" in str(outcome[0]) and "may be stored" not in str(outcome[0])
         assert _steps(pad, ALICE, "t1") == [(1, first)]
