@@ -89,6 +89,11 @@ class Backend(Protocol):
     #: Where the store lives, for messages and stats (never a password).
     location: str
 
+    @property
+    def write_limit_bytes(self) -> int | None:
+        """The most one write transaction may store, in bytes (SQLite: half its
+        WAL limit); None where the engine has no such bound."""
+
     def transaction(
         self, owner: str | None = None, *, admin: bool = False, wait: bool = True, turn: str | None = None
     ) -> AbstractContextManager[Conn]:

@@ -31,19 +31,39 @@ __all__ = ["SCHEMA_VERSION", "WAL_LIMIT_BYTES", "CommitHooks", "Database"]
 # How long a writer waits for the lock before StoreBusyError.
 BUSY_TIMEOUT_MS = 30_000
 
-# The write-ahead log's bound. A reader that holds one snapshot keeps every
-# frame written after it in the WAL (a checkpoint cannot move them), so the
-# WAL grows with every write for as long as the reader lives: 652 MB in 60 s
-# at 200 puts/s (issue 18). Past this size a write first tries to checkpoint
-# and, if a reader still pins the WAL, fails with StoreBusyError until the
-# reader ends: the file stays bounded and writers see a retryable error.
+# The write-ahead log's bound, on the frames a checkpoint has not yet copied
+# into the database (a passive checkpoint copies every frame older than the
+# oldest reader's snapshot): those are what a reader that holds one snapshot
+# keeps growing, 652 MB in 60 s at 200 puts/s under one long reader. Past it a
+# write waits (``WAL_WAIT_MS``) for a checkpoint, then fails with StoreBusyError
+# until the reader ends: the file stays bounded and writers see a retryable error.
 WAL_LIMIT_BYTES = 256 * 1024 * 1024
-# Checkpoint (PASSIVE, never waiting) once the WAL holds this many pages, as
-# SQLite's own auto-checkpoint does; our WAL hook replaces SQLite's.
+# Checkpoint (PASSIVE, never waiting) once this many frames wait to be copied,
+# as SQLite's own auto-checkpoint does; our WAL hook replaces SQLite's.
 AUTOCHECKPOINT_PAGES = 1000
-# After a checkpoint the WAL file is cut back to this size (SQLite otherwise
-# keeps the largest size it ever reached until a TRUNCATE checkpoint).
+# A passive checkpoint copies frames but never restarts the WAL: with several
+# readers one of them always holds some snapshot, so the file grows with every
+# write. Once the WAL holds this much (or a quarter of its limit, if less), the
+# writer that committed runs a RESTART checkpoint after its commit: it holds
+# the write lock and waits at most ``RESTART_WAIT_MS`` for the readers of
+# older snapshots to end (new ones read the database file), so the next write
+# starts the WAL again from its beginning. A reader that outlasts the wait
+# leaves it for as many frames again.
+RESTART_BYTES = 16 * 1024 * 1024
+RESTART_WAIT_MS = 250
+# How long a write that finds the WAL over its limit waits for the readers
+# that pin it before StoreBusyError (within the busy timeout's 30 s).
+WAL_WAIT_MS = 2_000
+# When the WAL restarts its file is cut back to this size, or a quarter of its
+# limit if less (SQLite otherwise keeps the largest size it ever reached until
+# a TRUNCATE checkpoint).
 WAL_KEEP_BYTES = 16 * 1024 * 1024
+# One write transaction stores at most 1/this of the WAL limit, counted as the
+# entries' ``cost_bound`` (their WAL frames take at most ~1.05 times it,
+# ``docs/reliability.md``): a batch alone can never fill the WAL, and a larger
+# one is refused before it is written (QuotaExceededError). Half the default
+# limit (128 MiB) still holds one entry of the default ``max_entry_bytes``.
+WRITE_SHARE_OF_WAL = 2
 
 SCHEMA_VERSION = 11
 
@@ -284,6 +304,14 @@ _MIGRATIONS: dict[int, str] = {
 }
 
 
+# ``_WalWatch``'s names of SQLite's checkpoint modes.
+_CHECKPOINT_MODES = {
+    "passive": apsw.SQLITE_CHECKPOINT_PASSIVE,
+    "restart": apsw.SQLITE_CHECKPOINT_RESTART,
+    "truncate": apsw.SQLITE_CHECKPOINT_TRUNCATE,
+}
+
+
 class CommitHooks(Protocol):
     """What runs around every write transaction's COMMIT (the anchor, ``anchor.Anchor``)."""
 
@@ -400,28 +428,70 @@ class _Connections:
 
 
 class _WalWatch:
-    """The WAL's size as SQLite reports it after each commit of any of our
-    connections (the whole WAL's page count, whoever wrote it), and our
-    replacement for SQLite's auto-checkpoint. It holds no reference to the
-    Database, so a store dropped without ``close`` is still collected."""
+    """The WAL as the store's connections last saw it, and our replacement for
+    SQLite's auto-checkpoint. It holds no reference to the Database, so a store
+    dropped without ``close`` is still collected.
 
-    def __init__(self) -> None:
-        self.pages = 0
+    ``pages`` is the WAL's frame count after each commit of any of our
+    connections (SQLite gives it to the hook: no extra system call), ``moved``
+    how many of them the last checkpoint we ran had copied into the database;
+    other processes' checkpoints move more, so ``pending`` is an upper bound,
+    and a decision that refuses a write checkpoints first to know."""
+
+    def __init__(self, limit_bytes: int) -> None:
         self.page_size = 4096
+        self.limit_bytes = limit_bytes
+        self.pages = 0
+        self.moved = 0
+        self.restart_at = self.restart_pages()
+        # Checkpoints tried, by mode (``wal_status``): what a test can count.
+        self.counts = {"passive": 0, "restart": 0, "truncate": 0}
+
+    def restart_pages(self) -> int:
+        """The WAL's frame count past which a commit restarts it (``RESTART_BYTES``)."""
+        return max(min(RESTART_BYTES, self.limit_bytes // 4) // self.page_size, 1)
+
+    def limit_pages(self) -> int:
+        return self.limit_bytes // self.page_size
+
+    def pending(self) -> int:
+        """Frames not yet copied into the database, as far as we know (at most)."""
+        return max(self.pages - self.moved, 0)
 
     def bytes(self) -> int:
         return self.pages * self.page_size
 
+    def saw(self, mode: str, frames: int, moved: int) -> None:
+        """A checkpoint of ``mode`` returned: the WAL's frames and those copied."""
+        if mode != "passive":  # everything copied and no reader in the WAL: the next write restarts it
+            frames = moved = 0
+        self.pages, self.moved = max(frames, 0), max(moved, 0)
+        if mode != "passive":
+            self.restart_at = self.restart_pages()
+
+    def restart_failed(self) -> None:
+        """A reader outlasted the restart's wait: try again once as many frames
+        again are written."""
+        self.restart_at = self.pages + self.restart_pages()
+
+    def restart_due(self) -> bool:
+        return self.pages >= self.restart_at
+
     def hook(self, conn: apsw.Connection, dbname: str, pages: int) -> int:
         """After each commit: checkpoint as SQLite's auto-checkpoint would
-        (PASSIVE: moves what readers allow, never waits)."""
+        (PASSIVE: moves what readers allow, never waits); the restart, when
+        due, runs after the commit returns (``Database.transaction``)."""
+        if pages < self.pages:  # the WAL started again from its beginning
+            self.moved = 0
+            self.restart_at = self.restart_pages()
         self.pages = pages
-        if pages >= AUTOCHECKPOINT_PAGES:
+        if self.pending() >= AUTOCHECKPOINT_PAGES:
             try:
-                log, _ = conn.wal_checkpoint(dbname, apsw.SQLITE_CHECKPOINT_PASSIVE)
+                self.counts["passive"] += 1
+                frames, moved = conn.wal_checkpoint(dbname, apsw.SQLITE_CHECKPOINT_PASSIVE)
             except apsw.Error:
                 return apsw.SQLITE_OK  # the commit stands; a later one checkpoints
-            self.pages = max(log, 0)
+            self.saw("passive", frames, moved)
         return apsw.SQLITE_OK
 
 
@@ -440,7 +510,8 @@ class Database:
     Owners and the admin flag change nothing here: the file's permissions are
     the boundary, and every write transaction is serialized.
 
-    ``wal_limit_bytes`` bounds the write-ahead log (see ``WAL_LIMIT_BYTES``).
+    ``wal_limit_bytes`` bounds the write-ahead log (see ``WAL_LIMIT_BYTES``), and
+    ``wal_wait_ms`` is how long a write waits for it (``WAL_WAIT_MS``).
     ``incremental_vacuum`` makes the file give freed pages back to the file
     system at each ``checkpoint`` (gc, forget-owner); an existing store is
     converted once, at open, by a full VACUUM. ``durability`` ("normal" or
@@ -455,6 +526,7 @@ class Database:
         *,
         busy_timeout_ms: int = BUSY_TIMEOUT_MS,
         wal_limit_bytes: int = WAL_LIMIT_BYTES,
+        wal_wait_ms: int = WAL_WAIT_MS,
         incremental_vacuum: bool = False,
         allow_shared: bool = False,
         durability: str = "normal",
@@ -466,18 +538,21 @@ class Database:
             raise SecurepadError(f"durability must be one of {', '.join(_SYNCHRONOUS)}, not {durability!r}")
         self.durability = durability
         self.wal_limit_bytes = wal_limit_bytes
+        self._wal_wait_s = wal_wait_ms / 1000
         self._local = threading.local()
         self._connections = _Connections()
-        self._wal = _WalWatch()
+        self._wal = _WalWatch(limit_bytes=wal_limit_bytes)
         self.incremental_vacuum = False
         # Set once by the anchor after its open check; the one hook into every write.
         self.hooks: CommitHooks | None = None
         _create_private_file(path, allow_shared)
         conn = self.conn
         try:
-            self._wal.page_size = int(conn.execute("PRAGMA page_size").fetchall()[0][0])  # type: ignore[arg-type]
+            page_size = int(conn.execute("PRAGMA page_size").fetchall()[0][0])  # type: ignore[arg-type]
         except apsw.Error as exc:
             raise self._error(exc, conn) from None
+        self._wal.page_size = page_size  # the hook of the connection just opened holds this watch
+        self._wal.restart_at = self._wal.restart_pages()
         with self.transaction() as tx:
             self._migrate(tx.raw)
         self.incremental_vacuum = incremental_vacuum and self._enable_incremental_vacuum(conn)
@@ -515,7 +590,7 @@ class Database:
             # process crash) can lose the last commits. FULL: the WAL is synced
             # at every commit.
             conn.execute(f"PRAGMA synchronous = {_SYNCHRONOUS[self.durability]}")
-            conn.execute(f"PRAGMA journal_size_limit = {WAL_KEEP_BYTES}")
+            conn.execute(f"PRAGMA journal_size_limit = {min(WAL_KEEP_BYTES, self.wal_limit_bytes // 4)}")
             # Deleted content is overwritten with zeros, in the file and the WAL.
             conn.execute("PRAGMA secure_delete = ON")
             conn.execute("PRAGMA foreign_keys = ON")
@@ -529,31 +604,92 @@ class Database:
     def _error(self, exc: apsw.Error | UnicodeDecodeError, conn: apsw.Connection) -> SecurepadError:
         return _storage_error(exc, self.path, conn)
 
-    def _check_wal(self) -> None:
-        """Refuse a write while the WAL is over its limit and a reader pins it."""
-        if self._wal.bytes() <= self.wal_limit_bytes:
+    @property
+    def write_limit_bytes(self) -> int:
+        """The most one write transaction may store (``WRITE_SHARE_OF_WAL``)."""
+        return self.wal_limit_bytes // WRITE_SHARE_OF_WAL
+
+    def _check_wal(self, conn: apsw.Connection) -> None:
+        """Before a write: when the frames not yet copied into the database may
+        be over the limit, checkpoint (PASSIVE) to know; while they are, wait
+        for the readers that pin them (a RESTART checkpoint, ``wal_wait_ms`` in
+        all), then refuse.
+
+        Raises:
+            StoreBusyError: a reader's snapshot still pins more than the limit.
+        """
+        wal = self._wal
+        if wal.pending() <= wal.limit_pages():
             return
-        if self.checkpoint(wait=False):
-            return
+        deadline = time.monotonic() + self._wal_wait_s
+        while True:
+            self._wal_checkpoint(conn, "passive", 0)
+            if wal.pending() <= wal.limit_pages():
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if self._wal_checkpoint(conn, "restart", left):
+                return
+            # Another connection's checkpoint holds its lock (SQLite does not wait for it).
+            time.sleep(min(0.005, max(deadline - time.monotonic(), 0)))
         raise StoreBusyError(
-            f"the store's write-ahead log is over its {self.wal_limit_bytes // (1024 * 1024)} MiB limit because"
-            " a reader has held one snapshot for long; writes resume when it ends"
+            f"the store's write-ahead log holds {wal.pending() * wal.page_size / 2**20:.0f} MiB of writes not yet"
+            f" copied into the database, over its {self.wal_limit_bytes / 2**20:g} MiB limit: a reader has held"
+            f" a snapshot older than them throughout the {self._wal_wait_s:g} s this write waited;"
+            " writes resume when it ends"
         )
 
+    def _wal_checkpoint(self, conn: apsw.Connection, mode: str, wait_s: float) -> bool:
+        """One checkpoint of ``mode`` ("passive", "restart", "truncate") that
+        waits at most ``wait_s`` for the write lock and for readers; False when
+        it could not finish (readers, another checkpoint, no room on the disk).
+
+        Raises:
+            StoreCorruptError: the file is damaged.
+        """
+        self._wal.counts[mode] += 1
+        waits = wait_s != self._busy_timeout_ms / 1000
+        if waits:
+            conn.setbusyhandler(_BusyHandler(wait_s) if wait_s > 0 else None)
+        try:
+            frames, moved = conn.wal_checkpoint(mode=_CHECKPOINT_MODES[mode])
+        except (apsw.BusyError, apsw.LockedError):
+            if mode == "restart":
+                self._wal.restart_failed()
+            return False
+        except apsw.Error as exc:
+            error = self._error(exc, conn)
+            if isinstance(error, StorageFullError):
+                # The write before it (a delete, a gc) stands; its frames stay
+                # in the WAL until a checkpoint finds room.
+                return False
+            raise error from None
+        finally:
+            if waits:
+                conn.setbusyhandler(_BusyHandler(self._busy_timeout_ms / 1000))
+        self._wal.saw(mode, frames, moved)
+        return frames == moved
+
     def wal_status(self) -> dict[str, object]:
-        """The WAL's size against its limit, with a warning past half of it (for ``stats``)."""
-        used = self._wal.bytes()
+        """The WAL's size and what it holds not yet copied, against its limit,
+        with a warning past half of it (for ``stats``), and the checkpoints tried
+        by this store object, by mode."""
+        wal = self._wal
+        pending = wal.pending() * wal.page_size
         status: dict[str, object] = {
-            "wal_bytes": used,
+            "wal_bytes": wal.bytes(),
+            "wal_pending_bytes": pending,
             "wal_limit_bytes": self.wal_limit_bytes,
+            "checkpoints": dict(wal.counts),
             "incremental_vacuum": self.incremental_vacuum,
             "warnings": [],
         }
-        if used > self.wal_limit_bytes // 2:
+        if pending > self.wal_limit_bytes // 2:
             status["warnings"] = [
-                f"the write-ahead log holds {used} bytes of its {self.wal_limit_bytes}-byte limit:"
-                " a long-lived reader keeps it from being checkpointed; writes fail (StoreBusyError)"
-                " at the limit until that reader ends"
+                f"the write-ahead log holds {pending} bytes not yet copied into the database, of its"
+                f" {self.wal_limit_bytes}-byte limit: a long-lived reader keeps them from being checkpointed;"
+                " writes fail (StoreBusyError) at the limit until that reader ends"
             ]
         return status
 
@@ -571,7 +707,7 @@ class Database:
             StoreCorruptError: the file is damaged.
         """
         conn = self.conn
-        self._check_wal()
+        self._check_wal(conn)
         try:
             conn.execute("BEGIN IMMEDIATE")
         except apsw.Error as exc:
@@ -595,6 +731,10 @@ class Database:
             raise self._error(exc, conn) from None
         if hooks is not None:
             hooks.after_commit()
+        if self._wal.restart_due():
+            # The commit stands whatever this does; a failure leaves the restart for later.
+            with contextlib.suppress(SecurepadError):
+                self._wal_checkpoint(conn, "restart", RESTART_WAIT_MS / 1000)
 
     def _rollback(self, conn: apsw.Connection) -> None:
         """End the failed transaction, unless SQLite already did (it rolls back by
@@ -685,27 +825,17 @@ class Database:
             StoreCorruptError: the file is damaged.
         """
         conn = self.conn
-        if not wait:
-            conn.setbusytimeout(0)
-        try:
-            if self.incremental_vacuum:
+        if self.incremental_vacuum:
+            try:
                 conn.execute("PRAGMA incremental_vacuum").fetchall()
-            log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
-        except (apsw.BusyError, apsw.LockedError):
-            return False
-        except apsw.Error as exc:
-            error = self._error(exc, conn)
-            if isinstance(error, StorageFullError):
-                # The write before it (a delete, a gc) stands; its frames stay
-                # in the WAL until a checkpoint finds room.
+            except (apsw.BusyError, apsw.LockedError):
                 return False
-            raise error from None
-        finally:
-            if not wait:
-                conn.setbusyhandler(_BusyHandler(self._busy_timeout_ms / 1000))
-        if log == done:
-            self._wal.pages = 0
-        return bool(log == done)
+            except apsw.Error as exc:
+                error = self._error(exc, conn)
+                if isinstance(error, StorageFullError):
+                    return False
+                raise error from None
+        return self._wal_checkpoint(conn, "truncate", self._busy_timeout_ms / 1000 if wait else 0)
 
     def scrub(self) -> bool:
         """Rebuild the file (VACUUM), then checkpoint and truncate the WAL.

@@ -143,6 +143,8 @@ class PostgresDatabase:
     """
 
     dialect = "postgresql"
+    # The server's WAL has no bound a transaction's size must respect (``Backend``).
+    write_limit_bytes: int | None = None
 
     def __init__(
         self,
