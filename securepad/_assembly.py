@@ -144,7 +144,8 @@ class Assembly:
 
     def gc(self, now: float | None, *, wait: bool) -> int:
         """``Scratchpad.gc``: heads pruned, expired entries and records deleted in
-        one admin transaction, then a scrub (or, without ``wait``, a checkpoint)."""
+        one admin transaction, then (with ``wait``) a scrub when the file has a
+        quarter of its pages free (``Backend.scrub_after_deletes``), or a checkpoint."""
         db = self.parts.db
         cutoff = self.parts.entries.now(now)
         with db.transaction(admin=True, wait=wait) as conn:
@@ -161,8 +162,16 @@ class Assembly:
                 records = Records.delete_expired(conn, cutoff, kept)
             else:
                 deleted = records = 0
-        if wait and (deleted or records):
-            db.scrub()
+        if wait:  # also after a gc that deleted nothing: a scrub that could not run before runs now
+            try:
+                db.scrub_after_deletes()
+            except StorageFullError:
+                raise StorageFullError(
+                    f"gc deleted {deleted} expired entries and {records} turn records (committed: their cells and"
+                    " the pages they freed are zeroed), but the disk holding the store has no room for the scrub"
+                    " that rebuilds the file after them, which did not run; free space, then run gc again"
+                    " (`securepad gc`) or Scratchpad.scrub() to rebuild it"
+                ) from None
         else:
             db.checkpoint(wait=wait)
         return deleted

@@ -134,6 +134,11 @@ class Backend(Protocol):
         """Rewrite the engine's files so that nothing deleted remains in them
         (SQLite: VACUUM, then a checkpoint); returns False as ``checkpoint`` does."""
 
+    def scrub_after_deletes(self) -> bool:
+        """After deletes (gc): ``scrub`` when they left a meaningful share of the
+        files free (SQLite: ``SCRUB_FREE_SHARE`` of the pages), else ``checkpoint``.
+        Returns whether the files were rewritten."""
+
     def close(self) -> None:
         """Close every connection this object opened."""
 

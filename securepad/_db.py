@@ -58,6 +58,12 @@ WAL_WAIT_MS = 2_000
 # limit if less (SQLite otherwise keeps the largest size it ever reached until
 # a TRUNCATE checkpoint).
 WAL_KEEP_BYTES = 16 * 1024 * 1024
+# gc rebuilds the file (``Database.scrub``) only when its deletes left at least
+# this share of the file's pages free: the rebuild writes every live page, so
+# through the WAL (and into a temporary file) it writes at most 3 times the
+# pages the deletes freed. Below it, the deletes' own ``secure_delete`` zeroes
+# the deleted cells and freed pages, and the WAL is truncated.
+SCRUB_FREE_SHARE = 0.25
 # One write transaction stores at most 1/this of the WAL limit, counted as the
 # entries' ``cost_bound`` (their WAL frames take at most ~1.05 times it,
 # ``docs/reliability.md``): a batch alone can never fill the WAL, and a larger
@@ -444,7 +450,9 @@ class _WalWatch:
         self.pages = 0
         self.moved = 0
         self.restart_at = self.restart_pages()
-        # Checkpoints tried, by mode (``wal_status``): what a test can count.
+        # Frames our commits appended to the WAL, and checkpoints tried by
+        # mode (``wal_status``): what a test can count.
+        self.written = 0
         self.counts = {"passive": 0, "restart": 0, "truncate": 0}
 
     def restart_pages(self) -> int:
@@ -484,6 +492,9 @@ class _WalWatch:
         if pages < self.pages:  # the WAL started again from its beginning
             self.moved = 0
             self.restart_at = self.restart_pages()
+            self.written += pages
+        else:
+            self.written += pages - self.pages
         self.pages = pages
         if self.pending() >= AUTOCHECKPOINT_PAGES:
             try:
@@ -682,6 +693,7 @@ class Database:
             "wal_pending_bytes": pending,
             "wal_limit_bytes": self.wal_limit_bytes,
             "checkpoints": dict(wal.counts),
+            "frames_written": wal.written,
             "incremental_vacuum": self.incremental_vacuum,
             "warnings": [],
         }
@@ -843,20 +855,49 @@ class Database:
         ``secure_delete`` zeroes a deleted row's cell, but when SQLite
         rebalances a b-tree it rebuilds pages without zeroing their unused
         space, so a copy of a row that moved to another page can stay in the
-        old page's gap after the row itself is deleted (issue 11: about one
-        audit in 40 found a deleted wrapped item key that way). VACUUM writes
-        every page afresh, so only live rows remain anywhere in the file. It
-        costs a pass over the whole store and holds the write lock meanwhile.
+        old page's gap after the row itself is deleted (about one audit in 40
+        found a deleted wrapped item key that way). VACUUM writes every page
+        afresh, so only live rows remain anywhere in the file. It costs a pass
+        over the whole store and holds the write lock meanwhile; the copy it
+        builds goes to a temporary file (``temp_store = FILE``: SQLite's
+        temporary directory, ``SQLITE_TMPDIR``), never to memory, and then
+        through the WAL into the file.
 
         Returns False when a reader kept part of the WAL alive (see ``checkpoint``).
+
+        Raises:
+            StorageFullError: no room for the copy or the WAL; the file is as it was.
+            StoreBusyError: the write lock was not obtained in time.
         """
         conn = self.conn
         try:
-            conn.execute("PRAGMA temp_store = MEMORY")  # the rebuild's copy never reaches a temp file
+            conn.execute("PRAGMA temp_store = FILE")
             conn.execute("VACUUM")
         except apsw.Error as exc:
             raise self._error(exc, conn) from None
         return self.checkpoint()
+
+    def scrub_after_deletes(self) -> bool:
+        """After a gc's deletes: ``scrub`` when at least ``SCRUB_FREE_SHARE`` of
+        the file's pages are free, else a checkpoint that truncates the WAL.
+        Returns whether the file was rebuilt.
+
+        Raises:
+            StorageFullError: no room for the rebuild; the deletes stand.
+            StoreBusyError: the write lock was not obtained in time.
+        """
+        # The deletes' frames into the file first: the rebuild's WAL does not add to them on the disk.
+        self.checkpoint()
+        conn = self.conn
+        try:
+            free = int(conn.execute("PRAGMA freelist_count").fetchall()[0][0])  # type: ignore[arg-type]
+            pages = int(conn.execute("PRAGMA page_count").fetchall()[0][0])  # type: ignore[arg-type]
+        except apsw.Error as exc:
+            raise self._error(exc, conn) from None
+        if pages and free >= pages * SCRUB_FREE_SHARE:
+            self.scrub()
+            return True
+        return False
 
     def copy_to(self, dest: Path) -> None:
         """Write a consistent copy of the store to ``dest`` (which must not exist).

@@ -491,6 +491,10 @@ class PostgresDatabase:
         """Nothing to do here: dead rows go with the server's VACUUM (see SECURITY.md)."""
         return True
 
+    def scrub_after_deletes(self) -> bool:
+        """Nothing to do here, as for ``scrub``."""
+        return False
+
     def _app_version(self) -> int | None:
         """The schema version as the application role sees it; None when it cannot tell."""
         try:

@@ -331,8 +331,11 @@ class Scratchpad:
 
     def gc(self, now: float | None = None, *, wait: bool = True) -> int:
         """Delete expired entries and their segments (and expired turn checkpoints
-        and compaction marks), then, when it deleted anything, ``scrub`` the
-        file so their ciphertext leaves it. Returns how many entries were deleted.
+        and compaction marks) with ``secure_delete`` (their cells and the pages
+        they free are zeroed), then truncate the WAL; when the deletes left a
+        quarter of the file's pages free (whoever freed them), ``scrub`` the file
+        too (a rebuild that also removes copies of rows that b-tree rebalancing
+        left in live pages' unused space). Returns how many entries were deleted.
 
         With ``wait=False`` (``turn`` uses this) it does not scrub and the WAL
         checkpoint does not wait for readers: it moves what it can, and a later
@@ -340,6 +343,9 @@ class Scratchpad:
 
         Raises:
             StoreBusyError: the write lock was not obtained in time.
+            StorageFullError: no room for the deletes (nothing was deleted), or
+                for the scrub after them (the message says the deletes stand;
+                ``gc`` again, once there is room, runs the scrub).
         """
         return self._assembly.gc(now, wait=wait)
 
