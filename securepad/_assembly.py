@@ -31,7 +31,16 @@ from .keystore import Keystore, Progress
 from .policy import Policy
 from .principal import Principal
 
-__all__ = ["NEAR_KEY", "AnchorOption", "Anchoring", "Assembly", "Parts", "open_backend", "resolve_policy"]
+__all__ = [
+    "NEAR_KEY",
+    "QUICK_GC_RECOUNT_ROWS",
+    "AnchorOption",
+    "Anchoring",
+    "Assembly",
+    "Parts",
+    "open_backend",
+    "resolve_policy",
+]
 
 # Scratchpad.open's anchor: a path, None (beside the key file) or False (none).
 AnchorOption = str | os.PathLike[str] | bool | None
@@ -39,6 +48,11 @@ Anchoring = tuple[AnchorOption, bool]  # (anchor, adopt_anchor)
 NEAR_KEY: Anchoring = (None, False)
 
 _PG_SCHEMES = ("postgresql://", "postgres://")
+# The rows a quick gc (``Scratchpad.turn``'s) may recount, over the turns it
+# collects from: under the write lock, each collected turn is checked against
+# its head whole, and one tenant's 30,000-entry turn with one expiring entry
+# made every tenant's ``turn()`` wait ~340 ms. A longer turn waits for a full gc.
+QUICK_GC_RECOUNT_ROWS = 2000
 
 
 @dataclass(frozen=True)
@@ -156,7 +170,7 @@ class Assembly:
             # (``kept``) alone, and are skipped when no turn is collected from
             # (on PostgreSQL, 4 round trips of the 6 that each pad.turn paid
             # for its collection, the common case).
-            changed, kept = self.parts.entries.heads.prune(conn, cutoff)
+            changed, kept = self.parts.entries.heads.prune(conn, cutoff, None if wait else QUICK_GC_RECOUNT_ROWS)
             if changed:
                 deleted = entries.delete_expired(conn, cutoff, kept)
                 records = Records.delete_expired(conn, cutoff, kept)
