@@ -310,6 +310,8 @@ _MIGRATIONS: dict[int, str] = {
 }
 
 
+# How long a checkpoint that finds another connection's under way pauses before it tries again.
+_CHECKPOINT_RETRY_S = 0.005
 # ``_WalWatch``'s names of SQLite's checkpoint modes.
 _CHECKPOINT_MODES = {
     "passive": apsw.SQLITE_CHECKPOINT_PASSIVE,
@@ -642,8 +644,6 @@ class Database:
                 break
             if self._wal_checkpoint(conn, "restart", left):
                 return
-            # Another connection's checkpoint holds its lock (SQLite does not wait for it).
-            time.sleep(min(0.005, max(deadline - time.monotonic(), 0)))
         raise StoreBusyError(
             f"the store's write-ahead log holds {wal.pending() * wal.page_size / 2**20:.0f} MiB of writes not yet"
             f" copied into the database, over its {self.wal_limit_bytes / 2**20:g} MiB limit: a reader has held"
@@ -653,22 +653,29 @@ class Database:
 
     def _wal_checkpoint(self, conn: apsw.Connection, mode: str, wait_s: float) -> bool:
         """One checkpoint of ``mode`` ("passive", "restart", "truncate") that
-        waits at most ``wait_s`` for the write lock and for readers; False when
-        it could not finish (readers, another checkpoint, no room on the disk).
+        waits at most ``wait_s`` for the write lock, for readers and for
+        another connection's checkpoint (SQLite does not wait for that one: it
+        is tried again); False when it could not finish (readers, another
+        checkpoint, no room on the disk).
 
         Raises:
             StoreCorruptError: the file is damaged.
         """
         self._wal.counts[mode] += 1
-        waits = wait_s != self._busy_timeout_ms / 1000
-        if waits:
-            conn.setbusyhandler(_BusyHandler(wait_s) if wait_s > 0 else None)
+        deadline = time.monotonic() + wait_s
         try:
-            frames, moved = conn.wal_checkpoint(mode=_CHECKPOINT_MODES[mode])
-        except (apsw.BusyError, apsw.LockedError):
-            if mode == "restart":
-                self._wal.restart_failed()
-            return False
+            while True:
+                left = deadline - time.monotonic()
+                conn.setbusyhandler(_BusyHandler(left) if left > 0 else None)
+                try:
+                    frames, moved = conn.wal_checkpoint(mode=_CHECKPOINT_MODES[mode])
+                    break
+                except (apsw.BusyError, apsw.LockedError):
+                    if mode == "passive" or deadline - time.monotonic() <= _CHECKPOINT_RETRY_S:
+                        if mode == "restart":
+                            self._wal.restart_failed()
+                        return False
+                    time.sleep(_CHECKPOINT_RETRY_S)
         except apsw.Error as exc:
             error = self._error(exc, conn)
             if isinstance(error, StorageFullError):
@@ -677,8 +684,7 @@ class Database:
                 return False
             raise error from None
         finally:
-            if waits:
-                conn.setbusyhandler(_BusyHandler(self._busy_timeout_ms / 1000))
+            conn.setbusyhandler(_BusyHandler(self._busy_timeout_ms / 1000))
         self._wal.saw(mode, frames, moved)
         return frames == moved
 
@@ -1009,20 +1015,26 @@ class _BusyHandler:
     the benchmark's 2x4 load that made put p99 109 ms and max 736 ms. This
     handler retries after 50 µs, doubling to at most 2 ms, jittered so that
     waiting connections do not retry in step.
+
+    The time counted is the time spent waiting here, not since the first
+    wait: one call of SQLite can wait more than once (a checkpoint waits for
+    the write lock, copies the WAL, then waits for readers), and the copy of a
+    large WAL must not use up the wait of the readers after it.
     """
 
     def __init__(self, timeout_s: float) -> None:
         self._timeout_s = timeout_s
-        self._since = 0.0
+        self._waited = 0.0
 
     def __call__(self, tries: int) -> bool:
-        now = time.monotonic()
         if tries == 0:
-            self._since = now
-        elif now - self._since >= self._timeout_s:
+            self._waited = 0.0
+        elif self._waited >= self._timeout_s:
             return False  # SQLite returns SQLITE_BUSY: StoreBusyError
+        started = time.monotonic()
         # Not a secret: jitter only.
         time.sleep(min(0.002, 0.00005 * 2 ** min(tries, 6)) * random.uniform(0.5, 1.5))  # noqa: S311
+        self._waited += time.monotonic() - started
         return True
 
 

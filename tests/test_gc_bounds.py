@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import apsw
-import pytest
 from conftest import ALICE, BOB
 
 from securepad import Keyring, Scratchpad
