@@ -209,3 +209,39 @@ def test_a_batch_bigger_than_one_transaction_may_write_is_refused_up_front(db_pa
         assert pad.list_for_turn(ALICE, "big") == []
         pad.put_many(ALICE, "big", items[:2])  # under the bound: stored
         assert len(pad.list_for_turn(ALICE, "big")) == 2
+
+
+def test_a_checkpoint_waits_out_another_connections_checkpoint(
+    db_path: Path, keyring: Keyring, reader: _Reader
+) -> None:
+    """SQLite does not wait for another connection's checkpoint (it returns
+    busy at once): the store's checkpoint tries again within its own wait."""
+    with _open(db_path, keyring, 64 * MIB) as pad:
+        for step in range(20):
+            pad.put(ALICE, "t", step, "tool", random.randbytes(8192))
+        reader.begin()
+        pad.put(ALICE, "t", 100, "tool", "after the reader")  # frames the reader's snapshot does not hold
+        other = apsw.Connection(str(db_path))
+        other.execute("SELECT COUNT(*) FROM entries").fetchall()  # the connection has the WAL open
+        other.set_busy_timeout(5000)
+        started = threading.Event()
+
+        def restart() -> None:
+            started.set()
+            other.wal_checkpoint(
+                mode=apsw.SQLITE_CHECKPOINT_RESTART
+            )  # holds the checkpoint lock, waiting for the reader
+
+        thread = threading.Thread(target=restart)
+        thread.start()
+        started.wait()
+        time.sleep(0.1)
+        ender = threading.Timer(0.3, reader.end)
+        ender.start()
+        try:
+            assert sqlite_of(pad).checkpoint() is True
+        finally:
+            ender.join()
+            thread.join()
+            other.close()
+        assert int(_wal(pad)["wal_pending_bytes"]) == 0
