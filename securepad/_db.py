@@ -720,7 +720,8 @@ class Database:
 
         Raises:
             StoreBusyError: the write lock was not obtained within the busy
-                timeout, or the WAL is over its limit (a long reader pins it).
+                timeout, or a reader's snapshot pins more than the WAL's limit
+                of frames not yet copied, past ``wal_wait_ms`` (``_check_wal``).
             StorageFullError: the disk is full; nothing was written.
             StoreCorruptError: the file is damaged.
         """

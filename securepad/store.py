@@ -186,7 +186,10 @@ class Scratchpad:
         must hold the whole batch. Returns the views, in order.
 
         Raises:
-            InvalidArgumentError, QuotaExceededError, StoreBusyError: as for ``put``.
+            InvalidArgumentError, QuotaExceededError, StoreBusyError: as for ``put``;
+                QuotaExceededError also when the batch could write more than one
+                transaction may (SQLite: half its ``wal_limit_bytes``), before
+                anything is stored.
         """
         return self._entries.put_many(principal, turn_id, items, ttl_seconds, now=now)
 
