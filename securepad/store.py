@@ -285,8 +285,10 @@ class Scratchpad:
         """The runtime surface for one turn of one principal (see ``securepad.turn``).
 
         Beginning a turn collects expired entries first (without waiting on
-        readers; see ``gc``). A turn id that another owner uses is, for this
-        principal, an empty turn.
+        readers; see ``gc``), recounting at most 2,000 rows of the turns it
+        collects from: the expired entries of a longer turn wait for a full
+        ``gc``. A turn id that another owner uses is, for this principal, an
+        empty turn.
 
         Raises:
             InvalidArgumentError: a bad principal or turn id.
