@@ -455,6 +455,7 @@ class _WalWatch:
         # Frames our commits appended to the WAL, and checkpoints tried by
         # mode (``wal_status``): what a test can count.
         self.written = 0
+        self.rebuilds = 0  # VACUUMs (``Database.scrub``)
         self.counts = {"passive": 0, "restart": 0, "truncate": 0}
 
     def restart_pages(self) -> int:
@@ -690,8 +691,9 @@ class Database:
 
     def wal_status(self) -> dict[str, object]:
         """The WAL's size and what it holds not yet copied, against its limit,
-        with a warning past half of it (for ``stats``), and the checkpoints tried
-        by this store object, by mode."""
+        with a warning past half of it (for ``stats``), and what this store
+        object did to it: checkpoints tried by mode, frames its commits
+        appended, rebuilds (``scrub``)."""
         wal = self._wal
         pending = wal.pending() * wal.page_size
         status: dict[str, object] = {
@@ -700,6 +702,7 @@ class Database:
             "wal_limit_bytes": self.wal_limit_bytes,
             "checkpoints": dict(wal.counts),
             "frames_written": wal.written,
+            "rebuilds": wal.rebuilds,
             "incremental_vacuum": self.incremental_vacuum,
             "warnings": [],
         }
@@ -882,6 +885,7 @@ class Database:
             conn.execute("VACUUM")
         except apsw.Error as exc:
             raise self._error(exc, conn) from None
+        self._wal.rebuilds += 1
         return self.checkpoint()
 
     def scrub_after_deletes(self) -> bool:
@@ -893,14 +897,14 @@ class Database:
             StorageFullError: no room for the rebuild; the deletes stand.
             StoreBusyError: the write lock was not obtained in time.
         """
-        # The deletes' frames into the file first: the rebuild's WAL does not add to them on the disk.
-        self.checkpoint()
         conn = self.conn
-        try:
+        try:  # before the checkpoint: with ``incremental_vacuum`` it gives the free pages back
             free = int(conn.execute("PRAGMA freelist_count").fetchall()[0][0])  # type: ignore[arg-type]
             pages = int(conn.execute("PRAGMA page_count").fetchall()[0][0])  # type: ignore[arg-type]
         except apsw.Error as exc:
             raise self._error(exc, conn) from None
+        # The deletes' frames into the file first: the rebuild's WAL does not add to them on the disk.
+        self.checkpoint()
         if pages and free >= pages * SCRUB_FREE_SHARE:
             self.scrub()
             return True

@@ -112,6 +112,7 @@ def test_gc_that_frees_a_small_share_zeroes_what_it_deleted_without_rebuilding(
     # The deletes' own pages: the freed ones (zeroed) and the leaves and heads they changed; no rebuild.
     assert _written(sqlite_pad) - before <= freed + 40
     assert _pragma(sqlite_pad, "page_count") == pages
+    assert sqlite_of(sqlite_pad).wal_status()["rebuilds"] == 0
     left = _files(db_path)
     assert [p for p in pieces if p in left] == []
     assert len(sqlite_pad.list_for_turn(alice, "t")) == 190
@@ -132,6 +133,7 @@ def test_gc_that_frees_a_large_share_rebuilds_writing_in_proportion_to_it(
     assert freed >= pages * SCRUB_FREE_SHARE
     # The deletes, then the rebuild of the live pages: at most 3 times what was freed.
     assert _written(sqlite_pad) - before <= freed + 3 * freed + 40
+    assert sqlite_of(sqlite_pad).wal_status()["rebuilds"] == 1
     left = _files(db_path)
     assert [p for p in pieces if p in left] == []
     assert len(sqlite_pad.list_for_turn(alice, "t")) == 133
@@ -177,3 +179,21 @@ def test_gc_whose_scrub_finds_no_room_says_the_deletes_stand(small_disk: Path, k
         assert pad.gc() == 0  # nothing left to delete; the scrub runs now
         assert db.stat().st_size < size * 0.8
         assert len(pad.list_for_turn(alice, "t")) == 28
+
+
+def test_gc_rebuilds_with_incremental_vacuum_too(db_path: Path, keyring: Keyring) -> None:
+    """Incremental vacuum gives free pages back at the checkpoint: the share
+    that decides the rebuild is read before it."""
+    from securepad import Policy
+
+    alice = Principal("alice", "x", "web")
+    past = time.time() - 7200
+    policy = Policy.from_dict({"storage": {"incremental_vacuum": True}})
+    with Scratchpad.open(db_path, keyring=keyring, policy=policy) as pad:
+        for i in range(ROWS):
+            pad.put(alice, "t", 2 * i, "tool", {"v": i, "metadata": {"path": "/x" * 50}}, now=past)
+            pad.put(alice, "t", 2 * i + 1, "tool", {"v": i})
+        pieces = _pieces(pad, "expires_at < ?", (time.time(),))
+        assert pad.gc() == ROWS
+        assert [p for p in pieces if p in _files(db_path)] == []
+        assert sqlite_of(pad).wal_status()["rebuilds"] == 1
