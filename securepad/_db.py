@@ -623,10 +623,10 @@ class Database:
         """The most one write transaction may store (``WRITE_SHARE_OF_WAL``)."""
         return self.wal_limit_bytes // WRITE_SHARE_OF_WAL
 
-    def _check_wal(self, conn: apsw.Connection) -> None:
+    def _check_wal(self, conn: apsw.Connection, wait_s: float) -> None:
         """Before a write: when the frames not yet copied into the database may
         be over the limit, checkpoint (PASSIVE) to know; while they are, wait
-        for the readers that pin them (a RESTART checkpoint, ``wal_wait_ms`` in
+        for the readers that pin them (a RESTART checkpoint, ``wait_s`` in
         all), then refuse.
 
         Raises:
@@ -635,7 +635,7 @@ class Database:
         wal = self._wal
         if wal.pending() <= wal.limit_pages():
             return
-        deadline = time.monotonic() + self._wal_wait_s
+        deadline = time.monotonic() + wait_s
         while True:
             self._wal_checkpoint(conn, "passive", 0)
             if wal.pending() <= wal.limit_pages():
@@ -645,11 +645,11 @@ class Database:
                 break
             if self._wal_checkpoint(conn, "restart", left):
                 return
+        held = f"has held a snapshot older than them throughout the {wait_s:g} s this write waited"
         raise StoreBusyError(
             f"the store's write-ahead log holds {wal.pending() * wal.page_size / 2**20:.0f} MiB of writes not yet"
-            f" copied into the database, over its {self.wal_limit_bytes / 2**20:g} MiB limit: a reader has held"
-            f" a snapshot older than them throughout the {self._wal_wait_s:g} s this write waited;"
-            " writes resume when it ends"
+            f" copied into the database, over its {self.wal_limit_bytes / 2**20:g} MiB limit: a reader"
+            f" {held if wait_s > 0 else 'holds a snapshot older than them'}; writes resume when it ends"
         )
 
     def _wal_checkpoint(self, conn: apsw.Connection, mode: str, wait_s: float) -> bool:
@@ -720,6 +720,7 @@ class Database:
     ) -> Iterator[_Conn]:
         """A write transaction (BEGIN IMMEDIATE), rolled back on any exception;
         ``owner`` and ``turn`` change nothing here: SQLite has one writer.
+        ``wait=False``: a WAL over its limit is refused without waiting.
 
         Raises:
             StoreBusyError: the write lock was not obtained within the busy
@@ -729,7 +730,7 @@ class Database:
             StoreCorruptError: the file is damaged.
         """
         conn = self.conn
-        self._check_wal(conn)
+        self._check_wal(conn, self._wal_wait_s if wait else 0)
         try:
             conn.execute("BEGIN IMMEDIATE")
         except apsw.Error as exc:

@@ -167,6 +167,11 @@ def test_a_reader_that_holds_one_snapshot_is_named_truly_when_writes_are_refused
         assert "not yet copied into the database, over its 2 MiB limit" in refused
         assert "a reader has held a snapshot older than them throughout the 2 s this write waited" in refused
         assert int(_wal(pad)["wal_pending_bytes"]) > 2 * MIB
+        # A write that may not wait (a turn's quick gc) is refused at once, and says so.
+        with pytest.raises(StoreBusyError) as at_once, sqlite_of(pad).transaction(wait=False):
+            pass
+        assert "over its 2 MiB limit: a reader holds a snapshot older than them;" in str(at_once.value)
+        pad.turn(ALICE, "t")  # its quick gc gives up, the turn starts
         reader.end()
         pad.put(ALICE, "t", 500, "tool", "after the reader")
         assert int(_wal(pad)["wal_pending_bytes"]) < 2 * MIB
