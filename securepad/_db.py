@@ -456,6 +456,8 @@ class _WalWatch:
         # mode (``wal_status``): what a test can count.
         self.written = 0
         self.rebuilds = 0  # VACUUMs (``Database.scrub``)
+        # The last passive checkpoint found another connection's under way.
+        self.copying = False
         self.counts = {"passive": 0, "restart": 0, "truncate": 0}
 
     def restart_pages(self) -> int:
@@ -645,12 +647,18 @@ class Database:
                 break
             if self._wal_checkpoint(conn, "restart", left):
                 return
-        held = f"has held a snapshot older than them throughout the {wait_s:g} s this write waited"
-        raise StoreBusyError(
+        over = (
             f"the store's write-ahead log holds {wal.pending() * wal.page_size / 2**20:.0f} MiB of writes not yet"
-            f" copied into the database, over its {self.wal_limit_bytes / 2**20:g} MiB limit: a reader"
-            f" {held if wait_s > 0 else 'holds a snapshot older than them'}; writes resume when it ends"
+            f" copied into the database, over its {self.wal_limit_bytes / 2**20:g} MiB limit"
         )
+        waited = f"throughout the {wait_s:g} s this write waited" if wait_s > 0 else "now"
+        if wal.copying:
+            raise StoreBusyError(
+                f"{over}: another connection's checkpoint held the log {waited} (copying it, or waiting for a"
+                " reader whose snapshot is older than those writes); try again"
+            )
+        held = f"has held a snapshot older than them {waited}" if wait_s > 0 else "holds a snapshot older than them"
+        raise StoreBusyError(f"{over}: a reader {held}; writes resume when it ends")
 
     def _wal_checkpoint(self, conn: apsw.Connection, mode: str, wait_s: float) -> bool:
         """One checkpoint of ``mode`` ("passive", "restart", "truncate") that
@@ -672,6 +680,8 @@ class Database:
                     frames, moved = conn.wal_checkpoint(mode=_CHECKPOINT_MODES[mode])
                     break
                 except (apsw.BusyError, apsw.LockedError):
+                    # A passive checkpoint waits for nothing: busy means another one is under way.
+                    self._wal.copying = mode == "passive"
                     if mode == "passive" or deadline - time.monotonic() <= _CHECKPOINT_RETRY_S:
                         if mode == "restart":
                             self._wal.restart_failed()
@@ -686,6 +696,7 @@ class Database:
             raise error from None
         finally:
             conn.setbusyhandler(_BusyHandler(self._busy_timeout_ms / 1000))
+        self._wal.copying = False
         self._wal.saw(mode, frames, moved)
         return frames == moved
 

@@ -29,7 +29,9 @@ MIB = 1024 * 1024
 
 
 def _open(db_path: Path, keyring: Keyring, limit: int) -> Scratchpad:
-    return Scratchpad.open(db_path, keyring=keyring, policy=Policy.from_dict({"storage": {"wal_limit_bytes": limit}}))
+    # No anchor: its background sync writes (and checkpoints) on a thread of its own.
+    policy = Policy.from_dict({"storage": {"wal_limit_bytes": limit}})
+    return Scratchpad.open(db_path, keyring=keyring, policy=policy, anchor=False)
 
 
 def _wal(pad: Scratchpad) -> dict[str, object]:
@@ -250,3 +252,30 @@ def test_a_checkpoint_waits_out_another_connections_checkpoint(
             thread.join()
             other.close()
         assert int(_wal(pad)["wal_pending_bytes"]) == 0
+
+
+def test_a_refusal_while_another_connections_checkpoint_holds_the_log_says_so(
+    db_path: Path, keyring: Keyring, reader: _Reader
+) -> None:
+    with _open(db_path, keyring, 2 * MIB) as pad:
+        pad.put(ALICE, "t", 0, "tool", "first")
+        assert sqlite_of(pad).checkpoint()
+        reader.begin()
+        step = 1
+        while int(_wal(pad)["wal_pending_bytes"]) <= 2 * MIB:
+            pad.put(ALICE, "t", step, "tool", random.randbytes(32 * 1024))
+            step += 1
+        other = apsw.Connection(str(db_path))
+        other.execute("SELECT COUNT(*) FROM entries").fetchall()
+        other.set_busy_timeout(4000)  # longer than the write's 2 s wait: it holds the checkpoint lock throughout
+        thread = threading.Thread(target=lambda: other.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_RESTART))
+        thread.start()
+        time.sleep(0.1)
+        try:
+            with pytest.raises(StoreBusyError) as refused:
+                pad.put(ALICE, "t", step, "tool", "refused")
+        finally:
+            reader.end()
+            thread.join()
+            other.close()
+        assert "another connection's checkpoint held the log throughout the 2 s this write waited" in str(refused.value)
