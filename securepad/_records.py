@@ -235,6 +235,8 @@ class Records:
             numbers = (row["seq"], row["key_version"], row["created_at"], row["expires_at"])
             if not all(isinstance(value, int | float) and not isinstance(value, bool) for value in numbers):
                 raise IntegrityError("a turn record's clear fields are malformed")
+            if not all(isinstance(value, int) for value in numbers[:2]):  # integral: refused, never rounded
+                raise IntegrityError("a turn record's clear seq or key_version is not an integer")
             wrapper = self._keys.owner_wrapper(row["owner_user_id"], row["key_version"])
             item_key, body = open_record(wrapper, table, row)
             return row, item_key, json.loads(body)
