@@ -406,6 +406,12 @@ class InventoryReads:
         """``read_sql`` for the turn of entry ``entry_id``, found within ``scope``
         (``Policy.scope_columns``; the owner alone by default)."""
         entry = self.cache.listing(self._db.read_scope(), owner, entry_id)
+        if entry is not None and scope is not None:
+            # An entry of the owner outside the scope is read as an absent one: without a token.
+            actor, channel = entry.head.e[entry_id][3:5]
+            wanted = dict(scope)
+            if wanted.get("actor", actor) != actor or wanted.get("channel", channel) != channel:
+                entry = None
         token = None if entry is None else entry.token
         return self.sql(ENTRY_TURN_SQL, entry_id, owner, token, function=True, scope=scope)
 

@@ -212,6 +212,7 @@ def test_an_id_outside_the_principals_scope_reads_what_an_absent_id_reads(
         other = _ids(pad, cli, GUESS, 1)[0]
         _ids(pad, ALICE, GUESS, 30)
         absent = _well_formed_absent(other)
+        assert pad.get(cli, other).turn_id == GUESS  # the turn's inventory, verified, is now cached
         _refused(lambda: pad.get(ALICE, other))
         outside = _runs(pad, lambda: pad.get(ALICE, other))
         absents = _runs(pad, lambda: pad.get(ALICE, absent))
