@@ -218,3 +218,35 @@ def test_an_id_outside_the_principals_scope_reads_what_an_absent_id_reads(
         absents = _runs(pad, lambda: pad.get(ALICE, absent))
         assert _shape(outside, other, absent) == _shape(absents, other, absent)
         assert pad.get(cli, other).turn_id == GUESS  # its own principal still reads it
+
+
+def test_a_schema_13_store_gets_the_scoped_read_function(
+    pg_dsn: str, keyring: Keyring, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migration 14 replaces migration 13's entry function (six arguments, the
+    id's turn whoever its owner) with the scoped one; reads by id, warm ones
+    included (they call it), then answer as before."""
+    import psycopg
+
+    from securepad import _pg_schema
+
+    with monkeypatch.context() as patch:
+        patch.setattr(_pg_schema, "SCHEMA_VERSION", 13)
+        with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+            bob_id = _ids(pad, BOB, GUESS, 1)[0]
+            mine = _ids(pad, ALICE, GUESS, 3)[1]
+
+    def arguments() -> list[str]:
+        with psycopg.connect(pg_dsn) as conn:
+            rows = conn.execute(
+                "SELECT pg_get_function_identity_arguments(oid) FROM pg_proc WHERE proname = 'entry_turn_inventory'"
+            ).fetchall()
+        return [str(row[0]) for row in rows]
+
+    assert arguments() == ["text, text, bytea, text, text, text"]
+    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+        assert arguments() == ["text, text, bytea, text, text, text, text, text"]
+        for _ in range(3):  # cold, then warm: the function
+            assert pad.get(ALICE, mine).observation == "output 2\n" * 20
+            _refused(lambda: pad.get(ALICE, bob_id))
+        assert pad.verify()["ok"] is True
