@@ -76,7 +76,7 @@ class Putter:
         check_step_num(step_num)
         ttl = self.ttl(ttl_seconds)
         prepared = Prepared.of(observation, step_num, self.policy)
-        check_write_size([prepared], self.write_limit, "entry")
+        check_write_size([(prepared, executor_name)], principal, turn_id, self.write_limit, "entry")
         created = self.now(now)
         meta = prepared.meta(principal, step_num, executor_name, created, created + ttl, inline)
         # A given step's look goes into the version-and-quota statement (``_quota_sql``).
@@ -148,16 +148,22 @@ class Putter:
         return Room(self.policy.owner_quota_bytes, int(found["used"]), live, what, records_adding)
 
 
-def check_write_size(prepared: list[Prepared], limit: int | None, what: str) -> None:
-    """Refuse, before anything is written, a write whose entries could take
-    more than ``limit`` bytes (``Backend.write_limit_bytes``) in one transaction.
+def check_write_size(
+    prepared: list[tuple[Prepared, str]], principal: Principal, turn_id: str, limit: int | None, what: str
+) -> None:
+    """Refuse, before anything is written, a write whose entries (each with its
+    executor's name) could take more than ``limit`` bytes
+    (``Backend.write_limit_bytes``) in one transaction.
 
     Raises:
         QuotaExceededError: over the limit.
     """
     if limit is None:
         return
-    size = sum(p.cost_bound() for p in prepared)
+    owner = principal.owner_user_id
+    # What ``Prepared.cost_bound`` reads of an entry's metadata: its clear identifiers.
+    names = {"actor": principal.actor, "channel": principal.channel}
+    size = sum(p.cost_bound({**names, "executor_name": executor}, owner, turn_id) for p, executor in prepared)
     if size > limit:
         raise QuotaExceededError(
             f"the {what} would write up to {size} bytes in one transaction; this store writes at most {limit}"
@@ -506,7 +512,10 @@ class _Batch:
         owner = self.principal.owner_user_id
         policy = self.entries.policy
         fixed = [Prepared.of(obs, step, policy) for step, _, obs in checked] if self.shown is None else []
-        check_write_size(fixed, self.entries.write_limit, "batch")  # chosen steps: checked in ``seal``
+        limit = self.entries.write_limit
+        executors = [executor for _, executor, _ in checked]
+        # Chosen steps (``shown``): checked in ``seal``, once shaped.
+        check_write_size(list(zip(fixed, executors, strict=False)), self.principal, self.turn_id, limit, "batch")
         identities: dict[tuple[int, int], str] = {}
         shown_items: list[tuple[Any] | None] = []
 
@@ -517,7 +526,9 @@ class _Batch:
             segments: list[list[bytes]] = []
             metas: list[dict[str, Any]] = []
             if self.shown is not None:
-                check_write_size(prepared, self.entries.write_limit, "batch")
+                check_write_size(
+                    list(zip(prepared, executors, strict=True)), self.principal, self.turn_id, limit, "batch"
+                )
             listing = self.keys.listing_key(owner, version)
             for index, (step, (_, executor, obs), prep) in enumerate(zip(steps, checked, prepared, strict=True)):
                 inline = self.shown(obs, step) if self.shown is not None else None
