@@ -48,7 +48,11 @@ AUTOCHECKPOINT_PAGES = 1000
 # the write lock and waits at most ``RESTART_WAIT_MS`` for the readers of
 # older snapshots to end (new ones read the database file), so the next write
 # starts the WAL again from its beginning. A reader that outlasts the wait
-# leaves it for as many frames again.
+# leaves it for as many frames again; once the WAL's file has reached the
+# limit, the restart waits as long as a write over the limit (``WAL_WAIT_MS``):
+# readers that each hold a snapshot longer than 250 ms, one after another,
+# otherwise keep every restart from finishing and the file grows without end
+# although every frame in it is copied.
 RESTART_BYTES = 16 * 1024 * 1024
 RESTART_WAIT_MS = 250
 # How long a write that finds the WAL over its limit waits for the readers
@@ -484,8 +488,10 @@ class _WalWatch:
 
     def restart_failed(self) -> None:
         """A reader outlasted the restart's wait: try again once as many frames
-        again are written."""
-        self.restart_at = self.pages + self.restart_pages()
+        again are written, or at the limit, where the restart waits longer
+        (``Database.transaction``)."""
+        later = self.pages + self.restart_pages()
+        self.restart_at = later if self.pages >= self.limit_pages() else min(later, self.limit_pages())
 
     def restart_due(self) -> bool:
         return self.pages >= self.restart_at
@@ -766,9 +772,12 @@ class Database:
         if hooks is not None:
             hooks.after_commit()
         if self._wal.restart_due():
+            restart_s = RESTART_WAIT_MS / 1000
+            if wait and self._wal.pages >= self._wal.limit_pages():
+                restart_s = max(restart_s, self._wal_wait_s)
             # The commit stands whatever this does; a failure leaves the restart for later.
             with contextlib.suppress(SecurepadError):
-                self._wal_checkpoint(conn, "restart", RESTART_WAIT_MS / 1000)
+                self._wal_checkpoint(conn, "restart", restart_s)
 
     def _rollback(self, conn: apsw.Connection) -> None:
         """End the failed transaction, unless SQLite already did (it rolls back by

@@ -279,3 +279,45 @@ def test_a_refusal_while_another_connections_checkpoint_holds_the_log_says_so(
             thread.join()
             other.close()
         assert "another connection's checkpoint held the log throughout the 2 s this write waited" in str(refused.value)
+
+
+def test_the_wal_file_stays_near_its_limit_while_readers_hold_snapshots_longer_than_a_restart_waits(
+    db_path: Path, keyring: Keyring
+) -> None:
+    """Three readers each hold a snapshot for 0.4 s, one after another: every
+    frame is copied (nothing pins the limit of frames not yet copied), but a
+    restart that waits 250 ms never finds the log free. Once the file reaches
+    the limit the restart waits as long as a write over the limit does."""
+    limit = 1 * MIB
+    stop = threading.Event()
+
+    def read_in_a_loop(delay: float) -> None:
+        time.sleep(delay)
+        conn = apsw.Connection(str(db_path))
+        try:
+            while not stop.is_set():
+                conn.execute("BEGIN")
+                conn.execute("SELECT COUNT(*) FROM entries").fetchall()
+                time.sleep(0.4)
+                conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+    with _open(db_path, keyring, limit) as pad:
+        pad.put(ALICE, "t", 0, "tool", "first")
+        readers = [threading.Thread(target=read_in_a_loop, args=(i * 0.13,)) for i in range(3)]
+        for thread in readers:
+            thread.start()
+        try:
+            largest = 0
+            for step in range(1, 400):  # ~4 times the limit through the WAL
+                pad.put(ALICE, "t", step, "tool", random.randbytes(8192))
+                largest = max(largest, int(_wal(pad)["wal_bytes"]))
+        finally:
+            stop.set()
+            for thread in readers:
+                thread.join()
+        counts = _wal(pad)["checkpoints"]
+        assert isinstance(counts, dict) and counts["restart"] >= 2
+        assert largest < 2 * limit  # before: every restart failed and the file grew with every write
+        assert Path(f"{db_path}-wal").stat().st_size < 2 * limit
