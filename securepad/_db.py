@@ -460,8 +460,6 @@ class _WalWatch:
         # mode (``wal_status``): what a test can count.
         self.written = 0
         self.rebuilds = 0  # VACUUMs (``Database.scrub``)
-        # The last passive checkpoint found another connection's under way.
-        self.copying = False
         self.counts = {"passive": 0, "restart": 0, "truncate": 0}
 
     def restart_pages(self) -> int:
@@ -639,26 +637,33 @@ class Database:
 
         Raises:
             StoreBusyError: a reader's snapshot still pins more than the limit.
+            StorageFullError: the disk has no room to copy them into the database.
         """
         wal = self._wal
         if wal.pending() <= wal.limit_pages():
             return
         deadline = time.monotonic() + wait_s
         while True:
-            self._wal_checkpoint(conn, "passive", 0)
-            if wal.pending() <= wal.limit_pages():
-                return
+            copied = self._wal_checkpoint(conn, "passive", 0)
+            if wal.pending() <= wal.limit_pages() or copied in ("full", "own"):
+                break
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            if self._wal_checkpoint(conn, "restart", left):
+            if self._wal_checkpoint(conn, "restart", left) == "done":
                 return
+        if wal.pending() <= wal.limit_pages() or copied == "own":
+            return  # "own": BEGIN refuses a transaction inside this connection's own
         over = (
             f"the store's write-ahead log holds {wal.pending() * wal.page_size / 2**20:.0f} MiB of writes not yet"
             f" copied into the database, over its {self.wal_limit_bytes / 2**20:g} MiB limit"
         )
+        if copied == "full":
+            raise StorageFullError(
+                f"{over}, and the disk holding {self.path} has no room to copy them into it; nothing was written"
+            )
         waited = f"throughout the {wait_s:g} s this write waited" if wait_s > 0 else "now"
-        if wal.copying:
+        if copied == "checkpoint":
             raise StoreBusyError(
                 f"{over}: another connection's checkpoint held the log {waited} (copying it, or waiting for a"
                 " reader whose snapshot is older than those writes); try again"
@@ -666,12 +671,14 @@ class Database:
         held = f"has held a snapshot older than them {waited}" if wait_s > 0 else "holds a snapshot older than them"
         raise StoreBusyError(f"{over}: a reader {held}; writes resume when it ends")
 
-    def _wal_checkpoint(self, conn: apsw.Connection, mode: str, wait_s: float) -> bool:
+    def _wal_checkpoint(self, conn: apsw.Connection, mode: str, wait_s: float) -> str:
         """One checkpoint of ``mode`` ("passive", "restart", "truncate") that
         waits at most ``wait_s`` for the write lock, for readers and for
         another connection's checkpoint (SQLite does not wait for that one: it
-        is tried again); False when it could not finish (readers, another
-        checkpoint, no room on the disk).
+        is tried again). Returns "done", or why it could not finish: "held"
+        (readers, or the write lock, past the wait), "checkpoint" (a passive
+        one found another connection's under way), "full" (no room on the
+        disk), "own" (this connection is inside a transaction: no wait helps).
 
         Raises:
             StoreCorruptError: the file is damaged.
@@ -685,26 +692,28 @@ class Database:
                 try:
                     frames, moved = conn.wal_checkpoint(mode=_CHECKPOINT_MODES[mode])
                     break
-                except (apsw.BusyError, apsw.LockedError):
+                except apsw.LockedError:
+                    return "own"
+                except apsw.BusyError:
                     # A passive checkpoint waits for nothing: busy means another one is under way.
-                    self._wal.copying = mode == "passive"
-                    if mode == "passive" or deadline - time.monotonic() <= _CHECKPOINT_RETRY_S:
+                    if mode == "passive":
+                        return "checkpoint"
+                    if deadline - time.monotonic() <= _CHECKPOINT_RETRY_S:
                         if mode == "restart":
                             self._wal.restart_failed()
-                        return False
+                        return "held"
                     time.sleep(_CHECKPOINT_RETRY_S)
         except apsw.Error as exc:
             error = self._error(exc, conn)
             if isinstance(error, StorageFullError):
                 # The write before it (a delete, a gc) stands; its frames stay
                 # in the WAL until a checkpoint finds room.
-                return False
+                return "full"
             raise error from None
         finally:
             conn.setbusyhandler(_BusyHandler(self._busy_timeout_ms / 1000))
-        self._wal.copying = False
         self._wal.saw(mode, frames, moved)
-        return frames == moved
+        return "done" if frames == moved else "held"
 
     def wal_status(self) -> dict[str, object]:
         """The WAL's size and what it holds not yet copied, against its limit,
@@ -878,7 +887,7 @@ class Database:
                 if isinstance(error, StorageFullError):
                     return False
                 raise error from None
-        return self._wal_checkpoint(conn, "truncate", self._busy_timeout_ms / 1000 if wait else 0)
+        return self._wal_checkpoint(conn, "truncate", self._busy_timeout_ms / 1000 if wait else 0) == "done"
 
     def scrub(self) -> bool:
         """Rebuild the file (VACUUM), then checkpoint and truncate the WAL.

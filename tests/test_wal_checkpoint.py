@@ -10,6 +10,7 @@ when the frames not yet copied pass the limit, after waiting for them.
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -20,7 +21,7 @@ import apsw
 import pytest
 from conftest import ALICE, BOB
 
-from securepad import Keyring, Policy, QuotaExceededError, Scratchpad, StoreBusyError
+from securepad import Keyring, Policy, QuotaExceededError, Scratchpad, SecurepadError, StorageFullError, StoreBusyError
 from securepad.store import sqlite_of
 
 pytestmark = pytest.mark.sqlite_only
@@ -321,3 +322,71 @@ def test_the_wal_file_stays_near_its_limit_while_readers_hold_snapshots_longer_t
         assert isinstance(counts, dict) and counts["restart"] >= 2
         assert largest < 2 * limit  # before: every restart failed and the file grew with every write
         assert Path(f"{db_path}-wal").stat().st_size < 2 * limit
+
+
+def _over_the_limit(pad: Scratchpad, reader: _Reader, limit: int) -> int:
+    """Writes while ``reader`` holds its snapshot until the frames not yet
+    copied pass ``limit``; returns the next free step."""
+    pad.put(ALICE, "t", 0, "tool", "first")
+    assert sqlite_of(pad).checkpoint()
+    reader.begin()
+    step = 1
+    while int(_wal(pad)["wal_pending_bytes"]) <= limit:
+        pad.put(ALICE, "t", step, "tool", random.randbytes(32 * 1024))
+        step += 1
+    return step
+
+
+def test_a_write_whose_wal_cannot_be_copied_for_lack_of_room_says_the_disk_is_full(
+    small_disk: Path, keyring: Keyring
+) -> None:
+    """The reader has ended, but the database file cannot grow to take the
+    frames: the write is refused at once as a full disk, not as a reader."""
+    db = small_disk / "store.db"
+    reader = _Reader(db)
+    with _open(db, keyring, 1 * MIB) as pad:
+        step = _over_the_limit(pad, reader, 1 * MIB)
+        reader.end()
+        reader.close()
+        fd = os.open(small_disk / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while os.write(fd, bytes(4096)):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        before = dict(_wal(pad)["checkpoints"])  # type: ignore[call-overload]
+        with pytest.raises(StorageFullError) as refused:
+            pad.put(ALICE, "t", step, "tool", "no room")
+        message = str(refused.value)
+        assert "not yet copied into the database, over its 1 MiB limit" in message
+        assert "no room to copy them" in message and "nothing was written" in message
+        assert "reader" not in message
+        after = _wal(pad)["checkpoints"]
+        assert isinstance(after, dict)
+        # One try: the write does not spin on a disk that stays full for its whole wait.
+        assert after["passive"] - before["passive"] == 1 and after["restart"] == before["restart"]
+        assert len(pad.list_for_turn(ALICE, "t")) == step
+        (small_disk / "filler").unlink()
+        pad.put(ALICE, "t", step, "tool", "room again")
+        assert len(pad.list_for_turn(ALICE, "t")) == step + 1
+
+
+def test_a_checkpoint_inside_the_connections_own_transaction_fails_at_once_and_says_nothing_false(
+    db_path: Path, keyring: Keyring, reader: _Reader
+) -> None:
+    """SQLite refuses a checkpoint on a connection inside a transaction
+    (SQLITE_LOCKED): waiting cannot change that, so nothing waits for it,
+    and no refusal blames another connection."""
+    with _open(db_path, keyring, 1 * MIB) as pad:
+        db = sqlite_of(pad)
+        _over_the_limit(pad, reader, 1 * MIB)
+        with db.snapshot() as conn:
+            conn.execute("SELECT COUNT(*) FROM entries").fetchall()
+            assert db.checkpoint() is False
+            with pytest.raises(SecurepadError) as refused, db.transaction():
+                pass
+        assert not isinstance(refused.value, StoreBusyError)
+        assert "within a transaction" in str(refused.value)
+        reader.end()
