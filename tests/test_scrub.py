@@ -157,6 +157,10 @@ def test_gc_whose_scrub_finds_no_room_says_the_deletes_stand(small_disk: Path, k
         assert "nothing was written" not in message
         assert len(pad.list_for_turn(alice, "t")) == 28  # the deletes stand, the live entries too
         assert sqlite_of(pad).query("SELECT COUNT(*) AS n FROM entries")[0]["n"] == 28
+        with pytest.raises(StorageFullError) as again:
+            pad.gc()  # still no room: nothing left to delete, the scrub is still due
+        assert str(again.value).startswith("gc found nothing expired to delete; a quarter of the file's pages")
+        assert "deleted 0" not in str(again.value) and "did not run" in str(again.value)
     subprocess.run(["mount", "-o", "remount,size=16m", str(small_disk)], check=True)
     with Scratchpad.open(db, keyring=keyring) as pad:
         size = db.stat().st_size
