@@ -390,3 +390,21 @@ def test_a_checkpoint_inside_the_connections_own_transaction_fails_at_once_and_s
         assert not isinstance(refused.value, StoreBusyError)
         assert "within a transaction" in str(refused.value)
         reader.end()
+
+
+def test_a_turn_record_bigger_than_one_transaction_may_write_is_refused_up_front(
+    db_path: Path, keyring: Keyring
+) -> None:
+    """Turn checkpoints are bounded like entries: with a 1 MiB WAL limit one
+    transaction writes at most 512 KiB, whatever ``max_entry_bytes`` allows."""
+    with _open(db_path, keyring, 1 * MIB) as pad:
+        pad.put(ALICE, "t", 0, "tool", "first")  # the owner's key exists
+        turn = pad.turn(ALICE, "t")
+        changes = sqlite_of(pad).conn.total_changes()
+        with pytest.raises(QuotaExceededError, match=r"the turn record would write .* at most 524288 in one"):
+            turn.checkpoint(facts=["x" * 600_000])
+        assert sqlite_of(pad).conn.total_changes() == changes
+        assert turn.latest_checkpoint() is None
+        turn.checkpoint(facts=["x" * 400_000])  # under the bound: stored
+        saved = turn.latest_checkpoint()
+        assert saved is not None and saved["facts"] == ["x" * 400_000]
