@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import apsw
+import pytest
 from conftest import ALICE, BOB
 
-from securepad import Keyring, Scratchpad
+from securepad import ExpiredError, Keyring, NotFoundError, Scratchpad
 from securepad._assembly import QUICK_GC_RECOUNT_ROWS
 from securepad.store import sqlite_of
 
@@ -79,3 +80,23 @@ def test_the_quick_gc_collects_from_short_turns(pad: Scratchpad) -> None:
     pad.turn(BOB, "b")
     assert pad.stats(now=0)["entries"] == 2
     assert [e["step_num"] for e in pad.list_for_turn(ALICE, "short")] == [3, 4]
+
+
+def test_an_expired_entry_the_quick_gc_leaves_is_never_served(pad: Scratchpad) -> None:
+    """Past the quick gc's budget an expired entry stays in the store until a
+    full gc; every read refuses it meanwhile, as after its collection."""
+    _long_turn_with_one_expiring_entry(pad)
+    expired = pad.put(ALICE, "long", LONG + 1, "tool", "expires too", ttl_seconds=60, now=time.time() - 120)
+    pad.turn(BOB, "b")
+    assert pad.stats(now=0)["entries"] == LONG + 2  # left for a full gc
+    steps = pad.turn(ALICE, "long").steps()
+    assert len(steps) == LONG and all(step["step_num"] < LONG for step in steps)
+    with pytest.raises(ExpiredError):
+        pad.get(ALICE, expired["scratchpad_id"])
+    with pytest.raises(ExpiredError):
+        pad.read(ALICE, expired["scratchpad_id"], mode="grep", pattern="expires")
+    listed = pad.list_for_turn(ALICE, "long")
+    assert len(listed) == LONG and expired["scratchpad_id"] not in {e["scratchpad_id"] for e in listed}
+    assert pad.gc() == 2
+    with pytest.raises(NotFoundError):
+        pad.get(ALICE, expired["scratchpad_id"])
