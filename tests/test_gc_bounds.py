@@ -100,3 +100,37 @@ def test_an_expired_entry_the_quick_gc_leaves_is_never_served(pad: Scratchpad) -
     assert pad.gc() == 2
     with pytest.raises(NotFoundError):
         pad.get(ALICE, expired["scratchpad_id"])
+
+
+def test_a_turn_start_does_not_read_the_expired_rows_of_a_turn_past_the_budget(db_path: Path, keyring: Keyring) -> None:
+    """Every entry of another tenant's long turn has expired: the quick gc
+    leaves the turn to a full gc from its head alone, without reading its
+    expired rows at each turn's start."""
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        past = time.time() - 120
+        for first in range(0, LONG, 500):
+            items = [(i, "tool", f"row {i}") for i in range(first, min(first + 500, LONG))]
+            pad.put_many(ALICE, "long", items, 60, now=past)
+        with _rows_read(pad) as read:
+            pad.turn(BOB, "b")
+        assert read[0] < 40  # before: every expired row of the long turn, at every turn's start
+        assert pad.stats(now=0)["entries"] == LONG
+        assert pad.gc() == LONG
+        assert pad.list_for_turn(ALICE, "long") == []
+
+
+def test_the_quick_gc_collects_short_turns_beside_a_long_expired_one(pad: Scratchpad) -> None:
+    past = time.time() - 120
+    for first in range(0, LONG, 500):
+        pad.put_many(
+            ALICE, "long", [(i, "tool", f"row {i}") for i in range(first, min(first + 500, LONG))], 60, now=past
+        )
+    pad.put(BOB, "short", 0, "tool", "bob's", ttl_seconds=60, now=past)
+    pad.put(BOB, "short", 1, "tool", "bob's live one")
+    pad.turn(BOB, "b")
+    assert pad.stats(now=0)["entries"] == LONG + 1  # bob's expired one collected, the long turn left
+    assert [e["step_num"] for e in pad.list_for_turn(BOB, "short")] == [1]
+    assert pad.verify()["ok"]  # every head still matches its turn
+    assert pad.gc() == LONG
+    assert pad.list_for_turn(ALICE, "long") == []
+    assert pad.verify()["ok"]
