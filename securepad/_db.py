@@ -49,10 +49,10 @@ AUTOCHECKPOINT_PAGES = 1000
 # older snapshots to end (new ones read the database file), so the next write
 # starts the WAL again from its beginning. A reader that outlasts the wait
 # leaves it for as many frames again; once the WAL's file has reached the
-# limit, the restart waits as long as a write over the limit (``WAL_WAIT_MS``):
-# readers that each hold a snapshot longer than 250 ms, one after another,
-# otherwise keep every restart from finishing and the file grows without end
-# although every frame in it is copied.
+# limit, the restart waits as long as a write over the limit (``WAL_WAIT_MS``),
+# once per limit's worth of frames: readers that each hold a snapshot longer
+# than 250 ms, one after another, otherwise keep every restart from finishing
+# and the file grows without end although every frame in it is copied.
 RESTART_BYTES = 16 * 1024 * 1024
 RESTART_WAIT_MS = 250
 # How long a write that finds the WAL over its limit waits for the readers
@@ -455,12 +455,20 @@ class _WalWatch:
         self.limit_bytes = limit_bytes
         self.pages = 0
         self.moved = 0
-        self.restart_at = self.restart_pages()
+        self.restart_at = self.long_at = 0
+        self.started()
         # Frames our commits appended to the WAL, and checkpoints tried by
         # mode (``wal_status``): what a test can count.
         self.written = 0
         self.rebuilds = 0  # VACUUMs (``Database.scrub``)
         self.counts = {"passive": 0, "restart": 0, "truncate": 0}
+
+    def started(self) -> None:
+        """The WAL started again from its beginning (or the watch was set up):
+        the next restart is due after ``restart_pages`` frames, and waits
+        long (``Database.transaction``) from the limit on."""
+        self.restart_at = self.restart_pages()
+        self.long_at = self.limit_pages()
 
     def restart_pages(self) -> int:
         """The WAL's frame count past which a commit restarts it (``RESTART_BYTES``)."""
@@ -482,17 +490,24 @@ class _WalWatch:
             frames = moved = 0
         self.pages, self.moved = max(frames, 0), max(moved, 0)
         if mode != "passive":
-            self.restart_at = self.restart_pages()
+            self.started()
 
     def restart_failed(self) -> None:
         """A reader outlasted the restart's wait: try again once as many frames
-        again are written, or at the limit, where the restart waits longer
-        (``Database.transaction``)."""
-        later = self.pages + self.restart_pages()
-        self.restart_at = later if self.pages >= self.limit_pages() else min(later, self.limit_pages())
+        again are written, or at ``long_at``, whichever comes first; a long
+        wait that failed too waits long again only a limit's worth of frames
+        later, so that a reader that holds one snapshot for minutes costs the
+        writers one long wait per limit written, not per restart."""
+        if self.long_due():
+            self.long_at = self.pages + self.limit_pages()
+        self.restart_at = min(self.pages + self.restart_pages(), self.long_at)
 
     def restart_due(self) -> bool:
         return self.pages >= self.restart_at
+
+    def long_due(self) -> bool:
+        """The WAL's file has reached ``long_at``: its restart waits as long as a write over the limit."""
+        return self.pages >= self.long_at
 
     def hook(self, conn: apsw.Connection, dbname: str, pages: int) -> int:
         """After each commit: checkpoint as SQLite's auto-checkpoint would
@@ -500,7 +515,7 @@ class _WalWatch:
         due, runs after the commit returns (``Database.transaction``)."""
         if pages < self.pages:  # the WAL started again from its beginning
             self.moved = 0
-            self.restart_at = self.restart_pages()
+            self.started()
             self.written += pages
         else:
             self.written += pages - self.pages
@@ -572,7 +587,7 @@ class Database:
         except apsw.Error as exc:
             raise self._error(exc, conn) from None
         self._wal.page_size = page_size  # the hook of the connection just opened holds this watch
-        self._wal.restart_at = self._wal.restart_pages()
+        self._wal.started()
         with self.transaction() as tx:
             self._migrate(tx.raw)
         self.incremental_vacuum = incremental_vacuum and self._enable_incremental_vacuum(conn)
@@ -782,7 +797,7 @@ class Database:
             hooks.after_commit()
         if self._wal.restart_due():
             restart_s = RESTART_WAIT_MS / 1000
-            if wait and self._wal.pages >= self._wal.limit_pages():
+            if wait and self._wal.long_due():
                 restart_s = max(restart_s, self._wal_wait_s)
             # The commit stands whatever this does; a failure leaves the restart for later.
             with contextlib.suppress(SecurepadError):
