@@ -112,8 +112,8 @@ class Assembly:
         # PostgreSQL): a flag only goes from "to do" to "done", in a transaction
         # that reads it again, so a read made earlier in this open decides as well.
         meta = keys.opened_meta
+        # The usage heads of a store from before them come in the same transaction.
         HeadBuilder(table.heads, db, keys).build_if_needed(table.now, writes=writes, meta=meta)
-        table.heads.seed_usage(meta)  # after the heads' build: a store from before usage totals
         self.parts = Parts(db, keys, access, table, records)
 
     def close(self) -> None:

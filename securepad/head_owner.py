@@ -46,10 +46,12 @@ reservation beyond their bytes (so every put of it takes the exclusive lock),
 and ``verify`` names it.
 
 Stores from before (SQLite migration 11, PostgreSQL 8 dropped ``owner_usage``
-and set ``store_meta.owner_usage``): ``seed_usage``, at open with the key,
-gives every owner with an owner head and no usage head the sum of its turns'
+and set ``store_meta.owner_usage``): ``seed_usage``, in the transaction that
+builds or converts the heads at open with the key (``head_build``), gives every
+owner with an owner head and no usage head the sum of its turns'
 reservations (equal to their bytes, the sum over its entries, right after
-their conversion). Format-2 turn heads (no ``b``, ``r``) get ``r = b =`` their
+their conversion); on a store whose heads are of this format the clear flag
+is ignored. Format-2 turn heads (no ``b``, ``r``) get ``r = b =`` their
 authenticated inventory's bytes at open (``head_build``): the usage head,
 which held the sum of the bytes, is then already the sum of the reservations.
 """
@@ -204,39 +206,36 @@ class OwnerHeads:
         )
         self._keys.count_wraps_later(owner, version, 2)
 
-    def seed_usage(self, meta: dict[str, str] | None = None) -> int:
+    def seed_usage(self, conn: Conn) -> int:
         """Give every owner with an owner head and no usage head one holding the
-        sum of its turns' reservations (which a store converted at this open
-        has equal to their bytes: ``head_build``), once, at open
-        (``store_meta.owner_usage``, set by the migration that dropped the
-        ``owner_usage`` table); a no-op (one query, none when ``meta``, the
-        store's metadata read at open, has no flag) otherwise. A turn head that
-        fails to open counts nothing (its reads and ``verify`` name it).
+        sum of its turns' reservations (equal to their bytes right after their
+        conversion: ``head_build``), inside the caller's transaction: the one
+        that builds or converts the store's heads at open (``store_meta.owner_usage``,
+        set by the migration that dropped the ``owner_usage`` table, is then
+        deleted). Only that transaction calls it: on a store whose heads are
+        of this format the clear flag decides nothing, so that a deleted usage
+        head stays deleted (the quota sums, ``verify`` names it). A turn head
+        that fails to open counts nothing (its reads and ``verify`` name it).
         Returns the usage heads written."""
-        flag = "SELECT value FROM store_meta WHERE key = 'owner_usage'"
-        flagged = "owner_usage" in meta if meta is not None else bool(self._db.query(flag))
-        if not flagged:
+        if not conn.query("SELECT value FROM store_meta WHERE key = 'owner_usage'"):
             return 0
-        with self._db.transaction(admin=True) as conn:
-            if not conn.query(flag):
-                return 0
-            rows = conn.query(
-                "SELECT h.owner_user_id, h.turn_id, h.key_version, h.sealed FROM turn_heads h"
-                " WHERE h.turn_id != ? AND h.owner_user_id IN (SELECT o.owner_user_id FROM turn_heads o"
-                " WHERE o.turn_id = ? AND NOT EXISTS (SELECT 1 FROM turn_heads u"
-                " WHERE u.owner_user_id = o.owner_user_id AND u.turn_id = ?))",
-                (USAGE_HEAD, OWNER_HEAD, USAGE_HEAD),
-            )
-            totals: dict[str, int] = {}
-            for row in rows:
-                owner = row["owner_user_id"]
-                totals.setdefault(owner, 0)
-                if row["turn_id"] != OWNER_HEAD:
-                    with contextlib.suppress(IntegrityError):
-                        totals[owner] += self._tally(row, owner, row["turn_id"]).r
-            for owner, total in totals.items():
-                self.write_body(conn, owner, USAGE_HEAD, usage_body(total))
-            conn.execute("DELETE FROM store_meta WHERE key = 'owner_usage'")
+        rows = conn.query(
+            "SELECT h.owner_user_id, h.turn_id, h.key_version, h.sealed FROM turn_heads h"
+            " WHERE h.turn_id != ? AND h.owner_user_id IN (SELECT o.owner_user_id FROM turn_heads o"
+            " WHERE o.turn_id = ? AND NOT EXISTS (SELECT 1 FROM turn_heads u"
+            " WHERE u.owner_user_id = o.owner_user_id AND u.turn_id = ?))",
+            (USAGE_HEAD, OWNER_HEAD, USAGE_HEAD),
+        )
+        totals: dict[str, int] = {}
+        for row in rows:
+            owner = row["owner_user_id"]
+            totals.setdefault(owner, 0)
+            if row["turn_id"] != OWNER_HEAD:
+                with contextlib.suppress(IntegrityError):
+                    totals[owner] += self._tally(row, owner, row["turn_id"]).r
+        for owner, total in totals.items():
+            self.write_body(conn, owner, USAGE_HEAD, usage_body(total))
+        conn.execute("DELETE FROM store_meta WHERE key = 'owner_usage'")
         return len(totals)
 
     def all_heads(self) -> dict[str, dict[str, Tally | set[str] | int | IntegrityError]]:

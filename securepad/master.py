@@ -148,7 +148,8 @@ class Master:
 
         Raises:
             IntegrityError: ``refuse_marked`` (the flag says the store never had
-                heads) and a key already carries the heads era: the flag was reset.
+                heads, or had heads of format 1 only) and a key already carries
+                the heads era: the flag was set back.
             WrongKeyError: another process rotated the master key meanwhile.
         """
         self.check_current(conn)
@@ -161,9 +162,10 @@ class Master:
                 continue
             if marked and refuse_marked:
                 raise IntegrityError(
-                    "store_meta.turn_heads says 'pending' (a store from before heads) but an owner key was"
-                    " wrapped since the store had heads: the flag was reset to rebuild the heads from an edited"
-                    " store; refused (SECURITY.md, 'turn heads')"
+                    "store_meta.turn_heads asks for heads to be built or converted ('pending', 'built' or"
+                    " 'convert': a store from before heads) but an owner key is wrapped in the heads era, since"
+                    " the store had heads: the flag was set back to have the heads rebuilt from an edited store;"
+                    " refused (SECURITY.md, 'turn heads')"
                 )
             if not marked:
                 updates.append(

@@ -21,6 +21,7 @@ import apsw
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from older_heads import as_format_2
 from test_fixture_store_v7 import EXPECTED, copy_v7
 
 from securepad import Keyring, Policy, Principal, QuotaExceededError, Scratchpad
@@ -209,6 +210,7 @@ def test_a_postgresql_store_from_before_usage_heads_gets_them_at_open(pg_dsn: st
         pad.put(ALICE, "t", 1, "tool", "x" * 5000, now=NOW)
         pad.put(BOB, "t", 1, "tool", "y" * 100, now=NOW)
         expected = stored(pad)
+        as_format_2(pad)  # the heads of a store from before usage heads
     with psycopg.connect(pg_dsn) as conn:  # as PostgreSQL migration 8 leaves a store written before it
         conn.execute("SET ROLE securepad_admin")
         conn.execute("SET search_path = securepad")
