@@ -48,6 +48,7 @@ class Master:
 
         Raises:
             WrongKeyError: the master key does not open this store.
+            IntegrityError: the store's id or key check was deleted.
         """
         self._db = db
         self.keyring = keyring
@@ -59,6 +60,12 @@ class Master:
 
     def _unlock(self, keyring: Keyring) -> tuple[str, Wrapper, str]:
         meta = store_meta(self._db)
+        if ("store_id" in meta) != ("key_check" in meta) or (
+            "store_id" not in meta and self._db.query("SELECT 1 FROM owner_keys LIMIT 1", admin=True)
+        ):
+            # A new store has neither, and no owner key: one without the other
+            # was edited, and initializing it again would wrap under another store id.
+            raise IntegrityError("the store's id or master key check was deleted from store_meta: the file was edited")
         if "store_id" not in meta:
             store_id = secrets.token_hex(16)
             master, kdf = master_key(keyring, None, new=True)

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from tamper_edits import Raw, as_admin, on_sqlite, record_turn
 
-from securepad import IntegrityError, Keyring, Principal, Scratchpad
+from securepad import IntegrityError, Keyring, Principal, Scratchpad, SecurepadError
 from securepad.head_reads import pg_read_functions
 from securepad.store import parts
 
@@ -227,3 +227,49 @@ def test_the_v7_fixture_converts_with_its_seed_in_the_same_open(tmp_path: Path) 
     with on_sqlite(db) as raw:
         assert raw.execute("SELECT key FROM store_meta WHERE key = 'owner_usage'") == []
         assert len(raw.execute("SELECT 1 FROM turn_heads WHERE turn_id = ?", ("\x01usage",))) == 2
+
+
+# Every other clear value of store_meta, and what an attacker may write there:
+# (key, value), None deleting the row. None of them may switch tamper evidence
+# off: the open refuses (a typed error), or a removed turn is still refused.
+OTHER_FLAGS = [
+    ("store_id", None),
+    ("store_id", "0" * 32),
+    ("key_check", None),
+    ("key_check", "00"),
+    ("kdf", None),
+    ("kdf", '{"salt": "AAAA", "time_cost": 1, "memory_cost": 8, "parallelism": 1}'),
+    ("anchor_key", None),
+    ("anchor_key", "00" * 60),
+    ("format_version", None),
+    ("format_version", "0"),
+    ("master_wrap_count", None),
+    ("master_wrap_count", "0"),
+    ("write_counter", None),
+    ("write_counter", "1:0"),
+    ("owner_usage", "seed"),
+]
+
+
+@pytest.mark.parametrize(("key", "value"), OTHER_FLAGS, ids=lambda v: "deleted" if v is None else str(v)[:12])
+def test_no_other_store_meta_value_hides_a_removed_turn(store: Store, key: str, value: str | None) -> None:
+    with store.raw() as raw:
+        raw.execute(
+            "DELETE FROM segments WHERE entry_id IN"
+            " (SELECT id FROM entries WHERE owner_user_id = 'alice' AND turn_id = 't2')"
+        )
+        for table in _TABLES:
+            raw.execute(f"DELETE FROM {table} WHERE owner_user_id = 'alice' AND turn_id = 't2'")
+        raw.execute("DELETE FROM store_meta WHERE key = ?", (key,))
+        if value is not None:
+            raw.execute("INSERT INTO store_meta(key, value) VALUES (?, ?)", (key, value))
+    try:
+        pad = store.open()
+    except SecurepadError as exc:  # refused at open, with a typed error
+        assert type(exc).__module__ == "securepad.errors", exc
+        return
+    with pad:
+        with pytest.raises(IntegrityError):
+            pad.turn(ALICE, "t2", now=LATER).history(now=LATER)
+        assert ("alice", "t2") in {(p["owner_user_id"], p["turn_id"]) for p in pad.verify(now=LATER)["problems"]}
+        assert len(pad.turn(BOB, "t1", now=LATER).history(now=LATER)) == 2
