@@ -60,6 +60,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ._backend import Backend, Conn, OwnerLockNeeded, Params, Rows
+from ._lru import LRUCache
 from .access import audit_log
 from .crypto import Wrapper
 from .errors import IntegrityError, StoreBusyError
@@ -106,6 +107,8 @@ __all__ = [
 _CONSISTENT_TRIES = 8
 # Digest terms kept, so that reading a turn again recomputes only what changed.
 _TERM_CACHE = 1 << 14
+# Turns this process found tampered (``found_tampered``), checked again before a write into them.
+_TAMPERED = 1 << 12
 T = TypeVar("T")
 # A turn's head, its owner head and usage head (writers); ``turn`` is the placeholder of the turn's id.
 _HEAD_SQL = (
@@ -132,6 +135,7 @@ class Heads(HeadChecks, OwnerHeads):
         self._term = functools.lru_cache(maxsize=_TERM_CACHE)(functools.partial(term, keys.counter_seal))
         self._cache = HeadCache()
         self.reads = InventoryReads(db, self._cache)
+        self._tampered: LRUCache[tuple[str, str], str] = LRUCache(_TAMPERED)
         keys.on_first_key = self.first_owner_head
 
     def cache_limit(self, turns: int) -> None:
@@ -211,8 +215,12 @@ class Heads(HeadChecks, OwnerHeads):
             before = self._rows(owner, turn_id)
             fetched = fetch()
             if without_token(self._rows(owner, turn_id)) == without_token(before):
-                head = self._from_rows(before, owner, turn_id)
-                check(head, fetched)
+                try:
+                    head = self._from_rows(before, owner, turn_id)
+                    check(head, fetched)
+                except IntegrityError as exc:
+                    self.found_tampered(owner, turn_id, str(exc))
+                    raise
                 self.reads.keep(scope, owner, turn_id, before, head)
                 return fetched
         raise StoreBusyError(f"turn {turn_id!r} kept changing while it was read; try again")
@@ -329,6 +337,31 @@ class Heads(HeadChecks, OwnerHeads):
             ),
         )
 
+    def found_tampered(self, owner: str, turn_id: str, problem: str) -> None:
+        """Remember that the turn failed its check (a read on a consistent
+        pair, ``verify``, gc's ``prune``) and how: every later write into it
+        in this process checks it in its transaction (``change``), and is
+        refused with that ``problem`` while it fails."""
+        self._tampered[(owner, turn_id)] = problem
+
+    def _check_written(self, conn: Conn, owner: str, turn_id: str, problem: str | None) -> None:
+        """For a turn this process found tampered (``problem``, None for any
+        other): its inventory, the write's own rows and head included, checked
+        against that head inside the write's transaction (O(the turn's rows),
+        only for such a turn). A turn put back as it was (a backup restored)
+        is forgotten and takes writes again.
+
+        Raises:
+            IntegrityError: ``problem``: the turn still fails its check.
+        """
+        if problem is None:
+            return
+        try:
+            self._from_rows(conn.query(*self.reads.sql("?", turn_id, owner)), owner, turn_id)
+        except IntegrityError:
+            raise IntegrityError(problem) from None
+        self._tampered.pop((owner, turn_id))
+
     # -- writing: the one place ------------------------------------------------------------
 
     def change(
@@ -378,13 +411,19 @@ class Heads(HeadChecks, OwnerHeads):
         (``head_cache``): the next read verifies the turn again (on SQLite this
         connection's own commits do not move its data version).
 
+        A turn this process found tampered (``found_tampered``) is checked
+        once the write is done, in its transaction (``_check_written``): a
+        write into a turn whose check fails is refused as its reads are.
+
         Raises:
-            IntegrityError: the stored head fails authentication.
+            IntegrityError: the stored head fails authentication, or the turn
+                was found tampered and still fails its check.
             QuotaExceededError: ``room`` has none for the entries added, even
                 counting the owner's live entries only.
             OwnerLockNeeded: with ``turn_only``, as above.
         """
         self._cache.drop(owner, turn_id)
+        tampered = self._tampered.get((owner, turn_id))
         by_turn = self._heads_of(conn, owner, turn_id, entry_id, rows)
         if turn_only and turn_id not in by_turn:
             raise OwnerLockNeeded  # a new turn joins the owner head: the exclusive lock's
@@ -397,6 +436,7 @@ class Heads(HeadChecks, OwnerHeads):
         if body == before:  # nothing the head counts changed: the caller's insert alone
             if insert is not None:
                 conn.defer(*insert)
+            self._check_written(conn, owner, turn_id, tampered)
             return tally.r - tally.b
         if turn_only:
             if tally.b > tally.r or change.bytes < 0:
@@ -407,6 +447,7 @@ class Heads(HeadChecks, OwnerHeads):
         spare = tally.r - tally.b  # before the tally is handed on (``head_last``: a put in one message edits it)
         self.write_bodies(conn, owner, bodies, version, insert)
         self.last.attach(owner, turn_id, bodies[0][1], tally)
+        self._check_written(conn, owner, turn_id, tampered)
         return spare
 
     def change_once(
@@ -430,6 +471,8 @@ class Heads(HeadChecks, OwnerHeads):
         more than the turn's reservation (the owner's exclusive lock:
         ``change``). Raises nothing of its own: the head is sealed in memory."""
         version, wrapper = sealing
+        if self._tampered.get((owner, turn_id)) is not None:
+            return None  # ``change`` checks the turn with the write
         found = self.last.following(owner, turn_id, edit, self.terms(owner, turn_id), wrapper, version)
         if found is None:
             return None
@@ -587,6 +630,7 @@ class Heads(HeadChecks, OwnerHeads):
                 self._from_rows(conn.query(*self.reads.sql("?", turn_id, owner)), owner, turn_id)
             except IntegrityError as exc:
                 audit_log.warning("gc left turn %r of owner %r uncollected: %s", turn_id, owner, exc)
+                self.found_tampered(owner, turn_id, str(exc))
                 kept.append((owner, turn_id))
                 continue
             self.change(conn, owner, turn_id, functools.partial(_remove_rows, rows=rows))
