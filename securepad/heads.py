@@ -27,7 +27,11 @@ the AAD: ``crypto.head_aad``): an attacker does not even see the sums.
 * Every write that changes a turn calls ``Heads.change`` inside its own
   transaction (the one place): put, checkpoint, mark, extend, delete, gc
   (``prune``), forgetting an owner (``delete_owner``), owner-key rotation
-  (``reseal_owner``). It reads and rewrites one small row.
+  (``reseal_owner``). It reads and rewrites one small row. A change that
+  leaves the turn empty deletes its head and drops the turn from the owner
+  head and its reservation from the usage head (``_drop``): no clear turn id
+  stays behind. A turn the sealed owner head lists must have a head, so a
+  turn removed by someone without the key is still refused.
 * Every read of a turn fetches the turn's head together with the turn's
   **inventory** (the clear columns above of every row of the turn, expired
   ones not yet collected included: ``head_reads``), recomputes the tally
@@ -407,6 +411,11 @@ class Heads(HeadChecks, OwnerHeads):
         caller's insert of the rows the edit adds, not yet sent: it goes with
         the upsert (``OwnerHeads.write_bodies``: one statement on PostgreSQL).
 
+        A change that leaves the turn with no row (``_drop``: delete, gc)
+        deletes the turn's head and drops the turn from the owner head and its
+        reservation from the usage head, in the same transaction (under the
+        shared lock: ``OwnerLockNeeded``); it returns 0.
+
         The turn's verified inventory cached in this process is dropped
         (``head_cache``): the next read verifies the turn again (on SQLite this
         connection's own commits do not move its data version).
@@ -428,10 +437,16 @@ class Heads(HeadChecks, OwnerHeads):
         if turn_only and turn_id not in by_turn:
             raise OwnerLockNeeded  # a new turn joins the owner head: the exclusive lock's
         tally = self._turn_tally(by_turn, owner, turn_id)
-        before = tally.dumps()
+        before, reserved = tally.dumps(), tally.r
         change = HeadEdit(tally, self.terms(owner, turn_id))
         edit(change)
         tally.b = max(tally.b, 0)
+        if turn_id in by_turn and not any(tally.n.values()):  # the turn left empty: it goes
+            if turn_only:
+                raise OwnerLockNeeded  # the owner head and the usage head change
+            self._drop(conn, owner, turn_id, by_turn, reserved, version)
+            self._check_written(conn, owner, turn_id, tampered)
+            return 0
         body = tally.dumps()  # what a write within the reservation seals, unchanged below (issue 15: one JSON less)
         if body == before:  # nothing the head counts changed: the caller's insert alone
             if insert is not None:
@@ -552,6 +567,37 @@ class Heads(HeadChecks, OwnerHeads):
         if reserved is not None and reserved != total:  # none: unknown (``head_owner``), the quota sums
             bodies.append((USAGE_HEAD, usage_body(reserved)))
         return bodies
+
+    def _drop(
+        self,
+        conn: Conn,
+        owner: str,
+        turn_id: str,
+        by_turn: dict[str, dict[str, Any]],
+        reserved: int,
+        version: int | None,
+    ) -> None:
+        """A turn left empty by a change (delete, gc): its head deleted, the
+        turn dropped from the owner head and its reservation (``reserved``,
+        before the change) from the usage head, in the caller's transaction, so
+        that no clear trace of the turn id stays. The owner head, sealed, is
+        what tells this from a turn removed by someone without the key: a turn
+        it lists must have a head.
+
+        Raises:
+            IntegrityError: the owner's heads were removed, or one fails authentication.
+        """
+        if OWNER_HEAD not in by_turn:
+            raise _owner_removed(owner)
+        turns = self.owner_head(by_turn[OWNER_HEAD], owner) - {turn_id}
+        bodies = [(OWNER_HEAD, json.dumps({"t": sorted(turns)}).encode())]
+        usage = by_turn.get(USAGE_HEAD)
+        if usage is not None:
+            total = usage_of(self.open_body(usage, owner, USAGE_HEAD))
+            bodies.append((USAGE_HEAD, usage_body(max(total - reserved, 0))))
+        conn.defer("DELETE FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?", (owner, turn_id))
+        self.write_bodies(conn, owner, bodies, version)
+        self.last.take(owner, turn_id)
 
     def reclaim(self, conn: Conn, owner: str, total: int, turn_id: str, version: int | None = None) -> int:
         """Give back the unused reservation of every turn of the owner but

@@ -88,14 +88,15 @@ def test_every_write_keeps_the_usage_total_exact(pad: Scratchpad) -> None:
     assert pad.verify(now=NOW + 20)["ok"]
 
 
-def test_a_new_owner_starts_at_zero_and_an_empty_owner_keeps_only_its_turns_reservations(pad: Scratchpad) -> None:
+def test_a_new_owner_starts_at_zero_and_an_emptied_turn_gives_back_its_whole_reservation(pad: Scratchpad) -> None:
     pad.put(BOB, "t", 1, "tool", "x", now=NOW)
     pad.delete(BOB, pad.list_for_turn(BOB, "t", now=NOW)[0]["scratchpad_id"], now=NOW)
+    pad.put(ALICE, "u", 1, "tool", "y", now=NOW)
     entry = pad.put(ALICE, "t", 1, "tool", "x", now=NOW)
     pad.delete(ALICE, entry["scratchpad_id"], now=NOW)
-    # The delete gave back the entry's bytes; the turn keeps the rest of its grant.
-    assert totals(pad)["alice"] == reserved(pad)["alice"] > 0 and stored(pad) == {}
-    assert _turns(pad, "b") == {"alice": 0, "bob": 0}
+    # The delete left the turn empty: its head went, and with it the rest of its grant.
+    assert totals(pad) == {"alice": reserved(pad)["alice"], "bob": 0} and set(stored(pad)) == {"alice"}
+    assert _turns(pad, "b") == {"alice": stored(pad)["alice"]}
     assert pad.verify(now=NOW)["ok"]
 
 
