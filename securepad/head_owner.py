@@ -36,6 +36,18 @@ every ``r`` and ``b`` are sealed under the owner's key, which the server never
 has, and ``verify`` checks each turn's ``b`` against its entries and R against
 the sum of the ``r``. A clear server-side counter would not be (issue 14).
 
+**The owner's turn counter.** The owner head (``c``) and the usage head (the
+second number of its array) hold how many turns the owner created; each turn
+head's tally holds the counter as it last saw it (``Tally.o``: set when the
+turn is created, raised by every write of the turn under the owner's
+exclusive lock, which opens the usage head). A usage head that counts fewer
+turns than a turn head saw, or an owner head and usage head that disagree,
+were put back from an older copy: such a write refuses (``heads``), and
+``counter_problems`` names them (``verify``). So putting back an owner head
+and usage head from before a turn existed, after deleting that turn, is
+seen once any turn was created or written under that lock since. Heads from
+before the counter count nothing until the owner's next new turn.
+
 The usage head is a row of its own, not part of the owner head, because the
 owner head grows with the owner's turns. R changes only in ``Heads.change``
 (and ``reclaim``), inside the write transaction that changes the entries,
@@ -74,7 +86,9 @@ __all__ = [
     "OWNER_HEAD",
     "USAGE_HEAD",
     "OwnerHeads",
+    "owner_body",
     "usage_body",
+    "usage_counts",
     "usage_of",
 ]
 
@@ -87,23 +101,48 @@ _UPSERT = (
 )
 
 
-NO_TURNS = json.dumps({"t": []}).encode()
+def owner_body(turns: set[str], created: int | None) -> bytes:
+    """An owner head's body: the owner's turns, and its turn counter (``c``:
+    how many turns the owner created, which only grows; None: not counted
+    yet, an owner head from before the counter)."""
+    body: dict[str, Any] = {"t": sorted(turns)}
+    if created is not None:
+        body["c"] = created
+    return json.dumps(body).encode()
 
 
-def usage_body(total: int) -> bytes:
-    """A usage head's body: the total as a JSON number (not an object, so that
-    the heads' format-1 conversion, which skips what it cannot read, leaves it)."""
-    return str(total).encode()
+NO_TURNS = owner_body(set(), 0)
+
+
+def usage_body(total: int, created: int | None = None) -> bytes:
+    """A usage head's body: the total, with the owner's turn counter as its
+    owner head holds it, as a JSON array (a bare number without the counter,
+    as before it); not an object, so that the heads' format-1 conversion,
+    which skips what it cannot read, leaves it."""
+    return (str(total) if created is None else json.dumps([total, created])).encode()
 
 
 def usage_of(body: bytes) -> int:
+    """A usage head's total."""
+    return usage_counts(body)[0]
+
+
+def usage_counts(body: bytes) -> tuple[int, int | None]:
+    """A usage head's total and turn counter (None: a usage head from before it)."""
     try:
-        total = json.loads(body)
+        found = json.loads(body)
     except ValueError:
-        total = None
-    if not isinstance(total, int) or isinstance(total, bool) or total < 0:
+        found = None
+    total, created = found, None
+    if isinstance(found, list) and len(found) == 2 and _natural(found[1]):
+        total, created = found
+    if not _natural(total):
         raise IntegrityError("a usage head is malformed")
-    return total
+    return total, created
+
+
+def _natural(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class OwnerHeads:
@@ -126,11 +165,20 @@ class OwnerHeads:
 
     def owner_head(self, row: dict[str, Any], owner: str) -> set[str]:
         """The turns an owner head lists."""
+        return self.owner_turns(row, owner)[0]
+
+    def owner_turns(self, row: dict[str, Any], owner: str) -> tuple[set[str], int | None]:
+        """The turns an owner head lists, and its turn counter (None: from before it)."""
         try:
-            turns = json.loads(self.open_body(row, owner, OWNER_HEAD))["t"]
-            if isinstance(turns, list) and all(isinstance(turn, str) for turn in turns):
-                return set(turns)
-        except (ValueError, KeyError, TypeError):
+            body = json.loads(self.open_body(row, owner, OWNER_HEAD))
+            turns, created = body["t"], body.get("c")
+            if (
+                isinstance(turns, list)
+                and all(isinstance(turn, str) for turn in turns)
+                and (created is None or _natural(created))
+            ):
+                return set(turns), created
+        except (ValueError, KeyError, TypeError, AttributeError):
             pass
         raise IntegrityError("an owner head is malformed")
 
@@ -197,7 +245,7 @@ class OwnerHeads:
         turn and head were removed while its key stayed is then told from one
         that never wrote."""
         params: list[Any] = []
-        for turn_id, body in ((OWNER_HEAD, NO_TURNS), (USAGE_HEAD, usage_body(0))):
+        for turn_id, body in ((OWNER_HEAD, NO_TURNS), (USAGE_HEAD, usage_body(0, 0))):
             params += [owner, turn_id, version, wrapper.seal(body, head_aad(owner, turn_id, version))]
         conn.defer(
             "INSERT INTO turn_heads(owner_user_id, turn_id, key_version, sealed) VALUES (?, ?, ?, ?), (?, ?, ?, ?)"
@@ -258,6 +306,35 @@ class OwnerHeads:
                 opened = exc
             found.setdefault(owner, {})[turn_id] = opened
         return found
+
+    def counter_problems(self) -> list[tuple[str, str | None, str]]:
+        """(owner, turn or None, what) for each owner whose owner head and usage
+        head count different turns, or whose usage head counts fewer turns
+        than a turn head saw (``Tally.o``): the owner's heads were put back
+        from an older copy (``verify``). Heads that fail to open are left to
+        ``all_heads``; heads from before the counter count nothing."""
+        created: dict[str, int | None] = {}
+        counted: dict[str, int | None] = {}
+        seen: dict[str, tuple[int, str]] = {}
+        rows = self._db.query("SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads", admin=True)
+        for row in rows:
+            owner, turn_id = row["owner_user_id"], row["turn_id"]
+            with contextlib.suppress(IntegrityError):
+                if turn_id == OWNER_HEAD:
+                    created[owner] = self.owner_turns(row, owner)[1]
+                elif turn_id == USAGE_HEAD:
+                    counted[owner] = usage_counts(self.open_body(row, owner, turn_id))[1]
+                else:
+                    seen[owner] = max(seen.get(owner, (0, "")), (self._tally(row, owner, turn_id).o, turn_id))
+        problems: list[tuple[str, str | None, str]] = []
+        for owner in sorted(set(created) | set(counted)):
+            made, count = created.get(owner), counted.get(owner)
+            if made is not None and count is not None and made != count:
+                problems.append((owner, None, f"its owner head counts {made} turns created, its usage head {count}"))
+            top, turn_id = seen.get(owner, (0, ""))
+            if count is not None and top > count:
+                problems.append((owner, turn_id, f"the turn saw {top} turns created, the owner's usage head {count}"))
+        return problems
 
     def owners_without_heads(self) -> list[str]:
         """Owners with a key but no owner head (``verify``): their heads were removed."""

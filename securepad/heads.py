@@ -71,7 +71,7 @@ from .errors import IntegrityError, StoreBusyError
 from .head_cache import HeadCache
 from .head_checks import HeadChecks
 from .head_last import Once, once_sql
-from .head_owner import NO_TURNS, OWNER_HEAD, USAGE_HEAD, OwnerHeads, usage_body, usage_of
+from .head_owner import NO_TURNS, OWNER_HEAD, USAGE_HEAD, OwnerHeads, owner_body, usage_body, usage_counts
 from .head_quota import Room, record_room, reserve
 from .head_reads import ENTRY_TURN_SQL, InventoryReads, without_token
 from .head_tally import (
@@ -552,7 +552,8 @@ class Heads(HeadChecks, OwnerHeads):
             # write that changes a turn has a key: none means the owner's heads were removed.
             raise _owner_removed(owner)
         usage = by_turn.get(USAGE_HEAD)
-        total = None if usage is None else usage_of(self.open_body(usage, owner, USAGE_HEAD))
+        total, counted = (None, None) if usage is None else usage_counts(self.open_body(usage, owner, USAGE_HEAD))
+        _check_counted(tally, counted, owner, turn_id)
 
         def reclaim(total: int) -> int:
             return self.reclaim(conn, owner, total, turn_id, version)
@@ -560,12 +561,20 @@ class Heads(HeadChecks, OwnerHeads):
         reserved = reserve(tally, added, total, room, reclaim)
         if room is not None and room.records_adding:
             reserved = record_room(tally, reserved, room, reclaim)
-        bodies = [(turn_id, tally.dumps())]
-        if turn_id not in by_turn:
-            turns = self.owner_head(by_turn[OWNER_HEAD], owner) | {turn_id}
-            bodies.append((OWNER_HEAD, json.dumps({"t": sorted(turns)}).encode()))
-        if reserved is not None and reserved != total:  # none: unknown (``head_owner``), the quota sums
-            bodies.append((USAGE_HEAD, usage_body(reserved)))
+        new_turn = turn_id not in by_turn
+        if new_turn:  # the owner's turn counter grows, in its owner head and usage head
+            turns, created = self.owner_turns(by_turn[OWNER_HEAD], owner)
+            if None not in (created, counted) and created != counted:
+                raise _rolled_back(owner, "its owner head and its usage head count different turns")
+            counted = max(created if created is not None else len(turns), counted or 0) + 1
+            bodies = [(OWNER_HEAD, owner_body(turns | {turn_id}, counted))]
+        else:
+            bodies = []
+        if counted is not None:
+            tally.o = max(tally.o, counted)
+        bodies.insert(0, (turn_id, tally.dumps()))
+        if reserved is not None and (reserved != total or new_turn):  # none: unknown, the quota sums
+            bodies.append((USAGE_HEAD, usage_body(reserved, counted)))
         return bodies
 
     def _drop(
@@ -589,12 +598,12 @@ class Heads(HeadChecks, OwnerHeads):
         """
         if OWNER_HEAD not in by_turn:
             raise _owner_removed(owner)
-        turns = self.owner_head(by_turn[OWNER_HEAD], owner) - {turn_id}
-        bodies = [(OWNER_HEAD, json.dumps({"t": sorted(turns)}).encode())]
+        turns, created = self.owner_turns(by_turn[OWNER_HEAD], owner)
+        bodies = [(OWNER_HEAD, owner_body(turns - {turn_id}, created))]
         usage = by_turn.get(USAGE_HEAD)
         if usage is not None:
-            total = usage_of(self.open_body(usage, owner, USAGE_HEAD))
-            bodies.append((USAGE_HEAD, usage_body(max(total - reserved, 0))))
+            total, counted = usage_counts(self.open_body(usage, owner, USAGE_HEAD))
+            bodies.append((USAGE_HEAD, usage_body(max(total - reserved, 0), counted)))
         conn.defer("DELETE FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?", (owner, turn_id))
         self.write_bodies(conn, owner, bodies, version)
         self.last.take(owner, turn_id)
@@ -692,6 +701,20 @@ class Heads(HeadChecks, OwnerHeads):
         for row in rows:
             self.write_body(conn, owner, row["turn_id"], self.open_body(row, owner, row["turn_id"]))
         return len(rows)
+
+
+def _check_counted(tally: Tally, counted: int | None, owner: str, turn_id: str) -> None:
+    """Refuse a usage head that counts fewer turns than the turn's head saw
+    (``Tally.o``): it was put back from an older copy, with the owner head."""
+    if counted is not None and tally.o > counted:
+        raise _rolled_back(owner, f"turn {turn_id!r} was written after its usage head counted the owner's turns")
+
+
+def _rolled_back(owner: str, why: str) -> IntegrityError:
+    return IntegrityError(
+        f"owner {owner!r}'s heads were put back from an older copy ({why}): a turn created since may have been"
+        " removed (tampering)"
+    )
 
 
 def _owner_removed(owner: str) -> IntegrityError:

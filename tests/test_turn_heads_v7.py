@@ -31,7 +31,8 @@ def test_format_1_heads_are_converted_and_the_store_verifies(tmp_path: Path) -> 
         pad.put(ALICE, "turn-records", 99, "tool", "after the conversion", now=NOW)
         assert pad.verify(now=NOW)["ok"]
     tallies = dict(_sql(db, "SELECT turn_id, length(sealed) FROM turn_heads WHERE turn_id > char(1) || 'usage'"))
-    assert set(tallies) == set(listed) and max(tallies.values()) < 450  # type: ignore[type-var]
+    # pad.turn's gc collected the fixture's expired entry, the only row of its turn: that turn has no head left.
+    assert set(tallies) == set(listed) - {"turn-expired"} and max(tallies.values()) < 450  # type: ignore[type-var]
     assert max(listed.values()) > 450  # type: ignore[type-var]  # the listings were bigger
     flag = _sql(db, "SELECT value FROM store_meta WHERE key = 'turn_heads'")[0][0]
     assert str(flag).startswith("3:")
