@@ -142,6 +142,10 @@ class Assembly:
         """``Scratchpad.forget_owner``."""
         return lifecycle.forget_owner(self.parts.db, self.parts.keys, owner_user_id)
 
+    def drop_turn(self, owner_user_id: str, turn_id: str) -> dict[str, Any]:
+        """``Scratchpad.drop_turn``."""
+        return lifecycle.drop_turn(self.parts.db, self.parts.entries.heads, owner_user_id, turn_id)
+
     def gc(self, now: float | None, *, wait: bool) -> int:
         """``Scratchpad.gc``: heads pruned, expired entries and records deleted in
         one admin transaction, then a scrub (or, without ``wait``, a checkpoint)."""

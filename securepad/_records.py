@@ -292,6 +292,12 @@ class Records:
         return sum(conn.execute(f"DELETE FROM {table} WHERE {where}", params) for table in TABLES)
 
     @staticmethod
+    def delete_turn(conn: Conn, owner: str, turn_id: str) -> dict[str, int]:
+        """Delete every record of an owner's turn inside the caller's transaction (``lifecycle.drop_turn``)."""
+        where = "owner_user_id = ? AND turn_id = ?"
+        return {table: conn.execute(f"DELETE FROM {table} WHERE {where}", (owner, turn_id)) for table in TABLES}
+
+    @staticmethod
     def delete_owner(conn: Conn, owner: str) -> dict[str, int]:
         """Delete every record of an owner inside the caller's transaction."""
         return {table: conn.execute(f"DELETE FROM {table} WHERE owner_user_id = ?", (owner,)) for table in TABLES}

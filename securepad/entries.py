@@ -231,6 +231,19 @@ def delete_expired(conn: Conn, cutoff: float, kept: list[tuple[str, str]]) -> in
     return conn.execute(f"DELETE FROM entries WHERE {where}", params)
 
 
+def delete_turn(conn: Conn, owner: str, turn_id: str) -> dict[str, int]:
+    """Delete every entry and segment of an owner's turn inside the caller's
+    transaction (``lifecycle.drop_turn``; ``segments`` counts those kept in
+    their entry's row too)."""
+    where, params = "owner_user_id = ? AND turn_id = ?", (owner, turn_id)
+    in_rows = conn.query(f"SELECT COUNT(*) AS n FROM entries WHERE {where} AND only_segment IS NOT NULL", params)
+    return {
+        "segments": int(in_rows[0]["n"])
+        + conn.execute(f"DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE {where})", params),
+        "entries": conn.execute(f"DELETE FROM entries WHERE {where}", params),
+    }
+
+
 def delete_owner(conn: Conn, owner: str) -> dict[str, int]:
     """Delete every entry and segment of an owner inside the caller's transaction
     (``segments`` counts those kept in their entry's row too)."""

@@ -608,6 +608,40 @@ class Heads(HeadChecks, OwnerHeads):
         self.write_bodies(conn, owner, bodies, version)
         self.last.take(owner, turn_id)
 
+    def drop_turn(self, conn: Conn, owner: str, turn_id: str) -> int:
+        """Delete the turn's head and drop the turn from the owner head and its
+        reservation from the usage head, whatever the turn's check says, inside
+        the caller's transaction, which deleted the turn's rows
+        (``lifecycle.drop_turn``: the explicit way out of a turn found
+        tampered). A turn head that fails to open leaves the usage head the
+        sum of the other turns' reservations. Returns the heads deleted (0 or 1).
+
+        Raises:
+            IntegrityError: the owner head or usage head fails authentication.
+        """
+        self._cache.drop(owner, turn_id)
+        self._tampered.pop((owner, turn_id))
+        by_turn = self._heads_of(conn, owner, turn_id, None, None)
+        reserved: int | None = None
+        if turn_id in by_turn:
+            try:
+                reserved = self._tally(by_turn[turn_id], owner, turn_id).r
+            except IntegrityError:
+                reserved = None
+        if OWNER_HEAD not in by_turn:  # the owner's heads were removed: its reads say so
+            self.last.take(owner, turn_id)
+            return conn.execute("DELETE FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?", (owner, turn_id))
+        if reserved is None and USAGE_HEAD in by_turn:
+            rows = conn.query(
+                "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads"
+                " WHERE owner_user_id = ? AND turn_id NOT IN (?, ?, ?)",
+                (owner, OWNER_HEAD, USAGE_HEAD, turn_id),
+            )
+            total = usage_counts(self.open_body(by_turn[USAGE_HEAD], owner, USAGE_HEAD))[0]
+            reserved = total - sum(self._tally(row, owner, row["turn_id"]).r for row in rows)
+        self._drop(conn, owner, turn_id, by_turn, reserved or 0, None)
+        return 1 if turn_id in by_turn else 0
+
     def reclaim(self, conn: Conn, owner: str, total: int, turn_id: str, version: int | None = None) -> int:
         """Give back the unused reservation of every turn of the owner but
         ``turn_id`` (their heads rewritten with ``r = b``), inside the caller's

@@ -327,6 +327,18 @@ class Scratchpad:
         """Crypto-shred an owner's keys and entries; see ``lifecycle.forget_owner``."""
         return self._assembly.forget_owner(owner_user_id)
 
+    def drop_turn(self, owner_user_id: str, turn_id: str) -> dict[str, Any]:
+        """Delete an owner's turn whole (entries, records, head), whatever its
+        check says: the explicit way out of a turn found tampered that no backup
+        restores; see ``lifecycle.drop_turn``. Returns what was removed, per table.
+
+        Raises:
+            InvalidArgumentError: an identifier is malformed.
+            IntegrityError: the owner's owner head or usage head fails authentication.
+            StoreBusyError: the write lock was not obtained in time.
+        """
+        return self._assembly.drop_turn(owner_user_id, turn_id)
+
     # -- maintenance ----------------------------------------------------------------
 
     def gc(self, now: float | None = None, *, wait: bool = True) -> int:

@@ -16,9 +16,20 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import pytest
-from tamper_edits import Raw, as_admin, on_sqlite, record_turn, restore, snapshot, tail_truncation
+from tamper_edits import (
+    Edit,
+    Raw,
+    as_admin,
+    head_deleted,
+    head_swapped,
+    on_sqlite,
+    record_turn,
+    restore,
+    snapshot,
+    tail_truncation,
+)
 
-from securepad import IntegrityError, Keyring, Principal, Scratchpad
+from securepad import IntegrityError, InvalidArgumentError, Keyring, Principal, Scratchpad
 
 ALICE = Principal("alice", "planner", "web")
 NOW = 1_000_000.0
@@ -101,4 +112,34 @@ def test_a_turn_put_back_as_it_was_takes_writes_again(store: dict[str, Any]) -> 
             restore(raw, taken)
         WRITES["put"](pad, store)
         assert len(pad.turn(ALICE, "t1", now=LATER).history(now=LATER)) == 6
+        assert pad.verify(now=LATER)["ok"]
+
+
+@pytest.mark.parametrize("edit", [tail_truncation, head_deleted, head_swapped], ids=lambda e: e.__name__)
+def test_a_turn_no_backup_restores_is_dropped_explicitly(store: dict[str, Any], edit: Edit) -> None:
+    with _raw(store) as raw:
+        edit(raw, store)
+    with _open(store) as pad:
+        with pytest.raises(IntegrityError):
+            pad.turn(ALICE, "t1", now=LATER).history(now=LATER)
+        with pytest.raises(IntegrityError):
+            WRITES["put"](pad, store)
+        removed = pad.drop_turn("alice", "t1")
+        assert removed["entries"] == _entries(store) + len(store["ids"]) - (2 if edit is tail_truncation else 0)
+        assert (removed["checkpoints"], removed["compaction_marks"]) == (2, 1)
+        assert _entries(store) == 0
+        assert pad.turn(ALICE, "t1", now=LATER).history(now=LATER) == []  # its rows are lost, the turn reads empty
+        WRITES["put"](pad, store)  # and takes writes again
+        assert len(pad.turn(ALICE, "t2", now=LATER).history(now=LATER)) == 2
+        report = pad.verify(now=LATER)
+        assert report["ok"], report["problems"]
+
+
+def test_dropping_a_turn_checks_its_identifiers(store: dict[str, Any]) -> None:
+    with _open(store) as pad:
+        with pytest.raises(InvalidArgumentError):
+            pad.drop_turn("alice", "")
+        with pytest.raises(InvalidArgumentError):
+            pad.drop_turn("", "t1")
+        assert pad.drop_turn("alice", "never-written")["turn_heads"] == 0
         assert pad.verify(now=LATER)["ok"]
