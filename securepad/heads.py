@@ -381,6 +381,7 @@ class Heads(HeadChecks, OwnerHeads):
         turn_only: bool = False,
         rows: Rows | None = None,
         insert: tuple[str, Params] | None = None,
+        dropped: dict[str, dict[str, int]] | None = None,
     ) -> int:
         """Apply ``edit`` to the turn's tally and seal it again, inside the
         caller's write transaction, under the owner's newest key version
@@ -414,7 +415,10 @@ class Heads(HeadChecks, OwnerHeads):
         A change that leaves the turn with no row (``_drop``: delete, gc)
         deletes the turn's head and drops the turn from the owner head and its
         reservation from the usage head, in the same transaction (under the
-        shared lock: ``OwnerLockNeeded``); it returns 0.
+        shared lock: ``OwnerLockNeeded``); it returns 0. With ``dropped``
+        (gc's ``prune``, which may empty many turns of an owner), the turn and
+        its reservation are added to it instead, for the caller to drop from
+        the owner's heads once (``_drop``).
 
         The turn's verified inventory cached in this process is dropped
         (``head_cache``): the next read verifies the turn again (on SQLite this
@@ -444,7 +448,11 @@ class Heads(HeadChecks, OwnerHeads):
         if turn_id in by_turn and not any(tally.n.values()):  # the turn left empty: it goes
             if turn_only:
                 raise OwnerLockNeeded  # the owner head and the usage head change
-            self._drop(conn, owner, turn_id, by_turn, reserved, version)
+            self._delete_head(conn, owner, turn_id)
+            if dropped is not None:  # the caller drops its turns from the owner's heads at once
+                dropped.setdefault(owner, {})[turn_id] = reserved
+            else:
+                self._drop(conn, owner, {turn_id: reserved}, by_turn, version)
             self._check_written(conn, owner, turn_id, tampered)
             return 0
         body = tally.dumps()  # what a write within the reservation seals, unchanged below (issue 15: one JSON less)
@@ -577,21 +585,24 @@ class Heads(HeadChecks, OwnerHeads):
             bodies.append((USAGE_HEAD, usage_body(reserved, counted)))
         return bodies
 
+    def _delete_head(self, conn: Conn, owner: str, turn_id: str) -> None:
+        conn.defer("DELETE FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?", (owner, turn_id))
+        self.last.take(owner, turn_id)
+
     def _drop(
         self,
         conn: Conn,
         owner: str,
-        turn_id: str,
+        dropped: dict[str, int],
         by_turn: dict[str, dict[str, Any]],
-        reserved: int,
         version: int | None,
     ) -> None:
-        """A turn left empty by a change (delete, gc): its head deleted, the
-        turn dropped from the owner head and its reservation (``reserved``,
-        before the change) from the usage head, in the caller's transaction, so
-        that no clear trace of the turn id stays. The owner head, sealed, is
-        what tells this from a turn removed by someone without the key: a turn
-        it lists must have a head.
+        """Turns left empty (their heads deleted: ``_delete_head``) dropped from
+        the owner head, and their reservations (``dropped``, each turn's before
+        the change) from the usage head, in the caller's transaction, so that
+        no clear trace of their ids stays. The owner head, sealed, is what
+        tells this from a turn removed by someone without the key: a turn it
+        lists must have a head.
 
         Raises:
             IntegrityError: the owner's heads were removed, or one fails authentication.
@@ -599,14 +610,12 @@ class Heads(HeadChecks, OwnerHeads):
         if OWNER_HEAD not in by_turn:
             raise _owner_removed(owner)
         turns, created = self.owner_turns(by_turn[OWNER_HEAD], owner)
-        bodies = [(OWNER_HEAD, owner_body(turns - {turn_id}, created))]
+        bodies = [(OWNER_HEAD, owner_body(turns - set(dropped), created))]
         usage = by_turn.get(USAGE_HEAD)
         if usage is not None:
             total, counted = usage_counts(self.open_body(usage, owner, USAGE_HEAD))
-            bodies.append((USAGE_HEAD, usage_body(max(total - reserved, 0), counted)))
-        conn.defer("DELETE FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?", (owner, turn_id))
+            bodies.append((USAGE_HEAD, usage_body(max(total - sum(dropped.values()), 0), counted)))
         self.write_bodies(conn, owner, bodies, version)
-        self.last.take(owner, turn_id)
 
     def drop_turn(self, conn: Conn, owner: str, turn_id: str) -> int:
         """Delete the turn's head and drop the turn from the owner head and its
@@ -631,6 +640,7 @@ class Heads(HeadChecks, OwnerHeads):
         if OWNER_HEAD not in by_turn:  # the owner's heads were removed: its reads say so
             self.last.take(owner, turn_id)
             return conn.execute("DELETE FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?", (owner, turn_id))
+        self._delete_head(conn, owner, turn_id)
         if reserved is None and USAGE_HEAD in by_turn:
             rows = conn.query(
                 "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads"
@@ -639,7 +649,7 @@ class Heads(HeadChecks, OwnerHeads):
             )
             total = usage_counts(self.open_body(by_turn[USAGE_HEAD], owner, USAGE_HEAD))[0]
             reserved = total - sum(self._tally(row, owner, row["turn_id"]).r for row in rows)
-        self._drop(conn, owner, turn_id, by_turn, reserved or 0, None)
+        self._drop(conn, owner, {turn_id: reserved or 0}, by_turn, None)
         return 1 if turn_id in by_turn else 0
 
     def reclaim(self, conn: Conn, owner: str, total: int, turn_id: str, version: int | None = None) -> int:
@@ -714,6 +724,7 @@ class Heads(HeadChecks, OwnerHeads):
         for row in conn.query(ITEMS_SQL.format(where="expires_at <= ?"), (cutoff,) * 3):
             by_turn.setdefault((row["owner_user_id"], row["turn_id"]), []).append(row)
         kept: list[tuple[str, str]] = []
+        dropped: dict[str, dict[str, int]] = {}
         for (owner, turn_id), rows in by_turn.items():
             try:
                 self._from_rows(conn.query(*self.reads.sql("?", turn_id, owner)), owner, turn_id)
@@ -722,7 +733,9 @@ class Heads(HeadChecks, OwnerHeads):
                 self.found_tampered(owner, turn_id, str(exc))
                 kept.append((owner, turn_id))
                 continue
-            self.change(conn, owner, turn_id, functools.partial(_remove_rows, rows=rows))
+            self.change(conn, owner, turn_id, functools.partial(_remove_rows, rows=rows), dropped=dropped)
+        for owner, turns in dropped.items():  # once per owner, however many of its turns gc emptied
+            self._drop(conn, owner, turns, self._heads_of(conn, owner, OWNER_HEAD, None, None), None)
         return len(by_turn) - len(kept), kept
 
     def reseal_owner(self, conn: Conn, owner: str) -> int:

@@ -119,3 +119,28 @@ def test_an_emptied_turn_put_back_from_a_copy_is_named_by_verify(pad: Scratchpad
                 raw.execute(f"INSERT INTO {table}({', '.join(columns)}) VALUES ({marks})", row)
     problems = {(p["turn_id"], p["what"], p["problem"]) for p in pad.verify(now=NOW)["problems"]}
     assert (SECRET, "turn head", "a turn head the owner head does not list") in problems
+
+
+@pytest.mark.sqlite_only
+def test_gc_that_empties_many_turns_of_an_owner_rewrites_its_owner_head_once(db_path: Path, keyring: Keyring) -> None:
+    """An owner head grows with the owner's turns: one rewrite per emptied turn would cost O(turns^2)."""
+    import apsw
+
+    from securepad.store import sqlite_of
+
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        for turn in range(12):
+            pad.put(ALICE, f"t{turn}", 1, "tool", "x" * 500, ttl_seconds=60, now=NOW)
+        pad.put(ALICE, "kept", 1, "tool", "y", ttl_seconds=3600, now=NOW)
+        statements: list[str] = []
+        conn = sqlite_of(pad).conn
+        conn.trace_v2(apsw.SQLITE_TRACE_STMT, lambda event: statements.append(str(event["sql"])))
+        try:
+            assert pad.gc(now=NOW + 120) == 12
+        finally:
+            conn.trace_v2(0, None)
+        upserts = [sql for sql in statements if sql.startswith("INSERT INTO turn_heads")]
+        assert len(upserts) == 1  # the owner head and the usage head, once
+        assert len([sql for sql in statements if sql.startswith("DELETE FROM turn_heads")]) == 12
+        assert _head_turns(pad) == _listed(pad) == {"kept"}
+        assert pad.verify(now=NOW + 120)["ok"]
