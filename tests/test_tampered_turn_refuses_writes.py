@@ -143,3 +143,17 @@ def test_dropping_a_turn_checks_its_identifiers(store: dict[str, Any]) -> None:
             pad.drop_turn("", "t1")
         assert pad.drop_turn("alice", "never-written")["turn_heads"] == 0
         assert pad.verify(now=LATER)["ok"]
+
+
+def test_a_turn_this_process_wrote_last_and_found_tampered_takes_no_write(pad: Scratchpad, store_location: Any) -> None:
+    """On PostgreSQL the process that sealed a turn's head last puts into it in
+    one statement that checks only that the head is still the one it sealed:
+    rows deleted beside an untouched head would pass that check."""
+    ids = record_turn(pad, ALICE, "t1", 5)
+    pad.put(ALICE, "t1", 6, "fetch", "sealed here last", now=NOW)
+    with _raw({"where": store_location, "backend": pad.backend}) as raw:
+        tail_truncation(raw, {"ids": ids})
+    with pytest.raises(IntegrityError):
+        pad.turn(ALICE, "t1", now=LATER).history(now=LATER)
+    with pytest.raises(IntegrityError, match="rows were removed"):
+        pad.put(ALICE, "t1", 7, "fetch", "after the edit", now=LATER)
