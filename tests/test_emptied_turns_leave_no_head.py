@@ -10,11 +10,14 @@ removed whole (rows and head) while it held rows is refused as before.
 
 from __future__ import annotations
 
+import secrets
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tamper_edits import Raw, as_admin, on_sqlite, whole_turn_removed
 
 from securepad import IntegrityError, Keyring, Principal, Scratchpad
@@ -144,3 +147,40 @@ def test_gc_that_empties_many_turns_of_an_owner_rewrites_its_owner_head_once(db_
         assert len([sql for sql in statements if sql.startswith("DELETE FROM turn_heads")]) == 12
         assert _head_turns(pad) == _listed(pad) == {"kept"}
         assert pad.verify(now=NOW + 120)["ok"]
+
+
+@settings(max_examples=20)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["put", "delete", "gc"]), st.integers(0, 3), st.integers(0, 7)),
+        min_size=1,
+        max_size=14,
+    )
+)
+def test_the_owner_head_lists_exactly_the_turns_that_hold_rows(
+    db_path: Path, keyring: Keyring, steps: list[tuple[str, int, int]]
+) -> None:
+    owner = f"o{secrets.token_hex(4)}"  # each example an owner of its own, in one store
+    who = Principal(owner, "planner", "web")
+    now = NOW
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        pad.put(who, "anchor-turn", 1, "tool", "keeps the owner", ttl_seconds=86_400, now=now)
+        taken = dict.fromkeys(range(4), 0)
+        for action, turn, pick in steps:
+            if action == "put":
+                taken[turn] += 1
+                pad.put(
+                    who, f"t{turn}", taken[turn], "tool", "x" * 100 * (pick + 1), ttl_seconds=50 + pick * 10, now=now
+                )
+            elif action == "delete":
+                listed = pad.list_for_turn(who, f"t{turn}", now=now)
+                if listed:
+                    pad.delete(who, listed[pick % len(listed)]["scratchpad_id"], now=now)
+            else:
+                now += 40
+                pad.gc(now=now, wait=False)
+        heads = parts(pad).entries.heads.all_heads()[owner]
+        with_rows = {str(row["turn_id"]) for row in parts(pad).entries.all_rows() if row["owner_user_id"] == owner}
+        assert heads[OWNER_HEAD] == with_rows == set(heads) - {OWNER_HEAD, USAGE_HEAD}
+        report = pad.verify(now=now)
+        assert report["ok"], report["problems"]
