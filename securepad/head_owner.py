@@ -86,7 +86,10 @@ __all__ = [
     "OWNER_HEAD",
     "USAGE_HEAD",
     "OwnerHeads",
+    "check_counted",
     "owner_body",
+    "owner_removed",
+    "rolled_back",
     "usage_body",
     "usage_counts",
     "usage_of",
@@ -239,6 +242,39 @@ class OwnerHeads:
             conn.defer(upsert, tuple(params))
         self._keys.count_wraps_later(owner, version, len(bodies))
 
+    def delete_head(self, conn: Conn, owner: str, turn_id: str) -> None:
+        """Delete a turn's head (a turn left empty), in the caller's transaction."""
+        conn.defer("DELETE FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?", (owner, turn_id))
+        self.last.take(owner, turn_id)
+
+    def drop(
+        self,
+        conn: Conn,
+        owner: str,
+        dropped: dict[str, int],
+        by_turn: dict[str, dict[str, Any]],
+        version: int | None,
+    ) -> None:
+        """Turns left empty (their heads deleted: ``delete_head``) dropped from
+        the owner head, and their reservations (``dropped``, each turn's before
+        the change) from the usage head, in the caller's transaction, so that
+        no clear trace of their ids stays. The owner head, sealed, is what
+        tells this from a turn removed by someone without the key: a turn it
+        lists must have a head.
+
+        Raises:
+            IntegrityError: the owner's heads were removed, or one fails authentication.
+        """
+        if OWNER_HEAD not in by_turn:
+            raise owner_removed(owner)
+        turns, created = self.owner_turns(by_turn[OWNER_HEAD], owner)
+        bodies = [(OWNER_HEAD, owner_body(turns - set(dropped), created))]
+        usage = by_turn.get(USAGE_HEAD)
+        if usage is not None:
+            total, counted = usage_counts(self.open_body(usage, owner, USAGE_HEAD))
+            bodies.append((USAGE_HEAD, usage_body(max(total - sum(dropped.values()), 0), counted)))
+        self.write_bodies(conn, owner, bodies, version)
+
     def first_owner_head(self, conn: Conn, owner: str, version: int, wrapper: Wrapper) -> None:
         """The empty owner head and a zero usage head of an owner's first key, in
         the key's transaction (``Keystore.on_first_key``): an owner whose every
@@ -350,3 +386,23 @@ class OwnerHeads:
     def delete_owner(conn: Conn, owner: str) -> int:
         """Delete every head of the owner (forgetting it), inside the caller's transaction."""
         return conn.execute("DELETE FROM turn_heads WHERE owner_user_id = ?", (owner,))
+
+
+def check_counted(tally: Tally, counted: int | None, owner: str, turn_id: str) -> None:
+    """Refuse a usage head that counts fewer turns than the turn's head saw
+    (``Tally.o``): it was put back from an older copy, with the owner head."""
+    if counted is not None and tally.o > counted:
+        raise rolled_back(owner, f"turn {turn_id!r} was written after its usage head counted the owner's turns")
+
+
+def rolled_back(owner: str, why: str) -> IntegrityError:
+    return IntegrityError(
+        f"owner {owner!r}'s heads were put back from an older copy ({why}): a turn created since may have been"
+        " removed (tampering)"
+    )
+
+
+def owner_removed(owner: str) -> IntegrityError:
+    return IntegrityError(
+        f"owner {owner!r} has a key but no owner head: its turns and their heads were removed (tampering)"
+    )

@@ -29,7 +29,7 @@ the AAD: ``crypto.head_aad``): an attacker does not even see the sums.
   (``prune``), forgetting an owner (``delete_owner``), owner-key rotation
   (``reseal_owner``). It reads and rewrites one small row. A change that
   leaves the turn empty deletes its head and drops the turn from the owner
-  head and its reservation from the usage head (``_drop``): no clear turn id
+  head and its reservation from the usage head (``OwnerHeads.drop``): no clear turn id
   stays behind. A turn the sealed owner head lists must have a head, so a
   turn removed by someone without the key is still refused.
 * Every read of a turn fetches the turn's head together with the turn's
@@ -71,7 +71,18 @@ from .errors import IntegrityError, StoreBusyError
 from .head_cache import HeadCache
 from .head_checks import HeadChecks
 from .head_last import Once, once_sql
-from .head_owner import NO_TURNS, OWNER_HEAD, USAGE_HEAD, OwnerHeads, owner_body, usage_body, usage_counts
+from .head_owner import (
+    NO_TURNS,
+    OWNER_HEAD,
+    USAGE_HEAD,
+    OwnerHeads,
+    check_counted,
+    owner_body,
+    owner_removed,
+    rolled_back,
+    usage_body,
+    usage_counts,
+)
 from .head_quota import Room, record_room, reserve
 from .head_reads import ENTRY_TURN_SQL, InventoryReads, without_token
 from .head_tally import (
@@ -261,7 +272,7 @@ class Heads(HeadChecks, OwnerHeads):
         """The turn's inventory, authenticated by its head (rows of ``InventoryReads.sql``)."""
         by_turn = {row["turn_id"]: row for row in rows if row["k"] == "h"}
         if turn_id not in by_turn and OWNER_HEAD not in by_turn and any(row["k"] == "k" for row in rows):
-            raise _owner_removed(owner)  # the owner has a key (a "k" row) but no heads
+            raise owner_removed(owner)  # the owner has a key (a "k" row) but no heads
         tally = self._turn_tally(by_turn, owner, turn_id)
         head = Head()
         tally.check_found(self._recount(head, rows, owner, turn_id), turn_id)
@@ -412,13 +423,13 @@ class Heads(HeadChecks, OwnerHeads):
         caller's insert of the rows the edit adds, not yet sent: it goes with
         the upsert (``OwnerHeads.write_bodies``: one statement on PostgreSQL).
 
-        A change that leaves the turn with no row (``_drop``: delete, gc)
+        A change that leaves the turn with no row (``OwnerHeads.drop``: delete, gc)
         deletes the turn's head and drops the turn from the owner head and its
         reservation from the usage head, in the same transaction (under the
         shared lock: ``OwnerLockNeeded``); it returns 0. With ``dropped``
         (gc's ``prune``, which may empty many turns of an owner), the turn and
         its reservation are added to it instead, for the caller to drop from
-        the owner's heads once (``_drop``).
+        the owner's heads once (``OwnerHeads.drop``).
 
         The turn's verified inventory cached in this process is dropped
         (``head_cache``): the next read verifies the turn again (on SQLite this
@@ -448,11 +459,11 @@ class Heads(HeadChecks, OwnerHeads):
         if turn_id in by_turn and not any(tally.n.values()):  # the turn left empty: it goes
             if turn_only:
                 raise OwnerLockNeeded  # the owner head and the usage head change
-            self._delete_head(conn, owner, turn_id)
+            self.delete_head(conn, owner, turn_id)
             if dropped is not None:  # the caller drops its turns from the owner's heads at once
                 dropped.setdefault(owner, {})[turn_id] = reserved
             else:
-                self._drop(conn, owner, {turn_id: reserved}, by_turn, version)
+                self.drop(conn, owner, {turn_id: reserved}, by_turn, version)
             self._check_written(conn, owner, turn_id, tampered)
             return 0
         body = tally.dumps()  # what a write within the reservation seals, unchanged below (issue 15: one JSON less)
@@ -558,10 +569,10 @@ class Heads(HeadChecks, OwnerHeads):
         if OWNER_HEAD not in by_turn:
             # Every owner with a key has an owner head (``first_owner_head``), and a
             # write that changes a turn has a key: none means the owner's heads were removed.
-            raise _owner_removed(owner)
+            raise owner_removed(owner)
         usage = by_turn.get(USAGE_HEAD)
         total, counted = (None, None) if usage is None else usage_counts(self.open_body(usage, owner, USAGE_HEAD))
-        _check_counted(tally, counted, owner, turn_id)
+        check_counted(tally, counted, owner, turn_id)
 
         def reclaim(total: int) -> int:
             return self.reclaim(conn, owner, total, turn_id, version)
@@ -573,7 +584,7 @@ class Heads(HeadChecks, OwnerHeads):
         if new_turn:  # the owner's turn counter grows, in its owner head and usage head
             turns, created = self.owner_turns(by_turn[OWNER_HEAD], owner)
             if None not in (created, counted) and created != counted:
-                raise _rolled_back(owner, "its owner head and its usage head count different turns")
+                raise rolled_back(owner, "its owner head and its usage head count different turns")
             counted = max(created if created is not None else len(turns), counted or 0) + 1
             bodies = [(OWNER_HEAD, owner_body(turns | {turn_id}, counted))]
         else:
@@ -584,38 +595,6 @@ class Heads(HeadChecks, OwnerHeads):
         if reserved is not None and (reserved != total or new_turn):  # none: unknown, the quota sums
             bodies.append((USAGE_HEAD, usage_body(reserved, counted)))
         return bodies
-
-    def _delete_head(self, conn: Conn, owner: str, turn_id: str) -> None:
-        conn.defer("DELETE FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?", (owner, turn_id))
-        self.last.take(owner, turn_id)
-
-    def _drop(
-        self,
-        conn: Conn,
-        owner: str,
-        dropped: dict[str, int],
-        by_turn: dict[str, dict[str, Any]],
-        version: int | None,
-    ) -> None:
-        """Turns left empty (their heads deleted: ``_delete_head``) dropped from
-        the owner head, and their reservations (``dropped``, each turn's before
-        the change) from the usage head, in the caller's transaction, so that
-        no clear trace of their ids stays. The owner head, sealed, is what
-        tells this from a turn removed by someone without the key: a turn it
-        lists must have a head.
-
-        Raises:
-            IntegrityError: the owner's heads were removed, or one fails authentication.
-        """
-        if OWNER_HEAD not in by_turn:
-            raise _owner_removed(owner)
-        turns, created = self.owner_turns(by_turn[OWNER_HEAD], owner)
-        bodies = [(OWNER_HEAD, owner_body(turns - set(dropped), created))]
-        usage = by_turn.get(USAGE_HEAD)
-        if usage is not None:
-            total, counted = usage_counts(self.open_body(usage, owner, USAGE_HEAD))
-            bodies.append((USAGE_HEAD, usage_body(max(total - sum(dropped.values()), 0), counted)))
-        self.write_bodies(conn, owner, bodies, version)
 
     def drop_turn(self, conn: Conn, owner: str, turn_id: str) -> int:
         """Delete the turn's head and drop the turn from the owner head and its
@@ -640,7 +619,7 @@ class Heads(HeadChecks, OwnerHeads):
         if OWNER_HEAD not in by_turn:  # the owner's heads were removed: its reads say so
             self.last.take(owner, turn_id)
             return conn.execute("DELETE FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?", (owner, turn_id))
-        self._delete_head(conn, owner, turn_id)
+        self.delete_head(conn, owner, turn_id)
         if reserved is None and USAGE_HEAD in by_turn:
             rows = conn.query(
                 "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads"
@@ -649,7 +628,7 @@ class Heads(HeadChecks, OwnerHeads):
             )
             total = usage_counts(self.open_body(by_turn[USAGE_HEAD], owner, USAGE_HEAD))[0]
             reserved = total - sum(self._tally(row, owner, row["turn_id"]).r for row in rows)
-        self._drop(conn, owner, {turn_id: reserved or 0}, by_turn, None)
+        self.drop(conn, owner, {turn_id: reserved or 0}, by_turn, None)
         return 1 if turn_id in by_turn else 0
 
     def reclaim(self, conn: Conn, owner: str, total: int, turn_id: str, version: int | None = None) -> int:
@@ -735,7 +714,7 @@ class Heads(HeadChecks, OwnerHeads):
                 continue
             self.change(conn, owner, turn_id, functools.partial(_remove_rows, rows=rows), dropped=dropped)
         for owner, turns in dropped.items():  # once per owner, however many of its turns gc emptied
-            self._drop(conn, owner, turns, self._heads_of(conn, owner, OWNER_HEAD, None, None), None)
+            self.drop(conn, owner, turns, self._heads_of(conn, owner, OWNER_HEAD, None, None), None)
         return len(by_turn) - len(kept), kept
 
     def reseal_owner(self, conn: Conn, owner: str) -> int:
@@ -748,26 +727,6 @@ class Heads(HeadChecks, OwnerHeads):
         for row in rows:
             self.write_body(conn, owner, row["turn_id"], self.open_body(row, owner, row["turn_id"]))
         return len(rows)
-
-
-def _check_counted(tally: Tally, counted: int | None, owner: str, turn_id: str) -> None:
-    """Refuse a usage head that counts fewer turns than the turn's head saw
-    (``Tally.o``): it was put back from an older copy, with the owner head."""
-    if counted is not None and tally.o > counted:
-        raise _rolled_back(owner, f"turn {turn_id!r} was written after its usage head counted the owner's turns")
-
-
-def _rolled_back(owner: str, why: str) -> IntegrityError:
-    return IntegrityError(
-        f"owner {owner!r}'s heads were put back from an older copy ({why}): a turn created since may have been"
-        " removed (tampering)"
-    )
-
-
-def _owner_removed(owner: str) -> IntegrityError:
-    return IntegrityError(
-        f"owner {owner!r} has a key but no owner head: its turns and their heads were removed (tampering)"
-    )
 
 
 def expired_sql(cutoff: float, kept: list[tuple[str, str]]) -> tuple[str, Params]:
