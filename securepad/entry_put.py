@@ -84,7 +84,8 @@ class Putter:
         # else under the owner's shared lock when the turn had room at its last put here
         # (``heads``: a put within its turn's reservation), or its exclusive lock.
         done = one.once(self._once) if self._once is not None else None
-        entry_id, spare = done or one.written(shared=self._spare.get((owner, turn_id), 0) >= prepared.cost_bound())
+        bound = prepared.cost_bound(meta, owner, turn_id)
+        entry_id, spare = done or one.written(shared=self._spare.get((owner, turn_id), 0) >= bound)
         if len(self._spare) >= _HINTS:
             self._spare.clear()
         self._spare[(owner, turn_id)] = spare

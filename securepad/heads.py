@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ._backend import Backend, Conn, OwnerLockNeeded, Params, Rows
@@ -84,7 +84,7 @@ from .head_owner import (
     usage_counts,
 )
 from .head_quota import Room, record_room, reserve
-from .head_reads import ENTRY_TURN_SQL, InventoryReads, without_token
+from .head_reads import ENTRY_TURN_SQL, InventoryReads, entry_turn_params, without_token
 from .head_tally import (
     KINDS,
     MOD,
@@ -244,9 +244,11 @@ class Heads(HeadChecks, OwnerHeads):
         """``InventoryReads.read_sql``: what a read of the turn sends beside its rows."""
         return self.reads.read_sql(owner, turn_id)
 
-    def entry_read_sql(self, owner: str, entry_id: str) -> tuple[str, Params]:
-        """``read_sql`` for the turn of entry ``entry_id``."""
-        return self.reads.entry_read_sql(owner, entry_id)
+    def entry_read_sql(
+        self, owner: str, entry_id: str, scope: Sequence[tuple[str, str]] | None = None
+    ) -> tuple[str, Params]:
+        """``read_sql`` for the turn of entry ``entry_id``, found within ``scope`` (``Policy.scope_columns``)."""
+        return self.reads.entry_read_sql(owner, entry_id, scope)
 
     @staticmethod
     def select_sql(owner: str, turn_id: str) -> tuple[str, Params]:
@@ -255,9 +257,13 @@ class Heads(HeadChecks, OwnerHeads):
         return _HEAD_SQL.format(turn="?"), (owner, turn_id, OWNER_HEAD, USAGE_HEAD)
 
     @staticmethod
-    def entry_select_sql(owner: str, entry_id: str) -> tuple[str, Params]:
-        """``select_sql`` for the turn of entry ``entry_id`` (read with, or before, the entry's row)."""
-        return _HEAD_SQL.format(turn=ENTRY_TURN_SQL), (owner, entry_id, OWNER_HEAD, USAGE_HEAD)
+    def entry_select_sql(
+        owner: str, entry_id: str, scope: Sequence[tuple[str, str]] | None = None
+    ) -> tuple[str, Params]:
+        """``select_sql`` for the turn of entry ``entry_id`` (read with, or before, the entry's row),
+        found within ``scope`` (``Policy.scope_columns``; the owner alone by default)."""
+        found = entry_turn_params(entry_id, scope or (("owner_user_id", owner),))
+        return _HEAD_SQL.format(turn=ENTRY_TURN_SQL), (owner, *found, OWNER_HEAD, USAGE_HEAD)
 
     @staticmethod
     def newest_sql(owner: str) -> tuple[str, Params]:
