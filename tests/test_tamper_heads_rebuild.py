@@ -90,8 +90,9 @@ def _version_back(raw: Raw) -> None:
     (SQLite 10, PostgreSQL 7), so that the next open runs it and it writes ``convert``."""
     if raw.postgres:
         raw.execute("DELETE FROM schema_version WHERE version >= 7")
-        for name in pg_read_functions():  # migration 10 creates them again
-            raw.execute(f"DROP FUNCTION {name}(text, text, bytea, text, text, text)")
+        for name in pg_read_functions():  # the migrations from 10 on create them again
+            for arguments in ("text, text, bytea, text, text, text", "text, text, bytea, text, text, text, text, text"):
+                raw.execute(f"DROP FUNCTION IF EXISTS {name}({arguments})")
     else:
         raw.execute("PRAGMA user_version = 9")
 
