@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
 
-from securepad import Keyring, Principal, Scratchpad
+from securepad import Keyring, Policy, Principal, Scratchpad
 from securepad._steps import put_next
 from securepad.integrations.langgraph_saver import SecurepadSaver, keyed_turn, turn_id
 from securepad.integrations.openai_session import SecurepadSession
@@ -38,8 +38,8 @@ def run(coroutine: Any) -> Any:
     return asyncio.run(coroutine)
 
 
-def _put(saver: SecurepadSaver, thread_id: str, n: int, parent: Any = None) -> Any:
-    config = generate_config(thread_id)
+def _put(saver: SecurepadSaver, thread: str | dict[str, Any], n: int, parent: Any = None) -> Any:
+    config = generate_config(thread) if isinstance(thread, str) else thread
     if parent is not None:
         config["configurable"]["checkpoint_id"] = parent["configurable"]["checkpoint_id"]
     checkpoint = generate_checkpoint(channel_values={"n": n}, channel_versions={"n": str(n)})
@@ -150,6 +150,40 @@ def test_a_thread_written_before_keeps_its_turn_reads_back_and_takes_checkpoints
         _put(saver, thread_id, 1)
         assert saver.records.turn(principal, "thread", thread_id) == keyed_turn(pad, principal, "thread", thread_id)
         assert len(list(saver.list(generate_config(thread_id)))) == 1
+
+
+def test_a_thread_another_actor_writes_keyed_stays_where_each_actor_finds_it(
+    old_thread: tuple[Path, Keyring, dict[str, Any]],
+) -> None:
+    """Under a scope that names the actor, another actor of the owner writing
+    the same thread id finds nothing in the former turn (not its scope) and
+    writes the keyed one; the saver remembers that for that actor's scope
+    only: the first actor still reads (and extends) its thread in the former
+    turn, through the same saver."""
+    path, keyring, old = old_thread
+    now, thread_id = old["now"], old["thread_id"]
+    first, other = Principal("alice", "agent", "web"), Principal("alice", "other", "web")
+    policy = Policy.from_dict({"access": {"scope": "owner+channel+actor"}})
+    with Scratchpad.open(path, keyring=keyring, clock=lambda: now, adopt_anchor=True, policy=policy) as pad:
+
+        def who(config: Any) -> Principal:
+            return other if config["configurable"].get("actor") == "other" else first
+
+        saver = SecurepadSaver(pad, principal_from_config=who, ttl_seconds=3600, clock=lambda: now)
+        mine = saver.get_tuple(generate_config(thread_id))
+        assert mine is not None
+        others = generate_config(thread_id)
+        others["configurable"]["actor"] = "other"
+        _put(saver, others, 1)
+        assert saver.get_tuple(others) is not None  # the other actor's thread: keyed, remembered
+        assert saver.records.turn(other, "thread", thread_id) == keyed_turn(pad, other, "thread", thread_id)
+        assert saver.records.turn(first, "thread", thread_id) == turn_id("thread", thread_id)
+        again = saver.get_tuple(generate_config(thread_id))
+        assert again is not None and again.checkpoint["id"] == mine.checkpoint["id"]
+        former = len(pad.list_for_turn(first, turn_id("thread", thread_id)))
+        _put(saver, thread_id, 99, mine.config)
+        assert len(pad.list_for_turn(first, turn_id("thread", thread_id))) == former + 1
+        assert saver.get_tuple(generate_config(thread_id)).checkpoint["id"] != mine.checkpoint["id"]
 
 
 def _former_session_turn(session_id: str) -> str:

@@ -138,8 +138,9 @@ class SaverRecords:
         self._lock = threading.Lock()
         # (owner, thread, ns, channel, version) -> the value's entry, or None when it is inline.
         self._values: dict[tuple[str, str, str, str, str], Stored | None] = {}
-        # (owner, thread) whose checkpoints were found in the thread's keyed turn (``turn``).
-        self._keyed: set[tuple[str, str]] = set()
+        # (the principal's scope, thread) whose checkpoints were found in the thread's keyed
+        # turn (``turn``): what a principal finds depends on its scope, not on its owner alone.
+        self._keyed: set[tuple[tuple[tuple[str, str], ...], str]] = set()
 
     # -- where each record lives ----------------------------------------------------
 
@@ -157,8 +158,11 @@ class SaverRecords:
         return keyed_turn(self.pad, principal, kind, thread_id, *parts)
 
     def _former(self, principal: Principal, thread_id: str) -> bool:
-        """Whether the thread's checkpoints are in its former (unkeyed) turn and not in its keyed one."""
-        key = (principal.owner_user_id, thread_id)
+        """Whether the thread's checkpoints are in its former (unkeyed) turn and
+        not in its keyed one, as the principal's scope finds them (another
+        actor's or channel's checkpoints in the keyed turn leave a principal
+        outside their scope on the former turn, which holds its own)."""
+        key = (tuple(self.pad.policy.scope_columns(principal)), thread_id)
         with self._lock:
             if key in self._keyed:
                 return False
