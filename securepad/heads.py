@@ -221,9 +221,7 @@ class Heads(HeadChecks, OwnerHeads):
         """``InventoryReads.read_sql``: what a read of the turn sends beside its rows."""
         return self.reads.read_sql(owner, turn_id)
 
-    def entry_read_sql(
-        self, owner: str, entry_id: str, scope: Sequence[tuple[str, str]] | None = None
-    ) -> tuple[str, Params]:
+    def entry_read_sql(self, owner: str, entry_id: str, scope: Sequence[tuple[str, str]]) -> tuple[str, Params]:
         """``read_sql`` for the turn of entry ``entry_id``, found within ``scope`` (``Policy.scope_columns``)."""
         return self.reads.entry_read_sql(owner, entry_id, scope)
 
@@ -234,12 +232,11 @@ class Heads(HeadChecks, OwnerHeads):
         return _HEAD_SQL.format(turn="?"), (owner, turn_id, OWNER_HEAD, USAGE_HEAD)
 
     @staticmethod
-    def entry_select_sql(
-        owner: str, entry_id: str, scope: Sequence[tuple[str, str]] | None = None
-    ) -> tuple[str, Params]:
+    def entry_select_sql(owner: str, entry_id: str, scope: Sequence[tuple[str, str]]) -> tuple[str, Params]:
         """``select_sql`` for the turn of entry ``entry_id`` (read with, or before, the entry's row),
-        found within ``scope`` (``Policy.scope_columns``; the owner alone by default)."""
-        found = entry_turn_params(entry_id, scope or (("owner_user_id", owner),))
+        found within ``scope`` (``Policy.scope_columns``: no default, so that no caller
+        forgets the channel and actor a policy names)."""
+        found = entry_turn_params(entry_id, scope)
         return _HEAD_SQL.format(turn=ENTRY_TURN_SQL), (owner, *found, OWNER_HEAD, USAGE_HEAD)
 
     @staticmethod

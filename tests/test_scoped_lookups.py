@@ -165,15 +165,16 @@ def test_the_head_statement_of_a_read_by_id_names_the_owner(pad: Scratchpad) -> 
     _ids(pad, ALICE, GUESS, 5)
     absent = _well_formed_absent(bob_id)
     heads = parts(pad).entries.heads
-    bobs = _admin_rows(pad, heads.entry_read_sql("alice", bob_id))
-    absents = _admin_rows(pad, heads.entry_read_sql("alice", absent))
+    scope = pad.policy.scope_columns(ALICE)
+    bobs = _admin_rows(pad, heads.entry_read_sql("alice", bob_id, scope))
+    absents = _admin_rows(pad, heads.entry_read_sql("alice", absent, scope))
     assert bobs == absents
     assert {row["k"] for row in bobs} <= {"h", "k"} and all(row["turn_id"] != GUESS for row in bobs)
     # A delete's read of the id's turn head: the owner head alone, as for an absent id.
-    assert _admin_rows(pad, Heads.entry_select_sql("alice", bob_id)) == _admin_rows(
-        pad, Heads.entry_select_sql("alice", absent)
+    assert _admin_rows(pad, Heads.entry_select_sql("alice", bob_id, scope)) == _admin_rows(
+        pad, Heads.entry_select_sql("alice", absent, scope)
     )
-    assert all(row["turn_id"] != GUESS for row in _admin_rows(pad, Heads.entry_select_sql("alice", bob_id)))
+    assert all(row["turn_id"] != GUESS for row in _admin_rows(pad, Heads.entry_select_sql("alice", bob_id, scope)))
 
 
 def test_the_read_function_of_postgresql_looks_the_turn_up_within_the_owner(pg_dsn: str, keyring: Keyring) -> None:
