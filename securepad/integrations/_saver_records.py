@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._steps import keyed_turn_name, put_next, turn_in_use
+from .._steps import keyed_or_former, keyed_turn_name, put_next
 from ..errors import ExpiredError, IntegrityError, NotFoundError
 from ..principal import Principal
 from ..store import Scratchpad
@@ -166,14 +166,15 @@ class SaverRecords:
         with self._lock:
             if key in self._keyed:
                 return False
-        now = self.clock()
-        if turn_in_use(self.pad, principal, keyed_turn(self.pad, principal, "thread", thread_id), now=now):
+        former = turn_id("thread", thread_id)
+        keyed = keyed_turn(self.pad, principal, "thread", thread_id)
+        turn, found_keyed = keyed_or_former(self.pad, principal, keyed, former, now=self.clock())
+        if found_keyed:
             with self._lock:
                 if len(self._keyed) >= _KEYED_KEPT:
                     self._keyed.clear()
                 self._keyed.add(key)
-            return False
-        return turn_in_use(self.pad, principal, turn_id("thread", thread_id), now=now)
+        return turn == former
 
     # -- reading -------------------------------------------------------------------
 
