@@ -400,26 +400,32 @@ class SaverRecords:
 
 class ThreadList:
     """Each owner's threads, in the turn ``securepad.langgraph:threads`` (for
-    ``delete_for_runs`` and ``list(None)``), cached with each entry's expiry."""
+    ``delete_for_runs`` and ``list(None)``), cached with each entry's expiry
+    per principal scope (an actor or channel the policy's scope names lists
+    its own entries of the list only)."""
 
     def __init__(self, records: SaverRecords) -> None:
         self.records = records
         self._lock = threading.Lock()
-        # owner -> {thread_id: expiry of its entry in the owner's thread list}
-        self._threads: dict[str, dict[str, float]] = {}
+        # the principal's scope -> {thread_id: expiry of its entry in the owner's thread list}:
+        # what a principal finds in the list depends on its scope, not on its owner alone.
+        self._threads: dict[tuple[tuple[str, str], ...], dict[str, float]] = {}
+
+    def _scope(self, principal: Principal) -> tuple[tuple[str, str], ...]:
+        return tuple(self.records.pad.policy.scope_columns(principal))
 
     def of(self, principal: Principal) -> dict[str, float]:
-        """The owner's threads, each with the expiry of its entry in the list."""
-        owner = principal.owner_user_id
+        """The owner's threads in the principal's scope, each with the expiry of its entry in the list."""
+        scope = self._scope(principal)
         with self._lock:
-            known = self._threads.get(owner)
+            known = self._threads.get(scope)
         if known is None:
             known = {}
             for stored in self.records.listed(principal, turn_id("threads"), THREAD, THREAD_CHOICE):
                 tid = stored.meta["thread_id"]
                 known[tid] = max(known.get(tid, 0.0), stored.expires_at)
             with self._lock:
-                self._threads[owner] = known
+                self._threads[scope] = known
         return known
 
     def register(self, principal: Principal, thread_id: str, now: float) -> None:
@@ -447,4 +453,4 @@ class ThreadList:
             if stored.meta["thread_id"] == thread_id:
                 self.records.delete(principal, stored.scratchpad_id)
         with self._lock:
-            self._threads.get(principal.owner_user_id, {}).pop(thread_id, None)
+            self._threads.get(self._scope(principal), {}).pop(thread_id, None)
