@@ -418,3 +418,43 @@ def test_each_actor_finds_its_own_thread_of_a_shared_id_in_the_thread_list(
         SecurepadSaver(pad, other).delete_for_runs(["run-2"])
         assert list(SecurepadSaver(pad, other).list(None)) == []
         assert len(list(SecurepadSaver(pad, first).list(None))) == 1
+
+
+def test_an_unchanged_value_refers_to_its_own_actors_entry(store_location: Any, keyring: Keyring) -> None:
+    """Under a scope that names the actor, two actors write a thread of the
+    same id, a large channel value of the same version each, through one
+    saver; one actor's next checkpoint, the channel unchanged, refers to its
+    own value's entry (never the other actor's, which it cannot read)."""
+    from securepad import Policy
+
+    first, other = Principal("alice", "agent", "web"), Principal("alice", "other", "web")
+    policy = Policy.from_dict({"access": {"scope": "owner+channel+actor"}})
+    big = "x" * 40_000
+
+    def config(who: str, parent: RunnableConfig | None = None) -> RunnableConfig:
+        found = generate_config("shared")
+        found["configurable"]["who"] = who
+        if parent is not None:
+            found["configurable"]["checkpoint_id"] = parent["configurable"]["checkpoint_id"]
+        return found
+
+    with Scratchpad.open(store_location, keyring=keyring, policy=policy) as pad:
+        saver = SecurepadSaver(pad, principal_from_config=lambda c: other if c["configurable"].get("who") else first)
+        mine = saver.put(
+            config(""),
+            generate_checkpoint(channel_values={"n": big + "mine"}, channel_versions={"n": "1"}),
+            generate_metadata(),
+            {"n": "1"},
+        )
+        saver.put(
+            config("other"),
+            generate_checkpoint(channel_values={"n": big + "other"}, channel_versions={"n": "1"}),
+            generate_metadata(),
+            {"n": "1"},
+        )
+        saver.put(config("", mine), generate_checkpoint(channel_versions={"n": "1"}), generate_metadata(), {})
+        for reader in (saver, SecurepadSaver(pad, first)):
+            found = reader.get_tuple(config(""))
+            assert found is not None and found.checkpoint["channel_values"]["n"] == big + "mine"
+        found = saver.get_tuple(config("other"))
+        assert found is not None and found.checkpoint["channel_values"]["n"] == big + "other"

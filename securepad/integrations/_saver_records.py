@@ -35,11 +35,13 @@ __all__ = [
     "WRITE",
     "Loads",
     "SaverRecords",
+    "Scope",
     "Stored",
     "ThreadList",
     "expect",
     "keyed_turn",
     "newest_per_namespace",
+    "scope_of",
     "sealed",
     "turn_id",
 ]
@@ -64,6 +66,15 @@ THREAD_CHOICE = ("format", "thread_id")
 _KEYED_KEPT = 4096
 # The saver's ``serde.loads_typed``: (type, serialized form) -> the value.
 Loads = Callable[[tuple[str, bytes]], Any]
+# A principal's scope (``Policy.scope_columns``: the owner, and the channel and
+# actor the policy names): what the saver caches is what a scope finds, so it
+# is cached per scope, never per owner alone.
+Scope = tuple[tuple[str, str], ...]
+
+
+def scope_of(pad: Scratchpad, principal: Principal) -> Scope:
+    """The key of what the saver caches for ``principal``."""
+    return tuple(pad.policy.scope_columns(principal))
 
 
 def turn_id(kind: str, *parts: Any) -> str:
@@ -136,11 +147,11 @@ class SaverRecords:
         self.ttl_seconds = ttl_seconds
         self.clock = clock
         self._lock = threading.Lock()
-        # (owner, thread, ns, channel, version) -> the value's entry, or None when it is inline.
-        self._values: dict[tuple[str, str, str, str, str], Stored | None] = {}
+        # (scope, thread, ns, channel, version) -> the value's entry, or None when it is inline.
+        self._values: dict[tuple[Scope, str, str, str, str], Stored | None] = {}
         # (the principal's scope, thread) whose checkpoints were found in the thread's keyed
         # turn (``turn``): what a principal finds depends on its scope, not on its owner alone.
-        self._keyed: set[tuple[tuple[tuple[str, str], ...], str]] = set()
+        self._keyed: set[tuple[Scope, str]] = set()
 
     # -- where each record lives ----------------------------------------------------
 
@@ -162,7 +173,7 @@ class SaverRecords:
         not in its keyed one, as the principal's scope finds them (another
         actor's or channel's checkpoints in the keyed turn leave a principal
         outside their scope on the former turn, which holds its own)."""
-        key = (tuple(self.pad.policy.scope_columns(principal)), thread_id)
+        key = (scope_of(self.pad, principal), thread_id)
         with self._lock:
             if key in self._keyed:
                 return False
@@ -314,7 +325,7 @@ class SaverRecords:
         view = self.put(principal, turn, BLOB, {"content": data, "metadata": meta}, self.ttl_seconds, now)
         stored = Stored(view["scratchpad_id"], now + self.ttl_seconds, meta)
         with self._lock:
-            self._values[(principal.owner_user_id, thread_id, ns, channel, str(version))] = stored
+            self._values[(scope_of(self.pad, principal), thread_id, ns, channel, str(version))] = stored
         return stored
 
     def value(
@@ -322,7 +333,7 @@ class SaverRecords:
     ) -> Stored | None:
         """The entry of an unchanged channel's value (None: the value was inline),
         kept alive: one with less than half the TTL left gets the whole TTL again."""
-        key = (principal.owner_user_id, thread_id, ns, channel, str(version))
+        key = (scope_of(self.pad, principal), thread_id, ns, channel, str(version))
         with self._lock:
             known = key in self._values
             cached = self._values.get(key)
@@ -409,14 +420,11 @@ class ThreadList:
         self._lock = threading.Lock()
         # the principal's scope -> {thread_id: expiry of its entry in the owner's thread list}:
         # what a principal finds in the list depends on its scope, not on its owner alone.
-        self._threads: dict[tuple[tuple[str, str], ...], dict[str, float]] = {}
-
-    def _scope(self, principal: Principal) -> tuple[tuple[str, str], ...]:
-        return tuple(self.records.pad.policy.scope_columns(principal))
+        self._threads: dict[Scope, dict[str, float]] = {}
 
     def of(self, principal: Principal) -> dict[str, float]:
         """The owner's threads in the principal's scope, each with the expiry of its entry in the list."""
-        scope = self._scope(principal)
+        scope = scope_of(self.records.pad, principal)
         with self._lock:
             known = self._threads.get(scope)
         if known is None:
@@ -453,4 +461,4 @@ class ThreadList:
             if stored.meta["thread_id"] == thread_id:
                 self.records.delete(principal, stored.scratchpad_id)
         with self._lock:
-            self._threads.get(self._scope(principal), {}).pop(thread_id, None)
+            self._threads.get(scope_of(self.records.pad, principal), {}).pop(thread_id, None)
