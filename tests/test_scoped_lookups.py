@@ -177,6 +177,12 @@ def test_the_head_statement_of_a_read_by_id_names_the_owner(pad: Scratchpad) -> 
     assert all(row["turn_id"] != GUESS for row in _admin_rows(pad, Heads.entry_select_sql("alice", bob_id, scope)))
 
 
+def _snapshot_out(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with the server snapshot of the token row (its ``channel``)
+    left out: a commit anywhere on the server between two statements moves it."""
+    return [{**row, "channel": None} if row["k"] == "v" else row for row in rows]
+
+
 def test_the_read_function_of_postgresql_looks_the_turn_up_within_the_owner(pg_dsn: str, keyring: Keyring) -> None:
     """The server function a warm read by id calls (migration 14) finds no
     turn for another owner's id, even run by a role that sees every row: its
@@ -195,7 +201,7 @@ def test_the_read_function_of_postgresql_looks_the_turn_up_within_the_owner(pg_d
             for value in (alices[0], bob_id, absent):
                 statement = reads.sql(ENTRY_TURN_SQL, value, "alice", sent, function=True)
                 assert statement[0].startswith("SELECT * FROM entry_turn_inventory(")
-                found[value] = parts(pad).db.query(*statement, admin=True)
+                found[value] = _snapshot_out(parts(pad).db.query(*statement, admin=True))
             assert found[bob_id] == found[absent]
             assert all(row["turn_id"] != GUESS for row in found[bob_id])
             assert any(row["turn_id"] == GUESS for row in found[alices[0]])  # her own id finds her turn
@@ -278,7 +284,7 @@ def test_the_read_function_of_postgresql_holds_the_turn_to_the_channel_and_actor
             for value in (mine[0], outside, absent):
                 statement = reads.sql(ENTRY_TURN_SQL, value, "alice", sent, function=True, scope=in_scope)
                 assert statement[0].startswith("SELECT * FROM entry_turn_inventory(") == (sent is not None)
-                found[value] = parts(pad).db.query(*statement, admin=True)  # the token row too
+                found[value] = _snapshot_out(parts(pad).db.query(*statement, admin=True))  # the token row too
             assert found[outside] == found[absent]
             assert all(row["turn_id"] != GUESS for row in found[outside])
             assert any(row["turn_id"] == GUESS for row in found[mine[0]])
