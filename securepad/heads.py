@@ -563,7 +563,7 @@ class Heads(HeadChecks, OwnerHeads):
             found[row["k"]][row["id"]] = entry_item(row) if row["k"] == "e" else record_item(row)
         return found
 
-    def prune(self, conn: Conn, cutoff: float) -> tuple[int, list[tuple[str, str]]]:
+    def prune(self, conn: Conn, cutoff: float, budget: int | None = None) -> tuple[int, list[tuple[str, str]]]:
         """Subtract what gc collects at ``cutoff`` from the heads of the turns it
         collects from (inside gc's transaction, before its deletes: the same
         rows). Returns the heads changed, and the turns gc must leave alone.
@@ -574,6 +574,10 @@ class Heads(HeadChecks, OwnerHeads):
         anything else) keeps every row and its head, so that gc never deletes
         the evidence of tampering or a row whose sealed expiry has not passed;
         its reads and ``verify`` keep refusing it, and the audit log names it.
+
+        With ``budget``, the rows of the turns recounted stay within it: a
+        turn whose head counts more rows than are left (read from its head
+        alone) is left alone too, for a gc with a larger budget or none.
         """
         by_turn: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for row in conn.query(ITEMS_SQL.format(where="expires_at <= ?"), (cutoff,) * 3):
@@ -581,6 +585,14 @@ class Heads(HeadChecks, OwnerHeads):
         kept: list[tuple[str, str]] = []
         for (owner, turn_id), rows in by_turn.items():
             try:
+                if budget is not None:
+                    counted = sum(
+                        self._turn_tally(self._heads_of(conn, owner, turn_id, None, None), owner, turn_id).n.values()
+                    )
+                    if counted > budget:
+                        kept.append((owner, turn_id))
+                        continue
+                    budget -= counted
                 self._from_rows(conn.query(*self.reads.sql("?", turn_id, owner)), owner, turn_id)
             except IntegrityError as exc:
                 audit_log.warning("gc left turn %r of owner %r uncollected: %s", turn_id, owner, exc)
