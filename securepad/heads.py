@@ -587,7 +587,7 @@ class Heads(HeadChecks, OwnerHeads):
             try:
                 if budget is not None:
                     counted = sum(
-                        self._turn_tally(self._heads_of(conn, owner, turn_id, None, None), owner, turn_id).n.values()
+                        self._turn_tally(self._heads_of(conn, owner, turn_id, None), owner, turn_id).n.values()
                     )
                     if counted > budget:
                         kept.append((owner, turn_id))
