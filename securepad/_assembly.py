@@ -200,7 +200,11 @@ def _open_anchor(db: Backend, keys: Keystore, policy: Policy, anchoring: Anchori
     if path is None:
         return None
     sync, interval_s = policy.anchor_sync, float(policy.anchor_interval_seconds)
-    anchor = Anchor(db, keys.counter_seal, path, sync=sync, interval_s=interval_s, default=where is None)
+    # Beside the key file, the key file's override covers the anchor too.
+    shared = policy.allow_shared_files or (where is None and keys.keyring.allow_shared)
+    anchor = Anchor(
+        db, keys.counter_seal, path, sync=sync, interval_s=interval_s, default=where is None, allow_shared=shared
+    )
     anchor.open(adopt=adopt)
     return anchor
 
@@ -222,6 +226,14 @@ def _move_anchor(anchor: Anchor | None, keys: Keystore, new_keyring: Keyring) ->
     if path is None or path == anchor.path:
         return anchor
     anchor.close()
-    moved = Anchor(anchor.db, keys.counter_seal, path, sync=anchor.sync, interval_s=anchor.interval_s, default=True)
+    moved = Anchor(
+        anchor.db,
+        keys.counter_seal,
+        path,
+        sync=anchor.sync,
+        interval_s=anchor.interval_s,
+        default=True,
+        allow_shared=anchor.allow_shared or new_keyring.allow_shared,
+    )
     moved.open(adopt=True)
     return moved

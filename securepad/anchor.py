@@ -49,6 +49,7 @@ from typing import Any
 
 from ._backend import Conn
 from ._db import Database
+from ._files import STORE_OVERRIDE, check_directory, check_private_file
 from .crypto import CounterSeal
 from .errors import IntegrityError, InvalidArgumentError, SecurepadError
 
@@ -76,18 +77,29 @@ class Anchor:
     """The anchor of one open SQLite store; installed as the database's commit hooks."""
 
     def __init__(
-        self, db: Database, seal: CounterSeal, path: Path, *, sync: str, interval_s: float, default: bool = False
+        self,
+        db: Database,
+        seal: CounterSeal,
+        path: Path,
+        *,
+        sync: str,
+        interval_s: float,
+        default: bool = False,
+        allow_shared: bool = False,
     ) -> None:
         if sync not in SYNC_CHOICES:
             raise InvalidArgumentError(f"anchor_sync must be one of {', '.join(SYNC_CHOICES)}, not {sync!r}")
-        if not default and path.resolve().parent == db.path.resolve().parent:
+        store_directory = db.path.resolve().parent
+        if not default and path.resolve().is_relative_to(store_directory):
             raise InvalidArgumentError(
-                f"the anchor {path} is in the store's own directory: a copy of that directory would carry it"
-                " back with the store; put it elsewhere (beside the key file by default)"
+                f"the anchor {path} is inside the store's own directory {store_directory}: a copy of that"
+                " directory would carry it back with the store; put it elsewhere (beside the key file by default)"
             )
         self.db = db
         self.path = path
         self.default = default  # beside the key file (it follows a master rotation)
+        # Others may write the anchor's directory or file (a deliberate shared setup).
+        self.allow_shared = allow_shared
         self.sync = sync
         self.interval_s = interval_s
         self._seal = seal
@@ -312,13 +324,32 @@ class Anchor:
         )
 
     def _read_anchor(self) -> int | None:
-        """The anchor's counter, None when there is no anchor file."""
+        """The anchor's counter, None when there is no anchor file.
+
+        Whoever may write the anchor or plant files in its directory can put an
+        older genuine anchor back together with an older copy of the store: the
+        anchor and its directory get the key file's checks (the file's, on
+        the file that was opened).
+
+        Raises:
+            SecurepadError: the anchor cannot be read, or others may write it
+                or its directory.
+        """
         try:
-            text = self.path.read_text(encoding="utf-8")
+            fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise SecurepadError(f"cannot read the anchor {self.path}: {exc.strerror}") from None
+        try:
+            if not self.allow_shared:
+                check_private_file(self.path, os.fstat(fd), "anchor", STORE_OVERRIDE)
+            with os.fdopen(fd, "rb", closefd=False) as handle:
+                text = handle.read().decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise SecurepadError(f"cannot read the anchor {self.path}: {exc}") from None
+        finally:
+            os.close(fd)
         try:
             data = json.loads(text)
             counter, tag = data["counter"], data["tag"]
@@ -368,6 +399,11 @@ class Anchor:
         lock = self.path.with_name(self.path.name + ".lock")
         try:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SecurepadError(f"cannot open the anchor's lock {lock}: {exc.strerror}") from None
+        if not self.allow_shared:
+            check_directory(self.path.parent, "anchor", STORE_OVERRIDE)
+        try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             raise SecurepadError(f"cannot open the anchor's lock {lock}: {exc.strerror}") from None

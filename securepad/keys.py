@@ -80,6 +80,11 @@ class Keyring:
         return self._source.kind
 
     @property
+    def allow_shared(self) -> bool:
+        """Whether the key file's owner and mode checks were lifted (``from_key_file(..., allow_shared=True)``)."""
+        return self._allow_shared
+
+    @property
     def key_file(self) -> Path | None:
         """The key file's path, for a keyring built from one."""
         return Path(self._source.detail) if self._source.kind == "file" else None
