@@ -15,7 +15,9 @@ neither a crash between the commit and the anchor write nor a power cut under
 ``synchronous = NORMAL`` leaves an anchor above the store. Writers in several
 processes take an exclusive ``fcntl`` lock on ``<anchor>.lock`` and only ever
 raise the anchor. The anchor file is replaced atomically (temporary file,
-fsync, rename, fsync of the directory), mode 0600.
+fsync, rename, fsync of the directory), mode 0600, under that lock; a writer
+killed before its rename leaves its temporary file, and the next open removes
+such files, under the lock (no live writer can own one then).
 
 ``anchor_sync`` (policy, ``[storage]``) chooses when the anchor follows the
 counter: ``commit`` (after every write), ``interval`` (at most every
@@ -39,6 +41,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import tempfile
 import threading
 import time
@@ -56,6 +59,8 @@ from .errors import IntegrityError, InvalidArgumentError, SecurepadError
 __all__ = ["SYNC_CHOICES", "Anchor", "default_path"]
 
 SYNC_CHOICES = ("commit", "interval", "close")
+# What tempfile.mkstemp puts after the anchor's temporary prefix (".<anchor name>.").
+_TEMP_RANDOM = r"[a-z0-9_]{8}"
 _ROW = "write_counter"
 _FIX = (
     " If you moved the store or its anchor on purpose, give the anchor's path (anchor=... or --anchor /"
@@ -132,6 +137,7 @@ class Anchor:
             SecurepadError: the anchor cannot be read or written.
         """
         with self._locked():
+            self._remove_stale_temporaries()
             anchored = None if adopt else self._read_anchor()
             rows = self.db.query("SELECT value FROM store_meta WHERE key = ?", (_ROW,))
             counter = 0 if not rows else self._parse_row(rows[0]["value"], repair=adopt)
@@ -367,6 +373,21 @@ class Anchor:
         self.floor = max(self.floor, counter)
         return int(counter)
 
+    def _remove_stale_temporaries(self) -> None:
+        """Remove the temporary files of anchor writes that never reached their
+        rename (a writer killed mid-write). Called under the anchor's lock,
+        which every writer holds from its temporary file to the rename: any
+        such file found then is a dead writer's."""
+        pattern = re.compile(rf"\.{re.escape(self.path.name)}\.{_TEMP_RANDOM}")
+        try:
+            names = os.listdir(self.path.parent)
+        except OSError:
+            return  # the anchor's own read or write names the problem
+        for name in names:
+            if pattern.fullmatch(name):
+                with contextlib.suppress(OSError):  # left for the next open; never a new failure
+                    os.unlink(self.path.parent / name)
+
     def _write_anchor(self, counter: int, current: int) -> None:
         """Replace the anchor atomically when ``counter`` is above ``current``."""
         self.floor = max(self.floor, current, counter)
@@ -374,7 +395,7 @@ class Anchor:
             return
         body = json.dumps({"format": 1, "counter": counter, "tag": self._seal.tag("anchor", counter)})
         try:
-            fd, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+            fd, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)  # _TEMP_RANDOM
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as out:
                     out.write(body)
