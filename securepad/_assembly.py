@@ -106,7 +106,7 @@ class Assembly:
         self.anchor = _open_anchor(db, keys, policy, anchoring)
         access = Access(db, policy)
         table = Entries(db, keys, access, policy, clock)
-        records = Records(db, keys, access, table.ttl, table.now, table.check_quota, table.heads)
+        records = Records(db, keys, access, table.ttl, table.now, table.check_quota, table.heads, table.write_now)
         writes = self.anchor.status()["committed"] if self.anchor else 0
         # The flags as read at unlock, not read again (a round trip each on
         # PostgreSQL): a flag only goes from "to do" to "done", in a transaction
@@ -146,7 +146,7 @@ class Assembly:
         """``Scratchpad.gc``: heads pruned, expired entries and records deleted in
         one admin transaction, then a scrub (or, without ``wait``, a checkpoint)."""
         db = self.parts.db
-        cutoff = self.parts.entries.now(now)
+        cutoff = self.parts.entries.write_now(now)
         with db.transaction(admin=True, wait=wait) as conn:
             # prune reads every row the deletes below would remove (expired
             # entries, checkpoints and marks; segments go with their entries),

@@ -39,6 +39,9 @@ _LIMITS: dict[tuple[str, str], tuple[type, int, int]] = {
     ("limits", "max_ttl_seconds"): (int, 1, 10 * 365 * 86400),
     # Nesting of a structured observation; past ~900 Python's JSON encoder overflows its stack.
     ("limits", "max_json_depth"): (int, 1, 500),
+    # How far a caller's ``now`` may run ahead of this host's clock, or back
+    # from the latest time the open store used (timeline.py).
+    ("limits", "max_clock_skew_seconds"): (int, 1, 86400),
     ("storage", "wal_limit_bytes"): (int, 1 << 20, 1 << 40),
     ("storage", "anchor_interval_seconds"): (int, 1, 86400),
 }
@@ -76,6 +79,7 @@ class Policy:
     default_ttl_seconds: int = 3600
     max_ttl_seconds: int = 86400
     max_json_depth: int = 100
+    max_clock_skew_seconds: int = 300
     log_denied: bool = True
     log_reads: bool = False
     # Adopt store files and directories others may read or write (a deliberate shared setup).
