@@ -63,7 +63,7 @@ def test_a_child_does_not_find_the_key_in_its_parents_initial_environment(tmp_pa
     # what is read there is the scrubbed block itself.
     seen = run_child(tmp_path, key, keep_dumpable=True)
     assert seen["text"] == "still readable"
-    assert key not in str(seen["seen"])
+    assert key not in str(seen["seen"]), seen
     lines = str(seen["seen"]).split("\n")
     assert "SECUREPAD_NEIGHBOUR=kept" in lines  # the read worked, and other variables are intact
     assert "XSECUREPAD_MASTER_KEY=a-longer-name-is-not-the-key" in lines
