@@ -145,16 +145,17 @@ class EntryParts:
     keys: Keystore
     access: Access
     policy: Policy
-    clock: Timeline
+    timeline: Timeline
     heads: Heads
 
     def now(self, now: float | None) -> float:
-        """The time a read decides expiry at: ``now`` (validated) or the clock's.
+        """The time a read decides expiry at: ``now`` (validated) or the clock's
+        (never before a time the store already reported an entry expired at).
 
         Raises:
             InvalidArgumentError: ``now`` is not a finite number of seconds.
         """
-        return self.clock.read_time(now)
+        return self.timeline.read_time(now)
 
     def write_now(self, now: float | None) -> float:
         """The time a write seals or gc collects at: ``now`` (at most the
@@ -164,7 +165,7 @@ class EntryParts:
             InvalidArgumentError: ``now`` is not a finite number of seconds, or
                 is too far past the clock.
         """
-        return self.clock.write_time(now)
+        return self.timeline.write_time(now)
 
     def ttl(self, ttl_seconds: int | None) -> int:
         """The policy's default, or ``ttl_seconds`` checked against its maximum.

@@ -15,19 +15,22 @@ another), or a ``now`` the caller passes. This module bounds what a caller's
   ahead of the clock (a put at ``now = 1e300`` would be expired at its own
   creation) or collects every owner's live entries ahead of time. A read's
   ``now`` is not bounded so: it persists nothing and hides entries from its
-  own caller only.
+  own caller only;
+- once an open store has reported an entry expired at a time (within the
+  skew of the clock), its later reads decide at that time or later: the
+  entry is not served again to an earlier ``now``.
 
-What is not bounded: this host's clock itself, and a ``now`` earlier than
-one used before. The store keeps no time of its own that it could hold a
-call to: a call with an earlier ``now`` serves an entry that a later one
-found expired, until gc deletes it (a deletion is final). Hosts that share
-a store trust their own clocks; docs/reliability.md says what skew between
-them does.
+What is not bounded: this host's clock itself, and other processes: the
+store keeps no time of its own, so another process (or host) with an
+earlier clock or ``now`` serves an entry this one found expired, until gc
+deletes it (a deletion is final). Hosts that share a store trust their own
+clocks; docs/reliability.md says what skew between them does.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 
 from .errors import InvalidArgumentError
@@ -58,16 +61,30 @@ class Timeline:
     def __init__(self, clock: Callable[[], float], max_skew_seconds: float) -> None:
         self._clock = clock
         self._skew = float(max_skew_seconds)
+        self._lock = threading.Lock()
+        # The latest time at which this store told a caller an entry had expired.
+        self._expired_by = -math.inf
 
     def read_time(self, given: object | None) -> float:
-        """The time a read decides expiry at: ``given`` or the clock's. A read
-        persists nothing: a ``now`` ahead of the clock only hides entries from
-        its own caller (the audit reads at expiry instants this way).
+        """The time a read decides expiry at: ``given`` or the clock's, never
+        before a time at which this store already reported an entry expired.
+        A read persists nothing: a ``now`` ahead of the clock only hides
+        entries from its own caller (the audit reads at expiry instants this
+        way).
 
         Raises:
             InvalidArgumentError: ``given`` is not a finite number of seconds.
         """
-        return check_now(self._clock() if given is None else given)
+        return max(check_now(self._clock() if given is None else given), self._expired_by)
+
+    def found_expired(self, at: float) -> None:
+        """A read at ``at`` reported an entry expired: later reads of this store
+        decide at ``at`` or later, so that entry is not served again. A time
+        past the clock by more than the skew does not count (it only hid the
+        entry from that caller)."""
+        if at <= check_now(self._clock()) + self._skew:
+            with self._lock:
+                self._expired_by = max(self._expired_by, at)
 
     def write_time(self, given: object | None) -> float:
         """The time a write seals (a put's ``created_at``, an extension's

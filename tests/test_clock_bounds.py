@@ -80,6 +80,28 @@ def test_a_read_ahead_of_the_clock_only_hides_entries_from_its_caller(clocked: S
     assert live(clocked) == ["alice's live entry", "bob's live entry"]
 
 
+def test_an_entry_found_expired_is_not_served_again_to_an_earlier_now(clocked: Scratchpad) -> None:
+    entry = clocked.put(ALICE, "old", 1, "tool", "an hour old", now=CLOCK - 7200)["scratchpad_id"]
+    assert clocked.get(ALICE, entry, now=CLOCK - 5000).observation == "an hour old"  # not found expired yet
+    with pytest.raises(ExpiredError):
+        clocked.get(ALICE, entry)  # at the clock: expired an hour ago
+    for before in (CLOCK - 5000, CLOCK - 3601):
+        with pytest.raises(ExpiredError):
+            clocked.get(ALICE, entry, now=before)
+        with pytest.raises(ExpiredError):
+            clocked.read(ALICE, entry, mode="head", now=before)
+        assert clocked.list_for_turn(ALICE, "old", now=before) == []
+    assert live(clocked) == ["alice's live entry", "bob's live entry"]  # the others are untouched
+
+
+def test_a_read_far_ahead_of_the_clock_does_not_expire_entries_for_later_reads(clocked: Scratchpad) -> None:
+    (item,) = clocked.list_for_turn(ALICE, "t")
+    with pytest.raises(ExpiredError):
+        clocked.get(ALICE, item["scratchpad_id"], now=item["expires_at"] + 1)
+    assert clocked.get(ALICE, item["scratchpad_id"]).observation == "alice's live entry"
+    assert live(clocked) == ["alice's live entry", "bob's live entry"]
+
+
 def test_a_now_within_the_skew_is_accepted(clocked: Scratchpad) -> None:
     stored = clocked.put(ALICE, "t", 2, "tool", "a host slightly ahead", now=CLOCK + SKEW)
     assert clocked.get(ALICE, stored["scratchpad_id"], now=CLOCK + SKEW).created_at == CLOCK + SKEW
