@@ -27,6 +27,7 @@ from .heads import Heads, Room, entry_item, expired_sql
 from .keystore import Keystore
 from .policy import NOT_FOUND_MESSAGE, Policy
 from .principal import Principal
+from .timeline import Timeline
 
 __all__ = ["ROTATE_ADVICE_LOG2", "Entries", "Entry", "Opened", "check_step_num"]
 
@@ -43,9 +44,10 @@ class Entries:
         self._access = access
         self._keys = keys
         self.policy = policy
-        parts = EntryParts(db, keys, access, policy, clock, Heads(db, keys, policy))
+        timeline = Timeline(clock, policy.max_clock_skew_seconds)
+        parts = EntryParts(db, keys, access, policy, timeline, Heads(db, keys, policy))
         self.heads = parts.heads
-        self.now, self.ttl = parts.now, parts.ttl
+        self.now, self.write_now, self.ttl = parts.now, parts.write_now, parts.ttl
         self.opener = Opener(parts)
         self.listings = Listings(parts, self.opener)
         self.putter = Putter(parts, self.listings)

@@ -160,8 +160,9 @@ class Scratchpad:
 
         Raises:
             InvalidArgumentError: a bad principal, id, step, ttl, an
-                observation that is not JSON-serializable, or the step is
-                already recorded in the turn.
+                observation that is not JSON-serializable, the step is
+                already recorded in the turn, or ``now`` is more than the
+                policy's ``max_clock_skew_seconds`` past the clock.
             QuotaExceededError: the entry exceeds ``max_entry_bytes`` or the
                 owner's ``owner_quota_bytes``.
             StoreBusyError: the write lock was not obtained in time.
@@ -359,6 +360,8 @@ class Scratchpad:
         ``gc``, ``scrub`` or ``forget_owner`` finishes the job.
 
         Raises:
+            InvalidArgumentError: ``now`` is not a finite number, or is more
+                than the policy's ``max_clock_skew_seconds`` past the clock.
             StoreBusyError: the write lock was not obtained in time.
             StorageFullError: no room for the deletes (nothing was deleted), or
                 for the scrub after them (the message says the deletes stand;

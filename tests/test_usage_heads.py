@@ -189,7 +189,7 @@ def test_a_store_from_before_usage_heads_gets_them_at_open(tmp_path: Path) -> No
         counted = dict(conn.execute("SELECT owner_user_id, stored_bytes FROM owner_usage").fetchall())
     finally:
         conn.close()
-    with Scratchpad.open(db, keyring=Keyring.from_key_file(key)) as pad:
+    with Scratchpad.open(db, keyring=Keyring.from_key_file(key), clock=lambda: EXPECTED["now"]) as pad:
         # The migration's totals are the triggers' ones: expired entries not yet collected count.
         # Converted turns reserve what they hold: the sum of reservations is the sum of bytes.
         assert totals(pad) == counted == stored(pad) == reserved(pad)
