@@ -22,6 +22,7 @@ import pytest
 from conftest import ALICE, BOB
 
 from securepad import Keyring, Policy, QuotaExceededError, Scratchpad, SecurepadError, StorageFullError, StoreBusyError
+from securepad._db import _WalWatch
 from securepad.store import sqlite_of
 
 pytestmark = pytest.mark.sqlite_only
@@ -282,48 +283,25 @@ def test_a_refusal_while_another_connections_checkpoint_holds_the_log_says_so(
         assert "another connection's checkpoint held the log throughout the 2 s this write waited" in str(refused.value)
 
 
-def test_the_wal_file_stays_near_its_limit_while_readers_hold_snapshots_longer_than_a_restart_waits(
-    db_path: Path, keyring: Keyring
-) -> None:
-    """Three readers each hold a snapshot for 0.4 s, one after another: every
-    frame is copied (nothing pins the limit of frames not yet copied), but a
-    restart that waits 250 ms never finds the log free. Once the file reaches
-    the limit the restart waits as long as a write over the limit does."""
-    limit = 1 * MIB
-    stop = threading.Event()
-
-    def read_in_a_loop(delay: float) -> None:
-        time.sleep(delay)
-        conn = apsw.Connection(str(db_path))
-        try:
-            while not stop.is_set():
-                conn.execute("BEGIN")
-                conn.execute("SELECT COUNT(*) FROM entries").fetchall()
-                time.sleep(0.4)
-                conn.execute("COMMIT")
-        finally:
-            conn.close()
-
-    with _open(db_path, keyring, limit) as pad:
-        pad.put(ALICE, "t", 0, "tool", "first")
-        readers = [threading.Thread(target=read_in_a_loop, args=(i * 0.13,)) for i in range(3)]
-        for thread in readers:
-            thread.start()
-        try:
-            largest = 0
-            for step in range(1, 400):  # ~4 times the limit through the WAL
-                pad.put(ALICE, "t", step, "tool", random.randbytes(8192))
-                largest = max(largest, int(_wal(pad)["wal_bytes"]))
-        finally:
-            stop.set()
-            for thread in readers:
-                thread.join()
-        counts = _wal(pad)["checkpoints"]
-        assert isinstance(counts, dict) and counts["restart"] >= 2
-        # A long wait per limit's worth of frames (one in a few fails, its reader chain outlasting it);
-        # before, every restart failed and the file grew with every write (11 MiB here).
-        assert largest < 5 * limit
-        assert Path(f"{db_path}-wal").stat().st_size < 5 * limit
+def test_a_restart_that_readers_keep_failing_is_tried_at_the_limit_with_the_long_wait() -> None:
+    """Readers that each hold a snapshot a little longer than a restart's
+    250 ms, one after another, fail every short restart although nothing is
+    pending: the restart at the limit waits as long as a write over it does,
+    once per limit's worth of frames, so the file does not grow with every
+    write (before, the next try was always as many frames again, short)."""
+    watch = _WalWatch(limit_bytes=4 * MIB)  # restarts every 1 MiB (256 frames), the limit at 1,024
+    assert (watch.restart_pages(), watch.limit_pages()) == (256, 1024)
+    watch.pages = 900
+    watch.restart_failed()  # a short restart failed below the limit: the next one is at the limit
+    assert watch.restart_at == 1024 and not watch.long_due()
+    watch.pages = 1030
+    assert watch.restart_due() and watch.long_due()
+    watch.restart_failed()  # the long one failed too: short ones again, the next long one a limit later
+    assert watch.restart_at == 1030 + 256 and watch.long_at == 1030 + 1024
+    watch.pages = 1030 + 256
+    assert watch.restart_due() and not watch.long_due()
+    watch.saw("restart", 1290, 1290)  # a restart finished: the WAL starts again
+    assert (watch.pages, watch.restart_at, watch.long_at) == (0, 256, 1024)
 
 
 def _over_the_limit(pad: Scratchpad, reader: _Reader, limit: int) -> int:
