@@ -3,6 +3,7 @@ result (see ``securepad.cli`` for the rules they all follow)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -15,7 +16,8 @@ from click.core import ParameterSource
 from rich.table import Table
 from rich.text import Text
 
-from .. import Keyring, Principal, Scratchpad
+from .. import InvalidArgumentError, Keyring, Principal, Scratchpad, SecurepadError
+from ..keys import key_file_use, record_key_file_use
 from .options import (
     ENV_HELP,
     SecurepadGroup,
@@ -61,14 +63,38 @@ def _turn(turn_id: str | None) -> str:
 def init() -> None:
     """Create the store and its master key file (if absent) and check that the key opens it.
 
-    The only command that creates a store; on an existing store it checks the key."""
+    The only command that creates a store; on an existing store it checks the key.
+    It says which key file the store uses, whether that file was made now, and
+    which other stores it opens (a key file that opens several stores is never
+    replaced by a rotation)."""
     state = current_state()
-    with state.create() as pad:
+    pad, use, key_created = state.create()
+    with pad:
         info = pad.stats()
-    emit(
-        {"db": str(info["path"]), "policy": info["policy"], "key": repr(pad.keyring)},
-        lambda v: print_line(f"store ready at {v['db']} (policy {v['policy']})"),
-    )
+    others = sorted(use.stores - {pad.store_id}) if use is not None else []
+    result: dict[str, Any] = {"db": str(info["path"]), "policy": info["policy"], "store_id": pad.store_id}
+    result["key"] = repr(pad.keyring)
+    if use is not None:
+        result |= {
+            "key_file": str(use.path),
+            "key_file_created": key_created,
+            "key_file_other_stores": others,
+            "key_file_record_complete": use.complete,
+        }
+
+    def render(v: dict[str, Any]) -> None:
+        print_line(f"store ready at {v['db']} (policy {v['policy']})")
+        if use is None:
+            print_line(f"master key: {v['key']}")
+            return
+        if key_created:
+            print_line(f"key file {use.path}: created for this store")
+            return
+        shared = f"also opens {len(others)} other store(s)" if others else "opens no other recorded store"
+        unknown = "" if use.complete else " (it predates the record: other stores may use it too)"
+        print_line(f"key file {use.path}: already existed; it {shared}{unknown}")
+
+    emit(result, render)
 
 
 def _decode(raw: bytes, kind: str) -> Any:
@@ -489,7 +515,8 @@ def keys() -> None:
     "--install",
     is_flag=True,
     help="Put the new key in place of the current key file once the rotation is committed (the old key stays"
-    " until then); without --new-key-file, a new key is made for it.",
+    " until then); without --new-key-file, a new key is made for it. Refused unless the key file is recorded"
+    " to open this store alone.",
 )
 def rotate_master(
     new_key_file: Path | None, new_master_key_env: str | None, new_passphrase_env: str | None, install: bool
@@ -497,7 +524,8 @@ def rotate_master(
     """Re-wrap every owner key under a new master key (from exactly one source).
 
     Afterwards only the new key opens the store: --install puts a new key file in
-    place of the current one; otherwise the command says what to change."""
+    place of the current one (only when that file opens this store alone);
+    otherwise the command says what to change."""
     state = current_state()
     chosen = [o for o in (new_key_file, new_master_key_env, new_passphrase_env) if o]
     if len(chosen) > 1 or (not chosen and not install):
@@ -508,39 +536,45 @@ def rotate_master(
     if install and current.key_file is None:
         raise click.UsageError("--install replaces the current key file, but this store's key is not from a file")
     made: Path | None = None
-    if install and new_key_file is None:
-        made = state.key_file.with_name(state.key_file.name + ".new")
-        if made.exists():
-            raise click.UsageError(
-                f"{made} exists (left by an earlier rotation?): remove it or pass it as --new-key-file"
-            )
-        new_key_file = made
     new = State()
-    new.key_file, new.master_key_env, new.passphrase_env = (
-        new_key_file or state.key_file,
-        new_master_key_env,
-        new_passphrase_env,
-    )
-    state.require_store()
-    try:
-        new_keyring = new.keyring(new_store=True)
-        with state.open() as pad:
+    new.master_key_env, new.passphrase_env = new_master_key_env, new_passphrase_env
+    with state.open() as pad:
+        if install:
+            _check_key_file_serves_only(state.key_file, pad.store_id)
+            if new_key_file is None:
+                made = state.key_file.with_name(state.key_file.name + ".new")
+                if made.exists():
+                    raise click.UsageError(
+                        f"{made} exists (left by an earlier rotation?): remove it or pass it as --new-key-file"
+                    )
+                new_key_file = made
+        new.key_file = new_key_file or state.key_file
+        new_existed = new_key_file is not None and new_key_file.exists()
+        try:
+            new_keyring = new.keyring(new_store=True)
             bar, update = _progress_bar("re-wrapping owner keys")
             with bar:
                 report = pad.rotate_master_key(new_keyring, progress=update)
-    except BaseException:
-        if made is not None:
-            made.unlink(missing_ok=True)
-        raise
+        except BaseException:
+            if made is not None:
+                made.unlink(missing_ok=True)
+            raise
+        store_id = pad.store_id
     if install and new_key_file is not None:
         os.replace(new_key_file, state.key_file)
+        with contextlib.suppress(SecurepadError):
+            record_key_file_use(state.key_file, store_id, key_created=True)
         report["installed"] = str(state.key_file)
         report["next"] = f"nothing: the new key is in place at {state.key_file}; the old key no longer opens this store"
     elif new_key_file is not None:
+        with contextlib.suppress(SecurepadError):
+            record_key_file_use(new_key_file, store_id, key_created=not new_existed)
         report["next"] = (
-            f"only the new key opens the store now: move it into place (mv {new_key_file} {state.key_file}),"
-            f" or give --key-file {new_key_file} (or SECUREPAD_KEY_FILE) to every command"
+            f"only the new key opens the store now: give --key-file {new_key_file} (or SECUREPAD_KEY_FILE)"
+            " to every command on this store"
         )
+        if current.key_file is not None:
+            report["next"] += f"; {current.key_file} stays as it is (it may open other stores)"
     else:
         option = "--master-key-env" if new_master_key_env else "--passphrase-env"
         report["next"] = (
@@ -550,6 +584,26 @@ def rotate_master(
     _show_report(report, "master key rotated")
     if not state.as_json:
         err_console.print(plain(f"next: {report['next']}"), style="bold", highlight=False)
+
+
+def _check_key_file_serves_only(key_file: Path, store_id: str) -> None:
+    """Refuse to replace a key file unless it is recorded to open this store alone.
+
+    Raises:
+        InvalidArgumentError: it opens other stores too, or no complete record says which.
+    """
+    use = key_file_use(key_file)
+    if use.serves_only(store_id):
+        return
+    if use.complete:
+        why = f"it also opens {len(use.stores - {store_id})} other store(s) (recorded in {use.record})"
+    else:
+        why = f"it predates its record ({use.record}), so other stores may use it"
+    raise InvalidArgumentError(
+        f"--install would replace key file {key_file}, but {why}: replacing it would lock them out."
+        " Rotate to a key file of this store's own instead: --new-key-file PATH (a new path), then give"
+        " --key-file PATH to every command on this store"
+    )
 
 
 @command(keys, name="rotate-owner")

@@ -17,7 +17,7 @@ from click.core import ParameterSource
 from platformdirs import user_data_path
 
 from .. import Keyring, Principal, Scratchpad, SecurepadError
-from ..keys import default_key_file
+from ..keys import KeyFileUse, default_key_file, record_key_file_use
 from .output import for_terminal, to_json
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "emit",
     "fail",
     "global_options",
+    "note_key_use",
     "principal_options",
     "required",
     "turn_option",
@@ -193,24 +194,42 @@ class State:
         return Keyring.from_key_file(self.key_file)
 
     def open(self, *, adopt_anchor: bool = False) -> Scratchpad:
-        """Open the existing store (never creating one)."""
+        """Open the existing store (never creating one); its key file records that it serves it."""
         self.require_store()
-        return Scratchpad.open(
+        pad = Scratchpad.open(
             self.db, keyring=self.keyring(), policy=self.policy, anchor=self.anchor, adopt_anchor=adopt_anchor
         )
+        note_key_use(pad)
+        return pad
 
-    def create(self) -> Scratchpad:
+    def create(self) -> tuple[Scratchpad, KeyFileUse | None, bool]:
         """Open the store, creating it (and its key file) if it is not there: ``init`` only.
+
+        Returns the store, the stores its key file is recorded to serve (None
+        for a key not from a file) and whether the key file was made now.
 
         A PostgreSQL store is not checked here: the library creates an absent
         key file only if the store turns out to be new, and otherwise raises
         ``WrongKeyError`` without creating one."""
-        return Scratchpad.open(
-            self.db,
-            keyring=self.keyring(new_store=self.store_exists() is not True),
-            policy=self.policy,
-            anchor=self.anchor,
-        )
+        keyring = self.keyring(new_store=self.store_exists() is not True)
+        key_existed = keyring.key_file is not None and keyring.key_file.exists()
+        pad = Scratchpad.open(self.db, keyring=keyring, policy=self.policy, anchor=self.anchor)
+        key_created = keyring.key_file is not None and not key_existed
+        return pad, note_key_use(pad, key_created=key_created), key_created
+
+
+def note_key_use(pad: Scratchpad, *, key_created: bool = False) -> KeyFileUse | None:
+    """Record beside the store's key file that it opens this store (None: no key file).
+
+    A key directory that cannot be written records nothing, and a key file
+    without a complete record is never replaced (``keys rotate-master --install``)."""
+    key_file = pad.keyring.key_file
+    if key_file is None:
+        return None
+    try:
+        return record_key_file_use(key_file, pad.store_id, key_created=key_created)
+    except SecurepadError:
+        return None
 
 
 def _db_value(value: str | None) -> str | Path | None:

@@ -1,0 +1,29 @@
+"""The command line as a new user meets it: ``securepad`` through click's runner on
+a fresh HOME, in a scratch working directory. The ``cli`` fixture runs a test on
+both backends (``[sqlite]``: the default store under HOME; ``[postgresql]``:
+``--db`` a fresh database), like the ``pad`` fixture; ``sqlite_only`` keeps it
+on the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+import pytest
+from cli_runner import Cli
+
+from securepad.cli import ENVIRONMENT
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, request: pytest.FixtureRequest) -> Cli:
+    home = tmp_path / "home"
+    home.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    env: dict[str, str | None] = {"HOME": str(home), "XDG_DATA_HOME": None, "XDG_CONFIG_HOME": None}
+    env |= {var: None for var, _, _ in ENVIRONMENT}
+    monkeypatch.setenv("HOME", str(home))  # platformdirs reads HOME when the defaults are computed
+    for var in ("XDG_DATA_HOME", "XDG_CONFIG_HOME", "SECUREPAD_ADMIN_DB", *(var for var, _, _ in ENVIRONMENT)):
+        monkeypatch.delenv(var, raising=False)
+    store = request.getfixturevalue("pg_dsn") if backend == "postgresql" else None
+    return Cli(home, env, store)
