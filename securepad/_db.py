@@ -762,6 +762,10 @@ class Database:
             raise SecurepadError(
                 f"store schema version {version} is newer than this securepad understands ({SCHEMA_VERSION})"
             )
+        if version == 0 and conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall():
+            raise StoreCorruptError(
+                f"{self.path} is a SQLite database but not a securepad store; nothing was changed"
+            )
         for target in range(version + 1, SCHEMA_VERSION + 1):
             conn.execute(_MIGRATIONS[target])
             conn.execute(f"PRAGMA user_version = {target}")
@@ -866,6 +870,8 @@ def _create_private_file(path: Path, allow_shared: bool = False, *, companions: 
         raise SecurepadError(f"cannot create store {path}: {exc.strerror or exc}") from None
     if not allow_shared:
         check_directory(path.parent, "store", STORE_OVERRIDE)
+    if companions:
+        _check_is_database(path)
     for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")) if companions else (path,):
         try:
             fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -880,3 +886,37 @@ def _create_private_file(path: Path, allow_shared: bool = False, *, companions: 
         except OSError as exc:
             raise SecurepadError(f"cannot create store {path}: {exc.strerror or exc}") from None
         os.close(fd)
+
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _check_is_database(path: Path) -> None:
+    """Refuse an existing file that is not a SQLite database, before anything
+    judges its mode or SQLite (which takes a file shorter than its header for
+    an empty database) writes a store over it. An empty file is the one this
+    module creates before SQLite first writes to it.
+
+    Raises:
+        StoreCorruptError: the file is not a SQLite database.
+        SecurepadError: it cannot be read, or is not a regular file.
+    """
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(100)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise SecurepadError(f"cannot open store {path}: {exc.strerror or exc}") from None
+    if head and not head.startswith(_SQLITE_HEADER):
+        raise StoreCorruptError(
+            f"{path} is not a securepad store (not a SQLite database); nothing was changed:"
+            " check the path, or give a path that does not exist to `securepad init`"
+        )
+    # The schema cookie (offset 40) moves with every schema change; the store
+    # sets its schema version (user_version, offset 60) in the transaction that
+    # creates its tables. Tables without a version: another program's database.
+    if len(head) == 100 and head[60:64] == bytes(4) and head[40:44] != bytes(4):
+        raise StoreCorruptError(
+            f"{path} is a SQLite database but not a securepad store; nothing was changed: check the path"
+        )

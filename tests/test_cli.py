@@ -330,9 +330,9 @@ def test_json_errors_are_json_and_text_errors_are_one_line(cli: Cli, tmp_path: P
     result = cli("--json", "list", "--owner", "bob", "--turn", "t", "--db", str(long_dir / "store.db"))
     assert result.exit_code == 1 and result.stdout == ""
     error = json.loads(result.stderr)["error"]
-    assert error["type"] == "StoreMissingError" and str(long_dir) in error["message"]
+    assert error["type"] == "NotFoundError" and str(long_dir) in error["message"]
     usage = cli("list", "--owner", "bob", "--json", "--mystery")
-    assert usage.exit_code == 2 and json.loads(usage.stderr)["error"]["type"] == "NoSuchOption"
+    assert usage.exit_code == 2 and json.loads(usage.stderr)["error"]["type"] == "UsageError"
     ok(cli("init"))
     text = cli("read", "--owner", "bob", "0123456789abcdef")
     assert text.exit_code == 1 and text.stderr == "error: NotFoundError: no such entry\n"

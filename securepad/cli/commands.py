@@ -30,7 +30,7 @@ from .options import (
     required,
     turn_option,
 )
-from .output import console, err_console, for_terminal, plain, print_json, print_line, to_json
+from .output import console, err_console, for_terminal, plain, print_json, print_line, progress, to_json
 
 __all__ = ["bench", "main"]
 
@@ -104,7 +104,9 @@ def _decode(raw: bytes, kind: str) -> Any:
         if kind == "json":
             return json.loads(raw)
     except ValueError as exc:  # bad UTF-8, bad JSON, or an integer past Python's 4,300-digit limit
-        raise click.BadParameter(f"input is not valid {kind}: {exc}", param_hint="SOURCE") from None
+        raise InvalidArgumentError(f"SOURCE is not valid {kind}: {exc}") from None
+    except RecursionError:
+        raise InvalidArgumentError(f"SOURCE is {kind} nested deeper than securepad can read") from None
     return raw
 
 
@@ -272,7 +274,7 @@ def mcp(principal: Principal, turn_id: str | None) -> None:
     try:
         from ..mcp_server import serve
     except ImportError as exc:
-        raise click.ClickException(f"securepad mcp needs the MCP SDK ({exc}): pip install '.[mcp]'") from None
+        raise SecurepadError(f"securepad mcp needs the MCP SDK ({exc}): pip install '.[mcp]'") from None
     serve(current_state().open(), principal, turn)
 
 
@@ -424,8 +426,6 @@ def audit() -> None:
 
     Audits the configured store, or a throwaway store with the same policy when
     there is none yet."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress
-
     from ..audit import Audit, AuditReport
 
     state = current_state()
@@ -434,11 +434,11 @@ def audit() -> None:
         with pad:
             checked = pad.verify()  # the store as found, before the audit's tenants come and go
             run = Audit(pad)
-            bar = Progress("{task.description}", BarColumn(), MofNCompleteColumn(), console=err_console, transient=True)
+            bar = progress(transient=True, elapsed=False)
             with bar:
                 task = bar.add_task("auditing", total=len(run.checks))
                 for result in run.run():
-                    bar.update(task, advance=1, description=for_terminal(result.name).replace("[", "\\["))
+                    bar.update(task, advance=1, description=for_terminal(result.name))
             report = run.report()
     finally:
         if scratch is not None:
@@ -472,18 +472,9 @@ def audit() -> None:
 
 
 def _progress_bar(label: str) -> tuple[Any, Callable[[int, int], None]]:
-    """A rich progress bar on stderr (so --json output stays clean) and its callback."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    bar = Progress(
-        "{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=current_state().as_json,
-    )
-    task = bar.add_task(for_terminal(label).replace("[", "\\["), total=None)
+    """A progress bar on stderr and its callback; ``label`` is shown as plain text."""
+    bar = progress(transient=current_state().as_json)
+    task = bar.add_task(for_terminal(label), total=None)
 
     def update(done: int, total: int) -> None:
         bar.update(task, completed=done, total=total)
@@ -532,7 +523,7 @@ def rotate_master(
         raise click.UsageError("give exactly one of --new-key-file, --new-master-key-env, --new-passphrase-env")
     if install and (new_master_key_env or new_passphrase_env):
         raise click.UsageError("--install installs a key file: use it with --new-key-file or alone")
-    current = state.keyring()
+    current = state.keyring(new_store=True)  # the source only: open() checks the key
     if install and current.key_file is None:
         raise click.UsageError("--install replaces the current key file, but this store's key is not from a file")
     made: Path | None = None

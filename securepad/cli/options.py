@@ -16,7 +16,7 @@ import click
 from click.core import ParameterSource
 from platformdirs import user_data_path
 
-from .. import Keyring, Principal, Scratchpad, SecurepadError
+from .. import Keyring, NotFoundError, Principal, Scratchpad, SecurepadError, StoreCorruptError, WrongKeyError
 from ..keys import KeyFileUse, default_key_file, record_key_file_use
 from .output import for_terminal, to_json
 
@@ -25,7 +25,6 @@ __all__ = [
     "ENV_HELP",
     "SecurepadGroup",
     "State",
-    "StoreMissingError",
     "command",
     "current_state",
     "default_db_path",
@@ -74,9 +73,17 @@ def _wants_json(args: Sequence[str]) -> bool:
     return "--json" in args[:end]
 
 
+# The error types the command line adds to securepad.errors' (documented in docs/reference/cli.md).
+USAGE_ERROR = "UsageError"  # the command line is wrong: exit status 2
+ABORTED = "Aborted"  # a confirmation was declined: nothing changed, exit status 1
+INTERRUPTED = "Interrupted"  # Ctrl-C
+INTERRUPTED_STATUS = 130  # 128 + SIGINT, as shells report it
+
+
 class SecurepadGroup(click.Group):
-    """One error line (or one JSON object with ``--json``) on stderr for every failure:
-    a library error and a store that is not there exit 1, a usage error 2."""
+    """One error line, ``error: Type: message`` (or one JSON object with ``--json``),
+    on stderr for every failure: a securepad error exits 1, a usage error 2,
+    Ctrl-C 130 (with the plain line ``interrupted``)."""
 
     def main(
         self,
@@ -95,25 +102,30 @@ class SecurepadGroup(click.Group):
         except SecurepadError as exc:
             fail(_error_type(exc), str(exc), as_json, 1)
         except click.ClickException as exc:
-            if as_json:
-                fail(type(exc).__name__, exc.format_message(), True, exc.exit_code)
-            exc.show()
-            sys.exit(exc.exit_code)
-        except click.exceptions.Abort:
-            fail("Aborted", "aborted", as_json, 1)
+            fail(USAGE_ERROR, exc.format_message(), as_json, 2 if isinstance(exc, click.UsageError) else exc.exit_code)
+        except click.exceptions.Abort as exc:
+            if isinstance(exc.__cause__, KeyboardInterrupt):
+                interrupted(as_json)
+            fail(ABORTED, "not confirmed; nothing was changed", as_json, 1)
+        except KeyboardInterrupt:
+            interrupted(as_json)
         sys.exit(result if isinstance(result, int) else 0)
+
+
+def interrupted(as_json: bool) -> NoReturn:
+    """Ctrl-C: the plain line ``interrupted`` (a JSON error with --json), exit status 130."""
+    if as_json:
+        fail(INTERRUPTED, "interrupted", True, INTERRUPTED_STATUS)
+    click.echo("interrupted", err=True)
+    sys.exit(INTERRUPTED_STATUS)
 
 
 def fail(kind: str, message: str, as_json: bool, status: int) -> NoReturn:
     if as_json:
         click.echo(json.dumps({"error": {"type": kind, "message": message}}, ensure_ascii=False), err=True)
     else:
-        click.echo(f"error: {kind}: {for_terminal(message)}", err=True)
+        click.echo(f"error: {kind}: {for_terminal(' '.join(message.split()))}", err=True)
     sys.exit(status)
-
-
-class StoreMissingError(click.ClickException):
-    """A command other than ``init`` on a store (or key file) that is not there."""
 
 
 # -- the global options, before or after the subcommand ----------------------------------
@@ -149,6 +161,18 @@ class State:
             return store_present(self.db)
         return self.db.exists()
 
+    def refuse_empty_file(self) -> None:
+        """An empty file is not a store, and no store is written over it.
+
+        Raises:
+            StoreCorruptError: ``--db`` names an empty file.
+        """
+        if isinstance(self.db, Path) and self.db.is_file() and self.db.stat().st_size == 0:
+            raise StoreCorruptError(
+                f"{self.db.absolute()} is an empty file, not a securepad store; nothing was changed:"
+                " check the path, or remove the file and run `securepad init`"
+            )
+
     def where(self) -> str:
         """The store's location for a message (a DSN without its password)."""
         if isinstance(self.db, str):
@@ -158,9 +182,15 @@ class State:
         return str(Path(self.db).absolute())
 
     def require_store(self) -> None:
-        """Refuse to go on when the store is not there: only ``init`` creates one."""
+        """Refuse to go on when the store is not there: only ``init`` creates one.
+
+        Raises:
+            NotFoundError: there is no store at the path or DSN.
+            StoreCorruptError: the path is an empty file, not a store.
+        """
+        self.refuse_empty_file()
         if self.store_exists() is False:
-            raise StoreMissingError(
+            raise NotFoundError(
                 f"no store at {self.where()}: `securepad init` creates one there (with the same --db or"
                 " SECUREPAD_DB); to use an existing store, point --db or SECUREPAD_DB at it"
             )
@@ -170,7 +200,7 @@ class State:
 
         Raises:
             click.UsageError: more than one key source, or an unset variable.
-            StoreMissingError: the key file is missing for an existing store.
+            NotFoundError: the key file is missing for an existing store.
         """
         given = sorted(self.key_options)
         if len(given) > 1:
@@ -187,18 +217,32 @@ class State:
                 raise click.UsageError(f"environment variable {self.passphrase_env} (--passphrase-env) is not set")
             return Keyring.from_passphrase(passphrase)
         if not new_store and not self.key_file.exists():
-            raise StoreMissingError(
-                f"no key file at {self.key_file.absolute()}: opening an existing store never creates a key; give this"
-                " store's key with --key-file (SECUREPAD_KEY_FILE), --master-key-env or --passphrase-env"
-            )
+            raise self.missing_key()
         return Keyring.from_key_file(self.key_file)
 
-    def open(self, *, adopt_anchor: bool = False) -> Scratchpad:
-        """Open the existing store (never creating one); its key file records that it serves it."""
-        self.require_store()
-        pad = Scratchpad.open(
-            self.db, keyring=self.keyring(), policy=self.policy, anchor=self.anchor, adopt_anchor=adopt_anchor
+    def missing_key(self) -> NotFoundError:
+        return NotFoundError(
+            f"no key file at {self.key_file.absolute()}: opening an existing store never creates a key; give this"
+            " store's key with --key-file (SECUREPAD_KEY_FILE), --master-key-env or --passphrase-env"
         )
+
+    def open(self, *, adopt_anchor: bool = False) -> Scratchpad:
+        """Open the existing store (never creating one); its key file records that it serves it.
+
+        The store is opened before an absent key file is reported, so that a
+        path that is no store says so first. The library never creates a key
+        file for a store that exists: it raises ``WrongKeyError``.
+        """
+        self.require_store()
+        keyring = self.keyring(new_store=True)
+        try:
+            pad = Scratchpad.open(
+                self.db, keyring=keyring, policy=self.policy, anchor=self.anchor, adopt_anchor=adopt_anchor
+            )
+        except WrongKeyError:
+            if keyring.key_file is not None and not keyring.key_file.exists():
+                raise self.missing_key() from None
+            raise
         note_key_use(pad)
         return pad
 
@@ -211,9 +255,15 @@ class State:
         A PostgreSQL store is not checked here: the library creates an absent
         key file only if the store turns out to be new, and otherwise raises
         ``WrongKeyError`` without creating one."""
-        keyring = self.keyring(new_store=self.store_exists() is not True)
+        self.refuse_empty_file()
+        keyring = self.keyring(new_store=True)
         key_existed = keyring.key_file is not None and keyring.key_file.exists()
-        pad = Scratchpad.open(self.db, keyring=keyring, policy=self.policy, anchor=self.anchor)
+        try:
+            pad = Scratchpad.open(self.db, keyring=keyring, policy=self.policy, anchor=self.anchor)
+        except WrongKeyError:
+            if keyring.key_file is not None and not keyring.key_file.exists():
+                raise self.missing_key() from None
+            raise
         key_created = keyring.key_file is not None and not key_existed
         return pad, note_key_use(pad, key_created=key_created), key_created
 

@@ -1,0 +1,96 @@
+"""One error format everywhere: ``error: Type: message`` on one line (a JSON object
+with ``--json``), whose type is one of securepad.errors or the command line's
+documented ``UsageError``, ``Aborted`` and ``Interrupted``; Ctrl-C exits 130.
+Stored and user-given strings are shown as text, never read as markup."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+import pytest
+from cli_runner import Cli, as_json, ok, put
+
+import securepad.errors
+from securepad import Scratchpad
+from securepad.cli import main
+
+CLI_TYPES = {"UsageError", "Aborted", "Interrupted"}
+
+
+def _error(result: Any, status: int) -> dict[str, str]:
+    assert result.exit_code == status, (result.stdout, result.stderr)
+    error: dict[str, str] = json.loads(result.stderr)["error"]
+    assert error["type"] in set(securepad.errors.__all__) | CLI_TYPES, error
+    return error
+
+
+@pytest.mark.sqlite_only
+def test_a_missing_store_is_a_typed_error_in_the_one_format(cli: Cli) -> None:
+    text = cli("stats")
+    assert text.exit_code == 1 and text.stderr.startswith("error: NotFoundError: no store at ")
+    assert len(text.stderr.splitlines()) == 1
+    assert _error(cli("--json", "stats"), 1)["type"] == "NotFoundError"
+
+
+def test_usage_errors_are_usage_errors_in_the_one_format(cli: Cli) -> None:
+    ok(cli("init"))
+    text = cli("stats", "--mystery")
+    assert text.exit_code == 2 and text.stderr.startswith("error: UsageError: No such option '--mystery'.")
+    assert len(text.stderr.splitlines()) == 1
+    assert _error(cli("--json", "read", "--owner", "bob", "x", "-n", "many"), 2)["type"] == "UsageError"
+    assert _error(cli("--json", "put", "--owner", "bob", "--turn", "t"), 2)["type"] == "UsageError"  # no --step
+    missing_file = cli("--json", "put", "--owner", "bob", "--turn", "t", "--step", "1", "no-such-file")
+    assert _error(missing_file, 2)["type"] == "UsageError"
+
+
+def test_a_declined_confirmation_changes_nothing(cli: Cli) -> None:
+    ok(cli("init"))
+    put(cli, 1)
+    result = cli("forget-owner", "bob", input="n\n")
+    assert result.exit_code == 1 and "error: Aborted: not confirmed; nothing was changed" in result.stderr
+    assert as_json(cli("--json", "stats"))["entries"] == 1
+
+
+@pytest.mark.sqlite_only
+def test_ctrl_c_exits_130_with_a_plain_line(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    ok(cli("init"))
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Scratchpad, "stats", interrupted)
+    result = cli("stats")
+    assert result.exit_code == 130 and result.stderr.strip() == "interrupted"
+    assert _error(cli("--json", "stats"), 130)["type"] == "Interrupted"
+
+
+def test_deeply_nested_json_input_is_a_typed_one_line_error(cli: Cli) -> None:
+    ok(cli("init"))
+    deep = "[" * 100_000 + "]" * 100_000
+    result = cli("put", "--owner", "bob", "--turn", "t", "--step", "1", "--kind", "json", input=deep)
+    assert result.exit_code == 1 and len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith("error: InvalidArgumentError: ") and "nested deeper" in result.stderr
+    bad = cli("--json", "put", "--owner", "bob", "--turn", "t", "--step", "1", "--kind", "json", input="{")
+    assert _error(bad, 1)["type"] == "InvalidArgumentError"
+
+
+@pytest.mark.parametrize("owner", ["\\[/]", "\\[link=https://example.com]x\\[/link]", "[bold]b[/bold]"])
+def test_owner_ids_with_markup_are_shown_as_text(cli: Cli, owner: str) -> None:
+    ok(cli("init"))
+    ok(cli("put", "--owner", owner, "--turn", "t", "--step", "1", input="x"))
+    result = ok(cli("keys", "rotate-owner", owner))
+    assert "\x1b]8;" not in result.stdout + result.stderr  # no link rendered
+    missing = cli("keys", "rotate-owner", owner + "-nobody")
+    last = missing.stderr.splitlines()[-1]
+    assert missing.exit_code == 1 and last.startswith("error: NotFoundError: ")
+    assert owner.replace("\\", "\\\\") in last
+    assert f"re-wrapping {owner}-nobody's item keys" in missing.stderr  # the progress label, as given
+
+
+def test_every_error_type_the_group_names_is_documented() -> None:
+    assert isinstance(main, click.Group)
+    from securepad.cli.options import ABORTED, INTERRUPTED, USAGE_ERROR
+
+    assert {USAGE_ERROR, ABORTED, INTERRUPTED} == CLI_TYPES
