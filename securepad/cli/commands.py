@@ -3,6 +3,7 @@ result (see ``securepad.cli`` for the rules they all follow)."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -135,12 +136,111 @@ def put(
 ) -> None:
     """Store an observation read from SOURCE (a file, or - for standard input).
 
-    A step of a turn holds one live entry: a step already recorded is refused."""
+    A step of a turn holds one live entry: a step already recorded is refused.
+    Text and binary read from a file keep the file's name in the entry's
+    metadata (``source``). Prints the new entry's id (the model's whole view
+    with --json)."""
     turn = _turn(turn_id)
     observation = _decode(source.read(), kind)
+    name = getattr(source, "name", "-")
+    if kind != "json" and isinstance(name, str) and name not in ("-", "<stdin>"):
+        observation = {"content": observation, "metadata": {"source": Path(name).name}}
     with current_state().open() as pad:
         view = pad.put(principal, turn, step_num, executor_name, observation, ttl_seconds)
-    emit(view, print_json)
+
+    def render(v: dict[str, Any]) -> None:
+        where = f"step {v['step_num']} of turn {turn}"
+        print_line(f"stored {v['scratchpad_id']}: {where}, {v['kind']}, {v['size_bytes']} bytes")
+
+    emit(view, render)
+
+
+def _entry_bytes(observation: Any, kind: str) -> bytes:
+    """An entry's content as stored: text as UTF-8, binary as is, json as JSON text."""
+    if isinstance(observation, dict) and kind in ("text", "binary") and "content" in observation:
+        observation = observation["content"]
+    if isinstance(observation, bytes):
+        return observation
+    if isinstance(observation, str):
+        return observation.encode("utf-8")
+    return (json.dumps(observation, ensure_ascii=False, indent=2) + "\n").encode("utf-8")
+
+
+@command(main)
+@principal_options
+@click.argument("scratchpad_id")
+@click.option("--turn", "turn_id", default=None, help="Only an entry of this turn.")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Write the content to this new file (mode 0600; an existing file is refused) instead of stdout.",
+)
+def get(principal: Principal, scratchpad_id: str, turn_id: str | None, output: Path | None) -> None:
+    """Write a whole entry's content, uncapped: text as stored (UTF-8), binary as
+    raw bytes, json as JSON text.
+
+    Piped or with --output the bytes are exact. On a terminal, text is shown
+    without control sequences and binary is refused (give --output or pipe
+    it). With --json, the entry's fields and content (binary in base64)."""
+    state = current_state()
+    with state.open() as pad:
+        entry = pad.get(principal, scratchpad_id, turn_id=turn_id)
+    data = _entry_bytes(entry.observation, entry.kind)
+    fields = {k: getattr(entry, k) for k in ("scratchpad_id", "turn_id", "step_num", "executor_name", "kind")}
+    fields |= {"size_bytes": len(data)}
+    if output is not None:
+        _write_new_file(output, data)
+        emit({**fields, "output": str(output)}, lambda v: print_line(f"wrote {v['size_bytes']} bytes to {v['output']}"))
+        return
+    if state.as_json:
+        binary = entry.kind == "binary"
+        content = base64.b64encode(data).decode("ascii") if binary else data.decode("utf-8")
+        click.echo(to_json({**fields, "encoding": "base64" if binary else "utf-8", "content": content}))
+        return
+    stdout = sys.stdout.buffer
+    if not stdout.isatty():
+        stdout.write(data)
+        stdout.flush()
+    elif entry.kind == "binary":
+        raise InvalidArgumentError(
+            f"entry {scratchpad_id} is binary ({len(data)} bytes): give --output FILE, or pipe it"
+        )
+    else:
+        click.echo(for_terminal(data.decode("utf-8")), nl=not data.endswith(b"\n"))
+
+
+def _write_new_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to a new file, mode 0600 (an entry may be private).
+
+    Raises:
+        InvalidArgumentError: the file exists.
+        SecurepadError: it cannot be written.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise InvalidArgumentError(f"{path} exists: get never writes over a file") from None
+    except OSError as exc:
+        raise SecurepadError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+    except OSError as exc:
+        path.unlink(missing_ok=True)
+        raise SecurepadError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+@command(main)
+@principal_options
+@click.argument("scratchpad_id")
+def delete(principal: Principal, scratchpad_id: str) -> None:
+    """Delete one entry of the owner's (Scratchpad.delete): zeroed in the file, its
+    step free again."""
+    with current_state().open() as pad:
+        pad.delete(principal, scratchpad_id)
+    emit({"deleted": scratchpad_id}, lambda v: print_line(f"deleted {v['deleted']}"))
 
 
 @command(main)
@@ -235,7 +335,7 @@ def list_(principal: Principal, turn_id: str | None) -> None:
 @main.group(name="turn")
 @global_options
 def turn_group() -> None:
-    """Inspect an owner's turns."""
+    """Inspect or drop an owner's turns."""
 
 
 @command(turn_group, name="show")
@@ -261,6 +361,30 @@ def turn_show(principal: Principal, turn_id: str | None) -> None:
             print_json(item["shown"])
 
     emit(steps, render)
+
+
+@command(turn_group, name="drop")
+@principal_options
+@turn_option
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+def turn_drop(principal: Principal, turn_id: str | None, yes: bool) -> None:
+    """Delete every live entry of a turn that the owner may see, one Scratchpad.delete
+    each (its checkpoints and compaction marks expire with their TTL, or go with
+    forget-owner)."""
+    turn = _turn(turn_id)
+    state = current_state()
+    state.require_store()
+    if not yes:
+        click.confirm(f"Delete every entry of turn {for_terminal(repr(turn))} of this owner?", abort=True)
+    deleted = []
+    with state.open() as pad:
+        for entry in pad.list_for_turn(principal, turn):
+            pad.delete(principal, entry["scratchpad_id"])
+            deleted.append(entry["scratchpad_id"])
+    emit(
+        {"turn_id": turn, "deleted": deleted},
+        lambda v: print_line(f"deleted {len(v['deleted'])} entries of turn {turn}"),
+    )
 
 
 @command(main)

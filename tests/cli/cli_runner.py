@@ -17,7 +17,9 @@ class Cli:
     def __init__(self, home: Path, env: dict[str, str | None], store: str | None) -> None:
         self.home, self.env, self.store = home, env, store
 
-    def __call__(self, *args: str, input: str | bytes | None = None, env: dict[str, str | None] | None = None) -> Result:
+    def __call__(
+        self, *args: str, input: str | bytes | None = None, env: dict[str, str | None] | None = None
+    ) -> Result:
         argv = ["--db", self.store, *args] if self.store else list(args)
         return CliRunner().invoke(main, argv, input=input, env={**self.env, **(env or {})}, catch_exceptions=False)
 

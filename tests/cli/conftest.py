@@ -7,6 +7,7 @@ on the file."""
 from __future__ import annotations
 
 from pathlib import Path
+
 import pytest
 from cli_runner import Cli
 

@@ -9,10 +9,9 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_runner import Cli, as_json, ok, put
 
 from securepad.keys import key_file_use, record_key_file_use
-
-from cli_runner import Cli, as_json, ok, put
 
 
 @pytest.mark.sqlite_only
@@ -67,12 +66,16 @@ def test_rotation_advice_never_moves_a_key_over_an_existing_one(cli: Cli) -> Non
     env = {"PASS": "correct horse battery staple"}
     ok(cli("--db", "p.db", "--passphrase-env", "PASS", "init", env=env))
     ok(cli("init"))  # the default store and its key file
-    result = ok(cli("--db", "p.db", "--passphrase-env", "PASS", "keys", "rotate-master", "--new-key-file", "n.key", env=env))
+    result = ok(
+        cli("--db", "p.db", "--passphrase-env", "PASS", "keys", "rotate-master", "--new-key-file", "n.key", env=env)
+    )
     advice = " ".join(result.stderr.split())
     assert "mv " not in advice and "--key-file n.key" in advice
     assert ok(cli("--db", "p.db", "--key-file", "n.key", "stats"))
     ok(cli("stats"))  # the default store is untouched
-    assert key_file_use(Path("n.key")).serves_only(json.loads(ok(cli("--json", "--db", "p.db", "--key-file", "n.key", "init")).stdout)["store_id"])
+    assert key_file_use(Path("n.key")).serves_only(
+        json.loads(ok(cli("--json", "--db", "p.db", "--key-file", "n.key", "init")).stdout)["store_id"]
+    )
 
 
 def test_the_record_is_written_only_when_it_changes(tmp_path: Path) -> None:
