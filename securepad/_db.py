@@ -742,6 +742,31 @@ class Database:
         except apsw.Error as exc:
             raise self._error(exc, conn) from None
 
+    def restore_from(self, src: Path) -> None:
+        """Replace the whole content of this store with the SQLite file ``src``,
+        through SQLite's backup API: page by page into this store's own WAL,
+        so that a connection open elsewhere sees the old store or the new one,
+        never a mix, and no stale WAL frame is left for the new file.
+
+        Raises:
+            StorageFullError: the disk is full.
+            StoreBusyError: another connection holds the write lock.
+            SecurepadError: ``src`` cannot be read.
+        """
+        conn = self.conn
+        try:
+            source = apsw.Connection(str(src), flags=apsw.SQLITE_OPEN_READONLY)
+        except apsw.Error as exc:
+            raise SecurepadError(f"cannot open {src}: {exc}") from None
+        try:
+            with conn.backup("main", source, "main") as copy:
+                copy.step(-1)
+        except apsw.Error as exc:
+            raise self._error(exc, conn) from None
+        finally:
+            source.close()
+        self.checkpoint()
+
     def _enable_incremental_vacuum(self, conn: apsw.Connection) -> bool:
         """Switch the file to auto_vacuum=INCREMENTAL (a full VACUUM, once, for
         a store made without it); True once it is on."""
@@ -763,9 +788,7 @@ class Database:
                 f"store schema version {version} is newer than this securepad understands ({SCHEMA_VERSION})"
             )
         if version == 0 and conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall():
-            raise StoreCorruptError(
-                f"{self.path} is a SQLite database but not a securepad store; nothing was changed"
-            )
+            raise StoreCorruptError(f"{self.path} is a SQLite database but not a securepad store; nothing was changed")
         for target in range(version + 1, SCHEMA_VERSION + 1):
             conn.execute(_MIGRATIONS[target])
             conn.execute(f"PRAGMA user_version = {target}")

@@ -11,6 +11,8 @@ rotation). ``Scratchpad`` validates, documents and delegates.
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,7 +24,7 @@ from ._backend import Backend
 from ._db import Database
 from .access import check_principal
 from .entries import Entry, Opened
-from .errors import InvalidArgumentError, SecurepadError
+from .errors import IntegrityError, InvalidArgumentError, SecurepadError
 from .keys import Keyring
 from .keystore import OWNER_KEY_CACHE_SIZE, Progress
 from .policy import Policy
@@ -377,6 +379,99 @@ class Scratchpad:
         """
         return self._parts.db.scrub()
 
+    def backup(self, dest: str | os.PathLike[str]) -> dict[str, Any]:
+        """Write a consistent copy of the live store to the new file ``dest``
+        (mode 0600), while other connections go on reading and writing: one
+        ``VACUUM INTO``, which reads one snapshot and writes only live rows.
+        The copy is encrypted as the store is; keep the key apart from it.
+        ``Scratchpad.restore`` puts it back. Returns ``backup`` (the path),
+        ``bytes`` and ``store_id``.
+
+        Raises:
+            InvalidArgumentError: ``dest`` exists, or the store is on
+                PostgreSQL (back it up with ``pg_dump``; docs/how-to/backup.md).
+            StorageFullError: the disk is full (no copy is left behind).
+            SecurepadError: ``dest`` cannot be written, or its directory is
+                writable by others.
+        """
+        db = self._parts.db
+        if not isinstance(db, Database):
+            raise InvalidArgumentError(
+                f"the store at {db.location} is on PostgreSQL: back it up with pg_dump (docs/how-to/backup.md)"
+            )
+        path = Path(dest)
+        if os.path.lexists(path):
+            raise InvalidArgumentError(f"{path} exists: a backup is never written over a file")
+        try:
+            db.copy_to(path)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return {"backup": str(path), "bytes": path.stat().st_size, "store_id": self.store_id}
+
+    @classmethod
+    def restore(
+        cls,
+        db_path: str | os.PathLike[str],
+        src: str | os.PathLike[str],
+        *,
+        keyring: Keyring,
+        policy: str | os.PathLike[str] | Policy | None = None,
+        anchor: str | os.PathLike[str] | bool | None = None,
+        now: float | None = None,
+    ) -> dict[str, Any]:
+        """Put the backup ``src`` (a file ``backup`` wrote) in place of the SQLite
+        store at ``db_path``, knowingly accepting it as the current copy.
+
+        In order: ``src`` is copied to a private file beside ``db_path``; that
+        copy is opened with ``keyring`` and verified (a backup that fails
+        changes nothing); the store at ``db_path``, if there is one, is backed
+        up to ``<db_path>.replaced-N`` and its content replaced through
+        SQLite's backup API (so no connection open elsewhere sees a mix);
+        then the store is opened adopting its snapshot-rollback anchor (an
+        older copy is what a restore means) and verified again. Stop the
+        processes that write to the store first: what they write meanwhile
+        is replaced.
+
+        Returns ``restored``, ``source``, ``replaced`` (the copy of the store
+        it replaced, or None) and ``verify`` (the final check's report).
+
+        Raises:
+            InvalidArgumentError: a PostgreSQL store, a missing ``src``, or a
+                ``src`` with a write-ahead log beside it (a live store, not a backup).
+            WrongKeyError: ``keyring`` does not open the backup.
+            IntegrityError: the backup fails verification (nothing was changed).
+            StoreCorruptError: ``src`` or the store at ``db_path`` is not a
+                securepad store.
+        """
+        source, target = Path(src), Path(db_path)
+        if str(db_path).startswith(("postgresql://", "postgres://")):
+            raise InvalidArgumentError("restore puts back a SQLite store; restore PostgreSQL with pg_restore")
+        if not source.is_file():
+            raise InvalidArgumentError(f"no backup file at {source}")
+        if Path(f"{source}-wal").exists() and Path(f"{source}-wal").stat().st_size:
+            raise InvalidArgumentError(
+                f"{source} has a write-ahead log beside it: it is a live store, not a backup"
+                f" (copy it with backup first)"
+            )
+        resolved = resolve_policy(policy)
+        staged = _stage_copy(source, target)
+        try:
+            with cls.open(staged, keyring=keyring, policy=resolved, anchor=False) as copy:
+                checked = copy.verify(now=now)
+            if not checked["ok"]:
+                raise IntegrityError(
+                    f"the backup {source} fails verification ({len(checked['problems'])} problems): nothing was"
+                    " changed; run securepad verify on a copy of it to see them"
+                )
+            replaced = _replace_store(target, staged, resolved)
+        finally:
+            for leftover in (staged, Path(f"{staged}-wal"), Path(f"{staged}-shm")):
+                leftover.unlink(missing_ok=True)
+        with cls.open(target, keyring=keyring, policy=resolved, anchor=anchor, adopt_anchor=True) as pad:
+            report = pad.verify(now=now)
+        return {"restored": str(target), "source": str(source), "replaced": replaced, "verify": report}
+
     def stats(self, principal: Principal | None = None, *, now: float | None = None) -> dict[str, Any]:
         """Counts and sizes: for one principal's scope, or (None) for the whole store.
 
@@ -404,6 +499,54 @@ def sqlite_of(pad: Scratchpad) -> Database:
     if not isinstance(db, Database):
         raise SecurepadError(f"the store at {db.location} is not a SQLite file")
     return db
+
+
+def _stage_copy(source: Path, target: Path) -> Path:
+    """A private (0600) copy of ``source`` beside ``target``, for a restore to check.
+
+    Raises:
+        SecurepadError: the copy cannot be written.
+    """
+    staged = target.with_name(f".{target.name}.restore-{secrets.token_hex(6)}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out, open(source, "rb") as data:
+            shutil.copyfileobj(data, out)
+    except OSError as exc:
+        staged.unlink(missing_ok=True)
+        raise SecurepadError(f"cannot copy {source} beside {target}: {exc.strerror or exc}") from None
+    return staged
+
+
+def _replace_store(target: Path, staged: Path, policy: Policy) -> str | None:
+    """Make the checked copy ``staged`` the store at ``target``: moved into
+    place when there is none, else copied in through SQLite's backup API after
+    the replaced store is backed up beside it. Returns that backup's path.
+
+    Raises:
+        StoreCorruptError: the file at ``target`` is not a securepad store.
+        SecurepadError: a file cannot be written.
+    """
+    if not target.exists():
+        try:
+            os.link(staged, target)  # never over a file that appeared meanwhile
+        except OSError as exc:
+            raise SecurepadError(f"cannot create {target}: {exc.strerror or exc}") from None
+        return None
+    db = open_backend(target, None, "securepad", policy)
+    try:
+        if not isinstance(db, Database):  # pragma: no cover - a path is always a file
+            raise InvalidArgumentError("restore puts back a SQLite store")
+        n = 1
+        while os.path.lexists(f"{target}.replaced-{n}"):
+            n += 1
+        aside = Path(f"{target}.replaced-{n}")
+        db.copy_to(aside)
+        db.restore_from(staged)
+    finally:
+        db.close()
+    return str(aside)
 
 
 def _listed(opened: Opened) -> dict[str, Any]:

@@ -410,6 +410,54 @@ def gc() -> None:
     emit({"deleted": deleted}, lambda v: print_line(f"deleted {v['deleted']} expired entries"))
 
 
+@command(main)
+@click.argument("dest", type=click.Path(path_type=Path, dir_okay=False))
+def backup(dest: Path) -> None:
+    """Write a consistent copy of the live store to DEST, a new file (mode 0600),
+    while other processes go on using the store. SQLite only: back up a
+    PostgreSQL store with pg_dump (docs/how-to/backup.md). The copy is
+    encrypted; back up the key file (or passphrase) separately."""
+    with current_state().open() as pad:
+        result = pad.backup(dest)
+    emit(result, lambda v: print_line(f"backed up to {v['backup']} ({v['bytes']} bytes)"))
+
+
+@command(main)
+@click.argument("src", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+def restore(src: Path, yes: bool) -> None:
+    """Put the backup SRC in place of the store (--db), accepting it as current.
+
+    SRC is checked first (the key opens it, verify passes) on a private copy;
+    a store already at --db is kept beside it as <db>.replaced-N, then
+    replaced; the snapshot-rollback anchor is adopted and the store verified
+    again. Stop the processes that write to the store first. Exit status 1
+    when the final verify finds a problem."""
+    state = current_state()
+    if not isinstance(state.db, Path):
+        raise InvalidArgumentError("restore puts back a SQLite store; restore PostgreSQL with pg_restore")
+    state.refuse_empty_file()
+    if state.db.exists() and not yes:
+        click.confirm(
+            f"Replace the store at {for_terminal(str(state.db))} with {for_terminal(str(src))}"
+            " (the current one is kept beside it)?",
+            abort=True,
+        )
+    result = Scratchpad.restore(
+        state.db, src, keyring=state.keyring(new_store=True), policy=state.policy, anchor=state.anchor
+    )
+
+    def render(v: dict[str, Any]) -> None:
+        print_line(f"restored {v['restored']} from {v['source']}")
+        if v["replaced"]:
+            print_line(f"the store it replaced is kept at {v['replaced']}")
+        _render_verify(v["verify"])
+
+    emit(result, render)
+    if not result["verify"]["ok"]:
+        sys.exit(1)
+
+
 @command(main, name="anchor-adopt")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 def anchor_adopt(yes: bool) -> None:
