@@ -42,6 +42,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 # Every environment variable the command line reads: (variable, option, what it sets).
 ENVIRONMENT = (
     ("SECUREPAD_DB", "--db", "the store's database file (or a postgresql:// DSN)"),
+    ("SECUREPAD_ADMIN_DB", "--admin", "PostgreSQL: the admin login's DSN, for housekeeping and migrations"),
     ("SECUREPAD_KEY_FILE", "--key-file", "the master key file"),
     ("SECUREPAD_POLICY", "--policy", "a shipped policy's name or a TOML policy file"),
     ("SECUREPAD_ANCHOR", "--anchor", "the snapshot-rollback anchor file"),
@@ -142,6 +143,7 @@ class State:
         self.passphrase_env: str | None = None
         self.policy: str | None = None
         self.anchor: Path | None = None
+        self.admin: str | None = None
         self.as_json = False
         # The key sources given on the command line (the environment's key file yields to them).
         self.key_options: set[str] = set()
@@ -220,6 +222,20 @@ class State:
             raise self.missing_key()
         return Keyring.from_key_file(self.key_file)
 
+    def admin_dsn(self) -> str | None:
+        """``--admin`` for a PostgreSQL store.
+
+        Raises:
+            click.UsageError: ``--admin`` with a SQLite store, or not a postgresql:// DSN.
+        """
+        if self.admin is None:
+            return None
+        if not isinstance(self.db, str):
+            raise click.UsageError("--admin (SECUREPAD_ADMIN_DB) is for a PostgreSQL store; --db is a file")
+        if not self.admin.startswith(_PG_SCHEMES):
+            raise click.UsageError("--admin (SECUREPAD_ADMIN_DB) takes a postgresql:// DSN")
+        return self.admin
+
     def missing_key(self) -> NotFoundError:
         return NotFoundError(
             f"no key file at {self.key_file.absolute()}: opening an existing store never creates a key; give this"
@@ -237,7 +253,12 @@ class State:
         keyring = self.keyring(new_store=True)
         try:
             pad = Scratchpad.open(
-                self.db, keyring=keyring, policy=self.policy, anchor=self.anchor, adopt_anchor=adopt_anchor
+                self.db,
+                keyring=keyring,
+                policy=self.policy,
+                anchor=self.anchor,
+                adopt_anchor=adopt_anchor,
+                admin=self.admin_dsn(),
             )
         except WrongKeyError:
             if keyring.key_file is not None and not keyring.key_file.exists():
@@ -259,7 +280,9 @@ class State:
         keyring = self.keyring(new_store=True)
         key_existed = keyring.key_file is not None and keyring.key_file.exists()
         try:
-            pad = Scratchpad.open(self.db, keyring=keyring, policy=self.policy, anchor=self.anchor)
+            pad = Scratchpad.open(
+                self.db, keyring=keyring, policy=self.policy, anchor=self.anchor, admin=self.admin_dsn()
+            )
         except WrongKeyError:
             if keyring.key_file is not None and not keyring.key_file.exists():
                 raise self.missing_key() from None
@@ -335,6 +358,14 @@ _GLOBALS: tuple[tuple[str, str, str | None, str, Callable[[State, Any], None]], 
         _set_db,
     ),
     (
+        "admin",
+        "--admin",
+        "SECUREPAD_ADMIN_DB",
+        "PostgreSQL: the DSN of a login in securepad_admin, for housekeeping (gc, stats, audit, rotations,"
+        " forget-owner) and migrations, when the --db login may only act as the application [default: --db].",
+        _set_attr("admin"),
+    ),
+    (
         "policy",
         "--policy",
         "SECUREPAD_POLICY",
@@ -351,6 +382,7 @@ _GLOBALS: tuple[tuple[str, str, str | None, str, Callable[[State, Any], None]], 
     ),
 )
 _KEY_OPTIONS = ("--key-file", "--master-key-env", "--passphrase-env")
+_METAVARS = {"--master-key-env": "VAR", "--passphrase-env": "VAR", "--policy": "NAME|PATH", "--admin": "DSN"}
 
 
 def current_state() -> State:
@@ -396,7 +428,7 @@ def global_options(func: F) -> F:
         func = click.option(
             option,
             name,
-            metavar="VAR" if option.endswith("-env") else ("PATH" if option != "--policy" else "NAME|PATH"),
+            metavar=_METAVARS.get(option, "PATH"),
             envvar=envvar,
             show_envvar=envvar is not None,
             expose_value=False,
