@@ -88,6 +88,8 @@ class Backend(Protocol):
     dialect: str
     #: Where the store lives, for messages and stats (never a password).
     location: str
+    #: (old, new) schema versions when this open upgraded an existing store, else None.
+    upgraded: tuple[int, int] | None
 
     def transaction(
         self, owner: str | None = None, *, admin: bool = False, wait: bool = True, turn: str | None = None

@@ -472,6 +472,7 @@ class Database:
         self.incremental_vacuum = False
         # Set once by the anchor after its open check; the one hook into every write.
         self.hooks: CommitHooks | None = None
+        self.upgraded: tuple[int, int] | None = None
         _create_private_file(path, allow_shared)
         conn = self.conn
         try:
@@ -792,6 +793,8 @@ class Database:
         for target in range(version + 1, SCHEMA_VERSION + 1):
             conn.execute(_MIGRATIONS[target])
             conn.execute(f"PRAGMA user_version = {target}")
+        if 0 < version < SCHEMA_VERSION:
+            self.upgraded = (version, SCHEMA_VERSION)
 
     def sync(self) -> None:
         """Make every commit so far durable: fsync the file and its WAL.

@@ -182,6 +182,7 @@ class PostgresDatabase:
         self._app, self._admin = self._pools()
         self._lent = self._lenders(self._app, self._admin)
         self.location = _describe(app, schema)
+        self.upgraded: tuple[int, int] | None = None
         try:
             self._migrate()
         except BaseException:
@@ -498,7 +499,7 @@ class PostgresDatabase:
         return None if rows[0]["v"] is None else int(rows[0]["v"])
 
     def _migrate(self) -> None:
-        migrate(self.schema, self._app_version, lambda: self._lender(admin=True).drain())
+        self.upgraded = migrate(self.schema, self._app_version, lambda: self._lender(admin=True).drain())
 
     def close(self) -> None:
         """Close the pools this object made (never one that was passed in)."""

@@ -10,11 +10,13 @@ rotation). ``Scratchpad`` validates, documents and delegates.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,11 @@ from .turn import Turn, extend_turn
 from .verify import verify_store
 
 __all__ = ["OWNER_KEY_CACHE_SIZE", "Entry", "Parts", "Scratchpad", "parts", "sqlite_of"]
+
+# A library does not print: an application attaches a handler to "securepad" to see
+# its warnings (a store upgraded at open, say); the command line prints them.
+_log = logging.getLogger("securepad")
+_log.addHandler(logging.NullHandler())
 
 
 class Scratchpad:
@@ -99,10 +106,32 @@ class Scratchpad:
         resolved = resolve_policy(policy)
         db = open_backend(db_path, admin, schema, resolved)
         try:
-            return cls(db, keyring, resolved, clock, (anchor, adopt_anchor))
+            pad = cls(db, keyring, resolved, clock, (anchor, adopt_anchor))
         except BaseException:
             db.close()
             raise
+        if db.upgraded is not None:
+            _log.warning("%s", pad.upgrade_notice)
+        return pad
+
+    @property
+    def schema_upgrade(self) -> dict[str, int] | None:
+        """``{"from": old, "to": new}`` when this open upgraded the store's
+        schema (an older securepad then refuses it), else None; also logged
+        as a warning on the ``securepad`` logger."""
+        upgraded = self._parts.db.upgraded
+        return None if upgraded is None else {"from": upgraded[0], "to": upgraded[1]}
+
+    @property
+    def upgrade_notice(self) -> str | None:
+        """The one-line notice of ``schema_upgrade``, or None."""
+        upgraded = self._parts.db.upgraded
+        if upgraded is None:
+            return None
+        return (
+            f"store {self.location} upgraded: schema {upgraded[0]} \u2192 {upgraded[1]}; a securepad older than"
+            f" {_package_version()} refuses it now (docs/deployment.md: back up before upgrading)"
+        )
 
     @property
     def path(self) -> Path:
@@ -499,6 +528,13 @@ def sqlite_of(pad: Scratchpad) -> Database:
     if not isinstance(db, Database):
         raise SecurepadError(f"the store at {db.location} is not a SQLite file")
     return db
+
+
+def _package_version() -> str:
+    try:
+        return version("securepad")
+    except PackageNotFoundError:  # pragma: no cover - run from a source tree without metadata
+        return "this version"
 
 
 def _stage_copy(source: Path, target: Path) -> Path:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -98,6 +99,9 @@ class SecurepadGroup(click.Group):
         if not standalone_mode:
             return super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
         as_json = _wants_json(argv)
+        warnings = _WarningLines()
+        library_log = logging.getLogger("securepad")
+        library_log.addHandler(warnings)
         try:
             result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
         except SecurepadError as exc:
@@ -110,7 +114,23 @@ class SecurepadGroup(click.Group):
             fail(ABORTED, "not confirmed; nothing was changed", as_json, 1)
         except KeyboardInterrupt:
             interrupted(as_json)
+        finally:
+            library_log.removeHandler(warnings)
         sys.exit(result if isinstance(result, int) else 0)
+
+
+class _WarningLines(logging.Handler):
+    """The library's warnings (a store's schema upgraded, a server unreachable)
+    as ``warning: message`` lines on stderr; the access log ("securepad.audit")
+    is for the application's own handlers."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name.startswith("securepad.audit"):
+            return
+        click.echo(f"warning: {for_terminal(' '.join(record.getMessage().split()))}", err=True)
 
 
 def interrupted(as_json: bool) -> NoReturn:
