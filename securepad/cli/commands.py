@@ -831,8 +831,10 @@ def forget_owner(owner: str, yes: bool) -> None:
 @click.option(
     "--from-json",
     type=click.Path(path_type=Path, dir_okay=False, exists=True),
-    help="Print the tables of a saved run's JSON; run nothing.",
+    help="Print the summary of a saved run's JSON; run nothing.",
 )
+@click.option("--targets", "show_targets", is_flag=True, help="Also list the project's targets, each met or missed.")
+@click.option("--tables", "show_tables", is_flag=True, help="Also print every workload's full table (Markdown).")
 def bench(
     quick: bool,
     out: Path,
@@ -843,16 +845,20 @@ def bench(
     no_chart: bool,
     tiny: bool,
     from_json: Path | None,
+    show_targets: bool,
+    show_tables: bool,
 ) -> None:
     """Benchmark securepad against raw SQLite, sqlite3, diskcache and SQLCipher on this machine.
 
-    Needs the bench extra (pip install '.[bench]'); runs anywhere, writes under --out."""
+    Prints a summary in 80 columns: securepad beside each baseline, per
+    workload, and where the results are (every figure and target is in the
+    JSON). Needs the bench extra (pip install '.[bench]'); writes under --out."""
     from ..bench import runner
     from ..bench.backends import BACKENDS
     from ..bench.workloads import WORKLOADS
 
     if from_json is not None:
-        runner.print_saved(from_json)
+        runner.print_saved(from_json, show_targets=show_targets, show_tables=show_tables)
         return
     try:
         chosen_backends = runner.parse_names("backends", backends) if backends else list(BACKENDS)
@@ -868,5 +874,7 @@ def bench(
         workloads=chosen_workloads,
         progress=not no_progress,
         chart=not no_chart,
+        show_targets=show_targets,
+        show_tables=show_tables,
     )
     sys.exit(status)
