@@ -7,6 +7,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,9 +20,11 @@ from rich.text import Text
 
 from .. import InvalidArgumentError, Keyring, Principal, Scratchpad, SecurepadError
 from ..keys import key_file_use, record_key_file_use
+from ..turn import MAX_TOOL_INT, SCRATCHPAD_READ_TOOL
 from .options import (
     ENV_HELP,
     SecurepadGroup,
+    SecurepadSubgroup,
     State,
     command,
     current_state,
@@ -243,6 +246,14 @@ def delete(principal: Principal, scratchpad_id: str) -> None:
     emit({"deleted": scratchpad_id}, lambda v: print_line(f"deleted {v['deleted']}"))
 
 
+# The bounds the model's read tool (scratchpad_read, over MCP) accepts: the command line takes the same.
+_READ_INT = click.IntRange(0, MAX_TOOL_INT)
+_READ_PROPERTIES = SCRATCHPAD_READ_TOOL["function"]["parameters"]["properties"]
+# A continuation in the library's hint (mode='lines', start=917) as this command's options.
+_HINT_ARGUMENT = re.compile(r"\b(mode|start|end)=('?)([\w-]+)\2")
+_HINT_CAP = re.compile(r"cut to the read cap of \d+ (characters|bytes)")
+
+
 @command(main)
 @principal_options
 @click.argument("scratchpad_id")
@@ -251,59 +262,83 @@ def delete(principal: Principal, scratchpad_id: str) -> None:
     type=click.Choice(["head", "tail", "range", "full", "lines", "grep"]),
     default="head",
     show_default=True,
+    help="head/tail: the first/last -n characters (bytes for binary); range: characters --start to --end;"
+    " full: the whole entry up to the read cap; lines: lines --start to --end; grep: the lines matching --pattern.",
 )
-@click.option("-n", "n", type=int, default=2000, show_default=True, help="Characters (bytes) for head/tail.")
+@click.option("-n", "n", type=_READ_INT, default=2000, show_default=True, help="Characters (bytes) for head/tail.")
 @click.option(
     "--start",
-    type=int,
+    type=_READ_INT,
+    default=None,
+    help="range: first character (0-based) [default: 0]; lines/grep: first line, 1-based [default: 1; 0 is read"
+    " as 1, as the model's read tool does].",
+)
+@click.option(
+    "--end", type=_READ_INT, default=None, help="range: end character (exclusive); lines/grep: last line (inclusive)."
+)
+@click.option("--pattern", default=None, help="grep: RE2 regular expression.")
+@click.option(
+    "--max-matches",
+    type=click.IntRange(1, MAX_TOOL_INT),
+    default=50,
+    show_default=True,
+    help="grep: stop after this many.",
+)
+@click.option(
+    "--context",
+    "context_lines",
+    type=click.IntRange(0, _READ_PROPERTIES["context"]["maximum"]),
     default=0,
     show_default=True,
-    help="Start offset for range; first line (1-based) for lines/grep.",
+    help="grep: lines around each match.",
 )
-@click.option("--end", type=int, default=None, help="End offset (exclusive) for range; last line for lines/grep.")
-@click.option("--pattern", default=None, help="grep: RE2 regular expression.")
-@click.option("--max-matches", type=int, default=50, show_default=True, help="grep: stop after this many matches.")
-@click.option("--context", "context_lines", type=int, default=0, show_default=True, help="grep: lines around each.")
 def read(
     principal: Principal,
     scratchpad_id: str,
     mode: str,
     n: int,
-    start: int,
+    start: int | None,
     end: int | None,
     pattern: str | None,
     max_matches: int,
     context_lines: int,
 ) -> None:
-    """Read part of an entry (capped by the policy's max_read_chars)."""
+    """Read part of an entry, as the model's read tool does: capped by the policy's
+    max_read_chars, counted as the JSON the model sees (a quote or a line break
+    costs its escape). `securepad get` returns a whole entry."""
     with current_state().open() as pad:
         result = pad.read(
             principal,
             scratchpad_id,
             mode=mode,
             n=n,
-            start=start,
+            start=start or 0,
             end=end,
             pattern=pattern,
             max_matches=max_matches,
             context=context_lines,
         )
+        cap = pad.policy.max_read_chars
 
     def render(r: dict[str, Any]) -> None:
         content = r["content"]
         # The stored text itself: exact when piped, without control sequences on a terminal.
         click.echo(for_terminal(content) if sys.stdout.isatty() else content)
         meta = r["metadata"]
-        hint = f", {meta['hint']}" if "hint" in meta else ""
-        err_console.print(
-            plain(
-                f"{meta['size_returned']} of {meta['size_full']} {meta['unit']}, truncated={meta['truncated']}{hint}"
-            ),
-            style="dim",
-            highlight=False,
-        )
+        status = f"{meta['size_returned']} of {meta['size_full']} {meta['unit']}, truncated={meta['truncated']}"
+        if "hint" in meta:
+            status += ", " + _cli_hint(meta["hint"], cap)
+        err_console.print(plain(status), style="dim", highlight=False, soft_wrap=True)
 
     emit(result, render)
+
+
+def _cli_hint(hint: str, cap: int) -> str:
+    """The library's hint in this command's terms: its options, and the policy's
+    read cap (the hint names the share of it left to the content)."""
+    hint = _HINT_CAP.sub(f"cut at the read cap (max_read_chars {cap}, counted as JSON with its escapes)", hint)
+    hint = _HINT_ARGUMENT.sub(lambda m: f"--{m.group(1)} {m.group(3)}", hint)
+    return hint.replace("--mode", "read --mode").replace(", --", " --")
 
 
 @command(main, name="list")
@@ -332,7 +367,7 @@ def list_(principal: Principal, turn_id: str | None) -> None:
     emit([{k: v for k, v in e.items() if k != "view"} for e in rows], render)
 
 
-@main.group(name="turn")
+@main.group(name="turn", cls=SecurepadSubgroup)
 @global_options
 def turn_group() -> None:
     """Inspect or drop an owner's turns."""
@@ -488,13 +523,31 @@ def stats(owner: str | None, actor: str, channel: str) -> None:
     with current_state().open() as pad:
         info = pad.stats(Principal(owner, actor, channel) if owner else None)
 
-    def render(v: dict[str, Any]) -> None:
-        table = Table("statistic", "value")
-        for key, value in v.items():
-            table.add_row(plain(key), plain(json.dumps(value) if isinstance(value, dict) else value))
-        console.print(table)
+    emit(info, _render_figures)
 
-    emit(info, render)
+
+def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted name, text) rows: nested figures get a row each, never raw JSON."""
+    if isinstance(value, dict):
+        rows: list[tuple[str, str]] = []
+        for key, inner in value.items():
+            rows += _flatten(inner, f"{prefix}.{key}" if prefix else str(key))
+        return rows or [(prefix, "none")]
+    if isinstance(value, list | tuple):
+        return [(prefix, "; ".join(str(v) for v in value) if value else "none")]
+    if isinstance(value, float):
+        return [(prefix, f"{value:.3f}")]
+    return [(prefix, "none" if value is None else str(value))]
+
+
+def _render_figures(v: dict[str, Any], title: str | None = None) -> None:
+    """Figures as ``name  value`` lines, nested ones under dotted names."""
+    rows = _flatten(v)
+    width = min(max((len(name) for name, _ in rows), default=0), 32)
+    if title:
+        console.print(Text(for_terminal(title), "bold"), highlight=False, soft_wrap=True)
+    for name, text in rows:
+        print_line(f"{name:<{width}}  {text}")
 
 
 def _scratch_store(state: State) -> tuple[Any, Scratchpad]:
@@ -580,7 +633,8 @@ def _render_verify(r: dict[str, Any]) -> None:
         f"{r[k]} {k.replace('_', ' ')}" for k in ("owners", "turns", "entries", "checkpoints", "compaction_marks")
     )
     if r["ok"]:
-        console.print(Text("verify: no problem found", "green") + plain(f" ({counts}, {r['seconds']} s)"))
+        console.print(Text("verify: no problem found", "green"), soft_wrap=True)
+        _print_wrapped(f"{counts}, {r['seconds']} s", 2)
         return
     table = Table("owner", "turn", "id", "what", "problem", title=plain(f"{len(r['problems'])} problems"))
     for p in r["problems"]:
@@ -588,7 +642,8 @@ def _render_verify(r: dict[str, Any]) -> None:
             *(plain("" if p[k] is None else p[k]) for k in ("owner_user_id", "turn_id", "id", "what", "problem"))
         )
     console.print(table)
-    console.print(Text("verify FAILED", "bold red") + plain(f" ({counts}, {r['seconds']} s)"))
+    console.print(Text("verify FAILED", "bold red"), soft_wrap=True)
+    _print_wrapped(f"{counts}, {r['seconds']} s", 2)
 
 
 @command(main)
@@ -617,30 +672,43 @@ def audit() -> None:
             scratch.cleanup()
 
     def render(r: AuditReport) -> None:
-        table = Table(title=plain(f"securepad audit of {r.store}"), expand=True)
-        table.add_column("check", ratio=2, overflow="fold")
-        table.add_column("result", no_wrap=True)
-        table.add_column("tried", ratio=3, overflow="fold")
-        table.add_column("what happened", ratio=5, overflow="fold")
+        # A list, not a table: at 80 columns a table's narrow columns split words.
+        print_line(f"securepad audit of {r.store}")
         group = None
         for row in r.results:
-            if group is not None and row.group != group:
-                table.add_section()
-            group = row.group
+            if row.group != group:
+                group = row.group
+                console.print(Text(for_terminal(f"\n{group}"), "bold"), highlight=False, soft_wrap=True)
             mark = Text("pass", "green") if row.passed else Text("FAIL", "bold red")
-            table.add_row(plain(row.name), mark, plain(row.tried), plain(row.happened))
-        console.print(table)
+            console.print(Text.assemble("  ", mark, "  ", plain(row.name)), highlight=False, soft_wrap=True)
+            if not row.passed:
+                _print_wrapped(f"tried: {row.tried}", 8)
+            _print_wrapped(row.happened, 8)
         failed = ", ".join(f.name for f in r.failed)
+        print_line("")
         if failed:
-            console.print(Text(f"{len(r.failed)} of {len(r.results)} checks FAILED: ", "bold red") + plain(failed))
+            console.print(
+                Text(f"{len(r.failed)} of {len(r.results)} checks FAILED: ", "bold red") + plain(failed), soft_wrap=True
+            )
         else:
-            console.print(Text(f"all {len(r.results)} checks passed", "green"))
+            console.print(Text(f"all {len(r.results)} checks passed", "green"), soft_wrap=True)
         print_line(f"policy {r.policy}, {r.key_source}")
         _render_verify(checked)
 
     emit({**report.as_dict(), "verify": checked} if state.as_json else report, render)
     if not report.passed or not checked["ok"]:
         sys.exit(1)
+
+
+def _print_wrapped(text: str, indent: int) -> None:
+    """``text`` wrapped at spaces within 80 columns (a word longer than a line is
+    left whole), each line indented."""
+    import textwrap
+
+    for line in textwrap.wrap(
+        for_terminal(text), 80, initial_indent=" " * indent, subsequent_indent=" " * indent, break_long_words=False
+    ):
+        print_line(line)
 
 
 def _progress_bar(label: str) -> tuple[Any, Callable[[int, int], None]]:
@@ -655,16 +723,10 @@ def _progress_bar(label: str) -> tuple[Any, Callable[[int, int], None]]:
 
 
 def _show_report(report: dict[str, Any], title: str) -> None:
-    def render(v: dict[str, Any]) -> None:
-        table = Table(title=plain(title), show_header=False)
-        for key, value in v.items():
-            table.add_row(plain(key), plain(f"{value:.3f}" if isinstance(value, float) else value))
-        console.print(table)
-
-    emit(report, render)
+    emit(report, lambda v: _render_figures(v, title))
 
 
-@main.group()
+@main.group(cls=SecurepadSubgroup)
 @global_options
 def keys() -> None:
     """Rotate the master key or an owner's key."""

@@ -24,7 +24,9 @@ from .output import for_terminal, to_json
 __all__ = [
     "ENVIRONMENT",
     "ENV_HELP",
+    "SecurepadCommand",
     "SecurepadGroup",
+    "SecurepadSubgroup",
     "State",
     "command",
     "current_state",
@@ -521,11 +523,42 @@ ENV_HELP = "\b\nEnvironment variables (the command line wins over them):\n" + "\
 )
 
 
+_GLOBAL_NAMES = frozenset({name for name, *_ in _GLOBALS} | {"as_json"})
+
+
+class _GlobalOptionsLast:
+    """Help that lists the command's own options first and the global options
+    (the same on every command) after them, under their own heading."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        own, shared = [], []
+        for param in self.get_params(ctx):  # type: ignore[attr-defined]
+            record = param.get_help_record(ctx)
+            if record is not None:
+                (shared if param.name in _GLOBAL_NAMES else own).append(record)
+        if own:
+            with formatter.section("Options"):
+                formatter.write_dl(own)
+        if isinstance(self, click.Group):
+            self.format_commands(ctx, formatter)
+        if shared:
+            with formatter.section("Global options (before or after the command; see securepad --help)"):
+                formatter.write_dl(shared)
+
+
+class SecurepadCommand(_GlobalOptionsLast, click.Command):
+    """A subcommand whose help puts the global options last."""
+
+
+class SecurepadSubgroup(_GlobalOptionsLast, click.Group):
+    """A group of subcommands (``keys``, ``turn``) whose help puts the global options last."""
+
+
 def command(group: click.Group, *args: Any, **kwargs: Any) -> Callable[[F], F]:
     """A subcommand of ``group`` that also takes the global options."""
 
     def decorate(func: F) -> F:
-        group.command(*args, **kwargs)(global_options(func))
+        group.command(*args, cls=SecurepadCommand, **kwargs)(global_options(func))
         return func
 
     return decorate
