@@ -531,7 +531,8 @@ class _GlobalOptionsLast:
     (the same on every command) after them, under their own heading."""
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        own, shared = [], []
+        own: list[tuple[str, str]] = []
+        shared: list[tuple[str, str]] = []
         for param in self.get_params(ctx):  # type: ignore[attr-defined]
             record = param.get_help_record(ctx)
             if record is not None:
