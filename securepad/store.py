@@ -77,6 +77,7 @@ class Scratchpad:
         schema: str = "securepad",
         anchor: str | os.PathLike[str] | bool | None = None,
         adopt_anchor: bool = False,
+        call_timeout_s: float | None = None,
     ) -> Scratchpad:
         """Open (creating if needed) the store at ``db_path``.
 
@@ -91,20 +92,26 @@ class Scratchpad:
         policy, a ``Policy``, or None for the shipped default. ``clock`` is the time source for expiry.
         ``anchor``: the snapshot-rollback anchor (SQLite; a path, None: beside the key
         file, False: none); ``adopt_anchor=True`` accepts this copy as current (SECURITY.md).
+        ``call_timeout_s`` (PostgreSQL; default: the policy's
+        ``call_timeout_seconds``, 60) is the deadline of one call: past it the
+        call's connection is cut and ``StoreUnavailableError`` raised; the lock,
+        statement and pool waits are cut to fit under it (housekeeping gets ten
+        times as long). A caller that serves an agent may want seconds.
 
         Raises:
             IntegrityError: this is an older copy of the store (below its
                 anchor), or the anchor is missing, damaged or forged.
             WrongKeyError: the keyring's master key does not open this store.
             PolicyError: the policy file is invalid.
-            InvalidArgumentError: PostgreSQL options given for a SQLite file.
+            InvalidArgumentError: PostgreSQL options given for a SQLite file, or
+                a call deadline that is not a positive number of seconds.
             SecurepadError: the file or server cannot be opened, or the store
                 was made by a newer version.
         """
         if not isinstance(keyring, Keyring):
             raise InvalidArgumentError("keyring must be a securepad.Keyring")
         resolved = resolve_policy(policy)
-        db = open_backend(db_path, admin, schema, resolved)
+        db = open_backend(db_path, admin, schema, resolved, call_timeout_s=call_timeout_s)
         try:
             pad = cls(db, keyring, resolved, clock, (anchor, adopt_anchor))
         except BaseException:

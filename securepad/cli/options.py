@@ -46,6 +46,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 ENVIRONMENT = (
     ("SECUREPAD_DB", "--db", "the store's database file (or a postgresql:// DSN)"),
     ("SECUREPAD_ADMIN_DB", "--admin", "PostgreSQL: the admin login's DSN, for housekeeping and migrations"),
+    ("SECUREPAD_CALL_TIMEOUT", "--call-timeout", "PostgreSQL: a call's deadline in seconds (policy default 60)"),
     ("SECUREPAD_KEY_FILE", "--key-file", "the master key file"),
     ("SECUREPAD_POLICY", "--policy", "a shipped policy's name or a TOML policy file"),
     ("SECUREPAD_ANCHOR", "--anchor", "the snapshot-rollback anchor file"),
@@ -166,6 +167,7 @@ class State:
         self.policy: str | None = None
         self.anchor: Path | None = None
         self.admin: str | None = None
+        self.call_timeout: float | None = None
         self.as_json = False
         # The key sources given on the command line (the environment's key file yields to them).
         self.key_options: set[str] = set()
@@ -281,6 +283,7 @@ class State:
                 anchor=self.anchor,
                 adopt_anchor=adopt_anchor,
                 admin=self.admin_dsn(),
+                call_timeout_s=self.call_timeout,
             )
         except WrongKeyError:
             if keyring.key_file is not None and not keyring.key_file.exists():
@@ -303,7 +306,12 @@ class State:
         key_existed = keyring.key_file is not None and keyring.key_file.exists()
         try:
             pad = Scratchpad.open(
-                self.db, keyring=keyring, policy=self.policy, anchor=self.anchor, admin=self.admin_dsn()
+                self.db,
+                keyring=keyring,
+                policy=self.policy,
+                anchor=self.anchor,
+                admin=self.admin_dsn(),
+                call_timeout_s=self.call_timeout,
             )
         except WrongKeyError:
             if keyring.key_file is not None and not keyring.key_file.exists():
@@ -342,6 +350,16 @@ def _set_db(state: State, value: str) -> None:
 def _set_key_file(state: State, value: str) -> None:
     state.key_file = Path(value).expanduser()
     state.key_file_explicit = True
+
+
+def _set_call_timeout(state: State, value: str) -> None:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds <= 86400:
+        raise click.BadParameter(f"{value!r} is not a number of seconds from 0 to 86400", param_hint="--call-timeout")
+    state.call_timeout = seconds
 
 
 def _set_anchor(state: State, value: str) -> None:
@@ -388,6 +406,14 @@ _GLOBALS: tuple[tuple[str, str, str | None, str, Callable[[State, Any], None]], 
         _set_attr("admin"),
     ),
     (
+        "call_timeout",
+        "--call-timeout",
+        "SECUREPAD_CALL_TIMEOUT",
+        "PostgreSQL: the deadline of one call in seconds; past it the call fails with StoreUnavailableError"
+        " [default: the policy's call_timeout_seconds, 60].",
+        _set_call_timeout,
+    ),
+    (
         "policy",
         "--policy",
         "SECUREPAD_POLICY",
@@ -404,7 +430,13 @@ _GLOBALS: tuple[tuple[str, str, str | None, str, Callable[[State, Any], None]], 
     ),
 )
 _KEY_OPTIONS = ("--key-file", "--master-key-env", "--passphrase-env")
-_METAVARS = {"--master-key-env": "VAR", "--passphrase-env": "VAR", "--policy": "NAME|PATH", "--admin": "DSN"}
+_METAVARS = {
+    "--master-key-env": "VAR",
+    "--passphrase-env": "VAR",
+    "--policy": "NAME|PATH",
+    "--admin": "DSN",
+    "--call-timeout": "SECONDS",
+}
 
 
 def current_state() -> State:
