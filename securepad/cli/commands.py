@@ -108,9 +108,9 @@ def _decode(raw: bytes, kind: str) -> Any:
         if kind == "json":
             return json.loads(raw)
     except ValueError as exc:  # bad UTF-8, bad JSON, or an integer past Python's 4,300-digit limit
-        raise InvalidArgumentError(f"SOURCE is not valid {kind}: {exc}") from None
-    except RecursionError:
-        raise InvalidArgumentError(f"SOURCE is {kind} nested deeper than securepad can read") from None
+        raise click.BadParameter(f"input is not valid {kind}: {exc}", param_hint="SOURCE") from None
+    except RecursionError:  # JSON nested past the interpreter's stack
+        raise click.BadParameter(f"input is not valid {kind}: nested too deeply", param_hint="SOURCE") from None
     return raw
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_runner import Cli
 
+from cli.cli_runner import Cli
 from securepad.cli import ENVIRONMENT
 
 

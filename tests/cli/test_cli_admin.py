@@ -10,7 +10,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
-from cli_runner import Cli, as_json, ok, put
+
+from cli.cli_runner import Cli, as_json, ok, put
 
 
 def _login(dsn: str, role: str) -> str:

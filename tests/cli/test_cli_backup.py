@@ -9,8 +9,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from cli_runner import Cli, as_json, ok, put
 
+from cli.cli_runner import Cli, as_json, ok, put
 from securepad import IntegrityError, Keyring, Principal, Scratchpad
 from securepad._drill import flip_segment_byte
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import click
 import pytest
-from cli_runner import Cli, as_json, ok, put
 
 import securepad.errors
+from cli.cli_runner import Cli, as_json, ok, put
 from securepad import Scratchpad
 from securepad.cli import main
 
@@ -70,10 +70,11 @@ def test_deeply_nested_json_input_is_a_typed_one_line_error(cli: Cli) -> None:
     ok(cli("init"))
     deep = "[" * 100_000 + "]" * 100_000
     result = cli("put", "--owner", "bob", "--turn", "t", "--step", "1", "--kind", "json", input=deep)
-    assert result.exit_code == 1 and len(result.stderr.splitlines()) == 1
-    assert result.stderr.startswith("error: InvalidArgumentError: ") and "nested deeper" in result.stderr
+    assert result.exit_code == 2 and len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith("error: UsageError: ") and "nested too deeply" in result.stderr
     bad = cli("--json", "put", "--owner", "bob", "--turn", "t", "--step", "1", "--kind", "json", input="{")
-    assert _error(bad, 1)["type"] == "InvalidArgumentError"
+    assert "input is not valid json" in _error(bad, 2)["message"]
+    assert as_json(cli("--json", "stats"))["entries"] == 0
 
 
 @pytest.mark.parametrize("owner", ["\\[/]", "\\[link=https://example.com]x\\[/link]", "[bold]b[/bold]"])

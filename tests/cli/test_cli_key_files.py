@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_runner import Cli, as_json, ok, put
 
+from cli.cli_runner import Cli, as_json, ok, put
 from securepad.keys import key_file_use, record_key_file_use
 
 

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_runner import Cli, as_json, ok
 
+from cli.cli_runner import Cli, as_json, ok
 from securepad import InvalidArgumentError, Keyring, Policy, Scratchpad
 from securepad._pg_log import POOL_LOGGER, PoolLogRelay, relay_pool_warnings
 from securepad.store import parts

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import apsw
 import pytest
-from cli_runner import Cli, ok
 
+from cli.cli_runner import Cli, ok
 from securepad import Scratchpad, StoreCorruptError
 
 

@@ -8,8 +8,8 @@ import re
 
 import click
 import pytest
-from cli_runner import Cli, as_json, ok, put
 
+from cli.cli_runner import Cli, as_json, ok, put
 from securepad.cli import main
 from securepad.turn import MAX_TOOL_INT
 

@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from cli_runner import Cli, ok
 
+from cli.cli_runner import Cli, ok
 from securepad import Keyring, Scratchpad
 from securepad._db import SCHEMA_VERSION
 
