@@ -936,8 +936,8 @@ def _check_is_database(path: Path) -> None:
         raise SecurepadError(f"cannot open store {path}: {exc.strerror or exc}") from None
     if head and not head.startswith(_SQLITE_HEADER):
         raise StoreCorruptError(
-            f"{path} is not a securepad store (not a SQLite database); nothing was changed:"
-            " check the path, or give a path that does not exist to `securepad init`"
+            f"the store {path} is damaged or is not a securepad store (not a SQLite database); nothing was"
+            " changed: check the path, or give a path that does not exist to `securepad init`"
         )
     # The schema cookie (offset 40) moves with every schema change; the store
     # sets its schema version (user_version, offset 60) in the transaction that
