@@ -20,10 +20,9 @@ def _login(dsn: str, role: str) -> str:
 
 
 @pytest.fixture
-def logins(cli: Cli) -> Iterator[tuple[str, str]]:
-    """(application DSN, ops DSN) on the store ``cli`` made."""
-    if cli.backend != "postgresql":
-        pytest.skip("the role split is PostgreSQL's")
+def logins(pg_cli: Cli) -> Iterator[tuple[str, str]]:
+    """(application DSN, ops DSN) on the store ``pg_cli`` made."""
+    cli = pg_cli
     assert cli.store is not None
     ok(cli("init"))
     app, ops = f"securepad_app_{secrets.token_hex(4)}", f"securepad_ops_{secrets.token_hex(4)}"
@@ -38,8 +37,8 @@ def logins(cli: Cli) -> Iterator[tuple[str, str]]:
             conn.execute(f"DROP ROLE IF EXISTS {ops}")
 
 
-def test_housekeeping_runs_with_the_admin_login(cli: Cli, logins: tuple[str, str]) -> None:
-    app, ops = logins
+def test_housekeeping_runs_with_the_admin_login(pg_cli: Cli, logins: tuple[str, str]) -> None:
+    cli, (app, ops) = pg_cli, logins
     put(cli, 1)
     as_app = Cli(cli.home, cli.env, app)
     refused = as_app("gc")

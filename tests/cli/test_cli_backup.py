@@ -113,9 +113,8 @@ def test_backup_is_consistent_while_another_connection_writes(cli: Cli) -> None:
             assert copy.verify()["ok"]
 
 
-def test_postgresql_is_sent_to_pg_dump(cli: Cli) -> None:
-    if cli.backend != "postgresql":
-        pytest.skip("the PostgreSQL answer")
+def test_postgresql_is_sent_to_pg_dump(pg_cli: Cli) -> None:
+    cli = pg_cli
     ok(cli("init"))
     result = cli("backup", "b.db")
     assert result.exit_code == 1 and "pg_dump" in result.stderr and not Path("b.db").exists()
