@@ -894,10 +894,10 @@ def _create_private_file(path: Path, allow_shared: bool = False, *, companions: 
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         raise SecurepadError(f"cannot create store {path}: {exc.strerror or exc}") from None
+    if companions:  # what is at the path is named before anything about its directory
+        _check_is_database(path)
     if not allow_shared:
         check_directory(path.parent, "store", STORE_OVERRIDE)
-    if companions:
-        _check_is_database(path)
     for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")) if companions else (path,):
         try:
             fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

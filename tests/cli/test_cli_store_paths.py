@@ -65,3 +65,13 @@ def test_the_library_refuses_a_non_store_file_before_judging_its_mode(tmp_path: 
     with pytest.raises(StoreCorruptError, match="not a securepad store"):
         Scratchpad.open(target, keyring=keyring)  # type: ignore[arg-type]
     assert target.read_bytes() == b"k"
+
+
+@pytest.mark.sqlite_only
+def test_a_file_in_a_shared_directory_is_named_before_its_directory(cli: Cli, tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # as /tmp
+    (shared / "notes.txt").write_text("not a store\n")
+    result = cli("--db", str(shared / "notes.txt"), "stats")
+    assert result.exit_code == 1 and "not a securepad store" in result.stderr and "chmod" not in result.stderr
