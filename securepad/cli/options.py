@@ -112,7 +112,9 @@ class SecurepadGroup(click.Group):
         except click.ClickException as exc:
             fail(USAGE_ERROR, exc.format_message(), as_json, 2 if isinstance(exc, click.UsageError) else exc.exit_code)
         except click.exceptions.Abort as exc:
-            if isinstance(exc.__cause__, KeyboardInterrupt):
+            # click turns Ctrl-C into Abort: from the interrupt itself, or (at a
+            # prompt) in its handling; a declined confirmation has neither.
+            if isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt):
                 interrupted(as_json)
             fail(ABORTED, "not confirmed; nothing was changed", as_json, 1)
         except KeyboardInterrupt:

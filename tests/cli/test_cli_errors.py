@@ -6,6 +6,12 @@ Stored and user-given strings are shown as text, never read as markup."""
 from __future__ import annotations
 
 import json
+import os
+import select
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -13,7 +19,6 @@ import pytest
 
 import securepad.errors
 from cli.cli_runner import Cli, as_json, ok, put
-from securepad import Scratchpad
 from securepad.cli import main
 
 CLI_TYPES = {"UsageError", "Aborted", "Interrupted"}
@@ -53,17 +58,40 @@ def test_a_declined_confirmation_changes_nothing(cli: Cli) -> None:
     assert as_json(cli("--json", "stats"))["entries"] == 1
 
 
+def _securepad(cli: Cli, *args: str) -> subprocess.Popen[bytes]:
+    """``python -m securepad ARGS`` as a real process on ``cli``'s HOME."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SECUREPAD_", "XDG_"))} | {"HOME": str(cli.home)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "securepad", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+
+
 @pytest.mark.sqlite_only
-def test_ctrl_c_exits_130_with_a_plain_line(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ctrl_c_while_a_command_works_exits_130_with_a_plain_line(cli: Cli, tmp_path: Path) -> None:
     ok(cli("init"))
-
-    def interrupted(*args: Any, **kwargs: Any) -> Any:
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(Scratchpad, "stats", interrupted)
-    result = cli("stats")
-    assert result.exit_code == 130 and result.stderr.strip() == "interrupted"
-    assert _error(cli("--json", "stats"), 130)["type"] == "Interrupted"
+    fifo = tmp_path / "source"
+    os.mkfifo(fifo)
+    process = _securepad(cli, "put", "--owner", "bob", "--turn", "t", "--step", "1", str(fifo))
+    writer = None
+    for _ in range(3000):  # a writer can open the FIFO once the command has opened it to read
+        try:
+            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:
+            assert process.poll() is None
+            select.select([], [], [], 0.01)
+    assert writer is not None
+    try:
+        process.send_signal(signal.SIGINT)  # the command waits for its input
+        _, err = process.communicate(timeout=30)
+    finally:
+        os.close(writer)
+    assert process.returncode == 130 and err.decode().strip() == "interrupted"
+    assert as_json(cli("--json", "stats"))["entries"] == 0
 
 
 def test_deeply_nested_json_input_is_a_typed_one_line_error(cli: Cli) -> None:
@@ -95,3 +123,25 @@ def test_every_error_type_the_group_names_is_documented() -> None:
     from securepad.cli.options import ABORTED, INTERRUPTED, USAGE_ERROR
 
     assert {USAGE_ERROR, ABORTED, INTERRUPTED} == CLI_TYPES
+
+
+@pytest.mark.sqlite_only
+@pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["text", "json"])
+def test_ctrl_c_at_a_prompt_exits_130(cli: Cli, json_flag: list[str]) -> None:
+    ok(cli("init"))
+    process = _securepad(cli, *json_flag, "forget-owner", "bob")
+    assert process.stdout is not None
+    seen = b""
+    while b"for good?" not in seen:  # the prompt is up: the process waits for an answer
+        ready, _, _ = select.select([process.stdout], [], [], 30)
+        assert ready, seen
+        chunk = os.read(process.stdout.fileno(), 4096)
+        assert chunk, seen
+        seen += chunk
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 130
+    if json_flag:
+        assert json.loads(err) == {"error": {"type": "Interrupted", "message": "interrupted"}}
+    else:
+        assert err.decode().strip() == "interrupted"
