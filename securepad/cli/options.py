@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -553,7 +554,9 @@ def emit(value: Any, render: Callable[[Any], None]) -> None:
 
 
 ENV_HELP = "\b\nEnvironment variables (the command line wins over them):\n" + "\n".join(
-    f"  {var:<20} {option:<10} {what}" for var, option, what in ENVIRONMENT
+    line
+    for var, option, what in ENVIRONMENT
+    for line in textwrap.wrap(f"{var} ({option}): {what}", 78, initial_indent="  ", subsequent_indent="      ")
 )
 
 
