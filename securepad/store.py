@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
@@ -24,6 +22,7 @@ from . import reads
 from ._assembly import NEAR_KEY, Anchoring, Assembly, Parts, open_backend, resolve_policy
 from ._backend import Backend
 from ._db import Database
+from ._restore import replace_store, stage_copy
 from .access import check_principal
 from .entries import Entry, Opened
 from .errors import IntegrityError, InvalidArgumentError, SecurepadError
@@ -491,7 +490,7 @@ class Scratchpad:
                 f" (copy it with backup first)"
             )
         resolved = resolve_policy(policy)
-        staged = _stage_copy(source, target)
+        staged = stage_copy(source, target)
         try:
             with cls.open(staged, keyring=keyring, policy=resolved, anchor=False) as copy:
                 checked = copy.verify(now=now)
@@ -500,7 +499,7 @@ class Scratchpad:
                     f"the backup {source} fails verification ({len(checked['problems'])} problems): nothing was"
                     " changed; run securepad verify on a copy of it to see them"
                 )
-            replaced = _replace_store(target, staged, resolved)
+            replaced = replace_store(target, staged, resolved)
         finally:
             for leftover in (staged, Path(f"{staged}-wal"), Path(f"{staged}-shm")):
                 leftover.unlink(missing_ok=True)
@@ -542,54 +541,6 @@ def _package_version() -> str:
         return version("securepad")
     except PackageNotFoundError:  # pragma: no cover - run from a source tree without metadata
         return "this version"
-
-
-def _stage_copy(source: Path, target: Path) -> Path:
-    """A private (0600) copy of ``source`` beside ``target``, for a restore to check.
-
-    Raises:
-        SecurepadError: the copy cannot be written.
-    """
-    staged = target.with_name(f".{target.name}.restore-{secrets.token_hex(6)}")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as out, open(source, "rb") as data:
-            shutil.copyfileobj(data, out)
-    except OSError as exc:
-        staged.unlink(missing_ok=True)
-        raise SecurepadError(f"cannot copy {source} beside {target}: {exc.strerror or exc}") from None
-    return staged
-
-
-def _replace_store(target: Path, staged: Path, policy: Policy) -> str | None:
-    """Make the checked copy ``staged`` the store at ``target``: moved into
-    place when there is none, else copied in through SQLite's backup API after
-    the replaced store is backed up beside it. Returns that backup's path.
-
-    Raises:
-        StoreCorruptError: the file at ``target`` is not a securepad store.
-        SecurepadError: a file cannot be written.
-    """
-    if not target.exists():
-        try:
-            os.link(staged, target)  # never over a file that appeared meanwhile
-        except OSError as exc:
-            raise SecurepadError(f"cannot create {target}: {exc.strerror or exc}") from None
-        return None
-    db = open_backend(target, None, "securepad", policy)
-    try:
-        if not isinstance(db, Database):  # pragma: no cover - a path is always a file
-            raise InvalidArgumentError("restore puts back a SQLite store")
-        n = 1
-        while os.path.lexists(f"{target}.replaced-{n}"):
-            n += 1
-        aside = Path(f"{target}.replaced-{n}")
-        db.copy_to(aside)
-        db.restore_from(staged)
-    finally:
-        db.close()
-    return str(aside)
 
 
 def _listed(opened: Opened) -> dict[str, Any]:
