@@ -132,14 +132,14 @@ class Assembly:
         self.anchor = _open_anchor(db, keys, policy, anchoring)
         access = Access(db, policy)
         table = Entries(db, keys, access, policy, clock)
-        records = Records(db, keys, access, table.ttl, table.now, table.check_quota, table.heads)
+        records = Records(db, keys, access, table.ttl, table.now, table.check_quota, table.heads, table.write_now)
         writes = self.anchor.status()["committed"] if self.anchor else 0
         # The flags as read at unlock, not read again (a round trip each on
         # PostgreSQL): a flag only goes from "to do" to "done", in a transaction
         # that reads it again, so a read made earlier in this open decides as well.
         meta = keys.opened_meta
+        # The usage heads of a store from before them come in the same transaction.
         HeadBuilder(table.heads, db, keys).build_if_needed(table.now, writes=writes, meta=meta)
-        table.heads.seed_usage(meta)  # after the heads' build: a store from before usage totals
         self.parts = Parts(db, keys, access, table, records)
 
     def close(self) -> None:
@@ -168,12 +168,16 @@ class Assembly:
         """``Scratchpad.forget_owner``."""
         return lifecycle.forget_owner(self.parts.db, self.parts.keys, owner_user_id)
 
+    def drop_turn(self, owner_user_id: str, turn_id: str) -> dict[str, Any]:
+        """``Scratchpad.drop_turn``."""
+        return lifecycle.drop_turn(self.parts.db, self.parts.entries.heads, owner_user_id, turn_id)
+
     def gc(self, now: float | None, *, wait: bool) -> int:
         """``Scratchpad.gc``: heads pruned, expired entries and records deleted in
         one admin transaction, then (with ``wait``) a scrub when the file has a
         quarter of its pages free (``Backend.scrub_after_deletes``), or a checkpoint."""
         db = self.parts.db
-        cutoff = self.parts.entries.now(now)
+        cutoff = self.parts.entries.write_now(now)
         with db.transaction(admin=True, wait=wait) as conn:
             # prune reads every row the deletes below would remove (expired
             # entries, checkpoints and marks; segments go with their entries),
@@ -235,7 +239,11 @@ def _open_anchor(db: Backend, keys: Keystore, policy: Policy, anchoring: Anchori
     if path is None:
         return None
     sync, interval_s = policy.anchor_sync, float(policy.anchor_interval_seconds)
-    anchor = Anchor(db, keys.counter_seal, path, sync=sync, interval_s=interval_s, default=where is None)
+    # Beside the key file, the key file's override covers the anchor too.
+    shared = policy.allow_shared_files or (where is None and keys.keyring.allow_shared)
+    anchor = Anchor(
+        db, keys.counter_seal, path, sync=sync, interval_s=interval_s, default=where is None, allow_shared=shared
+    )
     anchor.open(adopt=adopt)
     return anchor
 
@@ -257,6 +265,14 @@ def _move_anchor(anchor: Anchor | None, keys: Keystore, new_keyring: Keyring) ->
     if path is None or path == anchor.path:
         return anchor
     anchor.close()
-    moved = Anchor(anchor.db, keys.counter_seal, path, sync=anchor.sync, interval_s=anchor.interval_s, default=True)
+    moved = Anchor(
+        anchor.db,
+        keys.counter_seal,
+        path,
+        sync=anchor.sync,
+        interval_s=anchor.interval_s,
+        default=True,
+        allow_shared=anchor.allow_shared or new_keyring.allow_shared,
+    )
     moved.open(adopt=True)
     return moved

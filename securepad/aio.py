@@ -383,6 +383,16 @@ class AsyncScratchpad:
         """
         return await self._run(self._pad.forget_owner, owner_user_id)
 
+    async def drop_turn(self, owner_user_id: str, turn_id: str) -> dict[str, Any]:
+        """``Scratchpad.drop_turn``: delete an owner's turn whole, whatever its check says.
+
+        Raises:
+            InvalidArgumentError: an identifier is malformed.
+            IntegrityError: the owner's owner head or usage head fails authentication.
+            StoreBusyError: the write lock was not obtained in time.
+        """
+        return await self._run(self._pad.drop_turn, owner_user_id, turn_id)
+
     async def turn(self, principal: Principal, turn_id: str, *, now: float | None = None) -> AsyncTurn:
         """``Scratchpad.turn`` (which collects expired entries first): the runtime
         surface for one turn of one principal, with async methods.

@@ -27,6 +27,7 @@ from argon2.exceptions import HashingError
 from argon2.low_level import Type, hash_secret_raw
 
 from ._files import check_directory, check_private_file
+from ._process import make_undumpable, scrub_initial_environment
 from .crypto import KEY_BYTES, KeyHandle
 from .errors import InvalidArgumentError, SecurepadError, WrongKeyError
 
@@ -80,6 +81,11 @@ class Keyring:
         return self._source.kind
 
     @property
+    def allow_shared(self) -> bool:
+        """Whether the key file's owner and mode checks were lifted (``from_key_file(..., allow_shared=True)``)."""
+        return self._allow_shared
+
+    @property
     def key_file(self) -> Path | None:
         """The key file's path, for a keyring built from one."""
         return Path(self._source.detail) if self._source.kind == "file" else None
@@ -130,12 +136,22 @@ class Keyring:
         return cls(_Source("file", str(key_path), _decode_key(raw, f"key file {key_path}")), allow_shared=allow_shared)
 
     @classmethod
-    def from_env(cls, var: str = "SECUREPAD_MASTER_KEY", *, keep_in_env: bool = False) -> Keyring:
+    def from_env(
+        cls, var: str = "SECUREPAD_MASTER_KEY", *, keep_in_env: bool = False, keep_dumpable: bool = False
+    ) -> Keyring:
         """Use the base64 32-byte master key in environment variable ``var``.
 
         Once read, the variable is removed from this process's environment, so
         that no subprocess the agent starts (a shell tool, say) inherits the
-        master key. ``keep_in_env=True`` leaves it there.
+        master key, and on Linux its value is overwritten in the initial
+        environment block that ``/proc/<pid>/environ`` shows, so that no
+        process of the same user reads it there. ``keep_in_env=True`` leaves
+        it in both.
+
+        The process is also made non-dumpable on Linux (no core dump; its
+        ``/proc/<pid>/`` files, memory included, are root's; no debugger of
+        the same user attaches). ``keep_dumpable=True`` leaves it dumpable,
+        for debugging (``py-spy``, ``gdb -p``) at the price of those reads.
 
         Raises:
             WrongKeyError: the variable is unset or does not hold a base64 32-byte key
@@ -147,6 +163,10 @@ class Keyring:
         key = _decode_key(value.encode("ascii", "replace"), f"environment variable {var}")
         if not keep_in_env:
             os.environ.pop(var, None)  # os.environ's pop also unsets it for child processes
+            # After the unset, so that no thread's getenv sees a blanked value.
+            scrub_initial_environment(var)
+        if not keep_dumpable:
+            make_undumpable()
         return cls(_Source("env", var, key))
 
     @classmethod

@@ -197,8 +197,9 @@ class Scratchpad:
 
         Raises:
             InvalidArgumentError: a bad principal, id, step, ttl, an
-                observation that is not JSON-serializable, or the step is
-                already recorded in the turn.
+                observation that is not JSON-serializable, the step is
+                already recorded in the turn, or ``now`` is more than the
+                policy's ``max_clock_skew_seconds`` past the clock.
             QuotaExceededError: the entry exceeds ``max_entry_bytes`` or the
                 owner's ``owner_quota_bytes``.
             StoreBusyError: the write lock was not obtained in time.
@@ -369,6 +370,18 @@ class Scratchpad:
         """Crypto-shred an owner's keys and entries; see ``lifecycle.forget_owner``."""
         return self._assembly.forget_owner(owner_user_id)
 
+    def drop_turn(self, owner_user_id: str, turn_id: str) -> dict[str, Any]:
+        """Delete an owner's turn whole (entries, records, head), whatever its
+        check says: the explicit way out of a turn found tampered that no backup
+        restores; see ``lifecycle.drop_turn``. Returns what was removed, per table.
+
+        Raises:
+            InvalidArgumentError: an identifier is malformed.
+            IntegrityError: the owner's owner head or usage head fails authentication.
+            StoreBusyError: the write lock was not obtained in time.
+        """
+        return self._assembly.drop_turn(owner_user_id, turn_id)
+
     # -- maintenance ----------------------------------------------------------------
 
     def gc(self, now: float | None = None, *, wait: bool = True) -> int:
@@ -384,6 +397,8 @@ class Scratchpad:
         ``gc``, ``scrub`` or ``forget_owner`` finishes the job.
 
         Raises:
+            InvalidArgumentError: ``now`` is not a finite number, or is more
+                than the policy's ``max_clock_skew_seconds`` past the clock.
             StoreBusyError: the write lock was not obtained in time.
             StorageFullError: no room for the deletes (nothing was deleted), or
                 for the scrub after them (the message says the deletes stand;

@@ -357,8 +357,8 @@ def test_policy_load_takes_a_shipped_name(tmp_path: Path, monkeypatch: pytest.Mo
     assert Policy.load("default") == Policy.default()
     with pytest.raises(PolicyError, match="no shipped policy named 'nope'"):
         Policy.load("nope")
-    Path("mine").write_text('[access]\nscope = "owner+channel"\n')  # a file in the cwd wins over a name
-    assert Policy.load("mine").scope == "owner+channel"
+    Path("mine").write_text('[access]\nscope = "owner+channel"\n')  # a file is named by a path
+    assert Policy.load("./mine").scope == "owner+channel"
     with Scratchpad.open(tmp_path / "s.db", keyring=Keyring.from_key_file(tmp_path / "k"), policy="strict") as pad:
         assert pad.policy.name == "strict"
 

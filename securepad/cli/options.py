@@ -420,7 +420,8 @@ _GLOBALS: tuple[tuple[str, str, str | None, str, Callable[[State, Any], None]], 
         "policy",
         "--policy",
         "SECUREPAD_POLICY",
-        "A shipped policy's name (default, strict, channel...) or a TOML policy file [default: default].",
+        "A shipped policy's name (default, strict, channel...) or a TOML policy file's path (./mine, mine.toml)"
+        " [default: default].",
         _set_attr("policy"),
     ),
     (
