@@ -71,7 +71,7 @@ class Opener:
         if not rows:
             self._access.denied(principal, scratchpad_id)
             raise NotFoundError(NOT_FOUND_MESSAGE)
-        current = self.now(now)
+        current = self.timeline.entry_time(scratchpad_id, now)
 
         def fetch(got: Rows | None = None) -> tuple[dict[str, Any] | None, Readable | None]:
             if got is None:
@@ -102,7 +102,7 @@ class Opener:
         if row is None:  # deleted meanwhile
             raise NotFoundError(NOT_FOUND_MESSAGE)
         if opened is None:
-            self.timeline.found_expired(current)
+            self.timeline.found_expired(scratchpad_id, current)
             raise ExpiredError("this entry has expired")
         return opened
 

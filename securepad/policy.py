@@ -39,8 +39,8 @@ _LIMITS: dict[tuple[str, str], tuple[type, int, int]] = {
     ("limits", "max_ttl_seconds"): (int, 1, 10 * 365 * 86400),
     # Nesting of a structured observation; past ~900 Python's JSON encoder overflows its stack.
     ("limits", "max_json_depth"): (int, 1, 500),
-    # How far a caller's ``now`` may run ahead of this host's clock, or back
-    # from the latest time the open store used (timeline.py).
+    # How far the ``now`` of a write or gc may run ahead of this host's clock
+    # (timeline.py); a ``now`` behind the clock is not bounded.
     ("limits", "max_clock_skew_seconds"): (int, 1, 86400),
     ("storage", "wal_limit_bytes"): (int, 1 << 20, 1 << 40),
     ("storage", "anchor_interval_seconds"): (int, 1, 86400),
