@@ -7,6 +7,7 @@ access across owners: the owner condition is always part of the scope.
 from __future__ import annotations
 
 import os
+import stat
 import tomllib
 from dataclasses import dataclass, fields
 from importlib import resources
@@ -257,15 +258,19 @@ def _read_policy_file(path: Path, checked: bool, shipped: tuple[str, ...]) -> st
         PolicyError: unreadable, not UTF-8, or others could write or replace it.
     """
     try:
-        fd = os.open(path, os.O_RDONLY)
+        # Non-blocking: a FIFO in the policy's place would block the open for good.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
         raise PolicyError(
             f"cannot read policy file {path}: {exc.strerror} (a shipped policy is named without a path:"
             f" {', '.join(shipped)})"
         ) from None
     try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):  # a FIFO or a device (/dev/zero) is read for ever
+            raise PolicyError(f"cannot read policy file {path}: not a regular file")
         if checked:
-            check_trusted_file(path, os.fstat(fd), "policy file", POLICY_OVERRIDE)
+            check_trusted_file(path, info, "policy file", POLICY_OVERRIDE)
             check_directory(path.absolute().parent, "policy file", POLICY_OVERRIDE)
         with os.fdopen(fd, "rb", closefd=False) as handle:
             raw = handle.read()
