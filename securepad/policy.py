@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ._files import POLICY_OVERRIDE, check_directory, check_trusted_file
+from ._files import POLICY_OVERRIDE, check_file_directories, check_trusted_file
 from .errors import NotFoundError, PolicyError, SecurepadError
 from .principal import Principal
 
@@ -271,7 +271,7 @@ def _read_policy_file(path: Path, checked: bool, shipped: tuple[str, ...]) -> st
             raise PolicyError(f"cannot read policy file {path}: not a regular file")
         if checked:
             check_trusted_file(path, info, "policy file", POLICY_OVERRIDE)
-            check_directory(path.absolute().parent, "policy file", POLICY_OVERRIDE)
+            check_file_directories(path, "policy file", POLICY_OVERRIDE)
         with os.fdopen(fd, "rb", closefd=False) as handle:
             raw = handle.read()
     except PolicyError:

@@ -155,3 +155,15 @@ def test_a_policy_path_that_is_not_a_regular_file_is_refused_at_once(workdir: Pa
         Policy.load("fifo.toml", allow_shared=allow_shared)
     with pytest.raises(PolicyError, match=r"not a regular file"):
         Policy.load("/dev/null", allow_shared=allow_shared)
+
+
+def test_a_policy_file_reached_through_a_link_into_a_directory_anyone_may_write_is_refused(workdir: Path) -> None:
+    shared = workdir / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    (workdir / "mine.toml").symlink_to(plant(shared, "real.toml", MINE))
+    with pytest.raises(PolicyError, match=r"policy file's directory .*shared .* anyone may plant"):
+        Policy.load("mine.toml")
+    assert Policy.load("mine.toml", allow_shared=True).scope == "owner+channel"
+    shared.chmod(0o755)
+    assert Policy.load("mine.toml").scope == "owner+channel"
