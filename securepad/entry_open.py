@@ -39,7 +39,7 @@ class Opener:
 
     def __init__(self, parts: EntryParts) -> None:
         self._db, self._keys, self._access = parts.db, parts.keys, parts.access
-        self.policy, self.heads, self.now = parts.policy, parts.heads, parts.now
+        self.policy, self.heads = parts.policy, parts.heads
         self.timeline = parts.timeline
 
     def open(
