@@ -66,10 +66,14 @@ _INVENTORY_SQL = (
 # searched.
 _SQLITE_STALE = ("(SELECT 1 FROM token WHERE same = 0) AS stale CROSS JOIN ", "")
 # SQLite's token: the connection's data version, which moves with every commit
-# of any other connection, in this process or another.
+# of any other connection, in this process or another, and the turn's sealed
+# head (one primary-key look-up), which a write of this process that kept the
+# turn's inventory (``Heads.change``) sealed: equal to the one sent, the head
+# stored is that write's, so the write committed.
 _SQLITE_FRESHNESS = (
-    "SELECT NULL AS turn_id, NULL AS sealed, CASE WHEN data_version IS ? THEN 1 ELSE 0 END AS same,"
-    " data_version AS value, NULL AS snap FROM pragma_data_version()"
+    "SELECT NULL AS turn_id, h.sealed AS sealed, CASE WHEN data_version IS ? AND h.sealed IS ? THEN 1 ELSE 0 END"
+    " AS same, data_version AS value, NULL AS snap FROM pragma_data_version()"
+    " LEFT JOIN (SELECT sealed FROM turn_heads WHERE owner_user_id = ? AND turn_id = {turn}) AS h"
 )
 # PostgreSQL's statement (issue 15): the same rows, each value sent once (``p``:
 # owner, turn, and the sent token's head, digest and snapshot), the turn's
@@ -312,11 +316,36 @@ class InventoryReads:
             if row["k"] == "v":
                 same = bool(row["n"])
                 if self._sqlite:
-                    return (row["actor"],), same
+                    return (row["actor"], row["sealed"]), same
                 if row["turn_id"] != turn_id or row["sealed"] is None:
                     return None, same
                 return (row["turn_id"], bytes(row["sealed"]), row["actor"], row["channel"]), same
         return None, False
+
+    @property
+    def keeps_writes(self) -> bool:
+        """Whether a write of this process keeps the turn's cached inventory,
+        edited as it edits the turn (``Heads.change``), instead of dropping it:
+        on SQLite, whose token holds the turn's sealed head. PostgreSQL's token
+        holds the server's digest of the turn's rows, which a write cannot
+        know before a read computes it."""
+        return self._sqlite
+
+    @staticmethod
+    def sealed_of(token: tuple[Any, ...]) -> bytes | None:
+        """The turn head a SQLite token was taken with (``keeps_writes``)."""
+        return None if token[1] is None else bytes(token[1])
+
+    @staticmethod
+    def written(token: tuple[Any, ...], sealed: bytes) -> tuple[Any, ...]:
+        """A SQLite token after a write of this connection sealed the turn's head
+        ``sealed``: the same data version (the connection's own commits do not
+        move it), the new head. A read then finds it fresh only if no other
+        connection committed since the token was read (the data version), and
+        the head stored is the one the write sealed (it committed: AES-GCM
+        seals each head under a fresh nonce, so no other write seals the same
+        bytes)."""
+        return (token[0], sealed)
 
     @staticmethod
     def holds(cached: tuple[Any, ...], token: tuple[Any, ...]) -> bool:
@@ -349,8 +378,17 @@ class InventoryReads:
         the schema's read function instead (the same rows; the warm read's
         server CPU, without the statement's plan: ``pg_read_functions``)."""
         if self._sqlite:
-            sent: Params = (None,) if token is None else token
-            return self._inventory.format(turn=turn), (*sent, owner, value, OWNER_HEAD, *(owner, value) * 3, owner)
+            sent: Params = (None, None) if token is None else token
+            return self._inventory.format(turn=turn), (
+                *sent,
+                owner,
+                value,
+                owner,
+                value,
+                OWNER_HEAD,
+                *(owner, value) * 3,
+                owner,
+            )
         sealed, digest, snap = (None, None, None) if token is None else token[1:]
         params = (owner, value, sealed, digest, snap, OWNER_HEAD)
         if not self.cache.enabled:

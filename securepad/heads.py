@@ -63,7 +63,7 @@ from ._backend import Backend, Conn, OwnerLockNeeded, Params, Rows
 from .access import audit_log
 from .crypto import Wrapper
 from .errors import IntegrityError, StoreBusyError
-from .head_cache import HeadCache
+from .head_cache import HeadCache, InventoryEdit, Verified
 from .head_checks import HeadChecks
 from .head_last import Once, once_sql
 from .head_owner import NO_TURNS, OWNER_HEAD, USAGE_HEAD, OwnerHeads, usage_body, usage_of
@@ -384,19 +384,22 @@ class Heads(HeadChecks, OwnerHeads):
                 counting the owner's live entries only.
             OwnerLockNeeded: with ``turn_only``, as above.
         """
-        self._cache.drop(owner, turn_id)
+        scope = self._db.read_scope()
+        kept = self._cache.take(scope, owner, turn_id)
         by_turn = self._heads_of(conn, owner, turn_id, entry_id, rows)
         if turn_only and turn_id not in by_turn:
             raise OwnerLockNeeded  # a new turn joins the owner head: the exclusive lock's
         tally = self._turn_tally(by_turn, owner, turn_id)
         before = tally.dumps()
-        change = HeadEdit(tally, self.terms(owner, turn_id))
+        change = InventoryEdit(tally, self.terms(owner, turn_id), self._kept_head(kept, by_turn.get(turn_id)))
         edit(change)
         tally.b = max(tally.b, 0)
         body = tally.dumps()  # what a write within the reservation seals, unchanged below (issue 15: one JSON less)
         if body == before:  # nothing the head counts changed: the caller's insert alone
             if insert is not None:
                 conn.defer(*insert)
+            if kept is not None and change.head is not None:
+                self._cache.put(scope, owner, turn_id, kept.token, change.head)
             return tally.r - tally.b
         if turn_only:
             if tally.b > tally.r or change.bytes < 0:
@@ -405,9 +408,21 @@ class Heads(HeadChecks, OwnerHeads):
         else:
             bodies = self._owner_bodies(conn, owner, turn_id, by_turn, tally, change.bytes, room, version)
         spare = tally.r - tally.b  # before the tally is handed on (``head_last``: a put in one message edits it)
-        self.write_bodies(conn, owner, bodies, version, insert)
+        sealed = self.write_bodies(conn, owner, bodies, version, insert)
         self.last.attach(owner, turn_id, bodies[0][1], tally)
+        if kept is not None and change.head is not None:
+            self._cache.put(scope, owner, turn_id, self.reads.written(kept.token, sealed[0]), change.head)
         return spare
+
+    def _kept_head(self, kept: Verified | None, stored: dict[str, Any] | None) -> Head | None:
+        """The cached inventory a write of the turn edits along with its tally:
+        the one taken out of the cache when its token says the stored head
+        (read in the write's transaction) is the one it was verified with, or
+        sealed by this connection's last write of the turn; None otherwise (the
+        turn is verified again at its next read)."""
+        if kept is None or stored is None or not self.reads.keeps_writes:
+            return None
+        return kept.head if self.reads.sealed_of(kept.token) == bytes(stored["sealed"]) else None
 
     def change_once(
         self,
