@@ -45,7 +45,7 @@ AUTOCHECKPOINT_PAGES = 1000
 # keeps the largest size it ever reached until a TRUNCATE checkpoint).
 WAL_KEEP_BYTES = 16 * 1024 * 1024
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 # The policy's durability -> SQLite's synchronous setting, set on every connection.
 _SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL"}
@@ -280,6 +280,14 @@ _MIGRATIONS: dict[int, str] = {
     DROP TRIGGER IF EXISTS owner_usage_update;
     DROP TABLE IF EXISTS owner_usage;
     INSERT OR REPLACE INTO store_meta(key, value) VALUES ('owner_usage', 'seed');
+    """,
+    # A turn's index covers the clear columns of its inventory, so that a read
+    # checks them against the ones it verified from the index alone (the
+    # freshness token's rows' text, head_reads.py) after a commit elsewhere.
+    12: """
+    DROP INDEX IF EXISTS entries_owner_turn;
+    CREATE INDEX entries_owner_turn
+        ON entries(owner_user_id, turn_id, step_num, id, expires_at, stored_bytes, actor, channel);
     """,
 }
 

@@ -193,8 +193,9 @@ class Heads(HeadChecks, OwnerHeads):
             if entry is not None and token is not None and self.reads.holds(entry.token, token):
                 try:
                     check(entry.head, fetched)
-                    if entry.token != token:  # the same inventory in a newer snapshot
-                        self._cache.put(scope, owner, turn_id, token, entry.head)
+                    kept = self.reads.kept(entry.token, token)
+                    if entry.token != kept:  # the same inventory in a newer snapshot
+                        self._cache.put(scope, owner, turn_id, kept, entry.head)
                     return fetched
                 except IntegrityError:
                     self._cache.drop(owner, turn_id)
