@@ -431,7 +431,8 @@ class InventoryReads:
         if self._sqlite:
             sent: Params = (None, None, None) if token is None else token
             statement = self._inventory if self.cache.enabled else self._bare
-            return statement.format(turn=turn), (*sent, owner, value, owner, value, OWNER_HEAD, *(owner, value) * 3, owner)
+            turn_params = (owner, value, OWNER_HEAD, *(owner, value) * 3, owner)
+            return statement.format(turn=turn), (*sent, owner, value, *turn_params)
         sealed, digest, snap = (None, None, None) if token is None else token[1:]
         params = (owner, value, sealed, digest, snap, OWNER_HEAD)
         if not self.cache.enabled:

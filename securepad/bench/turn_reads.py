@@ -71,8 +71,8 @@ def _sqlite_stores(path: Path, keyring: Keyring) -> Iterator[tuple[Scratchpad, S
 
 @contextmanager
 def _pg_stores(dsn: str, keyring: Keyring) -> Iterator[tuple[Scratchpad, Scratchpad]]:
-    import psycopg  # noqa: PLC0415 - only with --pg
-    from psycopg_pool import ConnectionPool  # noqa: PLC0415
+    import psycopg
+    from psycopg_pool import ConnectionPool
 
     schema = f"bench_turn_reads_{secrets.token_hex(4)}"
     try:
