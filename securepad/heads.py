@@ -54,9 +54,11 @@ absent (gc subtracts what it collects, in its transaction).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from ._backend import Backend, Conn, OwnerLockNeeded, Params, Rows
@@ -209,14 +211,27 @@ class Heads(HeadChecks, OwnerHeads):
         except IntegrityError:
             pass  # tampering, or a writer or a rotation (a key retired) between the reads
         for _ in range(_CONSISTENT_TRIES):
-            before = self._rows(owner, turn_id)
-            fetched = fetch()
-            if without_token(self._rows(owner, turn_id)) == without_token(before):
+            with self._one_snapshot():
+                before = self._rows(owner, turn_id)
+                fetched = fetch()
+                after = self._rows(owner, turn_id)
+            if without_token(after) == without_token(before):
                 head = self._from_rows(before, owner, turn_id)
                 check(head, fetched)
                 self.reads.keep(scope, owner, turn_id, before, head)
                 return fetched
         raise StoreBusyError(f"turn {turn_id!r} kept changing while it was read; try again")
+
+    def _one_snapshot(self) -> AbstractContextManager[object]:
+        """A read transaction on SQLite, outside a transaction (``Database.snapshot``):
+        a pair read inside is consistent, whatever other connections commit;
+        elsewhere nothing (the pair is compared, and read again when it differs)."""
+        snapshot = getattr(self._db, "snapshot", None)
+        conn = getattr(self._db, "conn", None)
+        if snapshot is None or conn is None or not conn.getautocommit():
+            return contextlib.nullcontext()
+        opened: AbstractContextManager[object] = snapshot()
+        return opened
 
     def read_sql(self, owner: str, turn_id: str) -> tuple[str, Params]:
         """``InventoryReads.read_sql``: what a read of the turn sends beside its rows."""
