@@ -9,10 +9,13 @@ the turn. One statement (``read_sql``) returns the head rows, the token
 computed again after the read's rows, and the inventory, which the database
 leaves out (without reading it) when the token is the one sent:
 
-* SQLite's token is ``PRAGMA data_version`` of the reading connection; it
-  moves with every commit of any other connection, in this process or
-  another (this process's own writes drop the turns they change:
-  ``Heads.change``).
+* SQLite's is per turn: ``PRAGMA data_version`` of the reading connection
+  (it moves with every commit of any other connection, in this process or
+  another) with the turn's sealed head, and, when the data version moved,
+  the exact text of the turn's inventory rows, read from their covering
+  index: a commit to another turn or owner leaves it holding. This
+  process's own writes edit the cached inventory of the turn they change
+  and keep the head they sealed (``Heads.change``).
 * PostgreSQL's is the server's snapshot (``xmin:xmax:xip``, with the
   postmaster's start time and the cluster's system identifier), then the
   turn's sealed head with the server's SHA-256 of the inventory's rows: an

@@ -41,11 +41,14 @@ the AAD: ``crypto.head_aad``): an attacker does not even see the sums.
   read of the turn: the head's statement computes the token again, after the
   read's rows, and leaves the inventory out when it is the same, so the rows
   are checked against the cached inventory, in time independent of the turn's
-  length. SQLite's token is ``PRAGMA data_version`` of the reading connection
-  (it moves with every commit of any other connection); PostgreSQL's is the
-  server's snapshot, then (when that moved) the turn's sealed head with the
-  server's SHA-256 of the inventory's rows. This
-  process's writes drop the turns they change (``change``). What each token
+  length. The token is per turn. SQLite's is the reading connection's
+  ``PRAGMA data_version`` with the turn's sealed head, then (when the data
+  version moved: another connection committed, to any turn) the exact text of
+  the turn's inventory rows read from their covering index; PostgreSQL's is
+  the server's snapshot, then (when that moved) the turn's sealed head with
+  the server's SHA-256 of the inventory's rows. On SQLite this process's
+  writes edit the cached inventory of the turn they change, as they edit its
+  tally (``change``); on PostgreSQL they drop it. What each token
   trusts is in SECURITY.md ("Turn heads").
 
 Expiry stays legitimate: an entry whose *sealed* expiry has passed may be
@@ -163,8 +166,10 @@ class Heads(HeadChecks, OwnerHeads):
         checked against it, and no inventory is fetched or recounted. The token
         is computed in the head's statement, after the rows were read: SQLite's
         data version of this thread's connection (it moves with every commit
-        of another connection; this process's writes drop what they change,
-        in ``change``), or PostgreSQL's snapshot, turn head and the server's
+        of another connection) and the turn's sealed head, then the text of
+        the turn's inventory rows when the data version moved (this process's
+        writes edit the cached inventory, in ``change``), or PostgreSQL's
+        snapshot, turn head and the server's
         SHA-256 of the inventory's rows (the last two not even computed while
         the snapshot is the one sent; ``InventoryReads.holds``). The statement
         leaves the inventory out when the token is the one the read sent (its
@@ -390,9 +395,13 @@ class Heads(HeadChecks, OwnerHeads):
         caller's insert of the rows the edit adds, not yet sent: it goes with
         the upsert (``OwnerHeads.write_bodies``: one statement on PostgreSQL).
 
-        The turn's verified inventory cached in this process is dropped
-        (``head_cache``): the next read verifies the turn again (on SQLite this
-        connection's own commits do not move its data version).
+        The turn's verified inventory cached in this process for this
+        thread's connection (``head_cache``) is edited as the tally is
+        (``InventoryEdit``) and kept with the head sealed here
+        (``InventoryReads.written``), when the head read in this transaction
+        is the one it was verified with (SQLite; a write that rolls back
+        leaves a head that is not the stored one, and the next read verifies
+        the turn again); elsewhere, and in other connections, it is dropped.
 
         Raises:
             IntegrityError: the stored head fails authentication.
