@@ -424,21 +424,30 @@ class InventoryReads:
         return self.sql(ENTRY_TURN_SQL, entry_id, owner, None if entry is None else entry.token, function=True)
 
     def sql(
-        self, turn: str, value: str, owner: str, token: tuple[Any, ...] | None = None, *, function: bool = False
+        self,
+        turn: str,
+        value: str,
+        owner: str,
+        token: tuple[Any, ...] | None = None,
+        *,
+        function: bool = False,
+        kept: bool = True,
     ) -> tuple[str, Params]:
         """The statement of ``read_sql`` for ``turn`` (``?`` for ``value``, a turn
         id, or ``ENTRY_TURN_SQL``: the turn of entry ``value``); ``token``: the
         cached inventory's. ``function``: on PostgreSQL, with a token, a call of
         the schema's read function instead (the same rows; the warm read's
-        server CPU, without the statement's plan: ``pg_read_functions``)."""
+        server CPU, without the statement's plan: ``pg_read_functions``).
+        ``kept``: False when what it reads is not cached (gc's check, a
+        conversion), so that no token is computed (no rows' text, no digest)."""
         if self._sqlite:
             sent: Params = (None, None, None) if token is None else token
-            statement = self._inventory if self.cache.enabled else self._bare
+            statement = self._inventory if self.cache.enabled and kept else self._bare
             turn_params = (owner, value, OWNER_HEAD, *(owner, value) * 3, owner)
             return statement.format(turn=turn), (*sent, owner, value, *turn_params)
         sealed, digest, snap = (None, None, None) if token is None else token[1:]
         params = (owner, value, sealed, digest, snap, OWNER_HEAD)
-        if not self.cache.enabled:
+        if not self.cache.enabled or not kept:
             return self._bare.format(turn=turn), params
         if function and token is not None:
             return f"SELECT * FROM {_PG_FUNCTIONS[turn][0]}(?, ?, ?, ?, ?, ?)", params

@@ -589,7 +589,7 @@ class Heads(HeadChecks, OwnerHeads):
                 return None
             tally = Tally.loads(body, before=True)
             head = Head()
-            found = self._recount(head, conn.query(*self.reads.sql("?", turn_id, owner)), owner, turn_id)
+            found = self._recount(head, conn.query(*self.reads.sql("?", turn_id, owner, kept=False)), owner, turn_id)
             tally.check_found(found, turn_id)
         except (IntegrityError, ValueError, AttributeError):
             return None
@@ -624,7 +624,7 @@ class Heads(HeadChecks, OwnerHeads):
         kept: list[tuple[str, str]] = []
         for (owner, turn_id), rows in by_turn.items():
             try:
-                self._from_rows(conn.query(*self.reads.sql("?", turn_id, owner)), owner, turn_id)
+                self._from_rows(conn.query(*self.reads.sql("?", turn_id, owner, kept=False)), owner, turn_id)
             except IntegrityError as exc:
                 audit_log.warning("gc left turn %r of owner %r uncollected: %s", turn_id, owner, exc)
                 kept.append((owner, turn_id))
