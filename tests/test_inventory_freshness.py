@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from tamper_edits import raw_file
 
-from securepad import Keyring, Principal, Scratchpad
+from securepad import Keyring, Policy, Principal, Scratchpad
 from securepad.bench.heads import ReadMeter
 from securepad.errors import IntegrityError, StoreBusyError
 from securepad.store import parts
@@ -44,13 +44,18 @@ def _fill(pad: Scratchpad, principal: Principal, turn: str, steps: int) -> list[
     return ids
 
 
+# The anchor advanced in each write's own commit: no background commit of
+# another connection comes between a test's write and its read.
+NO_BACKGROUND = Policy(anchor_sync="commit")
+
+
 @pytest.fixture
 def long_turns(store_location: Any, keyring: Keyring) -> Iterator[dict[str, Any]]:
     """A store holding a turn of each length, read once (warm), and a second
     store object on it: another connection, as another process would be."""
     with (
-        Scratchpad.open(store_location, keyring=keyring) as pad,
-        Scratchpad.open(store_location, keyring=keyring) as other,
+        Scratchpad.open(store_location, keyring=keyring, policy=NO_BACKGROUND) as pad,
+        Scratchpad.open(store_location, keyring=keyring, policy=NO_BACKGROUND) as other,
     ):
         ids = {length: _fill(pad, ALICE, f"t{length}", length) for length in LENGTHS}
         _fill(other, ALICE, "elsewhere", 1)
@@ -149,7 +154,7 @@ def test_an_edit_of_another_row_of_the_turn_is_refused_by_a_read_of_any_entry(
 ) -> None:
     """The rows' text differs after any edit of any row of the turn, so a
     ``get`` of an entry the edit did not touch refuses the turn too."""
-    with Scratchpad.open(db_path, keyring=keyring) as pad:
+    with Scratchpad.open(db_path, keyring=keyring, policy=NO_BACKGROUND) as pad:
         ids = _fill(pad, ALICE, "t", 20)
         pad.get(ALICE, ids[0], now=LATER)
         if after != "a read":
@@ -167,7 +172,7 @@ def test_a_write_that_rolls_back_leaves_no_edited_inventory_behind(db_path: Any,
     """A write edits the cached inventory with the head it seals; when its
     transaction rolls back, that head is not the stored one, and the next
     read verifies the turn again, with no false alarm."""
-    with Scratchpad.open(db_path, keyring=keyring) as pad:
+    with Scratchpad.open(db_path, keyring=keyring, policy=NO_BACKGROUND) as pad:
         ids = _fill(pad, ALICE, "t", 5)
         pad.get(ALICE, ids[0], now=LATER)
         db = parts(pad).db
