@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tamper_edits import raw_file
 
 from securepad import Keyring, Policy, Principal, Scratchpad
@@ -241,3 +243,47 @@ def test_a_whole_turn_read_beside_a_writer_of_the_same_turn_is_never_refused(db_
         _fill(pad, ALICE, "t", 300)
         refused, errors = _read_beside_writer(pad, writer, ALICE, "t", 40)
         assert (refused, errors) == (0, [])
+
+
+# -- the rows' text: exact ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def text_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Scratchpad, Any]]:
+    where = tmp_path_factory.mktemp("rows-text")
+    keyring = Keyring.from_key_file(where / "key")
+    with Scratchpad.open(where / "s.db", keyring=keyring, policy=NO_BACKGROUND) as pad:
+        ids = _fill(pad, ALICE, "t", 2)
+        yield pad, ids
+
+
+def _rows_text(pad: Scratchpad, column: str, value: Any, entry_id: str) -> str:
+    """The rows' text the read's statement computes with ``column`` of one entry set to ``value``."""
+    conn = parts(pad).db.query  # this thread's connection, as the read uses it
+    conn(f"UPDATE entries SET {column} = ? WHERE id = ?", (value, entry_id))
+    sql, params = parts(pad).entries.heads.reads.sql("?", "t", "alice")
+    (token,) = [row for row in conn(sql, params) if row["k"] == "v"]
+    return str(token["channel"])
+
+
+_DOUBLES = st.floats(allow_nan=False) | st.sampled_from([1.0, 2.0**53, 2.0**53 - 1, 1 - 2**-53, 1e300, 5e-324, -1.5])
+
+
+@settings(max_examples=150)
+@given(first=_DOUBLES, second=_DOUBLES)
+def test_two_expiries_give_the_same_rows_text_only_when_they_are_the_same(
+    text_store: tuple[Scratchpad, list[str]], first: float, second: float
+) -> None:
+    pad, ids = text_store
+    texts = [_rows_text(pad, "expires_at", value, ids[1]) for value in (first, second)]
+    assert (texts[0] == texts[1]) == (first == second), (first, second)
+
+
+@settings(max_examples=100)
+@given(first=st.text(max_size=8), second=st.text(max_size=8) | st.integers(-(2**63), 2**63 - 1) | st.binary(max_size=4))
+def test_two_channels_give_the_same_rows_text_only_when_they_are_the_same(
+    text_store: tuple[Scratchpad, list[str]], first: str, second: Any
+) -> None:
+    pad, ids = text_store
+    texts = [_rows_text(pad, "channel", value, ids[1]) for value in (first, second)]
+    assert (texts[0] == texts[1]) == (first == second), (first, second)
