@@ -210,7 +210,7 @@ class OwnerHeads:
         bodies: list[tuple[str, bytes]],
         version: int | None = None,
         insert: tuple[str, Params] | None = None,
-    ) -> None:
+    ) -> list[bytes]:
         """Seal and upsert heads of the owner, in one statement (a put writes its
         turn head and its owner head together). ``insert``, the caller's insert
         of the rows the heads now count, goes first: on PostgreSQL in the same
@@ -220,16 +220,18 @@ class OwnerHeads:
         row-level security check, fail the statement as they failed its own),
         on SQLite before it (SQLite has no data-modifying ``WITH``). Each turn
         head sealed is recorded as this process's last of its turn (``last``:
-        ``head_last``)."""
+        ``head_last``). Returns the sealed heads, in the order of ``bodies``."""
         if version is None:
             version = self._newest(conn, owner)
         if version is None:
             raise IntegrityError(f"owner {owner!r} has no key to seal its turn head with")
         wrapper = self._keys.owner_wrapper(owner, version)
         params: list[Any] = []
+        written: list[bytes] = []
         for turn_id, body in bodies:
             sealed = wrapper.seal(body, head_aad(owner, turn_id, version))
             params += [owner, turn_id, version, sealed]
+            written.append(sealed)
             if turn_id not in (OWNER_HEAD, USAGE_HEAD):
                 self.last.record(owner, turn_id, Sealed(version, sealed, body))
         upsert = _UPSERT.format(values=", ".join(["(?, ?, ?, ?)"] * len(bodies)))
@@ -241,6 +243,7 @@ class OwnerHeads:
             conn.defer(*insert)
             conn.defer(upsert, tuple(params))
         self._keys.count_wraps_later(owner, version, len(bodies))
+        return written
 
     def delete_head(self, conn: Conn, owner: str, turn_id: str) -> None:
         """Delete a turn's head (a turn left empty), in the caller's transaction."""
