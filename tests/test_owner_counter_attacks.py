@@ -1,0 +1,57 @@
+"""The owner's turn counter under attack and under its own races.
+
+Two stores (two processes' worth of connections) creating turns of one owner
+at once count every turn once, with no false tamper alarm; and deleting the
+usage head, which holds the counter the writes check, does not switch the
+check off: a turn head that saw more turns than the owner head counts shows
+the owner head was put back from an older copy.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from securepad import Keyring, Principal, Scratchpad
+from securepad.heads import OWNER_HEAD
+
+ALICE = Principal("alice", "planner", "web")
+NOW = 1_000_000.0
+TURNS = 12
+
+
+def test_two_stores_creating_turns_of_one_owner_at_once_count_each(store_location: Any, keyring: Keyring) -> None:
+    with Scratchpad.open(store_location, keyring=keyring) as pad:
+        pad.put(ALICE, "first", 1, "tool", "x", now=NOW)  # the owner's key exists before the race
+    pads = [Scratchpad.open(store_location, keyring=keyring) for _ in range(2)]
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def work(n: int) -> None:
+        try:
+            barrier.wait()
+            for i in range(TURNS):
+                pads[n].put(ALICE, f"w{n}-{i}", 1, "tool", f"{n}/{i}", now=NOW)  # a new turn each
+                pads[n].put_many(ALICE, "first", [(10 + 100 * n + i, "tool", "y")], now=NOW)  # a shared turn
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    for one in pads:
+        one.close()
+    assert errors == []
+    with Scratchpad.open(store_location, keyring=keyring) as pad:
+        report = pad.verify(now=NOW)
+        assert report["ok"], report["problems"]
+        heads = pad._assembly.parts.entries.heads
+        rows = heads._db.query(
+            "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads WHERE turn_id = ?",
+            (OWNER_HEAD,),
+            admin=True,
+        )
+        turns, created = heads.owner_turns(rows[0], "alice")
+        assert len(turns) == created == 1 + 2 * TURNS
