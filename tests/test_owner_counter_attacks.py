@@ -12,8 +12,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from securepad import Keyring, Principal, Scratchpad
-from securepad.heads import OWNER_HEAD
+import pytest
+from test_owner_heads_count_turns import _owner_heads, _put_back, _raw, _remove_turn
+
+from securepad import IntegrityError, Keyring, Principal, Scratchpad
+from securepad.heads import OWNER_HEAD, USAGE_HEAD
 
 ALICE = Principal("alice", "planner", "web")
 NOW = 1_000_000.0
@@ -55,3 +58,22 @@ def test_two_stores_creating_turns_of_one_owner_at_once_count_each(store_locatio
         )
         turns, created = heads.owner_turns(rows[0], "alice")
         assert len(turns) == created == 1 + 2 * TURNS
+
+
+def test_a_deleted_usage_head_does_not_switch_the_counter_check_off(pad: Scratchpad, store_location: Any) -> None:
+    pad.put(ALICE, "a", 1, "tool", "x", now=NOW)
+    with _raw(pad, store_location) as raw:
+        old = _owner_heads(raw, (OWNER_HEAD,))
+    pad.put(ALICE, "new", 1, "tool", "the turn to hide", now=NOW)
+    pad.turn(ALICE, "a", now=NOW).checkpoint(facts=["written after"], now=NOW)  # the owner's exclusive lock
+    with _raw(pad, store_location) as raw:
+        _remove_turn(raw, "new")
+        _put_back(raw, old)
+        raw.execute("DELETE FROM turn_heads WHERE owner_user_id = 'alice' AND turn_id = ?", (USAGE_HEAD,))
+    with Scratchpad.open(store_location, keyring=pad.keyring) as again:
+        problems = [p for p in again.verify(now=NOW)["problems"] if p["what"] == "owner head"]
+        assert [p["turn_id"] for p in problems] == ["a"]  # the turn that saw the removed one created
+        with pytest.raises(IntegrityError, match="older copy"):
+            again.put_many(ALICE, "a", [(2, "tool", "y"), (3, "tool", "z")], now=NOW)
+        with pytest.raises(IntegrityError, match="older copy"):
+            again.put(ALICE, "other", 1, "tool", "w", now=NOW)  # nor does a new turn count on from the old head
