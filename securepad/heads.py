@@ -632,8 +632,7 @@ class Heads(HeadChecks, OwnerHeads):
         Raises:
             IntegrityError: the owner head or usage head fails authentication.
         """
-        self._cache.drop(owner, turn_id)
-        self._tampered.pop((owner, turn_id))
+        self._cache.drop(owner, turn_id)  # the turn stays found tampered until the drop commits: ``turn_dropped``
         by_turn = self._heads_of(conn, owner, turn_id, None)
         reserved: int | None = None
         if turn_id in by_turn:
@@ -655,6 +654,11 @@ class Heads(HeadChecks, OwnerHeads):
             reserved = total - sum(self._tally(row, owner, row["turn_id"]).r for row in rows)
         self.drop(conn, owner, {turn_id: reserved or 0}, by_turn, None)
         return 1 if turn_id in by_turn else 0
+
+    def turn_dropped(self, owner: str, turn_id: str) -> None:
+        """Forget that the turn was found tampered, once its drop (``drop_turn``)
+        committed: a drop refused or rolled back leaves its writes refused."""
+        self._tampered.pop((owner, turn_id))
 
     def reclaim(self, conn: Conn, owner: str, total: int, turn_id: str, version: int | None = None) -> int:
         """Give back the unused reservation of every turn of the owner but
