@@ -58,6 +58,7 @@ absent (gc subtracts what it collects, in its transaction).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from collections.abc import Callable, Sequence
@@ -627,7 +628,9 @@ class Heads(HeadChecks, OwnerHeads):
         the caller's transaction, which deleted the turn's rows
         (``lifecycle.drop_turn``: the explicit way out of a turn found
         tampered). A turn head that fails to open leaves the usage head the
-        sum of the other turns' reservations. Returns the heads deleted (0 or 1).
+        sum of the reservations of the other turns whose heads open (those
+        that fail count nothing, so that each can be dropped in turn).
+        Returns the heads deleted (0 or 1).
 
         Raises:
             IntegrityError: the owner head or usage head fails authentication.
@@ -651,7 +654,11 @@ class Heads(HeadChecks, OwnerHeads):
                 (owner, OWNER_HEAD, USAGE_HEAD, turn_id),
             )
             total = usage_counts(self.open_body(by_turn[USAGE_HEAD], owner, USAGE_HEAD))[0]
-            reserved = total - sum(self._tally(row, owner, row["turn_id"]).r for row in rows)
+            others = 0
+            for row in rows:  # another turn's head that fails to open counts nothing: it can be dropped too
+                with contextlib.suppress(IntegrityError):
+                    others += self._tally(row, owner, row["turn_id"]).r
+            reserved = total - others
         self.drop(conn, owner, {turn_id: reserved or 0}, by_turn, None)
         return 1 if turn_id in by_turn else 0
 

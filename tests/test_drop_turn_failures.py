@@ -75,3 +75,19 @@ def test_the_async_drop_removes_the_turn(store: dict[str, Any]) -> None:
         assert pad.turn(ALICE, "t1", now=LATER).history(now=LATER) == []
         report = pad.verify(now=LATER)
         assert report["ok"], report["problems"]
+
+
+def test_two_turns_whose_heads_were_swapped_can_each_be_dropped(store: dict[str, Any]) -> None:
+    with _raw(store) as raw:
+        for old, new in (("t1", "swap"), ("t2", "t1"), ("swap", "t2")):
+            raw.execute("UPDATE turn_heads SET turn_id = ? WHERE owner_user_id = 'alice' AND turn_id = ?", (new, old))
+    with Scratchpad.open(store["where"], keyring=store["keyring"]) as pad:
+        pad.put(ALICE, "t3", 1, "fetch", "a turn left whole", now=LATER)
+        for turn in ("t1", "t2"):
+            with pytest.raises(IntegrityError):
+                pad.turn(ALICE, turn, now=LATER).history(now=LATER)
+        assert pad.drop_turn("alice", "t1")["turn_heads"] == 1  # the other one failing to open too
+        assert pad.drop_turn("alice", "t2")["turn_heads"] == 1
+        report = pad.verify(now=LATER)
+        assert report["ok"], report["problems"]
+        assert len(pad.turn(ALICE, "t3", now=LATER).history(now=LATER)) == 1
