@@ -570,7 +570,7 @@ class Heads(HeadChecks, OwnerHeads):
             raise owner_removed(owner)
         usage = by_turn.get(USAGE_HEAD)
         if usage is None:  # deleted (``verify`` names it): the owner head's counter is checked instead
-            total, counted = None, self._counted_without_usage(conn, owner, by_turn[OWNER_HEAD], tally)
+            total, counted = None, self.owner_turns(by_turn[OWNER_HEAD], owner)[1]
         else:
             total, counted = usage_counts(self.open_body(usage, owner, USAGE_HEAD))
         check_counted(tally, counted, owner, turn_id)
@@ -596,31 +596,6 @@ class Heads(HeadChecks, OwnerHeads):
         if reserved is not None and (reserved != total or new_turn):  # none: unknown, the quota sums
             bodies.append((USAGE_HEAD, usage_body(reserved, counted)))
         return bodies
-
-    def _counted_without_usage(self, conn: Conn, owner: str, owner_row: dict[str, Any], tally: Tally) -> int | None:
-        """The owner head's turn counter, for an owner whose usage head is gone,
-        checked against what every turn head of the owner saw (``Tally.o``):
-        deleting the usage head must not switch the check off. O(the owner's
-        turns), only then (the quota already sums the owner's entries).
-
-        Raises:
-            IntegrityError: a turn head saw more turns than the owner head
-                counts (the owner head was put back from an older copy), or a
-                head fails authentication.
-        """
-        created = self.owner_turns(owner_row, owner)[1]
-        if created is None:  # an owner head from before the counter: nothing to check yet
-            return None
-        rows = conn.query(
-            "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads"
-            " WHERE owner_user_id = ? AND turn_id NOT IN (?, ?)",
-            (owner, OWNER_HEAD, USAGE_HEAD),
-        )
-        for row in rows:
-            seen = self._tally(row, owner, row["turn_id"]).o
-            if seen > created:
-                raise rolled_back(owner, f"turn {row['turn_id']!r} saw more turns created than its owner head counts")
-        return created
 
     def drop_turn(self, conn: Conn, owner: str, turn_id: str) -> int:
         """Delete the turn's head and drop the turn from the owner head and its

@@ -75,5 +75,3 @@ def test_a_deleted_usage_head_does_not_switch_the_counter_check_off(pad: Scratch
         assert [p["turn_id"] for p in problems] == ["a"]  # the turn that saw the removed one created
         with pytest.raises(IntegrityError, match="older copy"):
             again.put_many(ALICE, "a", [(2, "tool", "y"), (3, "tool", "z")], now=NOW)
-        with pytest.raises(IntegrityError, match="older copy"):
-            again.put(ALICE, "other", 1, "tool", "w", now=NOW)  # nor does a new turn count on from the old head
