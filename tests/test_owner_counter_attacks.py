@@ -17,10 +17,22 @@ from test_owner_heads_count_turns import _owner_heads, _put_back, _raw, _remove_
 
 from securepad import IntegrityError, Keyring, Principal, Scratchpad
 from securepad.heads import OWNER_HEAD, USAGE_HEAD
+from securepad.store import parts
 
 ALICE = Principal("alice", "planner", "web")
 NOW = 1_000_000.0
 TURNS = 12
+
+
+def _owner_counts(pad: Scratchpad) -> tuple[set[str], int | None]:
+    """Alice's owner head: the turns it lists and its turn counter."""
+    rows = parts(pad).db.query(
+        "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads"
+        " WHERE owner_user_id = 'alice' AND turn_id = ?",
+        (OWNER_HEAD,),
+        admin=True,
+    )
+    return parts(pad).entries.heads.owner_turns(rows[0], "alice")
 
 
 def test_two_stores_creating_turns_of_one_owner_at_once_count_each(store_location: Any, keyring: Keyring) -> None:
@@ -50,13 +62,7 @@ def test_two_stores_creating_turns_of_one_owner_at_once_count_each(store_locatio
     with Scratchpad.open(store_location, keyring=keyring) as pad:
         report = pad.verify(now=NOW)
         assert report["ok"], report["problems"]
-        heads = pad._assembly.parts.entries.heads
-        rows = heads._db.query(
-            "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads WHERE turn_id = ?",
-            (OWNER_HEAD,),
-            admin=True,
-        )
-        turns, created = heads.owner_turns(rows[0], "alice")
+        turns, created = _owner_counts(pad)
         assert len(turns) == created == 1 + 2 * TURNS
 
 
@@ -75,3 +81,44 @@ def test_a_deleted_usage_head_does_not_switch_the_counter_check_off(pad: Scratch
         assert [p["turn_id"] for p in problems] == ["a"]  # the turn that saw the removed one created
         with pytest.raises(IntegrityError, match="older copy"):
             again.put_many(ALICE, "a", [(2, "tool", "y"), (3, "tool", "z")], now=NOW)
+
+
+def test_a_turn_emptied_while_another_store_puts_into_it_stays_listed_while_it_holds_rows(
+    store_location: Any, keyring: Keyring
+) -> None:
+    with Scratchpad.open(store_location, keyring=keyring) as pad:
+        pad.put(ALICE, "keep", 1, "tool", "x", now=NOW)
+    pads = [Scratchpad.open(store_location, keyring=keyring) for _ in range(2)]
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def emptier() -> None:
+        try:
+            barrier.wait()
+            for _ in range(TURNS):
+                for item in pads[0].list_for_turn(ALICE, "shared", now=NOW):
+                    pads[0].delete(ALICE, item["scratchpad_id"], now=NOW)  # the last one empties the turn
+        except BaseException as exc:
+            errors.append(exc)
+
+    def putter() -> None:
+        try:
+            barrier.wait()
+            for i in range(TURNS):
+                pads[1].put(ALICE, "shared", 1 + i, "tool", f"p{i}", now=NOW)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=emptier), threading.Thread(target=putter)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    for one in pads:
+        one.close()
+    assert errors == []
+    with Scratchpad.open(store_location, keyring=keyring) as pad:
+        report = pad.verify(now=NOW)
+        assert report["ok"], report["problems"]
+        held = bool(pad.list_for_turn(ALICE, "shared", now=NOW))
+        assert ("shared" in _owner_counts(pad)[0]) == held
