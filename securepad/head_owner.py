@@ -370,8 +370,10 @@ class OwnerHeads:
             top, turn_id = seen.get(owner, (0, ""))
             if count is not None and top > count:
                 problems.append((owner, turn_id, f"the turn saw {top} turns created, the owner's usage head {count}"))
-            elif count is None and made is not None and top > made:  # the usage head deleted: the owner head's
-                problems.append((owner, turn_id, f"the turn saw {top} turns created, the owner's owner head {made}"))
+            elif count is None and top > (made or 0):  # no counter in the usage head: the owner head's decides
+                problems.append(
+                    (owner, turn_id, f"the turn saw {top} turns created, the owner's owner head {made or 0}")
+                )
         return problems
 
     def owners_without_heads(self) -> list[str]:

@@ -569,11 +569,14 @@ class Heads(HeadChecks, OwnerHeads):
             # write that changes a turn has a key: none means the owner's heads were removed.
             raise owner_removed(owner)
         usage = by_turn.get(USAGE_HEAD)
-        if usage is None:  # deleted (``verify`` names it): the owner head's counter is checked instead
-            total, counted = None, self.owner_turns(by_turn[OWNER_HEAD], owner)[1]
+        total, counted = (None, None) if usage is None else usage_counts(self.open_body(usage, owner, USAGE_HEAD))
+        if counted is None and tally.o:
+            # A usage head deleted, or without the counter (from before it, or seeded at the
+            # heads' build), for a turn that saw the counter: the owner head's counter decides,
+            # and one from before the counter counts none (it never goes back to none).
+            check_counted(tally, self.owner_turns(by_turn[OWNER_HEAD], owner)[1] or 0, owner, turn_id)
         else:
-            total, counted = usage_counts(self.open_body(usage, owner, USAGE_HEAD))
-        check_counted(tally, counted, owner, turn_id)
+            check_counted(tally, counted, owner, turn_id)
 
         def reclaim(total: int) -> int:
             return self.reclaim(conn, owner, total, turn_id, version)

@@ -9,6 +9,7 @@ the owner head was put back from an older copy.
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -122,3 +123,33 @@ def test_a_turn_emptied_while_another_store_puts_into_it_stays_listed_while_it_h
         assert report["ok"], report["problems"]
         held = bool(pad.list_for_turn(ALICE, "shared", now=NOW))
         assert ("shared" in _owner_counts(pad)[0]) == held
+
+
+def test_heads_put_back_from_before_the_counter_do_not_switch_it_off(pad: Scratchpad, store_location: Any) -> None:
+    pad.put(ALICE, "a", 1, "tool", "x", now=NOW)
+    heads = parts(pad).entries.heads
+    row = parts(pad).db.query(
+        "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads WHERE owner_user_id = 'alice'"
+        " AND turn_id = 'a'",
+        admin=True,
+    )[0]
+    turn = {key: value for key, value in json.loads(heads.open_body(row, "alice", "a")).items() if key != "o"}
+    with parts(pad).db.transaction(admin=True) as conn:  # the owner's heads as a version before the counter sealed them
+        heads.write_body(conn, "alice", "a", json.dumps(turn).encode())
+        heads.write_body(conn, "alice", OWNER_HEAD, json.dumps({"t": ["a"]}).encode())
+        heads.write_body(conn, "alice", USAGE_HEAD, str(turn["r"]).encode())
+    report = pad.verify(now=NOW)
+    assert report["ok"], report["problems"]
+    with _raw(pad, store_location) as raw:
+        old = _owner_heads(raw, (OWNER_HEAD, USAGE_HEAD))
+    pad.put(ALICE, "new", 1, "tool", "the turn to hide", now=NOW)
+    pad.turn(ALICE, "a", now=NOW).checkpoint(facts=["written after"], now=NOW)  # the owner's exclusive lock
+    assert pad.verify(now=NOW)["ok"]
+    with _raw(pad, store_location) as raw:
+        _remove_turn(raw, "new")
+        _put_back(raw, old)
+    with Scratchpad.open(store_location, keyring=pad.keyring) as again:
+        problems = [p for p in again.verify(now=NOW)["problems"] if p["what"] == "owner head"]
+        assert [p["turn_id"] for p in problems] == ["a"]
+        with pytest.raises(IntegrityError, match="older copy"):
+            again.put_many(ALICE, "a", [(2, "tool", "y"), (3, "tool", "z")], now=NOW)
