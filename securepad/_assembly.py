@@ -80,16 +80,20 @@ def resolve_policy(policy: str | os.PathLike[str] | Policy | None) -> Policy:
     return Policy.load(policy if isinstance(policy, str) else Path(policy))
 
 
-def open_backend(where: Any, admin: Any, schema: str, policy: Policy) -> Backend:
+def open_backend(
+    where: Any, admin: Any, schema: str, policy: Policy, *, call_timeout_s: float | None = None
+) -> Backend:
     """A SQLite file, or a PostgreSQL store for a DSN or a connection pool.
+    ``call_timeout_s`` (PostgreSQL) overrides the policy's ``call_timeout_seconds``.
 
     Raises:
-        InvalidArgumentError: PostgreSQL options given for a SQLite file.
+        InvalidArgumentError: PostgreSQL options given for a SQLite file, or a
+            call deadline that is not a positive number of seconds.
         SecurepadError: psycopg is not installed.
     """
     if isinstance(where, str | os.PathLike) and not str(where).startswith(_PG_SCHEMES):
-        if admin is not None or schema != "securepad":
-            raise InvalidArgumentError("admin and schema are options of PostgreSQL stores")
+        if admin is not None or schema != "securepad" or call_timeout_s is not None:
+            raise InvalidArgumentError("admin, schema and call_timeout_s are options of PostgreSQL stores")
         return Database(
             Path(where),
             wal_limit_bytes=policy.wal_limit_bytes,
@@ -98,14 +102,22 @@ def open_backend(where: Any, admin: Any, schema: str, policy: Policy) -> Backend
             allow_shared=policy.allow_shared_files,
         )
     try:
-        from ._pg import PostgresDatabase
+        from ._pg import PostgresDatabase, limits_for_call
     except ImportError:
         raise SecurepadError("PostgreSQL stores need psycopg: pip install 'psycopg[binary]' psycopg-pool") from None
+    try:
+        limits = limits_for_call(policy.call_timeout_seconds if call_timeout_s is None else call_timeout_s)
+    except SecurepadError as exc:
+        raise InvalidArgumentError(str(exc)) from None
     return PostgresDatabase(
         str(where) if isinstance(where, os.PathLike) else where,
         admin=admin,
         schema=schema,
         durability=policy.durability,
+        call_timeout_s=float(limits["call_timeout_s"]),
+        statement_timeout_ms=int(limits["statement_timeout_ms"]),
+        lock_timeout_ms=int(limits["lock_timeout_ms"]),
+        pool_timeout_s=float(limits["pool_timeout_s"]),
     )
 
 

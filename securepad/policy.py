@@ -44,6 +44,7 @@ _LIMITS: dict[tuple[str, str], tuple[type, int, int]] = {
     ("limits", "max_clock_skew_seconds"): (int, 1, 86400),
     ("storage", "wal_limit_bytes"): (int, 1 << 20, 1 << 40),
     ("storage", "anchor_interval_seconds"): (int, 1, 86400),
+    ("storage", "call_timeout_seconds"): (int, 1, 86400),
 }
 # The snapshot-rollback anchor's sync policy (anchor.py, SECURITY.md).
 ANCHOR_SYNC = ("commit", "interval", "close")
@@ -96,6 +97,9 @@ class Policy:
     # and close only (SECURITY.md, "Snapshot rollback", for each one's window).
     anchor_sync: str = "interval"
     anchor_interval_seconds: int = 1
+    # PostgreSQL stores only: a whole call's deadline (its connection is cut
+    # past it; lock, statement and pool waits are cut to fit under it).
+    call_timeout_seconds: int = 60
     name: str = "default"
 
     @classmethod

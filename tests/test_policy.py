@@ -92,6 +92,7 @@ def test_default_policy_values() -> None:
         "durability": "normal",
         "anchor_sync": "interval",
         "anchor_interval_seconds": 1,
+        "call_timeout_seconds": 60,
         "name": "default",
     }
 
