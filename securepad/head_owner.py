@@ -46,7 +46,10 @@ were put back from an older copy: such a write refuses (``heads``), and
 ``counter_problems`` names them (``verify``). So putting back an owner head
 and usage head from before a turn existed, after deleting that turn, is
 seen once any turn was created or written under that lock since. Heads from
-before the counter count nothing until the owner's next new turn.
+before the counter count nothing until the owner's next new turn. A usage
+head without the counter (deleted, from before it, or seeded at the heads'
+build) leaves the check to the owner head's counter, an owner head without
+one counting 0: a turn head that saw the counter shows both are older.
 
 The usage head is a row of its own, not part of the owner head, because the
 owner head grows with the owner's turns. R changes only in ``Heads.change``
@@ -373,6 +376,10 @@ class OwnerHeads:
             top, turn_id = seen.get(owner, (0, ""))
             if count is not None and top > count:
                 problems.append((owner, turn_id, f"the turn saw {top} turns created, the owner's usage head {count}"))
+            elif count is None and top > (made or 0):  # no counter in the usage head: the owner head's decides
+                problems.append(
+                    (owner, turn_id, f"the turn saw {top} turns created, the owner's owner head {made or 0}")
+                )
         return problems
 
     def owners_without_heads(self) -> list[str]:

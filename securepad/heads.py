@@ -616,7 +616,13 @@ class Heads(HeadChecks, OwnerHeads):
             raise owner_removed(owner)
         usage = by_turn.get(USAGE_HEAD)
         total, counted = (None, None) if usage is None else usage_counts(self.open_body(usage, owner, USAGE_HEAD))
-        check_counted(tally, counted, owner, turn_id)
+        if counted is None and tally.o:
+            # A usage head deleted, or without the counter (from before it, or seeded at the
+            # heads' build), for a turn that saw the counter: the owner head's counter decides,
+            # and one from before the counter counts none (it never goes back to none).
+            check_counted(tally, self.owner_turns(by_turn[OWNER_HEAD], owner)[1] or 0, owner, turn_id)
+        else:
+            check_counted(tally, counted, owner, turn_id)
 
         def reclaim(total: int) -> int:
             return self.reclaim(conn, owner, total, turn_id, version)
@@ -646,13 +652,14 @@ class Heads(HeadChecks, OwnerHeads):
         the caller's transaction, which deleted the turn's rows
         (``lifecycle.drop_turn``: the explicit way out of a turn found
         tampered). A turn head that fails to open leaves the usage head the
-        sum of the other turns' reservations. Returns the heads deleted (0 or 1).
+        sum of the reservations of the other turns whose heads open (those
+        that fail count nothing, so that each can be dropped in turn).
+        Returns the heads deleted (0 or 1).
 
         Raises:
             IntegrityError: the owner head or usage head fails authentication.
         """
-        self._cache.drop(owner, turn_id)
-        self._tampered.pop((owner, turn_id))
+        self._cache.drop(owner, turn_id)  # the turn stays found tampered until the drop commits: ``turn_dropped``
         by_turn = self._heads_of(conn, owner, turn_id, None)
         reserved: int | None = None
         if turn_id in by_turn:
@@ -671,9 +678,18 @@ class Heads(HeadChecks, OwnerHeads):
                 (owner, OWNER_HEAD, USAGE_HEAD, turn_id),
             )
             total = usage_counts(self.open_body(by_turn[USAGE_HEAD], owner, USAGE_HEAD))[0]
-            reserved = total - sum(self._tally(row, owner, row["turn_id"]).r for row in rows)
+            others = 0
+            for row in rows:  # another turn's head that fails to open counts nothing: it can be dropped too
+                with contextlib.suppress(IntegrityError):
+                    others += self._tally(row, owner, row["turn_id"]).r
+            reserved = total - others
         self.drop(conn, owner, {turn_id: reserved or 0}, by_turn, None)
         return 1 if turn_id in by_turn else 0
+
+    def turn_dropped(self, owner: str, turn_id: str) -> None:
+        """Forget that the turn was found tampered, once its drop (``drop_turn``)
+        committed: a drop refused or rolled back leaves its writes refused."""
+        self._tampered.pop((owner, turn_id))
 
     def reclaim(self, conn: Conn, owner: str, total: int, turn_id: str, version: int | None = None) -> int:
         """Give back the unused reservation of every turn of the owner but
