@@ -115,6 +115,18 @@ class Backend(Protocol):
         another on SQLite. Queries run after one another may see writes
         committed in between."""
 
+    def snapshot(self) -> AbstractContextManager[object]:
+        """A read snapshot for this thread: every ``query`` and ``queries`` this
+        thread makes inside it sees the store as one state, whatever other
+        connections commit meanwhile (SQLite: one read transaction on the
+        thread's connection; PostgreSQL: one ``REPEATABLE READ READ ONLY``
+        transaction on one connection, as housekeeping). No write inside it.
+
+        Raises:
+            StoreBusyError: no connection could be had in time.
+            StoreUnavailableError: the server cannot be reached.
+        """
+
     def read_scope(self) -> object:
         """What a cache of verified reads (``head_cache``) is bound to: SQLite's
         connection of this thread (its data version compares only with its own),
