@@ -54,6 +54,12 @@ class OwnerLockNeeded(Exception):
 class Conn(Protocol):
     """A connection inside one transaction."""
 
+    #: After the transaction failed: whether its COMMIT was sent and its answer
+    #: lost (PostgreSQL: the connection broke or was cut), so that it may or may
+    #: not have been applied. A transaction that takes the same locks afterwards
+    #: runs after it, if it ran, and sees its effect.
+    commit_unknown: bool
+
     def query(self, sql: str, params: Params = ()) -> Rows:
         """Rows as dicts."""
 

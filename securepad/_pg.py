@@ -383,6 +383,11 @@ class PostgresDatabase:
                 raise StoreBusyError(f"housekeeping skipped: {reason(exc)}") from None
             raise SecurepadError(f"PostgreSQL refused the store's role: {reason(exc)}") from None
         except psycopg.OperationalError as exc:
+            if tx.commit_unknown:
+                raise StoreUnavailableError(
+                    f"{self._unavailable(exc, tx.call)}".removesuffix("; try again")
+                    + " after the write's COMMIT was sent: it may or may not have been applied"
+                ) from None
             raise self._unavailable(exc, tx.call) from None
         finally:
             tx.close(committed)
