@@ -228,7 +228,9 @@ class Keystore:
         return [int(r["version"]) for r in rows]
 
     def add_version(self, owner: str, version: int, *, admin: bool = False) -> None:
-        """Add a fresh owner key of ``version`` (unless a racing process did);
+        """Add a fresh owner key of ``version``, unless the owner has it or a
+        newer one already (a racing process or rotation added it: a version a
+        later rotation retired is never made again with other key material);
         ``admin`` for a rotation (housekeeping), not for an owner's first key.
 
         Raises:
@@ -241,6 +243,9 @@ class Keystore:
                 with self._db.transaction(owner, admin=admin) as conn:
                     tx = conn
                     self.check_master_current(conn)
+                    newest = self.newest_in(conn, owner)
+                    if newest is not None and newest >= version:
+                        return  # a racing rotation added it, or a newer one (and may have retired this version)
                     added = insert_owner_key(conn, owner, version, wrapped, time.time())
                     if added and version == 1 and self.on_first_key:
                         self.on_first_key(conn, owner, version, Wrapper.of(key))
