@@ -235,3 +235,35 @@ def _stored(pad: Scratchpad, ids: list[str]) -> bool:
         except Exception:
             continue
     return False
+
+
+@pytest.mark.parametrize("how", ["reply", "request"])
+def test_a_checkpoint_whose_commit_is_lost_is_stored_once(
+    faulty: Scratchpad, direct: Scratchpad, proxy: FaultyProxy, pg_dsn: str, how: str
+) -> None:
+    """A turn record (checkpoint) goes through the same look-up: stored once, returned."""
+    turn = faulty.turn(ALICE, "t")
+    turn.checkpoint(facts=["first"])
+    _lose(proxy, how, at_most=1)
+    saved = turn.checkpoint(facts=["second"])
+    assert proxy.lost == 1
+    assert _checkpoints(pg_dsn) == 2
+    assert saved == direct.turn(ALICE, "t").latest_checkpoint()
+
+
+def test_a_checkpoint_whose_every_commit_is_lost_says_it_may_be_stored(
+    faulty: Scratchpad, proxy: FaultyProxy, pg_dsn: str
+) -> None:
+    turn = faulty.turn(ALICE, "t")
+    turn.checkpoint(facts=["first"])
+    _lose(proxy, "reply")
+    with pytest.raises(StoreUnavailableError, match="may hold it as its newest checkpoint"):
+        turn.checkpoint(facts=["second"])
+    proxy.heal()
+    assert _checkpoints(pg_dsn) == 2
+
+
+def _checkpoints(dsn: str) -> int:
+    """The checkpoint rows stored (as the server's superuser: every owner's)."""
+    with psycopg.connect(dsn) as conn:
+        return int(conn.execute("SELECT count(*) FROM securepad.checkpoints").fetchone()[0])
