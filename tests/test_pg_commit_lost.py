@@ -267,3 +267,22 @@ def _checkpoints(dsn: str) -> int:
     """The checkpoint rows stored (as the server's superuser: every owner's)."""
     with psycopg.connect(dsn) as conn:
         return int(conn.execute("SELECT count(*) FROM securepad.checkpoints").fetchone()[0])
+
+
+@pytest.mark.parametrize("how", ["reply", "request"])
+def test_the_langgraph_savers_put_whose_commit_is_lost_stores_its_checkpoint_once(
+    faulty: Scratchpad, direct: Scratchpad, proxy: FaultyProxy, how: str
+) -> None:
+    """The saver's ``put`` (an entry at the thread's next step) loses its
+    COMMIT: it returns, and the thread holds that checkpoint once."""
+    saver = SecurepadSaver(faulty, ALICE)
+    config = {"configurable": {"thread_id": "th", "checkpoint_ns": ""}}
+    saver.put(config, generate_checkpoint(), {}, {})  # the owner's key and the thread's turn exist
+    _lose(proxy, how, at_most=1)
+    checkpoint = generate_checkpoint()
+    stored = saver.put(config, checkpoint, {}, {})
+    assert proxy.lost == 1
+    assert stored["configurable"]["checkpoint_id"] == checkpoint["id"]
+    assert len(direct.list_for_turn(ALICE, turn_id("thread", "th"))) == 2
+    listed = [c.config["configurable"]["checkpoint_id"] for c in SecurepadSaver(direct, ALICE).list(config)]
+    assert listed.count(checkpoint["id"]) == 1
