@@ -306,6 +306,7 @@ class Transaction:
         # The COMMIT was sent and its answer lost (the connection broke, or the
         # watchdog cut it): the transaction may or may not have been applied.
         self.commit_unknown = False
+        self._commit_sent = False  # the COMMIT's message went out (``commit_unknown`` needs it)
 
     def query(self, sql: str, params: Params = ()) -> Rows:
         key = (sql, tuple(params))
@@ -342,7 +343,7 @@ class Transaction:
         except psycopg.OperationalError:
             call = self.call
             # A server's error on a live connection (a cancelled statement) rolled it back.
-            self.commit_unknown = call is not None and (call.cut or call.conn.broken)
+            self.commit_unknown = self._commit_sent and call is not None and (call.cut or call.conn.broken)
             raise
 
     def close(self, committed: bool) -> None:
@@ -364,16 +365,17 @@ class Transaction:
     def _send(self, last: tuple[str, Params] | None) -> PGresult:
         """Send what is pending, and ``last``, as one message: the last statement's result."""
         batch, self._pending = [*self._pending, *([(*last, None)] if last is not None else [])], []
-        if self.call is not None:
-            return self._run(self.call, batch, first=False)
         committing = last is _COMMIT
+        if self.call is not None:
+            self._commit_sent = committing
+            return self._run(self.call, batch, first=False)
         for attempt in itertools.count():
             self.call = call = self._connect()
             sent = False
             try:
                 if committing:
                     _check_alive(call.conn)
-                sent = committing
+                sent = self._commit_sent = committing
                 return self._run(call, batch, first=True)
             except psycopg.OperationalError as exc:
                 # A message with COMMIT that was sent is never sent again: it may have been applied.

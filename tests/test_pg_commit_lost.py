@@ -33,6 +33,7 @@ from securepad._steps import put_next, record_next  # noqa: E402
 from securepad.bench.faults import LIMITS, FaultyProxy, proxy_for, through  # noqa: E402
 from securepad.integrations._saver_records import turn_id  # noqa: E402
 from securepad.integrations.langgraph import SecurepadSaver  # noqa: E402
+from securepad.store import parts  # noqa: E402
 
 ALICE = Principal("alice", "planner", "web")
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # ~4 KiB: one segment
@@ -286,3 +287,39 @@ def test_the_langgraph_savers_put_whose_commit_is_lost_stores_its_checkpoint_onc
     assert len(direct.list_for_turn(ALICE, turn_id("thread", "th"))) == 2
     listed = [c.config["configurable"]["checkpoint_id"] for c in SecurepadSaver(direct, ALICE).list(config)]
     assert listed.count(checkpoint["id"]) == 1
+
+
+def _wrap_count(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        return int(conn.execute("SELECT COALESCE(sum(wrap_count), 0) FROM securepad.owner_keys").fetchone()[0])
+
+
+def test_a_message_with_commit_whose_answer_is_lost_is_never_sent_again(
+    faulty: Scratchpad, proxy: FaultyProxy, pg_dsn: str
+) -> None:
+    """A transaction that only writes goes as one message, COMMIT included
+    (the key-use counts at close): its answer lost, it is not run again on
+    another connection, which would apply it twice."""
+    faulty.put(ALICE, "t", 1, "tool", "a")
+    keys = parts(faulty).keys
+    pending = sum(keys.pending_wraps().values())
+    before = _wrap_count(pg_dsn)
+    _lose(proxy, "reply", at_most=1)
+    with pytest.raises(StoreUnavailableError, match="may or may not have been applied"):
+        keys.flush_wraps()
+    assert proxy.lost == 1
+    assert _wrap_count(pg_dsn) == before + pending  # applied once
+
+
+def test_a_connection_that_died_while_idle_is_replaced_before_a_message_with_commit(
+    faulty: Scratchpad, proxy: FaultyProxy, pg_dsn: str
+) -> None:
+    """Every session ended while idle (a restart): the one message with
+    COMMIT goes out on a live connection, once."""
+    faulty.put(ALICE, "t", 1, "tool", "a")
+    keys = parts(faulty).keys
+    pending = sum(keys.pending_wraps().values())
+    before = _wrap_count(pg_dsn)
+    proxy.drop_all()
+    keys.flush_wraps()
+    assert _wrap_count(pg_dsn) == before + pending
