@@ -151,7 +151,8 @@ def test_audit_passes_on_a_fresh_postgresql_store(cli: Cli) -> None:
             "functions as documented",
         ),
         (
-            "GRANT EXECUTE ON FUNCTION securepad.entry_turn_inventory(text, text, bytea, text, text, text) TO PUBLIC",
+            "GRANT EXECUTE ON FUNCTION securepad.entry_turn_inventory(text, text, bytea, text, text, text, text, text)"
+            " TO PUBLIC",
             "functions as documented",
         ),
     ],
@@ -172,6 +173,7 @@ def test_audit_fails_naming_the_check_when_the_store_is_weakened(cli: Cli, weake
     assert text.exit_code == 1 and check in text.stdout
 
 
+@pytest.mark.usefixtures("roles_alone")
 def test_audit_fails_when_the_application_role_may_bypass_rls(pg_dsn: str, keyring: Keyring) -> None:
     """BYPASSRLS is a role attribute, shared by every database of the server: it is
     given only while the audit's first check runs, then taken back at once."""
