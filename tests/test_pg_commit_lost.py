@@ -31,7 +31,6 @@ from langgraph.checkpoint.conformance.test_utils import generate_checkpoint  # n
 from securepad._pg import PostgresDatabase  # noqa: E402  (needs psycopg)
 from securepad._steps import put_next, record_next  # noqa: E402
 from securepad.bench.faults import LIMITS, FaultyProxy, proxy_for, through  # noqa: E402
-from securepad.integrations._saver_records import turn_id  # noqa: E402
 from securepad.integrations.langgraph import SecurepadSaver  # noqa: E402
 from securepad.store import parts  # noqa: E402
 
@@ -154,6 +153,11 @@ def test_a_dropped_commit_that_cannot_be_looked_up_names_entries_none_of_which_i
     assert direct.get(ALICE, put_next(faulty, ALICE, "t", "tool", "x")["scratchpad_id"]).observation == "x"
 
 
+def _thread_turn(saver: SecurepadSaver) -> str:
+    """The turn that holds thread "th"'s checkpoints (its keyed name)."""
+    return saver.records.turn(ALICE, "thread", "th")
+
+
 def _writes(pad: Scratchpad, saver: SecurepadSaver) -> Iterator[tuple[str, Callable[[], list[str]], list[str]]]:
     """Logical writes of every kind that takes two messages: (turn, the write
     returning its entries' ids, the markers of its observations)."""
@@ -184,7 +188,7 @@ def _writes(pad: Scratchpad, saver: SecurepadSaver) -> Iterator[tuple[str, Calla
         )
         yield "rn", lambda n=n: record_next(following, "tool", f"rn{n}") and [], [f"rn{n}"]
         yield "pn", lambda n=n: [put_next(pad, ALICE, "pn", "tool", f"pn{n}")["scratchpad_id"]], [f"pn{n}"]
-        yield turn_id("thread", "th"), saver_put, [f"checkpoint {n}"]
+        yield _thread_turn(saver), saver_put, [f"checkpoint {n}"]
 
 
 @pytest.mark.parametrize("how", ["reply", "request"])
@@ -218,7 +222,7 @@ def test_writes_with_every_third_commit_lost_are_each_stored_once(
     assert proxy.lost >= 10
     for turn, markers in turns.items():
         found = _observations(direct, turn)
-        if turn == turn_id("thread", "th"):
+        if turn == _thread_turn(saver):
             assert len(found) == len(markers), (turn, len(found))  # one checkpoint entry per put
             continue
         for marker in markers:
@@ -284,7 +288,7 @@ def test_the_langgraph_savers_put_whose_commit_is_lost_stores_its_checkpoint_onc
     stored = saver.put(config, checkpoint, {}, {})
     assert proxy.lost == 1
     assert stored["configurable"]["checkpoint_id"] == checkpoint["id"]
-    assert len(direct.list_for_turn(ALICE, turn_id("thread", "th"))) == 2
+    assert len(direct.list_for_turn(ALICE, _thread_turn(saver))) == 2
     listed = [c.config["configurable"]["checkpoint_id"] for c in SecurepadSaver(direct, ALICE).list(config)]
     assert listed.count(checkpoint["id"]) == 1
 
