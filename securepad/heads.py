@@ -221,9 +221,7 @@ class Heads(HeadChecks, OwnerHeads):
         """``InventoryReads.read_sql``: what a read of the turn sends beside its rows."""
         return self.reads.read_sql(owner, turn_id)
 
-    def entry_read_sql(
-        self, owner: str, entry_id: str, scope: Sequence[tuple[str, str]] | None = None
-    ) -> tuple[str, Params]:
+    def entry_read_sql(self, owner: str, entry_id: str, scope: Sequence[tuple[str, str]]) -> tuple[str, Params]:
         """``read_sql`` for the turn of entry ``entry_id``, found within ``scope`` (``Policy.scope_columns``)."""
         return self.reads.entry_read_sql(owner, entry_id, scope)
 
@@ -234,12 +232,11 @@ class Heads(HeadChecks, OwnerHeads):
         return _HEAD_SQL.format(turn="?"), (owner, turn_id, OWNER_HEAD, USAGE_HEAD)
 
     @staticmethod
-    def entry_select_sql(
-        owner: str, entry_id: str, scope: Sequence[tuple[str, str]] | None = None
-    ) -> tuple[str, Params]:
+    def entry_select_sql(owner: str, entry_id: str, scope: Sequence[tuple[str, str]]) -> tuple[str, Params]:
         """``select_sql`` for the turn of entry ``entry_id`` (read with, or before, the entry's row),
-        found within ``scope`` (``Policy.scope_columns``; the owner alone by default)."""
-        found = entry_turn_params(entry_id, scope or (("owner_user_id", owner),))
+        found within ``scope`` (``Policy.scope_columns``: no default, so that no caller
+        forgets the channel and actor a policy names)."""
+        found = entry_turn_params(entry_id, scope)
         return _HEAD_SQL.format(turn=ENTRY_TURN_SQL), (owner, *found, OWNER_HEAD, USAGE_HEAD)
 
     @staticmethod
@@ -345,7 +342,6 @@ class Heads(HeadChecks, OwnerHeads):
         edit: Callable[[HeadEdit], object],
         version: int | None = None,
         *,
-        entry_id: str | None = None,
         room: Room | None = None,
         turn_only: bool = False,
         rows: Rows | None = None,
@@ -370,7 +366,7 @@ class Heads(HeadChecks, OwnerHeads):
 
         The steps: read the head rows (``_heads_of``: no round trip of its
         own; ``rows``, the head rows when the caller read them in a statement
-        of its own, ``head_beside``; ``entry_id``, the turn of that entry);
+        of its own, ``head_beside``, or ``entry_select_sql``);
         open the turn's tally (``_turn_tally``) and apply ``edit``; write
         (deferred, ``Conn.defer``: with COMMIT on PostgreSQL) the caller's
         ``insert`` alone when the tally did not change, the turn head alone
@@ -391,7 +387,7 @@ class Heads(HeadChecks, OwnerHeads):
             OwnerLockNeeded: with ``turn_only``, as above.
         """
         self._cache.drop(owner, turn_id)
-        by_turn = self._heads_of(conn, owner, turn_id, entry_id, rows)
+        by_turn = self._heads_of(conn, owner, turn_id, rows)
         if turn_only and turn_id not in by_turn:
             raise OwnerLockNeeded  # a new turn joins the owner head: the exclusive lock's
         tally = self._turn_tally(by_turn, owner, turn_id)
@@ -445,19 +441,14 @@ class Heads(HeadChecks, OwnerHeads):
         sql, params = once_sql(insert, owner, turn_id, head, last, condition)
         return Once(sql, params, head, spare)
 
-    def _heads_of(
-        self, conn: Conn, owner: str, turn_id: str, entry_id: str | None, rows: Rows | None
-    ) -> dict[str, dict[str, Any]]:
+    def _heads_of(self, conn: Conn, owner: str, turn_id: str, rows: Rows | None) -> dict[str, dict[str, Any]]:
         """``change``'s head rows by turn id (the turn's, the owner head and
         the usage head): ``rows`` when the caller read them beside its own
-        row, else read here with the SQL of ``select_sql`` (``entry_select_sql``
-        with ``entry_id``, the turn's entry), which a caller announces at the
-        start of its transaction (``Conn.prefetch``), so that the read costs no
-        round trip of its own on PostgreSQL."""
+        row, else read here with the SQL of ``select_sql``, which a caller
+        announces at the start of its transaction (``Conn.prefetch``), so that
+        the read costs no round trip of its own on PostgreSQL."""
         if rows is None:
-            rows = conn.query(
-                *(self.select_sql(owner, turn_id) if entry_id is None else self.entry_select_sql(owner, entry_id))
-            )
+            rows = conn.query(*self.select_sql(owner, turn_id))
         return {row["turn_id"]: row for row in rows}
 
     def _turn_tally(self, by_turn: dict[str, dict[str, Any]], owner: str, turn_id: str) -> Tally:
@@ -596,7 +587,7 @@ class Heads(HeadChecks, OwnerHeads):
             try:
                 if budget is not None:
                     counted = sum(
-                        self._turn_tally(self._heads_of(conn, owner, turn_id, None, None), owner, turn_id).n.values()
+                        self._turn_tally(self._heads_of(conn, owner, turn_id, None), owner, turn_id).n.values()
                     )
                     if counted > budget:
                         kept.append((owner, turn_id))
