@@ -148,9 +148,12 @@ def test_rotate_master_install_puts_the_new_key_in_place(cli: Cli) -> None:
     report = json.loads(ok(cli("keys", "rotate-master", "--install", "--json")).stdout)
     assert report["installed"] == str(cli.key) and report["owner_keys_rewrapped"] == 1
     assert cli.key.read_bytes() != old_key
-    # No ".new" file left behind (beside the key: the store's anchor and its lock).
+    # No ".new" file left behind (beside the key: the store's anchor and its lock),
+    # and the old key kept under a new name, never destroyed.
     kept = [p for p in cli.key.parent.iterdir() if not p.name.startswith("anchor-")]
-    assert sorted(kept) == [cli.key, cli.key.with_name("key.stores")]
+    assert sorted(kept) == [cli.key, cli.key.with_name("key.replaced-1"), cli.key.with_name("key.stores")]
+    assert report["old_key_kept"] == str(cli.key.with_name("key.replaced-1"))
+    assert cli.key.with_name("key.replaced-1").read_bytes() == old_key
     assert (
         "hello"
         in ok(
