@@ -981,16 +981,19 @@ class Database:
         except apsw.Error as exc:
             raise self._error(exc, conn) from None
 
-    def restore_from(self, src: Path) -> None:
+    def restore_from(self, src: Path, aside: Path | None = None) -> None:
         """Replace the whole content of this store with the SQLite file ``src``,
         through SQLite's backup API: page by page into this store's own WAL,
         so that a connection open elsewhere sees the old store or the new one,
-        never a mix, and no stale WAL frame is left for the new file.
+        never a mix, and no stale WAL frame is left for the new file. With
+        ``aside`` (which must not exist), the store as it was is first copied
+        there, under the same write lock: no write can commit between that
+        copy and the replacement, so none is lost from both.
 
         Raises:
             StorageFullError: the disk is full.
             StoreBusyError: another connection holds the write lock.
-            SecurepadError: ``src`` cannot be read.
+            SecurepadError: ``src`` cannot be read, or ``aside`` written.
         """
         conn = self.conn
         try:
@@ -999,12 +1002,28 @@ class Database:
             raise SecurepadError(f"cannot open {src}: {exc}") from None
         try:
             with conn.backup("main", source, "main") as copy:
+                # A step of no pages takes this store's write lock, held to the end.
+                copy.step(0)
+                if aside is not None:
+                    self._copy_as_read(aside)
                 copy.step(-1)
         except apsw.Error as exc:
             raise self._error(exc, conn) from None
         finally:
             source.close()
         self.checkpoint()
+
+    def _copy_as_read(self, dest: Path) -> None:
+        """``copy_to`` through a read-only connection of its own (this thread's
+        connection may be holding the write lock)."""
+        _create_private_file(dest, companions=False)
+        reader = apsw.Connection(str(self.path), flags=apsw.SQLITE_OPEN_READONLY)
+        try:
+            reader.execute("VACUUM INTO ?", (str(dest),))
+        except apsw.Error as exc:
+            raise self._error(exc, reader) from None
+        finally:
+            reader.close()
 
     def _enable_incremental_vacuum(self, conn: apsw.Connection) -> bool:
         """Switch the file to auto_vacuum=INCREMENTAL (a full VACUUM, once, for
