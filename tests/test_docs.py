@@ -1,19 +1,29 @@
-"""Every code example of the README and the docs site runs as written.
+"""Every code example of the README and the docs site runs as written, twice.
 
 Python blocks run in a fresh interpreter; bash blocks run in bash with a fresh
 HOME, in a scratch directory, with this environment's ``securepad`` first on
-the PATH. A block preceded by ``<!-- not run: REASON -->`` is not run (it
-installs packages or names a deployment's paths); the Python blocks of the
-agent-loop and integration pages have tests of their own (test_examples.py,
-test_docs_integrations.py), which check what they print.
+the PATH. Each block runs twice in the same HOME and directory, so an example
+that only works once (a fixed store, step or owner it leaves behind) fails;
+the bash blocks also run together in one HOME, in page order and then
+backwards, so that no example reads what another one left. A block preceded
+by ``<!-- not run: REASON -->`` is not run (it installs packages or names a
+deployment's paths); the Python blocks of the agent-loop and integration
+pages have tests of their own (test_examples.py, test_docs_integrations.py),
+which check what they print.
+
+The PostgreSQL guide's blocks run in order against the local server, as a
+reader would run them from zero, in a database and with logins of their own
+(their names are made unique for the run, and dropped afterwards).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import secrets
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,36 +31,113 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+POSTGRESQL_GUIDE = DOCS / "how-to" / "postgresql.md"
 TESTED_ELSEWHERE = {DOCS / "how-to" / "agent-loop.md", *(DOCS / "integrations").glob("*.md")}
 PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 _BLOCK = re.compile(r"(<!-- not run: [^>]+ -->\n)?```(python|bash)\n(.*?)```", re.S)
 
 
-def _blocks() -> list[tuple[str, str, str]]:
-    found = []
-    for page in PAGES:
-        text = page.read_text(encoding="utf-8")
-        for number, (skip, language, code) in enumerate(_BLOCK.findall(text), start=1):
-            if not skip and (language == "bash" or page not in TESTED_ELSEWHERE):
-                found.append((f"{page.relative_to(ROOT)}#{number}", language, code))
-    return found
+def _page_blocks(page: Path) -> list[tuple[str, str, str]]:
+    """The blocks of a page that run: (where, language, code)."""
+    text = page.read_text(encoding="utf-8")
+    return [
+        (f"{page.relative_to(ROOT)}#{number}", language, code)
+        for number, (skip, language, code) in enumerate(_BLOCK.findall(text), start=1)
+        if not skip and (language == "bash" or page not in TESTED_ELSEWHERE)
+    ]
 
 
-BLOCKS = _blocks()
+BLOCKS = [block for page in PAGES if page != POSTGRESQL_GUIDE for block in _page_blocks(page)]
+
+
+def _environment(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SECUREPAD_", "XDG_", "PG"))}
+    return env | {"HOME": str(home), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"}
+
+
+def _run(where: str, language: str, code: str, home: Path, work: Path) -> str:
+    command = [sys.executable, "-c", code] if language == "python" else ["bash", "-euo", "pipefail", "-c", code]
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, cwd=work, env=_environment(home), check=False
+    )
+    assert result.returncode == 0, (where, result.stdout[-2000:], result.stderr[-2000:])
+    return result.stdout
+
+
+def _home_and_work(tmp_path: Path) -> tuple[Path, Path]:
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir(parents=True)
+    work.mkdir()
+    return home, work
 
 
 @pytest.mark.parametrize(("where", "language", "code"), BLOCKS, ids=[b[0] for b in BLOCKS])
-def test_the_example_runs(where: str, language: str, code: str, tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    home.mkdir()
-    work = tmp_path / "work"
-    work.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SECUREPAD_", "XDG_"))}
-    env |= {"HOME": str(home), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"}
-    code = code.replace("/tmp/securepad-quickstart", str(work))
-    command = [sys.executable, "-c", code] if language == "python" else ["bash", "-euo", "pipefail", "-c", code]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=work, env=env, check=False)
-    assert result.returncode == 0, (where, result.stdout[-2000:], result.stderr[-2000:])
+def test_the_example_runs_twice(where: str, language: str, code: str, tmp_path: Path) -> None:
+    home, work = _home_and_work(tmp_path)
+    for _ in range(2):
+        _run(where, language, code, home, work)
+
+
+def test_the_command_line_examples_run_in_any_order_in_one_home(tmp_path: Path) -> None:
+    """No command-line example reads an entry, a step or a key that another one made."""
+    home, work = _home_and_work(tmp_path)
+    bash = [block for block in BLOCKS if block[1] == "bash"]
+    assert len(bash) >= 4
+    for where, language, code in [*bash, *reversed(bash)]:
+        _run(where, language, code, home, work)
+
+
+@pytest.fixture
+def postgresql_server() -> Iterator[object]:
+    """A connection to the local server as a role that may create databases and roles."""
+    try:
+        import psycopg
+
+        server = psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True, connect_timeout=3)
+    except Exception as exc:  # ImportError, or any connection failure
+        reason = f"the PostgreSQL guide runs against a server on 127.0.0.1:5432: {exc}"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    with server:
+        yield server
+
+
+def test_the_postgresql_guide_runs_from_zero_twice(postgresql_server: object, tmp_path: Path) -> None:
+    """The guide's blocks in order, twice, each time with a new database and new logins."""
+    import psycopg
+
+    assert isinstance(postgresql_server, psycopg.Connection)
+    blocks = _page_blocks(POSTGRESQL_GUIDE)
+    assert [language for _, language, _ in blocks] == ["bash", "python", "python", "bash"]
+    for attempt in range(2):
+        name = f"securepad_doc_{secrets.token_hex(4)}"
+        names = {r"\bagents\b": name, r"\bagent_runtime\b": f"{name}_app", r"\bsecurepad_ops\b": f"{name}_ops"}
+        home, work = _home_and_work(tmp_path / str(attempt))
+        try:
+            outputs = []
+            for where, language, code in blocks:
+                for pattern, replacement in names.items():
+                    code = re.sub(pattern, replacement, code)
+                outputs.append(_run(where, language, code, home, work))
+        finally:
+            postgresql_server.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            postgresql_server.execute(f"DROP ROLE IF EXISTS {name}_app")
+            postgresql_server.execute(f"DROP ROLE IF EXISTS {name}_ops")
+        ran = "".join(outputs)
+        assert "20001:line 20000: ERROR disk full" in ran
+        assert "bob refused: no such entry" in ran
+        assert 'housekeeping refused: PostgreSQL refused the store\'s role: permission denied to set role "securepad_admin"' in ran
+        assert "entries: 1\n" in ran  # the run's own entry, in a database of its own
+        assert re.search(r"^(\d+) of \1 checks passed$", ran, re.M), ran
+
+
+def test_the_postgresql_guide_is_a_guide() -> None:
+    text = POSTGRESQL_GUIDE.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 300
+    headings = re.findall(r"^## (.*)$", text, re.M)
+    for step in ("Create the database", "Run the application", "Housekeeping", "PgBouncer", "TLS"):
+        assert any(step in heading for heading in headings), step
 
 
 def test_every_page_has_its_examples_counted() -> None:
