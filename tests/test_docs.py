@@ -185,3 +185,58 @@ def test_the_audit_page_counts_the_checks_there_are(tmp_path: Path) -> None:
     text = (DOCS / "how-to" / "audit.md").read_text(encoding="utf-8")
     stated = re.findall(r"(\d+) rows in all|all (\d+) checks passed|of (\d+) checks FAILED|\"checks\": (\d+)", text)
     assert len(stated) == 4 and {int(n) for group in stated for n in group if n} == {count}
+
+
+# What a page never says: the product speaks of itself, not of how it was built.
+# Issue and stop numbers, commit ids, branches, dates, clock times and machine
+# load belong in the commit log, the changelog and the decision records' figures.
+HISTORY = {
+    "a stop number": re.compile(r"\b[Ss]tops? \d+"),
+    "an issue number": re.compile(r"\b[Ii]ssues? #?\d+|(?<![\w&/])#\d{1,4}\b"),
+    "a commit id": re.compile(r"(?<![\w-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)(?:[0-9a-f]{7,12}|[0-9a-f]{40})(?![\w-])"),
+    "a branch": re.compile(r"\b[Bb]ranch(?:es)? [a-z]*\d|\bon main\b|\bmain at\b"),
+    "the machine's load": re.compile(r"\bload average|\bload \d"),
+    "a clock time": re.compile(r"\b\d{1,2}:\d\d(?::\d\d)? UTC\b"),
+    "a date": re.compile(
+        r"\b20\d\d-\d\d-\d\d\b|\b\d{1,2} (?:January|February|March|April|May|June|July|August|September"
+        r"|October|November|December) 20\d\d\b"
+    ),
+}
+# Dates and times inside code blocks are example data (a log line), not history.
+PROSE_ONLY = {"a date", "a clock time"}
+HISTORY_FREE = [
+    *(ROOT / name for name in ("README.md", "SECURITY.md", "ARCHITECTURE.md")),
+    *sorted(DOCS.rglob("*.md")),
+]
+
+
+def _history_in(text: str) -> list[tuple[str, str]]:
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    found = []
+    for what, pattern in HISTORY.items():
+        for match in pattern.finditer(prose if what in PROSE_ONLY else text):
+            found.append((what, match.group(0)))
+    return found
+
+
+@pytest.mark.parametrize("page", HISTORY_FREE, ids=[str(p.relative_to(ROOT)) for p in HISTORY_FREE])
+def test_no_page_tells_how_it_was_built(page: Path) -> None:
+    assert _history_in(page.read_text(encoding="utf-8")) == []
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "Stop 25's runs",
+        "since issue 14",
+        "as in #13",
+        "main at 879317b",
+        "on branch i17b",
+        "load average 2.6",
+        "12:05 UTC",
+        "on 1 December 2026",
+        "run 2026-12-01",
+    ],
+)
+def test_the_history_guard_sees_each_kind(sentence: str) -> None:
+    assert _history_in(sentence) != []
