@@ -276,3 +276,43 @@ def test_the_api_reference_has_every_public_class_and_function(module_name: str)
             continue
         places = {f"{module_name}.{name}", f"{value.__module__}.{name}", value.__module__}
         assert places & documented, f"{module_name}.{name}"
+
+
+def _comments_and_docstrings(source: str) -> str:
+    """The comments and docstrings of a Python file, one after another."""
+    import ast
+    import io
+    import tokenize
+
+    parts = [
+        tok.string for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT
+    ]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            docstring = ast.get_docstring(node, clean=False)
+            if docstring:
+                parts.append(docstring)
+    return "\n".join(parts)
+
+
+CODE = sorted(
+    path
+    for path in [*(ROOT / "securepad").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+    if path != Path(__file__).resolve()
+)
+
+
+def test_no_comment_or_docstring_names_an_issue_or_a_stop() -> None:
+    """The code names a concept ("the one-message put"), not the issue or stop that made it."""
+    found = []
+    for path in CODE:
+        text = _comments_and_docstrings(path.read_text(encoding="utf-8"))
+        for what in ("a stop number", "an issue number"):
+            found += [(str(path.relative_to(ROOT)), match.group(0)) for match in HISTORY[what].finditer(text)]
+    assert found == []
+
+
+def test_the_code_guard_reads_comments_and_docstrings_only() -> None:
+    source = '"""Module (issue 15)."""\n\n\ndef f() -> str:\n    # stop 25\n    return "issue 3"\n'
+    text = _comments_and_docstrings(source)
+    assert "issue 15" in text and "stop 25" in text and "issue 3" not in text
