@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -102,8 +103,11 @@ def postgresql_server() -> Iterator[object]:
     try:
         import psycopg
 
+        missing = [tool for tool in ("createdb", "psql") if shutil.which(tool) is None]
+        if missing:
+            raise RuntimeError(f"the guide's PostgreSQL client tools are missing: {', '.join(missing)}")
         server = psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True, connect_timeout=3)
-    except Exception as exc:  # ImportError, or any connection failure
+    except Exception as exc:  # ImportError, missing tools, or any connection failure
         reason = f"the PostgreSQL guide runs against a server on 127.0.0.1:5432: {exc}"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(reason)
