@@ -12,6 +12,7 @@ schema per test. Without a server they are skipped, saying why; with
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,10 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from securepad import Keyring, Principal, Scratchpad
+
+# pytest-xdist's workers start with COLUMNS set; rich would fix the command
+# line's width at import from it. Each test that depends on the width says it.
+os.environ.pop("COLUMNS", None)
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -36,6 +41,12 @@ FAST_ARGON2 = {"time_cost": 1, "memory_cost": 64, "parallelism": 1}
 
 ALICE = Principal("alice", "planner", "web")
 BOB = Principal("bob", "planner", "web")
+
+
+def stable_repr(value: object) -> str:
+    """A parametrized test's id from ``repr`` without memory addresses, so that
+    every pytest-xdist worker collects the same ids."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
 
 
 @pytest.fixture
@@ -95,14 +106,47 @@ def pg_database() -> Iterator[str]:
             server.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+# Roles are cluster-wide, shared by every test session's database (and by each
+# pytest-xdist worker's). A PostgreSQL test holds this advisory lock shared; the
+# few tests that change a role's attributes hold it alone (``roles_alone``).
+ROLES_LOCK = 0x5EC0_0001
+
+
+@pytest.fixture(scope="session")
+def _roles_lock(pg_database: str) -> Iterator[Any]:
+    """This test session's connection that holds the roles lock (in the server's
+    own database: an advisory lock is scoped to one database)."""
+    import psycopg
+
+    with psycopg.connect(PG_SERVER_DSN, autocommit=True) as conn:
+        yield conn
+
+
 @pytest.fixture
-def pg_dsn(pg_database: str) -> Iterator[str]:
+def pg_dsn(pg_database: str, _roles_lock: Any) -> Iterator[str]:
     """The session database, whose store schema is dropped after each test."""
-    yield pg_database
+    _roles_lock.execute("SELECT pg_advisory_lock_shared(%s)", (ROLES_LOCK,))
+    try:
+        yield pg_database
+    finally:
+        _roles_lock.execute("SELECT pg_advisory_unlock_shared(%s)", (ROLES_LOCK,))
     import psycopg
 
     with psycopg.connect(pg_database, autocommit=True) as conn:
         conn.execute("DROP SCHEMA IF EXISTS securepad CASCADE")
+
+
+@pytest.fixture
+def roles_alone(pg_dsn: str, _roles_lock: Any) -> Iterator[None]:
+    """No other PostgreSQL test runs, in any test session, while this test
+    changes a cluster-wide role attribute."""
+    _roles_lock.execute("SELECT pg_advisory_unlock_shared(%s)", (ROLES_LOCK,))
+    _roles_lock.execute("SELECT pg_advisory_lock(%s)", (ROLES_LOCK,))
+    try:
+        yield
+    finally:
+        _roles_lock.execute("SELECT pg_advisory_unlock(%s)", (ROLES_LOCK,))
+        _roles_lock.execute("SELECT pg_advisory_lock_shared(%s)", (ROLES_LOCK,))
 
 
 @pytest.fixture

@@ -172,6 +172,7 @@ def test_audit_fails_naming_the_check_when_the_store_is_weakened(cli: Cli, weake
     assert text.exit_code == 1 and check in text.stdout
 
 
+@pytest.mark.usefixtures("roles_alone")
 def test_audit_fails_when_the_application_role_may_bypass_rls(pg_dsn: str, keyring: Keyring) -> None:
     """BYPASSRLS is a role attribute, shared by every database of the server: it is
     given only while the audit's first check runs, then taken back at once."""

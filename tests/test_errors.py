@@ -11,7 +11,7 @@ from typing import Any
 
 import apsw
 import pytest
-from conftest import FAST_ARGON2
+from conftest import FAST_ARGON2, stable_repr
 
 from securepad import Keyring, Policy, Principal, Scratchpad
 from securepad._db import Database
@@ -225,7 +225,7 @@ def test_ttl_at_the_maximum_is_accepted(pad: Scratchpad, alice: Principal) -> No
         "lone surrogate \ud800",
         {"content": "lone surrogate \udfff"},
     ],
-    ids=repr,
+    ids=stable_repr,
 )
 def test_observation_must_be_json(pad: Scratchpad, alice: Principal, observation: Any) -> None:
     before = pad.stats()["entries"]

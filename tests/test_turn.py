@@ -13,6 +13,7 @@ from typing import Any
 
 import apsw
 import pytest
+from conftest import stable_repr
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -157,7 +158,7 @@ def test_an_expired_step_can_be_recorded_again(turn: Turn) -> None:
     assert turn.history(now=NOW + 10) == ["new"]
 
 
-@pytest.mark.parametrize("observation", [{1, 2}, {"a": object()}, float("nan")], ids=repr)
+@pytest.mark.parametrize("observation", [{1, 2}, {"a": object()}, float("nan")], ids=stable_repr)
 def test_observation_that_is_not_json_is_refused(turn: Turn, observation: Any) -> None:
     with pytest.raises(InvalidArgumentError):
         turn.record(1, "x", observation, now=NOW)
