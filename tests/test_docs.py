@@ -98,21 +98,19 @@ def test_the_command_line_examples_run_in_any_order_in_one_home(tmp_path: Path) 
 
 
 @pytest.fixture
-def postgresql_server() -> Iterator[object]:
-    """A connection to the local server as a role that may create databases and roles."""
-    try:
-        import psycopg
+def postgresql_server(pg_dsn: str) -> Iterator[object]:
+    """A connection to the local server as a role that may create databases and
+    roles (``pg_dsn`` holds the tests' roles lock shared meanwhile: no test
+    changes the store's roles while the guide runs)."""
+    import psycopg
 
-        missing = [tool for tool in ("createdb", "psql") if shutil.which(tool) is None]
-        if missing:
-            raise RuntimeError(f"the guide's PostgreSQL client tools are missing: {', '.join(missing)}")
-        server = psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True, connect_timeout=3)
-    except Exception as exc:  # ImportError, missing tools, or any connection failure
-        reason = f"the PostgreSQL guide runs against a server on 127.0.0.1:5432: {exc}"
+    missing = [tool for tool in ("createdb", "psql") if shutil.which(tool) is None]
+    if missing:
+        reason = f"the PostgreSQL guide needs the client tools {', '.join(missing)}"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(reason)
         pytest.skip(reason)
-    with server:
+    with psycopg.connect(pg_dsn, autocommit=True) as server:
         yield server
 
 
