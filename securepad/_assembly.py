@@ -31,7 +31,16 @@ from .keystore import Keystore, Progress
 from .policy import Policy
 from .principal import Principal
 
-__all__ = ["NEAR_KEY", "AnchorOption", "Anchoring", "Assembly", "Parts", "open_backend", "resolve_policy"]
+__all__ = [
+    "NEAR_KEY",
+    "QUICK_GC_RECOUNT_ROWS",
+    "AnchorOption",
+    "Anchoring",
+    "Assembly",
+    "Parts",
+    "open_backend",
+    "resolve_policy",
+]
 
 # Scratchpad.open's anchor: a path, None (beside the key file) or False (none).
 AnchorOption = str | os.PathLike[str] | bool | None
@@ -39,6 +48,11 @@ Anchoring = tuple[AnchorOption, bool]  # (anchor, adopt_anchor)
 NEAR_KEY: Anchoring = (None, False)
 
 _PG_SCHEMES = ("postgresql://", "postgres://")
+# The rows a quick gc (``Scratchpad.turn``'s) may recount, over the turns it
+# collects from: under the write lock, each collected turn is checked against
+# its head whole, and one tenant's 30,000-entry turn with one expiring entry
+# made every tenant's ``turn()`` wait ~340 ms. A longer turn waits for a full gc.
+QUICK_GC_RECOUNT_ROWS = 2000
 
 
 @dataclass(frozen=True)
@@ -144,7 +158,8 @@ class Assembly:
 
     def gc(self, now: float | None, *, wait: bool) -> int:
         """``Scratchpad.gc``: heads pruned, expired entries and records deleted in
-        one admin transaction, then a scrub (or, without ``wait``, a checkpoint)."""
+        one admin transaction, then (with ``wait``) a scrub when the file has a
+        quarter of its pages free (``Backend.scrub_after_deletes``), or a checkpoint."""
         db = self.parts.db
         cutoff = self.parts.entries.now(now)
         with db.transaction(admin=True, wait=wait) as conn:
@@ -155,14 +170,22 @@ class Assembly:
             # (``kept``) alone, and are skipped when no turn is collected from
             # (on PostgreSQL, 4 round trips of the 6 that each pad.turn paid
             # for its collection, the common case).
-            changed, kept = self.parts.entries.heads.prune(conn, cutoff)
+            changed, kept = self.parts.entries.heads.prune(conn, cutoff, None if wait else QUICK_GC_RECOUNT_ROWS)
             if changed:
                 deleted = entries.delete_expired(conn, cutoff, kept)
                 records = Records.delete_expired(conn, cutoff, kept)
             else:
                 deleted = records = 0
-        if wait and (deleted or records):
-            db.scrub()
+        if wait:  # also after a gc that deleted nothing: a scrub that could not run before runs now
+            try:
+                db.scrub_after_deletes()
+            except StorageFullError:
+                raise StorageFullError(
+                    f"gc deleted {deleted} expired entries and {records} turn records (committed: their cells and"
+                    " the pages they freed are zeroed), but the disk holding the store has no room for the scrub"
+                    " that rebuilds the file after them, which did not run; free space, then run gc again"
+                    " (`securepad gc`) or Scratchpad.scrub() to rebuild it"
+                ) from None
         else:
             db.checkpoint(wait=wait)
         return deleted

@@ -89,6 +89,11 @@ class Backend(Protocol):
     #: Where the store lives, for messages and stats (never a password).
     location: str
 
+    @property
+    def write_limit_bytes(self) -> int | None:
+        """The most one write transaction may store, in bytes (SQLite: half its
+        WAL limit); None where the engine has no such bound."""
+
     def transaction(
         self, owner: str | None = None, *, admin: bool = False, wait: bool = True, turn: str | None = None
     ) -> AbstractContextManager[Conn]:
@@ -128,6 +133,11 @@ class Backend(Protocol):
     def scrub(self) -> bool:
         """Rewrite the engine's files so that nothing deleted remains in them
         (SQLite: VACUUM, then a checkpoint); returns False as ``checkpoint`` does."""
+
+    def scrub_after_deletes(self) -> bool:
+        """After deletes (gc): ``scrub`` when they left a meaningful share of the
+        files free (SQLite: ``SCRUB_FREE_SHARE`` of the pages), else ``checkpoint``.
+        Returns whether the files were rewritten."""
 
     def close(self) -> None:
         """Close every connection this object opened."""

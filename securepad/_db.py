@@ -31,19 +31,45 @@ __all__ = ["SCHEMA_VERSION", "WAL_LIMIT_BYTES", "CommitHooks", "Database"]
 # How long a writer waits for the lock before StoreBusyError.
 BUSY_TIMEOUT_MS = 30_000
 
-# The write-ahead log's bound. A reader that holds one snapshot keeps every
-# frame written after it in the WAL (a checkpoint cannot move them), so the
-# WAL grows with every write for as long as the reader lives: 652 MB in 60 s
-# at 200 puts/s (issue 18). Past this size a write first tries to checkpoint
-# and, if a reader still pins the WAL, fails with StoreBusyError until the
-# reader ends: the file stays bounded and writers see a retryable error.
+# The write-ahead log's bound, on the frames a checkpoint has not yet copied
+# into the database (a passive checkpoint copies every frame older than the
+# oldest reader's snapshot): those are what a reader that holds one snapshot
+# keeps growing, 652 MB in 60 s at 200 puts/s under one long reader. Past it a
+# write waits (``WAL_WAIT_MS``) for a checkpoint, then fails with StoreBusyError
+# until the reader ends: the file stays bounded and writers see a retryable error.
 WAL_LIMIT_BYTES = 256 * 1024 * 1024
-# Checkpoint (PASSIVE, never waiting) once the WAL holds this many pages, as
-# SQLite's own auto-checkpoint does; our WAL hook replaces SQLite's.
+# Checkpoint (PASSIVE, never waiting) once this many frames wait to be copied,
+# as SQLite's own auto-checkpoint does; our WAL hook replaces SQLite's.
 AUTOCHECKPOINT_PAGES = 1000
-# After a checkpoint the WAL file is cut back to this size (SQLite otherwise
-# keeps the largest size it ever reached until a TRUNCATE checkpoint).
+# A passive checkpoint copies frames but never restarts the WAL: with several
+# readers one of them always holds some snapshot, so the file grows with every
+# write. Once the WAL holds this much (or a quarter of its limit, if less), the
+# writer that committed runs a RESTART checkpoint after its commit: it holds
+# the write lock and waits at most ``RESTART_WAIT_MS`` for the readers of
+# older snapshots to end (new ones read the database file), so the next write
+# starts the WAL again from its beginning. A reader that outlasts the wait
+# leaves it for as many frames again.
+RESTART_BYTES = 16 * 1024 * 1024
+RESTART_WAIT_MS = 250
+# How long a write that finds the WAL over its limit waits for the readers
+# that pin it before StoreBusyError (within the busy timeout's 30 s).
+WAL_WAIT_MS = 2_000
+# When the WAL restarts its file is cut back to this size, or a quarter of its
+# limit if less (SQLite otherwise keeps the largest size it ever reached until
+# a TRUNCATE checkpoint).
 WAL_KEEP_BYTES = 16 * 1024 * 1024
+# gc rebuilds the file (``Database.scrub``) only when its deletes left at least
+# this share of the file's pages free: the rebuild writes every live page, so
+# through the WAL (and into a temporary file) it writes at most 3 times the
+# pages the deletes freed. Below it, the deletes' own ``secure_delete`` zeroes
+# the deleted cells and freed pages, and the WAL is truncated.
+SCRUB_FREE_SHARE = 0.25
+# One write transaction stores at most 1/this of the WAL limit, counted as the
+# entries' ``cost_bound`` (their WAL frames take at most ~1.05 times it,
+# ``docs/reliability.md``): a batch alone can never fill the WAL, and a larger
+# one is refused before it is written (QuotaExceededError). Half the default
+# limit (128 MiB) still holds one entry of the default ``max_entry_bytes``.
+WRITE_SHARE_OF_WAL = 2
 
 SCHEMA_VERSION = 11
 
@@ -284,6 +310,16 @@ _MIGRATIONS: dict[int, str] = {
 }
 
 
+# How long a checkpoint that finds another connection's under way pauses before it tries again.
+_CHECKPOINT_RETRY_S = 0.005
+# ``_WalWatch``'s names of SQLite's checkpoint modes.
+_CHECKPOINT_MODES = {
+    "passive": apsw.SQLITE_CHECKPOINT_PASSIVE,
+    "restart": apsw.SQLITE_CHECKPOINT_RESTART,
+    "truncate": apsw.SQLITE_CHECKPOINT_TRUNCATE,
+}
+
+
 class CommitHooks(Protocol):
     """What runs around every write transaction's COMMIT (the anchor, ``anchor.Anchor``)."""
 
@@ -400,28 +436,78 @@ class _Connections:
 
 
 class _WalWatch:
-    """The WAL's size as SQLite reports it after each commit of any of our
-    connections (the whole WAL's page count, whoever wrote it), and our
-    replacement for SQLite's auto-checkpoint. It holds no reference to the
-    Database, so a store dropped without ``close`` is still collected."""
+    """The WAL as the store's connections last saw it, and our replacement for
+    SQLite's auto-checkpoint. It holds no reference to the Database, so a store
+    dropped without ``close`` is still collected.
 
-    def __init__(self) -> None:
-        self.pages = 0
+    ``pages`` is the WAL's frame count after each commit of any of our
+    connections (SQLite gives it to the hook: no extra system call), ``moved``
+    how many of them the last checkpoint we ran had copied into the database;
+    other processes' checkpoints move more, so ``pending`` is an upper bound,
+    and a decision that refuses a write checkpoints first to know."""
+
+    def __init__(self, limit_bytes: int) -> None:
         self.page_size = 4096
+        self.limit_bytes = limit_bytes
+        self.pages = 0
+        self.moved = 0
+        self.restart_at = self.restart_pages()
+        # Frames our commits appended to the WAL, and checkpoints tried by
+        # mode (``wal_status``): what a test can count.
+        self.written = 0
+        self.rebuilds = 0  # VACUUMs (``Database.scrub``)
+        # The last passive checkpoint found another connection's under way.
+        self.copying = False
+        self.counts = {"passive": 0, "restart": 0, "truncate": 0}
+
+    def restart_pages(self) -> int:
+        """The WAL's frame count past which a commit restarts it (``RESTART_BYTES``)."""
+        return max(min(RESTART_BYTES, self.limit_bytes // 4) // self.page_size, 1)
+
+    def limit_pages(self) -> int:
+        return self.limit_bytes // self.page_size
+
+    def pending(self) -> int:
+        """Frames not yet copied into the database, as far as we know (at most)."""
+        return max(self.pages - self.moved, 0)
 
     def bytes(self) -> int:
         return self.pages * self.page_size
 
+    def saw(self, mode: str, frames: int, moved: int) -> None:
+        """A checkpoint of ``mode`` returned: the WAL's frames and those copied."""
+        if mode != "passive":  # everything copied and no reader in the WAL: the next write restarts it
+            frames = moved = 0
+        self.pages, self.moved = max(frames, 0), max(moved, 0)
+        if mode != "passive":
+            self.restart_at = self.restart_pages()
+
+    def restart_failed(self) -> None:
+        """A reader outlasted the restart's wait: try again once as many frames
+        again are written."""
+        self.restart_at = self.pages + self.restart_pages()
+
+    def restart_due(self) -> bool:
+        return self.pages >= self.restart_at
+
     def hook(self, conn: apsw.Connection, dbname: str, pages: int) -> int:
         """After each commit: checkpoint as SQLite's auto-checkpoint would
-        (PASSIVE: moves what readers allow, never waits)."""
+        (PASSIVE: moves what readers allow, never waits); the restart, when
+        due, runs after the commit returns (``Database.transaction``)."""
+        if pages < self.pages:  # the WAL started again from its beginning
+            self.moved = 0
+            self.restart_at = self.restart_pages()
+            self.written += pages
+        else:
+            self.written += pages - self.pages
         self.pages = pages
-        if pages >= AUTOCHECKPOINT_PAGES:
+        if self.pending() >= AUTOCHECKPOINT_PAGES:
             try:
-                log, _ = conn.wal_checkpoint(dbname, apsw.SQLITE_CHECKPOINT_PASSIVE)
+                self.counts["passive"] += 1
+                frames, moved = conn.wal_checkpoint(dbname, apsw.SQLITE_CHECKPOINT_PASSIVE)
             except apsw.Error:
                 return apsw.SQLITE_OK  # the commit stands; a later one checkpoints
-            self.pages = max(log, 0)
+            self.saw("passive", frames, moved)
         return apsw.SQLITE_OK
 
 
@@ -440,7 +526,8 @@ class Database:
     Owners and the admin flag change nothing here: the file's permissions are
     the boundary, and every write transaction is serialized.
 
-    ``wal_limit_bytes`` bounds the write-ahead log (see ``WAL_LIMIT_BYTES``).
+    ``wal_limit_bytes`` bounds the write-ahead log (see ``WAL_LIMIT_BYTES``), and
+    ``wal_wait_ms`` is how long a write waits for it (``WAL_WAIT_MS``).
     ``incremental_vacuum`` makes the file give freed pages back to the file
     system at each ``checkpoint`` (gc, forget-owner); an existing store is
     converted once, at open, by a full VACUUM. ``durability`` ("normal" or
@@ -455,6 +542,7 @@ class Database:
         *,
         busy_timeout_ms: int = BUSY_TIMEOUT_MS,
         wal_limit_bytes: int = WAL_LIMIT_BYTES,
+        wal_wait_ms: int = WAL_WAIT_MS,
         incremental_vacuum: bool = False,
         allow_shared: bool = False,
         durability: str = "normal",
@@ -466,18 +554,21 @@ class Database:
             raise SecurepadError(f"durability must be one of {', '.join(_SYNCHRONOUS)}, not {durability!r}")
         self.durability = durability
         self.wal_limit_bytes = wal_limit_bytes
+        self._wal_wait_s = wal_wait_ms / 1000
         self._local = threading.local()
         self._connections = _Connections()
-        self._wal = _WalWatch()
+        self._wal = _WalWatch(limit_bytes=wal_limit_bytes)
         self.incremental_vacuum = False
         # Set once by the anchor after its open check; the one hook into every write.
         self.hooks: CommitHooks | None = None
         _create_private_file(path, allow_shared)
         conn = self.conn
         try:
-            self._wal.page_size = int(conn.execute("PRAGMA page_size").fetchall()[0][0])  # type: ignore[arg-type]
+            page_size = int(conn.execute("PRAGMA page_size").fetchall()[0][0])  # type: ignore[arg-type]
         except apsw.Error as exc:
             raise self._error(exc, conn) from None
+        self._wal.page_size = page_size  # the hook of the connection just opened holds this watch
+        self._wal.restart_at = self._wal.restart_pages()
         with self.transaction() as tx:
             self._migrate(tx.raw)
         self.incremental_vacuum = incremental_vacuum and self._enable_incremental_vacuum(conn)
@@ -515,7 +606,7 @@ class Database:
             # process crash) can lose the last commits. FULL: the WAL is synced
             # at every commit.
             conn.execute(f"PRAGMA synchronous = {_SYNCHRONOUS[self.durability]}")
-            conn.execute(f"PRAGMA journal_size_limit = {WAL_KEEP_BYTES}")
+            conn.execute(f"PRAGMA journal_size_limit = {min(WAL_KEEP_BYTES, self.wal_limit_bytes // 4)}")
             # Deleted content is overwritten with zeros, in the file and the WAL.
             conn.execute("PRAGMA secure_delete = ON")
             conn.execute("PRAGMA foreign_keys = ON")
@@ -529,31 +620,108 @@ class Database:
     def _error(self, exc: apsw.Error | UnicodeDecodeError, conn: apsw.Connection) -> SecurepadError:
         return _storage_error(exc, self.path, conn)
 
-    def _check_wal(self) -> None:
-        """Refuse a write while the WAL is over its limit and a reader pins it."""
-        if self._wal.bytes() <= self.wal_limit_bytes:
+    @property
+    def write_limit_bytes(self) -> int:
+        """The most one write transaction may store (``WRITE_SHARE_OF_WAL``)."""
+        return self.wal_limit_bytes // WRITE_SHARE_OF_WAL
+
+    def _check_wal(self, conn: apsw.Connection, wait_s: float) -> None:
+        """Before a write: when the frames not yet copied into the database may
+        be over the limit, checkpoint (PASSIVE) to know; while they are, wait
+        for the readers that pin them (a RESTART checkpoint, ``wait_s`` in
+        all), then refuse.
+
+        Raises:
+            StoreBusyError: a reader's snapshot still pins more than the limit.
+        """
+        wal = self._wal
+        if wal.pending() <= wal.limit_pages():
             return
-        if self.checkpoint(wait=False):
-            return
-        raise StoreBusyError(
-            f"the store's write-ahead log is over its {self.wal_limit_bytes // (1024 * 1024)} MiB limit because"
-            " a reader has held one snapshot for long; writes resume when it ends"
+        deadline = time.monotonic() + wait_s
+        while True:
+            self._wal_checkpoint(conn, "passive", 0)
+            if wal.pending() <= wal.limit_pages():
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if self._wal_checkpoint(conn, "restart", left):
+                return
+        over = (
+            f"the store's write-ahead log holds {wal.pending() * wal.page_size / 2**20:.0f} MiB of writes not yet"
+            f" copied into the database, over its {self.wal_limit_bytes / 2**20:g} MiB limit"
         )
+        waited = f"throughout the {wait_s:g} s this write waited" if wait_s > 0 else "now"
+        if wal.copying:
+            raise StoreBusyError(
+                f"{over}: another connection's checkpoint held the log {waited} (copying it, or waiting for a"
+                " reader whose snapshot is older than those writes); try again"
+            )
+        held = f"has held a snapshot older than them {waited}" if wait_s > 0 else "holds a snapshot older than them"
+        raise StoreBusyError(f"{over}: a reader {held}; writes resume when it ends")
+
+    def _wal_checkpoint(self, conn: apsw.Connection, mode: str, wait_s: float) -> bool:
+        """One checkpoint of ``mode`` ("passive", "restart", "truncate") that
+        waits at most ``wait_s`` for the write lock, for readers and for
+        another connection's checkpoint (SQLite does not wait for that one: it
+        is tried again); False when it could not finish (readers, another
+        checkpoint, no room on the disk).
+
+        Raises:
+            StoreCorruptError: the file is damaged.
+        """
+        self._wal.counts[mode] += 1
+        deadline = time.monotonic() + wait_s
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                conn.setbusyhandler(_BusyHandler(left) if left > 0 else None)
+                try:
+                    frames, moved = conn.wal_checkpoint(mode=_CHECKPOINT_MODES[mode])
+                    break
+                except (apsw.BusyError, apsw.LockedError):
+                    # A passive checkpoint waits for nothing: busy means another one is under way.
+                    self._wal.copying = mode == "passive"
+                    if mode == "passive" or deadline - time.monotonic() <= _CHECKPOINT_RETRY_S:
+                        if mode == "restart":
+                            self._wal.restart_failed()
+                        return False
+                    time.sleep(_CHECKPOINT_RETRY_S)
+        except apsw.Error as exc:
+            error = self._error(exc, conn)
+            if isinstance(error, StorageFullError):
+                # The write before it (a delete, a gc) stands; its frames stay
+                # in the WAL until a checkpoint finds room.
+                return False
+            raise error from None
+        finally:
+            conn.setbusyhandler(_BusyHandler(self._busy_timeout_ms / 1000))
+        self._wal.copying = False
+        self._wal.saw(mode, frames, moved)
+        return frames == moved
 
     def wal_status(self) -> dict[str, object]:
-        """The WAL's size against its limit, with a warning past half of it (for ``stats``)."""
-        used = self._wal.bytes()
+        """The WAL's size and what it holds not yet copied, against its limit,
+        with a warning past half of it (for ``stats``), and what this store
+        object did to it: checkpoints tried by mode, frames its commits
+        appended, rebuilds (``scrub``)."""
+        wal = self._wal
+        pending = wal.pending() * wal.page_size
         status: dict[str, object] = {
-            "wal_bytes": used,
+            "wal_bytes": wal.bytes(),
+            "wal_pending_bytes": pending,
             "wal_limit_bytes": self.wal_limit_bytes,
+            "checkpoints": dict(wal.counts),
+            "frames_written": wal.written,
+            "rebuilds": wal.rebuilds,
             "incremental_vacuum": self.incremental_vacuum,
             "warnings": [],
         }
-        if used > self.wal_limit_bytes // 2:
+        if pending > self.wal_limit_bytes // 2:
             status["warnings"] = [
-                f"the write-ahead log holds {used} bytes of its {self.wal_limit_bytes}-byte limit:"
-                " a long-lived reader keeps it from being checkpointed; writes fail (StoreBusyError)"
-                " at the limit until that reader ends"
+                f"the write-ahead log holds {pending} bytes not yet copied into the database, of its"
+                f" {self.wal_limit_bytes}-byte limit: a long-lived reader keeps them from being checkpointed;"
+                " writes fail (StoreBusyError) at the limit until that reader ends"
             ]
         return status
 
@@ -563,15 +731,17 @@ class Database:
     ) -> Iterator[_Conn]:
         """A write transaction (BEGIN IMMEDIATE), rolled back on any exception;
         ``owner`` and ``turn`` change nothing here: SQLite has one writer.
+        ``wait=False``: a WAL over its limit is refused without waiting.
 
         Raises:
             StoreBusyError: the write lock was not obtained within the busy
-                timeout, or the WAL is over its limit (a long reader pins it).
+                timeout, or a reader's snapshot pins more than the WAL's limit
+                of frames not yet copied, past ``wal_wait_ms`` (``_check_wal``).
             StorageFullError: the disk is full; nothing was written.
             StoreCorruptError: the file is damaged.
         """
         conn = self.conn
-        self._check_wal()
+        self._check_wal(conn, self._wal_wait_s if wait else 0)
         try:
             conn.execute("BEGIN IMMEDIATE")
         except apsw.Error as exc:
@@ -595,6 +765,10 @@ class Database:
             raise self._error(exc, conn) from None
         if hooks is not None:
             hooks.after_commit()
+        if self._wal.restart_due():
+            # The commit stands whatever this does; a failure leaves the restart for later.
+            with contextlib.suppress(SecurepadError):
+                self._wal_checkpoint(conn, "restart", RESTART_WAIT_MS / 1000)
 
     def _rollback(self, conn: apsw.Connection) -> None:
         """End the failed transaction, unless SQLite already did (it rolls back by
@@ -685,27 +859,17 @@ class Database:
             StoreCorruptError: the file is damaged.
         """
         conn = self.conn
-        if not wait:
-            conn.setbusytimeout(0)
-        try:
-            if self.incremental_vacuum:
+        if self.incremental_vacuum:
+            try:
                 conn.execute("PRAGMA incremental_vacuum").fetchall()
-            log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
-        except (apsw.BusyError, apsw.LockedError):
-            return False
-        except apsw.Error as exc:
-            error = self._error(exc, conn)
-            if isinstance(error, StorageFullError):
-                # The write before it (a delete, a gc) stands; its frames stay
-                # in the WAL until a checkpoint finds room.
+            except (apsw.BusyError, apsw.LockedError):
                 return False
-            raise error from None
-        finally:
-            if not wait:
-                conn.setbusyhandler(_BusyHandler(self._busy_timeout_ms / 1000))
-        if log == done:
-            self._wal.pages = 0
-        return bool(log == done)
+            except apsw.Error as exc:
+                error = self._error(exc, conn)
+                if isinstance(error, StorageFullError):
+                    return False
+                raise error from None
+        return self._wal_checkpoint(conn, "truncate", self._busy_timeout_ms / 1000 if wait else 0)
 
     def scrub(self) -> bool:
         """Rebuild the file (VACUUM), then checkpoint and truncate the WAL.
@@ -713,20 +877,50 @@ class Database:
         ``secure_delete`` zeroes a deleted row's cell, but when SQLite
         rebalances a b-tree it rebuilds pages without zeroing their unused
         space, so a copy of a row that moved to another page can stay in the
-        old page's gap after the row itself is deleted (issue 11: about one
-        audit in 40 found a deleted wrapped item key that way). VACUUM writes
-        every page afresh, so only live rows remain anywhere in the file. It
-        costs a pass over the whole store and holds the write lock meanwhile.
+        old page's gap after the row itself is deleted (about one audit in 40
+        found a deleted wrapped item key that way). VACUUM writes every page
+        afresh, so only live rows remain anywhere in the file. It costs a pass
+        over the whole store and holds the write lock meanwhile; the copy it
+        builds goes to a temporary file (``temp_store = FILE``: SQLite's
+        temporary directory, ``SQLITE_TMPDIR``), never to memory, and then
+        through the WAL into the file.
 
         Returns False when a reader kept part of the WAL alive (see ``checkpoint``).
+
+        Raises:
+            StorageFullError: no room for the copy or the WAL; the file is as it was.
+            StoreBusyError: the write lock was not obtained in time.
         """
         conn = self.conn
         try:
-            conn.execute("PRAGMA temp_store = MEMORY")  # the rebuild's copy never reaches a temp file
+            conn.execute("PRAGMA temp_store = FILE")
             conn.execute("VACUUM")
         except apsw.Error as exc:
             raise self._error(exc, conn) from None
+        self._wal.rebuilds += 1
         return self.checkpoint()
+
+    def scrub_after_deletes(self) -> bool:
+        """After a gc's deletes: ``scrub`` when at least ``SCRUB_FREE_SHARE`` of
+        the file's pages are free, else a checkpoint that truncates the WAL.
+        Returns whether the file was rebuilt.
+
+        Raises:
+            StorageFullError: no room for the rebuild; the deletes stand.
+            StoreBusyError: the write lock was not obtained in time.
+        """
+        conn = self.conn
+        try:  # before the checkpoint: with ``incremental_vacuum`` it gives the free pages back
+            free = int(conn.execute("PRAGMA freelist_count").fetchall()[0][0])  # type: ignore[arg-type]
+            pages = int(conn.execute("PRAGMA page_count").fetchall()[0][0])  # type: ignore[arg-type]
+        except apsw.Error as exc:
+            raise self._error(exc, conn) from None
+        # The deletes' frames into the file first: the rebuild's WAL does not add to them on the disk.
+        self.checkpoint()
+        if pages and free >= pages * SCRUB_FREE_SHARE:
+            self.scrub()
+            return True
+        return False
 
     def copy_to(self, dest: Path) -> None:
         """Write a consistent copy of the store to ``dest`` (which must not exist).
@@ -838,20 +1032,26 @@ class _BusyHandler:
     the benchmark's 2x4 load that made put p99 109 ms and max 736 ms. This
     handler retries after 50 µs, doubling to at most 2 ms, jittered so that
     waiting connections do not retry in step.
+
+    The time counted is the time spent waiting here, not since the first
+    wait: one call of SQLite can wait more than once (a checkpoint waits for
+    the write lock, copies the WAL, then waits for readers), and the copy of a
+    large WAL must not use up the wait of the readers after it.
     """
 
     def __init__(self, timeout_s: float) -> None:
         self._timeout_s = timeout_s
-        self._since = 0.0
+        self._waited = 0.0
 
     def __call__(self, tries: int) -> bool:
-        now = time.monotonic()
         if tries == 0:
-            self._since = now
-        elif now - self._since >= self._timeout_s:
+            self._waited = 0.0
+        elif self._waited >= self._timeout_s:
             return False  # SQLite returns SQLITE_BUSY: StoreBusyError
+        started = time.monotonic()
         # Not a secret: jitter only.
         time.sleep(min(0.002, 0.00005 * 2 ** min(tries, 6)) * random.uniform(0.5, 1.5))  # noqa: S311
+        self._waited += time.monotonic() - started
         return True
 
 

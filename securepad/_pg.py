@@ -143,6 +143,8 @@ class PostgresDatabase:
     """
 
     dialect = "postgresql"
+    # The server's WAL has no bound a transaction's size must respect (``Backend``).
+    write_limit_bytes: int | None = None
 
     def __init__(
         self,
@@ -488,6 +490,10 @@ class PostgresDatabase:
     def scrub(self) -> bool:
         """Nothing to do here: dead rows go with the server's VACUUM (see SECURITY.md)."""
         return True
+
+    def scrub_after_deletes(self) -> bool:
+        """Nothing to do here, as for ``scrub``."""
+        return False
 
     def _app_version(self) -> int | None:
         """The schema version as the application role sees it; None when it cannot tell."""

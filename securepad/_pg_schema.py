@@ -18,11 +18,11 @@ from psycopg_pool import ConnectionPool
 
 from ._pg_roles import ADMIN_ROLE, APP_ROLE
 from .errors import SecurepadError
-from .head_reads import pg_lean_read_functions, pg_read_functions
+from .head_reads import pg_lean_read_functions, pg_read_functions, pg_scoped_read_functions
 
 __all__ = ["ADMIN_ROLE", "APP_ROLE", "MIGRATIONS", "SCHEMA_VERSION", "lock_key", "migrate", "reason"]
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 
 _OWNER = "current_setting('securepad.owner', true)"
 _OWNER_TABLES = ("owner_keys", "entries", "checkpoints", "compaction_marks", "owner_usage")
@@ -306,6 +306,17 @@ MIGRATIONS: dict[int, str] = {
     13: "".join(
         f"{create}GRANT EXECUTE ON FUNCTION {name}(text, text, bytea, text, text, text) TO {APP_ROLE};\n"
         for name, create in pg_lean_read_functions().items()
+    ),
+    # The turn of an id found within the caller's scope (head_reads:
+    # ``pg_scoped_read_functions``): the entry's read function looked the id's
+    # turn up whoever its owner, held to the owner's rows by row-level
+    # security alone; it now names the owner, and the channel and actor the
+    # policy's scope names (two more arguments, NULL otherwise), as SQLite's
+    # statement does. Dropped and created again (its arguments change), same
+    # settings, owner and grants as migration 13's.
+    14: "".join(
+        f"{create}GRANT EXECUTE ON FUNCTION {name}(text, text, bytea, text, text, text, text, text) TO {APP_ROLE};\n"
+        for name, create in pg_scoped_read_functions().items()
     ),
 }
 

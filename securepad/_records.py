@@ -43,9 +43,22 @@ _COLUMNS = (
 # (expires_at, sealed, id, old sealed) per table: a compare-and-set update.
 Updates = dict[str, list[tuple[float, bytes, str, bytes]]]
 
-# What a record's row costs on disk besides its sealed bytes (clear columns,
-# its indexes): counted against the owner's quota with them.
+# What a record's row costs on disk besides its sealed bytes and clear
+# identifiers (the other clear columns, its indexes' cells): counted against
+# the owner's quota with them.
 RECORD_ROW_OVERHEAD = 256
+# A record's clear identifiers as UTF-8 bytes (up to 1 KiB each), the most
+# either backend stores: each once in the row; again in the indexes: the id
+# (the key), the owner and turn (the unique (owner_user_id, turn_id, seq)), and
+# on PostgreSQL the owner once more (the key (id, owner_user_id)), counted one
+# and a half times (pages split half full: ``entry_shape.identifier_cost``).
+# Weights in halves. A record's cost is not kept (``used_sql`` counts the live
+# records at each check), so existing records count by this rule at once;
+# nothing sealed sums it.
+_IDENTIFIER_WEIGHTS = (("id", 5), ("owner_user_id", 8), ("turn_id", 5), ("actor", 2), ("channel", 2))
+_IDENTIFIERS_SQL = (
+    "(" + " + ".join(f"octet_length({column}) * {weight}" for column, weight in _IDENTIFIER_WEIGHTS) + ") / 2"
+)
 
 # The quota check of the entries table, run inside the write transaction:
 # (conn, owner, bytes added, now, what is added); raises QuotaExceededError.
@@ -235,6 +248,8 @@ class Records:
             numbers = (row["seq"], row["key_version"], row["created_at"], row["expires_at"])
             if not all(isinstance(value, int | float) and not isinstance(value, bool) for value in numbers):
                 raise IntegrityError("a turn record's clear fields are malformed")
+            if not all(isinstance(value, int) for value in numbers[:2]):  # integral: refused, never rounded
+                raise IntegrityError("a turn record's clear seq or key_version is not an integer")
             wrapper = self._keys.owner_wrapper(row["owner_user_id"], row["key_version"])
             item_key, body = open_record(wrapper, table, row)
             return row, item_key, json.loads(body)
@@ -278,7 +293,8 @@ class Records:
         its parameters (read inside the caller's write transaction, in the
         statement that reads the rest of the quota)."""
         parts = " UNION ALL ".join(
-            f"SELECT length(sealed) + length(wrapped_key) AS n FROM {table} WHERE owner_user_id = ? AND expires_at > ?"
+            f"SELECT length(sealed) + length(wrapped_key) + {_IDENTIFIERS_SQL} AS n FROM {table}"
+            " WHERE owner_user_id = ? AND expires_at > ?"
             for table in TABLES
         )
         sql = f"(SELECT CAST(COALESCE(SUM(n + {RECORD_ROW_OVERHEAD}), 0) AS BIGINT) FROM ({parts}) AS records)"
@@ -298,5 +314,8 @@ class Records:
 
 
 def record_cost(row: dict[str, Any]) -> int:
-    """What a record's row costs on disk: its sealed bytes plus a fixed overhead."""
-    return len(row["sealed"]) + len(row["wrapped_key"]) + RECORD_ROW_OVERHEAD
+    """What a record's row costs on disk: its sealed bytes, its clear
+    identifiers (``_IDENTIFIER_WEIGHTS``) and a fixed overhead; ``used_sql``
+    counts the same in SQL."""
+    identifiers = sum(len(row[column].encode()) * weight for column, weight in _IDENTIFIER_WEIGHTS) // 2
+    return len(row["sealed"]) + len(row["wrapped_key"]) + identifiers + RECORD_ROW_OVERHEAD

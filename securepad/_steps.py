@@ -1,4 +1,5 @@
-"""Steps chosen for the caller: ``record_next`` and ``put_next``.
+"""Steps chosen for the caller: ``record_next`` and ``put_next``; and the
+keyed names of the integrations' turns (``keyed_turn_name``, ``turn_in_use``).
 
 ``record_next`` (record an observation as the turn's next free step) lives in
 ``turn.py``, which owns the turn's parts; this module keeps the import path
@@ -14,6 +15,7 @@ its turn when it is written.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from .errors import InvalidArgumentError, StoreBusyError
@@ -21,7 +23,26 @@ from .principal import Principal
 from .store import Scratchpad, parts
 from .turn import record_next
 
-__all__ = ["put_next", "record_next"]
+__all__ = ["keyed_turn_name", "put_next", "record_next", "turn_in_use"]
+
+
+def keyed_turn_name(pad: Scratchpad, principal: Principal, *ids: Any) -> str:
+    """The keyed digest (hex) that names the turn of ``ids`` (JSON values: a
+    kind and the caller's own ids) for the principal's owner, for the
+    integrations' turns (``crypto.CounterSeal.turn_name``): unlike a hash, it
+    cannot be recomputed from a guess of the ids without the store's key."""
+    message = json.dumps(list(ids), separators=(",", ":")).encode()
+    return parts(pad).keys.counter_seal.turn_name(principal.owner_user_id, message)
+
+
+def turn_in_use(pad: Scratchpad, principal: Principal, turn_id: str, *, now: float | None = None) -> bool:
+    """Whether the turn holds a live entry in the principal's scope (its newest
+    step, checked against its head: one small read).
+
+    Raises:
+        IntegrityError, StoreBusyError: as for a read of the turn.
+    """
+    return parts(pad).entries.last_step(principal, turn_id, now) > 0
 
 
 def put_next(

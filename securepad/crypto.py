@@ -169,12 +169,13 @@ class CounterSeal:
     (``"anchor"``) apart: one cannot be pasted as the other.
     """
 
-    __slots__ = ("_key", "_store_id", "_term_prefix")
+    __slots__ = ("_key", "_names", "_store_id", "_term_prefix")
 
     def __init__(self, key: KeyHandle, store_id: str) -> None:
         self._key = key
         self._store_id = store_id
         self._term_prefix = lp(_TAG, "term", store_id)
+        self._names: bytes | None = None  # the turn names' key, derived at its first use
 
     def __repr__(self) -> str:
         return "<CounterSeal (hidden)>"
@@ -199,6 +200,18 @@ class CounterSeal:
         apart from the counter tags; ``message`` must be self-delimiting
         (the callers pass msgpack)."""
         return int.from_bytes(hmac.digest(self._key._key, self._term_prefix + message, "sha256"), "big")
+
+    def turn_name(self, owner_user_id: str, message: bytes) -> str:
+        """The keyed name (hex) of a turn an integration derives from ids its
+        caller chooses (a LangGraph thread id, an OpenAI session id: ``message``,
+        self-delimiting), for one owner: HMAC-SHA256 under a key derived
+        (HKDF) from the anchor key, so stable across master and owner-key
+        rotations, and without the master key no guess of an id can be tested
+        against the names in the file. Owner and store are in the input: the
+        same id names another turn for another owner or store."""
+        if self._names is None:
+            self._names = _derive(self._key, "turn-names", self._store_id.encode())
+        return hmac.digest(self._names, lp(_TAG, "turn-name", self._store_id, owner_user_id) + message, "sha256").hex()
 
 
 # The era an owner key's wrapping carries once the store has turn heads (issue

@@ -184,15 +184,18 @@ class Entries:
         if not isinstance(scratchpad_id, str) or not ID_RE.fullmatch(scratchpad_id):
             raise NotFoundError(NOT_FOUND_MESSAGE)
         owner = principal.owner_user_id
+        # Every read by the id is held to the principal's scope: another
+        # owner's id reads what an absent one reads.
+        scope, scope_params = self.policy.scope_sql(principal)
         turn_sql = (
-            "SELECT turn_id, step_num, expires_at, stored_bytes, actor, channel FROM entries"
-            " WHERE id = ? AND owner_user_id = ?",
-            (scratchpad_id, owner),
+            f"SELECT turn_id, step_num, expires_at, stored_bytes, actor, channel FROM entries WHERE id = ? AND {scope}",
+            (scratchpad_id, *scope_params),
         )
+        heads_sql = Heads.entry_select_sql(owner, scratchpad_id, self.policy.scope_columns(principal))
         with self._db.transaction(owner) as conn:
             # Read before the delete, with it (one message on PostgreSQL): the
             # entry's turn, its head rows, the owner's newest key version.
-            for sql, params in (turn_sql, Heads.entry_select_sql(owner, scratchpad_id), Heads.newest_sql(owner)):
+            for sql, params in (turn_sql, heads_sql, Heads.newest_sql(owner)):
                 conn.prefetch(sql, params)
             if not self._access.delete(conn, principal, "entries", scratchpad_id):
                 self._access.denied(principal, scratchpad_id)
@@ -204,7 +207,7 @@ class Entries:
                 owner,
                 row["turn_id"],
                 lambda head: head.remove("e", scratchpad_id, entry_item(row)),
-                entry_id=scratchpad_id,
+                rows=conn.query(*heads_sql),
             )
         # secure_delete zeroed the pages; the checkpoint takes the old ones out of the WAL too.
         self._db.checkpoint(wait=False)

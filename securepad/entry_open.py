@@ -57,10 +57,15 @@ class Opener:
             raise NotFoundError(NOT_FOUND_MESSAGE)
         where = "id = ?"
         params: tuple[str, ...] = (scratchpad_id,)
+        # The entry's row and its turn's head rows: one round trip on PostgreSQL.
+        # The turn is the one given, or the id's within the principal's scope:
+        # another owner's id reads the owner's heads alone, as an absent id does.
         if turn_id is not None:
             where, params = "id = ? AND turn_id = ?", (scratchpad_id, check_identifier("turn_id", turn_id))
-        # The entry's row and its turn's head rows: one round trip on PostgreSQL.
-        head_sql = self.heads.entry_read_sql(principal.owner_user_id, scratchpad_id)
+            head_sql = self.heads.read_sql(principal.owner_user_id, turn_id)
+        else:
+            scope = self.policy.scope_columns(principal)
+            head_sql = self.heads.entry_read_sql(principal.owner_user_id, scratchpad_id, scope)
         rows, head_rows = rows_and_head(self._db, self._access, principal, head_sql, _OPEN_COLUMNS, where, params)
         if not rows:
             self._access.denied(principal, scratchpad_id)
@@ -275,7 +280,11 @@ def _fetcher(
 def _only_segment(db: Backend, entry_id: str, owner: str) -> bytes:
     """The sealed segment of a one-segment entry, wherever it is kept (the
     entry row was authorized and authenticated by the caller)."""
-    rows = db.query(f"SELECT {_ONLY_SEGMENT} AS data FROM entries WHERE id = ?", (entry_id,), owner=owner)
+    rows = db.query(
+        f"SELECT {_ONLY_SEGMENT} AS data FROM entries WHERE id = ? AND owner_user_id = ?",
+        (entry_id, owner),
+        owner=owner,
+    )
     if not rows or rows[0]["data"] is None:
         raise IntegrityError("the entry's segments are missing or out of order")
     if not isinstance(rows[0]["data"], bytes):

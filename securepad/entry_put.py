@@ -15,7 +15,7 @@ from .crypto import EntryCipher, ListingKey, Wrapper
 from .entry_listings import Listings, step_sql
 from .entry_rows import EntryParts, check_step_num, live
 from .entry_shape import Prepared
-from .errors import IntegrityError, InvalidArgumentError, StoreBusyError, StoreUnavailableError
+from .errors import IntegrityError, InvalidArgumentError, QuotaExceededError, StoreBusyError, StoreUnavailableError
 from .head_beside import read_with_heads, with_heads
 from .head_last import Once
 from .heads import Room, entry_item
@@ -38,6 +38,8 @@ class Putter:
         self.listings = listings
         # The backend that sends a put in one message (PostgreSQL), or None.
         self._once = parts.db if isinstance(parts.db, OnceWriter) else None
+        # The most one write may store (``Backend.write_limit_bytes``), or None.
+        self.write_limit = parts.db.write_limit_bytes
         # The reservation (owner, turn) had left after its last put here: a
         # hint that picks the put's lock (``put``), never trusted.
         self._spare: dict[tuple[str, str], int] = {}
@@ -74,6 +76,7 @@ class Putter:
         check_step_num(step_num)
         ttl = self.ttl(ttl_seconds)
         prepared = Prepared.of(observation, step_num, self.policy)
+        check_write_size([(prepared, executor_name)], principal, turn_id, self.write_limit, "entry")
         created = self.now(now)
         meta = prepared.meta(principal, step_num, executor_name, created, created + ttl, inline)
         # A given step's look goes into the version-and-quota statement (``_quota_sql``).
@@ -84,7 +87,8 @@ class Putter:
         # else under the owner's shared lock when the turn had room at its last put here
         # (``heads``: a put within its turn's reservation), or its exclusive lock.
         done = one.once(self._once) if self._once is not None else None
-        entry_id, spare = done or one.written(shared=self._spare.get((owner, turn_id), 0) >= prepared.cost_bound())
+        bound = prepared.cost_bound(meta, owner, turn_id)
+        entry_id, spare = done or one.written(shared=self._spare.get((owner, turn_id), 0) >= bound)
         if len(self._spare) >= _HINTS:
             self._spare.clear()
         self._spare[(owner, turn_id)] = spare
@@ -142,6 +146,30 @@ class Putter:
             return int(rows[0]["used"]) + unsent
 
         return Room(self.policy.owner_quota_bytes, int(found["used"]), live, what, records_adding)
+
+
+def check_write_size(
+    prepared: list[tuple[Prepared, str]], principal: Principal, turn_id: str, limit: int | None, what: str
+) -> None:
+    """Refuse, before anything is written, a write whose entries (each with its
+    executor's name) could take more than ``limit`` bytes
+    (``Backend.write_limit_bytes``) in one transaction.
+
+    Raises:
+        QuotaExceededError: over the limit.
+    """
+    if limit is None:
+        return
+    owner = principal.owner_user_id
+    # What ``Prepared.cost_bound`` reads of an entry's metadata: its clear identifiers.
+    names = {"actor": principal.actor, "channel": principal.channel}
+    size = sum(p.cost_bound({**names, "executor_name": executor}, owner, turn_id) for p, executor in prepared)
+    if size > limit:
+        raise QuotaExceededError(
+            f"the {what} would write up to {size} bytes in one transaction; this store writes at most {limit}"
+            " in one (half its write-ahead log limit, [storage] wal_limit_bytes): nothing was stored"
+            + ("; split the batch" if what == "batch" else "")
+        )
 
 
 def _quota_sql(
@@ -484,6 +512,10 @@ class _Batch:
         owner = self.principal.owner_user_id
         policy = self.entries.policy
         fixed = [Prepared.of(obs, step, policy) for step, _, obs in checked] if self.shown is None else []
+        limit = self.entries.write_limit
+        executors = [executor for _, executor, _ in checked]
+        # Chosen steps (``shown``): checked in ``seal``, once shaped.
+        check_write_size(list(zip(fixed, executors, strict=False)), self.principal, self.turn_id, limit, "batch")
         identities: dict[tuple[int, int], str] = {}
         shown_items: list[tuple[Any] | None] = []
 
@@ -493,6 +525,10 @@ class _Batch:
             rows: list[dict[str, Any]] = []
             segments: list[list[bytes]] = []
             metas: list[dict[str, Any]] = []
+            if self.shown is not None:
+                check_write_size(
+                    list(zip(prepared, executors, strict=True)), self.principal, self.turn_id, limit, "batch"
+                )
             listing = self.keys.listing_key(owner, version)
             for index, (step, (_, executor, obs), prep) in enumerate(zip(steps, checked, prepared, strict=True)):
                 inline = self.shown(obs, step) if self.shown is not None else None

@@ -61,6 +61,7 @@ _COLUMN_TYPES: dict[str, type | tuple[type, ...]] = {
     "nonce_prefix": bytes,
     "commitment": bytes,
     "sealed_meta": bytes,
+    "stored_bytes": int,
     "sealed_listing": (bytes, type(None)),  # None: a row written before issue 13
 }
 # What a listing part holds (``listing_fields``); the rest of the metadata

@@ -30,6 +30,7 @@ What each token trusts, and the window that remains, is in SECURITY.md
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ._backend import Backend, Params, Rows
@@ -37,7 +38,15 @@ from .head_cache import HeadCache
 from .head_owner import OWNER_HEAD
 from .head_tally import Head
 
-__all__ = ["ENTRY_TURN_SQL", "InventoryReads", "pg_lean_read_functions", "pg_read_functions", "without_token"]
+__all__ = [
+    "ENTRY_TURN_SQL",
+    "InventoryReads",
+    "entry_turn_params",
+    "pg_lean_read_functions",
+    "pg_read_functions",
+    "pg_scoped_read_functions",
+    "without_token",
+]
 
 # The same with the turn's inventory (readers): one statement, so one snapshot
 # and one round trip; expired rows not yet collected are part of the tally.
@@ -236,15 +245,48 @@ _PG_LEAN_READ_FUNCTION = (
 _PG_NO_FRESHNESS = (
     "SELECT NULL::text AS turn_id, NULL::bytea AS sealed, 0 AS same, NULL::text AS value, NULL::text AS snap"
 )
-# The turn of one entry (``entry_select_sql``); the heads read are the owner's
-# whoever the row's owner is, as when the caller reads the turn's head itself.
-ENTRY_TURN_SQL = "(SELECT turn_id FROM entries WHERE id = ?)"
+# The turn of one entry of the principal's scope (``entry_select_sql``, a read
+# or delete by id): the id, the owner, and the channel and actor when the
+# policy's scope names them (NULL otherwise: ``entry_turn_params``). Another
+# owner's id, or one outside the scope, finds no turn, exactly as an absent id:
+# the statement then reads the owner's heads alone, whatever turn the id is
+# of, so its work tells nothing of another owner's turn names.
+ENTRY_TURN_SQL = (
+    "(SELECT turn_id FROM entries WHERE id = ? AND owner_user_id = ?"
+    " AND channel = COALESCE(?, channel) AND actor = COALESCE(?, actor))"
+)
+# What migrations 10 and 13 built the entry's read function from (the turn of
+# an id whoever its owner; row-level security held it to the owner's rows):
+# kept so that their text stays what existing stores ran.
+_UNSCOPED_ENTRY_TURN_SQL = "(SELECT turn_id FROM entries WHERE id = ?)"
 # The read functions by the turn expression of their statement (the turn
-# given, or the turn of an entry): name, and the turn of the warm branch.
+# given, or the turn of an entry), as migrations 10 and 13 created them: name,
+# and the turn of the warm branch.
 _PG_FUNCTIONS = {
     "?": ("turn_inventory", "$2"),
-    ENTRY_TURN_SQL: ("entry_turn_inventory", "(SELECT e.turn_id FROM entries AS e WHERE e.id = $2)"),
+    _UNSCOPED_ENTRY_TURN_SQL: ("entry_turn_inventory", "(SELECT e.turn_id FROM entries AS e WHERE e.id = $2)"),
 }
+# The entry's read function as migration 14 replaces it: the turn of the id
+# within the caller's scope (``ENTRY_TURN_SQL``), its channel and actor as two
+# more arguments ($7, $8), NULL when the scope does not name them.
+_PG_ARGUMENTS = "(text, text, bytea, text, text, text)"
+_PG_SCOPED_ARGUMENTS = "(text, text, bytea, text, text, text, text, text)"
+_PG_SCOPED_TURN = (
+    "(SELECT e.turn_id FROM entries AS e WHERE e.id = {id} AND e.owner_user_id = $1"
+    " AND e.channel = COALESCE($7, e.channel) AND e.actor = COALESCE($8, e.actor))"
+)
+# The function a read by id calls, by the turn expression of its statement.
+_PG_CALLS = {
+    "?": "SELECT * FROM turn_inventory(?, ?, ?, ?, ?, ?)",
+    ENTRY_TURN_SQL: "SELECT * FROM entry_turn_inventory(?, ?, ?, ?, ?, ?, ?, ?)",
+}
+
+
+def entry_turn_params(entry_id: str, scope: Sequence[tuple[str, str]]) -> tuple[str | None, ...]:
+    """The parameters of ``ENTRY_TURN_SQL`` for ``entry_id`` within ``scope``
+    (``Policy.scope_columns``: the owner first, then the channel and actor it names)."""
+    columns = dict(scope)
+    return (entry_id, columns["owner_user_id"], columns.get("channel"), columns.get("actor"))
 
 
 def _numbered(sql: str) -> str:
@@ -277,6 +319,29 @@ def pg_lean_read_functions() -> dict[str, str]:
             statement=_numbered(statement.format(turn=turn)),
         )
         for turn, (name, warm_turn) in _PG_FUNCTIONS.items()
+    }
+
+
+def pg_scoped_read_functions() -> dict[str, str]:
+    """The entry's read function with the turn of the id found within the
+    caller's scope (name -> its ``DROP``, ``CREATE FUNCTION`` and ``REVOKE``),
+    for the schema's migration 14: the lean function of migration 13 with
+    ``ENTRY_TURN_SQL``'s condition and two more arguments (the channel and
+    actor, or NULL); the caller grants EXECUTE again."""
+    name = "entry_turn_inventory"
+    turn = _PG_SCOPED_TURN.format(id="?")
+    statement = _PG_INVENTORY_SQL.replace("{token}", _PG_FRESHNESS)
+    create = _PG_LEAN_READ_FUNCTION.replace("CREATE OR REPLACE FUNCTION", "CREATE FUNCTION").replace(
+        _PG_ARGUMENTS, _PG_SCOPED_ARGUMENTS
+    )
+    return {
+        name: f"DROP FUNCTION {name}{_PG_ARGUMENTS};\n"
+        + create.format(
+            name=name,
+            warm_turn=_PG_SCOPED_TURN.format(id="$2"),
+            lean=_numbered(_PG_LEAN.format(turn=turn)),
+            statement=_numbered(statement.format(turn=turn)),
+        )
     }
 
 
@@ -335,28 +400,48 @@ class InventoryReads:
         entry = self.cache.get(self._db.read_scope(), owner, turn_id)
         return self.sql("?", turn_id, owner, None if entry is None else entry.token, function=True)
 
-    def entry_read_sql(self, owner: str, entry_id: str) -> tuple[str, Params]:
-        """``read_sql`` for the turn of entry ``entry_id``."""
+    def entry_read_sql(
+        self, owner: str, entry_id: str, scope: Sequence[tuple[str, str]] | None = None
+    ) -> tuple[str, Params]:
+        """``read_sql`` for the turn of entry ``entry_id``, found within ``scope``
+        (``Policy.scope_columns``; the owner alone by default)."""
         entry = self.cache.listing(self._db.read_scope(), owner, entry_id)
-        return self.sql(ENTRY_TURN_SQL, entry_id, owner, None if entry is None else entry.token, function=True)
+        if entry is not None and scope is not None:
+            # An entry of the owner outside the scope is read as an absent one: without a token.
+            actor, channel = entry.head.e[entry_id][3:5]
+            wanted = dict(scope)
+            if wanted.get("actor", actor) != actor or wanted.get("channel", channel) != channel:
+                entry = None
+        token = None if entry is None else entry.token
+        return self.sql(ENTRY_TURN_SQL, entry_id, owner, token, function=True, scope=scope)
 
     def sql(
-        self, turn: str, value: str, owner: str, token: tuple[Any, ...] | None = None, *, function: bool = False
+        self,
+        turn: str,
+        value: str,
+        owner: str,
+        token: tuple[Any, ...] | None = None,
+        *,
+        function: bool = False,
+        scope: Sequence[tuple[str, str]] | None = None,
     ) -> tuple[str, Params]:
         """The statement of ``read_sql`` for ``turn`` (``?`` for ``value``, a turn
-        id, or ``ENTRY_TURN_SQL``: the turn of entry ``value``); ``token``: the
-        cached inventory's. ``function``: on PostgreSQL, with a token, a call of
-        the schema's read function instead (the same rows; the warm read's
-        server CPU, without the statement's plan: ``pg_read_functions``)."""
+        id, or ``ENTRY_TURN_SQL``: the turn of entry ``value`` within ``scope``,
+        the owner alone by default); ``token``: the cached inventory's.
+        ``function``: on PostgreSQL, with a token, a call of the schema's read
+        function instead (the same rows; the warm read's server CPU, without
+        the statement's plan: ``pg_read_functions``)."""
+        by_entry = turn == ENTRY_TURN_SQL
+        found = entry_turn_params(value, scope or (("owner_user_id", owner),)) if by_entry else (value,)
         if self._sqlite:
             sent: Params = (None,) if token is None else token
-            return self._inventory.format(turn=turn), (*sent, owner, value, OWNER_HEAD, *(owner, value) * 3, owner)
+            return self._inventory.format(turn=turn), (*sent, owner, *found, OWNER_HEAD, *(owner, *found) * 3, owner)
         sealed, digest, snap = (None, None, None) if token is None else token[1:]
-        params = (owner, value, sealed, digest, snap, OWNER_HEAD)
+        params = (owner, *found, sealed, digest, snap, OWNER_HEAD)
         if not self.cache.enabled:
             return self._bare.format(turn=turn), params
         if function and token is not None:
-            return f"SELECT * FROM {_PG_FUNCTIONS[turn][0]}(?, ?, ?, ?, ?, ?)", params
+            return _PG_CALLS[turn], (owner, value, sealed, digest, snap, OWNER_HEAD, *found[2:])
         return self._inventory.format(turn=turn), params
 
 

@@ -210,13 +210,18 @@ _PACK = msgspec.msgpack.Encoder().encode
 
 
 def _canonical(kind: str, item: tuple[Any, ...]) -> list[Any]:
-    """The item with its numbers in one form (SQLite and PostgreSQL may hand back an int or a float)."""
+    """The item with its numbers in one form (SQLite and PostgreSQL may hand back
+    an int or a float for the expiry). The step (or sequence number) and the
+    stored bytes are integral columns: anything but an integer is refused, never
+    rounded (``int(10.5)`` would give an edited row the term of the genuine one)."""
     numbers, scope = (item[:3], item[3:]) if kind == "e" else (item[:2], item[2:])
     out: list[Any] = []
     for position, value in enumerate(numbers):
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise IntegrityError("a clear column of a turn's row is not a number: tampering")
-        out.append(float(value) if position == 1 else int(value))
+        if position != 1 and not isinstance(value, int):
+            raise IntegrityError("an integral clear column of a turn's row is not an integer: tampering")
+        out.append(float(value) if position == 1 else value)
     if not all(isinstance(value, str) for value in scope):
         raise IntegrityError("a clear scope column of a turn's row is not text: tampering")
     return out + list(scope)

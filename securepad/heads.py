@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ._backend import Backend, Conn, OwnerLockNeeded, Params, Rows
@@ -68,7 +68,7 @@ from .head_checks import HeadChecks
 from .head_last import Once, once_sql
 from .head_owner import NO_TURNS, OWNER_HEAD, USAGE_HEAD, OwnerHeads, usage_body, usage_of
 from .head_quota import Room, record_room, reserve
-from .head_reads import ENTRY_TURN_SQL, InventoryReads, without_token
+from .head_reads import ENTRY_TURN_SQL, InventoryReads, entry_turn_params, without_token
 from .head_tally import (
     KINDS,
     MOD,
@@ -221,9 +221,11 @@ class Heads(HeadChecks, OwnerHeads):
         """``InventoryReads.read_sql``: what a read of the turn sends beside its rows."""
         return self.reads.read_sql(owner, turn_id)
 
-    def entry_read_sql(self, owner: str, entry_id: str) -> tuple[str, Params]:
-        """``read_sql`` for the turn of entry ``entry_id``."""
-        return self.reads.entry_read_sql(owner, entry_id)
+    def entry_read_sql(
+        self, owner: str, entry_id: str, scope: Sequence[tuple[str, str]] | None = None
+    ) -> tuple[str, Params]:
+        """``read_sql`` for the turn of entry ``entry_id``, found within ``scope`` (``Policy.scope_columns``)."""
+        return self.reads.entry_read_sql(owner, entry_id, scope)
 
     @staticmethod
     def select_sql(owner: str, turn_id: str) -> tuple[str, Params]:
@@ -232,9 +234,13 @@ class Heads(HeadChecks, OwnerHeads):
         return _HEAD_SQL.format(turn="?"), (owner, turn_id, OWNER_HEAD, USAGE_HEAD)
 
     @staticmethod
-    def entry_select_sql(owner: str, entry_id: str) -> tuple[str, Params]:
-        """``select_sql`` for the turn of entry ``entry_id`` (read with, or before, the entry's row)."""
-        return _HEAD_SQL.format(turn=ENTRY_TURN_SQL), (owner, entry_id, OWNER_HEAD, USAGE_HEAD)
+    def entry_select_sql(
+        owner: str, entry_id: str, scope: Sequence[tuple[str, str]] | None = None
+    ) -> tuple[str, Params]:
+        """``select_sql`` for the turn of entry ``entry_id`` (read with, or before, the entry's row),
+        found within ``scope`` (``Policy.scope_columns``; the owner alone by default)."""
+        found = entry_turn_params(entry_id, scope or (("owner_user_id", owner),))
+        return _HEAD_SQL.format(turn=ENTRY_TURN_SQL), (owner, *found, OWNER_HEAD, USAGE_HEAD)
 
     @staticmethod
     def newest_sql(owner: str) -> tuple[str, Params]:
@@ -566,7 +572,7 @@ class Heads(HeadChecks, OwnerHeads):
             found[row["k"]][row["id"]] = entry_item(row) if row["k"] == "e" else record_item(row)
         return found
 
-    def prune(self, conn: Conn, cutoff: float) -> tuple[int, list[tuple[str, str]]]:
+    def prune(self, conn: Conn, cutoff: float, budget: int | None = None) -> tuple[int, list[tuple[str, str]]]:
         """Subtract what gc collects at ``cutoff`` from the heads of the turns it
         collects from (inside gc's transaction, before its deletes: the same
         rows). Returns the heads changed, and the turns gc must leave alone.
@@ -577,6 +583,10 @@ class Heads(HeadChecks, OwnerHeads):
         anything else) keeps every row and its head, so that gc never deletes
         the evidence of tampering or a row whose sealed expiry has not passed;
         its reads and ``verify`` keep refusing it, and the audit log names it.
+
+        With ``budget``, the rows of the turns recounted stay within it: a
+        turn whose head counts more rows than are left (read from its head
+        alone) is left alone too, for a gc with a larger budget or none.
         """
         by_turn: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for row in conn.query(ITEMS_SQL.format(where="expires_at <= ?"), (cutoff,) * 3):
@@ -584,6 +594,14 @@ class Heads(HeadChecks, OwnerHeads):
         kept: list[tuple[str, str]] = []
         for (owner, turn_id), rows in by_turn.items():
             try:
+                if budget is not None:
+                    counted = sum(
+                        self._turn_tally(self._heads_of(conn, owner, turn_id, None, None), owner, turn_id).n.values()
+                    )
+                    if counted > budget:
+                        kept.append((owner, turn_id))
+                        continue
+                    budget -= counted
                 self._from_rows(conn.query(*self.reads.sql("?", turn_id, owner)), owner, turn_id)
             except IntegrityError as exc:
                 audit_log.warning("gc left turn %r of owner %r uncollected: %s", turn_id, owner, exc)

@@ -186,7 +186,10 @@ class Scratchpad:
         must hold the whole batch. Returns the views, in order.
 
         Raises:
-            InvalidArgumentError, QuotaExceededError, StoreBusyError: as for ``put``.
+            InvalidArgumentError, QuotaExceededError, StoreBusyError: as for ``put``;
+                QuotaExceededError also when the batch could write more than one
+                transaction may (SQLite: half its ``wal_limit_bytes``), before
+                anything is stored.
         """
         return self._entries.put_many(principal, turn_id, items, ttl_seconds, now=now)
 
@@ -282,8 +285,10 @@ class Scratchpad:
         """The runtime surface for one turn of one principal (see ``securepad.turn``).
 
         Beginning a turn collects expired entries first (without waiting on
-        readers; see ``gc``). A turn id that another owner uses is, for this
-        principal, an empty turn.
+        readers; see ``gc``), recounting at most 2,000 rows of the turns it
+        collects from: the expired entries of a longer turn wait for a full
+        ``gc``. A turn id that another owner uses is, for this principal, an
+        empty turn.
 
         Raises:
             InvalidArgumentError: a bad principal or turn id.
@@ -331,8 +336,11 @@ class Scratchpad:
 
     def gc(self, now: float | None = None, *, wait: bool = True) -> int:
         """Delete expired entries and their segments (and expired turn checkpoints
-        and compaction marks), then, when it deleted anything, ``scrub`` the
-        file so their ciphertext leaves it. Returns how many entries were deleted.
+        and compaction marks) with ``secure_delete`` (their cells and the pages
+        they free are zeroed), then truncate the WAL; when the deletes left a
+        quarter of the file's pages free (whoever freed them), ``scrub`` the file
+        too (a rebuild that also removes copies of rows that b-tree rebalancing
+        left in live pages' unused space). Returns how many entries were deleted.
 
         With ``wait=False`` (``turn`` uses this) it does not scrub and the WAL
         checkpoint does not wait for readers: it moves what it can, and a later
@@ -340,6 +348,9 @@ class Scratchpad:
 
         Raises:
             StoreBusyError: the write lock was not obtained in time.
+            StorageFullError: no room for the deletes (nothing was deleted), or
+                for the scrub after them (the message says the deletes stand;
+                ``gc`` again, once there is room, runs the scrub).
         """
         return self._assembly.gc(now, wait=wait)
 

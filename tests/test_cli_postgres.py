@@ -151,7 +151,8 @@ def test_audit_passes_on_a_fresh_postgresql_store(cli: Cli) -> None:
             "functions as documented",
         ),
         (
-            "GRANT EXECUTE ON FUNCTION securepad.entry_turn_inventory(text, text, bytea, text, text, text) TO PUBLIC",
+            "GRANT EXECUTE ON FUNCTION securepad.entry_turn_inventory(text, text, bytea, text, text, text, text, text)"
+            " TO PUBLIC",
             "functions as documented",
         ),
     ],

@@ -321,16 +321,16 @@ def test_a_thread_is_imported_from_another_saver_once(pad: Scratchpad, alice: Pr
 
 
 def test_an_unchanged_value_whose_entry_is_gone_is_stored_again(pad: Scratchpad, alice: Principal) -> None:
-    from securepad.integrations.langgraph_saver import turn_id
+    from securepad.integrations.langgraph_saver import keyed_turn
 
     big = "g" * 40_000
     first = _put(SecurepadSaver(pad, alice), "t", None, {"big": big}, {"big": "1"})
-    (value,) = pad.list_for_turn(alice, turn_id("value", "t", "", "big", "1"))
+    (value,) = pad.list_for_turn(alice, keyed_turn(pad, alice, "value", "t", "", "big", "1"))
     pad.delete(alice, value["scratchpad_id"])  # as gc does once it has expired
     saver = SecurepadSaver(pad, alice)  # a new process: nothing cached
     second = _put(saver, "t", first, {"big": big, "n": 1}, {"n": "1"}, versions={"big": "1", "n": "1"})
     assert saver.get_tuple(second).checkpoint["channel_values"] == {"big": big, "n": 1}  # type: ignore[union-attr]
-    assert len(pad.list_for_turn(alice, turn_id("value", "t", "", "big", "1"))) == 1
+    assert len(pad.list_for_turn(alice, keyed_turn(pad, alice, "value", "t", "", "big", "1"))) == 1
 
 
 # -- one live entry per step (the store's rule) ----------------------------------------------
@@ -339,7 +339,7 @@ def test_an_unchanged_value_whose_entry_is_gone_is_stored_again(pad: Scratchpad,
 def test_writers_of_one_thread_in_two_stores_never_share_a_step(
     store_location: Any, keyring: Keyring, alice: Principal
 ) -> None:
-    from securepad.integrations.langgraph_saver import turn_id
+    from securepad.integrations.langgraph_saver import keyed_turn
 
     per_writer, errors = 5, []
     with (
@@ -367,14 +367,14 @@ def test_writers_of_one_thread_in_two_stores_never_share_a_step(
         listed = list(savers["b"].list(thread("shared")))
         assert len(listed) == 4 * per_writer
         assert all(len(item.pending_writes or []) == 1 for item in listed)
-        steps = [item["step_num"] for item in one.list_for_turn(alice, turn_id("thread", "shared"))]
+        steps = [item["step_num"] for item in one.list_for_turn(alice, keyed_turn(one, alice, "thread", "shared"))]
         assert steps == list(range(1, 4 * per_writer + 1))
 
 
 def test_after_the_newest_checkpoints_expire_the_next_takes_the_freed_step(
     store_location: Any, keyring: Keyring, alice: Principal
 ) -> None:
-    from securepad.integrations.langgraph_saver import turn_id
+    from securepad.integrations.langgraph_saver import keyed_turn
 
     now = [1_000_000.0]
     with Scratchpad.open(store_location, keyring=keyring, clock=lambda: now[0]) as pad:
@@ -383,9 +383,9 @@ def test_after_the_newest_checkpoints_expire_the_next_takes_the_freed_step(
         first = _put(long, "t", None, {"n": 1}, {"n": "1"})
         second = _put(short, "t", first, {"n": 2}, {"n": "2"})
         _put(short, "t", second, {"n": 3}, {"n": "3"})
-        assert [e["step_num"] for e in pad.list_for_turn(alice, turn_id("thread", "t"))] == [1, 2, 3]
+        assert [e["step_num"] for e in pad.list_for_turn(alice, keyed_turn(pad, alice, "thread", "t"))] == [1, 2, 3]
         now[0] += 10  # the two newest expire: their steps are free again
         fourth = _put(long, "t", first, {"n": 4}, {"n": "4"})
-        assert [e["step_num"] for e in pad.list_for_turn(alice, turn_id("thread", "t"))] == [1, 2]
+        assert [e["step_num"] for e in pad.list_for_turn(alice, keyed_turn(pad, alice, "thread", "t"))] == [1, 2]
         assert long.get_tuple(generate_config("t")).config == fourth  # type: ignore[union-attr]
         assert [t.checkpoint["channel_values"]["n"] for t in long.list(thread("t"))] == [4, 1]

@@ -21,7 +21,7 @@ from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, gen
 
 from securepad import IntegrityError, Keyring, Principal, Scratchpad
 from securepad.integrations.langgraph import SecurepadSaver
-from securepad.integrations.langgraph_saver import turn_id
+from securepad.integrations.langgraph_saver import keyed_turn
 
 BIG = "b" * 50_000
 
@@ -81,6 +81,11 @@ class World:
         with self.saver(owner) as saver:
             return list(saver.list(generate_config(thread_id)))
 
+    def turn(self, kind: str, *parts: Any) -> str:
+        """The keyed name of alice's turn of ``kind`` for ``parts`` (it needs the store's key)."""
+        with Scratchpad.open(self.db_path, keyring=self.keyring) as pad:
+            return keyed_turn(pad, Principal("alice", "graph", "api"), kind, *parts)
+
     def ids(self, executor: str, turn: str) -> list[str]:
         conn = apsw.Connection(str(self.db_path))
         try:
@@ -124,7 +129,7 @@ def test_an_edited_checkpoint_or_write_is_refused(world: World, executor: str) -
 
 
 def test_an_edited_big_value_is_refused(world: World) -> None:
-    (value,) = world.ids("langgraph.blob", turn_id("value", "t1", "", "big", "1"))
+    (value,) = world.ids("langgraph.blob", world.turn("value", "t1", "", "big", "1"))
     # One segment: kept in the entry's row (migration 8).
     _edit(world.db_path, "UPDATE entries SET only_segment = zeroblob(length(only_segment)) WHERE id = ?", value)
     with pytest.raises(IntegrityError):
@@ -141,8 +146,8 @@ def test_a_deleted_big_value_is_refused(world: World) -> None:
 
 
 def test_a_big_value_swapped_for_another_threads_is_refused(world: World) -> None:
-    (one,) = world.ids("langgraph.blob", turn_id("value", "t1", "", "big", "1"))
-    (two,) = world.ids("langgraph.blob", turn_id("value", "t2", "", "big", "1"))
+    (one,) = world.ids("langgraph.blob", world.turn("value", "t1", "", "big", "1"))
+    (two,) = world.ids("langgraph.blob", world.turn("value", "t2", "", "big", "1"))
     # The value of t2 put in place of t1's (same owner, channel, version and size).
     _edit(
         world.db_path,
@@ -156,27 +161,32 @@ def test_a_big_value_swapped_for_another_threads_is_refused(world: World) -> Non
 
 
 def test_a_checkpoint_replayed_into_another_thread_is_refused(world: World) -> None:
-    moved = world.ids("langgraph.checkpoint", turn_id("thread", "t2"))[0]
-    _edit(world.db_path, "UPDATE entries SET turn_id = ? WHERE id = ?", turn_id("thread", "t1"), moved)
+    moved = world.ids("langgraph.checkpoint", world.turn("thread", "t2"))[0]
+    _edit(world.db_path, "UPDATE entries SET turn_id = ? WHERE id = ?", world.turn("thread", "t1"), moved)
     with pytest.raises(IntegrityError):
         world.latest("t1")
 
 
 def test_a_pending_write_replayed_onto_another_checkpoint_is_refused(world: World) -> None:
     first, second = (c["configurable"]["checkpoint_id"] for c in world.configs[("alice", "t1")])
-    source = turn_id("writes", "t1", "", second)
-    target = turn_id("writes", "t1", "", first)
+    source = world.turn("writes", "t1", "", second)
+    target = world.turn("writes", "t1", "", first)
     assert _edit(world.db_path, "UPDATE entries SET turn_id = ? WHERE turn_id = ?", target, source) == 1
     with pytest.raises(IntegrityError):
         world.listed()
 
 
 def test_a_checkpoint_given_to_another_owner_is_refused(world: World) -> None:
+    """Turn names are keyed with the owner: alice's rows relabelled to bob sit in
+    turns that name none of bob's threads, so bob's thread reads as it was;
+    alice's is refused (its head lists them) and verify finds the rows."""
+    bobs = world.latest("t1", owner="bob").checkpoint
     _edit(world.db_path, "UPDATE entries SET owner_user_id = 'bob' WHERE owner_user_id = 'alice'")
-    with pytest.raises(IntegrityError):
-        world.latest("t1", owner="bob")
+    assert world.latest("t1", owner="bob").checkpoint == bobs
     with pytest.raises(IntegrityError):  # alice's thread head still lists them (issue 14)
         world.latest("t1", owner="alice")
+    with Scratchpad.open(world.db_path, keyring=world.keyring) as pad:
+        assert pad.verify()["ok"] is False
 
 
 def test_a_reordered_or_relabelled_entry_is_refused(world: World) -> None:
@@ -191,7 +201,7 @@ def test_a_reordered_or_relabelled_entry_is_refused(world: World) -> None:
 def test_deleting_the_newest_checkpoint_is_refused(world: World) -> None:
     second = world.configs[("alice", "t1")][1]["configurable"]["checkpoint_id"]
     with world.saver() as saver:  # which row is the newest checkpoint (the test may look; an attacker guesses)
-        listed = saver.pad.list_for_turn(Principal("alice", "graph", "api"), turn_id("thread", "t1"))
+        listed = saver.pad.list_for_turn(Principal("alice", "graph", "api"), world.turn("thread", "t1"))
     (newest,) = [item["scratchpad_id"] for item in listed if item["view"]["metadata"]["checkpoint_id"] == second]
     assert _edit(world.db_path, "DELETE FROM entries WHERE id = ?", newest) == 1
     with pytest.raises(IntegrityError):  # not the previous one served as the latest
@@ -204,7 +214,7 @@ def test_deleting_an_older_checkpoint_is_refused(world: World) -> None:
     """Not only the tail: any checkpoint of the thread deleted from the file."""
     first = world.configs[("alice", "t1")][0]["configurable"]["checkpoint_id"]
     with world.saver() as saver:
-        listed = saver.pad.list_for_turn(Principal("alice", "graph", "api"), turn_id("thread", "t1"))
+        listed = saver.pad.list_for_turn(Principal("alice", "graph", "api"), world.turn("thread", "t1"))
     (older,) = [item["scratchpad_id"] for item in listed if item["view"]["metadata"]["checkpoint_id"] == first]
     assert _edit(world.db_path, "DELETE FROM entries WHERE id = ?", older) == 1
     with pytest.raises(IntegrityError):
@@ -245,7 +255,7 @@ def test_an_edited_large_checkpoint_is_refused(world: World) -> None:
         checkpoint = generate_checkpoint(channel_values={"mid": "m" * 8000}, channel_versions={"mid": "1"})
         saver.put(config, checkpoint, generate_metadata(), {"mid": "1"})
         assert world.latest("t3") is not None
-    (entry,) = world.ids("langgraph.checkpoint", turn_id("thread", "t3"))
+    (entry,) = world.ids("langgraph.checkpoint", world.turn("thread", "t3"))
     sql = "UPDATE entries SET only_segment = zeroblob(length(only_segment)) WHERE id = ?"  # its one segment
     assert _edit(world.db_path, sql, entry) == 1
     with pytest.raises(IntegrityError):

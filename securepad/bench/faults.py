@@ -257,14 +257,16 @@ def wal(where: Path, limit_mb: int = 64, size: int = 16 * 1024) -> dict[str, Any
         reader = apsw.Connection(str(db))
         reader.execute("BEGIN")
         reader.execute("SELECT COUNT(*) FROM entries").fetchall()
-        started, puts, refused = time.perf_counter(), 0, 0
-        while refused < 50:
+        started, puts, refused, held_s, waited_s = time.perf_counter(), 0, 0, 0.0, 0.0
+        while refused < 3:  # each refusal waits (WAL_WAIT_MS) for the reader first
+            before = time.perf_counter()
             try:
                 pad.put(ALICE, "t", puts + 1, "tool", random.randbytes(size))
                 puts += 1
             except StoreBusyError:
                 refused += 1
-        held_s = time.perf_counter() - started
+                held_s = held_s or before - started
+                waited_s = time.perf_counter() - before
         peak = Path(f"{db}-wal").stat().st_size
         warning = pad.stats()["wal"]["warnings"]
         reader.execute("COMMIT")
@@ -276,6 +278,7 @@ def wal(where: Path, limit_mb: int = 64, size: int = 16 * 1024) -> dict[str, Any
         "put_bytes": size,
         "puts_before_refusal": puts,
         "seconds_to_limit": round(held_s, 2),
+        "refusal_waited_s": round(waited_s, 2),
         "wal_peak_mb": round(peak / 2**20, 1),
         "wal_after_reader_mb": round(after / 2**20, 2),
         "stats_warning": bool(warning),

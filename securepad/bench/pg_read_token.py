@@ -143,13 +143,13 @@ def token_costs(dsn: str, *, entries: int = 1000, executions: int = 3000, rounds
             cur.execute(sql.replace("?", "%s"), params)
             v = cur.fetchall()[-1]  # the token row: turn (2), head (4), digest (9), snapshot (10)
             token = (v[2], bytes(v[4]), v[9], v[10])
-            call, params = reads.sql(ENTRY_TURN_SQL, ids[len(ids) // 2], owner, token, function=True)
-            sql, _ = reads.sql(ENTRY_TURN_SQL, ids[len(ids) // 2], owner, token)
-            moved = tuple("0 0 1:1:" if value == v[10] else value for value in params)
+            call, call_params = reads.sql(ENTRY_TURN_SQL, ids[len(ids) // 2], owner, token, function=True)
+            sql, params = reads.sql(ENTRY_TURN_SQL, ids[len(ids) // 2], owner, token)
+            moved = tuple("0 0 1:1:" if value == v[10] else value for value in call_params)
             token_part = sql[: sql.index(" SELECT 'h' AS k")] + " SELECT * FROM token"
             cases: dict[str, tuple[str, tuple[Any, ...]]] = {
                 "SELECT 1": ("SELECT ?::int", (1,)),
-                "warm": (call, tuple(params)),
+                "warm": (call, tuple(call_params)),
                 "warm, one statement": (sql, tuple(params)),
                 "token part": (token_part, tuple(params[:-1])),
                 "snapshot moved": (call, moved),
@@ -177,7 +177,8 @@ def commit_costs(
 ) -> dict[str, list[float]]:
     """Server CPU microseconds per warm read by entry while another connection
     commits every ``every_ms`` ms, by migration 10's function and by the
-    store's (migration 13's), one figure per round, the cases alternating."""
+    store's (migration 13's lean one, its turn scoped by migration 14), one
+    figure per round, the cases alternating."""
     import psycopg
 
     schema = f"bench_token_{secrets.token_hex(4)}"
@@ -211,7 +212,8 @@ def commit_costs(
             call, params = reads.sql(ENTRY_TURN_SQL, entry, owner, token, function=True)
             cases: dict[str, tuple[str, tuple[Any, ...]]] = {
                 "SELECT 1": ("SELECT ?::int", (1,)),
-                "migration 10": (call.replace("entry_turn_inventory(", "entry_turn_inventory_10("), tuple(params)),
+                # Migration 10's function takes the id's turn whoever its owner: no scope arguments.
+                "migration 10": ("SELECT * FROM entry_turn_inventory_10(?, ?, ?, ?, ?, ?)", tuple(params[:6])),
                 "migration 13": (call, tuple(params)),
             }
             return _measure(

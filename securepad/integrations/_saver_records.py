@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._steps import put_next
+from .._steps import keyed_turn_name, put_next, turn_in_use
 from ..errors import ExpiredError, IntegrityError, NotFoundError
 from ..principal import Principal
 from ..store import Scratchpad
@@ -38,6 +38,7 @@ __all__ = [
     "Stored",
     "ThreadList",
     "expect",
+    "keyed_turn",
     "newest_per_namespace",
     "sealed",
     "turn_id",
@@ -59,14 +60,28 @@ CHECKPOINT_CHOICE = ("format", "thread_id", "ns", "checkpoint_id")
 WRITE_CHOICE = ("format", "thread_id", "ns", "checkpoint_id", "task_id", "task_path", "idxs", "type")
 VALUE_CHOICE = ("format", "thread_id", "ns", "channel", "version")
 THREAD_CHOICE = ("format", "thread_id")
+# How many threads a saver remembers as keyed (``SaverRecords.turn``) before it forgets them all.
+_KEYED_KEPT = 4096
 # The saver's ``serde.loads_typed``: (type, serialized form) -> the value.
 Loads = Callable[[tuple[str, bytes]], Any]
 
 
 def turn_id(kind: str, *parts: Any) -> str:
-    """The turn that holds ``kind`` entries for ``parts`` (a thread, a checkpoint, a channel version)."""
+    """The former (unkeyed) name of the turn that holds ``kind`` entries for
+    ``parts`` (a thread, a checkpoint, a channel version): a SHA-256 anyone can
+    recompute from a guess of the thread id. Threads written before keyed names
+    keep it (``SaverRecords.turn``); the owner's thread list, which no caller's
+    id names, has it."""
     digest = hashlib.sha256(json.dumps([kind, *parts], separators=(",", ":")).encode()).hexdigest()
     return f"{TURN_PREFIX}{kind}:{digest}"
+
+
+def keyed_turn(pad: Scratchpad, principal: Principal, kind: str, *parts: Any) -> str:
+    """The keyed name of the turn that holds ``kind`` entries for ``parts``, for
+    the principal's owner (``_steps.keyed_turn_name``: HMAC under a key derived
+    from the store's master key, so a guess of a thread id cannot be tested
+    against the file without it)."""
+    return f"{TURN_PREFIX}{kind}:keyed:{keyed_turn_name(pad, principal, kind, *parts)}"
 
 
 @dataclass(frozen=True)
@@ -123,6 +138,38 @@ class SaverRecords:
         self._lock = threading.Lock()
         # (owner, thread, ns, channel, version) -> the value's entry, or None when it is inline.
         self._values: dict[tuple[str, str, str, str, str], Stored | None] = {}
+        # (owner, thread) whose checkpoints were found in the thread's keyed turn (``turn``).
+        self._keyed: set[tuple[str, str]] = set()
+
+    # -- where each record lives ----------------------------------------------------
+
+    def turn(self, principal: Principal, kind: str, thread_id: str, *parts: Any) -> str:
+        """The turn of the thread's ``kind`` entries for ``parts``: its keyed name
+        (``keyed_turn``), unless the thread was written before keyed names and
+        its checkpoints are still in its former turn (``turn_id``): then all of
+        the thread's turns keep their former names, so that it reads and takes
+        writes as before. A thread found keyed is remembered; one that is not
+        is looked for again at each call (a live entry in either turn: two
+        small reads), so a thread deleted elsewhere and written again keyed is
+        found there."""
+        if self._former(principal, thread_id):
+            return turn_id(kind, thread_id, *parts)
+        return keyed_turn(self.pad, principal, kind, thread_id, *parts)
+
+    def _former(self, principal: Principal, thread_id: str) -> bool:
+        """Whether the thread's checkpoints are in its former (unkeyed) turn and not in its keyed one."""
+        key = (principal.owner_user_id, thread_id)
+        with self._lock:
+            if key in self._keyed:
+                return False
+        now = self.clock()
+        if turn_in_use(self.pad, principal, keyed_turn(self.pad, principal, "thread", thread_id), now=now):
+            with self._lock:
+                if len(self._keyed) >= _KEYED_KEPT:
+                    self._keyed.clear()
+                self._keyed.add(key)
+            return False
+        return turn_in_use(self.pad, principal, turn_id("thread", thread_id), now=now)
 
     # -- reading -------------------------------------------------------------------
 
@@ -185,14 +232,16 @@ class SaverRecords:
     def checkpoints(self, principal: Principal, thread_id: str, *needs: str) -> list[Stored]:
         """The live checkpoint entries of a thread, their sealed metadata checked
         (and holding ``needs``, e.g. ``"metadata"`` to match LangGraph's, see ``listed``)."""
-        listed = self.listed(principal, turn_id("thread", thread_id), CHECKPOINT, CHECKPOINT_CHOICE + needs)
+        turn = self.turn(principal, "thread", thread_id)
+        listed = self.listed(principal, turn, CHECKPOINT, CHECKPOINT_CHOICE + needs)
         for stored in listed:
             expect(stored.meta, thread_id=thread_id)
         return listed
 
     def writes(self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str) -> list[Stored]:
         """The live pending-write entries of a checkpoint, their sealed metadata checked."""
-        listed = self.listed(principal, turn_id("writes", thread_id, ns, checkpoint_id), WRITE, WRITE_CHOICE)
+        turn = self.turn(principal, "writes", thread_id, ns, checkpoint_id)
+        listed = self.listed(principal, turn, WRITE, WRITE_CHOICE)
         for stored in listed:
             expect(stored.meta, thread_id=thread_id, ns=ns, checkpoint_id=checkpoint_id)
         return listed
@@ -256,7 +305,7 @@ class SaverRecords:
             "version": version,
             "type": kind,
         }
-        turn = turn_id("value", thread_id, ns, channel, version)
+        turn = self.turn(principal, "value", thread_id, ns, channel, version)
         view = self.put(principal, turn, BLOB, {"content": data, "metadata": meta}, self.ttl_seconds, now)
         stored = Stored(view["scratchpad_id"], now + self.ttl_seconds, meta)
         with self._lock:
@@ -273,13 +322,13 @@ class SaverRecords:
             known = key in self._values
             cached = self._values.get(key)
         if not known:
-            turn = turn_id("value", thread_id, ns, channel, version)
+            turn = self.turn(principal, "value", thread_id, ns, channel, version)
             listed = self.listed(principal, turn, BLOB, VALUE_CHOICE)
             for stored in listed:
                 expect(stored.meta, thread_id=thread_id, ns=ns, channel=channel, version=version)
             cached = max(listed, key=lambda s: s.expires_at) if listed else None
         if isinstance(cached, Stored) and cached.expires_at - now < self.ttl_seconds / 2:
-            turn = turn_id("value", thread_id, ns, channel, version)
+            turn = self.turn(principal, "value", thread_id, ns, channel, version)
             self.pad.extend_turn(principal, turn, self.ttl_seconds, now=now)
             cached = Stored(cached.scratchpad_id, now + self.ttl_seconds, cached.meta)
         with self._lock:
@@ -312,10 +361,11 @@ class SaverRecords:
             for write in self.writes(principal, source, ns, checkpoint_id):
                 write_meta, data = self.content(principal, write.scratchpad_id, "a pending write")
                 observation: dict[str, Any] = {"content": data, "metadata": {**write_meta, "thread_id": target}}
-                turn = turn_id("writes", target, ns, checkpoint_id)
+                turn = self.turn(target_principal, "writes", target, ns, checkpoint_id)
                 self.put(target_principal, turn, WRITE, observation, self.ttl_seconds, now)
             observation = {"content": content, "metadata": {**meta, "thread_id": target, "values": values}}
-            self.put(target_principal, turn_id("thread", target), CHECKPOINT, observation, self.ttl_seconds, now)
+            turn = self.turn(target_principal, "thread", target)
+            self.put(target_principal, turn, CHECKPOINT, observation, self.ttl_seconds, now)
 
     # -- deleting ------------------------------------------------------------------
 

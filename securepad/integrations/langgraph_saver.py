@@ -4,7 +4,9 @@ write and channel value is a sealed securepad entry of its owner.
 Layout (every entry through ``Scratchpad``'s public API, so authorization,
 sealing, tamper evidence and expiry are the store's own):
 
-- a thread is the turn ``securepad.langgraph:thread:<sha256>`` of its owner;
+- a thread is the turn ``securepad.langgraph:thread:keyed:<HMAC>`` of its owner
+  (``_saver_records.keyed_turn``; a thread written before keyed names keeps
+  its former ``securepad.langgraph:thread:<sha256>`` while it holds checkpoints);
   each checkpoint (any namespace) is one entry of it, executor
   ``langgraph.checkpoint``. The entry's content is the serialized checkpoint
   with its small channel values; its sealed ``metadata`` carries the thread,
@@ -35,7 +37,10 @@ several threads or processes never share a step, and a turn lists its live
 entries in the order they were written. Nothing here depends on that order:
 checkpoints are ordered by id, pending writes by task and index.
 
-Turn ids are hashes, so thread ids never appear in clear; step numbers do,
+Turn ids are keyed digests (HMAC of the owner and the ids, under a key
+derived from the store's master key), so thread ids never appear in clear and
+cannot be recovered from the file by hashing guesses (a former turn id, a
+plain SHA-256, could); step numbers do appear,
 as for every entry, and show about how many entries a turn has had (e.g. a
 thread's checkpoints). The header of each entry binds it to its turn and
 owner, and the sealed metadata repeats the thread, namespace and ids,
@@ -83,12 +88,13 @@ from ._saver_records import (
     SaverRecords,
     Stored,
     ThreadList,
+    keyed_turn,
     newest_per_namespace,
     sealed,
     turn_id,
 )
 
-__all__ = ["INLINE_MAX_BYTES", "TURN_PREFIX", "SecurepadSaver", "turn_id"]
+__all__ = ["INLINE_MAX_BYTES", "TURN_PREFIX", "SecurepadSaver", "keyed_turn", "turn_id"]
 
 # Channel values serialized larger than this get an entry of their own (see module doc).
 INLINE_MAX_BYTES = 16 * 1024
@@ -305,7 +311,8 @@ class SecurepadSaver(ThreadedAsyncSaver):
         observation = sealed(meta, data)
         # The checkpoint dies no later than the values it refers to (see _value).
         ttl = max(1, min(self.ttl_seconds, int(expiry - now)))
-        self.records.put(principal, turn_id("thread", thread_id), CHECKPOINT, observation, ttl, now)
+        turn = self.records.turn(principal, "thread", thread_id)
+        self.records.put(principal, turn, CHECKPOINT, observation, ttl, now)
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
 
     def put_writes(
@@ -350,7 +357,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
             "idxs": [idx for idx, _, _ in items],
             "type": kind,
         }
-        turn = turn_id("writes", thread_id, ns, checkpoint_id)
+        turn = self.records.turn(principal, "writes", thread_id, ns, checkpoint_id)
         self.records.put(principal, turn, WRITE, sealed(meta, data), self.ttl_seconds, now)
         for entry in stale:
             self.records.delete(principal, entry.scratchpad_id)

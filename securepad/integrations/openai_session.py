@@ -1,9 +1,11 @@
 """``SecurepadSession``: an OpenAI Agents SDK session whose conversation items
 are sealed securepad entries of their owner.
 
-A session is the turn ``securepad.openai:session:<sha256 of the id>`` of its
-owner; each item is one entry (executor ``openai.session_item``) whose step
-number gives its position: ``add_items`` puts each item at the session's
+A session is the turn ``securepad.openai:session:keyed:<HMAC of the owner and
+id>`` of its owner (a session written before keyed names keeps the turn
+``securepad.openai:session:<sha256 of the id>`` while it holds items); each
+item is one entry (executor ``openai.session_item``) whose step number gives
+its position: ``add_items`` puts each item at the session's
 next step (above every live item's, chosen in the write transaction, so no
 two writers share one), so items list in the order they were added and the
 store's own checks refuse an item moved to another session or owner, edited,
@@ -28,7 +30,7 @@ from typing import Any
 from agents.items import TResponseInputItem
 from agents.memory import SessionABC, SessionSettings
 
-from .._steps import put_next
+from .._steps import keyed_turn_name, put_next, turn_in_use
 from ..errors import IntegrityError, InvalidArgumentError, NotFoundError
 from ..principal import Principal
 from ..store import Scratchpad
@@ -80,9 +82,32 @@ class SecurepadSession(SessionABC):
         self.pad = pad
         self.principal = principal
         self.ttl_seconds = pad.policy.max_ttl_seconds if ttl_seconds is None else ttl_seconds
-        digest = hashlib.sha256(session_id.encode()).hexdigest()
-        self.turn_id = f"{TURN_PREFIX}session:{digest}"
+        self._keyed_turn = f"{TURN_PREFIX}session:keyed:{keyed_turn_name(pad, principal, 'session', session_id)}"
+        # The name of a session's turn before keyed names: anyone can recompute it from a guess of the id.
+        self._former_turn = f"{TURN_PREFIX}session:{hashlib.sha256(session_id.encode()).hexdigest()}"
+        self._keyed = False  # the keyed turn was found holding items
         self._lock = threading.Lock()  # one pop or clear of this object at a time
+
+    @property
+    def turn_id(self) -> str:
+        """The session's turn: its keyed name (``_steps.keyed_turn_name``: HMAC
+        of the owner and session id under a key derived from the store's
+        master key), unless the session was written before keyed names and its
+        items are still in its former turn (the SHA-256 of the id), which it
+        then keeps. Found keyed, it is remembered; otherwise looked for again
+        (a live item in either turn: two small reads).
+
+        Raises:
+            IntegrityError: a turn's newest item is not the one its head recorded.
+        """
+        if self._keyed:
+            return self._keyed_turn
+        if turn_in_use(self.pad, self.principal, self._keyed_turn):
+            self._keyed = True
+            return self._keyed_turn
+        if turn_in_use(self.pad, self.principal, self._former_turn):
+            return self._former_turn
+        return self._keyed_turn
 
     # -- the SDK's protocol (async: the store's calls run in a worker thread) -------
 
@@ -104,27 +129,28 @@ class SecurepadSession(SessionABC):
 
     # -- the work ------------------------------------------------------------------
 
-    def _listed(self) -> list[dict[str, Any]]:
-        """The session's live item entries, oldest first, each checked to be one of ours."""
-        listed = self.pad.list_for_turn(self.principal, self.turn_id)
+    def _listed(self) -> tuple[str, list[dict[str, Any]]]:
+        """The session's turn and its live item entries, oldest first, each checked to be one of ours."""
+        turn = self.turn_id
+        listed = self.pad.list_for_turn(self.principal, turn)
         for item in listed:
             meta = item["view"].get("metadata") or {}
             # A view fits the policy's inline_max_chars (what a model may see): one cut to fit keeps
             # the leading fields (format, session id), and the item is read when it is wanted.
             # Only a view cut before them is read here.
             if "metadata" in item["view"].get("view_cut", ()) and not {"format", "session_id"} <= meta.keys():
-                meta = item["view"]["metadata"] = self._whole_metadata(item["scratchpad_id"])
+                meta = item["view"]["metadata"] = self._whole_metadata(turn, item["scratchpad_id"])
             if (
                 item["executor_name"] != _ITEM
                 or meta.get("format") != _FORMAT
                 or meta.get("session_id") != self.session_id
             ):
                 raise IntegrityError("an entry in the session's turn is not one of its items")
-        return listed
+        return turn, listed
 
-    def _whole_metadata(self, scratchpad_id: str) -> dict[str, Any]:
+    def _whole_metadata(self, turn: str, scratchpad_id: str) -> dict[str, Any]:
         try:
-            entry = self.pad.get(self.principal, scratchpad_id, turn_id=self.turn_id)
+            entry = self.pad.get(self.principal, scratchpad_id, turn_id=turn)
         except NotFoundError:
             raise IntegrityError("a listed session item is missing from the store") from None
         observation = entry.observation
@@ -133,13 +159,13 @@ class SecurepadSession(SessionABC):
             raise IntegrityError("a session item is not one the session wrote")
         return metadata
 
-    def _item(self, listed: dict[str, Any]) -> Any:
+    def _item(self, turn: str, listed: dict[str, Any]) -> Any:
         meta = listed["view"]["metadata"]
         if "item" in meta:
             return json.loads(meta["item"])
         scratchpad_id = listed["scratchpad_id"]
         try:
-            entry = self.pad.get(self.principal, scratchpad_id, turn_id=self.turn_id)
+            entry = self.pad.get(self.principal, scratchpad_id, turn_id=turn)
         except NotFoundError:
             raise IntegrityError("a listed session item is missing from the store") from None
         observation = entry.observation
@@ -152,10 +178,10 @@ class SecurepadSession(SessionABC):
         return json.loads(metadata["item"] if "item" in metadata else observation["content"])
 
     def _get_items(self, limit: int | None) -> list[Any]:
-        listed = self._listed()
+        turn, listed = self._listed()
         if limit is not None:
             listed = listed[len(listed) - limit :] if limit else []
-        return [self._item(item) for item in listed]
+        return [self._item(turn, item) for item in listed]
 
     def _add_items(self, items: list[Any]) -> None:
         if not items:
@@ -167,27 +193,28 @@ class SecurepadSession(SessionABC):
             except (TypeError, ValueError) as exc:
                 raise InvalidArgumentError(f"a session item is not JSON: {exc}") from None
         meta = {"format": _FORMAT, "session_id": self.session_id}
+        turn = self.turn_id
         for text in texts:
             if len(text) <= META_ITEM_CHARS:
                 observation = {"content": "", "metadata": {**meta, "item": text}}
             else:
                 observation = {"content": text, "metadata": meta}
             # The next position: above every live item's, taken by no other writer.
-            put_next(self.pad, self.principal, self.turn_id, _ITEM, observation, self.ttl_seconds)
+            put_next(self.pad, self.principal, turn, _ITEM, observation, self.ttl_seconds)
 
     def _pop_item(self) -> Any:
         with self._lock:
-            listed = self._listed()
+            turn, listed = self._listed()
             if not listed:
                 return None
             newest = listed[-1]
-            item = self._item(newest)
+            item = self._item(turn, newest)
             with contextlib.suppress(NotFoundError):
                 self.pad.delete(self.principal, newest["scratchpad_id"])
             return item
 
     def _clear(self) -> None:
         with self._lock:
-            for item in self._listed():
+            for item in self._listed()[1]:
                 with contextlib.suppress(NotFoundError):
                     self.pad.delete(self.principal, item["scratchpad_id"])
