@@ -80,16 +80,20 @@ def resolve_policy(policy: str | os.PathLike[str] | Policy | None) -> Policy:
     return Policy.load(policy if isinstance(policy, str) else Path(policy))
 
 
-def open_backend(where: Any, admin: Any, schema: str, policy: Policy) -> Backend:
+def open_backend(
+    where: Any, admin: Any, schema: str, policy: Policy, *, call_timeout_s: float | None = None
+) -> Backend:
     """A SQLite file, or a PostgreSQL store for a DSN or a connection pool.
+    ``call_timeout_s`` (PostgreSQL) overrides the policy's ``call_timeout_seconds``.
 
     Raises:
-        InvalidArgumentError: PostgreSQL options given for a SQLite file.
+        InvalidArgumentError: PostgreSQL options given for a SQLite file, or a
+            call deadline that is not a positive number of seconds.
         SecurepadError: psycopg is not installed.
     """
     if isinstance(where, str | os.PathLike) and not str(where).startswith(_PG_SCHEMES):
-        if admin is not None or schema != "securepad":
-            raise InvalidArgumentError("admin and schema are options of PostgreSQL stores")
+        if admin is not None or schema != "securepad" or call_timeout_s is not None:
+            raise InvalidArgumentError("admin, schema and call_timeout_s are options of PostgreSQL stores")
         return Database(
             Path(where),
             wal_limit_bytes=policy.wal_limit_bytes,
@@ -98,14 +102,22 @@ def open_backend(where: Any, admin: Any, schema: str, policy: Policy) -> Backend
             allow_shared=policy.allow_shared_files,
         )
     try:
-        from ._pg import PostgresDatabase
+        from ._pg import PostgresDatabase, limits_for_call
     except ImportError:
         raise SecurepadError("PostgreSQL stores need psycopg: pip install 'psycopg[binary]' psycopg-pool") from None
+    try:
+        limits = limits_for_call(policy.call_timeout_seconds if call_timeout_s is None else call_timeout_s)
+    except SecurepadError as exc:
+        raise InvalidArgumentError(str(exc)) from None
     return PostgresDatabase(
         str(where) if isinstance(where, os.PathLike) else where,
         admin=admin,
         schema=schema,
         durability=policy.durability,
+        call_timeout_s=float(limits["call_timeout_s"]),
+        statement_timeout_ms=int(limits["statement_timeout_ms"]),
+        lock_timeout_ms=int(limits["lock_timeout_ms"]),
+        pool_timeout_s=float(limits["pool_timeout_s"]),
     )
 
 
@@ -120,14 +132,14 @@ class Assembly:
         self.anchor = _open_anchor(db, keys, policy, anchoring)
         access = Access(db, policy)
         table = Entries(db, keys, access, policy, clock)
-        records = Records(db, keys, access, table.ttl, table.now, table.check_quota, table.heads)
+        records = Records(db, keys, access, table.ttl, table.now, table.check_quota, table.heads, table.write_now)
         writes = self.anchor.status()["committed"] if self.anchor else 0
         # The flags as read at unlock, not read again (a round trip each on
         # PostgreSQL): a flag only goes from "to do" to "done", in a transaction
         # that reads it again, so a read made earlier in this open decides as well.
         meta = keys.opened_meta
+        # The usage heads of a store from before them come in the same transaction.
         HeadBuilder(table.heads, db, keys).build_if_needed(table.now, writes=writes, meta=meta)
-        table.heads.seed_usage(meta)  # after the heads' build: a store from before usage totals
         self.parts = Parts(db, keys, access, table, records)
 
     def close(self) -> None:
@@ -156,12 +168,16 @@ class Assembly:
         """``Scratchpad.forget_owner``."""
         return lifecycle.forget_owner(self.parts.db, self.parts.keys, owner_user_id)
 
+    def drop_turn(self, owner_user_id: str, turn_id: str) -> dict[str, Any]:
+        """``Scratchpad.drop_turn``."""
+        return lifecycle.drop_turn(self.parts.db, self.parts.entries.heads, owner_user_id, turn_id)
+
     def gc(self, now: float | None, *, wait: bool) -> int:
         """``Scratchpad.gc``: heads pruned, expired entries and records deleted in
         one admin transaction, then (with ``wait``) a scrub when the file has a
         quarter of its pages free (``Backend.scrub_after_deletes``), or a checkpoint."""
         db = self.parts.db
-        cutoff = self.parts.entries.now(now)
+        cutoff = self.parts.entries.write_now(now)
         with db.transaction(admin=True, wait=wait) as conn:
             # prune reads every row the deletes below would remove (expired
             # entries, checkpoints and marks; segments go with their entries),
@@ -223,7 +239,11 @@ def _open_anchor(db: Backend, keys: Keystore, policy: Policy, anchoring: Anchori
     if path is None:
         return None
     sync, interval_s = policy.anchor_sync, float(policy.anchor_interval_seconds)
-    anchor = Anchor(db, keys.counter_seal, path, sync=sync, interval_s=interval_s, default=where is None)
+    # Beside the key file, the key file's override covers the anchor too.
+    shared = policy.allow_shared_files or (where is None and keys.keyring.allow_shared)
+    anchor = Anchor(
+        db, keys.counter_seal, path, sync=sync, interval_s=interval_s, default=where is None, allow_shared=shared
+    )
     anchor.open(adopt=adopt)
     return anchor
 
@@ -245,6 +265,14 @@ def _move_anchor(anchor: Anchor | None, keys: Keystore, new_keyring: Keyring) ->
     if path is None or path == anchor.path:
         return anchor
     anchor.close()
-    moved = Anchor(anchor.db, keys.counter_seal, path, sync=anchor.sync, interval_s=anchor.interval_s, default=True)
+    moved = Anchor(
+        anchor.db,
+        keys.counter_seal,
+        path,
+        sync=anchor.sync,
+        interval_s=anchor.interval_s,
+        default=True,
+        allow_shared=anchor.allow_shared or new_keyring.allow_shared,
+    )
     moved.open(adopt=True)
     return moved

@@ -561,6 +561,7 @@ class Database:
         self.incremental_vacuum = False
         # Set once by the anchor after its open check; the one hook into every write.
         self.hooks: CommitHooks | None = None
+        self.upgraded: tuple[int, int] | None = None
         _create_private_file(path, allow_shared)
         conn = self.conn
         try:
@@ -936,6 +937,31 @@ class Database:
         except apsw.Error as exc:
             raise self._error(exc, conn) from None
 
+    def restore_from(self, src: Path) -> None:
+        """Replace the whole content of this store with the SQLite file ``src``,
+        through SQLite's backup API: page by page into this store's own WAL,
+        so that a connection open elsewhere sees the old store or the new one,
+        never a mix, and no stale WAL frame is left for the new file.
+
+        Raises:
+            StorageFullError: the disk is full.
+            StoreBusyError: another connection holds the write lock.
+            SecurepadError: ``src`` cannot be read.
+        """
+        conn = self.conn
+        try:
+            source = apsw.Connection(str(src), flags=apsw.SQLITE_OPEN_READONLY)
+        except apsw.Error as exc:
+            raise SecurepadError(f"cannot open {src}: {exc}") from None
+        try:
+            with conn.backup("main", source, "main") as copy:
+                copy.step(-1)
+        except apsw.Error as exc:
+            raise self._error(exc, conn) from None
+        finally:
+            source.close()
+        self.checkpoint()
+
     def _enable_incremental_vacuum(self, conn: apsw.Connection) -> bool:
         """Switch the file to auto_vacuum=INCREMENTAL (a full VACUUM, once, for
         a store made without it); True once it is on."""
@@ -956,9 +982,13 @@ class Database:
             raise SecurepadError(
                 f"store schema version {version} is newer than this securepad understands ({SCHEMA_VERSION})"
             )
+        if version == 0 and conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall():
+            raise StoreCorruptError(f"{self.path} is a SQLite database but not a securepad store; nothing was changed")
         for target in range(version + 1, SCHEMA_VERSION + 1):
             conn.execute(_MIGRATIONS[target])
             conn.execute(f"PRAGMA user_version = {target}")
+        if 0 < version < SCHEMA_VERSION:
+            self.upgraded = (version, SCHEMA_VERSION)
 
     def sync(self) -> None:
         """Make every commit so far durable: fsync the file and its WAL.
@@ -1064,6 +1094,8 @@ def _create_private_file(path: Path, allow_shared: bool = False, *, companions: 
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         raise SecurepadError(f"cannot create store {path}: {exc.strerror or exc}") from None
+    if companions:  # what is at the path is named before anything about its directory
+        _check_is_database(path)
     if not allow_shared:
         check_directory(path.parent, "store", STORE_OVERRIDE)
     for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")) if companions else (path,):
@@ -1080,3 +1112,37 @@ def _create_private_file(path: Path, allow_shared: bool = False, *, companions: 
         except OSError as exc:
             raise SecurepadError(f"cannot create store {path}: {exc.strerror or exc}") from None
         os.close(fd)
+
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _check_is_database(path: Path) -> None:
+    """Refuse an existing file that is not a SQLite database, before anything
+    judges its mode or SQLite (which takes a file shorter than its header for
+    an empty database) writes a store over it. An empty file is the one this
+    module creates before SQLite first writes to it.
+
+    Raises:
+        StoreCorruptError: the file is not a SQLite database.
+        SecurepadError: it cannot be read, or is not a regular file.
+    """
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(100)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise SecurepadError(f"cannot open store {path}: {exc.strerror or exc}") from None
+    if head and not head.startswith(_SQLITE_HEADER):
+        raise StoreCorruptError(
+            f"the store {path} is damaged or is not a securepad store (not a SQLite database); nothing was"
+            " changed: check the path, or give a path that does not exist to `securepad init`"
+        )
+    # The schema cookie (offset 40) moves with every schema change; the store
+    # sets its schema version (user_version, offset 60) in the transaction that
+    # creates its tables. Tables without a version: another program's database.
+    if len(head) == 100 and head[60:64] == bytes(4) and head[40:44] != bytes(4):
+        raise StoreCorruptError(
+            f"{path} is a SQLite database but not a securepad store; nothing was changed: check the path"
+        )

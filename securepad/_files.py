@@ -14,11 +14,19 @@ from pathlib import Path
 
 from .errors import SecurepadError
 
-__all__ = ["KEY_OVERRIDE", "STORE_OVERRIDE", "check_directory", "check_private_file"]
+__all__ = [
+    "KEY_OVERRIDE",
+    "POLICY_OVERRIDE",
+    "STORE_OVERRIDE",
+    "check_directory",
+    "check_private_file",
+    "check_trusted_file",
+]
 
 
 KEY_OVERRIDE = "Keyring.from_key_file(..., allow_shared=True)"
 STORE_OVERRIDE = "allow_shared_files = true in the policy's [access] section"
+POLICY_OVERRIDE = "Policy.load(path, allow_shared=True)"
 
 
 def check_private_file(path: Path, info: os.stat_result, what: str, override: str = KEY_OVERRIDE) -> None:
@@ -34,6 +42,23 @@ def check_private_file(path: Path, info: os.stat_result, what: str, override: st
         raise SecurepadError(
             f"{what} {path} has mode {stat.S_IMODE(info.st_mode):04o}: others may read or write it;"
             f" run: chmod 600 {path}{fix}"
+        )
+
+
+def check_trusted_file(path: Path, info: os.stat_result, what: str, override: str) -> None:
+    """Refuse a file that decides what the store does (a policy) when someone
+    other than the current user or root owns it, or others may write it.
+    Others may read it: it holds no secret."""
+    fix = f"; for a deliberate shared setup: {override} (SECURITY.md)"
+    if hasattr(os, "geteuid") and info.st_uid not in (os.geteuid(), 0):
+        raise SecurepadError(
+            f"{what} {path} belongs to uid {info.st_uid}, not to the current user ({os.geteuid()}) or root:"
+            f" whoever owns it decides what it says; make your own (or chown it){fix}"
+        )
+    loose = stat.S_IMODE(info.st_mode) & (stat.S_IWGRP | stat.S_IWOTH)
+    if loose:
+        raise SecurepadError(
+            f"{what} {path} has mode {stat.S_IMODE(info.st_mode):04o}: others may write it; run: chmod go-w {path}{fix}"
         )
 
 

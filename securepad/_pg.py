@@ -55,11 +55,12 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ._backend import DuplicateKeyError, OutcomeUnknown, Params, Rows
 from ._pg_conn import BUSY, Transaction, Watch, Watchdog, rowcount, rows_of, send, translate
+from ._pg_log import relay_pool_warnings
 from ._pg_prepare import Statements
 from ._pg_schema import ADMIN_ROLE, APP_ROLE, SCHEMA_VERSION, lock_key, migrate, reason
 from .errors import SecurepadError, StoreBusyError, StoreUnavailableError
 
-__all__ = ["ADMIN_ROLE", "APP_ROLE", "SCHEMA_VERSION", "PostgresDatabase"]
+__all__ = ["ADMIN_ROLE", "APP_ROLE", "SCHEMA_VERSION", "PostgresDatabase", "limits_for_call"]
 
 # How long a transaction waits for a lock (an owner's, or the store's) before StoreBusyError.
 LOCK_TIMEOUT_MS = 30_000
@@ -76,6 +77,27 @@ POOL_TIMEOUT_S = 10.0
 # watchdog cuts its connection past this. Above the statement timeout, so a
 # healthy server always answers first.
 CALL_TIMEOUT_S = 60.0
+
+
+def limits_for_call(call_timeout_s: float) -> dict[str, float | int]:
+    """``PostgresDatabase``'s time limits for a whole-call deadline of
+    ``call_timeout_s``: the defaults, each cut to stay under the deadline in the
+    same order (a lock wait, then a statement, end before the call is cut), so
+    a healthy server still answers first.
+
+    Raises:
+        SecurepadError: the deadline is not a positive number of seconds.
+    """
+    if isinstance(call_timeout_s, bool) or not isinstance(call_timeout_s, int | float) or not call_timeout_s > 0:
+        raise SecurepadError(f"the call deadline must be a positive number of seconds, not {call_timeout_s!r}")
+    return {
+        "call_timeout_s": float(call_timeout_s),
+        "statement_timeout_ms": min(STATEMENT_TIMEOUT_MS, int(call_timeout_s * 750)),
+        "lock_timeout_ms": min(LOCK_TIMEOUT_MS, int(call_timeout_s * 500)),
+        "pool_timeout_s": min(POOL_TIMEOUT_S, call_timeout_s / 2),
+    }
+
+
 # A dead network: keepalive probes after 5 s idle, every 2 s, 3 lost = dead;
 # unacknowledged data for 10 s = dead (Linux's tcp_user_timeout).
 _NETWORK_LIMITS = {
@@ -166,6 +188,7 @@ class PostgresDatabase:
             raise SecurepadError(f"durability must be one of {', '.join(SYNCHRONOUS_COMMIT)}, not {durability!r}")
         self.durability = durability
         self.schema = schema
+        relay_pool_warnings()
         self._sources = (app, app if admin is None else admin)
         self._pool_size = pool_size
         self._lock_timeout = f"{int(lock_timeout_ms)}ms"
@@ -184,6 +207,7 @@ class PostgresDatabase:
         self._app, self._admin = self._pools()
         self._lent = self._lenders(self._app, self._admin)
         self.location = _describe(app, schema)
+        self.upgraded: tuple[int, int] | None = None
         try:
             self._migrate()
         except BaseException:
@@ -504,7 +528,7 @@ class PostgresDatabase:
         return None if rows[0]["v"] is None else int(rows[0]["v"])
 
     def _migrate(self) -> None:
-        migrate(self.schema, self._app_version, lambda: self._lender(admin=True).drain())
+        self.upgraded = migrate(self.schema, self._app_version, lambda: self._lender(admin=True).drain())
 
     def close(self) -> None:
         """Close the pools this object made (never one that was passed in)."""

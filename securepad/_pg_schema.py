@@ -333,15 +333,18 @@ def reason(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def migrate(schema: str, app_version: Callable[[], int | None], admin_pool: Callable[[], ConnectionPool[Any]]) -> None:
+def migrate(
+    schema: str, app_version: Callable[[], int | None], admin_pool: Callable[[], ConnectionPool[Any]]
+) -> tuple[int, int] | None:
     """Create the roles and schema when missing, then bring the tables to SCHEMA_VERSION.
 
     A store already at SCHEMA_VERSION opens with the application role
-    alone: a process that serves principals needs no admin login.
+    alone: a process that serves principals needs no admin login. Returns
+    (old, new) when an existing store was upgraded, else None.
     """
     version = app_version()
     if version == SCHEMA_VERSION:
-        return
+        return None
     if version is not None and version > SCHEMA_VERSION:
         raise SecurepadError(
             f"store schema version {version} is newer than this securepad understands ({SCHEMA_VERSION})"
@@ -383,6 +386,7 @@ def migrate(schema: str, app_version: Callable[[], int | None], admin_pool: Call
                 # Never prepared: psycopg prepares a statement on its sixth run, and
                 # behind a transaction pooler the name would outlive this server session.
                 conn.execute("INSERT INTO schema_version(version) VALUES (%s)", (target,), prepare=False)
+            upgraded = (version, SCHEMA_VERSION) if 0 < version < SCHEMA_VERSION else None
     except pg_errors.InsufficientPrivilege as exc:
         raise SecurepadError(
             f"cannot set up the store in schema {schema}: {reason(exc)}"
@@ -390,3 +394,4 @@ def migrate(schema: str, app_version: Callable[[], int | None], admin_pool: Call
         ) from None
     except psycopg.Error as exc:
         raise SecurepadError(f"cannot set up the store in schema {schema}: {reason(exc)}") from None
+    return upgraded

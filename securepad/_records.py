@@ -85,13 +85,16 @@ class Records:
         now: Callable[[float | None], float],
         check_quota: QuotaCheck,
         heads: Heads,
+        write_now: Callable[[float | None], float] | None = None,
     ) -> None:
+        """``now`` gives a read's time, ``write_now`` (``now`` when absent) a new record's."""
         self._heads = heads
         self._db = db
         self._keys = keys
         self._access = access
         self._ttl = ttl
         self._now = now
+        self._write_now = write_now or now
         self._check_quota = check_quota
 
     def save(
@@ -119,7 +122,7 @@ class Records:
         """
         _check_table(table)
         ttl = self._ttl(ttl_seconds)
-        created = self._now(now)
+        created = self._write_now(now)
         body = json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8")
         owner = principal.owner_user_id
 
@@ -306,6 +309,12 @@ class Records:
         those of the turns in ``kept`` (``Heads.prune``)."""
         where, params = expired_sql(cutoff, kept)
         return sum(conn.execute(f"DELETE FROM {table} WHERE {where}", params) for table in TABLES)
+
+    @staticmethod
+    def delete_turn(conn: Conn, owner: str, turn_id: str) -> dict[str, int]:
+        """Delete every record of an owner's turn inside the caller's transaction (``lifecycle.drop_turn``)."""
+        where = "owner_user_id = ? AND turn_id = ?"
+        return {table: conn.execute(f"DELETE FROM {table} WHERE {where}", (owner, turn_id)) for table in TABLES}
 
     @staticmethod
     def delete_owner(conn: Conn, owner: str) -> dict[str, int]:

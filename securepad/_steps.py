@@ -1,5 +1,5 @@
 """Steps chosen for the caller: ``record_next`` and ``put_next``; and the
-keyed names of the integrations' turns (``keyed_turn_name``, ``turn_in_use``).
+keyed names of the integrations' turns (``keyed_turn_name``, ``keyed_or_former``).
 
 ``record_next`` (record an observation as the turn's next free step) lives in
 ``turn.py``, which owns the turn's parts; this module keeps the import path
@@ -23,7 +23,7 @@ from .principal import Principal
 from .store import Scratchpad, parts
 from .turn import record_next
 
-__all__ = ["keyed_turn_name", "put_next", "record_next", "turn_in_use"]
+__all__ = ["keyed_or_former", "keyed_turn_name", "put_next", "record_next", "turn_in_use"]
 
 
 def keyed_turn_name(pad: Scratchpad, principal: Principal, *ids: Any) -> str:
@@ -43,6 +43,26 @@ def turn_in_use(pad: Scratchpad, principal: Principal, turn_id: str, *, now: flo
         IntegrityError, StoreBusyError: as for a read of the turn.
     """
     return parts(pad).entries.last_step(principal, turn_id, now) > 0
+
+
+def keyed_or_former(
+    pad: Scratchpad, principal: Principal, keyed: str, former: str, *, now: float | None = None
+) -> tuple[str, bool]:
+    """The turn an integration's thread or session lives in, as the principal's
+    scope finds it, and whether its keyed turn holds entries (then the caller
+    may remember it). The keyed turn is looked at first, and its head decides
+    (``turn_in_use``): a former turn, holding entries (written before keyed
+    names) or put back from an older copy, never shadows a keyed turn with
+    entries, nor one whose entries were removed from the file (refused). The
+    former turn only when the keyed one is empty and it is not; else the
+    keyed one (one small read, two when the keyed turn is empty).
+
+    Raises:
+        IntegrityError, StoreBusyError: as for a read of either turn.
+    """
+    if turn_in_use(pad, principal, keyed, now=now):
+        return keyed, True
+    return (former if turn_in_use(pad, principal, former, now=now) else keyed), False
 
 
 def put_next(

@@ -89,12 +89,13 @@ class AsyncScratchpad:
         schema: str = "securepad",
         anchor: str | os.PathLike[str] | bool | None = None,
         adopt_anchor: bool = False,
+        call_timeout_s: float | None = None,
         max_workers: int | None = None,
     ) -> AsyncScratchpad:
         """Open (creating if needed) the store at ``db_path`` (a SQLite file, or a
         PostgreSQL DSN or pool with ``admin`` and ``schema``), off the event loop.
-        ``anchor`` and ``adopt_anchor``: the snapshot-rollback anchor, as for
-        ``Scratchpad.open``.
+        ``anchor`` and ``adopt_anchor``: the snapshot-rollback anchor, and
+        ``call_timeout_s``, the PostgreSQL call deadline, as for ``Scratchpad.open``.
 
         Raises:
             WrongKeyError, PolicyError, SecurepadError: as for ``Scratchpad.open``.
@@ -111,6 +112,7 @@ class AsyncScratchpad:
             schema=schema,
             anchor=anchor,
             adopt_anchor=adopt_anchor,
+            call_timeout_s=call_timeout_s,
         )
         try:
             return cls(pad, max_workers=max_workers)
@@ -132,6 +134,16 @@ class AsyncScratchpad:
     def keyring(self) -> Keyring:
         """The keyring whose master key opens the store."""
         return self._pad.keyring
+
+    @property
+    def schema_upgrade(self) -> dict[str, int] | None:
+        """``Scratchpad.schema_upgrade``: the schema versions this open upgraded the store from and to."""
+        return self._pad.schema_upgrade
+
+    @property
+    def upgrade_notice(self) -> str | None:
+        """``Scratchpad.upgrade_notice``: the one-line notice of an upgrade, or None."""
+        return self._pad.upgrade_notice
 
     @property
     def store_id(self) -> str:
@@ -306,6 +318,35 @@ class AsyncScratchpad:
         """
         return await self._run(self._pad.verify, now=now)
 
+    async def backup(self, dest: str | os.PathLike[str]) -> dict[str, Any]:
+        """``Scratchpad.backup``: a consistent copy of the live store in the new file ``dest``.
+
+        Raises:
+            InvalidArgumentError, StorageFullError, SecurepadError: as for ``Scratchpad.backup``.
+        """
+        return await self._run(self._pad.backup, dest)
+
+    @classmethod
+    async def restore(
+        cls,
+        db_path: str | os.PathLike[str],
+        src: str | os.PathLike[str],
+        *,
+        keyring: Keyring,
+        policy: str | os.PathLike[str] | Policy | None = None,
+        anchor: str | os.PathLike[str] | bool | None = None,
+        now: float | None = None,
+    ) -> dict[str, Any]:
+        """``Scratchpad.restore``, off the event loop.
+
+        Raises:
+            InvalidArgumentError, WrongKeyError, IntegrityError, StoreCorruptError:
+                as for ``Scratchpad.restore``.
+        """
+        return await asyncio.to_thread(
+            Scratchpad.restore, db_path, src, keyring=keyring, policy=policy, anchor=anchor, now=now
+        )
+
     async def stats(self, principal: Principal | None = None, *, now: float | None = None) -> dict[str, Any]:
         """``Scratchpad.stats``: counts and sizes, for one principal's scope or the whole store.
 
@@ -341,6 +382,16 @@ class AsyncScratchpad:
             StoreBusyError: the write lock was not obtained in time.
         """
         return await self._run(self._pad.forget_owner, owner_user_id)
+
+    async def drop_turn(self, owner_user_id: str, turn_id: str) -> dict[str, Any]:
+        """``Scratchpad.drop_turn``: delete an owner's turn whole, whatever its check says.
+
+        Raises:
+            InvalidArgumentError: an identifier is malformed.
+            IntegrityError: the owner's owner head or usage head fails authentication.
+            StoreBusyError: the write lock was not obtained in time.
+        """
+        return await self._run(self._pad.drop_turn, owner_user_id, turn_id)
 
     async def turn(self, principal: Principal, turn_id: str, *, now: float | None = None) -> AsyncTurn:
         """``Scratchpad.turn`` (which collects expired entries first): the runtime

@@ -15,7 +15,9 @@ neither a crash between the commit and the anchor write nor a power cut under
 ``synchronous = NORMAL`` leaves an anchor above the store. Writers in several
 processes take an exclusive ``fcntl`` lock on ``<anchor>.lock`` and only ever
 raise the anchor. The anchor file is replaced atomically (temporary file,
-fsync, rename, fsync of the directory), mode 0600.
+fsync, rename, fsync of the directory), mode 0600, under that lock; a writer
+killed before its rename leaves its temporary file, and the next open removes
+such files, under the lock (no live writer can own one then).
 
 ``anchor_sync`` (policy, ``[storage]``) chooses when the anchor follows the
 counter: ``commit`` (after every write), ``interval`` (at most every
@@ -39,6 +41,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import tempfile
 import threading
 import time
@@ -49,12 +52,15 @@ from typing import Any
 
 from ._backend import Conn
 from ._db import Database
+from ._files import STORE_OVERRIDE, check_directory, check_private_file
 from .crypto import CounterSeal
 from .errors import IntegrityError, InvalidArgumentError, SecurepadError
 
 __all__ = ["SYNC_CHOICES", "Anchor", "default_path"]
 
 SYNC_CHOICES = ("commit", "interval", "close")
+# What tempfile.mkstemp puts after the anchor's temporary prefix (".<anchor name>.").
+_TEMP_RANDOM = r"[a-z0-9_]{8}"
 _ROW = "write_counter"
 _FIX = (
     " If you moved the store or its anchor on purpose, give the anchor's path (anchor=... or --anchor /"
@@ -76,18 +82,29 @@ class Anchor:
     """The anchor of one open SQLite store; installed as the database's commit hooks."""
 
     def __init__(
-        self, db: Database, seal: CounterSeal, path: Path, *, sync: str, interval_s: float, default: bool = False
+        self,
+        db: Database,
+        seal: CounterSeal,
+        path: Path,
+        *,
+        sync: str,
+        interval_s: float,
+        default: bool = False,
+        allow_shared: bool = False,
     ) -> None:
         if sync not in SYNC_CHOICES:
             raise InvalidArgumentError(f"anchor_sync must be one of {', '.join(SYNC_CHOICES)}, not {sync!r}")
-        if not default and path.resolve().parent == db.path.resolve().parent:
+        store_directory = db.path.resolve().parent
+        if not default and path.resolve().is_relative_to(store_directory):
             raise InvalidArgumentError(
-                f"the anchor {path} is in the store's own directory: a copy of that directory would carry it"
-                " back with the store; put it elsewhere (beside the key file by default)"
+                f"the anchor {path} is inside the store's own directory {store_directory}: a copy of that"
+                " directory would carry it back with the store; put it elsewhere (beside the key file by default)"
             )
         self.db = db
         self.path = path
         self.default = default  # beside the key file (it follows a master rotation)
+        # Others may write the anchor's directory or file (a deliberate shared setup).
+        self.allow_shared = allow_shared
         self.sync = sync
         self.interval_s = interval_s
         self._seal = seal
@@ -120,6 +137,7 @@ class Anchor:
             SecurepadError: the anchor cannot be read or written.
         """
         with self._locked():
+            self._remove_stale_temporaries()
             anchored = None if adopt else self._read_anchor()
             rows = self.db.query("SELECT value FROM store_meta WHERE key = ?", (_ROW,))
             counter = 0 if not rows else self._parse_row(rows[0]["value"], repair=adopt)
@@ -312,13 +330,32 @@ class Anchor:
         )
 
     def _read_anchor(self) -> int | None:
-        """The anchor's counter, None when there is no anchor file."""
+        """The anchor's counter, None when there is no anchor file.
+
+        Whoever may write the anchor or plant files in its directory can put an
+        older genuine anchor back together with an older copy of the store: the
+        anchor and its directory get the key file's checks (the file's, on
+        the file that was opened).
+
+        Raises:
+            SecurepadError: the anchor cannot be read, or others may write it
+                or its directory.
+        """
         try:
-            text = self.path.read_text(encoding="utf-8")
+            fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise SecurepadError(f"cannot read the anchor {self.path}: {exc.strerror}") from None
+        try:
+            if not self.allow_shared:
+                check_private_file(self.path, os.fstat(fd), "anchor", STORE_OVERRIDE)
+            with os.fdopen(fd, "rb", closefd=False) as handle:
+                text = handle.read().decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise SecurepadError(f"cannot read the anchor {self.path}: {exc}") from None
+        finally:
+            os.close(fd)
         try:
             data = json.loads(text)
             counter, tag = data["counter"], data["tag"]
@@ -336,6 +373,21 @@ class Anchor:
         self.floor = max(self.floor, counter)
         return int(counter)
 
+    def _remove_stale_temporaries(self) -> None:
+        """Remove the temporary files of anchor writes that never reached their
+        rename (a writer killed mid-write). Called under the anchor's lock,
+        which every writer holds from its temporary file to the rename: any
+        such file found then is a dead writer's."""
+        pattern = re.compile(rf"\.{re.escape(self.path.name)}\.{_TEMP_RANDOM}")
+        try:
+            names = os.listdir(self.path.parent)
+        except OSError:
+            return  # the anchor's own read or write names the problem
+        for name in names:
+            if pattern.fullmatch(name):
+                with contextlib.suppress(OSError):  # left for the next open; never a new failure
+                    os.unlink(self.path.parent / name)
+
     def _write_anchor(self, counter: int, current: int) -> None:
         """Replace the anchor atomically when ``counter`` is above ``current``."""
         self.floor = max(self.floor, current, counter)
@@ -343,7 +395,7 @@ class Anchor:
             return
         body = json.dumps({"format": 1, "counter": counter, "tag": self._seal.tag("anchor", counter)})
         try:
-            fd, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+            fd, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)  # _TEMP_RANDOM
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as out:
                     out.write(body)
@@ -368,6 +420,11 @@ class Anchor:
         lock = self.path.with_name(self.path.name + ".lock")
         try:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SecurepadError(f"cannot open the anchor's lock {lock}: {exc.strerror}") from None
+        if not self.allow_shared:
+            check_directory(self.path.parent, "anchor", STORE_OVERRIDE)
+        try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             raise SecurepadError(f"cannot open the anchor's lock {lock}: {exc.strerror}") from None

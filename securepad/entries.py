@@ -27,6 +27,7 @@ from .heads import Heads, Room, entry_item, expired_sql
 from .keystore import Keystore
 from .policy import NOT_FOUND_MESSAGE, Policy
 from .principal import Principal
+from .timeline import Timeline
 
 __all__ = ["ROTATE_ADVICE_LOG2", "Entries", "Entry", "Opened", "check_step_num"]
 
@@ -43,9 +44,10 @@ class Entries:
         self._access = access
         self._keys = keys
         self.policy = policy
-        parts = EntryParts(db, keys, access, policy, clock, Heads(db, keys, policy))
+        timeline = Timeline(clock, policy.max_clock_skew_seconds)
+        parts = EntryParts(db, keys, access, policy, timeline, Heads(db, keys, policy))
         self.heads = parts.heads
-        self.now, self.ttl = parts.now, parts.ttl
+        self.now, self.write_now, self.ttl = parts.now, parts.write_now, parts.ttl
         self.opener = Opener(parts)
         self.listings = Listings(parts, self.opener)
         self.putter = Putter(parts, self.listings)
@@ -232,6 +234,19 @@ def delete_expired(conn: Conn, cutoff: float, kept: list[tuple[str, str]]) -> in
     where, params = expired_sql(cutoff, kept)
     conn.execute(f"DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE {where})", params)
     return conn.execute(f"DELETE FROM entries WHERE {where}", params)
+
+
+def delete_turn(conn: Conn, owner: str, turn_id: str) -> dict[str, int]:
+    """Delete every entry and segment of an owner's turn inside the caller's
+    transaction (``lifecycle.drop_turn``; ``segments`` counts those kept in
+    their entry's row too)."""
+    where, params = "owner_user_id = ? AND turn_id = ?", (owner, turn_id)
+    in_rows = conn.query(f"SELECT COUNT(*) AS n FROM entries WHERE {where} AND only_segment IS NOT NULL", params)
+    return {
+        "segments": int(in_rows[0]["n"])
+        + conn.execute(f"DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE {where})", params),
+        "entries": conn.execute(f"DELETE FROM entries WHERE {where}", params),
+    }
 
 
 def delete_owner(conn: Conn, owner: str) -> dict[str, int]:

@@ -40,6 +40,7 @@ class Opener:
     def __init__(self, parts: EntryParts) -> None:
         self._db, self._keys, self._access = parts.db, parts.keys, parts.access
         self.policy, self.heads, self.now = parts.policy, parts.heads, parts.now
+        self.timeline = parts.timeline
 
     def open(
         self, principal: Principal, scratchpad_id: object, now: float | None, turn_id: str | None = None
@@ -101,6 +102,7 @@ class Opener:
         if row is None:  # deleted meanwhile
             raise NotFoundError(NOT_FOUND_MESSAGE)
         if opened is None:
+            self.timeline.found_expired(current)
             raise ExpiredError("this entry has expired")
         return opened
 

@@ -34,7 +34,8 @@ class Putter:
     def __init__(self, parts: EntryParts, listings: Listings) -> None:
         self._keys, self._access = parts.keys, parts.access
         self.dialect = parts.db.dialect
-        self.policy, self.heads, self.now, self.ttl = parts.policy, parts.heads, parts.now, parts.ttl
+        self.policy, self.heads, self.ttl = parts.policy, parts.heads, parts.ttl
+        self.write_now = parts.write_now
         self.listings = listings
         # The backend that sends a put in one message (PostgreSQL), or None.
         self._once = parts.db if isinstance(parts.db, OnceWriter) else None
@@ -77,7 +78,7 @@ class Putter:
         ttl = self.ttl(ttl_seconds)
         prepared = Prepared.of(observation, step_num, self.policy)
         check_write_size([(prepared, executor_name)], principal, turn_id, self.write_limit, "entry")
-        created = self.now(now)
+        created = self.write_now(now)
         meta = prepared.meta(principal, step_num, executor_name, created, created + ttl, inline)
         # A given step's look goes into the version-and-quota statement (``_quota_sql``).
         step = step_sql(self._access, principal, turn_id, step_num) if free_step and not next_step else None
@@ -506,7 +507,7 @@ class _Batch:
         ``Keystore.write_current``."""
         checked = self._items(items)
         ttl = self.entries.ttl(ttl_seconds)
-        created = self.entries.now(now)
+        created = self.entries.write_now(now)
         if not checked:
             return []
         owner = self.principal.owner_user_id

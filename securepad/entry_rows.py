@@ -5,9 +5,7 @@ shared by the entries modules, and ``EntryParts``, the parts they are built from
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +17,7 @@ from .errors import IntegrityError, InvalidArgumentError
 from .heads import Heads
 from .keystore import Keystore
 from .policy import Policy
+from .timeline import Timeline, check_now
 
 __all__ = [
     "COLUMNS",
@@ -146,16 +145,27 @@ class EntryParts:
     keys: Keystore
     access: Access
     policy: Policy
-    clock: Callable[[], float]
+    timeline: Timeline
     heads: Heads
 
     def now(self, now: float | None) -> float:
-        """The time for expiry: ``now`` (validated) or the clock's.
+        """The time a read decides expiry at: ``now`` (validated) or the clock's
+        (never before a time the store already reported an entry expired at).
 
         Raises:
             InvalidArgumentError: ``now`` is not a finite number of seconds.
         """
-        return check_now(self.clock() if now is None else now)
+        return self.timeline.read_time(now)
+
+    def write_now(self, now: float | None) -> float:
+        """The time a write seals or gc collects at: ``now`` (at most the
+        policy's ``max_clock_skew_seconds`` past the clock) or the clock's.
+
+        Raises:
+            InvalidArgumentError: ``now`` is not a finite number of seconds, or
+                is too far past the clock.
+        """
+        return self.timeline.write_time(now)
 
     def ttl(self, ttl_seconds: int | None) -> int:
         """The policy's default, or ``ttl_seconds`` checked against its maximum.
@@ -172,20 +182,6 @@ class EntryParts:
                 f"ttl_seconds {ttl_seconds} exceeds the policy's max_ttl_seconds ({self.policy.max_ttl_seconds})"
             )
         return ttl_seconds
-
-
-def check_now(now: object) -> float:
-    """A finite number of seconds; NaN would make every expiry comparison false
-    (an expired entry served), infinity every entry expired or eternal."""
-    if isinstance(now, bool) or not isinstance(now, int | float):
-        raise InvalidArgumentError(f"now must be a number of seconds, not {type(now).__name__}")
-    try:
-        value = float(now)
-    except OverflowError:
-        value = math.inf
-    if not math.isfinite(value):
-        raise InvalidArgumentError(f"now must be a finite number of seconds, not {value}")
-    return value
 
 
 def check_step_num(step_num: object) -> None:

@@ -42,24 +42,35 @@ class HeadBuilder:
         """Bring the store's heads to this format; a no-op (one query, none when
         ``meta``, the store's metadata read at open, says it is done) once done.
 
-        ``store_meta.turn_heads`` says what to do: the sealed token (done);
-        ``pending`` (migration 7: a store from before heads) builds every
-        turn's tally from what the store holds then, refused when the store
-        has heads or its authenticated write counter (``writes``, the anchor's)
-        shows a heads-aware version wrote it; ``convert`` (SQLite migration 10, PostgreSQL 7) or
-        ``built`` turn each head of format 1 (authenticated: it lists each row)
-        into a tally; the token of heads built before the era needs the keys
-        marked only; a token of format 2 (before per-turn reservations, issue
-        15) gives each format-2 tally its bytes and an equal reservation
-        (``Heads.converted``: from its authenticated inventory). In the same transaction every owner key wrapped before
-        heads is wrapped again in the heads era (``Keystore.mark_owner_keys``):
-        a store whose flag says ``pending`` while a key carries that era had
-        heads (where no anchor counter says so: PostgreSQL, SQLite without an
-        anchor). Returns the turns built or converted.
+        ``store_meta.turn_heads`` says what is asked; what allows it is sealed
+        or derived, never that clear value (nor the schema version, which
+        the file's owner can set back so that a migration writes the value
+        again): the sealed token (done); ``pending`` (migration 7: a store
+        from before heads) builds every turn's tally from what the store
+        holds then, refused when the store has heads or its authenticated
+        write counter (``writes``, the anchor's) shows a heads-aware version
+        wrote it; ``convert`` (SQLite migration 10, PostgreSQL 7) or
+        ``built`` turn each head of format 1 (authenticated: it lists each
+        row) into a tally, refused when the store holds a usage head or a turn
+        head of a later format; the token of heads built before the era needs
+        the keys marked only; a token of format 2 (before per-turn
+        reservations, issue 15) gives each format-2 tally its bytes and an
+        equal reservation (``Heads.converted``: from its authenticated
+        inventory), refused when a head of this format exists.
+
+        ``pending``, ``built`` and ``convert`` are refused as well when an owner
+        key carries the heads era (``Keystore.mark_owner_keys``): every key made
+        or kept once a store has heads is wrapped in it, which only the master
+        key can do, so an owner with such a key never gets an owner head here
+        (where it would hide its deleted turns), only in its first key's
+        transaction. In the same transaction every owner key wrapped before
+        heads is wrapped again in the heads era, and a store from before usage
+        heads gets them (``seed_usage``, ``store_meta.owner_usage``): the one
+        moment that clear flag is heeded. Returns the turns built or converted.
 
         Raises:
-            IntegrityError: the flag is neither of these, or says ``pending`` on a
-                store that had heads.
+            IntegrityError: the flag is none of these, or asks for heads to be
+                built or converted on a store that had heads.
         """
         token = self._token()
         if meta is None:
@@ -81,23 +92,56 @@ class HeadBuilder:
                 self._keys.mark_owner_keys(conn, refuse_marked=True)
                 self._owner_heads_for_keys(conn)
                 done = self._build(conn)
-            elif state == self._token("turn-heads"):
-                done = 0
             elif state in ("built", "convert"):
+                self._refuse_later(conn, state, (2, HEAD_FORMAT), usage=True)
+                self._keys.mark_owner_keys(conn, refuse_marked=True)  # before anything is written
                 done = self._convert(conn, now(None))  # the clock is read only to convert
                 self._owner_heads_for_keys(conn)
+            elif state == self._token("turn-heads"):
+                done = 0
             elif state in (self._token_of(2, "turn-heads-era"), self._token_of(2, "turn-heads")):
+                self._refuse_later(conn, "a format-2 token", (HEAD_FORMAT,), usage=False)
                 done = self._reserve(conn)
             else:
                 raise IntegrityError("store_meta.turn_heads does not authenticate: the file was edited")
-            if state != "pending":
+            if state not in ("pending", "built", "convert"):
                 self._keys.mark_owner_keys(conn, refuse_marked=False)
+            self._heads.seed_usage(conn)
             conn.execute(
                 "INSERT INTO store_meta(key, value) VALUES ('turn_heads', ?)"
                 " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 (token,),
             )
         return done
+
+    def _refuse_later(self, conn: Conn, state: str, formats: tuple[int, ...], *, usage: bool) -> None:
+        """Refuse to convert a store that holds a turn head of one of ``formats``
+        (or, with ``usage``, a usage head): written by a later version than the
+        flag ``state`` says, so the flag was set back. A head that fails to open
+        is left to its reads and ``verify``.
+
+        Raises:
+            IntegrityError: such a head exists.
+        """
+        later = usage and bool(conn.query("SELECT 1 FROM turn_heads WHERE turn_id = ? LIMIT 1", (USAGE_HEAD,)))
+        if not later:
+            for row in conn.query(
+                "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads WHERE turn_id NOT IN (?, ?)",
+                (OWNER_HEAD, USAGE_HEAD),
+            ):
+                try:
+                    body = json.loads(self._heads.open_body(row, row["owner_user_id"], row["turn_id"]))
+                except (IntegrityError, ValueError):
+                    continue
+                if isinstance(body, dict) and body.get("f") in formats:
+                    later = True
+                    break
+        if later:
+            raise IntegrityError(
+                f"store_meta.turn_heads says {state!r} (heads of an older format to convert) but the store holds"
+                " heads of a later format: the flag was set back to have the heads rebuilt from an edited store;"
+                " refused (SECURITY.md, 'turn heads')"
+            )
 
     def _build(self, conn: Conn) -> int:
         """Every turn's tally from the rows as they are (a store from before heads)."""

@@ -36,6 +36,18 @@ every ``r`` and ``b`` are sealed under the owner's key, which the server never
 has, and ``verify`` checks each turn's ``b`` against its entries and R against
 the sum of the ``r``. A clear server-side counter would not be (issue 14).
 
+**The owner's turn counter.** The owner head (``c``) and the usage head (the
+second number of its array) hold how many turns the owner created; each turn
+head's tally holds the counter as it last saw it (``Tally.o``: set when the
+turn is created, raised by every write of the turn under the owner's
+exclusive lock, which opens the usage head). A usage head that counts fewer
+turns than a turn head saw, or an owner head and usage head that disagree,
+were put back from an older copy: such a write refuses (``heads``), and
+``counter_problems`` names them (``verify``). So putting back an owner head
+and usage head from before a turn existed, after deleting that turn, is
+seen once any turn was created or written under that lock since. Heads from
+before the counter count nothing until the owner's next new turn.
+
 The usage head is a row of its own, not part of the owner head, because the
 owner head grows with the owner's turns. R changes only in ``Heads.change``
 (and ``reclaim``), inside the write transaction that changes the entries,
@@ -46,10 +58,12 @@ reservation beyond their bytes (so every put of it takes the exclusive lock),
 and ``verify`` names it.
 
 Stores from before (SQLite migration 11, PostgreSQL 8 dropped ``owner_usage``
-and set ``store_meta.owner_usage``): ``seed_usage``, at open with the key,
-gives every owner with an owner head and no usage head the sum of its turns'
+and set ``store_meta.owner_usage``): ``seed_usage``, in the transaction that
+builds or converts the heads at open with the key (``head_build``), gives every
+owner with an owner head and no usage head the sum of its turns'
 reservations (equal to their bytes, the sum over its entries, right after
-their conversion). Format-2 turn heads (no ``b``, ``r``) get ``r = b =`` their
+their conversion); on a store whose heads are of this format the clear flag
+is ignored. Format-2 turn heads (no ``b``, ``r``) get ``r = b =`` their
 authenticated inventory's bytes at open (``head_build``): the usage head,
 which held the sum of the bytes, is then already the sum of the reservations.
 """
@@ -72,7 +86,12 @@ __all__ = [
     "OWNER_HEAD",
     "USAGE_HEAD",
     "OwnerHeads",
+    "check_counted",
+    "owner_body",
+    "owner_removed",
+    "rolled_back",
     "usage_body",
+    "usage_counts",
     "usage_of",
 ]
 
@@ -85,23 +104,48 @@ _UPSERT = (
 )
 
 
-NO_TURNS = json.dumps({"t": []}).encode()
+def owner_body(turns: set[str], created: int | None) -> bytes:
+    """An owner head's body: the owner's turns, and its turn counter (``c``:
+    how many turns the owner created, which only grows; None: not counted
+    yet, an owner head from before the counter)."""
+    body: dict[str, Any] = {"t": sorted(turns)}
+    if created is not None:
+        body["c"] = created
+    return json.dumps(body).encode()
 
 
-def usage_body(total: int) -> bytes:
-    """A usage head's body: the total as a JSON number (not an object, so that
-    the heads' format-1 conversion, which skips what it cannot read, leaves it)."""
-    return str(total).encode()
+NO_TURNS = owner_body(set(), 0)
+
+
+def usage_body(total: int, created: int | None = None) -> bytes:
+    """A usage head's body: the total, with the owner's turn counter as its
+    owner head holds it, as a JSON array (a bare number without the counter,
+    as before it); not an object, so that the heads' format-1 conversion,
+    which skips what it cannot read, leaves it."""
+    return (str(total) if created is None else json.dumps([total, created])).encode()
 
 
 def usage_of(body: bytes) -> int:
+    """A usage head's total."""
+    return usage_counts(body)[0]
+
+
+def usage_counts(body: bytes) -> tuple[int, int | None]:
+    """A usage head's total and turn counter (None: a usage head from before it)."""
     try:
-        total = json.loads(body)
+        found = json.loads(body)
     except ValueError:
-        total = None
-    if not isinstance(total, int) or isinstance(total, bool) or total < 0:
+        found = None
+    total, created = found, None
+    if isinstance(found, list) and len(found) == 2 and _natural(found[1]):
+        total, created = found
+    if not _natural(total):
         raise IntegrityError("a usage head is malformed")
-    return total
+    return total, created
+
+
+def _natural(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class OwnerHeads:
@@ -124,11 +168,20 @@ class OwnerHeads:
 
     def owner_head(self, row: dict[str, Any], owner: str) -> set[str]:
         """The turns an owner head lists."""
+        return self.owner_turns(row, owner)[0]
+
+    def owner_turns(self, row: dict[str, Any], owner: str) -> tuple[set[str], int | None]:
+        """The turns an owner head lists, and its turn counter (None: from before it)."""
         try:
-            turns = json.loads(self.open_body(row, owner, OWNER_HEAD))["t"]
-            if isinstance(turns, list) and all(isinstance(turn, str) for turn in turns):
-                return set(turns)
-        except (ValueError, KeyError, TypeError):
+            body = json.loads(self.open_body(row, owner, OWNER_HEAD))
+            turns, created = body["t"], body.get("c")
+            if (
+                isinstance(turns, list)
+                and all(isinstance(turn, str) for turn in turns)
+                and (created is None or _natural(created))
+            ):
+                return set(turns), created
+        except (ValueError, KeyError, TypeError, AttributeError):
             pass
         raise IntegrityError("an owner head is malformed")
 
@@ -189,13 +242,46 @@ class OwnerHeads:
             conn.defer(upsert, tuple(params))
         self._keys.count_wraps_later(owner, version, len(bodies))
 
+    def delete_head(self, conn: Conn, owner: str, turn_id: str) -> None:
+        """Delete a turn's head (a turn left empty), in the caller's transaction."""
+        conn.defer("DELETE FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?", (owner, turn_id))
+        self.last.take(owner, turn_id)
+
+    def drop(
+        self,
+        conn: Conn,
+        owner: str,
+        dropped: dict[str, int],
+        by_turn: dict[str, dict[str, Any]],
+        version: int | None,
+    ) -> None:
+        """Turns left empty (their heads deleted: ``delete_head``) dropped from
+        the owner head, and their reservations (``dropped``, each turn's before
+        the change) from the usage head, in the caller's transaction, so that
+        no clear trace of their ids stays. The owner head, sealed, is what
+        tells this from a turn removed by someone without the key: a turn it
+        lists must have a head.
+
+        Raises:
+            IntegrityError: the owner's heads were removed, or one fails authentication.
+        """
+        if OWNER_HEAD not in by_turn:
+            raise owner_removed(owner)
+        turns, created = self.owner_turns(by_turn[OWNER_HEAD], owner)
+        bodies = [(OWNER_HEAD, owner_body(turns - set(dropped), created))]
+        usage = by_turn.get(USAGE_HEAD)
+        if usage is not None:
+            total, counted = usage_counts(self.open_body(usage, owner, USAGE_HEAD))
+            bodies.append((USAGE_HEAD, usage_body(max(total - sum(dropped.values()), 0), counted)))
+        self.write_bodies(conn, owner, bodies, version)
+
     def first_owner_head(self, conn: Conn, owner: str, version: int, wrapper: Wrapper) -> None:
         """The empty owner head and a zero usage head of an owner's first key, in
         the key's transaction (``Keystore.on_first_key``): an owner whose every
         turn and head were removed while its key stayed is then told from one
         that never wrote."""
         params: list[Any] = []
-        for turn_id, body in ((OWNER_HEAD, NO_TURNS), (USAGE_HEAD, usage_body(0))):
+        for turn_id, body in ((OWNER_HEAD, NO_TURNS), (USAGE_HEAD, usage_body(0, 0))):
             params += [owner, turn_id, version, wrapper.seal(body, head_aad(owner, turn_id, version))]
         conn.defer(
             "INSERT INTO turn_heads(owner_user_id, turn_id, key_version, sealed) VALUES (?, ?, ?, ?), (?, ?, ?, ?)"
@@ -204,39 +290,36 @@ class OwnerHeads:
         )
         self._keys.count_wraps_later(owner, version, 2)
 
-    def seed_usage(self, meta: dict[str, str] | None = None) -> int:
+    def seed_usage(self, conn: Conn) -> int:
         """Give every owner with an owner head and no usage head one holding the
-        sum of its turns' reservations (which a store converted at this open
-        has equal to their bytes: ``head_build``), once, at open
-        (``store_meta.owner_usage``, set by the migration that dropped the
-        ``owner_usage`` table); a no-op (one query, none when ``meta``, the
-        store's metadata read at open, has no flag) otherwise. A turn head that
-        fails to open counts nothing (its reads and ``verify`` name it).
+        sum of its turns' reservations (equal to their bytes right after their
+        conversion: ``head_build``), inside the caller's transaction: the one
+        that builds or converts the store's heads at open (``store_meta.owner_usage``,
+        set by the migration that dropped the ``owner_usage`` table, is then
+        deleted). Only that transaction calls it: on a store whose heads are
+        of this format the clear flag decides nothing, so that a deleted usage
+        head stays deleted (the quota sums, ``verify`` names it). A turn head
+        that fails to open counts nothing (its reads and ``verify`` name it).
         Returns the usage heads written."""
-        flag = "SELECT value FROM store_meta WHERE key = 'owner_usage'"
-        flagged = "owner_usage" in meta if meta is not None else bool(self._db.query(flag))
-        if not flagged:
+        if not conn.query("SELECT value FROM store_meta WHERE key = 'owner_usage'"):
             return 0
-        with self._db.transaction(admin=True) as conn:
-            if not conn.query(flag):
-                return 0
-            rows = conn.query(
-                "SELECT h.owner_user_id, h.turn_id, h.key_version, h.sealed FROM turn_heads h"
-                " WHERE h.turn_id != ? AND h.owner_user_id IN (SELECT o.owner_user_id FROM turn_heads o"
-                " WHERE o.turn_id = ? AND NOT EXISTS (SELECT 1 FROM turn_heads u"
-                " WHERE u.owner_user_id = o.owner_user_id AND u.turn_id = ?))",
-                (USAGE_HEAD, OWNER_HEAD, USAGE_HEAD),
-            )
-            totals: dict[str, int] = {}
-            for row in rows:
-                owner = row["owner_user_id"]
-                totals.setdefault(owner, 0)
-                if row["turn_id"] != OWNER_HEAD:
-                    with contextlib.suppress(IntegrityError):
-                        totals[owner] += self._tally(row, owner, row["turn_id"]).r
-            for owner, total in totals.items():
-                self.write_body(conn, owner, USAGE_HEAD, usage_body(total))
-            conn.execute("DELETE FROM store_meta WHERE key = 'owner_usage'")
+        rows = conn.query(
+            "SELECT h.owner_user_id, h.turn_id, h.key_version, h.sealed FROM turn_heads h"
+            " WHERE h.turn_id != ? AND h.owner_user_id IN (SELECT o.owner_user_id FROM turn_heads o"
+            " WHERE o.turn_id = ? AND NOT EXISTS (SELECT 1 FROM turn_heads u"
+            " WHERE u.owner_user_id = o.owner_user_id AND u.turn_id = ?))",
+            (USAGE_HEAD, OWNER_HEAD, USAGE_HEAD),
+        )
+        totals: dict[str, int] = {}
+        for row in rows:
+            owner = row["owner_user_id"]
+            totals.setdefault(owner, 0)
+            if row["turn_id"] != OWNER_HEAD:
+                with contextlib.suppress(IntegrityError):
+                    totals[owner] += self._tally(row, owner, row["turn_id"]).r
+        for owner, total in totals.items():
+            self.write_body(conn, owner, USAGE_HEAD, usage_body(total))
+        conn.execute("DELETE FROM store_meta WHERE key = 'owner_usage'")
         return len(totals)
 
     def all_heads(self) -> dict[str, dict[str, Tally | set[str] | int | IntegrityError]]:
@@ -260,6 +343,35 @@ class OwnerHeads:
             found.setdefault(owner, {})[turn_id] = opened
         return found
 
+    def counter_problems(self) -> list[tuple[str, str | None, str]]:
+        """(owner, turn or None, what) for each owner whose owner head and usage
+        head count different turns, or whose usage head counts fewer turns
+        than a turn head saw (``Tally.o``): the owner's heads were put back
+        from an older copy (``verify``). Heads that fail to open are left to
+        ``all_heads``; heads from before the counter count nothing."""
+        created: dict[str, int | None] = {}
+        counted: dict[str, int | None] = {}
+        seen: dict[str, tuple[int, str]] = {}
+        rows = self._db.query("SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads", admin=True)
+        for row in rows:
+            owner, turn_id = row["owner_user_id"], row["turn_id"]
+            with contextlib.suppress(IntegrityError):
+                if turn_id == OWNER_HEAD:
+                    created[owner] = self.owner_turns(row, owner)[1]
+                elif turn_id == USAGE_HEAD:
+                    counted[owner] = usage_counts(self.open_body(row, owner, turn_id))[1]
+                else:
+                    seen[owner] = max(seen.get(owner, (0, "")), (self._tally(row, owner, turn_id).o, turn_id))
+        problems: list[tuple[str, str | None, str]] = []
+        for owner in sorted(set(created) | set(counted)):
+            made, count = created.get(owner), counted.get(owner)
+            if made is not None and count is not None and made != count:
+                problems.append((owner, None, f"its owner head counts {made} turns created, its usage head {count}"))
+            top, turn_id = seen.get(owner, (0, ""))
+            if count is not None and top > count:
+                problems.append((owner, turn_id, f"the turn saw {top} turns created, the owner's usage head {count}"))
+        return problems
+
     def owners_without_heads(self) -> list[str]:
         """Owners with a key but no owner head (``verify``): their heads were removed."""
         rows = self._db.query(
@@ -274,3 +386,23 @@ class OwnerHeads:
     def delete_owner(conn: Conn, owner: str) -> int:
         """Delete every head of the owner (forgetting it), inside the caller's transaction."""
         return conn.execute("DELETE FROM turn_heads WHERE owner_user_id = ?", (owner,))
+
+
+def check_counted(tally: Tally, counted: int | None, owner: str, turn_id: str) -> None:
+    """Refuse a usage head that counts fewer turns than the turn's head saw
+    (``Tally.o``): it was put back from an older copy, with the owner head."""
+    if counted is not None and tally.o > counted:
+        raise rolled_back(owner, f"turn {turn_id!r} was written after its usage head counted the owner's turns")
+
+
+def rolled_back(owner: str, why: str) -> IntegrityError:
+    return IntegrityError(
+        f"owner {owner!r}'s heads were put back from an older copy ({why}): a turn created since may have been"
+        " removed (tampering)"
+    )
+
+
+def owner_removed(owner: str) -> IntegrityError:
+    return IntegrityError(
+        f"owner {owner!r} has a key but no owner head: its turns and their heads were removed (tampering)"
+    )

@@ -400,13 +400,12 @@ class InventoryReads:
         entry = self.cache.get(self._db.read_scope(), owner, turn_id)
         return self.sql("?", turn_id, owner, None if entry is None else entry.token, function=True)
 
-    def entry_read_sql(
-        self, owner: str, entry_id: str, scope: Sequence[tuple[str, str]] | None = None
-    ) -> tuple[str, Params]:
+    def entry_read_sql(self, owner: str, entry_id: str, scope: Sequence[tuple[str, str]]) -> tuple[str, Params]:
         """``read_sql`` for the turn of entry ``entry_id``, found within ``scope``
-        (``Policy.scope_columns``; the owner alone by default)."""
+        (``Policy.scope_columns``: no default, so that no caller forgets the
+        channel and actor a policy names)."""
         entry = self.cache.listing(self._db.read_scope(), owner, entry_id)
-        if entry is not None and scope is not None:
+        if entry is not None:
             # An entry of the owner outside the scope is read as an absent one: without a token.
             actor, channel = entry.head.e[entry_id][3:5]
             wanted = dict(scope)

@@ -80,6 +80,10 @@ class Tally:
     newest: list[Any] | None = None
     b: int = 0
     r: int = 0
+    # The owner's turn counter (``head_owner``) as this head last saw it: its
+    # creation's, raised by each write under the owner's exclusive lock. An
+    # owner head or usage head that counts fewer turns is older than this head.
+    o: int = 0
 
     def dumps(self) -> bytes:
         body = {
@@ -90,6 +94,7 @@ class Tally:
             "w": self.newest,
             "b": self.b,
             "r": self.r,
+            "o": self.o,
         }
         return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
@@ -132,7 +137,7 @@ class Tally:
             used, reserved = (0, 0) if old else (_count(body["b"]), _count(body["r"]))
             if used > reserved:
                 raise ValueError("reservation")
-            return cls(n, d, _count(body["l"]), newest, used, reserved)
+            return cls(n, d, _count(body["l"]), newest, used, reserved, _count(body.get("o", 0)))
         except (ValueError, KeyError, TypeError):
             raise IntegrityError(
                 "a turn head is malformed or from an older format (a head of before its conversion put back)"

@@ -27,7 +27,11 @@ the AAD: ``crypto.head_aad``): an attacker does not even see the sums.
 * Every write that changes a turn calls ``Heads.change`` inside its own
   transaction (the one place): put, checkpoint, mark, extend, delete, gc
   (``prune``), forgetting an owner (``delete_owner``), owner-key rotation
-  (``reseal_owner``). It reads and rewrites one small row.
+  (``reseal_owner``). It reads and rewrites one small row. A change that
+  leaves the turn empty deletes its head and drops the turn from the owner
+  head and its reservation from the usage head (``OwnerHeads.drop``): no clear turn id
+  stays behind. A turn the sealed owner head lists must have a head, so a
+  turn removed by someone without the key is still refused.
 * Every read of a turn fetches the turn's head together with the turn's
   **inventory** (the clear columns above of every row of the turn, expired
   ones not yet collected included: ``head_reads``), recomputes the tally
@@ -60,13 +64,25 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ._backend import Backend, Conn, OwnerLockNeeded, Params, Rows
+from ._lru import LRUCache
 from .access import audit_log
 from .crypto import Wrapper
 from .errors import IntegrityError, StoreBusyError
 from .head_cache import HeadCache
 from .head_checks import HeadChecks
 from .head_last import Once, once_sql
-from .head_owner import NO_TURNS, OWNER_HEAD, USAGE_HEAD, OwnerHeads, usage_body, usage_of
+from .head_owner import (
+    NO_TURNS,
+    OWNER_HEAD,
+    USAGE_HEAD,
+    OwnerHeads,
+    check_counted,
+    owner_body,
+    owner_removed,
+    rolled_back,
+    usage_body,
+    usage_counts,
+)
 from .head_quota import Room, record_room, reserve
 from .head_reads import ENTRY_TURN_SQL, InventoryReads, entry_turn_params, without_token
 from .head_tally import (
@@ -106,6 +122,8 @@ __all__ = [
 _CONSISTENT_TRIES = 8
 # Digest terms kept, so that reading a turn again recomputes only what changed.
 _TERM_CACHE = 1 << 14
+# Turns this process found tampered (``found_tampered``), checked again before a write into them.
+_TAMPERED = 1 << 12
 T = TypeVar("T")
 # A turn's head, its owner head and usage head (writers); ``turn`` is the placeholder of the turn's id.
 _HEAD_SQL = (
@@ -132,6 +150,7 @@ class Heads(HeadChecks, OwnerHeads):
         self._term = functools.lru_cache(maxsize=_TERM_CACHE)(functools.partial(term, keys.counter_seal))
         self._cache = HeadCache()
         self.reads = InventoryReads(db, self._cache)
+        self._tampered: LRUCache[tuple[str, str], str] = LRUCache(_TAMPERED)
         keys.on_first_key = self.first_owner_head
 
     def cache_limit(self, turns: int) -> None:
@@ -211,8 +230,12 @@ class Heads(HeadChecks, OwnerHeads):
             before = self._rows(owner, turn_id)
             fetched = fetch()
             if without_token(self._rows(owner, turn_id)) == without_token(before):
-                head = self._from_rows(before, owner, turn_id)
-                check(head, fetched)
+                try:
+                    head = self._from_rows(before, owner, turn_id)
+                    check(head, fetched)
+                except IntegrityError as exc:
+                    self.found_tampered(owner, turn_id, str(exc))
+                    raise
                 self.reads.keep(scope, owner, turn_id, before, head)
                 return fetched
         raise StoreBusyError(f"turn {turn_id!r} kept changing while it was read; try again")
@@ -221,9 +244,7 @@ class Heads(HeadChecks, OwnerHeads):
         """``InventoryReads.read_sql``: what a read of the turn sends beside its rows."""
         return self.reads.read_sql(owner, turn_id)
 
-    def entry_read_sql(
-        self, owner: str, entry_id: str, scope: Sequence[tuple[str, str]] | None = None
-    ) -> tuple[str, Params]:
+    def entry_read_sql(self, owner: str, entry_id: str, scope: Sequence[tuple[str, str]]) -> tuple[str, Params]:
         """``read_sql`` for the turn of entry ``entry_id``, found within ``scope`` (``Policy.scope_columns``)."""
         return self.reads.entry_read_sql(owner, entry_id, scope)
 
@@ -234,12 +255,11 @@ class Heads(HeadChecks, OwnerHeads):
         return _HEAD_SQL.format(turn="?"), (owner, turn_id, OWNER_HEAD, USAGE_HEAD)
 
     @staticmethod
-    def entry_select_sql(
-        owner: str, entry_id: str, scope: Sequence[tuple[str, str]] | None = None
-    ) -> tuple[str, Params]:
+    def entry_select_sql(owner: str, entry_id: str, scope: Sequence[tuple[str, str]]) -> tuple[str, Params]:
         """``select_sql`` for the turn of entry ``entry_id`` (read with, or before, the entry's row),
-        found within ``scope`` (``Policy.scope_columns``; the owner alone by default)."""
-        found = entry_turn_params(entry_id, scope or (("owner_user_id", owner),))
+        found within ``scope`` (``Policy.scope_columns``: no default, so that no caller
+        forgets the channel and actor a policy names)."""
+        found = entry_turn_params(entry_id, scope)
         return _HEAD_SQL.format(turn=ENTRY_TURN_SQL), (owner, *found, OWNER_HEAD, USAGE_HEAD)
 
     @staticmethod
@@ -255,7 +275,7 @@ class Heads(HeadChecks, OwnerHeads):
         """The turn's inventory, authenticated by its head (rows of ``InventoryReads.sql``)."""
         by_turn = {row["turn_id"]: row for row in rows if row["k"] == "h"}
         if turn_id not in by_turn and OWNER_HEAD not in by_turn and any(row["k"] == "k" for row in rows):
-            raise _owner_removed(owner)  # the owner has a key (a "k" row) but no heads
+            raise owner_removed(owner)  # the owner has a key (a "k" row) but no heads
         tally = self._turn_tally(by_turn, owner, turn_id)
         head = Head()
         tally.check_found(self._recount(head, rows, owner, turn_id), turn_id)
@@ -335,6 +355,31 @@ class Heads(HeadChecks, OwnerHeads):
             ),
         )
 
+    def found_tampered(self, owner: str, turn_id: str, problem: str) -> None:
+        """Remember that the turn failed its check (a read on a consistent
+        pair, ``verify``, gc's ``prune``) and how: every later write into it
+        in this process checks it in its transaction (``change``), and is
+        refused with that ``problem`` while it fails."""
+        self._tampered[(owner, turn_id)] = problem
+
+    def _check_written(self, conn: Conn, owner: str, turn_id: str, problem: str | None) -> None:
+        """For a turn this process found tampered (``problem``, None for any
+        other): its inventory, the write's own rows and head included, checked
+        against that head inside the write's transaction (O(the turn's rows),
+        only for such a turn). A turn put back as it was (a backup restored)
+        is forgotten and takes writes again.
+
+        Raises:
+            IntegrityError: ``problem``: the turn still fails its check.
+        """
+        if problem is None:
+            return
+        try:
+            self._from_rows(conn.query(*self.reads.sql("?", turn_id, owner)), owner, turn_id)
+        except IntegrityError:
+            raise IntegrityError(problem) from None
+        self._tampered.pop((owner, turn_id))
+
     # -- writing: the one place ------------------------------------------------------------
 
     def change(
@@ -345,11 +390,11 @@ class Heads(HeadChecks, OwnerHeads):
         edit: Callable[[HeadEdit], object],
         version: int | None = None,
         *,
-        entry_id: str | None = None,
         room: Room | None = None,
         turn_only: bool = False,
         rows: Rows | None = None,
         insert: tuple[str, Params] | None = None,
+        dropped: dict[str, dict[str, int]] | None = None,
     ) -> int:
         """Apply ``edit`` to the turn's tally and seal it again, inside the
         caller's write transaction, under the owner's newest key version
@@ -370,7 +415,7 @@ class Heads(HeadChecks, OwnerHeads):
 
         The steps: read the head rows (``_heads_of``: no round trip of its
         own; ``rows``, the head rows when the caller read them in a statement
-        of its own, ``head_beside``; ``entry_id``, the turn of that entry);
+        of its own, ``head_beside``, or ``entry_select_sql``);
         open the turn's tally (``_turn_tally``) and apply ``edit``; write
         (deferred, ``Conn.defer``: with COMMIT on PostgreSQL) the caller's
         ``insert`` alone when the tally did not change, the turn head alone
@@ -380,29 +425,54 @@ class Heads(HeadChecks, OwnerHeads):
         caller's insert of the rows the edit adds, not yet sent: it goes with
         the upsert (``OwnerHeads.write_bodies``: one statement on PostgreSQL).
 
+        A change that leaves the turn with no row (``OwnerHeads.drop``: delete, gc)
+        deletes the turn's head and drops the turn from the owner head and its
+        reservation from the usage head, in the same transaction (under the
+        shared lock: ``OwnerLockNeeded``); it returns 0. With ``dropped``
+        (gc's ``prune``, which may empty many turns of an owner), the turn and
+        its reservation are added to it instead, for the caller to drop from
+        the owner's heads once (``OwnerHeads.drop``).
+
         The turn's verified inventory cached in this process is dropped
         (``head_cache``): the next read verifies the turn again (on SQLite this
         connection's own commits do not move its data version).
 
+        A turn this process found tampered (``found_tampered``) is checked
+        once the write is done, in its transaction (``_check_written``): a
+        write into a turn whose check fails is refused as its reads are.
+
         Raises:
-            IntegrityError: the stored head fails authentication.
+            IntegrityError: the stored head fails authentication, or the turn
+                was found tampered and still fails its check.
             QuotaExceededError: ``room`` has none for the entries added, even
                 counting the owner's live entries only.
             OwnerLockNeeded: with ``turn_only``, as above.
         """
         self._cache.drop(owner, turn_id)
-        by_turn = self._heads_of(conn, owner, turn_id, entry_id, rows)
+        tampered = self._tampered.get((owner, turn_id))
+        by_turn = self._heads_of(conn, owner, turn_id, rows)
         if turn_only and turn_id not in by_turn:
             raise OwnerLockNeeded  # a new turn joins the owner head: the exclusive lock's
         tally = self._turn_tally(by_turn, owner, turn_id)
-        before = tally.dumps()
+        before, reserved = tally.dumps(), tally.r
         change = HeadEdit(tally, self.terms(owner, turn_id))
         edit(change)
         tally.b = max(tally.b, 0)
+        if turn_id in by_turn and not any(tally.n.values()):  # the turn left empty: it goes
+            if turn_only:
+                raise OwnerLockNeeded  # the owner head and the usage head change
+            self.delete_head(conn, owner, turn_id)
+            if dropped is not None:  # the caller drops its turns from the owner's heads at once
+                dropped.setdefault(owner, {})[turn_id] = reserved
+            else:
+                self.drop(conn, owner, {turn_id: reserved}, by_turn, version)
+            self._check_written(conn, owner, turn_id, tampered)
+            return 0
         body = tally.dumps()  # what a write within the reservation seals, unchanged below (issue 15: one JSON less)
         if body == before:  # nothing the head counts changed: the caller's insert alone
             if insert is not None:
                 conn.defer(*insert)
+            self._check_written(conn, owner, turn_id, tampered)
             return tally.r - tally.b
         if turn_only:
             if tally.b > tally.r or change.bytes < 0:
@@ -413,6 +483,7 @@ class Heads(HeadChecks, OwnerHeads):
         spare = tally.r - tally.b  # before the tally is handed on (``head_last``: a put in one message edits it)
         self.write_bodies(conn, owner, bodies, version, insert)
         self.last.attach(owner, turn_id, bodies[0][1], tally)
+        self._check_written(conn, owner, turn_id, tampered)
         return spare
 
     def change_once(
@@ -436,6 +507,8 @@ class Heads(HeadChecks, OwnerHeads):
         more than the turn's reservation (the owner's exclusive lock:
         ``change``). Raises nothing of its own: the head is sealed in memory."""
         version, wrapper = sealing
+        if self._tampered.get((owner, turn_id)) is not None:
+            return None  # ``change`` checks the turn with the write
         found = self.last.following(owner, turn_id, edit, self.terms(owner, turn_id), wrapper, version)
         if found is None:
             return None
@@ -445,19 +518,14 @@ class Heads(HeadChecks, OwnerHeads):
         sql, params = once_sql(insert, owner, turn_id, head, last, condition)
         return Once(sql, params, head, spare)
 
-    def _heads_of(
-        self, conn: Conn, owner: str, turn_id: str, entry_id: str | None, rows: Rows | None
-    ) -> dict[str, dict[str, Any]]:
+    def _heads_of(self, conn: Conn, owner: str, turn_id: str, rows: Rows | None) -> dict[str, dict[str, Any]]:
         """``change``'s head rows by turn id (the turn's, the owner head and
         the usage head): ``rows`` when the caller read them beside its own
-        row, else read here with the SQL of ``select_sql`` (``entry_select_sql``
-        with ``entry_id``, the turn's entry), which a caller announces at the
-        start of its transaction (``Conn.prefetch``), so that the read costs no
-        round trip of its own on PostgreSQL."""
+        row, else read here with the SQL of ``select_sql``, which a caller
+        announces at the start of its transaction (``Conn.prefetch``), so that
+        the read costs no round trip of its own on PostgreSQL."""
         if rows is None:
-            rows = conn.query(
-                *(self.select_sql(owner, turn_id) if entry_id is None else self.entry_select_sql(owner, entry_id))
-            )
+            rows = conn.query(*self.select_sql(owner, turn_id))
         return {row["turn_id"]: row for row in rows}
 
     def _turn_tally(self, by_turn: dict[str, dict[str, Any]], owner: str, turn_id: str) -> Tally:
@@ -498,9 +566,10 @@ class Heads(HeadChecks, OwnerHeads):
         if OWNER_HEAD not in by_turn:
             # Every owner with a key has an owner head (``first_owner_head``), and a
             # write that changes a turn has a key: none means the owner's heads were removed.
-            raise _owner_removed(owner)
+            raise owner_removed(owner)
         usage = by_turn.get(USAGE_HEAD)
-        total = None if usage is None else usage_of(self.open_body(usage, owner, USAGE_HEAD))
+        total, counted = (None, None) if usage is None else usage_counts(self.open_body(usage, owner, USAGE_HEAD))
+        check_counted(tally, counted, owner, turn_id)
 
         def reclaim(total: int) -> int:
             return self.reclaim(conn, owner, total, turn_id, version)
@@ -508,13 +577,56 @@ class Heads(HeadChecks, OwnerHeads):
         reserved = reserve(tally, added, total, room, reclaim)
         if room is not None and room.records_adding:
             reserved = record_room(tally, reserved, room, reclaim)
-        bodies = [(turn_id, tally.dumps())]
-        if turn_id not in by_turn:
-            turns = self.owner_head(by_turn[OWNER_HEAD], owner) | {turn_id}
-            bodies.append((OWNER_HEAD, json.dumps({"t": sorted(turns)}).encode()))
-        if reserved is not None and reserved != total:  # none: unknown (``head_owner``), the quota sums
-            bodies.append((USAGE_HEAD, usage_body(reserved)))
+        new_turn = turn_id not in by_turn
+        if new_turn:  # the owner's turn counter grows, in its owner head and usage head
+            turns, created = self.owner_turns(by_turn[OWNER_HEAD], owner)
+            if None not in (created, counted) and created != counted:
+                raise rolled_back(owner, "its owner head and its usage head count different turns")
+            counted = max(created if created is not None else len(turns), counted or 0) + 1
+            bodies = [(OWNER_HEAD, owner_body(turns | {turn_id}, counted))]
+        else:
+            bodies = []
+        if counted is not None:
+            tally.o = max(tally.o, counted)
+        bodies.insert(0, (turn_id, tally.dumps()))
+        if reserved is not None and (reserved != total or new_turn):  # none: unknown, the quota sums
+            bodies.append((USAGE_HEAD, usage_body(reserved, counted)))
         return bodies
+
+    def drop_turn(self, conn: Conn, owner: str, turn_id: str) -> int:
+        """Delete the turn's head and drop the turn from the owner head and its
+        reservation from the usage head, whatever the turn's check says, inside
+        the caller's transaction, which deleted the turn's rows
+        (``lifecycle.drop_turn``: the explicit way out of a turn found
+        tampered). A turn head that fails to open leaves the usage head the
+        sum of the other turns' reservations. Returns the heads deleted (0 or 1).
+
+        Raises:
+            IntegrityError: the owner head or usage head fails authentication.
+        """
+        self._cache.drop(owner, turn_id)
+        self._tampered.pop((owner, turn_id))
+        by_turn = self._heads_of(conn, owner, turn_id, None)
+        reserved: int | None = None
+        if turn_id in by_turn:
+            try:
+                reserved = self._tally(by_turn[turn_id], owner, turn_id).r
+            except IntegrityError:
+                reserved = None
+        if OWNER_HEAD not in by_turn:  # the owner's heads were removed: its reads say so
+            self.last.take(owner, turn_id)
+            return conn.execute("DELETE FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?", (owner, turn_id))
+        self.delete_head(conn, owner, turn_id)
+        if reserved is None and USAGE_HEAD in by_turn:
+            rows = conn.query(
+                "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads"
+                " WHERE owner_user_id = ? AND turn_id NOT IN (?, ?, ?)",
+                (owner, OWNER_HEAD, USAGE_HEAD, turn_id),
+            )
+            total = usage_counts(self.open_body(by_turn[USAGE_HEAD], owner, USAGE_HEAD))[0]
+            reserved = total - sum(self._tally(row, owner, row["turn_id"]).r for row in rows)
+        self.drop(conn, owner, {turn_id: reserved or 0}, by_turn, None)
+        return 1 if turn_id in by_turn else 0
 
     def reclaim(self, conn: Conn, owner: str, total: int, turn_id: str, version: int | None = None) -> int:
         """Give back the unused reservation of every turn of the owner but
@@ -592,11 +704,12 @@ class Heads(HeadChecks, OwnerHeads):
         for row in conn.query(ITEMS_SQL.format(where="expires_at <= ?"), (cutoff,) * 3):
             by_turn.setdefault((row["owner_user_id"], row["turn_id"]), []).append(row)
         kept: list[tuple[str, str]] = []
+        dropped: dict[str, dict[str, int]] = {}
         for (owner, turn_id), rows in by_turn.items():
             try:
                 if budget is not None:
                     counted = sum(
-                        self._turn_tally(self._heads_of(conn, owner, turn_id, None, None), owner, turn_id).n.values()
+                        self._turn_tally(self._heads_of(conn, owner, turn_id, None), owner, turn_id).n.values()
                     )
                     if counted > budget:
                         kept.append((owner, turn_id))
@@ -605,9 +718,12 @@ class Heads(HeadChecks, OwnerHeads):
                 self._from_rows(conn.query(*self.reads.sql("?", turn_id, owner)), owner, turn_id)
             except IntegrityError as exc:
                 audit_log.warning("gc left turn %r of owner %r uncollected: %s", turn_id, owner, exc)
+                self.found_tampered(owner, turn_id, str(exc))
                 kept.append((owner, turn_id))
                 continue
-            self.change(conn, owner, turn_id, functools.partial(_remove_rows, rows=rows))
+            self.change(conn, owner, turn_id, functools.partial(_remove_rows, rows=rows), dropped=dropped)
+        for owner, turns in dropped.items():  # once per owner, however many of its turns gc emptied
+            self.drop(conn, owner, turns, self._heads_of(conn, owner, OWNER_HEAD, None), None)
         return len(by_turn) - len(kept), kept
 
     def reseal_owner(self, conn: Conn, owner: str) -> int:
@@ -620,12 +736,6 @@ class Heads(HeadChecks, OwnerHeads):
         for row in rows:
             self.write_body(conn, owner, row["turn_id"], self.open_body(row, owner, row["turn_id"]))
         return len(rows)
-
-
-def _owner_removed(owner: str) -> IntegrityError:
-    return IntegrityError(
-        f"owner {owner!r} has a key but no owner head: its turns and their heads were removed (tampering)"
-    )
 
 
 def expired_sql(cutoff: float, kept: list[tuple[str, str]]) -> tuple[str, Params]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
 import secrets
 import stat
@@ -26,10 +27,11 @@ from argon2.exceptions import HashingError
 from argon2.low_level import Type, hash_secret_raw
 
 from ._files import check_directory, check_private_file
+from ._process import make_undumpable, scrub_initial_environment
 from .crypto import KEY_BYTES, KeyHandle
 from .errors import InvalidArgumentError, SecurepadError, WrongKeyError
 
-__all__ = ["KeyHandle", "Keyring", "default_key_file"]
+__all__ = ["KeyFileUse", "KeyHandle", "Keyring", "default_key_file", "key_file_use", "record_key_file_use"]
 
 
 # RFC 9106, section 4, second recommended option (memory-constrained):
@@ -77,6 +79,11 @@ class Keyring:
     def kind(self) -> str:
         """``file``, ``env`` or ``passphrase``."""
         return self._source.kind
+
+    @property
+    def allow_shared(self) -> bool:
+        """Whether the key file's owner and mode checks were lifted (``from_key_file(..., allow_shared=True)``)."""
+        return self._allow_shared
 
     @property
     def key_file(self) -> Path | None:
@@ -129,12 +136,22 @@ class Keyring:
         return cls(_Source("file", str(key_path), _decode_key(raw, f"key file {key_path}")), allow_shared=allow_shared)
 
     @classmethod
-    def from_env(cls, var: str = "SECUREPAD_MASTER_KEY", *, keep_in_env: bool = False) -> Keyring:
+    def from_env(
+        cls, var: str = "SECUREPAD_MASTER_KEY", *, keep_in_env: bool = False, keep_dumpable: bool = False
+    ) -> Keyring:
         """Use the base64 32-byte master key in environment variable ``var``.
 
         Once read, the variable is removed from this process's environment, so
         that no subprocess the agent starts (a shell tool, say) inherits the
-        master key. ``keep_in_env=True`` leaves it there.
+        master key, and on Linux its value is overwritten in the initial
+        environment block that ``/proc/<pid>/environ`` shows, so that no
+        process of the same user reads it there. ``keep_in_env=True`` leaves
+        it in both.
+
+        The process is also made non-dumpable on Linux (no core dump; its
+        ``/proc/<pid>/`` files, memory included, are root's; no debugger of
+        the same user attaches). ``keep_dumpable=True`` leaves it dumpable,
+        for debugging (``py-spy``, ``gdb -p``) at the price of those reads.
 
         Raises:
             WrongKeyError: the variable is unset or does not hold a base64 32-byte key
@@ -146,6 +163,10 @@ class Keyring:
         key = _decode_key(value.encode("ascii", "replace"), f"environment variable {var}")
         if not keep_in_env:
             os.environ.pop(var, None)  # os.environ's pop also unsets it for child processes
+            # After the unset, so that no thread's getenv sees a blanked value.
+            scrub_initial_environment(var)
+        if not keep_dumpable:
+            make_undumpable()
         return cls(_Source("env", var, key))
 
     @classmethod
@@ -318,3 +339,79 @@ def _create_key_file(path: Path) -> bytes:
     finally:
         tmp.unlink(missing_ok=True)
     return encoded
+
+
+# -- which stores a key file serves ----------------------------------------------------
+#
+# One key file can open several stores (``securepad init`` on a second --db
+# reuses the default key file). Replacing that file for one store's master
+# rotation would lock the others out for good, so the stores a key file
+# serves are recorded beside it, in ``<key file>.stores``: the store ids, and
+# whether the record began with the key itself (then no store is missing from
+# it). The record holds no secret; it only decides whether a key file may be
+# replaced, and an unknown or shared one is never replaced.
+
+_USE_SUFFIX = ".stores"
+
+
+@dataclass(frozen=True)
+class KeyFileUse:
+    """The stores a key file is recorded to serve (its ``<key file>.stores`` record)."""
+
+    path: Path
+    stores: frozenset[str]
+    complete: bool  # the record began when the key was made: it names every store the key opens
+
+    @property
+    def record(self) -> Path:
+        """Where the record lives, beside the key file."""
+        return self.path.with_name(self.path.name + _USE_SUFFIX)
+
+    def serves_only(self, store_id: str) -> bool:
+        """Whether the key file is known to open this store and no other."""
+        return self.complete and self.stores == frozenset({store_id})
+
+
+def key_file_use(path: str | os.PathLike[str]) -> KeyFileUse:
+    """The stores recorded beside key file ``path``; an absent or unreadable
+    record is an empty, incomplete one (nothing is known)."""
+    key_path = Path(path)
+    use = KeyFileUse(key_path, frozenset(), False)
+    try:
+        data = json.loads(use.record.read_text("utf-8"))
+        stores = data["stores"]
+        complete = data["complete"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return use
+    if not isinstance(stores, list) or not all(isinstance(s, str) for s in stores) or not isinstance(complete, bool):
+        return use
+    return KeyFileUse(key_path, frozenset(stores), complete)
+
+
+def record_key_file_use(path: str | os.PathLike[str], store_id: str, *, key_created: bool = False) -> KeyFileUse:
+    """Record that key file ``path`` opens store ``store_id``; ``key_created``
+    when the key was made for this store just now (the record is then complete).
+
+    Written atomically (mode 0600) only when something changes.
+
+    Raises:
+        SecurepadError: the record cannot be written.
+    """
+    use = key_file_use(path)
+    if key_created:
+        new = KeyFileUse(use.path, frozenset({store_id}), True)
+    else:
+        new = KeyFileUse(use.path, use.stores | {store_id}, use.complete)
+    if new == use and use.record.exists():
+        return use
+    body = json.dumps({"stores": sorted(new.stores), "complete": new.complete}, indent=1) + "\n"
+    tmp = new.record.with_name(f".{new.record.name}.{secrets.token_hex(8)}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, stat.S_IRUSR | stat.S_IWUSR)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(body)
+        os.replace(tmp, new.record)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise SecurepadError(f"cannot record the stores of key file {new.path}: {exc.strerror}") from None
+    return new

@@ -240,3 +240,28 @@ def forget_owner(db: Backend, keys: Keystore, owner_user_id: str) -> dict[str, A
     keys.forget(owner_user_id)
     removed["wal_truncated"] = db.scrub()
     return removed
+
+
+def drop_turn(db: Backend, heads: Heads, owner_user_id: str, turn_id: str) -> dict[str, Any]:
+    """Delete an owner's turn whole: its entries, segments, checkpoints and
+    compaction marks and its head, the turn dropped from the owner head and
+    its reservation from the usage head, in one transaction, whatever the
+    turn's check says: the explicit way out of a turn found tampered that no
+    backup can restore (its rows are lost, and reads of the turn then find it
+    empty). ``secure_delete`` zeroes the rows; ``Scratchpad.scrub`` rebuilds
+    the file. Returns what was removed, per table.
+
+    Raises:
+        InvalidArgumentError: an identifier is malformed.
+        IntegrityError: the owner's owner head or usage head fails authentication.
+        StoreBusyError: the write lock was not obtained in time.
+    """
+    check_identifier("owner_user_id", owner_user_id)
+    check_identifier("turn_id", turn_id)
+    removed: dict[str, Any] = {"owner_user_id": owner_user_id, "turn_id": turn_id}
+    with db.transaction(owner_user_id, admin=True) as conn:
+        removed.update(entries.delete_turn(conn, owner_user_id, turn_id))
+        removed.update(Records.delete_turn(conn, owner_user_id, turn_id))
+        removed["turn_heads"] = heads.drop_turn(conn, owner_user_id, turn_id)
+    db.checkpoint(wait=False)
+    return removed

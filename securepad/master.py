@@ -48,6 +48,7 @@ class Master:
 
         Raises:
             WrongKeyError: the master key does not open this store.
+            IntegrityError: the store's id or key check was deleted.
         """
         self._db = db
         self.keyring = keyring
@@ -59,6 +60,12 @@ class Master:
 
     def _unlock(self, keyring: Keyring) -> tuple[str, Wrapper, str]:
         meta = store_meta(self._db)
+        if ("store_id" in meta) != ("key_check" in meta) or (
+            "store_id" not in meta and self._db.query("SELECT 1 FROM owner_keys LIMIT 1", admin=True)
+        ):
+            # A new store has neither, and no owner key: one without the other
+            # was edited, and initializing it again would wrap under another store id.
+            raise IntegrityError("the store's id or master key check was deleted from store_meta: the file was edited")
         if "store_id" not in meta:
             store_id = secrets.token_hex(16)
             master, kdf = master_key(keyring, None, new=True)
@@ -148,7 +155,8 @@ class Master:
 
         Raises:
             IntegrityError: ``refuse_marked`` (the flag says the store never had
-                heads) and a key already carries the heads era: the flag was reset.
+                heads, or had heads of format 1 only) and a key already carries
+                the heads era: the flag was set back.
             WrongKeyError: another process rotated the master key meanwhile.
         """
         self.check_current(conn)
@@ -161,9 +169,10 @@ class Master:
                 continue
             if marked and refuse_marked:
                 raise IntegrityError(
-                    "store_meta.turn_heads says 'pending' (a store from before heads) but an owner key was"
-                    " wrapped since the store had heads: the flag was reset to rebuild the heads from an edited"
-                    " store; refused (SECURITY.md, 'turn heads')"
+                    "store_meta.turn_heads asks for heads to be built or converted ('pending', 'built' or"
+                    " 'convert': a store from before heads) but an owner key is wrapped in the heads era, since"
+                    " the store had heads: the flag was set back to have the heads rebuilt from an edited store;"
+                    " refused (SECURITY.md, 'turn heads')"
                 )
             if not marked:
                 updates.append(

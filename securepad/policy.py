@@ -6,13 +6,15 @@ access across owners: the owner condition is always part of the scope.
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .errors import NotFoundError, PolicyError
+from ._files import POLICY_OVERRIDE, check_directory, check_trusted_file
+from .errors import NotFoundError, PolicyError, SecurepadError
 from .principal import Principal
 
 __all__ = ["NOT_FOUND_MESSAGE", "Policy", "setting_sections"]
@@ -37,8 +39,12 @@ _LIMITS: dict[tuple[str, str], tuple[type, int, int]] = {
     ("limits", "max_ttl_seconds"): (int, 1, 10 * 365 * 86400),
     # Nesting of a structured observation; past ~900 Python's JSON encoder overflows its stack.
     ("limits", "max_json_depth"): (int, 1, 500),
+    # How far a caller's ``now`` may run ahead of this host's clock, or back
+    # from the latest time the open store used (timeline.py).
+    ("limits", "max_clock_skew_seconds"): (int, 1, 86400),
     ("storage", "wal_limit_bytes"): (int, 1 << 20, 1 << 40),
     ("storage", "anchor_interval_seconds"): (int, 1, 86400),
+    ("storage", "call_timeout_seconds"): (int, 1, 86400),
 }
 # The snapshot-rollback anchor's sync policy (anchor.py, SECURITY.md).
 ANCHOR_SYNC = ("commit", "interval", "close")
@@ -74,6 +80,7 @@ class Policy:
     default_ttl_seconds: int = 3600
     max_ttl_seconds: int = 86400
     max_json_depth: int = 100
+    max_clock_skew_seconds: int = 300
     log_denied: bool = True
     log_reads: bool = False
     # Adopt store files and directories others may read or write (a deliberate shared setup).
@@ -90,38 +97,47 @@ class Policy:
     # and close only (SECURITY.md, "Snapshot rollback", for each one's window).
     anchor_sync: str = "interval"
     anchor_interval_seconds: int = 1
+    # PostgreSQL stores only: a whole call's deadline (its connection is cut
+    # past it; lock, statement and pool waits are cut to fit under it).
+    call_timeout_seconds: int = 60
     name: str = "default"
 
     @classmethod
-    def load(cls, path: str | Path) -> Policy:
+    def load(cls, path: str | Path, *, allow_shared: bool = False) -> Policy:
         """Load and validate a policy: a shipped policy's name (``"strict"``; see
         ``Policy.shipped()``) or the path of a TOML policy file.
 
-        A bare name (no directory, no ``.toml``) that is not a file in the
-        current directory is a shipped policy's name.
+        A ``str`` with no path separator that does not end in ``.toml`` is a
+        shipped policy's name, and only that: a file of that name in the
+        current directory is never read in its place. A file is named by a
+        path: one with a separator (``./strict``, ``conf/strict``), one ending
+        in ``.toml``, or a ``pathlib.Path``.
+
+        A policy file decides who may read what, so it gets the key file's
+        owner checks: it must belong to the current user (or to root) and no
+        one else may write it, nor plant files in its directory. Others may
+        read it: a policy holds no secret. ``allow_shared=True`` lifts these
+        checks for a deliberate shared setup.
 
         Raises:
             PolicyError: no shipped policy has that name; the file cannot be
-                read or parsed, has an unknown section or key, a value of the
-                wrong type or out of range, or contradictory limits. The message
-                names the offending key.
+                read or parsed, others could write or replace it, has an
+                unknown section or key, a value of the wrong type or out of
+                range, or contradictory limits. The message names the
+                offending key.
         """
-        if isinstance(path, str) and _is_name(path) and not Path(path).is_file():
+        if isinstance(path, str) and _is_name(path):
             if path not in cls.shipped():
                 raise PolicyError(
-                    f"no shipped policy named {path!r} (shipped: {', '.join(cls.shipped())}); a file needs its path"
+                    f"no shipped policy named {path!r} (shipped: {', '.join(cls.shipped())}); a policy file"
+                    f" is named by a path: ./{path}"
                 )
-            path = bundled_policy_path(path)
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise PolicyError(
-                f"cannot read policy file {path}: {exc.strerror} (a shipped policy is named without a path:"
-                f" {', '.join(cls.shipped())})"
-            ) from None
-        except UnicodeDecodeError:
-            raise PolicyError(f"policy file {path} is not UTF-8 text") from None
+            return cls._parse(bundled_policy_path(path), checked=False)
+        return cls._parse(Path(path), checked=not allow_shared)
+
+    @classmethod
+    def _parse(cls, path: Path, *, checked: bool) -> Policy:
+        text = _read_policy_file(path, checked, cls.shipped())
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
@@ -164,7 +180,7 @@ class Policy:
         Raises:
             PolicyError: the installed default policy is missing or invalid.
         """
-        return cls.load(bundled_policy_path("default"))
+        return cls._parse(bundled_policy_path("default"), checked=False)
 
     def as_dict(self) -> dict[str, Any]:
         """The policy's values, for reports."""
@@ -232,7 +248,43 @@ def setting_sections() -> dict[str, str]:
 
 
 def _is_name(value: str) -> bool:
-    return bool(value) and "/" not in value and "\\" not in value and not value.endswith(".toml")
+    """A shipped policy's name, not a file: no separator of any platform, no ``.toml``."""
+    separators = {"/", "\\", os.sep, os.altsep or "/"}
+    return bool(value) and not any(sep in value for sep in separators) and not value.endswith(".toml")
+
+
+def _read_policy_file(path: Path, checked: bool, shipped: tuple[str, ...]) -> str:
+    """The text of a policy file, after the owner checks when ``checked``; the
+    checks look at the file that was opened, not at the name again.
+
+    Raises:
+        PolicyError: unreadable, not UTF-8, or others could write or replace it.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise PolicyError(
+            f"cannot read policy file {path}: {exc.strerror} (a shipped policy is named without a path:"
+            f" {', '.join(shipped)})"
+        ) from None
+    try:
+        if checked:
+            check_trusted_file(path, os.fstat(fd), "policy file", POLICY_OVERRIDE)
+            check_directory(path.absolute().parent, "policy file", POLICY_OVERRIDE)
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            raw = handle.read()
+    except PolicyError:
+        raise
+    except SecurepadError as exc:
+        raise PolicyError(str(exc)) from None
+    except OSError as exc:
+        raise PolicyError(f"cannot read policy file {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PolicyError(f"policy file {path} is not UTF-8 text") from None
 
 
 def _bundled_dir() -> Path:

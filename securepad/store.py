@@ -10,9 +10,11 @@ rotation). ``Scratchpad`` validates, documents and delegates.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +22,10 @@ from . import reads
 from ._assembly import NEAR_KEY, Anchoring, Assembly, Parts, open_backend, resolve_policy
 from ._backend import Backend
 from ._db import Database
+from ._restore import replace_store, stage_copy
 from .access import check_principal
 from .entries import Entry, Opened
-from .errors import InvalidArgumentError, SecurepadError
+from .errors import IntegrityError, InvalidArgumentError, SecurepadError
 from .keys import Keyring
 from .keystore import OWNER_KEY_CACHE_SIZE, Progress
 from .policy import Policy
@@ -31,6 +34,11 @@ from .turn import Turn, extend_turn
 from .verify import verify_store
 
 __all__ = ["OWNER_KEY_CACHE_SIZE", "Entry", "Parts", "Scratchpad", "parts", "sqlite_of"]
+
+# A library does not print: an application attaches a handler to "securepad" to see
+# its warnings (a store upgraded at open, say); the command line prints them.
+_log = logging.getLogger("securepad")
+_log.addHandler(logging.NullHandler())
 
 
 class Scratchpad:
@@ -68,6 +76,7 @@ class Scratchpad:
         schema: str = "securepad",
         anchor: str | os.PathLike[str] | bool | None = None,
         adopt_anchor: bool = False,
+        call_timeout_s: float | None = None,
     ) -> Scratchpad:
         """Open (creating if needed) the store at ``db_path``.
 
@@ -82,25 +91,53 @@ class Scratchpad:
         policy, a ``Policy``, or None for the shipped default. ``clock`` is the time source for expiry.
         ``anchor``: the snapshot-rollback anchor (SQLite; a path, None: beside the key
         file, False: none); ``adopt_anchor=True`` accepts this copy as current (SECURITY.md).
+        ``call_timeout_s`` (PostgreSQL; default: the policy's
+        ``call_timeout_seconds``, 60) is the deadline of one call: past it the
+        call's connection is cut and ``StoreUnavailableError`` raised; the lock,
+        statement and pool waits are cut to fit under it (housekeeping gets ten
+        times as long). A caller that serves an agent may want seconds.
 
         Raises:
             IntegrityError: this is an older copy of the store (below its
                 anchor), or the anchor is missing, damaged or forged.
             WrongKeyError: the keyring's master key does not open this store.
             PolicyError: the policy file is invalid.
-            InvalidArgumentError: PostgreSQL options given for a SQLite file.
+            InvalidArgumentError: PostgreSQL options given for a SQLite file, or
+                a call deadline that is not a positive number of seconds.
             SecurepadError: the file or server cannot be opened, or the store
                 was made by a newer version.
         """
         if not isinstance(keyring, Keyring):
             raise InvalidArgumentError("keyring must be a securepad.Keyring")
         resolved = resolve_policy(policy)
-        db = open_backend(db_path, admin, schema, resolved)
+        db = open_backend(db_path, admin, schema, resolved, call_timeout_s=call_timeout_s)
         try:
-            return cls(db, keyring, resolved, clock, (anchor, adopt_anchor))
+            pad = cls(db, keyring, resolved, clock, (anchor, adopt_anchor))
         except BaseException:
             db.close()
             raise
+        if db.upgraded is not None:
+            _log.warning("%s", pad.upgrade_notice)
+        return pad
+
+    @property
+    def schema_upgrade(self) -> dict[str, int] | None:
+        """``{"from": old, "to": new}`` when this open upgraded the store's
+        schema (an older securepad then refuses it), else None; also logged
+        as a warning on the ``securepad`` logger."""
+        upgraded = self._parts.db.upgraded
+        return None if upgraded is None else {"from": upgraded[0], "to": upgraded[1]}
+
+    @property
+    def upgrade_notice(self) -> str | None:
+        """The one-line notice of ``schema_upgrade``, or None."""
+        upgraded = self._parts.db.upgraded
+        if upgraded is None:
+            return None
+        return (
+            f"store {self.location} upgraded: schema {upgraded[0]} \u2192 {upgraded[1]}; a securepad older than"
+            f" {_package_version()} refuses it now (docs/deployment.md: back up before upgrading)"
+        )
 
     @property
     def path(self) -> Path:
@@ -160,8 +197,9 @@ class Scratchpad:
 
         Raises:
             InvalidArgumentError: a bad principal, id, step, ttl, an
-                observation that is not JSON-serializable, or the step is
-                already recorded in the turn.
+                observation that is not JSON-serializable, the step is
+                already recorded in the turn, or ``now`` is more than the
+                policy's ``max_clock_skew_seconds`` past the clock.
             QuotaExceededError: the entry exceeds ``max_entry_bytes`` or the
                 owner's ``owner_quota_bytes``.
             StoreBusyError: the write lock was not obtained in time.
@@ -332,6 +370,18 @@ class Scratchpad:
         """Crypto-shred an owner's keys and entries; see ``lifecycle.forget_owner``."""
         return self._assembly.forget_owner(owner_user_id)
 
+    def drop_turn(self, owner_user_id: str, turn_id: str) -> dict[str, Any]:
+        """Delete an owner's turn whole (entries, records, head), whatever its
+        check says: the explicit way out of a turn found tampered that no backup
+        restores; see ``lifecycle.drop_turn``. Returns what was removed, per table.
+
+        Raises:
+            InvalidArgumentError: an identifier is malformed.
+            IntegrityError: the owner's owner head or usage head fails authentication.
+            StoreBusyError: the write lock was not obtained in time.
+        """
+        return self._assembly.drop_turn(owner_user_id, turn_id)
+
     # -- maintenance ----------------------------------------------------------------
 
     def gc(self, now: float | None = None, *, wait: bool = True) -> int:
@@ -347,6 +397,8 @@ class Scratchpad:
         ``gc``, ``scrub`` or ``forget_owner`` finishes the job.
 
         Raises:
+            InvalidArgumentError: ``now`` is not a finite number, or is more
+                than the policy's ``max_clock_skew_seconds`` past the clock.
             StoreBusyError: the write lock was not obtained in time.
             StorageFullError: no room for the deletes (nothing was deleted), or
                 for the scrub after them (the message says the deletes stand;
@@ -388,6 +440,99 @@ class Scratchpad:
         """
         return self._parts.db.scrub()
 
+    def backup(self, dest: str | os.PathLike[str]) -> dict[str, Any]:
+        """Write a consistent copy of the live store to the new file ``dest``
+        (mode 0600), while other connections go on reading and writing: one
+        ``VACUUM INTO``, which reads one snapshot and writes only live rows.
+        The copy is encrypted as the store is; keep the key apart from it.
+        ``Scratchpad.restore`` puts it back. Returns ``backup`` (the path),
+        ``bytes`` and ``store_id``.
+
+        Raises:
+            InvalidArgumentError: ``dest`` exists, or the store is on
+                PostgreSQL (back it up with ``pg_dump``; docs/how-to/backup.md).
+            StorageFullError: the disk is full (no copy is left behind).
+            SecurepadError: ``dest`` cannot be written, or its directory is
+                writable by others.
+        """
+        db = self._parts.db
+        if not isinstance(db, Database):
+            raise InvalidArgumentError(
+                f"the store at {db.location} is on PostgreSQL: back it up with pg_dump (docs/how-to/backup.md)"
+            )
+        path = Path(dest)
+        if os.path.lexists(path):
+            raise InvalidArgumentError(f"{path} exists: a backup is never written over a file")
+        try:
+            db.copy_to(path)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return {"backup": str(path), "bytes": path.stat().st_size, "store_id": self.store_id}
+
+    @classmethod
+    def restore(
+        cls,
+        db_path: str | os.PathLike[str],
+        src: str | os.PathLike[str],
+        *,
+        keyring: Keyring,
+        policy: str | os.PathLike[str] | Policy | None = None,
+        anchor: str | os.PathLike[str] | bool | None = None,
+        now: float | None = None,
+    ) -> dict[str, Any]:
+        """Put the backup ``src`` (a file ``backup`` wrote) in place of the SQLite
+        store at ``db_path``, knowingly accepting it as the current copy.
+
+        In order: ``src`` is copied to a private file beside ``db_path``; that
+        copy is opened with ``keyring`` and verified (a backup that fails
+        changes nothing); the store at ``db_path``, if there is one, is backed
+        up to ``<db_path>.replaced-N`` and its content replaced through
+        SQLite's backup API (so no connection open elsewhere sees a mix);
+        then the store is opened adopting its snapshot-rollback anchor (an
+        older copy is what a restore means) and verified again. Stop the
+        processes that write to the store first: what they write meanwhile
+        is replaced.
+
+        Returns ``restored``, ``source``, ``replaced`` (the copy of the store
+        it replaced, or None) and ``verify`` (the final check's report).
+
+        Raises:
+            InvalidArgumentError: a PostgreSQL store, a missing ``src``, or a
+                ``src`` with a write-ahead log beside it (a live store, not a backup).
+            WrongKeyError: ``keyring`` does not open the backup.
+            IntegrityError: the backup fails verification (nothing was changed).
+            StoreCorruptError: ``src`` or the store at ``db_path`` is not a
+                securepad store.
+        """
+        source, target = Path(src), Path(db_path)
+        if str(db_path).startswith(("postgresql://", "postgres://")):
+            raise InvalidArgumentError("restore puts back a SQLite store; restore PostgreSQL with pg_restore")
+        if not source.is_file():
+            raise InvalidArgumentError(f"no backup file at {source}")
+        if Path(f"{source}-wal").exists() and Path(f"{source}-wal").stat().st_size:
+            raise InvalidArgumentError(
+                f"{source} has a write-ahead log beside it: it is a live store, not a backup"
+                f" (copy it with backup first)"
+            )
+        resolved = resolve_policy(policy)
+        staged = stage_copy(source, target)
+        try:
+            with cls.open(staged, keyring=keyring, policy=resolved, anchor=False) as copy:
+                checked = copy.verify(now=now)
+            if not checked["ok"]:
+                raise IntegrityError(
+                    f"the backup {source} fails verification ({len(checked['problems'])} problems): nothing was"
+                    " changed; run securepad verify on a copy of it to see them"
+                )
+            replaced = replace_store(target, staged, resolved)
+        finally:
+            for leftover in (staged, Path(f"{staged}-wal"), Path(f"{staged}-shm")):
+                leftover.unlink(missing_ok=True)
+        with cls.open(target, keyring=keyring, policy=resolved, anchor=anchor, adopt_anchor=True) as pad:
+            report = pad.verify(now=now)
+        return {"restored": str(target), "source": str(source), "replaced": replaced, "verify": report}
+
     def stats(self, principal: Principal | None = None, *, now: float | None = None) -> dict[str, Any]:
         """Counts and sizes: for one principal's scope, or (None) for the whole store.
 
@@ -415,6 +560,13 @@ def sqlite_of(pad: Scratchpad) -> Database:
     if not isinstance(db, Database):
         raise SecurepadError(f"the store at {db.location} is not a SQLite file")
     return db
+
+
+def _package_version() -> str:
+    try:
+        return version("securepad")
+    except PackageNotFoundError:  # pragma: no cover - run from a source tree without metadata
+        return "this version"
 
 
 def _listed(opened: Opened) -> dict[str, Any]:

@@ -483,7 +483,7 @@ def extend_turn(
     writer made it. Returns how many rows were extended.
     """
     ttl = entries.ttl(ttl_seconds)
-    current = entries.now(now)
+    current = entries.write_now(now)
     target = current + ttl
     entry_updates = entries.prepare_extend(principal, turn_id, target, current)
     record_updates = records.prepare_extend(principal, turn_id, target, current)

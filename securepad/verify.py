@@ -96,6 +96,11 @@ def verify_store(entries: Entries, records: Records, heads: Heads, now: float) -
                 _problem(owner, turn_id, None, "turn usage", f"counts {sealed.b} bytes, its entries {rows.b}")
             )
     problems += _usage_problems(owner_heads, reserved)
+    for owner, counted_turn, what in heads.counter_problems():  # an owner's heads put back from an older copy
+        problems.append(_problem(owner, counted_turn, None, "owner head", f"{what}: put back from an older copy"))
+    for problem in problems:
+        if problem["what"] == "turn":  # no write goes into it from this process while it fails
+            heads.found_tampered(problem["owner_user_id"], problem["turn_id"], problem["problem"])
     return {
         "ok": not problems,
         "owners": len(opened),

@@ -136,6 +136,38 @@ def pg_dsn(pg_database: str, _roles_lock: Any) -> Iterator[str]:
         conn.execute("DROP SCHEMA IF EXISTS securepad CASCADE")
 
 
+def pg_login(pg_dsn: str, attributes: str = "NOBYPASSRLS", member_of: str = "") -> Iterator[str]:
+    """A DSN of ``pg_dsn``'s database for a fresh login (``LOGIN NOSUPERUSER``
+    and ``attributes``) that is a member of both
+    store roles (and of ``member_of``), for a store already made; dropped afterwards."""
+    import psycopg
+
+    from securepad._pg_roles import ADMIN_ROLE, APP_ROLE
+
+    login = f"securepad_login_{secrets.token_hex(4)}"
+    roles = ", ".join(role for role in (APP_ROLE, ADMIN_ROLE, member_of) if role)
+    with psycopg.connect(pg_dsn, autocommit=True) as server:
+        for role in (APP_ROLE, ADMIN_ROLE):  # as the first migration makes them (roles are cluster-wide)
+            server.execute(
+                f"DO $$ BEGIN CREATE ROLE {role} NOLOGIN NOBYPASSRLS;"
+                " EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$"
+            )
+        server.execute(f"CREATE ROLE {login} LOGIN NOSUPERUSER {attributes} IN ROLE {roles}")
+        try:
+            url = urlsplit(pg_dsn)
+            yield urlunsplit(url._replace(netloc=f"{login}@{url.hostname}:{url.port or 5432}"))
+        finally:
+            server.execute(f"DROP ROLE IF EXISTS {login}")
+
+
+@pytest.fixture
+def pg_login_dsn(pg_dsn: str, keyring: Keyring) -> Iterator[str]:
+    """A plain login's DSN (no superuser, no BYPASSRLS; a member of both store
+    roles) for a store made by the server's DSN with ``keyring``."""
+    Scratchpad.open(pg_dsn, keyring=keyring).close()
+    yield from pg_login(pg_dsn)
+
+
 @pytest.fixture
 def roles_alone(pg_dsn: str, _roles_lock: Any) -> Iterator[None]:
     """No other PostgreSQL test runs, in any test session, while this test

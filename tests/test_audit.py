@@ -351,12 +351,12 @@ def test_key_file_in_a_directory_others_can_write_fails(db_path: Path, key_file:
         assert "key file permissions" in failed(run_audit(pad).as_dict())
 
 
-def test_a_postgresql_store_is_audited_with_the_checks_that_apply_there(pg_dsn: str, keyring: Keyring) -> None:
+def test_a_postgresql_store_is_audited_with_the_checks_that_apply_there(pg_login_dsn: str, keyring: Keyring) -> None:
     """No file to scan or copy: the server's roles, row-level security and grants
     instead, rows tampered in place; the real rows are untouched (see
     tests/test_cli_postgres.py for the failures)."""
     pytest.importorskip("psycopg")
-    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+    with Scratchpad.open(pg_login_dsn, keyring=keyring) as pad:
         ids = [pad.put(p, "turn", 1, "tool", f"real {p.owner_user_id}")["scratchpad_id"] for p in REAL]
         before = {k: v for k, v in pad.stats().items() if k != "key_usage"}  # the audit owners' keys count master wraps
         report = run_audit(pad)

@@ -33,7 +33,7 @@ def test_bench_tiny_run_writes_every_workload_and_figure(tmp_path: Path) -> None
     args = ["bench", "--tiny", "--no-progress", "--out", str(out), "--workdir", str(tmp_path)]
     result = CliRunner().invoke(main, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    assert "### targets" in result.output
+    assert "targets: " in result.output and "(--targets lists them)" in result.output
 
     results = json.loads((out / "quick.json").read_text())
     assert results["failures"] == []

@@ -6,11 +6,13 @@ naming the check, when row-level security or the application role is weakened.""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 from click.testing import CliRunner, Result
+from conftest import pg_login
 
 from securepad import Keyring, Principal, Scratchpad
 from securepad.audit import Audit
@@ -46,6 +48,12 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_dsn: str) -> Cli:
     return Cli(home, pg_dsn)
 
 
+@pytest.fixture
+def login(pg_dsn: str) -> Iterator[str]:
+    """A plain login (no superuser, no BYPASSRLS) in both store roles: what the audit wants."""
+    yield from pg_login(pg_dsn)
+
+
 def ok(result: Result) -> Result:
     assert result.exit_code == 0, (result.stdout, result.stderr)
     return result
@@ -56,7 +64,7 @@ def as_json(result: Result) -> object:
 
 
 @pytest.mark.parametrize("via_env", [False, True], ids=["--db", "SECUREPAD_DB"])
-def test_every_command_on_postgresql(cli: Cli, via_env: bool) -> None:
+def test_every_command_on_postgresql(cli: Cli, via_env: bool, login: str) -> None:
     def run(*args: str, input: str | None = None) -> Result:
         return cli(*args, input=input, via_env=via_env)
 
@@ -80,7 +88,9 @@ def test_every_command_on_postgresql(cli: Cli, via_env: bool) -> None:
     ok(run("keys", "rotate-owner", "bob"))
     read = as_json(run("--json", "read", "--owner", "bob", entry, "--mode", "head", "-n", "5"))
     assert isinstance(read, dict) and read["content"] == "hello"
+    server, cli.dsn = cli.dsn, login  # the audit fails a login that can leave row-level security
     report = as_json(run("--json", "audit"))
+    cli.dsn = server
     assert isinstance(report, dict) and report["passed"], [r for r in report["results"] if not r["passed"]]
     ok(run("forget-owner", "--yes", "bob"))
     gone = run("read", "--owner", "bob", entry)
@@ -108,9 +118,10 @@ def test_an_unreachable_server_is_named_without_its_password(cli: Cli) -> None:
     assert "127.0.0.1:1" in result.stderr and "hunter2" not in result.stderr
 
 
-def test_audit_passes_on_a_fresh_postgresql_store(cli: Cli) -> None:
+def test_audit_passes_on_a_fresh_postgresql_store(cli: Cli, login: str) -> None:
     ok(cli("init"))
     ok(cli("put", "--owner", "carol", "--turn", "t", "--step", "1", input="real data\n"))
+    cli.dsn = login
     result = ok(cli("audit"))
     assert "all" in result.stdout and "checks passed" in result.stdout
     report = as_json(cli("--json", "audit"))
@@ -118,6 +129,7 @@ def test_audit_passes_on_a_fresh_postgresql_store(cli: Cli) -> None:
     names = {r["name"] for r in report["results"]}
     assert {
         "application role privileges",
+        "application login privileges",
         "row-level security forced",
         "column grants as documented",
         "functions as documented",
@@ -157,11 +169,12 @@ def test_audit_passes_on_a_fresh_postgresql_store(cli: Cli) -> None:
         ),
     ],
 )
-def test_audit_fails_naming_the_check_when_the_store_is_weakened(cli: Cli, weaken: str, check: str) -> None:
+def test_audit_fails_naming_the_check_when_the_store_is_weakened(cli: Cli, login: str, weaken: str, check: str) -> None:
     """Changes to this test's own database only (roles are cluster-wide: see the next test)."""
     ok(cli("init"))
     with psycopg.connect(cli.dsn, autocommit=True) as conn:
         conn.execute(weaken)
+    cli.dsn = login
     result = cli("--json", "audit")
     assert result.exit_code == 1
     report = json.loads(result.stdout)
@@ -174,10 +187,10 @@ def test_audit_fails_naming_the_check_when_the_store_is_weakened(cli: Cli, weake
 
 
 @pytest.mark.usefixtures("roles_alone")
-def test_audit_fails_when_the_application_role_may_bypass_rls(pg_dsn: str, keyring: Keyring) -> None:
+def test_audit_fails_when_the_application_role_may_bypass_rls(pg_dsn: str, pg_login_dsn: str, keyring: Keyring) -> None:
     """BYPASSRLS is a role attribute, shared by every database of the server: it is
     given only while the audit's first check runs, then taken back at once."""
-    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+    with Scratchpad.open(pg_login_dsn, keyring=keyring) as pad:
         pad.put(Principal("carol", "a", "c"), "t", 1, "x", "real")
         audit = Audit(pad)
         assert audit.checks[0] == "application role privileges"

@@ -123,7 +123,12 @@ def test_the_postgresql_guide_runs_from_zero_twice(postgresql_server: object, tm
     assert [language for _, language, _ in blocks] == ["bash", "python", "python", "bash"]
     for attempt in range(2):
         name = f"securepad_doc_{secrets.token_hex(4)}"
-        names = {r"\bagents\b": name, r"\bagent_runtime\b": f"{name}_app", r"\bsecurepad_ops\b": f"{name}_ops"}
+        names = {
+            r"\bagents\b": name,
+            r"\bagent_runtime\b": f"{name}_app",
+            r"\bsecurepad_ops\b": f"{name}_ops",
+            r"\bsecurepad_auditor\b": f"{name}_aud",
+        }
         home, work = _home_and_work(tmp_path / str(attempt))
         try:
             outputs = []
@@ -133,8 +138,8 @@ def test_the_postgresql_guide_runs_from_zero_twice(postgresql_server: object, tm
                 outputs.append(_run(where, language, code, home, work))
         finally:
             postgresql_server.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-            postgresql_server.execute(f"DROP ROLE IF EXISTS {name}_app")
-            postgresql_server.execute(f"DROP ROLE IF EXISTS {name}_ops")
+            for login in ("app", "ops", "aud"):
+                postgresql_server.execute(f"DROP ROLE IF EXISTS {name}_{login}")
         ran = "".join(outputs)
         assert "20001:line 20000: ERROR disk full" in ran
         assert "bob refused: no such entry" in ran

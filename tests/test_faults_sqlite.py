@@ -183,7 +183,7 @@ def test_disk_full_is_a_typed_error_and_loses_nothing(small_disk: Path, keyring:
         # gc on the full disk (everything expired): it succeeds or says the disk is full
         # (on main: apsw.SQLError "cannot rollback - no transaction is active").
         try:
-            removed = pad.gc(now=10**10)
+            removed = pad.gc(now=time.time() + 120)  # past every ttl_seconds=60 put
         except StorageFullError:
             removed = None
         if removed is None:
@@ -195,7 +195,7 @@ def test_disk_full_is_a_typed_error_and_loses_nothing(small_disk: Path, keyring:
     # pages through the WAL.)
     subprocess.run(["mount", "-o", "remount,size=8m", str(small_disk)], check=True)
     with Scratchpad.open(db, keyring=keyring) as pad:
-        pad.gc(now=10**10)
+        pad.gc(now=time.time() + 120)  # past every ttl_seconds=60 put
         sid = pad.put(ALICE, "after", 1, "tool", "room again")["scratchpad_id"]
         assert pad.get(ALICE, sid).observation == "room again"
 

@@ -45,7 +45,8 @@ def old_pad(tmp_path: Path) -> Any:
     key = tmp_path / "key"
     key.write_bytes((FIXTURES / "store_v1.key").read_bytes())
     key.chmod(0o600)
-    with Scratchpad.open(tmp_path / "store.db", keyring=Keyring.from_key_file(key)) as pad:
+    # The host's clock at the fixture's time: its writes may not run ahead of the clock.
+    with Scratchpad.open(tmp_path / "store.db", keyring=Keyring.from_key_file(key), clock=lambda: NOW) as pad:
         yield pad
 
 

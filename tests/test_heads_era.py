@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from older_heads import as_format_2
 from tamper_edits import raw_file
 from test_fixture_store_v7 import NOW as V7_NOW
 from test_fixture_store_v7 import copy_v7
@@ -146,6 +147,7 @@ def test_heads_built_before_the_era_get_their_keys_marked(db_path: Path, keyring
     keys wrapped without the era) opens, its keys are marked, and a reset is then refused."""
     with Scratchpad.open(db_path, keyring=keyring, anchor=False) as pad:
         _record(pad)
+        as_format_2(pad, "turn-heads")  # the heads of then: format 2
         before_era = f"2:{parts(pad).keys.counter_seal.tag('turn-heads', 2)}"
     master, _ = master_key(keyring, None)
     with raw_file(db_path) as conn:

@@ -18,10 +18,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import apsw
 import pytest
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
 
-from securepad import Keyring, Principal, Scratchpad
+from securepad import IntegrityError, Keyring, Policy, Principal, Scratchpad
 from securepad._steps import put_next
 from securepad.integrations.langgraph_saver import SecurepadSaver, keyed_turn, turn_id
 from securepad.integrations.openai_session import SecurepadSession
@@ -38,8 +39,8 @@ def run(coroutine: Any) -> Any:
     return asyncio.run(coroutine)
 
 
-def _put(saver: SecurepadSaver, thread_id: str, n: int, parent: Any = None) -> Any:
-    config = generate_config(thread_id)
+def _put(saver: SecurepadSaver, thread: str | dict[str, Any], n: int, parent: Any = None) -> Any:
+    config = generate_config(thread) if isinstance(thread, str) else thread
     if parent is not None:
         config["configurable"]["checkpoint_id"] = parent["configurable"]["checkpoint_id"]
     checkpoint = generate_checkpoint(channel_values={"n": n}, channel_versions={"n": str(n)})
@@ -150,6 +151,86 @@ def test_a_thread_written_before_keeps_its_turn_reads_back_and_takes_checkpoints
         _put(saver, thread_id, 1)
         assert saver.records.turn(principal, "thread", thread_id) == keyed_turn(pad, principal, "thread", thread_id)
         assert len(list(saver.list(generate_config(thread_id)))) == 1
+
+
+def test_a_thread_another_actor_writes_keyed_stays_where_each_actor_finds_it(
+    old_thread: tuple[Path, Keyring, dict[str, Any]],
+) -> None:
+    """Under a scope that names the actor, another actor of the owner writing
+    the same thread id finds nothing in the former turn (not its scope) and
+    writes the keyed one; the saver remembers that for that actor's scope
+    only: the first actor still reads (and extends) its thread in the former
+    turn, through the same saver."""
+    path, keyring, old = old_thread
+    now, thread_id = old["now"], old["thread_id"]
+    first, other = Principal("alice", "agent", "web"), Principal("alice", "other", "web")
+    policy = Policy.from_dict({"access": {"scope": "owner+channel+actor"}})
+    with Scratchpad.open(path, keyring=keyring, clock=lambda: now, adopt_anchor=True, policy=policy) as pad:
+
+        def who(config: Any) -> Principal:
+            return other if config["configurable"].get("actor") == "other" else first
+
+        saver = SecurepadSaver(pad, principal_from_config=who, ttl_seconds=3600, clock=lambda: now)
+        mine = saver.get_tuple(generate_config(thread_id))
+        assert mine is not None
+        others = generate_config(thread_id)
+        others["configurable"]["actor"] = "other"
+        _put(saver, others, 1)
+        assert saver.get_tuple(others) is not None  # the other actor's thread: keyed, remembered
+        assert saver.records.turn(other, "thread", thread_id) == keyed_turn(pad, other, "thread", thread_id)
+        assert saver.records.turn(first, "thread", thread_id) == turn_id("thread", thread_id)
+        again = saver.get_tuple(generate_config(thread_id))
+        assert again is not None and again.checkpoint["id"] == mine.checkpoint["id"]
+        former = len(pad.list_for_turn(first, turn_id("thread", thread_id)))
+        _put(saver, thread_id, 99, mine.config)
+        assert len(pad.list_for_turn(first, turn_id("thread", thread_id))) == former + 1
+        assert saver.get_tuple(generate_config(thread_id)).checkpoint["id"] != mine.checkpoint["id"]
+
+
+@pytest.mark.parametrize("head", ["kept", "deleted"])
+def test_a_keyed_thread_emptied_in_the_file_never_falls_back_to_a_former_turn_put_back(
+    old_thread: tuple[Path, Keyring, dict[str, Any]], head: str
+) -> None:
+    """An attacker with the file and no key, holding a copy from when the
+    thread was in its former turn (it was deleted and written again keyed
+    since): deleting the keyed turn's rows (and its head), and putting the
+    former turn's rows and head back, would serve the old history if an empty
+    keyed turn sent the saver to the former one. The keyed turn's head (or the
+    owner head, which lists the turn) refuses it: ``IntegrityError``."""
+    path, keyring, old = old_thread
+    now, thread_id = old["now"], old["thread_id"]
+    principal = Principal("alice", "agent", "web")
+    with Scratchpad.open(path, keyring=keyring, clock=lambda: now, adopt_anchor=True):
+        pass
+    shutil.copy(path, path.with_name("copy.db"))  # the attacker's copy, the thread in its former turn
+    with Scratchpad.open(path, keyring=keyring, clock=lambda: now) as pad:
+        saver = SecurepadSaver(pad, principal, ttl_seconds=3600, clock=lambda: now)
+        saver.delete_thread(thread_id)
+        _put(saver, thread_id, 2, _put(saver, thread_id, 1))
+        keyed = keyed_turn(pad, principal, "thread", thread_id)
+    former = turn_id("thread", thread_id)
+    conn = apsw.Connection(str(path))
+    with conn:
+        conn.execute("ATTACH DATABASE ? AS copy", (str(path.with_name("copy.db")),))
+        conn.execute("DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE turn_id = ?)", (keyed,))
+        conn.execute("DELETE FROM entries WHERE turn_id = ?", (keyed,))
+        if head == "deleted":
+            conn.execute("DELETE FROM turn_heads WHERE turn_id = ?", (keyed,))
+        conn.execute("INSERT INTO entries SELECT * FROM copy.entries WHERE turn_id = ?", (former,))
+        conn.execute(
+            "INSERT OR IGNORE INTO segments SELECT * FROM copy.segments"
+            " WHERE entry_id IN (SELECT id FROM copy.entries WHERE turn_id = ?)",
+            (former,),
+        )
+        conn.execute("DELETE FROM turn_heads WHERE turn_id = ?", (former,))
+        conn.execute("INSERT INTO turn_heads SELECT * FROM copy.turn_heads WHERE turn_id = ?", (former,))
+    conn.close()
+    with Scratchpad.open(path, keyring=keyring, clock=lambda: now) as pad:
+        saver = SecurepadSaver(pad, principal, ttl_seconds=3600, clock=lambda: now)
+        with pytest.raises(IntegrityError):
+            saver.get_tuple(generate_config(thread_id))
+        with pytest.raises(IntegrityError):
+            _put(saver, thread_id, 3)
 
 
 def _former_session_turn(session_id: str) -> str:

@@ -389,3 +389,72 @@ def test_after_the_newest_checkpoints_expire_the_next_takes_the_freed_step(
         assert [e["step_num"] for e in pad.list_for_turn(alice, keyed_turn(pad, alice, "thread", "t"))] == [1, 2]
         assert long.get_tuple(generate_config("t")).config == fourth  # type: ignore[union-attr]
         assert [t.checkpoint["channel_values"]["n"] for t in long.list(thread("t"))] == [4, 1]
+
+
+def test_each_actor_finds_its_own_thread_of_a_shared_id_in_the_thread_list(
+    store_location: Any, keyring: Keyring
+) -> None:
+    """Under a scope that names the actor, two actors of one owner write a
+    thread of the same id through one saver: each is in its own actor's thread
+    list (``list(None)``, ``delete_for_runs``), also for a saver that starts
+    afresh, and deleting one actor's runs leaves the other's checkpoint."""
+    from securepad import Policy
+
+    first, other = Principal("alice", "agent", "web"), Principal("alice", "other", "web")
+    policy = Policy.from_dict({"access": {"scope": "owner+channel+actor"}})
+
+    def config(who: str) -> RunnableConfig:
+        found = generate_config("shared")
+        found["configurable"]["who"] = who
+        return found
+
+    with Scratchpad.open(store_location, keyring=keyring, policy=policy) as pad:
+        both = SecurepadSaver(pad, principal_from_config=lambda c: other if c["configurable"].get("who") else first)
+        for who, run in (("", "run-1"), ("other", "run-2")):
+            checkpoint = generate_checkpoint(channel_values={"n": 1}, channel_versions={"n": "1"})
+            both.put(config(who), checkpoint, generate_metadata(run_id=run), {"n": "1"})
+        for principal in (first, other):
+            assert len(list(SecurepadSaver(pad, principal).list(None))) == 1
+        SecurepadSaver(pad, other).delete_for_runs(["run-2"])
+        assert list(SecurepadSaver(pad, other).list(None)) == []
+        assert len(list(SecurepadSaver(pad, first).list(None))) == 1
+
+
+def test_an_unchanged_value_refers_to_its_own_actors_entry(store_location: Any, keyring: Keyring) -> None:
+    """Under a scope that names the actor, two actors write a thread of the
+    same id, a large channel value of the same version each, through one
+    saver; one actor's next checkpoint, the channel unchanged, refers to its
+    own value's entry (never the other actor's, which it cannot read)."""
+    from securepad import Policy
+
+    first, other = Principal("alice", "agent", "web"), Principal("alice", "other", "web")
+    policy = Policy.from_dict({"access": {"scope": "owner+channel+actor"}})
+    big = "x" * 40_000
+
+    def config(who: str, parent: RunnableConfig | None = None) -> RunnableConfig:
+        found = generate_config("shared")
+        found["configurable"]["who"] = who
+        if parent is not None:
+            found["configurable"]["checkpoint_id"] = parent["configurable"]["checkpoint_id"]
+        return found
+
+    with Scratchpad.open(store_location, keyring=keyring, policy=policy) as pad:
+        saver = SecurepadSaver(pad, principal_from_config=lambda c: other if c["configurable"].get("who") else first)
+        mine = saver.put(
+            config(""),
+            generate_checkpoint(channel_values={"n": big + "mine"}, channel_versions={"n": "1"}),
+            generate_metadata(),
+            {"n": "1"},
+        )
+        saver.put(
+            config("other"),
+            generate_checkpoint(channel_values={"n": big + "other"}, channel_versions={"n": "1"}),
+            generate_metadata(),
+            {"n": "1"},
+        )
+        saver.put(config("", mine), generate_checkpoint(channel_versions={"n": "1"}), generate_metadata(), {})
+        for reader in (saver, SecurepadSaver(pad, first)):
+            found = reader.get_tuple(config(""))
+            assert found is not None and found.checkpoint["channel_values"]["n"] == big + "mine"
+        found = saver.get_tuple(config("other"))
+        assert found is not None and found.checkpoint["channel_values"]["n"] == big + "other"

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,9 +40,10 @@ class Store:
     path: Path
     keyring: Keyring
     ids: dict[str, str]
+    clock: Callable[[], float] = time.time  # a fixture's store: the host's clock at its time
 
     def open(self) -> Scratchpad:
-        return Scratchpad.open(self.path, keyring=self.keyring)
+        return Scratchpad.open(self.path, keyring=self.keyring, clock=self.clock)
 
     def edit(self, sql: str, params: tuple[Any, ...]) -> None:
         conn = apsw.Connection(str(self.path))
@@ -319,7 +321,7 @@ def v7_store(tmp_path: Path) -> Store:
     anchor.write_bytes((FIXTURES / "store_v7.anchor").read_bytes())
     anchor.chmod(0o600)
     ids = {name: entry["id"] for name, entry in V7["entries"].items()}
-    return Store(db, Keyring.from_key_file(keys / "key"), ids)
+    return Store(db, Keyring.from_key_file(keys / "key"), ids, lambda: V7_NOW)
 
 
 def _listing_parts(store: Store) -> dict[str, bytes | None]:

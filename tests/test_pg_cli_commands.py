@@ -177,7 +177,7 @@ def test_the_wrong_key_is_refused_and_creates_nothing(store: Cli, tmp_path: Path
     assert result.exit_code == 1 and "no key file" in result.stderr and not absent.exists()
     # init on an existing store never makes a key for it: it asks for this store's key.
     again = store("--json", "--key-file", str(absent), "init")
-    assert "no key file" in failed(again, "StoreMissingError") and not absent.exists()
+    assert "no key file" in failed(again, "NotFoundError") and not absent.exists()
     wrong_init = store("--json", "--master-key-env", "OTHER_KEY", "init", env={"OTHER_KEY": other})
     assert failed(wrong_init, "WrongKeyError")
 

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from older_heads import as_format_2
 
 from securepad import Keyring, Principal, Scratchpad, SecurepadError, StoreUnavailableError
 from securepad.store import parts
@@ -105,15 +106,16 @@ def test_each_open_still_checks_the_schema_version(pg_dsn: str, keyring: Keyring
 
 def test_the_metadata_read_at_open_still_decides_the_heads_build(pg_dsn: str, keyring: Keyring) -> None:
     """The flags come from the metadata read at unlock: a store whose heads
-    flag says 'convert' (migration 7) is converted at open, and a flag edited
+    flag says they are of format 2 is converted at open, and a flag edited
     to a value that does not authenticate is refused, as when each was read apart."""
-    _existing_store(pg_dsn, keyring)
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute("UPDATE securepad.store_meta SET value = 'convert' WHERE key = 'turn_heads'")
+    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+        pad.put(ALICE, "t1", 1, "shell", "hello")
+        old_flag = parts(pad).db.query("SELECT value FROM store_meta WHERE key = 'turn_heads'")[0]["value"]
+        as_format_2(pad)
     with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
         assert [e["view"]["step_num"] for e in pad.list_for_turn(ALICE, "t1")] == [1]
         flag = parts(pad).db.query("SELECT value FROM store_meta WHERE key = 'turn_heads'")[0]["value"]
-        assert flag not in ("convert", "built", "pending")
+        assert flag == old_flag
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("UPDATE securepad.store_meta SET value = 'forged' WHERE key = 'turn_heads'")
     with pytest.raises(SecurepadError, match="does not authenticate"):

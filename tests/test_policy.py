@@ -85,12 +85,14 @@ def test_default_policy_values() -> None:
         "log_denied": True,
         "log_reads": False,
         "max_json_depth": 100,
+        "max_clock_skew_seconds": 300,
         "allow_shared_files": False,
         "wal_limit_bytes": 268435456,
         "incremental_vacuum": False,
         "durability": "normal",
         "anchor_sync": "interval",
         "anchor_interval_seconds": 1,
+        "call_timeout_seconds": 60,
         "name": "default",
     }
 

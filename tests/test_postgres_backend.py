@@ -251,9 +251,10 @@ def test_forget_owner_on_postgresql_leaves_no_row_of_the_owner(pg_pad: Scratchpa
     assert pg_pad.get(BOB, entry).observation == text
 
 
-def test_the_audit_passes_on_a_postgresql_store_and_leaves_nothing(pg_pad: Scratchpad) -> None:
+def test_the_audit_passes_on_a_postgresql_store_and_leaves_nothing(pg_login_dsn: str, keyring: Keyring) -> None:
     from securepad.audit import run_audit
 
-    report = run_audit(pg_pad)
-    assert report.passed, [(r.name, r.happened) for r in report.failed]
-    assert pg_pad.stats()["owners"] == 0
+    with Scratchpad.open(pg_login_dsn, keyring=keyring) as pg_pad:
+        report = run_audit(pg_pad)
+        assert report.passed, [(r.name, r.happened) for r in report.failed]
+        assert pg_pad.stats()["owners"] == 0

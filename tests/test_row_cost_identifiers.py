@@ -144,7 +144,7 @@ def test_a_store_counted_under_the_former_rule_stays_consistent(tmp_path: Path) 
     new rows count their identifiers, and verify finds every turn's and the
     owner's totals the sums of their rows."""
     db, key = copy_v7(tmp_path / "v7")
-    with Scratchpad.open(db, keyring=Keyring.from_key_file(key)) as pad:
+    with Scratchpad.open(db, keyring=Keyring.from_key_file(key), clock=lambda: NOW) as pad:
         old_id = EXPECTED["entries"]["small_text"]["id"]
         old_cost = parts(pad).db.query("SELECT stored_bytes FROM entries WHERE id = ?", (old_id,), admin=True)[0]
         assert pad.verify(now=NOW)["ok"] is True

@@ -165,15 +165,22 @@ def test_the_head_statement_of_a_read_by_id_names_the_owner(pad: Scratchpad) -> 
     _ids(pad, ALICE, GUESS, 5)
     absent = _well_formed_absent(bob_id)
     heads = parts(pad).entries.heads
-    bobs = _admin_rows(pad, heads.entry_read_sql("alice", bob_id))
-    absents = _admin_rows(pad, heads.entry_read_sql("alice", absent))
+    scope = pad.policy.scope_columns(ALICE)
+    bobs = _admin_rows(pad, heads.entry_read_sql("alice", bob_id, scope))
+    absents = _admin_rows(pad, heads.entry_read_sql("alice", absent, scope))
     assert bobs == absents
     assert {row["k"] for row in bobs} <= {"h", "k"} and all(row["turn_id"] != GUESS for row in bobs)
     # A delete's read of the id's turn head: the owner head alone, as for an absent id.
-    assert _admin_rows(pad, Heads.entry_select_sql("alice", bob_id)) == _admin_rows(
-        pad, Heads.entry_select_sql("alice", absent)
+    assert _admin_rows(pad, Heads.entry_select_sql("alice", bob_id, scope)) == _admin_rows(
+        pad, Heads.entry_select_sql("alice", absent, scope)
     )
-    assert all(row["turn_id"] != GUESS for row in _admin_rows(pad, Heads.entry_select_sql("alice", bob_id)))
+    assert all(row["turn_id"] != GUESS for row in _admin_rows(pad, Heads.entry_select_sql("alice", bob_id, scope)))
+
+
+def _snapshot_out(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with the server snapshot of the token row (its ``channel``)
+    left out: a commit anywhere on the server between two statements moves it."""
+    return [{**row, "channel": None} if row["k"] == "v" else row for row in rows]
 
 
 def test_the_read_function_of_postgresql_looks_the_turn_up_within_the_owner(pg_dsn: str, keyring: Keyring) -> None:
@@ -194,7 +201,7 @@ def test_the_read_function_of_postgresql_looks_the_turn_up_within_the_owner(pg_d
             for value in (alices[0], bob_id, absent):
                 statement = reads.sql(ENTRY_TURN_SQL, value, "alice", sent, function=True)
                 assert statement[0].startswith("SELECT * FROM entry_turn_inventory(")
-                found[value] = parts(pad).db.query(*statement, admin=True)
+                found[value] = _snapshot_out(parts(pad).db.query(*statement, admin=True))
             assert found[bob_id] == found[absent]
             assert all(row["turn_id"] != GUESS for row in found[bob_id])
             assert any(row["turn_id"] == GUESS for row in found[alices[0]])  # her own id finds her turn
@@ -250,3 +257,40 @@ def test_a_schema_13_store_gets_the_scoped_read_function(
             assert pad.get(ALICE, mine).observation == "output 2\n" * 20
             _refused(lambda: pad.get(ALICE, bob_id))
         assert pad.verify()["ok"] is True
+
+
+@pytest.mark.parametrize("scope", ["owner+channel", "owner+channel+actor"])
+def test_the_read_function_of_postgresql_holds_the_turn_to_the_channel_and_actor(
+    pg_dsn: str, keyring: Keyring, scope: str
+) -> None:
+    """The server function's two scope arguments, each alone: an id of the
+    owner's in another channel (or, same channel, of another actor) finds no
+    turn, by the function (with a token, the snapshot the same or moved), by
+    the statement and by a delete's head read, run by a role that sees every
+    row; an id in the scope finds its turn."""
+    policy = Policy.from_dict({"access": {"scope": scope}})
+    other = Principal("alice", "planner", "cli") if scope == "owner+channel" else Principal("alice", "coder", "web")
+    with Scratchpad.open(pg_dsn, keyring=keyring, policy=policy) as pad:
+        outside = _ids(pad, other, GUESS, 1)[0]
+        mine = _ids(pad, ALICE, GUESS, 5)
+        absent = _well_formed_absent(outside)
+        in_scope = pad.policy.scope_columns(ALICE)
+        reads = parts(pad).entries.heads.reads
+        rows = parts(pad).db.query(*reads.sql("?", GUESS, "alice"), owner="alice")
+        v = next(row for row in rows if row["k"] == "v")
+        token = (v["turn_id"], bytes(v["sealed"]), v["actor"], v["channel"])
+        for sent in (token, (*token[:3], "0 0 1:1:"), None):
+            found = {}
+            for value in (mine[0], outside, absent):
+                statement = reads.sql(ENTRY_TURN_SQL, value, "alice", sent, function=True, scope=in_scope)
+                assert statement[0].startswith("SELECT * FROM entry_turn_inventory(") == (sent is not None)
+                found[value] = _snapshot_out(parts(pad).db.query(*statement, admin=True))  # the token row too
+            assert found[outside] == found[absent]
+            assert all(row["turn_id"] != GUESS for row in found[outside])
+            assert any(row["turn_id"] == GUESS for row in found[mine[0]])
+        heads = {
+            value: _admin_rows(pad, Heads.entry_select_sql("alice", value, in_scope)) for value in (outside, absent)
+        }
+        assert heads[outside] == heads[absent] and all(row["turn_id"] != GUESS for row in heads[outside])
+        _refused(lambda: pad.get(ALICE, outside))
+        assert pad.get(other, outside).turn_id == GUESS

@@ -12,17 +12,17 @@ store without a quota). Stores with format-2 heads are converted at open, and
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from older_heads import as_format_2
 from test_usage_heads import exact, reserved, totals
 
 from securepad import Keyring, Policy, Principal, QuotaExceededError, Scratchpad
-from securepad.head_owner import OWNER_HEAD, USAGE_HEAD
+from securepad.head_owner import USAGE_HEAD
 from securepad.head_quota import CHUNK
 from securepad.head_tally import Tally
 from securepad.store import parts
@@ -194,27 +194,6 @@ def test_verify_names_a_turns_bytes_and_a_usage_head_that_disagree(pad: Scratchp
     assert f"its turns {reserved(pad)['alice']}" in problems[0]["problem"]
 
 
-def _as_format_2(pad: Scratchpad) -> int:
-    """Every turn head sealed again as format 2 (no bytes, no reservation), the
-    flag the token of format 2: a store written before issue 15's reservations."""
-    heads = parts(pad).entries.heads
-    rows = parts(pad).db.query("SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads", admin=True)
-    done = 0
-    with parts(pad).db.transaction(admin=True) as conn:
-        for row in rows:
-            if row["turn_id"] in (OWNER_HEAD, USAGE_HEAD):
-                continue
-            body = json.loads(heads.open_body(row, row["owner_user_id"], row["turn_id"]))
-            old = {key: value for key, value in body.items() if key not in ("b", "r")} | {"f": 2}
-            heads.write_body(conn, row["owner_user_id"], row["turn_id"], json.dumps(old).encode(), row["key_version"])
-            done += 1
-        seal = parts(pad).keys.counter_seal
-        conn.execute(
-            "UPDATE store_meta SET value = ? WHERE key = 'turn_heads'", (f"2:{seal.tag('turn-heads-era', 2)}",)
-        )
-    return done
-
-
 def test_a_store_with_format_2_heads_is_converted_at_open(store_location: Any, keyring: Keyring) -> None:
     alice, bob = Principal("alice", "agent", "web"), Principal("bob", "agent", "web")
     with Scratchpad.open(store_location, keyring=keyring) as pad:
@@ -227,7 +206,7 @@ def test_a_store_with_format_2_heads_is_converted_at_open(store_location: Any, k
         with parts(pad).db.transaction(admin=True) as conn:
             for owner, total in used.items():
                 parts(pad).entries.heads.write_body(conn, owner, USAGE_HEAD, str(total).encode())
-        assert _as_format_2(pad) == 3
+        assert as_format_2(pad) == 3
     with Scratchpad.open(store_location, keyring=keyring) as pad:
         assert {o: {t: (h.b, h.r) for t, h in _heads(pad, o).items()} for o in used} == {
             "alice": {

@@ -21,6 +21,7 @@ import apsw
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from older_heads import as_format_2
 from test_fixture_store_v7 import EXPECTED, copy_v7
 
 from securepad import Keyring, Policy, Principal, QuotaExceededError, Scratchpad
@@ -87,14 +88,15 @@ def test_every_write_keeps_the_usage_total_exact(pad: Scratchpad) -> None:
     assert pad.verify(now=NOW + 20)["ok"]
 
 
-def test_a_new_owner_starts_at_zero_and_an_empty_owner_keeps_only_its_turns_reservations(pad: Scratchpad) -> None:
+def test_a_new_owner_starts_at_zero_and_an_emptied_turn_gives_back_its_whole_reservation(pad: Scratchpad) -> None:
     pad.put(BOB, "t", 1, "tool", "x", now=NOW)
     pad.delete(BOB, pad.list_for_turn(BOB, "t", now=NOW)[0]["scratchpad_id"], now=NOW)
+    pad.put(ALICE, "u", 1, "tool", "y", now=NOW)
     entry = pad.put(ALICE, "t", 1, "tool", "x", now=NOW)
     pad.delete(ALICE, entry["scratchpad_id"], now=NOW)
-    # The delete gave back the entry's bytes; the turn keeps the rest of its grant.
-    assert totals(pad)["alice"] == reserved(pad)["alice"] > 0 and stored(pad) == {}
-    assert _turns(pad, "b") == {"alice": 0, "bob": 0}
+    # The delete left the turn empty: its head went, and with it the rest of its grant.
+    assert totals(pad) == {"alice": reserved(pad)["alice"], "bob": 0} and set(stored(pad)) == {"alice"}
+    assert _turns(pad, "b") == {"alice": stored(pad)["alice"]}
     assert pad.verify(now=NOW)["ok"]
 
 
@@ -187,7 +189,7 @@ def test_a_store_from_before_usage_heads_gets_them_at_open(tmp_path: Path) -> No
         counted = dict(conn.execute("SELECT owner_user_id, stored_bytes FROM owner_usage").fetchall())
     finally:
         conn.close()
-    with Scratchpad.open(db, keyring=Keyring.from_key_file(key)) as pad:
+    with Scratchpad.open(db, keyring=Keyring.from_key_file(key), clock=lambda: EXPECTED["now"]) as pad:
         # The migration's totals are the triggers' ones: expired entries not yet collected count.
         # Converted turns reserve what they hold: the sum of reservations is the sum of bytes.
         assert totals(pad) == counted == stored(pad) == reserved(pad)
@@ -209,6 +211,7 @@ def test_a_postgresql_store_from_before_usage_heads_gets_them_at_open(pg_dsn: st
         pad.put(ALICE, "t", 1, "tool", "x" * 5000, now=NOW)
         pad.put(BOB, "t", 1, "tool", "y" * 100, now=NOW)
         expected = stored(pad)
+        as_format_2(pad)  # the heads of a store from before usage heads
     with psycopg.connect(pg_dsn) as conn:  # as PostgreSQL migration 8 leaves a store written before it
         conn.execute("SET ROLE securepad_admin")
         conn.execute("SET search_path = securepad")

@@ -119,6 +119,43 @@ def _app_role(ctx: Context) -> str:
     )
 
 
+def _login(ctx: Context) -> str:
+    """The login the application's connections use: row-level security holds
+    ``securepad_app`` only while the session does not leave that role, and a
+    login that is a superuser or has BYPASSRLS (or may become a role that is
+    or has) leaves it with one ``RESET ROLE``."""
+    rows = _app(
+        ctx,
+        "SELECT l.rolname AS login, l.rolsuper AS superuser, l.rolbypassrls AS bypassrls,"
+        " (SELECT string_agg(r.rolname, ', ' ORDER BY r.rolname) FROM pg_roles r"
+        "  WHERE (r.rolsuper OR r.rolbypassrls) AND r.oid <> l.oid AND pg_has_role(l.oid, r.oid, 'MEMBER')) AS via"
+        " FROM pg_roles l WHERE l.rolname = session_user",
+    )
+    if not rows:
+        raise CheckFailed("the login of the application's connection is not in pg_roles")
+    r = rows[0]
+    problems = [
+        text
+        for flag, text in (
+            ("superuser", "is a superuser"),
+            ("bypassrls", "has BYPASSRLS"),
+        )
+        if r[flag]
+    ]
+    if r["via"]:
+        problems.append(f"may SET ROLE to {r['via']} (superuser or BYPASSRLS)")
+    if problems:
+        raise CheckFailed(
+            f"the application's login {r['login']} " + "; ".join(problems) + f": it bypasses row-level security"
+            f" with RESET ROLE, whatever {APP_ROLE} may do; connect as a login that is only a member of"
+            f" {APP_ROLE} (and {ADMIN_ROLE} for housekeeping) (docs/how-to/postgresql.md)"
+        )
+    return (
+        f"the application's login {r['login']}: not superuser, no BYPASSRLS, and may become no role that is"
+        " or has either: it cannot leave row-level security"
+    )
+
+
 def _rls_forced(ctx: Context) -> str:
     tables_ = owner_tables(ctx)
     rows = _admin(
@@ -259,6 +296,12 @@ def deployment_checks() -> list[tuple[str, str, Check]]:
             "application role privileges",
             f"read {APP_ROLE}'s attributes, memberships, ownerships and CREATE rights in pg_roles and pg_class",
             _app_role,
+        ),
+        (
+            "application login privileges",
+            "read the application connection's login (session_user) in pg_roles: superuser, BYPASSRLS, and the"
+            " roles with either that it may SET ROLE to",
+            _login,
         ),
         (
             "row-level security forced",

@@ -177,6 +177,80 @@ _SECTIONS: dict[str, tuple[str, Callable[[list[dict[str, Any]]], list[str]]]] = 
 }
 
 
+# -- the summary a person reads (80 columns) -----------------------------------------------
+
+WIDTH = 80
+_LABEL = 22  # the case column; each backend gets 11
+# workload -> (heading, which cases, the figure shown); the JSON and --tables keep everything.
+_SUMMARY: dict[str, tuple[str, Callable[[str], bool], Callable[[dict[str, Any]], str]]] = {
+    "put": ("put, one entry (median)", lambda case: True, lambda r: fmt_time(r["stats"]["median"])),
+    "read": (
+        "read 2000 chars from the tail, fresh process (median)",
+        lambda case: case.startswith("tail "),
+        lambda r: fmt_time(r["stats"]["median"]),
+    ),
+    "concurrent": (
+        "concurrent 4 KiB put/read, processes x threads (total ops/s)",
+        lambda case: True,
+        lambda r: fmt_rate(r["stats"]["ops_per_s"]),
+    ),
+    "resume": ("resume a turn, fresh process (median)", lambda case: True, lambda r: fmt_time(r["stats"]["median"])),
+    "gc": ("gc of expired entries (time)", lambda case: True, lambda r: fmt_time(r["stats"]["max"])),
+    "open": ("open an existing store (median)", lambda case: True, lambda r: fmt_time(r["stats"]["median"])),
+}
+
+
+def summary(results: Results, written: Iterable[str] = ()) -> str:
+    """What was measured, securepad beside each baseline, where the files are:
+    lines of at most 80 columns. The targets are counted, not listed (``targets_text``)."""
+    meta, w = results["meta"], results["workloads"]
+    backends = [b for b, info in results["backends"].items() if info.get("available", True)]
+    machine = meta.get("machine", {}).get("summary", "")
+    out = _wrapped(f"securepad bench ({meta.get('mode', '?')}) on {machine}; {meta.get('elapsed_s', '?')} s")
+    for name, (heading, chosen, figure) in _SUMMARY.items():
+        records = [r for r in w.get(name, []) if chosen(str(r.get("case")))]
+        if not records:
+            continue
+        out += ["", heading[:WIDTH], f"{'':<{_LABEL}}" + "".join(f"{b[:10]:>11}" for b in backends)]
+        cases = list(dict.fromkeys(str(r["case"]) for r in records))
+        for case in cases:
+            label = case if len(case) <= _LABEL - 2 else case[: _LABEL - 3] + "\u2026"
+            cells = []
+            for backend in backends:
+                found = _find(records, backend, case=case)
+                cells.append(f"{figure(found) if found else '-':>11}")
+            out.append(f"  {label:<{_LABEL - 2}}" + "".join(cells))
+    if w.get("hotpath"):
+        out += ["", f"hotpath: {len(w['hotpath'])} measurements (statements, WAL frames per put) in the JSON"]
+    listed = results.get("targets") or []
+    if listed:
+        met = sum(1 for t in listed if t["passed"])
+        missed = sum(1 for t in listed if t["passed"] is False)
+        out += ["", *_wrapped(f"targets: {met} of {len(listed)} met, {missed} missed (--targets lists them)")]
+    for failure in results.get("failures", []):
+        out += _wrapped(f"FAILED: {failure['workload']} on {failure['backend']}: {failure['error']}")
+    for skipped in results.get("skipped", []):
+        out += _wrapped(f"skipped {skipped['backend']}: {skipped['reason']}")
+    files = list(written)
+    if files:
+        out += ["", *_wrapped("results: " + ", ".join(files))]
+    return "\n".join(out) + "\n"
+
+
+def targets_text(results: Results) -> str:
+    """The targets, one per line (wrapped at 80 columns): result, target, figure."""
+    out = ["targets (ratios measured in this run)"]
+    for t in results.get("targets") or []:
+        out += _wrapped(f"{_verdict(t['passed']).strip('*'):<5} {t['target']}: {t['measured']}", indent=6)
+    return "\n".join(out) + "\n"
+
+
+def _wrapped(text: str, indent: int = 2) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, WIDTH, subsequent_indent=" " * indent, break_long_words=True) or [""]
+
+
 def _verdict(passed: bool | None) -> str:
     return "n/a" if passed is None else "pass" if passed else "**miss**"
 

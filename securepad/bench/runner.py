@@ -1,7 +1,7 @@
 """Run the suite: ``securepad bench [--quick]`` (or ``python -m securepad.bench``).
 
-Prints a markdown table per workload and the targets, writes
-``<out>/<mode>.json`` and ``<out>/<mode>.png``. ``--quick`` runs every
+Prints a summary that fits 80 columns (the targets with ``targets``, every
+table with ``tables``), writes ``<out>/<mode>.json`` and ``<out>/<mode>.png``. ``--quick`` runs every
 workload on tiny sizes (the CI smoke run); it asserts nothing about timings.
 """
 
@@ -22,6 +22,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from . import report
 from .backends import BACKENDS
@@ -53,8 +54,11 @@ def main(
     workloads: Sequence[str] = tuple(WORKLOADS),
     progress: bool = True,
     chart: bool = True,
+    show_targets: bool = False,
+    show_tables: bool = False,
 ) -> int:
-    """Run the suite, print its tables and write ``<out>/<mode>.json`` (and ``.png`` when drawn)."""
+    """Run the suite, print its summary (and the targets, the tables when asked) and
+    write ``<out>/<mode>.json`` (and ``.png`` when drawn)."""
     config = Config.quick() if quick or tiny else Config.full()
     if tiny:
         config = config.tiny()
@@ -73,14 +77,21 @@ def main(
             results["meta"]["chart"] = png_path.name
             written.append(png_path)
     report.write_json(results, json_path)
-    console.print(report.markdown(results), markup=False, highlight=False, soft_wrap=True)
-    console.print("results: " + ", ".join(str(p) for p in written), markup=False, highlight=False, soft_wrap=True)
+    print(_text(results, [str(p) for p in written], show_targets, show_tables), end="")
     return 1 if results["failures"] else 0
 
 
-def print_saved(path: Path) -> None:
-    """Print the tables of a saved run's JSON."""
-    print(report.markdown(json.loads(path.read_text(encoding="utf-8"))), end="")
+def print_saved(path: Path, *, show_targets: bool = False, show_tables: bool = False) -> None:
+    """Print the summary (and the targets, the tables when asked) of a saved run's JSON."""
+    print(_text(json.loads(path.read_text(encoding="utf-8")), [str(path)], show_targets, show_tables), end="")
+
+
+def _text(results: dict[str, Any], written: list[str], show_targets: bool, show_tables: bool) -> str:
+    parts = [report.markdown(results) + "\n"] if show_tables else []
+    parts.append(report.summary(results, written))
+    if show_targets:
+        parts.append("\n" + report.targets_text(results))
+    return "".join(parts)
 
 
 def run(
@@ -99,7 +110,7 @@ def run(
         reason = BACKENDS[name].unavailable()
         if reason:
             skipped.append({"backend": name, "reason": reason})
-            err.print(f"[yellow]skipping {name}:[/yellow] {reason}", highlight=False)
+            err.print(Text.assemble(("skipping ", "yellow"), (f"{name}:", "yellow"), f" {reason}"), highlight=False)
         else:
             available.append(name)
     scratch = Path(tempfile.mkdtemp(prefix="securepad-bench-", dir=workdir))

@@ -15,6 +15,7 @@ Rules every command follows:
 - With ``--json`` the result is JSON on stdout and an error is JSON on stderr.
 """
 
+from . import maintenance  # noqa: F401  (registers its commands on main)
 from .commands import bench, main
 from .options import ENVIRONMENT
 from .output import for_terminal

@@ -3,23 +3,24 @@ result (see ``securepad.cli`` for the rules they all follow)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
-from click.core import ParameterSource
 from rich.table import Table
 from rich.text import Text
 
-from .. import Keyring, Principal, Scratchpad
+from .. import InvalidArgumentError, Principal, SecurepadError
+from ..turn import MAX_TOOL_INT, SCRATCHPAD_READ_TOOL
 from .options import (
     ENV_HELP,
     SecurepadGroup,
-    State,
+    SecurepadSubgroup,
     command,
     current_state,
     emit,
@@ -61,14 +62,38 @@ def _turn(turn_id: str | None) -> str:
 def init() -> None:
     """Create the store and its master key file (if absent) and check that the key opens it.
 
-    The only command that creates a store; on an existing store it checks the key."""
+    The only command that creates a store; on an existing store it checks the key.
+    It says which key file the store uses, whether that file was made now, and
+    which other stores it opens (a key file that opens several stores is never
+    replaced by a rotation)."""
     state = current_state()
-    with state.create() as pad:
+    pad, use, key_created = state.create()
+    with pad:
         info = pad.stats()
-    emit(
-        {"db": str(info["path"]), "policy": info["policy"], "key": repr(pad.keyring)},
-        lambda v: print_line(f"store ready at {v['db']} (policy {v['policy']})"),
-    )
+    others = sorted(use.stores - {pad.store_id}) if use is not None else []
+    result: dict[str, Any] = {"db": str(info["path"]), "policy": info["policy"], "store_id": pad.store_id}
+    result["key"] = repr(pad.keyring)
+    if use is not None:
+        result |= {
+            "key_file": str(use.path),
+            "key_file_created": key_created,
+            "key_file_other_stores": others,
+            "key_file_record_complete": use.complete,
+        }
+
+    def render(v: dict[str, Any]) -> None:
+        print_line(f"store ready at {v['db']} (policy {v['policy']})")
+        if use is None:
+            print_line(f"master key: {v['key']}")
+            return
+        if key_created:
+            print_line(f"key file {use.path}: created for this store")
+            return
+        shared = f"also opens {len(others)} other store(s)" if others else "opens no other recorded store"
+        unknown = "" if use.complete else " (it predates the record: other stores may use it too)"
+        print_line(f"key file {use.path}: already existed; it {shared}{unknown}")
+
+    emit(result, render)
 
 
 def _decode(raw: bytes, kind: str) -> Any:
@@ -79,6 +104,8 @@ def _decode(raw: bytes, kind: str) -> Any:
             return json.loads(raw)
     except ValueError as exc:  # bad UTF-8, bad JSON, or an integer past Python's 4,300-digit limit
         raise click.BadParameter(f"input is not valid {kind}: {exc}", param_hint="SOURCE") from None
+    except RecursionError:  # JSON nested past the interpreter's stack
+        raise click.BadParameter(f"input is not valid {kind}: nested too deeply", param_hint="SOURCE") from None
     return raw
 
 
@@ -107,12 +134,119 @@ def put(
 ) -> None:
     """Store an observation read from SOURCE (a file, or - for standard input).
 
-    A step of a turn holds one live entry: a step already recorded is refused."""
+    A step of a turn holds one live entry: a step already recorded is refused.
+    Text and binary read from a file keep the file's name in the entry's
+    metadata (``source``). Prints the new entry's id (the model's whole view
+    with --json)."""
     turn = _turn(turn_id)
     observation = _decode(source.read(), kind)
+    name = getattr(source, "name", "-")
+    if kind != "json" and isinstance(name, str) and name not in ("-", "<stdin>"):
+        observation = {"content": observation, "metadata": {"source": Path(name).name}}
     with current_state().open() as pad:
         view = pad.put(principal, turn, step_num, executor_name, observation, ttl_seconds)
-    emit(view, print_json)
+
+    def render(v: dict[str, Any]) -> None:
+        where = f"step {v['step_num']} of turn {turn}"
+        print_line(f"stored {v['scratchpad_id']}: {where}, {v['kind']}, {v['size_bytes']} bytes")
+
+    emit(view, render)
+
+
+def _entry_bytes(observation: Any, kind: str) -> bytes:
+    """An entry's content as stored: text as UTF-8, binary as is, json as JSON text."""
+    if isinstance(observation, dict) and kind in ("text", "binary") and "content" in observation:
+        observation = observation["content"]
+    if isinstance(observation, bytes):
+        return observation
+    if isinstance(observation, str):
+        return observation.encode("utf-8")
+    return (json.dumps(observation, ensure_ascii=False, indent=2) + "\n").encode("utf-8")
+
+
+@command(main)
+@principal_options
+@click.argument("scratchpad_id")
+@click.option("--turn", "turn_id", default=None, help="Only an entry of this turn.")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Write the content to this new file (mode 0600; an existing file is refused) instead of stdout.",
+)
+def get(principal: Principal, scratchpad_id: str, turn_id: str | None, output: Path | None) -> None:
+    """Write a whole entry's content, uncapped: text as stored (UTF-8), binary as
+    raw bytes, json as JSON text.
+
+    Piped or with --output the bytes are exact. On a terminal, text is shown
+    without control sequences and binary is refused (give --output or pipe
+    it). With --json, the entry's fields and content (binary in base64)."""
+    state = current_state()
+    with state.open() as pad:
+        entry = pad.get(principal, scratchpad_id, turn_id=turn_id)
+    data = _entry_bytes(entry.observation, entry.kind)
+    fields = {k: getattr(entry, k) for k in ("scratchpad_id", "turn_id", "step_num", "executor_name", "kind")}
+    fields |= {"size_bytes": len(data)}
+    if output is not None:
+        _write_new_file(output, data)
+        emit({**fields, "output": str(output)}, lambda v: print_line(f"wrote {v['size_bytes']} bytes to {v['output']}"))
+        return
+    if state.as_json:
+        binary = entry.kind == "binary"
+        content = base64.b64encode(data).decode("ascii") if binary else data.decode("utf-8")
+        click.echo(to_json({**fields, "encoding": "base64" if binary else "utf-8", "content": content}))
+        return
+    stdout = sys.stdout.buffer
+    if not stdout.isatty():
+        stdout.write(data)
+        stdout.flush()
+    elif entry.kind == "binary":
+        raise InvalidArgumentError(
+            f"entry {scratchpad_id} is binary ({len(data)} bytes): give --output FILE, or pipe it"
+        )
+    else:
+        click.echo(for_terminal(data.decode("utf-8")), nl=not data.endswith(b"\n"))
+
+
+def _write_new_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to a new file, mode 0600 (an entry may be private).
+
+    Raises:
+        InvalidArgumentError: the file exists.
+        SecurepadError: it cannot be written.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise InvalidArgumentError(f"{path} exists: get never writes over a file") from None
+    except OSError as exc:
+        raise SecurepadError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+    except OSError as exc:
+        path.unlink(missing_ok=True)
+        raise SecurepadError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+@command(main)
+@principal_options
+@click.argument("scratchpad_id")
+def delete(principal: Principal, scratchpad_id: str) -> None:
+    """Delete one entry of the owner's (Scratchpad.delete): zeroed in the file, its
+    step free again."""
+    with current_state().open() as pad:
+        pad.delete(principal, scratchpad_id)
+    emit({"deleted": scratchpad_id}, lambda v: print_line(f"deleted {v['deleted']}"))
+
+
+# The bounds the model's read tool (scratchpad_read, over MCP) accepts: the command line takes the same.
+_READ_INT = click.IntRange(0, MAX_TOOL_INT)
+_READ_PROPERTIES = SCRATCHPAD_READ_TOOL["function"]["parameters"]["properties"]
+# A continuation in the library's hint (mode='lines', start=917) as this command's options.
+_HINT_ARGUMENT = re.compile(r"\b(mode|start|end)=('?)([\w-]+)\2")
+_HINT_CAP = re.compile(r"cut to the read cap of \d+ (characters|bytes)")
 
 
 @command(main)
@@ -123,59 +257,83 @@ def put(
     type=click.Choice(["head", "tail", "range", "full", "lines", "grep"]),
     default="head",
     show_default=True,
+    help="head/tail: the first/last -n characters (bytes for binary); range: characters --start to --end;"
+    " full: the whole entry up to the read cap; lines: lines --start to --end; grep: the lines matching --pattern.",
 )
-@click.option("-n", "n", type=int, default=2000, show_default=True, help="Characters (bytes) for head/tail.")
+@click.option("-n", "n", type=_READ_INT, default=2000, show_default=True, help="Characters (bytes) for head/tail.")
 @click.option(
     "--start",
-    type=int,
+    type=_READ_INT,
+    default=None,
+    help="range: first character (0-based) [default: 0]; lines/grep: first line, 1-based [default: 1; 0 is read"
+    " as 1, as the model's read tool does].",
+)
+@click.option(
+    "--end", type=_READ_INT, default=None, help="range: end character (exclusive); lines/grep: last line (inclusive)."
+)
+@click.option("--pattern", default=None, help="grep: RE2 regular expression.")
+@click.option(
+    "--max-matches",
+    type=click.IntRange(1, MAX_TOOL_INT),
+    default=50,
+    show_default=True,
+    help="grep: stop after this many.",
+)
+@click.option(
+    "--context",
+    "context_lines",
+    type=click.IntRange(0, _READ_PROPERTIES["context"]["maximum"]),
     default=0,
     show_default=True,
-    help="Start offset for range; first line (1-based) for lines/grep.",
+    help="grep: lines around each match.",
 )
-@click.option("--end", type=int, default=None, help="End offset (exclusive) for range; last line for lines/grep.")
-@click.option("--pattern", default=None, help="grep: RE2 regular expression.")
-@click.option("--max-matches", type=int, default=50, show_default=True, help="grep: stop after this many matches.")
-@click.option("--context", "context_lines", type=int, default=0, show_default=True, help="grep: lines around each.")
 def read(
     principal: Principal,
     scratchpad_id: str,
     mode: str,
     n: int,
-    start: int,
+    start: int | None,
     end: int | None,
     pattern: str | None,
     max_matches: int,
     context_lines: int,
 ) -> None:
-    """Read part of an entry (capped by the policy's max_read_chars)."""
+    """Read part of an entry, as the model's read tool does: capped by the policy's
+    max_read_chars, counted as the JSON the model sees (a quote or a line break
+    costs its escape). `securepad get` returns a whole entry."""
     with current_state().open() as pad:
         result = pad.read(
             principal,
             scratchpad_id,
             mode=mode,
             n=n,
-            start=start,
+            start=start or 0,
             end=end,
             pattern=pattern,
             max_matches=max_matches,
             context=context_lines,
         )
+        cap = pad.policy.max_read_chars
 
     def render(r: dict[str, Any]) -> None:
         content = r["content"]
         # The stored text itself: exact when piped, without control sequences on a terminal.
         click.echo(for_terminal(content) if sys.stdout.isatty() else content)
         meta = r["metadata"]
-        hint = f", {meta['hint']}" if "hint" in meta else ""
-        err_console.print(
-            plain(
-                f"{meta['size_returned']} of {meta['size_full']} {meta['unit']}, truncated={meta['truncated']}{hint}"
-            ),
-            style="dim",
-            highlight=False,
-        )
+        status = f"{meta['size_returned']} of {meta['size_full']} {meta['unit']}, truncated={meta['truncated']}"
+        if "hint" in meta:
+            status += ", " + _cli_hint(meta["hint"], cap)
+        err_console.print(plain(status), style="dim", highlight=False, soft_wrap=True)
 
     emit(result, render)
+
+
+def _cli_hint(hint: str, cap: int) -> str:
+    """The library's hint in this command's terms: its options, and the policy's
+    read cap (the hint names the share of it left to the content)."""
+    hint = _HINT_CAP.sub(f"cut at the read cap (max_read_chars {cap}, counted as JSON with its escapes)", hint)
+    hint = _HINT_ARGUMENT.sub(lambda m: f"--{m.group(1)} {m.group(3)}", hint)
+    return hint.replace("--mode", "read --mode").replace(", --", " --")
 
 
 @command(main, name="list")
@@ -204,10 +362,10 @@ def list_(principal: Principal, turn_id: str | None) -> None:
     emit([{k: v for k, v in e.items() if k != "view"} for e in rows], render)
 
 
-@main.group(name="turn")
+@main.group(name="turn", cls=SecurepadSubgroup)
 @global_options
 def turn_group() -> None:
-    """Inspect an owner's turns."""
+    """Inspect or drop an owner's turns."""
 
 
 @command(turn_group, name="show")
@@ -235,6 +393,30 @@ def turn_show(principal: Principal, turn_id: str | None) -> None:
     emit(steps, render)
 
 
+@command(turn_group, name="drop")
+@principal_options
+@turn_option
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+def turn_drop(principal: Principal, turn_id: str | None, yes: bool) -> None:
+    """Delete every live entry of a turn that the owner may see, one Scratchpad.delete
+    each (its checkpoints and compaction marks expire with their TTL, or go with
+    forget-owner)."""
+    turn = _turn(turn_id)
+    state = current_state()
+    state.require_store()
+    if not yes:
+        click.confirm(f"Delete every entry of turn {for_terminal(repr(turn))} of this owner?", abort=True)
+    deleted = []
+    with state.open() as pad:
+        for entry in pad.list_for_turn(principal, turn):
+            pad.delete(principal, entry["scratchpad_id"])
+            deleted.append(entry["scratchpad_id"])
+    emit(
+        {"turn_id": turn, "deleted": deleted},
+        lambda v: print_line(f"deleted {len(v['deleted'])} entries of turn {turn}"),
+    )
+
+
 @command(main)
 @principal_options
 @turn_option
@@ -246,341 +428,8 @@ def mcp(principal: Principal, turn_id: str | None) -> None:
     try:
         from ..mcp_server import serve
     except ImportError as exc:
-        raise click.ClickException(f"securepad mcp needs the MCP SDK ({exc}): pip install '.[mcp]'") from None
+        raise SecurepadError(f"securepad mcp needs the MCP SDK ({exc}): pip install '.[mcp]'") from None
     serve(current_state().open(), principal, turn)
-
-
-@command(main)
-def gc() -> None:
-    """Delete expired entries and scrub them from the files."""
-    with current_state().open() as pad:
-        deleted = pad.gc()
-    emit({"deleted": deleted}, lambda v: print_line(f"deleted {v['deleted']} expired entries"))
-
-
-@command(main, name="anchor-adopt")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-def anchor_adopt(yes: bool) -> None:
-    """Accept this copy of the store as current and reset its snapshot-rollback anchor.
-
-    Only after a deliberate restore (a backup put back on purpose) or a moved
-    anchor: it silences the check that refuses an older copy of the store."""
-    state = current_state()
-    state.require_store()
-    if not yes:
-        click.confirm(
-            "Accept this copy of the store as the current one (an older copy is no longer refused)?", abort=True
-        )
-    with state.open(adopt_anchor=True) as pad:
-        anchor = pad.stats()["anchor"]
-    emit({"anchor": anchor}, lambda v: print_line(f"anchor reset: {json.dumps(v['anchor'])}"))
-
-
-@command(main)
-@click.option("--owner", envvar="SECUREPAD_OWNER", show_envvar=True, default=None, help="Only this owner's entries.")
-@click.option("--actor", envvar="SECUREPAD_ACTOR", show_envvar=True, default="cli", show_default=True)
-@click.option("--channel", envvar="SECUREPAD_CHANNEL", show_envvar=True, default="cli", show_default=True)
-def stats(owner: str | None, actor: str, channel: str) -> None:
-    """Counts and sizes, for the whole store or one owner (--owner or SECUREPAD_OWNER)."""
-    if owner and click.get_current_context().get_parameter_source("owner") is ParameterSource.ENVIRONMENT:
-        # Narrowed by the environment, not by this command line: say so.
-        err_console.print(plain(f"stats of owner {owner!r} only (from SECUREPAD_OWNER)"), style="dim", highlight=False)
-    with current_state().open() as pad:
-        info = pad.stats(Principal(owner, actor, channel) if owner else None)
-
-    def render(v: dict[str, Any]) -> None:
-        table = Table("statistic", "value")
-        for key, value in v.items():
-            table.add_row(plain(key), plain(json.dumps(value) if isinstance(value, dict) else value))
-        console.print(table)
-
-    emit(info, render)
-
-
-def _scratch_store(state: State) -> tuple[Any, Scratchpad]:
-    """A throwaway store and key in private temporary directories (for ``audit`` and
-    ``demo`` before ``init``); returns the directory to clean up and the open store."""
-    import tempfile
-
-    scratch = tempfile.TemporaryDirectory(prefix="securepad-scratch-")
-    root = Path(scratch.name)
-    (root / "data").mkdir(mode=0o700)
-    (root / "keys").mkdir(mode=0o700)
-    try:
-        keyring = Keyring.from_key_file(root / "keys" / "key")
-        return scratch, Scratchpad.open(root / "data" / "store.db", keyring=keyring, policy=state.policy)
-    except BaseException:
-        scratch.cleanup()
-        raise
-
-
-def _open_or_scratch(state: State, what: str) -> tuple[Any, Scratchpad]:
-    if state.store_exists() is False:
-        err_console.print(
-            plain(f"no store at {state.where()} yet (`securepad init` creates it): {what} a throwaway store"),
-            style="yellow",
-            highlight=False,
-        )
-        return _scratch_store(state)
-    return None, state.open()
-
-
-@command(main)
-def demo() -> None:
-    """A real round trip: two owners, a refusal, a tampered copy detected.
-
-    On the configured store (its demo owners removed afterwards), or on a throwaway
-    store when there is none yet or the store is on PostgreSQL."""
-    from ..demo import run_demo
-
-    state = current_state()
-    if isinstance(state.db, str):  # PostgreSQL: the demo damages a copy of the store's file
-        state.require_store()
-        err_console.print(
-            plain(f"the demo's tampered copy is a file, not {state.where()}: the demo runs on a throwaway store"),
-            style="yellow",
-            highlight=False,
-        )
-        scratch, pad = _scratch_store(state)
-    else:
-        scratch, pad = _open_or_scratch(state, "the demo runs on")
-    steps = []
-    try:
-        with pad:
-            if not state.as_json:
-                print_line(f"store: {pad.path}  policy: {pad.policy.name}")
-            for step in run_demo(pad):
-                steps.append({"step": step.title, "result": step.detail, "ok": step.ok})
-                if not state.as_json:
-                    mark = Text("ok", "green") if step.ok else Text("FAILED", "red")
-                    console.print(Text.assemble(mark, "  ", plain(f"{step.title}: {step.detail}")), highlight=False)
-    finally:
-        if scratch is not None:
-            scratch.cleanup()
-    if state.as_json:
-        click.echo(to_json(steps))
-    if not all(s["ok"] for s in steps):
-        sys.exit(1)
-
-
-@command(main)
-def verify() -> None:
-    """Check the whole store: every owner's sealed turn heads, every entry (all its
-    segments) and turn record authenticated and compared with its head. Exit
-    status 1 when anything is wrong; each problem names its owner, turn and row."""
-    with current_state().open() as pad:
-        report = pad.verify()
-    emit(report, _render_verify)
-    if not report["ok"]:
-        sys.exit(1)
-
-
-def _render_verify(r: dict[str, Any]) -> None:
-    counts = ", ".join(
-        f"{r[k]} {k.replace('_', ' ')}" for k in ("owners", "turns", "entries", "checkpoints", "compaction_marks")
-    )
-    if r["ok"]:
-        console.print(Text("verify: no problem found", "green") + plain(f" ({counts}, {r['seconds']} s)"))
-        return
-    table = Table("owner", "turn", "id", "what", "problem", title=plain(f"{len(r['problems'])} problems"))
-    for p in r["problems"]:
-        table.add_row(
-            *(plain("" if p[k] is None else p[k]) for k in ("owner_user_id", "turn_id", "id", "what", "problem"))
-        )
-    console.print(table)
-    console.print(Text("verify FAILED", "bold red") + plain(f" ({counts}, {r['seconds']} s)"))
-
-
-@command(main)
-def audit() -> None:
-    """Run the isolation audit: synthetic tenants attack each other, tampered scratch
-    copies, at-rest scan, permissions. Exit status 1 when any check fails.
-
-    Audits the configured store, or a throwaway store with the same policy when
-    there is none yet."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress
-
-    from ..audit import Audit, AuditReport
-
-    state = current_state()
-    scratch, pad = _open_or_scratch(state, "auditing")
-    try:
-        with pad:
-            checked = pad.verify()  # the store as found, before the audit's tenants come and go
-            run = Audit(pad)
-            bar = Progress("{task.description}", BarColumn(), MofNCompleteColumn(), console=err_console, transient=True)
-            with bar:
-                task = bar.add_task("auditing", total=len(run.checks))
-                for result in run.run():
-                    bar.update(task, advance=1, description=for_terminal(result.name).replace("[", "\\["))
-            report = run.report()
-    finally:
-        if scratch is not None:
-            scratch.cleanup()
-
-    def render(r: AuditReport) -> None:
-        table = Table(title=plain(f"securepad audit of {r.store}"), expand=True)
-        table.add_column("check", ratio=2, overflow="fold")
-        table.add_column("result", no_wrap=True)
-        table.add_column("tried", ratio=3, overflow="fold")
-        table.add_column("what happened", ratio=5, overflow="fold")
-        group = None
-        for row in r.results:
-            if group is not None and row.group != group:
-                table.add_section()
-            group = row.group
-            mark = Text("pass", "green") if row.passed else Text("FAIL", "bold red")
-            table.add_row(plain(row.name), mark, plain(row.tried), plain(row.happened))
-        console.print(table)
-        failed = ", ".join(f.name for f in r.failed)
-        if failed:
-            console.print(Text(f"{len(r.failed)} of {len(r.results)} checks FAILED: ", "bold red") + plain(failed))
-        else:
-            console.print(Text(f"all {len(r.results)} checks passed", "green"))
-        print_line(f"policy {r.policy}, {r.key_source}")
-        _render_verify(checked)
-
-    emit({**report.as_dict(), "verify": checked} if state.as_json else report, render)
-    if not report.passed or not checked["ok"]:
-        sys.exit(1)
-
-
-def _progress_bar(label: str) -> tuple[Any, Callable[[int, int], None]]:
-    """A rich progress bar on stderr (so --json output stays clean) and its callback."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    bar = Progress(
-        "{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=current_state().as_json,
-    )
-    task = bar.add_task(for_terminal(label).replace("[", "\\["), total=None)
-
-    def update(done: int, total: int) -> None:
-        bar.update(task, completed=done, total=total)
-
-    return bar, update
-
-
-def _show_report(report: dict[str, Any], title: str) -> None:
-    def render(v: dict[str, Any]) -> None:
-        table = Table(title=plain(title), show_header=False)
-        for key, value in v.items():
-            table.add_row(plain(key), plain(f"{value:.3f}" if isinstance(value, float) else value))
-        console.print(table)
-
-    emit(report, render)
-
-
-@main.group()
-@global_options
-def keys() -> None:
-    """Rotate the master key or an owner's key."""
-
-
-@command(keys, name="rotate-master")
-@click.option("--new-key-file", type=click.Path(path_type=Path), help="New master key file (created 0600 if absent).")
-@click.option("--new-master-key-env", metavar="VAR", help="New base64 master key from this environment variable.")
-@click.option("--new-passphrase-env", metavar="VAR", help="New passphrase (Argon2id) from this environment variable.")
-@click.option(
-    "--install",
-    is_flag=True,
-    help="Put the new key in place of the current key file once the rotation is committed (the old key stays"
-    " until then); without --new-key-file, a new key is made for it.",
-)
-def rotate_master(
-    new_key_file: Path | None, new_master_key_env: str | None, new_passphrase_env: str | None, install: bool
-) -> None:
-    """Re-wrap every owner key under a new master key (from exactly one source).
-
-    Afterwards only the new key opens the store: --install puts a new key file in
-    place of the current one; otherwise the command says what to change."""
-    state = current_state()
-    chosen = [o for o in (new_key_file, new_master_key_env, new_passphrase_env) if o]
-    if len(chosen) > 1 or (not chosen and not install):
-        raise click.UsageError("give exactly one of --new-key-file, --new-master-key-env, --new-passphrase-env")
-    if install and (new_master_key_env or new_passphrase_env):
-        raise click.UsageError("--install installs a key file: use it with --new-key-file or alone")
-    current = state.keyring()
-    if install and current.key_file is None:
-        raise click.UsageError("--install replaces the current key file, but this store's key is not from a file")
-    made: Path | None = None
-    if install and new_key_file is None:
-        made = state.key_file.with_name(state.key_file.name + ".new")
-        if made.exists():
-            raise click.UsageError(
-                f"{made} exists (left by an earlier rotation?): remove it or pass it as --new-key-file"
-            )
-        new_key_file = made
-    new = State()
-    new.key_file, new.master_key_env, new.passphrase_env = (
-        new_key_file or state.key_file,
-        new_master_key_env,
-        new_passphrase_env,
-    )
-    state.require_store()
-    try:
-        new_keyring = new.keyring(new_store=True)
-        with state.open() as pad:
-            bar, update = _progress_bar("re-wrapping owner keys")
-            with bar:
-                report = pad.rotate_master_key(new_keyring, progress=update)
-    except BaseException:
-        if made is not None:
-            made.unlink(missing_ok=True)
-        raise
-    if install and new_key_file is not None:
-        os.replace(new_key_file, state.key_file)
-        report["installed"] = str(state.key_file)
-        report["next"] = f"nothing: the new key is in place at {state.key_file}; the old key no longer opens this store"
-    elif new_key_file is not None:
-        report["next"] = (
-            f"only the new key opens the store now: move it into place (mv {new_key_file} {state.key_file}),"
-            f" or give --key-file {new_key_file} (or SECUREPAD_KEY_FILE) to every command"
-        )
-    else:
-        option = "--master-key-env" if new_master_key_env else "--passphrase-env"
-        report["next"] = (
-            f"only the new key opens the store now: give {option} {new_master_key_env or new_passphrase_env}"
-            " to every command (the old key no longer opens this store)"
-        )
-    _show_report(report, "master key rotated")
-    if not state.as_json:
-        err_console.print(plain(f"next: {report['next']}"), style="bold", highlight=False)
-
-
-@command(keys, name="rotate-owner")
-@click.argument("owner")
-def rotate_owner(owner: str) -> None:
-    """Give OWNER a new key version, re-wrap its item keys, retire the old versions."""
-    with current_state().open() as pad:
-        bar, update = _progress_bar(f"re-wrapping {owner}'s item keys")
-        with bar:
-            report = pad.rotate_owner_key(owner, progress=update)
-    _show_report(report, "owner key rotated")
-
-
-@command(main, name="forget-owner")
-@click.argument("owner")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-def forget_owner(owner: str, yes: bool) -> None:
-    """Crypto-shred OWNER: delete its keys and entries and scrub them from the files.
-
-    Exit status 1 when the store holds nothing of OWNER (a mistyped name deletes nothing)."""
-    state = current_state()
-    state.require_store()
-    if not yes:
-        click.confirm(f"Delete every entry and key of owner {for_terminal(repr(owner))} for good?", abort=True)
-    with state.open() as pad:
-        report = pad.forget_owner(owner)
-    found = any(v for k, v in report.items() if k not in ("owner_user_id", "wal_truncated") and isinstance(v, int))
-    report["found"] = found
-    _show_report(report, "owner forgotten" if found else f"owner {owner!r} not found: nothing was deleted")
-    if not found:
-        sys.exit(1)
 
 
 @main.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -614,8 +463,10 @@ def forget_owner(owner: str, yes: bool) -> None:
 @click.option(
     "--from-json",
     type=click.Path(path_type=Path, dir_okay=False, exists=True),
-    help="Print the tables of a saved run's JSON; run nothing.",
+    help="Print the summary of a saved run's JSON; run nothing.",
 )
+@click.option("--targets", "show_targets", is_flag=True, help="Also list the project's targets, each met or missed.")
+@click.option("--tables", "show_tables", is_flag=True, help="Also print every workload's full table (Markdown).")
 def bench(
     quick: bool,
     out: Path,
@@ -626,16 +477,20 @@ def bench(
     no_chart: bool,
     tiny: bool,
     from_json: Path | None,
+    show_targets: bool,
+    show_tables: bool,
 ) -> None:
     """Benchmark securepad against raw SQLite, sqlite3, diskcache and SQLCipher on this machine.
 
-    Needs the bench extra (pip install '.[bench]'); runs anywhere, writes under --out."""
+    Prints a summary in 80 columns: securepad beside each baseline, per
+    workload, and where the results are (every figure and target is in the
+    JSON). Needs the bench extra (pip install '.[bench]'); writes under --out."""
     from ..bench import runner
     from ..bench.backends import BACKENDS
     from ..bench.workloads import WORKLOADS
 
     if from_json is not None:
-        runner.print_saved(from_json)
+        runner.print_saved(from_json, show_targets=show_targets, show_tables=show_tables)
         return
     try:
         chosen_backends = runner.parse_names("backends", backends) if backends else list(BACKENDS)
@@ -651,5 +506,7 @@ def bench(
         workloads=chosen_workloads,
         progress=not no_progress,
         chart=not no_chart,
+        show_targets=show_targets,
+        show_tables=show_tables,
     )
     sys.exit(status)

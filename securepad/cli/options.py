@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -16,22 +18,24 @@ import click
 from click.core import ParameterSource
 from platformdirs import user_data_path
 
-from .. import Keyring, Principal, Scratchpad, SecurepadError
-from ..keys import default_key_file
+from .. import Keyring, NotFoundError, Principal, Scratchpad, SecurepadError, StoreCorruptError, WrongKeyError
+from ..keys import KeyFileUse, default_key_file, record_key_file_use
 from .output import for_terminal, to_json
 
 __all__ = [
     "ENVIRONMENT",
     "ENV_HELP",
+    "SecurepadCommand",
     "SecurepadGroup",
+    "SecurepadSubgroup",
     "State",
-    "StoreMissingError",
     "command",
     "current_state",
     "default_db_path",
     "emit",
     "fail",
     "global_options",
+    "note_key_use",
     "principal_options",
     "required",
     "turn_option",
@@ -42,6 +46,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 # Every environment variable the command line reads: (variable, option, what it sets).
 ENVIRONMENT = (
     ("SECUREPAD_DB", "--db", "the store's database file (or a postgresql:// DSN)"),
+    ("SECUREPAD_ADMIN_DB", "--admin", "PostgreSQL: the admin login's DSN, for housekeeping and migrations"),
+    ("SECUREPAD_CALL_TIMEOUT", "--call-timeout", "PostgreSQL: a call's deadline in seconds (policy default 60)"),
     ("SECUREPAD_KEY_FILE", "--key-file", "the master key file"),
     ("SECUREPAD_POLICY", "--policy", "a shipped policy's name or a TOML policy file"),
     ("SECUREPAD_ANCHOR", "--anchor", "the snapshot-rollback anchor file"),
@@ -73,9 +79,17 @@ def _wants_json(args: Sequence[str]) -> bool:
     return "--json" in args[:end]
 
 
+# The error types the command line adds to securepad.errors' (documented in docs/reference/cli.md).
+USAGE_ERROR = "UsageError"  # the command line is wrong: exit status 2
+ABORTED = "Aborted"  # a confirmation was declined: nothing changed, exit status 1
+INTERRUPTED = "Interrupted"  # Ctrl-C
+INTERRUPTED_STATUS = 130  # 128 + SIGINT, as shells report it
+
+
 class SecurepadGroup(click.Group):
-    """One error line (or one JSON object with ``--json``) on stderr for every failure:
-    a library error and a store that is not there exit 1, a usage error 2."""
+    """One error line, ``error: Type: message`` (or one JSON object with ``--json``),
+    on stderr for every failure: a securepad error exits 1, a usage error 2,
+    Ctrl-C 130 (with the plain line ``interrupted``)."""
 
     def main(
         self,
@@ -89,30 +103,56 @@ class SecurepadGroup(click.Group):
         if not standalone_mode:
             return super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
         as_json = _wants_json(argv)
+        warnings = _WarningLines()
+        library_log = logging.getLogger("securepad")
+        library_log.addHandler(warnings)
         try:
             result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
         except SecurepadError as exc:
             fail(_error_type(exc), str(exc), as_json, 1)
         except click.ClickException as exc:
-            if as_json:
-                fail(type(exc).__name__, exc.format_message(), True, exc.exit_code)
-            exc.show()
-            sys.exit(exc.exit_code)
-        except click.exceptions.Abort:
-            fail("Aborted", "aborted", as_json, 1)
+            fail(USAGE_ERROR, exc.format_message(), as_json, 2 if isinstance(exc, click.UsageError) else exc.exit_code)
+        except click.exceptions.Abort as exc:
+            # click turns Ctrl-C into Abort: from the interrupt itself, or (at a
+            # prompt) in its handling; a declined confirmation has neither.
+            if isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt):
+                interrupted(as_json)
+            fail(ABORTED, "not confirmed; nothing was changed", as_json, 1)
+        except KeyboardInterrupt:
+            interrupted(as_json)
+        finally:
+            library_log.removeHandler(warnings)
         sys.exit(result if isinstance(result, int) else 0)
+
+
+class _WarningLines(logging.Handler):
+    """The library's warnings (a store's schema upgraded, a server unreachable)
+    as ``warning: message`` lines on stderr; the access log ("securepad.audit")
+    is for the application's own handlers."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name.startswith("securepad.audit"):
+            return
+        click.echo(f"warning: {for_terminal(' '.join(record.getMessage().split()))}", err=True)
+
+
+def interrupted(as_json: bool) -> NoReturn:
+    """Ctrl-C: the plain line ``interrupted`` (a JSON error with --json), exit status 130."""
+    if as_json:
+        fail(INTERRUPTED, "interrupted", True, INTERRUPTED_STATUS)
+    click.echo("interrupted", err=True)
+    sys.exit(INTERRUPTED_STATUS)
 
 
 def fail(kind: str, message: str, as_json: bool, status: int) -> NoReturn:
     if as_json:
         click.echo(json.dumps({"error": {"type": kind, "message": message}}, ensure_ascii=False), err=True)
     else:
-        click.echo(f"error: {kind}: {for_terminal(message)}", err=True)
+        click.echo(f"error: {kind}: {for_terminal(' '.join(message.split()))}", err=True)
     sys.exit(status)
-
-
-class StoreMissingError(click.ClickException):
-    """A command other than ``init`` on a store (or key file) that is not there."""
 
 
 # -- the global options, before or after the subcommand ----------------------------------
@@ -129,6 +169,8 @@ class State:
         self.passphrase_env: str | None = None
         self.policy: str | None = None
         self.anchor: Path | None = None
+        self.admin: str | None = None
+        self.call_timeout: float | None = None
         self.as_json = False
         # The key sources given on the command line (the environment's key file yields to them).
         self.key_options: set[str] = set()
@@ -148,6 +190,18 @@ class State:
             return store_present(self.db)
         return self.db.exists()
 
+    def refuse_empty_file(self) -> None:
+        """An empty file is not a store, and no store is written over it.
+
+        Raises:
+            StoreCorruptError: ``--db`` names an empty file.
+        """
+        if isinstance(self.db, Path) and self.db.is_file() and self.db.stat().st_size == 0:
+            raise StoreCorruptError(
+                f"{self.db.absolute()} is an empty file, not a securepad store; nothing was changed:"
+                " check the path, or remove the file and run `securepad init`"
+            )
+
     def where(self) -> str:
         """The store's location for a message (a DSN without its password)."""
         if isinstance(self.db, str):
@@ -157,9 +211,15 @@ class State:
         return str(Path(self.db).absolute())
 
     def require_store(self) -> None:
-        """Refuse to go on when the store is not there: only ``init`` creates one."""
+        """Refuse to go on when the store is not there: only ``init`` creates one.
+
+        Raises:
+            NotFoundError: there is no store at the path or DSN.
+            StoreCorruptError: the path is an empty file, not a store.
+        """
+        self.refuse_empty_file()
         if self.store_exists() is False:
-            raise StoreMissingError(
+            raise NotFoundError(
                 f"no store at {self.where()}: `securepad init` creates one there (with the same --db or"
                 " SECUREPAD_DB); to use an existing store, point --db or SECUREPAD_DB at it"
             )
@@ -169,7 +229,7 @@ class State:
 
         Raises:
             click.UsageError: more than one key source, or an unset variable.
-            StoreMissingError: the key file is missing for an existing store.
+            NotFoundError: the key file is missing for an existing store.
         """
         given = sorted(self.key_options)
         if len(given) > 1:
@@ -186,31 +246,96 @@ class State:
                 raise click.UsageError(f"environment variable {self.passphrase_env} (--passphrase-env) is not set")
             return Keyring.from_passphrase(passphrase)
         if not new_store and not self.key_file.exists():
-            raise StoreMissingError(
-                f"no key file at {self.key_file.absolute()}: opening an existing store never creates a key; give this"
-                " store's key with --key-file (SECUREPAD_KEY_FILE), --master-key-env or --passphrase-env"
-            )
+            raise self.missing_key()
         return Keyring.from_key_file(self.key_file)
 
-    def open(self, *, adopt_anchor: bool = False) -> Scratchpad:
-        """Open the existing store (never creating one)."""
-        self.require_store()
-        return Scratchpad.open(
-            self.db, keyring=self.keyring(), policy=self.policy, anchor=self.anchor, adopt_anchor=adopt_anchor
+    def admin_dsn(self) -> str | None:
+        """``--admin`` for a PostgreSQL store.
+
+        Raises:
+            click.UsageError: ``--admin`` with a SQLite store, or not a postgresql:// DSN.
+        """
+        if self.admin is None:
+            return None
+        if not isinstance(self.db, str):
+            raise click.UsageError("--admin (SECUREPAD_ADMIN_DB) is for a PostgreSQL store; --db is a file")
+        if not self.admin.startswith(_PG_SCHEMES):
+            raise click.UsageError("--admin (SECUREPAD_ADMIN_DB) takes a postgresql:// DSN")
+        return self.admin
+
+    def missing_key(self) -> NotFoundError:
+        return NotFoundError(
+            f"no key file at {self.key_file.absolute()}: opening an existing store never creates a key; give this"
+            " store's key with --key-file (SECUREPAD_KEY_FILE), --master-key-env or --passphrase-env"
         )
 
-    def create(self) -> Scratchpad:
+    def open(self, *, adopt_anchor: bool = False) -> Scratchpad:
+        """Open the existing store (never creating one); its key file records that it serves it.
+
+        The store is opened before an absent key file is reported, so that a
+        path that is no store says so first. The library never creates a key
+        file for a store that exists: it raises ``WrongKeyError``.
+        """
+        self.require_store()
+        keyring = self.keyring(new_store=True)
+        try:
+            pad = Scratchpad.open(
+                self.db,
+                keyring=keyring,
+                policy=self.policy,
+                anchor=self.anchor,
+                adopt_anchor=adopt_anchor,
+                admin=self.admin_dsn(),
+                call_timeout_s=self.call_timeout,
+            )
+        except WrongKeyError:
+            if keyring.key_file is not None and not keyring.key_file.exists():
+                raise self.missing_key() from None
+            raise
+        note_key_use(pad)
+        return pad
+
+    def create(self) -> tuple[Scratchpad, KeyFileUse | None, bool]:
         """Open the store, creating it (and its key file) if it is not there: ``init`` only.
+
+        Returns the store, the stores its key file is recorded to serve (None
+        for a key not from a file) and whether the key file was made now.
 
         A PostgreSQL store is not checked here: the library creates an absent
         key file only if the store turns out to be new, and otherwise raises
         ``WrongKeyError`` without creating one."""
-        return Scratchpad.open(
-            self.db,
-            keyring=self.keyring(new_store=self.store_exists() is not True),
-            policy=self.policy,
-            anchor=self.anchor,
-        )
+        self.refuse_empty_file()
+        keyring = self.keyring(new_store=True)
+        key_existed = keyring.key_file is not None and keyring.key_file.exists()
+        try:
+            pad = Scratchpad.open(
+                self.db,
+                keyring=keyring,
+                policy=self.policy,
+                anchor=self.anchor,
+                admin=self.admin_dsn(),
+                call_timeout_s=self.call_timeout,
+            )
+        except WrongKeyError:
+            if keyring.key_file is not None and not keyring.key_file.exists():
+                raise self.missing_key() from None
+            raise
+        key_created = keyring.key_file is not None and not key_existed
+        return pad, note_key_use(pad, key_created=key_created), key_created
+
+
+def note_key_use(pad: Scratchpad, *, key_created: bool = False) -> KeyFileUse | None:
+    """Record beside the store's key file that it opens this store (None: no key file).
+
+    A key directory that cannot be written records nothing, and a key file
+    without a complete record is never replaced (``keys rotate-master --install``)."""
+    key_file = pad.keyring.key_file
+    if key_file is None:
+        return None
+    try:
+        return record_key_file_use(key_file, pad.store_id, key_created=key_created)
+    except SecurepadError:
+        return None
 
 
 def _db_value(value: str | None) -> str | Path | None:
@@ -228,6 +353,16 @@ def _set_db(state: State, value: str) -> None:
 def _set_key_file(state: State, value: str) -> None:
     state.key_file = Path(value).expanduser()
     state.key_file_explicit = True
+
+
+def _set_call_timeout(state: State, value: str) -> None:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds <= 86400:
+        raise click.BadParameter(f"{value!r} is not a number of seconds from 0 to 86400", param_hint="--call-timeout")
+    state.call_timeout = seconds
 
 
 def _set_anchor(state: State, value: str) -> None:
@@ -266,10 +401,27 @@ _GLOBALS: tuple[tuple[str, str, str | None, str, Callable[[State, Any], None]], 
         _set_db,
     ),
     (
+        "admin",
+        "--admin",
+        "SECUREPAD_ADMIN_DB",
+        "PostgreSQL: the DSN of a login in securepad_admin, for housekeeping (gc, stats, audit, rotations,"
+        " forget-owner) and migrations, when the --db login may only act as the application [default: --db].",
+        _set_attr("admin"),
+    ),
+    (
+        "call_timeout",
+        "--call-timeout",
+        "SECUREPAD_CALL_TIMEOUT",
+        "PostgreSQL: the deadline of one call in seconds; past it the call fails with StoreUnavailableError"
+        " [default: the policy's call_timeout_seconds, 60].",
+        _set_call_timeout,
+    ),
+    (
         "policy",
         "--policy",
         "SECUREPAD_POLICY",
-        "A shipped policy's name (default, strict, channel...) or a TOML policy file [default: default].",
+        "A shipped policy's name (default, strict, channel...) or a TOML policy file's path (./mine, mine.toml)"
+        " [default: default].",
         _set_attr("policy"),
     ),
     (
@@ -282,6 +434,13 @@ _GLOBALS: tuple[tuple[str, str, str | None, str, Callable[[State, Any], None]], 
     ),
 )
 _KEY_OPTIONS = ("--key-file", "--master-key-env", "--passphrase-env")
+_METAVARS = {
+    "--master-key-env": "VAR",
+    "--passphrase-env": "VAR",
+    "--policy": "NAME|PATH",
+    "--admin": "DSN",
+    "--call-timeout": "SECONDS",
+}
 
 
 def current_state() -> State:
@@ -327,7 +486,7 @@ def global_options(func: F) -> F:
         func = click.option(
             option,
             name,
-            metavar="VAR" if option.endswith("-env") else ("PATH" if option != "--policy" else "NAME|PATH"),
+            metavar=_METAVARS.get(option, "PATH"),
             envvar=envvar,
             show_envvar=envvar is not None,
             expose_value=False,
@@ -396,15 +555,49 @@ def emit(value: Any, render: Callable[[Any], None]) -> None:
 
 
 ENV_HELP = "\b\nEnvironment variables (the command line wins over them):\n" + "\n".join(
-    f"  {var:<20} {option:<10} {what}" for var, option, what in ENVIRONMENT
+    line
+    for var, option, what in ENVIRONMENT
+    for line in textwrap.wrap(f"{var} ({option}): {what}", 78, initial_indent="  ", subsequent_indent="      ")
 )
+
+
+_GLOBAL_NAMES = frozenset({name for name, *_ in _GLOBALS} | {"as_json"})
+
+
+class _GlobalOptionsLast:
+    """Help that lists the command's own options first and the global options
+    (the same on every command) after them, under their own heading."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        own: list[tuple[str, str]] = []
+        shared: list[tuple[str, str]] = []
+        for param in self.get_params(ctx):  # type: ignore[attr-defined]
+            record = param.get_help_record(ctx)
+            if record is not None:
+                (shared if param.name in _GLOBAL_NAMES else own).append(record)
+        if own:
+            with formatter.section("Options"):
+                formatter.write_dl(own)
+        if isinstance(self, click.Group):
+            self.format_commands(ctx, formatter)
+        if shared:
+            with formatter.section("Global options (before or after the command; see securepad --help)"):
+                formatter.write_dl(shared)
+
+
+class SecurepadCommand(_GlobalOptionsLast, click.Command):
+    """A subcommand whose help puts the global options last."""
+
+
+class SecurepadSubgroup(_GlobalOptionsLast, click.Group):
+    """A group of subcommands (``keys``, ``turn``) whose help puts the global options last."""
 
 
 def command(group: click.Group, *args: Any, **kwargs: Any) -> Callable[[F], F]:
     """A subcommand of ``group`` that also takes the global options."""
 
     def decorate(func: F) -> F:
-        group.command(*args, **kwargs)(global_options(func))
+        group.command(*args, cls=SecurepadCommand, **kwargs)(global_options(func))
         return func
 
     return decorate

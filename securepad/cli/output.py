@@ -8,9 +8,10 @@ import re
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-__all__ = ["console", "err_console", "for_terminal", "plain", "print_json", "print_line", "to_json"]
+__all__ = ["console", "err_console", "for_terminal", "plain", "print_json", "print_line", "progress", "to_json"]
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -48,3 +49,13 @@ def print_json(value: Any) -> None:
 def print_line(text: str) -> None:
     """A line of plain text (never markup), stripped for the terminal."""
     console.print(plain(text), highlight=False, soft_wrap=True)
+
+
+def progress(*, transient: bool, elapsed: bool = True) -> Progress:
+    """A progress bar on stderr (so --json output stays clean) whose description is
+    plain text: an owner id or a check's name is shown as it is, never read as markup."""
+    columns: list[str | ProgressColumn] = [TextColumn("{task.description}", markup=False), BarColumn()]
+    columns.append(MofNCompleteColumn())
+    if elapsed:
+        columns.append(TimeElapsedColumn())
+    return Progress(*columns, console=err_console, transient=transient)

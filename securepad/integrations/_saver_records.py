@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._steps import keyed_turn_name, put_next, turn_in_use
+from .._steps import keyed_or_former, keyed_turn_name, put_next
 from ..errors import ExpiredError, IntegrityError, NotFoundError
 from ..principal import Principal
 from ..store import Scratchpad
@@ -35,11 +35,13 @@ __all__ = [
     "WRITE",
     "Loads",
     "SaverRecords",
+    "Scope",
     "Stored",
     "ThreadList",
     "expect",
     "keyed_turn",
     "newest_per_namespace",
+    "scope_of",
     "sealed",
     "turn_id",
 ]
@@ -64,6 +66,15 @@ THREAD_CHOICE = ("format", "thread_id")
 _KEYED_KEPT = 4096
 # The saver's ``serde.loads_typed``: (type, serialized form) -> the value.
 Loads = Callable[[tuple[str, bytes]], Any]
+# A principal's scope (``Policy.scope_columns``: the owner, and the channel and
+# actor the policy names): what the saver caches is what a scope finds, so it
+# is cached per scope, never per owner alone.
+Scope = tuple[tuple[str, str], ...]
+
+
+def scope_of(pad: Scratchpad, principal: Principal) -> Scope:
+    """The key of what the saver caches for ``principal``."""
+    return tuple(pad.policy.scope_columns(principal))
 
 
 def turn_id(kind: str, *parts: Any) -> str:
@@ -136,10 +147,11 @@ class SaverRecords:
         self.ttl_seconds = ttl_seconds
         self.clock = clock
         self._lock = threading.Lock()
-        # (owner, thread, ns, channel, version) -> the value's entry, or None when it is inline.
-        self._values: dict[tuple[str, str, str, str, str], Stored | None] = {}
-        # (owner, thread) whose checkpoints were found in the thread's keyed turn (``turn``).
-        self._keyed: set[tuple[str, str]] = set()
+        # (scope, thread, ns, channel, version) -> the value's entry, or None when it is inline.
+        self._values: dict[tuple[Scope, str, str, str, str], Stored | None] = {}
+        # (the principal's scope, thread) whose checkpoints were found in the thread's keyed
+        # turn (``turn``): what a principal finds depends on its scope, not on its owner alone.
+        self._keyed: set[tuple[Scope, str]] = set()
 
     # -- where each record lives ----------------------------------------------------
 
@@ -157,19 +169,23 @@ class SaverRecords:
         return keyed_turn(self.pad, principal, kind, thread_id, *parts)
 
     def _former(self, principal: Principal, thread_id: str) -> bool:
-        """Whether the thread's checkpoints are in its former (unkeyed) turn and not in its keyed one."""
-        key = (principal.owner_user_id, thread_id)
+        """Whether the thread's checkpoints are in its former (unkeyed) turn and
+        not in its keyed one, as the principal's scope finds them (another
+        actor's or channel's checkpoints in the keyed turn leave a principal
+        outside their scope on the former turn, which holds its own)."""
+        key = (scope_of(self.pad, principal), thread_id)
         with self._lock:
             if key in self._keyed:
                 return False
-        now = self.clock()
-        if turn_in_use(self.pad, principal, keyed_turn(self.pad, principal, "thread", thread_id), now=now):
+        former = turn_id("thread", thread_id)
+        keyed = keyed_turn(self.pad, principal, "thread", thread_id)
+        turn, found_keyed = keyed_or_former(self.pad, principal, keyed, former, now=self.clock())
+        if found_keyed:
             with self._lock:
                 if len(self._keyed) >= _KEYED_KEPT:
                     self._keyed.clear()
                 self._keyed.add(key)
-            return False
-        return turn_in_use(self.pad, principal, turn_id("thread", thread_id), now=now)
+        return turn == former
 
     # -- reading -------------------------------------------------------------------
 
@@ -309,7 +325,7 @@ class SaverRecords:
         view = self.put(principal, turn, BLOB, {"content": data, "metadata": meta}, self.ttl_seconds, now)
         stored = Stored(view["scratchpad_id"], now + self.ttl_seconds, meta)
         with self._lock:
-            self._values[(principal.owner_user_id, thread_id, ns, channel, str(version))] = stored
+            self._values[(scope_of(self.pad, principal), thread_id, ns, channel, str(version))] = stored
         return stored
 
     def value(
@@ -317,7 +333,7 @@ class SaverRecords:
     ) -> Stored | None:
         """The entry of an unchanged channel's value (None: the value was inline),
         kept alive: one with less than half the TTL left gets the whole TTL again."""
-        key = (principal.owner_user_id, thread_id, ns, channel, str(version))
+        key = (scope_of(self.pad, principal), thread_id, ns, channel, str(version))
         with self._lock:
             known = key in self._values
             cached = self._values.get(key)
@@ -395,26 +411,29 @@ class SaverRecords:
 
 class ThreadList:
     """Each owner's threads, in the turn ``securepad.langgraph:threads`` (for
-    ``delete_for_runs`` and ``list(None)``), cached with each entry's expiry."""
+    ``delete_for_runs`` and ``list(None)``), cached with each entry's expiry
+    per principal scope (an actor or channel the policy's scope names lists
+    its own entries of the list only)."""
 
     def __init__(self, records: SaverRecords) -> None:
         self.records = records
         self._lock = threading.Lock()
-        # owner -> {thread_id: expiry of its entry in the owner's thread list}
-        self._threads: dict[str, dict[str, float]] = {}
+        # the principal's scope -> {thread_id: expiry of its entry in the owner's thread list}:
+        # what a principal finds in the list depends on its scope, not on its owner alone.
+        self._threads: dict[Scope, dict[str, float]] = {}
 
     def of(self, principal: Principal) -> dict[str, float]:
-        """The owner's threads, each with the expiry of its entry in the list."""
-        owner = principal.owner_user_id
+        """The owner's threads in the principal's scope, each with the expiry of its entry in the list."""
+        scope = scope_of(self.records.pad, principal)
         with self._lock:
-            known = self._threads.get(owner)
+            known = self._threads.get(scope)
         if known is None:
             known = {}
             for stored in self.records.listed(principal, turn_id("threads"), THREAD, THREAD_CHOICE):
                 tid = stored.meta["thread_id"]
                 known[tid] = max(known.get(tid, 0.0), stored.expires_at)
             with self._lock:
-                self._threads[owner] = known
+                self._threads[scope] = known
         return known
 
     def register(self, principal: Principal, thread_id: str, now: float) -> None:
@@ -442,4 +461,4 @@ class ThreadList:
             if stored.meta["thread_id"] == thread_id:
                 self.records.delete(principal, stored.scratchpad_id)
         with self._lock:
-            self._threads.get(principal.owner_user_id, {}).pop(thread_id, None)
+            self._threads.get(scope_of(self.records.pad, principal), {}).pop(thread_id, None)

@@ -30,7 +30,7 @@ from typing import Any
 from agents.items import TResponseInputItem
 from agents.memory import SessionABC, SessionSettings
 
-from .._steps import keyed_turn_name, put_next, turn_in_use
+from .._steps import keyed_or_former, keyed_turn_name, put_next
 from ..errors import IntegrityError, InvalidArgumentError, NotFoundError
 from ..principal import Principal
 from ..store import Scratchpad
@@ -102,12 +102,8 @@ class SecurepadSession(SessionABC):
         """
         if self._keyed:
             return self._keyed_turn
-        if turn_in_use(self.pad, self.principal, self._keyed_turn):
-            self._keyed = True
-            return self._keyed_turn
-        if turn_in_use(self.pad, self.principal, self._former_turn):
-            return self._former_turn
-        return self._keyed_turn
+        turn, self._keyed = keyed_or_former(self.pad, self.principal, self._keyed_turn, self._former_turn)
+        return turn
 
     # -- the SDK's protocol (async: the store's calls run in a worker thread) -------
 

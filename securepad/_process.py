@@ -1,0 +1,88 @@
+"""What the process does so that its children and same-user readers do not find
+the master key: the environment's copy is overwritten, and the process made
+non-dumpable.
+
+On Linux, ``/proc/<pid>/environ`` shows the process's *initial* environment
+block, the strings the kernel copied at ``execve``. ``unsetenv`` only drops
+libc's pointer to such a string; its bytes stay, readable by any process of
+the same user (a shell tool the agent runs reads its parent's). The block's
+bounds are fields 50 and 51 of ``/proc/self/stat``; the value is overwritten
+with NUL bytes in place there.
+
+A non-dumpable process (``prctl(PR_SET_DUMPABLE, 0)``) writes no core dump,
+and its ``/proc/<pid>/`` files (``environ``, ``mem``, ``maps``) belong to
+root, so that no other process of the same user reads them or attaches a
+debugger. Elsewhere than Linux both are left undone (SECURITY.md).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+__all__ = ["make_undumpable", "scrub_initial_environment"]
+
+# <linux/prctl.h>
+_PR_SET_DUMPABLE = 4
+# Fields 50 and 51 of /proc/<pid>/stat (proc(5)), counted from the first field after the command.
+_ENV_START_FIELD = 50 - 3
+_ENV_END_FIELD = 51 - 3
+
+
+def _initial_environment_area() -> tuple[int, int] | None:
+    """The initial environment block's [start, end) addresses; None when unknown."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        with open("/proc/self/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    # The command (field 2) is in parentheses and may hold spaces and ")".
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        start, end = int(fields[_ENV_START_FIELD]), int(fields[_ENV_END_FIELD])
+    except (IndexError, ValueError):
+        return None
+    if not 0 < start < end:
+        return None
+    return start, end
+
+
+def scrub_initial_environment(name: str) -> int:
+    """Overwrite with NUL bytes the value of every ``name=value`` string of the
+    process's initial environment block, and return how many were found.
+
+    Only the block the kernel copied at start is touched: strings libc
+    allocated later (a variable set after start) are libc's, and
+    ``/proc/<pid>/environ`` does not show them. Returns 0 where the block's
+    bounds are unknown (not Linux).
+    """
+    area = _initial_environment_area()
+    if area is None:
+        return 0
+    start, end = area
+    block = ctypes.string_at(start, end - start)
+    prefix = name.encode("utf-8", "surrogateescape") + b"="
+    found = 0
+    at = block.find(prefix)
+    while at >= 0:
+        if at == 0 or block[at - 1] == 0:  # a whole name, not the tail of a longer one
+            value = at + len(prefix)
+            stop = block.find(b"\0", value)
+            stop = len(block) if stop < 0 else stop
+            ctypes.memset(start + value, 0, stop - value)
+            found += 1
+        at = block.find(prefix, at + 1)
+    return found
+
+
+def make_undumpable() -> bool:
+    """Make the process non-dumpable where the platform allows (Linux); return whether it is."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False

@@ -1,0 +1,451 @@
+"""The commands that look after a whole store: counts, checks and the audit,
+collection, backup and restore, the anchor, key rotation and forgetting an
+owner (see ``securepad.cli`` for the rules they all follow)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from click.core import ParameterSource
+from rich.table import Table
+from rich.text import Text
+
+from .. import InvalidArgumentError, Keyring, Principal, Scratchpad, SecurepadError
+from ..keys import key_file_use, record_key_file_use
+from .commands import main
+from .options import SecurepadSubgroup, State, command, current_state, emit, global_options
+from .output import console, err_console, for_terminal, plain, print_line, progress, to_json
+
+__all__: list[str] = []
+
+
+@command(main)
+def gc() -> None:
+    """Delete expired entries and scrub them from the files."""
+    with current_state().open() as pad:
+        deleted = pad.gc()
+    emit({"deleted": deleted}, lambda v: print_line(f"deleted {v['deleted']} expired entries"))
+
+
+@command(main)
+@click.argument("dest", type=click.Path(path_type=Path, dir_okay=False))
+def backup(dest: Path) -> None:
+    """Write a consistent copy of the live store to DEST, a new file (mode 0600),
+    while other processes go on using the store. SQLite only: back up a
+    PostgreSQL store with pg_dump (docs/how-to/backup.md). The copy is
+    encrypted; back up the key file (or passphrase) separately."""
+    with current_state().open() as pad:
+        result = pad.backup(dest)
+    emit(result, lambda v: print_line(f"backed up to {v['backup']} ({v['bytes']} bytes)"))
+
+
+@command(main)
+@click.argument("src", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+def restore(src: Path, yes: bool) -> None:
+    """Put the backup SRC in place of the store (--db), accepting it as current.
+
+    SRC is checked first (the key opens it, verify passes) on a private copy;
+    a store already at --db is kept beside it as <db>.replaced-N, then
+    replaced; the snapshot-rollback anchor is adopted and the store verified
+    again. Stop the processes that write to the store first. Exit status 1
+    when the final verify finds a problem."""
+    state = current_state()
+    if not isinstance(state.db, Path):
+        raise InvalidArgumentError("restore puts back a SQLite store; restore PostgreSQL with pg_restore")
+    state.refuse_empty_file()
+    if state.db.exists() and not yes:
+        click.confirm(
+            f"Replace the store at {for_terminal(str(state.db))} with {for_terminal(str(src))}"
+            " (the current one is kept beside it)?",
+            abort=True,
+        )
+    result = Scratchpad.restore(
+        state.db, src, keyring=state.keyring(new_store=True), policy=state.policy, anchor=state.anchor
+    )
+
+    def render(v: dict[str, Any]) -> None:
+        print_line(f"restored {v['restored']} from {v['source']}")
+        if v["replaced"]:
+            print_line(f"the store it replaced is kept at {v['replaced']}")
+        _render_verify(v["verify"])
+
+    emit(result, render)
+    if not result["verify"]["ok"]:
+        sys.exit(1)
+
+
+@command(main, name="anchor-adopt")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+def anchor_adopt(yes: bool) -> None:
+    """Accept this copy of the store as current and reset its snapshot-rollback anchor.
+
+    Only after a deliberate restore (a backup put back on purpose) or a moved
+    anchor: it silences the check that refuses an older copy of the store."""
+    state = current_state()
+    state.require_store()
+    if not yes:
+        click.confirm(
+            "Accept this copy of the store as the current one (an older copy is no longer refused)?", abort=True
+        )
+    with state.open(adopt_anchor=True) as pad:
+        anchor = pad.stats()["anchor"]
+    emit({"anchor": anchor}, lambda v: print_line(f"anchor reset: {json.dumps(v['anchor'])}"))
+
+
+@command(main)
+@click.option("--owner", envvar="SECUREPAD_OWNER", show_envvar=True, default=None, help="Only this owner's entries.")
+@click.option("--actor", envvar="SECUREPAD_ACTOR", show_envvar=True, default="cli", show_default=True)
+@click.option("--channel", envvar="SECUREPAD_CHANNEL", show_envvar=True, default="cli", show_default=True)
+def stats(owner: str | None, actor: str, channel: str) -> None:
+    """Counts and sizes, for the whole store or one owner (--owner or SECUREPAD_OWNER)."""
+    if owner and click.get_current_context().get_parameter_source("owner") is ParameterSource.ENVIRONMENT:
+        # Narrowed by the environment, not by this command line: say so.
+        err_console.print(plain(f"stats of owner {owner!r} only (from SECUREPAD_OWNER)"), style="dim", highlight=False)
+    with current_state().open() as pad:
+        info = pad.stats(Principal(owner, actor, channel) if owner else None)
+
+    emit(info, _render_figures)
+
+
+def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted name, text) rows: nested figures get a row each, never raw JSON."""
+    if isinstance(value, dict):
+        rows: list[tuple[str, str]] = []
+        for key, inner in value.items():
+            rows += _flatten(inner, f"{prefix}.{key}" if prefix else str(key))
+        return rows or [(prefix, "none")]
+    if isinstance(value, list | tuple):
+        return [(prefix, "; ".join(str(v) for v in value) if value else "none")]
+    if isinstance(value, float):
+        return [(prefix, f"{value:.3f}")]
+    return [(prefix, "none" if value is None else str(value))]
+
+
+def _render_figures(v: dict[str, Any], title: str | None = None) -> None:
+    """Figures as ``name  value`` lines, nested ones under dotted names."""
+    rows = _flatten(v)
+    width = min(max((len(name) for name, _ in rows), default=0), 32)
+    if title:
+        console.print(Text(for_terminal(title), "bold"), highlight=False, soft_wrap=True)
+    for name, text in rows:
+        print_line(f"{name:<{width}}  {text}")
+
+
+def _scratch_store(state: State) -> tuple[Any, Scratchpad]:
+    """A throwaway store and key in private temporary directories (for ``audit`` and
+    ``demo`` before ``init``); returns the directory to clean up and the open store."""
+    import tempfile
+
+    scratch = tempfile.TemporaryDirectory(prefix="securepad-scratch-")
+    root = Path(scratch.name)
+    (root / "data").mkdir(mode=0o700)
+    (root / "keys").mkdir(mode=0o700)
+    try:
+        keyring = Keyring.from_key_file(root / "keys" / "key")
+        return scratch, Scratchpad.open(root / "data" / "store.db", keyring=keyring, policy=state.policy)
+    except BaseException:
+        scratch.cleanup()
+        raise
+
+
+def _open_or_scratch(state: State, what: str) -> tuple[Any, Scratchpad]:
+    if state.store_exists() is False:
+        err_console.print(
+            plain(f"no store at {state.where()} yet (`securepad init` creates it): {what} a throwaway store"),
+            style="yellow",
+            highlight=False,
+        )
+        return _scratch_store(state)
+    return None, state.open()
+
+
+@command(main)
+def demo() -> None:
+    """A real round trip: two owners, a refusal, a tampered copy detected.
+
+    On the configured store (its demo owners removed afterwards), or on a throwaway
+    store when there is none yet or the store is on PostgreSQL."""
+    from ..demo import run_demo
+
+    state = current_state()
+    if isinstance(state.db, str):  # PostgreSQL: the demo damages a copy of the store's file
+        state.require_store()
+        err_console.print(
+            plain(f"the demo's tampered copy is a file, not {state.where()}: the demo runs on a throwaway store"),
+            style="yellow",
+            highlight=False,
+        )
+        scratch, pad = _scratch_store(state)
+    else:
+        scratch, pad = _open_or_scratch(state, "the demo runs on")
+    steps = []
+    try:
+        with pad:
+            if not state.as_json:
+                print_line(f"store: {pad.path}  policy: {pad.policy.name}")
+            for step in run_demo(pad):
+                steps.append({"step": step.title, "result": step.detail, "ok": step.ok})
+                if not state.as_json:
+                    mark = Text("ok", "green") if step.ok else Text("FAILED", "red")
+                    console.print(Text.assemble(mark, "  ", plain(f"{step.title}: {step.detail}")), highlight=False)
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
+    if state.as_json:
+        click.echo(to_json(steps))
+    if not all(s["ok"] for s in steps):
+        sys.exit(1)
+
+
+@command(main)
+def verify() -> None:
+    """Check the whole store: every owner's sealed turn heads, every entry (all its
+    segments) and turn record authenticated and compared with its head. Exit
+    status 1 when anything is wrong; each problem names its owner, turn and row."""
+    with current_state().open() as pad:
+        report = pad.verify()
+    emit(report, _render_verify)
+    if not report["ok"]:
+        sys.exit(1)
+
+
+def _render_verify(r: dict[str, Any]) -> None:
+    counts = ", ".join(
+        f"{r[k]} {k.replace('_', ' ')}" for k in ("owners", "turns", "entries", "checkpoints", "compaction_marks")
+    )
+    if r["ok"]:
+        console.print(Text("verify: no problem found", "green"), soft_wrap=True)
+        _print_wrapped(f"{counts}, {r['seconds']} s", 2)
+        return
+    table = Table("owner", "turn", "id", "what", "problem", title=plain(f"{len(r['problems'])} problems"))
+    for p in r["problems"]:
+        table.add_row(
+            *(plain("" if p[k] is None else p[k]) for k in ("owner_user_id", "turn_id", "id", "what", "problem"))
+        )
+    console.print(table)
+    console.print(Text("verify FAILED", "bold red"), soft_wrap=True)
+    _print_wrapped(f"{counts}, {r['seconds']} s", 2)
+
+
+@command(main)
+def audit() -> None:
+    """Run the isolation audit: synthetic tenants attack each other, tampered scratch
+    copies, at-rest scan, permissions. Exit status 1 when any check fails.
+
+    Audits the configured store, or a throwaway store with the same policy when
+    there is none yet."""
+    from ..audit import Audit, AuditReport
+
+    state = current_state()
+    scratch, pad = _open_or_scratch(state, "auditing")
+    try:
+        with pad:
+            checked = pad.verify()  # the store as found, before the audit's tenants come and go
+            run = Audit(pad)
+            bar = progress(transient=True, elapsed=False)
+            with bar:
+                task = bar.add_task("auditing", total=len(run.checks))
+                for result in run.run():
+                    bar.update(task, advance=1, description=for_terminal(result.name))
+            report = run.report()
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
+
+    def render(r: AuditReport) -> None:
+        # A list, not a table: at 80 columns a table's narrow columns split words.
+        print_line(f"securepad audit of {r.store}")
+        group = None
+        for row in r.results:
+            if row.group != group:
+                group = row.group
+                console.print(Text(for_terminal(f"\n{group}"), "bold"), highlight=False, soft_wrap=True)
+            mark = Text("pass", "green") if row.passed else Text("FAIL", "bold red")
+            console.print(Text.assemble("  ", mark, "  ", plain(row.name)), highlight=False, soft_wrap=True)
+            if not row.passed:
+                _print_wrapped(f"tried: {row.tried}", 8)
+            _print_wrapped(row.happened, 8)
+        failed = ", ".join(f.name for f in r.failed)
+        print_line("")
+        if failed:
+            console.print(
+                Text(f"{len(r.failed)} of {len(r.results)} checks FAILED: ", "bold red") + plain(failed), soft_wrap=True
+            )
+        else:
+            console.print(Text(f"all {len(r.results)} checks passed", "green"), soft_wrap=True)
+        print_line(f"policy {r.policy}, {r.key_source}")
+        _render_verify(checked)
+
+    emit({**report.as_dict(), "verify": checked} if state.as_json else report, render)
+    if not report.passed or not checked["ok"]:
+        sys.exit(1)
+
+
+def _print_wrapped(text: str, indent: int) -> None:
+    """``text`` wrapped at spaces within 80 columns (a word longer than a line is
+    left whole), each line indented."""
+    import textwrap
+
+    for line in textwrap.wrap(
+        for_terminal(text), 80, initial_indent=" " * indent, subsequent_indent=" " * indent, break_long_words=False
+    ):
+        print_line(line)
+
+
+def _progress_bar(label: str) -> tuple[Any, Callable[[int, int], None]]:
+    """A progress bar on stderr and its callback; ``label`` is shown as plain text."""
+    bar = progress(transient=current_state().as_json)
+    task = bar.add_task(for_terminal(label), total=None)
+
+    def update(done: int, total: int) -> None:
+        bar.update(task, completed=done, total=total)
+
+    return bar, update
+
+
+def _show_report(report: dict[str, Any], title: str) -> None:
+    emit(report, lambda v: _render_figures(v, title))
+
+
+@main.group(cls=SecurepadSubgroup)
+@global_options
+def keys() -> None:
+    """Rotate the master key or an owner's key."""
+
+
+@command(keys, name="rotate-master")
+@click.option("--new-key-file", type=click.Path(path_type=Path), help="New master key file (created 0600 if absent).")
+@click.option("--new-master-key-env", metavar="VAR", help="New base64 master key from this environment variable.")
+@click.option("--new-passphrase-env", metavar="VAR", help="New passphrase (Argon2id) from this environment variable.")
+@click.option(
+    "--install",
+    is_flag=True,
+    help="Put the new key in place of the current key file once the rotation is committed (the old key stays"
+    " until then); without --new-key-file, a new key is made for it. Refused unless the key file is recorded"
+    " to open this store alone.",
+)
+def rotate_master(
+    new_key_file: Path | None, new_master_key_env: str | None, new_passphrase_env: str | None, install: bool
+) -> None:
+    """Re-wrap every owner key under a new master key (from exactly one source).
+
+    Afterwards only the new key opens the store: --install puts a new key file in
+    place of the current one (only when that file opens this store alone);
+    otherwise the command says what to change."""
+    state = current_state()
+    chosen = [o for o in (new_key_file, new_master_key_env, new_passphrase_env) if o]
+    if len(chosen) > 1 or (not chosen and not install):
+        raise click.UsageError("give exactly one of --new-key-file, --new-master-key-env, --new-passphrase-env")
+    if install and (new_master_key_env or new_passphrase_env):
+        raise click.UsageError("--install installs a key file: use it with --new-key-file or alone")
+    current = state.keyring(new_store=True)  # the source only: open() checks the key
+    if install and current.key_file is None:
+        raise click.UsageError("--install replaces the current key file, but this store's key is not from a file")
+    made: Path | None = None
+    new = State()
+    new.master_key_env, new.passphrase_env = new_master_key_env, new_passphrase_env
+    with state.open() as pad:
+        if install:
+            _check_key_file_serves_only(state.key_file, pad.store_id)
+            if new_key_file is None:
+                made = state.key_file.with_name(state.key_file.name + ".new")
+                if made.exists():
+                    raise click.UsageError(
+                        f"{made} exists (left by an earlier rotation?): remove it or pass it as --new-key-file"
+                    )
+                new_key_file = made
+        new.key_file = new_key_file or state.key_file
+        new_existed = new_key_file is not None and new_key_file.exists()
+        try:
+            new_keyring = new.keyring(new_store=True)
+            bar, update = _progress_bar("re-wrapping owner keys")
+            with bar:
+                report = pad.rotate_master_key(new_keyring, progress=update)
+        except BaseException:
+            if made is not None:
+                made.unlink(missing_ok=True)
+            raise
+        store_id = pad.store_id
+    if install and new_key_file is not None:
+        os.replace(new_key_file, state.key_file)
+        with contextlib.suppress(SecurepadError):
+            record_key_file_use(state.key_file, store_id, key_created=True)
+        report["installed"] = str(state.key_file)
+        report["next"] = f"nothing: the new key is in place at {state.key_file}; the old key no longer opens this store"
+    elif new_key_file is not None:
+        with contextlib.suppress(SecurepadError):
+            record_key_file_use(new_key_file, store_id, key_created=not new_existed)
+        report["next"] = (
+            f"only the new key opens the store now: give --key-file {new_key_file} (or SECUREPAD_KEY_FILE)"
+            " to every command on this store"
+        )
+        if current.key_file is not None:
+            report["next"] += f"; {current.key_file} stays as it is (it may open other stores)"
+    else:
+        option = "--master-key-env" if new_master_key_env else "--passphrase-env"
+        report["next"] = (
+            f"only the new key opens the store now: give {option} {new_master_key_env or new_passphrase_env}"
+            " to every command (the old key no longer opens this store)"
+        )
+    _show_report(report, "master key rotated")
+    if not state.as_json:
+        err_console.print(plain(f"next: {report['next']}"), style="bold", highlight=False)
+
+
+def _check_key_file_serves_only(key_file: Path, store_id: str) -> None:
+    """Refuse to replace a key file unless it is recorded to open this store alone.
+
+    Raises:
+        InvalidArgumentError: it opens other stores too, or no complete record says which.
+    """
+    use = key_file_use(key_file)
+    if use.serves_only(store_id):
+        return
+    if use.complete:
+        why = f"it also opens {len(use.stores - {store_id})} other store(s) (recorded in {use.record})"
+    else:
+        why = f"it predates its record ({use.record}), so other stores may use it"
+    raise InvalidArgumentError(
+        f"--install would replace key file {key_file}, but {why}: replacing it would lock them out."
+        " Rotate to a key file of this store's own instead: --new-key-file PATH (a new path), then give"
+        " --key-file PATH to every command on this store"
+    )
+
+
+@command(keys, name="rotate-owner")
+@click.argument("owner")
+def rotate_owner(owner: str) -> None:
+    """Give OWNER a new key version, re-wrap its item keys, retire the old versions."""
+    with current_state().open() as pad:
+        bar, update = _progress_bar(f"re-wrapping {owner}'s item keys")
+        with bar:
+            report = pad.rotate_owner_key(owner, progress=update)
+    _show_report(report, "owner key rotated")
+
+
+@command(main, name="forget-owner")
+@click.argument("owner")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+def forget_owner(owner: str, yes: bool) -> None:
+    """Crypto-shred OWNER: delete its keys and entries and scrub them from the files.
+
+    Exit status 1 when the store holds nothing of OWNER (a mistyped name deletes nothing)."""
+    state = current_state()
+    state.require_store()
+    if not yes:
+        click.confirm(f"Delete every entry and key of owner {for_terminal(repr(owner))} for good?", abort=True)
+    with state.open() as pad:
+        report = pad.forget_owner(owner)
+    found = any(v for k, v in report.items() if k not in ("owner_user_id", "wal_truncated") and isinstance(v, int))
+    report["found"] = found
+    _show_report(report, "owner forgotten" if found else f"owner {owner!r} not found: nothing was deleted")
+    if not found:
+        sys.exit(1)

@@ -1,0 +1,1 @@
+"""The command line through click's runner, one file per feature."""

@@ -1,0 +1,51 @@
+"""``securepad`` through click's runner on a fresh HOME (see conftest.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner, Result
+
+from securepad.cli import main
+
+
+class Cli:
+    """``securepad`` on a fresh HOME; ``store`` is the store's --db (None: the default file)."""
+
+    def __init__(self, home: Path, env: dict[str, str | None], store: str | None) -> None:
+        self.home, self.env, self.store = home, env, store
+
+    def __call__(
+        self, *args: str, input: str | bytes | None = None, env: dict[str, str | None] | None = None
+    ) -> Result:
+        argv = ["--db", self.store, *args] if self.store else list(args)
+        return CliRunner().invoke(main, argv, input=input, env={**self.env, **(env or {})}, catch_exceptions=False)
+
+    @property
+    def backend(self) -> str:
+        return "postgresql" if self.store else "sqlite"
+
+    @property
+    def db(self) -> Path:
+        return self.home / ".local" / "share" / "securepad" / "store.db"
+
+    @property
+    def key(self) -> Path:
+        return self.home / ".config" / "securepad" / "key"
+
+
+def ok(result: Result) -> Result:
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    return result
+
+
+def as_json(result: Result) -> Any:
+    return json.loads(ok(result).stdout)
+
+
+def put(cli: Cli, step: int, text: str | bytes = "hello\n", *extra: str, turn: str = "t") -> str:
+    """Put ``text`` as bob's step ``step``; its id."""
+    view = as_json(cli("--json", "put", "--owner", "bob", "--turn", turn, "--step", str(step), *extra, input=text))
+    return str(view["scratchpad_id"])
