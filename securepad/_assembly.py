@@ -196,11 +196,15 @@ class Assembly:
             try:
                 db.scrub_after_deletes()
             except StorageFullError:
-                raise StorageFullError(
+                done = (
                     f"gc deleted {deleted} expired entries and {records} turn records (committed: their cells and"
-                    " the pages they freed are zeroed), but the disk holding the store has no room for the scrub"
-                    " that rebuilds the file after them, which did not run; free space, then run gc again"
-                    " (`securepad gc`) or Scratchpad.scrub() to rebuild it"
+                    " the pages they freed are zeroed), but"
+                    if deleted or records
+                    else "gc found nothing expired to delete; a quarter of the file's pages are free, but"
+                )
+                raise StorageFullError(
+                    f"{done} the disk holding the store has no room for the scrub that rebuilds the file, which"
+                    " did not run; free space, then run gc again (`securepad gc`) or Scratchpad.scrub() to rebuild it"
                 ) from None
         else:
             db.checkpoint(wait=wait)

@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
+from .errors import QuotaExceededError
+
 __all__ = [
     "Backend",
     "Conn",
@@ -28,6 +30,7 @@ __all__ = [
     "OwnerLockNeeded",
     "Params",
     "Rows",
+    "check_write_bound",
     "insert_owner_key",
 ]
 
@@ -180,3 +183,19 @@ def insert_owner_key(conn: Conn, owner: str, version: int, wrapped: bytes, now: 
             "UPDATE store_meta SET value = CAST(CAST(value AS BIGINT) + 1 AS TEXT) WHERE key = 'master_wrap_count'"
         )
     return bool(added)
+
+
+def check_write_bound(size: int, limit: int | None, what: str) -> None:
+    """Refuse, before anything is written, a write of ``what`` that could take
+    ``size`` bytes in one transaction when the backend stores at most ``limit``
+    in one (``Backend.write_limit_bytes``; None: no bound).
+
+    Raises:
+        QuotaExceededError: over the limit.
+    """
+    if limit is not None and size > limit:
+        raise QuotaExceededError(
+            f"the {what} would write up to {size} bytes in one transaction; this store writes at most {limit}"
+            " in one (half its write-ahead log limit, [storage] wal_limit_bytes): nothing was stored"
+            + ("; split the batch" if what == "batch" else "")
+        )

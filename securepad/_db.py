@@ -48,7 +48,11 @@ AUTOCHECKPOINT_PAGES = 1000
 # the write lock and waits at most ``RESTART_WAIT_MS`` for the readers of
 # older snapshots to end (new ones read the database file), so the next write
 # starts the WAL again from its beginning. A reader that outlasts the wait
-# leaves it for as many frames again.
+# leaves it for as many frames again; once the WAL's file has reached the
+# limit, the restart waits as long as a write over the limit (``WAL_WAIT_MS``),
+# once per limit's worth of frames: readers that each hold a snapshot longer
+# than 250 ms, one after another, otherwise keep every restart from finishing
+# and the file grows without end although every frame in it is copied.
 RESTART_BYTES = 16 * 1024 * 1024
 RESTART_WAIT_MS = 250
 # How long a write that finds the WAL over its limit waits for the readers
@@ -451,14 +455,20 @@ class _WalWatch:
         self.limit_bytes = limit_bytes
         self.pages = 0
         self.moved = 0
-        self.restart_at = self.restart_pages()
+        self.restart_at = self.long_at = 0
+        self.started()
         # Frames our commits appended to the WAL, and checkpoints tried by
         # mode (``wal_status``): what a test can count.
         self.written = 0
         self.rebuilds = 0  # VACUUMs (``Database.scrub``)
-        # The last passive checkpoint found another connection's under way.
-        self.copying = False
         self.counts = {"passive": 0, "restart": 0, "truncate": 0}
+
+    def started(self) -> None:
+        """The WAL started again from its beginning (or the watch was set up):
+        the next restart is due after ``restart_pages`` frames, and waits
+        long (``Database.transaction``) from the limit on."""
+        self.restart_at = self.restart_pages()
+        self.long_at = self.limit_pages()
 
     def restart_pages(self) -> int:
         """The WAL's frame count past which a commit restarts it (``RESTART_BYTES``)."""
@@ -480,15 +490,24 @@ class _WalWatch:
             frames = moved = 0
         self.pages, self.moved = max(frames, 0), max(moved, 0)
         if mode != "passive":
-            self.restart_at = self.restart_pages()
+            self.started()
 
     def restart_failed(self) -> None:
         """A reader outlasted the restart's wait: try again once as many frames
-        again are written."""
-        self.restart_at = self.pages + self.restart_pages()
+        again are written, or at ``long_at``, whichever comes first; a long
+        wait that failed too waits long again only a limit's worth of frames
+        later, so that a reader that holds one snapshot for minutes costs the
+        writers one long wait per limit written, not per restart."""
+        if self.long_due():
+            self.long_at = self.pages + self.limit_pages()
+        self.restart_at = min(self.pages + self.restart_pages(), self.long_at)
 
     def restart_due(self) -> bool:
         return self.pages >= self.restart_at
+
+    def long_due(self) -> bool:
+        """The WAL's file has reached ``long_at``: its restart waits as long as a write over the limit."""
+        return self.pages >= self.long_at
 
     def hook(self, conn: apsw.Connection, dbname: str, pages: int) -> int:
         """After each commit: checkpoint as SQLite's auto-checkpoint would
@@ -496,7 +515,7 @@ class _WalWatch:
         due, runs after the commit returns (``Database.transaction``)."""
         if pages < self.pages:  # the WAL started again from its beginning
             self.moved = 0
-            self.restart_at = self.restart_pages()
+            self.started()
             self.written += pages
         else:
             self.written += pages - self.pages
@@ -569,7 +588,7 @@ class Database:
         except apsw.Error as exc:
             raise self._error(exc, conn) from None
         self._wal.page_size = page_size  # the hook of the connection just opened holds this watch
-        self._wal.restart_at = self._wal.restart_pages()
+        self._wal.started()
         with self.transaction() as tx:
             self._migrate(tx.raw)
         self.incremental_vacuum = incremental_vacuum and self._enable_incremental_vacuum(conn)
@@ -634,26 +653,33 @@ class Database:
 
         Raises:
             StoreBusyError: a reader's snapshot still pins more than the limit.
+            StorageFullError: the disk has no room to copy them into the database.
         """
         wal = self._wal
         if wal.pending() <= wal.limit_pages():
             return
         deadline = time.monotonic() + wait_s
         while True:
-            self._wal_checkpoint(conn, "passive", 0)
-            if wal.pending() <= wal.limit_pages():
-                return
+            copied = self._wal_checkpoint(conn, "passive", 0)
+            if wal.pending() <= wal.limit_pages() or copied in ("full", "own"):
+                break
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            if self._wal_checkpoint(conn, "restart", left):
+            if self._wal_checkpoint(conn, "restart", left) == "done":
                 return
+        if wal.pending() <= wal.limit_pages() or copied == "own":
+            return  # "own": BEGIN refuses a transaction inside this connection's own
         over = (
             f"the store's write-ahead log holds {wal.pending() * wal.page_size / 2**20:.0f} MiB of writes not yet"
             f" copied into the database, over its {self.wal_limit_bytes / 2**20:g} MiB limit"
         )
+        if copied == "full":
+            raise StorageFullError(
+                f"{over}, and the disk holding {self.path} has no room to copy them into it; nothing was written"
+            )
         waited = f"throughout the {wait_s:g} s this write waited" if wait_s > 0 else "now"
-        if wal.copying:
+        if copied == "checkpoint":
             raise StoreBusyError(
                 f"{over}: another connection's checkpoint held the log {waited} (copying it, or waiting for a"
                 " reader whose snapshot is older than those writes); try again"
@@ -661,12 +687,14 @@ class Database:
         held = f"has held a snapshot older than them {waited}" if wait_s > 0 else "holds a snapshot older than them"
         raise StoreBusyError(f"{over}: a reader {held}; writes resume when it ends")
 
-    def _wal_checkpoint(self, conn: apsw.Connection, mode: str, wait_s: float) -> bool:
+    def _wal_checkpoint(self, conn: apsw.Connection, mode: str, wait_s: float) -> str:
         """One checkpoint of ``mode`` ("passive", "restart", "truncate") that
         waits at most ``wait_s`` for the write lock, for readers and for
         another connection's checkpoint (SQLite does not wait for that one: it
-        is tried again); False when it could not finish (readers, another
-        checkpoint, no room on the disk).
+        is tried again). Returns "done", or why it could not finish: "held"
+        (readers, or the write lock, past the wait), "checkpoint" (a passive
+        one found another connection's under way), "full" (no room on the
+        disk), "own" (this connection is inside a transaction: no wait helps).
 
         Raises:
             StoreCorruptError: the file is damaged.
@@ -680,26 +708,28 @@ class Database:
                 try:
                     frames, moved = conn.wal_checkpoint(mode=_CHECKPOINT_MODES[mode])
                     break
-                except (apsw.BusyError, apsw.LockedError):
+                except apsw.LockedError:
+                    return "own"
+                except apsw.BusyError:
                     # A passive checkpoint waits for nothing: busy means another one is under way.
-                    self._wal.copying = mode == "passive"
-                    if mode == "passive" or deadline - time.monotonic() <= _CHECKPOINT_RETRY_S:
+                    if mode == "passive":
+                        return "checkpoint"
+                    if deadline - time.monotonic() <= _CHECKPOINT_RETRY_S:
                         if mode == "restart":
                             self._wal.restart_failed()
-                        return False
+                        return "held"
                     time.sleep(_CHECKPOINT_RETRY_S)
         except apsw.Error as exc:
             error = self._error(exc, conn)
             if isinstance(error, StorageFullError):
                 # The write before it (a delete, a gc) stands; its frames stay
                 # in the WAL until a checkpoint finds room.
-                return False
+                return "full"
             raise error from None
         finally:
             conn.setbusyhandler(_BusyHandler(self._busy_timeout_ms / 1000))
-        self._wal.copying = False
         self._wal.saw(mode, frames, moved)
-        return frames == moved
+        return "done" if frames == moved else "held"
 
     def wal_status(self) -> dict[str, object]:
         """The WAL's size and what it holds not yet copied, against its limit,
@@ -767,9 +797,12 @@ class Database:
         if hooks is not None:
             hooks.after_commit()
         if self._wal.restart_due():
+            restart_s = RESTART_WAIT_MS / 1000
+            if wait and self._wal.long_due():
+                restart_s = max(restart_s, self._wal_wait_s)
             # The commit stands whatever this does; a failure leaves the restart for later.
             with contextlib.suppress(SecurepadError):
-                self._wal_checkpoint(conn, "restart", RESTART_WAIT_MS / 1000)
+                self._wal_checkpoint(conn, "restart", restart_s)
 
     def _rollback(self, conn: apsw.Connection) -> None:
         """End the failed transaction, unless SQLite already did (it rolls back by
@@ -870,7 +903,7 @@ class Database:
                 if isinstance(error, StorageFullError):
                     return False
                 raise error from None
-        return self._wal_checkpoint(conn, "truncate", self._busy_timeout_ms / 1000 if wait else 0)
+        return self._wal_checkpoint(conn, "truncate", self._busy_timeout_ms / 1000 if wait else 0) == "done"
 
     def scrub(self) -> bool:
         """Rebuild the file (VACUUM), then checkpoint and truncate the WAL.

@@ -22,7 +22,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from ._backend import Backend, Conn, Rows
+from ._backend import Backend, Conn, Rows, check_write_bound
 from .access import Access
 from .crypto import Wrapper, open_record, reseal_record, seal_record
 from .errors import IntegrityError
@@ -116,7 +116,9 @@ class Records:
 
         Raises:
             InvalidArgumentError: a bad ttl.
-            QuotaExceededError: the record does not fit in the owner's quota.
+            QuotaExceededError: the record does not fit in the owner's quota,
+                or is larger than one transaction may write (SQLite: half
+                its ``wal_limit_bytes``), before anything is stored.
             StoreBusyError: the write lock was not obtained in time, or the
                 sequence number kept being taken by other writers.
         """
@@ -144,6 +146,7 @@ class Records:
                 "expires_at": created + ttl,
             }
             row["wrapped_key"], row["sealed"] = seal_record(wrapper, table, row, body)
+            check_write_bound(record_cost(row), self._db.write_limit_bytes, "turn record")
             return row
 
         def write(conn: Conn, row: dict[str, Any]) -> dict[str, Any]:

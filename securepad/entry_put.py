@@ -8,14 +8,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._backend import Conn, DuplicateKeyError, OnceWriter, OutcomeUnknown, OwnerLockNeeded, Params, Rows
+from ._backend import (
+    Conn,
+    DuplicateKeyError,
+    OnceWriter,
+    OutcomeUnknown,
+    OwnerLockNeeded,
+    Params,
+    Rows,
+    check_write_bound,
+)
 from ._records import Records
 from .access import Access, check_principal
 from .crypto import EntryCipher, ListingKey, Wrapper
 from .entry_listings import Listings, step_sql
 from .entry_rows import EntryParts, check_step_num, live
 from .entry_shape import Prepared
-from .errors import IntegrityError, InvalidArgumentError, QuotaExceededError, StoreBusyError, StoreUnavailableError
+from .errors import IntegrityError, InvalidArgumentError, StoreBusyError, StoreUnavailableError
 from .head_beside import read_with_heads, with_heads
 from .head_last import Once
 from .heads import Room, entry_item
@@ -165,12 +174,7 @@ def check_write_size(
     # What ``Prepared.cost_bound`` reads of an entry's metadata: its clear identifiers.
     names = {"actor": principal.actor, "channel": principal.channel}
     size = sum(p.cost_bound({**names, "executor_name": executor}, owner, turn_id) for p, executor in prepared)
-    if size > limit:
-        raise QuotaExceededError(
-            f"the {what} would write up to {size} bytes in one transaction; this store writes at most {limit}"
-            " in one (half its write-ahead log limit, [storage] wal_limit_bytes): nothing was stored"
-            + ("; split the batch" if what == "batch" else "")
-        )
+    check_write_bound(size, limit, what)
 
 
 def _quota_sql(

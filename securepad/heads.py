@@ -140,6 +140,13 @@ ITEMS_SQL = (
     " WHERE {where}"
 )
 
+# The turns with expired rows (a quick gc's first look), and one turn's expired rows.
+_EXPIRED_TURNS_SQL = " UNION ".join(
+    f"SELECT owner_user_id, turn_id FROM {table} WHERE expires_at <= ?"
+    for table in ("entries", "checkpoints", "compaction_marks")
+)
+_TURN_EXPIRED = "owner_user_id = ? AND turn_id = ? AND expires_at <= ?"
+
 
 class Heads(HeadChecks, OwnerHeads):
     """The sealed heads of one store. Safe to share between threads."""
@@ -701,20 +708,27 @@ class Heads(HeadChecks, OwnerHeads):
         alone) is left alone too, for a gc with a larger budget or none.
         """
         by_turn: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for row in conn.query(ITEMS_SQL.format(where="expires_at <= ?"), (cutoff,) * 3):
-            by_turn.setdefault((row["owner_user_id"], row["turn_id"]), []).append(row)
+        if budget is None:
+            for row in conn.query(ITEMS_SQL.format(where="expires_at <= ?"), (cutoff,) * 3):
+                by_turn.setdefault((row["owner_user_id"], row["turn_id"]), []).append(row)
+        else:  # the turns first: a turn left alone costs one row, not its expired ones
+            for row in conn.query(_EXPIRED_TURNS_SQL, (cutoff,) * 3):
+                by_turn[(row["owner_user_id"], row["turn_id"])] = []
         kept: list[tuple[str, str]] = []
         dropped: dict[str, dict[str, int]] = {}
         for (owner, turn_id), rows in by_turn.items():
             try:
                 if budget is not None:
-                    counted = sum(
-                        self._turn_tally(self._heads_of(conn, owner, turn_id, None), owner, turn_id).n.values()
+                    counted = (
+                        sum(self._turn_tally(self._heads_of(conn, owner, turn_id, None), owner, turn_id).n.values())
+                        if budget > 0
+                        else 1
                     )
                     if counted > budget:
                         kept.append((owner, turn_id))
                         continue
                     budget -= counted
+                    rows.extend(conn.query(ITEMS_SQL.format(where=_TURN_EXPIRED), (owner, turn_id, cutoff) * 3))
                 self._from_rows(conn.query(*self.reads.sql("?", turn_id, owner)), owner, turn_id)
             except IntegrityError as exc:
                 audit_log.warning("gc left turn %r of owner %r uncollected: %s", turn_id, owner, exc)

@@ -398,7 +398,8 @@ class Turn:
             InvalidArgumentError: a field of the wrong shape, an unknown budget
                 key, a negative budget, a bad ttl, or a record larger than the
                 policy's ``max_entry_bytes``.
-            QuotaExceededError: the record does not fit in the owner's quota.
+            QuotaExceededError: the record does not fit in the owner's quota, or is
+                larger than one transaction may write (SQLite: half its ``wal_limit_bytes``).
             StoreBusyError: the write lock was not obtained in time.
         """
         payload = {
@@ -440,7 +441,8 @@ class Turn:
         Raises:
             InvalidArgumentError: a bad ttl.
             IntegrityError: a stored entry fails authentication.
-            QuotaExceededError: the mark does not fit in the owner's quota.
+            QuotaExceededError: the mark does not fit in the owner's quota, or is
+                larger than one transaction may write (SQLite: half its ``wal_limit_bytes``).
             StoreBusyError: the write lock was not obtained in time.
         """
         before = [fingerprint(opened) for opened in self._opened(now)]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -217,3 +218,19 @@ def alice() -> Principal:
 @pytest.fixture
 def bob() -> Principal:
     return BOB
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs (we run as root); the test fails if it cannot be mounted."""
+    where = tmp_path / "small"
+    where.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(where)], capture_output=True, check=False
+    )
+    if mounted.returncode != 0:
+        pytest.fail(f"cannot mount a small tmpfs (needs root): {mounted.stderr.decode()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import apsw
+import pytest
 from conftest import ALICE, BOB
 
-from securepad import Keyring, Scratchpad
+from securepad import ExpiredError, Keyring, NotFoundError, Scratchpad
 from securepad._assembly import QUICK_GC_RECOUNT_ROWS
 from securepad.store import sqlite_of
 
@@ -79,3 +80,57 @@ def test_the_quick_gc_collects_from_short_turns(pad: Scratchpad) -> None:
     pad.turn(BOB, "b")
     assert pad.stats(now=0)["entries"] == 2
     assert [e["step_num"] for e in pad.list_for_turn(ALICE, "short")] == [3, 4]
+
+
+def test_an_expired_entry_the_quick_gc_leaves_is_never_served(pad: Scratchpad) -> None:
+    """Past the quick gc's budget an expired entry stays in the store until a
+    full gc; every read refuses it meanwhile, as after its collection."""
+    _long_turn_with_one_expiring_entry(pad)
+    expired = pad.put(ALICE, "long", LONG + 1, "tool", "expires too", ttl_seconds=60, now=time.time() - 120)
+    pad.turn(BOB, "b")
+    assert pad.stats(now=0)["entries"] == LONG + 2  # left for a full gc
+    steps = pad.turn(ALICE, "long").steps()
+    assert len(steps) == LONG and all(step["step_num"] < LONG for step in steps)
+    with pytest.raises(ExpiredError):
+        pad.get(ALICE, expired["scratchpad_id"])
+    with pytest.raises(ExpiredError):
+        pad.read(ALICE, expired["scratchpad_id"], mode="grep", pattern="expires")
+    listed = pad.list_for_turn(ALICE, "long")
+    assert len(listed) == LONG and expired["scratchpad_id"] not in {e["scratchpad_id"] for e in listed}
+    assert pad.gc() == 2
+    with pytest.raises(NotFoundError):
+        pad.get(ALICE, expired["scratchpad_id"])
+
+
+def test_a_turn_start_does_not_read_the_expired_rows_of_a_turn_past_the_budget(db_path: Path, keyring: Keyring) -> None:
+    """Every entry of another tenant's long turn has expired: the quick gc
+    leaves the turn to a full gc from its head alone, without reading its
+    expired rows at each turn's start."""
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        past = time.time() - 120
+        for first in range(0, LONG, 500):
+            items = [(i, "tool", f"row {i}") for i in range(first, min(first + 500, LONG))]
+            pad.put_many(ALICE, "long", items, 60, now=past)
+        with _rows_read(pad) as read:
+            pad.turn(BOB, "b")
+        assert read[0] < 40  # before: every expired row of the long turn, at every turn's start
+        assert pad.stats(now=0)["entries"] == LONG
+        assert pad.gc() == LONG
+        assert pad.list_for_turn(ALICE, "long") == []
+
+
+def test_the_quick_gc_collects_short_turns_beside_a_long_expired_one(pad: Scratchpad) -> None:
+    past = time.time() - 120
+    for first in range(0, LONG, 500):
+        pad.put_many(
+            ALICE, "long", [(i, "tool", f"row {i}") for i in range(first, min(first + 500, LONG))], 60, now=past
+        )
+    pad.put(BOB, "short", 0, "tool", "bob's", ttl_seconds=60, now=past)
+    pad.put(BOB, "short", 1, "tool", "bob's live one")
+    pad.turn(BOB, "b")
+    assert pad.stats(now=0)["entries"] == LONG + 1  # bob's expired one collected, the long turn left
+    assert [e["step_num"] for e in pad.list_for_turn(BOB, "short")] == [1]
+    assert pad.verify()["ok"]  # every head still matches its turn
+    assert pad.gc() == LONG
+    assert pad.list_for_turn(ALICE, "long") == []
+    assert pad.verify()["ok"]

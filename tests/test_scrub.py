@@ -139,22 +139,6 @@ def test_gc_that_frees_a_large_share_rebuilds_writing_in_proportion_to_it(
     assert len(sqlite_pad.list_for_turn(alice, "t")) == 133
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MiB tmpfs (we run as root); the test fails if it cannot be mounted."""
-    where = tmp_path / "small"
-    where.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(where)], capture_output=True, check=False
-    )
-    if mounted.returncode != 0:
-        pytest.fail(f"cannot mount a small tmpfs (needs root): {mounted.stderr.decode()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
 def test_gc_whose_scrub_finds_no_room_says_the_deletes_stand(small_disk: Path, keyring: Keyring) -> None:
     """The deletes fit on the disk, the rebuild after them (its WAL holds every
     live page) does not: gc says what happened, and gc again, with room, scrubs."""
@@ -173,6 +157,10 @@ def test_gc_whose_scrub_finds_no_room_says_the_deletes_stand(small_disk: Path, k
         assert "nothing was written" not in message
         assert len(pad.list_for_turn(alice, "t")) == 28  # the deletes stand, the live entries too
         assert sqlite_of(pad).query("SELECT COUNT(*) AS n FROM entries")[0]["n"] == 28
+        with pytest.raises(StorageFullError) as again:
+            pad.gc()  # still no room: nothing left to delete, the scrub is still due
+        assert str(again.value).startswith("gc found nothing expired to delete; a quarter of the file's pages")
+        assert "deleted 0" not in str(again.value) and "did not run" in str(again.value)
     subprocess.run(["mount", "-o", "remount,size=16m", str(small_disk)], check=True)
     with Scratchpad.open(db, keyring=keyring) as pad:
         size = db.stat().st_size

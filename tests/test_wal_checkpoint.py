@@ -10,6 +10,7 @@ when the frames not yet copied pass the limit, after waiting for them.
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -20,7 +21,8 @@ import apsw
 import pytest
 from conftest import ALICE, BOB
 
-from securepad import Keyring, Policy, QuotaExceededError, Scratchpad, StoreBusyError
+from securepad import Keyring, Policy, QuotaExceededError, Scratchpad, SecurepadError, StorageFullError, StoreBusyError
+from securepad._db import _WalWatch
 from securepad.store import sqlite_of
 
 pytestmark = pytest.mark.sqlite_only
@@ -279,3 +281,110 @@ def test_a_refusal_while_another_connections_checkpoint_holds_the_log_says_so(
             thread.join()
             other.close()
         assert "another connection's checkpoint held the log throughout the 2 s this write waited" in str(refused.value)
+
+
+def test_a_restart_that_readers_keep_failing_is_tried_at_the_limit_with_the_long_wait() -> None:
+    """Readers that each hold a snapshot a little longer than a restart's
+    250 ms, one after another, fail every short restart although nothing is
+    pending: the restart at the limit waits as long as a write over it does,
+    once per limit's worth of frames, so the file does not grow with every
+    write (before, the next try was always as many frames again, short)."""
+    watch = _WalWatch(limit_bytes=4 * MIB)  # restarts every 1 MiB (256 frames), the limit at 1,024
+    assert (watch.restart_pages(), watch.limit_pages()) == (256, 1024)
+    watch.pages = 900
+    watch.restart_failed()  # a short restart failed below the limit: the next one is at the limit
+    assert watch.restart_at == 1024 and not watch.long_due()
+    watch.pages = 1030
+    assert watch.restart_due() and watch.long_due()
+    watch.restart_failed()  # the long one failed too: short ones again, the next long one a limit later
+    assert watch.restart_at == 1030 + 256 and watch.long_at == 1030 + 1024
+    watch.pages = 1030 + 256
+    assert watch.restart_due() and not watch.long_due()
+    watch.saw("restart", 1290, 1290)  # a restart finished: the WAL starts again
+    assert (watch.pages, watch.restart_at, watch.long_at) == (0, 256, 1024)
+
+
+def _over_the_limit(pad: Scratchpad, reader: _Reader, limit: int) -> int:
+    """Writes while ``reader`` holds its snapshot until the frames not yet
+    copied pass ``limit``; returns the next free step."""
+    pad.put(ALICE, "t", 0, "tool", "first")
+    assert sqlite_of(pad).checkpoint()
+    reader.begin()
+    step = 1
+    while int(_wal(pad)["wal_pending_bytes"]) <= limit:
+        pad.put(ALICE, "t", step, "tool", random.randbytes(32 * 1024))
+        step += 1
+    return step
+
+
+def test_a_write_whose_wal_cannot_be_copied_for_lack_of_room_says_the_disk_is_full(
+    small_disk: Path, keyring: Keyring
+) -> None:
+    """The reader has ended, but the database file cannot grow to take the
+    frames: the write is refused at once as a full disk, not as a reader."""
+    db = small_disk / "store.db"
+    reader = _Reader(db)
+    with _open(db, keyring, 1 * MIB) as pad:
+        step = _over_the_limit(pad, reader, 1 * MIB)
+        reader.end()
+        reader.close()
+        fd = os.open(small_disk / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while os.write(fd, bytes(4096)):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        before = dict(_wal(pad)["checkpoints"])  # type: ignore[call-overload]
+        with pytest.raises(StorageFullError) as refused:
+            pad.put(ALICE, "t", step, "tool", "no room")
+        message = str(refused.value)
+        assert "not yet copied into the database, over its 1 MiB limit" in message
+        assert "no room to copy them" in message and "nothing was written" in message
+        assert "reader" not in message
+        after = _wal(pad)["checkpoints"]
+        assert isinstance(after, dict)
+        # One try: the write does not spin on a disk that stays full for its whole wait.
+        assert after["passive"] - before["passive"] == 1 and after["restart"] == before["restart"]
+        assert len(pad.list_for_turn(ALICE, "t")) == step
+        (small_disk / "filler").unlink()
+        pad.put(ALICE, "t", step, "tool", "room again")
+        assert len(pad.list_for_turn(ALICE, "t")) == step + 1
+
+
+def test_a_checkpoint_inside_the_connections_own_transaction_fails_at_once_and_says_nothing_false(
+    db_path: Path, keyring: Keyring, reader: _Reader
+) -> None:
+    """SQLite refuses a checkpoint on a connection inside a transaction
+    (SQLITE_LOCKED): waiting cannot change that, so nothing waits for it,
+    and no refusal blames another connection."""
+    with _open(db_path, keyring, 1 * MIB) as pad:
+        db = sqlite_of(pad)
+        _over_the_limit(pad, reader, 1 * MIB)
+        with db.snapshot() as conn:
+            conn.execute("SELECT COUNT(*) FROM entries").fetchall()
+            assert db.checkpoint() is False
+            with pytest.raises(SecurepadError) as refused, db.transaction():
+                pass
+        assert not isinstance(refused.value, StoreBusyError)
+        assert "within a transaction" in str(refused.value)
+        reader.end()
+
+
+def test_a_turn_record_bigger_than_one_transaction_may_write_is_refused_up_front(
+    db_path: Path, keyring: Keyring
+) -> None:
+    """Turn checkpoints are bounded like entries: with a 1 MiB WAL limit one
+    transaction writes at most 512 KiB, whatever ``max_entry_bytes`` allows."""
+    with _open(db_path, keyring, 1 * MIB) as pad:
+        pad.put(ALICE, "t", 0, "tool", "first")  # the owner's key exists
+        turn = pad.turn(ALICE, "t")
+        changes = sqlite_of(pad).conn.total_changes()
+        with pytest.raises(QuotaExceededError, match=r"the turn record would write .* at most 524288 in one"):
+            turn.checkpoint(facts=["x" * 600_000])
+        assert sqlite_of(pad).conn.total_changes() == changes
+        assert turn.latest_checkpoint() is None
+        turn.checkpoint(facts=["x" * 400_000])  # under the bound: stored
+        saved = turn.latest_checkpoint()
+        assert saved is not None and saved["facts"] == ["x" * 400_000]

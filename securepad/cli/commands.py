@@ -398,22 +398,24 @@ def turn_show(principal: Principal, turn_id: str | None) -> None:
 @turn_option
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 def turn_drop(principal: Principal, turn_id: str | None, yes: bool) -> None:
-    """Delete every live entry of a turn that the owner may see, one Scratchpad.delete
-    each (its checkpoints and compaction marks expire with their TTL, or go with
-    forget-owner)."""
+    """Delete an owner's turn whole (Scratchpad.drop_turn): every entry of every
+    actor and channel of the owner, its checkpoints and compaction marks, and its
+    head, even when the turn's check fails (the way out of a turn found tampered
+    that no backup restores)."""
     turn = _turn(turn_id)
     state = current_state()
     state.require_store()
+    owner = principal.owner_user_id
     if not yes:
-        click.confirm(f"Delete every entry of turn {for_terminal(repr(turn))} of this owner?", abort=True)
-    deleted = []
+        click.confirm(f"Delete turn {for_terminal(repr(turn))} of owner {for_terminal(repr(owner))} whole?", abort=True)
     with state.open() as pad:
-        for entry in pad.list_for_turn(principal, turn):
-            pad.delete(principal, entry["scratchpad_id"])
-            deleted.append(entry["scratchpad_id"])
+        removed = pad.drop_turn(owner, turn)
     emit(
-        {"turn_id": turn, "deleted": deleted},
-        lambda v: print_line(f"deleted {len(v['deleted'])} entries of turn {turn}"),
+        removed,
+        lambda v: print_line(
+            f"dropped turn {turn} of owner {owner}: {v['entries']} entries, {v['checkpoints']} checkpoints,"
+            f" {v['compaction_marks']} compaction marks"
+        ),
     )
 
 

@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 
+import apsw
+
 from cli.cli_runner import Cli, as_json, ok, put
 
 BINARY = bytes(range(256)) * 800  # 200 KiB, every byte value
@@ -57,18 +59,39 @@ def test_delete_removes_one_entry_and_frees_its_step(cli: Cli) -> None:
     assert as_json(cli("--json", "delete", "--owner", "bob", put(cli, 2)))["deleted"]
 
 
-def test_turn_drop_deletes_the_owners_entries_of_one_turn(cli: Cli) -> None:
+def test_turn_drop_deletes_the_owners_turn_whole(cli: Cli) -> None:
     ok(cli("init"))
-    dropped = [put(cli, step) for step in (1, 2, 3)]
+    for step in (1, 2, 3):
+        put(cli, step)
     kept = put(cli, 1, turn="other")
     ok(cli("put", "--owner", "alice", "--turn", "t", "--step", "1", input="alice's"))
     declined = cli("turn", "drop", "--owner", "bob", "--turn", "t", input="n\n")
     assert declined.exit_code == 1 and len(as_json(cli("--json", "list", "--owner", "bob", "--turn", "t"))) == 3
     result = as_json(cli("--json", "turn", "drop", "--owner", "bob", "--turn", "t", "--yes"))
-    assert sorted(result["deleted"]) == sorted(dropped)
+    assert (result["owner_user_id"], result["turn_id"], result["entries"]) == ("bob", "t", 3)
     assert as_json(cli("--json", "list", "--owner", "bob", "--turn", "t")) == []
     assert [e["scratchpad_id"] for e in as_json(cli("--json", "list", "--owner", "bob", "--turn", "other"))] == [kept]
     assert len(as_json(cli("--json", "list", "--owner", "alice", "--turn", "t"))) == 1
+    put(cli, 1)  # the turn takes writes again, from its first step
+
+
+def test_turn_drop_is_the_way_out_of_a_turn_found_tampered(cli: Cli) -> None:
+    ok(cli("init"))
+    victim = put(cli, 1)
+    put(cli, 2)
+    if cli.store is None:
+        with apsw.Connection(str(cli.db)) as conn:
+            conn.execute("DELETE FROM entries WHERE id = ?", (victim,))
+    else:  # the server's admin login, with no key
+        import psycopg
+
+        with psycopg.connect(cli.store, autocommit=True) as conn:
+            conn.execute("DELETE FROM securepad.entries WHERE id = %s", (victim,))
+    refused = cli("list", "--owner", "bob", "--turn", "t")
+    assert refused.exit_code == 1 and "error: IntegrityError:" in refused.stderr
+    assert as_json(cli("--json", "turn", "drop", "--owner", "bob", "--turn", "t", "--yes"))["entries"] == 1
+    assert as_json(cli("--json", "list", "--owner", "bob", "--turn", "t")) == []
+    assert as_json(cli("--json", "verify"))["ok"] is True
 
 
 def test_put_prints_one_short_line_and_keeps_the_source_file_name(cli: Cli) -> None:
