@@ -75,7 +75,7 @@ SCRUB_FREE_SHARE = 0.25
 # limit (128 MiB) still holds one entry of the default ``max_entry_bytes``.
 WRITE_SHARE_OF_WAL = 2
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 # The policy's durability -> SQLite's synchronous setting, set on every connection.
 _SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL"}
@@ -310,6 +310,14 @@ _MIGRATIONS: dict[int, str] = {
     DROP TRIGGER IF EXISTS owner_usage_update;
     DROP TABLE IF EXISTS owner_usage;
     INSERT OR REPLACE INTO store_meta(key, value) VALUES ('owner_usage', 'seed');
+    """,
+    # A turn's index covers the clear columns of its inventory, so that a read
+    # checks them against the ones it verified from the index alone (the
+    # freshness token's rows' text, head_reads.py) after a commit elsewhere.
+    12: """
+    DROP INDEX IF EXISTS entries_owner_turn;
+    CREATE INDEX entries_owner_turn
+        ON entries(owner_user_id, turn_id, step_num, id, expires_at, stored_bytes, actor, channel);
     """,
 }
 

@@ -19,6 +19,7 @@ __all__ = [
     "POLICY_OVERRIDE",
     "STORE_OVERRIDE",
     "check_directory",
+    "check_file_directories",
     "check_private_file",
     "check_trusted_file",
 ]
@@ -74,3 +75,14 @@ def check_directory(directory: Path, what: str, override: str = KEY_OVERRIDE) ->
             f" plant or replace files in it; run: chmod o-w {directory} (or use a private directory);"
             f" for a deliberate shared setup: {override} (SECURITY.md)"
         )
+
+
+def check_file_directories(path: Path, what: str, override: str) -> None:
+    """``check_directory`` for the directory that names ``path`` and, when
+    ``path`` is reached through a link, for the directory the file really is
+    in: whoever may write either may put another file in its place."""
+    named = path.absolute().parent
+    check_directory(named, what, override)
+    real = Path(os.path.realpath(path)).parent
+    if real != named:
+        check_directory(real, what, override)

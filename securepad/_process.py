@@ -7,7 +7,8 @@ block, the strings the kernel copied at ``execve``. ``unsetenv`` only drops
 libc's pointer to such a string; its bytes stay, readable by any process of
 the same user (a shell tool the agent runs reads its parent's). The block's
 bounds are fields 50 and 51 of ``/proc/self/stat``; the value is overwritten
-with NUL bytes in place there.
+with NUL bytes in place there, once ``/proc/self/maps`` shows those bounds
+inside one writable mapping.
 
 A non-dumpable process (``prctl(PR_SET_DUMPABLE, 0)``) writes no core dump,
 and its ``/proc/<pid>/`` files (``environ``, ``mem``, ``maps``) belong to
@@ -29,15 +30,24 @@ _ENV_START_FIELD = 50 - 3
 _ENV_END_FIELD = 51 - 3
 
 
-def _initial_environment_area() -> tuple[int, int] | None:
-    """The initial environment block's [start, end) addresses; None when unknown."""
+def _read_proc(name: str) -> bytes | None:
+    """The bytes of ``/proc/self/<name>``; None where there is no such file (not Linux, no /proc)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        with open("/proc/self/stat", "rb") as handle:
-            stat = handle.read()
+        with open(f"/proc/self/{name}", "rb") as handle:
+            return handle.read()
     except OSError:
         return None
+
+
+def _environment_area(stat: bytes, maps: bytes) -> tuple[int, int] | None:
+    """The initial environment block's [start, end) addresses as ``stat`` (the
+    text of ``/proc/self/stat``) gives them, when ``maps`` (of
+    ``/proc/self/maps``) shows them inside one readable and writable mapping;
+    None otherwise. Nothing is read from or written to memory on the word of
+    ``stat`` alone: a wrong field (an older kernel, a /proc that is not this
+    process's) would make the overwrite write where it must not."""
     # The command (field 2) is in parentheses and may hold spaces and ")".
     fields = stat[stat.rfind(b")") + 2 :].split()
     try:
@@ -46,7 +56,24 @@ def _initial_environment_area() -> tuple[int, int] | None:
         return None
     if not 0 < start < end:
         return None
-    return start, end
+    for line in maps.splitlines():
+        parts = line.split()
+        try:
+            low, high = (int(bound, 16) for bound in parts[0].split(b"-"))
+            perms = parts[1]
+        except (IndexError, ValueError):
+            continue
+        if low <= start and end <= high:
+            return (start, end) if perms.startswith(b"rw") else None
+    return None
+
+
+def _initial_environment_area() -> tuple[int, int] | None:
+    """The initial environment block's [start, end) addresses; None when unknown."""
+    stat, maps = _read_proc("stat"), _read_proc("maps")
+    if stat is None or maps is None:
+        return None
+    return _environment_area(stat, maps)
 
 
 def scrub_initial_environment(name: str) -> int:

@@ -52,7 +52,7 @@ from typing import Any
 
 from ._backend import Conn
 from ._db import Database
-from ._files import STORE_OVERRIDE, check_directory, check_private_file
+from ._files import STORE_OVERRIDE, check_directory, check_file_directories, check_private_file
 from .crypto import CounterSeal
 from .errors import IntegrityError, InvalidArgumentError, SecurepadError
 
@@ -350,6 +350,8 @@ class Anchor:
         try:
             if not self.allow_shared:
                 check_private_file(self.path, os.fstat(fd), "anchor", STORE_OVERRIDE)
+                # The anchor's own directory was checked under the lock; a link may lead elsewhere.
+                check_file_directories(self.path, "anchor", STORE_OVERRIDE)
             with os.fdopen(fd, "rb", closefd=False) as handle:
                 text = handle.read().decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:

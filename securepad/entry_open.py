@@ -39,7 +39,7 @@ class Opener:
 
     def __init__(self, parts: EntryParts) -> None:
         self._db, self._keys, self._access = parts.db, parts.keys, parts.access
-        self.policy, self.heads, self.now = parts.policy, parts.heads, parts.now
+        self.policy, self.heads = parts.policy, parts.heads
         self.timeline = parts.timeline
 
     def open(
@@ -71,7 +71,7 @@ class Opener:
         if not rows:
             self._access.denied(principal, scratchpad_id)
             raise NotFoundError(NOT_FOUND_MESSAGE)
-        current = self.now(now)
+        current = self.timeline.entry_time(scratchpad_id, now)
 
         def fetch(got: Rows | None = None) -> tuple[dict[str, Any] | None, Readable | None]:
             if got is None:
@@ -102,7 +102,7 @@ class Opener:
         if row is None:  # deleted meanwhile
             raise NotFoundError(NOT_FOUND_MESSAGE)
         if opened is None:
-            self.timeline.found_expired(current)
+            self.timeline.found_expired(scratchpad_id, current)
             raise ExpiredError("this entry has expired")
         return opened
 

@@ -46,7 +46,10 @@ were put back from an older copy: such a write refuses (``heads``), and
 ``counter_problems`` names them (``verify``). So putting back an owner head
 and usage head from before a turn existed, after deleting that turn, is
 seen once any turn was created or written under that lock since. Heads from
-before the counter count nothing until the owner's next new turn.
+before the counter count nothing until the owner's next new turn. A usage
+head without the counter (deleted, from before it, or seeded at the heads'
+build) leaves the check to the owner head's counter, an owner head without
+one counting 0: a turn head that saw the counter shows both are older.
 
 The usage head is a row of its own, not part of the owner head, because the
 owner head grows with the owner's turns. R changes only in ``Heads.change``
@@ -210,7 +213,7 @@ class OwnerHeads:
         bodies: list[tuple[str, bytes]],
         version: int | None = None,
         insert: tuple[str, Params] | None = None,
-    ) -> None:
+    ) -> list[bytes]:
         """Seal and upsert heads of the owner, in one statement (a put writes its
         turn head and its owner head together). ``insert``, the caller's insert
         of the rows the heads now count, goes first: on PostgreSQL in the same
@@ -220,16 +223,18 @@ class OwnerHeads:
         row-level security check, fail the statement as they failed its own),
         on SQLite before it (SQLite has no data-modifying ``WITH``). Each turn
         head sealed is recorded as this process's last of its turn (``last``:
-        ``head_last``)."""
+        ``head_last``). Returns the sealed heads, in the order of ``bodies``."""
         if version is None:
             version = self._newest(conn, owner)
         if version is None:
             raise IntegrityError(f"owner {owner!r} has no key to seal its turn head with")
         wrapper = self._keys.owner_wrapper(owner, version)
         params: list[Any] = []
+        written: list[bytes] = []
         for turn_id, body in bodies:
             sealed = wrapper.seal(body, head_aad(owner, turn_id, version))
             params += [owner, turn_id, version, sealed]
+            written.append(sealed)
             if turn_id not in (OWNER_HEAD, USAGE_HEAD):
                 self.last.record(owner, turn_id, Sealed(version, sealed, body))
         upsert = _UPSERT.format(values=", ".join(["(?, ?, ?, ?)"] * len(bodies)))
@@ -241,6 +246,7 @@ class OwnerHeads:
             conn.defer(*insert)
             conn.defer(upsert, tuple(params))
         self._keys.count_wraps_later(owner, version, len(bodies))
+        return written
 
     def delete_head(self, conn: Conn, owner: str, turn_id: str) -> None:
         """Delete a turn's head (a turn left empty), in the caller's transaction."""
@@ -370,6 +376,10 @@ class OwnerHeads:
             top, turn_id = seen.get(owner, (0, ""))
             if count is not None and top > count:
                 problems.append((owner, turn_id, f"the turn saw {top} turns created, the owner's usage head {count}"))
+            elif count is None and top > (made or 0):  # no counter in the usage head: the owner head's decides
+                problems.append(
+                    (owner, turn_id, f"the turn saw {top} turns created, the owner's owner head {made or 0}")
+                )
         return problems
 
     def owners_without_heads(self) -> list[str]:

@@ -9,10 +9,13 @@ the turn. One statement (``read_sql``) returns the head rows, the token
 computed again after the read's rows, and the inventory, which the database
 leaves out (without reading it) when the token is the one sent:
 
-* SQLite's token is ``PRAGMA data_version`` of the reading connection; it
-  moves with every commit of any other connection, in this process or
-  another (this process's own writes drop the turns they change:
-  ``Heads.change``).
+* SQLite's is per turn: ``PRAGMA data_version`` of the reading connection
+  (it moves with every commit of any other connection, in this process or
+  another) with the turn's sealed head, and, when the data version moved,
+  the exact text of the turn's inventory rows, read from their covering
+  index: a commit to another turn or owner leaves it holding. This
+  process's own writes edit the cached inventory of the turn they change
+  and keep the head they sealed (``Heads.change``).
 * PostgreSQL's is the server's snapshot (``xmin:xmax:xip``, with the
   postmaster's start time and the cluster's system identifier), then the
   turn's sealed head with the server's SHA-256 of the inventory's rows: an
@@ -74,11 +77,49 @@ _INVENTORY_SQL = (
 # outer side (CROSS JOIN keeps the order) is empty, so the index is not even
 # searched.
 _SQLITE_STALE = ("(SELECT 1 FROM token WHERE same = 0) AS stale CROSS JOIN ", "")
-# SQLite's token: the connection's data version, which moves with every commit
-# of any other connection, in this process or another.
+# SQLite's token: the connection's data version, the turn's sealed head (one
+# primary-key look-up) and the text of the turn's inventory rows
+# (``_SQLITE_ROWS``), computed by SQLite only when the data version moved
+# (another connection committed, to any turn of any owner) or the head is not
+# the one sent; the token is the one sent when the head is, and either the
+# data version or that text is too. ``p`` holds what the read sent: data
+# version, head, rows' text, owner, turn.
+# * The data version moves with every commit of any other connection, in this
+#   process or another, never with the connection's own: unchanged, the
+#   store is as the read that took the token saw it, but for this
+#   connection's own writes, each of which kept the cached inventory edited
+#   (``Heads.change``) and the head it sealed: that head stored, the write
+#   committed (AES-GCM seals each head under a fresh nonce).
+# * The rows' text is exact (each value quoted, so that a text cannot pass
+#   for a number nor a field for two; an expiry as its integer part and its
+#   fraction in units of 2**-52, exact from 1 to 2**53, outside of which it
+#   is quoted: ``quote`` is exact too but costs more), read from the
+#   covering index ``entries_owner_turn`` (schema 12), not from the rows: the
+#   same text, the same rows, whatever another connection committed.
+_SQLITE_EXPIRY = (
+    "CASE WHEN typeof(expires_at) = 'real' AND expires_at >= 1 AND expires_at < 9007199254740992"
+    " THEN 'r' || CAST(expires_at AS INTEGER) || '.'"
+    " || CAST((expires_at - CAST(expires_at AS INTEGER)) * 4503599627370496 AS INTEGER)"
+    " ELSE 'q' || quote(expires_at) END"
+)
+_SQLITE_ROWS = (
+    "(SELECT group_concat(r, char(10)) FROM ("
+    f"SELECT 'e,' || quote(id) || ',' || quote(step_num) || ',' || {_SQLITE_EXPIRY} || ',' || quote(stored_bytes)"
+    " || ',' || quote(actor) || ',' || quote(channel) AS r FROM entries WHERE owner_user_id = p.owner"
+    " AND turn_id = p.turn"
+    f" UNION ALL SELECT 'c,' || quote(id) || ',' || quote(seq) || ',' || {_SQLITE_EXPIRY} || ',' || quote(actor)"
+    " || ',' || quote(channel) FROM checkpoints WHERE owner_user_id = p.owner AND turn_id = p.turn"
+    f" UNION ALL SELECT 'm,' || quote(id) || ',' || quote(seq) || ',' || {_SQLITE_EXPIRY} || ',' || quote(actor)"
+    " || ',' || quote(channel) FROM compaction_marks WHERE owner_user_id = p.owner AND turn_id = p.turn))"
+)
 _SQLITE_FRESHNESS = (
-    "SELECT NULL AS turn_id, NULL AS sealed, CASE WHEN data_version IS ? THEN 1 ELSE 0 END AS same,"
-    " data_version AS value, NULL AS snap FROM pragma_data_version()"
+    "WITH p AS MATERIALIZED (SELECT ? AS version, ? AS sealed, ? AS rows_text, ? AS owner, {turn} AS turn),"
+    " t AS MATERIALIZED (SELECT data_version AS version, (SELECT sealed FROM turn_heads"
+    " WHERE owner_user_id = p.owner AND turn_id = p.turn) AS sealed FROM pragma_data_version(), p),"
+    " f AS MATERIALIZED (SELECT t.version, t.sealed, CASE WHEN t.version IS p.version AND t.sealed IS p.sealed"
+    " THEN NULL ELSE {rows} END AS rows_text FROM t, p)"
+    " SELECT NULL AS turn_id, f.sealed AS sealed, CASE WHEN f.sealed IS p.sealed AND (f.version IS p.version"
+    " OR f.rows_text = p.rows_text) THEN 1 ELSE 0 END AS same, f.version AS value, f.rows_text AS snap FROM f, p"
 )
 # PostgreSQL's statement: the same rows, each value sent once (``p``:
 # owner, turn, and the sent token's head, digest and snapshot), the turn's
@@ -355,7 +396,9 @@ class InventoryReads:
         if self._sqlite:
             stale, fresh = _SQLITE_STALE
             template = _INVENTORY_SQL.replace("{stale}", stale).replace("{fresh}", fresh)
-            self._inventory = self._bare = template.replace("{token}", _SQLITE_FRESHNESS)
+            self._inventory = template.replace("{token}", _SQLITE_FRESHNESS.replace("{rows}", _SQLITE_ROWS))
+            # With the cache off, no rows' text (nothing would keep it).
+            self._bare = template.replace("{token}", _SQLITE_FRESHNESS.replace("{rows}", "NULL"))
         else:
             self._inventory = _PG_INVENTORY_SQL.replace("{token}", _PG_FRESHNESS)
             # With the cache off, PostgreSQL's statement computes no digest (nothing would keep it).
@@ -377,19 +420,59 @@ class InventoryReads:
             if row["k"] == "v":
                 same = bool(row["n"])
                 if self._sqlite:
-                    return (row["actor"],), same
+                    return (row["actor"], row["sealed"], row["channel"]), same
                 if row["turn_id"] != turn_id or row["sealed"] is None:
                     return None, same
                 return (row["turn_id"], bytes(row["sealed"]), row["actor"], row["channel"]), same
         return None, False
 
+    @property
+    def keeps_writes(self) -> bool:
+        """Whether a write of this process keeps the turn's cached inventory,
+        edited as it edits the turn (``Heads.change``), instead of dropping it:
+        on SQLite, whose token holds the turn's sealed head. PostgreSQL's token
+        holds the server's digest of the turn's rows, which a write cannot
+        know before a read computes it."""
+        return self._sqlite
+
     @staticmethod
-    def holds(cached: tuple[Any, ...], token: tuple[Any, ...]) -> bool:
+    def sealed_of(token: tuple[Any, ...]) -> bytes | None:
+        """The turn head a SQLite token was taken with (``keeps_writes``)."""
+        return None if token[1] is None else bytes(token[1])
+
+    def kept(self, cached: tuple[Any, ...], token: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The token to keep with an inventory verified with ``cached`` that a
+        read with ``token`` found fresh (``holds``): ``token``, with SQLite's
+        rows' text kept from ``cached`` when the statement did not compute it
+        (the data version had not moved)."""
+        if self._sqlite and token[2] is None:
+            return (*token[:2], cached[2])
+        return token
+
+    @staticmethod
+    def written(token: tuple[Any, ...], sealed: bytes) -> tuple[Any, ...]:
+        """A SQLite token after a write of this connection sealed the turn's head
+        ``sealed``: the same data version (the connection's own commits do not
+        move it), the new head. A read then finds it fresh only if no other
+        connection committed since the token was read (the data version), and
+        the head stored is the one the write sealed (it committed: AES-GCM
+        seals each head under a fresh nonce, so no other write seals the same
+        bytes). The rows' text is not known until a read computes it: a read
+        after another connection's commit verifies the turn again."""
+        return (token[0], sealed, None)
+
+    def holds(self, cached: tuple[Any, ...], token: tuple[Any, ...]) -> bool:
         """Whether the inventory verified with token ``cached`` is the one of a
         read whose token is ``token``. On PostgreSQL the snapshot (the last
         field) may differ: an equal head and digest prove the same rows; the
-        caller then keeps the inventory with ``token``, so that the next read
-        whose snapshot has not moved skips the digest."""
+        caller then keeps the inventory with ``token`` (``kept``), so that the
+        next read whose snapshot has not moved skips the digest. On SQLite
+        the head must be the same, and either the data version or the rows'
+        text (computed when the data version moved): the caller then keeps
+        the new data version."""
+        if self._sqlite:
+            version, sealed, rows_text = token
+            return sealed == cached[1] and (version == cached[0] or (rows_text is not None and rows_text == cached[2]))
         return cached[:3] == token[:3]
 
     def read_sql(self, owner: str, turn_id: str) -> tuple[str, Params]:
@@ -422,6 +505,7 @@ class InventoryReads:
         token: tuple[Any, ...] | None = None,
         *,
         function: bool = False,
+        kept: bool = True,
         scope: Sequence[tuple[str, str]] | None = None,
     ) -> tuple[str, Params]:
         """The statement of ``read_sql`` for ``turn`` (``?`` for ``value``, a turn
@@ -429,15 +513,19 @@ class InventoryReads:
         the owner alone by default); ``token``: the cached inventory's.
         ``function``: on PostgreSQL, with a token, a call of the schema's read
         function instead (the same rows; the warm read's server CPU, without
-        the statement's plan: ``pg_read_functions``)."""
+        the statement's plan: ``pg_read_functions``). ``kept``: False when what
+        it reads is not cached (gc's check, a conversion), so that no token is
+        computed (no rows' text, no digest)."""
         by_entry = turn == ENTRY_TURN_SQL
         found = entry_turn_params(value, scope or (("owner_user_id", owner),)) if by_entry else (value,)
         if self._sqlite:
-            sent: Params = (None,) if token is None else token
-            return self._inventory.format(turn=turn), (*sent, owner, *found, OWNER_HEAD, *(owner, *found) * 3, owner)
+            sent: Params = (None, None, None) if token is None else token
+            statement = self._inventory if self.cache.enabled and kept else self._bare
+            turn_params = (owner, *found, OWNER_HEAD, *(owner, *found) * 3, owner)
+            return statement.format(turn=turn), (*sent, owner, *found, *turn_params)
         sealed, digest, snap = (None, None, None) if token is None else token[1:]
         params = (owner, *found, sealed, digest, snap, OWNER_HEAD)
-        if not self.cache.enabled:
+        if not self.cache.enabled or not kept:
             return self._bare.format(turn=turn), params
         if function and token is not None:
             return _PG_CALLS[turn], (owner, value, sealed, digest, snap, OWNER_HEAD, *found[2:])

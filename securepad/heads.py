@@ -45,11 +45,14 @@ the AAD: ``crypto.head_aad``): an attacker does not even see the sums.
   read of the turn: the head's statement computes the token again, after the
   read's rows, and leaves the inventory out when it is the same, so the rows
   are checked against the cached inventory, in time independent of the turn's
-  length. SQLite's token is ``PRAGMA data_version`` of the reading connection
-  (it moves with every commit of any other connection); PostgreSQL's is the
-  server's snapshot, then (when that moved) the turn's sealed head with the
-  server's SHA-256 of the inventory's rows. This
-  process's writes drop the turns they change (``change``). What each token
+  length. The token is per turn. SQLite's is the reading connection's
+  ``PRAGMA data_version`` with the turn's sealed head, then (when the data
+  version moved: another connection committed, to any turn) the exact text of
+  the turn's inventory rows read from their covering index; PostgreSQL's is
+  the server's snapshot, then (when that moved) the turn's sealed head with
+  the server's SHA-256 of the inventory's rows. On SQLite this process's
+  writes edit the cached inventory of the turn they change, as they edit its
+  tally (``change``); on PostgreSQL they drop it. What each token
   trusts is in SECURITY.md ("Tampering: the turn heads").
 
 Expiry stays legitimate: an entry whose *sealed* expiry has passed may be
@@ -58,9 +61,11 @@ absent (gc subtracts what it collects, in its transaction).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from ._backend import Backend, Conn, OwnerLockNeeded, Params, Rows
@@ -68,7 +73,7 @@ from ._lru import LRUCache
 from .access import audit_log
 from .crypto import Wrapper
 from .errors import IntegrityError, StoreBusyError
-from .head_cache import HeadCache
+from .head_cache import HeadCache, InventoryEdit, Verified
 from .head_checks import HeadChecks
 from .head_last import Once, once_sql
 from .head_owner import (
@@ -187,8 +192,10 @@ class Heads(HeadChecks, OwnerHeads):
         checked against it, and no inventory is fetched or recounted. The token
         is computed in the head's statement, after the rows were read: SQLite's
         data version of this thread's connection (it moves with every commit
-        of another connection; this process's writes drop what they change,
-        in ``change``), or PostgreSQL's snapshot, turn head and the server's
+        of another connection) and the turn's sealed head, then the text of
+        the turn's inventory rows when the data version moved (this process's
+        writes edit the cached inventory, in ``change``), or PostgreSQL's
+        snapshot, turn head and the server's
         SHA-256 of the inventory's rows (the last two not even computed while
         the snapshot is the one sent; ``InventoryReads.holds``). The statement
         leaves the inventory out when the token is the one the read sent (its
@@ -219,8 +226,9 @@ class Heads(HeadChecks, OwnerHeads):
             if entry is not None and token is not None and self.reads.holds(entry.token, token):
                 try:
                     check(entry.head, fetched)
-                    if entry.token != token:  # the same inventory in a newer snapshot
-                        self._cache.put(scope, owner, turn_id, token, entry.head)
+                    kept = self.reads.kept(entry.token, token)
+                    if entry.token != kept:  # the same inventory in a newer snapshot
+                        self._cache.put(scope, owner, turn_id, kept, entry.head)
                     return fetched
                 except IntegrityError:
                     self._cache.drop(owner, turn_id)
@@ -234,9 +242,11 @@ class Heads(HeadChecks, OwnerHeads):
         except IntegrityError:
             pass  # tampering, or a writer or a rotation (a key retired) between the reads
         for _ in range(_CONSISTENT_TRIES):
-            before = self._rows(owner, turn_id)
-            fetched = fetch()
-            if without_token(self._rows(owner, turn_id)) == without_token(before):
+            with self._one_snapshot():
+                before = self._rows(owner, turn_id)
+                fetched = fetch()
+                after = self._rows(owner, turn_id)
+            if without_token(after) == without_token(before):
                 try:
                     head = self._from_rows(before, owner, turn_id)
                     check(head, fetched)
@@ -246,6 +256,17 @@ class Heads(HeadChecks, OwnerHeads):
                 self.reads.keep(scope, owner, turn_id, before, head)
                 return fetched
         raise StoreBusyError(f"turn {turn_id!r} kept changing while it was read; try again")
+
+    def _one_snapshot(self) -> AbstractContextManager[object]:
+        """A read transaction on SQLite, outside a transaction (``Database.snapshot``):
+        a pair read inside is consistent, whatever other connections commit;
+        elsewhere nothing (the pair is compared, and read again when it differs)."""
+        snapshot = getattr(self._db, "snapshot", None)
+        conn = getattr(self._db, "conn", None)
+        if snapshot is None or conn is None or not conn.getautocommit():
+            return contextlib.nullcontext()
+        opened: AbstractContextManager[object] = snapshot()
+        return opened
 
     def read_sql(self, owner: str, turn_id: str) -> tuple[str, Params]:
         """``InventoryReads.read_sql``: what a read of the turn sends beside its rows."""
@@ -440,9 +461,13 @@ class Heads(HeadChecks, OwnerHeads):
         its reservation are added to it instead, for the caller to drop from
         the owner's heads once (``OwnerHeads.drop``).
 
-        The turn's verified inventory cached in this process is dropped
-        (``head_cache``): the next read verifies the turn again (on SQLite this
-        connection's own commits do not move its data version).
+        The turn's verified inventory cached in this process for this
+        thread's connection (``head_cache``) is edited as the tally is
+        (``InventoryEdit``) and kept with the head sealed here
+        (``InventoryReads.written``), when the head read in this transaction
+        is the one it was verified with (SQLite; a write that rolls back
+        leaves a head that is not the stored one, and the next read verifies
+        the turn again); elsewhere, and in other connections, it is dropped.
 
         A turn this process found tampered (``found_tampered``) is checked
         once the write is done, in its transaction (``_check_written``): a
@@ -455,14 +480,15 @@ class Heads(HeadChecks, OwnerHeads):
                 counting the owner's live entries only.
             OwnerLockNeeded: with ``turn_only``, as above.
         """
-        self._cache.drop(owner, turn_id)
+        scope = self._db.read_scope()
+        kept = self._cache.take(scope, owner, turn_id)
         tampered = self._tampered.get((owner, turn_id))
         by_turn = self._heads_of(conn, owner, turn_id, rows)
         if turn_only and turn_id not in by_turn:
             raise OwnerLockNeeded  # a new turn joins the owner head: the exclusive lock's
         tally = self._turn_tally(by_turn, owner, turn_id)
         before, reserved = tally.dumps(), tally.r
-        change = HeadEdit(tally, self.terms(owner, turn_id))
+        change = InventoryEdit(tally, self.terms(owner, turn_id), self._kept_head(kept, by_turn.get(turn_id)))
         edit(change)
         tally.b = max(tally.b, 0)
         if turn_id in by_turn and not any(tally.n.values()):  # the turn left empty: it goes
@@ -480,6 +506,8 @@ class Heads(HeadChecks, OwnerHeads):
             if insert is not None:
                 conn.defer(*insert)
             self._check_written(conn, owner, turn_id, tampered)
+            if kept is not None and change.head is not None:
+                self._cache.put(scope, owner, turn_id, kept.token, change.head)
             return tally.r - tally.b
         if turn_only:
             if tally.b > tally.r or change.bytes < 0:
@@ -488,10 +516,22 @@ class Heads(HeadChecks, OwnerHeads):
         else:
             bodies = self._owner_bodies(conn, owner, turn_id, by_turn, tally, change.bytes, room, version)
         spare = tally.r - tally.b  # before the tally is handed on (``head_last``: a put in one message edits it)
-        self.write_bodies(conn, owner, bodies, version, insert)
+        sealed = self.write_bodies(conn, owner, bodies, version, insert)
         self.last.attach(owner, turn_id, bodies[0][1], tally)
         self._check_written(conn, owner, turn_id, tampered)
+        if kept is not None and change.head is not None:
+            self._cache.put(scope, owner, turn_id, self.reads.written(kept.token, sealed[0]), change.head)
         return spare
+
+    def _kept_head(self, kept: Verified | None, stored: dict[str, Any] | None) -> Head | None:
+        """The cached inventory a write of the turn edits along with its tally:
+        the one taken out of the cache when its token says the stored head
+        (read in the write's transaction) is the one it was verified with, or
+        sealed by this connection's last write of the turn; None otherwise (the
+        turn is verified again at its next read)."""
+        if kept is None or stored is None or not self.reads.keeps_writes:
+            return None
+        return kept.head if self.reads.sealed_of(kept.token) == bytes(stored["sealed"]) else None
 
     def change_once(
         self,
@@ -576,7 +616,13 @@ class Heads(HeadChecks, OwnerHeads):
             raise owner_removed(owner)
         usage = by_turn.get(USAGE_HEAD)
         total, counted = (None, None) if usage is None else usage_counts(self.open_body(usage, owner, USAGE_HEAD))
-        check_counted(tally, counted, owner, turn_id)
+        if counted is None and tally.o:
+            # A usage head deleted, or without the counter (from before it, or seeded at the
+            # heads' build), for a turn that saw the counter: the owner head's counter decides,
+            # and one from before the counter counts none (it never goes back to none).
+            check_counted(tally, self.owner_turns(by_turn[OWNER_HEAD], owner)[1] or 0, owner, turn_id)
+        else:
+            check_counted(tally, counted, owner, turn_id)
 
         def reclaim(total: int) -> int:
             return self.reclaim(conn, owner, total, turn_id, version)
@@ -606,13 +652,14 @@ class Heads(HeadChecks, OwnerHeads):
         the caller's transaction, which deleted the turn's rows
         (``lifecycle.drop_turn``: the explicit way out of a turn found
         tampered). A turn head that fails to open leaves the usage head the
-        sum of the other turns' reservations. Returns the heads deleted (0 or 1).
+        sum of the reservations of the other turns whose heads open (those
+        that fail count nothing, so that each can be dropped in turn).
+        Returns the heads deleted (0 or 1).
 
         Raises:
             IntegrityError: the owner head or usage head fails authentication.
         """
-        self._cache.drop(owner, turn_id)
-        self._tampered.pop((owner, turn_id))
+        self._cache.drop(owner, turn_id)  # the turn stays found tampered until the drop commits: ``turn_dropped``
         by_turn = self._heads_of(conn, owner, turn_id, None)
         reserved: int | None = None
         if turn_id in by_turn:
@@ -631,9 +678,18 @@ class Heads(HeadChecks, OwnerHeads):
                 (owner, OWNER_HEAD, USAGE_HEAD, turn_id),
             )
             total = usage_counts(self.open_body(by_turn[USAGE_HEAD], owner, USAGE_HEAD))[0]
-            reserved = total - sum(self._tally(row, owner, row["turn_id"]).r for row in rows)
+            others = 0
+            for row in rows:  # another turn's head that fails to open counts nothing: it can be dropped too
+                with contextlib.suppress(IntegrityError):
+                    others += self._tally(row, owner, row["turn_id"]).r
+            reserved = total - others
         self.drop(conn, owner, {turn_id: reserved or 0}, by_turn, None)
         return 1 if turn_id in by_turn else 0
+
+    def turn_dropped(self, owner: str, turn_id: str) -> None:
+        """Forget that the turn was found tampered, once its drop (``drop_turn``)
+        committed: a drop refused or rolled back leaves its writes refused."""
+        self._tampered.pop((owner, turn_id))
 
     def reclaim(self, conn: Conn, owner: str, total: int, turn_id: str, version: int | None = None) -> int:
         """Give back the unused reservation of every turn of the owner but
@@ -674,7 +730,7 @@ class Heads(HeadChecks, OwnerHeads):
                 return None
             tally = Tally.loads(body, before=True)
             head = Head()
-            found = self._recount(head, conn.query(*self.reads.sql("?", turn_id, owner)), owner, turn_id)
+            found = self._recount(head, conn.query(*self.reads.sql("?", turn_id, owner, kept=False)), owner, turn_id)
             tally.check_found(found, turn_id)
         except (IntegrityError, ValueError, AttributeError):
             return None
@@ -729,7 +785,7 @@ class Heads(HeadChecks, OwnerHeads):
                         continue
                     budget -= counted
                     rows.extend(conn.query(ITEMS_SQL.format(where=_TURN_EXPIRED), (owner, turn_id, cutoff) * 3))
-                self._from_rows(conn.query(*self.reads.sql("?", turn_id, owner)), owner, turn_id)
+                self._from_rows(conn.query(*self.reads.sql("?", turn_id, owner, kept=False)), owner, turn_id)
             except IntegrityError as exc:
                 audit_log.warning("gc left turn %r of owner %r uncollected: %s", turn_id, owner, exc)
                 self.found_tampered(owner, turn_id, str(exc))

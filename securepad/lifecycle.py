@@ -263,5 +263,6 @@ def drop_turn(db: Backend, heads: Heads, owner_user_id: str, turn_id: str) -> di
         removed.update(entries.delete_turn(conn, owner_user_id, turn_id))
         removed.update(Records.delete_turn(conn, owner_user_id, turn_id))
         removed["turn_heads"] = heads.drop_turn(conn, owner_user_id, turn_id)
+    heads.turn_dropped(owner_user_id, turn_id)
     db.checkpoint(wait=False)
     return removed

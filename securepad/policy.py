@@ -7,13 +7,14 @@ access across owners: the owner condition is always part of the scope.
 from __future__ import annotations
 
 import os
+import stat
 import tomllib
 from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ._files import POLICY_OVERRIDE, check_directory, check_trusted_file
+from ._files import POLICY_OVERRIDE, check_file_directories, check_trusted_file
 from .errors import NotFoundError, PolicyError, SecurepadError
 from .principal import Principal
 
@@ -39,8 +40,8 @@ _LIMITS: dict[tuple[str, str], tuple[type, int, int]] = {
     ("limits", "max_ttl_seconds"): (int, 1, 10 * 365 * 86400),
     # Nesting of a structured observation; past ~900 Python's JSON encoder overflows its stack.
     ("limits", "max_json_depth"): (int, 1, 500),
-    # How far a caller's ``now`` may run ahead of this host's clock, or back
-    # from the latest time the open store used (timeline.py).
+    # How far the ``now`` of a write or gc may run ahead of this host's clock
+    # (timeline.py); a ``now`` behind the clock is not bounded.
     ("limits", "max_clock_skew_seconds"): (int, 1, 86400),
     ("storage", "wal_limit_bytes"): (int, 1 << 20, 1 << 40),
     ("storage", "anchor_interval_seconds"): (int, 1, 86400),
@@ -261,16 +262,20 @@ def _read_policy_file(path: Path, checked: bool, shipped: tuple[str, ...]) -> st
         PolicyError: unreadable, not UTF-8, or others could write or replace it.
     """
     try:
-        fd = os.open(path, os.O_RDONLY)
+        # Non-blocking: a FIFO in the policy's place would block the open for good.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
         raise PolicyError(
             f"cannot read policy file {path}: {exc.strerror} (a shipped policy is named without a path:"
             f" {', '.join(shipped)})"
         ) from None
     try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):  # a FIFO or a device (/dev/zero) is read for ever
+            raise PolicyError(f"cannot read policy file {path}: not a regular file")
         if checked:
-            check_trusted_file(path, os.fstat(fd), "policy file", POLICY_OVERRIDE)
-            check_directory(path.absolute().parent, "policy file", POLICY_OVERRIDE)
+            check_trusted_file(path, info, "policy file", POLICY_OVERRIDE)
+            check_file_directories(path, "policy file", POLICY_OVERRIDE)
         with os.fdopen(fd, "rb", closefd=False) as handle:
             raw = handle.read()
     except PolicyError:

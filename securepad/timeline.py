@@ -17,8 +17,12 @@ another), or a ``now`` the caller passes. This module bounds what a caller's
   ``now`` is not bounded so: it persists nothing and hides entries from its
   own caller only;
 - once an open store has reported an entry expired at a time (within the
-  skew of the clock), its later reads decide at that time or later: the
-  entry is not served again to an earlier ``now``.
+  skew of the clock), the entry is not served again to an earlier ``now``:
+  its later reads decide at that time or later. What a caller's ``now``
+  moves for every owner is bounded by the clock: all reads decide at no
+  earlier than the latest such time up to the clock at which it was
+  reported; a time past the clock is remembered for that one entry alone, so
+  that no caller expires another owner's entries ahead of the clock.
 
 What is not bounded: this host's clock itself, and other processes: the
 store keeps no time of its own, so another process (or host) with an
@@ -62,8 +66,12 @@ class Timeline:
         self._clock = clock
         self._skew = float(max_skew_seconds)
         self._lock = threading.Lock()
-        # The latest time at which this store told a caller an entry had expired.
+        # The latest time, up to the clock then, at which this store told a
+        # caller an entry had expired: no read of any owner decides earlier.
         self._expired_by = -math.inf
+        # Entries reported expired at a time past the clock (within the skew),
+        # by id: until the clock reaches that time it holds for that entry only.
+        self._ahead: dict[str, float] = {}
 
     def read_time(self, given: object | None) -> float:
         """The time a read decides expiry at: ``given`` or the clock's, never
@@ -77,14 +85,32 @@ class Timeline:
         """
         return max(check_now(self._clock() if given is None else given), self._expired_by)
 
-    def found_expired(self, at: float) -> None:
-        """A read at ``at`` reported an entry expired: later reads of this store
-        decide at ``at`` or later, so that entry is not served again. A time
-        past the clock by more than the skew does not count (it only hid the
-        entry from that caller)."""
-        if at <= check_now(self._clock()) + self._skew:
-            with self._lock:
-                self._expired_by = max(self._expired_by, at)
+    def entry_time(self, entry_id: str, given: object | None) -> float:
+        """The time a read of the one entry ``entry_id`` decides at: ``read_time``,
+        or a later time at which this store already reported that entry expired.
+
+        Raises:
+            InvalidArgumentError: ``given`` is not a finite number of seconds.
+        """
+        return max(self.read_time(given), self._ahead.get(entry_id, -math.inf))
+
+    def found_expired(self, entry_id: str, at: float) -> None:
+        """A read at ``at`` reported entry ``entry_id`` expired: later reads
+        decide at ``at`` or later for that entry, and at ``at`` or later, up to
+        the clock's time now, for every entry. A caller's ``now`` ahead of the
+        clock so moves no other entry's expiry; past the clock by more than the
+        skew it does not count at all (it only hid the entry from that caller)."""
+        clock = check_now(self._clock())
+        if at > clock + self._skew:
+            return
+        with self._lock:
+            self._expired_by = max(self._expired_by, min(at, clock))
+            if at > clock:
+                self._ahead[entry_id] = max(at, self._ahead.get(entry_id, -math.inf))
+            # A time the clock has reached holds for every entry: the floor has it.
+            for passed, when in [(name, when) for name, when in self._ahead.items() if when <= clock]:
+                self._expired_by = max(self._expired_by, when)
+                del self._ahead[passed]
 
     def write_time(self, given: object | None) -> float:
         """The time a write seals (a put's ``created_at``, an extension's

@@ -96,3 +96,17 @@ def test_the_default_anchor_beside_a_shared_key_file_follows_the_key_files_overr
         Scratchpad.open(db_path, keyring=Keyring.from_key_file(key_file))
     with Scratchpad.open(db_path, keyring=Keyring.from_key_file(key_file, allow_shared=True)) as pad:
         assert pad.stats()["anchor"]["path"].startswith(str(key_file.parent))
+
+
+def test_an_anchor_reached_through_a_link_into_a_directory_anyone_may_write_is_refused(
+    db_path: Path, keyring: Keyring, tmp_path: Path
+) -> None:
+    shared, private = tmp_path / "shared", tmp_path / "private"
+    shared.mkdir()
+    shared.chmod(0o777)
+    record(db_path, keyring, shared / "anchor", policy=SHARED)  # a genuine anchor, the user's, mode 0600
+    private.mkdir(mode=0o700)
+    (private / "anchor").symlink_to(shared / "anchor")
+    with pytest.raises(SecurepadError, match=r"anchor's directory .*shared .* anyone may plant"):
+        Scratchpad.open(db_path, keyring=keyring, anchor=private / "anchor")
+    record(db_path, keyring, private / "anchor", step=2, policy=SHARED)  # the documented override

@@ -75,3 +75,15 @@ def test_a_login_that_may_become_a_bypassing_role_fails_the_audit(
     passed, happened = row(report)
     assert not passed and "may SET ROLE to securepad_bypass_" in happened
     assert [r.name for r in report.failed] == [CHECK]
+
+
+@pytest.fixture
+def createrole_login(pg_login_dsn: str, pg_dsn: str) -> Iterator[str]:
+    yield from pg_login(pg_dsn, attributes="CREATEROLE")
+
+
+def test_a_login_with_createrole_fails_the_audit(createrole_login: str, keyring: Keyring) -> None:
+    report = audited(createrole_login, keyring)
+    passed, happened = row(report)
+    assert not passed and "has CREATEROLE" in happened
+    assert [r.name for r in report.failed] == [CHECK]

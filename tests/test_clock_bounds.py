@@ -142,3 +142,32 @@ def test_a_write_time_is_accepted_exactly_when_finite_and_within_the_skew(clock:
     else:
         with pytest.raises(InvalidArgumentError):
             timeline.read_time(now)
+
+
+def test_a_read_ahead_of_the_clock_expires_nothing_early_for_another_owner(clocked: Scratchpad) -> None:
+    mine = clocked.put(ALICE, "short", 1, "tool", "alice's minute", ttl_seconds=60)["scratchpad_id"]
+    theirs = clocked.put(BOB, "short", 1, "tool", "bob's two minutes", ttl_seconds=120)["scratchpad_id"]
+    with pytest.raises(ExpiredError):  # within the skew: alice asks about her own entry three minutes on
+        clocked.get(ALICE, mine, now=CLOCK + 180)
+    assert clocked.get(BOB, theirs).observation == "bob's two minutes"
+    assert [item["scratchpad_id"] for item in clocked.list_for_turn(BOB, "short")] == [theirs]
+    assert clocked.gc() == 0
+    # The entry that raised is not served again, at the clock or any earlier time.
+    for before in (None, CLOCK - 10):
+        with pytest.raises(ExpiredError):
+            clocked.get(ALICE, mine, now=before)
+        with pytest.raises(ExpiredError):
+            clocked.read(ALICE, mine, mode="head", now=before)
+
+
+def test_an_entry_found_expired_ahead_of_the_clock_joins_the_floor_once_the_clock_gets_there() -> None:
+    clock = [CLOCK]
+    timeline = Timeline(lambda: clock[0], SKEW)
+    timeline.found_expired("e1", CLOCK + 100)
+    assert timeline.entry_time("e1", None) == CLOCK + 100
+    assert timeline.read_time(None) == CLOCK  # no other entry moves
+    timeline.found_expired("e2", CLOCK + SKEW + 1)  # past the skew: not remembered
+    assert timeline.entry_time("e2", None) == CLOCK
+    clock[0] = CLOCK + 200
+    timeline.found_expired("e3", CLOCK + 150)  # the clock has passed both: the floor has them
+    assert timeline.read_time(CLOCK) == timeline.entry_time("e1", CLOCK) == CLOCK + 150

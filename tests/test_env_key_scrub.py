@@ -5,6 +5,7 @@ by its own children: not from their environment, not from the parent's
 from __future__ import annotations
 
 import base64
+import ctypes
 import json
 import os
 import secrets
@@ -13,6 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from securepad import _process
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and prctl are Linux's")
 
@@ -83,3 +88,52 @@ def test_the_process_becomes_non_dumpable_and_still_hides_the_key(tmp_path: Path
 def test_keep_in_env_leaves_the_key_for_children(tmp_path: Path, key: str) -> None:
     seen = run_child(tmp_path, key, keep_in_env=True, keep_dumpable=True)
     assert f"SECUREPAD_MASTER_KEY={key}" in str(seen["seen"]).split("\n")
+
+
+def proc(name: str) -> bytes:
+    return Path(f"/proc/self/{name}").read_bytes()
+
+
+def with_area(stat: bytes, start: int, end: int) -> bytes:
+    """``stat`` with its environment bounds (fields 50 and 51) replaced."""
+    head, tail = stat[: stat.rfind(b")") + 2], stat[stat.rfind(b")") + 2 :].split()
+    tail[47], tail[48] = str(start).encode(), str(end).encode()
+    return head + b" ".join(tail)
+
+
+def test_the_area_is_this_process_s_environment_inside_a_writable_mapping() -> None:
+    area = _process._environment_area(proc("stat"), proc("maps"))
+    assert area is not None
+    start, end = area
+    assert b"PATH=" in ctypes.string_at(start, end - start)
+
+
+def test_bounds_outside_a_writable_mapping_are_never_touched() -> None:
+    maps, stat = proc("maps"), proc("stat")
+    read_only = next(line for line in maps.splitlines() if line.split()[1].startswith(b"r-"))
+    low = int(read_only.split(b"-")[0], 16)
+    assert _process._environment_area(with_area(stat, low, low + 16), maps) is None
+    assert _process._environment_area(with_area(stat, 16, 4096), maps) is None  # unmapped: a crash before
+    assert _process._environment_area(with_area(stat, 4096, 16), maps) is None
+    assert _process._environment_area(b"1 (python) R 0 0", maps) is None  # a kernel without the fields
+
+
+def writable_mappings(maps: bytes) -> list[tuple[int, int]]:
+    found = []
+    for line in maps.splitlines():
+        try:
+            bounds, perms = line.split()[:2]
+            low, high = (int(bound, 16) for bound in bounds.split(b"-"))
+        except ValueError:
+            continue
+        if perms.startswith(b"rw"):
+            found.append((low, high))
+    return found
+
+
+@given(stat=st.binary(max_size=400), maps=st.binary(max_size=400))
+def test_no_stat_or_maps_text_gives_an_area_outside_its_mappings(stat: bytes, maps: bytes) -> None:
+    area = _process._environment_area(stat, maps)
+    if area is not None:
+        start, end = area
+        assert any(low <= start < end <= high for low, high in writable_mappings(maps))

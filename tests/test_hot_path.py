@@ -79,7 +79,9 @@ def test_a_put_into_an_owners_turn_writes_no_counter_page(db_path: Path, keyring
     """The owner's usage total is its usage head, which the put's turn-head
     upsert writes and which shares the turn head's page when the owner has few turns:
     20 puts of 4 KiB into an existing turn, measured (bench/costs.py) 130 frames
-    (6 or 7 each), 150 with the owner_usage row before SQLite migration 11."""
+    (6 or 7 each), 150 with the owner_usage row before SQLite migration 11; 137
+    since the turn's index covers the inventory's clear columns (schema 12: its
+    leaf pages split more often)."""
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         for step in range(200):
             pad.put(ALICE, f"turn-{step % 3}", step, "tool", "y" * 4096)
@@ -88,7 +90,7 @@ def test_a_put_into_an_owners_turn_writes_no_counter_page(db_path: Path, keyring
             assert sqlite_of(pad).checkpoint()
             pad.put(ALICE, "turn-1", step, "tool", "z" * 4096)
             frames.append(wal_frames(pad))
-    assert sum(frames) <= 135, frames
+    assert sum(frames) <= 142, frames
 
 
 def test_the_step_look_in_the_quota_statement_refuses_only_a_live_step_in_scope(

@@ -146,3 +146,24 @@ def test_an_unreadable_policy_path_is_a_policy_error(workdir: Path) -> None:
     (workdir / "dir.toml").mkdir()
     with pytest.raises(PolicyError, match=r"cannot read policy file .*dir\.toml"):
         Policy.load("dir.toml")
+
+
+@pytest.mark.parametrize("allow_shared", [False, True])
+def test_a_policy_path_that_is_not_a_regular_file_is_refused_at_once(workdir: Path, allow_shared: bool) -> None:
+    os.mkfifo(workdir / "fifo.toml", 0o600)  # opened for reading, it would wait for a writer for good
+    with pytest.raises(PolicyError, match=r"cannot read policy file .*fifo\.toml: not a regular file"):
+        Policy.load("fifo.toml", allow_shared=allow_shared)
+    with pytest.raises(PolicyError, match=r"not a regular file"):
+        Policy.load("/dev/null", allow_shared=allow_shared)
+
+
+def test_a_policy_file_reached_through_a_link_into_a_directory_anyone_may_write_is_refused(workdir: Path) -> None:
+    shared = workdir / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    (workdir / "mine.toml").symlink_to(plant(shared, "real.toml", MINE))
+    with pytest.raises(PolicyError, match=r"policy file's directory .*shared .* anyone may plant"):
+        Policy.load("mine.toml")
+    assert Policy.load("mine.toml", allow_shared=True).scope == "owner+channel"
+    shared.chmod(0o755)
+    assert Policy.load("mine.toml").scope == "owner+channel"

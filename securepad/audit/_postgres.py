@@ -123,10 +123,12 @@ def _login(ctx: Context) -> str:
     """The login the application's connections use: row-level security holds
     ``securepad_app`` only while the session does not leave that role, and a
     login that is a superuser or has BYPASSRLS (or may become a role that is
-    or has) leaves it with one ``RESET ROLE``."""
+    or has, or may grant itself one: CREATEROLE) leaves it with one
+    ``RESET ROLE``."""
     rows = _app(
         ctx,
         "SELECT l.rolname AS login, l.rolsuper AS superuser, l.rolbypassrls AS bypassrls,"
+        " l.rolcreaterole AS createrole,"
         " (SELECT string_agg(r.rolname, ', ' ORDER BY r.rolname) FROM pg_roles r"
         "  WHERE (r.rolsuper OR r.rolbypassrls) AND r.oid <> l.oid AND pg_has_role(l.oid, r.oid, 'MEMBER')) AS via"
         " FROM pg_roles l WHERE l.rolname = session_user",
@@ -139,6 +141,9 @@ def _login(ctx: Context) -> str:
         for flag, text in (
             ("superuser", "is a superuser"),
             ("bypassrls", "has BYPASSRLS"),
+            # Before PostgreSQL 16 CREATEROLE grants any role that is not a
+            # superuser, to itself too: a BYPASSRLS role is one GRANT away.
+            ("createrole", "has CREATEROLE (it may grant itself a role with BYPASSRLS)"),
         )
         if r[flag]
     ]
@@ -151,8 +156,8 @@ def _login(ctx: Context) -> str:
             f" {APP_ROLE} (and {ADMIN_ROLE} for housekeeping) (docs/how-to/postgresql.md)"
         )
     return (
-        f"the application's login {r['login']}: not superuser, no BYPASSRLS, and may become no role that is"
-        " or has either: it cannot leave row-level security"
+        f"the application's login {r['login']}: not superuser, no BYPASSRLS, no CREATEROLE, and may become"
+        " no role that is or has either: it cannot leave row-level security"
     )
 
 
@@ -299,8 +304,8 @@ def deployment_checks() -> list[tuple[str, str, Check]]:
         ),
         (
             "application login privileges",
-            "read the application connection's login (session_user) in pg_roles: superuser, BYPASSRLS, and the"
-            " roles with either that it may SET ROLE to",
+            "read the application connection's login (session_user) in pg_roles: superuser, BYPASSRLS,"
+            " CREATEROLE, and the roles with superuser or BYPASSRLS that it may SET ROLE to",
             _login,
         ),
         (
