@@ -221,12 +221,20 @@ def bob() -> Principal:
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MiB tmpfs (we run as root); the test fails if it cannot be mounted."""
+def small_disk_mib() -> int:
+    """The size of ``small_disk`` in MiB (a test module may override it)."""
+    return 4
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path, small_disk_mib: int) -> Iterator[Path]:
+    """A small tmpfs (we run as root); the test fails if it cannot be mounted."""
     where = tmp_path / "small"
     where.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(where)], capture_output=True, check=False
+        ["mount", "-t", "tmpfs", "-o", f"size={small_disk_mib}m,mode=0700", "tmpfs", str(where)],
+        capture_output=True,
+        check=False,
     )
     if mounted.returncode != 0:
         pytest.fail(f"cannot mount a small tmpfs (needs root): {mounted.stderr.decode()}")
