@@ -93,7 +93,9 @@ _SQLITE_STALE = ("(SELECT 1 FROM token WHERE same = 0) AS stale CROSS JOIN ", ""
 # * The rows' text is exact (each value quoted, a text as its whole bytes, so
 #   that a text cannot pass for a number nor a field for two; an expiry as its integer part and its
 #   fraction in units of 2**-52, exact from 1 to 2**53, outside of which it
-#   is quoted: ``quote`` is exact too but costs more), read from the
+#   is quoted: ``quote`` is exact too but costs more), after the key
+#   version the turn's head is opened with (a head's bytes kept, its key
+#   version edited, fails to open: the full check sees it), read from the
 #   covering index ``entries_owner_turn`` (schema 12), not from the rows: the
 #   same text, the same rows, whatever another connection committed.
 _SQLITE_EXPIRY = (
@@ -115,14 +117,15 @@ def _sqlite_exact(column: str) -> str:
 
 _E_ID, _ACTOR, _CHANNEL = (_sqlite_exact(column) for column in ("id", "actor", "channel"))
 _SQLITE_ROWS = (
-    "(SELECT group_concat(r, char(10)) FROM ("
+    "((SELECT 'k,' || quote(key_version) FROM turn_heads WHERE owner_user_id = p.owner AND turn_id = p.turn)"
+    " || char(10) || (SELECT group_concat(r, char(10)) FROM ("
     f"SELECT 'e,' || {_E_ID} || ',' || quote(step_num) || ',' || {_SQLITE_EXPIRY} || ',' || quote(stored_bytes)"
     f" || ',' || {_ACTOR} || ',' || {_CHANNEL} AS r FROM entries WHERE owner_user_id = p.owner"
     " AND turn_id = p.turn"
     f" UNION ALL SELECT 'c,' || {_E_ID} || ',' || quote(seq) || ',' || {_SQLITE_EXPIRY} || ',' || {_ACTOR}"
     f" || ',' || {_CHANNEL} FROM checkpoints WHERE owner_user_id = p.owner AND turn_id = p.turn"
     f" UNION ALL SELECT 'm,' || {_E_ID} || ',' || quote(seq) || ',' || {_SQLITE_EXPIRY} || ',' || {_ACTOR}"
-    f" || ',' || {_CHANNEL} FROM compaction_marks WHERE owner_user_id = p.owner AND turn_id = p.turn))"
+    f" || ',' || {_CHANNEL} FROM compaction_marks WHERE owner_user_id = p.owner AND turn_id = p.turn)))"
 )
 _SQLITE_FRESHNESS = (
     "WITH p AS MATERIALIZED (SELECT ? AS version, ? AS sealed, ? AS rows_text, ? AS owner, {turn} AS turn),"

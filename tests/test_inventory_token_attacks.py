@@ -66,3 +66,17 @@ def test_an_edit_after_a_nul_of_another_row_is_refused_by_a_warm_read(
         conn.execute(f"UPDATE entries SET {column} = ? WHERE id = ?", (WITH_NUL[column], ids[1]))
     with pytest.raises(IntegrityError):
         pad.get(ALICE, ids[0], now=LATER)
+
+
+def test_a_turn_head_moved_to_another_key_version_is_refused_by_a_warm_read(
+    warm: tuple[Scratchpad, list[str]], db_path: Any
+) -> None:
+    """The head's bytes unchanged, its key version edited: a read with nothing
+    cached fails to open the head, and so does a warm one."""
+    pad, ids = warm
+    with raw_file(db_path) as conn:
+        conn.execute(
+            "UPDATE turn_heads SET key_version = key_version + 1 WHERE owner_user_id = 'alice' AND turn_id = 't'"
+        )
+    with pytest.raises(IntegrityError):
+        pad.get(ALICE, ids[0], now=LATER)
