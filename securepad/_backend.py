@@ -57,6 +57,12 @@ class OwnerLockNeeded(Exception):
 class Conn(Protocol):
     """A connection inside one transaction."""
 
+    #: After the transaction failed: whether its COMMIT was sent and its answer
+    #: lost (PostgreSQL: the connection broke or was cut), so that it may or may
+    #: not have been applied. A transaction that takes the same locks afterwards
+    #: runs after it, if it ran, and sees its effect.
+    commit_unknown: bool
+
     def query(self, sql: str, params: Params = ()) -> Rows:
         """Rows as dicts."""
 
@@ -124,6 +130,18 @@ class Backend(Protocol):
         transaction: one message, one round trip on PostgreSQL; one after
         another on SQLite. Queries run after one another may see writes
         committed in between."""
+
+    def snapshot(self) -> AbstractContextManager[object]:
+        """A read snapshot for this thread: every ``query`` and ``queries`` this
+        thread makes inside it sees the store as one state, whatever other
+        connections commit meanwhile (SQLite: one read transaction on the
+        thread's connection; PostgreSQL: one ``REPEATABLE READ READ ONLY``
+        transaction on one connection, as housekeeping). No write inside it.
+
+        Raises:
+            StoreBusyError: no connection could be had in time.
+            StoreUnavailableError: the server cannot be reached.
+        """
 
     def read_scope(self) -> object:
         """What a cache of verified reads (``head_cache``) is bound to: SQLite's

@@ -348,6 +348,9 @@ ErrorMap = Callable[[apsw.Error | UnicodeDecodeError, apsw.Connection], Securepa
 class _Conn:
     """An apsw connection inside a transaction, as the store's ``Conn`` protocol."""
 
+    # A local COMMIT is applied or fails rolled back: its outcome is always known.
+    commit_unknown = False
+
     def __init__(self, conn: apsw.Connection, error: ErrorMap) -> None:
         self.raw = conn
         self._error = error

@@ -54,7 +54,7 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ._backend import DuplicateKeyError, OutcomeUnknown, Params, Rows
-from ._pg_conn import BUSY, Transaction, Watch, Watchdog, rowcount, rows_of, send, translate
+from ._pg_conn import BUSY, Transaction, Watch, Watchdog, end, rowcount, rows_of, send, translate
 from ._pg_log import relay_pool_warnings
 from ._pg_prepare import Statements
 from ._pg_schema import ADMIN_ROLE, APP_ROLE, SCHEMA_VERSION, lock_key, migrate, reason
@@ -136,6 +136,8 @@ _OPENING_TURN = (
 )
 _OPENING_OWNER = _SETTINGS + ", pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s)"
 _OPENING_STORE = _SETTINGS + ", pg_advisory_xact_lock(%s)"
+# A read snapshot's first statement (``PostgresDatabase.snapshot``).
+_BEGIN_SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 _OPENING_TRY_STORE = _SETTINGS + ", pg_try_advisory_xact_lock(%s) AS locked"
 # The policy's durability -> the server's synchronous_commit for the store's
 # transactions (docs/reliability.md), as SQLite's maps it to its synchronous
@@ -200,6 +202,8 @@ class PostgresDatabase:
         self._store_lock = lock_key("securepad-store", schema)
         self._statements = Statements(schema)
         self._lock = threading.Lock()
+        # The call of this thread's read snapshot (``snapshot``), while one is open.
+        self._pinned = threading.local()
         self._closed = False
         self._pid = os.getpid()
         self._owned: list[ConnectionPool[Any]] = []
@@ -405,6 +409,11 @@ class PostgresDatabase:
                 raise StoreBusyError(f"housekeeping skipped: {reason(exc)}") from None
             raise SecurepadError(f"PostgreSQL refused the store's role: {reason(exc)}") from None
         except psycopg.OperationalError as exc:
+            if tx.commit_unknown:
+                raise StoreUnavailableError(
+                    f"{self._unavailable(exc, tx.call)}".removesuffix("; try again")
+                    + " after the write's COMMIT was sent: it may or may not have been applied"
+                ) from None
             raise self._unavailable(exc, tx.call) from None
         finally:
             tx.close(committed)
@@ -481,6 +490,9 @@ class PostgresDatabase:
             StoreBusyError: a lock wait timed out, or the pool had no free connection.
             StoreUnavailableError: the server cannot be reached or did not answer in time.
         """
+        pinned: Watch | None = getattr(self._pinned, "call", None)
+        if pinned is not None:
+            return self._in_snapshot(pinned, owner, statements)
         batch = [(_SETTINGS, self._settings(owner, admin)), *((translate(sql), params) for sql, params in statements)]
         call: Watch | None = None
         try:
@@ -500,6 +512,70 @@ class PostgresDatabase:
             raise StoreBusyError("the store is busy; try again") from None
         except pg_errors.InsufficientPrivilege as exc:
             raise SecurepadError(f"PostgreSQL refused the store's role: {reason(exc)}") from None
+        except psycopg.OperationalError as exc:
+            raise self._unavailable(exc, call) from None
+
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """A read snapshot for this thread: until it ends, every ``query`` and
+        ``queries`` of this thread runs in one ``REPEATABLE READ READ ONLY``
+        transaction on one connection, as housekeeping (the admin role, whose
+        policy shows every owner's rows), so all of them see the store as it
+        was at the first one, whatever commits meanwhile (``verify``). Each
+        statement gets the call's deadline anew. Nested, it is the outer one.
+
+        Raises:
+            StoreBusyError: the pool had no free connection.
+            StoreUnavailableError: the server cannot be reached, or the
+                snapshot's connection was lost.
+        """
+        if getattr(self._pinned, "call", None) is not None:
+            yield
+            return
+        call = self._checkout(True)
+        try:
+            try:
+                self._begin_snapshot(call)
+            except psycopg.OperationalError as exc:
+                raise self._unavailable(exc, call) from None
+            self._pinned.call = call
+            try:
+                yield
+            finally:
+                self._pinned.call = None
+        finally:
+            try:
+                end(call.conn)  # read only: nothing to commit
+            finally:
+                self._checkin(call)
+
+    def _begin_snapshot(self, call: Watch) -> None:
+        """BEGIN (alone in its message: the isolation level must come before any
+        statement, the prepared statements' anchor included), then the settings
+        as the call's first message (``send``: its anchor). An anchor that finds
+        another server session (a transaction pooler) makes ``send`` roll back
+        and send the settings alone, unprepared: the snapshot then begins again.
+
+        Raises:
+            psycopg.OperationalError: the connection failed.
+        """
+        for _ in range(2):
+            send(call, self._statements, [(_BEGIN_SNAPSHOT, ())], first=False)
+            send(call, self._statements, [(_SETTINGS, self._settings(None, True))], first=True)
+            if call.pgconn.transaction_status == TransactionStatus.INTRANS:
+                return
+        raise StoreUnavailableError("PostgreSQL did not keep the read snapshot's transaction open; try again")
+
+    def _in_snapshot(self, call: Watch, owner: str | None, statements: tuple[tuple[str, Params], ...]) -> list[Rows]:
+        """``queries`` inside this thread's ``snapshot``: on its connection, as
+        housekeeping with ``owner`` set (no retry: the snapshot is the connection's)."""
+        batch = [(_SETTINGS, self._settings(owner, True)), *((translate(sql), params) for sql, params in statements)]
+        call.deadline = time.monotonic() + self._call_timeout(True)
+        try:
+            results = send(call, self._statements, batch, first=False)
+            return [rows_of(call, result) for result in results[1:]]
+        except BUSY:
+            raise StoreBusyError("the store is busy; try again") from None
         except psycopg.OperationalError as exc:
             raise self._unavailable(exc, call) from None
 

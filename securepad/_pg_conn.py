@@ -256,6 +256,21 @@ def end(conn: psycopg.Connection[Any]) -> None:
             conn.execute("ROLLBACK", prepare=False)
 
 
+_COMMIT: tuple[str, Params] = ("COMMIT", ())
+
+
+def _check_alive(conn: psycopg.Connection[Any]) -> None:
+    """Read what the server sent while the connection was idle, without
+    waiting: a session the server ended (a restart) fails here, before a
+    message that must not be sent twice (one with COMMIT) goes out on it.
+
+    Raises:
+        psycopg.OperationalError: the connection is closed.
+    """
+    with conn.lock:
+        conn.pgconn.consume_input()
+
+
 class Transaction:
     """One write transaction as the store's ``Conn`` protocol, its statements
     sent in as few round trips as the caller's reads allow.
@@ -288,6 +303,10 @@ class Transaction:
         self._fetched: dict[_Key, Rows] = {}
         self._try_lock = try_lock
         self.call: Watch | None = None
+        # The COMMIT was sent and its answer lost (the connection broke, or the
+        # watchdog cut it): the transaction may or may not have been applied.
+        self.commit_unknown = False
+        self._commit_sent = False  # the COMMIT's message went out (``commit_unknown`` needs it)
 
     def query(self, sql: str, params: Params = ()) -> Rows:
         key = (sql, tuple(params))
@@ -319,7 +338,13 @@ class Transaction:
         """COMMIT, with whatever is still pending; no round trip for an empty transaction."""
         if self.call is None and len(self._pending) == 2:
             return
-        self._send(("COMMIT", ()))
+        try:
+            self._send(_COMMIT)
+        except psycopg.OperationalError:
+            call = self.call
+            # A server's error on a live connection (a cancelled statement) rolled it back.
+            self.commit_unknown = self._commit_sent and call is not None and (call.cut or call.conn.broken)
+            raise
 
     def close(self, committed: bool) -> None:
         """Give the connection back, rolled back first unless ``committed``."""
@@ -340,14 +365,21 @@ class Transaction:
     def _send(self, last: tuple[str, Params] | None) -> PGresult:
         """Send what is pending, and ``last``, as one message: the last statement's result."""
         batch, self._pending = [*self._pending, *([(*last, None)] if last is not None else [])], []
+        committing = last is _COMMIT
         if self.call is not None:
+            self._commit_sent = committing
             return self._run(self.call, batch, first=False)
         for attempt in itertools.count():
             self.call = call = self._connect()
+            sent = False
             try:
+                if committing:
+                    _check_alive(call.conn)
+                sent = self._commit_sent = committing
                 return self._run(call, batch, first=True)
             except psycopg.OperationalError as exc:
-                if self._retry(call, attempt) and not isinstance(exc, BUSY):
+                # A message with COMMIT that was sent is never sent again: it may have been applied.
+                if self._retry(call, attempt) and not isinstance(exc, BUSY) and not sent:
                     self.call = None
                     self._release(call)
                     continue  # a connection that died while idle: nothing was done on it

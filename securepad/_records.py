@@ -25,9 +25,9 @@ from typing import Any
 from ._backend import Backend, Conn, Rows, check_write_bound
 from .access import Access
 from .crypto import Wrapper, open_record, reseal_record, seal_record
-from .errors import IntegrityError
+from .errors import IntegrityError, StoreUnavailableError
 from .heads import RECORD_KINDS, Head, Heads, Room, expired_sql, record_item
-from .keystore import Keystore
+from .keystore import IfUnknown, Keystore
 from .principal import Principal
 
 __all__ = ["RECORD_ROW_OVERHEAD", "TABLES", "QuotaCheck", "Records", "Updates", "record_cost"]
@@ -176,6 +176,15 @@ class Records:
             attempts=8,
             busy="could not store the turn record: other writers kept taking its place; try again",
             prefetch=[Heads.select_sql(owner, turn_id)],
+            unknown=IfUnknown(
+                lambda conn, row: bool(
+                    conn.query(f"SELECT id FROM {table} WHERE id = ? AND owner_user_id = ?", (row["id"], owner))
+                ),
+                lambda _, why: StoreUnavailableError(
+                    f"{why.removesuffix('; try again')}; the record's COMMIT had been sent, so turn {turn_id!r} may"
+                    f" hold it as its newest {table[:-1].replace('_', ' ')}: read that to know"
+                ),
+            ),
         )
 
     def load(

@@ -28,7 +28,7 @@ from .errors import IntegrityError, InvalidArgumentError, StoreBusyError, StoreU
 from .head_beside import read_with_heads, with_heads
 from .head_last import Once
 from .heads import Room, entry_item
-from .keystore import NEWEST_VERSION_SQL, Keystore
+from .keystore import NEWEST_VERSION_SQL, IfUnknown, Keystore
 from .principal import Principal, check_identifier
 
 __all__ = ["Putter", "Shown"]
@@ -196,12 +196,35 @@ def _quota_sql(
     return f"{sql}, (SELECT MAX(expires_at) FROM ({step[0]}) AS taken) AS step_expires", (owner, *params, *step[1])
 
 
-def _maybe_stored(entry_id: str, why: str) -> StoreUnavailableError:
-    """The error of a put whose outcome is unknown: its one message was sent
-    (``_Put.once``), then its connection was lost and nothing could tell."""
+def _maybe_stored(
+    entry_ids: list[str], why: str, *, sent: str = "the put's one message", chosen: bool = False
+) -> StoreUnavailableError:
+    """The error of a write whose outcome is unknown: ``sent`` (its one message,
+    ``_Put.once``, or its COMMIT) was sent, then its connection was lost and
+    nothing could tell. ``chosen``: the library chose the steps, so writing
+    the same observations again would store them twice if they were stored."""
+    named = ", ".join(repr(entry_id) for entry_id in entry_ids)
+    several = len(entry_ids) > 1
+    what = f"entries {named}: get those ids" if several else f"entry {named}: get that id"
+    if chosen:
+        again = (
+            "before writing the same again: the library takes the next steps, so a second write would store it twice"
+        )
+    elif several:
+        again = "putting the same steps again is refused if they were stored"
+    else:
+        again = "putting the same step again is refused if it was stored"
     return StoreUnavailableError(
-        f"{why.removesuffix('; try again')}; the put's one message had been sent, so it may be stored as"
-        f" entry {entry_id!r}: get that id to know (putting the same step again is refused if it was stored)"
+        f"{why.removesuffix('; try again')}; {sent} had been sent, so it may be stored as {what} to know ({again})",
+        maybe_stored=tuple(entry_ids),
+    )
+
+
+def _if_unknown(owner: str, chosen: bool) -> IfUnknown[_SealedOne]:
+    """A put whose COMMIT's answer was lost (``Keystore.write_current``): its entry is looked up by id."""
+    return IfUnknown(
+        lambda conn, sealed: bool(conn.query(*_landed_sql(owner, str(sealed[0]["id"])))),
+        lambda sealed, why: _maybe_stored([str(sealed[0]["id"])], why, sent="the put's COMMIT", chosen=chosen),
     )
 
 
@@ -281,6 +304,7 @@ class _Put:
             busy="could not store the entry: its id or owner key kept changing; try again",
             prefetch=[*self.reads(), *([_landed_sql(self.owner, self.landed[1])] if self.landed is not None else [])],
             turn=self.turn_id if shared else None,
+            unknown=_if_unknown(self.owner, self.next_step),
         )
 
     def written(self, shared: bool) -> tuple[str, int]:
@@ -300,7 +324,7 @@ class _Put:
         except (StoreBusyError, StoreUnavailableError) as exc:
             if self.landed is None:
                 raise
-            raise _maybe_stored(self.landed[1], str(exc)) from None
+            raise _maybe_stored([self.landed[1]], str(exc)) from None
 
     def once(self, db: OnceWriter) -> tuple[str, int] | None:
         """The put in one message (PostgreSQL, issue 15), when this process
@@ -353,7 +377,7 @@ class _Put:
         except DuplicateKeyError:
             return None  # its id was taken: ``attempt`` seals it again under another
         except OutcomeUnknown as exc:
-            raise _maybe_stored(str(row["id"]), str(exc)) from None
+            raise _maybe_stored([str(row["id"])], str(exc)) from None
         if written == 1:
             heads.last.record(owner, turn_id, once.head)
             return str(row["id"]), once.spare
@@ -556,6 +580,7 @@ class _Batch:
             count=len(checked),
             prefetch=self._prefetch(created, [step for step, _, _ in checked]),
             busy="could not store the batch: its ids, steps or owner key kept changing; try again",
+            unknown=IfUnknown(self._landed, self._maybe_stored),
         )
         views = [
             {"ok": True, "scratchpad_id": row["id"], **meta["view"]} for row, meta in zip(rows, metas, strict=True)
@@ -563,6 +588,20 @@ class _Batch:
         if self.shown is None:
             return views
         return [view if inline is None else inline[0] for view, inline in zip(views, shown_items, strict=True)]
+
+    def _landed(self, conn: Conn, sealed: _Sealed) -> bool:
+        """Whether the batch's entries are stored (one transaction wrote all or none)."""
+        ids = [row["id"] for row in sealed[0]]
+        found = conn.query(
+            f"SELECT id FROM entries WHERE owner_user_id = ? AND id IN ({', '.join('?' * len(ids))})",
+            (self.principal.owner_user_id, *ids),
+        )
+        return bool(found)
+
+    def _maybe_stored(self, sealed: _Sealed, why: str) -> StoreUnavailableError:
+        """The error of a batch whose COMMIT's answer was lost and could not be looked up."""
+        ids = [str(row["id"]) for row in sealed[0]]
+        return _maybe_stored(ids, why, sent="the batch's COMMIT", chosen=self.shown is not None)
 
     def _steps(
         self, checked: list[tuple[int, str, Any]], fixed: list[Prepared], now: float

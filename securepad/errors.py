@@ -72,7 +72,16 @@ class StoreUnavailableError(SecurepadError):
     lost and whose outcome nothing could tell (the message names the entry
     that may be stored: get it to know). The store is used again as soon as
     the server answers.
+
+    ``maybe_stored`` holds the ids of the entries such a message names (empty
+    for every other error): get them before writing the same again.
     """
+
+    maybe_stored: tuple[str, ...] = ()
+
+    def __init__(self, message: str, *, maybe_stored: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.maybe_stored = maybe_stored
 
 
 class StorageFullError(SecurepadError):

@@ -13,16 +13,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence, Sized
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from ._backend import Backend, Conn, DuplicateKeyError, Params, insert_owner_key
 from ._lru import LRUCache
 from .crypto import ContentIdentity, KeyHandle, ListingKey, Wrapper
-from .errors import IntegrityError, StoreBusyError
+from .errors import IntegrityError, StoreBusyError, StoreUnavailableError
 from .keys import Keyring
 from .master import Master, Progress, store_meta
 
-__all__ = ["NEWEST_VERSION_SQL", "WRAP_FLUSH_EVERY", "Keystore", "Progress", "StaleOwnerKey"]
+__all__ = ["NEWEST_VERSION_SQL", "WRAP_FLUSH_EVERY", "IfUnknown", "Keystore", "Progress", "StaleOwnerKey"]
 
 T = TypeVar("T")
 P = TypeVar("P")
@@ -44,6 +45,20 @@ WRAP_FLUSH_EVERY = 256
 # The owner's newest key version, as a scalar subquery with one parameter (the
 # owner): the write transaction reads it in the statement that reads the quota.
 NEWEST_VERSION_SQL = "(SELECT MAX(version) FROM owner_keys WHERE owner_user_id = ?)"
+
+
+@dataclass(frozen=True)
+class IfUnknown(Generic[P]):
+    """What ``Keystore.write_current`` does with a write whose COMMIT's answer was lost."""
+
+    #: Inside a transaction under the write's locks: whether the sealed rows are stored.
+    landed: Callable[[Conn, P], bool]
+    #: The error that names what may be stored, given the reason it could not be found out.
+    error: Callable[[P, str], StoreUnavailableError]
+
+
+# Runs of a write whose COMMIT's answer was lost and that may simply run again (``add_version``).
+_COMMIT_TRIES = 3
 
 
 class StaleOwnerKey(Exception):
@@ -213,17 +228,33 @@ class Keystore:
         return [int(r["version"]) for r in rows]
 
     def add_version(self, owner: str, version: int, *, admin: bool = False) -> None:
-        """Add a fresh owner key of ``version`` (unless a racing process did);
+        """Add a fresh owner key of ``version``, unless the owner has it or a
+        newer one already (a racing process or rotation added it: a version a
+        later rotation retired is never made again with other key material);
         ``admin`` for a rotation (housekeeping), not for an owner's first key.
 
         Raises:
             WrongKeyError: another process rotated the master key meanwhile.
         """
         wrapped, key = self._master.new_owner_key(owner, version)
-        with self._db.transaction(owner, admin=admin) as conn:
-            self.check_master_current(conn)
-            if insert_owner_key(conn, owner, version, wrapped, time.time()) and version == 1 and self.on_first_key:
-                self.on_first_key(conn, owner, version, Wrapper.of(key))
+        for tries_left in reversed(range(_COMMIT_TRIES)):
+            tx: Conn | None = None
+            try:
+                with self._db.transaction(owner, admin=admin) as conn:
+                    tx = conn
+                    self.check_master_current(conn)
+                    newest = self.newest_in(conn, owner)
+                    if newest is not None and newest >= version:
+                        return  # a racing rotation added it, or a newer one (and may have retired this version)
+                    added = insert_owner_key(conn, owner, version, wrapped, time.time())
+                    if added and version == 1 and self.on_first_key:
+                        self.on_first_key(conn, owner, version, Wrapper.of(key))
+                return
+            except StoreUnavailableError:
+                # Its COMMIT's answer lost: the same insert again adds the key
+                # only if the first did not (``ON CONFLICT DO NOTHING``).
+                if tx is None or not tx.commit_unknown or not tries_left:
+                    raise
 
     @staticmethod
     def retire_older(conn: Conn, owner: str, version: int) -> int:
@@ -298,6 +329,7 @@ class Keystore:
         count: int = 1,
         prefetch: Sequence[tuple[str, Params]] = (),
         turn: str | None = None,
+        unknown: IfUnknown[P] | None = None,
     ) -> T:
         """Seal (outside any transaction) under the owner's newest key, then write
         in one transaction that checks the version is still the newest.
@@ -318,30 +350,56 @@ class Keystore:
         ``OwnerLockNeeded`` (which leaves this call, for the caller to run
         it again without ``turn``) when it must change more than the turn.
 
+        With ``unknown``, a transaction whose COMMIT was sent and whose answer
+        was lost (``Conn.commit_unknown``) is never taken for failed: the next
+        attempt, under the same locks (so after that COMMIT, if it ran), asks
+        ``unknown.landed`` whether its rows are stored, and returns what that
+        attempt's ``write`` returned if they are, or writes the same sealed
+        rows (their ids, their steps) if not. When that cannot be found out,
+        the call raises ``unknown.error``, which names what may be stored.
+
         Raises:
             StoreBusyError: ``busy``, when every attempt lost a race.
             OwnerLockNeeded: with ``turn``, as above.
+            StoreUnavailableError: with ``unknown``, a lost COMMIT whose
+                outcome could not be found out (``unknown.error``).
         """
         version, wrapper = self.current(owner)
+        # An attempt whose COMMIT's answer was lost: its sealed rows and what its write returned.
+        sent: tuple[P, T] | None = None
         for _ in range(attempts):
-            try:
-                sealed = seal(version, wrapper)
-            except IntegrityError:  # a rotation retired the version (and its derived keys) while sealing
-                if self.newest_version(owner) == version:
-                    raise
-                self.forget(owner)
-                version, wrapper = self.current(owner)
-                continue
+            if sent is not None:
+                sealed = sent[0]  # the same rows again: found stored, or written once
+            else:
+                try:
+                    sealed = seal(version, wrapper)
+                except IntegrityError:  # a rotation retired the version (and its derived keys) while sealing
+                    if self.newest_version(owner) == version:
+                        raise
+                    self.forget(owner)
+                    version, wrapper = self.current(owner)
+                    continue
             flush = self._wraps.take((owner, version), WRAP_FLUSH_EVERY, count)
+            tx: Conn | None = None
             try:
                 with self._db.transaction(owner, turn=turn) as conn:
+                    tx = conn
                     for sql, params in prefetch:
                         conn.prefetch(sql, params)
-                    result = write(conn, sealed)
-                    if flush is not None:
-                        self.count_wraps(conn, owner, version, flush + count)
+                    if sent is not None and unknown is not None and unknown.landed(conn, sent[0]):
+                        result = sent[1]  # the lost COMMIT was applied: nothing to write
+                    else:
+                        sent = None  # not applied (it ended before these locks were granted)
+                        result = write(conn, sealed)
+                        if flush is not None:
+                            self.count_wraps(conn, owner, version, flush + count)
             except BaseException as exc:
                 self._wraps.add((owner, version), flush or 0)
+                if unknown is not None and tx is not None and tx.commit_unknown:
+                    sent = (sealed, result)
+                    continue
+                if sent is not None and unknown is not None and isinstance(exc, StoreBusyError | StoreUnavailableError):
+                    raise unknown.error(sent[0], str(exc)) from None
                 if isinstance(exc, DuplicateKeyError):
                     continue
                 if not isinstance(exc, StaleOwnerKey):
@@ -353,6 +411,8 @@ class Keystore:
             if flush is None:
                 self._wraps.add((owner, version), count)
             return result
+        if sent is not None and unknown is not None:
+            raise unknown.error(sent[0], "every attempt to find out lost its COMMIT's answer too")
         raise StoreBusyError(busy)
 
     @staticmethod

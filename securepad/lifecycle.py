@@ -26,7 +26,7 @@ from ._backend import Backend
 from ._records import TABLES as _RECORD_TABLES
 from ._records import Records
 from .crypto import item_key_aad, record_key_aad
-from .errors import NotFoundError
+from .errors import IntegrityError, NotFoundError
 from .heads import Heads
 from .keys import Keyring
 from .keystore import Keystore, Progress
@@ -137,7 +137,6 @@ class _Rewrap:
 
     def __init__(self, db: Backend, keys: Keystore, owner: str, version: int, progress: Progress | None) -> None:
         self._db, self._keys, self._owner, self._version, self._progress = db, keys, owner, version, progress
-        self._new = keys.owner_wrapper(owner, version)
         self.total = sum(
             int(db.query(*_count_old_sql(table, owner, version), owner=owner, admin=True)[0]["n"])
             for table, _ in _WRAPPED_TABLES
@@ -161,15 +160,12 @@ class _Rewrap:
         rows = [r for r in fetched if r["owner_user_id"] == owner and r["key_version"] < version]
         updates: list[tuple[Any, ...]] = []
         for row in rows:
-            old = row["key_version"]
-            wrapped = self._keys.owner_wrapper(owner, old).rewrap(
-                row["wrapped_key"], aad_of(row["id"], owner, old), self._new, aad_of(row["id"], owner, version)
-            )
-            keys = (row["id"], old, row["wrapped_key"])
-            if listed:  # the part as it was read, too: an extension may have re-sealed it meanwhile
-                updates.append((wrapped, version, self._reseal_listing(row), *keys, b"", row["sealed_listing"] or b""))
-            else:
-                updates.append((wrapped, version, *keys))
+            try:
+                updates.append(self._update(row, aad_of, listed))
+            except IntegrityError:
+                if self._moved(table, row):
+                    continue  # another rotation re-wrapped it and retired its version since it was read
+                raise
         # Compare-and-set: a row changed meanwhile is left for the next pass.
         sql = (
             "UPDATE entries SET wrapped_key = ?, key_version = ?, sealed_listing = ?"
@@ -184,6 +180,38 @@ class _Rewrap:
         self.done += len(rows)
         if self._progress is not None:
             self._progress(min(self.done, self.total), self.total)
+
+    def _update(self, row: dict[str, Any], aad_of: Callable[[str, str, int], bytes], listed: bool) -> tuple[Any, ...]:
+        """The compare-and-set update of one row: its item key re-wrapped under
+        the new version (and its listing part sealed again), its old values.
+
+        Raises:
+            IntegrityError: a key of the row, or the new version's, is missing
+                (retired meanwhile, or tampering), or its wrapping was altered.
+        """
+        owner, version, old = self._owner, self._version, row["key_version"]
+        new = self._keys.owner_wrapper(owner, version)
+        wrapped = self._keys.owner_wrapper(owner, old).rewrap(
+            row["wrapped_key"], aad_of(row["id"], owner, old), new, aad_of(row["id"], owner, version)
+        )
+        keys = (row["id"], old, row["wrapped_key"])
+        if listed:  # the part as it was read, too: an extension may have re-sealed it meanwhile
+            return (wrapped, version, self._reseal_listing(row), *keys, b"", row["sealed_listing"] or b"")
+        return (wrapped, version, *keys)
+
+    def _moved(self, table: str, row: dict[str, Any]) -> bool:
+        """Whether ``row`` (read before its keys failed) is no longer as read:
+        re-wrapped by another rotation of the owner, or deleted. A version is
+        retired only once no row is below it (in the transaction that retires
+        it, under the owner's lock), so a row still under a version whose key
+        is missing is not the library's race: tampering."""
+        found = self._db.query(
+            f"SELECT key_version, wrapped_key FROM {table} WHERE id = ?", (row["id"],), owner=self._owner, admin=True
+        )
+        return not found or (found[0]["key_version"], found[0]["wrapped_key"]) != (
+            row["key_version"],
+            row["wrapped_key"],
+        )
 
     def _reseal_listing(self, row: dict[str, Any]) -> bytes | None:
         """An entry's listing part under the new version's listing key (None: a row written before it has none).

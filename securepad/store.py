@@ -417,11 +417,16 @@ class Scratchpad:
         ``id`` (entry or record, or None for a head), ``what`` and ``problem``;
         a turn whose entries differ from its head also has ``steps``,
         ``last_step``, ``missing_steps`` and ``newest_removed`` (``verify.py``).
+        Every read is made in one read snapshot: writers that commit meanwhile
+        (in this process or others) are not seen half-way.
 
         Raises:
             InvalidArgumentError: a bad ``now``.
+            StoreBusyError, StoreUnavailableError: the snapshot could not be had.
         """
-        return verify_store(self._entries, self._records, self._entries.heads, self._entries.now(now))
+        return verify_store(
+            self._entries, self._records, self._entries.heads, self._entries.now(now), self._parts.db.snapshot
+        )
 
     def scrub(self) -> bool:
         """Rewrite the store file so that nothing deleted remains anywhere in it.

@@ -26,7 +26,7 @@ from . import entries as _entries
 from . import reads, reread
 from ._records import Records
 from .entries import Entries, Opened
-from .errors import ExpiredError, InvalidArgumentError, NotFoundError
+from .errors import ExpiredError, InvalidArgumentError, NotFoundError, StoreUnavailableError
 from .head_tally import extend_head
 from .heads import Heads
 from .policy import Policy
@@ -541,6 +541,10 @@ def record_next(
 
     Raises:
         InvalidArgumentError, QuotaExceededError, StoreBusyError: as for ``Turn.record``.
+        StoreUnavailableError: as for ``Turn.record``; when the outcome is
+            unknown, ``maybe_stored`` names the entry that may be stored at the
+            step chosen: get it before calling ``record_next`` again, which
+            would take the next step.
     """
     with _turn_lock(turn):
         for _ in range(_NEXT_ATTEMPTS):
@@ -551,6 +555,14 @@ def record_next(
                 # Only a step that another process recorded meanwhile is worth another try.
                 if not _taken(turn, step_num, now):
                     raise
+            except StoreUnavailableError as exc:
+                if not exc.maybe_stored:
+                    raise
+                raise StoreUnavailableError(
+                    f"{exc}; record_next chose step {step_num} for it: calling record_next again would record"
+                    " the observation a second time, at the next step, if it was stored",
+                    maybe_stored=exc.maybe_stored,
+                ) from None
     raise InvalidArgumentError(f"could not find a free step in turn {turn.turn_id!r}: other writers keep taking it")
 
 

@@ -15,11 +15,18 @@ expired and collected (or never recorded: step numbers may be skipped). When
 the head's own newest entry is gone before its sealed expiry, that is named
 as a removal. The steps come from the entry pass (rows arrive in step order
 within a turn), so this stays linear.
+
+Every read of the check is made in one read snapshot of the store
+(``Backend.snapshot``): heads, entries, segments and records as of one
+moment, so a store that is only being written (other threads or processes
+committing puts, checkpoints, rotations meanwhile) verifies clean.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from ._records import TABLES, Records
@@ -33,8 +40,21 @@ Problem = dict[str, Any]
 Steps = list[list[int]]  # runs of step numbers, [first, last] each
 
 
-def verify_store(entries: Entries, records: Records, heads: Heads, now: float) -> dict[str, Any]:
-    """What is wrong in the store, and where (see ``Scratchpad.verify``)."""
+def verify_store(
+    entries: Entries, records: Records, heads: Heads, now: float, snapshot: Callable[[], AbstractContextManager[object]]
+) -> dict[str, Any]:
+    """What is wrong in the store, and where (see ``Scratchpad.verify``):
+    every read inside one ``snapshot()`` (``Backend.snapshot``), so writers
+    that commit meanwhile are not seen half-way.
+
+    Raises:
+        StoreBusyError, StoreUnavailableError: the snapshot could not be had.
+    """
+    with snapshot():
+        return _verify(entries, records, heads, now)
+
+
+def _verify(entries: Entries, records: Records, heads: Heads, now: float) -> dict[str, Any]:
     started = time.perf_counter()
     problems: list[Problem] = []
     opened = heads.all_heads()

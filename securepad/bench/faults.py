@@ -103,6 +103,10 @@ def exercise(path: Path, keyring: Keyring, ids: list[str]) -> str:
     return "ok"
 
 
+# What a message with the store's COMMIT holds: an unnamed Parse (empty name) of "COMMIT".
+_COMMIT_PARSE = b"\x00COMMIT\x00"
+
+
 class FaultyProxy:
     """A TCP proxy on 127.0.0.1 in front of a server, with faults on demand.
 
@@ -111,11 +115,24 @@ class FaultyProxy:
     ``refuse`` drops every connection and refuses new ones; ``drop_all`` ends
     every connection (what a client sees of a server restart); ``heal`` undoes
     the faults.
+
+    ``lose_commit`` ends the connection of every ``lose_every``-th message that
+    carries a COMMIT (the store's: an unnamed Parse of ``COMMIT``): "reply"
+    forwards the message and drops the server's answer (the transaction is
+    applied, the client cannot know), "request" drops the message (the server
+    sees the connection end and rolls back), at most ``lose_at_most`` times
+    (None: no limit). ``commits`` counts the messages with a COMMIT seen,
+    ``lost`` those whose connection was ended.
     """
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
         self.black_hole = False
+        self.lose_commit: str | None = None
+        self.lose_every = 1
+        self.lose_at_most: int | None = None
+        self.commits = 0
+        self.lost = 0
         self._down = False
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
@@ -150,10 +167,23 @@ class FaultyProxy:
                     upstream.close()
                     continue
                 self._sockets += [client, upstream]
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+            answer_lost = threading.Event()  # this connection's next answer is dropped
+            for src, dst, asking in ((client, upstream, True), (upstream, client, False)):
+                threading.Thread(target=self._pump, args=(src, dst, asking, answer_lost), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _commit_lost(self, asking: bool, data: bytes, tail: bytes) -> str | None:
+        """What ``lose_commit`` does to a message from the client, if anything."""
+        if not asking or self.lose_commit is None or _COMMIT_PARSE not in tail + data:
+            return None
+        with self._lock:
+            self.commits += 1
+            if self.commits % self.lose_every or (self.lose_at_most is not None and self.lost >= self.lose_at_most):
+                return None
+            self.lost += 1
+            return self.lose_commit
+
+    def _pump(self, src: socket.socket, dst: socket.socket, asking: bool, answer_lost: threading.Event) -> None:
+        tail = b""  # the end of the previous chunk: a COMMIT cut in two is still seen
         while True:
             try:
                 data = src.recv(65536)
@@ -165,6 +195,14 @@ class FaultyProxy:
                 break
             if self.black_hole:
                 continue  # swallowed: neither side hears anything
+            if not asking and answer_lost.is_set():
+                break  # the answer to a COMMIT: dropped, and the connection ended
+            lose = self._commit_lost(asking, data, tail)
+            tail = data[-len(_COMMIT_PARSE) :]
+            if lose == "request":
+                break  # the COMMIT dropped, and the connection ended: the server rolls back
+            if lose == "reply":
+                answer_lost.set()  # before the server can answer
             try:
                 dst.sendall(data)
             except OSError:
@@ -192,6 +230,7 @@ class FaultyProxy:
 
     def heal(self) -> None:
         self.black_hole = False
+        self.lose_commit = None
         if self._listener is None:
             self.accept()
         self._down = False
