@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tamper_edits import raw_file
+from tamper_edits import as_admin, raw_file
 
 from securepad import Keyring, Policy, Principal, Scratchpad
 from securepad.errors import IntegrityError
@@ -100,3 +100,21 @@ def test_a_same_looking_value_of_another_row_is_refused_by_a_warm_read(
         conn.execute(f"UPDATE entries SET {change} = {SAME_LOOKING[change]} WHERE id = ?", (ids[1],))
     with pytest.raises(IntegrityError):
         pad.get(ALICE, ids[0], now=LATER)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="PostgreSQL's token holds the head's sealed bytes and the digest of the rows, not the head's key version",
+)
+def test_a_turn_head_moved_to_another_key_version_is_refused_by_a_warm_read_on_postgresql(
+    pg_dsn: str, keyring: Keyring
+) -> None:
+    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+        ids = _turn(pad, 3)
+        pad.get(ALICE, ids[0], now=LATER)
+        with as_admin(pg_dsn) as raw:
+            raw.execute(
+                "UPDATE turn_heads SET key_version = key_version + 1 WHERE owner_user_id = 'alice' AND turn_id = 't'"
+            )
+        with pytest.raises(IntegrityError):
+            pad.get(ALICE, ids[0], now=LATER)
