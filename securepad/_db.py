@@ -201,7 +201,7 @@ _MIGRATIONS: dict[int, str] = {
             ON CONFLICT(owner_user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes;
     END;
     """,
-    # The hot path (issue 13). entries and segments become rowid tables: a put
+    # The hot path. entries and segments become rowid tables: a put
     # appends to the last leaf instead of landing in a random leaf of a table
     # keyed by random ids (which split pages and rewrote 3-4 pages a put);
     # the random id keeps a small unique index. The indexes no query of a put
@@ -280,26 +280,26 @@ _MIGRATIONS: dict[int, str] = {
     ) WITHOUT ROWID;
     INSERT OR REPLACE INTO store_meta(key, value) VALUES ('turn_heads', 'pending');
     """,
-    # The put path (issue 13): a one-segment entry (up to SEGMENT_BYTES: most
+    # The put path: a one-segment entry (up to SEGMENT_BYTES: most
     # entries) keeps its sealed segment in its own row, so its put writes no
     # segments row (a leaf, an overflow page and the key index). Rows written
     # before keep theirs in segments; reads take either. Same column on PostgreSQL.
     8: """
     ALTER TABLE entries ADD COLUMN only_segment BLOB;
     """,
-    # The listing part of an entry (issue 13, crypto.ListingKey): what a
+    # The listing part of an entry (crypto.ListingKey): what a
     # listing shows, sealed under the owner's listing key. NULL in rows written
     # before it, which still list through their item key.
     9: """
     ALTER TABLE entries ADD COLUMN sealed_listing BLOB;
     """,
-    # Constant-size turn heads (issue 14, heads.py format 2): heads of format 1
+    # Constant-size turn heads (heads.py format 2): heads of format 1
     # (a listing of every row) are converted to tallies on the next open with
     # the key (head_build.HeadBuilder); the flag becomes a sealed token then.
     10: """
     UPDATE store_meta SET value = 'convert' WHERE key = 'turn_heads' AND value = 'built';
     """,
-    # No per-put counter row (issue 13): each owner's usage total lives in its
+    # No per-put counter row: each owner's usage total lives in its
     # sealed owner head (head_owner.py), which the put rewrites with its turn
     # head in one statement; the triggers and their table go. A migration
     # cannot seal: the next open with the key gives each owner head the sum
@@ -411,7 +411,7 @@ class _Connections:
     ``threading.local``; when the thread ends its locals go, and the holder's
     finalizer closes the connection. A process with many short-lived threads
     therefore holds one connection (2 file descriptors, ~180 KB) per *live*
-    thread, not per thread that ever used the store (issue 18: 2,000 threads
+    thread, not per thread that ever used the store (2,000 threads
     left 2,001 connections and 4,000 descriptors open).
 
     A connection inherited through fork is never closed by the child: that
@@ -981,16 +981,19 @@ class Database:
         except apsw.Error as exc:
             raise self._error(exc, conn) from None
 
-    def restore_from(self, src: Path) -> None:
+    def restore_from(self, src: Path, aside: Path | None = None) -> None:
         """Replace the whole content of this store with the SQLite file ``src``,
         through SQLite's backup API: page by page into this store's own WAL,
         so that a connection open elsewhere sees the old store or the new one,
-        never a mix, and no stale WAL frame is left for the new file.
+        never a mix, and no stale WAL frame is left for the new file. With
+        ``aside`` (which must not exist), the store as it was is first copied
+        there, under the same write lock: no write can commit between that
+        copy and the replacement, so none is lost from both.
 
         Raises:
             StorageFullError: the disk is full.
             StoreBusyError: another connection holds the write lock.
-            SecurepadError: ``src`` cannot be read.
+            SecurepadError: ``src`` cannot be read, or ``aside`` written.
         """
         conn = self.conn
         try:
@@ -999,12 +1002,28 @@ class Database:
             raise SecurepadError(f"cannot open {src}: {exc}") from None
         try:
             with conn.backup("main", source, "main") as copy:
+                # A step of no pages takes this store's write lock, held to the end.
+                copy.step(0)
+                if aside is not None:
+                    self._copy_as_read(aside)
                 copy.step(-1)
         except apsw.Error as exc:
             raise self._error(exc, conn) from None
         finally:
             source.close()
         self.checkpoint()
+
+    def _copy_as_read(self, dest: Path) -> None:
+        """``copy_to`` through a read-only connection of its own (this thread's
+        connection may be holding the write lock)."""
+        _create_private_file(dest, companions=False)
+        reader = apsw.Connection(str(self.path), flags=apsw.SQLITE_OPEN_READONLY)
+        try:
+            reader.execute("VACUUM INTO ?", (str(dest),))
+        except apsw.Error as exc:
+            raise self._error(exc, reader) from None
+        finally:
+            reader.close()
 
     def _enable_incremental_vacuum(self, conn: apsw.Connection) -> bool:
         """Switch the file to auto_vacuum=INCREMENTAL (a full VACUUM, once, for

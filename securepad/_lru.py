@@ -16,7 +16,7 @@ V = TypeVar("V")
 class LRUCache(Generic[K, V]):
     """At most ``maxsize`` items; a ``get`` or a ``put`` makes its key the most recent.
 
-    The store's owner-key caches use it (issue 18: they kept every owner ever
+    The store's owner-key caches use it (they kept every owner ever
     seen, ~2.7 KB each): an owner evicted here costs one unwrap (one indexed
     query and one AES-GCM open) on its next use.
     """

@@ -24,7 +24,7 @@ can do that a file cannot: a second line of defence in the server.
   one), store-wide housekeeping takes the store-wide lock exclusively. The
   store's check-then-write steps (quota, owner-key version, sequence numbers)
   therefore hold exactly as on SQLite, while different owners write in parallel.
-* Every call has a deadline (issue 18: a 65 s network black hole blocked a
+* Every call has a deadline (a 65 s network black hole blocked a
   call 65 s): libpq's connect timeout, TCP keepalives and user timeout for a
   dead network, the server's lock and statement timeouts, the pool's wait,
   and a watchdog that cuts the connection of a call still running at its

@@ -15,7 +15,7 @@ psycopg's cursors and ``Connection.pipeline``: per put that costs the client
 ~70 us less CPU and the server ~120 us less than one simple-protocol message
 of ``EXECUTE`` statements with the parameters quoted into its text (the
 server parsed 8 KiB of hex per 4 KiB entry, and analysed each parameter as
-an expression), measured side by side (docs/how-to/postgresql.md, "CPU per put").
+an expression), measured side by side (docs/decisions/0006-libpq-pipeline.md).
 """
 
 from __future__ import annotations

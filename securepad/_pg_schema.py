@@ -161,7 +161,7 @@ MIGRATIONS: dict[int, str] = {
     GRANT UPDATE (expires_at, sealed) ON checkpoints, compaction_marks TO {APP_ROLE};
     GRANT SELECT, INSERT, UPDATE, DELETE ON owner_usage TO {APP_ROLE};
     """,
-    # Ready to be distributed by owner (issue 15): every primary key and unique
+    # Ready to be distributed by owner: every primary key and unique
     # constraint of an owner's table starts with owner_user_id, so that a
     # distributed PostgreSQL (Citus and the like) can shard the tables by owner
     # with each owner's rows, and each unique check, on one node. store_meta and
@@ -178,7 +178,7 @@ MIGRATIONS: dict[int, str] = {
                     AND EXISTS (SELECT 1 FROM entries e
                                 WHERE e.owner_user_id = segments.owner_user_id AND e.id = segments.entry_id));
     """,
-    # Sealed turn heads (issue 14, heads.py): one row per (owner, turn) and
+    # Sealed turn heads (heads.py): one row per (owner, turn) and
     # one per owner; a store from before them builds them on its next open.
     3: f"""
     CREATE TABLE turn_heads(
@@ -195,7 +195,7 @@ MIGRATIONS: dict[int, str] = {
     INSERT INTO store_meta(key, value) VALUES ('turn_heads', 'pending')
         ON CONFLICT (key) DO UPDATE SET value = excluded.value;
     """,
-    # Row-level security forced (issue 15): the tables' owner is held to the
+    # Row-level security forced: the tables' owner is held to the
     # policies too, and the admin role gets an explicit housekeeping policy,
     # on every table that has an owner_rows policy (so a table added by a
     # later migration with that policy must be forced there as well).
@@ -208,23 +208,23 @@ MIGRATIONS: dict[int, str] = {
         END LOOP;
     END $$;
     """,
-    # The put path (issue 13; SQLite's migration 8): a one-segment entry keeps
+    # The put path (SQLite's migration 8): a one-segment entry keeps
     # its sealed segment in its own row; rows written before keep theirs in segments.
     5: """
     ALTER TABLE entries ADD COLUMN only_segment BYTEA;
     """,
-    # The listing part of an entry (issue 13, crypto.ListingKey), as SQLite's
+    # The listing part of an entry (crypto.ListingKey), as SQLite's
     # migration 9; an extension of a turn re-seals it.
     6: f"""
     ALTER TABLE entries ADD COLUMN IF NOT EXISTS sealed_listing BYTEA;
     GRANT UPDATE (sealed_listing) ON entries TO {APP_ROLE};
     """,
-    # Constant-size turn heads (issue 14, heads.py format 2): heads of format 1
+    # Constant-size turn heads (heads.py format 2): heads of format 1
     # are converted to tallies on the next open with the key (head_build.HeadBuilder).
     7: """
     UPDATE store_meta SET value = 'convert' WHERE key = 'turn_heads' AND value = 'built';
     """,
-    # No per-put counter row (issue 13; SQLite's migration 11): the usage
+    # No per-put counter row (SQLite's migration 11): the usage
     # totals move into the sealed owner heads, given at the next open with the key.
     8: """
     DROP TRIGGER IF EXISTS owner_usage_track ON entries;
@@ -233,8 +233,8 @@ MIGRATIONS: dict[int, str] = {
     INSERT INTO store_meta(key, value) VALUES ('owner_usage', 'seed')
         ON CONFLICT (key) DO UPDATE SET value = excluded.value;
     """,
-    # A turn's entries through their own index on a young store (issue 15,
-    # docs/how-to/postgresql.md "CPU per put"). A connection's prepared
+    # A turn's entries through their own index on a young store
+    # (docs/decisions/0010-young-store-plans.md). A connection's prepared
     # statements keep the generic plan made at their sixth run; on a store
     # that autovacuum has not analyzed yet (its first minute, or its first 50
     # rows), the planner sees a tiny table and the costs of the owner-only
@@ -246,16 +246,16 @@ MIGRATIONS: dict[int, str] = {
     DROP INDEX entries_owner_turn;
     CREATE INDEX entries_owner_turn ON entries(owner_user_id, turn_id, step_num);
     """,
-    # A warm read that the server does not plan in full (issue 15,
-    # docs/how-to/postgresql.md "CPU per read"): the functions a read with a
+    # A warm read that the server does not plan in full
+    # (docs/decisions/0004-verified-inventory-cache.md): the functions a read with a
     # cached token calls (head_reads), SECURITY INVOKER, owned by the admin
     # role, EXECUTE for the application role alone.
     10: "".join(
         f"{create}GRANT EXECUTE ON FUNCTION {name}(text, text, bytea, text, text, text) TO {APP_ROLE};\n"
         for name, create in pg_read_functions().items()
     ),
-    # Every statement's generic plan right on a young store (issue 15,
-    # docs/how-to/postgresql.md "Young stores and generic plans"). On a table
+    # Every statement's generic plan right on a young store
+    # (docs/decisions/0010-young-store-plans.md). On a table
     # that autovacuum has not analyzed yet the planner's row estimates clamp
     # to one, so two indexes whose leading columns a query binds cost the
     # same, and the newest one wins. With the primary key (owner_user_id, id)
@@ -281,8 +281,8 @@ MIGRATIONS: dict[int, str] = {
     ALTER TABLE checkpoints DROP CONSTRAINT checkpoints_pkey, ADD PRIMARY KEY (id, owner_user_id);
     ALTER TABLE compaction_marks DROP CONSTRAINT compaction_marks_pkey, ADD PRIMARY KEY (id, owner_user_id);
     """,
-    # Sealed bytes are stored as they are (issue 15, docs/how-to/postgresql.md
-    # "CPU per put"): ciphertext does not compress, yet a row over 2 KiB (an
+    # Sealed bytes are stored as they are (python -m securepad.bench.pg_cpu
+    # measures it): ciphertext does not compress, yet a row over 2 KiB (an
     # entry with its 4 KiB segment) made the server try pglz on its biggest
     # value before moving it out of line, on every put (2% of the server's CPU
     # per put, about 5 us of the INSERT's 55 to 69). EXTERNAL keeps the
@@ -296,8 +296,8 @@ MIGRATIONS: dict[int, str] = {
     ALTER TABLE compaction_marks ALTER COLUMN sealed SET STORAGE EXTERNAL;
     ALTER TABLE turn_heads ALTER COLUMN sealed SET STORAGE EXTERNAL;
     """,
-    # A warm read after a commit elsewhere without the whole statement (issue
-    # 15, docs/how-to/postgresql.md "CPU per read", stop 24): both read
+    # A warm read after a commit elsewhere without the whole statement
+    # (docs/decisions/0004-verified-inventory-cache.md): both read
     # functions replaced (head_reads: ``pg_lean_read_functions``), a lean
     # statement first (the turn's head and digest) when the snapshot moved.
     # Same signature, SECURITY INVOKER, search_path, owner (the admin role

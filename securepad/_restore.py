@@ -58,8 +58,7 @@ def replace_store(target: Path, staged: Path, policy: Policy) -> str | None:
         while os.path.lexists(f"{target}.replaced-{n}"):
             n += 1
         aside = Path(f"{target}.replaced-{n}")
-        db.copy_to(aside)
-        db.restore_from(staged)
+        db.restore_from(staged, aside)
     finally:
         db.close()
     return str(aside)

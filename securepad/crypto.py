@@ -446,7 +446,7 @@ class Header:
     size_chars: int
     segment_count: int
     key_version: int
-    # The entry's format: 1, rows written before issue 13 (a JSON digest
+    # The entry's format: 1, rows written before the listing part (a JSON digest
     # input, all metadata sealed under the item key); 2, a fixed binary digest
     # input and a listing part apart (``ListingKey``). Part of the digest's
     # domain, so a row of one format cannot be opened as the other.

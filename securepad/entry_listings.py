@@ -1,7 +1,7 @@
 """The turn listings: a turn's live entries in step order, whether one was
 offloaded, its highest step, whether a step is free. Every row comes through
 ``access.Access`` and is authenticated by ``Opener.lister``: its listing part
-under the owner's listing key, no per-entry key work (issue 13).
+under the owner's listing key, no per-entry key work.
 """
 
 from __future__ import annotations

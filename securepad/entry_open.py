@@ -155,7 +155,7 @@ class Opener:
         """What a listing shows of each of its rows: the entry's listing part,
         opened under the owner's listing key (asked of the keystore once per
         key version), one AES-GCM call and no key of its own. A row written
-        before issue 13 has no listing part: it is opened whole
+        in the older format has no listing part: it is opened whole
         (``authenticate``), as a listing always did.
 
         The part's AAD binds every clear column a listing returns, their types

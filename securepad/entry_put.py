@@ -185,7 +185,7 @@ def _quota_sql(
     entries in the principal's scope that have the step (``step_expires``, NULL
     for none). The reservations are in the heads, read beside it
     (``Heads.select_sql``); each sub-query here costs the server an executor
-    node's start-up on every put (issue 15), so it holds only what is read:
+    node's start-up on every put, so it holds only what is read:
     without ``records`` (a put under the owner's shared lock, which cannot
     grant a reservation, so never checks the quota: ``Heads.change``) the
     records' cost is left out (``used`` NULL)."""
@@ -327,7 +327,7 @@ class _Put:
             raise _maybe_stored([self.landed[1]], str(exc)) from None
 
     def once(self, db: OnceWriter) -> tuple[str, int] | None:
-        """The put in one message (PostgreSQL, issue 15), when this process
+        """The put in one message (PostgreSQL), when this process
         sealed the turn's head last: the entry sealed, the next head sealed
         from the recorded one (``Heads.change_once``), and one statement that
         writes both only if the stored head is still the recorded one and the

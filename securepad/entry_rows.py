@@ -61,7 +61,7 @@ _COLUMN_TYPES: dict[str, type | tuple[type, ...]] = {
     "commitment": bytes,
     "sealed_meta": bytes,
     "stored_bytes": int,
-    "sealed_listing": (bytes, type(None)),  # None: a row written before issue 13
+    "sealed_listing": (bytes, type(None)),  # None: a row written before the listing part
 }
 # What a listing part holds (``listing_fields``); the rest of the metadata
 # (shape, other fields, segment and line index) is sealed under the item key.

@@ -8,7 +8,7 @@ usage head: ``Heads.select_sql``). ``with_heads`` says what the write sends
 (``Conn.prefetch``), ``read_with_heads`` splits the answer for the caller's
 checks and for ``Heads.change(rows=...)``. On PostgreSQL the two reads are one
 statement (``beside_sql``): one Bind, one portal and one executor start-up
-rather than two (issue 15); on SQLite they stay two, since a statement there
+rather than two; on SQLite they stay two, since a statement there
 costs no message and the put measured no faster with the join.
 """
 

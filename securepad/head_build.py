@@ -29,7 +29,7 @@ class HeadBuilder:
     def _token(self, purpose: str = "turn-heads-era") -> str:
         """``store_meta.turn_heads`` once the heads are built in this format and every
         owner key is wrapped in the heads era: a tag under the store's anchor
-        key, so the flag cannot be forged (issue 14). ``turn-heads`` is the
+        key, so the flag cannot be forged. ``turn-heads`` is the
         token of the heads built before the era (keys not yet marked)."""
         return self._token_of(HEAD_FORMAT, purpose)
 
@@ -54,7 +54,7 @@ class HeadBuilder:
         row) into a tally, refused when the store holds a usage head or a turn
         head of a later format; the token of heads built before the era needs
         the keys marked only; a token of format 2 (before per-turn
-        reservations, issue 15) gives each format-2 tally its bytes and an
+        reservations) gives each format-2 tally its bytes and an
         equal reservation (``Heads.converted``: from its authenticated
         inventory), refused when a head of this format exists.
 

@@ -1,4 +1,4 @@
-"""Turn inventories already verified against their heads, kept between reads (issue 14).
+"""Turn inventories already verified against their heads, kept between reads.
 
 A read of a turn checks what it returns against the turn's authenticated
 inventory (``heads.Heads.checked``). Recounting the inventory costs time
@@ -6,7 +6,7 @@ linear in the turn; this cache keeps, per turn, the inventory last verified
 (a ``Head``) with a **freshness token** read in the same snapshot: a later
 read whose token is the same checks its rows against the cached ``Head`` and
 fetches no inventory. What a token proves, and what it trusts, is the
-business of ``heads`` and SECURITY.md ("Turn heads"); this module only keeps
+business of ``heads`` and SECURITY.md ("Tampering: the turn heads"); this module only keeps
 the entries: bounded (least recently used first out, by turns and by rows),
 safe to share between threads, and emptied in a forked child.
 

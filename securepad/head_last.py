@@ -1,4 +1,4 @@
-"""The turn heads this process sealed last, for a put in one message (issue 15).
+"""The turn heads this process sealed last, for a put in one message.
 
 A put reads its turn's head, opens it, adds its entry to the tally and seals
 the head again: on PostgreSQL two messages, since the new head depends on

@@ -5,18 +5,18 @@ heads) lists, sealed under the owner's key (``crypto.head_aad``), the owner's
 turns, so that a whole turn cannot vanish. A **usage head** (turn id
 ``USAGE_HEAD``, which no turn can have: ``check_identifier`` refuses control
 characters) holds, sealed the same way, the owner's total **reservation** R:
-the sum of its turns' reservations (issue 15).
+the sum of its turns' reservations.
 
 **Per-turn bytes and reservations.** Each turn head's tally (``head_tally``,
 format 3) carries ``b``, the sum of ``stored_bytes`` over the entries it
-counts (expired ones not yet collected included: issues 13 and 14), and
+counts (expired ones not yet collected included), and
 ``r >= b``, the share of the owner's quota the turn holds. Invariants: the
 sum of the ``b`` is at most R = the sum of the ``r``, and a write never takes
 R (with the owner's live records, ``Records.used_sql``) above the quota. A put
 whose entry fits in its turn's reservation (``b + adding <= r``) rewrites its
 turn head only: it takes the owner's lock *shared* and its turn's lock
 exclusive (``Backend.transaction(owner, turn=...)``), so one owner's puts into
-different turns run at once on PostgreSQL (issue 15: before, every put
+different turns run at once on PostgreSQL (before, every put
 read-modify-wrote the owner's usage total on the client under the owner's
 exclusive lock, across a round trip). A put that does not fit, the first of a
 turn, and every other write that changes owner-wide state take the owner's
@@ -34,7 +34,7 @@ R; near the limit it reclaims the same way (its own turn's spare included).
 The quota stays an upper bound that is authenticated: R and
 every ``r`` and ``b`` are sealed under the owner's key, which the server never
 has, and ``verify`` checks each turn's ``b`` against its entries and R against
-the sum of the ``r``. A clear server-side counter would not be (issue 14).
+the sum of the ``r``. A clear server-side counter would not be.
 
 **The owner's turn counter.** The owner head (``c``) and the usage head (the
 second number of its array) hold how many turns the owner created; each turn
@@ -218,7 +218,7 @@ class OwnerHeads:
         turn head and its owner head together). ``insert``, the caller's insert
         of the rows the heads now count, goes first: on PostgreSQL in the same
         statement, as a data-modifying ``WITH`` (one Bind, one portal and one
-        executor start-up less per put, issue 15; it runs to completion whatever
+        executor start-up less per put; it runs to completion whatever
         the upsert reads, and its errors, such as a unique violation or a
         row-level security check, fail the statement as they failed its own),
         on SQLite before it (SQLite has no data-modifying ``WITH``). Each turn

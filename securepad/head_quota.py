@@ -1,4 +1,4 @@
-"""The quota's arithmetic of turn reservations (issue 15): what a write that
+"""The quota's arithmetic of turn reservations: what a write that
 adds or removes a turn's bytes leaves as the turn's reservation and the
 owner's total, granted, reclaimed near the limit, or refused.
 

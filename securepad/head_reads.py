@@ -1,5 +1,5 @@
 """What a read of a turn sends beside its rows: the turn's head rows, its
-inventory and the freshness token of the inventory verified last (issue 14).
+inventory and the freshness token of the inventory verified last.
 
 ``heads.Heads.checked`` checks a read's rows against the turn's inventory,
 authenticated by its head. The inventory costs time linear in the turn; a
@@ -20,7 +20,7 @@ leaves out (without reading it) when the token is the one sent:
   postmaster's start time and the cluster's system identifier), then the
   turn's sealed head with the server's SHA-256 of the inventory's rows: an
   unchanged snapshot means no transaction ended since, so the statement
-  evaluates neither head nor digest (issue 15); otherwise both are computed,
+  evaluates neither head nor digest; otherwise both are computed,
   as trustworthy as the rows the server would send. A read that sends a
   cached token calls the schema's read function instead, which compares the
   snapshot before any plan of the statement is started (``pg_read_functions``)
@@ -28,7 +28,7 @@ leaves out (without reading it) when the token is the one sent:
   it runs the whole one (``pg_lean_read_functions``, schema 13).
 
 What each token trusts, and the window that remains, is in SECURITY.md
-("Turn heads").
+("Tampering: the turn heads").
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ _SQLITE_FRESHNESS = (
     " SELECT NULL AS turn_id, f.sealed AS sealed, CASE WHEN f.sealed IS p.sealed AND (f.version IS p.version"
     " OR f.rows_text = p.rows_text) THEN 1 ELSE 0 END AS same, f.version AS value, f.rows_text AS snap FROM f, p"
 )
-# PostgreSQL's statement (issue 15): the same rows, each value sent once (``p``:
+# PostgreSQL's statement: the same rows, each value sent once (``p``:
 # owner, turn, and the sent token's head, digest and snapshot), the turn's
 # clear columns read by one scan per table (``inv``), which both the digest
 # and the inventory read; and a plan whose parts the warm read never runs.
@@ -189,7 +189,7 @@ _PG_DIGEST = (
 # cluster's system identifier. Equal to the one of the statement that fetched
 # the cached inventory, no transaction has ended since (xmin:xmax:xip would
 # differ), in any database of the server: no row can differ (SECURITY.md,
-# "Turn heads").
+# "Tampering: the turn heads").
 _PG_SNAPSHOT = (
     "concat_ws(' ', extract(epoch FROM pg_postmaster_start_time()), (pg_control_system()).system_identifier,"
     " pg_current_snapshot())"
@@ -210,12 +210,12 @@ _PG_FRESHNESS = (
     f" CASE WHEN s.snap = (SELECT snap FROM p) THEN (SELECT value FROM p) ELSE {_PG_DIGEST} END AS value"
     f" FROM (SELECT (SELECT turn FROM p) AS turn_id, {_PG_SNAPSHOT} AS snap OFFSET 0) AS s OFFSET 0) AS t"
 )
-# The warm read as a server-side function (issue 15; PostgreSQL's migration 10
+# The warm read as a server-side function (PostgreSQL's migration 10
 # creates both, EXECUTE granted to the application role alone): a read that
 # sends a cached token calls it instead of the statement. The statement's
 # plan holds every scan of the head, the digest and the inventory, and the
 # server opens, locks and initializes all of them at every execution though a
-# warm read runs none (docs/how-to/postgresql.md, "CPU per read"); the
+# warm read runs none (docs/decisions/0004-verified-inventory-cache.md); the
 # function compares the snapshot first and returns the token row alone when
 # it is the one sent (so the head and digest sent, as the statement does),
 # and otherwise runs the statement itself, the same rows in the same order.
@@ -259,9 +259,9 @@ _PG_READ_FUNCTION = (
 # the server starts every node of its plan (48: every scan of the head, the
 # digest and the inventory, the UNION ALL of the four branches) to return, as
 # a rule, the token row alone: a commit anywhere on the server moves the
-# snapshot, and most leave the turn alone (docs/how-to/postgresql.md, "Stop
-# 24: after a commit elsewhere"). Migration 13 replaces both functions with
-# this one, which first runs
+# snapshot, and most leave the turn alone
+# (docs/decisions/0004-verified-inventory-cache.md). Migration 13 replaces
+# both functions with this one, which first runs
 # a lean statement: the turn's rows by the statement's own CTEs
 # (``_PG_TURN_ROWS``: the same scans, so the same rows in the same order),
 # the head, and the digest, evaluated only when the head is the one sent (a

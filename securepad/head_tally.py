@@ -3,7 +3,7 @@ turn's inventory as the reads check it.
 
 A turn's tally is constant-size: per kind (``e`` entries, ``c`` checkpoints,
 ``m`` compaction marks) a count and a keyed multiset digest, the highest step
-ever recorded and the newest entry; and (format 3, issue 15) the turn's byte
+ever recorded and the newest entry; and (format 3) the turn's byte
 total ``b`` (the sum of its counted entries' ``stored_bytes``) and its
 reservation ``r >= b``, the share of the owner's quota the turn holds
 (``head_owner``: the owner's usage head is the sum of the reservations). The digest is the sum, mod 2**256, of one
@@ -42,7 +42,7 @@ __all__ = [
 # Head sections of the turn records, by table.
 RECORD_KINDS = {"checkpoints": "c", "compaction_marks": "m"}
 KINDS = {"e": "entries", "c": "checkpoints", "m": "compaction_marks"}
-# 3: with the turn's bytes and reservation (issue 15); format-2 tallies are
+# 3: with the turn's bytes and reservation; format-2 tallies are
 # converted once at open (``head_build``). A digest term keeps format 2's tag
 # (``TERM_FORMAT``): the rows' terms did not change, so neither did any digest.
 HEAD_FORMAT = 3

@@ -14,8 +14,8 @@ sequence number, expiry, stored bytes, actor, channel), under a key derived
 from the master key (``Keystore.counter_seal``, the anchor key; HKDF label
 ``anchor``). A sum can be added to and subtracted from: a put adds its row, a
 delete or gc subtracts, an extension swaps the old row for the new one, each
-in O(1), so a write of a turn costs the same whatever the turn's length
-(issue 14). The HMAC is keyed because the rows' clear columns are the
+in O(1), so a write of a turn costs the same whatever the turn's length.
+The HMAC is keyed because the rows' clear columns are the
 attacker's to choose: with a plain hash, one could search for other rows
 summing to the same value (Wagner's generalized birthday); with a key it
 cannot compute a single term. The key is the store's, not the owner's, so an
@@ -53,7 +53,7 @@ the AAD: ``crypto.head_aad``): an attacker does not even see the sums.
   the server's SHA-256 of the inventory's rows. On SQLite this process's
   writes edit the cached inventory of the turn they change, as they edit its
   tally (``change``); on PostgreSQL they drop it. What each token
-  trusts is in SECURITY.md ("Turn heads").
+  trusts is in SECURITY.md ("Tampering: the turn heads").
 
 Expiry stays legitimate: an entry whose *sealed* expiry has passed may be
 absent (gc subtracts what it collects, in its transaction).
@@ -501,7 +501,7 @@ class Heads(HeadChecks, OwnerHeads):
                 self.drop(conn, owner, {turn_id: reserved}, by_turn, version)
             self._check_written(conn, owner, turn_id, tampered)
             return 0
-        body = tally.dumps()  # what a write within the reservation seals, unchanged below (issue 15: one JSON less)
+        body = tally.dumps()  # what a write within the reservation seals, unchanged below (one JSON less)
         if body == before:  # nothing the head counts changed: the caller's insert alone
             if insert is not None:
                 conn.defer(*insert)

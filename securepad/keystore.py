@@ -107,7 +107,7 @@ class Keystore:
     def __init__(self, db: Backend, keyring: Keyring) -> None:
         self._db = db
         self._lock = threading.Lock()
-        # Bounded (issue 18): a long-lived process serving many owners keeps
+        # Bounded: a long-lived process serving many owners keeps
         # the most recently used ones' keys only.
         self._owner_keys: LRUCache[tuple[str, int], tuple[Wrapper, KeyHandle]] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._identities: LRUCache[tuple[str, int], ContentIdentity] = LRUCache(OWNER_KEY_CACHE_SIZE)

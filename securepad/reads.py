@@ -176,7 +176,7 @@ def read_fitted(
     """``read`` plus the ``extra`` fields, the whole result fitting ``cap``
     characters as the JSON the model sees: the content, its escapes and the
     result's own fields (positions, hint, the echoed pattern) all count, down
-    to one character of content however small the cap (issue 11).
+    to one character of content however small the cap.
 
     Raises:
         InvalidArgumentError: as ``read``.

@@ -14,7 +14,7 @@ def as_format_2(pad: Scratchpad, purpose: str = "turn-heads-era") -> int:
     """Every turn head sealed again as format 2 (no bytes, no reservation), the
     flag the token of format 2 (``purpose``: ``turn-heads`` before the heads
     era), each usage head the sum of its owner's bytes: a store written before
-    issue 15's reservations."""
+    the turn reservations."""
     heads = parts(pad).entries.heads
     rows = parts(pad).db.query("SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads", admin=True)
     done = 0

@@ -1,4 +1,4 @@
-"""Issue 14: the edits an attacker with write access to the store's rows makes,
+"""The edits an attacker with write access to the store's rows makes,
 shared by the SQLite tests (a plain apsw connection on the file) and the
 PostgreSQL ones (a psycopg connection as ``securepad_admin``, the tables' owner).
 

@@ -1,4 +1,4 @@
-"""The snapshot-rollback anchor (issue 14): an older copy of the store, put back
+"""The snapshot-rollback anchor: an older copy of the store, put back
 in place of the current one, is refused; a genuine store never is, across
 crashes between a commit and the anchor write and concurrent writers."""
 

@@ -1,4 +1,4 @@
-"""Issue 14: with ``anchor_sync = "interval"`` the sync (counter, fsyncs, anchor
+"""With ``anchor_sync = "interval"`` the sync (counter, fsyncs, anchor
 file) runs in a background thread: the put that crosses the interval pays no
 part of it, and the anchor still follows the store. The thread does not
 outlive its store: a store dropped without close ends it, and a store still

@@ -149,7 +149,7 @@ def test_subcommand_options_and_policy(db_path: Path, key_file: Path) -> None:
 def test_world_readable_key_file_is_refused_and_fails_the_audit_when_allowed(db_path: Path, key_file: Path) -> None:
     Scratchpad.open(db_path, keyring=Keyring.from_key_file(key_file)).close()
     key_file.chmod(0o644)
-    # Refused at open (issue 11), with the fix in the message.
+    # Refused at open, with the fix in the message.
     result = audit_cli(db_path, key_file, "--json", "audit")
     assert result.exit_code == 1
     assert "chmod 600" in result.output
@@ -183,7 +183,7 @@ def test_readable_store_file_and_dir_fail(db_path: Path, key_file: Path, tmp_pat
         pass
     db_path.chmod(0o640)
     db_path.parent.chmod(0o755)
-    # A store file others may read is refused at open (issue 11)...
+    # A store file others may read is refused at open...
     result = audit_cli(db_path, key_file, "--json", "audit")
     assert result.exit_code == 1
     assert "chmod 600" in result.output
@@ -310,7 +310,7 @@ def test_audit_catches_a_store_that_ignores_the_owner(pad: Scratchpad, monkeypat
     broken = {r.name for r in report.failed}
     assert {"cross-owner get", "cross-owner read: full", "cross-owner list", "cross-owner stats"} <= broken
     get_row = next(r for r in report.failed if r.name == "cross-owner get")
-    # Served, or (issue 14) refused by b's turn head, which does not list a's entry:
+    # Served, or refused by b's turn head, which does not list a's entry:
     # either way not the NotFoundError the audit requires, so the check fails.
     assert "served" in get_row.happened or "not in the head of turn" in get_row.happened
     # Cleanup still ran.

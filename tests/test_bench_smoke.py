@@ -170,7 +170,7 @@ def test_hotpath_targets_name_the_reason_of_a_missing_figure() -> None:
 
 
 def test_grep_worst_case_benchmark_runs_and_writes_its_figures(tmp_path: Path) -> None:
-    """The grep worst-case benchmark (issue 11) on a tiny entry: every case within the bound, results under --out."""
+    """The grep worst-case benchmark on a tiny entry: every case within the bound, results under --out."""
     from securepad.bench import grep_worst
 
     out = tmp_path / "results" / "grep_worst.json"

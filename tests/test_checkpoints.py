@@ -119,7 +119,7 @@ def test_checkpoints_follow_the_policy_scope(tmp_path: Path, keyring: Keyring) -
         planner, coder = Principal("alice", "planner", "web"), Principal("alice", "coder", "web")
         pad.turn(planner, TURN, now=NOW).checkpoint(facts=["planner's"], now=NOW)
         assert pad.turn(coder, TURN, now=NOW).latest_checkpoint(now=NOW) is None
-        # Numbered within the coder's scope: the planner's record is not counted (issue 11).
+        # Numbered within the coder's scope: the planner's record is not counted.
         assert pad.turn(coder, TURN, now=NOW).checkpoint(facts=["coder's"], now=NOW)["seq"] == 1
         latest = pad.turn(planner, TURN, now=NOW).latest_checkpoint(now=NOW)
         assert latest is not None and latest["facts"] == ["planner's"]

@@ -1,4 +1,4 @@
-"""The command line never surprises (issue 16): each test runs ``securepad`` through
+"""The command line never surprises: each test runs ``securepad`` through
 click's runner on a fresh HOME, in a scratch working directory, as a new user would."""
 
 from __future__ import annotations
@@ -148,9 +148,12 @@ def test_rotate_master_install_puts_the_new_key_in_place(cli: Cli) -> None:
     report = json.loads(ok(cli("keys", "rotate-master", "--install", "--json")).stdout)
     assert report["installed"] == str(cli.key) and report["owner_keys_rewrapped"] == 1
     assert cli.key.read_bytes() != old_key
-    # No ".new" file left behind (beside the key: the store's anchor and its lock).
+    # No ".new" file left behind (beside the key: the store's anchor and its lock),
+    # and the old key kept under a new name, never destroyed.
     kept = [p for p in cli.key.parent.iterdir() if not p.name.startswith("anchor-")]
-    assert sorted(kept) == [cli.key, cli.key.with_name("key.stores")]
+    assert sorted(kept) == [cli.key, cli.key.with_name("key.replaced-1"), cli.key.with_name("key.stores")]
+    assert report["old_key_kept"] == str(cli.key.with_name("key.replaced-1"))
+    assert cli.key.with_name("key.replaced-1").read_bytes() == old_key
     assert (
         "hello"
         in ok(
@@ -376,7 +379,7 @@ def test_bench_never_imports_from_the_working_directory(cli: Cli, tmp_path: Path
     assert not marker.exists()
 
 
-# -- stored text is data (issue 11, item 8) ---------------------------------------------
+# -- stored text is data ---------------------------------------------
 
 
 def test_stored_markup_and_control_sequences_are_shown_as_text(cli: Cli) -> None:
@@ -424,7 +427,7 @@ def test_an_older_copy_of_the_store_is_refused_until_adopted(cli: Cli, tmp_path:
     ok(cli("stats", env={"SECUREPAD_ANCHOR": str(moved)}))
 
 
-# -- verify (issue 14) ----------------------------------------------------------------------------
+# -- verify ----------------------------------------------------------------------------
 
 
 def test_verify_passes_a_genuine_store_and_names_a_deleted_entry(cli: Cli) -> None:
@@ -440,8 +443,8 @@ def test_verify_passes_a_genuine_store_and_names_a_deleted_entry(cli: Cli) -> No
     result = cli("--json", "verify")
     assert result.exit_code == 1
     (problem,) = json.loads(result.stdout)["problems"]
-    # A head is a constant-size tally (issue 14): verify names the turn and that rows went.
-    # The owner's usage head holds the turns' sealed reservations (issue 15), which a
+    # A head is a constant-size tally: verify names the turn and that rows went.
+    # The owner's usage head holds the turns' sealed reservations, which a
     # deleted row does not change: it still equals their sum, and nothing else is named.
     assert (problem["owner_user_id"], problem["turn_id"], problem["what"]) == ("bob", "t", "turn")
     table = cli("verify")

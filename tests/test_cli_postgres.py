@@ -1,4 +1,4 @@
-"""The command line on a PostgreSQL store (issue 15): every command through click's
+"""The command line on a PostgreSQL store: every command through click's
 runner with ``--db postgresql://...`` and with ``SECUREPAD_DB``, on a fresh HOME;
 and ``securepad audit`` on PostgreSQL, passing on a fresh store and failing,
 naming the check, when row-level security or the application role is weakened."""

@@ -26,7 +26,7 @@ SECTIONS = {
     and (blocks := re.findall(r"```python\n(.*?)```", text, re.S))
 }
 EXPECTED = {
-    "asyncio": ["738918 bytes stored as ", "line 50000: ERROR disk full"],
+    "asyncio": ["738918 bytes stored as ", "line 50000: ERROR disk full", "step 2 cut and removed"],
     "MCP server": [
         "['scratchpad_read', 'scratchpad_list']",
         "50001:line 50000: ERROR disk full",

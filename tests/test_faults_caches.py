@@ -1,4 +1,4 @@
-"""The owner-key caches are bounded (issue 18: they kept every owner ever seen)."""
+"""The owner-key caches are bounded (they kept every owner ever seen)."""
 
 from __future__ import annotations
 

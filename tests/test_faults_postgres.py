@@ -1,4 +1,4 @@
-"""PostgreSQL under network faults (issue 18), through a fault-injecting TCP
+"""PostgreSQL under network faults, through a fault-injecting TCP
 proxy in front of the real server: a black hole, a refusing server, a restart.
 
 The shared server is never restarted (other test sessions use it at the same
@@ -149,7 +149,7 @@ def test_recovery_within_two_seconds_of_the_servers_return(faulty_pad: Scratchpa
         errors.append(outcome)
     assert errors and all(type(e) is StoreUnavailableError for e in errors)
     proxy.heal()
-    # psycopg_pool's default back-off made the first success 19 s late (issue 18).
+    # psycopg_pool's default back-off made the first success 19 s late.
     assert until_it_works(lambda: faulty_pad.get(ALICE, entry)) < 3.0
 
 

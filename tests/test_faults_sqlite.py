@@ -1,4 +1,4 @@
-"""Faults on the SQLite backend (issue 18): connections of ended threads, a full
+"""Faults on the SQLite backend: connections of ended threads, a full
 disk, a damaged file, a long reader against the WAL, ``now=`` values, the file
 shrinking after gc. Every failure is a typed ``SecurepadError``, never a raw
 apsw exception, and leaves the store as it was."""
@@ -339,7 +339,7 @@ def test_wal_file_shrinks_after_a_checkpoint(db_path: Path, keyring: Keyring) ->
         reader.execute("BEGIN")
         reader.execute("SELECT COUNT(*) FROM entries").fetchall()
         for step in range(700):  # ~22 MiB through the WAL while the reader holds it
-            # Turns of 50 steps: a turn's sealed head (issue 14) lists its entries and is
+            # Turns of 50 steps: a turn's sealed head lists its entries and is
             # rewritten by each put, so one 700-step turn would add its head's size per put.
             pad.put(ALICE, f"t{step // 50}", step, "tool", random.randbytes(32 * 1024))
         assert Path(f"{db_path}-wal").stat().st_size > 20 * 1024 * 1024
@@ -374,7 +374,7 @@ def test_incremental_vacuum_gives_space_back(tmp_path: Path, keyring: Keyring) -
             pad.gc(now=time.time() + 60, wait=False)  # a turn's quick gc: no scrub
             full = db.stat().st_size
             assert pad.list_for_turn(ALICE, "keep")
-            pad.scrub()  # what a full gc ends with (issue 11): the file is rebuilt whatever the option
+            pad.scrub()  # what a full gc ends with: the file is rebuilt whatever the option
             scrubbed = db.stat().st_size
             assert pad.list_for_turn(ALICE, "keep")
         sizes[vacuum] = full

@@ -1,4 +1,4 @@
-"""A store written by the code before the engine was rebuilt (issue 12) opens and reads.
+"""A store written by the code before the engine was rebuilt opens and reads.
 
 ``tests/fixtures/store_v1.db`` was written by ``tests/fixtures/make_store_v1.py``
 with the code of that time; ``store_v1.json`` holds what it returned then.
@@ -40,7 +40,7 @@ def _json(value: Any) -> Any:
 def old_pad(tmp_path: Path) -> Any:
     shutil.copy(FIXTURES / "store_v1.db", tmp_path / "store.db")
     # git keeps no file modes but the executable bit: a fresh clone checks the fixture
-    # out 0644, which opening a store refuses (issue 11); a store of one's own is 0600.
+    # out 0644, which opening a store refuses; a store of one's own is 0600.
     (tmp_path / "store.db").chmod(0o600)
     key = tmp_path / "key"
     key.write_bytes((FIXTURES / "store_v1.key").read_bytes())

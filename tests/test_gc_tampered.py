@@ -1,4 +1,4 @@
-"""Issue 14: gc never deletes what tampering exposed.
+"""gc never deletes what tampering exposed.
 
 gc selects expired rows by their clear ``expires_at``, a column the attacker
 can write. Moving a row's expiry into the past used to make gc itself delete

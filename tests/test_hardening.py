@@ -1,4 +1,4 @@
-"""Issue 11: shared directories and key files (5), the master key in the
+"""Shared directories and key files (5), the master key in the
 environment (10), deeply nested JSON (11)."""
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ def test_every_tool_result_fits_the_read_cap_as_the_json_the_model_sees(
     tmp_path: Path, keyring: Keyring, max_read_chars: int
 ) -> None:
     """Content, escapes and the result's own fields (match_lines, hint, the echoed
-    pattern) together fit max_read_chars (issue 11, item 7)."""
+    pattern) together fit max_read_chars."""
     policy_file = tmp_path / "p.toml"
     policy_file.write_text(f'[access]\nscope = "owner"\n[limits]\nmax_read_chars = {max_read_chars}\n')
     text = "".join(f'line {i}: "quoted" ERROR \\ tab\there\n' for i in range(20000))

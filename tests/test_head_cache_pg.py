@@ -1,4 +1,4 @@
-"""Issue 14's read cost on PostgreSQL: the verified-head cache and its digest token.
+"""The read cost on PostgreSQL: the verified-head cache and its digest token.
 
 A warm read sends, beside its own rows, the token of its cached inventory;
 the server computes the turn's head and its SHA-256 of the turn's inventory

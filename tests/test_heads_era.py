@@ -1,4 +1,4 @@
-"""Issue 14: a heads flag reset to 'pending' where no anchor counter says the store had heads.
+"""A heads flag reset to 'pending' where no anchor counter says the store had heads.
 
 An attacker who can write the file deletes rows and every turn head and sets
 ``store_meta.turn_heads`` back to ``pending`` (a store migrated from before

@@ -1,5 +1,5 @@
 """No false alarm from the turn heads on a genuine store, on SQLite and
-PostgreSQL (issue 14): expiry and gc, delete, owner-key rotation, forgetting
+PostgreSQL: expiry and gc, delete, owner-key rotation, forgetting
 an owner, and concurrent writers leave every read working and ``verify`` ok.
 The edits that must be refused are in tests/test_turn_heads.py (SQLite) and
 tests/test_pg_tamper_heads.py (PostgreSQL)."""

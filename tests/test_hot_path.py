@@ -1,4 +1,4 @@
-"""The hot path's load-independent costs (issue 13), and the migration that made them.
+"""The hot path's load-independent costs, and the migration that made them.
 
 Statements and WAL frames per put, and key work per listed entry, do not
 depend on the machine's load, so they are guarded here (timings live in the
@@ -37,7 +37,7 @@ ALICE = Principal("alice", "agent", "web")
 
 # BEGIN IMMEDIATE; one SELECT of the key version, the quota and the step's look;
 # INSERT entries (a one-segment entry carries its segment: migration 8); the turn
-# head's SELECT and upsert (issue 14); COMMIT. Before migration 8: 8 (+ INSERT
+# head's SELECT and upsert; COMMIT. Before migration 8: 8 (+ INSERT
 # segments); before the step's look joined the quota's SELECT: 7.
 PUT_STATEMENTS = 6
 # None: the owner_usage triggers (2 statements a put: their firing and their
@@ -48,9 +48,9 @@ PUT_TRIGGER_STATEMENTS = 0
 # (entries leaf and overflow page, its id index and the turn index, owner_usage,
 # the turn_heads leaf, page 1; more when a page splits), 64 KiB 23-27.
 # Before migration 8 (segments row, its overflow and key index): 4 KiB 9-13, 64 KiB 24-25;
-# before issue 14's turn head 9 and 25; before migration 6: 13.3 and 31.1.
+# before the turn heads: 9 and 25; before migration 6: 13.3 and 31.1.
 # 4 KiB 12 when a turn_heads split (4 pages more) falls on a put whose row also
-# takes a third entries page (issue 13's listing part shifts where rows end:
+# takes a third entries page (the listing part shifts where rows end:
 # 5 puts of 30 measured; i12 alone: 11, the split on a two-page put).
 MAX_FRAMES = {4 * 1024: 12, 64 * 1024: 27}
 
@@ -76,7 +76,7 @@ def test_a_put_runs_few_statements_and_appends_few_wal_frames(filled: Scratchpad
 
 
 def test_a_put_into_an_owners_turn_writes_no_counter_page(db_path: Path, keyring: Keyring) -> None:
-    """Issue 13: the owner's usage total is its usage head, which the put's turn-head
+    """The owner's usage total is its usage head, which the put's turn-head
     upsert writes and which shares the turn head's page when the owner has few turns:
     20 puts of 4 KiB into an existing turn, measured (bench/costs.py) 130 frames
     (6 or 7 each), 150 with the owner_usage row before SQLite migration 11; 137
@@ -122,9 +122,9 @@ def test_a_listing_is_one_query_and_constant_key_work_per_entry(filled: Scratchp
         filled.put(ALICE, "long", step, "tool", f"observation {step}")
     costs = listing_costs(filled, ALICE, "long")
     assert costs["entries"] == 50
-    assert costs["statements"] == 2  # the rows, and the turn head (issue 14)
+    assert costs["statements"] == 2  # the rows, and the turn head
     assert costs["wal_frames"] == 0
-    # Issue 13: each entry's listing part opens under the owner's listing key,
+    # Each entry's listing part opens under the owner's listing key,
     # derived once and cached with the owner key: no per-entry key work at all.
     assert (costs["key_unwraps"], costs["key_derivations"], costs["header_digests"]) == (0, 0, 0)
 
@@ -141,8 +141,8 @@ def test_wrap_counts_are_kept_in_memory_and_written_with_a_later_put_and_at_clos
         for step in range(10):
             pad.put(ALICE, "t", step, "tool", "x")
         # file + this process's pending: 10 item keys, 10 turn-head seals, 2 owner-head seals
-        # (issue 14: the empty one with the owner's first key, then the one listing the turn)
-        # and 2 usage-head seals (a zero one with the key, then the turn's first grant: issue 15,
+        # (the empty one with the owner's first key, then the one listing the turn)
+        # and 2 usage-head seals (a zero one with the key, then the turn's first grant:
         # a put within its turn's reservation does not rewrite the usage head)
         assert pad.stats()["key_usage"]["owner_key_max_wraps"] == 24
         assert _file_wraps(pad) == 0  # no counter UPDATE per put
@@ -201,12 +201,12 @@ def test_migration_6_makes_rowid_tables_with_only_the_indexes_queries_need(tmp_p
         pad.put(ALICE, "after-migration", 1, "tool", "new entry")
         assert pad.read(ALICE, pad.list_for_turn(ALICE, "after-migration")[0]["scratchpad_id"])["content"]
     version, objects, after_entries, after_segments = _schema(path)
-    assert version == SCHEMA_VERSION  # 6, then 7 (issue 14's turn heads), 8 (one-segment entries inline)
+    assert version == SCHEMA_VERSION  # 6, then 7 (the turn heads), 8 (one-segment entries inline)
     assert (after_entries, after_segments) == (entries + 1, segments)  # one segment: in its row (migration 8)
     names = {name for _, name in objects}
     assert {"entries_expires", "entries_owner_usage", "entries_v6", "segments_v6"}.isdisjoint(names)
     assert "entries_owner_turn" in names
-    # Migration 11 (issue 13): the owner_usage triggers and table went; the usage heads took them over.
+    # Migration 11: the owner_usage triggers and table went; the usage heads took them over.
     assert {"owner_usage", "owner_usage_insert", "owner_usage_delete", "owner_usage_update"}.isdisjoint(names)
     conn = apsw.Connection(str(path))
     try:

@@ -1,4 +1,4 @@
-"""Issue 11 item 3: no raw key bytes in the locals of a traceback.
+"""No raw key bytes in the locals of a traceback.
 
 Error reporters that capture locals (Sentry, rich tracebacks, ``pytest
 --showlocals``) render every frame's variables with ``repr``. Every failure

@@ -113,7 +113,7 @@ def test_an_untouched_file_reads_back(world: World) -> None:
 
 @pytest.mark.parametrize("executor", ["langgraph.checkpoint", "langgraph.write"])
 def test_an_edited_checkpoint_or_write_is_refused(world: World, executor: str) -> None:
-    """Small checkpoints and writes live in the entry's listing part (its sealed metadata before issue 13)."""
+    """Small checkpoints and writes live in the entry's listing part (its sealed metadata in rows written before it)."""
     conn = apsw.Connection(str(world.db_path))
     try:
         sql = "SELECT id, sealed_listing FROM entries WHERE executor_name = ? AND owner_user_id = 'alice' LIMIT 1"
@@ -183,7 +183,7 @@ def test_a_checkpoint_given_to_another_owner_is_refused(world: World) -> None:
     bobs = world.latest("t1", owner="bob").checkpoint
     _edit(world.db_path, "UPDATE entries SET owner_user_id = 'bob' WHERE owner_user_id = 'alice'")
     assert world.latest("t1", owner="bob").checkpoint == bobs
-    with pytest.raises(IntegrityError):  # alice's thread head still lists them (issue 14)
+    with pytest.raises(IntegrityError):  # alice's thread head still lists them
         world.latest("t1", owner="alice")
     with Scratchpad.open(world.db_path, keyring=world.keyring) as pad:
         assert pad.verify()["ok"] is False
@@ -195,7 +195,7 @@ def test_a_reordered_or_relabelled_entry_is_refused(world: World) -> None:
         world.latest()
 
 
-# -- refused since issue 14: the thread's turn head lists every entry -------------------------------
+# -- refused: the thread's turn head lists every entry -------------------------------
 
 
 def test_deleting_the_newest_checkpoint_is_refused(world: World) -> None:
@@ -229,7 +229,7 @@ def test_deleting_pending_writes_is_refused(world: World) -> None:
         world.latest()
 
 
-# -- refused since issue 14: the store's snapshot-rollback anchor -----------------------------------
+# -- refused: the store's snapshot-rollback anchor -----------------------------------
 
 
 def test_rolling_the_file_back_is_refused(world: World, tmp_path: Path) -> None:

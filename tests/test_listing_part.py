@@ -1,4 +1,4 @@
-"""The listing part of an entry (issue 13): what a listing shows, sealed under
+"""The listing part of an entry: what a listing shows, sealed under
 one key per owner and key version, bound to its entry; and its encoding.
 
 A listing opens only these parts: no per-entry key derivation, unwrap or
@@ -151,7 +151,7 @@ def test_two_listing_parts_swapped_are_refused(store: Store) -> None:
 
 
 def test_a_nulled_listing_part_goes_the_slow_path_and_is_refused_there(store: Store) -> None:
-    """Without its part a row looks like one written before issue 13: it is
+    """Without its part a row looks like one written before the listing part: it is
     opened with its item key, whose header digest (format 1) does not match
     what the entry was sealed with, so it is refused, never listed unauthenticated."""
     store.edit("UPDATE entries SET sealed_listing = NULL WHERE id = ?", (store.ids["a1"],))

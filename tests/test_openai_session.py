@@ -49,7 +49,7 @@ def test_items_come_back_in_order_with_the_sdk_limit_semantics(pad: Scratchpad, 
 
 
 def test_items_whose_view_was_cut_to_the_inline_limit_come_back_whole(tmp_path: Path, alice: Principal) -> None:
-    """The listing's view fits inline_max_chars (issue 11) and may leave out the
+    """The listing's view fits inline_max_chars and may leave out the
     metadata an item travels in: the session then reads it from the entry."""
     from securepad import Policy
 
@@ -190,7 +190,7 @@ def _items(db_path: Path, keyring: Keyring, alice: Principal, session_id: str = 
 
 
 def test_an_edited_small_item_is_refused(stored: Path, keyring: Keyring, alice: Principal) -> None:
-    """Small items live in the entry's listing part (its sealed metadata before issue 13)."""
+    """Small items live in the entry's listing part (its sealed metadata in rows written before it)."""
     with Scratchpad.open(stored, keyring=keyring) as pad:
         s1 = SecurepadSession("s1", pad, alice).turn_id
     conn = apsw.Connection(str(stored))
@@ -244,13 +244,13 @@ def test_an_item_given_to_another_owner_is_refused(
     _edit(stored, "UPDATE entries SET owner_user_id = 'bob'")
     with Scratchpad.open(stored, keyring=keyring) as pad:
         assert run(SecurepadSession("s1", pad, bob).get_items()) == []
-        with pytest.raises(IntegrityError):  # alice's session head still lists them (issue 14)
+        with pytest.raises(IntegrityError):  # alice's session head still lists them
             run(SecurepadSession("s1", pad, alice).get_items())
         assert pad.verify()["ok"] is False
 
 
 def test_a_deleted_newest_item_is_refused(stored: Path, keyring: Keyring, alice: Principal) -> None:
-    """Session truncation (issue 14): the session's turn head lists every item,
+    """Session truncation: the session's turn head lists every item,
     so an item deleted from the end of the file ends the read in IntegrityError."""
     with Scratchpad.open(stored, keyring=keyring) as pad:
         s1 = SecurepadSession("s1", pad, alice).turn_id

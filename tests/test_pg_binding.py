@@ -1,4 +1,4 @@
-"""Parameters bound by the PostgreSQL server (issue 15, ``securepad._pg_conn.send``).
+"""Parameters bound by the PostgreSQL server (``securepad._pg_conn.send``).
 
 Each message is one libpq pipeline of the extended protocol: the parameters
 travel apart from the statements' text, ``bytes`` in binary, the rest as

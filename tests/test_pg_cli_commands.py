@@ -1,4 +1,4 @@
-"""The command line on a PostgreSQL store, end to end (issue 15), beyond
+"""The command line on a PostgreSQL store, end to end, beyond
 ``test_cli_postgres.py``'s tour: every read mode, the turn and the key commands,
 gc of expired entries, verify (and audit) on a store edited by the admin role,
 and the failures a user meets: a malformed DSN, a server that is down, the
@@ -303,7 +303,7 @@ def test_verify_passes_then_names_rows_the_admin_role_deleted(store: Cli) -> Non
     result = store("--json", "verify")
     assert result.exit_code == 1
     problems = json.loads(result.stdout)["problems"]
-    # The turn (bob's usage head holds his turns' reservations, issue 15: unchanged by the delete).
+    # The turn (bob's usage head holds his turns' reservations: unchanged by the delete).
     assert problems and {(p["owner_user_id"], p["turn_id"]) for p in problems} == {("bob", "t")}
     text = store("verify")
     assert text.exit_code == 1 and "verify FAILED" in text.stdout and "bob" in text.stdout

@@ -1,4 +1,4 @@
-"""The PostgreSQL client's call path (issue 15, stop 24): what it keeps
+"""The PostgreSQL client's call path: what it keeps
 between calls to spend less CPU, and what that must not change.
 
 A store made from a DSN keeps the connection its last call gave back for the

@@ -2,7 +2,7 @@
 is ``synchronous_commit = off`` and ``"full"`` is ``on``, set inside each of
 the store's transactions with the owner and the role (``set_config(...,
 true)``, in the statement the transaction sends anyway; in a put of one
-message, the implicit transaction's, issue 15), so it costs no round trip and
+message, the implicit transaction's), so it costs no round trip and
 never outlives its transaction on a pooled server session.
 """
 
@@ -167,7 +167,7 @@ def _settings_noted(pg_dsn: str) -> Iterator[Callable[[str], tuple[str, str, int
 
 @pytest.mark.parametrize("durability", ["normal", "full"])
 def test_the_setting_costs_no_round_trip(pg_dsn: str, keyring: Keyring, durability: str) -> None:
-    """Under either policy (the budget of issue 15): a put is one round trip
+    """Under either policy (the round-trip budget): a put is one round trip
     into a turn whose head this process sealed last, and two into a turn's
     first (the head read first); a read is one. Each put's entry is inserted
     under the policy's setting and the store's role (noted by a trigger): in

@@ -1,5 +1,5 @@
-"""What opening a PostgreSQL store costs a fresh process, counted on the client
-(issue 15): connections made and round trips (psycopg waits for the server
+"""What opening a PostgreSQL store costs a fresh process, counted on the client:
+connections made and round trips (psycopg waits for the server
 through ``Connection.wait`` once per message), whatever the machine's load.
 
 Opening an existing store at the current schema from a DSN makes one

@@ -1,4 +1,4 @@
-"""Ready to be distributed by owner (issue 15): on PostgreSQL every primary
+"""Ready to be distributed by owner: on PostgreSQL every primary
 key and unique constraint of a table that holds owners' rows includes
 ``owner_user_id``, checked on the live schema (pg_catalog), and a store made
 at schema 1 (ids alone as keys) is converted when it opens."""
@@ -71,7 +71,7 @@ def test_every_key_of_an_owners_table_includes_the_owner(pg_dsn: str, keyring: K
     assert without_owner == []
     # The owner leads each key, but for the keys by id (schema 11): led by the
     # owner, they tied on a young store with the tables' other owner-leading
-    # indexes (docs/how-to/postgresql.md "Young stores and generic plans").
+    # indexes (docs/decisions/0010-young-store-plans.md).
     keys = {(c["table_name"], tuple(c["columns"])) for c in constraints if c["table_name"] in owners_tables}
     by_id = {key for key in keys if key[1][0] != "owner_user_id"}
     assert by_id == {(table, ("id", "owner_user_id")) for table in ("entries", "checkpoints", "compaction_marks")}

@@ -1,5 +1,5 @@
 """A store opened from a plain DSN (the default pools) through PgBouncer in
-transaction pooling mode (issue 15).
+transaction pooling mode.
 
 ``tests/test_pgbouncer.py`` gives the store pools of its own made as the docs
 say (``prepare_threshold=None``). Here nothing is configured: the DSN of the

@@ -1,4 +1,4 @@
-"""Server-side prepared statements on PostgreSQL (issue 15, ``securepad._pg_prepare``).
+"""Server-side prepared statements on PostgreSQL (``securepad._pg_prepare``).
 
 The server's own statistics (``pg_prepared_statements``: how often each
 statement of the session ran, and how often it was planned) guard what a put
@@ -37,7 +37,7 @@ TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # about 4 KiB
 # statement (``_Put.once``: one message, no BEGIN or COMMIT); a turn's first
 # put here: the anchor, the settings and locks, the quota check (with the key
 # version and the turn's heads), the entry (its one segment in its row) with
-# the turn's head (BEGIN and COMMIT are not planned; before issue 15's folds,
+# the turn's head (BEGIN and COMMIT are not planned; before the folds,
 # tests/test_pg_put_statements.py: 6); read: the anchor, the settings, the
 # entry, the heads.
 STATEMENTS = {"put (turn this process wrote last)": 3, "put (first into a turn)": 4, "read": 4}

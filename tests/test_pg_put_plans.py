@@ -1,5 +1,5 @@
-"""What a put costs the PostgreSQL server, in rows and plans (issue 15,
-docs/how-to/postgresql.md "CPU per put"), whatever the machine's load.
+"""What a put costs the PostgreSQL server, in rows and plans
+(docs/decisions/0010-young-store-plans.md), whatever the machine's load.
 
 A connection's prepared statements keep the generic plan made at their sixth
 run. On a young store (not analyzed yet: its first minute, or its first 50

@@ -1,5 +1,5 @@
-"""The statements of a put on PostgreSQL (issue 15, docs/how-to/postgresql.md
-"Stop 24: statements per put"), counted by the server, whatever the machine's load.
+"""The statements of a put on PostgreSQL (docs/how-to/postgresql.md,
+"What a call costs"), counted by the server, whatever the machine's load.
 
 Each statement of a message costs the server a Bind, a portal and an executor
 start-up and the client a result to read, whatever the statement does. A put

@@ -1,4 +1,4 @@
-"""Issue 15: a warm PostgreSQL read costs the server nothing per turn row while nothing commits.
+"""A warm PostgreSQL read costs the server nothing per turn row while nothing commits.
 
 A read sends the freshness token of its cached inventory (``head_reads``):
 the server's snapshot (``xmin:xmax:xip``) with the postmaster's start time and
@@ -349,7 +349,7 @@ def test_the_token_benchmark_runs_each_case(pg_dsn: str) -> None:
 
 
 def test_the_commit_benchmark_runs_each_case(pg_dsn: str) -> None:
-    """``python -m securepad.bench.pg_read_token --commit-every-ms 1``: stop 24's figures."""
+    """``python -m securepad.bench.pg_read_token --commit-every-ms 1``: the figures of the PostgreSQL guide."""
     from securepad.bench.pg_read_token import commit_costs
 
     costs = commit_costs(pg_dsn, entries=10, executions=20, rounds=1, every_ms=1.0)

@@ -3,7 +3,7 @@ for the server's answer through ``Connection.wait`` (once per message: a
 query, a batch of statements sent as one message, a COMMIT), so counting
 those waits counts the round trips, whatever the machine's load.
 
-The budget (issue 15), in the steady state (the owner's key already made and
+The budget, in the steady state (the owner's key already made and
 cached): one round trip per read (its entry row comes with its segment). A
 put into a turn whose head this process sealed last is one: its settings and
 locks, then the entry's INSERT with the head's conditional UPDATE, as one

@@ -1,4 +1,4 @@
-"""Issue 14 on PostgreSQL: rows edited by the admin role, refused on every read of the turn.
+"""On PostgreSQL: rows edited by the admin role, refused on every read of the turn.
 
 ``tests/test_turn_heads.py`` makes its edits on the SQLite file; here the same
 turn (five recorded steps, two compaction checkpoints, a compaction mark; a

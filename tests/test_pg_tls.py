@@ -1,4 +1,4 @@
-"""TLS settings on PostgreSQL (issue 15), as far as a server without TLS can test them.
+"""TLS settings on PostgreSQL, as far as a server without TLS can test them.
 
 The local test server runs with ``ssl = off`` (and its configuration is
 shared: the tests do not change it). What holds without a certificate:

@@ -1,6 +1,5 @@
 """What the store's calls read on a young PostgreSQL store, in rows, whatever
-the machine's load (issue 15, docs/how-to/postgresql.md "Young stores and
-generic plans").
+the machine's load (docs/decisions/0010-young-store-plans.md).
 
 A connection's prepared statements (and a function's statements) keep the
 generic plan made at their sixth run. On a store that autovacuum has not

@@ -1,5 +1,5 @@
 """Many clients through PgBouncer in transaction pooling mode, and SCRAM password
-authentication (issue 15).
+authentication.
 
 Each test starts Debian's ``pgbouncer`` on a free local port with its own ini and
 userlist in a temporary directory, and stops it. Without pgbouncer the tests are

@@ -1,4 +1,4 @@
-"""put_many and Turn.record_many (issue 13): one transaction, all or nothing,
+"""put_many and Turn.record_many: one transaction, all or nothing,
 each entry checked as put checks it; the async faces do the same."""
 
 from __future__ import annotations

@@ -262,7 +262,7 @@ def test_a_model_pattern_cannot_hang_the_process() -> None:
     assert result["metadata"]["match_lines"] == []
 
 
-# -- the cost of a grep call (issue 11) ----------------------------------------------------
+# -- the cost of a grep call ----------------------------------------------------
 
 
 def _grep_all(content: reads.SegmentedContent, pattern: str, **kwargs: Any) -> dict[str, Any]:

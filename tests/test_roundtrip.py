@@ -133,7 +133,7 @@ def check_read(
     assert len(result["content"]) <= cap
     if isinstance(original, str):  # the cap counts the JSON the model sees
         assert len(json.dumps(result["content"], ensure_ascii=False)) - 2 <= cap
-    # ... and the whole result counts: content, escapes and the result's own fields (issue 11).
+    # ... and the whole result counts: content, escapes and the result's own fields.
     assert len(json.dumps(result, ensure_ascii=False)) <= cap
     if meta["capped"]:
         assert len(got) < len(want)
@@ -309,7 +309,7 @@ def test_full_read_of_a_big_text_is_capped_and_says_where_to_continue(pad: Scrat
     entry_id = put(pad, alice, text)
     result = check_read(pad, alice, entry_id, text, "full", 0, 0, None)
     meta = result["metadata"]
-    # The cap counts the text as JSON, as the model sees it: each "\n" is two characters (issue 11).
+    # The cap counts the text as JSON, as the model sees it: each "\n" is two characters.
     shown = len(result["content"])
     assert result["content"] == text[:shown]
     assert len(json.dumps(result["content"], ensure_ascii=False)) - 2 <= DEFAULT_CAP

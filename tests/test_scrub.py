@@ -1,4 +1,4 @@
-"""Issue 11, item 12: deleted rows leave no stale copy anywhere in the file.
+"""Deleted rows leave no stale copy anywhere in the file.
 
 SQLite's ``secure_delete`` zeroes a deleted cell, but a b-tree rebalance
 rebuilds pages without zeroing their unused space: a row that moved to

@@ -1,4 +1,4 @@
-"""Issue 11 item 2: a sealed row of another owner, duplicated under the caller's
+"""A sealed row of another owner, duplicated under the caller's
 owner in a table rebuilt without its primary key, is never served.
 
 The attacker edits the file: rebuilds a sealed table without its key
@@ -95,7 +95,7 @@ def test_a_relabelled_duplicate_of_bobs_row_is_never_served(attacked: Any, call:
         with pytest.raises(REFUSED):
             CALLS[call](pad, turn)
     else:
-        # Since issue 14 every read of the turn checks the turn's whole inventory
+        # every read of the turn checks the turn's whole inventory
         # (every table) against its head: a refusal is right too; a leak never is.
         try:
             result = CALLS[call](pad, turn)

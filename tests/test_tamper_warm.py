@@ -1,4 +1,4 @@
-"""Issue 14: the issue's edits, made while the store is open and after every
+"""The issue's edits, made while the store is open and after every
 read path has read the turn (a warm process), are refused on every read of
 the turn they touched.
 

@@ -204,7 +204,7 @@ def test_tools_decides_on_authenticated_metadata(small_pad: Scratchpad, alice: P
     entry = offload(turn, 1)
     conn = apsw.Connection(str(small_pad.path))
     try:
-        # What tools() reads: the listing part (issue 13; the sealed metadata before it).
+        # What tools() reads: the listing part (the sealed metadata before it).
         conn.execute("UPDATE entries SET sealed_listing = ? WHERE id = ?", (bytes(64), entry))
     finally:
         conn.close()

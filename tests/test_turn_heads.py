@@ -1,4 +1,4 @@
-"""Issue 14: sealed turn heads refuse whole-turn tampering on every read path.
+"""Sealed turn heads refuse whole-turn tampering on every read path.
 
 A turn of five recorded steps, two compaction checkpoints and a compaction
 mark is edited on the real file (a raw apsw connection, as an attacker with
@@ -157,7 +157,7 @@ def test_verify_recomputes_the_quota_totals(store: dict[str, Any]) -> None:
     with raw_file(store["path"]) as conn:
         older = conn.execute(usage).fetchall()[0][0]
     with _open(store) as pad:
-        pad.put(ALICE, "t-new", 50, "tool", "one more entry", now=NOW)  # a new turn's grant (issue 15)
+        pad.put(ALICE, "t-new", 50, "tool", "one more entry", now=NOW)  # a new turn's grant
     with raw_file(store["path"]) as conn:  # the usage head rolled back to its genuine value before the put
         conn.execute(usage.replace("SELECT sealed FROM", "UPDATE").replace("WHERE", "SET sealed = ? WHERE"), (older,))
     with _open(store) as pad:
@@ -340,5 +340,5 @@ def test_a_head_is_small_whatever_the_turn_length(db_path: Path, keyring: Keyrin
         pad.put(ALICE, "short", 1, "tool", "x", now=NOW)
     with raw_file(db_path) as conn:
         sizes = dict(conn.execute("SELECT turn_id, length(sealed) FROM turn_heads WHERE turn_id != ''").fetchall())
-    # only the digits of the counts and of the bytes and reservation (issue 15) differ
+    # only the digits of the counts and of the bytes and reservation differ
     assert sizes["long"] - sizes["short"] <= 24 and sizes["long"] < 480

@@ -1,4 +1,4 @@
-"""Issue 14 on PostgreSQL: the constant-size heads refuse rows deleted, altered
+"""On PostgreSQL: the constant-size heads refuse rows deleted, altered
 or removed with their heads by the database's owner (the admin side), on the
 read path of the turn, and verify names them."""
 

@@ -1,4 +1,4 @@
-"""Issue 14: the heads of a store written by main at e7494e0 (format 1: a listing
+"""The heads of a store written by main at e7494e0 (format 1: a listing
 of every row) become constant-size tallies (format 2) on the first open with the
 key after migration 10 (PostgreSQL 7), and what they refused before they still refuse."""
 

@@ -1,4 +1,4 @@
-"""Issue 15: per-turn bytes and quota reservations (``head_owner``), on both backends.
+"""Per-turn bytes and quota reservations (``head_owner``), on both backends.
 
 Each turn head seals its bytes ``b`` and its reservation ``r >= b``; the usage
 head seals R, the sum of the ``r``. The quota stays exact: a put never takes R
@@ -202,7 +202,7 @@ def test_a_store_with_format_2_heads_is_converted_at_open(store_location: Any, k
         pad.put(bob, "t", 1, "tool", "bob's", now=NOW)
         pad.turn(alice, "t", now=NOW).checkpoint(facts=["a fact"], now=NOW)
         used = {owner: _used(pad, owner) for owner in ("alice", "bob")}
-        # A usage head of before held the owner's bytes (issue 13).
+        # A usage head of before held the owner's bytes.
         with parts(pad).db.transaction(admin=True) as conn:
             for owner, total in used.items():
                 parts(pad).entries.heads.write_body(conn, owner, USAGE_HEAD, str(total).encode())

@@ -1,4 +1,4 @@
-"""Issue 15 on PostgreSQL: one owner's puts into different turns do not wait for each other.
+"""On PostgreSQL: one owner's puts into different turns do not wait for each other.
 
 A put within its turn's reservation takes the owner's advisory lock shared and
 its turn's exclusive (``Backend.transaction(owner, turn=...)``). Whether a put

@@ -1,6 +1,6 @@
-"""Issue 13/14/15: each owner's quota reservation lives in its sealed usage head (``head_owner``).
+"""Each owner's quota reservation lives in its sealed usage head (``head_owner``).
 
-Since issue 15 the usage head holds the sum of the owner's turns' reservations,
+the usage head holds the sum of the owner's turns' reservations,
 and each turn head its bytes and its reservation: ``totals`` must equal
 ``reserved`` (the sum of the turns' ``r``), and ``used`` (the sum of their ``b``)
 the entries' stored bytes.
@@ -179,7 +179,7 @@ def test_a_put_runs_no_trigger_and_within_its_reservation_writes_its_turn_head_o
         finally:
             conn.trace_v2(0, None)
         upserts = [sql for sql in statements if sql.startswith("INSERT INTO turn_heads")]
-        assert len(upserts) == 1 and upserts[0].count("(?, ?, ?, ?)") == 1  # the turn head: no usage head (issue 15)
+        assert len(upserts) == 1 and upserts[0].count("(?, ?, ?, ?)") == 1  # the turn head: no usage head
 
 
 def test_a_store_from_before_usage_heads_gets_them_at_open(tmp_path: Path) -> None:

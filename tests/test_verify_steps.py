@@ -1,4 +1,4 @@
-"""Issue 14: ``verify`` names what a digest lets it name.
+"""``verify`` names what a digest lets it name.
 
 A turn head is a count and a keyed digest: it cannot say which row is gone.
 But verify knows the steps of the turn's authenticated entries and the

@@ -1,4 +1,4 @@
-"""Which encoding for the header digest input and the sealed metadata (issue 13).
+"""Which encoding for the header digest input and the sealed metadata.
 
 ``python -m securepad.bench.encoding [--repeat N] [--json]``
 

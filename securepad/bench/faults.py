@@ -1,4 +1,4 @@
-"""The figures of the docs' reliability page (issue 18): what faults do to a store.
+"""The figures of the docs' reliability page: what faults do to a store.
 
     python -m securepad.bench.faults [--out FILE] [--quick] [--dsn DSN] [PART ...]
 

@@ -3,7 +3,7 @@ every segment), and check each call against the stated bound.
 
     python -m securepad.bench.grep_worst [--mib 100] [--only NAME] [--out FILE]
 
-The bound (issue 11): a grep call's cost is linear in the bytes it scans,
+The bound: a grep call's cost is linear in the bytes it scans,
 whatever the pattern, and no call runs longer than the work budget
 (``GREP_TIME_BUDGET_S``, plus the one bounded RE2 call in flight) before it
 returns a partial result that says where to go on. The figures printed per

@@ -1,4 +1,4 @@
-"""What sealed turn heads (issue 14) cost: put and turn read with and without them, and verify.
+"""What sealed turn heads cost: put and turn read with and without them, and verify.
 
 ``python -m securepad.bench.heads [--entries N] [--verify-entries N] [--long-turn N]``
 

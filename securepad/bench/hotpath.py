@@ -1,4 +1,4 @@
-"""Issue 13's hot-path figures, as the ``hotpath`` workload of ``securepad bench``.
+"""The hot-path figures, as the ``hotpath`` workload of ``securepad bench``.
 
 Four sections, each a list of records with ``"section"`` set:
 

@@ -1,4 +1,4 @@
-"""The ``hotpath`` workload's tables and issue 13's targets that it measures."""
+"""The ``hotpath`` workload's tables and the hot path's targets that it measures."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def _find(records: list[Record], **match: Any) -> Record | None:
 
 
 def targets(records: list[Record], add: Add) -> None:
-    """Issue 13's targets that the hotpath workload measures, each as a ratio from this run."""
+    """The hot path's targets that the hotpath workload measures, each as a ratio from this run."""
     cost = _find(_section(records, "costs"), size_bytes=4096)
     why = _why(_section(records, "costs"), "securepad")
     for label, key, limit in (("statements", "statements", 4), ("WAL frames", "wal_frames", 5)):

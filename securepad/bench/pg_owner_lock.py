@@ -1,4 +1,4 @@
-"""Where one owner's writers hold the owner's lock on PostgreSQL (issue 15).
+"""Where one owner's writers hold the owner's lock on PostgreSQL.
 
 ``python -m securepad.bench.pg_owner_lock [--seconds 5] [--durability normal]``:
 ``--processes`` processes put (4 KiB, a turn each) and read for one owner
@@ -9,7 +9,7 @@ its client's next message; active: working) and how many sessions wait for
 it. The two views are read in one statement but not at one instant, so a
 few samples show the holder already waiting for its next lock.
 
-The figure of docs/how-to/postgresql.md (Performance) on how often an optimistic
+The figure on how often an optimistic
 read of the usage head would have been stale came from a patched opening
 statement (it read the usage head again before the lock wait), not from this module.
 """

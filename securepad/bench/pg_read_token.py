@@ -1,4 +1,4 @@
-"""What a warm PostgreSQL read's head statement costs the server (issue 15).
+"""What a warm PostgreSQL read's head statement costs the server.
 
     python -m securepad.bench.pg_read_token [--entries 1000] [--executions 3000] [--rounds 3]
 
@@ -27,7 +27,7 @@ alternating; the server process's CPU (``/proc/<pid>/stat``) per execution:
 
 The same store, read while another connection commits a transaction every
 ``--commit-every-ms`` milliseconds, so that the snapshot of nearly every read
-has moved since its token was taken (issue 15, stop 24); the reading
+has moved since its token was taken; the reading
 connection in autocommit, as the store reads (each statement its own
 snapshot), with the token of its first read. Per execution, the reading
 server process's CPU (the committer's is not counted):

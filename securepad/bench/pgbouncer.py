@@ -1,4 +1,4 @@
-"""Clients through PgBouncer in transaction pooling mode (issue 15), and straight to the server.
+"""Clients through PgBouncer in transaction pooling mode, and straight to the server.
 
 ``python -m securepad.bench.pgbouncer`` starts Debian's ``pgbouncer`` on a free
 local port in front of the PostgreSQL server (``--server``, default the local

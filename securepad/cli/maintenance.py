@@ -364,6 +364,10 @@ def rotate_master(
                 new_key_file = made
         new.key_file = new_key_file or state.key_file
         new_existed = new_key_file is not None and new_key_file.exists()
+        # The record beside a key file is a clear file anyone who writes the key
+        # directory can forge, so the old key is never destroyed: it stays
+        # beside, and a store it still opens can be given it with --key-file.
+        kept = _keep_old_key(state.key_file) if install else None
         try:
             new_keyring = new.keyring(new_store=True)
             bar, update = _progress_bar("re-wrapping owner keys")
@@ -372,6 +376,8 @@ def rotate_master(
         except BaseException:
             if made is not None:
                 made.unlink(missing_ok=True)
+            if kept is not None:
+                kept.unlink(missing_ok=True)
             raise
         store_id = pad.store_id
     if install and new_key_file is not None:
@@ -379,7 +385,11 @@ def rotate_master(
         with contextlib.suppress(SecurepadError):
             record_key_file_use(state.key_file, store_id, key_created=True)
         report["installed"] = str(state.key_file)
-        report["next"] = f"nothing: the new key is in place at {state.key_file}; the old key no longer opens this store"
+        report["old_key_kept"] = str(kept)
+        report["next"] = (
+            f"nothing: the new key is in place at {state.key_file}; the old key no longer opens this store."
+            f" It is kept at {kept}: delete it once no other store needs it"
+        )
     elif new_key_file is not None:
         with contextlib.suppress(SecurepadError):
             record_key_file_use(new_key_file, store_id, key_created=not new_existed)
@@ -398,6 +408,33 @@ def rotate_master(
     _show_report(report, "master key rotated")
     if not state.as_json:
         err_console.print(plain(f"next: {report['next']}"), style="bold", highlight=False)
+
+
+def _keep_old_key(key_file: Path) -> Path:
+    """A second name for the current key, ``<key file>.replaced-N`` (a hard link,
+    or a 0600 copy where links are not supported), made before it is replaced.
+
+    Raises:
+        SecurepadError: it cannot be made (nothing is rotated then).
+    """
+    n = 1
+    while os.path.lexists(f"{key_file}.replaced-{n}"):
+        n += 1
+    kept = Path(f"{key_file}.replaced-{n}")
+    try:
+        os.link(key_file, kept)
+        return kept
+    except FileExistsError:
+        raise SecurepadError(f"cannot keep the current key at {kept}: it appeared meanwhile") from None
+    except OSError:
+        pass  # a file system without hard links: copy it
+    try:
+        fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(key_file.read_bytes())
+    except OSError as exc:
+        raise SecurepadError(f"cannot keep the current key at {kept}: {exc.strerror or exc}") from None
+    return kept
 
 
 def _check_key_file_serves_only(key_file: Path, store_id: str) -> None:

@@ -129,3 +129,42 @@ def test_the_library_restore_refuses_a_failing_backup(tmp_path: Path, keyring: K
     flip_segment_byte(tmp_path / "b.db", entry)
     with pytest.raises(IntegrityError, match="nothing was changed"):
         Scratchpad.restore(tmp_path / "s.db", tmp_path / "b.db", keyring=keyring)
+
+
+def test_no_write_commits_between_the_copy_kept_aside_and_the_restore(
+    tmp_path: Path, keyring: Keyring, bob: Principal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store a restore replaces is copied aside under the write lock the
+    replacement holds: a writer of another connection cannot commit in between,
+    so no write is lost from both files."""
+    import apsw
+
+    from securepad._db import Database
+
+    with Scratchpad.open(tmp_path / "s.db", keyring=keyring) as pad:
+        pad.put(bob, "t", 1, "x", "kept")
+        pad.backup(tmp_path / "b.db")
+        pad.put(bob, "t", 2, "x", "written after the backup")
+    refused: list[type[BaseException]] = []
+    copy_as_read = Database._copy_as_read
+
+    def copy_while_another_connection_writes(self: Database, dest: Path) -> None:
+        other = apsw.Connection(str(tmp_path / "s.db"))
+        other.setbusytimeout(0)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+        except apsw.BusyError as exc:
+            refused.append(type(exc))
+        else:  # pragma: no cover - the lock was not held
+            other.execute("ROLLBACK")
+        finally:
+            other.close()
+        copy_as_read(self, dest)
+
+    monkeypatch.setattr(Database, "_copy_as_read", copy_while_another_connection_writes)
+    result = Scratchpad.restore(tmp_path / "s.db", tmp_path / "b.db", keyring=keyring)
+    assert refused == [apsw.BusyError]
+    with Scratchpad.open(result["replaced"], keyring=keyring, anchor=False) as replaced:
+        assert replaced.stats()["entries"] == 2
+    with Scratchpad.open(tmp_path / "s.db", keyring=keyring) as restored:
+        assert restored.stats()["entries"] == 1

@@ -88,3 +88,43 @@ def test_the_record_is_written_only_when_it_changes(tmp_path: Path) -> None:
     assert both.complete and both.stores == {"a", "b"} and not both.serves_only("a")
     first.record.write_text("not json")
     assert key_file_use(key).complete is False and key_file_use(key).stores == frozenset()
+
+
+def test_install_keeps_the_old_key_when_a_forged_record_hides_another_store(cli: Cli, tmp_path: Path) -> None:
+    """The record is a clear file: whoever writes the key directory can make it
+    name this store alone. --install then replaces the shared key file, but
+    the old key is kept beside it, so the other store still opens."""
+    ok(cli("init"))
+    other = str(tmp_path / "other.db")
+    ok(cli("--db", other, "init"))  # the same key file
+    other_id = as_json(cli("--json", "--db", other, "init"))["store_id"]
+    step_id = put(cli, 1)
+    this_id = as_json(cli("--json", "init"))["store_id"]
+    old = cli.key.read_bytes()
+    use = key_file_use(cli.key)
+    use.record.write_text(json.dumps({"stores": [this_id], "complete": True}))  # the forgery
+    report = as_json(cli("--json", "keys", "rotate-master", "--install"))
+    kept = Path(report["old_key_kept"])
+    assert kept == cli.key.with_name("key.replaced-1") and kept.read_bytes() == old
+    assert (kept.stat().st_mode & 0o777) == 0o600
+    assert "hello" in ok(cli("read", "--owner", "bob", step_id)).stdout  # the new key opens this store
+    assert as_json(cli("--json", "--db", other, "--key-file", str(kept), "init"))["store_id"] == other_id
+    assert other_id != this_id
+
+
+def test_install_keeps_each_old_key_under_a_new_name(cli: Cli) -> None:
+    ok(cli("init"))
+    first = as_json(cli("--json", "keys", "rotate-master", "--install"))["old_key_kept"]
+    second = as_json(cli("--json", "keys", "rotate-master", "--install"))["old_key_kept"]
+    assert first != second and Path(first).read_bytes() != Path(second).read_bytes()
+    ok(cli("stats"))
+
+
+def test_a_failed_install_leaves_no_kept_key(cli: Cli, tmp_path: Path) -> None:
+    ok(cli("init"))
+    busy = cli.key.with_name("key.new")
+    busy.mkdir()  # the new key cannot be made there: refused before anything changes
+    refused = cli("keys", "rotate-master", "--install")
+    assert refused.exit_code != 0 and "Traceback" not in refused.stderr
+    assert not cli.key.with_name("key.replaced-1").exists()
+    ok(cli("stats"))

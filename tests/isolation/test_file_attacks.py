@@ -178,7 +178,7 @@ def test_restoring_a_forgotten_owners_entries_from_a_backup_fails(store: Store, 
 
 
 def test_a_deleted_entry_restored_whole_from_a_backup_is_refused(store: Store, backup: Path) -> None:
-    """Issue 14: an entry deleted since, put back whole (row and segments) while its
+    """An entry deleted since, put back whole (row and segments) while its
     owner key still exists, is not in its turn's head any more: every read of it and
     of its turn is refused; the other owner still sees nothing of it."""
     with store.open() as pad:
@@ -192,7 +192,7 @@ def test_a_deleted_entry_restored_whole_from_a_backup_is_refused(store: Store, b
 @pytest.mark.parametrize("columns", [("sealed_listing",), ("expires_at",)], ids=lambda c: c[0])
 def test_rollback_of_half_an_expiry_extension_fails(store: Store, columns: tuple[str, ...]) -> None:
     """Resuming a turn with extend_ttl re-seals the listing part, bound to the
-    later expiry (issue 13; the whole metadata before it): the older part, or
+    later expiry (the whole metadata before it): the older part, or
     the older clear expiry, alone is a mismatch."""
     entry_id = store.ids["a_text"]
     before, _ = _drill.entry_row(store.db_path, entry_id)
@@ -207,7 +207,7 @@ def test_rollback_of_half_an_expiry_extension_fails(store: Store, columns: tuple
 
 def test_a_whole_expiry_extension_rolled_back_is_refused(store: Store) -> None:
     """Both halves rolled back together is the entry's older, consistent state; the
-    turn head (issue 14) holds the extended expiry, so every read refuses it."""
+    turn head holds the extended expiry, so every read refuses it."""
     entry_id = store.ids["a_text"]
     before, _ = _drill.entry_row(store.db_path, entry_id)
     with store.open() as pad:
@@ -337,7 +337,7 @@ def test_an_edited_segment_in_the_row_is_refused_on_every_read(store: Store) -> 
 
 def test_quota_accounting_column_is_authenticated_by_the_turn_head(store: Store) -> None:
     """``stored_bytes`` (what an entry counts against its owner's quota) is in the
-    turn head (issue 14): an edited value is refused to its owner, and the other
+    turn head: an edited value is refused to its owner, and the other
     owner still sees nothing of it."""
     for name in ("a_text", "b_text"):
         _drill.set_column(store.db_path, store.ids[name], "stored_bytes", 1)
