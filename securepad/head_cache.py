@@ -15,7 +15,8 @@ used order inside the global one: when the cache is full, an entry coming in
 evicts the least recently used entry of the cache unless that entry's owner
 holds less (turns, or rows, whichever bound is exceeded) than the newcomer's
 owner, in which case the newcomer's owner gives up its own least recently
-used entry. So one owner reading many turns (a tenant flooding the cache
+used entry, or the owner that holds the most does, if it holds more still.
+So one owner reading many turns (a tenant flooding the cache
 with tiny turns) evicts only its own entries, never those of an owner that
 holds less; an owner alone may use the whole cache.
 
@@ -220,5 +221,8 @@ class HeadCache:
             if share is not None and share.keys and oldest[1] != owner:
                 other = self._shares[oldest[1]]
                 if (over_turns and len(other.keys) < len(share.keys)) or (over_rows and other.rows < share.rows):
-                    oldest = next(iter(share.keys))  # the newcomer's owner holds more: its own entry goes
+                    # The newcomer's owner holds more: the owner that holds the most gives up its own
+                    # least recently used entry (the newcomer's owner, or one holding more still).
+                    biggest = max(self._shares.values(), key=lambda each: len(each.keys) if over_turns else each.rows)
+                    oldest = next(iter(biggest.keys))
             self._remove(oldest)

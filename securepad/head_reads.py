@@ -90,10 +90,12 @@ _SQLITE_STALE = ("(SELECT 1 FROM token WHERE same = 0) AS stale CROSS JOIN ", ""
 #   connection's own writes, each of which kept the cached inventory edited
 #   (``Heads.change``) and the head it sealed: that head stored, the write
 #   committed (AES-GCM seals each head under a fresh nonce).
-# * The rows' text is exact (each value quoted, so that a text cannot pass
-#   for a number nor a field for two; an expiry as its integer part and its
+# * The rows' text is exact (each value quoted, a text as its whole bytes, so
+#   that a text cannot pass for a number nor a field for two; an expiry as its integer part and its
 #   fraction in units of 2**-52, exact from 1 to 2**53, outside of which it
-#   is quoted: ``quote`` is exact too but costs more), read from the
+#   is quoted: ``quote`` is exact too but costs more), after the key
+#   version the turn's head is opened with (a head's bytes kept, its key
+#   version edited, fails to open: the full check sees it), read from the
 #   covering index ``entries_owner_turn`` (schema 12), not from the rows: the
 #   same text, the same rows, whatever another connection committed.
 _SQLITE_EXPIRY = (
@@ -102,15 +104,28 @@ _SQLITE_EXPIRY = (
     " || CAST((expires_at - CAST(expires_at AS INTEGER)) * 4503599627370496 AS INTEGER)"
     " ELSE 'q' || quote(expires_at) END"
 )
+
+
+# A value of a column that is text when written by securepad (the id, actor
+# and channel) or anything else (a raw edit): a text value as its UTF-8 bytes
+# in hex, whole (``quote`` stops at a NUL inside a text: "planner" and
+# "planner<NUL>x" would give one text), anything else by ``quote``; the two
+# never meet ('t' and hex digits; quote's numbers, NULL, X'...').
+def _sqlite_exact(column: str) -> str:
+    return f"CASE WHEN typeof({column}) = 'text' THEN 't' || hex({column}) ELSE quote({column}) END"
+
+
+_E_ID, _ACTOR, _CHANNEL = (_sqlite_exact(column) for column in ("id", "actor", "channel"))
 _SQLITE_ROWS = (
-    "(SELECT group_concat(r, char(10)) FROM ("
-    f"SELECT 'e,' || quote(id) || ',' || quote(step_num) || ',' || {_SQLITE_EXPIRY} || ',' || quote(stored_bytes)"
-    " || ',' || quote(actor) || ',' || quote(channel) AS r FROM entries WHERE owner_user_id = p.owner"
+    "((SELECT 'k,' || quote(key_version) FROM turn_heads WHERE owner_user_id = p.owner AND turn_id = p.turn)"
+    " || char(10) || (SELECT group_concat(r, char(10)) FROM ("
+    f"SELECT 'e,' || {_E_ID} || ',' || quote(step_num) || ',' || {_SQLITE_EXPIRY} || ',' || quote(stored_bytes)"
+    f" || ',' || {_ACTOR} || ',' || {_CHANNEL} AS r FROM entries WHERE owner_user_id = p.owner"
     " AND turn_id = p.turn"
-    f" UNION ALL SELECT 'c,' || quote(id) || ',' || quote(seq) || ',' || {_SQLITE_EXPIRY} || ',' || quote(actor)"
-    " || ',' || quote(channel) FROM checkpoints WHERE owner_user_id = p.owner AND turn_id = p.turn"
-    f" UNION ALL SELECT 'm,' || quote(id) || ',' || quote(seq) || ',' || {_SQLITE_EXPIRY} || ',' || quote(actor)"
-    " || ',' || quote(channel) FROM compaction_marks WHERE owner_user_id = p.owner AND turn_id = p.turn))"
+    f" UNION ALL SELECT 'c,' || {_E_ID} || ',' || quote(seq) || ',' || {_SQLITE_EXPIRY} || ',' || {_ACTOR}"
+    f" || ',' || {_CHANNEL} FROM checkpoints WHERE owner_user_id = p.owner AND turn_id = p.turn"
+    f" UNION ALL SELECT 'm,' || {_E_ID} || ',' || quote(seq) || ',' || {_SQLITE_EXPIRY} || ',' || {_ACTOR}"
+    f" || ',' || {_CHANNEL} FROM compaction_marks WHERE owner_user_id = p.owner AND turn_id = p.turn)))"
 )
 _SQLITE_FRESHNESS = (
     "WITH p AS MATERIALIZED (SELECT ? AS version, ? AS sealed, ? AS rows_text, ? AS owner, {turn} AS turn),"

@@ -116,3 +116,17 @@ def test_one_owner_reading_hundreds_of_tiny_turns_leaves_another_owners_read_war
         pad.get(ALICE, view["scratchpad_id"], now=NOW + 1)
     # Bob's inventory is still cached: his read fetches none.
     assert meter.counts(lambda: pad.get(BOB, bob_entry, now=NOW + 1))["rows"] == 2
+
+
+def test_an_owner_that_holds_less_than_the_biggest_gets_in_when_the_oldest_entry_is_smaller_still() -> None:
+    """The least recently used entry is of an owner that holds less than the
+    newcomer's; the owner that holds the most gives up its own, not the
+    newcomer, which would otherwise never stay while that owner holds the rest."""
+    cache = HeadCache(turns=256, rows=100)
+    scope = _Scope()
+    cache.put(scope, "carol", "c", (1,), _head(5))
+    cache.put(scope, "bob", "b", (1,), _head(90))
+    cache.put(scope, "alice", "a", (1,), _head(10))
+    assert _kept(cache, scope, "alice", ["a"]) == ["a"]
+    assert _kept(cache, scope, "carol", ["c"]) == ["c"]
+    assert cache.held("bob") == (0, 0)
