@@ -311,13 +311,15 @@ _MIGRATIONS: dict[int, str] = {
     DROP TABLE IF EXISTS owner_usage;
     INSERT OR REPLACE INTO store_meta(key, value) VALUES ('owner_usage', 'seed');
     """,
-    # A turn's index covers the clear columns of its inventory, so that a read
-    # checks them against the ones it verified from the index alone (the
-    # freshness token's rows' text, head_reads.py) after a commit elsewhere.
+    # A turn's index holds the id, expiry and size of each entry, so that the
+    # freshness token's rows' text (head_reads.py) after a commit elsewhere
+    # reads those from the index; the actor and channel, which may be long,
+    # are read from the rows: in the index, an entry's key with long
+    # identifiers would pass what one b-tree cell holds and take a page of
+    # its own, beyond what the quota counts (entry_shape.identifier_cost).
     12: """
     DROP INDEX IF EXISTS entries_owner_turn;
-    CREATE INDEX entries_owner_turn
-        ON entries(owner_user_id, turn_id, step_num, id, expires_at, stored_bytes, actor, channel);
+    CREATE INDEX entries_owner_turn ON entries(owner_user_id, turn_id, step_num, id, expires_at, stored_bytes);
     """,
 }
 

@@ -12,7 +12,7 @@ leaves out (without reading it) when the token is the one sent:
 * SQLite's is per turn: ``PRAGMA data_version`` of the reading connection
   (it moves with every commit of any other connection, in this process or
   another) with the turn's sealed head, and, when the data version moved,
-  the exact text of the turn's inventory rows, read from their covering
+  the exact text of the turn's inventory rows, read along the turn's
   index: a commit to another turn or owner leaves it holding. This
   process's own writes edit the cached inventory of the turn they change
   and keep the head they sealed (``Heads.change``).
@@ -96,8 +96,9 @@ _SQLITE_STALE = ("(SELECT 1 FROM token WHERE same = 0) AS stale CROSS JOIN ", ""
 #   is quoted: ``quote`` is exact too but costs more), after the key
 #   version the turn's head is opened with (a head's bytes kept, its key
 #   version edited, fails to open: the full check sees it), read from the
-#   covering index ``entries_owner_turn`` (schema 12), not from the rows: the
-#   same text, the same rows, whatever another connection committed.
+#   turn's index ``entries_owner_turn`` (schema 12: the id, expiry and size
+#   from the index, the actor and channel from the rows): the same text, the
+#   same rows, whatever another connection committed.
 _SQLITE_EXPIRY = (
     "CASE WHEN typeof(expires_at) = 'real' AND expires_at >= 1 AND expires_at < 9007199254740992"
     " THEN 'r' || CAST(expires_at AS INTEGER) || '.'"

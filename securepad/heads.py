@@ -48,7 +48,7 @@ the AAD: ``crypto.head_aad``): an attacker does not even see the sums.
   length. The token is per turn. SQLite's is the reading connection's
   ``PRAGMA data_version`` with the turn's sealed head, then (when the data
   version moved: another connection committed, to any turn) the exact text of
-  the turn's inventory rows read from their covering index; PostgreSQL's is
+  the turn's inventory rows read along the turn's index; PostgreSQL's is
   the server's snapshot, then (when that moved) the turn's sealed head with
   the server's SHA-256 of the inventory's rows. On SQLite this process's
   writes edit the cached inventory of the turn they change, as they edit its
