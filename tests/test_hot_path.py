@@ -79,9 +79,9 @@ def test_a_put_into_an_owners_turn_writes_no_counter_page(db_path: Path, keyring
     """The owner's usage total is its usage head, which the put's turn-head
     upsert writes and which shares the turn head's page when the owner has few turns:
     20 puts of 4 KiB into an existing turn, measured (bench/costs.py) 130 frames
-    (6 or 7 each), 150 with the owner_usage row before SQLite migration 11; 137
-    since the turn's index covers the inventory's clear columns (schema 12: its
-    leaf pages split more often)."""
+    (6 or 7 each), 150 with the owner_usage row before SQLite migration 11; 136
+    since the turn's index holds each entry's id, expiry and stored bytes
+    (schema 12: its leaf pages split more often)."""
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         for step in range(200):
             pad.put(ALICE, f"turn-{step % 3}", step, "tool", "y" * 4096)
