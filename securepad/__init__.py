@@ -15,7 +15,7 @@ from .errors import (
     StoreUnavailableError,
     WrongKeyError,
 )
-from .keys import Keyring
+from .keys.keyring import Keyring
 from .policy import Policy
 from .principal import Principal
 from .store import Entry, Scratchpad

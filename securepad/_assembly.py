@@ -17,19 +17,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import entries, lifecycle
-from ._backend import Backend
-from ._db import Database
-from ._records import Records
-from .access import Access
-from .anchor import Anchor, default_path
-from .entries import Entries
 from .errors import InvalidArgumentError, SecurepadError, StorageFullError, StoreBusyError
-from .head_build import HeadBuilder
-from .keys import Keyring
-from .keystore import Keystore, Progress
+from .keys.keyring import Keyring
+from .keys.keystore import Keystore, Progress
+from .maintenance import lifecycle
 from .policy import Policy
 from .principal import Principal
+from .storage.anchor import Anchor, default_path
+from .storage.base import Backend
+from .storage.sqlite import Database
+from .tables.access import Access
+from .tables.entries import entries
+from .tables.entries.entries import Entries
+from .tables.heads.build import HeadBuilder
+from .tables.records import Records
 
 __all__ = [
     "NEAR_KEY",
@@ -102,7 +103,7 @@ def open_backend(
             allow_shared=policy.allow_shared_files,
         )
     try:
-        from ._pg import PostgresDatabase, limits_for_call
+        from .storage.postgres.database import PostgresDatabase, limits_for_call
     except ImportError:
         raise SecurepadError("PostgreSQL stores need psycopg: pip install 'psycopg[binary]' psycopg-pool") from None
     try:

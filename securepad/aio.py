@@ -23,11 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from . import reads
 from ._steps import record_next
+from .core import read_modes
 from .errors import InvalidArgumentError, SecurepadError
-from .keys import Keyring
-from .keystore import Progress
+from .keys.keyring import Keyring
+from .keys.keystore import Progress
 from .policy import Policy
 from .principal import Principal
 from .store import Entry, Scratchpad
@@ -236,12 +236,12 @@ class AsyncScratchpad:
         principal: Principal,
         scratchpad_id: str,
         mode: str = "head",
-        n: int = reads.DEFAULT_N,
+        n: int = read_modes.DEFAULT_N,
         start: int = 0,
         end: int | None = None,
         *,
         pattern: str | None = None,
-        max_matches: int = reads.DEFAULT_MAX_MATCHES,
+        max_matches: int = read_modes.DEFAULT_MAX_MATCHES,
         context: int = 0,
         now: float | None = None,
         turn_id: str | None = None,

@@ -14,9 +14,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ._files import POLICY_OVERRIDE, check_file_directories, check_trusted_file
 from .errors import NotFoundError, PolicyError, SecurepadError
 from .principal import Principal
+from .storage.files import POLICY_OVERRIDE, check_file_directories, check_trusted_file
 
 __all__ = ["NOT_FOUND_MESSAGE", "Policy", "setting_sections"]
 

@@ -18,20 +18,20 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from . import reads
 from ._assembly import NEAR_KEY, Anchoring, Assembly, Parts, open_backend, resolve_policy
-from ._backend import Backend
-from ._db import Database
-from ._restore import replace_store, stage_copy
-from .access import check_principal
-from .entries import Entry, Opened
+from .core import read_modes
 from .errors import IntegrityError, InvalidArgumentError, SecurepadError
-from .keys import Keyring
-from .keystore import OWNER_KEY_CACHE_SIZE, Progress
+from .keys.keyring import Keyring
+from .keys.keystore import OWNER_KEY_CACHE_SIZE, Progress
+from .maintenance.restore import replace_store, stage_copy
+from .maintenance.verify import verify_store
 from .policy import Policy
 from .principal import Principal, check_identifier
+from .storage.base import Backend
+from .storage.sqlite import Database
+from .tables.access import check_principal
+from .tables.entries.entries import Entry, Opened
 from .turn import Turn, extend_turn
-from .verify import verify_store
 
 __all__ = ["OWNER_KEY_CACHE_SIZE", "Entry", "Parts", "Scratchpad", "parts", "sqlite_of"]
 
@@ -251,12 +251,12 @@ class Scratchpad:
         principal: Principal,
         scratchpad_id: str,
         mode: str = "head",
-        n: int = reads.DEFAULT_N,
+        n: int = read_modes.DEFAULT_N,
         start: int = 0,
         end: int | None = None,
         *,
         pattern: str | None = None,
-        max_matches: int = reads.DEFAULT_MAX_MATCHES,
+        max_matches: int = read_modes.DEFAULT_MAX_MATCHES,
         context: int = 0,
         now: float | None = None,
         turn_id: str | None = None,

@@ -22,16 +22,16 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import entries as _entries
-from . import reads, reread
-from ._records import Records
-from .entries import Entries, Opened
+from .core import read_modes, reread
+from .core.reread import fingerprint
 from .errors import ExpiredError, InvalidArgumentError, NotFoundError, StoreUnavailableError
-from .head_tally import extend_head
-from .heads import Heads
 from .policy import Policy
 from .principal import Principal
-from .reread import fingerprint
+from .tables.entries import entries as _entries
+from .tables.entries.entries import Entries, Opened
+from .tables.heads.heads import Heads
+from .tables.heads.tally import extend_head
+from .tables.records import Records
 
 __all__ = [
     "BUDGET_FIELDS",
@@ -80,7 +80,7 @@ SCRATCHPAD_READ_TOOL: dict[str, Any] = {
                 },
                 "mode": {
                     "type": "string",
-                    "enum": list(reads.MODES),
+                    "enum": list(read_modes.MODES),
                     "description": (
                         "head/tail: first/last n characters; range: characters start..end (end exclusive);"
                         " full: everything up to the read cap; lines: lines start..end (1-based, inclusive);"
@@ -110,12 +110,14 @@ SCRATCHPAD_READ_TOOL: dict[str, Any] = {
                 "max_matches": {
                     "type": "integer",
                     "minimum": 1,
-                    "description": f"grep: stop after this many matching lines (default {reads.DEFAULT_MAX_MATCHES}).",
+                    "description": (
+                        f"grep: stop after this many matching lines (default {read_modes.DEFAULT_MAX_MATCHES})."
+                    ),
                 },
                 "context": {
                     "type": "integer",
                     "minimum": 0,
-                    "maximum": reads.MAX_CONTEXT,
+                    "maximum": read_modes.MAX_CONTEXT,
                     "description": "grep: lines of context before and after each match (default 0).",
                 },
             },
@@ -213,7 +215,7 @@ class Turn:
         """
         # The step is checked inside the write transaction (free_step), where no
         # other writer (another process too) can take it meanwhile: on
-        # PostgreSQL in the same round trip as the transaction's other reads.
+        # PostgreSQL in the same round trip as the transaction's other read_modes.
         inline = _inline(observation, step_num, self._entries.policy)
         view = self._entries.put(
             self.principal,
@@ -640,7 +642,7 @@ def _tool_arguments(name: object, arguments: object) -> dict[str, Any]:
         )
     mode = arguments.get("mode", "head")
     if not isinstance(mode, str) or mode not in _MODE_ARGUMENTS:
-        raise InvalidArgumentError(f"mode must be one of {', '.join(reads.MODES)}, not {str(mode)[:40]!r}")
+        raise InvalidArgumentError(f"mode must be one of {', '.join(read_modes.MODES)}, not {str(mode)[:40]!r}")
     given = set(arguments) - {"scratchpad_id", "mode"}
     misplaced = sorted(given - _MODE_ARGUMENTS[mode])
     if misplaced:

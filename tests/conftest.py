@@ -143,7 +143,7 @@ def pg_login(pg_dsn: str, attributes: str = "NOBYPASSRLS", member_of: str = "") 
     store roles (and of ``member_of``), for a store already made; dropped afterwards."""
     import psycopg
 
-    from securepad._pg_roles import ADMIN_ROLE, APP_ROLE
+    from securepad.storage.postgres.roles import ADMIN_ROLE, APP_ROLE
 
     login = f"securepad_login_{secrets.token_hex(4)}"
     roles = ", ".join(role for role in (APP_ROLE, ADMIN_ROLE, member_of) if role)

@@ -267,7 +267,7 @@ def test_the_history_guard_sees_each_kind(sentence: str) -> None:
         "securepad.integrations.langgraph_saver",
         "securepad.integrations.openai_agents",
         "securepad.integrations.openai_session",
-        "securepad.mcp_server",
+        "securepad.integrations.mcp",
     ],
 )
 def test_the_api_reference_has_every_public_class_and_function(module_name: str) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 # The migration guides (SecurepadSaver, SecurepadSession) show an example of examples/ that
-# tests/test_langgraph_saver_example.py and test_openai_session_example.py run and compare.
+# tests/integrations/test_langgraph_saver_example.py and test_openai_session_example.py run and compare.
 OWN_TESTS = {"langgraph-saver.md", "openai-agents-session.md"}
 PAGES = sorted(
     page

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ALICE
 
 import securepad
 from securepad import IntegrityError, InvalidArgumentError, Keyring, Principal, Scratchpad, Turn
+from tests.conftest import ALICE
 
 NOW = 2_000_000.0
 TURN = "turn-resume"

@@ -28,35 +28,35 @@ MODULES = {
 TREES = {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items()}
 
 CRYPTO_NAMES = {"AESGCM", "HKDF", "HMAC", "hmac"}
-CRYPTO_MODULE = "securepad.crypto"
+CRYPTO_MODULE = "securepad.crypto.primitives"
 # Who may hold SQL text: the backends, the owners of the tables, the access path, the audit and drills.
 SQL_MODULES = {
-    "securepad._backend",
-    "securepad._db",
-    "securepad._pg",
-    "securepad._pg_conn",
-    "securepad._pg_prepare",  # the anchor statement (SELECT 1), prepared on each connection
-    "securepad._pg_schema",
-    "securepad.keystore",
-    "securepad.master",
-    "securepad.access",
-    "securepad.entries",
-    "securepad.entry_put",
-    "securepad.entry_open",
-    "securepad.entry_listings",
-    "securepad._records",
-    "securepad.heads",
-    "securepad.head_owner",
-    "securepad.head_reads",
-    "securepad.head_build",
-    "securepad.head_beside",  # a put's one-row read joined with its turn's head rows
-    "securepad.lifecycle",
+    "securepad.storage.base",
+    "securepad.storage.sqlite",
+    "securepad.storage.postgres.database",
+    "securepad.storage.postgres.pipeline",
+    "securepad.storage.postgres.prepared",  # the anchor statement (SELECT 1), prepared on each connection
+    "securepad.storage.postgres.migrate",
+    "securepad.keys.keystore",
+    "securepad.keys.master",
+    "securepad.tables.access",
+    "securepad.tables.entries.entries",
+    "securepad.tables.entries.put",
+    "securepad.tables.entries.open",
+    "securepad.tables.entries.listings",
+    "securepad.tables.records",
+    "securepad.tables.heads.heads",
+    "securepad.tables.heads.owner",
+    "securepad.tables.heads.reading",
+    "securepad.tables.heads.build",
+    "securepad.tables.heads.beside",  # a put's one-row read joined with its turn's head rows
+    "securepad.maintenance.lifecycle",
     "securepad.audit",
     "securepad.audit._api",
     "securepad.audit._files",
     "securepad.audit._postgres",
-    "securepad._drill",
-    "securepad.anchor",
+    "securepad.audit.drills",
+    "securepad.storage.anchor",
 }
 # The benchmark suite measures securepad against raw SQLite, sqlite3, diskcache and
 # SQLCipher baselines: its SQL is the baselines' and the checks of what was stored.
@@ -227,7 +227,7 @@ def test_sql_only_where_the_tables_are_owned() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["securepad.store", "securepad._assembly", "securepad.turn", "securepad.aio", "securepad.reads"]
+    "module", ["securepad.store", "securepad._assembly", "securepad.turn", "securepad.aio", "securepad.core.read_modes"]
 )
 def test_the_faces_and_pure_layers_hold_no_sql(module: str) -> None:
     assert module not in SQL_MODULES
@@ -240,7 +240,7 @@ def test_the_cli_and_the_audit_import_without_the_postgresql_extra() -> None:
 
     code = (
         "import sys; sys.modules['psycopg'] = None; sys.modules['psycopg_pool'] = None\n"
-        "import securepad.cli.commands, securepad.audit, securepad.verify"
+        "import securepad.cli.commands, securepad.audit, securepad.maintenance.verify"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr

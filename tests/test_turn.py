@@ -13,7 +13,6 @@ from typing import Any
 
 import apsw
 import pytest
-from conftest import stable_repr
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -27,7 +26,8 @@ from securepad import (
     Scratchpad,
     Turn,
 )
-from securepad.reads import MODES
+from securepad.core.read_modes import MODES
+from tests.conftest import stable_repr
 
 NOW = 1_000_000.0
 BIG_TEXT = "".join(f"line {i}: the quick brown fox\n" for i in range(3000))

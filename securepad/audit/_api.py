@@ -16,7 +16,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any, cast
 
-from .. import reads
+from ..core import read_modes
 from ..errors import ExpiredError, InvalidArgumentError, NotFoundError
 from ..principal import Principal
 from ..store import Scratchpad, parts
@@ -141,7 +141,7 @@ def populate(pad: Scratchpad, t: Tenants) -> str:
         who, entry_id = t.writers[label], t.ids[label]
         if pad.get(who, entry_id).observation != t.puts[label]:
             raise CheckFailed(f"the {label} entry did not read back as stored")
-        for mode in reads.MODES:
+        for mode in read_modes.MODES:
             try:
                 result = pad.read(who, entry_id, mode=mode, **read_args(pad, mode))
             except InvalidArgumentError:
@@ -156,7 +156,7 @@ def populate(pad: Scratchpad, t: Tenants) -> str:
     return (
         f"{len(t.ids)} entries stored as {t.a.owner_user_id} (3 principals) and {t.b.owner_user_id}: text in"
         f" {segments} segments, binary, json, one already expired, and others' from another channel and actor;"
-        f" each live one read back intact by its writer (get, and read in modes {', '.join(reads.MODES)})"
+        f" each live one read back intact by its writer (get, and read in modes {', '.join(read_modes.MODES)})"
     )
 
 
@@ -374,7 +374,7 @@ def _expired_other(ctx: Context) -> str:
     outsiders = [r for r in (t.b, t.a_channel, t.a_actor) if not _visible(pad.policy.scope, r, t.a)]
     for reader in outsiders:
         expect_not_found(t.absent_message, "an outsider gets a's expired entry", pad.get, reader, expired)
-        for mode in reads.MODES:
+        for mode in read_modes.MODES:
             expect_not_found(
                 t.absent_message,
                 f"an outsider reads a's expired entry ({mode})",
@@ -480,7 +480,7 @@ def _full_cap(ctx: Context) -> str:
         )
         entry_id = pad.put(t.a, t.turn, 90, "audit-cap", observation)["scratchpad_id"]
         try:
-            for mode in reads.MODES:
+            for mode in read_modes.MODES:
                 try:
                     result = pad.read(t.a, entry_id, mode=mode, **read_args(pad, mode, greedy=True))
                 except InvalidArgumentError:
@@ -526,7 +526,7 @@ def api_checks(pad: Scratchpad) -> list[tuple[str, str, Callable[[Context], str]
     checks: list[tuple[str, str, Callable[[Context], str]]] = [
         ("cross-owner get", "owner b asks for each of owner a's ids, and a for b's", _cross_get)
     ]
-    for mode in reads.MODES:
+    for mode in read_modes.MODES:
         checks.append(
             (
                 f"cross-owner read: {mode}",
@@ -635,7 +635,7 @@ def _cross_tool(ctx: Context) -> str:
     for caller, name in ((theirs, "b"), (elsewhere, "a in another turn")):
         for label in _a_labels(t):
             entry_id = t.ids[label]
-            for mode in reads.MODES:
+            for mode in read_modes.MODES:
                 arguments = {"scratchpad_id": entry_id, "mode": mode, **read_args(ctx.pad, mode)}
                 arguments.pop("max_matches", None)
                 for form in (arguments, json.dumps(arguments)):

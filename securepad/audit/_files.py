@@ -17,11 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import _drill
 from ..errors import IntegrityError, NotFoundError, WrongKeyError
-from ..keys import Keyring
+from ..keys.keyring import Keyring
 from ..principal import Principal
 from ..store import Scratchpad, sqlite_of
+from . import drills
 from ._support import CheckFailed, Context, expect_not_found, expect_refused, scan_files, store_files
 
 __all__ = [
@@ -229,7 +229,7 @@ def _flipped(ctx: Context) -> str:
     t = ctx.tenants
     text = t.ids["text"]
     last = _segment_count(ctx, text) - 1
-    with ctx.tampered(lambda p: _drill.flip_segment_byte(p, text, last)) as (copy, _):
+    with ctx.tampered(lambda p: drills.flip_segment_byte(p, text, last)) as (copy, _):
         got = expect_refused("get after one flipped bit", copy.get, t.a, text)
         read = expect_refused("tail read after one flipped bit", copy.read, t.a, text, mode="tail", n=10)
     return f"one bit flipped in segment {last} of the text entry: get -> {got}, tail read -> {read}"
@@ -238,11 +238,11 @@ def _flipped(ctx: Context) -> str:
 def _segment_moved(ctx: Context) -> str:
     t = ctx.tenants
     text, json_, binary, theirs = t.ids["text"], t.ids["json"], t.ids["binary"], t.ids["b_text"]
-    drills = (
-        lambda p: _drill.copy_segment(p, json_, 0, text, 0),  # same owner, another entry
-        lambda p: _drill.copy_segment(p, theirs, 0, binary, 0),  # another owner's segment
+    edits = (
+        lambda p: drills.copy_segment(p, json_, 0, text, 0),  # same owner, another entry
+        lambda p: drills.copy_segment(p, theirs, 0, binary, 0),  # another owner's segment
     )
-    with ctx.tampered(*drills) as (copy, _):
+    with ctx.tampered(*edits) as (copy, _):
         same = expect_refused("segment from another entry", copy.get, t.a, text)
         other = expect_refused("segment from another owner", copy.get, t.a, binary)
     return f"segment 0 replaced by another entry's: {same}; by another owner's: {other}"
@@ -252,14 +252,14 @@ def _reordered_truncated(ctx: Context) -> str:
     t = ctx.tenants
     text, binary, json_ = t.ids["text"], t.ids["binary"], t.ids["json"]
     done = []
-    drills: list[Callable[[Path], None]] = [
-        lambda p: _drill.drop_last_segment(p, binary),
-        lambda p: _drill.drop_last_segment(p, json_, fix_count=True),
+    edits: list[Callable[[Path], None]] = [
+        lambda p: drills.drop_last_segment(p, binary),
+        lambda p: drills.drop_last_segment(p, json_, fix_count=True),
     ]
     reorder = _segment_count(ctx, text) >= 2
     if reorder:
-        drills.append(lambda p: _drill.swap_segments(p, text, 0, 1))
-    with ctx.tampered(*drills) as (copy, _):
+        edits.append(lambda p: drills.swap_segments(p, text, 0, 1))
+    with ctx.tampered(*edits) as (copy, _):
         done.append(f"last segment dropped: {expect_refused('truncated entry', copy.get, t.a, binary)}")
         done.append(
             "last segment dropped and segment_count lowered to match: "
@@ -276,12 +276,12 @@ def _item_key_swapped(ctx: Context) -> str:
     t = ctx.tenants
     text, json_, binary, theirs = t.ids["text"], t.ids["json"], t.ids["binary"], t.ids["b_text"]
     material = ("wrapped_key", "nonce_prefix", "commitment", "sealed_meta")
-    drills = (
-        lambda p: _drill.copy_entry_columns(p, json_, text, ["wrapped_key"]),
-        lambda p: _drill.copy_entry_columns(p, theirs, binary, ["wrapped_key"]),
-        lambda p: _drill.copy_entry_columns(p, theirs, json_, material),
+    edits = (
+        lambda p: drills.copy_entry_columns(p, json_, text, ["wrapped_key"]),
+        lambda p: drills.copy_entry_columns(p, theirs, binary, ["wrapped_key"]),
+        lambda p: drills.copy_entry_columns(p, theirs, json_, material),
     )
-    with ctx.tampered(*drills) as (copy, _):
+    with ctx.tampered(*edits) as (copy, _):
         same = expect_refused("item key of another entry", copy.get, t.a, text)
         other = expect_refused("item key of another owner", copy.get, t.a, binary)
         whole = expect_refused("all key material of another owner's entry", copy.get, t.a, json_)
@@ -294,7 +294,7 @@ def _item_key_swapped(ctx: Context) -> str:
 def _owner_key_swapped(ctx: Context) -> str:
     t = ctx.tenants
     owner_a, owner_b = t.owners
-    with ctx.tampered(lambda p: _drill.swap_owner_keys(p, owner_a, owner_b)) as (copy, _):
+    with ctx.tampered(lambda p: drills.swap_owner_keys(p, owner_a, owner_b)) as (copy, _):
         a = expect_refused("owner a with b's owner key", copy.get, t.a, t.ids["text"])
         b = expect_refused("owner b with a's owner key", copy.get, t.b, t.ids["b_text"])
         listed = _list_refuses(copy, t.b, t.turn, t.ids["b_text"], "owner b lists with a's owner key")
@@ -316,14 +316,14 @@ def _row_moved(ctx: Context) -> str:
     t = ctx.tenants
     text, binary = t.ids["text"], t.ids["binary"]
     owner_b = t.b.owner_user_id
-    with ctx.tampered(lambda p: _drill.move_entry_to_owner(p, text, owner_b)) as (copy, _):
+    with ctx.tampered(lambda p: drills.move_entry_to_owner(p, text, owner_b)) as (copy, _):
         taken = expect_refused("b reads a's row relabelled as b's", copy.get, t.b, text)
         listed = _list_refuses(copy, t.b, t.turn, text, "b lists the turn holding it")
         expect_not_found(t.absent_message, "a asks for its relabelled row", copy.get, t.a, text)
 
     def with_key(path: Path) -> None:
-        _drill.move_entry_to_owner(path, binary, owner_b)
-        _drill.swap_owner_keys(path, *t.owners)
+        drills.move_entry_to_owner(path, binary, owner_b)
+        drills.swap_owner_keys(path, *t.owners)
 
     with ctx.tampered(with_key) as (copy, _):
         keyed = expect_refused("b reads a row relabelled with a's owner key", copy.get, t.b, binary)
@@ -337,11 +337,11 @@ def _row_copied(ctx: Context) -> str:
     t = ctx.tenants
     text, json_ = t.ids["text"], t.ids["json"]
     to_b, to_a = secrets.token_hex(8), secrets.token_hex(8)
-    drills = (
-        lambda p: _drill.copy_entry(p, text, to_b, t.b.owner_user_id),
-        lambda p: _drill.copy_entry(p, json_, to_a, t.a.owner_user_id),
+    edits = (
+        lambda p: drills.copy_entry(p, text, to_b, t.b.owner_user_id),
+        lambda p: drills.copy_entry(p, json_, to_a, t.a.owner_user_id),
     )
-    with ctx.tampered(*drills) as (copy, _):
+    with ctx.tampered(*edits) as (copy, _):
         other = expect_refused("a's row copied into owner b", copy.get, t.b, to_b)
         listed = _list_refuses(copy, t.b, t.turn, to_b, "b lists the copied row")
         same = expect_refused("a's row copied under a new id", copy.get, t.a, to_a)
@@ -384,12 +384,12 @@ def _metadata_edited(ctx: Context) -> str:
     text = t.ids["text"]
     outcomes: dict[str, list[str]] = {}
     with ctx.tampered() as (copy, path):
-        row, _ = _drill.entry_row(path, text)
+        row, _ = drills.entry_row(path, text)
         for column, value in _tampered_values(row).items():
-            _drill.set_column(path, text, column, value)
+            drills.set_column(path, text, column, value)
             outcome = expect_refused(f"{column} edited", copy.get, t.a, text)
             outcomes.setdefault(outcome, []).append(column)
-            _drill.set_column(path, text, column, row[column])
+            drills.set_column(path, text, column, row[column])
         # Control: with every column restored the entry opens, so the edits caused the refusals.
         if copy.get(t.a, text).observation != t.puts["text"]:
             raise CheckFailed("the restored entry no longer reads back as stored")

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .._pg_roles import ADMIN_ROLE, APP_ROLE
+from ..storage.postgres.roles import ADMIN_ROLE, APP_ROLE
 from ..store import parts
 from ._support import CheckFailed, Context, Tenants, expect_not_found, expect_refused
 

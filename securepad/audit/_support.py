@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import _drill
 from ..errors import IntegrityError, NotFoundError, SecurepadError
 from ..principal import Principal
 from ..store import Scratchpad, sqlite_of
+from . import drills
 
 __all__ = [
     "STORE_FILE_SUFFIXES",
@@ -114,11 +114,11 @@ class Context:
         if self._base_copy is None:
             base = self.scratch() / "base.db"
             sqlite_of(self.pad).copy_to(base)
-            _drill.keep_only_owners(base, self.tenants.owners)
+            drills.keep_only_owners(base, self.tenants.owners)
             self._base_copy = base
         self._copies += 1
         copy = self.scratch() / f"drill-{self._copies}.db"
-        _drill.clone(self._base_copy, copy)
+        drills.clone(self._base_copy, copy)
         return copy
 
     @contextmanager

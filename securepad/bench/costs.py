@@ -2,7 +2,7 @@
 
 Time depends on the machine and on what else runs on it; the number of SQL
 statements, WAL frames and key operations a call makes does not. These are
-the figures ``tests/test_hot_path.py`` guards and the benchmark prints beside
+the figures ``tests/tables/entries/test_hot_path.py`` guards and the benchmark prints beside
 its timings.
 
 - ``statements``: every SQL statement the store ran on its connection
@@ -13,7 +13,7 @@ its timings.
   is one page, 4 KiB by default, plus a 24-byte header), read from the WAL
   file's size after a truncating checkpoint emptied it.
 - ``key_derivations``, ``key_unwraps``, ``header_digests``: the key work
-  counted by ``securepad.crypto.WORK``.
+  counted by ``securepad.crypto.primitives.WORK``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import apsw
 
 from securepad import Principal, Scratchpad
-from securepad.crypto import WORK
+from securepad.crypto.primitives import WORK
 from securepad.store import sqlite_of
 
 __all__ = ["listing_costs", "put_costs", "wal_frames"]

@@ -17,10 +17,10 @@ the code costs rather than how loaded the machine was), and in bytes:
   three observation shapes (text, text with fields, structured JSON), with
   the standard library's ``json``, msgspec's JSON and msgspec's msgpack.
 
-The samples are built by ``securepad.shaping`` itself, so they have the
+The samples are built by ``securepad.core.observation`` itself, so they have the
 sizes and shapes real entries have (a text view carries its 1,000-character
 summary). The encodings' other properties (what they can carry) are in the
-docstring of ``shaping.pack``, the store's choice.
+docstring of ``observation.pack``, the store's choice.
 """
 
 from __future__ import annotations
@@ -35,10 +35,11 @@ from typing import Any
 
 import msgspec
 
-from securepad import shaping
 from securepad.bench import data
-from securepad.crypto import ENTRY_FORMAT, Header, listing_aad
+from securepad.crypto.primitives import ENTRY_FORMAT, Header, listing_aad
 from securepad.policy import Policy
+
+from ..core import observation
 
 __all__ = ["main", "run"]
 
@@ -46,14 +47,14 @@ Codec = tuple[Callable[[Any], bytes], Callable[[bytes], Any]]
 
 
 def _codecs() -> dict[str, Codec]:
-    """name -> (encode, decode): the candidates, and what the store uses (``shaping.pack``)."""
+    """name -> (encode, decode): the candidates, and what the store uses (``observation.pack``)."""
     json_encoder, json_decoder = msgspec.json.Encoder(), msgspec.json.Decoder()
     pack_encoder, pack_decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
     return {
-        "json (stdlib, format 1)": (shaping.dumps, json.loads),
+        "json (stdlib, format 1)": (observation.dumps, json.loads),
         "msgspec json": (json_encoder.encode, json_decoder.decode),
         "msgspec msgpack": (pack_encoder.encode, pack_decoder.decode),
-        "shaping.pack (format 2)": (shaping.pack, shaping.unpack),
+        "observation.pack (format 2)": (observation.pack, observation.unpack),
     }
 
 
@@ -67,10 +68,10 @@ def _samples() -> dict[str, dict[str, Any]]:
     }
     policy = Policy()
     samples = {}
-    for name, observation in observations.items():
-        kind, shape, content, rest = shaping.classify(observation, policy.max_json_depth)
+    for name, value in observations.items():
+        kind, shape, content, rest = observation.classify(value, policy.max_json_depth)
         size = len(content.encode() if isinstance(content, str) else content)
-        view = shaping.view(kind, 3, size, content, rest, observation, policy.inline_max_chars)
+        view = observation.view(kind, 3, size, content, rest, value, policy.inline_max_chars)
         samples[name] = {
             "listing": {"view": view, "content_id": "1:" + "ab" * 32},
             "entry": {"shape": shape, "rest": rest, "counts": [size], "breaks": [size // 50], "lines": size // 50},

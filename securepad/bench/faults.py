@@ -423,7 +423,7 @@ def postgres(dsn: str, where: Path | None = None) -> dict[str, Any]:
     if where is None:
         with tempfile.TemporaryDirectory() as tmp:
             return postgres(dsn, Path(tmp))
-    from securepad._pg import PostgresDatabase
+    from securepad.storage.postgres.database import PostgresDatabase
 
     proxy = proxy_for(dsn)
     keyring = Keyring.from_key_file(where / "key")

@@ -8,7 +8,7 @@ two gcs: the first collects the one entry (the deletes free a sliver: no
 rebuild), the second the third (a rebuild: ``Database.scrub``). During each,
 a thread samples the process's resident memory (``VmRSS``) and the WAL
 file's size every 10 ms. Prints one JSON object per size. Nothing is
-asserted: tests/test_scrub.py holds the behaviour, this measures it.
+asserted: tests/maintenance/test_scrub.py holds the behaviour, this measures it.
 """
 
 from __future__ import annotations

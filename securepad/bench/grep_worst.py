@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from securepad import Keyring, Policy, Principal, Scratchpad
-from securepad._grep import GREP_TIME_BUDGET_S
+from securepad.core.grep import GREP_TIME_BUDGET_S
 
 from .config import DEFAULT_OUT
 

@@ -5,14 +5,14 @@
 ``turn_length`` puts into a turn of 5 steps and into one of ``--long-turn``
 (500) steps, on one store that holds both (so the B-trees are the same): a
 head of constant size makes both cost the same statements, WAL frames and
-time (``tests/test_turn_heads.py`` guards the first two).
+time (``tests/tables/heads/test_heads.py`` guards the first two).
 
 Both sides run in one process on the same machine, alternating, on stores
 filled the same way. "Without heads" swaps the store's head hooks
 (``Heads.change`` and ``Heads.checked``) for pass-throughs on that store only:
 it measures what the heads add, not a supported mode. Timings depend on the
 load of the machine; the statement and WAL-frame counts of
-``securepad.bench.costs`` do not (``tests/test_hot_path.py`` guards them).
+``securepad.bench.costs`` do not (``tests/tables/entries/test_hot_path.py`` guards them).
 
 ``read_length`` (``--read-lengths 1,20,500``, ``--pg DSN`` for PostgreSQL
 too) reads the tail (2,000 characters) of a 4 KiB entry of turns of those
@@ -22,7 +22,7 @@ the timed reads, as ``timeit`` does), with the verified-head cache
 recounts its turn's inventory, as before the cache), alternating in blocks
 of ten reads on one store. Besides the time it counts what a read sends and fetches
 (statements, rows; round trips on PostgreSQL), which load does not change
-(``tests/test_head_cache.py`` guards them), and on PostgreSQL the serving
+(``tests/tables/heads/test_cache.py`` guards them), and on PostgreSQL the serving
 backend's CPU per read (``/proc/<pid>/stat``: the server still reads the
 turn's rows to digest them).
 """
@@ -45,8 +45,8 @@ import apsw
 
 from securepad import Keyring, Principal, Scratchpad
 from securepad.bench.costs import put_costs, wal_frames
-from securepad.head_cache import CACHE_TURNS
 from securepad.store import parts, sqlite_of
+from securepad.tables.heads.cache import CACHE_TURNS
 
 __all__ = ["ReadMeter", "main", "read_length", "run", "turn_put_costs"]
 

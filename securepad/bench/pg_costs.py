@@ -16,7 +16,7 @@ connection goes back to the pool at the end of each call), the slower path.
   processes are the ones whose ``application_name`` (set in the DSN, unique to
   the run) ``pg_stat_activity`` shows, read from a separate admin connection;
 * round trips: waits for the server (``psycopg.Connection.wait``, as
-  tests/test_pg_round_trips.py counts them) of every connection but the admin
+  tests/storage/postgres/test_round_trips.py counts them) of every connection but the admin
   one, counted by a wrapper installed on the class for the run and removed after.
 """
 

@@ -9,7 +9,7 @@ resumption workload does). It reports, apart, the imports (outside the
 store's hands), the open and the resume in milliseconds (medians), and what
 the open and the resume cost that does not depend on the machine's load: the
 connections made and the round trips (the waits of psycopg's connections for
-the server, as tests/test_pg_open_costs.py counts them).
+the server, as tests/storage/postgres/test_open_costs.py counts them).
 
 ``--compare`` runs another source tree (a checkout of an older commit) in
 alternation with this one, on the same store, so that before and after meet

@@ -8,7 +8,7 @@ put/read of 4 KiB, for each target (``--targets``):
 
 * ``pgbouncer``: a store opened on a pool to PgBouncer's DSN with the store's
   defaults: it prepares its statements until it notices the pooler, then
-  stops (``securepad/_pg_prepare.py``);
+  stops (``securepad/storage/postgres/prepared.py``);
 * ``pgbouncer-unprepared``: the pool the PostgreSQL guide recommends behind a
   pooler (``prepare_threshold=None``: never prepares);
 * ``direct``: straight to the server, one server connection per client,
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.clients, args.seconds = [c for c in args.clients if c <= 8] or [1], min(args.seconds, 1.0)
-    from ..keys import Keyring
+    from ..keys.keyring import Keyring
 
     parts = urlsplit(args.server)
     keys = tempfile.TemporaryDirectory(prefix="securepad-bench-key-")

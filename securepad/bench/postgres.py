@@ -49,7 +49,7 @@ from .workloads import run_concurrent, run_resume
 # where PYTHONDONTWRITEBYTECODE is set, compiling them), ~20-50 ms, and the
 # SQLite one did not. Absent, ``unavailable`` says so.
 with contextlib.suppress(ImportError):
-    importlib.import_module("securepad._pg")
+    importlib.import_module("securepad.storage.postgres.database")
 
 SERVER_DSN = os.environ.get("SECUREPAD_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 DATABASE = "securepad_bench"

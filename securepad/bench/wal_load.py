@@ -9,7 +9,7 @@ reads (``get`` of one of its own entries) of ``--size`` random bytes, for
 one JSON object: operations per second, puts refused (``StoreBusyError``)
 and other errors, the WAL's peak size against its limit, the checkpoints the
 store objects tried by mode (``Database.wal_status``). Nothing is asserted:
-the tests hold the behaviour (tests/test_wal_checkpoint.py), this measures it.
+the tests hold the behaviour (tests/storage/test_sqlite_wal_checkpoint.py), this measures it.
 """
 
 from __future__ import annotations

@@ -428,7 +428,7 @@ def mcp(principal: Principal, turn_id: str | None) -> None:
     The principal and turn are fixed here, never taken from the model."""
     turn = _turn(turn_id)
     try:
-        from ..mcp_server import serve
+        from ..integrations.mcp import serve
     except ImportError as exc:
         raise SecurepadError(f"securepad mcp needs the MCP SDK ({exc}): pip install '.[mcp]'") from None
     serve(current_state().open(), principal, turn)

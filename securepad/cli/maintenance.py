@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import InvalidArgumentError, Keyring, Principal, Scratchpad, SecurepadError
-from ..keys import key_file_use, record_key_file_use
+from ..keys.keyring import key_file_use, record_key_file_use
 from .commands import main
 from .options import SecurepadSubgroup, State, command, current_state, emit, global_options
 from .output import console, err_console, for_terminal, plain, print_line, progress, to_json
@@ -173,7 +173,7 @@ def demo() -> None:
 
     On the configured store (its demo owners removed afterwards), or on a throwaway
     store when there is none yet or the store is on PostgreSQL."""
-    from ..demo import run_demo
+    from ..audit.demo import run_demo
 
     state = current_state()
     if isinstance(state.db, str):  # PostgreSQL: the demo damages a copy of the store's file

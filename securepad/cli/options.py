@@ -19,7 +19,7 @@ from click.core import ParameterSource
 from platformdirs import user_data_path
 
 from .. import Keyring, NotFoundError, Principal, Scratchpad, SecurepadError, StoreCorruptError, WrongKeyError
-from ..keys import KeyFileUse, default_key_file, record_key_file_use
+from ..keys.keyring import KeyFileUse, default_key_file, record_key_file_use
 from .output import for_terminal, to_json
 
 __all__ = [
@@ -185,7 +185,7 @@ class State:
             StoreUnavailableError: the PostgreSQL server cannot be reached.
         """
         if isinstance(self.db, str):
-            from .._pg import store_present
+            from ..storage.postgres.database import store_present
 
             return store_present(self.db)
         return self.db.exists()
@@ -205,7 +205,7 @@ class State:
     def where(self) -> str:
         """The store's location for a message (a DSN without its password)."""
         if isinstance(self.db, str):
-            from .._pg import describe
+            from ..storage.postgres.database import describe
 
             return describe(self.db)
         return str(Path(self.db).absolute())

@@ -3,5 +3,5 @@
 - ``securepad.integrations.openai_agents``: the OpenAI Agents SDK (extra ``openai``);
 - ``securepad.integrations.langgraph``: LangGraph and LangChain (extra ``langgraph``).
 
-The MCP server is ``securepad.mcp_server`` (extra ``mcp``, command ``securepad mcp``).
+The MCP server is ``securepad.integrations.mcp`` (extra ``mcp``, command ``securepad mcp``).
 """

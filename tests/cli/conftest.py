@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.cli_runner import Cli
 from securepad.cli import ENVIRONMENT
+from tests.support.cli_runner import Cli
 
 
 def _fresh_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: str | None) -> Cli:

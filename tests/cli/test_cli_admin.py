@@ -11,7 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from cli.cli_runner import Cli, as_json, ok, put
+from tests.support.cli_runner import Cli, as_json, ok, put
 
 
 def _login(dsn: str, role: str) -> str:

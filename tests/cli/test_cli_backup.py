@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.cli_runner import Cli, as_json, ok, put
 from securepad import IntegrityError, Keyring, Principal, Scratchpad
-from securepad._drill import flip_segment_byte
+from securepad.audit.drills import flip_segment_byte
+from tests.support.cli_runner import Cli, as_json, ok, put
 
 
 def _ids(cli: Cli) -> list[str]:
@@ -139,7 +139,7 @@ def test_no_write_commits_between_the_copy_kept_aside_and_the_restore(
     so no write is lost from both files."""
     import apsw
 
-    from securepad._db import Database
+    from securepad.storage.sqlite import Database
 
     with Scratchpad.open(tmp_path / "s.db", keyring=keyring) as pad:
         pad.put(bob, "t", 1, "x", "kept")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import apsw
 
-from cli.cli_runner import Cli, as_json, ok, put
+from tests.support.cli_runner import Cli, as_json, ok, put
 
 BINARY = bytes(range(256)) * 800  # 200 KiB, every byte value
 TEXT = "naïve\tcafé\r\n" + "line\n" * 30_000  # past the read cap, with a CR and a tab

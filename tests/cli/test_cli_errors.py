@@ -18,8 +18,8 @@ import click
 import pytest
 
 import securepad.errors
-from cli.cli_runner import Cli, as_json, ok, put
 from securepad.cli import main
+from tests.support.cli_runner import Cli, as_json, ok, put
 
 CLI_TYPES = {"UsageError", "Aborted", "Interrupted"}
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.cli_runner import Cli, as_json, ok, put
-from securepad.keys import key_file_use, record_key_file_use
+from securepad.keys.keyring import key_file_use, record_key_file_use
+from tests.support.cli_runner import Cli, as_json, ok, put
 
 
 @pytest.mark.sqlite_only

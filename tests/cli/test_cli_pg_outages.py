@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from cli.cli_runner import Cli, as_json, ok
 from securepad import InvalidArgumentError, Keyring, Policy, Scratchpad
-from securepad._pg_log import POOL_LOGGER, PoolLogRelay, relay_pool_warnings
+from securepad.storage.postgres.log import POOL_LOGGER, PoolLogRelay, relay_pool_warnings
 from securepad.store import parts
+from tests.support.cli_runner import Cli, as_json, ok
 
 
 class Clock:

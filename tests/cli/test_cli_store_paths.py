@@ -9,8 +9,8 @@ from pathlib import Path
 import apsw
 import pytest
 
-from cli.cli_runner import Cli, ok
 from securepad import Scratchpad, StoreCorruptError
+from tests.support.cli_runner import Cli, ok
 
 
 @pytest.mark.sqlite_only

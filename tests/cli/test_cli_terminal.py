@@ -9,9 +9,9 @@ import re
 import click
 import pytest
 
-from cli.cli_runner import Cli, as_json, ok, put
 from securepad.cli import main
 from securepad.turn import MAX_TOOL_INT
+from tests.support.cli_runner import Cli, as_json, ok, put
 
 QUOTED = '"quoted" line\n' * 3000
 

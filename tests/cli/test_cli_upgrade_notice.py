@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.cli_runner import Cli, ok
 from securepad import Keyring, Scratchpad
-from securepad._db import SCHEMA_VERSION
+from securepad.storage.sqlite import SCHEMA_VERSION
+from tests.support.cli_runner import Cli, ok
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 OLD = int.from_bytes((FIXTURES / "store_v1.db").read_bytes()[60:64], "big")  # its user_version
@@ -59,12 +59,12 @@ def test_a_new_store_is_not_an_upgrade(pad: Scratchpad) -> None:
 def test_postgresql_says_once_that_it_upgraded_a_store(pg_cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     """A store made one schema behind (migrations stopped one short, as an older
     securepad left it): the command that upgrades it says so, the next does not."""
-    from securepad import _pg_schema
+    from securepad.storage.postgres import migrate
 
     assert pg_cli.store is not None
-    current = _pg_schema.SCHEMA_VERSION
+    current = migrate.SCHEMA_VERSION
     with monkeypatch.context() as patch:
-        patch.setattr(_pg_schema, "SCHEMA_VERSION", current - 1)
+        patch.setattr(migrate, "SCHEMA_VERSION", current - 1)
         ok(pg_cli("init"))
     first = ok(pg_cli("stats"))
     notices = [line for line in first.stderr.splitlines() if line.startswith("warning: ")]

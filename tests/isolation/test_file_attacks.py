@@ -4,9 +4,9 @@ owner keys between owners and stores, copying rows into another owner, and
 editing the clear metadata. Each ends in IntegrityError or NotFoundError:
 never another owner's plaintext, never a wrong answer.
 
-The damage is done with ``securepad._drill`` (the same drills ``securepad
+The damage is done with ``securepad.audit.drills`` (the same drills ``securepad
 audit`` runs on scratch copies) while no store is open; then a fresh store
-opens the file. tests/test_tamper.py covers bit flips and segment swaps.
+opens the file. tests/crypto/test_tamper.py covers bit flips and segment swaps.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from securepad import IntegrityError, Keyring, NotFoundError, Principal, Scratchpad, WrongKeyError, _drill
+from securepad import IntegrityError, Keyring, NotFoundError, Principal, Scratchpad, WrongKeyError
+from securepad.audit import drills
 from securepad.store import parts
 
 ALICE = Principal("alice", "planner", "web")
@@ -129,22 +130,22 @@ def backup(store: Store, tmp_path: Path) -> Iterator[Path]:
 )
 def test_rollback_to_the_item_key_wrapped_before_an_owner_key_rotation(store: Store, columns: tuple[str, ...]) -> None:
     entry_id = store.ids["a_text"]
-    old_row, _ = _drill.entry_row(store.db_path, entry_id)
+    old_row, _ = drills.entry_row(store.db_path, entry_id)
     with store.open() as pad:
         assert pad.rotate_owner_key("alice")["retired_versions"] == [1]
-    new_row, _ = _drill.entry_row(store.db_path, entry_id)
+    new_row, _ = drills.entry_row(store.db_path, entry_id)
     assert new_row["wrapped_key"] != old_row["wrapped_key"] and new_row["key_version"] == 2
     for column in columns:
-        _drill.set_column(store.db_path, entry_id, column, old_row[column])
+        drills.set_column(store.db_path, entry_id, column, old_row[column])
     refused_everywhere(store.ask("a_text"))
 
 
 def test_rollback_of_an_owner_key_to_its_wrapping_under_the_old_master_key(store: Store, tmp_path: Path) -> None:
-    old_keys = _drill.owner_key_rows(store.db_path, "alice")
+    old_keys = drills.owner_key_rows(store.db_path, "alice")
     new_keyring = Keyring.from_key_file(tmp_path / "config" / "new-key")
     with store.open() as pad:
         pad.rotate_master_key(new_keyring)
-    _drill.restore_owner_keys(store.db_path, old_keys)
+    drills.restore_owner_keys(store.db_path, old_keys)
     with pytest.raises(WrongKeyError):
         store.open()  # the old master key no longer opens the store
     store.keyring = new_keyring
@@ -157,10 +158,10 @@ def test_rollback_of_one_owner_key_version_after_rotation(store: Store, backup: 
     does not make the rewrapped entries open under it."""
     with store.open() as pad:
         pad.rotate_owner_key("alice")
-    current = _drill.owner_key_rows(store.db_path, "alice")
-    _drill.restore_owner_keys(store.db_path, _drill.owner_key_rows(backup, "alice"))  # only version 1 now
+    current = drills.owner_key_rows(store.db_path, "alice")
+    drills.restore_owner_keys(store.db_path, drills.owner_key_rows(backup, "alice"))  # only version 1 now
     refused_everywhere(store.ask("a_text"))
-    _drill.restore_owner_keys(store.db_path, current + _drill.owner_key_rows(backup, "alice"))
+    drills.restore_owner_keys(store.db_path, current + drills.owner_key_rows(backup, "alice"))
     assert store.ask("a_text", (ALICE,)) == ["served"] * 3 + [
         "listed"
     ]  # both versions: the entry is read with version 2
@@ -171,8 +172,8 @@ def test_restoring_a_forgotten_owners_entries_from_a_backup_fails(store: Store, 
     with store.open() as pad:
         pad.forget_owner("alice")
     for name in ("a_text", "a_json"):
-        row, segments = _drill.entry_row(backup, store.ids[name])
-        _drill.restore_entry(store.db_path, row, segments)
+        row, segments = drills.entry_row(backup, store.ids[name])
+        drills.restore_entry(store.db_path, row, segments)
     refused_everywhere(store.ask("a_text"))
     refused_everywhere(store.ask("a_json"))
 
@@ -184,8 +185,8 @@ def test_a_deleted_entry_restored_whole_from_a_backup_is_refused(store: Store, b
     with store.open() as pad:
         pad.delete(ALICE, store.ids["a_text"])
     assert store.ask("a_text", (ALICE,)) == ["NotFoundError"] * 3 + ["unlisted"]
-    row, segments = _drill.entry_row(backup, store.ids["a_text"])
-    _drill.restore_entry(store.db_path, row, segments)
+    row, segments = drills.entry_row(backup, store.ids["a_text"])
+    drills.restore_entry(store.db_path, row, segments)
     assert store.ask("a_text") == ["IntegrityError"] * 4 + ["NotFoundError"] * 3 + ["unlisted"]
 
 
@@ -195,13 +196,13 @@ def test_rollback_of_half_an_expiry_extension_fails(store: Store, columns: tuple
     later expiry (the whole metadata before it): the older part, or
     the older clear expiry, alone is a mismatch."""
     entry_id = store.ids["a_text"]
-    before, _ = _drill.entry_row(store.db_path, entry_id)
+    before, _ = drills.entry_row(store.db_path, entry_id)
     with store.open() as pad:
         assert pad.extend_turn(ALICE, "turn-1", 86_400, now=NOW) >= 1
-    after, _ = _drill.entry_row(store.db_path, entry_id)
+    after, _ = drills.entry_row(store.db_path, entry_id)
     assert after["expires_at"] > before["expires_at"] and after["sealed_listing"] != before["sealed_listing"]
     for column in columns:
-        _drill.set_column(store.db_path, entry_id, column, before[column])
+        drills.set_column(store.db_path, entry_id, column, before[column])
     refused_everywhere(store.ask("a_text"))
 
 
@@ -209,11 +210,11 @@ def test_a_whole_expiry_extension_rolled_back_is_refused(store: Store) -> None:
     """Both halves rolled back together is the entry's older, consistent state; the
     turn head holds the extended expiry, so every read refuses it."""
     entry_id = store.ids["a_text"]
-    before, _ = _drill.entry_row(store.db_path, entry_id)
+    before, _ = drills.entry_row(store.db_path, entry_id)
     with store.open() as pad:
         pad.extend_turn(ALICE, "turn-1", 86_400, now=NOW)
-    _drill.set_column(store.db_path, entry_id, "sealed_listing", before["sealed_listing"])
-    _drill.set_column(store.db_path, entry_id, "expires_at", before["expires_at"])
+    drills.set_column(store.db_path, entry_id, "sealed_listing", before["sealed_listing"])
+    drills.set_column(store.db_path, entry_id, "expires_at", before["expires_at"])
     assert store.ask("a_text", (ALICE,)) == ["IntegrityError"] * 4
     with store.open() as pad, pytest.raises(IntegrityError):
         pad.get(ALICE, entry_id, now=before["expires_at"])
@@ -224,8 +225,8 @@ def test_mixing_an_entry_with_an_older_state_of_itself_fails(store: Store, backu
     entry_id = store.ids["a_text"]
     with store.open() as pad:
         pad.rotate_owner_key("alice")
-    old_row, _ = _drill.entry_row(backup, entry_id)
-    _drill.set_column(store.db_path, entry_id, "wrapped_key", old_row["wrapped_key"])
+    old_row, _ = drills.entry_row(backup, entry_id)
+    drills.set_column(store.db_path, entry_id, "wrapped_key", old_row["wrapped_key"])
     refused_everywhere(store.ask("a_text"))
 
 
@@ -233,17 +234,17 @@ def test_mixing_an_entry_with_an_older_state_of_itself_fails(store: Store, backu
 
 
 def test_owner_key_rows_swapped_between_owners(store: Store) -> None:
-    _drill.swap_owner_keys(store.db_path, "alice", "bob")
+    drills.swap_owner_keys(store.db_path, "alice", "bob")
     refused_everywhere(store.ask("a_text"))
     refused_everywhere(store.ask("b_text"))
 
 
 def test_entries_and_owner_key_transplanted_to_another_owner(store: Store) -> None:
     """Every row of alice relabelled as bob's, and bob's owner key replaced by alice's."""
-    alice_keys = _drill.owner_key_rows(store.db_path, "alice")
+    alice_keys = drills.owner_key_rows(store.db_path, "alice")
     for name in ("a_text", "a_json"):
-        _drill.move_entry_to_owner(store.db_path, store.ids[name], "bob")
-    _drill.restore_owner_keys(store.db_path, alice_keys, owner_user_id="bob")
+        drills.move_entry_to_owner(store.db_path, store.ids[name], "bob")
+    drills.restore_owner_keys(store.db_path, alice_keys, owner_user_id="bob")
     refused_everywhere(store.ask("a_text"))
     refused_everywhere(store.ask("a_json"))
 
@@ -253,9 +254,9 @@ def test_owner_key_and_entry_from_another_store_with_the_same_master_key(store: 
     other_path = tmp_path / "other" / "store.db"
     with Scratchpad.open(other_path, keyring=store.keyring) as other:
         other_id = other.put(ALICE, "turn-1", 9, "tool", "alice in another store", now=NOW - 60)["scratchpad_id"]
-    row, segments = _drill.entry_row(other_path, other_id)
-    _drill.restore_entry(store.db_path, row, segments)
-    _drill.restore_owner_keys(store.db_path, _drill.owner_key_rows(other_path, "alice"))
+    row, segments = drills.entry_row(other_path, other_id)
+    drills.restore_entry(store.db_path, row, segments)
+    drills.restore_owner_keys(store.db_path, drills.owner_key_rows(other_path, "alice"))
     store.ids["foreign"], store.truth[other_id] = other_id, (ALICE, "alice in another store")
     refused_everywhere(store.ask("foreign"))
     refused_everywhere(store.ask("a_text"))
@@ -267,7 +268,7 @@ def test_owner_key_and_entry_from_another_store_with_the_same_master_key(store: 
 @pytest.mark.parametrize("into", ["bob", "carol", "alice"])
 def test_row_copied_into_another_owner_under_a_new_id(store: Store, into: str) -> None:
     copy_id = secrets.token_hex(8)
-    _drill.copy_entry(store.db_path, store.ids["a_text"], copy_id, into)
+    drills.copy_entry(store.db_path, store.ids["a_text"], copy_id, into)
     reader = Principal(into, "planner", "web")
     store.ids["copy"], store.truth[copy_id] = copy_id, (reader, store.truth[store.ids["a_text"]][1])
     refused_everywhere(store.ask("copy", (reader, ALICE, BOB)))
@@ -276,7 +277,7 @@ def test_row_copied_into_another_owner_under_a_new_id(store: Store, into: str) -
 
 
 def test_row_moved_into_another_owner_with_its_segments(store: Store) -> None:
-    _drill.move_entry_to_owner(store.db_path, store.ids["a_text"], "bob")
+    drills.move_entry_to_owner(store.db_path, store.ids["a_text"], "bob")
     refused_everywhere(store.ask("a_text"))
 
 
@@ -323,14 +324,14 @@ CONTENT = {"only_segment"}
 
 def test_every_clear_column_is_covered(store: Store) -> None:
     """A column added by a later schema must be added here: to EDITS, or (with a reason) to UNAUTHENTICATED."""
-    assert set(EDITS) | UNAUTHENTICATED | CONTENT | {"id"} == set(_drill.entry_columns(store.db_path))
+    assert set(EDITS) | UNAUTHENTICATED | CONTENT | {"id"} == set(drills.entry_columns(store.db_path))
 
 
 def test_an_edited_segment_in_the_row_is_refused_on_every_read(store: Store) -> None:
     entry_id = store.ids["a_json"]
-    row, segments = _drill.entry_row(store.db_path, entry_id)
+    row, segments = drills.entry_row(store.db_path, entry_id)
     assert row["only_segment"] is not None and segments == []  # a one-segment entry keeps it in its row
-    _drill.flip_segment_byte(store.db_path, entry_id)
+    drills.flip_segment_byte(store.db_path, entry_id)
     # alice's reads fail, the listing (sealed metadata only) still lists it; bob sees nothing
     assert store.ask("a_json") == ["IntegrityError"] * 3 + ["listed"] + ["NotFoundError"] * 3 + ["unlisted"]
 
@@ -340,7 +341,7 @@ def test_quota_accounting_column_is_authenticated_by_the_turn_head(store: Store)
     turn head: an edited value is refused to its owner, and the other
     owner still sees nothing of it."""
     for name in ("a_text", "b_text"):
-        _drill.set_column(store.db_path, store.ids[name], "stored_bytes", 1)
+        drills.set_column(store.db_path, store.ids[name], "stored_bytes", 1)
     # bob's listing fails on his own edited entry of the turn
     assert store.ask("a_text") == ["IntegrityError"] * 4 + ["NotFoundError"] * 3 + ["IntegrityError"]
     assert store.ask("b_text", (BOB,)) == ["IntegrityError"] * 4
@@ -349,13 +350,13 @@ def test_quota_accounting_column_is_authenticated_by_the_turn_head(store: Store)
 @pytest.mark.parametrize("column", sorted(EDITS))
 def test_editing_clear_metadata_fails(store: Store, column: str) -> None:
     entry_id = store.ids["a_text"]
-    row, _ = _drill.entry_row(store.db_path, entry_id)
-    _drill.set_column(store.db_path, entry_id, column, EDITS[column](row[column]))
+    row, _ = drills.entry_row(store.db_path, entry_id)
+    drills.set_column(store.db_path, entry_id, column, EDITS[column](row[column]))
     refused_everywhere(store.ask("a_text", (ALICE, BOB, Principal("alice", "coder", "slack"))))
 
 
 def test_shortening_the_expiry_only_hides_the_entry(store: Store) -> None:
     """Moving expires_at into the past makes the entry unreadable (a denial, not a disclosure)."""
     entry_id = store.ids["a_text"]
-    _drill.set_column(store.db_path, entry_id, "expires_at", NOW - 1)
+    drills.set_column(store.db_path, entry_id, "expires_at", NOW - 1)
     refused_everywhere(store.ask("a_text"))

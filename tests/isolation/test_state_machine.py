@@ -34,7 +34,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from securepad import ExpiredError, InvalidArgumentError, Keyring, NotFoundError, Principal, Scratchpad, reads
+from securepad import ExpiredError, InvalidArgumentError, Keyring, NotFoundError, Principal, Scratchpad
+from securepad.core import read_modes
 from securepad.policy import NOT_FOUND_MESSAGE
 
 POLICIES = sorted((Path(__file__).resolve().parents[2] / "policies").glob("*.toml"))
@@ -261,7 +262,7 @@ class IsolationMachine(RuleBasedStateMachine):
         else:
             self.refused(state, self.pad.get, reader, entry_id)
 
-    @rule(entry_id=any_ids, mode=st.sampled_from(reads.MODES), data=st.data())
+    @rule(entry_id=any_ids, mode=st.sampled_from(read_modes.MODES), data=st.data())
     def read(self, entry_id: Any, mode: str, data: st.DataObject) -> None:
         reader = self.reader_for(entry_id, data)
         args = read_arguments(mode, data)
@@ -365,7 +366,7 @@ class IsolationMachine(RuleBasedStateMachine):
             assert f"unknown step {step} " in str(caught.value)
 
     @precondition(lambda self: HAS_TURN)
-    @rule(entry_id=any_ids, mode=st.sampled_from(reads.MODES), data=st.data())
+    @rule(entry_id=any_ids, mode=st.sampled_from(read_modes.MODES), data=st.data())
     def call_tool(self, entry_id: Any, mode: str, data: st.DataObject) -> None:
         """The scratchpad_read tool reads only live entries of its own turn and scope."""
         reader, turn_id, turn = self.turn_for(entry_id, data)

@@ -1,0 +1,1 @@
+"""The only importers of AESGCM, HKDF and HMAC: key handles, wrapping, the sealed formats."""

@@ -1,0 +1,417 @@
+"""The keyring: where the master key comes from, and the key handles.
+
+Key hierarchy (see SECURITY.md):
+
+    master key (key file | environment variable | Argon2id(passphrase))
+      └─ wraps owner keys (one random key per owner and version)
+           └─ wrap item keys (one random key per entry)
+                └─ HKDF → content key, metadata key, key commitment
+
+Keys are handles, not bytes: they do not show in ``repr`` and refuse to be
+pickled, so they do not end up in logs, tracebacks or caches by accident.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import secrets
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from argon2.exceptions import HashingError
+from argon2.low_level import Type, hash_secret_raw
+
+from ..crypto.primitives import KEY_BYTES, KeyHandle
+from ..errors import InvalidArgumentError, SecurepadError, WrongKeyError
+from ..storage.files import check_directory, check_private_file
+from .process import make_undumpable, scrub_initial_environment
+
+__all__ = ["KeyFileUse", "KeyHandle", "Keyring", "default_key_file", "key_file_use", "record_key_file_use"]
+
+
+# RFC 9106, section 4, second recommended option (memory-constrained):
+# Argon2id, t=3 passes, 64 MiB, 4 lanes, 16-byte salt, 32-byte tag.
+ARGON2_DEFAULTS: dict[str, int] = {"time_cost": 3, "memory_cost": 64 * 1024, "parallelism": 4}
+# What a store's record may ask for (memory in KiB): up to 4 GiB and 64 lanes.
+ARGON2_BOUNDS: dict[str, tuple[int, int]] = {
+    "time_cost": (1, 64),
+    "memory_cost": (8, 4 * 1024 * 1024),
+    "parallelism": (1, 64),
+}
+
+
+@dataclass(frozen=True)
+class _Source:
+    kind: str  # "file" | "env" | "passphrase"
+    detail: str  # the path or variable name; never the secret
+    secret: bytes = b""
+    argon2: tuple[tuple[str, int], ...] = ()
+
+    def __repr__(self) -> str:
+        return f"_Source({self.kind}, {self.detail})"
+
+
+class Keyring:
+    """The master key's source. Build one with a ``from_*`` class method.
+
+    The store derives the key when it opens: a passphrase needs the salt kept
+    in the store's metadata, so nothing is derived before that.
+    """
+
+    def __init__(self, source: _Source, *, allow_shared: bool = False) -> None:
+        self._source = source
+        self._allow_shared = allow_shared
+        # A key file read or created later: absent when the keyring was made.
+        self._late_secret: bytes | None = None
+
+    def __repr__(self) -> str:
+        return f"<Keyring {self._source.kind}: {self._source.detail}>"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("keyrings cannot be pickled")
+
+    @property
+    def kind(self) -> str:
+        """``file``, ``env`` or ``passphrase``."""
+        return self._source.kind
+
+    @property
+    def allow_shared(self) -> bool:
+        """Whether the key file's owner and mode checks were lifted (``from_key_file(..., allow_shared=True)``)."""
+        return self._allow_shared
+
+    @property
+    def key_file(self) -> Path | None:
+        """The key file's path, for a keyring built from one."""
+        return Path(self._source.detail) if self._source.kind == "file" else None
+
+    @classmethod
+    def from_key_file(cls, path: str | os.PathLike[str] | None = None, *, allow_shared: bool = False) -> Keyring:
+        """Use the master key in ``path``.
+
+        ``path`` defaults to ``key`` in the user config dir, apart from the data
+        dir where the database lives. The file holds the key in base64. An
+        absent file is created (mode 0600, in a 0700 directory) only together
+        with a new store, or as the new key of ``rotate_master_key``: opening
+        an existing store with it raises ``WrongKeyError`` and creates nothing.
+
+        The file must be the current user's and neither readable nor writable
+        by anyone else, and its directory not writable by others: whoever can
+        read the key reads every entry, and whoever can plant or replace it
+        reads what is stored afterwards. ``allow_shared=True`` lifts these
+        checks for a deliberate setup (a key mounted by an orchestrator, say).
+
+        Raises:
+            WrongKeyError: the file exists but does not hold a base64 32-byte key.
+            SecurepadError: the file cannot be read, or its owner or mode or its
+                directory's mode lets others read, plant or replace it (the
+                message says how to fix it).
+        """
+        key_path = Path(path) if path is not None else default_key_file()
+        raw = _read_key_file(key_path, allow_shared)
+        if raw is None:
+            return cls(_Source("file", str(key_path)), allow_shared=allow_shared)
+        key = _decode_key(raw, f"key file {key_path}")
+        return cls(_Source("file", str(key_path), key), allow_shared=allow_shared)
+
+    @classmethod
+    def create_key_file(cls, path: str | os.PathLike[str], *, allow_shared: bool = False) -> Keyring:
+        """Write a new random master key to ``path`` (which must not exist) and use it.
+
+        Raises:
+            SecurepadError: the file exists, cannot be created, or its directory
+                is writable by others (unless ``allow_shared``).
+        """
+        key_path = Path(path)
+        if not allow_shared and key_path.parent.exists():
+            check_directory(key_path.parent, "key file")
+        if key_path.exists():
+            raise SecurepadError(f"key file {key_path} already exists; a new key is never written over a key")
+        raw = _create_key_file(key_path)
+        return cls(_Source("file", str(key_path), _decode_key(raw, f"key file {key_path}")), allow_shared=allow_shared)
+
+    @classmethod
+    def from_env(
+        cls, var: str = "SECUREPAD_MASTER_KEY", *, keep_in_env: bool = False, keep_dumpable: bool = False
+    ) -> Keyring:
+        """Use the base64 32-byte master key in environment variable ``var``.
+
+        Once read, the variable is removed from this process's environment, so
+        that no subprocess the agent starts (a shell tool, say) inherits the
+        master key, and on Linux its value is overwritten in the initial
+        environment block that ``/proc/<pid>/environ`` shows, so that no
+        process of the same user reads it there. ``keep_in_env=True`` leaves
+        it in both.
+
+        The process is also made non-dumpable on Linux (no core dump; its
+        ``/proc/<pid>/`` files, memory included, are root's; no debugger of
+        the same user attaches). ``keep_dumpable=True`` leaves it dumpable,
+        for debugging (``py-spy``, ``gdb -p``) at the price of those reads.
+
+        Raises:
+            WrongKeyError: the variable is unset or does not hold a base64 32-byte key
+                (it is then left as it was).
+        """
+        value = os.environ.get(var)
+        if not value:
+            raise WrongKeyError(f"environment variable {var} is not set")
+        key = _decode_key(value.encode("ascii", "replace"), f"environment variable {var}")
+        if not keep_in_env:
+            os.environ.pop(var, None)  # os.environ's pop also unsets it for child processes
+            # After the unset, so that no thread's getenv sees a blanked value.
+            scrub_initial_environment(var)
+        if not keep_dumpable:
+            make_undumpable()
+        return cls(_Source("env", var, key))
+
+    @classmethod
+    def from_passphrase(
+        cls,
+        passphrase: str,
+        *,
+        time_cost: int = ARGON2_DEFAULTS["time_cost"],
+        memory_cost: int = ARGON2_DEFAULTS["memory_cost"],
+        parallelism: int = ARGON2_DEFAULTS["parallelism"],
+    ) -> Keyring:
+        """Stretch ``passphrase`` with Argon2id into the master key.
+
+        The defaults are RFC 9106's second recommended parameters. The
+        parameters apply when a store is created; an existing store keeps the
+        salt and parameters it was created with. Lower values are for tests.
+
+        Raises:
+            InvalidArgumentError: the passphrase is empty or a parameter is out of range.
+        """
+        if not isinstance(passphrase, str) or not passphrase:
+            raise InvalidArgumentError("the passphrase must be a non-empty string")
+        for name, value in (("time_cost", time_cost), ("memory_cost", memory_cost), ("parallelism", parallelism)):
+            low, high = ARGON2_BOUNDS[name]
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise InvalidArgumentError(f"Argon2id {name} must be an integer from {low} to {high}")
+        if memory_cost < 8 * parallelism:
+            raise InvalidArgumentError("Argon2id needs memory_cost >= 8 * parallelism")
+        params = (("time_cost", time_cost), ("memory_cost", memory_cost), ("parallelism", parallelism))
+        return cls(_Source("passphrase", "argon2id", passphrase.encode("utf-8"), params))
+
+    def _key_file_secret(self, new: bool) -> bytes:
+        if self._late_secret is None:
+            path = Path(self._source.detail)
+            raw = _read_key_file(path, self._allow_shared)
+            if raw is None:
+                if not new:
+                    raise WrongKeyError(
+                        f"key file {path} does not exist, and this store was made with a key:"
+                        " give the key file it was created with (none was created)"
+                    )
+                if not self._allow_shared and path.parent.exists():
+                    check_directory(path.parent, "key file")
+                raw = _create_key_file(path)
+            self._late_secret = _decode_key(raw, f"key file {path}")
+        return self._late_secret
+
+
+def master_key(
+    keyring: Keyring, kdf: dict[str, Any] | None, *, new: bool = False
+) -> tuple[KeyHandle, dict[str, Any] | None]:
+    """The master key of ``keyring`` for a store whose KDF record is ``kdf``;
+    ``new`` when the key is being set up (a new store, or the target of a
+    rotation): only then is an absent key file created.
+
+    Returns the key and, for a passphrase keyring opening a store without a
+    record, the new record to keep in the store.
+
+    Raises:
+        WrongKeyError: the store's passphrase record is unreadable or unusable,
+            or the key file is absent and the store exists.
+    """
+    source = keyring._source
+    if source.kind == "file" and not source.secret:
+        return KeyHandle(keyring._key_file_secret(new)), None
+    if source.kind != "passphrase":
+        return KeyHandle(source.secret), None
+    record = kdf if kdf is not None and kdf.get("alg") == "argon2id" else None
+    if record is None:
+        record = {
+            "alg": "argon2id",
+            "salt": base64.b64encode(secrets.token_bytes(16)).decode(),
+            **dict(source.argon2),
+        }
+        created: dict[str, Any] | None = record
+    else:
+        created = None
+    salt, params = _kdf_params(record)
+    try:
+        # The derived key goes straight into its handle: never a local of this frame.
+        return KeyHandle(hash_secret_raw(source.secret, salt, hash_len=KEY_BYTES, type=Type.ID, **params)), created
+    except HashingError as exc:
+        raise WrongKeyError(f"the store's passphrase parameters are unusable: {exc}") from None
+
+
+def _kdf_params(record: dict[str, Any]) -> tuple[bytes, dict[str, int]]:
+    """Salt and Argon2id parameters from a store's KDF record, within sane bounds:
+    a tampered record must fail clearly, not hang the open on a huge memory_cost.
+
+    Raises:
+        WrongKeyError: the record is unreadable or out of bounds.
+    """
+    try:
+        salt = base64.b64decode(record["salt"], validate=True)
+        params = {name: record[name] for name in ARGON2_BOUNDS}
+    except (KeyError, TypeError, ValueError, binascii.Error):
+        raise WrongKeyError("the store's passphrase record is unreadable") from None
+    if len(salt) < 16:
+        raise WrongKeyError("the store's passphrase salt is shorter than 16 bytes")
+    for name, (low, high) in ARGON2_BOUNDS.items():
+        value = params[name]
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise WrongKeyError(f"the store's passphrase parameter {name} is out of bounds")
+    return salt, params
+
+
+def default_key_file() -> Path:
+    """``key`` in the user config dir (``SECUREPAD_KEY_FILE`` overrides the CLI's choice)."""
+    from platformdirs import user_config_path
+
+    return user_config_path("securepad") / "key"
+
+
+def _decode_key(raw: bytes, where: str) -> bytes:
+    try:
+        key = base64.b64decode(raw.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raise WrongKeyError(f"{where} does not hold a base64 key") from None
+    if len(key) != KEY_BYTES:
+        raise WrongKeyError(f"{where} holds {len(key)} bytes; a master key has {KEY_BYTES}")
+    return key
+
+
+def _read_key_file(path: Path, allow_shared: bool) -> bytes | None:
+    """The key file's bytes after its safety checks; None when it does not exist.
+
+    Raises:
+        SecurepadError: unreadable, or others could read, plant or replace it.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SecurepadError(f"cannot read key file {path}: {exc.strerror}") from None
+    try:
+        if not allow_shared:
+            check_private_file(path, os.fstat(fd), "key file")
+            check_directory(path.parent, "key file")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read()
+    except OSError as exc:
+        raise SecurepadError(f"cannot read key file {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _create_key_file(path: Path) -> bytes:
+    """Write a fresh key, mode 0600, atomically: written to a private temporary
+    file, then hard-linked into place so that a racing process either wins or
+    reads the winner's complete key, never a half-written one."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise SecurepadError(f"cannot create key file {path}: {exc.strerror}") from None
+    encoded = base64.b64encode(secrets.token_bytes(KEY_BYTES)) + b"\n"
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, stat.S_IRUSR | stat.S_IWUSR)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(encoded)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return path.read_bytes()
+    except OSError as exc:
+        raise SecurepadError(f"cannot create key file {path}: {exc.strerror}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return encoded
+
+
+# -- which stores a key file serves ----------------------------------------------------
+#
+# One key file can open several stores (``securepad init`` on a second --db
+# reuses the default key file). Replacing that file for one store's master
+# rotation would lock the others out for good, so the stores a key file
+# serves are recorded beside it, in ``<key file>.stores``: the store ids, and
+# whether the record began with the key itself (then no store is missing from
+# it). The record holds no secret; it only decides whether a key file may be
+# replaced, and an unknown or shared one is never replaced.
+
+_USE_SUFFIX = ".stores"
+
+
+@dataclass(frozen=True)
+class KeyFileUse:
+    """The stores a key file is recorded to serve (its ``<key file>.stores`` record)."""
+
+    path: Path
+    stores: frozenset[str]
+    complete: bool  # the record began when the key was made: it names every store the key opens
+
+    @property
+    def record(self) -> Path:
+        """Where the record lives, beside the key file."""
+        return self.path.with_name(self.path.name + _USE_SUFFIX)
+
+    def serves_only(self, store_id: str) -> bool:
+        """Whether the key file is known to open this store and no other."""
+        return self.complete and self.stores == frozenset({store_id})
+
+
+def key_file_use(path: str | os.PathLike[str]) -> KeyFileUse:
+    """The stores recorded beside key file ``path``; an absent or unreadable
+    record is an empty, incomplete one (nothing is known)."""
+    key_path = Path(path)
+    use = KeyFileUse(key_path, frozenset(), False)
+    try:
+        data = json.loads(use.record.read_text("utf-8"))
+        stores = data["stores"]
+        complete = data["complete"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return use
+    if not isinstance(stores, list) or not all(isinstance(s, str) for s in stores) or not isinstance(complete, bool):
+        return use
+    return KeyFileUse(key_path, frozenset(stores), complete)
+
+
+def record_key_file_use(path: str | os.PathLike[str], store_id: str, *, key_created: bool = False) -> KeyFileUse:
+    """Record that key file ``path`` opens store ``store_id``; ``key_created``
+    when the key was made for this store just now (the record is then complete).
+
+    Written atomically (mode 0600) only when something changes.
+
+    Raises:
+        SecurepadError: the record cannot be written.
+    """
+    use = key_file_use(path)
+    if key_created:
+        new = KeyFileUse(use.path, frozenset({store_id}), True)
+    else:
+        new = KeyFileUse(use.path, use.stores | {store_id}, use.complete)
+    if new == use and use.record.exists():
+        return use
+    body = json.dumps({"stores": sorted(new.stores), "complete": new.complete}, indent=1) + "\n"
+    tmp = new.record.with_name(f".{new.record.name}.{secrets.token_hex(8)}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, stat.S_IRUSR | stat.S_IWUSR)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(body)
+        os.replace(tmp, new.record)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise SecurepadError(f"cannot record the stores of key file {new.path}: {exc.strerror}") from None
+    return new

@@ -1,0 +1,444 @@
+"""The keystore: the owner keys, their cache, and writing under the current one.
+
+Everything that chooses an owner key lives here: the cache of unwrapped owner
+keys (and the keys derived from them), the wrap counts, and the one loop that
+writes a row sealed under an owner's newest key version, sealing again when a
+rotation (in any process) made that version stale. The master key (its
+unlock, the owner keys' wrapping, its rotation) is ``master.Master``. Keys are
+``crypto.KeyHandle``s and ``crypto.Wrapper``s, never bytes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence, Sized
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from ..core.lru import LRUCache
+from ..crypto.primitives import ContentIdentity, KeyHandle, ListingKey, Wrapper
+from ..errors import IntegrityError, StoreBusyError, StoreUnavailableError
+from ..storage.base import Backend, Conn, DuplicateKeyError, Params, insert_owner_key
+from .keyring import Keyring
+from .master import Master, Progress, store_meta
+
+__all__ = ["NEWEST_VERSION_SQL", "WRAP_FLUSH_EVERY", "IfUnknown", "Keystore", "Progress", "StaleOwnerKey"]
+
+T = TypeVar("T")
+P = TypeVar("P")
+D = TypeVar("D", ContentIdentity, ListingKey)
+# A key derived from an owner key: (owner key, store id, owner, version) -> key.
+Derive = Callable[[KeyHandle, str, str, int], D]
+# Owners whose unwrapped keys stay cached (each cache; ~2.7 KB per owner in
+# all). Past it the least recently used owner's keys are unwrapped again on use.
+OWNER_KEY_CACHE_SIZE = 4096
+
+
+# Item-key wraps under an owner key are counted in memory and added to
+# ``owner_keys.wrap_count`` by the write transaction of every this-many-th put
+# of that key (and at close): no counter-row UPDATE per put. A process that
+# dies undercounts by fewer than this many wraps per key, against a rotation
+# advice at 2**28 (16 times below AES-GCM's 2**32 bound).
+WRAP_FLUSH_EVERY = 256
+
+# The owner's newest key version, as a scalar subquery with one parameter (the
+# owner): the write transaction reads it in the statement that reads the quota.
+NEWEST_VERSION_SQL = "(SELECT MAX(version) FROM owner_keys WHERE owner_user_id = ?)"
+
+
+@dataclass(frozen=True)
+class IfUnknown(Generic[P]):
+    """What ``Keystore.write_current`` does with a write whose COMMIT's answer was lost."""
+
+    #: Inside a transaction under the write's locks: whether the sealed rows are stored.
+    landed: Callable[[Conn, P], bool]
+    #: The error that names what may be stored, given the reason it could not be found out.
+    error: Callable[[P, str], StoreUnavailableError]
+
+
+# Runs of a write whose COMMIT's answer was lost and that may simply run again (``add_version``).
+_COMMIT_TRIES = 3
+
+
+class StaleOwnerKey(Exception):
+    """The row was sealed for an owner-key version that is no longer the newest
+    (raised inside ``write_current``'s transaction; it never leaves the retry)."""
+
+
+class _WrapCounts:
+    """Wraps of committed writes not yet added to ``owner_keys.wrap_count``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[tuple[str, int], int] = {}
+
+    def take(self, key: tuple[str, int], every: int, adding: int) -> int | None:
+        """The pending count to write with the next write of ``key`` (``adding``
+        wraps), or None (not yet due)."""
+        with self._lock:
+            if self._pending.get(key, 0) + adding < every:
+                return None
+            return self._pending.pop(key, 0)
+
+    def due(self, key: tuple[str, int], every: int, adding: int) -> bool:
+        """Whether the next write of ``key`` (``adding`` wraps) must write the pending count (``take``)."""
+        with self._lock:
+            return self._pending.get(key, 0) + adding >= every
+
+    def add(self, key: tuple[str, int], count: int) -> None:
+        if count:
+            with self._lock:
+                self._pending[key] = self._pending.get(key, 0) + count
+
+    def take_all(self) -> dict[tuple[str, int], int]:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            return pending
+
+    def peek(self) -> dict[tuple[str, int], int]:
+        with self._lock:
+            return dict(self._pending)
+
+
+class Keystore:
+    """The store's keys. Safe to share between threads."""
+
+    def __init__(self, db: Backend, keyring: Keyring) -> None:
+        self._db = db
+        self._lock = threading.Lock()
+        # Bounded: a long-lived process serving many owners keeps
+        # the most recently used ones' keys only.
+        self._owner_keys: LRUCache[tuple[str, int], tuple[Wrapper, KeyHandle]] = LRUCache(OWNER_KEY_CACHE_SIZE)
+        self._identities: LRUCache[tuple[str, int], ContentIdentity] = LRUCache(OWNER_KEY_CACHE_SIZE)
+        self._listings: LRUCache[tuple[str, int], ListingKey] = LRUCache(OWNER_KEY_CACHE_SIZE)
+        self._latest: LRUCache[str, int] = LRUCache(OWNER_KEY_CACHE_SIZE)
+        self._wraps = _WrapCounts()
+        # Runs in the transaction that adds an owner's first key (the owner's
+        # empty owner head, ``heads.Heads``): a key never exists without it.
+        self.on_first_key: Callable[[Conn, str, int, Wrapper], None] | None = None
+        self._master = Master(db, keyring)
+        self.store_id = self._master.store_id
+        self.counter_seal = self._master.counter_seal()
+
+    @property
+    def keyring(self) -> Keyring:
+        """The keyring whose master key opens the store (the new one after a rotation)."""
+        return self._master.keyring
+
+    def cache_sizes(self) -> dict[str, int]:
+        """How many entries each owner-key cache holds (bounded by ``OWNER_KEY_CACHE_SIZE``)."""
+        caches: dict[str, Sized] = {"owner_keys": self._owner_keys, "identities": self._identities}
+        caches.update(listings=self._listings, latest=self._latest)
+        return {name: len(cache) for name, cache in caches.items()}
+
+    def is_cached(self, owner: str, version: int) -> bool:
+        """Whether the owner's key of ``version`` is unwrapped in the cache."""
+        return self._owner_keys.get((owner, version)) is not None
+
+    def store_meta(self) -> dict[str, str]:
+        """The store's clear metadata (id, format version, key check, KDF record, counters)."""
+        return store_meta(self._db)
+
+    @property
+    def opened_meta(self) -> dict[str, str]:
+        """The store's clear metadata as read when the store was opened (its flags
+        for the rest of the open: one read, not one per flag)."""
+        return dict(self._master.opened_meta)
+
+    # -- owner keys ------------------------------------------------------------------------
+
+    def owner_wrapper(self, owner: str, version: int) -> Wrapper:
+        """The owner's key of ``version``, unwrapped once and cached.
+
+        Raises:
+            IntegrityError: the key is missing (tampering, or a rotation retired
+                it meanwhile) or its wrapping was altered.
+            WrongKeyError: another process rotated the master key meanwhile.
+        """
+        return self._owner_key(owner, version)[0]
+
+    def identity(self, owner: str, version: int) -> ContentIdentity:
+        """The keyed content identity of the owner's key of ``version`` (see ``crypto.ContentIdentity``).
+
+        Raises:
+            IntegrityError, WrongKeyError: as for ``owner_wrapper``.
+        """
+        return self._derived(self._identities, ContentIdentity, owner, version)
+
+    def listing_key(self, owner: str, version: int) -> ListingKey:
+        """The key of the owner's listing parts of ``version`` (see ``crypto.ListingKey``).
+
+        Raises:
+            IntegrityError, WrongKeyError: as for ``owner_wrapper``.
+        """
+        return self._derived(self._listings, ListingKey, owner, version)
+
+    def _derived(self, cache: LRUCache[tuple[str, int], D], make: Derive[D], owner: str, version: int) -> D:
+        """A key derived from the owner's key of ``version``, once, then cached."""
+        found = cache.get((owner, version))
+        if found is None:
+            found = make(self._owner_key(owner, version)[1], self.store_id, owner, version)
+            with self._lock:
+                cache[(owner, version)] = found
+        return found
+
+    def _owner_key(self, owner: str, version: int) -> tuple[Wrapper, KeyHandle]:
+        cached = self._owner_keys.get((owner, version))
+        if cached is not None:
+            return cached
+        rows = self._db.query(
+            "SELECT wrapped FROM owner_keys WHERE owner_user_id = ? AND version = ?", (owner, version), owner=owner
+        )
+        if not rows:
+            raise IntegrityError("the owner key of this row is missing")
+        key = self._master.unwrap_owner_key(rows[0]["wrapped"], owner, version)
+        pair = (Wrapper.of(key), key)
+        with self._lock:
+            self._owner_keys[(owner, version)] = pair
+        return pair
+
+    def current(self, owner: str) -> tuple[int, Wrapper]:
+        """The owner's newest key version and its wrapper, created (in its own
+        short transaction) on first use.
+
+        Raises:
+            WrongKeyError: another process rotated the master key meanwhile.
+        """
+        version = self._latest.get(owner)
+        if version is None:
+            version = self.newest_version(owner)
+            if version is None:
+                version = 1
+                self.add_version(owner, version)
+            with self._lock:
+                self._latest[owner] = version
+        return version, self.owner_wrapper(owner, version)
+
+    def newest_version(self, owner: str) -> int | None:
+        rows = self._db.query("SELECT MAX(version) AS v FROM owner_keys WHERE owner_user_id = ?", (owner,), owner=owner)
+        version = rows[0]["v"]
+        return None if version is None else int(version)
+
+    def versions(self, owner: str) -> list[int]:
+        """Every key version the owner has, oldest first (housekeeping: rotation)."""
+        rows = self._db.query(
+            "SELECT version FROM owner_keys WHERE owner_user_id = ? ORDER BY version", (owner,), owner=owner, admin=True
+        )
+        return [int(r["version"]) for r in rows]
+
+    def add_version(self, owner: str, version: int, *, admin: bool = False) -> None:
+        """Add a fresh owner key of ``version``, unless the owner has it or a
+        newer one already (a racing process or rotation added it: a version a
+        later rotation retired is never made again with other key material);
+        ``admin`` for a rotation (housekeeping), not for an owner's first key.
+
+        Raises:
+            WrongKeyError: another process rotated the master key meanwhile.
+        """
+        wrapped, key = self._master.new_owner_key(owner, version)
+        for tries_left in reversed(range(_COMMIT_TRIES)):
+            tx: Conn | None = None
+            try:
+                with self._db.transaction(owner, admin=admin) as conn:
+                    tx = conn
+                    self.check_master_current(conn)
+                    newest = self.newest_in(conn, owner)
+                    if newest is not None and newest >= version:
+                        return  # a racing rotation added it, or a newer one (and may have retired this version)
+                    added = insert_owner_key(conn, owner, version, wrapped, time.time())
+                    if added and version == 1 and self.on_first_key:
+                        self.on_first_key(conn, owner, version, Wrapper.of(key))
+                return
+            except StoreUnavailableError:
+                # Its COMMIT's answer lost: the same insert again adds the key
+                # only if the first did not (``ON CONFLICT DO NOTHING``).
+                if tx is None or not tx.commit_unknown or not tries_left:
+                    raise
+
+    @staticmethod
+    def retire_older(conn: Conn, owner: str, version: int) -> int:
+        """Delete the owner's key versions below ``version`` (inside the caller's transaction)."""
+        return conn.execute("DELETE FROM owner_keys WHERE owner_user_id = ? AND version < ?", (owner, version))
+
+    @staticmethod
+    def delete_owner(conn: Conn, owner: str) -> int:
+        """Delete every key of the owner (inside the caller's transaction): crypto-shredding."""
+        return conn.execute("DELETE FROM owner_keys WHERE owner_user_id = ?", (owner,))
+
+    def count_wraps(self, conn: Conn, owner: str, version: int, count: int = 1) -> None:
+        """Count random-nonce wraps under an owner key (the rotation advice in ``stats``)."""
+        conn.defer(
+            "UPDATE owner_keys SET wrap_count = wrap_count + ? WHERE owner_user_id = ? AND version = ?",
+            (count, owner, version),
+        )
+
+    def count_wraps_later(self, owner: str, version: int, count: int = 1) -> None:
+        """Count wraps made inside a write transaction (a turn head's seal) with
+        the pending ones: no statement now; a rollback leaves an overcount, never less."""
+        self._wraps.add((owner, version), count)
+
+    def flush_due(self, owner: str, version: int, count: int = 1) -> bool:
+        """Whether a write adding ``count`` wraps must add the pending wrap
+        counts to ``owner_keys`` in its transaction (``write_current`` does): a
+        write without a transaction of its own (a put in one message) leaves it to one."""
+        return self._wraps.due((owner, version), WRAP_FLUSH_EVERY, count)
+
+    def pending_wraps(self) -> dict[tuple[str, int], int]:
+        """Wraps this process made that ``owner_keys.wrap_count`` does not count yet."""
+        return self._wraps.peek()
+
+    def flush_wraps(self) -> None:
+        """Add this process's pending wrap counts to ``owner_keys`` (at close).
+        A failure (a busy or closed store) puts them back as pending."""
+        pending = self._wraps.take_all()
+        if not pending:
+            return
+        try:
+            with self._db.transaction(admin=True) as conn:
+                for (owner, version), count in pending.items():
+                    self.count_wraps(conn, owner, version, count)
+        except Exception:
+            for key, count in pending.items():
+                self._wraps.add(key, count)
+            raise
+
+    def check_master_current(self, conn: Conn | None = None) -> None:
+        """Raise WrongKeyError when another process has rotated the master key
+        since this store was opened: nothing may be wrapped under the old one."""
+        self._master.check_current(conn)
+
+    def forget(self, owner: str) -> None:
+        """Drop the owner's cached keys (after a rotation, or when it is forgotten)."""
+        with self._lock:
+            self._latest.pop(owner)
+            self._owner_keys.discard_if(lambda key: key[0] == owner)
+            self._identities.discard_if(lambda key: key[0] == owner)
+            self._listings.discard_if(lambda key: key[0] == owner)
+
+    # -- the one write under the current key -------------------------------------------------
+
+    def write_current(
+        self,
+        owner: str,
+        seal: Callable[[int, Wrapper], P],
+        write: Callable[[Conn, P], T],
+        *,
+        attempts: int,
+        busy: str,
+        count: int = 1,
+        prefetch: Sequence[tuple[str, Params]] = (),
+        turn: str | None = None,
+        unknown: IfUnknown[P] | None = None,
+    ) -> T:
+        """Seal (outside any transaction) under the owner's newest key, then write
+        in one transaction that checks the version is still the newest.
+
+        ``seal(version, wrapper)`` builds the row; ``write(conn, sealed)``
+        stores it and must check the version inside the transaction, before
+        its insert, with ``check_newest`` (``Putter.room`` does, in the
+        statement that reads the quota, with ``NEWEST_VERSION_SQL``). A
+        rotation meanwhile (a stale version) or a unique-key collision
+        (``DuplicateKeyError``: an id or sequence number taken) seals again,
+        at most ``attempts`` times. The ``count`` wraps (one per row) are
+        counted in memory and added to the key's row once ``WRAP_FLUSH_EVERY``
+        are pending.
+        The reads of ``prefetch`` (those ``write`` will make) go with the
+        transaction's first message (``Conn.prefetch``). With ``turn``, the
+        transaction excludes only the owner's writes of that turn and its
+        owner-wide ones (``Backend.transaction``); ``write`` raises
+        ``OwnerLockNeeded`` (which leaves this call, for the caller to run
+        it again without ``turn``) when it must change more than the turn.
+
+        With ``unknown``, a transaction whose COMMIT was sent and whose answer
+        was lost (``Conn.commit_unknown``) is never taken for failed: the next
+        attempt, under the same locks (so after that COMMIT, if it ran), asks
+        ``unknown.landed`` whether its rows are stored, and returns what that
+        attempt's ``write`` returned if they are, or writes the same sealed
+        rows (their ids, their steps) if not. When that cannot be found out,
+        the call raises ``unknown.error``, which names what may be stored.
+
+        Raises:
+            StoreBusyError: ``busy``, when every attempt lost a race.
+            OwnerLockNeeded: with ``turn``, as above.
+            StoreUnavailableError: with ``unknown``, a lost COMMIT whose
+                outcome could not be found out (``unknown.error``).
+        """
+        version, wrapper = self.current(owner)
+        # An attempt whose COMMIT's answer was lost: its sealed rows and what its write returned.
+        sent: tuple[P, T] | None = None
+        for _ in range(attempts):
+            if sent is not None:
+                sealed = sent[0]  # the same rows again: found stored, or written once
+            else:
+                try:
+                    sealed = seal(version, wrapper)
+                except IntegrityError:  # a rotation retired the version (and its derived keys) while sealing
+                    if self.newest_version(owner) == version:
+                        raise
+                    self.forget(owner)
+                    version, wrapper = self.current(owner)
+                    continue
+            flush = self._wraps.take((owner, version), WRAP_FLUSH_EVERY, count)
+            tx: Conn | None = None
+            try:
+                with self._db.transaction(owner, turn=turn) as conn:
+                    tx = conn
+                    for sql, params in prefetch:
+                        conn.prefetch(sql, params)
+                    if sent is not None and unknown is not None and unknown.landed(conn, sent[0]):
+                        result = sent[1]  # the lost COMMIT was applied: nothing to write
+                    else:
+                        sent = None  # not applied (it ended before these locks were granted)
+                        result = write(conn, sealed)
+                        if flush is not None:
+                            self.count_wraps(conn, owner, version, flush + count)
+            except BaseException as exc:
+                self._wraps.add((owner, version), flush or 0)
+                if unknown is not None and tx is not None and tx.commit_unknown:
+                    sent = (sealed, result)
+                    continue
+                if sent is not None and unknown is not None and isinstance(exc, StoreBusyError | StoreUnavailableError):
+                    raise unknown.error(sent[0], str(exc)) from None
+                if isinstance(exc, DuplicateKeyError):
+                    continue
+                if not isinstance(exc, StaleOwnerKey):
+                    raise
+                # The owner's key was rotated (maybe by another process) since it was cached.
+                self.forget(owner)
+                version, wrapper = self.current(owner)
+                continue
+            if flush is None:
+                self._wraps.add((owner, version), count)
+            return result
+        if sent is not None and unknown is not None:
+            raise unknown.error(sent[0], "every attempt to find out lost its COMMIT's answer too")
+        raise StoreBusyError(busy)
+
+    @staticmethod
+    def check_newest(newest: object, version: int) -> None:
+        """``NEWEST_VERSION_SQL``'s answer, read inside the write transaction: raise
+        ``StaleOwnerKey`` unless ``version`` is the owner's newest."""
+        if newest != version:
+            raise StaleOwnerKey
+
+    @staticmethod
+    def newest_in(conn: Conn, owner: str) -> int | None:
+        rows = conn.query("SELECT MAX(version) AS v FROM owner_keys WHERE owner_user_id = ?", (owner,))
+        return None if rows[0]["v"] is None else int(rows[0]["v"])
+
+    def mark_owner_keys(self, conn: Conn, *, refuse_marked: bool) -> int:
+        """Wrap every owner key from before heads again in the heads era (``Master.mark_owner_keys``).
+
+        Raises:
+            IntegrityError, WrongKeyError: as for ``Master.mark_owner_keys``.
+        """
+        return self._master.mark_owner_keys(conn, refuse_marked=refuse_marked)
+
+    def rotate_master(self, new_keyring: Keyring, progress: Progress | None) -> int:
+        """Re-wrap every owner key under ``new_keyring``'s master key (``Master.rotate``).
+
+        Raises:
+            InvalidArgumentError, WrongKeyError, StoreBusyError: as for ``Master.rotate``.
+        """
+        return self._master.rotate(new_keyring, progress)

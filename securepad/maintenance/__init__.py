@@ -1,0 +1,1 @@
+"""Whole-store work: gc, stats, rotation, verify, restore."""

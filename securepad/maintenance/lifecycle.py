@@ -1,0 +1,296 @@
+"""Key lifecycle: master-key rotation, owner-key rotation, crypto-shredding.
+
+Each operation is crash-safe by construction: it is a sequence of SQLite
+transactions, each of which leaves a store that opens with the right key and
+serves every entry; running the operation again finishes what an
+interrupted run started.
+
+* Master rotation re-wraps owner keys only, in one transaction (the
+  cryptography is a few microseconds per owner).
+* Owner rotation adds a new owner-key version (new puts use it at once),
+  re-wraps the owner's item keys in batches, then retires (deletes) the old
+  versions: they are the ``min_decryption_version`` cut-off.
+* Forgetting an owner deletes its keys and entries with ``secure_delete`` on
+  and scrubs the file (VACUUM, WAL truncated), so neither ciphertext nor
+  wrapped keys remain.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..crypto.primitives import item_key_aad, record_key_aad
+from ..errors import IntegrityError, NotFoundError
+from ..keys.keyring import Keyring
+from ..keys.keystore import Keystore, Progress
+from ..principal import check_identifier
+from ..storage.base import Backend
+from ..tables.entries import entries
+from ..tables.heads.heads import Heads
+from ..tables.records import TABLES as _RECORD_TABLES
+from ..tables.records import Records
+
+__all__ = ["Progress", "forget_owner", "rotate_master_key", "rotate_owner_key"]
+
+# Item keys re-wrapped per transaction during an owner rotation: small enough
+# that concurrent writers wait milliseconds, large enough to amortize commits.
+REWRAP_BATCH = 500
+# Passes over an owner's rows per table in one rotation (see rotate_owner_key).
+MAX_PASSES = 3
+
+# Every table whose rows hold an item key wrapped by an owner key, with the
+# AAD of that wrapping: rotation re-wraps them all before retiring a version.
+_WRAPPED_TABLES: tuple[tuple[str, Callable[[str, str, int], bytes]], ...] = (
+    ("entries", item_key_aad),
+    *((table, record_key_aad) for table in _RECORD_TABLES),
+)
+
+
+def rotate_master_key(
+    db: Backend, keys: Keystore, new_keyring: Keyring, *, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Re-wrap every owner key under the master key of ``new_keyring``.
+
+    The new keyring may use another source (key file to passphrase...). After
+    it returns, only the new master key opens the store; the open store keeps working.
+
+    Raises:
+        InvalidArgumentError: the new master key is the current one.
+        WrongKeyError: the open store's master key is no longer the store's.
+        StoreBusyError: the write lock was not obtained in time.
+    """
+    started = time.perf_counter()
+    rewrapped = keys.rotate_master(new_keyring, progress)
+    db.checkpoint()
+    return {"owner_keys_rewrapped": rewrapped, "source": new_keyring.kind, "seconds": time.perf_counter() - started}
+
+
+def rotate_owner_key(
+    db: Backend,
+    keys: Keystore,
+    owner_user_id: str,
+    *,
+    progress: Progress | None = None,
+    batch: int = REWRAP_BATCH,
+    heads: Heads,
+) -> dict[str, Any]:
+    """Give an owner a new key version, re-wrap its item keys, retire the old versions.
+
+    New puts use the new version as soon as it exists, in every process. If
+    a previous rotation was interrupted (several versions exist), this one
+    finishes it instead of adding yet another version.
+
+    Raises:
+        NotFoundError: the owner has no key (never stored anything, or forgotten).
+        IntegrityError: an item key fails to unwrap (tampering).
+        StoreBusyError: the write lock was not obtained in time.
+    """
+    check_identifier("owner_user_id", owner_user_id)
+    started = time.perf_counter()
+    versions = keys.versions(owner_user_id)
+    if not versions:
+        raise NotFoundError(f"owner {owner_user_id!r} has no key")
+    if len(versions) == 1:
+        keys.add_version(owner_user_id, versions[-1] + 1, admin=True)
+        versions = keys.versions(owner_user_id)
+    new_version = versions[-1]
+    keys.forget(owner_user_id)
+    rewrap = _Rewrap(db, keys, owner_user_id, new_version, progress)
+    for table, aad_of in _WRAPPED_TABLES:
+        # List the ids once, then fetch them by id: paging with LIMIT over
+        # "key_version < new" rescanned every re-wrapped row on each batch,
+        # which made a rotation quadratic in the owner's entries. A pass more
+        # picks up rows whose compare-and-set lost a race; what is still left
+        # after that is reported (complete=False) and finished by a rerun.
+        for _ in range(MAX_PASSES):
+            ids = [row["id"] for row in _old_rows(db, table, "id", owner_user_id, new_version)]
+            if not ids:
+                break
+            for first in range(0, len(ids), batch):
+                rewrap.chunk(table, aad_of, ids[first : first + batch])
+    with db.transaction(owner_user_id, admin=True) as conn:
+        left = sum(
+            int(conn.query(*_count_old_sql(table, owner_user_id, new_version))[0]["n"]) for table, _ in _WRAPPED_TABLES
+        )
+        if left:  # a writer slipped in under an old version: finish it next run
+            retired: list[int] = []
+        else:
+            retired = [v for v in versions if v < new_version]
+            heads.reseal_owner(conn, owner_user_id)
+            keys.retire_older(conn, owner_user_id, new_version)
+    keys.forget(owner_user_id)
+    db.checkpoint()
+    return {
+        "owner_user_id": owner_user_id,
+        "version": new_version,
+        "item_keys_rewrapped": rewrap.done,
+        "retired_versions": retired,
+        "complete": not left,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+class _Rewrap:
+    """One owner rotation's re-wrapping of item keys, chunk by chunk."""
+
+    def __init__(self, db: Backend, keys: Keystore, owner: str, version: int, progress: Progress | None) -> None:
+        self._db, self._keys, self._owner, self._version, self._progress = db, keys, owner, version, progress
+        self.total = sum(
+            int(db.query(*_count_old_sql(table, owner, version), owner=owner, admin=True)[0]["n"])
+            for table, _ in _WRAPPED_TABLES
+        )
+        self.done = 0
+
+    def chunk(self, table: str, aad_of: Callable[[str, str, int], bytes], ids: list[str]) -> None:
+        """Re-wrap the item keys of ``ids`` (still under an old version) in one
+        transaction; an entry's listing part is sealed again under the new version's listing key."""
+        owner, version = self._owner, self._version
+        listed = table == "entries"
+        # By primary key only, so the engine cannot pick the owner index and
+        # scan the owner's rows per chunk; owner and version are checked here.
+        fetched = self._db.query(
+            f"SELECT {_LISTING_COLUMNS if listed else _KEY_COLUMNS} FROM {table}"
+            f" WHERE id IN ({', '.join('?' * len(ids))})",
+            tuple(ids),
+            owner=owner,
+            admin=True,
+        )
+        rows = [r for r in fetched if r["owner_user_id"] == owner and r["key_version"] < version]
+        updates: list[tuple[Any, ...]] = []
+        for row in rows:
+            try:
+                updates.append(self._update(row, aad_of, listed))
+            except IntegrityError:
+                if self._moved(table, row):
+                    continue  # another rotation re-wrapped it and retired its version since it was read
+                raise
+        # Compare-and-set: a row changed meanwhile is left for the next pass.
+        sql = (
+            "UPDATE entries SET wrapped_key = ?, key_version = ?, sealed_listing = ?"
+            " WHERE id = ? AND key_version = ? AND wrapped_key = ? AND COALESCE(sealed_listing, ?) = ?"
+            if listed
+            else f"UPDATE {table} SET wrapped_key = ?, key_version = ?"
+            " WHERE id = ? AND key_version = ? AND wrapped_key = ?"
+        )
+        with self._db.transaction(owner, admin=True) as conn:
+            conn.executemany(sql, updates)
+            self._keys.count_wraps(conn, owner, version, len(updates))
+        self.done += len(rows)
+        if self._progress is not None:
+            self._progress(min(self.done, self.total), self.total)
+
+    def _update(self, row: dict[str, Any], aad_of: Callable[[str, str, int], bytes], listed: bool) -> tuple[Any, ...]:
+        """The compare-and-set update of one row: its item key re-wrapped under
+        the new version (and its listing part sealed again), its old values.
+
+        Raises:
+            IntegrityError: a key of the row, or the new version's, is missing
+                (retired meanwhile, or tampering), or its wrapping was altered.
+        """
+        owner, version, old = self._owner, self._version, row["key_version"]
+        new = self._keys.owner_wrapper(owner, version)
+        wrapped = self._keys.owner_wrapper(owner, old).rewrap(
+            row["wrapped_key"], aad_of(row["id"], owner, old), new, aad_of(row["id"], owner, version)
+        )
+        keys = (row["id"], old, row["wrapped_key"])
+        if listed:  # the part as it was read, too: an extension may have re-sealed it meanwhile
+            return (wrapped, version, self._reseal_listing(row), *keys, b"", row["sealed_listing"] or b"")
+        return (wrapped, version, *keys)
+
+    def _moved(self, table: str, row: dict[str, Any]) -> bool:
+        """Whether ``row`` (read before its keys failed) is no longer as read:
+        re-wrapped by another rotation of the owner, or deleted. A version is
+        retired only once no row is below it (in the transaction that retires
+        it, under the owner's lock), so a row still under a version whose key
+        is missing is not the library's race: tampering."""
+        found = self._db.query(
+            f"SELECT key_version, wrapped_key FROM {table} WHERE id = ?", (row["id"],), owner=self._owner, admin=True
+        )
+        return not found or (found[0]["key_version"], found[0]["wrapped_key"]) != (
+            row["key_version"],
+            row["wrapped_key"],
+        )
+
+    def _reseal_listing(self, row: dict[str, Any]) -> bytes | None:
+        """An entry's listing part under the new version's listing key (None: a row written before it has none).
+
+        Raises:
+            IntegrityError: the part fails authentication under the old version.
+        """
+        if row["sealed_listing"] is None:
+            return None
+        plain = self._keys.listing_key(self._owner, row["key_version"]).open(row)
+        return self._keys.listing_key(self._owner, self._version).seal({**row, "key_version": self._version}, plain)
+
+
+_KEY_COLUMNS = "id, owner_user_id, key_version, wrapped_key"
+# What an entry's listing part is bound to (crypto.listing_aad), besides the key columns.
+_LISTING_COLUMNS = (
+    f"{_KEY_COLUMNS}, turn_id, actor, channel, step_num, executor_name, content_kind, size_bytes,"
+    " size_chars, segment_count, created_at, expires_at, commitment, sealed_listing"
+)
+
+
+def _old_rows(db: Backend, table: str, columns: str, owner: str, version: int) -> list[dict[str, Any]]:
+    return db.query(
+        f"SELECT {columns} FROM {table} WHERE owner_user_id = ? AND key_version < ?",
+        (owner, version),
+        owner=owner,
+        admin=True,
+    )
+
+
+def _count_old_sql(table: str, owner: str, version: int) -> tuple[str, tuple[str, int]]:
+    return f"SELECT COUNT(*) AS n FROM {table} WHERE owner_user_id = ? AND key_version < ?", (owner, version)
+
+
+def forget_owner(db: Backend, keys: Keystore, owner_user_id: str) -> dict[str, Any]:
+    """Crypto-shred an owner: delete its keys, entries, segments and turn records, scrub the files.
+
+    ``secure_delete`` overwrites the freed pages, and the file is then
+    scrubbed (rebuilt with VACUUM, the WAL truncated: stale copies of moved
+    rows go too), so neither the owner's ciphertext nor its wrapped keys
+    remain in the database, WAL or journal files. Backups taken before keep
+    both (see SECURITY.md). Returns what was removed, per table.
+
+    Raises:
+        StoreBusyError: the write lock was not obtained in time.
+    """
+    check_identifier("owner_user_id", owner_user_id)
+    removed: dict[str, Any] = {"owner_user_id": owner_user_id}
+    with db.transaction(owner_user_id, admin=True) as conn:
+        removed.update(entries.delete_owner(conn, owner_user_id))
+        removed.update(Records.delete_owner(conn, owner_user_id))
+        removed["turn_heads"] = Heads.delete_owner(conn, owner_user_id)
+        removed["owner_keys"] = keys.delete_owner(conn, owner_user_id)
+    keys.forget(owner_user_id)
+    removed["wal_truncated"] = db.scrub()
+    return removed
+
+
+def drop_turn(db: Backend, heads: Heads, owner_user_id: str, turn_id: str) -> dict[str, Any]:
+    """Delete an owner's turn whole: its entries, segments, checkpoints and
+    compaction marks and its head, the turn dropped from the owner head and
+    its reservation from the usage head, in one transaction, whatever the
+    turn's check says: the explicit way out of a turn found tampered that no
+    backup can restore (its rows are lost, and reads of the turn then find it
+    empty). ``secure_delete`` zeroes the rows; ``Scratchpad.scrub`` rebuilds
+    the file. Returns what was removed, per table.
+
+    Raises:
+        InvalidArgumentError: an identifier is malformed.
+        IntegrityError: the owner's owner head or usage head fails authentication.
+        StoreBusyError: the write lock was not obtained in time.
+    """
+    check_identifier("owner_user_id", owner_user_id)
+    check_identifier("turn_id", turn_id)
+    removed: dict[str, Any] = {"owner_user_id": owner_user_id, "turn_id": turn_id}
+    with db.transaction(owner_user_id, admin=True) as conn:
+        removed.update(entries.delete_turn(conn, owner_user_id, turn_id))
+        removed.update(Records.delete_turn(conn, owner_user_id, turn_id))
+        removed["turn_heads"] = heads.drop_turn(conn, owner_user_id, turn_id)
+    heads.turn_dropped(owner_user_id, turn_id)
+    db.checkpoint(wait=False)
+    return removed

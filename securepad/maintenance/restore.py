@@ -1,0 +1,64 @@
+"""The file work of a restore (``Scratchpad.restore`` runs the steps): a
+private copy of the backup to check, and the checked copy made the store,
+with the store it replaces backed up beside it first."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from pathlib import Path
+
+from .._assembly import open_backend
+from ..errors import InvalidArgumentError, SecurepadError
+from ..policy import Policy
+from ..storage.sqlite import Database
+
+__all__ = ["replace_store", "stage_copy"]
+
+
+def stage_copy(source: Path, target: Path) -> Path:
+    """A private (0600) copy of ``source`` beside ``target``, for a restore to check.
+
+    Raises:
+        SecurepadError: the copy cannot be written.
+    """
+    staged = target.with_name(f".{target.name}.restore-{secrets.token_hex(6)}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out, open(source, "rb") as data:
+            shutil.copyfileobj(data, out)
+    except OSError as exc:
+        staged.unlink(missing_ok=True)
+        raise SecurepadError(f"cannot copy {source} beside {target}: {exc.strerror or exc}") from None
+    return staged
+
+
+def replace_store(target: Path, staged: Path, policy: Policy) -> str | None:
+    """Make the checked copy ``staged`` the store at ``target``: moved into
+    place when there is none, else copied in through SQLite's backup API after
+    the replaced store is backed up beside it. Returns that backup's path.
+
+    Raises:
+        StoreCorruptError: the file at ``target`` is not a securepad store.
+        SecurepadError: a file cannot be written.
+    """
+    if not target.exists():
+        try:
+            os.link(staged, target)  # never over a file that appeared meanwhile
+        except OSError as exc:
+            raise SecurepadError(f"cannot create {target}: {exc.strerror or exc}") from None
+        return None
+    db = open_backend(target, None, "securepad", policy)
+    try:
+        if not isinstance(db, Database):  # pragma: no cover - a path is always a file
+            raise InvalidArgumentError("restore puts back a SQLite store")
+        n = 1
+        while os.path.lexists(f"{target}.replaced-{n}"):
+            n += 1
+        aside = Path(f"{target}.replaced-{n}")
+        db.restore_from(staged, aside)
+    finally:
+        db.close()
+    return str(aside)

@@ -1,0 +1,483 @@
+"""The snapshot-rollback anchor: a write counter in the store, and its floor outside it.
+
+Every write transaction advances a store-wide counter kept in ``store_meta``
+(``write_counter``), authenticated under the anchor key (``crypto.CounterSeal``;
+the key is derived from the master key and kept wrapped under it). The anchor
+is a small file outside the store's directory (beside the key file by
+default) holding the highest counter known to be durable, authenticated under
+the same key. A store whose counter is below its anchor is an older copy put
+back in place of the current one: opening it, or writing to it, raises
+``IntegrityError``.
+
+The anchor never gets ahead of a durable commit: it is written after the
+COMMIT, after an fsync of the store file and its WAL (``Database.sync``), so
+neither a crash between the commit and the anchor write nor a power cut under
+``synchronous = NORMAL`` leaves an anchor above the store. Writers in several
+processes take an exclusive ``fcntl`` lock on ``<anchor>.lock`` and only ever
+raise the anchor. The anchor file is replaced atomically (temporary file,
+fsync, rename, fsync of the directory), mode 0600, under that lock; a writer
+killed before its rename leaves its temporary file, and the next open removes
+such files, under the lock (no live writer can own one then).
+
+``anchor_sync`` (policy, ``[storage]``) chooses when the anchor follows the
+counter: ``commit`` (after every write), ``interval`` (at most every
+``anchor_interval_seconds``, in a background thread: the write that crosses
+the interval only wakes it), ``close`` (at open and close only). SECURITY.md
+states the window each leaves.
+
+A store that is never closed still ends cleanly: the background thread holds
+only a weak reference to its anchor and ends when the anchor is garbage
+collected, and at a normal interpreter exit every anchor still open is
+closed (``atexit``), as ``close`` would: the store's last writes are
+anchored. A store dropped without ``close`` before the exit keeps the anchor
+of its last sync: its writes since then are committed but unanchored, as
+after a kill (never a false alarm).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..crypto.primitives import CounterSeal
+from ..errors import IntegrityError, InvalidArgumentError, SecurepadError
+from .base import Conn
+from .files import STORE_OVERRIDE, check_directory, check_file_directories, check_private_file
+from .sqlite import Database
+
+__all__ = ["SYNC_CHOICES", "Anchor", "default_path"]
+
+SYNC_CHOICES = ("commit", "interval", "close")
+# What tempfile.mkstemp puts after the anchor's temporary prefix (".<anchor name>.").
+_TEMP_RANDOM = r"[a-z0-9_]{8}"
+_ROW = "write_counter"
+_FIX = (
+    " If you moved the store or its anchor on purpose, give the anchor's path (anchor=... or --anchor /"
+    " SECUREPAD_ANCHOR); if you knowingly restored this copy and accept it as current, open it once with"
+    " adopt_anchor=True (CLI: securepad anchor-adopt) (SECURITY.md, 'Snapshot rollback')."
+)
+
+
+def default_path(key_file: Path | None, store_id: str) -> Path | None:
+    """Beside the key file: ``anchor-<store id>`` in its directory (so a new
+    key file in the same directory, after a master rotation, finds it); None
+    without a key file."""
+    if key_file is None:
+        return None
+    return key_file.parent / f"anchor-{store_id}"
+
+
+class Anchor:
+    """The anchor of one open SQLite store; installed as the database's commit hooks."""
+
+    def __init__(
+        self,
+        db: Database,
+        seal: CounterSeal,
+        path: Path,
+        *,
+        sync: str,
+        interval_s: float,
+        default: bool = False,
+        allow_shared: bool = False,
+    ) -> None:
+        if sync not in SYNC_CHOICES:
+            raise InvalidArgumentError(f"anchor_sync must be one of {', '.join(SYNC_CHOICES)}, not {sync!r}")
+        store_directory = db.path.resolve().parent
+        if not default and path.resolve().is_relative_to(store_directory):
+            raise InvalidArgumentError(
+                f"the anchor {path} is inside the store's own directory {store_directory}: a copy of that"
+                " directory would carry it back with the store; put it elsewhere (beside the key file by default)"
+            )
+        self.db = db
+        self.path = path
+        self.default = default  # beside the key file (it follows a master rotation)
+        # Others may write the anchor's directory or file (a deliberate shared setup).
+        self.allow_shared = allow_shared
+        self.sync = sync
+        self.interval_s = interval_s
+        self._seal = seal
+        self._mutex = threading.Lock()
+        self._local = threading.local()
+        self.floor = 0  # the highest anchor this process has read or written
+        self._committed = 0  # the highest counter this process committed
+        self._last_value: str | None = None  # the store row as last written here
+        self._synced_at = time.monotonic()
+        self._dirty = False  # written since the last sync
+        # ``interval``: the syncs run in a background thread, off the put path.
+        self._syncer: threading.Thread | None = None
+        self._syncer_pid = 0
+        self._due = threading.Event()
+        self._stop = threading.Event()
+        self._failed: IntegrityError | None = None  # what the syncer found, raised by the next write
+        # Collected without close: the syncer (which holds only a weak reference) is told to end.
+        weakref.finalize(self, _end_syncer, self._stop, self._due).atexit = False
+
+    # -- open ----------------------------------------------------------------------------
+
+    def open(self, *, adopt: bool = False) -> None:
+        """Check the store against its anchor, raise the anchor to the store's
+        counter, and hook into every write.
+
+        Raises:
+            IntegrityError: the store is below its anchor (snapshot rollback),
+                the anchor is missing for a store that had one, or the anchor
+                or the store's counter was altered or made under another key.
+            SecurepadError: the anchor cannot be read or written.
+        """
+        with self._locked():
+            self._remove_stale_temporaries()
+            anchored = None if adopt else self._read_anchor()
+            rows = self.db.query("SELECT value FROM store_meta WHERE key = ?", (_ROW,))
+            counter = 0 if not rows else self._parse_row(rows[0]["value"], repair=adopt)
+            if anchored is None and counter > 0 and not adopt:
+                raise IntegrityError(
+                    f"snapshot rollback cannot be ruled out: the anchor {self.path} is missing, and this store"
+                    f" (write counter {counter}) had one." + _FIX
+                )
+            if anchored is not None and counter < anchored:
+                raise IntegrityError(
+                    f"snapshot rollback: the store {self.db.path} is at write {counter}, below its anchor"
+                    f" ({anchored}, {self.path}): this is an older copy put back in place of the current"
+                    " store." + _FIX
+                )
+            if not rows or adopt:
+                with self.db.transaction(admin=True) as conn:
+                    conn.execute(
+                        "INSERT OR REPLACE INTO store_meta(key, value) VALUES (?, ?)", (_ROW, self._row(counter))
+                    )
+            self.db.sync()
+            self._write_anchor(counter, -1 if anchored is None else anchored)
+        self._committed = counter
+        self.db.hooks = self
+        _OPEN.add(self)
+        # Registered (again) now, after the store's connections and their
+        # finalizers: exit handlers run last-registered first, and weakref's
+        # (which closes those connections at exit) must run after this one.
+        atexit.unregister(_close_at_exit)
+        atexit.register(_close_at_exit)
+
+    # -- the write path --------------------------------------------------------------------
+
+    def before_commit(self, conn: Conn) -> None:
+        """Advance the store's counter inside the transaction: every write with
+        ``anchor_sync = "commit"``, else only the sync's own transaction.
+
+        Raises:
+            IntegrityError: the counter is below the anchor or was altered.
+        """
+        if self.sync != "commit" and not getattr(self._local, "bumping", False):
+            return
+        last = self._last_value
+        if last is not None:
+            counter = int(last.split(":", 1)[0]) + 1
+            value = self._row(counter)
+            if conn.execute("UPDATE store_meta SET value = ? WHERE key = ? AND value = ?", (value, _ROW, last)):
+                self._local.pending = (counter, value)
+                return
+        rows = conn.query("SELECT value FROM store_meta WHERE key = ?", (_ROW,))
+        current = self._parse_row(rows[0]["value"]) if rows else -1
+        if current < self.floor:
+            raise IntegrityError(
+                f"snapshot rollback: the store {self.db.path} is at write {current}, below its anchor"
+                f" ({self.floor}, {self.path}): an older copy was put back while the store was open." + _FIX
+            )
+        value = self._row(current + 1)
+        conn.execute("UPDATE store_meta SET value = ? WHERE key = ?", (value, _ROW))
+        self._local.pending = (current + 1, value)
+
+    def after_commit(self) -> None:
+        """Record the commit; sync the anchor when the policy says so.
+
+        With ``interval`` the sync runs in a background thread (``_sync_loop``):
+        the put that crosses the interval only wakes it, and pays no fsync.
+
+        Raises:
+            IntegrityError: the sync (this one, or the background one since the
+                last write) found the store below its anchor.
+            SecurepadError: the anchor cannot be written (the write itself is
+                committed; the anchor catches up at the next sync or close).
+        """
+        if getattr(self._local, "bumping", False):
+            return
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed
+        pending: tuple[int, str] | None = getattr(self._local, "pending", None)
+        self._local.pending = None
+        with self._mutex:
+            self._dirty = True
+            if pending is not None:
+                self._last_value = pending[1]
+                self._committed = max(self._committed, pending[0])
+            due = self.sync == "commit" or (
+                self.sync == "interval" and time.monotonic() - self._synced_at >= self.interval_s
+            )
+        if due and self.sync == "commit":
+            self.advance()
+        elif due:
+            self._wake()
+
+    def _wake(self) -> None:
+        """Start the background syncer if this process has none, and wake it."""
+        with self._mutex:
+            if self._syncer is None or not self._syncer.is_alive() or self._syncer_pid != os.getpid():
+                self._stop.clear()
+                self._syncer = threading.Thread(
+                    target=_sync_loop,
+                    args=(weakref.ref(self), self._due, self._stop),
+                    name="securepad-anchor",
+                    daemon=True,
+                )
+                self._syncer_pid = os.getpid()
+                self._syncer.start()
+        self._due.set()
+
+    def _stop_syncer(self) -> None:
+        syncer = self._syncer
+        if syncer is not None and syncer.is_alive() and self._syncer_pid == os.getpid():
+            self._stop.set()
+            self._due.set()
+            syncer.join()
+        self._syncer = None
+
+    def advance(self) -> None:
+        """Anchor every write so far: advance the counter (in its own
+        transaction, unless every commit already does), make the commits
+        durable (fsync), then raise the anchor to the counter.
+
+        Raises:
+            IntegrityError: the store is below its anchor (checked by the advance).
+            SecurepadError: the store or the anchor cannot be written or synced.
+        """
+        with self._mutex:
+            dirty, self._dirty = self._dirty, False
+            self._synced_at = time.monotonic()
+        if not dirty:
+            return
+        if self.sync != "commit":
+            self._local.bumping = True
+            try:
+                with self.db.transaction(admin=True):
+                    pass  # before_commit advances the counter
+                pending: tuple[int, str] = self._local.pending
+            except BaseException:
+                with self._mutex:
+                    self._dirty = True  # not anchored: the next sync tries again
+                raise
+            finally:
+                self._local.bumping = False
+                self._local.pending = None
+            with self._mutex:
+                self._last_value = pending[1]
+                self._committed = max(self._committed, pending[0])
+        counter = self._committed
+        if counter <= self.floor:
+            return
+        self.db.sync()
+        with self._locked():
+            current = self._read_anchor()
+            self._write_anchor(counter, current if current is not None else -1)
+
+    def close(self) -> None:
+        """Anchor this process's last writes (every sync policy), after the
+        background syncer stopped.
+
+        Raises:
+            IntegrityError: the store is below its anchor (found now, or by the syncer).
+            SecurepadError: as for ``advance``.
+        """
+        if self.db.hooks is self:
+            try:
+                self._stop_syncer()
+                failed, self._failed = self._failed, None
+                if failed is not None:
+                    raise failed
+                self.advance()
+            finally:
+                self.db.hooks = None
+                _OPEN.discard(self)
+
+    def status(self) -> dict[str, Any]:
+        """The anchor's path, sync policy, and the counters (for ``stats``)."""
+        return {"path": str(self.path), "sync": self.sync, "anchored": self.floor, "committed": self._committed}
+
+    # -- the files -------------------------------------------------------------------------
+
+    def _row(self, counter: int) -> str:
+        return f"{counter}:{self._seal.tag('store', counter)}"
+
+    def _parse_row(self, value: object, *, repair: bool = False) -> int:
+        counter_text, _, tag = str(value).partition(":")
+        if counter_text.isdigit() and self._seal.check("store", int(counter_text), tag):
+            return int(counter_text)
+        if repair:
+            return 0
+        raise IntegrityError(
+            f"the store {self.db.path}'s write counter was altered (it does not authenticate under this"
+            " store's anchor key): the file was edited"
+        )
+
+    def _read_anchor(self) -> int | None:
+        """The anchor's counter, None when there is no anchor file.
+
+        Whoever may write the anchor or plant files in its directory can put an
+        older genuine anchor back together with an older copy of the store: the
+        anchor and its directory get the key file's checks (the file's, on
+        the file that was opened).
+
+        Raises:
+            SecurepadError: the anchor cannot be read, or others may write it
+                or its directory.
+        """
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise SecurepadError(f"cannot read the anchor {self.path}: {exc.strerror}") from None
+        try:
+            if not self.allow_shared:
+                check_private_file(self.path, os.fstat(fd), "anchor", STORE_OVERRIDE)
+                # The anchor's own directory was checked under the lock; a link may lead elsewhere.
+                check_file_directories(self.path, "anchor", STORE_OVERRIDE)
+            with os.fdopen(fd, "rb", closefd=False) as handle:
+                text = handle.read().decode("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SecurepadError(f"cannot read the anchor {self.path}: {exc}") from None
+        finally:
+            os.close(fd)
+        try:
+            data = json.loads(text)
+            counter, tag = data["counter"], data["tag"]
+            valid = isinstance(counter, int) and not isinstance(counter, bool) and counter >= 0
+            valid = valid and isinstance(tag, str)
+        except (ValueError, TypeError, KeyError):
+            valid = False
+        if not valid:
+            raise IntegrityError(f"the anchor {self.path} is damaged (not an anchor file)." + _FIX)
+        if not self._seal.check("anchor", counter, tag):
+            raise IntegrityError(
+                f"the anchor {self.path} was forged or belongs to another store (it does not authenticate"
+                " under this store's key)." + _FIX
+            )
+        self.floor = max(self.floor, counter)
+        return int(counter)
+
+    def _remove_stale_temporaries(self) -> None:
+        """Remove the temporary files of anchor writes that never reached their
+        rename (a writer killed mid-write). Called under the anchor's lock,
+        which every writer holds from its temporary file to the rename: any
+        such file found then is a dead writer's."""
+        pattern = re.compile(rf"\.{re.escape(self.path.name)}\.{_TEMP_RANDOM}")
+        try:
+            names = os.listdir(self.path.parent)
+        except OSError:
+            return  # the anchor's own read or write names the problem
+        for name in names:
+            if pattern.fullmatch(name):
+                with contextlib.suppress(OSError):  # left for the next open; never a new failure
+                    os.unlink(self.path.parent / name)
+
+    def _write_anchor(self, counter: int, current: int) -> None:
+        """Replace the anchor atomically when ``counter`` is above ``current``."""
+        self.floor = max(self.floor, current, counter)
+        if counter <= current:
+            return
+        body = json.dumps({"format": 1, "counter": counter, "tag": self._seal.tag("anchor", counter)})
+        try:
+            fd, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)  # _TEMP_RANDOM
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as out:
+                    out.write(body)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(temp, self.path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp)
+                raise
+            directory = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+        except OSError as exc:
+            raise SecurepadError(f"cannot write the anchor {self.path}: {exc.strerror}") from None
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The exclusive lock of the anchor's read-compare-write, across processes."""
+        lock = self.path.with_name(self.path.name + ".lock")
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SecurepadError(f"cannot open the anchor's lock {lock}: {exc.strerror}") from None
+        if not self.allow_shared:
+            check_directory(self.path.parent, "anchor", STORE_OVERRIDE)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise SecurepadError(f"cannot open the anchor's lock {lock}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+
+# -- the background syncer and the exit ---------------------------------------------------------
+
+# The anchors of this process whose stores are open (and not yet collected).
+_OPEN: weakref.WeakSet[Anchor] = weakref.WeakSet()
+
+
+def _sync_loop(anchor_ref: weakref.ref[Anchor], due: threading.Event, stop: threading.Event) -> None:
+    """The ``interval`` syncs of one anchor, one at a time, each on this thread's
+    connection. It holds the anchor only while a sync runs, so an anchor whose
+    store was dropped without ``close`` is collected, and its finalizer ends
+    this loop. A rollback it finds is raised by the next write (or close); a
+    busy or full store is tried again at the next interval (``advance`` keeps
+    the writes marked as not anchored)."""
+    while True:
+        due.wait()
+        due.clear()
+        if stop.is_set():
+            return
+        anchor = anchor_ref()
+        if anchor is None:
+            return
+        try:
+            anchor.advance()
+        except IntegrityError as exc:
+            anchor._failed = exc
+        except SecurepadError:
+            pass
+        del anchor
+
+
+def _end_syncer(stop: threading.Event, due: threading.Event) -> None:
+    stop.set()
+    due.set()
+
+
+def _close_at_exit() -> None:
+    """At a normal interpreter exit, anchor the last writes of every store still
+    open, as ``close`` would (the thread is a daemon: it would die mid-wait, and
+    the writes since its last sync would stay unanchored). What cannot be done
+    now (a busy or full store, a rollback found) is left to the next open, which
+    checks the store against its anchor as always."""
+    for anchor in list(_OPEN):
+        with contextlib.suppress(SecurepadError):
+            anchor.close()

@@ -1,0 +1,219 @@
+"""What the store needs from a database engine: the one interface above SQLite and PostgreSQL.
+
+The store, the turn records and the key lifecycle speak portable SQL with
+``?`` placeholders (SQLite's and PostgreSQL's common ground: ``ON CONFLICT``,
+``CAST(... AS BIGINT)``, no boolean sums) through these two protocols; a
+backend owns its dialect's details, its connections and its migrations.
+
+Every call says whose rows it touches. ``owner`` scopes a call to one owner:
+PostgreSQL's row-level security then shows that owner's rows only, and write
+transactions of one owner are serialized as SQLite serializes every write.
+``admin`` marks the store-wide housekeeping (gc, rotation, forgetting an
+owner, store-wide stats, initialization), which PostgreSQL runs under a
+separate role. A call with neither sees no owner's rows on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, runtime_checkable
+
+from ..errors import QuotaExceededError
+
+__all__ = [
+    "Backend",
+    "Conn",
+    "DuplicateKeyError",
+    "OnceWriter",
+    "OutcomeUnknown",
+    "OwnerLockNeeded",
+    "Params",
+    "Rows",
+    "check_write_bound",
+    "insert_owner_key",
+]
+
+Params = tuple[Any, ...]
+Rows = list[dict[str, Any]]
+
+
+class DuplicateKeyError(Exception):
+    """An insert hit a unique key (an id collided, or a racing writer took a
+    sequence number): the caller seals again under a new one."""
+
+
+class OutcomeUnknown(Exception):
+    """A write's connection was lost once the write was sent, and there is no
+    time left to find out whether the server applied it (the call's deadline)."""
+
+
+class OwnerLockNeeded(Exception):
+    """A write begun under the owner's shared lock (``transaction(owner, turn=...)``)
+    found that it must change the owner's state (a new turn, a reservation): it
+    is rolled back, and the caller runs it again under the owner's exclusive lock."""
+
+
+class Conn(Protocol):
+    """A connection inside one transaction."""
+
+    #: After the transaction failed: whether its COMMIT was sent and its answer
+    #: lost (PostgreSQL: the connection broke or was cut), so that it may or may
+    #: not have been applied. A transaction that takes the same locks afterwards
+    #: runs after it, if it ran, and sees its effect.
+    commit_unknown: bool
+
+    def query(self, sql: str, params: Params = ()) -> Rows:
+        """Rows as dicts."""
+
+    def execute(self, sql: str, params: Params = ()) -> int:
+        """Run one statement; the number of rows it changed.
+
+        Raises:
+            DuplicateKeyError: an insert or update hit a unique key.
+        """
+
+    def executemany(self, sql: str, rows: Iterable[Params]) -> None:
+        """Run one statement for each parameter tuple (PostgreSQL: with the next message)."""
+
+    def defer(self, sql: str, params: Params = ()) -> None:
+        """Run a statement whose row count is not wanted: at once (SQLite), or
+        with the transaction's next message (PostgreSQL: no round trip of its
+        own). Its errors (``DuplicateKeyError``) may come from a later call of
+        the transaction, or from its COMMIT."""
+
+    def prefetch(self, sql: str, params: Params = ()) -> None:
+        """Announce a read that the transaction will ``query`` later with the
+        same SQL and parameters: PostgreSQL sends it with the next message and
+        keeps its rows (several reads share one round trip); SQLite runs it at
+        once and keeps its rows. Either way the later ``query`` gets the rows as
+        they were when announced."""
+
+
+class Backend(Protocol):
+    """A store's database: connections, transactions, migrations."""
+
+    #: "sqlite" or "postgresql".
+    dialect: str
+    #: Where the store lives, for messages and stats (never a password).
+    location: str
+    #: (old, new) schema versions when this open upgraded an existing store, else None.
+    upgraded: tuple[int, int] | None
+
+    @property
+    def write_limit_bytes(self) -> int | None:
+        """The most one write transaction may store, in bytes (SQLite: half its
+        WAL limit); None where the engine has no such bound."""
+
+    def transaction(
+        self, owner: str | None = None, *, admin: bool = False, wait: bool = True, turn: str | None = None
+    ) -> AbstractContextManager[Conn]:
+        """A write transaction, rolled back on any exception.
+
+        ``wait=False`` gives up at once (StoreBusyError) where the engine can
+        tell that another writer holds the lock. With ``turn`` (and ``owner``),
+        a write that changes that turn's rows and head only (a put within the
+        turn's reservation, ``heads``): it excludes the owner's other writes of
+        that turn and the owner's owner-wide writes, not its writes of other
+        turns (PostgreSQL: the owner's advisory lock shared, the turn's
+        exclusive; SQLite serializes every write anyway).
+
+        Raises:
+            StoreBusyError: the lock was not obtained in time.
+        """
+
+    def query(self, sql: str, params: Params = (), *, owner: str | None = None, admin: bool = False) -> Rows:
+        """Rows as dicts, outside any write transaction."""
+
+    def queries(self, *statements: tuple[str, Params], owner: str | None = None, admin: bool = False) -> list[Rows]:
+        """The rows of each ``(sql, params)`` query, in order, outside any write
+        transaction: one message, one round trip on PostgreSQL; one after
+        another on SQLite. Queries run after one another may see writes
+        committed in between."""
+
+    def snapshot(self) -> AbstractContextManager[object]:
+        """A read snapshot for this thread: every ``query`` and ``queries`` this
+        thread makes inside it sees the store as one state, whatever other
+        connections commit meanwhile (SQLite: one read transaction on the
+        thread's connection; PostgreSQL: one ``REPEATABLE READ READ ONLY``
+        transaction on one connection, as housekeeping). No write inside it.
+
+        Raises:
+            StoreBusyError: no connection could be had in time.
+            StoreUnavailableError: the server cannot be reached.
+        """
+
+    def read_scope(self) -> object:
+        """What a cache of verified reads (``head_cache``) is bound to: SQLite's
+        connection of this thread (its data version compares only with its own),
+        None on PostgreSQL (a read's token there is the server's, the same for
+        every connection)."""
+
+    def checkpoint(self, *, wait: bool = True) -> bool:
+        """Make deleted data leave the engine's files where it can (SQLite's WAL);
+        returns False when part of it had to stay for now."""
+
+    def scrub(self) -> bool:
+        """Rewrite the engine's files so that nothing deleted remains in them
+        (SQLite: VACUUM, then a checkpoint); returns False as ``checkpoint`` does."""
+
+    def scrub_after_deletes(self) -> bool:
+        """After deletes (gc): ``scrub`` when they left a meaningful share of the
+        files free (SQLite: ``SCRUB_FREE_SHARE`` of the pages), else ``checkpoint``.
+        Returns whether the files were rewritten."""
+
+    def close(self) -> None:
+        """Close every connection this object opened."""
+
+
+@runtime_checkable
+class OnceWriter(Protocol):
+    """A backend that can send a write of one turn as one message (PostgreSQL:
+    a put whose turn head this process sealed last, ``Heads.change_once``)."""
+
+    def write_once(self, owner: str, turn_id: str, sql: str, params: Params) -> int | None:
+        """Run the one statement ``sql`` under the locks of
+        ``transaction(owner, turn=turn_id)``, in one message: the rows it
+        changed, or None when the connection failed after the message was sent
+        (it may or may not have been applied; a transaction that takes the
+        same locks afterwards sees which).
+
+        Raises:
+            DuplicateKeyError: the statement hit a unique key; nothing was written.
+            OutcomeUnknown: the call was cut at its deadline once the message
+                was sent: it may or may not have been applied (or be applied later).
+            StoreBusyError: a lock was not obtained in time, or the pool had no free connection.
+            StoreUnavailableError: no connection to send it on, or the server
+                refused or cancelled it (nothing was written).
+        """
+
+
+def insert_owner_key(conn: Conn, owner: str, version: int, wrapped: bytes, now: float) -> bool:
+    """Add an owner-key version (unless a racing process already did) and count
+    the master key's random-nonce wrap; whether this call added it."""
+    added = conn.execute(
+        "INSERT INTO owner_keys(owner_user_id, version, wrapped, created_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT DO NOTHING",
+        (owner, version, wrapped, now),
+    )
+    if added:
+        conn.execute(
+            "UPDATE store_meta SET value = CAST(CAST(value AS BIGINT) + 1 AS TEXT) WHERE key = 'master_wrap_count'"
+        )
+    return bool(added)
+
+
+def check_write_bound(size: int, limit: int | None, what: str) -> None:
+    """Refuse, before anything is written, a write of ``what`` that could take
+    ``size`` bytes in one transaction when the backend stores at most ``limit``
+    in one (``Backend.write_limit_bytes``; None: no bound).
+
+    Raises:
+        QuotaExceededError: over the limit.
+    """
+    if limit is not None and size > limit:
+        raise QuotaExceededError(
+            f"the {what} would write up to {size} bytes in one transaction; this store writes at most {limit}"
+            " in one (half its write-ahead log limit, [storage] wal_limit_bytes): nothing was stored"
+            + ("; split the batch" if what == "batch" else "")
+        )

@@ -1,0 +1,1 @@
+"""The PostgreSQL backend: database, pipeline, prepared statements, migrations, roles."""

@@ -1,0 +1,794 @@
+"""PostgreSQL through psycopg 3: the pool, roles, row-level security, migrations.
+
+The store above speaks the same SQL to both backends; this module translates
+placeholders (``?`` to ``%s``) and ``BLOB`` casts, and adds what PostgreSQL
+can do that a file cannot: a second line of defence in the server.
+
+* Two roles (created by the first migration when missing): ``securepad_app``
+  for everything a principal does, without BYPASSRLS, and ``securepad_admin``,
+  which owns the tables (so row-level security does not apply to it) and runs
+  the housekeeping: gc, rotations, forgetting an owner, store-wide stats and
+  migrations. The login role of each DSN must be a member of the role it
+  plays; every transaction takes the role with ``SET LOCAL ROLE``.
+* Every transaction sets ``securepad.owner`` (``set_config(..., true)``, so it
+  ends with the transaction and a pooled connection carries nothing over).
+  Policies on every owner-scoped table show ``securepad_app`` the rows of that
+  owner only: a query that forgot its owner condition still returns nothing
+  of anyone else's, and one run without an owner returns no rows at all.
+* Every transaction also sets ``synchronous_commit`` from the policy's
+  durability (``SYNCHRONOUS_COMMIT``), in the same statement: "normal" does
+  not wait for the WAL flush at commit, as SQLite's ``synchronous=NORMAL``
+  does not sync (docs/reliability.md says what a crash may lose on each).
+* Writes are serialized as SQLite serializes them, but per owner: an owner's
+  write transactions take that owner's advisory lock (and a shared store-wide
+  one), store-wide housekeeping takes the store-wide lock exclusively. The
+  store's check-then-write steps (quota, owner-key version, sequence numbers)
+  therefore hold exactly as on SQLite, while different owners write in parallel.
+* Every call has a deadline (a 65 s network black hole blocked a
+  call 65 s): libpq's connect timeout, TCP keepalives and user timeout for a
+  dead network, the server's lock and statement timeouts, the pool's wait,
+  and a watchdog that cuts the connection of a call still running at its
+  deadline (a proxy or a hung server that keeps TCP alive). A server that
+  cannot be reached is ``StoreUnavailableError`` (retryable), distinct from
+  ``StoreBusyError``; connections that died while idle (a server restart) are
+  replaced within the same call, and the pool retries connecting every ~1 s,
+  so the store works again within a second or two of the server's return.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar, Self, cast
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.abc import Transformer as Loader
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from ...errors import SecurepadError, StoreBusyError, StoreUnavailableError
+from ..base import DuplicateKeyError, OutcomeUnknown, Params, Rows
+from .log import relay_pool_warnings
+from .migrate import ADMIN_ROLE, APP_ROLE, SCHEMA_VERSION, lock_key, migrate, reason
+from .pipeline import BUSY, Transaction, Watch, Watchdog, end, rowcount, rows_of, send, translate
+from .prepared import Statements
+
+__all__ = ["ADMIN_ROLE", "APP_ROLE", "SCHEMA_VERSION", "PostgresDatabase", "limits_for_call"]
+
+# How long a transaction waits for a lock (an owner's, or the store's) before StoreBusyError.
+LOCK_TIMEOUT_MS = 30_000
+# Connections per pool that Scratchpad.open creates from a DSN.
+DEFAULT_POOL_SIZE = 8
+# The time limits of every call (see the module docstring and docs/reliability.md).
+# Connecting (TCP, TLS, authentication): libpq's connect_timeout.
+CONNECT_TIMEOUT_S = 5
+# One statement on the server, lock waits included (so above LOCK_TIMEOUT_MS).
+STATEMENT_TIMEOUT_MS = 45_000
+# Waiting for a free pooled connection.
+POOL_TIMEOUT_S = 10.0
+# A whole call (one query, or one transaction from BEGIN to COMMIT): the
+# watchdog cuts its connection past this. Above the statement timeout, so a
+# healthy server always answers first.
+CALL_TIMEOUT_S = 60.0
+
+
+def limits_for_call(call_timeout_s: float) -> dict[str, float | int]:
+    """``PostgresDatabase``'s time limits for a whole-call deadline of
+    ``call_timeout_s``: the defaults, each cut to stay under the deadline in the
+    same order (a lock wait, then a statement, end before the call is cut), so
+    a healthy server still answers first.
+
+    Raises:
+        SecurepadError: the deadline is not a positive number of seconds.
+    """
+    if isinstance(call_timeout_s, bool) or not isinstance(call_timeout_s, int | float) or not call_timeout_s > 0:
+        raise SecurepadError(f"the call deadline must be a positive number of seconds, not {call_timeout_s!r}")
+    return {
+        "call_timeout_s": float(call_timeout_s),
+        "statement_timeout_ms": min(STATEMENT_TIMEOUT_MS, int(call_timeout_s * 750)),
+        "lock_timeout_ms": min(LOCK_TIMEOUT_MS, int(call_timeout_s * 500)),
+        "pool_timeout_s": min(POOL_TIMEOUT_S, call_timeout_s / 2),
+    }
+
+
+# A dead network: keepalive probes after 5 s idle, every 2 s, 3 lost = dead;
+# unacknowledged data for 10 s = dead (Linux's tcp_user_timeout).
+_NETWORK_LIMITS = {
+    "connect_timeout": CONNECT_TIMEOUT_S,
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
+# How long a pool keeps retrying a lost connection before it gives the slot up
+# (a caller that then needs one makes it try at once). psycopg_pool waits 1 s,
+# then doubles the wait: with its default (300 s) the first success after a
+# 15 s outage came 19 s late; capped here, tries are ~1 s apart.
+RECONNECT_TIMEOUT_S = 2.0
+# How long a connection may stay out of its pool between calls (``_Lender``):
+# the pool applies its lifetime and idle rules when it comes back.
+KEEP_S = 60.0
+# Housekeeping (gc, rotations, forgetting an owner: the admin role) works
+# store-wide and may run long on a large store: its statement and call limits
+# are this many times a principal's.
+_HOUSEKEEPING_FACTOR = 10
+
+_SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+_SETTINGS = (
+    "SELECT set_config('role', %s, true), set_config('search_path', %s, true),"
+    " set_config('securepad.owner', %s, true), set_config('lock_timeout', %s, true),"
+    " set_config('statement_timeout', %s, true), set_config('synchronous_commit', %s, true)"
+)
+# A write transaction's first statement after BEGIN: the settings and its
+# advisory locks (``PostgresDatabase.transaction``). Built once: a string made
+# per call is hashed anew at each of the call's cache lookups (its name, its text).
+_OPENING_TURN = (
+    _SETTINGS + ", pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s)"
+)
+_OPENING_OWNER = _SETTINGS + ", pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s)"
+_OPENING_STORE = _SETTINGS + ", pg_advisory_xact_lock(%s)"
+# A read snapshot's first statement (``PostgresDatabase.snapshot``).
+_BEGIN_SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+_OPENING_TRY_STORE = _SETTINGS + ", pg_try_advisory_xact_lock(%s) AS locked"
+# The policy's durability -> the server's synchronous_commit for the store's
+# transactions (docs/reliability.md), as SQLite's maps it to its synchronous
+# setting. "normal": a commit is acknowledged before its WAL record is flushed
+# (the WAL writer flushes within ~3x wal_writer_delay); a server crash may
+# lose the last acknowledged commits, never part of one. "full": each commit
+# waits for its WAL flush. Set per transaction (like the owner), so nothing
+# outlives the transaction on a pooled server session.
+SYNCHRONOUS_COMMIT = {"normal": "off", "full": "on"}
+
+
+class PostgresDatabase:
+    """A store in one schema of a PostgreSQL database, reached through connection pools.
+
+    ``app`` (a DSN or a ``psycopg_pool.ConnectionPool``) serves principals;
+    ``admin`` (default: the same) serves housekeeping and migrations. Pools
+    made here from a DSN are closed by ``close``; pools passed in are not.
+
+    Pools made here connect with ``connect_timeout``, TCP keepalives and
+    ``tcp_user_timeout`` (unless the DSN sets them) and retry a lost
+    connection every ~1 s; a pool passed in keeps its own settings. Every call
+    gets ``statement_timeout_ms`` on the server, waits at most
+    ``pool_timeout_s`` for a connection, and is cut at ``call_timeout_s``
+    (housekeeping: ten times the statement and call limits). ``durability``
+    (the policy's: "normal" or "full") is every transaction's
+    ``synchronous_commit`` (``SYNCHRONOUS_COMMIT``).
+    """
+
+    dialect = "postgresql"
+    # The server's WAL has no bound a transaction's size must respect (``Backend``).
+    write_limit_bytes: int | None = None
+
+    def __init__(
+        self,
+        app: str | ConnectionPool[Any],
+        *,
+        admin: str | ConnectionPool[Any] | None = None,
+        schema: str = "securepad",
+        pool_size: int = DEFAULT_POOL_SIZE,
+        lock_timeout_ms: int = LOCK_TIMEOUT_MS,
+        statement_timeout_ms: int = STATEMENT_TIMEOUT_MS,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        pool_timeout_s: float = POOL_TIMEOUT_S,
+        call_timeout_s: float = CALL_TIMEOUT_S,
+        durability: str = "normal",
+    ) -> None:
+        if not _SCHEMA_RE.fullmatch(schema):
+            raise SecurepadError(f"schema must be a lowercase SQL identifier, not {schema!r}")
+        if durability not in SYNCHRONOUS_COMMIT:
+            raise SecurepadError(f"durability must be one of {', '.join(SYNCHRONOUS_COMMIT)}, not {durability!r}")
+        self.durability = durability
+        self.schema = schema
+        relay_pool_warnings()
+        self._sources = (app, app if admin is None else admin)
+        self._pool_size = pool_size
+        self._lock_timeout = f"{int(lock_timeout_ms)}ms"
+        self._statement_ms = int(statement_timeout_ms)
+        self._network = {**_NETWORK_LIMITS, "connect_timeout": max(1, round(connect_timeout_s))}
+        self._pool_timeout_s = pool_timeout_s
+        self._call_timeout_s = call_timeout_s
+        self._watchdog = Watchdog()
+        self._store_lock = lock_key("securepad-store", schema)
+        self._statements = Statements(schema)
+        self._lock = threading.Lock()
+        # The call of this thread's read snapshot (``snapshot``), while one is open.
+        self._pinned = threading.local()
+        self._closed = False
+        self._pid = os.getpid()
+        self._owned: list[ConnectionPool[Any]] = []
+        self._inherited: list[object] = []
+        self._app, self._admin = self._pools()
+        self._lent = self._lenders(self._app, self._admin)
+        self.location = _describe(app, schema)
+        self.upgraded: tuple[int, int] | None = None
+        try:
+            self._migrate()
+        except BaseException:
+            self.close()
+            raise
+
+    def _pools(self) -> tuple[ConnectionPool[Any], ConnectionPool[Any]]:
+        made: dict[str, ConnectionPool[Any]] = {}
+
+        def pool(source: str | ConnectionPool[Any]) -> ConnectionPool[Any]:
+            if not isinstance(source, str):
+                return source
+            if source not in made:
+                limits = self._limits_for(source)
+                kwargs = {"autocommit": True, **limits}
+                connection_class = _handing_over()
+                try:
+                    # One connection made here first: a refused or failed connection is
+                    # reported at once, with the server's reason (a pool would retry);
+                    # then handed to the pool as its first, so opening connects once.
+                    connection_class.spare.append(connection_class.connect(source, **kwargs))
+                    made[source] = ConnectionPool(
+                        source,
+                        min_size=1,
+                        max_size=self._pool_size,
+                        kwargs=kwargs,
+                        connection_class=connection_class,
+                        name=f"securepad-{self.schema}",
+                        timeout=self._pool_timeout_s,
+                        reconnect_timeout=RECONNECT_TIMEOUT_S,
+                        open=True,
+                    )
+                    made[source].wait(timeout=self._pool_timeout_s)
+                except (psycopg.Error, PoolTimeout) as exc:
+                    for opened in made.values():
+                        opened.close()
+                    raise StoreUnavailableError(
+                        f"cannot connect to PostgreSQL at {_describe(source, self.schema)}: {reason(exc)}"
+                    ) from None
+                finally:
+                    connection_class.close_spare()
+                self._owned.append(made[source])
+            return made[source]
+
+        return pool(self._sources[0]), pool(self._sources[1])
+
+    def _lenders(self, app: ConnectionPool[Any], admin: ConnectionPool[Any]) -> tuple[_Lender, _Lender]:
+        """A lender per pool, the application's then the admin's (one for both
+        when they share a pool): it keeps a connection between calls only from
+        a pool this object made."""
+        lent = _Lender(app, keep=app in self._owned)
+        return lent, lent if admin is app else _Lender(admin, keep=admin in self._owned)
+
+    def _limits_for(self, dsn: str) -> dict[str, Any]:
+        """The network limits the DSN does not set itself."""
+        try:
+            given = conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError as exc:
+            raise _bad_dsn(dsn, exc) from None
+        return {key: value for key, value in self._network.items() if key not in given}
+
+    def _lender(self, admin: bool) -> _Lender:
+        if self._closed:
+            raise SecurepadError("the store is closed")
+        if os.getpid() != self._pid:
+            # A forked child must not share its parent's sockets: open its own pools.
+            if any(not isinstance(source, str) for source in self._sources):
+                raise SecurepadError("a store opened on a connection pool cannot be used after fork; open it again")
+            with self._lock:
+                if os.getpid() != self._pid:
+                    # Never closed nor collected here (nor the connections their
+                    # lenders keep): closing would end the parent's sessions on
+                    # the sockets both processes hold.
+                    self._inherited.extend([*self._owned, *self._lent])
+                    self._owned = []
+                    self._app, self._admin = self._pools()
+                    self._lent = self._lenders(self._app, self._admin)
+                    self._pid = os.getpid()
+        return self._lent[admin]
+
+    def _checkout(self, admin: bool) -> Watch:
+        """A pooled connection for one call, watched until the call's deadline;
+        ``_checkin`` gives it back (each caller's ``finally``).
+
+        Raises:
+            StoreUnavailableError: no connection within the pool timeout, and
+                the server cannot be reached.
+            StoreBusyError: no connection within the pool timeout, all in use.
+        """
+        lender = self._lender(admin)
+        deadline = time.monotonic() + self._call_timeout(admin)
+        try:
+            conn, since, loader = lender.lend(self._pool_timeout_s)
+        except PoolTimeout:
+            raise self._no_connection(lender.pool) from None
+        try:
+            call = self._watchdog.start(conn, deadline, lender)
+        except BaseException:
+            lender.take_back(conn, since, loader)
+            raise
+        call.since, call.loader = since, loader
+        return call
+
+    def _checkin(self, call: Watch) -> None:
+        """The call is over: its connection goes back to its lender."""
+        try:
+            self._watchdog.stop(call)
+        finally:
+            call.pool.take_back(call.conn, call.since, call.loader)
+
+    def _no_connection(self, pool: ConnectionPool[Any]) -> SecurepadError:
+        """Why the pool had no connection: the server is unreachable, or every
+        connection is in use (asked directly, once, within the connect timeout)."""
+        conninfo = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
+        kwargs = (pool.kwargs() if callable(pool.kwargs) else pool.kwargs) or {}
+        limit = {"connect_timeout": self._network["connect_timeout"], **kwargs, "autocommit": True}
+        try:
+            psycopg.connect(conninfo, **limit).close()
+        except psycopg.Error as exc:
+            return StoreUnavailableError(f"PostgreSQL is unavailable ({reason(exc)}); try again")
+        return StoreBusyError("the store is busy (no free connection in the pool); try again")
+
+    def _retry(self, call: Watch, attempt: int) -> bool:
+        """Whether a call whose first statement failed may run again on another
+        connection: the connection had died while idle in the pool (a server
+        restart ends every pooled session), not at the deadline."""
+        return call.conn.broken and not call.cut and attempt < self._pool_size and time.monotonic() < call.deadline
+
+    def _unavailable(self, exc: psycopg.OperationalError, call: Watch | None) -> SecurepadError:
+        if call is not None and call.cut:
+            return StoreUnavailableError(
+                "PostgreSQL did not answer before the call's deadline; the call was cut; try again"
+            )
+        if isinstance(exc, pg_errors.QueryCanceled):
+            return StoreUnavailableError(f"PostgreSQL cancelled the statement: {reason(exc)}; try again")
+        return StoreUnavailableError(f"PostgreSQL connection failed ({reason(exc)}); try again")
+
+    def _settings(self, owner: str | None, admin: bool) -> Params:
+        role = ADMIN_ROLE if admin else APP_ROLE
+        statement_ms = self._statement_ms * (_HOUSEKEEPING_FACTOR if admin else 1)
+        return (
+            role,
+            self.schema,
+            owner or "",
+            self._lock_timeout,
+            f"{statement_ms}ms",
+            SYNCHRONOUS_COMMIT[self.durability],
+        )
+
+    def _call_timeout(self, admin: bool) -> float:
+        return self._call_timeout_s * (_HOUSEKEEPING_FACTOR if admin else 1)
+
+    @contextmanager
+    def transaction(
+        self, owner: str | None = None, *, admin: bool = False, wait: bool = True, turn: str | None = None
+    ) -> Iterator[Transaction]:
+        """A write transaction, serialized with the owner's other writes (or,
+        for store-wide housekeeping, with every write; with ``turn``, with the
+        owner's writes of that turn and its owner-wide ones: ``Backend.transaction``);
+        rolled back on any exception.
+
+        Raises:
+            StoreBusyError: a lock was not obtained within the lock timeout (at
+                once with ``wait=False``), or the pool had no free connection.
+            StoreUnavailableError: the server cannot be reached or did not
+                answer in time (if that happened at COMMIT, the write may or
+                may not have been applied).
+        """
+        if owner is not None and turn is not None:  # the owner's lock shared, then its turn's (always that order)
+            text, params = _OPENING_TURN, self._turn_locks(owner, turn)
+        elif owner is not None:
+            text, params = _OPENING_OWNER, (self._store_lock, _lock_key("securepad-owner", self.schema, owner))
+        elif wait:
+            text, params = _OPENING_STORE, (self._store_lock,)
+        else:
+            text, params = _OPENING_TRY_STORE, (self._store_lock,)
+        opening = (text, (*self._settings(owner, admin), *params))
+        tx = Transaction(
+            lambda: self._checkout(admin),
+            self._checkin,
+            self._retry,
+            opening,
+            self._statements,
+            try_lock=owner is None and not wait,
+        )
+        committed = False
+        try:
+            yield tx
+            tx.commit()
+            committed = True
+        except BUSY:
+            raise StoreBusyError("the store is busy; try again") from None
+        except pg_errors.InsufficientPrivilege as exc:
+            if admin and not wait:  # optional housekeeping this connection may not do: skipped
+                raise StoreBusyError(f"housekeeping skipped: {reason(exc)}") from None
+            raise SecurepadError(f"PostgreSQL refused the store's role: {reason(exc)}") from None
+        except psycopg.OperationalError as exc:
+            if tx.commit_unknown:
+                raise StoreUnavailableError(
+                    f"{self._unavailable(exc, tx.call)}".removesuffix("; try again")
+                    + " after the write's COMMIT was sent: it may or may not have been applied"
+                ) from None
+            raise self._unavailable(exc, tx.call) from None
+        finally:
+            tx.close(committed)
+
+    def _turn_locks(self, owner: str, turn: str) -> Params:
+        """The advisory locks of a write of one turn: the store's and the owner's shared, the turn's."""
+        return (
+            self._store_lock,
+            _lock_key("securepad-owner", self.schema, owner),
+            _lock_key("securepad-turn", self.schema, owner, turn),
+        )
+
+    def write_once(self, owner: str, turn_id: str, sql: str, params: Params) -> int | None:
+        """One statement under the locks of ``transaction(owner, turn=turn_id)``,
+        in one message: the settings and locks, then ``sql``, which PostgreSQL
+        runs as one implicit transaction (no BEGIN, no COMMIT: one round trip,
+        two statements fewer for the server to run); the rows it changed.
+
+        None when the connection broke once the message was sent (a server
+        restart, a session ended by the server): the write may or may not
+        have been applied. It is not sent again here; a transaction that takes
+        the same locks afterwards runs after it, if it ran, and sees its effect
+        (``entry_put``: the put's fallback looks for its entry by id).
+
+        Raises:
+            DuplicateKeyError: the statement hit a unique key; nothing was written.
+            OutcomeUnknown: the call was cut at its deadline: the message was
+                sent, and the server may apply it even later (it waits for its locks).
+            StoreBusyError: a lock was not obtained in time, or the pool had no free connection.
+            StoreUnavailableError: no connection could be had, or the server
+                reported an error of its own on a live connection (a cancelled
+                statement): the implicit transaction was rolled back.
+        """
+        batch = [
+            (_OPENING_TURN, (*self._settings(owner, False), *self._turn_locks(owner, turn_id))),
+            (translate(sql), params),
+        ]
+        call = self._checkout(False)
+        try:
+            return rowcount(send(call, self._statements, batch, first=True)[-1])
+        except pg_errors.UniqueViolation:
+            raise DuplicateKeyError from None
+        except BUSY:
+            raise StoreBusyError("the store is busy; try again") from None
+        except pg_errors.InsufficientPrivilege as exc:
+            raise SecurepadError(f"PostgreSQL refused the store's role: {reason(exc)}") from None
+        except psycopg.OperationalError as exc:
+            if call.cut:  # past the call's deadline: no fallback with a deadline of its own
+                raise OutcomeUnknown(str(self._unavailable(exc, call))) from None
+            if not call.conn.broken:  # the server's own error: the implicit transaction rolled back
+                raise self._unavailable(exc, call) from None
+            return None
+        finally:
+            self._checkin(call)
+
+    def query(self, sql: str, params: Params = (), *, owner: str | None = None, admin: bool = False) -> Rows:
+        """Rows as dicts, in a transaction of their own.
+
+        One round trip: the settings and the query go as one message (one
+        pipeline, one Sync), which PostgreSQL runs as one implicit transaction
+        (so the local settings hold for the query and end with it).
+
+        Raises:
+            StoreBusyError: a lock wait timed out, or the pool had no free connection.
+            StoreUnavailableError: the server cannot be reached or did not answer in time.
+        """
+        return self.queries((sql, params), owner=owner, admin=admin)[0]
+
+    def queries(self, *statements: tuple[str, Params], owner: str | None = None, admin: bool = False) -> list[Rows]:
+        """The rows of each query, in order: the settings and the queries go as
+        one message (one round trip, one implicit transaction).
+
+        Raises:
+            StoreBusyError: a lock wait timed out, or the pool had no free connection.
+            StoreUnavailableError: the server cannot be reached or did not answer in time.
+        """
+        pinned: Watch | None = getattr(self._pinned, "call", None)
+        if pinned is not None:
+            return self._in_snapshot(pinned, owner, statements)
+        batch = [(_SETTINGS, self._settings(owner, admin)), *((translate(sql), params) for sql, params in statements)]
+        call: Watch | None = None
+        try:
+            for attempt in range(self._pool_size + 1):
+                call = self._checkout(admin)
+                try:
+                    results = send(call, self._statements, batch, first=True)
+                    return [rows_of(call, result) for result in results[1:]]
+                except psycopg.OperationalError as exc:
+                    if self._retry(call, attempt) and not isinstance(exc, BUSY):
+                        continue  # a connection that died while idle: reads are safe to run again
+                    raise
+                finally:
+                    self._checkin(call)
+            raise AssertionError("unreachable: the last attempt returns or raises")
+        except BUSY:
+            raise StoreBusyError("the store is busy; try again") from None
+        except pg_errors.InsufficientPrivilege as exc:
+            raise SecurepadError(f"PostgreSQL refused the store's role: {reason(exc)}") from None
+        except psycopg.OperationalError as exc:
+            raise self._unavailable(exc, call) from None
+
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """A read snapshot for this thread: until it ends, every ``query`` and
+        ``queries`` of this thread runs in one ``REPEATABLE READ READ ONLY``
+        transaction on one connection, as housekeeping (the admin role, whose
+        policy shows every owner's rows), so all of them see the store as it
+        was at the first one, whatever commits meanwhile (``verify``). Each
+        statement gets the call's deadline anew. Nested, it is the outer one.
+
+        Raises:
+            StoreBusyError: the pool had no free connection.
+            StoreUnavailableError: the server cannot be reached, or the
+                snapshot's connection was lost.
+        """
+        if getattr(self._pinned, "call", None) is not None:
+            yield
+            return
+        call = self._checkout(True)
+        try:
+            try:
+                self._begin_snapshot(call)
+            except psycopg.OperationalError as exc:
+                raise self._unavailable(exc, call) from None
+            self._pinned.call = call
+            try:
+                yield
+            finally:
+                self._pinned.call = None
+        finally:
+            try:
+                end(call.conn)  # read only: nothing to commit
+            finally:
+                self._checkin(call)
+
+    def _begin_snapshot(self, call: Watch) -> None:
+        """BEGIN (alone in its message: the isolation level must come before any
+        statement, the prepared statements' anchor included), then the settings
+        as the call's first message (``send``: its anchor). An anchor that finds
+        another server session (a transaction pooler) makes ``send`` roll back
+        and send the settings alone, unprepared: the snapshot then begins again.
+
+        Raises:
+            psycopg.OperationalError: the connection failed.
+        """
+        for _ in range(2):
+            send(call, self._statements, [(_BEGIN_SNAPSHOT, ())], first=False)
+            send(call, self._statements, [(_SETTINGS, self._settings(None, True))], first=True)
+            if call.pgconn.transaction_status == TransactionStatus.INTRANS:
+                return
+        raise StoreUnavailableError("PostgreSQL did not keep the read snapshot's transaction open; try again")
+
+    def _in_snapshot(self, call: Watch, owner: str | None, statements: tuple[tuple[str, Params], ...]) -> list[Rows]:
+        """``queries`` inside this thread's ``snapshot``: on its connection, as
+        housekeeping with ``owner`` set (no retry: the snapshot is the connection's)."""
+        batch = [(_SETTINGS, self._settings(owner, True)), *((translate(sql), params) for sql, params in statements)]
+        call.deadline = time.monotonic() + self._call_timeout(True)
+        try:
+            results = send(call, self._statements, batch, first=False)
+            return [rows_of(call, result) for result in results[1:]]
+        except BUSY:
+            raise StoreBusyError("the store is busy; try again") from None
+        except psycopg.OperationalError as exc:
+            raise self._unavailable(exc, call) from None
+
+    def read_scope(self) -> object:
+        """None: a cached read's token (``head_reads``) is the server's snapshot and digest, on any connection."""
+        return None
+
+    def checkpoint(self, *, wait: bool = True) -> bool:
+        """Nothing to do: the server manages its own files (see the README's PostgreSQL section on VACUUM)."""
+        return True
+
+    def scrub(self) -> bool:
+        """Nothing to do here: dead rows go with the server's VACUUM (see SECURITY.md)."""
+        return True
+
+    def scrub_after_deletes(self) -> bool:
+        """Nothing to do here, as for ``scrub``."""
+        return False
+
+    def _app_version(self) -> int | None:
+        """The schema version as the application role sees it; None when it cannot tell."""
+        try:
+            rows = self.query("SELECT MAX(version) AS v FROM schema_version")
+        except (psycopg.Error, SecurepadError):
+            return None
+        return None if rows[0]["v"] is None else int(rows[0]["v"])
+
+    def _migrate(self) -> None:
+        self.upgraded = migrate(self.schema, self._app_version, lambda: self._lender(admin=True).drain())
+
+    def close(self) -> None:
+        """Close the pools this object made (never one that was passed in)."""
+        with self._lock:
+            self._closed = True
+            pools, self._owned = self._owned, []
+        if os.getpid() != self._pid:
+            return  # the parent's pools: their sockets are not ours to close
+        for lender in self._lent:
+            lender.drain(closing=True)
+        for pool in pools:
+            pool.close()
+
+
+class _Lender:
+    """Lends a pool's connections to calls, one call at a time each.
+
+    From a pool the store made (``keep``: nothing else takes connections from
+    it), the connection a call gives back healthy and idle is kept for the next
+    call instead of going back to the pool: psycopg_pool's ``getconn`` and
+    ``putconn`` (its lock, deque, statistics, log calls and return checks) cost
+    the client ~9 us of CPU per call, more than a put's or a read's messages
+    take to build. What the pool decides still holds:
+
+    * its size: a kept connection is one the pool lent and counts as in use;
+    * one kept at most, and never while a call of this store waits for the
+      pool (``_waiting``: such a call looks at the kept one again after saying
+      it waits, and a call giving one back looks for waiting calls after
+      keeping it, so one of them always sees the other);
+    * dead and broken connections: one that is not idle (failed, closed, cut
+      by the watchdog, in a transaction) goes back to the pool, which drops or
+      resets it; one that died while kept fails at its next call's first
+      message, which runs again on another connection, as one that died in
+      the pool does (``PostgresDatabase._retry``);
+    * its lifetime and idle rules: a connection goes back to the pool once
+      ``KEEP_S`` after it left it, and at ``drain`` (closing the store,
+      migrations that take connections from the pool directly).
+
+    The kept connection's rows' loader (``Watch.loader``) is kept with it: its
+    loaders per column type are made once, not at each call's first rows.
+
+    A pool passed in (``keep`` False) may be shared with other code: every
+    connection goes back to it at once.
+    """
+
+    __slots__ = ("_kept", "_lock", "_waiting", "keep", "pool")
+
+    def __init__(self, pool: ConnectionPool[Any], *, keep: bool) -> None:
+        self.pool = pool
+        self.keep = keep
+        self._kept: list[tuple[psycopg.Connection[Any], float, Loader | None]] = []
+        self._waiting = 0
+        self._lock = threading.Lock()
+
+    def lend(self, timeout: float) -> tuple[psycopg.Connection[Any], float, Loader | None]:
+        """A connection, when it left the pool, and its rows' loader if it has one yet.
+
+        Raises:
+            PoolTimeout: the pool had none within ``timeout`` seconds.
+        """
+        if not self.keep:
+            return self.pool.getconn(timeout=timeout), 0.0, None
+        try:
+            return self._kept.pop()  # list.pop is atomic: one call gets it
+        except IndexError:
+            pass
+        with self._lock:
+            self._waiting += 1
+        try:
+            try:
+                return self._kept.pop()  # given back meanwhile, before it saw this call waiting
+            except IndexError:
+                return self.pool.getconn(timeout=timeout), time.monotonic(), None
+        finally:
+            with self._lock:
+                self._waiting -= 1
+
+    def take_back(self, conn: psycopg.Connection[Any], since: float, loader: Loader | None) -> None:
+        """A call is over with ``conn`` (lent at ``since``; its rows' ``loader``)."""
+        if (
+            self.keep
+            and not self._kept
+            and conn.pgconn.transaction_status == TransactionStatus.IDLE
+            and time.monotonic() - since < KEEP_S
+        ):
+            self._kept.append((conn, since, loader))
+            if not self._waiting:
+                return
+            try:  # a call waits for the pool: it gets a connection from there
+                conn, since, loader = self._kept.pop()
+            except IndexError:
+                return  # the waiting call took it
+        self.pool.putconn(conn)
+
+    def drain(self, *, closing: bool = False) -> ConnectionPool[Any]:
+        """Give the kept connection back to the pool (``closing``: and keep
+        none from now on); the pool."""
+        if closing:
+            self.keep = False
+        while True:
+            try:
+                conn, _, _ = self._kept.pop()
+            except IndexError:
+                return self.pool
+            self.pool.putconn(conn)
+
+
+@functools.lru_cache(maxsize=4096)
+def _lock_key(*parts: str) -> int:
+    """``lock_key``, remembered: the same owners' and turns' keys at every
+    transaction, a BLAKE2b digest each (~1 us)."""
+    return lock_key(*parts)
+
+
+class _HandOver(psycopg.Connection[Any]):
+    """The connection class of a pool made from a DSN: its first ``connect``
+    returns the connection the store opened to check the server (``spare``)
+    instead of opening another, so a fresh process connects once to open a
+    store, not twice (a connection is a TCP and authentication exchange and a
+    server process forked for it: 8 to 16 ms each on the loaded development
+    machine)."""
+
+    spare: ClassVar[list[_HandOver]]
+
+    @classmethod
+    def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+        try:
+            return cast(Self, cls.spare.pop())
+        except IndexError:
+            return super().connect(conninfo, **kwargs)
+
+    @classmethod
+    def close_spare(cls) -> None:
+        """Close a connection the pool did not take (its opening failed)."""
+        while cls.spare:
+            cls.spare.pop().close()
+
+
+def _handing_over() -> type[_HandOver]:
+    """A connection class of its own for one pool (its own ``spare``)."""
+    return type("_HandOver", (_HandOver,), {"spare": []})
+
+
+def _describe(source: str | ConnectionPool[Any], schema: str) -> str:
+    """Where the store is, without a password."""
+    conninfo = source if isinstance(source, str) else source.conninfo
+    if not isinstance(conninfo, str):
+        return f"postgresql (schema {schema})"
+    try:
+        info = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        return f"postgresql (schema {schema})"
+    host = info.get("host") or "localhost"
+    port = info.get("port") or "5432"
+    return f"postgresql://{info.get('user') or ''}@{host}:{port}/{info.get('dbname') or ''} (schema {schema})"
+
+
+def _bad_dsn(dsn: str, exc: psycopg.ProgrammingError) -> SecurepadError:
+    """A connection string libpq cannot parse; its message may quote the whole
+    string, password included: the string is left out."""
+    return SecurepadError(f"not a PostgreSQL connection string: {reason(exc).replace(dsn, '(the DSN)')}")
+
+
+def store_present(dsn: str, schema: str = "securepad") -> bool:
+    """Whether a store (its schema_version table) exists at ``dsn``, before opening it.
+
+    Raises:
+        SecurepadError: ``dsn`` is not a connection string.
+        StoreUnavailableError: the server cannot be reached.
+    """
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise _bad_dsn(dsn, exc) from None
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn:
+            row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.schema_version",)).fetchone()
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailableError(
+            f"cannot connect to PostgreSQL at {_describe(dsn, schema)}: {reason(exc)}"
+        ) from None
+    return bool(row and row[0])
+
+
+def describe(dsn: str, schema: str = "securepad") -> str:
+    """Where a store is, without a password (for messages)."""
+    return _describe(dsn, schema)

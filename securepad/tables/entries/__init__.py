@@ -1,0 +1,1 @@
+"""Entries: prepare, put, open, list."""

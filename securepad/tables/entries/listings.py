@@ -1,0 +1,177 @@
+"""The turn listings: a turn's live entries in step order, whether one was
+offloaded, its highest step, whether a step is free. Every row comes through
+``access.Access`` and is authenticated by ``Opener.lister``: its listing part
+under the owner's listing key, no per-entry key work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from ...errors import InvalidArgumentError
+from ...principal import Principal, check_identifier
+from ...storage.base import Conn, Params, Rows
+from ..access import Access, check_principal
+from ..heads.heads import Head
+from .open import Opener, rows_and_head
+from .rows import COLUMNS, EntryParts, Opened, check_row_types, check_step_num, live
+
+__all__ = ["Listings", "step_sql"]
+
+# check_step_free's columns and condition (turn, step).
+_STEP_QUERY = ("expires_at", "turn_id = ? AND step_num = ?")
+
+
+class Listings:
+    """The turn listings of one store."""
+
+    def __init__(self, parts: EntryParts, opener: Opener) -> None:
+        self._db, self._access = parts.db, parts.access
+        self.heads, self.now = parts.heads, parts.now
+        self._lister = opener.lister
+
+    def turn_entries(self, principal: Principal, turn_id: str, now: float | None) -> list[Opened]:
+        """The live entries of a turn in the principal's scope, authenticated, in
+        step order, checked against the turn's head."""
+        check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        current = self.now(now)
+        order = "ORDER BY step_num, created_at, id"
+
+        def fetch(rows: Rows | None = None) -> list[Opened]:
+            if rows is None:
+                rows = self._access.rows(principal, "entries", COLUMNS, "turn_id = ?", (turn_id,), order)
+            return list(self._authenticate_rows(principal, live(rows, current)))
+
+        def check(head: Head, opened: list[Opened]) -> None:
+            self.heads.check_entries_in(head, principal, turn_id, [each.row for each in opened], current)
+
+        # The turn's rows and its head rows: one round trip on PostgreSQL.
+        head_sql = self.heads.read_sql(principal.owner_user_id, turn_id)
+        rows, head_rows = rows_and_head(
+            self._db, self._access, principal, head_sql, COLUMNS, "turn_id = ?", (turn_id,), order
+        )
+        return self.heads.checked(principal.owner_user_id, turn_id, fetch, check, first=(fetch(rows), head_rows))
+
+    def turn_offloads(self, principal: Principal, turn_id: str, now: float | None) -> bool:
+        """Whether a live entry of the turn in the principal's scope was offloaded
+        (its sealed metadata holds no ``inline`` history item).
+
+        Entries are fetched newest step first, in pages that double (8, 16,
+        ...), and authenticated one at a time until one is offloaded: when the
+        latest steps were offloaded, one small indexed query and one
+        authentication answer, whatever the turn's length. The answer comes
+        from authenticated metadata only, and the rows it looked at are checked
+        against the turn's head (the newest ones, all of them when none was
+        offloaded): deleting the offloaded entries cannot hide the read tool.
+        """
+        current = self.now(now)
+
+        def fetch() -> tuple[bool, list[dict[str, Any]]]:
+            seen = []
+            rows = self._newest_first(principal, turn_id, COLUMNS, now)
+            for opened in self._authenticate_rows(principal, rows):
+                seen.append(opened.row)
+                if "inline" not in opened.meta:
+                    return True, seen
+            return False, seen
+
+        def check(head: Head, fetched: tuple[bool, list[dict[str, Any]]]) -> None:
+            found, seen = fetched
+            self.heads.check_newest_first(head, principal, turn_id, seen, current, complete=not found)
+
+        return self.heads.checked(principal.owner_user_id, turn_id, fetch, check)[0]
+
+    def _newest_first(
+        self, principal: Principal, turn_id: str, columns: str, now: float | None, conn: Conn | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """The turn's live rows in the principal's scope, highest step first, fetched
+        lazily in pages that double (8, 16, ...): a caller that stops early pays
+        for one small indexed query."""
+        check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        current = self.now(now)
+        offset, size = 0, 8
+        while True:
+            # (step_num, id) follows entries_owner_turn, so a page reads only its own rows.
+            rows = self._access.rows(
+                principal,
+                "entries",
+                columns,
+                "turn_id = ?",
+                (turn_id,),
+                "ORDER BY step_num DESC, id DESC LIMIT ? OFFSET ?",
+                (size, offset),
+                conn=conn,
+            )
+            yield from live(rows, current)
+            if len(rows) < size:
+                return
+            offset, size = offset + size, size * 2
+
+    def _authenticate_rows(self, principal: Principal, rows: Iterable[dict[str, Any]]) -> Iterator[Opened]:
+        return self._access.open_each(principal, "entries", COLUMNS, rows, self._lister())
+
+    def last_step(self, principal: Principal, turn_id: str, now: float | None, conn: Conn | None = None) -> int:
+        """The highest step number of the turn's live entries in the principal's
+        scope, 0 for none: newest first, in doubling pages.
+
+        Read from the clear column: it only proposes the next step to try, and
+        ``Turn.record`` checks that one; nothing of it reaches the model.
+        Outside a write (``conn``) the answer is checked against the turn's
+        head (``Heads.checked_last``: the head's newest entry, one small row),
+        so a truncated or forged newest step is refused, not recorded over.
+
+        Raises:
+            IntegrityError: a clear step or expiry that is not a number, or a
+                newest step that is not the head's.
+        """
+        if conn is not None:  # a write's guess, checked by the write itself
+            for row in self._newest_first(principal, turn_id, "step_num, expires_at", now, conn):
+                check_row_types({"step_num": row["step_num"]})
+                return int(row["step_num"])
+            return 0
+
+        def fetch() -> dict[str, Any] | None:
+            return next(self._newest_first(principal, turn_id, "id, step_num, expires_at", now), None)
+
+        newest = self.heads.checked_last(principal, turn_id, fetch, self.now(now))
+        if newest is None:
+            return 0
+        check_row_types({"step_num": newest["step_num"]})
+        return int(newest["step_num"])
+
+    def check_step_free(
+        self,
+        principal: Principal,
+        turn_id: str,
+        step_num: int,
+        now: float | None,
+        conn: Conn | None = None,
+        taken: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Refuse a step that a live entry of the turn in the principal's scope
+        already has: one lookup on the (owner, turn, step) index. Inside the
+        put's write transaction (``conn``), which serializes the owner's writes
+        on both backends, no other writer can take the step between this look and the insert.
+        ``taken``: what that lookup found when the caller ran it already (``put``
+        reads it in its version-and-quota statement, ``step_sql`` inside; the
+        rows only refuse a step, none reaches the caller).
+
+        Raises:
+            InvalidArgumentError: a bad principal, turn id or step, or the step is taken.
+        """
+        check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        check_step_num(step_num)
+        rows = taken
+        if rows is None:
+            rows = self._access.rows(principal, "entries", *_STEP_QUERY, (turn_id, step_num), conn=conn)
+        if live(rows, self.now(now)):
+            raise InvalidArgumentError(f"step {step_num} is already recorded in turn {turn_id!r}")
+
+
+def step_sql(access: Access, principal: Principal, turn_id: str, step_num: int) -> tuple[str, Params]:
+    """``check_step_free``'s query (for ``Conn.prefetch``)."""
+    return access.rows_sql(principal, "entries", *_STEP_QUERY, (turn_id, step_num))

@@ -1,0 +1,294 @@
+"""Opening one entry: the authorized fetch of its row, its authentication, its content.
+
+``Opener.open`` is the one path from an entry id to its plaintext; the row is
+fetched through ``access.Access`` and authenticated by ``crypto.open_entry``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from ...core import observation, read_modes
+from ...crypto.primitives import ENTRY_FORMAT, EntryCipher, Header, ListingKey, open_entry
+from ...errors import ExpiredError, IntegrityError, InvalidArgumentError, NotFoundError
+from ...policy import NOT_FOUND_MESSAGE
+from ...principal import Principal, check_identifier
+from ...storage.base import Backend, Params, Rows
+from ..access import Access, audit_log, check_principal
+from ..heads.heads import Head, same_entry
+from .rows import COLUMNS, ID_RE, Entry, EntryParts, Opened, Readable, check_row_types
+
+__all__ = ["Opener", "rows_and_head"]
+
+# Clear columns that the sealed metadata repeats; a mismatch means tampering.
+_SEALED_COLUMNS = ("actor", "channel", "step_num", "executor_name", "created_at", "expires_at")
+# An entry to open comes with its segment when it has only one (up to
+# SEGMENT_BYTES: most entries), selected with the authorized row itself: one
+# query per read (one round trip on PostgreSQL) instead of two.
+# A one-segment entry's segment: in its row (schema 8 on), or in segments (rows written before).
+_ONLY_SEGMENT = (
+    "COALESCE(only_segment, (SELECT data FROM segments WHERE segments.entry_id = entries.id AND segments.seq = 0))"
+)
+_OPEN_COLUMNS = f"{COLUMNS}, CASE WHEN segment_count = 1 THEN {_ONLY_SEGMENT} END AS only_segment"
+
+
+class Opener:
+    """Opens the entries of one store: ``open``, ``get``, ``read``, ``verify_row``."""
+
+    def __init__(self, parts: EntryParts) -> None:
+        self._db, self._keys, self._access = parts.db, parts.keys, parts.access
+        self.policy, self.heads = parts.policy, parts.heads
+        self.timeline = parts.timeline
+
+    def open(
+        self, principal: Principal, scratchpad_id: object, now: float | None, turn_id: str | None = None
+    ) -> Readable:
+        """The one path from an id to an entry's plaintext (of one turn, if ``turn_id`` is given).
+
+        Raises:
+            NotFoundError: absent, malformed, another owner's, or outside the scope.
+            ExpiredError: the caller's own entry has expired.
+            IntegrityError: the stored entry fails authentication.
+        """
+        check_principal(principal)
+        if not isinstance(scratchpad_id, str) or not ID_RE.fullmatch(scratchpad_id):
+            self._access.denied(principal, "malformed id")
+            raise NotFoundError(NOT_FOUND_MESSAGE)
+        where = "id = ?"
+        params: tuple[str, ...] = (scratchpad_id,)
+        # The entry's row and its turn's head rows: one round trip on PostgreSQL.
+        # The turn is the one given, or the id's within the principal's scope:
+        # another owner's id reads the owner's heads alone, as an absent id does.
+        if turn_id is not None:
+            where, params = "id = ? AND turn_id = ?", (scratchpad_id, check_identifier("turn_id", turn_id))
+            head_sql = self.heads.read_sql(principal.owner_user_id, turn_id)
+        else:
+            scope = self.policy.scope_columns(principal)
+            head_sql = self.heads.entry_read_sql(principal.owner_user_id, scratchpad_id, scope)
+        rows, head_rows = rows_and_head(self._db, self._access, principal, head_sql, _OPEN_COLUMNS, where, params)
+        if not rows:
+            self._access.denied(principal, scratchpad_id)
+            raise NotFoundError(NOT_FOUND_MESSAGE)
+        current = self.timeline.entry_time(scratchpad_id, now)
+
+        def fetch(got: Rows | None = None) -> tuple[dict[str, Any] | None, Readable | None]:
+            if got is None:
+                got = self._access.rows(principal, "entries", _OPEN_COLUMNS, where, params)
+            if not got:
+                return None, None
+            row = got[0]
+            check_row_types(row)
+            if turn_id is not None and row["turn_id"] != turn_id:
+                raise NotFoundError(NOT_FOUND_MESSAGE)
+            if row["expires_at"] <= current:
+                return row, None
+            return row, next(self._access.open_each(principal, "entries", _OPEN_COLUMNS, [row], self.authenticate))
+
+        def check(head: Head, fetched: tuple[dict[str, Any] | None, Readable | None]) -> None:
+            row, opened = fetched
+            if row is not None and opened is None:
+                self.heads.check_expired_in(head, row, current)
+            elif opened is not None:
+                same_entry(head, opened.row)
+
+        check_row_types(rows[0])
+        try:
+            first: tuple[tuple[dict[str, Any] | None, Readable | None], Rows] | None = (fetch(rows), head_rows)
+        except IntegrityError:  # tampering, or a rotation retired the row's key meanwhile: read again
+            first = None
+        row, opened = self.heads.checked(principal.owner_user_id, rows[0]["turn_id"], fetch, check, first=first)
+        if row is None:  # deleted meanwhile
+            raise NotFoundError(NOT_FOUND_MESSAGE)
+        if opened is None:
+            self.timeline.found_expired(scratchpad_id, current)
+            raise ExpiredError("this entry has expired")
+        return opened
+
+    def authenticate(self, row: dict[str, Any]) -> Readable:
+        """Unwrap the item key, check the commitment, open the metadata and, for
+        a row of format 2, its listing part (format 1 repeats the clear columns
+        inside its metadata instead: they are compared).
+
+        Raises:
+            IntegrityError: any of them fails authentication or does not match.
+        """
+        check_row_types(row)
+        entry_format = 1 if row["sealed_listing"] is None else ENTRY_FORMAT
+        header = Header(
+            row["id"],
+            row["owner_user_id"],
+            row["turn_id"],
+            row["content_kind"],
+            row["size_bytes"],
+            row["size_chars"],
+            row["segment_count"],
+            row["key_version"],
+            entry_format,
+        )
+        wrapper = self._keys.owner_wrapper(header.owner_user_id, header.key_version)
+        cipher = open_entry(wrapper, header, row["wrapped_key"], row["nonce_prefix"], row["commitment"])
+        if entry_format == 1:
+            meta = json.loads(cipher.open_meta(row["sealed_meta"]))
+            for column in _SEALED_COLUMNS:
+                if meta[column] != row[column]:
+                    raise IntegrityError(f"the entry's clear {column} does not match its sealed copy")
+        else:
+            meta = {**_entry_meta(cipher.open_meta(row["sealed_meta"])), **self._listing_meta(row)}
+        counts = meta["counts"]
+        if counts is None:  # binary: every segment but the last is full
+            counts = observation.binary_counts(header.size_bytes, header.segment_count)
+        breaks = meta.get("breaks")
+        if len(counts) != header.segment_count or (breaks is not None and len(breaks) != header.segment_count):
+            raise IntegrityError("the entry's segment index does not match its header")
+        content = read_modes.SegmentedContent(
+            header.kind,
+            counts,
+            _fetcher(self._db, row["id"], row["owner_user_id"], cipher, header.segment_count, row.get("only_segment")),
+            breaks=breaks,
+            line_count=meta.get("lines"),
+        )
+        return Readable(row, meta, content, cipher)
+
+    def lister(self) -> Callable[[dict[str, Any]], Opened]:
+        """What a listing shows of each of its rows: the entry's listing part,
+        opened under the owner's listing key (asked of the keystore once per
+        key version), one AES-GCM call and no key of its own. A row written
+        in the older format has no listing part: it is opened whole
+        (``authenticate``), as a listing always did.
+
+        The part's AAD binds every clear column a listing returns, their types
+        included (``crypto.listing_aad``), so no type check is needed here.
+        The function raises IntegrityError when the part, or a clear column it
+        is bound to, was altered.
+        """
+        keys: dict[tuple[Any, Any], ListingKey] = {}
+
+        def listed(row: dict[str, Any]) -> Opened:
+            if row["sealed_listing"] is None:
+                return self.authenticate(row)
+            version = (row["owner_user_id"], row["key_version"])
+            key = keys.get(version)
+            if key is None:
+                key = keys[version] = self._keys.listing_key(*version)
+            return Opened(row, _listing_meta(key, row))
+
+        return listed
+
+    def _listing_meta(self, row: dict[str, Any]) -> dict[str, Any]:
+        return _listing_meta(self._keys.listing_key(row["owner_user_id"], row["key_version"]), row)
+
+    def verify_row(self, row: dict[str, Any]) -> None:
+        """Authenticate an entry row and every one of its segments (``verify``).
+
+        Raises:
+            IntegrityError: the row or a segment fails authentication.
+        """
+        opened = self.authenticate(row)
+        count = int(row["segment_count"])
+        if count:
+            _fetcher(self._db, row["id"], row["owner_user_id"], opened.cipher, count)(0, count - 1)
+
+    def get(
+        self, principal: Principal, scratchpad_id: str, *, now: float | None = None, turn_id: str | None = None
+    ) -> Entry:
+        return self.open(principal, scratchpad_id, now, turn_id).entry()
+
+    def read(
+        self,
+        principal: Principal,
+        scratchpad_id: str,
+        mode: str = "head",
+        *,
+        now: float | None = None,
+        turn_id: str | None = None,
+        **args: Any,
+    ) -> dict[str, Any]:
+        """``Scratchpad.read``: part of an entry, never more than ``max_read_chars``."""
+        if mode not in read_modes.MODES:
+            raise InvalidArgumentError(f"unknown read mode {mode!r}; use one of {', '.join(read_modes.MODES)}")
+        opened = self.open(principal, scratchpad_id, now, turn_id)
+        extra = {"scratchpad_id": opened.row["id"]}
+        result = read_modes.read_fitted(opened.content, mode, cap=self.policy.max_read_chars, extra=extra, **args)
+        if self.policy.log_reads:
+            audit_log.info("read: owner=%r id=%s mode=%s", principal.owner_user_id, opened.row["id"], mode)
+        return result
+
+
+def rows_and_head(
+    db: Backend,
+    access: Access,
+    principal: Principal,
+    head: tuple[str, Params],
+    columns: str,
+    where: str,
+    params: Params,
+    tail: str = "",
+) -> tuple[Rows, Rows]:
+    """``Access.rows`` over entries (each row authorized again) and the head
+    query ``head``, read together (``Backend.queries``: one round trip on PostgreSQL)."""
+    rows, head_rows = db.queries(
+        access.rows_sql(principal, "entries", columns, where, params, tail), head, owner=principal.owner_user_id
+    )
+    for row in rows:
+        access.policy.authorize_row(principal, row)
+    return rows, head_rows
+
+
+def _listing_meta(key: ListingKey, row: dict[str, Any]) -> dict[str, Any]:
+    """What an entry's listing part holds (authenticated), with its view."""
+    meta = observation.unpack(key.open(row))
+    if not isinstance(meta, dict) or not isinstance(meta.get("view"), dict):
+        raise IntegrityError("the entry's listing part has no view")
+    return meta
+
+
+def _entry_meta(plain: bytes) -> dict[str, Any]:
+    """The metadata a format-2 entry seals under its item key (authenticated)."""
+    meta = observation.unpack(plain)
+    if not isinstance(meta, dict) or not {"shape", "rest", "counts"} <= meta.keys():
+        raise IntegrityError("the entry's metadata is incomplete")
+    return meta
+
+
+def _fetcher(
+    db: Backend, entry_id: str, owner: str, cipher: EntryCipher, count: int, only: object = None
+) -> read_modes.Fetch:
+    """The entry's segments, opened; ``only`` is the one segment of a
+    one-segment entry when it came with the entry row (``_OPEN_COLUMNS``)."""
+
+    def fetch(first: int, last: int) -> list[bytes]:
+        if count == 1 and (first, last) == (0, 0):
+            return [
+                cipher.open_segment(0, only if isinstance(only, bytes) else _only_segment(db, entry_id, owner), True)
+            ]
+        # Only the segments asked for travel from the database; the entry row
+        # they belong to was authorized and authenticated by the caller.
+        rows = db.query(
+            "SELECT seq, data FROM segments WHERE entry_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
+            (entry_id, first, last),
+            owner=owner,
+        )
+        if [row["seq"] for row in rows] != list(range(first, last + 1)):
+            raise IntegrityError("the entry's segments are missing or out of order")
+        if not all(isinstance(row["data"], bytes) for row in rows):
+            raise IntegrityError("an entry's segment is not a blob")
+        return [cipher.open_segment(row["seq"], row["data"], row["seq"] == count - 1) for row in rows]
+
+    return fetch
+
+
+def _only_segment(db: Backend, entry_id: str, owner: str) -> bytes:
+    """The sealed segment of a one-segment entry, wherever it is kept (the
+    entry row was authorized and authenticated by the caller)."""
+    rows = db.query(
+        f"SELECT {_ONLY_SEGMENT} AS data FROM entries WHERE id = ? AND owner_user_id = ?",
+        (entry_id, owner),
+        owner=owner,
+    )
+    if not rows or rows[0]["data"] is None:
+        raise IntegrityError("the entry's segments are missing or out of order")
+    if not isinstance(rows[0]["data"], bytes):
+        raise IntegrityError("an entry's segment is not a blob")
+    return rows[0]["data"]

@@ -1,0 +1,238 @@
+"""An observation made ready to store: shaped, cut into segments, indexed
+(``Prepared.of``, pure), then sealed under a fresh id and item key
+(``Prepared.seal``); what its rows cost against the quota (``row_cost``).
+The put pipeline (``entry_put``) writes what this makes.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from ...core import observation, read_modes
+from ...crypto.primitives import (
+    ENTRY_FORMAT,
+    EntryCipher,
+    Header,
+    ListingKey,
+    Wrapper,
+    seal_entry,
+    split_bytes,
+    split_text,
+)
+from ...errors import QuotaExceededError
+from ...policy import Policy
+from ...principal import Principal
+from .rows import listing_fields
+
+__all__ = ["ENTRY_ROW_OVERHEAD", "Prepared", "identifier_cost", "row_cost", "split"]
+
+
+@dataclass
+class Prepared:
+    """An observation shaped and cut into segments, before it is sealed (pure)."""
+
+    kind: str
+    shape: str
+    content: str | bytes
+    rest: dict[str, Any] | None
+    segments: list[bytes]
+    counts: list[int] | None
+    size_bytes: int
+    size_chars: int
+    breaks: list[int] | None
+    line_count: int | None
+    stored_bytes: int  # what the observation stores (max_entry_bytes); the row's cost on disk is row_cost
+    view: dict[str, Any]
+    inline_max_chars: int  # the view's bound, kept for the next-step re-seal
+
+    @classmethod
+    def of(cls, observation: Any, step_num: int, policy: Policy) -> Prepared:
+        """Raises InvalidArgumentError (not storable) or QuotaExceededError (over ``max_entry_bytes``)."""
+        max_entry_bytes = policy.max_entry_bytes
+        kind, shape, content, rest = observation.classify(observation, policy.max_json_depth)
+        segments, counts, size_chars, breaks, line_count = split(content)
+        size_bytes = sum(len(s) for s in segments)
+        # The limits count everything the observation stores: content and other fields.
+        stored_bytes = size_bytes + (len(observation.dumps(rest)) if rest else 0)
+        if stored_bytes > max_entry_bytes:
+            raise QuotaExceededError(
+                f"the observation has {stored_bytes} bytes; the policy's max_entry_bytes is {max_entry_bytes}"
+            )
+        limit = policy.inline_max_chars
+        view = observation.view(kind, step_num, size_bytes, content, rest, observation, limit)
+        return cls(
+            kind,
+            shape,
+            content,
+            rest,
+            segments,
+            counts,
+            size_bytes,
+            size_chars,
+            breaks,
+            line_count,
+            stored_bytes,
+            view,
+            limit,
+        )
+
+    def cost_bound(self, meta: dict[str, Any], owner: str, turn_id: str) -> int:
+        """More than the entry's ``row_cost`` will be (before it is sealed; ``meta``
+        from ``meta``): what a put must find spare in its turn's reservation to
+        try the shared lock."""
+        count = len(self.segments)
+        identifiers = identifier_cost(
+            "0" * 16, owner, turn_id, meta["actor"], meta["channel"], meta["executor_name"], count if count > 1 else 0
+        )
+        return self.stored_bytes + ENTRY_ROW_OVERHEAD + _SEALING_BOUND + 32 * count + identifiers
+
+    def meta(
+        self,
+        principal: Principal,
+        step_num: int,
+        executor_name: str,
+        created: float,
+        expires: float,
+        inline: tuple[Any] | None,
+    ) -> dict[str, Any]:
+        """The entry's metadata: its clear columns, what a read needs and what a
+        listing shows (``seal`` puts each where it belongs)."""
+        meta = {
+            "actor": principal.actor,
+            "channel": principal.channel,
+            "step_num": step_num,
+            "executor_name": executor_name,
+            "created_at": created,
+            "expires_at": expires,
+            "shape": self.shape,
+            "rest": self.rest,
+            "counts": self.counts,
+            "breaks": self.breaks,
+            "lines": self.line_count,
+            "view": self.view,
+        }
+        if inline is not None:
+            meta["inline"] = inline[0]
+        return meta
+
+    def seal(
+        self, wrapper: Wrapper, listing: ListingKey, version: int, owner: str, turn_id: str, meta: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[bytes], EntryCipher]:
+        """The entry's row, sealed segments and cipher under a fresh id and item
+        key (format 2): what only a read needs is sealed under the item key, what
+        a listing shows under ``listing``, the owner's listing key of ``version``,
+        bound to the clear columns (which format 1 repeated inside its metadata)."""
+        header = Header(
+            secrets.token_hex(8),
+            owner,
+            turn_id,
+            self.kind,
+            self.size_bytes,
+            self.size_chars,
+            len(self.segments),
+            version,
+            ENTRY_FORMAT,
+        )
+        inner = observation.pack({name: meta[name] for name in ("shape", "rest", "counts", "breaks", "lines")})
+        crypto_columns, sealed, cipher = seal_entry(wrapper, header, inner, self.segments)
+        row = {
+            "id": header.entry_id,
+            "owner_user_id": owner,
+            "actor": meta["actor"],
+            "channel": meta["channel"],
+            "turn_id": turn_id,
+            "step_num": meta["step_num"],
+            "executor_name": meta["executor_name"],
+            "content_kind": self.kind,
+            "size_bytes": self.size_bytes,
+            "size_chars": self.size_chars,
+            "segment_count": len(self.segments),
+            "key_version": version,
+            "created_at": meta["created_at"],
+            "expires_at": meta["expires_at"],
+            **crypto_columns,
+            # A one-segment entry's sealed segment stays in its row (no segments row).
+            "only_segment": sealed[0] if len(sealed) == 1 else None,
+        }
+        row["sealed_listing"] = listing.seal(row, observation.pack(listing_fields(meta)))
+        row["stored_bytes"] = row_cost(row, sealed)
+        return row, sealed, cipher
+
+    def restep(
+        self, row: dict[str, Any], meta: dict[str, Any], listing: ListingKey, step_num: int, observation: Any
+    ) -> None:
+        """Give the sealed ``row`` another step (``put(next_step=True)``): the
+        view names the step (its reference hint), so it is made again, and the
+        listing part, bound to the step, sealed again; the quota counts the new part."""
+        meta["step_num"] = row["step_num"] = step_num
+        meta["view"] = observation.view(
+            self.kind, step_num, self.size_bytes, self.content, self.rest, observation, self.inline_max_chars
+        )
+        before = len(row["sealed_listing"])
+        row["sealed_listing"] = listing.seal(row, observation.pack(listing_fields(meta)))
+        row["stored_bytes"] += len(row["sealed_listing"]) - before
+
+
+# What a row costs on disk besides its sealed bytes (measured: an empty entry
+# grows the file by about 990 bytes, 530 of them sealed): clear columns, index
+# entries, b-tree cells, the segment rows' keys. Counted against the quota, so
+# that empty entries, checkpoints and marks are not free.
+ENTRY_ROW_OVERHEAD = 512
+# More than an entry's sealed fields add to its content (metadata, wrapped key,
+# nonce prefix, commitment, listing part; 32 bytes a segment besides): ``cost_bound``.
+_SEALING_BOUND = 2048
+
+
+def identifier_cost(
+    entry_id: str, owner: str, turn_id: str, actor: str, channel: str, executor_name: str, segment_rows: int
+) -> int:
+    """What an entry's clear identifiers cost on disk, as UTF-8 bytes (up to
+    1 KiB each: ``MAX_IDENTIFIER_CHARS``), the most either backend stores: each
+    once in the row; again in the indexes: the id (its key), the owner and turn
+    (``entries_owner_turn``), and on PostgreSQL the owner twice more (the key
+    ``(id, owner_user_id)``, ``entries_owner_usage``); and, for an entry whose
+    segments have rows of their own (more than one segment), the id and the
+    owner twice in each (row and key). An index's pages split half full under
+    keys that do not come in order (the ids are random): its keys count one
+    and a half times (measured on PostgreSQL with 256-character identifiers:
+    3,560 bytes an entry on disk beside the sealed ones, 3,750 counted).
+    ``ENTRY_ROW_OVERHEAD`` leaves them out: with 256-character identifiers
+    they are most of a small entry's rows."""
+    size = {name: len(value.encode()) for name, value in (("id", entry_id), ("owner", owner), ("turn", turn_id))}
+    in_row = size["id"] + size["owner"] + size["turn"] + len(actor.encode()) + len(channel.encode())
+    in_row += len(executor_name.encode())
+    in_indexes = (size["id"] + 3 * size["owner"] + size["turn"]) * 3 // 2
+    return in_row + in_indexes + segment_rows * 2 * (size["id"] + size["owner"])
+
+
+def row_cost(row: dict[str, Any], sealed: list[bytes]) -> int:
+    """What an entry's rows cost on disk: its sealed bytes, its clear
+    identifiers (``identifier_cost``) and a fixed overhead. The cost is
+    computed once, at the put, and kept in the row's ``stored_bytes``, which
+    the turn's head binds: a row written under another rule keeps the cost it
+    was counted with, so the sealed totals stay the sums of their rows."""
+    sealed_bytes = sum(len(s) for s in sealed)
+    fields = sum(len(row[c]) for c in ("sealed_meta", "wrapped_key", "nonce_prefix", "commitment"))
+    fields += len(row.get("sealed_listing") or b"")
+    identifiers = identifier_cost(
+        row["id"],
+        row["owner_user_id"],
+        row["turn_id"],
+        row["actor"],
+        row["channel"],
+        row["executor_name"],
+        len(sealed) if len(sealed) > 1 else 0,
+    )
+    return sealed_bytes + fields + identifiers + ENTRY_ROW_OVERHEAD
+
+
+def split(content: str | bytes) -> tuple[list[bytes], list[int] | None, int, list[int] | None, int | None]:
+    """(segments, character counts, characters, line breaks, lines) of an entry's content."""
+    if isinstance(content, bytes):
+        return split_bytes(content), None, 0, None, None
+    segments, pieces = split_text(content)
+    counts = [len(piece) for piece in pieces]
+    breaks, line_count = read_modes.line_index(pieces)
+    return segments, counts, sum(counts), breaks, line_count

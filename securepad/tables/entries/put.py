@@ -1,0 +1,695 @@
+"""The put pipeline: an observation shaped, cut into segments and sealed
+(``crypto.seal_entry``) outside any transaction, then written in one write
+transaction that checks the step, the owner key's version and the quota.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ...crypto.primitives import EntryCipher, ListingKey, Wrapper
+from ...errors import IntegrityError, InvalidArgumentError, StoreBusyError, StoreUnavailableError
+from ...keys.keystore import NEWEST_VERSION_SQL, IfUnknown, Keystore
+from ...principal import Principal, check_identifier
+from ...storage.base import (
+    Conn,
+    DuplicateKeyError,
+    OnceWriter,
+    OutcomeUnknown,
+    OwnerLockNeeded,
+    Params,
+    Rows,
+    check_write_bound,
+)
+from ..access import Access, check_principal
+from ..heads.beside import read_with_heads, with_heads
+from ..heads.heads import Room, entry_item
+from ..heads.last_sealed import Once
+from ..records import Records
+from .listings import Listings, step_sql
+from .prepare import Prepared
+from .rows import EntryParts, check_step_num, live
+
+__all__ = ["Putter", "Shown"]
+
+# Turns whose lock hint ``Putter`` keeps (emptied when full: a lost hint costs one put the exclusive lock).
+_HINTS = 4096
+
+
+class Putter:
+    """Stores the entries of one store: ``put``, ``put_many``, ``room`` (the quota's)."""
+
+    def __init__(self, parts: EntryParts, listings: Listings) -> None:
+        self._keys, self._access = parts.keys, parts.access
+        self.dialect = parts.db.dialect
+        self.policy, self.heads, self.ttl = parts.policy, parts.heads, parts.ttl
+        self.write_now = parts.write_now
+        self.listings = listings
+        # The backend that sends a put in one message (PostgreSQL), or None.
+        self._once = parts.db if isinstance(parts.db, OnceWriter) else None
+        # The most one write may store (``Backend.write_limit_bytes``), or None.
+        self.write_limit = parts.db.write_limit_bytes
+        # The reservation (owner, turn) had left after its last put here: a
+        # hint that picks the put's lock (``put``), never trusted.
+        self._spare: dict[tuple[str, str], int] = {}
+
+    def put(
+        self,
+        principal: Principal,
+        turn_id: str,
+        step_num: int,
+        executor_name: str,
+        observation: Any,
+        ttl_seconds: int | None = None,
+        *,
+        now: float | None = None,
+        inline: tuple[Any] | None = None,
+        free_step: bool = False,
+        next_step: bool = False,
+    ) -> dict[str, Any]:
+        """Store an observation (see ``Scratchpad.put``), keeping (sealed) what a
+        turn showed the model: ``inline`` is ``(item,)`` when the observation
+        went into the history itself. With ``free_step``, the write transaction
+        refuses a step that a live entry of the turn in the principal's scope already has.
+        With ``next_step`` too (and no ``inline``), ``step_num`` is only a guess:
+        the write transaction, which serializes the owner's writes, gives the
+        entry the step after the turn's highest live one in the principal's
+        scope (sealing its metadata again when the guess was not that), so
+        concurrent writers never collide; the returned view has the step taken.
+        The steps of one put are ``_Put``'s."""
+        if next_step and (inline is not None or not free_step):
+            raise InvalidArgumentError("next_step needs free_step and no inline item")
+        check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        check_identifier("executor_name", executor_name)
+        check_step_num(step_num)
+        ttl = self.ttl(ttl_seconds)
+        prepared = Prepared.of(observation, step_num, self.policy)
+        check_write_size([(prepared, executor_name)], principal, turn_id, self.write_limit, "entry")
+        created = self.write_now(now)
+        meta = prepared.meta(principal, step_num, executor_name, created, created + ttl, inline)
+        # A given step's look goes into the version-and-quota statement (``_quota_sql``).
+        step = step_sql(self._access, principal, turn_id, step_num) if free_step and not next_step else None
+        one = _Put(self, self._keys, principal, turn_id, observation, prepared, meta, step, next_step)
+        owner = principal.owner_user_id
+        # In one message when this process sealed the turn's head last (``_Put.once``);
+        # else under the owner's shared lock when the turn had room at its last put here
+        # (``heads``: a put within its turn's reservation), or its exclusive lock.
+        done = one.once(self._once) if self._once is not None else None
+        bound = prepared.cost_bound(meta, owner, turn_id)
+        entry_id, spare = done or one.written(shared=self._spare.get((owner, turn_id), 0) >= bound)
+        if len(self._spare) >= _HINTS:
+            self._spare.clear()
+        self._spare[(owner, turn_id)] = spare
+        return {"ok": True, "scratchpad_id": entry_id, **meta["view"]}
+
+    def put_many(
+        self,
+        principal: Principal,
+        turn_id: str,
+        items: Any,
+        ttl_seconds: int | None = None,
+        *,
+        now: float | None = None,
+        shown: Shown | None = None,
+    ) -> list[dict[str, Any]]:
+        """Store several observations in one transaction, all or nothing (see
+        ``Scratchpad.put_many``); with ``shown``, the steps are chosen (see ``_Batch``)."""
+        return _Batch(self, self._keys, self._access, principal, turn_id, shown).put(items, ttl_seconds, now)
+
+    def room(
+        self,
+        conn: Conn,
+        owner: str,
+        version: int,
+        now: float,
+        what: str,
+        found: dict[str, Any] | None = None,
+        *,
+        records_adding: int = 0,
+        unsent: int = 0,
+    ) -> Room:
+        """Inside the owner's write transaction: refuse a write sealed under
+        owner-key ``version`` when that is no longer the newest
+        (``StaleOwnerKey``, which the keystore's retry takes), and what the
+        owner's quota leaves for what the write adds: ``Heads.change`` reserves
+        it, or refuses (``head_owner``). ``found`` is the row of ``_quota_sql``
+        when the caller read it already; ``records_adding``, the cost of a
+        checkpoint or mark the write adds (``what``: ``record``); ``unsent``, the
+        stored bytes of an entry the write inserts but has not sent yet (``put``:
+        its insert goes with the heads' upsert), which the live entries' sum adds.
+
+        Entries count what their row costs on disk (``entry_shape.row_cost``), and so do
+        the owner's live checkpoints and compaction marks (``Records.used_sql``:
+        a turn keeps few), which the quota counts beside the entries' reservations."""
+        if found is None:
+            found = conn.query(*_quota_sql(owner, now))[0]
+        Keystore.check_newest(found["newest"], version)
+
+        def live() -> int:
+            rows = conn.query(
+                "SELECT CAST(COALESCE(SUM(stored_bytes), 0) AS BIGINT) AS used FROM entries"
+                " WHERE owner_user_id = ? AND expires_at > ?",
+                (owner, now),
+            )
+            return int(rows[0]["used"]) + unsent
+
+        return Room(self.policy.owner_quota_bytes, int(found["used"]), live, what, records_adding)
+
+
+def check_write_size(
+    prepared: list[tuple[Prepared, str]], principal: Principal, turn_id: str, limit: int | None, what: str
+) -> None:
+    """Refuse, before anything is written, a write whose entries (each with its
+    executor's name) could take more than ``limit`` bytes
+    (``Backend.write_limit_bytes``) in one transaction.
+
+    Raises:
+        QuotaExceededError: over the limit.
+    """
+    if limit is None:
+        return
+    owner = principal.owner_user_id
+    # What ``Prepared.cost_bound`` reads of an entry's metadata: its clear identifiers.
+    names = {"actor": principal.actor, "channel": principal.channel}
+    size = sum(p.cost_bound({**names, "executor_name": executor}, owner, turn_id) for p, executor in prepared)
+    check_write_bound(size, limit, what)
+
+
+def _quota_sql(
+    owner: str, now: float, step: tuple[str, Params] | None = None, *, records: bool = True
+) -> tuple[str, Params]:
+    """``room``'s one query: the owner's newest key version and its live
+    records' cost; with ``step`` (``step_sql``), also the latest expiry of the
+    entries in the principal's scope that have the step (``step_expires``, NULL
+    for none). The reservations are in the heads, read beside it
+    (``Heads.select_sql``); each sub-query here costs the server an executor
+    node's start-up on every put, so it holds only what is read:
+    without ``records`` (a put under the owner's shared lock, which cannot
+    grant a reservation, so never checks the quota: ``Heads.change``) the
+    records' cost is left out (``used`` NULL)."""
+    used, params = Records.used_sql(owner, now) if records else ("NULL", ())
+    sql = f"SELECT {NEWEST_VERSION_SQL} AS newest, {used} AS used"
+    if step is None:
+        return sql, (owner, *params)
+    return f"{sql}, (SELECT MAX(expires_at) FROM ({step[0]}) AS taken) AS step_expires", (owner, *params, *step[1])
+
+
+def _maybe_stored(
+    entry_ids: list[str], why: str, *, sent: str = "the put's one message", chosen: bool = False
+) -> StoreUnavailableError:
+    """The error of a write whose outcome is unknown: ``sent`` (its one message,
+    ``_Put.once``, or its COMMIT) was sent, then its connection was lost and
+    nothing could tell. ``chosen``: the library chose the steps, so writing
+    the same observations again would store them twice if they were stored."""
+    named = ", ".join(repr(entry_id) for entry_id in entry_ids)
+    several = len(entry_ids) > 1
+    what = f"entries {named}: get those ids" if several else f"entry {named}: get that id"
+    if chosen:
+        again = (
+            "before writing the same again: the library takes the next steps, so a second write would store it twice"
+        )
+    elif several:
+        again = "putting the same steps again is refused if they were stored"
+    else:
+        again = "putting the same step again is refused if it was stored"
+    return StoreUnavailableError(
+        f"{why.removesuffix('; try again')}; {sent} had been sent, so it may be stored as {what} to know ({again})",
+        maybe_stored=tuple(entry_ids),
+    )
+
+
+def _if_unknown(owner: str, chosen: bool) -> IfUnknown[_SealedOne]:
+    """A put whose COMMIT's answer was lost (``Keystore.write_current``): its entry is looked up by id."""
+    return IfUnknown(
+        lambda conn, sealed: bool(conn.query(*_landed_sql(owner, str(sealed[0]["id"])))),
+        lambda sealed, why: _maybe_stored([str(sealed[0]["id"])], why, sent="the put's COMMIT", chosen=chosen),
+    )
+
+
+def _landed_sql(owner: str, entry_id: str) -> tuple[str, Params]:
+    """Whether ``_Put.once``'s entry is stored (``landed``): its id is random, and
+    the statement that inserted it rewrote the turn's head too; another writer
+    may have changed the head since, so the entry tells, not the head."""
+    return "SELECT id FROM entries WHERE id = ? AND owner_user_id = ?", (entry_id, owner)
+
+
+# ``_Put.once``'s condition that a given step is free (``step_sql``, then ``live``'s bound).
+_STEP_FREE = "NOT EXISTS (SELECT 1 FROM ({step}) AS taken WHERE expires_at > ?)"
+
+
+def _taken(found: dict[str, Any]) -> list[dict[str, Any]]:
+    """The step's look, from the version-and-quota row: its latest expiry, as a row for ``live``."""
+    return [] if found["step_expires"] is None else [{"expires_at": found["step_expires"]}]
+
+
+# One put's sealed entry: its row, its sealed segments, its cipher.
+_SealedOne = tuple[dict[str, Any], list[bytes], EntryCipher]
+
+
+class _Put:
+    """One ``Putter.put``, its observation shaped (``Prepared``) and its
+    metadata made: sealed outside any transaction (``seal``), then written in
+    the owner's write transaction (``write``) in three steps, each readable
+    alone: what it reads (``reads``: one statement with BEGIN), what it
+    decides from that (``check``), what it writes (``insert``); a next-step
+    put takes its step first (``take_next_step``).
+
+    ``Keystore.write_current`` runs ``seal`` and ``write`` again when a
+    rotation made the key version stale or an id collided; ``Putter.put``
+    runs the whole (``attempt``) again under the owner's exclusive lock when
+    the shared lock was not enough (``OwnerLockNeeded``). What is derived per
+    key version (the content identity, the listing key) is kept across them."""
+
+    def __init__(
+        self,
+        putter: Putter,
+        keys: Keystore,
+        principal: Principal,
+        turn_id: str,
+        observation: Any,
+        prepared: Prepared,
+        meta: dict[str, Any],
+        step: tuple[str, Params] | None,
+        next_step: bool,
+    ) -> None:
+        self.putter, self.keys, self.principal, self.turn_id = putter, keys, principal, turn_id
+        self.owner = principal.owner_user_id
+        self.observation, self.prepared, self.meta = observation, prepared, meta
+        self.step_num, self.created = meta["step_num"], meta["created_at"]  # the step given (or guessed)
+        self.step, self.next_step = step, next_step  # ``step``: the given step's look (``step_sql``), or None
+        self.shared = False  # this attempt holds the owner's lock shared (``attempt``)
+        self.identities: dict[int, str] = {}
+        self.listings: dict[int, ListingKey] = {}
+        # ``once``'s entry when its statement wrote nothing: the first ``seal`` of its version reuses it.
+        self.kept: tuple[int, _SealedOne] | None = None
+        # ``once``'s statement when its connection failed after sending it, with its entry's id.
+        self.landed: tuple[Once, str] | None = None
+
+    def attempt(self, shared: bool) -> tuple[str, int]:
+        """Seal and write under the owner's lock, ``shared`` (the turn's lock
+        exclusive: ``write_current(turn=...)``) or exclusive; the entry's id,
+        and the turn's reservation left unused (``Heads.change``).
+
+        Raises:
+            OwnerLockNeeded: ``shared``, and the turn's reservation did not cover the entry.
+        """
+        self.shared = shared
+        return self.keys.write_current(
+            self.owner,
+            self.seal,
+            self.write,
+            attempts=5,
+            busy="could not store the entry: its id or owner key kept changing; try again",
+            prefetch=[*self.reads(), *([_landed_sql(self.owner, self.landed[1])] if self.landed is not None else [])],
+            turn=self.turn_id if shared else None,
+            unknown=_if_unknown(self.owner, self.next_step),
+        )
+
+    def written(self, shared: bool) -> tuple[str, int]:
+        """``attempt`` under the owner's shared lock when ``shared`` (a hint),
+        under its exclusive lock when that was not enough.
+
+        Raises:
+            StoreUnavailableError: as ``attempt``; and when ``once``'s connection
+                broke after sending it (``landed``) and this attempt failed too,
+                naming the entry that may be stored.
+        """
+        try:
+            try:
+                return self.attempt(shared)
+            except OwnerLockNeeded:
+                return self.attempt(shared=False)
+        except (StoreBusyError, StoreUnavailableError) as exc:
+            if self.landed is None:
+                raise
+            raise _maybe_stored([self.landed[1]], str(exc)) from None
+
+    def once(self, db: OnceWriter) -> tuple[str, int] | None:
+        """The put in one message (PostgreSQL), when this process
+        sealed the turn's head last: the entry sealed, the next head sealed
+        from the recorded one (``Heads.change_once``), and one statement that
+        writes both only if the stored head is still the recorded one and the
+        key version the newest (``OnceWriter.write_once``); ``attempt``'s
+        answer, or None when it did not write. Then ``attempt`` runs: with the
+        entry sealed here (``kept``) when the statement wrote nothing, or
+        looking first for that entry (``landed``) when the connection failed
+        after sending it, so that a put is never stored twice.
+
+        A given step's look goes into the statement (it writes nothing when the
+        step is taken; ``attempt`` then refuses it). Not for a step taken
+        (``next_step``: its look needs the transaction), an entry of more than
+        one segment (its segment rows follow it), or a write that must add the
+        pending wrap counts (``Keystore.flush_due``).
+
+        Raises:
+            StoreBusyError: the turn's locks were not obtained in time.
+            StoreUnavailableError: the server cannot be reached or refused the
+                statement (nothing written); or the call was cut at its deadline
+                once the message was sent, naming the entry that may be stored.
+        """
+        heads, owner, turn_id = self.putter.heads, self.owner, self.turn_id
+        if self.next_step or len(self.prepared.segments) > 1:
+            return None
+        if not heads.last.has(owner, turn_id):
+            return None
+        version, wrapper = self.keys.current(owner)
+        if self.keys.flush_due(owner, version):  # as ``write_current`` decides it: that put writes them
+            return None
+        try:
+            sealed = self.seal(version, wrapper)
+        except IntegrityError:  # a rotation retired the version: ``attempt`` finds out
+            return None
+        row = sealed[0]
+        insert = (f"INSERT INTO entries({', '.join(row)}) SELECT {', '.join('?' * len(row))}", tuple(row.values()))
+        # A given step: free when its look (``step_sql``) finds no live entry, as ``check``'s.
+        free = None if self.step is None else (_STEP_FREE.format(step=self.step[0]), (*self.step[1], self.created))
+        once = heads.change_once(
+            owner, turn_id, lambda head: head.add("e", row["id"], entry_item(row)), (version, wrapper), insert, free
+        )
+        if once is None:
+            self.kept = (version, sealed)
+            return None
+        self.keys.count_wraps_later(owner, version)  # the entry's key, sent: counted whether or not it lands
+        try:
+            written = db.write_once(owner, turn_id, once.sql, once.params)
+        except DuplicateKeyError:
+            return None  # its id was taken: ``attempt`` seals it again under another
+        except OutcomeUnknown as exc:
+            raise _maybe_stored([str(row["id"])], str(exc)) from None
+        if written == 1:
+            heads.last.record(owner, turn_id, once.head)
+            return str(row["id"]), once.spare
+        if written is None:
+            self.landed = (once, str(row["id"]))
+        self.kept = (version, sealed)
+        return None
+
+    def seal(self, version: int, wrapper: Wrapper) -> _SealedOne:
+        """The entry sealed under owner-key ``version`` (``Prepared.seal``), with
+        its content identity; ``once``'s entry when it is of ``version`` and unsent."""
+        if self.kept is not None and self.kept[0] == version:
+            sealed, self.kept = self.kept[1], None
+            return sealed
+        if version not in self.identities:
+            identity = self.keys.identity(self.owner, version)
+            self.identities[version] = identity.of(self.prepared.kind, self.prepared.segments)
+        self.meta["content_id"] = self.identities[version]
+        self.listings[version] = self.keys.listing_key(self.owner, version)  # for a re-step inside the write, too
+        return self.prepared.seal(wrapper, self.listings[version], version, self.owner, self.turn_id, self.meta)
+
+    def write(self, conn: Conn, sealed: _SealedOne) -> tuple[str, int]:
+        """Inside the owner's write transaction: (``next_step``) take the next
+        step, read, decide, write; ``attempt``'s answer."""
+        row, segments, _ = sealed
+        if self.next_step:
+            self.take_next_step(conn, row)
+        found, head_rows = read_with_heads(conn, self.reads())
+        if self.landed is not None and conn.query(*_landed_sql(self.owner, self.landed[1])):
+            # ``once`` was applied before its connection failed: its entry is stored (with its head, in one statement).
+            once, entry_id = self.landed
+            if any(head["turn_id"] == self.turn_id and head["sealed"] == once.head.sealed for head in head_rows):
+                self.putter.heads.last.record(self.owner, self.turn_id, once.head)
+            return entry_id, once.spare
+        room = self.check(conn, found, row)
+        return str(row["id"]), self.insert(conn, row, segments, room, head_rows)
+
+    def reads(self) -> list[tuple[str, Params]]:
+        """The write's reads, announced with BEGIN (``Conn.prefetch``): one
+        statement reads the key version, the quota (not under the shared lock:
+        ``_quota_sql``), (free_step) the step and (PostgreSQL) the turn's heads
+        (``head_beside``)."""
+        quota = _quota_sql(self.owner, self.created, self.step, records=not self.shared)
+        return with_heads(self.putter.dialect, quota, self.owner, self.turn_id)
+
+    def take_next_step(self, conn: Conn, row: dict[str, Any]) -> None:
+        """``next_step``: the step after the turn's highest live one in the
+        principal's scope, looked up now that the transaction serializes the
+        owner's writes; the row's listing part sealed again when the guess
+        was not it (``Prepared.restep``)."""
+        taken = self.putter.listings.last_step(self.principal, self.turn_id, self.created, conn) + 1
+        check_step_num(taken)
+        if taken != row["step_num"]:
+            self.prepared.restep(row, self.meta, self.listings[row["key_version"]], taken, self.observation)
+
+    def check(self, conn: Conn, found: dict[str, Any], row: dict[str, Any]) -> Room | None:
+        """What the reads decide: the step is still free (``free_step``), the
+        row's key version is the newest, and, under the exclusive lock, the
+        quota's room, which ``Heads.change`` reserves. Under the shared lock
+        there is no quota to check: the entry must fit in its turn's
+        reservation, or ``change`` raises ``OwnerLockNeeded``.
+
+        Raises:
+            InvalidArgumentError: the step is taken.
+            QuotaExceededError: the owner's quota has no room (``room``).
+        """
+        if self.step is not None:  # the step's look came with the version-and-quota statement
+            self.putter.listings.check_step_free(
+                self.principal, self.turn_id, self.step_num, self.created, conn, taken=_taken(found)
+            )
+        if self.shared:
+            Keystore.check_newest(found["newest"], row["key_version"])
+            return None
+        return self.putter.room(
+            conn, self.owner, row["key_version"], self.created, "entry", found, unsent=row["stored_bytes"]
+        )
+
+    def insert(self, conn: Conn, row: dict[str, Any], segments: list[bytes], room: Room | None, head_rows: Rows) -> int:
+        """The entry's insert, sent with the turn head's upsert (``Heads.change``:
+        one statement on PostgreSQL), then its segments (after their entry);
+        the turn's reservation left unused."""
+        spare = self.putter.heads.change(
+            conn,
+            self.owner,
+            self.turn_id,
+            lambda head: head.add("e", row["id"], entry_item(row)),
+            row["key_version"],
+            room=room,
+            turn_only=self.shared,
+            rows=head_rows,
+            insert=(
+                f"INSERT INTO entries({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                tuple(row.values()),
+            ),
+        )
+        _insert_segments(conn, [row], [segments])
+        return spare
+
+
+# What ``Turn.record_many`` shows the model of an observation at a step:
+# ``(history item,)``, or None for the view.
+Shown = Callable[[Any, int], tuple[Any] | None]
+# A batch sealed: its rows, each row's sealed segments, each row's metadata.
+_Sealed = tuple[list[dict[str, Any]], list[list[bytes]], list[dict[str, Any]]]
+
+
+class _Batch:
+    """One ``put_many``: every observation checked and sealed first, then one
+    write transaction that checks each step, the key version and the quota of
+    the whole batch, and inserts every row (a failure stores none).
+
+    With ``shown`` (``Turn.record_many``), items are ``(executor_name,
+    observation)`` and take the steps after the turn's highest live one,
+    consecutively: read before sealing (the history item may name its step)
+    and checked again inside the transaction; another writer that took one
+    meanwhile makes the batch seal again (``write_current``'s retry)."""
+
+    def __init__(
+        self,
+        entries: Putter,
+        keys: Keystore,
+        access: Access,
+        principal: Principal,
+        turn_id: str,
+        shown: Shown | None,
+    ) -> None:
+        check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        self.entries, self.keys, self.access = entries, keys, access
+        self.principal, self.turn_id, self.shown = principal, turn_id, shown
+
+    def _items(self, items: Any) -> list[tuple[int, str, Any]]:
+        """The items as (step, executor, observation), validated (steps to choose are -1)."""
+        width = 2 if self.shown is not None else 3
+        if isinstance(items, str | bytes | dict) or not hasattr(items, "__iter__"):
+            raise InvalidArgumentError("items must be a sequence of tuples")
+        checked: list[tuple[int, str, Any]] = []
+        for item in items:
+            if not isinstance(item, tuple | list) or len(item) != width:
+                raise InvalidArgumentError(f"each item must be a tuple of {width} values, not {item!r:.80}")
+            step, executor, observation = (-1, *item) if width == 2 else item
+            if width == 3:
+                check_step_num(step)
+            check_identifier("executor_name", executor)
+            checked.append((step, executor, observation))
+        steps = [step for step, _, _ in checked]
+        if width == 3 and len(set(steps)) != len(steps):
+            raise InvalidArgumentError("a batch gives one step twice")
+        return checked
+
+    def put(self, items: Any, ttl_seconds: int | None, now: float | None) -> list[dict[str, Any]]:
+        """The batch's views (with ``shown``, each item the model was shown
+        instead, where there is one): validated and shaped, then sealed
+        (``seal``, again on each retry) and written (``_write``) by
+        ``Keystore.write_current``."""
+        checked = self._items(items)
+        ttl = self.entries.ttl(ttl_seconds)
+        created = self.entries.write_now(now)
+        if not checked:
+            return []
+        owner = self.principal.owner_user_id
+        policy = self.entries.policy
+        fixed = [Prepared.of(obs, step, policy) for step, _, obs in checked] if self.shown is None else []
+        limit = self.entries.write_limit
+        executors = [executor for _, executor, _ in checked]
+        # Chosen steps (``shown``): checked in ``seal``, once shaped.
+        check_write_size(list(zip(fixed, executors, strict=False)), self.principal, self.turn_id, limit, "batch")
+        identities: dict[tuple[int, int], str] = {}
+        shown_items: list[tuple[Any] | None] = []
+
+        def seal(version: int, wrapper: Wrapper) -> _Sealed:
+            shown_items.clear()
+            steps, prepared = self._steps(checked, fixed, created)
+            rows: list[dict[str, Any]] = []
+            segments: list[list[bytes]] = []
+            metas: list[dict[str, Any]] = []
+            if self.shown is not None:
+                check_write_size(
+                    list(zip(prepared, executors, strict=True)), self.principal, self.turn_id, limit, "batch"
+                )
+            listing = self.keys.listing_key(owner, version)
+            for index, (step, (_, executor, obs), prep) in enumerate(zip(steps, checked, prepared, strict=True)):
+                inline = self.shown(obs, step) if self.shown is not None else None
+                shown_items.append(inline)
+                meta = prep.meta(self.principal, step, executor, created, created + ttl, inline)
+                if (version, index) not in identities or self.shown is not None:
+                    identities[(version, index)] = self.keys.identity(owner, version).of(prep.kind, prep.segments)
+                meta["content_id"] = identities[(version, index)]
+                row, sealed, _ = prep.seal(wrapper, listing, version, owner, self.turn_id, meta)
+                rows.append(row)
+                segments.append(sealed)
+                metas.append(meta)
+            return rows, segments, metas
+
+        rows, _, metas = self.keys.write_current(
+            owner,
+            seal,
+            lambda conn, sealed: self._write(conn, sealed, created),
+            attempts=5,
+            count=len(checked),
+            prefetch=self._prefetch(created, [step for step, _, _ in checked]),
+            busy="could not store the batch: its ids, steps or owner key kept changing; try again",
+            unknown=IfUnknown(self._landed, self._maybe_stored),
+        )
+        views = [
+            {"ok": True, "scratchpad_id": row["id"], **meta["view"]} for row, meta in zip(rows, metas, strict=True)
+        ]
+        if self.shown is None:
+            return views
+        return [view if inline is None else inline[0] for view, inline in zip(views, shown_items, strict=True)]
+
+    def _landed(self, conn: Conn, sealed: _Sealed) -> bool:
+        """Whether the batch's entries are stored (one transaction wrote all or none)."""
+        ids = [row["id"] for row in sealed[0]]
+        found = conn.query(
+            f"SELECT id FROM entries WHERE owner_user_id = ? AND id IN ({', '.join('?' * len(ids))})",
+            (self.principal.owner_user_id, *ids),
+        )
+        return bool(found)
+
+    def _maybe_stored(self, sealed: _Sealed, why: str) -> StoreUnavailableError:
+        """The error of a batch whose COMMIT's answer was lost and could not be looked up."""
+        ids = [str(row["id"]) for row in sealed[0]]
+        return _maybe_stored(ids, why, sent="the batch's COMMIT", chosen=self.shown is not None)
+
+    def _steps(
+        self, checked: list[tuple[int, str, Any]], fixed: list[Prepared], now: float
+    ) -> tuple[list[int], list[Prepared]]:
+        """The items' steps and shaped observations, before each seal: the
+        caller's steps (shaped once, ``fixed``), or (``shown``) the steps after
+        the turn's highest live one, read again each time (the observations
+        shaped again: a view names its step)."""
+        if self.shown is None:
+            return [step for step, _, _ in checked], fixed
+        first = self.entries.listings.last_step(self.principal, self.turn_id, now) + 1
+        steps = list(range(first, first + len(checked)))
+        check_step_num(steps[-1])
+        policy = self.entries.policy
+        return steps, [Prepared.of(obs, step, policy) for step, (_, _, obs) in zip(steps, checked, strict=True)]
+
+    def _write(self, conn: Conn, sealed: _Sealed, now: float) -> _Sealed:
+        """Inside the owner's write transaction: refuse taken steps, read the
+        key version, the quota and the turn's heads (``head_beside``), check
+        the quota's room, insert every row, then the heads' change (``Heads.change``)."""
+        rows, segments, _ = sealed
+        owner = self.principal.owner_user_id
+        self._check_steps(conn, [row["step_num"] for row in rows], now)
+        version = rows[0]["key_version"]
+        found, head_rows = read_with_heads(conn, self._reads(now))
+        room = self.entries.room(conn, owner, version, now, "batch", found)
+        columns = list(rows[0])
+        conn.executemany(
+            f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+            [tuple(row[c] for c in columns) for row in rows],
+        )
+        _insert_segments(conn, rows, segments)
+        self.entries.heads.change(
+            conn,
+            owner,
+            self.turn_id,
+            lambda head: head.add_all("e", ((r["id"], entry_item(r)) for r in rows)),
+            version,
+            room=room,
+            rows=head_rows,
+        )
+        return sealed
+
+    def _prefetch(self, now: float, steps: list[int]) -> list[tuple[str, Params]]:
+        """The write's reads, sent with the transaction's first message
+        (PostgreSQL: one round trip): the quota with the turn's heads and, when the
+        caller gave the steps (chosen ones are known only once sealed), the steps."""
+        reads = self._reads(now)
+        return reads if self.shown is not None else [*reads, self._steps_sql(steps)]
+
+    def _reads(self, now: float) -> list[tuple[str, Params]]:
+        """The quota's row and the turn's heads (one statement on PostgreSQL: ``head_beside``)."""
+        owner = self.principal.owner_user_id
+        return with_heads(self.entries.dialect, _quota_sql(owner, now), owner, self.turn_id)
+
+    def _steps_query(self, steps: list[int]) -> tuple[str, str, str, Params]:
+        """``_check_steps``'s query, as ``Access.rows`` and ``rows_sql`` take it."""
+        where = f"turn_id = ? AND step_num IN ({', '.join('?' * len(steps))})"
+        return "entries", "step_num, expires_at", where, (self.turn_id, *steps)
+
+    def _steps_sql(self, steps: list[int]) -> tuple[str, Params]:
+        """``_check_steps``'s query (for ``Conn.prefetch``)."""
+        return self.access.rows_sql(self.principal, *self._steps_query(steps))
+
+    def _check_steps(self, conn: Conn, steps: list[int], now: float) -> None:
+        """Inside the write: refuse steps a live entry of the turn in the
+        principal's scope has (chosen steps: seal again, another writer took one)."""
+        rows = self.access.rows(self.principal, *self._steps_query(steps), conn=conn)
+        taken = sorted(row["step_num"] for row in live(rows, now))
+        if taken and self.shown is not None:
+            raise DuplicateKeyError
+        if taken:
+            raise InvalidArgumentError(f"step {taken[0]} is already recorded in turn {self.turn_id!r}")
+        if (
+            self.shown is not None
+            and self.entries.listings.last_step(self.principal, self.turn_id, now, conn) >= steps[0]
+        ):
+            raise DuplicateKeyError  # a higher step appeared: these are no longer the next ones
+
+
+def _insert_segments(conn: Conn, rows: list[dict[str, Any]], segments: list[list[bytes]]) -> None:
+    """Insert the segments rows of entries of more than one segment (a
+    one-segment entry carries its segment in ``only_segment``)."""
+    values = [
+        (row["id"], seq, data)
+        for row, parts in zip(rows, segments, strict=True)
+        if len(parts) > 1
+        for seq, data in enumerate(parts)
+    ]
+    if values:
+        conn.executemany("INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)", values)

@@ -1,0 +1,216 @@
+"""An entry's row: its clear columns and their types, the entry as the caller
+gets it (``Entry``) and as the layers pass it on (``Opened``), the checks
+shared by the entries modules, and ``EntryParts``, the parts they are built from.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ...core import observation, read_modes
+from ...core.timeline import Timeline, check_now
+from ...crypto.primitives import EntryCipher
+from ...errors import IntegrityError, InvalidArgumentError
+from ...keys.keystore import Keystore
+from ...policy import Policy
+from ...storage.base import Backend
+from ..access import Access
+from ..heads.heads import Heads
+
+__all__ = [
+    "COLUMNS",
+    "ID_RE",
+    "Entry",
+    "EntryParts",
+    "Opened",
+    "Readable",
+    "check_now",
+    "check_row_types",
+    "check_step_num",
+    "listing_fields",
+    "live",
+]
+
+ID_RE = re.compile(r"[0-9a-f]{16}")
+COLUMNS = (
+    "id, turn_id, step_num, executor_name, content_kind, size_bytes,"
+    " size_chars, segment_count, key_version, created_at, expires_at, wrapped_key, nonce_prefix,"
+    " commitment, sealed_meta, stored_bytes, sealed_listing"
+)
+# The type every clear column of an entry must have; SQLite's dynamic typing
+# would let an edited file hand us a string where the code expects a number.
+_COLUMN_TYPES: dict[str, type | tuple[type, ...]] = {
+    "id": str,
+    "owner_user_id": str,
+    "actor": str,
+    "channel": str,
+    "turn_id": str,
+    "step_num": int,
+    "executor_name": str,
+    "content_kind": str,
+    "size_bytes": int,
+    "size_chars": int,
+    "segment_count": int,
+    "key_version": int,
+    "created_at": (float, int),
+    "expires_at": (float, int),
+    "wrapped_key": bytes,
+    "nonce_prefix": bytes,
+    "commitment": bytes,
+    "sealed_meta": bytes,
+    "stored_bytes": int,
+    "sealed_listing": (bytes, type(None)),  # None: a row written before the listing part
+}
+# What a listing part holds (``listing_fields``); the rest of the metadata
+# (shape, other fields, segment and line index) is sealed under the item key.
+_LISTING_FIELDS = ("view", "content_id", "inline")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A whole stored observation, as returned by ``Scratchpad.get``."""
+
+    scratchpad_id: str
+    owner_user_id: str
+    actor: str
+    channel: str
+    turn_id: str
+    step_num: int
+    executor_name: str
+    kind: str
+    size_bytes: int
+    size_chars: int
+    created_at: float
+    expires_at: float
+    observation: Any
+    view: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Opened:
+    """An authorized, authenticated entry as a listing shows it: its clear row
+    and what its listing part holds (``view``, ``content_id``, and ``inline``,
+    the history item, when the observation went into the history itself). Its
+    content is still sealed, and no key of its own was used (``Readable`` has those)."""
+
+    row: dict[str, Any]
+    meta: dict[str, Any]
+
+    def view(self) -> dict[str, Any]:
+        return {"ok": True, "scratchpad_id": self.row["id"], **self.meta["view"]}
+
+
+@dataclass(frozen=True)
+class Readable(Opened):
+    """An entry opened with its own item key: ``meta`` also has its shape,
+    other fields and segment index, and ``content`` reads its segments."""
+
+    content: read_modes.SegmentedContent
+    cipher: EntryCipher
+
+    def entry(self) -> Entry:
+        """The whole entry, its observation rebuilt."""
+        row, meta = self.row, self.meta
+        whole = self.content.slice(0, self.content.size)
+        return Entry(
+            scratchpad_id=row["id"],
+            owner_user_id=row["owner_user_id"],
+            actor=row["actor"],
+            channel=row["channel"],
+            turn_id=row["turn_id"],
+            step_num=row["step_num"],
+            executor_name=row["executor_name"],
+            kind=row["content_kind"],
+            size_bytes=row["size_bytes"],
+            size_chars=row["size_chars"],
+            created_at=row["created_at"],
+            expires_at=row["expires_at"],
+            observation=observation.rebuild(meta["shape"], whole, meta["rest"]),
+            view=self.view(),
+        )
+
+
+def listing_fields(meta: dict[str, Any]) -> dict[str, Any]:
+    """The part of an entry's metadata that its listing part holds."""
+    return {name: meta[name] for name in _LISTING_FIELDS if name in meta}
+
+
+@dataclass(frozen=True)
+class EntryParts:
+    """What the entries modules are built from (never a ``Scratchpad``)."""
+
+    db: Backend
+    keys: Keystore
+    access: Access
+    policy: Policy
+    timeline: Timeline
+    heads: Heads
+
+    def now(self, now: float | None) -> float:
+        """The time a read decides expiry at: ``now`` (validated) or the clock's
+        (never before a time the store already reported an entry expired at).
+
+        Raises:
+            InvalidArgumentError: ``now`` is not a finite number of seconds.
+        """
+        return self.timeline.read_time(now)
+
+    def write_now(self, now: float | None) -> float:
+        """The time a write seals or gc collects at: ``now`` (at most the
+        policy's ``max_clock_skew_seconds`` past the clock) or the clock's.
+
+        Raises:
+            InvalidArgumentError: ``now`` is not a finite number of seconds, or
+                is too far past the clock.
+        """
+        return self.timeline.write_time(now)
+
+    def ttl(self, ttl_seconds: int | None) -> int:
+        """The policy's default, or ``ttl_seconds`` checked against its maximum.
+
+        Raises:
+            InvalidArgumentError: not a positive integer, or above ``max_ttl_seconds``.
+        """
+        if ttl_seconds is None:
+            return self.policy.default_ttl_seconds
+        if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int) or ttl_seconds <= 0:
+            raise InvalidArgumentError(f"ttl_seconds must be a positive integer, not {ttl_seconds!r}")
+        if ttl_seconds > self.policy.max_ttl_seconds:
+            raise InvalidArgumentError(
+                f"ttl_seconds {ttl_seconds} exceeds the policy's max_ttl_seconds ({self.policy.max_ttl_seconds})"
+            )
+        return ttl_seconds
+
+
+def check_step_num(step_num: object) -> None:
+    if isinstance(step_num, bool) or not isinstance(step_num, int) or not 0 <= step_num < 2**31:
+        raise InvalidArgumentError(f"step_num must be an integer from 0 to 2**31-1, not {step_num!r}")
+
+
+def check_row_types(row: dict[str, Any]) -> None:
+    """Raises IntegrityError when a clear column holds a value of the wrong type."""
+    for column, expected in _COLUMN_TYPES.items():
+        if column in row and not isinstance(row[column], expected):
+            raise IntegrityError(f"the entry's clear {column} has the wrong type")
+
+
+def live(rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """The rows that expire after ``now``.
+
+    Filtered here rather than by ``expires_at > ?`` in the query: given that
+    range, SQLite (which has no statistics unless ANALYZE ran) walked
+    ``entries_owner_usage`` (on PostgreSQL still there; on SQLite gone since
+    schema 6), every live entry of the owner, instead of the turn's part of
+    ``entries_owner_turn``, and a turn's lookups grew with all of the owner's turns.
+
+    Raises:
+        IntegrityError: a clear expiry that is not a number (such a row used
+            to pass ``expires_at > ?``, as text sorts after numbers, and fail
+            authentication: the outcome is the same).
+    """
+    for row in rows:
+        if not isinstance(row["expires_at"], float | int):
+            raise IntegrityError("the entry's clear expires_at has the wrong type")
+    return [row for row in rows if row["expires_at"] > now]

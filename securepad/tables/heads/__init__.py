@@ -1,0 +1,1 @@
+"""Turn, owner and usage heads: the sealed tallies that make removal and rollback evident."""

@@ -1,0 +1,104 @@
+"""The checks of a turn's read against its head's authenticated inventory
+(``heads.Heads`` runs them: ``Heads.checked`` hands them the ``Head``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ...errors import IntegrityError
+from ...policy import Policy
+from ...principal import Principal
+from .tally import RECORD_KINDS, Head, same_entry
+
+__all__ = ["HeadChecks"]
+
+
+class HeadChecks:
+    """What a read returned, against the turn's inventory, in the principal's scope."""
+
+    def __init__(self, policy: Policy) -> None:
+        self._policy = policy
+
+    def _in_scope(self, principal: Principal, actor: str, channel: str) -> bool:
+        values = {"actor": actor, "channel": channel, "owner_user_id": principal.owner_user_id}
+        return all(values[column] == value for column, value in self._policy.scope_columns(principal))
+
+    def check_entries_in(
+        self,
+        head: Head,
+        principal: Principal,
+        turn_id: str,
+        rows: Iterable[dict[str, Any]],
+        now: float,
+        complete: bool = True,
+    ) -> None:
+        """``check_entries`` against a head already read."""
+        seen = set()
+        for row in rows:
+            same_entry(head, row)
+            seen.add(row["id"])
+        if complete:
+            for entry_id, (step, expires_at, _, actor, channel) in head.e.items():
+                if expires_at > now and entry_id not in seen and self._in_scope(principal, actor, channel):
+                    raise IntegrityError(
+                        f"turn {turn_id!r} lost step {step} (entry {entry_id}) before its expiry: tampering"
+                    )
+
+    def check_newest_first(
+        self, head: Head, principal: Principal, turn_id: str, seen: list[dict[str, Any]], now: float, complete: bool
+    ) -> None:
+        """Check the first rows of a newest-first scan of the turn (``tools``,
+        ``last_step``): they must be the head's live entries in the principal's
+        scope, highest (step, id) first, and all of them with ``complete``.
+
+        Raises:
+            IntegrityError: a newest step is missing, altered or not the head's.
+        """
+        expected = sorted(
+            (
+                (item[0], entry_id)
+                for entry_id, item in head.e.items()
+                if item[1] > now and self._in_scope(principal, item[3], item[4])
+            ),
+            reverse=True,
+        )
+        got = [(row["step_num"], row["id"]) for row in seen]
+        if got != expected[: len(got)] or (complete and len(got) != len(expected)):
+            raise IntegrityError(f"turn {turn_id!r}'s newest steps are not the ones its head lists: tampering")
+
+    def check_expired_in(self, head: Head, row: dict[str, Any], now: float) -> None:
+        """``check_expired`` against a head already read."""
+        sealed = head.e.get(row["id"])
+        if sealed is not None and sealed[1] > now:
+            raise IntegrityError(f"entry {row['id']} expires later than its clear expiry says: tampering")
+
+    def check_records_in(
+        self,
+        head: Head,
+        principal: Principal,
+        table: str,
+        turn_id: str,
+        rows: list[dict[str, Any]],
+        now: float,
+        latest: bool,
+    ) -> None:
+        """``check_records`` against a head already read."""
+        section = head.section(RECORD_KINDS[table])
+        for row in rows:
+            sealed = section.get(row["id"])
+            if sealed is None or sealed[0] != row["seq"] or sealed[1] != row["expires_at"]:
+                raise IntegrityError(
+                    f"a {table[:-1].replace('_', ' ')} of turn {turn_id!r} is not the one its head lists"
+                )
+        live = {
+            key: value
+            for key, value in section.items()
+            if value[1] > now and self._in_scope(principal, value[2], value[3])
+        }
+        if latest:
+            newest = max(live.items(), key=lambda item: item[1][0], default=None)
+            if (newest is None) != (not rows) or (newest is not None and rows[0]["id"] != newest[0]):
+                raise IntegrityError(f"turn {turn_id!r} serves an older {table[:-1].replace('_', ' ')} than its newest")
+        elif set(live) - {row["id"] for row in rows}:
+            raise IntegrityError(f"turn {turn_id!r} lost a {table[:-1].replace('_', ' ')} before its expiry")

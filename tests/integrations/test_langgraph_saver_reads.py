@@ -1,0 +1,218 @@
+"""What ``SecurepadSaver`` reads to answer: ``get_tuple`` opens only the
+checkpoint it returns and ``list(limit=...)`` only what it yields, however
+long the thread (counted, not timed: ``Scratchpad.get`` calls and key
+derivations); views cut before the fields that choose a checkpoint, and a
+thread written before this rule (``tests/fixtures/langgraph_thread_v7.db``),
+still read back whole."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import empty_checkpoint
+
+from securepad import Keyring, Policy, Principal, Scratchpad
+from securepad.crypto import primitives
+from securepad.integrations.langgraph import SecurepadSaver
+from tests.support.paths import FIXTURES
+
+OLD = json.loads((FIXTURES / "langgraph_thread_v7.json").read_text())
+LENGTH = 50
+
+
+class Opens:
+    """Counts the entries a saver reads whole (``Scratchpad.get``) and the key derivations."""
+
+    def __init__(self, pad: Scratchpad, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        real = pad.get
+
+        def get(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(pad, "get", get)
+        self.derivations = 0
+
+    def __enter__(self) -> Opens:
+        self.count = 0
+        self.derivations = primitives.WORK.derivations
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.derivations = primitives.WORK.derivations - self.derivations
+
+
+def config(thread_id: str, ns: str = "", **extra: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, **extra}}
+
+
+def fill(saver: SecurepadSaver, thread_id: str, count: int, size: int = 1024) -> list[RunnableConfig]:
+    """``count`` checkpoints of one ``size``-character channel (metadata: step, run)."""
+    configs = []
+    parent = config(thread_id)
+    version = None
+    for step in range(count):
+        version = saver.get_next_version(version, None)
+        checkpoint = {
+            **empty_checkpoint(),
+            "id": f"1f000000-0000-6000-8000-{step:012d}",
+            "channel_values": {"data": f"{step}:" + "d" * size, "step": step},
+            "channel_versions": {"data": version, "step": version},
+        }
+        metadata = {"source": "loop", "step": step, "run_id": f"run-{step % 5}"}
+        parent = saver.put(parent, checkpoint, metadata, {"data": version, "step": version})  # type: ignore[arg-type]
+        configs.append(parent)
+    return configs
+
+
+def test_get_tuple_opens_only_the_checkpoint_it_returns(
+    pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saver = SecurepadSaver(pad, alice)
+    configs = fill(saver, "long", LENGTH)
+    fill(saver, "short", 1)
+    saver.put_writes(configs[-1], [("note", "small"), ("data", "w" * 3000)], "task-1")
+    opens = Opens(pad, monkeypatch)
+    with opens:
+        latest = saver.get_tuple(config("long"))
+    assert latest is not None and latest.checkpoint["channel_values"]["step"] == LENGTH - 1
+    assert latest.pending_writes == [("task-1", "note", "small"), ("task-1", "data", "w" * 3000)]
+    # The checkpoint and its one write entry (both too big for their views), not the 49 others.
+    assert opens.count == 2
+    # The listing authenticates each entry's metadata (one derivation each at most); the opens add one each.
+    assert opens.derivations <= LENGTH + 1 + 2
+    with opens:
+        middle = saver.get_tuple(configs[20])
+    assert middle is not None and middle.checkpoint["channel_values"]["step"] == 20 and opens.count == 1
+    with opens:
+        short = saver.get_tuple(config("short"))
+    assert short is not None and short.checkpoint["channel_values"]["step"] == 0 and opens.count == 1
+
+
+def test_list_opens_only_what_it_yields(pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch) -> None:
+    saver = SecurepadSaver(pad, alice)
+    configs = fill(saver, "long", LENGTH)
+    opens = Opens(pad, monkeypatch)
+    with opens:
+        steps = [t.checkpoint["channel_values"]["step"] for t in saver.list(config("long"), limit=3)]
+    assert steps == [49, 48, 47] and opens.count == 3
+    with opens:
+        found = list(saver.list(config("long"), before=configs[10], limit=2))
+    assert [t.metadata["step"] for t in found] == [9, 8] and opens.count == 2
+    with opens:
+        found = list(saver.list(config("long"), filter={"run_id": "run-3"}, limit=4))
+    assert [t.metadata["step"] for t in found] == [48, 43, 38, 33] and opens.count == 4
+    with opens:
+        assert len(list(saver.list(config("long")))) == LENGTH
+    assert opens.count == LENGTH
+
+
+def test_a_thread_of_small_checkpoints_is_read_from_its_listing(
+    pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saver = SecurepadSaver(pad, alice)
+    fill(saver, "tiny", 20, size=10)
+    opens = Opens(pad, monkeypatch)
+    with opens:
+        latest = saver.get_tuple(config("tiny"))
+        found = list(saver.list(config("tiny"), filter={"run_id": "run-1"}))
+    assert latest is not None and latest.checkpoint["channel_values"]["step"] == 19
+    assert [t.metadata["step"] for t in found] == [16, 11, 6, 1]
+    assert opens.count == 0
+
+
+@pytest.mark.parametrize("thread_id", ["cut-early", "t" * 2000])
+def test_views_cut_before_the_fields_that_choose_are_read_whole(
+    store_location: Any, keyring: Keyring, alice: Principal, monkeypatch: pytest.MonkeyPatch, thread_id: str
+) -> None:
+    """A policy whose views hold almost nothing (or a thread id longer than a
+    view): every checkpoint is read whole to choose, and every call still answers."""
+    narrow = dataclasses.replace(Policy.default(), inline_max_chars=200)
+    with Scratchpad.open(store_location, keyring=keyring, policy=narrow) as pad:
+        saver = SecurepadSaver(pad, alice)
+        configs = fill(saver, thread_id, 6)
+        saver.put_writes(configs[-1], [("note", "n")], "task-1")
+        opens = Opens(pad, monkeypatch)
+        with opens:
+            latest = saver.get_tuple(config(thread_id))
+        assert latest is not None and latest.metadata["step"] == 5
+        assert latest.pending_writes == [("task-1", "note", "n")]
+        assert opens.count >= 6
+        assert [t.metadata["step"] for t in saver.list(config(thread_id), filter={"run_id": "run-2"})] == [2]
+        saver.delete_for_runs(["run-1"])
+        assert [t.metadata["step"] for t in saver.list(config(thread_id))] == [5, 4, 3, 2, 0]
+        saver.prune([thread_id])
+        assert [t.metadata["step"] for t in saver.list(config(thread_id))] == [5]
+        saver.copy_thread(thread_id, "copy")
+        copied = saver.get_tuple(config("copy"))
+        assert copied is not None and copied.checkpoint["channel_values"] == latest.checkpoint["channel_values"]
+        saver.delete_thread(thread_id)
+        assert saver.get_tuple(config(thread_id)) is None
+
+
+# -- a thread written before listings stopped reading every checkpoint ---------------------------
+
+
+@pytest.fixture
+def old_saver(tmp_path: Path) -> Iterator[SecurepadSaver]:
+    shutil.copy(FIXTURES / "langgraph_thread_v7.db", tmp_path / "store.db")
+    # git keeps no file modes: a fresh clone checks the fixtures out 0644, which opening refuses.
+    (tmp_path / "store.db").chmod(0o600)
+    key = tmp_path / "key"
+    key.write_bytes((FIXTURES / "store_v1.key").read_bytes())
+    key.chmod(0o600)
+    now = OLD["now"]
+    keyring = Keyring.from_key_file(key)
+    # A copy of a store whose anchor stayed behind, knowingly accepted as current.
+    with Scratchpad.open(tmp_path / "store.db", keyring=keyring, clock=lambda: now, adopt_anchor=True) as pad:
+        yield SecurepadSaver(pad, Principal("alice", "agent", "web"), ttl_seconds=3600, clock=lambda: now)
+
+
+def test_a_thread_written_before_reads_back_opening_only_what_it_returns(
+    old_saver: SecurepadSaver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    thread_id = OLD["thread_id"]
+    expected = OLD["latest"]
+    opens = Opens(old_saver.pad, monkeypatch)
+    with opens:
+        latest = old_saver.get_tuple(config(thread_id))
+    assert latest is not None
+    assert latest.config == expected["config"] and latest.parent_config == expected["parent_config"]
+    assert latest.metadata == expected["metadata"]
+    assert latest.checkpoint["channel_values"] == {**expected["channel_values"], "big": "B" * 40_000}
+    assert [list(w) for w in latest.pending_writes or []] == expected["pending_writes"]
+    # The checkpoint, its big value and its one big write entry, of a thread of 12 (+2 in a subgraph).
+    assert opens.count == 3
+    everything = old_saver.list({"configurable": {"thread_id": thread_id}})
+    listed = [[t.config["configurable"]["checkpoint_ns"], t.checkpoint["id"]] for t in everything]
+    assert listed == OLD["listed"]
+
+
+def test_a_thread_written_before_goes_on_and_is_deleted(old_saver: SecurepadSaver) -> None:
+    thread_id = OLD["thread_id"]
+    latest = old_saver.get_tuple(config(thread_id))
+    assert latest is not None
+    checkpoint = {**latest.checkpoint, "id": "1f000000-0000-6000-8000-000000000012"}
+    checkpoint["channel_values"] = {**checkpoint["channel_values"], "step": 12}
+    step_version = old_saver.get_next_version(checkpoint["channel_versions"]["step"], None)
+    checkpoint["channel_versions"] = {**checkpoint["channel_versions"], "step": step_version}
+    old_saver.put(latest.config, checkpoint, {"source": "loop", "step": 12}, {"step": step_version})
+    newest = old_saver.get_tuple(config(thread_id))
+    assert newest is not None and newest.checkpoint["channel_values"]["step"] == 12
+    # The unchanged big value is the old thread's entry, found through its listing.
+    assert newest.checkpoint["channel_values"]["big"] == "B" * 40_000
+    old_saver.delete_for_runs(["run-a"])
+    assert [t.metadata.get("run_id") for t in old_saver.list(config(thread_id, ""))] == [None] + ["run-b"] * 6
+    old_saver.prune([thread_id])
+    everything: RunnableConfig = {"configurable": {"thread_id": thread_id}}
+    assert [t.checkpoint["id"][-2:] for t in old_saver.list(everything)] == ["01", "12"]
+    old_saver.delete_thread(thread_id)
+    assert list(old_saver.list(everything)) == []
