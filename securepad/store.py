@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from ._assembly import NEAR_KEY, Anchoring, Assembly, Parts, open_backend, resolve_policy
+from ._restore import replace_store, stage_copy
 from .core import read_modes
 from .errors import IntegrityError, InvalidArgumentError, SecurepadError
 from .keys.keyring import Keyring
 from .keys.keystore import OWNER_KEY_CACHE_SIZE, Progress
-from .maintenance.restore import replace_store, stage_copy
 from .maintenance.verify import verify_store
 from .policy import Policy
 from .principal import Principal, check_identifier

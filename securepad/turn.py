@@ -447,7 +447,7 @@ class Turn:
                 larger than one transaction may write (SQLite: half its ``wal_limit_bytes``).
             StoreBusyError: the write lock was not obtained in time.
         """
-        before = [fingerprint(opened) for opened in self._opened(now)]
+        before = [fingerprint(opened.row, opened.meta) for opened in self._opened(now)]
         saved = self._records.save(
             "compaction_marks", self.principal, self.turn_id, {"entries": before}, ttl_seconds, now
         )
@@ -467,7 +467,7 @@ class Turn:
             IntegrityError: a stored entry or the mark fails authentication.
         """
         marks = self._records.load("compaction_marks", self.principal, self.turn_id, now, latest=True)
-        after = [] if not marks else [fingerprint(opened) for opened in self._opened(now)]
+        after = [] if not marks else [fingerprint(opened.row, opened.meta) for opened in self._opened(now)]
         return reread.report(self.turn_id, marks[0] if marks else None, after)
 
 

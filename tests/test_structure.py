@@ -5,7 +5,8 @@
 - no module reads an underscore attribute of an object of another module's
   class (``obj._attr`` where no class of the reading module defines ``_attr``);
 - ``AESGCM``, ``HKDF``, ``HMAC`` (and anything of ``cryptography``'s hazmat
-  layer) appear only in ``crypto.py``;
+  layer) appear only in ``crypto/``;
+- a module imports only its own layer and the layers below it (``LAYERS``);
 - SQL appears only in the backends, the layers that own the tables, and the
   audit and drills (which work on the SQLite file itself).
 """
@@ -244,3 +245,74 @@ def test_the_cli_and_the_audit_import_without_the_postgresql_extra() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
+
+
+# The layers, lowest first. A module imports only its own layer and the layers
+# below it (ARCHITECTURE.md, "The tree"). A layer is a folder or, at the top of
+# the package, a module; the faces (the store, the turn, their assembly and the
+# async face) are one layer.
+LAYERS: list[tuple[str, ...]] = [
+    ("securepad.errors",),
+    ("securepad.principal",),
+    ("securepad.core",),
+    ("securepad.crypto",),
+    ("securepad.storage",),
+    ("securepad.policy",),
+    ("securepad.keys",),
+    ("securepad.tables",),
+    ("securepad.maintenance",),
+    (
+        "securepad._assembly",
+        "securepad._restore",
+        "securepad.store",
+        "securepad.turn",
+        "securepad._steps",
+        "securepad.aio",
+    ),
+    ("securepad.audit", "securepad.integrations", "securepad.mcp_server"),
+    ("securepad.bench",),
+    ("securepad.cli",),
+    ("securepad", "securepad.__main__"),
+]
+
+
+def _layer(module: str) -> int:
+    """The rank of ``module``'s layer (the longest prefix that names one)."""
+    best = (-1, -1)
+    for rank, names in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(f"{name}.")) and len(name) > best[1]:
+                best = (rank, len(name))
+    if best[0] < 0:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+    return best[0]
+
+
+# Arrows that still point up, each to be removed by moving the code to the
+# layer that owns the decision. The list only shrinks.
+UPWARD: set[tuple[str, str]] = {
+    ("securepad.bench.__main__", "securepad.cli"),
+    ("securepad.storage.postgres.migrate", "securepad.tables.heads.reading"),
+}
+
+
+def _upward_arrows() -> set[tuple[str, str]]:
+    arrows = set()
+    for module, targets in _graph().items():
+        for target in targets:
+            if target.startswith("securepad") and _layer(target) > _layer(module):
+                arrows.add((module, target))
+    return arrows
+
+
+def test_every_module_imports_only_its_own_layer_and_those_below() -> None:
+    assert _upward_arrows() - UPWARD == set()
+
+
+def test_the_list_of_upward_arrows_only_shrinks() -> None:
+    assert UPWARD - _upward_arrows() == set()
+
+
+def test_the_layer_rule_sees_an_upward_arrow() -> None:
+    assert _layer("securepad.tables.heads.heads") > _layer("securepad.storage.sqlite")
+    assert _layer("securepad.storage.postgres.migrate") < _layer("securepad.tables.heads.reading")

@@ -17,10 +17,10 @@ the code costs rather than how loaded the machine was), and in bytes:
   three observation shapes (text, text with fields, structured JSON), with
   the standard library's ``json``, msgspec's JSON and msgspec's msgpack.
 
-The samples are built by ``securepad.core.observation`` itself, so they have the
+The samples are built by ``securepad.core.shaping`` itself, so they have the
 sizes and shapes real entries have (a text view carries its 1,000-character
 summary). The encodings' other properties (what they can carry) are in the
-docstring of ``observation.pack``, the store's choice.
+docstring of ``shaping.pack``, the store's choice.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from securepad.bench import data
 from securepad.crypto.primitives import ENTRY_FORMAT, Header, listing_aad
 from securepad.policy import Policy
 
-from ..core import observation
+from ..core import shaping
 
 __all__ = ["main", "run"]
 
@@ -47,14 +47,14 @@ Codec = tuple[Callable[[Any], bytes], Callable[[bytes], Any]]
 
 
 def _codecs() -> dict[str, Codec]:
-    """name -> (encode, decode): the candidates, and what the store uses (``observation.pack``)."""
+    """name -> (encode, decode): the candidates, and what the store uses (``shaping.pack``)."""
     json_encoder, json_decoder = msgspec.json.Encoder(), msgspec.json.Decoder()
     pack_encoder, pack_decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
     return {
-        "json (stdlib, format 1)": (observation.dumps, json.loads),
+        "json (stdlib, format 1)": (shaping.dumps, json.loads),
         "msgspec json": (json_encoder.encode, json_decoder.decode),
         "msgspec msgpack": (pack_encoder.encode, pack_decoder.decode),
-        "observation.pack (format 2)": (observation.pack, observation.unpack),
+        "shaping.pack (format 2)": (shaping.pack, shaping.unpack),
     }
 
 
@@ -69,9 +69,9 @@ def _samples() -> dict[str, dict[str, Any]]:
     policy = Policy()
     samples = {}
     for name, value in observations.items():
-        kind, shape, content, rest = observation.classify(value, policy.max_json_depth)
+        kind, shape, content, rest = shaping.classify(value, policy.max_json_depth)
         size = len(content.encode() if isinstance(content, str) else content)
-        view = observation.view(kind, 3, size, content, rest, value, policy.inline_max_chars)
+        view = shaping.view(kind, 3, size, content, rest, value, policy.inline_max_chars)
         samples[name] = {
             "listing": {"view": view, "content_id": "1:" + "ab" * 32},
             "entry": {"shape": shape, "rest": rest, "counts": [size], "breaks": [size // 50], "lines": size // 50},

@@ -12,20 +12,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..tables.entries.entries import Opened
-
 __all__ = ["fingerprint", "report"]
 
 
-def fingerprint(opened: Opened) -> dict[str, Any]:
-    """What a compaction mark keeps of an entry (sealed inside the mark)."""
-    view = opened.meta["view"]
+def fingerprint(row: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """What a compaction mark keeps of an entry (sealed inside the mark), from
+    its authorized row and its opened metadata."""
     return {
-        "id": opened.row["id"],
-        "step_num": opened.row["step_num"],
-        "executor_name": opened.row["executor_name"],
-        "path": _path_of(view),
-        "content_id": opened.meta.get("content_id"),
+        "id": row["id"],
+        "step_num": row["step_num"],
+        "executor_name": row["executor_name"],
+        "path": _path_of(meta["view"]),
+        "content_id": meta.get("content_id"),
     }
 
 

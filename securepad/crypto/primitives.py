@@ -26,7 +26,6 @@ import json
 import operator
 import secrets
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import Any, NoReturn
 
@@ -43,7 +42,6 @@ __all__ = [
     "FORMAT_VERSION",
     "HEADS_ERA",
     "KEY_BYTES",
-    "SEGMENT_BYTES",
     "WORK",
     "ContentIdentity",
     "CounterSeal",
@@ -64,15 +62,12 @@ __all__ = [
     "reseal_record",
     "seal_entry",
     "seal_record",
-    "split_bytes",
-    "split_text",
 ]
 
 FORMAT_VERSION = 1
 # The format of the entries this version writes (``Header.format``).
 ENTRY_FORMAT = 2
 KEY_BYTES = 32
-SEGMENT_BYTES = 64 * 1024
 NONCE_PREFIX_BYTES = 7
 _TAG = b"securepad/v1/"
 
@@ -632,39 +627,3 @@ def open_record(owner: Wrapper, table: str, row: dict[str, Any]) -> tuple[KeyHan
         return item_key, AESGCM(item_key._key).decrypt(blob[:12], blob[12:], _record_aad(table, row))
     except InvalidTag:
         raise IntegrityError("a turn record failed authentication") from None
-
-
-def split_text(text: str) -> tuple[list[bytes], list[str]]:
-    """UTF-8 segments of at most SEGMENT_BYTES, cut on character boundaries,
-    and the text of each (decoded once, for the character and line indexes).
-
-    Raises:
-        InvalidArgumentError: the text holds lone surrogates (not valid Unicode).
-    """
-    try:
-        data = text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidArgumentError("text content must be valid Unicode (no lone surrogates)") from None
-    segments = list(_utf8_chunks(data))
-    return segments, [chunk.decode("utf-8") for chunk in segments]
-
-
-def _utf8_chunks(data: bytes) -> Iterator[bytes]:
-    if not data:
-        yield b""
-        return
-    view = memoryview(data)
-    pos = 0
-    while pos < len(data):
-        end = min(pos + SEGMENT_BYTES, len(data))
-        while end < len(data) and data[end] & 0xC0 == 0x80:
-            end -= 1
-        yield bytes(view[pos:end])
-        pos = end
-
-
-def split_bytes(data: bytes) -> list[bytes]:
-    """Fixed-size segments of binary content (one empty segment for empty content)."""
-    if not data:
-        return [b""]
-    return [data[i : i + SEGMENT_BYTES] for i in range(0, len(data), SEGMENT_BYTES)]

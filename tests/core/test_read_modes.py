@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from securepad import InvalidArgumentError, Keyring, NotFoundError, Policy, Principal, Scratchpad
 from securepad.core import grep, read_modes
-from securepad.crypto.primitives import SEGMENT_BYTES
+from securepad.core.segments import SEGMENT_BYTES
 
 # -- in-memory content with tiny segments: many segment boundaries in little text ------
 

@@ -19,7 +19,7 @@ import apsw
 import pytest
 
 from securepad import Keyring, Principal, Scratchpad
-from securepad.crypto.primitives import SEGMENT_BYTES
+from securepad.core.segments import SEGMENT_BYTES
 from securepad.errors import IntegrityError, NotFoundError
 from tests.support.tamper_edits import raw_file
 

@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from ...core import observation
+from ...core import shaping
 from ...core.timeline import Timeline
 from ...errors import NotFoundError
 from ...keys.keystore import Keystore
@@ -172,11 +172,11 @@ class Entries:
             if row["expires_at"] >= target:
                 continue
             if isinstance(opened, Readable) and row["sealed_listing"] is None:
-                sealed = opened.cipher.seal_meta(observation.dumps({**opened.meta, "expires_at": target}))
+                sealed = opened.cipher.seal_meta(shaping.dumps({**opened.meta, "expires_at": target}))
                 updates.append(("sealed_meta", target, sealed, row["id"], row["sealed_meta"]))
             else:
                 listing = self._keys.listing_key(row["owner_user_id"], row["key_version"])
-                sealed = listing.seal({**row, "expires_at": target}, observation.pack(listing_fields(opened.meta)))
+                sealed = listing.seal({**row, "expires_at": target}, shaping.pack(listing_fields(opened.meta)))
                 updates.append(("sealed_listing", target, sealed, row["id"], row["sealed_listing"]))
         return updates
 

@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ...core import observation, read_modes
+from ...core import read_modes, shaping
 from ...crypto.primitives import ENTRY_FORMAT, EntryCipher, Header, ListingKey, open_entry
 from ...errors import ExpiredError, IntegrityError, InvalidArgumentError, NotFoundError
 from ...policy import NOT_FOUND_MESSAGE
@@ -138,7 +138,7 @@ class Opener:
             meta = {**_entry_meta(cipher.open_meta(row["sealed_meta"])), **self._listing_meta(row)}
         counts = meta["counts"]
         if counts is None:  # binary: every segment but the last is full
-            counts = observation.binary_counts(header.size_bytes, header.segment_count)
+            counts = shaping.binary_counts(header.size_bytes, header.segment_count)
         breaks = meta.get("breaks")
         if len(counts) != header.segment_count or (breaks is not None and len(breaks) != header.segment_count):
             raise IntegrityError("the entry's segment index does not match its header")
@@ -238,7 +238,7 @@ def rows_and_head(
 
 def _listing_meta(key: ListingKey, row: dict[str, Any]) -> dict[str, Any]:
     """What an entry's listing part holds (authenticated), with its view."""
-    meta = observation.unpack(key.open(row))
+    meta = shaping.unpack(key.open(row))
     if not isinstance(meta, dict) or not isinstance(meta.get("view"), dict):
         raise IntegrityError("the entry's listing part has no view")
     return meta
@@ -246,7 +246,7 @@ def _listing_meta(key: ListingKey, row: dict[str, Any]) -> dict[str, Any]:
 
 def _entry_meta(plain: bytes) -> dict[str, Any]:
     """The metadata a format-2 entry seals under its item key (authenticated)."""
-    meta = observation.unpack(plain)
+    meta = shaping.unpack(plain)
     if not isinstance(meta, dict) or not {"shape", "rest", "counts"} <= meta.keys():
         raise IntegrityError("the entry's metadata is incomplete")
     return meta

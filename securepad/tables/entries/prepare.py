@@ -10,7 +10,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from ...core import observation, read_modes
+from ...core import read_modes, shaping
+from ...core.segments import split_bytes, split_text
 from ...crypto.primitives import (
     ENTRY_FORMAT,
     EntryCipher,
@@ -18,8 +19,6 @@ from ...crypto.primitives import (
     ListingKey,
     Wrapper,
     seal_entry,
-    split_bytes,
-    split_text,
 )
 from ...errors import QuotaExceededError
 from ...policy import Policy
@@ -51,17 +50,17 @@ class Prepared:
     def of(cls, observation: Any, step_num: int, policy: Policy) -> Prepared:
         """Raises InvalidArgumentError (not storable) or QuotaExceededError (over ``max_entry_bytes``)."""
         max_entry_bytes = policy.max_entry_bytes
-        kind, shape, content, rest = observation.classify(observation, policy.max_json_depth)
+        kind, shape, content, rest = shaping.classify(observation, policy.max_json_depth)
         segments, counts, size_chars, breaks, line_count = split(content)
         size_bytes = sum(len(s) for s in segments)
         # The limits count everything the observation stores: content and other fields.
-        stored_bytes = size_bytes + (len(observation.dumps(rest)) if rest else 0)
+        stored_bytes = size_bytes + (len(shaping.dumps(rest)) if rest else 0)
         if stored_bytes > max_entry_bytes:
             raise QuotaExceededError(
                 f"the observation has {stored_bytes} bytes; the policy's max_entry_bytes is {max_entry_bytes}"
             )
         limit = policy.inline_max_chars
-        view = observation.view(kind, step_num, size_bytes, content, rest, observation, limit)
+        view = shaping.view(kind, step_num, size_bytes, content, rest, observation, limit)
         return cls(
             kind,
             shape,
@@ -135,7 +134,7 @@ class Prepared:
             version,
             ENTRY_FORMAT,
         )
-        inner = observation.pack({name: meta[name] for name in ("shape", "rest", "counts", "breaks", "lines")})
+        inner = shaping.pack({name: meta[name] for name in ("shape", "rest", "counts", "breaks", "lines")})
         crypto_columns, sealed, cipher = seal_entry(wrapper, header, inner, self.segments)
         row = {
             "id": header.entry_id,
@@ -156,7 +155,7 @@ class Prepared:
             # A one-segment entry's sealed segment stays in its row (no segments row).
             "only_segment": sealed[0] if len(sealed) == 1 else None,
         }
-        row["sealed_listing"] = listing.seal(row, observation.pack(listing_fields(meta)))
+        row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))
         row["stored_bytes"] = row_cost(row, sealed)
         return row, sealed, cipher
 
@@ -167,11 +166,11 @@ class Prepared:
         view names the step (its reference hint), so it is made again, and the
         listing part, bound to the step, sealed again; the quota counts the new part."""
         meta["step_num"] = row["step_num"] = step_num
-        meta["view"] = observation.view(
+        meta["view"] = shaping.view(
             self.kind, step_num, self.size_bytes, self.content, self.rest, observation, self.inline_max_chars
         )
         before = len(row["sealed_listing"])
-        row["sealed_listing"] = listing.seal(row, observation.pack(listing_fields(meta)))
+        row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))
         row["stored_bytes"] += len(row["sealed_listing"]) - before
 
 

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ...core import observation, read_modes
+from ...core import read_modes, shaping
 from ...core.timeline import Timeline, check_now
 from ...crypto.primitives import EntryCipher
 from ...errors import IntegrityError, InvalidArgumentError
@@ -127,7 +127,7 @@ class Readable(Opened):
             size_chars=row["size_chars"],
             created_at=row["created_at"],
             expires_at=row["expires_at"],
-            observation=observation.rebuild(meta["shape"], whole, meta["rest"]),
+            observation=shaping.rebuild(meta["shape"], whole, meta["rest"]),
             view=self.view(),
         )
 

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from securepad import IntegrityError, Keyring, NotFoundError, Principal, Scratchpad
 from securepad.bench.costs import listing_costs
-from securepad.core.observation import PACKED_JSON, PACKED_MSGPACK, pack, unpack
+from securepad.core.shaping import PACKED_JSON, PACKED_MSGPACK, pack, unpack
 from securepad.crypto.primitives import ENTRY_FORMAT, LISTING_FORMAT, WORK, Header
 from securepad.storage.sqlite import SCHEMA_VERSION
 from securepad.store import parts, sqlite_of

@@ -12,9 +12,9 @@ from typing import Any
 
 import msgspec
 
-from ..crypto.primitives import SEGMENT_BYTES
 from ..errors import IntegrityError, InvalidArgumentError
 from . import views
+from .segments import SEGMENT_BYTES
 
 __all__ = ["binary_counts", "classify", "dumps", "pack", "rebuild", "unpack", "view"]
 

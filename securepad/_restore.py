@@ -9,10 +9,10 @@ import secrets
 import shutil
 from pathlib import Path
 
-from .._assembly import open_backend
-from ..errors import InvalidArgumentError, SecurepadError
-from ..policy import Policy
-from ..storage.sqlite import Database
+from ._assembly import open_backend
+from .errors import InvalidArgumentError, SecurepadError
+from .policy import Policy
+from .storage.sqlite import Database
 
 __all__ = ["replace_store", "stage_copy"]
 
