@@ -220,10 +220,12 @@ class Assembly:
             self.gc(now, wait=False)
 
     def stats(self, principal: Principal | None, now: float | None) -> dict[str, Any]:
-        """``Scratchpad.stats``; the store-wide figures include the anchor's status."""
+        """``Scratchpad.stats``; the store-wide figures include the anchor's status and the master key's identifier."""
         db, keys, access, table = self.parts.db, self.parts.keys, self.parts.access, self.parts.entries
         result = entries.stats(db, keys, access, principal, table.now(now), db.location)
-        return result if principal else {**result, "anchor": self.anchor and self.anchor.status()}
+        if principal:
+            return result
+        return {**result, "anchor": self.anchor and self.anchor.status(), "master_key": keys.keyring.identifier}
 
 
 def _open_anchor(db: Backend, keys: Keystore, policy: Policy, anchoring: Anchoring) -> Anchor | None:

@@ -11,6 +11,13 @@ __all__ = [
     "ExpiredError",
     "IntegrityError",
     "InvalidArgumentError",
+    "KeySourceError",
+    "KeySourceKeyError",
+    "KeySourceLoginError",
+    "KeySourceModuleError",
+    "KeySourceTokenError",
+    "KeySourceUnreachableError",
+    "KeySourceUriError",
     "NotFoundError",
     "PolicyError",
     "QuotaExceededError",
@@ -96,4 +103,39 @@ class StoreCorruptError(SecurepadError):
 
     Raised where SQLite detects the damage (at open, or on the page a read
     touches). Tampering that keeps the file well-formed is ``IntegrityError``.
+    """
+
+
+class KeySourceError(SecurepadError):
+    """The master key's source (a PKCS#11 token, a KMS) cannot be used.
+
+    The message is one line and names the source by its URI without secrets
+    (no PIN, no credentials).
+    """
+
+
+class KeySourceUriError(KeySourceError, InvalidArgumentError):
+    """A master key URI is malformed, of an unknown scheme, or has an unknown or missing attribute."""
+
+
+class KeySourceModuleError(KeySourceError):
+    """The source's client cannot be loaded: the PKCS#11 module, or the Python package the source needs."""
+
+
+class KeySourceTokenError(KeySourceError):
+    """No token matches the URI (PKCS#11), or the service named by the URI is unknown (KMS)."""
+
+
+class KeySourceLoginError(KeySourceError):
+    """The source refused this process: wrong, locked or unreadable PIN; missing or rejected credentials."""
+
+
+class KeySourceKeyError(KeySourceError):
+    """The key the URI names does not exist, is not a key securepad can use, or is disabled."""
+
+
+class KeySourceUnreachableError(KeySourceError):
+    """The source did not answer within its deadline, after its bounded retries.
+
+    Retryable: nothing was wrapped or stored.
     """

@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from securepad import Keyring, Principal, Scratchpad
+from tests.support.softhsm import SoftHsm, find_softhsm
 
 # pytest-xdist's workers start with COLUMNS set; rich would fix the command
 # line's width at import from it. Each test that depends on the width says it.
@@ -105,6 +106,25 @@ def pg_database() -> Iterator[str]:
             yield _server_dsn(name)
         finally:
             server.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(scope="session")
+def softhsm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoftHsm]:
+    """SoftHSM2 tokens of this test process's own (``SOFTHSM2_CONF`` set for the session)."""
+    found = find_softhsm()
+    if found is None:
+        reason = "the PKCS#11 tests need SoftHSM2 (apt-get install softhsm2)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    hsm = SoftHsm(tmp_path_factory.mktemp("softhsm"), *found)
+    old = os.environ.get("SOFTHSM2_CONF")
+    os.environ["SOFTHSM2_CONF"] = str(hsm.conf)
+    yield hsm
+    if old is None:
+        os.environ.pop("SOFTHSM2_CONF", None)
+    else:
+        os.environ["SOFTHSM2_CONF"] = old
 
 
 # Roles are cluster-wide, shared by every test session's database (and by each

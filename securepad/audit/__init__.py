@@ -248,6 +248,18 @@ def _plan(pad: Scratchpad) -> list[_Step]:
             _files.key_file_placement,
         ),
         _Step(
+            "master key source",
+            "deployment",
+            "which master key opens the store; a token's key read back: not extractable, sensitive; no PIN in the URI",
+            _files.master_key_source,
+        ),
+        _Step(
+            "no key file left for a token or KMS key",
+            "deployment",
+            "whether a key file recorded to open this store lies in the key file's place",
+            _files.no_key_file_left,
+        ),
+        _Step(
             "secure_delete on",
             "deployment",
             "PRAGMA secure_delete and journal_mode on the store's connection",
@@ -292,6 +304,18 @@ def _pg_plan(pad: Scratchpad) -> list[_Step]:
     roles, row-level security and grants instead, and rows tampered in place."""
     steps = [_Step(name, "deployment", tried, check) for name, tried, check in _postgres.deployment_checks()]
     steps += [
+        _Step(
+            "master key source",
+            "deployment",
+            "which master key opens the store; a token's key read back: not extractable, sensitive; no PIN in the URI",
+            _files.master_key_source,
+        ),
+        _Step(
+            "no key file left for a token or KMS key",
+            "deployment",
+            "whether a key file recorded to open this store lies in the key file's place",
+            _files.no_key_file_left,
+        ),
         _Step("policy sane", "deployment", "validate the policy again; log_denied on; bounded expiry", _policy_sane),
         _Step(
             _TENANTS,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import IntegrityError, NotFoundError, WrongKeyError
-from ..keys.keyring import Keyring
+from ..keys.keyring import Keyring, default_key_file, key_file_use
 from ..principal import Principal
 from ..store import Scratchpad, sqlite_of
 from . import drills
@@ -30,6 +30,8 @@ __all__ = [
     "gc_scrubs_expired",
     "key_file_permissions",
     "key_file_placement",
+    "master_key_source",
+    "no_key_file_left",
     "secure_delete_on",
     "store_dir_permissions",
     "store_file_permissions",
@@ -110,6 +112,36 @@ def key_file_placement(ctx: Context) -> str:
             " the data dir gets the key with the ciphertext"
         )
     return f"the key file {key} is outside the store's data dir {data_dir}"
+
+
+def master_key_source(ctx: Context) -> str:
+    """Which master key opens the store; for a token or KMS, its key's attributes
+    as the source reads them back (never extractable, sensitive) and that the URI holds no PIN."""
+    keyring = ctx.pad.keyring
+    source = keyring.source
+    if source is None:
+        return f"the master key is in this process ({keyring.identifier}); --master-key-uri keeps it in a token or KMS"
+    checks = source.inspect()
+    failed = [check for check in checks if not check.ok]
+    if failed:
+        raise CheckFailed("; ".join(f"{check.name}: {check.detail}" for check in failed))
+    return f"{keyring.identifier}: " + "; ".join(check.detail for check in checks)
+
+
+def no_key_file_left(ctx: Context) -> str:
+    """A store whose master key is in a token or KMS: no key file that opened it
+    lies around (it would open every copy of the store made before the move)."""
+    keyring = ctx.pad.keyring
+    if keyring.source is None:
+        return f"the master key is {keyring.identifier}, not a token's or KMS's"
+    candidates = {path for path in (ctx.key_file, default_key_file()) if path is not None}
+    left = sorted(str(path) for path in candidates if path.exists() and ctx.pad.store_id in key_file_use(path).stores)
+    if left:
+        raise CheckFailed(
+            f"{', '.join(left)} is recorded to open this store: it opens copies made before the master key"
+            f" moved to {keyring.identifier}; delete it once no backup needs it and no other store uses it"
+        )
+    return f"no key file recorded for this store at {', '.join(sorted(map(str, candidates)))}"
 
 
 def secure_delete_on(ctx: Context) -> str:

@@ -326,6 +326,11 @@ def keys() -> None:
 @click.option("--new-master-key-env", metavar="VAR", help="New base64 master key from this environment variable.")
 @click.option("--new-passphrase-env", metavar="VAR", help="New passphrase (Argon2id) from this environment variable.")
 @click.option(
+    "--new-master-key-uri",
+    metavar="URI",
+    help="New master key in a token or KMS (pkcs11:... or aws-kms://...); an absent PKCS#11 key is created.",
+)
+@click.option(
     "--install",
     is_flag=True,
     help="Put the new key in place of the current key file once the rotation is committed (the old key stays"
@@ -333,7 +338,11 @@ def keys() -> None:
     " to open this store alone.",
 )
 def rotate_master(
-    new_key_file: Path | None, new_master_key_env: str | None, new_passphrase_env: str | None, install: bool
+    new_key_file: Path | None,
+    new_master_key_env: str | None,
+    new_passphrase_env: str | None,
+    new_master_key_uri: str | None,
+    install: bool,
 ) -> None:
     """Re-wrap every owner key under a new master key (from exactly one source).
 
@@ -341,10 +350,12 @@ def rotate_master(
     place of the current one (only when that file opens this store alone);
     otherwise the command says what to change."""
     state = current_state()
-    chosen = [o for o in (new_key_file, new_master_key_env, new_passphrase_env) if o]
+    chosen = [o for o in (new_key_file, new_master_key_env, new_passphrase_env, new_master_key_uri) if o]
     if len(chosen) > 1 or (not chosen and not install):
-        raise click.UsageError("give exactly one of --new-key-file, --new-master-key-env, --new-passphrase-env")
-    if install and (new_master_key_env or new_passphrase_env):
+        raise click.UsageError(
+            "give exactly one of --new-key-file, --new-master-key-env, --new-passphrase-env, --new-master-key-uri"
+        )
+    if install and (new_master_key_env or new_passphrase_env or new_master_key_uri):
         raise click.UsageError("--install installs a key file: use it with --new-key-file or alone")
     current = state.keyring(new_store=True)  # the source only: open() checks the key
     if install and current.key_file is None:
@@ -352,6 +363,7 @@ def rotate_master(
     made: Path | None = None
     new = State()
     new.master_key_env, new.passphrase_env = new_master_key_env, new_passphrase_env
+    new.master_key_uri = new_master_key_uri
     with state.open() as pad:
         if install:
             _check_key_file_serves_only(state.key_file, pad.store_id)
@@ -400,11 +412,22 @@ def rotate_master(
         if current.key_file is not None:
             report["next"] += f"; {current.key_file} stays as it is (it may open other stores)"
     else:
-        option = "--master-key-env" if new_master_key_env else "--passphrase-env"
+        option, value = next(
+            (o, v)
+            for o, v in (
+                ("--master-key-env", new_master_key_env),
+                ("--passphrase-env", new_passphrase_env),
+                ("--master-key-uri", new_keyring.source.shown_uri if new_keyring.source else new_master_key_uri),
+            )
+            if v
+        )
         report["next"] = (
-            f"only the new key opens the store now: give {option} {new_master_key_env or new_passphrase_env}"
+            f"only the new key opens the store now: give {option} {value}"
             " to every command (the old key no longer opens this store)"
         )
+        if new_master_key_uri and current.key_file is not None:
+            report["next"] += f"; {current.key_file} still opens copies of the store made before: delete it"
+            report["next"] += " once no backup needs it and no other store uses it"
     _show_report(report, "master key rotated")
     if not state.as_json:
         err_console.print(plain(f"next: {report['next']}"), style="bold", highlight=False)

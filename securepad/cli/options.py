@@ -49,6 +49,7 @@ ENVIRONMENT = (
     ("SECUREPAD_ADMIN_DB", "--admin", "PostgreSQL: the admin login's DSN, for housekeeping and migrations"),
     ("SECUREPAD_CALL_TIMEOUT", "--call-timeout", "PostgreSQL: a call's deadline in seconds (policy default 60)"),
     ("SECUREPAD_KEY_FILE", "--key-file", "the master key file"),
+    ("SECUREPAD_MASTER_KEY_URI", "--master-key-uri", "the master key in a token or KMS (pkcs11:..., aws-kms://...)"),
     ("SECUREPAD_POLICY", "--policy", "a shipped policy's name or a TOML policy file"),
     ("SECUREPAD_ANCHOR", "--anchor", "the snapshot-rollback anchor file"),
     ("SECUREPAD_OWNER", "--owner", "the owner (tenant) a command acts for"),
@@ -167,6 +168,7 @@ class State:
         self.key_file: Path = default_key_file()
         self.master_key_env: str | None = None
         self.passphrase_env: str | None = None
+        self.master_key_uri: str | None = None
         self.policy: str | None = None
         self.anchor: Path | None = None
         self.admin: str | None = None
@@ -230,12 +232,14 @@ class State:
         Raises:
             click.UsageError: more than one key source, or an unset variable.
             NotFoundError: the key file is missing for an existing store.
+            KeySourceUriError: the master key URI is malformed.
         """
         given = sorted(self.key_options)
         if len(given) > 1:
-            raise click.UsageError(
-                f"{' and '.join(given)} are two key sources: give one of --key-file, --master-key-env, --passphrase-env"
-            )
+            raise click.UsageError(f"{' and '.join(given)} are two key sources: give one of {', '.join(_KEY_OPTIONS)}")
+        # SECUREPAD_MASTER_KEY_URI yields to a key source on the command line, as SECUREPAD_KEY_FILE does.
+        if self.master_key_uri and (not given or given == ["--master-key-uri"]):
+            return Keyring.from_uri(self.master_key_uri)
         if self.master_key_env:
             if not os.environ.get(self.master_key_env):
                 raise click.UsageError(f"environment variable {self.master_key_env} (--master-key-env) is not set")
@@ -266,7 +270,8 @@ class State:
     def missing_key(self) -> NotFoundError:
         return NotFoundError(
             f"no key file at {self.key_file.absolute()}: opening an existing store never creates a key; give this"
-            " store's key with --key-file (SECUREPAD_KEY_FILE), --master-key-env or --passphrase-env"
+            " store's key with --key-file (SECUREPAD_KEY_FILE), --master-key-env, --passphrase-env or"
+            " --master-key-uri (SECUREPAD_MASTER_KEY_URI)"
         )
 
     def open(self, *, adopt_anchor: bool = False) -> Scratchpad:
@@ -376,7 +381,7 @@ def _set_attr(name: str) -> Callable[[State, Any], None]:
     return set_value
 
 
-# (name, option, envvar, help, setter); the key sources are the first three.
+# (name, option, envvar, help, setter); the key sources are the first four.
 _GLOBALS: tuple[tuple[str, str, str | None, str, Callable[[State, Any], None]], ...] = (
     ("key_file", "--key-file", "SECUREPAD_KEY_FILE", "Master key file [default: user config dir/key].", _set_key_file),
     (
@@ -392,6 +397,14 @@ _GLOBALS: tuple[tuple[str, str, str | None, str, Callable[[State, Any], None]], 
         None,
         "Derive the master key (Argon2id) from the passphrase in this variable.",
         _set_attr("passphrase_env"),
+    ),
+    (
+        "master_key_uri",
+        "--master-key-uri",
+        "SECUREPAD_MASTER_KEY_URI",
+        "Use the master key in a token or KMS, where it stays: pkcs11:token=...;object=...?module-path=..."
+        "&pin-source=... (RFC 7512) or aws-kms://arn:aws:kms:... (a new store creates an absent PKCS#11 key).",
+        _set_attr("master_key_uri"),
     ),
     (
         "db",
@@ -429,14 +442,15 @@ _GLOBALS: tuple[tuple[str, str, str | None, str, Callable[[State, Any], None]], 
         "--anchor",
         "SECUREPAD_ANCHOR",
         "The snapshot-rollback anchor file, outside the store's directory [default: beside the key file;"
-        " none with --master-key-env or --passphrase-env unless given].",
+        " none with --master-key-env, --passphrase-env or --master-key-uri unless given].",
         _set_anchor,
     ),
 )
-_KEY_OPTIONS = ("--key-file", "--master-key-env", "--passphrase-env")
+_KEY_OPTIONS = ("--key-file", "--master-key-env", "--passphrase-env", "--master-key-uri")
 _METAVARS = {
     "--master-key-env": "VAR",
     "--passphrase-env": "VAR",
+    "--master-key-uri": "URI",
     "--policy": "NAME|PATH",
     "--admin": "DSN",
     "--call-timeout": "SECONDS",

@@ -27,7 +27,7 @@ import operator
 import secrets
 import struct
 from dataclasses import dataclass, fields
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import msgspec
 from cryptography.exceptions import InvalidTag
@@ -49,6 +49,8 @@ __all__ = [
     "Header",
     "KeyHandle",
     "ListingKey",
+    "RemoteAead",
+    "RemoteWrapper",
     "WorkCounter",
     "Wrapper",
     "head_aad",
@@ -62,6 +64,7 @@ __all__ = [
     "reseal_record",
     "seal_entry",
     "seal_record",
+    "source_key_check",
 ]
 
 FORMAT_VERSION = 1
@@ -143,6 +146,18 @@ def _derive(key: KeyHandle, label: str, salt: bytes, length: int = KEY_BYTES) ->
 def key_check(master: KeyHandle, store_id: str) -> str:
     """The store's public check value of a master key (hex): tells a wrong key at open."""
     return _derive(master, "key-check", store_id.encode()).hex()
+
+
+# A source's key check is this prefix and a hash: never a key check of a key in the process.
+SOURCE_CHECK_PREFIX = "source:"
+
+
+def source_key_check(key_id: str, store_id: str) -> str:
+    """The store's check value for a master key held by a source (a token, a
+    KMS): a hash of the key's public identifier and the store id. It tells
+    which key a store expects; the key itself is proven by opening the
+    store's wrapped anchor key through the source."""
+    return SOURCE_CHECK_PREFIX + hashlib.sha256(lp(_TAG, "source-key-check", store_id, key_id)).hexdigest()
 
 
 def anchor_key(master: KeyHandle, store_id: str) -> KeyHandle:
@@ -305,6 +320,12 @@ class Wrapper:
         except InvalidTag:
             raise IntegrityError("a turn head failed authentication") from None
 
+    def wrap_fresh(self, aad: bytes) -> tuple[bytes, KeyHandle]:
+        """A fresh random key and its wrapping (a new owner-key version); the key
+        comes back from its wrapping, so a wrapping that would not open is never stored."""
+        wrapped = self.wrap_new(aad)
+        return wrapped, self.unwrap(wrapped, aad)
+
     def rewrap(self, blob: object, aad: bytes, into: Wrapper, new_aad: bytes) -> bytes:
         """Move a wrapped key from this wrapper to ``into`` (a rotation).
 
@@ -312,6 +333,66 @@ class Wrapper:
             IntegrityError: the blob fails to unwrap.
         """
         return into.wrap(self.unwrap(blob, aad), new_aad)
+
+
+class RemoteAead(Protocol):
+    """Sealing done outside the process (``keysource.MasterKeySource``): one call each way."""
+
+    def encrypt(self, plaintext: bytes, associated_data: bytes) -> bytes: ...
+
+    def decrypt(self, ciphertext: bytes, associated_data: bytes) -> bytes: ...
+
+
+# The longest blob a source may return for a wrapped key (a KMS ciphertext blob is ~200 bytes).
+_REMOTE_BLOB_MAX = 4096
+
+
+class RemoteWrapper(Wrapper):
+    """Owner-key wrapping by a master key held in a token or a KMS: each wrap
+    and unwrap is one call to it, and the master key never enters the
+    process. Only keys go through it (``seal`` and ``open`` are for owner keys)."""
+
+    __slots__ = ("_remote",)
+
+    def __init__(self, remote: RemoteAead) -> None:
+        self._remote = remote
+
+    def __repr__(self) -> str:
+        return "<RemoteWrapper (hidden)>"
+
+    def wrap(self, key: KeyHandle, aad: bytes) -> bytes:
+        """Seal ``key`` in the source (one call).
+
+        Raises:
+            KeySourceError: the source cannot be used.
+        """
+        return self._remote.encrypt(key._key, aad)
+
+    def wrap_fresh(self, aad: bytes) -> tuple[bytes, KeyHandle]:
+        """A fresh random key and its wrapping: one call (the source authenticates what it opens)."""
+        key = KeyHandle.random()
+        return self.wrap(key, aad), key
+
+    def unwrap(self, blob: object, aad: bytes) -> KeyHandle:
+        """Open a wrapped key in the source (one call).
+
+        Raises:
+            IntegrityError: the blob was altered, or belongs to another owner, version or key.
+            KeySourceError: the source cannot be used.
+        """
+        if not isinstance(blob, bytes) or not 0 < len(blob) <= _REMOTE_BLOB_MAX:
+            raise IntegrityError("a wrapped key has the wrong length")
+        WORK.unwraps += 1
+        plain = self._remote.decrypt(blob, aad)
+        if len(plain) != KEY_BYTES:
+            raise IntegrityError("a wrapped key opened to the wrong length")
+        return KeyHandle(plain)
+
+    def seal(self, data: bytes, aad: bytes) -> NoReturn:
+        raise TypeError("a master key source wraps keys only")
+
+    def open(self, blob: object, aad: bytes) -> NoReturn:
+        raise TypeError("a master key source wraps keys only")
 
 
 class ContentIdentity:

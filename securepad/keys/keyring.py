@@ -2,7 +2,8 @@
 
 Key hierarchy (see SECURITY.md):
 
-    master key (key file | environment variable | Argon2id(passphrase))
+    master key (key file | environment variable | Argon2id(passphrase)
+                | a key in a PKCS#11 token or a KMS, used there: ``Keyring.from_uri``)
       └─ wraps owner keys (one random key per owner and version)
            └─ wrap item keys (one random key per entry)
                 └─ HKDF → content key, metadata key, key commitment
@@ -19,6 +20,7 @@ import json
 import os
 import secrets
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -30,6 +32,7 @@ from ..crypto.primitives import KEY_BYTES, KeyHandle
 from ..errors import InvalidArgumentError, SecurepadError, WrongKeyError
 from ..storage.files import check_directory, check_private_file
 from .process import make_undumpable, scrub_initial_environment
+from .source import MasterKeySource, open_source
 
 __all__ = ["KeyFileUse", "KeyHandle", "Keyring", "default_key_file", "key_file_use", "record_key_file_use"]
 
@@ -47,8 +50,8 @@ ARGON2_BOUNDS: dict[str, tuple[int, int]] = {
 
 @dataclass(frozen=True)
 class _Source:
-    kind: str  # "file" | "env" | "passphrase"
-    detail: str  # the path or variable name; never the secret
+    kind: str  # "file" | "env" | "passphrase" | a source's URI scheme ("pkcs11", "aws-kms")
+    detail: str  # the path, variable name or URI without secrets; never the secret
     secret: bytes = b""
     argon2: tuple[tuple[str, int], ...] = ()
 
@@ -63,9 +66,10 @@ class Keyring:
     in the store's metadata, so nothing is derived before that.
     """
 
-    def __init__(self, source: _Source, *, allow_shared: bool = False) -> None:
+    def __init__(self, source: _Source, *, allow_shared: bool = False, remote: MasterKeySource | None = None) -> None:
         self._source = source
         self._allow_shared = allow_shared
+        self._remote = remote
         # A key file read or created later: absent when the keyring was made.
         self._late_secret: bytes | None = None
 
@@ -77,8 +81,26 @@ class Keyring:
 
     @property
     def kind(self) -> str:
-        """``file``, ``env`` or ``passphrase``."""
+        """``file``, ``env``, ``passphrase``, or a source's scheme (``pkcs11``, ``aws-kms``)."""
         return self._source.kind
+
+    @property
+    def identifier(self) -> str:
+        """Which master key this is, never a secret: a source's key identifier
+        (reaching the source once, if the store has not), else the kind and
+        the path or variable (``file:/…/key``, ``env:VAR``, ``passphrase:argon2id``).
+
+        Raises:
+            KeySourceError: the source cannot be reached.
+        """
+        if self._remote is not None:
+            return self._remote.key_id()
+        return f"{self._source.kind}:{self._source.detail}"
+
+    @property
+    def source(self) -> MasterKeySource | None:
+        """The token or KMS that holds the master key (``from_uri``); None for a key in the process."""
+        return self._remote
 
     @property
     def allow_shared(self) -> bool:
@@ -134,6 +156,25 @@ class Keyring:
             raise SecurepadError(f"key file {key_path} already exists; a new key is never written over a key")
         raw = _create_key_file(key_path)
         return cls(_Source("file", str(key_path), _decode_key(raw, f"key file {key_path}")), allow_shared=allow_shared)
+
+    @classmethod
+    def from_uri(cls, uri: str, *, environ: Mapping[str, str] | None = None) -> Keyring:
+        """Use the master key that ``uri`` names in a token or a KMS, where it stays:
+        ``pkcs11:token=…;object=…?module-path=…&pin-source=…`` (RFC 7512) or
+        ``aws-kms://arn:aws:kms:…``. Owner keys are wrapped and unwrapped by
+        the token or KMS; the master key's bytes never enter the process.
+
+        Only the URI is read here; the source is reached when a store opens
+        (a new store, or a rotation's target, creates an absent PKCS#11 key).
+        Secrets (a PIN) come from the place the URI names (``pin-source``),
+        read from ``environ`` (default ``os.environ``) when it names a variable.
+
+        Raises:
+            KeySourceUriError: the URI is malformed or of an unknown scheme.
+            KeySourceModuleError: the source's client library is not installed.
+        """
+        remote = open_source(uri, environ=environ)
+        return cls(_Source(remote.scheme, remote.shown_uri), remote=remote)
 
     @classmethod
     def from_env(
@@ -230,6 +271,8 @@ def master_key(
             or the key file is absent and the store exists.
     """
     source = keyring._source
+    if keyring._remote is not None:
+        raise InvalidArgumentError(f"the master key of {keyring!r} stays in its source: it has no bytes here")
     if source.kind == "file" and not source.secret:
         return KeyHandle(keyring._key_file_secret(new)), None
     if source.kind != "passphrase":

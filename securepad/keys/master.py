@@ -3,7 +3,18 @@
 Everything wrapped directly under the master key lives here: the check of the
 master key against the store (and the store's initialization), the wrapped
 anchor key, the wrapping and unwrapping of owner keys, and the master-key
-rotation that re-wraps them all. ``keystore.Keystore`` holds one ``Master``
+rotation that re-wraps them all.
+
+A master key is either in the process (a key file, a variable, a
+passphrase: HKDF gives the key check and the owner-wrap key) or held by a
+source (a PKCS#11 token, a KMS: ``keys.source.MasterKeySource``), which wraps
+and unwraps inside itself. A source's store keeps the key's public
+identifier (``master_source``) and its hash (``key_check``), and a random
+anchor key wrapped by the source: opening that wrapping at open is the proof
+that the source holds the store's key (one call per open). An owner key
+costs one call when it is created, first unwrapped or rotated; none while cached.
+
+``keystore.Keystore`` holds one ``Master``
 and builds the owner-key cache and the write under the current key on it.
 Keys are ``crypto.KeyHandle``s and ``crypto.Wrapper``s, never bytes.
 """
@@ -12,24 +23,32 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 from collections.abc import Callable
 
 from ..crypto.primitives import (
     FORMAT_VERSION,
     HEADS_ERA,
+    SOURCE_CHECK_PREFIX,
     CounterSeal,
     KeyHandle,
+    RemoteWrapper,
     Wrapper,
     anchor_key,
     anchor_key_aad,
     key_check,
     owner_key_aad,
+    source_key_check,
 )
 from ..errors import IntegrityError, InvalidArgumentError, WrongKeyError
 from ..storage.base import Backend, Conn
 from .keyring import Keyring, master_key
+from .source import MasterKeySource
 
 __all__ = ["Master", "Progress", "store_meta"]
+
+# Owner keys a source's store keeps between their creation and their first read (a few: one per owner being set up).
+_FRESH_KEPT = 64
 
 # Progress callback: (done, total).
 Progress = Callable[[int, int], None]
@@ -56,6 +75,11 @@ class Master:
         # needs of it (the anchor key, the heads' and usage flags) is read here
         # once, not again by each (one round trip each on PostgreSQL).
         self.opened_meta: dict[str, str] = {}
+        # A source's store: the anchor key as opened at unlock (kept, not opened again).
+        self._anchor: KeyHandle | None = None
+        # A source's store: owner keys this process just wrapped, by wrapping, until read back.
+        self._fresh: dict[bytes, tuple[str, int, KeyHandle]] = {}
+        self._fresh_lock = threading.Lock()
         self.store_id, self._wrap, self._key_check = self._unlock(keyring)
 
     def _unlock(self, keyring: Keyring) -> tuple[str, Wrapper, str]:
@@ -67,19 +91,13 @@ class Master:
             # was edited, and initializing it again would wrap under another store id.
             raise IntegrityError("the store's id or master key check was deleted from store_meta: the file was edited")
         if "store_id" not in meta:
-            store_id = secrets.token_hex(16)
-            master, kdf = master_key(keyring, None, new=True)
-            with self._db.transaction(admin=True) as conn:
-                if not conn.query("SELECT 1 FROM store_meta WHERE key = 'store_id'"):
-                    values = {
-                        "store_id": store_id,
-                        "format_version": str(FORMAT_VERSION),
-                        "key_check": key_check(master, store_id),
-                        "kdf": json.dumps(kdf),
-                    }
-                    conn.executemany("INSERT INTO store_meta(key, value) VALUES (?, ?)", list(values.items()))
-            meta = store_meta(self._db)
+            meta = self._initialize(keyring)
         store_id = meta["store_id"]
+        by_source = meta["key_check"].startswith(SOURCE_CHECK_PREFIX)
+        if keyring.source is not None or by_source:
+            wrap = self._unlock_by_source(keyring, meta, by_source)
+            self.opened_meta = meta
+            return store_id, wrap, meta["key_check"]
         kdf_record = json.loads(meta.get("kdf", "null"))
         master, _ = master_key(keyring, kdf_record)
         if not secrets.compare_digest(key_check(master, store_id), meta["key_check"]):
@@ -104,6 +122,73 @@ class Master:
         self.opened_meta = meta
         return store_id, wrap, meta["key_check"]
 
+    def _initialize(self, keyring: Keyring) -> dict[str, str]:
+        """Record a new store's id and key check (and, for a source, its random
+        anchor key wrapped by it: one call). A racing opener's record wins."""
+        store_id = secrets.token_hex(16)
+        source = keyring.source
+        if source is None:
+            master, kdf = master_key(keyring, None, new=True)
+            values = {"key_check": key_check(master, store_id), "kdf": json.dumps(kdf)}
+        else:
+            source.prepare(create=True)
+            anchor = KeyHandle.random()
+            key_id = source.key_id()
+            values = {
+                "key_check": source_key_check(key_id, store_id),
+                "kdf": "null",
+                "master_source": key_id,
+                "anchor_key": RemoteWrapper(source).wrap(anchor, anchor_key_aad(store_id)).hex(),
+            }
+        with self._db.transaction(admin=True) as conn:
+            if not conn.query("SELECT 1 FROM store_meta WHERE key = 'store_id'"):
+                values |= {"store_id": store_id, "format_version": str(FORMAT_VERSION)}
+                conn.executemany("INSERT INTO store_meta(key, value) VALUES (?, ?)", list(values.items()))
+                if source is not None:
+                    self._anchor = anchor  # ours is the store's: no call to open it again
+        return store_meta(self._db)
+
+    def _unlock_by_source(self, keyring: Keyring, meta: dict[str, str], by_source: bool) -> Wrapper:
+        """The wrapper of a store whose master key a source holds, after opening
+        the wrapped anchor key through it (the one call of an open).
+
+        Raises:
+            WrongKeyError: the store and the keyring disagree on where the key
+                is, or the source's key does not open the anchor key.
+            IntegrityError: the wrapped anchor key was deleted.
+            KeySourceError: the source cannot be used.
+        """
+        source = keyring.source
+        recorded = meta.get("master_source", "an unnamed source")
+        if source is None:
+            raise WrongKeyError(
+                f"this store's master key is held by {recorded}: open it with --master-key-uri (Keyring.from_uri),"
+                f" not with {keyring!r}"
+            )
+        if not by_source:
+            raise WrongKeyError(
+                f"this store's master key is a key file, variable or passphrase: {source.shown_uri} cannot open it"
+            )
+        store_id = meta["store_id"]
+        source.prepare()
+        if not secrets.compare_digest(source_key_check(source.key_id(), store_id), meta["key_check"]):
+            raise WrongKeyError(
+                f"the master key {source.key_id()} ({source.shown_uri}) does not open this store; it was made with"
+                f" {recorded}"
+            )
+        wrap = RemoteWrapper(source)
+        if self._anchor is None:
+            if "anchor_key" not in meta:
+                raise IntegrityError("the store's wrapped anchor key was deleted from store_meta: the file was edited")
+            try:
+                self._anchor = wrap.unwrap(_hex(meta["anchor_key"]), anchor_key_aad(store_id))
+            except IntegrityError:
+                raise WrongKeyError(
+                    f"the master key {source.shown_uri} does not open this store's wrapped anchor key:"
+                    " another key under the same name, or an edited store"
+                ) from None
+        return wrap
+
     def counter_seal(self) -> CounterSeal:
         """The seal of the store's write counter (see ``anchor.Anchor``), from
         the wrapped anchor key read at unlock.
@@ -111,20 +196,24 @@ class Master:
         Raises:
             IntegrityError: the wrapped anchor key was altered.
         """
-        wrapped = self.opened_meta.get("anchor_key", "")
-        try:
-            blob = bytes.fromhex(wrapped)
-        except ValueError:
-            raise IntegrityError("the store's wrapped anchor key was altered (not hex)") from None
+        if self._anchor is not None:
+            return CounterSeal(self._anchor, self.store_id)
+        blob = _hex(self.opened_meta.get("anchor_key", ""))
         return CounterSeal(self._wrap.unwrap(blob, anchor_key_aad(self.store_id)), self.store_id)
 
     # -- owner keys ------------------------------------------------------------------------
 
     def new_owner_key(self, owner: str, version: int) -> tuple[bytes, KeyHandle]:
         """A fresh owner key of ``version`` (wrapped in the heads era): (its wrapping, to store; the key)."""
-        aad = owner_key_aad(self.store_id, owner, version, HEADS_ERA)
-        wrapped = self._wrap.wrap_new(aad)
-        return wrapped, self._wrap.unwrap(wrapped, aad)
+        wrapped, key = self._wrap.wrap_fresh(owner_key_aad(self.store_id, owner, version, HEADS_ERA))
+        if self._anchor is not None:
+            # A source's store: the keystore reads the new key back from its row
+            # once stored; the same bytes are this key (no second call for it).
+            with self._fresh_lock:
+                if len(self._fresh) >= _FRESH_KEPT:
+                    self._fresh.pop(next(iter(self._fresh)))
+                self._fresh[wrapped] = (owner, version, key)
+        return wrapped, key
 
     def unwrap_owner_key(self, wrapped: object, owner: str, version: int) -> KeyHandle:
         """The owner key of ``version`` from its stored wrapping (of either era).
@@ -133,6 +222,11 @@ class Master:
             IntegrityError: the wrapping was altered (or is another owner's or version's).
             WrongKeyError: another process rotated the master key meanwhile.
         """
+        if self._fresh and isinstance(wrapped, bytes):
+            with self._fresh_lock:
+                fresh = self._fresh.pop(wrapped, None)
+            if fresh is not None and fresh[:2] == (owner, version):
+                return fresh[2]
         try:
             return self._unwrap_either(wrapped, owner, version)[0]
         except IntegrityError:
@@ -199,19 +293,29 @@ class Master:
     def rotate(self, new_keyring: Keyring, progress: Progress | None) -> int:
         """Re-wrap every owner key (and the anchor key) under ``new_keyring``'s
         master key, in one transaction; afterwards only the new key opens the
-        store. Returns how many owner keys were re-wrapped.
+        store. Returns how many owner keys were re-wrapped. Between a source
+        and a key in the process either way, or two sources: a token or KMS
+        on either side costs one call per owner key there.
 
         Raises:
             InvalidArgumentError: the new master key is the current one.
             WrongKeyError: this master key is no longer the store's.
             StoreBusyError: the write lock was not obtained in time.
+            KeySourceError: a source cannot be used (nothing is rotated then).
         """
-        new_master, kdf = master_key(new_keyring, None, new=True)
-        new_check = key_check(new_master, self.store_id)
+        new_source = new_keyring.source
+        if new_source is not None:
+            new_source.prepare(create=True)
+            key_id = new_source.key_id()
+            new_check, kdf, new_wrap = source_key_check(key_id, self.store_id), None, _remote(new_source)
+        else:
+            key_id = None
+            new_master, kdf = master_key(new_keyring, None, new=True)
+            new_check = key_check(new_master, self.store_id)
+            new_wrap = Wrapper.for_master(new_master, self.store_id)
+            del new_master
         if secrets.compare_digest(new_check, self._key_check):
             raise InvalidArgumentError("the new master key is the current one")
-        new_wrap = Wrapper.for_master(new_master, self.store_id)
-        del new_master
         with self._db.transaction(admin=True) as conn:
             self.check_current(conn)
             rows = conn.query("SELECT owner_user_id, version, wrapped FROM owner_keys")
@@ -224,13 +328,36 @@ class Master:
                 if progress is not None and (done % 256 == 0 or done == len(rows)):
                     progress(done, len(rows))
             conn.executemany("UPDATE owner_keys SET wrapped = ? WHERE owner_user_id = ? AND version = ?", updates)
-            for row in conn.query("SELECT value FROM store_meta WHERE key = 'anchor_key'"):
-                aad = anchor_key_aad(self.store_id)
-                rewrapped = self._wrap.rewrap(bytes.fromhex(row["value"]), aad, new_wrap, aad).hex()
+            aad = anchor_key_aad(self.store_id)
+            if self._anchor is not None:
+                rewrapped = new_wrap.wrap(self._anchor, aad).hex()
                 conn.execute("UPDATE store_meta SET value = ? WHERE key = 'anchor_key'", (rewrapped,))
+            else:
+                for row in conn.query("SELECT value FROM store_meta WHERE key = 'anchor_key'"):
+                    rewrapped = self._wrap.rewrap(_hex(row["value"]), aad, new_wrap, aad).hex()
+                    conn.execute("UPDATE store_meta SET value = ? WHERE key = 'anchor_key'", (rewrapped,))
             conn.executemany(
                 "UPDATE store_meta SET value = ? WHERE key = ?",
                 [(new_check, "key_check"), (json.dumps(kdf), "kdf"), (str(len(rows)), "master_wrap_count")],
             )
+            conn.execute("DELETE FROM store_meta WHERE key = 'master_source'")
+            if key_id is not None:
+                conn.execute("INSERT INTO store_meta(key, value) VALUES ('master_source', ?)", (key_id,))
         self._wrap, self._key_check, self.keyring = new_wrap, new_check, new_keyring
         return len(rows)
+
+
+def _remote(source: MasterKeySource) -> Wrapper:
+    return RemoteWrapper(source)
+
+
+def _hex(value: str) -> bytes:
+    """A wrapped key as stored (hex).
+
+    Raises:
+        IntegrityError: it is not hex (the file was edited).
+    """
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        raise IntegrityError("the store's wrapped anchor key was altered (not hex)") from None

@@ -1,0 +1,192 @@
+"""Master key sources that keep the key outside the process: a PKCS#11 token, a KMS.
+
+A source seals and opens small secrets (the owner keys and the anchor key)
+with associated data, inside the token or the KMS: the master key's bytes
+never enter the process. What it must guarantee:
+
+* ``encrypt`` and ``decrypt`` are one call each to the token or KMS, and
+  bind the associated data (a blob opened with other associated data, or
+  under another key, raises ``IntegrityError``);
+* ``key_id`` names the key, not the URI's spelling, and is never a secret;
+* ``shown_uri`` (in every message, ``repr`` and report) carries no secret;
+* every failure to use the source is a ``KeySourceError`` subclass, one line.
+
+Sources are named by URI and found by scheme in ``SCHEMES``; the class is
+imported only when a URI of its scheme is used, so a client library (boto3,
+the PKCS#11 binding) is needed only by those who use it.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..errors import KeySourceModuleError, KeySourceUriError
+
+__all__ = ["SCHEMES", "CallCounter", "MasterKeySource", "SourceCheck", "open_source", "redact_uri", "scheme_of"]
+
+#: URI scheme -> "module:Class" of the source that answers it.
+SCHEMES: dict[str, str] = {
+    "pkcs11": "securepad.keys.pkcs11:Pkcs11Source",
+    "aws-kms": "securepad.keys.aws_kms:AwsKmsSource",
+}
+
+# What may follow a secret-bearing attribute name in a URI, up to its separator.
+_SECRET_ATTRIBUTES = re.compile(r"(?i)\b(pin-value|password|secret|token-value|credentials?)=[^;&?#]*")
+
+
+@dataclass(frozen=True)
+class SourceCheck:
+    """One audit fact about a source: a kebab-case name, whether it holds, one line (no secret)."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+class CallCounter:
+    """Calls this process made into a token or KMS, by kind ("encrypt",
+    "decrypt", "session", "find", "create", "attributes"). The tests that
+    guard the cost of an open, a first read and the hot path read it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+
+    def add(self, kind: str, count: int = 1) -> None:
+        with self._lock:
+            self._counts[kind] = self._counts.get(kind, 0) + count
+
+    def total(self, *kinds: str) -> int:
+        """The calls of ``kinds`` (of every kind when none is given)."""
+        with self._lock:
+            return sum(n for kind, n in self._counts.items() if not kinds or kind in kinds)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+class MasterKeySource(abc.ABC):
+    """A master key held by a token or a KMS, used through it and never read out."""
+
+    #: The URI scheme this source answers.
+    scheme: ClassVar[str]
+    #: Calls made into the token or KMS (set by each source's constructor).
+    calls: CallCounter
+
+    @classmethod
+    @abc.abstractmethod
+    def from_uri(cls, uri: str, *, environ: Mapping[str, str] | None = None) -> MasterKeySource:
+        """The source ``uri`` names. Parses only: no I/O, no call.
+
+        Raises:
+            KeySourceUriError: the URI is malformed or has an unknown or missing attribute.
+        """
+
+    @property
+    @abc.abstractmethod
+    def shown_uri(self) -> str:
+        """The URI without its secrets: what errors, logs, reports and ``repr`` show."""
+
+    @abc.abstractmethod
+    def prepare(self, *, create: bool = False) -> None:
+        """Connect, log in and find the key, once (later calls cost nothing).
+        ``create``: make the key when it does not exist yet (a new store, or
+        the target of a rotation), never readable out of the source.
+
+        Raises:
+            KeySourceError: a subclass saying what is missing or refused.
+        """
+
+    @abc.abstractmethod
+    def key_id(self) -> str:
+        """The key's stable identifier (not a secret): what the store records
+        and what tells a rotation that the new key is the current one.
+
+        Raises:
+            KeySourceError: as ``prepare``.
+        """
+
+    @abc.abstractmethod
+    def encrypt(self, plaintext: bytes, associated_data: bytes) -> bytes:
+        """Seal ``plaintext`` (a key: at most 64 bytes) under the source's key,
+        bound to ``associated_data``: one call. Returns an opaque blob.
+
+        Raises:
+            KeySourceError: the source cannot be used.
+        """
+
+    @abc.abstractmethod
+    def decrypt(self, ciphertext: bytes, associated_data: bytes) -> bytes:
+        """Open what ``encrypt`` sealed: one call.
+
+        Raises:
+            IntegrityError: the blob was altered, or was sealed with other
+                associated data or under another key.
+            KeySourceError: the source cannot be used.
+        """
+
+    @abc.abstractmethod
+    def inspect(self) -> list[SourceCheck]:
+        """What the audit checks of this source (its key's attributes, no secret in the URI).
+
+        Raises:
+            KeySourceError: the source cannot be used.
+        """
+
+    def close(self) -> None:  # noqa: B027 - a source without a session has nothing to release
+        """Release the session or client. Idempotent."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.shown_uri}>"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise TypeError("master key sources cannot be pickled")
+
+
+def scheme_of(uri: str) -> str:
+    """The scheme of a master key URI (``pkcs11``, ``aws-kms``), lower case.
+
+    Raises:
+        KeySourceUriError: ``uri`` has no scheme securepad knows.
+    """
+    scheme = uri.split(":", 1)[0].lower() if isinstance(uri, str) and ":" in uri else ""
+    if scheme not in SCHEMES:
+        known = ", ".join(sorted(SCHEMES))
+        raise KeySourceUriError(f"master key URI {redact_uri(uri)!r}: unknown scheme; securepad knows {known}")
+    return scheme
+
+
+def open_source(uri: str, *, environ: Mapping[str, str] | None = None) -> MasterKeySource:
+    """The source ``uri`` names (parsed, not yet connected).
+
+    Raises:
+        KeySourceUriError: unknown scheme, or a malformed URI.
+        KeySourceModuleError: the source's client library is not installed.
+    """
+    scheme = scheme_of(uri)
+    module_name, _, class_name = SCHEMES[scheme].partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        extra = scheme.replace("-", "")
+        raise KeySourceModuleError(
+            f"master key URI {redact_uri(uri)!r} needs a client library that is not installed ({exc.name}):"
+            f" pip install 'securepad[{extra}]'"
+        ) from None
+    source_class: type[MasterKeySource] = getattr(module, class_name)
+    return source_class.from_uri(uri, environ=environ)
+
+
+def redact_uri(uri: object) -> str:
+    """``uri`` with every secret-bearing attribute's value replaced by ``***``
+    (for messages about URIs too malformed to parse). Never raises."""
+    text = uri if isinstance(uri, str) else repr(type(uri))
+    text = _SECRET_ATTRIBUTES.sub(lambda m: f"{m.group(1)}=***", text)
+    return text if len(text) <= 300 else text[:300] + "..."
