@@ -181,8 +181,14 @@ class _Token:
     lock: threading.RLock
     pid: int
     session: Any = None
+    # Keys found in this session, by (label, CKA_ID asked for): a second source
+    # of the same key (a store opened again) does not search the token again.
+    keys: dict[tuple[str, bytes | None], Any] = field(default_factory=dict)
+    key_ids: dict[tuple[str, bytes | None], str] = field(default_factory=dict)
 
     def drop(self) -> None:
+        self.keys.clear()
+        self.key_ids.clear()
         session, self.session = self.session, None
         if session is not None and self.pid == os.getpid():
             # A session the token already forgot has nothing left to close.
@@ -438,7 +444,10 @@ class Pkcs11Source(MasterKeySource):
                 session = self._session(shared)
                 try:
                     if self._key is None or self._key_session is not session:
-                        self._key, self._key_session = self._find(session, create=create), session
+                        place = (self._uri.path["object"], self._uri.id)
+                        if place not in shared.keys:
+                            shared.keys[place] = self._find(session, create=create)
+                        self._key, self._key_session = shared.keys[place], session
                     return run(self._key)
                 except lost as exc:
                     shared.drop()
@@ -475,14 +484,15 @@ class Pkcs11Source(MasterKeySource):
             pkcs11 = _binding()
 
             def describe(key: Any) -> str:
-                self.calls.add("attributes")
-                token = self._key_session.token
-                raw_id = key[pkcs11.Attribute.ID]
-                label = key[pkcs11.Attribute.LABEL]
-                return (
-                    f"pkcs11:token={_quote(token.label)};serial={_quote(_serial(token))};"
-                    f"object={_quote(label)};id=" + "".join(f"%{b:02x}" for b in bytes(raw_id))
-                )
+                shared, place = self._token(), (self._uri.path["object"], self._uri.id)
+                if place not in shared.key_ids:
+                    self.calls.add("attributes")
+                    token, raw_id, label = shared.token, key[pkcs11.Attribute.ID], key[pkcs11.Attribute.LABEL]
+                    shared.key_ids[place] = (
+                        f"pkcs11:token={_quote(token.label)};serial={_quote(_serial(token))};"
+                        f"object={_quote(label)};id=" + "".join(f"%{b:02x}" for b in bytes(raw_id))
+                    )
+                return shared.key_ids[place]
 
             self._key_id = self._with_key(describe)
         return self._key_id
