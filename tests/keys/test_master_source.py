@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from securepad import InvalidArgumentError, Keyring, Scratchpad, WrongKeyError
+from securepad import InvalidArgumentError, Keyring, Principal, Scratchpad, WrongKeyError
 from securepad.errors import IntegrityError, KeySourceKeyError, KeySourceUriError
 from securepad.keys.source import MasterKeySource
 from tests.conftest import ALICE, BOB
@@ -249,3 +249,41 @@ def test_a_new_process_calls_the_token_four_times_to_open_and_once_per_owner(sof
     opened, read = json.loads(run.stdout)
     assert opened == {"session": 1, "find": 1, "attributes": 1, "decrypt": 1}
     assert read == {**opened, "decrypt": 2}
+
+
+def test_no_file_the_store_writes_holds_the_token_keys_bytes(softhsm: SoftHsm, tmp_path: Path) -> None:
+    """A key of known value put in the token (as an HSM's key ceremony would),
+    then used as the master key: its bytes, raw, hex or base64, are in none
+    of the store's files, its key files' place or the token's own files."""
+    import base64
+
+    import pkcs11
+
+    value, label = secrets.token_bytes(32), "known-" + secrets.token_hex(4)
+    token = pkcs11.lib(softhsm.module).get_token(token_label="securepad")
+    with token.open(rw=True, user_pin=softhsm.user_pin) as session:
+        a = pkcs11.Attribute
+        session.create_object(
+            {
+                a.CLASS: pkcs11.ObjectClass.SECRET_KEY,
+                a.KEY_TYPE: pkcs11.KeyType.AES,
+                a.VALUE: value,
+                a.LABEL: label,
+                a.TOKEN: True,
+                a.PRIVATE: True,
+                a.SENSITIVE: True,
+                a.EXTRACTABLE: False,
+                a.ENCRYPT: True,
+                a.DECRYPT: True,
+            }
+        )
+    with Scratchpad.open(tmp_path / "s.db", keyring=Keyring.from_uri(softhsm.uri(label))) as pad:
+        for n in range(20):
+            pad.put(Principal(f"owner-{n}", "a", "c"), "t", 1, "x", "an observation")
+        pad.rotate_owner_key("owner-0")
+    forms = [value, value.hex().encode(), base64.b64encode(value)]
+    files = [p for root in (tmp_path, softhsm.root) for p in root.rglob("*") if p.is_file()]
+    assert any(p.name == "s.db" for p in files)
+    for path in files:
+        data = path.read_bytes()
+        assert not any(form in data for form in forms), path
