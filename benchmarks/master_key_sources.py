@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support.softhsm import SoftHsm, find_softhsm  # noqa: E402
+from tests.support.softhsm import SoftHsm, find_softhsm
 
 OWNERS = 20
 
@@ -42,33 +42,44 @@ def _stores(root: Path, hsm: SoftHsm) -> dict[str, Callable[[], object]]:
     return {"key file": lambda: Keyring.from_key_file(key), "pkcs11 (SoftHSM2)": lambda: Keyring.from_uri(uri)}
 
 
-def _measure(db: Path, make_keyring: Callable[[], object], runs: int) -> dict[str, str]:
+def _measure(stores: dict[str, tuple[Path, Callable[[], object]]], runs: int) -> dict[str, dict[str, str]]:
+    """Each figure's median over ``runs``, the stores taking turns run by run (a shared
+    machine's drift then weighs on both alike)."""
     from securepad import Principal, Scratchpad
 
     principals = [Principal(f"owner-{n}", "a", "c") for n in range(OWNERS)]
-    with Scratchpad.open(db, keyring=make_keyring(), anchor=False) as pad:  # type: ignore[arg-type]
-        ids = [pad.put(p, "t", 1, "x", "an observation " * 40)["scratchpad_id"] for p in principals]
-    opens, firsts, warms, calls = [], [], [], []
+    ids: dict[str, list[str]] = {}
+    for name, (db, make_keyring) in stores.items():
+        with Scratchpad.open(db, keyring=make_keyring(), anchor=False) as pad:  # type: ignore[arg-type]
+            ids[name] = [pad.put(p, "t", 1, "x", "an observation " * 40)["scratchpad_id"] for p in principals]
+    samples: dict[str, dict[str, list[float]]] = {
+        name: {"open": [], "first read": [], "warm read": []} for name in stores
+    }
+    calls: dict[str, dict[str, int]] = {}
     for run in range(runs):
-        keyring = make_keyring()
-        started = time.perf_counter()
-        pad = Scratchpad.open(db, keyring=keyring, anchor=False)  # type: ignore[arg-type]
-        opened = time.perf_counter()
-        owner = run % OWNERS
-        pad.get(principals[owner], ids[owner])
-        first = time.perf_counter()
-        pad.get(principals[owner], ids[owner])
-        warm = time.perf_counter()
-        pad.close()
-        opens.append(opened - started)
-        firsts.append(first - opened)
-        warms.append(warm - first)
-        source = getattr(keyring, "source", None)
-        if source is not None:
-            calls.append(source.calls.snapshot())
-    figures = {"open": _median_ms(opens), "first read": _median_ms(firsts), "warm read": _median_ms(warms)}
-    if calls:
-        figures["token calls (last run)"] = str(calls[-1])
+        for name, (db, make_keyring) in stores.items():
+            keyring = make_keyring()
+            started = time.perf_counter()
+            pad = Scratchpad.open(db, keyring=keyring, anchor=False)  # type: ignore[arg-type]
+            opened = time.perf_counter()
+            owner = run % OWNERS
+            pad.get(principals[owner], ids[name][owner])
+            first = time.perf_counter()
+            pad.get(principals[owner], ids[name][owner])
+            warm = time.perf_counter()
+            pad.close()
+            for figure, value in (
+                ("open", opened - started),
+                ("first read", first - opened),
+                ("warm read", warm - first),
+            ):
+                samples[name][figure].append(value)
+            source = getattr(keyring, "source", None)
+            if source is not None:
+                calls[name] = source.calls.snapshot()
+    figures = {name: {k: _median_ms(v) for k, v in by.items()} for name, by in samples.items()}
+    for name, snapshot in calls.items():
+        figures[name]["token calls (last open and read)"] = str(snapshot)
     return figures
 
 
@@ -97,7 +108,9 @@ def _per_call(hsm: SoftHsm, runs: int) -> dict[str, str]:
     lib.load(hsm.module)
     slot = next(s for s in lib.getSlotList(tokenPresent=True) if lib.getTokenInfo(s).label.strip() == "securepad")
     session = lib.openSession(slot, PyKCS11.CKF_RW_SESSION | PyKCS11.CKF_SERIAL_SESSION)
-    handle = session.findObjects([(PyKCS11.CKA_CLASS, PyKCS11.CKO_SECRET_KEY), (PyKCS11.CKA_LABEL, "bench-per-call")])[0]
+    handle = session.findObjects([(PyKCS11.CKA_CLASS, PyKCS11.CKO_SECRET_KEY), (PyKCS11.CKA_LABEL, "bench-per-call")])[
+        0
+    ]
     enc, dec = [], []
     for _ in range(runs * 50):
         iv = secrets.token_bytes(12)
@@ -121,9 +134,11 @@ def main() -> None:
     try:
         hsm = SoftHsm(root / "softhsm", *found)
         os.environ["SOFTHSM2_CONF"] = str(hsm.conf)
+        stores = {}
         for name, make_keyring in _stores(root, hsm).items():
             (root / name.split()[0]).mkdir()
-            figures = _measure(root / name.split()[0] / "store.db", make_keyring, args.runs)
+            stores[name] = (root / name.split()[0] / "store.db", make_keyring)
+        for name, figures in _measure(stores, args.runs).items():
             print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in figures.items()))
         print(", ".join(f"{k} {v}" for k, v in _per_call(hsm, args.runs).items()))
     finally:

@@ -94,6 +94,8 @@ class _Token:
 
 
 _SHARED: dict[tuple[str, int], _Token] = {}
+# The token a URI's token attributes found, by (module path, token, serial, slot-id, manufacturer, model).
+_NAMED: dict[tuple[str, ...], _Token] = {}
 _SHARED_LOCK = threading.Lock()
 
 
@@ -214,9 +216,17 @@ class TokenLink:
         # The PIN is read once per source even when the token's session is
         # open already: a source whose PIN is missing fails the same way alone.
         self._pin()
+        path = self._uri.path
+        name = (
+            self._module_path(),
+            *(path.get(a, "") for a in ("token", "serial", "slot-id", "manufacturer", "model")),
+        )
+        known = _NAMED.get(name)
+        if known is not None and known.pid == os.getpid():
+            self._shared = known  # listing the slots again costs a rescan of the token's files (SoftHSM2)
+            return known
         pkcs11 = binding()
         lib = self._library()
-        path = self._uri.path
         try:
             tokens = list(
                 lib.get_tokens(
@@ -237,6 +247,7 @@ class TokenLink:
             shared = _SHARED.get(place)
             if shared is None or shared.pid != os.getpid():
                 shared = _SHARED[place] = _Token(token, threading.RLock(), os.getpid())
+            _NAMED[name] = shared
         self._shared = shared
         return shared
 
