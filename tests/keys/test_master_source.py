@@ -291,3 +291,23 @@ def test_no_file_the_store_writes_holds_the_token_keys_bytes(softhsm: SoftHsm, t
     for path in files:
         data = path.read_bytes()
         assert not any(form in data for form in forms), path
+
+
+def test_a_postgresql_store_on_a_token_key_round_trips_and_rotates(
+    softhsm: SoftHsm, pg_dsn: str, tmp_path: Path
+) -> None:
+    uri = softhsm.uri()
+    with Scratchpad.open(pg_dsn, keyring=Keyring.from_uri(uri)) as pad:
+        entry = pad.put(ALICE, "t", 1, "x", "on postgresql")["scratchpad_id"]
+    keyring = Keyring.from_uri(uri)
+    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+        assert pad.get(ALICE, entry).observation == "on postgresql"
+        assert source_of(keyring).calls.total(*CRYPTO) == 2
+        pad.rotate_master_key(Keyring.from_key_file(tmp_path / "key"))
+    with pytest.raises(WrongKeyError, match="key file, variable or passphrase"):
+        Scratchpad.open(pg_dsn, keyring=Keyring.from_uri(uri))
+    with Scratchpad.open(pg_dsn, keyring=Keyring.from_key_file(tmp_path / "key")) as pad:
+        assert pad.get(ALICE, entry).observation == "on postgresql"
+        pad.rotate_master_key(Keyring.from_uri(uri))
+    with Scratchpad.open(pg_dsn, keyring=Keyring.from_uri(uri)) as pad:
+        assert pad.get(ALICE, entry).observation == "on postgresql"
