@@ -303,6 +303,7 @@ class Master:
             KeySourceError: a source cannot be used (nothing is rotated then).
         """
         new_source = new_keyring.source
+        new_wrap: Wrapper
         if new_source is not None:
             new_source.prepare(create=True)
             key_id = new_source.key_id()
