@@ -502,7 +502,7 @@ BACKENDS: dict[str, type[Backend]] = {
 
 
 # Backends outside the suite's own run (PostgreSQL and variants), added by the module
-# that defines them (postgres.py): this module never imports them.
+# that defines them (benchmarks/postgres.py): this module never imports them.
 EXTRA_BACKENDS: dict[str, type[Backend]] = {}
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import data
-from .backends import PRINCIPAL, Backend, SecurepadBackend, open_backend, slice_of
+from .backends import EXTRA_BACKENDS, PRINCIPAL, Backend, SecurepadBackend, open_backend, slice_of
 from .child import can_reset_peak
 from .config import Config, KiB, size_label
 from .hotpath import hotpath_steps, run_hotpath
@@ -50,6 +50,9 @@ def _child_env() -> dict[str, str]:
 
 def _child_cmd(spec: dict[str, Any]) -> list[str]:
     # -P: the child never imports from its working directory (it may be anyone's).
+    # A backend registered from outside the suite names the module that defines it.
+    if spec.get("backend") in EXTRA_BACKENDS:
+        spec = {**spec, "module": EXTRA_BACKENDS[spec["backend"]].__module__}
     return [sys.executable, "-P", "-m", f"{__package__}.child", json.dumps(spec)]
 
 

@@ -35,7 +35,7 @@ from securepad import (
     StoreBusyError,
     StoreCorruptError,
 )
-from securepad.bench.faults import damaged_copies, exercise
+from securepad.testing.faults import damaged_copies, exercise
 from securepad.cli import main
 from securepad.store import sqlite_of
 from tests.conftest import ALICE

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from securepad import InvalidArgumentError, Keyring, Principal, Scratchpad
-from securepad.bench.pgbouncer import PgBouncer, find_pgbouncer
+from securepad.testing.pgbouncer import PgBouncer, find_pgbouncer
 from securepad.store import parts
 
 CLIENTS = 64
