@@ -20,8 +20,8 @@ import psycopg
 import pytest
 
 from securepad import Keyring, Principal, Scratchpad, SecurepadError
-from securepad.testing.pgbouncer import PgBouncer, find_pgbouncer, pooled_store
 from securepad.store import parts
+from securepad.testing.pgbouncer import PgBouncer, find_pgbouncer, pooled_store
 
 CLIENTS = 64
 STORES = 8  # 8 stores x 8 pooled connections = 64 client connections to PgBouncer

@@ -25,11 +25,11 @@ import apsw
 import pytest
 
 from securepad import Keyring, Policy, Principal, Scratchpad
-from securepad.testing.meters import ReadMeter
 from securepad.errors import IntegrityError, NotFoundError
 from securepad.store import parts
 from securepad.tables.heads.cache import HeadCache
 from securepad.tables.heads.tally import Head
+from securepad.testing.meters import ReadMeter
 from tests.support.tamper_edits import raw_file, record_batches
 
 ALICE = Principal("alice", "planner", "web")

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from securepad import Keyring, Principal, Scratchpad
-from securepad.testing.meters import ReadMeter
 from securepad.errors import IntegrityError, NotFoundError
+from securepad.testing.meters import ReadMeter
 from tests.support.tamper_edits import record_batches
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
