@@ -302,6 +302,12 @@ class _SaverPeer:
         self.conn.close()
 
 
+def _open_peer(peer: str, path: Path) -> _SaverPeer | _SessionPeer:
+    if peer == "SqliteSaver + EncryptedSerializer":
+        return _SaverPeer(path)
+    return _SessionPeer(path, encrypted=peer == "EncryptedSession")
+
+
 def _peer_writes(cfg: Config, root: Path) -> list[Record]:
     records: list[Record] = []
     texts = [data.text(WRITE_BYTES, salt=i) for i in range(64)]
@@ -310,11 +316,7 @@ def _peer_writes(cfg: Config, root: Path) -> list[Record]:
         if reason:
             records += [_skip(peer, PEER_DURABILITY, m, reason) for m in ("single", *(f"batch {b}" for b in BATCHES))]
             continue
-        store: _SaverPeer | _SessionPeer
-        if peer == "SqliteSaver + EncryptedSerializer":
-            store = _SaverPeer(root / "saver-write.db")
-        else:
-            store = _SessionPeer(root / f"{peer}-write.db", encrypted=peer == "EncryptedSession")
+        store = _open_peer(peer, root / f"{peer}-write.db")
         modes = store.modes(texts)
         try:
             for mode, per_call, operation in modes:
@@ -366,11 +368,7 @@ def _tails(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
         if reason:
             records.append({"store": peer, "case": peer, "skipped": reason})
             continue
-        store: _SaverPeer | _SessionPeer
-        if peer == "SqliteSaver + EncryptedSerializer":
-            store = _SaverPeer(root / "saver-tail.db")
-        else:
-            store = _SessionPeer(root / f"{peer}-tail.db", encrypted=peer == "EncryptedSession")
+        store = _open_peer(peer, root / f"{peer}-tail.db")
         try:
             records.append({"store": peer, "case": peer, "stats": _read_stats(cfg, store.tail_reader(text), expected)})
         finally:
