@@ -1,4 +1,4 @@
-"""Run the suite: ``securepad bench [--quick]`` (or ``python -m securepad.bench``).
+"""Run the suite: ``securepad bench [--quick]``.
 
 Prints a summary that fits 80 columns (the targets with ``targets``, every
 table with ``tables``), writes ``<out>/<mode>.json`` and ``<out>/<mode>.png``. ``--quick`` runs every
@@ -196,22 +196,9 @@ def machine(workdir: Path) -> dict[str, Any]:
 
     import apsw
 
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    ram_gib = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                ram_gib = round(int(line.split()[1]) / 1024 / 1024, 1)
-    except OSError:
-        pass
-    sqlcipher = None
+    cpu = _proc_field("/proc/cpuinfo", "model name") or "unknown"
+    mem_kib = _proc_field("/proc/meminfo", "MemTotal")
+    ram_gib = round(int(mem_kib.split()[0]) / 1024 / 1024, 1) if mem_kib else None
     try:
         from sqlcipher3 import dbapi2
 
@@ -238,6 +225,15 @@ def machine(workdir: Path) -> dict[str, Any]:
     }
     info["summary"] = f"{info['nproc']} cores, {cpu}, {ram_gib} GiB, Python {info['python']}"
     return info
+
+
+def _proc_field(path: str, name: str) -> str | None:
+    """The value of the first ``name: value`` line of a /proc file, or None."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return None
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(name)), None)
 
 
 _SPIN = "import time\nt=time.perf_counter()\nn=0\nwhile time.perf_counter()-t<0.5: n+=1\nprint(n)"

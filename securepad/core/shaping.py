@@ -44,7 +44,7 @@ def dumps(value: Any, *, indent: int | None = None) -> bytes:
 def pack(value: Any) -> bytes:
     """The sealed metadata's encoding: a version byte, then msgpack (msgspec).
 
-    Chosen by measurement (``python -m securepad.bench.encoding``): decoding a
+    Chosen by measurement (docs/decisions/0005-listing-key.md): decoding a
     text entry's listing part takes about 0.35 µs against 2.8 µs for the
     standard library's ``json``, encoding 0.15 µs against 4.4, and it is a few
     percent smaller. msgpack carries what JSON does (the values reaching here

@@ -375,7 +375,7 @@ def listing_aad(row: dict[str, Any]) -> bytes:
     unambiguous, and a value edited into another type (a step stored as text)
     encodes differently and fails authentication like any other edit: the
     listing needs no type check of its own. Three times cheaper than packing
-    the same fields with ``struct`` (``securepad.bench.encoding``).
+    the same fields with ``struct`` (docs/decisions/0005-listing-key.md).
 
     Raises:
         IntegrityError: a column holds a value no column can hold.

@@ -24,9 +24,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from securepad import Keyring, Policy, Principal, Scratchpad
-from securepad.bench.heads import ReadMeter
 from securepad.errors import IntegrityError, StoreBusyError
 from securepad.store import parts
+from securepad.testing.meters import ReadMeter
 from tests.support.tamper_edits import raw_file
 
 ALICE = Principal("alice", "planner", "web")

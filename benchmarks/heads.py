@@ -1,6 +1,6 @@
 """What sealed turn heads cost: put and turn read with and without them, and verify.
 
-``python -m securepad.bench.heads [--entries N] [--verify-entries N] [--long-turn N]``
+``python -m benchmarks.heads [--entries N] [--verify-entries N] [--long-turn N]``
 
 ``turn_length`` puts into a turn of 5 steps and into one of ``--long-turn``
 (500) steps, on one store that holds both (so the B-trees are the same): a
@@ -41,14 +41,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import apsw
-
 from securepad import Keyring, Principal, Scratchpad
-from securepad.bench.costs import put_costs, wal_frames
-from securepad.store import parts, sqlite_of
+from securepad.bench.costs import put_costs, turn_put_costs
+from securepad.store import parts
 from securepad.tables.heads.cache import CACHE_TURNS
+from securepad.testing.meters import ReadMeter
 
-__all__ = ["ReadMeter", "main", "read_length", "run", "turn_put_costs"]
+__all__ = ["main", "read_length", "run"]
 
 ALICE = Principal("alice", "agent", "web")
 _NOW = 1_000_000.0
@@ -107,25 +106,6 @@ def _side(root: Path, keyring: Keyring, heads: bool, entries: int) -> dict[str, 
     }
 
 
-def turn_put_costs(pad: Scratchpad, principal: Principal, turn_id: str, step: int) -> dict[str, int]:
-    """Statements and WAL frames of one 4 KiB put at ``step`` into ``turn_id`` (a SQLite store)."""
-    db = sqlite_of(pad)
-    if not db.checkpoint():
-        raise RuntimeError("a reader kept the WAL from being emptied; cannot count frames")
-    counts = {"statements": 0}
-
-    def trace(event: dict[str, Any]) -> None:
-        counts["statements"] += 0 if event.get("trigger") else 1
-
-    db.conn.trace_v2(apsw.SQLITE_TRACE_STMT, trace)
-    try:
-        pad.put(principal, turn_id, step, "tool", "x" * 4096, now=_NOW)
-    finally:
-        db.conn.trace_v2(0, None)
-    counts["wal_frames"] = wal_frames(pad)
-    return counts
-
-
 def _turn_length(root: Path, keyring: Keyring, long_turn: int, repeat: int) -> dict[str, Any]:
     """Put cost into a 5-step turn and into a ``long_turn``-step one, alternating, on one store."""
     with Scratchpad.open(root / "length.db", keyring=keyring) as pad:
@@ -151,49 +131,6 @@ def _turn_length(root: Path, keyring: Keyring, long_turn: int, repeat: int) -> d
         }
         for turn in times
     }
-
-
-class ReadMeter:
-    """Statements, rows and calls to the database (round trips on PostgreSQL)
-    of the calls made while it counts: it wraps the store's ``query`` and
-    ``queries`` (one statement each on SQLite, one message on PostgreSQL)."""
-
-    def __init__(self, pad: Scratchpad) -> None:
-        self.statements = self.rows = self.calls = 0
-        self._depth = 0
-        db = parts(pad).db
-        query, queries = db.query, db.queries
-
-        def counted_queries(*statements: tuple[str, Any], **kwargs: Any) -> list[Any]:
-            return self._count(lambda: queries(*statements, **kwargs), len(statements))
-
-        def counted_query(sql: str, params: Any = (), **kwargs: Any) -> Any:
-            return self._count(lambda: [query(sql, params, **kwargs)], 1)[0]
-
-        db.queries = counted_queries  # type: ignore[method-assign]
-        db.query = counted_query  # type: ignore[method-assign]
-
-    def _count(self, call: Callable[[], list[Any]], statements: int) -> list[Any]:
-        self._depth += 1
-        try:
-            results = call()
-        finally:
-            self._depth -= 1
-        if self._depth == 0:
-            self.calls += 1
-            self.statements += statements
-            self.rows += sum(len(rows) for rows in results)
-        return results
-
-    def counts(self, call: Callable[[], Any]) -> dict[str, int]:
-        """What ``call`` sent and fetched."""
-        before = (self.statements, self.rows, self.calls)
-        call()
-        return {
-            "statements": self.statements - before[0],
-            "rows": self.rows - before[1],
-            "calls": self.calls - before[2],
-        }
 
 
 def _server_cpu_s(pid: int | None) -> float:
@@ -330,7 +267,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m securepad.bench.heads", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.heads", description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=2000, help="puts per side (4 KiB each, 20 steps a turn)")
     parser.add_argument("--verify-entries", type=int, default=100_000, help="entries in the store verify walks")
     parser.add_argument("--long-turn", type=int, default=500, help="steps of the long turn (turn_length)")
