@@ -48,6 +48,9 @@ class Scratchpad:
     to use from several processes on the same file.
     """
 
+    policy: Policy
+    store_id: str
+
     def __init__(
         self, db: Backend, keyring: Keyring, policy: Policy, clock: Callable[[], float], anchor: Anchoring = NEAR_KEY
     ) -> None:
