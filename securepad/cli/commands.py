@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import InvalidArgumentError, Principal, SecurepadError
-from ..turn import MAX_TOOL_INT, SCRATCHPAD_READ_TOOL
+from ..core.tool import MAX_TOOL_INT, SCRATCHPAD_READ_TOOL
 from .options import (
     ENV_HELP,
     SecurepadGroup,
