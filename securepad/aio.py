@@ -52,14 +52,15 @@ class _Runner:
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
 
-def _derived(name: str, member: Any) -> Any:
+def _derived(sync_class: type, name: str, member: Any) -> Any:
     """The async counterpart of the sync class's public ``member``."""
-    if isinstance(member, classmethod):
+    if isinstance(member, classmethod | staticmethod):
+        bound, skip = member.__get__(None, sync_class), int(isinstance(member, classmethod))
 
-        async def on_class(cls: Any, /, *args: Any, **kwargs: Any) -> Any:
-            return await asyncio.to_thread(functools.partial(getattr(cls._sync_class, name), *args, **kwargs))
+        async def on_class(*args: Any, **kwargs: Any) -> Any:  # a classmethod's first argument: the async class
+            return await asyncio.to_thread(functools.partial(bound, *args[skip:], **kwargs))
 
-        return classmethod(functools.update_wrapper(on_class, member.__func__))
+        return type(member)(functools.update_wrapper(on_class, member.__func__))
     if callable(member):
 
         async def method(self: Any, /, *args: Any, **kwargs: Any) -> Any:
@@ -82,7 +83,7 @@ def _derive(cls: type[T]) -> type[T]:
     names |= set(getattr(sync_class, "__slots__", ())) | set(getattr(sync_class, "__annotations__", {}))
     for name in sorted(names - set(vars(cls))):
         if not name.startswith("_"):
-            setattr(cls, name, _derived(name, inspect.getattr_static(sync_class, name, None)))
+            setattr(cls, name, _derived(sync_class, name, inspect.getattr_static(sync_class, name, None)))
     return cls
 
 

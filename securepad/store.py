@@ -18,7 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from ._assembly import NEAR_KEY, Anchoring, Assembly, Parts, open_backend, resolve_policy
+from ._assembly import NEAR_KEY, Anchoring, Assembly, Parts, location_of, open_backend, resolve_policy, store_exists
 from ._restore import replace_store, stage_copy
 from .core import read_modes
 from .errors import IntegrityError, InvalidArgumentError, SecurepadError
@@ -50,6 +50,8 @@ class Scratchpad:
 
     policy: Policy
     store_id: str
+    exists = staticmethod(store_exists)
+    location_of = staticmethod(location_of)
 
     def __init__(
         self, db: Backend, keyring: Keyring, policy: Policy, clock: Callable[[], float], anchor: Anchoring = NEAR_KEY

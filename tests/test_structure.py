@@ -212,6 +212,35 @@ def test_raw_crypto_primitives_only_in_crypto() -> None:
     assert uses == []
 
 
+# What the command line may import of the package: the public names of
+# ``securepad``, and the modules documented as public.
+CLI_PUBLIC = ("securepad.errors", "securepad.audit", "securepad.integrations", "securepad.bench", "securepad.cli")
+
+
+def _cli_private_imports(imports: dict[str, list[tuple[str, str | None, int]]]) -> list[str]:
+    return [
+        f"{module}:{line} imports {target}{'.' + name if name else ''}"
+        for module, found in imports.items()
+        for target, name, line in found
+        if target.startswith("securepad")
+        and not target.startswith(CLI_PUBLIC)
+        and not (target == "securepad" and name in securepad.__all__)
+    ]
+
+
+def test_the_cli_imports_public_names_only() -> None:
+    cli = {module: list(_imports(module)) for module in MODULES if module.startswith("securepad.cli")}
+    assert cli and _cli_private_imports(cli) == []
+
+
+def test_the_cli_rule_sees_a_private_import() -> None:
+    found = {"securepad.cli.x": [("securepad.storage.postgres.database", "describe", 1), ("securepad", "_log", 2)]}
+    assert len(_cli_private_imports(found)) == 2
+    assert (
+        _cli_private_imports({"securepad.cli.x": [("securepad", "Scratchpad", 1), ("securepad.errors", None, 2)]}) == []
+    )
+
+
 def test_sql_only_where_the_tables_are_owned() -> None:
     offenders = sorted(
         {
