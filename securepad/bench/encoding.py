@@ -36,7 +36,7 @@ from typing import Any
 import msgspec
 
 from securepad.bench import data
-from securepad.crypto.primitives import ENTRY_FORMAT, Header, listing_aad
+from securepad.crypto.formats import ENTRY_FORMAT, Header, listing_aad
 from securepad.policy import Policy
 
 from ..core import shaping
