@@ -152,8 +152,6 @@ class SecurepadSaver(ThreadedAsyncSaver):
         self.records = SaverRecords(pad, self.ttl_seconds, clock)
         self.threads = ThreadList(self.records)
 
-    # -- principal and config ------------------------------------------------------
-
     def _who(self, config: RunnableConfig) -> Principal:
         if self._principal is not None:
             return self._principal
@@ -163,26 +161,16 @@ class SecurepadSaver(ThreadedAsyncSaver):
             raise InvalidArgumentError("principal_from_config must return a securepad.Principal")
         return principal
 
-    @staticmethod
-    def _thread(config: RunnableConfig) -> tuple[str, str]:
-        configurable = config.get("configurable") or {}
-        thread_id = configurable.get("thread_id")
-        if thread_id is None or thread_id == "":
-            raise InvalidArgumentError("the config has no configurable.thread_id")
-        return str(thread_id), str(configurable.get("checkpoint_ns") or "")
-
     def get_next_version(self, current: str | None, channel: None) -> str:
         """Versions unique per write (a counter and a random part), as LangGraph's
         own savers make them: a channel value is stored once per version."""
         return _next_version(current)
 
-    # -- reading -------------------------------------------------------------------
-
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint of ``config`` (its ``checkpoint_id``, else the thread's
         latest in its namespace) with its values and pending writes, or None."""
         principal = self._who(config)
-        thread_id, ns = self._thread(config)
+        thread_id, ns = _thread_of(config)
         wanted = get_checkpoint_id(config)
         found = [s for s in self.records.checkpoints(principal, thread_id) if s.meta["ns"] == ns]
         if wanted is not None:
@@ -190,7 +178,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
         if not found:
             return None
         latest = max(found, key=lambda s: s.meta["checkpoint_id"])
-        return self._load(principal, thread_id, latest)
+        return _checkpoint_tuple(self, principal, thread_id, latest)
 
     def list(
         self,
@@ -200,19 +188,15 @@ class SecurepadSaver(ThreadedAsyncSaver):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        """The checkpoints of ``config``'s thread (its namespace when given, its
-        ``checkpoint_id`` when given), newest first; ``filter`` matches their
-        metadata, ``before`` a checkpoint id, ``limit`` the count. With
-        ``config=None``, every thread of the principal (``principal_from_config``
-        gets ``{"configurable": {}}``)."""
+        """The checkpoints of ``config``'s thread (its namespace and ``checkpoint_id``
+        when given; every thread of the principal for None), newest first;
+        ``filter`` matches their metadata, ``before`` a checkpoint id, ``limit`` the count."""
         if config is None:
             principal = self._who({"configurable": {}})
-            threads = sorted(self.threads.of(principal))
-            ns = None
-            wanted = None
+            threads, ns, wanted = sorted(self.threads.of(principal)), None, None
         else:
             principal = self._who(config)
-            thread_id, _ = self._thread(config)
+            thread_id, _ = _thread_of(config)
             threads = [thread_id]
             configurable = config.get("configurable") or {}
             ns = str(configurable["checkpoint_ns"] or "") if "checkpoint_ns" in configurable else None
@@ -227,35 +211,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
                     found.append((thread_id, stored))
         found.sort(key=lambda item: item[1].meta["checkpoint_id"], reverse=True)
         for thread_id, stored in found[:limit]:
-            yield self._load(principal, thread_id, stored)
-
-    def _load(self, principal: Principal, thread_id: str, stored: Stored) -> CheckpointTuple:
-        meta, content = self.records.opened(principal, stored, f"checkpoint {stored.meta['checkpoint_id']}")
-        ns, checkpoint_id = meta["ns"], meta["checkpoint_id"]
-        checkpoint: Checkpoint = self.serde.loads_typed((meta["type"], content))
-        values = dict(checkpoint.get("channel_values") or {})
-        for channel, (version, value_id) in meta["values"].items():
-            value_meta, data = self.records.value_content(principal, thread_id, ns, channel, version, value_id)
-            values[channel] = self.serde.loads_typed((value_meta["type"], data))
-        checkpoint["channel_values"] = values
-        config: RunnableConfig = {
-            "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
-        }
-        parent = meta["parent_checkpoint_id"]
-        parent_config: RunnableConfig | None = (
-            {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": parent}}
-            if parent is not None
-            else None
-        )
-        return CheckpointTuple(
-            config=config,
-            checkpoint=checkpoint,
-            metadata=meta["metadata"],
-            parent_config=parent_config,
-            pending_writes=self.records.pending_writes(principal, thread_id, ns, checkpoint_id, self.serde.loads_typed),
-        )
-
-    # -- writing -------------------------------------------------------------------
+            yield _checkpoint_tuple(self, principal, thread_id, stored)
 
     def put(
         self,
@@ -267,7 +223,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
         """Store a checkpoint: its new big channel values as entries of their own,
         the rest in the checkpoint's entry. Returns the checkpoint's config."""
         principal = self._who(config)
-        thread_id, ns = self._thread(config)
+        thread_id, ns = _thread_of(config)
         now = self._clock()
         self.threads.register(principal, thread_id, now)
         values = checkpoint.get("channel_values") or {}
@@ -326,7 +282,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
         is already stored (same task and index) is kept, except the special
         ones (errors, interrupts, ...), which the newer one replaces."""
         principal = self._who(config)
-        thread_id, ns = self._thread(config)
+        thread_id, ns = _thread_of(config)
         checkpoint_id = get_checkpoint_id(config)
         if checkpoint_id is None:
             raise InvalidArgumentError("put_writes needs a config with configurable.checkpoint_id")
@@ -415,13 +371,9 @@ class SecurepadSaver(ThreadedAsyncSaver):
         self.records.copy_checkpoints(principal, listed, source_thread_id, target_principal, target_thread_id, now)
 
     def import_thread(self, source: BaseCheckpointSaver[Any], thread_id: str) -> int:
-        """Copy a thread out of another checkpointer (``SqliteSaver``,
-        ``PostgresSaver``, ...) into this one: every checkpoint of every
-        namespace, oldest first, with its metadata, parent and pending writes.
-        Returns how many checkpoints were copied. The source is not changed;
-        delete the thread there (``source.delete_thread``) once you are done.
-        A thread that already has checkpoints here is refused (importing twice
-        would double it).
+        """Copy a thread out of another checkpointer (``SqliteSaver``, ``PostgresSaver``, ...):
+        every checkpoint of every namespace, oldest first, with its metadata,
+        parent and pending writes; returns how many. The source is not changed.
 
         Raises:
             InvalidArgumentError: the thread already has checkpoints in this saver.
@@ -446,6 +398,42 @@ class SecurepadSaver(ThreadedAsyncSaver):
             for task_id, writes in by_task.items():
                 self.put_writes(stored, writes, task_id)
         return len(found)
+
+
+def _thread_of(config: RunnableConfig) -> tuple[str, str]:
+    configurable = config.get("configurable") or {}
+    thread_id = configurable.get("thread_id")
+    if thread_id is None or thread_id == "":
+        raise InvalidArgumentError("the config has no configurable.thread_id")
+    return str(thread_id), str(configurable.get("checkpoint_ns") or "")
+
+
+def _checkpoint_tuple(saver: SecurepadSaver, principal: Principal, thread_id: str, stored: Stored) -> CheckpointTuple:
+    """The checkpoint of ``stored`` as LangGraph wants it, with its big values and pending writes."""
+    meta, content = saver.records.opened(principal, stored, f"checkpoint {stored.meta['checkpoint_id']}")
+    ns, checkpoint_id = meta["ns"], meta["checkpoint_id"]
+    checkpoint: Checkpoint = saver.serde.loads_typed((meta["type"], content))
+    values = dict(checkpoint.get("channel_values") or {})
+    for channel, (version, value_id) in meta["values"].items():
+        value_meta, data = saver.records.value_content(principal, thread_id, ns, channel, version, value_id)
+        values[channel] = saver.serde.loads_typed((value_meta["type"], data))
+    checkpoint["channel_values"] = values
+    config: RunnableConfig = {
+        "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
+    }
+    parent = meta["parent_checkpoint_id"]
+    parent_config: RunnableConfig | None = (
+        {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": parent}}
+        if parent is not None
+        else None
+    )
+    return CheckpointTuple(
+        config=config,
+        checkpoint=checkpoint,
+        metadata=meta["metadata"],
+        parent_config=parent_config,
+        pending_writes=saver.records.pending_writes(principal, thread_id, ns, checkpoint_id, saver.serde.loads_typed),
+    )
 
 
 def _next_version(current: str | int | None) -> str:
