@@ -1,57 +1,24 @@
 """``SecurepadSaver``: a LangGraph checkpointer whose every checkpoint, pending
-write and channel value is a sealed securepad entry of its owner.
+write and channel value is a sealed securepad entry of its owner, written and
+read through ``Scratchpad``'s public API (authorization, sealing, tamper
+evidence and expiry are the store's own).
 
-Layout (every entry through ``Scratchpad``'s public API, so authorization,
-sealing, tamper evidence and expiry are the store's own):
+- a thread is one turn of its owner, named by a keyed digest of the thread id
+  (``_saver_records.keyed_turn``: never in clear, not recoverable by hashing
+  guesses); each checkpoint (any namespace) is one entry of it, executor
+  ``langgraph.checkpoint``, its sealed metadata carrying the thread,
+  namespace, ids, LangGraph's metadata and the entries of its big values;
+- a channel value serialized larger than ``inline_max_bytes`` is an entry of
+  the turn of ``(thread, namespace, channel, version)``, stored once per version;
+- a checkpoint's pending writes are entries of the turn of ``(thread,
+  namespace, checkpoint id)``; the owner's threads are listed in the turn
+  ``securepad.langgraph:threads``.
 
-- a thread is the turn ``securepad.langgraph:thread:keyed:<HMAC>`` of its owner
-  (``_saver_records.keyed_turn``; a thread written before keyed names keeps
-  its former ``securepad.langgraph:thread:<sha256>`` while it holds checkpoints);
-  each checkpoint (any namespace) is one entry of it, executor
-  ``langgraph.checkpoint``. The entry's content is the serialized checkpoint
-  with its small channel values; its sealed ``metadata`` carries the thread,
-  namespace, ids, LangGraph's metadata (for ``list`` filters) and the ids of
-  the entries holding its big channel values;
-- a channel value whose serialized form exceeds ``inline_max_bytes`` is an
-  entry of its own, in the turn of ``(thread, namespace, channel, version)``.
-  LangGraph gives an unchanged channel the same version, so a big value that
-  did not change is referenced again, never re-encrypted;
-- the pending writes of a checkpoint are entries of the turn of
-  ``(thread, namespace, checkpoint id)``;
-- the owner's threads are listed in the turn ``securepad.langgraph:threads``
-  (for ``delete_for_runs`` and ``list(None)``).
-
-A serialized checkpoint or write of at most 4 KiB travels in the entry's
-sealed metadata (``data``, its last field). Choosing among a thread's
-checkpoints reads its listing only: a listing's view fits the policy's
-``inline_max_chars``, and a view cut to fit keeps the leading fields (format,
-thread, namespace, ids, LangGraph's metadata), which are all that choosing
-needs. So ``get_tuple`` reads whole only the checkpoint it returns (and its
-big values and writes), ``list(limit=n)`` only the ``n`` it yields, however
-long the thread.
-
-Each entry takes its turn's next step number (one more than the highest live
-one; the store keeps one live entry per step), chosen in the write
-transaction that serializes the owner's writes: writers of one thread in
-several threads or processes never share a step, and a turn lists its live
-entries in the order they were written. Nothing here depends on that order:
-checkpoints are ordered by id, pending writes by task and index.
-
-Turn ids are keyed digests (HMAC of the owner and the ids, under a key
-derived from the store's master key), so thread ids never appear in clear and
-cannot be recovered from the file by hashing guesses (a former turn id, a
-plain SHA-256, could); step numbers do appear,
-as for every entry, and show about how many entries a turn has had (e.g. a
-thread's checkpoints). The header of each entry binds it to its turn and
-owner, and the sealed metadata repeats the thread, namespace and ids,
-checked on every read. Entries live
-``ttl_seconds`` (default: the policy's ``max_ttl_seconds``); a checkpoint never
-outlives the values it references (those are kept alive while in use).
-
-The parts: this module is the sync face (configs, principals, LangGraph's
-(de)serialization); ``_saver_records`` the sealed records (where each lives,
-the checks on what is found, values and the thread list kept alive,
-deletion, copying); ``_saver_async`` the async face, derived from the sync one.
+Choosing among a thread's checkpoints reads its listing only, so ``get_tuple``
+and ``list(limit=n)`` open whole only what they return. Each entry takes its
+turn's next step in the write transaction; nothing depends on that order. A
+checkpoint never outlives the values it references. ``_saver_records`` holds
+the sealed records, ``_saver_async`` the async face derived from this one.
 """
 
 from __future__ import annotations
