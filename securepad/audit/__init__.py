@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,7 +126,7 @@ class Audit:
     _started: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
-        self._steps = _plan(self.pad) if self.pad.backend == "sqlite" else _pg_plan(self.pad)
+        self._steps = _plan(self.pad)
 
     @property
     def checks(self) -> tuple[str, ...]:
@@ -248,46 +248,26 @@ _AT_REST_CHECKS = [
 
 
 def _plan(pad: Scratchpad) -> list[_Step]:
-    steps = [_Step(name, "deployment", tried, check) for name, tried, check in _FILE_CHECKS]
-    steps += [
-        _Step("policy sane", "deployment", "validate the policy again; log_denied on; bounded expiry", _policy_sane),
-        _Step(
-            _TENANTS,
-            "setup",
-            "store canary entries as two synthetic owners (three principals of a) and read them back",
-            lambda ctx: "",
-        ),
-    ]
-    steps += [_Step(name, "isolation", tried, check) for name, tried, check in _api.api_checks(pad)]
-    steps += [_Step(name, "runtime", tried, check) for name, tried, check in _runtime.runtime_checks(pad)]
-    steps += [_Step(name, "tamper", tried, check) for name, tried, check in _files.tamper_checks()]
-    steps.append(
-        _Step(
-            "wrong master key", "tamper", "open a scratch copy with a fresh random master key", _files.wrong_master_key
-        )
-    )
-    return steps + [_Step(name, "at rest", tried, check) for name, tried, check in _AT_REST_CHECKS]
-
-
-def _pg_plan(pad: Scratchpad) -> list[_Step]:
-    """The checks that apply on PostgreSQL: no file to copy or scan; the server's
+    """The audit's steps. PostgreSQL has no file to copy or scan: the server's
     roles, row-level security and grants instead, and rows tampered in place."""
-    steps = [_Step(name, "deployment", tried, check) for name, tried, check in _postgres.deployment_checks()]
-    steps += [
-        _Step("policy sane", "deployment", "validate the policy again; log_denied on; bounded expiry", _policy_sane),
-        _Step(
-            _TENANTS,
-            "setup",
-            "store canary entries as two synthetic owners (three principals of a) and read them back",
-            lambda ctx: "",
-        ),
-    ]
-    name, tried, check = _postgres.raw_query_check()
-    steps.append(_Step(name, "isolation", tried, check))
-    steps += [_Step(name, "isolation", tried, check) for name, tried, check in _api.api_checks(pad)]
-    steps += [_Step(name, "runtime", tried, check) for name, tried, check in _runtime.runtime_checks(pad)]
-    steps += [_Step(name, "tamper", tried, check) for name, tried, check in _postgres.tamper_checks()]
-    return steps
+    postgres = pad.backend != "sqlite"
+
+    def steps(group: str, checks: Iterable[tuple[str, str, Check]]) -> list[_Step]:
+        return [_Step(name, group, tried, check) for name, tried, check in checks]
+
+    plan = steps("deployment", _postgres.deployment_checks() if postgres else _FILE_CHECKS)
+    plan += steps(
+        "deployment", [("policy sane", "validate the policy again; log_denied on; bounded expiry", _policy_sane)]
+    )
+    tenants = "store canary entries as two synthetic owners (three principals of a) and read them back"
+    plan += steps("setup", [(_TENANTS, tenants, lambda ctx: "")])
+    plan += steps("isolation", [_postgres.raw_query_check()] if postgres else [])
+    plan += steps("isolation", _api.api_checks(pad)) + steps("runtime", _runtime.runtime_checks(pad))
+    if postgres:
+        return plan + steps("tamper", _postgres.tamper_checks())
+    plan += steps("tamper", _files.tamper_checks())
+    wrong_key = ("wrong master key", "open a scratch copy with a fresh random master key", _files.wrong_master_key)
+    return plan + steps("tamper", [wrong_key]) + steps("at rest", _AT_REST_CHECKS)
 
 
 def _timed(step: _Step, check: Check, ctx: Context) -> CheckResult:

@@ -503,28 +503,16 @@ def principal_options(func: F) -> F:
         return func(*args, principal=principal, **kwargs)
 
     decorated: Any = wrapper
-    decorated = click.option(
-        "--channel",
-        envvar="SECUREPAD_CHANNEL",
-        show_envvar=True,
-        default="cli",
-        show_default=True,
-        help="Channel of the caller.",
-    )(decorated)
-    decorated = click.option(
-        "--actor",
-        envvar="SECUREPAD_ACTOR",
-        show_envvar=True,
-        default="cli",
-        show_default=True,
-        help="Actor (agent) of the caller.",
-    )(decorated)
-    decorated = click.option(
-        "--owner",
-        envvar="SECUREPAD_OWNER",
-        show_envvar=True,
-        help="Owner (tenant) on whose behalf to act (required: the option or its variable).",
-    )(decorated)
+    for name, default, what in (
+        ("channel", "cli", "Channel of the caller."),
+        ("actor", "cli", "Actor (agent) of the caller."),
+        ("owner", None, "Owner (tenant) on whose behalf to act (required: the option or its variable)."),
+    ):
+        envvar, shown = f"SECUREPAD_{name.upper()}", default is not None
+        option = click.option(
+            f"--{name}", envvar=envvar, show_envvar=True, default=default, show_default=shown, help=what
+        )
+        decorated = option(decorated)
     return decorated  # type: ignore[no-any-return]
 
 
