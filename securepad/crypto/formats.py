@@ -69,7 +69,7 @@ NONCE_PREFIX_BYTES = 7
 # A listing part: its format byte, the AES-GCM nonce, then ciphertext and tag.
 LISTING_FORMAT = 2
 _LISTING_MIN = 1 + 12 + 16
-_LISTINGTAG = lp(TAG + b"listing", str(LISTING_FORMAT))
+_LISTING_TAG = lp(TAG + b"listing", str(LISTING_FORMAT))
 # The clear columns a listing part is bound to, in the order its AAD has them.
 _LISTING_BOUND = operator.itemgetter(
     "id",
@@ -100,14 +100,13 @@ def listing_aad(row: dict[str, Any]) -> bytes:
     msgpack of the values as the row holds them: self-delimiting and typed, so
     unambiguous, and a value edited into another type (a step stored as text)
     encodes differently and fails authentication like any other edit: the
-    listing needs no type check of its own. Three times cheaper than packing
-    the same fields with ``struct`` (``securepad.bench.encoding``).
+    listing needs no type check of its own.
 
     Raises:
         IntegrityError: a column holds a value no column can hold.
     """
     try:
-        return _LISTINGTAG + _msgpack(_LISTING_BOUND(row))
+        return _LISTING_TAG + _msgpack(_LISTING_BOUND(row))
     except (TypeError, ValueError, OverflowError, msgspec.EncodeError):
         raise IntegrityError("the entry's clear columns hold a value of the wrong type") from None
 
@@ -183,8 +182,7 @@ class Header:
         """
         WORK.digests += 1
         if self.format == ENTRY_FORMAT:
-            # Length-prefixed strings and fixed-width numbers: unambiguous, and
-            # about 6x cheaper than the JSON object below (bench/encoding.py).
+            # Length-prefixed strings and fixed-width numbers: unambiguous, and cheaper than the JSON below.
             texts = (
                 self.entry_id.encode(),
                 self.owner_user_id.encode(),
@@ -195,10 +193,10 @@ class Header:
                 fixed = _HEADER_LAYOUT.pack(*map(len, texts), self.size_bytes, self.size_chars, self.segment_count)
             except struct.error:
                 raise IntegrityError("the entry's clear sizes are out of range") from None
-            return hashlib.sha256(b"".join((_HEADERTAG, fixed, *texts))).digest()
+            return hashlib.sha256(b"".join((_HEADER_TAG, fixed, *texts))).digest()
         if self.format != 1:
             raise IntegrityError(f"unknown entry format {self.format}")
-        # Not dataclasses.asdict: its deep copy cost about 13 µs of every put and read.
+        # Not dataclasses.asdict: its deep copy is paid on every put and read.
         body = json.dumps(
             {name: getattr(self, name) for name in _DIGEST_FIELDS}, sort_keys=True, separators=(",", ":")
         ).encode()
@@ -211,7 +209,7 @@ _DIGEST_FIELDS = tuple(f.name for f in fields(Header) if f.name not in ("key_ver
 # Format 2's digest input: the four strings' lengths, the sizes and the
 # segment count (fixed width), then the strings.
 _HEADER_LAYOUT = struct.Struct(">4IQQQ")
-_HEADERTAG = lp(TAG + b"header", str(ENTRY_FORMAT))
+_HEADER_TAG = lp(TAG + b"header", str(ENTRY_FORMAT))
 
 
 class EntryCipher:
