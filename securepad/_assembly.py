@@ -81,6 +81,28 @@ def resolve_policy(policy: str | os.PathLike[str] | Policy | None) -> Policy:
     return Policy.load(policy if isinstance(policy, str) else Path(policy))
 
 
+def store_exists(where: str | os.PathLike[str]) -> bool:
+    """Whether a store is at ``where``: the SQLite file, or a PostgreSQL DSN's store (its schema).
+
+    Raises:
+        StoreUnavailableError: the PostgreSQL server cannot be reached.
+    """
+    if not str(where).startswith(_PG_SCHEMES):
+        return Path(where).exists()
+    from .storage.postgres.database import store_present
+
+    return store_present(str(where))
+
+
+def location_of(where: str | os.PathLike[str]) -> str:
+    """Where ``where`` is, for a message: the file's absolute path, or the DSN without its password."""
+    if not str(where).startswith(_PG_SCHEMES):
+        return str(Path(where).absolute())
+    from .storage.postgres.database import describe
+
+    return describe(str(where))
+
+
 def open_backend(
     where: Any, admin: Any, schema: str, policy: Policy, *, call_timeout_s: float | None = None
 ) -> Backend:

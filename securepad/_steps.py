@@ -1,9 +1,5 @@
-"""Steps chosen for the caller: ``record_next`` and ``put_next``; and the
-keyed names of the integrations' turns (``keyed_turn_name``, ``keyed_or_former``).
-
-``record_next`` (record an observation as the turn's next free step) lives in
-``turn.py``, which owns the turn's parts; this module keeps the import path
-the adapters use.
+"""Steps chosen for the integrations: ``put_next``, and the keyed names of
+their turns (``keyed_turn_name``, ``keyed_or_former``).
 
 ``put_next`` is ``Scratchpad.put`` at the turn's next step, for the
 integrations' own entries (``SecurepadSaver``, ``SecurepadSession``): the
@@ -21,9 +17,8 @@ from typing import Any
 from .errors import InvalidArgumentError, StoreBusyError
 from .principal import Principal
 from .store import Scratchpad, parts
-from .turn import record_next
 
-__all__ = ["keyed_or_former", "keyed_turn_name", "put_next", "record_next", "turn_in_use"]
+__all__ = ["keyed_or_former", "keyed_turn_name", "put_next", "turn_in_use"]
 
 
 def keyed_turn_name(pad: Scratchpad, principal: Principal, *ids: Any) -> str:

@@ -18,7 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from ._assembly import NEAR_KEY, Anchoring, Assembly, Parts, open_backend, resolve_policy
+from ._assembly import NEAR_KEY, Anchoring, Assembly, Parts, location_of, open_backend, resolve_policy, store_exists
 from ._restore import replace_store, stage_copy
 from .core import read_modes
 from .errors import IntegrityError, InvalidArgumentError, SecurepadError
@@ -47,6 +47,11 @@ class Scratchpad:
     Safe to share between threads (each gets its own SQLite connection) and
     to use from several processes on the same file.
     """
+
+    policy: Policy
+    store_id: str
+    exists = staticmethod(store_exists)
+    location_of = staticmethod(location_of)
 
     def __init__(
         self, db: Backend, keyring: Keyring, policy: Policy, clock: Callable[[], float], anchor: Anchoring = NEAR_KEY

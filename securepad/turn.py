@@ -16,14 +16,14 @@ from __future__ import annotations
 import copy
 import json
 import math
-import re
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .core import read_modes, reread
+from .core import references, reread
 from .core.reread import fingerprint
+from .core.tool import SCRATCHPAD_READ_TOOL, SCRATCHPAD_READ_TOOL_STRICT, tool_arguments, tool_error
 from .errors import ExpiredError, InvalidArgumentError, NotFoundError, StoreUnavailableError
 from .policy import Policy
 from .principal import Principal
@@ -33,138 +33,10 @@ from .tables.heads.heads import Heads
 from .tables.heads.tally import extend_head
 from .tables.records import Records
 
-__all__ = [
-    "BUDGET_FIELDS",
-    "SCRATCHPAD_READ_TOOL",
-    "SCRATCHPAD_READ_TOOL_STRICT",
-    "TOOL_NAME",
-    "Turn",
-    "extend_turn",
-    "record_next",
-]
-
-TOOL_NAME = "scratchpad_read"
+__all__ = ["BUDGET_FIELDS", "Turn", "extend_turn", "record_next"]
 
 # The budget a checkpoint records: what is left of each.
 BUDGET_FIELDS = ("tokens_left", "calls_left", "seconds_left")
-
-# Tool arguments arrive from a model: bound what we parse and accept.
-MAX_ARGUMENT_CHARS = 64 * 1024
-MAX_TOOL_INT = 2**31 - 1
-_MODE_ARGUMENTS: dict[str, frozenset[str]] = {
-    "head": frozenset({"n"}),
-    "tail": frozenset({"n"}),
-    "range": frozenset({"start", "end"}),
-    "full": frozenset(),
-    "lines": frozenset({"start", "end"}),
-    "grep": frozenset({"pattern", "max_matches", "context", "start", "end"}),
-}
-_INT_ARGUMENTS = ("n", "start", "end", "max_matches", "context")
-_ALL_ARGUMENTS = frozenset({"scratchpad_id", "mode", "pattern", *_INT_ARGUMENTS})
-
-SCRATCHPAD_READ_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": TOOL_NAME,
-        "description": (
-            "Read a stored observation that was too large for the conversation, by the scratchpad_id"
-            " shown in its summary. Reads return at most a few thousand characters; the result's"
-            " metadata says whether it was cut and where to continue."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "scratchpad_id": {
-                    "type": "string",
-                    "description": "The scratchpad_id from the observation's summary (16 hex characters).",
-                },
-                "mode": {
-                    "type": "string",
-                    "enum": list(read_modes.MODES),
-                    "description": (
-                        "head/tail: first/last n characters; range: characters start..end (end exclusive);"
-                        " full: everything up to the read cap; lines: lines start..end (1-based, inclusive);"
-                        " grep: lines matching pattern, as 'N:line' (context lines as 'N-line')."
-                        " Binary entries support head, tail, range and full (base64). Default: head."
-                    ),
-                },
-                "n": {"type": "integer", "minimum": 0, "description": "head/tail: how many characters."},
-                "start": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "description": "range: first character (0-based); lines/grep: first line (1-based).",
-                },
-                "end": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "description": "range: end character (exclusive); lines/grep: last line (inclusive).",
-                },
-                "pattern": {
-                    "type": "string",
-                    "description": (
-                        "grep: an RE2 regular expression (no backreferences or look-around); (?i) ignores case."
-                        " Each line is matched on its own. A grep that uses up its work budget returns the"
-                        " lines found so far with metadata.budget_exhausted true; go on from metadata.next_line."
-                    ),
-                },
-                "max_matches": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "description": (
-                        f"grep: stop after this many matching lines (default {read_modes.DEFAULT_MAX_MATCHES})."
-                    ),
-                },
-                "context": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "maximum": read_modes.MAX_CONTEXT,
-                    "description": "grep: lines of context before and after each match (default 0).",
-                },
-            },
-            "required": ["scratchpad_id"],
-            "additionalProperties": False,
-        },
-    },
-}
-
-
-def _strict_tool(tool: dict[str, Any]) -> dict[str, Any]:
-    """The tool under OpenAI's strict function-calling rules: every property
-    required, the optional ones nullable (the handler takes null as "not
-    given"), and no range keywords (the handler checks ranges; their messages
-    tell the model what to send instead)."""
-    strict = copy.deepcopy(tool)
-    function = strict["function"]
-    params = function["parameters"]
-    optional = [name for name in params["properties"] if name not in params["required"]]
-    for name, spec in params["properties"].items():
-        spec.pop("minimum", None)
-        if "maximum" in spec:
-            spec["description"] += f" At most {spec.pop('maximum')}."
-        if name not in optional:
-            continue
-        if "enum" in spec:
-            # A nullable enum as anyOf: the enum itself stays a list of strings.
-            params["properties"][name] = {
-                "anyOf": [{"type": spec["type"], "enum": spec["enum"]}, {"type": "null"}],
-                "description": spec["description"],
-            }
-        else:
-            spec["type"] = [spec["type"], "null"]
-    params["required"] = list(params["properties"])
-    function["description"] += " Pass null for every argument the mode does not use."
-    function["strict"] = True
-    return strict
-
-
-# ``SCRATCHPAD_READ_TOOL`` for OpenAI's strict mode (``"strict": true``); the
-# same handler answers both.
-SCRATCHPAD_READ_TOOL_STRICT: dict[str, Any] = _strict_tool(SCRATCHPAD_READ_TOOL)
-
-# {{step3.items.0.name}} or ${step3.items.0.name}; a path part is anything but
-# dots, braces and white space.
-_PATH = r"((?:\.[^.{}\s]+)*)"
-_REFERENCE = re.compile(r"\{\{\s*step(\d{1,10})" + _PATH + r"\s*\}\}|\$\{\s*step(\d{1,10})" + _PATH + r"\s*\}")
 
 
 class Turn:
@@ -185,8 +57,6 @@ class Turn:
 
     def __repr__(self) -> str:
         return f"<Turn {self.turn_id!r} of {self.principal.owner_user_id!r}>"
-
-    # -- steps ------------------------------------------------------------------------
 
     def record(
         self,
@@ -213,11 +83,10 @@ class Turn:
                 as for ``Scratchpad.put``.
             QuotaExceededError, StoreBusyError: as for ``Scratchpad.put``.
         """
-        # The step is checked inside the write transaction (free_step), where no
-        # other writer (another process too) can take it meanwhile: on
-        # PostgreSQL in the same round trip as the transaction's other read_modes.
+        # free_step: the step is checked inside the write transaction, where no other writer can take it.
         inline = _inline(observation, step_num, self._entries.policy)
-        view = self._entries.put(
+        put = self._entries.put
+        view = put(
             self.principal,
             self.turn_id,
             step_num,
@@ -296,8 +165,6 @@ class Turn:
     def _opened(self, now: float | None) -> list[Opened]:
         return self._entries.turn_entries(self.principal, self.turn_id, now)
 
-    # -- the tool handler -----------------------------------------------------------------
-
     def call_tool(self, name: object, arguments: object, *, now: float | None = None) -> dict[str, Any]:
         """Answer a model's tool call: ``arguments`` as a dict or a JSON string.
         An argument that is null counts as not given (the strict schema has the
@@ -317,23 +184,21 @@ class Turn:
             StoreBusyError: the store could not be read in time.
         """
         try:
-            args = _tool_arguments(name, arguments)
+            args = tool_arguments(name, arguments)
         except InvalidArgumentError as exc:
-            return _error(str(exc))
+            return tool_error(str(exc))
         scratchpad_id = args.pop("scratchpad_id")
         try:
             return self._entries.read(self.principal, scratchpad_id, turn_id=self.turn_id, now=now, **args)
         except ExpiredError:
-            return _error(f"the entry {scratchpad_id!r} has expired and can no longer be read")
+            return tool_error(f"the entry {scratchpad_id!r} has expired and can no longer be read")
         except NotFoundError:
-            return _error(
+            return tool_error(
                 f"no entry with scratchpad_id {scratchpad_id[:40]!r} in this turn;"
                 " use a scratchpad_id shown in this turn's observations"
             )
         except InvalidArgumentError as exc:
-            return _error(str(exc))
-
-    # -- references -----------------------------------------------------------------------
+            return tool_error(str(exc))
 
     def resolve(self, value: Any, *, now: float | None = None) -> Any:
         """``value`` with every ``{{stepN.path}}`` / ``${stepN.path}`` replaced.
@@ -352,9 +217,7 @@ class Turn:
                 the reference), or binary content referenced inside a longer string.
             IntegrityError: a stored entry fails authentication.
         """
-        return _Resolver(self, now).walk(value)
-
-    # -- resumption ---------------------------------------------------------------------
+        return references.resolve(value, _step_observations(self, now))
 
     def resume(self, *, extend_ttl: int | None = None, now: float | None = None) -> dict[str, Any]:
         """Pick the turn up again (in this or another process). With
@@ -374,8 +237,6 @@ class Turn:
         if extend_ttl is not None:
             extended = extend_turn(self._entries, self._records, self.principal, self.turn_id, extend_ttl, now)
         return {"turn_id": self.turn_id, "steps": len(self._opened(now)), "extended": extended}
-
-    # -- compaction -----------------------------------------------------------------------
 
     def checkpoint(
         self,
@@ -469,6 +330,26 @@ class Turn:
         marks = self._records.load("compaction_marks", self.principal, self.turn_id, now, latest=True)
         after = [] if not marks else [fingerprint(opened.row, opened.meta) for opened in self._opened(now)]
         return reread.report(self.turn_id, marks[0] if marks else None, after)
+
+
+def _step_observations(turn: Turn, now: float | None) -> Callable[[int, str], Any]:
+    """The observation of a step of ``turn`` by its number, for ``references.resolve``."""
+    steps: dict[int, str] = {}
+
+    def observation(step: int, reference: str) -> Any:
+        if not steps:
+            steps.update((o.row["step_num"], o.row["id"]) for o in turn._opened(now))
+        if step not in steps:
+            known = ", ".join(str(s) for s in sorted(steps)) or "none"
+            raise InvalidArgumentError(
+                f"{reference}: unknown step {step} in turn {turn.turn_id!r} (its steps: {known})"
+            )
+        try:
+            return turn._entries.get(turn.principal, steps[step], now=now, turn_id=turn.turn_id).observation
+        except NotFoundError:  # expired (or removed) since the turn was listed
+            raise InvalidArgumentError(f"{reference}: step {step} is no longer stored") from None
+
+    return observation
 
 
 def extend_turn(
@@ -571,10 +452,6 @@ def record_next(
 # -- helpers ----------------------------------------------------------------------------
 
 
-def _error(message: str) -> dict[str, Any]:
-    return {"ok": False, "error": message}
-
-
 def _inline(observation: Any, step_num: int, policy: Policy) -> tuple[Any] | None:
     """``(history item,)`` when the observation goes into the history itself, else None."""
     try:
@@ -583,185 +460,7 @@ def _inline(observation: Any, step_num: int, policy: Policy) -> tuple[Any] | Non
         return None  # bytes (or not JSON at all: put will say so)
     if len(encoded.encode("utf-8")) > policy.offload_threshold_bytes:
         return None
-    return (_cut(observation, policy.inline_max_chars, f"step{step_num}"),)
-
-
-def _cut(value: Any, limit: int, path: str) -> Any:
-    """Strings inside ``value`` cut to ``limit`` characters, saying how much was
-    omitted and, when it can be written, the reference to the full text."""
-    if isinstance(value, str):
-        if len(value) <= limit:
-            return value
-        ref = f"{{{{{path}}}}}"
-        where = f"; {ref} is the full text" if _REFERENCE.fullmatch(ref) else ""
-        return f"{value[:limit]}[... {len(value) - limit} characters omitted{where} ...]"
-    if isinstance(value, dict):
-        return {key: _cut(item, limit, f"{path}.{key}") for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_cut(item, limit, f"{path}.{index}") for index, item in enumerate(value)]
-    return value
-
-
-def _tool_arguments(name: object, arguments: object) -> dict[str, Any]:
-    """Validated keyword arguments for ``Scratchpad.read`` (plus ``scratchpad_id``).
-
-    Raises:
-        InvalidArgumentError: with a message for the model.
-    """
-    if name != TOOL_NAME:
-        shown = repr(name)[:60]
-        raise InvalidArgumentError(f"unknown tool {shown}; the only tool here is {TOOL_NAME!r}")
-    if isinstance(arguments, str | bytes):
-        if len(arguments) > MAX_ARGUMENT_CHARS:
-            raise InvalidArgumentError(f"the arguments are longer than {MAX_ARGUMENT_CHARS} characters")
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError as exc:
-            raise InvalidArgumentError(
-                f"the arguments are not valid JSON ({exc.msg} at character {exc.pos});"
-                ' send an object like {"scratchpad_id": "...", "mode": "head", "n": 2000}'
-            ) from None
-        except (RecursionError, UnicodeDecodeError, ValueError):
-            raise InvalidArgumentError("the arguments are not valid JSON; send a JSON object") from None
-    if not isinstance(arguments, dict):
-        raise InvalidArgumentError(
-            f"the arguments must be a JSON object, not {type(arguments).__name__};"
-            ' send {"scratchpad_id": "...", "mode": "..."}'
-        )
-    # null is "not given": the strict schema makes the model send every argument.
-    arguments = {key: value for key, value in arguments.items() if value is not None}
-    unknown = sorted(str(key)[:40] for key in arguments if key not in _ALL_ARGUMENTS)
-    if unknown:
-        raise InvalidArgumentError(
-            f"unknown argument(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(_ALL_ARGUMENTS))}"
-        )
-    scratchpad_id = arguments.get("scratchpad_id")
-    if not isinstance(scratchpad_id, str):
-        raise InvalidArgumentError(
-            "scratchpad_id is required: the 16-character id shown in the observation's summary, as a string"
-        )
-    mode = arguments.get("mode", "head")
-    if not isinstance(mode, str) or mode not in _MODE_ARGUMENTS:
-        raise InvalidArgumentError(f"mode must be one of {', '.join(read_modes.MODES)}, not {str(mode)[:40]!r}")
-    given = set(arguments) - {"scratchpad_id", "mode"}
-    misplaced = sorted(given - _MODE_ARGUMENTS[mode])
-    if misplaced:
-        allowed = ", ".join(sorted(_MODE_ARGUMENTS[mode])) or "no other arguments"
-        raise InvalidArgumentError(f"mode {mode!r} does not take {', '.join(misplaced)}; it takes {allowed}")
-    args: dict[str, Any] = {"scratchpad_id": scratchpad_id, "mode": mode}
-    for key in _INT_ARGUMENTS:
-        if key in arguments:
-            args[key] = _tool_int(key, arguments[key])
-    if mode == "grep":
-        pattern = arguments.get("pattern")
-        if not isinstance(pattern, str):
-            raise InvalidArgumentError("mode 'grep' needs pattern: a string (RE2 regular expression)")
-        args["pattern"] = pattern
-    return args
-
-
-def _tool_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgumentError(f"{name} must be an integer, not {repr(value)[:40]}")
-    if value < 0:
-        raise InvalidArgumentError(f"{name} must be 0 or more, not {value}")
-    if value > MAX_TOOL_INT:
-        raise InvalidArgumentError(f"{name} is too large: at most {MAX_TOOL_INT}")
-    return value
-
-
-class _Resolver:
-    """One ``resolve`` call: each step's observation is fetched at most once."""
-
-    def __init__(self, turn: Turn, now: float | None) -> None:
-        self._turn = turn
-        self._now = now
-        self._steps: dict[int, str] | None = None
-        self._observations: dict[int, Any] = {}
-
-    def walk(self, value: Any) -> Any:
-        if isinstance(value, str):
-            return self._string(value)
-        if isinstance(value, dict):
-            return {key: self.walk(item) for key, item in value.items()}
-        if isinstance(value, list):
-            return [self.walk(item) for item in value]
-        if isinstance(value, tuple):
-            return tuple(self.walk(item) for item in value)
-        return value
-
-    def _string(self, text: str) -> Any:
-        whole = _REFERENCE.fullmatch(text)
-        if whole is not None:
-            return self._value(whole)
-
-        def embed(match: re.Match[str]) -> str:
-            value = self._value(match)
-            if isinstance(value, str):
-                return value
-            if isinstance(value, bytes):
-                raise InvalidArgumentError(
-                    f"{match.group(0)} is binary content: it can only be a whole argument, not part of a string"
-                )
-            return json.dumps(value, ensure_ascii=False)
-
-        return _REFERENCE.sub(embed, text)
-
-    def _value(self, match: re.Match[str]) -> Any:
-        step_text = match.group(1) if match.group(1) is not None else match.group(3)
-        path_text = match.group(2) if match.group(1) is not None else match.group(4)
-        step = int(step_text)
-        parts = [part for part in path_text.split(".") if part]
-        node = self._observation(step, match.group(0))
-        if parts and parts[0] == "content" and isinstance(node, str | bytes):
-            parts = parts[1:]  # a text or binary observation is its own content
-        walked = f"step{step}"
-        for part in parts:
-            node = _field(node, part, walked, match.group(0))
-            walked = f"{walked}.{part}"
-        return node
-
-    def _observation(self, step: int, reference: str) -> Any:
-        if step in self._observations:
-            return self._observations[step]
-        turn = self._turn
-        if self._steps is None:
-            self._steps = {o.row["step_num"]: o.row["id"] for o in turn._opened(self._now)}
-        if step not in self._steps:
-            known = ", ".join(str(s) for s in sorted(self._steps)) or "none"
-            raise InvalidArgumentError(
-                f"{reference}: unknown step {step} in turn {turn.turn_id!r} (its steps: {known})"
-            )
-        try:
-            entry = turn._entries.get(turn.principal, self._steps[step], now=self._now, turn_id=turn.turn_id)
-        except NotFoundError:  # expired (or removed) since the turn was listed
-            raise InvalidArgumentError(f"{reference}: step {step} is no longer stored") from None
-        self._observations[step] = entry.observation
-        return entry.observation
-
-
-def _field(node: Any, part: str, walked: str, reference: str) -> Any:
-    """``node[part]`` for a dict key or a list index, or InvalidArgumentError naming the reference."""
-    if isinstance(node, dict):
-        if part in node:
-            return node[part]
-        keys = ", ".join(sorted(str(k) for k in node)[:20]) or "none"
-        raise InvalidArgumentError(f"{reference}: {walked} has no field {part!r} (its fields: {keys})")
-    if isinstance(node, list):
-        if part.isascii() and part.isdigit() and int(part) < len(node):
-            return node[int(part)]
-        raise InvalidArgumentError(
-            f"{reference}: {walked} is a list of {len(node)} items; {part!r} is not an index in it"
-        )
-    raise InvalidArgumentError(f"{reference}: {walked} is {_kind(node)}, it has no field {part!r}")
-
-
-def _kind(node: Any) -> str:
-    if isinstance(node, str):
-        return "text"
-    if isinstance(node, bytes):
-        return "binary content"
-    return "a number" if isinstance(node, int | float) and not isinstance(node, bool) else "a scalar"
+    return (references.cut(observation, policy.inline_max_chars, f"step{step_num}"),)
 
 
 def _string_map(name: str, value: object) -> dict[str, str]:

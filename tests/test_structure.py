@@ -29,7 +29,7 @@ MODULES = {
 TREES = {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items()}
 
 CRYPTO_NAMES = {"AESGCM", "HKDF", "HMAC", "hmac"}
-CRYPTO_MODULE = "securepad.crypto.primitives"
+CRYPTO_PACKAGE = "securepad.crypto"
 # Who may hold SQL text: the backends, the owners of the tables, the access path, the audit and drills.
 SQL_MODULES = {
     "securepad.storage.base",
@@ -197,7 +197,7 @@ def test_raw_crypto_primitives_only_in_crypto() -> None:
     offenders = [
         f"{module}:{line} imports {name or target}"
         for module in MODULES
-        if module != CRYPTO_MODULE
+        if not module.startswith(CRYPTO_PACKAGE)
         for target, name, line in _imports(module)
         if target.startswith("cryptography.hazmat") or name in CRYPTO_NAMES or target in CRYPTO_NAMES
     ]
@@ -205,11 +205,40 @@ def test_raw_crypto_primitives_only_in_crypto() -> None:
     uses = [
         f"{module}:{node.lineno}"
         for module, tree in TREES.items()
-        if module != CRYPTO_MODULE
+        if not module.startswith(CRYPTO_PACKAGE)
         for node in ast.walk(tree)
         if isinstance(node, ast.Name) and node.id in CRYPTO_NAMES
     ]
     assert uses == []
+
+
+# What the command line may import of the package: the public names of
+# ``securepad``, and the modules documented as public.
+CLI_PUBLIC = ("securepad.errors", "securepad.audit", "securepad.integrations", "securepad.bench", "securepad.cli")
+
+
+def _cli_private_imports(imports: dict[str, list[tuple[str, str | None, int]]]) -> list[str]:
+    return [
+        f"{module}:{line} imports {target}{'.' + name if name else ''}"
+        for module, found in imports.items()
+        for target, name, line in found
+        if target.startswith("securepad")
+        and not target.startswith(CLI_PUBLIC)
+        and not (target == "securepad" and name in securepad.__all__)
+    ]
+
+
+def test_the_cli_imports_public_names_only() -> None:
+    cli = {module: list(_imports(module)) for module in MODULES if module.startswith("securepad.cli")}
+    assert cli and _cli_private_imports(cli) == []
+
+
+def test_the_cli_rule_sees_a_private_import() -> None:
+    found = {"securepad.cli.x": [("securepad.storage.postgres.database", "describe", 1), ("securepad", "_log", 2)]}
+    assert len(_cli_private_imports(found)) == 2
+    assert (
+        _cli_private_imports({"securepad.cli.x": [("securepad", "Scratchpad", 1), ("securepad.errors", None, 2)]}) == []
+    )
 
 
 def test_sql_only_where_the_tables_are_owned() -> None:

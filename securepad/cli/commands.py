@@ -15,8 +15,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from .. import InvalidArgumentError, Principal, SecurepadError
-from ..turn import MAX_TOOL_INT, SCRATCHPAD_READ_TOOL
+from .. import SCRATCHPAD_READ_TOOL, InvalidArgumentError, Principal, SecurepadError
 from .options import (
     ENV_HELP,
     SecurepadGroup,
@@ -242,6 +241,8 @@ def delete(principal: Principal, scratchpad_id: str) -> None:
 
 
 # The bounds the model's read tool (scratchpad_read, over MCP) accepts: the command line takes the same.
+# The numbers the scratchpad_read tool takes: 32-bit, as a model may send them.
+MAX_TOOL_INT = 2**31 - 1
 _READ_INT = click.IntRange(0, MAX_TOOL_INT)
 _READ_PROPERTIES = SCRATCHPAD_READ_TOOL["function"]["parameters"]["properties"]
 # A continuation in the library's hint (mode='lines', start=917) as this command's options.

@@ -22,7 +22,8 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from ..crypto.primitives import Wrapper, open_record, reseal_record, seal_record
+from ..crypto.formats import open_record, reseal_record, seal_record
+from ..crypto.primitives import Wrapper
 from ..errors import IntegrityError, StoreUnavailableError
 from ..keys.keystore import IfUnknown, Keystore
 from ..principal import Principal

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...core import read_modes, shaping
-from ...crypto.primitives import ENTRY_FORMAT, EntryCipher, Header, ListingKey, open_entry
+from ...crypto.formats import ENTRY_FORMAT, EntryCipher, Header, ListingKey, open_entry
 from ...errors import ExpiredError, IntegrityError, InvalidArgumentError, NotFoundError
 from ...policy import NOT_FOUND_MESSAGE
 from ...principal import Principal, check_identifier

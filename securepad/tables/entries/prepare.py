@@ -12,14 +12,8 @@ from typing import Any
 
 from ...core import read_modes, shaping
 from ...core.segments import split_bytes, split_text
-from ...crypto.primitives import (
-    ENTRY_FORMAT,
-    EntryCipher,
-    Header,
-    ListingKey,
-    Wrapper,
-    seal_entry,
-)
+from ...crypto.formats import ENTRY_FORMAT, EntryCipher, Header, ListingKey, seal_entry
+from ...crypto.primitives import Wrapper
 from ...errors import QuotaExceededError
 from ...policy import Policy
 from ...principal import Principal

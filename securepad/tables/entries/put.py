@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ...crypto.primitives import EntryCipher, ListingKey, Wrapper
+from ...crypto.formats import EntryCipher, ListingKey
+from ...crypto.primitives import Wrapper
 from ...errors import IntegrityError, InvalidArgumentError, StoreBusyError, StoreUnavailableError
 from ...keys.keystore import NEWEST_VERSION_SQL, IfUnknown, Keystore
 from ...principal import Principal, check_identifier

@@ -11,7 +11,7 @@ from typing import Any
 
 from ...core import read_modes, shaping
 from ...core.timeline import Timeline, check_now
-from ...crypto.primitives import EntryCipher
+from ...crypto.formats import EntryCipher
 from ...errors import IntegrityError, InvalidArgumentError
 from ...keys.keystore import Keystore
 from ...policy import Policy

@@ -28,11 +28,12 @@ psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psyco
 pytest.importorskip("langgraph", reason="the saver's puts need langgraph")
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint  # noqa: E402
 
-from securepad._steps import put_next, record_next  # noqa: E402
+from securepad._steps import put_next  # noqa: E402
 from securepad.integrations.langgraph import SecurepadSaver  # noqa: E402
 from securepad.storage.postgres.database import PostgresDatabase  # noqa: E402  (needs psycopg)
 from securepad.store import parts  # noqa: E402
 from securepad.testing.faults import LIMITS, FaultyProxy, proxy_for, through  # noqa: E402
+from securepad.turn import record_next  # noqa: E402
 
 ALICE = Principal("alice", "planner", "web")
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # ~4 KiB: one segment

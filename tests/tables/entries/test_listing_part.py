@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from securepad import IntegrityError, Keyring, NotFoundError, Principal, Scratchpad
 from securepad.bench.costs import listing_costs
 from securepad.core.shaping import PACKED_JSON, PACKED_MSGPACK, pack, unpack
-from securepad.crypto.primitives import ENTRY_FORMAT, LISTING_FORMAT, WORK, Header
+from securepad.crypto.formats import ENTRY_FORMAT, LISTING_FORMAT, Header
+from securepad.crypto.primitives import WORK
 from securepad.storage.sqlite import SCHEMA_VERSION
 from securepad.store import parts, sqlite_of
 from tests.support.paths import FIXTURES
