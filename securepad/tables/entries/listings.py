@@ -45,7 +45,7 @@ class Listings:
             return list(self._authenticate_rows(principal, live(rows, current)))
 
         def check(head: Head, opened: list[Opened]) -> None:
-            self.heads.check_entries_in(head, principal, turn_id, [each.row for each in opened], current)
+            self.heads.checks.check_entries_in(head, principal, turn_id, [each.row for each in opened], current)
 
         # The turn's rows and its head rows: one round trip on PostgreSQL.
         head_sql = self.heads.read_sql(principal.owner_user_id, turn_id)
@@ -79,7 +79,7 @@ class Listings:
 
         def check(head: Head, fetched: tuple[bool, list[dict[str, Any]]]) -> None:
             found, seen = fetched
-            self.heads.check_newest_first(head, principal, turn_id, seen, current, complete=not found)
+            self.heads.checks.check_newest_first(head, principal, turn_id, seen, current, complete=not found)
 
         return self.heads.checked(principal.owner_user_id, turn_id, fetch, check)[0]
 

@@ -89,7 +89,7 @@ class Opener:
         def check(head: Head, fetched: tuple[dict[str, Any] | None, Readable | None]) -> None:
             row, opened = fetched
             if row is not None and opened is None:
-                self.heads.check_expired_in(head, row, current)
+                self.heads.checks.check_expired_in(head, row, current)
             elif opened is not None:
                 same_entry(head, opened.row)
 

@@ -1,26 +1,14 @@
 """The turn heads this process sealed last, for a put in one message.
 
-A put reads its turn's head, opens it, adds its entry to the tally and seals
-the head again: on PostgreSQL two messages, since the new head depends on
-the stored one. When this process sealed the stored head itself, it knows
-the tally inside already: a put can seal the next head at once and send it
-with its entry in one conditional statement (``Heads.change_once``,
-``entry_put``), which writes only if the stored head is still the one
-sealed here.
-
-This module keeps, per (owner, turn), the last head sealed here: the key
-version, the sealed bytes, the clear body and (when the writer had it) the
-tally object. What it trusts: nothing the server or another process could
-change. The record is this process's own memory, and the statement compares
-the stored sealed bytes with the recorded ones; AES-GCM seals each head
-under a fresh random nonce, so no other write seals the same bytes. A stale
-record (another process or connection wrote the turn since, gc pruned it, a
-rotation sealed it again, the transaction that sealed it rolled back) only
-makes the statement write nothing, and the put then reads the head as before.
-
-Bounded (emptied when full, as ``entry_put``'s lock hints), safe to share
-between threads: each operation is one dictionary operation, and a writer
-takes its record out (``take``) so that no two threads edit one tally.
+When this process sealed a turn's stored head itself, it knows the tally
+inside: a put can seal the next head at once and send it with its entry in
+one conditional statement (``Heads.change_once``), which writes only if the
+stored head is still the one sealed here. Nothing the server or another
+process could change is trusted: AES-GCM seals each head under a fresh
+nonce, so no other write seals the same bytes, and a stale record (another
+writer, gc, a rotation, a rollback) only makes the statement write nothing;
+the put then reads the head. Bounded (emptied when full); a writer takes its
+record out (``take``), so that no two threads edit one tally.
 """
 
 from __future__ import annotations
@@ -30,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...crypto.primitives import Wrapper, head_aad
-from ...keys.keystore import NEWEST_VERSION_SQL
 from ...storage.base import Params
+from .statements import ONCE_SQL
 from .tally import HeadEdit, Tally
 
 __all__ = ["LastSealed", "Once", "Sealed", "once_sql"]
@@ -127,16 +115,6 @@ class Once:
     spare: int
 
 
-# The turn head rewritten only if it is still the one recorded (its clear key version too:
-# an edit of that alone would otherwise be overwritten unseen) and the key version is the
-# owner's newest; the caller's INSERT ... SELECT takes its one row FROM head, so it inserts
-# exactly when the head was rewritten.
-_ONCE_SQL = (
-    "WITH head AS (UPDATE turn_heads SET key_version = ?, sealed = ? WHERE owner_user_id = ? AND turn_id = ?"
-    f" AND key_version = ? AND sealed = ? AND ? = {NEWEST_VERSION_SQL}{{condition}} RETURNING 1) {{insert}} FROM head"
-)
-
-
 def once_sql(
     insert: tuple[str, Params],
     owner: str,
@@ -151,7 +129,7 @@ def once_sql(
     with ``head`` written in its place; the row count says whether it wrote."""
     more, more_params = (f" AND {condition[0]}", condition[1]) if condition is not None else ("", ())
     return (
-        _ONCE_SQL.format(condition=more, insert=insert[0]),
+        ONCE_SQL.format(condition=more, insert=insert[0]),
         (
             head.version,
             head.sealed,

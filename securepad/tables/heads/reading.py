@@ -38,13 +38,12 @@ from typing import Any
 
 from ...storage.base import Backend, Params, Rows
 from .cache import HeadCache
-from .owner import OWNER_HEAD
+from .statements import ENTRY_TURN_SQL, OWNER_HEAD, entry_turn_params
 from .tally import Head
 
 __all__ = [
     "ENTRY_TURN_SQL",
     "InventoryReads",
-    "entry_turn_params",
     "pg_lean_read_functions",
     "pg_read_functions",
     "pg_scoped_read_functions",
@@ -302,16 +301,6 @@ _PG_LEAN_READ_FUNCTION = (
 _PG_NO_FRESHNESS = (
     "SELECT NULL::text AS turn_id, NULL::bytea AS sealed, 0 AS same, NULL::text AS value, NULL::text AS snap"
 )
-# The turn of one entry of the principal's scope (``entry_select_sql``, a read
-# or delete by id): the id, the owner, and the channel and actor when the
-# policy's scope names them (NULL otherwise: ``entry_turn_params``). Another
-# owner's id, or one outside the scope, finds no turn, exactly as an absent id:
-# the statement then reads the owner's heads alone, whatever turn the id is
-# of, so its work tells nothing of another owner's turn names.
-ENTRY_TURN_SQL = (
-    "(SELECT turn_id FROM entries WHERE id = ? AND owner_user_id = ?"
-    " AND channel = COALESCE(?, channel) AND actor = COALESCE(?, actor))"
-)
 # What migrations 10 and 13 built the entry's read function from (the turn of
 # an id whoever its owner; row-level security held it to the owner's rows):
 # kept so that their text stays what existing stores ran.
@@ -337,13 +326,6 @@ _PG_CALLS = {
     "?": "SELECT * FROM turn_inventory(?, ?, ?, ?, ?, ?)",
     ENTRY_TURN_SQL: "SELECT * FROM entry_turn_inventory(?, ?, ?, ?, ?, ?, ?, ?)",
 }
-
-
-def entry_turn_params(entry_id: str, scope: Sequence[tuple[str, str]]) -> tuple[str | None, ...]:
-    """The parameters of ``ENTRY_TURN_SQL`` for ``entry_id`` within ``scope``
-    (``Policy.scope_columns``: the owner first, then the channel and actor it names)."""
-    columns = dict(scope)
-    return (entry_id, columns["owner_user_id"], columns.get("channel"), columns.get("actor"))
 
 
 def _numbered(sql: str) -> str:
