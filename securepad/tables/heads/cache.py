@@ -1,33 +1,14 @@
 """Turn inventories already verified against their heads, kept between reads.
 
-A read of a turn checks what it returns against the turn's authenticated
-inventory (``heads.Heads.checked``). Recounting the inventory costs time
-linear in the turn; this cache keeps, per turn, the inventory last verified
-(a ``Head``) with a **freshness token** read in the same snapshot: a later
-read whose token is the same checks its rows against the cached ``Head`` and
-fetches no inventory. What a token proves, and what it trusts, is the
-business of ``heads`` and SECURITY.md ("Tampering: the turn heads"); this module only keeps
-the entries: bounded (least recently used first out, by turns and by rows),
-safe to share between threads, and emptied in a forked child.
-
-**Each owner has a bounded share** of the cache, its own least recently
-used order inside the global one: when the cache is full, an entry coming in
-evicts the least recently used entry of the cache unless that entry's owner
-holds less (turns, or rows, whichever bound is exceeded) than the newcomer's
-owner, in which case the newcomer's owner gives up its own least recently
-used entry, or the owner that holds the most does, if it holds more still.
-So one owner reading many turns (a tenant flooding the cache
-with tiny turns) evicts only its own entries, never those of an owner that
-holds less; an owner alone may use the whole cache.
-
-A write of this process may keep the turn's entry up to date instead of
-dropping it (``take``, then ``put`` with the new token): ``InventoryEdit``
-applies the write's own edit to the inventory it took out.
-
-Every entry belongs to a **scope**: the SQLite connection whose data version
-its token holds (a data version compares only with one of the same
-connection), or None on PostgreSQL (the token is the server's snapshot and
-its own digest of the rows, the same for every connection to that server).
+Per turn, the inventory last verified (a ``Head``) with the freshness token of
+its snapshot (``reading``): a later read whose token holds checks its rows
+against it and fetches no inventory. Bounded (least recently used first out,
+by turns and by rows), safe to share between threads, emptied in a forked
+child. **Each owner has a bounded share**: when the cache is full, an owner
+that holds more (turns or rows) gives up its own entries before one that
+holds less, so a tenant flooding the cache evicts only its own. An entry
+belongs to a **scope**: the SQLite connection whose data version its token
+holds, or None on PostgreSQL (the server's snapshot and digest).
 """
 
 from __future__ import annotations
@@ -44,8 +25,7 @@ from .tally import Head, HeadEdit, Tally
 
 __all__ = ["CACHE_ROWS", "CACHE_TURNS", "HeadCache", "InventoryEdit", "Verified"]
 
-# Turns kept at most, and inventory rows (entries, checkpoints, marks) over all of them:
-# a 1,000-step turn's inventory is about 200 KB of Python objects.
+# Turns kept at most, and inventory rows over all of them.
 CACHE_TURNS = 256
 CACHE_ROWS = 200_000
 
@@ -74,9 +54,7 @@ class _Share:
 
 
 class InventoryEdit(HeadEdit):
-    """A write's edit of the turn's tally that applies itself to ``head``
-    too, the turn's inventory as cached (taken out of the cache, so that no
-    read sees it half edited), when there is one."""
+    """A write's edit of the tally, applied to ``head`` too: the inventory taken out of the cache, if any."""
 
     def __init__(self, tally: Tally, term: Callable[[str, str, tuple[Any, ...]], int], head: Head | None) -> None:
         super().__init__(tally, term)
@@ -94,8 +72,7 @@ class InventoryEdit(HeadEdit):
 
 
 class HeadCache:
-    """Verified inventories by (scope, owner, turn): least recently used first
-    out, an owner that holds more before one that holds less (see the module's docstring)."""
+    """Verified inventories by (scope, owner, turn), bounded per owner."""
 
     def __init__(self, turns: int = CACHE_TURNS, rows: int = CACHE_ROWS) -> None:
         self._turns = turns
@@ -181,8 +158,7 @@ class HeadCache:
         self.take(None, owner, turn_id)
 
     def take(self, scope: object, owner: str, turn_id: str) -> Verified | None:
-        """Forget the turn in every scope; its entry in ``scope``, if there was one
-        (for a write of this process to edit, and ``put`` back once written)."""
+        """Forget the turn in every scope; its entry in ``scope``, if any (for a write to edit and put back)."""
         self._forked()
         found = None
         with self._lock:

@@ -1,41 +1,18 @@
 """Sealed turn heads: what each turn holds, so that a row cannot vanish unseen.
 
-Every entry and turn record is authenticated on its own; what a single row
-cannot say is that it is *missing*. A head per (owner, turn) holds a
-constant-size **tally** of what the turn holds (``tally``): for each kind
-(``e`` entries, ``c`` checkpoints, ``m`` compaction marks) a count and a keyed
-multiset digest, and the highest step ever recorded. An owner head lists the
-owner's turns, so a whole turn cannot vanish either; a usage head holds the
-owner's quota reservations (``owner``).
+A head per (owner, turn) seals, under the owner's key, a constant-size tally
+of the turn's rows (``tally``: per kind a count and a keyed multiset digest
+under the store's anchor key); an owner head lists the owner's turns and a
+usage head holds its quota reservations (``owner``). Every write that
+changes a turn calls ``Heads.change`` in its transaction (the one place);
+every read is checked against the turn's inventory, authenticated by its
+head (``Heads.checked``). Why the digest is keyed, and by that key, is in
+SECURITY.md ("Tampering: the turn heads").
 
-**The digest** of a kind is the sum, mod 2**256, of one HMAC-SHA256 per row
-over the row's clear columns that matter (owner, turn, kind, id, step or
-sequence number, expiry, stored bytes, actor, channel), under the store's
-anchor key (``Keystore.counter_seal``). A sum can be added to and subtracted
-from, so a write of a turn costs the same whatever the turn's length. The
-HMAC is keyed because the clear columns are the attacker's to choose: with a
-plain hash one could search for other rows summing to the same value
-(Wagner's generalized birthday). The key is the store's, so an owner-key
-rotation leaves every digest valid; owner and turn are in each term, so
-nothing moves between owners or turns. The tally is inside the head's AES-GCM
-seal (the owner's key; owner, turn and key version in the AAD).
-
-* Every write that changes a turn calls ``Heads.change`` inside its own
-  transaction (the one place): put, checkpoint, mark, extend, delete, gc
-  (``prune``), owner-key rotation (``reseal_owner``). A change that leaves
-  the turn empty deletes its head and drops the turn from the owner head and
-  its reservation from the usage head: no clear turn id stays behind.
-* Every read of a turn is checked against the turn's inventory, authenticated
-  by its head (``Heads.checked``, ``inventory``): a row absent before its
-  sealed expiry, a row not in the inventory, or one whose step, sequence,
-  expiry or stored bytes differ raises ``IntegrityError``. Expiry stays
-  legitimate: an entry whose *sealed* expiry has passed may be absent.
-
-Heads holds its parts: ``owners`` (opening and sealing heads, the owner
+``Heads`` holds its parts: ``owners`` (opening and sealing heads, the owner
 heads), ``reservations`` (the owner-wide part of a change), ``reads`` (the
 inventory's statement and freshness token), ``inventories`` (a turn's
-inventory authenticated, the turns found tampered) and ``checks`` (a read's
-rows against an inventory).
+inventory authenticated; the turns found tampered) and ``checks``.
 """
 
 from __future__ import annotations
@@ -129,12 +106,8 @@ class Heads:
         check: Callable[[Head, T], None],
         first: tuple[T, Rows] | None = None,
     ) -> T:
-        """``fetch()`` checked by ``check(head, fetched)`` against the turn's inventory.
-
-        ``first``: a ``(fetched, head rows)`` pair the caller read together (the
-        head's statement from ``read_sql``). A check that fails is tried again on
-        a consistent pair (head and inventory equal before and after the fetch)
-        before it is believed: a writer or a rotation may come between the reads.
+        """``fetch()`` checked by ``check(head, fetched)`` against the turn's inventory
+        (``first``: a ``(fetched, head rows)`` pair read together, ``read_sql``'s).
 
         Raises:
             IntegrityError: the check fails on a consistent pair.
@@ -145,9 +118,8 @@ class Heads:
     def checked_last(
         self, principal: Principal, turn_id: str, fetch: Callable[[], dict[str, Any] | None], now: float
     ) -> dict[str, Any] | None:
-        """``fetch()`` (the turn's newest live row in the principal's scope, or None)
-        checked against the head: by the head alone when it knows that row (its
-        ``newest``, live and in scope), otherwise by the inventory (``checked``).
+        """``fetch()`` (the turn's newest live row in scope, or None) checked by the
+        head alone when it knows that row, else by the inventory (``checked``).
 
         Raises:
             IntegrityError: the row is not the turn's newest.
@@ -187,16 +159,12 @@ class Heads:
         insert: tuple[str, Params] | None = None,
         dropped: dict[str, dict[str, int]] | None = None,
     ) -> int:
-        """Apply ``edit`` to the turn's tally and seal it again in the caller's write
-        transaction, under ``version`` (the owner's newest by default), with the
-        owner-wide heads it moves (``reservations``) and the caller's ``insert``
-        (one upsert); the turn's reservation left unused. ``rows``: the head rows,
-        when the caller read them; ``turn_only``: the owner's lock is held shared;
-        ``dropped``: where an emptied turn goes for the caller to drop (gc).
-        The turn's cached inventory is edited with the tally (SQLite) or dropped.
+        """Apply ``edit`` to the turn's tally and seal it in the caller's transaction with
+        the owner-wide heads it moves and the caller's ``insert`` (one upsert); the
+        turn's reservation left unused. ``turn_only``: the owner's lock is shared.
 
         Raises:
-            IntegrityError: a head fails authentication, or the turn was found tampered and still fails.
+            IntegrityError: a head fails authentication, or the turn found tampered still fails.
             QuotaExceededError: ``room`` has none for the entries added.
             OwnerLockNeeded: with ``turn_only``, the owner head or usage head must change.
         """
@@ -213,13 +181,7 @@ class Heads:
         edit(change)
         tally.b = max(tally.b, 0)
         if turn_id in by_turn and not any(tally.n.values()):  # the turn left empty: it goes
-            if turn_only:
-                raise OwnerLockNeeded  # the owner head and the usage head change
-            self.owners.delete_head(conn, owner, turn_id)
-            if dropped is not None:  # the caller drops its turns from the owner's heads at once
-                dropped.setdefault(owner, {})[turn_id] = reserved
-            else:
-                self.owners.drop(conn, owner, {turn_id: reserved}, by_turn, version)
+            self._emptied(conn, (owner, turn_id), by_turn, reserved, version, turn_only, dropped)
             self.inventories.check_written(conn, owner, turn_id, tampered)
             return 0
         body = tally.dumps()
@@ -243,10 +205,28 @@ class Heads:
             self._cache.put(scope, owner, turn_id, token, change.head)
         return spare
 
+    def _emptied(
+        self,
+        conn: Conn,
+        turn: tuple[str, str],
+        by_turn: dict[str, dict[str, Any]],
+        reserved: int,
+        version: int | None,
+        turn_only: bool,
+        dropped: dict[str, dict[str, int]] | None,
+    ) -> None:
+        """Delete an emptied turn's head and drop it from the owner's heads, or add it to ``dropped``."""
+        owner, turn_id = turn
+        if turn_only:
+            raise OwnerLockNeeded  # the owner head and the usage head change
+        self.owners.delete_head(conn, owner, turn_id)
+        if dropped is not None:  # the caller drops its turns from the owner's heads at once
+            dropped.setdefault(owner, {})[turn_id] = reserved
+        else:
+            self.owners.drop(conn, owner, {turn_id: reserved}, by_turn, version)
+
     def _kept_head(self, kept: Verified | None, stored: dict[str, Any] | None) -> Head | None:
-        """The cached inventory a write edits with its tally: the one taken out of the
-        cache when the stored head is the one it was verified with (SQLite); None
-        otherwise (the turn is verified again at its next read)."""
+        """The cached inventory a write edits with its tally, when the stored head is the one it was verified with."""
         if kept is None or stored is None or not self.reads.keeps_writes:
             return None
         return kept.head if self.reads.sealed_of(kept.token) == bytes(stored["sealed"]) else None
@@ -260,12 +240,9 @@ class Heads:
         insert: tuple[str, Params],
         condition: tuple[str, Params] | None = None,
     ) -> Once | None:
-        """``change`` of a turn whose head this process sealed last, without reading
-        it (``last_sealed``): the next head, sealed under ``sealing`` (the caller's
-        key version and wrapper), in one statement with the caller's ``insert``
-        that writes only if the stored head is still the recorded one, the version
-        is the owner's newest and ``condition`` holds. None when there is no
-        record, or the edit needs more than the turn's reservation."""
+        """``change`` without reading the head this process sealed last (``last_sealed``): one
+        statement with the caller's ``insert`` that writes only if the stored head is
+        still that one; None without a record, or past the turn's reservation."""
         version, wrapper = sealing
         if self.inventories.tampered(owner, turn_id) is not None:
             return None  # ``change`` checks the turn with the write
@@ -279,9 +256,8 @@ class Heads:
         return Once(statement, params, head, spare)
 
     def drop_turn(self, conn: Conn, owner: str, turn_id: str) -> int:
-        """Delete the turn's head and drop the turn from the owner's heads, whatever its
-        check says, in the caller's transaction, which deleted the turn's rows (the
-        way out of a turn found tampered); the heads deleted (0 or 1).
+        """Delete the turn's head and drop it from the owner's heads whatever its check
+        says (the way out of a turn found tampered); the heads deleted (0 or 1).
 
         Raises:
             IntegrityError: the owner head or usage head fails authentication.
@@ -301,11 +277,9 @@ class Heads:
         self.inventories.forget(owner, turn_id)
 
     def prune(self, conn: Conn, cutoff: float, budget: int | None = None) -> tuple[int, list[tuple[str, str]]]:
-        """Subtract what gc collects at ``cutoff`` from the heads of its turns, in gc's
-        transaction before its deletes; the heads changed, and the turns gc must
-        leave alone: those whose inventory fails its head (the clear expiry gc
-        selects by is then not the sealed one: gc keeps the evidence, the audit log
-        names the turn) and, with ``budget``, those counting more rows than are left."""
+        """Subtract what gc collects at ``cutoff`` from its turns' heads, in gc's transaction;
+        the heads changed, and the turns gc leaves alone: those whose inventory fails
+        its head (the evidence stays) and, with ``budget``, those past it."""
         by_turn: dict[tuple[str, str], list[dict[str, Any]]] = {}
         if budget is None:
             for row in conn.query(ITEMS_SQL.format(where="expires_at <= ?"), (cutoff,) * 3):
@@ -340,8 +314,7 @@ class Heads:
         return sum(self.owners.turn_tally(self.owners.heads_of(conn, owner, turn_id, None), owner, turn_id).n.values())
 
     def reseal_owner(self, conn: Conn, owner: str) -> int:
-        """Seal every head of the owner again under its newest key version (an owner-key
-        rotation); how many. The tallies' key is the store's: they carry over."""
+        """Seal every head of the owner again under its newest key version (a rotation); how many."""
         rows = conn.query(sql.OWNER_HEADS_SQL, (owner,))
         for row in rows:
             self.write_body(conn, owner, row["turn_id"], self.open_body(row, owner, row["turn_id"]))

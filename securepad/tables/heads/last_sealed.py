@@ -30,8 +30,7 @@ _TURNS = 1024
 
 @dataclass
 class Sealed:
-    """A turn head as this process sealed it: under ``version``, ``sealed``
-    holds ``body``; ``tally`` is ``body`` opened, when the writer had it."""
+    """A turn head as this process sealed it (``tally``: ``body`` opened, when the writer had it)."""
 
     version: int
     sealed: bytes
@@ -44,8 +43,7 @@ class Sealed:
 
 
 class LastSealed:
-    """(owner, turn) -> the ``Sealed`` head this process wrote last; keeps
-    nothing unless ``enabled`` (a backend that sends a put in one message)."""
+    """(owner, turn) -> the ``Sealed`` head this process wrote last (nothing unless ``enabled``)."""
 
     def __init__(self, *, enabled: bool) -> None:
         self._heads: dict[tuple[str, str], Sealed] = {}
@@ -60,8 +58,7 @@ class LastSealed:
         self._heads[(owner, turn_id)] = head
 
     def attach(self, owner: str, turn_id: str, body: bytes, tally: Tally) -> None:
-        """Keep ``tally`` with the record of the head just sealed from ``body``
-        (its ``dumps()``), so the next put need not parse it."""
+        """Keep ``tally`` with the record of the head just sealed from ``body``, so the next put need not parse it."""
         head = self._heads.get((owner, turn_id))
         if head is not None and head.body is body:
             head.tally = tally
@@ -83,13 +80,9 @@ class LastSealed:
         wrapper: Wrapper,
         version: int,
     ) -> tuple[Sealed, Sealed, int] | None:
-        """The turn's record taken out, the head that follows it once ``edit``
-        is applied (its digest terms by ``term``), sealed by ``wrapper`` under
-        ``version``, and the turn's reservation it leaves unused; None when
-        there is no record, or the edit takes more than the reservation or
-        gives bytes back (the owner's usage head must change: ``Heads.change``).
-        The record stays out either way: the caller records the new head if
-        it writes it, and a put that finds none reads the head."""
+        """The turn's record taken out, the head that follows it once ``edit`` is applied,
+        sealed under ``version``, and the reservation left unused; None without a
+        record, or when the owner's usage head must change. The record stays out."""
         last = self.take(owner, turn_id)
         if last is None:
             return None
@@ -106,8 +99,7 @@ class LastSealed:
 
 @dataclass
 class Once:
-    """A write of one turn in one statement (``Heads.change_once``): its SQL and
-    parameters, the head it seals, and the turn's reservation left unused after it."""
+    """A write of one turn in one statement (``Heads.change_once``): SQL, head, reservation left."""
 
     sql: str
     params: Params
@@ -123,10 +115,8 @@ def once_sql(
     expected: Sealed,
     condition: tuple[str, Params] | None = None,
 ) -> tuple[str, Params]:
-    """The statement of ``Once``: ``insert`` (``INSERT ... SELECT`` of one row,
-    without its ``FROM``) when the turn's stored head is ``expected`` (its key
-    version and sealed bytes; and ``condition``, an SQL condition, holds),
-    with ``head`` written in its place; the row count says whether it wrote."""
+    """``insert`` (``INSERT ... SELECT`` of one row, without ``FROM``) and ``head`` written
+    when the stored head is ``expected`` and ``condition`` holds; the row count says if it wrote."""
     more, more_params = (f" AND {condition[0]}", condition[1]) if condition is not None else ("", ())
     return (
         ONCE_SQL.format(condition=more, insert=insert[0]),
