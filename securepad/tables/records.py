@@ -223,7 +223,7 @@ class Records:
         )
         for row in (*first_rows, *first_stored):
             self._access.policy.authorize_row(principal, row)
-        rows, stored = self._heads.checked(
+        rows, stored = self._heads.inventories.checked(
             principal.owner_user_id, turn_id, fetch, check, first=((first_rows, first_stored), head_rows)
         )
         numbers = {row["seq"]: index for index, row in enumerate(stored, 1)}

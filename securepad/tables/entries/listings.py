@@ -52,7 +52,9 @@ class Listings:
         rows, head_rows = rows_and_head(
             self._db, self._access, principal, head_sql, COLUMNS, "turn_id = ?", (turn_id,), order
         )
-        return self.heads.checked(principal.owner_user_id, turn_id, fetch, check, first=(fetch(rows), head_rows))
+        return self.heads.inventories.checked(
+            principal.owner_user_id, turn_id, fetch, check, first=(fetch(rows), head_rows)
+        )
 
     def turn_offloads(self, principal: Principal, turn_id: str, now: float | None) -> bool:
         """Whether a live entry of the turn in the principal's scope was offloaded
@@ -81,7 +83,7 @@ class Listings:
             found, seen = fetched
             self.heads.checks.check_newest_first(head, principal, turn_id, seen, current, complete=not found)
 
-        return self.heads.checked(principal.owner_user_id, turn_id, fetch, check)[0]
+        return self.heads.inventories.checked(principal.owner_user_id, turn_id, fetch, check)[0]
 
     def _newest_first(
         self, principal: Principal, turn_id: str, columns: str, now: float | None, conn: Conn | None = None

@@ -1,4 +1,4 @@
-"""A read's rows checked against the turn's authenticated inventory (``Heads.checked`` hands over the ``Head``)."""
+"""A read's rows checked against the turn's authenticated inventory (``Inventories.checked`` hands it over)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ under the store's anchor key); an owner head lists the owner's turns and a
 usage head holds its quota reservations (``owner``). Every write that
 changes a turn calls ``Heads.change`` in its transaction (the one place);
 every read is checked against the turn's inventory, authenticated by its
-head (``Heads.checked``). Why the digest is keyed, and by that key, is in
+head (``Inventories.checked``). Why the digest is keyed, and by that key, is in
 SECURITY.md ("Tampering: the turn heads").
 
 ``Heads`` holds its parts: ``owners`` (opening and sealing heads, the owner
@@ -98,28 +98,11 @@ class Heads:
         """``read_sql`` for the turn of entry ``entry_id``, found within ``scope``."""
         return self.reads.entry_read_sql(owner, entry_id, scope)
 
-    def checked(
-        self,
-        owner: str,
-        turn_id: str,
-        fetch: Callable[[], T],
-        check: Callable[[Head, T], None],
-        first: tuple[T, Rows] | None = None,
-    ) -> T:
-        """``fetch()`` checked by ``check(head, fetched)`` against the turn's inventory
-        (``first``: a ``(fetched, head rows)`` pair read together, ``read_sql``'s).
-
-        Raises:
-            IntegrityError: the check fails on a consistent pair.
-            StoreBusyError: writers kept changing the turn while it was read.
-        """
-        return self.inventories.checked(owner, turn_id, fetch, check, first)
-
     def checked_last(
         self, principal: Principal, turn_id: str, fetch: Callable[[], dict[str, Any] | None], now: float
     ) -> dict[str, Any] | None:
         """``fetch()`` (the turn's newest live row in scope, or None) checked by the
-        head alone when it knows that row, else by the inventory (``checked``).
+        head alone when it knows that row, else by the inventory (``Inventories.checked``).
 
         Raises:
             IntegrityError: the row is not the turn's newest.
@@ -139,7 +122,7 @@ class Heads:
             seen = [] if found is None else [found]
             self.checks.check_newest_first(head, principal, turn_id, seen, now, complete=found is None)
 
-        return self.checked(owner, turn_id, fetch, check)
+        return self.inventories.checked(owner, turn_id, fetch, check)
 
     def tally_of(self, owner: str, turn_id: str) -> HeadEdit:
         """An empty tally to add authenticated rows to (``verify``), compared with ``Tally.check_found``."""

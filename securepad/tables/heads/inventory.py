@@ -1,15 +1,11 @@
 """A turn's inventory authenticated by its head, a read checked against it, and
 the turns this process found tampered.
 
-A read fetches the turn's head with the turn's **inventory** (the clear
-columns of every row of the turn, expired ones not yet collected included:
-``reading``), recomputes the tally from it and refuses a difference; the
-inventory, so authenticated, is the ``Head`` the read's rows are checked
-against (``checks``). A verified inventory is kept (``cache``) with the
-freshness token of its snapshot and reused while a read's token holds
-(``reading``; what each token trusts is in SECURITY.md, "Tampering: the turn
-heads"), so the common read costs one query, one AES-GCM open and one HMAC
-per row of the turn not read before.
+A read fetches the turn's head with its inventory (the clear columns of every
+row, expired ones not yet collected included: ``reading``), recomputes the
+tally and refuses a difference; a verified inventory is kept (``cache``) and
+reused while the read's freshness token holds, so the common read costs one
+query, one AES-GCM open and one HMAC per row not read before.
 """
 
 from __future__ import annotations
@@ -103,8 +99,15 @@ class Inventories:
         check: Callable[[Head, T], None],
         first: tuple[T, Rows] | None = None,
     ) -> T:
-        """``Heads.checked``: the cached inventory while the read's token holds, else
-        the inventory read and verified (and kept), else a consistent pair."""
+        """``fetch()`` checked by ``check(head, fetched)`` against the turn's inventory
+        (``first``: a ``(fetched, head rows)`` pair read together, ``read_sql``'s):
+        the cached one while the read's token holds, else the inventory read and
+        verified (then kept); a failure is believed only on a consistent pair.
+
+        Raises:
+            IntegrityError: the check fails on a consistent pair.
+            StoreBusyError: writers kept changing the turn while it was read.
+        """
         cache, reads = self._reads.cache, self._reads
         scope = self._db.read_scope()
         try:

@@ -1,29 +1,20 @@
 """Sealing heads; the owner heads (each owner's turns) and usage heads (its quota reservations).
 
-An owner head (turn id ``OWNER_HEAD``) lists, sealed under the owner's key
-(``crypto.head_aad``), the owner's turns, so that a whole turn cannot vanish.
-A usage head (``USAGE_HEAD``) holds, sealed the same way, the owner's total
-**reservation** R, the sum of its turns' reservations: each turn head's tally
-carries ``b``, the stored bytes of the entries it counts, and ``r >= b``, the
-share of the quota the turn holds. A write never takes R (with the owner's
-live records) above the quota. A put that fits in its turn's reservation
-rewrites its turn head only, under the owner's lock *shared*
-(``Backend.transaction(owner, turn=...)``); a put that does not fit, the first
-of a turn, and every other owner-wide change take the lock exclusive and may
-be granted a chunk (``quota.grant``), after other turns gave back their unused
-reservations (``reservations``); only then the owner's live entries decide.
-R and every ``r`` and ``b`` are sealed under the owner's key, which the server
-never has; ``verify`` checks each ``b`` against its entries and R against the
-sum of the ``r``. An owner without a usage head has an unknown total: the
-quota sums its live entries, its turns get no reservation beyond their bytes.
+An owner head (``OWNER_HEAD``) lists the owner's turns, so that a whole turn
+cannot vanish; a usage head (``USAGE_HEAD``) holds the owner's total
+reservation R, the sum of its turns' reservations: each turn's tally carries
+``b``, its entries' stored bytes, and ``r >= b``, its share of the quota, all
+sealed under the owner's key, which the server never has. A write never takes
+R (with the live records) above the quota; a put that fits its turn's
+reservation rewrites its turn head only, under the owner's lock shared
+(``Backend.transaction(owner, turn=...)``); other owner-wide changes take it
+exclusive (``reservations``). An owner without a usage head has an unknown
+total: the quota sums its live entries.
 
-**The owner's turn counter.** The owner head (``c``) and the usage head (the
-second number of its array) count the turns the owner created; each turn
-head's tally holds the counter as it last saw it (``Tally.o``). A usage head
-that counts fewer turns than a turn head saw, or an owner head and usage head
-that disagree, were put back from an older copy: a write refuses, and
-``counter_problems`` names them (``verify``). Heads from before the counter
-count nothing until the owner's next new turn.
+The owner head (``c``) and the usage head count the turns the owner created;
+each turn's tally holds the count it last saw (``Tally.o``). Heads that count
+fewer, or disagree, were put back from an older copy: a write refuses, and
+``counter_problems`` names them (``verify``).
 """
 
 from __future__ import annotations
