@@ -1,6 +1,5 @@
-"""Bringing a store's turn heads to this format at open (``HeadBuilder.build_if_needed``, run by ``_assembly``):
-building them for a store from before heads, converting format-1 heads, and the
-sealed flag that says it is done."""
+"""Bringing a store's turn heads to this format at open: building them for a store from
+before heads, converting older formats, and the sealed flag that says it is done."""
 
 from __future__ import annotations
 
@@ -31,10 +30,8 @@ class HeadBuilder:
         self._keys = keys
 
     def _token(self, purpose: str = "turn-heads-era") -> str:
-        """``store_meta.turn_heads`` once the heads are built in this format and every
-        owner key is wrapped in the heads era: a tag under the store's anchor
-        key, so the flag cannot be forged. ``turn-heads`` is the
-        token of the heads built before the era (keys not yet marked)."""
+        """``store_meta.turn_heads`` once done: a tag under the store's anchor key, which cannot be
+        forged (``turn-heads``: the heads built before the heads era, keys not yet marked)."""
         return self._token_of(HEAD_FORMAT, purpose)
 
     def _token_of(self, head_format: int, purpose: str) -> str:
@@ -83,7 +80,7 @@ class HeadBuilder:
     def _bring(self, conn: Conn, state: str, now: Callable[[float | None], float], writes: int) -> int:
         """``build_if_needed``'s work for the flag ``state``; the turns built or converted."""
         if state == "pending":
-            if writes > 0 or conn.query("SELECT 1 FROM turn_heads LIMIT 1"):
+            if writes > 0 or conn.query(sql.ANY_HEAD_SQL):
                 raise IntegrityError(
                     "store_meta.turn_heads was reset to 'pending' on a store that has turn heads: the file"
                     " was edited to make the heads rebuilt from it; refused (SECURITY.md, 'turn heads')"
@@ -105,15 +102,13 @@ class HeadBuilder:
         raise IntegrityError("store_meta.turn_heads does not authenticate: the file was edited")
 
     def _refuse_later(self, conn: Conn, state: str, formats: tuple[int, ...], *, usage: bool) -> None:
-        """Refuse to convert a store that holds a turn head of one of ``formats``
-        (or, with ``usage``, a usage head): written by a later version than the
-        flag ``state`` says, so the flag was set back. A head that fails to open
-        is left to its reads and ``verify``.
+        """Refuse to convert a store holding a head of one of ``formats`` (or, with ``usage``, a
+        usage head): a later version wrote it, so the flag ``state`` was set back.
 
         Raises:
             IntegrityError: such a head exists.
         """
-        later = usage and bool(conn.query("SELECT 1 FROM turn_heads WHERE turn_id = ? LIMIT 1", (USAGE_HEAD,)))
+        later = usage and bool(conn.query(sql.ANY_USAGE_HEAD_SQL, (USAGE_HEAD,)))
         if not later:
             for row in conn.query(sql.TURN_HEADS_SQL, (OWNER_HEAD, USAGE_HEAD)):
                 try:
@@ -144,9 +139,8 @@ class HeadBuilder:
         return built
 
     def _convert(self, conn: Conn, now: float) -> int:
-        """Each format-1 head (a listing of the turn's rows) as a tally of what it
-        lists: a listed row already gone is kept out only when its sealed
-        expiry has passed (gc'd), so tampering done before stays visible."""
+        """Each format-1 head (a listing of rows) as a tally of what it lists; a listed row gone
+        is kept out only when its sealed expiry has passed, so earlier tampering stays visible."""
         converted = 0
         for row in conn.query(sql.ALL_HEADS_SQL):
             owner, turn_id = row["owner_user_id"], row["turn_id"]
@@ -172,8 +166,7 @@ class HeadBuilder:
         return converted
 
     def _reserve(self, conn: Conn) -> int:
-        """Each format-2 tally with its bytes and an equal reservation; the usage
-        heads held the sum of the bytes, now the sum of the reservations."""
+        """Each format-2 tally with its bytes and an equal reservation (so the usage heads hold their sum)."""
         converted = 0
         for row in conn.query(sql.ALL_HEADS_SQL):
             if row["turn_id"] in (OWNER_HEAD, USAGE_HEAD):
@@ -185,8 +178,7 @@ class HeadBuilder:
         return converted
 
     def _owner_heads_for_keys(self, conn: Conn) -> None:
-        """Give every owner with a key and no owner head an empty one (building or
-        converting a store's heads, which sets the invariant ``change`` relies on)."""
+        """Give every owner with a key and no owner head an empty one (the invariant ``change`` relies on)."""
         for row in conn.query(sql.KEYS_WITHOUT_HEADS_SQL, (OWNER_HEAD,)):
             self._heads.owners.write_body(conn, row["owner_user_id"], OWNER_HEAD, NO_TURNS, int(row["v"]))
 
@@ -225,5 +217,5 @@ class HeadBuilder:
                     totals[owner] += self._heads.owners.tally(row, owner, row["turn_id"]).r
         for owner, total in totals.items():
             self._heads.owners.write_body(conn, owner, USAGE_HEAD, usage_body(total))
-        conn.execute("DELETE FROM store_meta WHERE key = 'owner_usage'")
+        conn.execute(sql.DELETE_USAGE_META_SQL)
         return len(totals)

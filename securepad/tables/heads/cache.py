@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .tally import Head, HeadEdit, Tally
+from .tally import Head
 
-__all__ = ["CACHE_ROWS", "CACHE_TURNS", "HeadCache", "InventoryEdit", "Verified"]
+__all__ = ["CACHE_ROWS", "CACHE_TURNS", "HeadCache", "Verified"]
 
 # Turns kept at most, and inventory rows over all of them.
 CACHE_TURNS = 256
@@ -51,24 +51,6 @@ class _Share:
 
     keys: OrderedDict[_Key, None] = field(default_factory=OrderedDict)
     rows: int = 0
-
-
-class InventoryEdit(HeadEdit):
-    """A write's edit of the tally, applied to ``head`` too: the inventory taken out of the cache, if any."""
-
-    def __init__(self, tally: Tally, term: Callable[[str, str, tuple[Any, ...]], int], head: Head | None) -> None:
-        super().__init__(tally, term)
-        self.head = head
-
-    def add(self, kind: str, item_id: str, item: list[Any]) -> None:
-        super().add(kind, item_id, item)
-        if self.head is not None:
-            self.head.section(kind)[item_id] = list(item)
-
-    def remove(self, kind: str, item_id: str, item: list[Any]) -> None:
-        super().remove(kind, item_id, item)
-        if self.head is not None:
-            self.head.section(kind).pop(item_id, None)
 
 
 class HeadCache:

@@ -86,13 +86,11 @@ class HeadChecks:
     ) -> None:
         """Refuse (IntegrityError) records of ``table`` that ``head`` does not list as they are, a live
         one of the principal's scope missing, or (``latest``) one older than the newest."""
-        section = head.section(RECORD_KINDS[table])
+        section, what = head.section(RECORD_KINDS[table]), table[:-1].replace("_", " ")
         for row in rows:
             sealed = section.get(row["id"])
             if sealed is None or sealed[0] != row["seq"] or sealed[1] != row["expires_at"]:
-                raise IntegrityError(
-                    f"a {table[:-1].replace('_', ' ')} of turn {turn_id!r} is not the one its head lists"
-                )
+                raise IntegrityError(f"a {what} of turn {turn_id!r} is not the one its head lists")
         live = {
             key: value
             for key, value in section.items()
@@ -101,6 +99,6 @@ class HeadChecks:
         if latest:
             newest = max(live.items(), key=lambda item: item[1][0], default=None)
             if (newest is None) != (not rows) or (newest is not None and rows[0]["id"] != newest[0]):
-                raise IntegrityError(f"turn {turn_id!r} serves an older {table[:-1].replace('_', ' ')} than its newest")
+                raise IntegrityError(f"turn {turn_id!r} serves an older {what} than its newest")
         elif set(live) - {row["id"] for row in rows}:
-            raise IntegrityError(f"turn {turn_id!r} lost a {table[:-1].replace('_', ' ')} before its expiry")
+            raise IntegrityError(f"turn {turn_id!r} lost a {what} before its expiry")

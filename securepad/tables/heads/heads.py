@@ -29,7 +29,7 @@ from ...principal import Principal
 from ...storage.base import Backend, Conn, OwnerLockNeeded, Params, Rows
 from ..access import audit_log
 from . import statements as sql
-from .cache import HeadCache, InventoryEdit, Verified
+from .cache import HeadCache, Verified
 from .checks import HeadChecks
 from .inventory import CONSISTENT_TRIES, Inventories, turn_items
 from .last_sealed import Once, once_sql
@@ -160,7 +160,7 @@ class Heads:
         tally = self.owners.turn_tally(by_turn, owner, turn_id)
         before, reserved = tally.dumps(), tally.r
         terms = self.inventories.terms(owner, turn_id)
-        change = InventoryEdit(tally, terms, self._kept_head(kept, by_turn.get(turn_id)))
+        change = HeadEdit(tally, terms, self._kept_head(kept, by_turn.get(turn_id)))
         edit(change)
         tally.b = max(tally.b, 0)
         if turn_id in by_turn and not any(tally.n.values()):  # the turn left empty: it goes

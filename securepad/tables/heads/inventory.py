@@ -55,11 +55,10 @@ class Inventories:
         return self._db.query(*self._reads.sql("?", turn_id, owner), owner=owner)
 
     def from_rows(self, rows: list[dict[str, Any]], owner: str, turn_id: str) -> Head:
-        """The turn's inventory, authenticated by its head (rows of ``InventoryReads.sql``).
+        """The turn's inventory authenticated by its head (rows of ``InventoryReads.sql``).
 
         Raises:
-            IntegrityError: a head fails authentication, the inventory differs from
-                the head, or the owner head lists the turn and it has no head.
+            IntegrityError: a head fails authentication, the inventory differs, or the turn lost its head.
         """
         by_turn = {row["turn_id"]: row for row in rows if row["k"] == "h"}
         if turn_id not in by_turn and OWNER_HEAD not in by_turn and any(row["k"] == "k" for row in rows):
@@ -159,8 +158,7 @@ class Inventories:
         raise StoreBusyError(f"turn {turn_id!r} kept changing while it was read; try again")
 
     def _one_snapshot(self) -> AbstractContextManager[object]:
-        """A read transaction on SQLite outside a transaction (``Database.snapshot``), so
-        that a pair read inside is consistent; elsewhere nothing (the pair is compared)."""
+        """A read transaction on SQLite outside a transaction; elsewhere nothing (the pair is compared)."""
         snapshot = getattr(self._db, "snapshot", None)
         conn = getattr(self._db, "conn", None)
         if snapshot is None or conn is None or not conn.getautocommit():
@@ -169,8 +167,7 @@ class Inventories:
         return opened
 
     def found_tampered(self, owner: str, turn_id: str, problem: str) -> None:
-        """Remember that the turn failed its check, and how: every later write into it in
-        this process checks it in its transaction, refused with ``problem`` while it fails."""
+        """Remember that the turn failed its check: a later write into it is refused with ``problem`` while it fails."""
         self._tampered[(owner, turn_id)] = problem
 
     def tampered(self, owner: str, turn_id: str) -> str | None:
@@ -182,9 +179,8 @@ class Inventories:
         self._tampered.pop((owner, turn_id))
 
     def check_written(self, conn: Conn, owner: str, turn_id: str, problem: str | None) -> None:
-        """For a turn found tampered (``problem``; None: any other), its inventory, the
-        write's rows and head included, checked in the write's transaction; a turn
-        put back as it was is forgotten and takes writes again.
+        """For a turn found tampered (``problem``), its inventory checked in the write's
+        transaction; a turn put back as it was is forgotten and takes writes again.
 
         Raises:
             IntegrityError: ``problem``: the turn still fails its check.

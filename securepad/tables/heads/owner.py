@@ -32,20 +32,6 @@ from .last_sealed import LastSealed, Sealed
 from .statements import OWNER_HEAD, USAGE_HEAD
 from .tally import Tally
 
-__all__ = [
-    "NO_TURNS",
-    "OWNER_HEAD",
-    "USAGE_HEAD",
-    "OwnerHeads",
-    "check_counted",
-    "owner_body",
-    "owner_removed",
-    "rolled_back",
-    "usage_body",
-    "usage_counts",
-    "usage_of",
-]
-
 
 def owner_body(turns: set[str], created: int | None) -> bytes:
     """An owner head's body: the owner's turns and its turn counter (None: from before the counter)."""
@@ -127,8 +113,7 @@ class OwnerHeads:
         return Tally.loads(self.open_body(row, owner, turn_id))
 
     def turn_tally(self, by_turn: dict[str, dict[str, Any]], owner: str, turn_id: str) -> Tally:
-        """The turn's tally as its head seals it, or an empty one for a turn the
-        owner never wrote (the owner head is opened only when the turn has no head).
+        """The turn's tally, or an empty one for a turn the owner never wrote.
 
         Raises:
             IntegrityError: a head fails authentication, or the owner head lists the turn but it has no head.
@@ -141,8 +126,7 @@ class OwnerHeads:
 
     @staticmethod
     def heads_of(conn: Conn, owner: str, turn_id: str, rows: Rows | None) -> dict[str, dict[str, Any]]:
-        """The turn's head rows by turn id: ``rows`` when the caller read them, else read
-        here with ``select_sql``'s statement (announced by the caller: ``Conn.prefetch``)."""
+        """The turn's head rows by turn id: ``rows``, or read by ``select_sql``'s statement (prefetched)."""
         if rows is None:
             rows = conn.query(*sql.select_sql(owner, turn_id))
         return {row["turn_id"]: row for row in rows}
@@ -159,12 +143,9 @@ class OwnerHeads:
         version: int | None = None,
         insert: tuple[str, Params] | None = None,
     ) -> list[bytes]:
-        """Seal and upsert heads of the owner in one statement, under ``version`` (the
-        owner's newest by default); the sealed heads, in the order of ``bodies``.
-        ``insert``, the caller's insert of the rows the heads now count, goes first:
-        on PostgreSQL in the same statement (a data-modifying ``WITH``, whose errors
-        fail the statement), on SQLite before it. Each turn head sealed is recorded
-        as this process's last of its turn (``last``).
+        """Seal and upsert heads of the owner in one statement under ``version`` (the newest by
+        default); the sealed heads. ``insert`` (the caller's rows) goes first: on PostgreSQL in
+        the same statement (a data-modifying ``WITH``), on SQLite before it.
 
         Raises:
             IntegrityError: the owner has no key.
@@ -202,9 +183,8 @@ class OwnerHeads:
     def drop(
         self, conn: Conn, owner: str, dropped: dict[str, int], by_turn: dict[str, dict[str, Any]], version: int | None
     ) -> None:
-        """Turns left empty (their heads deleted) dropped from the owner head, and
-        their reservations (``dropped``) from the usage head, in the caller's
-        transaction, so that no clear trace of their ids stays.
+        """Emptied turns (heads deleted) dropped from the owner head, their reservations
+        (``dropped``) from the usage head: no clear trace of their ids stays.
 
         Raises:
             IntegrityError: the owner's heads were removed, or one fails authentication.
@@ -220,9 +200,8 @@ class OwnerHeads:
         self.write_bodies(conn, owner, bodies, version)
 
     def first_owner_head(self, conn: Conn, owner: str, version: int, wrapper: Wrapper) -> None:
-        """The empty owner head and a zero usage head of an owner's first key, in the
-        key's transaction (``Keystore.on_first_key``): an owner whose every turn and
-        head were removed is then told from one that never wrote."""
+        """The empty owner head and usage head of an owner's first key (``Keystore.on_first_key``),
+        so that an owner whose turns and heads were removed is told from one that never wrote."""
         params: list[Any] = []
         for turn_id, body in ((OWNER_HEAD, NO_TURNS), (USAGE_HEAD, usage_body(0, 0))):
             params += [owner, turn_id, version, wrapper.seal(body, head_aad(owner, turn_id, version))]

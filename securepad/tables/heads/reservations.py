@@ -1,7 +1,5 @@
-"""What a change under the owner's exclusive lock seals beside the turn's head:
-the turn's reservation (``quota``'s arithmetic), the owner head when the turn
-is new, the usage head when the owner's total moved; and giving back the
-reservations other turns do not use, near the quota."""
+"""The owner-wide part of a change under the owner's exclusive lock: the turn's
+reservation (``quota``), the owner head and usage head; reclaiming reservations."""
 
 from __future__ import annotations
 
@@ -39,10 +37,8 @@ class Reservations:
         room: Room | None,
         version: int | None,
     ) -> list[tuple[str, bytes]]:
-        """What the change seals: the turn head, its reservation set for the ``added``
-        bytes (granted, reclaimed from other turns, or refused; ``record_room`` for a
-        record), the owner head when the turn is new, the usage head when the
-        owner's total reservation moved.
+        """What the change seals: the turn head with its reservation for the ``added`` bytes,
+        the owner head when the turn is new, the usage head when the owner's total moved.
 
         Raises:
             IntegrityError: the owner's heads were removed, or one fails authentication.
@@ -82,8 +78,7 @@ class Reservations:
         return bodies
 
     def _others(self, conn: Conn, owner: str, turn_id: str) -> Iterator[tuple[str, Tally]]:
-        """The owner's other turns' tallies; a head that fails to open is skipped
-        (it keeps its reservation; its reads and ``verify`` name it)."""
+        """The owner's other turns' tallies (a head that fails to open is left to its reads and ``verify``)."""
         for row in conn.query(sql.OTHER_TURNS_SQL, (owner, OWNER_HEAD, USAGE_HEAD, turn_id)):
             try:
                 tally = self._owners.tally(row, owner, row["turn_id"])
@@ -92,9 +87,8 @@ class Reservations:
             yield row["turn_id"], tally
 
     def reclaim(self, conn: Conn, owner: str, total: int, turn_id: str, version: int | None = None) -> int:
-        """Give back the unused reservation of every turn of the owner but ``turn_id``
-        (their heads rewritten with ``r = b``), in the caller's transaction under the
-        owner's exclusive lock; the owner's total ``total`` less what was given back."""
+        """Give back the unused reservation of the owner's other turns (``r = b``), under the
+        owner's exclusive lock; the owner's ``total`` less what was given back."""
         bodies: list[tuple[str, bytes]] = []
         for other, tally in self._others(conn, owner, turn_id):
             if tally.r > tally.b:
@@ -107,9 +101,8 @@ class Reservations:
         return max(total, 0)
 
     def of_dropped(self, conn: Conn, owner: str, turn_id: str, by_turn: dict[str, dict[str, Any]]) -> int:
-        """The reservation of a turn being dropped: its head's, or, when that fails
-        to open, the usage head's total less the other turns' (those that fail to
-        open count nothing, so that each can be dropped in turn).
+        """The reservation of a turn being dropped: its head's, or when that fails to open,
+        the usage head's total less the other turns' (so that each can be dropped in turn).
 
         Raises:
             IntegrityError: the usage head fails authentication.

@@ -8,20 +8,6 @@ from collections.abc import Sequence
 from ...keys.keystore import NEWEST_VERSION_SQL
 from ...storage.base import Params
 
-__all__ = [
-    "ALL_HEADS_SQL",
-    "ENTRY_TURN_SQL",
-    "ITEMS_SQL",
-    "OWNER_HEAD",
-    "USAGE_HEAD",
-    "beside_sql",
-    "entry_select_sql",
-    "entry_turn_params",
-    "expired_sql",
-    "newest_sql",
-    "select_sql",
-]
-
 # The owner head lists the owner's turns; the usage head holds its reservations
 # (no turn can have either id: ``check_identifier`` refuses "" and control characters).
 OWNER_HEAD = ""
@@ -62,6 +48,9 @@ UNSEEDED_SQL = (
     " WHERE u.owner_user_id = o.owner_user_id AND u.turn_id = ?))"
 )
 META_SQL = "SELECT value FROM store_meta WHERE key = '{key}'"
+DELETE_USAGE_META_SQL = "DELETE FROM store_meta WHERE key = 'owner_usage'"
+ANY_HEAD_SQL = "SELECT 1 FROM turn_heads LIMIT 1"
+ANY_USAGE_HEAD_SQL = "SELECT 1 FROM turn_heads WHERE turn_id = ? LIMIT 1"
 SET_META_SQL = (
     "INSERT INTO store_meta(key, value) VALUES ('turn_heads', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 )

@@ -16,22 +16,6 @@ import msgspec
 from ...crypto.primitives import CounterSeal
 from ...errors import IntegrityError
 
-__all__ = [
-    "HEAD_FORMAT",
-    "KINDS",
-    "MOD",
-    "RECORD_KINDS",
-    "TERM_FORMAT",
-    "Head",
-    "HeadEdit",
-    "Tally",
-    "entry_item",
-    "extend_head",
-    "record_item",
-    "same_entry",
-    "term",
-]
-
 # Head sections of the turn records, by table.
 RECORD_KINDS = {"checkpoints": "c", "compaction_marks": "m"}
 KINDS = {"e": "entries", "c": "checkpoints", "m": "compaction_marks"}
@@ -137,11 +121,15 @@ def _count(value: object) -> int:
 
 
 class HeadEdit:
-    """One write's change to a turn's tally: rows added, removed, replaced."""
+    """One write's change to a turn's tally (rows added, removed, replaced), applied to
+    ``head`` too: the turn's inventory taken out of the cache (``cache``), if any."""
 
-    def __init__(self, tally: Tally, term: Callable[[str, str, tuple[Any, ...]], int]) -> None:
+    def __init__(
+        self, tally: Tally, term: Callable[[str, str, tuple[Any, ...]], int], head: Head | None = None
+    ) -> None:
         self.tally = tally
         self._term = term
+        self.head = head
         self.bytes = 0  # the change of the entries' stored bytes (the owner's usage total)
 
     def add(self, kind: str, item_id: str, item: list[Any]) -> None:
@@ -162,6 +150,8 @@ class HeadEdit:
             tally.b += int(item[2])
         tally.n[kind] += 1
         tally.d[kind] = (tally.d[kind] + self._term(kind, item_id, tuple(item))) % MOD
+        if self.head is not None:
+            self.head.section(kind)[item_id] = list(item)
 
     def add_all(self, kind: str, items: Iterable[tuple[str, list[Any]]]) -> None:
         for item_id, item in items:
@@ -176,6 +166,8 @@ class HeadEdit:
             self.tally.b -= int(item[2])
         if kind == "e" and self.tally.newest is not None and self.tally.newest[0] == item_id:
             self.tally.newest = None  # not known until an entry above every step comes in
+        if self.head is not None:
+            self.head.section(kind).pop(item_id, None)
 
     def replace(self, kind: str, item_id: str, old: list[Any], new: list[Any]) -> None:
         """A row's clear columns change (an extension): the newest stays the newest."""
