@@ -1,14 +1,10 @@
 """Turn inventories already verified against their heads, kept between reads.
 
-Per turn, the inventory last verified (a ``Head``) with the freshness token of
-its snapshot (``reading``): a later read whose token holds checks its rows
-against it and fetches no inventory. Bounded (least recently used first out,
-by turns and by rows), safe to share between threads, emptied in a forked
-child. **Each owner has a bounded share**: when the cache is full, an owner
-that holds more (turns or rows) gives up its own entries before one that
-holds less, so a tenant flooding the cache evicts only its own. An entry
-belongs to a **scope**: the SQLite connection whose data version its token
-holds, or None on PostgreSQL (the server's snapshot and digest).
+Bounded (least recently used first out, by turns and by rows), safe to share
+between threads, emptied in a forked child. Each owner has a bounded share:
+an owner that holds more gives up its own entries before one that holds less,
+so a tenant flooding the cache evicts only its own. An entry belongs to a
+scope: the SQLite connection whose data version its token holds, or None.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Sealed turn heads: what each turn holds, so that a row cannot vanish unseen.
 
-A head per (owner, turn) seals, under the owner's key, a constant-size tally
-of the turn's rows (``tally``: per kind a count and a keyed multiset digest
-under the store's anchor key); an owner head lists the owner's turns and a
-usage head holds its quota reservations (``owner``). Every write that
-changes a turn calls ``Heads.change`` in its transaction (the one place);
-every read is checked against the turn's inventory, authenticated by its
-head (``Inventories.checked``). Why the digest is keyed, and by that key, is in
-SECURITY.md ("Tampering: the turn heads").
-
-``Heads`` holds its parts: ``owners`` (opening and sealing heads, the owner
-heads), ``reservations`` (the owner-wide part of a change), ``reads`` (the
-inventory's statement and freshness token), ``inventories`` (a turn's
-inventory authenticated; the turns found tampered) and ``checks``.
+A head per (owner, turn) seals a constant-size tally of the turn's rows
+(``tally``); an owner head lists the owner's turns, a usage head its quota
+reservations (``owner``). Every write that changes a turn calls
+``Heads.change`` in its transaction; every read is checked against the turn's
+inventory, authenticated by its head (``inventory``). Why, and what each part
+trusts: SECURITY.md ("Tampering: the turn heads"). ``Heads`` holds its parts:
+``owners``, ``reservations``, ``reads``, ``inventories`` and ``checks``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""A turn's inventory authenticated by its head, a read checked against it, and
-the turns this process found tampered.
-
-A read fetches the turn's head with its inventory (the clear columns of every
-row, expired ones not yet collected included: ``reading``), recomputes the
-tally and refuses a difference; a verified inventory is kept (``cache``) and
-reused while the read's freshness token holds, so the common read costs one
-query, one AES-GCM open and one HMAC per row not read before.
-"""
+"""A turn's inventory authenticated by its head, a read checked against it
+(the verified inventory kept while the read's freshness token holds:
+``reading``, ``cache``), and the turns this process found tampered."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
-"""The turn heads this process sealed last, for a put in one message.
+"""The turn heads this process sealed last, for a put in one message (``Heads.change_once``).
 
-When this process sealed a turn's stored head itself, it knows the tally
-inside: a put can seal the next head at once and send it with its entry in
-one conditional statement (``Heads.change_once``), which writes only if the
-stored head is still the one sealed here. Nothing the server or another
-process could change is trusted: AES-GCM seals each head under a fresh
-nonce, so no other write seals the same bytes, and a stale record (another
-writer, gc, a rotation, a rollback) only makes the statement write nothing;
-the put then reads the head. Bounded (emptied when full); a writer takes its
-record out (``take``), so that no two threads edit one tally.
+The statement writes only if the stored head is still the one sealed here
+(AES-GCM seals each head under a fresh nonce, so no other write seals the same
+bytes); a stale record only makes it write nothing, and the put reads the head.
+Bounded; a writer takes its record out, so no two threads edit one tally.
 """
 
 from __future__ import annotations

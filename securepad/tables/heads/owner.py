@@ -1,20 +1,13 @@
 """Sealing heads; the owner heads (each owner's turns) and usage heads (its quota reservations).
 
-An owner head (``OWNER_HEAD``) lists the owner's turns, so that a whole turn
-cannot vanish; a usage head (``USAGE_HEAD``) holds the owner's total
-reservation R, the sum of its turns' reservations: each turn's tally carries
-``b``, its entries' stored bytes, and ``r >= b``, its share of the quota, all
-sealed under the owner's key, which the server never has. A write never takes
-R (with the live records) above the quota; a put that fits its turn's
-reservation rewrites its turn head only, under the owner's lock shared
-(``Backend.transaction(owner, turn=...)``); other owner-wide changes take it
-exclusive (``reservations``). An owner without a usage head has an unknown
-total: the quota sums its live entries.
-
-The owner head (``c``) and the usage head count the turns the owner created;
-each turn's tally holds the count it last saw (``Tally.o``). Heads that count
-fewer, or disagree, were put back from an older copy: a write refuses, and
-``counter_problems`` names them (``verify``).
+A usage head holds the owner's total reservation R, the sum of its turns'
+``r`` (each turn's share of the quota, at least its entries' bytes ``b``),
+all sealed under the owner's key; a write never takes R (with the live
+records) above the quota, and a put within its turn's reservation takes the
+owner's lock shared (``reservations`` has the rest). The owner head and the
+usage head count the turns the owner created; each tally holds the count it
+last saw (``Tally.o``): heads that count fewer, or disagree, were put back
+from an older copy, and a write refuses (``counter_problems`` names them).
 """
 
 from __future__ import annotations
