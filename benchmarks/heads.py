@@ -9,7 +9,7 @@ time (``tests/tables/heads/test_heads.py`` guards the first two).
 
 Both sides run in one process on the same machine, alternating, on stores
 filled the same way. "Without heads" swaps the store's head hooks
-(``Heads.change`` and ``Heads.checked``) for pass-throughs on that store only:
+(``Heads.change`` and ``Inventories.checked``) for pass-throughs on that store only:
 it measures what the heads add, not a supported mode. Timings depend on the
 load of the machine; the statement and WAL-frame counts of
 ``securepad.bench.costs`` do not (``tests/tables/entries/test_hot_path.py`` guards them).
@@ -69,7 +69,7 @@ def _without_heads(pad: Scratchpad) -> None:
         return fetch() if first is None else first[0]
 
     heads.change = change  # type: ignore[method-assign]
-    heads.checked = checked  # type: ignore[method-assign]
+    heads.inventories.checked = checked  # type: ignore[method-assign]
 
 
 def _timed(call: Callable[[], Any], repeat: int) -> list[float]:

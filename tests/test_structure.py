@@ -46,11 +46,8 @@ SQL_MODULES = {
     "securepad.tables.entries.open",
     "securepad.tables.entries.listings",
     "securepad.tables.records",
-    "securepad.tables.heads.heads",
-    "securepad.tables.heads.owner",
-    "securepad.tables.heads.reading",
-    "securepad.tables.heads.build",
-    "securepad.tables.heads.beside",  # a put's one-row read joined with its turn's head rows
+    "securepad.tables.heads.statements",
+    "securepad.tables.heads.reading",  # the inventory's statement with its freshness token
     "securepad.maintenance.lifecycle",
     "securepad.audit",
     "securepad.audit._api",

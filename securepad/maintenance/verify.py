@@ -59,7 +59,7 @@ def _verify(entries: Entries, records: Records, heads: Heads, now: float) -> dic
     problems: list[Problem] = []
     opened = heads.all_heads()
     turn_heads, owner_heads = _check_heads(opened, problems)
-    for owner in heads.owners_without_heads():
+    for owner in heads.owners.owners_without_heads():
         problems.append(
             _problem(
                 owner, None, None, "owner head", "the owner has a key but no heads: its turns and heads were removed"
@@ -116,7 +116,7 @@ def _verify(entries: Entries, records: Records, heads: Heads, now: float) -> dic
                 _problem(owner, turn_id, None, "turn usage", f"counts {sealed.b} bytes, its entries {rows.b}")
             )
     problems += _usage_problems(owner_heads, reserved)
-    for owner, counted_turn, what in heads.counter_problems():  # an owner's heads put back from an older copy
+    for owner, counted_turn, what in heads.owners.counter_problems():  # an owner's heads put back from an older copy
         problems.append(_problem(owner, counted_turn, None, "owner head", f"{what}: put back from an older copy"))
     for problem in problems:
         if problem["what"] == "turn":  # no write goes into it from this process while it fails

@@ -213,7 +213,7 @@ class Records:
             return self._access.rows(*live), self._access.rows(*numbered)
 
         def check(head: Head, fetched: tuple[Rows, Rows]) -> None:
-            self._heads.check_records_in(head, principal, table, turn_id, fetched[0], current, latest)
+            self._heads.checks.check_records_in(head, principal, table, turn_id, fetched[0], current, latest)
 
         # The records, their numbering and the turn's head rows: one round trip on PostgreSQL.
         first_rows, first_stored, head_rows = self._db.queries(
@@ -224,7 +224,7 @@ class Records:
         )
         for row in (*first_rows, *first_stored):
             self._access.policy.authorize_row(principal, row)
-        rows, stored = self._heads.checked(
+        rows, stored = self._heads.inventories.checked(
             principal.owner_user_id, turn_id, fetch, check, first=((first_rows, first_stored), head_rows)
         )
         numbers = {row["seq"]: index for index, row in enumerate(stored, 1)}

@@ -45,14 +45,16 @@ class Listings:
             return list(self._authenticate_rows(principal, live(rows, current)))
 
         def check(head: Head, opened: list[Opened]) -> None:
-            self.heads.check_entries_in(head, principal, turn_id, [each.row for each in opened], current)
+            self.heads.checks.check_entries_in(head, principal, turn_id, [each.row for each in opened], current)
 
         # The turn's rows and its head rows: one round trip on PostgreSQL.
         head_sql = self.heads.read_sql(principal.owner_user_id, turn_id)
         rows, head_rows = rows_and_head(
             self._db, self._access, principal, head_sql, COLUMNS, "turn_id = ?", (turn_id,), order
         )
-        return self.heads.checked(principal.owner_user_id, turn_id, fetch, check, first=(fetch(rows), head_rows))
+        return self.heads.inventories.checked(
+            principal.owner_user_id, turn_id, fetch, check, first=(fetch(rows), head_rows)
+        )
 
     def turn_offloads(self, principal: Principal, turn_id: str, now: float | None) -> bool:
         """Whether a live entry of the turn in the principal's scope was offloaded
@@ -79,9 +81,9 @@ class Listings:
 
         def check(head: Head, fetched: tuple[bool, list[dict[str, Any]]]) -> None:
             found, seen = fetched
-            self.heads.check_newest_first(head, principal, turn_id, seen, current, complete=not found)
+            self.heads.checks.check_newest_first(head, principal, turn_id, seen, current, complete=not found)
 
-        return self.heads.checked(principal.owner_user_id, turn_id, fetch, check)[0]
+        return self.heads.inventories.checked(principal.owner_user_id, turn_id, fetch, check)[0]
 
     def _newest_first(
         self, principal: Principal, turn_id: str, columns: str, now: float | None, conn: Conn | None = None

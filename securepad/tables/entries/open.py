@@ -89,7 +89,7 @@ class Opener:
         def check(head: Head, fetched: tuple[dict[str, Any] | None, Readable | None]) -> None:
             row, opened = fetched
             if row is not None and opened is None:
-                self.heads.check_expired_in(head, row, current)
+                self.heads.checks.check_expired_in(head, row, current)
             elif opened is not None:
                 same_entry(head, opened.row)
 
@@ -98,7 +98,9 @@ class Opener:
             first: tuple[tuple[dict[str, Any] | None, Readable | None], Rows] | None = (fetch(rows), head_rows)
         except IntegrityError:  # tampering, or a rotation retired the row's key meanwhile: read again
             first = None
-        row, opened = self.heads.checked(principal.owner_user_id, rows[0]["turn_id"], fetch, check, first=first)
+        row, opened = self.heads.inventories.checked(
+            principal.owner_user_id, rows[0]["turn_id"], fetch, check, first=first
+        )
         if row is None:  # deleted meanwhile
             raise NotFoundError(NOT_FOUND_MESSAGE)
         if opened is None:
