@@ -27,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from . import data
+from . import data, floor
 from .backends import BACKENDS, open_backend
 
 # -- memory --------------------------------------------------------------------------
@@ -200,7 +200,7 @@ TASKS = {"read": task_read, "resume": task_resume, "worker": task_worker}
 
 def main() -> int:
     spec = json.loads(sys.argv[1])
-    if spec.get("backend") not in (None, *BACKENDS):
+    if spec.get("backend") not in (None, *BACKENDS, floor.SealedFloorBackend.name):
         import importlib
 
         importlib.import_module(f"{__package__}.postgres")  # registers the PostgreSQL backends
