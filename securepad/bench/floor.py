@@ -61,7 +61,6 @@ _SCHEMA = (
     f"CREATE TABLE IF NOT EXISTS entries({_LISTED}, wrapped_key, nonce_prefix, sealed_listing, content,"
     " PRIMARY KEY (id))",
     "CREATE INDEX IF NOT EXISTS entries_turn ON entries(owner_user_id, turn_id, step_num)",
-    "CREATE INDEX IF NOT EXISTS entries_expires ON entries(expires_at)",
 )
 _INSERT = f"INSERT INTO entries({_LISTED}, wrapped_key, nonce_prefix, sealed_listing, content) VALUES ({'?, ' * 18}?)"
 # A head goes in only over the one its writer saw (``seq``), or where none was.
@@ -81,10 +80,10 @@ _ROWS = (
 
 
 class _Owner:
-    """An owner's keys, unwrapped once: its key's wrapper and its listing key."""
+    """The owner's keys, unwrapped once: its key's wrapper and its listing key."""
 
     def __init__(self, owner: str, version: int, key: crypto.KeyHandle) -> None:
-        self.version, self.wrapper = version, crypto.Wrapper.of(key)
+        self.owner, self.version, self.wrapper = owner, version, crypto.Wrapper.of(key)
         self.listing = crypto.ListingKey(key, STORE_ID, owner, version)
 
 
@@ -120,8 +119,8 @@ class SealedFloorBackend(Backend):
             self.conn.execute(f"PRAGMA {pragma}").fetchall()
         if create:
             self._write(lambda: [self.conn.execute(sql) for sql in _SCHEMA])
-        self._owners: dict[str, _Owner] = {}
-        self._heads: dict[tuple[str, str], _Head] = {}
+        self._heads: dict[str, _Head] = {}  # by turn
+        self._keys = self._owner(PRINCIPAL.owner_user_id)
 
     def _query(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
         return self.conn.execute(sql, params).fetchall()
@@ -137,56 +136,51 @@ class SealedFloorBackend(Backend):
         return result
 
     def _owner(self, owner: str) -> _Owner:
-        keys = self._owners.get(owner)
-        if keys is None:
-            select = "SELECT version, wrapped FROM owner_keys WHERE owner = ?"
-            if not self._query(select, (owner,)):
-                wrapped = self._owner_wrap.wrap(crypto.KeyHandle.random(), crypto.owner_key_aad(STORE_ID, owner, 1))
-                self._write(
-                    lambda: self.conn.execute("INSERT OR IGNORE INTO owner_keys VALUES (?, 1, ?)", (owner, wrapped))
-                )
-            ((version, blob),) = self._query(select, (owner,))
-            key = self._owner_wrap.unwrap(blob, crypto.owner_key_aad(STORE_ID, owner, version))
-            keys = self._owners[owner] = _Owner(owner, version, key)
-        return keys
+        select = "SELECT version, wrapped FROM owner_keys WHERE owner = ?"
+        if not self._query(select, (owner,)):
+            wrapped = self._owner_wrap.wrap(crypto.KeyHandle.random(), crypto.owner_key_aad(STORE_ID, owner, 1))
+            self._write(
+                lambda: self.conn.execute("INSERT OR IGNORE INTO owner_keys VALUES (?, 1, ?)", (owner, wrapped))
+            )
+        ((version, blob),) = self._query(select, (owner,))
+        return _Owner(owner, version, self._owner_wrap.unwrap(blob, crypto.owner_key_aad(STORE_ID, owner, version)))
 
-    def _term(self, owner: str, turn: str, entry_id: str, item: tuple[Any, ...]) -> int:
-        return self._seal.term(_PACK([owner, turn, entry_id, *item]))
+    def _term(self, turn: str, entry_id: str, item: tuple[Any, ...]) -> int:
+        return self._seal.term(_PACK([self._keys.owner, turn, entry_id, *item]))
 
-    def _head(self, owner: str, turn: str, sealed: bytes | None, *, inventory: bool = True) -> _Head:
+    def _head(self, turn: str, sealed: bytes | None, *, inventory: bool = True) -> _Head:
         """The turn's head as stored (``sealed``): the one this process sealed or
         checked, else opened; with ``inventory``, its rows recounted against it once."""
-        known = self._heads.get((owner, turn))
+        known = self._heads.get(turn)
         if known is not None and known.sealed == sealed and (known.items is not None or not inventory):
             return known
-        keys = self._owner(owner)
-        aad = crypto.head_aad(owner, turn, keys.version)
+        keys = self._keys
+        aad = crypto.head_aad(keys.owner, turn, keys.version)
         seq, count, digest = _UNPACK(keys.wrapper.open(sealed, aad)) if sealed else (0, 0, b"")
         if known is not None and seq < known.seq:
             raise IntegrityError(f"turn {turn!r}'s head is older than one this process saw: rolled back")
-        head = self._heads[(owner, turn)] = _Head(sealed, (seq, count, int.from_bytes(digest)), None)
+        head = self._heads[turn] = _Head(sealed, (seq, count, int.from_bytes(digest)), None)
         if inventory:
-            items = {row[0]: tuple(row[1:]) for row in self._query(_ROWS, (owner, turn))}
-            if (
-                len(items) != count
-                or sum(self._term(owner, turn, i, t) for i, t in items.items()) % _MOD != head.digest
-            ):
+            items = {row[0]: tuple(row[1:]) for row in self._query(_ROWS, (self._keys.owner, turn))}
+            if len(items) != count or sum(self._term(turn, i, t) for i, t in items.items()) % _MOD != head.digest:
                 raise IntegrityError(f"turn {turn!r} differs from its head: rows were added, removed or altered")
             head.items = items
         return head
 
-    def _stored_head(self, owner: str, turn: str, *, inventory: bool = True) -> _Head:
-        found = self._query("SELECT sealed FROM heads WHERE owner = ? AND turn = ?", (owner, turn))
-        return self._head(owner, turn, found[0][0] if found else None, inventory=inventory)
+    def _stored_head(self, turn: str, *, inventory: bool = True) -> _Head:
+        found = self._query("SELECT sealed FROM heads WHERE owner = ? AND turn = ?", (self._keys.owner, turn))
+        return self._head(turn, found[0][0] if found else None, inventory=inventory)
 
-    def _new_head(self, owner: str, turn: str, head: _Head, added: dict[str, Any], gone: dict[str, Any]) -> None:
+    def _new_head(self, turn: str, head: _Head, added: dict[str, Any], gone: dict[str, Any]) -> None:
         """Write over ``head`` the head with the entries ``added`` and without those ``gone`` ({id: item})."""
         count, digest = head.count + len(added) - len(gone), head.digest
-        digest += sum(self._term(owner, turn, i, item) for i, item in added.items())
-        digest -= sum(self._term(owner, turn, i, item) for i, item in gone.items())
-        keys, seq, digest = self._owner(owner), head.seq + 1, digest % _MOD
-        sealed = keys.wrapper.seal(_PACK([seq, count, digest.to_bytes(32)]), crypto.head_aad(owner, turn, keys.version))
-        self.conn.execute(_UPSERT, (owner, turn, seq, sealed, head.seq))
+        digest += sum(self._term(turn, i, item) for i, item in added.items())
+        digest -= sum(self._term(turn, i, item) for i, item in gone.items())
+        keys, seq, digest = self._keys, head.seq + 1, digest % _MOD
+        sealed = keys.wrapper.seal(
+            _PACK([seq, count, digest.to_bytes(32)]), crypto.head_aad(keys.owner, turn, keys.version)
+        )
+        self.conn.execute(_UPSERT, (keys.owner, turn, seq, sealed, head.seq))
         if self.conn.changes() != 1:
             raise _Stale
         items = head.items  # updated in place: a failed transaction drops the cached head (``_with_head``)
@@ -194,24 +188,23 @@ class SealedFloorBackend(Backend):
             items.update(added)
             for entry_id in gone:
                 del items[entry_id]
-        self._heads[(owner, turn)] = _Head(sealed, (seq, count, digest), items)
+        self._heads[turn] = _Head(sealed, (seq, count, digest), items)
 
-    def _with_head(self, owner: str, turn: str, body: Any) -> None:
+    def _with_head(self, turn: str, body: Any) -> None:
         """``body(head)`` in a write transaction, with the head this process sealed
         last; when another process wrote since, again with the stored one."""
         try:
             try:
-                self._write(lambda: body(self._heads.get((owner, turn)) or _Head(None, (0, 0, 0), {})))
+                self._write(lambda: body(self._heads.get(turn) or _Head(None, (0, 0, 0), {})))
             except _Stale:
-                self._write(lambda: body(self._stored_head(owner, turn, inventory=False)))
+                self._write(lambda: body(self._stored_head(turn, inventory=False)))
         except BaseException:
-            self._heads.pop((owner, turn), None)
+            self._heads.pop(turn, None)
             raise
 
     def put(self, turn_id: str, step: int, text: str, *, ttl: int = DEFAULT_TTL, now: float | None = None) -> str:
-        owner, keys = PRINCIPAL.owner_user_id, self._owner(PRINCIPAL.owner_user_id)
-        entry_id, created, data = secrets.token_hex(8), time.time() if now is None else now, text.encode()
-        segments = split_bytes(data)
+        keys, entry_id, data = self._keys, secrets.token_hex(8), text.encode()
+        owner, created, segments = keys.owner, time.time() if now is None else now, split_bytes(data)
         header = crypto.Header(
             entry_id, owner, turn_id, "text", len(data), len(text), len(segments), keys.version, crypto.ENTRY_FORMAT
         )
@@ -230,24 +223,24 @@ class SealedFloorBackend(Backend):
 
         def write(head: _Head) -> None:
             self.conn.execute(_INSERT, values)
-            self._new_head(owner, turn_id, head, {entry_id: item}, {})
+            self._new_head(turn_id, head, {entry_id: item}, {})
 
-        self._with_head(owner, turn_id, write)
+        self._with_head(turn_id, write)
         return entry_id
 
     def read(self, entry_id: str, mode: str, n: int, start: int = 0) -> str:
-        owner = PRINCIPAL.owner_user_id
-        found = self._query(_READ, (entry_id, owner))
+        keys = self._keys
+        found = self._query(_READ, (entry_id, keys.owner))
         if not found:
             raise KeyError(entry_id)
         row = found[0]
         turn, chars, count, version, wrapped, prefix, commitment, rowid, only, sealed = row[5:]
-        if (self._head(owner, turn, sealed).items or {}).get(entry_id) != row[:5]:
+        if (self._head(turn, sealed).items or {}).get(entry_id) != row[:5]:
             raise IntegrityError(f"entry {entry_id} is not in its turn's head as its row says")
         if row[1] <= time.time():
             raise KeyError(entry_id)
-        header = crypto.Header(entry_id, owner, turn, "text", row[2], chars, count, version, crypto.ENTRY_FORMAT)
-        cipher = crypto.open_entry(self._owner(owner).wrapper, header, wrapped, prefix, commitment)
+        header = crypto.Header(entry_id, keys.owner, turn, "text", row[2], chars, count, version, crypto.ENTRY_FORMAT)
+        cipher = crypto.open_entry(keys.wrapper, header, wrapped, prefix, commitment)
         if count == 1:
             first = 0 if mode == "head" else max(0, chars - n) if mode == "tail" else start
             return cipher.open_segment(0, only, True).decode()[first : first + n]
@@ -266,14 +259,14 @@ class SealedFloorBackend(Backend):
         return self.read(entry_id, "head", 1 << 62)
 
     def resume(self, turn_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        owner, keys = PRINCIPAL.owner_user_id, self._owner(PRINCIPAL.owner_user_id)
-        head, history = self._stored_head(owner, turn_id), []
+        keys = self._keys
+        head, history = self._stored_head(turn_id), []
         items = head.items or {}
         select = (
             f"SELECT {_LISTED}, sealed_listing FROM entries WHERE owner_user_id = ? AND turn_id = ? AND expires_at > ?"
         )
         now = time.time()
-        for values in self._query(f"{select} ORDER BY step_num", (owner, turn_id, now)):
+        for values in self._query(f"{select} ORDER BY step_num", (keys.owner, turn_id, now)):
             row = dict(zip(_NAMES, values, strict=False))
             if items.get(row["id"]) != _ITEM(row):
                 raise IntegrityError(f"entry {row['id']} is not in its turn's head as its row says")
@@ -288,18 +281,15 @@ class SealedFloorBackend(Backend):
             self.put("gc-turn", i, bench_text(size, salt=i), ttl=1, now=now - 10 - count * 0.001 + i * 0.001)
 
     def gc(self, now: float) -> int:
-        owner = PRINCIPAL.owner_user_id
-        self._owner(owner)
-
         def collect() -> int:
             turns: dict[str, list[str]] = {}
             select = "SELECT turn_id, id FROM entries WHERE owner_user_id = ? AND expires_at <= ?"
-            for turn, entry_id in self._query(select, (owner, now)):
+            for turn, entry_id in self._query(select, (self._keys.owner, now)):
                 turns.setdefault(turn, []).append(entry_id)
             for turn, gone in turns.items():
-                head = self._stored_head(owner, turn)
+                head = self._stored_head(turn)
                 self.conn.executemany("DELETE FROM entries WHERE id = ?", [(i,) for i in gone])
-                self._new_head(owner, turn, head, {}, {i: (head.items or {})[i] for i in gone})
+                self._new_head(turn, head, {}, {i: (head.items or {})[i] for i in gone})
             return sum(map(len, turns.values()))
 
         return int(self._write(collect))
