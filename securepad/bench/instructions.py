@@ -9,7 +9,12 @@ by a call of ``sys.getswitchinterval``, the marker at which valgrind's
 callgrind (``--dump-before``) writes what ran since the last one. An
 operation's figure is (Ir(2N) - Ir(N)) / N: whatever a run costs once
 (start-up, the marker, a first call's cold caches) cancels out, so it is a
-warm call's cost, and it does not depend on the machine's load.
+warm call's cost, and it does not depend on the machine's load. Each run
+ends with a truncating checkpoint, so a write's figure includes moving its
+WAL frames into the file, and no automatic checkpoint falls into one run
+and not the other. (securepad's anchor is kept by a background thread: the
+share of its work that falls into a run depends on the scheduler, which
+makes securepad's write figures move by a few percent between runs.)
 
 Without valgrind, the same process times each run in CPU time
 (``time.process_time``) and the figure is the mean over the 3N calls after
@@ -124,7 +129,9 @@ def _operations(backend: Backend, prepared: dict[str, Any], content: _Contents) 
 
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     """The measured process: per operation a warm-up call, N calls, 2N calls,
-    each run closed by the marker; returns the runs and their CPU seconds."""
+    each run closed by a truncating checkpoint of the WAL (so a run pays for
+    moving its own frames into the file, whatever SQLite's automatic
+    checkpoints would have done) and the marker; returns the runs and their CPU seconds."""
     backend = open_backend(spec["backend"], Path(spec["root"]), create=False)
     content = _Contents()
     ops = _operations(backend, spec["prepared"], content)
@@ -144,6 +151,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             for _ in range(calls):
                 call(serial)
                 serial += 1
+            _empty_wal(backend)
             seconds = time.process_time() - started
             marker()
             runs.append([op, label, seconds])
