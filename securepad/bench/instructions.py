@@ -363,8 +363,9 @@ def report(results: dict[str, Any]) -> str:
     for op, label in ops.items():
         row = "".join(f"{_figure(results['figures'][name].get(op)):>16}" for name in names)
         lines.append(f"{label:<52}{row}")
-    lines += ["", "per warm call: SQL statements / WAL frames / key derivations, unwraps, header digests"]
+    lines += ["", "one warm call: SQL statements / WAL frames / key derivations, unwraps, header digests"]
     for op, label in ops.items():
+        label = label.replace(", per observation", f" (one call: {BATCH} observations)")
         cells = []
         for name in names:
             counted = results["work"].get(name, {}).get(op)
