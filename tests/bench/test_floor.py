@@ -7,6 +7,7 @@ measure a cheaper thing than securepad's guarantees.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -149,3 +150,20 @@ def test_gc_removes_the_expired_entries_and_their_terms(floor: SealedFloorBacken
         assert fresh.get(live) == "live"  # a cold read recounts the turn against the head gc wrote
     finally:
         fresh.close()
+
+
+@pytest.mark.slow
+def test_the_suite_runs_the_floor_through_every_workload_when_named(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from securepad.cli import main
+
+    out = tmp_path / "results"
+    args = ["bench", "--tiny", "--backends", "sealed-floor", "--no-progress", "--no-chart", "--out", str(out)]
+    result = CliRunner().invoke(main, [*args, "--workdir", str(tmp_path)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    results = json.loads((out / "quick.json").read_text())
+    assert results["failures"] == [] and results["backends"]["sealed-floor"]["available"]
+    for workload in ("put", "read", "concurrent", "resume", "gc", "open"):
+        assert any(r["backend"] == "sealed-floor" for r in results["workloads"][workload]), workload
+    assert all(r["lost_writes"] == 0 for r in results["workloads"]["concurrent"])
