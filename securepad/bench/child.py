@@ -28,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from . import data
+from . import data, floor  # noqa: F401  (registers the sealed floor)
 from .backends import open_backend
 
 # -- memory --------------------------------------------------------------------------

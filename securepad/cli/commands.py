@@ -453,7 +453,8 @@ def mcp(principal: Principal, turn_id: str | None) -> None:
 @click.option(
     "--backends",
     default=None,
-    help="Comma-separated backends [default: all]: securepad, raw-apsw, unhardened, diskcache, sqlcipher.",
+    help="Comma-separated backends [default: all]: securepad, raw-apsw, unhardened, diskcache, sqlcipher;"
+    " sealed-floor when named.",
 )
 @click.option(
     "--workloads",
@@ -470,6 +471,18 @@ def mcp(principal: Principal, turn_id: str | None) -> None:
 )
 @click.option("--targets", "show_targets", is_flag=True, help="Also list the project's targets, each met or missed.")
 @click.option("--tables", "show_tables", is_flag=True, help="Also print every workload's full table (Markdown).")
+@click.option(
+    "--costs",
+    is_flag=True,
+    help="Instead of the suite: instructions per operation (callgrind) for securepad, the sealed floor and"
+    " raw apsw, with statements, WAL frames, key work and the targets; writes <out>/costs.json.",
+)
+@click.option(
+    "--costs-method",
+    type=click.Choice(["callgrind", "cpu"]),
+    default=None,
+    help="How --costs measures [default: callgrind when valgrind is installed, else CPU time].",
+)
 def bench(
     quick: bool,
     out: Path,
@@ -482,6 +495,8 @@ def bench(
     from_json: Path | None,
     show_targets: bool,
     show_tables: bool,
+    costs: bool,
+    costs_method: str | None,
 ) -> None:
     """Benchmark securepad against raw SQLite, sqlite3, diskcache and SQLCipher on this machine.
 
@@ -495,6 +510,11 @@ def bench(
     if from_json is not None:
         runner.print_saved(from_json, show_targets=show_targets, show_tables=show_tables)
         return
+    if costs or costs_method is not None:
+        try:
+            sys.exit(runner.costs(out=out, workdir=workdir, method=costs_method, tiny=tiny))
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
     try:
         chosen_backends = runner.parse_names("backends", backends) if backends else list(BACKENDS)
         chosen_workloads = runner.parse_names("workloads", workloads) if workloads else list(WORKLOADS)
