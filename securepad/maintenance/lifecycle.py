@@ -1,18 +1,12 @@
 """Key lifecycle: master-key rotation, owner-key rotation, crypto-shredding.
 
-Each operation is crash-safe by construction: it is a sequence of SQLite
-transactions, each of which leaves a store that opens with the right key and
-serves every entry; running the operation again finishes what an
-interrupted run started.
-
-* Master rotation re-wraps owner keys only, in one transaction (the
-  cryptography is a few microseconds per owner).
-* Owner rotation adds a new owner-key version (new puts use it at once),
-  re-wraps the owner's item keys in batches, then retires (deletes) the old
-  versions: they are the ``min_decryption_version`` cut-off.
-* Forgetting an owner deletes its keys and entries with ``secure_delete`` on
-  and scrubs the file (VACUUM, WAL truncated), so neither ciphertext nor
-  wrapped keys remain.
+Each operation is a sequence of transactions, each of which leaves a store
+that opens with the right key and serves every entry: running an interrupted
+operation again finishes it. Master rotation re-wraps owner keys only, in one
+transaction. Owner rotation adds a key version (new puts use it at once),
+re-wraps the owner's item keys in batches, then retires the old versions.
+Forgetting an owner deletes its keys and rows with ``secure_delete`` and
+scrubs the file. The statements are the tables' (``tables``).
 """
 
 from __future__ import annotations
@@ -27,6 +21,7 @@ from ..keys.keyring import Keyring
 from ..keys.keystore import Keystore, Progress
 from ..principal import check_identifier
 from ..storage.base import Backend
+from ..tables import access
 from ..tables.entries import entries
 from ..tables.heads.heads import Heads
 from ..tables.records import TABLES as _RECORD_TABLES
@@ -105,14 +100,15 @@ def rotate_owner_key(
         # picks up rows whose compare-and-set lost a race; what is still left
         # after that is reported (complete=False) and finished by a rerun.
         for _ in range(MAX_PASSES):
-            ids = [row["id"] for row in _old_rows(db, table, "id", owner_user_id, new_version)]
+            ids = [row["id"] for row in access.below_version(db, table, "id", owner_user_id, new_version)]
             if not ids:
                 break
             for first in range(0, len(ids), batch):
                 rewrap.chunk(table, aad_of, ids[first : first + batch])
     with db.transaction(owner_user_id, admin=True) as conn:
         left = sum(
-            int(conn.query(*_count_old_sql(table, owner_user_id, new_version))[0]["n"]) for table, _ in _WRAPPED_TABLES
+            int(conn.query(*access.count_below_sql(table, owner_user_id, new_version))[0]["n"])
+            for table, _ in _WRAPPED_TABLES
         )
         if left:  # a writer slipped in under an old version: finish it next run
             retired: list[int] = []
@@ -138,7 +134,7 @@ class _Rewrap:
     def __init__(self, db: Backend, keys: Keystore, owner: str, version: int, progress: Progress | None) -> None:
         self._db, self._keys, self._owner, self._version, self._progress = db, keys, owner, version, progress
         self.total = sum(
-            int(db.query(*_count_old_sql(table, owner, version), owner=owner, admin=True)[0]["n"])
+            int(db.query(*access.count_below_sql(table, owner, version), owner=owner, admin=True)[0]["n"])
             for table, _ in _WRAPPED_TABLES
         )
         self.done = 0
@@ -150,13 +146,7 @@ class _Rewrap:
         listed = table == "entries"
         # By primary key only, so the engine cannot pick the owner index and
         # scan the owner's rows per chunk; owner and version are checked here.
-        fetched = self._db.query(
-            f"SELECT {_LISTING_COLUMNS if listed else _KEY_COLUMNS} FROM {table}"
-            f" WHERE id IN ({', '.join('?' * len(ids))})",
-            tuple(ids),
-            owner=owner,
-            admin=True,
-        )
+        fetched = access.by_ids(self._db, table, _LISTING_COLUMNS if listed else _KEY_COLUMNS, ids, owner)
         rows = [r for r in fetched if r["owner_user_id"] == owner and r["key_version"] < version]
         updates: list[tuple[Any, ...]] = []
         for row in rows:
@@ -166,16 +156,11 @@ class _Rewrap:
                 if self._moved(table, row):
                     continue  # another rotation re-wrapped it and retired its version since it was read
                 raise
-        # Compare-and-set: a row changed meanwhile is left for the next pass.
-        sql = (
-            "UPDATE entries SET wrapped_key = ?, key_version = ?, sealed_listing = ?"
-            " WHERE id = ? AND key_version = ? AND wrapped_key = ? AND COALESCE(sealed_listing, ?) = ?"
-            if listed
-            else f"UPDATE {table} SET wrapped_key = ?, key_version = ?"
-            " WHERE id = ? AND key_version = ? AND wrapped_key = ?"
-        )
-        with self._db.transaction(owner, admin=True) as conn:
-            conn.executemany(sql, updates)
+        with self._db.transaction(owner, admin=True) as conn:  # compare-and-set: a changed row waits a pass
+            if listed:
+                entries.rewrap(conn, updates)
+            else:
+                Records.rewrap(conn, table, updates)
             self._keys.count_wraps(conn, owner, version, len(updates))
         self.done += len(rows)
         if self._progress is not None:
@@ -205,9 +190,7 @@ class _Rewrap:
         retired only once no row is below it (in the transaction that retires
         it, under the owner's lock), so a row still under a version whose key
         is missing is not the library's race: tampering."""
-        found = self._db.query(
-            f"SELECT key_version, wrapped_key FROM {table} WHERE id = ?", (row["id"],), owner=self._owner, admin=True
-        )
+        found = access.wrapping_of(self._db, table, row["id"], self._owner)
         return not found or (found[0]["key_version"], found[0]["wrapped_key"]) != (
             row["key_version"],
             row["wrapped_key"],
@@ -231,19 +214,6 @@ _LISTING_COLUMNS = (
     f"{_KEY_COLUMNS}, turn_id, actor, channel, step_num, executor_name, content_kind, size_bytes,"
     " size_chars, segment_count, created_at, expires_at, commitment, sealed_listing"
 )
-
-
-def _old_rows(db: Backend, table: str, columns: str, owner: str, version: int) -> list[dict[str, Any]]:
-    return db.query(
-        f"SELECT {columns} FROM {table} WHERE owner_user_id = ? AND key_version < ?",
-        (owner, version),
-        owner=owner,
-        admin=True,
-    )
-
-
-def _count_old_sql(table: str, owner: str, version: int) -> tuple[str, tuple[str, int]]:
-    return f"SELECT COUNT(*) AS n FROM {table} WHERE owner_user_id = ? AND key_version < ?", (owner, version)
 
 
 def forget_owner(db: Backend, keys: Keystore, owner_user_id: str) -> dict[str, Any]:

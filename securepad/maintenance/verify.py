@@ -25,12 +25,12 @@ committing puts, checkpoints, rotations meanwhile) verifies clean.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Any
 
 from ..errors import IntegrityError
-from ..tables.entries.entries import Entries
+from ..storage.base import Backend
+from ..tables.entries.entries import every_row
+from ..tables.entries.open import Opener
 from ..tables.heads.heads import OWNER_HEAD, RECORD_KINDS, USAGE_HEAD, HeadEdit, Heads, Tally, entry_item, record_item
 from ..tables.records import TABLES, Records
 
@@ -40,9 +40,7 @@ Problem = dict[str, Any]
 Steps = list[list[int]]  # runs of step numbers, [first, last] each
 
 
-def verify_store(
-    entries: Entries, records: Records, heads: Heads, now: float, snapshot: Callable[[], AbstractContextManager[object]]
-) -> dict[str, Any]:
+def verify_store(db: Backend, opener: Opener, records: Records, heads: Heads, now: float) -> dict[str, Any]:
     """What is wrong in the store, and where (see ``Scratchpad.verify``):
     every read inside one ``snapshot()`` (``Backend.snapshot``), so writers
     that commit meanwhile are not seen half-way.
@@ -50,11 +48,11 @@ def verify_store(
     Raises:
         StoreBusyError, StoreUnavailableError: the snapshot could not be had.
     """
-    with snapshot():
-        return _verify(entries, records, heads, now)
+    with db.snapshot():
+        return _verify(db, opener, records, heads, now)
 
 
-def _verify(entries: Entries, records: Records, heads: Heads, now: float) -> dict[str, Any]:
+def _verify(db: Backend, opener: Opener, records: Records, heads: Heads, now: float) -> dict[str, Any]:
     started = time.perf_counter()
     problems: list[Problem] = []
     opened = heads.all_heads()
@@ -75,13 +73,13 @@ def _verify(entries: Entries, records: Records, heads: Heads, now: float) -> dic
             found[where] = heads.tally_of(*where)
         return found[where]
 
-    for row in entries.all_rows():
+    for row in every_row(db):
         counted["entries"] += 1
         stored.add(row["id"])
         where = (row["owner_user_id"], row["turn_id"])
         try:
             tally(where).add("e", row["id"], entry_item(row))
-            entries.verify_row(row)
+            opener.verify_row(row)
             steps.setdefault(where, []).append(int(row["step_num"]))
             if where not in turn_heads:
                 raise IntegrityError("the entry's turn has no head")

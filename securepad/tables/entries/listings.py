@@ -14,7 +14,7 @@ from ...principal import Principal, check_identifier
 from ...storage.base import Conn, Params, Rows
 from ..access import Access, check_principal
 from ..heads.heads import Head
-from .open import Opener, rows_and_head
+from .open import Opener
 from .rows import COLUMNS, EntryParts, Opened, check_row_types, check_step_num, live
 
 __all__ = ["Listings", "step_sql"]
@@ -49,8 +49,8 @@ class Listings:
 
         # The turn's rows and its head rows: one round trip on PostgreSQL.
         head_sql = self.heads.read_sql(principal.owner_user_id, turn_id)
-        rows, head_rows = rows_and_head(
-            self._db, self._access, principal, head_sql, COLUMNS, "turn_id = ?", (turn_id,), order
+        (rows,), head_rows = self._access.rows_beside(
+            principal, head_sql, ("entries", COLUMNS, "turn_id = ?", (turn_id,), order)
         )
         return self.heads.checked(principal.owner_user_id, turn_id, fetch, check, first=(fetch(rows), head_rows))
 

@@ -15,23 +15,18 @@ from ...crypto.primitives import ENTRY_FORMAT, EntryCipher, Header, ListingKey, 
 from ...errors import ExpiredError, IntegrityError, InvalidArgumentError, NotFoundError
 from ...policy import NOT_FOUND_MESSAGE
 from ...principal import Principal, check_identifier
-from ...storage.base import Backend, Params, Rows
-from ..access import Access, audit_log, check_principal
+from ...storage.base import Backend, Rows
+from .. import access
+from ..access import ONLY_SEGMENT, audit_log, check_principal
 from ..heads.heads import Head, same_entry
 from .rows import COLUMNS, ID_RE, Entry, EntryParts, Opened, Readable, check_row_types
 
-__all__ = ["Opener", "rows_and_head"]
+__all__ = ["Opener"]
 
 # Clear columns that the sealed metadata repeats; a mismatch means tampering.
 _SEALED_COLUMNS = ("actor", "channel", "step_num", "executor_name", "created_at", "expires_at")
-# An entry to open comes with its segment when it has only one (up to
-# SEGMENT_BYTES: most entries), selected with the authorized row itself: one
-# query per read (one round trip on PostgreSQL) instead of two.
-# A one-segment entry's segment: in its row (schema 8 on), or in segments (rows written before).
-_ONLY_SEGMENT = (
-    "COALESCE(only_segment, (SELECT data FROM segments WHERE segments.entry_id = entries.id AND segments.seq = 0))"
-)
-_OPEN_COLUMNS = f"{COLUMNS}, CASE WHEN segment_count = 1 THEN {_ONLY_SEGMENT} END AS only_segment"
+# A one-segment entry (most) comes with its segment, selected with the authorized row itself.
+_OPEN_COLUMNS = f"{COLUMNS}, CASE WHEN segment_count = 1 THEN {ONLY_SEGMENT} END AS only_segment"
 
 
 class Opener:
@@ -67,7 +62,8 @@ class Opener:
         else:
             scope = self.policy.scope_columns(principal)
             head_sql = self.heads.entry_read_sql(principal.owner_user_id, scratchpad_id, scope)
-        rows, head_rows = rows_and_head(self._db, self._access, principal, head_sql, _OPEN_COLUMNS, where, params)
+        query = ("entries", _OPEN_COLUMNS, where, params, "")
+        (rows,), head_rows = self._access.rows_beside(principal, head_sql, query)
         if not rows:
             self._access.denied(principal, scratchpad_id)
             raise NotFoundError(NOT_FOUND_MESSAGE)
@@ -216,26 +212,6 @@ class Opener:
         return result
 
 
-def rows_and_head(
-    db: Backend,
-    access: Access,
-    principal: Principal,
-    head: tuple[str, Params],
-    columns: str,
-    where: str,
-    params: Params,
-    tail: str = "",
-) -> tuple[Rows, Rows]:
-    """``Access.rows`` over entries (each row authorized again) and the head
-    query ``head``, read together (``Backend.queries``: one round trip on PostgreSQL)."""
-    rows, head_rows = db.queries(
-        access.rows_sql(principal, "entries", columns, where, params, tail), head, owner=principal.owner_user_id
-    )
-    for row in rows:
-        access.policy.authorize_row(principal, row)
-    return rows, head_rows
-
-
 def _listing_meta(key: ListingKey, row: dict[str, Any]) -> dict[str, Any]:
     """What an entry's listing part holds (authenticated), with its view."""
     meta = shaping.unpack(key.open(row))
@@ -265,11 +241,7 @@ def _fetcher(
             ]
         # Only the segments asked for travel from the database; the entry row
         # they belong to was authorized and authenticated by the caller.
-        rows = db.query(
-            "SELECT seq, data FROM segments WHERE entry_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
-            (entry_id, first, last),
-            owner=owner,
-        )
+        rows = access.segments(db, entry_id, owner, first, last)
         if [row["seq"] for row in rows] != list(range(first, last + 1)):
             raise IntegrityError("the entry's segments are missing or out of order")
         if not all(isinstance(row["data"], bytes) for row in rows):
@@ -282,11 +254,7 @@ def _fetcher(
 def _only_segment(db: Backend, entry_id: str, owner: str) -> bytes:
     """The sealed segment of a one-segment entry, wherever it is kept (the
     entry row was authorized and authenticated by the caller)."""
-    rows = db.query(
-        f"SELECT {_ONLY_SEGMENT} AS data FROM entries WHERE id = ? AND owner_user_id = ?",
-        (entry_id, owner),
-        owner=owner,
-    )
+    rows = access.only_segment(db, entry_id, owner)
     if not rows or rows[0]["data"] is None:
         raise IntegrityError("the entry's segments are missing or out of order")
     if not isinstance(rows[0]["data"], bytes):

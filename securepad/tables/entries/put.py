@@ -10,7 +10,7 @@ from typing import Any
 
 from ...crypto.primitives import EntryCipher, ListingKey, Wrapper
 from ...errors import IntegrityError, InvalidArgumentError, StoreBusyError, StoreUnavailableError
-from ...keys.keystore import NEWEST_VERSION_SQL, IfUnknown, Keystore
+from ...keys.keystore import IfUnknown, Keystore
 from ...principal import Principal, check_identifier
 from ...storage.base import (
     Conn,
@@ -20,13 +20,12 @@ from ...storage.base import (
     OwnerLockNeeded,
     Params,
     Rows,
-    check_write_bound,
 )
-from ..access import Access, check_principal
+from ..access import Access, check_principal, stored_entries, stored_sql
 from ..heads.beside import read_with_heads, with_heads
 from ..heads.heads import Room, entry_item
 from ..heads.last_sealed import Once
-from ..records import Records
+from ..quota import check_write_size, quota_sql, room
 from .listings import Listings, step_sql
 from .prepare import Prepared
 from .rows import EntryParts, check_step_num, live
@@ -118,83 +117,6 @@ class Putter:
         ``Scratchpad.put_many``); with ``shown``, the steps are chosen (see ``_Batch``)."""
         return _Batch(self, self._keys, self._access, principal, turn_id, shown).put(items, ttl_seconds, now)
 
-    def room(
-        self,
-        conn: Conn,
-        owner: str,
-        version: int,
-        now: float,
-        what: str,
-        found: dict[str, Any] | None = None,
-        *,
-        records_adding: int = 0,
-        unsent: int = 0,
-    ) -> Room:
-        """Inside the owner's write transaction: refuse a write sealed under
-        owner-key ``version`` when that is no longer the newest
-        (``StaleOwnerKey``, which the keystore's retry takes), and what the
-        owner's quota leaves for what the write adds: ``Heads.change`` reserves
-        it, or refuses (``head_owner``). ``found`` is the row of ``_quota_sql``
-        when the caller read it already; ``records_adding``, the cost of a
-        checkpoint or mark the write adds (``what``: ``record``); ``unsent``, the
-        stored bytes of an entry the write inserts but has not sent yet (``put``:
-        its insert goes with the heads' upsert), which the live entries' sum adds.
-
-        Entries count what their row costs on disk (``entry_shape.row_cost``), and so do
-        the owner's live checkpoints and compaction marks (``Records.used_sql``:
-        a turn keeps few), which the quota counts beside the entries' reservations."""
-        if found is None:
-            found = conn.query(*_quota_sql(owner, now))[0]
-        Keystore.check_newest(found["newest"], version)
-
-        def live() -> int:
-            rows = conn.query(
-                "SELECT CAST(COALESCE(SUM(stored_bytes), 0) AS BIGINT) AS used FROM entries"
-                " WHERE owner_user_id = ? AND expires_at > ?",
-                (owner, now),
-            )
-            return int(rows[0]["used"]) + unsent
-
-        return Room(self.policy.owner_quota_bytes, int(found["used"]), live, what, records_adding)
-
-
-def check_write_size(
-    prepared: list[tuple[Prepared, str]], principal: Principal, turn_id: str, limit: int | None, what: str
-) -> None:
-    """Refuse, before anything is written, a write whose entries (each with its
-    executor's name) could take more than ``limit`` bytes
-    (``Backend.write_limit_bytes``) in one transaction.
-
-    Raises:
-        QuotaExceededError: over the limit.
-    """
-    if limit is None:
-        return
-    owner = principal.owner_user_id
-    # What ``Prepared.cost_bound`` reads of an entry's metadata: its clear identifiers.
-    names = {"actor": principal.actor, "channel": principal.channel}
-    size = sum(p.cost_bound({**names, "executor_name": executor}, owner, turn_id) for p, executor in prepared)
-    check_write_bound(size, limit, what)
-
-
-def _quota_sql(
-    owner: str, now: float, step: tuple[str, Params] | None = None, *, records: bool = True
-) -> tuple[str, Params]:
-    """``room``'s one query: the owner's newest key version and its live
-    records' cost; with ``step`` (``step_sql``), also the latest expiry of the
-    entries in the principal's scope that have the step (``step_expires``, NULL
-    for none). The reservations are in the heads, read beside it
-    (``Heads.select_sql``); each sub-query here costs the server an executor
-    node's start-up on every put, so it holds only what is read:
-    without ``records`` (a put under the owner's shared lock, which cannot
-    grant a reservation, so never checks the quota: ``Heads.change``) the
-    records' cost is left out (``used`` NULL)."""
-    used, params = Records.used_sql(owner, now) if records else ("NULL", ())
-    sql = f"SELECT {NEWEST_VERSION_SQL} AS newest, {used} AS used"
-    if step is None:
-        return sql, (owner, *params)
-    return f"{sql}, (SELECT MAX(expires_at) FROM ({step[0]}) AS taken) AS step_expires", (owner, *params, *step[1])
-
 
 def _maybe_stored(
     entry_ids: list[str], why: str, *, sent: str = "the put's one message", chosen: bool = False
@@ -223,16 +145,9 @@ def _maybe_stored(
 def _if_unknown(owner: str, chosen: bool) -> IfUnknown[_SealedOne]:
     """A put whose COMMIT's answer was lost (``Keystore.write_current``): its entry is looked up by id."""
     return IfUnknown(
-        lambda conn, sealed: bool(conn.query(*_landed_sql(owner, str(sealed[0]["id"])))),
+        lambda conn, sealed: bool(conn.query(*stored_sql("entries", owner, str(sealed[0]["id"])))),
         lambda sealed, why: _maybe_stored([str(sealed[0]["id"])], why, sent="the put's COMMIT", chosen=chosen),
     )
-
-
-def _landed_sql(owner: str, entry_id: str) -> tuple[str, Params]:
-    """Whether ``_Put.once``'s entry is stored (``landed``): its id is random, and
-    the statement that inserted it rewrote the turn's head too; another writer
-    may have changed the head since, so the entry tells, not the head."""
-    return "SELECT id FROM entries WHERE id = ? AND owner_user_id = ?", (entry_id, owner)
 
 
 # ``_Put.once``'s condition that a given step is free (``step_sql``, then ``live``'s bound).
@@ -302,7 +217,10 @@ class _Put:
             self.write,
             attempts=5,
             busy="could not store the entry: its id or owner key kept changing; try again",
-            prefetch=[*self.reads(), *([_landed_sql(self.owner, self.landed[1])] if self.landed is not None else [])],
+            prefetch=[
+                *self.reads(),
+                *([stored_sql("entries", self.owner, self.landed[1])] if self.landed is not None else []),
+            ],
             turn=self.turn_id if shared else None,
             unknown=_if_unknown(self.owner, self.next_step),
         )
@@ -406,7 +324,7 @@ class _Put:
         if self.next_step:
             self.take_next_step(conn, row)
         found, head_rows = read_with_heads(conn, self.reads())
-        if self.landed is not None and conn.query(*_landed_sql(self.owner, self.landed[1])):
+        if self.landed is not None and conn.query(*stored_sql("entries", self.owner, self.landed[1])):
             # ``once`` was applied before its connection failed: its entry is stored (with its head, in one statement).
             once, entry_id = self.landed
             if any(head["turn_id"] == self.turn_id and head["sealed"] == once.head.sealed for head in head_rows):
@@ -420,7 +338,7 @@ class _Put:
         statement reads the key version, the quota (not under the shared lock:
         ``_quota_sql``), (free_step) the step and (PostgreSQL) the turn's heads
         (``head_beside``)."""
-        quota = _quota_sql(self.owner, self.created, self.step, records=not self.shared)
+        quota = quota_sql(self.owner, self.created, self.step, records=not self.shared)
         return with_heads(self.putter.dialect, quota, self.owner, self.turn_id)
 
     def take_next_step(self, conn: Conn, row: dict[str, Any]) -> None:
@@ -451,9 +369,8 @@ class _Put:
         if self.shared:
             Keystore.check_newest(found["newest"], row["key_version"])
             return None
-        return self.putter.room(
-            conn, self.owner, row["key_version"], self.created, "entry", found, unsent=row["stored_bytes"]
-        )
+        version, policy = row["key_version"], self.putter.policy
+        return room(conn, policy, self.owner, version, self.created, "entry", found, unsent=row["stored_bytes"])
 
     def insert(self, conn: Conn, row: dict[str, Any], segments: list[bytes], room: Room | None, head_rows: Rows) -> int:
         """The entry's insert, sent with the turn head's upsert (``Heads.change``:
@@ -591,12 +508,7 @@ class _Batch:
 
     def _landed(self, conn: Conn, sealed: _Sealed) -> bool:
         """Whether the batch's entries are stored (one transaction wrote all or none)."""
-        ids = [row["id"] for row in sealed[0]]
-        found = conn.query(
-            f"SELECT id FROM entries WHERE owner_user_id = ? AND id IN ({', '.join('?' * len(ids))})",
-            (self.principal.owner_user_id, *ids),
-        )
-        return bool(found)
+        return bool(stored_entries(conn, self.principal.owner_user_id, [row["id"] for row in sealed[0]]))
 
     def _maybe_stored(self, sealed: _Sealed, why: str) -> StoreUnavailableError:
         """The error of a batch whose COMMIT's answer was lost and could not be looked up."""
@@ -627,7 +539,7 @@ class _Batch:
         self._check_steps(conn, [row["step_num"] for row in rows], now)
         version = rows[0]["key_version"]
         found, head_rows = read_with_heads(conn, self._reads(now))
-        room = self.entries.room(conn, owner, version, now, "batch", found)
+        space = room(conn, self.entries.policy, owner, version, now, "batch", found)
         columns = list(rows[0])
         conn.executemany(
             f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
@@ -640,7 +552,7 @@ class _Batch:
             self.turn_id,
             lambda head: head.add_all("e", ((r["id"], entry_item(r)) for r in rows)),
             version,
-            room=room,
+            room=space,
             rows=head_rows,
         )
         return sealed
@@ -655,7 +567,7 @@ class _Batch:
     def _reads(self, now: float) -> list[tuple[str, Params]]:
         """The quota's row and the turn's heads (one statement on PostgreSQL: ``head_beside``)."""
         owner = self.principal.owner_user_id
-        return with_heads(self.entries.dialect, _quota_sql(owner, now), owner, self.turn_id)
+        return with_heads(self.entries.dialect, quota_sql(owner, now), owner, self.turn_id)
 
     def _steps_query(self, steps: list[int]) -> tuple[str, str, str, Params]:
         """``_check_steps``'s query, as ``Access.rows`` and ``rows_sql`` take it."""
