@@ -71,11 +71,8 @@ def rotate_owner_key(
     batch: int = REWRAP_BATCH,
     heads: Heads,
 ) -> dict[str, Any]:
-    """Give an owner a new key version, re-wrap its item keys, retire the old versions.
-
-    New puts use the new version as soon as it exists, in every process. If
-    a previous rotation was interrupted (several versions exist), this one
-    finishes it instead of adding yet another version.
+    """Give an owner a new key version (new puts use it at once), re-wrap its
+    item keys, retire the old versions; an interrupted rotation is finished.
 
     Raises:
         NotFoundError: the owner has no key (never stored anything, or forgotten).
@@ -93,18 +90,7 @@ def rotate_owner_key(
     new_version = versions[-1]
     keys.forget(owner_user_id)
     rewrap = _Rewrap(db, keys, owner_user_id, new_version, progress)
-    for table, aad_of in _WRAPPED_TABLES:
-        # List the ids once, then fetch them by id: paging with LIMIT over
-        # "key_version < new" rescanned every re-wrapped row on each batch,
-        # which made a rotation quadratic in the owner's entries. A pass more
-        # picks up rows whose compare-and-set lost a race; what is still left
-        # after that is reported (complete=False) and finished by a rerun.
-        for _ in range(MAX_PASSES):
-            ids = [row["id"] for row in access.below_version(db, table, "id", owner_user_id, new_version)]
-            if not ids:
-                break
-            for first in range(0, len(ids), batch):
-                rewrap.chunk(table, aad_of, ids[first : first + batch])
+    rewrap.run(batch)
     with db.transaction(owner_user_id, admin=True) as conn:
         left = sum(
             int(conn.query(*access.count_below_sql(table, owner_user_id, new_version))[0]["n"])
@@ -138,6 +124,18 @@ class _Rewrap:
             for table, _ in _WRAPPED_TABLES
         )
         self.done = 0
+
+    def run(self, batch: int) -> None:
+        """Every table's rows under an old version, listed once by id then
+        fetched by id in chunks of ``batch``; a pass more for rows whose
+        compare-and-set lost a race (what is left after that waits for a rerun)."""
+        for table, aad_of in _WRAPPED_TABLES:
+            for _ in range(MAX_PASSES):
+                ids = [row["id"] for row in access.below_version(self._db, table, "id", self._owner, self._version)]
+                if not ids:
+                    break
+                for first in range(0, len(ids), batch):
+                    self.chunk(table, aad_of, ids[first : first + batch])
 
     def chunk(self, table: str, aad_of: Callable[[str, str, int], bytes], ids: list[str]) -> None:
         """Re-wrap the item keys of ``ids`` (still under an old version) in one

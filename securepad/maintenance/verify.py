@@ -1,30 +1,18 @@
 """``Scratchpad.verify``: the whole-store check of heads, entries and records.
 
-One pass over the heads (each opened once), one over the entries (each
-authenticated with all its segments) and one over each record table, so the
-time is linear in the store. Nothing is taken on trust: every row is
-authenticated before it is compared with its turn's head, and every head
-before its lists are used. Expiry is legitimate: a row whose *sealed* expiry
-has passed may be absent.
-
-A turn's head is a digest, so it cannot name a row that is gone; but for a
-turn whose entries differ from its head, verify says which steps it still
-holds (authenticated entries), the highest step the head recorded, and the
-step numbers below it with no authenticated entry: removed, altered, or
-expired and collected (or never recorded: step numbers may be skipped). When
-the head's own newest entry is gone before its sealed expiry, that is named
-as a removal. The steps come from the entry pass (rows arrive in step order
-within a turn), so this stays linear.
-
-Every read of the check is made in one read snapshot of the store
-(``Backend.snapshot``): heads, entries, segments and records as of one
-moment, so a store that is only being written (other threads or processes
-committing puts, checkpoints, rotations meanwhile) verifies clean.
+One pass over the heads, one over the entries (each authenticated with all
+its segments) and one over each record table: linear in the store. Every row
+is authenticated before it is compared with its turn's head, every head
+before its lists are used; a row past its *sealed* expiry may be absent. For
+a turn whose entries differ from its head, verify names the steps it still
+holds, the head's last step and the steps below it with no authenticated
+entry. Every read is made in one read snapshot (``Backend.snapshot``).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import IntegrityError
@@ -96,6 +84,33 @@ def _verify(db: Backend, opener: Opener, records: Records, heads: Heads, now: fl
                     raise IntegrityError("the record's turn has no head")
             except IntegrityError as exc:
                 problems.append(_problem(*where, row["id"], table[:-1], str(exc)))
+    reserved = _turn_problems(turn_heads, tally, steps, stored, now, problems)
+    problems += _usage_problems(owner_heads, reserved)
+    for owner, counted_turn, what in heads.counter_problems():  # an owner's heads put back from an older copy
+        problems.append(_problem(owner, counted_turn, None, "owner head", f"{what}: put back from an older copy"))
+    for problem in problems:
+        if problem["what"] == "turn":  # no write goes into it from this process while it fails
+            heads.found_tampered(problem["owner_user_id"], problem["turn_id"], problem["problem"])
+    return {
+        "ok": not problems,
+        "owners": len(opened),
+        "turns": len(turn_heads),
+        **counted,
+        "problems": problems,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def _turn_problems(
+    turn_heads: dict[tuple[str, str], Tally],
+    tally: Callable[[tuple[str, str]], HeadEdit],
+    steps: dict[tuple[str, str], list[int]],
+    stored: set[str],
+    now: float,
+    problems: list[Problem],
+) -> dict[str, int]:
+    """Each turn's head compared with the rows found for it (``problems``
+    appended); the reservations per owner."""
     reserved: dict[str, int] = {}
     for (owner, turn_id), sealed in turn_heads.items():
         rows = tally((owner, turn_id)).tally
@@ -113,20 +128,7 @@ def _verify(db: Backend, opener: Opener, records: Records, heads: Heads, now: fl
             problems.append(
                 _problem(owner, turn_id, None, "turn usage", f"counts {sealed.b} bytes, its entries {rows.b}")
             )
-    problems += _usage_problems(owner_heads, reserved)
-    for owner, counted_turn, what in heads.counter_problems():  # an owner's heads put back from an older copy
-        problems.append(_problem(owner, counted_turn, None, "owner head", f"{what}: put back from an older copy"))
-    for problem in problems:
-        if problem["what"] == "turn":  # no write goes into it from this process while it fails
-            heads.found_tampered(problem["owner_user_id"], problem["turn_id"], problem["problem"])
-    return {
-        "ok": not problems,
-        "owners": len(opened),
-        "turns": len(turn_heads),
-        **counted,
-        "problems": problems,
-        "seconds": round(time.perf_counter() - started, 3),
-    }
+    return reserved
 
 
 def _check_heads(

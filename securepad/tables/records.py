@@ -60,19 +60,14 @@ class Records:
         ttl_seconds: int | None,
         now: float | None,
     ) -> dict[str, Any]:
-        """Seal ``payload`` (outside the transaction) and append it to the turn's records.
-
-        Returns the record's ``seq``, ``created_at`` and ``expires_at``.
-
-        ``seq`` numbers the record within the principal's scope (as ``load``
-        does): the stored sequence runs over the whole turn, and would tell
-        of records in other scopes.
+        """Seal ``payload`` (outside the transaction) and append it to the turn's
+        records; its ``seq`` (numbered within the principal's scope, as ``load``
+        numbers it), ``created_at`` and ``expires_at``.
 
         Raises:
             InvalidArgumentError: a bad ttl.
-            QuotaExceededError: the record does not fit in the owner's quota,
-                or is larger than one transaction may write (SQLite: half
-                its ``wal_limit_bytes``), before anything is stored.
+            QuotaExceededError: over the owner's quota, or more than one
+                transaction may write, before anything is stored.
             StoreBusyError: the write lock was not obtained in time, or the
                 sequence number kept being taken by other writers.
         """
@@ -83,14 +78,13 @@ class Records:
         owner = principal.owner_user_id
 
         def seal(version: int, wrapper: Wrapper) -> dict[str, Any]:
-            last = access.last_record_seq(self._db, table, owner, turn_id)
             row: dict[str, Any] = {
                 "id": secrets.token_hex(8),
                 "owner_user_id": owner,
                 "actor": principal.actor,
                 "channel": principal.channel,
                 "turn_id": turn_id,
-                "seq": last + 1,
+                "seq": access.last_record_seq(self._db, table, owner, turn_id) + 1,
                 "key_version": version,
                 "created_at": created,
                 "expires_at": created + ttl,
@@ -99,32 +93,11 @@ class Records:
             check_write_bound(record_cost(row), self._db.write_limit_bytes, "turn record")
             return row
 
-        def write(conn: Conn, row: dict[str, Any]) -> dict[str, Any]:
-            space = room(
-                conn, self._parts.policy, owner, row["key_version"], created, "record", records_adding=record_cost(row)
-            )
-            conn.execute(
-                f"INSERT INTO {table}({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
-            )
-            section = RECORD_KINDS[table]
-            self._heads.change(
-                conn,
-                owner,
-                turn_id,
-                lambda head: head.add(section, row["id"], record_item(row)),
-                row["key_version"],
-                room=space,
-            )
-            number = len(
-                self._access.rows(principal, table, "seq", "turn_id = ? AND seq <= ?", (turn_id, row["seq"]), conn=conn)
-            )
-            return {"seq": number, "created_at": created, "expires_at": row["expires_at"]}
-
         # A DuplicateKeyError (another writer took this seq, or the id collided) seals again.
         return self._keys.write_current(
             owner,
             seal,
-            write,
+            lambda conn, row: self._write(conn, principal, table, row),
             attempts=8,
             busy="could not store the turn record: other writers kept taking its place; try again",
             prefetch=[Heads.select_sql(owner, turn_id)],
@@ -136,6 +109,17 @@ class Records:
                 ),
             ),
         )
+
+    def _write(self, conn: Conn, principal: Principal, table: str, row: dict[str, Any]) -> dict[str, Any]:
+        """``save``'s write transaction: the quota, the insert, the head; the record's number in the scope."""
+        owner, turn_id, version = row["owner_user_id"], row["turn_id"], row["key_version"]
+        cost = record_cost(row)
+        space = room(conn, self._parts.policy, owner, version, row["created_at"], "record", records_adding=cost)
+        conn.execute(f"INSERT INTO {table}({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values()))
+        item = (RECORD_KINDS[table], row["id"], record_item(row))
+        self._heads.change(conn, owner, turn_id, lambda head: head.add(*item), version, room=space)
+        mine = self._access.rows(principal, table, "seq", "turn_id = ? AND seq <= ?", (turn_id, row["seq"]), conn=conn)
+        return {"seq": len(mine), "created_at": row["created_at"], "expires_at": row["expires_at"]}
 
     def load(
         self, table: str, principal: Principal, turn_id: str, now: float | None, *, latest: bool = False

@@ -1,7 +1,5 @@
-"""The put pipeline: an observation shaped, cut into segments and sealed
-(``crypto.seal_entry``) outside any transaction, then written in one write
-transaction that checks the step, the owner key's version and the quota.
-"""
+"""The put pipeline: an observation sealed outside any transaction, then
+written in one that checks the step, the owner key's version and the quota."""
 
 from __future__ import annotations
 
@@ -37,7 +35,7 @@ _HINTS = 4096
 
 
 class Putter:
-    """Stores the entries of one store: ``put``, ``put_many``, ``room`` (the quota's)."""
+    """Stores the entries of one store: ``put``, ``put_many``."""
 
     def __init__(self, parts: EntryParts, listings: Listings) -> None:
         self._keys, self._access = parts.keys, parts.access
@@ -45,12 +43,9 @@ class Putter:
         self.policy, self.heads, self.ttl = parts.policy, parts.heads, parts.ttl
         self.write_now = parts.write_now
         self.listings = listings
-        # The backend that sends a put in one message (PostgreSQL), or None.
-        self._once = parts.db if isinstance(parts.db, OnceWriter) else None
-        # The most one write may store (``Backend.write_limit_bytes``), or None.
+        self._once = parts.db if isinstance(parts.db, OnceWriter) else None  # a put in one message
         self.write_limit = parts.db.write_limit_bytes
-        # The reservation (owner, turn) had left after its last put here: a
-        # hint that picks the put's lock (``put``), never trusted.
+        # The reservation (owner, turn) had left after its last put here: a hint that picks the lock.
         self._spare: dict[tuple[str, str], int] = {}
 
     def put(
@@ -67,16 +62,9 @@ class Putter:
         free_step: bool = False,
         next_step: bool = False,
     ) -> dict[str, Any]:
-        """Store an observation (see ``Scratchpad.put``), keeping (sealed) what a
-        turn showed the model: ``inline`` is ``(item,)`` when the observation
-        went into the history itself. With ``free_step``, the write transaction
-        refuses a step that a live entry of the turn in the principal's scope already has.
-        With ``next_step`` too (and no ``inline``), ``step_num`` is only a guess:
-        the write transaction, which serializes the owner's writes, gives the
-        entry the step after the turn's highest live one in the principal's
-        scope (sealing its metadata again when the guess was not that), so
-        concurrent writers never collide; the returned view has the step taken.
-        The steps of one put are ``_Put``'s."""
+        """``Scratchpad.put``; ``inline``: ``(item,)`` the history showed. ``free_step``
+        refuses a step a live entry of the turn in the scope has; ``next_step``
+        (no ``inline``) takes the step after the highest inside the write."""
         if next_step and (inline is not None or not free_step):
             raise InvalidArgumentError("next_step needs free_step and no inline item")
         check_principal(principal)
@@ -88,13 +76,10 @@ class Putter:
         check_write_size([(prepared, executor_name)], principal, turn_id, self.write_limit, "entry")
         created = self.write_now(now)
         meta = prepared.meta(principal, step_num, executor_name, created, created + ttl, inline)
-        # A given step's look goes into the version-and-quota statement (``_quota_sql``).
         step = step_sql(self._access, principal, turn_id, step_num) if free_step and not next_step else None
         one = _Put(self, self._keys, principal, turn_id, observation, prepared, meta, step, next_step)
         owner = principal.owner_user_id
-        # In one message when this process sealed the turn's head last (``_Put.once``);
-        # else under the owner's shared lock when the turn had room at its last put here
-        # (``heads``: a put within its turn's reservation), or its exclusive lock.
+        # In one message (``_Put.once``), else under the shared lock when the turn had room, or exclusive.
         done = one.once(self._once) if self._once is not None else None
         bound = prepared.cost_bound(meta, owner, turn_id)
         entry_id, spare = done or one.written(shared=self._spare.get((owner, turn_id), 0) >= bound)
@@ -113,18 +98,15 @@ class Putter:
         now: float | None = None,
         shown: Shown | None = None,
     ) -> list[dict[str, Any]]:
-        """Store several observations in one transaction, all or nothing (see
-        ``Scratchpad.put_many``); with ``shown``, the steps are chosen (see ``_Batch``)."""
+        """``Scratchpad.put_many``; with ``shown``, the steps are chosen (``_Batch``)."""
         return _Batch(self, self._keys, self._access, principal, turn_id, shown).put(items, ttl_seconds, now)
 
 
 def _maybe_stored(
     entry_ids: list[str], why: str, *, sent: str = "the put's one message", chosen: bool = False
 ) -> StoreUnavailableError:
-    """The error of a write whose outcome is unknown: ``sent`` (its one message,
-    ``_Put.once``, or its COMMIT) was sent, then its connection was lost and
-    nothing could tell. ``chosen``: the library chose the steps, so writing
-    the same observations again would store them twice if they were stored."""
+    """The error of a write whose ``sent`` message went before its connection
+    was lost; ``chosen``: the library chose the steps (writing again would store twice)."""
     named = ", ".join(repr(entry_id) for entry_id in entry_ids)
     several = len(entry_ids) > 1
     what = f"entries {named}: get those ids" if several else f"entry {named}: get that id"
@@ -143,19 +125,19 @@ def _maybe_stored(
 
 
 def _if_unknown(owner: str, chosen: bool) -> IfUnknown[_SealedOne]:
-    """A put whose COMMIT's answer was lost (``Keystore.write_current``): its entry is looked up by id."""
+    """A put whose COMMIT's answer was lost: its entry is looked up by id."""
     return IfUnknown(
         lambda conn, sealed: bool(conn.query(*stored_sql("entries", owner, str(sealed[0]["id"])))),
         lambda sealed, why: _maybe_stored([str(sealed[0]["id"])], why, sent="the put's COMMIT", chosen=chosen),
     )
 
 
-# ``_Put.once``'s condition that a given step is free (``step_sql``, then ``live``'s bound).
+# ``_Put.once``'s condition that a given step is free.
 _STEP_FREE = "NOT EXISTS (SELECT 1 FROM ({step}) AS taken WHERE expires_at > ?)"
 
 
 def _taken(found: dict[str, Any]) -> list[dict[str, Any]]:
-    """The step's look, from the version-and-quota row: its latest expiry, as a row for ``live``."""
+    """The step's look from the quota's row, as a row for ``live``."""
     return [] if found["step_expires"] is None else [{"expires_at": found["step_expires"]}]
 
 
@@ -164,18 +146,10 @@ _SealedOne = tuple[dict[str, Any], list[bytes], EntryCipher]
 
 
 class _Put:
-    """One ``Putter.put``, its observation shaped (``Prepared``) and its
-    metadata made: sealed outside any transaction (``seal``), then written in
-    the owner's write transaction (``write``) in three steps, each readable
-    alone: what it reads (``reads``: one statement with BEGIN), what it
-    decides from that (``check``), what it writes (``insert``); a next-step
-    put takes its step first (``take_next_step``).
-
-    ``Keystore.write_current`` runs ``seal`` and ``write`` again when a
-    rotation made the key version stale or an id collided; ``Putter.put``
-    runs the whole (``attempt``) again under the owner's exclusive lock when
-    the shared lock was not enough (``OwnerLockNeeded``). What is derived per
-    key version (the content identity, the listing key) is kept across them."""
+    """One ``Putter.put``: sealed outside any transaction (``seal``), then
+    written (``write``): ``reads``, ``check``, ``insert``. ``write_current``
+    runs both again on a stale key or an id collision; ``written`` runs them
+    under the exclusive lock when the shared one was not enough."""
 
     def __init__(
         self,
@@ -193,8 +167,8 @@ class _Put:
         self.owner = principal.owner_user_id
         self.observation, self.prepared, self.meta = observation, prepared, meta
         self.step_num, self.created = meta["step_num"], meta["created_at"]  # the step given (or guessed)
-        self.step, self.next_step = step, next_step  # ``step``: the given step's look (``step_sql``), or None
-        self.shared = False  # this attempt holds the owner's lock shared (``attempt``)
+        self.step, self.next_step = step, next_step  # ``step``: the given step's look, or None
+        self.shared = False  # this attempt holds the owner's lock shared
         self.identities: dict[int, str] = {}
         self.listings: dict[int, ListingKey] = {}
         # ``once``'s entry when its statement wrote nothing: the first ``seal`` of its version reuses it.
@@ -203,9 +177,8 @@ class _Put:
         self.landed: tuple[Once, str] | None = None
 
     def attempt(self, shared: bool) -> tuple[str, int]:
-        """Seal and write under the owner's lock, ``shared`` (the turn's lock
-        exclusive: ``write_current(turn=...)``) or exclusive; the entry's id,
-        and the turn's reservation left unused (``Heads.change``).
+        """Seal and write under the owner's lock, ``shared`` or exclusive; the
+        entry's id and the turn's reservation left unused.
 
         Raises:
             OwnerLockNeeded: ``shared``, and the turn's reservation did not cover the entry.
@@ -226,13 +199,10 @@ class _Put:
         )
 
     def written(self, shared: bool) -> tuple[str, int]:
-        """``attempt`` under the owner's shared lock when ``shared`` (a hint),
-        under its exclusive lock when that was not enough.
+        """``attempt`` under the shared lock when ``shared``, else (or then) exclusive.
 
         Raises:
-            StoreUnavailableError: as ``attempt``; and when ``once``'s connection
-                broke after sending it (``landed``) and this attempt failed too,
-                naming the entry that may be stored.
+            StoreUnavailableError: as ``attempt``, naming the entry ``once`` may have stored.
         """
         try:
             try:
@@ -245,21 +215,12 @@ class _Put:
             raise _maybe_stored([self.landed[1]], str(exc)) from None
 
     def once(self, db: OnceWriter) -> tuple[str, int] | None:
-        """The put in one message (PostgreSQL), when this process
-        sealed the turn's head last: the entry sealed, the next head sealed
-        from the recorded one (``Heads.change_once``), and one statement that
-        writes both only if the stored head is still the recorded one and the
-        key version the newest (``OnceWriter.write_once``); ``attempt``'s
-        answer, or None when it did not write. Then ``attempt`` runs: with the
-        entry sealed here (``kept``) when the statement wrote nothing, or
-        looking first for that entry (``landed``) when the connection failed
-        after sending it, so that a put is never stored twice.
-
-        A given step's look goes into the statement (it writes nothing when the
-        step is taken; ``attempt`` then refuses it). Not for a step taken
-        (``next_step``: its look needs the transaction), an entry of more than
-        one segment (its segment rows follow it), or a write that must add the
-        pending wrap counts (``Keystore.flush_due``).
+        """The put in one message (PostgreSQL) when this process sealed the
+        turn's head last: one statement writes the entry and the next head only
+        if the stored head and the key version are as recorded. ``attempt``'s
+        answer, or None: then ``attempt`` runs, with this entry (``kept``), or
+        looking for it first (``landed``), so a put is never stored twice.
+        Not for ``next_step``, entries of several segments, or a wrap-count flush.
 
         Raises:
             StoreBusyError: the turn's locks were not obtained in time.
@@ -281,7 +242,6 @@ class _Put:
             return None
         row = sealed[0]
         insert = (f"INSERT INTO entries({', '.join(row)}) SELECT {', '.join('?' * len(row))}", tuple(row.values()))
-        # A given step: free when its look (``step_sql``) finds no live entry, as ``check``'s.
         free = None if self.step is None else (_STEP_FREE.format(step=self.step[0]), (*self.step[1], self.created))
         once = heads.change_once(
             owner, turn_id, lambda head: head.add("e", row["id"], entry_item(row)), (version, wrapper), insert, free
@@ -305,8 +265,7 @@ class _Put:
         return None
 
     def seal(self, version: int, wrapper: Wrapper) -> _SealedOne:
-        """The entry sealed under owner-key ``version`` (``Prepared.seal``), with
-        its content identity; ``once``'s entry when it is of ``version`` and unsent."""
+        """The entry sealed under owner-key ``version``; ``once``'s when of ``version`` and unsent."""
         if self.kept is not None and self.kept[0] == version:
             sealed, self.kept = self.kept[1], None
             return sealed
@@ -318,8 +277,7 @@ class _Put:
         return self.prepared.seal(wrapper, self.listings[version], version, self.owner, self.turn_id, self.meta)
 
     def write(self, conn: Conn, sealed: _SealedOne) -> tuple[str, int]:
-        """Inside the owner's write transaction: (``next_step``) take the next
-        step, read, decide, write; ``attempt``'s answer."""
+        """Inside the owner's write transaction; ``attempt``'s answer."""
         row, segments, _ = sealed
         if self.next_step:
             self.take_next_step(conn, row)
@@ -334,35 +292,25 @@ class _Put:
         return str(row["id"]), self.insert(conn, row, segments, room, head_rows)
 
     def reads(self) -> list[tuple[str, Params]]:
-        """The write's reads, announced with BEGIN (``Conn.prefetch``): one
-        statement reads the key version, the quota (not under the shared lock:
-        ``_quota_sql``), (free_step) the step and (PostgreSQL) the turn's heads
-        (``head_beside``)."""
+        """The write's reads, sent with BEGIN: version, quota, step and (PostgreSQL) the turn's heads."""
         quota = quota_sql(self.owner, self.created, self.step, records=not self.shared)
         return with_heads(self.putter.dialect, quota, self.owner, self.turn_id)
 
     def take_next_step(self, conn: Conn, row: dict[str, Any]) -> None:
-        """``next_step``: the step after the turn's highest live one in the
-        principal's scope, looked up now that the transaction serializes the
-        owner's writes; the row's listing part sealed again when the guess
-        was not it (``Prepared.restep``)."""
+        """``next_step``: the step after the turn's highest, the listing part sealed again if it moved."""
         taken = self.putter.listings.last_step(self.principal, self.turn_id, self.created, conn) + 1
         check_step_num(taken)
         if taken != row["step_num"]:
             self.prepared.restep(row, self.meta, self.listings[row["key_version"]], taken, self.observation)
 
     def check(self, conn: Conn, found: dict[str, Any], row: dict[str, Any]) -> Room | None:
-        """What the reads decide: the step is still free (``free_step``), the
-        row's key version is the newest, and, under the exclusive lock, the
-        quota's room, which ``Heads.change`` reserves. Under the shared lock
-        there is no quota to check: the entry must fit in its turn's
-        reservation, or ``change`` raises ``OwnerLockNeeded``.
+        """The step is free, the key version the newest, and (exclusive lock) the quota's room.
 
         Raises:
             InvalidArgumentError: the step is taken.
             QuotaExceededError: the owner's quota has no room (``room``).
         """
-        if self.step is not None:  # the step's look came with the version-and-quota statement
+        if self.step is not None:
             self.putter.listings.check_step_free(
                 self.principal, self.turn_id, self.step_num, self.created, conn, taken=_taken(found)
             )
@@ -373,9 +321,7 @@ class _Put:
         return room(conn, policy, self.owner, version, self.created, "entry", found, unsent=row["stored_bytes"])
 
     def insert(self, conn: Conn, row: dict[str, Any], segments: list[bytes], room: Room | None, head_rows: Rows) -> int:
-        """The entry's insert, sent with the turn head's upsert (``Heads.change``:
-        one statement on PostgreSQL), then its segments (after their entry);
-        the turn's reservation left unused."""
+        """The entry's insert with the turn head's upsert, then its segments; the reservation left."""
         spare = self.putter.heads.change(
             conn,
             self.owner,
@@ -394,23 +340,17 @@ class _Put:
         return spare
 
 
-# What ``Turn.record_many`` shows the model of an observation at a step:
-# ``(history item,)``, or None for the view.
+# What ``Turn.record_many`` shows of an observation at a step: ``(history item,)``, or None.
 Shown = Callable[[Any, int], tuple[Any] | None]
 # A batch sealed: its rows, each row's sealed segments, each row's metadata.
 _Sealed = tuple[list[dict[str, Any]], list[list[bytes]], list[dict[str, Any]]]
 
 
 class _Batch:
-    """One ``put_many``: every observation checked and sealed first, then one
-    write transaction that checks each step, the key version and the quota of
-    the whole batch, and inserts every row (a failure stores none).
-
-    With ``shown`` (``Turn.record_many``), items are ``(executor_name,
-    observation)`` and take the steps after the turn's highest live one,
-    consecutively: read before sealing (the history item may name its step)
-    and checked again inside the transaction; another writer that took one
-    meanwhile makes the batch seal again (``write_current``'s retry)."""
+    """One ``put_many``: every item sealed first, then one transaction that
+    checks the steps, key version and quota and inserts all (or none). With
+    ``shown``, items are ``(executor_name, observation)`` at the next steps,
+    looked up before sealing and checked again inside the write."""
 
     def __init__(
         self,
