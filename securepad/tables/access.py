@@ -1,16 +1,12 @@
 """The one module that reads the sealed tables (entries, segments, checkpoints, compaction marks).
 
-A principal's reads go through ``Access``: the policy's scope is part of the
-SQL, the call carries ``owner=`` (PostgreSQL's row-level security), and every
-row fetched is checked against the scope again (``Policy.authorize_row``), a
-read's first fetch beside its turn's head rows included (``rows_beside``).
-The re-fetch after a possible owner-key rotation (``open_each``) stays inside
-the same scope. The policy decides who may see what; this module enforces it.
-
-The module's functions are the reads that no principal makes: a write's own
-checks inside the owner's transaction (the quota, whether a sent write
-landed), the segments of an entry already authorized, and housekeeping
-(verify, rotation, gc, the store-wide stats).
+A principal's reads go through ``Access``: the policy's scope is in the SQL
+(``rows_sql``), the call carries ``owner=`` (PostgreSQL's row-level security),
+and every row fetched is checked again (``authorized``), a read's first fetch
+with its turn's head rows (``rows_beside``) and a re-fetch after an owner-key
+rotation (``open_each``) included. The module's functions are the reads no
+principal makes: a write's own checks, the segments of an authorized entry,
+housekeeping.
 """
 
 from __future__ import annotations
@@ -72,16 +68,22 @@ class Access:
         *,
         conn: Conn | None = None,
     ) -> Rows:
-        """``SELECT columns FROM table WHERE where AND <scope> tail``, each row re-checked.
-
-        ``params`` go with ``where``, ``tail_params`` with ``tail`` (ORDER BY,
-        LIMIT). ``conn`` runs the query inside the caller's write transaction.
+        """``SELECT columns FROM table WHERE where AND <scope> tail`` (``tail_params``
+        with ``tail``), inside the caller's transaction with ``conn``; each row re-checked.
 
         Raises:
             NotFoundError: a row outside the principal's scope (the query let it through).
         """
         sql, args = self.rows_sql(principal, table, columns, where, params, tail, tail_params)
         rows = conn.query(sql, args) if conn is not None else self._db.query(sql, args, owner=principal.owner_user_id)
+        return self.authorized(principal, rows)
+
+    def authorized(self, principal: Principal, rows: Rows) -> Rows:
+        """The owner check of every row a read fetched: ``rows``, each within the principal's scope.
+
+        Raises:
+            NotFoundError: a row outside the scope.
+        """
         for row in rows:
             self.policy.authorize_row(principal, row)
         return rows
@@ -103,9 +105,8 @@ class Access:
         return sql, (*params, *scope_params, *tail_params)
 
     def rows_beside(self, principal: Principal, head: tuple[str, Params], *queries: Query) -> tuple[list[Rows], Rows]:
-        """The rows of each scoped query (as ``rows``, each row re-checked) and
-        of the head's statement ``head``, read together (``Backend.queries``:
-        one round trip on PostgreSQL): a read's first fetch.
+        """A read's first fetch: each scoped query (as ``rows``) and the head's
+        statement ``head`` together (one round trip on PostgreSQL).
 
         Raises:
             NotFoundError: a row outside the principal's scope.
@@ -113,10 +114,7 @@ class Access:
         *scoped, head_rows = self._db.queries(
             *(self.rows_sql(principal, *query) for query in queries), head, owner=principal.owner_user_id
         )
-        for rows in scoped:
-            for row in rows:
-                self.policy.authorize_row(principal, row)
-        return scoped, head_rows
+        return [self.authorized(principal, rows) for rows in scoped], head_rows
 
     def open_each(
         self,
@@ -126,19 +124,16 @@ class Access:
         rows: Iterable[dict[str, Any]],
         opener: Callable[[dict[str, Any]], T],
     ) -> Iterator[T]:
-        """Each row (from ``rows``) authorized again and opened by ``opener``, as the caller gets to it.
-
-        When opening fails, an owner-key rotation may have re-wrapped the row
-        and retired its old key between the two queries: the row is fetched
-        once more, by id within the principal's scope, re-checked, and opened
-        if (and only if) exactly one row came back with another key version.
+        """Each row authorized again and opened by ``opener``, lazily. When opening
+        fails (a rotation may have re-wrapped it meanwhile), the row is fetched
+        again by id in the scope and opened if it came back with another key version.
 
         Raises:
             NotFoundError: a row outside the principal's scope.
             IntegrityError: a row fails authentication.
         """
         for row in rows:
-            self.policy.authorize_row(principal, row)
+            self.authorized(principal, [row])
             try:
                 opened = opener(row)
             except IntegrityError:

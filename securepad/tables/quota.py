@@ -1,10 +1,5 @@
-"""The owner's quota: what a write may add, decided inside the owner's write transaction.
-
-Entries count what their rows cost on disk (``prepare.row_cost``, kept in
-their ``stored_bytes``), records what theirs cost (``record_cost``, counted
-again at each check); the reservations are in the heads (``Heads.change``
-reserves, or refuses).
-"""
+"""The owner's quota: what a write may add, decided inside the owner's write
+transaction (``room``; ``Heads.change`` reserves it, or refuses)."""
 
 from __future__ import annotations
 
@@ -24,12 +19,9 @@ __all__ = ["check_write_size", "quota_sql", "record_cost", "room"]
 def quota_sql(
     owner: str, now: float, step: tuple[str, Params] | None = None, *, records: bool = True
 ) -> tuple[str, Params]:
-    """``room``'s one query: the owner's newest key version and its live
-    records' cost; with ``step`` (a scoped step look), also the latest expiry
-    of the entries that have the step (``step_expires``, NULL for none). Each
-    sub-query costs the server an executor node's start-up on every put:
-    without ``records`` (a put under the owner's shared lock, which never
-    checks the quota) the records' cost is left out (``used`` NULL)."""
+    """``room``'s one query: the owner's newest key version, its live records'
+    cost (``used``; NULL without ``records``: the shared lock checks no quota)
+    and with ``step``, the latest expiry of the entries at the step."""
     used, params = records_used_sql(owner, now) if records else ("NULL", ())
     sql = f"SELECT {NEWEST_VERSION_SQL} AS newest, {used} AS used"
     if step is None:
@@ -49,13 +41,9 @@ def room(
     records_adding: int = 0,
     unsent: int = 0,
 ) -> Room:
-    """Inside the owner's write transaction: refuse a write sealed under
-    owner-key ``version`` when that is no longer the newest (``StaleOwnerKey``,
-    which the keystore's retry takes), and what the quota leaves for the
-    write (``Heads.change`` reserves it, or refuses). ``found``: the row of
-    ``quota_sql`` when the caller read it already; ``records_adding``: a
-    record's cost; ``unsent``: the stored bytes of an entry inserted with the
-    heads' upsert, not sent yet, which the live entries' sum adds."""
+    """Refuse a write sealed under a stale owner-key ``version`` (``StaleOwnerKey``)
+    and give what the quota leaves; ``found``: ``quota_sql``'s row if read
+    already; ``unsent``: an entry's bytes not sent yet, added to the live sum."""
     if found is None:
         found = conn.query(*quota_sql(owner, now))[0]
     Keystore.check_newest(found["newest"], version)
@@ -71,12 +59,8 @@ def room(
 def check_write_size(
     prepared: list[tuple[Prepared, str]], principal: Principal, turn_id: str, limit: int | None, what: str
 ) -> None:
-    """Refuse, before anything is written, entries (each with its executor's
-    name) that could take more than ``limit`` bytes in one transaction.
-
-    Raises:
-        QuotaExceededError: over the limit.
-    """
+    """Refuse, before anything is written, entries that could take more than
+    ``limit`` bytes in one transaction (raises QuotaExceededError)."""
     if limit is None:
         return
     names = {"actor": principal.actor, "channel": principal.channel}

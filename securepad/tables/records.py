@@ -125,11 +125,8 @@ class Records:
         self, table: str, principal: Principal, turn_id: str, now: float | None, *, latest: bool = False
     ) -> list[dict[str, Any]]:
         """The live records of a turn in the principal's scope, oldest first (only
-        the newest with ``latest``), each as ``{"seq", "created_at", "expires_at", "payload"}``.
-
-        ``seq`` numbers the records within the principal's scope (1, 2, ... in the
-        order they were written, as ``save`` returned it): the stored sequence
-        runs over the whole turn, and would tell of records in other scopes.
+        the newest with ``latest``): ``seq`` (numbered within the scope, as
+        ``save`` returned it), ``created_at``, ``expires_at``, ``payload``.
 
         Raises:
             IntegrityError: a record fails authentication.
@@ -168,11 +165,7 @@ class Records:
         return access.every_row(self._db, _check_table(table), _COLUMNS, "owner_user_id, turn_id, seq")
 
     def verify_row(self, table: str, row: dict[str, Any]) -> None:
-        """Authenticate a record row (``verify``).
-
-        Raises:
-            IntegrityError: the record fails authentication.
-        """
+        """Authenticate a record row (``verify``); raises IntegrityError when it fails."""
         self._opener(table)(row)
 
     def _opener(self, table: str) -> Callable[[dict[str, Any]], tuple[dict[str, Any], Any, Any]]:
@@ -194,12 +187,8 @@ class Records:
         return opened
 
     def prepare_extend(self, principal: Principal, turn_id: str, target: float, now: float) -> Updates:
-        """Re-sealed payloads (outside any transaction) for the turn's live records
-        that expire before ``target``; ``apply_extend`` writes them.
-
-        Raises:
-            IntegrityError: a record fails authentication.
-        """
+        """The turn's live records that expire before ``target``, sealed again for
+        it (outside any transaction); raises IntegrityError when one fails authentication."""
         updates: Updates = {}
         for table in TABLES:
             rows = self._access.rows(
