@@ -24,32 +24,25 @@ from ..storage.base import Backend
 from ..tables import access
 from ..tables.entries import entries
 from ..tables.heads.heads import Heads
-from ..tables.records import TABLES as _RECORD_TABLES
-from ..tables.records import Records
+from ..tables.records import TABLES, Records
 
 __all__ = ["Progress", "forget_owner", "rotate_master_key", "rotate_owner_key"]
 
-# Item keys re-wrapped per transaction during an owner rotation: small enough
-# that concurrent writers wait milliseconds, large enough to amortize commits.
+# Item keys re-wrapped per transaction (writers wait milliseconds), passes per table in one rotation.
 REWRAP_BATCH = 500
-# Passes over an owner's rows per table in one rotation (see rotate_owner_key).
 MAX_PASSES = 3
-
-# Every table whose rows hold an item key wrapped by an owner key, with the
-# AAD of that wrapping: rotation re-wraps them all before retiring a version.
+# The tables whose rows hold an item key wrapped by an owner key, with that wrapping's AAD.
 _WRAPPED_TABLES: tuple[tuple[str, Callable[[str, str, int], bytes]], ...] = (
     ("entries", item_key_aad),
-    *((table, record_key_aad) for table in _RECORD_TABLES),
+    *((table, record_key_aad) for table in TABLES),
 )
 
 
 def rotate_master_key(
     db: Backend, keys: Keystore, new_keyring: Keyring, *, progress: Progress | None = None
 ) -> dict[str, Any]:
-    """Re-wrap every owner key under the master key of ``new_keyring``.
-
-    The new keyring may use another source (key file to passphrase...). After
-    it returns, only the new master key opens the store; the open store keeps working.
+    """Re-wrap every owner key under the master key of ``new_keyring`` (which may
+    use another source); after it returns, only the new master key opens the store.
 
     Raises:
         InvalidArgumentError: the new master key is the current one.
@@ -165,12 +158,11 @@ class _Rewrap:
             self._progress(min(self.done, self.total), self.total)
 
     def _update(self, row: dict[str, Any], aad_of: Callable[[str, str, int], bytes], listed: bool) -> tuple[Any, ...]:
-        """The compare-and-set update of one row: its item key re-wrapped under
-        the new version (and its listing part sealed again), its old values.
+        """The compare-and-set update of one row: its item key re-wrapped (its
+        listing part sealed again) under the new version, with its old values.
 
         Raises:
-            IntegrityError: a key of the row, or the new version's, is missing
-                (retired meanwhile, or tampering), or its wrapping was altered.
+            IntegrityError: a key is missing (retired meanwhile, or tampering) or a wrapping was altered.
         """
         owner, version, old = self._owner, self._version, row["key_version"]
         new = self._keys.owner_wrapper(owner, version)
@@ -183,19 +175,16 @@ class _Rewrap:
         return (wrapped, version, *keys)
 
     def _moved(self, table: str, row: dict[str, Any]) -> bool:
-        """Whether ``row`` (read before its keys failed) is no longer as read:
-        re-wrapped by another rotation of the owner, or deleted. A version is
-        retired only once no row is below it (in the transaction that retires
-        it, under the owner's lock), so a row still under a version whose key
-        is missing is not the library's race: tampering."""
+        """Whether ``row`` (read before its keys failed) was re-wrapped by another
+        rotation or deleted since; if not, its missing key is tampering."""
         found = access.wrapping_of(self._db, table, row["id"], self._owner)
-        return not found or (found[0]["key_version"], found[0]["wrapped_key"]) != (
+        return not found or [found[0][k] for k in ("key_version", "wrapped_key")] != [
             row["key_version"],
             row["wrapped_key"],
-        )
+        ]
 
     def _reseal_listing(self, row: dict[str, Any]) -> bytes | None:
-        """An entry's listing part under the new version's listing key (None: a row written before it has none).
+        """An entry's listing part under the new version's listing key (None: it has none).
 
         Raises:
             IntegrityError: the part fails authentication under the old version.
@@ -215,13 +204,10 @@ _LISTING_COLUMNS = (
 
 
 def forget_owner(db: Backend, keys: Keystore, owner_user_id: str) -> dict[str, Any]:
-    """Crypto-shred an owner: delete its keys, entries, segments and turn records, scrub the files.
-
-    ``secure_delete`` overwrites the freed pages, and the file is then
-    scrubbed (rebuilt with VACUUM, the WAL truncated: stale copies of moved
-    rows go too), so neither the owner's ciphertext nor its wrapped keys
-    remain in the database, WAL or journal files. Backups taken before keep
-    both (see SECURITY.md). Returns what was removed, per table.
+    """Crypto-shred an owner: delete its keys, entries, segments and turn records
+    with ``secure_delete``, then scrub the file (VACUUM, WAL truncated), so no
+    ciphertext or wrapped key of it remains (backups keep both: SECURITY.md).
+    Returns what was removed, per table.
 
     Raises:
         StoreBusyError: the write lock was not obtained in time.
@@ -239,13 +225,9 @@ def forget_owner(db: Backend, keys: Keystore, owner_user_id: str) -> dict[str, A
 
 
 def drop_turn(db: Backend, heads: Heads, owner_user_id: str, turn_id: str) -> dict[str, Any]:
-    """Delete an owner's turn whole: its entries, segments, checkpoints and
-    compaction marks and its head, the turn dropped from the owner head and
-    its reservation from the usage head, in one transaction, whatever the
-    turn's check says: the explicit way out of a turn found tampered that no
-    backup can restore (its rows are lost, and reads of the turn then find it
-    empty). ``secure_delete`` zeroes the rows; ``Scratchpad.scrub`` rebuilds
-    the file. Returns what was removed, per table.
+    """Delete an owner's turn whole (rows, head, its place in the owner and usage
+    heads) in one transaction, whatever its check says: the way out of a turn
+    found tampered that no backup restores. Returns what was removed, per table.
 
     Raises:
         InvalidArgumentError: an identifier is malformed.

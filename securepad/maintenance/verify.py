@@ -29,9 +29,7 @@ Steps = list[list[int]]  # runs of step numbers, [first, last] each
 
 
 def verify_store(db: Backend, opener: Opener, records: Records, heads: Heads, now: float) -> dict[str, Any]:
-    """What is wrong in the store, and where (see ``Scratchpad.verify``):
-    every read inside one ``snapshot()`` (``Backend.snapshot``), so writers
-    that commit meanwhile are not seen half-way.
+    """What is wrong in the store, and where (``Scratchpad.verify``), read in one snapshot.
 
     Raises:
         StoreBusyError, StoreUnavailableError: the snapshot could not be had.
@@ -166,10 +164,7 @@ def _check_heads(
 
 
 def _usage_problems(totals: dict[str, int | None], reserved: dict[str, int]) -> list[Problem]:
-    """The quota's reservations (sealed in the usage heads: ``head_owner``)
-    against the sum of the turns' reservations. That they cover the entries
-    follows: each turn's bytes equal its entries' (``verify_store``, which the
-    turn heads authenticate) and are at most its reservation (``Tally.loads``)."""
+    """The usage heads' reservations against the sum of the turns' (which cover their entries)."""
     problems: list[Problem] = []
     for owner, total in sorted(totals.items()):
         if total is None:
@@ -184,9 +179,7 @@ def _usage_problems(totals: dict[str, int | None], reserved: dict[str, int]) -> 
 
 
 def _entries_differ(sealed: Tally, rows: Tally) -> bool:
-    """Whether the turn's entries (not only its records) differ from its head,
-    by the tests of ``Tally.check_found`` (a head's ``last`` is the highest step
-    ever recorded: the rows may legitimately stay below it)."""
+    """Whether the turn's entries (not only its records) differ from its head (``Tally.check_found``'s tests)."""
     return (
         (rows.n["e"], rows.d["e"]) != (sealed.n["e"], sealed.d["e"])
         or rows.last > sealed.last
@@ -195,12 +188,10 @@ def _entries_differ(sealed: Tally, rows: Tally) -> bool:
 
 
 def _steps_named(sealed: Tally, present: list[int], stored: set[str], now: float) -> dict[str, Any]:
-    """What can be said of a turn whose entries differ from its head: ``steps``
-    (the authenticated entries' steps, as runs), ``last_step`` (the highest step
-    the head recorded), ``missing_steps`` (runs of 1..last_step with no
-    authenticated entry) and ``newest_removed`` (the head's newest entry's step
-    when no row of the store has its id any more and its sealed expiry has not
-    passed, else None)."""
+    """A turn whose entries differ from its head: ``steps`` (runs), ``last_step``
+    (the head's), ``missing_steps`` (runs of 1..last_step with no authenticated
+    entry), ``newest_removed`` (the head's newest entry's step when its row is
+    gone before its sealed expiry, else None)."""
     newest = sealed.newest
     removed = None
     if newest is not None and newest[0] not in stored and float(newest[2]) > now:
