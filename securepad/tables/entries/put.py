@@ -386,10 +386,7 @@ class _Batch:
         return checked
 
     def put(self, items: Any, ttl_seconds: int | None, now: float | None) -> list[dict[str, Any]]:
-        """The batch's views (with ``shown``, each item the model was shown
-        instead, where there is one): validated and shaped, then sealed
-        (``seal``, again on each retry) and written (``_write``) by
-        ``Keystore.write_current``."""
+        """The batch's views (with ``shown``, the history items where there are some)."""
         checked = self._items(items)
         ttl = self.entries.ttl(ttl_seconds)
         created = self.entries.write_now(now)
@@ -458,10 +455,8 @@ class _Batch:
     def _steps(
         self, checked: list[tuple[int, str, Any]], fixed: list[Prepared], now: float
     ) -> tuple[list[int], list[Prepared]]:
-        """The items' steps and shaped observations, before each seal: the
-        caller's steps (shaped once, ``fixed``), or (``shown``) the steps after
-        the turn's highest live one, read again each time (the observations
-        shaped again: a view names its step)."""
+        """The items' steps and shaped observations before each seal: the caller's
+        (``fixed``), or (``shown``) the next steps, looked up and shaped again each time."""
         if self.shown is None:
             return [step for step, _, _ in checked], fixed
         first = self.entries.listings.last_step(self.principal, self.turn_id, now) + 1
@@ -471,9 +466,7 @@ class _Batch:
         return steps, [Prepared.of(obs, step, policy) for step, (_, _, obs) in zip(steps, checked, strict=True)]
 
     def _write(self, conn: Conn, sealed: _Sealed, now: float) -> _Sealed:
-        """Inside the owner's write transaction: refuse taken steps, read the
-        key version, the quota and the turn's heads (``head_beside``), check
-        the quota's room, insert every row, then the heads' change (``Heads.change``)."""
+        """Inside the owner's write transaction: steps, version, quota, inserts, the head's change."""
         rows, segments, _ = sealed
         owner = self.principal.owner_user_id
         self._check_steps(conn, [row["step_num"] for row in rows], now)
@@ -498,9 +491,7 @@ class _Batch:
         return sealed
 
     def _prefetch(self, now: float, steps: list[int]) -> list[tuple[str, Params]]:
-        """The write's reads, sent with the transaction's first message
-        (PostgreSQL: one round trip): the quota with the turn's heads and, when the
-        caller gave the steps (chosen ones are known only once sealed), the steps."""
+        """The write's reads, sent with BEGIN: the quota with the turn's heads, and the given steps."""
         reads = self._reads(now)
         return reads if self.shown is not None else [*reads, self._steps_sql(steps)]
 
@@ -519,8 +510,7 @@ class _Batch:
         return self.access.rows_sql(self.principal, *self._steps_query(steps))
 
     def _check_steps(self, conn: Conn, steps: list[int], now: float) -> None:
-        """Inside the write: refuse steps a live entry of the turn in the
-        principal's scope has (chosen steps: seal again, another writer took one)."""
+        """Refuse steps a live entry of the turn in the scope has (chosen ones: seal again)."""
         rows = self.access.rows(self.principal, *self._steps_query(steps), conn=conn)
         taken = sorted(row["step_num"] for row in live(rows, now))
         if taken and self.shown is not None:
@@ -535,8 +525,7 @@ class _Batch:
 
 
 def _insert_segments(conn: Conn, rows: list[dict[str, Any]], segments: list[list[bytes]]) -> None:
-    """Insert the segments rows of entries of more than one segment (a
-    one-segment entry carries its segment in ``only_segment``)."""
+    """Insert the segment rows of entries of several segments (one segment stays in its row)."""
     values = [
         (row["id"], seq, data)
         for row, parts in zip(rows, segments, strict=True)
