@@ -16,11 +16,21 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from ..errors import IntegrityError, InvalidArgumentError
+from ..keys.keystore import NEWEST_VERSION_SQL
 from ..policy import Policy
 from ..principal import Principal
 from ..storage.base import Backend, Conn, Params, Rows
 
-__all__ = ["ONLY_SEGMENT", "RECORD_ROW_OVERHEAD", "SEALED_TABLES", "Access", "Query", "audit_log", "check_principal"]
+__all__ = [
+    "ONLY_SEGMENT",
+    "RECORD_ROW_OVERHEAD",
+    "SEALED_TABLES",
+    "Access",
+    "Query",
+    "audit_log",
+    "check_principal",
+    "quota_sql",
+]
 
 T = TypeVar("T")
 # A scoped query of ``Access``: (table, columns, where, params, tail).
@@ -252,6 +262,19 @@ def records_used_sql(owner: str, now: float) -> tuple[str, Params]:
     )
     sql = f"(SELECT CAST(COALESCE(SUM(n + {RECORD_ROW_OVERHEAD}), 0) AS BIGINT) FROM ({parts}) AS records)"
     return sql, tuple(value for _ in _RECORD_TABLES for value in (owner, now))
+
+
+def quota_sql(
+    owner: str, now: float, step: tuple[str, Params] | None = None, *, records: bool = True
+) -> tuple[str, Params]:
+    """``room``'s one query: the owner's newest key version, its live records'
+    cost (``used``; NULL without ``records``: the shared lock checks no quota)
+    and with ``step``, the latest expiry of the entries at the step."""
+    used, params = records_used_sql(owner, now) if records else ("NULL", ())
+    sql = f"SELECT {NEWEST_VERSION_SQL} AS newest, {used} AS used"
+    if step is None:
+        return sql, (owner, *params)
+    return f"{sql}, (SELECT MAX(expires_at) FROM ({step[0]}) AS taken) AS step_expires", (owner, *params, *step[1])
 
 
 def segments_in_rows(conn: Conn, where: str, params: Params) -> int:

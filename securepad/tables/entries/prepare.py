@@ -21,9 +21,10 @@ from ...crypto.primitives import (
 from ...errors import QuotaExceededError
 from ...policy import Policy
 from ...principal import Principal
+from ...storage.base import check_write_bound
 from .rows import listing_fields
 
-__all__ = ["ENTRY_ROW_OVERHEAD", "Prepared", "identifier_cost", "row_cost", "split"]
+__all__ = ["ENTRY_ROW_OVERHEAD", "Prepared", "check_write_size", "identifier_cost", "row_cost", "split"]
 
 
 @dataclass
@@ -217,3 +218,16 @@ def split(content: str | bytes) -> tuple[list[bytes], list[int] | None, int, lis
     counts = [len(piece) for piece in pieces]
     breaks, line_count = read_modes.line_index(pieces)
     return segments, counts, sum(counts), breaks, line_count
+
+
+def check_write_size(
+    prepared: list[tuple[Prepared, str]], principal: Principal, turn_id: str, limit: int | None, what: str
+) -> None:
+    """Refuse, before anything is written, entries that could take more than
+    ``limit`` bytes in one transaction (raises QuotaExceededError)."""
+    if limit is None:
+        return
+    names = {"actor": principal.actor, "channel": principal.channel}
+    owner = principal.owner_user_id
+    size = sum(p.cost_bound({**names, "executor_name": executor}, owner, turn_id) for p, executor in prepared)
+    check_write_bound(size, limit, what)

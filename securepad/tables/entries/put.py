@@ -19,13 +19,13 @@ from ...storage.base import (
     Params,
     Rows,
 )
-from ..access import Access, check_principal, stored_entries, stored_sql
+from ..access import Access, check_principal, quota_sql, stored_entries, stored_sql
 from ..heads.beside import read_with_heads, with_heads
 from ..heads.heads import Room, entry_item
 from ..heads.last_sealed import Once
-from ..quota import check_write_size, quota_sql, room
+from ..quota import room
 from .listings import Listings, step_sql
-from .prepare import Prepared
+from .prepare import Prepared, check_write_size
 from .rows import EntryParts, check_step_num, live
 
 __all__ = ["Putter", "Shown"]
