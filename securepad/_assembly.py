@@ -157,7 +157,9 @@ class Assembly:
         # that reads it again, so a read made earlier in this open decides as well.
         meta = keys.opened_meta
         # The usage heads of a store from before them come in the same transaction.
-        HeadBuilder(self.parts.heads, db, keys).build_if_needed(self.parts.tables.now, writes=writes, meta=meta)
+        HeadBuilder(self.parts.heads, db, keys).build_if_needed(
+            self.parts.tables.timeline.read_time, writes=writes, meta=meta
+        )
 
     def close(self) -> None:
         """``Scratchpad.close``: key-use counts, then the anchor, then the connections."""
@@ -194,7 +196,7 @@ class Assembly:
         one admin transaction, then (with ``wait``) a scrub when the file has a
         quarter of its pages free (``Backend.scrub_after_deletes``), or a checkpoint."""
         db = self.parts.db
-        cutoff = self.parts.tables.write_now(now)
+        cutoff = self.parts.tables.timeline.write_time(now)
         with db.transaction(admin=True, wait=wait) as conn:
             # prune reads every row the deletes below would remove (expired
             # entries, checkpoints and marks; segments go with their entries),
@@ -238,7 +240,7 @@ class Assembly:
     def stats(self, principal: Principal | None, now: float | None) -> dict[str, Any]:
         """``Scratchpad.stats``; the store-wide figures include the anchor's status."""
         db, keys, access = self.parts.db, self.parts.keys, self.parts.access
-        result = entries.stats(db, keys, access, principal, self.parts.tables.now(now), db.location)
+        result = entries.stats(db, keys, access, principal, self.parts.tables.timeline.read_time(now), db.location)
         return result if principal else {**result, "anchor": self.anchor and self.anchor.status()}
 
 

@@ -425,7 +425,7 @@ class Scratchpad:
             StoreBusyError, StoreUnavailableError: the snapshot could not be had.
         """
         parts = self._parts
-        return verify_store(parts.db, parts.opener, parts.records, parts.heads, parts.tables.now(now))
+        return verify_store(parts.db, parts.opener, parts.records, parts.heads, parts.tables.timeline.read_time(now))
 
     def scrub(self) -> bool:
         """Rewrite the store file so that nothing deleted remains anywhere in it.

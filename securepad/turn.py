@@ -486,7 +486,7 @@ def extend_turn(
     writer made it. Returns how many rows were extended.
     """
     ttl = parts.tables.ttl(ttl_seconds)
-    current = parts.tables.write_now(now)
+    current = parts.tables.timeline.write_time(now)
     target = current + ttl
     entry_updates = entries.prepare_extend(parts.tables, parts.listings, principal, turn_id, target, current)
     record_updates = parts.records.prepare_extend(principal, turn_id, target, current)

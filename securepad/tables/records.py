@@ -73,7 +73,7 @@ class Records:
         """
         _check_table(table)
         ttl = self._parts.ttl(ttl_seconds)
-        created = self._parts.write_now(now)
+        created = self._parts.timeline.write_time(now)
         body = json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8")
         owner = principal.owner_user_id
 
@@ -133,7 +133,7 @@ class Records:
         """
         _check_table(table)
         order = "ORDER BY seq DESC LIMIT 1" if latest else "ORDER BY seq"
-        current = self._parts.now(now)
+        current = self._parts.timeline.read_time(now)
         live: access.Query = (table, _COLUMNS, "turn_id = ? AND expires_at > ?", (turn_id, current), order)
         # Every record of the scope (expired ones not yet collected too) numbers the scope's sequence.
         numbered: access.Query = (table, "seq", "turn_id = ?", (turn_id,), "ORDER BY seq")

@@ -25,7 +25,7 @@ class Listings:
 
     def __init__(self, parts: EntryParts, opener: Opener) -> None:
         self._db, self._access = parts.db, parts.access
-        self.heads, self.now = parts.heads, parts.now
+        self.heads, self.now = parts.heads, parts.timeline.read_time
         self._lister = opener.lister
 
     def turn_entries(self, principal: Principal, turn_id: str, now: float | None) -> list[Opened]:

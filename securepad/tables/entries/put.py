@@ -41,7 +41,7 @@ class Putter:
         self._keys, self._access = parts.keys, parts.access
         self.dialect = parts.db.dialect
         self.policy, self.heads, self.ttl = parts.policy, parts.heads, parts.ttl
-        self.write_now = parts.write_now
+        self.write_now = parts.timeline.write_time
         self.listings = listings
         self._once = parts.db if isinstance(parts.db, OnceWriter) else None  # a put in one message
         self.write_limit = parts.db.write_limit_bytes

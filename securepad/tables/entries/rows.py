@@ -126,22 +126,6 @@ class EntryParts:
     timeline: Timeline
     heads: Heads
 
-    def now(self, now: float | None) -> float:
-        """The time a read decides expiry at (``Timeline.read_time``).
-
-        Raises:
-            InvalidArgumentError: ``now`` is not a finite number of seconds.
-        """
-        return self.timeline.read_time(now)
-
-    def write_now(self, now: float | None) -> float:
-        """The time a write seals or gc collects at (``Timeline.write_time``).
-
-        Raises:
-            InvalidArgumentError: ``now`` is not finite, or too far past the clock.
-        """
-        return self.timeline.write_time(now)
-
     def ttl(self, ttl_seconds: int | None) -> int:
         """The policy's default, or ``ttl_seconds`` checked against its maximum.
 
