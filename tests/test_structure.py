@@ -48,7 +48,6 @@ SQL_MODULES = {
     "securepad.tables.entries.open",
     "securepad.tables.entries.listings",
     "securepad.tables.records",
-    "securepad.tables.quota",
     "securepad.tables.heads.heads",
     "securepad.tables.heads.owner",
     "securepad.tables.heads.reading",
