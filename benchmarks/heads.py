@@ -58,7 +58,7 @@ _BLOCK = 10
 
 
 def _without_heads(pad: Scratchpad) -> None:
-    heads = parts(pad).entries.heads
+    heads = parts(pad).heads
 
     def change(*args: Any, **kwargs: Any) -> int:
         return 0
@@ -151,7 +151,7 @@ def read_length(
     with and without the verified-head cache, alternating: median µs, CPU µs
     per read (client, and server with ``server_pid``), and the statements,
     rows and calls of one read."""
-    heads = parts(pad).entries.heads
+    heads = parts(pad).heads
     text = "".join(f"line {i}: {'x' * 60}\n" for i in range(64))  # about 4 KiB
     tails = {}
     for length in lengths:

@@ -120,7 +120,7 @@ def _turn(dsn: str, schema: str, entries: int) -> tuple[list[str], InventoryRead
             for first in range(0, entries, 100):
                 batch = [(i, "bench", data.text(4096, salt=i)) for i in range(first, min(first + 100, entries))]
                 ids += [str(view["scratchpad_id"]) for view in pad.put_many(PRINCIPAL, "token", batch)]
-            return ids, parts(pad).entries.heads.reads
+            return ids, parts(pad).heads.reads
 
 
 def token_costs(dsn: str, *, entries: int = 1000, executions: int = 3000, rounds: int = 3) -> dict[str, list[float]]:

@@ -37,7 +37,7 @@ def turn_in_use(pad: Scratchpad, principal: Principal, turn_id: str, *, now: flo
     Raises:
         IntegrityError, StoreBusyError: as for a read of the turn.
     """
-    return parts(pad).entries.last_step(principal, turn_id, now) > 0
+    return parts(pad).listings.last_step(principal, turn_id, now) > 0
 
 
 def keyed_or_former(
@@ -86,11 +86,11 @@ def put_next(
     """
     if not isinstance(principal, Principal):
         raise InvalidArgumentError("principal must be a securepad.Principal")
-    entries = parts(pad).entries
+    found = parts(pad)
     try:
-        guess = entries.last_step(principal, turn_id, now) + 1
+        guess = found.listings.last_step(principal, turn_id, now) + 1
     except StoreBusyError:  # only a guess: the write transaction takes the step
         guess = 1
-    return entries.put(
+    return found.putter.put(
         principal, turn_id, guess, executor_name, observation, ttl_seconds, now=now, free_step=True, next_step=True
     )

@@ -21,14 +21,15 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ._assembly import Parts
 from .core import references, reread
 from .core.reread import fingerprint
 from .core.tool import SCRATCHPAD_READ_TOOL, SCRATCHPAD_READ_TOOL_STRICT, tool_arguments, tool_error
 from .errors import ExpiredError, InvalidArgumentError, NotFoundError, StoreUnavailableError
 from .policy import Policy
 from .principal import Principal
-from .tables.entries import entries as _entries
-from .tables.entries.entries import Entries, Opened
+from .tables.entries import entries
+from .tables.entries.rows import Opened
 from .tables.heads.heads import Heads
 from .tables.heads.tally import extend_head
 from .tables.records import Records
@@ -47,11 +48,10 @@ class Turn:
     ever seen. Safe to use from several threads, like the store.
     """
 
-    __slots__ = ("_entries", "_records", "principal", "turn_id")
+    __slots__ = ("_parts", "principal", "turn_id")
 
-    def __init__(self, entries: Entries, records: Records, principal: Principal, turn_id: str) -> None:
-        self._entries = entries
-        self._records = records
+    def __init__(self, parts: Parts, principal: Principal, turn_id: str) -> None:
+        self._parts = parts
         self.principal = principal
         self.turn_id = turn_id
 
@@ -83,10 +83,11 @@ class Turn:
                 as for ``Scratchpad.put``.
             QuotaExceededError, StoreBusyError: as for ``Scratchpad.put``.
         """
-        # free_step: the step is checked inside the write transaction, where no other writer can take it.
-        inline = _inline(observation, step_num, self._entries.policy)
-        put = self._entries.put
-        view = put(
+        # The step is checked inside the write transaction (free_step), where no
+        # other writer (another process too) can take it meanwhile: on
+        # PostgreSQL in the same round trip as the transaction's other reads.
+        inline = _inline(observation, step_num, self._parts.tables.policy)
+        view = self._parts.putter.put(
             self.principal,
             self.turn_id,
             step_num,
@@ -114,8 +115,8 @@ class Turn:
         Raises:
             InvalidArgumentError, QuotaExceededError, StoreBusyError: as for ``record``.
         """
-        policy = self._entries.policy
-        return self._entries.put_many(
+        policy = self._parts.tables.policy
+        return self._parts.putter.put_many(
             self.principal,
             self.turn_id,
             items,
@@ -158,12 +159,12 @@ class Turn:
         Raises:
             IntegrityError: a stored entry fails authentication.
         """
-        if self._entries.turn_offloads(self.principal, self.turn_id, now):
+        if self._parts.listings.turn_offloads(self.principal, self.turn_id, now):
             return [copy.deepcopy(SCRATCHPAD_READ_TOOL_STRICT if strict else SCRATCHPAD_READ_TOOL)]
         return []
 
     def _opened(self, now: float | None) -> list[Opened]:
-        return self._entries.turn_entries(self.principal, self.turn_id, now)
+        return self._parts.listings.turn_entries(self.principal, self.turn_id, now)
 
     def call_tool(self, name: object, arguments: object, *, now: float | None = None) -> dict[str, Any]:
         """Answer a model's tool call: ``arguments`` as a dict or a JSON string.
@@ -189,7 +190,7 @@ class Turn:
             return tool_error(str(exc))
         scratchpad_id = args.pop("scratchpad_id")
         try:
-            return self._entries.read(self.principal, scratchpad_id, turn_id=self.turn_id, now=now, **args)
+            return self._parts.opener.read(self.principal, scratchpad_id, turn_id=self.turn_id, now=now, **args)
         except ExpiredError:
             return tool_error(f"the entry {scratchpad_id!r} has expired and can no longer be read")
         except NotFoundError:
@@ -235,7 +236,7 @@ class Turn:
         """
         extended = 0
         if extend_ttl is not None:
-            extended = extend_turn(self._entries, self._records, self.principal, self.turn_id, extend_ttl, now)
+            extended = extend_turn(self._parts, self.principal, self.turn_id, extend_ttl, now)
         return {"turn_id": self.turn_id, "steps": len(self._opened(now)), "extended": extended}
 
     def checkpoint(
@@ -272,10 +273,10 @@ class Turn:
             "unresolved": _string_list("unresolved", unresolved),
         }
         size = len(json.dumps(payload, ensure_ascii=False).encode("utf-8"))
-        limit = self._entries.policy.max_entry_bytes
+        limit = self._parts.tables.policy.max_entry_bytes
         if size > limit:
             raise InvalidArgumentError(f"the checkpoint has {size} bytes; the policy's max_entry_bytes is {limit}")
-        saved = self._records.save("checkpoints", self.principal, self.turn_id, payload, ttl_seconds, now)
+        saved = self._parts.records.save("checkpoints", self.principal, self.turn_id, payload, ttl_seconds, now)
         return {"turn_id": self.turn_id, **saved, **payload}
 
     def latest_checkpoint(self, *, now: float | None = None) -> dict[str, Any] | None:
@@ -284,7 +285,7 @@ class Turn:
         Raises:
             IntegrityError: the checkpoint fails authentication.
         """
-        found = self._records.load("checkpoints", self.principal, self.turn_id, now, latest=True)
+        found = self._parts.records.load("checkpoints", self.principal, self.turn_id, now, latest=True)
         if not found:
             return None
         record = found[0]
@@ -309,7 +310,7 @@ class Turn:
             StoreBusyError: the write lock was not obtained in time.
         """
         before = [fingerprint(opened.row, opened.meta) for opened in self._opened(now)]
-        saved = self._records.save(
+        saved = self._parts.records.save(
             "compaction_marks", self.principal, self.turn_id, {"entries": before}, ttl_seconds, now
         )
         return {"turn_id": self.turn_id, **saved, "entries_before": len(before)}
@@ -327,7 +328,7 @@ class Turn:
         Raises:
             IntegrityError: a stored entry or the mark fails authentication.
         """
-        marks = self._records.load("compaction_marks", self.principal, self.turn_id, now, latest=True)
+        marks = self._parts.records.load("compaction_marks", self.principal, self.turn_id, now, latest=True)
         after = [] if not marks else [fingerprint(opened.row, opened.meta) for opened in self._opened(now)]
         return reread.report(self.turn_id, marks[0] if marks else None, after)
 
@@ -345,7 +346,7 @@ def _step_observations(turn: Turn, now: float | None) -> Callable[[int, str], An
                 f"{reference}: unknown step {step} in turn {turn.turn_id!r} (its steps: {known})"
             )
         try:
-            return turn._entries.get(turn.principal, steps[step], now=now, turn_id=turn.turn_id).observation
+            return turn._parts.opener.get(turn.principal, steps[step], now=now, turn_id=turn.turn_id).observation
         except NotFoundError:  # expired (or removed) since the turn was listed
             raise InvalidArgumentError(f"{reference}: step {step} is no longer stored") from None
 
@@ -353,8 +354,7 @@ def _step_observations(turn: Turn, now: float | None) -> Callable[[int, str], An
 
 
 def extend_turn(
-    entries: Entries,
-    records: Records,
+    parts: Parts,
     principal: Principal,
     turn_id: str,
     ttl_seconds: int | None,
@@ -367,17 +367,17 @@ def extend_turn(
     write transaction; a row that changed meanwhile is left as the other
     writer made it. Returns how many rows were extended.
     """
-    ttl = entries.ttl(ttl_seconds)
-    current = entries.write_now(now)
+    ttl = parts.tables.ttl(ttl_seconds)
+    current = parts.tables.timeline.write_time(now)
     target = current + ttl
-    entry_updates = entries.prepare_extend(principal, turn_id, target, current)
-    record_updates = records.prepare_extend(principal, turn_id, target, current)
+    entry_updates = entries.prepare_extend(parts.tables, parts.listings, principal, turn_id, target, current)
+    record_updates = parts.records.prepare_extend(principal, turn_id, target, current)
     owner = principal.owner_user_id
-    with entries.transaction(owner) as conn:
+    with parts.db.transaction(owner) as conn:
         before = Heads.items(conn, owner, turn_id)  # what the updates replace, in the same transaction
-        extended = _entries.apply_extend(conn, entry_updates)
+        extended = entries.apply_extend(conn, entry_updates)
         records_extended = Records.apply_extend(conn, record_updates)
-        entries.heads.change(
+        parts.heads.change(
             conn, owner, turn_id, lambda head: extend_head(head, before, target, extended, records_extended)
         )
         return len(extended) + sum(len(ids) for ids in records_extended.values())
@@ -388,7 +388,7 @@ def extend_turn(
 _NEXT_ATTEMPTS = 8
 
 _registry_lock = threading.Lock()
-_turn_locks: weakref.WeakKeyDictionary[Entries, dict[tuple[str, str, str, str], threading.Lock]] = (
+_turn_locks: weakref.WeakKeyDictionary[Parts, dict[tuple[str, str, str, str], threading.Lock]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -397,14 +397,14 @@ def _turn_lock(turn: Turn) -> threading.Lock:
     principal = turn.principal
     key = (principal.owner_user_id, principal.actor, principal.channel, turn.turn_id)
     with _registry_lock:
-        return _turn_locks.setdefault(turn._entries, {}).setdefault(key, threading.Lock())
+        return _turn_locks.setdefault(turn._parts, {}).setdefault(key, threading.Lock())
 
 
 def _taken(turn: Turn, step_num: int, now: float | None) -> bool:
     if step_num >= 2**31:
         return False  # no such step: record refused the number itself
     try:
-        turn._entries.check_step_free(turn.principal, turn.turn_id, step_num, now)
+        turn._parts.listings.check_step_free(turn.principal, turn.turn_id, step_num, now)
     except InvalidArgumentError:
         return True  # the principal, turn and step are valid: record_next checked them
     return False
@@ -431,7 +431,7 @@ def record_next(
     """
     with _turn_lock(turn):
         for _ in range(_NEXT_ATTEMPTS):
-            step_num = turn._entries.last_step(turn.principal, turn.turn_id, now) + 1
+            step_num = turn._parts.listings.last_step(turn.principal, turn.turn_id, now) + 1
             try:
                 return step_num, turn.record(step_num, executor_name, observation, ttl_seconds=ttl_seconds, now=now)
             except InvalidArgumentError:

@@ -8,12 +8,14 @@
   layer) appear only in ``crypto/``;
 - a module imports only its own layer and the layers below it (``LAYERS``);
 - SQL appears only in the backends, the layers that own the tables, and the
-  audit and drills (which work on the SQLite file itself).
+  audit and drills (which work on the SQLite file itself);
+- one authorized fetch: in ``tables/``, only ``access.py`` reads the sealed tables.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,7 +50,6 @@ SQL_MODULES = {
     "securepad.tables.records",
     "securepad.tables.heads.statements",
     "securepad.tables.heads.reading",  # the inventory's statement with its freshness token
-    "securepad.maintenance.lifecycle",
     "securepad.audit",
     "securepad.audit._api",
     "securepad.audit._files",
@@ -251,6 +252,78 @@ def test_sql_only_where_the_tables_are_owned() -> None:
         }
     )
     assert offenders == []
+
+
+# The one module of tables/ that reads the sealed tables.
+FETCH_MODULE = "securepad.tables.access"
+# A SELECT that reads a sealed table: its name (or a table substituted into an
+# f-string, ``{}``) after FROM or JOIN, anywhere in the statement.
+_SEALED_SELECT = re.compile(
+    r"\bSELECT\b.*\b(?:FROM|JOIN)\s+(?:(?:entries|segments|checkpoints|compaction_marks)\b|\{\})",
+    re.IGNORECASE | re.DOTALL,
+)
+_WRITES = ("INSERT ", "UPDATE ", "DELETE ")
+
+
+def _sql_text(node: ast.AST) -> str | None:
+    """The text of a string literal; an f-string's substitutions read as ``{}``."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(part.value if isinstance(part, ast.Constant) else "{}" for part in node.values)
+    return None
+
+
+def _sealed_selects(tree: ast.Module) -> list[int]:
+    """The lines of the string literals of ``tree`` that read a sealed table.
+
+    Covered: every string literal and f-string that holds ``SELECT`` and, after
+    it, ``FROM`` or ``JOIN`` followed by ``entries``, ``segments``,
+    ``checkpoints``, ``compaction_marks`` or a substituted name (``{table}``):
+    a statement, a sub-query or a fragment. Not covered: a literal that begins
+    with INSERT, UPDATE or DELETE (a write, its sub-queries with it), SQL
+    assembled from several literals, and reads of other tables (the heads,
+    the owner keys)."""
+    lines = set()
+    for node in ast.walk(tree):
+        text = _sql_text(node)
+        if text is None or text.lstrip().upper().startswith(_WRITES):
+            continue
+        if _SEALED_SELECT.search(text):
+            lines.add(node.lineno)
+    return sorted(lines)
+
+
+def test_only_access_reads_the_sealed_tables() -> None:
+    """One authorized fetch: no module of ``securepad/tables/`` but
+    ``tables/access.py`` reads entries, segments, checkpoints or compaction
+    marks (``_sealed_selects`` says what a read is). The heads' own statements
+    (``tables/heads/``, which read the sealed tables' clear columns to check a
+    turn's head) are outside the rule."""
+    offenders = [
+        f"{module}:{line}"
+        for module, tree in TREES.items()
+        if module.startswith("securepad.tables.")
+        and module != FETCH_MODULE
+        and not module.startswith("securepad.tables.heads.")
+        for line in _sealed_selects(tree)
+    ]
+    assert offenders == []
+    assert _sealed_selects(TREES[FETCH_MODULE])
+
+
+def test_the_fetch_rule_sees_a_read_of_a_sealed_table() -> None:
+    source = (
+        "def f(db, conn, table):\n"
+        "    db.query(f'SELECT id FROM {table} WHERE turn_id = ?')\n"
+        "    db.query('SELECT seq, data FROM segments WHERE entry_id = ?')\n"
+        "    x = 'COALESCE(s, (SELECT data FROM segments WHERE seq = 0))'\n"
+        "    conn.execute('DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries)')\n"
+        "    conn.execute('INSERT INTO entries(id) VALUES (?)')\n"
+        "    db.query('SELECT sealed FROM turn_heads WHERE owner_user_id = ?')\n"
+        "    db.query(f'SELECT MAX(e) FROM ({x}) AS taken')\n"
+    )
+    assert _sealed_selects(ast.parse(source)) == [2, 3, 4]
 
 
 @pytest.mark.parametrize(

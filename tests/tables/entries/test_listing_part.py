@@ -224,7 +224,7 @@ def test_a_next_step_put_seals_the_step_it_took(store: Store) -> None:
     """A stale guess (step 1 is taken) makes the write transaction take step 3
     and seal the listing part again for it: its view's reference names step 3."""
     with store.open() as pad:
-        entries = parts(pad).entries
+        entries = parts(pad).putter
         view = entries.put(ALICE, "t1", 1, "tool", {"items": [1, 2, 3]}, free_step=True, next_step=True)
         assert view["step_num"] == 3 and "{{step3.items}}" in view["ref_hint"]
         listed = pad.list_for_turn(ALICE, "t1")

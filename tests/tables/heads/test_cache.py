@@ -228,7 +228,7 @@ def test_a_warm_read_fetches_no_inventory_whatever_the_turn_length(db_path: Path
 def test_without_the_cache_every_read_fetches_the_inventory(db_path: Path, keyring: Keyring) -> None:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         entry = record_batches(pad, ALICE, TURN, 20)[-1]
-        parts(pad).entries.heads.cache_limit(0)
+        parts(pad).heads.cache_limit(0)
         meter = ReadMeter(pad)
         for _ in range(3):
             assert meter.counts(lambda: pad.read(ALICE, entry, "tail", n=100, now=LATER))["rows"] >= 24

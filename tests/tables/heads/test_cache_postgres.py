@@ -244,7 +244,7 @@ def test_with_the_cache_off_every_read_verifies_the_whole_inventory(pg_dsn: str,
     from securepad.store import parts
 
     with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
-        parts(pad).entries.heads.cache_limit(0)
+        parts(pad).heads.cache_limit(0)
         ids = record_batches(pad, ALICE, TURN, 5)
         meter = ReadMeter(pad)
         for _ in range(2):

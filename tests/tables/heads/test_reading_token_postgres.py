@@ -54,7 +54,7 @@ def store(pg_dsn: str, keyring: Keyring) -> Iterator[dict[str, Any]]:
         for _ in range(2):
             pad.get(ALICE, ids[0], now=LATER)
             pad.turn(ALICE, TURN, now=LATER).history(now=LATER)
-        yield {"pad": pad, "dsn": pg_dsn, "ids": ids, "reads": parts(pad).entries.heads.reads}
+        yield {"pad": pad, "dsn": pg_dsn, "ids": ids, "reads": parts(pad).heads.reads}
 
 
 @contextmanager
