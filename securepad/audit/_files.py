@@ -10,6 +10,7 @@ or NotFoundError.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import stat
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import IntegrityError, NotFoundError, WrongKeyError
-from ..keys.keyring import Keyring, default_key_file, key_file_use
+from ..keys.keyring import Keyring
 from ..principal import Principal
 from ..store import Scratchpad, sqlite_of
 from . import drills
@@ -134,14 +135,24 @@ def no_key_file_left(ctx: Context) -> str:
     keyring = ctx.pad.keyring
     if keyring.source is None:
         return f"the master key is {keyring.identifier}, not a token's or KMS's"
-    candidates = {path for path in (ctx.key_file, default_key_file()) if path is not None}
-    left = sorted(str(path) for path in candidates if path.exists() and ctx.pad.store_id in key_file_use(path).stores)
+    candidates = {path for path in (ctx.key_file, Keyring.default_key_file()) if path is not None}
+    left = sorted(str(path) for path in candidates if path.exists() and ctx.pad.store_id in _recorded_stores(path))
     if left:
         raise CheckFailed(
             f"{', '.join(left)} is recorded to open this store: it opens copies made before the master key"
             f" moved to {keyring.identifier}; delete it once no backup needs it and no other store uses it"
         )
     return f"no key file recorded for this store at {', '.join(sorted(map(str, candidates)))}"
+
+
+def _recorded_stores(key_file: Path) -> list[str]:
+    """The store ids the command line recorded beside ``key_file`` (``<key file>.stores``:
+    ``cli.key_files``); none when there is no readable record."""
+    try:
+        stores = json.loads(key_file.with_name(key_file.name + ".stores").read_text("utf-8"))["stores"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [s for s in stores if isinstance(s, str)] if isinstance(stores, list) else []
 
 
 def secure_delete_on(ctx: Context) -> str:
