@@ -11,7 +11,7 @@ import pytest
 
 from securepad import InvalidArgumentError, Keyring, Principal, Scratchpad, WrongKeyError
 from securepad.errors import IntegrityError, KeySourceKeyError, KeySourceUriError
-from securepad.keys.source import MasterKeySource
+from securepad.keys.source import MasterKeySource, open_source
 from tests.conftest import ALICE, BOB
 from tests.support.softhsm import SoftHsm
 
@@ -260,27 +260,25 @@ def test_no_file_the_store_writes_holds_the_token_keys_bytes(softhsm: SoftHsm, t
     import pkcs11
 
     value, label = secrets.token_bytes(32), "known-" + secrets.token_hex(4)
-    token = pkcs11.lib(softhsm.module).get_token(token_label="securepad")
-    try:
-        session = token.open(rw=True, user_pin=softhsm.user_pin)
-    except pkcs11.exceptions.UserAlreadyLoggedIn:  # by a source of this process: the login is the process's
-        session = token.open(rw=True)
-    with session:
-        a = pkcs11.Attribute
-        session.create_object(
-            {
-                a.CLASS: pkcs11.ObjectClass.SECRET_KEY,
-                a.KEY_TYPE: pkcs11.KeyType.AES,
-                a.VALUE: value,
-                a.LABEL: label,
-                a.TOKEN: True,
-                a.PRIVATE: True,
-                a.SENSITIVE: True,
-                a.EXTRACTABLE: False,
-                a.ENCRYPT: True,
-                a.DECRYPT: True,
-            }
-        )
+    # Through the process's session on the token (a second python-pkcs11 library
+    # object of the module would finalize the module when collected).
+    helper = open_source(softhsm.uri())
+    helper.prepare(create=True)
+    a = pkcs11.Attribute
+    helper._link.token().session.create_object(  # type: ignore[attr-defined]
+        {
+            a.CLASS: pkcs11.ObjectClass.SECRET_KEY,
+            a.KEY_TYPE: pkcs11.KeyType.AES,
+            a.VALUE: value,
+            a.LABEL: label,
+            a.TOKEN: True,
+            a.PRIVATE: True,
+            a.SENSITIVE: True,
+            a.EXTRACTABLE: False,
+            a.ENCRYPT: True,
+            a.DECRYPT: True,
+        }
+    )
     with Scratchpad.open(tmp_path / "s.db", keyring=Keyring.from_uri(softhsm.uri(label))) as pad:
         for n in range(20):
             pad.put(Principal(f"owner-{n}", "a", "c"), "t", 1, "x", "an observation")
