@@ -53,8 +53,9 @@ from pathlib import Path
 from typing import Any
 
 from securepad import Keyring, Scratchpad
+from securepad.storage.postgres.functions import pg_read_functions
 from securepad.store import parts
-from securepad.tables.heads.reading import ENTRY_TURN_SQL, InventoryReads, pg_read_functions
+from securepad.tables.heads.reading import ENTRY_TURN_SQL, InventoryReads
 
 from . import data
 from .backends import PRINCIPAL, bench_policy

@@ -23,8 +23,10 @@ from typing import Protocol
 import apsw
 
 from ..errors import SecurepadError, StorageFullError, StoreBusyError, StoreCorruptError
+from . import schema
 from .base import Conn, DuplicateKeyError, Params, Rows
 from .files import STORE_OVERRIDE, check_directory, check_private_file
+from .schema import SCHEMA_VERSION
 
 __all__ = ["SCHEMA_VERSION", "WAL_LIMIT_BYTES", "CommitHooks", "Database"]
 
@@ -75,253 +77,8 @@ SCRUB_FREE_SHARE = 0.25
 # limit (128 MiB) still holds one entry of the default ``max_entry_bytes``.
 WRITE_SHARE_OF_WAL = 2
 
-SCHEMA_VERSION = 12
-
 # The policy's durability -> SQLite's synchronous setting, set on every connection.
 _SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL"}
-
-_MIGRATIONS: dict[int, str] = {
-    1: """
-    CREATE TABLE store_meta(
-        key   TEXT PRIMARY KEY,
-        value TEXT NOT NULL
-    ) WITHOUT ROWID;
-    CREATE TABLE owner_keys(
-        owner_user_id TEXT NOT NULL,
-        version       INTEGER NOT NULL,
-        wrapped       BLOB NOT NULL,
-        created_at    REAL NOT NULL,
-        PRIMARY KEY (owner_user_id, version)
-    ) WITHOUT ROWID;
-    CREATE TABLE entries(
-        id             TEXT PRIMARY KEY,
-        owner_user_id  TEXT NOT NULL,
-        actor          TEXT NOT NULL,
-        channel        TEXT NOT NULL,
-        turn_id        TEXT NOT NULL,
-        step_num       INTEGER NOT NULL,
-        executor_name  TEXT NOT NULL,
-        content_kind   TEXT NOT NULL,
-        size_bytes     INTEGER NOT NULL,
-        size_chars     INTEGER NOT NULL,
-        segment_count  INTEGER NOT NULL,
-        key_version    INTEGER NOT NULL,
-        created_at     REAL NOT NULL,
-        expires_at     REAL NOT NULL,
-        wrapped_key    BLOB NOT NULL,
-        nonce_prefix   BLOB NOT NULL,
-        commitment     BLOB NOT NULL,
-        sealed_meta    BLOB NOT NULL
-    ) WITHOUT ROWID;
-    CREATE INDEX entries_owner_turn ON entries(owner_user_id, turn_id, step_num);
-    CREATE INDEX entries_expires ON entries(expires_at);
-    CREATE INDEX entries_owner_usage ON entries(owner_user_id, expires_at, size_bytes);
-    CREATE TABLE segments(
-        entry_id TEXT NOT NULL,
-        seq      INTEGER NOT NULL,
-        data     BLOB NOT NULL,
-        PRIMARY KEY (entry_id, seq)
-    ) WITHOUT ROWID;
-    """,
-    # Count the random-nonce AES-GCM encryptions under each owner key (item-key
-    # wraps) so that rotation is advised long before the 2^32 limit.
-    2: """
-    ALTER TABLE owner_keys ADD COLUMN wrap_count INTEGER NOT NULL DEFAULT 0;
-    INSERT OR IGNORE INTO store_meta(key, value)
-        SELECT 'master_wrap_count', CAST(COUNT(*) AS TEXT) FROM owner_keys;
-    """,
-    # Turn records (see _records.py): compaction checkpoints and compaction
-    # marks. Sealed like entries; only ids, owner, scope, turn, order, key
-    # version and times are in clear.
-    3: """
-    CREATE TABLE checkpoints(
-        id            TEXT PRIMARY KEY,
-        owner_user_id TEXT NOT NULL,
-        actor         TEXT NOT NULL,
-        channel       TEXT NOT NULL,
-        turn_id       TEXT NOT NULL,
-        seq           INTEGER NOT NULL,
-        key_version   INTEGER NOT NULL,
-        created_at    REAL NOT NULL,
-        expires_at    REAL NOT NULL,
-        wrapped_key   BLOB NOT NULL,
-        sealed        BLOB NOT NULL,
-        UNIQUE (owner_user_id, turn_id, seq)
-    ) WITHOUT ROWID;
-    CREATE INDEX checkpoints_expires ON checkpoints(expires_at);
-    CREATE TABLE compaction_marks(
-        id            TEXT PRIMARY KEY,
-        owner_user_id TEXT NOT NULL,
-        actor         TEXT NOT NULL,
-        channel       TEXT NOT NULL,
-        turn_id       TEXT NOT NULL,
-        seq           INTEGER NOT NULL,
-        key_version   INTEGER NOT NULL,
-        created_at    REAL NOT NULL,
-        expires_at    REAL NOT NULL,
-        wrapped_key   BLOB NOT NULL,
-        sealed        BLOB NOT NULL,
-        UNIQUE (owner_user_id, turn_id, seq)
-    ) WITHOUT ROWID;
-    CREATE INDEX compaction_marks_expires ON compaction_marks(expires_at);
-    """,
-    # What an entry stores in all (content and its other fields), for the
-    # size limit and the owner quota; the usage index covers the quota sum.
-    4: """
-    ALTER TABLE entries ADD COLUMN stored_bytes INTEGER NOT NULL DEFAULT 0;
-    UPDATE entries SET stored_bytes = size_bytes;
-    DROP INDEX entries_owner_usage;
-    CREATE INDEX entries_owner_usage ON entries(owner_user_id, expires_at, stored_bytes);
-    """,
-    # Bytes stored per owner, kept by triggers whatever inserts, deletes or
-    # changes an entry. Expired entries count until gc removes them, so this is
-    # an upper bound of the owner's live bytes: a put that fits under it needs
-    # no sum over the owner's live entries, which cost O(entries) inside the
-    # write lock (about 0.2 ms per 3,000 entries). A row that drops to zero
-    # goes, so a forgotten owner leaves no id behind.
-    5: """
-    CREATE TABLE owner_usage(
-        owner_user_id TEXT PRIMARY KEY,
-        stored_bytes  INTEGER NOT NULL
-    ) WITHOUT ROWID;
-    INSERT INTO owner_usage(owner_user_id, stored_bytes)
-        SELECT owner_user_id, SUM(stored_bytes) FROM entries GROUP BY owner_user_id;
-    CREATE TRIGGER owner_usage_insert AFTER INSERT ON entries BEGIN
-        INSERT INTO owner_usage(owner_user_id, stored_bytes) VALUES (NEW.owner_user_id, NEW.stored_bytes)
-            ON CONFLICT(owner_user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes;
-    END;
-    CREATE TRIGGER owner_usage_delete AFTER DELETE ON entries BEGIN
-        UPDATE owner_usage SET stored_bytes = stored_bytes - OLD.stored_bytes WHERE owner_user_id = OLD.owner_user_id;
-        DELETE FROM owner_usage WHERE owner_user_id = OLD.owner_user_id AND stored_bytes <= 0;
-    END;
-    CREATE TRIGGER owner_usage_update AFTER UPDATE OF owner_user_id, stored_bytes ON entries BEGIN
-        UPDATE owner_usage SET stored_bytes = stored_bytes - OLD.stored_bytes WHERE owner_user_id = OLD.owner_user_id;
-        DELETE FROM owner_usage WHERE owner_user_id = OLD.owner_user_id AND stored_bytes <= 0;
-        INSERT INTO owner_usage(owner_user_id, stored_bytes) VALUES (NEW.owner_user_id, NEW.stored_bytes)
-            ON CONFLICT(owner_user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes;
-    END;
-    """,
-    # The hot path. entries and segments become rowid tables: a put
-    # appends to the last leaf instead of landing in a random leaf of a table
-    # keyed by random ids (which split pages and rewrote 3-4 pages a put);
-    # the random id keeps a small unique index. The indexes no query of a put
-    # or a listing needs go: entries_expires (gc scans the table) and
-    # entries_owner_usage (the quota reads owner_usage; the exact sum near
-    # the quota walks the owner's part of entries_owner_turn). Columns and
-    # keys are unchanged. One transaction: a failure leaves the v5 store.
-    6: """
-    CREATE TABLE entries_v6(
-        id             TEXT PRIMARY KEY,
-        owner_user_id  TEXT NOT NULL,
-        actor          TEXT NOT NULL,
-        channel        TEXT NOT NULL,
-        turn_id        TEXT NOT NULL,
-        step_num       INTEGER NOT NULL,
-        executor_name  TEXT NOT NULL,
-        content_kind   TEXT NOT NULL,
-        size_bytes     INTEGER NOT NULL,
-        size_chars     INTEGER NOT NULL,
-        segment_count  INTEGER NOT NULL,
-        key_version    INTEGER NOT NULL,
-        created_at     REAL NOT NULL,
-        expires_at     REAL NOT NULL,
-        wrapped_key    BLOB NOT NULL,
-        nonce_prefix   BLOB NOT NULL,
-        commitment     BLOB NOT NULL,
-        sealed_meta    BLOB NOT NULL,
-        stored_bytes   INTEGER NOT NULL DEFAULT 0
-    );
-    INSERT INTO entries_v6(id, owner_user_id, actor, channel, turn_id, step_num, executor_name,
-            content_kind, size_bytes, size_chars, segment_count, key_version, created_at, expires_at,
-            wrapped_key, nonce_prefix, commitment, sealed_meta, stored_bytes)
-        SELECT id, owner_user_id, actor, channel, turn_id, step_num, executor_name,
-            content_kind, size_bytes, size_chars, segment_count, key_version, created_at, expires_at,
-            wrapped_key, nonce_prefix, commitment, sealed_meta, stored_bytes
-        FROM entries ORDER BY created_at, id;
-    CREATE TABLE segments_v6(
-        entry_id TEXT NOT NULL,
-        seq      INTEGER NOT NULL,
-        data     BLOB NOT NULL,
-        PRIMARY KEY (entry_id, seq)
-    );
-    INSERT INTO segments_v6(entry_id, seq, data)
-        SELECT s.entry_id, s.seq, s.data FROM segments s LEFT JOIN entries_v6 e ON e.id = s.entry_id
-        ORDER BY e.rowid, s.seq;
-    DROP TABLE entries;
-    DROP TABLE segments;
-    ALTER TABLE entries_v6 RENAME TO entries;
-    ALTER TABLE segments_v6 RENAME TO segments;
-    CREATE INDEX entries_owner_turn ON entries(owner_user_id, turn_id, step_num);
-    CREATE TRIGGER owner_usage_insert AFTER INSERT ON entries BEGIN
-        INSERT INTO owner_usage(owner_user_id, stored_bytes) VALUES (NEW.owner_user_id, NEW.stored_bytes)
-            ON CONFLICT(owner_user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes;
-    END;
-    CREATE TRIGGER owner_usage_delete AFTER DELETE ON entries BEGIN
-        UPDATE owner_usage SET stored_bytes = stored_bytes - OLD.stored_bytes WHERE owner_user_id = OLD.owner_user_id;
-        DELETE FROM owner_usage WHERE owner_user_id = OLD.owner_user_id AND stored_bytes <= 0;
-    END;
-    CREATE TRIGGER owner_usage_update AFTER UPDATE OF owner_user_id, stored_bytes ON entries BEGIN
-        UPDATE owner_usage SET stored_bytes = stored_bytes - OLD.stored_bytes WHERE owner_user_id = OLD.owner_user_id;
-        DELETE FROM owner_usage WHERE owner_user_id = OLD.owner_user_id AND stored_bytes <= 0;
-        INSERT INTO owner_usage(owner_user_id, stored_bytes) VALUES (NEW.owner_user_id, NEW.stored_bytes)
-            ON CONFLICT(owner_user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes;
-    END;
-    """,
-    # Sealed turn heads (heads.py): one row per (owner, turn) and one per owner
-    # (turn_id ''), sealed under the owner's key. The heads of an existing
-    # store are built when it is first opened with its key (Heads.build_if_needed).
-    7: """
-    CREATE TABLE turn_heads(
-        owner_user_id TEXT NOT NULL,
-        turn_id       TEXT NOT NULL,
-        key_version   INTEGER NOT NULL,
-        sealed        BLOB NOT NULL,
-        PRIMARY KEY (owner_user_id, turn_id)
-    ) WITHOUT ROWID;
-    INSERT OR REPLACE INTO store_meta(key, value) VALUES ('turn_heads', 'pending');
-    """,
-    # The put path: a one-segment entry (up to SEGMENT_BYTES: most
-    # entries) keeps its sealed segment in its own row, so its put writes no
-    # segments row (a leaf, an overflow page and the key index). Rows written
-    # before keep theirs in segments; reads take either. Same column on PostgreSQL.
-    8: """
-    ALTER TABLE entries ADD COLUMN only_segment BLOB;
-    """,
-    # The listing part of an entry (crypto.ListingKey): what a
-    # listing shows, sealed under the owner's listing key. NULL in rows written
-    # before it, which still list through their item key.
-    9: """
-    ALTER TABLE entries ADD COLUMN sealed_listing BLOB;
-    """,
-    # Constant-size turn heads (heads.py format 2): heads of format 1
-    # (a listing of every row) are converted to tallies on the next open with
-    # the key (head_build.HeadBuilder); the flag becomes a sealed token then.
-    10: """
-    UPDATE store_meta SET value = 'convert' WHERE key = 'turn_heads' AND value = 'built';
-    """,
-    # No per-put counter row: each owner's usage total lives in its
-    # sealed owner head (head_owner.py), which the put rewrites with its turn
-    # head in one statement; the triggers and their table go. A migration
-    # cannot seal: the next open with the key gives each owner head the sum
-    # over the owner's entries (Heads.seed_usage, flag below).
-    11: """
-    DROP TRIGGER IF EXISTS owner_usage_insert;
-    DROP TRIGGER IF EXISTS owner_usage_delete;
-    DROP TRIGGER IF EXISTS owner_usage_update;
-    DROP TABLE IF EXISTS owner_usage;
-    INSERT OR REPLACE INTO store_meta(key, value) VALUES ('owner_usage', 'seed');
-    """,
-    # A turn's index holds the id, expiry and size of each entry, so that the
-    # freshness token's rows' text (head_reads.py) after a commit elsewhere
-    # reads those from the index; the actor and channel, which may be long,
-    # are read from the rows: in the index, an entry's key with long
-    # identifiers would pass what one b-tree cell holds and take a page of
-    # its own, beyond what the quota counts (entry_shape.identifier_cost).
-    12: """
-    DROP INDEX IF EXISTS entries_owner_turn;
-    CREATE INDEX entries_owner_turn ON entries(owner_user_id, turn_id, step_num, id, expires_at, stored_bytes);
-    """,
-}
 
 
 # How long a checkpoint that finds another connection's under way pauses before it tries again.
@@ -1043,15 +800,16 @@ class Database:
         version = int(conn.execute("PRAGMA user_version").fetchall()[0][0])  # type: ignore[arg-type]
         if version < 0:
             raise StoreCorruptError(f"the store {self.path} is damaged: schema version {version}")
-        if version > SCHEMA_VERSION:
-            raise SecurepadError(
-                f"store schema version {version} is newer than this securepad understands ({SCHEMA_VERSION})"
-            )
+        if version == SCHEMA_VERSION:
+            return
         if version == 0 and conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall():
             raise StoreCorruptError(f"{self.path} is a SQLite database but not a securepad store; nothing was changed")
-        for target in range(version + 1, SCHEMA_VERSION + 1):
-            conn.execute(_MIGRATIONS[target])
-            conn.execute(f"PRAGMA user_version = {target}")
+        marked = version > 0 and bool(conn.execute(schema.NUMBERING_SQL).fetchall())
+        version = schema.version_of(schema.SQLITE, version, marked)
+        for _, sql in schema.steps(schema.SQLITE, version, SCHEMA_VERSION):
+            conn.execute(sql)
+        conn.execute(schema.MARK_SQL)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         if 0 < version < SCHEMA_VERSION:
             self.upgraded = (version, SCHEMA_VERSION)
 
