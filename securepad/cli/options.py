@@ -185,7 +185,7 @@ class State:
             StoreUnavailableError: the PostgreSQL server cannot be reached.
         """
         if isinstance(self.db, str):
-            from ..storage.postgres.database import store_present
+            from ..storage.postgres.pool import store_present
 
             return store_present(self.db)
         return self.db.exists()
@@ -205,7 +205,7 @@ class State:
     def where(self) -> str:
         """The store's location for a message (a DSN without its password)."""
         if isinstance(self.db, str):
-            from ..storage.postgres.database import describe
+            from ..storage.postgres.pool import describe
 
             return describe(self.db)
         return str(Path(self.db).absolute())

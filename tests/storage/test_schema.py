@@ -19,7 +19,7 @@ ALICE = Principal("alice", "planner", "web")
 
 
 def test_the_version_is_the_position_in_the_list() -> None:
-    assert schema.SCHEMA_VERSION == len(schema.MIGRATIONS) - 1
+    assert len(schema.MIGRATIONS) - 1 == schema.SCHEMA_VERSION
     assert schema.MIGRATIONS[0] == ()
     for dialect in (schema.SQLITE, schema.POSTGRES):
         assert [v for v, _ in schema.steps(dialect, 0, schema.SCHEMA_VERSION)] == list(

@@ -2,7 +2,7 @@
 between calls to spend less CPU, and what that must not change.
 
 A store made from a DSN keeps the connection its last call gave back for the
-next call (``database._Lender``) instead of a trip through psycopg_pool per call.
+next call (``pool.Lender``) instead of a trip through psycopg_pool per call.
 What a user relies on: the pool's size still holds (a call waiting for the
 pool is never starved by a kept connection), a connection that died while
 kept is replaced within the call, a connection goes back to its pool in time
