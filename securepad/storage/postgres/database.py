@@ -95,9 +95,8 @@ _NETWORK_LIMITS = {
 # (a caller that then needs one makes it try at once): psycopg_pool doubles
 # its wait between tries, so with its default a return is noticed late.
 RECONNECT_TIMEOUT_S = 2.0
-# Housekeeping (gc, rotations, forgetting an owner: the admin role) works
-# store-wide and may run long on a large store: its statement and call limits
-# are this many times a principal's.
+# Housekeeping (the admin role) works store-wide and may run long: its
+# statement and call limits are this many times a principal's.
 _HOUSEKEEPING_FACTOR = 10
 
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
