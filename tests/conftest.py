@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from securepad import Keyring, Principal, Scratchpad
+from tests.support.principals import ALICE, BOB
 
 # pytest-xdist's workers start with COLUMNS set; rich would fix the command
 # line's width at import from it. Each test that depends on the width says it.
@@ -36,12 +37,6 @@ settings.register_profile(
     "dev", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 settings.load_profile("ci")
-
-# Fast Argon2id for tests only; production defaults stay RFC 9106's.
-FAST_ARGON2 = {"time_cost": 1, "memory_cost": 64, "parallelism": 1}
-
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
 
 
 def stable_repr(value: object) -> str:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from securepad import Keyring, Policy, Scratchpad
 from securepad.core.timeline import Timeline
 from securepad.errors import ExpiredError, InvalidArgumentError, PolicyError
-from tests.conftest import ALICE, BOB
+from tests.support.principals import ALICE, BOB
 
 CLOCK = 1_700_000_000.0
 SKEW = Policy.default().max_clock_skew_seconds

@@ -21,10 +21,9 @@ import pytest
 from securepad import Keyring, Principal, Scratchpad
 from securepad.core.segments import SEGMENT_BYTES
 from securepad.errors import IntegrityError, NotFoundError
+from tests.support.principals import ALICE, BOB
 from tests.support.tamper_edits import raw_file
 
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
 REFUSED = (IntegrityError, NotFoundError)
 
 

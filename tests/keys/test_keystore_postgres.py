@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from securepad import Keyring, Principal, Scratchpad
+from securepad import Keyring, Scratchpad
 from securepad.crypto.primitives import HEADS_ERA, Wrapper, owner_key_aad
 from securepad.keys.keyring import master_key
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 
 from securepad.storage.postgres import migrate  # noqa: E402
+from tests.support.principals import ALICE  # noqa: E402
 
-ALICE = Principal("alice", "planner", "web")
 # Tables without owners' rows: reference tables on a distributed PostgreSQL.
 REFERENCE_TABLES = {"store_meta", "schema_version"}
 
