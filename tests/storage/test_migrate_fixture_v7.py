@@ -18,8 +18,10 @@ import pytest
 
 from securepad import ExpiredError, Keyring, NotFoundError, Scratchpad
 from securepad.storage.sqlite import SCHEMA_VERSION
-from tests.support.fixture_v7 import ALICE, BOB, EXPECTED, NOW, copy_v7
+from tests.support.fixture_v7 import EXPECTED, NOW, copy_v7
 from tests.support.paths import FIXTURES
+from tests.support.principals import AGENT_ALICE as ALICE
+from tests.support.principals import SLACK_BOB as BOB
 
 OBSERVATIONS: dict[str, Any] = {
     "text": "line one\nline two ünïcödé\n" + "x" * 70_000 + "\nlast line",

@@ -7,13 +7,10 @@ import json
 import shutil
 from pathlib import Path
 
-from securepad import Principal
 from tests.support.paths import FIXTURES
 
 EXPECTED = json.loads((FIXTURES / "store_v7.json").read_text())
 NOW = EXPECTED["now"]
-ALICE = Principal("alice", "agent", "web")
-BOB = Principal("bob", "agent", "slack")
 
 
 def copy_v7(directory: Path) -> tuple[Path, Path]:

@@ -25,8 +25,8 @@ from securepad import Keyring, Policy, Principal, QuotaExceededError, Scratchpad
 from securepad.store import parts, sqlite_of
 from securepad.tables.entries.prepare import ENTRY_ROW_OVERHEAD, identifier_cost
 from securepad.tables.records import RECORD_ROW_OVERHEAD, Records, record_cost
-from tests.support.fixture_v7 import ALICE as V7_ALICE
 from tests.support.fixture_v7 import EXPECTED, NOW, copy_v7
+from tests.support.principals import AGENT_ALICE as V7_ALICE
 
 LONG = 256
 WIDE = Principal("o" * LONG, "a" * LONG, "c" * LONG)

@@ -20,10 +20,9 @@ psycopg = pytest.importorskip("psycopg")
 
 from securepad import Keyring, Policy, Principal, QuotaExceededError, Scratchpad  # noqa: E402
 from securepad.store import parts  # noqa: E402
+from tests.support.principals import AGENT_ALICE as ALICE  # noqa: E402
 from tests.support.principals import NOW  # noqa: E402
 from tests.support.usage import exact  # noqa: E402
-
-ALICE = Principal("alice", "agent", "web")
 
 
 def _waiting(pg_dsn: str) -> int:

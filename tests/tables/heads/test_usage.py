@@ -22,16 +22,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from securepad import Keyring, Policy, Principal, QuotaExceededError, Scratchpad
+from securepad import Keyring, Policy, QuotaExceededError, Scratchpad
 from securepad.store import parts, sqlite_of
 from securepad.tables.heads.heads import USAGE_HEAD
 from tests.support.fixture_v7 import EXPECTED, copy_v7
 from tests.support.older_heads import as_format_2
+from tests.support.principals import AGENT_ALICE as ALICE
+from tests.support.principals import AGENT_BOB as BOB
 from tests.support.principals import NOW
 from tests.support.usage import exact, reserved, stored, totals, turns
-
-ALICE = Principal("alice", "agent", "web")
-BOB = Principal("bob", "agent", "web")
 
 
 def test_every_write_keeps_the_usage_total_exact(pad: Scratchpad) -> None:
