@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from securepad import InvalidArgumentError, Keyring, Policy, Principal, Scratchpad
@@ -157,6 +157,7 @@ def check_read(
 # -- get: the observation comes back unchanged ------------------------------------
 
 
+@settings(max_examples=30)
 @given(observation=observations)
 def test_get_returns_exactly_what_was_put(pad: Scratchpad, alice: Principal, observation: Any) -> None:
     entry_id = put(pad, alice, observation)
@@ -207,6 +208,7 @@ def test_json_readable_content_parses_back(wide_pad: Scratchpad, alice: Principa
     assert len(full["content"].encode("utf-8")) > 2 * SEGMENT_BYTES
 
 
+@settings(max_examples=30)
 @given(observation=json_values)
 def test_json_reads_slice_the_readable_json(wide_pad: Scratchpad, alice: Principal, observation: Any) -> None:
     entry_id = put(wide_pad, alice, observation)
@@ -236,6 +238,7 @@ def test_non_string_keys_are_refused_or_kept(pad: Scratchpad, alice: Principal, 
 # -- reads equal Python's slicing ---------------------------------------------------
 
 
+@settings(max_examples=30)
 @given(content=st.one_of(texts, binaries), data=st.data())
 def test_reads_equal_python_slicing(wide_pad: Scratchpad, alice: Principal, content: str | bytes, data: Any) -> None:
     entry_id = put(wide_pad, alice, content)
@@ -292,6 +295,7 @@ def test_binary_reads_across_segment_boundaries(wide_pad: Scratchpad, alice: Pri
 # -- the read cap -------------------------------------------------------------------
 
 
+@settings(max_examples=30)
 @given(content=st.one_of(texts, binaries), data=st.data())
 def test_no_read_exceeds_the_cap(pad: Scratchpad, alice: Principal, content: str | bytes, data: Any) -> None:
     entry_id = put(pad, alice, content)
