@@ -6,18 +6,19 @@ from typing import Any
 
 from securepad import Scratchpad
 from securepad.store import parts
+from securepad.tables.entries.entries import every_row
 from securepad.tables.heads.heads import USAGE_HEAD, Tally
 
 
 def totals(pad: Scratchpad) -> dict[str, Any]:
     """Each owner's usage total as its usage head holds it (opened: authenticated)."""
-    heads = parts(pad).entries.heads.all_heads()
+    heads = parts(pad).heads.all_heads()
     return {owner: by_turn.get(USAGE_HEAD) for owner, by_turn in heads.items()}
 
 
 def turns(pad: Scratchpad, field: str) -> dict[str, int]:
     found: dict[str, int] = {}
-    for owner, by_turn in parts(pad).entries.heads.all_heads().items():
+    for owner, by_turn in parts(pad).heads.all_heads().items():
         for head in by_turn.values():
             if isinstance(head, Tally):
                 found[owner] = found.get(owner, 0) + int(getattr(head, field))
@@ -41,6 +42,6 @@ def exact(pad: Scratchpad) -> None:
 def stored(pad: Scratchpad) -> dict[str, int]:
     """The sum of the entries' stored_bytes by owner (what the total must equal)."""
     found: dict[str, int] = {}
-    for row in parts(pad).entries.all_rows():
+    for row in every_row(parts(pad).db):
         found[row["owner_user_id"]] = found.get(row["owner_user_id"], 0) + int(row["stored_bytes"])
     return found

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from securepad import Keyring, Policy, QuotaExceededError, Scratchpad
 from securepad.store import parts, sqlite_of
+from securepad.tables.entries.entries import every_row
 from securepad.tables.heads.heads import USAGE_HEAD
 from tests.support.fixture_v7 import EXPECTED, copy_v7
 from tests.support.older_heads import as_format_2
@@ -44,7 +45,7 @@ def test_every_write_keeps_the_usage_total_exact(pad: Scratchpad) -> None:
     exact(pad)
     assert totals(pad)["alice"] < before  # a removal gives back what it held
     assert pad.gc(now=NOW + 20) == 1  # the first entry expired and is collected
-    assert first["scratchpad_id"] not in {row["id"] for row in parts(pad).entries.all_rows()}
+    assert first["scratchpad_id"] not in {row["id"] for row in every_row(parts(pad).db)}
     exact(pad)
     pad.forget_owner("bob")
     assert "bob" not in totals(pad)
