@@ -319,6 +319,7 @@ def test_grep_matches_each_line_on_its_own(lines: list[str], pattern: str, size:
     assert _grep_all(content, pattern, max_matches=1000)["metadata"]["match_lines"] == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pattern", ["ERR", r"\AERR"], ids=["block search", "line by line"])
 def test_a_grep_out_of_budget_returns_a_partial_result_and_where_to_go_on(pattern: str) -> None:
     text = "".join(f"{'ERR' if i % 7 == 0 else 'ok'} {i}\n" for i in range(1, 10_001))

@@ -184,6 +184,7 @@ def _calls(pad: Scratchpad, ids: dict[str, str]) -> dict[str, Callable[[], Any]]
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tamper", sorted(TAMPERS))
 def test_tampered_rows_fail_without_keys_in_the_traceback(store: Any, tamper: str) -> None:
     db_path, keyring, keys, ids = store

@@ -358,6 +358,7 @@ CASES: list[Tamper] = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tamper", CASES, ids=lambda t: t.__name__)
 def test_tampering_is_detected(world: World, tamper: Tamper) -> None:
     with raw_file(world.db_path) as conn:

@@ -25,6 +25,8 @@ from securepad.audit import drills
 from securepad.store import parts
 from tests.support.principals import ALICE, BOB
 
+pytestmark = pytest.mark.slow
+
 REFUSED = (IntegrityError, NotFoundError)
 NOW = 10_000.0
 TEXT = "".join(f"{i:06d} alice's private log line\n" for i in range(6_000))  # three segments
