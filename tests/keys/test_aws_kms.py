@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -16,6 +17,7 @@ from securepad.errors import (
     IntegrityError,
     KeySourceKeyError,
     KeySourceLoginError,
+    KeySourceModuleError,
     KeySourceTokenError,
     KeySourceUnreachableError,
     KeySourceUriError,
@@ -238,3 +240,12 @@ def test_the_audit_facts_of_a_good_key(kms_key: str) -> None:
         "key-material-in-kms",
         "no-credentials-in-uri",
     }
+
+
+def test_without_boto3_the_source_says_which_extra_to_install(kms_key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "boto3", None)  # import boto3 now raises ImportError
+    source = AwsKmsSource(
+        kms_key.removeprefix("aws-kms://"), environ={"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "fresh"}
+    )
+    with pytest.raises(KeySourceModuleError, match=r"needs boto3: pip install 'securepad\[aws-kms\]'"):
+        source.prepare()
