@@ -16,6 +16,7 @@ from click.testing import CliRunner, Result
 
 from securepad import InvalidArgumentError, Keyring, Policy, PolicyError, Principal, Scratchpad
 from securepad.cli import ENVIRONMENT, for_terminal, main
+from tests.support.paths import ROOT
 
 LOG = "".join(f"line {i}{' ERROR' if i % 2 == 0 else ''}\n" for i in range(1, 11))
 
@@ -373,7 +374,7 @@ def test_bench_never_imports_from_the_working_directory(cli: Cli, tmp_path: Path
         Path(package, "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
         Path(package, "runner.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
     saved = tmp_path / "saved.json"
-    saved.write_text((Path(__file__).resolve().parent.parent / "docs" / "bench-results" / "full.json").read_text())
+    saved.write_text((ROOT / "docs" / "bench-results" / "full.json").read_text())
     result = ok(cli("bench", "--from-json", str(saved)))
     assert "securepad bench (full)" in result.stdout
     assert not marker.exists()
