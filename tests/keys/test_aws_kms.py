@@ -3,6 +3,7 @@ source alone (sealing, its failures, its URI); the store on it further down."""
 
 from __future__ import annotations
 
+import os
 import pickle
 import socket
 import sys
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from securepad.errors import (
     IntegrityError,
+    KeySourceError,
     KeySourceKeyError,
     KeySourceLoginError,
     KeySourceModuleError,
@@ -249,3 +251,36 @@ def test_without_boto3_the_source_says_which_extra_to_install(kms_key: str, monk
     )
     with pytest.raises(KeySourceModuleError, match=r"needs boto3: pip install 'securepad\[aws-kms\]'"):
         source.prepare()
+
+
+def test_an_unknown_profile_is_a_typed_error(kms_key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_PROFILE", "no-such-profile")
+    with pytest.raises(KeySourceTokenError, match="the AWS profile, region or endpoint is unusable"):
+        open_source(kms_key).encrypt(KEY, AAD)
+
+
+def test_any_other_refusal_by_kms_is_still_one_typed_line(kms_key: str) -> None:
+    with pytest.raises(KeySourceError) as caught:
+        open_source(kms_key).encrypt(bytes(5000), AAD)  # past KMS's 4 KiB plaintext limit
+    assert type(caught.value) is KeySourceError
+    assert str(caught.value).startswith(f"{kms_key}: KMS Encrypt failed (ValidationException")
+    assert "\n" not in str(caught.value)
+
+
+def test_a_forked_child_unwraps_with_its_parents_source(kms_key: str) -> None:
+    source = open_source(kms_key)
+    blob = source.encrypt(KEY, AAD)  # the parent's client exists now
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: the same source object, a client of its own (per process)
+        try:
+            os.write(write, source.decrypt(blob, AAD))
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        assert answer.read() == KEY
+    assert os.waitpid(child, 0)[1] == 0
+    assert source.decrypt(blob, AAD) == KEY
