@@ -4,6 +4,7 @@ file (under SIGKILL too), and what a failing KMS does to an open."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import subprocess
 import sys
@@ -27,7 +28,7 @@ def source_of(keyring: Keyring) -> MasterKeySource:
     return keyring.source
 
 
-def test_a_store_made_on_a_kms_key_reopens_with_the_same_uri(kms_key: str, tmp_path: Path) -> None:
+def test_a_store_made_on_a_kms_key_reopens_with_the_same_uri(kms_key: str, kms_env: MotoKms, tmp_path: Path) -> None:
     with Scratchpad.open(tmp_path / "s.db", keyring=Keyring.from_uri(kms_key)) as pad:
         entry = pad.put(ALICE, "t", 1, "x", "hello " * 2000)["scratchpad_id"]
     with Scratchpad.open(tmp_path / "s.db", keyring=Keyring.from_uri(kms_key)) as pad:
@@ -35,6 +36,25 @@ def test_a_store_made_on_a_kms_key_reopens_with_the_same_uri(kms_key: str, tmp_p
         assert pad.keyring.kind == "aws-kms"
         assert pad.keyring.identifier == kms_key.removeprefix("aws-kms://")
     assert not list(tmp_path.glob("**/key"))  # no key file anywhere
+    secret = kms_env.aws_environment()["AWS_SECRET_ACCESS_KEY"].encode()
+    assert all(secret not in path.read_bytes() for path in tmp_path.rglob("*") if path.is_file())
+
+
+def test_the_frameworks_stores_round_trip_on_a_kms_key(kms_key: str, tmp_path: Path) -> None:
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+
+    from securepad.integrations.langgraph import SecurepadSaver
+    from securepad.integrations.openai_agents import SecurepadSession
+
+    with Scratchpad.open(tmp_path / "s.db", keyring=Keyring.from_uri(kms_key)) as pad:
+        asyncio.run(SecurepadSession("chat", pad, ALICE).add_items([{"role": "user", "content": "hello"}]))
+        config = generate_config("thread-1")
+        stored = SecurepadSaver(pad, ALICE).put(config, generate_checkpoint(), generate_metadata(), {})
+    with Scratchpad.open(tmp_path / "s.db", keyring=Keyring.from_uri(kms_key)) as pad:
+        assert asyncio.run(SecurepadSession("chat", pad, ALICE).get_items()) == [{"role": "user", "content": "hello"}]
+        got = SecurepadSaver(pad, ALICE).get_tuple(stored)
+        assert got is not None
+        assert got.config["configurable"]["checkpoint_id"] == stored["configurable"]["checkpoint_id"]
 
 
 def test_kms_is_called_once_per_open_and_once_per_owner_key_never_on_the_hot_path(kms_key: str, tmp_path: Path) -> None:
