@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, settings
 from securepad import Keyring, Principal, Scratchpad
 from tests.support.moto_kms import AWS_VARIABLES, SECUREPAD_ACTIONS, MotoKms, start_moto
 from tests.support.softhsm import SoftHsm, find_softhsm
+from tests.support.sources import master_key_uri  # noqa: F401 - a fixture: a fresh key's URI on each source
 
 # pytest-xdist's workers start with COLUMNS set; rich would fix the command
 # line's width at import from it. Each test that depends on the width says it.

@@ -412,15 +412,10 @@ def rotate_master(
         if current.key_file is not None:
             report["next"] += f"; {current.key_file} stays as it is (it may open other stores)"
     else:
-        option, value = next(
-            (o, v)
-            for o, v in (
-                ("--master-key-env", new_master_key_env),
-                ("--passphrase-env", new_passphrase_env),
-                ("--master-key-uri", new_keyring.source.shown_uri if new_keyring.source else new_master_key_uri),
-            )
-            if v
-        )
+        option = "--master-key-env" if new_master_key_env else "--passphrase-env"
+        value = new_master_key_env or new_passphrase_env
+        if new_keyring.source is not None:  # the URI as shown: without a PIN
+            option, value = "--master-key-uri", new_keyring.source.shown_uri
         report["next"] = (
             f"only the new key opens the store now: give {option} {value}"
             " to every command (the old key no longer opens this store)"

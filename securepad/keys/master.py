@@ -43,7 +43,6 @@ from ..crypto.primitives import (
 from ..errors import IntegrityError, InvalidArgumentError, WrongKeyError
 from ..storage.base import Backend, Conn
 from .keyring import Keyring, master_key
-from .source import MasterKeySource
 
 __all__ = ["Master", "Progress", "store_meta"]
 
@@ -206,7 +205,7 @@ class Master:
     def new_owner_key(self, owner: str, version: int) -> tuple[bytes, KeyHandle]:
         """A fresh owner key of ``version`` (wrapped in the heads era): (its wrapping, to store; the key)."""
         wrapped, key = self._wrap.wrap_fresh(owner_key_aad(self.store_id, owner, version, HEADS_ERA))
-        if self._anchor is not None:
+        if isinstance(self._wrap, RemoteWrapper):
             # A source's store: the keystore reads the new key back from its row
             # once stored; the same bytes are this key (no second call for it).
             with self._fresh_lock:
@@ -304,10 +303,11 @@ class Master:
             KeySourceError: a source cannot be used (nothing is rotated then).
         """
         new_source = new_keyring.source
+        new_wrap: Wrapper
         if new_source is not None:
             new_source.prepare(create=True)
             key_id = new_source.key_id()
-            new_check, kdf, new_wrap = source_key_check(key_id, self.store_id), None, _remote(new_source)
+            new_check, kdf, new_wrap = source_key_check(key_id, self.store_id), None, RemoteWrapper(new_source)
         else:
             key_id = None
             new_master, kdf = master_key(new_keyring, None, new=True)
@@ -329,13 +329,11 @@ class Master:
                     progress(done, len(rows))
             conn.executemany("UPDATE owner_keys SET wrapped = ? WHERE owner_user_id = ? AND version = ?", updates)
             aad = anchor_key_aad(self.store_id)
-            if self._anchor is not None:
-                rewrapped = new_wrap.wrap(self._anchor, aad).hex()
-                conn.execute("UPDATE store_meta SET value = ? WHERE key = 'anchor_key'", (rewrapped,))
-            else:
-                for row in conn.query("SELECT value FROM store_meta WHERE key = 'anchor_key'"):
-                    rewrapped = self._wrap.rewrap(_hex(row["value"]), aad, new_wrap, aad).hex()
-                    conn.execute("UPDATE store_meta SET value = ? WHERE key = 'anchor_key'", (rewrapped,))
+            for row in conn.query("SELECT value FROM store_meta WHERE key = 'anchor_key'"):
+                anchor = self._anchor or self._wrap.unwrap(_hex(row["value"]), aad)
+                conn.execute(
+                    "UPDATE store_meta SET value = ? WHERE key = 'anchor_key'", (new_wrap.wrap(anchor, aad).hex(),)
+                )
             conn.executemany(
                 "UPDATE store_meta SET value = ? WHERE key = ?",
                 [(new_check, "key_check"), (json.dumps(kdf), "kdf"), (str(len(rows)), "master_wrap_count")],
@@ -345,10 +343,6 @@ class Master:
                 conn.execute("INSERT INTO store_meta(key, value) VALUES ('master_source', ?)", (key_id,))
         self._wrap, self._key_check, self.keyring = new_wrap, new_check, new_keyring
         return len(rows)
-
-
-def _remote(source: MasterKeySource) -> Wrapper:
-    return RemoteWrapper(source)
 
 
 def _hex(value: str) -> bytes:

@@ -175,10 +175,9 @@ def open_source(uri: str, *, environ: Mapping[str, str] | None = None) -> Master
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        extra = scheme.replace("-", "")
         raise KeySourceModuleError(
             f"master key URI {redact_uri(uri)!r} needs a client library that is not installed ({exc.name}):"
-            f" pip install 'securepad[{extra}]'"
+            f" pip install 'securepad[{scheme}]'"
         ) from None
     source_class: type[MasterKeySource] = getattr(module, class_name)
     return source_class.from_uri(uri, environ=environ)

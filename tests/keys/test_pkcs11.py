@@ -202,7 +202,7 @@ def test_a_forked_child_opens_its_own_session(softhsm: SoftHsm) -> None:
 def test_a_lost_session_is_opened_again_once(softhsm: SoftHsm) -> None:
     source = open_source(softhsm.uri())
     source.prepare(create=True)
-    source._shared.session.close()  # the token forgets the session (as after a device reset)
+    source._link.token().session.close()  # the token forgets the session (as after a device reset)
     before = source.calls.total("session")
     assert source.decrypt(source.encrypt(b"z" * 32, b"a"), b"a") == b"z" * 32
     assert source.calls.total("session") == before + 1
