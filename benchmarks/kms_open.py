@@ -111,7 +111,7 @@ def main() -> None:
             for source in SOURCES:
                 where = tmp / source.replace(" ", "-")
                 argv = [names[source], str(where / "data" / "s.db"), str(where / "anchor"), ids[source][0]]
-                out = subprocess.run([sys.executable, "-c", COLD, *argv], capture_output=True, text=True, check=True)  # noqa: S603
+                out = subprocess.run([sys.executable, "-c", COLD, *argv], capture_output=True, text=True, check=True)
                 colds[source].append(json.loads(out.stdout))
         for source in SOURCES:
             for key, values in samples[source].items():

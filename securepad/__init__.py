@@ -1,6 +1,7 @@
 """securepad: the hardened observation store for LLM agent runtimes."""
 
 from .aio import AsyncScratchpad, AsyncTurn
+from .core.tool import SCRATCHPAD_READ_TOOL, SCRATCHPAD_READ_TOOL_STRICT
 from .errors import (
     ExpiredError,
     IntegrityError,
@@ -19,7 +20,7 @@ from .keys.keyring import Keyring
 from .policy import Policy
 from .principal import Principal
 from .store import Entry, Scratchpad
-from .turn import SCRATCHPAD_READ_TOOL, SCRATCHPAD_READ_TOOL_STRICT, Turn
+from .turn import Turn
 
 __all__ = [
     "SCRATCHPAD_READ_TOOL",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .core.timeline import Timeline
 from .errors import InvalidArgumentError, SecurepadError, StorageFullError, StoreBusyError
 from .keys.keyring import Keyring
 from .keys.keystore import Keystore, Progress
@@ -28,8 +29,12 @@ from .storage.base import Backend
 from .storage.sqlite import Database
 from .tables.access import Access
 from .tables.entries import entries
-from .tables.entries.entries import Entries
+from .tables.entries.listings import Listings
+from .tables.entries.open import Opener
+from .tables.entries.put import Putter
+from .tables.entries.rows import EntryParts
 from .tables.heads.build import HeadBuilder
+from .tables.heads.heads import Heads
 from .tables.records import Records
 
 __all__ = [
@@ -56,16 +61,30 @@ _PG_SCHEMES = ("postgresql://", "postgres://")
 QUICK_GC_RECOUNT_ROWS = 2000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Parts:
-    """The layers one open store is built from, for the package's own tools
-    (the audit, the drills, the demo) that work below the public surface."""
+    """The layers one open store is built from: the faces call each part
+    directly, and so do the package's own tools (the audit, the drills)."""
 
     db: Backend
     keys: Keystore
     access: Access
-    entries: Entries
+    tables: EntryParts  # what the tables are built from: heads, policy, the times
+    heads: Heads
+    opener: Opener
+    listings: Listings
+    putter: Putter
     records: Records
+
+    @classmethod
+    def build(cls, db: Backend, keys: Keystore, policy: Policy, clock: Callable[[], float]) -> Parts:
+        """The parts of a store over ``db``, each built from those below it."""
+        access = Access(db, policy)
+        timeline = Timeline(clock, policy.max_clock_skew_seconds)
+        tables = EntryParts(db, keys, access, policy, timeline, Heads(db, keys, policy))
+        opener = Opener(tables)
+        listings = Listings(tables, opener)
+        return cls(db, keys, access, tables, tables.heads, opener, listings, Putter(tables, listings), Records(tables))
 
 
 def resolve_policy(policy: str | os.PathLike[str] | Policy | None) -> Policy:
@@ -79,6 +98,28 @@ def resolve_policy(policy: str | os.PathLike[str] | Policy | None) -> Policy:
     if isinstance(policy, Policy):
         return policy
     return Policy.load(policy if isinstance(policy, str) else Path(policy))
+
+
+def store_exists(where: str | os.PathLike[str]) -> bool:
+    """Whether a store is at ``where``: the SQLite file, or a PostgreSQL DSN's store (its schema).
+
+    Raises:
+        StoreUnavailableError: the PostgreSQL server cannot be reached.
+    """
+    if not str(where).startswith(_PG_SCHEMES):
+        return Path(where).exists()
+    from .storage.postgres.database import store_present
+
+    return store_present(str(where))
+
+
+def location_of(where: str | os.PathLike[str]) -> str:
+    """Where ``where`` is, for a message: the file's absolute path, or the DSN without its password."""
+    if not str(where).startswith(_PG_SCHEMES):
+        return str(Path(where).absolute())
+    from .storage.postgres.database import describe
+
+    return describe(str(where))
 
 
 def open_backend(
@@ -131,17 +172,16 @@ class Assembly:
         keys = Keystore(db, keyring)
         # The anchor is checked before anything is written (HeadBuilder.build_if_needed may write).
         self.anchor = _open_anchor(db, keys, policy, anchoring)
-        access = Access(db, policy)
-        table = Entries(db, keys, access, policy, clock)
-        records = Records(db, keys, access, table.ttl, table.now, table.check_quota, table.heads, table.write_now)
+        self.parts = Parts.build(db, keys, policy, clock)
         writes = self.anchor.status()["committed"] if self.anchor else 0
         # The flags as read at unlock, not read again (a round trip each on
         # PostgreSQL): a flag only goes from "to do" to "done", in a transaction
         # that reads it again, so a read made earlier in this open decides as well.
         meta = keys.opened_meta
         # The usage heads of a store from before them come in the same transaction.
-        HeadBuilder(table.heads, db, keys).build_if_needed(table.now, writes=writes, meta=meta)
-        self.parts = Parts(db, keys, access, table, records)
+        HeadBuilder(self.parts.heads, db, keys).build_if_needed(
+            self.parts.tables.timeline.read_time, writes=writes, meta=meta
+        )
 
     def close(self) -> None:
         """``Scratchpad.close``: key-use counts, then the anchor, then the connections."""
@@ -162,7 +202,7 @@ class Assembly:
 
     def rotate_owner_key(self, owner_user_id: str, progress: Progress | None) -> dict[str, Any]:
         """``Scratchpad.rotate_owner_key``."""
-        db, keys, heads = self.parts.db, self.parts.keys, self.parts.entries.heads
+        db, keys, heads = self.parts.db, self.parts.keys, self.parts.heads
         return lifecycle.rotate_owner_key(db, keys, owner_user_id, progress=progress, heads=heads)
 
     def forget_owner(self, owner_user_id: str) -> dict[str, Any]:
@@ -171,14 +211,14 @@ class Assembly:
 
     def drop_turn(self, owner_user_id: str, turn_id: str) -> dict[str, Any]:
         """``Scratchpad.drop_turn``."""
-        return lifecycle.drop_turn(self.parts.db, self.parts.entries.heads, owner_user_id, turn_id)
+        return lifecycle.drop_turn(self.parts.db, self.parts.heads, owner_user_id, turn_id)
 
     def gc(self, now: float | None, *, wait: bool) -> int:
         """``Scratchpad.gc``: heads pruned, expired entries and records deleted in
         one admin transaction, then (with ``wait``) a scrub when the file has a
         quarter of its pages free (``Backend.scrub_after_deletes``), or a checkpoint."""
         db = self.parts.db
-        cutoff = self.parts.entries.write_now(now)
+        cutoff = self.parts.tables.timeline.write_time(now)
         with db.transaction(admin=True, wait=wait) as conn:
             # prune reads every row the deletes below would remove (expired
             # entries, checkpoints and marks; segments go with their entries),
@@ -187,7 +227,7 @@ class Assembly:
             # (``kept``) alone, and are skipped when no turn is collected from
             # (on PostgreSQL, 4 round trips of the 6 that each pad.turn paid
             # for its collection, the common case).
-            changed, kept = self.parts.entries.heads.prune(conn, cutoff, None if wait else QUICK_GC_RECOUNT_ROWS)
+            changed, kept = self.parts.heads.prune(conn, cutoff, None if wait else QUICK_GC_RECOUNT_ROWS)
             if changed:
                 deleted = entries.delete_expired(conn, cutoff, kept)
                 records = Records.delete_expired(conn, cutoff, kept)
@@ -221,8 +261,8 @@ class Assembly:
 
     def stats(self, principal: Principal | None, now: float | None) -> dict[str, Any]:
         """``Scratchpad.stats``; the store-wide figures include the anchor's status and the master key's identifier."""
-        db, keys, access, table = self.parts.db, self.parts.keys, self.parts.access, self.parts.entries
-        result = entries.stats(db, keys, access, principal, table.now(now), db.location)
+        db, keys, access = self.parts.db, self.parts.keys, self.parts.access
+        result = entries.stats(db, keys, access, principal, self.parts.tables.timeline.read_time(now), db.location)
         if principal:
             return result
         return {**result, "anchor": self.anchor and self.anchor.status(), "master_key": keys.keyring.identifier}

@@ -1,9 +1,5 @@
-"""Steps chosen for the caller: ``record_next`` and ``put_next``; and the
-keyed names of the integrations' turns (``keyed_turn_name``, ``keyed_or_former``).
-
-``record_next`` (record an observation as the turn's next free step) lives in
-``turn.py``, which owns the turn's parts; this module keeps the import path
-the adapters use.
+"""Steps chosen for the integrations: ``put_next``, and the keyed names of
+their turns (``keyed_turn_name``, ``keyed_or_former``).
 
 ``put_next`` is ``Scratchpad.put`` at the turn's next step, for the
 integrations' own entries (``SecurepadSaver``, ``SecurepadSession``): the
@@ -21,9 +17,8 @@ from typing import Any
 from .errors import InvalidArgumentError, StoreBusyError
 from .principal import Principal
 from .store import Scratchpad, parts
-from .turn import record_next
 
-__all__ = ["keyed_or_former", "keyed_turn_name", "put_next", "record_next", "turn_in_use"]
+__all__ = ["keyed_or_former", "keyed_turn_name", "put_next", "turn_in_use"]
 
 
 def keyed_turn_name(pad: Scratchpad, principal: Principal, *ids: Any) -> str:
@@ -42,7 +37,7 @@ def turn_in_use(pad: Scratchpad, principal: Principal, turn_id: str, *, now: flo
     Raises:
         IntegrityError, StoreBusyError: as for a read of the turn.
     """
-    return parts(pad).entries.last_step(principal, turn_id, now) > 0
+    return parts(pad).listings.last_step(principal, turn_id, now) > 0
 
 
 def keyed_or_former(
@@ -91,11 +86,11 @@ def put_next(
     """
     if not isinstance(principal, Principal):
         raise InvalidArgumentError("principal must be a securepad.Principal")
-    entries = parts(pad).entries
+    found = parts(pad)
     try:
-        guess = entries.last_step(principal, turn_id, now) + 1
+        guess = found.listings.last_step(principal, turn_id, now) + 1
     except StoreBusyError:  # only a guess: the write transaction takes the step
         guess = 1
-    return entries.put(
+    return found.putter.put(
         principal, turn_id, guess, executor_name, observation, ttl_seconds, now=now, free_step=True, next_step=True
     )

@@ -18,7 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from ._assembly import NEAR_KEY, Anchoring, Assembly, Parts, open_backend, resolve_policy
+from ._assembly import NEAR_KEY, Anchoring, Assembly, Parts, location_of, open_backend, resolve_policy, store_exists
 from ._restore import replace_store, stage_copy
 from .core import read_modes
 from .errors import IntegrityError, InvalidArgumentError, SecurepadError
@@ -30,7 +30,8 @@ from .principal import Principal, check_identifier
 from .storage.base import Backend
 from .storage.sqlite import Database
 from .tables.access import check_principal
-from .tables.entries.entries import Entry, Opened
+from .tables.entries import entries
+from .tables.entries.rows import Entry, Opened
 from .turn import Turn, extend_turn
 
 __all__ = ["OWNER_KEY_CACHE_SIZE", "Entry", "Parts", "Scratchpad", "parts", "sqlite_of"]
@@ -48,13 +49,17 @@ class Scratchpad:
     to use from several processes on the same file.
     """
 
+    policy: Policy
+    store_id: str
+    exists = staticmethod(store_exists)
+    location_of = staticmethod(location_of)
+
     def __init__(
         self, db: Backend, keyring: Keyring, policy: Policy, clock: Callable[[], float], anchor: Anchoring = NEAR_KEY
     ) -> None:
         self.policy = policy
         self._assembly = Assembly(db, keyring, policy, clock, anchor)
         self._parts = self._assembly.parts
-        self._entries, self._records = self._parts.entries, self._parts.records
         self.store_id = self._parts.keys.store_id
 
     @property
@@ -204,7 +209,7 @@ class Scratchpad:
                 owner's ``owner_quota_bytes``.
             StoreBusyError: the write lock was not obtained in time.
         """
-        return self._entries.put(
+        return self._parts.putter.put(
             principal, turn_id, step_num, executor_name, observation, ttl_seconds, now=now, free_step=True
         )
 
@@ -229,7 +234,7 @@ class Scratchpad:
                 transaction may (SQLite: half its ``wal_limit_bytes``), before
                 anything is stored.
         """
-        return self._entries.put_many(principal, turn_id, items, ttl_seconds, now=now)
+        return self._parts.putter.put_many(principal, turn_id, items, ttl_seconds, now=now)
 
     def get(
         self, principal: Principal, scratchpad_id: str, *, now: float | None = None, turn_id: str | None = None
@@ -244,7 +249,7 @@ class Scratchpad:
             ExpiredError: the caller's own entry has expired.
             IntegrityError: the stored entry fails authentication.
         """
-        return self._entries.get(principal, scratchpad_id, now=now, turn_id=turn_id)
+        return self._parts.opener.get(principal, scratchpad_id, now=now, turn_id=turn_id)
 
     def read(
         self,
@@ -282,7 +287,7 @@ class Scratchpad:
             InvalidArgumentError: unknown mode, negative n/start/end, start > end,
                 lines or grep on a binary entry, an invalid pattern, max_matches < 1.
         """
-        return self._entries.read(
+        return self._parts.opener.read(
             principal,
             scratchpad_id,
             mode,
@@ -305,7 +310,7 @@ class Scratchpad:
             InvalidArgumentError: a bad principal or turn id.
             IntegrityError: a listed entry fails authentication.
         """
-        return [_listed(opened) for opened in self._entries.turn_entries(principal, turn_id, now)]
+        return [_listed(opened) for opened in self._parts.listings.turn_entries(principal, turn_id, now)]
 
     def delete(self, principal: Principal, scratchpad_id: str, *, now: float | None = None) -> None:
         """Delete one entry of the caller's (expired ones too), with secure_delete,
@@ -315,7 +320,7 @@ class Scratchpad:
             NotFoundError: absent, another owner's, or outside the policy's scope.
             StoreBusyError: the write lock was not obtained in time.
         """
-        self._entries.delete(principal, scratchpad_id)
+        entries.delete(self._parts.tables, principal, scratchpad_id)
 
     # -- turns ----------------------------------------------------------------------
 
@@ -334,7 +339,7 @@ class Scratchpad:
         check_principal(principal)
         check_identifier("turn_id", turn_id)
         self._assembly.gc_quietly(now)
-        return Turn(self._entries, self._records, principal, turn_id)
+        return Turn(self._parts, principal, turn_id)
 
     def extend_turn(
         self, principal: Principal, turn_id: str, ttl_seconds: int | None = None, *, now: float | None = None
@@ -352,7 +357,7 @@ class Scratchpad:
             IntegrityError: an entry or record fails authentication.
             StoreBusyError: the write lock was not obtained in time.
         """
-        return extend_turn(self._entries, self._records, principal, turn_id, ttl_seconds, now)
+        return extend_turn(self._parts, principal, turn_id, ttl_seconds, now)
 
     # -- key lifecycle (see lifecycle.py) -----------------------------------------
 
@@ -424,9 +429,8 @@ class Scratchpad:
             InvalidArgumentError: a bad ``now``.
             StoreBusyError, StoreUnavailableError: the snapshot could not be had.
         """
-        return verify_store(
-            self._entries, self._records, self._entries.heads, self._entries.now(now), self._parts.db.snapshot
-        )
+        parts = self._parts
+        return verify_store(parts.db, parts.opener, parts.records, parts.heads, parts.tables.timeline.read_time(now))
 
     def scrub(self) -> bool:
         """Rewrite the store file so that nothing deleted remains anywhere in it.

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from securepad import AsyncScratchpad, AsyncTurn, InvalidArgumentError, Keyring, Principal, Scratchpad, Turn
+from securepad.aio import _derive, _Runner
 
 # What the async classes add on purpose: the synchronous object underneath,
 # the wrapper of a synchronous turn, record_next as a method, and the worker pool's size.
@@ -102,3 +103,34 @@ def test_the_key_lifecycle_and_the_location_work_from_asyncio(tmp_path: Path) ->
                 await AsyncScratchpad.open(tmp_path / "o.db", keyring=new, schema="other")
 
     asyncio.run(scenario())
+
+
+def test_a_method_added_to_a_sync_face_appears_on_its_async_face() -> None:
+    class Sync:
+        limit: int
+
+        def __init__(self) -> None:
+            self.limit = 3
+
+        def scaled(self, value: int, *, twice: bool = False) -> int:
+            """Value, doubled when asked."""
+            return value * (2 if twice else 1)
+
+        @staticmethod
+        def name() -> str:
+            return "sync"
+
+    @_derive
+    class Async:
+        _sync_class = Sync
+
+        def __init__(self) -> None:
+            self._sync, self._run = Sync(), _Runner(None)
+
+    derived = Async()
+    assert inspect.signature(Async.scaled) == inspect.signature(Sync.scaled)
+    assert Async.scaled.__doc__ == "Value, doubled when asked."
+    assert inspect.iscoroutinefunction(Async.scaled)
+    assert asyncio.run(derived.scaled(2, twice=True)) == 4  # type: ignore[attr-defined]
+    assert asyncio.run(Async.name()) == "sync"  # type: ignore[attr-defined]
+    assert derived.limit == 3  # type: ignore[attr-defined]

@@ -44,10 +44,10 @@ def test_a_stale_guess_takes_the_step_after_the_highest_live_one_sealed_anew(
         # Another process writes steps 2 and 3 after this one guessed 2.
         other.put(alice, "t", 2, "tool", "theirs", now=NOW)
         put_next(other, alice, "t", "tool", "theirs too", now=NOW)
-        view = parts(pad).entries.put(alice, "t", 2, "tool", {"rows": [1, 2]}, now=NOW, free_step=True, next_step=True)
+        view = parts(pad).putter.put(alice, "t", 2, "tool", {"rows": [1, 2]}, now=NOW, free_step=True, next_step=True)
         assert view["step_num"] == 4 and "step4" in view["ref_hint"]
         # A guess above the last live step (those entries since deleted) is brought down.
-        late = parts(pad).entries.put(alice, "t", 9, "tool", "late", now=NOW, free_step=True, next_step=True)
+        late = parts(pad).putter.put(alice, "t", 9, "tool", "late", now=NOW, free_step=True, next_step=True)
         assert late["step_num"] == 5
         # What was sealed names the step taken: the store's own checks pass on read.
         listed = other.list_for_turn(alice, "t", now=NOW)
@@ -73,7 +73,7 @@ def test_other_refusals_are_not_retried_and_store_nothing(
         with pytest.raises(InvalidArgumentError):
             put_next(pad, alice, "", "tool", "x", now=NOW)
         with pytest.raises(InvalidArgumentError, match="next_step"):
-            parts(pad).entries.put(alice, "t", 1, "tool", "x", now=NOW, next_step=True)
+            parts(pad).putter.put(alice, "t", 1, "tool", "x", now=NOW, next_step=True)
         assert steps(pad, alice, "t") == []
 
 

@@ -8,12 +8,14 @@
   layer) appear only in ``crypto/``;
 - a module imports only its own layer and the layers below it (``LAYERS``);
 - SQL appears only in the backends, the layers that own the tables, and the
-  audit and drills (which work on the SQLite file itself).
+  audit and drills (which work on the SQLite file itself);
+- one authorized fetch: in ``tables/``, only ``access.py`` reads the sealed tables.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,7 +31,7 @@ MODULES = {
 TREES = {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items()}
 
 CRYPTO_NAMES = {"AESGCM", "HKDF", "HMAC", "hmac"}
-CRYPTO_MODULE = "securepad.crypto.primitives"
+CRYPTO_PACKAGE = "securepad.crypto"
 # Who may hold SQL text: the backends, the owners of the tables, the access path, the audit and drills.
 SQL_MODULES = {
     "securepad.storage.base",
@@ -46,12 +48,8 @@ SQL_MODULES = {
     "securepad.tables.entries.open",
     "securepad.tables.entries.listings",
     "securepad.tables.records",
-    "securepad.tables.heads.heads",
-    "securepad.tables.heads.owner",
-    "securepad.tables.heads.reading",
-    "securepad.tables.heads.build",
-    "securepad.tables.heads.beside",  # a put's one-row read joined with its turn's head rows
-    "securepad.maintenance.lifecycle",
+    "securepad.tables.heads.statements",
+    "securepad.tables.heads.reading",  # the inventory's statement with its freshness token
     "securepad.audit",
     "securepad.audit._api",
     "securepad.audit._files",
@@ -197,7 +195,7 @@ def test_raw_crypto_primitives_only_in_crypto() -> None:
     offenders = [
         f"{module}:{line} imports {name or target}"
         for module in MODULES
-        if module != CRYPTO_MODULE
+        if not module.startswith(CRYPTO_PACKAGE)
         for target, name, line in _imports(module)
         if target.startswith("cryptography.hazmat") or name in CRYPTO_NAMES or target in CRYPTO_NAMES
     ]
@@ -205,11 +203,40 @@ def test_raw_crypto_primitives_only_in_crypto() -> None:
     uses = [
         f"{module}:{node.lineno}"
         for module, tree in TREES.items()
-        if module != CRYPTO_MODULE
+        if not module.startswith(CRYPTO_PACKAGE)
         for node in ast.walk(tree)
         if isinstance(node, ast.Name) and node.id in CRYPTO_NAMES
     ]
     assert uses == []
+
+
+# What the command line may import of the package: the public names of
+# ``securepad``, and the modules documented as public.
+CLI_PUBLIC = ("securepad.errors", "securepad.audit", "securepad.integrations", "securepad.bench", "securepad.cli")
+
+
+def _cli_private_imports(imports: dict[str, list[tuple[str, str | None, int]]]) -> list[str]:
+    return [
+        f"{module}:{line} imports {target}{'.' + name if name else ''}"
+        for module, found in imports.items()
+        for target, name, line in found
+        if target.startswith("securepad")
+        and not target.startswith(CLI_PUBLIC)
+        and not (target == "securepad" and name in securepad.__all__)
+    ]
+
+
+def test_the_cli_imports_public_names_only() -> None:
+    cli = {module: list(_imports(module)) for module in MODULES if module.startswith("securepad.cli")}
+    assert cli and _cli_private_imports(cli) == []
+
+
+def test_the_cli_rule_sees_a_private_import() -> None:
+    found = {"securepad.cli.x": [("securepad.storage.postgres.database", "describe", 1), ("securepad", "_log", 2)]}
+    assert len(_cli_private_imports(found)) == 2
+    assert (
+        _cli_private_imports({"securepad.cli.x": [("securepad", "Scratchpad", 1), ("securepad.errors", None, 2)]}) == []
+    )
 
 
 def test_sql_only_where_the_tables_are_owned() -> None:
@@ -225,6 +252,78 @@ def test_sql_only_where_the_tables_are_owned() -> None:
         }
     )
     assert offenders == []
+
+
+# The one module of tables/ that reads the sealed tables.
+FETCH_MODULE = "securepad.tables.access"
+# A SELECT that reads a sealed table: its name (or a table substituted into an
+# f-string, ``{}``) after FROM or JOIN, anywhere in the statement.
+_SEALED_SELECT = re.compile(
+    r"\bSELECT\b.*\b(?:FROM|JOIN)\s+(?:(?:entries|segments|checkpoints|compaction_marks)\b|\{\})",
+    re.IGNORECASE | re.DOTALL,
+)
+_WRITES = ("INSERT ", "UPDATE ", "DELETE ")
+
+
+def _sql_text(node: ast.AST) -> str | None:
+    """The text of a string literal; an f-string's substitutions read as ``{}``."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(part.value if isinstance(part, ast.Constant) else "{}" for part in node.values)
+    return None
+
+
+def _sealed_selects(tree: ast.Module) -> list[int]:
+    """The lines of the string literals of ``tree`` that read a sealed table.
+
+    Covered: every string literal and f-string that holds ``SELECT`` and, after
+    it, ``FROM`` or ``JOIN`` followed by ``entries``, ``segments``,
+    ``checkpoints``, ``compaction_marks`` or a substituted name (``{table}``):
+    a statement, a sub-query or a fragment. Not covered: a literal that begins
+    with INSERT, UPDATE or DELETE (a write, its sub-queries with it), SQL
+    assembled from several literals, and reads of other tables (the heads,
+    the owner keys)."""
+    lines = set()
+    for node in ast.walk(tree):
+        text = _sql_text(node)
+        if text is None or text.lstrip().upper().startswith(_WRITES):
+            continue
+        if _SEALED_SELECT.search(text):
+            lines.add(node.lineno)
+    return sorted(lines)
+
+
+def test_only_access_reads_the_sealed_tables() -> None:
+    """One authorized fetch: no module of ``securepad/tables/`` but
+    ``tables/access.py`` reads entries, segments, checkpoints or compaction
+    marks (``_sealed_selects`` says what a read is). The heads' own statements
+    (``tables/heads/``, which read the sealed tables' clear columns to check a
+    turn's head) are outside the rule."""
+    offenders = [
+        f"{module}:{line}"
+        for module, tree in TREES.items()
+        if module.startswith("securepad.tables.")
+        and module != FETCH_MODULE
+        and not module.startswith("securepad.tables.heads.")
+        for line in _sealed_selects(tree)
+    ]
+    assert offenders == []
+    assert _sealed_selects(TREES[FETCH_MODULE])
+
+
+def test_the_fetch_rule_sees_a_read_of_a_sealed_table() -> None:
+    source = (
+        "def f(db, conn, table):\n"
+        "    db.query(f'SELECT id FROM {table} WHERE turn_id = ?')\n"
+        "    db.query('SELECT seq, data FROM segments WHERE entry_id = ?')\n"
+        "    x = 'COALESCE(s, (SELECT data FROM segments WHERE seq = 0))'\n"
+        "    conn.execute('DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries)')\n"
+        "    conn.execute('INSERT INTO entries(id) VALUES (?)')\n"
+        "    db.query('SELECT sealed FROM turn_heads WHERE owner_user_id = ?')\n"
+        "    db.query(f'SELECT MAX(e) FROM ({x}) AS taken')\n"
+    )
+    assert _sealed_selects(ast.parse(source)) == [2, 3, 4]
 
 
 @pytest.mark.parametrize(
@@ -270,6 +369,7 @@ LAYERS: list[tuple[str, ...]] = [
         "securepad.aio",
     ),
     ("securepad.audit", "securepad.integrations", "securepad.mcp_server"),
+    ("securepad.testing",),
     ("securepad.bench",),
     ("securepad.cli",),
     ("securepad", "securepad.__main__"),
@@ -291,7 +391,6 @@ def _layer(module: str) -> int:
 # Arrows that still point up, each to be removed by moving the code to the
 # layer that owns the decision. The list only shrinks.
 UPWARD: set[tuple[str, str]] = {
-    ("securepad.bench.__main__", "securepad.cli"),
     ("securepad.storage.postgres.migrate", "securepad.tables.heads.reading"),
 }
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from typing import Any
 from ..errors import PolicyError, SecurepadError
 from ..policy import SCOPES, Policy, setting_sections
 from ..store import Scratchpad, sqlite_of
-from . import _api, _files, _postgres
+from . import _api, _files, _postgres, _runtime
 from ._support import CheckFailed, Context, Tenants, scan_files, store_files
 
 __all__ = ["Audit", "AuditReport", "CheckResult", "run_audit"]
@@ -126,7 +126,7 @@ class Audit:
     _started: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
-        self._steps = _plan(self.pad) if self.pad.backend == "sqlite" else _pg_plan(self.pad)
+        self._steps = _plan(self.pad)
 
     @property
     def checks(self) -> tuple[str, ...]:
@@ -221,115 +221,67 @@ _UNCHANGED = _Step(
 )
 
 
+# The SQLite store's deployment checks and its at-rest checks: (name, what is tried, check).
+_FILE_CHECKS = [
+    ("store file permissions", "mode and owner of the db, -wal, -shm files", _files.store_file_permissions),
+    ("store directory permissions", "mode and owner of the store's directory", _files.store_dir_permissions),
+    ("key file permissions", "mode and owner of the master key file and its directory", _files.key_file_permissions),
+    (
+        "key file apart from the data",
+        "whether the key file sits inside the store's data dir",
+        _files.key_file_placement,
+    ),
+    ("secure_delete on", "PRAGMA secure_delete and journal_mode on the store's connection", _files.secure_delete_on),
+]
+# Which master key opens the store, on either backend.
+_SOURCE_CHECKS = [
+    (
+        "master key source",
+        "which master key opens the store; a token's key read back: not extractable, sensitive; no PIN in the URI",
+        _files.master_key_source,
+    ),
+    (
+        "no key file left for a token or KMS key",
+        "whether a key file recorded to open this store lies in the key file's place",
+        _files.no_key_file_left,
+    ),
+]
+_AT_REST_CHECKS = [
+    (
+        "at-rest canary scan",
+        "search the db, -wal, -shm and -journal files for every canary, before and after a checkpoint",
+        _files.canary_scan,
+    ),
+    (
+        "gc scrubs expired entries",
+        "find the expired audit entry's ciphertext in the files, gc, search again",
+        _files.gc_scrubs_expired,
+    ),
+]
+
+
 def _plan(pad: Scratchpad) -> list[_Step]:
-    steps = [
-        _Step(
-            "store file permissions",
-            "deployment",
-            "mode and owner of the db, -wal, -shm files",
-            _files.store_file_permissions,
-        ),
-        _Step(
-            "store directory permissions",
-            "deployment",
-            "mode and owner of the store's directory",
-            _files.store_dir_permissions,
-        ),
-        _Step(
-            "key file permissions",
-            "deployment",
-            "mode and owner of the master key file and its directory",
-            _files.key_file_permissions,
-        ),
-        _Step(
-            "key file apart from the data",
-            "deployment",
-            "whether the key file sits inside the store's data dir",
-            _files.key_file_placement,
-        ),
-        _Step(
-            "master key source",
-            "deployment",
-            "which master key opens the store; a token's key read back: not extractable, sensitive; no PIN in the URI",
-            _files.master_key_source,
-        ),
-        _Step(
-            "no key file left for a token or KMS key",
-            "deployment",
-            "whether a key file recorded to open this store lies in the key file's place",
-            _files.no_key_file_left,
-        ),
-        _Step(
-            "secure_delete on",
-            "deployment",
-            "PRAGMA secure_delete and journal_mode on the store's connection",
-            _files.secure_delete_on,
-        ),
-        _Step("policy sane", "deployment", "validate the policy again; log_denied on; bounded expiry", _policy_sane),
-        _Step(
-            _TENANTS,
-            "setup",
-            "store canary entries as two synthetic owners (three principals of a) and read them back",
-            lambda ctx: "",
-        ),
-    ]
-    steps += [_Step(name, "isolation", tried, check) for name, tried, check in _api.api_checks(pad)]
-    steps += [_Step(name, "runtime", tried, check) for name, tried, check in _api.runtime_checks(pad)]
-    steps += [_Step(name, "tamper", tried, check) for name, tried, check in _files.tamper_checks()]
-    steps += [
-        _Step(
-            "wrong master key",
-            "tamper",
-            "open a scratch copy with a fresh random master key",
-            _files.wrong_master_key,
-        ),
-        _Step(
-            "at-rest canary scan",
-            "at rest",
-            "search the db, -wal, -shm and -journal files for every canary, before and after a checkpoint",
-            _files.canary_scan,
-        ),
-        _Step(
-            "gc scrubs expired entries",
-            "at rest",
-            "find the expired audit entry's ciphertext in the files, gc, search again",
-            _files.gc_scrubs_expired,
-        ),
-    ]
-    return steps
-
-
-def _pg_plan(pad: Scratchpad) -> list[_Step]:
-    """The checks that apply on PostgreSQL: no file to copy or scan; the server's
+    """The audit's steps. PostgreSQL has no file to copy or scan: the server's
     roles, row-level security and grants instead, and rows tampered in place."""
-    steps = [_Step(name, "deployment", tried, check) for name, tried, check in _postgres.deployment_checks()]
-    steps += [
-        _Step(
-            "master key source",
-            "deployment",
-            "which master key opens the store; a token's key read back: not extractable, sensitive; no PIN in the URI",
-            _files.master_key_source,
-        ),
-        _Step(
-            "no key file left for a token or KMS key",
-            "deployment",
-            "whether a key file recorded to open this store lies in the key file's place",
-            _files.no_key_file_left,
-        ),
-        _Step("policy sane", "deployment", "validate the policy again; log_denied on; bounded expiry", _policy_sane),
-        _Step(
-            _TENANTS,
-            "setup",
-            "store canary entries as two synthetic owners (three principals of a) and read them back",
-            lambda ctx: "",
-        ),
-    ]
-    name, tried, check = _postgres.raw_query_check()
-    steps.append(_Step(name, "isolation", tried, check))
-    steps += [_Step(name, "isolation", tried, check) for name, tried, check in _api.api_checks(pad)]
-    steps += [_Step(name, "runtime", tried, check) for name, tried, check in _api.runtime_checks(pad)]
-    steps += [_Step(name, "tamper", tried, check) for name, tried, check in _postgres.tamper_checks()]
-    return steps
+    postgres = pad.backend != "sqlite"
+
+    def steps(group: str, checks: Iterable[tuple[str, str, Check]]) -> list[_Step]:
+        return [_Step(name, group, tried, check) for name, tried, check in checks]
+
+    plan = steps("deployment", _postgres.deployment_checks() if postgres else _FILE_CHECKS)
+    plan += steps("deployment", _SOURCE_CHECKS)
+    plan += steps(
+        "deployment", [("policy sane", "validate the policy again; log_denied on; bounded expiry", _policy_sane)]
+    )
+    tenants = "store canary entries as two synthetic owners (three principals of a) and read them back"
+    plan += steps("setup", [(_TENANTS, tenants, lambda ctx: "")])
+    plan += steps("isolation", [_postgres.raw_query_check()] if postgres else [])
+    plan += steps("isolation", _api.api_checks(pad)) + steps("runtime", _runtime.runtime_checks(pad))
+    if postgres:
+        return plan + steps("tamper", _postgres.tamper_checks())
+    plan += steps("tamper", _files.tamper_checks())
+    wrong_key = ("wrong master key", "open a scratch copy with a fresh random master key", _files.wrong_master_key)
+    return plan + steps("tamper", [wrong_key]) + steps("at rest", _AT_REST_CHECKS)
 
 
 def _timed(step: _Step, check: Check, ctx: Context) -> CheckResult:

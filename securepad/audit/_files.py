@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import IntegrityError, NotFoundError, WrongKeyError
-from ..keys.keyring import Keyring, default_key_file, key_file_use
+from ..keys.key_files import key_file_use
+from ..keys.keyring import Keyring
 from ..principal import Principal
 from ..store import Scratchpad, sqlite_of
 from . import drills
@@ -134,7 +135,7 @@ def no_key_file_left(ctx: Context) -> str:
     keyring = ctx.pad.keyring
     if keyring.source is None:
         return f"the master key is {keyring.identifier}, not a token's or KMS's"
-    candidates = {path for path in (ctx.key_file, default_key_file()) if path is not None}
+    candidates = {path for path in (ctx.key_file, Keyring.default_key_file()) if path is not None}
     left = sorted(str(path) for path in candidates if path.exists() and ctx.pad.store_id in key_file_use(path).stores)
     if left:
         raise CheckFailed(

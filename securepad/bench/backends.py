@@ -42,8 +42,7 @@ PRINCIPAL = Principal("bench-owner", "bench-agent", "bench")
 BUSY_TIMEOUT_MS = 30_000
 DEFAULT_TTL = 3600
 
-# The tool schema a resumed turn hands the model when it has stored entries;
-# securepad's own comes from securepad.turn when that module exists.
+# The tool schema a baseline's resumed turn hands the model when it has stored entries.
 READ_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {"name": "scratchpad_read", "parameters": {"type": "object", "properties": {}}},
@@ -143,8 +142,8 @@ class SecurepadBackend(Backend):
         return str(self.pad.get(PRINCIPAL, entry_id).observation)
 
     def resume(self, turn_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        resumed = resume_api(self.pad)
-        return resumed(turn_id)
+        resumed = self.pad.turn(PRINCIPAL, turn_id)
+        return list(resumed.history()), list(resumed.tools())
 
     def fill_expired(self, count: int, size: int, now: float) -> None:
         # Through the public put, with the clock in the past: each entry expires
@@ -158,29 +157,6 @@ class SecurepadBackend(Backend):
 
     def close(self) -> None:
         self.pad.close()
-
-
-def resume_api(pad: Scratchpad) -> Callable[[str], tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
-    """securepad's resumption: ``pad.turn(...).history()/tools()`` when the
-    runtime surface exists, else ``list_for_turn`` (its views are the history)."""
-    turn = getattr(pad, "turn", None)
-    if turn is not None:
-
-        def via_turn(turn_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-            resumed = turn(PRINCIPAL, turn_id)
-            return list(resumed.history()), list(resumed.tools())
-
-        return via_turn
-
-    def via_list(turn_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        history = [row["view"] for row in pad.list_for_turn(PRINCIPAL, turn_id)]
-        return history, [READ_TOOL] if history else []
-
-    return via_list
-
-
-def resume_api_name(pad: Scratchpad) -> str:
-    return "pad.turn().history()/tools()" if hasattr(pad, "turn") else "list_for_turn"
 
 
 def _gc_text(size: int, i: int) -> str:
@@ -502,7 +478,7 @@ BACKENDS: dict[str, type[Backend]] = {
 
 
 # Backends outside the suite's own run (PostgreSQL and variants), added by the module
-# that defines them (postgres.py): this module never imports them.
+# that defines them (benchmarks/postgres.py): this module never imports them.
 EXTRA_BACKENDS: dict[str, type[Backend]] = {}
 
 

@@ -15,6 +15,7 @@ measured operation.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import re
@@ -27,8 +28,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from . import data
-from .backends import BACKENDS, open_backend
+from . import data, floor  # noqa: F401  (registers the sealed floor)
+from .backends import open_backend
 
 # -- memory --------------------------------------------------------------------------
 
@@ -107,88 +108,81 @@ def task_resume(spec: dict[str, Any]) -> dict[str, Any]:
     peak = peak_kib()
     if len(history) != spec["steps"] or not tools:
         raise AssertionError(f"resumed {len(history)} steps and {len(tools)} tools, expected {spec['steps']}")
-    api = None
-    if spec["backend"] == "securepad":
-        from .backends import SecurepadBackend, resume_api_name
-
-        assert isinstance(backend, SecurepadBackend)
-        api = resume_api_name(backend.pad)
+    api = "pad.turn().history()/tools()" if spec["backend"] == "securepad" else None
     backend.close()
     return {"seconds": seconds, "peak_rss_delta_kib": max(0, peak - base), "api": api}
+
+
+def _timed(call: Any, latencies: list[float], errors: Counter[str]) -> Any:
+    """``call()``'s result, its latency appended; an exception counted instead."""
+    t0 = time.perf_counter()
+    try:
+        result = call()
+    except Exception as exc:
+        errors[_describe(exc)] += 1
+        return None
+    latencies.append(time.perf_counter() - t0)
+    return result
+
+
+def _work(backend: Any, spec: dict[str, Any], index: int, start: threading.Barrier, window: dict[str, float]) -> Any:
+    """One thread of a worker: 50/50 put/read from the go until the deadline."""
+    rng = random.Random(spec["seed"] * 1000 + spec["proc"] * 100 + index)
+    size, n, read_ids = spec["size"], spec["n"], spec["read_ids"]
+    put_lat: list[float] = []
+    read_lat: list[float] = []
+    errors: Counter[str] = Counter()
+    acked: list[tuple[str, int]] = []
+    turn = f"c{spec['proc']}-{index}"
+    _timed(lambda: backend.read(rng.choice(read_ids), "head", n), [], errors)  # the connection, before the clock
+    start.wait()  # ready
+    start.wait()  # go
+    deadline = window["start"] + spec["seconds"]
+    seq = 0
+    while time.perf_counter() < deadline:
+        if rng.random() < 0.5:
+            salt = (spec["proc"] * 1000 + index) * 10_000_000 + seq
+            text = data.text(size, salt)
+            entry_id = _timed(functools.partial(backend.put, turn, seq, text), put_lat, errors)
+            if entry_id is not None:
+                acked.append((entry_id, salt))
+            seq += 1
+        else:
+            _timed(functools.partial(backend.read, rng.choice(read_ids), "head", n), read_lat, errors)
+    return {"put": put_lat, "read": read_lat, "errors": dict(errors), "acked": acked}
 
 
 def task_worker(spec: dict[str, Any]) -> dict[str, Any]:
     """One process of the concurrent workload: ``threads`` threads doing 50/50
     put/read until the deadline. Prints "ready", waits for "go" on stdin."""
     backend = open_backend(spec["backend"], Path(spec["root"]), create=False)
-    size, n, read_ids = spec["size"], spec["n"], spec["read_ids"]
     threads = spec["threads"]
-    ready = threading.Barrier(threads + 1)
-    go = threading.Event()
+    start = threading.Barrier(threads + 1)
     results: list[dict[str, Any]] = [{} for _ in range(threads)]
     window: dict[str, float] = {}
 
     def work(index: int) -> None:
-        rng = random.Random(spec["seed"] * 1000 + spec["proc"] * 100 + index)
-        put_lat: list[float] = []
-        read_lat: list[float] = []
-        errors: Counter[str] = Counter()
-        acked: list[tuple[str, int]] = []
-        turn = f"c{spec['proc']}-{index}"
-        try:
-            backend.read(rng.choice(read_ids), "head", n)  # this thread's connection, opened before the clock
-        except Exception as exc:
-            errors[_describe(exc)] += 1
-        ready.wait()
-        go.wait()
-        deadline = window["start"] + spec["seconds"]
-        seq = 0
-        while time.perf_counter() < deadline:
-            if rng.random() < 0.5:
-                salt = (spec["proc"] * 1000 + index) * 10_000_000 + seq
-                text = data.text(size, salt)
-                t0 = time.perf_counter()
-                try:
-                    entry_id = backend.put(turn, seq, text)
-                except Exception as exc:
-                    errors[_describe(exc)] += 1
-                else:
-                    put_lat.append(time.perf_counter() - t0)
-                    acked.append((entry_id, salt))
-                seq += 1
-            else:
-                entry_id = rng.choice(read_ids)
-                t0 = time.perf_counter()
-                try:
-                    backend.read(entry_id, "head", n)
-                except Exception as exc:
-                    errors[_describe(exc)] += 1
-                else:
-                    read_lat.append(time.perf_counter() - t0)
-        results[index] = {"put": put_lat, "read": read_lat, "errors": dict(errors), "acked": acked}
+        results[index] = _work(backend, spec, index, start, window)
 
     workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
     for worker in workers:
         worker.start()
-    ready.wait()
+    start.wait()
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":
         raise SystemExit("no go from the parent")
     window["start"] = time.perf_counter()
-    go.set()
+    start.wait()
     for worker in workers:
         worker.join()
     window["end"] = time.perf_counter()
     backend.close()
     merged: dict[str, Any] = {"put": [], "read": [], "errors": Counter(), "acked": []}
     for result in results:
-        merged["put"] += result["put"]
-        merged["read"] += result["read"]
+        for key in ("put", "read", "acked"):
+            merged[key] += result[key]
         merged["errors"].update(result["errors"])
-        merged["acked"] += result["acked"]
-    merged["errors"] = dict(merged["errors"])
-    merged["seconds"] = window["end"] - window["start"]
-    return merged
+    return {**merged, "errors": dict(merged["errors"]), "seconds": window["end"] - window["start"]}
 
 
 def _describe(exc: BaseException) -> str:
@@ -200,10 +194,10 @@ TASKS = {"read": task_read, "resume": task_resume, "worker": task_worker}
 
 def main() -> int:
     spec = json.loads(sys.argv[1])
-    if spec.get("backend") not in (None, *BACKENDS):
+    if spec.get("module"):  # registers the backends defined outside the suite
         import importlib
 
-        importlib.import_module(f"{__package__}.postgres")  # registers the PostgreSQL backends
+        importlib.import_module(spec["module"])
     try:
         result = TASKS[spec["task"]](spec)
     except Exception:

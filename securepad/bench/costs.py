@@ -30,7 +30,7 @@ from securepad import Principal, Scratchpad
 from securepad.crypto.primitives import WORK
 from securepad.store import sqlite_of
 
-__all__ = ["listing_costs", "put_costs", "wal_frames"]
+__all__ = ["frames_in", "listing_costs", "put_costs", "turn_put_costs", "wal_frames"]
 
 # The WAL file: a 32-byte header, then frames of a 24-byte header and one page.
 _WAL_HEADER = 32
@@ -40,8 +40,13 @@ _FRAME_HEADER = 24
 def wal_frames(pad: Scratchpad) -> int:
     """Frames now in the store's write-ahead log (0 after a truncating checkpoint)."""
     db = sqlite_of(pad)
-    page_size = int(db.conn.execute("PRAGMA page_size").fetchall()[0][0])  # type: ignore[arg-type]
-    wal = Path(f"{db.path}-wal")
+    return frames_in(db.conn, db.path)
+
+
+def frames_in(conn: apsw.Connection, path: Path | str) -> int:
+    """Frames now in the write-ahead log of the database at ``path``, open as ``conn``."""
+    page_size = int(conn.execute("PRAGMA page_size").fetchall()[0][0])  # type: ignore[arg-type]
+    wal = Path(f"{path}-wal")
     size = wal.stat().st_size if wal.exists() else 0
     return max(0, size - _WAL_HEADER) // (page_size + _FRAME_HEADER)
 
@@ -85,6 +90,11 @@ def put_costs(pad: Scratchpad, principal: Principal, size_bytes: int) -> dict[st
     turn = f"costs-{secrets.token_hex(4)}"
     pad.put(principal, turn, 0, "warm", "warm-up")  # the owner key exists, caches are warm
     return _measure(pad, lambda: pad.put(principal, turn, 1, "tool", text))
+
+
+def turn_put_costs(pad: Scratchpad, principal: Principal, turn_id: str, step: int) -> dict[str, int]:
+    """The costs of one put of 4 KiB at ``step`` into ``turn_id``, keys as ``put_costs``'."""
+    return _measure(pad, lambda: pad.put(principal, turn_id, step, "tool", "x" * 4096, now=1_000_000.0))
 
 
 def listing_costs(pad: Scratchpad, principal: Principal, turn_id: str) -> dict[str, int]:

@@ -17,8 +17,7 @@ Four sections, each a list of records with ``"section"`` set:
 The framework stores are optional peers: OpenAI Agents ``SQLiteSession`` and
 ``EncryptedSession`` over it, LangGraph ``SqliteSaver`` with
 ``EncryptedSerializer``. A peer whose package is missing is a record with
-``"skipped"`` and the reason; so is a securepad feature this checkout lacks
-(``put_many``, the ``durability`` setting, the cost meter).
+``"skipped"`` and the reason.
 """
 
 from __future__ import annotations
@@ -36,11 +35,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from securepad import Keyring, Policy, Scratchpad
+from securepad import Keyring, Scratchpad
 
 from . import data
 from .backends import PRINCIPAL, RawApswBackend, UnhardenedBackend, bench_policy
 from .config import Config, KiB, MiB, size_label
+from .costs import frames_in, put_costs
 from .stats import summarize
 
 Record = dict[str, Any]
@@ -84,43 +84,13 @@ def _tag(section: str, record: Record) -> Record:
     return {"backend": "securepad", "section": section, **record}
 
 
-# -- securepad's optional features ----------------------------------------------------------------
-
-
-def put_many_missing() -> str | None:
-    """Why ``put_many`` cannot be measured here, or None."""
-    return None if hasattr(Scratchpad, "put_many") else "put_many: not available (Scratchpad has no put_many)"
-
-
-def durability_policy(setting: str) -> Policy | None:
-    """The bench policy with ``durability`` set, or None when Policy has no such setting."""
-    policy = bench_policy()
-    if "durability" not in {f.name for f in dataclasses.fields(policy)}:
-        return None
-    setting_of: dict[str, Any] = {"durability": setting}
-    return dataclasses.replace(policy, **setting_of)
-
-
-def costs_meter() -> Callable[..., dict[str, Any]] | None:
-    try:
-        module = importlib.import_module(f"{__package__}.costs")
-    except ImportError:
-        return None
-    meter: Callable[..., dict[str, Any]] | None = getattr(module, "put_costs", None)
-    return meter
-
-
 def _costs(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
-    meter = costs_meter()
     sizes = [s for s in cfg.put_sizes if s <= MiB]
-    if meter is None:
-        reason = "WAL frames/statements: not available (no securepad.bench.costs)"
-        return [{"store": "securepad", "case": "costs", "skipped": reason}]
     records = []
     with Scratchpad.open(root / "costs.db", keyring=keyring, policy=bench_policy()) as pad:
         pad.put(PRINCIPAL, "warm", 0, "bench", data.text(WRITE_BYTES, salt=1))
         for size in sizes:
-            found = meter(pad, PRINCIPAL, size)
+            found = put_costs(pad, PRINCIPAL, size)
             records.append(
                 {
                     "store": "securepad",
@@ -143,9 +113,7 @@ def _raw_frames(root: Path, size: int) -> int:
         conn = raw.conn
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         raw.put("costs", 1, data.text(size, salt=size))
-        page = int(conn.execute("PRAGMA page_size").fetchall()[0][0])
-        wal = Path(f"{raw.path}-wal")
-        return max(0, (wal.stat().st_size if wal.exists() else 0) - 32) // (page + 24)
+        return frames_in(conn, raw.path)
     finally:
         raw.close()
 
@@ -173,7 +141,7 @@ Modes = list[tuple[str, int, Callable[[int], None]]]
 
 
 def _securepad_modes(pad: Scratchpad, texts: list[str]) -> Modes:
-    """Single puts, and put_many of each batch size (when this securepad has it)."""
+    """Single puts, and put_many of each batch size."""
     counter = iter(range(1 << 40))
 
     def single(i: int) -> None:
@@ -182,30 +150,20 @@ def _securepad_modes(pad: Scratchpad, texts: list[str]) -> Modes:
     def batch_of(size: int) -> Callable[[int], None]:
         def batch(i: int) -> None:
             items = [(next(counter), "bench", texts[j]) for j in range(size)]
-            pad.put_many(PRINCIPAL, f"batch-{size}", items)  # type: ignore[attr-defined,unused-ignore]
+            pad.put_many(PRINCIPAL, f"batch-{size}", items)
 
         return batch
 
-    modes: Modes = [("single", 1, single)]
-    if put_many_missing() is None:
-        modes += [(f"put_many {size}", size, batch_of(size)) for size in BATCHES]
-    return modes
+    return [("single", 1, single), *((f"put_many {size}", size, batch_of(size)) for size in BATCHES)]
 
 
 def _securepad_writes(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
     records: list[Record] = []
     texts = [data.text(WRITE_BYTES, salt=i) for i in range(64)]
-    missing = put_many_missing()
     for setting in DURABILITIES:
-        policy = durability_policy(setting)
-        if policy is None and setting != "normal":
-            reason = "durability setting: not available (Policy has no durability)"
-            records.append(_skip("securepad", setting, "single", reason))
-            continue
-        if missing:
-            records += [_skip("securepad", setting, f"put_many {size}", missing) for size in BATCHES]
         path = root / f"write-{setting}.db"
-        with Scratchpad.open(path, keyring=keyring, policy=policy or bench_policy()) as pad:
+        policy = dataclasses.replace(bench_policy(), durability=setting)
+        with Scratchpad.open(path, keyring=keyring, policy=policy) as pad:
             for mode, per_call, operation in _securepad_modes(pad, texts):
                 records.append(
                     {
@@ -222,8 +180,7 @@ def _securepad_writes(cfg: Config, root: Path, keyring: Keyring) -> list[Record]
 
 
 def _skip(store: str, durability: str, mode: str, reason: str) -> Record:
-    case = f"{store} {mode}" if store != "securepad" else f"{store} {durability} {mode}"
-    return {"store": store, "durability": durability, "mode": mode, "case": case, "skipped": reason}
+    return {"store": store, "durability": durability, "mode": mode, "case": f"{store} {mode}", "skipped": reason}
 
 
 # -- the framework stores --------------------------------------------------------------------------
@@ -345,6 +302,12 @@ class _SaverPeer:
         self.conn.close()
 
 
+def _open_peer(peer: str, path: Path) -> _SaverPeer | _SessionPeer:
+    if peer == "SqliteSaver + EncryptedSerializer":
+        return _SaverPeer(path)
+    return _SessionPeer(path, encrypted=peer == "EncryptedSession")
+
+
 def _peer_writes(cfg: Config, root: Path) -> list[Record]:
     records: list[Record] = []
     texts = [data.text(WRITE_BYTES, salt=i) for i in range(64)]
@@ -353,11 +316,7 @@ def _peer_writes(cfg: Config, root: Path) -> list[Record]:
         if reason:
             records += [_skip(peer, PEER_DURABILITY, m, reason) for m in ("single", *(f"batch {b}" for b in BATCHES))]
             continue
-        store: _SaverPeer | _SessionPeer
-        if peer == "SqliteSaver + EncryptedSerializer":
-            store = _SaverPeer(root / "saver-write.db")
-        else:
-            store = _SessionPeer(root / f"{peer}-write.db", encrypted=peer == "EncryptedSession")
+        store = _open_peer(peer, root / f"{peer}-write.db")
         modes = store.modes(texts)
         try:
             for mode, per_call, operation in modes:
@@ -409,11 +368,7 @@ def _tails(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
         if reason:
             records.append({"store": peer, "case": peer, "skipped": reason})
             continue
-        store: _SaverPeer | _SessionPeer
-        if peer == "SqliteSaver + EncryptedSerializer":
-            store = _SaverPeer(root / "saver-tail.db")
-        else:
-            store = _SessionPeer(root / f"{peer}-tail.db", encrypted=peer == "EncryptedSession")
+        store = _open_peer(peer, root / f"{peer}-tail.db")
         try:
             records.append({"store": peer, "case": peer, "stats": _read_stats(cfg, store.tail_reader(text), expected)})
         finally:

@@ -16,6 +16,7 @@ Results = dict[str, Any]
 COLORS = {
     "securepad": "#1f77b4",
     "raw-apsw": "#7f7f7f",
+    "sealed-floor": "#ff7f0e",
     "unhardened": "#d62728",
     "diskcache": "#2ca02c",
     "sqlcipher": "#9467bd",

@@ -1,4 +1,4 @@
-"""Run the suite: ``securepad bench [--quick]`` (or ``python -m securepad.bench``).
+"""Run the suite: ``securepad bench [--quick]``.
 
 Prints a summary that fits 80 columns (the targets with ``targets``, every
 table with ``tables``), writes ``<out>/<mode>.json`` and ``<out>/<mode>.png``. ``--quick`` runs every
@@ -25,9 +25,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.text import Text
 
 from . import report
-from .backends import BACKENDS
+from .backends import BACKENDS, Backend
 from .config import Config
+from .floor import SealedFloorBackend
 from .workloads import WORKLOADS
+
+# Backends the suite runs only when named (``--backends``): the sealed floor, the
+# yardstick of what securepad's guarantees cost (``--costs`` measures it always).
+NAMED_ONLY: dict[str, type[Backend]] = {SealedFloorBackend.name: SealedFloorBackend}
 
 
 def parse_names(field: str, given: str) -> list[str]:
@@ -36,7 +41,7 @@ def parse_names(field: str, given: str) -> list[str]:
     Raises:
         ValueError: an unknown name (the message names it and lists the known ones).
     """
-    known = BACKENDS if field == "backends" else WORKLOADS
+    known = {**BACKENDS, **NAMED_ONLY} if field == "backends" else WORKLOADS
     chosen = [x.strip() for x in given.split(",") if x.strip()]
     unknown = [x for x in chosen if x not in known]
     if unknown:
@@ -81,6 +86,13 @@ def main(
     return 1 if results["failures"] else 0
 
 
+def costs(*, out: Path, workdir: Path | None = None, method: str | None = None, tiny: bool = False) -> int:
+    """``securepad bench --costs``: instructions (or CPU time) per operation, counts and targets."""
+    from . import instructions
+
+    return instructions.main(out=out, workdir=workdir, method=method, tiny=tiny)
+
+
 def print_saved(path: Path, *, show_targets: bool = False, show_tables: bool = False) -> None:
     """Print the summary (and the targets, the tables when asked) of a saved run's JSON."""
     print(_text(json.loads(path.read_text(encoding="utf-8")), [str(path)], show_targets, show_tables), end="")
@@ -92,6 +104,10 @@ def _text(results: dict[str, Any], written: list[str], show_targets: bool, show_
     if show_targets:
         parts.append("\n" + report.targets_text(results))
     return "".join(parts)
+
+
+def _backend(name: str) -> type[Backend]:
+    return BACKENDS.get(name) or NAMED_ONLY[name]
 
 
 def run(
@@ -107,7 +123,7 @@ def run(
     started = time.time()
     available, skipped = [], []
     for name in backends:
-        reason = BACKENDS[name].unavailable()
+        reason = _backend(name).unavailable()
         if reason:
             skipped.append({"backend": name, "reason": reason})
             err.print(Text.assemble(("skipping ", "yellow"), (f"{name}:", "yellow"), f" {reason}"), highlight=False)
@@ -127,7 +143,7 @@ def run(
             ),
         },
         "backends": {
-            name: {"description": BACKENDS[name].description, "available": name in available} for name in backends
+            name: {"description": _backend(name).description, "available": name in available} for name in backends
         },
         "workloads": {},
         "skipped": skipped,
@@ -196,22 +212,9 @@ def machine(workdir: Path) -> dict[str, Any]:
 
     import apsw
 
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    ram_gib = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                ram_gib = round(int(line.split()[1]) / 1024 / 1024, 1)
-    except OSError:
-        pass
-    sqlcipher = None
+    cpu = _proc_field("/proc/cpuinfo", "model name") or "unknown"
+    mem_kib = _proc_field("/proc/meminfo", "MemTotal")
+    ram_gib = round(int(mem_kib.split()[0]) / 1024 / 1024, 1) if mem_kib else None
     try:
         from sqlcipher3 import dbapi2
 
@@ -238,6 +241,15 @@ def machine(workdir: Path) -> dict[str, Any]:
     }
     info["summary"] = f"{info['nproc']} cores, {cpu}, {ram_gib} GiB, Python {info['python']}"
     return info
+
+
+def _proc_field(path: str, name: str) -> str | None:
+    """The value of the first ``name: value`` line of a /proc file, or None."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return None
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(name)), None)
 
 
 _SPIN = "import time\nt=time.perf_counter()\nn=0\nwhile time.perf_counter()-t<0.5: n+=1\nprint(n)"

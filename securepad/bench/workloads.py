@@ -15,12 +15,13 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from . import data
-from .backends import PRINCIPAL, Backend, SecurepadBackend, open_backend, slice_of
+from .backends import EXTRA_BACKENDS, PRINCIPAL, Backend, SecurepadBackend, open_backend, slice_of
 from .child import can_reset_peak
 from .config import Config, KiB, size_label
 from .hotpath import hotpath_steps, run_hotpath
@@ -50,6 +51,9 @@ def _child_env() -> dict[str, str]:
 
 def _child_cmd(spec: dict[str, Any]) -> list[str]:
     # -P: the child never imports from its working directory (it may be anyone's).
+    # A backend registered from outside the suite names the module that defines it.
+    if spec.get("backend") in EXTRA_BACKENDS:
+        spec = {**spec, "module": EXTRA_BACKENDS[spec["backend"]].__module__}
     return [sys.executable, "-P", "-m", f"{__package__}.child", json.dumps(spec)]
 
 
@@ -190,38 +194,21 @@ def run_concurrent(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
         yield [{"backend": name, "case": case, "processes": processes, "threads": threads, **result}]
 
 
-def _concurrent_once(
-    cfg: Config, name: str, root: Path, processes: int, threads: int, read_ids: list[str]
-) -> dict[str, Any]:
-    children = []
-    for proc in range(processes):
-        spec = {
-            "task": "worker",
-            "backend": name,
-            "root": str(root),
-            "proc": proc,
-            "threads": threads,
-            "seconds": cfg.concurrency_seconds,
-            "seed": cfg.seed,
-            "size": cfg.concurrent_bytes,
-            "n": cfg.read_chars,
-            "read_ids": read_ids,
-        }
-        children.append(
-            subprocess.Popen(
-                _child_cmd(spec),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=_child_env(),
-            )
+def _run_workers(cfg: Config, name: str, root: Path, processes: int, threads: int, read_ids: list[str]) -> list[Any]:
+    """Start the worker processes, let them go together once all are ready, and collect what each measured."""
+    common = {"task": "worker", "backend": name, "root": str(root), "threads": threads, "read_ids": read_ids}
+    common |= {"seconds": cfg.concurrency_seconds, "seed": cfg.seed, "size": cfg.concurrent_bytes, "n": cfg.read_chars}
+    pipe = subprocess.PIPE
+    children = [
+        subprocess.Popen(
+            _child_cmd({**common, "proc": p}), stdin=pipe, stdout=pipe, stderr=pipe, text=True, env=_child_env()
         )
+        for p in range(processes)
+    ]
     outputs: list[dict[str, Any]] = []
     try:
         for child in children:  # a barrier: every process has its connections open
-            assert child.stdout is not None
-            line = child.stdout.readline().strip()
+            line = child.stdout.readline().strip() if child.stdout else ""
             if line != "ready":
                 raise RuntimeError(
                     f"a {name} worker did not start: {line} {child.stderr.read() if child.stderr else ''}"
@@ -241,24 +228,29 @@ def _concurrent_once(
         for child in children:
             if child.poll() is None:
                 child.kill()
+    return outputs
+
+
+def _concurrent_once(
+    cfg: Config, name: str, root: Path, processes: int, threads: int, read_ids: list[str]
+) -> dict[str, Any]:
+    outputs = _run_workers(cfg, name, root, processes, threads, read_ids)
     put_lat = [x for o in outputs for x in o["put"]]
     read_lat = [x for o in outputs for x in o["read"]]
-    errors: dict[str, int] = {}
+    errors: Counter[str] = Counter()
     for o in outputs:
-        for key, count in o["errors"].items():
-            errors[key] = errors.get(key, 0) + count
+        errors.update(o["errors"])
     seconds = max(o["seconds"] for o in outputs)
     acked = [tuple(a) for o in outputs for a in o["acked"]]
-    lost = _lost_writes(name, root, acked, cfg.concurrent_bytes)
     return {
         "seconds": seconds,
         "put": summarize(put_lat, nbytes=cfg.concurrent_bytes, wall_s=seconds),
         "read": summarize(read_lat, nbytes=cfg.read_chars, wall_s=seconds),
         "stats": summarize(put_lat + read_lat, wall_s=seconds),
-        "errors": errors,
+        "errors": dict(errors),
         "error_count": sum(errors.values()),
         "acked_puts": len(acked),
-        "lost_writes": lost,
+        "lost_writes": _lost_writes(name, root, acked, cfg.concurrent_bytes),
     }
 
 

@@ -15,8 +15,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from .. import InvalidArgumentError, Principal, SecurepadError
-from ..turn import MAX_TOOL_INT, SCRATCHPAD_READ_TOOL
+from .. import SCRATCHPAD_READ_TOOL, InvalidArgumentError, Principal, SecurepadError
 from .options import (
     ENV_HELP,
     SecurepadGroup,
@@ -242,6 +241,8 @@ def delete(principal: Principal, scratchpad_id: str) -> None:
 
 
 # The bounds the model's read tool (scratchpad_read, over MCP) accepts: the command line takes the same.
+# The numbers the scratchpad_read tool takes: 32-bit, as a model may send them.
+MAX_TOOL_INT = 2**31 - 1
 _READ_INT = click.IntRange(0, MAX_TOOL_INT)
 _READ_PROPERTIES = SCRATCHPAD_READ_TOOL["function"]["parameters"]["properties"]
 # A continuation in the library's hint (mode='lines', start=917) as this command's options.
@@ -452,7 +453,8 @@ def mcp(principal: Principal, turn_id: str | None) -> None:
 @click.option(
     "--backends",
     default=None,
-    help="Comma-separated backends [default: all]: securepad, raw-apsw, unhardened, diskcache, sqlcipher.",
+    help="Comma-separated backends [default: all]: securepad, raw-apsw, unhardened, diskcache, sqlcipher;"
+    " sealed-floor when named.",
 )
 @click.option(
     "--workloads",
@@ -469,6 +471,18 @@ def mcp(principal: Principal, turn_id: str | None) -> None:
 )
 @click.option("--targets", "show_targets", is_flag=True, help="Also list the project's targets, each met or missed.")
 @click.option("--tables", "show_tables", is_flag=True, help="Also print every workload's full table (Markdown).")
+@click.option(
+    "--costs",
+    is_flag=True,
+    help="Instead of the suite: instructions per operation (callgrind) for securepad, the sealed floor and"
+    " raw apsw, with statements, WAL frames, key work and the targets; writes <out>/costs.json.",
+)
+@click.option(
+    "--costs-method",
+    type=click.Choice(["callgrind", "cpu"]),
+    default=None,
+    help="How --costs measures [default: callgrind when valgrind is installed, else CPU time].",
+)
 def bench(
     quick: bool,
     out: Path,
@@ -481,6 +495,8 @@ def bench(
     from_json: Path | None,
     show_targets: bool,
     show_tables: bool,
+    costs: bool,
+    costs_method: str | None,
 ) -> None:
     """Benchmark securepad against raw SQLite, sqlite3, diskcache and SQLCipher on this machine.
 
@@ -494,6 +510,11 @@ def bench(
     if from_json is not None:
         runner.print_saved(from_json, show_targets=show_targets, show_tables=show_tables)
         return
+    if costs or costs_method is not None:
+        try:
+            sys.exit(runner.costs(out=out, workdir=workdir, method=costs_method, tiny=tiny))
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
     try:
         chosen_backends = runner.parse_names("backends", backends) if backends else list(BACKENDS)
         chosen_workloads = runner.parse_names("workloads", workloads) if workloads else list(WORKLOADS)

@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import InvalidArgumentError, Keyring, Principal, Scratchpad, SecurepadError
-from ..keys.keyring import key_file_use, record_key_file_use
+from ..keys.key_files import key_file_use, record_key_file_use
 from .commands import main
 from .options import SecurepadSubgroup, State, command, current_state, emit, global_options
 from .output import console, err_console, for_terminal, plain, print_line, progress, to_json
@@ -392,25 +392,8 @@ def rotate_master(
                 kept.unlink(missing_ok=True)
             raise
         store_id = pad.store_id
-    if install and new_key_file is not None:
-        os.replace(new_key_file, state.key_file)
-        with contextlib.suppress(SecurepadError):
-            record_key_file_use(state.key_file, store_id, key_created=True)
-        report["installed"] = str(state.key_file)
-        report["old_key_kept"] = str(kept)
-        report["next"] = (
-            f"nothing: the new key is in place at {state.key_file}; the old key no longer opens this store."
-            f" It is kept at {kept}: delete it once no other store needs it"
-        )
-    elif new_key_file is not None:
-        with contextlib.suppress(SecurepadError):
-            record_key_file_use(new_key_file, store_id, key_created=not new_existed)
-        report["next"] = (
-            f"only the new key opens the store now: give --key-file {new_key_file} (or SECUREPAD_KEY_FILE)"
-            " to every command on this store"
-        )
-        if current.key_file is not None:
-            report["next"] += f"; {current.key_file} stays as it is (it may open other stores)"
+    if new_key_file is not None:
+        _place_new_key(report, state, current.key_file, new_key_file, kept, store_id, new_existed)
     else:
         option = "--master-key-env" if new_master_key_env else "--passphrase-env"
         value = new_master_key_env or new_passphrase_env
@@ -426,6 +409,39 @@ def rotate_master(
     _show_report(report, "master key rotated")
     if not state.as_json:
         err_console.print(plain(f"next: {report['next']}"), style="bold", highlight=False)
+
+
+def _place_new_key(
+    report: dict[str, Any],
+    state: State,
+    current: Path | None,
+    new_key_file: Path,
+    kept: Path | None,
+    store_id: str,
+    new_existed: bool,
+) -> None:
+    """Install the new key file in place of the current one (``kept``: the old
+    key's second name, given with --install), or record which store it opens;
+    ``report["next"]`` says what comes next."""
+    if kept is not None:
+        os.replace(new_key_file, state.key_file)
+        with contextlib.suppress(SecurepadError):
+            record_key_file_use(state.key_file, store_id, key_created=True)
+        report["installed"] = str(state.key_file)
+        report["old_key_kept"] = str(kept)
+        report["next"] = (
+            f"nothing: the new key is in place at {state.key_file}; the old key no longer opens this store."
+            f" It is kept at {kept}: delete it once no other store needs it"
+        )
+        return
+    with contextlib.suppress(SecurepadError):
+        record_key_file_use(new_key_file, store_id, key_created=not new_existed)
+    report["next"] = (
+        f"only the new key opens the store now: give --key-file {new_key_file} (or SECUREPAD_KEY_FILE)"
+        " to every command on this store"
+    )
+    if current is not None:
+        report["next"] += f"; {current} stays as it is (it may open other stores)"
 
 
 def _keep_old_key(key_file: Path) -> Path:

@@ -19,7 +19,7 @@ from click.core import ParameterSource
 from platformdirs import user_data_path
 
 from .. import Keyring, NotFoundError, Principal, Scratchpad, SecurepadError, StoreCorruptError, WrongKeyError
-from ..keys.keyring import KeyFileUse, default_key_file, record_key_file_use
+from ..keys.key_files import KeyFileUse, record_key_file_use
 from .output import for_terminal, to_json
 
 __all__ = [
@@ -165,7 +165,7 @@ class State:
 
     def __init__(self) -> None:
         self.db: str | Path = default_db_path()
-        self.key_file: Path = default_key_file()
+        self.key_file: Path = Keyring.default_key_file()
         self.master_key_env: str | None = None
         self.passphrase_env: str | None = None
         self.master_key_uri: str | None = None
@@ -186,11 +186,7 @@ class State:
         Raises:
             StoreUnavailableError: the PostgreSQL server cannot be reached.
         """
-        if isinstance(self.db, str):
-            from ..storage.postgres.database import store_present
-
-            return store_present(self.db)
-        return self.db.exists()
+        return Scratchpad.exists(self.db)
 
     def refuse_empty_file(self) -> None:
         """An empty file is not a store, and no store is written over it.
@@ -206,11 +202,7 @@ class State:
 
     def where(self) -> str:
         """The store's location for a message (a DSN without its password)."""
-        if isinstance(self.db, str):
-            from ..storage.postgres.database import describe
-
-            return describe(self.db)
-        return str(Path(self.db).absolute())
+        return Scratchpad.location_of(self.db)
 
     def require_store(self) -> None:
         """Refuse to go on when the store is not there: only ``init`` creates one.
@@ -525,28 +517,16 @@ def principal_options(func: F) -> F:
         return func(*args, principal=principal, **kwargs)
 
     decorated: Any = wrapper
-    decorated = click.option(
-        "--channel",
-        envvar="SECUREPAD_CHANNEL",
-        show_envvar=True,
-        default="cli",
-        show_default=True,
-        help="Channel of the caller.",
-    )(decorated)
-    decorated = click.option(
-        "--actor",
-        envvar="SECUREPAD_ACTOR",
-        show_envvar=True,
-        default="cli",
-        show_default=True,
-        help="Actor (agent) of the caller.",
-    )(decorated)
-    decorated = click.option(
-        "--owner",
-        envvar="SECUREPAD_OWNER",
-        show_envvar=True,
-        help="Owner (tenant) on whose behalf to act (required: the option or its variable).",
-    )(decorated)
+    for name, default, what in (
+        ("channel", "cli", "Channel of the caller."),
+        ("actor", "cli", "Actor (agent) of the caller."),
+        ("owner", None, "Owner (tenant) on whose behalf to act (required: the option or its variable)."),
+    ):
+        envvar, shown = f"SECUREPAD_{name.upper()}", default is not None
+        option = click.option(
+            f"--{name}", envvar=envvar, show_envvar=True, default=default, show_default=shown, help=what
+        )
+        decorated = option(decorated)
     return decorated  # type: ignore[no-any-return]
 
 

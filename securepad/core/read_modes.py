@@ -106,6 +106,39 @@ def check_count(name: str, value: object, *, allow_none: bool = False) -> int | 
     return value
 
 
+def _grep(
+    content: SegmentedContent,
+    pattern: str | None,
+    max_matches: int,
+    context: int,
+    first: int,
+    last: int | None,
+    cap: int,
+    budget_s: float | None,
+) -> dict[str, Any]:
+    regexes = grep.compile_pattern(pattern)
+    wanted = check_count("max_matches", max_matches)
+    if not wanted:
+        raise InvalidArgumentError("max_matches must be at least 1")
+    around = check_count("context", context) or 0
+    if around > MAX_CONTEXT:
+        raise InvalidArgumentError(f"context must be at most {MAX_CONTEXT} lines, not {around}")
+    seq, number = _seek(content, first)
+    return grep.grep(
+        content,
+        str(pattern),
+        regexes,
+        max_matches=wanted,
+        context=around,
+        first=first,
+        last=last,
+        cap=cap,
+        start_segment=seq,
+        start_number=number,
+        budget_s=budget_s,
+    )
+
+
 def read(
     content: SegmentedContent,
     mode: str,
@@ -146,27 +179,7 @@ def read(
             raise InvalidArgumentError(f"start line ({first}) is after end line ({last})")
         if mode == "lines":
             return _read_lines(content, first, last, cap)
-        regexes = grep.compile_pattern(pattern)
-        wanted = check_count("max_matches", max_matches)
-        if not wanted:
-            raise InvalidArgumentError("max_matches must be at least 1")
-        around = check_count("context", context) or 0
-        if around > MAX_CONTEXT:
-            raise InvalidArgumentError(f"context must be at most {MAX_CONTEXT} lines, not {around}")
-        seq, number = _seek(content, first)
-        return grep.grep(
-            content,
-            str(pattern),
-            regexes,
-            max_matches=wanted,
-            context=around,
-            first=first,
-            last=last,
-            cap=cap,
-            start_segment=seq,
-            start_number=number,
-            budget_s=grep_budget_s,
-        )
+        return _grep(content, pattern, max_matches, context, first, last, cap, grep_budget_s)
     return _read_span(content, mode, n, start, end, cap)
 
 

@@ -44,10 +44,8 @@ def dumps(value: Any, *, indent: int | None = None) -> bytes:
 def pack(value: Any) -> bytes:
     """The sealed metadata's encoding: a version byte, then msgpack (msgspec).
 
-    Chosen by measurement (``python -m securepad.bench.encoding``): decoding a
-    text entry's listing part takes about 0.35 µs against 2.8 µs for the
-    standard library's ``json``, encoding 0.15 µs against 4.4, and it is a few
-    percent smaller. msgpack carries what JSON does (the values reaching here
+    Chosen by measurement (docs/decisions/0005-listing-key.md): faster to
+    encode and decode than ``json``, and a little smaller. msgpack carries what JSON does (the values reaching here
     passed ``dumps``) except integers beyond 64 bits, which JSON allows:
     those few values are written as JSON (msgspec's) under the other version
     byte, so nothing storable before is refused now. Both decode to what

@@ -38,10 +38,10 @@ from langchain_core.runnables import RunnableLambda
 from langchain_core.tools import BaseTool, StructuredTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from .._steps import record_next
 from ..aio import AsyncTurn
+from ..core.tool import SCRATCHPAD_READ_TOOL, SCRATCHPAD_READ_TOOL_STRICT, TOOL_NAME
 from ..errors import InvalidArgumentError
-from ..turn import SCRATCHPAD_READ_TOOL, SCRATCHPAD_READ_TOOL_STRICT, TOOL_NAME, Turn
+from ..turn import Turn, record_next
 from ._common import as_observation, as_text, error_text
 from .langgraph_saver import SecurepadSaver
 

@@ -1,57 +1,24 @@
 """``SecurepadSaver``: a LangGraph checkpointer whose every checkpoint, pending
-write and channel value is a sealed securepad entry of its owner.
+write and channel value is a sealed securepad entry of its owner, written and
+read through ``Scratchpad``'s public API (authorization, sealing, tamper
+evidence and expiry are the store's own).
 
-Layout (every entry through ``Scratchpad``'s public API, so authorization,
-sealing, tamper evidence and expiry are the store's own):
+- a thread is one turn of its owner, named by a keyed digest of the thread id
+  (``_saver_records.keyed_turn``: never in clear, not recoverable by hashing
+  guesses); each checkpoint (any namespace) is one entry of it, executor
+  ``langgraph.checkpoint``, its sealed metadata carrying the thread,
+  namespace, ids, LangGraph's metadata and the entries of its big values;
+- a channel value serialized larger than ``inline_max_bytes`` is an entry of
+  the turn of ``(thread, namespace, channel, version)``, stored once per version;
+- a checkpoint's pending writes are entries of the turn of ``(thread,
+  namespace, checkpoint id)``; the owner's threads are listed in the turn
+  ``securepad.langgraph:threads``.
 
-- a thread is the turn ``securepad.langgraph:thread:keyed:<HMAC>`` of its owner
-  (``_saver_records.keyed_turn``; a thread written before keyed names keeps
-  its former ``securepad.langgraph:thread:<sha256>`` while it holds checkpoints);
-  each checkpoint (any namespace) is one entry of it, executor
-  ``langgraph.checkpoint``. The entry's content is the serialized checkpoint
-  with its small channel values; its sealed ``metadata`` carries the thread,
-  namespace, ids, LangGraph's metadata (for ``list`` filters) and the ids of
-  the entries holding its big channel values;
-- a channel value whose serialized form exceeds ``inline_max_bytes`` is an
-  entry of its own, in the turn of ``(thread, namespace, channel, version)``.
-  LangGraph gives an unchanged channel the same version, so a big value that
-  did not change is referenced again, never re-encrypted;
-- the pending writes of a checkpoint are entries of the turn of
-  ``(thread, namespace, checkpoint id)``;
-- the owner's threads are listed in the turn ``securepad.langgraph:threads``
-  (for ``delete_for_runs`` and ``list(None)``).
-
-A serialized checkpoint or write of at most 4 KiB travels in the entry's
-sealed metadata (``data``, its last field). Choosing among a thread's
-checkpoints reads its listing only: a listing's view fits the policy's
-``inline_max_chars``, and a view cut to fit keeps the leading fields (format,
-thread, namespace, ids, LangGraph's metadata), which are all that choosing
-needs. So ``get_tuple`` reads whole only the checkpoint it returns (and its
-big values and writes), ``list(limit=n)`` only the ``n`` it yields, however
-long the thread.
-
-Each entry takes its turn's next step number (one more than the highest live
-one; the store keeps one live entry per step), chosen in the write
-transaction that serializes the owner's writes: writers of one thread in
-several threads or processes never share a step, and a turn lists its live
-entries in the order they were written. Nothing here depends on that order:
-checkpoints are ordered by id, pending writes by task and index.
-
-Turn ids are keyed digests (HMAC of the owner and the ids, under a key
-derived from the store's master key), so thread ids never appear in clear and
-cannot be recovered from the file by hashing guesses (a former turn id, a
-plain SHA-256, could); step numbers do appear,
-as for every entry, and show about how many entries a turn has had (e.g. a
-thread's checkpoints). The header of each entry binds it to its turn and
-owner, and the sealed metadata repeats the thread, namespace and ids,
-checked on every read. Entries live
-``ttl_seconds`` (default: the policy's ``max_ttl_seconds``); a checkpoint never
-outlives the values it references (those are kept alive while in use).
-
-The parts: this module is the sync face (configs, principals, LangGraph's
-(de)serialization); ``_saver_records`` the sealed records (where each lives,
-the checks on what is found, values and the thread list kept alive,
-deletion, copying); ``_saver_async`` the async face, derived from the sync one.
+Choosing among a thread's checkpoints reads its listing only, so ``get_tuple``
+and ``list(limit=n)`` open whole only what they return. Each entry takes its
+turn's next step in the write transaction; nothing depends on that order. A
+checkpoint never outlives the values it references. ``_saver_records`` holds
+the sealed records, ``_saver_async`` the async face derived from this one.
 """
 
 from __future__ import annotations
@@ -152,8 +119,6 @@ class SecurepadSaver(ThreadedAsyncSaver):
         self.records = SaverRecords(pad, self.ttl_seconds, clock)
         self.threads = ThreadList(self.records)
 
-    # -- principal and config ------------------------------------------------------
-
     def _who(self, config: RunnableConfig) -> Principal:
         if self._principal is not None:
             return self._principal
@@ -163,26 +128,16 @@ class SecurepadSaver(ThreadedAsyncSaver):
             raise InvalidArgumentError("principal_from_config must return a securepad.Principal")
         return principal
 
-    @staticmethod
-    def _thread(config: RunnableConfig) -> tuple[str, str]:
-        configurable = config.get("configurable") or {}
-        thread_id = configurable.get("thread_id")
-        if thread_id is None or thread_id == "":
-            raise InvalidArgumentError("the config has no configurable.thread_id")
-        return str(thread_id), str(configurable.get("checkpoint_ns") or "")
-
     def get_next_version(self, current: str | None, channel: None) -> str:
         """Versions unique per write (a counter and a random part), as LangGraph's
         own savers make them: a channel value is stored once per version."""
         return _next_version(current)
 
-    # -- reading -------------------------------------------------------------------
-
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint of ``config`` (its ``checkpoint_id``, else the thread's
         latest in its namespace) with its values and pending writes, or None."""
         principal = self._who(config)
-        thread_id, ns = self._thread(config)
+        thread_id, ns = _thread_of(config)
         wanted = get_checkpoint_id(config)
         found = [s for s in self.records.checkpoints(principal, thread_id) if s.meta["ns"] == ns]
         if wanted is not None:
@@ -190,7 +145,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
         if not found:
             return None
         latest = max(found, key=lambda s: s.meta["checkpoint_id"])
-        return self._load(principal, thread_id, latest)
+        return _checkpoint_tuple(self, principal, thread_id, latest)
 
     def list(
         self,
@@ -200,19 +155,15 @@ class SecurepadSaver(ThreadedAsyncSaver):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        """The checkpoints of ``config``'s thread (its namespace when given, its
-        ``checkpoint_id`` when given), newest first; ``filter`` matches their
-        metadata, ``before`` a checkpoint id, ``limit`` the count. With
-        ``config=None``, every thread of the principal (``principal_from_config``
-        gets ``{"configurable": {}}``)."""
+        """The checkpoints of ``config``'s thread (its namespace and ``checkpoint_id``
+        when given; every thread of the principal for None), newest first;
+        ``filter`` matches their metadata, ``before`` a checkpoint id, ``limit`` the count."""
         if config is None:
             principal = self._who({"configurable": {}})
-            threads = sorted(self.threads.of(principal))
-            ns = None
-            wanted = None
+            threads, ns, wanted = sorted(self.threads.of(principal)), None, None
         else:
             principal = self._who(config)
-            thread_id, _ = self._thread(config)
+            thread_id, _ = _thread_of(config)
             threads = [thread_id]
             configurable = config.get("configurable") or {}
             ns = str(configurable["checkpoint_ns"] or "") if "checkpoint_ns" in configurable else None
@@ -227,35 +178,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
                     found.append((thread_id, stored))
         found.sort(key=lambda item: item[1].meta["checkpoint_id"], reverse=True)
         for thread_id, stored in found[:limit]:
-            yield self._load(principal, thread_id, stored)
-
-    def _load(self, principal: Principal, thread_id: str, stored: Stored) -> CheckpointTuple:
-        meta, content = self.records.opened(principal, stored, f"checkpoint {stored.meta['checkpoint_id']}")
-        ns, checkpoint_id = meta["ns"], meta["checkpoint_id"]
-        checkpoint: Checkpoint = self.serde.loads_typed((meta["type"], content))
-        values = dict(checkpoint.get("channel_values") or {})
-        for channel, (version, value_id) in meta["values"].items():
-            value_meta, data = self.records.value_content(principal, thread_id, ns, channel, version, value_id)
-            values[channel] = self.serde.loads_typed((value_meta["type"], data))
-        checkpoint["channel_values"] = values
-        config: RunnableConfig = {
-            "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
-        }
-        parent = meta["parent_checkpoint_id"]
-        parent_config: RunnableConfig | None = (
-            {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": parent}}
-            if parent is not None
-            else None
-        )
-        return CheckpointTuple(
-            config=config,
-            checkpoint=checkpoint,
-            metadata=meta["metadata"],
-            parent_config=parent_config,
-            pending_writes=self.records.pending_writes(principal, thread_id, ns, checkpoint_id, self.serde.loads_typed),
-        )
-
-    # -- writing -------------------------------------------------------------------
+            yield _checkpoint_tuple(self, principal, thread_id, stored)
 
     def put(
         self,
@@ -267,7 +190,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
         """Store a checkpoint: its new big channel values as entries of their own,
         the rest in the checkpoint's entry. Returns the checkpoint's config."""
         principal = self._who(config)
-        thread_id, ns = self._thread(config)
+        thread_id, ns = _thread_of(config)
         now = self._clock()
         self.threads.register(principal, thread_id, now)
         values = checkpoint.get("channel_values") or {}
@@ -326,7 +249,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
         is already stored (same task and index) is kept, except the special
         ones (errors, interrupts, ...), which the newer one replaces."""
         principal = self._who(config)
-        thread_id, ns = self._thread(config)
+        thread_id, ns = _thread_of(config)
         checkpoint_id = get_checkpoint_id(config)
         if checkpoint_id is None:
             raise InvalidArgumentError("put_writes needs a config with configurable.checkpoint_id")
@@ -415,13 +338,9 @@ class SecurepadSaver(ThreadedAsyncSaver):
         self.records.copy_checkpoints(principal, listed, source_thread_id, target_principal, target_thread_id, now)
 
     def import_thread(self, source: BaseCheckpointSaver[Any], thread_id: str) -> int:
-        """Copy a thread out of another checkpointer (``SqliteSaver``,
-        ``PostgresSaver``, ...) into this one: every checkpoint of every
-        namespace, oldest first, with its metadata, parent and pending writes.
-        Returns how many checkpoints were copied. The source is not changed;
-        delete the thread there (``source.delete_thread``) once you are done.
-        A thread that already has checkpoints here is refused (importing twice
-        would double it).
+        """Copy a thread out of another checkpointer (``SqliteSaver``, ``PostgresSaver``, ...):
+        every checkpoint of every namespace, oldest first, with its metadata,
+        parent and pending writes; returns how many. The source is not changed.
 
         Raises:
             InvalidArgumentError: the thread already has checkpoints in this saver.
@@ -446,6 +365,42 @@ class SecurepadSaver(ThreadedAsyncSaver):
             for task_id, writes in by_task.items():
                 self.put_writes(stored, writes, task_id)
         return len(found)
+
+
+def _thread_of(config: RunnableConfig) -> tuple[str, str]:
+    configurable = config.get("configurable") or {}
+    thread_id = configurable.get("thread_id")
+    if thread_id is None or thread_id == "":
+        raise InvalidArgumentError("the config has no configurable.thread_id")
+    return str(thread_id), str(configurable.get("checkpoint_ns") or "")
+
+
+def _checkpoint_tuple(saver: SecurepadSaver, principal: Principal, thread_id: str, stored: Stored) -> CheckpointTuple:
+    """The checkpoint of ``stored`` as LangGraph wants it, with its big values and pending writes."""
+    meta, content = saver.records.opened(principal, stored, f"checkpoint {stored.meta['checkpoint_id']}")
+    ns, checkpoint_id = meta["ns"], meta["checkpoint_id"]
+    checkpoint: Checkpoint = saver.serde.loads_typed((meta["type"], content))
+    values = dict(checkpoint.get("channel_values") or {})
+    for channel, (version, value_id) in meta["values"].items():
+        value_meta, data = saver.records.value_content(principal, thread_id, ns, channel, version, value_id)
+        values[channel] = saver.serde.loads_typed((value_meta["type"], data))
+    checkpoint["channel_values"] = values
+    config: RunnableConfig = {
+        "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
+    }
+    parent = meta["parent_checkpoint_id"]
+    parent_config: RunnableConfig | None = (
+        {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": parent}}
+        if parent is not None
+        else None
+    )
+    return CheckpointTuple(
+        config=config,
+        checkpoint=checkpoint,
+        metadata=meta["metadata"],
+        parent_config=parent_config,
+        pending_writes=saver.records.pending_writes(principal, thread_id, ns, checkpoint_id, saver.serde.loads_typed),
+    )
 
 
 def _next_version(current: str | int | None) -> str:

@@ -32,9 +32,9 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 
 from ..aio import AsyncScratchpad, AsyncTurn
+from ..core.tool import SCRATCHPAD_READ_TOOL, TOOL_NAME
 from ..principal import Principal
 from ..store import Scratchpad
-from ..turn import SCRATCHPAD_READ_TOOL, TOOL_NAME
 
 __all__ = ["LIST_TOOL_NAME", "build_server", "serve", "serve_stdio"]
 

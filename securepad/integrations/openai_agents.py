@@ -29,8 +29,9 @@ from agents import AgentBase, FunctionTool, RunContextWrapper, ToolOutputFileCon
 from agents.tool_context import ToolContext
 
 from ..aio import AsyncTurn
+from ..core.tool import SCRATCHPAD_READ_TOOL_STRICT, TOOL_NAME
 from ..errors import InvalidArgumentError
-from ..turn import SCRATCHPAD_READ_TOOL_STRICT, TOOL_NAME, Turn
+from ..turn import Turn
 from ._common import as_observation, as_text, error_text, resolve_json_arguments
 from .openai_session import SecurepadSession
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from ..core.lru import LRUCache
-from ..crypto.primitives import ContentIdentity, KeyHandle, ListingKey, Wrapper
+from ..crypto.formats import ListingKey
+from ..crypto.primitives import ContentIdentity, KeyHandle, Wrapper
 from ..errors import IntegrityError, StoreBusyError, StoreUnavailableError
 from ..storage.base import Backend, Conn, DuplicateKeyError, Params, insert_owner_key
 from .keyring import Keyring

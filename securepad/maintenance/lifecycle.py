@@ -1,18 +1,12 @@
 """Key lifecycle: master-key rotation, owner-key rotation, crypto-shredding.
 
-Each operation is crash-safe by construction: it is a sequence of SQLite
-transactions, each of which leaves a store that opens with the right key and
-serves every entry; running the operation again finishes what an
-interrupted run started.
-
-* Master rotation re-wraps owner keys only, in one transaction (the
-  cryptography is a few microseconds per owner).
-* Owner rotation adds a new owner-key version (new puts use it at once),
-  re-wraps the owner's item keys in batches, then retires (deletes) the old
-  versions: they are the ``min_decryption_version`` cut-off.
-* Forgetting an owner deletes its keys and entries with ``secure_delete`` on
-  and scrubs the file (VACUUM, WAL truncated), so neither ciphertext nor
-  wrapped keys remain.
+Each operation is a sequence of transactions, each of which leaves a store
+that opens with the right key and serves every entry: running an interrupted
+operation again finishes it. Master rotation re-wraps owner keys only, in one
+transaction. Owner rotation adds a key version (new puts use it at once),
+re-wraps the owner's item keys in batches, then retires the old versions.
+Forgetting an owner deletes its keys and rows with ``secure_delete`` and
+scrubs the file. The statements are the tables' (``tables``).
 """
 
 from __future__ import annotations
@@ -27,34 +21,28 @@ from ..keys.keyring import Keyring
 from ..keys.keystore import Keystore, Progress
 from ..principal import check_identifier
 from ..storage.base import Backend
+from ..tables import access
 from ..tables.entries import entries
 from ..tables.heads.heads import Heads
-from ..tables.records import TABLES as _RECORD_TABLES
-from ..tables.records import Records
+from ..tables.records import TABLES, Records
 
 __all__ = ["Progress", "forget_owner", "rotate_master_key", "rotate_owner_key"]
 
-# Item keys re-wrapped per transaction during an owner rotation: small enough
-# that concurrent writers wait milliseconds, large enough to amortize commits.
+# Item keys re-wrapped per transaction (writers wait milliseconds), passes per table in one rotation.
 REWRAP_BATCH = 500
-# Passes over an owner's rows per table in one rotation (see rotate_owner_key).
 MAX_PASSES = 3
-
-# Every table whose rows hold an item key wrapped by an owner key, with the
-# AAD of that wrapping: rotation re-wraps them all before retiring a version.
+# The tables whose rows hold an item key wrapped by an owner key, with that wrapping's AAD.
 _WRAPPED_TABLES: tuple[tuple[str, Callable[[str, str, int], bytes]], ...] = (
     ("entries", item_key_aad),
-    *((table, record_key_aad) for table in _RECORD_TABLES),
+    *((table, record_key_aad) for table in TABLES),
 )
 
 
 def rotate_master_key(
     db: Backend, keys: Keystore, new_keyring: Keyring, *, progress: Progress | None = None
 ) -> dict[str, Any]:
-    """Re-wrap every owner key under the master key of ``new_keyring``.
-
-    The new keyring may use another source (key file to passphrase...). After
-    it returns, only the new master key opens the store; the open store keeps working.
+    """Re-wrap every owner key under the master key of ``new_keyring`` (which may
+    use another source); after it returns, only the new master key opens the store.
 
     Raises:
         InvalidArgumentError: the new master key is the current one.
@@ -76,11 +64,8 @@ def rotate_owner_key(
     batch: int = REWRAP_BATCH,
     heads: Heads,
 ) -> dict[str, Any]:
-    """Give an owner a new key version, re-wrap its item keys, retire the old versions.
-
-    New puts use the new version as soon as it exists, in every process. If
-    a previous rotation was interrupted (several versions exist), this one
-    finishes it instead of adding yet another version.
+    """Give an owner a new key version (new puts use it at once), re-wrap its
+    item keys, retire the old versions; an interrupted rotation is finished.
 
     Raises:
         NotFoundError: the owner has no key (never stored anything, or forgotten).
@@ -98,21 +83,11 @@ def rotate_owner_key(
     new_version = versions[-1]
     keys.forget(owner_user_id)
     rewrap = _Rewrap(db, keys, owner_user_id, new_version, progress)
-    for table, aad_of in _WRAPPED_TABLES:
-        # List the ids once, then fetch them by id: paging with LIMIT over
-        # "key_version < new" rescanned every re-wrapped row on each batch,
-        # which made a rotation quadratic in the owner's entries. A pass more
-        # picks up rows whose compare-and-set lost a race; what is still left
-        # after that is reported (complete=False) and finished by a rerun.
-        for _ in range(MAX_PASSES):
-            ids = [row["id"] for row in _old_rows(db, table, "id", owner_user_id, new_version)]
-            if not ids:
-                break
-            for first in range(0, len(ids), batch):
-                rewrap.chunk(table, aad_of, ids[first : first + batch])
+    rewrap.run(batch)
     with db.transaction(owner_user_id, admin=True) as conn:
         left = sum(
-            int(conn.query(*_count_old_sql(table, owner_user_id, new_version))[0]["n"]) for table, _ in _WRAPPED_TABLES
+            int(conn.query(*access.count_below_sql(table, owner_user_id, new_version))[0]["n"])
+            for table, _ in _WRAPPED_TABLES
         )
         if left:  # a writer slipped in under an old version: finish it next run
             retired: list[int] = []
@@ -138,10 +113,22 @@ class _Rewrap:
     def __init__(self, db: Backend, keys: Keystore, owner: str, version: int, progress: Progress | None) -> None:
         self._db, self._keys, self._owner, self._version, self._progress = db, keys, owner, version, progress
         self.total = sum(
-            int(db.query(*_count_old_sql(table, owner, version), owner=owner, admin=True)[0]["n"])
+            int(db.query(*access.count_below_sql(table, owner, version), owner=owner, admin=True)[0]["n"])
             for table, _ in _WRAPPED_TABLES
         )
         self.done = 0
+
+    def run(self, batch: int) -> None:
+        """Every table's rows under an old version, listed once by id then
+        fetched by id in chunks of ``batch``; a pass more for rows whose
+        compare-and-set lost a race (what is left after that waits for a rerun)."""
+        for table, aad_of in _WRAPPED_TABLES:
+            for _ in range(MAX_PASSES):
+                ids = [row["id"] for row in access.below_version(self._db, table, "id", self._owner, self._version)]
+                if not ids:
+                    break
+                for first in range(0, len(ids), batch):
+                    self.chunk(table, aad_of, ids[first : first + batch])
 
     def chunk(self, table: str, aad_of: Callable[[str, str, int], bytes], ids: list[str]) -> None:
         """Re-wrap the item keys of ``ids`` (still under an old version) in one
@@ -150,13 +137,7 @@ class _Rewrap:
         listed = table == "entries"
         # By primary key only, so the engine cannot pick the owner index and
         # scan the owner's rows per chunk; owner and version are checked here.
-        fetched = self._db.query(
-            f"SELECT {_LISTING_COLUMNS if listed else _KEY_COLUMNS} FROM {table}"
-            f" WHERE id IN ({', '.join('?' * len(ids))})",
-            tuple(ids),
-            owner=owner,
-            admin=True,
-        )
+        fetched = access.by_ids(self._db, table, _LISTING_COLUMNS if listed else _KEY_COLUMNS, ids, owner)
         rows = [r for r in fetched if r["owner_user_id"] == owner and r["key_version"] < version]
         updates: list[tuple[Any, ...]] = []
         for row in rows:
@@ -166,28 +147,22 @@ class _Rewrap:
                 if self._moved(table, row):
                     continue  # another rotation re-wrapped it and retired its version since it was read
                 raise
-        # Compare-and-set: a row changed meanwhile is left for the next pass.
-        sql = (
-            "UPDATE entries SET wrapped_key = ?, key_version = ?, sealed_listing = ?"
-            " WHERE id = ? AND key_version = ? AND wrapped_key = ? AND COALESCE(sealed_listing, ?) = ?"
-            if listed
-            else f"UPDATE {table} SET wrapped_key = ?, key_version = ?"
-            " WHERE id = ? AND key_version = ? AND wrapped_key = ?"
-        )
-        with self._db.transaction(owner, admin=True) as conn:
-            conn.executemany(sql, updates)
+        with self._db.transaction(owner, admin=True) as conn:  # compare-and-set: a changed row waits a pass
+            if listed:
+                entries.rewrap(conn, updates)
+            else:
+                Records.rewrap(conn, table, updates)
             self._keys.count_wraps(conn, owner, version, len(updates))
         self.done += len(rows)
         if self._progress is not None:
             self._progress(min(self.done, self.total), self.total)
 
     def _update(self, row: dict[str, Any], aad_of: Callable[[str, str, int], bytes], listed: bool) -> tuple[Any, ...]:
-        """The compare-and-set update of one row: its item key re-wrapped under
-        the new version (and its listing part sealed again), its old values.
+        """The compare-and-set update of one row: its item key re-wrapped (its
+        listing part sealed again) under the new version, with its old values.
 
         Raises:
-            IntegrityError: a key of the row, or the new version's, is missing
-                (retired meanwhile, or tampering), or its wrapping was altered.
+            IntegrityError: a key is missing (retired meanwhile, or tampering) or a wrapping was altered.
         """
         owner, version, old = self._owner, self._version, row["key_version"]
         new = self._keys.owner_wrapper(owner, version)
@@ -200,21 +175,16 @@ class _Rewrap:
         return (wrapped, version, *keys)
 
     def _moved(self, table: str, row: dict[str, Any]) -> bool:
-        """Whether ``row`` (read before its keys failed) is no longer as read:
-        re-wrapped by another rotation of the owner, or deleted. A version is
-        retired only once no row is below it (in the transaction that retires
-        it, under the owner's lock), so a row still under a version whose key
-        is missing is not the library's race: tampering."""
-        found = self._db.query(
-            f"SELECT key_version, wrapped_key FROM {table} WHERE id = ?", (row["id"],), owner=self._owner, admin=True
-        )
-        return not found or (found[0]["key_version"], found[0]["wrapped_key"]) != (
+        """Whether ``row`` (read before its keys failed) was re-wrapped by another
+        rotation or deleted since; if not, its missing key is tampering."""
+        found = access.wrapping_of(self._db, table, row["id"], self._owner)
+        return not found or [found[0][k] for k in ("key_version", "wrapped_key")] != [
             row["key_version"],
             row["wrapped_key"],
-        )
+        ]
 
     def _reseal_listing(self, row: dict[str, Any]) -> bytes | None:
-        """An entry's listing part under the new version's listing key (None: a row written before it has none).
+        """An entry's listing part under the new version's listing key (None: it has none).
 
         Raises:
             IntegrityError: the part fails authentication under the old version.
@@ -233,27 +203,11 @@ _LISTING_COLUMNS = (
 )
 
 
-def _old_rows(db: Backend, table: str, columns: str, owner: str, version: int) -> list[dict[str, Any]]:
-    return db.query(
-        f"SELECT {columns} FROM {table} WHERE owner_user_id = ? AND key_version < ?",
-        (owner, version),
-        owner=owner,
-        admin=True,
-    )
-
-
-def _count_old_sql(table: str, owner: str, version: int) -> tuple[str, tuple[str, int]]:
-    return f"SELECT COUNT(*) AS n FROM {table} WHERE owner_user_id = ? AND key_version < ?", (owner, version)
-
-
 def forget_owner(db: Backend, keys: Keystore, owner_user_id: str) -> dict[str, Any]:
-    """Crypto-shred an owner: delete its keys, entries, segments and turn records, scrub the files.
-
-    ``secure_delete`` overwrites the freed pages, and the file is then
-    scrubbed (rebuilt with VACUUM, the WAL truncated: stale copies of moved
-    rows go too), so neither the owner's ciphertext nor its wrapped keys
-    remain in the database, WAL or journal files. Backups taken before keep
-    both (see SECURITY.md). Returns what was removed, per table.
+    """Crypto-shred an owner: delete its keys, entries, segments and turn records
+    with ``secure_delete``, then scrub the file (VACUUM, WAL truncated), so no
+    ciphertext or wrapped key of it remains (backups keep both: SECURITY.md).
+    Returns what was removed, per table.
 
     Raises:
         StoreBusyError: the write lock was not obtained in time.
@@ -271,13 +225,9 @@ def forget_owner(db: Backend, keys: Keystore, owner_user_id: str) -> dict[str, A
 
 
 def drop_turn(db: Backend, heads: Heads, owner_user_id: str, turn_id: str) -> dict[str, Any]:
-    """Delete an owner's turn whole: its entries, segments, checkpoints and
-    compaction marks and its head, the turn dropped from the owner head and
-    its reservation from the usage head, in one transaction, whatever the
-    turn's check says: the explicit way out of a turn found tampered that no
-    backup can restore (its rows are lost, and reads of the turn then find it
-    empty). ``secure_delete`` zeroes the rows; ``Scratchpad.scrub`` rebuilds
-    the file. Returns what was removed, per table.
+    """Delete an owner's turn whole (rows, head, its place in the owner and usage
+    heads) in one transaction, whatever its check says: the way out of a turn
+    found tampered that no backup restores. Returns what was removed, per table.
 
     Raises:
         InvalidArgumentError: an identifier is malformed.

@@ -1,36 +1,24 @@
 """``Scratchpad.verify``: the whole-store check of heads, entries and records.
 
-One pass over the heads (each opened once), one over the entries (each
-authenticated with all its segments) and one over each record table, so the
-time is linear in the store. Nothing is taken on trust: every row is
-authenticated before it is compared with its turn's head, and every head
-before its lists are used. Expiry is legitimate: a row whose *sealed* expiry
-has passed may be absent.
-
-A turn's head is a digest, so it cannot name a row that is gone; but for a
-turn whose entries differ from its head, verify says which steps it still
-holds (authenticated entries), the highest step the head recorded, and the
-step numbers below it with no authenticated entry: removed, altered, or
-expired and collected (or never recorded: step numbers may be skipped). When
-the head's own newest entry is gone before its sealed expiry, that is named
-as a removal. The steps come from the entry pass (rows arrive in step order
-within a turn), so this stays linear.
-
-Every read of the check is made in one read snapshot of the store
-(``Backend.snapshot``): heads, entries, segments and records as of one
-moment, so a store that is only being written (other threads or processes
-committing puts, checkpoints, rotations meanwhile) verifies clean.
+One pass over the heads, one over the entries (each authenticated with all
+its segments) and one over each record table: linear in the store. Every row
+is authenticated before it is compared with its turn's head, every head
+before its lists are used; a row past its *sealed* expiry may be absent. For
+a turn whose entries differ from its head, verify names the steps it still
+holds, the head's last step and the steps below it with no authenticated
+entry. Every read is made in one read snapshot (``Backend.snapshot``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Any
 
 from ..errors import IntegrityError
-from ..tables.entries.entries import Entries
+from ..storage.base import Backend
+from ..tables.entries.entries import every_row
+from ..tables.entries.open import Opener
 from ..tables.heads.heads import OWNER_HEAD, RECORD_KINDS, USAGE_HEAD, HeadEdit, Heads, Tally, entry_item, record_item
 from ..tables.records import TABLES, Records
 
@@ -40,26 +28,22 @@ Problem = dict[str, Any]
 Steps = list[list[int]]  # runs of step numbers, [first, last] each
 
 
-def verify_store(
-    entries: Entries, records: Records, heads: Heads, now: float, snapshot: Callable[[], AbstractContextManager[object]]
-) -> dict[str, Any]:
-    """What is wrong in the store, and where (see ``Scratchpad.verify``):
-    every read inside one ``snapshot()`` (``Backend.snapshot``), so writers
-    that commit meanwhile are not seen half-way.
+def verify_store(db: Backend, opener: Opener, records: Records, heads: Heads, now: float) -> dict[str, Any]:
+    """What is wrong in the store, and where (``Scratchpad.verify``), read in one snapshot.
 
     Raises:
         StoreBusyError, StoreUnavailableError: the snapshot could not be had.
     """
-    with snapshot():
-        return _verify(entries, records, heads, now)
+    with db.snapshot():
+        return _verify(db, opener, records, heads, now)
 
 
-def _verify(entries: Entries, records: Records, heads: Heads, now: float) -> dict[str, Any]:
+def _verify(db: Backend, opener: Opener, records: Records, heads: Heads, now: float) -> dict[str, Any]:
     started = time.perf_counter()
     problems: list[Problem] = []
     opened = heads.all_heads()
     turn_heads, owner_heads = _check_heads(opened, problems)
-    for owner in heads.owners_without_heads():
+    for owner in heads.owners.owners_without_heads():
         problems.append(
             _problem(
                 owner, None, None, "owner head", "the owner has a key but no heads: its turns and heads were removed"
@@ -75,13 +59,13 @@ def _verify(entries: Entries, records: Records, heads: Heads, now: float) -> dic
             found[where] = heads.tally_of(*where)
         return found[where]
 
-    for row in entries.all_rows():
+    for row in every_row(db):
         counted["entries"] += 1
         stored.add(row["id"])
         where = (row["owner_user_id"], row["turn_id"])
         try:
             tally(where).add("e", row["id"], entry_item(row))
-            entries.verify_row(row)
+            opener.verify_row(row)
             steps.setdefault(where, []).append(int(row["step_num"]))
             if where not in turn_heads:
                 raise IntegrityError("the entry's turn has no head")
@@ -98,6 +82,33 @@ def _verify(entries: Entries, records: Records, heads: Heads, now: float) -> dic
                     raise IntegrityError("the record's turn has no head")
             except IntegrityError as exc:
                 problems.append(_problem(*where, row["id"], table[:-1], str(exc)))
+    reserved = _turn_problems(turn_heads, tally, steps, stored, now, problems)
+    problems += _usage_problems(owner_heads, reserved)
+    for owner, counted_turn, what in heads.owners.counter_problems():  # an owner's heads put back from an older copy
+        problems.append(_problem(owner, counted_turn, None, "owner head", f"{what}: put back from an older copy"))
+    for problem in problems:
+        if problem["what"] == "turn":  # no write goes into it from this process while it fails
+            heads.found_tampered(problem["owner_user_id"], problem["turn_id"], problem["problem"])
+    return {
+        "ok": not problems,
+        "owners": len(opened),
+        "turns": len(turn_heads),
+        **counted,
+        "problems": problems,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def _turn_problems(
+    turn_heads: dict[tuple[str, str], Tally],
+    tally: Callable[[tuple[str, str]], HeadEdit],
+    steps: dict[tuple[str, str], list[int]],
+    stored: set[str],
+    now: float,
+    problems: list[Problem],
+) -> dict[str, int]:
+    """Each turn's head compared with the rows found for it (``problems``
+    appended); the reservations per owner."""
     reserved: dict[str, int] = {}
     for (owner, turn_id), sealed in turn_heads.items():
         rows = tally((owner, turn_id)).tally
@@ -115,20 +126,7 @@ def _verify(entries: Entries, records: Records, heads: Heads, now: float) -> dic
             problems.append(
                 _problem(owner, turn_id, None, "turn usage", f"counts {sealed.b} bytes, its entries {rows.b}")
             )
-    problems += _usage_problems(owner_heads, reserved)
-    for owner, counted_turn, what in heads.counter_problems():  # an owner's heads put back from an older copy
-        problems.append(_problem(owner, counted_turn, None, "owner head", f"{what}: put back from an older copy"))
-    for problem in problems:
-        if problem["what"] == "turn":  # no write goes into it from this process while it fails
-            heads.found_tampered(problem["owner_user_id"], problem["turn_id"], problem["problem"])
-    return {
-        "ok": not problems,
-        "owners": len(opened),
-        "turns": len(turn_heads),
-        **counted,
-        "problems": problems,
-        "seconds": round(time.perf_counter() - started, 3),
-    }
+    return reserved
 
 
 def _check_heads(
@@ -166,10 +164,7 @@ def _check_heads(
 
 
 def _usage_problems(totals: dict[str, int | None], reserved: dict[str, int]) -> list[Problem]:
-    """The quota's reservations (sealed in the usage heads: ``head_owner``)
-    against the sum of the turns' reservations. That they cover the entries
-    follows: each turn's bytes equal its entries' (``verify_store``, which the
-    turn heads authenticate) and are at most its reservation (``Tally.loads``)."""
+    """The usage heads' reservations against the sum of the turns' (which cover their entries)."""
     problems: list[Problem] = []
     for owner, total in sorted(totals.items()):
         if total is None:
@@ -184,9 +179,7 @@ def _usage_problems(totals: dict[str, int | None], reserved: dict[str, int]) -> 
 
 
 def _entries_differ(sealed: Tally, rows: Tally) -> bool:
-    """Whether the turn's entries (not only its records) differ from its head,
-    by the tests of ``Tally.check_found`` (a head's ``last`` is the highest step
-    ever recorded: the rows may legitimately stay below it)."""
+    """Whether the turn's entries (not only its records) differ from its head (``Tally.check_found``'s tests)."""
     return (
         (rows.n["e"], rows.d["e"]) != (sealed.n["e"], sealed.d["e"])
         or rows.last > sealed.last
@@ -195,12 +188,10 @@ def _entries_differ(sealed: Tally, rows: Tally) -> bool:
 
 
 def _steps_named(sealed: Tally, present: list[int], stored: set[str], now: float) -> dict[str, Any]:
-    """What can be said of a turn whose entries differ from its head: ``steps``
-    (the authenticated entries' steps, as runs), ``last_step`` (the highest step
-    the head recorded), ``missing_steps`` (runs of 1..last_step with no
-    authenticated entry) and ``newest_removed`` (the head's newest entry's step
-    when no row of the store has its id any more and its sealed expiry has not
-    passed, else None)."""
+    """A turn whose entries differ from its head: ``steps`` (runs), ``last_step``
+    (the head's), ``missing_steps`` (runs of 1..last_step with no authenticated
+    entry), ``newest_removed`` (the head's newest entry's step when its row is
+    gone before its sealed expiry, else None)."""
     newest = sealed.newest
     removed = None
     if newest is not None and newest[0] not in stored and float(newest[2]) > now:

@@ -1,18 +1,10 @@
 """Turn records: compaction checkpoints and compaction marks, sealed like entries.
 
-A record is a small JSON payload that belongs to one turn of one owner. It
-gets a random item key, wrapped by the owner's current key (the AAD binds the
-record id, owner and key version, so an owner-key rotation re-wraps it like an
-entry's item key), and its payload is sealed with AES-256-GCM under that item
-key (``crypto.seal_record``). The payload's AAD binds the table, record id,
-owner, actor, channel, turn, sequence number and both times: a record moved to
-another owner, turn, table or position, or given another expiry, fails
-authentication.
-
-In clear: the id, owner, actor and channel (the policy's scope is part of
-the query, as for entries), turn id, sequence number, key version and the two
-times. Everything the runtime wrote is in the sealed payload. Every fetch goes
-through ``access.Access``.
+A record is a small JSON payload of one turn of one owner, sealed under its own
+item key (wrapped by the owner's current key) with an AAD that binds its table,
+id, owner, actor, channel, turn, sequence number and both times
+(``crypto.seal_record``). In clear: those identifiers, the key version and the
+times. Every read goes through ``access``.
 """
 
 from __future__ import annotations
@@ -22,15 +14,18 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from ..crypto.primitives import Wrapper, open_record, reseal_record, seal_record
+from ..crypto.formats import open_record, reseal_record, seal_record
+from ..crypto.primitives import Wrapper
 from ..errors import IntegrityError, StoreUnavailableError
-from ..keys.keystore import IfUnknown, Keystore
+from ..keys.keystore import IfUnknown
 from ..principal import Principal
-from ..storage.base import Backend, Conn, Rows, check_write_bound
-from .access import Access
-from .heads.heads import RECORD_KINDS, Head, Heads, Room, expired_sql, record_item
+from ..storage.base import Conn, Rows, check_write_bound
+from . import access
+from .entries.rows import EntryParts
+from .heads.heads import RECORD_KINDS, Head, Heads, expired_sql, record_item
+from .quota import record_cost, room
 
-__all__ = ["RECORD_ROW_OVERHEAD", "TABLES", "QuotaCheck", "Records", "Updates", "record_cost"]
+__all__ = ["TABLES", "Records", "Updates"]
 
 TABLES = ("checkpoints", "compaction_marks")
 # The blobs are read as blobs whatever was written there: a value of another
@@ -43,29 +38,6 @@ _COLUMNS = (
 # (expires_at, sealed, id, old sealed) per table: a compare-and-set update.
 Updates = dict[str, list[tuple[float, bytes, str, bytes]]]
 
-# What a record's row costs on disk besides its sealed bytes and clear
-# identifiers (the other clear columns, its indexes' cells): counted against
-# the owner's quota with them.
-RECORD_ROW_OVERHEAD = 256
-# A record's clear identifiers as UTF-8 bytes (up to 1 KiB each), the most
-# either backend stores: each once in the row; again in the indexes: the id
-# (the key), the owner and turn (the unique (owner_user_id, turn_id, seq)), and
-# on PostgreSQL the owner once more (the key (id, owner_user_id)), counted one
-# and a half times (pages split half full: ``entry_shape.identifier_cost``).
-# Weights in halves. A record's cost is not kept (``used_sql`` counts the live
-# records at each check), so existing records count by this rule at once;
-# nothing sealed sums it.
-_IDENTIFIER_WEIGHTS = (("id", 5), ("owner_user_id", 8), ("turn_id", 5), ("actor", 2), ("channel", 2))
-_IDENTIFIERS_SQL = (
-    "(" + " + ".join(f"octet_length({column}) * {weight}" for column, weight in _IDENTIFIER_WEIGHTS) + ") / 2"
-)
-
-# The quota check of the entries table, run inside the write transaction:
-# (conn, owner, bytes added, now, what is added); raises QuotaExceededError.
-# (conn, owner, key version sealed under, bytes added, now, what): checks the
-# version is still the newest and the quota has room, in one statement.
-QuotaCheck = Callable[[Conn, str, int, int, float, str], Room]
-
 
 def _check_table(table: str) -> str:
     if table not in TABLES:
@@ -76,26 +48,9 @@ def _check_table(table: str) -> str:
 class Records:
     """The turn records of one store, built from its parts."""
 
-    def __init__(
-        self,
-        db: Backend,
-        keys: Keystore,
-        access: Access,
-        ttl: Callable[[int | None], int],
-        now: Callable[[float | None], float],
-        check_quota: QuotaCheck,
-        heads: Heads,
-        write_now: Callable[[float | None], float] | None = None,
-    ) -> None:
-        """``now`` gives a read's time, ``write_now`` (``now`` when absent) a new record's."""
-        self._heads = heads
-        self._db = db
-        self._keys = keys
-        self._access = access
-        self._ttl = ttl
-        self._now = now
-        self._write_now = write_now or now
-        self._check_quota = check_quota
+    def __init__(self, parts: EntryParts) -> None:
+        self._parts = parts
+        self._db, self._keys, self._access, self._heads = parts.db, parts.keys, parts.access, parts.heads
 
     def save(
         self,
@@ -106,41 +61,31 @@ class Records:
         ttl_seconds: int | None,
         now: float | None,
     ) -> dict[str, Any]:
-        """Seal ``payload`` (outside the transaction) and append it to the turn's records.
-
-        Returns the record's ``seq``, ``created_at`` and ``expires_at``.
-
-        ``seq`` numbers the record within the principal's scope (as ``load``
-        does): the stored sequence runs over the whole turn, and would tell
-        of records in other scopes.
+        """Seal ``payload`` (outside the transaction) and append it to the turn's
+        records; its ``seq`` (numbered within the principal's scope, as ``load``
+        numbers it), ``created_at`` and ``expires_at``.
 
         Raises:
             InvalidArgumentError: a bad ttl.
-            QuotaExceededError: the record does not fit in the owner's quota,
-                or is larger than one transaction may write (SQLite: half
-                its ``wal_limit_bytes``), before anything is stored.
+            QuotaExceededError: over the owner's quota, or more than one
+                transaction may write, before anything is stored.
             StoreBusyError: the write lock was not obtained in time, or the
                 sequence number kept being taken by other writers.
         """
         _check_table(table)
-        ttl = self._ttl(ttl_seconds)
-        created = self._write_now(now)
+        ttl = self._parts.ttl(ttl_seconds)
+        created = self._parts.timeline.write_time(now)
         body = json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8")
         owner = principal.owner_user_id
 
         def seal(version: int, wrapper: Wrapper) -> dict[str, Any]:
-            last = self._db.query(
-                f"SELECT COALESCE(MAX(seq), 0) AS seq FROM {table} WHERE owner_user_id = ? AND turn_id = ?",
-                (owner, turn_id),
-                owner=owner,
-            )[0]["seq"]
             row: dict[str, Any] = {
                 "id": secrets.token_hex(8),
                 "owner_user_id": owner,
                 "actor": principal.actor,
                 "channel": principal.channel,
                 "turn_id": turn_id,
-                "seq": int(last) + 1,
+                "seq": access.last_record_seq(self._db, table, owner, turn_id) + 1,
                 "key_version": version,
                 "created_at": created,
                 "expires_at": created + ttl,
@@ -149,37 +94,16 @@ class Records:
             check_write_bound(record_cost(row), self._db.write_limit_bytes, "turn record")
             return row
 
-        def write(conn: Conn, row: dict[str, Any]) -> dict[str, Any]:
-            room = self._check_quota(conn, owner, row["key_version"], record_cost(row), created, "record")
-            conn.execute(
-                f"INSERT INTO {table}({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
-            )
-            section = RECORD_KINDS[table]
-            self._heads.change(
-                conn,
-                owner,
-                turn_id,
-                lambda head: head.add(section, row["id"], record_item(row)),
-                row["key_version"],
-                room=room,
-            )
-            number = len(
-                self._access.rows(principal, table, "seq", "turn_id = ? AND seq <= ?", (turn_id, row["seq"]), conn=conn)
-            )
-            return {"seq": number, "created_at": created, "expires_at": row["expires_at"]}
-
         # A DuplicateKeyError (another writer took this seq, or the id collided) seals again.
         return self._keys.write_current(
             owner,
             seal,
-            write,
+            lambda conn, row: self._write(conn, principal, table, row),
             attempts=8,
             busy="could not store the turn record: other writers kept taking its place; try again",
             prefetch=[Heads.select_sql(owner, turn_id)],
             unknown=IfUnknown(
-                lambda conn, row: bool(
-                    conn.query(f"SELECT id FROM {table} WHERE id = ? AND owner_user_id = ?", (row["id"], owner))
-                ),
+                lambda conn, row: bool(conn.query(*access.stored_sql(table, owner, row["id"]))),
                 lambda _, why: StoreUnavailableError(
                     f"{why.removesuffix('; try again')}; the record's COMMIT had been sent, so turn {turn_id!r} may"
                     f" hold it as its newest {table[:-1].replace('_', ' ')}: read that to know"
@@ -187,43 +111,43 @@ class Records:
             ),
         )
 
+    def _write(self, conn: Conn, principal: Principal, table: str, row: dict[str, Any]) -> dict[str, Any]:
+        """``save``'s write transaction: the quota, the insert, the head; the record's number in the scope."""
+        owner, turn_id, version = row["owner_user_id"], row["turn_id"], row["key_version"]
+        cost = record_cost(row)
+        space = room(conn, self._parts.policy, owner, version, row["created_at"], "record", records_adding=cost)
+        conn.execute(f"INSERT INTO {table}({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values()))
+        item = (RECORD_KINDS[table], row["id"], record_item(row))
+        self._heads.change(conn, owner, turn_id, lambda head: head.add(*item), version, room=space)
+        mine = self._access.rows(principal, table, "seq", "turn_id = ? AND seq <= ?", (turn_id, row["seq"]), conn=conn)
+        return {"seq": len(mine), "created_at": row["created_at"], "expires_at": row["expires_at"]}
+
     def load(
         self, table: str, principal: Principal, turn_id: str, now: float | None, *, latest: bool = False
     ) -> list[dict[str, Any]]:
         """The live records of a turn in the principal's scope, oldest first (only
-        the newest with ``latest``), each as ``{"seq", "created_at", "expires_at", "payload"}``.
-
-        ``seq`` numbers the records within the principal's scope (1, 2, ... in the
-        order they were written, as ``save`` returned it): the stored sequence
-        runs over the whole turn, and would tell of records in other scopes.
+        the newest with ``latest``): ``seq`` (numbered within the scope, as
+        ``save`` returned it), ``created_at``, ``expires_at``, ``payload``.
 
         Raises:
             IntegrityError: a record fails authentication.
         """
         _check_table(table)
         order = "ORDER BY seq DESC LIMIT 1" if latest else "ORDER BY seq"
-        current = self._now(now)
-
-        live = (principal, table, _COLUMNS, "turn_id = ? AND expires_at > ?", (turn_id, current), order)
+        current = self._parts.timeline.read_time(now)
+        live: access.Query = (table, _COLUMNS, "turn_id = ? AND expires_at > ?", (turn_id, current), order)
         # Every record of the scope (expired ones not yet collected too) numbers the scope's sequence.
-        numbered = (principal, table, "seq", "turn_id = ?", (turn_id,), "ORDER BY seq")
+        numbered: access.Query = (table, "seq", "turn_id = ?", (turn_id,), "ORDER BY seq")
 
         def fetch() -> tuple[Rows, Rows]:
-            return self._access.rows(*live), self._access.rows(*numbered)
+            return self._access.rows(principal, *live), self._access.rows(principal, *numbered)
 
         def check(head: Head, fetched: tuple[Rows, Rows]) -> None:
-            self._heads.check_records_in(head, principal, table, turn_id, fetched[0], current, latest)
+            self._heads.checks.check_records_in(head, principal, table, turn_id, fetched[0], current, latest)
 
-        # The records, their numbering and the turn's head rows: one round trip on PostgreSQL.
-        first_rows, first_stored, head_rows = self._db.queries(
-            self._access.rows_sql(*live),
-            self._access.rows_sql(*numbered),
-            self._heads.read_sql(principal.owner_user_id, turn_id),
-            owner=principal.owner_user_id,
-        )
-        for row in (*first_rows, *first_stored):
-            self._access.policy.authorize_row(principal, row)
-        rows, stored = self._heads.checked(
+        head_sql = self._heads.read_sql(principal.owner_user_id, turn_id)
+        (first_rows, first_stored), head_rows = self._access.rows_beside(principal, head_sql, live, numbered)
+        rows, stored = self._heads.inventories.checked(
             principal.owner_user_id, turn_id, fetch, check, first=((first_rows, first_stored), head_rows)
         )
         numbers = {row["seq"]: index for index, row in enumerate(stored, 1)}
@@ -239,18 +163,10 @@ class Records:
 
     def all_rows(self, table: str) -> Rows:
         """Every row of a record table (housekeeping: ``verify``)."""
-        return self._db.query(
-            f"SELECT owner_user_id, actor, channel, {_COLUMNS} FROM {_check_table(table)}"
-            " ORDER BY owner_user_id, turn_id, seq",
-            admin=True,
-        )
+        return access.every_row(self._db, _check_table(table), _COLUMNS, "owner_user_id, turn_id, seq")
 
     def verify_row(self, table: str, row: dict[str, Any]) -> None:
-        """Authenticate a record row (``verify``).
-
-        Raises:
-            IntegrityError: the record fails authentication.
-        """
+        """Authenticate a record row (``verify``); raises IntegrityError when it fails."""
         self._opener(table)(row)
 
     def _opener(self, table: str) -> Callable[[dict[str, Any]], tuple[dict[str, Any], Any, Any]]:
@@ -272,12 +188,8 @@ class Records:
         return opened
 
     def prepare_extend(self, principal: Principal, turn_id: str, target: float, now: float) -> Updates:
-        """Re-sealed payloads (outside any transaction) for the turn's live records
-        that expire before ``target``; ``apply_extend`` writes them.
-
-        Raises:
-            IntegrityError: a record fails authentication.
-        """
+        """The turn's live records that expire before ``target``, sealed again for
+        it (outside any transaction); raises IntegrityError when one fails authentication."""
         updates: Updates = {}
         for table in TABLES:
             rows = self._access.rows(
@@ -303,17 +215,14 @@ class Records:
         return changed
 
     @staticmethod
-    def used_sql(owner: str, now: float) -> tuple[str, tuple[Any, ...]]:
-        """What the owner's live records cost on disk, as one SQL expression and
-        its parameters (read inside the caller's write transaction, in the
-        statement that reads the rest of the quota)."""
-        parts = " UNION ALL ".join(
-            f"SELECT length(sealed) + length(wrapped_key) + {_IDENTIFIERS_SQL} AS n FROM {table}"
-            " WHERE owner_user_id = ? AND expires_at > ?"
-            for table in TABLES
+    def rewrap(conn: Conn, table: str, updates: list[tuple[Any, ...]]) -> None:
+        """Rotation's compare-and-set of records' item keys: each update is (wrapped
+        key, version, id, old version, old wrapped key); a changed row is left."""
+        conn.executemany(
+            f"UPDATE {_check_table(table)} SET wrapped_key = ?, key_version = ?"
+            " WHERE id = ? AND key_version = ? AND wrapped_key = ?",
+            updates,
         )
-        sql = f"(SELECT CAST(COALESCE(SUM(n + {RECORD_ROW_OVERHEAD}), 0) AS BIGINT) FROM ({parts}) AS records)"
-        return sql, tuple(value for _ in TABLES for value in (owner, now))
 
     @staticmethod
     def delete_expired(conn: Conn, cutoff: float, kept: list[tuple[str, str]]) -> int:
@@ -332,11 +241,3 @@ class Records:
     def delete_owner(conn: Conn, owner: str) -> dict[str, int]:
         """Delete every record of an owner inside the caller's transaction."""
         return {table: conn.execute(f"DELETE FROM {table} WHERE owner_user_id = ?", (owner,)) for table in TABLES}
-
-
-def record_cost(row: dict[str, Any]) -> int:
-    """What a record's row costs on disk: its sealed bytes, its clear
-    identifiers (``_IDENTIFIER_WEIGHTS``) and a fixed overhead; ``used_sql``
-    counts the same in SQL."""
-    identifiers = sum(len(row[column].encode()) * weight for column, weight in _IDENTIFIER_WEIGHTS) // 2
-    return len(row["sealed"]) + len(row["wrapped_key"]) + identifiers + RECORD_ROW_OVERHEAD

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from click.testing import CliRunner
 
 from securepad.bench import hotpath, hotpath_report
 from securepad.cli import main
+from tests.support.paths import ROOT
 
 WORKLOADS = {"put", "read", "concurrent", "resume", "gc", "open", "hotpath"}
 BACKENDS = {"securepad", "raw-apsw", "unhardened", "diskcache", "sqlcipher"}
@@ -171,7 +173,7 @@ def test_hotpath_targets_name_the_reason_of_a_missing_figure() -> None:
 
 def test_grep_worst_case_benchmark_runs_and_writes_its_figures(tmp_path: Path) -> None:
     """The grep worst-case benchmark on a tiny entry: every case within the bound, results under --out."""
-    from securepad.bench import grep_worst
+    from benchmarks import grep_worst
 
     out = tmp_path / "results" / "grep_worst.json"
     assert grep_worst.main(["--mib", "0.05", "--out", str(out)]) == 0
@@ -184,9 +186,10 @@ def test_grep_worst_case_benchmark_runs_and_writes_its_figures(tmp_path: Path) -
 
 
 def test_faults_suite_runs_anywhere_and_writes_under_out(tmp_path: Path) -> None:
-    """``python -m securepad.bench.faults`` (the reliability page's figures) runs
-    outside a checkout, imports nothing from the working directory (not even a
-    ``tests`` package there), and writes its results to ``--out``."""
+    """``python -m benchmarks.faults`` (the reliability page's figures) runs
+    from any directory with the checkout on the path, imports nothing from the
+    working directory (not even a ``tests`` package there), and writes its
+    results to ``--out``."""
     work = tmp_path / "work"
     marker = tmp_path / "pwned"
     for package in ("tests", "benchmarks"):
@@ -194,8 +197,9 @@ def test_faults_suite_runs_anywhere_and_writes_under_out(tmp_path: Path) -> None
         (work / package / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
     (work / "test_faults_sqlite.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
     out = tmp_path / "results" / "faults.json"
-    command = [sys.executable, "-m", "securepad.bench.faults", "--quick", "--out", str(out), "threads", "damage"]
-    done = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=300, check=False)
+    command = [sys.executable, "-P", "-m", "benchmarks.faults", "--quick", "--out", str(out), "threads", "damage"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert not marker.exists()
     results = json.loads(out.read_text())
@@ -203,5 +207,5 @@ def test_faults_suite_runs_anywhere_and_writes_under_out(tmp_path: Path) -> None
     outcomes = results["damage"]["outcomes"]
     assert sum(outcomes.values()) == results["damage"]["trials"]
     assert not [name for name in outcomes if name.startswith("untyped")]
-    wrong = subprocess.run([*command[:3], "nosuchpart"], cwd=work, capture_output=True, text=True, check=False)
+    wrong = subprocess.run([*command[:4], "nosuchpart"], cwd=work, env=env, capture_output=True, text=True, check=False)
     assert wrong.returncode == 2 and "unknown part 'nosuchpart'" in wrong.stderr

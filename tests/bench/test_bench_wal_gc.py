@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from securepad.bench import gc_scrub, wal_load
+from benchmarks import gc_scrub, wal_load
 
 pytestmark = pytest.mark.slow
 

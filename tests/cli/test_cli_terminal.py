@@ -10,7 +10,7 @@ import click
 import pytest
 
 from securepad.cli import main
-from securepad.turn import MAX_TOOL_INT
+from securepad.core.tool import MAX_TOOL_INT
 from tests.support.cli_runner import Cli, as_json, ok, put
 
 QUOTED = '"quoted" line\n' * 3000

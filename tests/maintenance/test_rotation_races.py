@@ -95,7 +95,7 @@ def test_overlapping_rotations_of_one_owner_raise_nothing_and_lose_nothing(
 def _rotate_in_chunks(pad: Scratchpad) -> dict[str, Any]:
     """An owner rotation in chunks of 4 item keys (many transactions)."""
     got = parts(pad)
-    return lifecycle.rotate_owner_key(got.db, got.keys, "alice", batch=4, heads=got.entries.heads)
+    return lifecycle.rotate_owner_key(got.db, got.keys, "alice", batch=4, heads=got.heads)
 
 
 @pytest.mark.parametrize("rotations", [3])

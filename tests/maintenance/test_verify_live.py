@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from securepad import Keyring, Principal, Scratchpad
-from securepad._steps import record_next
 from securepad.store import parts
+from securepad.turn import record_next
 from tests.support.tamper_edits import as_admin, delete_entry, on_sqlite
 
 ALICE = Principal("alice", "planner", "web")

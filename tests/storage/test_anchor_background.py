@@ -18,7 +18,7 @@ import apsw
 import pytest
 
 from securepad import Keyring, Policy, Scratchpad
-from securepad.bench.heads import turn_put_costs
+from securepad.bench.costs import turn_put_costs
 from securepad.errors import IntegrityError
 from tests.conftest import ALICE
 

@@ -35,9 +35,9 @@ from securepad import (
     StoreBusyError,
     StoreCorruptError,
 )
-from securepad.bench.faults import damaged_copies, exercise
 from securepad.cli import main
 from securepad.store import sqlite_of
+from securepad.testing.faults import damaged_copies, exercise
 from tests.conftest import ALICE
 
 

@@ -15,7 +15,7 @@ def as_format_2(pad: Scratchpad, purpose: str = "turn-heads-era") -> int:
     flag the token of format 2 (``purpose``: ``turn-heads`` before the heads
     era), each usage head the sum of its owner's bytes: a store written before
     the turn reservations."""
-    heads = parts(pad).entries.heads
+    heads = parts(pad).heads
     rows = parts(pad).db.query("SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads", admin=True)
     done = 0
     used: dict[str, int] = {}

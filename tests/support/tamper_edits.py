@@ -70,6 +70,9 @@ def raw_file(db_path: Path) -> Iterator[apsw.Connection]:
     """A plain SQLite connection to the store file, no securepad involved (an
     attacker's, or another program's); its block is one transaction."""
     conn = apsw.Connection(str(db_path))
+    # The store's own background work (the anchor's syncer, a WAL checkpoint)
+    # may hold the file's lock for a moment: wait for it as any program would.
+    conn.setbusytimeout(10_000)
     try:
         with conn:
             yield conn

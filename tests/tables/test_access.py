@@ -165,7 +165,7 @@ def test_the_head_statement_of_a_read_by_id_names_the_owner(pad: Scratchpad) -> 
     bob_id = _ids(pad, BOB, GUESS, 1)[0]
     _ids(pad, ALICE, GUESS, 5)
     absent = _well_formed_absent(bob_id)
-    heads = parts(pad).entries.heads
+    heads = parts(pad).heads
     scope = pad.policy.scope_columns(ALICE)
     bobs = _admin_rows(pad, heads.entry_read_sql("alice", bob_id, scope))
     absents = _admin_rows(pad, heads.entry_read_sql("alice", absent, scope))
@@ -192,7 +192,7 @@ def test_the_read_function_of_postgresql_looks_the_turn_up_within_the_owner(pg_d
         bob_id = _ids(pad, BOB, GUESS, 1)[0]
         alices = _ids(pad, ALICE, GUESS, 5)
         absent = _well_formed_absent(bob_id)
-        reads = parts(pad).entries.heads.reads
+        reads = parts(pad).heads.reads
         rows = parts(pad).db.query(*reads.sql("?", GUESS, "alice"), owner="alice")
         v = next(row for row in rows if row["k"] == "v")
         token = (v["turn_id"], bytes(v["sealed"]), v["actor"], v["channel"])
@@ -274,7 +274,7 @@ def test_the_read_function_of_postgresql_holds_the_turn_to_the_channel_and_actor
         mine = _ids(pad, ALICE, GUESS, 5)
         absent = _well_formed_absent(outside)
         in_scope = pad.policy.scope_columns(ALICE)
-        reads = parts(pad).entries.heads.reads
+        reads = parts(pad).heads.reads
         rows = parts(pad).db.query(*reads.sql("?", GUESS, "alice"), owner="alice")
         v = next(row for row in rows if row["k"] == "v")
         token = (v["turn_id"], bytes(v["sealed"]), v["actor"], v["channel"])

@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 
 from securepad import Keyring, Policy, Principal, QuotaExceededError, Scratchpad
 from securepad.store import parts, sqlite_of
+from securepad.tables.access import RECORD_ROW_OVERHEAD, records_used_sql
 from securepad.tables.entries.prepare import ENTRY_ROW_OVERHEAD, identifier_cost
-from securepad.tables.records import RECORD_ROW_OVERHEAD, Records, record_cost
+from securepad.tables.quota import record_cost
 from tests.storage.test_migrate_fixture_v7 import ALICE as V7_ALICE
 from tests.storage.test_migrate_fixture_v7 import EXPECTED, NOW, copy_v7
 
@@ -119,7 +120,7 @@ def test_an_entrys_cost_grows_with_each_identifier_byte() -> None:
     )
 )
 def test_the_records_cost_in_sql_is_the_sum_of_their_costs(tmp_path_factory: Any, identifiers: Any) -> None:
-    """``Records.used_sql`` (the quota's statement) and ``record_cost`` (a new
+    """``records_used_sql`` (the quota's statement) and ``record_cost`` (a new
     record's check) count the same, identifier bytes included, whatever the
     characters (SQLite's ``length`` counts characters, ``octet_length`` bytes)."""
     directory = tmp_path_factory.mktemp("records")
@@ -132,7 +133,7 @@ def test_the_records_cost_in_sql_is_the_sum_of_their_costs(tmp_path_factory: Any
         rows = parts(pad).db.query(
             "SELECT id, owner_user_id, actor, channel, turn_id, sealed, wrapped_key FROM checkpoints", admin=True
         )
-        sql, params = Records.used_sql(owner, 0.0)
+        sql, params = records_used_sql(owner, 0.0)
         total = parts(pad).db.query(f"SELECT {sql} AS n", params, admin=True)[0]["n"]
     assert total == sum(record_cost(row) for row in rows)
     assert all(record_cost(row) > len(row["sealed"]) + len(row["wrapped_key"]) + RECORD_ROW_OVERHEAD for row in rows)

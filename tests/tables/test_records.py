@@ -304,12 +304,12 @@ def test_content_identity_is_keyed_per_owner(pad: Scratchpad, alice: Principal, 
     text = "the same observation " * 100
     pad.put(alice, TURN, 1, "x", text)
     pad.put(bob, TURN, 1, "x", text)
-    ids = [parts(pad).entries.turn_entries(who, TURN, NOW)[0].meta["content_id"] for who in (alice, bob)]
+    ids = [parts(pad).listings.turn_entries(who, TURN, NOW)[0].meta["content_id"] for who in (alice, bob)]
     assert ids[0] != ids[1]
     plain = hashlib.sha256(text.encode()).hexdigest()
     assert all(plain not in cid and hashlib.sha256(b"text" + text.encode()).hexdigest() not in cid for cid in ids)
     pad.put(alice, TURN, 2, "x", text)
-    assert parts(pad).entries.turn_entries(alice, TURN, NOW)[1].meta["content_id"] == ids[0]
+    assert parts(pad).listings.turn_entries(alice, TURN, NOW)[1].meta["content_id"] == ids[0]
 
 
 @pytest.fixture
@@ -326,6 +326,6 @@ def test_content_identity_differs_between_stores(two_stores: tuple[Scratchpad, S
     for store in two_stores:
         store.put(alice, TURN, 1, "x", "same text")
     assert (
-        parts(one).entries.turn_entries(alice, TURN, NOW)[0].meta["content_id"]
-        != parts(two).entries.turn_entries(alice, TURN, NOW)[0].meta["content_id"]
+        parts(one).listings.turn_entries(alice, TURN, NOW)[0].meta["content_id"]
+        != parts(two).listings.turn_entries(alice, TURN, NOW)[0].meta["content_id"]
     )

@@ -281,7 +281,7 @@ MIGRATIONS: dict[int, str] = {
     ALTER TABLE checkpoints DROP CONSTRAINT checkpoints_pkey, ADD PRIMARY KEY (id, owner_user_id);
     ALTER TABLE compaction_marks DROP CONSTRAINT compaction_marks_pkey, ADD PRIMARY KEY (id, owner_user_id);
     """,
-    # Sealed bytes are stored as they are (python -m securepad.bench.pg_cpu
+    # Sealed bytes are stored as they are (python -m benchmarks.pg_cpu
     # measures it): ciphertext does not compress, yet a row over 2 KiB (an
     # entry with its 4 KiB segment) made the server try pglz on its biggest
     # value before moving it out of line, on every put (2% of the server's CPU

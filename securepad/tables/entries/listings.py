@@ -1,8 +1,5 @@
-"""The turn listings: a turn's live entries in step order, whether one was
-offloaded, its highest step, whether a step is free. Every row comes through
-``access.Access`` and is authenticated by ``Opener.lister``: its listing part
-under the owner's listing key, no per-entry key work.
-"""
+"""The turn listings: a turn's live entries, whether one was offloaded, its
+highest step, whether a step is free; rows through ``access.Access``, opened by ``Opener.lister``."""
 
 from __future__ import annotations
 
@@ -14,7 +11,7 @@ from ...principal import Principal, check_identifier
 from ...storage.base import Conn, Params, Rows
 from ..access import Access, check_principal
 from ..heads.heads import Head
-from .open import Opener, rows_and_head
+from .open import Opener
 from .rows import COLUMNS, EntryParts, Opened, check_row_types, check_step_num, live
 
 __all__ = ["Listings", "step_sql"]
@@ -28,7 +25,7 @@ class Listings:
 
     def __init__(self, parts: EntryParts, opener: Opener) -> None:
         self._db, self._access = parts.db, parts.access
-        self.heads, self.now = parts.heads, parts.now
+        self.heads, self.now = parts.heads, parts.timeline.read_time
         self._lister = opener.lister
 
     def turn_entries(self, principal: Principal, turn_id: str, now: float | None) -> list[Opened]:
@@ -45,27 +42,21 @@ class Listings:
             return list(self._authenticate_rows(principal, live(rows, current)))
 
         def check(head: Head, opened: list[Opened]) -> None:
-            self.heads.check_entries_in(head, principal, turn_id, [each.row for each in opened], current)
+            self.heads.checks.check_entries_in(head, principal, turn_id, [each.row for each in opened], current)
 
         # The turn's rows and its head rows: one round trip on PostgreSQL.
         head_sql = self.heads.read_sql(principal.owner_user_id, turn_id)
-        rows, head_rows = rows_and_head(
-            self._db, self._access, principal, head_sql, COLUMNS, "turn_id = ?", (turn_id,), order
+        (rows,), head_rows = self._access.rows_beside(
+            principal, head_sql, ("entries", COLUMNS, "turn_id = ?", (turn_id,), order)
         )
-        return self.heads.checked(principal.owner_user_id, turn_id, fetch, check, first=(fetch(rows), head_rows))
+        return self.heads.inventories.checked(
+            principal.owner_user_id, turn_id, fetch, check, first=(fetch(rows), head_rows)
+        )
 
     def turn_offloads(self, principal: Principal, turn_id: str, now: float | None) -> bool:
         """Whether a live entry of the turn in the principal's scope was offloaded
-        (its sealed metadata holds no ``inline`` history item).
-
-        Entries are fetched newest step first, in pages that double (8, 16,
-        ...), and authenticated one at a time until one is offloaded: when the
-        latest steps were offloaded, one small indexed query and one
-        authentication answer, whatever the turn's length. The answer comes
-        from authenticated metadata only, and the rows it looked at are checked
-        against the turn's head (the newest ones, all of them when none was
-        offloaded): deleting the offloaded entries cannot hide the read tool.
-        """
+        (no ``inline`` item): newest first, in doubling pages, until one is; the
+        rows looked at are checked against the turn's head."""
         current = self.now(now)
 
         def fetch() -> tuple[bool, list[dict[str, Any]]]:
@@ -79,16 +70,14 @@ class Listings:
 
         def check(head: Head, fetched: tuple[bool, list[dict[str, Any]]]) -> None:
             found, seen = fetched
-            self.heads.check_newest_first(head, principal, turn_id, seen, current, complete=not found)
+            self.heads.checks.check_newest_first(head, principal, turn_id, seen, current, complete=not found)
 
-        return self.heads.checked(principal.owner_user_id, turn_id, fetch, check)[0]
+        return self.heads.inventories.checked(principal.owner_user_id, turn_id, fetch, check)[0]
 
     def _newest_first(
         self, principal: Principal, turn_id: str, columns: str, now: float | None, conn: Conn | None = None
     ) -> Iterator[dict[str, Any]]:
-        """The turn's live rows in the principal's scope, highest step first, fetched
-        lazily in pages that double (8, 16, ...): a caller that stops early pays
-        for one small indexed query."""
+        """The turn's live rows in the principal's scope, highest step first, in doubling pages."""
         check_principal(principal)
         check_identifier("turn_id", turn_id)
         current = self.now(now)
@@ -114,14 +103,9 @@ class Listings:
         return self._access.open_each(principal, "entries", COLUMNS, rows, self._lister())
 
     def last_step(self, principal: Principal, turn_id: str, now: float | None, conn: Conn | None = None) -> int:
-        """The highest step number of the turn's live entries in the principal's
-        scope, 0 for none: newest first, in doubling pages.
-
-        Read from the clear column: it only proposes the next step to try, and
-        ``Turn.record`` checks that one; nothing of it reaches the model.
-        Outside a write (``conn``) the answer is checked against the turn's
-        head (``Heads.checked_last``: the head's newest entry, one small row),
-        so a truncated or forged newest step is refused, not recorded over.
+        """The highest step of the turn's live entries in the principal's scope,
+        0 for none (a clear column: only a proposal); outside a write (``conn``)
+        checked against the turn's head.
 
         Raises:
             IntegrityError: a clear step or expiry that is not a number, or a
@@ -151,13 +135,9 @@ class Listings:
         conn: Conn | None = None,
         taken: list[dict[str, Any]] | None = None,
     ) -> None:
-        """Refuse a step that a live entry of the turn in the principal's scope
-        already has: one lookup on the (owner, turn, step) index. Inside the
-        put's write transaction (``conn``), which serializes the owner's writes
-        on both backends, no other writer can take the step between this look and the insert.
-        ``taken``: what that lookup found when the caller ran it already (``put``
-        reads it in its version-and-quota statement, ``step_sql`` inside; the
-        rows only refuse a step, none reaches the caller).
+        """Refuse a step a live entry of the turn in the principal's scope has
+        (inside the put's write transaction with ``conn``); ``taken``: the
+        lookup's rows when the caller ran it already.
 
         Raises:
             InvalidArgumentError: a bad principal, turn id or step, or the step is taken.

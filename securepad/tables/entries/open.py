@@ -1,8 +1,5 @@
-"""Opening one entry: the authorized fetch of its row, its authentication, its content.
-
-``Opener.open`` is the one path from an entry id to its plaintext; the row is
-fetched through ``access.Access`` and authenticated by ``crypto.open_entry``.
-"""
+"""Opening one entry: its row fetched through ``access.Access``, authenticated
+by ``crypto.open_entry``, its content read (``Opener.open``: the one path from an id to plaintext)."""
 
 from __future__ import annotations
 
@@ -11,27 +8,22 @@ from collections.abc import Callable
 from typing import Any
 
 from ...core import read_modes, shaping
-from ...crypto.primitives import ENTRY_FORMAT, EntryCipher, Header, ListingKey, open_entry
+from ...crypto.formats import ENTRY_FORMAT, EntryCipher, Header, ListingKey, open_entry
 from ...errors import ExpiredError, IntegrityError, InvalidArgumentError, NotFoundError
 from ...policy import NOT_FOUND_MESSAGE
 from ...principal import Principal, check_identifier
 from ...storage.base import Backend, Params, Rows
-from ..access import Access, audit_log, check_principal
+from .. import access
+from ..access import ONLY_SEGMENT, audit_log, check_principal
 from ..heads.heads import Head, same_entry
 from .rows import COLUMNS, ID_RE, Entry, EntryParts, Opened, Readable, check_row_types
 
-__all__ = ["Opener", "rows_and_head"]
+__all__ = ["Opener"]
 
 # Clear columns that the sealed metadata repeats; a mismatch means tampering.
 _SEALED_COLUMNS = ("actor", "channel", "step_num", "executor_name", "created_at", "expires_at")
-# An entry to open comes with its segment when it has only one (up to
-# SEGMENT_BYTES: most entries), selected with the authorized row itself: one
-# query per read (one round trip on PostgreSQL) instead of two.
-# A one-segment entry's segment: in its row (schema 8 on), or in segments (rows written before).
-_ONLY_SEGMENT = (
-    "COALESCE(only_segment, (SELECT data FROM segments WHERE segments.entry_id = entries.id AND segments.seq = 0))"
-)
-_OPEN_COLUMNS = f"{COLUMNS}, CASE WHEN segment_count = 1 THEN {_ONLY_SEGMENT} END AS only_segment"
+# A one-segment entry (most) comes with its segment, selected with the authorized row itself.
+_OPEN_COLUMNS = f"{COLUMNS}, CASE WHEN segment_count = 1 THEN {ONLY_SEGMENT} END AS only_segment"
 
 
 class Opener:
@@ -52,30 +44,13 @@ class Opener:
             ExpiredError: the caller's own entry has expired.
             IntegrityError: the stored entry fails authentication.
         """
-        check_principal(principal)
-        if not isinstance(scratchpad_id, str) or not ID_RE.fullmatch(scratchpad_id):
-            self._access.denied(principal, "malformed id")
-            raise NotFoundError(NOT_FOUND_MESSAGE)
-        where = "id = ?"
-        params: tuple[str, ...] = (scratchpad_id,)
-        # The entry's row and its turn's head rows: one round trip on PostgreSQL.
-        # The turn is the one given, or the id's within the principal's scope:
-        # another owner's id reads the owner's heads alone, as an absent id does.
-        if turn_id is not None:
-            where, params = "id = ? AND turn_id = ?", (scratchpad_id, check_identifier("turn_id", turn_id))
-            head_sql = self.heads.read_sql(principal.owner_user_id, turn_id)
-        else:
-            scope = self.policy.scope_columns(principal)
-            head_sql = self.heads.entry_read_sql(principal.owner_user_id, scratchpad_id, scope)
-        rows, head_rows = rows_and_head(self._db, self._access, principal, head_sql, _OPEN_COLUMNS, where, params)
-        if not rows:
-            self._access.denied(principal, scratchpad_id)
-            raise NotFoundError(NOT_FOUND_MESSAGE)
-        current = self.timeline.entry_time(scratchpad_id, now)
+        query, rows, head_rows = self._first_fetch(principal, scratchpad_id, turn_id)
+        entry_id = str(scratchpad_id)  # an id: _first_fetch checked it
+        current = self.timeline.entry_time(entry_id, now)
 
         def fetch(got: Rows | None = None) -> tuple[dict[str, Any] | None, Readable | None]:
             if got is None:
-                got = self._access.rows(principal, "entries", _OPEN_COLUMNS, where, params)
+                got = self._access.rows(principal, *query)
             if not got:
                 return None, None
             row = got[0]
@@ -89,7 +64,7 @@ class Opener:
         def check(head: Head, fetched: tuple[dict[str, Any] | None, Readable | None]) -> None:
             row, opened = fetched
             if row is not None and opened is None:
-                self.heads.check_expired_in(head, row, current)
+                self.heads.checks.check_expired_in(head, row, current)
             elif opened is not None:
                 same_entry(head, opened.row)
 
@@ -98,18 +73,49 @@ class Opener:
             first: tuple[tuple[dict[str, Any] | None, Readable | None], Rows] | None = (fetch(rows), head_rows)
         except IntegrityError:  # tampering, or a rotation retired the row's key meanwhile: read again
             first = None
-        row, opened = self.heads.checked(principal.owner_user_id, rows[0]["turn_id"], fetch, check, first=first)
+        row, opened = self.heads.inventories.checked(
+            principal.owner_user_id, rows[0]["turn_id"], fetch, check, first=first
+        )
         if row is None:  # deleted meanwhile
             raise NotFoundError(NOT_FOUND_MESSAGE)
         if opened is None:
-            self.timeline.found_expired(scratchpad_id, current)
+            self.timeline.found_expired(entry_id, current)
             raise ExpiredError("this entry has expired")
         return opened
 
+    def _first_fetch(
+        self, principal: Principal, scratchpad_id: object, turn_id: str | None
+    ) -> tuple[access.Query, Rows, Rows]:
+        """The entry's scoped query, its row and its turn's head rows (one round
+        trip on PostgreSQL). The turn is the one given, or the id's within the
+        scope: another owner's id reads the owner's heads alone, as an absent one.
+
+        Raises:
+            NotFoundError: no row (absent, malformed, another owner's, outside the scope).
+        """
+        check_principal(principal)
+        if not isinstance(scratchpad_id, str) or not ID_RE.fullmatch(scratchpad_id):
+            self._access.denied(principal, "malformed id")
+            raise NotFoundError(NOT_FOUND_MESSAGE)
+        owner = principal.owner_user_id
+        where = "id = ?"
+        params: Params = (scratchpad_id,)
+        if turn_id is not None:
+            where = "id = ? AND turn_id = ?"
+            params = (scratchpad_id, check_identifier("turn_id", turn_id))
+            head_sql = self.heads.read_sql(owner, turn_id)
+        else:
+            head_sql = self.heads.entry_read_sql(owner, scratchpad_id, self.policy.scope_columns(principal))
+        query: access.Query = ("entries", _OPEN_COLUMNS, where, params, "")
+        (rows,), head_rows = self._access.rows_beside(principal, head_sql, query)
+        if not rows:
+            self._access.denied(principal, scratchpad_id)
+            raise NotFoundError(NOT_FOUND_MESSAGE)
+        return query, rows, head_rows
+
     def authenticate(self, row: dict[str, Any]) -> Readable:
-        """Unwrap the item key, check the commitment, open the metadata and, for
-        a row of format 2, its listing part (format 1 repeats the clear columns
-        inside its metadata instead: they are compared).
+        """Unwrap the item key, check the commitment, open the metadata and the
+        listing part (format 1: the clear columns compared with the metadata's copy).
 
         Raises:
             IntegrityError: any of them fails authentication or does not match.
@@ -152,17 +158,10 @@ class Opener:
         return Readable(row, meta, content, cipher)
 
     def lister(self) -> Callable[[dict[str, Any]], Opened]:
-        """What a listing shows of each of its rows: the entry's listing part,
-        opened under the owner's listing key (asked of the keystore once per
-        key version), one AES-GCM call and no key of its own. A row written
-        in the older format has no listing part: it is opened whole
-        (``authenticate``), as a listing always did.
-
-        The part's AAD binds every clear column a listing returns, their types
-        included (``crypto.listing_aad``), so no type check is needed here.
-        The function raises IntegrityError when the part, or a clear column it
-        is bound to, was altered.
-        """
+        """What a listing shows of a row: its listing part opened under the
+        owner's listing key (bound to every clear column a listing returns), or
+        the whole entry for format 1. The function raises IntegrityError when
+        the part, or a clear column it is bound to, was altered."""
         keys: dict[tuple[Any, Any], ListingKey] = {}
 
         def listed(row: dict[str, Any]) -> Opened:
@@ -180,7 +179,7 @@ class Opener:
         return _listing_meta(self._keys.listing_key(row["owner_user_id"], row["key_version"]), row)
 
     def verify_row(self, row: dict[str, Any]) -> None:
-        """Authenticate an entry row and every one of its segments (``verify``).
+        """Authenticate an entry row and all its segments (``verify``).
 
         Raises:
             IntegrityError: the row or a segment fails authentication.
@@ -216,26 +215,6 @@ class Opener:
         return result
 
 
-def rows_and_head(
-    db: Backend,
-    access: Access,
-    principal: Principal,
-    head: tuple[str, Params],
-    columns: str,
-    where: str,
-    params: Params,
-    tail: str = "",
-) -> tuple[Rows, Rows]:
-    """``Access.rows`` over entries (each row authorized again) and the head
-    query ``head``, read together (``Backend.queries``: one round trip on PostgreSQL)."""
-    rows, head_rows = db.queries(
-        access.rows_sql(principal, "entries", columns, where, params, tail), head, owner=principal.owner_user_id
-    )
-    for row in rows:
-        access.policy.authorize_row(principal, row)
-    return rows, head_rows
-
-
 def _listing_meta(key: ListingKey, row: dict[str, Any]) -> dict[str, Any]:
     """What an entry's listing part holds (authenticated), with its view."""
     meta = shaping.unpack(key.open(row))
@@ -255,21 +234,14 @@ def _entry_meta(plain: bytes) -> dict[str, Any]:
 def _fetcher(
     db: Backend, entry_id: str, owner: str, cipher: EntryCipher, count: int, only: object = None
 ) -> read_modes.Fetch:
-    """The entry's segments, opened; ``only`` is the one segment of a
-    one-segment entry when it came with the entry row (``_OPEN_COLUMNS``)."""
+    """The entry's segments, opened; ``only``: a one-segment entry's, fetched with its row."""
 
     def fetch(first: int, last: int) -> list[bytes]:
         if count == 1 and (first, last) == (0, 0):
             return [
                 cipher.open_segment(0, only if isinstance(only, bytes) else _only_segment(db, entry_id, owner), True)
             ]
-        # Only the segments asked for travel from the database; the entry row
-        # they belong to was authorized and authenticated by the caller.
-        rows = db.query(
-            "SELECT seq, data FROM segments WHERE entry_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
-            (entry_id, first, last),
-            owner=owner,
-        )
+        rows = access.segments(db, entry_id, owner, first, last)
         if [row["seq"] for row in rows] != list(range(first, last + 1)):
             raise IntegrityError("the entry's segments are missing or out of order")
         if not all(isinstance(row["data"], bytes) for row in rows):
@@ -280,13 +252,8 @@ def _fetcher(
 
 
 def _only_segment(db: Backend, entry_id: str, owner: str) -> bytes:
-    """The sealed segment of a one-segment entry, wherever it is kept (the
-    entry row was authorized and authenticated by the caller)."""
-    rows = db.query(
-        f"SELECT {_ONLY_SEGMENT} AS data FROM entries WHERE id = ? AND owner_user_id = ?",
-        (entry_id, owner),
-        owner=owner,
-    )
+    """The sealed segment of a one-segment entry the caller authenticated."""
+    rows = access.only_segment(db, entry_id, owner)
     if not rows or rows[0]["data"] is None:
         raise IntegrityError("the entry's segments are missing or out of order")
     if not isinstance(rows[0]["data"], bytes):

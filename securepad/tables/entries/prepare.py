@@ -1,8 +1,6 @@
-"""An observation made ready to store: shaped, cut into segments, indexed
-(``Prepared.of``, pure), then sealed under a fresh id and item key
-(``Prepared.seal``); what its rows cost against the quota (``row_cost``).
-The put pipeline (``entry_put``) writes what this makes.
-"""
+"""An observation made ready to store: shaped and cut into segments
+(``Prepared.of``, pure), sealed under a fresh id and item key (``seal``);
+what its rows cost against the quota (``row_cost``)."""
 
 from __future__ import annotations
 
@@ -12,20 +10,15 @@ from typing import Any
 
 from ...core import read_modes, shaping
 from ...core.segments import split_bytes, split_text
-from ...crypto.primitives import (
-    ENTRY_FORMAT,
-    EntryCipher,
-    Header,
-    ListingKey,
-    Wrapper,
-    seal_entry,
-)
+from ...crypto.formats import ENTRY_FORMAT, EntryCipher, Header, ListingKey, seal_entry
+from ...crypto.primitives import Wrapper
 from ...errors import QuotaExceededError
 from ...policy import Policy
 from ...principal import Principal
+from ...storage.base import check_write_bound
 from .rows import listing_fields
 
-__all__ = ["ENTRY_ROW_OVERHEAD", "Prepared", "identifier_cost", "row_cost", "split"]
+__all__ = ["ENTRY_ROW_OVERHEAD", "Prepared", "check_write_size", "identifier_cost", "row_cost", "split"]
 
 
 @dataclass
@@ -78,9 +71,7 @@ class Prepared:
         )
 
     def cost_bound(self, meta: dict[str, Any], owner: str, turn_id: str) -> int:
-        """More than the entry's ``row_cost`` will be (before it is sealed; ``meta``
-        from ``meta``): what a put must find spare in its turn's reservation to
-        try the shared lock."""
+        """More than the entry's ``row_cost`` will be, before it is sealed."""
         count = len(self.segments)
         identifiers = identifier_cost(
             "0" * 16, owner, turn_id, meta["actor"], meta["channel"], meta["executor_name"], count if count > 1 else 0
@@ -96,8 +87,7 @@ class Prepared:
         expires: float,
         inline: tuple[Any] | None,
     ) -> dict[str, Any]:
-        """The entry's metadata: its clear columns, what a read needs and what a
-        listing shows (``seal`` puts each where it belongs)."""
+        """The entry's metadata: clear columns, what a read needs, what a listing shows."""
         meta = {
             "actor": principal.actor,
             "channel": principal.channel,
@@ -162,9 +152,7 @@ class Prepared:
     def restep(
         self, row: dict[str, Any], meta: dict[str, Any], listing: ListingKey, step_num: int, observation: Any
     ) -> None:
-        """Give the sealed ``row`` another step (``put(next_step=True)``): the
-        view names the step (its reference hint), so it is made again, and the
-        listing part, bound to the step, sealed again; the quota counts the new part."""
+        """Give the sealed ``row`` another step: its view made and its listing part sealed again."""
         meta["step_num"] = row["step_num"] = step_num
         meta["view"] = shaping.view(
             self.kind, step_num, self.size_bytes, self.content, self.rest, observation, self.inline_max_chars
@@ -187,18 +175,10 @@ _SEALING_BOUND = 2048
 def identifier_cost(
     entry_id: str, owner: str, turn_id: str, actor: str, channel: str, executor_name: str, segment_rows: int
 ) -> int:
-    """What an entry's clear identifiers cost on disk, as UTF-8 bytes (up to
-    1 KiB each: ``MAX_IDENTIFIER_CHARS``), the most either backend stores: each
-    once in the row; again in the indexes: the id (its key), the owner and turn
-    (``entries_owner_turn``), and on PostgreSQL the owner twice more (the key
-    ``(id, owner_user_id)``, ``entries_owner_usage``); and, for an entry whose
-    segments have rows of their own (more than one segment), the id and the
-    owner twice in each (row and key). An index's pages split half full under
-    keys that do not come in order (the ids are random): its keys count one
-    and a half times (measured on PostgreSQL with 256-character identifiers:
-    3,560 bytes an entry on disk beside the sealed ones, 3,750 counted).
-    ``ENTRY_ROW_OVERHEAD`` leaves them out: with 256-character identifiers
-    they are most of a small entry's rows."""
+    """What an entry's clear identifiers cost on disk, as UTF-8 bytes, the most
+    either backend stores: each once in the row; the id, owner and turn again in
+    the indexes (the owner twice more on PostgreSQL), index keys counted one and
+    a half times (pages split half full); the id and owner twice in each segment row."""
     size = {name: len(value.encode()) for name, value in (("id", entry_id), ("owner", owner), ("turn", turn_id))}
     in_row = size["id"] + size["owner"] + size["turn"] + len(actor.encode()) + len(channel.encode())
     in_row += len(executor_name.encode())
@@ -207,11 +187,8 @@ def identifier_cost(
 
 
 def row_cost(row: dict[str, Any], sealed: list[bytes]) -> int:
-    """What an entry's rows cost on disk: its sealed bytes, its clear
-    identifiers (``identifier_cost``) and a fixed overhead. The cost is
-    computed once, at the put, and kept in the row's ``stored_bytes``, which
-    the turn's head binds: a row written under another rule keeps the cost it
-    was counted with, so the sealed totals stay the sums of their rows."""
+    """What an entry's rows cost on disk: sealed bytes, clear identifiers and a
+    fixed overhead; kept in its ``stored_bytes`` (the head binds it) at the put."""
     sealed_bytes = sum(len(s) for s in sealed)
     fields = sum(len(row[c]) for c in ("sealed_meta", "wrapped_key", "nonce_prefix", "commitment"))
     fields += len(row.get("sealed_listing") or b"")
@@ -235,3 +212,16 @@ def split(content: str | bytes) -> tuple[list[bytes], list[int] | None, int, lis
     counts = [len(piece) for piece in pieces]
     breaks, line_count = read_modes.line_index(pieces)
     return segments, counts, sum(counts), breaks, line_count
+
+
+def check_write_size(
+    prepared: list[tuple[Prepared, str]], principal: Principal, turn_id: str, limit: int | None, what: str
+) -> None:
+    """Refuse, before anything is written, entries that could take more than
+    ``limit`` bytes in one transaction (raises QuotaExceededError)."""
+    if limit is None:
+        return
+    names = {"actor": principal.actor, "channel": principal.channel}
+    owner = principal.owner_user_id
+    size = sum(p.cost_bound({**names, "executor_name": executor}, owner, turn_id) for p, executor in prepared)
+    check_write_bound(size, limit, what)

@@ -1,16 +1,15 @@
-"""The put pipeline: an observation shaped, cut into segments and sealed
-(``crypto.seal_entry``) outside any transaction, then written in one write
-transaction that checks the step, the owner key's version and the quota.
-"""
+"""The put pipeline: an observation sealed outside any transaction, then
+written in one that checks the step, the owner key's version and the quota."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from ...crypto.primitives import EntryCipher, ListingKey, Wrapper
+from ...crypto.formats import EntryCipher, ListingKey
+from ...crypto.primitives import Wrapper
 from ...errors import IntegrityError, InvalidArgumentError, StoreBusyError, StoreUnavailableError
-from ...keys.keystore import NEWEST_VERSION_SQL, IfUnknown, Keystore
+from ...keys.keystore import IfUnknown, Keystore
 from ...principal import Principal, check_identifier
 from ...storage.base import (
     Conn,
@@ -20,15 +19,14 @@ from ...storage.base import (
     OwnerLockNeeded,
     Params,
     Rows,
-    check_write_bound,
 )
-from ..access import Access, check_principal
+from ..access import Access, check_principal, quota_sql, stored_entries, stored_sql
 from ..heads.beside import read_with_heads, with_heads
 from ..heads.heads import Room, entry_item
 from ..heads.last_sealed import Once
-from ..records import Records
+from ..quota import room
 from .listings import Listings, step_sql
-from .prepare import Prepared
+from .prepare import Prepared, check_write_size
 from .rows import EntryParts, check_step_num, live
 
 __all__ = ["Putter", "Shown"]
@@ -38,20 +36,17 @@ _HINTS = 4096
 
 
 class Putter:
-    """Stores the entries of one store: ``put``, ``put_many``, ``room`` (the quota's)."""
+    """Stores the entries of one store: ``put``, ``put_many``."""
 
     def __init__(self, parts: EntryParts, listings: Listings) -> None:
         self._keys, self._access = parts.keys, parts.access
         self.dialect = parts.db.dialect
         self.policy, self.heads, self.ttl = parts.policy, parts.heads, parts.ttl
-        self.write_now = parts.write_now
+        self.write_now = parts.timeline.write_time
         self.listings = listings
-        # The backend that sends a put in one message (PostgreSQL), or None.
-        self._once = parts.db if isinstance(parts.db, OnceWriter) else None
-        # The most one write may store (``Backend.write_limit_bytes``), or None.
+        self._once = parts.db if isinstance(parts.db, OnceWriter) else None  # a put in one message
         self.write_limit = parts.db.write_limit_bytes
-        # The reservation (owner, turn) had left after its last put here: a
-        # hint that picks the put's lock (``put``), never trusted.
+        # The reservation (owner, turn) had left after its last put here: a hint that picks the lock.
         self._spare: dict[tuple[str, str], int] = {}
 
     def put(
@@ -68,16 +63,9 @@ class Putter:
         free_step: bool = False,
         next_step: bool = False,
     ) -> dict[str, Any]:
-        """Store an observation (see ``Scratchpad.put``), keeping (sealed) what a
-        turn showed the model: ``inline`` is ``(item,)`` when the observation
-        went into the history itself. With ``free_step``, the write transaction
-        refuses a step that a live entry of the turn in the principal's scope already has.
-        With ``next_step`` too (and no ``inline``), ``step_num`` is only a guess:
-        the write transaction, which serializes the owner's writes, gives the
-        entry the step after the turn's highest live one in the principal's
-        scope (sealing its metadata again when the guess was not that), so
-        concurrent writers never collide; the returned view has the step taken.
-        The steps of one put are ``_Put``'s."""
+        """``Scratchpad.put``; ``inline``: ``(item,)`` the history showed. ``free_step``
+        refuses a step a live entry of the turn in the scope has; ``next_step``
+        (no ``inline``) takes the step after the highest inside the write."""
         if next_step and (inline is not None or not free_step):
             raise InvalidArgumentError("next_step needs free_step and no inline item")
         check_principal(principal)
@@ -89,13 +77,10 @@ class Putter:
         check_write_size([(prepared, executor_name)], principal, turn_id, self.write_limit, "entry")
         created = self.write_now(now)
         meta = prepared.meta(principal, step_num, executor_name, created, created + ttl, inline)
-        # A given step's look goes into the version-and-quota statement (``_quota_sql``).
         step = step_sql(self._access, principal, turn_id, step_num) if free_step and not next_step else None
         one = _Put(self, self._keys, principal, turn_id, observation, prepared, meta, step, next_step)
         owner = principal.owner_user_id
-        # In one message when this process sealed the turn's head last (``_Put.once``);
-        # else under the owner's shared lock when the turn had room at its last put here
-        # (``heads``: a put within its turn's reservation), or its exclusive lock.
+        # In one message (``_Put.once``), else under the shared lock when the turn had room, or exclusive.
         done = one.once(self._once) if self._once is not None else None
         bound = prepared.cost_bound(meta, owner, turn_id)
         entry_id, spare = done or one.written(shared=self._spare.get((owner, turn_id), 0) >= bound)
@@ -114,95 +99,15 @@ class Putter:
         now: float | None = None,
         shown: Shown | None = None,
     ) -> list[dict[str, Any]]:
-        """Store several observations in one transaction, all or nothing (see
-        ``Scratchpad.put_many``); with ``shown``, the steps are chosen (see ``_Batch``)."""
+        """``Scratchpad.put_many``; with ``shown``, the steps are chosen (``_Batch``)."""
         return _Batch(self, self._keys, self._access, principal, turn_id, shown).put(items, ttl_seconds, now)
-
-    def room(
-        self,
-        conn: Conn,
-        owner: str,
-        version: int,
-        now: float,
-        what: str,
-        found: dict[str, Any] | None = None,
-        *,
-        records_adding: int = 0,
-        unsent: int = 0,
-    ) -> Room:
-        """Inside the owner's write transaction: refuse a write sealed under
-        owner-key ``version`` when that is no longer the newest
-        (``StaleOwnerKey``, which the keystore's retry takes), and what the
-        owner's quota leaves for what the write adds: ``Heads.change`` reserves
-        it, or refuses (``head_owner``). ``found`` is the row of ``_quota_sql``
-        when the caller read it already; ``records_adding``, the cost of a
-        checkpoint or mark the write adds (``what``: ``record``); ``unsent``, the
-        stored bytes of an entry the write inserts but has not sent yet (``put``:
-        its insert goes with the heads' upsert), which the live entries' sum adds.
-
-        Entries count what their row costs on disk (``entry_shape.row_cost``), and so do
-        the owner's live checkpoints and compaction marks (``Records.used_sql``:
-        a turn keeps few), which the quota counts beside the entries' reservations."""
-        if found is None:
-            found = conn.query(*_quota_sql(owner, now))[0]
-        Keystore.check_newest(found["newest"], version)
-
-        def live() -> int:
-            rows = conn.query(
-                "SELECT CAST(COALESCE(SUM(stored_bytes), 0) AS BIGINT) AS used FROM entries"
-                " WHERE owner_user_id = ? AND expires_at > ?",
-                (owner, now),
-            )
-            return int(rows[0]["used"]) + unsent
-
-        return Room(self.policy.owner_quota_bytes, int(found["used"]), live, what, records_adding)
-
-
-def check_write_size(
-    prepared: list[tuple[Prepared, str]], principal: Principal, turn_id: str, limit: int | None, what: str
-) -> None:
-    """Refuse, before anything is written, a write whose entries (each with its
-    executor's name) could take more than ``limit`` bytes
-    (``Backend.write_limit_bytes``) in one transaction.
-
-    Raises:
-        QuotaExceededError: over the limit.
-    """
-    if limit is None:
-        return
-    owner = principal.owner_user_id
-    # What ``Prepared.cost_bound`` reads of an entry's metadata: its clear identifiers.
-    names = {"actor": principal.actor, "channel": principal.channel}
-    size = sum(p.cost_bound({**names, "executor_name": executor}, owner, turn_id) for p, executor in prepared)
-    check_write_bound(size, limit, what)
-
-
-def _quota_sql(
-    owner: str, now: float, step: tuple[str, Params] | None = None, *, records: bool = True
-) -> tuple[str, Params]:
-    """``room``'s one query: the owner's newest key version and its live
-    records' cost; with ``step`` (``step_sql``), also the latest expiry of the
-    entries in the principal's scope that have the step (``step_expires``, NULL
-    for none). The reservations are in the heads, read beside it
-    (``Heads.select_sql``); each sub-query here costs the server an executor
-    node's start-up on every put, so it holds only what is read:
-    without ``records`` (a put under the owner's shared lock, which cannot
-    grant a reservation, so never checks the quota: ``Heads.change``) the
-    records' cost is left out (``used`` NULL)."""
-    used, params = Records.used_sql(owner, now) if records else ("NULL", ())
-    sql = f"SELECT {NEWEST_VERSION_SQL} AS newest, {used} AS used"
-    if step is None:
-        return sql, (owner, *params)
-    return f"{sql}, (SELECT MAX(expires_at) FROM ({step[0]}) AS taken) AS step_expires", (owner, *params, *step[1])
 
 
 def _maybe_stored(
     entry_ids: list[str], why: str, *, sent: str = "the put's one message", chosen: bool = False
 ) -> StoreUnavailableError:
-    """The error of a write whose outcome is unknown: ``sent`` (its one message,
-    ``_Put.once``, or its COMMIT) was sent, then its connection was lost and
-    nothing could tell. ``chosen``: the library chose the steps, so writing
-    the same observations again would store them twice if they were stored."""
+    """The error of a write whose ``sent`` message went before its connection
+    was lost; ``chosen``: the library chose the steps (writing again would store twice)."""
     named = ", ".join(repr(entry_id) for entry_id in entry_ids)
     several = len(entry_ids) > 1
     what = f"entries {named}: get those ids" if several else f"entry {named}: get that id"
@@ -221,26 +126,19 @@ def _maybe_stored(
 
 
 def _if_unknown(owner: str, chosen: bool) -> IfUnknown[_SealedOne]:
-    """A put whose COMMIT's answer was lost (``Keystore.write_current``): its entry is looked up by id."""
+    """A put whose COMMIT's answer was lost: its entry is looked up by id."""
     return IfUnknown(
-        lambda conn, sealed: bool(conn.query(*_landed_sql(owner, str(sealed[0]["id"])))),
+        lambda conn, sealed: bool(conn.query(*stored_sql("entries", owner, str(sealed[0]["id"])))),
         lambda sealed, why: _maybe_stored([str(sealed[0]["id"])], why, sent="the put's COMMIT", chosen=chosen),
     )
 
 
-def _landed_sql(owner: str, entry_id: str) -> tuple[str, Params]:
-    """Whether ``_Put.once``'s entry is stored (``landed``): its id is random, and
-    the statement that inserted it rewrote the turn's head too; another writer
-    may have changed the head since, so the entry tells, not the head."""
-    return "SELECT id FROM entries WHERE id = ? AND owner_user_id = ?", (entry_id, owner)
-
-
-# ``_Put.once``'s condition that a given step is free (``step_sql``, then ``live``'s bound).
+# ``_Put.once``'s condition that a given step is free.
 _STEP_FREE = "NOT EXISTS (SELECT 1 FROM ({step}) AS taken WHERE expires_at > ?)"
 
 
 def _taken(found: dict[str, Any]) -> list[dict[str, Any]]:
-    """The step's look, from the version-and-quota row: its latest expiry, as a row for ``live``."""
+    """The step's look from the quota's row, as a row for ``live``."""
     return [] if found["step_expires"] is None else [{"expires_at": found["step_expires"]}]
 
 
@@ -249,18 +147,10 @@ _SealedOne = tuple[dict[str, Any], list[bytes], EntryCipher]
 
 
 class _Put:
-    """One ``Putter.put``, its observation shaped (``Prepared``) and its
-    metadata made: sealed outside any transaction (``seal``), then written in
-    the owner's write transaction (``write``) in three steps, each readable
-    alone: what it reads (``reads``: one statement with BEGIN), what it
-    decides from that (``check``), what it writes (``insert``); a next-step
-    put takes its step first (``take_next_step``).
-
-    ``Keystore.write_current`` runs ``seal`` and ``write`` again when a
-    rotation made the key version stale or an id collided; ``Putter.put``
-    runs the whole (``attempt``) again under the owner's exclusive lock when
-    the shared lock was not enough (``OwnerLockNeeded``). What is derived per
-    key version (the content identity, the listing key) is kept across them."""
+    """One ``Putter.put``: sealed outside any transaction (``seal``), then
+    written (``write``): ``reads``, ``check``, ``insert``. ``write_current``
+    runs both again on a stale key or an id collision; ``written`` runs them
+    under the exclusive lock when the shared one was not enough."""
 
     def __init__(
         self,
@@ -278,8 +168,8 @@ class _Put:
         self.owner = principal.owner_user_id
         self.observation, self.prepared, self.meta = observation, prepared, meta
         self.step_num, self.created = meta["step_num"], meta["created_at"]  # the step given (or guessed)
-        self.step, self.next_step = step, next_step  # ``step``: the given step's look (``step_sql``), or None
-        self.shared = False  # this attempt holds the owner's lock shared (``attempt``)
+        self.step, self.next_step = step, next_step  # ``step``: the given step's look, or None
+        self.shared = False  # this attempt holds the owner's lock shared
         self.identities: dict[int, str] = {}
         self.listings: dict[int, ListingKey] = {}
         # ``once``'s entry when its statement wrote nothing: the first ``seal`` of its version reuses it.
@@ -288,9 +178,8 @@ class _Put:
         self.landed: tuple[Once, str] | None = None
 
     def attempt(self, shared: bool) -> tuple[str, int]:
-        """Seal and write under the owner's lock, ``shared`` (the turn's lock
-        exclusive: ``write_current(turn=...)``) or exclusive; the entry's id,
-        and the turn's reservation left unused (``Heads.change``).
+        """Seal and write under the owner's lock, ``shared`` or exclusive; the
+        entry's id and the turn's reservation left unused.
 
         Raises:
             OwnerLockNeeded: ``shared``, and the turn's reservation did not cover the entry.
@@ -302,19 +191,19 @@ class _Put:
             self.write,
             attempts=5,
             busy="could not store the entry: its id or owner key kept changing; try again",
-            prefetch=[*self.reads(), *([_landed_sql(self.owner, self.landed[1])] if self.landed is not None else [])],
+            prefetch=[
+                *self.reads(),
+                *([stored_sql("entries", self.owner, self.landed[1])] if self.landed is not None else []),
+            ],
             turn=self.turn_id if shared else None,
             unknown=_if_unknown(self.owner, self.next_step),
         )
 
     def written(self, shared: bool) -> tuple[str, int]:
-        """``attempt`` under the owner's shared lock when ``shared`` (a hint),
-        under its exclusive lock when that was not enough.
+        """``attempt`` under the shared lock when ``shared``, else (or then) exclusive.
 
         Raises:
-            StoreUnavailableError: as ``attempt``; and when ``once``'s connection
-                broke after sending it (``landed``) and this attempt failed too,
-                naming the entry that may be stored.
+            StoreUnavailableError: as ``attempt``, naming the entry ``once`` may have stored.
         """
         try:
             try:
@@ -327,21 +216,12 @@ class _Put:
             raise _maybe_stored([self.landed[1]], str(exc)) from None
 
     def once(self, db: OnceWriter) -> tuple[str, int] | None:
-        """The put in one message (PostgreSQL), when this process
-        sealed the turn's head last: the entry sealed, the next head sealed
-        from the recorded one (``Heads.change_once``), and one statement that
-        writes both only if the stored head is still the recorded one and the
-        key version the newest (``OnceWriter.write_once``); ``attempt``'s
-        answer, or None when it did not write. Then ``attempt`` runs: with the
-        entry sealed here (``kept``) when the statement wrote nothing, or
-        looking first for that entry (``landed``) when the connection failed
-        after sending it, so that a put is never stored twice.
-
-        A given step's look goes into the statement (it writes nothing when the
-        step is taken; ``attempt`` then refuses it). Not for a step taken
-        (``next_step``: its look needs the transaction), an entry of more than
-        one segment (its segment rows follow it), or a write that must add the
-        pending wrap counts (``Keystore.flush_due``).
+        """The put in one message (PostgreSQL) when this process sealed the
+        turn's head last: one statement writes the entry and the next head only
+        if the stored head and the key version are as recorded. ``attempt``'s
+        answer, or None: then ``attempt`` runs, with this entry (``kept``), or
+        looking for it first (``landed``), so a put is never stored twice.
+        Not for ``next_step``, entries of several segments, or a wrap-count flush.
 
         Raises:
             StoreBusyError: the turn's locks were not obtained in time.
@@ -363,7 +243,6 @@ class _Put:
             return None
         row = sealed[0]
         insert = (f"INSERT INTO entries({', '.join(row)}) SELECT {', '.join('?' * len(row))}", tuple(row.values()))
-        # A given step: free when its look (``step_sql``) finds no live entry, as ``check``'s.
         free = None if self.step is None else (_STEP_FREE.format(step=self.step[0]), (*self.step[1], self.created))
         once = heads.change_once(
             owner, turn_id, lambda head: head.add("e", row["id"], entry_item(row)), (version, wrapper), insert, free
@@ -387,8 +266,7 @@ class _Put:
         return None
 
     def seal(self, version: int, wrapper: Wrapper) -> _SealedOne:
-        """The entry sealed under owner-key ``version`` (``Prepared.seal``), with
-        its content identity; ``once``'s entry when it is of ``version`` and unsent."""
+        """The entry sealed under owner-key ``version``; ``once``'s when of ``version`` and unsent."""
         if self.kept is not None and self.kept[0] == version:
             sealed, self.kept = self.kept[1], None
             return sealed
@@ -400,13 +278,12 @@ class _Put:
         return self.prepared.seal(wrapper, self.listings[version], version, self.owner, self.turn_id, self.meta)
 
     def write(self, conn: Conn, sealed: _SealedOne) -> tuple[str, int]:
-        """Inside the owner's write transaction: (``next_step``) take the next
-        step, read, decide, write; ``attempt``'s answer."""
+        """Inside the owner's write transaction; ``attempt``'s answer."""
         row, segments, _ = sealed
         if self.next_step:
             self.take_next_step(conn, row)
         found, head_rows = read_with_heads(conn, self.reads())
-        if self.landed is not None and conn.query(*_landed_sql(self.owner, self.landed[1])):
+        if self.landed is not None and conn.query(*stored_sql("entries", self.owner, self.landed[1])):
             # ``once`` was applied before its connection failed: its entry is stored (with its head, in one statement).
             once, entry_id = self.landed
             if any(head["turn_id"] == self.turn_id and head["sealed"] == once.head.sealed for head in head_rows):
@@ -416,49 +293,36 @@ class _Put:
         return str(row["id"]), self.insert(conn, row, segments, room, head_rows)
 
     def reads(self) -> list[tuple[str, Params]]:
-        """The write's reads, announced with BEGIN (``Conn.prefetch``): one
-        statement reads the key version, the quota (not under the shared lock:
-        ``_quota_sql``), (free_step) the step and (PostgreSQL) the turn's heads
-        (``head_beside``)."""
-        quota = _quota_sql(self.owner, self.created, self.step, records=not self.shared)
+        """The write's reads, sent with BEGIN: version, quota, step and (PostgreSQL) the turn's heads."""
+        quota = quota_sql(self.owner, self.created, self.step, records=not self.shared)
         return with_heads(self.putter.dialect, quota, self.owner, self.turn_id)
 
     def take_next_step(self, conn: Conn, row: dict[str, Any]) -> None:
-        """``next_step``: the step after the turn's highest live one in the
-        principal's scope, looked up now that the transaction serializes the
-        owner's writes; the row's listing part sealed again when the guess
-        was not it (``Prepared.restep``)."""
+        """``next_step``: the step after the turn's highest, the listing part sealed again if it moved."""
         taken = self.putter.listings.last_step(self.principal, self.turn_id, self.created, conn) + 1
         check_step_num(taken)
         if taken != row["step_num"]:
             self.prepared.restep(row, self.meta, self.listings[row["key_version"]], taken, self.observation)
 
     def check(self, conn: Conn, found: dict[str, Any], row: dict[str, Any]) -> Room | None:
-        """What the reads decide: the step is still free (``free_step``), the
-        row's key version is the newest, and, under the exclusive lock, the
-        quota's room, which ``Heads.change`` reserves. Under the shared lock
-        there is no quota to check: the entry must fit in its turn's
-        reservation, or ``change`` raises ``OwnerLockNeeded``.
+        """The step is free, the key version the newest, and (exclusive lock) the quota's room.
 
         Raises:
             InvalidArgumentError: the step is taken.
             QuotaExceededError: the owner's quota has no room (``room``).
         """
-        if self.step is not None:  # the step's look came with the version-and-quota statement
+        if self.step is not None:
             self.putter.listings.check_step_free(
                 self.principal, self.turn_id, self.step_num, self.created, conn, taken=_taken(found)
             )
         if self.shared:
             Keystore.check_newest(found["newest"], row["key_version"])
             return None
-        return self.putter.room(
-            conn, self.owner, row["key_version"], self.created, "entry", found, unsent=row["stored_bytes"]
-        )
+        version, policy = row["key_version"], self.putter.policy
+        return room(conn, policy, self.owner, version, self.created, "entry", found, unsent=row["stored_bytes"])
 
     def insert(self, conn: Conn, row: dict[str, Any], segments: list[bytes], room: Room | None, head_rows: Rows) -> int:
-        """The entry's insert, sent with the turn head's upsert (``Heads.change``:
-        one statement on PostgreSQL), then its segments (after their entry);
-        the turn's reservation left unused."""
+        """The entry's insert with the turn head's upsert, then its segments; the reservation left."""
         spare = self.putter.heads.change(
             conn,
             self.owner,
@@ -477,23 +341,17 @@ class _Put:
         return spare
 
 
-# What ``Turn.record_many`` shows the model of an observation at a step:
-# ``(history item,)``, or None for the view.
+# What ``Turn.record_many`` shows of an observation at a step: ``(history item,)``, or None.
 Shown = Callable[[Any, int], tuple[Any] | None]
 # A batch sealed: its rows, each row's sealed segments, each row's metadata.
 _Sealed = tuple[list[dict[str, Any]], list[list[bytes]], list[dict[str, Any]]]
 
 
 class _Batch:
-    """One ``put_many``: every observation checked and sealed first, then one
-    write transaction that checks each step, the key version and the quota of
-    the whole batch, and inserts every row (a failure stores none).
-
-    With ``shown`` (``Turn.record_many``), items are ``(executor_name,
-    observation)`` and take the steps after the turn's highest live one,
-    consecutively: read before sealing (the history item may name its step)
-    and checked again inside the transaction; another writer that took one
-    meanwhile makes the batch seal again (``write_current``'s retry)."""
+    """One ``put_many``: every item sealed first, then one transaction that
+    checks the steps, key version and quota and inserts all (or none). With
+    ``shown``, items are ``(executor_name, observation)`` at the next steps,
+    looked up before sealing and checked again inside the write."""
 
     def __init__(
         self,
@@ -529,10 +387,7 @@ class _Batch:
         return checked
 
     def put(self, items: Any, ttl_seconds: int | None, now: float | None) -> list[dict[str, Any]]:
-        """The batch's views (with ``shown``, each item the model was shown
-        instead, where there is one): validated and shaped, then sealed
-        (``seal``, again on each retry) and written (``_write``) by
-        ``Keystore.write_current``."""
+        """The batch's views (with ``shown``, the history items where there are some)."""
         checked = self._items(items)
         ttl = self.entries.ttl(ttl_seconds)
         created = self.entries.write_now(now)
@@ -591,12 +446,7 @@ class _Batch:
 
     def _landed(self, conn: Conn, sealed: _Sealed) -> bool:
         """Whether the batch's entries are stored (one transaction wrote all or none)."""
-        ids = [row["id"] for row in sealed[0]]
-        found = conn.query(
-            f"SELECT id FROM entries WHERE owner_user_id = ? AND id IN ({', '.join('?' * len(ids))})",
-            (self.principal.owner_user_id, *ids),
-        )
-        return bool(found)
+        return bool(stored_entries(conn, self.principal.owner_user_id, [row["id"] for row in sealed[0]]))
 
     def _maybe_stored(self, sealed: _Sealed, why: str) -> StoreUnavailableError:
         """The error of a batch whose COMMIT's answer was lost and could not be looked up."""
@@ -606,10 +456,8 @@ class _Batch:
     def _steps(
         self, checked: list[tuple[int, str, Any]], fixed: list[Prepared], now: float
     ) -> tuple[list[int], list[Prepared]]:
-        """The items' steps and shaped observations, before each seal: the
-        caller's steps (shaped once, ``fixed``), or (``shown``) the steps after
-        the turn's highest live one, read again each time (the observations
-        shaped again: a view names its step)."""
+        """The items' steps and shaped observations before each seal: the caller's
+        (``fixed``), or (``shown``) the next steps, looked up and shaped again each time."""
         if self.shown is None:
             return [step for step, _, _ in checked], fixed
         first = self.entries.listings.last_step(self.principal, self.turn_id, now) + 1
@@ -619,15 +467,13 @@ class _Batch:
         return steps, [Prepared.of(obs, step, policy) for step, (_, _, obs) in zip(steps, checked, strict=True)]
 
     def _write(self, conn: Conn, sealed: _Sealed, now: float) -> _Sealed:
-        """Inside the owner's write transaction: refuse taken steps, read the
-        key version, the quota and the turn's heads (``head_beside``), check
-        the quota's room, insert every row, then the heads' change (``Heads.change``)."""
+        """Inside the owner's write transaction: steps, version, quota, inserts, the head's change."""
         rows, segments, _ = sealed
         owner = self.principal.owner_user_id
         self._check_steps(conn, [row["step_num"] for row in rows], now)
         version = rows[0]["key_version"]
         found, head_rows = read_with_heads(conn, self._reads(now))
-        room = self.entries.room(conn, owner, version, now, "batch", found)
+        space = room(conn, self.entries.policy, owner, version, now, "batch", found)
         columns = list(rows[0])
         conn.executemany(
             f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
@@ -640,22 +486,20 @@ class _Batch:
             self.turn_id,
             lambda head: head.add_all("e", ((r["id"], entry_item(r)) for r in rows)),
             version,
-            room=room,
+            room=space,
             rows=head_rows,
         )
         return sealed
 
     def _prefetch(self, now: float, steps: list[int]) -> list[tuple[str, Params]]:
-        """The write's reads, sent with the transaction's first message
-        (PostgreSQL: one round trip): the quota with the turn's heads and, when the
-        caller gave the steps (chosen ones are known only once sealed), the steps."""
+        """The write's reads, sent with BEGIN: the quota with the turn's heads, and the given steps."""
         reads = self._reads(now)
         return reads if self.shown is not None else [*reads, self._steps_sql(steps)]
 
     def _reads(self, now: float) -> list[tuple[str, Params]]:
         """The quota's row and the turn's heads (one statement on PostgreSQL: ``head_beside``)."""
         owner = self.principal.owner_user_id
-        return with_heads(self.entries.dialect, _quota_sql(owner, now), owner, self.turn_id)
+        return with_heads(self.entries.dialect, quota_sql(owner, now), owner, self.turn_id)
 
     def _steps_query(self, steps: list[int]) -> tuple[str, str, str, Params]:
         """``_check_steps``'s query, as ``Access.rows`` and ``rows_sql`` take it."""
@@ -667,8 +511,7 @@ class _Batch:
         return self.access.rows_sql(self.principal, *self._steps_query(steps))
 
     def _check_steps(self, conn: Conn, steps: list[int], now: float) -> None:
-        """Inside the write: refuse steps a live entry of the turn in the
-        principal's scope has (chosen steps: seal again, another writer took one)."""
+        """Refuse steps a live entry of the turn in the scope has (chosen ones: seal again)."""
         rows = self.access.rows(self.principal, *self._steps_query(steps), conn=conn)
         taken = sorted(row["step_num"] for row in live(rows, now))
         if taken and self.shown is not None:
@@ -683,8 +526,7 @@ class _Batch:
 
 
 def _insert_segments(conn: Conn, rows: list[dict[str, Any]], segments: list[list[bytes]]) -> None:
-    """Insert the segments rows of entries of more than one segment (a
-    one-segment entry carries its segment in ``only_segment``)."""
+    """Insert the segment rows of entries of several segments (one segment stays in its row)."""
     values = [
         (row["id"], seq, data)
         for row, parts in zip(rows, segments, strict=True)

@@ -1,7 +1,5 @@
-"""An entry's row: its clear columns and their types, the entry as the caller
-gets it (``Entry``) and as the layers pass it on (``Opened``), the checks
-shared by the entries modules, and ``EntryParts``, the parts they are built from.
-"""
+"""An entry's row: its clear columns and their types, ``Entry``, ``Opened``,
+the shared checks, and ``EntryParts``, what the tables are built from."""
 
 from __future__ import annotations
 
@@ -10,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...core import read_modes, shaping
-from ...core.timeline import Timeline, check_now
-from ...crypto.primitives import EntryCipher
+from ...core.timeline import Timeline
+from ...crypto.formats import EntryCipher
 from ...errors import IntegrityError, InvalidArgumentError
 from ...keys.keystore import Keystore
 from ...policy import Policy
@@ -26,7 +24,6 @@ __all__ = [
     "EntryParts",
     "Opened",
     "Readable",
-    "check_now",
     "check_row_types",
     "check_step_num",
     "listing_fields",
@@ -39,32 +36,16 @@ COLUMNS = (
     " size_chars, segment_count, key_version, created_at, expires_at, wrapped_key, nonce_prefix,"
     " commitment, sealed_meta, stored_bytes, sealed_listing"
 )
-# The type every clear column of an entry must have; SQLite's dynamic typing
-# would let an edited file hand us a string where the code expects a number.
+# The type every clear column of an entry must have (SQLite's typing is dynamic);
+# sealed_listing is None in a row written before the listing part.
 _COLUMN_TYPES: dict[str, type | tuple[type, ...]] = {
-    "id": str,
-    "owner_user_id": str,
-    "actor": str,
-    "channel": str,
-    "turn_id": str,
-    "step_num": int,
-    "executor_name": str,
-    "content_kind": str,
-    "size_bytes": int,
-    "size_chars": int,
-    "segment_count": int,
-    "key_version": int,
-    "created_at": (float, int),
-    "expires_at": (float, int),
-    "wrapped_key": bytes,
-    "nonce_prefix": bytes,
-    "commitment": bytes,
-    "sealed_meta": bytes,
-    "stored_bytes": int,
-    "sealed_listing": (bytes, type(None)),  # None: a row written before the listing part
+    **dict.fromkeys(("id", "owner_user_id", "actor", "channel", "turn_id", "executor_name", "content_kind"), str),
+    **dict.fromkeys(("step_num", "size_bytes", "size_chars", "segment_count", "key_version", "stored_bytes"), int),
+    **dict.fromkeys(("created_at", "expires_at"), (float, int)),
+    **dict.fromkeys(("wrapped_key", "nonce_prefix", "commitment", "sealed_meta"), bytes),
+    "sealed_listing": (bytes, type(None)),
 }
-# What a listing part holds (``listing_fields``); the rest of the metadata
-# (shape, other fields, segment and line index) is sealed under the item key.
+# What a listing part holds; the rest of the metadata is sealed under the item key.
 _LISTING_FIELDS = ("view", "content_id", "inline")
 
 
@@ -91,9 +72,7 @@ class Entry:
 @dataclass(frozen=True)
 class Opened:
     """An authorized, authenticated entry as a listing shows it: its clear row
-    and what its listing part holds (``view``, ``content_id``, and ``inline``,
-    the history item, when the observation went into the history itself). Its
-    content is still sealed, and no key of its own was used (``Readable`` has those)."""
+    and its listing part (``view``, ``content_id``, ``inline``); content still sealed."""
 
     row: dict[str, Any]
     meta: dict[str, Any]
@@ -104,8 +83,7 @@ class Opened:
 
 @dataclass(frozen=True)
 class Readable(Opened):
-    """An entry opened with its own item key: ``meta`` also has its shape,
-    other fields and segment index, and ``content`` reads its segments."""
+    """An entry opened with its item key: full ``meta``, and ``content`` that reads its segments."""
 
     content: read_modes.SegmentedContent
     cipher: EntryCipher
@@ -139,7 +117,7 @@ def listing_fields(meta: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class EntryParts:
-    """What the entries modules are built from (never a ``Scratchpad``)."""
+    """What the tables are built from (never a ``Scratchpad``)."""
 
     db: Backend
     keys: Keystore
@@ -147,25 +125,6 @@ class EntryParts:
     policy: Policy
     timeline: Timeline
     heads: Heads
-
-    def now(self, now: float | None) -> float:
-        """The time a read decides expiry at: ``now`` (validated) or the clock's
-        (never before a time the store already reported an entry expired at).
-
-        Raises:
-            InvalidArgumentError: ``now`` is not a finite number of seconds.
-        """
-        return self.timeline.read_time(now)
-
-    def write_now(self, now: float | None) -> float:
-        """The time a write seals or gc collects at: ``now`` (at most the
-        policy's ``max_clock_skew_seconds`` past the clock) or the clock's.
-
-        Raises:
-            InvalidArgumentError: ``now`` is not a finite number of seconds, or
-                is too far past the clock.
-        """
-        return self.timeline.write_time(now)
 
     def ttl(self, ttl_seconds: int | None) -> int:
         """The policy's default, or ``ttl_seconds`` checked against its maximum.
@@ -197,18 +156,11 @@ def check_row_types(row: dict[str, Any]) -> None:
 
 
 def live(rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
-    """The rows that expire after ``now``.
-
-    Filtered here rather than by ``expires_at > ?`` in the query: given that
-    range, SQLite (which has no statistics unless ANALYZE ran) walked
-    ``entries_owner_usage`` (on PostgreSQL still there; on SQLite gone since
-    schema 6), every live entry of the owner, instead of the turn's part of
-    ``entries_owner_turn``, and a turn's lookups grew with all of the owner's turns.
+    """The rows that expire after ``now`` (filtered here, not in the query,
+    so that a turn's lookup keeps to the turn's index).
 
     Raises:
-        IntegrityError: a clear expiry that is not a number (such a row used
-            to pass ``expires_at > ?``, as text sorts after numbers, and fail
-            authentication: the outcome is the same).
+        IntegrityError: a clear expiry that is not a number.
     """
     for row in rows:
         if not isinstance(row["expires_at"], float | int):

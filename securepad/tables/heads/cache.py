@@ -1,33 +1,10 @@
 """Turn inventories already verified against their heads, kept between reads.
 
-A read of a turn checks what it returns against the turn's authenticated
-inventory (``heads.Heads.checked``). Recounting the inventory costs time
-linear in the turn; this cache keeps, per turn, the inventory last verified
-(a ``Head``) with a **freshness token** read in the same snapshot: a later
-read whose token is the same checks its rows against the cached ``Head`` and
-fetches no inventory. What a token proves, and what it trusts, is the
-business of ``heads`` and SECURITY.md ("Tampering: the turn heads"); this module only keeps
-the entries: bounded (least recently used first out, by turns and by rows),
-safe to share between threads, and emptied in a forked child.
-
-**Each owner has a bounded share** of the cache, its own least recently
-used order inside the global one: when the cache is full, an entry coming in
-evicts the least recently used entry of the cache unless that entry's owner
-holds less (turns, or rows, whichever bound is exceeded) than the newcomer's
-owner, in which case the newcomer's owner gives up its own least recently
-used entry, or the owner that holds the most does, if it holds more still.
-So one owner reading many turns (a tenant flooding the cache
-with tiny turns) evicts only its own entries, never those of an owner that
-holds less; an owner alone may use the whole cache.
-
-A write of this process may keep the turn's entry up to date instead of
-dropping it (``take``, then ``put`` with the new token): ``InventoryEdit``
-applies the write's own edit to the inventory it took out.
-
-Every entry belongs to a **scope**: the SQLite connection whose data version
-its token holds (a data version compares only with one of the same
-connection), or None on PostgreSQL (the token is the server's snapshot and
-its own digest of the rows, the same for every connection to that server).
+Bounded (least recently used first out, by turns and by rows), safe to share
+between threads, emptied in a forked child. Each owner has a bounded share:
+an owner that holds more gives up its own entries before one that holds less,
+so a tenant flooding the cache evicts only its own. An entry belongs to a
+scope: the SQLite connection whose data version its token holds, or None.
 """
 
 from __future__ import annotations
@@ -40,12 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .tally import Head, HeadEdit, Tally
+from .tally import Head
 
-__all__ = ["CACHE_ROWS", "CACHE_TURNS", "HeadCache", "InventoryEdit", "Verified"]
+__all__ = ["CACHE_ROWS", "CACHE_TURNS", "HeadCache", "Verified"]
 
-# Turns kept at most, and inventory rows (entries, checkpoints, marks) over all of them:
-# a 1,000-step turn's inventory is about 200 KB of Python objects.
+# Turns kept at most, and inventory rows over all of them.
 CACHE_TURNS = 256
 CACHE_ROWS = 200_000
 
@@ -73,29 +49,8 @@ class _Share:
     rows: int = 0
 
 
-class InventoryEdit(HeadEdit):
-    """A write's edit of the turn's tally that applies itself to ``head``
-    too, the turn's inventory as cached (taken out of the cache, so that no
-    read sees it half edited), when there is one."""
-
-    def __init__(self, tally: Tally, term: Callable[[str, str, tuple[Any, ...]], int], head: Head | None) -> None:
-        super().__init__(tally, term)
-        self.head = head
-
-    def add(self, kind: str, item_id: str, item: list[Any]) -> None:
-        super().add(kind, item_id, item)
-        if self.head is not None:
-            self.head.section(kind)[item_id] = list(item)
-
-    def remove(self, kind: str, item_id: str, item: list[Any]) -> None:
-        super().remove(kind, item_id, item)
-        if self.head is not None:
-            self.head.section(kind).pop(item_id, None)
-
-
 class HeadCache:
-    """Verified inventories by (scope, owner, turn): least recently used first
-    out, an owner that holds more before one that holds less (see the module's docstring)."""
+    """Verified inventories by (scope, owner, turn), bounded per owner."""
 
     def __init__(self, turns: int = CACHE_TURNS, rows: int = CACHE_ROWS) -> None:
         self._turns = turns
@@ -181,8 +136,7 @@ class HeadCache:
         self.take(None, owner, turn_id)
 
     def take(self, scope: object, owner: str, turn_id: str) -> Verified | None:
-        """Forget the turn in every scope; its entry in ``scope``, if there was one
-        (for a write of this process to edit, and ``put`` back once written)."""
+        """Forget the turn in every scope; its entry in ``scope``, if any (for a write to edit and put back)."""
         self._forked()
         found = None
         with self._lock:

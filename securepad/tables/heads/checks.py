@@ -1,5 +1,4 @@
-"""The checks of a turn's read against its head's authenticated inventory
-(``heads.Heads`` runs them: ``Heads.checked`` hands them the ``Head``)."""
+"""A read's rows checked against the turn's authenticated inventory (``Inventories.checked`` hands it over)."""
 
 from __future__ import annotations
 
@@ -20,7 +19,8 @@ class HeadChecks:
     def __init__(self, policy: Policy) -> None:
         self._policy = policy
 
-    def _in_scope(self, principal: Principal, actor: str, channel: str) -> bool:
+    def in_scope(self, principal: Principal, actor: str, channel: str) -> bool:
+        """Whether a row of ``actor`` and ``channel`` is in the principal's scope."""
         values = {"actor": actor, "channel": channel, "owner_user_id": principal.owner_user_id}
         return all(values[column] == value for column, value in self._policy.scope_columns(principal))
 
@@ -33,14 +33,15 @@ class HeadChecks:
         now: float,
         complete: bool = True,
     ) -> None:
-        """``check_entries`` against a head already read."""
+        """Refuse (IntegrityError) an entry ``rows`` holds that ``head`` does not list as it is and, with
+        ``complete``, a live entry of the principal's scope that ``head`` lists and ``rows`` lack."""
         seen = set()
         for row in rows:
             same_entry(head, row)
             seen.add(row["id"])
         if complete:
             for entry_id, (step, expires_at, _, actor, channel) in head.e.items():
-                if expires_at > now and entry_id not in seen and self._in_scope(principal, actor, channel):
+                if expires_at > now and entry_id not in seen and self.in_scope(principal, actor, channel):
                     raise IntegrityError(
                         f"turn {turn_id!r} lost step {step} (entry {entry_id}) before its expiry: tampering"
                     )
@@ -59,7 +60,7 @@ class HeadChecks:
             (
                 (item[0], entry_id)
                 for entry_id, item in head.e.items()
-                if item[1] > now and self._in_scope(principal, item[3], item[4])
+                if item[1] > now and self.in_scope(principal, item[3], item[4])
             ),
             reverse=True,
         )
@@ -68,7 +69,7 @@ class HeadChecks:
             raise IntegrityError(f"turn {turn_id!r}'s newest steps are not the ones its head lists: tampering")
 
     def check_expired_in(self, head: Head, row: dict[str, Any], now: float) -> None:
-        """``check_expired`` against a head already read."""
+        """Refuse (IntegrityError) a row served as expired whose sealed expiry has not passed."""
         sealed = head.e.get(row["id"])
         if sealed is not None and sealed[1] > now:
             raise IntegrityError(f"entry {row['id']} expires later than its clear expiry says: tampering")
@@ -83,22 +84,21 @@ class HeadChecks:
         now: float,
         latest: bool,
     ) -> None:
-        """``check_records`` against a head already read."""
-        section = head.section(RECORD_KINDS[table])
+        """Refuse (IntegrityError) records of ``table`` that ``head`` does not list as they are, a live
+        one of the principal's scope missing, or (``latest``) one older than the newest."""
+        section, what = head.section(RECORD_KINDS[table]), table[:-1].replace("_", " ")
         for row in rows:
             sealed = section.get(row["id"])
             if sealed is None or sealed[0] != row["seq"] or sealed[1] != row["expires_at"]:
-                raise IntegrityError(
-                    f"a {table[:-1].replace('_', ' ')} of turn {turn_id!r} is not the one its head lists"
-                )
+                raise IntegrityError(f"a {what} of turn {turn_id!r} is not the one its head lists")
         live = {
             key: value
             for key, value in section.items()
-            if value[1] > now and self._in_scope(principal, value[2], value[3])
+            if value[1] > now and self.in_scope(principal, value[2], value[3])
         }
         if latest:
             newest = max(live.items(), key=lambda item: item[1][0], default=None)
             if (newest is None) != (not rows) or (newest is not None and rows[0]["id"] != newest[0]):
-                raise IntegrityError(f"turn {turn_id!r} serves an older {table[:-1].replace('_', ' ')} than its newest")
+                raise IntegrityError(f"turn {turn_id!r} serves an older {what} than its newest")
         elif set(live) - {row["id"] for row in rows}:
-            raise IntegrityError(f"turn {turn_id!r} lost a {table[:-1].replace('_', ' ')} before its expiry")
+            raise IntegrityError(f"turn {turn_id!r} lost a {what} before its expiry")

@@ -1,26 +1,9 @@
-"""The turn heads this process sealed last, for a put in one message.
+"""The turn heads this process sealed last, for a put in one message (``Heads.change_once``).
 
-A put reads its turn's head, opens it, adds its entry to the tally and seals
-the head again: on PostgreSQL two messages, since the new head depends on
-the stored one. When this process sealed the stored head itself, it knows
-the tally inside already: a put can seal the next head at once and send it
-with its entry in one conditional statement (``Heads.change_once``,
-``entry_put``), which writes only if the stored head is still the one
-sealed here.
-
-This module keeps, per (owner, turn), the last head sealed here: the key
-version, the sealed bytes, the clear body and (when the writer had it) the
-tally object. What it trusts: nothing the server or another process could
-change. The record is this process's own memory, and the statement compares
-the stored sealed bytes with the recorded ones; AES-GCM seals each head
-under a fresh random nonce, so no other write seals the same bytes. A stale
-record (another process or connection wrote the turn since, gc pruned it, a
-rotation sealed it again, the transaction that sealed it rolled back) only
-makes the statement write nothing, and the put then reads the head as before.
-
-Bounded (emptied when full, as ``entry_put``'s lock hints), safe to share
-between threads: each operation is one dictionary operation, and a writer
-takes its record out (``take``) so that no two threads edit one tally.
+The statement writes only if the stored head is still the one sealed here
+(AES-GCM seals each head under a fresh nonce, so no other write seals the same
+bytes); a stale record only makes it write nothing, and the put reads the head.
+Bounded; a writer takes its record out, so no two threads edit one tally.
 """
 
 from __future__ import annotations
@@ -30,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...crypto.primitives import Wrapper, head_aad
-from ...keys.keystore import NEWEST_VERSION_SQL
 from ...storage.base import Params
+from .statements import ONCE_SQL
 from .tally import HeadEdit, Tally
 
 __all__ = ["LastSealed", "Once", "Sealed", "once_sql"]
@@ -42,8 +25,7 @@ _TURNS = 1024
 
 @dataclass
 class Sealed:
-    """A turn head as this process sealed it: under ``version``, ``sealed``
-    holds ``body``; ``tally`` is ``body`` opened, when the writer had it."""
+    """A turn head as this process sealed it (``tally``: ``body`` opened, when the writer had it)."""
 
     version: int
     sealed: bytes
@@ -56,8 +38,7 @@ class Sealed:
 
 
 class LastSealed:
-    """(owner, turn) -> the ``Sealed`` head this process wrote last; keeps
-    nothing unless ``enabled`` (a backend that sends a put in one message)."""
+    """(owner, turn) -> the ``Sealed`` head this process wrote last (nothing unless ``enabled``)."""
 
     def __init__(self, *, enabled: bool) -> None:
         self._heads: dict[tuple[str, str], Sealed] = {}
@@ -72,8 +53,7 @@ class LastSealed:
         self._heads[(owner, turn_id)] = head
 
     def attach(self, owner: str, turn_id: str, body: bytes, tally: Tally) -> None:
-        """Keep ``tally`` with the record of the head just sealed from ``body``
-        (its ``dumps()``), so the next put need not parse it."""
+        """Keep ``tally`` with the record of the head just sealed from ``body``, so the next put need not parse it."""
         head = self._heads.get((owner, turn_id))
         if head is not None and head.body is body:
             head.tally = tally
@@ -95,13 +75,9 @@ class LastSealed:
         wrapper: Wrapper,
         version: int,
     ) -> tuple[Sealed, Sealed, int] | None:
-        """The turn's record taken out, the head that follows it once ``edit``
-        is applied (its digest terms by ``term``), sealed by ``wrapper`` under
-        ``version``, and the turn's reservation it leaves unused; None when
-        there is no record, or the edit takes more than the reservation or
-        gives bytes back (the owner's usage head must change: ``Heads.change``).
-        The record stays out either way: the caller records the new head if
-        it writes it, and a put that finds none reads the head."""
+        """The turn's record taken out, the head that follows it once ``edit`` is applied,
+        sealed under ``version``, and the reservation left unused; None without a
+        record, or when the owner's usage head must change. The record stays out."""
         last = self.take(owner, turn_id)
         if last is None:
             return None
@@ -118,23 +94,12 @@ class LastSealed:
 
 @dataclass
 class Once:
-    """A write of one turn in one statement (``Heads.change_once``): its SQL and
-    parameters, the head it seals, and the turn's reservation left unused after it."""
+    """A write of one turn in one statement (``Heads.change_once``): SQL, head, reservation left."""
 
     sql: str
     params: Params
     head: Sealed
     spare: int
-
-
-# The turn head rewritten only if it is still the one recorded (its clear key version too:
-# an edit of that alone would otherwise be overwritten unseen) and the key version is the
-# owner's newest; the caller's INSERT ... SELECT takes its one row FROM head, so it inserts
-# exactly when the head was rewritten.
-_ONCE_SQL = (
-    "WITH head AS (UPDATE turn_heads SET key_version = ?, sealed = ? WHERE owner_user_id = ? AND turn_id = ?"
-    f" AND key_version = ? AND sealed = ? AND ? = {NEWEST_VERSION_SQL}{{condition}} RETURNING 1) {{insert}} FROM head"
-)
 
 
 def once_sql(
@@ -145,13 +110,11 @@ def once_sql(
     expected: Sealed,
     condition: tuple[str, Params] | None = None,
 ) -> tuple[str, Params]:
-    """The statement of ``Once``: ``insert`` (``INSERT ... SELECT`` of one row,
-    without its ``FROM``) when the turn's stored head is ``expected`` (its key
-    version and sealed bytes; and ``condition``, an SQL condition, holds),
-    with ``head`` written in its place; the row count says whether it wrote."""
+    """``insert`` (``INSERT ... SELECT`` of one row, without ``FROM``) and ``head`` written
+    when the stored head is ``expected`` and ``condition`` holds; the row count says if it wrote."""
     more, more_params = (f" AND {condition[0]}", condition[1]) if condition is not None else ("", ())
     return (
-        _ONCE_SQL.format(condition=more, insert=insert[0]),
+        ONCE_SQL.format(condition=more, insert=insert[0]),
         (
             head.version,
             head.sealed,

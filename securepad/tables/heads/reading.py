@@ -1,34 +1,19 @@
 """What a read of a turn sends beside its rows: the turn's head rows, its
-inventory and the freshness token of the inventory verified last.
+inventory and the **freshness token** of the inventory it has cached
+(``cache``). One statement returns the head rows, the token computed again
+after the read's rows, and the inventory, which the database leaves out
+(without reading it) when the token is the one sent:
 
-``heads.Heads.checked`` checks a read's rows against the turn's inventory,
-authenticated by its head. The inventory costs time linear in the turn; a
-read keeps the one it verified (``head_cache``) with a **freshness token**
-of the snapshot it was read in, and sends that token with its next read of
-the turn. One statement (``read_sql``) returns the head rows, the token
-computed again after the read's rows, and the inventory, which the database
-leaves out (without reading it) when the token is the one sent:
+* SQLite's is per turn: the reading connection's ``PRAGMA data_version`` (it
+  moves with every commit of any other connection) with the turn's sealed
+  head, then, when the data version moved, the exact text of the turn's
+  inventory rows. This process's own writes edit the cached inventory and
+  keep the head they sealed (``Heads.change``).
+* PostgreSQL's is the server's snapshot, then the turn's sealed head with the
+  server's SHA-256 of the inventory's rows; a read that sends a cached token
+  calls the schema's read function instead (``pg_read_functions``).
 
-* SQLite's is per turn: ``PRAGMA data_version`` of the reading connection
-  (it moves with every commit of any other connection, in this process or
-  another) with the turn's sealed head, and, when the data version moved,
-  the exact text of the turn's inventory rows, read along the turn's
-  index: a commit to another turn or owner leaves it holding. This
-  process's own writes edit the cached inventory of the turn they change
-  and keep the head they sealed (``Heads.change``).
-* PostgreSQL's is the server's snapshot (``xmin:xmax:xip``, with the
-  postmaster's start time and the cluster's system identifier), then the
-  turn's sealed head with the server's SHA-256 of the inventory's rows: an
-  unchanged snapshot means no transaction ended since, so the statement
-  evaluates neither head nor digest; otherwise both are computed,
-  as trustworthy as the rows the server would send. A read that sends a
-  cached token calls the schema's read function instead, which compares the
-  snapshot before any plan of the statement is started (``pg_read_functions``)
-  and, when it moved, computes the head and digest by a lean statement before
-  it runs the whole one (``pg_lean_read_functions``, schema 13).
-
-What each token trusts, and the window that remains, is in SECURITY.md
-("Tampering: the turn heads").
+What each token trusts is in SECURITY.md ("Tampering: the turn heads").
 """
 
 from __future__ import annotations
@@ -38,25 +23,22 @@ from typing import Any
 
 from ...storage.base import Backend, Params, Rows
 from .cache import HeadCache
-from .owner import OWNER_HEAD
+from .statements import ENTRY_TURN_SQL, OWNER_HEAD, entry_turn_params
 from .tally import Head
 
 __all__ = [
     "ENTRY_TURN_SQL",
     "InventoryReads",
-    "entry_turn_params",
     "pg_lean_read_functions",
     "pg_read_functions",
     "pg_scoped_read_functions",
     "without_token",
 ]
 
-# The same with the turn's inventory (readers): one statement, so one snapshot
-# and one round trip; expired rows not yet collected are part of the tally.
-# ``token`` is the read's freshness token (``head_cache``), computed first: a
-# ``v`` row returns it, with ``same`` (``n``) set when it equals the token the
-# read sent, the one of the inventory it has cached; every other row is then
-# left out, and the database does not even read it (``stale``, ``fresh``).
+# The turn's head rows and inventory in one statement (one snapshot, one round
+# trip; expired rows not yet collected are part of the tally). The ``v`` row
+# carries the token, with ``same`` (``n``) set when it is the one the read sent:
+# every other row is then left out, unread (``stale``, ``fresh``).
 _INVENTORY_SQL = (
     "WITH token AS MATERIALIZED ({token})"
     " SELECT 'h' AS k, owner_user_id, turn_id, key_version, sealed, NULL AS id, NULL AS n,"
@@ -73,32 +55,21 @@ _INVENTORY_SQL = (
     " UNION ALL SELECT 'v', NULL, token.turn_id, NULL, token.sealed, NULL, token.same, NULL, NULL, token.value,"
     " token.snap FROM token ORDER BY k, turn_id, id"
 )
-# How a branch reads nothing when the token is the same (SQLite): a join whose
-# outer side (CROSS JOIN keeps the order) is empty, so the index is not even
-# searched.
+# How a SQLite branch reads nothing when the token is the same: a CROSS JOIN whose outer side is empty.
 _SQLITE_STALE = ("(SELECT 1 FROM token WHERE same = 0) AS stale CROSS JOIN ", "")
-# SQLite's token: the connection's data version, the turn's sealed head (one
-# primary-key look-up) and the text of the turn's inventory rows
-# (``_SQLITE_ROWS``), computed by SQLite only when the data version moved
-# (another connection committed, to any turn of any owner) or the head is not
-# the one sent; the token is the one sent when the head is, and either the
-# data version or that text is too. ``p`` holds what the read sent: data
-# version, head, rows' text, owner, turn.
-# * The data version moves with every commit of any other connection, in this
-#   process or another, never with the connection's own: unchanged, the
-#   store is as the read that took the token saw it, but for this
-#   connection's own writes, each of which kept the cached inventory edited
-#   (``Heads.change``) and the head it sealed: that head stored, the write
-#   committed (AES-GCM seals each head under a fresh nonce).
-# * The rows' text is exact (each value quoted, a text as its whole bytes, so
-#   that a text cannot pass for a number nor a field for two; an expiry as its integer part and its
-#   fraction in units of 2**-52, exact from 1 to 2**53, outside of which it
-#   is quoted: ``quote`` is exact too but costs more), after the key
-#   version the turn's head is opened with (a head's bytes kept, its key
-#   version edited, fails to open: the full check sees it), read from the
-#   turn's index ``entries_owner_turn`` (schema 12: the id, expiry and size
-#   from the index, the actor and channel from the rows): the same text, the
-#   same rows, whatever another connection committed.
+# SQLite's token: the connection's data version, the turn's sealed head and
+# the text of the turn's inventory rows (``_SQLITE_ROWS``, computed only when
+# the data version moved or the head is not the one sent); the token is the
+# one sent when the head is, and the data version or that text is. ``p``: what
+# the read sent (data version, head, rows' text, owner, turn).
+# * The data version moves with every commit of any other connection, never
+#   with the connection's own, each of which kept the cached inventory edited
+#   and the head it sealed.
+# * The rows' text is exact: each value quoted, a text as its whole bytes (a
+#   text cannot pass for a number nor a field for two), an expiry as its
+#   integer part and its fraction in units of 2**-52 (exact from 1 to 2**53,
+#   quoted outside), after the head's key version (a version edited fails to
+#   open), read along the turn's index ``entries_owner_turn``.
 _SQLITE_EXPIRY = (
     "CASE WHEN typeof(expires_at) = 'real' AND expires_at >= 1 AND expires_at < 9007199254740992"
     " THEN 'r' || CAST(expires_at AS INTEGER) || '.'"
@@ -107,11 +78,8 @@ _SQLITE_EXPIRY = (
 )
 
 
-# A value of a column that is text when written by securepad (the id, actor
-# and channel) or anything else (a raw edit): a text value as its UTF-8 bytes
-# in hex, whole (``quote`` stops at a NUL inside a text: "planner" and
-# "planner<NUL>x" would give one text), anything else by ``quote``; the two
-# never meet ('t' and hex digits; quote's numbers, NULL, X'...').
+# A column securepad writes as text (id, actor, channel): a text as its UTF-8 in hex,
+# whole (``quote`` stops at a NUL), anything else (a raw edit) by ``quote``; the two never meet.
 def _sqlite_exact(column: str) -> str:
     return f"CASE WHEN typeof({column}) = 'text' THEN 't' || hex({column}) ELSE quote({column}) END"
 
@@ -178,9 +146,6 @@ _PG_INVENTORY_SQL = (
 # in the order of the scans, not sorted: equal digests mean equal sequences of
 # rows, so equal inventories, whatever the order; a turn read in another order
 # (another plan) is only a miss. Owner and turn are the statement's (``p``).
-# Other ways to write it (a bytea concatenation with length prefixes,
-# ``record_send``, ``concat_ws``) cost the server the same within the noise
-# (docs/performance.md); reading the rows is a quarter of it.
 _PG_DIGEST = (
     "(SELECT encode(sha256(convert_to(string_agg(ROW(r.k, r.id, r.n, float8send(r.expires_at), r.stored_bytes,"
     " r.actor, r.channel)::text, chr(10)), 'UTF8')), 'hex') FROM inv AS r)"
@@ -225,8 +190,7 @@ _PG_FRESHNESS = (
 # SECURITY INVOKER (the default): it runs as the application role, so
 # row-level security and the owner setting apply as to the statement. Its
 # search_path is pinned to the store's schema (``FROM CURRENT``: the
-# migration's), so its names never resolve elsewhere whoever calls it; the
-# clause costs no server CPU measurable per call (docs/how-to/postgresql.md).
+# migration's), so its names never resolve elsewhere whoever calls it.
 # Migrations are never edited: a change to the statements above needs a new
 # migration that replaces these functions (``CREATE OR REPLACE FUNCTION``);
 # tests/tables/heads/test_reading_token_postgres.py pins their text so that such a change cannot go unnoticed.
@@ -284,7 +248,7 @@ _PG_LEAN = (
     f" SELECT h.turn_id, h.sealed, CASE WHEN h.sealed = (SELECT sealed FROM p) THEN {_PG_DIGEST} END AS value"
     " FROM h"
 )
-# The snapshot is computed once (it reads the control file, ~10 us), before
+# The snapshot is computed once, before
 # the warm comparison, and is the lean answer's.
 _PG_LEAN_READ_FUNCTION = (
     "CREATE OR REPLACE FUNCTION " + _PG_FUNCTION_SIGNATURE + "DECLARE\n"
@@ -301,16 +265,6 @@ _PG_LEAN_READ_FUNCTION = (
 # With the cache off (``Heads.cache_limit(0)``): no token, so no digest.
 _PG_NO_FRESHNESS = (
     "SELECT NULL::text AS turn_id, NULL::bytea AS sealed, 0 AS same, NULL::text AS value, NULL::text AS snap"
-)
-# The turn of one entry of the principal's scope (``entry_select_sql``, a read
-# or delete by id): the id, the owner, and the channel and actor when the
-# policy's scope names them (NULL otherwise: ``entry_turn_params``). Another
-# owner's id, or one outside the scope, finds no turn, exactly as an absent id:
-# the statement then reads the owner's heads alone, whatever turn the id is
-# of, so its work tells nothing of another owner's turn names.
-ENTRY_TURN_SQL = (
-    "(SELECT turn_id FROM entries WHERE id = ? AND owner_user_id = ?"
-    " AND channel = COALESCE(?, channel) AND actor = COALESCE(?, actor))"
 )
 # What migrations 10 and 13 built the entry's read function from (the turn of
 # an id whoever its owner; row-level security held it to the owner's rows):
@@ -337,13 +291,6 @@ _PG_CALLS = {
     "?": "SELECT * FROM turn_inventory(?, ?, ?, ?, ?, ?)",
     ENTRY_TURN_SQL: "SELECT * FROM entry_turn_inventory(?, ?, ?, ?, ?, ?, ?, ?)",
 }
-
-
-def entry_turn_params(entry_id: str, scope: Sequence[tuple[str, str]]) -> tuple[str | None, ...]:
-    """The parameters of ``ENTRY_TURN_SQL`` for ``entry_id`` within ``scope``
-    (``Policy.scope_columns``: the owner first, then the channel and actor it names)."""
-    columns = dict(scope)
-    return (entry_id, columns["owner_user_id"], columns.get("channel"), columns.get("actor"))
 
 
 def _numbered(sql: str) -> str:
@@ -421,17 +368,14 @@ class InventoryReads:
             self._bare = _PG_INVENTORY_SQL.replace("{token}", _PG_NO_FRESHNESS)
 
     def keep(self, scope: object, owner: str, turn_id: str, rows: Rows, head: Head) -> None:
-        """Cache ``head``, verified from ``rows`` (a turn with a head only: one
-        without holds nothing to recount)."""
+        """Cache ``head``, verified from ``rows`` (a turn with a head only)."""
         token, _ = self.token(rows, turn_id)
         if token is not None and any(row["k"] == "h" and row["turn_id"] == turn_id for row in rows):
             self.cache.put(scope, owner, turn_id, token, head)
 
     def token(self, rows: Rows, turn_id: str) -> tuple[tuple[Any, ...] | None, bool]:
-        """The freshness token in the rows' ``v`` row (None on PostgreSQL when
-        the turn has no head, or the row is of another turn), and whether the
-        statement found it equal to the one sent, leaving the inventory out.
-        PostgreSQL's is (turn, sealed head, digest, snapshot): see ``holds``."""
+        """The freshness token in the rows' ``v`` row (None on PostgreSQL for a turn without
+        head), and whether the statement found it the one sent (the inventory left out)."""
         for row in rows:
             if row["k"] == "v":
                 same = bool(row["n"])
@@ -444,11 +388,8 @@ class InventoryReads:
 
     @property
     def keeps_writes(self) -> bool:
-        """Whether a write of this process keeps the turn's cached inventory,
-        edited as it edits the turn (``Heads.change``), instead of dropping it:
-        on SQLite, whose token holds the turn's sealed head. PostgreSQL's token
-        holds the server's digest of the turn's rows, which a write cannot
-        know before a read computes it."""
+        """Whether a write keeps the turn's cached inventory, edited, instead of dropping it: on
+        SQLite, whose token holds the sealed head (PostgreSQL's holds the server's digest)."""
         return self._sqlite
 
     @staticmethod
@@ -457,52 +398,35 @@ class InventoryReads:
         return None if token[1] is None else bytes(token[1])
 
     def kept(self, cached: tuple[Any, ...], token: tuple[Any, ...]) -> tuple[Any, ...]:
-        """The token to keep with an inventory verified with ``cached`` that a
-        read with ``token`` found fresh (``holds``): ``token``, with SQLite's
-        rows' text kept from ``cached`` when the statement did not compute it
-        (the data version had not moved)."""
+        """The token to keep once a read with ``token`` found ``cached`` fresh (SQLite's rows' text kept)."""
         if self._sqlite and token[2] is None:
             return (*token[:2], cached[2])
         return token
 
     @staticmethod
     def written(token: tuple[Any, ...], sealed: bytes) -> tuple[Any, ...]:
-        """A SQLite token after a write of this connection sealed the turn's head
-        ``sealed``: the same data version (the connection's own commits do not
-        move it), the new head. A read then finds it fresh only if no other
-        connection committed since the token was read (the data version), and
-        the head stored is the one the write sealed (it committed: AES-GCM
-        seals each head under a fresh nonce, so no other write seals the same
-        bytes). The rows' text is not known until a read computes it: a read
-        after another connection's commit verifies the turn again."""
+        """A SQLite token after this connection's write sealed the turn's head ``sealed``: the
+        same data version (its own commits do not move it), the new head. A read finds it
+        fresh only if no other connection committed since and that head is stored (AES-GCM
+        seals each head under a fresh nonce); the rows' text is left for a read to compute."""
         return (token[0], sealed, None)
 
     def holds(self, cached: tuple[Any, ...], token: tuple[Any, ...]) -> bool:
-        """Whether the inventory verified with token ``cached`` is the one of a
-        read whose token is ``token``. On PostgreSQL the snapshot (the last
-        field) may differ: an equal head and digest prove the same rows; the
-        caller then keeps the inventory with ``token`` (``kept``), so that the
-        next read whose snapshot has not moved skips the digest. On SQLite
-        the head must be the same, and either the data version or the rows'
-        text (computed when the data version moved): the caller then keeps
-        the new data version."""
+        """Whether the inventory verified with ``cached`` is the one of a read with ``token``:
+        PostgreSQL's head and digest equal (the snapshot may differ); SQLite's head equal,
+        and its data version or its rows' text."""
         if self._sqlite:
             version, sealed, rows_text = token
             return sealed == cached[1] and (version == cached[0] or (rows_text is not None and rows_text == cached[2]))
         return cached[:3] == token[:3]
 
     def read_sql(self, owner: str, turn_id: str) -> tuple[str, Params]:
-        """The query of what a read of the turn checks its rows against, sent
-        with them (``Backend.queries``): the turn's head rows, its inventory and
-        the freshness token, the inventory left out by the database when the
-        token equals the one of the turn's cached inventory."""
+        """What a read of the turn sends with its rows (``Backend.queries``): head rows, token, inventory."""
         entry = self.cache.get(self._db.read_scope(), owner, turn_id)
         return self.sql("?", turn_id, owner, None if entry is None else entry.token, function=True)
 
     def entry_read_sql(self, owner: str, entry_id: str, scope: Sequence[tuple[str, str]]) -> tuple[str, Params]:
-        """``read_sql`` for the turn of entry ``entry_id``, found within ``scope``
-        (``Policy.scope_columns``: no default, so that no caller forgets the
-        channel and actor a policy names)."""
+        """``read_sql`` for the turn of entry ``entry_id``, found within ``scope`` (no default)."""
         entry = self.cache.listing(self._db.read_scope(), owner, entry_id)
         if entry is not None:
             # An entry of the owner outside the scope is read as an absent one: without a token.
@@ -524,14 +448,10 @@ class InventoryReads:
         kept: bool = True,
         scope: Sequence[tuple[str, str]] | None = None,
     ) -> tuple[str, Params]:
-        """The statement of ``read_sql`` for ``turn`` (``?`` for ``value``, a turn
-        id, or ``ENTRY_TURN_SQL``: the turn of entry ``value`` within ``scope``,
-        the owner alone by default); ``token``: the cached inventory's.
-        ``function``: on PostgreSQL, with a token, a call of the schema's read
-        function instead (the same rows; the warm read's server CPU, without
-        the statement's plan: ``pg_read_functions``). ``kept``: False when what
-        it reads is not cached (gc's check, a conversion), so that no token is
-        computed (no rows' text, no digest)."""
+        """The statement of ``read_sql`` for ``turn`` (``?`` for the turn id ``value``, or
+        ``ENTRY_TURN_SQL`` for entry ``value`` within ``scope``); ``token``: the cached
+        inventory's. ``function``: on PostgreSQL with a token, a call of the read
+        function (the same rows). ``kept``: False when nothing will cache it (no token)."""
         by_entry = turn == ENTRY_TURN_SQL
         found = entry_turn_params(value, scope or (("owner_user_id", owner),)) if by_entry else (value,)
         if self._sqlite:
@@ -549,6 +469,5 @@ class InventoryReads:
 
 
 def without_token(rows: Rows) -> Rows:
-    """The inventory without its token: on SQLite the data version moves with any
-    commit, of any turn, and must not make a consistent pair look inconsistent."""
+    """The inventory without its token (which moves with any commit, of any turn)."""
     return [row for row in rows if row["k"] != "v"]

@@ -1,14 +1,7 @@
-"""What a turn head holds (``heads``): the sealed tally, its edits, and the
-turn's inventory as the reads check it.
+"""What a turn head holds: the sealed tally, its edits, and the turn's inventory as the reads check it.
 
-A turn's tally is constant-size: per kind (``e`` entries, ``c`` checkpoints,
-``m`` compaction marks) a count and a keyed multiset digest, the highest step
-ever recorded and the newest entry; and (format 3) the turn's byte
-total ``b`` (the sum of its counted entries' ``stored_bytes``) and its
-reservation ``r >= b``, the share of the owner's quota the turn holds
-(``head_owner``: the owner's usage head is the sum of the reservations). The digest is the sum, mod 2**256, of one
-HMAC-SHA256 per row (``term``) under the store's anchor key; see ``heads``
-and SECURITY.md for why it is keyed and why that key.
+A kind's digest is the sum, mod 2**256, of one HMAC-SHA256 per row (``term``)
+under the store's anchor key: a write adds or subtracts its rows in O(1).
 """
 
 from __future__ import annotations
@@ -23,28 +16,11 @@ import msgspec
 from ...crypto.primitives import CounterSeal
 from ...errors import IntegrityError
 
-__all__ = [
-    "HEAD_FORMAT",
-    "KINDS",
-    "MOD",
-    "RECORD_KINDS",
-    "TERM_FORMAT",
-    "Head",
-    "HeadEdit",
-    "Tally",
-    "entry_item",
-    "extend_head",
-    "record_item",
-    "same_entry",
-    "term",
-]
-
 # Head sections of the turn records, by table.
 RECORD_KINDS = {"checkpoints": "c", "compaction_marks": "m"}
 KINDS = {"e": "entries", "c": "checkpoints", "m": "compaction_marks"}
-# 3: with the turn's bytes and reservation; format-2 tallies are
-# converted once at open (``head_build``). A digest term keeps format 2's tag
-# (``TERM_FORMAT``): the rows' terms did not change, so neither did any digest.
+# 3: with the turn's bytes and reservation (format 2 is converted at open, ``build``);
+# a digest term keeps format 2's tag: the rows' terms did not change.
 HEAD_FORMAT = 3
 TERM_FORMAT = 2
 MOD = 1 << 256
@@ -66,13 +42,10 @@ class Head:
 
 @dataclass
 class Tally:
-    """The sealed body of a turn head: per kind a count and a digest, the
-    highest step ever recorded, and the newest entry (``[id, step, expires_at,
-    actor, channel]`` of the highest (step, id); None when the turn holds no
-    entry, or when the newest was deleted or collected and the next one is not
-    known yet); the bytes of the entries counted (``b``) and the turn's
-    reservation of the owner's quota (``r``, at least ``b``). Constant size,
-    whatever the turn holds."""
+    """The sealed body of a turn head: per kind a count and a digest, the highest
+    step ever recorded, the newest entry (``[id, step, expires_at, actor,
+    channel]``; None when not known since it left), the bytes of the entries
+    counted (``b``) and the turn's reservation of the owner's quota (``r >= b``)."""
 
     n: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     d: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
@@ -80,9 +53,8 @@ class Tally:
     newest: list[Any] | None = None
     b: int = 0
     r: int = 0
-    # The owner's turn counter (``head_owner``) as this head last saw it: its
-    # creation's, raised by each write under the owner's exclusive lock. An
-    # owner head or usage head that counts fewer turns is older than this head.
+    # The owner's turn counter as this head last saw it (``owner``): an owner head or
+    # usage head that counts fewer turns is older than this head.
     o: int = 0
 
     def dumps(self) -> bytes:
@@ -99,9 +71,8 @@ class Tally:
         return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
     def check_found(self, found: Tally, turn_id: str) -> None:
-        """Refuse the tally ``found`` of the turn's rows unless it is this one,
-        as its head seals it: counts and digests per kind, and the newest entry
-        (the rows may stay below the highest step ever recorded, ``last``).
+        """Refuse the tally ``found`` of the turn's rows unless it is this one (counts,
+        digests, the newest entry; the rows may stay below ``last``).
 
         Raises:
             IntegrityError: rows were removed, added, altered or replaced.
@@ -122,8 +93,7 @@ class Tally:
 
     @classmethod
     def loads(cls, data: bytes, *, before: bool = False) -> Tally:
-        """A tally of this format; with ``before``, one of format 2 too (its
-        conversion at open: ``b`` and ``r`` then 0, for the caller to fill)."""
+        """A tally of this format (with ``before``, of format 2 too: ``b``, ``r`` 0); raises IntegrityError."""
         try:
             body = json.loads(data)
             old = before and body["f"] == 2
@@ -151,11 +121,15 @@ def _count(value: object) -> int:
 
 
 class HeadEdit:
-    """One write's change to a turn's tally: rows added, removed, replaced."""
+    """One write's change to a turn's tally (rows added, removed, replaced), applied to
+    ``head`` too: the turn's inventory taken out of the cache (``cache``), if any."""
 
-    def __init__(self, tally: Tally, term: Callable[[str, str, tuple[Any, ...]], int]) -> None:
+    def __init__(
+        self, tally: Tally, term: Callable[[str, str, tuple[Any, ...]], int], head: Head | None = None
+    ) -> None:
         self.tally = tally
         self._term = term
+        self.head = head
         self.bytes = 0  # the change of the entries' stored bytes (the owner's usage total)
 
     def add(self, kind: str, item_id: str, item: list[Any]) -> None:
@@ -176,6 +150,8 @@ class HeadEdit:
             tally.b += int(item[2])
         tally.n[kind] += 1
         tally.d[kind] = (tally.d[kind] + self._term(kind, item_id, tuple(item))) % MOD
+        if self.head is not None:
+            self.head.section(kind)[item_id] = list(item)
 
     def add_all(self, kind: str, items: Iterable[tuple[str, list[Any]]]) -> None:
         for item_id, item in items:
@@ -190,6 +166,8 @@ class HeadEdit:
             self.tally.b -= int(item[2])
         if kind == "e" and self.tally.newest is not None and self.tally.newest[0] == item_id:
             self.tally.newest = None  # not known until an entry above every step comes in
+        if self.head is not None:
+            self.head.section(kind).pop(item_id, None)
 
     def replace(self, kind: str, item_id: str, old: list[Any], new: list[Any]) -> None:
         """A row's clear columns change (an extension): the newest stays the newest."""
@@ -201,13 +179,9 @@ class HeadEdit:
 
 
 def term(seal: CounterSeal, owner: str, turn_id: str, kind: str, item_id: str, item: tuple[Any, ...]) -> int:
-    """One row's term of its turn's digest: HMAC-SHA256 under the store's anchor
-    key of (head format, kind, owner, turn, id, clear item), as an integer.
-
-    The message is msgpack (typed and self-delimiting: a string cannot pass for
-    a number, nor two fields for one). With ``hmac.digest`` it costs 2.5 us a
-    row against 5.3 for JSON and ``hmac.new`` (timeit, one row of an entry):
-    a turn read recounts every row it has not seen."""
+    """One row's term of its turn's digest: HMAC-SHA256 under the store's anchor key
+    of (format, kind, owner, turn, id, clear item) as msgpack (typed and
+    self-delimiting: a string cannot pass for a number, nor two fields for one)."""
     return seal.term(_PACK([TERM_FORMAT, kind, owner, turn_id, item_id, *_canonical(kind, item)]))
 
 
@@ -215,10 +189,9 @@ _PACK = msgspec.msgpack.Encoder().encode
 
 
 def _canonical(kind: str, item: tuple[Any, ...]) -> list[Any]:
-    """The item with its numbers in one form (SQLite and PostgreSQL may hand back
-    an int or a float for the expiry). The step (or sequence number) and the
-    stored bytes are integral columns: anything but an integer is refused, never
-    rounded (``int(10.5)`` would give an edited row the term of the genuine one)."""
+    """The item with its numbers in one form (the expiry may come back an int or a
+    float); the integral columns must be integers, never rounded (``int(10.5)``
+    would give an edited row the term of the genuine one)."""
     numbers, scope = (item[:3], item[3:]) if kind == "e" else (item[:2], item[2:])
     out: list[Any] = []
     for position, value in enumerate(numbers):
@@ -234,10 +207,6 @@ def _canonical(kind: str, item: tuple[Any, ...]) -> list[Any]:
 
 def same_entry(head: Head, row: dict[str, Any]) -> None:
     """Raise IntegrityError unless ``head`` lists the entry ``row`` as it is."""
-    _same_entry(head, row)
-
-
-def _same_entry(head: Head, row: dict[str, Any]) -> None:
     sealed = head.e.get(row["id"])
     if sealed is None:
         raise IntegrityError(f"entry {row['id']} is not in the head of turn {row['turn_id']!r}: tampering")
@@ -256,9 +225,8 @@ def extend_head(
     entry_ids: Iterable[str],
     record_ids: dict[str, list[str]],
 ) -> None:
-    """Give the extended entries and records (the ids whose rows were updated)
-    their new expiry in the tally: ``before`` holds their items as they were
-    (``Heads.items``, read in the same transaction before the update)."""
+    """Give the extended entries and records their new expiry in the tally (``before``:
+    their items as they were, ``Heads.items``, read in the same transaction)."""
     changed = [("e", entry_id) for entry_id in entry_ids]
     changed += [(RECORD_KINDS[table], record_id) for table, ids in record_ids.items() for record_id in ids]
     for kind, item_id in changed:

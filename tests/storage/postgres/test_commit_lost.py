@@ -8,7 +8,7 @@ again under the same locks (so after that COMMIT, if it ran): it looks its
 rows up by id and returns them if they are stored, or writes the same rows
 once if not. When even that fails, the error is ``StoreUnavailableError``
 naming the entries that may be stored. Faults come from
-``securepad.bench.faults.FaultyProxy`` on 127.0.0.1, which drops the answer
+``securepad.testing.faults.FaultyProxy`` on 127.0.0.1, which drops the answer
 to a COMMIT (the transaction applied) or the COMMIT itself (rolled back).
 """
 
@@ -28,11 +28,12 @@ psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psyco
 pytest.importorskip("langgraph", reason="the saver's puts need langgraph")
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint  # noqa: E402
 
-from securepad._steps import put_next, record_next  # noqa: E402
-from securepad.bench.faults import LIMITS, FaultyProxy, proxy_for, through  # noqa: E402
+from securepad._steps import put_next  # noqa: E402
 from securepad.integrations.langgraph import SecurepadSaver  # noqa: E402
 from securepad.storage.postgres.database import PostgresDatabase  # noqa: E402  (needs psycopg)
 from securepad.store import parts  # noqa: E402
+from securepad.testing.faults import LIMITS, FaultyProxy, proxy_for, through  # noqa: E402
+from securepad.turn import record_next  # noqa: E402
 
 ALICE = Principal("alice", "planner", "web")
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # ~4 KiB: one segment

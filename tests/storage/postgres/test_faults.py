@@ -23,9 +23,9 @@ from securepad import Keyring, Policy, Scratchpad, StoreBusyError, StoreUnavaila
 from tests.conftest import ALICE
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
-from securepad.bench.faults import LIMITS, FaultyProxy, proxy_for, through  # noqa: E402
 from securepad.cli import main  # noqa: E402
 from securepad.storage.postgres.database import PostgresDatabase  # noqa: E402  (needs psycopg)
+from securepad.testing.faults import LIMITS, FaultyProxy, proxy_for, through  # noqa: E402
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ import psycopg
 import pytest
 
 from securepad import Keyring, Principal, Scratchpad, SecurepadError
-from securepad.bench.pgbouncer import PgBouncer, find_pgbouncer, pooled_store
 from securepad.store import parts
+from securepad.testing.pgbouncer import PgBouncer, find_pgbouncer, pooled_store
 
 CLIENTS = 64
 STORES = 8  # 8 stores x 8 pooled connections = 64 client connections to PgBouncer
@@ -163,7 +163,7 @@ def test_the_benchmark_runs_and_counts_errors_and_lost_writes(
 ) -> None:
     """A smoke run (no timing asserted): the table has a row per target and client
     count, with 0 errors and 0 lost writes."""
-    from securepad.bench.pgbouncer import TARGETS, main
+    from benchmarks.pgbouncer import TARGETS, main
 
     assert main(["--quick", "--seconds", "0.5", "--clients", "1", "4", "32", "--server", pg_database]) == 0
     rows = [

@@ -1,5 +1,5 @@
 """How a put's sealed bytes are stored on PostgreSQL
-(measured with ``python -m securepad.bench.pg_cpu``), in figures that do not depend on
+(measured with ``python -m benchmarks.pg_cpu``), in figures that do not depend on
 the machine's load: the columns' storage, and the WAL records and bytes of
 a put's INSERT of a 4 KiB entry.
 

@@ -142,12 +142,12 @@ def test_the_counted_store_still_answers_correctly(counted: Scratchpad) -> None:
 
 
 def test_the_benchmark_meter_reports_the_same_round_trips(pg_dsn: str) -> None:
-    """``python -m securepad.bench.pg_cpu``'s table, for the store opened from a
+    """``python -m benchmarks.pg_cpu``'s table, for the store opened from a
     DSN (as users open it) and on a pool passed in: its round trips agree with
     the budget, its server CPU is read from the store's one server process (the
     CPU figures are timings: the benchmark reports them), and the class-level
     counter it installs on ``psycopg.Connection.wait`` is gone after it."""
-    from securepad.bench.pg_costs import cpu_per_op, cpu_table
+    from benchmarks.pg_costs import cpu_per_op, cpu_table
 
     wait = Connection.wait
     count = 5
@@ -167,8 +167,8 @@ def test_the_benchmark_meter_reports_the_same_round_trips(pg_dsn: str) -> None:
 
 def test_the_benchmark_measures_the_store_from_a_dsn_unless_asked(pg_dsn: str) -> None:
     """The pool passed in is a second, optional row: ``python -m
-    securepad.bench.postgres`` reads ``securepad-postgresql`` and ``ratio``."""
-    from securepad.bench.pg_costs import cpu_per_op
+    benchmarks.postgres`` reads ``securepad-postgresql`` and ``ratio``."""
+    from benchmarks.pg_costs import cpu_per_op
 
     result = cpu_per_op(pg_dsn, count=2, size=256, read_chars=100)
     assert set(result) == {"securepad", "securepad-postgresql", "ratio"}

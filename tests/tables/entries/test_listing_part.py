@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from securepad import IntegrityError, Keyring, NotFoundError, Principal, Scratchpad
 from securepad.bench.costs import listing_costs
 from securepad.core.shaping import PACKED_JSON, PACKED_MSGPACK, pack, unpack
-from securepad.crypto.primitives import ENTRY_FORMAT, LISTING_FORMAT, WORK, Header
+from securepad.crypto.formats import ENTRY_FORMAT, LISTING_FORMAT, Header
+from securepad.crypto.primitives import WORK
 from securepad.storage.sqlite import SCHEMA_VERSION
 from securepad.store import parts, sqlite_of
 from tests.support.paths import FIXTURES
@@ -223,7 +224,7 @@ def test_a_next_step_put_seals_the_step_it_took(store: Store) -> None:
     """A stale guess (step 1 is taken) makes the write transaction take step 3
     and seal the listing part again for it: its view's reference names step 3."""
     with store.open() as pad:
-        entries = parts(pad).entries
+        entries = parts(pad).putter
         view = entries.put(ALICE, "t1", 1, "tool", {"items": [1, 2, 3]}, free_step=True, next_step=True)
         assert view["step_num"] == 3 and "{{step3.items}}" in view["ref_hint"]
         listed = pad.list_for_turn(ALICE, "t1")

@@ -33,12 +33,12 @@ psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psyco
 from psycopg import Connection  # noqa: E402  (needs psycopg)
 from psycopg_pool import ConnectionPool  # noqa: E402
 
-from securepad.bench.pgbouncer import PgBouncer, find_pgbouncer  # noqa: E402
 from securepad.storage.postgres.database import PostgresDatabase  # noqa: E402
 from securepad.storage.postgres.prepared import Statements  # noqa: E402
 from securepad.store import parts  # noqa: E402
 from securepad.tables.entries import prepare  # noqa: E402
 from securepad.tables.heads.heads import Heads  # noqa: E402
+from securepad.testing.pgbouncer import PgBouncer, find_pgbouncer  # noqa: E402
 from tests.support.pg_prepared_runs import ran  # noqa: E402  (needs psycopg)
 
 Single = tuple[Scratchpad, ConnectionPool[Any]]

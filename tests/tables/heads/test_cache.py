@@ -25,11 +25,11 @@ import apsw
 import pytest
 
 from securepad import Keyring, Policy, Principal, Scratchpad
-from securepad.bench.heads import ReadMeter
 from securepad.errors import IntegrityError, NotFoundError
 from securepad.store import parts
 from securepad.tables.heads.cache import HeadCache
 from securepad.tables.heads.tally import Head
+from securepad.testing.meters import ReadMeter
 from tests.support.tamper_edits import raw_file, record_batches
 
 ALICE = Principal("alice", "planner", "web")
@@ -228,7 +228,7 @@ def test_a_warm_read_fetches_no_inventory_whatever_the_turn_length(db_path: Path
 def test_without_the_cache_every_read_fetches_the_inventory(db_path: Path, keyring: Keyring) -> None:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         entry = record_batches(pad, ALICE, TURN, 20)[-1]
-        parts(pad).entries.heads.cache_limit(0)
+        parts(pad).heads.cache_limit(0)
         meter = ReadMeter(pad)
         for _ in range(3):
             assert meter.counts(lambda: pad.read(ALICE, entry, "tail", n=100, now=LATER))["rows"] >= 24
@@ -454,8 +454,8 @@ def test_threads_share_the_cache_safely() -> None:
 
 
 def test_the_benchmark_s_read_length_counts_are_the_ones_the_docs_give(db_path: Path, keyring: Keyring) -> None:
-    """``python -m securepad.bench.heads``'s read_length section (no timing asserted)."""
-    from securepad.bench.heads import read_length
+    """``python -m benchmarks.heads``'s read_length section (no timing asserted)."""
+    from benchmarks.heads import read_length
 
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         result = read_length(pad, (1, 20), repeat=2)

@@ -21,15 +21,15 @@ from typing import Any
 import pytest
 
 from securepad import Keyring, Principal, Scratchpad
-from securepad.bench.heads import ReadMeter
 from securepad.errors import IntegrityError, NotFoundError
+from securepad.testing.meters import ReadMeter
 from tests.support.tamper_edits import record_batches
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from psycopg import Connection  # noqa: E402  (needs psycopg)
 from psycopg_pool import ConnectionPool  # noqa: E402
 
-from securepad.bench.pgbouncer import PgBouncer, find_pgbouncer  # noqa: E402
+from securepad.testing.pgbouncer import PgBouncer, find_pgbouncer  # noqa: E402
 
 ALICE = Principal("alice", "planner", "web")
 NOW = 1_000_000.0
@@ -244,7 +244,7 @@ def test_with_the_cache_off_every_read_verifies_the_whole_inventory(pg_dsn: str,
     from securepad.store import parts
 
     with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
-        parts(pad).entries.heads.cache_limit(0)
+        parts(pad).heads.cache_limit(0)
         ids = record_batches(pad, ALICE, TURN, 5)
         meter = ReadMeter(pad)
         for _ in range(2):

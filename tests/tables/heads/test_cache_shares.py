@@ -15,9 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from securepad import Principal, Scratchpad
-from securepad.bench.heads import ReadMeter
 from securepad.tables.heads.cache import CACHE_TURNS, HeadCache
 from securepad.tables.heads.tally import Head
+from securepad.testing.meters import ReadMeter
 
 ALICE = Principal("alice", "planner", "web")
 BOB = Principal("bob", "planner", "web")

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from securepad import IntegrityError, Keyring, Principal, Scratchpad
 from securepad.store import parts
+from securepad.tables.entries.entries import every_row
 from securepad.tables.heads.heads import OWNER_HEAD, USAGE_HEAD
 from tests.support.tamper_edits import Raw, as_admin, on_sqlite, whole_turn_removed
 
@@ -39,7 +40,7 @@ def _head_turns(pad: Scratchpad) -> set[str]:
 
 
 def _listed(pad: Scratchpad) -> set[str]:
-    owner_head = parts(pad).entries.heads.all_heads()["alice"][OWNER_HEAD]
+    owner_head = parts(pad).heads.all_heads()["alice"][OWNER_HEAD]
     assert isinstance(owner_head, set)
     return owner_head
 
@@ -179,8 +180,8 @@ def test_the_owner_head_lists_exactly_the_turns_that_hold_rows(
             else:
                 now += 40
                 pad.gc(now=now, wait=False)
-        heads = parts(pad).entries.heads.all_heads()[owner]
-        with_rows = {str(row["turn_id"]) for row in parts(pad).entries.all_rows() if row["owner_user_id"] == owner}
+        heads = parts(pad).heads.all_heads()[owner]
+        with_rows = {str(row["turn_id"]) for row in every_row(parts(pad).db) if row["owner_user_id"] == owner}
         assert heads[OWNER_HEAD] == with_rows == set(heads) - {OWNER_HEAD, USAGE_HEAD}
         report = pad.verify(now=now)
         assert report["ok"], report["problems"]

@@ -24,9 +24,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from securepad import Keyring, Policy, Principal, Scratchpad
-from securepad.bench.heads import ReadMeter
 from securepad.errors import IntegrityError, StoreBusyError
 from securepad.store import parts
+from securepad.testing.meters import ReadMeter
 from tests.support.tamper_edits import raw_file
 
 ALICE = Principal("alice", "planner", "web")
@@ -179,7 +179,7 @@ def test_a_write_that_rolls_back_leaves_no_edited_inventory_behind(db_path: Any,
         pad.get(ALICE, ids[0], now=LATER)
         db = parts(pad).db
         with pytest.raises(RuntimeError), db.transaction() as tx:
-            heads = parts(pad).entries.heads
+            heads = parts(pad).heads
             heads.change(tx, "alice", "t", lambda edit: edit.remove("e", ids[1], [2, NOW + 3600, 0, "planner", "web"]))
             raise RuntimeError("the write fails after its head was sealed")
         meter = ReadMeter(pad)
@@ -261,7 +261,7 @@ def _rows_text(pad: Scratchpad, column: str, value: Any, entry_id: str) -> str:
     """The rows' text the read's statement computes with ``column`` of one entry set to ``value``."""
     conn = parts(pad).db.query  # this thread's connection, as the read uses it
     conn(f"UPDATE entries SET {column} = ? WHERE id = ?", (value, entry_id))
-    sql, params = parts(pad).entries.heads.reads.sql("?", "t", "alice")
+    sql, params = parts(pad).heads.reads.sql("?", "t", "alice")
     (token,) = [row for row in conn(sql, params) if row["k"] == "v"]
     return str(token["channel"])
 

@@ -40,7 +40,7 @@ def warm(db_path: Any, keyring: Keyring) -> Iterator[tuple[Scratchpad, list[str]
 
 
 def _rows_text(pad: Scratchpad) -> str:
-    sql, params = parts(pad).entries.heads.reads.sql("?", "t", "alice")
+    sql, params = parts(pad).heads.reads.sql("?", "t", "alice")
     (token,) = [row for row in parts(pad).db.query(sql, params) if row["k"] == "v"]
     return str(token["channel"])
 

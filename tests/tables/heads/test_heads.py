@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from securepad import Keyring, Principal, Scratchpad
-from securepad.bench.heads import turn_put_costs
+from securepad.bench.costs import turn_put_costs
 from securepad.errors import IntegrityError, InvalidArgumentError, NotFoundError
 from securepad.turn import record_next
 from tests.support.paths import FIXTURES

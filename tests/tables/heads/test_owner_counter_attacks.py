@@ -33,7 +33,7 @@ def _owner_counts(pad: Scratchpad) -> tuple[set[str], int | None]:
         (OWNER_HEAD,),
         admin=True,
     )
-    return parts(pad).entries.heads.owner_turns(rows[0], "alice")
+    return parts(pad).heads.owner_turns(rows[0], "alice")
 
 
 def test_two_stores_creating_turns_of_one_owner_at_once_count_each(store_location: Any, keyring: Keyring) -> None:
@@ -127,7 +127,7 @@ def test_a_turn_emptied_while_another_store_puts_into_it_stays_listed_while_it_h
 
 def test_heads_put_back_from_before_the_counter_do_not_switch_it_off(pad: Scratchpad, store_location: Any) -> None:
     pad.put(ALICE, "a", 1, "tool", "x", now=NOW)
-    heads = parts(pad).entries.heads
+    heads = parts(pad).heads
     row = parts(pad).db.query(
         "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads WHERE owner_user_id = 'alice'"
         " AND turn_id = 'a'",

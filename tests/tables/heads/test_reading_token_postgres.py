@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 
 from securepad import Keyring, Principal, Scratchpad
-from securepad.bench.heads import ReadMeter
 from securepad.errors import IntegrityError
 from securepad.store import parts
+from securepad.testing.meters import ReadMeter
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from psycopg.rows import dict_row  # noqa: E402  (needs psycopg)
@@ -54,7 +54,7 @@ def store(pg_dsn: str, keyring: Keyring) -> Iterator[dict[str, Any]]:
         for _ in range(2):
             pad.get(ALICE, ids[0], now=LATER)
             pad.turn(ALICE, TURN, now=LATER).history(now=LATER)
-        yield {"pad": pad, "dsn": pg_dsn, "ids": ids, "reads": parts(pad).entries.heads.reads}
+        yield {"pad": pad, "dsn": pg_dsn, "ids": ids, "reads": parts(pad).heads.reads}
 
 
 @contextmanager
@@ -340,8 +340,8 @@ def test_an_admin_edit_after_a_snapshot_was_cached_is_refused(store: dict[str, A
 
 
 def test_the_token_benchmark_runs_each_case(pg_dsn: str) -> None:
-    """``python -m securepad.bench.pg_read_token``: the figures the PostgreSQL guide quotes."""
-    from securepad.bench.pg_read_token import token_costs
+    """``python -m benchmarks.pg_read_token``: the figures the PostgreSQL guide quotes."""
+    from benchmarks.pg_read_token import token_costs
 
     costs = token_costs(pg_dsn, entries=20, executions=20, rounds=1)
     assert list(costs) == ["SELECT 1", "warm", "warm, one statement", "token part", "snapshot moved"]
@@ -349,8 +349,8 @@ def test_the_token_benchmark_runs_each_case(pg_dsn: str) -> None:
 
 
 def test_the_commit_benchmark_runs_each_case(pg_dsn: str) -> None:
-    """``python -m securepad.bench.pg_read_token --commit-every-ms 1``: the figures of the PostgreSQL guide."""
-    from securepad.bench.pg_read_token import commit_costs
+    """``python -m benchmarks.pg_read_token --commit-every-ms 1``: the figures of the PostgreSQL guide."""
+    from benchmarks.pg_read_token import commit_costs
 
     costs = commit_costs(pg_dsn, entries=10, executions=20, rounds=1, every_ms=1.0)
     assert list(costs) == ["SELECT 1", "migration 10", "migration 13"]

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from securepad import Keyring, Policy, Principal, QuotaExceededError, Scratchpad
 from securepad.store import parts
+from securepad.tables.entries.entries import every_row
 from securepad.tables.heads.owner import USAGE_HEAD
 from securepad.tables.heads.quota import CHUNK
 from securepad.tables.heads.tally import Tally
@@ -34,12 +35,12 @@ _owners = itertools.count()
 
 
 def _heads(pad: Scratchpad, owner: str) -> dict[str, Tally]:
-    found = parts(pad).entries.heads.all_heads().get(owner, {})
+    found = parts(pad).heads.all_heads().get(owner, {})
     return {turn: head for turn, head in found.items() if isinstance(head, Tally)}
 
 
 def _used(pad: Scratchpad, owner: str) -> int:
-    return sum(int(row["stored_bytes"]) for row in parts(pad).entries.all_rows() if row["owner_user_id"] == owner)
+    return sum(int(row["stored_bytes"]) for row in every_row(parts(pad).db) if row["owner_user_id"] == owner)
 
 
 def test_a_put_within_its_turns_reservation_leaves_the_usage_head_alone(pad: Scratchpad) -> None:
@@ -154,7 +155,7 @@ def test_the_quota_is_exact_whatever_the_reservations(
                 continue
             items = [(step, "tool", "p" * size)] + ([(step + 1, "tool", b"q" * (size // 2))] if op == "many" else [])
             shadowed = {view["scratchpad_id"] for view in shadow.put_many(owner, turn, items, now=NOW)}
-            costs = [int(row["stored_bytes"]) for row in parts(shadow).entries.all_rows() if row["id"] in shadowed]
+            costs = [int(row["stored_bytes"]) for row in every_row(parts(shadow).db) if row["id"] in shadowed]
             fits = sum(model.values()) + sum(costs) <= QUOTA
             try:
                 if op == "many":
@@ -165,7 +166,7 @@ def test_the_quota_is_exact_whatever_the_reservations(
                 assert not fits, (model, costs)
                 continue
             assert fits, (model, costs)
-            rows = {row["id"]: row for row in parts(pad).entries.all_rows()}
+            rows = {row["id"]: row for row in every_row(parts(pad).db)}
             for view in views:
                 model[view["scratchpad_id"]] = int(rows[view["scratchpad_id"]]["stored_bytes"])
             assert totals(pad)[owner.owner_user_id] <= QUOTA
@@ -177,7 +178,7 @@ def test_verify_names_a_turns_bytes_and_a_usage_head_that_disagree(pad: Scratchp
     alice = Principal("alice", "agent", "web")
     pad.put(alice, "t", 1, "tool", "x" * 3000, now=NOW)
     pad.put(alice, "u", 1, "tool", "y" * 3000, now=NOW)
-    heads = parts(pad).entries.heads
+    heads = parts(pad).heads
     tally = _heads(pad, "alice")["t"]
     with parts(pad).db.transaction("alice") as conn:  # sealed by a writer with the key: a bug, or a rollback
         heads.write_body(
@@ -205,7 +206,7 @@ def test_a_store_with_format_2_heads_is_converted_at_open(store_location: Any, k
         # A usage head of before held the owner's bytes.
         with parts(pad).db.transaction(admin=True) as conn:
             for owner, total in used.items():
-                parts(pad).entries.heads.write_body(conn, owner, USAGE_HEAD, str(total).encode())
+                parts(pad).heads.write_body(conn, owner, USAGE_HEAD, str(total).encode())
         assert as_format_2(pad) == 3
     with Scratchpad.open(store_location, keyring=keyring) as pad:
         assert {o: {t: (h.b, h.r) for t, h in _heads(pad, o).items()} for o in used} == {
@@ -224,5 +225,5 @@ def test_a_store_with_format_2_heads_is_converted_at_open(store_location: Any, k
 
 
 def _used_turn(pad: Scratchpad, owner: str, turn: str) -> int:
-    rows = parts(pad).entries.all_rows()
+    rows = every_row(parts(pad).db)
     return sum(int(r["stored_bytes"]) for r in rows if (r["owner_user_id"], r["turn_id"]) == (owner, turn))

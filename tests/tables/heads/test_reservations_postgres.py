@@ -20,6 +20,7 @@ psycopg = pytest.importorskip("psycopg")
 
 from securepad import Keyring, Policy, Principal, QuotaExceededError, Scratchpad  # noqa: E402
 from securepad.store import parts  # noqa: E402
+from securepad.tables.entries.entries import every_row  # noqa: E402
 from tests.tables.heads.test_usage import exact  # noqa: E402
 
 ALICE = Principal("alice", "agent", "web")
@@ -136,7 +137,7 @@ def test_eight_threads_of_two_owners_keep_the_totals_exact(pg_dsn: str, keyring:
         exact(pad)
         assert pad.verify(now=NOW)["ok"]
         used: dict[str, int] = {}
-        for row in parts(pad).entries.all_rows():
+        for row in every_row(parts(pad).db):
             used[row["owner_user_id"]] = used.get(row["owner_user_id"], 0) + int(row["stored_bytes"])
         assert all(total <= quota for total in used.values())
         if quota < 1 << 30:

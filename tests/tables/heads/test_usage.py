@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from securepad import Keyring, Policy, Principal, QuotaExceededError, Scratchpad
 from securepad.store import parts, sqlite_of
+from securepad.tables.entries.entries import every_row
 from securepad.tables.heads.heads import USAGE_HEAD, Tally
 from tests.storage.test_migrate_fixture_v7 import EXPECTED, copy_v7
 from tests.support.older_heads import as_format_2
@@ -35,13 +36,13 @@ NOW = 1_000_000.0
 
 def totals(pad: Scratchpad) -> dict[str, Any]:
     """Each owner's usage total as its usage head holds it (opened: authenticated)."""
-    heads = parts(pad).entries.heads.all_heads()
+    heads = parts(pad).heads.all_heads()
     return {owner: by_turn.get(USAGE_HEAD) for owner, by_turn in heads.items()}
 
 
 def _turns(pad: Scratchpad, field: str) -> dict[str, int]:
     found: dict[str, int] = {}
-    for owner, by_turn in parts(pad).entries.heads.all_heads().items():
+    for owner, by_turn in parts(pad).heads.all_heads().items():
         for head in by_turn.values():
             if isinstance(head, Tally):
                 found[owner] = found.get(owner, 0) + int(getattr(head, field))
@@ -65,7 +66,7 @@ def exact(pad: Scratchpad) -> None:
 def stored(pad: Scratchpad) -> dict[str, int]:
     """The sum of the entries' stored_bytes by owner (what the total must equal)."""
     found: dict[str, int] = {}
-    for row in parts(pad).entries.all_rows():
+    for row in every_row(parts(pad).db):
         found[row["owner_user_id"]] = found.get(row["owner_user_id"], 0) + int(row["stored_bytes"])
     return found
 
@@ -81,7 +82,7 @@ def test_every_write_keeps_the_usage_total_exact(pad: Scratchpad) -> None:
     exact(pad)
     assert totals(pad)["alice"] < before  # a removal gives back what it held
     assert pad.gc(now=NOW + 20) == 1  # the first entry expired and is collected
-    assert first["scratchpad_id"] not in {row["id"] for row in parts(pad).entries.all_rows()}
+    assert first["scratchpad_id"] not in {row["id"] for row in every_row(parts(pad).db)}
     exact(pad)
     pad.forget_owner("bob")
     assert "bob" not in totals(pad)

@@ -1,7 +1,7 @@
 """What a put and a read of one turn cost as the turn grows: the verified
 inventory kept between reads (``head_cache``) against the turn's length.
 
-``python -m securepad.bench.turn_reads [--lengths 100,1000,3000,6000] [--repeat 40] [--pg DSN]``
+``python -m benchmarks.turn_reads [--lengths 100,1000,3000,6000] [--repeat 40] [--pg DSN]``
 
 For each length, a fresh store holds one turn of that many ~1 KiB entries
 and, beside it, a turn of another owner. Three rows per length, each the
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from securepad import Keyring, Principal, Scratchpad
-from securepad.bench.heads import ReadMeter
+from securepad.testing.meters import ReadMeter
 
 __all__ = ["main", "run"]
 

@@ -1,6 +1,6 @@
 """What one gc costs in memory, WAL and time on a large SQLite store.
 
-    python -m securepad.bench.gc_scrub [--sizes 100,1024] [--out FILE] [--dir DIR]
+    python -m benchmarks.gc_scrub [--sizes 100,1024] [--out FILE] [--dir DIR]
 
 For each size (MiB) a store is filled with 64 KiB entries (one expiring first,
 a third expiring next, the rest live), then a fresh process opens it and runs
@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from securepad import Keyring, Principal, Scratchpad
+from securepad.bench.config import DEFAULT_OUT
 from securepad.store import sqlite_of
-
-from .config import DEFAULT_OUT
 
 ENTRY = 64 * 1024
 BATCH = 200  # entries per put_many: 12.5 MiB, under one transaction's bound
@@ -116,7 +115,7 @@ def run(size_mb: int, where: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m securepad.bench.gc_scrub", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gc_scrub", description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100,1024", help="store sizes in MiB, comma-separated")
     parser.add_argument("--dir", type=Path, default=None, help="where the stores go (default: a temporary one)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT / "gc_scrub.json")

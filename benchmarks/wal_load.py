@@ -1,6 +1,6 @@
 """Many writers and readers on one SQLite store: refused writes and the WAL's size.
 
-    python -m securepad.bench.wal_load [--processes 8] [--threads 4] [--seconds 45]
+    python -m benchmarks.wal_load [--processes 8] [--threads 4] [--seconds 45]
         [--size 4096] [--limit-mb 256] [--out FILE]
 
 Each process opens the store and runs its threads, each half puts and half
@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from securepad import Keyring, Policy, Principal, Scratchpad, SecurepadError, StoreBusyError
+from securepad.bench.config import DEFAULT_OUT
 from securepad.store import sqlite_of
-
-from .config import DEFAULT_OUT
 
 
 def _worker(db: str, key: str, limit: int, proc: int, threads: int, seconds: float, size: int, out: Any) -> None:
@@ -132,7 +131,7 @@ def run(processes: int, threads: int, seconds: float, size: int, limit_mb: int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m securepad.bench.wal_load", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.wal_load", description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=45)

@@ -1,7 +1,7 @@
 """Time grep's worst patterns on a large entry, through the real store (decrypting
 every segment), and check each call against the stated bound.
 
-    python -m securepad.bench.grep_worst [--mib 100] [--only NAME] [--out FILE]
+    python -m benchmarks.grep_worst [--mib 100] [--only NAME] [--out FILE]
 
 The bound: a grep call's cost is linear in the bytes it scans,
 whatever the pattern, and no call runs longer than the work budget
@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from securepad import Keyring, Policy, Principal, Scratchpad
+from securepad.bench.config import DEFAULT_OUT
 from securepad.core.grep import GREP_TIME_BUDGET_S
-
-from .config import DEFAULT_OUT
 
 MIB = 1 << 20
 
@@ -78,7 +77,7 @@ CASES: dict[str, tuple[Callable[[int], object], str, int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m securepad.bench.grep_worst", description=(__doc__ or "").splitlines()[0]
+        prog="python -m benchmarks.grep_worst", description=(__doc__ or "").splitlines()[0]
     )
     parser.add_argument("--mib", type=float, default=100.0, help="size of each entry in MiB")
     parser.add_argument("--only", action="append", help="run only the cases whose name contains this")

@@ -1,7 +1,7 @@
 """securepad on PostgreSQL side by side with securepad on SQLite: the
 concurrency and resumption workloads of the suite, run by the suite's own code.
 
-    python -m securepad.bench.postgres [--processes 8] [--threads 1] [--seconds 5]
+    python -m benchmarks.postgres [--processes 8] [--threads 1] [--seconds 5]
 
 The server is ``SECUREPAD_BENCH_PG_DSN`` (default
 ``postgresql://postgres@127.0.0.1:5432/postgres``), a role that may create
@@ -16,7 +16,7 @@ stay on the seeded entries), the multi-tenant case
 where PostgreSQL writes different owners in parallel; SQLite is run the same
 way for comparison. Then one client's CPU (its own and the server's) and
 round trips per put and per read on each backend, the PostgreSQL store opened
-from the DSN as users open it (``securepad.bench.pg_costs``).
+from the DSN as users open it (``benchmarks.pg_costs``).
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from securepad import Keyring, Principal, Scratchpad
+from securepad.bench.backends import PRINCIPAL, Backend, SecurepadBackend, bench_policy, register_backend
+from securepad.bench.config import DEFAULT_OUT, Config
+from securepad.bench.workloads import run_concurrent, run_resume
 from securepad.store import parts
 
-from .backends import PRINCIPAL, Backend, SecurepadBackend, bench_policy, register_backend
-from .config import DEFAULT_OUT, Config
 from .pg_costs import cpu_per_op, cpu_table
-from .workloads import run_concurrent, run_resume
 
 # The PostgreSQL modules imported with this one, before any workload's clock
 # starts (the fresh-process resumption among them), as securepad's SQLite
@@ -175,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m securepad.bench.postgres", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.postgres", description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each concurrency run")

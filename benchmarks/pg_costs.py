@@ -33,9 +33,8 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from securepad import Keyring, Scratchpad
-
-from . import data
-from .backends import PRINCIPAL, bench_policy
+from securepad.bench import data
+from securepad.bench.backends import PRINCIPAL, bench_policy
 
 __all__ = ["MODES", "cpu_per_op", "cpu_table"]
 

@@ -1,6 +1,6 @@
 """securepad as the frameworks' own store, beside the frameworks' stores.
 
-    python -m securepad.bench.frameworks [--quick] [--no-postgresql] [--out FILE.json]
+    python -m benchmarks.frameworks [--quick] [--no-postgresql] [--out FILE.json]
 
 LangGraph checkpointers: ``SecurepadSaver`` (SQLite file, PostgreSQL) beside
 ``SqliteSaver`` and ``PostgresSaver``, each also with LangGraph's
@@ -350,7 +350,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m securepad.bench.frameworks", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.frameworks", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="few repetitions (a smoke run)")
     parser.add_argument("--no-postgresql", action="store_true", help="SQLite only")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")

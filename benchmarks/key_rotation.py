@@ -1,7 +1,7 @@
 """Time the key lifecycle at scale: rotate one owner's key over its entries,
 then the master key over many owners.
 
-    python -m securepad.bench.key_rotation [--entries 100000] [--owners 10000]
+    python -m benchmarks.key_rotation [--entries 100000] [--owners 10000]
 """
 
 from __future__ import annotations

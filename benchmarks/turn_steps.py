@@ -1,13 +1,13 @@
 """Turn.record late in a long turn, and a fresh-process resume of it (SQLite).
 
-    python -m securepad.bench.turn_steps [STEPS] [RUNS]
+    python -m benchmarks.turn_steps [STEPS] [RUNS]
 
 Records STEPS (default 1000) steps of 8 KiB text each into one turn (every
 one offloaded under the default policy) and prints how long recording the
 last step took (and the median of the last ten), then resumes the turn RUNS
 times (default 9), each in a fresh process: open the store, ``pad.turn``,
 ``history()`` and ``tools()``; the import of securepad is not counted.
-Not part of the full run (``python -m securepad.bench``): a quick check of the
+Not part of ``securepad bench``: a quick check of the
 two runtime paths that used to grow with the turn's length.
 """
 

@@ -1,6 +1,6 @@
 """What a warm PostgreSQL read's head statement costs the server.
 
-    python -m securepad.bench.pg_read_token [--entries 1000] [--executions 3000] [--rounds 3]
+    python -m benchmarks.pg_read_token [--entries 1000] [--executions 3000] [--rounds 3]
 
 A store in its own schema of the bench database (``SECUREPAD_BENCH_PG_DSN``)
 with one turn of ``--entries`` entries; then one connection as the
@@ -23,7 +23,7 @@ alternating; the server process's CPU (``/proc/<pid>/stat``) per execution:
   commit happened elsewhere): the head and the digest of the turn's rows
   run, equal to the cached ones, so the inventory still stays out.
 
-    python -m securepad.bench.pg_read_token --commit-every-ms 1 [--entries 50] ...
+    python -m benchmarks.pg_read_token --commit-every-ms 1 [--entries 50] ...
 
 The same store, read while another connection commits a transaction every
 ``--commit-every-ms`` milliseconds, so that the snapshot of nearly every read
@@ -53,11 +53,11 @@ from pathlib import Path
 from typing import Any
 
 from securepad import Keyring, Scratchpad
+from securepad.bench import data
+from securepad.bench.backends import PRINCIPAL, bench_policy
 from securepad.store import parts
 from securepad.tables.heads.reading import ENTRY_TURN_SQL, InventoryReads, pg_read_functions
 
-from . import data
-from .backends import PRINCIPAL, bench_policy
 from .postgres import bench_database
 
 __all__ = ["commit_costs", "main", "token_costs"]
@@ -120,7 +120,7 @@ def _turn(dsn: str, schema: str, entries: int) -> tuple[list[str], InventoryRead
             for first in range(0, entries, 100):
                 batch = [(i, "bench", data.text(4096, salt=i)) for i in range(first, min(first + 100, entries))]
                 ids += [str(view["scratchpad_id"]) for view in pad.put_many(PRINCIPAL, "token", batch)]
-            return ids, parts(pad).entries.heads.reads
+            return ids, parts(pad).heads.reads
 
 
 def token_costs(dsn: str, *, entries: int = 1000, executions: int = 3000, rounds: int = 3) -> dict[str, list[float]]:
@@ -228,9 +228,7 @@ def commit_costs(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m securepad.bench.pg_read_token", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.pg_read_token", description=__doc__.split("\n\n")[0])
     parser.add_argument("--entries", type=int, default=1000, help="entries in the turn read")
     parser.add_argument("--executions", type=int, default=3000, help="executions of each case per round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds, the cases alternating")

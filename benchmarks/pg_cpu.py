@@ -1,10 +1,10 @@
 """CPU and round trips per put and per read, securepad on PostgreSQL beside
-SQLite, alone (``securepad.bench.postgres`` runs the same after its workloads).
+SQLite, alone (``benchmarks.postgres`` runs the same after its workloads).
 
-    python -m securepad.bench.pg_cpu [--ops 1000] [--size 4096] [--pool]
+    python -m benchmarks.pg_cpu [--ops 1000] [--size 4096] [--pool]
 
 One client, ``--ops`` puts into one turn then as many reads, on each backend
-(``securepad.bench.pg_costs``), in the bench database (``SECUREPAD_BENCH_PG_DSN``).
+(``benchmarks.pg_costs``), in the bench database (``SECUREPAD_BENCH_PG_DSN``).
 The PostgreSQL store is opened from the DSN, as users open it; ``--pool`` adds
 a row for a store on a pool passed in (every connection back to the pool after each call).
 """
@@ -21,7 +21,7 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m securepad.bench.pg_cpu", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.pg_cpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", type=int, default=1000, help="puts (into one turn), then as many reads")
     parser.add_argument("--size", type=int, default=4096, help="bytes per entry")
     parser.add_argument("--pool", action="store_true", help="also a store on a pool passed in (a second row)")

@@ -1,10 +1,10 @@
 """The PostgreSQL client's CPU per put and per read, two source trees side by
 side in one process, one operation each in turn.
 
-    python -m securepad.bench.pg_client_ab /path/to/other/tree [--ops 500] [--rounds 6] [--pool]
+    python -m benchmarks.pg_client_ab /path/to/other/tree [--ops 500] [--rounds 6] [--pool]
 
 On a shared machine the client's CPU per operation moves with the load by
-more than a change of a few microseconds (runs of ``securepad.bench.pg_cpu``
+more than a change of a few microseconds (runs of ``benchmarks.pg_cpu``
 minutes apart differ by 10 to 20 %). Here the other tree's ``securepad``
 (a checkout of an older commit) is imported as a package of its own next to
 this one, each opens a store in its own schema, and their puts (4 KiB, into
@@ -15,7 +15,7 @@ each call) and the difference; the medians over the rounds.
 
 Stores open from the DSN (``Scratchpad.open(dsn)``, the pool is the
 store's own) unless ``--pool``: then each on a pool of one connection passed
-in, as ``securepad.bench.pg_cpu`` opens them. The server is
+in, as ``benchmarks.pg_cpu`` opens them. The server is
 ``SECUREPAD_BENCH_PG_DSN`` (default the local one), database ``securepad_bench``.
 """
 
@@ -34,7 +34,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from . import data
+from securepad.bench import data
+
 from .postgres import bench_database
 
 __all__ = ["main"]
@@ -109,9 +110,7 @@ def compare(other: Path, *, ops: int, rounds: int, pool: bool) -> dict[str, dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m securepad.bench.pg_client_ab", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.pg_client_ab", description=__doc__.split("\n\n")[0])
     parser.add_argument("other", type=Path, help="another source tree (its securepad/ package)")
     parser.add_argument("--ops", type=int, default=500, help="puts, then reads, of each tree per round")
     parser.add_argument("--rounds", type=int, default=6)

@@ -1,6 +1,6 @@
 """A fresh process opens a PostgreSQL store and resumes a turn: where the time goes.
 
-    python -m securepad.bench.pg_open [--runs 15] [--steps 10] [--compare /path/to/other/tree]
+    python -m benchmarks.pg_open [--runs 15] [--steps 10] [--compare /path/to/other/tree]
 
 Each run is a new Python process that imports securepad and psycopg, opens
 the store from its DSN (``Scratchpad.open``) and resumes a turn of ``--steps``
@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from securepad import Keyring, Principal, Scratchpad
+from securepad.bench import data
 
-from . import data
 from .postgres import bench_database
 
 __all__ = ["main"]
@@ -128,7 +128,7 @@ def run(trees: list[Path], *, runs: int, steps: int) -> dict[str, list[dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m securepad.bench.pg_open", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.pg_open", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=15, help="fresh processes per tree (default 15)")
     parser.add_argument("--steps", type=int, default=10, help="entries of the resumed turn (default 10)")
     parser.add_argument(

@@ -1,6 +1,6 @@
 """What sealed turn heads cost: put and turn read with and without them, and verify.
 
-``python -m securepad.bench.heads [--entries N] [--verify-entries N] [--long-turn N]``
+``python -m benchmarks.heads [--entries N] [--verify-entries N] [--long-turn N]``
 
 ``turn_length`` puts into a turn of 5 steps and into one of ``--long-turn``
 (500) steps, on one store that holds both (so the B-trees are the same): a
@@ -9,7 +9,7 @@ time (``tests/tables/heads/test_heads.py`` guards the first two).
 
 Both sides run in one process on the same machine, alternating, on stores
 filled the same way. "Without heads" swaps the store's head hooks
-(``Heads.change`` and ``Heads.checked``) for pass-throughs on that store only:
+(``Heads.change`` and ``Inventories.checked``) for pass-throughs on that store only:
 it measures what the heads add, not a supported mode. Timings depend on the
 load of the machine; the statement and WAL-frame counts of
 ``securepad.bench.costs`` do not (``tests/tables/entries/test_hot_path.py`` guards them).
@@ -41,14 +41,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import apsw
-
 from securepad import Keyring, Principal, Scratchpad
-from securepad.bench.costs import put_costs, wal_frames
-from securepad.store import parts, sqlite_of
+from securepad.bench.costs import put_costs, turn_put_costs
+from securepad.store import parts
 from securepad.tables.heads.cache import CACHE_TURNS
+from securepad.testing.meters import ReadMeter
 
-__all__ = ["ReadMeter", "main", "read_length", "run", "turn_put_costs"]
+__all__ = ["main", "read_length", "run"]
 
 ALICE = Principal("alice", "agent", "web")
 _NOW = 1_000_000.0
@@ -59,7 +58,7 @@ _BLOCK = 10
 
 
 def _without_heads(pad: Scratchpad) -> None:
-    heads = parts(pad).entries.heads
+    heads = parts(pad).heads
 
     def change(*args: Any, **kwargs: Any) -> int:
         return 0
@@ -70,7 +69,7 @@ def _without_heads(pad: Scratchpad) -> None:
         return fetch() if first is None else first[0]
 
     heads.change = change  # type: ignore[method-assign]
-    heads.checked = checked  # type: ignore[method-assign]
+    heads.inventories.checked = checked  # type: ignore[method-assign]
 
 
 def _timed(call: Callable[[], Any], repeat: int) -> list[float]:
@@ -107,25 +106,6 @@ def _side(root: Path, keyring: Keyring, heads: bool, entries: int) -> dict[str, 
     }
 
 
-def turn_put_costs(pad: Scratchpad, principal: Principal, turn_id: str, step: int) -> dict[str, int]:
-    """Statements and WAL frames of one 4 KiB put at ``step`` into ``turn_id`` (a SQLite store)."""
-    db = sqlite_of(pad)
-    if not db.checkpoint():
-        raise RuntimeError("a reader kept the WAL from being emptied; cannot count frames")
-    counts = {"statements": 0}
-
-    def trace(event: dict[str, Any]) -> None:
-        counts["statements"] += 0 if event.get("trigger") else 1
-
-    db.conn.trace_v2(apsw.SQLITE_TRACE_STMT, trace)
-    try:
-        pad.put(principal, turn_id, step, "tool", "x" * 4096, now=_NOW)
-    finally:
-        db.conn.trace_v2(0, None)
-    counts["wal_frames"] = wal_frames(pad)
-    return counts
-
-
 def _turn_length(root: Path, keyring: Keyring, long_turn: int, repeat: int) -> dict[str, Any]:
     """Put cost into a 5-step turn and into a ``long_turn``-step one, alternating, on one store."""
     with Scratchpad.open(root / "length.db", keyring=keyring) as pad:
@@ -153,49 +133,6 @@ def _turn_length(root: Path, keyring: Keyring, long_turn: int, repeat: int) -> d
     }
 
 
-class ReadMeter:
-    """Statements, rows and calls to the database (round trips on PostgreSQL)
-    of the calls made while it counts: it wraps the store's ``query`` and
-    ``queries`` (one statement each on SQLite, one message on PostgreSQL)."""
-
-    def __init__(self, pad: Scratchpad) -> None:
-        self.statements = self.rows = self.calls = 0
-        self._depth = 0
-        db = parts(pad).db
-        query, queries = db.query, db.queries
-
-        def counted_queries(*statements: tuple[str, Any], **kwargs: Any) -> list[Any]:
-            return self._count(lambda: queries(*statements, **kwargs), len(statements))
-
-        def counted_query(sql: str, params: Any = (), **kwargs: Any) -> Any:
-            return self._count(lambda: [query(sql, params, **kwargs)], 1)[0]
-
-        db.queries = counted_queries  # type: ignore[method-assign]
-        db.query = counted_query  # type: ignore[method-assign]
-
-    def _count(self, call: Callable[[], list[Any]], statements: int) -> list[Any]:
-        self._depth += 1
-        try:
-            results = call()
-        finally:
-            self._depth -= 1
-        if self._depth == 0:
-            self.calls += 1
-            self.statements += statements
-            self.rows += sum(len(rows) for rows in results)
-        return results
-
-    def counts(self, call: Callable[[], Any]) -> dict[str, int]:
-        """What ``call`` sent and fetched."""
-        before = (self.statements, self.rows, self.calls)
-        call()
-        return {
-            "statements": self.statements - before[0],
-            "rows": self.rows - before[1],
-            "calls": self.calls - before[2],
-        }
-
-
 def _server_cpu_s(pid: int | None) -> float:
     """A local server process's user + system CPU seconds (0 when unknown)."""
     if pid is None:
@@ -214,7 +151,7 @@ def read_length(
     with and without the verified-head cache, alternating: median µs, CPU µs
     per read (client, and server with ``server_pid``), and the statements,
     rows and calls of one read."""
-    heads = parts(pad).entries.heads
+    heads = parts(pad).heads
     text = "".join(f"line {i}: {'x' * 60}\n" for i in range(64))  # about 4 KiB
     tails = {}
     for length in lengths:
@@ -330,7 +267,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m securepad.bench.heads", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.heads", description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=2000, help="puts per side (4 KiB each, 20 steps a turn)")
     parser.add_argument("--verify-entries", type=int, default=100_000, help="entries in the store verify walks")
     parser.add_argument("--long-turn", type=int, default=500, help="steps of the long turn (turn_length)")

@@ -1,0 +1,6 @@
+"""Stand-alone benchmarks, run from a checkout's root: ``python -m benchmarks.<name>``.
+
+Not shipped in the wheel. ``securepad bench`` (the installed suite) is
+``securepad.bench``; the fault proxy, PgBouncer launcher and meters these
+share with the tests are ``securepad.testing``.
+"""

@@ -1,0 +1,408 @@
+"""``securepad bench --costs``: instructions per operation, for securepad, the
+sealed floor and raw apsw, beside the load-independent counts the tests guard.
+
+Each backend's store is prepared once (a turn to put into, a 4 KiB entry to
+read, a turn of 1,000 small entries to list), then copied fresh for the
+measured process. That process opens its copy and runs, per operation, one
+warm-up call, then ``N`` calls, then ``2N`` calls, each run of calls closed
+by a call of ``sys.getswitchinterval``, the marker at which valgrind's
+callgrind (``--dump-before``) writes what ran since the last one. An
+operation's figure is (Ir(2N) - Ir(N)) / N: whatever a run costs once
+(start-up, the marker, a first call's cold caches) cancels out, so it is a
+warm call's cost, and it does not depend on the machine's load. Each run
+ends with a truncating checkpoint, so a write's figure includes moving its
+WAL frames into the file, and no automatic checkpoint falls into one run
+and not the other. (securepad's anchor is kept by a background thread: the
+share of its work that falls into a run depends on the scheduler, which
+makes securepad's write figures move by a few percent between runs.)
+
+Without valgrind, the same process times each run in CPU time
+(``time.process_time``) and the figure is the mean over the 3N calls after
+the warm-up, in microseconds; the report says which it is.
+
+Beside each figure: the SQL statements and WAL frames of one warm call
+(SQLite's statement trace; the WAL's size after a truncating checkpoint)
+and its key work (``crypto.primitives.WORK``), as ``tests/tables/entries/test_hot_path.py``
+guards them for securepad; and the targets, each with its ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import apsw
+
+from ..crypto.primitives import WORK
+from ..store import sqlite_of
+from .backends import PRINCIPAL, Backend, RawApswBackend, SecurepadBackend, open_backend
+from .data import text
+from .floor import SealedFloorBackend
+
+__all__ = ["COUNTS", "OPERATIONS", "TARGETS", "main", "measure", "report"]
+
+ENTRY_BYTES = 4 * 1024
+LISTED = 1000
+LISTED_BYTES = 100
+BATCH = 8
+OPERATIONS = ("put", "read", "put_many", "listing")
+# What each backend runs, in this order (the writes last: they leave the others' rows as they were).
+BACKENDS: dict[str, tuple[str, ...]] = {
+    "securepad": ("listing", "read", "put_many", "put"),
+    SealedFloorBackend.name: ("listing", "read", "put"),
+    RawApswBackend.name: ("listing", "read", "put"),
+}
+# N per operation (a put_many call stores BATCH observations): a callgrind process stays near a minute.
+COUNTS = {"put": 20, "read": 40, "put_many": 4, "listing": 2}
+TINY_COUNTS = dict.fromkeys(COUNTS, 1)
+TINY_LISTED = 20
+# (operation, the figure it is held to: (backend, operation), at most this many times it)
+TARGETS = (
+    ("put", (SealedFloorBackend.name, "put"), 2.0),
+    ("read", (SealedFloorBackend.name, "read"), 2.0),
+    ("put_many", (SealedFloorBackend.name, "put"), 1.0),
+    ("listing", (RawApswBackend.name, "listing"), 3.0),
+)
+# The marker: a function that nothing else calls while the operations run.
+_MARKER = "sys_getswitchinterval"
+
+
+def prepare(name: str, root: Path, listed: int = LISTED) -> dict[str, Any]:
+    """Build the store every measured process of backend ``name`` starts from."""
+    backend = open_backend(name, root)
+    try:
+        read_id = backend.put("costs-read", 0, text(ENTRY_BYTES, salt=1))
+        for step in range(3):
+            backend.put("costs-put", step, text(ENTRY_BYTES, salt=10 + step))
+        for step in range(listed):
+            backend.put("costs-list", step, text(LISTED_BYTES, salt=1000 + step))
+        if isinstance(backend, SecurepadBackend):
+            items = [(step, "bench", text(ENTRY_BYTES, salt=step)) for step in range(BATCH)]
+            backend.pad.put_many(PRINCIPAL, "costs-many", items)
+    finally:
+        backend.close()
+    return {"read_id": read_id, "listed": listed}
+
+
+class _Contents:
+    """The observations the puts store, made before they are measured."""
+
+    def __init__(self) -> None:
+        self._made: dict[int, str] = {}
+
+    def __call__(self, salt: int) -> str:
+        found = self._made.get(salt)
+        if found is None:
+            found = self._made[salt] = text(ENTRY_BYTES, salt=salt)
+        return found
+
+
+def _operations(backend: Backend, prepared: dict[str, Any], content: _Contents) -> dict[str, Callable[[int], object]]:
+    """Each operation, called with a serial number (unique in the process: steps never repeat)."""
+    read_id = prepared["read_id"]
+    ops: dict[str, Callable[[int], object]] = {
+        "put": lambda i: backend.put("costs-put", 1000 + i, content(20_000 + i)),
+        "read": lambda i: backend.read(read_id, "tail", 2000),
+        "listing": lambda i: backend.resume("costs-list"),
+    }
+    if isinstance(backend, SecurepadBackend):
+        pad = backend.pad
+
+        def put_many(i: int) -> object:
+            first = 1000 + i * BATCH
+            items = [(first + j, "bench", content(50_000 + first + j)) for j in range(BATCH)]
+            return pad.put_many(PRINCIPAL, "costs-many", items)
+
+        ops["put_many"] = put_many
+        ops["listing"] = lambda i: pad.list_for_turn(PRINCIPAL, "costs-list")
+    return ops
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    """The measured process: per operation a warm-up call, N calls, 2N calls,
+    each run closed by a truncating checkpoint of the WAL (so a run pays for
+    moving its own frames into the file, whatever SQLite's automatic
+    checkpoints would have done) and the marker; returns the runs and their CPU seconds."""
+    backend = open_backend(spec["backend"], Path(spec["root"]), create=False)
+    content = _Contents()
+    ops = _operations(backend, spec["prepared"], content)
+    calls = sum(1 + 3 * spec["counts"][op] for op in BACKENDS[spec["backend"]])
+    for salt in range(calls):  # the puts' observations (put_many's from step 1000 on)
+        content(20_000 + salt)
+        for j in range(BATCH if "put_many" in ops else 0):
+            content(51_000 + salt * BATCH + j)
+    marker = sys.getswitchinterval
+    runs: list[list[Any]] = []
+    serial = 0
+    marker()
+    for op in BACKENDS[spec["backend"]]:
+        call, n = ops[op], spec["counts"][op]
+        for label, calls in (("warm", 1), ("N", n), ("2N", 2 * n)):
+            started = time.process_time()
+            for _ in range(calls):
+                call(serial)
+                serial += 1
+            _empty_wal(backend)
+            seconds = time.process_time() - started
+            marker()
+            runs.append([op, label, seconds])
+    backend.close()
+    return {"runs": runs}
+
+
+def _environment(workdir: Path) -> dict[str, str]:
+    # The directory holding this securepad first on the path (a checkout or site-packages).
+    root = str(Path(__file__).absolute().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONHASHSEED"] = "0"  # the same dict and set layouts in every process
+    # Bytecode compiled once, outside the source tree, so start-up does not compile every module.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(workdir / "pycache")
+    return env
+
+
+def _measured(spec: dict[str, Any], workdir: Path, callgrind: bool) -> dict[tuple[str, str], tuple[float, int | None]]:
+    """Run one measured process on a fresh copy of the prepared store: {(op, run): (CPU s, Ir or None)}."""
+    root = workdir / "run"
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(workdir / "prepared" / spec["backend"], root)
+    out = workdir / f"callgrind.{spec['backend']}"
+    for old in workdir.glob(f"{out.name}*"):
+        old.unlink()
+    command = [sys.executable, "-P", "-m", __name__, json.dumps({**spec, "root": str(root)})]
+    if callgrind:
+        command = ["valgrind", "--tool=callgrind", f"--dump-before={_MARKER}", f"--callgrind-out-file={out}", *command]
+    done = subprocess.run(command, capture_output=True, text=True, env=_environment(workdir), check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the measured process of {spec['backend']} failed: {done.stderr[-2000:]}")
+    runs = json.loads(done.stdout.strip().splitlines()[-1])["runs"]
+    found: dict[tuple[str, str], tuple[float, int | None]] = {}
+    for k, (op, label, seconds) in enumerate(runs):
+        # Dump 1 holds what ran before the first marker; run k ends at marker k + 2.
+        found[(op, label)] = (seconds, _total(out.with_name(f"{out.name}.{k + 2}")) if callgrind else None)
+    if callgrind and out.with_name(f"{out.name}.{len(runs) + 2}").exists():
+        raise RuntimeError(f"something else called {_MARKER}: the runs cannot be told apart")
+    return found
+
+
+def _total(dump: Path) -> int:
+    for line in dump.read_text().splitlines():
+        if line.startswith("summary:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"callgrind wrote no total in {dump}")
+
+
+def has_valgrind() -> bool:
+    return shutil.which("valgrind") is not None
+
+
+def measure(
+    workdir: Path, *, method: str | None = None, tiny: bool = False, backends: Sequence[str] = tuple(BACKENDS)
+) -> dict[str, Any]:
+    """Prepare, measure and count every operation of ``backends``; ``method`` is
+    ``callgrind`` or ``cpu`` (default: callgrind when valgrind is installed)."""
+    method = method or ("callgrind" if has_valgrind() else "cpu")
+    if method not in ("callgrind", "cpu"):
+        raise ValueError(f"unknown method {method!r} (callgrind, cpu)")
+    if method == "callgrind" and not has_valgrind():
+        raise RuntimeError("valgrind is not installed: measure with the cpu method")
+    counts, listed = (TINY_COUNTS, TINY_LISTED) if tiny else (COUNTS, LISTED)
+    results: dict[str, Any] = {
+        "method": method,
+        "unit": "instructions" if method == "callgrind" else "microseconds (CPU)",
+        "valgrind": has_valgrind(),
+        "counts": counts,
+        "operations": labels(listed),
+        "figures": {},
+        "work": {},
+    }
+    for name in backends:
+        prepared = prepare(name, workdir / "prepared" / name, listed)
+        spec = {"backend": name, "prepared": prepared, "counts": counts}
+        if method == "callgrind":
+            _measured(spec, workdir, callgrind=False)  # compiles the bytecode once, natively
+        found = _measured(spec, workdir, callgrind=method == "callgrind")
+        figures = results["figures"][name] = {}
+        for op in BACKENDS[name]:
+            n = counts[op]
+            (seconds_n, ir_n), (seconds_2n, ir_2n) = found[(op, "N")], found[(op, "2N")]
+            if ir_n is not None and ir_2n is not None:
+                per = (ir_2n - ir_n) / n
+            else:
+                per = (seconds_n + seconds_2n) / (3 * n) * 1e6
+            figures[op] = per / BATCH if op == "put_many" else per
+        results["work"][name] = work(name, workdir, prepared)
+    results["targets"] = targets(results)
+    return results
+
+
+def labels(listed: int) -> dict[str, str]:
+    """What each operation is, in words."""
+    return {
+        "put": f"put {ENTRY_BYTES // 1024} KiB into a turn",
+        "read": f"warm read(tail, 2000) of a {ENTRY_BYTES // 1024} KiB entry",
+        "put_many": f"put_many {BATCH} x {ENTRY_BYTES // 1024} KiB, per observation",
+        "listing": f"list_for_turn of a {listed:,}-entry turn ({LISTED_BYTES} B entries)",
+    }
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target with its figure, its yardstick's and their ratio (None when either was not measured)."""
+    figures = results["figures"]
+    out = []
+    for op, (base, base_op), most in TARGETS:
+        value = figures.get("securepad", {}).get(op)
+        against = figures.get(base, {}).get(base_op)
+        ratio = value / against if value is not None and against else None
+        out.append(
+            {
+                "operation": op,
+                "against": f"{base} {base_op}",
+                "at_most": most,
+                "ratio": ratio,
+                "met": None if ratio is None else ratio <= most,
+            }
+        )
+    return out
+
+
+# -- the load-independent counts ------------------------------------------------------------
+
+
+def _connection(backend: Backend) -> apsw.Connection:
+    if isinstance(backend, SecurepadBackend):
+        return sqlite_of(backend.pad).conn
+    return backend.conn  # type: ignore[attr-defined, no-any-return]
+
+
+def _empty_wal(backend: Backend) -> None:
+    if isinstance(backend, SecurepadBackend):
+        if not sqlite_of(backend.pad).checkpoint():
+            raise RuntimeError("a reader kept the WAL from being emptied; cannot count frames")
+    else:
+        _connection(backend).wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+
+
+def _wal_frames(conn: apsw.Connection) -> int:
+    page = int(conn.execute("PRAGMA page_size").fetchall()[0][0])  # type: ignore[arg-type]
+    wal = Path(f"{conn.filename}-wal")
+    return max(0, (wal.stat().st_size if wal.exists() else 0) - 32) // (page + 24)
+
+
+@contextmanager
+def _counting(conn: apsw.Connection) -> Iterator[dict[str, int]]:
+    counts = {"statements": 0}
+
+    def trace(event: dict[str, Any]) -> None:
+        if not event.get("trigger"):
+            counts["statements"] += 1
+
+    before = WORK.snapshot()
+    conn.trace_v2(apsw.SQLITE_TRACE_STMT, trace)
+    try:
+        yield counts
+    finally:
+        conn.trace_v2(0, None)
+        after = WORK.snapshot()
+        counts.update({name: after[name] - before[name] for name in after})
+
+
+def work(name: str, workdir: Path, prepared: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """One warm call of each operation, counted: statements, WAL frames, key work."""
+    root = workdir / "counted"
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(workdir / "prepared" / name, root)
+    backend = open_backend(name, root, create=False)
+    try:
+        ops = _operations(backend, prepared, _Contents())
+        found = {}
+        for serial, op in enumerate(BACKENDS[name]):
+            ops[op](10_000 + 2 * serial)  # warm
+            _empty_wal(backend)
+            conn = _connection(backend)
+            with _counting(conn) as counted:
+                ops[op](10_001 + 2 * serial)
+            counted["wal_frames"] = _wal_frames(conn)
+            found[op] = counted
+    finally:
+        backend.close()
+        shutil.rmtree(root, ignore_errors=True)
+    return found
+
+
+# -- the report ------------------------------------------------------------------------------
+
+
+def _figure(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+
+
+def report(results: dict[str, Any]) -> str:
+    """The figures, the counts and the targets, as text in 100 columns."""
+    names = list(results["figures"])
+    method = results["method"]
+    if method == "callgrind":
+        how = "callgrind, (Ir(2N) - Ir(N)) / N: instructions of one warm call"
+    else:
+        why = "chosen" if results.get("valgrind") else "valgrind is not installed"
+        how = f"CPU time, mean of 3N warm calls, in microseconds: {why}"
+    ops = results["operations"]
+    counts = ", ".join(f"{op} {n}" for op, n in results["counts"].items())
+    lines = [f"costs per operation ({how}; N: {counts})", ""]
+    lines.append(f"{'operation':<52}" + "".join(f"{name:>16}" for name in names))
+    for op, label in ops.items():
+        row = "".join(f"{_figure(results['figures'][name].get(op)):>16}" for name in names)
+        lines.append(f"{label:<52}{row}")
+    lines += ["", "one warm call: SQL statements / WAL frames / key derivations, unwraps, header digests"]
+    for op, label in ops.items():
+        label = label.replace(", per observation", f" (one call: {BATCH} observations)")
+        cells = []
+        for name in names:
+            counted = results["work"].get(name, {}).get(op)
+            cells.append(
+                "-"
+                if counted is None
+                else f"{counted['statements']}/{counted['wal_frames']}/"
+                f"{counted['key_derivations']},{counted['key_unwraps']},{counted['header_digests']}"
+            )
+        lines.append(f"{label:<52}" + "".join(f"{cell:>16}" for cell in cells))
+    lines += ["", "targets (securepad against its yardstick)"]
+    for target in results["targets"]:
+        ratio = target["ratio"]
+        verdict = "not measured" if ratio is None else "met" if target["met"] else "missed"
+        shown = "-" if ratio is None else f"{ratio:.2f}x"
+        lines.append(
+            f"  {ops[target['operation']]:<50} {shown:>8} {target['against']:<22}"
+            f" (at most {target['at_most']:g}x) {verdict}"
+        )
+    if method == "cpu":
+        lines.append("  (ratios of CPU times: they move with the machine's load; callgrind's do not)")
+    return "\n".join(lines) + "\n"
+
+
+def main(*, out: Path, workdir: Path | None = None, method: str | None = None, tiny: bool = False) -> int:
+    """Measure, print the report and write ``<out>/costs.json``."""
+    scratch = Path(tempfile.mkdtemp(prefix="securepad-costs-", dir=workdir))
+    try:
+        results = measure(scratch, method=method, tiny=tiny)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "costs.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    print(report(results), end="")
+    print(f"written: {out / 'costs.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    print(json.dumps(child(json.loads(sys.argv[1]))))
