@@ -10,6 +10,7 @@ or NotFoundError.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import stat
@@ -18,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import IntegrityError, NotFoundError, WrongKeyError
-from ..keys.key_files import key_file_use
 from ..keys.keyring import Keyring
 from ..principal import Principal
 from ..store import Scratchpad, sqlite_of
@@ -129,6 +129,16 @@ def master_key_source(ctx: Context) -> str:
     return f"{keyring.identifier}: " + "; ".join(check.detail for check in checks)
 
 
+def _recorded_stores(key_file: Path) -> frozenset[str]:
+    """The store ids recorded beside ``key_file`` (``<key file>.stores``, written by
+    the command line: cli/key_files.py); nothing when it is absent or unreadable."""
+    try:
+        stores = json.loads(key_file.with_name(key_file.name + ".stores").read_text("utf-8"))["stores"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return frozenset()
+    return frozenset(s for s in stores if isinstance(s, str)) if isinstance(stores, list) else frozenset()
+
+
 def no_key_file_left(ctx: Context) -> str:
     """A store whose master key is in a token or KMS: no key file that opened it
     lies around (it would open every copy of the store made before the move)."""
@@ -136,7 +146,7 @@ def no_key_file_left(ctx: Context) -> str:
     if keyring.source is None:
         return f"the master key is {keyring.identifier}, not a token's or KMS's"
     candidates = {path for path in (ctx.key_file, Keyring.default_key_file()) if path is not None}
-    left = sorted(str(path) for path in candidates if path.exists() and ctx.pad.store_id in key_file_use(path).stores)
+    left = sorted(str(path) for path in candidates if path.exists() and ctx.pad.store_id in _recorded_stores(path))
     if left:
         raise CheckFailed(
             f"{', '.join(left)} is recorded to open this store: it opens copies made before the master key"

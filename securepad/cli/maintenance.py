@@ -18,8 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import InvalidArgumentError, Keyring, Principal, Scratchpad, SecurepadError
-from ..keys.key_files import key_file_use, record_key_file_use
 from .commands import main
+from .key_files import key_file_use, record_key_file_use
 from .options import SecurepadSubgroup, State, command, current_state, emit, global_options
 from .output import console, err_console, for_terminal, plain, print_line, progress, to_json
 

@@ -19,7 +19,7 @@ from click.core import ParameterSource
 from platformdirs import user_data_path
 
 from .. import Keyring, NotFoundError, Principal, Scratchpad, SecurepadError, StoreCorruptError, WrongKeyError
-from ..keys.key_files import KeyFileUse, record_key_file_use
+from .key_files import KeyFileUse, record_key_file_use
 from .output import for_terminal, to_json
 
 __all__ = [

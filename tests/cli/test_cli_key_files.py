@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from securepad.keys.key_files import key_file_use, record_key_file_use
+from securepad.cli.key_files import key_file_use, record_key_file_use
 from tests.support.cli_runner import Cli, as_json, ok, put
 
 

@@ -9,7 +9,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SecurepadError
+from .. import SecurepadError
 
 __all__ = ["KeyFileUse", "key_file_use", "record_key_file_use"]
 
