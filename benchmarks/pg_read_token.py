@@ -55,8 +55,9 @@ from typing import Any
 from securepad import Keyring, Scratchpad
 from securepad.bench import data
 from securepad.bench.backends import PRINCIPAL, bench_policy
+from securepad.storage.postgres.functions import pg_read_functions
 from securepad.store import parts
-from securepad.tables.heads.reading import ENTRY_TURN_SQL, InventoryReads, pg_read_functions
+from securepad.tables.heads.reading import ENTRY_TURN_SQL, InventoryReads
 
 from .postgres import bench_database
 

@@ -108,7 +108,7 @@ def store_exists(where: str | os.PathLike[str]) -> bool:
     """
     if not str(where).startswith(_PG_SCHEMES):
         return Path(where).exists()
-    from .storage.postgres.database import store_present
+    from .storage.postgres.pool import store_present
 
     return store_present(str(where))
 
@@ -117,7 +117,7 @@ def location_of(where: str | os.PathLike[str]) -> str:
     """Where ``where`` is, for a message: the file's absolute path, or the DSN without its password."""
     if not str(where).startswith(_PG_SCHEMES):
         return str(Path(where).absolute())
-    from .storage.postgres.database import describe
+    from .storage.postgres.pool import describe
 
     return describe(str(where))
 

@@ -326,3 +326,20 @@ def test_the_code_guard_reads_comments_and_docstrings_only() -> None:
     source = f'"""Module ({issue})."""\n\n\ndef f() -> str:\n    # {stop}\n    return "{other}"\n'
     text = _comments_and_docstrings(source)
     assert issue in text and stop in text and other not in text
+
+
+def test_the_architecture_map_is_short_and_names_only_what_exists() -> None:
+    text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150
+    named = set(
+        re.findall(
+            r"`((?:securepad/|tests/|core/|crypto/|storage/|keys/|tables/|maintenance/|bench/|integrations/)[\w/]*\.py)`",
+            text,
+        )
+    )
+    assert named
+    package = ROOT / "securepad"
+    missing = [p for p in sorted(named) if not (ROOT / p).exists() and not (package / p).exists()]
+    assert missing == []
+    for question in ("Where is the owner check for a read?", "Where is an entry sealed?", "Where is the schema?"):
+        assert f"| {question} |" in text

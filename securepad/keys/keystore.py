@@ -20,7 +20,9 @@ from ..core.lru import LRUCache
 from ..crypto.formats import ListingKey
 from ..crypto.primitives import ContentIdentity, KeyHandle, Wrapper
 from ..errors import IntegrityError, StoreBusyError, StoreUnavailableError
-from ..storage.base import Backend, Conn, DuplicateKeyError, Params, insert_owner_key
+from ..storage import meta as keys_sql
+from ..storage.base import Backend, Conn, DuplicateKeyError, Params
+from ..storage.meta import NEWEST_VERSION_SQL, insert_owner_key
 from .keyring import Keyring
 from .master import Master, Progress, store_meta
 
@@ -42,10 +44,6 @@ OWNER_KEY_CACHE_SIZE = 4096
 # dies undercounts by fewer than this many wraps per key, against a rotation
 # advice at 2**28 (16 times below AES-GCM's 2**32 bound).
 WRAP_FLUSH_EVERY = 256
-
-# The owner's newest key version, as a scalar subquery with one parameter (the
-# owner): the write transaction reads it in the statement that reads the quota.
-NEWEST_VERSION_SQL = "(SELECT MAX(version) FROM owner_keys WHERE owner_user_id = ?)"
 
 
 @dataclass(frozen=True)
@@ -188,9 +186,7 @@ class Keystore:
         cached = self._owner_keys.get((owner, version))
         if cached is not None:
             return cached
-        rows = self._db.query(
-            "SELECT wrapped FROM owner_keys WHERE owner_user_id = ? AND version = ?", (owner, version), owner=owner
-        )
+        rows = self._db.query(keys_sql.OWNER_KEY_SQL, (owner, version), owner=owner)
         if not rows:
             raise IntegrityError("the owner key of this row is missing")
         key = self._master.unwrap_owner_key(rows[0]["wrapped"], owner, version)
@@ -217,15 +213,13 @@ class Keystore:
         return version, self.owner_wrapper(owner, version)
 
     def newest_version(self, owner: str) -> int | None:
-        rows = self._db.query("SELECT MAX(version) AS v FROM owner_keys WHERE owner_user_id = ?", (owner,), owner=owner)
+        rows = self._db.query(keys_sql.NEWEST_SQL, (owner,), owner=owner)
         version = rows[0]["v"]
         return None if version is None else int(version)
 
     def versions(self, owner: str) -> list[int]:
         """Every key version the owner has, oldest first (housekeeping: rotation)."""
-        rows = self._db.query(
-            "SELECT version FROM owner_keys WHERE owner_user_id = ? ORDER BY version", (owner,), owner=owner, admin=True
-        )
+        rows = self._db.query(keys_sql.VERSIONS_SQL, (owner,), owner=owner, admin=True)
         return [int(r["version"]) for r in rows]
 
     def add_version(self, owner: str, version: int, *, admin: bool = False) -> None:
@@ -260,19 +254,16 @@ class Keystore:
     @staticmethod
     def retire_older(conn: Conn, owner: str, version: int) -> int:
         """Delete the owner's key versions below ``version`` (inside the caller's transaction)."""
-        return conn.execute("DELETE FROM owner_keys WHERE owner_user_id = ? AND version < ?", (owner, version))
+        return conn.execute(keys_sql.RETIRE_OWNER_KEYS_SQL, (owner, version))
 
     @staticmethod
     def delete_owner(conn: Conn, owner: str) -> int:
         """Delete every key of the owner (inside the caller's transaction): crypto-shredding."""
-        return conn.execute("DELETE FROM owner_keys WHERE owner_user_id = ?", (owner,))
+        return conn.execute(keys_sql.DELETE_OWNER_KEYS_SQL, (owner,))
 
     def count_wraps(self, conn: Conn, owner: str, version: int, count: int = 1) -> None:
         """Count random-nonce wraps under an owner key (the rotation advice in ``stats``)."""
-        conn.defer(
-            "UPDATE owner_keys SET wrap_count = wrap_count + ? WHERE owner_user_id = ? AND version = ?",
-            (count, owner, version),
-        )
+        conn.defer(keys_sql.COUNT_WRAPS_SQL, (count, owner, version))
 
     def count_wraps_later(self, owner: str, version: int, count: int = 1) -> None:
         """Count wraps made inside a write transaction (a turn head's seal) with
@@ -425,7 +416,7 @@ class Keystore:
 
     @staticmethod
     def newest_in(conn: Conn, owner: str) -> int | None:
-        rows = conn.query("SELECT MAX(version) AS v FROM owner_keys WHERE owner_user_id = ?", (owner,))
+        rows = conn.query(keys_sql.NEWEST_SQL, (owner,))
         return None if rows[0]["v"] is None else int(rows[0]["v"])
 
     def mark_owner_keys(self, conn: Conn, *, refuse_marked: bool) -> int:

@@ -41,6 +41,7 @@ from ..crypto.primitives import (
     source_key_check,
 )
 from ..errors import IntegrityError, InvalidArgumentError, WrongKeyError
+from ..storage import meta as keys_sql
 from ..storage.base import Backend, Conn
 from .keyring import Keyring, master_key
 
@@ -55,7 +56,7 @@ Progress = Callable[[int, int], None]
 
 def store_meta(db: Backend) -> dict[str, str]:
     """The store's clear metadata (id, format version, key check, KDF record, counters)."""
-    return {r["key"]: r["value"] for r in db.query("SELECT key, value FROM store_meta")}
+    return {r["key"]: r["value"] for r in db.query(keys_sql.META_SQL)}
 
 
 class Master:
@@ -84,7 +85,7 @@ class Master:
     def _unlock(self, keyring: Keyring) -> tuple[str, Wrapper, str]:
         meta = store_meta(self._db)
         if ("store_id" in meta) != ("key_check" in meta) or (
-            "store_id" not in meta and self._db.query("SELECT 1 FROM owner_keys LIMIT 1", admin=True)
+            "store_id" not in meta and self._db.query(keys_sql.ANY_OWNER_KEY_SQL, admin=True)
         ):
             # A new store has neither, and no owner key: one without the other
             # was edited, and initializing it again would wrap under another store id.
@@ -115,8 +116,8 @@ class Master:
             # the anchor): derive the anchor key once and keep it wrapped.
             wrapped = wrap.wrap(anchor_key(master, store_id), anchor_key_aad(store_id)).hex()
             with self._db.transaction(admin=True) as conn:
-                if not conn.query("SELECT 1 FROM store_meta WHERE key = 'anchor_key'"):
-                    conn.execute("INSERT INTO store_meta(key, value) VALUES ('anchor_key', ?)", (wrapped,))
+                if not conn.query(keys_sql.META_VALUE_SQL, ("anchor_key",)):
+                    conn.execute(keys_sql.INSERT_META_SQL, ("anchor_key", wrapped))
             meta = store_meta(self._db)  # the anchor key stored (ours, or a racing opener's)
         self.opened_meta = meta
         return store_id, wrap, meta["key_check"]
@@ -140,9 +141,9 @@ class Master:
                 "anchor_key": RemoteWrapper(source).wrap(anchor, anchor_key_aad(store_id)).hex(),
             }
         with self._db.transaction(admin=True) as conn:
-            if not conn.query("SELECT 1 FROM store_meta WHERE key = 'store_id'"):
+            if not conn.query(keys_sql.META_VALUE_SQL, ("store_id",)):
                 values |= {"store_id": store_id, "format_version": str(FORMAT_VERSION)}
-                conn.executemany("INSERT INTO store_meta(key, value) VALUES (?, ?)", list(values.items()))
+                conn.executemany(keys_sql.INSERT_META_SQL, list(values.items()))
                 if source is not None:
                     self._anchor = anchor  # ours is the store's: no call to open it again
         return store_meta(self._db)
@@ -254,7 +255,7 @@ class Master:
         """
         self.check_current(conn)
         updates = []
-        for row in conn.query("SELECT owner_user_id, version, wrapped FROM owner_keys"):
+        for row in conn.query(keys_sql.ALL_OWNER_KEYS_SQL):
             owner, version = row["owner_user_id"], int(row["version"])
             try:
                 key, marked = self._unwrap_either(row["wrapped"], owner, version)
@@ -272,18 +273,19 @@ class Master:
                     (self._wrap.wrap(key, owner_key_aad(self.store_id, owner, version, HEADS_ERA)), owner, version)
                 )
         if updates:
-            conn.executemany("UPDATE owner_keys SET wrapped = ? WHERE owner_user_id = ? AND version = ?", updates)
-            conn.execute(
-                "UPDATE store_meta SET value = CAST(CAST(value AS BIGINT) + ? AS TEXT) WHERE key = 'master_wrap_count'",
-                (len(updates),),
-            )
+            conn.executemany(keys_sql.REWRAP_SQL, updates)
+            conn.execute(keys_sql.ADD_MASTER_WRAPS_SQL, (len(updates),))
         return len(updates)
 
     def check_current(self, conn: Conn | None = None) -> None:
         """Raise WrongKeyError when another process has rotated the master key
         since this store was opened: nothing may be wrapped under the old one."""
-        sql = "SELECT value FROM store_meta WHERE key = 'key_check'"
-        rows = conn.query(sql) if conn is not None else self._db.query(sql)
+        params = ("key_check",)
+        rows = (
+            conn.query(keys_sql.META_VALUE_SQL, params)
+            if conn is not None
+            else self._db.query(keys_sql.META_VALUE_SQL, params)
+        )
         if not rows or rows[0]["value"] != self._key_check:
             raise WrongKeyError("the master key was rotated since this store was opened; open it with the new key")
 
@@ -318,7 +320,7 @@ class Master:
             raise InvalidArgumentError("the new master key is the current one")
         with self._db.transaction(admin=True) as conn:
             self.check_current(conn)
-            rows = conn.query("SELECT owner_user_id, version, wrapped FROM owner_keys")
+            rows = conn.query(keys_sql.ALL_OWNER_KEYS_SQL)
             updates = []
             for done, row in enumerate(rows, 1):
                 owner, version = row["owner_user_id"], int(row["version"])
@@ -327,20 +329,18 @@ class Master:
                 updates.append((new_wrap.wrap(key, aad), owner, row["version"]))
                 if progress is not None and (done % 256 == 0 or done == len(rows)):
                     progress(done, len(rows))
-            conn.executemany("UPDATE owner_keys SET wrapped = ? WHERE owner_user_id = ? AND version = ?", updates)
+            conn.executemany(keys_sql.REWRAP_SQL, updates)
             aad = anchor_key_aad(self.store_id)
-            for row in conn.query("SELECT value FROM store_meta WHERE key = 'anchor_key'"):
+            for row in conn.query(keys_sql.META_VALUE_SQL, ("anchor_key",)):
                 anchor = self._anchor or self._wrap.unwrap(_hex(row["value"]), aad)
-                conn.execute(
-                    "UPDATE store_meta SET value = ? WHERE key = 'anchor_key'", (new_wrap.wrap(anchor, aad).hex(),)
-                )
+                conn.execute(keys_sql.SET_META_SQL, (new_wrap.wrap(anchor, aad).hex(), "anchor_key"))
             conn.executemany(
-                "UPDATE store_meta SET value = ? WHERE key = ?",
+                keys_sql.SET_META_SQL,
                 [(new_check, "key_check"), (json.dumps(kdf), "kdf"), (str(len(rows)), "master_wrap_count")],
             )
-            conn.execute("DELETE FROM store_meta WHERE key = 'master_source'")
+            conn.execute(keys_sql.DELETE_META_SQL, ("master_source",))
             if key_id is not None:
-                conn.execute("INSERT INTO store_meta(key, value) VALUES ('master_source', ?)", (key_id,))
+                conn.execute(keys_sql.INSERT_META_SQL, ("master_source", key_id))
         self._wrap, self._key_check, self.keyring = new_wrap, new_check, new_keyring
         return len(rows)
 

@@ -31,7 +31,6 @@ __all__ = [
     "Params",
     "Rows",
     "check_write_bound",
-    "insert_owner_key",
 ]
 
 Params = tuple[Any, ...]
@@ -186,21 +185,6 @@ class OnceWriter(Protocol):
             StoreUnavailableError: no connection to send it on, or the server
                 refused or cancelled it (nothing was written).
         """
-
-
-def insert_owner_key(conn: Conn, owner: str, version: int, wrapped: bytes, now: float) -> bool:
-    """Add an owner-key version (unless a racing process already did) and count
-    the master key's random-nonce wrap; whether this call added it."""
-    added = conn.execute(
-        "INSERT INTO owner_keys(owner_user_id, version, wrapped, created_at) VALUES (?, ?, ?, ?)"
-        " ON CONFLICT DO NOTHING",
-        (owner, version, wrapped, now),
-    )
-    if added:
-        conn.execute(
-            "UPDATE store_meta SET value = CAST(CAST(value AS BIGINT) + 1 AS TEXT) WHERE key = 'master_wrap_count'"
-        )
-    return bool(added)
 
 
 def check_write_bound(size: int, limit: int | None, what: str) -> None:

@@ -12,7 +12,7 @@ import os
 import stat
 from pathlib import Path
 
-from ..errors import SecurepadError
+from ..errors import SecurepadError, StoreCorruptError
 
 __all__ = [
     "KEY_OVERRIDE",
@@ -20,8 +20,10 @@ __all__ = [
     "STORE_OVERRIDE",
     "check_directory",
     "check_file_directories",
+    "check_is_database",
     "check_private_file",
     "check_trusted_file",
+    "create_private_file",
 ]
 
 
@@ -86,3 +88,66 @@ def check_file_directories(path: Path, what: str, override: str) -> None:
     real = Path(os.path.realpath(path)).parent
     if real != named:
         check_directory(real, what, override)
+
+
+def create_private_file(path: Path, allow_shared: bool = False, *, companions: bool = True) -> None:
+    """Create the database, -wal and -shm files 0600 in a 0700 directory before
+    SQLite does (SQLite gives the -wal and -shm files the database file's mode),
+    and refuse existing ones others may read or write, or a directory others
+    may write to (unless ``allow_shared``: a deliberate shared setup)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise SecurepadError(f"cannot create store {path}: {exc.strerror or exc}") from None
+    if companions:  # what is at the path is named before anything about its directory
+        check_is_database(path)
+    if not allow_shared:
+        check_directory(path.parent, "store", STORE_OVERRIDE)
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")) if companions else (path,):
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            if not allow_shared:
+                try:
+                    info = name.stat()
+                except FileNotFoundError:  # SQLite removed it meanwhile
+                    continue
+                check_private_file(name, info, "store file", STORE_OVERRIDE)
+            continue
+        except OSError as exc:
+            raise SecurepadError(f"cannot create store {path}: {exc.strerror or exc}") from None
+        os.close(fd)
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def check_is_database(path: Path) -> None:
+    """Refuse an existing file that is not a SQLite database, before anything
+    judges its mode or SQLite (which takes a file shorter than its header for
+    an empty database) writes a store over it. An empty file is the one this
+    module creates before SQLite first writes to it.
+
+    Raises:
+        StoreCorruptError: the file is not a SQLite database.
+        SecurepadError: it cannot be read, or is not a regular file.
+    """
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(100)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise SecurepadError(f"cannot open store {path}: {exc.strerror or exc}") from None
+    if head and not head.startswith(SQLITE_HEADER):
+        raise StoreCorruptError(
+            f"the store {path} is damaged or is not a securepad store (not a SQLite database); nothing was"
+            " changed: check the path, or give a path that does not exist to `securepad init`"
+        )
+    # The schema cookie (offset 40) moves with every schema change; the store
+    # sets its schema version (user_version, offset 60) in the transaction that
+    # creates its tables. Tables without a version: another program's database.
+    if len(head) == 100 and head[60:64] == bytes(4) and head[40:44] != bytes(4):
+        raise StoreCorruptError(
+            f"{path} is a SQLite database but not a securepad store; nothing was changed: check the path"
+        )

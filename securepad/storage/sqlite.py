@@ -11,11 +11,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import random
 import threading
-import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
@@ -23,45 +21,17 @@ from typing import Protocol
 import apsw
 
 from ..errors import SecurepadError, StorageFullError, StoreBusyError, StoreCorruptError
+from . import schema
 from .base import Conn, DuplicateKeyError, Params, Rows
-from .files import STORE_OVERRIDE, check_directory, check_private_file
+from .files import create_private_file
+from .schema import SCHEMA_VERSION
+from .wal import WAL_KEEP_BYTES, WAL_LIMIT_BYTES, WAL_WAIT_MS, BusyHandler, ErrorMap, WalWatch
 
 __all__ = ["SCHEMA_VERSION", "WAL_LIMIT_BYTES", "CommitHooks", "Database"]
 
 # How long a writer waits for the lock before StoreBusyError.
 BUSY_TIMEOUT_MS = 30_000
 
-# The write-ahead log's bound, on the frames a checkpoint has not yet copied
-# into the database (a passive checkpoint copies every frame older than the
-# oldest reader's snapshot): those are what a reader that holds one snapshot
-# keeps growing, 652 MB in 60 s at 200 puts/s under one long reader. Past it a
-# write waits (``WAL_WAIT_MS``) for a checkpoint, then fails with StoreBusyError
-# until the reader ends: the file stays bounded and writers see a retryable error.
-WAL_LIMIT_BYTES = 256 * 1024 * 1024
-# Checkpoint (PASSIVE, never waiting) once this many frames wait to be copied,
-# as SQLite's own auto-checkpoint does; our WAL hook replaces SQLite's.
-AUTOCHECKPOINT_PAGES = 1000
-# A passive checkpoint copies frames but never restarts the WAL: with several
-# readers one of them always holds some snapshot, so the file grows with every
-# write. Once the WAL holds this much (or a quarter of its limit, if less), the
-# writer that committed runs a RESTART checkpoint after its commit: it holds
-# the write lock and waits at most ``RESTART_WAIT_MS`` for the readers of
-# older snapshots to end (new ones read the database file), so the next write
-# starts the WAL again from its beginning. A reader that outlasts the wait
-# leaves it for as many frames again; once the WAL's file has reached the
-# limit, the restart waits as long as a write over the limit (``WAL_WAIT_MS``),
-# once per limit's worth of frames: readers that each hold a snapshot longer
-# than 250 ms, one after another, otherwise keep every restart from finishing
-# and the file grows without end although every frame in it is copied.
-RESTART_BYTES = 16 * 1024 * 1024
-RESTART_WAIT_MS = 250
-# How long a write that finds the WAL over its limit waits for the readers
-# that pin it before StoreBusyError (within the busy timeout's 30 s).
-WAL_WAIT_MS = 2_000
-# When the WAL restarts its file is cut back to this size, or a quarter of its
-# limit if less (SQLite otherwise keeps the largest size it ever reached until
-# a TRUNCATE checkpoint).
-WAL_KEEP_BYTES = 16 * 1024 * 1024
 # gc rebuilds the file (``Database.scrub``) only when its deletes left at least
 # this share of the file's pages free: the rebuild writes every live page, so
 # through the WAL (and into a temporary file) it writes at most 3 times the
@@ -75,263 +45,8 @@ SCRUB_FREE_SHARE = 0.25
 # limit (128 MiB) still holds one entry of the default ``max_entry_bytes``.
 WRITE_SHARE_OF_WAL = 2
 
-SCHEMA_VERSION = 12
-
 # The policy's durability -> SQLite's synchronous setting, set on every connection.
 _SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL"}
-
-_MIGRATIONS: dict[int, str] = {
-    1: """
-    CREATE TABLE store_meta(
-        key   TEXT PRIMARY KEY,
-        value TEXT NOT NULL
-    ) WITHOUT ROWID;
-    CREATE TABLE owner_keys(
-        owner_user_id TEXT NOT NULL,
-        version       INTEGER NOT NULL,
-        wrapped       BLOB NOT NULL,
-        created_at    REAL NOT NULL,
-        PRIMARY KEY (owner_user_id, version)
-    ) WITHOUT ROWID;
-    CREATE TABLE entries(
-        id             TEXT PRIMARY KEY,
-        owner_user_id  TEXT NOT NULL,
-        actor          TEXT NOT NULL,
-        channel        TEXT NOT NULL,
-        turn_id        TEXT NOT NULL,
-        step_num       INTEGER NOT NULL,
-        executor_name  TEXT NOT NULL,
-        content_kind   TEXT NOT NULL,
-        size_bytes     INTEGER NOT NULL,
-        size_chars     INTEGER NOT NULL,
-        segment_count  INTEGER NOT NULL,
-        key_version    INTEGER NOT NULL,
-        created_at     REAL NOT NULL,
-        expires_at     REAL NOT NULL,
-        wrapped_key    BLOB NOT NULL,
-        nonce_prefix   BLOB NOT NULL,
-        commitment     BLOB NOT NULL,
-        sealed_meta    BLOB NOT NULL
-    ) WITHOUT ROWID;
-    CREATE INDEX entries_owner_turn ON entries(owner_user_id, turn_id, step_num);
-    CREATE INDEX entries_expires ON entries(expires_at);
-    CREATE INDEX entries_owner_usage ON entries(owner_user_id, expires_at, size_bytes);
-    CREATE TABLE segments(
-        entry_id TEXT NOT NULL,
-        seq      INTEGER NOT NULL,
-        data     BLOB NOT NULL,
-        PRIMARY KEY (entry_id, seq)
-    ) WITHOUT ROWID;
-    """,
-    # Count the random-nonce AES-GCM encryptions under each owner key (item-key
-    # wraps) so that rotation is advised long before the 2^32 limit.
-    2: """
-    ALTER TABLE owner_keys ADD COLUMN wrap_count INTEGER NOT NULL DEFAULT 0;
-    INSERT OR IGNORE INTO store_meta(key, value)
-        SELECT 'master_wrap_count', CAST(COUNT(*) AS TEXT) FROM owner_keys;
-    """,
-    # Turn records (see _records.py): compaction checkpoints and compaction
-    # marks. Sealed like entries; only ids, owner, scope, turn, order, key
-    # version and times are in clear.
-    3: """
-    CREATE TABLE checkpoints(
-        id            TEXT PRIMARY KEY,
-        owner_user_id TEXT NOT NULL,
-        actor         TEXT NOT NULL,
-        channel       TEXT NOT NULL,
-        turn_id       TEXT NOT NULL,
-        seq           INTEGER NOT NULL,
-        key_version   INTEGER NOT NULL,
-        created_at    REAL NOT NULL,
-        expires_at    REAL NOT NULL,
-        wrapped_key   BLOB NOT NULL,
-        sealed        BLOB NOT NULL,
-        UNIQUE (owner_user_id, turn_id, seq)
-    ) WITHOUT ROWID;
-    CREATE INDEX checkpoints_expires ON checkpoints(expires_at);
-    CREATE TABLE compaction_marks(
-        id            TEXT PRIMARY KEY,
-        owner_user_id TEXT NOT NULL,
-        actor         TEXT NOT NULL,
-        channel       TEXT NOT NULL,
-        turn_id       TEXT NOT NULL,
-        seq           INTEGER NOT NULL,
-        key_version   INTEGER NOT NULL,
-        created_at    REAL NOT NULL,
-        expires_at    REAL NOT NULL,
-        wrapped_key   BLOB NOT NULL,
-        sealed        BLOB NOT NULL,
-        UNIQUE (owner_user_id, turn_id, seq)
-    ) WITHOUT ROWID;
-    CREATE INDEX compaction_marks_expires ON compaction_marks(expires_at);
-    """,
-    # What an entry stores in all (content and its other fields), for the
-    # size limit and the owner quota; the usage index covers the quota sum.
-    4: """
-    ALTER TABLE entries ADD COLUMN stored_bytes INTEGER NOT NULL DEFAULT 0;
-    UPDATE entries SET stored_bytes = size_bytes;
-    DROP INDEX entries_owner_usage;
-    CREATE INDEX entries_owner_usage ON entries(owner_user_id, expires_at, stored_bytes);
-    """,
-    # Bytes stored per owner, kept by triggers whatever inserts, deletes or
-    # changes an entry. Expired entries count until gc removes them, so this is
-    # an upper bound of the owner's live bytes: a put that fits under it needs
-    # no sum over the owner's live entries, which cost O(entries) inside the
-    # write lock (about 0.2 ms per 3,000 entries). A row that drops to zero
-    # goes, so a forgotten owner leaves no id behind.
-    5: """
-    CREATE TABLE owner_usage(
-        owner_user_id TEXT PRIMARY KEY,
-        stored_bytes  INTEGER NOT NULL
-    ) WITHOUT ROWID;
-    INSERT INTO owner_usage(owner_user_id, stored_bytes)
-        SELECT owner_user_id, SUM(stored_bytes) FROM entries GROUP BY owner_user_id;
-    CREATE TRIGGER owner_usage_insert AFTER INSERT ON entries BEGIN
-        INSERT INTO owner_usage(owner_user_id, stored_bytes) VALUES (NEW.owner_user_id, NEW.stored_bytes)
-            ON CONFLICT(owner_user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes;
-    END;
-    CREATE TRIGGER owner_usage_delete AFTER DELETE ON entries BEGIN
-        UPDATE owner_usage SET stored_bytes = stored_bytes - OLD.stored_bytes WHERE owner_user_id = OLD.owner_user_id;
-        DELETE FROM owner_usage WHERE owner_user_id = OLD.owner_user_id AND stored_bytes <= 0;
-    END;
-    CREATE TRIGGER owner_usage_update AFTER UPDATE OF owner_user_id, stored_bytes ON entries BEGIN
-        UPDATE owner_usage SET stored_bytes = stored_bytes - OLD.stored_bytes WHERE owner_user_id = OLD.owner_user_id;
-        DELETE FROM owner_usage WHERE owner_user_id = OLD.owner_user_id AND stored_bytes <= 0;
-        INSERT INTO owner_usage(owner_user_id, stored_bytes) VALUES (NEW.owner_user_id, NEW.stored_bytes)
-            ON CONFLICT(owner_user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes;
-    END;
-    """,
-    # The hot path. entries and segments become rowid tables: a put
-    # appends to the last leaf instead of landing in a random leaf of a table
-    # keyed by random ids (which split pages and rewrote 3-4 pages a put);
-    # the random id keeps a small unique index. The indexes no query of a put
-    # or a listing needs go: entries_expires (gc scans the table) and
-    # entries_owner_usage (the quota reads owner_usage; the exact sum near
-    # the quota walks the owner's part of entries_owner_turn). Columns and
-    # keys are unchanged. One transaction: a failure leaves the v5 store.
-    6: """
-    CREATE TABLE entries_v6(
-        id             TEXT PRIMARY KEY,
-        owner_user_id  TEXT NOT NULL,
-        actor          TEXT NOT NULL,
-        channel        TEXT NOT NULL,
-        turn_id        TEXT NOT NULL,
-        step_num       INTEGER NOT NULL,
-        executor_name  TEXT NOT NULL,
-        content_kind   TEXT NOT NULL,
-        size_bytes     INTEGER NOT NULL,
-        size_chars     INTEGER NOT NULL,
-        segment_count  INTEGER NOT NULL,
-        key_version    INTEGER NOT NULL,
-        created_at     REAL NOT NULL,
-        expires_at     REAL NOT NULL,
-        wrapped_key    BLOB NOT NULL,
-        nonce_prefix   BLOB NOT NULL,
-        commitment     BLOB NOT NULL,
-        sealed_meta    BLOB NOT NULL,
-        stored_bytes   INTEGER NOT NULL DEFAULT 0
-    );
-    INSERT INTO entries_v6(id, owner_user_id, actor, channel, turn_id, step_num, executor_name,
-            content_kind, size_bytes, size_chars, segment_count, key_version, created_at, expires_at,
-            wrapped_key, nonce_prefix, commitment, sealed_meta, stored_bytes)
-        SELECT id, owner_user_id, actor, channel, turn_id, step_num, executor_name,
-            content_kind, size_bytes, size_chars, segment_count, key_version, created_at, expires_at,
-            wrapped_key, nonce_prefix, commitment, sealed_meta, stored_bytes
-        FROM entries ORDER BY created_at, id;
-    CREATE TABLE segments_v6(
-        entry_id TEXT NOT NULL,
-        seq      INTEGER NOT NULL,
-        data     BLOB NOT NULL,
-        PRIMARY KEY (entry_id, seq)
-    );
-    INSERT INTO segments_v6(entry_id, seq, data)
-        SELECT s.entry_id, s.seq, s.data FROM segments s LEFT JOIN entries_v6 e ON e.id = s.entry_id
-        ORDER BY e.rowid, s.seq;
-    DROP TABLE entries;
-    DROP TABLE segments;
-    ALTER TABLE entries_v6 RENAME TO entries;
-    ALTER TABLE segments_v6 RENAME TO segments;
-    CREATE INDEX entries_owner_turn ON entries(owner_user_id, turn_id, step_num);
-    CREATE TRIGGER owner_usage_insert AFTER INSERT ON entries BEGIN
-        INSERT INTO owner_usage(owner_user_id, stored_bytes) VALUES (NEW.owner_user_id, NEW.stored_bytes)
-            ON CONFLICT(owner_user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes;
-    END;
-    CREATE TRIGGER owner_usage_delete AFTER DELETE ON entries BEGIN
-        UPDATE owner_usage SET stored_bytes = stored_bytes - OLD.stored_bytes WHERE owner_user_id = OLD.owner_user_id;
-        DELETE FROM owner_usage WHERE owner_user_id = OLD.owner_user_id AND stored_bytes <= 0;
-    END;
-    CREATE TRIGGER owner_usage_update AFTER UPDATE OF owner_user_id, stored_bytes ON entries BEGIN
-        UPDATE owner_usage SET stored_bytes = stored_bytes - OLD.stored_bytes WHERE owner_user_id = OLD.owner_user_id;
-        DELETE FROM owner_usage WHERE owner_user_id = OLD.owner_user_id AND stored_bytes <= 0;
-        INSERT INTO owner_usage(owner_user_id, stored_bytes) VALUES (NEW.owner_user_id, NEW.stored_bytes)
-            ON CONFLICT(owner_user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes;
-    END;
-    """,
-    # Sealed turn heads (heads.py): one row per (owner, turn) and one per owner
-    # (turn_id ''), sealed under the owner's key. The heads of an existing
-    # store are built when it is first opened with its key (Heads.build_if_needed).
-    7: """
-    CREATE TABLE turn_heads(
-        owner_user_id TEXT NOT NULL,
-        turn_id       TEXT NOT NULL,
-        key_version   INTEGER NOT NULL,
-        sealed        BLOB NOT NULL,
-        PRIMARY KEY (owner_user_id, turn_id)
-    ) WITHOUT ROWID;
-    INSERT OR REPLACE INTO store_meta(key, value) VALUES ('turn_heads', 'pending');
-    """,
-    # The put path: a one-segment entry (up to SEGMENT_BYTES: most
-    # entries) keeps its sealed segment in its own row, so its put writes no
-    # segments row (a leaf, an overflow page and the key index). Rows written
-    # before keep theirs in segments; reads take either. Same column on PostgreSQL.
-    8: """
-    ALTER TABLE entries ADD COLUMN only_segment BLOB;
-    """,
-    # The listing part of an entry (crypto.ListingKey): what a
-    # listing shows, sealed under the owner's listing key. NULL in rows written
-    # before it, which still list through their item key.
-    9: """
-    ALTER TABLE entries ADD COLUMN sealed_listing BLOB;
-    """,
-    # Constant-size turn heads (heads.py format 2): heads of format 1
-    # (a listing of every row) are converted to tallies on the next open with
-    # the key (head_build.HeadBuilder); the flag becomes a sealed token then.
-    10: """
-    UPDATE store_meta SET value = 'convert' WHERE key = 'turn_heads' AND value = 'built';
-    """,
-    # No per-put counter row: each owner's usage total lives in its
-    # sealed owner head (head_owner.py), which the put rewrites with its turn
-    # head in one statement; the triggers and their table go. A migration
-    # cannot seal: the next open with the key gives each owner head the sum
-    # over the owner's entries (Heads.seed_usage, flag below).
-    11: """
-    DROP TRIGGER IF EXISTS owner_usage_insert;
-    DROP TRIGGER IF EXISTS owner_usage_delete;
-    DROP TRIGGER IF EXISTS owner_usage_update;
-    DROP TABLE IF EXISTS owner_usage;
-    INSERT OR REPLACE INTO store_meta(key, value) VALUES ('owner_usage', 'seed');
-    """,
-    # A turn's index holds the id, expiry and size of each entry, so that the
-    # freshness token's rows' text (head_reads.py) after a commit elsewhere
-    # reads those from the index; the actor and channel, which may be long,
-    # are read from the rows: in the index, an entry's key with long
-    # identifiers would pass what one b-tree cell holds and take a page of
-    # its own, beyond what the quota counts (entry_shape.identifier_cost).
-    12: """
-    DROP INDEX IF EXISTS entries_owner_turn;
-    CREATE INDEX entries_owner_turn ON entries(owner_user_id, turn_id, step_num, id, expires_at, stored_bytes);
-    """,
-}
-
-
-# How long a checkpoint that finds another connection's under way pauses before it tries again.
-_CHECKPOINT_RETRY_S = 0.005
-# ``_WalWatch``'s names of SQLite's checkpoint modes.
-_CHECKPOINT_MODES = {
-    "passive": apsw.SQLITE_CHECKPOINT_PASSIVE,
-    "restart": apsw.SQLITE_CHECKPOINT_RESTART,
-    "truncate": apsw.SQLITE_CHECKPOINT_TRUNCATE,
-}
 
 
 class CommitHooks(Protocol):
@@ -342,9 +57,6 @@ class CommitHooks(Protocol):
 
     def after_commit(self) -> None:
         """After a successful COMMIT."""
-
-
-ErrorMap = Callable[[apsw.Error | UnicodeDecodeError, apsw.Connection], SecurepadError]
 
 
 class _Conn:
@@ -452,97 +164,6 @@ class _Connections:
                 conn.close()
 
 
-class _WalWatch:
-    """The WAL as the store's connections last saw it, and our replacement for
-    SQLite's auto-checkpoint. It holds no reference to the Database, so a store
-    dropped without ``close`` is still collected.
-
-    ``pages`` is the WAL's frame count after each commit of any of our
-    connections (SQLite gives it to the hook: no extra system call), ``moved``
-    how many of them the last checkpoint we ran had copied into the database;
-    other processes' checkpoints move more, so ``pending`` is an upper bound,
-    and a decision that refuses a write checkpoints first to know."""
-
-    def __init__(self, limit_bytes: int) -> None:
-        self.page_size = 4096
-        self.limit_bytes = limit_bytes
-        self.pages = 0
-        self.moved = 0
-        self.restart_at = self.long_at = 0
-        self.started()
-        # Frames our commits appended to the WAL, and checkpoints tried by
-        # mode (``wal_status``): what a test can count.
-        self.written = 0
-        self.rebuilds = 0  # VACUUMs (``Database.scrub``)
-        self.counts = {"passive": 0, "restart": 0, "truncate": 0}
-
-    def started(self) -> None:
-        """The WAL started again from its beginning (or the watch was set up):
-        the next restart is due after ``restart_pages`` frames, and waits
-        long (``Database.transaction``) from the limit on."""
-        self.restart_at = self.restart_pages()
-        self.long_at = self.limit_pages()
-
-    def restart_pages(self) -> int:
-        """The WAL's frame count past which a commit restarts it (``RESTART_BYTES``)."""
-        return max(min(RESTART_BYTES, self.limit_bytes // 4) // self.page_size, 1)
-
-    def limit_pages(self) -> int:
-        return self.limit_bytes // self.page_size
-
-    def pending(self) -> int:
-        """Frames not yet copied into the database, as far as we know (at most)."""
-        return max(self.pages - self.moved, 0)
-
-    def bytes(self) -> int:
-        return self.pages * self.page_size
-
-    def saw(self, mode: str, frames: int, moved: int) -> None:
-        """A checkpoint of ``mode`` returned: the WAL's frames and those copied."""
-        if mode != "passive":  # everything copied and no reader in the WAL: the next write restarts it
-            frames = moved = 0
-        self.pages, self.moved = max(frames, 0), max(moved, 0)
-        if mode != "passive":
-            self.started()
-
-    def restart_failed(self) -> None:
-        """A reader outlasted the restart's wait: try again once as many frames
-        again are written, or at ``long_at``, whichever comes first; a long
-        wait that failed too waits long again only a limit's worth of frames
-        later, so that a reader that holds one snapshot for minutes costs the
-        writers one long wait per limit written, not per restart."""
-        if self.long_due():
-            self.long_at = self.pages + self.limit_pages()
-        self.restart_at = min(self.pages + self.restart_pages(), self.long_at)
-
-    def restart_due(self) -> bool:
-        return self.pages >= self.restart_at
-
-    def long_due(self) -> bool:
-        """The WAL's file has reached ``long_at``: its restart waits as long as a write over the limit."""
-        return self.pages >= self.long_at
-
-    def hook(self, conn: apsw.Connection, dbname: str, pages: int) -> int:
-        """After each commit: checkpoint as SQLite's auto-checkpoint would
-        (PASSIVE: moves what readers allow, never waits); the restart, when
-        due, runs after the commit returns (``Database.transaction``)."""
-        if pages < self.pages:  # the WAL started again from its beginning
-            self.moved = 0
-            self.started()
-            self.written += pages
-        else:
-            self.written += pages - self.pages
-        self.pages = pages
-        if self.pending() >= AUTOCHECKPOINT_PAGES:
-            try:
-                self.counts["passive"] += 1
-                frames, moved = conn.wal_checkpoint(dbname, apsw.SQLITE_CHECKPOINT_PASSIVE)
-            except apsw.Error:
-                return apsw.SQLITE_OK  # the commit stands; a later one checkpoints
-            self.saw("passive", frames, moved)
-        return apsw.SQLITE_OK
-
-
 class _Holder:
     """One thread's connection; its finalizer closes the connection when the thread's locals go."""
 
@@ -553,18 +174,12 @@ class _Holder:
 
 
 class Database:
-    """A store file and the per-thread apsw connections to it (the SQLite backend).
-
-    Owners and the admin flag change nothing here: the file's permissions are
-    the boundary, and every write transaction is serialized.
-
-    ``wal_limit_bytes`` bounds the write-ahead log (see ``WAL_LIMIT_BYTES``), and
-    ``wal_wait_ms`` is how long a write waits for it (``WAL_WAIT_MS``).
-    ``incremental_vacuum`` makes the file give freed pages back to the file
-    system at each ``checkpoint`` (gc, forget-owner); an existing store is
-    converted once, at open, by a full VACUUM. ``durability`` ("normal" or
-    "full") is the ``synchronous`` setting of every connection.
-    """
+    """A store file and its per-thread apsw connections (the SQLite backend);
+    owners and the admin flag change nothing here (the file's permissions are
+    the boundary). ``wal_limit_bytes`` and ``wal_wait_ms``: ``storage.wal``;
+    ``incremental_vacuum``: freed pages go back to the file system at each
+    ``checkpoint`` (an existing store is converted once, at open);
+    ``durability``: every connection's ``synchronous`` setting."""
 
     dialect = "sqlite"
 
@@ -589,12 +204,12 @@ class Database:
         self._wal_wait_s = wal_wait_ms / 1000
         self._local = threading.local()
         self._connections = _Connections()
-        self._wal = _WalWatch(limit_bytes=wal_limit_bytes)
+        self._wal = WalWatch(limit_bytes=wal_limit_bytes)
         self.incremental_vacuum = False
         # Set once by the anchor after its open check; the one hook into every write.
         self.hooks: CommitHooks | None = None
         self.upgraded: tuple[int, int] | None = None
-        _create_private_file(path, allow_shared)
+        create_private_file(path, allow_shared)
         conn = self.conn
         try:
             page_size = int(conn.execute("PRAGMA page_size").fetchall()[0][0])  # type: ignore[arg-type]
@@ -603,17 +218,12 @@ class Database:
         self._wal.page_size = page_size  # the hook of the connection just opened holds this watch
         self._wal.started()
         with self.transaction() as tx:
-            self._migrate(tx.raw)
-        self.incremental_vacuum = incremental_vacuum and self._enable_incremental_vacuum(conn)
+            self.upgraded = _migrate(tx.raw, path)
+        self.incremental_vacuum = incremental_vacuum and _enable_incremental_vacuum(conn, self._error)
 
     @property
     def conn(self) -> apsw.Connection:
-        """This thread's connection, opened on first use and again after fork.
-
-        Raises:
-            SecurepadError: the store is closed, or its file cannot be opened.
-            StoreCorruptError: the file is not a SQLite database.
-        """
+        """This thread's connection, opened on first use and after fork (SecurepadError, StoreCorruptError)."""
         if self._connections.closed:
             raise SecurepadError("the store is closed")
         holder: _Holder | None = getattr(self._local, "holder", None)
@@ -629,7 +239,7 @@ class Database:
         except apsw.Error as exc:
             raise SecurepadError(f"cannot open store {self.path}: {exc}") from None
         try:
-            conn.setbusyhandler(_BusyHandler(self._busy_timeout_ms / 1000))
+            conn.setbusyhandler(BusyHandler(self._busy_timeout_ms / 1000))
             # Double-quoted strings are identifiers only, never string literals.
             conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
             conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
@@ -659,146 +269,46 @@ class Database:
         return self.wal_limit_bytes // WRITE_SHARE_OF_WAL
 
     def _check_wal(self, conn: apsw.Connection, wait_s: float) -> None:
-        """Before a write: when the frames not yet copied into the database may
-        be over the limit, checkpoint (PASSIVE) to know; while they are, wait
-        for the readers that pin them (a RESTART checkpoint, ``wait_s`` in
-        all), then refuse.
-
-        Raises:
-            StoreBusyError: a reader's snapshot still pins more than the limit.
-            StorageFullError: the disk has no room to copy them into the database.
-        """
-        wal = self._wal
-        if wal.pending() <= wal.limit_pages():
-            return
-        deadline = time.monotonic() + wait_s
-        while True:
-            copied = self._wal_checkpoint(conn, "passive", 0)
-            if wal.pending() <= wal.limit_pages() or copied in ("full", "own"):
-                break
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            if self._wal_checkpoint(conn, "restart", left) == "done":
-                return
-        if wal.pending() <= wal.limit_pages() or copied == "own":
-            return  # "own": BEGIN refuses a transaction inside this connection's own
-        over = (
-            f"the store's write-ahead log holds {wal.pending() * wal.page_size / 2**20:.0f} MiB of writes not yet"
-            f" copied into the database, over its {self.wal_limit_bytes / 2**20:g} MiB limit"
-        )
-        if copied == "full":
-            raise StorageFullError(
-                f"{over}, and the disk holding {self.path} has no room to copy them into it; nothing was written"
-            )
-        waited = f"throughout the {wait_s:g} s this write waited" if wait_s > 0 else "now"
-        if copied == "checkpoint":
-            raise StoreBusyError(
-                f"{over}: another connection's checkpoint held the log {waited} (copying it, or waiting for a"
-                " reader whose snapshot is older than those writes); try again"
-            )
-        held = f"has held a snapshot older than them {waited}" if wait_s > 0 else "holds a snapshot older than them"
-        raise StoreBusyError(f"{over}: a reader {held}; writes resume when it ends")
+        self._wal.check(conn, wait_s, self._error, self._busy_timeout_ms / 1000, self.path)
 
     def _wal_checkpoint(self, conn: apsw.Connection, mode: str, wait_s: float) -> str:
-        """One checkpoint of ``mode`` ("passive", "restart", "truncate") that
-        waits at most ``wait_s`` for the write lock, for readers and for
-        another connection's checkpoint (SQLite does not wait for that one: it
-        is tried again). Returns "done", or why it could not finish: "held"
-        (readers, or the write lock, past the wait), "checkpoint" (a passive
-        one found another connection's under way), "full" (no room on the
-        disk), "own" (this connection is inside a transaction: no wait helps).
-
-        Raises:
-            StoreCorruptError: the file is damaged.
-        """
-        self._wal.counts[mode] += 1
-        deadline = time.monotonic() + wait_s
-        try:
-            while True:
-                left = deadline - time.monotonic()
-                conn.setbusyhandler(_BusyHandler(left) if left > 0 else None)
-                try:
-                    frames, moved = conn.wal_checkpoint(mode=_CHECKPOINT_MODES[mode])
-                    break
-                except apsw.LockedError:
-                    return "own"
-                except apsw.BusyError:
-                    # A passive checkpoint waits for nothing: busy means another one is under way.
-                    if mode == "passive":
-                        return "checkpoint"
-                    if deadline - time.monotonic() <= _CHECKPOINT_RETRY_S:
-                        if mode == "restart":
-                            self._wal.restart_failed()
-                        return "held"
-                    time.sleep(_CHECKPOINT_RETRY_S)
-        except apsw.Error as exc:
-            error = self._error(exc, conn)
-            if isinstance(error, StorageFullError):
-                # The write before it (a delete, a gc) stands; its frames stay
-                # in the WAL until a checkpoint finds room.
-                return "full"
-            raise error from None
-        finally:
-            conn.setbusyhandler(_BusyHandler(self._busy_timeout_ms / 1000))
-        self._wal.saw(mode, frames, moved)
-        return "done" if frames == moved else "held"
+        return self._wal.checkpoint(conn, mode, wait_s, self._error, self._busy_timeout_ms / 1000)
 
     def wal_status(self) -> dict[str, object]:
-        """The WAL's size and what it holds not yet copied, against its limit,
-        with a warning past half of it (for ``stats``), and what this store
-        object did to it: checkpoints tried by mode, frames its commits
-        appended, rebuilds (``scrub``)."""
-        wal = self._wal
-        pending = wal.pending() * wal.page_size
-        status: dict[str, object] = {
-            "wal_bytes": wal.bytes(),
-            "wal_pending_bytes": pending,
-            "wal_limit_bytes": self.wal_limit_bytes,
-            "checkpoints": dict(wal.counts),
-            "frames_written": wal.written,
-            "rebuilds": wal.rebuilds,
-            "incremental_vacuum": self.incremental_vacuum,
-            "warnings": [],
-        }
-        if pending > self.wal_limit_bytes // 2:
-            status["warnings"] = [
-                f"the write-ahead log holds {pending} bytes not yet copied into the database, of its"
-                f" {self.wal_limit_bytes}-byte limit: a long-lived reader keeps them from being checkpointed;"
-                " writes fail (StoreBusyError) at the limit until that reader ends"
-            ]
-        return status
+        """The WAL's size and pending bytes against its limit, with a warning past half of it (``stats``)."""
+        return self._wal.status(self.incremental_vacuum)
 
     @contextmanager
     def transaction(
         self, owner: str | None = None, *, admin: bool = False, wait: bool = True, turn: str | None = None
     ) -> Iterator[_Conn]:
-        """A write transaction (BEGIN IMMEDIATE), rolled back on any exception;
-        ``owner`` and ``turn`` change nothing here: SQLite has one writer.
-        ``wait=False``: a WAL over its limit is refused without waiting.
-
-        Raises:
-            StoreBusyError: the write lock was not obtained within the busy
-                timeout, or a reader's snapshot pins more than the WAL's limit
-                of frames not yet copied, past ``wal_wait_ms`` (``_check_wal``).
-            StorageFullError: the disk is full; nothing was written.
-            StoreCorruptError: the file is damaged.
-        """
+        """A write transaction (BEGIN IMMEDIATE; ``owner`` and ``turn`` change nothing: one writer),
+        rolled back on any exception. ``wait=False``: a WAL over its limit is refused at once.
+        Raises StoreBusyError (lock, or the WAL pinned past ``wal_wait_ms``), StorageFullError, StoreCorruptError."""
         conn = self.conn
         self._check_wal(conn, self._wal_wait_s if wait else 0)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except apsw.Error as exc:
-            raise self._error(exc, conn) from None
         hooks = self.hooks
-        try:
+        with self._begun(conn, "BEGIN IMMEDIATE", (apsw.Error,)):
             tx = _Conn(conn, self._error)
             yield tx
             if hooks is not None:
                 hooks.before_commit(tx)
+        if hooks is not None:
+            hooks.after_commit()
+        self._wal.restart_if_due(conn, self._wal_wait_s if wait else None, self._error, self._busy_timeout_ms / 1000)
+
+    @contextmanager
+    def _begun(self, conn: apsw.Connection, begin: str, mapped: tuple[type[Exception], ...]) -> Iterator[None]:
+        """``begin``, then COMMIT; ROLLBACK on any exception (``mapped`` ones as typed errors)."""
+        try:
+            conn.execute(begin)
         except apsw.Error as exc:
-            self._rollback(conn)
             raise self._error(exc, conn) from None
+        try:
+            yield
+        except mapped as exc:
+            self._rollback(conn)
+            raise self._error(exc, conn) from None  # type: ignore[arg-type]
         except BaseException:
             self._rollback(conn)
             raise
@@ -807,15 +317,112 @@ class Database:
         except apsw.Error as exc:
             self._rollback(conn)
             raise self._error(exc, conn) from None
-        if hooks is not None:
-            hooks.after_commit()
-        if self._wal.restart_due():
-            restart_s = RESTART_WAIT_MS / 1000
-            if wait and self._wal.long_due():
-                restart_s = max(restart_s, self._wal_wait_s)
-            # The commit stands whatever this does; a failure leaves the restart for later.
-            with contextlib.suppress(SecurepadError):
-                self._wal_checkpoint(conn, "restart", restart_s)
+
+    @contextmanager
+    def snapshot(self) -> Iterator[apsw.Connection]:
+        """A read transaction: every query inside sees one state (StoreCorruptError, SecurepadError)."""
+        conn = self.conn
+        with self._begun(conn, "BEGIN DEFERRED", (apsw.Error, UnicodeDecodeError)):
+            yield conn
+
+    def query(self, sql: str, params: Params = (), *, owner: str | None = None, admin: bool = False) -> Rows:
+        """Rows as dicts, on this thread's connection (StoreCorruptError, SecurepadError)."""
+        conn = self.conn
+        try:
+            return _rows(conn.execute(sql, params))
+        except (apsw.Error, UnicodeDecodeError) as exc:
+            raise self._error(exc, conn) from None
+
+    def queries(self, *statements: tuple[str, Params], owner: str | None = None, admin: bool = False) -> list[Rows]:
+        """The rows of each query, in order, on this thread's connection (no round trip to save)."""
+        return [self.query(sql, params, owner=owner, admin=admin) for sql, params in statements]
+
+    def read_scope(self) -> object:
+        """This thread's connection: the one ``PRAGMA data_version`` (a read's token) belongs to."""
+        return self.conn
+
+    def checkpoint(self, *, wait: bool = True) -> bool:
+        """Move the WAL into the database and truncate it (free pages given back with
+        ``incremental_vacuum``); False when a reader kept part of it past the busy timeout
+        (``wait=False``: none) or the disk had no room (StoreCorruptError)."""
+        conn = self.conn
+        if self.incremental_vacuum:
+            try:
+                conn.execute("PRAGMA incremental_vacuum").fetchall()
+            except (apsw.BusyError, apsw.LockedError):
+                return False
+            except apsw.Error as exc:
+                error = self._error(exc, conn)
+                if isinstance(error, StorageFullError):
+                    return False
+                raise error from None
+        return self._wal_checkpoint(conn, "truncate", self._busy_timeout_ms / 1000 if wait else 0) == "done"
+
+    def scrub(self) -> bool:
+        """Rebuild the file (VACUUM) and truncate the WAL: a b-tree rebalance can leave a copy of a
+        deleted row in a page's unused space, which ``secure_delete`` does not reach; the copy
+        goes to a temporary file, never memory. False when a reader kept part of the WAL alive.
+        Raises StorageFullError (the file as it was) or StoreBusyError."""
+        conn = self.conn
+        try:
+            conn.execute("PRAGMA temp_store = FILE")
+            conn.execute("VACUUM")
+        except apsw.Error as exc:
+            raise self._error(exc, conn) from None
+        self._wal.rebuilds += 1
+        return self.checkpoint()
+
+    def scrub_after_deletes(self) -> bool:
+        """After gc's deletes: ``scrub`` when ``SCRUB_FREE_SHARE`` of the pages are free, else a
+        truncating checkpoint; whether it rebuilt (StorageFullError: the deletes stand; StoreBusyError)."""
+        conn = self.conn
+        try:  # before the checkpoint: with ``incremental_vacuum`` it gives the free pages back
+            free = int(conn.execute("PRAGMA freelist_count").fetchall()[0][0])  # type: ignore[arg-type]
+            pages = int(conn.execute("PRAGMA page_count").fetchall()[0][0])  # type: ignore[arg-type]
+        except apsw.Error as exc:
+            raise self._error(exc, conn) from None
+        # The deletes' frames into the file first: the rebuild's WAL does not add to them on the disk.
+        self.checkpoint()
+        if pages and free >= pages * SCRUB_FREE_SHARE:
+            self.scrub()
+            return True
+        return False
+
+    def copy_to(self, dest: Path) -> None:
+        """A consistent copy of the store at ``dest``, which must not exist (StorageFullError, SecurepadError)."""
+        create_private_file(dest, companions=False)
+        conn = self.conn
+        try:
+            conn.execute("VACUUM INTO ?", (str(dest),))
+        except apsw.Error as exc:
+            raise self._error(exc, conn) from None
+
+    def restore_from(self, src: Path, aside: Path | None = None) -> None:
+        """Replace this store's content with the SQLite file ``src`` through the backup API, into
+        this store's WAL (others see the old store or the new one); with ``aside`` (must not
+        exist) the store as it was is copied there first under the same write lock.
+        Raises StorageFullError, StoreBusyError, SecurepadError (``src`` or ``aside``)."""
+        conn = self.conn
+        try:
+            source = apsw.Connection(str(src), flags=apsw.SQLITE_OPEN_READONLY)
+        except apsw.Error as exc:
+            raise SecurepadError(f"cannot open {src}: {exc}") from None
+        try:
+            with conn.backup("main", source, "main") as copy:
+                # A step of no pages takes this store's write lock, held to the end.
+                copy.step(0)
+                if aside is not None:
+                    _copy_as_read(self.path, aside, self._error)
+                copy.step(-1)
+        except apsw.Error as exc:
+            raise self._error(exc, conn) from None
+        finally:
+            source.close()
+        self.checkpoint()
+
+    def sync(self) -> None:
+        """Fsync the file and its WAL, so the anchor is never ahead of the disk (SecurepadError)."""
+        _fsync(self.path)
 
     def _rollback(self, conn: apsw.Connection) -> None:
         """End the failed transaction, unless SQLite already did (it rolls back by
@@ -833,255 +440,69 @@ class Database:
                 with contextlib.suppress(apsw.Error):
                     holder.finalizer()
 
-    @contextmanager
-    def snapshot(self) -> Iterator[apsw.Connection]:
-        """A read transaction: every query inside sees the same state.
-
-        Raises:
-            StoreCorruptError: the file is damaged.
-            SecurepadError: another storage error.
-        """
-        conn = self.conn
-        try:
-            conn.execute("BEGIN DEFERRED")
-        except apsw.Error as exc:
-            raise self._error(exc, conn) from None
-        try:
-            yield conn
-        except (apsw.Error, UnicodeDecodeError) as exc:
-            self._rollback(conn)
-            raise self._error(exc, conn) from None
-        except BaseException:
-            self._rollback(conn)
-            raise
-        try:
-            conn.execute("COMMIT")
-        except apsw.Error as exc:
-            self._rollback(conn)
-            raise self._error(exc, conn) from None
-
-    def query(self, sql: str, params: Params = (), *, owner: str | None = None, admin: bool = False) -> Rows:
-        """Rows as dicts, on this thread's connection.
-
-        Raises:
-            StoreCorruptError: the file is damaged.
-            SecurepadError: another storage error.
-        """
-        conn = self.conn
-        try:
-            return _rows(conn.execute(sql, params))
-        except (apsw.Error, UnicodeDecodeError) as exc:
-            raise self._error(exc, conn) from None
-
-    def queries(self, *statements: tuple[str, Params], owner: str | None = None, admin: bool = False) -> list[Rows]:
-        """The rows of each query, in order, one after another on this thread's
-        connection (a local file: no round trip to save).
-
-        Raises:
-            StoreCorruptError: the file is damaged.
-            SecurepadError: another storage error.
-        """
-        return [self.query(sql, params, owner=owner, admin=admin) for sql, params in statements]
-
-    def read_scope(self) -> object:
-        """This thread's connection: what ``PRAGMA data_version`` (a cached read's
-        token, ``heads``) belongs to; it compares only with its own connection's.
-
-        Raises:
-            SecurepadError: the store is closed.
-        """
-        return self.conn
-
-    def checkpoint(self, *, wait: bool = True) -> bool:
-        """Move the WAL into the database and truncate it to zero bytes (after
-        giving the file's free pages back, with ``incremental_vacuum``).
-
-        Returns False when a reader kept part of the WAL alive past the busy
-        timeout, or the disk had no room to move it (the WAL then still holds
-        frames; a later checkpoint clears them).
-        With ``wait=False`` the busy timeout is zero: what can be moved without
-        waiting is moved, and the call never blocks on readers.
-
-        Raises:
-            StoreCorruptError: the file is damaged.
-        """
-        conn = self.conn
-        if self.incremental_vacuum:
-            try:
-                conn.execute("PRAGMA incremental_vacuum").fetchall()
-            except (apsw.BusyError, apsw.LockedError):
-                return False
-            except apsw.Error as exc:
-                error = self._error(exc, conn)
-                if isinstance(error, StorageFullError):
-                    return False
-                raise error from None
-        return self._wal_checkpoint(conn, "truncate", self._busy_timeout_ms / 1000 if wait else 0) == "done"
-
-    def scrub(self) -> bool:
-        """Rebuild the file (VACUUM), then checkpoint and truncate the WAL.
-
-        ``secure_delete`` zeroes a deleted row's cell, but when SQLite
-        rebalances a b-tree it rebuilds pages without zeroing their unused
-        space, so a copy of a row that moved to another page can stay in the
-        old page's gap after the row itself is deleted (about one audit in 40
-        found a deleted wrapped item key that way). VACUUM writes every page
-        afresh, so only live rows remain anywhere in the file. It costs a pass
-        over the whole store and holds the write lock meanwhile; the copy it
-        builds goes to a temporary file (``temp_store = FILE``: SQLite's
-        temporary directory, ``SQLITE_TMPDIR``), never to memory, and then
-        through the WAL into the file.
-
-        Returns False when a reader kept part of the WAL alive (see ``checkpoint``).
-
-        Raises:
-            StorageFullError: no room for the copy or the WAL; the file is as it was.
-            StoreBusyError: the write lock was not obtained in time.
-        """
-        conn = self.conn
-        try:
-            conn.execute("PRAGMA temp_store = FILE")
-            conn.execute("VACUUM")
-        except apsw.Error as exc:
-            raise self._error(exc, conn) from None
-        self._wal.rebuilds += 1
-        return self.checkpoint()
-
-    def scrub_after_deletes(self) -> bool:
-        """After a gc's deletes: ``scrub`` when at least ``SCRUB_FREE_SHARE`` of
-        the file's pages are free, else a checkpoint that truncates the WAL.
-        Returns whether the file was rebuilt.
-
-        Raises:
-            StorageFullError: no room for the rebuild; the deletes stand.
-            StoreBusyError: the write lock was not obtained in time.
-        """
-        conn = self.conn
-        try:  # before the checkpoint: with ``incremental_vacuum`` it gives the free pages back
-            free = int(conn.execute("PRAGMA freelist_count").fetchall()[0][0])  # type: ignore[arg-type]
-            pages = int(conn.execute("PRAGMA page_count").fetchall()[0][0])  # type: ignore[arg-type]
-        except apsw.Error as exc:
-            raise self._error(exc, conn) from None
-        # The deletes' frames into the file first: the rebuild's WAL does not add to them on the disk.
-        self.checkpoint()
-        if pages and free >= pages * SCRUB_FREE_SHARE:
-            self.scrub()
-            return True
-        return False
-
-    def copy_to(self, dest: Path) -> None:
-        """Write a consistent copy of the store to ``dest`` (which must not exist).
-
-        Raises:
-            StorageFullError: the disk is full.
-            SecurepadError: ``dest`` cannot be written.
-        """
-        _create_private_file(dest, companions=False)
-        conn = self.conn
-        try:
-            conn.execute("VACUUM INTO ?", (str(dest),))
-        except apsw.Error as exc:
-            raise self._error(exc, conn) from None
-
-    def restore_from(self, src: Path, aside: Path | None = None) -> None:
-        """Replace the whole content of this store with the SQLite file ``src``,
-        through SQLite's backup API: page by page into this store's own WAL,
-        so that a connection open elsewhere sees the old store or the new one,
-        never a mix, and no stale WAL frame is left for the new file. With
-        ``aside`` (which must not exist), the store as it was is first copied
-        there, under the same write lock: no write can commit between that
-        copy and the replacement, so none is lost from both.
-
-        Raises:
-            StorageFullError: the disk is full.
-            StoreBusyError: another connection holds the write lock.
-            SecurepadError: ``src`` cannot be read, or ``aside`` written.
-        """
-        conn = self.conn
-        try:
-            source = apsw.Connection(str(src), flags=apsw.SQLITE_OPEN_READONLY)
-        except apsw.Error as exc:
-            raise SecurepadError(f"cannot open {src}: {exc}") from None
-        try:
-            with conn.backup("main", source, "main") as copy:
-                # A step of no pages takes this store's write lock, held to the end.
-                copy.step(0)
-                if aside is not None:
-                    self._copy_as_read(aside)
-                copy.step(-1)
-        except apsw.Error as exc:
-            raise self._error(exc, conn) from None
-        finally:
-            source.close()
-        self.checkpoint()
-
-    def _copy_as_read(self, dest: Path) -> None:
-        """``copy_to`` through a read-only connection of its own (this thread's
-        connection may be holding the write lock)."""
-        _create_private_file(dest, companions=False)
-        reader = apsw.Connection(str(self.path), flags=apsw.SQLITE_OPEN_READONLY)
-        try:
-            reader.execute("VACUUM INTO ?", (str(dest),))
-        except apsw.Error as exc:
-            raise self._error(exc, reader) from None
-        finally:
-            reader.close()
-
-    def _enable_incremental_vacuum(self, conn: apsw.Connection) -> bool:
-        """Switch the file to auto_vacuum=INCREMENTAL (a full VACUUM, once, for
-        a store made without it); True once it is on."""
-        try:
-            mode = int(conn.execute("PRAGMA auto_vacuum").fetchall()[0][0])  # type: ignore[arg-type]
-            if mode != 2:  # 0 none, 1 full, 2 incremental
-                conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
-                conn.execute("VACUUM")
-        except apsw.Error as exc:
-            raise self._error(exc, conn) from None
-        return True
-
-    def _migrate(self, conn: apsw.Connection) -> None:
-        version = int(conn.execute("PRAGMA user_version").fetchall()[0][0])  # type: ignore[arg-type]
-        if version < 0:
-            raise StoreCorruptError(f"the store {self.path} is damaged: schema version {version}")
-        if version > SCHEMA_VERSION:
-            raise SecurepadError(
-                f"store schema version {version} is newer than this securepad understands ({SCHEMA_VERSION})"
-            )
-        if version == 0 and conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall():
-            raise StoreCorruptError(f"{self.path} is a SQLite database but not a securepad store; nothing was changed")
-        for target in range(version + 1, SCHEMA_VERSION + 1):
-            conn.execute(_MIGRATIONS[target])
-            conn.execute(f"PRAGMA user_version = {target}")
-        if 0 < version < SCHEMA_VERSION:
-            self.upgraded = (version, SCHEMA_VERSION)
-
-    def sync(self) -> None:
-        """Make every commit so far durable: fsync the file and its WAL.
-
-        With ``synchronous = NORMAL`` a commit is in the WAL, not yet synced;
-        the anchor calls this before it records a counter, so that the anchor
-        is never ahead of what a power cut leaves on disk.
-
-        Raises:
-            SecurepadError: a file cannot be synced.
-        """
-        for name in (str(self.path), f"{self.path}-wal"):
-            try:
-                fd = os.open(name, os.O_RDONLY)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise SecurepadError(f"cannot open {name} to sync it: {exc.strerror}") from None
-            try:
-                os.fsync(fd)
-            except OSError as exc:
-                raise SecurepadError(f"cannot sync {name}: {exc.strerror}") from None
-            finally:
-                os.close(fd)
-
     def close(self) -> None:
         """Close every connection this object opened, in any thread."""
         self._connections.close_all()
+
+
+def _migrate(conn: apsw.Connection, path: Path) -> tuple[int, int] | None:
+    """Bring the store to ``SCHEMA_VERSION``; (old, new) when it upgraded an existing store."""
+    version = int(conn.execute("PRAGMA user_version").fetchall()[0][0])  # type: ignore[arg-type]
+    if version < 0:
+        raise StoreCorruptError(f"the store {path} is damaged: schema version {version}")
+    if version == SCHEMA_VERSION:
+        return None
+    if version == 0 and conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall():
+        raise StoreCorruptError(f"{path} is a SQLite database but not a securepad store; nothing was changed")
+    marked = version > 0 and bool(conn.execute(schema.NUMBERING_SQL).fetchall())
+    version = schema.version_of(schema.SQLITE, version, marked)
+    for _, sql in schema.steps(schema.SQLITE, version, SCHEMA_VERSION):
+        conn.execute(sql)
+    conn.execute(schema.MARK_SQL)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    return (version, SCHEMA_VERSION) if 0 < version < SCHEMA_VERSION else None
+
+
+def _enable_incremental_vacuum(conn: apsw.Connection, error: ErrorMap) -> bool:
+    """Switch the file to auto_vacuum=INCREMENTAL (a full VACUUM, once, for
+    a store made without it); True once it is on."""
+    try:
+        mode = int(conn.execute("PRAGMA auto_vacuum").fetchall()[0][0])  # type: ignore[arg-type]
+        if mode != 2:  # 0 none, 1 full, 2 incremental
+            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+            conn.execute("VACUUM")
+    except apsw.Error as exc:
+        raise error(exc, conn) from None
+    return True
+
+
+def _copy_as_read(path: Path, dest: Path, error: ErrorMap) -> None:
+    """``copy_to`` through a read-only connection of its own (this thread's
+    connection may be holding the write lock)."""
+    create_private_file(dest, companions=False)
+    reader = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        reader.execute("VACUUM INTO ?", (str(dest),))
+    except apsw.Error as exc:
+        raise error(exc, reader) from None
+    finally:
+        reader.close()
+
+
+def _fsync(path: Path) -> None:
+    for name in (str(path), f"{path}-wal"):
+        try:
+            fd = os.open(name, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise SecurepadError(f"cannot open {name} to sync it: {exc.strerror}") from None
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            raise SecurepadError(f"cannot sync {name}: {exc.strerror}") from None
+        finally:
+            os.close(fd)
 
 
 def _storage_error(exc: apsw.Error | UnicodeDecodeError, path: Path, conn: apsw.Connection) -> SecurepadError:
@@ -1116,98 +537,3 @@ def _system_errno(conn: apsw.Connection) -> int:
         return int(conn.system_errno)
     except apsw.Error:
         return 0
-
-
-class _BusyHandler:
-    """Waits for a lock held by another connection, for at most ``timeout_s``.
-
-    SQLite's own busy timeout sleeps 1, 2, 5, 10 ... up to 100 ms between
-    tries: a writer that just missed a lock held for a tenth of a millisecond
-    waits milliseconds, and one that keeps missing waits 100 ms a try. Under
-    the benchmark's 2x4 load that made put p99 109 ms and max 736 ms. This
-    handler retries after 50 µs, doubling to at most 2 ms, jittered so that
-    waiting connections do not retry in step.
-
-    The time counted is the time spent waiting here, not since the first
-    wait: one call of SQLite can wait more than once (a checkpoint waits for
-    the write lock, copies the WAL, then waits for readers), and the copy of a
-    large WAL must not use up the wait of the readers after it.
-    """
-
-    def __init__(self, timeout_s: float) -> None:
-        self._timeout_s = timeout_s
-        self._waited = 0.0
-
-    def __call__(self, tries: int) -> bool:
-        if tries == 0:
-            self._waited = 0.0
-        elif self._waited >= self._timeout_s:
-            return False  # SQLite returns SQLITE_BUSY: StoreBusyError
-        started = time.monotonic()
-        # Not a secret: jitter only.
-        time.sleep(min(0.002, 0.00005 * 2 ** min(tries, 6)) * random.uniform(0.5, 1.5))  # noqa: S311
-        self._waited += time.monotonic() - started
-        return True
-
-
-def _create_private_file(path: Path, allow_shared: bool = False, *, companions: bool = True) -> None:
-    """Create the database, -wal and -shm files 0600 in a 0700 directory before
-    SQLite does (SQLite gives the -wal and -shm files the database file's mode),
-    and refuse existing ones others may read or write, or a directory others
-    may write to (unless ``allow_shared``: a deliberate shared setup)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError as exc:
-        raise SecurepadError(f"cannot create store {path}: {exc.strerror or exc}") from None
-    if companions:  # what is at the path is named before anything about its directory
-        _check_is_database(path)
-    if not allow_shared:
-        check_directory(path.parent, "store", STORE_OVERRIDE)
-    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")) if companions else (path,):
-        try:
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            if not allow_shared:
-                try:
-                    info = name.stat()
-                except FileNotFoundError:  # SQLite removed it meanwhile
-                    continue
-                check_private_file(name, info, "store file", STORE_OVERRIDE)
-            continue
-        except OSError as exc:
-            raise SecurepadError(f"cannot create store {path}: {exc.strerror or exc}") from None
-        os.close(fd)
-
-
-_SQLITE_HEADER = b"SQLite format 3\x00"
-
-
-def _check_is_database(path: Path) -> None:
-    """Refuse an existing file that is not a SQLite database, before anything
-    judges its mode or SQLite (which takes a file shorter than its header for
-    an empty database) writes a store over it. An empty file is the one this
-    module creates before SQLite first writes to it.
-
-    Raises:
-        StoreCorruptError: the file is not a SQLite database.
-        SecurepadError: it cannot be read, or is not a regular file.
-    """
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(100)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise SecurepadError(f"cannot open store {path}: {exc.strerror or exc}") from None
-    if head and not head.startswith(_SQLITE_HEADER):
-        raise StoreCorruptError(
-            f"the store {path} is damaged or is not a securepad store (not a SQLite database); nothing was"
-            " changed: check the path, or give a path that does not exist to `securepad init`"
-        )
-    # The schema cookie (offset 40) moves with every schema change; the store
-    # sets its schema version (user_version, offset 60) in the transaction that
-    # creates its tables. Tables without a version: another program's database.
-    if len(head) == 100 and head[60:64] == bytes(4) and head[40:44] != bytes(4):
-        raise StoreCorruptError(
-            f"{path} is a SQLite database but not a securepad store; nothing was changed: check the path"
-        )

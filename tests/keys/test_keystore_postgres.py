@@ -15,6 +15,7 @@ from securepad.keys.keyring import master_key
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 
+from securepad.storage import schema  # noqa: E402
 from securepad.storage.postgres import migrate  # noqa: E402
 
 ALICE = Principal("alice", "planner", "web")
@@ -80,14 +81,17 @@ def test_every_key_of_an_owners_table_includes_the_owner(pg_dsn: str, keyring: K
 def test_a_schema_1_store_is_converted_and_keeps_its_entries(
     pg_dsn: str, keyring: Keyring, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A schema-1 store with an entry: schema 1 plus the turn heads (schema 3)
-    # and the listing part's column (schema 5, which adds it only when missing),
-    # which today's put needs, then the heads dropped again, as schema 1 had none.
+    # A store of PostgreSQL's first schema (schema 5 of the one list), with an
+    # entry: that schema plus the turn heads (schema 7) and the columns of the
+    # one-segment entry and the listing part (schemas 9 and 10, the latter
+    # added only when missing), which today's put needs, then the heads and
+    # the one-segment column dropped again, as that schema had none.
+    first = schema.BEFORE[schema.POSTGRES][1]
+    migrations = schema.MIGRATIONS
     with monkeypatch.context() as patch:
-        patch.setattr(migrate, "SCHEMA_VERSION", 1)
-        migrations = migrate.MIGRATIONS
-        # ... and the listing part's column (schema 6, added only when missing), kept.
-        patch.setitem(migrations, 1, migrations[1] + migrations[3] + migrations[5] + migrations[6])
+        patch.setattr(migrate, "SCHEMA_VERSION", first)
+        grown = migrations[first] + migrations[7] + migrations[9] + migrations[10]
+        patch.setattr(schema, "MIGRATIONS", (*migrations[:first], grown, *migrations[first + 1 :]))
         with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
             entry = pad.put(ALICE, "t1", 1, "shell", "made at schema 1")["scratchpad_id"]
         _, constraints = schema_of(pg_dsn)
@@ -96,7 +100,7 @@ def test_a_schema_1_store_is_converted_and_keeps_its_entries(
         conn.execute("DROP TABLE securepad.turn_heads")
         _wrapped_as_before_heads(conn, keyring)
         conn.execute("DELETE FROM securepad.store_meta WHERE key = 'turn_heads'")
-        # Today's put keeps a one-segment entry in its row (schema 5); schema 1 kept it in segments.
+        # Today's put keeps a one-segment entry in its row (schema 9); schema 1 kept it in segments.
         conn.execute(
             "INSERT INTO securepad.segments(entry_id, seq, data, owner_user_id)"
             " SELECT id, 0, only_segment, owner_user_id FROM securepad.entries WHERE only_segment IS NOT NULL"

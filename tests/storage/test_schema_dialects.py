@@ -1,6 +1,7 @@
-"""The schema is written twice (SQLite and PostgreSQL migrations, in
-``_db.py`` and ``_pg.py``): the two live schemas must agree, table by table and
-column by column (name, type family, NOT NULL, default, primary and unique keys).
+"""The one migration list (``storage/schema.py``) renders each table per
+dialect, with steps of one dialect beside: the two live schemas must agree,
+table by table and column by column (name, type family, NOT NULL, default,
+primary and unique keys).
 
 Differences on purpose are listed here, each with its reason.
 """

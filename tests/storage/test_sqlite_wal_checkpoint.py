@@ -21,7 +21,7 @@ import apsw
 import pytest
 
 from securepad import Keyring, Policy, QuotaExceededError, Scratchpad, SecurepadError, StorageFullError, StoreBusyError
-from securepad.storage.sqlite import _WalWatch
+from securepad.storage.wal import WalWatch
 from securepad.store import sqlite_of
 from tests.conftest import ALICE, BOB
 
@@ -289,7 +289,7 @@ def test_a_restart_that_readers_keep_failing_is_tried_at_the_limit_with_the_long
     pending: the restart at the limit waits as long as a write over it does,
     once per limit's worth of frames, so the file does not grow with every
     write (before, the next try was always as many frames again, short)."""
-    watch = _WalWatch(limit_bytes=4 * MIB)  # restarts every 1 MiB (256 frames), the limit at 1,024
+    watch = WalWatch(limit_bytes=4 * MIB)  # restarts every 1 MiB (256 frames), the limit at 1,024
     assert (watch.restart_pages(), watch.limit_pages()) == (256, 1024)
     watch.pages = 900
     watch.restart_failed()  # a short restart failed below the limit: the next one is at the limit

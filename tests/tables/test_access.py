@@ -228,16 +228,16 @@ def test_an_id_outside_the_principals_scope_reads_what_an_absent_id_reads(
         assert pad.get(cli, other).turn_id == GUESS  # its own principal still reads it
 
 
-def test_a_schema_13_store_gets_the_scoped_read_function(
+def test_a_schema_17_store_gets_the_scoped_read_function(
     pg_dsn: str, keyring: Keyring, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Migration 14 replaces migration 13's entry function (six arguments, the
+    """Schema 18 replaces schema 17's entry function (six arguments, the
     id's turn whoever its owner) with the scoped one; reads by id, warm ones
     included (they call it), then answer as before."""
     import psycopg
 
     with monkeypatch.context() as patch:
-        patch.setattr(migrate, "SCHEMA_VERSION", 13)
+        patch.setattr(migrate, "SCHEMA_VERSION", 17)
         with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
             bob_id = _ids(pad, BOB, GUESS, 1)[0]
             mine = _ids(pad, ALICE, GUESS, 3)[1]

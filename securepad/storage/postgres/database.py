@@ -1,38 +1,22 @@
-"""PostgreSQL through psycopg 3: the pool, roles, row-level security, migrations.
+"""PostgreSQL through psycopg 3: roles, row-level security settings, transactions.
 
-The store above speaks the same SQL to both backends; this module translates
-placeholders (``?`` to ``%s``) and ``BLOB`` casts, and adds what PostgreSQL
-can do that a file cannot: a second line of defence in the server.
+The store speaks the same SQL to both backends; this module translates it
+(``?`` to ``%s``, ``BLOB`` casts) and adds a second line of defence in the server:
 
-* Two roles (created by the first migration when missing): ``securepad_app``
-  for everything a principal does, without BYPASSRLS, and ``securepad_admin``,
-  which owns the tables (so row-level security does not apply to it) and runs
-  the housekeeping: gc, rotations, forgetting an owner, store-wide stats and
-  migrations. The login role of each DSN must be a member of the role it
-  plays; every transaction takes the role with ``SET LOCAL ROLE``.
-* Every transaction sets ``securepad.owner`` (``set_config(..., true)``, so it
-  ends with the transaction and a pooled connection carries nothing over).
-  Policies on every owner-scoped table show ``securepad_app`` the rows of that
-  owner only: a query that forgot its owner condition still returns nothing
-  of anyone else's, and one run without an owner returns no rows at all.
-* Every transaction also sets ``synchronous_commit`` from the policy's
-  durability (``SYNCHRONOUS_COMMIT``), in the same statement: "normal" does
-  not wait for the WAL flush at commit, as SQLite's ``synchronous=NORMAL``
-  does not sync (docs/reliability.md says what a crash may lose on each).
-* Writes are serialized as SQLite serializes them, but per owner: an owner's
-  write transactions take that owner's advisory lock (and a shared store-wide
-  one), store-wide housekeeping takes the store-wide lock exclusively. The
-  store's check-then-write steps (quota, owner-key version, sequence numbers)
-  therefore hold exactly as on SQLite, while different owners write in parallel.
-* Every call has a deadline (a 65 s network black hole blocked a
-  call 65 s): libpq's connect timeout, TCP keepalives and user timeout for a
-  dead network, the server's lock and statement timeouts, the pool's wait,
-  and a watchdog that cuts the connection of a call still running at its
-  deadline (a proxy or a hung server that keeps TCP alive). A server that
-  cannot be reached is ``StoreUnavailableError`` (retryable), distinct from
-  ``StoreBusyError``; connections that died while idle (a server restart) are
-  replaced within the same call, and the pool retries connecting every ~1 s,
-  so the store works again within a second or two of the server's return.
+* two roles: ``securepad_app`` for what a principal does (no BYPASSRLS), and
+  ``securepad_admin``, the tables' owner, for housekeeping and migrations;
+  every transaction takes its role with ``SET LOCAL ROLE``;
+* every transaction sets ``securepad.owner``: the policies show the
+  application role that owner's rows only, and none without an owner;
+* ``synchronous_commit`` follows the policy's durability (docs/reliability.md);
+* writes are serialized per owner by advisory locks (a shared store-wide one
+  beside), housekeeping takes the store-wide lock alone: the store's
+  check-then-write steps hold as on SQLite while owners write in parallel;
+* every call has a deadline (connect timeout, TCP keepalives and user
+  timeout, the server's lock and statement timeouts, the pool's wait, and a
+  watchdog that cuts a call still running at its deadline); an unreachable
+  server is ``StoreUnavailableError`` (retryable), connections that died idle
+  are replaced within the call.
 """
 
 from __future__ import annotations
@@ -44,11 +28,10 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, ClassVar, Self, cast
+from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg.abc import Transformer as Loader
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -58,6 +41,7 @@ from ..base import DuplicateKeyError, OutcomeUnknown, Params, Rows
 from .log import relay_pool_warnings
 from .migrate import ADMIN_ROLE, APP_ROLE, SCHEMA_VERSION, lock_key, migrate, reason
 from .pipeline import BUSY, Transaction, Watch, Watchdog, end, rowcount, rows_of, send, translate
+from .pool import CONNECT_TIMEOUT_S, Lender, bad_dsn, describe_source, handing_over
 from .prepared import Statements
 
 __all__ = ["ADMIN_ROLE", "APP_ROLE", "SCHEMA_VERSION", "PostgresDatabase", "limits_for_call"]
@@ -68,7 +52,6 @@ LOCK_TIMEOUT_MS = 30_000
 DEFAULT_POOL_SIZE = 8
 # The time limits of every call (see the module docstring and docs/reliability.md).
 # Connecting (TCP, TLS, authentication): libpq's connect_timeout.
-CONNECT_TIMEOUT_S = 5
 # One statement on the server, lock waits included (so above LOCK_TIMEOUT_MS).
 STATEMENT_TIMEOUT_MS = 45_000
 # Waiting for a free pooled connection.
@@ -109,16 +92,11 @@ _NETWORK_LIMITS = {
     "tcp_user_timeout": 10_000,
 }
 # How long a pool keeps retrying a lost connection before it gives the slot up
-# (a caller that then needs one makes it try at once). psycopg_pool waits 1 s,
-# then doubles the wait: with its default (300 s) the first success after a
-# 15 s outage came 19 s late; capped here, tries are ~1 s apart.
+# (a caller that then needs one makes it try at once): psycopg_pool doubles
+# its wait between tries, so with its default a return is noticed late.
 RECONNECT_TIMEOUT_S = 2.0
-# How long a connection may stay out of its pool between calls (``_Lender``):
-# the pool applies its lifetime and idle rules when it comes back.
-KEEP_S = 60.0
-# Housekeeping (gc, rotations, forgetting an owner: the admin role) works
-# store-wide and may run long on a large store: its statement and call limits
-# are this many times a principal's.
+# Housekeeping (the admin role) works store-wide and may run long: its
+# statement and call limits are this many times a principal's.
 _HOUSEKEEPING_FACTOR = 10
 
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -139,13 +117,9 @@ _OPENING_STORE = _SETTINGS + ", pg_advisory_xact_lock(%s)"
 # A read snapshot's first statement (``PostgresDatabase.snapshot``).
 _BEGIN_SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 _OPENING_TRY_STORE = _SETTINGS + ", pg_try_advisory_xact_lock(%s) AS locked"
-# The policy's durability -> the server's synchronous_commit for the store's
-# transactions (docs/reliability.md), as SQLite's maps it to its synchronous
-# setting. "normal": a commit is acknowledged before its WAL record is flushed
-# (the WAL writer flushes within ~3x wal_writer_delay); a server crash may
-# lose the last acknowledged commits, never part of one. "full": each commit
-# waits for its WAL flush. Set per transaction (like the owner), so nothing
-# outlives the transaction on a pooled server session.
+# The policy's durability -> the server's synchronous_commit, set per
+# transaction (docs/reliability.md): "normal" acknowledges a commit before its
+# WAL flush (a server crash may lose the last ones, never part of one).
 SYNCHRONOUS_COMMIT = {"normal": "off", "full": "on"}
 
 
@@ -210,7 +184,7 @@ class PostgresDatabase:
         self._inherited: list[object] = []
         self._app, self._admin = self._pools()
         self._lent = self._lenders(self._app, self._admin)
-        self.location = _describe(app, schema)
+        self.location = describe_source(app, schema)
         self.upgraded: tuple[int, int] | None = None
         try:
             self._migrate()
@@ -227,7 +201,7 @@ class PostgresDatabase:
             if source not in made:
                 limits = self._limits_for(source)
                 kwargs = {"autocommit": True, **limits}
-                connection_class = _handing_over()
+                connection_class = handing_over()
                 try:
                     # One connection made here first: a refused or failed connection is
                     # reported at once, with the server's reason (a pool would retry);
@@ -249,7 +223,7 @@ class PostgresDatabase:
                     for opened in made.values():
                         opened.close()
                     raise StoreUnavailableError(
-                        f"cannot connect to PostgreSQL at {_describe(source, self.schema)}: {reason(exc)}"
+                        f"cannot connect to PostgreSQL at {describe_source(source, self.schema)}: {reason(exc)}"
                     ) from None
                 finally:
                     connection_class.close_spare()
@@ -258,22 +232,22 @@ class PostgresDatabase:
 
         return pool(self._sources[0]), pool(self._sources[1])
 
-    def _lenders(self, app: ConnectionPool[Any], admin: ConnectionPool[Any]) -> tuple[_Lender, _Lender]:
+    def _lenders(self, app: ConnectionPool[Any], admin: ConnectionPool[Any]) -> tuple[Lender, Lender]:
         """A lender per pool, the application's then the admin's (one for both
         when they share a pool): it keeps a connection between calls only from
         a pool this object made."""
-        lent = _Lender(app, keep=app in self._owned)
-        return lent, lent if admin is app else _Lender(admin, keep=admin in self._owned)
+        lent = Lender(app, keep=app in self._owned)
+        return lent, lent if admin is app else Lender(admin, keep=admin in self._owned)
 
     def _limits_for(self, dsn: str) -> dict[str, Any]:
         """The network limits the DSN does not set itself."""
         try:
             given = conninfo_to_dict(dsn)
         except psycopg.ProgrammingError as exc:
-            raise _bad_dsn(dsn, exc) from None
+            raise bad_dsn(dsn, exc) from None
         return {key: value for key, value in self._network.items() if key not in given}
 
-    def _lender(self, admin: bool) -> _Lender:
+    def _lender(self, admin: bool) -> Lender:
         if self._closed:
             raise SecurepadError("the store is closed")
         if os.getpid() != self._pid:
@@ -619,176 +593,8 @@ class PostgresDatabase:
             pool.close()
 
 
-class _Lender:
-    """Lends a pool's connections to calls, one call at a time each.
-
-    From a pool the store made (``keep``: nothing else takes connections from
-    it), the connection a call gives back healthy and idle is kept for the next
-    call instead of going back to the pool: psycopg_pool's ``getconn`` and
-    ``putconn`` (its lock, deque, statistics, log calls and return checks) cost
-    the client ~9 us of CPU per call, more than a put's or a read's messages
-    take to build. What the pool decides still holds:
-
-    * its size: a kept connection is one the pool lent and counts as in use;
-    * one kept at most, and never while a call of this store waits for the
-      pool (``_waiting``: such a call looks at the kept one again after saying
-      it waits, and a call giving one back looks for waiting calls after
-      keeping it, so one of them always sees the other);
-    * dead and broken connections: one that is not idle (failed, closed, cut
-      by the watchdog, in a transaction) goes back to the pool, which drops or
-      resets it; one that died while kept fails at its next call's first
-      message, which runs again on another connection, as one that died in
-      the pool does (``PostgresDatabase._retry``);
-    * its lifetime and idle rules: a connection goes back to the pool once
-      ``KEEP_S`` after it left it, and at ``drain`` (closing the store,
-      migrations that take connections from the pool directly).
-
-    The kept connection's rows' loader (``Watch.loader``) is kept with it: its
-    loaders per column type are made once, not at each call's first rows.
-
-    A pool passed in (``keep`` False) may be shared with other code: every
-    connection goes back to it at once.
-    """
-
-    __slots__ = ("_kept", "_lock", "_waiting", "keep", "pool")
-
-    def __init__(self, pool: ConnectionPool[Any], *, keep: bool) -> None:
-        self.pool = pool
-        self.keep = keep
-        self._kept: list[tuple[psycopg.Connection[Any], float, Loader | None]] = []
-        self._waiting = 0
-        self._lock = threading.Lock()
-
-    def lend(self, timeout: float) -> tuple[psycopg.Connection[Any], float, Loader | None]:
-        """A connection, when it left the pool, and its rows' loader if it has one yet.
-
-        Raises:
-            PoolTimeout: the pool had none within ``timeout`` seconds.
-        """
-        if not self.keep:
-            return self.pool.getconn(timeout=timeout), 0.0, None
-        try:
-            return self._kept.pop()  # list.pop is atomic: one call gets it
-        except IndexError:
-            pass
-        with self._lock:
-            self._waiting += 1
-        try:
-            try:
-                return self._kept.pop()  # given back meanwhile, before it saw this call waiting
-            except IndexError:
-                return self.pool.getconn(timeout=timeout), time.monotonic(), None
-        finally:
-            with self._lock:
-                self._waiting -= 1
-
-    def take_back(self, conn: psycopg.Connection[Any], since: float, loader: Loader | None) -> None:
-        """A call is over with ``conn`` (lent at ``since``; its rows' ``loader``)."""
-        if (
-            self.keep
-            and not self._kept
-            and conn.pgconn.transaction_status == TransactionStatus.IDLE
-            and time.monotonic() - since < KEEP_S
-        ):
-            self._kept.append((conn, since, loader))
-            if not self._waiting:
-                return
-            try:  # a call waits for the pool: it gets a connection from there
-                conn, since, loader = self._kept.pop()
-            except IndexError:
-                return  # the waiting call took it
-        self.pool.putconn(conn)
-
-    def drain(self, *, closing: bool = False) -> ConnectionPool[Any]:
-        """Give the kept connection back to the pool (``closing``: and keep
-        none from now on); the pool."""
-        if closing:
-            self.keep = False
-        while True:
-            try:
-                conn, _, _ = self._kept.pop()
-            except IndexError:
-                return self.pool
-            self.pool.putconn(conn)
-
-
 @functools.lru_cache(maxsize=4096)
 def _lock_key(*parts: str) -> int:
     """``lock_key``, remembered: the same owners' and turns' keys at every
-    transaction, a BLAKE2b digest each (~1 us)."""
+    transaction, a BLAKE2b digest each."""
     return lock_key(*parts)
-
-
-class _HandOver(psycopg.Connection[Any]):
-    """The connection class of a pool made from a DSN: its first ``connect``
-    returns the connection the store opened to check the server (``spare``)
-    instead of opening another, so a fresh process connects once to open a
-    store, not twice (a connection is a TCP and authentication exchange and a
-    server process forked for it: 8 to 16 ms each on the loaded development
-    machine)."""
-
-    spare: ClassVar[list[_HandOver]]
-
-    @classmethod
-    def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
-        try:
-            return cast(Self, cls.spare.pop())
-        except IndexError:
-            return super().connect(conninfo, **kwargs)
-
-    @classmethod
-    def close_spare(cls) -> None:
-        """Close a connection the pool did not take (its opening failed)."""
-        while cls.spare:
-            cls.spare.pop().close()
-
-
-def _handing_over() -> type[_HandOver]:
-    """A connection class of its own for one pool (its own ``spare``)."""
-    return type("_HandOver", (_HandOver,), {"spare": []})
-
-
-def _describe(source: str | ConnectionPool[Any], schema: str) -> str:
-    """Where the store is, without a password."""
-    conninfo = source if isinstance(source, str) else source.conninfo
-    if not isinstance(conninfo, str):
-        return f"postgresql (schema {schema})"
-    try:
-        info = conninfo_to_dict(conninfo)
-    except psycopg.ProgrammingError:
-        return f"postgresql (schema {schema})"
-    host = info.get("host") or "localhost"
-    port = info.get("port") or "5432"
-    return f"postgresql://{info.get('user') or ''}@{host}:{port}/{info.get('dbname') or ''} (schema {schema})"
-
-
-def _bad_dsn(dsn: str, exc: psycopg.ProgrammingError) -> SecurepadError:
-    """A connection string libpq cannot parse; its message may quote the whole
-    string, password included: the string is left out."""
-    return SecurepadError(f"not a PostgreSQL connection string: {reason(exc).replace(dsn, '(the DSN)')}")
-
-
-def store_present(dsn: str, schema: str = "securepad") -> bool:
-    """Whether a store (its schema_version table) exists at ``dsn``, before opening it.
-
-    Raises:
-        SecurepadError: ``dsn`` is not a connection string.
-        StoreUnavailableError: the server cannot be reached.
-    """
-    try:
-        conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError as exc:
-        raise _bad_dsn(dsn, exc) from None
-    try:
-        with psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn:
-            row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.schema_version",)).fetchone()
-    except psycopg.OperationalError as exc:
-        raise StoreUnavailableError(
-            f"cannot connect to PostgreSQL at {_describe(dsn, schema)}: {reason(exc)}"
-        ) from None
-    return bool(row and row[0])
-
-
-def describe(dsn: str, schema: str = "securepad") -> str:
-    """Where a store is, without a password (for messages)."""
-    return _describe(dsn, schema)

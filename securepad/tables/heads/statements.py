@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from ...keys.keystore import NEWEST_VERSION_SQL
 from ...storage.base import Params
+from ...storage.postgres.functions import ENTRY_TURN_SQL
 
 # The owner head lists the owner's turns; the usage head holds its reservations
 # (no turn can have either id: ``check_identifier`` refuses "" and control characters).
@@ -71,15 +72,6 @@ EXPIRED_TURNS_SQL = " UNION ".join(
 )
 TURN_EXPIRED = "owner_user_id = ? AND turn_id = ? AND expires_at <= ?"
 
-# The turn of one entry of the principal's scope (a read or delete by id): the
-# id, the owner, and the channel and actor when the policy's scope names them
-# (NULL otherwise). Another owner's id, or one outside the scope, finds no
-# turn, exactly as an absent id: the statement then reads the owner's heads
-# alone, so its work tells nothing of another owner's turn names.
-ENTRY_TURN_SQL = (
-    "(SELECT turn_id FROM entries WHERE id = ? AND owner_user_id = ?"
-    " AND channel = COALESCE(?, channel) AND actor = COALESCE(?, actor))"
-)
 # The turn head rewritten only if it is still the one this process sealed last
 # (its clear key version too: an edit of that alone would otherwise be
 # overwritten unseen) and the key version is the owner's newest; the caller's

@@ -2,7 +2,7 @@
 between calls to spend less CPU, and what that must not change.
 
 A store made from a DSN keeps the connection its last call gave back for the
-next call (``database._Lender``) instead of a trip through psycopg_pool per call.
+next call (``pool.Lender``) instead of a trip through psycopg_pool per call.
 What a user relies on: the pool's size still holds (a call waiting for the
 pool is never starved by a kept connection), a connection that died while
 kept is replaced within the call, a connection goes back to its pool in time
@@ -24,7 +24,7 @@ psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psyco
 from psycopg.pq import TransactionStatus  # noqa: E402  (needs psycopg)
 from psycopg_pool import ConnectionPool  # noqa: E402
 
-from securepad.storage.postgres import database  # noqa: E402
+from securepad.storage.postgres import database, pool  # noqa: E402
 from securepad.storage.postgres.database import PostgresDatabase  # noqa: E402
 from securepad.storage.postgres.pipeline import Watch, rows_of, send  # noqa: E402
 from securepad.storage.postgres.prepared import EXECUTE, QUERY, Statements  # noqa: E402
@@ -120,7 +120,7 @@ def test_a_failed_transactions_connection_is_kept_only_rolled_back(pg_dsn: str) 
 
 
 def test_a_connection_goes_back_to_its_pool_after_keep_s(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(database, "KEEP_S", 0.0)
+    monkeypatch.setattr(pool, "KEEP_S", 0.0)
     db = PostgresDatabase(pg_dsn)
     try:
         before = requests(db._app)

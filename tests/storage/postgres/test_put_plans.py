@@ -97,7 +97,7 @@ def test_the_tie_breaking_ages_of_the_indexes_of_entries(pg_single: Single) -> N
     """On a tie of costs the planner keeps the newest index (the planner's
     list of a table's indexes is newest first). The key (id, owner_user_id)
     must be the newest (schema 11: an entry by id and owner), and the turn's
-    index newer than the owner's live bytes (schema 9: a turn's entries)."""
+    index newer than the owner's live bytes (schema 13: a turn's entries)."""
     _, pool = pg_single
     with pool.connection() as conn:
         rows = conn.execute(
@@ -108,7 +108,7 @@ def test_the_tie_breaking_ages_of_the_indexes_of_entries(pg_single: Single) -> N
     newest_first = [row[0] for row in rows]
     assert newest_first[0] == "entries_pkey"
     assert newest_first.index("entries_owner_turn") < newest_first.index("entries_owner_usage")
-    assert version == (migrate.SCHEMA_VERSION,) and migrate.SCHEMA_VERSION >= 11
+    assert version == (migrate.SCHEMA_VERSION,) and migrate.SCHEMA_VERSION >= 15
 
 
 def test_a_put_maintains_these_indexes_only(pg_single: Single) -> None:

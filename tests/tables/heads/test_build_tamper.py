@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 
 from securepad import IntegrityError, Keyring, Principal, Scratchpad, SecurepadError
+from securepad.storage.postgres.functions import pg_read_functions
 from securepad.store import parts
-from securepad.tables.heads.reading import pg_read_functions
 from tests.support.tamper_edits import Raw, as_admin, on_sqlite, record_turn
 
 ALICE = Principal("alice", "planner", "web")
@@ -87,14 +87,14 @@ def _set_meta(raw: Raw, key: str, value: str) -> None:
 
 def _version_back(raw: Raw) -> None:
     """The schema version set back to before the heads' conversion migration
-    (SQLite 10, PostgreSQL 7), so that the next open runs it and it writes ``convert``."""
+    (schema 11), so that the next open runs it and it writes ``convert``."""
     if raw.postgres:
-        raw.execute("DELETE FROM schema_version WHERE version >= 7")
-        for name in pg_read_functions():  # the migrations from 10 on create them again
+        raw.execute("DELETE FROM schema_version WHERE version >= 11")
+        for name in pg_read_functions():  # the migrations from 14 on create them again
             for arguments in ("text, text, bytea, text, text, text", "text, text, bytea, text, text, text, text, text"):
                 raw.execute(f"DROP FUNCTION IF EXISTS {name}({arguments})")
     else:
-        raw.execute("PRAGMA user_version = 9")
+        raw.execute("PRAGMA user_version = 10")
 
 
 def _flag(value: str, version_back: bool = False) -> Callable[[Raw], None]:
@@ -249,6 +249,8 @@ OTHER_FLAGS = [
     ("write_counter", None),
     ("write_counter", "1:0"),
     ("owner_usage", "seed"),
+    ("schema_numbering", None),
+    ("schema_numbering", "x"),
 ]
 
 

@@ -366,50 +366,50 @@ def _stale(token: tuple[Any, ...], case: str) -> tuple[Any, ...]:
     return _moved(token, {"start_time": 0, "system_identifier": 1, "transaction_ids": 2}[case])
 
 
-# The SHA-256 of each function's text as migration 10 creates it. Migrations
-# are never edited, and migration 10 builds its functions from the read
+# The SHA-256 of each function's text as schema 14 creates it. Migrations
+# are never edited, and schema 14 builds its functions from the read
 # statement (``pg_read_functions``): a change to that statement would give new
 # stores other functions than the ones existing stores have. Change the
 # statement, and this test fails: add a migration that replaces both functions
-# (CREATE OR REPLACE, same grants), and freeze migration 10's text as it was.
-MIGRATION_10_FUNCTIONS = {
+# (CREATE OR REPLACE, same grants), and freeze schema 14's text as it was.
+SCHEMA_14_FUNCTIONS = {
     "entry_turn_inventory": "1f298ac82f8ac585e6d7957fff54aa5604a92fe774ab1727236d32dfd1357f60",
     "turn_inventory": "b309af71244c309672a54280ed32c617d6a66bebfe94c253198ad44fe7f469b7",
 }
 
 
-# The same for migration 13, which replaces both (``pg_lean_read_functions``).
-MIGRATION_13_FUNCTIONS = {
+# The same for schema 17, which replaces both (``pg_lean_read_functions``).
+SCHEMA_17_FUNCTIONS = {
     "entry_turn_inventory": "50c52cf5cbcee81894a5c7c4c0115eb7f3fdf55950596347492f62c20365bbff",
     "turn_inventory": "a46b9a3a2bf45a2a4b74f07681b489f2db9b559364cd9217ad0a0a3cbe2ebfd2",
 }
 
 
-def test_migration_10_creates_the_functions_it_always_created() -> None:
+def test_schema_14_creates_the_functions_it_always_created() -> None:
     import hashlib
 
-    from securepad.tables.heads.reading import pg_read_functions
+    from securepad.storage.postgres.functions import pg_read_functions
 
     texts = pg_read_functions()
-    assert {name: hashlib.sha256(text.encode()).hexdigest() for name, text in texts.items()} == MIGRATION_10_FUNCTIONS
+    assert {name: hashlib.sha256(text.encode()).hexdigest() for name, text in texts.items()} == SCHEMA_14_FUNCTIONS
 
 
-def test_migration_13_replaces_them_with_the_functions_it_always_created() -> None:
+def test_schema_17_replaces_them_with_the_functions_it_always_created() -> None:
     import hashlib
 
-    from securepad.storage.postgres.migrate import MIGRATIONS
-    from securepad.tables.heads.reading import pg_lean_read_functions
+    from securepad.storage.postgres.functions import pg_lean_read_functions
+    from securepad.storage.schema import MIGRATIONS, POSTGRES
 
     texts = pg_lean_read_functions()
-    assert {name: hashlib.sha256(text.encode()).hexdigest() for name, text in texts.items()} == MIGRATION_13_FUNCTIONS
+    assert {name: hashlib.sha256(text.encode()).hexdigest() for name, text in texts.items()} == SCHEMA_17_FUNCTIONS
     assert all(text.startswith(f"CREATE OR REPLACE FUNCTION {name}(") for name, text in texts.items())
-    assert all(text in MIGRATIONS[13] for text in texts.values())
+    assert all(text in MIGRATIONS[17][0][POSTGRES] for text in texts.values())  # type: ignore[index]
 
 
 @pytest.mark.parametrize("case", ["warm", "start_time", "system_identifier", "transaction_ids", "another_head"])
 @pytest.mark.parametrize("by", ["turn", "entry"])
 def test_the_read_function_returns_the_rows_of_the_statement(store: dict[str, Any], by: str, case: str) -> None:
-    """Migration 10's functions (``pg_read_functions``): what a warm read calls
+    """Schema 14's functions (``pg_read_functions``): what a warm read calls
     returns exactly the statement's rows, in its order, whatever the token."""
     from securepad.tables.heads.reading import ENTRY_TURN_SQL
 
