@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, settings
 
 from securepad import Keyring, Principal, Scratchpad
 from tests.support.moto_kms import AWS_VARIABLES, SECUREPAD_ACTIONS, MotoKms, start_moto
+from tests.support.principals import ALICE, BOB
 from tests.support.softhsm import SoftHsm, find_softhsm
 from tests.support.sources import master_key_uri  # noqa: F401 - a fixture: a fresh key's URI on each source
 
@@ -39,12 +40,6 @@ settings.register_profile(
     "dev", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 settings.load_profile("ci")
-
-# Fast Argon2id for tests only; production defaults stay RFC 9106's.
-FAST_ARGON2 = {"time_cost": 1, "memory_cost": 64, "parallelism": 1}
-
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
 
 
 def stable_repr(value: object) -> str:
@@ -81,7 +76,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" not in metafunc.fixturenames:
         return
     file_bound = "db_path" in metafunc.fixturenames or metafunc.definition.get_closest_marker("sqlite_only")
-    metafunc.parametrize("backend", ("sqlite",) if file_bound else BACKENDS)
+    # The PostgreSQL runs (a schema made and dropped per test) are left out of ``-m "not slow"``.
+    backends = [pytest.param(b, marks=pytest.mark.slow) if b == "postgresql" else b for b in BACKENDS]
+    metafunc.parametrize("backend", ("sqlite",) if file_bound else backends)
 
 
 def _server_dsn(dbname: str) -> str:

@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 
 import securepad
-from securepad import AsyncScratchpad, AsyncTurn, Keyring, Principal, Scratchpad
+from securepad import AsyncScratchpad, AsyncTurn, Keyring, Scratchpad
 from securepad.errors import InvalidArgumentError, NotFoundError, SecurepadError
+from tests.support.principals import ALICE, BOB
 
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
 BIG_LOG = "".join(f"line {i}: ok\n" for i in range(20_000)) + "line 20000: ERROR disk full\n"
 # How long a test waits for something that must happen before it calls it a failure.
 PATIENCE_S = 30.0

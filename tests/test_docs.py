@@ -80,6 +80,7 @@ def _home_and_work(tmp_path: Path) -> tuple[Path, Path]:
     return home, work
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("where", "language", "code"), BLOCKS, ids=[b[0] for b in BLOCKS])
 def test_the_example_runs_twice(where: str, language: str, code: str, tmp_path: Path) -> None:
     """A bash block's second run is in the next test, with every other bash block in between."""
@@ -88,6 +89,7 @@ def test_the_example_runs_twice(where: str, language: str, code: str, tmp_path: 
         _run(where, language, code, home, work)
 
 
+@pytest.mark.slow
 def test_the_command_line_examples_run_in_any_order_in_one_home(tmp_path: Path) -> None:
     """No command-line example reads an entry, a step or a key that another one made."""
     home, work = _home_and_work(tmp_path)
@@ -114,6 +116,7 @@ def postgresql_server(pg_dsn: str) -> Iterator[object]:
         yield server
 
 
+@pytest.mark.slow
 def test_the_postgresql_guide_runs_from_zero_twice(postgresql_server: object, tmp_path: Path) -> None:
     """The guide's blocks in order, twice, each time with a new database and new logins."""
     import psycopg

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 # The migration guides (SecurepadSaver, SecurepadSession) show an example of examples/ that
 # tests/integrations/test_langgraph_saver_example.py and test_openai_session_example.py run and compare.
 OWN_TESTS = {"langgraph-saver.md", "openai-agents-session.md"}

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from securepad import InvalidArgumentError, Keyring, Policy, Principal, QuotaExceededError, Scratchpad, SecurepadError
-
-ALICE = Principal("alice", "planner", "web")
+from tests.support.principals import ALICE
 
 
 def _mode(path: Path) -> int:

@@ -15,7 +15,7 @@ import pytest
 
 import securepad
 from securepad import IntegrityError, InvalidArgumentError, Keyring, Principal, Scratchpad, Turn
-from tests.conftest import ALICE
+from tests.support.principals import ALICE
 
 NOW = 2_000_000.0
 TURN = "turn-resume"

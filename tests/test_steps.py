@@ -14,8 +14,7 @@ import pytest
 from securepad import InvalidArgumentError, Keyring, Policy, Principal, QuotaExceededError, Scratchpad
 from securepad._steps import put_next
 from securepad.store import parts
-
-NOW = 1_000_000.0
+from tests.support.principals import NOW
 
 
 def steps(pad: Scratchpad, principal: Principal, turn: str, now: float = NOW) -> list[tuple[int, Any]]:

@@ -28,8 +28,8 @@ from securepad import (
 )
 from securepad.core.read_modes import MODES
 from tests.conftest import stable_repr
+from tests.support.principals import NOW
 
-NOW = 1_000_000.0
 BIG_TEXT = "".join(f"line {i}: the quick brown fox\n" for i in range(3000))
 
 

@@ -21,7 +21,7 @@ from securepad.tables.entries.listings import Listings
 from tests.support.paths import ROOT
 
 # The audit scans and copies the store's files: a SQLite feature (the README's PostgreSQL section).
-pytestmark = pytest.mark.sqlite_only
+pytestmark = [pytest.mark.slow, pytest.mark.sqlite_only]
 
 REAL = [Principal("carol", "planner", "web"), Principal("dave", "coder", "slack")]
 

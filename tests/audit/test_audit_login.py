@@ -16,6 +16,8 @@ from tests.conftest import pg_login
 pytest.importorskip("psycopg")
 import psycopg
 
+pytestmark = pytest.mark.slow
+
 CHECK = "application login privileges"
 
 

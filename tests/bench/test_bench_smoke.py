@@ -20,6 +20,8 @@ from securepad.bench import hotpath, hotpath_report
 from securepad.cli import main
 from tests.support.paths import ROOT
 
+pytestmark = pytest.mark.slow
+
 WORKLOADS = {"put", "read", "concurrent", "resume", "gc", "open", "hotpath"}
 BACKENDS = {"securepad", "raw-apsw", "unhardened", "diskcache", "sqlcipher"}
 FIGURES = ("median", "p90", "p99", "max")

@@ -15,6 +15,8 @@ from click.testing import CliRunner
 from securepad.bench import instructions
 from securepad.cli import main
 
+pytestmark = pytest.mark.slow
+
 ALL = {"securepad": set(instructions.OPERATIONS), "sealed-floor": {"put", "read", "listing"}}
 ALL["raw-apsw"] = ALL["sealed-floor"]
 

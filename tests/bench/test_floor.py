@@ -22,6 +22,8 @@ from securepad.bench.data import text
 from securepad.bench.floor import SealedFloorBackend
 from securepad.core.segments import SEGMENT_BYTES
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def floor(tmp_path: Path) -> Iterator[SealedFloorBackend]:

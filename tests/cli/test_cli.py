@@ -12,53 +12,19 @@ from pathlib import Path
 import apsw
 import click
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 from securepad import InvalidArgumentError, Keyring, Policy, PolicyError, Principal, Scratchpad
 from securepad.cli import ENVIRONMENT, for_terminal, main
+from tests.support.cli_runner import Cli, fresh_home, ok
 from tests.support.paths import ROOT
 
 LOG = "".join(f"line {i}{' ERROR' if i % 2 == 0 else ''}\n" for i in range(1, 11))
 
 
-class Cli:
-    """``securepad`` on a fresh HOME (its default store and key live there)."""
-
-    def __init__(self, home: Path, env: dict[str, str | None]) -> None:
-        self.home, self.env = home, env
-
-    def __call__(self, *args: str, input: str | None = None, env: dict[str, str | None] | None = None) -> Result:
-        return CliRunner().invoke(
-            main, list(args), input=input, env={**self.env, **(env or {})}, catch_exceptions=False
-        )
-
-    @property
-    def db(self) -> Path:
-        return self.home / ".local" / "share" / "securepad" / "store.db"
-
-    @property
-    def key(self) -> Path:
-        return self.home / ".config" / "securepad" / "key"
-
-
 @pytest.fixture
 def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cli:
-    home = tmp_path / "home"
-    home.mkdir()
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    env: dict[str, str | None] = {"HOME": str(home), "XDG_DATA_HOME": None, "XDG_CONFIG_HOME": None}
-    env |= {var: None for var, _, _ in ENVIRONMENT}
-    monkeypatch.setenv("HOME", str(home))  # platformdirs reads HOME when the defaults are computed
-    for var in ("XDG_DATA_HOME", "XDG_CONFIG_HOME", *(var for var, _, _ in ENVIRONMENT)):
-        monkeypatch.delenv(var, raising=False)
-    return Cli(home, env)
-
-
-def ok(result: Result) -> Result:
-    assert result.exit_code == 0, (result.stdout, result.stderr)
-    return result
+    return fresh_home(tmp_path, monkeypatch, None)
 
 
 def put(cli: Cli, step: int, text: str = "hello\n", *extra: str) -> Result:

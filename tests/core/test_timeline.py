@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from securepad import Keyring, Policy, Scratchpad
 from securepad.core.timeline import Timeline
 from securepad.errors import ExpiredError, InvalidArgumentError, PolicyError
-from tests.conftest import ALICE, BOB
+from tests.support.principals import ALICE, BOB
 
 CLOCK = 1_700_000_000.0
 SKEW = Policy.default().max_clock_skew_seconds
@@ -37,6 +37,7 @@ def live(pad: Scratchpad) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("now", [1e300, AHEAD, CLOCK + 2 * 86400])
 def test_a_put_ahead_of_the_clock_is_refused_and_stores_nothing(clocked: Scratchpad, now: float) -> None:
     with pytest.raises(InvalidArgumentError, match=r"past this host's clock.*max_clock_skew_seconds"):

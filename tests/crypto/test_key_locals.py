@@ -23,13 +23,12 @@ from typing import Any
 import apsw
 import pytest
 
-from securepad import IntegrityError, Keyring, Principal, Scratchpad, WrongKeyError
+from securepad import IntegrityError, Keyring, Scratchpad, WrongKeyError
 from securepad.crypto.primitives import HEADS_ERA, KeyHandle, Wrapper, item_key_aad, owner_key_aad, record_key_aad
-from tests.conftest import FAST_ARGON2
+from tests.support.principals import ALICE, FAST_ARGON2
 
 NOW = 2_000_000.0
 TURN = "turn-keys"
-ALICE = Principal("alice", "planner", "web")
 
 
 def _forms(key: bytes) -> list[str]:
@@ -185,6 +184,7 @@ def _calls(pad: Scratchpad, ids: dict[str, str]) -> dict[str, Callable[[], Any]]
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tamper", sorted(TAMPERS))
 def test_tampered_rows_fail_without_keys_in_the_traceback(store: Any, tamper: str) -> None:
     db_path, keyring, keys, ids = store

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from securepad import InvalidArgumentError, Keyring, Policy, Principal, Scratchpad
@@ -157,6 +157,8 @@ def check_read(
 # -- get: the observation comes back unchanged ------------------------------------
 
 
+@pytest.mark.slow
+@settings(max_examples=30)
 @given(observation=observations)
 def test_get_returns_exactly_what_was_put(pad: Scratchpad, alice: Principal, observation: Any) -> None:
     entry_id = put(pad, alice, observation)
@@ -189,6 +191,7 @@ def test_entry_fields_come_back(pad: Scratchpad, alice: Principal) -> None:
     assert view["step_num"] == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("observation", ["", b"", {"content": ""}, {"content": b""}, [], {}])
 def test_empty_observations_round_trip(pad: Scratchpad, alice: Principal, observation: Any) -> None:
     entry_id = put(pad, alice, observation)
@@ -207,6 +210,8 @@ def test_json_readable_content_parses_back(wide_pad: Scratchpad, alice: Principa
     assert len(full["content"].encode("utf-8")) > 2 * SEGMENT_BYTES
 
 
+@pytest.mark.slow
+@settings(max_examples=30)
 @given(observation=json_values)
 def test_json_reads_slice_the_readable_json(wide_pad: Scratchpad, alice: Principal, observation: Any) -> None:
     entry_id = put(wide_pad, alice, observation)
@@ -236,6 +241,8 @@ def test_non_string_keys_are_refused_or_kept(pad: Scratchpad, alice: Principal, 
 # -- reads equal Python's slicing ---------------------------------------------------
 
 
+@pytest.mark.slow
+@settings(max_examples=30)
 @given(content=st.one_of(texts, binaries), data=st.data())
 def test_reads_equal_python_slicing(wide_pad: Scratchpad, alice: Principal, content: str | bytes, data: Any) -> None:
     entry_id = put(wide_pad, alice, content)
@@ -255,6 +262,7 @@ def boundary_text() -> str:
     return "aé€😀" * (4 * SEGMENT_BYTES // 10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pad_bytes", [0, 1, 2, 3])
 def test_text_reads_across_segment_boundaries(wide_pad: Scratchpad, alice: Principal, pad_bytes: int) -> None:
     text = "x" * pad_bytes + boundary_text()
@@ -292,6 +300,8 @@ def test_binary_reads_across_segment_boundaries(wide_pad: Scratchpad, alice: Pri
 # -- the read cap -------------------------------------------------------------------
 
 
+@pytest.mark.slow
+@settings(max_examples=30)
 @given(content=st.one_of(texts, binaries), data=st.data())
 def test_no_read_exceeds_the_cap(pad: Scratchpad, alice: Principal, content: str | bytes, data: Any) -> None:
     entry_id = put(pad, alice, content)

@@ -21,10 +21,9 @@ import pytest
 from securepad import Keyring, Principal, Scratchpad
 from securepad.core.segments import SEGMENT_BYTES
 from securepad.errors import IntegrityError, NotFoundError
+from tests.support.principals import ALICE, BOB
 from tests.support.tamper_edits import raw_file
 
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
 REFUSED = (IntegrityError, NotFoundError)
 
 
@@ -359,6 +358,7 @@ CASES: list[Tamper] = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tamper", CASES, ids=lambda t: t.__name__)
 def test_tampering_is_detected(world: World, tamper: Tamper) -> None:
     with raw_file(world.db_path) as conn:

@@ -22,7 +22,6 @@ from securepad import (
     SCRATCHPAD_READ_TOOL_STRICT,
     AsyncScratchpad,
     Keyring,
-    Principal,
     Scratchpad,
     Turn,
 )
@@ -35,9 +34,9 @@ from securepad.integrations.langgraph import (
     resolve_references,
     scratchpad_read_tool,
 )
+from tests.support.principals import AGENT_ALICE as ALICE
+from tests.support.principals import AGENT_BOB as BOB
 
-ALICE = Principal("alice", "agent", "web")
-BOB = Principal("bob", "agent", "web")
 LOG = "".join(f"2024-05-01 line {i}: ok\n" for i in range(1, 20_000)) + "2024-05-01 line 20000: ERROR disk full\n"
 
 

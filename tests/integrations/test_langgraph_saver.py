@@ -95,6 +95,7 @@ def _session(open_saver: Any) -> list[Any]:
     return seen
 
 
+@pytest.mark.slow
 def test_a_graph_with_interrupts_runs_as_on_langgraphs_own_saver(
     store_location: Any, keyring: Keyring, alice: Principal
 ) -> None:
@@ -209,6 +210,7 @@ def by_user(config: RunnableConfig) -> Principal:
     return Principal(str(config["configurable"].get("user_id", "nobody")), "graph", "api")
 
 
+@pytest.mark.slow
 @given(thread_id=st.text(min_size=1, max_size=40), value=st.text(max_size=50))
 def test_another_owner_never_sees_or_changes_a_thread(
     pad: Scratchpad, alice: Principal, bob: Principal, thread_id: str, value: str

@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import pytest
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
 from langgraph.checkpoint.conformance.report import ProgressCallbacks
 
 from securepad import Principal, Scratchpad
 from securepad.integrations.langgraph import SecurepadSaver
+
+pytestmark = pytest.mark.slow
 
 
 def test_the_conformance_suite_passes(pad: Scratchpad, alice: Principal) -> None:

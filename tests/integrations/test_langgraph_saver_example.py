@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, TypedDict
 
+import pytest
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
@@ -19,6 +20,8 @@ from langgraph.types import Command, interrupt
 from securepad import Principal, Scratchpad
 from securepad.integrations.langgraph import SecurepadSaver
 from tests.support.paths import ROOT
+
+pytestmark = pytest.mark.slow
 
 EXAMPLE = ROOT / "examples" / "langgraph_saver_migration.py"
 GUIDE = (ROOT / "docs" / "integrations" / "langgraph-saver.md").read_text(encoding="utf-8")

@@ -19,8 +19,10 @@ from mcp.shared.exceptions import MCPError
 from securepad import SCRATCHPAD_READ_TOOL, Keyring, Principal, Scratchpad
 from securepad.cli import main
 from tests.support.paths import ROOT
+from tests.support.principals import AGENT_ALICE as ALICE
 
-ALICE = Principal("alice", "agent", "web")
+pytestmark = pytest.mark.slow
+
 LOG = "".join(f"{i}: ok\n" for i in range(1, 5000)) + "5000: ERROR disk full\n"
 ABSENT_ID = "0123456789abcdef"
 

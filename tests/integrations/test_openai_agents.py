@@ -13,12 +13,12 @@ from agents import Agent, FunctionTool, RunConfig, RunContextWrapper, Runner, To
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 from agents.tool_context import ToolContext
 
-from securepad import SCRATCHPAD_READ_TOOL_STRICT, AsyncScratchpad, Keyring, Principal, Scratchpad, Turn
+from securepad import SCRATCHPAD_READ_TOOL_STRICT, AsyncScratchpad, Keyring, Scratchpad, Turn
 from securepad.errors import InvalidArgumentError
 from securepad.integrations.openai_agents import offload_outputs, scratchpad_read_tool
+from tests.support.principals import AGENT_ALICE as ALICE
+from tests.support.principals import AGENT_BOB as BOB
 
-ALICE = Principal("alice", "agent", "web")
-BOB = Principal("bob", "agent", "web")
 LOG = "".join(f"2024-05-01 line {i}: ok\n" for i in range(1, 20_000)) + "2024-05-01 line 20000: ERROR disk full\n"
 
 

@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.paths import ROOT
+
+pytestmark = pytest.mark.slow
 
 EXAMPLE = ROOT / "examples" / "openai_session_migration.py"
 GUIDE = (ROOT / "docs" / "integrations" / "openai-agents-session.md").read_text(encoding="utf-8")

@@ -23,9 +23,10 @@ import pytest
 from securepad import IntegrityError, Keyring, NotFoundError, Principal, Scratchpad, WrongKeyError
 from securepad.audit import drills
 from securepad.store import parts
+from tests.support.principals import ALICE, BOB
 
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
+pytestmark = pytest.mark.slow
+
 REFUSED = (IntegrityError, NotFoundError)
 NOW = 10_000.0
 TEXT = "".join(f"{i:06d} alice's private log line\n" for i in range(6_000))  # three segments

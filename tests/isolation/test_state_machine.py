@@ -38,6 +38,8 @@ from securepad import ExpiredError, InvalidArgumentError, Keyring, NotFoundError
 from securepad.core import read_modes
 from securepad.policy import NOT_FOUND_MESSAGE
 
+pytestmark = pytest.mark.slow
+
 POLICIES = sorted((Path(__file__).resolve().parents[2] / "policies").glob("*.toml"))
 
 # Owner ids include SQL fragments, a wildcard, a case variant and non-ASCII:

@@ -17,8 +17,8 @@ import pytest
 from securepad import InvalidArgumentError, Keyring, Principal, Scratchpad, WrongKeyError
 from securepad.errors import IntegrityError, KeySourceKeyError, KeySourceLoginError, KeySourceUnreachableError
 from securepad.keys.source import MasterKeySource
-from tests.conftest import ALICE, BOB
 from tests.support.moto_kms import MotoKms
+from tests.support.principals import ALICE, BOB
 
 CRYPTO = ("encrypt", "decrypt")
 

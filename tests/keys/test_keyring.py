@@ -16,12 +16,10 @@ from typing import Any
 import apsw
 import pytest
 
-from securepad import Keyring, Principal, Scratchpad
+from securepad import Keyring, Scratchpad
 from securepad.errors import WrongKeyError
 from securepad.keys.keyring import KeyHandle
-from tests.conftest import FAST_ARGON2
-
-ALICE = Principal("alice", "planner", "web")
+from tests.support.principals import ALICE, FAST_ARGON2
 
 
 def mode(path: Path) -> int:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from securepad import Keyring, Principal, Scratchpad
+from securepad import Keyring, Scratchpad
 from securepad.crypto.primitives import HEADS_ERA, Wrapper, owner_key_aad
 from securepad.keys.keyring import master_key
 
@@ -17,8 +17,8 @@ psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psyco
 
 from securepad.storage import schema  # noqa: E402
 from securepad.storage.postgres import migrate  # noqa: E402
+from tests.support.principals import ALICE  # noqa: E402
 
-ALICE = Principal("alice", "planner", "web")
 # Tables without owners' rows: reference tables on a distributed PostgreSQL.
 REFERENCE_TABLES = {"store_meta", "schema_version"}
 

@@ -19,19 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from securepad import IntegrityError, Keyring, Principal, Scratchpad
+from securepad import IntegrityError, Keyring, Scratchpad
 from securepad.crypto.primitives import HEADS_ERA, Wrapper, owner_key_aad
 from securepad.keys.keyring import master_key
 from securepad.store import parts
-from tests.storage.test_migrate_fixture_v7 import NOW as V7_NOW
-from tests.storage.test_migrate_fixture_v7 import copy_v7
+from tests.support.fixture_v7 import NOW as V7_NOW
+from tests.support.fixture_v7 import copy_v7
 from tests.support.older_heads import as_format_2
 from tests.support.paths import FIXTURES
+from tests.support.principals import ALICE, BOB, NOW
 from tests.support.tamper_edits import raw_file
 
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
-NOW = 1_000_000.0
 TURN = "t1"
 
 

@@ -21,7 +21,7 @@ import pytest
 from securepad import ExpiredError, Keyring, NotFoundError, Scratchpad
 from securepad._assembly import QUICK_GC_RECOUNT_ROWS
 from securepad.store import sqlite_of
-from tests.conftest import ALICE, BOB
+from tests.support.principals import ALICE, BOB
 
 LONG = QUICK_GC_RECOUNT_ROWS + 100
 

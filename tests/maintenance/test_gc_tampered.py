@@ -21,6 +21,7 @@ import pytest
 
 from securepad import Keyring, Principal, Scratchpad
 from securepad.errors import IntegrityError
+from tests.support.principals import ALICE, BOB
 from tests.support.tamper_edits import (
     NOW,
     TURN,
@@ -34,8 +35,6 @@ from tests.support.tamper_edits import (
     turn_relabelled,
 )
 
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
 # After the edit's expiry (NOW + 10), before the genuine ones (NOW + 3600); the
 # short-lived rows below (NOW + 20) are expired then.
 LATER = NOW + 100

@@ -16,7 +16,7 @@ from securepad import Keyring, Principal, Scratchpad
 from securepad.cli import main
 from securepad.errors import InvalidArgumentError, NotFoundError, WrongKeyError
 from securepad.tables.entries.open import Opener
-from tests.conftest import FAST_ARGON2
+from tests.support.principals import FAST_ARGON2
 
 
 def _fill(pad: Scratchpad, owner: Principal, count: int, turn: str = "t") -> dict[str, str]:

@@ -17,12 +17,11 @@ from typing import Any
 
 import pytest
 
-from securepad import Keyring, Principal, Scratchpad
+from securepad import Keyring, Scratchpad
 from securepad.maintenance import lifecycle
 from securepad.store import parts
+from tests.support.principals import ALICE, BOB
 
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(20))
 
 

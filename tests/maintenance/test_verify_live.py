@@ -16,13 +16,12 @@ from typing import Any
 
 import pytest
 
-from securepad import Keyring, Principal, Scratchpad
+from securepad import Keyring, Scratchpad
 from securepad.store import parts
 from securepad.turn import record_next
+from tests.support.principals import ALICE, BOB
 from tests.support.tamper_edits import as_admin, delete_entry, on_sqlite
 
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # ~4 KiB: one segment
 LONG = TEXT * 40  # ~160 KiB: several segments, fetched by a statement of their own
 

@@ -21,12 +21,11 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from securepad import Keyring, Principal, Scratchpad
+from securepad import Keyring, Scratchpad
 from securepad.cli import ENVIRONMENT, main
+from tests.support.principals import ALICE, NOW
 from tests.support.tamper_edits import as_admin, delete_entry, on_sqlite
 
-ALICE = Principal("alice", "planner", "web")
-NOW = 1_000_000.0
 LATER = NOW + 100
 
 

@@ -16,8 +16,8 @@ import pytest
 
 from securepad import Keyring, Policy, Scratchpad
 from securepad.errors import IntegrityError, InvalidArgumentError, PolicyError, WrongKeyError
-from tests.conftest import ALICE
 from tests.support.paths import FIXTURES
+from tests.support.principals import ALICE
 
 EVERY_COMMIT = Policy.from_dict({"storage": {"anchor_sync": "commit"}})
 
@@ -281,7 +281,6 @@ from securepad import Keyring, Policy, Principal, Scratchpad
 
 db, key, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 keyring = Keyring.from_key_file(key)
-ALICE = Principal("alice", "planner", "web")
 
 
 def write(turn, steps, policy, ready=None):

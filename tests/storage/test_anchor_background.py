@@ -20,7 +20,7 @@ import pytest
 from securepad import Keyring, Policy, Scratchpad
 from securepad.bench.costs import turn_put_costs
 from securepad.errors import IntegrityError
-from tests.conftest import ALICE
+from tests.support.principals import ALICE
 
 INTERVAL = Policy.from_dict({"storage": {"anchor_sync": "interval", "anchor_interval_seconds": 1}})
 

@@ -11,7 +11,7 @@ import pytest
 
 from securepad import Keyring, Policy, Scratchpad
 from securepad.errors import InvalidArgumentError, SecurepadError
-from tests.conftest import ALICE
+from tests.support.principals import ALICE
 
 SHARED = Policy.from_dict({"access": {"allow_shared_files": True}})
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from securepad import Keyring, Policy, Scratchpad
-from tests.conftest import ALICE
+from tests.support.principals import ALICE
 
 EVERY_COMMIT = Policy.from_dict({"storage": {"anchor_sync": "commit"}})
 

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from securepad import Keyring, NotFoundError, Principal, Scratchpad
+from securepad import Keyring, NotFoundError, Scratchpad
 from tests.support.paths import FIXTURES
+from tests.support.principals import AGENT_ALICE as ALICE
+from tests.support.principals import SLACK_BOB as BOB
 
 EXPECTED = json.loads((FIXTURES / "store_v1.json").read_text())
 NOW = EXPECTED["now"]
-ALICE = Principal("alice", "agent", "web")
-BOB = Principal("bob", "agent", "slack")
 
 OBSERVATIONS: dict[str, Any] = {
     "text": "line one\nline two ünïcödé\n" + "x" * 70_000 + "\nlast line",

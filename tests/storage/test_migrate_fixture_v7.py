@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,14 +16,12 @@ from typing import Any
 import apsw
 import pytest
 
-from securepad import ExpiredError, Keyring, NotFoundError, Principal, Scratchpad
+from securepad import ExpiredError, Keyring, NotFoundError, Scratchpad
 from securepad.storage.sqlite import SCHEMA_VERSION
+from tests.support.fixture_v7 import EXPECTED, NOW, copy_v7
 from tests.support.paths import FIXTURES
-
-EXPECTED = json.loads((FIXTURES / "store_v7.json").read_text())
-NOW = EXPECTED["now"]
-ALICE = Principal("alice", "agent", "web")
-BOB = Principal("bob", "agent", "slack")
+from tests.support.principals import AGENT_ALICE as ALICE
+from tests.support.principals import SLACK_BOB as BOB
 
 OBSERVATIONS: dict[str, Any] = {
     "text": "line one\nline two ünïcödé\n" + "x" * 70_000 + "\nlast line",
@@ -54,22 +51,6 @@ def _user_version(path: Path) -> int:
         return int(conn.execute("PRAGMA user_version").fetchall()[0][0])  # type: ignore[arg-type]
     finally:
         conn.close()
-
-
-def copy_v7(directory: Path) -> tuple[Path, Path]:
-    """A private copy of the v7 store and its key (0600, as a store of one's own is)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    db, key = directory / "store.db", directory / "keys" / "key"
-    shutil.copy(FIXTURES / "store_v7.db", db)
-    db.chmod(0o600)
-    key.parent.mkdir(exist_ok=True)
-    key.write_bytes((FIXTURES / "store_v7.key").read_bytes())
-    key.chmod(0o600)
-    # The anchor the store's write counter was raised against, where the key file's store looks for it.
-    anchor = key.parent / f"anchor-{EXPECTED['store_id']}"
-    anchor.write_bytes((FIXTURES / "store_v7.anchor").read_bytes())
-    anchor.chmod(0o600)
-    return db, key
 
 
 @pytest.fixture

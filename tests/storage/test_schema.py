@@ -10,12 +10,11 @@ from typing import Any
 import apsw
 import pytest
 
-from securepad import Keyring, Principal, Scratchpad
+from securepad import Keyring, Scratchpad
 from securepad.errors import SecurepadError
 from securepad.storage import schema
 from securepad.storage.sqlite import Database
-
-ALICE = Principal("alice", "planner", "web")
+from tests.support.principals import ALICE
 
 
 def test_the_version_is_the_position_in_the_list() -> None:

@@ -17,12 +17,10 @@ from typing import Any
 
 import pytest
 
-from securepad import IntegrityError, Keyring, Principal, Scratchpad
+from securepad import IntegrityError, Keyring, Scratchpad
 from securepad.tables.heads.tally import term
+from tests.support.principals import ALICE, NOW
 from tests.support.tamper_edits import on_sqlite
-
-ALICE = Principal("alice", "planner", "web")
-NOW = 1_000_000.0
 
 
 def _store(db_path: Path, keyring: Keyring) -> str:

@@ -25,7 +25,8 @@ from securepad.errors import (
     WrongKeyError,
 )
 from securepad.storage.sqlite import Database
-from tests.conftest import FAST_ARGON2, stable_repr
+from tests.conftest import stable_repr
+from tests.support.principals import FAST_ARGON2
 
 
 def not_found_message(pad: Scratchpad, p: Principal, entry_id: object) -> str:

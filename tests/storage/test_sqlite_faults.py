@@ -38,7 +38,7 @@ from securepad import (
 from securepad.cli import main
 from securepad.store import sqlite_of
 from securepad.testing.faults import damaged_copies, exercise
-from tests.conftest import ALICE
+from tests.support.principals import ALICE
 
 
 def assert_one_error(result: Any, name: str) -> None:

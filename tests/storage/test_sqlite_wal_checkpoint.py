@@ -23,7 +23,7 @@ import pytest
 from securepad import Keyring, Policy, QuotaExceededError, Scratchpad, SecurepadError, StorageFullError, StoreBusyError
 from securepad.storage.wal import WalWatch
 from securepad.store import sqlite_of
-from tests.conftest import ALICE, BOB
+from tests.support.principals import ALICE, BOB
 
 pytestmark = pytest.mark.sqlite_only
 

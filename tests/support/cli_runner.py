@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner, Result
 
-from securepad.cli import main
+from securepad.cli import ENVIRONMENT, main
 
 
 class Cli:
@@ -34,6 +35,21 @@ class Cli:
     @property
     def key(self) -> Path:
         return self.home / ".config" / "securepad" / "key"
+
+
+def fresh_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: str | None) -> Cli:
+    """``securepad`` on a fresh HOME under ``tmp_path``, run from a scratch working directory."""
+    home = tmp_path / "home"
+    home.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    env: dict[str, str | None] = {"HOME": str(home), "XDG_DATA_HOME": None, "XDG_CONFIG_HOME": None}
+    env |= {var: None for var, _, _ in ENVIRONMENT}
+    monkeypatch.setenv("HOME", str(home))  # platformdirs reads HOME when the defaults are computed
+    for var in ("XDG_DATA_HOME", "XDG_CONFIG_HOME", *(var for var, _, _ in ENVIRONMENT)):
+        monkeypatch.delenv(var, raising=False)
+    return Cli(home, env, store)
 
 
 def ok(result: Result) -> Result:

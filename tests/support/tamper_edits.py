@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,8 @@ import apsw
 import psycopg
 
 from securepad import Principal, Scratchpad
+from tests.support.principals import NOW
 
-NOW = 1_000_000.0
 TURN = "t1"
 
 
@@ -297,3 +297,36 @@ def head_of_another_owner(raw: Raw, s: dict[str, Any]) -> None:
         " AND turn_id = ?) WHERE owner_user_id = 'alice' AND turn_id = ?",
         (TURN, TURN),
     )
+
+
+# Alice's owner head and usage head, copied and put back.
+
+
+def raw_edit(pad: Scratchpad, where: Any) -> AbstractContextManager[Raw]:
+    return on_sqlite(where) if pad.backend == "sqlite" else as_admin(where)
+
+
+def owner_heads(raw: Raw, which: tuple[str, ...]) -> list[tuple[Any, ...]]:
+    marks = ", ".join("?" * len(which))
+    return raw.execute(
+        f"SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads WHERE owner_user_id = 'alice'"
+        f" AND turn_id IN ({marks})",
+        which,
+    )
+
+
+def put_back(raw: Raw, rows: list[tuple[Any, ...]]) -> None:
+    for owner, turn_id, version, sealed in rows:
+        raw.execute(
+            "UPDATE turn_heads SET key_version = ?, sealed = ? WHERE owner_user_id = ? AND turn_id = ?",
+            (version, sealed, owner, turn_id),
+        )
+
+
+def remove_turn(raw: Raw, turn_id: str) -> None:
+    raw.execute(
+        "DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE owner_user_id = 'alice' AND turn_id = ?)",
+        (turn_id,),
+    )
+    for table in ("entries", "checkpoints", "compaction_marks", "turn_heads"):
+        raw.execute(f"DELETE FROM {table} WHERE owner_user_id = 'alice' AND turn_id = ?", (turn_id,))

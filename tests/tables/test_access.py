@@ -26,9 +26,8 @@ from securepad.storage.postgres import migrate
 from securepad.store import parts, sqlite_of
 from securepad.tables.heads.heads import Heads
 from securepad.tables.heads.reading import ENTRY_TURN_SQL
+from tests.support.principals import ALICE, BOB
 
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
 GUESS = "job-42"  # Bob's turn name, and the name of Alice's guessing turn
 
 

@@ -26,8 +26,8 @@ from securepad.store import parts, sqlite_of
 from securepad.tables.access import RECORD_ROW_OVERHEAD, records_used_sql
 from securepad.tables.entries.prepare import ENTRY_ROW_OVERHEAD, identifier_cost
 from securepad.tables.quota import record_cost
-from tests.storage.test_migrate_fixture_v7 import ALICE as V7_ALICE
-from tests.storage.test_migrate_fixture_v7 import EXPECTED, NOW, copy_v7
+from tests.support.fixture_v7 import EXPECTED, NOW, copy_v7
+from tests.support.principals import AGENT_ALICE as V7_ALICE
 
 LONG = 256
 WIDE = Principal("o" * LONG, "a" * LONG, "c" * LONG)

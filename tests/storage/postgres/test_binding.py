@@ -17,13 +17,14 @@ from typing import Any
 
 import pytest
 
-from securepad import Keyring, Principal, Scratchpad
+from securepad import Keyring, Scratchpad
 from securepad.store import parts
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from psycopg_pool import ConnectionPool  # noqa: E402  (needs psycopg)
 
-ALICE = Principal("alice", "planner", "web")
+from tests.support.principals import ALICE  # noqa: E402
+
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # about 4 KiB
 
 

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import itertools
 import re
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from securepad import Keyring, Policy, Principal, Scratchpad, StoreUnavailableError
+from securepad import Keyring, Scratchpad, StoreUnavailableError
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 pytest.importorskip("langgraph", reason="the saver's puts need langgraph")
@@ -30,36 +29,18 @@ from langgraph.checkpoint.conformance.test_utils import generate_checkpoint  # n
 
 from securepad._steps import put_next  # noqa: E402
 from securepad.integrations.langgraph import SecurepadSaver  # noqa: E402
-from securepad.storage.postgres.database import PostgresDatabase  # noqa: E402  (needs psycopg)
 from securepad.store import parts  # noqa: E402
-from securepad.testing.faults import LIMITS, FaultyProxy, proxy_for, through  # noqa: E402
+from securepad.testing.faults import FaultyProxy  # noqa: E402
 from securepad.turn import record_next  # noqa: E402
+from tests.support.principals import ALICE  # noqa: E402
 
-ALICE = Principal("alice", "planner", "web")
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # ~4 KiB: one segment
 LONG = TEXT * 40  # several segments: never one message
 NAMED = re.compile(r"may be stored as entr(?:y|ies) ((?:'[^']+'(?:, )?)+)")
 
 
 @pytest.fixture
-def proxy(pg_database: str) -> Iterator[FaultyProxy]:
-    faulty = proxy_for(pg_database)
-    yield faulty
-    faulty.close()
-
-
-@pytest.fixture
-def faulty(pg_dsn: str, proxy: FaultyProxy, keyring: Keyring) -> Iterator[Scratchpad]:
-    """A store whose every connection goes through the proxy, with the tests' short limits."""
-    db = PostgresDatabase(through(pg_dsn, proxy), schema="securepad", pool_size=4, **LIMITS)
-    pad = Scratchpad(db, keyring, Policy.default(), time.time)
-    yield pad
-    proxy.heal()
-    pad.close()
-
-
-@pytest.fixture
-def direct(pg_dsn: str, keyring: Keyring, faulty: Scratchpad) -> Iterator[Scratchpad]:
+def direct(pg_dsn: str, keyring: Keyring, faulty_pad: Scratchpad) -> Iterator[Scratchpad]:
     """The same store without the proxy: what is stored, as another process sees it."""
     with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
         yield pad
@@ -84,12 +65,12 @@ def _lose(proxy: FaultyProxy, how: str, *, every: int = 1, at_most: int | None =
 
 @pytest.mark.parametrize("how", ["reply", "request"])
 def test_a_put_whose_commit_is_lost_is_stored_once_and_returned(
-    faulty: Scratchpad, direct: Scratchpad, proxy: FaultyProxy, how: str
+    faulty_pad: Scratchpad, direct: Scratchpad, proxy: FaultyProxy, how: str
 ) -> None:
     """The answer lost (the put applied) or the COMMIT lost (rolled back): the
     put finds out by itself and returns its one entry."""
     _lose(proxy, how, at_most=1)
-    view = faulty.put(ALICE, "t", 1, "tool", "once")
+    view = faulty_pad.put(ALICE, "t", 1, "tool", "once")
     assert proxy.lost == 1
     listed = direct.list_for_turn(ALICE, "t")
     assert [e["scratchpad_id"] for e in listed] == [view["scratchpad_id"]]
@@ -98,15 +79,15 @@ def test_a_put_whose_commit_is_lost_is_stored_once_and_returned(
 
 @pytest.mark.parametrize("how", ["reply", "request"])
 def test_steps_the_library_takes_are_taken_once_when_a_commit_is_lost(
-    faulty: Scratchpad, direct: Scratchpad, proxy: FaultyProxy, how: str
+    faulty_pad: Scratchpad, direct: Scratchpad, proxy: FaultyProxy, how: str
 ) -> None:
     """``record_next``, ``put_next`` and ``record_many`` each lose one COMMIT:
     each observation is stored once, at the step returned."""
-    turn = faulty.turn(ALICE, "t")  # (its start collects expired entries: a COMMIT of its own)
+    turn = faulty_pad.turn(ALICE, "t")  # (its start collects expired entries: a COMMIT of its own)
     _lose(proxy, how, at_most=1)
     first, _ = record_next(turn, "tool", "a")
     _lose(proxy, how, at_most=1)
-    second = put_next(faulty, ALICE, "t", "tool", "b")
+    second = put_next(faulty_pad, ALICE, "t", "tool", "b")
     _lose(proxy, how, at_most=1)
     rest = turn.record_many([("tool", "c"), ("tool", "d")])
     assert (first, second["step_num"]) == (1, 2)
@@ -115,12 +96,12 @@ def test_steps_the_library_takes_are_taken_once_when_a_commit_is_lost(
 
 
 def test_every_commit_lost_names_the_entries_that_may_be_stored(
-    faulty: Scratchpad, direct: Scratchpad, proxy: FaultyProxy
+    faulty_pad: Scratchpad, direct: Scratchpad, proxy: FaultyProxy
 ) -> None:
     """No COMMIT's answer ever arrives: the batch (steps the library takes)
     raises StoreUnavailableError naming its entries, which are stored once."""
-    faulty.put(ALICE, "first", 1, "tool", "the owner's key is made")  # (its own COMMIT would be lost too)
-    turn = faulty.turn(ALICE, "t")
+    faulty_pad.put(ALICE, "first", 1, "tool", "the owner's key is made")  # (its own COMMIT would be lost too)
+    turn = faulty_pad.turn(ALICE, "t")
     _lose(proxy, "reply")
     with pytest.raises(StoreUnavailableError) as exc:
         turn.record_many([("tool", "c"), ("tool", "d")])
@@ -132,7 +113,7 @@ def test_every_commit_lost_names_the_entries_that_may_be_stored(
 
     _lose(proxy, "reply")
     with pytest.raises(StoreUnavailableError) as exc:
-        faulty.put(ALICE, "p", 1, "tool", "given step")
+        faulty_pad.put(ALICE, "p", 1, "tool", "given step")
     assert "putting the same step again is refused" in str(exc.value)
     (entry,) = _named(exc.value)
     proxy.heal()
@@ -140,18 +121,18 @@ def test_every_commit_lost_names_the_entries_that_may_be_stored(
 
 
 def test_a_dropped_commit_that_cannot_be_looked_up_names_entries_none_of_which_is_stored(
-    faulty: Scratchpad, direct: Scratchpad, proxy: FaultyProxy
+    faulty_pad: Scratchpad, direct: Scratchpad, proxy: FaultyProxy
 ) -> None:
     """Every COMMIT dropped before the server sees it: the error names the
     entry that may be stored; it is not, and a retry stores it once."""
-    faulty.put(ALICE, "first", 1, "tool", "the owner's key is made")
+    faulty_pad.put(ALICE, "first", 1, "tool", "the owner's key is made")
     _lose(proxy, "request")
     with pytest.raises(StoreUnavailableError) as exc:
-        put_next(faulty, ALICE, "t", "tool", "x")
+        put_next(faulty_pad, ALICE, "t", "tool", "x")
     assert len(_named(exc.value)) == 1
     proxy.heal()
     assert direct.list_for_turn(ALICE, "t") == []
-    assert direct.get(ALICE, put_next(faulty, ALICE, "t", "tool", "x")["scratchpad_id"]).observation == "x"
+    assert direct.get(ALICE, put_next(faulty_pad, ALICE, "t", "tool", "x")["scratchpad_id"]).observation == "x"
 
 
 def _thread_turn(saver: SecurepadSaver) -> str:
@@ -194,13 +175,13 @@ def _writes(pad: Scratchpad, saver: SecurepadSaver) -> Iterator[tuple[str, Calla
 
 @pytest.mark.parametrize("how", ["reply", "request"])
 def test_writes_with_every_third_commit_lost_are_each_stored_once(
-    faulty: Scratchpad, direct: Scratchpad, proxy: FaultyProxy, how: str
+    faulty_pad: Scratchpad, direct: Scratchpad, proxy: FaultyProxy, how: str
 ) -> None:
     """Every third COMMIT lost, over writes of every kind, each retried as a
     caller would (only when none of the entries its error names is stored):
     every unknown outcome is named, and no observation is stored twice."""
-    saver = SecurepadSaver(faulty, ALICE)
-    writes = _writes(faulty, saver)
+    saver = SecurepadSaver(faulty_pad, ALICE)
+    writes = _writes(faulty_pad, saver)
     first = next(writes)  # the turns the writes use are started before the faults
     _lose(proxy, how, every=3)
     turns: dict[str, list[str]] = {}
@@ -245,10 +226,10 @@ def _stored(pad: Scratchpad, ids: list[str]) -> bool:
 
 @pytest.mark.parametrize("how", ["reply", "request"])
 def test_a_checkpoint_whose_commit_is_lost_is_stored_once(
-    faulty: Scratchpad, direct: Scratchpad, proxy: FaultyProxy, pg_dsn: str, how: str
+    faulty_pad: Scratchpad, direct: Scratchpad, proxy: FaultyProxy, pg_dsn: str, how: str
 ) -> None:
     """A turn record (checkpoint) goes through the same look-up: stored once, returned."""
-    turn = faulty.turn(ALICE, "t")
+    turn = faulty_pad.turn(ALICE, "t")
     turn.checkpoint(facts=["first"])
     _lose(proxy, how, at_most=1)
     saved = turn.checkpoint(facts=["second"])
@@ -258,9 +239,9 @@ def test_a_checkpoint_whose_commit_is_lost_is_stored_once(
 
 
 def test_a_checkpoint_whose_every_commit_is_lost_says_it_may_be_stored(
-    faulty: Scratchpad, proxy: FaultyProxy, pg_dsn: str
+    faulty_pad: Scratchpad, proxy: FaultyProxy, pg_dsn: str
 ) -> None:
-    turn = faulty.turn(ALICE, "t")
+    turn = faulty_pad.turn(ALICE, "t")
     turn.checkpoint(facts=["first"])
     _lose(proxy, "reply")
     with pytest.raises(StoreUnavailableError, match="may hold it as its newest checkpoint"):
@@ -277,11 +258,11 @@ def _checkpoints(dsn: str) -> int:
 
 @pytest.mark.parametrize("how", ["reply", "request"])
 def test_the_langgraph_savers_put_whose_commit_is_lost_stores_its_checkpoint_once(
-    faulty: Scratchpad, direct: Scratchpad, proxy: FaultyProxy, how: str
+    faulty_pad: Scratchpad, direct: Scratchpad, proxy: FaultyProxy, how: str
 ) -> None:
     """The saver's ``put`` (an entry at the thread's next step) loses its
     COMMIT: it returns, and the thread holds that checkpoint once."""
-    saver = SecurepadSaver(faulty, ALICE)
+    saver = SecurepadSaver(faulty_pad, ALICE)
     config = {"configurable": {"thread_id": "th", "checkpoint_ns": ""}}
     saver.put(config, generate_checkpoint(), {}, {})  # the owner's key and the thread's turn exist
     _lose(proxy, how, at_most=1)
@@ -300,13 +281,13 @@ def _wrap_count(dsn: str) -> int:
 
 
 def test_a_message_with_commit_whose_answer_is_lost_is_never_sent_again(
-    faulty: Scratchpad, proxy: FaultyProxy, pg_dsn: str
+    faulty_pad: Scratchpad, proxy: FaultyProxy, pg_dsn: str
 ) -> None:
     """A transaction that only writes goes as one message, COMMIT included
     (the key-use counts at close): its answer lost, it is not run again on
     another connection, which would apply it twice."""
-    faulty.put(ALICE, "t", 1, "tool", "a")
-    keys = parts(faulty).keys
+    faulty_pad.put(ALICE, "t", 1, "tool", "a")
+    keys = parts(faulty_pad).keys
     pending = sum(keys.pending_wraps().values())
     before = _wrap_count(pg_dsn)
     _lose(proxy, "reply", at_most=1)
@@ -317,12 +298,12 @@ def test_a_message_with_commit_whose_answer_is_lost_is_never_sent_again(
 
 
 def test_a_connection_that_died_while_idle_is_replaced_before_a_message_with_commit(
-    faulty: Scratchpad, proxy: FaultyProxy, pg_dsn: str
+    faulty_pad: Scratchpad, proxy: FaultyProxy, pg_dsn: str
 ) -> None:
     """Every session ended while idle (a restart): the one message with
     COMMIT goes out on a live connection, once."""
-    faulty.put(ALICE, "t", 1, "tool", "a")
-    keys = parts(faulty).keys
+    faulty_pad.put(ALICE, "t", 1, "tool", "a")
+    keys = parts(faulty_pad).keys
     pending = sum(keys.pending_wraps().values())
     before = _wrap_count(pg_dsn)
     proxy.drop_all()

@@ -26,9 +26,7 @@ from psycopg_pool import ConnectionPool  # noqa: E402  (needs psycopg)
 
 from securepad.storage.postgres.database import PostgresDatabase  # noqa: E402
 from securepad.store import parts  # noqa: E402
-
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
+from tests.support.principals import ALICE, BOB  # noqa: E402
 
 
 @pytest.fixture

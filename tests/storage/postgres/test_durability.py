@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from securepad import Keyring, Policy, Principal, Scratchpad, SecurepadError
+from securepad import Keyring, Policy, Scratchpad, SecurepadError
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from psycopg_pool import ConnectionPool  # noqa: E402  (needs psycopg)
@@ -23,8 +23,9 @@ from psycopg_pool import ConnectionPool  # noqa: E402  (needs psycopg)
 from securepad.storage.postgres.database import PostgresDatabase  # noqa: E402
 from securepad.storage.postgres.migrate import APP_ROLE  # noqa: E402
 from securepad.store import parts  # noqa: E402
+from tests.support.counting import CountingConnection  # noqa: E402
+from tests.support.principals import ALICE  # noqa: E402
 
-ALICE = Principal("alice", "planner", "web")
 EXPECTED = {"normal": "off", "full": "on"}
 SHOW = "SELECT current_setting('synchronous_commit') AS sync, pg_backend_pid() AS pid"
 
@@ -122,16 +123,6 @@ def test_through_pgbouncer_the_setting_never_reaches_the_next_transaction(pg_dsn
             pool.close()
 
 
-class _Counting(psycopg.Connection[Any]):
-    """Counts the connection's waits for the server: its round trips (as test_pg_round_trips)."""
-
-    waits = 0
-
-    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        _Counting.waits += 1
-        return super().wait(gen, *args, **kwargs)
-
-
 @contextmanager
 def _settings_noted(pg_dsn: str) -> Iterator[Callable[[str], tuple[str, str, int]]]:
     """A trigger on the store's entries (the test's, not the store's) that notes,
@@ -176,7 +167,7 @@ def test_the_setting_costs_no_round_trip(pg_dsn: str, keyring: Keyring, durabili
     setting is the server's default after each."""
     kwargs = {"autocommit": True}
     with (
-        ConnectionPool(pg_dsn, min_size=1, max_size=1, kwargs=kwargs, connection_class=_Counting) as pool,
+        ConnectionPool(pg_dsn, min_size=1, max_size=1, kwargs=kwargs, connection_class=CountingConnection) as pool,
         Scratchpad.open(pool, keyring=keyring, policy=_policy(durability)) as pad,
         _settings_noted(pg_dsn) as noted,
     ):
@@ -184,12 +175,12 @@ def test_the_setting_costs_no_round_trip(pg_dsn: str, keyring: Keyring, durabili
         default, pid = _session_default(pool)
         trips: dict[str, int] = {}
         for name, step in (("put (first into a turn)", 1), ("put (turn this process wrote last)", 2)):
-            before = _Counting.waits
+            before = CountingConnection.waits
             entry = pad.put(ALICE, "t", step, "shell", "x" * 4096)["scratchpad_id"]
-            trips[name] = _Counting.waits - before
+            trips[name] = CountingConnection.waits - before
             assert noted(entry) == (EXPECTED[durability], APP_ROLE, pid)
             assert _session_default(pool) == (default, pid) == ("on", pid)
-        before = _Counting.waits
+        before = CountingConnection.waits
         assert pad.read(ALICE, entry, "head", n=100)["content"] == "x" * 100
-        trips["read"] = _Counting.waits - before
+        trips["read"] = CountingConnection.waits - before
         assert trips == {"put (first into a turn)": 2, "put (turn this process wrote last)": 1, "read": 1}

@@ -12,36 +12,20 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
-from securepad import Keyring, Policy, Scratchpad, StoreBusyError, StoreUnavailableError
-from tests.conftest import ALICE
+from securepad import Keyring, Scratchpad, StoreBusyError, StoreUnavailableError
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from securepad.cli import main  # noqa: E402
 from securepad.storage.postgres.database import PostgresDatabase  # noqa: E402  (needs psycopg)
-from securepad.testing.faults import LIMITS, FaultyProxy, proxy_for, through  # noqa: E402
-
-
-@pytest.fixture
-def proxy(pg_database: str) -> Iterator[FaultyProxy]:
-    faulty = proxy_for(pg_database)
-    yield faulty
-    faulty.close()
-
-
-@pytest.fixture
-def faulty_pad(pg_dsn: str, proxy: FaultyProxy, keyring: Keyring) -> Iterator[Scratchpad]:
-    db = PostgresDatabase(through(pg_dsn, proxy), schema="securepad", pool_size=4, **LIMITS)
-    pad = Scratchpad(db, keyring, Policy.default(), time.time)
-    yield pad
-    proxy.heal()
-    pad.close()
+from securepad.testing.faults import LIMITS, FaultyProxy, through  # noqa: E402
+from tests.support.principals import ALICE  # noqa: E402
 
 
 def bounded(call: Callable[[], Any], limit_s: float = 20) -> tuple[Any, float]:

@@ -18,14 +18,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from securepad import Keyring, Principal, Scratchpad, SecurepadError, StoreUnavailableError
+from securepad import Keyring, Scratchpad, SecurepadError, StoreUnavailableError
 from securepad.store import parts
 from tests.support.older_heads import as_format_2
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from psycopg_pool import ConnectionPool  # noqa: E402
 
-ALICE = Principal("alice", "planner", "web")
+from tests.support.principals import ALICE  # noqa: E402
 
 
 class Counts:

@@ -24,11 +24,11 @@ psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psyco
 from psycopg_pool import ConnectionPool  # noqa: E402  (needs psycopg)
 
 from securepad.storage.postgres.prepared import EXECUTE, MAX_PER_CONNECTION, PREPARE, QUERY, Statements, numbered  # noqa: E402
+from tests.support.principals import ALICE  # noqa: E402
 
 # The conftest fixture ``pg_single``: a store on one connection, and its pool.
 Single = tuple[Scratchpad, ConnectionPool[Any]]
 
-ALICE = Principal("alice", "planner", "web")
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # about 4 KiB
 
 # Statements the server runs per call in the steady state, every one prepared:

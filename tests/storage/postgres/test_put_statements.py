@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from securepad import Keyring, Principal, Scratchpad
+from securepad import Keyring, Scratchpad
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from psycopg_pool import ConnectionPool  # noqa: E402  (needs psycopg)
@@ -31,11 +31,11 @@ from securepad.storage.base import DuplicateKeyError  # noqa: E402
 from securepad.storage.postgres.database import PostgresDatabase  # noqa: E402
 from securepad.tables.entries import prepare  # noqa: E402
 from tests.support.pg_prepared_runs import ran  # noqa: E402  (needs psycopg)
+from tests.support.principals import ALICE  # noqa: E402
 from tests.support.tamper_edits import pg_entry_copy  # noqa: E402  (needs psycopg)
 
 Single = tuple[Scratchpad, ConnectionPool[Any]]
 
-ALICE = Principal("alice", "planner", "web")
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # about 4 KiB, one segment
 
 

@@ -15,17 +15,17 @@ from typing import Any
 
 import pytest
 
-from securepad import Principal, Scratchpad
+from securepad import Scratchpad
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from psycopg_pool import ConnectionPool  # noqa: E402  (needs psycopg)
 
+from tests.support.principals import ALICE  # noqa: E402
 from tests.support.tamper_edits import pg_entry_copy  # noqa: E402  (needs psycopg)
 
 # The conftest fixture ``pg_single``: a store on one connection, and its pool.
 Single = tuple[Scratchpad, ConnectionPool[Any]]
 
-ALICE = Principal("alice", "planner", "web")
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # about 4 KiB
 
 # Every column that holds ciphertext of unbounded size: stored as is (EXTERNAL),

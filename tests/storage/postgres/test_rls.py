@@ -13,14 +13,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from securepad import Keyring, NotFoundError, Principal, Scratchpad
+from securepad import Keyring, NotFoundError, Scratchpad
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from securepad.storage.postgres.database import APP_ROLE  # noqa: E402  (needs psycopg)
 from securepad.store import parts  # noqa: E402
+from tests.support.principals import ALICE, BOB  # noqa: E402
 
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
 OWNER_TABLES = ("entries", "segments", "owner_keys", "turn_heads", "checkpoints", "compaction_marks")
 
 

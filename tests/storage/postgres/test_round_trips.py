@@ -18,12 +18,11 @@ than one segment.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
-from securepad import Keyring, Principal, Scratchpad
+from securepad import Keyring, Scratchpad
 from securepad._steps import put_next
 from securepad.core.segments import SEGMENT_BYTES
 
@@ -31,19 +30,11 @@ psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psyco
 from psycopg import Connection  # noqa: E402  (needs psycopg)
 from psycopg_pool import ConnectionPool  # noqa: E402
 
-ALICE = Principal("alice", "planner", "web")
+from tests.support.counting import CountingConnection, trips  # noqa: E402
+from tests.support.principals import ALICE  # noqa: E402
+
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # about 4 KiB, 60 lines
 BIG = "y" * (SEGMENT_BYTES + 1)  # two segments
-
-
-class CountingConnection(Connection[Any]):
-    """A psycopg connection that counts its waits for the server (round trips)."""
-
-    waits = 0
-
-    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        CountingConnection.waits += 1
-        return super().wait(gen, *args, **kwargs)
 
 
 @pytest.fixture
@@ -54,13 +45,6 @@ def counted(pg_dsn: str, keyring: Keyring) -> Iterator[Scratchpad]:
         Scratchpad.open(pool, keyring=keyring) as pad,
     ):
         yield pad
-
-
-def trips(call: Callable[[], object]) -> int:
-    """How many round trips ``call`` made."""
-    before = CountingConnection.waits
-    call()
-    return CountingConnection.waits - before
 
 
 def measure(pad: Scratchpad, other: Scratchpad) -> dict[str, int]:

@@ -27,12 +27,13 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import pytest
 
-from securepad import Keyring, Principal, Scratchpad, StoreUnavailableError
+from securepad import Keyring, Scratchpad, StoreUnavailableError
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from psycopg.conninfo import conninfo_to_dict  # noqa: E402
 
-ALICE = Principal("alice", "planner", "web")
+from tests.support.principals import ALICE  # noqa: E402
+
 PASSWORD = "tls-test-secret-3141"
 
 

@@ -28,13 +28,13 @@ from typing import Any
 
 import pytest
 
-from securepad import Principal, Scratchpad
+from securepad import Scratchpad
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from psycopg_pool import ConnectionPool  # noqa: E402  (needs psycopg)
 
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
+from tests.support.principals import ALICE, BOB  # noqa: E402
+
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # about 4 KiB
 TURNS = [f"t{turn}" for turn in range(1, 7)]
 # The tables of the owners' rows whose scans are checked (turn_heads is left out: see above).

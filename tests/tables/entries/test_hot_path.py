@@ -32,8 +32,7 @@ from securepad.keys.keystore import WRAP_FLUSH_EVERY
 from securepad.storage.sqlite import SCHEMA_VERSION
 from securepad.store import sqlite_of
 from tests.support.paths import FIXTURES
-
-ALICE = Principal("alice", "agent", "web")
+from tests.support.principals import AGENT_ALICE as ALICE
 
 # BEGIN IMMEDIATE; one SELECT of the key version, the quota and the step's look;
 # INSERT entries (a one-segment entry carries its segment: migration 8); the turn

@@ -31,9 +31,9 @@ from securepad.crypto.primitives import WORK
 from securepad.storage.sqlite import SCHEMA_VERSION
 from securepad.store import parts, sqlite_of
 from tests.support.paths import FIXTURES
+from tests.support.principals import AGENT_ALICE as ALICE
+from tests.support.principals import AGENT_BOB as BOB
 
-ALICE = Principal("alice", "agent", "web")
-BOB = Principal("bob", "agent", "web")
 REFUSED = (IntegrityError, NotFoundError)
 
 

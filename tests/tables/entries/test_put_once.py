@@ -30,7 +30,6 @@ from hypothesis import strategies as st
 from securepad import IntegrityError, InvalidArgumentError, Keyring, Principal, Scratchpad, StoreUnavailableError
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
-from psycopg import Connection  # noqa: E402  (needs psycopg)
 from psycopg_pool import ConnectionPool  # noqa: E402
 
 from securepad.storage.postgres.database import PostgresDatabase  # noqa: E402
@@ -39,35 +38,17 @@ from securepad.store import parts  # noqa: E402
 from securepad.tables.entries import prepare  # noqa: E402
 from securepad.tables.heads.heads import Heads  # noqa: E402
 from securepad.testing.pgbouncer import PgBouncer, find_pgbouncer  # noqa: E402
+from tests.support.counting import CountingConnection, counted  # noqa: E402
 from tests.support.pg_prepared_runs import ran  # noqa: E402  (needs psycopg)
+from tests.support.principals import ALICE, BOB  # noqa: E402
 
 Single = tuple[Scratchpad, ConnectionPool[Any]]
 T = TypeVar("T")
 
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # about 4 KiB, one segment
 # The statements of a one-message put, as psycopg's dialect and pg_prepared_statements show them.
 OPENING = "SELECT set_config('role'"
 ONCE = "WITH head AS (UPDATE turn_heads"
-
-
-class CountingConnection(Connection[Any]):
-    """A psycopg connection that counts its waits for the server (round trips,
-    as tests/storage/postgres/test_round_trips.py counts them)."""
-
-    waits = 0
-
-    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        CountingConnection.waits += 1
-        return super().wait(gen, *args, **kwargs)
-
-
-def counted(call: Callable[[], T]) -> tuple[T, int]:
-    """What ``call`` returned, and how many round trips it made on counting connections."""
-    before = CountingConnection.waits
-    result = call()
-    return result, CountingConnection.waits - before
 
 
 @pytest.fixture

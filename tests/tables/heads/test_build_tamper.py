@@ -27,14 +27,12 @@ from typing import Any
 
 import pytest
 
-from securepad import IntegrityError, Keyring, Principal, Scratchpad, SecurepadError
+from securepad import IntegrityError, Keyring, Scratchpad, SecurepadError
 from securepad.storage.postgres.functions import pg_read_functions
 from securepad.store import parts
+from tests.support.principals import ALICE, BOB, NOW
 from tests.support.tamper_edits import Raw, as_admin, on_sqlite, record_turn
 
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
-NOW = 1_000_000.0
 LATER = NOW + 100
 _TABLES = ("entries", "checkpoints", "compaction_marks", "turn_heads")
 
@@ -219,8 +217,8 @@ def test_a_seed_flag_on_a_genuine_store_changes_nothing(store: Store) -> None:
 def test_the_v7_fixture_converts_with_its_seed_in_the_same_open(tmp_path: Path) -> None:
     """A store from before usage heads (schema 7, format-1 heads) gets its usage
     heads in the open that converts it, and opens again without the flag."""
-    from tests.storage.test_migrate_fixture_v7 import NOW as V7_NOW
-    from tests.storage.test_migrate_fixture_v7 import copy_v7
+    from tests.support.fixture_v7 import NOW as V7_NOW
+    from tests.support.fixture_v7 import copy_v7
 
     db, key = copy_v7(tmp_path)
     with Scratchpad.open(db, keyring=Keyring.from_key_file(key)) as pad:

@@ -24,16 +24,15 @@ from typing import Any
 import apsw
 import pytest
 
-from securepad import Keyring, Policy, Principal, Scratchpad
+from securepad import Keyring, Policy, Scratchpad
 from securepad.errors import IntegrityError, NotFoundError
 from securepad.store import parts
 from securepad.tables.heads.cache import HeadCache
 from securepad.tables.heads.tally import Head
 from securepad.testing.meters import ReadMeter
+from tests.support.principals import ALICE, NOW
 from tests.support.tamper_edits import raw_file, record_batches
 
-ALICE = Principal("alice", "planner", "web")
-NOW = 1_000_000.0
 LATER = NOW + 100
 TURN = "t1"
 

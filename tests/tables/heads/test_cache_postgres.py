@@ -20,37 +20,20 @@ from typing import Any
 
 import pytest
 
-from securepad import Keyring, Principal, Scratchpad
+from securepad import Keyring, Scratchpad
 from securepad.errors import IntegrityError, NotFoundError
 from securepad.testing.meters import ReadMeter
 from tests.support.tamper_edits import record_batches
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
-from psycopg import Connection  # noqa: E402  (needs psycopg)
 from psycopg_pool import ConnectionPool  # noqa: E402
 
 from securepad.testing.pgbouncer import PgBouncer, find_pgbouncer  # noqa: E402
+from tests.support.counting import CountingConnection, trips  # noqa: E402
+from tests.support.principals import ALICE, NOW  # noqa: E402
 
-ALICE = Principal("alice", "planner", "web")
-NOW = 1_000_000.0
 LATER = NOW + 100
 TURN = "t1"
-
-
-class CountingConnection(Connection[Any]):
-    """A psycopg connection that counts its waits for the server (round trips)."""
-
-    waits = 0
-
-    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        CountingConnection.waits += 1
-        return super().wait(gen, *args, **kwargs)
-
-
-def trips(call: Callable[[], object]) -> int:
-    before = CountingConnection.waits
-    call()
-    return CountingConnection.waits - before
 
 
 @contextmanager

@@ -14,14 +14,11 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from securepad import Principal, Scratchpad
+from securepad import Scratchpad
 from securepad.tables.heads.cache import CACHE_TURNS, HeadCache
 from securepad.tables.heads.tally import Head
 from securepad.testing.meters import ReadMeter
-
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
-NOW = 1_000_000.0
+from tests.support.principals import ALICE, BOB, NOW
 
 
 class _Scope:

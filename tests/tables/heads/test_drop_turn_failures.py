@@ -9,12 +9,11 @@ from typing import Any
 
 import pytest
 
-from securepad import AsyncScratchpad, IntegrityError, Keyring, Principal, Scratchpad
+from securepad import AsyncScratchpad, IntegrityError, Keyring, Scratchpad
 from securepad.tables.heads.heads import OWNER_HEAD
+from tests.support.principals import ALICE, NOW
 from tests.support.tamper_edits import Raw, as_admin, on_sqlite, record_turn, tail_truncation
 
-ALICE = Principal("alice", "planner", "web")
-NOW = 1_000_000.0
 LATER = NOW + 100
 
 

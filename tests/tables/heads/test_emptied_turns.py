@@ -23,10 +23,9 @@ from securepad import IntegrityError, Keyring, Principal, Scratchpad
 from securepad.store import parts
 from securepad.tables.entries.entries import every_row
 from securepad.tables.heads.heads import OWNER_HEAD, USAGE_HEAD
+from tests.support.principals import ALICE, NOW
 from tests.support.tamper_edits import Raw, as_admin, on_sqlite, whole_turn_removed
 
-ALICE = Principal("alice", "planner", "web")
-NOW = 1_000_000.0
 SECRET = "turn-named-after-a-secret"
 
 

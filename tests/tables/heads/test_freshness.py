@@ -27,11 +27,9 @@ from securepad import Keyring, Policy, Principal, Scratchpad
 from securepad.errors import IntegrityError, StoreBusyError
 from securepad.store import parts
 from securepad.testing.meters import ReadMeter
+from tests.support.principals import ALICE, BOB, NOW
 from tests.support.tamper_edits import raw_file
 
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
-NOW = 1_000_000.0
 LATER = NOW + 10
 LENGTHS = (100, 3000)
 # What a warm ``get`` fetches: the entry's row and the head statement's token row.

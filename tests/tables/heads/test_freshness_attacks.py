@@ -13,13 +13,12 @@ from typing import Any
 
 import pytest
 
-from securepad import Keyring, Policy, Principal, Scratchpad
+from securepad import Keyring, Policy, Scratchpad
 from securepad.errors import IntegrityError
 from securepad.store import parts
+from tests.support.principals import ALICE, NOW
 from tests.support.tamper_edits import as_admin, raw_file
 
-ALICE = Principal("alice", "planner", "web")
-NOW = 1_000_000.0
 LATER = NOW + 10
 NO_BACKGROUND = Policy(anchor_sync="commit")
 # A text column's value with a NUL and more after it: SQLite's ``quote`` stops at the NUL.

@@ -11,11 +11,9 @@ from typing import Any
 
 import pytest
 
-from securepad import Keyring, NotFoundError, Principal, Scratchpad
+from securepad import Keyring, NotFoundError, Scratchpad
+from tests.support.principals import ALICE, BOB
 from tests.support.tamper_edits import NOW, TURN, record_turn
-
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
 
 
 def test_expiry_and_gc_are_no_tampering(store_location: Any, keyring: Keyring) -> None:

@@ -19,11 +19,12 @@ from typing import Any
 
 import pytest
 
-from securepad import Keyring, Principal, Scratchpad
+from securepad import Keyring, Scratchpad
 from securepad.bench.costs import turn_put_costs
 from securepad.errors import IntegrityError, InvalidArgumentError, NotFoundError
 from securepad.turn import record_next
 from tests.support.paths import FIXTURES
+from tests.support.principals import ALICE, BOB, NOW
 from tests.support.tamper_edits import (
     Edit,
     Raw,
@@ -49,9 +50,6 @@ from tests.support.tamper_edits import (
     whole_turn_removed,
 )
 
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
-NOW = 1_000_000.0
 TURN = "t1"
 
 

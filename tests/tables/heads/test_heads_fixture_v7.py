@@ -10,7 +10,8 @@ import apsw
 import pytest
 
 from securepad import IntegrityError, Keyring, Scratchpad
-from tests.storage.test_migrate_fixture_v7 import ALICE, EXPECTED, NOW, copy_v7
+from tests.support.fixture_v7 import EXPECTED, NOW, copy_v7
+from tests.support.principals import AGENT_ALICE as ALICE
 
 
 def _sql(db: Path, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:

@@ -11,11 +11,9 @@ import pytest
 
 psycopg = pytest.importorskip("psycopg")
 
-from securepad import IntegrityError, Keyring, Principal, Scratchpad  # noqa: E402
+from securepad import IntegrityError, Keyring, Scratchpad  # noqa: E402
+from tests.support.principals import ALICE, BOB, NOW  # noqa: E402
 
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
-NOW = 1_000_000.0
 TURN = "t1"
 
 

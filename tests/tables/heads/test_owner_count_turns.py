@@ -15,47 +15,14 @@ one the owner really had.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from typing import Any
 
 import pytest
 
-from securepad import IntegrityError, Principal, Scratchpad
+from securepad import IntegrityError, Scratchpad
 from securepad.tables.heads.heads import OWNER_HEAD, USAGE_HEAD
-from tests.support.tamper_edits import Raw, as_admin, on_sqlite
-
-ALICE = Principal("alice", "planner", "web")
-NOW = 1_000_000.0
-
-
-def _raw(pad: Scratchpad, where: Any) -> AbstractContextManager[Raw]:
-    return on_sqlite(where) if pad.backend == "sqlite" else as_admin(where)
-
-
-def _owner_heads(raw: Raw, which: tuple[str, ...]) -> list[tuple[Any, ...]]:
-    marks = ", ".join("?" * len(which))
-    return raw.execute(
-        f"SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads WHERE owner_user_id = 'alice'"
-        f" AND turn_id IN ({marks})",
-        which,
-    )
-
-
-def _put_back(raw: Raw, rows: list[tuple[Any, ...]]) -> None:
-    for owner, turn_id, version, sealed in rows:
-        raw.execute(
-            "UPDATE turn_heads SET key_version = ?, sealed = ? WHERE owner_user_id = ? AND turn_id = ?",
-            (version, sealed, owner, turn_id),
-        )
-
-
-def _remove_turn(raw: Raw, turn_id: str) -> None:
-    raw.execute(
-        "DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE owner_user_id = 'alice' AND turn_id = ?)",
-        (turn_id,),
-    )
-    for table in ("entries", "checkpoints", "compaction_marks", "turn_heads"):
-        raw.execute(f"DELETE FROM {table} WHERE owner_user_id = 'alice' AND turn_id = ?", (turn_id,))
+from tests.support.principals import ALICE, NOW
+from tests.support.tamper_edits import owner_heads, put_back, raw_edit, remove_turn
 
 
 def _owner_problems(pad: Scratchpad) -> list[str]:
@@ -67,14 +34,14 @@ def test_owner_heads_put_back_after_a_turn_was_removed_are_refused(
     pad: Scratchpad, store_location: Any, which: tuple[str, ...]
 ) -> None:
     pad.put(ALICE, "a", 1, "tool", "x" * 3000, now=NOW)
-    with _raw(pad, store_location) as raw:
-        old = _owner_heads(raw, which)
+    with raw_edit(pad, store_location) as raw:
+        old = owner_heads(raw, which)
     pad.put(ALICE, "new", 1, "tool", "the turn to hide", now=NOW)
     pad.turn(ALICE, "a", now=NOW).checkpoint(facts=["written after"], now=NOW)  # the owner's exclusive lock
     assert pad.verify(now=NOW)["ok"]
-    with _raw(pad, store_location) as raw:
-        _remove_turn(raw, "new")
-        _put_back(raw, old)
+    with raw_edit(pad, store_location) as raw:
+        remove_turn(raw, "new")
+        put_back(raw, old)
     with Scratchpad.open(store_location, keyring=pad.keyring) as again:
         assert _owner_problems(again)  # verify names the owner
         with pytest.raises(IntegrityError, match="older copy"):
@@ -86,13 +53,13 @@ def test_owner_heads_put_back_after_a_turn_was_removed_are_refused(
 
 def test_a_turn_created_after_the_removed_one_shows_it_too(pad: Scratchpad, store_location: Any) -> None:
     pad.put(ALICE, "a", 1, "tool", "x", now=NOW)
-    with _raw(pad, store_location) as raw:
-        old = _owner_heads(raw, (OWNER_HEAD, USAGE_HEAD))
+    with raw_edit(pad, store_location) as raw:
+        old = owner_heads(raw, (OWNER_HEAD, USAGE_HEAD))
     pad.put(ALICE, "new", 1, "tool", "the turn to hide", now=NOW)
     pad.put(ALICE, "later", 1, "tool", "created after it", now=NOW)
-    with _raw(pad, store_location) as raw:
-        _remove_turn(raw, "new")
-        _put_back(raw, old)
+    with raw_edit(pad, store_location) as raw:
+        remove_turn(raw, "new")
+        put_back(raw, old)
     with Scratchpad.open(store_location, keyring=pad.keyring) as again:
         problems = [p for p in again.verify(now=NOW)["problems"] if p["what"] == "owner head"]
         assert [p["turn_id"] for p in problems] == ["later"]

@@ -15,13 +15,12 @@ from typing import Any
 
 import pytest
 
-from securepad import IntegrityError, Keyring, Principal, Scratchpad
+from securepad import IntegrityError, Keyring, Scratchpad
 from securepad.store import parts
 from securepad.tables.heads.heads import OWNER_HEAD, USAGE_HEAD
-from tests.tables.heads.test_owner_count_turns import _owner_heads, _put_back, _raw, _remove_turn
+from tests.support.principals import ALICE, NOW
+from tests.support.tamper_edits import owner_heads, put_back, raw_edit, remove_turn
 
-ALICE = Principal("alice", "planner", "web")
-NOW = 1_000_000.0
 TURNS = 12
 
 
@@ -69,13 +68,13 @@ def test_two_stores_creating_turns_of_one_owner_at_once_count_each(store_locatio
 
 def test_a_deleted_usage_head_does_not_switch_the_counter_check_off(pad: Scratchpad, store_location: Any) -> None:
     pad.put(ALICE, "a", 1, "tool", "x", now=NOW)
-    with _raw(pad, store_location) as raw:
-        old = _owner_heads(raw, (OWNER_HEAD,))
+    with raw_edit(pad, store_location) as raw:
+        old = owner_heads(raw, (OWNER_HEAD,))
     pad.put(ALICE, "new", 1, "tool", "the turn to hide", now=NOW)
     pad.turn(ALICE, "a", now=NOW).checkpoint(facts=["written after"], now=NOW)  # the owner's exclusive lock
-    with _raw(pad, store_location) as raw:
-        _remove_turn(raw, "new")
-        _put_back(raw, old)
+    with raw_edit(pad, store_location) as raw:
+        remove_turn(raw, "new")
+        put_back(raw, old)
         raw.execute("DELETE FROM turn_heads WHERE owner_user_id = 'alice' AND turn_id = ?", (USAGE_HEAD,))
     with Scratchpad.open(store_location, keyring=pad.keyring) as again:
         problems = [p for p in again.verify(now=NOW)["problems"] if p["what"] == "owner head"]
@@ -140,14 +139,14 @@ def test_heads_put_back_from_before_the_counter_do_not_switch_it_off(pad: Scratc
         heads.write_body(conn, "alice", USAGE_HEAD, str(turn["r"]).encode())
     report = pad.verify(now=NOW)
     assert report["ok"], report["problems"]
-    with _raw(pad, store_location) as raw:
-        old = _owner_heads(raw, (OWNER_HEAD, USAGE_HEAD))
+    with raw_edit(pad, store_location) as raw:
+        old = owner_heads(raw, (OWNER_HEAD, USAGE_HEAD))
     pad.put(ALICE, "new", 1, "tool", "the turn to hide", now=NOW)
     pad.turn(ALICE, "a", now=NOW).checkpoint(facts=["written after"], now=NOW)  # the owner's exclusive lock
     assert pad.verify(now=NOW)["ok"]
-    with _raw(pad, store_location) as raw:
-        _remove_turn(raw, "new")
-        _put_back(raw, old)
+    with raw_edit(pad, store_location) as raw:
+        remove_turn(raw, "new")
+        put_back(raw, old)
     with Scratchpad.open(store_location, keyring=pad.keyring) as again:
         problems = [p for p in again.verify(now=NOW)["problems"] if p["what"] == "owner head"]
         assert [p["turn_id"] for p in problems] == ["a"]

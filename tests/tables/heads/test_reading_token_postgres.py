@@ -34,8 +34,8 @@ from securepad.testing.meters import ReadMeter
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from psycopg.rows import dict_row  # noqa: E402  (needs psycopg)
 
-ALICE = Principal("alice", "planner", "web")
-NOW = 1_000_000.0
+from tests.support.principals import ALICE, NOW  # noqa: E402
+
 LATER = NOW + 100
 TURN = "t1"
 STEPS = 30

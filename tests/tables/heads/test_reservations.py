@@ -26,9 +26,9 @@ from securepad.tables.heads.owner import USAGE_HEAD
 from securepad.tables.heads.quota import CHUNK
 from securepad.tables.heads.tally import Tally
 from tests.support.older_heads import as_format_2
-from tests.tables.heads.test_usage import exact, reserved, totals
+from tests.support.principals import NOW
+from tests.support.usage import exact, reserved, totals
 
-NOW = 1_000_000.0
 QUOTA = 60_000
 POLICY = Policy(owner_quota_bytes=QUOTA, max_entry_bytes=12_000)
 _owners = itertools.count()

@@ -21,10 +21,9 @@ psycopg = pytest.importorskip("psycopg")
 from securepad import Keyring, Policy, Principal, QuotaExceededError, Scratchpad  # noqa: E402
 from securepad.store import parts  # noqa: E402
 from securepad.tables.entries.entries import every_row  # noqa: E402
-from tests.tables.heads.test_usage import exact  # noqa: E402
-
-ALICE = Principal("alice", "agent", "web")
-NOW = 1_000_000.0
+from tests.support.principals import AGENT_ALICE as ALICE  # noqa: E402
+from tests.support.principals import NOW  # noqa: E402
+from tests.support.usage import exact  # noqa: E402
 
 
 def _waiting(pg_dsn: str) -> int:
@@ -156,7 +155,7 @@ def test_round_trips_of_a_put_in_each_mode(pg_dsn: str, keyring: Keyring) -> Non
     message that cannot write: the 2 of a grant."""
     from psycopg_pool import ConnectionPool
 
-    from tests.storage.postgres.test_round_trips import CountingConnection, trips
+    from tests.support.counting import CountingConnection, trips
 
     policy = Policy(owner_quota_bytes=200_000, max_entry_bytes=190_000)
     kwargs = {"autocommit": True}

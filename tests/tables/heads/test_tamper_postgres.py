@@ -32,8 +32,9 @@ from typing import Any
 
 import pytest
 
-from securepad import Keyring, Principal, Scratchpad
+from securepad import Keyring, Scratchpad
 from securepad.errors import IntegrityError, NotFoundError
+from tests.support.principals import ALICE, BOB, NOW
 from tests.support.tamper_edits import (
     Edit,
     Raw,
@@ -60,9 +61,6 @@ from tests.support.tamper_edits import (
     whole_turn_removed,
 )
 
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
-NOW = 1_000_000.0
 LATER = NOW + 100
 TURN = "t1"
 

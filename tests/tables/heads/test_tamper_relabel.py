@@ -18,13 +18,12 @@ from typing import Any
 import apsw
 import pytest
 
-from securepad import IntegrityError, Keyring, NotFoundError, Principal, Scratchpad, Turn
+from securepad import IntegrityError, Keyring, NotFoundError, Scratchpad, Turn
+from tests.support.principals import ALICE, BOB
 
 NOW = 5_000_000.0
 TURN = "turn-shared"
 SECRET = "bob-secret-4f1c"
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
 REFUSED = (IntegrityError, NotFoundError)
 
 

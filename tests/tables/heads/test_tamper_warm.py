@@ -28,6 +28,7 @@ import pytest
 
 from securepad import Keyring, Principal, Scratchpad
 from securepad.errors import IntegrityError, NotFoundError
+from tests.support.principals import ALICE, BOB
 from tests.support.tamper_edits import (
     NOW,
     TURN,
@@ -53,8 +54,6 @@ from tests.support.tamper_edits import (
     turn_relabelled,
 )
 
-ALICE = Principal("alice", "planner", "web")
-BOB = Principal("bob", "planner", "web")
 LATER = NOW + 100
 
 # The nine edits of the issue (snapshot rollback aside: that is a whole file put

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from securepad import IntegrityError, InvalidArgumentError, Keyring, Principal, Scratchpad
+from securepad import IntegrityError, InvalidArgumentError, Keyring, Scratchpad
+from tests.support.principals import ALICE, NOW
 from tests.support.tamper_edits import (
     Edit,
     Raw,
@@ -31,8 +32,6 @@ from tests.support.tamper_edits import (
     tail_truncation,
 )
 
-ALICE = Principal("alice", "planner", "web")
-NOW = 1_000_000.0
 LATER = NOW + 100
 
 WRITES: dict[str, Callable[[Scratchpad, dict[str, Any]], Any]] = {

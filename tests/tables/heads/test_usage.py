@@ -22,53 +22,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from securepad import Keyring, Policy, Principal, QuotaExceededError, Scratchpad
+from securepad import Keyring, Policy, QuotaExceededError, Scratchpad
 from securepad.store import parts, sqlite_of
 from securepad.tables.entries.entries import every_row
-from securepad.tables.heads.heads import USAGE_HEAD, Tally
-from tests.storage.test_migrate_fixture_v7 import EXPECTED, copy_v7
+from securepad.tables.heads.heads import USAGE_HEAD
+from tests.support.fixture_v7 import EXPECTED, copy_v7
 from tests.support.older_heads import as_format_2
-
-ALICE = Principal("alice", "agent", "web")
-BOB = Principal("bob", "agent", "web")
-NOW = 1_000_000.0
-
-
-def totals(pad: Scratchpad) -> dict[str, Any]:
-    """Each owner's usage total as its usage head holds it (opened: authenticated)."""
-    heads = parts(pad).heads.all_heads()
-    return {owner: by_turn.get(USAGE_HEAD) for owner, by_turn in heads.items()}
-
-
-def _turns(pad: Scratchpad, field: str) -> dict[str, int]:
-    found: dict[str, int] = {}
-    for owner, by_turn in parts(pad).heads.all_heads().items():
-        for head in by_turn.values():
-            if isinstance(head, Tally):
-                found[owner] = found.get(owner, 0) + int(getattr(head, field))
-    return found
-
-
-def reserved(pad: Scratchpad) -> dict[str, int]:
-    """The sum of each owner's turns' reservations (what its usage head must hold)."""
-    return _turns(pad, "r")
-
-
-def exact(pad: Scratchpad) -> None:
-    """The usage heads hold the turns' reservations, which cover the turns'
-    bytes, which are the entries' stored bytes."""
-    owners = {owner: total for owner, total in totals(pad).items() if total is not None}
-    assert owners == {owner: reserved(pad).get(owner, 0) for owner in owners}
-    assert {o: b for o, b in _turns(pad, "b").items() if b} == stored(pad)
-    assert all(owners[owner] >= used for owner, used in stored(pad).items())
-
-
-def stored(pad: Scratchpad) -> dict[str, int]:
-    """The sum of the entries' stored_bytes by owner (what the total must equal)."""
-    found: dict[str, int] = {}
-    for row in every_row(parts(pad).db):
-        found[row["owner_user_id"]] = found.get(row["owner_user_id"], 0) + int(row["stored_bytes"])
-    return found
+from tests.support.principals import AGENT_ALICE as ALICE
+from tests.support.principals import AGENT_BOB as BOB
+from tests.support.principals import NOW
+from tests.support.usage import exact, reserved, stored, totals, turns
 
 
 def test_every_write_keeps_the_usage_total_exact(pad: Scratchpad) -> None:
@@ -97,7 +60,7 @@ def test_a_new_owner_starts_at_zero_and_an_emptied_turn_gives_back_its_whole_res
     pad.delete(ALICE, entry["scratchpad_id"], now=NOW)
     # The delete left the turn empty: its head went, and with it the rest of its grant.
     assert totals(pad) == {"alice": reserved(pad)["alice"], "bob": 0} and set(stored(pad)) == {"alice"}
-    assert _turns(pad, "b") == {"alice": stored(pad)["alice"]}
+    assert turns(pad, "b") == {"alice": stored(pad)["alice"]}
     assert pad.verify(now=NOW)["ok"]
 
 
