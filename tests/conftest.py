@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from securepad import Keyring, Principal, Scratchpad
+from tests.support.moto_kms import AWS_VARIABLES, SECUREPAD_ACTIONS, MotoKms, start_moto
 from tests.support.principals import ALICE, BOB
 from tests.support.softhsm import SoftHsm, find_softhsm
 from tests.support.sources import master_key_uri  # noqa: F401 - a fixture: a fresh key's URI on each source
@@ -260,3 +261,39 @@ def small_disk(tmp_path: Path, small_disk_mib: int) -> Iterator[Path]:
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.fixture(scope="session")
+def moto_kms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoKms]:
+    """moto's KMS server on 127.0.0.1 for this test process, IAM enforced: users
+    ``admin`` (everything), ``securepad`` (the documented actions) and
+    ``no-decrypt`` (those but kms:Decrypt)."""
+    server = start_moto(tmp_path_factory.mktemp("moto") / "moto_server.log")
+    try:
+        server.add_user("admin", ["kms:*", "iam:*"])
+        server.add_user("securepad", SECUREPAD_ACTIONS)
+        server.add_user("no-decrypt", [a for a in SECUREPAD_ACTIONS if a != "kms:Decrypt"])
+        server.enforce_iam()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def kms_env(moto_kms: MotoKms, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> MotoKms:
+    """This test (and the processes it starts) acts as the ``securepad`` IAM
+    user against ``moto_kms``, and reads no AWS file or variable of the machine."""
+    for name in AWS_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    for name, value in moto_kms.aws_environment().items():
+        monkeypatch.setenv(name, value)
+    return moto_kms
+
+
+@pytest.fixture
+def kms_key(kms_env: MotoKms) -> str:
+    """A new KMS key's URI, ``aws-kms://arn:aws:kms:…``, usable by this test."""
+    return "aws-kms://" + kms_env.new_key()

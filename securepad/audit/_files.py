@@ -129,6 +129,16 @@ def master_key_source(ctx: Context) -> str:
     return f"{keyring.identifier}: " + "; ".join(check.detail for check in checks)
 
 
+def _recorded_stores(key_file: Path) -> frozenset[str]:
+    """The store ids recorded beside ``key_file`` (``<key file>.stores``, written by
+    the command line: cli/key_files.py); nothing when it is absent or unreadable."""
+    try:
+        stores = json.loads(key_file.with_name(key_file.name + ".stores").read_text("utf-8"))["stores"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return frozenset()
+    return frozenset(s for s in stores if isinstance(s, str)) if isinstance(stores, list) else frozenset()
+
+
 def no_key_file_left(ctx: Context) -> str:
     """A store whose master key is in a token or KMS: no key file that opened it
     lies around (it would open every copy of the store made before the move)."""
@@ -143,16 +153,6 @@ def no_key_file_left(ctx: Context) -> str:
             f" moved to {keyring.identifier}; delete it once no backup needs it and no other store uses it"
         )
     return f"no key file recorded for this store at {', '.join(sorted(map(str, candidates)))}"
-
-
-def _recorded_stores(key_file: Path) -> list[str]:
-    """The store ids the command line recorded beside ``key_file`` (``<key file>.stores``:
-    ``cli.key_files``); none when there is no readable record."""
-    try:
-        stores = json.loads(key_file.with_name(key_file.name + ".stores").read_text("utf-8"))["stores"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
-    return [s for s in stores if isinstance(s, str)] if isinstance(stores, list) else []
 
 
 def secure_delete_on(ctx: Context) -> str:

@@ -14,6 +14,7 @@ __all__ = [
     "ALL_OWNER_KEYS_SQL",
     "ANY_OWNER_KEY_SQL",
     "COUNT_WRAPS_SQL",
+    "DELETE_META_SQL",
     "DELETE_OWNER_KEYS_SQL",
     "INSERT_META_SQL",
     "META_SQL",
