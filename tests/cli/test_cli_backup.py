@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,16 +140,16 @@ def test_no_write_commits_between_the_copy_kept_aside_and_the_restore(
     so no write is lost from both files."""
     import apsw
 
-    from securepad.storage.sqlite import Database
+    from securepad.storage import sqlite
 
     with Scratchpad.open(tmp_path / "s.db", keyring=keyring) as pad:
         pad.put(bob, "t", 1, "x", "kept")
         pad.backup(tmp_path / "b.db")
         pad.put(bob, "t", 2, "x", "written after the backup")
     refused: list[type[BaseException]] = []
-    copy_as_read = Database._copy_as_read
+    copy_as_read = sqlite._copy_as_read
 
-    def copy_while_another_connection_writes(self: Database, dest: Path) -> None:
+    def copy_while_another_connection_writes(path: Path, dest: Path, error: Any) -> None:
         other = apsw.Connection(str(tmp_path / "s.db"))
         other.setbusytimeout(0)
         try:
@@ -159,9 +160,9 @@ def test_no_write_commits_between_the_copy_kept_aside_and_the_restore(
             other.execute("ROLLBACK")
         finally:
             other.close()
-        copy_as_read(self, dest)
+        copy_as_read(path, dest, error)
 
-    monkeypatch.setattr(Database, "_copy_as_read", copy_while_another_connection_writes)
+    monkeypatch.setattr(sqlite, "_copy_as_read", copy_while_another_connection_writes)
     result = Scratchpad.restore(tmp_path / "s.db", tmp_path / "b.db", keyring=keyring)
     assert refused == [apsw.BusyError]
     with Scratchpad.open(result["replaced"], keyring=keyring, anchor=False) as replaced:

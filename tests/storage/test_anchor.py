@@ -281,6 +281,7 @@ from securepad import Keyring, Policy, Principal, Scratchpad
 
 db, key, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 keyring = Keyring.from_key_file(key)
+ALICE = Principal("alice", "planner", "web")
 
 
 def write(turn, steps, policy, ready=None):
