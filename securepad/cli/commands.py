@@ -95,11 +95,29 @@ def init() -> None:
     emit(result, render)
 
 
+# Deeper JSON is refused before it is parsed: the parser's recursion would
+# reach the interpreter's limit, and objects finalized meanwhile fail noisily.
+MAX_INPUT_DEPTH = 1000
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_JSON_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def _json_depth(raw: bytes) -> int:
+    """How deep ``raw``'s arrays and objects nest (brackets inside strings aside)."""
+    depth = deepest = 0
+    for match in _JSON_BRACKET.finditer(_JSON_STRING.sub(b"", raw)):
+        depth += 1 if match.group() in (b"[", b"{") else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
 def _decode(raw: bytes, kind: str) -> Any:
     try:
         if kind == "text":
             return raw.decode("utf-8")
         if kind == "json":
+            if _json_depth(raw) > MAX_INPUT_DEPTH:
+                raise RecursionError
             return json.loads(raw)
     except ValueError as exc:  # bad UTF-8, bad JSON, or an integer past Python's 4,300-digit limit
         raise click.BadParameter(f"input is not valid {kind}: {exc}", param_hint="SOURCE") from None

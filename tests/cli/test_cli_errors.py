@@ -105,6 +105,13 @@ def test_deeply_nested_json_input_is_a_typed_one_line_error(cli: Cli) -> None:
     assert as_json(cli("--json", "stats"))["entries"] == 0
 
 
+def test_brackets_inside_json_strings_do_not_count_as_nesting(cli: Cli) -> None:
+    ok(cli("init"))
+    text = '{"a": "' + "[" * 5000 + '\\"{"}'
+    ok(cli("put", "--owner", "bob", "--turn", "t", "--step", "1", "--kind", "json", input=text))
+    assert as_json(cli("--json", "stats"))["entries"] == 1
+
+
 @pytest.mark.parametrize("owner", ["\\[/]", "\\[link=https://example.com]x\\[/link]", "[bold]b[/bold]"])
 def test_owner_ids_with_markup_are_shown_as_text(cli: Cli, owner: str) -> None:
     ok(cli("init"))
