@@ -98,16 +98,21 @@ def init() -> None:
 # Deeper JSON is refused before it is parsed: the parser's recursion would
 # reach the interpreter's limit, and objects finalized meanwhile fail noisily.
 MAX_INPUT_DEPTH = 1000
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_JSON_BRACKET = re.compile(rb"[\[\]{}]")
+# A string (to its closing quote, or to the end of an unterminated one: one
+# pass, linear) or a bracket.
+_JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*(?:"|\\?\Z)|[\[\]{}]')
 
 
 def _json_depth(raw: bytes) -> int:
     """How deep ``raw``'s arrays and objects nest (brackets inside strings aside)."""
     depth = deepest = 0
-    for match in _JSON_BRACKET.finditer(_JSON_STRING.sub(b"", raw)):
-        depth += 1 if match.group() in (b"[", b"{") else -1
-        deepest = max(deepest, depth)
+    for match in _JSON_TOKEN.finditer(raw):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in (b"]", b"}"):
+            depth -= 1
     return deepest
 
 
