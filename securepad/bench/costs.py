@@ -84,7 +84,7 @@ def put_costs(pad: Scratchpad, principal: Principal, size_bytes: int) -> dict[st
     """The costs of one put of ``size_bytes`` of text into a new turn (the owner's key already exists).
 
     Returns ``{"statements", "trigger_statements", "wal_frames", "key_derivations",
-    "key_unwraps", "header_digests"}``. Raises ``SecurepadError`` on a PostgreSQL store.
+    "key_unwraps", "header_digests", "head_opens"}``. Raises ``SecurepadError`` on a PostgreSQL store.
     """
     text = _text(size_bytes)
     turn = f"costs-{secrets.token_hex(4)}"

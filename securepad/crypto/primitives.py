@@ -105,20 +105,26 @@ def lp(*parts: str | bytes) -> bytes:
 
 
 class WorkCounter:
-    """How much key work this process did: HKDF derivations, key unwraps and
-    entry-header digests. A load-independent measure of a call's cost (the
-    benchmarks' cost meter and the hot-path tests read it; approximate when
-    several threads count at once)."""
+    """How much key work this process did: HKDF derivations, key unwraps,
+    entry-header digests and sealed heads opened. A load-independent measure of
+    a call's cost (the benchmarks' cost meter and the hot-path tests read it;
+    approximate when several threads count at once)."""
 
-    __slots__ = ("derivations", "digests", "unwraps")
+    __slots__ = ("derivations", "digests", "head_opens", "unwraps")
 
     def __init__(self) -> None:
         self.derivations = 0
         self.unwraps = 0
         self.digests = 0
+        self.head_opens = 0
 
     def snapshot(self) -> dict[str, int]:
-        return {"key_derivations": self.derivations, "key_unwraps": self.unwraps, "header_digests": self.digests}
+        return {
+            "key_derivations": self.derivations,
+            "key_unwraps": self.unwraps,
+            "header_digests": self.digests,
+            "head_opens": self.head_opens,
+        }
 
 
 WORK = WorkCounter()
@@ -301,6 +307,7 @@ class Wrapper:
         """
         if not isinstance(blob, bytes) or len(blob) < 28:
             raise IntegrityError("a sealed head is truncated")
+        WORK.head_opens += 1
         try:
             return self._aead.decrypt(blob[:12], blob[12:], aad)
         except InvalidTag:

@@ -70,8 +70,10 @@ def test_a_put_runs_few_statements_and_appends_few_wal_frames(filled: Scratchpad
         assert costs["statements"] == PUT_STATEMENTS, costs
         assert costs["trigger_statements"] == PUT_TRIGGER_STATEMENTS, costs
         assert costs["wal_frames"] <= MAX_FRAMES[size], costs
-        # One item key: one HKDF, one header digest; no unwrap (the owner key is cached).
+        # One item key: one HKDF, one header digest; no unwrap (the owner key is cached);
+        # no sealed head opened (the turn's is the one this process sealed last).
         assert (costs["key_derivations"], costs["key_unwraps"], costs["header_digests"]) == (1, 0, 1)
+        assert costs["head_opens"] == 0
 
 
 def test_a_put_into_an_owners_turn_writes_no_counter_page(db_path: Path, keyring: Keyring) -> None:
