@@ -60,7 +60,7 @@ def _counting(pad: Scratchpad) -> Iterator[dict[str, int]]:
     def trace(event: dict[str, Any]) -> None:
         counts["trigger_statements" if event.get("trigger") else "statements"] += 1
 
-    before = WORK.snapshot()
+    before, opened = WORK.snapshot(), WORK.head_opens
     conn.trace_v2(apsw.SQLITE_TRACE_STMT, trace)
     try:
         yield counts
@@ -68,6 +68,7 @@ def _counting(pad: Scratchpad) -> Iterator[dict[str, int]]:
         conn.trace_v2(0, None)
         after = WORK.snapshot()
         counts.update({name: after[name] - before[name] for name in after})
+        counts["head_opens"] = WORK.head_opens - opened
 
 
 def _measure(pad: Scratchpad, call: Callable[[], object]) -> dict[str, int]:

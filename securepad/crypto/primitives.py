@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import secrets
+import os
 import struct
 from typing import NoReturn, Protocol
 
@@ -71,7 +71,7 @@ class KeyHandle:
     @classmethod
     def random(cls) -> KeyHandle:
         """A fresh key from the OS's CSPRNG."""
-        return cls(secrets.token_bytes(KEY_BYTES))
+        return cls(os.urandom(KEY_BYTES))
 
     def __repr__(self) -> str:
         return "<KeyHandle (hidden)>"
@@ -97,11 +97,14 @@ class KeyHandle:
 
 def lp(*parts: str | bytes) -> bytes:
     """Length-prefixed concatenation: unambiguous, so ("ab","c") != ("a","bc")."""
-    out = bytearray()
+    pieces: list[bytes] = []
     for part in parts:
         data = part.encode("utf-8") if isinstance(part, str) else part
-        out += struct.pack(">I", len(data)) + data
-    return bytes(out)
+        pieces += (_LENGTH(len(data)), data)
+    return b"".join(pieces)
+
+
+_LENGTH = struct.Struct(">I").pack
 
 
 class WorkCounter:
@@ -119,12 +122,8 @@ class WorkCounter:
         self.head_opens = 0
 
     def snapshot(self) -> dict[str, int]:
-        return {
-            "key_derivations": self.derivations,
-            "key_unwraps": self.unwraps,
-            "header_digests": self.digests,
-            "head_opens": self.head_opens,
-        }
+        """The key work: derivations, unwraps, header digests (``head_opens`` apart)."""
+        return {"key_derivations": self.derivations, "key_unwraps": self.unwraps, "header_digests": self.digests}
 
 
 WORK = WorkCounter()
@@ -273,7 +272,7 @@ class Wrapper:
 
     def wrap(self, key: KeyHandle, aad: bytes) -> bytes:
         """Seal ``key``."""
-        nonce = secrets.token_bytes(12)
+        nonce = os.urandom(12)
         return nonce + self._aead.encrypt(nonce, key._key, aad)
 
     def wrap_new(self, aad: bytes) -> bytes:
@@ -296,7 +295,7 @@ class Wrapper:
 
     def seal(self, data: bytes, aad: bytes) -> bytes:
         """Seal a small payload directly under this key (a turn head): random nonce || ciphertext || tag."""
-        nonce = secrets.token_bytes(12)
+        nonce = os.urandom(12)
         return nonce + self._aead.encrypt(nonce, data, aad)
 
     def open(self, blob: object, aad: bytes) -> bytes:
@@ -408,7 +407,6 @@ class ContentIdentity:
         return "<ContentIdentity (hidden)>"
 
     def of(self, kind: str, segments: list[bytes]) -> str:
-        mac = hmac.new(self._key._key, lp("content", kind, str(sum(len(s) for s in segments))), hashlib.sha256)
-        for segment in segments:
-            mac.update(segment)
-        return f"{self._version}:{mac.hexdigest()}"
+        size = sum(len(s) for s in segments)
+        mac = hmac.digest(self._key._key, b"".join((lp("content", kind, str(size)), *segments)), "sha256")
+        return f"{self._version}:{mac.hex()}"
