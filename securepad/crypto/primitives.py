@@ -170,12 +170,13 @@ class CounterSeal:
     (``"anchor"``) apart: one cannot be pasted as the other.
     """
 
-    __slots__ = ("_key", "_names", "_store_id", "_term_prefix")
+    __slots__ = ("_key", "_names", "_store_id", "_term_mac")
 
     def __init__(self, key: KeyHandle, store_id: str) -> None:
         self._key = key
         self._store_id = store_id
-        self._term_prefix = lp(TAG, "term", store_id)
+        # Keyed once, the terms' domain absorbed: each term copies it (no keying, no digest lookup per term).
+        self._term_mac = hmac.new(key._key, lp(TAG, "term", store_id), hashlib.sha256)
         self._names: bytes | None = None  # the turn names' key, derived at its first use
 
     def __repr__(self) -> str:
@@ -200,7 +201,9 @@ class CounterSeal:
         Its own domain (``"term"`` and the store id, length-prefixed) keeps it
         apart from the counter tags; ``message`` must be self-delimiting
         (the callers pass msgpack)."""
-        return int.from_bytes(hmac.digest(self._key._key, self._term_prefix + message, "sha256"), "big")
+        mac = self._term_mac.copy()
+        mac.update(message)
+        return int.from_bytes(mac.digest(), "big")
 
     def turn_name(self, owner_user_id: str, message: bytes) -> str:
         """The keyed name (hex) of a turn an integration derives from ids its
@@ -397,16 +400,24 @@ class ContentIdentity:
     both sides of an owner-key rotation do not compare equal.
     """
 
-    __slots__ = ("_key", "_version")
+    __slots__ = ("_mac", "_version")
 
     def __init__(self, owner_key: KeyHandle, store_id: str, owner_user_id: str, version: int) -> None:
-        self._key = KeyHandle(derive(owner_key, "content-identity", lp(store_id, owner_user_id)))
+        # Keyed once: each identity copies it (no keying, no digest lookup per entry).
+        self._mac = hmac.new(
+            derive(owner_key, "content-identity", lp(store_id, owner_user_id)), digestmod=hashlib.sha256
+        )
         self._version = version
 
     def __repr__(self) -> str:
         return "<ContentIdentity (hidden)>"
 
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("key handles cannot be pickled")
+
     def of(self, kind: str, segments: list[bytes]) -> str:
-        size = sum(len(s) for s in segments)
-        mac = hmac.digest(self._key._key, b"".join((lp("content", kind, str(size)), *segments)), "sha256")
-        return f"{self._version}:{mac.hex()}"
+        mac = self._mac.copy()
+        mac.update(lp("content", kind, str(sum(len(s) for s in segments))))
+        for segment in segments:
+            mac.update(segment)
+        return f"{self._version}:{mac.hexdigest()}"

@@ -199,10 +199,22 @@ def term(seal: CounterSeal, owner: str, turn_id: str, kind: str, item_id: str, i
 _PACK = msgspec.msgpack.Encoder().encode
 
 
+_EXPIRY = (float, int)
+
+
 def _canonical(kind: str, item: tuple[Any, ...]) -> list[Any]:
     """The item with its numbers in one form (the expiry may come back an int or a
     float); the integral columns must be integers, never rounded (``int(10.5)``
     would give an edited row the term of the genuine one)."""
+    if kind == "e" and len(item) == 5:  # an entry's item of exactly the types it is written with
+        step, expires, stored, actor, channel = item
+        if (
+            type(step) is int
+            and type(stored) is int
+            and type(expires) in _EXPIRY
+            and type(actor) is type(channel) is str
+        ):
+            return [step, float(expires), stored, actor, channel]
     numbers, scope = (item[:3], item[3:]) if kind == "e" else (item[:2], item[2:])
     out: list[Any] = []
     for position, value in enumerate(numbers):
