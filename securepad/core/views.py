@@ -82,6 +82,22 @@ def scalars(observation: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
+# A view's own keys, as JSON strings (a scalar's key is measured).
+_KEY_SIZES = {
+    key: len(json.dumps(key))
+    for key in (
+        "step_num",
+        "size_bytes",
+        "kind",
+        "summary",
+        "metadata",
+        "list_field",
+        "count",
+        "schema",
+        "ref_hint",
+        "view_cut",
+    )
+}
 # What the store adds to a view ("ok" and the 16-hex id), as JSON.
 _VIEW_FRAME = len(json.dumps({"ok": True, "scratchpad_id": "0" * 16}, ensure_ascii=False))
 # Kept whatever the limit: they say what the entry is and how to read it.
@@ -132,7 +148,8 @@ def _view_size(view: dict[str, Any]) -> int:
         return 2
     if not all(type(key) is str for key in view):
         return _json_size(view)
-    return sum(_text_size(key) + 2 + _item_size(value) for key, value in view.items()) + 2 * len(view)
+    keys = sum(_KEY_SIZES.get(key) or _text_size(key) for key in view)
+    return keys + sum(map(_item_size, view.values())) + 4 * len(view)
 
 
 def fit_view(view: dict[str, Any], kept_scalars: dict[str, Any], limit: int) -> dict[str, Any]:
