@@ -294,7 +294,7 @@ class _Put:
     def reads(self) -> list[tuple[str, Params]]:
         """The write's reads, sent with BEGIN: version, quota, step and (PostgreSQL) the turn's heads."""
         quota = quota_sql(self.owner, self.created, self.step, records=not self.shared)
-        return with_heads(self.putter.dialect, quota, self.owner, self.turn_id)
+        return with_heads(self.putter.dialect, quota, self.owner, self.turn_id, turn_only=self.shared)
 
     def take_next_step(self, conn: Conn, row: dict[str, Any]) -> None:
         """``next_step``: the step after the turn's highest, the listing part sealed again if it moved."""
