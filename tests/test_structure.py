@@ -367,6 +367,8 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "securepad._assembly",
         "securepad._restore",
+        "securepad._housekeeping",
+        "securepad._place",
         "securepad.store",
         "securepad.turn",
         "securepad._steps",
