@@ -131,7 +131,7 @@ class PostgresDatabase:
         self.durability = durability
         self.schema = schema
         relay_pool_warnings()
-        self._session = Session(
+        self.session = Session(
             schema, lock_timeout_ms=lock_timeout_ms, statement_timeout_ms=statement_timeout_ms, durability=durability
         )
         self._statements = Statements(schema)
@@ -170,7 +170,7 @@ class PostgresDatabase:
                 answer in time (if that happened at COMMIT, the write may or
                 may not have been applied).
         """
-        opening = self._session.opening(owner, admin=admin, wait=wait, turn=turn)
+        opening = self.session.opening(owner, admin=admin, wait=wait, turn=turn)
         tx = Transaction(
             lambda: self.connections.checkout(admin),
             self.connections.checkin,
@@ -222,7 +222,7 @@ class PostgresDatabase:
                 statement): the implicit transaction was rolled back.
         """
         batch = [
-            self._session.opening(owner, admin=False, wait=True, turn=turn_id),
+            self.session.opening(owner, admin=False, wait=True, turn=turn_id),
             (translate(sql), params),
         ]
         call = self.connections.checkout(False)
@@ -267,7 +267,7 @@ class PostgresDatabase:
         pinned: Watch | None = getattr(self._pinned, "call", None)
         if pinned is not None:
             return self._in_snapshot(pinned, owner, statements)
-        batch = [self._session.settings(owner, admin), *((translate(sql), params) for sql, params in statements)]
+        batch = [self.session.settings(owner, admin), *((translate(sql), params) for sql, params in statements)]
         call: Watch | None = None
         try:
             for attempt in range(self.connections.pool_size + 1):
@@ -335,7 +335,7 @@ class PostgresDatabase:
         """
         for _ in range(2):
             send(call, self._statements, [(_BEGIN_SNAPSHOT, ())], first=False)
-            send(call, self._statements, [self._session.settings(None, True)], first=True)
+            send(call, self._statements, [self.session.settings(None, True)], first=True)
             if call.pgconn.transaction_status == TransactionStatus.INTRANS:
                 return
         raise StoreUnavailableError("PostgreSQL did not keep the read snapshot's transaction open; try again")
@@ -343,7 +343,7 @@ class PostgresDatabase:
     def _in_snapshot(self, call: Watch, owner: str | None, statements: tuple[tuple[str, Params], ...]) -> list[Rows]:
         """``queries`` inside this thread's ``snapshot``: on its connection, as
         housekeeping with ``owner`` set (no retry: the snapshot is the connection's)."""
-        batch = [self._session.settings(owner, True), *((translate(sql), params) for sql, params in statements)]
+        batch = [self.session.settings(owner, True), *((translate(sql), params) for sql, params in statements)]
         call.deadline = time.monotonic() + self.connections.call_timeout(True)
         try:
             results = send(call, self._statements, batch, first=False)

@@ -46,7 +46,8 @@ class Session:
 
     def __init__(self, schema: str, *, lock_timeout_ms: int, statement_timeout_ms: int, durability: str) -> None:
         self.schema = schema
-        self._lock_timeout = f"{int(lock_timeout_ms)}ms"
+        # How long a transaction waits for an advisory or row lock (the server's ``lock_timeout``).
+        self.lock_timeout = f"{int(lock_timeout_ms)}ms"
         self._statement_ms = int(statement_timeout_ms)
         self._synchronous_commit = SYNCHRONOUS_COMMIT[durability]
         self._store_lock = lock_key("securepad-store", schema)
@@ -58,7 +59,7 @@ class Session:
             ADMIN_ROLE if admin else APP_ROLE,
             self.schema,
             owner or "",
-            self._lock_timeout,
+            self.lock_timeout,
             f"{statement_ms}ms",
             self._synchronous_commit,
         )
