@@ -243,6 +243,10 @@ class Database:
             # Double-quoted strings are identifiers only, never string literals.
             conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
             conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
+            # One plan per statement whatever values are bound: without it SQLite
+            # compiles a statement again at a bind when its plan compared a bound
+            # value (the turn read's, every time), and a plan never depends on a value.
+            conn.config(apsw.SQLITE_DBCONFIG_ENABLE_QPSG, 1)
             conn.execute("PRAGMA journal_mode = WAL")
             # The policy's durability (docs/reliability.md). NORMAL: a commit is
             # durable once the WAL is synced at checkpoint; a power cut (not a
