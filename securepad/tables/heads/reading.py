@@ -97,18 +97,18 @@ _SQLITE_ROWS = (
     f" || ',' || {_CHANNEL} FROM compaction_marks WHERE owner_user_id = p.owner AND turn_id = p.turn)))"
 )
 # A read's first statement on SQLite when it sends a cached token: the token
-# alone, as a ``q`` row, never the inventory (``first_part_only``). When the token
-# is the one sent the inventory verified with it holds, exactly as when the
-# whole statement finds it the same; otherwise the read runs the whole
+# alone, as a ``q`` row, never the inventory (``first_part_only``): the data
+# version, the turn's sealed head and, only when the data version moved, the
+# rows' text (``_SQLITE_ROWS``, its owner and turn written in: ``quick_params``).
+# When it holds the inventory verified with it holds, exactly as when the
+# whole statement finds the token the same; otherwise the read runs the whole
 # statement (``Inventories.checked``). Opening and closing the whole
 # statement's branches, even unread, costs a warm read more than the rest of
 # the read together, and most reads find the token unchanged.
 _SQLITE_QUICK = (
-    "WITH p AS (SELECT ? AS version, ? AS sealed, ? AS owner, {turn} AS turn)"
-    " SELECT 'q' AS k, NULL AS turn_id, t.sealed AS sealed, 0 AS n, t.version AS actor,"
-    " CASE WHEN t.version IS NOT p.version AND t.sealed IS p.sealed THEN {rows} END AS channel"
-    " FROM (SELECT data_version AS version, (SELECT sealed FROM turn_heads"
-    " WHERE owner_user_id = p.owner AND turn_id = p.turn) AS sealed FROM pragma_data_version(), p) AS t, p"
+    "SELECT 'q' AS k, NULL AS turn_id, (SELECT sealed FROM turn_heads WHERE owner_user_id = ? AND turn_id = {turn})"
+    " AS sealed, 0 AS n, data_version AS actor, CASE WHEN data_version IS ? THEN NULL ELSE {rows} END AS channel"
+    " FROM pragma_data_version()"
 )
 _SQLITE_FRESHNESS = (
     "WITH p AS MATERIALIZED (SELECT ? AS version, ? AS sealed, ? AS rows_text, ? AS owner, {turn} AS turn),"
@@ -138,7 +138,8 @@ class InventoryReads:
             inventory = PG_INVENTORY_SQL.replace("{token}", PG_FRESHNESS)
             # With the cache off, PostgreSQL's statement computes no digest (nothing would keep it).
             bare = PG_INVENTORY_SQL.replace("{token}", PG_NO_FRESHNESS)
-        quick = _SQLITE_QUICK.replace("{rows}", _SQLITE_ROWS) if self._sqlite else ""
+        written_in = _SQLITE_ROWS.replace("p.owner", "?").replace("p.turn", "{turn}")
+        quick = _SQLITE_QUICK.replace("{rows}", written_in) if self._sqlite else ""
         self._templates = {"inventory": inventory, "bare": bare, "quick": quick}
         # Each statement written out once per turn expression of the reads (the text is long).
         self._written = {
@@ -245,7 +246,7 @@ class InventoryReads:
         found = entry_turn_params(value, scope or (("owner_user_id", owner),)) if by_entry else (value,)
         if self._sqlite:
             if function and token is not None and self.cache.enabled and kept:
-                return self._statement("quick", turn), (*token[:2], owner, *found)
+                return self._statement("quick", turn), (owner, *found, token[0], *(owner, *found) * 4)
             sent: Params = (None, None, None) if token is None else token
             statement = self._statement("inventory" if self.cache.enabled and kept else "bare", turn)
             turn_params = (owner, *found, OWNER_HEAD, *(owner, *found) * 3, owner)
