@@ -8,7 +8,9 @@ after the read's rows, and the inventory, which the database leaves out
   moves with every commit of any other connection) with the turn's sealed
   head, then, when the data version moved, the exact text of the turn's
   inventory rows. This process's own writes edit the cached inventory and
-  keep the head they sealed (``Heads.change``).
+  keep the head they sealed (``Heads.change``). A read that sends a cached
+  token sends the token's statement alone, and the whole one only when the
+  token moved (``_SQLITE_QUICK``).
 * PostgreSQL's is the server's snapshot, then the turn's sealed head with the
   server's SHA-256 of the inventory's rows; a read that sends a cached token
   calls the schema's read function instead (``pg_read_functions``).
