@@ -174,9 +174,11 @@ def _roles_lock(pg_database: str) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def _pristine(pg_database: str) -> PristineStore:
+def _pristine(pg_database: str) -> Iterator[PristineStore]:
     """This test process's kept store in the session database's ``securepad`` schema."""
-    return PristineStore(pg_database)
+    store = PristineStore(pg_database)
+    yield store
+    store.disconnect()
 
 
 # Per test: whether its ``pad`` is the kept store (decided once, by whichever
@@ -192,7 +194,9 @@ def _lends_kept(request: pytest.FixtureRequest) -> bool:
     if _LENDS not in stash:
         callspec = getattr(request.node, "callspec", None)
         on_postgres = callspec is not None and callspec.params.get("backend") == "postgresql"
-        stash[_LENDS] = on_postgres and "pad" in request.fixturenames and request.getfixturevalue("_pristine").kept
+        stash[_LENDS] = bool(
+            on_postgres and "pad" in request.fixturenames and request.getfixturevalue("_pristine").kept
+        )
     return stash[_LENDS]
 
 

@@ -151,7 +151,7 @@ class PristineStore:
         try:
             kept = self._restore()
         except psycopg.Error:
-            self._disconnect()
+            self.disconnect()
             kept = False
         if not kept:
             self.drop()
@@ -161,6 +161,17 @@ class PristineStore:
         self.key = None
         self._connect().execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
         self.dropped += 1
+
+    def close(self) -> None:
+        """Drop the schema and close this process's connection."""
+        self.drop()
+        self.disconnect()
+
+    def disconnect(self) -> None:
+        """Close this process's connection (made again when needed)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def _restore(self) -> bool:
         if self.key is None:
@@ -177,11 +188,6 @@ class PristineStore:
         if self._conn is None or self._conn.closed:
             self._conn = psycopg.connect(self.dsn, autocommit=True)
         return self._conn
-
-    def _disconnect(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
 
 
 def _namespace(conn: psycopg.Connection[Any], schema: str) -> int | None:
