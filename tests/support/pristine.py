@@ -3,8 +3,8 @@ it is pristine before each reuse.
 
 Making a store (the whole migration list) and dropping its schema are most of
 a short PostgreSQL test's cost. ``PristineStore`` keeps one schema made by
-``Scratchpad.open`` and lends it to the next test that wants a new store,
-only when it is, again, what a new store is:
+``Scratchpad.open`` (and not yet written to: ``adopt``) and lends it to the
+next test that wants a new store, only when it is, again, what a new store is:
 
 - its catalog (tables, columns, indexes, constraints, triggers, row-level
   security policies and flags, functions and their source and settings,
@@ -136,9 +136,12 @@ class PristineStore:
         return True
 
     def adopt(self, key_file: Path) -> None:
-        """Take the store just made with the key in ``key_file`` as the pristine one."""
+        """Take the store just made with the key in ``key_file`` as the pristine
+        one, unless a row was already written to an owner's table."""
         self.key = None
         conn = self._connect()
+        if _written(conn, self.schema):
+            return
         self._catalog = _catalog_digest(conn, self.schema)
         row = conn.execute(f"SELECT value FROM {self.schema}.store_meta WHERE key = 'master_wrap_count'").fetchone()
         self._wrap_count = None if row is None else row[0]
@@ -159,7 +162,11 @@ class PristineStore:
     def drop(self) -> None:
         """Drop the schema (kept or not) and forget the kept store."""
         self.key = None
-        self._connect().execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
+        try:
+            self._connect().execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
+        except psycopg.OperationalError:  # the connection was lost: once more on a new one
+            self.disconnect()
+            self._connect().execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
         self.dropped += 1
 
     def close(self) -> None:
