@@ -4,9 +4,34 @@ server is reachable) in a temporary directory or a throwaway database.
 The ``pad`` fixture runs each test on both backends (ids ``[sqlite]`` and
 ``[postgresql]``), except tests that also take ``db_path`` (they work on the
 file) or are marked ``sqlite_only``. The PostgreSQL runs use one database per
-test session, created under a unique name and dropped at the end, and a fresh
-schema per test. Without a server they are skipped, saying why; with
+test session (per pytest-xdist worker), created under a unique name and
+dropped at the end. Without a server they are skipped, saying why; with
 ``CI=true`` a missing server is an error.
+
+A PostgreSQL ``pad`` is a store no earlier test touched. Making one (the whole
+migration list) costs far more than a short test, so each test process keeps
+the store it made last (``tests.support.pristine.PristineStore``) and lends it
+to its next ``pad`` test, with the same master key (``key_file`` writes the
+kept key's file before ``keyring`` reads it), only when it proves pristine
+after the test:
+
+- the ``securepad`` schema's catalog (tables, columns, indexes, constraints,
+  triggers, row-level security policies and flags, functions' source and
+  settings, owners, grants, sequences) has the digest taken right after the
+  store was made;
+- then every owner's table written to is truncated and the master key's wrap
+  count set back: the store's identity rows (``store_meta``) and
+  ``schema_version`` stay as they are;
+- then every table's rows, every relation's size and planner figures, and the
+  absence of column statistics have the digest taken when it was made.
+
+Any difference or error drops the schema, and the next test makes a new store.
+A test that takes ``pg_dsn`` without ``pad`` gets a database with no store
+schema (a kept one is dropped first), and its schema is dropped afterwards.
+The product keeps no cache across stores: each test opens its own
+``Scratchpad`` and connections, and the module-level caches
+(``functools.lru_cache`` in ``storage.postgres``) hold statement texts and
+lock keys, pure functions of their arguments.
 """
 
 from __future__ import annotations
@@ -26,6 +51,7 @@ from hypothesis import HealthCheck, settings
 from securepad import Keyring, Principal, Scratchpad
 from tests.support.moto_kms import AWS_VARIABLES, SECUREPAD_ACTIONS, MotoKms, start_moto
 from tests.support.principals import ALICE, BOB
+from tests.support.pristine import PristineStore
 from tests.support.softhsm import SoftHsm, find_softhsm
 from tests.support.sources import master_key_uri  # noqa: F401 - a fixture: a fresh key's URI on each source
 
@@ -49,8 +75,13 @@ def stable_repr(value: object) -> str:
 
 
 @pytest.fixture
-def key_file(tmp_path: Path) -> Path:
-    return tmp_path / "config" / "key"
+def key_file(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    """Where ``keyring``'s key file is: absent, or the kept store's key when
+    the test's ``pad`` is the kept PostgreSQL store (``_lends_kept``)."""
+    path = tmp_path / "config" / "key"
+    if _lends_kept(request):
+        request.getfixturevalue("_pristine").place_key(path)
+    return path
 
 
 @pytest.fixture
@@ -142,18 +173,51 @@ def _roles_lock(pg_database: str) -> Iterator[Any]:
         yield conn
 
 
+@pytest.fixture(scope="session")
+def _pristine(pg_database: str) -> Iterator[PristineStore]:
+    """This test process's kept store in the session database's ``securepad`` schema."""
+    store = PristineStore(pg_database)
+    yield store
+    store.disconnect()
+
+
+# Per test: whether its ``pad`` is the kept store (decided once, by whichever
+# of ``key_file`` and ``pg_dsn`` comes first), and whether ``pad`` opened.
+_LENDS = pytest.StashKey[bool]()
+_OPENED = pytest.StashKey[bool]()
+
+
+def _lends_kept(request: pytest.FixtureRequest) -> bool:
+    """Whether this test's ``pad`` is the kept PostgreSQL store: a test that
+    takes ``pg_dsn`` without ``pad`` expects an empty database."""
+    stash = request.node.stash
+    if _LENDS not in stash:
+        callspec = getattr(request.node, "callspec", None)
+        on_postgres = callspec is not None and callspec.params.get("backend") == "postgresql"
+        stash[_LENDS] = bool(
+            on_postgres and "pad" in request.fixturenames and request.getfixturevalue("_pristine").kept
+        )
+    return stash[_LENDS]
+
+
 @pytest.fixture
-def pg_dsn(pg_database: str, _roles_lock: Any) -> Iterator[str]:
-    """The session database, whose store schema is dropped after each test."""
+def pg_dsn(
+    pg_database: str, _roles_lock: Any, _pristine: PristineStore, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    """The session database: no store schema in it, or, for ``pad``, the kept
+    store. After the test the schema is dropped, or kept when ``pad`` used it
+    and it proves pristine again (``tests.support.pristine``)."""
+    if not _lends_kept(request) and _pristine.kept:
+        _pristine.drop()
     _roles_lock.execute("SELECT pg_advisory_lock_shared(%s)", (ROLES_LOCK,))
     try:
         yield pg_database
     finally:
         _roles_lock.execute("SELECT pg_advisory_unlock_shared(%s)", (ROLES_LOCK,))
-    import psycopg
-
-    with psycopg.connect(pg_database, autocommit=True) as conn:
-        conn.execute("DROP SCHEMA IF EXISTS securepad CASCADE")
+    if request.node.stash.get(_OPENED, False):
+        _pristine.give_back()
+    else:
+        _pristine.drop()
 
 
 def pg_login(pg_dsn: str, attributes: str = "NOBYPASSRLS", member_of: str = "") -> Iterator[str]:
@@ -224,8 +288,14 @@ def store_location(backend: str, request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.fixture
-def pad(store_location: Any, keyring: Keyring) -> Iterator[Scratchpad]:
+def pad(store_location: Any, keyring: Keyring, key_file: Path, request: pytest.FixtureRequest) -> Iterator[Scratchpad]:
+    """A store of the test's backend: on PostgreSQL, the kept store or a new one
+    (kept after the test when it proves pristine again)."""
     with Scratchpad.open(store_location, keyring=keyring) as store:
+        if not isinstance(store_location, Path):
+            if not _lends_kept(request) and key_file.is_file():
+                request.getfixturevalue("_pristine").adopt(key_file)
+            request.node.stash[_OPENED] = True
         yield store
 
 

@@ -7,13 +7,19 @@ expired one of another owner, a forged, guessed or malformed id) raises
 exactly ``NotFoundError`` with the message an absent id gets. The owner's
 own expired entry raises ``ExpiredError``. Run against every policy file in
 ``policies/``.
+
+On PostgreSQL each policy's store lives in a schema of its own, made by the
+first example and lent to the next ones while it proves pristine after each
+(``tests.support.pristine``: the catalog, the identity rows and every
+table's rows as when it was made, owners' tables emptied); else it is dropped
+and the next example makes a new one.
 """
 
 from __future__ import annotations
 
 import base64
 import os
-import secrets
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -37,6 +43,7 @@ from hypothesis.stateful import (
 from securepad import ExpiredError, InvalidArgumentError, Keyring, NotFoundError, Principal, Scratchpad
 from securepad.core import read_modes
 from securepad.policy import NOT_FOUND_MESSAGE
+from tests.support.pristine import PristineStore
 
 pytestmark = pytest.mark.slow
 
@@ -141,7 +148,7 @@ def read_arguments(mode: str, data: st.DataObject) -> dict[str, Any]:
 
 class IsolationMachine(RuleBasedStateMachine):
     policy_path: Path
-    pg_dsn: str | None = None  # a PostgreSQL database, or None for a SQLite file
+    kept: PristineStore | None = None  # the store kept between examples on PostgreSQL, or None for SQLite
 
     ids = Bundle("ids")
     # Mostly ids that exist or existed (any owner's), sometimes odd ones.
@@ -151,16 +158,19 @@ class IsolationMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="securepad-isolation-"))
         self.now = 1_000_000.0
-        # On PostgreSQL, a schema of its own per example (dropped in teardown).
-        self.schema = f"isolation_{secrets.token_hex(6)}"
-        where: Any = self.dir / "data" / "store.db" if self.pg_dsn is None else self.pg_dsn
+        # On PostgreSQL, the kept store, or a new one in its schema.
+        key_file = self.dir / "config" / "key"
+        lent = self.kept is not None and self.kept.place_key(key_file)
+        where: Any = self.dir / "data" / "store.db" if self.kept is None else self.kept.dsn
         self.pad = Scratchpad.open(
             where,
-            keyring=Keyring.from_key_file(self.dir / "config" / "key"),
+            keyring=Keyring.from_key_file(key_file),
             policy=self.policy_path,
             clock=lambda: self.now,
-            **({} if self.pg_dsn is None else {"schema": self.schema}),
+            **({} if self.kept is None else {"schema": self.kept.schema}),
         )
+        if self.kept is not None and not lent:
+            self.kept.adopt(key_file)
         self.scope = self.pad.policy.scope
         self.model: dict[str, Stored] = {}
         self.step = 0
@@ -171,11 +181,8 @@ class IsolationMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         self.pad.close()
         shutil.rmtree(self.dir, ignore_errors=True)
-        if self.pg_dsn is not None:
-            import psycopg
-
-            with psycopg.connect(self.pg_dsn, autocommit=True) as conn:
-                conn.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
+        if self.kept is not None:
+            self.kept.give_back()
 
     # -- expectations ---------------------------------------------------------------------
 
@@ -410,17 +417,24 @@ EXAMPLES = int(os.environ.get("SECUREPAD_ISOLATION_EXAMPLES", "40"))
 
 @pytest.mark.parametrize("policy_path", POLICIES, ids=lambda p: p.stem)
 def test_isolation_state_machine(policy_path: Path, backend: str, request: pytest.FixtureRequest) -> None:
-    pg_dsn = request.getfixturevalue("pg_database") if backend == "postgresql" else None
-    machine = type(f"Isolation_{policy_path.stem}", (IsolationMachine,), {"policy_path": policy_path, "pg_dsn": pg_dsn})
-    run_state_machine_as_test(
-        machine,
-        settings=settings(
-            max_examples=EXAMPLES,
-            stateful_step_count=50,
-            deadline=None,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-        ),
-    )
+    kept = None
+    if backend == "postgresql":
+        schema = "isolation_" + re.sub(r"\W", "_", policy_path.stem.lower())
+        kept = PristineStore(request.getfixturevalue("pg_database"), schema)
+    machine = type(f"Isolation_{policy_path.stem}", (IsolationMachine,), {"policy_path": policy_path, "kept": kept})
+    try:
+        run_state_machine_as_test(
+            machine,
+            settings=settings(
+                max_examples=EXAMPLES,
+                stateful_step_count=50,
+                deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+            ),
+        )
+    finally:
+        if kept is not None:
+            kept.close()
 
 
 def test_every_policy_file_is_exercised() -> None:
