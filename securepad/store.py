@@ -14,7 +14,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -572,6 +571,8 @@ def sqlite_of(pad: Scratchpad) -> Database:
 
 
 def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # only for an upgrade's notice
+
     try:
         return version("securepad")
     except PackageNotFoundError:  # pragma: no cover - run from a source tree without metadata
