@@ -14,7 +14,26 @@ from .errors import InvalidArgumentError, SecurepadError
 from .policy import Policy
 from .storage.sqlite import Database
 
-__all__ = ["replace_store", "stage_copy"]
+__all__ = ["check_backup", "remove_staged", "replace_store", "stage_copy"]
+
+
+def check_backup(db_path: str | os.PathLike[str], src: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """The store's path and the backup's, once a restore may put the one in place of the other.
+
+    Raises:
+        InvalidArgumentError: a PostgreSQL store, a missing ``src``, or a
+            ``src`` with a write-ahead log beside it (a live store, not a backup).
+    """
+    if str(db_path).startswith(("postgresql://", "postgres://")):
+        raise InvalidArgumentError("restore puts back a SQLite store; restore PostgreSQL with pg_restore")
+    source = Path(src)
+    if not source.is_file():
+        raise InvalidArgumentError(f"no backup file at {source}")
+    if Path(f"{source}-wal").exists() and Path(f"{source}-wal").stat().st_size:
+        raise InvalidArgumentError(
+            f"{source} has a write-ahead log beside it: it is a live store, not a backup (copy it with backup first)"
+        )
+    return Path(db_path), source
 
 
 def stage_copy(source: Path, target: Path) -> Path:
@@ -62,3 +81,9 @@ def replace_store(target: Path, staged: Path, policy: Policy) -> str | None:
     finally:
         db.close()
     return str(aside)
+
+
+def remove_staged(staged: Path) -> None:
+    """Remove the checked copy and the files SQLite kept beside it."""
+    for leftover in (staged, Path(f"{staged}-wal"), Path(f"{staged}-shm")):
+        leftover.unlink(missing_ok=True)

@@ -5,7 +5,9 @@ The store is built in layers that look down only (see ARCHITECTURE.md):
 ``entries`` and ``_records`` (the sealed tables), ``turn`` and ``lifecycle``
 on top. ``_assembly`` puts one open store together (backend, layers,
 anchor) and runs the work that spans the layers (close, gc, stats,
-rotation). ``Scratchpad`` validates, documents and delegates.
+rotation). ``Scratchpad`` validates, documents and delegates; its faces
+``_housekeeping.Housekeeping`` (key lifecycle, upkeep) and ``_place.Place``
+(where the store lives, backup, restore) are its other methods.
 """
 
 from __future__ import annotations
@@ -14,16 +16,15 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-from ._assembly import NEAR_KEY, Anchoring, Assembly, Parts, location_of, open_backend, resolve_policy, store_exists
-from ._restore import replace_store, stage_copy
+from ._assembly import NEAR_KEY, Anchoring, Assembly, Parts, open_backend, resolve_policy
+from ._housekeeping import Housekeeping
+from ._place import Place, sqlite_of_parts
 from .core import read_modes
-from .errors import IntegrityError, InvalidArgumentError, SecurepadError
+from .errors import InvalidArgumentError
 from .keys.keyring import Keyring
-from .keys.keystore import OWNER_KEY_CACHE_SIZE, Progress
-from .maintenance.verify import verify_store
+from .keys.keystore import OWNER_KEY_CACHE_SIZE
 from .policy import Policy
 from .principal import Principal, check_identifier
 from .storage.base import Backend
@@ -41,17 +42,17 @@ _log = logging.getLogger("securepad")
 _log.addHandler(logging.NullHandler())
 
 
-class Scratchpad:
+class Scratchpad(Housekeeping, Place):
     """The observation store. Open one with ``Scratchpad.open``; use it as a context manager.
 
     Safe to share between threads (each gets its own SQLite connection) and
-    to use from several processes on the same file.
+    to use from several processes on the same file. Its whole-store work
+    (key lifecycle, gc, verify, stats) is the face ``Housekeeping``; where it
+    lives and its copies (location, backup, restore) the face ``Place``.
     """
 
     policy: Policy
     store_id: str
-    exists = staticmethod(store_exists)
-    location_of = staticmethod(location_of)
 
     def __init__(
         self, db: Backend, keyring: Keyring, policy: Policy, clock: Callable[[], float], anchor: Anchoring = NEAR_KEY
@@ -123,44 +124,6 @@ class Scratchpad:
         if db.upgraded is not None:
             _log.warning("%s", pad.upgrade_notice)
         return pad
-
-    @property
-    def schema_upgrade(self) -> dict[str, int] | None:
-        """``{"from": old, "to": new}`` when this open upgraded the store's
-        schema (an older securepad then refuses it), else None; also logged
-        as a warning on the ``securepad`` logger."""
-        upgraded = self._parts.db.upgraded
-        return None if upgraded is None else {"from": upgraded[0], "to": upgraded[1]}
-
-    @property
-    def upgrade_notice(self) -> str | None:
-        """The one-line notice of ``schema_upgrade``, or None."""
-        upgraded = self._parts.db.upgraded
-        if upgraded is None:
-            return None
-        return (
-            f"store {self.location} upgraded: schema {upgraded[0]} \u2192 {upgraded[1]}; a securepad older than"
-            f" {_package_version()} refuses it now (docs/deployment.md: back up before upgrading)"
-        )
-
-    @property
-    def path(self) -> Path:
-        """The database file of a SQLite store.
-
-        Raises:
-            SecurepadError: the store is on PostgreSQL (see ``location``).
-        """
-        return sqlite_of(self).path
-
-    @property
-    def location(self) -> str:
-        """Where the store lives: its file, or its PostgreSQL server, database and schema."""
-        return self._parts.db.location
-
-    @property
-    def backend(self) -> str:
-        """``"sqlite"`` or ``"postgresql"``."""
-        return self._parts.db.dialect
 
     def close(self) -> None:
         """Write this process's pending key-use counts, anchor the last writes,
@@ -358,197 +321,6 @@ class Scratchpad:
         """
         return extend_turn(self._parts, principal, turn_id, ttl_seconds, now)
 
-    # -- key lifecycle (see lifecycle.py) -----------------------------------------
-
-    def rotate_master_key(self, new_keyring: Keyring, *, progress: Progress | None = None) -> dict[str, Any]:
-        """Re-wrap every owner key under ``new_keyring``'s master key; see ``lifecycle.rotate_master_key``."""
-        if not isinstance(new_keyring, Keyring):
-            raise InvalidArgumentError("new_keyring must be a securepad.Keyring")
-        return self._assembly.rotate_master_key(new_keyring, progress)
-
-    def rotate_owner_key(self, owner_user_id: str, *, progress: Progress | None = None) -> dict[str, Any]:
-        """New key version for an owner, old ones retired; see ``lifecycle.rotate_owner_key``."""
-        return self._assembly.rotate_owner_key(owner_user_id, progress)
-
-    def forget_owner(self, owner_user_id: str) -> dict[str, Any]:
-        """Crypto-shred an owner's keys and entries; see ``lifecycle.forget_owner``."""
-        return self._assembly.forget_owner(owner_user_id)
-
-    def drop_turn(self, owner_user_id: str, turn_id: str) -> dict[str, Any]:
-        """Delete an owner's turn whole (entries, records, head), whatever its
-        check says: the explicit way out of a turn found tampered that no backup
-        restores; see ``lifecycle.drop_turn``. Returns what was removed, per table.
-
-        Raises:
-            InvalidArgumentError: an identifier is malformed.
-            IntegrityError: the owner's owner head or usage head fails authentication.
-            StoreBusyError: the write lock was not obtained in time.
-        """
-        return self._assembly.drop_turn(owner_user_id, turn_id)
-
-    # -- maintenance ----------------------------------------------------------------
-
-    def gc(self, now: float | None = None, *, wait: bool = True) -> int:
-        """Delete expired entries and their segments (and expired turn checkpoints
-        and compaction marks) with ``secure_delete`` (their cells and the pages
-        they free are zeroed), then truncate the WAL; when the deletes left a
-        quarter of the file's pages free (whoever freed them), ``scrub`` the file
-        too (a rebuild that also removes copies of rows that b-tree rebalancing
-        left in live pages' unused space). Returns how many entries were deleted.
-
-        With ``wait=False`` (``turn`` uses this) it does not scrub and the WAL
-        checkpoint does not wait for readers: it moves what it can, and a later
-        ``gc``, ``scrub`` or ``forget_owner`` finishes the job.
-
-        Raises:
-            InvalidArgumentError: ``now`` is not a finite number, or is more
-                than the policy's ``max_clock_skew_seconds`` past the clock.
-            StoreBusyError: the write lock was not obtained in time.
-            StorageFullError: no room for the deletes (nothing was deleted), or
-                for the scrub after them (the message says the deletes stand;
-                ``gc`` again, once there is room, runs the scrub).
-        """
-        return self._assembly.gc(now, wait=wait)
-
-    def verify(self, *, now: float | None = None) -> dict[str, Any]:
-        """Check the whole store: every owner's heads, every entry (with all its
-        segments) and turn record authenticated and compared with its turn's
-        head. Time linear in the store; it changes nothing.
-
-        Returns ``ok`` (no problem found), counts (``owners``, ``turns``,
-        ``entries``, ``checkpoints``, ``compaction_marks``), ``seconds`` and
-        ``problems``: one dict per problem with ``owner_user_id``, ``turn_id``,
-        ``id`` (entry or record, or None for a head), ``what`` and ``problem``;
-        a turn whose entries differ from its head also has ``steps``,
-        ``last_step``, ``missing_steps`` and ``newest_removed`` (``verify.py``).
-        Every read is made in one read snapshot: writers that commit meanwhile
-        (in this process or others) are not seen half-way.
-
-        Raises:
-            InvalidArgumentError: a bad ``now``.
-            StoreBusyError, StoreUnavailableError: the snapshot could not be had.
-        """
-        parts = self._parts
-        return verify_store(parts.db, parts.opener, parts.records, parts.heads, parts.tables.timeline.read_time(now))
-
-    def scrub(self) -> bool:
-        """Rewrite the store file so that nothing deleted remains anywhere in it.
-
-        ``delete`` and ``gc`` delete with ``secure_delete``, which zeroes a
-        deleted row, but SQLite can leave stale copies of rows it moved
-        between pages in those pages' unused space; this rebuilds the file
-        (VACUUM) and truncates the WAL. ``gc`` (when it deleted something) and
-        ``forget_owner`` do it themselves. It reads and writes the whole store
-        and holds the write lock meanwhile. Returns False when a reader kept
-        part of the WAL alive (the next checkpoint clears it). On PostgreSQL
-        it does nothing (the server's VACUUM removes dead rows).
-
-        Raises:
-            StoreBusyError: the write lock was not obtained in time.
-        """
-        return self._parts.db.scrub()
-
-    def backup(self, dest: str | os.PathLike[str]) -> dict[str, Any]:
-        """Write a consistent copy of the live store to the new file ``dest``
-        (mode 0600), while other connections go on reading and writing: one
-        ``VACUUM INTO``, which reads one snapshot and writes only live rows.
-        The copy is encrypted as the store is; keep the key apart from it.
-        ``Scratchpad.restore`` puts it back. Returns ``backup`` (the path),
-        ``bytes`` and ``store_id``.
-
-        Raises:
-            InvalidArgumentError: ``dest`` exists, or the store is on
-                PostgreSQL (back it up with ``pg_dump``; docs/how-to/backup.md).
-            StorageFullError: the disk is full (no copy is left behind).
-            SecurepadError: ``dest`` cannot be written, or its directory is
-                writable by others.
-        """
-        db = self._parts.db
-        if not isinstance(db, Database):
-            raise InvalidArgumentError(
-                f"the store at {db.location} is on PostgreSQL: back it up with pg_dump (docs/how-to/backup.md)"
-            )
-        path = Path(dest)
-        if os.path.lexists(path):
-            raise InvalidArgumentError(f"{path} exists: a backup is never written over a file")
-        try:
-            db.copy_to(path)
-        except BaseException:
-            path.unlink(missing_ok=True)
-            raise
-        return {"backup": str(path), "bytes": path.stat().st_size, "store_id": self.store_id}
-
-    @classmethod
-    def restore(
-        cls,
-        db_path: str | os.PathLike[str],
-        src: str | os.PathLike[str],
-        *,
-        keyring: Keyring,
-        policy: str | os.PathLike[str] | Policy | None = None,
-        anchor: str | os.PathLike[str] | bool | None = None,
-        now: float | None = None,
-    ) -> dict[str, Any]:
-        """Put the backup ``src`` (a file ``backup`` wrote) in place of the SQLite
-        store at ``db_path``, knowingly accepting it as the current copy.
-
-        In order: ``src`` is copied to a private file beside ``db_path``; that
-        copy is opened with ``keyring`` and verified (a backup that fails
-        changes nothing); the store at ``db_path``, if there is one, is backed
-        up to ``<db_path>.replaced-N`` and its content replaced through
-        SQLite's backup API (so no connection open elsewhere sees a mix);
-        then the store is opened adopting its snapshot-rollback anchor (an
-        older copy is what a restore means) and verified again. Stop the
-        processes that write to the store first: what they write meanwhile
-        is replaced.
-
-        Returns ``restored``, ``source``, ``replaced`` (the copy of the store
-        it replaced, or None) and ``verify`` (the final check's report).
-
-        Raises:
-            InvalidArgumentError: a PostgreSQL store, a missing ``src``, or a
-                ``src`` with a write-ahead log beside it (a live store, not a backup).
-            WrongKeyError: ``keyring`` does not open the backup.
-            IntegrityError: the backup fails verification (nothing was changed).
-            StoreCorruptError: ``src`` or the store at ``db_path`` is not a
-                securepad store.
-        """
-        source, target = Path(src), Path(db_path)
-        if str(db_path).startswith(("postgresql://", "postgres://")):
-            raise InvalidArgumentError("restore puts back a SQLite store; restore PostgreSQL with pg_restore")
-        if not source.is_file():
-            raise InvalidArgumentError(f"no backup file at {source}")
-        if Path(f"{source}-wal").exists() and Path(f"{source}-wal").stat().st_size:
-            raise InvalidArgumentError(
-                f"{source} has a write-ahead log beside it: it is a live store, not a backup"
-                f" (copy it with backup first)"
-            )
-        resolved = resolve_policy(policy)
-        staged = stage_copy(source, target)
-        try:
-            with cls.open(staged, keyring=keyring, policy=resolved, anchor=False) as copy:
-                checked = copy.verify(now=now)
-            if not checked["ok"]:
-                raise IntegrityError(
-                    f"the backup {source} fails verification ({len(checked['problems'])} problems): nothing was"
-                    " changed; run securepad verify on a copy of it to see them"
-                )
-            replaced = replace_store(target, staged, resolved)
-        finally:
-            for leftover in (staged, Path(f"{staged}-wal"), Path(f"{staged}-shm")):
-                leftover.unlink(missing_ok=True)
-        with cls.open(target, keyring=keyring, policy=resolved, anchor=anchor, adopt_anchor=True) as pad:
-            report = pad.verify(now=now)
-        return {"restored": str(target), "source": str(source), "replaced": replaced, "verify": report}
-
-    def stats(self, principal: Principal | None = None, *, now: float | None = None) -> dict[str, Any]:
-        """Counts and sizes: for one principal's scope, or (None) for the whole store.
-
-        Raises:
-            InvalidArgumentError: a bad principal.
-        """
-        return self._assembly.stats(principal, now)
-
 
 # -- helpers ---------------------------------------------------------------------------
 
@@ -564,19 +336,7 @@ def sqlite_of(pad: Scratchpad) -> Database:
     Raises:
         SecurepadError: the store is on PostgreSQL.
     """
-    db = parts(pad).db
-    if not isinstance(db, Database):
-        raise SecurepadError(f"the store at {db.location} is not a SQLite file")
-    return db
-
-
-def _package_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version  # only for an upgrade's notice
-
-    try:
-        return version("securepad")
-    except PackageNotFoundError:  # pragma: no cover - run from a source tree without metadata
-        return "this version"
+    return sqlite_of_parts(parts(pad))
 
 
 def _listed(opened: Opened) -> dict[str, Any]:

@@ -75,3 +75,22 @@ def test_code_in_tables_is_never_broken_mid_word(site: Path) -> None:
     rule = re.search(r"\.md-typeset table:not\(\[class\]\) code\s*\{([^}]*)\}", css)
     assert rule is not None and "white-space: nowrap" in rule.group(1)
     assert "extra.css" in (site / "index.html").read_text(encoding="utf-8")
+
+
+def test_the_api_page_documents_every_method_of_the_store(site: Path) -> None:
+    """``Scratchpad``'s methods are its own and its faces' (``Housekeeping``,
+    ``Place``): the page shows the inherited ones too."""
+    import inspect
+
+    from securepad import Scratchpad
+
+    page = (site / "reference" / "api" / "index.html").read_text(encoding="utf-8")
+    defined = set()
+    for name in dir(Scratchpad):
+        member = inspect.getattr_static(Scratchpad, name)
+        func = member.fget if isinstance(member, property) else getattr(member, "__func__", member)
+        # A method written in a class (not a module's function set as a static method).
+        if not name.startswith("_") and inspect.isfunction(func) and func.__qualname__.endswith(f".{name}"):
+            defined.add(name)
+    assert {"put", "gc", "verify", "backup", "restore", "location"} <= defined
+    assert [name for name in sorted(defined) if f'id="securepad.Scratchpad.{name}"' not in page] == []

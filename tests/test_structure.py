@@ -11,6 +11,8 @@
   drills, which edit the SQLite file as an attacker would, and the benchmark
   suite's baselines).
 - one authorized fetch: in ``tables/``, only ``access.py`` reads the sealed tables.
+- sizes a reader takes in at one sitting: no module over 600 lines, no class
+  over 300, no function over 60 (``SIZE_LIMITS``).
 """
 
 from __future__ import annotations
@@ -388,6 +390,8 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "securepad._assembly",
         "securepad._restore",
+        "securepad._housekeeping",
+        "securepad._place",
         "securepad.store",
         "securepad.turn",
         "securepad._steps",
@@ -438,3 +442,39 @@ def test_the_list_of_upward_arrows_only_shrinks() -> None:
 def test_the_layer_rule_sees_an_upward_arrow() -> None:
     assert _layer("securepad.tables.heads.heads") > _layer("securepad.storage.sqlite")
     assert _layer("securepad.storage.schema") < _layer("securepad.tables.heads.reading")
+
+
+# What one reader takes in at one sitting (STYLE.md, "Keep files small enough
+# to read in one sitting"): lines of a module, a class, a function or method
+# (from its ``def`` or ``class`` line to its last, docstring included).
+SIZE_LIMITS = {"module": 600, "class": 300, "function": 60}
+
+
+def _sizes(name: str, tree: ast.Module, lines: int) -> Iterator[tuple[str, str, int]]:
+    """(kind, where, lines) of the module and of every class and function in it."""
+    yield "module", name, lines
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            kind = "class" if isinstance(node, ast.ClassDef) else "function"
+            yield kind, f"{name}:{node.lineno} {node.name}", (node.end_lineno or node.lineno) - node.lineno + 1
+
+
+def _oversized(sizes: Iterator[tuple[str, str, int]]) -> list[str]:
+    return [f"{where}: {kind} of {size} lines" for kind, where, size in sizes if size > SIZE_LIMITS[kind]]
+
+
+def test_no_module_class_or_function_is_over_its_size_limit() -> None:
+    offenders = [
+        found
+        for name, path in MODULES.items()
+        for found in _oversized(_sizes(name, TREES[name], len(path.read_text().splitlines())))
+    ]
+    assert offenders == []
+
+
+def test_the_size_rule_sees_a_long_class_and_a_long_method() -> None:
+    body = "\n".join(f"        x{i} = {i}" for i in range(60))
+    source = f"class A:\n    def f(self) -> None:\n{body}\n" + "\n".join(f"    y{i} = {i}" for i in range(239))
+    found = _oversized(_sizes("m", ast.parse(source), 10))
+    assert found == ["m:1 A: class of 301 lines", "m:2 f: function of 61 lines"]
+    assert _oversized(_sizes("m", ast.parse("x = 1\n"), 601)) == ["m: module of 601 lines"]

@@ -350,13 +350,7 @@ def rotate_master(
     place of the current one (only when that file opens this store alone);
     otherwise the command says what to change."""
     state = current_state()
-    chosen = [o for o in (new_key_file, new_master_key_env, new_passphrase_env, new_master_key_uri) if o]
-    if len(chosen) > 1 or (not chosen and not install):
-        raise click.UsageError(
-            "give exactly one of --new-key-file, --new-master-key-env, --new-passphrase-env, --new-master-key-uri"
-        )
-    if install and (new_master_key_env or new_passphrase_env or new_master_key_uri):
-        raise click.UsageError("--install installs a key file: use it with --new-key-file or alone")
+    _check_new_key_source(new_key_file, new_master_key_env, new_passphrase_env, new_master_key_uri, install)
     current = state.keyring(new_store=True)  # the source only: open() checks the key
     if install and current.key_file is None:
         raise click.UsageError("--install replaces the current key file, but this store's key is not from a file")
@@ -395,20 +389,47 @@ def rotate_master(
     if new_key_file is not None:
         _place_new_key(report, state, current.key_file, new_key_file, kept, store_id, new_existed)
     else:
-        option = "--master-key-env" if new_master_key_env else "--passphrase-env"
-        value = new_master_key_env or new_passphrase_env
-        if new_keyring.source is not None:  # the URI as shown: without a PIN
-            option, value = "--master-key-uri", new_keyring.source.shown_uri
-        report["next"] = (
-            f"only the new key opens the store now: give {option} {value}"
-            " to every command (the old key no longer opens this store)"
-        )
-        if new_master_key_uri and current.key_file is not None:
-            report["next"] += f"; {current.key_file} still opens copies of the store made before: delete it"
-            report["next"] += " once no backup needs it and no other store uses it"
+        report["next"] = _next_without_key_file(new, new_keyring, current.key_file)
     _show_report(report, "master key rotated")
     if not state.as_json:
         err_console.print(plain(f"next: {report['next']}"), style="bold", highlight=False)
+
+
+def _check_new_key_source(
+    new_key_file: Path | None,
+    new_master_key_env: str | None,
+    new_passphrase_env: str | None,
+    new_master_key_uri: str | None,
+    install: bool,
+) -> None:
+    """Exactly one source of the new master key; ``--install`` only with a key file (or none).
+
+    Raises:
+        click.UsageError: the options do not name one source.
+    """
+    chosen = [o for o in (new_key_file, new_master_key_env, new_passphrase_env, new_master_key_uri) if o]
+    if len(chosen) > 1 or (not chosen and not install):
+        raise click.UsageError(
+            "give exactly one of --new-key-file, --new-master-key-env, --new-passphrase-env, --new-master-key-uri"
+        )
+    if install and (new_master_key_env or new_passphrase_env or new_master_key_uri):
+        raise click.UsageError("--install installs a key file: use it with --new-key-file or alone")
+
+
+def _next_without_key_file(new: State, new_keyring: Keyring, old_key_file: Path | None) -> str:
+    """What to give every command once the new master key comes from a variable, a token or a KMS."""
+    option = "--master-key-env" if new.master_key_env else "--passphrase-env"
+    value = new.master_key_env or new.passphrase_env
+    if new_keyring.source is not None:  # the URI as shown: without a PIN
+        option, value = "--master-key-uri", new_keyring.source.shown_uri
+    text = (
+        f"only the new key opens the store now: give {option} {value}"
+        " to every command (the old key no longer opens this store)"
+    )
+    if new.master_key_uri and old_key_file is not None:
+        text += f"; {old_key_file} still opens copies of the store made before: delete it"
+        text += " once no backup needs it and no other store uses it"
+    return text
 
 
 def _place_new_key(

@@ -1,9 +1,9 @@
 """The keystore: the owner keys, their cache, and writing under the current one.
 
 Everything that chooses an owner key lives here: the cache of unwrapped owner
-keys (and the keys derived from them), the wrap counts, and the one loop that
-writes a row sealed under an owner's newest key version, sealing again when a
-rotation (in any process) made that version stale. The master key (its
+keys (and the keys derived from them), the wrap counts, and the one write of
+a row sealed under an owner's newest key version, sealing again when a
+rotation (in any process) made that version stale (its steps: ``current.py``). The master key (its
 unlock, the owner keys' wrapping, its rotation) is ``master.Master``. Keys are
 ``crypto.KeyHandle``s and ``crypto.Wrapper``s, never bytes.
 """
@@ -13,16 +13,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence, Sized
-from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 from ..core.lru import LRUCache
 from ..crypto.formats import ListingKey
 from ..crypto.primitives import ContentIdentity, KeyHandle, Wrapper
-from ..errors import IntegrityError, StoreBusyError, StoreUnavailableError
+from ..errors import IntegrityError, StoreUnavailableError
 from ..storage import meta as keys_sql
-from ..storage.base import Backend, Conn, DuplicateKeyError, Params
+from ..storage.base import Backend, Conn, Params
 from ..storage.meta import NEWEST_VERSION_SQL, insert_owner_key
+from .current import WRAP_FLUSH_EVERY, CurrentWrite, IfUnknown, StaleOwnerKey, WrapCounts
 from .keyring import Keyring
 from .master import Master, Progress, store_meta
 
@@ -38,66 +38,8 @@ Derive = Callable[[KeyHandle, str, str, int], D]
 OWNER_KEY_CACHE_SIZE = 4096
 
 
-# Item-key wraps under an owner key are counted in memory and added to
-# ``owner_keys.wrap_count`` by the write transaction of every this-many-th put
-# of that key (and at close): no counter-row UPDATE per put. A process that
-# dies undercounts by fewer than this many wraps per key, against a rotation
-# advice at 2**28 (16 times below AES-GCM's 2**32 bound).
-WRAP_FLUSH_EVERY = 256
-
-
-@dataclass(frozen=True)
-class IfUnknown(Generic[P]):
-    """What ``Keystore.write_current`` does with a write whose COMMIT's answer was lost."""
-
-    #: Inside a transaction under the write's locks: whether the sealed rows are stored.
-    landed: Callable[[Conn, P], bool]
-    #: The error that names what may be stored, given the reason it could not be found out.
-    error: Callable[[P, str], StoreUnavailableError]
-
-
 # Runs of a write whose COMMIT's answer was lost and that may simply run again (``add_version``).
 _COMMIT_TRIES = 3
-
-
-class StaleOwnerKey(Exception):
-    """The row was sealed for an owner-key version that is no longer the newest
-    (raised inside ``write_current``'s transaction; it never leaves the retry)."""
-
-
-class _WrapCounts:
-    """Wraps of committed writes not yet added to ``owner_keys.wrap_count``."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pending: dict[tuple[str, int], int] = {}
-
-    def take(self, key: tuple[str, int], every: int, adding: int) -> int | None:
-        """The pending count to write with the next write of ``key`` (``adding``
-        wraps), or None (not yet due)."""
-        with self._lock:
-            if self._pending.get(key, 0) + adding < every:
-                return None
-            return self._pending.pop(key, 0)
-
-    def due(self, key: tuple[str, int], every: int, adding: int) -> bool:
-        """Whether the next write of ``key`` (``adding`` wraps) must write the pending count (``take``)."""
-        with self._lock:
-            return self._pending.get(key, 0) + adding >= every
-
-    def add(self, key: tuple[str, int], count: int) -> None:
-        if count:
-            with self._lock:
-                self._pending[key] = self._pending.get(key, 0) + count
-
-    def take_all(self) -> dict[tuple[str, int], int]:
-        with self._lock:
-            pending, self._pending = self._pending, {}
-            return pending
-
-    def peek(self) -> dict[tuple[str, int], int]:
-        with self._lock:
-            return dict(self._pending)
 
 
 class Keystore:
@@ -112,7 +54,7 @@ class Keystore:
         self._identities: LRUCache[tuple[str, int], ContentIdentity] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._listings: LRUCache[tuple[str, int], ListingKey] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._latest: LRUCache[str, int] = LRUCache(OWNER_KEY_CACHE_SIZE)
-        self._wraps = _WrapCounts()
+        self._wraps = WrapCounts()
         # Runs in the transaction that adds an owner's first key (the owner's
         # empty owner head, ``heads.Heads``): a key never exists without it.
         self.on_first_key: Callable[[Conn, str, int, Wrapper], None] | None = None
@@ -356,56 +298,9 @@ class Keystore:
             StoreUnavailableError: with ``unknown``, a lost COMMIT whose
                 outcome could not be found out (``unknown.error``).
         """
-        version, wrapper = self.current(owner)
-        # An attempt whose COMMIT's answer was lost: its sealed rows and what its write returned.
-        sent: tuple[P, T] | None = None
-        for _ in range(attempts):
-            if sent is not None:
-                sealed = sent[0]  # the same rows again: found stored, or written once
-            else:
-                try:
-                    sealed = seal(version, wrapper)
-                except IntegrityError:  # a rotation retired the version (and its derived keys) while sealing
-                    if self.newest_version(owner) == version:
-                        raise
-                    self.forget(owner)
-                    version, wrapper = self.current(owner)
-                    continue
-            flush = self._wraps.take((owner, version), WRAP_FLUSH_EVERY, count)
-            tx: Conn | None = None
-            try:
-                with self._db.transaction(owner, turn=turn) as conn:
-                    tx = conn
-                    for sql, params in prefetch:
-                        conn.prefetch(sql, params)
-                    if sent is not None and unknown is not None and unknown.landed(conn, sent[0]):
-                        result = sent[1]  # the lost COMMIT was applied: nothing to write
-                    else:
-                        sent = None  # not applied (it ended before these locks were granted)
-                        result = write(conn, sealed)
-                        if flush is not None:
-                            self.count_wraps(conn, owner, version, flush + count)
-            except BaseException as exc:
-                self._wraps.add((owner, version), flush or 0)
-                if unknown is not None and tx is not None and tx.commit_unknown:
-                    sent = (sealed, result)
-                    continue
-                if sent is not None and unknown is not None and isinstance(exc, StoreBusyError | StoreUnavailableError):
-                    raise unknown.error(sent[0], str(exc)) from None
-                if isinstance(exc, DuplicateKeyError):
-                    continue
-                if not isinstance(exc, StaleOwnerKey):
-                    raise
-                # The owner's key was rotated (maybe by another process) since it was cached.
-                self.forget(owner)
-                version, wrapper = self.current(owner)
-                continue
-            if flush is None:
-                self._wraps.add((owner, version), count)
-            return result
-        if sent is not None and unknown is not None:
-            raise unknown.error(sent[0], "every attempt to find out lost its COMMIT's answer too")
-        raise StoreBusyError(busy)
+        return CurrentWrite(
+            self, self._db, self._wraps, owner, seal, write, count=count, prefetch=prefetch, turn=turn, unknown=unknown
+        ).run(attempts, busy)
 
     @staticmethod
     def check_newest(newest: object, version: int) -> None:

@@ -14,10 +14,9 @@ COMMIT, after an fsync of the store file and its WAL (``Database.sync``), so
 neither a crash between the commit and the anchor write nor a power cut under
 ``synchronous = NORMAL`` leaves an anchor above the store. Writers in several
 processes take an exclusive ``fcntl`` lock on ``<anchor>.lock`` and only ever
-raise the anchor. The anchor file is replaced atomically (temporary file,
-fsync, rename, fsync of the directory), mode 0600, under that lock; a writer
-killed before its rename leaves its temporary file, and the next open removes
-such files, under the lock (no live writer can own one then).
+raise the anchor. The file itself (its format, checks, atomic replacement
+and lock) is ``anchor_file.AnchorFile``; this module decides when it is
+read and written.
 
 ``anchor_sync`` (policy, ``[storage]``) chooses when the anchor follows the
 counter: ``commit`` (after every write), ``interval`` (at most every
@@ -38,35 +37,23 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
-import json
 import os
-import re
-import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ..crypto.primitives import CounterSeal
 from ..errors import IntegrityError, InvalidArgumentError, SecurepadError
+from .anchor_file import FIX, AnchorFile
 from .base import Conn
-from .files import STORE_OVERRIDE, check_directory, check_file_directories, check_private_file
 from .sqlite import Database
 
 __all__ = ["SYNC_CHOICES", "Anchor", "default_path"]
 
 SYNC_CHOICES = ("commit", "interval", "close")
-# What tempfile.mkstemp puts after the anchor's temporary prefix (".<anchor name>.").
-_TEMP_RANDOM = r"[a-z0-9_]{8}"
 _ROW = "write_counter"
-_FIX = (
-    " If you moved the store or its anchor on purpose, give the anchor's path (anchor=... or --anchor /"
-    " SECUREPAD_ANCHOR); if you knowingly restored this copy and accept it as current, open it once with"
-    " adopt_anchor=True (CLI: securepad anchor-adopt) (SECURITY.md, 'Snapshot rollback')."
-)
 
 
 def default_path(key_file: Path | None, store_id: str) -> Path | None:
@@ -105,6 +92,7 @@ class Anchor:
         self.default = default  # beside the key file (it follows a master rotation)
         # Others may write the anchor's directory or file (a deliberate shared setup).
         self.allow_shared = allow_shared
+        self.file = AnchorFile(path, seal, allow_shared=allow_shared)
         self.sync = sync
         self.interval_s = interval_s
         self._seal = seal
@@ -136,21 +124,21 @@ class Anchor:
                 or the store's counter was altered or made under another key.
             SecurepadError: the anchor cannot be read or written.
         """
-        with self._locked():
-            self._remove_stale_temporaries()
+        with self.file.locked():
+            self.file.remove_stale_temporaries()
             anchored = None if adopt else self._read_anchor()
             rows = self.db.query("SELECT value FROM store_meta WHERE key = ?", (_ROW,))
             counter = 0 if not rows else self._parse_row(rows[0]["value"], repair=adopt)
             if anchored is None and counter > 0 and not adopt:
                 raise IntegrityError(
                     f"snapshot rollback cannot be ruled out: the anchor {self.path} is missing, and this store"
-                    f" (write counter {counter}) had one." + _FIX
+                    f" (write counter {counter}) had one." + FIX
                 )
             if anchored is not None and counter < anchored:
                 raise IntegrityError(
                     f"snapshot rollback: the store {self.db.path} is at write {counter}, below its anchor"
                     f" ({anchored}, {self.path}): this is an older copy put back in place of the current"
-                    " store." + _FIX
+                    " store." + FIX
                 )
             if not rows or adopt:
                 with self.db.transaction(admin=True) as conn:
@@ -191,7 +179,7 @@ class Anchor:
         if current < self.floor:
             raise IntegrityError(
                 f"snapshot rollback: the store {self.db.path} is at write {current}, below its anchor"
-                f" ({self.floor}, {self.path}): an older copy was put back while the store was open." + _FIX
+                f" ({self.floor}, {self.path}): an older copy was put back while the store was open." + FIX
             )
         value = self._row(current + 1)
         conn.execute("UPDATE store_meta SET value = ? WHERE key = ?", (value, _ROW))
@@ -286,7 +274,7 @@ class Anchor:
         if counter <= self.floor:
             return
         self.db.sync()
-        with self._locked():
+        with self.file.locked():
             current = self._read_anchor()
             self._write_anchor(counter, current if current is not None else -1)
 
@@ -313,7 +301,7 @@ class Anchor:
         """The anchor's path, sync policy, and the counters (for ``stats``)."""
         return {"path": str(self.path), "sync": self.sync, "anchored": self.floor, "committed": self._committed}
 
-    # -- the files -------------------------------------------------------------------------
+    # -- the counter and the anchor ----------------------------------------------------------
 
     def _row(self, counter: int) -> str:
         return f"{counter}:{self._seal.tag('store', counter)}"
@@ -330,111 +318,21 @@ class Anchor:
         )
 
     def _read_anchor(self) -> int | None:
-        """The anchor's counter, None when there is no anchor file.
-
-        Whoever may write the anchor or plant files in its directory can put an
-        older genuine anchor back together with an older copy of the store: the
-        anchor and its directory get the key file's checks (the file's, on
-        the file that was opened).
+        """The anchor file's counter (None without one), which raises this process's floor.
 
         Raises:
-            SecurepadError: the anchor cannot be read, or others may write it
-                or its directory.
+            IntegrityError, SecurepadError: as for ``AnchorFile.read``.
         """
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise SecurepadError(f"cannot read the anchor {self.path}: {exc.strerror}") from None
-        try:
-            if not self.allow_shared:
-                check_private_file(self.path, os.fstat(fd), "anchor", STORE_OVERRIDE)
-                # The anchor's own directory was checked under the lock; a link may lead elsewhere.
-                check_file_directories(self.path, "anchor", STORE_OVERRIDE)
-            with os.fdopen(fd, "rb", closefd=False) as handle:
-                text = handle.read().decode("utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SecurepadError(f"cannot read the anchor {self.path}: {exc}") from None
-        finally:
-            os.close(fd)
-        try:
-            data = json.loads(text)
-            counter, tag = data["counter"], data["tag"]
-            valid = isinstance(counter, int) and not isinstance(counter, bool) and counter >= 0
-            valid = valid and isinstance(tag, str)
-        except (ValueError, TypeError, KeyError):
-            valid = False
-        if not valid:
-            raise IntegrityError(f"the anchor {self.path} is damaged (not an anchor file)." + _FIX)
-        if not self._seal.check("anchor", counter, tag):
-            raise IntegrityError(
-                f"the anchor {self.path} was forged or belongs to another store (it does not authenticate"
-                " under this store's key)." + _FIX
-            )
-        self.floor = max(self.floor, counter)
-        return int(counter)
-
-    def _remove_stale_temporaries(self) -> None:
-        """Remove the temporary files of anchor writes that never reached their
-        rename (a writer killed mid-write). Called under the anchor's lock,
-        which every writer holds from its temporary file to the rename: any
-        such file found then is a dead writer's."""
-        pattern = re.compile(rf"\.{re.escape(self.path.name)}\.{_TEMP_RANDOM}")
-        try:
-            names = os.listdir(self.path.parent)
-        except OSError:
-            return  # the anchor's own read or write names the problem
-        for name in names:
-            if pattern.fullmatch(name):
-                with contextlib.suppress(OSError):  # left for the next open; never a new failure
-                    os.unlink(self.path.parent / name)
+        counter = self.file.read()
+        if counter is not None:
+            self.floor = max(self.floor, counter)
+        return counter
 
     def _write_anchor(self, counter: int, current: int) -> None:
-        """Replace the anchor atomically when ``counter`` is above ``current``."""
+        """Replace the anchor when ``counter`` is above ``current`` (under the file's lock)."""
         self.floor = max(self.floor, current, counter)
-        if counter <= current:
-            return
-        body = json.dumps({"format": 1, "counter": counter, "tag": self._seal.tag("anchor", counter)})
-        try:
-            fd, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)  # _TEMP_RANDOM
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as out:
-                    out.write(body)
-                    out.flush()
-                    os.fsync(out.fileno())
-                os.replace(temp, self.path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(temp)
-                raise
-            directory = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(directory)
-            finally:
-                os.close(directory)
-        except OSError as exc:
-            raise SecurepadError(f"cannot write the anchor {self.path}: {exc.strerror}") from None
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """The exclusive lock of the anchor's read-compare-write, across processes."""
-        lock = self.path.with_name(self.path.name + ".lock")
-        try:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise SecurepadError(f"cannot open the anchor's lock {lock}: {exc.strerror}") from None
-        if not self.allow_shared:
-            check_directory(self.path.parent, "anchor", STORE_OVERRIDE)
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise SecurepadError(f"cannot open the anchor's lock {lock}: {exc.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+        if counter > current:
+            self.file.write(counter)
 
 
 # -- the background syncer and the exit ---------------------------------------------------------

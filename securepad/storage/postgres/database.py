@@ -16,13 +16,12 @@ The store speaks the same SQL to both backends; this module translates it
   timeout, the server's lock and statement timeouts, the pool's wait, and a
   watchdog that cuts a call still running at its deadline); an unreachable
   server is ``StoreUnavailableError`` (retryable), connections that died idle
-  are replaced within the call.
+  are replaced within the call (the pools and each call's connection:
+  ``connections.py``).
 """
 
 from __future__ import annotations
 
-import functools
-import os
 import re
 import threading
 import time
@@ -32,17 +31,18 @@ from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool
 
 from ...errors import SecurepadError, StoreBusyError, StoreUnavailableError
 from ..base import DuplicateKeyError, OutcomeUnknown, Params, Rows
+from .connections import Connections, unavailable
 from .log import relay_pool_warnings
-from .migrate import ADMIN_ROLE, APP_ROLE, SCHEMA_VERSION, lock_key, migrate, reason
-from .pipeline import BUSY, Transaction, Watch, Watchdog, end, rowcount, rows_of, send, translate
-from .pool import CONNECT_TIMEOUT_S, Lender, bad_dsn, describe_source, handing_over
+from .migrate import ADMIN_ROLE, APP_ROLE, SCHEMA_VERSION, migrate, reason
+from .pipeline import BUSY, Transaction, Watch, end, rowcount, rows_of, send, translate
+from .pool import CONNECT_TIMEOUT_S, describe_source
 from .prepared import Statements
+from .session import SYNCHRONOUS_COMMIT, Session
 
 __all__ = ["ADMIN_ROLE", "APP_ROLE", "SCHEMA_VERSION", "PostgresDatabase", "limits_for_call"]
 
@@ -81,46 +81,10 @@ def limits_for_call(call_timeout_s: float) -> dict[str, float | int]:
     }
 
 
-# A dead network: keepalive probes after 5 s idle, every 2 s, 3 lost = dead;
-# unacknowledged data for 10 s = dead (Linux's tcp_user_timeout).
-_NETWORK_LIMITS = {
-    "connect_timeout": CONNECT_TIMEOUT_S,
-    "keepalives": 1,
-    "keepalives_idle": 5,
-    "keepalives_interval": 2,
-    "keepalives_count": 3,
-    "tcp_user_timeout": 10_000,
-}
-# How long a pool keeps retrying a lost connection before it gives the slot up
-# (a caller that then needs one makes it try at once): psycopg_pool doubles
-# its wait between tries, so with its default a return is noticed late.
-RECONNECT_TIMEOUT_S = 2.0
-# Housekeeping (the admin role) works store-wide and may run long: its
-# statement and call limits are this many times a principal's.
-_HOUSEKEEPING_FACTOR = 10
-
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
-_SETTINGS = (
-    "SELECT set_config('role', %s, true), set_config('search_path', %s, true),"
-    " set_config('securepad.owner', %s, true), set_config('lock_timeout', %s, true),"
-    " set_config('statement_timeout', %s, true), set_config('synchronous_commit', %s, true)"
-)
-# A write transaction's first statement after BEGIN: the settings and its
-# advisory locks (``PostgresDatabase.transaction``). Built once: a string made
-# per call is hashed anew at each of the call's cache lookups (its name, its text).
-_OPENING_TURN = (
-    _SETTINGS + ", pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s)"
-)
-_OPENING_OWNER = _SETTINGS + ", pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s)"
-_OPENING_STORE = _SETTINGS + ", pg_advisory_xact_lock(%s)"
 # A read snapshot's first statement (``PostgresDatabase.snapshot``).
 _BEGIN_SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-_OPENING_TRY_STORE = _SETTINGS + ", pg_try_advisory_xact_lock(%s) AS locked"
-# The policy's durability -> the server's synchronous_commit, set per
-# transaction (docs/reliability.md): "normal" acknowledges a commit before its
-# WAL flush (a server crash may lose the last ones, never part of one).
-SYNCHRONOUS_COMMIT = {"normal": "off", "full": "on"}
 
 
 class PostgresDatabase:
@@ -130,9 +94,11 @@ class PostgresDatabase:
     ``admin`` (default: the same) serves housekeeping and migrations. Pools
     made here from a DSN are closed by ``close``; pools passed in are not.
 
-    Pools made here connect with ``connect_timeout``, TCP keepalives and
-    ``tcp_user_timeout`` (unless the DSN sets them) and retry a lost
-    connection every ~1 s; a pool passed in keeps its own settings. Every call
+    The pools, the connection of each call and its deadline are
+    ``connections.Connections``: pools made here connect with
+    ``connect_timeout``, TCP keepalives and ``tcp_user_timeout`` (unless the
+    DSN sets them) and retry a lost connection every ~1 s; a pool passed in
+    keeps its own settings. Every call
     gets ``statement_timeout_ms`` on the server, waits at most
     ``pool_timeout_s`` for a connection, and is cut at ``call_timeout_s``
     (housekeeping: ten times the statement and call limits). ``durability``
@@ -165,25 +131,21 @@ class PostgresDatabase:
         self.durability = durability
         self.schema = schema
         relay_pool_warnings()
-        self._sources = (app, app if admin is None else admin)
-        self._pool_size = pool_size
-        self._lock_timeout = f"{int(lock_timeout_ms)}ms"
-        self._statement_ms = int(statement_timeout_ms)
-        self._network = {**_NETWORK_LIMITS, "connect_timeout": max(1, round(connect_timeout_s))}
-        self._pool_timeout_s = pool_timeout_s
-        self._call_timeout_s = call_timeout_s
-        self._watchdog = Watchdog()
-        self._store_lock = lock_key("securepad-store", schema)
+        self.session = Session(
+            schema, lock_timeout_ms=lock_timeout_ms, statement_timeout_ms=statement_timeout_ms, durability=durability
+        )
         self._statements = Statements(schema)
-        self._lock = threading.Lock()
         # The call of this thread's read snapshot (``snapshot``), while one is open.
         self._pinned = threading.local()
-        self._closed = False
-        self._pid = os.getpid()
-        self._owned: list[ConnectionPool[Any]] = []
-        self._inherited: list[object] = []
-        self._app, self._admin = self._pools()
-        self._lent = self._lenders(self._app, self._admin)
+        self.connections = Connections(
+            app,
+            app if admin is None else admin,
+            schema=schema,
+            pool_size=pool_size,
+            connect_timeout_s=connect_timeout_s,
+            pool_timeout_s=pool_timeout_s,
+            call_timeout_s=call_timeout_s,
+        )
         self.location = describe_source(app, schema)
         self.upgraded: tuple[int, int] | None = None
         try:
@@ -191,152 +153,6 @@ class PostgresDatabase:
         except BaseException:
             self.close()
             raise
-
-    def _pools(self) -> tuple[ConnectionPool[Any], ConnectionPool[Any]]:
-        made: dict[str, ConnectionPool[Any]] = {}
-
-        def pool(source: str | ConnectionPool[Any]) -> ConnectionPool[Any]:
-            if not isinstance(source, str):
-                return source
-            if source not in made:
-                limits = self._limits_for(source)
-                kwargs = {"autocommit": True, **limits}
-                connection_class = handing_over()
-                try:
-                    # One connection made here first: a refused or failed connection is
-                    # reported at once, with the server's reason (a pool would retry);
-                    # then handed to the pool as its first, so opening connects once.
-                    connection_class.spare.append(connection_class.connect(source, **kwargs))
-                    made[source] = ConnectionPool(
-                        source,
-                        min_size=1,
-                        max_size=self._pool_size,
-                        kwargs=kwargs,
-                        connection_class=connection_class,
-                        name=f"securepad-{self.schema}",
-                        timeout=self._pool_timeout_s,
-                        reconnect_timeout=RECONNECT_TIMEOUT_S,
-                        open=True,
-                    )
-                    made[source].wait(timeout=self._pool_timeout_s)
-                except (psycopg.Error, PoolTimeout) as exc:
-                    for opened in made.values():
-                        opened.close()
-                    raise StoreUnavailableError(
-                        f"cannot connect to PostgreSQL at {describe_source(source, self.schema)}: {reason(exc)}"
-                    ) from None
-                finally:
-                    connection_class.close_spare()
-                self._owned.append(made[source])
-            return made[source]
-
-        return pool(self._sources[0]), pool(self._sources[1])
-
-    def _lenders(self, app: ConnectionPool[Any], admin: ConnectionPool[Any]) -> tuple[Lender, Lender]:
-        """A lender per pool, the application's then the admin's (one for both
-        when they share a pool): it keeps a connection between calls only from
-        a pool this object made."""
-        lent = Lender(app, keep=app in self._owned)
-        return lent, lent if admin is app else Lender(admin, keep=admin in self._owned)
-
-    def _limits_for(self, dsn: str) -> dict[str, Any]:
-        """The network limits the DSN does not set itself."""
-        try:
-            given = conninfo_to_dict(dsn)
-        except psycopg.ProgrammingError as exc:
-            raise bad_dsn(dsn, exc) from None
-        return {key: value for key, value in self._network.items() if key not in given}
-
-    def _lender(self, admin: bool) -> Lender:
-        if self._closed:
-            raise SecurepadError("the store is closed")
-        if os.getpid() != self._pid:
-            # A forked child must not share its parent's sockets: open its own pools.
-            if any(not isinstance(source, str) for source in self._sources):
-                raise SecurepadError("a store opened on a connection pool cannot be used after fork; open it again")
-            with self._lock:
-                if os.getpid() != self._pid:
-                    # Never closed nor collected here (nor the connections their
-                    # lenders keep): closing would end the parent's sessions on
-                    # the sockets both processes hold.
-                    self._inherited.extend([*self._owned, *self._lent])
-                    self._owned = []
-                    self._app, self._admin = self._pools()
-                    self._lent = self._lenders(self._app, self._admin)
-                    self._pid = os.getpid()
-        return self._lent[admin]
-
-    def _checkout(self, admin: bool) -> Watch:
-        """A pooled connection for one call, watched until the call's deadline;
-        ``_checkin`` gives it back (each caller's ``finally``).
-
-        Raises:
-            StoreUnavailableError: no connection within the pool timeout, and
-                the server cannot be reached.
-            StoreBusyError: no connection within the pool timeout, all in use.
-        """
-        lender = self._lender(admin)
-        deadline = time.monotonic() + self._call_timeout(admin)
-        try:
-            conn, since, loader = lender.lend(self._pool_timeout_s)
-        except PoolTimeout:
-            raise self._no_connection(lender.pool) from None
-        try:
-            call = self._watchdog.start(conn, deadline, lender)
-        except BaseException:
-            lender.take_back(conn, since, loader)
-            raise
-        call.since, call.loader = since, loader
-        return call
-
-    def _checkin(self, call: Watch) -> None:
-        """The call is over: its connection goes back to its lender."""
-        try:
-            self._watchdog.stop(call)
-        finally:
-            call.pool.take_back(call.conn, call.since, call.loader)
-
-    def _no_connection(self, pool: ConnectionPool[Any]) -> SecurepadError:
-        """Why the pool had no connection: the server is unreachable, or every
-        connection is in use (asked directly, once, within the connect timeout)."""
-        conninfo = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
-        kwargs = (pool.kwargs() if callable(pool.kwargs) else pool.kwargs) or {}
-        limit = {"connect_timeout": self._network["connect_timeout"], **kwargs, "autocommit": True}
-        try:
-            psycopg.connect(conninfo, **limit).close()
-        except psycopg.Error as exc:
-            return StoreUnavailableError(f"PostgreSQL is unavailable ({reason(exc)}); try again")
-        return StoreBusyError("the store is busy (no free connection in the pool); try again")
-
-    def _retry(self, call: Watch, attempt: int) -> bool:
-        """Whether a call whose first statement failed may run again on another
-        connection: the connection had died while idle in the pool (a server
-        restart ends every pooled session), not at the deadline."""
-        return call.conn.broken and not call.cut and attempt < self._pool_size and time.monotonic() < call.deadline
-
-    def _unavailable(self, exc: psycopg.OperationalError, call: Watch | None) -> SecurepadError:
-        if call is not None and call.cut:
-            return StoreUnavailableError(
-                "PostgreSQL did not answer before the call's deadline; the call was cut; try again"
-            )
-        if isinstance(exc, pg_errors.QueryCanceled):
-            return StoreUnavailableError(f"PostgreSQL cancelled the statement: {reason(exc)}; try again")
-        return StoreUnavailableError(f"PostgreSQL connection failed ({reason(exc)}); try again")
-
-    def _settings(self, owner: str | None, admin: bool) -> Params:
-        role = ADMIN_ROLE if admin else APP_ROLE
-        statement_ms = self._statement_ms * (_HOUSEKEEPING_FACTOR if admin else 1)
-        return (
-            role,
-            self.schema,
-            owner or "",
-            self._lock_timeout,
-            f"{statement_ms}ms",
-            SYNCHRONOUS_COMMIT[self.durability],
-        )
-
-    def _call_timeout(self, admin: bool) -> float:
-        return self._call_timeout_s * (_HOUSEKEEPING_FACTOR if admin else 1)
 
     @contextmanager
     def transaction(
@@ -354,19 +170,11 @@ class PostgresDatabase:
                 answer in time (if that happened at COMMIT, the write may or
                 may not have been applied).
         """
-        if owner is not None and turn is not None:  # the owner's lock shared, then its turn's (always that order)
-            text, params = _OPENING_TURN, self._turn_locks(owner, turn)
-        elif owner is not None:
-            text, params = _OPENING_OWNER, (self._store_lock, _lock_key("securepad-owner", self.schema, owner))
-        elif wait:
-            text, params = _OPENING_STORE, (self._store_lock,)
-        else:
-            text, params = _OPENING_TRY_STORE, (self._store_lock,)
-        opening = (text, (*self._settings(owner, admin), *params))
+        opening = self.session.opening(owner, admin=admin, wait=wait, turn=turn)
         tx = Transaction(
-            lambda: self._checkout(admin),
-            self._checkin,
-            self._retry,
+            lambda: self.connections.checkout(admin),
+            self.connections.checkin,
+            self.connections.retry,
             opening,
             self._statements,
             try_lock=owner is None and not wait,
@@ -385,20 +193,12 @@ class PostgresDatabase:
         except psycopg.OperationalError as exc:
             if tx.commit_unknown:
                 raise StoreUnavailableError(
-                    f"{self._unavailable(exc, tx.call)}".removesuffix("; try again")
+                    f"{unavailable(exc, tx.call)}".removesuffix("; try again")
                     + " after the write's COMMIT was sent: it may or may not have been applied"
                 ) from None
-            raise self._unavailable(exc, tx.call) from None
+            raise unavailable(exc, tx.call) from None
         finally:
             tx.close(committed)
-
-    def _turn_locks(self, owner: str, turn: str) -> Params:
-        """The advisory locks of a write of one turn: the store's and the owner's shared, the turn's."""
-        return (
-            self._store_lock,
-            _lock_key("securepad-owner", self.schema, owner),
-            _lock_key("securepad-turn", self.schema, owner, turn),
-        )
 
     def write_once(self, owner: str, turn_id: str, sql: str, params: Params) -> int | None:
         """One statement under the locks of ``transaction(owner, turn=turn_id)``,
@@ -422,10 +222,10 @@ class PostgresDatabase:
                 statement): the implicit transaction was rolled back.
         """
         batch = [
-            (_OPENING_TURN, (*self._settings(owner, False), *self._turn_locks(owner, turn_id))),
+            self.session.opening(owner, admin=False, wait=True, turn=turn_id),
             (translate(sql), params),
         ]
-        call = self._checkout(False)
+        call = self.connections.checkout(False)
         try:
             return rowcount(send(call, self._statements, batch, first=True)[-1])
         except pg_errors.UniqueViolation:
@@ -436,12 +236,12 @@ class PostgresDatabase:
             raise SecurepadError(f"PostgreSQL refused the store's role: {reason(exc)}") from None
         except psycopg.OperationalError as exc:
             if call.cut:  # past the call's deadline: no fallback with a deadline of its own
-                raise OutcomeUnknown(str(self._unavailable(exc, call))) from None
+                raise OutcomeUnknown(str(unavailable(exc, call))) from None
             if not call.conn.broken:  # the server's own error: the implicit transaction rolled back
-                raise self._unavailable(exc, call) from None
+                raise unavailable(exc, call) from None
             return None
         finally:
-            self._checkin(call)
+            self.connections.checkin(call)
 
     def query(self, sql: str, params: Params = (), *, owner: str | None = None, admin: bool = False) -> Rows:
         """Rows as dicts, in a transaction of their own.
@@ -467,27 +267,27 @@ class PostgresDatabase:
         pinned: Watch | None = getattr(self._pinned, "call", None)
         if pinned is not None:
             return self._in_snapshot(pinned, owner, statements)
-        batch = [(_SETTINGS, self._settings(owner, admin)), *((translate(sql), params) for sql, params in statements)]
+        batch = [self.session.settings(owner, admin), *((translate(sql), params) for sql, params in statements)]
         call: Watch | None = None
         try:
-            for attempt in range(self._pool_size + 1):
-                call = self._checkout(admin)
+            for attempt in range(self.connections.pool_size + 1):
+                call = self.connections.checkout(admin)
                 try:
                     results = send(call, self._statements, batch, first=True)
                     return [rows_of(call, result) for result in results[1:]]
                 except psycopg.OperationalError as exc:
-                    if self._retry(call, attempt) and not isinstance(exc, BUSY):
+                    if self.connections.retry(call, attempt) and not isinstance(exc, BUSY):
                         continue  # a connection that died while idle: reads are safe to run again
                     raise
                 finally:
-                    self._checkin(call)
+                    self.connections.checkin(call)
             raise AssertionError("unreachable: the last attempt returns or raises")
         except BUSY:
             raise StoreBusyError("the store is busy; try again") from None
         except pg_errors.InsufficientPrivilege as exc:
             raise SecurepadError(f"PostgreSQL refused the store's role: {reason(exc)}") from None
         except psycopg.OperationalError as exc:
-            raise self._unavailable(exc, call) from None
+            raise unavailable(exc, call) from None
 
     @contextmanager
     def snapshot(self) -> Iterator[None]:
@@ -506,12 +306,12 @@ class PostgresDatabase:
         if getattr(self._pinned, "call", None) is not None:
             yield
             return
-        call = self._checkout(True)
+        call = self.connections.checkout(True)
         try:
             try:
                 self._begin_snapshot(call)
             except psycopg.OperationalError as exc:
-                raise self._unavailable(exc, call) from None
+                raise unavailable(exc, call) from None
             self._pinned.call = call
             try:
                 yield
@@ -521,7 +321,7 @@ class PostgresDatabase:
             try:
                 end(call.conn)  # read only: nothing to commit
             finally:
-                self._checkin(call)
+                self.connections.checkin(call)
 
     def _begin_snapshot(self, call: Watch) -> None:
         """BEGIN (alone in its message: the isolation level must come before any
@@ -535,7 +335,7 @@ class PostgresDatabase:
         """
         for _ in range(2):
             send(call, self._statements, [(_BEGIN_SNAPSHOT, ())], first=False)
-            send(call, self._statements, [(_SETTINGS, self._settings(None, True))], first=True)
+            send(call, self._statements, [self.session.settings(None, True)], first=True)
             if call.pgconn.transaction_status == TransactionStatus.INTRANS:
                 return
         raise StoreUnavailableError("PostgreSQL did not keep the read snapshot's transaction open; try again")
@@ -543,15 +343,15 @@ class PostgresDatabase:
     def _in_snapshot(self, call: Watch, owner: str | None, statements: tuple[tuple[str, Params], ...]) -> list[Rows]:
         """``queries`` inside this thread's ``snapshot``: on its connection, as
         housekeeping with ``owner`` set (no retry: the snapshot is the connection's)."""
-        batch = [(_SETTINGS, self._settings(owner, True)), *((translate(sql), params) for sql, params in statements)]
-        call.deadline = time.monotonic() + self._call_timeout(True)
+        batch = [self.session.settings(owner, True), *((translate(sql), params) for sql, params in statements)]
+        call.deadline = time.monotonic() + self.connections.call_timeout(True)
         try:
             results = send(call, self._statements, batch, first=False)
             return [rows_of(call, result) for result in results[1:]]
         except BUSY:
             raise StoreBusyError("the store is busy; try again") from None
         except psycopg.OperationalError as exc:
-            raise self._unavailable(exc, call) from None
+            raise unavailable(exc, call) from None
 
     def read_scope(self) -> object:
         """None: a cached read's token (``head_reads``) is the server's snapshot and digest, on any connection."""
@@ -578,23 +378,8 @@ class PostgresDatabase:
         return None if rows[0]["v"] is None else int(rows[0]["v"])
 
     def _migrate(self) -> None:
-        self.upgraded = migrate(self.schema, self._app_version, lambda: self._lender(admin=True).drain())
+        self.upgraded = migrate(self.schema, self._app_version, lambda: self.connections.lender(admin=True).drain())
 
     def close(self) -> None:
         """Close the pools this object made (never one that was passed in)."""
-        with self._lock:
-            self._closed = True
-            pools, self._owned = self._owned, []
-        if os.getpid() != self._pid:
-            return  # the parent's pools: their sockets are not ours to close
-        for lender in self._lent:
-            lender.drain(closing=True)
-        for pool in pools:
-            pool.close()
-
-
-@functools.lru_cache(maxsize=4096)
-def _lock_key(*parts: str) -> int:
-    """``lock_key``, remembered: the same owners' and turns' keys at every
-    transaction, a BLAKE2b digest each."""
-    return lock_key(*parts)
+        self.connections.close()

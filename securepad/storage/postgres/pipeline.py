@@ -445,7 +445,7 @@ class Watchdog:
 
         Two plain calls rather than a context manager: the store's own
         ``try``/``finally`` around each call does the rest, without a
-        generator and an exit stack per call (``PostgresDatabase._checkout``)."""
+        generator and an exit stack per call (``Connections.checkout``)."""
         call = Watch(conn, deadline, pool)
         pid = os.getpid()
         with self._lock:

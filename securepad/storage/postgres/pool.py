@@ -53,7 +53,7 @@ class Lender:
       by the watchdog, in a transaction) goes back to the pool, which drops or
       resets it; one that died while kept fails at its next call's first
       message, which runs again on another connection, as one that died in
-      the pool does (``PostgresDatabase._retry``);
+      the pool does (``Connections.retry``);
     * its lifetime and idle rules: a connection goes back to the pool once
       ``KEEP_S`` after it left it, and at ``drain`` (closing the store,
       migrations that take connections from the pool directly).

@@ -41,13 +41,13 @@ def test_a_store_from_a_dsn_takes_a_connection_from_its_pool_once_for_many_calls
     db = PostgresDatabase(pg_dsn)
     try:
         pid = db.query(PID)[0]["pid"]
-        before = requests(db._app)
+        before = requests(db.connections.app)
         for _ in range(20):
             assert db.query(PID)[0]["pid"] == pid
         with db.transaction("alice") as tx:
             assert tx.query(PID)[0]["pid"] == pid
         assert db.query(PID, admin=True)[0]["pid"] == pid  # one pool for both roles: one kept connection
-        assert requests(db._app) == before
+        assert requests(db.connections.app) == before
     finally:
         db.close()
 
@@ -83,10 +83,10 @@ def test_a_call_waiting_for_the_pool_gets_the_connection_a_call_gives_back(pg_ds
             tx.query("SELECT 1 AS one")  # the pool's only connection, in use
             thread.start()
             for _ in range(200):  # until the other call waits for the pool
-                if db._lent[0]._waiting:
+                if db.connections.lenders[0]._waiting:
                     break
                 time.sleep(0.01)
-            assert db._lent[0]._waiting == 1
+            assert db.connections.lenders[0]._waiting == 1
         thread.join(timeout=4)  # well within the pool timeout: handed over, not kept
         assert result == {"rows": [{"two": 2}]}
         assert db.query("SELECT 3 AS three") == [{"three": 3}]
@@ -112,7 +112,7 @@ def test_a_failed_transactions_connection_is_kept_only_rolled_back(pg_dsn: str) 
     try:
         with pytest.raises(psycopg.errors.DivisionByZero), db.transaction("alice") as tx:
             tx.query("SELECT 1 / 0 AS x")
-        kept = db._lent[0]._kept
+        kept = db.connections.lenders[0]._kept
         assert len(kept) == 1 and kept[0][0].pgconn.transaction_status == TransactionStatus.IDLE
         assert db.query("SELECT 1 AS one") == [{"one": 1}]
     finally:
@@ -123,11 +123,11 @@ def test_a_connection_goes_back_to_its_pool_after_keep_s(pg_dsn: str, monkeypatc
     monkeypatch.setattr(pool, "KEEP_S", 0.0)
     db = PostgresDatabase(pg_dsn)
     try:
-        before = requests(db._app)
+        before = requests(db.connections.app)
         for _ in range(5):
             db.query("SELECT 1 AS one")
-        assert requests(db._app) == before + 5
-        assert db._lent[0]._kept == []
+        assert requests(db.connections.app) == before + 5
+        assert db.connections.lenders[0]._kept == []
     finally:
         db.close()
 
@@ -135,9 +135,9 @@ def test_a_connection_goes_back_to_its_pool_after_keep_s(pg_dsn: str, monkeypatc
 def test_closing_the_store_closes_the_kept_connection(pg_dsn: str) -> None:
     db = PostgresDatabase(pg_dsn)
     db.query("SELECT 1 AS one")
-    ((conn, _, _),) = db._lent[0]._kept
+    ((conn, _, _),) = db.connections.lenders[0]._kept
     db.close()
-    assert conn.closed and db._lent[0]._kept == []
+    assert conn.closed and db.connections.lenders[0]._kept == []
 
 
 def test_a_store_of_one_connection_migrates_a_new_schema(pg_dsn: str) -> None:
@@ -175,10 +175,10 @@ def test_the_kept_connections_rows_loader_is_kept_with_it(pg_dsn: str) -> None:
     db = PostgresDatabase(pg_dsn)
     try:
         assert db.query("SELECT 1 AS one") == [{"one": 1}]
-        ((_, _, loader),) = db._lent[0]._kept
+        ((_, _, loader),) = db.connections.lenders[0]._kept
         assert loader is not None
         rows = db.query("SELECT 'x'::text AS t, '\\x00ff'::bytea AS b, 2.5::float8 AS f, NULL::bigint AS n, true AS ok")
         assert rows == [{"t": "x", "b": b"\x00\xff", "f": 2.5, "n": None, "ok": True}]
-        assert db._lent[0]._kept[0][2] is loader
+        assert db.connections.lenders[0]._kept[0][2] is loader
     finally:
         db.close()

@@ -157,7 +157,7 @@ def test_pools_made_from_a_dsn_carry_the_network_limits(pg_dsn: str) -> None:
             assert probe.info.get_parameters().get("keepalives_idle") is None  # a plain connection: none
         rows = db.query("SELECT 1 AS one")
         assert rows == [{"one": 1}]
-        with db._app.connection() as conn:
+        with db.connections.app.connection() as conn:
             given = conn.info.get_parameters()
         assert given["connect_timeout"] == "5"
         assert given["keepalives_idle"] == "5" and given["keepalives_count"] == "3"
@@ -169,7 +169,7 @@ def test_pools_made_from_a_dsn_carry_the_network_limits(pg_dsn: str) -> None:
 def test_a_dsn_keeps_its_own_limits(pg_dsn: str) -> None:
     db = PostgresDatabase(pg_dsn + "?connect_timeout=9", schema="securepad")
     try:
-        with db._app.connection() as conn:
+        with db.connections.app.connection() as conn:
             assert conn.info.get_parameters()["connect_timeout"] == "9"
     finally:
         db.close()

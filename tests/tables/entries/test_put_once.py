@@ -512,7 +512,7 @@ def test_a_lost_reply_then_a_failed_fallback_names_the_entry_that_may_be_stored(
     pad, _ = single
     db = parts(pad).db
     assert isinstance(db, PostgresDatabase)
-    monkeypatch.setattr(db, "_lock_timeout", "300ms")  # a short lock wait for this store
+    monkeypatch.setattr(db.session, "lock_timeout", "300ms")  # a short lock wait for this store
     pad.put(ALICE, "t1", 1, "shell", "one")
     write_once = PostgresDatabase.write_once
     applied: list[int | None] = []

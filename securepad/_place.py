@@ -1,0 +1,194 @@
+"""Where an open store lives, and its copies: the location, the file, the
+engine, the schema upgrade its open made, ``backup`` and ``restore``.
+
+``Place`` is one face of ``Scratchpad`` (which inherits it); the file work of
+a restore is ``_restore.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self
+
+from ._assembly import Parts, location_of, resolve_policy, store_exists
+from ._restore import check_backup, remove_staged, replace_store, stage_copy
+from .errors import IntegrityError, InvalidArgumentError, SecurepadError
+from .keys.keyring import Keyring
+from .policy import Policy
+from .storage.sqlite import Database
+
+__all__ = ["Place", "sqlite_of_parts"]
+
+
+class Place:
+    """Where an open store lives, and its copies (a face of ``Scratchpad``)."""
+
+    _parts: Parts
+    store_id: str
+    exists = staticmethod(store_exists)
+    location_of = staticmethod(location_of)
+
+    if TYPE_CHECKING:  # ``Scratchpad``'s, which ``restore`` opens the backup and the store with
+
+        @classmethod
+        def open(
+            cls,
+            db_path: str | os.PathLike[str] | Any,
+            *,
+            keyring: Keyring,
+            policy: str | os.PathLike[str] | Policy | None = None,
+            anchor: str | os.PathLike[str] | bool | None = None,
+            adopt_anchor: bool = False,
+        ) -> Self: ...
+
+        def verify(self, *, now: float | None = None) -> dict[str, Any]: ...
+
+        def __enter__(self) -> Self: ...
+
+        def __exit__(self, *exc: object) -> None: ...
+
+    @property
+    def schema_upgrade(self) -> dict[str, int] | None:
+        """``{"from": old, "to": new}`` when this open upgraded the store's
+        schema (an older securepad then refuses it), else None; also logged
+        as a warning on the ``securepad`` logger."""
+        upgraded = self._parts.db.upgraded
+        return None if upgraded is None else {"from": upgraded[0], "to": upgraded[1]}
+
+    @property
+    def upgrade_notice(self) -> str | None:
+        """The one-line notice of ``schema_upgrade``, or None."""
+        upgraded = self._parts.db.upgraded
+        if upgraded is None:
+            return None
+        return (
+            f"store {self.location} upgraded: schema {upgraded[0]} \u2192 {upgraded[1]}; a securepad older than"
+            f" {_package_version()} refuses it now (docs/deployment.md: back up before upgrading)"
+        )
+
+    @property
+    def path(self) -> Path:
+        """The database file of a SQLite store.
+
+        Raises:
+            SecurepadError: the store is on PostgreSQL (see ``location``).
+        """
+        return self._sqlite().path
+
+    @property
+    def location(self) -> str:
+        """Where the store lives: its file, or its PostgreSQL server, database and schema."""
+        return self._parts.db.location
+
+    @property
+    def backend(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self._parts.db.dialect
+
+    def backup(self, dest: str | os.PathLike[str]) -> dict[str, Any]:
+        """Write a consistent copy of the live store to the new file ``dest``
+        (mode 0600), while other connections go on reading and writing: one
+        ``VACUUM INTO``, which reads one snapshot and writes only live rows.
+        The copy is encrypted as the store is; keep the key apart from it.
+        ``Scratchpad.restore`` puts it back. Returns ``backup`` (the path),
+        ``bytes`` and ``store_id``.
+
+        Raises:
+            InvalidArgumentError: ``dest`` exists, or the store is on
+                PostgreSQL (back it up with ``pg_dump``; docs/how-to/backup.md).
+            StorageFullError: the disk is full (no copy is left behind).
+            SecurepadError: ``dest`` cannot be written, or its directory is
+                writable by others.
+        """
+        db = self._parts.db
+        if not isinstance(db, Database):
+            raise InvalidArgumentError(
+                f"the store at {db.location} is on PostgreSQL: back it up with pg_dump (docs/how-to/backup.md)"
+            )
+        path = Path(dest)
+        if os.path.lexists(path):
+            raise InvalidArgumentError(f"{path} exists: a backup is never written over a file")
+        try:
+            db.copy_to(path)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return {"backup": str(path), "bytes": path.stat().st_size, "store_id": self.store_id}
+
+    @classmethod
+    def restore(
+        cls,
+        db_path: str | os.PathLike[str],
+        src: str | os.PathLike[str],
+        *,
+        keyring: Keyring,
+        policy: str | os.PathLike[str] | Policy | None = None,
+        anchor: str | os.PathLike[str] | bool | None = None,
+        now: float | None = None,
+    ) -> dict[str, Any]:
+        """Put the backup ``src`` (a file ``backup`` wrote) in place of the SQLite
+        store at ``db_path``, knowingly accepting it as the current copy.
+
+        In order: ``src`` is copied to a private file beside ``db_path``; that
+        copy is opened with ``keyring`` and verified (a backup that fails
+        changes nothing); the store at ``db_path``, if there is one, is backed
+        up to ``<db_path>.replaced-N`` and its content replaced through
+        SQLite's backup API (so no connection open elsewhere sees a mix);
+        then the store is opened adopting its snapshot-rollback anchor (an
+        older copy is what a restore means) and verified again. Stop the
+        processes that write to the store first: what they write meanwhile
+        is replaced.
+
+        Returns ``restored``, ``source``, ``replaced`` (the copy of the store
+        it replaced, or None) and ``verify`` (the final check's report).
+
+        Raises:
+            InvalidArgumentError: a PostgreSQL store, a missing ``src``, or a
+                ``src`` with a write-ahead log beside it (a live store, not a backup).
+            WrongKeyError: ``keyring`` does not open the backup.
+            IntegrityError: the backup fails verification (nothing was changed).
+            StoreCorruptError: ``src`` or the store at ``db_path`` is not a
+                securepad store.
+        """
+        target, source = check_backup(db_path, src)
+        resolved = resolve_policy(policy)
+        staged = stage_copy(source, target)
+        try:
+            with cls.open(staged, keyring=keyring, policy=resolved, anchor=False) as copy:
+                checked = copy.verify(now=now)
+            if not checked["ok"]:
+                raise IntegrityError(
+                    f"the backup {source} fails verification ({len(checked['problems'])} problems): nothing was"
+                    " changed; run securepad verify on a copy of it to see them"
+                )
+            replaced = replace_store(target, staged, resolved)
+        finally:
+            remove_staged(staged)
+        with cls.open(target, keyring=keyring, policy=resolved, anchor=anchor, adopt_anchor=True) as pad:
+            report = pad.verify(now=now)
+        return {"restored": str(target), "source": str(source), "replaced": replaced, "verify": report}
+
+    def _sqlite(self) -> Database:
+        return sqlite_of_parts(self._parts)
+
+
+def sqlite_of_parts(parts: Parts) -> Database:
+    """The SQLite database of an open store's ``parts``.
+
+    Raises:
+        SecurepadError: the store is on PostgreSQL.
+    """
+    db = parts.db
+    if not isinstance(db, Database):
+        raise SecurepadError(f"the store at {db.location} is not a SQLite file")
+    return db
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # only for an upgrade's notice
+
+    try:
+        return version("securepad")
+    except PackageNotFoundError:  # pragma: no cover - run from a source tree without metadata
+        return "this version"

@@ -1,0 +1,91 @@
+"""A write under the owner's current key (``Keystore.write_current``, run by
+``keys/current.py``): sealed again when a newer key version appeared or an id
+was taken, never past its attempts, and a failure counts no wrap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from securepad import Scratchpad
+from securepad.errors import StoreBusyError
+from securepad.keys.keystore import Keystore
+from securepad.storage.base import Conn, DuplicateKeyError
+from securepad.store import parts
+
+OWNER = "alice"
+
+
+def _sealer(log: list[int], before: Any = None) -> Any:
+    def seal(version: int, wrapper: object) -> int:
+        log.append(version)
+        if before is not None:
+            before(len(log))
+        return version
+
+    return seal
+
+
+def _checked(keys: Keystore) -> Any:
+    """A write that checks, inside its transaction, that it was sealed under the newest version."""
+
+    def write(conn: Conn, sealed: int) -> str:
+        Keystore.check_newest(keys.newest_in(conn, OWNER), sealed)
+        return f"written under {sealed}"
+
+    return write
+
+
+def test_a_write_sealed_under_a_version_made_stale_meanwhile_is_sealed_again_under_the_newest(
+    pad: Scratchpad,
+) -> None:
+    keys = parts(pad).keys
+    keys.current(OWNER)
+    sealed: list[int] = []
+
+    def rotate_once(call: int) -> None:
+        if call == 1:  # another process adds a newer version while this one seals
+            keys.add_version(OWNER, 2, admin=True)
+
+    result = keys.write_current(OWNER, _sealer(sealed, rotate_once), _checked(keys), attempts=3, busy="busy")
+    assert (result, sealed) == ("written under 2", [1, 2])
+    assert keys.current(OWNER)[0] == 2
+
+
+def test_a_taken_id_seals_again_and_gives_up_after_its_attempts(pad: Scratchpad) -> None:
+    keys = parts(pad).keys
+    keys.current(OWNER)
+    before = keys.pending_wraps()
+    sealed: list[int] = []
+
+    def taken(conn: Conn, row: int) -> None:
+        raise DuplicateKeyError
+
+    with pytest.raises(StoreBusyError, match=r"^every id was taken$"):
+        keys.write_current(OWNER, _sealer(sealed), taken, attempts=3, busy="every id was taken")
+    assert sealed == [1, 1, 1]
+    assert keys.pending_wraps() == before  # nothing was written: no wrap counted
+
+
+def test_another_failure_leaves_at_once_and_counts_no_wrap(pad: Scratchpad) -> None:
+    keys = parts(pad).keys
+    keys.current(OWNER)
+    before = keys.pending_wraps()
+    sealed: list[int] = []
+
+    def fails(conn: Conn, row: int) -> None:
+        raise ValueError("the row is refused")
+
+    with pytest.raises(ValueError, match="the row is refused"):
+        keys.write_current(OWNER, _sealer(sealed), fails, attempts=3, busy="busy")
+    assert sealed == [1]
+    assert keys.pending_wraps() == before
+
+
+def test_a_written_row_counts_its_wraps(pad: Scratchpad) -> None:
+    keys = parts(pad).keys
+    keys.current(OWNER)
+    before = keys.pending_wraps().get((OWNER, 1), 0)
+    keys.write_current(OWNER, _sealer([]), _checked(keys), attempts=1, busy="busy", count=3)
+    assert keys.pending_wraps().get((OWNER, 1), 0) == before + 3
