@@ -8,7 +8,6 @@ a restore is ``_restore.py``.
 from __future__ import annotations
 
 import os
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
@@ -187,6 +186,8 @@ def sqlite_of_parts(parts: Parts) -> Database:
 
 
 def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # only for an upgrade's notice
+
     try:
         return version("securepad")
     except PackageNotFoundError:  # pragma: no cover - run from a source tree without metadata

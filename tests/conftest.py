@@ -112,6 +112,21 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("backend", ("sqlite",) if file_bound else backends)
 
 
+def _long(item: pytest.Item) -> bool:
+    """Whether a test is marked slow on its function or module (a long test), not
+    only as a PostgreSQL run."""
+    marks = [*getattr(getattr(item, "function", None), "pytestmark", []), *getattr(item.module, "pytestmark", [])]
+    return any(mark.name == "slow" for mark in marks)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long tests first (otherwise in collection order): pytest-xdist deals
+    the first tests out one by one, so the long ones spread over the workers
+    and the short ones fill the end, instead of one worker finishing a long
+    test while the others idle."""
+    items.sort(key=lambda item: not _long(item))
+
+
 def _server_dsn(dbname: str) -> str:
     """PG_SERVER_DSN (a postgresql:// URL) with another database."""
     return urlunsplit(urlsplit(PG_SERVER_DSN)._replace(path=f"/{dbname}"))

@@ -18,8 +18,9 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,27 @@ MODULES = {
     ".".join(("securepad", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__"): path
     for path in sorted(PACKAGE.rglob("*.py"))
 }
-TREES = {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items()}
+
+
+class _Trees(Mapping[str, ast.Module]):
+    """Each module's syntax tree, parsed when a test first reads one (not at
+    collection, which every pytest-xdist worker repeats)."""
+
+    @functools.cached_property
+    def _parsed(self) -> dict[str, ast.Module]:
+        return {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items()}
+
+    def __getitem__(self, module: str) -> ast.Module:
+        return self._parsed[module]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(MODULES)
+
+    def __len__(self) -> int:
+        return len(MODULES)
+
+
+TREES = _Trees()
 
 CRYPTO_NAMES = {"AESGCM", "HKDF", "HMAC", "hmac"}
 CRYPTO_PACKAGE = "securepad.crypto"
