@@ -115,8 +115,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def _long(item: pytest.Item) -> bool:
     """Whether a test is marked slow on its function or module (a long test), not
     only as a PostgreSQL run."""
-    marks = [*getattr(getattr(item, "function", None), "pytestmark", []), *getattr(item.module, "pytestmark", [])]
-    return any(mark.name == "slow" for mark in marks)
+    marks = list(item.iter_markers(name="slow"))
+    as_a_run = [mark for mark in getattr(getattr(item, "callspec", None), "marks", []) if mark.name == "slow"]
+    return len(marks) > len(as_a_run)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
