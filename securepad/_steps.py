@@ -12,13 +12,14 @@ its turn when it is written.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from .errors import InvalidArgumentError, StoreBusyError
 from .principal import Principal
 from .store import Scratchpad, parts
 
-__all__ = ["keyed_or_former", "keyed_turn_name", "put_next", "turn_in_use"]
+__all__ = ["keyed_or_former", "keyed_turn_name", "newest_first", "put_next", "turn_in_use"]
 
 
 def keyed_turn_name(pad: Scratchpad, principal: Principal, *ids: Any) -> str:
@@ -38,6 +39,28 @@ def turn_in_use(pad: Scratchpad, principal: Principal, turn_id: str, *, now: flo
         IntegrityError, StoreBusyError: as for a read of the turn.
     """
     return parts(pad).listings.last_step(principal, turn_id, now) > 0
+
+
+def newest_first(
+    pad: Scratchpad, principal: Principal, turn_id: str, *, now: float | None = None
+) -> Iterator[dict[str, Any]]:
+    """The live entries of a turn in the principal's scope, highest step first,
+    each as ``Scratchpad.list_for_turn`` shows it (id, executor, expiry, view)
+    and opened only when the iteration reaches it (``Listings.turn_newest_first``:
+    the whole turn is checked against its head before the first).
+
+    Raises:
+        InvalidArgumentError, IntegrityError: as for ``Scratchpad.list_for_turn``.
+    """
+    for opened in parts(pad).listings.turn_newest_first(principal, turn_id, now):
+        row = opened.row
+        yield {
+            "scratchpad_id": row["id"],
+            "step_num": row["step_num"],
+            "executor_name": row["executor_name"],
+            "expires_at": row["expires_at"],
+            "view": opened.view(),
+        }
 
 
 def keyed_or_former(

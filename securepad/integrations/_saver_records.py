@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._steps import keyed_or_former, keyed_turn_name, put_next
+from .._steps import keyed_or_former, keyed_turn_name, newest_first, put_next
 from ..errors import ExpiredError, IntegrityError, NotFoundError
 from ..principal import Principal
 from ..store import Scratchpad
@@ -199,17 +199,22 @@ class SaverRecords:
         then not read (``Stored.whole`` is False; ``having`` and ``opened`` read
         the rest when it is wanted). Only a view cut before one of ``needs`` is read here.
         """
-        stored = []
-        for item in self.pad.list_for_turn(principal, turn, now=self.clock()):
-            meta = item["view"].get("metadata") or {}
-            whole = "metadata" not in item["view"].get("view_cut", ())
-            if not whole and not all(name in meta for name in needs):
-                meta, _ = self.content(principal, item["scratchpad_id"], f"an entry of the saver's turn {turn}")
-                whole = True
-            if item["executor_name"] != executor or meta.get("format") != FORMAT:
-                raise IntegrityError(f"an entry in the saver's turn {turn} is not one of its {executor} entries")
-            stored.append(Stored(item["scratchpad_id"], float(item["expires_at"]), meta, whole))
-        return stored
+        items = self.pad.list_for_turn(principal, turn, now=self.clock())
+        return [self._stored(principal, turn, executor, needs, item) for item in items]
+
+    def _stored(
+        self, principal: Principal, turn: str, executor: str, needs: tuple[str, ...], item: dict[str, Any]
+    ) -> Stored:
+        """One listed entry of ``turn`` as ``listed`` returns it (read whole when
+        its view was cut before one of ``needs``), checked to be a saver entry."""
+        meta = item["view"].get("metadata") or {}
+        whole = "metadata" not in item["view"].get("view_cut", ())
+        if not whole and not all(name in meta for name in needs):
+            meta, _ = self.content(principal, item["scratchpad_id"], f"an entry of the saver's turn {turn}")
+            whole = True
+        if item["executor_name"] != executor or meta.get("format") != FORMAT:
+            raise IntegrityError(f"an entry in the saver's turn {turn} is not one of its {executor} entries")
+        return Stored(item["scratchpad_id"], float(item["expires_at"]), meta, whole)
 
     def content(self, principal: Principal, scratchpad_id: str, what: str) -> tuple[dict[str, Any], bytes]:
         """An entry's sealed metadata and content. A live checkpoint's part that is
@@ -253,6 +258,34 @@ class SaverRecords:
         for stored in listed:
             expect(stored.meta, thread_id=thread_id)
         return listed
+
+    def checkpoint(self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str | None) -> Stored | None:
+        """The thread's checkpoint ``checkpoint_id`` of ``ns``, else its newest of
+        ``ns`` (None: none), choosing on the views newest step first, so that
+        the newest opens one view (``_steps.newest_first``: the whole turn is
+        still checked against its head). A thread's checkpoints take its steps
+        in the order they are put, which is their ids' order: LangGraph's ids
+        grow with time, and ``import_thread`` and ``copy_thread`` put the oldest
+        first. A view cut before the fields that choose (a policy of very
+        narrow views) makes every view worth reading whole: then the choice is
+        made on the whole listing, by id."""
+        turn = self.turn(principal, "thread", thread_id)
+        for item in newest_first(self.pad, principal, turn, now=self.clock()):
+            shown = item["view"].get("metadata") or {}
+            if not all(name in shown for name in CHECKPOINT_CHOICE):
+                return self._chosen(principal, thread_id, ns, checkpoint_id)
+            stored = self._stored(principal, turn, CHECKPOINT, CHECKPOINT_CHOICE, item)
+            expect(stored.meta, thread_id=thread_id)
+            if stored.meta["ns"] == ns and checkpoint_id in (None, stored.meta["checkpoint_id"]):
+                return stored
+        return None
+
+    def _chosen(self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str | None) -> Stored | None:
+        """``checkpoint``'s choice on the whole listing: the highest id of ``ns`` (that id alone when given)."""
+        found = [s for s in self.checkpoints(principal, thread_id) if s.meta["ns"] == ns]
+        if checkpoint_id is not None:
+            found = [s for s in found if s.meta["checkpoint_id"] == checkpoint_id]
+        return max(found, key=lambda s: s.meta["checkpoint_id"]) if found else None
 
     def writes(self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str) -> list[Stored]:
         """The live pending-write entries of a checkpoint, their sealed metadata checked."""

@@ -14,8 +14,9 @@ evidence and expiry are the store's own).
   namespace, checkpoint id)``; the owner's threads are listed in the turn
   ``securepad.langgraph:threads``.
 
-Choosing among a thread's checkpoints reads its listing only, so ``get_tuple``
-and ``list(limit=n)`` open whole only what they return. Each entry takes its
+``get_tuple`` chooses on the thread's views newest first and opens the views
+up to the checkpoint it returns (the newest: one); ``list`` chooses on the
+whole listing; both open whole only what they return. Each entry takes its
 turn's next step in the write transaction; nothing depends on that order. A
 checkpoint never outlives the values it references. ``_saver_records`` holds
 the sealed records, ``_saver_async`` the async face derived from this one.
@@ -139,13 +140,8 @@ class SecurepadSaver(ThreadedAsyncSaver):
         principal = self._who(config)
         thread_id, ns = _thread_of(config)
         wanted = get_checkpoint_id(config)
-        found = [s for s in self.records.checkpoints(principal, thread_id) if s.meta["ns"] == ns]
-        if wanted is not None:
-            found = [s for s in found if s.meta["checkpoint_id"] == wanted]
-        if not found:
-            return None
-        latest = max(found, key=lambda s: s.meta["checkpoint_id"])
-        return _checkpoint_tuple(self, principal, thread_id, latest)
+        found = self.records.checkpoint(principal, thread_id, ns, wanted)
+        return None if found is None else _checkpoint_tuple(self, principal, thread_id, found)
 
     def list(
         self,
