@@ -92,13 +92,16 @@ def put_next(
     ttl_seconds: int | None = None,
     *,
     now: float | None = None,
+    guess: int | None = None,
 ) -> dict[str, Any]:
     """``Scratchpad.put`` at the turn's next step (one more than its highest
     live step in the principal's scope, 1 for an empty turn); returns
     ``put``'s view, whose ``step_num`` is the step taken.
 
     The step read before sealing is a guess that spares sealing the metadata
-    again under the write lock when no other writer came in between. When
+    again under the write lock when no other writer came in between; a caller
+    that knows the step (``guess``: the one after the step it took last, or
+    after the newest it just listed) spares the read. When
     writers kept changing the turn while it was read (``StoreBusyError`` from
     the consistent read), the guess is 1 and the write transaction, which
     reads the turn under the owner's serialization, takes the step: the read
@@ -110,10 +113,11 @@ def put_next(
     if not isinstance(principal, Principal):
         raise InvalidArgumentError("principal must be a securepad.Principal")
     found = parts(pad)
-    try:
-        guess = found.listings.last_step(principal, turn_id, now) + 1
-    except StoreBusyError:  # only a guess: the write transaction takes the step
-        guess = 1
+    if guess is None or isinstance(guess, bool) or not isinstance(guess, int) or guess < 1:
+        try:
+            guess = found.listings.last_step(principal, turn_id, now) + 1
+        except StoreBusyError:  # only a guess: the write transaction takes the step
+            guess = 1
     return found.putter.put(
         principal, turn_id, guess, executor_name, observation, ttl_seconds, now=now, free_step=True, next_step=True
     )

@@ -104,6 +104,7 @@ class Stored:
     expires_at: float
     meta: dict[str, Any]
     whole: bool = True
+    step_num: int = 0
 
 
 def sealed(meta: dict[str, Any], data: bytes) -> dict[str, Any]:
@@ -152,6 +153,10 @@ class SaverRecords:
         # (the principal's scope, thread) whose checkpoints were found in the thread's keyed
         # turn (``turn``): what a principal finds depends on its scope, not on its owner alone.
         self._keyed: set[tuple[Scope, str]] = set()
+        # (the principal's scope, turn) -> the step this saver's last put in it took: the next
+        # put's guess (``put_next``), which spares reading the turn's newest step; a wrong
+        # guess (another writer came in between) only costs sealing again in the write.
+        self._last_steps: dict[tuple[Scope, str], int] = {}
 
     # -- where each record lives ----------------------------------------------------
 
@@ -214,7 +219,7 @@ class SaverRecords:
             whole = True
         if item["executor_name"] != executor or meta.get("format") != FORMAT:
             raise IntegrityError(f"an entry in the saver's turn {turn} is not one of its {executor} entries")
-        return Stored(item["scratchpad_id"], float(item["expires_at"]), meta, whole)
+        return Stored(item["scratchpad_id"], float(item["expires_at"]), meta, whole, int(item["step_num"]))
 
     def content(self, principal: Principal, scratchpad_id: str, what: str) -> tuple[dict[str, Any], bytes]:
         """An entry's sealed metadata and content. A live checkpoint's part that is
@@ -329,10 +334,29 @@ class SaverRecords:
     # -- writing -------------------------------------------------------------------
 
     def put(
-        self, principal: Principal, turn: str, executor: str, observation: Any, ttl: int, now: float
+        self,
+        principal: Principal,
+        turn: str,
+        executor: str,
+        observation: Any,
+        ttl: int,
+        now: float,
+        newest: int | None = None,
     ) -> dict[str, Any]:
-        """Put an entry at its turn's next step (``_steps.put_next``); returns its view."""
-        return put_next(self.pad, principal, turn, executor, observation, ttl, now=now)
+        """Put an entry at its turn's next step (``_steps.put_next``); returns its
+        view. ``newest``: the turn's newest step as the caller just listed it
+        (0: empty), else the step this saver's last put in the turn took, is the guess."""
+        key = (scope_of(self.pad, principal), turn)
+        with self._lock:
+            last = self._last_steps.get(key) if newest is None else newest
+        view = put_next(
+            self.pad, principal, turn, executor, observation, ttl, now=now, guess=None if last is None else last + 1
+        )
+        with self._lock:
+            if len(self._last_steps) >= _KEYED_KEPT:
+                self._last_steps.clear()
+            self._last_steps[key] = int(view["step_num"])
+        return view
 
     def put_value(
         self,

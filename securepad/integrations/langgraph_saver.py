@@ -250,7 +250,8 @@ class SecurepadSaver(ThreadedAsyncSaver):
         if checkpoint_id is None:
             raise InvalidArgumentError("put_writes needs a config with configurable.checkpoint_id")
         now = self._clock()
-        mine = [s for s in self.records.writes(principal, thread_id, ns, checkpoint_id) if s.meta["task_id"] == task_id]
+        listed = self.records.writes(principal, thread_id, ns, checkpoint_id)
+        mine = [s for s in listed if s.meta["task_id"] == task_id]
         stored_idx = {idx for s in mine for idx in s.meta["idxs"]}
         fresh: dict[int, tuple[str, Any]] = {}
         for index, (channel, value) in enumerate(writes):
@@ -277,7 +278,8 @@ class SecurepadSaver(ThreadedAsyncSaver):
             "type": kind,
         }
         turn = self.records.turn(principal, "writes", thread_id, ns, checkpoint_id)
-        self.records.put(principal, turn, WRITE, sealed(meta, data), self.ttl_seconds, now)
+        newest = max((s.step_num for s in listed), default=0)
+        self.records.put(principal, turn, WRITE, sealed(meta, data), self.ttl_seconds, now, newest)
         for entry in stale:
             self.records.delete(principal, entry.scratchpad_id)
 
