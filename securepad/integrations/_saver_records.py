@@ -385,6 +385,14 @@ class SaverRecords:
             self._values[(scope_of(self.pad, principal), thread_id, ns, channel, str(version))] = stored
         return stored
 
+    def note_inline(self, principal: Principal, thread_id: str, ns: str, channel: str, version: Any) -> None:
+        """Remember that the value of ``(thread_id, ns, channel, version)`` was put
+        inline (it has no entry of its own): a later checkpoint where the channel
+        is unchanged then finds it without looking up the value's turn. Versions
+        are unique per write, so no writer stores another value under it."""
+        with self._lock:
+            self._values[(scope_of(self.pad, principal), thread_id, ns, channel, str(version))] = None
+
     def value(
         self, principal: Principal, thread_id: str, ns: str, channel: str, version: Any, now: float
     ) -> Stored | None:

@@ -201,10 +201,12 @@ class SecurepadSaver(ThreadedAsyncSaver):
                 known = self.records.value(principal, thread_id, ns, channel, version, now)
             if known is None:
                 if channel not in values:
+                    self.records.note_inline(principal, thread_id, ns, channel, version)
                     continue
                 kind, data = self.serde.dumps_typed(values[channel])
                 if len(data) <= self.inline_max_bytes:
                     inline[channel] = values[channel]
+                    self.records.note_inline(principal, thread_id, ns, channel, version)
                     continue
                 known = self.records.put_value(principal, thread_id, ns, channel, version, kind, data, now)
             stored = known
