@@ -38,7 +38,9 @@ __all__ = [
     "Scope",
     "Stored",
     "ThreadList",
+    "copy_checkpoints",
     "expect",
+    "highest",
     "keyed_turn",
     "newest_per_namespace",
     "scope_of",
@@ -123,6 +125,12 @@ def newest_per_namespace(listed: list[Stored]) -> list[Stored]:
         if current is None or stored.meta["checkpoint_id"] > current.meta["checkpoint_id"]:
             newest[stored.meta["ns"]] = stored
     return list(newest.values())
+
+
+def highest(listed: list[Stored], ns: str, checkpoint_id: str | None) -> Stored | None:
+    """The checkpoint of ``ns`` with the highest id among ``listed`` (that id alone when given)."""
+    found = [s for s in listed if s.meta["ns"] == ns and checkpoint_id in (None, s.meta["checkpoint_id"])]
+    return max(found, key=lambda s: s.meta["checkpoint_id"]) if found else None
 
 
 def expect(meta: Mapping[str, Any], **fields: Any) -> None:
@@ -278,19 +286,12 @@ class SaverRecords:
         for item in newest_first(self.pad, principal, turn, now=self.clock()):
             shown = item["view"].get("metadata") or {}
             if not all(name in shown for name in CHECKPOINT_CHOICE):
-                return self._chosen(principal, thread_id, ns, checkpoint_id)
+                return highest(self.checkpoints(principal, thread_id), ns, checkpoint_id)
             stored = self._stored(principal, turn, CHECKPOINT, CHECKPOINT_CHOICE, item)
             expect(stored.meta, thread_id=thread_id)
             if stored.meta["ns"] == ns and checkpoint_id in (None, stored.meta["checkpoint_id"]):
                 return stored
         return None
-
-    def _chosen(self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str | None) -> Stored | None:
-        """``checkpoint``'s choice on the whole listing: the highest id of ``ns`` (that id alone when given)."""
-        found = [s for s in self.checkpoints(principal, thread_id) if s.meta["ns"] == ns]
-        if checkpoint_id is not None:
-            found = [s for s in found if s.meta["checkpoint_id"] == checkpoint_id]
-        return max(found, key=lambda s: s.meta["checkpoint_id"]) if found else None
 
     def writes(self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str) -> list[Stored]:
         """The live pending-write entries of a checkpoint, their sealed metadata checked."""
@@ -416,38 +417,6 @@ class SaverRecords:
             self._values[key] = cached
         return cached
 
-    def copy_checkpoints(
-        self,
-        principal: Principal,
-        listed: list[Stored],
-        source: str,
-        target_principal: Principal,
-        target: str,
-        now: float,
-    ) -> None:
-        """Copy the checkpoints ``listed`` of thread ``source``, with their writes and
-        values, to thread ``target`` of the same owner (sealed again under its turns)."""
-        copied_values: dict[str, Stored] = {}
-        for stored in sorted(listed, key=lambda s: s.meta["checkpoint_id"]):
-            meta, content = self.content(principal, stored.scratchpad_id, "a checkpoint")
-            ns, checkpoint_id = meta["ns"], meta["checkpoint_id"]
-            values = {}
-            for channel, (version, value_id) in meta["values"].items():
-                if value_id not in copied_values:
-                    value_meta, data = self.content(principal, value_id, f"the value of channel {channel!r}")
-                    copied_values[value_id] = self.put_value(
-                        target_principal, target, ns, channel, version, value_meta["type"], data, now
-                    )
-                values[channel] = [version, copied_values[value_id].scratchpad_id]
-            for write in self.writes(principal, source, ns, checkpoint_id):
-                write_meta, data = self.content(principal, write.scratchpad_id, "a pending write")
-                observation: dict[str, Any] = {"content": data, "metadata": {**write_meta, "thread_id": target}}
-                turn = self.turn(target_principal, "writes", target, ns, checkpoint_id)
-                self.put(target_principal, turn, WRITE, observation, self.ttl_seconds, now)
-            observation = {"content": content, "metadata": {**meta, "thread_id": target, "values": values}}
-            turn = self.turn(target_principal, "thread", target)
-            self.put(target_principal, turn, CHECKPOINT, observation, self.ttl_seconds, now)
-
     # -- deleting ------------------------------------------------------------------
 
     def delete(self, principal: Principal, scratchpad_id: str) -> None:
@@ -472,6 +441,40 @@ class SaverRecords:
             gone = {value_id for stored in doomed for _, value_id in stored.meta["values"].values()} - in_use
             for key in [k for k, v in self._values.items() if v is not None and v.scratchpad_id in gone]:
                 del self._values[key]
+
+
+def copy_checkpoints(
+    records: SaverRecords,
+    principal: Principal,
+    listed: list[Stored],
+    source: str,
+    target_principal: Principal,
+    target: str,
+    now: float,
+) -> None:
+    """Copy the checkpoints ``listed`` of thread ``source``, with their writes and
+    values, to thread ``target`` of the same owner (sealed again under its turns),
+    through ``records``."""
+    copied_values: dict[str, Stored] = {}
+    for stored in sorted(listed, key=lambda s: s.meta["checkpoint_id"]):
+        meta, content = records.content(principal, stored.scratchpad_id, "a checkpoint")
+        ns, checkpoint_id = meta["ns"], meta["checkpoint_id"]
+        values = {}
+        for channel, (version, value_id) in meta["values"].items():
+            if value_id not in copied_values:
+                value_meta, data = records.content(principal, value_id, f"the value of channel {channel!r}")
+                copied_values[value_id] = records.put_value(
+                    target_principal, target, ns, channel, version, value_meta["type"], data, now
+                )
+            values[channel] = [version, copied_values[value_id].scratchpad_id]
+        for write in records.writes(principal, source, ns, checkpoint_id):
+            write_meta, data = records.content(principal, write.scratchpad_id, "a pending write")
+            observation: dict[str, Any] = {"content": data, "metadata": {**write_meta, "thread_id": target}}
+            turn = records.turn(target_principal, "writes", target, ns, checkpoint_id)
+            records.put(target_principal, turn, WRITE, observation, records.ttl_seconds, now)
+        observation = {"content": content, "metadata": {**meta, "thread_id": target, "values": values}}
+        turn = records.turn(target_principal, "thread", target)
+        records.put(target_principal, turn, CHECKPOINT, observation, records.ttl_seconds, now)
 
 
 class ThreadList:

@@ -56,6 +56,7 @@ from ._saver_records import (
     SaverRecords,
     Stored,
     ThreadList,
+    copy_checkpoints,
     keyed_turn,
     newest_per_namespace,
     sealed,
@@ -335,7 +336,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
             return
         now = self._clock()
         self.threads.register(target_principal, target_thread_id, now)
-        self.records.copy_checkpoints(principal, listed, source_thread_id, target_principal, target_thread_id, now)
+        copy_checkpoints(self.records, principal, listed, source_thread_id, target_principal, target_thread_id, now)
 
     def import_thread(self, source: BaseCheckpointSaver[Any], thread_id: str) -> int:
         """Copy a thread out of another checkpointer (``SqliteSaver``, ``PostgresSaver``, ...):
