@@ -213,6 +213,10 @@ class Policy:
         Raises:
             NotFoundError: the row is outside the principal's scope.
         """
+        if row.get("owner_user_id") != principal.owner_user_id:
+            raise NotFoundError(NOT_FOUND_MESSAGE)
+        if self.scope == "owner":  # the owner is the whole of this scope (``scope_columns``)
+            return
         for column, value in self.scope_columns(principal):
             if row.get(column) != value:
                 raise NotFoundError(NOT_FOUND_MESSAGE)

@@ -60,7 +60,7 @@ def _counting(pad: Scratchpad) -> Iterator[dict[str, int]]:
     def trace(event: dict[str, Any]) -> None:
         counts["trigger_statements" if event.get("trigger") else "statements"] += 1
 
-    before = WORK.snapshot()
+    before, opened = WORK.snapshot(), WORK.head_opens
     conn.trace_v2(apsw.SQLITE_TRACE_STMT, trace)
     try:
         yield counts
@@ -68,6 +68,7 @@ def _counting(pad: Scratchpad) -> Iterator[dict[str, int]]:
         conn.trace_v2(0, None)
         after = WORK.snapshot()
         counts.update({name: after[name] - before[name] for name in after})
+        counts["head_opens"] = WORK.head_opens - opened
 
 
 def _measure(pad: Scratchpad, call: Callable[[], object]) -> dict[str, int]:
@@ -84,7 +85,7 @@ def put_costs(pad: Scratchpad, principal: Principal, size_bytes: int) -> dict[st
     """The costs of one put of ``size_bytes`` of text into a new turn (the owner's key already exists).
 
     Returns ``{"statements", "trigger_statements", "wal_frames", "key_derivations",
-    "key_unwraps", "header_digests"}``. Raises ``SecurepadError`` on a PostgreSQL store.
+    "key_unwraps", "header_digests", "head_opens"}``. Raises ``SecurepadError`` on a PostgreSQL store.
     """
     text = _text(size_bytes)
     turn = f"costs-{secrets.token_hex(4)}"

@@ -207,6 +207,8 @@ def read_fitted(
     content_cap = max(1, cap - reserve)
     result = once(content_cap)
     for _ in range(4):  # the fields' own digits may move by one on the way down
+        if _fits_at_most(result, cap):
+            break
         over = json_chars(result) - cap
         if over <= 0 or mode == "grep" or content_cap == 1:
             break
@@ -223,6 +225,20 @@ GREP_FIELDS_CHARS = 700
 def json_chars(value: object) -> int:
     """Characters of ``value`` as JSON (ensure_ascii=False), as the model sees it."""
     return len(json.dumps(value, ensure_ascii=False))
+
+
+# The most characters one character of a string takes as JSON (ensure_ascii=False
+# escapes only the quote, the backslash and control characters, at most as \u001f).
+_MOST_PER_CHAR = 6
+
+
+def _fits_at_most(result: dict[str, Any], cap: int) -> bool:
+    """Whether ``result`` fits ``cap`` as JSON whatever its text content's escapes
+    (its fields encoded, the content counted at its longest): no need to encode the content."""
+    content = result.get("content")
+    if not isinstance(content, str):
+        return False
+    return json_chars({**result, "content": ""}) + _MOST_PER_CHAR * len(content) <= cap
 
 
 # -- lines ----------------------------------------------------------------------------
@@ -290,7 +306,7 @@ def _read_span(content: SegmentedContent, mode: str, n: int, start: int, end: in
 def _fit_json(text: str, limit: int, *, keep_end: bool) -> str:
     """``text``, or its longest prefix (suffix with ``keep_end``) whose JSON
     string form (ensure_ascii=False, quotes excluded) has at most ``limit`` characters."""
-    if len(json.dumps(text, ensure_ascii=False)) - 2 <= limit:
+    if _MOST_PER_CHAR * len(text) <= limit or len(json.dumps(text, ensure_ascii=False)) - 2 <= limit:
         return text
     low, high = 0, min(len(text), limit)  # a character costs at least one
 

@@ -23,6 +23,8 @@ def split_text(text: str) -> tuple[list[bytes], list[str]]:
         data = text.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidArgumentError("text content must be valid Unicode (no lone surrogates)") from None
+    if len(data) <= SEGMENT_BYTES:  # one segment: the text is its own piece
+        return [data], [text]
     segments = list(_utf8_chunks(data))
     return segments, [chunk.decode("utf-8") for chunk in segments]
 

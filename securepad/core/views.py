@@ -11,6 +11,8 @@ import hashlib
 import json
 from typing import Any
 
+import msgspec
+
 __all__ = ["SUMMARY_EDGE_CHARS", "binary_summary", "fit_view", "scalars", "structure", "text_summary"]
 
 SUMMARY_EDGE_CHARS = 500
@@ -80,6 +82,22 @@ def scalars(observation: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
+# A view's own keys, as JSON strings (a scalar's key is measured).
+_KEY_SIZES = {
+    key: len(json.dumps(key))
+    for key in (
+        "step_num",
+        "size_bytes",
+        "kind",
+        "summary",
+        "metadata",
+        "list_field",
+        "count",
+        "schema",
+        "ref_hint",
+        "view_cut",
+    )
+}
 # What the store adds to a view ("ok" and the 16-hex id), as JSON.
 _VIEW_FRAME = len(json.dumps({"ok": True, "scratchpad_id": "0" * 16}, ensure_ascii=False))
 # Kept whatever the limit: they say what the entry is and how to read it.
@@ -91,7 +109,47 @@ _CUT_RESERVE = len(', "view_cut": ') + len(json.dumps([*_OPTIONAL, "scalars"]))
 
 
 def _json_size(value: Any) -> int:
+    """``len(json.dumps(value, ensure_ascii=False))``: what the model is shown of a view, in characters."""
     return len(json.dumps(value, ensure_ascii=False))
+
+
+# msgspec's JSON escapes the characters ``json.dumps(..., ensure_ascii=False)`` escapes, each to
+# as many characters (tests/core/test_views.py holds it for every code point), in a fraction of the work.
+_ENCODE = msgspec.json.Encoder().encode
+_LITERALS = {None: 4, True: 4, False: 5}
+
+
+def _text_size(text: str) -> int:
+    """``_json_size`` of a string."""
+    try:
+        encoded = _ENCODE(text)
+    except UnicodeEncodeError:  # a lone surrogate: json writes it as it is
+        return _json_size(text)
+    return len(encoded) if text.isascii() else len(encoded.decode())
+
+
+def _item_size(value: Any) -> int:
+    """``_json_size`` of a view's value: strings, numbers and literals measured without json's encoder."""
+    kind = type(value)
+    if kind is str:
+        return _text_size(value)
+    if kind is int:
+        return len(int.__repr__(value))
+    if kind is bool or value is None:
+        return _LITERALS[value]
+    if (kind is dict or kind is list) and not value:
+        return 2
+    return _json_size(value)
+
+
+def _view_size(view: dict[str, Any]) -> int:
+    """``_json_size`` of a view (a dict of string keys): ``{"key": value, ...}`` with json's separators."""
+    if not view:
+        return 2
+    if not all(type(key) is str for key in view):
+        return _json_size(view)
+    keys = sum(_KEY_SIZES.get(key) or _text_size(key) for key in view)
+    return keys + sum(map(_item_size, view.values())) + 4 * len(view)
 
 
 def fit_view(view: dict[str, Any], kept_scalars: dict[str, Any], limit: int) -> dict[str, Any]:
@@ -101,7 +159,7 @@ def fit_view(view: dict[str, Any], kept_scalars: dict[str, Any], limit: int) -> 
     fit, and ``view_cut`` naming what was cut (read the entry for the rest).
     Only the core (step, size, kind) can overrun a limit too small for it."""
     whole = {**kept_scalars, **view}
-    if _json_size(whole) + _VIEW_FRAME <= limit:
+    if _view_size(whole) + _VIEW_FRAME <= limit:
         return whole
     budget = limit - _VIEW_FRAME - _CUT_RESERVE
     fitted: dict[str, Any] = {key: view[key] for key in _CORE if key in view}

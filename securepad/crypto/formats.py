@@ -24,7 +24,7 @@ import hashlib
 import hmac
 import json
 import operator
-import secrets
+import os
 import struct
 from dataclasses import dataclass, fields
 from typing import Any, NoReturn
@@ -136,7 +136,7 @@ class ListingKey:
 
     def seal(self, row: dict[str, Any], data: bytes) -> bytes:
         """The listing part of ``row`` (its clear columns as they will be stored)."""
-        nonce = secrets.token_bytes(12)
+        nonce = os.urandom(12)
         return bytes((LISTING_FORMAT,)) + nonce + self._aead.encrypt(nonce, data, listing_aad(row))
 
     def open(self, row: dict[str, Any]) -> bytes:
@@ -258,7 +258,7 @@ class EntryCipher:
             raise IntegrityError(f"segment {seq} failed authentication") from None
 
     def seal_meta(self, data: bytes) -> bytes:
-        nonce = secrets.token_bytes(12)
+        nonce = os.urandom(12)
         return nonce + self._meta.encrypt(nonce, data, self._aad)
 
     def open_meta(self, blob: bytes) -> bytes:
@@ -276,7 +276,7 @@ def seal_entry(
     key of ``header.key_version``): the row's crypto columns, the sealed
     segments, and the entry's cipher (to seal its metadata again)."""
     item_key = KeyHandle.random()
-    nonce_prefix = secrets.token_bytes(NONCE_PREFIX_BYTES)
+    nonce_prefix = os.urandom(NONCE_PREFIX_BYTES)
     cipher = EntryCipher(item_key, header, nonce_prefix)
     last = len(segments) - 1
     sealed = [cipher.seal_segment(seq, data, seq == last) for seq, data in enumerate(segments)]
@@ -322,7 +322,7 @@ def _record_aad(table: str, row: dict[str, Any]) -> bytes:
 def reseal_record(item_key: KeyHandle, table: str, row: dict[str, Any], body: bytes) -> bytes:
     """A turn record's sealed payload: AES-256-GCM under its item key; the AAD
     binds table, id, owner, actor, channel, turn, sequence number and both times."""
-    nonce = secrets.token_bytes(12)
+    nonce = os.urandom(12)
     return nonce + item_key.aead().encrypt(nonce, body, _record_aad(table, row))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import secrets
+import os
 import struct
 from typing import NoReturn, Protocol
 
@@ -71,7 +71,7 @@ class KeyHandle:
     @classmethod
     def random(cls) -> KeyHandle:
         """A fresh key from the OS's CSPRNG."""
-        return cls(secrets.token_bytes(KEY_BYTES))
+        return cls(os.urandom(KEY_BYTES))
 
     def __repr__(self) -> str:
         return "<KeyHandle (hidden)>"
@@ -97,27 +97,32 @@ class KeyHandle:
 
 def lp(*parts: str | bytes) -> bytes:
     """Length-prefixed concatenation: unambiguous, so ("ab","c") != ("a","bc")."""
-    out = bytearray()
+    pieces: list[bytes] = []
     for part in parts:
         data = part.encode("utf-8") if isinstance(part, str) else part
-        out += struct.pack(">I", len(data)) + data
-    return bytes(out)
+        pieces += (_LENGTH(len(data)), data)
+    return b"".join(pieces)
+
+
+_LENGTH = struct.Struct(">I").pack
 
 
 class WorkCounter:
-    """How much key work this process did: HKDF derivations, key unwraps and
-    entry-header digests. A load-independent measure of a call's cost (the
-    benchmarks' cost meter and the hot-path tests read it; approximate when
-    several threads count at once)."""
+    """How much key work this process did: HKDF derivations, key unwraps,
+    entry-header digests and sealed heads opened. A load-independent measure of
+    a call's cost (the benchmarks' cost meter and the hot-path tests read it;
+    approximate when several threads count at once)."""
 
-    __slots__ = ("derivations", "digests", "unwraps")
+    __slots__ = ("derivations", "digests", "head_opens", "unwraps")
 
     def __init__(self) -> None:
         self.derivations = 0
         self.unwraps = 0
         self.digests = 0
+        self.head_opens = 0
 
     def snapshot(self) -> dict[str, int]:
+        """The key work: derivations, unwraps, header digests (``head_opens`` apart)."""
         return {"key_derivations": self.derivations, "key_unwraps": self.unwraps, "header_digests": self.digests}
 
 
@@ -165,12 +170,13 @@ class CounterSeal:
     (``"anchor"``) apart: one cannot be pasted as the other.
     """
 
-    __slots__ = ("_key", "_names", "_store_id", "_term_prefix")
+    __slots__ = ("_key", "_names", "_store_id", "_term_mac")
 
     def __init__(self, key: KeyHandle, store_id: str) -> None:
         self._key = key
         self._store_id = store_id
-        self._term_prefix = lp(TAG, "term", store_id)
+        # Keyed once, the terms' domain absorbed: each term copies it (no keying, no digest lookup per term).
+        self._term_mac = hmac.new(key._key, lp(TAG, "term", store_id), hashlib.sha256)
         self._names: bytes | None = None  # the turn names' key, derived at its first use
 
     def __repr__(self) -> str:
@@ -195,7 +201,9 @@ class CounterSeal:
         Its own domain (``"term"`` and the store id, length-prefixed) keeps it
         apart from the counter tags; ``message`` must be self-delimiting
         (the callers pass msgpack)."""
-        return int.from_bytes(hmac.digest(self._key._key, self._term_prefix + message, "sha256"), "big")
+        mac = self._term_mac.copy()
+        mac.update(message)
+        return int.from_bytes(mac.digest(), "big")
 
     def turn_name(self, owner_user_id: str, message: bytes) -> str:
         """The keyed name (hex) of a turn an integration derives from ids its
@@ -267,7 +275,7 @@ class Wrapper:
 
     def wrap(self, key: KeyHandle, aad: bytes) -> bytes:
         """Seal ``key``."""
-        nonce = secrets.token_bytes(12)
+        nonce = os.urandom(12)
         return nonce + self._aead.encrypt(nonce, key._key, aad)
 
     def wrap_new(self, aad: bytes) -> bytes:
@@ -290,7 +298,7 @@ class Wrapper:
 
     def seal(self, data: bytes, aad: bytes) -> bytes:
         """Seal a small payload directly under this key (a turn head): random nonce || ciphertext || tag."""
-        nonce = secrets.token_bytes(12)
+        nonce = os.urandom(12)
         return nonce + self._aead.encrypt(nonce, data, aad)
 
     def open(self, blob: object, aad: bytes) -> bytes:
@@ -301,6 +309,7 @@ class Wrapper:
         """
         if not isinstance(blob, bytes) or len(blob) < 28:
             raise IntegrityError("a sealed head is truncated")
+        WORK.head_opens += 1
         try:
             return self._aead.decrypt(blob[:12], blob[12:], aad)
         except InvalidTag:
@@ -391,17 +400,24 @@ class ContentIdentity:
     both sides of an owner-key rotation do not compare equal.
     """
 
-    __slots__ = ("_key", "_version")
+    __slots__ = ("_mac", "_version")
 
     def __init__(self, owner_key: KeyHandle, store_id: str, owner_user_id: str, version: int) -> None:
-        self._key = KeyHandle(derive(owner_key, "content-identity", lp(store_id, owner_user_id)))
+        # Keyed once: each identity copies it (no keying, no digest lookup per entry).
+        self._mac = hmac.new(
+            derive(owner_key, "content-identity", lp(store_id, owner_user_id)), digestmod=hashlib.sha256
+        )
         self._version = version
 
     def __repr__(self) -> str:
         return "<ContentIdentity (hidden)>"
 
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("key handles cannot be pickled")
+
     def of(self, kind: str, segments: list[bytes]) -> str:
-        mac = hmac.new(self._key._key, lp("content", kind, str(sum(len(s) for s in segments))), hashlib.sha256)
+        mac = self._mac.copy()
+        mac.update(lp("content", kind, str(sum(len(s) for s in segments))))
         for segment in segments:
             mac.update(segment)
         return f"{self._version}:{mac.hexdigest()}"

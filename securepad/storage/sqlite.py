@@ -243,6 +243,11 @@ class Database:
             # Double-quoted strings are identifiers only, never string literals.
             conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
             conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
+            # A statement's plan never depends on the values bound to it (the query planner
+            # stability guarantee): without it, SQLite compiles a statement again at each
+            # execution whose plan a bound value could change (an equality on an index
+            # prefix beside an ORDER BY or MIN/MAX), which every write's reads would pay.
+            conn.config(apsw.SQLITE_DBCONFIG_ENABLE_QPSG, 1)
             conn.execute("PRAGMA journal_mode = WAL")
             # The policy's durability (docs/reliability.md). NORMAL: a commit is
             # durable once the WAL is synced at checkpoint; a power cut (not a

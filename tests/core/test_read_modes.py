@@ -164,6 +164,24 @@ def test_lines_without_an_index_scan_from_the_start() -> None:
 # -- caps and hints ----------------------------------------------------------------------
 
 
+@given(
+    text=st.lists(st.sampled_from([*'a"\\\x01\x1f\né😀']), max_size=80).map("".join),
+    cap=st.integers(300, 900),
+    mode=st.sampled_from(["head", "tail"]),
+)
+def test_a_fitted_read_fits_the_cap_and_is_whole_when_its_json_is_far_within(text: str, cap: int, mode: str) -> None:
+    """Whether it encodes the content or counts each character at its longest
+    escape, a fitted read's JSON fits the cap; a text whose JSON leaves room
+    for the result's fields comes back whole."""
+    content, _ = segmented(text)
+    result = read_modes.read_fitted(content, mode, cap=cap, extra={"scratchpad_id": "0" * 16}, n=len(text))
+    assert len(json.dumps(result, ensure_ascii=False)) <= cap
+    shown = result["content"]
+    assert shown == (text[: len(shown)] if mode == "head" else text[len(text) - len(shown) :])
+    if len(json.dumps(text, ensure_ascii=False)) + 300 <= cap:  # the fields take under 300
+        assert shown == text
+
+
 @given(text=line_text, cap=st.integers(16, 60), start=st.integers(0, 5))
 def test_lines_never_exceed_the_cap(text: str, cap: int, start: int) -> None:
     content, _ = segmented(text, 5)

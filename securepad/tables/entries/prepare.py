@@ -216,12 +216,13 @@ def split(content: str | bytes) -> tuple[list[bytes], list[int] | None, int, lis
 
 def check_write_size(
     prepared: list[tuple[Prepared, str]], principal: Principal, turn_id: str, limit: int | None, what: str
-) -> None:
+) -> int:
     """Refuse, before anything is written, entries that could take more than
-    ``limit`` bytes in one transaction (raises QuotaExceededError)."""
-    if limit is None:
-        return
+    ``limit`` bytes in one transaction (raises QuotaExceededError); the sum of
+    their ``cost_bound``."""
     names = {"actor": principal.actor, "channel": principal.channel}
     owner = principal.owner_user_id
     size = sum(p.cost_bound({**names, "executor_name": executor}, owner, turn_id) for p, executor in prepared)
-    check_write_bound(size, limit, what)
+    if limit is not None:
+        check_write_bound(size, limit, what)
+    return size

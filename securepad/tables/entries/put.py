@@ -74,7 +74,7 @@ class Putter:
         check_step_num(step_num)
         ttl = self.ttl(ttl_seconds)
         prepared = Prepared.of(observation, step_num, self.policy)
-        check_write_size([(prepared, executor_name)], principal, turn_id, self.write_limit, "entry")
+        bound = check_write_size([(prepared, executor_name)], principal, turn_id, self.write_limit, "entry")
         created = self.write_now(now)
         meta = prepared.meta(principal, step_num, executor_name, created, created + ttl, inline)
         step = step_sql(self._access, principal, turn_id, step_num) if free_step and not next_step else None
@@ -82,7 +82,6 @@ class Putter:
         owner = principal.owner_user_id
         # In one message (``_Put.once``), else under the shared lock when the turn had room, or exclusive.
         done = one.once(self._once) if self._once is not None else None
-        bound = prepared.cost_bound(meta, owner, turn_id)
         entry_id, spare = done or one.written(shared=self._spare.get((owner, turn_id), 0) >= bound)
         if len(self._spare) >= _HINTS:
             self._spare.clear()
@@ -295,7 +294,7 @@ class _Put:
     def reads(self) -> list[tuple[str, Params]]:
         """The write's reads, sent with BEGIN: version, quota, step and (PostgreSQL) the turn's heads."""
         quota = quota_sql(self.owner, self.created, self.step, records=not self.shared)
-        return with_heads(self.putter.dialect, quota, self.owner, self.turn_id)
+        return with_heads(self.putter.dialect, quota, self.owner, self.turn_id, turn_only=self.shared)
 
     def take_next_step(self, conn: Conn, row: dict[str, Any]) -> None:
         """``next_step``: the step after the turn's highest, the listing part sealed again if it moved."""

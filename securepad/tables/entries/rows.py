@@ -69,7 +69,7 @@ class Entry:
     view: dict[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Opened:
     """An authorized, authenticated entry as a listing shows it: its clear row
     and its listing part (``view``, ``content_id``, ``inline``); content still sealed."""
@@ -81,7 +81,7 @@ class Opened:
         return {"ok": True, "scratchpad_id": self.row["id"], **self.meta["view"]}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Readable(Opened):
     """An entry opened with its item key: full ``meta``, and ``content`` that reads its segments."""
 

@@ -7,17 +7,20 @@ from __future__ import annotations
 from typing import Any
 
 from ...storage.base import Conn, Params, Rows
-from .statements import beside_sql, select_sql
+from .statements import beside_sql, select_sql, turn_select_sql
 
 __all__ = ["beside_sql", "read_with_heads", "with_heads"]
 
 
-def with_heads(dialect: str, one_row: tuple[str, Params], owner: str, turn_id: str) -> list[tuple[str, Params]]:
+def with_heads(
+    dialect: str, one_row: tuple[str, Params], owner: str, turn_id: str, *, turn_only: bool = False
+) -> list[tuple[str, Params]]:
     """The reads of ``one_row`` and of the turn's head rows, as a write announces
-    them (``Conn.prefetch``) and ``read_with_heads`` answers them."""
+    them (``Conn.prefetch``) and ``read_with_heads`` answers them; ``turn_only``
+    (the owner's lock shared): on SQLite the turn's own head row alone."""
     if dialect == "postgresql":
         return [beside_sql(one_row, owner, turn_id)]
-    return [one_row, select_sql(owner, turn_id)]
+    return [one_row, turn_select_sql(owner, turn_id) if turn_only else select_sql(owner, turn_id)]
 
 
 def read_with_heads(conn: Conn, reads: list[tuple[str, Params]]) -> tuple[dict[str, Any], Rows]:

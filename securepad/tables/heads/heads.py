@@ -151,8 +151,8 @@ class Heads:
         by_turn = self.owners.heads_of(conn, owner, turn_id, rows)
         if turn_only and turn_id not in by_turn:
             raise OwnerLockNeeded  # a new turn joins the owner head: the exclusive lock's
-        tally = self.owners.turn_tally(by_turn, owner, turn_id)
-        before, reserved = tally.dumps(), tally.r
+        tally = self.owners.edited_tally(by_turn, owner, turn_id)
+        before, reserved = tally.state(), tally.r
         terms = self.inventories.terms(owner, turn_id)
         change = HeadEdit(tally, terms, self._kept_head(kept, by_turn.get(turn_id)))
         edit(change)
@@ -161,17 +161,17 @@ class Heads:
             self._emptied(conn, (owner, turn_id), by_turn, reserved, version, turn_only, dropped)
             self.inventories.check_written(conn, owner, turn_id, tampered)
             return 0
-        body = tally.dumps()
         token = None if kept is None else kept.token
-        if body == before:  # nothing the head counts changed: the caller's insert alone
+        if tally.state() == before:  # nothing the head counts changed: the caller's insert alone
             if insert is not None:
                 conn.defer(*insert)
             spare = tally.r - tally.b
         else:
             if turn_only and (tally.b > tally.r or change.bytes < 0):
                 raise OwnerLockNeeded  # the reservation is short: the owner's usage head must change
-            bodies = [(turn_id, body)]
-            if not turn_only:
+            if turn_only:
+                bodies = [(turn_id, tally.dumps())]
+            else:
                 bodies = self.reservations.bodies(conn, owner, turn_id, by_turn, tally, change.bytes, room, version)
             spare = tally.r - tally.b  # before the tally is handed on (``last_sealed``: a put in one message edits it)
             sealed = self.owners.write_bodies(conn, owner, bodies, version, insert)

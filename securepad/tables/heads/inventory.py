@@ -44,9 +44,9 @@ class Inventories:
         """The digest terms of the turn's rows (cached)."""
         return functools.partial(self._term, owner, turn_id)
 
-    def rows(self, owner: str, turn_id: str) -> list[dict[str, Any]]:
-        """The turn's head rows, inventory and token, whatever is cached."""
-        return self._db.query(*self._reads.sql("?", turn_id, owner), owner=owner)
+    def rows(self, owner: str, turn_id: str, token: tuple[Any, ...] | None = None) -> list[dict[str, Any]]:
+        """The turn's head rows, token and inventory (left out when ``token`` is still the one)."""
+        return self._db.query(*self._reads.sql("?", turn_id, owner, token), owner=owner)
 
     def from_rows(self, rows: list[dict[str, Any]], owner: str, turn_id: str) -> Head:
         """The turn's inventory authenticated by its head (rows of ``InventoryReads.sql``).
@@ -111,6 +111,11 @@ class Inventories:
                 fetched, head_rows = first
             token, same = reads.token(head_rows, turn_id)
             entry = cache.get(scope, owner, turn_id)
+            fresh = entry is not None and token is not None and reads.holds(entry.token, token)
+            if not fresh and reads.first_part_only(head_rows):
+                # SQLite's token moved: the whole statement, with the inventory.
+                head_rows = self.rows(owner, turn_id, None if entry is None else entry.token)
+                token, same = reads.token(head_rows, turn_id)
             if entry is not None and token is not None and reads.holds(entry.token, token):
                 try:
                     check(entry.head, fetched)

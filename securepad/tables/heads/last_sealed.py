@@ -1,9 +1,12 @@
-"""The turn heads this process sealed last, for a put in one message (``Heads.change_once``).
+"""The turn heads this process sealed last: a put in one message (``Heads.change_once``),
+and a write that finds the stored head to be the one recorded (``OwnerHeads.edited_tally``).
 
-The statement writes only if the stored head is still the one sealed here
+The one-message statement writes only if the stored head is still the one sealed here
 (AES-GCM seals each head under a fresh nonce, so no other write seals the same
 bytes); a stale record only makes it write nothing, and the put reads the head.
-Bounded; a writer takes its record out, so no two threads edit one tally.
+A write in a transaction compares the head it read with the record: the same
+bytes are the same head, so its tally is the recorded one, with no decryption
+and no parsing. Bounded; a writer takes its record out, so no two threads edit one tally.
 """
 
 from __future__ import annotations
@@ -32,22 +35,23 @@ class Sealed:
     body: bytes
     tally: Tally | None = None
 
+    def matches(self, version: object, sealed: object) -> bool:
+        """Whether a stored head (its clear key version and sealed bytes) is this one."""
+        return version == self.version and bytes(sealed) == self.sealed  # type: ignore[call-overload]
+
     def opened(self) -> Tally:
         """The tally the head holds (parsed from ``body`` when not kept)."""
         return self.tally if self.tally is not None else Tally.loads(self.body)
 
 
 class LastSealed:
-    """(owner, turn) -> the ``Sealed`` head this process wrote last (nothing unless ``enabled``)."""
+    """(owner, turn) -> the ``Sealed`` head this process wrote last."""
 
-    def __init__(self, *, enabled: bool) -> None:
+    def __init__(self) -> None:
         self._heads: dict[tuple[str, str], Sealed] = {}
-        self._enabled = enabled
 
     def record(self, owner: str, turn_id: str, head: Sealed) -> None:
-        """``head`` is the one this process sealed last for the turn (nothing kept unless enabled)."""
-        if not self._enabled:
-            return
+        """``head`` is the one this process sealed last for the turn."""
         if len(self._heads) >= _TURNS:
             self._heads.clear()
         self._heads[(owner, turn_id)] = head

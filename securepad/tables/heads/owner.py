@@ -19,7 +19,7 @@ from typing import Any
 from ...crypto.primitives import Wrapper, head_aad
 from ...errors import IntegrityError
 from ...keys.keystore import Keystore
-from ...storage.base import Backend, Conn, OnceWriter, Params, Rows
+from ...storage.base import Backend, Conn, Params, Rows
 from . import statements as sql
 from .last_sealed import LastSealed, Sealed
 from .statements import OWNER_HEAD, USAGE_HEAD
@@ -74,8 +74,9 @@ class OwnerHeads:
         self._db = db
         self._keys = keys
         # The turn heads sealed here last (``last_sealed``): every turn head a transaction writes goes
-        # through ``write_bodies``; a put in one message records its own.
-        self.last = LastSealed(enabled=isinstance(db, OnceWriter))
+        # through ``write_bodies``; a put in one message records its own. A write whose stored head
+        # is the one recorded edits the recorded tally (``edited_tally``) rather than opening the head.
+        self.last = LastSealed()
 
     def open_body(self, row: dict[str, Any], owner: str, turn_id: str) -> bytes:
         """A head's body, opened; raises IntegrityError when it fails authentication."""
@@ -116,6 +117,22 @@ class OwnerHeads:
         if OWNER_HEAD in by_turn and turn_id in self.owner_turns(by_turn[OWNER_HEAD], owner)[0]:
             raise IntegrityError(f"turn {turn_id!r} lost its head: the turn was removed from the store")
         return Tally()
+
+    def edited_tally(self, by_turn: dict[str, dict[str, Any]], owner: str, turn_id: str) -> Tally:
+        """``turn_tally`` for a write that edits it: the tally of the head this process sealed
+        last, when the stored head is that one (its sealed bytes and clear key version: AES-GCM
+        seals each head under a fresh nonce, so no other writer stores those bytes), else
+        opened. The record is taken out either way: a write that fails leaves none, and the
+        next one opens the head.
+
+        Raises:
+            IntegrityError: as ``turn_tally``.
+        """
+        last = self.last.take(owner, turn_id)
+        row = by_turn.get(turn_id)
+        if last is not None and row is not None and last.matches(row["key_version"], row["sealed"]):
+            return last.opened()
+        return self.turn_tally(by_turn, owner, turn_id)
 
     @staticmethod
     def heads_of(conn: Conn, owner: str, turn_id: str, rows: Rows | None) -> dict[str, dict[str, Any]]:

@@ -8,7 +8,9 @@ after the read's rows, and the inventory, which the database leaves out
   moves with every commit of any other connection) with the turn's sealed
   head, then, when the data version moved, the exact text of the turn's
   inventory rows. This process's own writes edit the cached inventory and
-  keep the head they sealed (``Heads.change``).
+  keep the head they sealed (``Heads.change``). A read that sends a cached
+  token sends the token's statement alone, and the whole one only when the
+  token moved (``_SQLITE_QUICK``).
 * PostgreSQL's is the server's snapshot, then the turn's sealed head with the
   server's SHA-256 of the inventory's rows; a read that sends a cached token
   calls the schema's read function instead (``pg_read_functions``).
@@ -53,6 +55,8 @@ _INVENTORY_SQL = (
     " UNION ALL SELECT 'v', NULL, token.turn_id, NULL, token.sealed, NULL, token.same, NULL, NULL, token.value,"
     " token.snap FROM token ORDER BY k, turn_id, id"
 )
+# What a statement finds the turn by: the turn id given, or the turn of an entry (``ENTRY_TURN_SQL``).
+_TURNS = ("?", ENTRY_TURN_SQL)
 # How a SQLite branch reads nothing when the token is the same: a CROSS JOIN whose outer side is empty.
 _SQLITE_STALE = ("(SELECT 1 FROM token WHERE same = 0) AS stale CROSS JOIN ", "")
 # SQLite's token: the connection's data version, the turn's sealed head and
@@ -94,6 +98,20 @@ _SQLITE_ROWS = (
     f" UNION ALL SELECT 'm,' || {_E_ID} || ',' || quote(seq) || ',' || {_SQLITE_EXPIRY} || ',' || {_ACTOR}"
     f" || ',' || {_CHANNEL} FROM compaction_marks WHERE owner_user_id = p.owner AND turn_id = p.turn)))"
 )
+# A read's first statement on SQLite when it sends a cached token: the token
+# alone, as a ``q`` row, never the inventory (``first_part_only``): the data
+# version, the turn's sealed head and, only when the data version moved, the
+# rows' text (``_SQLITE_ROWS``, its owner and turn written in: ``quick_params``).
+# When it holds the inventory verified with it holds, exactly as when the
+# whole statement finds the token the same; otherwise the read runs the whole
+# statement (``Inventories.checked``). Opening and closing the whole
+# statement's branches, even unread, costs a warm read more than the rest of
+# the read together, and most reads find the token unchanged.
+_SQLITE_QUICK = (
+    "SELECT 'q' AS k, NULL AS turn_id, (SELECT sealed FROM turn_heads WHERE owner_user_id = ? AND turn_id = {turn})"
+    " AS sealed, 0 AS n, data_version AS actor, CASE WHEN data_version IS ? THEN NULL ELSE {rows} END AS channel"
+    " FROM pragma_data_version()"
+)
 _SQLITE_FRESHNESS = (
     "WITH p AS MATERIALIZED (SELECT ? AS version, ? AS sealed, ? AS rows_text, ? AS owner, {turn} AS turn),"
     " t AS MATERIALIZED (SELECT data_version AS version, (SELECT sealed FROM turn_heads"
@@ -115,13 +133,24 @@ class InventoryReads:
         if self._sqlite:
             stale, fresh = _SQLITE_STALE
             template = _INVENTORY_SQL.replace("{stale}", stale).replace("{fresh}", fresh)
-            self._inventory = template.replace("{token}", _SQLITE_FRESHNESS.replace("{rows}", _SQLITE_ROWS))
+            inventory = template.replace("{token}", _SQLITE_FRESHNESS.replace("{rows}", _SQLITE_ROWS))
             # With the cache off, no rows' text (nothing would keep it).
-            self._bare = template.replace("{token}", _SQLITE_FRESHNESS.replace("{rows}", "NULL"))
+            bare = template.replace("{token}", _SQLITE_FRESHNESS.replace("{rows}", "NULL"))
         else:
-            self._inventory = PG_INVENTORY_SQL.replace("{token}", PG_FRESHNESS)
+            inventory = PG_INVENTORY_SQL.replace("{token}", PG_FRESHNESS)
             # With the cache off, PostgreSQL's statement computes no digest (nothing would keep it).
-            self._bare = PG_INVENTORY_SQL.replace("{token}", PG_NO_FRESHNESS)
+            bare = PG_INVENTORY_SQL.replace("{token}", PG_NO_FRESHNESS)
+        written_in = _SQLITE_ROWS.replace("p.owner", "?").replace("p.turn", "{turn}")
+        quick = _SQLITE_QUICK.replace("{rows}", written_in) if self._sqlite else ""
+        self._templates = {"inventory": inventory, "bare": bare, "quick": quick}
+        # Each statement written out once per turn expression of the reads (the text is long).
+        self._written = {
+            (name, turn): text.format(turn=turn) for name, text in self._templates.items() for turn in _TURNS
+        }
+
+    def _statement(self, name: str, turn: str) -> str:
+        found = self._written.get((name, turn))
+        return self._templates[name].format(turn=turn) if found is None else found
 
     def keep(self, scope: object, owner: str, turn_id: str, rows: Rows, head: Head) -> None:
         """Cache ``head``, verified from ``rows`` (a turn with a head only)."""
@@ -131,9 +160,10 @@ class InventoryReads:
 
     def token(self, rows: Rows, turn_id: str) -> tuple[tuple[Any, ...] | None, bool]:
         """The freshness token in the rows' ``v`` row (None on PostgreSQL for a turn without
-        head), and whether the statement found it the one sent (the inventory left out)."""
+        head), and whether the statement found it the one sent (the inventory left out),
+        or in SQLite's ``q`` row, the token alone (``first_part_only``)."""
         for row in rows:
-            if row["k"] == "v":
+            if row["k"] in ("v", "q"):
                 same = bool(row["n"])
                 if self._sqlite:
                     return (row["actor"], row["sealed"], row["channel"]), same
@@ -141,6 +171,11 @@ class InventoryReads:
                     return None, same
                 return (row["turn_id"], bytes(row["sealed"]), row["actor"], row["channel"]), same
         return None, False
+
+    @staticmethod
+    def first_part_only(rows: Rows) -> bool:
+        """Whether ``rows`` are SQLite's token alone: no inventory, whatever the token."""
+        return len(rows) == 1 and rows[0]["k"] == "q"
 
     @property
     def keeps_writes(self) -> bool:
@@ -206,22 +241,25 @@ class InventoryReads:
     ) -> tuple[str, Params]:
         """The statement of ``read_sql`` for ``turn`` (``?`` for the turn id ``value``, or
         ``ENTRY_TURN_SQL`` for entry ``value`` within ``scope``); ``token``: the cached
-        inventory's. ``function``: on PostgreSQL with a token, a call of the read
-        function (the same rows). ``kept``: False when nothing will cache it (no token)."""
+        inventory's. ``function``: with a token, on PostgreSQL a call of the read
+        function (the same rows), on SQLite the token alone (``first_part_only``).
+        ``kept``: False when nothing will cache it (no token)."""
         by_entry = turn == ENTRY_TURN_SQL
         found = entry_turn_params(value, scope or (("owner_user_id", owner),)) if by_entry else (value,)
         if self._sqlite:
+            if function and token is not None and self.cache.enabled and kept:
+                return self._statement("quick", turn), (owner, *found, token[0], *(owner, *found) * 4)
             sent: Params = (None, None, None) if token is None else token
-            statement = self._inventory if self.cache.enabled and kept else self._bare
+            statement = self._statement("inventory" if self.cache.enabled and kept else "bare", turn)
             turn_params = (owner, *found, OWNER_HEAD, *(owner, *found) * 3, owner)
-            return statement.format(turn=turn), (*sent, owner, *found, *turn_params)
+            return statement, (*sent, owner, *found, *turn_params)
         sealed, digest, snap = (None, None, None) if token is None else token[1:]
         params = (owner, *found, sealed, digest, snap, OWNER_HEAD)
         if not self.cache.enabled or not kept:
-            return self._bare.format(turn=turn), params
+            return self._statement("bare", turn), params
         if function and token is not None:
             return PG_CALLS[turn], (owner, value, sealed, digest, snap, OWNER_HEAD, *found[2:])
-        return self._inventory.format(turn=turn), params
+        return self._statement("inventory", turn), params
 
 
 def without_token(rows: Rows) -> Rows:

@@ -21,6 +21,7 @@ OTHER_TURNS_SQL = ALL_HEADS_SQL + " WHERE owner_user_id = ? AND turn_id NOT IN (
 TURN_HEADS_SQL = ALL_HEADS_SQL + " WHERE turn_id NOT IN (?, ?)"
 # A turn's head, its owner head and usage head (writers); ``turn`` is the placeholder of the turn's id.
 _HEAD_SQL = ALL_HEADS_SQL + " WHERE owner_user_id = ? AND turn_id IN ({turn}, ?, ?) ORDER BY turn_id"
+_TURN_HEAD_SQL = ALL_HEADS_SQL + " WHERE owner_user_id = ? AND turn_id = ?"
 NEWEST_SQL = f"SELECT {NEWEST_VERSION_SQL} AS v"
 UPSERT_SQL = (
     "INSERT INTO turn_heads(owner_user_id, turn_id, key_version, sealed) VALUES {values}"
@@ -86,6 +87,13 @@ ONCE_SQL = (
 def select_sql(owner: str, turn_id: str) -> tuple[str, Params]:
     """The turn's head rows (the turn's, the owner and usage heads), as ``Heads.change`` reads them."""
     return _HEAD_SQL.format(turn="?"), (owner, turn_id, OWNER_HEAD, USAGE_HEAD)
+
+
+def turn_select_sql(owner: str, turn_id: str) -> tuple[str, Params]:
+    """The turn's head row alone: all a write under the owner's shared lock reads of the heads
+    (it changes its turn's head only; a new turn, or one whose reservation is short, takes the
+    exclusive lock and reads ``select_sql``'s rows)."""
+    return _TURN_HEAD_SQL, (owner, turn_id)
 
 
 def entry_turn_params(entry_id: str, scope: Sequence[tuple[str, str]]) -> tuple[str | None, ...]:

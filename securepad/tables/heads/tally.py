@@ -6,7 +6,6 @@ under the store's anchor key: a write adds or subtracts its rows in O(1).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +57,9 @@ class Tally:
     o: int = 0
 
     def dumps(self) -> bytes:
+        """The sealed body: compact JSON, keys sorted (msgspec's encoder: the bytes
+        ``json.dumps(..., separators=(",", ":"), sort_keys=True)`` gives, but that
+        text outside ASCII is written as UTF-8 rather than escaped; either reads back)."""
         body = {
             "f": HEAD_FORMAT,
             "n": self.n,
@@ -68,7 +70,12 @@ class Tally:
             "r": self.r,
             "o": self.o,
         }
-        return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+        return _JSON_SORTED(body)
+
+    def state(self) -> tuple[Any, ...]:
+        """What the body holds, to tell whether an edit changed it without encoding it."""
+        newest = None if self.newest is None else tuple(self.newest)
+        return (*self.n.values(), *self.d.values(), self.last, newest, self.b, self.r, self.o)
 
     def check_found(self, found: Tally, turn_id: str) -> None:
         """Refuse the tally ``found`` of the turn's rows unless it is this one (counts,
@@ -95,7 +102,7 @@ class Tally:
     def loads(cls, data: bytes, *, before: bool = False) -> Tally:
         """A tally of this format (with ``before``, of format 2 too: ``b``, ``r`` 0); raises IntegrityError."""
         try:
-            body = json.loads(data)
+            body = _JSON_DECODE(data)
             old = before and body["f"] == 2
             if body["f"] != HEAD_FORMAT and not old:
                 raise ValueError("format")
@@ -108,10 +115,14 @@ class Tally:
             if used > reserved:
                 raise ValueError("reservation")
             return cls(n, d, _count(body["l"]), newest, used, reserved, _count(body.get("o", 0)))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, msgspec.DecodeError):
             raise IntegrityError(
                 "a turn head is malformed or from an older format (a head of before its conversion put back)"
             ) from None
+
+
+_JSON_SORTED = msgspec.json.Encoder(order="sorted").encode
+_JSON_DECODE = msgspec.json.Decoder().decode
 
 
 def _count(value: object) -> int:
@@ -188,10 +199,22 @@ def term(seal: CounterSeal, owner: str, turn_id: str, kind: str, item_id: str, i
 _PACK = msgspec.msgpack.Encoder().encode
 
 
+_EXPIRY = (float, int)
+
+
 def _canonical(kind: str, item: tuple[Any, ...]) -> list[Any]:
     """The item with its numbers in one form (the expiry may come back an int or a
     float); the integral columns must be integers, never rounded (``int(10.5)``
     would give an edited row the term of the genuine one)."""
+    if kind == "e" and len(item) == 5:  # an entry's item of exactly the types it is written with
+        step, expires, stored, actor, channel = item
+        if (
+            type(step) is int
+            and type(stored) is int
+            and type(expires) in _EXPIRY
+            and type(actor) is type(channel) is str
+        ):
+            return [step, float(expires), stored, actor, channel]
     numbers, scope = (item[:3], item[3:]) if kind == "e" else (item[:2], item[2:])
     out: list[Any] = []
     for position, value in enumerate(numbers):

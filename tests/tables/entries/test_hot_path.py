@@ -31,6 +31,7 @@ from securepad.bench.costs import listing_costs, put_costs, wal_frames
 from securepad.keys.keystore import WRAP_FLUSH_EVERY
 from securepad.storage.sqlite import SCHEMA_VERSION
 from securepad.store import sqlite_of
+from tests.support.counting import compiled
 from tests.support.paths import FIXTURES
 from tests.support.principals import AGENT_ALICE as ALICE
 
@@ -70,8 +71,10 @@ def test_a_put_runs_few_statements_and_appends_few_wal_frames(filled: Scratchpad
         assert costs["statements"] == PUT_STATEMENTS, costs
         assert costs["trigger_statements"] == PUT_TRIGGER_STATEMENTS, costs
         assert costs["wal_frames"] <= MAX_FRAMES[size], costs
-        # One item key: one HKDF, one header digest; no unwrap (the owner key is cached).
+        # One item key: one HKDF, one header digest; no unwrap (the owner key is cached);
+        # no sealed head opened (the turn's is the one this process sealed last).
         assert (costs["key_derivations"], costs["key_unwraps"], costs["header_digests"]) == (1, 0, 1)
+        assert costs["head_opens"] == 0
 
 
 def test_a_put_into_an_owners_turn_writes_no_counter_page(db_path: Path, keyring: Keyring) -> None:
@@ -126,6 +129,31 @@ def test_a_listing_is_one_query_and_constant_key_work_per_entry(filled: Scratchp
     # Each entry's listing part opens under the owner's listing key,
     # derived once and cached with the owner key: no per-entry key work at all.
     assert (costs["key_unwraps"], costs["key_derivations"], costs["header_digests"]) == (0, 0, 0)
+
+
+# What SQLite compiles at every run of a read's turn statement: the
+# ``PRAGMA data_version`` that the table-valued function prepares inside it.
+_DATA_VERSION_PRAGMA = (apsw.SQLITE_PRAGMA, "data_version", None)
+
+
+@pytest.mark.parametrize("operation", ["read", "get", "list_for_turn", "put", "put_many"])
+def test_a_warm_call_runs_its_statements_as_compiled(filled: Scratchpad, operation: str) -> None:
+    """No statement of a warm call is compiled again: none has a plan that
+    depends on a bound value (SQLite would compile it again at every bind)."""
+    entry = filled.list_for_turn(ALICE, "turn-3")[0]["scratchpad_id"]
+    steps = iter(range(1000, 2000))
+    calls = {
+        "read": lambda: filled.read(ALICE, entry, "tail", n=2000),
+        "get": lambda: filled.get(ALICE, entry),
+        "list_for_turn": lambda: filled.list_for_turn(ALICE, "turn-3"),
+        "put": lambda: filled.put(ALICE, "turn-3", next(steps), "tool", "z" * 4096),
+        "put_many": lambda: filled.put_many(ALICE, "turn-4", [(next(steps), "tool", "z" * 4096) for _ in range(2)]),
+    }
+    call = calls[operation]
+    call()  # warm
+    found = compiled(sqlite_of(filled).conn, call)
+    assert set(found) <= {_DATA_VERSION_PRAGMA}, found
+    assert len(found) <= 1, found
 
 
 def _file_wraps(pad: Scratchpad) -> int:

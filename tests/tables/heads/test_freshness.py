@@ -123,6 +123,27 @@ def test_a_read_after_own_put_then_another_commit_elsewhere_is_verified_once(
     assert _rows(pad, lambda: pad.get(ALICE, ids[100][0], now=LATER)) == WARM_ROWS
 
 
+def test_a_warm_read_on_sqlite_sends_the_token_alone_and_the_whole_statement_once_the_turn_changed(
+    db_path: Any, keyring: Keyring
+) -> None:
+    """The head statement of a warm read computes the token and reads no
+    inventory branch; a commit of another connection into the turn moves the
+    token, and the read then runs the whole statement and verifies the inventory."""
+    with (
+        Scratchpad.open(db_path, keyring=keyring, policy=NO_BACKGROUND) as pad,
+        Scratchpad.open(db_path, keyring=keyring, policy=NO_BACKGROUND) as other,
+    ):
+        ids = _fill(pad, ALICE, "t", 100)
+        pad.get(ALICE, ids[0], now=LATER)
+        meter = ReadMeter(pad)
+        warm = {"statements": 2, "rows": WARM_ROWS, "calls": 1}
+        assert meter.counts(lambda: pad.get(ALICE, ids[0], now=LATER)) == warm
+        other.put(ALICE, "t", 101, "fetch", "another connection's", ttl_seconds=3600, now=NOW)
+        changed = meter.counts(lambda: pad.get(ALICE, ids[0], now=LATER))
+        assert changed["statements"] == 3 and changed["rows"] > 100
+        assert meter.counts(lambda: pad.get(ALICE, ids[0], now=LATER)) == warm
+
+
 # -- what the per-turn token still finds -------------------------------------------------------
 
 

@@ -1,0 +1,52 @@
+"""The SQLite connection's settings, as every statement relies on them."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import apsw
+
+from securepad import Keyring, Scratchpad
+from securepad.store import sqlite_of
+from tests.support.principals import AGENT_ALICE as ALICE
+
+
+def _compiles(conn: apsw.Connection) -> list[int]:
+    """Count SQLite's compilations on ``conn`` (its authorizer runs at each one, a recompilation included)."""
+    calls: list[int] = []
+
+    def authorize(code: int, *_: object) -> int:
+        calls.append(code)
+        return apsw.SQLITE_OK
+
+    conn.authorizer = authorize
+    return calls
+
+
+def test_a_warm_put_compiles_no_statement_again_whatever_values_it_binds(db_path: Path, keyring: Keyring) -> None:
+    """The query planner's stability guarantee is on: a statement whose plan a bound
+    value could change (the owner's newest key version, the step's look, the turn's
+    heads) is compiled once, not at every execution with new values."""
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        conn = sqlite_of(pad).conn
+        compiles = _compiles(conn)
+        pad.put(ALICE, "t", 1, "tool", "warm")  # compiles the put's statements once
+        pad.put(ALICE, "t", 2, "tool", "warm again")
+        compiles.clear()
+        for step in range(3, 8):
+            pad.put(ALICE, "t", step, "tool", f"step {step}")
+            pad.put(ALICE, f"turn-{step}", step, "tool", "another turn")
+        assert compiles == []
+        conn.authorizer = None
+
+
+def test_every_connection_has_the_planner_stability_guarantee(db_path: Path, keyring: Keyring) -> None:
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        seen = [sqlite_of(pad).conn.config(apsw.SQLITE_DBCONFIG_ENABLE_QPSG, -1)]
+        worker = threading.Thread(
+            target=lambda: seen.append(sqlite_of(pad).conn.config(apsw.SQLITE_DBCONFIG_ENABLE_QPSG, -1))
+        )
+        worker.start()
+        worker.join()
+    assert seen == [1, 1]
