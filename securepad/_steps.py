@@ -12,13 +12,14 @@ its turn when it is written.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from .errors import InvalidArgumentError, StoreBusyError
 from .principal import Principal
 from .store import Scratchpad, parts
 
-__all__ = ["keyed_or_former", "keyed_turn_name", "put_next", "turn_in_use"]
+__all__ = ["keyed_or_former", "keyed_turn_name", "newest_first", "put_next", "turn_in_use"]
 
 
 def keyed_turn_name(pad: Scratchpad, principal: Principal, *ids: Any) -> str:
@@ -38,6 +39,28 @@ def turn_in_use(pad: Scratchpad, principal: Principal, turn_id: str, *, now: flo
         IntegrityError, StoreBusyError: as for a read of the turn.
     """
     return parts(pad).listings.last_step(principal, turn_id, now) > 0
+
+
+def newest_first(
+    pad: Scratchpad, principal: Principal, turn_id: str, *, now: float | None = None
+) -> Iterator[dict[str, Any]]:
+    """The live entries of a turn in the principal's scope, highest step first,
+    each as ``Scratchpad.list_for_turn`` shows it (id, executor, expiry, view)
+    and opened only when the iteration reaches it (``Listings.turn_newest_first``:
+    the whole turn is checked against its head before the first).
+
+    Raises:
+        InvalidArgumentError, IntegrityError: as for ``Scratchpad.list_for_turn``.
+    """
+    for opened in parts(pad).listings.turn_newest_first(principal, turn_id, now):
+        row = opened.row
+        yield {
+            "scratchpad_id": row["id"],
+            "step_num": row["step_num"],
+            "executor_name": row["executor_name"],
+            "expires_at": row["expires_at"],
+            "view": opened.view(),
+        }
 
 
 def keyed_or_former(
@@ -69,13 +92,16 @@ def put_next(
     ttl_seconds: int | None = None,
     *,
     now: float | None = None,
+    guess: int | None = None,
 ) -> dict[str, Any]:
     """``Scratchpad.put`` at the turn's next step (one more than its highest
     live step in the principal's scope, 1 for an empty turn); returns
     ``put``'s view, whose ``step_num`` is the step taken.
 
     The step read before sealing is a guess that spares sealing the metadata
-    again under the write lock when no other writer came in between. When
+    again under the write lock when no other writer came in between; a caller
+    that knows the step (``guess``: the one after the step it took last, or
+    after the newest it just listed) spares the read. When
     writers kept changing the turn while it was read (``StoreBusyError`` from
     the consistent read), the guess is 1 and the write transaction, which
     reads the turn under the owner's serialization, takes the step: the read
@@ -87,10 +113,11 @@ def put_next(
     if not isinstance(principal, Principal):
         raise InvalidArgumentError("principal must be a securepad.Principal")
     found = parts(pad)
-    try:
-        guess = found.listings.last_step(principal, turn_id, now) + 1
-    except StoreBusyError:  # only a guess: the write transaction takes the step
-        guess = 1
+    if guess is None or isinstance(guess, bool) or not isinstance(guess, int) or guess < 1:
+        try:
+            guess = found.listings.last_step(principal, turn_id, now) + 1
+        except StoreBusyError:  # only a guess: the write transaction takes the step
+            guess = 1
     return found.putter.put(
         principal, turn_id, guess, executor_name, observation, ttl_seconds, now=now, free_step=True, next_step=True
     )

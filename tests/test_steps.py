@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from securepad import InvalidArgumentError, Keyring, Policy, Principal, QuotaExceededError, Scratchpad
-from securepad._steps import put_next
+from securepad._steps import newest_first, put_next
 from securepad.store import parts
 from tests.support.principals import NOW
 
@@ -54,6 +54,30 @@ def test_a_stale_guess_takes_the_step_after_the_highest_live_one_sealed_anew(
         assert listed[3]["view"] == view
         assert other.get(alice, view["scratchpad_id"], now=NOW).observation == {"rows": [1, 2]}
         assert other.turn(alice, "t", now=NOW).resolve("{{step4.rows}}", now=NOW) == [1, 2]
+
+
+def test_a_callers_guess_spares_the_read_and_a_wrong_one_still_takes_the_next_step(
+    pad: Scratchpad, alice: Principal
+) -> None:
+    assert put_next(pad, alice, "t", "tool", "first", now=NOW, guess=1)["step_num"] == 1
+    # Too low (step 1 is taken) and too high (nothing lives above 1): the write decides.
+    assert put_next(pad, alice, "t", "tool", "second", now=NOW, guess=1)["step_num"] == 2
+    assert put_next(pad, alice, "t", "tool", "third", now=NOW, guess=40)["step_num"] == 3
+    # Not a step: read, as without a guess.
+    assert put_next(pad, alice, "t", "tool", "fourth", now=NOW, guess=0)["step_num"] == 4
+    assert steps(pad, alice, "t") == [(1, "first"), (2, "second"), (3, "third"), (4, "fourth")]
+
+
+def test_newest_first_opens_the_newest_first_and_checks_the_whole_turn(
+    pad: Scratchpad, alice: Principal, bob: Principal
+) -> None:
+    for i in range(4):
+        put_next(pad, alice, "t", "tool", f"o{i}", now=NOW)
+    newest = newest_first(pad, alice, "t", now=NOW)
+    assert [next(newest)["step_num"], next(newest)["step_num"]] == [4, 3]
+    assert [item["view"]["summary"] for item in newest_first(pad, alice, "t", now=NOW)] == ["o3", "o2", "o1", "o0"]
+    # Another owner's turn of the same id is empty for it.
+    assert list(newest_first(pad, bob, "t", now=NOW)) == []
 
 
 def test_other_refusals_are_not_retried_and_store_nothing(

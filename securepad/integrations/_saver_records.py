@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._steps import keyed_or_former, keyed_turn_name, put_next
+from .._steps import keyed_or_former, keyed_turn_name, newest_first, put_next
 from ..errors import ExpiredError, IntegrityError, NotFoundError
 from ..principal import Principal
 from ..store import Scratchpad
@@ -38,7 +38,9 @@ __all__ = [
     "Scope",
     "Stored",
     "ThreadList",
+    "copy_checkpoints",
     "expect",
+    "highest",
     "keyed_turn",
     "newest_per_namespace",
     "scope_of",
@@ -104,6 +106,7 @@ class Stored:
     expires_at: float
     meta: dict[str, Any]
     whole: bool = True
+    step_num: int = 0
 
 
 def sealed(meta: dict[str, Any], data: bytes) -> dict[str, Any]:
@@ -122,6 +125,12 @@ def newest_per_namespace(listed: list[Stored]) -> list[Stored]:
         if current is None or stored.meta["checkpoint_id"] > current.meta["checkpoint_id"]:
             newest[stored.meta["ns"]] = stored
     return list(newest.values())
+
+
+def highest(listed: list[Stored], ns: str, checkpoint_id: str | None) -> Stored | None:
+    """The checkpoint of ``ns`` with the highest id among ``listed`` (that id alone when given)."""
+    found = [s for s in listed if s.meta["ns"] == ns and checkpoint_id in (None, s.meta["checkpoint_id"])]
+    return max(found, key=lambda s: s.meta["checkpoint_id"]) if found else None
 
 
 def expect(meta: Mapping[str, Any], **fields: Any) -> None:
@@ -152,6 +161,10 @@ class SaverRecords:
         # (the principal's scope, thread) whose checkpoints were found in the thread's keyed
         # turn (``turn``): what a principal finds depends on its scope, not on its owner alone.
         self._keyed: set[tuple[Scope, str]] = set()
+        # (the principal's scope, turn) -> the step this saver's last put in it took: the next
+        # put's guess (``put_next``), which spares reading the turn's newest step; a wrong
+        # guess (another writer came in between) only costs sealing again in the write.
+        self._last_steps: dict[tuple[Scope, str], int] = {}
 
     # -- where each record lives ----------------------------------------------------
 
@@ -199,17 +212,22 @@ class SaverRecords:
         then not read (``Stored.whole`` is False; ``having`` and ``opened`` read
         the rest when it is wanted). Only a view cut before one of ``needs`` is read here.
         """
-        stored = []
-        for item in self.pad.list_for_turn(principal, turn, now=self.clock()):
-            meta = item["view"].get("metadata") or {}
-            whole = "metadata" not in item["view"].get("view_cut", ())
-            if not whole and not all(name in meta for name in needs):
-                meta, _ = self.content(principal, item["scratchpad_id"], f"an entry of the saver's turn {turn}")
-                whole = True
-            if item["executor_name"] != executor or meta.get("format") != FORMAT:
-                raise IntegrityError(f"an entry in the saver's turn {turn} is not one of its {executor} entries")
-            stored.append(Stored(item["scratchpad_id"], float(item["expires_at"]), meta, whole))
-        return stored
+        items = self.pad.list_for_turn(principal, turn, now=self.clock())
+        return [self._stored(principal, turn, executor, needs, item) for item in items]
+
+    def _stored(
+        self, principal: Principal, turn: str, executor: str, needs: tuple[str, ...], item: dict[str, Any]
+    ) -> Stored:
+        """One listed entry of ``turn`` as ``listed`` returns it (read whole when
+        its view was cut before one of ``needs``), checked to be a saver entry."""
+        meta = item["view"].get("metadata") or {}
+        whole = "metadata" not in item["view"].get("view_cut", ())
+        if not whole and not all(name in meta for name in needs):
+            meta, _ = self.content(principal, item["scratchpad_id"], f"an entry of the saver's turn {turn}")
+            whole = True
+        if item["executor_name"] != executor or meta.get("format") != FORMAT:
+            raise IntegrityError(f"an entry in the saver's turn {turn} is not one of its {executor} entries")
+        return Stored(item["scratchpad_id"], float(item["expires_at"]), meta, whole, int(item["step_num"]))
 
     def content(self, principal: Principal, scratchpad_id: str, what: str) -> tuple[dict[str, Any], bytes]:
         """An entry's sealed metadata and content. A live checkpoint's part that is
@@ -254,6 +272,27 @@ class SaverRecords:
             expect(stored.meta, thread_id=thread_id)
         return listed
 
+    def checkpoint(self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str | None) -> Stored | None:
+        """The thread's checkpoint ``checkpoint_id`` of ``ns``, else its newest of
+        ``ns`` (None: none), choosing on the views newest step first, so that
+        the newest opens one view (``_steps.newest_first``: the whole turn is
+        still checked against its head). A thread's checkpoints take its steps
+        in the order they are put, which is their ids' order: LangGraph's ids
+        grow with time, and ``import_thread`` and ``copy_thread`` put the oldest
+        first. A view cut before the fields that choose (a policy of very
+        narrow views) makes every view worth reading whole: then the choice is
+        made on the whole listing, by id."""
+        turn = self.turn(principal, "thread", thread_id)
+        for item in newest_first(self.pad, principal, turn, now=self.clock()):
+            shown = item["view"].get("metadata") or {}
+            if not all(name in shown for name in CHECKPOINT_CHOICE):
+                return highest(self.checkpoints(principal, thread_id), ns, checkpoint_id)
+            stored = self._stored(principal, turn, CHECKPOINT, CHECKPOINT_CHOICE, item)
+            expect(stored.meta, thread_id=thread_id)
+            if stored.meta["ns"] == ns and checkpoint_id in (None, stored.meta["checkpoint_id"]):
+                return stored
+        return None
+
     def writes(self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str) -> list[Stored]:
         """The live pending-write entries of a checkpoint, their sealed metadata checked."""
         turn = self.turn(principal, "writes", thread_id, ns, checkpoint_id)
@@ -296,10 +335,29 @@ class SaverRecords:
     # -- writing -------------------------------------------------------------------
 
     def put(
-        self, principal: Principal, turn: str, executor: str, observation: Any, ttl: int, now: float
+        self,
+        principal: Principal,
+        turn: str,
+        executor: str,
+        observation: Any,
+        ttl: int,
+        now: float,
+        newest: int | None = None,
     ) -> dict[str, Any]:
-        """Put an entry at its turn's next step (``_steps.put_next``); returns its view."""
-        return put_next(self.pad, principal, turn, executor, observation, ttl, now=now)
+        """Put an entry at its turn's next step (``_steps.put_next``); returns its
+        view. ``newest``: the turn's newest step as the caller just listed it
+        (0: empty), else the step this saver's last put in the turn took, is the guess."""
+        key = (scope_of(self.pad, principal), turn)
+        with self._lock:
+            last = self._last_steps.get(key) if newest is None else newest
+        view = put_next(
+            self.pad, principal, turn, executor, observation, ttl, now=now, guess=None if last is None else last + 1
+        )
+        with self._lock:
+            if len(self._last_steps) >= _KEYED_KEPT:
+                self._last_steps.clear()
+            self._last_steps[key] = int(view["step_num"])
+        return view
 
     def put_value(
         self,
@@ -328,6 +386,14 @@ class SaverRecords:
             self._values[(scope_of(self.pad, principal), thread_id, ns, channel, str(version))] = stored
         return stored
 
+    def note_inline(self, principal: Principal, thread_id: str, ns: str, channel: str, version: Any) -> None:
+        """Remember that the value of ``(thread_id, ns, channel, version)`` was put
+        inline (it has no entry of its own): a later checkpoint where the channel
+        is unchanged then finds it without looking up the value's turn. Versions
+        are unique per write, so no writer stores another value under it."""
+        with self._lock:
+            self._values[(scope_of(self.pad, principal), thread_id, ns, channel, str(version))] = None
+
     def value(
         self, principal: Principal, thread_id: str, ns: str, channel: str, version: Any, now: float
     ) -> Stored | None:
@@ -350,38 +416,6 @@ class SaverRecords:
         with self._lock:
             self._values[key] = cached
         return cached
-
-    def copy_checkpoints(
-        self,
-        principal: Principal,
-        listed: list[Stored],
-        source: str,
-        target_principal: Principal,
-        target: str,
-        now: float,
-    ) -> None:
-        """Copy the checkpoints ``listed`` of thread ``source``, with their writes and
-        values, to thread ``target`` of the same owner (sealed again under its turns)."""
-        copied_values: dict[str, Stored] = {}
-        for stored in sorted(listed, key=lambda s: s.meta["checkpoint_id"]):
-            meta, content = self.content(principal, stored.scratchpad_id, "a checkpoint")
-            ns, checkpoint_id = meta["ns"], meta["checkpoint_id"]
-            values = {}
-            for channel, (version, value_id) in meta["values"].items():
-                if value_id not in copied_values:
-                    value_meta, data = self.content(principal, value_id, f"the value of channel {channel!r}")
-                    copied_values[value_id] = self.put_value(
-                        target_principal, target, ns, channel, version, value_meta["type"], data, now
-                    )
-                values[channel] = [version, copied_values[value_id].scratchpad_id]
-            for write in self.writes(principal, source, ns, checkpoint_id):
-                write_meta, data = self.content(principal, write.scratchpad_id, "a pending write")
-                observation: dict[str, Any] = {"content": data, "metadata": {**write_meta, "thread_id": target}}
-                turn = self.turn(target_principal, "writes", target, ns, checkpoint_id)
-                self.put(target_principal, turn, WRITE, observation, self.ttl_seconds, now)
-            observation = {"content": content, "metadata": {**meta, "thread_id": target, "values": values}}
-            turn = self.turn(target_principal, "thread", target)
-            self.put(target_principal, turn, CHECKPOINT, observation, self.ttl_seconds, now)
 
     # -- deleting ------------------------------------------------------------------
 
@@ -407,6 +441,40 @@ class SaverRecords:
             gone = {value_id for stored in doomed for _, value_id in stored.meta["values"].values()} - in_use
             for key in [k for k, v in self._values.items() if v is not None and v.scratchpad_id in gone]:
                 del self._values[key]
+
+
+def copy_checkpoints(
+    records: SaverRecords,
+    principal: Principal,
+    listed: list[Stored],
+    source: str,
+    target_principal: Principal,
+    target: str,
+    now: float,
+) -> None:
+    """Copy the checkpoints ``listed`` of thread ``source``, with their writes and
+    values, to thread ``target`` of the same owner (sealed again under its turns),
+    through ``records``."""
+    copied_values: dict[str, Stored] = {}
+    for stored in sorted(listed, key=lambda s: s.meta["checkpoint_id"]):
+        meta, content = records.content(principal, stored.scratchpad_id, "a checkpoint")
+        ns, checkpoint_id = meta["ns"], meta["checkpoint_id"]
+        values = {}
+        for channel, (version, value_id) in meta["values"].items():
+            if value_id not in copied_values:
+                value_meta, data = records.content(principal, value_id, f"the value of channel {channel!r}")
+                copied_values[value_id] = records.put_value(
+                    target_principal, target, ns, channel, version, value_meta["type"], data, now
+                )
+            values[channel] = [version, copied_values[value_id].scratchpad_id]
+        for write in records.writes(principal, source, ns, checkpoint_id):
+            write_meta, data = records.content(principal, write.scratchpad_id, "a pending write")
+            observation: dict[str, Any] = {"content": data, "metadata": {**write_meta, "thread_id": target}}
+            turn = records.turn(target_principal, "writes", target, ns, checkpoint_id)
+            records.put(target_principal, turn, WRITE, observation, records.ttl_seconds, now)
+        observation = {"content": content, "metadata": {**meta, "thread_id": target, "values": values}}
+        turn = records.turn(target_principal, "thread", target)
+        records.put(target_principal, turn, CHECKPOINT, observation, records.ttl_seconds, now)
 
 
 class ThreadList:

@@ -14,8 +14,9 @@ evidence and expiry are the store's own).
   namespace, checkpoint id)``; the owner's threads are listed in the turn
   ``securepad.langgraph:threads``.
 
-Choosing among a thread's checkpoints reads its listing only, so ``get_tuple``
-and ``list(limit=n)`` open whole only what they return. Each entry takes its
+``get_tuple`` chooses on the thread's views newest first and opens the views
+up to the checkpoint it returns (the newest: one); ``list`` chooses on the
+whole listing; both open whole only what they return. Each entry takes its
 turn's next step in the write transaction; nothing depends on that order. A
 checkpoint never outlives the values it references. ``_saver_records`` holds
 the sealed records, ``_saver_async`` the async face derived from this one.
@@ -55,6 +56,7 @@ from ._saver_records import (
     SaverRecords,
     Stored,
     ThreadList,
+    copy_checkpoints,
     keyed_turn,
     newest_per_namespace,
     sealed,
@@ -139,13 +141,8 @@ class SecurepadSaver(ThreadedAsyncSaver):
         principal = self._who(config)
         thread_id, ns = _thread_of(config)
         wanted = get_checkpoint_id(config)
-        found = [s for s in self.records.checkpoints(principal, thread_id) if s.meta["ns"] == ns]
-        if wanted is not None:
-            found = [s for s in found if s.meta["checkpoint_id"] == wanted]
-        if not found:
-            return None
-        latest = max(found, key=lambda s: s.meta["checkpoint_id"])
-        return _checkpoint_tuple(self, principal, thread_id, latest)
+        found = self.records.checkpoint(principal, thread_id, ns, wanted)
+        return None if found is None else _checkpoint_tuple(self, principal, thread_id, found)
 
     def list(
         self,
@@ -205,10 +202,12 @@ class SecurepadSaver(ThreadedAsyncSaver):
                 known = self.records.value(principal, thread_id, ns, channel, version, now)
             if known is None:
                 if channel not in values:
+                    self.records.note_inline(principal, thread_id, ns, channel, version)
                     continue
                 kind, data = self.serde.dumps_typed(values[channel])
                 if len(data) <= self.inline_max_bytes:
                     inline[channel] = values[channel]
+                    self.records.note_inline(principal, thread_id, ns, channel, version)
                     continue
                 known = self.records.put_value(principal, thread_id, ns, channel, version, kind, data, now)
             stored = known
@@ -254,7 +253,8 @@ class SecurepadSaver(ThreadedAsyncSaver):
         if checkpoint_id is None:
             raise InvalidArgumentError("put_writes needs a config with configurable.checkpoint_id")
         now = self._clock()
-        mine = [s for s in self.records.writes(principal, thread_id, ns, checkpoint_id) if s.meta["task_id"] == task_id]
+        listed = self.records.writes(principal, thread_id, ns, checkpoint_id)
+        mine = [s for s in listed if s.meta["task_id"] == task_id]
         stored_idx = {idx for s in mine for idx in s.meta["idxs"]}
         fresh: dict[int, tuple[str, Any]] = {}
         for index, (channel, value) in enumerate(writes):
@@ -281,7 +281,8 @@ class SecurepadSaver(ThreadedAsyncSaver):
             "type": kind,
         }
         turn = self.records.turn(principal, "writes", thread_id, ns, checkpoint_id)
-        self.records.put(principal, turn, WRITE, sealed(meta, data), self.ttl_seconds, now)
+        newest = max((s.step_num for s in listed), default=0)
+        self.records.put(principal, turn, WRITE, sealed(meta, data), self.ttl_seconds, now, newest)
         for entry in stale:
             self.records.delete(principal, entry.scratchpad_id)
 
@@ -335,7 +336,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
             return
         now = self._clock()
         self.threads.register(target_principal, target_thread_id, now)
-        self.records.copy_checkpoints(principal, listed, source_thread_id, target_principal, target_thread_id, now)
+        copy_checkpoints(self.records, principal, listed, source_thread_id, target_principal, target_thread_id, now)
 
     def import_thread(self, source: BaseCheckpointSaver[Any], thread_id: str) -> int:
         """Copy a thread out of another checkpointer (``SqliteSaver``, ``PostgresSaver``, ...):

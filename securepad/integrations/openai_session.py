@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import json
 import threading
 from typing import Any
@@ -30,7 +31,7 @@ from typing import Any
 from agents.items import TResponseInputItem
 from agents.memory import SessionABC, SessionSettings
 
-from .._steps import keyed_or_former, keyed_turn_name, put_next
+from .._steps import keyed_or_former, keyed_turn_name, newest_first, put_next
 from ..errors import IntegrityError, InvalidArgumentError, NotFoundError
 from ..principal import Principal
 from ..store import Scratchpad
@@ -87,6 +88,9 @@ class SecurepadSession(SessionABC):
         self._former_turn = f"{TURN_PREFIX}session:{hashlib.sha256(session_id.encode()).hexdigest()}"
         self._keyed = False  # the keyed turn was found holding items
         self._lock = threading.Lock()  # one pop or clear of this object at a time
+        # The step this object's last put took: the next put's guess (``put_next``), which
+        # spares reading the turn's newest step; a wrong guess only costs sealing again.
+        self._last_step: int | None = None
 
     @property
     def turn_id(self) -> str:
@@ -125,24 +129,30 @@ class SecurepadSession(SessionABC):
 
     # -- the work ------------------------------------------------------------------
 
-    def _listed(self) -> tuple[str, list[dict[str, Any]]]:
-        """The session's turn and its live item entries, oldest first, each checked to be one of ours."""
+    def _listed(self, newest: int | None = None) -> tuple[str, list[dict[str, Any]]]:
+        """The session's turn and its live item entries, oldest first, each checked
+        to be one of ours; ``newest``: only that many of the newest, whose views
+        alone are opened (``_steps.newest_first``: the whole turn is still checked
+        against its head)."""
         turn = self.turn_id
-        listed = self.pad.list_for_turn(self.principal, turn)
+        if newest is None:
+            listed = self.pad.list_for_turn(self.principal, turn)
+        else:
+            listed = list(itertools.islice(newest_first(self.pad, self.principal, turn), newest))[::-1]
         for item in listed:
-            meta = item["view"].get("metadata") or {}
-            # A view fits the policy's inline_max_chars (what a model may see): one cut to fit keeps
-            # the leading fields (format, session id), and the item is read when it is wanted.
-            # Only a view cut before them is read here.
-            if "metadata" in item["view"].get("view_cut", ()) and not {"format", "session_id"} <= meta.keys():
-                meta = item["view"]["metadata"] = self._whole_metadata(turn, item["scratchpad_id"])
-            if (
-                item["executor_name"] != _ITEM
-                or meta.get("format") != _FORMAT
-                or meta.get("session_id") != self.session_id
-            ):
-                raise IntegrityError("an entry in the session's turn is not one of its items")
+            self._check(turn, item)
         return turn, listed
+
+    def _check(self, turn: str, item: dict[str, Any]) -> None:
+        """Refuse (IntegrityError) a listed entry that is not one of the session's items."""
+        meta = item["view"].get("metadata") or {}
+        # A view fits the policy's inline_max_chars (what a model may see): one cut to fit keeps
+        # the leading fields (format, session id), and the item is read when it is wanted.
+        # Only a view cut before them is read here.
+        if "metadata" in item["view"].get("view_cut", ()) and not {"format", "session_id"} <= meta.keys():
+            meta = item["view"]["metadata"] = self._whole_metadata(turn, item["scratchpad_id"])
+        if item["executor_name"] != _ITEM or meta.get("format") != _FORMAT or meta.get("session_id") != self.session_id:
+            raise IntegrityError("an entry in the session's turn is not one of its items")
 
     def _whole_metadata(self, turn: str, scratchpad_id: str) -> dict[str, Any]:
         try:
@@ -174,9 +184,9 @@ class SecurepadSession(SessionABC):
         return json.loads(metadata["item"] if "item" in metadata else observation["content"])
 
     def _get_items(self, limit: int | None) -> list[Any]:
-        turn, listed = self._listed()
-        if limit is not None:
-            listed = listed[len(listed) - limit :] if limit else []
+        if limit == 0:
+            return []
+        turn, listed = self._listed(limit)
         return [self._item(turn, item) for item in listed]
 
     def _add_items(self, items: list[Any]) -> None:
@@ -196,11 +206,13 @@ class SecurepadSession(SessionABC):
             else:
                 observation = {"content": text, "metadata": meta}
             # The next position: above every live item's, taken by no other writer.
-            put_next(self.pad, self.principal, turn, _ITEM, observation, self.ttl_seconds)
+            guess = None if self._last_step is None else self._last_step + 1
+            view = put_next(self.pad, self.principal, turn, _ITEM, observation, self.ttl_seconds, guess=guess)
+            self._last_step = int(view["step_num"])
 
     def _pop_item(self) -> Any:
         with self._lock:
-            turn, listed = self._listed()
+            turn, listed = self._listed(1)
             if not listed:
                 return None
             newest = listed[-1]

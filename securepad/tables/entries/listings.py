@@ -53,6 +53,41 @@ class Listings:
             principal.owner_user_id, turn_id, fetch, check, first=(fetch(rows), head_rows)
         )
 
+    def turn_newest_first(self, principal: Principal, turn_id: str, now: float | None) -> Iterator[Opened]:
+        """The live entries of a turn in the principal's scope, highest step first,
+        each authenticated and opened only when the caller reaches it: a caller
+        that wants the newest few opens those alone. The whole turn's rows are
+        checked against its head before the first is opened (one fetch beside
+        the head's rows, as ``turn_entries``), so an entry removed, rolled back
+        or served as expired anywhere in the turn is refused all the same.
+
+        Raises:
+            InvalidArgumentError: a bad principal or turn id.
+            IntegrityError: the turn's rows are not the ones its head lists, or
+                an entry reached fails authentication.
+        """
+        check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        current = self.now(now)
+        order = "ORDER BY step_num DESC, id DESC"
+
+        def fetch(rows: Rows | None = None) -> list[dict[str, Any]]:
+            if rows is None:
+                rows = self._access.rows(principal, "entries", COLUMNS, "turn_id = ?", (turn_id,), order)
+            return live(rows, current)
+
+        def check(head: Head, rows: list[dict[str, Any]]) -> None:
+            self.heads.checks.check_entries_in(head, principal, turn_id, rows, current)
+
+        head_sql = self.heads.read_sql(principal.owner_user_id, turn_id)
+        (rows,), head_rows = self._access.rows_beside(
+            principal, head_sql, ("entries", COLUMNS, "turn_id = ?", (turn_id,), order)
+        )
+        checked = self.heads.inventories.checked(
+            principal.owner_user_id, turn_id, fetch, check, first=(fetch(rows), head_rows)
+        )
+        return self._authenticate_rows(principal, checked)
+
     def turn_offloads(self, principal: Principal, turn_id: str, now: float | None) -> bool:
         """Whether a live entry of the turn in the principal's scope was offloaded
         (no ``inline`` item): newest first, in doubling pages, until one is; the

@@ -1,0 +1,186 @@
+"""What ``SecurepadSaver`` costs per call, counted and not timed: SQLite
+statements, listing parts opened (``ListingKey.open``) and the saver's store
+calls. ``get_tuple`` of a thread's latest checkpoint costs the same whatever
+the thread's length; a put is one write transaction with no read before it;
+a graph step is one put and one small listing of its own pending writes."""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import apsw
+import pytest
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.graph import END, START, StateGraph
+
+from securepad import Keyring, Principal, Scratchpad
+from securepad.crypto.formats import ListingKey
+from securepad.integrations.langgraph import SecurepadSaver
+from securepad.store import sqlite_of
+
+# A put's write transaction: BEGIN IMMEDIATE, the key version's SELECT, the turn
+# head's SELECT, the step's look, INSERT entries, the head's upsert, COMMIT.
+PUT_STATEMENTS = 7
+# get_tuple of the latest 1 KiB checkpoint: the thread's rows beside its head, the
+# checkpoint read whole (beside its head), the writes' turn beside its head.
+GET_TUPLE_STATEMENTS = 6
+
+
+class Meter:
+    """Counts the statements run on the store's connection, the listing parts
+    opened and the calls of the saver's store faces while it is entered."""
+
+    def __init__(self, saver: SecurepadSaver, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.pad = saver.pad
+        self.statements = self.views = 0
+        self.calls: dict[str, int] = {}
+        real_open = ListingKey.open
+
+        def opened(key: ListingKey, row: dict[str, Any]) -> bytes:
+            self.views += 1
+            return real_open(key, row)
+
+        monkeypatch.setattr(ListingKey, "open", opened)
+        for face, name in ((self.pad, "list_for_turn"), (self.pad, "get"), (saver.records, "put")):
+            self._observe(monkeypatch, face, name)
+
+    def _observe(self, monkeypatch: pytest.MonkeyPatch, face: object, name: str) -> None:
+        real = getattr(face, name)
+
+        def observed(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(face, name, observed)
+
+    def _trace(self, event: dict[str, Any]) -> None:
+        if not event.get("trigger"):
+            self.statements += 1
+
+    def __enter__(self) -> Meter:
+        self.statements = self.views = 0
+        self.calls = {}
+        sqlite_of(self.pad).conn.trace_v2(apsw.SQLITE_TRACE_STMT, self._trace)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sqlite_of(self.pad).conn.trace_v2(0, None)
+
+
+@pytest.fixture
+def sqlite_pad(db_path: Path, keyring: Keyring) -> Iterator[Scratchpad]:
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        yield pad
+
+
+def config(thread_id: str, **extra: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", **extra}}
+
+
+def fill(saver: SecurepadSaver, thread_id: str, count: int) -> list[RunnableConfig]:
+    """``count`` checkpoints of a 1 KiB channel, put in id order as LangGraph puts them."""
+    configs, parent, version = [], config(thread_id), None
+    for step in range(count):
+        version = saver.get_next_version(version, None)
+        checkpoint = {
+            **empty_checkpoint(),
+            "id": f"1f000000-0000-6000-8000-{step:012d}",
+            "channel_values": {"data": "d" * 1024, "step": step},
+            "channel_versions": {"data": version, "step": version},
+        }
+        parent = saver.put(parent, checkpoint, {"step": step}, {"data": version, "step": version})  # type: ignore[arg-type]
+        configs.append(parent)
+    return configs
+
+
+def test_get_tuple_costs_the_same_on_a_thread_of_one_and_of_fifty(
+    sqlite_pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saver = SecurepadSaver(sqlite_pad, alice)
+    short, long = fill(saver, "short", 1), fill(saver, "long", 50)
+    saver.put_writes(long[-1], [("note", "n")], "task-1")
+    saver.put_writes(short[-1], [("note", "n")], "task-1")
+    meter = Meter(saver, monkeypatch)
+    counts = []
+    for thread_id in ("short", "long"):
+        saver.get_tuple(config(thread_id))  # the turns' inventories are verified and kept
+        with meter:
+            found = saver.get_tuple(config(thread_id))
+        assert found is not None and found.pending_writes == [("task-1", "note", "n")]
+        counts.append((meter.statements, meter.views, dict(meter.calls)))
+    # The checkpoint's view, its one write's, and the checkpoint read whole (too big for its view).
+    assert counts[0] == counts[1] == (GET_TUPLE_STATEMENTS, 3, {"list_for_turn": 1, "get": 1})
+
+
+def test_get_tuple_of_a_recent_checkpoint_opens_the_views_down_to_it(
+    sqlite_pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saver = SecurepadSaver(sqlite_pad, alice)
+    configs = fill(saver, "long", 50)
+    meter = Meter(saver, monkeypatch)
+    with meter:
+        found = saver.get_tuple(configs[-3])
+    assert found is not None and found.checkpoint["channel_values"]["step"] == 47
+    # The views of checkpoints 49, 48 and 47, and 47 read whole (no pending writes).
+    assert meter.views == 4 and meter.statements == GET_TUPLE_STATEMENTS
+
+
+def test_a_put_is_one_write_transaction_and_reads_nothing_before_it(
+    sqlite_pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saver = SecurepadSaver(sqlite_pad, alice)
+    configs = fill(saver, "long", 50)
+    meter = Meter(saver, monkeypatch)
+    version = saver.get_next_version(None, None)
+    checkpoint = {**empty_checkpoint(), "id": "1f000000-0000-6000-8000-000000000099", "channel_values": {"step": 50}}
+    checkpoint["channel_versions"] = {"step": version}
+    with meter:
+        saver.put(configs[-1], checkpoint, {"step": 50}, {"step": version})  # type: ignore[arg-type]
+    assert (meter.statements, meter.views, meter.calls) == (PUT_STATEMENTS, 0, {"put": 1})
+
+
+class Chat(TypedDict, total=False):
+    notes: Annotated[list[str], operator.add]
+    count: int
+
+
+def note(state: Chat) -> dict[str, Any]:
+    count = state.get("count", 0) + 1
+    return {"notes": [f"step {count}"], "count": count}
+
+
+def graph_costs(saver: SecurepadSaver, meter: Meter, thread_id: str, steps: int) -> tuple[int, int, dict[str, int]]:
+    """The statements (of this thread), views opened and store calls of one run of a ``steps``-node chain."""
+    builder = StateGraph(Chat)
+    names = [f"n{i}" for i in range(steps)]
+    for name in names:
+        builder.add_node(name, note)
+    builder.add_edge(START, names[0])
+    for first, second in itertools.pairwise(names):
+        builder.add_edge(first, second)
+    builder.add_edge(names[-1], END)
+    graph = builder.compile(checkpointer=saver)
+    with meter:
+        assert graph.invoke({"count": 0}, {"configurable": {"thread_id": thread_id}})["count"] == steps
+    return meter.statements, meter.views, dict(meter.calls)
+
+
+def test_a_graph_step_costs_one_put_and_lists_only_its_own_writes(
+    sqlite_pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saver = SecurepadSaver(sqlite_pad, alice)
+    meter = Meter(saver, monkeypatch)
+    graph_costs(saver, meter, "warm-up", 2)  # the owner's keys and the thread list exist
+    short = graph_costs(saver, meter, "short", 5)
+    long = graph_costs(saver, meter, "long", 15)
+    # Ten more steps: ten checkpoints and ten steps' writes put, each checkpoint's own
+    # (empty) writes turn listed once before its writes; no view opened, nothing read whole,
+    # no thread or value turn listed. (LangGraph puts from its worker threads, whose
+    # connections the statement trace does not see.)
+    assert long[1] - short[1] == 0
+    assert {name: long[2][name] - short[2].get(name, 0) for name in long[2]} == {"put": 20, "list_for_turn": 10}
