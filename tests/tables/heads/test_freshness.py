@@ -217,9 +217,11 @@ def _read_beside_writer(
     errors: list[BaseException] = []
 
     def write() -> None:
+        # At most four writes a read: a turn that grew without bound would make
+        # each read (and each write's head) longer than the one before.
         step = 1000
         try:
-            while not stop.is_set():
+            while not stop.is_set() and step < 1000 + 4 * reads:
                 step += 1
                 writer.put(principal, turn, step, "fetch", "writer", now=NOW)
         except BaseException as exc:
