@@ -107,7 +107,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" not in metafunc.fixturenames:
         return
     file_bound = "db_path" in metafunc.fixturenames or metafunc.definition.get_closest_marker("sqlite_only")
-    # The PostgreSQL runs (a schema made and dropped per test) are left out of ``-m "not slow"``.
+    # The PostgreSQL runs (a server round trip per statement) are left out of ``-m "not slow"``.
     backends = [pytest.param(b, marks=pytest.mark.slow) if b == "postgresql" else b for b in BACKENDS]
     metafunc.parametrize("backend", ("sqlite",) if file_bound else backends)
 
