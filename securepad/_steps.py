@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import InvalidArgumentError, StoreBusyError
 from .principal import Principal
-from .store import Scratchpad, parts
+from .store import Scratchpad, listed, parts
 
 __all__ = ["keyed_or_former", "keyed_turn_name", "newest_first", "put_next", "turn_in_use"]
 
@@ -45,7 +45,7 @@ def newest_first(
     pad: Scratchpad, principal: Principal, turn_id: str, *, now: float | None = None
 ) -> Iterator[dict[str, Any]]:
     """The live entries of a turn in the principal's scope, highest step first,
-    each as ``Scratchpad.list_for_turn`` shows it (id, executor, expiry, view)
+    each as ``Scratchpad.list_for_turn`` shows it (``store.listed``)
     and opened only when the iteration reaches it (``Listings.turn_newest_first``:
     the whole turn is checked against its head before the first).
 
@@ -53,14 +53,7 @@ def newest_first(
         InvalidArgumentError, IntegrityError: as for ``Scratchpad.list_for_turn``.
     """
     for opened in parts(pad).listings.turn_newest_first(principal, turn_id, now):
-        row = opened.row
-        yield {
-            "scratchpad_id": row["id"],
-            "step_num": row["step_num"],
-            "executor_name": row["executor_name"],
-            "expires_at": row["expires_at"],
-            "view": opened.view(),
-        }
+        yield listed(opened)
 
 
 def keyed_or_former(

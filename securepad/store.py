@@ -34,7 +34,7 @@ from .tables.entries import entries
 from .tables.entries.rows import Entry, Opened
 from .turn import Turn, extend_turn
 
-__all__ = ["OWNER_KEY_CACHE_SIZE", "Entry", "Parts", "Scratchpad", "parts", "sqlite_of"]
+__all__ = ["OWNER_KEY_CACHE_SIZE", "Entry", "Parts", "Scratchpad", "listed", "parts", "sqlite_of"]
 
 # A library does not print: an application attaches a handler to "securepad" to see
 # its warnings (a store upgraded at open, say); the command line prints them.
@@ -272,7 +272,7 @@ class Scratchpad(Housekeeping, Place):
             InvalidArgumentError: a bad principal or turn id.
             IntegrityError: a listed entry fails authentication.
         """
-        return [_listed(opened) for opened in self._parts.listings.turn_entries(principal, turn_id, now)]
+        return [listed(opened) for opened in self._parts.listings.turn_entries(principal, turn_id, now)]
 
     def delete(self, principal: Principal, scratchpad_id: str, *, now: float | None = None) -> None:
         """Delete one entry of the caller's (expired ones too), with secure_delete,
@@ -339,7 +339,7 @@ def sqlite_of(pad: Scratchpad) -> Database:
     return sqlite_of_parts(parts(pad))
 
 
-def _listed(opened: Opened) -> dict[str, Any]:
+def listed(opened: Opened) -> dict[str, Any]:
     """One entry of ``Scratchpad.list_for_turn``: its clear columns, summary and view."""
     row = opened.row
     return {
