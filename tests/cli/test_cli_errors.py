@@ -58,6 +58,14 @@ def test_a_declined_confirmation_changes_nothing(cli: Cli) -> None:
     assert as_json(cli("--json", "stats"))["entries"] == 1
 
 
+def _as_at_a_terminal() -> None:
+    """In the child before it runs: Ctrl-C acts as a shell at a terminal leaves
+    it (default action, not blocked), whatever this test process inherited
+    or a library in it set (an ignored SIGINT survives exec)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _securepad(cli: Cli, *args: str) -> subprocess.Popen[bytes]:
     """``python -m securepad ARGS`` as a real process on ``cli``'s HOME."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SECUREPAD_", "XDG_"))} | {"HOME": str(cli.home)}
@@ -67,6 +75,7 @@ def _securepad(cli: Cli, *args: str) -> subprocess.Popen[bytes]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
+        preexec_fn=_as_at_a_terminal,
     )
 
 
