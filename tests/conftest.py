@@ -103,6 +103,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sqlite_only: the test works on the SQLite file itself")
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: two workers more than the cores. Many tests wait (on the
+    server, on a child process, on a deadline) rather than compute, and the
+    extra workers keep the cores busy meanwhile."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cores + 2
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" not in metafunc.fixturenames:
         return
@@ -120,12 +128,21 @@ def _long(item: pytest.Item) -> bool:
     return len(marks) > len(as_a_run)
 
 
+# The fixtures through which a test reaches the PostgreSQL server.
+_SERVER_FIXTURES = frozenset({"pg_database", "pg_dsn"})
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The long tests first (otherwise in collection order): pytest-xdist deals
-    the first tests out one by one, so the long ones spread over the workers
-    and the short ones fill the end, instead of one worker finishing a long
-    test while the others idle."""
+    """Every test that reaches the PostgreSQL server is a PostgreSQL run, left
+    out of ``-m "not slow"`` like the ``[postgresql]`` runs of ``pad``. Then the
+    long tests first (otherwise in collection order): pytest-xdist deals the
+    first tests out one by one, so the long ones spread over the workers and
+    the short ones fill the end, instead of one worker finishing a long test
+    while the others idle."""
     items.sort(key=lambda item: not _long(item))
+    for item in items:
+        if _SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 def _server_dsn(dbname: str) -> str:
