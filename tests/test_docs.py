@@ -266,11 +266,11 @@ def test_the_history_guard_sees_each_kind(sentence: str) -> None:
     [
         "securepad",
         "securepad.audit",
-        "securepad.integrations.langgraph",
-        "securepad.integrations.langgraph_saver",
-        "securepad.integrations.openai_agents",
-        "securepad.integrations.openai_session",
-        "securepad.integrations.mcp",
+        pytest.param("securepad.integrations.langgraph", marks=pytest.mark.xdist_group("langgraph")),
+        pytest.param("securepad.integrations.langgraph_saver", marks=pytest.mark.xdist_group("langgraph")),
+        pytest.param("securepad.integrations.openai_agents", marks=pytest.mark.xdist_group("openai_agents")),
+        pytest.param("securepad.integrations.openai_session", marks=pytest.mark.xdist_group("openai_agents")),
+        pytest.param("securepad.integrations.mcp", marks=pytest.mark.xdist_group("mcp")),
     ],
 )
 def test_the_api_reference_has_every_public_class_and_function(module_name: str) -> None:

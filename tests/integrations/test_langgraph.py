@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from langchain_core.language_models.chat_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
-from langchain_core.tools import BaseTool, tool
-from langgraph.graph import END, START, MessagesState, StateGraph
-from langgraph.prebuilt import ToolNode, tools_condition
 from pydantic import Field
 
 from securepad import (
@@ -26,47 +21,67 @@ from securepad import (
     Turn,
 )
 from securepad.errors import InvalidArgumentError
-from securepad.integrations.langgraph import (
-    METADATA_KEY,
-    aoffload_tool_messages,
-    offload_node,
-    offload_tool_messages,
-    resolve_references,
-    scratchpad_read_tool,
-)
 from tests.support.principals import AGENT_ALICE as ALICE
 from tests.support.principals import AGENT_BOB as BOB
+
+if TYPE_CHECKING:
+    from langchain_core.language_models.chat_models import BaseChatModel
+    from langchain_core.messages import AIMessage, BaseMessage
+    from langchain_core.outputs import ChatResult
+    from langchain_core.tools import BaseTool
+
+pytestmark = pytest.mark.xdist_group("langgraph")
+
 
 LOG = "".join(f"2024-05-01 line {i}: ok\n" for i in range(1, 20_000)) + "2024-05-01 line 20000: ERROR disk full\n"
 
 
-class ScriptedChatModel(BaseChatModel):
-    """A chat model that answers with the next step of its script: a function of
-    the messages it is given, so it can use ids it only learns during the run."""
+@functools.cache
+def scripted_chat_model() -> type[BaseChatModel]:
+    """The class ``ScriptedChatModel`` (made once, when a test first needs it)."""
+    from langchain_core.language_models.chat_models import BaseChatModel
+    from langchain_core.messages import AIMessage, BaseMessage
+    from langchain_core.outputs import ChatGeneration, ChatResult
 
-    script: list[Callable[[list[BaseMessage]], AIMessage]]
-    seen: list[list[BaseMessage]] = Field(default_factory=list)
+    class ScriptedChatModel(BaseChatModel):
+        """A chat model that answers with the next step of its script: a function of
+        the messages it is given, so it can use ids it only learns during the run."""
 
-    @property
-    def _llm_type(self) -> str:
-        return "scripted"
+        script: list[Callable[[list[BaseMessage]], AIMessage]]
+        seen: list[list[BaseMessage]] = Field(default_factory=list)
 
-    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **_: Any) -> ChatResult:
-        step = self.script[len(self.seen)]
-        self.seen.append(list(messages))
-        return ChatResult(generations=[ChatGeneration(message=step(messages))])
+        @property
+        def _llm_type(self) -> str:
+            return "scripted"
+
+        def _generate(
+            self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **_: Any
+        ) -> ChatResult:
+            step = self.script[len(self.seen)]
+            self.seen.append(list(messages))
+            return ChatResult(generations=[ChatGeneration(message=step(messages))])
+
+    # Its fields' types name the messages imported here, not the module's names.
+    ScriptedChatModel.model_rebuild(_types_namespace={"AIMessage": AIMessage, "BaseMessage": BaseMessage})
+    return ScriptedChatModel
 
 
-@tool
-def read_log(path: str) -> str:
-    """Read a log file."""
-    return LOG
+@functools.cache
+def log_tools() -> tuple[BaseTool, BaseTool]:
+    """The tools ``read_log`` and ``word_count`` (made once, when a test first needs them)."""
+    from langchain_core.tools import tool
 
+    @tool
+    def read_log(path: str) -> str:
+        """Read a log file."""
+        return LOG
 
-@tool
-def word_count(text: str) -> int:
-    """Count the words of a text."""
-    return len(text.split())
+    @tool
+    def word_count(text: str) -> int:
+        """Count the words of a text."""
+        return len(text.split())
+
+    return read_log, word_count
 
 
 @pytest.fixture
@@ -81,10 +96,14 @@ def turn(pad: Scratchpad) -> Turn:
 
 
 def call(name: str, arguments: dict[str, Any], call_id: str) -> AIMessage:
+    from langchain_core.messages import AIMessage
+
     return AIMessage(content="", tool_calls=[{"name": name, "args": arguments, "id": call_id, "type": "tool_call"}])
 
 
 def last_tool_content(messages: Sequence[BaseMessage]) -> str:
+    from langchain_core.messages import ToolMessage
+
     content = [m for m in messages if isinstance(m, ToolMessage)][-1].content
     assert isinstance(content, str)
     return content
@@ -94,6 +113,10 @@ def last_tool_content(messages: Sequence[BaseMessage]) -> str:
 
 
 def test_the_read_tool_reads_this_turn(pad: Scratchpad, turn: Turn) -> None:
+    from langchain_core.tools import BaseTool
+
+    from securepad.integrations.langgraph import scratchpad_read_tool
+
     read = scratchpad_read_tool(turn)
     assert isinstance(read, BaseTool) and read.name == "scratchpad_read"
     assert read.args_schema == SCRATCHPAD_READ_TOOL["function"]["parameters"]
@@ -117,6 +140,10 @@ def test_the_read_tool_reads_this_turn(pad: Scratchpad, turn: Turn) -> None:
 
 
 def test_large_tool_messages_are_replaced_by_the_view(pad: Scratchpad, turn: Turn) -> None:
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    from securepad.integrations.langgraph import METADATA_KEY, offload_tool_messages
+
     messages: list[BaseMessage] = [
         HumanMessage("why?"),
         AIMessage(
@@ -148,6 +175,10 @@ def test_large_tool_messages_are_replaced_by_the_view(pad: Scratchpad, turn: Tur
 
 
 def test_json_lists_and_long_text_and_scratchpad_reads(turn: Turn) -> None:
+    from langchain_core.messages import AIMessage, ToolMessage
+
+    from securepad.integrations.langgraph import offload_tool_messages
+
     rows = json.dumps({"results": [{"name": f"f{i}.py"} for i in range(400)], "total": 400})
     messages: list[BaseMessage] = [
         ToolMessage(rows, tool_call_id="c1", name="search"),
@@ -167,6 +198,10 @@ def test_json_lists_and_long_text_and_scratchpad_reads(turn: Turn) -> None:
 
 
 def test_the_async_variant_records_the_same(turn: Turn) -> None:
+    from langchain_core.messages import ToolMessage
+
+    from securepad.integrations.langgraph import METADATA_KEY, aoffload_tool_messages, offload_tool_messages
+
     messages: list[BaseMessage] = [ToolMessage(LOG, tool_call_id="c1", name="read_log")]
     out = asyncio.run(aoffload_tool_messages(turn, messages))
     assert out[0].response_metadata[METADATA_KEY]["offloaded"] is True
@@ -179,6 +214,10 @@ def test_the_async_variant_records_the_same(turn: Turn) -> None:
 
 
 def test_references_in_tool_arguments_are_resolved_from_the_store(turn: Turn) -> None:
+    from langchain_core.tools import tool
+
+    from securepad.integrations.langgraph import resolve_references
+
     @tool
     def total(sizes: list[int], label: str) -> str:
         """Add sizes up."""
@@ -186,6 +225,7 @@ def test_references_in_tool_arguments_are_resolved_from_the_store(turn: Turn) ->
 
     turn.record(1, "read_log", LOG)
     turn.record(2, "stat", {"sizes": [1, 2, 3], "unit": "bytes"})
+    _, word_count = log_tools()
     counted = resolve_references(word_count, turn)
     assert counted.name == "word_count" and counted.description == word_count.description
     assert counted.invoke({"text": "{{step1}}"}) == len(LOG.split())
@@ -202,7 +242,13 @@ def test_references_in_tool_arguments_are_resolved_from_the_store(turn: Turn) ->
 # -- a graph with a scripted model -----------------------------------------------------------
 
 
-def build_graph(turn: Any, model: ScriptedChatModel) -> Any:
+def build_graph(turn: Any, model: Any) -> Any:
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    from securepad.integrations.langgraph import offload_node, resolve_references, scratchpad_read_tool
+
+    read_log, word_count = log_tools()
     tools = [read_log, resolve_references(word_count, turn), scratchpad_read_tool(turn)]
     graph = StateGraph(MessagesState)
     graph.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
@@ -215,7 +261,9 @@ def build_graph(turn: Any, model: ScriptedChatModel) -> Any:
     return graph.compile()
 
 
-def scripted_model() -> ScriptedChatModel:
+def scripted_model() -> Any:
+    from langchain_core.messages import AIMessage, ToolMessage
+
     def grep_it(messages: list[BaseMessage]) -> AIMessage:
         view = json.loads(last_tool_content(messages))
         arguments = {"scratchpad_id": view["scratchpad_id"], "mode": "grep", "pattern": "ERROR"}
@@ -225,7 +273,7 @@ def scripted_model() -> ScriptedChatModel:
         found = json.loads([m for m in messages if isinstance(m, ToolMessage)][-2].content)  # type: ignore[arg-type]
         return AIMessage(content=f"{found['content'].split(':', 1)[1]} ({last_tool_content(messages)} words)")
 
-    return ScriptedChatModel(
+    return scripted_chat_model()(
         script=[
             lambda messages: call("read_log", {"path": "/var/log/app.log"}, "c1"),
             grep_it,
@@ -235,7 +283,11 @@ def scripted_model() -> ScriptedChatModel:
     )
 
 
-def check_run(state: dict[str, Any], model: ScriptedChatModel, turn: Turn) -> None:
+def check_run(state: dict[str, Any], model: Any, turn: Turn) -> None:
+    from langchain_core.messages import ToolMessage
+
+    from securepad.integrations.langgraph import METADATA_KEY
+
     words = len(LOG.split())  # counted from the stored log, passed by reference
     assert state["messages"][-1].content == f"2024-05-01 line 20000: ERROR disk full ({words} words)"
     # The model never had the log in its context: it saw the view, then what it read.
@@ -249,12 +301,16 @@ def check_run(state: dict[str, Any], model: ScriptedChatModel, turn: Turn) -> No
 
 
 def test_a_graph_offloads_and_reads(turn: Turn) -> None:
+    from langchain_core.messages import HumanMessage
+
     model = scripted_model()
     state = build_graph(turn, model).invoke({"messages": [HumanMessage("Why did the upload fail?")]})
     check_run(state, model, turn)
 
 
 def test_an_async_graph_on_an_async_turn(tmp_path: Path) -> None:
+    from langchain_core.messages import HumanMessage
+
     async def main() -> None:
         keyring = Keyring.from_key_file(tmp_path / "key")
         async with await AsyncScratchpad.open(tmp_path / "store.db", keyring=keyring) as pad:

@@ -10,19 +10,20 @@ import itertools
 import operator
 import threading
 from collections.abc import Iterator
-from typing import Annotated, Any, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
-from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import END, START, StateGraph
-from langgraph.types import Command, interrupt
 
 from securepad import InvalidArgumentError, Keyring, Principal, Scratchpad
-from securepad.integrations.langgraph import SecurepadSaver
+
+if TYPE_CHECKING:
+    from langchain_core.runnables import RunnableConfig
+
+    from securepad.integrations.langgraph import SecurepadSaver
+
+pytestmark = pytest.mark.xdist_group("langgraph")
 
 # -- a real graph: a plan, a human approval (interrupt), then the work ------------------------
 
@@ -39,6 +40,8 @@ def plan(state: Job) -> dict[str, Any]:
 
 
 def approve(state: Job) -> dict[str, Any]:
+    from langgraph.types import interrupt
+
     answer = interrupt({"question": "run this plan?", "plan": state["plan"]})
     return {"approved": answer, "log": [f"approval: {answer}"]}
 
@@ -48,6 +51,8 @@ def work(state: Job) -> dict[str, Any]:
 
 
 def job_graph(saver: SecurepadSaver) -> Any:
+    from langgraph.graph import END, START, StateGraph
+
     builder = StateGraph(Job)
     builder.add_node("plan", plan)
     builder.add_node("approve", approve)
@@ -75,6 +80,8 @@ def _plain(value: Any) -> Any:
 def _session(open_saver: Any) -> list[Any]:
     """A human-in-the-loop session; each step opens the saver afresh (as a new
     process would). Returns everything it observed."""
+    from langgraph.types import Command
+
     seen: list[Any] = []
     with open_saver() as saver:
         graph = job_graph(saver)
@@ -99,6 +106,10 @@ def _session(open_saver: Any) -> list[Any]:
 def test_a_graph_with_interrupts_runs_as_on_langgraphs_own_saver(
     store_location: Any, keyring: Keyring, alice: Principal
 ) -> None:
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from securepad.integrations.langgraph import SecurepadSaver
+
     memory = InMemorySaver()
 
     @contextlib.contextmanager
@@ -118,6 +129,10 @@ def test_a_graph_with_interrupts_runs_as_on_langgraphs_own_saver(
 
 
 def test_an_async_graph_runs_on_the_async_methods(pad: Scratchpad, alice: Principal) -> None:
+    from langgraph.types import Command
+
+    from securepad.integrations.langgraph import SecurepadSaver
+
     graph = job_graph(SecurepadSaver(pad, alice))
 
     async def main() -> dict[str, Any]:
@@ -140,6 +155,8 @@ def count_step(state: Document) -> dict[str, Any]:
 
 
 def document_graph(saver: SecurepadSaver, steps: int) -> Any:
+    from langgraph.graph import END, START, StateGraph
+
     builder = StateGraph(Document)
     names = [f"step{n}" for n in range(steps)]
     for name in names:
@@ -152,6 +169,8 @@ def document_graph(saver: SecurepadSaver, steps: int) -> Any:
 
 
 def test_an_unchanged_big_value_is_stored_once(pad: Scratchpad, alice: Principal) -> None:
+    from securepad.integrations.langgraph import SecurepadSaver
+
     text = "x" * 300_000
     graph = document_graph(SecurepadSaver(pad, alice), steps=10)
     result = graph.invoke({"text": text}, thread("doc"))
@@ -168,6 +187,10 @@ def test_an_unchanged_big_value_is_stored_once(pad: Scratchpad, alice: Principal
 def test_a_value_in_use_outlives_its_ttl_and_a_checkpoint_never_outlives_its_values(
     store_location: Any, keyring: Keyring, alice: Principal
 ) -> None:
+    from langgraph.checkpoint.conformance.test_utils import generate_config
+
+    from securepad.integrations.langgraph import SecurepadSaver
+
     now = [1_000_000.0]
     with Scratchpad.open(store_location, keyring=keyring, clock=lambda: now[0]) as pad:
         saver = SecurepadSaver(pad, alice, ttl_seconds=100, clock=lambda: now[0], inline_max_bytes=10)
@@ -195,6 +218,8 @@ def _put(
     versions: dict[str, Any] | None = None,
     owner_config: dict[str, Any] | None = None,
 ) -> RunnableConfig:
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+
     config = generate_config(thread_id)
     config["configurable"].update(owner_config or {})
     if parent is not None:
@@ -215,6 +240,10 @@ def by_user(config: RunnableConfig) -> Principal:
 def test_another_owner_never_sees_or_changes_a_thread(
     pad: Scratchpad, alice: Principal, bob: Principal, thread_id: str, value: str
 ) -> None:
+    from langgraph.checkpoint.conformance.test_utils import generate_config
+
+    from securepad.integrations.langgraph import SecurepadSaver
+
     mine, theirs = SecurepadSaver(pad, alice), SecurepadSaver(pad, bob)
     stored = _put(mine, thread_id, None, {"v": value}, {"v": "1"})
     mine.put_writes(stored, [("v", "pending")], "task")
@@ -237,6 +266,10 @@ def test_another_owner_never_sees_or_changes_a_thread(
 
 
 def test_the_principal_can_come_from_the_config(pad: Scratchpad) -> None:
+    from langgraph.checkpoint.conformance.test_utils import generate_config
+
+    from securepad.integrations.langgraph import SecurepadSaver
+
     saver = SecurepadSaver(pad, principal_from_config=by_user)
     _put(saver, "shared-name", None, {"v": "alice's"}, {"v": "1"}, owner_config={"user_id": "alice"})
     _put(saver, "shared-name", None, {"v": "bob's"}, {"v": "1"}, owner_config={"user_id": "bob"})
@@ -252,6 +285,8 @@ def test_the_principal_can_come_from_the_config(pad: Scratchpad) -> None:
 def test_list_without_a_config_covers_the_owners_threads_only(
     pad: Scratchpad, alice: Principal, bob: Principal
 ) -> None:
+    from securepad.integrations.langgraph import SecurepadSaver
+
     mine = SecurepadSaver(pad, alice)
     for name in ("a", "b"):
         _put(mine, name, None, {"v": name}, {"v": "1"})
@@ -268,6 +303,10 @@ def test_list_without_a_config_covers_the_owners_threads_only(
 
 
 def test_bad_construction_and_bad_calls_are_refused(pad: Scratchpad, alice: Principal) -> None:
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+
+    from securepad.integrations.langgraph import SecurepadSaver
+
     with pytest.raises(InvalidArgumentError):
         SecurepadSaver(pad)
     with pytest.raises(InvalidArgumentError):
@@ -297,6 +336,10 @@ def test_bad_construction_and_bad_calls_are_refused(pad: Scratchpad, alice: Prin
 
 
 def test_a_thread_is_not_copied_to_another_owner(pad: Scratchpad) -> None:
+    from langgraph.checkpoint.conformance.test_utils import generate_config
+
+    from securepad.integrations.langgraph import SecurepadSaver
+
     def owner_by_thread(config: RunnableConfig) -> Principal:
         return Principal(str(config["configurable"].get("thread_id", "x")).split("/")[0], "graph", "api")
 
@@ -308,6 +351,11 @@ def test_a_thread_is_not_copied_to_another_owner(pad: Scratchpad) -> None:
 
 
 def test_a_thread_is_imported_from_another_saver_once(pad: Scratchpad, alice: Principal) -> None:
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    from securepad.integrations.langgraph import SecurepadSaver
+
     memory = InMemorySaver()
     old = job_graph(memory)  # type: ignore[arg-type]
     old.invoke({"request": "import"}, thread("moved"))
@@ -323,6 +371,7 @@ def test_a_thread_is_imported_from_another_saver_once(pad: Scratchpad, alice: Pr
 
 
 def test_an_unchanged_value_whose_entry_is_gone_is_stored_again(pad: Scratchpad, alice: Principal) -> None:
+    from securepad.integrations.langgraph import SecurepadSaver
     from securepad.integrations.langgraph_saver import keyed_turn
 
     big = "g" * 40_000
@@ -341,6 +390,7 @@ def test_an_unchanged_value_whose_entry_is_gone_is_stored_again(pad: Scratchpad,
 def test_writers_of_one_thread_in_two_stores_never_share_a_step(
     store_location: Any, keyring: Keyring, alice: Principal
 ) -> None:
+    from securepad.integrations.langgraph import SecurepadSaver
     from securepad.integrations.langgraph_saver import keyed_turn
 
     per_writer, errors = 5, []
@@ -376,6 +426,9 @@ def test_writers_of_one_thread_in_two_stores_never_share_a_step(
 def test_after_the_newest_checkpoints_expire_the_next_takes_the_freed_step(
     store_location: Any, keyring: Keyring, alice: Principal
 ) -> None:
+    from langgraph.checkpoint.conformance.test_utils import generate_config
+
+    from securepad.integrations.langgraph import SecurepadSaver
     from securepad.integrations.langgraph_saver import keyed_turn
 
     now = [1_000_000.0]
@@ -400,7 +453,10 @@ def test_each_actor_finds_its_own_thread_of_a_shared_id_in_the_thread_list(
     thread of the same id through one saver: each is in its own actor's thread
     list (``list(None)``, ``delete_for_runs``), also for a saver that starts
     afresh, and deleting one actor's runs leaves the other's checkpoint."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+
     from securepad import Policy
+    from securepad.integrations.langgraph import SecurepadSaver
 
     first, other = Principal("alice", "agent", "web"), Principal("alice", "other", "web")
     policy = Policy.from_dict({"access": {"scope": "owner+channel+actor"}})
@@ -427,7 +483,10 @@ def test_an_unchanged_value_refers_to_its_own_actors_entry(store_location: Any, 
     same id, a large channel value of the same version each, through one
     saver; one actor's next checkpoint, the channel unchanged, refers to its
     own value's entry (never the other actor's, which it cannot read)."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+
     from securepad import Policy
+    from securepad.integrations.langgraph import SecurepadSaver
 
     first, other = Principal("alice", "agent", "web"), Principal("alice", "other", "web")
     policy = Policy.from_dict({"access": {"scope": "owner+channel+actor"}})

@@ -5,19 +5,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import pytest
-from langgraph.checkpoint.conformance import checkpointer_test, validate
-from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
-from langgraph.checkpoint.conformance.report import ProgressCallbacks
 
 from securepad import Principal, Scratchpad
-from securepad.integrations.langgraph import SecurepadSaver
 
-pytestmark = pytest.mark.slow
+if TYPE_CHECKING:
+    from securepad.integrations.langgraph import SecurepadSaver
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("langgraph")]
 
 
 def test_the_conformance_suite_passes(pad: Scratchpad, alice: Principal) -> None:
+    from langgraph.checkpoint.conformance import checkpointer_test, validate
+    from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
+    from langgraph.checkpoint.conformance.report import ProgressCallbacks
+
+    from securepad.integrations.langgraph import SecurepadSaver
+
     @checkpointer_test(name="SecurepadSaver")
     async def securepad_saver() -> AsyncIterator[SecurepadSaver]:
         yield SecurepadSaver(pad, alice)

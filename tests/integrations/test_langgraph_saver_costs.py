@@ -10,18 +10,21 @@ import itertools
 import operator
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 import apsw
 import pytest
-from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import empty_checkpoint
-from langgraph.graph import END, START, StateGraph
 
 from securepad import Keyring, Principal, Scratchpad
 from securepad.crypto.formats import ListingKey
-from securepad.integrations.langgraph import SecurepadSaver
 from securepad.store import sqlite_of
+
+if TYPE_CHECKING:
+    from langchain_core.runnables import RunnableConfig
+
+    from securepad.integrations.langgraph import SecurepadSaver
+
+pytestmark = pytest.mark.xdist_group("langgraph")
 
 # A put's write transaction: BEGIN IMMEDIATE, the key version's SELECT, the turn
 # head's SELECT, the step's look, INSERT entries, the head's upsert, COMMIT.
@@ -84,6 +87,8 @@ def config(thread_id: str, **extra: str) -> RunnableConfig:
 
 def fill(saver: SecurepadSaver, thread_id: str, count: int) -> list[RunnableConfig]:
     """``count`` checkpoints of a 1 KiB channel, put in id order as LangGraph puts them."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
     configs, parent, version = [], config(thread_id), None
     for step in range(count):
         version = saver.get_next_version(version, None)
@@ -101,6 +106,8 @@ def fill(saver: SecurepadSaver, thread_id: str, count: int) -> list[RunnableConf
 def test_get_tuple_costs_the_same_on_a_thread_of_one_and_of_fifty(
     sqlite_pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from securepad.integrations.langgraph import SecurepadSaver
+
     saver = SecurepadSaver(sqlite_pad, alice)
     short, long = fill(saver, "short", 1), fill(saver, "long", 50)
     saver.put_writes(long[-1], [("note", "n")], "task-1")
@@ -120,6 +127,8 @@ def test_get_tuple_costs_the_same_on_a_thread_of_one_and_of_fifty(
 def test_get_tuple_of_a_recent_checkpoint_opens_the_views_down_to_it(
     sqlite_pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from securepad.integrations.langgraph import SecurepadSaver
+
     saver = SecurepadSaver(sqlite_pad, alice)
     configs = fill(saver, "long", 50)
     meter = Meter(saver, monkeypatch)
@@ -133,6 +142,10 @@ def test_get_tuple_of_a_recent_checkpoint_opens_the_views_down_to_it(
 def test_a_put_is_one_write_transaction_and_reads_nothing_before_it(
     sqlite_pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from securepad.integrations.langgraph import SecurepadSaver
+
     saver = SecurepadSaver(sqlite_pad, alice)
     configs = fill(saver, "long", 50)
     meter = Meter(saver, monkeypatch)
@@ -156,6 +169,8 @@ def note(state: Chat) -> dict[str, Any]:
 
 def graph_costs(saver: SecurepadSaver, meter: Meter, thread_id: str, steps: int) -> tuple[int, int, dict[str, int]]:
     """The statements (of this thread), views opened and store calls of one run of a ``steps``-node chain."""
+    from langgraph.graph import END, START, StateGraph
+
     builder = StateGraph(Chat)
     names = [f"n{i}" for i in range(steps)]
     for name in names:
@@ -173,6 +188,8 @@ def graph_costs(saver: SecurepadSaver, meter: Meter, thread_id: str, steps: int)
 def test_a_graph_step_costs_one_put_and_lists_only_its_own_writes(
     sqlite_pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from securepad.integrations.langgraph import SecurepadSaver
+
     saver = SecurepadSaver(sqlite_pad, alice)
     meter = Meter(saver, monkeypatch)
     graph_costs(saver, meter, "warm-up", 2)  # the owner's keys and the thread list exist

@@ -10,18 +10,19 @@ import secrets
 import subprocess
 import sys
 from pathlib import Path
-from typing import Annotated, TypedDict
+from typing import TYPE_CHECKING, Annotated, TypedDict
 
 import pytest
-from langchain_core.runnables import RunnableConfig
-from langgraph.graph import END, START, StateGraph
-from langgraph.types import Command, interrupt
 
 from securepad import Principal, Scratchpad
-from securepad.integrations.langgraph import SecurepadSaver
 from tests.support.paths import ROOT
 
-pytestmark = pytest.mark.slow
+if TYPE_CHECKING:
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.graph import StateGraph
+
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("langgraph")]
 
 EXAMPLE = ROOT / "examples" / "langgraph_saver_migration.py"
 GUIDE = (ROOT / "docs" / "integrations" / "langgraph-saver.md").read_text(encoding="utf-8")
@@ -64,6 +65,9 @@ JOB: RunnableConfig = {"configurable": {"thread_id": "job-42"}}
 def _job() -> StateGraph:
     """The guide's graph: a plan, then a human approval (an interrupt)."""
 
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
     def plan(state: Job) -> Job:
         return {"log": [f"planned {state['request']}"]}
 
@@ -86,6 +90,9 @@ def test_a_thread_moves_over_from_postgres_saver_as_the_guide_says(
     own): a thread paused at an interrupt resumes on SecurepadSaver."""
     import psycopg
     from langgraph.checkpoint.postgres import PostgresSaver
+    from langgraph.types import Command
+
+    from securepad.integrations.langgraph import SecurepadSaver
 
     schema = f"lg_{secrets.token_hex(4)}"
     with psycopg.connect(pg_database, autocommit=True) as admin:

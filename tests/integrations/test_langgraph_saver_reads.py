@@ -12,16 +12,20 @@ import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import empty_checkpoint
 
 from securepad import Keyring, Policy, Principal, Scratchpad
 from securepad.crypto import primitives
-from securepad.integrations.langgraph import SecurepadSaver
 from tests.support.paths import FIXTURES
+
+if TYPE_CHECKING:
+    from langchain_core.runnables import RunnableConfig
+
+    from securepad.integrations.langgraph import SecurepadSaver
+
+pytestmark = pytest.mark.xdist_group("langgraph")
 
 OLD = json.loads((FIXTURES / "langgraph_thread_v7.json").read_text())
 LENGTH = 50
@@ -56,6 +60,8 @@ def config(thread_id: str, ns: str = "", **extra: str) -> RunnableConfig:
 
 def fill(saver: SecurepadSaver, thread_id: str, count: int, size: int = 1024) -> list[RunnableConfig]:
     """``count`` checkpoints of one ``size``-character channel (metadata: step, run)."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
     configs = []
     parent = config(thread_id)
     version = None
@@ -76,6 +82,8 @@ def fill(saver: SecurepadSaver, thread_id: str, count: int, size: int = 1024) ->
 def test_get_tuple_opens_only_the_checkpoint_it_returns(
     pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from securepad.integrations.langgraph import SecurepadSaver
+
     saver = SecurepadSaver(pad, alice)
     configs = fill(saver, "long", LENGTH)
     fill(saver, "short", 1)
@@ -98,6 +106,8 @@ def test_get_tuple_opens_only_the_checkpoint_it_returns(
 
 
 def test_list_opens_only_what_it_yields(pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch) -> None:
+    from securepad.integrations.langgraph import SecurepadSaver
+
     saver = SecurepadSaver(pad, alice)
     configs = fill(saver, "long", LENGTH)
     opens = Opens(pad, monkeypatch)
@@ -118,6 +128,8 @@ def test_list_opens_only_what_it_yields(pad: Scratchpad, alice: Principal, monke
 def test_a_thread_of_small_checkpoints_is_read_from_its_listing(
     pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from securepad.integrations.langgraph import SecurepadSaver
+
     saver = SecurepadSaver(pad, alice)
     fill(saver, "tiny", 20, size=10)
     opens = Opens(pad, monkeypatch)
@@ -135,6 +147,8 @@ def test_views_cut_before_the_fields_that_choose_are_read_whole(
 ) -> None:
     """A policy whose views hold almost nothing (or a thread id longer than a
     view): every checkpoint is read whole to choose, and every call still answers."""
+    from securepad.integrations.langgraph import SecurepadSaver
+
     narrow = dataclasses.replace(Policy.default(), inline_max_chars=200)
     with Scratchpad.open(store_location, keyring=keyring, policy=narrow) as pad:
         saver = SecurepadSaver(pad, alice)
@@ -163,6 +177,8 @@ def test_views_cut_before_the_fields_that_choose_are_read_whole(
 
 @pytest.fixture
 def old_saver(tmp_path: Path) -> Iterator[SecurepadSaver]:
+    from securepad.integrations.langgraph import SecurepadSaver
+
     shutil.copy(FIXTURES / "langgraph_thread_v7.db", tmp_path / "store.db")
     # git keeps no file modes: a fresh clone checks the fixtures out 0644, which opening refuses.
     (tmp_path / "store.db").chmod(0o600)

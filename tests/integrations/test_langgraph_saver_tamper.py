@@ -13,15 +13,17 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import apsw
 import pytest
-from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
 
 from securepad import IntegrityError, Keyring, Principal, Scratchpad
-from securepad.integrations.langgraph import SecurepadSaver
-from securepad.integrations.langgraph_saver import keyed_turn
+
+if TYPE_CHECKING:
+    from securepad.integrations.langgraph import SecurepadSaver
+
+pytestmark = pytest.mark.xdist_group("langgraph")
 
 BIG = "b" * 50_000
 
@@ -37,6 +39,8 @@ def _edit(db_path: Path, sql: str, *args: Any) -> int:
 
 
 def _put(saver: SecurepadSaver, thread_id: str, parent: Any, small: int, new: dict[str, str]) -> Any:
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+
     config = generate_config(thread_id)
     if parent is not None:
         config["configurable"]["checkpoint_id"] = parent["configurable"]["checkpoint_id"]
@@ -61,6 +65,8 @@ class World:
                     self.configs[(owner, thread_id)] = [first, second]
 
     def saver(self, owner: str = "alice") -> Any:
+        from securepad.integrations.langgraph import SecurepadSaver
+
         world = self
 
         class Opened:
@@ -74,15 +80,21 @@ class World:
         return Opened()
 
     def latest(self, thread_id: str = "t1", owner: str = "alice") -> Any:
+        from langgraph.checkpoint.conformance.test_utils import generate_config
+
         with self.saver(owner) as saver:
             return saver.get_tuple(generate_config(thread_id))
 
     def listed(self, thread_id: str = "t1", owner: str = "alice") -> list[Any]:
+        from langgraph.checkpoint.conformance.test_utils import generate_config
+
         with self.saver(owner) as saver:
             return list(saver.list(generate_config(thread_id)))
 
     def turn(self, kind: str, *parts: Any) -> str:
         """The keyed name of alice's turn of ``kind`` for ``parts`` (it needs the store's key)."""
+        from securepad.integrations.langgraph_saver import keyed_turn
+
         with Scratchpad.open(self.db_path, keyring=self.keyring) as pad:
             return keyed_turn(pad, Principal("alice", "graph", "api"), kind, *parts)
 
@@ -250,6 +262,8 @@ def test_rolling_the_file_back_is_refused(world: World, tmp_path: Path) -> None:
 
 def test_an_edited_large_checkpoint_is_refused(world: World) -> None:
     """A checkpoint above the metadata's 4 KiB is the entry's content."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+
     with world.saver() as saver:
         config = generate_config("t3")
         checkpoint = generate_checkpoint(channel_values={"mid": "m" * 8000}, channel_versions={"mid": "1"})

@@ -9,19 +9,20 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from click.testing import CliRunner
-from mcp import Client, StdioServerParameters
-from mcp.shared.exceptions import MCPError
 
 from securepad import SCRATCHPAD_READ_TOOL, Keyring, Principal, Scratchpad
 from securepad.cli import main
 from tests.support.paths import ROOT
 from tests.support.principals import AGENT_ALICE as ALICE
 
-pytestmark = pytest.mark.slow
+if TYPE_CHECKING:
+    from mcp import Client
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("mcp")]
 
 LOG = "".join(f"{i}: ok\n" for i in range(1, 5000)) + "5000: ERROR disk full\n"
 ABSENT_ID = "0123456789abcdef"
@@ -57,6 +58,8 @@ def store(tmp_path: Path) -> Store:
 
 @asynccontextmanager
 async def connect(store: Store, *args: str, env: dict[str, str] | None = None) -> AsyncIterator[Client]:
+    from mcp import Client, StdioServerParameters
+
     command = [sys.executable, "-m", "securepad", "--db", str(store.db), "--key-file", str(store.key), *args]
     params = StdioServerParameters(command=command[0], args=command[1:], env=env, cwd=str(ROOT))
     async with Client(params, read_timeout_seconds=120) as client:
@@ -131,6 +134,8 @@ BAD_ARGUMENTS: list[tuple[dict[str, Any], str]] = [
 
 
 def test_bad_arguments_are_tool_errors(store: Store) -> None:
+    from mcp.shared.exceptions import MCPError
+
     async def main_() -> None:
         async with connect(store, *alice_args()) as client:
             for arguments, message in BAD_ARGUMENTS:

@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from agents import Agent, FunctionTool, RunConfig, RunContextWrapper, Runner, ToolOutputImage, function_tool
-from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
-from agents.tool_context import ToolContext
 
 from securepad import SCRATCHPAD_READ_TOOL_STRICT, AsyncScratchpad, Keyring, Scratchpad, Turn
 from securepad.errors import InvalidArgumentError
-from securepad.integrations.openai_agents import offload_outputs, scratchpad_read_tool
 from tests.support.principals import AGENT_ALICE as ALICE
 from tests.support.principals import AGENT_BOB as BOB
+
+if TYPE_CHECKING:
+    from agents import FunctionTool, ToolOutputImage
+    from agents.testing import ModelCall, ModelStep
+    from agents.tool_context import ToolContext
+
+pytestmark = pytest.mark.xdist_group("openai_agents")
+
 
 LOG = "".join(f"2024-05-01 line {i}: ok\n" for i in range(1, 20_000)) + "2024-05-01 line 20000: ERROR disk full\n"
 
@@ -34,6 +39,8 @@ def turn(pad: Scratchpad) -> Turn:
 
 
 def invoke(tool: FunctionTool, arguments: dict[str, Any] | str) -> Any:
+    from agents.tool_context import ToolContext
+
     text = arguments if isinstance(arguments, str) else json.dumps(arguments)
     ctx = ToolContext(context=None, tool_name=tool.name, tool_call_id="call-1", tool_arguments=text)
     return asyncio.run(tool.on_invoke_tool(ctx, text))
@@ -46,27 +53,39 @@ def strict_arguments(scratchpad_id: str, **given: Any) -> dict[str, Any]:
 
 
 def enabled(tool: FunctionTool) -> bool:
+    from agents import Agent, RunContextWrapper
+
     check = tool.is_enabled
     assert callable(check)
     return bool(asyncio.run(check(RunContextWrapper(context=None), Agent(name="a"))))  # type: ignore[misc]
 
 
-@function_tool
-def read_log(path: str) -> str:
-    """Read a log file."""
-    return LOG
+@functools.cache
+def log_tools() -> tuple[FunctionTool, FunctionTool]:
+    """The tools ``read_log`` and ``word_count`` (made once, when a test first needs them)."""
+    from agents import function_tool
 
+    @function_tool
+    def read_log(path: str) -> str:
+        """Read a log file."""
+        return LOG
 
-@function_tool
-def word_count(text: str) -> int:
-    """Count the words of a text."""
-    return len(text.split())
+    @function_tool
+    def word_count(text: str) -> int:
+        """Count the words of a text."""
+        return len(text.split())
+
+    return read_log, word_count
 
 
 # -- scratchpad_read_tool ------------------------------------------------------------------
 
 
 def test_the_read_tool_has_the_strict_schema(turn: Turn) -> None:
+    from agents import FunctionTool
+
+    from securepad.integrations.openai_agents import scratchpad_read_tool
+
     tool = scratchpad_read_tool(turn)
     assert isinstance(tool, FunctionTool) and tool.name == "scratchpad_read" and tool.strict_json_schema
     assert tool.params_json_schema == SCRATCHPAD_READ_TOOL_STRICT["function"]["parameters"]
@@ -74,6 +93,8 @@ def test_the_read_tool_has_the_strict_schema(turn: Turn) -> None:
 
 
 def test_the_read_tool_reads_this_turn_and_answers_bad_calls(pad: Scratchpad, turn: Turn) -> None:
+    from securepad.integrations.openai_agents import scratchpad_read_tool
+
     tool = scratchpad_read_tool(turn)
     assert not enabled(tool)  # nothing offloaded yet: not offered
     view = turn.record(1, "read_log", LOG)
@@ -94,6 +115,10 @@ def test_the_read_tool_reads_this_turn_and_answers_bad_calls(pad: Scratchpad, tu
 
 
 def test_the_read_tool_takes_an_async_turn(tmp_path: Path) -> None:
+    from agents.tool_context import ToolContext
+
+    from securepad.integrations.openai_agents import scratchpad_read_tool
+
     async def main() -> None:
         async with await AsyncScratchpad.open(tmp_path / "s.db", keyring=Keyring.from_key_file(tmp_path / "k")) as pad:
             turn = await pad.turn(ALICE, "t")
@@ -110,6 +135,9 @@ def test_the_read_tool_takes_an_async_turn(tmp_path: Path) -> None:
 
 
 def test_large_outputs_reach_the_model_as_the_view(pad: Scratchpad, turn: Turn) -> None:
+    from securepad.integrations.openai_agents import offload_outputs
+
+    read_log, word_count = log_tools()
     tool = offload_outputs(read_log, turn)
     assert tool.name == "read_log" and tool.params_json_schema == read_log.params_json_schema
     shown = json.loads(invoke(tool, {"path": "/var/log/app"}))
@@ -123,6 +151,10 @@ def test_large_outputs_reach_the_model_as_the_view(pad: Scratchpad, turn: Turn) 
 
 
 def test_json_text_is_recorded_as_a_structure(turn: Turn) -> None:
+    from agents import function_tool
+
+    from securepad.integrations.openai_agents import offload_outputs
+
     @function_tool
     def search(query: str) -> str:
         """Search."""
@@ -134,6 +166,9 @@ def test_json_text_is_recorded_as_a_structure(turn: Turn) -> None:
 
 
 def test_references_in_arguments_are_resolved_from_the_store(turn: Turn) -> None:
+    from securepad.integrations.openai_agents import offload_outputs
+
+    read_log, word_count = log_tools()
     invoke(offload_outputs(read_log, turn), {"path": "/var/log/app"})
     counted = invoke(offload_outputs(word_count, turn), {"text": "{{step1.content}}"})
     assert counted == str(len(LOG.split()))
@@ -145,14 +180,21 @@ def test_references_in_arguments_are_resolved_from_the_store(turn: Turn) -> None
 
 
 def test_images_pass_through_and_odd_values_are_kept_as_text(turn: Turn) -> None:
+    from agents import FunctionTool, ToolOutputImage, function_tool
+
+    from securepad.integrations.openai_agents import offload_outputs
+
+    read_log, _ = log_tools()
     image = ToolOutputImage(image_url="data:image/png;base64,AAAA")
 
-    @function_tool
     def screenshot() -> ToolOutputImage:
         """Take a screenshot."""
         return image
 
-    assert invoke(offload_outputs(screenshot, turn), {}) == image
+    # The SDK reads the output type from the annotation, evaluated in the module's
+    # globals: the class is imported here, so the annotation is given as the class.
+    screenshot.__annotations__["return"] = ToolOutputImage
+    assert invoke(offload_outputs(function_tool(screenshot), turn), {}) == image
     assert turn.steps() == []
 
     async def odd(ctx: ToolContext[Any], arguments: str) -> Any:
@@ -174,8 +216,14 @@ def last_tool_output(call: ModelCall) -> str:
 
 
 def test_an_agent_run_offloads_reads_and_refers(turn: Turn) -> None:
+    read_log, word_count = log_tools()
     """The model reads a big log (offloaded: it sees the view), greps it with
     scratchpad_read, passes the whole log to another tool by reference, and answers."""
+
+    from agents import Agent, RunConfig, Runner
+    from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
+
+    from securepad.integrations.openai_agents import offload_outputs, scratchpad_read_tool
 
     def grep_the_log(call: ModelCall) -> ModelStep:
         view = json.loads(last_tool_output(call))

@@ -8,18 +8,21 @@ import asyncio
 import shutil
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import apsw
 import pytest
-from agents import Agent, RunConfig, Runner
-from agents.memory import SessionSettings
-from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message
 from hypothesis import given
 from hypothesis import strategies as st
 
 from securepad import IntegrityError, InvalidArgumentError, Keyring, Principal, Scratchpad
-from securepad.integrations.openai_agents import SecurepadSession
+
+if TYPE_CHECKING:
+    from agents.testing import ModelCall, ModelStep
+
+    from securepad.integrations.openai_agents import SecurepadSession
+
+pytestmark = pytest.mark.xdist_group("openai_agents")
 
 
 def run(coroutine: Any) -> Any:
@@ -34,6 +37,10 @@ def message(n: int) -> dict[str, Any]:
 
 
 def test_items_come_back_in_order_with_the_sdk_limit_semantics(pad: Scratchpad, alice: Principal) -> None:
+    from agents.memory import SessionSettings
+
+    from securepad.integrations.openai_agents import SecurepadSession
+
     session = SecurepadSession("chat-1", pad, alice)
     assert run(session.get_items()) == []
     run(session.add_items([message(1), message(2)]))
@@ -52,6 +59,7 @@ def test_items_whose_view_was_cut_to_the_inline_limit_come_back_whole(tmp_path: 
     """The listing's view fits inline_max_chars and may leave out the
     metadata an item travels in: the session then reads it from the entry."""
     from securepad import Policy
+    from securepad.integrations.openai_agents import SecurepadSession
 
     policy = Policy.from_dict({"limits": {"inline_max_chars": 200}})
     keyring = Keyring.create_key_file(tmp_path / "key")
@@ -67,6 +75,8 @@ def test_items_whose_view_was_cut_to_the_inline_limit_come_back_whole(tmp_path: 
 
 
 def test_pop_takes_the_newest_and_clear_takes_everything(pad: Scratchpad, alice: Principal) -> None:
+    from securepad.integrations.openai_agents import SecurepadSession
+
     session = SecurepadSession("chat-1", pad, alice)
     assert run(session.pop_item()) is None
     run(session.add_items([message(1), message(2), message(3)]))
@@ -86,6 +96,8 @@ def test_pop_takes_the_newest_and_clear_takes_everything(pad: Scratchpad, alice:
 
 
 def test_sessions_of_one_owner_are_apart(pad: Scratchpad, alice: Principal) -> None:
+    from securepad.integrations.openai_agents import SecurepadSession
+
     one, two = SecurepadSession("a", pad, alice), SecurepadSession("b", pad, alice)
     run(one.add_items([message(1)]))
     run(two.add_items([message(2)]))
@@ -95,6 +107,8 @@ def test_sessions_of_one_owner_are_apart(pad: Scratchpad, alice: Principal) -> N
 
 
 def test_bad_arguments_are_refused_and_store_nothing(pad: Scratchpad, alice: Principal) -> None:
+    from securepad.integrations.openai_agents import SecurepadSession
+
     with pytest.raises(InvalidArgumentError):
         SecurepadSession("", pad, alice)
     with pytest.raises(InvalidArgumentError):
@@ -121,6 +135,8 @@ def test_bad_arguments_are_refused_and_store_nothing(pad: Scratchpad, alice: Pri
 def test_another_owner_never_sees_or_changes_a_session(
     pad: Scratchpad, alice: Principal, bob: Principal, session_id: str, contents: list[str]
 ) -> None:
+    from securepad.integrations.openai_agents import SecurepadSession
+
     mine = SecurepadSession(session_id, pad, alice)
     theirs = SecurepadSession(session_id, pad, bob)
     items = [{"role": "user", "content": text} for text in contents]
@@ -139,6 +155,11 @@ def test_another_owner_never_sees_or_changes_a_session(
 
 
 def test_a_scripted_agent_remembers_earlier_turns(pad: Scratchpad, alice: Principal) -> None:
+    from agents import Agent, RunConfig, Runner
+    from agents.testing import ModelStep, ScriptedModel, assistant_message
+
+    from securepad.integrations.openai_agents import SecurepadSession
+
     def echo_history(call: ModelCall) -> ModelStep:
         said = [item["content"] for item in call.input if isinstance(item, dict) and item.get("role") == "user"]
         return ModelStep(output=[assistant_message(" | ".join(str(s) for s in said))])
@@ -178,6 +199,8 @@ def _edit(db_path: Path, sql: str, *args: Any) -> int:
 
 @pytest.fixture
 def stored(db_path: Path, keyring: Keyring, alice: Principal) -> Path:
+    from securepad.integrations.openai_agents import SecurepadSession
+
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         run(SecurepadSession("s1", pad, alice).add_items([message(1), message(2), message(3)]))
         run(SecurepadSession("s2", pad, alice).add_items([message(9)]))
@@ -185,12 +208,16 @@ def stored(db_path: Path, keyring: Keyring, alice: Principal) -> Path:
 
 
 def _items(db_path: Path, keyring: Keyring, alice: Principal, session_id: str = "s1") -> Any:
+    from securepad.integrations.openai_agents import SecurepadSession
+
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         return run(SecurepadSession(session_id, pad, alice).get_items())
 
 
 def test_an_edited_small_item_is_refused(stored: Path, keyring: Keyring, alice: Principal) -> None:
     """Small items live in the entry's listing part (its sealed metadata in rows written before it)."""
+    from securepad.integrations.openai_agents import SecurepadSession
+
     with Scratchpad.open(stored, keyring=keyring) as pad:
         s1 = SecurepadSession("s1", pad, alice).turn_id
     conn = apsw.Connection(str(stored))
@@ -208,6 +235,8 @@ def test_an_edited_small_item_is_refused(stored: Path, keyring: Keyring, alice: 
 
 def test_an_edited_large_item_is_refused(stored: Path, keyring: Keyring, alice: Principal) -> None:
     """Large items are the entry's content."""
+    from securepad.integrations.openai_agents import SecurepadSession
+
     large = {"role": "user", "content": "L" * 10_000}
     with Scratchpad.open(stored, keyring=keyring) as pad:
         session = SecurepadSession("s3", pad, alice)
@@ -221,6 +250,8 @@ def test_an_edited_large_item_is_refused(stored: Path, keyring: Keyring, alice: 
 
 
 def test_an_item_moved_to_another_session_is_refused(stored: Path, keyring: Keyring, alice: Principal) -> None:
+    from securepad.integrations.openai_agents import SecurepadSession
+
     with Scratchpad.open(stored, keyring=keyring) as pad:
         s2 = SecurepadSession("s2", pad, alice).turn_id
         s1 = SecurepadSession("s1", pad, alice).turn_id
@@ -241,6 +272,8 @@ def test_an_item_given_to_another_owner_is_refused(
     """Turn names are keyed with the owner: alice's items relabelled to bob sit
     in turns that name none of bob's sessions (his "s1" is another turn);
     alice's session is refused and verify finds the rows."""
+    from securepad.integrations.openai_agents import SecurepadSession
+
     _edit(stored, "UPDATE entries SET owner_user_id = 'bob'")
     with Scratchpad.open(stored, keyring=keyring) as pad:
         assert run(SecurepadSession("s1", pad, bob).get_items()) == []
@@ -252,6 +285,8 @@ def test_an_item_given_to_another_owner_is_refused(
 def test_a_deleted_newest_item_is_refused(stored: Path, keyring: Keyring, alice: Principal) -> None:
     """Session truncation: the session's turn head lists every item,
     so an item deleted from the end of the file ends the read in IntegrityError."""
+    from securepad.integrations.openai_agents import SecurepadSession
+
     with Scratchpad.open(stored, keyring=keyring) as pad:
         s1 = SecurepadSession("s1", pad, alice).turn_id
     _edit(stored, "DELETE FROM entries WHERE turn_id = ? AND step_num = 3", s1)
@@ -260,6 +295,8 @@ def test_a_deleted_newest_item_is_refused(stored: Path, keyring: Keyring, alice:
 
 
 def test_a_deleted_middle_item_is_refused(stored: Path, keyring: Keyring, alice: Principal) -> None:
+    from securepad.integrations.openai_agents import SecurepadSession
+
     with Scratchpad.open(stored, keyring=keyring) as pad:
         s1 = SecurepadSession("s1", pad, alice).turn_id
     assert _edit(stored, "DELETE FROM entries WHERE turn_id = ? AND step_num = 2", s1) == 1
@@ -270,6 +307,8 @@ def test_a_deleted_middle_item_is_refused(stored: Path, keyring: Keyring, alice:
 def test_rolling_the_file_back_is_refused(stored: Path, keyring: Keyring, alice: Principal, tmp_path: Path) -> None:
     """A popped item brought back by copying an older file over the store: the
     store's anchor (beside the key file) is above the copy's write counter."""
+    from securepad.integrations.openai_agents import SecurepadSession
+
     with Scratchpad.open(stored, keyring=keyring) as pad:
         pad.gc()  # the WAL into the file, so that the copy is whole
     copy = tmp_path / "before.db"
@@ -284,6 +323,8 @@ def test_rolling_the_file_back_is_refused(stored: Path, keyring: Keyring, alice:
 
 
 def test_objects_on_one_session_never_share_a_position(store_location: Any, keyring: Keyring, alice: Principal) -> None:
+    from securepad.integrations.openai_agents import SecurepadSession
+
     with (
         Scratchpad.open(store_location, keyring=keyring) as one,
         Scratchpad.open(store_location, keyring=keyring) as two,

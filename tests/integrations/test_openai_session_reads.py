@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from securepad import Principal, Scratchpad
-from securepad.integrations.openai_agents import SecurepadSession
+
+pytestmark = pytest.mark.xdist_group("openai_agents")
 
 LENGTH = 30
 
@@ -21,6 +22,8 @@ def item(n: int) -> dict[str, Any]:
 
 
 def test_items_are_read_only_when_returned(pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch) -> None:
+    from securepad.integrations.openai_agents import SecurepadSession
+
     session = SecurepadSession("long", pad, alice)
     asyncio.run(session.add_items([item(n) for n in range(LENGTH)]))
     asyncio.run(session.add_items([{"role": "user", "content": "big " + "b" * 10_000}]))

@@ -40,6 +40,7 @@ def test_a_store_made_on_a_kms_key_reopens_with_the_same_uri(kms_key: str, kms_e
     assert all(secret not in path.read_bytes() for path in tmp_path.rglob("*") if path.is_file())
 
 
+@pytest.mark.xdist_group("langgraph")
 def test_the_frameworks_stores_round_trip_on_a_kms_key(kms_key: str, tmp_path: Path) -> None:
     from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
 

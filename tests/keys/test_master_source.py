@@ -203,6 +203,7 @@ def test_a_malformed_uri_is_refused_before_any_store_is_touched(tmp_path: Path) 
     assert not (tmp_path / "s.db").exists()
 
 
+@pytest.mark.xdist_group("langgraph")
 def test_the_frameworks_stores_round_trip_on_a_token_key(softhsm: SoftHsm, tmp_path: Path) -> None:
     from agents.memory import SessionSettings  # noqa: F401 - the SDK is installed with the test extra
     from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata

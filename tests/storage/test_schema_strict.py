@@ -9,7 +9,6 @@ from typing import Any
 
 import jsonschema
 import pytest
-from agents.strict_schema import ensure_strict_json_schema
 
 import securepad
 from securepad import SCRATCHPAD_READ_TOOL, SCRATCHPAD_READ_TOOL_STRICT, Principal, Scratchpad, Turn
@@ -126,7 +125,10 @@ def test_the_validator_catches_what_strict_mode_refuses() -> None:
     assert any("enum value" in p for p in found)
 
 
+@pytest.mark.xdist_group("openai_agents")
 def test_the_agents_sdk_strict_helper_leaves_it_unchanged() -> None:
+    from agents.strict_schema import ensure_strict_json_schema
+
     params = SCRATCHPAD_READ_TOOL_STRICT["function"]["parameters"]
     assert ensure_strict_json_schema(copy.deepcopy(params)) == params
 

@@ -14,25 +14,30 @@ to a COMMIT (the transaction applied) or the COMMIT itself (rolled back).
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from securepad import Keyring, Scratchpad, StoreUnavailableError
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
-pytest.importorskip("langgraph", reason="the saver's puts need langgraph")
-from langgraph.checkpoint.conformance.test_utils import generate_checkpoint  # noqa: E402
+if importlib.util.find_spec("langgraph") is None:  # found, not imported: the saver's tests import it
+    pytest.skip("the saver's puts need langgraph", allow_module_level=True)
 
 from securepad._steps import put_next  # noqa: E402
-from securepad.integrations.langgraph import SecurepadSaver  # noqa: E402
 from securepad.store import parts  # noqa: E402
 from securepad.testing.faults import FaultyProxy  # noqa: E402
 from securepad.turn import record_next  # noqa: E402
 from tests.support.principals import ALICE  # noqa: E402
+
+if TYPE_CHECKING:
+    from securepad.integrations.langgraph import SecurepadSaver
+
+pytestmark = pytest.mark.xdist_group("langgraph")
 
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # ~4 KiB: one segment
 LONG = TEXT * 40  # several segments: never one message
@@ -143,6 +148,8 @@ def _thread_turn(saver: SecurepadSaver) -> str:
 def _writes(pad: Scratchpad, saver: SecurepadSaver) -> Iterator[tuple[str, Callable[[], list[str]], list[str]]]:
     """Logical writes of every kind that takes two messages: (turn, the write
     returning its entries' ids, the markers of its observations)."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
     many, following = pad.turn(ALICE, "rm"), pad.turn(ALICE, "rn")
     for n in range(4):
 
@@ -180,6 +187,8 @@ def test_writes_with_every_third_commit_lost_are_each_stored_once(
     """Every third COMMIT lost, over writes of every kind, each retried as a
     caller would (only when none of the entries its error names is stored):
     every unknown outcome is named, and no observation is stored twice."""
+    from securepad.integrations.langgraph import SecurepadSaver
+
     saver = SecurepadSaver(faulty_pad, ALICE)
     writes = _writes(faulty_pad, saver)
     first = next(writes)  # the turns the writes use are started before the faults
@@ -262,6 +271,10 @@ def test_the_langgraph_savers_put_whose_commit_is_lost_stores_its_checkpoint_onc
 ) -> None:
     """The saver's ``put`` (an entry at the thread's next step) loses its
     COMMIT: it returns, and the thread holds that checkpoint once."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+    from securepad.integrations.langgraph import SecurepadSaver
+
     saver = SecurepadSaver(faulty_pad, ALICE)
     config = {"configurable": {"thread_id": "th", "checkpoint_ns": ""}}
     saver.put(config, generate_checkpoint(), {}, {})  # the owner's key and the thread's turn exist

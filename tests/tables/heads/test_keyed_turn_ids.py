@@ -16,18 +16,20 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import apsw
 import pytest
-from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
 
 from securepad import IntegrityError, Keyring, Policy, Principal, Scratchpad
 from securepad._steps import put_next
-from securepad.integrations.langgraph_saver import SecurepadSaver, keyed_turn, turn_id
-from securepad.integrations.openai_session import SecurepadSession
 from securepad.store import parts
 from tests.support.paths import FIXTURES
+
+if TYPE_CHECKING:
+    from securepad.integrations.langgraph_saver import SecurepadSaver
+
+pytestmark = pytest.mark.xdist_group("langgraph")
 
 ALICE = Principal("alice", "graph", "api")
 BOB = Principal("bob", "graph", "api")
@@ -40,6 +42,8 @@ def run(coroutine: Any) -> Any:
 
 
 def _put(saver: SecurepadSaver, thread: str | dict[str, Any], n: int, parent: Any = None) -> Any:
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+
     config = generate_config(thread) if isinstance(thread, str) else thread
     if parent is not None:
         config["configurable"]["checkpoint_id"] = parent["configurable"]["checkpoint_id"]
@@ -66,6 +70,9 @@ def _hashed_guesses(guess: str) -> set[str]:
 def test_no_turn_in_the_file_is_the_hash_of_a_guessed_thread_or_session_id(pad: Scratchpad) -> None:
     """The docs' own ``job-42``, as a thread and as a session: no turn id of the
     file contains a digest an attacker computes from the guess."""
+    from securepad.integrations.langgraph_saver import SecurepadSaver, turn_id
+    from securepad.integrations.openai_session import SecurepadSession
+
     saver = SecurepadSaver(pad, ALICE)
     first = _put(saver, "job-42", 1)
     saver.put_writes(first, [("n", 2)], task_id="task-1")
@@ -77,6 +84,9 @@ def test_no_turn_in_the_file_is_the_hash_of_a_guessed_thread_or_session_id(pad: 
 
 
 def test_the_same_id_names_another_turn_for_another_owner_and_another_store(pad: Scratchpad, tmp_path: Path) -> None:
+    from securepad.integrations.langgraph_saver import keyed_turn
+    from securepad.integrations.openai_session import SecurepadSession
+
     alices = keyed_turn(pad, ALICE, "thread", "job-42")
     assert keyed_turn(pad, BOB, "thread", "job-42") != alices
     assert keyed_turn(pad, ALICE, "thread", "job-43") != alices
@@ -90,6 +100,11 @@ def test_the_same_id_names_another_turn_for_another_owner_and_another_store(pad:
 
 
 def test_a_thread_and_a_session_survive_master_and_owner_key_rotations(db_path: Path, tmp_path: Path) -> None:
+    from langgraph.checkpoint.conformance.test_utils import generate_config
+
+    from securepad.integrations.langgraph_saver import SecurepadSaver, keyed_turn
+    from securepad.integrations.openai_session import SecurepadSession
+
     keyring = Keyring.from_key_file(tmp_path / "key-1")
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         saver = SecurepadSaver(pad, ALICE)
@@ -127,6 +142,10 @@ def old_thread(tmp_path: Path) -> tuple[Path, Keyring, dict[str, Any]]:
 def test_a_thread_written_before_keeps_its_turn_reads_back_and_takes_checkpoints(
     old_thread: tuple[Path, Keyring, dict[str, Any]],
 ) -> None:
+    from langgraph.checkpoint.conformance.test_utils import generate_config
+
+    from securepad.integrations.langgraph_saver import SecurepadSaver, keyed_turn, turn_id
+
     path, keyring, old = old_thread
     now, thread_id = old["now"], old["thread_id"]
     principal = Principal("alice", "agent", "web")
@@ -161,6 +180,10 @@ def test_a_thread_another_actor_writes_keyed_stays_where_each_actor_finds_it(
     writes the keyed one; the saver remembers that for that actor's scope
     only: the first actor still reads (and extends) its thread in the former
     turn, through the same saver."""
+    from langgraph.checkpoint.conformance.test_utils import generate_config
+
+    from securepad.integrations.langgraph_saver import SecurepadSaver, keyed_turn, turn_id
+
     path, keyring, old = old_thread
     now, thread_id = old["now"], old["thread_id"]
     first, other = Principal("alice", "agent", "web"), Principal("alice", "other", "web")
@@ -197,6 +220,10 @@ def test_a_keyed_thread_emptied_in_the_file_never_falls_back_to_a_former_turn_pu
     former turn's rows and head back, would serve the old history if an empty
     keyed turn sent the saver to the former one. The keyed turn's head (or the
     owner head, which lists the turn) refuses it: ``IntegrityError``."""
+    from langgraph.checkpoint.conformance.test_utils import generate_config
+
+    from securepad.integrations.langgraph_saver import SecurepadSaver, keyed_turn, turn_id
+
     path, keyring, old = old_thread
     now, thread_id = old["now"], old["thread_id"]
     principal = Principal("alice", "agent", "web")
@@ -241,6 +268,8 @@ def test_a_session_written_before_keeps_its_turn_and_its_order(pad: Scratchpad, 
     """Items the former code put in the session's SHA-256 turn (the same
     observations, through the same ``put_next``): read back, and new items
     follow them there, in order."""
+    from securepad.integrations.openai_session import SecurepadSession
+
     former = _former_session_turn("job-42")
     for n in (1, 2):
         text = json.dumps({"role": "user", "content": f"old {n}"})
@@ -261,6 +290,8 @@ def test_a_session_written_before_keeps_its_turn_and_its_order(pad: Scratchpad, 
 
 
 def test_a_thread_id_never_reaches_the_file_in_clear(pad: Scratchpad) -> None:
+    from securepad.integrations.langgraph_saver import SecurepadSaver
+
     saver = SecurepadSaver(pad, ALICE)
     _put(saver, "a-very-recognizable-thread-name", 1)
     assert not any("recognizable" in turn for turn in _turns(pad))
