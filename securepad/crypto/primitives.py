@@ -97,11 +97,10 @@ class KeyHandle:
 
 def lp(*parts: str | bytes) -> bytes:
     """Length-prefixed concatenation: unambiguous, so ("ab","c") != ("a","bc")."""
-    pieces: list[bytes] = []
-    for part in parts:
-        data = part.encode("utf-8") if isinstance(part, str) else part
-        pieces += (_LENGTH(len(data)), data)
-    return b"".join(pieces)
+    # One comprehension, no list growing per part: ``lp`` runs several times in every put and read.
+    return b"".join(
+        [_LENGTH(len(data)) + data for part in parts for data in (part.encode() if isinstance(part, str) else part,)]
+    )
 
 
 _LENGTH = struct.Struct(">I").pack
@@ -234,7 +233,11 @@ def owner_key_aad(store_id: str, owner_user_id: str, version: int, era: str = ""
 
 def item_key_aad(entry_id: str, owner_user_id: str, key_version: int) -> bytes:
     """AAD of a wrapped item key: binds entry, owner and owner-key version."""
-    return lp("item-key", entry_id, owner_user_id, str(key_version))
+    return _ITEM_KEY + lp(entry_id, owner_user_id, str(key_version))
+
+
+# The constant first parts of the AADs built on every put and read (``lp`` of them, once).
+_ITEM_KEY = lp("item-key")
 
 
 def record_key_aad(record_id: str, owner_user_id: str, key_version: int) -> bytes:
@@ -244,7 +247,10 @@ def record_key_aad(record_id: str, owner_user_id: str, key_version: int) -> byte
 
 def head_aad(owner_user_id: str, turn_id: str, key_version: int) -> bytes:
     """AAD of a sealed turn head (``turn_id`` empty: the owner head): binds owner, turn and key version."""
-    return lp("turn-head", str(FORMAT_VERSION), owner_user_id, turn_id, str(key_version))
+    return _TURN_HEAD + lp(owner_user_id, turn_id, str(key_version))
+
+
+_TURN_HEAD = lp("turn-head", str(FORMAT_VERSION))
 
 
 class Wrapper:
@@ -390,6 +396,9 @@ class RemoteWrapper(Wrapper):
         raise TypeError("a master key source wraps keys only")
 
 
+_CONTENT = lp("content")
+
+
 class ContentIdentity:
     """A keyed identity of an owner's content, for the re-read report.
 
@@ -417,7 +426,7 @@ class ContentIdentity:
 
     def of(self, kind: str, segments: list[bytes]) -> str:
         mac = self._mac.copy()
-        mac.update(lp("content", kind, str(sum(len(s) for s in segments))))
+        mac.update(_CONTENT + lp(kind, str(sum(map(len, segments)))))
         for segment in segments:
             mac.update(segment)
         return f"{self._version}:{mac.hexdigest()}"

@@ -179,11 +179,11 @@ def identifier_cost(
     either backend stores: each once in the row; the id, owner and turn again in
     the indexes (the owner twice more on PostgreSQL), index keys counted one and
     a half times (pages split half full); the id and owner twice in each segment row."""
-    size = {name: len(value.encode()) for name, value in (("id", entry_id), ("owner", owner), ("turn", turn_id))}
-    in_row = size["id"] + size["owner"] + size["turn"] + len(actor.encode()) + len(channel.encode())
+    id_size, owner_size, turn_size = len(entry_id.encode()), len(owner.encode()), len(turn_id.encode())
+    in_row = id_size + owner_size + turn_size + len(actor.encode()) + len(channel.encode())
     in_row += len(executor_name.encode())
-    in_indexes = (size["id"] + 3 * size["owner"] + size["turn"]) * 3 // 2
-    return in_row + in_indexes + segment_rows * 2 * (size["id"] + size["owner"])
+    in_indexes = (id_size + 3 * owner_size + turn_size) * 3 // 2
+    return in_row + in_indexes + segment_rows * 2 * (id_size + owner_size)
 
 
 def row_cost(row: dict[str, Any], sealed: list[bytes]) -> int:
