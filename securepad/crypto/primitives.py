@@ -53,6 +53,32 @@ KEY_BYTES = 32
 TAG = b"securepad/v1/"
 
 
+try:  # OpenSSL's HMAC object itself: its copy, update and digest in C, without hmac.HMAC's Python layer
+    from _hashlib import hmac_new as _openssl_hmac
+except ImportError:  # pragma: no cover - a Python built without OpenSSL's hashlib
+    _openssl_hmac = None  # type: ignore[assignment]
+
+
+def _keyed_sha256(key: bytes, message: bytes = b"") -> _Mac:
+    """HMAC-SHA256 under ``key``, ``message`` absorbed: an object to copy per message
+    (the same digests as ``hmac.new(key, message, hashlib.sha256)``)."""
+    if _openssl_hmac is not None:
+        return _openssl_hmac(key, message, digestmod="sha256")
+    return hmac.new(key, message, hashlib.sha256)
+
+
+class _Mac(Protocol):
+    """What ``_keyed_sha256`` returns: ``hmac.HMAC``'s copy, update and digests."""
+
+    def copy(self) -> _Mac: ...
+
+    def update(self, data: bytes) -> None: ...
+
+    def digest(self) -> bytes: ...
+
+    def hexdigest(self) -> str: ...
+
+
 class KeyHandle:
     """An opaque 32-byte key. Its bytes are reachable only inside this module.
 
@@ -175,7 +201,7 @@ class CounterSeal:
         self._key = key
         self._store_id = store_id
         # Keyed once, the terms' domain absorbed: each term copies it (no keying, no digest lookup per term).
-        self._term_mac = hmac.new(key._key, lp(TAG, "term", store_id), hashlib.sha256)
+        self._term_mac = _keyed_sha256(key._key, lp(TAG, "term", store_id))
         self._names: bytes | None = None  # the turn names' key, derived at its first use
 
     def __repr__(self) -> str:
@@ -413,9 +439,7 @@ class ContentIdentity:
 
     def __init__(self, owner_key: KeyHandle, store_id: str, owner_user_id: str, version: int) -> None:
         # Keyed once: each identity copies it (no keying, no digest lookup per entry).
-        self._mac = hmac.new(
-            derive(owner_key, "content-identity", lp(store_id, owner_user_id)), digestmod=hashlib.sha256
-        )
+        self._mac = _keyed_sha256(derive(owner_key, "content-identity", lp(store_id, owner_user_id)))
         self._version = version
 
     def __repr__(self) -> str:
