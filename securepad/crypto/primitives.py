@@ -43,6 +43,7 @@ __all__ = [
     "item_key_aad",
     "key_check",
     "lp",
+    "lp_texts",
     "owner_key_aad",
     "record_key_aad",
     "source_key_check",
@@ -130,6 +131,15 @@ def lp(*parts: str | bytes) -> bytes:
 
 
 _LENGTH = struct.Struct(">I").pack
+
+
+def lp_texts(first: str, second: str, third: str | None = None) -> bytes:
+    """``lp`` of two or three texts, without its loop: the AADs and HKDF infos every put and read builds."""
+    a, b = first.encode(), second.encode()
+    if third is None:
+        return _LENGTH(len(a)) + a + _LENGTH(len(b)) + b
+    c = third.encode()
+    return _LENGTH(len(a)) + a + _LENGTH(len(b)) + b + _LENGTH(len(c)) + c
 
 
 class WorkCounter:
@@ -259,7 +269,7 @@ def owner_key_aad(store_id: str, owner_user_id: str, version: int, era: str = ""
 
 def item_key_aad(entry_id: str, owner_user_id: str, key_version: int) -> bytes:
     """AAD of a wrapped item key: binds entry, owner and owner-key version."""
-    return _ITEM_KEY + lp(entry_id, owner_user_id, str(key_version))
+    return _ITEM_KEY + lp_texts(entry_id, owner_user_id, str(key_version))
 
 
 # The constant first parts of the AADs built on every put and read (``lp`` of them, once).
@@ -273,7 +283,7 @@ def record_key_aad(record_id: str, owner_user_id: str, key_version: int) -> byte
 
 def head_aad(owner_user_id: str, turn_id: str, key_version: int) -> bytes:
     """AAD of a sealed turn head (``turn_id`` empty: the owner head): binds owner, turn and key version."""
-    return _TURN_HEAD + lp(owner_user_id, turn_id, str(key_version))
+    return _TURN_HEAD + lp_texts(owner_user_id, turn_id, str(key_version))
 
 
 _TURN_HEAD = lp("turn-head", str(FORMAT_VERSION))
@@ -450,7 +460,7 @@ class ContentIdentity:
 
     def of(self, kind: str, segments: list[bytes]) -> str:
         mac = self._mac.copy()
-        mac.update(_CONTENT + lp(kind, str(sum(map(len, segments)))))
+        mac.update(_CONTENT + lp_texts(kind, str(sum(map(len, segments)))))
         for segment in segments:
             mac.update(segment)
         return f"{self._version}:{mac.hexdigest()}"
