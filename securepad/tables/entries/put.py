@@ -414,13 +414,13 @@ class _Batch:
                 check_write_size(
                     list(zip(prepared, executors, strict=True)), self.principal, self.turn_id, limit, "batch"
                 )
-            listing = self.keys.listing_key(owner, version)
+            listing, identity = self.keys.listing_key(owner, version), self.keys.identity(owner, version)
             for index, (step, (_, executor, obs), prep) in enumerate(zip(steps, checked, prepared, strict=True)):
                 inline = self.shown(obs, step) if self.shown is not None else None
                 shown_items.append(inline)
                 meta = prep.meta(self.principal, step, executor, created, created + ttl, inline)
                 if (version, index) not in identities or self.shown is not None:
-                    identities[(version, index)] = self.keys.identity(owner, version).of(prep.kind, prep.segments)
+                    identities[(version, index)] = identity.of(prep.kind, prep.segments)
                 meta["content_id"] = identities[(version, index)]
                 row, sealed, _ = prep.seal(wrapper, listing, version, owner, self.turn_id, meta)
                 rows.append(row)
