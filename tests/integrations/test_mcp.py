@@ -59,10 +59,13 @@ def store(tmp_path: Path) -> Store:
 @asynccontextmanager
 async def connect(store: Store, *args: str, env: dict[str, str] | None = None) -> AsyncIterator[Client]:
     from mcp import Client, StdioServerParameters
+    from mcp.client.stdio import stdio_client
 
     command = [sys.executable, "-m", "securepad", "--db", str(store.db), "--key-file", str(store.key), *args]
     params = StdioServerParameters(command=command[0], args=command[1:], env=env, cwd=str(ROOT))
-    async with Client(params, read_timeout_seconds=120) as client:
+    # The server's stderr is this test's (stdio_client's default is the
+    # sys.stderr of when mcp was first imported, perhaps inside a CliRunner).
+    async with Client(stdio_client(params, errlog=sys.stderr), read_timeout_seconds=120) as client:
         yield client
 
 
