@@ -20,6 +20,7 @@ from ..heads.heads import Heads
 __all__ = [
     "COLUMNS",
     "ID_RE",
+    "LISTED_COLUMNS",
     "Entry",
     "EntryParts",
     "Opened",
@@ -35,6 +36,13 @@ COLUMNS = (
     "id, turn_id, step_num, executor_name, content_kind, size_bytes,"
     " size_chars, segment_count, key_version, created_at, expires_at, wrapped_key, nonce_prefix,"
     " commitment, sealed_meta, stored_bytes, sealed_listing"
+)
+# What a listing selects: every column but those only a format-1 row needs
+# (its item key and metadata: ``Opener.authenticate``), which a listing
+# fetches apart, for the format-1 rows alone.
+LISTED_COLUMNS = (
+    "id, turn_id, step_num, executor_name, content_kind, size_bytes, size_chars,"
+    " segment_count, key_version, created_at, expires_at, commitment, stored_bytes, sealed_listing"
 )
 # The type every clear column of an entry must have (SQLite's typing is dynamic);
 # sealed_listing is None in a row written before the listing part.
