@@ -24,6 +24,7 @@ _STEP_QUERY = ("expires_at", "turn_id = ? AND step_num = ?")
 # (``_in_listing_order``), as SQL's sorter would, for few instructions a row.
 _IN_STEP_ORDER = "ORDER BY step_num, id"
 _LISTING_ORDER = operator.itemgetter("step_num", "created_at", "id")
+_STEP = operator.itemgetter("step_num")
 # The turn's format-1 rows (written before the listing part), every column.
 _FORMAT_ONE = "turn_id = ? AND sealed_listing IS NULL"
 
@@ -230,6 +231,8 @@ def _in_listing_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     Raises:
         IntegrityError: a clear step or creation time that is not a number.
     """
+    if len(set(map(_STEP, rows))) == len(rows):  # no step twice: the order is the steps'
+        return rows
     try:
         rows.sort(key=_LISTING_ORDER)
     except TypeError:

@@ -166,6 +166,7 @@ class Opener:
         the listing did not select them). The function raises IntegrityError when
         the part, or a clear column it is bound to, was altered."""
         keys: dict[tuple[Any, Any], ListingKey] = {}
+        unpack = shaping.unpack
 
         def listed(row: dict[str, Any]) -> Opened:
             if row["sealed_listing"] is None:
@@ -174,7 +175,10 @@ class Opener:
             key = keys.get(version)
             if key is None:
                 key = keys[version] = self._keys.listing_key(*version)
-            return Opened(row, _listing_meta(key, row))
+            meta = unpack(key.open(row))  # ``_listing_meta``, inline
+            if not isinstance(meta, dict) or not isinstance(meta.get("view"), dict):
+                raise IntegrityError("the entry's listing part has no view")
+            return Opened(row, meta)
 
         return listed
 

@@ -171,6 +171,6 @@ def live(rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
         IntegrityError: a clear expiry that is not a number.
     """
     for row in rows:
-        if not isinstance(row["expires_at"], float | int):
+        if not isinstance(row["expires_at"], (float, int)):  # a tuple: ``float | int`` is made anew each time
             raise IntegrityError("the entry's clear expires_at has the wrong type")
     return [row for row in rows if row["expires_at"] > now]
