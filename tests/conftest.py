@@ -103,6 +103,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sqlite_only: the test works on the SQLite file itself")
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: two workers more than the cores. Many tests wait (on the
+    server, on a child process, on a deadline) rather than compute, and the
+    extra workers keep the cores busy meanwhile."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cores + 2
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" not in metafunc.fixturenames:
         return
@@ -120,12 +128,21 @@ def _long(item: pytest.Item) -> bool:
     return len(marks) > len(as_a_run)
 
 
+# The fixtures through which a test reaches the PostgreSQL server.
+_SERVER_FIXTURES = frozenset({"pg_database", "pg_dsn"})
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The long tests first (otherwise in collection order): pytest-xdist deals
-    the first tests out one by one, so the long ones spread over the workers
-    and the short ones fill the end, instead of one worker finishing a long
-    test while the others idle."""
+    """Every test that reaches the PostgreSQL server is a PostgreSQL run, left
+    out of ``-m "not slow"`` like the ``[postgresql]`` runs of ``pad``. Then the
+    long tests first (otherwise in collection order): pytest-xdist deals the
+    first tests out one by one, so the long ones spread over the workers and
+    the short ones fill the end, instead of one worker finishing a long test
+    while the others idle."""
     items.sort(key=lambda item: not _long(item))
+    for item in items:
+        if _SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 def _server_dsn(dbname: str) -> str:
@@ -210,9 +227,8 @@ def _lends_kept(request: pytest.FixtureRequest) -> bool:
     if _LENDS not in stash:
         callspec = getattr(request.node, "callspec", None)
         on_postgres = callspec is not None and callspec.params.get("backend") == "postgresql"
-        stash[_LENDS] = bool(
-            on_postgres and "pad" in request.fixturenames and request.getfixturevalue("_pristine").kept
-        )
+        wants_a_store = (on_postgres and "pad" in request.fixturenames) or "pg_store_dsn" in request.fixturenames
+        stash[_LENDS] = bool(wants_a_store and request.getfixturevalue("_pristine").kept)
     return stash[_LENDS]
 
 
@@ -234,6 +250,18 @@ def pg_dsn(
         _pristine.give_back()
     else:
         _pristine.drop()
+
+
+@pytest.fixture
+def pg_store_dsn(pg_dsn: str, keyring: Keyring, key_file: Path, request: pytest.FixtureRequest) -> str:
+    """``pg_dsn``'s database holding a store of ``keyring`` that no test has
+    written to: the kept store, or one made now. Like ``pad``'s, it is kept
+    after the test when it proves pristine again, else dropped."""
+    if not _lends_kept(request):
+        Scratchpad.open(pg_dsn, keyring=keyring).close()
+        request.getfixturevalue("_pristine").adopt(key_file)
+    request.node.stash[_OPENED] = True
+    return pg_dsn
 
 
 def pg_login(pg_dsn: str, attributes: str = "NOBYPASSRLS", member_of: str = "") -> Iterator[str]:
@@ -261,11 +289,10 @@ def pg_login(pg_dsn: str, attributes: str = "NOBYPASSRLS", member_of: str = "") 
 
 
 @pytest.fixture
-def pg_login_dsn(pg_dsn: str, keyring: Keyring) -> Iterator[str]:
+def pg_login_dsn(pg_store_dsn: str) -> Iterator[str]:
     """A plain login's DSN (no superuser, no BYPASSRLS; a member of both store
     roles) for a store made by the server's DSN with ``keyring``."""
-    Scratchpad.open(pg_dsn, keyring=keyring).close()
-    yield from pg_login(pg_dsn)
+    yield from pg_login(pg_store_dsn)
 
 
 @pytest.fixture
@@ -282,14 +309,14 @@ def roles_alone(pg_dsn: str, _roles_lock: Any) -> Iterator[None]:
 
 
 @pytest.fixture
-def pg_single(pg_dsn: str, keyring: Keyring) -> Iterator[tuple[Scratchpad, Any]]:
+def pg_single(pg_store_dsn: str, keyring: Keyring) -> Iterator[tuple[Scratchpad, Any]]:
     """A PostgreSQL store on a pool of one autocommit connection, with that
     pool: every call of the store runs in the one server session a test can
     inspect (its prepared statements, its plans)."""
     from psycopg_pool import ConnectionPool
 
     with (
-        ConnectionPool(pg_dsn, min_size=1, max_size=1, kwargs={"autocommit": True}) as pool,
+        ConnectionPool(pg_store_dsn, min_size=1, max_size=1, kwargs={"autocommit": True}) as pool,
         Scratchpad.open(pool, keyring=keyring) as pad,
     ):
         yield pad, pool

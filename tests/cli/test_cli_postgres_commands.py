@@ -68,7 +68,20 @@ def cli(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Monk
 
 
 @pytest.fixture
-def store(cli: Cli) -> Cli:
+def made_by_init(cli: Cli) -> Cli:
+    """``cli`` after ``init`` made the store and its key file (the key file is
+    then known to serve this store alone)."""
+    ok(cli("init"))
+    return cli
+
+
+@pytest.fixture
+def store(cli: Cli, pg_store_dsn: str, key_file: Path) -> Cli:
+    """``cli`` after ``init``, on a store no test has written to, with its key
+    as the default key file."""
+    cli.key.parent.mkdir(parents=True, mode=0o700)
+    cli.key.write_bytes(key_file.read_bytes())
+    cli.key.chmod(0o600)
     ok(cli("init"))
     return cli
 
@@ -197,7 +210,8 @@ def test_gc_collects_expired_entries(store: Cli) -> None:
     assert admin(store.dsn, "SELECT COUNT(*) FROM securepad.entries") == [(1,)]
 
 
-def test_rotate_master_with_install(store: Cli) -> None:
+def test_rotate_master_with_install(made_by_init: Cli) -> None:
+    store = made_by_init
     entry = store.put("bob", 1)
     before = store.key.read_bytes()
     report = as_json(store("--json", "keys", "rotate-master", "--install"))

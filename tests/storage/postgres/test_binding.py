@@ -29,13 +29,13 @@ TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # about 4 KiB
 
 
 @pytest.fixture(params=["prepared", "unprepared"])
-def single(request: pytest.FixtureRequest, pg_dsn: str, keyring: Keyring) -> Iterator[tuple[Scratchpad, Any]]:
+def single(request: pytest.FixtureRequest, pg_store_dsn: str, keyring: Keyring) -> Iterator[tuple[Scratchpad, Any]]:
     """A store on a pool of one connection: preparing statements, or not (as behind a transaction pooler)."""
     kwargs: dict[str, Any] = {"autocommit": True}
     if request.param == "unprepared":
         kwargs["prepare_threshold"] = None
     with (
-        ConnectionPool(pg_dsn, min_size=1, max_size=1, kwargs=kwargs) as pool,
+        ConnectionPool(pg_store_dsn, min_size=1, max_size=1, kwargs=kwargs) as pool,
         Scratchpad.open(pool, keyring=keyring) as pad,
     ):
         yield pad, pool

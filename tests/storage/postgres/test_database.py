@@ -30,8 +30,8 @@ from tests.support.principals import ALICE, BOB  # noqa: E402
 
 
 @pytest.fixture
-def pg_pad(pg_dsn: str, keyring: Keyring) -> Iterator[Scratchpad]:
-    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+def pg_pad(pg_store_dsn: str, keyring: Keyring) -> Iterator[Scratchpad]:
+    with Scratchpad.open(pg_store_dsn, keyring=keyring) as pad:
         yield pad
 
 

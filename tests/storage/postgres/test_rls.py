@@ -24,9 +24,9 @@ OWNER_TABLES = ("entries", "segments", "owner_keys", "turn_heads", "checkpoints"
 
 
 @pytest.fixture
-def pg_pad(pg_dsn: str, keyring: Keyring) -> Iterator[Scratchpad]:
+def pg_pad(pg_store_dsn: str, keyring: Keyring) -> Iterator[Scratchpad]:
     """A store with entries, a checkpoint and a compaction mark of alice and of bob."""
-    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+    with Scratchpad.open(pg_store_dsn, keyring=keyring) as pad:
         for principal in (ALICE, BOB):
             turn = pad.turn(principal, "t1")
             turn.record(1, "shell", f"{principal.owner_user_id}\n" * 20_000)

@@ -52,11 +52,11 @@ ONCE = "WITH head AS (UPDATE turn_heads"
 
 
 @pytest.fixture
-def single(pg_dsn: str, keyring: Keyring) -> Iterator[Single]:
+def single(pg_store_dsn: str, keyring: Keyring) -> Iterator[Single]:
     """A store on a pool of one counting autocommit connection, with that pool."""
     with (
         ConnectionPool(
-            pg_dsn, min_size=1, max_size=1, kwargs={"autocommit": True}, connection_class=CountingConnection
+            pg_store_dsn, min_size=1, max_size=1, kwargs={"autocommit": True}, connection_class=CountingConnection
         ) as pool,
         Scratchpad.open(pool, keyring=keyring) as pad,
     ):
@@ -64,16 +64,16 @@ def single(pg_dsn: str, keyring: Keyring) -> Iterator[Single]:
 
 
 @pytest.fixture
-def other(pg_dsn: str, keyring: Keyring) -> Iterator[Scratchpad]:
+def other(pg_store_dsn: str, keyring: Keyring) -> Iterator[Scratchpad]:
     """A second store object on the same database: another process, as far as the first can tell."""
-    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+    with Scratchpad.open(pg_store_dsn, keyring=keyring) as pad:
         yield pad
 
 
 @pytest.fixture
-def third(pg_dsn: str, keyring: Keyring) -> Iterator[Scratchpad]:
+def third(pg_store_dsn: str, keyring: Keyring) -> Iterator[Scratchpad]:
     """A third store object on the same database, on a pool of its own."""
-    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+    with Scratchpad.open(pg_store_dsn, keyring=keyring) as pad:
         yield pad
 
 

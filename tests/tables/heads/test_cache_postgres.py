@@ -53,20 +53,22 @@ def _warm(pad: Scratchpad, ids: list[str]) -> None:
 
 
 @pytest.fixture
-def counted(pg_dsn: str, keyring: Keyring) -> Iterator[Scratchpad]:
+def counted(pg_store_dsn: str, keyring: Keyring) -> Iterator[Scratchpad]:
     kwargs = {"autocommit": True}
     with (
-        ConnectionPool(pg_dsn, min_size=1, max_size=1, kwargs=kwargs, connection_class=CountingConnection) as pool,
+        ConnectionPool(
+            pg_store_dsn, min_size=1, max_size=1, kwargs=kwargs, connection_class=CountingConnection
+        ) as pool,
         Scratchpad.open(pool, keyring=keyring) as pad,
     ):
         yield pad
 
 
 @pytest.fixture
-def warm(pg_dsn: str, keyring: Keyring) -> Iterator[dict[str, Any]]:
-    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+def warm(pg_store_dsn: str, keyring: Keyring) -> Iterator[dict[str, Any]]:
+    with Scratchpad.open(pg_store_dsn, keyring=keyring) as pad:
         ids = record_batches(pad, ALICE, TURN, 5)
-        with as_admin(pg_dsn) as conn:
+        with as_admin(pg_store_dsn) as conn:
             older_head = conn.execute(
                 "SELECT sealed FROM turn_heads WHERE owner_user_id = 'alice' AND turn_id = %s", (TURN,)
             ).fetchall()[0][0]
@@ -76,7 +78,7 @@ def warm(pg_dsn: str, keyring: Keyring) -> Iterator[dict[str, Any]]:
         pad.turn(ALICE, TURN, now=NOW).resume(extend_ttl=7200, now=NOW + 10)
         _warm(pad, ids)
         assert ReadMeter(pad).counts(lambda: pad.get(ALICE, ids[2], now=LATER))["rows"] == 2  # warm: no inventory
-        yield {"pad": pad, "dsn": pg_dsn, "ids": ids, "older_head": older_head, "older_meta": older_meta}
+        yield {"pad": pad, "dsn": pg_store_dsn, "ids": ids, "older_head": older_head, "older_meta": older_meta}
 
 
 def test_a_warm_read_is_one_round_trip_and_fetches_no_inventory(counted: Scratchpad) -> None:

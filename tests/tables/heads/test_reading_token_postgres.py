@@ -44,8 +44,8 @@ TURN_TABLES = ("turn_heads", "entries", "checkpoints", "compaction_marks")
 
 
 @pytest.fixture
-def store(pg_dsn: str, keyring: Keyring) -> Iterator[dict[str, Any]]:
-    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+def store(pg_store_dsn: str, keyring: Keyring) -> Iterator[dict[str, Any]]:
+    with Scratchpad.open(pg_store_dsn, keyring=keyring) as pad:
         views = pad.put_many(
             ALICE, TURN, [(step, "fetch", f"observation {step}") for step in range(1, STEPS + 1)], now=NOW
         )
@@ -54,7 +54,7 @@ def store(pg_dsn: str, keyring: Keyring) -> Iterator[dict[str, Any]]:
         for _ in range(2):
             pad.get(ALICE, ids[0], now=LATER)
             pad.turn(ALICE, TURN, now=LATER).history(now=LATER)
-        yield {"pad": pad, "dsn": pg_dsn, "ids": ids, "reads": parts(pad).heads.reads}
+        yield {"pad": pad, "dsn": pg_store_dsn, "ids": ids, "reads": parts(pad).heads.reads}
 
 
 @contextmanager

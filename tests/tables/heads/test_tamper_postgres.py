@@ -66,12 +66,12 @@ TURN = "t1"
 
 
 @pytest.fixture
-def store(pg_dsn: str, keyring: Keyring) -> dict[str, Any]:
-    with Scratchpad.open(pg_dsn, keyring=keyring) as pad:
+def store(pg_store_dsn: str, keyring: Keyring) -> dict[str, Any]:
+    with Scratchpad.open(pg_store_dsn, keyring=keyring) as pad:
         ids = record_turn(pad, ALICE, TURN, 5)
         other = record_turn(pad, ALICE, "t2", 2)
         bob = record_turn(pad, BOB, TURN, 2)
-    return {"dsn": pg_dsn, "keyring": keyring, "ids": ids, "other": other, "bob": bob}
+    return {"dsn": pg_store_dsn, "keyring": keyring, "ids": ids, "other": other, "bob": bob}
 
 
 def _open(s: dict[str, Any]) -> Scratchpad:
