@@ -77,10 +77,14 @@ class Entry:
     view: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Opened:
     """An authorized, authenticated entry as a listing shows it: its clear row
-    and its listing part (``view``, ``content_id``, ``inline``); content still sealed."""
+    and its listing part (``view``, ``content_id``, ``inline``); content still sealed.
+
+    Not frozen: a listing makes one per row, and a frozen dataclass's ``__init__``
+    (``object.__setattr__`` a field) costs about three times this one's; nothing
+    sets a field after it is made (``row`` and ``meta`` are dicts either way)."""
 
     row: dict[str, Any]
     meta: dict[str, Any]
@@ -89,7 +93,7 @@ class Opened:
         return {"ok": True, "scratchpad_id": self.row["id"], **self.meta["view"]}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Readable(Opened):
     """An entry opened with its item key: full ``meta``, and ``content`` that reads its segments."""
 
