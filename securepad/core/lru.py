@@ -29,11 +29,16 @@ class LRUCache(Generic[K, V]):
         self._lock = threading.Lock()
 
     def get(self, key: K) -> V | None:
-        with self._lock:
-            value = self._items.get(key)
-            if value is not None:
-                self._items.move_to_end(key)
-            return value
+        # No lock: each OrderedDict call is one step under the GIL, and nothing here
+        # iterates the items while calling Python code (``discard_if`` copies the keys first).
+        items = self._items
+        value = items.get(key)
+        if value is not None:
+            try:  # noqa: SIM105 (suppress() is a context manager: more work than the get)
+                items.move_to_end(key)
+            except KeyError:  # another thread dropped it meanwhile: the value found stands
+                pass
+        return value
 
     def __setitem__(self, key: K, value: V) -> None:
         with self._lock:
@@ -49,8 +54,9 @@ class LRUCache(Generic[K, V]):
     def discard_if(self, doomed: Callable[[K], bool]) -> None:
         """Drop every key for which ``doomed(key)`` is true."""
         with self._lock:
-            for key in [k for k in self._items if doomed(k)]:
-                del self._items[key]
+            for key in list(self._items):
+                if doomed(key):
+                    self._items.pop(key, None)
 
     def __len__(self) -> int:
         return len(self._items)

@@ -322,6 +322,20 @@ def _fit_json(text: str, limit: int, *, keep_end: bool) -> str:
     return part(low)
 
 
+def _only_newlines(text: str) -> bool:
+    """Whether "\n" is the only one of _BREAK_CHARS ``text`` may hold: ASCII (a flag of the
+    string, no scan) without the other ASCII breaks (each looked for with memchr)."""
+    return (
+        text.isascii()
+        and "\r" not in text
+        and "\x0b" not in text
+        and "\x0c" not in text
+        and "\x1c" not in text
+        and "\x1d" not in text
+        and "\x1e" not in text
+    )
+
+
 def line_index(texts: Iterable[str]) -> tuple[list[int], int]:
     """For text cut into ``texts``: the line breaks ending in each piece, and the line count.
 
@@ -331,10 +345,13 @@ def line_index(texts: Iterable[str]) -> tuple[list[int], int]:
     last_char = ""
     last_filled = -1
     for seq, text in enumerate(texts):
-        # splitlines() breaks on exactly _BREAK_CHARS ("\r\n" once) in one pass:
-        # five times faster than counting each character (11 ms of a 1 MiB put).
-        lines = len(text.splitlines())
-        breaks.append(lines - 1 if text and text[-1] not in _BREAK_CHARS else lines)
+        if _only_newlines(text):  # every break a "\n": counted in C, no list of lines built
+            breaks.append(text.count("\n"))
+        else:
+            # splitlines() breaks on exactly _BREAK_CHARS ("\r\n" once) in one pass:
+            # five times faster than counting each character (11 ms of a 1 MiB put).
+            lines = len(text.splitlines())
+            breaks.append(lines - 1 if text and text[-1] not in _BREAK_CHARS else lines)
         if text and text[0] == "\n" and last_char == "\r":
             breaks[last_filled] -= 1
         if text:

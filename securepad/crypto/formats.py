@@ -44,6 +44,7 @@ from .primitives import (
     derive,
     item_key_aad,
     lp,
+    lp_texts,
     record_key_aad,
 )
 
@@ -212,6 +213,10 @@ _HEADER_LAYOUT = struct.Struct(">4IQQQ")
 _HEADER_TAG = lp(TAG + b"header", str(ENTRY_FORMAT))
 
 
+# The constant first parts of an entry's HKDF info (``lp`` of them, once).
+_ENTRY_INFO = lp(TAG + b"entry", str(FORMAT_VERSION))
+
+
 class EntryCipher:
     """Seals and opens one entry's segments and metadata.
 
@@ -224,9 +229,7 @@ class EntryCipher:
     def __init__(self, item_key: KeyHandle, header: Header, nonce_prefix: object) -> None:
         if not isinstance(nonce_prefix, bytes) or len(nonce_prefix) != NONCE_PREFIX_BYTES:
             raise IntegrityError("an entry's nonce prefix has the wrong length")
-        okm = item_key.hkdf(
-            lp(TAG + b"entry", str(FORMAT_VERSION), header.entry_id, header.owner_user_id), 3 * KEY_BYTES
-        )
+        okm = item_key.hkdf(_ENTRY_INFO + lp_texts(header.entry_id, header.owner_user_id), 3 * KEY_BYTES)
         try:
             self._content = AESGCM(okm[:32])
             self._meta = AESGCM(okm[32:64])

@@ -43,6 +43,7 @@ __all__ = [
     "item_key_aad",
     "key_check",
     "lp",
+    "lp_texts",
     "owner_key_aad",
     "record_key_aad",
     "source_key_check",
@@ -51,6 +52,32 @@ __all__ = [
 FORMAT_VERSION = 1
 KEY_BYTES = 32
 TAG = b"securepad/v1/"
+
+
+try:  # OpenSSL's HMAC object itself: its copy, update and digest in C, without hmac.HMAC's Python layer
+    from _hashlib import hmac_new as _openssl_hmac
+except ImportError:  # pragma: no cover - a Python built without OpenSSL's hashlib
+    _openssl_hmac = None  # type: ignore[assignment]
+
+
+def _keyed_sha256(key: bytes, message: bytes = b"") -> _Mac:
+    """HMAC-SHA256 under ``key``, ``message`` absorbed: an object to copy per message
+    (the same digests as ``hmac.new(key, message, hashlib.sha256)``)."""
+    if _openssl_hmac is not None:
+        return _openssl_hmac(key, message, digestmod="sha256")
+    return hmac.new(key, message, hashlib.sha256)
+
+
+class _Mac(Protocol):
+    """What ``_keyed_sha256`` returns: ``hmac.HMAC``'s copy, update and digests."""
+
+    def copy(self) -> _Mac: ...
+
+    def update(self, data: bytes) -> None: ...
+
+    def digest(self) -> bytes: ...
+
+    def hexdigest(self) -> str: ...
 
 
 class KeyHandle:
@@ -97,14 +124,22 @@ class KeyHandle:
 
 def lp(*parts: str | bytes) -> bytes:
     """Length-prefixed concatenation: unambiguous, so ("ab","c") != ("a","bc")."""
-    pieces: list[bytes] = []
-    for part in parts:
-        data = part.encode("utf-8") if isinstance(part, str) else part
-        pieces += (_LENGTH(len(data)), data)
-    return b"".join(pieces)
+    # One comprehension, no list growing per part: ``lp`` runs several times in every put and read.
+    return b"".join(
+        [_LENGTH(len(data)) + data for part in parts for data in (part.encode() if isinstance(part, str) else part,)]
+    )
 
 
 _LENGTH = struct.Struct(">I").pack
+
+
+def lp_texts(first: str, second: str, third: str | None = None) -> bytes:
+    """``lp`` of two or three texts, without its loop: the AADs and HKDF infos every put and read builds."""
+    a, b = first.encode(), second.encode()
+    if third is None:
+        return _LENGTH(len(a)) + a + _LENGTH(len(b)) + b
+    c = third.encode()
+    return _LENGTH(len(a)) + a + _LENGTH(len(b)) + b + _LENGTH(len(c)) + c
 
 
 class WorkCounter:
@@ -176,7 +211,7 @@ class CounterSeal:
         self._key = key
         self._store_id = store_id
         # Keyed once, the terms' domain absorbed: each term copies it (no keying, no digest lookup per term).
-        self._term_mac = hmac.new(key._key, lp(TAG, "term", store_id), hashlib.sha256)
+        self._term_mac = _keyed_sha256(key._key, lp(TAG, "term", store_id))
         self._names: bytes | None = None  # the turn names' key, derived at its first use
 
     def __repr__(self) -> str:
@@ -234,7 +269,11 @@ def owner_key_aad(store_id: str, owner_user_id: str, version: int, era: str = ""
 
 def item_key_aad(entry_id: str, owner_user_id: str, key_version: int) -> bytes:
     """AAD of a wrapped item key: binds entry, owner and owner-key version."""
-    return lp("item-key", entry_id, owner_user_id, str(key_version))
+    return _ITEM_KEY + lp_texts(entry_id, owner_user_id, str(key_version))
+
+
+# The constant first parts of the AADs built on every put and read (``lp`` of them, once).
+_ITEM_KEY = lp("item-key")
 
 
 def record_key_aad(record_id: str, owner_user_id: str, key_version: int) -> bytes:
@@ -244,7 +283,10 @@ def record_key_aad(record_id: str, owner_user_id: str, key_version: int) -> byte
 
 def head_aad(owner_user_id: str, turn_id: str, key_version: int) -> bytes:
     """AAD of a sealed turn head (``turn_id`` empty: the owner head): binds owner, turn and key version."""
-    return lp("turn-head", str(FORMAT_VERSION), owner_user_id, turn_id, str(key_version))
+    return _TURN_HEAD + lp_texts(owner_user_id, turn_id, str(key_version))
+
+
+_TURN_HEAD = lp("turn-head", str(FORMAT_VERSION))
 
 
 class Wrapper:
@@ -390,6 +432,9 @@ class RemoteWrapper(Wrapper):
         raise TypeError("a master key source wraps keys only")
 
 
+_CONTENT = lp("content")
+
+
 class ContentIdentity:
     """A keyed identity of an owner's content, for the re-read report.
 
@@ -404,9 +449,7 @@ class ContentIdentity:
 
     def __init__(self, owner_key: KeyHandle, store_id: str, owner_user_id: str, version: int) -> None:
         # Keyed once: each identity copies it (no keying, no digest lookup per entry).
-        self._mac = hmac.new(
-            derive(owner_key, "content-identity", lp(store_id, owner_user_id)), digestmod=hashlib.sha256
-        )
+        self._mac = _keyed_sha256(derive(owner_key, "content-identity", lp(store_id, owner_user_id)))
         self._version = version
 
     def __repr__(self) -> str:
@@ -417,7 +460,7 @@ class ContentIdentity:
 
     def of(self, kind: str, segments: list[bytes]) -> str:
         mac = self._mac.copy()
-        mac.update(lp("content", kind, str(sum(len(s) for s in segments))))
+        mac.update(_CONTENT + lp_texts(kind, str(sum(map(len, segments)))))
         for segment in segments:
             mac.update(segment)
         return f"{self._version}:{mac.hexdigest()}"

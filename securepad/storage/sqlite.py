@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import TracebackType
 from typing import Any, Protocol
 
 import apsw
@@ -134,6 +135,55 @@ def _row_maker(names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], dict[str, 
     tree = ast.fix_missing_locations(ast.Expression(ast.Lambda(row, body)))
     (code,) = (const for const in compile(tree, "<row>", "eval").co_consts if isinstance(const, types.CodeType))
     return types.FunctionType(code, {"__builtins__": {}})
+
+
+class _Transaction:
+    """``Database.transaction``: BEGIN IMMEDIATE, then the commit hooks and COMMIT, or ROLLBACK on
+    any exception (an apsw error raised as its typed error). A class, not a generator: every write
+    enters one, and ``contextmanager``'s generator protocol costs more than the statements' calls."""
+
+    __slots__ = ("_conn", "_db", "_tx", "_wait")
+
+    def __init__(self, db: Database, wait: bool) -> None:
+        self._db, self._wait = db, wait
+
+    def __enter__(self) -> _Conn:
+        db = self._db
+        conn = self._conn = db.conn
+        db._check_wal(conn, db._wal_wait_s if self._wait else 0)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except apsw.Error as exc:
+            raise db._error(exc, conn) from None
+        self._tx = _Conn(conn, db._error)
+        return self._tx
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        db, conn, hooks = self._db, self._conn, self._db.hooks
+        if exc is None and hooks is not None:
+            try:
+                hooks.before_commit(self._tx)
+            except BaseException as failed:
+                self._roll_back(failed)
+                raise
+        if exc is not None:
+            self._roll_back(exc)
+            return  # the body's exception goes on as it is
+        try:
+            conn.execute("COMMIT")
+        except apsw.Error as failed:
+            db._rollback(conn)
+            raise db._error(failed, conn) from None
+        if hooks is not None:
+            hooks.after_commit()
+        db._wal.restart_if_due(conn, db._wal_wait_s if self._wait else None, db._error, db._busy_timeout_ms / 1000)
+
+    def _roll_back(self, exc: BaseException) -> None:
+        """ROLLBACK after ``exc``; an apsw error is raised as its typed error."""
+        db, conn = self._db, self._conn
+        db._rollback(conn)
+        if isinstance(exc, apsw.Error):
+            raise db._error(exc, conn) from None
 
 
 class _Connections:
@@ -301,24 +351,13 @@ class Database:
         """The WAL's size and pending bytes against its limit, with a warning past half of it (``stats``)."""
         return self._wal.status(self.incremental_vacuum)
 
-    @contextmanager
     def transaction(
         self, owner: str | None = None, *, admin: bool = False, wait: bool = True, turn: str | None = None
-    ) -> Iterator[_Conn]:
+    ) -> _Transaction:
         """A write transaction (BEGIN IMMEDIATE; ``owner`` and ``turn`` change nothing: one writer),
         rolled back on any exception. ``wait=False``: a WAL over its limit is refused at once.
         Raises StoreBusyError (lock, or the WAL pinned past ``wal_wait_ms``), StorageFullError, StoreCorruptError."""
-        conn = self.conn
-        self._check_wal(conn, self._wal_wait_s if wait else 0)
-        hooks = self.hooks
-        with self._begun(conn, "BEGIN IMMEDIATE", (apsw.Error,)):
-            tx = _Conn(conn, self._error)
-            yield tx
-            if hooks is not None:
-                hooks.before_commit(tx)
-        if hooks is not None:
-            hooks.after_commit()
-        self._wal.restart_if_due(conn, self._wal_wait_s if wait else None, self._error, self._busy_timeout_ms / 1000)
+        return _Transaction(self, wait)
 
     @contextmanager
     def _begun(self, conn: apsw.Connection, begin: str, mapped: tuple[type[Exception], ...]) -> Iterator[None]:

@@ -71,6 +71,22 @@ def test_line_index_counts_splitlines(text: str, size: int) -> None:
 
 
 @given(
+    text=st.text(alphabet="ab \n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029é", max_size=40) | st.text("ab\n", max_size=40),
+    size=st.integers(1, 9),
+)
+def test_line_index_puts_each_break_in_the_piece_it_ends_in(text: str, size: int) -> None:
+    """Per piece, newline-only ASCII pieces (counted without splitlines) and the others alike."""
+    pieces = [text[i : i + size] for i in range(0, len(text), size)]
+    expected = [0] * len(pieces)
+    end = 0
+    for line, bare in zip(text.splitlines(keepends=True), text.splitlines(), strict=True):
+        end += len(line)
+        if line != bare:  # a break ends this line: it ends in the piece holding its last character
+            expected[(end - 1) // size] += 1
+    assert read_modes.line_index(pieces) == (expected, len(text.splitlines()))
+
+
+@given(
     lines=st.lists(st.text(alphabet="abcXY é\t", max_size=12), max_size=40),
     needle=st.text(alphabet="abcXY", min_size=1, max_size=3),
     size=st.integers(1, 11),

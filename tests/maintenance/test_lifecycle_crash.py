@@ -94,7 +94,7 @@ def test_master_rotation_killed_at_random_points(
     Keyring.create_key_file(keys[1])  # create the second key file up front
     rng = random.Random(7)
     current = 0
-    for _ in range(10):
+    for _ in range(6):
         _run_and_kill(db, keys[current], "rotate-master", str(keys[1 - current]), rng.uniform(0.0, 0.05))
         opens = []
         for index in (0, 1):

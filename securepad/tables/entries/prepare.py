@@ -5,7 +5,7 @@ what its rows cost against the quota (``row_cost``)."""
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...core import read_modes, shaping
@@ -38,6 +38,8 @@ class Prepared:
     stored_bytes: int  # what the observation stores (max_entry_bytes); the row's cost on disk is row_cost
     view: dict[str, Any]
     inline_max_chars: int  # the view's bound, kept for the next-step re-seal
+    # ``identifiers``' last answer, with what it was for: the bound before the seal and the row's cost share it.
+    identifiers_kept: tuple[tuple[str, ...], int] | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, observation: Any, step_num: int, policy: Policy) -> Prepared:
@@ -72,11 +74,19 @@ class Prepared:
 
     def cost_bound(self, meta: dict[str, Any], owner: str, turn_id: str) -> int:
         """More than the entry's ``row_cost`` will be, before it is sealed."""
+        identifiers = self.identifiers(owner, turn_id, meta["actor"], meta["channel"], meta["executor_name"])
+        return self.stored_bytes + ENTRY_ROW_OVERHEAD + _SEALING_BOUND + 32 * len(self.segments) + identifiers
+
+    def identifiers(self, owner: str, turn_id: str, actor: str, channel: str, executor_name: str) -> int:
+        """``identifier_cost`` of the entry's rows: the same for every id (16 hex characters each)."""
+        names = (owner, turn_id, actor, channel, executor_name)
+        kept = self.identifiers_kept
+        if kept is not None and kept[0] == names:
+            return kept[1]
         count = len(self.segments)
-        identifiers = identifier_cost(
-            "0" * 16, owner, turn_id, meta["actor"], meta["channel"], meta["executor_name"], count if count > 1 else 0
-        )
-        return self.stored_bytes + ENTRY_ROW_OVERHEAD + _SEALING_BOUND + 32 * count + identifiers
+        cost = identifier_cost("0" * 16, owner, turn_id, actor, channel, executor_name, count if count > 1 else 0)
+        self.identifiers_kept = (names, cost)
+        return cost
 
     def meta(
         self,
@@ -146,7 +156,8 @@ class Prepared:
             "only_segment": sealed[0] if len(sealed) == 1 else None,
         }
         row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))
-        row["stored_bytes"] = row_cost(row, sealed)
+        identifiers = self.identifiers(owner, turn_id, meta["actor"], meta["channel"], meta["executor_name"])
+        row["stored_bytes"] = row_cost(row, sealed, identifiers)
         return row, sealed, cipher
 
     def restep(
@@ -179,28 +190,30 @@ def identifier_cost(
     either backend stores: each once in the row; the id, owner and turn again in
     the indexes (the owner twice more on PostgreSQL), index keys counted one and
     a half times (pages split half full); the id and owner twice in each segment row."""
-    size = {name: len(value.encode()) for name, value in (("id", entry_id), ("owner", owner), ("turn", turn_id))}
-    in_row = size["id"] + size["owner"] + size["turn"] + len(actor.encode()) + len(channel.encode())
+    id_size, owner_size, turn_size = len(entry_id.encode()), len(owner.encode()), len(turn_id.encode())
+    in_row = id_size + owner_size + turn_size + len(actor.encode()) + len(channel.encode())
     in_row += len(executor_name.encode())
-    in_indexes = (size["id"] + 3 * size["owner"] + size["turn"]) * 3 // 2
-    return in_row + in_indexes + segment_rows * 2 * (size["id"] + size["owner"])
+    in_indexes = (id_size + 3 * owner_size + turn_size) * 3 // 2
+    return in_row + in_indexes + segment_rows * 2 * (id_size + owner_size)
 
 
-def row_cost(row: dict[str, Any], sealed: list[bytes]) -> int:
-    """What an entry's rows cost on disk: sealed bytes, clear identifiers and a
-    fixed overhead; kept in its ``stored_bytes`` (the head binds it) at the put."""
-    sealed_bytes = sum(len(s) for s in sealed)
-    fields = sum(len(row[c]) for c in ("sealed_meta", "wrapped_key", "nonce_prefix", "commitment"))
+def row_cost(row: dict[str, Any], sealed: list[bytes], identifiers: int | None = None) -> int:
+    """What an entry's rows cost on disk: sealed bytes, clear identifiers (``identifiers``:
+    their ``identifier_cost``, known already) and a fixed overhead; kept in its
+    ``stored_bytes`` (the head binds it) at the put."""
+    sealed_bytes = sum(map(len, sealed))
+    fields = len(row["sealed_meta"]) + len(row["wrapped_key"]) + len(row["nonce_prefix"]) + len(row["commitment"])
     fields += len(row.get("sealed_listing") or b"")
-    identifiers = identifier_cost(
-        row["id"],
-        row["owner_user_id"],
-        row["turn_id"],
-        row["actor"],
-        row["channel"],
-        row["executor_name"],
-        len(sealed) if len(sealed) > 1 else 0,
-    )
+    if identifiers is None:
+        identifiers = identifier_cost(
+            row["id"],
+            row["owner_user_id"],
+            row["turn_id"],
+            row["actor"],
+            row["channel"],
+            row["executor_name"],
+            len(sealed) if len(sealed) > 1 else 0,
+        )
     return sealed_bytes + fields + identifiers + ENTRY_ROW_OVERHEAD
 
 

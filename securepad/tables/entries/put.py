@@ -169,6 +169,7 @@ class _Put:
         self.step_num, self.created = meta["step_num"], meta["created_at"]  # the step given (or guessed)
         self.step, self.next_step = step, next_step  # ``step``: the given step's look, or None
         self.shared = False  # this attempt holds the owner's lock shared
+        self.announced: list[tuple[str, Params]] = []  # this attempt's ``reads``, sent with its BEGIN
         self.identities: dict[int, str] = {}
         self.listings: dict[int, ListingKey] = {}
         # ``once``'s entry when its statement wrote nothing: the first ``seal`` of its version reuses it.
@@ -184,6 +185,7 @@ class _Put:
             OwnerLockNeeded: ``shared``, and the turn's reservation did not cover the entry.
         """
         self.shared = shared
+        self.announced = self.reads()  # built once: the same statements again inside ``write``
         return self.keys.write_current(
             self.owner,
             self.seal,
@@ -191,7 +193,7 @@ class _Put:
             attempts=5,
             busy="could not store the entry: its id or owner key kept changing; try again",
             prefetch=[
-                *self.reads(),
+                *self.announced,
                 *([stored_sql("entries", self.owner, self.landed[1])] if self.landed is not None else []),
             ],
             turn=self.turn_id if shared else None,
@@ -281,7 +283,7 @@ class _Put:
         row, segments, _ = sealed
         if self.next_step:
             self.take_next_step(conn, row)
-        found, head_rows = read_with_heads(conn, self.reads())
+        found, head_rows = read_with_heads(conn, self.announced)
         if self.landed is not None and conn.query(*stored_sql("entries", self.owner, self.landed[1])):
             # ``once`` was applied before its connection failed: its entry is stored (with its head, in one statement).
             once, entry_id = self.landed
@@ -412,13 +414,13 @@ class _Batch:
                 check_write_size(
                     list(zip(prepared, executors, strict=True)), self.principal, self.turn_id, limit, "batch"
                 )
-            listing = self.keys.listing_key(owner, version)
+            listing, identity = self.keys.listing_key(owner, version), self.keys.identity(owner, version)
             for index, (step, (_, executor, obs), prep) in enumerate(zip(steps, checked, prepared, strict=True)):
                 inline = self.shown(obs, step) if self.shown is not None else None
                 shown_items.append(inline)
                 meta = prep.meta(self.principal, step, executor, created, created + ttl, inline)
                 if (version, index) not in identities or self.shown is not None:
-                    identities[(version, index)] = self.keys.identity(owner, version).of(prep.kind, prep.segments)
+                    identities[(version, index)] = identity.of(prep.kind, prep.segments)
                 meta["content_id"] = identities[(version, index)]
                 row, sealed, _ = prep.seal(wrapper, listing, version, owner, self.turn_id, meta)
                 rows.append(row)

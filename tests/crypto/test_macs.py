@@ -1,0 +1,37 @@
+"""The MACs and length-prefixed inputs every put computes, against their plain definitions:
+the turn-head term and the content identity (OpenSSL's HMAC object, copied per message)
+are HMAC-SHA256 as ``hmac.new`` computes it; ``lp_texts`` is ``lp`` of its texts."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from securepad.crypto.primitives import TAG, ContentIdentity, CounterSeal, KeyHandle, derive, lp, lp_texts
+
+_KEY = KeyHandle(bytes(range(32)))
+
+
+@given(first=st.text(max_size=20), second=st.text(max_size=20), third=st.none() | st.text(max_size=20))
+def test_lp_texts_is_lp_of_its_texts(first: str, second: str, third: str | None) -> None:
+    parts = [first, second] if third is None else [first, second, third]
+    assert lp_texts(first, second, third) == lp(*parts)
+
+
+@given(message=st.binary(max_size=200))
+def test_a_term_is_hmac_sha256_under_the_anchor_key_in_its_domain(message: bytes) -> None:
+    seal = CounterSeal(_KEY, "store-1")
+    mac = hmac.new(bytes(range(32)), lp(TAG, "term", "store-1") + message, hashlib.sha256)
+    assert seal.term(message) == int.from_bytes(mac.digest(), "big")
+
+
+@given(segments=st.lists(st.binary(max_size=100), max_size=4), kind=st.sampled_from(["text", "binary", "json"]))
+def test_a_content_identity_is_hmac_sha256_of_its_segments(segments: list[bytes], kind: str) -> None:
+    identity = ContentIdentity(_KEY, "store-1", "alice", 3)
+    key = derive(_KEY, "content-identity", lp("store-1", "alice"))
+    size = sum(len(segment) for segment in segments)
+    mac = hmac.new(key, lp("content", kind, str(size)) + b"".join(segments), hashlib.sha256)
+    assert identity.of(kind, segments) == f"3:{mac.hexdigest()}"
