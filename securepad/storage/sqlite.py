@@ -8,19 +8,16 @@ that names its cause (see ``_storage_error``).
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import errno
-import functools
 import os
 import threading
-import types
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Protocol
 
 import apsw
 
@@ -28,6 +25,7 @@ from ..errors import SecurepadError, StorageFullError, StoreBusyError, StoreCorr
 from . import schema
 from .base import Conn, DuplicateKeyError, Params, Rows
 from .files import create_private_file
+from .rows import rows_of
 from .schema import SCHEMA_VERSION
 from .wal import WAL_KEEP_BYTES, WAL_LIMIT_BYTES, WAL_WAIT_MS, BusyHandler, ErrorMap, WalWatch
 
@@ -80,7 +78,7 @@ class _Conn:
         if fetched is not None:
             return fetched
         try:
-            return _rows(self.raw.execute(sql, params))
+            return rows_of(self.raw.execute(sql, params))
         except (apsw.Error, UnicodeDecodeError) as exc:
             raise self._error(exc, self.raw) from None
 
@@ -112,29 +110,6 @@ class _Conn:
             raise DuplicateKeyError from None
         except apsw.Error as exc:
             raise self._error(exc, self.raw) from None
-
-
-def _rows(cursor: apsw.Cursor) -> Rows:
-    try:
-        names = tuple(d[0] for d in cursor.getdescription())
-    except apsw.ExecutionCompleteError:  # no rows at all
-        return []
-    return list(map(_row_maker(names), cursor))
-
-
-@functools.lru_cache(maxsize=256)
-def _row_maker(names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], dict[str, Any]]:
-    """A row (a tuple in ``names``' order) as a dict: one dict display per
-    statement's columns, made once from a syntax tree whose keys are constants
-    (a third cheaper per row than ``dict(zip())``, which grows the dict as it goes)."""
-    row = ast.arguments(posonlyargs=[], args=[ast.arg("row")], kwonlyargs=[], kw_defaults=[], defaults=[])
-    body = ast.Dict(
-        keys=[ast.Constant(str(name)) for name in names],
-        values=[ast.Subscript(ast.Name("row", ast.Load()), ast.Constant(i), ast.Load()) for i in range(len(names))],
-    )
-    tree = ast.fix_missing_locations(ast.Expression(ast.Lambda(row, body)))
-    (code,) = (const for const in compile(tree, "<row>", "eval").co_consts if isinstance(const, types.CodeType))
-    return types.FunctionType(code, {"__builtins__": {}})
 
 
 class _Transaction:
@@ -391,7 +366,7 @@ class Database:
         """Rows as dicts, on this thread's connection (StoreCorruptError, SecurepadError)."""
         conn = self.conn
         try:
-            return _rows(conn.execute(sql, params))
+            return rows_of(conn.execute(sql, params))
         except (apsw.Error, UnicodeDecodeError) as exc:
             raise self._error(exc, conn) from None
 
