@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tomllib
 from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -138,6 +137,8 @@ class Policy:
 
     @classmethod
     def _parse(cls, path: Path, *, checked: bool) -> Policy:
+        import tomllib  # here: importing securepad.policy reads no file
+
         text = _read_policy_file(path, checked, cls.shipped())
         try:
             data = tomllib.loads(text)

@@ -12,8 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.table import Table
-from rich.text import Text
 
 from .. import SCRATCHPAD_READ_TOOL, InvalidArgumentError, Principal, SecurepadError
 from .options import (
@@ -347,7 +345,7 @@ def read(
         status = f"{meta['size_returned']} of {meta['size_full']} {meta['unit']}, truncated={meta['truncated']}"
         if "hint" in meta:
             status += ", " + _cli_hint(meta["hint"], cap)
-        err_console.print(plain(status), style="dim", highlight=False, soft_wrap=True)
+        err_console().print(plain(status), style="dim", highlight=False, soft_wrap=True)
 
     emit(result, render)
 
@@ -370,6 +368,8 @@ def list_(principal: Principal, turn_id: str | None) -> None:
         rows = pad.list_for_turn(principal, turn)
 
     def render(entries: list[dict[str, Any]]) -> None:
+        from rich.table import Table
+
         table = Table("step", "id", "executor", "kind", "bytes", "summary")
         for e in entries:
             first_line = e["summary"].splitlines()[0] if e["summary"] else ""
@@ -381,7 +381,7 @@ def list_(principal: Principal, turn_id: str | None) -> None:
                 plain(e["size_bytes"]),
                 plain(first_line[:60]),
             )
-        console.print(table)
+        console().print(table)
 
     emit([{k: v for k, v in e.items() if k != "view"} for e in rows], render)
 
@@ -402,11 +402,13 @@ def turn_show(principal: Principal, turn_id: str | None) -> None:
         steps = pad.turn(principal, turn).steps()
 
     def render(items: list[dict[str, Any]]) -> None:
+        from rich.text import Text
+
         if not items:
             print_line(f"turn {turn!r} has no live steps for this owner")
         for item in items:
             where = f"offloaded as {item['scratchpad_id']}" if item["offloaded"] else "inline"
-            console.print(
+            console().print(
                 Text.assemble(
                     ("step ", "bold"), (str(item["step_num"]), "bold"), " ", plain(f"{item['executor_name']} ({where})")
                 ),

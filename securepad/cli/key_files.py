@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +68,8 @@ def record_key_file_use(path: str | os.PathLike[str], store_id: str, *, key_crea
     Raises:
         SecurepadError: the record cannot be written.
     """
+    import secrets  # here: a command that opens no store never loads it
+
     use = key_file_use(path)
     if key_created:
         new = KeyFileUse(use.path, frozenset({store_id}), True)

@@ -10,18 +10,19 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
-from rich.table import Table
-from rich.text import Text
 
-from .. import InvalidArgumentError, Keyring, Principal, Scratchpad, SecurepadError
+from .. import InvalidArgumentError, Principal, SecurepadError
 from .commands import main
 from .key_files import key_file_use, record_key_file_use
 from .options import SecurepadSubgroup, State, command, current_state, emit, global_options
 from .output import console, err_console, for_terminal, plain, print_line, progress, to_json
+
+if TYPE_CHECKING:
+    from .. import Keyring, Scratchpad
 
 __all__: list[str] = []
 
@@ -67,6 +68,8 @@ def restore(src: Path, yes: bool) -> None:
             " (the current one is kept beside it)?",
             abort=True,
         )
+    from .. import Scratchpad
+
     result = Scratchpad.restore(
         state.db, src, keyring=state.keyring(new_store=True), policy=state.policy, anchor=state.anchor
     )
@@ -108,7 +111,9 @@ def stats(owner: str | None, actor: str, channel: str) -> None:
     """Counts and sizes, for the whole store or one owner (--owner or SECUREPAD_OWNER)."""
     if owner and click.get_current_context().get_parameter_source("owner") is ParameterSource.ENVIRONMENT:
         # Narrowed by the environment, not by this command line: say so.
-        err_console.print(plain(f"stats of owner {owner!r} only (from SECUREPAD_OWNER)"), style="dim", highlight=False)
+        err_console().print(
+            plain(f"stats of owner {owner!r} only (from SECUREPAD_OWNER)"), style="dim", highlight=False
+        )
     with current_state().open() as pad:
         info = pad.stats(Principal(owner, actor, channel) if owner else None)
 
@@ -131,10 +136,12 @@ def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
 
 def _render_figures(v: dict[str, Any], title: str | None = None) -> None:
     """Figures as ``name  value`` lines, nested ones under dotted names."""
+    from rich.text import Text
+
     rows = _flatten(v)
     width = min(max((len(name) for name, _ in rows), default=0), 32)
     if title:
-        console.print(Text(for_terminal(title), "bold"), highlight=False, soft_wrap=True)
+        console().print(Text(for_terminal(title), "bold"), highlight=False, soft_wrap=True)
     for name, text in rows:
         print_line(f"{name:<{width}}  {text}")
 
@@ -143,6 +150,8 @@ def _scratch_store(state: State) -> tuple[Any, Scratchpad]:
     """A throwaway store and key in private temporary directories (for ``audit`` and
     ``demo`` before ``init``); returns the directory to clean up and the open store."""
     import tempfile
+
+    from .. import Keyring, Scratchpad
 
     scratch = tempfile.TemporaryDirectory(prefix="securepad-scratch-")
     root = Path(scratch.name)
@@ -158,7 +167,7 @@ def _scratch_store(state: State) -> tuple[Any, Scratchpad]:
 
 def _open_or_scratch(state: State, what: str) -> tuple[Any, Scratchpad]:
     if state.store_exists() is False:
-        err_console.print(
+        err_console().print(
             plain(f"no store at {state.where()} yet (`securepad init` creates it): {what} a throwaway store"),
             style="yellow",
             highlight=False,
@@ -173,12 +182,14 @@ def demo() -> None:
 
     On the configured store (its demo owners removed afterwards), or on a throwaway
     store when there is none yet or the store is on PostgreSQL."""
+    from rich.text import Text
+
     from ..audit.demo import run_demo
 
     state = current_state()
     if isinstance(state.db, str):  # PostgreSQL: the demo damages a copy of the store's file
         state.require_store()
-        err_console.print(
+        err_console().print(
             plain(f"the demo's tampered copy is a file, not {state.where()}: the demo runs on a throwaway store"),
             style="yellow",
             highlight=False,
@@ -195,7 +206,7 @@ def demo() -> None:
                 steps.append({"step": step.title, "result": step.detail, "ok": step.ok})
                 if not state.as_json:
                     mark = Text("ok", "green") if step.ok else Text("FAILED", "red")
-                    console.print(Text.assemble(mark, "  ", plain(f"{step.title}: {step.detail}")), highlight=False)
+                    console().print(Text.assemble(mark, "  ", plain(f"{step.title}: {step.detail}")), highlight=False)
     finally:
         if scratch is not None:
             scratch.cleanup()
@@ -218,11 +229,14 @@ def verify() -> None:
 
 
 def _render_verify(r: dict[str, Any]) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
     counts = ", ".join(
         f"{r[k]} {k.replace('_', ' ')}" for k in ("owners", "turns", "entries", "checkpoints", "compaction_marks")
     )
     if r["ok"]:
-        console.print(Text("verify: no problem found", "green"), soft_wrap=True)
+        console().print(Text("verify: no problem found", "green"), soft_wrap=True)
         _print_wrapped(f"{counts}, {r['seconds']} s", 2)
         return
     table = Table("owner", "turn", "id", "what", "problem", title=plain(f"{len(r['problems'])} problems"))
@@ -230,8 +244,8 @@ def _render_verify(r: dict[str, Any]) -> None:
         table.add_row(
             *(plain("" if p[k] is None else p[k]) for k in ("owner_user_id", "turn_id", "id", "what", "problem"))
         )
-    console.print(table)
-    console.print(Text("verify FAILED", "bold red"), soft_wrap=True)
+    console().print(table)
+    console().print(Text("verify FAILED", "bold red"), soft_wrap=True)
     _print_wrapped(f"{counts}, {r['seconds']} s", 2)
 
 
@@ -261,26 +275,28 @@ def audit() -> None:
             scratch.cleanup()
 
     def render(r: AuditReport) -> None:
+        from rich.text import Text
+
         # A list, not a table: at 80 columns a table's narrow columns split words.
         print_line(f"securepad audit of {r.store}")
         group = None
         for row in r.results:
             if row.group != group:
                 group = row.group
-                console.print(Text(for_terminal(f"\n{group}"), "bold"), highlight=False, soft_wrap=True)
+                console().print(Text(for_terminal(f"\n{group}"), "bold"), highlight=False, soft_wrap=True)
             mark = Text("pass", "green") if row.passed else Text("FAIL", "bold red")
-            console.print(Text.assemble("  ", mark, "  ", plain(row.name)), highlight=False, soft_wrap=True)
+            console().print(Text.assemble("  ", mark, "  ", plain(row.name)), highlight=False, soft_wrap=True)
             if not row.passed:
                 _print_wrapped(f"tried: {row.tried}", 8)
             _print_wrapped(row.happened, 8)
         failed = ", ".join(f.name for f in r.failed)
         print_line("")
         if failed:
-            console.print(
+            console().print(
                 Text(f"{len(r.failed)} of {len(r.results)} checks FAILED: ", "bold red") + plain(failed), soft_wrap=True
             )
         else:
-            console.print(Text(f"all {len(r.results)} checks passed", "green"), soft_wrap=True)
+            console().print(Text(f"all {len(r.results)} checks passed", "green"), soft_wrap=True)
         print_line(f"policy {r.policy}, {r.key_source}")
         _render_verify(checked)
 
@@ -392,7 +408,7 @@ def rotate_master(
         report["next"] = _next_without_key_file(new, new_keyring, current.key_file)
     _show_report(report, "master key rotated")
     if not state.as_json:
-        err_console.print(plain(f"next: {report['next']}"), style="bold", highlight=False)
+        err_console().print(plain(f"next: {report['next']}"), style="bold", highlight=False)
 
 
 def _check_new_key_source(

@@ -1,30 +1,33 @@
 """The options every command shares and the state they fill: the global options
-(before or after the command), the principal and the turn, the key sources,
-and how errors are reported."""
+(before or after the command), the principal and the turn, and the key
+sources (``failures`` reports errors)."""
 
 from __future__ import annotations
 
 import functools
-import json
-import logging
 import os
-import sys
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from click.core import ParameterSource
-from platformdirs import user_data_path
 
-from .. import Keyring, NotFoundError, Principal, Scratchpad, SecurepadError, StoreCorruptError, WrongKeyError
+from .. import NotFoundError, Principal, SecurepadError, StoreCorruptError, WrongKeyError
+from .failures import ABORTED, INTERRUPTED, USAGE_ERROR, SecurepadGroup, fail
 from .key_files import KeyFileUse, record_key_file_use
-from .output import for_terminal, to_json
+from .output import to_json
+
+if TYPE_CHECKING:
+    from .. import Keyring, Scratchpad
 
 __all__ = [
+    "ABORTED",
     "ENVIRONMENT",
     "ENV_HELP",
+    "INTERRUPTED",
+    "USAGE_ERROR",
     "SecurepadCommand",
     "SecurepadGroup",
     "SecurepadSubgroup",
@@ -63,97 +66,9 @@ _PG_SCHEMES = ("postgresql://", "postgres://")
 
 def default_db_path() -> Path:
     """``store.db`` in the user data dir (the key file lives in the config dir)."""
+    from platformdirs import user_data_path
+
     return user_data_path("securepad") / "store.db"
-
-
-# -- errors ------------------------------------------------------------------------------
-
-
-def _error_type(exc: BaseException) -> str:
-    # Name the public class: private subclasses are an implementation detail.
-    return next(c for c in type(exc).__mro__ if not c.__name__.startswith("_")).__name__
-
-
-def _wants_json(args: Sequence[str]) -> bool:
-    """Whether ``--json`` is among the options (before a ``--``)."""
-    end = args.index("--") if "--" in args else len(args)
-    return "--json" in args[:end]
-
-
-# The error types the command line adds to securepad.errors' (documented in docs/reference/cli.md).
-USAGE_ERROR = "UsageError"  # the command line is wrong: exit status 2
-ABORTED = "Aborted"  # a confirmation was declined: nothing changed, exit status 1
-INTERRUPTED = "Interrupted"  # Ctrl-C
-INTERRUPTED_STATUS = 130  # 128 + SIGINT, as shells report it
-
-
-class SecurepadGroup(click.Group):
-    """One error line, ``error: Type: message`` (or one JSON object with ``--json``),
-    on stderr for every failure: a securepad error exits 1, a usage error 2,
-    Ctrl-C 130 (with the plain line ``interrupted``)."""
-
-    def main(
-        self,
-        args: Sequence[str] | None = None,
-        prog_name: str | None = None,
-        complete_var: str | None = None,
-        standalone_mode: bool = True,
-        **extra: Any,
-    ) -> Any:
-        argv = list(sys.argv[1:] if args is None else args)
-        if not standalone_mode:
-            return super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
-        as_json = _wants_json(argv)
-        warnings = _WarningLines()
-        library_log = logging.getLogger("securepad")
-        library_log.addHandler(warnings)
-        try:
-            result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
-        except SecurepadError as exc:
-            fail(_error_type(exc), str(exc), as_json, 1)
-        except click.ClickException as exc:
-            fail(USAGE_ERROR, exc.format_message(), as_json, 2 if isinstance(exc, click.UsageError) else exc.exit_code)
-        except click.exceptions.Abort as exc:
-            # click turns Ctrl-C into Abort: from the interrupt itself, or (at a
-            # prompt) in its handling; a declined confirmation has neither.
-            if isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt):
-                interrupted(as_json)
-            fail(ABORTED, "not confirmed; nothing was changed", as_json, 1)
-        except KeyboardInterrupt:
-            interrupted(as_json)
-        finally:
-            library_log.removeHandler(warnings)
-        sys.exit(result if isinstance(result, int) else 0)
-
-
-class _WarningLines(logging.Handler):
-    """The library's warnings (a store's schema upgraded, a server unreachable)
-    as ``warning: message`` lines on stderr; the access log ("securepad.audit")
-    is for the application's own handlers."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.name.startswith("securepad.audit"):
-            return
-        click.echo(f"warning: {for_terminal(' '.join(record.getMessage().split()))}", err=True)
-
-
-def interrupted(as_json: bool) -> NoReturn:
-    """Ctrl-C: the plain line ``interrupted`` (a JSON error with --json), exit status 130."""
-    if as_json:
-        fail(INTERRUPTED, "interrupted", True, INTERRUPTED_STATUS)
-    click.echo("interrupted", err=True)
-    sys.exit(INTERRUPTED_STATUS)
-
-
-def fail(kind: str, message: str, as_json: bool, status: int) -> NoReturn:
-    if as_json:
-        click.echo(json.dumps({"error": {"type": kind, "message": message}}, ensure_ascii=False), err=True)
-    else:
-        click.echo(f"error: {kind}: {for_terminal(' '.join(message.split()))}", err=True)
-    sys.exit(status)
 
 
 # -- the global options, before or after the subcommand ----------------------------------
@@ -165,7 +80,7 @@ class State:
 
     def __init__(self) -> None:
         self.db: str | Path = default_db_path()
-        self.key_file: Path = Keyring.default_key_file()
+        self._key_file: Path | None = None  # None: Keyring.default_key_file(), looked up when read
         self.master_key_env: str | None = None
         self.passphrase_env: str | None = None
         self.master_key_uri: str | None = None
@@ -178,7 +93,23 @@ class State:
         self.key_options: set[str] = set()
         self.key_file_explicit = False
 
+    @property
+    def key_file(self) -> Path:
+        """The master key file: ``--key-file`` (or its variable), else the default."""
+        if self._key_file is None:
+            from .. import Keyring
+
+            self._key_file = Keyring.default_key_file()
+        return self._key_file
+
+    @key_file.setter
+    def key_file(self, path: Path) -> None:
+        self._key_file = path
+
     # -- the store and its key ---------------------------------------------------------
+    # A SQLite store is its file: whether it is there and where it is need no more
+    # than ``pathlib`` (as in ``Scratchpad.exists`` and ``Scratchpad.location_of``),
+    # so that a command that finds no store says so without loading the store.
 
     def store_exists(self) -> bool:
         """Whether the SQLite file exists, or the PostgreSQL store's schema.
@@ -186,6 +117,10 @@ class State:
         Raises:
             StoreUnavailableError: the PostgreSQL server cannot be reached.
         """
+        if isinstance(self.db, Path):
+            return self.db.exists()
+        from .. import Scratchpad
+
         return Scratchpad.exists(self.db)
 
     def refuse_empty_file(self) -> None:
@@ -202,6 +137,10 @@ class State:
 
     def where(self) -> str:
         """The store's location for a message (a DSN without its password)."""
+        if isinstance(self.db, Path):
+            return str(self.db.absolute())
+        from .. import Scratchpad
+
         return Scratchpad.location_of(self.db)
 
     def require_store(self) -> None:
@@ -226,6 +165,8 @@ class State:
             NotFoundError: the key file is missing for an existing store.
             KeySourceUriError: the master key URI is malformed.
         """
+        from .. import Keyring
+
         given = sorted(self.key_options)
         if len(given) > 1:
             raise click.UsageError(f"{' and '.join(given)} are two key sources: give one of {', '.join(_KEY_OPTIONS)}")
@@ -274,6 +215,8 @@ class State:
         file for a store that exists: it raises ``WrongKeyError``.
         """
         self.require_store()
+        from .. import Scratchpad  # after the check: a missing store is reported without the store's layers
+
         keyring = self.keyring(new_store=True)
         try:
             pad = Scratchpad.open(
@@ -301,6 +244,8 @@ class State:
         A PostgreSQL store is not checked here: the library creates an absent
         key file only if the store turns out to be new, and otherwise raises
         ``WrongKeyError`` without creating one."""
+        from .. import Scratchpad
+
         self.refuse_empty_file()
         keyring = self.keyring(new_store=True)
         key_existed = keyring.key_file is not None and keyring.key_file.exists()

@@ -3,18 +3,35 @@ terminal control sequence from the store reaches a terminal."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
-from rich.text import Text
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.text import Text
 
 __all__ = ["console", "err_console", "for_terminal", "plain", "print_json", "print_line", "progress", "to_json"]
 
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True)
+
+# rich is imported when a command first prints through it: a command that
+# prints nothing, or only plain lines through click, never loads it.
+@functools.cache
+def console() -> Console:
+    """The console on stdout (one per process)."""
+    from rich.console import Console
+
+    return Console()
+
+
+@functools.cache
+def err_console() -> Console:
+    """The console on stderr (one per process)."""
+    from rich.console import Console
+
+    return Console(stderr=True, soft_wrap=True)
 
 
 # CSI and OSC sequences (OSC 8 makes links), then any other C0/C1 control but tab and newline.
@@ -39,23 +56,27 @@ def to_json(value: Any) -> str:
 
 def plain(value: object) -> Text:
     """A table cell or line that rich never reads as markup, stripped for the terminal."""
+    from rich.text import Text
+
     return Text(for_terminal(str(value)))
 
 
 def print_json(value: Any) -> None:
-    console.print(to_json(value), markup=False, highlight=False, soft_wrap=True)
+    console().print(to_json(value), markup=False, highlight=False, soft_wrap=True)
 
 
 def print_line(text: str) -> None:
     """A line of plain text (never markup), stripped for the terminal."""
-    console.print(plain(text), highlight=False, soft_wrap=True)
+    console().print(plain(text), highlight=False, soft_wrap=True)
 
 
 def progress(*, transient: bool, elapsed: bool = True) -> Progress:
     """A progress bar on stderr (so --json output stays clean) whose description is
     plain text: an owner id or a check's name is shown as it is, never read as markup."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+
     columns: list[str | ProgressColumn] = [TextColumn("{task.description}", markup=False), BarColumn()]
     columns.append(MofNCompleteColumn())
     if elapsed:
         columns.append(TimeElapsedColumn())
-    return Progress(*columns, console=err_console, transient=transient)
+    return Progress(*columns, console=err_console(), transient=transient)

@@ -29,8 +29,6 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
-import re2  # type: ignore[import-untyped]
-
 from ..errors import InvalidArgumentError
 
 
@@ -94,6 +92,9 @@ def compile_pattern(pattern: object) -> tuple[Any, Any]:
         raise InvalidArgumentError("mode 'grep' needs a pattern (a string, RE2 regular expression syntax)")
     if len(pattern) > MAX_PATTERN_CHARS:
         raise InvalidArgumentError(f"the pattern has {len(pattern)} characters; at most {MAX_PATTERN_CHARS}")
+    # Imported here: a program (or a command) that never greps never loads RE2.
+    import re2  # type: ignore[import-untyped]
+
     options = re2.Options()
     options.log_errors = False
     options.never_capture = True  # a line match needs no submatches: groups only cost

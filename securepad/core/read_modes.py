@@ -25,14 +25,19 @@ from typing import Any
 from ..errors import InvalidArgumentError
 from . import grep
 from .grep import BREAK_CHARS as _BREAK_CHARS
+from .read_bounds import DEFAULT_MAX_MATCHES, DEFAULT_N, MAX_CONTEXT, MODES
 
-__all__ = ["MODES", "SegmentedContent", "iter_lines", "line_index", "read"]
+__all__ = [
+    "DEFAULT_MAX_MATCHES",
+    "DEFAULT_N",
+    "MAX_CONTEXT",
+    "MODES",
+    "SegmentedContent",
+    "iter_lines",
+    "line_index",
+    "read",
+]
 
-MODES = ("head", "tail", "range", "full", "lines", "grep")
-DEFAULT_N = 2000
-DEFAULT_MAX_MATCHES = 50
-# Context lines around each grep match, before and after.
-MAX_CONTEXT = 50
 # iter_lines keeps at most this much of a line's text by default.
 LINE_LIMIT = 1 << 20
 

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from ..errors import InvalidArgumentError
-from . import read_modes
+from . import read_bounds
 
 __all__ = [
     "MAX_TOOL_INT",
@@ -53,7 +53,7 @@ SCRATCHPAD_READ_TOOL: dict[str, Any] = {
                 },
                 "mode": {
                     "type": "string",
-                    "enum": list(read_modes.MODES),
+                    "enum": list(read_bounds.MODES),
                     "description": (
                         "head/tail: first/last n characters; range: characters start..end (end exclusive);"
                         " full: everything up to the read cap; lines: lines start..end (1-based, inclusive);"
@@ -84,13 +84,13 @@ SCRATCHPAD_READ_TOOL: dict[str, Any] = {
                     "type": "integer",
                     "minimum": 1,
                     "description": (
-                        f"grep: stop after this many matching lines (default {read_modes.DEFAULT_MAX_MATCHES})."
+                        f"grep: stop after this many matching lines (default {read_bounds.DEFAULT_MAX_MATCHES})."
                     ),
                 },
                 "context": {
                     "type": "integer",
                     "minimum": 0,
-                    "maximum": read_modes.MAX_CONTEXT,
+                    "maximum": read_bounds.MAX_CONTEXT,
                     "description": "grep: lines of context before and after each match (default 0).",
                 },
             },
@@ -179,7 +179,7 @@ def tool_arguments(name: object, arguments: object) -> dict[str, Any]:
         )
     mode = arguments.get("mode", "head")
     if not isinstance(mode, str) or mode not in _MODE_ARGUMENTS:
-        raise InvalidArgumentError(f"mode must be one of {', '.join(read_modes.MODES)}, not {str(mode)[:40]!r}")
+        raise InvalidArgumentError(f"mode must be one of {', '.join(read_bounds.MODES)}, not {str(mode)[:40]!r}")
     given = set(arguments) - {"scratchpad_id", "mode"}
     misplaced = sorted(given - _MODE_ARGUMENTS[mode])
     if misplaced:

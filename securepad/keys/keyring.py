@@ -24,9 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from argon2.exceptions import HashingError
-from argon2.low_level import Type, hash_secret_raw
-
 from ..crypto.primitives import KEY_BYTES, KeyHandle
 from ..errors import InvalidArgumentError, SecurepadError, WrongKeyError
 from ..storage.files import check_directory, check_private_file
@@ -283,6 +280,10 @@ def master_key(
         return KeyHandle(keyring._key_file_secret(new)), None
     if source.kind != "passphrase":
         return KeyHandle(source.secret), None
+    # Argon2 is loaded for a passphrase only: a key file or a token never needs it.
+    from argon2.exceptions import HashingError
+    from argon2.low_level import Type, hash_secret_raw
+
     record = kdf if kdf is not None and kdf.get("alg") == "argon2id" else None
     if record is None:
         record = {
