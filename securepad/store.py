@@ -341,7 +341,7 @@ def sqlite_of(pad: Scratchpad) -> Database:
 
 def listed(opened: Opened) -> dict[str, Any]:
     """One entry of ``Scratchpad.list_for_turn``: its clear columns, summary and view."""
-    row = opened.row
+    row, view = opened.row, opened.meta["view"]
     return {
         "scratchpad_id": row["id"],
         "step_num": row["step_num"],
@@ -353,6 +353,6 @@ def listed(opened: Opened) -> dict[str, Any]:
         "size_chars": row["size_chars"],
         "created_at": row["created_at"],
         "expires_at": row["expires_at"],
-        "summary": opened.meta["view"].get("summary", ""),
-        "view": opened.view(),
+        "summary": view.get("summary", ""),
+        "view": {"ok": True, "scratchpad_id": row["id"], **view},  # ``Opened.view``
     }

@@ -135,7 +135,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     backend = open_backend(spec["backend"], Path(spec["root"]), create=False)
     content = _Contents()
     ops = _operations(backend, spec["prepared"], content)
-    calls = sum(1 + 3 * spec["counts"][op] for op in BACKENDS[spec["backend"]])
+    chosen = spec["ops"]
+    calls = sum(1 + 3 * spec["counts"][op] for op in chosen)
     for salt in range(calls):  # the puts' observations (put_many's from step 1000 on)
         content(20_000 + salt)
         for j in range(BATCH if "put_many" in ops else 0):
@@ -144,7 +145,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     runs: list[list[Any]] = []
     serial = 0
     marker()
-    for op in BACKENDS[spec["backend"]]:
+    for op in chosen:
         call, n = ops[op], spec["counts"][op]
         for label, calls in (("warm", 1), ("N", n), ("2N", 2 * n)):
             started = time.process_time()
@@ -207,13 +208,22 @@ def has_valgrind() -> bool:
 
 
 def measure(
-    workdir: Path, *, method: str | None = None, tiny: bool = False, backends: Sequence[str] = tuple(BACKENDS)
+    workdir: Path,
+    *,
+    method: str | None = None,
+    tiny: bool = False,
+    backends: Sequence[str] = tuple(BACKENDS),
+    ops: Sequence[str] = OPERATIONS,
 ) -> dict[str, Any]:
-    """Prepare, measure and count every operation of ``backends``; ``method`` is
-    ``callgrind`` or ``cpu`` (default: callgrind when valgrind is installed)."""
+    """Prepare, measure and count the operations ``ops`` of ``backends`` (a
+    backend that runs none of them is left out); ``method`` is ``callgrind``
+    or ``cpu`` (default: callgrind when valgrind is installed)."""
     method = method or ("callgrind" if has_valgrind() else "cpu")
     if method not in ("callgrind", "cpu"):
         raise ValueError(f"unknown method {method!r} (callgrind, cpu)")
+    unknown = [op for op in ops if op not in OPERATIONS]
+    if unknown:
+        raise ValueError(f"unknown operations: {', '.join(unknown)} (known: {', '.join(OPERATIONS)})")
     if method == "callgrind" and not has_valgrind():
         raise RuntimeError("valgrind is not installed: measure with the cpu method")
     counts, listed = (TINY_COUNTS, TINY_LISTED) if tiny else (COUNTS, LISTED)
@@ -227,13 +237,16 @@ def measure(
         "work": {},
     }
     for name in backends:
+        chosen = [op for op in BACKENDS[name] if op in ops]
+        if not chosen:
+            continue
         prepared = prepare(name, workdir / "prepared" / name, listed)
-        spec = {"backend": name, "prepared": prepared, "counts": counts}
+        spec = {"backend": name, "prepared": prepared, "counts": counts, "ops": chosen}
         if method == "callgrind":
             _measured(spec, workdir, callgrind=False)  # compiles the bytecode once, natively
         found = _measured(spec, workdir, callgrind=method == "callgrind")
         figures = results["figures"][name] = {}
-        for op in BACKENDS[name]:
+        for op in chosen:
             n = counts[op]
             (seconds_n, ir_n), (seconds_2n, ir_2n) = found[(op, "N")], found[(op, "2N")]
             if ir_n is not None and ir_2n is not None:
@@ -241,7 +254,7 @@ def measure(
             else:
                 per = (seconds_n + seconds_2n) / (3 * n) * 1e6
             figures[op] = per / BATCH if op == "put_many" else per
-        results["work"][name] = work(name, workdir, prepared)
+        results["work"][name] = work(name, workdir, prepared, chosen)
     results["targets"] = targets(results)
     return results
 
@@ -317,8 +330,10 @@ def _counting(conn: apsw.Connection) -> Iterator[dict[str, int]]:
         counts.update({name: after[name] - before[name] for name in after})
 
 
-def work(name: str, workdir: Path, prepared: dict[str, Any]) -> dict[str, dict[str, int]]:
-    """One warm call of each operation, counted: statements, WAL frames, key work."""
+def work(
+    name: str, workdir: Path, prepared: dict[str, Any], chosen: Sequence[str] | None = None
+) -> dict[str, dict[str, int]]:
+    """One warm call of each operation (of ``chosen``), counted: statements, WAL frames, key work."""
     root = workdir / "counted"
     shutil.rmtree(root, ignore_errors=True)
     shutil.copytree(workdir / "prepared" / name, root)
@@ -326,7 +341,7 @@ def work(name: str, workdir: Path, prepared: dict[str, Any]) -> dict[str, dict[s
     try:
         ops = _operations(backend, prepared, _Contents())
         found = {}
-        for serial, op in enumerate(BACKENDS[name]):
+        for serial, op in enumerate(BACKENDS[name] if chosen is None else chosen):
             ops[op](10_000 + 2 * serial)  # warm
             _empty_wal(backend)
             conn = _connection(backend)
@@ -390,11 +405,18 @@ def report(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(*, out: Path, workdir: Path | None = None, method: str | None = None, tiny: bool = False) -> int:
-    """Measure, print the report and write ``<out>/costs.json``."""
+def main(
+    *,
+    out: Path,
+    workdir: Path | None = None,
+    method: str | None = None,
+    tiny: bool = False,
+    ops: Sequence[str] = OPERATIONS,
+) -> int:
+    """Measure (the operations ``ops``), print the report and write ``<out>/costs.json``."""
     scratch = Path(tempfile.mkdtemp(prefix="securepad-costs-", dir=workdir))
     try:
-        results = measure(scratch, method=method, tiny=tiny)
+        results = measure(scratch, method=method, tiny=tiny, ops=ops)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)

@@ -36,12 +36,17 @@ NAMED_ONLY: dict[str, type[Backend]] = {SealedFloorBackend.name: SealedFloorBack
 
 
 def parse_names(field: str, given: str) -> list[str]:
-    """The comma-separated backends or workloads of ``given``, checked against the known ones.
+    """The comma-separated backends, workloads or operations (``--costs``) of ``given``, checked against the known ones.
 
     Raises:
         ValueError: an unknown name (the message names it and lists the known ones).
     """
-    known = {**BACKENDS, **NAMED_ONLY} if field == "backends" else WORKLOADS
+    if field == "operations":
+        from .instructions import OPERATIONS
+
+        known: Sequence[str] | dict[str, Any] = OPERATIONS
+    else:
+        known = {**BACKENDS, **NAMED_ONLY} if field == "backends" else WORKLOADS
     chosen = [x.strip() for x in given.split(",") if x.strip()]
     unknown = [x for x in chosen if x not in known]
     if unknown:
@@ -86,11 +91,19 @@ def main(
     return 1 if results["failures"] else 0
 
 
-def costs(*, out: Path, workdir: Path | None = None, method: str | None = None, tiny: bool = False) -> int:
-    """``securepad bench --costs``: instructions (or CPU time) per operation, counts and targets."""
+def costs(
+    *,
+    out: Path,
+    workdir: Path | None = None,
+    method: str | None = None,
+    tiny: bool = False,
+    ops: Sequence[str] | None = None,
+) -> int:
+    """``securepad bench --costs``: instructions (or CPU time) per operation (of
+    ``ops``, default all), counts and targets."""
     from . import instructions
 
-    return instructions.main(out=out, workdir=workdir, method=method, tiny=tiny)
+    return instructions.main(out=out, workdir=workdir, method=method, tiny=tiny, ops=ops or instructions.OPERATIONS)
 
 
 def print_saved(path: Path, *, show_targets: bool = False, show_tables: bool = False) -> None:

@@ -508,6 +508,11 @@ def mcp(principal: Principal, turn_id: str | None) -> None:
     default=None,
     help="How --costs measures [default: callgrind when valgrind is installed, else CPU time].",
 )
+@click.option(
+    "--costs-ops",
+    default=None,
+    help="Comma-separated operations --costs measures [default: all]: put, read, put_many, listing.",
+)
 def bench(
     quick: bool,
     out: Path,
@@ -522,6 +527,7 @@ def bench(
     show_tables: bool,
     costs: bool,
     costs_method: str | None,
+    costs_ops: str | None,
 ) -> None:
     """Benchmark securepad against raw SQLite, sqlite3, diskcache and SQLCipher on this machine.
 
@@ -535,9 +541,13 @@ def bench(
     if from_json is not None:
         runner.print_saved(from_json, show_targets=show_targets, show_tables=show_tables)
         return
-    if costs or costs_method is not None:
+    if costs or costs_method is not None or costs_ops is not None:
         try:
-            sys.exit(runner.costs(out=out, workdir=workdir, method=costs_method, tiny=tiny))
+            ops = runner.parse_names("operations", costs_ops) if costs_ops else None
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--costs-ops") from None
+        try:
+            sys.exit(runner.costs(out=out, workdir=workdir, method=costs_method, tiny=tiny, ops=ops))
         except RuntimeError as exc:
             raise click.ClickException(str(exc)) from None
     try:

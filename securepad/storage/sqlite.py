@@ -25,6 +25,7 @@ from ..errors import SecurepadError, StorageFullError, StoreBusyError, StoreCorr
 from . import schema
 from .base import Conn, DuplicateKeyError, Params, Rows
 from .files import create_private_file
+from .rows import rows_of
 from .schema import SCHEMA_VERSION
 from .wal import WAL_KEEP_BYTES, WAL_LIMIT_BYTES, WAL_WAIT_MS, BusyHandler, ErrorMap, WalWatch
 
@@ -77,7 +78,7 @@ class _Conn:
         if fetched is not None:
             return fetched
         try:
-            return _rows(self.raw.execute(sql, params))
+            return rows_of(self.raw.execute(sql, params))
         except (apsw.Error, UnicodeDecodeError) as exc:
             raise self._error(exc, self.raw) from None
 
@@ -109,14 +110,6 @@ class _Conn:
             raise DuplicateKeyError from None
         except apsw.Error as exc:
             raise self._error(exc, self.raw) from None
-
-
-def _rows(cursor: apsw.Cursor) -> Rows:
-    try:
-        names = [d[0] for d in cursor.getdescription()]
-    except apsw.ExecutionCompleteError:  # no rows at all
-        return []
-    return [dict(zip(names, row, strict=True)) for row in cursor]
 
 
 class _Transaction:
@@ -373,7 +366,7 @@ class Database:
         """Rows as dicts, on this thread's connection (StoreCorruptError, SecurepadError)."""
         conn = self.conn
         try:
-            return _rows(conn.execute(sql, params))
+            return rows_of(conn.execute(sql, params))
         except (apsw.Error, UnicodeDecodeError) as exc:
             raise self._error(exc, conn) from None
 

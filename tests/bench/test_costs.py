@@ -77,6 +77,19 @@ def test_an_unknown_method_is_refused(tmp_path: Path) -> None:
     assert code == 2 and "perf" in output
 
 
+def test_costs_of_the_operations_chosen(tmp_path: Path) -> None:
+    code, output, results = _costs(tmp_path, "--costs-method", "cpu", "--costs-ops", "listing")
+    assert code == 0, output
+    assert results is not None
+    assert {name: set(figures) for name, figures in results["figures"].items()} == {name: {"listing"} for name in ALL}
+    assert {name: set(counted) for name, counted in results["work"].items()} == {name: {"listing"} for name in ALL}
+    met = {target["operation"]: target["met"] for target in results["targets"]}
+    assert isinstance(met.pop("listing"), bool) and set(met.values()) == {None}
+    (tmp_path / "again").mkdir()
+    code, output, results = _costs(tmp_path / "again", "--costs-ops", "put,lisitng")
+    assert code == 2 and "lisitng" in output and results is None
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
 def test_costs_in_instructions_under_callgrind(tmp_path: Path) -> None:

@@ -3,21 +3,30 @@ highest step, whether a step is free; rows through ``access.Access``, opened by 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import operator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ...errors import InvalidArgumentError
+from ...errors import IntegrityError, InvalidArgumentError
 from ...principal import Principal, check_identifier
 from ...storage.base import Conn, Params, Rows
 from ..access import Access, check_principal
 from ..heads.heads import Head
 from .open import Opener
-from .rows import COLUMNS, EntryParts, Opened, check_row_types, check_step_num, live
+from .rows import COLUMNS, LISTED_COLUMNS, EntryParts, Opened, check_row_types, check_step_num, live
 
 __all__ = ["Listings", "step_sql"]
 
 # check_step_free's columns and condition (turn, step).
 _STEP_QUERY = ("expires_at", "turn_id = ? AND step_num = ?")
+# A turn's rows come in its index's order, (step, id); a listing's order puts
+# the entries of one step (other actors' or channels') in creation order
+# (``_in_listing_order``), as SQL's sorter would, for few instructions a row.
+_IN_STEP_ORDER = "ORDER BY step_num, id"
+_LISTING_ORDER = operator.itemgetter("step_num", "created_at", "id")
+_STEP = operator.itemgetter("step_num")
+# The turn's format-1 rows (written before the listing part), every column.
+_FORMAT_ONE = "turn_id = ? AND sealed_listing IS NULL"
 
 
 class Listings:
@@ -34,12 +43,12 @@ class Listings:
         check_principal(principal)
         check_identifier("turn_id", turn_id)
         current = self.now(now)
-        order = "ORDER BY step_num, created_at, id"
+        order = _IN_STEP_ORDER
 
         def fetch(rows: Rows | None = None) -> list[Opened]:
             if rows is None:
-                rows = self._access.rows(principal, "entries", COLUMNS, "turn_id = ?", (turn_id,), order)
-            return list(self._authenticate_rows(principal, live(rows, current)))
+                rows = self._access.rows(principal, "entries", LISTED_COLUMNS, "turn_id = ?", (turn_id,), order)
+            return list(self._authenticate_rows(principal, turn_id, _in_listing_order(live(rows, current))))
 
         def check(head: Head, opened: list[Opened]) -> None:
             self.heads.checks.check_entries_in(head, principal, turn_id, [each.row for each in opened], current)
@@ -47,7 +56,7 @@ class Listings:
         # The turn's rows and its head rows: one round trip on PostgreSQL.
         head_sql = self.heads.read_sql(principal.owner_user_id, turn_id)
         (rows,), head_rows = self._access.rows_beside(
-            principal, head_sql, ("entries", COLUMNS, "turn_id = ?", (turn_id,), order)
+            principal, head_sql, ("entries", LISTED_COLUMNS, "turn_id = ?", (turn_id,), order)
         )
         return self.heads.inventories.checked(
             principal.owner_user_id, turn_id, fetch, check, first=(fetch(rows), head_rows)
@@ -73,7 +82,7 @@ class Listings:
 
         def fetch(rows: Rows | None = None) -> list[dict[str, Any]]:
             if rows is None:
-                rows = self._access.rows(principal, "entries", COLUMNS, "turn_id = ?", (turn_id,), order)
+                rows = self._access.rows(principal, "entries", LISTED_COLUMNS, "turn_id = ?", (turn_id,), order)
             return live(rows, current)
 
         def check(head: Head, rows: list[dict[str, Any]]) -> None:
@@ -81,12 +90,12 @@ class Listings:
 
         head_sql = self.heads.read_sql(principal.owner_user_id, turn_id)
         (rows,), head_rows = self._access.rows_beside(
-            principal, head_sql, ("entries", COLUMNS, "turn_id = ?", (turn_id,), order)
+            principal, head_sql, ("entries", LISTED_COLUMNS, "turn_id = ?", (turn_id,), order)
         )
         checked = self.heads.inventories.checked(
             principal.owner_user_id, turn_id, fetch, check, first=(fetch(rows), head_rows)
         )
-        return self._authenticate_rows(principal, checked)
+        return self._authenticate_rows(principal, turn_id, checked)
 
     def turn_offloads(self, principal: Principal, turn_id: str, now: float | None) -> bool:
         """Whether a live entry of the turn in the principal's scope was offloaded
@@ -96,8 +105,8 @@ class Listings:
 
         def fetch() -> tuple[bool, list[dict[str, Any]]]:
             seen = []
-            rows = self._newest_first(principal, turn_id, COLUMNS, now)
-            for opened in self._authenticate_rows(principal, rows):
+            rows = self._newest_first(principal, turn_id, LISTED_COLUMNS, now)
+            for opened in self._authenticate_rows(principal, turn_id, rows):
                 seen.append(opened.row)
                 if "inline" not in opened.meta:
                     return True, seen
@@ -134,8 +143,37 @@ class Listings:
                 return
             offset, size = offset + size, size * 2
 
-    def _authenticate_rows(self, principal: Principal, rows: Iterable[dict[str, Any]]) -> Iterator[Opened]:
-        return self._access.open_each(principal, "entries", COLUMNS, rows, self._lister())
+    def _authenticate_rows(
+        self, principal: Principal, turn_id: str, rows: Iterable[dict[str, Any]]
+    ) -> Iterator[Opened]:
+        """Each row authorized again and opened as a listing shows it (``Access.open_each``)."""
+        return self._access.open_each(
+            principal, "entries", COLUMNS, rows, self._lister(self._format_one(principal, turn_id))
+        )
+
+    def _format_one(self, principal: Principal, turn_id: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        """A format-1 row with every column (its item key and metadata, which a
+        listing does not select): the turn's format-1 rows in the principal's
+        scope, fetched when the first is reached (one statement; none for a turn
+        without them). Each must hold the values of the row listed, which is the
+        one checked against the turn's head.
+
+        The function raises IntegrityError when the row is gone or differs.
+        """
+        found: dict[str, dict[str, Any]] = {}
+
+        def whole(row: dict[str, Any]) -> dict[str, Any]:
+            if "wrapped_key" in row:  # fetched whole already (``open_each``'s fetch again by id)
+                return row
+            if not found:
+                rows = self._access.rows(principal, "entries", COLUMNS, _FORMAT_ONE, (turn_id,))
+                found.update((each["id"], each) for each in rows)
+            full = found.get(row["id"])
+            if full is None or any(full[column] != value for column, value in row.items()):
+                raise IntegrityError(f"entry {row['id']} changed while its turn was listed")
+            return full
+
+        return whole
 
     def last_step(self, principal: Principal, turn_id: str, now: float | None, conn: Conn | None = None) -> int:
         """The highest step of the turn's live entries in the principal's scope,
@@ -185,6 +223,21 @@ class Listings:
             rows = self._access.rows(principal, "entries", *_STEP_QUERY, (turn_id, step_num), conn=conn)
         if live(rows, self.now(now)):
             raise InvalidArgumentError(f"step {step_num} is already recorded in turn {turn_id!r}")
+
+
+def _in_listing_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` (in (step, id) order) in a listing's order: step, creation, id.
+
+    Raises:
+        IntegrityError: a clear step or creation time that is not a number.
+    """
+    if len(set(map(_STEP, rows))) == len(rows):  # no step twice: the order is the steps'
+        return rows
+    try:
+        rows.sort(key=_LISTING_ORDER)
+    except TypeError:
+        raise IntegrityError("the entry's clear step or creation time has the wrong type") from None
+    return rows
 
 
 def step_sql(access: Access, principal: Principal, turn_id: str, step_num: int) -> tuple[str, Params]:

@@ -157,21 +157,28 @@ class Opener:
         )
         return Readable(row, meta, content, cipher)
 
-    def lister(self) -> Callable[[dict[str, Any]], Opened]:
+    def lister(
+        self, whole: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    ) -> Callable[[dict[str, Any]], Opened]:
         """What a listing shows of a row: its listing part opened under the
         owner's listing key (bound to every clear column a listing returns), or
-        the whole entry for format 1. The function raises IntegrityError when
+        the whole entry for format 1 (``whole``: the row with every column, when
+        the listing did not select them). The function raises IntegrityError when
         the part, or a clear column it is bound to, was altered."""
         keys: dict[tuple[Any, Any], ListingKey] = {}
+        unpack = shaping.unpack
 
         def listed(row: dict[str, Any]) -> Opened:
             if row["sealed_listing"] is None:
-                return self.authenticate(row)
+                return self.authenticate(row if whole is None else whole(row))
             version = (row["owner_user_id"], row["key_version"])
             key = keys.get(version)
             if key is None:
                 key = keys[version] = self._keys.listing_key(*version)
-            return Opened(row, _listing_meta(key, row))
+            meta = unpack(key.open(row))  # ``_listing_meta``, inline
+            if not isinstance(meta, dict) or not isinstance(meta.get("view"), dict):
+                raise IntegrityError("the entry's listing part has no view")
+            return Opened(row, meta)
 
         return listed
 

@@ -20,6 +20,7 @@ from ..heads.heads import Heads
 __all__ = [
     "COLUMNS",
     "ID_RE",
+    "LISTED_COLUMNS",
     "Entry",
     "EntryParts",
     "Opened",
@@ -35,6 +36,13 @@ COLUMNS = (
     "id, turn_id, step_num, executor_name, content_kind, size_bytes,"
     " size_chars, segment_count, key_version, created_at, expires_at, wrapped_key, nonce_prefix,"
     " commitment, sealed_meta, stored_bytes, sealed_listing"
+)
+# What a listing selects: every column but those only a format-1 row needs
+# (its item key and metadata: ``Opener.authenticate``), which a listing
+# fetches apart, for the format-1 rows alone.
+LISTED_COLUMNS = (
+    "id, turn_id, step_num, executor_name, content_kind, size_bytes, size_chars,"
+    " segment_count, key_version, created_at, expires_at, commitment, stored_bytes, sealed_listing"
 )
 # The type every clear column of an entry must have (SQLite's typing is dynamic);
 # sealed_listing is None in a row written before the listing part.
@@ -69,10 +77,14 @@ class Entry:
     view: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Opened:
     """An authorized, authenticated entry as a listing shows it: its clear row
-    and its listing part (``view``, ``content_id``, ``inline``); content still sealed."""
+    and its listing part (``view``, ``content_id``, ``inline``); content still sealed.
+
+    Not frozen: a listing makes one per row, and a frozen dataclass's ``__init__``
+    (``object.__setattr__`` a field) costs about three times this one's; nothing
+    sets a field after it is made (``row`` and ``meta`` are dicts either way)."""
 
     row: dict[str, Any]
     meta: dict[str, Any]
@@ -81,7 +93,7 @@ class Opened:
         return {"ok": True, "scratchpad_id": self.row["id"], **self.meta["view"]}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Readable(Opened):
     """An entry opened with its item key: full ``meta``, and ``content`` that reads its segments."""
 
@@ -163,6 +175,6 @@ def live(rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
         IntegrityError: a clear expiry that is not a number.
     """
     for row in rows:
-        if not isinstance(row["expires_at"], float | int):
+        if not isinstance(row["expires_at"], (float, int)):  # a tuple: ``float | int`` is made anew each time
             raise IntegrityError("the entry's clear expires_at has the wrong type")
     return [row for row in rows if row["expires_at"] > now]

@@ -36,8 +36,16 @@ class HeadChecks:
         """Refuse (IntegrityError) an entry ``rows`` holds that ``head`` does not list as it is and, with
         ``complete``, a live entry of the principal's scope that ``head`` lists and ``rows`` lack."""
         seen = set()
+        listed = head.e
         for row in rows:
-            same_entry(head, row)
+            sealed = listed.get(row["id"])
+            if (
+                sealed is None
+                or sealed[0] != row["step_num"]
+                or sealed[1] != row["expires_at"]
+                or sealed[2] != row["stored_bytes"]
+            ):
+                same_entry(head, row)  # ``same_entry``'s check, inline: it raises, with the reason
             seen.add(row["id"])
         if complete:
             for entry_id, (step, expires_at, _, actor, channel) in head.e.items():

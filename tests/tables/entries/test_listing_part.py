@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from securepad import IntegrityError, Keyring, NotFoundError, Principal, Scratchpad
+from securepad import IntegrityError, Keyring, NotFoundError, Policy, Principal, Scratchpad
 from securepad.bench.costs import listing_costs
 from securepad.core.shaping import PACKED_JSON, PACKED_MSGPACK, pack, unpack
 from securepad.crypto.formats import ENTRY_FORMAT, LISTING_FORMAT, Header
@@ -431,3 +431,66 @@ def test_a_put_overtaken_by_a_rotation_while_sealing_seals_again(
         assert pad.get(ALICE, entry).observation == "during"
         assert [item["step_num"] for item in pad.list_for_turn(ALICE, "t")] == [1, 2]
     assert Store(db_path, keyring, {"e": entry}).column("e", "key_version") == 2
+
+
+# -- what a listing selects ---------------------------------------------------------------------
+
+# The columns only a format-1 row needs (its item key and metadata).
+FORMAT_ONE_COLUMNS = ("wrapped_key", "nonce_prefix", "sealed_meta")
+
+
+def _statements(pad: Scratchpad, call: Callable[[], object]) -> list[str]:
+    """The SQL of every statement ``call`` ran on this thread's connection (triggers' apart)."""
+    conn = sqlite_of(pad).conn
+    found: list[str] = []
+
+    def trace(event: dict[str, Any]) -> None:
+        if not event.get("trigger"):
+            found.append(event["sql"])
+
+    conn.trace_v2(apsw.SQLITE_TRACE_STMT, trace)
+    try:
+        call()
+    finally:
+        conn.trace_v2(0, None)
+    return found
+
+
+def test_a_listing_of_new_entries_selects_none_of_the_format_1_columns(store: Store) -> None:
+    with store.open() as pad:
+        turn = pad.turn(ALICE, "t1")
+        for call in (lambda: pad.list_for_turn(ALICE, "t1"), turn.history, turn.tools):
+            call()  # warm
+            statements = _statements(pad, call)
+            assert statements and not [sql for sql in statements if any(c in sql for c in FORMAT_ONE_COLUMNS)]
+        assert len(_statements(pad, lambda: pad.list_for_turn(ALICE, "t1"))) == 2  # the rows, and the turn head
+
+
+def test_an_old_turn_fetches_its_format_1_rows_whole_in_one_more_statement(v7_store: Store) -> None:
+    with v7_store.open() as pad:
+        new = pad.put(ALICE, "turn-fixture", 99, "new_tool", "written now", now=V7_NOW)["scratchpad_id"]
+        listing = lambda: pad.list_for_turn(ALICE, "turn-fixture", now=V7_NOW)  # noqa: E731
+        listed = listing()
+        statements = _statements(pad, listing)
+        assert len(statements) == 3, statements
+        whole = [sql for sql in statements if all(column in sql for column in FORMAT_ONE_COLUMNS)]
+        assert len(whole) == 1 and "sealed_listing IS NULL" in whole[0]
+        assert listed[-1]["scratchpad_id"] == new and len(listed) == len(V7["entries"]) + len(V7["batch"]) + 1
+
+
+def test_entries_of_one_step_list_in_creation_order(db_path: Path, keyring: Keyring) -> None:
+    """Entries of other channels may share a step (a channel's scope checks its own
+    steps); a scope that sees them all lists them in the order they were put."""
+    channels = [f"c{i}" for i in range(8)]
+    with Scratchpad.open(
+        db_path, keyring=keyring, policy=Policy.from_dict({"access": {"scope": "owner+channel"}})
+    ) as pad:
+        for i, channel in enumerate(channels):
+            pad.put(Principal("alice", "agent", channel), "t", 1, "tool", channel, now=1000.0 + i)
+        pad.put(Principal("alice", "agent", "c0"), "t", 2, "tool", "after", now=1000.0)
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        listed = pad.list_for_turn(Principal("alice", "agent", "c0"), "t", now=1010.0)
+        assert [item["summary"] for item in listed] == [*channels, "after"]
+        assert [item["scratchpad_id"] for item in listed] == [
+            item["scratchpad_id"] for item in pad.list_for_turn(ALICE, "t", now=1010.0)
+        ]
