@@ -49,6 +49,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from securepad import Keyring, Principal, Scratchpad
+from tests.support.collected_frameworks import FRAMEWORKS_AT_COLLECTION, imported_frameworks
 from tests.support.moto_kms import AWS_VARIABLES, SECUREPAD_ACTIONS, MotoKms, start_moto
 from tests.support.principals import ALICE, BOB
 from tests.support.pristine import PristineStore
@@ -165,6 +166,11 @@ def _name_groups(items: list[pytest.Item]) -> None:
         suffix = "@" + "_".join(sorted(names))
         if names and not item.nodeid.endswith(suffix):
             item._id = NodeId.parse(item.nodeid + suffix)  # type: ignore[attr-defined]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Which frameworks collecting imported (``tests/test_collection.py`` wants none)."""
+    session.config.stash[FRAMEWORKS_AT_COLLECTION] = imported_frameworks()
 
 
 def _server_dsn(dbname: str) -> str:
