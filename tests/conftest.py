@@ -133,39 +133,18 @@ def _long(item: pytest.Item) -> bool:
 _SERVER_FIXTURES = frozenset({"pg_database", "pg_dsn"})
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test that reaches the PostgreSQL server is a PostgreSQL run, left
-    out of ``-m "not slow"`` like the ``[postgresql]`` runs of ``pad``. Then the
-    long tests first (otherwise in collection order): pytest-xdist deals the
-    first tests out one by one, so the long ones spread over the workers and
-    the short ones fill the end, instead of one worker finishing a long test
-    while the others idle."""
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long tests first (otherwise in collection order): pytest-xdist deals
+    the first tests out one by one, so the long ones spread over the workers
+    and the short ones fill the end, instead of one worker finishing a long
+    test while the others idle. Then every test that reaches the PostgreSQL
+    server is a PostgreSQL run, left out of ``-m "not slow"`` like the
+    ``[postgresql]`` runs of ``pad``, and so is every test of an agent
+    framework (its ``xdist_group``: importing the framework costs seconds)."""
     items.sort(key=lambda item: not _long(item))
     for item in items:
-        if _SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        if _SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.slow)
-    if getattr(config.option, "loadgroup", False):
-        _name_groups(items)
-
-
-def _name_groups(items: list[pytest.Item]) -> None:
-    """Under ``--dist loadgroup``, each test marked ``xdist_group`` gets its
-    group's name after its id (``path::test[params]@group``), which is what
-    pytest-xdist schedules on one worker. pytest-xdist writes it to
-    ``item._nodeid``; a pytest whose items keep their id as a ``NodeId`` never
-    reads that, and the groups would be dealt out like any test."""
-    try:
-        from _pytest.nodeid import NodeId
-    except ImportError:  # a pytest that reads ``_nodeid``: pytest-xdist's own suffix holds
-        return
-    for item in items:
-        names = {
-            str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-            for mark in item.iter_markers("xdist_group")
-        }
-        suffix = "@" + "_".join(sorted(names))
-        if names and not item.nodeid.endswith(suffix):
-            item._id = NodeId.parse(item.nodeid + suffix)  # type: ignore[attr-defined]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -234,6 +234,7 @@ def _opens_with(db: Path, old: str, new: str, expected: dict[str, str]) -> str:
     return opened[0]
 
 
+@pytest.mark.slow
 def test_rotations_between_a_key_file_and_kms_keys_survive_sigkill(kms_env: MotoKms, tmp_path: Path) -> None:
     db = tmp_path / "s.db"
     current = str(tmp_path / "key-0")

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from securepad import Keyring, Principal, Scratchpad
 from tests.support.softhsm import SoftHsm, find_softhsm
 
@@ -86,6 +88,7 @@ def _opens_with(hsm: SoftHsm, db: Path, old: str, new: str, sample: dict[str, st
     return str(opened[0])
 
 
+@pytest.mark.slow
 def test_rotations_between_a_key_file_and_a_token_key_survive_sigkill(tmp_path: Path) -> None:
     found = find_softhsm()
     assert found is not None, "SoftHSM2 is needed (apt-get install softhsm2)"

@@ -14,6 +14,9 @@ import pytest
 from securepad import Keyring, Principal, Scratchpad
 from securepad.errors import WrongKeyError
 
+# Each test kills child processes again and again: long.
+pytestmark = pytest.mark.slow
+
 ALICE = Principal("alice", "a", "c")
 BOB = Principal("bob", "a", "c")
 ENTRIES = 2000

@@ -360,6 +360,7 @@ def helper(db_path: Path, key_file: Path, mode: str) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.slow
 def test_sigkill_between_commit_and_anchor_write_never_looks_like_a_rollback(
     db_path: Path, keyring: Keyring, key_file: Path
 ) -> None:

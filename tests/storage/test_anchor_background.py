@@ -103,6 +103,7 @@ def _store_counter(db_path: Path) -> int:
     return int(str(value).split(":", 1)[0])
 
 
+@pytest.mark.slow
 def test_a_store_never_closed_is_anchored_at_exit(db_path: Path, key_file: Path, keyring: Keyring) -> None:
     """The process exits (the syncer, a daemon, does not hold it) and the exit
     anchors the writes made since the last sync, as close would: the store's

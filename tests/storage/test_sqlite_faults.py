@@ -68,6 +68,7 @@ def open_fds() -> int:
 # -- 1. a thread's connection ends with the thread ------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.sqlite_only
 def test_thousands_of_short_lived_threads_keep_the_fd_count_flat(pad: Scratchpad) -> None:
     entry = pad.put(ALICE, "t", 1, "tool", "x" * 100)["scratchpad_id"]
@@ -107,6 +108,7 @@ def test_thousands_of_short_lived_threads_keep_the_fd_count_flat(pad: Scratchpad
     assert after - before <= 2 * 40 + 4
 
 
+@pytest.mark.slow
 def test_threads_past_a_low_descriptor_limit(tmp_path: Path) -> None:
     """With ``ulimit -n 128`` 400 threads (three times the limit), one after another, each put and read."""
     script = textwrap.dedent(
