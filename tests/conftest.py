@@ -105,11 +105,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: two workers more than the cores. Many tests wait (on the
-    server, on a child process, on a deadline) rather than compute, and the
-    extra workers keep the cores busy meanwhile."""
+    """``-n auto``: a worker more than the cores. The slow tests wait (on the
+    server, on a child process, on a deadline) as much as they compute, and
+    the extra worker keeps the cores busy meanwhile; a second one costs more
+    than it gains (the workers then slow one another). Without the slow tests
+    (``-m "not slow"``), one worker per core."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return cores + 2
+    return cores if "not slow" in (config.getoption("markexpr") or "") else cores + 1
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -181,6 +181,7 @@ channels = st.sampled_from(["web", "slack"])
 principals = st.builds(Principal, names, actors, channels)
 
 
+@pytest.mark.slow
 @given(scope=st.sampled_from(SCOPES), writers=st.lists(principals, min_size=1, max_size=6), reader=principals)
 def test_isolation_property(
     tmp_path_factory: pytest.TempPathFactory,

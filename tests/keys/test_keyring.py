@@ -114,6 +114,7 @@ def _race_for_key(path: str, db_path: str, barrier: Any) -> None:
     Scratchpad.open(db_path, keyring=keyring).close()
 
 
+@pytest.mark.slow
 def test_racing_processes_create_one_key(tmp_path: Path) -> None:
     """Each process creates the key file if it can and opens its own store with
     the key it got; every store then opens with the key left in the file."""

@@ -44,6 +44,7 @@ def _pieces(pad: Scratchpad, where: str, params: tuple[object, ...]) -> list[byt
     return pieces
 
 
+@pytest.mark.slow
 def test_forget_owner_leaves_no_stale_copy_of_its_rows(sqlite_pad: Scratchpad, db_path: Path) -> None:
     alice, bob = Principal("alice", "x", "web"), Principal("bob", "x", "web")
     for i in range(ROWS):

@@ -117,6 +117,7 @@ def test_other_differences_carry_no_step_fields(store_location: Any, backend: st
     assert "steps" not in problem and "steps present" not in problem["problem"]
 
 
+@pytest.mark.slow
 @pytest.mark.sqlite_only
 @given(removed=st.sets(st.integers(min_value=1, max_value=8), min_size=1))
 def test_the_missing_steps_are_exactly_the_removed_ones(

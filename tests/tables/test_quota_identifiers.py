@@ -112,6 +112,7 @@ def test_an_entrys_cost_grows_with_each_identifier_byte() -> None:
     assert identifier_cost("0" * 16, "o", "t", "a", "c", "e", 3) - short == 3 * 2 * 17  # segment rows: id and owner
 
 
+@pytest.mark.slow
 @given(
     identifiers=st.lists(
         st.tuples(*[st.text(st.characters(codec="utf-8", categories=["L", "N", "S"]), min_size=1, max_size=40)] * 3),

@@ -334,6 +334,7 @@ def _write_in_a_process(path: str, key: str, turn: str, steps: int) -> None:
             pad.put(ALICE, turn, 1000 + step, "fetch", f"process {os.getpid()}", now=NOW)
 
 
+@pytest.mark.slow
 def test_processes_writing_while_a_warm_reader_reads(db_path: Path, keyring: Keyring, key_file: Path) -> None:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         record_batches(pad, ALICE, TURN, 2)

@@ -235,6 +235,7 @@ def _writer(location: Any, key_file: str, turn: str, steps: range) -> None:
             pad.put(ALICE, turn, step, "fetch", {"n": step, "text": "from another process"}, now=NOW)
 
 
+@pytest.mark.slow
 def test_warm_reads_interleaved_with_another_process_gc_expiry_and_rotation(
     warm: dict[str, Any], key_file: Any
 ) -> None:
