@@ -1,12 +1,13 @@
 """Collecting the suite imports no agent framework, and each framework's tests
-run in one pytest-xdist group.
+carry their framework's pytest-xdist group.
 
 Every pytest-xdist worker collects every test module, and the frameworks cost
 seconds of CPU to import (the OpenAI Agents SDK about two, LangGraph with
 LangChain and the MCP SDK about one each). A test module imports its framework
 (and its ``securepad.integrations`` adapter) only inside the fixtures, tests and
 helpers that use it, and marks those tests ``xdist_group`` with the framework's
-group, so that under ``--dist loadgroup`` one worker imports each framework.
+group: ``-m "not slow"`` leaves them out (``tests/conftest.py``), and
+``--dist loadgroup`` can keep each framework on one worker.
 """
 
 from __future__ import annotations
