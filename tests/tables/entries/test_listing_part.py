@@ -478,6 +478,27 @@ def test_an_old_turn_fetches_its_format_1_rows_whole_in_one_more_statement(v7_st
         assert listed[-1]["scratchpad_id"] == new and len(listed) == len(V7["entries"]) + len(V7["batch"]) + 1
 
 
+@pytest.mark.parametrize("change", ["gone", "changed"])
+def test_a_format_1_row_that_changes_before_it_is_fetched_whole_fails_the_listing(
+    v7_store: Store, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """The whole format-1 row must be the row the listing checked against the
+    turn head: one that is gone or holds other values fails the listing."""
+    with v7_store.open() as pad:
+        access = parts(pad).access
+        fetch = access.rows
+
+        def rows(*args: Any, **kwargs: Any) -> Any:
+            found = fetch(*args, **kwargs)
+            if "sealed_listing IS NULL" in args[3]:  # the format-1 rows, fetched whole
+                return found[1:] if change == "gone" else [{**found[0], "step_num": 999}, *found[1:]]
+            return found
+
+        monkeypatch.setattr(access, "rows", rows)
+        with pytest.raises(IntegrityError, match="changed while its turn was listed"):
+            pad.list_for_turn(ALICE, "turn-fixture", now=V7_NOW)
+
+
 def test_entries_of_one_step_list_in_creation_order(db_path: Path, keyring: Keyring) -> None:
     """Entries of other channels may share a step (a channel's scope checks its own
     steps); a scope that sees them all lists them in the order they were put."""
