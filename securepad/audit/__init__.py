@@ -27,8 +27,8 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +36,13 @@ from ..errors import PolicyError, SecurepadError
 from ..policy import SCOPES, Policy, setting_sections
 from ..store import Scratchpad, sqlite_of
 from . import _api, _files, _postgres, _runtime
-from ._support import CheckFailed, Context, Tenants, scan_files, store_files
+from ._support import CheckFailed, Context, Step, Steps, holding, scan_files, store_files
 
 __all__ = ["Audit", "AuditReport", "CheckResult", "run_audit"]
 
 # Observations are transient; a policy that keeps them longer than this
 # defeats expiry as a way of keeping little.
 MAX_SANE_TTL_SECONDS = 30 * 86_400
-
-Check = Callable[[Context], str]
 
 
 @dataclass(frozen=True)
@@ -59,14 +57,7 @@ class CheckResult:
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "group": self.group,
-            "passed": self.passed,
-            "tried": self.tried,
-            "happened": self.happened,
-            "seconds": round(self.seconds, 4),
-        }
+        return {**asdict(self), "seconds": round(self.seconds, 4)}
 
 
 @dataclass(frozen=True)
@@ -99,14 +90,6 @@ class AuditReport:
         }
 
 
-@dataclass(frozen=True)
-class _Step:
-    name: str
-    group: str
-    tried: str
-    check: Check
-
-
 @dataclass
 class Audit:
     """One audit of an open store. ``checks`` names every row in order (for a
@@ -121,7 +104,7 @@ class Audit:
     pad: Scratchpad
     key_file: str | os.PathLike[str] | None = None
     scratch_dir: str | os.PathLike[str] | None = None
-    _steps: list[_Step] = field(default_factory=list, init=False)
+    _steps: list[Step] = field(default_factory=list, init=False)
     _results: list[CheckResult] = field(default_factory=list, init=False)
     _started: bool = field(default=False, init=False)
 
@@ -146,30 +129,16 @@ class Audit:
         pad = self.pad
         key_file = Path(self.key_file) if self.key_file is not None else pad.keyring.key_file
         scratch = Path(self.scratch_dir) if self.scratch_dir is not None else None
-        ctx = Context(pad, key_file, scratch)
-        tenants = _api.new_tenants()
-        on_pg = pad.backend != "sqlite"
-
-        def state() -> dict[str, str]:
-            return _postgres.real_state(ctx, tenants.owners) if on_pg else _real_state(pad, tenants.owners)
-
-        def remove(c: Context) -> str:
-            return _postgres.remove_check(c, tenants) if on_pg else _remove_tenants(c, tenants)
-
-        before = state()
+        ctx = Context(pad, key_file, scratch, _api.new_tenants())
+        before = _real_state(ctx)
         try:
             for step in self._steps:
-                if step.name == _TENANTS:
-                    result = _timed(step, lambda c: _api.populate(c.pad, tenants), ctx)
-                    ctx.setup = tenants if result.passed else None
-                else:
-                    result = _timed(step, step.check, ctx)
-                yield self._record(result)
+                yield self._record(_timed(step, ctx))
         finally:
-            removed = _timed(_REMOVED, remove, ctx)
+            removed = _timed(_REMOVED, ctx)
         yield self._record(removed)
-        after = state()
-        yield self._record(_timed(_UNCHANGED, lambda c: _compare(before, after), ctx))
+        after = _real_state(ctx)
+        yield self._record(_timed(replace(_UNCHANGED, check=lambda c: _compare(before, after)), ctx))
 
     def _record(self, result: CheckResult) -> CheckResult:
         self._results.append(result)
@@ -206,89 +175,22 @@ def run_audit(
 
 # -- the plan ------------------------------------------------------------------------
 
-_TENANTS = "audit tenants"
-_REMOVED = _Step(
-    "audit tenants removed",
-    "cleanup",
-    "purge both audit owners (entries, keys), remove the scratch copies, scan the files again",
-    lambda ctx: "",
-)
-_UNCHANGED = _Step(
-    "real entries unchanged",
-    "cleanup",
-    "compare every other owner's entry rows, segments, owner keys and turn records with their state before",
-    lambda ctx: "",
-)
 
-
-# The SQLite store's deployment checks and its at-rest checks: (name, what is tried, check).
-_FILE_CHECKS = [
-    ("store file permissions", "mode and owner of the db, -wal, -shm files", _files.store_file_permissions),
-    ("store directory permissions", "mode and owner of the store's directory", _files.store_dir_permissions),
-    ("key file permissions", "mode and owner of the master key file and its directory", _files.key_file_permissions),
-    (
-        "key file apart from the data",
-        "whether the key file sits inside the store's data dir",
-        _files.key_file_placement,
-    ),
-    ("secure_delete on", "PRAGMA secure_delete and journal_mode on the store's connection", _files.secure_delete_on),
-]
-# Where the master key is: in the process, or a token's or KMS's key and what the source says of it.
-_SOURCE_CHECKS = [
-    (
-        "master key source",
-        "which master key opens the store; a token's key read back: not extractable, sensitive; no PIN in the URI",
-        _files.master_key_source,
-    ),
-    (
-        "no key file left for a token or KMS key",
-        "whether a key file recorded to open this store lies in the key file's place",
-        _files.no_key_file_left,
-    ),
-]
-_AT_REST_CHECKS = [
-    (
-        "at-rest canary scan",
-        "search the db, -wal, -shm and -journal files for every canary, before and after a checkpoint",
-        _files.canary_scan,
-    ),
-    (
-        "gc scrubs expired entries",
-        "find the expired audit entry's ciphertext in the files, gc, search again",
-        _files.gc_scrubs_expired,
-    ),
-]
-
-
-def _plan(pad: Scratchpad) -> list[_Step]:
+def _plan(pad: Scratchpad) -> list[Step]:
     """The audit's steps. PostgreSQL has no file to copy or scan: the server's
     roles, row-level security and grants instead, and rows tampered in place."""
     postgres = pad.backend != "sqlite"
-
-    def steps(group: str, checks: Iterable[tuple[str, str, Check]]) -> list[_Step]:
-        return [_Step(name, group, tried, check) for name, tried, check in checks]
-
-    plan = steps("deployment", _postgres.deployment_checks() if postgres else _FILE_CHECKS)
-    plan += steps("deployment", _SOURCE_CHECKS)
-    plan += steps(
-        "deployment", [("policy sane", "validate the policy again; log_denied on; bounded expiry", _policy_sane)]
-    )
-    tenants = "store canary entries as two synthetic owners (three principals of a) and read them back"
-    plan += steps("setup", [(_TENANTS, tenants, lambda ctx: "")])
-    plan += steps("isolation", [_postgres.raw_query_check()] if postgres else [])
-    plan += steps("isolation", _api.api_checks(pad)) + steps("runtime", _runtime.runtime_checks(pad))
-    if postgres:
-        return plan + steps("tamper", _postgres.tamper_checks())
-    plan += steps("tamper", _files.tamper_checks())
-    wrong_key = ("wrong master key", "open a scratch copy with a fresh random master key", _files.wrong_master_key)
-    return plan + steps("tamper", [wrong_key]) + steps("at rest", _AT_REST_CHECKS)
+    plan = [*(_postgres.DEPLOYMENT if postgres else _files.DEPLOYMENT), *_files.KEY_SOURCE, *_POLICY, *_api.SETUP]
+    plan += [*(_postgres.RAW_QUERY if postgres else []), *_api.ISOLATION, *_runtime.RUNTIME]
+    plan += _postgres.TAMPER if postgres else [*_files.TAMPER, *_files.AT_REST]
+    return [replace(step, name=step.name.format(scope=pad.policy.scope)) for step in plan]
 
 
-def _timed(step: _Step, check: Check, ctx: Context) -> CheckResult:
+def _timed(step: Step, ctx: Context) -> CheckResult:
     """Run one check; its failure (or any error) becomes a failed row."""
     started = time.perf_counter()
     try:
-        happened, passed = check(ctx), True
+        happened, passed = step.check(ctx), True
     except CheckFailed as exc:
         happened, passed = str(exc), False
     except Exception as exc:
@@ -298,7 +200,10 @@ def _timed(step: _Step, check: Check, ctx: Context) -> CheckResult:
 
 # -- checks that belong to the run itself ----------------------------------------------
 
+_POLICY = Steps("deployment")
 
+
+@_POLICY("policy sane", "validate the policy again; log_denied on; bounded expiry")
 def _policy_sane(ctx: Context) -> str:
     policy = ctx.pad.policy
     sections = setting_sections()
@@ -325,8 +230,10 @@ def _policy_sane(ctx: Context) -> str:
     )
 
 
-def _remove_tenants(ctx: Context, tenants: Tenants) -> str:
-    pad = ctx.pad
+def _remove_tenants(ctx: Context) -> str:
+    pad, tenants = ctx.pad, ctx.synthetic
+    if pad.backend != "sqlite":
+        return _postgres.remove_check(ctx, tenants)
     ctx.remove_scratch()
     pieces: dict[str, bytes] = {}
     for label, entry_id in tenants.ids.items():
@@ -343,12 +250,8 @@ def _remove_tenants(ctx: Context, tenants: Tenants) -> str:
         raise CheckFailed(f"{left} rows of the audit owners remain")
     if ctx.scratch_dir is not None:
         raise CheckFailed(f"the scratch directory {ctx.scratch_dir} remains")
-    found = scan_files(store_files(pad.path), {**pieces, **tenants.canaries})
-    still = {label: where for label, where in found.items() if where}
-    if still:
-        raise CheckFailed(
-            "after removal, found in the files: " + "; ".join(f"{k} in {', '.join(v)}" for k, v in still.items())
-        )
+    if still := holding(scan_files(store_files(pad.path), {**pieces, **tenants.canaries})):
+        raise CheckFailed(f"after removal, found in the files: {still}")
     entries = sum(r.get("entries", 0) for r in removed)
     keys = sum(r.get("owner_keys", 0) for r in removed)
     return (
@@ -358,8 +261,11 @@ def _remove_tenants(ctx: Context, tenants: Tenants) -> str:
     )
 
 
-def _real_state(pad: Scratchpad, exclude: tuple[str, ...]) -> dict[str, str]:
-    """A digest of every entry (row and segments) and owner key not of ``exclude``."""
+def _real_state(ctx: Context) -> dict[str, str]:
+    """A digest of every entry (row and segments) and owner key not of the audit's owners."""
+    pad, exclude = ctx.pad, ctx.synthetic.owners
+    if pad.backend != "sqlite":
+        return _postgres.real_state(ctx, exclude)
     digests: dict[str, Any] = {}
     with sqlite_of(pad).snapshot() as conn:
         # Every column, those of later schemas too (id and owner first, for the keys).
@@ -405,3 +311,17 @@ def _compare(before: dict[str, str], after: dict[str, str]) -> str:
     new = len(set(after) - set(before))
     extra = f"; {new} written by others meanwhile were not compared" if new else ""
     return f"{entries} entries, {keys} owner keys and {records} turn records byte for byte as before the audit{extra}"
+
+
+_REMOVED = Step(
+    "audit tenants removed",
+    "cleanup",
+    "purge both audit owners (entries, keys), remove the scratch copies, scan the files again",
+    _remove_tenants,
+)
+_UNCHANGED = Step(
+    "real entries unchanged",
+    "cleanup",
+    "compare every other owner's entry rows, segments, owner keys and turn records with their state before",
+    lambda ctx: "",
+)

@@ -18,9 +18,9 @@ from ..core import read_modes
 from ..errors import ExpiredError, InvalidArgumentError, NotFoundError
 from ..principal import Principal
 from ..store import Scratchpad, parts
-from ._support import CheckFailed, Context, Tenants, describe, expect_not_found
+from ._support import CheckFailed, Context, Steps, Tenants, describe
 
-__all__ = ["a_labels", "api_checks", "new_tenants", "populate", "read_args"]
+__all__ = ["ISOLATION", "SETUP", "a_labels", "new_tenants", "read_args"]
 
 # Arguments that make each read mode return something; modes added later get
 # what their parameters accept of these (see read_args).
@@ -44,6 +44,9 @@ _GREEDY_ARGS: dict[str, dict[str, Any]] = {
 _SCOPE_FIELDS = {"owner": (), "owner+channel": ("channel",), "owner+channel+actor": ("channel", "actor")}
 # Far enough ahead that every audit entry has expired.
 _FAR_FUTURE = 4_102_444_800.0  # 2100-01-01
+# The checks through the API, in order ("{scope}" in a name is the policy's scope).
+SETUP = Steps("setup")
+ISOLATION = Steps("isolation")
 
 
 def read_args(pad: Scratchpad, mode: str, *, greedy: bool = False) -> dict[str, Any]:
@@ -77,12 +80,14 @@ def new_tenants() -> Tenants:
     )
 
 
-def populate(pad: Scratchpad, t: Tenants) -> str:
+@SETUP("audit tenants", "store canary entries as two synthetic owners (three principals of a) and read them back")
+def populate(ctx: Context) -> str:
     """Store the tenants' canary entries and read each back as its writer.
 
     The expired entry is put with ``now`` below every existing entry's expiry,
     so that ``gc(now=t.expired_cutoff)`` later deletes the audit's entries only.
     """
+    pad, t = ctx.pad, ctx.synthetic
     policy = pad.policy
     budget = max(1, min(policy.max_entry_bytes, policy.owner_quota_bytes // 8))
 
@@ -129,12 +134,11 @@ def populate(pad: Scratchpad, t: Tenants) -> str:
     put("b_text", t.b, 1, text("owner b content", 2_000))
 
     _read_back(pad, t)
-    segments = parts(pad).db.query("SELECT segment_count AS n FROM entries WHERE id = ?", (t.ids["text"],), admin=True)[
-        0
-    ]["n"]
+    segments = parts(pad).db.query("SELECT segment_count AS n FROM entries WHERE id = ?", (t.ids["text"],), admin=True)
+    ctx.ready = True
     return (
         f"{len(t.ids)} entries stored as {t.a.owner_user_id} (3 principals) and {t.b.owner_user_id}: text in"
-        f" {segments} segments, binary, json, one already expired, and others' from another channel and actor;"
+        f" {segments[0]['n']} segments, binary, json, one already expired, and others' from another channel and actor;"
         f" each live one read back intact by its writer (get, and read in modes {', '.join(read_modes.MODES)})"
     )
 
@@ -170,12 +174,13 @@ def a_labels(t: Tenants) -> list[str]:
     return [label for label, who in t.writers.items() if who.owner_user_id == t.a.owner_user_id]
 
 
+@ISOLATION("cross-owner get", "owner b asks for each of owner a's ids, and a for b's")
 def _cross_get(ctx: Context) -> str:
     t, pad = ctx.tenants, ctx.pad
     labels = a_labels(t)
     for label in labels:
-        expect_not_found(t.absent_message, f"b gets a's {label} entry", pad.get, t.b, t.ids[label])
-    expect_not_found(t.absent_message, "a gets b's entry", pad.get, t.a, t.ids["b_text"])
+        ctx.expect_not_found(f"b gets a's {label} entry", pad.get, t.b, t.ids[label])
+    ctx.expect_not_found("a gets b's entry", pad.get, t.a, t.ids["b_text"])
     return (
         f"b asked for each of a's {len(labels)} ids (live, expired, other channel and actor) and a for b's:"
         f" NotFoundError({t.absent_message!r}) every time, as for an absent id"
@@ -188,13 +193,20 @@ def _cross_read(mode: str) -> Callable[[Context], str]:
         args = read_args(pad, mode)
         labels = a_labels(t)
         for label in labels:
-            expect_not_found(t.absent_message, f"b reads a's {label}", pad.read, t.b, t.ids[label], mode=mode, **args)
-        expect_not_found(t.absent_message, "a reads b's entry", pad.read, t.a, t.ids["b_text"], mode=mode, **args)
+            ctx.expect_not_found(f"b reads a's {label}", pad.read, t.b, t.ids[label], mode=mode, **args)
+        ctx.expect_not_found("a reads b's entry", pad.read, t.a, t.ids["b_text"], mode=mode, **args)
         return f"read(mode={mode!r}, {args}) of a's {len(labels)} ids as b, and of b's as a: NotFoundError each time"
 
     return check
 
 
+for _mode in read_modes.MODES:
+    ISOLATION(f"cross-owner read: {_mode}", f"b reads each of a's ids with mode={_mode}, and a reads b's")(
+        _cross_read(_mode)
+    )
+
+
+@ISOLATION("cross-owner list", "a and b list the same turn id; b lists after expiry")
 def _cross_list(ctx: Context) -> str:
     t, pad = ctx.tenants, ctx.pad
     listed = {item["scratchpad_id"] for item in pad.list_for_turn(t.b, t.turn)}
@@ -214,6 +226,7 @@ def _expected_stats(pad: Scratchpad, t: Tenants, reader: Principal) -> tuple[int
     return len(labels), sum(t.sizes[label] for label in labels)
 
 
+@ISOLATION("cross-owner stats", "a and b ask for their stats")
 def _cross_stats(ctx: Context) -> str:
     t, pad = ctx.tenants, ctx.pad
     told = []
@@ -228,11 +241,12 @@ def _cross_stats(ctx: Context) -> str:
     return "each owner's stats count only what its scope allows (" + "; ".join(told) + ")"
 
 
+@ISOLATION("cross-owner delete", "b deletes each of a's ids")
 def _cross_delete(ctx: Context) -> str:
     t, pad = ctx.tenants, ctx.pad
     labels = a_labels(t)
     for label in labels:
-        expect_not_found(t.absent_message, f"b deletes a's {label}", pad.delete, t.b, t.ids[label])
+        ctx.expect_not_found(f"b deletes a's {label}", pad.delete, t.b, t.ids[label])
     if pad.get(t.a, t.ids["text"]).observation != t.puts["text"]:
         raise CheckFailed("a's entry changed after b's delete attempts")
     return f"b tried to delete each of a's {len(labels)} ids: NotFoundError each time; a's entries are intact"
@@ -249,14 +263,15 @@ def _forged_variants(entry_id: str) -> list[str]:
     return [v for v in variants if v != entry_id]
 
 
+@ISOLATION("forged ids", "near-misses of a's ids, as a and as b")
 def _forged(ctx: Context) -> str:
     t, pad = ctx.tenants, ctx.pad
     tried = 0
     for label in t.live(t.a.owner_user_id):
         for forged in _forged_variants(t.ids[label]):
             for reader in (t.a, t.b):
-                expect_not_found(t.absent_message, f"forged id {forged!r}", pad.get, reader, forged)
-                expect_not_found(t.absent_message, f"forged id {forged!r}", pad.read, reader, forged, mode="head")
+                ctx.expect_not_found(f"forged id {forged!r}", pad.get, reader, forged)
+                ctx.expect_not_found(f"forged id {forged!r}", pad.read, reader, forged, mode="head")
                 tried += 1
     return (
         f"{tried} near-misses of a's ids (one hex digit changed, upper case, cut, extended, padded, fullwidth"
@@ -264,12 +279,13 @@ def _forged(ctx: Context) -> str:
     )
 
 
+@ISOLATION("guessed ids", "random well-formed ids, as b")
 def _guessed(ctx: Context) -> str:
     t, pad = ctx.tenants, ctx.pad
     count = 256
     for _ in range(count):
         guess = secrets.token_hex(8)
-        expect_not_found(t.absent_message, f"guessed id {guess}", pad.get, t.b, guess)
+        ctx.expect_not_found(f"guessed id {guess}", pad.get, t.b, guess)
     return f"{count} random well-formed ids asked for by b: NotFoundError each time"
 
 
@@ -307,6 +323,7 @@ def _malformed_ids(some_id: str) -> list[object]:
     ]
 
 
+@ISOLATION("malformed ids", "empty, huge, SQL, NUL, unicode and non-string ids to get/read/delete")
 def _malformed(ctx: Context) -> str:
     t, pad = ctx.tenants, ctx.pad
     values = _malformed_ids(t.ids["text"])
@@ -314,9 +331,9 @@ def _malformed(ctx: Context) -> str:
         bad = cast(str, value)
         what = f"malformed id {describe(value)[:40]}"
         for reader in (t.a, t.b):
-            expect_not_found(t.absent_message, what, pad.get, reader, bad)
-            expect_not_found(t.absent_message, what, pad.read, reader, bad, mode="full")
-            expect_not_found(t.absent_message, what, pad.delete, reader, bad)
+            ctx.expect_not_found(what, pad.get, reader, bad)
+            ctx.expect_not_found(what, pad.read, reader, bad, mode="full")
+            ctx.expect_not_found(what, pad.delete, reader, bad)
     if pad.get(t.a, t.ids["text"]).observation != t.puts["text"]:
         raise CheckFailed("a's entry changed after the malformed ids")
     return (
@@ -326,6 +343,9 @@ def _malformed(ctx: Context) -> str:
     )
 
 
+@ISOLATION(
+    "hostile principals and turn ids", "principals and turn ids made of SQL fragments, wildcards and look-alikes"
+)
 def _hostile(ctx: Context) -> str:
     t, pad = ctx.tenants, ctx.pad
     owner = t.a.owner_user_id
@@ -349,7 +369,7 @@ def _hostile(ctx: Context) -> str:
             raise CheckFailed(f"{reader}'s stats count entries outside its scope")
         for label in t.live():
             if t.ids[label] not in want:
-                expect_not_found(t.absent_message, f"{reader} gets {label}", pad.get, reader, t.ids[label])
+                ctx.expect_not_found(f"{reader} gets {label}", pad.get, reader, t.ids[label])
     turns = [f"{t.turn}' OR '1'='1", f"{t.turn}' --", "%", f"{t.turn[:-2]}%", "*", t.turn.upper(), t.turn + " "]
     refused = ["", t.turn + "\x00", "x" * 5000, "\ud800"]
     for turn in turns + refused:
@@ -371,23 +391,17 @@ def _hostile(ctx: Context) -> str:
 # -- expiry ----------------------------------------------------------------------------
 
 
+@ISOLATION("expired entries: others", "principals outside a's scope ask for a's expired entry")
 def _expired_other(ctx: Context) -> str:
     t, pad = ctx.tenants, ctx.pad
     expired = t.ids["expired"]
     outsiders = [r for r in (t.b, t.a_channel, t.a_actor) if not _visible(pad.policy.scope, r, t.a)]
     for reader in outsiders:
-        expect_not_found(t.absent_message, "an outsider gets a's expired entry", pad.get, reader, expired)
+        ctx.expect_not_found("an outsider gets a's expired entry", pad.get, reader, expired)
         for mode in read_modes.MODES:
-            expect_not_found(
-                t.absent_message,
-                f"an outsider reads a's expired entry ({mode})",
-                pad.read,
-                reader,
-                expired,
-                mode=mode,
-                **read_args(pad, mode),
-            )
-        expect_not_found(t.absent_message, "after expiry, an outsider", pad.get, reader, t.ids["text"], now=_FAR_FUTURE)
+            what = f"an outsider reads a's expired entry ({mode})"
+            ctx.expect_not_found(what, pad.read, reader, expired, mode=mode, **read_args(pad, mode))
+        ctx.expect_not_found("after expiry, an outsider", pad.get, reader, t.ids["text"], now=_FAR_FUTURE)
     return (
         f"{len(outsiders)} principal(s) outside a's scope asked for a's expired entry (get, every read mode) and for"
         " a live one at a later now=: plain NotFoundError, never ExpiredError, which would tell the id exists"
@@ -404,6 +418,7 @@ def _expect_expired(call: Callable[[], object], what: str) -> None:
     raise CheckFailed(f"{what}: served {describe(result)}")
 
 
+@ISOLATION("expired entries: owner", "a asks for its expired entry; reads at the expiry instant (now=)")
 def _expired_owner(ctx: Context) -> str:
     t, pad = ctx.tenants, ctx.pad
     expired = t.ids["expired"]
@@ -431,6 +446,7 @@ def _expired_owner(ctx: Context) -> str:
 # -- scope, cap, log -------------------------------------------------------------------
 
 
+@ISOLATION("policy scope: {scope}", "owner a from its own, another channel and another actor: get, read, list, stats")
 def _scope(ctx: Context) -> str:
     t, pad = ctx.tenants, ctx.pad
     scope = pad.policy.scope
@@ -445,8 +461,8 @@ def _scope(ctx: Context) -> str:
                 if not pad.read(reader, entry_id, mode="head", n=10)["ok"]:
                     raise CheckFailed(f"{name} could not read the {label} entry its scope allows")
             else:
-                expect_not_found(t.absent_message, f"{name} gets {label}", pad.get, reader, entry_id)
-                expect_not_found(t.absent_message, f"{name} reads {label}", pad.read, reader, entry_id, mode="head")
+                ctx.expect_not_found(f"{name} gets {label}", pad.get, reader, entry_id)
+                ctx.expect_not_found(f"{name} reads {label}", pad.read, reader, entry_id, mode="head")
         listed = {item["scratchpad_id"] for item in pad.list_for_turn(reader, t.turn)}
         if listed != {t.ids[label] for label in want}:
             raise CheckFailed(f"{name} lists {len(listed)} entries; its scope allows {len(want)}")
@@ -467,6 +483,7 @@ def _returned_chars(value: object) -> int:
     return 0
 
 
+@ISOLATION("full-read cap", "every read mode asks for more than max_read_chars, text and binary")
 def _full_cap(ctx: Context) -> str:
     t, pad = ctx.tenants, ctx.pad
     policy = pad.policy
@@ -499,6 +516,7 @@ def _full_cap(ctx: Context) -> str:
     return f"max_read_chars = {cap}; " + "; ".join(told) + "; a full read says truncated and capped"
 
 
+@ISOLATION("denied attempts logged", "b's refused get, watched on the 'securepad.audit' logger")
 def _denied_logged(ctx: Context) -> str:
     t, pad = ctx.tenants, ctx.pad
     if not pad.policy.log_denied:
@@ -515,48 +533,10 @@ def _denied_logged(ctx: Context) -> str:
     handler = Collect(logging.WARNING)
     logger.addHandler(handler)
     try:
-        expect_not_found(t.absent_message, "b gets a's entry", pad.get, t.b, t.ids["text"])
+        ctx.expect_not_found("b gets a's entry", pad.get, t.b, t.ids["text"])
     finally:
         logger.removeHandler(handler)
     mine = [r for r in records if t.b.owner_user_id in r.getMessage()]
     if not mine:
         raise CheckFailed("b's refused attempt left no record in the 'securepad.audit' log")
     return f"b's refused attempt was logged: {mine[0].getMessage()[:100]}"
-
-
-def api_checks(pad: Scratchpad) -> list[tuple[str, str, Callable[[Context], str]]]:
-    """(name, what is tried, check) for every API-level check, in order."""
-    checks: list[tuple[str, str, Callable[[Context], str]]] = [
-        ("cross-owner get", "owner b asks for each of owner a's ids, and a for b's", _cross_get)
-    ]
-    for mode in read_modes.MODES:
-        checks.append(
-            (
-                f"cross-owner read: {mode}",
-                f"b reads each of a's ids with mode={mode}, and a reads b's",
-                _cross_read(mode),
-            )
-        )
-    checks += [
-        ("cross-owner list", "a and b list the same turn id; b lists after expiry", _cross_list),
-        ("cross-owner stats", "a and b ask for their stats", _cross_stats),
-        ("cross-owner delete", "b deletes each of a's ids", _cross_delete),
-        ("forged ids", "near-misses of a's ids, as a and as b", _forged),
-        ("guessed ids", "random well-formed ids, as b", _guessed),
-        ("malformed ids", "empty, huge, SQL, NUL, unicode and non-string ids to get/read/delete", _malformed),
-        (
-            "hostile principals and turn ids",
-            "principals and turn ids made of SQL fragments, wildcards and look-alikes",
-            _hostile,
-        ),
-        ("expired entries: others", "principals outside a's scope ask for a's expired entry", _expired_other),
-        ("expired entries: owner", "a asks for its expired entry; reads at the expiry instant (now=)", _expired_owner),
-        (
-            f"policy scope: {pad.policy.scope}",
-            "owner a from its own, another channel and another actor: get, read, list, stats",
-            _scope,
-        ),
-        ("full-read cap", "every read mode asks for more than max_read_chars, text and binary", _full_cap),
-        ("denied attempts logged", "b's refused get, watched on the 'securepad.audit' logger", _denied_logged),
-    ]
-    return checks

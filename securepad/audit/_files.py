@@ -23,88 +23,73 @@ from ..keys.keyring import Keyring
 from ..principal import Principal
 from ..store import Scratchpad, sqlite_of
 from . import drills
-from ._support import CheckFailed, Context, expect_not_found, expect_refused, scan_files, store_files
+from ._support import CheckFailed, Context, Steps, expect_refused, holding, scan_files, store_files
 
-__all__ = [
-    "canary_scan",
-    "entry_ciphertext",
-    "gc_scrubs_expired",
-    "key_file_permissions",
-    "key_file_placement",
-    "master_key_source",
-    "no_key_file_left",
-    "secure_delete_on",
-    "store_dir_permissions",
-    "store_file_permissions",
-    "tamper_checks",
-    "wrong_master_key",
-]
+__all__ = ["AT_REST", "DEPLOYMENT", "KEY_SOURCE", "TAMPER", "entry_ciphertext"]
+
+# The SQLite store's deployment checks; where the master key is (both backends);
+# what is in the files; the drills on scratch copies.
+DEPLOYMENT = Steps("deployment")
+KEY_SOURCE = Steps("deployment")
+AT_REST = Steps("at rest")
+TAMPER = Steps("tamper")
 
 
 # -- deployment ------------------------------------------------------------------------
 
 
-def _require_posix() -> None:
+def _require_access(*places: tuple[Path, int]) -> None:
+    """Each path's mode gives group and other users no bits beyond its allowance, and this user owns it."""
     if os.name != "posix":
         raise CheckFailed("cannot check: POSIX permissions do not exist on this platform; check the ACLs by hand")
-
-
-def _access_problems(path: Path, *, allow: int = 0) -> list[str]:
-    """What is wrong with ``path``'s mode and owner: group/other bits beyond ``allow``, another owner."""
-    info = path.stat()
-    mode = stat.S_IMODE(info.st_mode)
     problems = []
-    if mode & 0o077 & ~allow:
-        problems.append(f"{path} is mode {mode:04o}: group or other users have access")
-    if info.st_uid != os.getuid():
-        problems.append(f"{path} belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})")
-    return problems
-
-
-def store_file_permissions(ctx: Context) -> str:
-    _require_posix()
-    files = store_files(ctx.pad.path)
-    problems = [p for path in files for p in _access_problems(path)]
+    for path, allow in places:
+        info = path.stat()
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & 0o077 & ~allow:
+            problems.append(f"{path} is mode {mode:04o}: group or other users have access")
+        if info.st_uid != os.getuid():
+            problems.append(f"{path} belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})")
     if problems:
         raise CheckFailed("; ".join(problems))
+
+
+@DEPLOYMENT("store file permissions", "mode and owner of the db, -wal, -shm files")
+def store_file_permissions(ctx: Context) -> str:
+    files = store_files(ctx.pad.path)
+    _require_access(*((path, 0) for path in files))
     modes = ", ".join(f"{p.name} {stat.S_IMODE(p.stat().st_mode):04o}" for p in files)
     return f"{modes}; all owned by this user"
 
 
+@DEPLOYMENT("store directory permissions", "mode and owner of the store's directory")
 def store_dir_permissions(ctx: Context) -> str:
-    _require_posix()
     directory = ctx.pad.path.parent
-    problems = _access_problems(directory)
-    if problems:
-        raise CheckFailed("; ".join(problems))
+    _require_access((directory, 0))
     return f"{directory} is mode {stat.S_IMODE(directory.stat().st_mode):04o}, owned by this user"
 
 
-def _no_key_file(ctx: Context) -> str | None:
-    if ctx.key_file is None:
-        return f"no key file: the master key comes from {ctx.pad.keyring!r}"
-    return None
+def _no_key_file(ctx: Context) -> str:
+    return f"no key file: the master key comes from {ctx.pad.keyring!r}"
 
 
+@DEPLOYMENT("key file permissions", "mode and owner of the master key file and its directory")
 def key_file_permissions(ctx: Context) -> str:
-    if (none := _no_key_file(ctx)) is not None:
-        return none
-    assert ctx.key_file is not None
-    _require_posix()
-    if not ctx.key_file.is_file():
-        raise CheckFailed(f"{ctx.key_file} is not a file")
+    key = ctx.key_file
+    if key is None:
+        return _no_key_file(ctx)
+    if not key.is_file():
+        raise CheckFailed(f"{key} is not a file")
     # The key's directory may be listable, but no one else may replace the key in it.
-    problems = _access_problems(ctx.key_file) + _access_problems(ctx.key_file.parent, allow=0o055)
-    if problems:
-        raise CheckFailed("; ".join(problems))
-    mode = stat.S_IMODE(ctx.key_file.stat().st_mode)
-    return f"{ctx.key_file} is mode {mode:04o}, owned by this user, in a directory only this user can write"
+    _require_access((key, 0), (key.parent, 0o055))
+    mode = stat.S_IMODE(key.stat().st_mode)
+    return f"{key} is mode {mode:04o}, owned by this user, in a directory only this user can write"
 
 
+@DEPLOYMENT("key file apart from the data", "whether the key file sits inside the store's data dir")
 def key_file_placement(ctx: Context) -> str:
-    if (none := _no_key_file(ctx)) is not None:
-        return none
-    assert ctx.key_file is not None
+    if ctx.key_file is None:
+        return _no_key_file(ctx)
     key = ctx.key_file.resolve()
     data_dir = ctx.pad.path.resolve().parent
     if key.is_relative_to(data_dir):
@@ -115,9 +100,11 @@ def key_file_placement(ctx: Context) -> str:
     return f"the key file {key} is outside the store's data dir {data_dir}"
 
 
+@KEY_SOURCE(
+    "master key source",
+    "which master key opens the store; a token's key read back: not extractable, sensitive; no PIN in the URI",
+)
 def master_key_source(ctx: Context) -> str:
-    """Which master key opens the store; for a token or KMS, its key's attributes
-    as the source reads them back (never extractable, sensitive) and that the URI holds no PIN."""
     keyring = ctx.pad.keyring
     source = keyring.source
     if source is None:
@@ -139,9 +126,12 @@ def _recorded_stores(key_file: Path) -> frozenset[str]:
     return frozenset(s for s in stores if isinstance(s, str)) if isinstance(stores, list) else frozenset()
 
 
+@KEY_SOURCE(
+    "no key file left for a token or KMS key",
+    "whether a key file recorded to open this store lies in the key file's place",
+)
 def no_key_file_left(ctx: Context) -> str:
-    """A store whose master key is in a token or KMS: no key file that opened it
-    lies around (it would open every copy of the store made before the move)."""
+    """A key file that opened the store, left beside a token's or KMS's key, opens every copy made before the move."""
     keyring = ctx.pad.keyring
     if keyring.source is None:
         return f"the master key is {keyring.identifier}, not a token's or KMS's"
@@ -155,6 +145,7 @@ def no_key_file_left(ctx: Context) -> str:
     return f"no key file recorded for this store at {', '.join(sorted(map(str, candidates)))}"
 
 
+@DEPLOYMENT("secure_delete on", "PRAGMA secure_delete and journal_mode on the store's connection")
 def secure_delete_on(ctx: Context) -> str:
     conn = sqlite_of(ctx.pad).conn
     secure = conn.execute("PRAGMA secure_delete").fetchall()[0][0]
@@ -192,8 +183,11 @@ def entry_ciphertext(ctx: Context, entry_id: str, label: str) -> dict[str, bytes
     return {k: v for k, v in pieces.items() if len(v) == 32}
 
 
+@AT_REST(
+    "at-rest canary scan",
+    "search the db, -wal, -shm and -journal files for every canary, before and after a checkpoint",
+)
 def canary_scan(ctx: Context) -> str:
-    """No canary in clear in any of the store's files, before and after a checkpoint."""
     tenants = ctx.tenants
     marker = "audit owner id (clear by design)"
     needles = {**tenants.canaries, marker: tenants.a.owner_user_id.encode()}
@@ -203,17 +197,13 @@ def canary_scan(ctx: Context) -> str:
             sqlite_of(ctx.pad).checkpoint()  # move the WAL's pages into the database file, then look again
         files = store_files(ctx.pad.path)
         found = scan_files(files, needles)
-        if not found[marker]:
+        if not found.pop(marker):
             raise CheckFailed(
                 f"{when} a checkpoint the scan did not find the audit owner id, which is stored in clear:"
                 " it is not reading the files that hold the entries"
             )
-        leaked = {label: where for label, where in found.items() if where and label != marker}
-        if leaked:
-            raise CheckFailed(
-                f"{when} a checkpoint, plaintext canaries found: "
-                + "; ".join(f"{label} in {', '.join(where)}" for label, where in leaked.items())
-            )
+        if leaked := holding(found):
+            raise CheckFailed(f"{when} a checkpoint, plaintext canaries found: {leaked}")
         reports.append(f"{when} a checkpoint: none in {', '.join(p.name for p in files)}")
     return (
         f"{len(tenants.canaries)} canaries ({', '.join(sorted(tenants.canaries))}) are in no file; "
@@ -222,8 +212,8 @@ def canary_scan(ctx: Context) -> str:
     )
 
 
+@AT_REST("gc scrubs expired entries", "find the expired audit entry's ciphertext in the files, gc, search again")
 def gc_scrubs_expired(ctx: Context) -> str:
-    """gc deletes the audit's expired entries and, with the scrub, their ciphertext leaves every file."""
     tenants, pad = ctx.tenants, ctx.pad
     pieces: dict[str, bytes] = {}
     for label in tenants.expired:
@@ -247,13 +237,10 @@ def gc_scrubs_expired(ctx: Context) -> str:
     if rows or segs:
         raise CheckFailed(f"gc left {rows} rows and {segs} segments of the expired audit entries")
     files = store_files(pad.path)
-    after = scan_files(files, pieces)
-    left = {label: where for label, where in after.items() if where}
-    if left:
+    if left := holding(scan_files(files, pieces)):
         raise CheckFailed(
-            "after gc, ciphertext of deleted entries is still in the files ("
-            + "; ".join(f"{label} in {', '.join(where)}" for label, where in left.items())
-            + "): secure_delete is off, or a reader kept the WAL from being checkpointed"
+            f"after gc, ciphertext of deleted entries is still in the files ({left}): secure_delete is off,"
+            " or a reader kept the WAL from being checkpointed"
         )
     return (
         f"gc deleted {deleted} expired entries ({len(ids)} the audit's); {len(pieces)} pieces of their ciphertext,"
@@ -268,6 +255,7 @@ def _segment_count(ctx: Context, entry_id: str) -> int:
     return int(sqlite_of(ctx.pad).query("SELECT segment_count AS n FROM entries WHERE id = ?", (entry_id,))[0]["n"])
 
 
+@TAMPER("tamper: flipped bit", "flip one bit of a segment in a scratch copy, read the entry")
 def _flipped(ctx: Context) -> str:
     t = ctx.tenants
     text = t.ids["text"]
@@ -278,6 +266,10 @@ def _flipped(ctx: Context) -> str:
     return f"one bit flipped in segment {last} of the text entry: get -> {got}, tail read -> {read}"
 
 
+@TAMPER(
+    "tamper: segment moved",
+    "replace a segment with another entry's, and with another owner's, in a scratch copy",
+)
 def _segment_moved(ctx: Context) -> str:
     t = ctx.tenants
     text, json_, binary, theirs = t.ids["text"], t.ids["json"], t.ids["binary"], t.ids["b_text"]
@@ -291,6 +283,10 @@ def _segment_moved(ctx: Context) -> str:
     return f"segment 0 replaced by another entry's: {same}; by another owner's: {other}"
 
 
+@TAMPER(
+    "tamper: segments truncated or reordered",
+    "drop the last segment (with and without fixing segment_count), swap two segments",
+)
 def _reordered_truncated(ctx: Context) -> str:
     t = ctx.tenants
     text, binary, json_ = t.ids["text"], t.ids["binary"], t.ids["json"]
@@ -315,6 +311,10 @@ def _reordered_truncated(ctx: Context) -> str:
     return "; ".join(done)
 
 
+@TAMPER(
+    "tamper: item key swapped",
+    "copy the wrapped item key (and all key material) from another entry and another owner",
+)
 def _item_key_swapped(ctx: Context) -> str:
     t = ctx.tenants
     text, json_, binary, theirs = t.ids["text"], t.ids["json"], t.ids["binary"], t.ids["b_text"]
@@ -334,6 +334,7 @@ def _item_key_swapped(ctx: Context) -> str:
     )
 
 
+@TAMPER("tamper: owner key swapped", "exchange the two audit owners' wrapped owner keys")
 def _owner_key_swapped(ctx: Context) -> str:
     t = ctx.tenants
     owner_a, owner_b = t.owners
@@ -355,6 +356,10 @@ def _list_refuses(copy: Scratchpad, reader: Principal, turn: str, entry_id: str,
     return "left out"
 
 
+@TAMPER(
+    "tamper: row moved to another owner",
+    "relabel owner a's row as owner b's (alone, and with a's owner key given to b)",
+)
 def _row_moved(ctx: Context) -> str:
     t = ctx.tenants
     text, binary = t.ids["text"], t.ids["binary"]
@@ -362,7 +367,7 @@ def _row_moved(ctx: Context) -> str:
     with ctx.tampered(lambda p: drills.move_entry_to_owner(p, text, owner_b)) as (copy, _):
         taken = expect_refused("b reads a's row relabelled as b's", copy.get, t.b, text)
         listed = _list_refuses(copy, t.b, t.turn, text, "b lists the turn holding it")
-        expect_not_found(t.absent_message, "a asks for its relabelled row", copy.get, t.a, text)
+        ctx.expect_not_found("a asks for its relabelled row", copy.get, t.a, text)
 
     def with_key(path: Path) -> None:
         drills.move_entry_to_owner(path, binary, owner_b)
@@ -376,6 +381,7 @@ def _row_moved(ctx: Context) -> str:
     )
 
 
+@TAMPER("tamper: row copied into another owner", "copy a's row and segments to owner b, and within a, under new ids")
 def _row_copied(ctx: Context) -> str:
     t = ctx.tenants
     text, json_ = t.ids["text"], t.ids["json"]
@@ -422,6 +428,11 @@ def _tampered_values(row: dict[str, Any]) -> dict[str, object]:
     }
 
 
+@TAMPER(
+    "tamper: clear metadata edited",
+    "edit each clear column of a row in turn (sizes, kind, turn, step, actor, channel, times,"
+    " segment count, key version, nonce prefix, commitment, sealed metadata)",
+)
 def _metadata_edited(ctx: Context) -> str:
     t = ctx.tenants
     text = t.ids["text"]
@@ -441,45 +452,7 @@ def _metadata_edited(ctx: Context) -> str:
     )
 
 
-def tamper_checks() -> list[tuple[str, str, Callable[[Context], str]]]:
-    """(name, what is tried, check) for every drill on a scratch copy."""
-    return [
-        ("tamper: flipped bit", "flip one bit of a segment in a scratch copy, read the entry", _flipped),
-        (
-            "tamper: segment moved",
-            "replace a segment with another entry's, and with another owner's, in a scratch copy",
-            _segment_moved,
-        ),
-        (
-            "tamper: segments truncated or reordered",
-            "drop the last segment (with and without fixing segment_count), swap two segments",
-            _reordered_truncated,
-        ),
-        (
-            "tamper: item key swapped",
-            "copy the wrapped item key (and all key material) from another entry and another owner",
-            _item_key_swapped,
-        ),
-        ("tamper: owner key swapped", "exchange the two audit owners' wrapped owner keys", _owner_key_swapped),
-        (
-            "tamper: row moved to another owner",
-            "relabel owner a's row as owner b's (alone, and with a's owner key given to b)",
-            _row_moved,
-        ),
-        (
-            "tamper: row copied into another owner",
-            "copy a's row and segments to owner b, and within a, under new ids",
-            _row_copied,
-        ),
-        (
-            "tamper: clear metadata edited",
-            "edit each clear column of a row in turn (sizes, kind, turn, step, actor, channel, times,"
-            " segment count, key version, nonce prefix, commitment, sealed metadata)",
-            _metadata_edited,
-        ),
-    ]
-
-
+@TAMPER("wrong master key", "open a scratch copy with a fresh random master key")
 def wrong_master_key(ctx: Context) -> str:
     path = ctx.drill_copy()
     wrong = Keyring.create_key_file(ctx.scratch() / "wrong.key")

@@ -13,15 +13,16 @@ place, in one transaction each, then restored) refused by the API.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from ..storage.postgres.roles import ADMIN_ROLE, APP_ROLE
 from ..store import parts
-from ._support import CheckFailed, Context, Tenants, expect_not_found, expect_refused
+from . import drills
+from ._support import CheckFailed, Context, Steps, Tenants, expect_refused
 
-__all__ = ["deployment_checks", "raw_query_check", "real_state", "remove_check", "tamper_checks"]
+__all__ = ["DEPLOYMENT", "RAW_QUERY", "TAMPER", "real_state", "remove_check"]
 
 # Tables whose rows belong to one owner (row-level security holds each): these
 # at least, and every other table of the schema with an owner_user_id column.
@@ -53,8 +54,17 @@ FUNCTIONS = frozenset({"turn_inventory", "entry_turn_inventory"})
 _TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 _COLUMN_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "REFERENCES")
 _OWNER_EXPR = "(owner_user_id = current_setting('securepad.owner'::text, true))"
+# What real_state calls a row of each owner table.
+_LABELS = {
+    "owner_keys": "owner key",
+    "entries": "entry",
+    "checkpoints": "checkpoint",
+    "compaction_marks": "compaction mark",
+}
 
-Check = Callable[[Context], str]
+DEPLOYMENT = Steps("deployment")
+RAW_QUERY = Steps("isolation")
+TAMPER = Steps("tamper")
 
 
 def _admin(ctx: Context, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
@@ -79,6 +89,15 @@ def owner_tables(ctx: Context) -> tuple[str, ...]:
 # -- deployment ------------------------------------------------------------------------
 
 
+def _flagged(row: dict[str, Any], **problems: str) -> list[str]:
+    """The problem of each flag that is set in ``row``, in the order given."""
+    return [text for flag, text in problems.items() if row[flag]]
+
+
+@DEPLOYMENT(
+    "application role privileges",
+    f"read {APP_ROLE}'s attributes, memberships, ownerships and CREATE rights in pg_roles and pg_class",
+)
 def _app_role(ctx: Context) -> str:
     rows = _admin(
         ctx,
@@ -95,19 +114,16 @@ def _app_role(ctx: Context) -> str:
     if not rows:
         raise CheckFailed(f"the application role {APP_ROLE} does not exist")
     r = rows[0]
-    problems = [
-        text
-        for flag, text in (
-            ("bypassrls", "has BYPASSRLS (row-level security does not hold it)"),
-            ("superuser", "is a superuser"),
-            ("createrole", "has CREATEROLE"),
-            ("createdb", "has CREATEDB"),
-            ("admin", f"can act as {ADMIN_ROLE}"),
-            ("schema_create", f"may CREATE in schema {r['schema']} (DDL)"),
-            ("db_create", "may CREATE schemas in the database (DDL)"),
-        )
-        if r[flag]
-    ]
+    problems = _flagged(
+        r,
+        bypassrls="has BYPASSRLS (row-level security does not hold it)",
+        superuser="is a superuser",
+        createrole="has CREATEROLE",
+        createdb="has CREATEDB",
+        admin=f"can act as {ADMIN_ROLE}",
+        schema_create=f"may CREATE in schema {r['schema']} (DDL)",
+        db_create="may CREATE schemas in the database (DDL)",
+    )
     if r["owned"]:
         problems.append(f"owns {r['owned']} tables or objects of schema {r['schema']}")
     if problems:
@@ -119,6 +135,11 @@ def _app_role(ctx: Context) -> str:
     )
 
 
+@DEPLOYMENT(
+    "application login privileges",
+    "read the application connection's login (session_user) in pg_roles: superuser, BYPASSRLS,"
+    " CREATEROLE, and the roles with superuser or BYPASSRLS that it may SET ROLE to",
+)
 def _login(ctx: Context) -> str:
     """The login the application's connections use: row-level security holds
     ``securepad_app`` only while the session does not leave that role, and a
@@ -136,17 +157,14 @@ def _login(ctx: Context) -> str:
     if not rows:
         raise CheckFailed("the login of the application's connection is not in pg_roles")
     r = rows[0]
-    problems = [
-        text
-        for flag, text in (
-            ("superuser", "is a superuser"),
-            ("bypassrls", "has BYPASSRLS"),
-            # Before PostgreSQL 16 CREATEROLE grants any role that is not a
-            # superuser, to itself too: a BYPASSRLS role is one GRANT away.
-            ("createrole", "has CREATEROLE (it may grant itself a role with BYPASSRLS)"),
-        )
-        if r[flag]
-    ]
+    # Before PostgreSQL 16 CREATEROLE grants any role that is not a
+    # superuser, to itself too: a BYPASSRLS role is one GRANT away.
+    problems = _flagged(
+        r,
+        superuser="is a superuser",
+        bypassrls="has BYPASSRLS",
+        createrole="has CREATEROLE (it may grant itself a role with BYPASSRLS)",
+    )
     if r["via"]:
         problems.append(f"may SET ROLE to {r['via']} (superuser or BYPASSRLS)")
     if problems:
@@ -161,6 +179,9 @@ def _login(ctx: Context) -> str:
     )
 
 
+@DEPLOYMENT(
+    "row-level security forced", "read relrowsecurity, relforcerowsecurity and pg_policies for every owner table"
+)
 def _rls_forced(ctx: Context) -> str:
     tables_ = owner_tables(ctx)
     rows = _admin(
@@ -214,6 +235,10 @@ def _policy_problems(table: str, found: dict[str, dict[str, Any]]) -> list[str]:
     return problems
 
 
+@DEPLOYMENT(
+    "column grants as documented",
+    f"has_table_privilege and has_column_privilege of {APP_ROLE} on every table and column",
+)
 def _grants(ctx: Context) -> str:
     tables = _admin(
         ctx,
@@ -259,6 +284,11 @@ def _grants(ctx: Context) -> str:
     )
 
 
+@DEPLOYMENT(
+    "functions as documented",
+    "read prosecdef, proconfig, the owner and EXECUTE of the application role and PUBLIC"
+    " for every function of the schema",
+)
 def _functions(ctx: Context) -> str:
     found = _admin(
         ctx,
@@ -295,41 +325,13 @@ def _functions(ctx: Context) -> str:
     )
 
 
-def deployment_checks() -> list[tuple[str, str, Check]]:
-    return [
-        (
-            "application role privileges",
-            f"read {APP_ROLE}'s attributes, memberships, ownerships and CREATE rights in pg_roles and pg_class",
-            _app_role,
-        ),
-        (
-            "application login privileges",
-            "read the application connection's login (session_user) in pg_roles: superuser, BYPASSRLS,"
-            " CREATEROLE, and the roles with superuser or BYPASSRLS that it may SET ROLE to",
-            _login,
-        ),
-        (
-            "row-level security forced",
-            "read relrowsecurity, relforcerowsecurity and pg_policies for every owner table",
-            _rls_forced,
-        ),
-        (
-            "column grants as documented",
-            f"has_table_privilege and has_column_privilege of {APP_ROLE} on every table and column",
-            _grants,
-        ),
-        (
-            "functions as documented",
-            "read prosecdef, proconfig, the owner and EXECUTE of the application role and PUBLIC"
-            " for every function of the schema",
-            _functions,
-        ),
-    ]
-
-
 # -- the raw query ---------------------------------------------------------------------
 
 
+@RAW_QUERY(
+    "raw query without owner",
+    f"count every owner table's rows as {APP_ROLE} with no owner setting, and as one audit owner",
+)
 def _raw_query(ctx: Context) -> str:
     tables_ = owner_tables(ctx)
     t = ctx.tenants
@@ -347,14 +349,6 @@ def _raw_query(ctx: Context) -> str:
     return (
         f"SELECT COUNT(*) of every owner table as {APP_ROLE}: without the owner setting 0 of {total} rows;"
         f" with owner {owner_a}, its own {row['own']} rows and no other's"
-    )
-
-
-def raw_query_check() -> tuple[str, str, Check]:
-    return (
-        "raw query without owner",
-        f"count every owner table's rows as {APP_ROLE} with no owner setting, and as one audit owner",
-        _raw_query,
     )
 
 
@@ -379,13 +373,12 @@ def _tampered(
                 conn.execute(sql, params)
 
 
-def _segment(ctx: Context, entry_id: str, seq: int) -> bytes:
-    """A segment's ciphertext: in segments, or (a one-segment entry, schema 5 on) in its row."""
-    sql = (
-        "SELECT COALESCE((SELECT data FROM segments WHERE entry_id = ? AND seq = ?),"
-        " (SELECT only_segment FROM entries WHERE id = ? AND ? = 0)) AS data"
-    )
-    return bytes(_admin(ctx, sql, (entry_id, seq, entry_id, seq))[0]["data"])
+def _first_segment(ctx: Context, entry_id: str) -> tuple[bytes, str]:
+    """An entry's segment 0 and the UPDATE that replaces it (parameters: data, entry id), wherever it is kept."""
+    data = bytes(_admin(ctx, f"SELECT {drills.SEGMENT_SQL} AS data", (entry_id, 0, entry_id, 0))[0]["data"])
+    if _in_row(ctx, entry_id):
+        return data, "UPDATE entries SET only_segment = ? WHERE id = ?"
+    return data, "UPDATE segments SET data = ? WHERE entry_id = ? AND seq = 0"
 
 
 def _in_row(ctx: Context, entry_id: str) -> bool:
@@ -395,35 +388,29 @@ def _in_row(ctx: Context, entry_id: str) -> bool:
     )
 
 
-def _set_first_segment(ctx: Context, entry_id: str) -> str:
-    """The UPDATE of an entry's segment 0 wherever it is kept; parameters (data, entry id)."""
-    if _in_row(ctx, entry_id):
-        return "UPDATE entries SET only_segment = ? WHERE id = ?"
-    return "UPDATE segments SET data = ? WHERE entry_id = ? AND seq = 0"
-
-
+@TAMPER("tamper: flipped bit", "flip one bit of a segment row of an audit entry, read the entry")
 def _flipped(ctx: Context) -> str:
     t = ctx.tenants
     text = t.ids["text"]
-    data = _segment(ctx, text, 0)
+    data, sql = _first_segment(ctx, text)
     bad = bytes([data[0] ^ 1]) + data[1:]
-    sql = _set_first_segment(ctx, text)
     with _tampered(ctx, [(sql, (bad, text))], [(sql, (data, text))]):
         got = expect_refused("get after one flipped bit", ctx.pad.get, t.a, text)
         read = expect_refused("head read after one flipped bit", ctx.pad.read, t.a, text, mode="head", n=10)
     return f"one bit flipped in segment 0 of the text entry's row: get -> {got}, head read -> {read}"
 
 
+@TAMPER("tamper: segment moved", "replace a segment's data with another owner's")
 def _segment_moved(ctx: Context) -> str:
     t = ctx.tenants
     binary, theirs = t.ids["binary"], t.ids["b_text"]
-    mine, other = _segment(ctx, binary, 0), _segment(ctx, theirs, 0)
-    sql = _set_first_segment(ctx, binary)
+    (mine, sql), (other, _) = _first_segment(ctx, binary), _first_segment(ctx, theirs)
     with _tampered(ctx, [(sql, (other, binary))], [(sql, (mine, binary))]):
         got = expect_refused("segment from another owner", ctx.pad.get, t.a, binary)
     return f"segment 0 of a's binary entry replaced by owner b's: {got}"
 
 
+@TAMPER("tamper: item key swapped", "copy another entry's wrapped item key into an audit entry's row")
 def _item_key_swapped(ctx: Context) -> str:
     t = ctx.tenants
     text, json_ = t.ids["text"], t.ids["json"]
@@ -437,6 +424,7 @@ def _item_key_swapped(ctx: Context) -> str:
     return f"the json entry given the text entry's wrapped item key: {got}"
 
 
+@TAMPER("tamper: row moved to another owner", "relabel owner a's row and segments as owner b's")
 def _row_moved(ctx: Context) -> str:
     t = ctx.tenants
     text = t.ids["text"]
@@ -449,21 +437,8 @@ def _row_moved(ctx: Context) -> str:
         edits, undo = edits[:1], undo[:1]
     with _tampered(ctx, edits, undo):
         taken = expect_refused("b reads a's row relabelled as b's", ctx.pad.get, t.b, text)
-        expect_not_found(t.absent_message, "a asks for its relabelled row", ctx.pad.get, t.a, text)
+        ctx.expect_not_found("a asks for its relabelled row", ctx.pad.get, t.a, text)
     return f"a's row (and its segments) relabelled as owner b's: b's get -> {taken}, a's get -> NotFoundError"
-
-
-def tamper_checks() -> list[tuple[str, str, Check]]:
-    return [
-        ("tamper: flipped bit", "flip one bit of a segment row of an audit entry, read the entry", _flipped),
-        ("tamper: segment moved", "replace a segment's data with another owner's", _segment_moved),
-        (
-            "tamper: item key swapped",
-            "copy another entry's wrapped item key into an audit entry's row",
-            _item_key_swapped,
-        ),
-        ("tamper: row moved to another owner", "relabel owner a's row and segments as owner b's", _row_moved),
-    ]
 
 
 # -- cleanup ---------------------------------------------------------------------------
@@ -499,15 +474,5 @@ def real_state(ctx: Context, exclude: tuple[str, ...]) -> dict[str, str]:
                 continue
             key = row.get("id") or "/".join(str(row[c]) for c in ("owner_user_id", "turn_id") if c in row)
             sub = f" v{row['version']}" if table == "owner_keys" else ""
-            digests[f"{_label(table)} {key}{sub}"] = hashlib.sha256(repr(sorted(row.items())).encode())
+            digests[f"{_LABELS.get(table, table)} {key}{sub}"] = hashlib.sha256(repr(sorted(row.items())).encode())
     return {name: digest.hexdigest() for name, digest in digests.items()}
-
-
-def _label(table: str) -> str:
-    return {
-        "owner_keys": "owner key",
-        "entries": "entry",
-        "segments": "segment of",
-        "checkpoints": "checkpoint",
-        "compaction_marks": "compaction mark",
-    }.get(table, table)

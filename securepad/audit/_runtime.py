@@ -8,23 +8,25 @@ import json
 import re
 import secrets
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from ..core import read_modes
 from ..errors import InvalidArgumentError
 from ..principal import Principal
-from ..store import Scratchpad
+from ..turn import Turn
 from ._api import a_labels, read_args
-from ._support import CheckFailed, Context, Tenants, describe
+from ._support import CheckFailed, Context, Steps, Tenants, describe
 
-__all__ = ["runtime_checks"]
+__all__ = ["RUNTIME"]
+
+RUNTIME = Steps("runtime")
 
 
-def _turn(ctx: Context, principal: Principal, turn_id: str) -> Any:
+def _turn(ctx: Context, principal: Principal, turn_id: str) -> Turn:
     """``pad.turn`` for the audit. Beginning a turn collects expired entries: the
     cutoff given lies below every real entry's expiry and below the audit's
     own expired entry, so nothing is collected."""
-    return cast(Any, ctx.pad).turn(principal, turn_id, now=ctx.tenants.expired_cutoff - 1.0)
+    return ctx.pad.turn(principal, turn_id, now=ctx.tenants.expired_cutoff - 1.0)
 
 
 def _normalized(message: str, *values: str) -> str:
@@ -41,6 +43,10 @@ def _no_canary(t: Tenants, value: object, what: str) -> None:
         raise CheckFailed(f"{what}: owner a's {', '.join(leaked)} came back")
 
 
+@RUNTIME(
+    "cross-owner resolve",
+    "b's turn with a's turn id resolves {{stepN...}} / ${stepN...} references to a's steps",
+)
 def _cross_resolve(ctx: Context) -> str:
     t = ctx.tenants
     theirs, mine = _turn(ctx, t.b, t.turn), _turn(ctx, t.a, t.turn)
@@ -79,6 +85,10 @@ def _cross_resolve(ctx: Context) -> str:
     )
 
 
+@RUNTIME(
+    "cross-owner tool calls",
+    "scratchpad_read tool calls for a's ids from b's turn and from a's other turn; b's history",
+)
 def _cross_tool(ctx: Context) -> str:
     t = ctx.tenants
     theirs = _turn(ctx, t.b, t.turn)
@@ -113,21 +123,3 @@ def _cross_tool(ctx: Context) -> str:
         " turn id and by a in another turn: ok false with the message an absent id gets; b's history holds"
         " only b's step"
     )
-
-
-def runtime_checks(pad: Scratchpad) -> list[tuple[str, str, Callable[[Context], str]]]:
-    """(name, what is tried, check) for the runtime surface, when the store has one (``pad.turn``)."""
-    if not hasattr(pad, "turn"):
-        return []
-    return [
-        (
-            "cross-owner resolve",
-            "b's turn with a's turn id resolves {{stepN...}} / ${stepN...} references to a's steps",
-            _cross_resolve,
-        ),
-        (
-            "cross-owner tool calls",
-            "scratchpad_read tool calls for a's ids from b's turn and from a's other turn; b's history",
-            _cross_tool,
-        ),
-    ]

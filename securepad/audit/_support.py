@@ -4,6 +4,7 @@ the expectations every refusal must meet, and the at-rest file scan.
 A check is a function ``check(ctx) -> str``: it returns what happened when
 the defence held and raises ``CheckFailed`` (saying what happened instead)
 when it did not. Any other exception is a failure too; the runner reports it.
+Each module declares its checks with a ``Steps`` list, in the order they run.
 """
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ from . import drills
 
 __all__ = [
     "STORE_FILE_SUFFIXES",
+    "Check",
     "CheckFailed",
     "Context",
+    "Step",
+    "Steps",
     "Tenants",
     "describe",
-    "expect_not_found",
     "expect_refused",
+    "holding",
     "scan_files",
 ]
 
@@ -85,21 +89,44 @@ class Tenants:
 
 @dataclass
 class Context:
-    """One audit run: the store, the key file, the tenants, a private scratch directory."""
+    """One audit run: the store, the key file, the tenants (``ready`` once they
+    stored their entries), a private scratch directory."""
 
     pad: Scratchpad
     key_file: Path | None
     scratch_parent: Path | None
-    setup: Tenants | None = None
+    synthetic: Tenants
+    ready: bool = False
     _scratch: Path | None = None
     _base_copy: Path | None = None
     _copies: int = 0
 
     @property
     def tenants(self) -> Tenants:
-        if self.setup is None:
+        if not self.ready:
             raise CheckFailed("not run: the audit tenants could not be set up")
-        return self.setup
+        return self.synthetic
+
+    def expect_not_found(self, what: str, call: Callable[..., object], *args: Any, **kwargs: Any) -> None:
+        """``call(*args, **kwargs)`` must raise exactly ``NotFoundError`` with the
+        message an absent id gets. ``what`` names the attempt in a failure.
+
+        Raises:
+            CheckFailed: it returned something, raised another error, a subclass
+                (``ExpiredError`` tells that the entry exists), or another message.
+        """
+        message = self.tenants.absent_message
+        try:
+            result = call(*args, **kwargs)
+        except NotFoundError as exc:
+            if type(exc) is not NotFoundError:
+                raise CheckFailed(f"{what}: {type(exc).__name__}({exc}), which tells that the entry exists") from None
+            if str(exc) != message:
+                raise CheckFailed(f"{what}: message {str(exc)!r} differs from an absent id's {message!r}") from None
+            return
+        except SecurepadError as exc:
+            raise CheckFailed(f"{what}: {type(exc).__name__}({exc}) instead of NotFoundError") from None
+        raise CheckFailed(f"{what}: served {describe(result)}")
 
     def scratch(self) -> Path:
         """A 0700 directory for scratch copies, beside the store unless told otherwise:
@@ -143,31 +170,38 @@ class Context:
             self._scratch = self._base_copy = None
 
 
+Check = Callable[[Context], str]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One row of the audit's plan."""
+
+    name: str
+    group: str
+    tried: str
+    check: Check
+
+
+class Steps(list[Step]):
+    """A group's steps in the order they are declared: ``@steps(name, tried)`` adds the check it decorates."""
+
+    def __init__(self, group: str) -> None:
+        super().__init__()
+        self.group = group
+
+    def __call__(self, name: str, tried: str) -> Callable[[Check], Check]:
+        def add(check: Check) -> Check:
+            self.append(Step(name, self.group, tried, check))
+            return check
+
+        return add
+
+
 def describe(value: object) -> str:
     """A short account of what a call returned, for a failure message."""
     text = repr(value)
     return text if len(text) <= 120 else text[:117] + "..."
-
-
-def expect_not_found(message: str, what: str, call: Callable[..., object], *args: Any, **kwargs: Any) -> None:
-    """``call(*args, **kwargs)`` must raise exactly ``NotFoundError(message)``:
-    the answer an absent id gets. ``what`` names the attempt in a failure.
-
-    Raises:
-        CheckFailed: it returned something, raised another error, a subclass
-            (``ExpiredError`` tells that the entry exists), or another message.
-    """
-    try:
-        result = call(*args, **kwargs)
-    except NotFoundError as exc:
-        if type(exc) is not NotFoundError:
-            raise CheckFailed(f"{what}: {type(exc).__name__}({exc}), which tells that the entry exists") from None
-        if str(exc) != message:
-            raise CheckFailed(f"{what}: message {str(exc)!r} differs from an absent id's {message!r}") from None
-        return
-    except SecurepadError as exc:
-        raise CheckFailed(f"{what}: {type(exc).__name__}({exc}) instead of NotFoundError") from None
-    raise CheckFailed(f"{what}: served {describe(result)}")
 
 
 def expect_refused(what: str, call: Callable[..., object], *args: Any, **kwargs: Any) -> str:
@@ -216,3 +250,8 @@ def scan_files(files: Iterable[Path], needles: dict[str, bytes]) -> dict[str, li
         for label in sorted(hits):
             found[label].append(path.name)
     return found
+
+
+def holding(found: dict[str, list[str]]) -> str:
+    """``scan_files``'s finds as "label in file, file; ...", empty when nothing was found."""
+    return "; ".join(f"{label} in {', '.join(where)}" for label, where in found.items() if where)

@@ -20,7 +20,7 @@ from typing import Any
 import apsw
 
 __all__ = [
-    "ENTRY_COLUMNS",
+    "SEGMENT_SQL",
     "clone",
     "copy_entry",
     "copy_entry_columns",
@@ -38,29 +38,6 @@ __all__ = [
     "swap_owner_keys",
     "swap_segments",
 ]
-
-# The columns of ``entries`` in schema 1; later schemas add more (``entry_columns``
-# reads a file's own list), and only a file's own column names are formatted into SQL.
-ENTRY_COLUMNS = (
-    "id",
-    "owner_user_id",
-    "actor",
-    "channel",
-    "turn_id",
-    "step_num",
-    "executor_name",
-    "content_kind",
-    "size_bytes",
-    "size_chars",
-    "segment_count",
-    "key_version",
-    "created_at",
-    "expires_at",
-    "wrapped_key",
-    "nonce_prefix",
-    "commitment",
-    "sealed_meta",
-)
 
 
 def _connect(path: Path) -> apsw.Connection:
@@ -163,7 +140,7 @@ def restore_entry(path: Path, row: dict[str, Any], segments: list[bytes] | None 
 
 # A segment's ciphertext wherever it is kept: the segments table, or (segment 0
 # of a one-segment entry, schema 8 on) the entry row's only_segment. Parameters: entry id, seq (twice each).
-_SEGMENT_SQL = (
+SEGMENT_SQL = (
     "COALESCE((SELECT data FROM segments WHERE entry_id = ? AND seq = ?),"
     " (SELECT only_segment FROM entries WHERE id = ? AND ? = 0))"
 )
@@ -184,7 +161,7 @@ def flip_segment_byte(path: Path, entry_id: str, seq: int = 0) -> None:
     """Flip one bit in the middle of a segment's ciphertext, as bit rot or an attacker would."""
     conn = _connect(path)
     try:
-        rows = conn.execute(f"SELECT {_SEGMENT_SQL}", (entry_id, seq, entry_id, seq)).fetchall()
+        rows = conn.execute(f"SELECT {SEGMENT_SQL}", (entry_id, seq, entry_id, seq)).fetchall()
         if not rows or rows[0][0] is None:
             raise LookupError(f"no segment {seq} of {entry_id} in {path}")
         data = bytearray(rows[0][0])  # type: ignore[arg-type]
@@ -215,7 +192,7 @@ def copy_entry_columns(path: Path, src_id: str, dest_id: str, columns: Iterable[
 
 def copy_segment(path: Path, src_id: str, src_seq: int, dest_id: str, dest_seq: int) -> None:
     """Overwrite one segment's ciphertext with another segment's (of any entry or owner)."""
-    _edit(path, _set_segment(dest_id, dest_seq, _SEGMENT_SQL, (src_id, src_seq, src_id, src_seq)))
+    _edit(path, _set_segment(dest_id, dest_seq, SEGMENT_SQL, (src_id, src_seq, src_id, src_seq)))
 
 
 def swap_segments(path: Path, entry_id: str, seq_a: int, seq_b: int) -> None:
