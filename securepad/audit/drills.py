@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,29 +41,26 @@ __all__ = [
 ]
 
 
-def _connect(path: Path) -> apsw.Connection:
+@contextmanager
+def _connect(path: Path) -> Iterator[apsw.Connection]:
     conn = apsw.Connection(str(path))
-    conn.setbusytimeout(5_000)
-    return conn
+    try:
+        conn.setbusytimeout(5_000)
+        yield conn
+    finally:
+        conn.close()
 
 
 def _edit(path: Path, statements: Iterable[tuple[str, tuple[Any, ...]]]) -> None:
-    conn = _connect(path)
-    try:
-        with conn:
-            for sql, params in statements:
-                conn.execute(sql, params)
-    finally:
-        conn.close()
+    with _connect(path) as conn, conn:
+        for sql, params in statements:
+            conn.execute(sql, params)
 
 
 def entry_columns(path: Path) -> tuple[str, ...]:
     """Every column of the ``entries`` table in this file, in order."""
-    conn = _connect(path)
-    try:
+    with _connect(path) as conn:
         return tuple(str(row[1]) for row in conn.execute("PRAGMA table_info(entries)").fetchall())
-    finally:
-        conn.close()
 
 
 def _column(path: Path, name: str) -> str:
@@ -84,40 +82,26 @@ def keep_only_owners(path: Path, owners: Iterable[str]) -> None:
     The audit's drills need only its own tenants; shrinking the copy makes each
     drill's fresh copy cheap and keeps other owners' ciphertext out of scratch files.
     """
-    keep = sorted(set(owners))
+    keep = tuple(sorted(set(owners)))
     marks = ", ".join("?" * len(keep))
-    params = tuple(keep)
-    _edit(
-        path,
-        [
-            (
-                f"DELETE FROM segments WHERE entry_id NOT IN (SELECT id FROM entries WHERE owner_user_id IN ({marks}))",
-                params,
-            ),
-            (f"DELETE FROM entries WHERE owner_user_id NOT IN ({marks})", params),
-            (f"DELETE FROM owner_keys WHERE owner_user_id NOT IN ({marks})", params),
-        ],
-    )
-    conn = _connect(path)
-    try:
+    statements = [
+        (f"DELETE FROM {table} WHERE owner_user_id NOT IN ({marks})", keep) for table in ("entries", "owner_keys")
+    ]
+    _edit(path, [*statements, ("DELETE FROM segments WHERE entry_id NOT IN (SELECT id FROM entries)", ())])
+    with _connect(path) as conn:
         conn.execute("PRAGMA journal_mode = DELETE")
         conn.execute("VACUUM")
-    finally:
-        conn.close()
 
 
 def entry_row(path: Path, entry_id: str) -> tuple[dict[str, Any], list[bytes]]:
     """An entry's row and its segments' ciphertext, as stored (for rollbacks and comparisons):
     the segments table's rows (none for an entry whose one segment is in its row's ``only_segment``)."""
     columns = entry_columns(path)
-    conn = _connect(path)
-    try:
+    with _connect(path) as conn:
         rows = conn.execute(f"SELECT {', '.join(columns)} FROM entries WHERE id = ?", (entry_id,)).fetchall()
         if not rows:
             raise LookupError(f"no entry {entry_id} in {path}")
         segments = conn.execute("SELECT data FROM segments WHERE entry_id = ? ORDER BY seq", (entry_id,)).fetchall()
-    finally:
-        conn.close()
     return dict(zip(columns, rows[0], strict=True)), [bytes(s[0]) for s in segments]  # type: ignore[arg-type]
 
 
@@ -159,18 +143,13 @@ def _set_segment(entry_id: str, seq: int, value_sql: str, params: tuple[Any, ...
 
 def flip_segment_byte(path: Path, entry_id: str, seq: int = 0) -> None:
     """Flip one bit in the middle of a segment's ciphertext, as bit rot or an attacker would."""
-    conn = _connect(path)
-    try:
+    with _connect(path) as conn:
         rows = conn.execute(f"SELECT {SEGMENT_SQL}", (entry_id, seq, entry_id, seq)).fetchall()
-        if not rows or rows[0][0] is None:
-            raise LookupError(f"no segment {seq} of {entry_id} in {path}")
-        data = bytearray(rows[0][0])  # type: ignore[arg-type]
-        data[len(data) // 2] ^= 0x01
-        with conn:
-            for sql, params in _set_segment(entry_id, seq, "?", (bytes(data),)):
-                conn.execute(sql, params)
-    finally:
-        conn.close()
+    if not rows or rows[0][0] is None:
+        raise LookupError(f"no segment {seq} of {entry_id} in {path}")
+    data = bytearray(rows[0][0])  # type: ignore[arg-type]
+    data[len(data) // 2] ^= 0x01
+    _edit(path, _set_segment(entry_id, seq, "?", (bytes(data),)))
 
 
 def move_entry_to_owner(path: Path, entry_id: str, owner_user_id: str) -> None:
@@ -243,34 +222,30 @@ def copy_entry(path: Path, entry_id: str, new_id: str, owner_user_id: str) -> No
 
 def swap_owner_keys(path: Path, owner_a: str, owner_b: str) -> None:
     """Exchange two owners' wrapped owner keys (the versions both have)."""
-    conn = _connect(path)
-    try:
+    with _connect(path) as conn:
         rows = conn.execute(
             "SELECT owner_user_id, version, wrapped FROM owner_keys WHERE owner_user_id IN (?, ?)", (owner_a, owner_b)
         ).fetchall()
-        keys = {(str(owner), int(version)): bytes(wrapped) for owner, version, wrapped in rows}  # type: ignore[arg-type]
-        shared = {v for (o, v) in keys if o == owner_a} & {v for (o, v) in keys if o == owner_b}
-        with conn:
-            for version in sorted(shared):
-                for owner, other in ((owner_a, owner_b), (owner_b, owner_a)):
-                    conn.execute(
-                        "UPDATE owner_keys SET wrapped = ? WHERE owner_user_id = ? AND version = ?",
-                        (keys[(other, version)], owner, version),
-                    )
-    finally:
-        conn.close()
+    keys = {(str(owner), int(version)): bytes(wrapped) for owner, version, wrapped in rows}  # type: ignore[arg-type]
+    shared = {v for (o, v) in keys if o == owner_a} & {v for (o, v) in keys if o == owner_b}
+    update = "UPDATE owner_keys SET wrapped = ? WHERE owner_user_id = ? AND version = ?"
+    _edit(
+        path,
+        [
+            (update, (keys[(other, version)], owner, version))
+            for version in sorted(shared)
+            for owner, other in ((owner_a, owner_b), (owner_b, owner_a))
+        ],
+    )
 
 
 def owner_key_rows(path: Path, owner_user_id: str) -> list[dict[str, Any]]:
     """An owner's key rows as stored (wrapped under the master key), for rollbacks and transplants."""
-    conn = _connect(path)
-    try:
+    with _connect(path) as conn:
         rows = conn.execute(
             "SELECT owner_user_id, version, wrapped, created_at FROM owner_keys WHERE owner_user_id = ?",
             (owner_user_id,),
         ).fetchall()
-    finally:
-        conn.close()
     names = ("owner_user_id", "version", "wrapped", "created_at")
     return [dict(zip(names, row, strict=True)) for row in rows]
 

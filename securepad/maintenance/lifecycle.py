@@ -178,10 +178,7 @@ class _Rewrap:
         """Whether ``row`` (read before its keys failed) was re-wrapped by another
         rotation or deleted since; if not, its missing key is tampering."""
         found = access.wrapping_of(self._db, table, row["id"], self._owner)
-        return not found or [found[0][k] for k in ("key_version", "wrapped_key")] != [
-            row["key_version"],
-            row["wrapped_key"],
-        ]
+        return not found or any(found[0][k] != row[k] for k in ("key_version", "wrapped_key"))
 
     def _reseal_listing(self, row: dict[str, Any]) -> bytes | None:
         """An entry's listing part under the new version's listing key (None: it has none).

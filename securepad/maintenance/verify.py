@@ -28,6 +28,13 @@ Problem = dict[str, Any]
 Steps = list[list[int]]  # runs of step numbers, [first, last] each
 
 
+class _Problems(list[Problem]):
+    def add(self, owner: str, turn_id: str | None, item_id: str | None, what: str, problem: str) -> Problem:
+        found = {"owner_user_id": owner, "turn_id": turn_id, "id": item_id, "what": what, "problem": problem}
+        self.append(found)
+        return found
+
+
 def verify_store(db: Backend, opener: Opener, records: Records, heads: Heads, now: float) -> dict[str, Any]:
     """What is wrong in the store, and where (``Scratchpad.verify``), read in one snapshot.
 
@@ -40,14 +47,12 @@ def verify_store(db: Backend, opener: Opener, records: Records, heads: Heads, no
 
 def _verify(db: Backend, opener: Opener, records: Records, heads: Heads, now: float) -> dict[str, Any]:
     started = time.perf_counter()
-    problems: list[Problem] = []
+    problems = _Problems()
     opened = heads.all_heads()
     turn_heads, owner_heads = _check_heads(opened, problems)
     for owner in heads.owners.owners_without_heads():
-        problems.append(
-            _problem(
-                owner, None, None, "owner head", "the owner has a key but no heads: its turns and heads were removed"
-            )
+        problems.add(
+            owner, None, None, "owner head", "the owner has a key but no heads: its turns and heads were removed"
         )
     counted = {"entries": 0, **dict.fromkeys(TABLES, 0)}
     found: dict[tuple[str, str], HeadEdit] = {}
@@ -70,7 +75,7 @@ def _verify(db: Backend, opener: Opener, records: Records, heads: Heads, now: fl
             if where not in turn_heads:
                 raise IntegrityError("the entry's turn has no head")
         except IntegrityError as exc:
-            problems.append(_problem(*where, row["id"], "entry", str(exc)))
+            problems.add(*where, row["id"], "entry", str(exc))
     for table in TABLES:
         for row in records.all_rows(table):
             counted[table] += 1
@@ -81,11 +86,11 @@ def _verify(db: Backend, opener: Opener, records: Records, heads: Heads, now: fl
                 if where not in turn_heads:
                     raise IntegrityError("the record's turn has no head")
             except IntegrityError as exc:
-                problems.append(_problem(*where, row["id"], table[:-1], str(exc)))
+                problems.add(*where, row["id"], table[:-1], str(exc))
     reserved = _turn_problems(turn_heads, tally, steps, stored, now, problems)
-    problems += _usage_problems(owner_heads, reserved)
+    _usage_problems(owner_heads, reserved, problems)
     for owner, counted_turn, what in heads.owners.counter_problems():  # an owner's heads put back from an older copy
-        problems.append(_problem(owner, counted_turn, None, "owner head", f"{what}: put back from an older copy"))
+        problems.add(owner, counted_turn, None, "owner head", f"{what}: put back from an older copy")
     for problem in problems:
         if problem["what"] == "turn":  # no write goes into it from this process while it fails
             heads.found_tampered(problem["owner_user_id"], problem["turn_id"], problem["problem"])
@@ -94,7 +99,7 @@ def _verify(db: Backend, opener: Opener, records: Records, heads: Heads, now: fl
         "owners": len(opened),
         "turns": len(turn_heads),
         **counted,
-        "problems": problems,
+        "problems": list(problems),
         "seconds": round(time.perf_counter() - started, 3),
     }
 
@@ -105,7 +110,7 @@ def _turn_problems(
     steps: dict[tuple[str, str], list[int]],
     stored: set[str],
     now: float,
-    problems: list[Problem],
+    problems: _Problems,
 ) -> dict[str, int]:
     """Each turn's head compared with the rows found for it (``problems``
     appended); the reservations per owner."""
@@ -116,21 +121,18 @@ def _turn_problems(
         try:
             sealed.check_found(rows, turn_id)
         except IntegrityError as exc:
-            problem = _problem(owner, turn_id, None, "turn", str(exc))
+            problem = problems.add(owner, turn_id, None, "turn", str(exc))
             if _entries_differ(sealed, rows):
                 problem.update(_steps_named(sealed, steps.get((owner, turn_id), []), stored, now))
                 problem["problem"] += _steps_text(problem)
-            problems.append(problem)
             continue
         if sealed.b != rows.b:
-            problems.append(
-                _problem(owner, turn_id, None, "turn usage", f"counts {sealed.b} bytes, its entries {rows.b}")
-            )
+            problems.add(owner, turn_id, None, "turn usage", f"counts {sealed.b} bytes, its entries {rows.b}")
     return reserved
 
 
 def _check_heads(
-    opened: dict[str, dict[str, Tally | set[str] | int | IntegrityError]], problems: list[Problem]
+    opened: dict[str, dict[str, Tally | set[str] | int | IntegrityError]], problems: _Problems
 ) -> tuple[dict[tuple[str, str], Tally], dict[str, int | None]]:
     """The turn heads that opened, by (owner, turn), and each owner's usage
     total (None: no usage head); what is wrong with the heads themselves goes to ``problems``."""
@@ -139,12 +141,12 @@ def _check_heads(
     for owner, by_turn in opened.items():
         turns = by_turn.get(OWNER_HEAD)
         if isinstance(turns, IntegrityError):
-            problems.append(_problem(owner, None, None, "owner head", str(turns)))
+            problems.add(owner, None, None, "owner head", str(turns))
         elif turns is None:
-            problems.append(_problem(owner, None, None, "owner head", "the owner's turn heads have no owner head"))
+            problems.add(owner, None, None, "owner head", "the owner's turn heads have no owner head")
         usage = by_turn.get(USAGE_HEAD)
         if isinstance(usage, IntegrityError):
-            problems.append(_problem(owner, None, None, "owner usage", str(usage)))
+            problems.add(owner, None, None, "owner usage", str(usage))
         else:
             totals[owner] = usage if isinstance(usage, int) else None
         listed = turns if isinstance(turns, set) else None
@@ -152,30 +154,26 @@ def _check_heads(
             if turn_id in (OWNER_HEAD, USAGE_HEAD):
                 continue
             if isinstance(head, IntegrityError):
-                problems.append(_problem(owner, turn_id, None, "turn head", str(head)))
+                problems.add(owner, turn_id, None, "turn head", str(head))
             elif isinstance(head, Tally):
                 turn_heads[(owner, turn_id)] = head
             if listed is not None and turn_id not in listed:
-                problems.append(_problem(owner, turn_id, None, "turn head", "a turn head the owner head does not list"))
+                problems.add(owner, turn_id, None, "turn head", "a turn head the owner head does not list")
         for turn_id in sorted(listed or ()):
             if turn_id not in by_turn:
-                problems.append(_problem(owner, turn_id, None, "turn head", "the turn and its head were removed"))
+                problems.add(owner, turn_id, None, "turn head", "the turn and its head were removed")
     return turn_heads, totals
 
 
-def _usage_problems(totals: dict[str, int | None], reserved: dict[str, int]) -> list[Problem]:
+def _usage_problems(totals: dict[str, int | None], reserved: dict[str, int], problems: _Problems) -> None:
     """The usage heads' reservations against the sum of the turns' (which cover their entries)."""
-    problems: list[Problem] = []
     for owner, total in sorted(totals.items()):
         if total is None:
-            problems.append(_problem(owner, None, None, "owner usage", "the owner has no usage head"))
+            problems.add(owner, None, None, "owner usage", "the owner has no usage head")
         elif total != reserved.get(owner, 0):
-            problems.append(
-                _problem(
-                    owner, None, None, "owner usage", f"reserves {total} bytes, its turns {reserved.get(owner, 0)}"
-                )
+            problems.add(
+                owner, None, None, "owner usage", f"reserves {total} bytes, its turns {reserved.get(owner, 0)}"
             )
-    return problems
 
 
 def _entries_differ(sealed: Tally, rows: Tally) -> bool:
@@ -242,7 +240,3 @@ def _steps_text(named: dict[str, Any]) -> str:
     if named["newest_removed"] is not None:
         text += f"; the head's newest entry (step {named['newest_removed']}) is gone before its sealed expiry: removed"
     return text
-
-
-def _problem(owner: str, turn_id: str | None, item_id: str | None, what: str, problem: str) -> Problem:
-    return {"owner_user_id": owner, "turn_id": turn_id, "id": item_id, "what": what, "problem": problem}
