@@ -34,7 +34,7 @@ from typing import Any
 
 from ..errors import PolicyError, SecurepadError
 from ..policy import SCOPES, Policy, setting_sections
-from ..store import Scratchpad, sqlite_of
+from ..store import Scratchpad, parts, sqlite_of
 from . import _api, _files, _postgres, _runtime
 from ._support import CheckFailed, Context, Step, Steps, holding, scan_files, store_files
 
@@ -232,32 +232,30 @@ def _policy_sane(ctx: Context) -> str:
 
 def _remove_tenants(ctx: Context) -> str:
     pad, tenants = ctx.pad, ctx.synthetic
-    if pad.backend != "sqlite":
-        return _postgres.remove_check(ctx, tenants)
+    postgres = pad.backend != "sqlite"
     ctx.remove_scratch()
     pieces: dict[str, bytes] = {}
-    for label, entry_id in tenants.ids.items():
+    for label, entry_id in () if postgres else tenants.ids.items():
         pieces.update(_files.entry_ciphertext(ctx, entry_id, label))
     removed = [pad.forget_owner(owner) for owner in tenants.owners]
-    owners = tenants.owners
-    left = sqlite_of(pad).query(
-        "SELECT (SELECT COUNT(*) FROM entries WHERE owner_user_id IN (?, ?))"
-        " + (SELECT COUNT(*) FROM owner_keys WHERE owner_user_id IN (?, ?)) AS n",
-        (*owners, *owners),
-        admin=True,
-    )[0]["n"]
+    tables = _postgres.owner_tables(ctx) if postgres else ("entries", "owner_keys")
+    counts = " + ".join(f"(SELECT COUNT(*) FROM {table} WHERE owner_user_id IN (?, ?))" for table in tables)
+    left = parts(pad).db.query(f"SELECT {counts} AS n", tenants.owners * len(tables), admin=True)[0]["n"]
     if left:
         raise CheckFailed(f"{left} rows of the audit owners remain")
+    entries = sum(r.get("entries", 0) for r in removed)
+    keys = sum(r.get("owner_keys", 0) for r in removed)
+    deleted = f"{entries} entries and {keys} owner keys of {' and '.join(tenants.owners)} deleted"
+    if postgres:
+        left_in = ", ".join(tables)
+        return f"{deleted}; no row of theirs is left in {left_in} (dead row versions go with the server's VACUUM)"
     if ctx.scratch_dir is not None:
         raise CheckFailed(f"the scratch directory {ctx.scratch_dir} remains")
     if still := holding(scan_files(store_files(pad.path), {**pieces, **tenants.canaries})):
         raise CheckFailed(f"after removal, found in the files: {still}")
-    entries = sum(r.get("entries", 0) for r in removed)
-    keys = sum(r.get("owner_keys", 0) for r in removed)
     return (
-        f"{entries} entries and {keys} owner keys of {' and '.join(owners)} deleted; none of their"
-        f" {len(pieces)} ciphertext pieces or {len(tenants.canaries)} canaries is left in the files;"
-        " the scratch copies are gone"
+        f"{deleted}; none of their {len(pieces)} ciphertext pieces or {len(tenants.canaries)} canaries is left"
+        " in the files; the scratch copies are gone"
     )
 
 
@@ -269,9 +267,14 @@ def _real_state(ctx: Context) -> dict[str, str]:
     digests: dict[str, Any] = {}
     with sqlite_of(pad).snapshot() as conn:
         # Every column, those of later schemas too (id and owner first, for the keys).
-        for row in conn.execute("SELECT id, owner_user_id, * FROM entries ORDER BY id"):
-            if row[1] not in exclude:
-                digests[f"entry {row[0]}"] = hashlib.sha256(repr(row).encode())
+        for table, name in (
+            ("entries", "entry"),
+            ("checkpoints", "checkpoint"),
+            ("compaction_marks", "compaction mark"),
+        ):
+            for row in conn.execute(f"SELECT id, owner_user_id, * FROM {table} ORDER BY id"):
+                if row[1] not in exclude:
+                    digests[f"{name} {row[0]}"] = hashlib.sha256(repr(row).encode())
         for entry_id, seq, data in conn.execute("SELECT entry_id, seq, data FROM segments ORDER BY entry_id, seq"):
             digest = digests.get(f"entry {entry_id}")
             if digest is not None:
@@ -281,19 +284,6 @@ def _real_state(ctx: Context) -> dict[str, str]:
         ):
             if owner not in exclude:
                 digests[f"owner key {owner} v{version}"] = hashlib.sha256(repr((wrapped, created)).encode())
-        # Turn records (checkpoints, compaction marks), in stores whose schema has them.
-        tables = conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('checkpoints', 'compaction_marks')"
-        ).fetchall()
-        for (table,) in tables:
-            name = str(table)[:-1].replace("_", " ")
-            for row in conn.execute(f"SELECT id, owner_user_id, * FROM {table} ORDER BY id"):
-                if row[1] not in exclude:
-                    digests[f"{name} {row[0]}"] = hashlib.sha256(repr(row).encode())
-        usage = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'owner_usage'").fetchall()
-        for owner, stored in conn.execute("SELECT owner_user_id, stored_bytes FROM owner_usage") if usage else ():
-            if owner not in exclude:
-                digests[f"usage of {owner}"] = hashlib.sha256(repr(stored).encode())
     return {name: digest.hexdigest() for name, digest in digests.items()}
 
 
@@ -307,7 +297,7 @@ def _compare(before: dict[str, str], after: dict[str, str]) -> str:
         )
     entries = sum(name.startswith("entry ") for name in before)
     keys = sum(name.startswith("owner key ") for name in before)
-    records = len(before) - entries - keys - sum(name.startswith("usage of ") for name in before)
+    records = len(before) - entries - keys
     new = len(set(after) - set(before))
     extra = f"; {new} written by others meanwhile were not compared" if new else ""
     return f"{entries} entries, {keys} owner keys and {records} turn records byte for byte as before the audit{extra}"

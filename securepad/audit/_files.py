@@ -20,10 +20,9 @@ from typing import Any
 
 from ..errors import IntegrityError, NotFoundError, WrongKeyError
 from ..keys.keyring import Keyring
-from ..principal import Principal
 from ..store import Scratchpad, sqlite_of
 from . import drills
-from ._support import CheckFailed, Context, Steps, expect_refused, holding, scan_files, store_files
+from ._support import CheckFailed, Context, Steps, Tenants, expect_refused, holding, scan_files, store_files
 
 __all__ = ["AT_REST", "DEPLOYMENT", "KEY_SOURCE", "TAMPER", "entry_ciphertext"]
 
@@ -341,14 +340,14 @@ def _owner_key_swapped(ctx: Context) -> str:
     with ctx.tampered(lambda p: drills.swap_owner_keys(p, owner_a, owner_b)) as (copy, _):
         a = expect_refused("owner a with b's owner key", copy.get, t.a, t.ids["text"])
         b = expect_refused("owner b with a's owner key", copy.get, t.b, t.ids["b_text"])
-        listed = _list_refuses(copy, t.b, t.turn, t.ids["b_text"], "owner b lists with a's owner key")
+        listed = _list_refuses(copy, t, t.ids["b_text"], "owner b lists with a's owner key")
     return f"the two owners' wrapped keys exchanged: a's get -> {a}, b's get -> {b}, b's list -> {listed}"
 
 
-def _list_refuses(copy: Scratchpad, reader: Principal, turn: str, entry_id: str, what: str) -> str:
-    """Listing must fail or leave the damaged entry out."""
+def _list_refuses(copy: Scratchpad, t: Tenants, entry_id: str, what: str) -> str:
+    """b's listing of the turn must fail or leave the damaged entry out."""
     try:
-        listed = copy.list_for_turn(reader, turn)
+        listed = copy.list_for_turn(t.b, t.turn)
     except (IntegrityError, NotFoundError) as exc:
         return type(exc).__name__
     if any(item["scratchpad_id"] == entry_id for item in listed):
@@ -366,7 +365,7 @@ def _row_moved(ctx: Context) -> str:
     owner_b = t.b.owner_user_id
     with ctx.tampered(lambda p: drills.move_entry_to_owner(p, text, owner_b)) as (copy, _):
         taken = expect_refused("b reads a's row relabelled as b's", copy.get, t.b, text)
-        listed = _list_refuses(copy, t.b, t.turn, text, "b lists the turn holding it")
+        listed = _list_refuses(copy, t, text, "b lists the turn holding it")
         ctx.expect_not_found("a asks for its relabelled row", copy.get, t.a, text)
 
     def with_key(path: Path) -> None:
@@ -392,7 +391,7 @@ def _row_copied(ctx: Context) -> str:
     )
     with ctx.tampered(*edits) as (copy, _):
         other = expect_refused("a's row copied into owner b", copy.get, t.b, to_b)
-        listed = _list_refuses(copy, t.b, t.turn, to_b, "b lists the copied row")
+        listed = _list_refuses(copy, t, to_b, "b lists the copied row")
         same = expect_refused("a's row copied under a new id", copy.get, t.a, to_a)
     return (
         f"a's row and segments copied to owner b under a new id: get -> {other}, list -> {listed};"

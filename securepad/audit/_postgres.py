@@ -20,9 +20,9 @@ from typing import Any
 from ..storage.postgres.roles import ADMIN_ROLE, APP_ROLE
 from ..store import parts
 from . import drills
-from ._support import CheckFailed, Context, Steps, Tenants, expect_refused
+from ._support import CheckFailed, Context, Steps, expect_refused
 
-__all__ = ["DEPLOYMENT", "RAW_QUERY", "TAMPER", "real_state", "remove_check"]
+__all__ = ["DEPLOYMENT", "RAW_QUERY", "TAMPER", "owner_tables", "real_state"]
 
 # Tables whose rows belong to one owner (row-level security holds each): these
 # at least, and every other table of the schema with an owner_user_id column.
@@ -441,22 +441,7 @@ def _row_moved(ctx: Context) -> str:
     return f"a's row (and its segments) relabelled as owner b's: b's get -> {taken}, a's get -> NotFoundError"
 
 
-# -- cleanup ---------------------------------------------------------------------------
-
-
-def remove_check(ctx: Context, tenants: Tenants) -> str:
-    tables_ = owner_tables(ctx)
-    removed = [ctx.pad.forget_owner(owner) for owner in tenants.owners]
-    counts = " + ".join(f"(SELECT COUNT(*) FROM {table} WHERE owner_user_id IN (?, ?))" for table in tables_)
-    left = _admin(ctx, f"SELECT {counts} AS n", tenants.owners * len(tables_))[0]["n"]
-    if left:
-        raise CheckFailed(f"{left} rows of the audit owners remain")
-    entries = sum(r.get("entries", 0) for r in removed)
-    keys = sum(r.get("owner_keys", 0) for r in removed)
-    return (
-        f"{entries} entries and {keys} owner keys of {' and '.join(tenants.owners)} deleted; no row of theirs is"
-        f" left in {', '.join(tables_)} (dead row versions go with the server's VACUUM)"
-    )
+# -- the state of the real rows ----------------------------------------------------------
 
 
 def real_state(ctx: Context, exclude: tuple[str, ...]) -> dict[str, str]:

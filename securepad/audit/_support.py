@@ -97,7 +97,7 @@ class Context:
     scratch_parent: Path | None
     synthetic: Tenants
     ready: bool = False
-    _scratch: Path | None = None
+    scratch_dir: Path | None = None  # while it exists
     _base_copy: Path | None = None
     _copies: int = 0
 
@@ -131,10 +131,10 @@ class Context:
     def scratch(self) -> Path:
         """A 0700 directory for scratch copies, beside the store unless told otherwise:
         the copies then get the same disk and the same access rules as the store."""
-        if self._scratch is None:
+        if self.scratch_dir is None:
             parent = self.scratch_parent if self.scratch_parent is not None else self.pad.path.parent
-            self._scratch = Path(tempfile.mkdtemp(prefix=".securepad-audit-", dir=parent))
-        return self._scratch
+            self.scratch_dir = Path(tempfile.mkdtemp(prefix=".securepad-audit-", dir=parent))
+        return self.scratch_dir
 
     def drill_copy(self) -> Path:
         """A fresh scratch copy of the store holding only the audit tenants."""
@@ -159,15 +159,10 @@ class Context:
         with Scratchpad.open(path, keyring=self.pad.keyring, policy=self.pad.policy, anchor=False) as copy:
             yield copy, path
 
-    @property
-    def scratch_dir(self) -> Path | None:
-        """The scratch directory, while it exists."""
-        return self._scratch
-
     def remove_scratch(self) -> None:
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
-            self._scratch = self._base_copy = None
+        if self.scratch_dir is not None:
+            shutil.rmtree(self.scratch_dir, ignore_errors=True)
+            self.scratch_dir = self._base_copy = None
 
 
 Check = Callable[[Context], str]
