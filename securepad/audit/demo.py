@@ -63,6 +63,7 @@ def run_demo(pad: Scratchpad) -> Iterator[DemoStep]:
 
 
 def _tamper_step(pad: Scratchpad, alice: Principal, entry_id: str) -> DemoStep:
+    title = "one bit flipped in a scratch copy of the file"
     with tempfile.TemporaryDirectory(prefix="securepad-demo-") as scratch:
         copy = Path(scratch) / "tampered.db"
         sqlite_of(pad).copy_to(copy)
@@ -71,7 +72,5 @@ def _tamper_step(pad: Scratchpad, alice: Principal, entry_id: str) -> DemoStep:
             try:
                 tampered.read(alice, entry_id, mode="head", n=100)
             except IntegrityError as exc:
-                return DemoStep(
-                    "one bit flipped in a scratch copy of the file", f"detected: IntegrityError({exc})", True
-                )
-    return DemoStep("one bit flipped in a scratch copy of the file", "the damaged entry was served", False)
+                return DemoStep(title, f"detected: IntegrityError({exc})", True)
+    return DemoStep(title, "the damaged entry was served", False)

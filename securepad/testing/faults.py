@@ -160,9 +160,7 @@ class FaultyProxy:
                 data = src.recv(65536)
             except OSError:
                 data = b""
-            if not data:
-                break
-            if self._down:
+            if not data or self._down:
                 break
             if self.black_hole:
                 continue  # swallowed: neither side hears anything

@@ -12,10 +12,9 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
-from securepad.errors import SecurepadError
+from securepad import Scratchpad, SecurepadError
 
 __all__ = ["SERVER_POOL_SIZE", "PgBouncer", "find_pgbouncer", "pooled_store"]
 
@@ -53,7 +52,6 @@ class PgBouncer:
         users: dict[str, str] | None = None,
         auth_type: str = "trust",
         pool_size: int = SERVER_POOL_SIZE,
-        max_clients: int = 400,
     ) -> None:
         exe = find_pgbouncer()
         if exe is None:
@@ -65,7 +63,7 @@ class PgBouncer:
             "auth_type": auth_type,
             "pool_mode": "transaction",
             "default_pool_size": str(pool_size),
-            "max_client_conn": str(max_clients),
+            "max_client_conn": "400",
             "ignore_startup_parameters": "extra_float_digits,options",
             "server_reset_query": "",
             "unix_socket_dir": "",
@@ -99,7 +97,7 @@ class PgBouncer:
         try:
             self._wait_ready(log)
         except BaseException:
-            self.__exit__(None, None, None)
+            self.__exit__()
             raise
         return self
 
@@ -116,9 +114,7 @@ class PgBouncer:
             time.sleep(0.05)
         raise SecurepadError(f"pgbouncer did not listen on port {self.port} within 10 s")
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._proc is not None:
             self._proc.terminate()
             try:
@@ -140,8 +136,6 @@ def pooled_store(dsn: str, keyring: Any, *, pool_size: int = 8, prepare: bool = 
     PostgreSQL guide recommends behind a transaction pooler; with ``prepare``,
     psycopg's defaults, so the store prepares until it notices a pooler."""
     from psycopg_pool import ConnectionPool
-
-    from securepad import Scratchpad
 
     kwargs: dict[str, Any] = {"autocommit": True} if prepare else {"autocommit": True, "prepare_threshold": None}
     pool: ConnectionPool[Any] = ConnectionPool(dsn, min_size=1, max_size=pool_size, kwargs=kwargs, open=True)
