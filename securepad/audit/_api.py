@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import logging.handlers
 import secrets
 from collections.abc import Callable
 from typing import Any, cast
@@ -489,19 +490,14 @@ def _denied_logged(ctx: Context) -> str:
     logger = logging.getLogger("securepad.audit")
     if not logger.isEnabledFor(logging.WARNING):
         raise CheckFailed("the 'securepad.audit' logger drops warnings: denied attempts are not recorded")
-    records: list[logging.LogRecord] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record)
-
-    handler = Collect(logging.WARNING)
+    handler = logging.handlers.BufferingHandler(capacity=1 << 16)
+    handler.setLevel(logging.WARNING)
     logger.addHandler(handler)
     try:
         ctx.expect_not_found("b gets a's entry", pad.get, t.b, t.ids["text"])
     finally:
         logger.removeHandler(handler)
-    mine = [r for r in records if t.b.owner_user_id in r.getMessage()]
+    mine = [r for r in handler.buffer if t.b.owner_user_id in r.getMessage()]
     if not mine:
         raise CheckFailed("b's refused attempt left no record in the 'securepad.audit' log")
     return f"b's refused attempt was logged: {mine[0].getMessage()[:100]}"

@@ -235,6 +235,11 @@ def _policy_problems(table: str, found: dict[str, dict[str, Any]]) -> list[str]:
     return problems
 
 
+def _held(function: str, target: str, privileges: tuple[str, ...]) -> str:
+    """SELECT columns: whether the role (one parameter each) holds each privilege on ``target``."""
+    return ", ".join(f"{function}(?, {target}, '{p}') AS {p.lower()}" for p in privileges)
+
+
 @DEPLOYMENT(
     "column grants as documented",
     f"has_table_privilege and has_column_privilege of {APP_ROLE} on every table and column",
@@ -242,8 +247,9 @@ def _policy_problems(table: str, found: dict[str, dict[str, Any]]) -> list[str]:
 def _grants(ctx: Context) -> str:
     tables = _admin(
         ctx,
-        "SELECT c.oid::bigint AS oid, c.relname AS name FROM pg_class c"
-        " WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'v', 'm', 'p')",
+        f"SELECT c.oid::bigint AS oid, c.relname AS name, {_held('has_table_privilege', 'c.oid', _TABLE_PRIVILEGES)}"
+        " FROM pg_class c WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'v', 'm', 'p')",
+        (APP_ROLE,) * len(_TABLE_PRIVILEGES),
     )
     problems = []
     checked = 0
@@ -252,20 +258,13 @@ def _grants(ctx: Context) -> str:
         if name not in TABLE_GRANTS:
             problems.append(f"{name}: not in the documented grants")
             continue
-        have = {
-            p
-            for p in _TABLE_PRIVILEGES
-            if _admin(ctx, "SELECT has_table_privilege(?, ?::oid, ?) AS ok", (APP_ROLE, t["oid"], p))[0]["ok"]
-        }
+        have = {p for p in _TABLE_PRIVILEGES if t[p.lower()]}
         if have != TABLE_GRANTS[name]:
             problems.append(f"{name}: {sorted(have)} on the table, documented {sorted(TABLE_GRANTS[name])}")
         columns = _admin(
             ctx,
-            "SELECT a.attname AS col,"
-            + ", ".join(
-                f" has_column_privilege(?, a.attrelid, a.attnum, '{p}') AS {p.lower()}" for p in _COLUMN_PRIVILEGES
-            )
-            + " FROM pg_attribute a WHERE a.attrelid = ?::oid AND a.attnum > 0 AND NOT a.attisdropped",
+            f"SELECT a.attname AS col, {_held('has_column_privilege', 'a.attrelid, a.attnum', _COLUMN_PRIVILEGES)}"
+            " FROM pg_attribute a WHERE a.attrelid = ?::oid AND a.attnum > 0 AND NOT a.attisdropped",
             (*([APP_ROLE] * len(_COLUMN_PRIVILEGES)), t["oid"]),
         )
         for col in columns:
