@@ -1,13 +1,10 @@
 """The audit's checks of a PostgreSQL store: the server's own line of defence.
 
-On PostgreSQL there is no file to copy, scan or damage. What the audit checks
-instead is what the server enforces: the application role's rights (no
-BYPASSRLS, no superuser, owns no table, may create nothing, cannot become the
-admin role), row-level security enabled and forced on every owner table with
-the expected policies, a raw query as the application role without the owner
-setting (it must see no row), every grant and function as documented in
-``docs/how-to/postgresql.md``, and tampered rows of the audit owners (edited in
-place, in one transaction each, then restored) refused by the API.
+There is no file to copy, scan or damage. The checks read what the server
+enforces (the roles' rights, row-level security forced with the expected
+policies, every grant and function as ``docs/how-to/postgresql.md`` documents
+them), count rows as the application role without the owner setting, and
+tamper with the audit owners' rows in place (one transaction each, then restored).
 """
 
 from __future__ import annotations
