@@ -351,22 +351,24 @@ def _raw_query(ctx: Context) -> str:
 # -- tampered rows ---------------------------------------------------------------------
 
 
+# An edit of audit rows: the statement, its parameters, and those that put the rows back.
+Edit = tuple[str, tuple[Any, ...], tuple[Any, ...]]
+
+
 @contextmanager
-def _tampered(
-    ctx: Context, edits: list[tuple[str, tuple[Any, ...]]], undo: list[tuple[str, tuple[Any, ...]]]
-) -> Iterator[None]:
+def _tampered(ctx: Context, *edits: Edit) -> Iterator[None]:
     """Edit audit rows in place (one admin transaction), then put them back."""
     db = parts(ctx.pad).db
     with db.transaction(admin=True) as conn:
-        for sql, params in edits:
+        for sql, params, _ in edits:
             if conn.execute(sql, params) < 1:
                 raise CheckFailed(f"the edit {sql!r} changed no row")
     try:
         yield
     finally:
         with db.transaction(admin=True) as conn:
-            for sql, params in undo:
-                conn.execute(sql, params)
+            for sql, _, undo in edits:
+                conn.execute(sql, undo)
 
 
 def _first_segment(ctx: Context, entry_id: str) -> tuple[bytes, str]:
@@ -390,7 +392,7 @@ def _flipped(ctx: Context) -> str:
     text = t.ids["text"]
     data, sql = _first_segment(ctx, text)
     bad = bytes([data[0] ^ 1]) + data[1:]
-    with _tampered(ctx, [(sql, (bad, text))], [(sql, (data, text))]):
+    with _tampered(ctx, (sql, (bad, text), (data, text))):
         got = expect_refused("get after one flipped bit", ctx.pad.get, t.a, text)
         read = expect_refused("head read after one flipped bit", ctx.pad.read, t.a, text, mode="head", n=10)
     return f"one bit flipped in segment 0 of the text entry's row: get -> {got}, head read -> {read}"
@@ -401,7 +403,7 @@ def _segment_moved(ctx: Context) -> str:
     t = ctx.tenants
     binary, theirs = t.ids["binary"], t.ids["b_text"]
     (mine, sql), (other, _) = _first_segment(ctx, binary), _first_segment(ctx, theirs)
-    with _tampered(ctx, [(sql, (other, binary))], [(sql, (mine, binary))]):
+    with _tampered(ctx, (sql, (other, binary), (mine, binary))):
         got = expect_refused("segment from another owner", ctx.pad.get, t.a, binary)
     return f"segment 0 of a's binary entry replaced by owner b's: {got}"
 
@@ -415,7 +417,7 @@ def _item_key_swapped(ctx: Context) -> str:
         for r in _admin(ctx, "SELECT id, wrapped_key AS k FROM entries WHERE id IN (?, ?)", (text, json_))
     }
     sql = "UPDATE entries SET wrapped_key = ? WHERE id = ?"
-    with _tampered(ctx, [(sql, (keys[text], json_))], [(sql, (keys[json_], json_))]):
+    with _tampered(ctx, (sql, (keys[text], json_), (keys[json_], json_))):
         got = expect_refused("another entry's wrapped item key", ctx.pad.get, t.a, json_)
     return f"the json entry given the text entry's wrapped item key: {got}"
 
@@ -427,11 +429,10 @@ def _row_moved(ctx: Context) -> str:
     owner_a, owner_b = t.owners
     entry = "UPDATE entries SET owner_user_id = ? WHERE id = ?"
     segments = "UPDATE segments SET owner_user_id = ? WHERE entry_id = ?"
-    edits = [(entry, (owner_b, text)), (segments, (owner_b, text))]
-    undo = [(entry, (owner_a, text)), (segments, (owner_a, text))]
+    edits: list[Edit] = [(sql, (owner_b, text), (owner_a, text)) for sql in (entry, segments)]
     if _in_row(ctx, text):  # its one segment moves with the row
-        edits, undo = edits[:1], undo[:1]
-    with _tampered(ctx, edits, undo):
+        edits = edits[:1]
+    with _tampered(ctx, *edits):
         taken = expect_refused("b reads a's row relabelled as b's", ctx.pad.get, t.b, text)
         ctx.expect_not_found("a asks for its relabelled row", ctx.pad.get, t.a, text)
     return f"a's row (and its segments) relabelled as owner b's: b's get -> {taken}, a's get -> NotFoundError"
