@@ -2,10 +2,8 @@
 
 Everything that chooses an owner key lives here: the cache of unwrapped owner
 keys (and the keys derived from them), the wrap counts, and the one write of
-a row sealed under an owner's newest key version, sealing again when a
-rotation (in any process) made that version stale (its steps: ``current.py``). The master key (its
-unlock, the owner keys' wrapping, its rotation) is ``master.Master``. Keys are
-``crypto.KeyHandle``s and ``crypto.Wrapper``s, never bytes.
+a row sealed under an owner's newest key version (its steps: ``current.py``).
+What the master key wraps is ``master.Master``'s.
 """
 
 from __future__ import annotations
@@ -36,8 +34,6 @@ Derive = Callable[[KeyHandle, str, str, int], D]
 # Owners whose unwrapped keys stay cached (each cache; ~2.7 KB per owner in
 # all). Past it the least recently used owner's keys are unwrapped again on use.
 OWNER_KEY_CACHE_SIZE = 4096
-
-
 # Runs of a write whose COMMIT's answer was lost and that may simply run again (``add_version``).
 _COMMIT_TRIES = 3
 
@@ -48,8 +44,6 @@ class Keystore:
     def __init__(self, db: Backend, keyring: Keyring) -> None:
         self._db = db
         self._lock = threading.Lock()
-        # Bounded: a long-lived process serving many owners keeps
-        # the most recently used ones' keys only.
         self._owner_keys: LRUCache[tuple[str, int], tuple[Wrapper, KeyHandle]] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._identities: LRUCache[tuple[str, int], ContentIdentity] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._listings: LRUCache[tuple[str, int], ListingKey] = LRUCache(OWNER_KEY_CACHE_SIZE)
@@ -78,16 +72,12 @@ class Keystore:
         return self._owner_keys.get((owner, version)) is not None
 
     def store_meta(self) -> dict[str, str]:
-        """The store's clear metadata (id, format version, key check, KDF record, counters)."""
         return store_meta(self._db)
 
     @property
     def opened_meta(self) -> dict[str, str]:
-        """The store's clear metadata as read when the store was opened (its flags
-        for the rest of the open: one read, not one per flag)."""
+        """The store's clear metadata as read when the store was opened."""
         return dict(self._master.opened_meta)
-
-    # -- owner keys ------------------------------------------------------------------------
 
     def owner_wrapper(self, owner: str, version: int) -> Wrapper:
         """The owner's key of ``version``, unwrapped once and cached.
@@ -100,19 +90,11 @@ class Keystore:
         return self._owner_key(owner, version)[0]
 
     def identity(self, owner: str, version: int) -> ContentIdentity:
-        """The keyed content identity of the owner's key of ``version`` (see ``crypto.ContentIdentity``).
-
-        Raises:
-            IntegrityError, WrongKeyError: as for ``owner_wrapper``.
-        """
+        """Raises IntegrityError, WrongKeyError: as ``owner_wrapper``."""
         return self._derived(self._identities, ContentIdentity, owner, version)
 
     def listing_key(self, owner: str, version: int) -> ListingKey:
-        """The key of the owner's listing parts of ``version`` (see ``crypto.ListingKey``).
-
-        Raises:
-            IntegrityError, WrongKeyError: as for ``owner_wrapper``.
-        """
+        """Raises IntegrityError, WrongKeyError: as ``owner_wrapper``."""
         return self._derived(self._listings, ListingKey, owner, version)
 
     def _derived(self, cache: LRUCache[tuple[str, int], D], make: Derive[D], owner: str, version: int) -> D:
@@ -179,7 +161,7 @@ class Keystore:
             try:
                 with self._db.transaction(owner, admin=admin) as conn:
                     tx = conn
-                    self.check_master_current(conn)
+                    self._master.check_current(conn)
                     newest = self.newest_in(conn, owner)
                     if newest is not None and newest >= version:
                         return  # a racing rotation added it, or a newer one (and may have retired this version)
@@ -237,11 +219,6 @@ class Keystore:
                 self._wraps.add(key, count)
             raise
 
-    def check_master_current(self, conn: Conn | None = None) -> None:
-        """Raise WrongKeyError when another process has rotated the master key
-        since this store was opened: nothing may be wrapped under the old one."""
-        self._master.check_current(conn)
-
     def forget(self, owner: str) -> None:
         """Drop the owner's cached keys (after a rotation, or when it is forgotten)."""
         with self._lock:
@@ -249,8 +226,6 @@ class Keystore:
             self._owner_keys.discard_if(lambda key: key[0] == owner)
             self._identities.discard_if(lambda key: key[0] == owner)
             self._listings.discard_if(lambda key: key[0] == owner)
-
-    # -- the one write under the current key -------------------------------------------------
 
     def write_current(
         self,
@@ -266,31 +241,19 @@ class Keystore:
         unknown: IfUnknown[P] | None = None,
     ) -> T:
         """Seal (outside any transaction) under the owner's newest key, then write
-        in one transaction that checks the version is still the newest.
+        in one transaction that checks the version is still the newest; the
+        rules are ``current.py``'s.
 
         ``seal(version, wrapper)`` builds the row; ``write(conn, sealed)``
         stores it and must check the version inside the transaction, before
-        its insert, with ``check_newest`` (``Putter.room`` does, in the
-        statement that reads the quota, with ``NEWEST_VERSION_SQL``). A
-        rotation meanwhile (a stale version) or a unique-key collision
-        (``DuplicateKeyError``: an id or sequence number taken) seals again,
-        at most ``attempts`` times. The ``count`` wraps (one per row) are
-        counted in memory and added to the key's row once ``WRAP_FLUSH_EVERY``
-        are pending.
-        The reads of ``prefetch`` (those ``write`` will make) go with the
-        transaction's first message (``Conn.prefetch``). With ``turn``, the
-        transaction excludes only the owner's writes of that turn and its
-        owner-wide ones (``Backend.transaction``); ``write`` raises
-        ``OwnerLockNeeded`` (which leaves this call, for the caller to run
-        it again without ``turn``) when it must change more than the turn.
-
-        With ``unknown``, a transaction whose COMMIT was sent and whose answer
-        was lost (``Conn.commit_unknown``) is never taken for failed: the next
-        attempt, under the same locks (so after that COMMIT, if it ran), asks
-        ``unknown.landed`` whether its rows are stored, and returns what that
-        attempt's ``write`` returned if they are, or writes the same sealed
-        rows (their ids, their steps) if not. When that cannot be found out,
-        the call raises ``unknown.error``, which names what may be stored.
+        its insert, with ``check_newest`` (``Putter.room`` does, with
+        ``NEWEST_VERSION_SQL``); at most ``attempts`` seals. ``count``: the
+        wraps the rows hold. ``prefetch``: the reads ``write`` will make, sent
+        with the transaction's first message. With ``turn``, the transaction
+        excludes only the owner's writes of that turn and its owner-wide ones
+        (``Backend.transaction``); ``write`` raises ``OwnerLockNeeded``, which
+        leaves this call, when it must change more than the turn. ``unknown``:
+        what to do with a COMMIT whose answer was lost.
 
         Raises:
             StoreBusyError: ``busy``, when every attempt lost a race.
@@ -315,17 +278,9 @@ class Keystore:
         return None if rows[0]["v"] is None else int(rows[0]["v"])
 
     def mark_owner_keys(self, conn: Conn, *, refuse_marked: bool) -> int:
-        """Wrap every owner key from before heads again in the heads era (``Master.mark_owner_keys``).
-
-        Raises:
-            IntegrityError, WrongKeyError: as for ``Master.mark_owner_keys``.
-        """
+        """``Master.mark_owner_keys``, and what it raises."""
         return self._master.mark_owner_keys(conn, refuse_marked=refuse_marked)
 
     def rotate_master(self, new_keyring: Keyring, progress: Progress | None) -> int:
-        """Re-wrap every owner key under ``new_keyring``'s master key (``Master.rotate``).
-
-        Raises:
-            InvalidArgumentError, WrongKeyError, StoreBusyError: as for ``Master.rotate``.
-        """
+        """``Master.rotate``, and what it raises."""
         return self._master.rotate(new_keyring, progress)
