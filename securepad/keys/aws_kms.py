@@ -69,36 +69,21 @@ _CONTEXT_KEY = "securepad-aad"
 _INTEGRITY = frozenset({"InvalidCiphertextException", "IncorrectKeyException"})
 _LOGIN = frozenset(
     {
-        "AccessDeniedException",
-        "AccessDenied",
-        "UnrecognizedClientException",
-        "InvalidClientTokenId",
-        "InvalidSignatureException",
-        "SignatureDoesNotMatch",
-        "IncompleteSignature",
-        "MissingAuthenticationToken",
-        "ExpiredTokenException",
-        "ExpiredToken",
+        *("AccessDeniedException", "AccessDenied", "UnrecognizedClientException", "InvalidClientTokenId"),
+        *("InvalidSignatureException", "SignatureDoesNotMatch", "IncompleteSignature", "MissingAuthenticationToken"),
+        *("ExpiredTokenException", "ExpiredToken"),
     }
 )
 _KEY = frozenset(
     {
-        "NotFoundException",
-        "DisabledException",
-        "KMSInvalidStateException",
-        "InvalidKeyUsageException",
-        "KeyUnavailableException",
-        "InvalidArnException",
+        *("NotFoundException", "DisabledException", "KMSInvalidStateException", "InvalidKeyUsageException"),
+        *("KeyUnavailableException", "InvalidArnException"),
     }
 )
 _BUSY = frozenset(
     {
-        "DependencyTimeoutException",
-        "KMSInternalException",
-        "ThrottlingException",
-        "LimitExceededException",
-        "ServiceUnavailable",
-        "InternalFailure",
+        *("DependencyTimeoutException", "KMSInternalException", "ThrottlingException", "LimitExceededException"),
+        *("ServiceUnavailable", "InternalFailure"),
     }
 )
 

@@ -59,18 +59,16 @@ class WrapCounts:
         self._lock = threading.Lock()
         self._pending: dict[tuple[str, int], int] = {}
 
-    def take(self, key: tuple[str, int], every: int, adding: int) -> int | None:
+    def take(self, key: tuple[str, int], adding: int) -> int | None:
         """The pending count to write with the next write of ``key`` (``adding``
-        wraps), or None (not yet due)."""
+        wraps) when it is ``due``, else None."""
         with self._lock:
-            if self._pending.get(key, 0) + adding < every:
-                return None
-            return self._pending.pop(key, 0)
+            return self._pending.pop(key, 0) if self._pending.get(key, 0) + adding >= WRAP_FLUSH_EVERY else None
 
-    def due(self, key: tuple[str, int], every: int, adding: int) -> bool:
-        """Whether the next write of ``key`` (``adding`` wraps) must write the pending count (``take``)."""
+    def due(self, key: tuple[str, int], adding: int) -> bool:
+        """Whether the next write of ``key`` (``adding`` wraps) must write the pending count."""
         with self._lock:
-            return self._pending.get(key, 0) + adding >= every
+            return self._pending.get(key, 0) + adding >= WRAP_FLUSH_EVERY
 
     def add(self, key: tuple[str, int], count: int) -> None:
         if count:
@@ -131,12 +129,7 @@ class CurrentWrite(Generic[P, T]):
         self._lost: _Lost[P, T] | None = None
 
     def run(self, attempts: int, busy: str) -> T:
-        """Seal and write, at most ``attempts`` times (see ``Keystore.write_current``).
-
-        Raises:
-            StoreBusyError: ``busy``, when every attempt lost a race.
-            StoreUnavailableError: ``unknown.error``, a lost COMMIT whose outcome could not be found out.
-        """
+        """Seal and write, at most ``attempts`` times; raises as ``Keystore.write_current``."""
         for _ in range(attempts):
             sealed = self._sealed()
             if sealed is None:
@@ -165,7 +158,7 @@ class CurrentWrite(Generic[P, T]):
     def _attempt(self, sealed: P) -> tuple[T] | None:
         """One transaction: ``(what write returned,)``, or None to try again."""
         key = (self._owner, self._version)
-        flush = self._wraps.take(key, WRAP_FLUSH_EVERY, self._count)
+        flush = self._wraps.take(key, self._count)
         tx: Conn | None = None
         result: tuple[T] | None = None
         try:

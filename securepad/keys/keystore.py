@@ -198,7 +198,7 @@ class Keystore:
         """Whether a write adding ``count`` wraps must add the pending wrap
         counts to ``owner_keys`` in its transaction (``write_current`` does): a
         write without a transaction of its own (a put in one message) leaves it to one."""
-        return self._wraps.due((owner, version), WRAP_FLUSH_EVERY, count)
+        return self._wraps.due((owner, version), count)
 
     def pending_wraps(self) -> dict[tuple[str, int], int]:
         """Wraps this process made that ``owner_keys.wrap_count`` does not count yet."""

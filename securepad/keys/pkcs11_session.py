@@ -52,6 +52,11 @@ DEFAULT_PIN_ENV = "SECUREPAD_PKCS11_PIN"
 _NEW_KEY = dict.fromkeys(("TOKEN", "PRIVATE", "SENSITIVE", "ENCRYPT", "DECRYPT"), True) | dict.fromkeys(
     ("EXTRACTABLE", "MODIFIABLE", "WRAP", "UNWRAP", "SIGN", "VERIFY", "DERIVE"), False
 )
+# What the binding raises when the session or the key's handle was lost (opened again once).
+_LOST = (
+    *("SessionHandleInvalid", "SessionClosed", "DeviceRemoved", "TokenNotPresent", "ObjectHandleInvalid"),
+    *("KeyHandleInvalid", "UserNotLoggedIn"),
+)
 # The token's answers to a PIN it will not take, by the binding's exception name.
 _PIN_REFUSALS = {
     **dict.fromkeys(("PinIncorrect", "PinInvalid", "PinLenRange"), "the token refused the PIN"),
@@ -317,15 +322,7 @@ class TokenLink:
     def with_key(self, run: Callable[[Any], T], *, create: bool = False) -> T:
         """``run(key)`` under the lock, opening the session (again, once, when it was lost)."""
         pkcs11 = binding()
-        lost = (
-            pkcs11.exceptions.SessionHandleInvalid,
-            pkcs11.exceptions.SessionClosed,
-            pkcs11.exceptions.DeviceRemoved,
-            pkcs11.exceptions.TokenNotPresent,
-            pkcs11.exceptions.ObjectHandleInvalid,
-            pkcs11.exceptions.KeyHandleInvalid,
-            pkcs11.exceptions.UserNotLoggedIn,
-        )
+        lost = tuple(getattr(pkcs11.exceptions, name) for name in _LOST)
         shared = self.token()
         with shared.lock:
             for attempt in (1, 2):
