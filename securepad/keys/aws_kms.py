@@ -59,6 +59,9 @@ _ARN = re.compile(
 # What a malformed URI may show of itself: ARN characters only (no '@', '+', '=').
 _SHOWABLE = re.compile(r"[A-Za-z0-9:/_.-]{1,300}")
 
+# Where a KMS call's name (DescribeKey) puts an underscore in boto3's method's (describe_key).
+_SNAKE_CASE = re.compile(r"(?<!^)(?=[A-Z])")
+
 # A wrapped key: this format byte, the key's tag (``_tag``), KMS's ciphertext blob.
 _FORMAT = b"\x01"
 _TAG_BYTES = 8
@@ -184,12 +187,9 @@ class AwsKmsSource(MasterKeySource):
 
     def encrypt(self, plaintext: bytes, associated_data: bytes) -> bytes:
         key = self.key_id()
-        client = self._client()
-        self.calls.add("encrypt")
-        try:
-            answer = client.encrypt(KeyId=key, Plaintext=plaintext, EncryptionContext=_context(associated_data))
-        except Exception as exc:
-            raise self._failure(exc, "Encrypt") from None
+        answer = self._call(
+            "encrypt", "Encrypt", KeyId=key, Plaintext=plaintext, EncryptionContext=_context(associated_data)
+        )
         return _FORMAT + _tag(key) + bytes(answer["CiphertextBlob"])
 
     def decrypt(self, ciphertext: bytes, associated_data: bytes) -> bytes:
@@ -201,14 +201,10 @@ class AwsKmsSource(MasterKeySource):
         key = self.key_id()
         if ciphertext[1:head] != _tag(key):
             raise IntegrityError(f"a key wrapped by {self.shown_uri} was sealed under another KMS key")
-        client = self._client()
-        self.calls.add("decrypt")
-        try:
-            answer = client.decrypt(
-                CiphertextBlob=ciphertext[head:], KeyId=key, EncryptionContext=_context(associated_data)
-            )
-        except Exception as exc:
-            raise self._failure(exc, "Decrypt", decrypting=True) from None
+        context = _context(associated_data)
+        answer = self._call(
+            "decrypt", "Decrypt", CiphertextBlob=ciphertext[head:], KeyId=key, EncryptionContext=context
+        )
         return bytes(answer["Plaintext"])
 
     def inspect(self) -> list[SourceCheck]:
@@ -231,12 +227,16 @@ class AwsKmsSource(MasterKeySource):
         ]
 
     def _describe(self) -> dict[str, Any]:
-        client = self._client()
-        self.calls.add("attributes")
+        return dict(self._call("attributes", "DescribeKey", KeyId=self._arn)["KeyMetadata"])
+
+    def _call(self, counted: str, call: str, **params: Any) -> dict[str, Any]:
+        """KMS's answer to one ``call`` (counted as ``counted``); its failure as a typed one-line error."""
+        method = getattr(self._client(), _SNAKE_CASE.sub("_", call).lower())
+        self.calls.add(counted)
         try:
-            return dict(client.describe_key(KeyId=self._arn)["KeyMetadata"])
+            return dict(method(**params))
         except Exception as exc:
-            raise self._failure(exc, "DescribeKey") from None
+            raise self._failure(exc, call) from None
 
     def _endpoint(self) -> str | None:
         return self._env.get("AWS_ENDPOINT_URL_KMS") or self._env.get("AWS_ENDPOINT_URL") or None
@@ -288,7 +288,7 @@ class AwsKmsSource(MasterKeySource):
         except Exception as exc:
             raise self._failure(exc, "client") from None
 
-    def _failure(self, exc: Exception, call: str, *, decrypting: bool = False) -> SecurepadError:
+    def _failure(self, exc: Exception, call: str) -> SecurepadError:
         """The typed one-line error for ``exc``, raised by ``call``."""
         from botocore import exceptions as bx
 
@@ -299,7 +299,7 @@ class AwsKmsSource(MasterKeySource):
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
             said = _one_line(str(error.get("Message", "")))
             detail = f"{code}: {said}" if said else code
-            if code in _INTEGRITY and decrypting:
+            if code in _INTEGRITY and call == "Decrypt":
                 return IntegrityError(
                     f"a key wrapped by {self.shown_uri} failed authentication"
                     " (altered, or sealed with other associated data)"
