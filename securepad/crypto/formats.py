@@ -242,10 +242,7 @@ def open_entry(
     owner: Wrapper, header: Header, wrapped_key: object, nonce_prefix: object, commitment: object
 ) -> EntryCipher:
     """The cipher of a stored entry: its item key unwrapped, its commitment checked.
-
-    Raises:
-        IntegrityError: the wrapped key, the nonce prefix or the commitment is not this entry's.
-    """
+    Raises IntegrityError: the wrapped key, the nonce prefix or the commitment is not this entry's."""
     aad = item_key_aad(header.entry_id, header.owner_user_id, header.key_version)
     cipher = EntryCipher(owner.unwrap(wrapped_key, aad), header, nonce_prefix)
     if not isinstance(commitment, bytes) or not hmac.compare_digest(commitment, cipher.commitment):
@@ -275,10 +272,7 @@ def seal_record(owner: Wrapper, table: str, row: dict[str, Any], body: bytes) ->
 
 def open_record(owner: Wrapper, table: str, row: dict[str, Any]) -> tuple[KeyHandle, bytes]:
     """A stored turn record's item key and payload.
-
-    Raises:
-        IntegrityError: the wrapped key or the payload fails authentication.
-    """
+    Raises IntegrityError: the wrapped key or the payload fails authentication."""
     item_key = owner.unwrap(row["wrapped_key"], record_key_aad(row["id"], row["owner_user_id"], row["key_version"]))
     blob = row["sealed"]
     if not isinstance(blob, bytes) or len(blob) < 28:

@@ -296,11 +296,7 @@ class Wrapper(Hidden):
         return nonce + self._aead.encrypt(nonce, key._key, aad)
 
     def unwrap(self, blob: object, aad: bytes) -> KeyHandle:
-        """Open a wrapped key.
-
-        Raises:
-            IntegrityError: the blob was altered, or belongs to another owner, entry or version.
-        """
+        """Raises IntegrityError: the blob was altered, or belongs to another owner, entry or version."""
         if not isinstance(blob, bytes) or len(blob) != 12 + KEY_BYTES + 16:
             raise IntegrityError("a wrapped key has the wrong length")
         WORK.unwraps += 1
@@ -316,10 +312,7 @@ class Wrapper(Hidden):
 
     def open(self, blob: object, aad: bytes) -> bytes:
         """Open what ``seal`` sealed.
-
-        Raises:
-            IntegrityError: the blob was altered or belongs to another owner, turn or version.
-        """
+        Raises IntegrityError: the blob was altered or belongs to another owner, turn or version."""
         if not isinstance(blob, bytes) or len(blob) < 28:
             raise IntegrityError("a sealed head is truncated")
         WORK.head_opens += 1
@@ -336,10 +329,7 @@ class Wrapper(Hidden):
 
     def rewrap(self, blob: object, aad: bytes, into: Wrapper, new_aad: bytes) -> bytes:
         """Move a wrapped key from this wrapper to ``into`` (a rotation).
-
-        Raises:
-            IntegrityError: the blob fails to unwrap.
-        """
+        Raises IntegrityError: the blob fails to unwrap."""
         return into.wrap(self.unwrap(blob, aad), new_aad)
 
 

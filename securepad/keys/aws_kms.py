@@ -117,10 +117,7 @@ class AwsKmsSource(MasterKeySource):
 
     def __init__(self, arn: str, *, environ: Mapping[str, str] | None = None, limits: KmsLimits | None = None) -> None:
         """``environ`` (default ``os.environ``) gives the endpoint and credentials.
-
-        Raises:
-            KeySourceUriError: ``arn`` is not a KMS key or alias ARN.
-        """
+        Raises KeySourceUriError: ``arn`` is not a KMS key or alias ARN."""
         match = _ARN.fullmatch(arn)
         if match is None:
             raise KeySourceUriError(
@@ -372,10 +369,7 @@ def _shown_endpoint(endpoint: str | None) -> str:
 
 def _check_endpoint(endpoint: str, shown_uri: str) -> None:
     """Refuse an endpoint that would carry keys in clear off this machine.
-
-    Raises:
-        KeySourceTokenError: not a URL, or plain http to a host that is not loopback.
-    """
+    Raises KeySourceTokenError: not a URL, or plain http to a host that is not loopback."""
     try:
         parts = urlsplit(endpoint)
         host, _ = parts.hostname or "", parts.port

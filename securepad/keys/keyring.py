@@ -289,12 +289,9 @@ def _within(value: object, low: int, high: int) -> bool:
 
 
 def _kdf_params(record: dict[str, Any]) -> tuple[bytes, dict[str, int]]:
-    """Salt and Argon2id parameters from a store's KDF record, within sane bounds:
-    a tampered record must fail clearly, not hang the open on a huge memory_cost.
-
-    Raises:
-        WrongKeyError: the record is unreadable or out of bounds.
-    """
+    """Salt and Argon2id parameters from a store's KDF record, within sane bounds: a tampered record
+    must fail clearly, not hang the open on a huge memory_cost. Raises WrongKeyError: the record is
+    unreadable or out of bounds."""
     try:
         salt = base64.b64decode(record["salt"], validate=True)
         params = {name: record[name] for name in ARGON2_BOUNDS}
@@ -320,10 +317,7 @@ def _decode_key(raw: bytes, where: str) -> bytes:
 
 def _read_key_file(path: Path, allow_shared: bool) -> bytes | None:
     """The key file's bytes after its safety checks; None when it does not exist.
-
-    Raises:
-        SecurepadError: unreadable, or others could read, plant or replace it.
-    """
+    Raises SecurepadError: unreadable, or others could read, plant or replace it."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -343,13 +337,10 @@ def _read_key_file(path: Path, allow_shared: bool) -> bytes | None:
 
 
 def _create_key_file(path: Path, allow_shared: bool) -> bytes:
-    """Write a fresh key, mode 0600, atomically: written to a private temporary
-    file, then hard-linked into place so that a racing process either wins or
-    reads the winner's complete key, never a half-written one.
-
-    Raises:
-        SecurepadError: it cannot be created, or its directory is writable by others (unless ``allow_shared``).
-    """
+    """Write a fresh key, mode 0600, atomically: written to a private temporary file, then
+    hard-linked into place so that a racing process either wins or reads the winner's complete
+    key, never a half-written one. Raises SecurepadError: it cannot be created, or its directory
+    is writable by others (unless ``allow_shared``)."""
     if not allow_shared and path.parent.exists():
         check_directory(path.parent, "key file")
     try:

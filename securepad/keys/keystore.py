@@ -120,12 +120,8 @@ class Keystore:
         return pair
 
     def current(self, owner: str) -> tuple[int, Wrapper]:
-        """The owner's newest key version and its wrapper, created (in its own
-        short transaction) on first use.
-
-        Raises:
-            WrongKeyError: another process rotated the master key meanwhile.
-        """
+        """The owner's newest key version and its wrapper, created (in its own short
+        transaction) on first use. Raises WrongKeyError: another process rotated the master key."""
         version = self._latest.get(owner)
         if version is None:
             version = self.newest_version(owner)

@@ -118,26 +118,15 @@ class Master:
         """Record a new store's id and key check (and a source's random anchor
         key, wrapped by it: one call). A racing opener's record wins."""
         store_id = secrets.token_hex(16)
-        source = keyring.source
-        if source is None:
-            master, kdf = master_key(keyring, None, new=True)
-            values = {"key_check": key_check(master, store_id), "kdf": json.dumps(kdf)}
-        else:
-            source.prepare(create=True)
-            anchor = KeyHandle.random()
-            key_id = source.key_id()
-            values = {
-                "key_check": source_key_check(key_id, store_id),
-                "kdf": "null",
-                "master_source": key_id,
-                "anchor_key": RemoteWrapper(source).wrap(anchor, anchor_key_aad(store_id)).hex(),
-            }
+        values, wrap = _set_up(keyring, store_id)
+        anchor = KeyHandle.random() if keyring.source is not None else None  # else derived at unlock
+        if anchor is not None:
+            values["anchor_key"] = wrap.wrap(anchor, anchor_key_aad(store_id)).hex()
         with self._db.transaction(admin=True) as conn:
             if not conn.query(keys_sql.META_VALUE_SQL, ("store_id",)):
                 values |= {"store_id": store_id, "format_version": str(FORMAT_VERSION)}
                 conn.executemany(keys_sql.INSERT_META_SQL, list(values.items()))
-                if source is not None:
-                    self._anchor = anchor  # ours is the store's: no call to open it again
+                self._anchor = anchor  # ours is the store's: no call to open it again
         return store_meta(self._db)
 
     def _unlock_by_source(self, keyring: Keyring, meta: dict[str, str], by_source: bool) -> Wrapper:
@@ -281,18 +270,8 @@ class Master:
             StoreBusyError: the write lock was not obtained in time.
             KeySourceError: a source cannot be used (nothing is rotated then).
         """
-        new_source = new_keyring.source
-        new_wrap: Wrapper
-        if new_source is not None:
-            new_source.prepare(create=True)
-            key_id = new_source.key_id()
-            new_check, kdf, new_wrap = source_key_check(key_id, self.store_id), None, RemoteWrapper(new_source)
-        else:
-            key_id = None
-            new_master, kdf = master_key(new_keyring, None, new=True)
-            new_check = key_check(new_master, self.store_id)
-            new_wrap = Wrapper.for_master(new_master, self.store_id)
-            del new_master
+        values, new_wrap = _set_up(new_keyring, self.store_id)
+        new_check = values["key_check"]
         if secrets.compare_digest(new_check, self._key_check):
             raise InvalidArgumentError("the new master key is the current one")
         with self._db.transaction(admin=True) as conn:
@@ -313,13 +292,26 @@ class Master:
                 conn.execute(keys_sql.SET_META_SQL, (new_wrap.wrap(anchor, aad).hex(), "anchor_key"))
             conn.executemany(
                 keys_sql.SET_META_SQL,
-                [(new_check, "key_check"), (json.dumps(kdf), "kdf"), (str(len(rows)), "master_wrap_count")],
+                [(new_check, "key_check"), (values["kdf"], "kdf"), (str(len(rows)), "master_wrap_count")],
             )
             conn.execute(keys_sql.DELETE_META_SQL, ("master_source",))
-            if key_id is not None:
-                conn.execute(keys_sql.INSERT_META_SQL, ("master_source", key_id))
+            if "master_source" in values:
+                conn.execute(keys_sql.INSERT_META_SQL, ("master_source", values["master_source"]))
         self._wrap, self._key_check, self.keyring = new_wrap, new_check, new_keyring
         return len(rows)
+
+
+def _set_up(keyring: Keyring, store_id: str) -> tuple[dict[str, str], Wrapper]:
+    """What ``store_meta`` records of ``keyring``'s master key as a new store's or a
+    rotation's target (an absent key file or token key is created), and its owner-key wrapper."""
+    source = keyring.source
+    if source is None:
+        master, kdf = master_key(keyring, None, new=True)
+        return {"key_check": key_check(master, store_id), "kdf": json.dumps(kdf)}, Wrapper.for_master(master, store_id)
+    source.prepare(create=True)
+    key_id = source.key_id()
+    values = {"key_check": source_key_check(key_id, store_id), "kdf": "null", "master_source": key_id}
+    return values, RemoteWrapper(source)
 
 
 def _hex(value: str) -> bytes:

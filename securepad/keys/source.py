@@ -93,10 +93,7 @@ class MasterKeySource(abc.ABC):
     @abc.abstractmethod
     def from_uri(cls, uri: str, *, environ: Mapping[str, str] | None = None) -> MasterKeySource:
         """The source ``uri`` names, parsed only (no I/O).
-
-        Raises:
-            KeySourceUriError: the URI is malformed or has an unknown or missing attribute.
-        """
+        Raises KeySourceUriError: the URI is malformed or has an unknown or missing attribute."""
 
     @property
     @abc.abstractmethod
@@ -120,12 +117,8 @@ class MasterKeySource(abc.ABC):
 
     @abc.abstractmethod
     def decrypt(self, ciphertext: bytes, associated_data: bytes) -> bytes:
-        """Open what ``encrypt`` sealed, in one call.
-
-        Raises:
-            IntegrityError: the blob was altered, or sealed with other
-                associated data or under another key.
-        """
+        """Open what ``encrypt`` sealed, in one call. Raises IntegrityError: the blob was altered,
+        or sealed with other associated data or under another key."""
 
     @abc.abstractmethod
     def inspect(self) -> list[SourceCheck]:
