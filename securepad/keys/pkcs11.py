@@ -38,6 +38,9 @@ __all__ = ["Pkcs11Source"]
 _IV_BYTES = 12
 _TAG_BITS = 128
 _MAX_PLAINTEXT = 64
+# What tokens answer to a failed GCM tag: SoftHSM2 says CKR_GENERAL_ERROR,
+# others CKR_ENCRYPTED_DATA_INVALID (or _LEN_RANGE for a cut blob).
+_REJECTED = ("GeneralError", "EncryptedDataInvalid", "EncryptedDataLenRange", "FunctionFailed")
 
 
 class Pkcs11Source(MasterKeySource):
@@ -103,14 +106,7 @@ class Pkcs11Source(MasterKeySource):
             raise IntegrityError("a blob sealed by the PKCS#11 master key is truncated")
         pkcs11 = binding()
         params = pkcs11.mechanisms.GCMParams(ciphertext[:_IV_BYTES], associated_data, _TAG_BITS)
-        # What tokens answer to a failed GCM tag: SoftHSM2 says CKR_GENERAL_ERROR,
-        # others CKR_ENCRYPTED_DATA_INVALID (or _LEN_RANGE for a cut blob).
-        rejected = (
-            pkcs11.exceptions.GeneralError,
-            pkcs11.exceptions.EncryptedDataInvalid,
-            pkcs11.exceptions.EncryptedDataLenRange,
-            pkcs11.exceptions.FunctionFailed,
-        )
+        rejected = tuple(getattr(pkcs11.exceptions, name) for name in _REJECTED)
 
         def open_(key: Any) -> bytes:
             self.calls.add("decrypt")
@@ -125,21 +121,13 @@ class Pkcs11Source(MasterKeySource):
 
     def inspect(self) -> list[SourceCheck]:
         """The key's attributes read back, the PIN's place and the PIN file's mode."""
-        a = binding().Attribute
-        names = {
-            "extractable": a.EXTRACTABLE,
-            "never_extractable": a.NEVER_EXTRACTABLE,
-            "sensitive": a.SENSITIVE,
-            "always_sensitive": a.ALWAYS_SENSITIVE,
-            "token": a.TOKEN,
-        }
+        names = ("EXTRACTABLE", "NEVER_EXTRACTABLE", "SENSITIVE", "ALWAYS_SENSITIVE", "TOKEN")
 
-        def attributes(key: Any) -> dict[str, bool]:
+        def attributes(key: Any) -> list[bool]:
             self.calls.add("attributes")
-            return {name: bool(key[attribute]) for name, attribute in names.items()}
+            return [bool(key[getattr(binding().Attribute, name)]) for name in names]
 
-        got = self._link.with_key(attributes)
-        extractable, never, sensitive, always = (got[n] for n in list(names)[:4])
+        extractable, never, sensitive, always, on_token = self._link.with_key(attributes)
         checks = [
             SourceCheck.of(
                 "key-not-extractable",
@@ -156,7 +144,7 @@ class Pkcs11Source(MasterKeySource):
             ),
             SourceCheck.of(
                 "key-on-token",
-                got["token"],
+                on_token,
                 "the key is a token object",
                 "the key is a session object: it ends with its session",
             ),
