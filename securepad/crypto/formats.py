@@ -12,10 +12,8 @@ Modelled on Tink's AES-GCM-HKDF streaming AEAD, adapted to random access:
 * every segment's AAD is a hash of the entry header (id, owner, turn, kind,
   sizes, segment count), so a segment, an item key or a whole row moved to
   another entry or owner fails authentication too; the owner-key version is
-  bound by the wrapped item key's AAD.
-
-Nonces are never chosen by a caller. Wrapped keys use random 96-bit nonces
-under keys that each seal few messages (see SECURITY.md for the limits).
+  bound by the wrapped item key's AAD (binding it here would make an
+  owner-key rotation re-encrypt every segment).
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ import operator
 import os
 import struct
 from dataclasses import dataclass, fields
-from typing import Any, NoReturn
+from typing import Any
 
 import msgspec
 from cryptography.exceptions import InvalidTag
@@ -39,6 +37,7 @@ from .primitives import (
     KEY_BYTES,
     TAG,
     WORK,
+    Hidden,
     KeyHandle,
     Wrapper,
     derive,
@@ -73,35 +72,17 @@ _LISTING_MIN = 1 + 12 + 16
 _LISTING_TAG = lp(TAG + b"listing", str(LISTING_FORMAT))
 # The clear columns a listing part is bound to, in the order its AAD has them.
 _LISTING_BOUND = operator.itemgetter(
-    "id",
-    "owner_user_id",
-    "turn_id",
-    "key_version",
-    "actor",
-    "channel",
-    "step_num",
-    "executor_name",
-    "content_kind",
-    "size_bytes",
-    "size_chars",
-    "segment_count",
-    "created_at",
-    "expires_at",
-    "commitment",
+    *("id", "owner_user_id", "turn_id", "key_version", "actor", "channel", "step_num", "executor_name"),
+    *("content_kind", "size_bytes", "size_chars", "segment_count", "created_at", "expires_at", "commitment"),
 )
 _msgpack = msgspec.msgpack.Encoder().encode
 
 
 def listing_aad(row: dict[str, Any]) -> bytes:
-    """What a listing part is bound to: the entry's id, owner, turn, key version
-    and every clear column a listing shows or trusts (actor, channel, step,
-    executor, kind, sizes, segment count, creation and expiry), and the item
-    key's commitment.
-
-    msgpack of the values as the row holds them: self-delimiting and typed, so
-    unambiguous, and a value edited into another type (a step stored as text)
-    encodes differently and fails authentication like any other edit: the
-    listing needs no type check of its own.
+    """What a listing part is bound to: every clear column a listing shows or
+    trusts (``_LISTING_BOUND``), as msgpack of the values as the row holds
+    them: self-delimiting and typed, so a value edited into another type (a
+    step stored as text) fails authentication like any other edit.
 
     Raises:
         IntegrityError: a column holds a value no column can hold.
@@ -112,16 +93,13 @@ def listing_aad(row: dict[str, Any]) -> bytes:
         raise IntegrityError("the entry's clear columns hold a value of the wrong type") from None
 
 
-class ListingKey:
+class ListingKey(Hidden):
     """Seals and opens the part of an entry a listing shows (its view, history
-    item and content identity), under one AES-256-GCM key per owner and
-    owner-key version: HKDF of the owner key, derived once and cached by the
-    keystore beside it. A listing opens only these parts, one AES-GCM call per
-    entry and no per-entry key work; reads still unwrap the entry's own item key.
-
-    The AAD (``listing_aad``) binds the part to its entry, owner, turn, key
-    version and clear columns, so it cannot be moved to another entry, turn or
-    owner, nor keep its place while a clear column changes.
+    item and content identity) under one AES-256-GCM key per owner and
+    owner-key version, derived from the owner key: a listing makes one AES-GCM
+    call per entry and no per-entry key work. ``listing_aad`` binds the part
+    to its entry's clear columns, so it cannot be moved, nor keep its place
+    while a clear column changes.
     """
 
     __slots__ = ("_aead",)
@@ -129,23 +107,13 @@ class ListingKey:
     def __init__(self, owner_key: KeyHandle, store_id: str, owner_user_id: str, version: int) -> None:
         self._aead = AESGCM(derive(owner_key, "listing", lp(store_id, owner_user_id, str(version))))
 
-    def __repr__(self) -> str:
-        return "<ListingKey (hidden)>"
-
-    def __reduce__(self) -> NoReturn:
-        raise TypeError("key handles cannot be pickled")
-
     def seal(self, row: dict[str, Any], data: bytes) -> bytes:
         """The listing part of ``row`` (its clear columns as they will be stored)."""
         nonce = os.urandom(12)
         return bytes((LISTING_FORMAT,)) + nonce + self._aead.encrypt(nonce, data, listing_aad(row))
 
     def open(self, row: dict[str, Any]) -> bytes:
-        """The plaintext of ``row["sealed_listing"]``.
-
-        Raises:
-            IntegrityError: the part is not this entry's as its clear columns say.
-        """
+        """The plaintext of ``row["sealed_listing"]``. Raises IntegrityError: not this entry's."""
         blob = row["sealed_listing"]
         if not isinstance(blob, bytes) or len(blob) < _LISTING_MIN or blob[0] != LISTING_FORMAT:
             raise IntegrityError("the entry's listing part is malformed")
@@ -174,22 +142,11 @@ class Header:
     format: int = 1
 
     def digest(self) -> bytes:
-        """SHA-256 of every field but ``key_version``.
-
-        DESIGN.md put the key version in the segment AAD too; that would make
-        owner-key rotation re-encrypt every segment. The version is bound
-        where it matters instead: in the AAD of the wrapped item key, so a
-        row relabelled with another version fails to unwrap.
-        """
+        """SHA-256 of every field but ``key_version`` (bound by the wrapped item key's AAD)."""
         WORK.digests += 1
         if self.format == ENTRY_FORMAT:
             # Length-prefixed strings and fixed-width numbers: unambiguous, and cheaper than the JSON below.
-            texts = (
-                self.entry_id.encode(),
-                self.owner_user_id.encode(),
-                self.turn_id.encode(),
-                self.kind.encode(),
-            )
+            texts = (self.entry_id.encode(), self.owner_user_id.encode(), self.turn_id.encode(), self.kind.encode())
             try:
                 fixed = _HEADER_LAYOUT.pack(*map(len, texts), self.size_bytes, self.size_chars, self.segment_count)
             except struct.error:
@@ -217,12 +174,9 @@ _HEADER_TAG = lp(TAG + b"header", str(ENTRY_FORMAT))
 _ENTRY_INFO = lp(TAG + b"entry", str(FORMAT_VERSION))
 
 
-class EntryCipher:
-    """Seals and opens one entry's segments and metadata.
-
-    Built from the entry's item key; verifies the stored key commitment before
-    anything is decrypted, so a swapped item key fails early and clearly.
-    """
+class EntryCipher(Hidden):
+    """Seals and opens one entry's segments and metadata, under keys derived from
+    its item key (whose commitment ``open_entry`` checks before any decryption)."""
 
     __slots__ = ("_aad", "_content", "_meta", "_prefix", "commitment")
 
@@ -238,14 +192,6 @@ class EntryCipher:
             del okm
         self._aad = header.digest()
         self._prefix = nonce_prefix
-
-    def __repr__(self) -> str:
-        return "<EntryCipher (hidden)>"
-
-    def verify_commitment(self, stored: object) -> None:
-        """Raises IntegrityError unless ``stored`` is this item key's commitment."""
-        if not isinstance(stored, bytes) or not hmac.compare_digest(stored, self.commitment):
-            raise IntegrityError("the entry's key commitment does not match")
 
     def _nonce(self, seq: int, last: bool) -> bytes:
         return self._prefix + struct.pack(">I?", seq, last)
@@ -296,30 +242,18 @@ def open_entry(
     owner: Wrapper, header: Header, wrapped_key: object, nonce_prefix: object, commitment: object
 ) -> EntryCipher:
     """The cipher of a stored entry: its item key unwrapped, its commitment checked.
-
-    Raises:
-        IntegrityError: the wrapped key, the nonce prefix or the commitment is not this entry's.
-    """
+    Raises IntegrityError: the wrapped key, the nonce prefix or the commitment is not this entry's."""
     aad = item_key_aad(header.entry_id, header.owner_user_id, header.key_version)
     cipher = EntryCipher(owner.unwrap(wrapped_key, aad), header, nonce_prefix)
-    cipher.verify_commitment(commitment)
+    if not isinstance(commitment, bytes) or not hmac.compare_digest(commitment, cipher.commitment):
+        raise IntegrityError("the entry's key commitment does not match")
     return cipher
 
 
 def _record_aad(table: str, row: dict[str, Any]) -> bytes:
-    return lp(
-        "turn-record",
-        str(FORMAT_VERSION),
-        table,
-        row["id"],
-        row["owner_user_id"],
-        row["actor"],
-        row["channel"],
-        row["turn_id"],
-        str(row["seq"]),
-        float(row["created_at"]).hex(),
-        float(row["expires_at"]).hex(),
-    )
+    texts = (row["id"], row["owner_user_id"], row["actor"], row["channel"], row["turn_id"], str(row["seq"]))
+    times = (float(row["created_at"]).hex(), float(row["expires_at"]).hex())
+    return lp("turn-record", str(FORMAT_VERSION), table, *texts, *times)
 
 
 def reseal_record(item_key: KeyHandle, table: str, row: dict[str, Any], body: bytes) -> bytes:
@@ -338,10 +272,7 @@ def seal_record(owner: Wrapper, table: str, row: dict[str, Any], body: bytes) ->
 
 def open_record(owner: Wrapper, table: str, row: dict[str, Any]) -> tuple[KeyHandle, bytes]:
     """A stored turn record's item key and payload.
-
-    Raises:
-        IntegrityError: the wrapped key or the payload fails authentication.
-    """
+    Raises IntegrityError: the wrapped key or the payload fails authentication."""
     item_key = owner.unwrap(row["wrapped_key"], record_key_aad(row["id"], row["owner_user_id"], row["key_version"]))
     blob = row["sealed"]
     if not isinstance(blob, bytes) or len(blob) < 28:

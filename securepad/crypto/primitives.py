@@ -31,6 +31,7 @@ __all__ = [
     "WORK",
     "ContentIdentity",
     "CounterSeal",
+    "Hidden",
     "KeyHandle",
     "RemoteAead",
     "RemoteWrapper",
@@ -61,16 +62,13 @@ except ImportError:  # pragma: no cover - a Python built without OpenSSL's hashl
 
 
 def _keyed_sha256(key: bytes, message: bytes = b"") -> _Mac:
-    """HMAC-SHA256 under ``key``, ``message`` absorbed: an object to copy per message
-    (the same digests as ``hmac.new(key, message, hashlib.sha256)``)."""
+    """``hmac.new(key, message, hashlib.sha256)``, OpenSSL's own where there is one: an object to copy per message."""
     if _openssl_hmac is not None:
         return _openssl_hmac(key, message, digestmod="sha256")
     return hmac.new(key, message, hashlib.sha256)
 
 
 class _Mac(Protocol):
-    """What ``_keyed_sha256`` returns: ``hmac.HMAC``'s copy, update and digests."""
-
     def copy(self) -> _Mac: ...
 
     def update(self, data: bytes) -> None: ...
@@ -80,12 +78,24 @@ class _Mac(Protocol):
     def hexdigest(self) -> str: ...
 
 
-class KeyHandle:
-    """An opaque 32-byte key. Its bytes are reachable only inside this module.
+class Hidden:
+    """Holds key material: no bytes in ``repr``, never pickled."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} (hidden)>"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("key handles cannot be pickled")
+
+
+class KeyHandle(Hidden):
+    """An opaque 32-byte key whose bytes are reachable only inside this module.
 
     Every key of the hierarchy (master, owner, item) travels as a handle: it
     does not show in ``repr`` (so not in logs, nor in the locals a traceback
-    renders) and refuses to be pickled.
+    renders), refuses to be pickled, and compares by identity, never by its bytes.
     """
 
     __slots__ = ("_key",)
@@ -97,20 +107,7 @@ class KeyHandle:
 
     @classmethod
     def random(cls) -> KeyHandle:
-        """A fresh key from the OS's CSPRNG."""
         return cls(os.urandom(KEY_BYTES))
-
-    def __repr__(self) -> str:
-        return "<KeyHandle (hidden)>"
-
-    def __reduce__(self) -> NoReturn:
-        raise TypeError("key handles cannot be pickled")
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
-
-    def __hash__(self) -> int:
-        return id(self)
 
     def hkdf(self, info: bytes, length: int = KEY_BYTES, salt: bytes | None = None) -> bytes:
         """HKDF-SHA256 of this key for ``info`` (counted in ``WORK.derivations``)."""
@@ -118,7 +115,6 @@ class KeyHandle:
         return HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=info).derive(self._key)
 
     def aead(self) -> AESGCM:
-        """AES-256-GCM under this key."""
         return AESGCM(self._key)
 
 
@@ -143,10 +139,9 @@ def lp_texts(first: str, second: str, third: str | None = None) -> bytes:
 
 
 class WorkCounter:
-    """How much key work this process did: HKDF derivations, key unwraps,
-    entry-header digests and sealed heads opened. A load-independent measure of
-    a call's cost (the benchmarks' cost meter and the hot-path tests read it;
-    approximate when several threads count at once)."""
+    """The key work this process did: a load-independent measure of a call's cost
+    (the benchmarks' cost meter and the hot-path tests read it; approximate when
+    several threads count at once)."""
 
     __slots__ = ("derivations", "digests", "head_opens", "unwraps")
 
@@ -170,7 +165,7 @@ def derive(key: KeyHandle, label: str, salt: bytes, length: int = KEY_BYTES) -> 
 
 
 def key_check(master: KeyHandle, store_id: str) -> str:
-    """The store's public check value of a master key (hex): tells a wrong key at open."""
+    """The store's public check value (hex) of a master key: tells a wrong key at open."""
     return derive(master, "key-check", store_id.encode()).hex()
 
 
@@ -179,26 +174,24 @@ SOURCE_CHECK_PREFIX = "source:"
 
 
 def source_key_check(key_id: str, store_id: str) -> str:
-    """The store's check value for a master key held by a source (a token, a
-    KMS): a hash of the key's public identifier and the store id. It tells
-    which key a store expects; the key itself is proven by opening the
-    store's wrapped anchor key through the source."""
+    """The check value of a master key a source holds: a hash of the key's public
+    identifier and the store id. It tells which key a store expects; the key
+    itself is proven by opening the store's wrapped anchor key through the source."""
     return SOURCE_CHECK_PREFIX + hashlib.sha256(lp(TAG, "source-key-check", store_id, key_id)).hexdigest()
 
 
 def anchor_key(master: KeyHandle, store_id: str) -> KeyHandle:
-    """The key of the store's write counter and its anchor: HKDF of the master
-    key at the store's first anchored open, kept wrapped under the master key
-    (so a master rotation re-wraps it and the counters stay valid)."""
+    """The key of the store's write counter and its anchor, derived at the store's
+    first anchored open and kept wrapped under the master key (a master
+    rotation re-wraps it, and the counters stay valid)."""
     return KeyHandle(derive(master, "anchor", store_id.encode()))
 
 
 def anchor_key_aad(store_id: str) -> bytes:
-    """AAD of the wrapped anchor key: the store it belongs to."""
     return lp(TAG, "anchor-key", store_id)
 
 
-class CounterSeal:
+class CounterSeal(Hidden):
     """HMAC-SHA256 tags over the store's write counter, under the anchor key.
 
     ``purpose`` keeps the store's copy (``"store"``) and the anchor file's
@@ -214,14 +207,7 @@ class CounterSeal:
         self._term_mac = _keyed_sha256(key._key, lp(TAG, "term", store_id))
         self._names: bytes | None = None  # the turn names' key, derived at its first use
 
-    def __repr__(self) -> str:
-        return "<CounterSeal (hidden)>"
-
-    def __reduce__(self) -> NoReturn:
-        raise TypeError("key handles cannot be pickled")
-
     def tag(self, purpose: str, counter: int) -> str:
-        """The hex tag of ``counter`` for ``purpose``."""
         message = lp(TAG, "counter", purpose, self._store_id, str(counter))
         return hmac.new(self._key._key, message, hashlib.sha256).hexdigest()
 
@@ -230,41 +216,34 @@ class CounterSeal:
         return hmac.compare_digest(self.tag(purpose, counter), tag)
 
     def term(self, message: bytes) -> int:
-        """HMAC-SHA256 of ``message`` under the anchor key, as an integer: one
-        row's term of a turn head's multiset digest (``head_tally.term``).
-
-        Its own domain (``"term"`` and the store id, length-prefixed) keeps it
-        apart from the counter tags; ``message`` must be self-delimiting
-        (the callers pass msgpack)."""
+        """HMAC-SHA256 of ``message`` as an integer: one row's term of a turn head's
+        multiset digest. Its own domain keeps it apart from the counter tags;
+        ``message`` must be self-delimiting (the callers pass msgpack)."""
         mac = self._term_mac.copy()
         mac.update(message)
         return int.from_bytes(mac.digest(), "big")
 
     def turn_name(self, owner_user_id: str, message: bytes) -> str:
-        """The keyed name (hex) of a turn an integration derives from ids its
-        caller chooses (a LangGraph thread id, an OpenAI session id: ``message``,
-        self-delimiting), for one owner: HMAC-SHA256 under a key derived
-        (HKDF) from the anchor key, so stable across master and owner-key
-        rotations, and without the master key no guess of an id can be tested
-        against the names in the file. Owner and store are in the input: the
-        same id names another turn for another owner or store."""
+        """The keyed name (hex) of a turn an integration derives from ids its caller
+        chooses (a LangGraph thread id: ``message``, self-delimiting), for one
+        owner. Keyed by the anchor key, it is stable across rotations, and
+        without the master key no guess of an id can be tested against the
+        names in the file; the same id names another turn for another owner or store."""
         if self._names is None:
             self._names = derive(self._key, "turn-names", self._store_id.encode())
         return hmac.digest(self._names, lp(TAG, "turn-name", self._store_id, owner_user_id) + message, "sha256").hex()
 
 
-# The era an owner key's wrapping carries once the store has turn heads (issue
-# 14): a store holding a key wrapped with it had heads, whatever its clear
+# The era an owner key's wrapping carries once the store has turn heads: a
+# store holding a key wrapped with it had heads, whatever its clear
 # ``store_meta.turn_heads`` says (``master.Master.mark_owner_keys``).
 HEADS_ERA = "heads"
 
 
 def owner_key_aad(store_id: str, owner_user_id: str, version: int, era: str = "") -> bytes:
-    """AAD of a wrapped owner key: binds store, owner and key version, and the
-    era (``HEADS_ERA``) when given; without it, the AAD keys were wrapped with before heads."""
-    if era:
-        return lp("owner-key", store_id, owner_user_id, str(version), era)
-    return lp("owner-key", store_id, owner_user_id, str(version))
+    """AAD of a wrapped owner key: binds store, owner and key version, and the era
+    (``HEADS_ERA``) when given; without it, the AAD of keys wrapped before heads."""
+    return lp("owner-key", store_id, owner_user_id, str(version), *([era] if era else []))
 
 
 def item_key_aad(entry_id: str, owner_user_id: str, key_version: int) -> bytes:
@@ -289,7 +268,7 @@ def head_aad(owner_user_id: str, turn_id: str, key_version: int) -> bytes:
 _TURN_HEAD = lp("turn-head", str(FORMAT_VERSION))
 
 
-class Wrapper:
+class Wrapper(Hidden):
     """AES-256-GCM key wrapping under one key: the master's owner-wrap key
     (wraps owner keys) or an owner key (wraps item keys).
 
@@ -309,27 +288,15 @@ class Wrapper:
 
     @classmethod
     def of(cls, key: KeyHandle) -> Wrapper:
-        """The wrapper whose key is ``key`` itself (an owner key)."""
+        """The wrapper under ``key`` itself (an owner key)."""
         return cls(key.aead())
 
-    def __repr__(self) -> str:
-        return "<Wrapper (hidden)>"
-
     def wrap(self, key: KeyHandle, aad: bytes) -> bytes:
-        """Seal ``key``."""
         nonce = os.urandom(12)
         return nonce + self._aead.encrypt(nonce, key._key, aad)
 
-    def wrap_new(self, aad: bytes) -> bytes:
-        """Seal a fresh random key (a new owner-key version)."""
-        return self.wrap(KeyHandle.random(), aad)
-
     def unwrap(self, blob: object, aad: bytes) -> KeyHandle:
-        """Open a wrapped key.
-
-        Raises:
-            IntegrityError: the blob was altered, or belongs to another owner, entry or version.
-        """
+        """Raises IntegrityError: the blob was altered, or belongs to another owner, entry or version."""
         if not isinstance(blob, bytes) or len(blob) != 12 + KEY_BYTES + 16:
             raise IntegrityError("a wrapped key has the wrong length")
         WORK.unwraps += 1
@@ -345,10 +312,7 @@ class Wrapper:
 
     def open(self, blob: object, aad: bytes) -> bytes:
         """Open what ``seal`` sealed.
-
-        Raises:
-            IntegrityError: the blob was altered or belongs to another owner, turn or version.
-        """
+        Raises IntegrityError: the blob was altered or belongs to another owner, turn or version."""
         if not isinstance(blob, bytes) or len(blob) < 28:
             raise IntegrityError("a sealed head is truncated")
         WORK.head_opens += 1
@@ -360,20 +324,17 @@ class Wrapper:
     def wrap_fresh(self, aad: bytes) -> tuple[bytes, KeyHandle]:
         """A fresh random key and its wrapping (a new owner-key version); the key
         comes back from its wrapping, so a wrapping that would not open is never stored."""
-        wrapped = self.wrap_new(aad)
+        wrapped = self.wrap(KeyHandle.random(), aad)
         return wrapped, self.unwrap(wrapped, aad)
 
     def rewrap(self, blob: object, aad: bytes, into: Wrapper, new_aad: bytes) -> bytes:
         """Move a wrapped key from this wrapper to ``into`` (a rotation).
-
-        Raises:
-            IntegrityError: the blob fails to unwrap.
-        """
+        Raises IntegrityError: the blob fails to unwrap."""
         return into.wrap(self.unwrap(blob, aad), new_aad)
 
 
 class RemoteAead(Protocol):
-    """Sealing done outside the process (``keysource.MasterKeySource``): one call each way."""
+    """Sealing done outside the process (``keys.source.MasterKeySource``): one call each way."""
 
     def encrypt(self, plaintext: bytes, associated_data: bytes) -> bytes: ...
 
@@ -394,15 +355,8 @@ class RemoteWrapper(Wrapper):
     def __init__(self, remote: RemoteAead) -> None:
         self._remote = remote
 
-    def __repr__(self) -> str:
-        return "<RemoteWrapper (hidden)>"
-
     def wrap(self, key: KeyHandle, aad: bytes) -> bytes:
-        """Seal ``key`` in the source (one call).
-
-        Raises:
-            KeySourceError: the source cannot be used.
-        """
+        """Raises KeySourceError: the source cannot be used."""
         return self._remote.encrypt(key._key, aad)
 
     def wrap_fresh(self, aad: bytes) -> tuple[bytes, KeyHandle]:
@@ -411,12 +365,8 @@ class RemoteWrapper(Wrapper):
         return self.wrap(key, aad), key
 
     def unwrap(self, blob: object, aad: bytes) -> KeyHandle:
-        """Open a wrapped key in the source (one call).
-
-        Raises:
-            IntegrityError: the blob was altered, or belongs to another owner, version or key.
-            KeySourceError: the source cannot be used.
-        """
+        """Raises IntegrityError (the blob was altered, or is another owner's, version's
+        or key's) or KeySourceError (the source cannot be used)."""
         if not isinstance(blob, bytes) or not 0 < len(blob) <= _REMOTE_BLOB_MAX:
             raise IntegrityError("a wrapped key has the wrong length")
         WORK.unwraps += 1
@@ -435,7 +385,7 @@ class RemoteWrapper(Wrapper):
 _CONTENT = lp("content")
 
 
-class ContentIdentity:
+class ContentIdentity(Hidden):
     """A keyed identity of an owner's content, for the re-read report.
 
     HMAC-SHA256 under a key derived from the owner's key: equal contents of
@@ -451,12 +401,6 @@ class ContentIdentity:
         # Keyed once: each identity copies it (no keying, no digest lookup per entry).
         self._mac = _keyed_sha256(derive(owner_key, "content-identity", lp(store_id, owner_user_id)))
         self._version = version
-
-    def __repr__(self) -> str:
-        return "<ContentIdentity (hidden)>"
-
-    def __reduce__(self) -> NoReturn:
-        raise TypeError("key handles cannot be pickled")
 
     def of(self, kind: str, segments: list[bytes]) -> str:
         mac = self._mac.copy()

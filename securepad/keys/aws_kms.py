@@ -1,27 +1,22 @@
 """AWS KMS as the master key's source: ``aws-kms://arn:aws:kms:…`` (Tink's URI form).
 
-The master key is a KMS key and never leaves KMS. Each key that securepad
-wraps under it (an owner key, the store's anchor key) is sealed by one
-``Encrypt`` and opened by one ``Decrypt``, whose encryption context carries
-the associated data securepad binds (store id, owner, key version): a
-wrapped key moved to another owner, version or store does not decrypt, and
-KMS's own log records each unwrap.
+The master key is a KMS key and never leaves KMS. Each key securepad wraps
+under it (an owner key, the anchor key) is sealed by one ``Encrypt`` and
+opened by one ``Decrypt`` whose encryption context carries the associated
+data (store id, owner, key version): a wrapped key moved to another owner,
+version or store does not decrypt, and KMS's own log records each unwrap.
 
 What this module enforces:
 
-1. The URI names a key ARN or an alias ARN and nothing else: no query, no
-   credentials. Credentials come from boto3's chain (environment, shared
-   files, instance or task role); the region is the ARN's.
+1. The URI names a key or alias ARN and nothing else: no query, no
+   credentials (boto3's chain gives them; the ARN gives the region).
 2. Another endpoint (an emulator, a VPC endpoint) comes from boto3's own
-   ``AWS_ENDPOINT_URL_KMS`` or ``AWS_ENDPOINT_URL``; plain ``http`` only to
-   a loopback address.
-3. Every call is bounded (``KmsLimits``): connect and read deadlines per
-   attempt, a fixed number of attempts (botocore's standard retry mode).
-4. Every failure is one typed line naming the URI (it holds no secret) and
-   the call; the encryption context is never in a message.
-5. ``Decrypt`` names the key, and a wrapped key names the key it was sealed
-   under: a blob of another key fails before any call, never opened with
-   whatever key it names.
+   ``AWS_ENDPOINT_URL_KMS`` or ``AWS_ENDPOINT_URL``; plain ``http`` only to loopback.
+3. Every call is bounded (``KmsLimits``).
+4. Every failure is one typed line naming the URI and the call, never the
+   encryption context.
+5. A wrapped key names the key it was sealed under, and ``Decrypt`` names the
+   key: a blob of another key fails before any call.
 """
 
 from __future__ import annotations
@@ -64,6 +59,9 @@ _ARN = re.compile(
 # What a malformed URI may show of itself: ARN characters only (no '@', '+', '=').
 _SHOWABLE = re.compile(r"[A-Za-z0-9:/_.-]{1,300}")
 
+# Where a KMS call's name (DescribeKey) puts an underscore in boto3's method's (describe_key).
+_SNAKE_CASE = re.compile(r"(?<!^)(?=[A-Z])")
+
 # A wrapped key: this format byte, the key's tag (``_tag``), KMS's ciphertext blob.
 _FORMAT = b"\x01"
 _TAG_BYTES = 8
@@ -74,36 +72,21 @@ _CONTEXT_KEY = "securepad-aad"
 _INTEGRITY = frozenset({"InvalidCiphertextException", "IncorrectKeyException"})
 _LOGIN = frozenset(
     {
-        "AccessDeniedException",
-        "AccessDenied",
-        "UnrecognizedClientException",
-        "InvalidClientTokenId",
-        "InvalidSignatureException",
-        "SignatureDoesNotMatch",
-        "IncompleteSignature",
-        "MissingAuthenticationToken",
-        "ExpiredTokenException",
-        "ExpiredToken",
+        *("AccessDeniedException", "AccessDenied", "UnrecognizedClientException", "InvalidClientTokenId"),
+        *("InvalidSignatureException", "SignatureDoesNotMatch", "IncompleteSignature", "MissingAuthenticationToken"),
+        *("ExpiredTokenException", "ExpiredToken"),
     }
 )
 _KEY = frozenset(
     {
-        "NotFoundException",
-        "DisabledException",
-        "KMSInvalidStateException",
-        "InvalidKeyUsageException",
-        "KeyUnavailableException",
-        "InvalidArnException",
+        *("NotFoundException", "DisabledException", "KMSInvalidStateException", "InvalidKeyUsageException"),
+        *("KeyUnavailableException", "InvalidArnException"),
     }
 )
 _BUSY = frozenset(
     {
-        "DependencyTimeoutException",
-        "KMSInternalException",
-        "ThrottlingException",
-        "LimitExceededException",
-        "ServiceUnavailable",
-        "InternalFailure",
+        *("DependencyTimeoutException", "KMSInternalException", "ThrottlingException", "LimitExceededException"),
+        *("ServiceUnavailable", "InternalFailure"),
     }
 )
 
@@ -134,10 +117,7 @@ class AwsKmsSource(MasterKeySource):
 
     def __init__(self, arn: str, *, environ: Mapping[str, str] | None = None, limits: KmsLimits | None = None) -> None:
         """``environ`` (default ``os.environ``) gives the endpoint and credentials.
-
-        Raises:
-            KeySourceUriError: ``arn`` is not a KMS key or alias ARN.
-        """
+        Raises KeySourceUriError: ``arn`` is not a KMS key or alias ARN."""
         match = _ARN.fullmatch(arn)
         if match is None:
             raise KeySourceUriError(
@@ -146,7 +126,7 @@ class AwsKmsSource(MasterKeySource):
             )
         self._arn = arn
         self._region = match["region"]
-        self._environ = environ
+        self._env = environ if environ is not None else os.environ
         self._limits = limits if limits is not None else KmsLimits()
         # The key's ARN: the URI's, or the alias's target once DescribeKey said it.
         self._key_arn: str | None = None if match["resource"].startswith("alias/") else arn
@@ -155,12 +135,7 @@ class AwsKmsSource(MasterKeySource):
 
     @classmethod
     def from_uri(cls, uri: str, *, environ: Mapping[str, str] | None = None) -> AwsKmsSource:
-        """The source ``aws-kms://<key or alias ARN>`` names. No call is made.
-
-        Raises:
-            KeySourceUriError: not ``aws-kms://``, a query or fragment (the
-                endpoint and credentials never come from the URI), or no ARN.
-        """
+        """Raises KeySourceUriError: not ``aws-kms://``, a query or fragment, or no ARN."""
         if not uri.startswith(PREFIX):
             raise KeySourceUriError(f"an AWS KMS key URI starts with {PREFIX}")
         rest = uri[len(PREFIX) :]
@@ -174,14 +149,12 @@ class AwsKmsSource(MasterKeySource):
 
     @property
     def shown_uri(self) -> str:
-        """The URI: a key or alias ARN, no secret."""
         return PREFIX + self._arn
 
     def prepare(self, *, create: bool = False) -> None:
-        """Make the client; resolve an alias ARN (one ``DescribeKey``); with
-        ``create`` (a new store, a rotation's target) check with one
-        ``DescribeKey`` that the key is enabled, symmetric and for
-        encryption. KMS keys are never created here: the key must exist.
+        """Make the client; resolve an alias ARN, and with ``create`` check that the
+        key is enabled, symmetric and for encryption (one ``DescribeKey``). KMS
+        keys are never created here.
 
         Raises:
             KeySourceModuleError: boto3 is not installed.
@@ -203,61 +176,36 @@ class AwsKmsSource(MasterKeySource):
             self._usable = True
 
     def key_id(self) -> str:
-        """The key's ARN (an alias resolved to the key it names).
-
-        Raises:
-            KeySourceError: as ``prepare``.
-        """
+        """The key's ARN (an alias resolved to the key it names)."""
         if self._key_arn is None:
             self.prepare()
         assert self._key_arn is not None
         return self._key_arn
 
     def encrypt(self, plaintext: bytes, associated_data: bytes) -> bytes:
-        """Seal ``plaintext`` with one ``Encrypt``, ``associated_data`` as its context.
-
-        Raises:
-            KeySourceError: a subclass, as ``prepare`` says.
-        """
         key = self.key_id()
-        client = self._client()
-        self.calls.add("encrypt")
-        try:
-            answer = client.encrypt(KeyId=key, Plaintext=plaintext, EncryptionContext=_context(associated_data))
-        except Exception as exc:
-            raise self._failure(exc, "Encrypt") from None
+        answer = self._call(
+            "encrypt", "Encrypt", KeyId=key, Plaintext=plaintext, EncryptionContext=_context(associated_data)
+        )
         return _FORMAT + _tag(key) + bytes(answer["CiphertextBlob"])
 
     def decrypt(self, ciphertext: bytes, associated_data: bytes) -> bytes:
-        """Open what ``encrypt`` sealed with one ``Decrypt`` that names this key.
-
-        Raises:
-            IntegrityError: not this format, sealed under another key (no call
-                is made), altered, or sealed with other associated data.
-            KeySourceError: a subclass, as ``prepare`` says.
-        """
+        """Raises IntegrityError: not this format, sealed under another key (no call
+        is made), altered, or sealed with other associated data."""
         head = len(_FORMAT) + _TAG_BYTES
         if not isinstance(ciphertext, bytes) or len(ciphertext) <= head or ciphertext[:1] != _FORMAT:
             raise IntegrityError(f"a key wrapped by {self.shown_uri} is not in its format")
         key = self.key_id()
         if ciphertext[1:head] != _tag(key):
             raise IntegrityError(f"a key wrapped by {self.shown_uri} was sealed under another KMS key")
-        client = self._client()
-        self.calls.add("decrypt")
-        try:
-            answer = client.decrypt(
-                CiphertextBlob=ciphertext[head:], KeyId=key, EncryptionContext=_context(associated_data)
-            )
-        except Exception as exc:
-            raise self._failure(exc, "Decrypt", decrypting=True) from None
+        context = _context(associated_data)
+        answer = self._call(
+            "decrypt", "Decrypt", CiphertextBlob=ciphertext[head:], KeyId=key, EncryptionContext=context
+        )
         return bytes(answer["Plaintext"])
 
     def inspect(self) -> list[SourceCheck]:
-        """The audit's facts about the key, from one ``DescribeKey``.
-
-        Raises:
-            KeySourceError: a subclass, as ``prepare`` says.
-        """
+        """The audit's facts about the key, from one ``DescribeKey``."""
         meta = self._describe()
         state, usage, spec, origin = (meta.get(k) for k in ("KeyState", "KeyUsage", "KeySpec", "Origin"))
         endpoint = self._endpoint()
@@ -275,29 +223,27 @@ class AwsKmsSource(MasterKeySource):
             ),
         ]
 
-    # -- the client and its failures -------------------------------------------------------
-
     def _describe(self) -> dict[str, Any]:
-        client = self._client()
-        self.calls.add("attributes")
-        try:
-            return dict(client.describe_key(KeyId=self._arn)["KeyMetadata"])
-        except Exception as exc:
-            raise self._failure(exc, "DescribeKey") from None
+        return dict(self._call("attributes", "DescribeKey", KeyId=self._arn)["KeyMetadata"])
 
-    def _env(self) -> Mapping[str, str]:
-        return self._environ if self._environ is not None else os.environ
+    def _call(self, counted: str, call: str, **params: Any) -> dict[str, Any]:
+        """KMS's answer to one ``call`` (counted as ``counted``); its failure as a typed one-line error."""
+        method = getattr(self._client(), _SNAKE_CASE.sub("_", call).lower())
+        self.calls.add(counted)
+        try:
+            return dict(method(**params))
+        except Exception as exc:
+            raise self._failure(exc, call) from None
 
     def _endpoint(self) -> str | None:
-        env = self._env()
-        return env.get("AWS_ENDPOINT_URL_KMS") or env.get("AWS_ENDPOINT_URL") or None
+        return self._env.get("AWS_ENDPOINT_URL_KMS") or self._env.get("AWS_ENDPOINT_URL") or None
 
     def _client(self) -> Any:
         """The process's client for this region, endpoint and credentials."""
         endpoint = self._endpoint()
         if endpoint is not None:
             _check_endpoint(endpoint, self.shown_uri)
-        env = self._env()
+        env = self._env
         # Keys in the environment are handed to boto3 (so that an ``environ``
         # given to ``from_uri`` is the one used); else boto3's own chain.
         access, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
@@ -339,7 +285,7 @@ class AwsKmsSource(MasterKeySource):
         except Exception as exc:
             raise self._failure(exc, "client") from None
 
-    def _failure(self, exc: Exception, call: str, *, decrypting: bool = False) -> SecurepadError:
+    def _failure(self, exc: Exception, call: str) -> SecurepadError:
         """The typed one-line error for ``exc``, raised by ``call``."""
         from botocore import exceptions as bx
 
@@ -350,7 +296,7 @@ class AwsKmsSource(MasterKeySource):
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
             said = _one_line(str(error.get("Message", "")))
             detail = f"{code}: {said}" if said else code
-            if code in _INTEGRITY and decrypting:
+            if code in _INTEGRITY and call == "Decrypt":
                 return IntegrityError(
                     f"a key wrapped by {self.shown_uri} failed authentication"
                     " (altered, or sealed with other associated data)"
@@ -423,10 +369,7 @@ def _shown_endpoint(endpoint: str | None) -> str:
 
 def _check_endpoint(endpoint: str, shown_uri: str) -> None:
     """Refuse an endpoint that would carry keys in clear off this machine.
-
-    Raises:
-        KeySourceTokenError: not a URL, or plain http to a host that is not loopback.
-    """
+    Raises KeySourceTokenError: not a URL, or plain http to a host that is not loopback."""
     try:
         parts = urlsplit(endpoint)
         host, _ = parts.hostname or "", parts.port

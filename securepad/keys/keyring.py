@@ -20,7 +20,6 @@ import os
 import secrets
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -44,17 +43,6 @@ ARGON2_BOUNDS: dict[str, tuple[int, int]] = {
 }
 
 
-@dataclass(frozen=True)
-class _Source:
-    kind: str  # "file" | "env" | "passphrase" | a source's URI scheme ("pkcs11", "aws-kms")
-    detail: str  # the path, variable name or URI without secrets; never the secret
-    secret: bytes = b""
-    argon2: tuple[tuple[str, int], ...] = ()
-
-    def __repr__(self) -> str:
-        return f"_Source({self.kind}, {self.detail})"
-
-
 class Keyring:
     """The master key's source. Build one with a ``from_*`` class method.
 
@@ -62,15 +50,25 @@ class Keyring:
     in the store's metadata, so nothing is derived before that.
     """
 
-    def __init__(self, source: _Source, *, allow_shared: bool = False, remote: MasterKeySource | None = None) -> None:
-        self._source = source
+    def __init__(
+        self,
+        kind: str,
+        detail: str,
+        secret: bytes = b"",
+        *,
+        argon2: dict[str, int] | None = None,
+        allow_shared: bool = False,
+        remote: MasterKeySource | None = None,
+    ) -> None:
+        self._kind = kind  # "file" | "env" | "passphrase" | a source's URI scheme ("pkcs11", "aws-kms")
+        self._detail = detail  # the path, variable name or URI without secrets; never the secret
+        self._secret = secret  # a key file's is read (or created) when the store opens, if not yet
+        self._argon2 = argon2 or {}
         self._allow_shared = allow_shared
         self._remote = remote
-        # A key file read or created later: absent when the keyring was made.
-        self._late_secret: bytes | None = None
 
     def __repr__(self) -> str:
-        return f"<Keyring {self._source.kind}: {self._source.detail}>"
+        return f"<Keyring {self._kind}: {self._detail}>"
 
     def __reduce__(self) -> NoReturn:
         raise TypeError("keyrings cannot be pickled")
@@ -78,7 +76,7 @@ class Keyring:
     @property
     def kind(self) -> str:
         """``file``, ``env``, ``passphrase``, or a source's scheme (``pkcs11``, ``aws-kms``)."""
-        return self._source.kind
+        return self._kind
 
     @property
     def identifier(self) -> str:
@@ -91,7 +89,7 @@ class Keyring:
         """
         if self._remote is not None:
             return self._remote.key_id()
-        return f"{self._source.kind}:{self._source.detail}"
+        return f"{self._kind}:{self._detail}"
 
     @property
     def source(self) -> MasterKeySource | None:
@@ -106,7 +104,7 @@ class Keyring:
     @property
     def key_file(self) -> Path | None:
         """The key file's path, for a keyring built from one."""
-        return Path(self._source.detail) if self._source.kind == "file" else None
+        return Path(self._detail) if self._kind == "file" else None
 
     @staticmethod
     def default_key_file() -> Path:
@@ -117,19 +115,17 @@ class Keyring:
 
     @classmethod
     def from_key_file(cls, path: str | os.PathLike[str] | None = None, *, allow_shared: bool = False) -> Keyring:
-        """Use the master key in ``path``.
+        """Use the base64 master key in ``path`` (default: ``key`` in the user
+        config dir, apart from the data dir). An absent file is created (mode
+        0600, in a 0700 directory) only with a new store, or as the new key of
+        ``rotate_master_key``: opening an existing store raises ``WrongKeyError``
+        and creates nothing.
 
-        ``path`` defaults to ``key`` in the user config dir, apart from the data
-        dir where the database lives. The file holds the key in base64. An
-        absent file is created (mode 0600, in a 0700 directory) only together
-        with a new store, or as the new key of ``rotate_master_key``: opening
-        an existing store with it raises ``WrongKeyError`` and creates nothing.
-
-        The file must be the current user's and neither readable nor writable
-        by anyone else, and its directory not writable by others: whoever can
-        read the key reads every entry, and whoever can plant or replace it
-        reads what is stored afterwards. ``allow_shared=True`` lifts these
-        checks for a deliberate setup (a key mounted by an orchestrator, say).
+        The file must be the current user's, neither readable nor writable by
+        others, in a directory others cannot write: whoever reads the key reads
+        every entry, and whoever plants or replaces it reads what is stored
+        afterwards. ``allow_shared=True`` lifts these checks for a deliberate
+        setup (a key mounted by an orchestrator, say).
 
         Raises:
             WrongKeyError: the file exists but does not hold a base64 32-byte key.
@@ -139,10 +135,8 @@ class Keyring:
         """
         key_path = Path(path) if path is not None else cls.default_key_file()
         raw = _read_key_file(key_path, allow_shared)
-        if raw is None:
-            return cls(_Source("file", str(key_path)), allow_shared=allow_shared)
-        key = _decode_key(raw, f"key file {key_path}")
-        return cls(_Source("file", str(key_path), key), allow_shared=allow_shared)
+        key = b"" if raw is None else _decode_key(raw, f"key file {key_path}")
+        return cls("file", str(key_path), key, allow_shared=allow_shared)
 
     @classmethod
     def create_key_file(cls, path: str | os.PathLike[str], *, allow_shared: bool = False) -> Keyring:
@@ -153,31 +147,29 @@ class Keyring:
                 is writable by others (unless ``allow_shared``).
         """
         key_path = Path(path)
-        if not allow_shared and key_path.parent.exists():
-            check_directory(key_path.parent, "key file")
         if key_path.exists():
             raise SecurepadError(f"key file {key_path} already exists; a new key is never written over a key")
-        raw = _create_key_file(key_path)
-        return cls(_Source("file", str(key_path), _decode_key(raw, f"key file {key_path}")), allow_shared=allow_shared)
+        key = _decode_key(_create_key_file(key_path, allow_shared), f"key file {key_path}")
+        return cls("file", str(key_path), key, allow_shared=allow_shared)
 
     @classmethod
     def from_uri(cls, uri: str, *, environ: Mapping[str, str] | None = None) -> Keyring:
         """Use the master key that ``uri`` names in a token or a KMS, where it stays:
         ``pkcs11:token=…;object=…?module-path=…&pin-source=…`` (RFC 7512) or
-        ``aws-kms://arn:aws:kms:…``. Owner keys are wrapped and unwrapped by
-        the token or KMS; the master key's bytes never enter the process.
+        ``aws-kms://arn:aws:kms:…``. The token or KMS wraps and unwraps the owner
+        keys; the master key's bytes never enter the process.
 
-        Only the URI is read here; the source is reached when a store opens
-        (a new store, or a rotation's target, creates an absent PKCS#11 key).
-        Secrets (a PIN) come from the place the URI names (``pin-source``),
-        read from ``environ`` (default ``os.environ``) when it names a variable.
+        Only the URI is read here; the source is reached when a store opens (a
+        new store, or a rotation's target, creates an absent PKCS#11 key). A PIN
+        comes from the place the URI names (``pin-source``), a variable from
+        ``environ`` (default ``os.environ``).
 
         Raises:
             KeySourceUriError: the URI is malformed or of an unknown scheme.
             KeySourceModuleError: the source's client library is not installed.
         """
         remote = open_source(uri, environ=environ)
-        return cls(_Source(remote.scheme, remote.shown_uri), remote=remote)
+        return cls(remote.scheme, remote.shown_uri, remote=remote)
 
     @classmethod
     def from_env(
@@ -186,11 +178,10 @@ class Keyring:
         """Use the base64 32-byte master key in environment variable ``var``.
 
         Once read, the variable is removed from this process's environment, so
-        that no subprocess the agent starts (a shell tool, say) inherits the
-        master key, and on Linux its value is overwritten in the initial
-        environment block that ``/proc/<pid>/environ`` shows, so that no
-        process of the same user reads it there. ``keep_in_env=True`` leaves
-        it in both.
+        that no subprocess the agent starts (a shell tool, say) inherits it,
+        and on Linux its value is overwritten in the initial environment block
+        that ``/proc/<pid>/environ`` shows to every process of the same user.
+        ``keep_in_env=True`` leaves it in both.
 
         The process is also made non-dumpable on Linux (no core dump; its
         ``/proc/<pid>/`` files, memory included, are root's; no debugger of
@@ -211,7 +202,7 @@ class Keyring:
             scrub_initial_environment(var)
         if not keep_dumpable:
             make_undumpable()
-        return cls(_Source("env", var, key))
+        return cls("env", var, key)
 
     @classmethod
     def from_passphrase(
@@ -224,27 +215,26 @@ class Keyring:
     ) -> Keyring:
         """Stretch ``passphrase`` with Argon2id into the master key.
 
-        The defaults are RFC 9106's second recommended parameters. The
-        parameters apply when a store is created; an existing store keeps the
-        salt and parameters it was created with. Lower values are for tests.
+        The defaults are RFC 9106's second recommended parameters. They apply
+        when a store is created; an existing store keeps the salt and
+        parameters it was created with. Lower values are for tests.
 
         Raises:
             InvalidArgumentError: the passphrase is empty or a parameter is out of range.
         """
         if not isinstance(passphrase, str) or not passphrase:
             raise InvalidArgumentError("the passphrase must be a non-empty string")
-        for name, value in (("time_cost", time_cost), ("memory_cost", memory_cost), ("parallelism", parallelism)):
-            low, high = ARGON2_BOUNDS[name]
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        params = {"time_cost": time_cost, "memory_cost": memory_cost, "parallelism": parallelism}
+        for name, (low, high) in ARGON2_BOUNDS.items():
+            if not _within(params[name], low, high):
                 raise InvalidArgumentError(f"Argon2id {name} must be an integer from {low} to {high}")
         if memory_cost < 8 * parallelism:
             raise InvalidArgumentError("Argon2id needs memory_cost >= 8 * parallelism")
-        params = (("time_cost", time_cost), ("memory_cost", memory_cost), ("parallelism", parallelism))
-        return cls(_Source("passphrase", "argon2id", passphrase.encode("utf-8"), params))
+        return cls("passphrase", "argon2id", passphrase.encode("utf-8"), argon2=params)
 
     def _key_file_secret(self, new: bool) -> bytes:
-        if self._late_secret is None:
-            path = Path(self._source.detail)
+        if not self._secret:
+            path = Path(self._detail)
             raw = _read_key_file(path, self._allow_shared)
             if raw is None:
                 if not new:
@@ -252,11 +242,9 @@ class Keyring:
                         f"key file {path} does not exist, and this store was made with a key:"
                         " give the key file it was created with (none was created)"
                     )
-                if not self._allow_shared and path.parent.exists():
-                    check_directory(path.parent, "key file")
-                raw = _create_key_file(path)
-            self._late_secret = _decode_key(raw, f"key file {path}")
-        return self._late_secret
+                raw = _create_key_file(path, self._allow_shared)
+            self._secret = _decode_key(raw, f"key file {path}")
+        return self._secret
 
 
 def master_key(
@@ -273,42 +261,37 @@ def master_key(
         WrongKeyError: the store's passphrase record is unreadable or unusable,
             or the key file is absent and the store exists.
     """
-    source = keyring._source
     if keyring._remote is not None:
         raise InvalidArgumentError(f"the master key of {keyring!r} stays in its source: it has no bytes here")
-    if source.kind == "file" and not source.secret:
+    if keyring._kind == "file":
         return KeyHandle(keyring._key_file_secret(new)), None
-    if source.kind != "passphrase":
-        return KeyHandle(source.secret), None
+    if keyring._kind != "passphrase":
+        return KeyHandle(keyring._secret), None
     # Argon2 is loaded for a passphrase only: a key file or a token never needs it.
     from argon2.exceptions import HashingError
     from argon2.low_level import Type, hash_secret_raw
 
+    created: dict[str, Any] | None = None
     record = kdf if kdf is not None and kdf.get("alg") == "argon2id" else None
     if record is None:
-        record = {
-            "alg": "argon2id",
-            "salt": base64.b64encode(secrets.token_bytes(16)).decode(),
-            **dict(source.argon2),
-        }
-        created: dict[str, Any] | None = record
-    else:
-        created = None
+        new_salt = base64.b64encode(secrets.token_bytes(16)).decode()
+        record = created = {"alg": "argon2id", "salt": new_salt, **keyring._argon2}
     salt, params = _kdf_params(record)
     try:
         # The derived key goes straight into its handle: never a local of this frame.
-        return KeyHandle(hash_secret_raw(source.secret, salt, hash_len=KEY_BYTES, type=Type.ID, **params)), created
+        return KeyHandle(hash_secret_raw(keyring._secret, salt, hash_len=KEY_BYTES, type=Type.ID, **params)), created
     except HashingError as exc:
         raise WrongKeyError(f"the store's passphrase parameters are unusable: {exc}") from None
 
 
-def _kdf_params(record: dict[str, Any]) -> tuple[bytes, dict[str, int]]:
-    """Salt and Argon2id parameters from a store's KDF record, within sane bounds:
-    a tampered record must fail clearly, not hang the open on a huge memory_cost.
+def _within(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
-    Raises:
-        WrongKeyError: the record is unreadable or out of bounds.
-    """
+
+def _kdf_params(record: dict[str, Any]) -> tuple[bytes, dict[str, int]]:
+    """Salt and Argon2id parameters from a store's KDF record, within sane bounds: a tampered record
+    must fail clearly, not hang the open on a huge memory_cost. Raises WrongKeyError: the record is
+    unreadable or out of bounds."""
     try:
         salt = base64.b64decode(record["salt"], validate=True)
         params = {name: record[name] for name in ARGON2_BOUNDS}
@@ -317,8 +300,7 @@ def _kdf_params(record: dict[str, Any]) -> tuple[bytes, dict[str, int]]:
     if len(salt) < 16:
         raise WrongKeyError("the store's passphrase salt is shorter than 16 bytes")
     for name, (low, high) in ARGON2_BOUNDS.items():
-        value = params[name]
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        if not _within(params[name], low, high):
             raise WrongKeyError(f"the store's passphrase parameter {name} is out of bounds")
     return salt, params
 
@@ -335,10 +317,7 @@ def _decode_key(raw: bytes, where: str) -> bytes:
 
 def _read_key_file(path: Path, allow_shared: bool) -> bytes | None:
     """The key file's bytes after its safety checks; None when it does not exist.
-
-    Raises:
-        SecurepadError: unreadable, or others could read, plant or replace it.
-    """
+    Raises SecurepadError: unreadable, or others could read, plant or replace it."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -357,10 +336,13 @@ def _read_key_file(path: Path, allow_shared: bool) -> bytes | None:
         os.close(fd)
 
 
-def _create_key_file(path: Path) -> bytes:
-    """Write a fresh key, mode 0600, atomically: written to a private temporary
-    file, then hard-linked into place so that a racing process either wins or
-    reads the winner's complete key, never a half-written one."""
+def _create_key_file(path: Path, allow_shared: bool) -> bytes:
+    """Write a fresh key, mode 0600, atomically: written to a private temporary file, then
+    hard-linked into place so that a racing process either wins or reads the winner's complete
+    key, never a half-written one. Raises SecurepadError: it cannot be created, or its directory
+    is writable by others (unless ``allow_shared``)."""
+    if not allow_shared and path.parent.exists():
+        check_directory(path.parent, "key file")
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:

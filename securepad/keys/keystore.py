@@ -2,10 +2,20 @@
 
 Everything that chooses an owner key lives here: the cache of unwrapped owner
 keys (and the keys derived from them), the wrap counts, and the one write of
-a row sealed under an owner's newest key version, sealing again when a
-rotation (in any process) made that version stale (its steps: ``current.py``). The master key (its
-unlock, the owner keys' wrapping, its rotation) is ``master.Master``. Keys are
-``crypto.KeyHandle``s and ``crypto.Wrapper``s, never bytes.
+a row sealed under an owner's newest key version (``Keystore.write_current``,
+its steps ``CurrentWrite``). What the master key wraps is ``master.Master``'s.
+
+The rules of a write under the current key:
+
+* the row is sealed outside any transaction, under the owner's newest key
+  version, and written in one transaction whose ``write`` checks that the
+  version is still the newest (``StaleOwnerKey`` otherwise): a rotation
+  meanwhile, in any process, makes the call seal again under the new one;
+* a unique-key collision (``DuplicateKeyError``) seals again too;
+* a COMMIT whose answer was lost is never taken for failed (``IfUnknown``):
+  the next attempt, under the same locks, first asks whether its rows landed;
+* the item-key wraps are counted in memory (``WrapCounts``) and written with
+  every ``WRAP_FLUSH_EVERY``-th write of the key, in that write's transaction.
 """
 
 from __future__ import annotations
@@ -13,16 +23,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence, Sized
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from ..core.lru import LRUCache
 from ..crypto.formats import ListingKey
 from ..crypto.primitives import ContentIdentity, KeyHandle, Wrapper
-from ..errors import IntegrityError, StoreUnavailableError
+from ..errors import IntegrityError, StoreBusyError, StoreUnavailableError
 from ..storage import meta as keys_sql
-from ..storage.base import Backend, Conn, Params
+from ..storage.base import Backend, Conn, DuplicateKeyError, Params
 from ..storage.meta import NEWEST_VERSION_SQL, insert_owner_key
-from .current import WRAP_FLUSH_EVERY, CurrentWrite, IfUnknown, StaleOwnerKey, WrapCounts
 from .keyring import Keyring
 from .master import Master, Progress, store_meta
 
@@ -36,10 +46,64 @@ Derive = Callable[[KeyHandle, str, str, int], D]
 # Owners whose unwrapped keys stay cached (each cache; ~2.7 KB per owner in
 # all). Past it the least recently used owner's keys are unwrapped again on use.
 OWNER_KEY_CACHE_SIZE = 4096
-
-
 # Runs of a write whose COMMIT's answer was lost and that may simply run again (``add_version``).
 _COMMIT_TRIES = 3
+
+
+# Item-key wraps under an owner key are counted in memory and added to
+# ``owner_keys.wrap_count`` by the write transaction of every this-many-th put
+# of that key (and at close): no counter-row UPDATE per put. A process that
+# dies undercounts by fewer than this many wraps per key, against a rotation
+# advice at 2**28 (16 times below AES-GCM's 2**32 bound).
+WRAP_FLUSH_EVERY = 256
+
+
+@dataclass(frozen=True)
+class IfUnknown(Generic[P]):
+    """What ``Keystore.write_current`` does with a write whose COMMIT's answer was lost."""
+
+    #: Inside a transaction under the write's locks: whether the sealed rows are stored.
+    landed: Callable[[Conn, P], bool]
+    #: The error that names what may be stored, given the reason it could not be found out.
+    error: Callable[[P, str], StoreUnavailableError]
+
+
+class StaleOwnerKey(Exception):
+    """The row was sealed for an owner-key version that is no longer the newest
+    (raised inside ``write_current``'s transaction; it never leaves the retry)."""
+
+
+class WrapCounts:
+    """Wraps of committed writes not yet added to ``owner_keys.wrap_count``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[tuple[str, int], int] = {}
+
+    def take(self, key: tuple[str, int], adding: int) -> int | None:
+        """The pending count to write with the next write of ``key`` (``adding``
+        wraps) when it is ``due``, else None."""
+        with self._lock:
+            return self._pending.pop(key, 0) if self._pending.get(key, 0) + adding >= WRAP_FLUSH_EVERY else None
+
+    def due(self, key: tuple[str, int], adding: int) -> bool:
+        """Whether the next write of ``key`` (``adding`` wraps) must write the pending count."""
+        with self._lock:
+            return self._pending.get(key, 0) + adding >= WRAP_FLUSH_EVERY
+
+    def add(self, key: tuple[str, int], count: int) -> None:
+        if count:
+            with self._lock:
+                self._pending[key] = self._pending.get(key, 0) + count
+
+    def take_all(self) -> dict[tuple[str, int], int]:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            return pending
+
+    def peek(self) -> dict[tuple[str, int], int]:
+        with self._lock:
+            return dict(self._pending)
 
 
 class Keystore:
@@ -48,8 +112,6 @@ class Keystore:
     def __init__(self, db: Backend, keyring: Keyring) -> None:
         self._db = db
         self._lock = threading.Lock()
-        # Bounded: a long-lived process serving many owners keeps
-        # the most recently used ones' keys only.
         self._owner_keys: LRUCache[tuple[str, int], tuple[Wrapper, KeyHandle]] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._identities: LRUCache[tuple[str, int], ContentIdentity] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._listings: LRUCache[tuple[str, int], ListingKey] = LRUCache(OWNER_KEY_CACHE_SIZE)
@@ -78,16 +140,12 @@ class Keystore:
         return self._owner_keys.get((owner, version)) is not None
 
     def store_meta(self) -> dict[str, str]:
-        """The store's clear metadata (id, format version, key check, KDF record, counters)."""
         return store_meta(self._db)
 
     @property
     def opened_meta(self) -> dict[str, str]:
-        """The store's clear metadata as read when the store was opened (its flags
-        for the rest of the open: one read, not one per flag)."""
+        """The store's clear metadata as read when the store was opened."""
         return dict(self._master.opened_meta)
-
-    # -- owner keys ------------------------------------------------------------------------
 
     def owner_wrapper(self, owner: str, version: int) -> Wrapper:
         """The owner's key of ``version``, unwrapped once and cached.
@@ -100,19 +158,11 @@ class Keystore:
         return self._owner_key(owner, version)[0]
 
     def identity(self, owner: str, version: int) -> ContentIdentity:
-        """The keyed content identity of the owner's key of ``version`` (see ``crypto.ContentIdentity``).
-
-        Raises:
-            IntegrityError, WrongKeyError: as for ``owner_wrapper``.
-        """
+        """Raises IntegrityError, WrongKeyError: as ``owner_wrapper``."""
         return self._derived(self._identities, ContentIdentity, owner, version)
 
     def listing_key(self, owner: str, version: int) -> ListingKey:
-        """The key of the owner's listing parts of ``version`` (see ``crypto.ListingKey``).
-
-        Raises:
-            IntegrityError, WrongKeyError: as for ``owner_wrapper``.
-        """
+        """Raises IntegrityError, WrongKeyError: as ``owner_wrapper``."""
         return self._derived(self._listings, ListingKey, owner, version)
 
     def _derived(self, cache: LRUCache[tuple[str, int], D], make: Derive[D], owner: str, version: int) -> D:
@@ -138,12 +188,8 @@ class Keystore:
         return pair
 
     def current(self, owner: str) -> tuple[int, Wrapper]:
-        """The owner's newest key version and its wrapper, created (in its own
-        short transaction) on first use.
-
-        Raises:
-            WrongKeyError: another process rotated the master key meanwhile.
-        """
+        """The owner's newest key version and its wrapper, created (in its own short
+        transaction) on first use. Raises WrongKeyError: another process rotated the master key."""
         version = self._latest.get(owner)
         if version is None:
             version = self.newest_version(owner)
@@ -179,7 +225,7 @@ class Keystore:
             try:
                 with self._db.transaction(owner, admin=admin) as conn:
                     tx = conn
-                    self.check_master_current(conn)
+                    self._master.check_current(conn)
                     newest = self.newest_in(conn, owner)
                     if newest is not None and newest >= version:
                         return  # a racing rotation added it, or a newer one (and may have retired this version)
@@ -216,7 +262,7 @@ class Keystore:
         """Whether a write adding ``count`` wraps must add the pending wrap
         counts to ``owner_keys`` in its transaction (``write_current`` does): a
         write without a transaction of its own (a put in one message) leaves it to one."""
-        return self._wraps.due((owner, version), WRAP_FLUSH_EVERY, count)
+        return self._wraps.due((owner, version), count)
 
     def pending_wraps(self) -> dict[tuple[str, int], int]:
         """Wraps this process made that ``owner_keys.wrap_count`` does not count yet."""
@@ -237,11 +283,6 @@ class Keystore:
                 self._wraps.add(key, count)
             raise
 
-    def check_master_current(self, conn: Conn | None = None) -> None:
-        """Raise WrongKeyError when another process has rotated the master key
-        since this store was opened: nothing may be wrapped under the old one."""
-        self._master.check_current(conn)
-
     def forget(self, owner: str) -> None:
         """Drop the owner's cached keys (after a rotation, or when it is forgotten)."""
         with self._lock:
@@ -249,8 +290,6 @@ class Keystore:
             self._owner_keys.discard_if(lambda key: key[0] == owner)
             self._identities.discard_if(lambda key: key[0] == owner)
             self._listings.discard_if(lambda key: key[0] == owner)
-
-    # -- the one write under the current key -------------------------------------------------
 
     def write_current(
         self,
@@ -266,31 +305,19 @@ class Keystore:
         unknown: IfUnknown[P] | None = None,
     ) -> T:
         """Seal (outside any transaction) under the owner's newest key, then write
-        in one transaction that checks the version is still the newest.
+        in one transaction that checks the version is still the newest, by the
+        module's rules.
 
         ``seal(version, wrapper)`` builds the row; ``write(conn, sealed)``
         stores it and must check the version inside the transaction, before
-        its insert, with ``check_newest`` (``Putter.room`` does, in the
-        statement that reads the quota, with ``NEWEST_VERSION_SQL``). A
-        rotation meanwhile (a stale version) or a unique-key collision
-        (``DuplicateKeyError``: an id or sequence number taken) seals again,
-        at most ``attempts`` times. The ``count`` wraps (one per row) are
-        counted in memory and added to the key's row once ``WRAP_FLUSH_EVERY``
-        are pending.
-        The reads of ``prefetch`` (those ``write`` will make) go with the
-        transaction's first message (``Conn.prefetch``). With ``turn``, the
-        transaction excludes only the owner's writes of that turn and its
-        owner-wide ones (``Backend.transaction``); ``write`` raises
-        ``OwnerLockNeeded`` (which leaves this call, for the caller to run
-        it again without ``turn``) when it must change more than the turn.
-
-        With ``unknown``, a transaction whose COMMIT was sent and whose answer
-        was lost (``Conn.commit_unknown``) is never taken for failed: the next
-        attempt, under the same locks (so after that COMMIT, if it ran), asks
-        ``unknown.landed`` whether its rows are stored, and returns what that
-        attempt's ``write`` returned if they are, or writes the same sealed
-        rows (their ids, their steps) if not. When that cannot be found out,
-        the call raises ``unknown.error``, which names what may be stored.
+        its insert, with ``check_newest`` (``Putter.room`` does, with
+        ``NEWEST_VERSION_SQL``); at most ``attempts`` seals. ``count``: the
+        wraps the rows hold. ``prefetch``: the reads ``write`` will make, sent
+        with the transaction's first message. With ``turn``, the transaction
+        excludes only the owner's writes of that turn and its owner-wide ones
+        (``Backend.transaction``); ``write`` raises ``OwnerLockNeeded``, which
+        leaves this call, when it must change more than the turn. ``unknown``:
+        what to do with a COMMIT whose answer was lost.
 
         Raises:
             StoreBusyError: ``busy``, when every attempt lost a race.
@@ -315,17 +342,120 @@ class Keystore:
         return None if rows[0]["v"] is None else int(rows[0]["v"])
 
     def mark_owner_keys(self, conn: Conn, *, refuse_marked: bool) -> int:
-        """Wrap every owner key from before heads again in the heads era (``Master.mark_owner_keys``).
-
-        Raises:
-            IntegrityError, WrongKeyError: as for ``Master.mark_owner_keys``.
-        """
+        """``Master.mark_owner_keys``, and what it raises."""
         return self._master.mark_owner_keys(conn, refuse_marked=refuse_marked)
 
     def rotate_master(self, new_keyring: Keyring, progress: Progress | None) -> int:
-        """Re-wrap every owner key under ``new_keyring``'s master key (``Master.rotate``).
-
-        Raises:
-            InvalidArgumentError, WrongKeyError, StoreBusyError: as for ``Master.rotate``.
-        """
+        """``Master.rotate``, and what it raises."""
         return self._master.rotate(new_keyring, progress)
+
+
+@dataclass
+class _Lost(Generic[P, T]):
+    """An attempt whose COMMIT's answer was lost: its sealed rows and what its write returned."""
+
+    sealed: P
+    result: T
+
+
+class CurrentWrite(Generic[P, T]):
+    """One write of ``owner``'s rows under the owner's current key (``Keystore.write_current``)."""
+
+    def __init__(
+        self,
+        keys: Keystore,
+        db: Backend,
+        wraps: WrapCounts,
+        owner: str,
+        seal: Callable[[int, Wrapper], P],
+        write: Callable[[Conn, P], T],
+        *,
+        count: int,
+        prefetch: Sequence[tuple[str, Params]],
+        turn: str | None,
+        unknown: IfUnknown[P] | None,
+    ) -> None:
+        self._keys, self._db, self._wraps = keys, db, wraps
+        self._owner, self._seal, self._write = owner, seal, write
+        self._count, self._prefetch, self._turn, self._unknown = count, prefetch, turn, unknown
+        self._version, self._wrapper = keys.current(owner)
+        self._lost: _Lost[P, T] | None = None
+
+    def run(self, attempts: int, busy: str) -> T:
+        """Seal and write, at most ``attempts`` times; raises as ``Keystore.write_current``."""
+        for _ in range(attempts):
+            sealed = self._sealed()
+            if sealed is None:
+                continue
+            written = self._attempt(sealed[0])
+            if written is not None:
+                return written[0]
+        if self._lost is not None and self._unknown is not None:
+            raise self._unknown.error(self._lost.sealed, "every attempt to find out lost its COMMIT's answer too")
+        raise StoreBusyError(busy)
+
+    def _sealed(self) -> tuple[P] | None:
+        """The rows to write: the lost attempt's again (found stored, or written
+        once), else sealed anew; None when a rotation retired the version while
+        sealing (the next attempt seals under the new one)."""
+        if self._lost is not None:
+            return (self._lost.sealed,)
+        try:
+            return (self._seal(self._version, self._wrapper),)
+        except IntegrityError:  # a rotation retired the version (and its derived keys) while sealing
+            if self._keys.newest_version(self._owner) == self._version:
+                raise
+            self._renew()
+            return None
+
+    def _attempt(self, sealed: P) -> tuple[T] | None:
+        """One transaction: ``(what write returned,)``, or None to try again."""
+        key = (self._owner, self._version)
+        flush = self._wraps.take(key, self._count)
+        tx: Conn | None = None
+        result: tuple[T] | None = None
+        try:
+            with self._db.transaction(self._owner, turn=self._turn) as conn:
+                tx = conn
+                result = (self._in_transaction(conn, sealed, flush),)
+        except BaseException as exc:
+            self._wraps.add(key, flush or 0)
+            if self._unknown is not None and tx is not None and tx.commit_unknown and result is not None:
+                self._lost = _Lost(sealed, result[0])
+                return None
+            if not self._may_retry(exc):
+                raise
+            return None
+        if flush is None:
+            self._wraps.add(key, self._count)
+        return result
+
+    def _in_transaction(self, conn: Conn, sealed: P, flush: int | None) -> T:
+        for sql, params in self._prefetch:
+            conn.prefetch(sql, params)
+        lost = self._lost
+        if lost is not None and self._unknown is not None and self._unknown.landed(conn, lost.sealed):
+            return lost.result  # the lost COMMIT was applied: nothing to write
+        self._lost = None  # not applied (it ended before these locks were granted)
+        result = self._write(conn, sealed)
+        if flush is not None:
+            self._keys.count_wraps(conn, self._owner, self._version, flush + self._count)
+        return result
+
+    def _may_retry(self, exc: BaseException) -> bool:
+        """Whether the next attempt may succeed after ``exc`` (a stale key, a
+        taken id); a lost COMMIT whose outcome cannot be found out raises ``unknown.error``."""
+        lost, unknown = self._lost, self._unknown
+        if lost is not None and unknown is not None and isinstance(exc, StoreBusyError | StoreUnavailableError):
+            raise unknown.error(lost.sealed, str(exc)) from None
+        if isinstance(exc, DuplicateKeyError):
+            return True
+        if not isinstance(exc, StaleOwnerKey):
+            return False
+        # The owner's key was rotated (maybe by another process) since it was cached.
+        self._renew()
+        return True
+
+    def _renew(self) -> None:
+        self._keys.forget(self._owner)
+        self._version, self._wrapper = self._keys.current(self._owner)

@@ -1,22 +1,15 @@
-"""The store's master key: its unlock, the owner keys wrapped under it, its rotation.
+"""The store's master key: its check at open (and a new store's
+initialization), the wrapped anchor key, the owner keys wrapped under it,
+and its rotation.
 
-Everything wrapped directly under the master key lives here: the check of the
-master key against the store (and the store's initialization), the wrapped
-anchor key, the wrapping and unwrapping of owner keys, and the master-key
-rotation that re-wraps them all.
-
-A master key is either in the process (a key file, a variable, a
-passphrase: HKDF gives the key check and the owner-wrap key) or held by a
-source (a PKCS#11 token, a KMS: ``keys.source.MasterKeySource``), which wraps
-and unwraps inside itself. A source's store keeps the key's public
-identifier (``master_source``) and its hash (``key_check``), and a random
-anchor key wrapped by the source: opening that wrapping at open is the proof
-that the source holds the store's key (one call per open). An owner key
-costs one call when it is created, first unwrapped or rotated; none while cached.
-
-``keystore.Keystore`` holds one ``Master``
-and builds the owner-key cache and the write under the current key on it.
-Keys are ``crypto.KeyHandle``s and ``crypto.Wrapper``s, never bytes.
+A master key is in the process (a key file, a variable, a passphrase: HKDF
+gives the key check and the owner-wrap key) or held by a source (a PKCS#11
+token, a KMS), which wraps and unwraps inside itself. A source's store keeps
+the key's public identifier (``master_source``), its hash (``key_check``)
+and a random anchor key wrapped by the source: opening that wrapping is the
+proof, at each open, that the source holds the store's key (one call). An
+owner key costs one call when it is created, first unwrapped or rotated;
+none while cached.
 """
 
 from __future__ import annotations
@@ -71,9 +64,8 @@ class Master:
         """
         self._db = db
         self.keyring = keyring
-        # The store's metadata as read to unlock it: what the rest of the open
-        # needs of it (the anchor key, the heads' and usage flags) is read here
-        # once, not again by each (one round trip each on PostgreSQL).
+        # The metadata read to unlock: what the rest of the open needs of it (the
+        # heads' and usage flags) is not read again (a round trip each on PostgreSQL).
         self.opened_meta: dict[str, str] = {}
         # A source's store: the anchor key as opened at unlock (kept, not opened again).
         self._anchor: KeyHandle | None = None
@@ -123,40 +115,28 @@ class Master:
         return store_id, wrap, meta["key_check"]
 
     def _initialize(self, keyring: Keyring) -> dict[str, str]:
-        """Record a new store's id and key check (and, for a source, its random
-        anchor key wrapped by it: one call). A racing opener's record wins."""
+        """Record a new store's id and key check (and a source's random anchor
+        key, wrapped by it: one call). A racing opener's record wins."""
         store_id = secrets.token_hex(16)
-        source = keyring.source
-        if source is None:
-            master, kdf = master_key(keyring, None, new=True)
-            values = {"key_check": key_check(master, store_id), "kdf": json.dumps(kdf)}
-        else:
-            source.prepare(create=True)
-            anchor = KeyHandle.random()
-            key_id = source.key_id()
-            values = {
-                "key_check": source_key_check(key_id, store_id),
-                "kdf": "null",
-                "master_source": key_id,
-                "anchor_key": RemoteWrapper(source).wrap(anchor, anchor_key_aad(store_id)).hex(),
-            }
+        values, wrap = _set_up(keyring, store_id)
+        anchor = KeyHandle.random() if keyring.source is not None else None  # else derived at unlock
+        if anchor is not None:
+            values["anchor_key"] = wrap.wrap(anchor, anchor_key_aad(store_id)).hex()
         with self._db.transaction(admin=True) as conn:
             if not conn.query(keys_sql.META_VALUE_SQL, ("store_id",)):
                 values |= {"store_id": store_id, "format_version": str(FORMAT_VERSION)}
                 conn.executemany(keys_sql.INSERT_META_SQL, list(values.items()))
-                if source is not None:
-                    self._anchor = anchor  # ours is the store's: no call to open it again
+                self._anchor = anchor  # ours is the store's: no call to open it again
         return store_meta(self._db)
 
     def _unlock_by_source(self, keyring: Keyring, meta: dict[str, str], by_source: bool) -> Wrapper:
-        """The wrapper of a store whose master key a source holds, after opening
-        the wrapped anchor key through it (the one call of an open).
+        """The wrapper of a store whose master key a source holds, once the
+        wrapped anchor key opened through it (the one call of an open).
 
         Raises:
             WrongKeyError: the store and the keyring disagree on where the key
                 is, or the source's key does not open the anchor key.
             IntegrityError: the wrapped anchor key was deleted.
-            KeySourceError: the source cannot be used.
         """
         source = keyring.source
         recorded = meta.get("master_source", "an unnamed source")
@@ -190,21 +170,15 @@ class Master:
         return wrap
 
     def counter_seal(self) -> CounterSeal:
-        """The seal of the store's write counter (see ``anchor.Anchor``), from
-        the wrapped anchor key read at unlock.
-
-        Raises:
-            IntegrityError: the wrapped anchor key was altered.
-        """
+        """The seal of the store's write counter (``anchor.Anchor``), from the
+        anchor key read at unlock. Raises IntegrityError: it was altered."""
         if self._anchor is not None:
             return CounterSeal(self._anchor, self.store_id)
         blob = _hex(self.opened_meta.get("anchor_key", ""))
         return CounterSeal(self._wrap.unwrap(blob, anchor_key_aad(self.store_id)), self.store_id)
 
-    # -- owner keys ------------------------------------------------------------------------
-
     def new_owner_key(self, owner: str, version: int) -> tuple[bytes, KeyHandle]:
-        """A fresh owner key of ``version`` (wrapped in the heads era): (its wrapping, to store; the key)."""
+        """A fresh owner key of ``version``, wrapped in the heads era: (its wrapping, the key)."""
         wrapped, key = self._wrap.wrap_fresh(owner_key_aad(self.store_id, owner, version, HEADS_ERA))
         if isinstance(self._wrap, RemoteWrapper):
             # A source's store: the keystore reads the new key back from its row
@@ -242,10 +216,10 @@ class Master:
             return self._wrap.unwrap(wrapped, owner_key_aad(self.store_id, owner, version)), False
 
     def mark_owner_keys(self, conn: Conn, *, refuse_marked: bool) -> int:
-        """Wrap again, in the heads era, every owner key wrapped before heads (in the
-        caller's transaction: the one that seals ``store_meta.turn_heads``). A key
-        whose wrapping opens under neither AAD is left as it is (its owner's
-        reads refuse it). Returns how many keys were wrapped again.
+        """Wrap again in the heads era every owner key wrapped before heads, in
+        ``conn`` (the transaction that seals ``store_meta.turn_heads``); a key
+        that opens under neither AAD is left (its owner's reads refuse it).
+        Returns how many keys were wrapped again.
 
         Raises:
             IntegrityError: ``refuse_marked`` (the flag says the store never had
@@ -280,23 +254,15 @@ class Master:
     def check_current(self, conn: Conn | None = None) -> None:
         """Raise WrongKeyError when another process has rotated the master key
         since this store was opened: nothing may be wrapped under the old one."""
-        params = ("key_check",)
-        rows = (
-            conn.query(keys_sql.META_VALUE_SQL, params)
-            if conn is not None
-            else self._db.query(keys_sql.META_VALUE_SQL, params)
-        )
+        rows = (conn if conn is not None else self._db).query(keys_sql.META_VALUE_SQL, ("key_check",))
         if not rows or rows[0]["value"] != self._key_check:
             raise WrongKeyError("the master key was rotated since this store was opened; open it with the new key")
 
-    # -- rotation ----------------------------------------------------------------------------
-
     def rotate(self, new_keyring: Keyring, progress: Progress | None) -> int:
         """Re-wrap every owner key (and the anchor key) under ``new_keyring``'s
-        master key, in one transaction; afterwards only the new key opens the
-        store. Returns how many owner keys were re-wrapped. Between a source
-        and a key in the process either way, or two sources: a token or KMS
-        on either side costs one call per owner key there.
+        master key in one transaction, after which only the new key opens the
+        store (either key may be a source's: one call per owner key there).
+        Returns how many owner keys were re-wrapped.
 
         Raises:
             InvalidArgumentError: the new master key is the current one.
@@ -304,18 +270,8 @@ class Master:
             StoreBusyError: the write lock was not obtained in time.
             KeySourceError: a source cannot be used (nothing is rotated then).
         """
-        new_source = new_keyring.source
-        new_wrap: Wrapper
-        if new_source is not None:
-            new_source.prepare(create=True)
-            key_id = new_source.key_id()
-            new_check, kdf, new_wrap = source_key_check(key_id, self.store_id), None, RemoteWrapper(new_source)
-        else:
-            key_id = None
-            new_master, kdf = master_key(new_keyring, None, new=True)
-            new_check = key_check(new_master, self.store_id)
-            new_wrap = Wrapper.for_master(new_master, self.store_id)
-            del new_master
+        values, new_wrap = _set_up(new_keyring, self.store_id)
+        new_check = values["key_check"]
         if secrets.compare_digest(new_check, self._key_check):
             raise InvalidArgumentError("the new master key is the current one")
         with self._db.transaction(admin=True) as conn:
@@ -336,21 +292,30 @@ class Master:
                 conn.execute(keys_sql.SET_META_SQL, (new_wrap.wrap(anchor, aad).hex(), "anchor_key"))
             conn.executemany(
                 keys_sql.SET_META_SQL,
-                [(new_check, "key_check"), (json.dumps(kdf), "kdf"), (str(len(rows)), "master_wrap_count")],
+                [(new_check, "key_check"), (values["kdf"], "kdf"), (str(len(rows)), "master_wrap_count")],
             )
             conn.execute(keys_sql.DELETE_META_SQL, ("master_source",))
-            if key_id is not None:
-                conn.execute(keys_sql.INSERT_META_SQL, ("master_source", key_id))
+            if "master_source" in values:
+                conn.execute(keys_sql.INSERT_META_SQL, ("master_source", values["master_source"]))
         self._wrap, self._key_check, self.keyring = new_wrap, new_check, new_keyring
         return len(rows)
 
 
-def _hex(value: str) -> bytes:
-    """A wrapped key as stored (hex).
+def _set_up(keyring: Keyring, store_id: str) -> tuple[dict[str, str], Wrapper]:
+    """What ``store_meta`` records of ``keyring``'s master key as a new store's or a
+    rotation's target (an absent key file or token key is created), and its owner-key wrapper."""
+    source = keyring.source
+    if source is None:
+        master, kdf = master_key(keyring, None, new=True)
+        return {"key_check": key_check(master, store_id), "kdf": json.dumps(kdf)}, Wrapper.for_master(master, store_id)
+    source.prepare(create=True)
+    key_id = source.key_id()
+    values = {"key_check": source_key_check(key_id, store_id), "kdf": "null", "master_source": key_id}
+    return values, RemoteWrapper(source)
 
-    Raises:
-        IntegrityError: it is not hex (the file was edited).
-    """
+
+def _hex(value: str) -> bytes:
+    """A wrapped anchor key as stored. Raises IntegrityError: not hex (the file was edited)."""
     try:
         return bytes.fromhex(value)
     except ValueError:

@@ -48,14 +48,26 @@ MODULE_DIRS = (
 )
 #: The PIN's environment variable when the URI names no ``pin-source``.
 DEFAULT_PIN_ENV = "SECUREPAD_PKCS11_PIN"
+# A key made here: a private token object, never readable out of the token, that only encrypts and decrypts.
+_NEW_KEY = dict.fromkeys(("TOKEN", "PRIVATE", "SENSITIVE", "ENCRYPT", "DECRYPT"), True) | dict.fromkeys(
+    ("EXTRACTABLE", "MODIFIABLE", "WRAP", "UNWRAP", "SIGN", "VERIFY", "DERIVE"), False
+)
+# What the binding raises when the session or the key's handle was lost (opened again once).
+_LOST = (
+    *("SessionHandleInvalid", "SessionClosed", "DeviceRemoved", "TokenNotPresent", "ObjectHandleInvalid"),
+    *("KeyHandleInvalid", "UserNotLoggedIn"),
+)
+# The token's answers to a PIN it will not take, by the binding's exception name.
+_PIN_REFUSALS = {
+    **dict.fromkeys(("PinIncorrect", "PinInvalid", "PinLenRange"), "the token refused the PIN"),
+    "PinLocked": "the token's PIN is locked (too many wrong PINs)",
+    "PinExpired": "the token's PIN has expired",
+    "UserPinNotInitialized": "the token has no user PIN yet (initialize it)",
+}
 
 
 def binding() -> Any:
-    """The python-pkcs11 module.
-
-    Raises:
-        KeySourceModuleError: it is not installed.
-    """
+    """The python-pkcs11 module. Raises KeySourceModuleError: it is not installed."""
     try:
         import pkcs11
     except ImportError:
@@ -106,17 +118,14 @@ class TokenLink:
 
     def __init__(self, uri: Pkcs11Uri, environ: Mapping[str, str] | None, calls: CallCounter) -> None:
         self._uri = uri
-        self._environ = environ
+        self._environ = os.environ if environ is None else environ
         self._shown = uri.shown()
         self.calls = calls
+        #: The key's label and the CKA_ID the URI asks for.
+        self.place: tuple[str, bytes | None] = (uri.path["object"], uri.id)
         self._shared: _Token | None = None
         self._key: Any = None
         self._key_session: Any = None
-
-    @property
-    def place(self) -> tuple[str, bytes | None]:
-        """The key's label and the CKA_ID the URI asks for."""
-        return self._uri.path["object"], self._uri.id
 
     def forget_key(self) -> None:
         """Drop this link's handle of the key (the token's session stays the process's)."""
@@ -171,24 +180,19 @@ class TokenLink:
 
     def _pin(self) -> str:
         query = self._uri.query
-        environ = os.environ if self._environ is None else self._environ
         if "pin-value" in query:
             return query["pin-value"]
         source = query.get("pin-source")
-        if source is None:
-            pin = environ.get(DEFAULT_PIN_ENV)
-            if not pin:
+        if source is None or source.startswith("env:"):
+            name = DEFAULT_PIN_ENV if source is None else source[4:]
+            pin = self._environ.get(name)
+            if pin:
+                return pin
+            if source is None:
                 raise self.fail(
-                    KeySourceLoginError,
-                    f"no PIN: add pin-source=file:/path or pin-source=env:NAME, or set {DEFAULT_PIN_ENV}",
+                    KeySourceLoginError, f"no PIN: add pin-source=file:/path or pin-source=env:NAME, or set {name}"
                 )
-            return pin
-        if source.startswith("env:"):
-            name = source[4:]
-            pin = environ.get(name)
-            if not pin:
-                raise self.fail(KeySourceLoginError, f"the PIN's environment variable {name} is not set")
-            return pin
+            raise self.fail(KeySourceLoginError, f"the PIN's environment variable {name} is not set")
         path = self.pin_path()
         try:
             text = path.read_text("utf-8")
@@ -265,15 +269,10 @@ class TokenLink:
                 # The login is the process's, not the session's: another session
                 # of this process (another library's, say) logged in already.
                 session = shared.token.open(rw=True)
-        except (pkcs11.exceptions.PinIncorrect, pkcs11.exceptions.PinInvalid, pkcs11.exceptions.PinLenRange):
-            raise self.fail(KeySourceLoginError, "the token refused the PIN") from None
-        except pkcs11.exceptions.PinLocked:
-            raise self.fail(KeySourceLoginError, "the token's PIN is locked (too many wrong PINs)") from None
-        except pkcs11.exceptions.PinExpired:
-            raise self.fail(KeySourceLoginError, "the token's PIN has expired") from None
-        except pkcs11.exceptions.UserPinNotInitialized:
-            raise self.fail(KeySourceLoginError, "the token has no user PIN yet (initialize it)") from None
         except pkcs11.PKCS11Error as exc:
+            refused = _PIN_REFUSALS.get(type(exc).__name__)
+            if refused is not None:
+                raise self.fail(KeySourceLoginError, refused) from None
             raise self.fail(KeySourceUnreachableError, f"no session ({one_line(exc)})") from None
         finally:
             del pin
@@ -315,20 +314,7 @@ class TokenLink:
                 label=label,
                 id=self._uri.id if self._uri.id is not None else secrets.token_bytes(16),
                 store=True,
-                template={
-                    pkcs11.Attribute.TOKEN: True,
-                    pkcs11.Attribute.PRIVATE: True,
-                    pkcs11.Attribute.SENSITIVE: True,
-                    pkcs11.Attribute.EXTRACTABLE: False,
-                    pkcs11.Attribute.MODIFIABLE: False,
-                    pkcs11.Attribute.ENCRYPT: True,
-                    pkcs11.Attribute.DECRYPT: True,
-                    pkcs11.Attribute.WRAP: False,
-                    pkcs11.Attribute.UNWRAP: False,
-                    pkcs11.Attribute.SIGN: False,
-                    pkcs11.Attribute.VERIFY: False,
-                    pkcs11.Attribute.DERIVE: False,
-                },
+                template={getattr(pkcs11.Attribute, name): value for name, value in _NEW_KEY.items()},
             )
         except pkcs11.PKCS11Error as exc:
             raise self.fail(KeySourceKeyError, f"cannot create the key labelled {label!r} ({one_line(exc)})") from None
@@ -336,15 +322,7 @@ class TokenLink:
     def with_key(self, run: Callable[[Any], T], *, create: bool = False) -> T:
         """``run(key)`` under the lock, opening the session (again, once, when it was lost)."""
         pkcs11 = binding()
-        lost = (
-            pkcs11.exceptions.SessionHandleInvalid,
-            pkcs11.exceptions.SessionClosed,
-            pkcs11.exceptions.DeviceRemoved,
-            pkcs11.exceptions.TokenNotPresent,
-            pkcs11.exceptions.ObjectHandleInvalid,
-            pkcs11.exceptions.KeyHandleInvalid,
-            pkcs11.exceptions.UserNotLoggedIn,
-        )
+        lost = tuple(getattr(pkcs11.exceptions, name) for name in _LOST)
         shared = self.token()
         with shared.lock:
             for attempt in (1, 2):

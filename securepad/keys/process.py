@@ -30,24 +30,12 @@ _ENV_START_FIELD = 50 - 3
 _ENV_END_FIELD = 51 - 3
 
 
-def _read_proc(name: str) -> bytes | None:
-    """The bytes of ``/proc/self/<name>``; None where there is no such file (not Linux, no /proc)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        with open(f"/proc/self/{name}", "rb") as handle:
-            return handle.read()
-    except OSError:
-        return None
-
-
 def _environment_area(stat: bytes, maps: bytes) -> tuple[int, int] | None:
-    """The initial environment block's [start, end) addresses as ``stat`` (the
-    text of ``/proc/self/stat``) gives them, when ``maps`` (of
-    ``/proc/self/maps``) shows them inside one readable and writable mapping;
-    None otherwise. Nothing is read from or written to memory on the word of
-    ``stat`` alone: a wrong field (an older kernel, a /proc that is not this
-    process's) would make the overwrite write where it must not."""
+    """The initial environment block's [start, end) as ``stat`` (``/proc/self/stat``)
+    gives it, when ``maps`` (``/proc/self/maps``) shows it inside one readable
+    and writable mapping; else None. Nothing is written on the word of ``stat``
+    alone: a wrong field (an older kernel, another process's /proc) would make
+    the overwrite write where it must not."""
     # The command (field 2) is in parentheses and may hold spaces and ")".
     fields = stat[stat.rfind(b")") + 2 :].split()
     try:
@@ -68,24 +56,21 @@ def _environment_area(stat: bytes, maps: bytes) -> tuple[int, int] | None:
     return None
 
 
-def _initial_environment_area() -> tuple[int, int] | None:
-    """The initial environment block's [start, end) addresses; None when unknown."""
-    stat, maps = _read_proc("stat"), _read_proc("maps")
-    if stat is None or maps is None:
-        return None
-    return _environment_area(stat, maps)
-
-
 def scrub_initial_environment(name: str) -> int:
     """Overwrite with NUL bytes the value of every ``name=value`` string of the
-    process's initial environment block, and return how many were found.
+    process's initial environment block; return how many were found (0 where
+    the block's bounds are unknown: not Linux, no /proc).
 
     Only the block the kernel copied at start is touched: strings libc
-    allocated later (a variable set after start) are libc's, and
-    ``/proc/<pid>/environ`` does not show them. Returns 0 where the block's
-    bounds are unknown (not Linux).
+    allocated later are libc's, and ``/proc/<pid>/environ`` does not show them.
     """
-    area = _initial_environment_area()
+    if not sys.platform.startswith("linux"):
+        return 0
+    try:
+        with open("/proc/self/stat", "rb") as stat, open("/proc/self/maps", "rb") as maps:
+            area = _environment_area(stat.read(), maps.read())
+    except OSError:
+        return 0
     if area is None:
         return 0
     start, end = area

@@ -1,19 +1,19 @@
 """Master key sources that keep the key outside the process: a PKCS#11 token, a KMS.
 
-A source seals and opens small secrets (the owner keys and the anchor key)
-with associated data, inside the token or the KMS: the master key's bytes
-never enter the process. What it must guarantee:
+A source seals and opens small secrets (the owner keys, the anchor key) with
+associated data inside the token or KMS: the master key's bytes never enter
+the process. What a source guarantees:
 
-* ``encrypt`` and ``decrypt`` are one call each to the token or KMS, and
-  bind the associated data (a blob opened with other associated data, or
-  under another key, raises ``IntegrityError``);
+* ``encrypt`` and ``decrypt`` are one call each and bind the associated data
+  (a blob opened with other associated data, or under another key, raises
+  ``IntegrityError``);
 * ``key_id`` names the key, not the URI's spelling, and is never a secret;
 * ``shown_uri`` (in every message, ``repr`` and report) carries no secret;
-* every failure to use the source is a ``KeySourceError`` subclass, one line.
+* every failure to use the source is a one-line ``KeySourceError`` subclass.
 
-Sources are named by URI and found by scheme in ``SCHEMES``; the class is
-imported only when a URI of its scheme is used, so a client library (boto3,
-the PKCS#11 binding) is needed only by those who use it.
+Sources are found by URI scheme in ``SCHEMES`` and imported only when a URI
+of their scheme is used: a client library (boto3, the PKCS#11 binding) is
+needed only by those who use it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import ClassVar
 
 from ..errors import KeySourceModuleError, KeySourceUriError
 
-__all__ = ["SCHEMES", "CallCounter", "MasterKeySource", "SourceCheck", "open_source", "redact_uri", "scheme_of"]
+__all__ = ["SCHEMES", "CallCounter", "MasterKeySource", "SourceCheck", "open_source", "redact_uri"]
 
 #: URI scheme -> "module:Class" of the source that answers it.
 SCHEMES: dict[str, str] = {
@@ -48,11 +48,16 @@ class SourceCheck:
     ok: bool
     detail: str
 
+    @classmethod
+    def of(cls, name: str, ok: bool, good: str, bad: str) -> SourceCheck:
+        """The check named ``name``, its detail ``good`` when it holds, else ``bad``."""
+        return cls(name, ok, good if ok else bad)
+
 
 class CallCounter:
     """Calls this process made into a token or KMS, by kind ("encrypt",
-    "decrypt", "session", "find", "create", "attributes"). The tests that
-    guard the cost of an open, a first read and the hot path read it."""
+    "decrypt", "session", "find", "create", "attributes"): what the tests of
+    an open's, a first read's and the hot path's cost read."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -73,7 +78,11 @@ class CallCounter:
 
 
 class MasterKeySource(abc.ABC):
-    """A master key held by a token or a KMS, used through it and never read out."""
+    """A master key held by a token or a KMS, used through it and never read out.
+
+    Every method but ``from_uri`` and ``shown_uri`` may raise a
+    ``KeySourceError`` subclass saying what is missing or refused.
+    """
 
     #: The URI scheme this source answers.
     scheme: ClassVar[str]
@@ -83,11 +92,8 @@ class MasterKeySource(abc.ABC):
     @classmethod
     @abc.abstractmethod
     def from_uri(cls, uri: str, *, environ: Mapping[str, str] | None = None) -> MasterKeySource:
-        """The source ``uri`` names. Parses only: no I/O, no call.
-
-        Raises:
-            KeySourceUriError: the URI is malformed or has an unknown or missing attribute.
-        """
+        """The source ``uri`` names, parsed only (no I/O).
+        Raises KeySourceUriError: the URI is malformed or has an unknown or missing attribute."""
 
     @property
     @abc.abstractmethod
@@ -96,49 +102,27 @@ class MasterKeySource(abc.ABC):
 
     @abc.abstractmethod
     def prepare(self, *, create: bool = False) -> None:
-        """Connect, log in and find the key, once (later calls cost nothing).
-        ``create``: make the key when it does not exist yet (a new store, or
-        the target of a rotation), never readable out of the source.
-
-        Raises:
-            KeySourceError: a subclass saying what is missing or refused.
-        """
+        """Connect, log in and find the key, once (later calls cost nothing);
+        ``create`` (a new store, a rotation's target): make an absent key, never
+        readable out of the source."""
 
     @abc.abstractmethod
     def key_id(self) -> str:
-        """The key's stable identifier (not a secret): what the store records
-        and what tells a rotation that the new key is the current one.
-
-        Raises:
-            KeySourceError: as ``prepare``.
-        """
+        """The key's stable identifier (not a secret): what the store records and
+        what tells a rotation that the new key is the current one."""
 
     @abc.abstractmethod
     def encrypt(self, plaintext: bytes, associated_data: bytes) -> bytes:
-        """Seal ``plaintext`` (a key: at most 64 bytes) under the source's key,
-        bound to ``associated_data``: one call. Returns an opaque blob.
-
-        Raises:
-            KeySourceError: the source cannot be used.
-        """
+        """Seal ``plaintext`` (a key: at most 64 bytes) bound to ``associated_data``, in one call."""
 
     @abc.abstractmethod
     def decrypt(self, ciphertext: bytes, associated_data: bytes) -> bytes:
-        """Open what ``encrypt`` sealed: one call.
-
-        Raises:
-            IntegrityError: the blob was altered, or was sealed with other
-                associated data or under another key.
-            KeySourceError: the source cannot be used.
-        """
+        """Open what ``encrypt`` sealed, in one call. Raises IntegrityError: the blob was altered,
+        or sealed with other associated data or under another key."""
 
     @abc.abstractmethod
     def inspect(self) -> list[SourceCheck]:
-        """What the audit checks of this source (its key's attributes, no secret in the URI).
-
-        Raises:
-            KeySourceError: the source cannot be used.
-        """
+        """What the audit checks of this source (its key's attributes, no secret in the URI)."""
 
     def close(self) -> None:  # noqa: B027 - a source without a session has nothing to release
         """Release the session or client. Idempotent."""
@@ -150,19 +134,6 @@ class MasterKeySource(abc.ABC):
         raise TypeError("master key sources cannot be pickled")
 
 
-def scheme_of(uri: str) -> str:
-    """The scheme of a master key URI (``pkcs11``, ``aws-kms``), lower case.
-
-    Raises:
-        KeySourceUriError: ``uri`` has no scheme securepad knows.
-    """
-    scheme = uri.split(":", 1)[0].lower() if isinstance(uri, str) and ":" in uri else ""
-    if scheme not in SCHEMES:
-        known = ", ".join(sorted(SCHEMES))
-        raise KeySourceUriError(f"master key URI {redact_uri(uri)!r}: unknown scheme; securepad knows {known}")
-    return scheme
-
-
 def open_source(uri: str, *, environ: Mapping[str, str] | None = None) -> MasterKeySource:
     """The source ``uri`` names (parsed, not yet connected).
 
@@ -170,7 +141,10 @@ def open_source(uri: str, *, environ: Mapping[str, str] | None = None) -> Master
         KeySourceUriError: unknown scheme, or a malformed URI.
         KeySourceModuleError: the source's client library is not installed.
     """
-    scheme = scheme_of(uri)
+    scheme = uri.split(":", 1)[0].lower() if isinstance(uri, str) and ":" in uri else ""
+    if scheme not in SCHEMES:
+        known = ", ".join(sorted(SCHEMES))
+        raise KeySourceUriError(f"master key URI {redact_uri(uri)!r}: unknown scheme; securepad knows {known}")
     module_name, _, class_name = SCHEMES[scheme].partition(":")
     try:
         module = importlib.import_module(module_name)

@@ -1,5 +1,5 @@
 """A write under the owner's current key (``Keystore.write_current``, run by
-``keys/current.py``): sealed again when a newer key version appeared or an id
+``CurrentWrite``): sealed again when a newer key version appeared or an id
 was taken, never past its attempts, and a failure counts no wrap."""
 
 from __future__ import annotations
