@@ -19,14 +19,15 @@ from .options import (
     SecurepadGroup,
     SecurepadSubgroup,
     command,
+    confirmed,
     current_state,
     emit,
     global_options,
     principal_options,
-    required,
     turn_option,
+    yes_option,
 )
-from .output import console, err_console, for_terminal, plain, print_json, print_line, to_json
+from .output import console, for_terminal, plain, print_json, print_line, print_note, to_json
 
 __all__ = ["bench", "main"]
 
@@ -46,10 +47,6 @@ def main() -> None:
     creates a store; every other command needs an existing one.
     """
     current_state()
-
-
-def _turn(turn_id: str | None) -> str:
-    return required(turn_id, "--turn", "SECUREPAD_TURN")
 
 
 # -- the commands ------------------------------------------------------------------------
@@ -145,7 +142,7 @@ def _decode(raw: bytes, kind: str) -> Any:
 @click.argument("source", type=click.File("rb"), default="-")
 def put(
     principal: Principal,
-    turn_id: str | None,
+    turn: str,
     step_num: int,
     executor_name: str,
     kind: str,
@@ -158,7 +155,6 @@ def put(
     Text and binary read from a file keep the file's name in the entry's
     metadata (``source``). Prints the new entry's id (the model's whole view
     with --json)."""
-    turn = _turn(turn_id)
     observation = _decode(source.read(), kind)
     name = getattr(source, "name", "-")
     if kind != "json" and isinstance(name, str) and name not in ("-", "<stdin>"):
@@ -345,7 +341,7 @@ def read(
         status = f"{meta['size_returned']} of {meta['size_full']} {meta['unit']}, truncated={meta['truncated']}"
         if "hint" in meta:
             status += ", " + _cli_hint(meta["hint"], cap)
-        err_console().print(plain(status), style="dim", highlight=False, soft_wrap=True)
+        print_note(status, "dim")
 
     emit(result, render)
 
@@ -361,9 +357,8 @@ def _cli_hint(hint: str, cap: int) -> str:
 @command(main, name="list")
 @principal_options
 @turn_option
-def list_(principal: Principal, turn_id: str | None) -> None:
+def list_(principal: Principal, turn: str) -> None:
     """List a turn's live entries that the owner may see."""
-    turn = _turn(turn_id)
     with current_state().open() as pad:
         rows = pad.list_for_turn(principal, turn)
 
@@ -395,9 +390,8 @@ def turn_group() -> None:
 @command(turn_group, name="show")
 @principal_options
 @turn_option
-def turn_show(principal: Principal, turn_id: str | None) -> None:
+def turn_show(principal: Principal, turn: str) -> None:
     """Print a turn's history: what the model saw of each live step (beginning a turn collects expired entries)."""
-    turn = _turn(turn_id)
     with current_state().open() as pad:
         steps = pad.turn(principal, turn).steps()
 
@@ -422,19 +416,15 @@ def turn_show(principal: Principal, turn_id: str | None) -> None:
 @command(turn_group, name="drop")
 @principal_options
 @turn_option
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-def turn_drop(principal: Principal, turn_id: str | None, yes: bool) -> None:
+@yes_option
+def turn_drop(principal: Principal, turn: str, yes: bool) -> None:
     """Delete an owner's turn whole (Scratchpad.drop_turn): every entry of every
     actor and channel of the owner, its checkpoints and compaction marks, and its
     head, even when the turn's check fails (the way out of a turn found tampered
     that no backup restores)."""
-    turn = _turn(turn_id)
-    state = current_state()
-    state.require_store()
     owner = principal.owner_user_id
-    if not yes:
-        click.confirm(f"Delete turn {for_terminal(repr(turn))} of owner {for_terminal(repr(owner))} whole?", abort=True)
-    with state.open() as pad:
+    question = f"Delete turn {for_terminal(repr(turn))} of owner {for_terminal(repr(owner))} whole?"
+    with confirmed(yes, question).open() as pad:
         removed = pad.drop_turn(owner, turn)
     emit(
         removed,
@@ -448,11 +438,10 @@ def turn_drop(principal: Principal, turn_id: str | None, yes: bool) -> None:
 @command(main)
 @principal_options
 @turn_option
-def mcp(principal: Principal, turn_id: str | None) -> None:
+def mcp(principal: Principal, turn: str) -> None:
     """Serve scratchpad_read and scratchpad_list for one turn over MCP (stdio).
 
     The principal and turn are fixed here, never taken from the model."""
-    turn = _turn(turn_id)
     try:
         from ..integrations.mcp import serve
     except ImportError as exc:

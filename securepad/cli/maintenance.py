@@ -7,8 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,8 +17,8 @@ from click.core import ParameterSource
 from .. import InvalidArgumentError, Principal, SecurepadError
 from .commands import main
 from .key_files import key_file_use, record_key_file_use
-from .options import SecurepadSubgroup, State, command, current_state, emit, global_options
-from .output import console, err_console, for_terminal, plain, print_line, progress, to_json
+from .options import SecurepadSubgroup, State, command, confirmed, current_state, emit, global_options, yes_option
+from .output import console, for_terminal, plain, print_line, print_note, progress
 
 if TYPE_CHECKING:
     from .. import Keyring, Scratchpad
@@ -49,7 +48,7 @@ def backup(dest: Path) -> None:
 
 @command(main)
 @click.argument("src", type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@yes_option
 def restore(src: Path, yes: bool) -> None:
     """Put the backup SRC in place of the store (--db), accepting it as current.
 
@@ -80,25 +79,18 @@ def restore(src: Path, yes: bool) -> None:
             print_line(f"the store it replaced is kept at {v['replaced']}")
         _render_verify(v["verify"])
 
-    emit(result, render)
-    if not result["verify"]["ok"]:
-        sys.exit(1)
+    emit(result, render, ok=result["verify"]["ok"])
 
 
 @command(main, name="anchor-adopt")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@yes_option
 def anchor_adopt(yes: bool) -> None:
     """Accept this copy of the store as current and reset its snapshot-rollback anchor.
 
     Only after a deliberate restore (a backup put back on purpose) or a moved
     anchor: it silences the check that refuses an older copy of the store."""
-    state = current_state()
-    state.require_store()
-    if not yes:
-        click.confirm(
-            "Accept this copy of the store as the current one (an older copy is no longer refused)?", abort=True
-        )
-    with state.open(adopt_anchor=True) as pad:
+    question = "Accept this copy of the store as the current one (an older copy is no longer refused)?"
+    with confirmed(yes, question).open(adopt_anchor=True) as pad:
         anchor = pad.stats()["anchor"]
     emit({"anchor": anchor}, lambda v: print_line(f"anchor reset: {json.dumps(v['anchor'])}"))
 
@@ -111,9 +103,7 @@ def stats(owner: str | None, actor: str, channel: str) -> None:
     """Counts and sizes, for the whole store or one owner (--owner or SECUREPAD_OWNER)."""
     if owner and click.get_current_context().get_parameter_source("owner") is ParameterSource.ENVIRONMENT:
         # Narrowed by the environment, not by this command line: say so.
-        err_console().print(
-            plain(f"stats of owner {owner!r} only (from SECUREPAD_OWNER)"), style="dim", highlight=False
-        )
+        print_note(f"stats of owner {owner!r} only (from SECUREPAD_OWNER)", "dim")
     with current_state().open() as pad:
         info = pad.stats(Principal(owner, actor, channel) if owner else None)
 
@@ -146,34 +136,32 @@ def _render_figures(v: dict[str, Any], title: str | None = None) -> None:
         print_line(f"{name:<{width}}  {text}")
 
 
-def _scratch_store(state: State) -> tuple[Any, Scratchpad]:
-    """A throwaway store and key in private temporary directories (for ``audit`` and
-    ``demo`` before ``init``); returns the directory to clean up and the open store."""
+def _no_store_yet(state: State, what: str) -> str | None:
+    if state.store_exists() is False:
+        return f"no store at {state.where()} yet (`securepad init` creates it): {what} a throwaway store"
+    return None
+
+
+@contextlib.contextmanager
+def _store_or_throwaway(state: State, why: str | None) -> Iterator[Scratchpad]:
+    """The configured store or, when ``why`` says why not (on stderr), a throwaway
+    store and key in private temporary directories, removed afterwards."""
+    if why is None:
+        with state.open() as pad:
+            yield pad
+        return
     import tempfile
 
     from .. import Keyring, Scratchpad
 
-    scratch = tempfile.TemporaryDirectory(prefix="securepad-scratch-")
-    root = Path(scratch.name)
-    (root / "data").mkdir(mode=0o700)
-    (root / "keys").mkdir(mode=0o700)
-    try:
+    print_note(why, "yellow")
+    with tempfile.TemporaryDirectory(prefix="securepad-scratch-") as scratch:
+        root = Path(scratch)
+        (root / "data").mkdir(mode=0o700)
+        (root / "keys").mkdir(mode=0o700)
         keyring = Keyring.from_key_file(root / "keys" / "key")
-        return scratch, Scratchpad.open(root / "data" / "store.db", keyring=keyring, policy=state.policy)
-    except BaseException:
-        scratch.cleanup()
-        raise
-
-
-def _open_or_scratch(state: State, what: str) -> tuple[Any, Scratchpad]:
-    if state.store_exists() is False:
-        err_console().print(
-            plain(f"no store at {state.where()} yet (`securepad init` creates it): {what} a throwaway store"),
-            style="yellow",
-            highlight=False,
-        )
-        return _scratch_store(state)
-    return None, state.open()
+        with Scratchpad.open(root / "data" / "store.db", keyring=keyring, policy=state.policy) as pad:
+            yield pad
 
 
 @command(main)
@@ -187,33 +175,22 @@ def demo() -> None:
     from ..audit.demo import run_demo
 
     state = current_state()
+    why: str | None
     if isinstance(state.db, str):  # PostgreSQL: the demo damages a copy of the store's file
         state.require_store()
-        err_console().print(
-            plain(f"the demo's tampered copy is a file, not {state.where()}: the demo runs on a throwaway store"),
-            style="yellow",
-            highlight=False,
-        )
-        scratch, pad = _scratch_store(state)
+        why = f"the demo's tampered copy is a file, not {state.where()}: the demo runs on a throwaway store"
     else:
-        scratch, pad = _open_or_scratch(state, "the demo runs on")
+        why = _no_store_yet(state, "the demo runs on")
     steps = []
-    try:
-        with pad:
+    with _store_or_throwaway(state, why) as pad:
+        if not state.as_json:
+            print_line(f"store: {pad.path}  policy: {pad.policy.name}")
+        for step in run_demo(pad):
+            steps.append({"step": step.title, "result": step.detail, "ok": step.ok})
             if not state.as_json:
-                print_line(f"store: {pad.path}  policy: {pad.policy.name}")
-            for step in run_demo(pad):
-                steps.append({"step": step.title, "result": step.detail, "ok": step.ok})
-                if not state.as_json:
-                    mark = Text("ok", "green") if step.ok else Text("FAILED", "red")
-                    console().print(Text.assemble(mark, "  ", plain(f"{step.title}: {step.detail}")), highlight=False)
-    finally:
-        if scratch is not None:
-            scratch.cleanup()
-    if state.as_json:
-        click.echo(to_json(steps))
-    if not all(s["ok"] for s in steps):
-        sys.exit(1)
+                mark = Text("ok", "green") if step.ok else Text("FAILED", "red")
+                console().print(Text.assemble(mark, "  ", plain(f"{step.title}: {step.detail}")), highlight=False)
+    emit(steps, lambda _: None, ok=all(s["ok"] for s in steps))  # shown step by step as it ran
 
 
 @command(main)
@@ -223,9 +200,7 @@ def verify() -> None:
     status 1 when anything is wrong; each problem names its owner, turn and row."""
     with current_state().open() as pad:
         report = pad.verify()
-    emit(report, _render_verify)
-    if not report["ok"]:
-        sys.exit(1)
+    emit(report, _render_verify, ok=report["ok"])
 
 
 def _render_verify(r: dict[str, Any]) -> None:
@@ -259,20 +234,14 @@ def audit() -> None:
     from ..audit import Audit, AuditReport
 
     state = current_state()
-    scratch, pad = _open_or_scratch(state, "auditing")
-    try:
-        with pad:
-            checked = pad.verify()  # the store as found, before the audit's tenants come and go
-            run = Audit(pad)
-            bar = progress(transient=True, elapsed=False)
-            with bar:
-                task = bar.add_task("auditing", total=len(run.checks))
-                for result in run.run():
-                    bar.update(task, advance=1, description=for_terminal(result.name))
-            report = run.report()
-    finally:
-        if scratch is not None:
-            scratch.cleanup()
+    with _store_or_throwaway(state, _no_store_yet(state, "auditing")) as pad:
+        checked = pad.verify()  # the store as found, before the audit's tenants come and go
+        run = Audit(pad)
+        with progress(transient=True, elapsed=False) as bar:
+            task = bar.add_task("auditing", total=len(run.checks))
+            for result in run.run():
+                bar.update(task, advance=1, description=for_terminal(result.name))
+        report = run.report()
 
     def render(r: AuditReport) -> None:
         from rich.text import Text
@@ -300,9 +269,8 @@ def audit() -> None:
         print_line(f"policy {r.policy}, {r.key_source}")
         _render_verify(checked)
 
-    emit({**report.as_dict(), "verify": checked} if state.as_json else report, render)
-    if not report.passed or not checked["ok"]:
-        sys.exit(1)
+    shown = {**report.as_dict(), "verify": checked} if state.as_json else report
+    emit(shown, render, ok=report.passed and checked["ok"])
 
 
 def _print_wrapped(text: str, indent: int) -> None:
@@ -327,8 +295,8 @@ def _progress_bar(label: str) -> tuple[Any, Callable[[int, int], None]]:
     return bar, update
 
 
-def _show_report(report: dict[str, Any], title: str) -> None:
-    emit(report, lambda v: _render_figures(v, title))
+def _show_report(report: dict[str, Any], title: str, *, ok: bool = True) -> None:
+    emit(report, lambda v: _render_figures(v, title), ok=ok)
 
 
 @main.group(cls=SecurepadSubgroup)
@@ -408,7 +376,7 @@ def rotate_master(
         report["next"] = _next_without_key_file(new, new_keyring, current.key_file)
     _show_report(report, "master key rotated")
     if not state.as_json:
-        err_console().print(plain(f"next: {report['next']}"), style="bold", highlight=False)
+        print_note(f"next: {report['next']}", "bold")
 
 
 def _check_new_key_source(
@@ -541,19 +509,14 @@ def rotate_owner(owner: str) -> None:
 
 @command(main, name="forget-owner")
 @click.argument("owner")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@yes_option
 def forget_owner(owner: str, yes: bool) -> None:
     """Crypto-shred OWNER: delete its keys and entries and scrub them from the files.
 
     Exit status 1 when the store holds nothing of OWNER (a mistyped name deletes nothing)."""
-    state = current_state()
-    state.require_store()
-    if not yes:
-        click.confirm(f"Delete every entry and key of owner {for_terminal(repr(owner))} for good?", abort=True)
-    with state.open() as pad:
+    question = f"Delete every entry and key of owner {for_terminal(repr(owner))} for good?"
+    with confirmed(yes, question).open() as pad:
         report = pad.forget_owner(owner)
     found = any(v for k, v in report.items() if k not in ("owner_user_id", "wal_truncated") and isinstance(v, int))
     report["found"] = found
-    _show_report(report, "owner forgotten" if found else f"owner {owner!r} not found: nothing was deleted")
-    if not found:
-        sys.exit(1)
+    _show_report(report, "owner forgotten" if found else f"owner {owner!r} not found: nothing was deleted", ok=found)

@@ -13,7 +13,17 @@ if TYPE_CHECKING:
     from rich.progress import Progress
     from rich.text import Text
 
-__all__ = ["console", "err_console", "for_terminal", "plain", "print_json", "print_line", "progress", "to_json"]
+__all__ = [
+    "console",
+    "err_console",
+    "for_terminal",
+    "plain",
+    "print_json",
+    "print_line",
+    "print_note",
+    "progress",
+    "to_json",
+]
 
 
 # rich is imported when a command first prints through it: a command that
@@ -68,6 +78,11 @@ def print_json(value: Any) -> None:
 def print_line(text: str) -> None:
     """A line of plain text (never markup), stripped for the terminal."""
     console().print(plain(text), highlight=False, soft_wrap=True)
+
+
+def print_note(text: str, style: str) -> None:
+    """A line of plain text on stderr (so --json output stays clean), in ``style``."""
+    err_console().print(plain(text), style=style, highlight=False)
 
 
 def progress(*, transient: bool, elapsed: bool = True) -> Progress:
