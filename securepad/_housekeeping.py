@@ -15,6 +15,7 @@ from ._assembly import Assembly, Parts
 from .errors import InvalidArgumentError
 from .keys.keyring import Keyring
 from .keys.keystore import Progress
+from .maintenance import lifecycle
 from .maintenance.verify import verify_store
 from .principal import Principal
 
@@ -37,11 +38,12 @@ class Housekeeping:
 
     def rotate_owner_key(self, owner_user_id: str, *, progress: Progress | None = None) -> dict[str, Any]:
         """New key version for an owner, old ones retired; see ``lifecycle.rotate_owner_key``."""
-        return self._assembly.rotate_owner_key(owner_user_id, progress)
+        parts = self._parts
+        return lifecycle.rotate_owner_key(parts.db, parts.keys, owner_user_id, progress=progress, heads=parts.heads)
 
     def forget_owner(self, owner_user_id: str) -> dict[str, Any]:
         """Crypto-shred an owner's keys and entries; see ``lifecycle.forget_owner``."""
-        return self._assembly.forget_owner(owner_user_id)
+        return lifecycle.forget_owner(self._parts.db, self._parts.keys, owner_user_id)
 
     def drop_turn(self, owner_user_id: str, turn_id: str) -> dict[str, Any]:
         """Delete an owner's turn whole (entries, records, head), whatever its
@@ -53,7 +55,7 @@ class Housekeeping:
             IntegrityError: the owner's owner head or usage head fails authentication.
             StoreBusyError: the write lock was not obtained in time.
         """
-        return self._assembly.drop_turn(owner_user_id, turn_id)
+        return lifecycle.drop_turn(self._parts.db, self._parts.heads, owner_user_id, turn_id)
 
     # -- upkeep ----------------------------------------------------------------------
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ from .options import (
     turn_option,
     yes_option,
 )
-from .output import console, for_terminal, plain, print_json, print_line, print_note, to_json
+from .output import console, for_terminal, plain, print_json, print_line, print_note, to_json, write_new_file
 
 __all__ = ["bench", "main"]
 
@@ -226,23 +225,12 @@ def get(principal: Principal, scratchpad_id: str, turn_id: str | None, output: P
 
 
 def _write_new_file(path: Path, data: bytes) -> None:
-    """Write ``data`` to a new file, mode 0600 (an entry may be private).
-
-    Raises:
-        InvalidArgumentError: the file exists.
-        SecurepadError: it cannot be written.
-    """
+    """``write_new_file``, its failures as securepad errors."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        write_new_file(path, data)
     except FileExistsError:
         raise InvalidArgumentError(f"{path} exists: get never writes over a file") from None
     except OSError as exc:
-        raise SecurepadError(f"cannot write {path}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-    except OSError as exc:
-        path.unlink(missing_ok=True)
         raise SecurepadError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
@@ -299,38 +287,17 @@ _HINT_CAP = re.compile(r"cut to the read cap of \d+ (characters|bytes)")
 )
 @click.option(
     "--context",
-    "context_lines",
     type=click.IntRange(0, _READ_PROPERTIES["context"]["maximum"]),
     default=0,
     show_default=True,
     help="grep: lines around each match.",
 )
-def read(
-    principal: Principal,
-    scratchpad_id: str,
-    mode: str,
-    n: int,
-    start: int | None,
-    end: int | None,
-    pattern: str | None,
-    max_matches: int,
-    context_lines: int,
-) -> None:
+def read(principal: Principal, scratchpad_id: str, start: int | None, **options: Any) -> None:
     """Read part of an entry, as the model's read tool does: capped by the policy's
     max_read_chars, counted as the JSON the model sees (a quote or a line break
     costs its escape). `securepad get` returns a whole entry."""
     with current_state().open() as pad:
-        result = pad.read(
-            principal,
-            scratchpad_id,
-            mode=mode,
-            n=n,
-            start=start or 0,
-            end=end,
-            pattern=pattern,
-            max_matches=max_matches,
-            context=context_lines,
-        )
+        result = pad.read(principal, scratchpad_id, start=start or 0, **options)
         cap = pad.policy.max_read_chars
 
     def render(r: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ from .. import InvalidArgumentError, Principal, SecurepadError
 from .commands import main
 from .key_files import key_file_use, record_key_file_use
 from .options import SecurepadSubgroup, State, command, confirmed, current_state, emit, global_options, yes_option
-from .output import console, for_terminal, plain, print_line, print_note, progress
+from .output import console, for_terminal, plain, print_line, print_note, progress, write_new_file
 
 if TYPE_CHECKING:
     from .. import Keyring, Scratchpad
@@ -69,9 +69,7 @@ def restore(src: Path, yes: bool) -> None:
         )
     from .. import Scratchpad
 
-    result = Scratchpad.restore(
-        state.db, src, keyring=state.keyring(new_store=True), policy=state.policy, anchor=state.anchor
-    )
+    result = Scratchpad.restore(state.db, src, keyring=state.keyring(), policy=state.policy, anchor=state.anchor)
 
     def render(v: dict[str, Any]) -> None:
         print_line(f"restored {v['restored']} from {v['source']}")
@@ -334,14 +332,11 @@ def rotate_master(
     place of the current one (only when that file opens this store alone);
     otherwise the command says what to change."""
     state = current_state()
-    _check_new_key_source(new_key_file, new_master_key_env, new_passphrase_env, new_master_key_uri, install)
-    current = state.keyring(new_store=True)  # the source only: open() checks the key
+    new = _new_source(new_key_file, new_master_key_env, new_passphrase_env, new_master_key_uri, install)
+    current = state.keyring()  # the source only: open() checks the key
     if install and current.key_file is None:
         raise click.UsageError("--install replaces the current key file, but this store's key is not from a file")
     made: Path | None = None
-    new = State()
-    new.master_key_env, new.passphrase_env = new_master_key_env, new_passphrase_env
-    new.master_key_uri = new_master_key_uri
     with state.open() as pad:
         if install:
             _check_key_file_serves_only(state.key_file, pad.store_id)
@@ -359,7 +354,7 @@ def rotate_master(
         # beside, and a store it still opens can be given it with --key-file.
         kept = _keep_old_key(state.key_file) if install else None
         try:
-            new_keyring = new.keyring(new_store=True)
+            new_keyring = new.keyring()
             bar, update = _progress_bar("re-wrapping owner keys")
             with bar:
                 report = pad.rotate_master_key(new_keyring, progress=update)
@@ -379,25 +374,29 @@ def rotate_master(
         print_note(f"next: {report['next']}", "bold")
 
 
-def _check_new_key_source(
-    new_key_file: Path | None,
-    new_master_key_env: str | None,
-    new_passphrase_env: str | None,
-    new_master_key_uri: str | None,
+def _new_source(
+    key_file: Path | None,
+    master_key_env: str | None,
+    passphrase_env: str | None,
+    master_key_uri: str | None,
     install: bool,
-) -> None:
-    """Exactly one source of the new master key; ``--install`` only with a key file (or none).
+) -> State:
+    """The new master key's source (its key file is set once it is known): exactly
+    one source; ``--install`` only with a key file (or none).
 
     Raises:
         click.UsageError: the options do not name one source.
     """
-    chosen = [o for o in (new_key_file, new_master_key_env, new_passphrase_env, new_master_key_uri) if o]
+    chosen = [o for o in (key_file, master_key_env, passphrase_env, master_key_uri) if o]
     if len(chosen) > 1 or (not chosen and not install):
         raise click.UsageError(
             "give exactly one of --new-key-file, --new-master-key-env, --new-passphrase-env, --new-master-key-uri"
         )
-    if install and (new_master_key_env or new_passphrase_env or new_master_key_uri):
+    if install and (master_key_env or passphrase_env or master_key_uri):
         raise click.UsageError("--install installs a key file: use it with --new-key-file or alone")
+    new = State()
+    new.master_key_env, new.passphrase_env, new.master_key_uri = master_key_env, passphrase_env, master_key_uri
+    return new
 
 
 def _next_without_key_file(new: State, new_keyring: Keyring, old_key_file: Path | None) -> str:
@@ -468,9 +467,7 @@ def _keep_old_key(key_file: Path) -> Path:
     except OSError:
         pass  # a file system without hard links: copy it
     try:
-        fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(key_file.read_bytes())
+        write_new_file(kept, key_file.read_bytes())
     except OSError as exc:
         raise SecurepadError(f"cannot keep the current key at {kept}: {exc.strerror or exc}") from None
     return kept

@@ -157,12 +157,12 @@ class State:
                 " SECUREPAD_DB); to use an existing store, point --db or SECUREPAD_DB at it"
             )
 
-    def keyring(self, *, new_store: bool = False) -> Keyring:
-        """The master key's source. A key file is created only for a new store.
+    def keyring(self) -> Keyring:
+        """The master key's source; the store's open decides whether the key is
+        its own (the library creates a key file only for a new store).
 
         Raises:
             click.UsageError: more than one key source, or an unset variable.
-            NotFoundError: the key file is missing for an existing store.
             KeySourceUriError: the master key URI is malformed.
         """
         from .. import Keyring
@@ -182,8 +182,6 @@ class State:
             if not passphrase:
                 raise click.UsageError(f"environment variable {self.passphrase_env} (--passphrase-env) is not set")
             return Keyring.from_passphrase(passphrase)
-        if not new_store and not self.key_file.exists():
-            raise self.missing_key()
         return Keyring.from_key_file(self.key_file)
 
     def admin_dsn(self) -> str | None:
@@ -199,13 +197,6 @@ class State:
         if not self.admin.startswith(_PG_SCHEMES):
             raise click.UsageError("--admin (SECUREPAD_ADMIN_DB) takes a postgresql:// DSN")
         return self.admin
-
-    def missing_key(self) -> NotFoundError:
-        return NotFoundError(
-            f"no key file at {self.key_file.absolute()}: opening an existing store never creates a key; give this"
-            " store's key with --key-file (SECUREPAD_KEY_FILE), --master-key-env, --passphrase-env or"
-            " --master-key-uri (SECUREPAD_MASTER_KEY_URI)"
-        )
 
     def _open(self, keyring: Keyring, **options: Any) -> Scratchpad:
         """``Scratchpad.open`` with the global options; the library never creates a
@@ -225,7 +216,11 @@ class State:
             )
         except WrongKeyError:
             if keyring.key_file is not None and not keyring.key_file.exists():
-                raise self.missing_key() from None
+                raise NotFoundError(
+                    f"no key file at {self.key_file.absolute()}: opening an existing store never creates a key; give"
+                    " this store's key with --key-file (SECUREPAD_KEY_FILE), --master-key-env, --passphrase-env or"
+                    " --master-key-uri (SECUREPAD_MASTER_KEY_URI)"
+                ) from None
             raise
 
     def open(self, *, adopt_anchor: bool = False) -> Scratchpad:
@@ -234,7 +229,7 @@ class State:
         The store is opened before an absent key file is reported, so that a
         path that is no store says so first."""
         self.require_store()  # before the store's layers are imported: a missing store is reported without them
-        pad = self._open(self.keyring(new_store=True), adopt_anchor=adopt_anchor)
+        pad = self._open(self.keyring(), adopt_anchor=adopt_anchor)
         note_key_use(pad)
         return pad
 
@@ -246,7 +241,7 @@ class State:
         PostgreSQL store is not checked here: the library creates an absent key
         file only if the store turns out to be new."""
         self.refuse_empty_file()
-        keyring = self.keyring(new_store=True)
+        keyring = self.keyring()
         key_existed = keyring.key_file is not None and keyring.key_file.exists()
         pad = self._open(keyring)
         key_created = keyring.key_file is not None and not key_existed

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -78,6 +80,23 @@ def print_json(value: Any) -> None:
 def print_line(text: str) -> None:
     """A line of plain text (never markup), stripped for the terminal."""
     console().print(plain(text), highlight=False, soft_wrap=True)
+
+
+def write_new_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to the new file ``path``, mode 0600 (an entry or a key may be
+    private); a file the write failed to fill is removed.
+
+    Raises:
+        FileExistsError: the file exists (it is left alone).
+        OSError: it cannot be written.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+    except OSError:
+        path.unlink(missing_ok=True)
+        raise
 
 
 def print_note(text: str, style: str) -> None:

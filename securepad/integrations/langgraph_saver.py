@@ -235,7 +235,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
         ttl = max(1, min(self.ttl_seconds, int(expiry - now)))
         turn = self.records.turn(principal, "thread", thread_id)
         self.records.put(principal, turn, CHECKPOINT, observation, ttl, now)
-        return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
+        return _config(thread_id, ns, checkpoint["id"])
 
     def put_writes(
         self,
@@ -376,6 +376,10 @@ def _thread_of(config: RunnableConfig) -> tuple[str, str]:
     return str(thread_id), str(configurable.get("checkpoint_ns") or "")
 
 
+def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
+
+
 def _checkpoint_tuple(saver: SecurepadSaver, principal: Principal, thread_id: str, stored: Stored) -> CheckpointTuple:
     """The checkpoint of ``stored`` as LangGraph wants it, with its big values and pending writes."""
     meta, content = saver.records.opened(principal, stored, f"checkpoint {stored.meta['checkpoint_id']}")
@@ -386,20 +390,12 @@ def _checkpoint_tuple(saver: SecurepadSaver, principal: Principal, thread_id: st
         value_meta, data = saver.records.value_content(principal, thread_id, ns, channel, version, value_id)
         values[channel] = saver.serde.loads_typed((value_meta["type"], data))
     checkpoint["channel_values"] = values
-    config: RunnableConfig = {
-        "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
-    }
     parent = meta["parent_checkpoint_id"]
-    parent_config: RunnableConfig | None = (
-        {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": parent}}
-        if parent is not None
-        else None
-    )
     return CheckpointTuple(
-        config=config,
+        config=_config(thread_id, ns, checkpoint_id),
         checkpoint=checkpoint,
         metadata=meta["metadata"],
-        parent_config=parent_config,
+        parent_config=None if parent is None else _config(thread_id, ns, parent),
         pending_writes=saver.records.pending_writes(principal, thread_id, ns, checkpoint_id, saver.serde.loads_typed),
     )
 
