@@ -40,7 +40,6 @@ from .tables.records import Records
 __all__ = [
     "NEAR_KEY",
     "QUICK_GC_RECOUNT_ROWS",
-    "AnchorOption",
     "Anchoring",
     "Assembly",
     "Parts",
@@ -48,9 +47,8 @@ __all__ = [
     "resolve_policy",
 ]
 
-# Scratchpad.open's anchor: a path, None (beside the key file) or False (none).
-AnchorOption = str | os.PathLike[str] | bool | None
-Anchoring = tuple[AnchorOption, bool]  # (anchor, adopt_anchor)
+# Scratchpad.open's (anchor, adopt_anchor); the anchor: a path, None (beside the key file) or False (none).
+Anchoring = tuple[str | os.PathLike[str] | bool | None, bool]
 NEAR_KEY: Anchoring = (None, False)
 
 _PG_SCHEMES = ("postgresql://", "postgres://")

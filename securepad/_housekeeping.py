@@ -1,11 +1,6 @@
-"""The whole-store work of ``Scratchpad``: the key lifecycle (rotations,
-forgetting an owner, dropping a turn) and the upkeep (expiry, scrubbing,
-verification, counts).
-
-``Housekeeping`` is one face of ``Scratchpad`` (which inherits it): each
-method validates and documents, then hands the work to the layer that owns
-it (``_assembly.Assembly``, ``maintenance/``, the storage engine).
-"""
+"""``Housekeeping``, the face of ``Scratchpad`` (which inherits it) for the
+whole-store work: the key lifecycle and the upkeep (expiry, scrubbing,
+verification, counts), each handed to the layer that owns it."""
 
 from __future__ import annotations
 

@@ -22,9 +22,6 @@ from .options import (
     current_state,
     emit,
     global_options,
-    principal_options,
-    turn_option,
-    yes_option,
 )
 from .output import console, for_terminal, plain, print_json, print_line, print_note, to_json, write_new_file
 
@@ -125,9 +122,7 @@ def _decode(raw: bytes, kind: str) -> Any:
     return raw
 
 
-@command(main)
-@principal_options
-@turn_option
+@command(main, principal=True, turn=True)
 @click.option("--step", "step_num", type=int, required=True, help="Step number within the turn (one live entry each).")
 @click.option("--executor", "executor_name", default="cli", show_default=True, help="Tool that produced it.")
 @click.option(
@@ -179,8 +174,7 @@ def _entry_bytes(observation: Any, kind: str) -> bytes:
     return (json.dumps(observation, ensure_ascii=False, indent=2) + "\n").encode("utf-8")
 
 
-@command(main)
-@principal_options
+@command(main, principal=True)
 @click.argument("scratchpad_id")
 @click.option("--turn", "turn_id", default=None, help="Only an entry of this turn.")
 @click.option(
@@ -234,8 +228,7 @@ def _write_new_file(path: Path, data: bytes) -> None:
         raise SecurepadError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-@command(main)
-@principal_options
+@command(main, principal=True)
 @click.argument("scratchpad_id")
 def delete(principal: Principal, scratchpad_id: str) -> None:
     """Delete one entry of the owner's (Scratchpad.delete): zeroed in the file, its
@@ -255,8 +248,7 @@ _HINT_ARGUMENT = re.compile(r"\b(mode|start|end)=('?)([\w-]+)\2")
 _HINT_CAP = re.compile(r"cut to the read cap of \d+ (characters|bytes)")
 
 
-@command(main)
-@principal_options
+@command(main, principal=True)
 @click.argument("scratchpad_id")
 @click.option(
     "--mode",
@@ -321,9 +313,7 @@ def _cli_hint(hint: str, cap: int) -> str:
     return hint.replace("--mode", "read --mode").replace(", --", " --")
 
 
-@command(main, name="list")
-@principal_options
-@turn_option
+@command(main, name="list", principal=True, turn=True)
 def list_(principal: Principal, turn: str) -> None:
     """List a turn's live entries that the owner may see."""
     with current_state().open() as pad:
@@ -334,15 +324,9 @@ def list_(principal: Principal, turn: str) -> None:
 
         table = Table("step", "id", "executor", "kind", "bytes", "summary")
         for e in entries:
-            first_line = e["summary"].splitlines()[0] if e["summary"] else ""
-            table.add_row(
-                plain(e["step_num"]),
-                plain(e["scratchpad_id"]),
-                plain(e["executor_name"]),
-                plain(e["kind"]),
-                plain(e["size_bytes"]),
-                plain(first_line[:60]),
-            )
+            first_line = e["summary"].splitlines()[0][:60] if e["summary"] else ""
+            cells = (e["step_num"], e["scratchpad_id"], e["executor_name"], e["kind"], e["size_bytes"], first_line)
+            table.add_row(*map(plain, cells))
         console().print(table)
 
     emit([{k: v for k, v in e.items() if k != "view"} for e in rows], render)
@@ -354,9 +338,7 @@ def turn_group() -> None:
     """Inspect or drop an owner's turns."""
 
 
-@command(turn_group, name="show")
-@principal_options
-@turn_option
+@command(turn_group, name="show", principal=True, turn=True)
 def turn_show(principal: Principal, turn: str) -> None:
     """Print a turn's history: what the model saw of each live step (beginning a turn collects expired entries)."""
     with current_state().open() as pad:
@@ -380,10 +362,7 @@ def turn_show(principal: Principal, turn: str) -> None:
     emit(steps, render)
 
 
-@command(turn_group, name="drop")
-@principal_options
-@turn_option
-@yes_option
+@command(turn_group, name="drop", principal=True, turn=True, yes=True)
 def turn_drop(principal: Principal, turn: str, yes: bool) -> None:
     """Delete an owner's turn whole (Scratchpad.drop_turn): every entry of every
     actor and channel of the owner, its checkpoints and compaction marks, and its
@@ -402,9 +381,7 @@ def turn_drop(principal: Principal, turn: str, yes: bool) -> None:
     )
 
 
-@command(main)
-@principal_options
-@turn_option
+@command(main, principal=True, turn=True)
 def mcp(principal: Principal, turn: str) -> None:
     """Serve scratchpad_read and scratchpad_list for one turn over MCP (stdio).
 

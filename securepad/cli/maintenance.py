@@ -17,7 +17,7 @@ from click.core import ParameterSource
 from .. import InvalidArgumentError, Principal, SecurepadError
 from .commands import main
 from .key_files import key_file_use, record_key_file_use
-from .options import SecurepadSubgroup, State, command, confirmed, current_state, emit, global_options, yes_option
+from .options import SecurepadSubgroup, State, command, confirmed, current_state, emit, global_options
 from .output import console, for_terminal, plain, print_line, print_note, progress, write_new_file
 
 if TYPE_CHECKING:
@@ -46,9 +46,8 @@ def backup(dest: Path) -> None:
     emit(result, lambda v: print_line(f"backed up to {v['backup']} ({v['bytes']} bytes)"))
 
 
-@command(main)
+@command(main, yes=True)
 @click.argument("src", type=click.Path(path_type=Path, dir_okay=False))
-@yes_option
 def restore(src: Path, yes: bool) -> None:
     """Put the backup SRC in place of the store (--db), accepting it as current.
 
@@ -80,8 +79,7 @@ def restore(src: Path, yes: bool) -> None:
     emit(result, render, ok=result["verify"]["ok"])
 
 
-@command(main, name="anchor-adopt")
-@yes_option
+@command(main, name="anchor-adopt", yes=True)
 def anchor_adopt(yes: bool) -> None:
     """Accept this copy of the store as current and reset its snapshot-rollback anchor.
 
@@ -210,15 +208,14 @@ def _render_verify(r: dict[str, Any]) -> None:
     )
     if r["ok"]:
         console().print(Text("verify: no problem found", "green"), soft_wrap=True)
-        _print_wrapped(f"{counts}, {r['seconds']} s", 2)
-        return
-    table = Table("owner", "turn", "id", "what", "problem", title=plain(f"{len(r['problems'])} problems"))
-    for p in r["problems"]:
-        table.add_row(
-            *(plain("" if p[k] is None else p[k]) for k in ("owner_user_id", "turn_id", "id", "what", "problem"))
-        )
-    console().print(table)
-    console().print(Text("verify FAILED", "bold red"), soft_wrap=True)
+    else:
+        table = Table("owner", "turn", "id", "what", "problem", title=plain(f"{len(r['problems'])} problems"))
+        for p in r["problems"]:
+            table.add_row(
+                *(plain("" if p[k] is None else p[k]) for k in ("owner_user_id", "turn_id", "id", "what", "problem"))
+            )
+        console().print(table)
+        console().print(Text("verify FAILED", "bold red"), soft_wrap=True)
     _print_wrapped(f"{counts}, {r['seconds']} s", 2)
 
 
@@ -504,9 +501,8 @@ def rotate_owner(owner: str) -> None:
     _show_report(report, "owner key rotated")
 
 
-@command(main, name="forget-owner")
+@command(main, name="forget-owner", yes=True)
 @click.argument("owner")
-@yes_option
 def forget_owner(owner: str, yes: bool) -> None:
     """Crypto-shred OWNER: delete its keys and entries and scrub them from the files.
 

@@ -16,7 +16,7 @@ import click
 from click.core import ParameterSource
 
 from .. import NotFoundError, Principal, SecurepadError, StoreCorruptError, WrongKeyError
-from .failures import ABORTED, INTERRUPTED, USAGE_ERROR, SecurepadGroup, fail
+from .failures import ABORTED, INTERRUPTED, USAGE_ERROR, SecurepadGroup
 from .key_files import KeyFileUse, record_key_file_use
 from .output import to_json
 
@@ -29,20 +29,14 @@ __all__ = [
     "ENV_HELP",
     "INTERRUPTED",
     "USAGE_ERROR",
-    "SecurepadCommand",
     "SecurepadGroup",
     "SecurepadSubgroup",
     "State",
     "command",
+    "confirmed",
     "current_state",
-    "default_db_path",
     "emit",
-    "fail",
     "global_options",
-    "note_key_use",
-    "principal_options",
-    "required",
-    "turn_option",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -486,10 +480,16 @@ class SecurepadSubgroup(_GlobalOptionsLast, click.Group):
     """A group of subcommands (``keys``, ``turn``) whose help puts the global options last."""
 
 
-def command(group: click.Group, *args: Any, **kwargs: Any) -> Callable[[F], F]:
-    """A subcommand of ``group`` that also takes the global options."""
+def command(
+    group: click.Group, *args: Any, principal: bool = False, turn: bool = False, yes: bool = False, **kwargs: Any
+) -> Callable[[F], F]:
+    """A subcommand of ``group`` that also takes the global options, and the
+    principal's (``principal_options``), ``--turn`` and ``--yes`` when asked, in that order."""
 
     def decorate(func: F) -> F:
+        for wanted, options in ((yes, yes_option), (turn, turn_option), (principal, principal_options)):
+            if wanted:
+                func = options(func)
         group.command(*args, cls=SecurepadCommand, **kwargs)(global_options(func))
         return func
 

@@ -42,7 +42,6 @@ __all__ = [
     "expect",
     "highest",
     "keyed_turn",
-    "newest_per_namespace",
     "scope_of",
     "sealed",
     "turn_id",
@@ -115,16 +114,6 @@ def sealed(meta: dict[str, Any], data: bytes) -> dict[str, Any]:
     if len(data) <= META_DATA_BYTES:
         return {"content": b"", "metadata": {**meta, "data": base64.b64encode(data).decode("ascii")}}
     return {"content": data, "metadata": meta}
-
-
-def newest_per_namespace(listed: list[Stored]) -> list[Stored]:
-    """Each namespace's newest checkpoint among ``listed``."""
-    newest: dict[str, Stored] = {}
-    for stored in listed:
-        current = newest.get(stored.meta["ns"])
-        if current is None or stored.meta["checkpoint_id"] > current.meta["checkpoint_id"]:
-            newest[stored.meta["ns"]] = stored
-    return list(newest.values())
 
 
 def highest(listed: list[Stored], ns: str, checkpoint_id: str | None) -> Stored | None:

@@ -57,8 +57,8 @@ from ._saver_records import (
     Stored,
     ThreadList,
     copy_checkpoints,
+    highest,
     keyed_turn,
-    newest_per_namespace,
     sealed,
     turn_id,
 )
@@ -321,7 +321,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
                 continue
             principal = self._who({"configurable": {"thread_id": thread_id}})
             listed = self.records.checkpoints(principal, thread_id)
-            kept = newest_per_namespace(listed)
+            kept = [found for ns in {s.meta["ns"] for s in listed} if (found := highest(listed, ns, None))]
             self.records.drop(principal, thread_id, [s for s in listed if s not in kept], kept)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
