@@ -198,7 +198,12 @@ def get(principal: Principal, scratchpad_id: str, turn_id: str | None, output: P
     fields = {k: getattr(entry, k) for k in ("scratchpad_id", "turn_id", "step_num", "executor_name", "kind")}
     fields |= {"size_bytes": len(data)}
     if output is not None:
-        _write_new_file(output, data)
+        try:
+            write_new_file(output, data)
+        except FileExistsError:
+            raise InvalidArgumentError(f"{output} exists: get never writes over a file") from None
+        except OSError as exc:
+            raise SecurepadError(f"cannot write {output}: {exc.strerror or exc}") from None
         emit({**fields, "output": str(output)}, lambda v: print_line(f"wrote {v['size_bytes']} bytes to {v['output']}"))
         return
     if state.as_json:
@@ -216,16 +221,6 @@ def get(principal: Principal, scratchpad_id: str, turn_id: str | None, output: P
         )
     else:
         click.echo(for_terminal(data.decode("utf-8")), nl=not data.endswith(b"\n"))
-
-
-def _write_new_file(path: Path, data: bytes) -> None:
-    """``write_new_file``, its failures as securepad errors."""
-    try:
-        write_new_file(path, data)
-    except FileExistsError:
-        raise InvalidArgumentError(f"{path} exists: get never writes over a file") from None
-    except OSError as exc:
-        raise SecurepadError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 @command(main, principal=True)

@@ -279,15 +279,12 @@ def _print_wrapped(text: str, indent: int) -> None:
         print_line(line)
 
 
-def _progress_bar(label: str) -> tuple[Any, Callable[[int, int], None]]:
-    """A progress bar on stderr and its callback; ``label`` is shown as plain text."""
-    bar = progress(transient=current_state().as_json)
-    task = bar.add_task(for_terminal(label), total=None)
-
-    def update(done: int, total: int) -> None:
-        bar.update(task, completed=done, total=total)
-
-    return bar, update
+@contextlib.contextmanager
+def _progress_bar(label: str) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar on stderr, shown while the block runs, and its callback; ``label`` is plain text."""
+    with progress(transient=current_state().as_json) as bar:
+        task = bar.add_task(for_terminal(label), total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 def _show_report(report: dict[str, Any], title: str, *, ok: bool = True) -> None:
@@ -352,8 +349,7 @@ def rotate_master(
         kept = _keep_old_key(state.key_file) if install else None
         try:
             new_keyring = new.keyring()
-            bar, update = _progress_bar("re-wrapping owner keys")
-            with bar:
+            with _progress_bar("re-wrapping owner keys") as update:
                 report = pad.rotate_master_key(new_keyring, progress=update)
         except BaseException:
             if made is not None:
@@ -494,10 +490,8 @@ def _check_key_file_serves_only(key_file: Path, store_id: str) -> None:
 @click.argument("owner")
 def rotate_owner(owner: str) -> None:
     """Give OWNER a new key version, re-wrap its item keys, retire the old versions."""
-    with current_state().open() as pad:
-        bar, update = _progress_bar(f"re-wrapping {owner}'s item keys")
-        with bar:
-            report = pad.rotate_owner_key(owner, progress=update)
+    with current_state().open() as pad, _progress_bar(f"re-wrapping {owner}'s item keys") as update:
+        report = pad.rotate_owner_key(owner, progress=update)
     _show_report(report, "owner key rotated")
 
 

@@ -130,10 +130,14 @@ class SecurepadSaver(ThreadedAsyncSaver):
             raise InvalidArgumentError("principal_from_config must return a securepad.Principal")
         return principal
 
-    def get_next_version(self, current: str | None, channel: None) -> str:
+    def get_next_version(self, current: str | int | None, channel: None) -> str:
         """Versions unique per write (a counter and a random part), as LangGraph's
         own savers make them: a channel value is stored once per version."""
-        return _next_version(current)
+        if current is None or isinstance(current, int):
+            number = current or 0
+        else:
+            number = int(str(current).split(".")[0])
+        return f"{number + 1:032}.{random.random():016}"  # noqa: S311 (a tie-breaker, not a secret)
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint of ``config`` (its ``checkpoint_id``, else the thread's
@@ -210,9 +214,8 @@ class SecurepadSaver(ThreadedAsyncSaver):
                     self.records.note_inline(principal, thread_id, ns, channel, version)
                     continue
                 known = self.records.put_value(principal, thread_id, ns, channel, version, kind, data, now)
-            stored = known
-            referenced[channel] = [version, stored.scratchpad_id]
-            expiry = min(expiry, stored.expires_at)
+            referenced[channel] = [version, known.scratchpad_id]
+            expiry = min(expiry, known.expires_at)
         body = {**checkpoint, "channel_values": inline}
         kind, data = self.serde.dumps_typed(body)
         try:
@@ -398,17 +401,6 @@ def _checkpoint_tuple(saver: SecurepadSaver, principal: Principal, thread_id: st
         parent_config=None if parent is None else _config(thread_id, ns, parent),
         pending_writes=saver.records.pending_writes(principal, thread_id, ns, checkpoint_id, saver.serde.loads_typed),
     )
-
-
-def _next_version(current: str | int | None) -> str:
-    """The version after ``current``: its counter plus one, and a random tie-breaker."""
-    if current is None:
-        number = 0
-    elif isinstance(current, int):
-        number = current
-    else:
-        number = int(str(current).split(".")[0])
-    return f"{number + 1:032}.{random.random():016}"  # noqa: S311 (a tie-breaker, not a secret)
 
 
 def _selected(
