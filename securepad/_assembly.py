@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,6 @@ from .tables.records import Records
 __all__ = [
     "NEAR_KEY",
     "QUICK_GC_RECOUNT_ROWS",
-    "AnchorOption",
     "Anchoring",
     "Assembly",
     "Parts",
@@ -48,9 +47,8 @@ __all__ = [
     "resolve_policy",
 ]
 
-# Scratchpad.open's anchor: a path, None (beside the key file) or False (none).
-AnchorOption = str | os.PathLike[str] | bool | None
-Anchoring = tuple[AnchorOption, bool]  # (anchor, adopt_anchor)
+# Scratchpad.open's (anchor, adopt_anchor); the anchor: a path, None (beside the key file) or False (none).
+Anchoring = tuple[str | os.PathLike[str] | bool | None, bool]
 NEAR_KEY: Anchoring = (None, False)
 
 _PG_SCHEMES = ("postgresql://", "postgres://")
@@ -185,7 +183,7 @@ class Assembly:
 
     def close(self) -> None:
         """``Scratchpad.close``: key-use counts, then the anchor, then the connections."""
-        with _closing(self.parts.db):
+        try:
             with contextlib.suppress(SecurepadError):  # a busy or broken store: the counts stay low by < 256 a key
                 self.parts.keys.flush_wraps()
             # A full or busy store cannot advance its counter now: the writes
@@ -193,25 +191,14 @@ class Assembly:
             if self.anchor is not None:
                 with contextlib.suppress(StorageFullError, StoreBusyError):
                     self.anchor.close()
+        finally:
+            self.parts.db.close()
 
     def rotate_master_key(self, new_keyring: Keyring, progress: Progress | None) -> dict[str, Any]:
         """``Scratchpad.rotate_master_key``; the anchor follows the key file."""
         done = lifecycle.rotate_master_key(self.parts.db, self.parts.keys, new_keyring, progress=progress)
         self.anchor = _move_anchor(self.anchor, self.parts.keys, new_keyring)
         return done
-
-    def rotate_owner_key(self, owner_user_id: str, progress: Progress | None) -> dict[str, Any]:
-        """``Scratchpad.rotate_owner_key``."""
-        db, keys, heads = self.parts.db, self.parts.keys, self.parts.heads
-        return lifecycle.rotate_owner_key(db, keys, owner_user_id, progress=progress, heads=heads)
-
-    def forget_owner(self, owner_user_id: str) -> dict[str, Any]:
-        """``Scratchpad.forget_owner``."""
-        return lifecycle.forget_owner(self.parts.db, self.parts.keys, owner_user_id)
-
-    def drop_turn(self, owner_user_id: str, turn_id: str) -> dict[str, Any]:
-        """``Scratchpad.drop_turn``."""
-        return lifecycle.drop_turn(self.parts.db, self.parts.heads, owner_user_id, turn_id)
 
     def gc(self, now: float | None, *, wait: bool) -> int:
         """``Scratchpad.gc``: heads pruned, expired entries and records deleted in
@@ -293,14 +280,6 @@ def _open_anchor(db: Backend, keys: Keystore, policy: Policy, anchoring: Anchori
     )
     anchor.open(adopt=adopt)
     return anchor
-
-
-@contextlib.contextmanager
-def _closing(db: Backend) -> Iterator[None]:
-    try:
-        yield
-    finally:
-        db.close()
 
 
 def _move_anchor(anchor: Anchor | None, keys: Keystore, new_keyring: Keyring) -> Anchor | None:

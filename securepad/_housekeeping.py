@@ -1,11 +1,6 @@
-"""The whole-store work of ``Scratchpad``: the key lifecycle (rotations,
-forgetting an owner, dropping a turn) and the upkeep (expiry, scrubbing,
-verification, counts).
-
-``Housekeeping`` is one face of ``Scratchpad`` (which inherits it): each
-method validates and documents, then hands the work to the layer that owns
-it (``_assembly.Assembly``, ``maintenance/``, the storage engine).
-"""
+"""``Housekeeping``, the face of ``Scratchpad`` (which inherits it) for the
+whole-store work: the key lifecycle and the upkeep (expiry, scrubbing,
+verification, counts), each handed to the layer that owns it."""
 
 from __future__ import annotations
 
@@ -15,6 +10,7 @@ from ._assembly import Assembly, Parts
 from .errors import InvalidArgumentError
 from .keys.keyring import Keyring
 from .keys.keystore import Progress
+from .maintenance import lifecycle
 from .maintenance.verify import verify_store
 from .principal import Principal
 
@@ -37,11 +33,12 @@ class Housekeeping:
 
     def rotate_owner_key(self, owner_user_id: str, *, progress: Progress | None = None) -> dict[str, Any]:
         """New key version for an owner, old ones retired; see ``lifecycle.rotate_owner_key``."""
-        return self._assembly.rotate_owner_key(owner_user_id, progress)
+        parts = self._parts
+        return lifecycle.rotate_owner_key(parts.db, parts.keys, owner_user_id, progress=progress, heads=parts.heads)
 
     def forget_owner(self, owner_user_id: str) -> dict[str, Any]:
         """Crypto-shred an owner's keys and entries; see ``lifecycle.forget_owner``."""
-        return self._assembly.forget_owner(owner_user_id)
+        return lifecycle.forget_owner(self._parts.db, self._parts.keys, owner_user_id)
 
     def drop_turn(self, owner_user_id: str, turn_id: str) -> dict[str, Any]:
         """Delete an owner's turn whole (entries, records, head), whatever its
@@ -53,7 +50,7 @@ class Housekeeping:
             IntegrityError: the owner's owner head or usage head fails authentication.
             StoreBusyError: the write lock was not obtained in time.
         """
-        return self._assembly.drop_turn(owner_user_id, turn_id)
+        return lifecycle.drop_turn(self._parts.db, self._parts.heads, owner_user_id, turn_id)
 
     # -- upkeep ----------------------------------------------------------------------
 

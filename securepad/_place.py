@@ -1,9 +1,6 @@
-"""Where an open store lives, and its copies: the location, the file, the
-engine, the schema upgrade its open made, ``backup`` and ``restore``.
-
-``Place`` is one face of ``Scratchpad`` (which inherits it); the file work of
-a restore is ``_restore.py``.
-"""
+"""``Place``, the face of ``Scratchpad`` (which inherits it) for where an open
+store lives and its copies: the location, the file, the engine, the schema
+upgrade its open made, ``backup`` and ``restore`` (its file work: ``_restore``)."""
 
 from __future__ import annotations
 
@@ -22,7 +19,7 @@ __all__ = ["Place", "sqlite_of_parts"]
 
 
 class Place:
-    """Where an open store lives, and its copies (a face of ``Scratchpad``)."""
+    """Where an open store lives, and its copies."""
 
     _parts: Parts
     store_id: str
@@ -74,7 +71,7 @@ class Place:
         Raises:
             SecurepadError: the store is on PostgreSQL (see ``location``).
         """
-        return self._sqlite().path
+        return sqlite_of_parts(self._parts).path
 
     @property
     def location(self) -> str:
@@ -168,9 +165,6 @@ class Place:
         with cls.open(target, keyring=keyring, policy=resolved, anchor=anchor, adopt_anchor=True) as pad:
             report = pad.verify(now=now)
         return {"restored": str(target), "source": str(source), "replaced": replaced, "verify": report}
-
-    def _sqlite(self) -> Database:
-        return sqlite_of_parts(self._parts)
 
 
 def sqlite_of_parts(parts: Parts) -> Database:

@@ -19,7 +19,7 @@ from .errors import InvalidArgumentError, StoreBusyError
 from .principal import Principal
 from .store import Scratchpad, listed, parts
 
-__all__ = ["keyed_or_former", "keyed_turn_name", "newest_first", "put_next", "turn_in_use"]
+__all__ = ["keyed_or_former", "keyed_turn_name", "newest_first", "put_next"]
 
 
 def keyed_turn_name(pad: Scratchpad, principal: Principal, *ids: Any) -> str:
@@ -29,16 +29,6 @@ def keyed_turn_name(pad: Scratchpad, principal: Principal, *ids: Any) -> str:
     cannot be recomputed from a guess of the ids without the store's key."""
     message = json.dumps(list(ids), separators=(",", ":")).encode()
     return parts(pad).keys.counter_seal.turn_name(principal.owner_user_id, message)
-
-
-def turn_in_use(pad: Scratchpad, principal: Principal, turn_id: str, *, now: float | None = None) -> bool:
-    """Whether the turn holds a live entry in the principal's scope (its newest
-    step, checked against its head: one small read).
-
-    Raises:
-        IntegrityError, StoreBusyError: as for a read of the turn.
-    """
-    return parts(pad).listings.last_step(principal, turn_id, now) > 0
 
 
 def newest_first(
@@ -62,18 +52,19 @@ def keyed_or_former(
     """The turn an integration's thread or session lives in, as the principal's
     scope finds it, and whether its keyed turn holds entries (then the caller
     may remember it). The keyed turn is looked at first, and its head decides
-    (``turn_in_use``): a former turn, holding entries (written before keyed
-    names) or put back from an older copy, never shadows a keyed turn with
-    entries, nor one whose entries were removed from the file (refused). The
-    former turn only when the keyed one is empty and it is not; else the
-    keyed one (one small read, two when the keyed turn is empty).
+    (its newest live step, checked against its head: one small read): a
+    former turn, holding entries (written before keyed names) or put back
+    from an older copy, never shadows a keyed turn with entries, nor one
+    whose entries were removed from the file (refused). The former turn only
+    when the keyed one is empty and it is not; else the keyed one.
 
     Raises:
         IntegrityError, StoreBusyError: as for a read of either turn.
     """
-    if turn_in_use(pad, principal, keyed, now=now):
+    listings = parts(pad).listings
+    if listings.last_step(principal, keyed, now) > 0:
         return keyed, True
-    return (former if turn_in_use(pad, principal, former, now=now) else keyed), False
+    return (former if listings.last_step(principal, former, now) > 0 else keyed), False
 
 
 def put_next(

@@ -298,7 +298,7 @@ def _read_policy_file(path: Path, checked: bool, shipped: tuple[str, ...]) -> st
 
 
 def _bundled_dir() -> Path:
-    """Where the shipped policies are: inside the installed package, or a checkout's ``policies/``."""
+    """Where the shipped policies are: inside an installed wheel, or a source checkout's ``policies/``."""
     installed = Path(str(resources.files("securepad"))) / "policies"
     if installed.is_dir():
         return installed
@@ -308,16 +308,10 @@ def _bundled_dir() -> Path:
 def bundled_policy_path(name: str) -> Path:
     """Path of a policy shipped with securepad (``default``, ``strict``...).
 
-    Installed wheels carry the files inside the package; a source checkout
-    keeps them in the top-level ``policies/`` folder.
-
     Raises:
         PolicyError: no shipped policy has that name.
     """
-    installed = resources.files("securepad") / "policies" / f"{name}.toml"
-    if installed.is_file():
-        return Path(str(installed))
-    checkout = Path(__file__).resolve().parent.parent / "policies" / f"{name}.toml"
-    if checkout.is_file():
-        return checkout
-    raise PolicyError(f"no shipped policy named {name!r}")
+    path = _bundled_dir() / f"{name}.toml"
+    if not path.is_file():
+        raise PolicyError(f"no shipped policy named {name!r}")
+    return path

@@ -132,7 +132,7 @@ class Turn:
         Raises:
             IntegrityError: a stored entry fails authentication.
         """
-        return [opened.meta["inline"] if "inline" in opened.meta else opened.view() for opened in self._opened(now)]
+        return [_shown(opened) for opened in self._opened(now)]
 
     def steps(self, *, now: float | None = None) -> list[dict[str, Any]]:
         """``history()`` with each step's ``step_num``, ``executor_name``,
@@ -147,7 +147,7 @@ class Turn:
                 "executor_name": opened.row["executor_name"],
                 "scratchpad_id": opened.row["id"],
                 "offloaded": "inline" not in opened.meta,
-                "shown": opened.meta["inline"] if "inline" in opened.meta else opened.view(),
+                "shown": _shown(opened),
             }
             for opened in self._opened(now)
         ]
@@ -288,14 +288,8 @@ class Turn:
         found = self._parts.records.load("checkpoints", self.principal, self.turn_id, now, latest=True)
         if not found:
             return None
-        record = found[0]
-        return {
-            "turn_id": self.turn_id,
-            "seq": record["seq"],
-            "created_at": record["created_at"],
-            "expires_at": record["expires_at"],
-            **record["payload"],
-        }
+        stamps = {key: found[0][key] for key in ("seq", "created_at", "expires_at")}
+        return {"turn_id": self.turn_id, **stamps, **found[0]["payload"]}
 
     def mark_compaction(self, *, ttl_seconds: int | None = None, now: float | None = None) -> dict[str, Any]:
         """Note that the runtime compacted its context now. The mark keeps
@@ -450,6 +444,11 @@ def record_next(
 
 
 # -- helpers ----------------------------------------------------------------------------
+
+
+def _shown(opened: Opened) -> Any:
+    """What the model saw of a step: the observation itself when inline, else its view."""
+    return opened.meta["inline"] if "inline" in opened.meta else opened.view()
 
 
 def _inline(observation: Any, step_num: int, policy: Policy) -> tuple[Any] | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -19,14 +18,12 @@ from .options import (
     SecurepadGroup,
     SecurepadSubgroup,
     command,
+    confirmed,
     current_state,
     emit,
     global_options,
-    principal_options,
-    required,
-    turn_option,
 )
-from .output import console, err_console, for_terminal, plain, print_json, print_line, to_json
+from .output import console, for_terminal, plain, print_json, print_line, print_note, to_json, write_new_file
 
 __all__ = ["bench", "main"]
 
@@ -46,10 +43,6 @@ def main() -> None:
     creates a store; every other command needs an existing one.
     """
     current_state()
-
-
-def _turn(turn_id: str | None) -> str:
-    return required(turn_id, "--turn", "SECUREPAD_TURN")
 
 
 # -- the commands ------------------------------------------------------------------------
@@ -129,9 +122,7 @@ def _decode(raw: bytes, kind: str) -> Any:
     return raw
 
 
-@command(main)
-@principal_options
-@turn_option
+@command(main, principal=True, turn=True)
 @click.option("--step", "step_num", type=int, required=True, help="Step number within the turn (one live entry each).")
 @click.option("--executor", "executor_name", default="cli", show_default=True, help="Tool that produced it.")
 @click.option(
@@ -145,7 +136,7 @@ def _decode(raw: bytes, kind: str) -> Any:
 @click.argument("source", type=click.File("rb"), default="-")
 def put(
     principal: Principal,
-    turn_id: str | None,
+    turn: str,
     step_num: int,
     executor_name: str,
     kind: str,
@@ -158,7 +149,6 @@ def put(
     Text and binary read from a file keep the file's name in the entry's
     metadata (``source``). Prints the new entry's id (the model's whole view
     with --json)."""
-    turn = _turn(turn_id)
     observation = _decode(source.read(), kind)
     name = getattr(source, "name", "-")
     if kind != "json" and isinstance(name, str) and name not in ("-", "<stdin>"):
@@ -184,8 +174,7 @@ def _entry_bytes(observation: Any, kind: str) -> bytes:
     return (json.dumps(observation, ensure_ascii=False, indent=2) + "\n").encode("utf-8")
 
 
-@command(main)
-@principal_options
+@command(main, principal=True)
 @click.argument("scratchpad_id")
 @click.option("--turn", "turn_id", default=None, help="Only an entry of this turn.")
 @click.option(
@@ -209,7 +198,12 @@ def get(principal: Principal, scratchpad_id: str, turn_id: str | None, output: P
     fields = {k: getattr(entry, k) for k in ("scratchpad_id", "turn_id", "step_num", "executor_name", "kind")}
     fields |= {"size_bytes": len(data)}
     if output is not None:
-        _write_new_file(output, data)
+        try:
+            write_new_file(output, data)
+        except FileExistsError:
+            raise InvalidArgumentError(f"{output} exists: get never writes over a file") from None
+        except OSError as exc:
+            raise SecurepadError(f"cannot write {output}: {exc.strerror or exc}") from None
         emit({**fields, "output": str(output)}, lambda v: print_line(f"wrote {v['size_bytes']} bytes to {v['output']}"))
         return
     if state.as_json:
@@ -229,29 +223,7 @@ def get(principal: Principal, scratchpad_id: str, turn_id: str | None, output: P
         click.echo(for_terminal(data.decode("utf-8")), nl=not data.endswith(b"\n"))
 
 
-def _write_new_file(path: Path, data: bytes) -> None:
-    """Write ``data`` to a new file, mode 0600 (an entry may be private).
-
-    Raises:
-        InvalidArgumentError: the file exists.
-        SecurepadError: it cannot be written.
-    """
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        raise InvalidArgumentError(f"{path} exists: get never writes over a file") from None
-    except OSError as exc:
-        raise SecurepadError(f"cannot write {path}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-    except OSError as exc:
-        path.unlink(missing_ok=True)
-        raise SecurepadError(f"cannot write {path}: {exc.strerror or exc}") from None
-
-
-@command(main)
-@principal_options
+@command(main, principal=True)
 @click.argument("scratchpad_id")
 def delete(principal: Principal, scratchpad_id: str) -> None:
     """Delete one entry of the owner's (Scratchpad.delete): zeroed in the file, its
@@ -271,8 +243,7 @@ _HINT_ARGUMENT = re.compile(r"\b(mode|start|end)=('?)([\w-]+)\2")
 _HINT_CAP = re.compile(r"cut to the read cap of \d+ (characters|bytes)")
 
 
-@command(main)
-@principal_options
+@command(main, principal=True)
 @click.argument("scratchpad_id")
 @click.option(
     "--mode",
@@ -303,38 +274,17 @@ _HINT_CAP = re.compile(r"cut to the read cap of \d+ (characters|bytes)")
 )
 @click.option(
     "--context",
-    "context_lines",
     type=click.IntRange(0, _READ_PROPERTIES["context"]["maximum"]),
     default=0,
     show_default=True,
     help="grep: lines around each match.",
 )
-def read(
-    principal: Principal,
-    scratchpad_id: str,
-    mode: str,
-    n: int,
-    start: int | None,
-    end: int | None,
-    pattern: str | None,
-    max_matches: int,
-    context_lines: int,
-) -> None:
+def read(principal: Principal, scratchpad_id: str, start: int | None, **options: Any) -> None:
     """Read part of an entry, as the model's read tool does: capped by the policy's
     max_read_chars, counted as the JSON the model sees (a quote or a line break
     costs its escape). `securepad get` returns a whole entry."""
     with current_state().open() as pad:
-        result = pad.read(
-            principal,
-            scratchpad_id,
-            mode=mode,
-            n=n,
-            start=start or 0,
-            end=end,
-            pattern=pattern,
-            max_matches=max_matches,
-            context=context_lines,
-        )
+        result = pad.read(principal, scratchpad_id, start=start or 0, **options)
         cap = pad.policy.max_read_chars
 
     def render(r: dict[str, Any]) -> None:
@@ -345,7 +295,7 @@ def read(
         status = f"{meta['size_returned']} of {meta['size_full']} {meta['unit']}, truncated={meta['truncated']}"
         if "hint" in meta:
             status += ", " + _cli_hint(meta["hint"], cap)
-        err_console().print(plain(status), style="dim", highlight=False, soft_wrap=True)
+        print_note(status, "dim")
 
     emit(result, render)
 
@@ -358,12 +308,9 @@ def _cli_hint(hint: str, cap: int) -> str:
     return hint.replace("--mode", "read --mode").replace(", --", " --")
 
 
-@command(main, name="list")
-@principal_options
-@turn_option
-def list_(principal: Principal, turn_id: str | None) -> None:
+@command(main, name="list", principal=True, turn=True)
+def list_(principal: Principal, turn: str) -> None:
     """List a turn's live entries that the owner may see."""
-    turn = _turn(turn_id)
     with current_state().open() as pad:
         rows = pad.list_for_turn(principal, turn)
 
@@ -372,15 +319,9 @@ def list_(principal: Principal, turn_id: str | None) -> None:
 
         table = Table("step", "id", "executor", "kind", "bytes", "summary")
         for e in entries:
-            first_line = e["summary"].splitlines()[0] if e["summary"] else ""
-            table.add_row(
-                plain(e["step_num"]),
-                plain(e["scratchpad_id"]),
-                plain(e["executor_name"]),
-                plain(e["kind"]),
-                plain(e["size_bytes"]),
-                plain(first_line[:60]),
-            )
+            first_line = e["summary"].splitlines()[0][:60] if e["summary"] else ""
+            cells = (e["step_num"], e["scratchpad_id"], e["executor_name"], e["kind"], e["size_bytes"], first_line)
+            table.add_row(*map(plain, cells))
         console().print(table)
 
     emit([{k: v for k, v in e.items() if k != "view"} for e in rows], render)
@@ -392,12 +333,9 @@ def turn_group() -> None:
     """Inspect or drop an owner's turns."""
 
 
-@command(turn_group, name="show")
-@principal_options
-@turn_option
-def turn_show(principal: Principal, turn_id: str | None) -> None:
+@command(turn_group, name="show", principal=True, turn=True)
+def turn_show(principal: Principal, turn: str) -> None:
     """Print a turn's history: what the model saw of each live step (beginning a turn collects expired entries)."""
-    turn = _turn(turn_id)
     with current_state().open() as pad:
         steps = pad.turn(principal, turn).steps()
 
@@ -419,22 +357,15 @@ def turn_show(principal: Principal, turn_id: str | None) -> None:
     emit(steps, render)
 
 
-@command(turn_group, name="drop")
-@principal_options
-@turn_option
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-def turn_drop(principal: Principal, turn_id: str | None, yes: bool) -> None:
+@command(turn_group, name="drop", principal=True, turn=True, yes=True)
+def turn_drop(principal: Principal, turn: str, yes: bool) -> None:
     """Delete an owner's turn whole (Scratchpad.drop_turn): every entry of every
     actor and channel of the owner, its checkpoints and compaction marks, and its
     head, even when the turn's check fails (the way out of a turn found tampered
     that no backup restores)."""
-    turn = _turn(turn_id)
-    state = current_state()
-    state.require_store()
     owner = principal.owner_user_id
-    if not yes:
-        click.confirm(f"Delete turn {for_terminal(repr(turn))} of owner {for_terminal(repr(owner))} whole?", abort=True)
-    with state.open() as pad:
+    question = f"Delete turn {for_terminal(repr(turn))} of owner {for_terminal(repr(owner))} whole?"
+    with confirmed(yes, question).open() as pad:
         removed = pad.drop_turn(owner, turn)
     emit(
         removed,
@@ -445,14 +376,11 @@ def turn_drop(principal: Principal, turn_id: str | None, yes: bool) -> None:
     )
 
 
-@command(main)
-@principal_options
-@turn_option
-def mcp(principal: Principal, turn_id: str | None) -> None:
+@command(main, principal=True, turn=True)
+def mcp(principal: Principal, turn: str) -> None:
     """Serve scratchpad_read and scratchpad_list for one turn over MCP (stdio).
 
     The principal and turn are fixed here, never taken from the model."""
-    turn = _turn(turn_id)
     try:
         from ..integrations.mcp import serve
     except ImportError as exc:

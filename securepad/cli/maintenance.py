@@ -7,8 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,8 +17,8 @@ from click.core import ParameterSource
 from .. import InvalidArgumentError, Principal, SecurepadError
 from .commands import main
 from .key_files import key_file_use, record_key_file_use
-from .options import SecurepadSubgroup, State, command, current_state, emit, global_options
-from .output import console, err_console, for_terminal, plain, print_line, progress, to_json
+from .options import SecurepadSubgroup, State, command, confirmed, current_state, emit, global_options
+from .output import console, for_terminal, plain, print_line, print_note, progress, write_new_file
 
 if TYPE_CHECKING:
     from .. import Keyring, Scratchpad
@@ -47,9 +46,8 @@ def backup(dest: Path) -> None:
     emit(result, lambda v: print_line(f"backed up to {v['backup']} ({v['bytes']} bytes)"))
 
 
-@command(main)
+@command(main, yes=True)
 @click.argument("src", type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 def restore(src: Path, yes: bool) -> None:
     """Put the backup SRC in place of the store (--db), accepting it as current.
 
@@ -70,9 +68,7 @@ def restore(src: Path, yes: bool) -> None:
         )
     from .. import Scratchpad
 
-    result = Scratchpad.restore(
-        state.db, src, keyring=state.keyring(new_store=True), policy=state.policy, anchor=state.anchor
-    )
+    result = Scratchpad.restore(state.db, src, keyring=state.keyring(), policy=state.policy, anchor=state.anchor)
 
     def render(v: dict[str, Any]) -> None:
         print_line(f"restored {v['restored']} from {v['source']}")
@@ -80,25 +76,17 @@ def restore(src: Path, yes: bool) -> None:
             print_line(f"the store it replaced is kept at {v['replaced']}")
         _render_verify(v["verify"])
 
-    emit(result, render)
-    if not result["verify"]["ok"]:
-        sys.exit(1)
+    emit(result, render, ok=result["verify"]["ok"])
 
 
-@command(main, name="anchor-adopt")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@command(main, name="anchor-adopt", yes=True)
 def anchor_adopt(yes: bool) -> None:
     """Accept this copy of the store as current and reset its snapshot-rollback anchor.
 
     Only after a deliberate restore (a backup put back on purpose) or a moved
     anchor: it silences the check that refuses an older copy of the store."""
-    state = current_state()
-    state.require_store()
-    if not yes:
-        click.confirm(
-            "Accept this copy of the store as the current one (an older copy is no longer refused)?", abort=True
-        )
-    with state.open(adopt_anchor=True) as pad:
+    question = "Accept this copy of the store as the current one (an older copy is no longer refused)?"
+    with confirmed(yes, question).open(adopt_anchor=True) as pad:
         anchor = pad.stats()["anchor"]
     emit({"anchor": anchor}, lambda v: print_line(f"anchor reset: {json.dumps(v['anchor'])}"))
 
@@ -111,9 +99,7 @@ def stats(owner: str | None, actor: str, channel: str) -> None:
     """Counts and sizes, for the whole store or one owner (--owner or SECUREPAD_OWNER)."""
     if owner and click.get_current_context().get_parameter_source("owner") is ParameterSource.ENVIRONMENT:
         # Narrowed by the environment, not by this command line: say so.
-        err_console().print(
-            plain(f"stats of owner {owner!r} only (from SECUREPAD_OWNER)"), style="dim", highlight=False
-        )
+        print_note(f"stats of owner {owner!r} only (from SECUREPAD_OWNER)", "dim")
     with current_state().open() as pad:
         info = pad.stats(Principal(owner, actor, channel) if owner else None)
 
@@ -146,34 +132,32 @@ def _render_figures(v: dict[str, Any], title: str | None = None) -> None:
         print_line(f"{name:<{width}}  {text}")
 
 
-def _scratch_store(state: State) -> tuple[Any, Scratchpad]:
-    """A throwaway store and key in private temporary directories (for ``audit`` and
-    ``demo`` before ``init``); returns the directory to clean up and the open store."""
+def _no_store_yet(state: State, what: str) -> str | None:
+    if state.store_exists() is False:
+        return f"no store at {state.where()} yet (`securepad init` creates it): {what} a throwaway store"
+    return None
+
+
+@contextlib.contextmanager
+def _store_or_throwaway(state: State, why: str | None) -> Iterator[Scratchpad]:
+    """The configured store or, when ``why`` says why not (on stderr), a throwaway
+    store and key in private temporary directories, removed afterwards."""
+    if why is None:
+        with state.open() as pad:
+            yield pad
+        return
     import tempfile
 
     from .. import Keyring, Scratchpad
 
-    scratch = tempfile.TemporaryDirectory(prefix="securepad-scratch-")
-    root = Path(scratch.name)
-    (root / "data").mkdir(mode=0o700)
-    (root / "keys").mkdir(mode=0o700)
-    try:
+    print_note(why, "yellow")
+    with tempfile.TemporaryDirectory(prefix="securepad-scratch-") as scratch:
+        root = Path(scratch)
+        (root / "data").mkdir(mode=0o700)
+        (root / "keys").mkdir(mode=0o700)
         keyring = Keyring.from_key_file(root / "keys" / "key")
-        return scratch, Scratchpad.open(root / "data" / "store.db", keyring=keyring, policy=state.policy)
-    except BaseException:
-        scratch.cleanup()
-        raise
-
-
-def _open_or_scratch(state: State, what: str) -> tuple[Any, Scratchpad]:
-    if state.store_exists() is False:
-        err_console().print(
-            plain(f"no store at {state.where()} yet (`securepad init` creates it): {what} a throwaway store"),
-            style="yellow",
-            highlight=False,
-        )
-        return _scratch_store(state)
-    return None, state.open()
+        with Scratchpad.open(root / "data" / "store.db", keyring=keyring, policy=state.policy) as pad:
+            yield pad
 
 
 @command(main)
@@ -187,33 +171,22 @@ def demo() -> None:
     from ..audit.demo import run_demo
 
     state = current_state()
+    why: str | None
     if isinstance(state.db, str):  # PostgreSQL: the demo damages a copy of the store's file
         state.require_store()
-        err_console().print(
-            plain(f"the demo's tampered copy is a file, not {state.where()}: the demo runs on a throwaway store"),
-            style="yellow",
-            highlight=False,
-        )
-        scratch, pad = _scratch_store(state)
+        why = f"the demo's tampered copy is a file, not {state.where()}: the demo runs on a throwaway store"
     else:
-        scratch, pad = _open_or_scratch(state, "the demo runs on")
+        why = _no_store_yet(state, "the demo runs on")
     steps = []
-    try:
-        with pad:
+    with _store_or_throwaway(state, why) as pad:
+        if not state.as_json:
+            print_line(f"store: {pad.path}  policy: {pad.policy.name}")
+        for step in run_demo(pad):
+            steps.append({"step": step.title, "result": step.detail, "ok": step.ok})
             if not state.as_json:
-                print_line(f"store: {pad.path}  policy: {pad.policy.name}")
-            for step in run_demo(pad):
-                steps.append({"step": step.title, "result": step.detail, "ok": step.ok})
-                if not state.as_json:
-                    mark = Text("ok", "green") if step.ok else Text("FAILED", "red")
-                    console().print(Text.assemble(mark, "  ", plain(f"{step.title}: {step.detail}")), highlight=False)
-    finally:
-        if scratch is not None:
-            scratch.cleanup()
-    if state.as_json:
-        click.echo(to_json(steps))
-    if not all(s["ok"] for s in steps):
-        sys.exit(1)
+                mark = Text("ok", "green") if step.ok else Text("FAILED", "red")
+                console().print(Text.assemble(mark, "  ", plain(f"{step.title}: {step.detail}")), highlight=False)
+    emit(steps, lambda _: None, ok=all(s["ok"] for s in steps))  # shown step by step as it ran
 
 
 @command(main)
@@ -223,9 +196,7 @@ def verify() -> None:
     status 1 when anything is wrong; each problem names its owner, turn and row."""
     with current_state().open() as pad:
         report = pad.verify()
-    emit(report, _render_verify)
-    if not report["ok"]:
-        sys.exit(1)
+    emit(report, _render_verify, ok=report["ok"])
 
 
 def _render_verify(r: dict[str, Any]) -> None:
@@ -237,15 +208,14 @@ def _render_verify(r: dict[str, Any]) -> None:
     )
     if r["ok"]:
         console().print(Text("verify: no problem found", "green"), soft_wrap=True)
-        _print_wrapped(f"{counts}, {r['seconds']} s", 2)
-        return
-    table = Table("owner", "turn", "id", "what", "problem", title=plain(f"{len(r['problems'])} problems"))
-    for p in r["problems"]:
-        table.add_row(
-            *(plain("" if p[k] is None else p[k]) for k in ("owner_user_id", "turn_id", "id", "what", "problem"))
-        )
-    console().print(table)
-    console().print(Text("verify FAILED", "bold red"), soft_wrap=True)
+    else:
+        table = Table("owner", "turn", "id", "what", "problem", title=plain(f"{len(r['problems'])} problems"))
+        for p in r["problems"]:
+            table.add_row(
+                *(plain("" if p[k] is None else p[k]) for k in ("owner_user_id", "turn_id", "id", "what", "problem"))
+            )
+        console().print(table)
+        console().print(Text("verify FAILED", "bold red"), soft_wrap=True)
     _print_wrapped(f"{counts}, {r['seconds']} s", 2)
 
 
@@ -259,20 +229,14 @@ def audit() -> None:
     from ..audit import Audit, AuditReport
 
     state = current_state()
-    scratch, pad = _open_or_scratch(state, "auditing")
-    try:
-        with pad:
-            checked = pad.verify()  # the store as found, before the audit's tenants come and go
-            run = Audit(pad)
-            bar = progress(transient=True, elapsed=False)
-            with bar:
-                task = bar.add_task("auditing", total=len(run.checks))
-                for result in run.run():
-                    bar.update(task, advance=1, description=for_terminal(result.name))
-            report = run.report()
-    finally:
-        if scratch is not None:
-            scratch.cleanup()
+    with _store_or_throwaway(state, _no_store_yet(state, "auditing")) as pad:
+        checked = pad.verify()  # the store as found, before the audit's tenants come and go
+        run = Audit(pad)
+        with progress(transient=True, elapsed=False) as bar:
+            task = bar.add_task("auditing", total=len(run.checks))
+            for result in run.run():
+                bar.update(task, advance=1, description=for_terminal(result.name))
+        report = run.report()
 
     def render(r: AuditReport) -> None:
         from rich.text import Text
@@ -300,9 +264,8 @@ def audit() -> None:
         print_line(f"policy {r.policy}, {r.key_source}")
         _render_verify(checked)
 
-    emit({**report.as_dict(), "verify": checked} if state.as_json else report, render)
-    if not report.passed or not checked["ok"]:
-        sys.exit(1)
+    shown = {**report.as_dict(), "verify": checked} if state.as_json else report
+    emit(shown, render, ok=report.passed and checked["ok"])
 
 
 def _print_wrapped(text: str, indent: int) -> None:
@@ -316,19 +279,16 @@ def _print_wrapped(text: str, indent: int) -> None:
         print_line(line)
 
 
-def _progress_bar(label: str) -> tuple[Any, Callable[[int, int], None]]:
-    """A progress bar on stderr and its callback; ``label`` is shown as plain text."""
-    bar = progress(transient=current_state().as_json)
-    task = bar.add_task(for_terminal(label), total=None)
-
-    def update(done: int, total: int) -> None:
-        bar.update(task, completed=done, total=total)
-
-    return bar, update
+@contextlib.contextmanager
+def _progress_bar(label: str) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar on stderr, shown while the block runs, and its callback; ``label`` is plain text."""
+    with progress(transient=current_state().as_json) as bar:
+        task = bar.add_task(for_terminal(label), total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
-def _show_report(report: dict[str, Any], title: str) -> None:
-    emit(report, lambda v: _render_figures(v, title))
+def _show_report(report: dict[str, Any], title: str, *, ok: bool = True) -> None:
+    emit(report, lambda v: _render_figures(v, title), ok=ok)
 
 
 @main.group(cls=SecurepadSubgroup)
@@ -366,14 +326,11 @@ def rotate_master(
     place of the current one (only when that file opens this store alone);
     otherwise the command says what to change."""
     state = current_state()
-    _check_new_key_source(new_key_file, new_master_key_env, new_passphrase_env, new_master_key_uri, install)
-    current = state.keyring(new_store=True)  # the source only: open() checks the key
+    new = _new_source(new_key_file, new_master_key_env, new_passphrase_env, new_master_key_uri, install)
+    current = state.keyring()  # the source only: open() checks the key
     if install and current.key_file is None:
         raise click.UsageError("--install replaces the current key file, but this store's key is not from a file")
     made: Path | None = None
-    new = State()
-    new.master_key_env, new.passphrase_env = new_master_key_env, new_passphrase_env
-    new.master_key_uri = new_master_key_uri
     with state.open() as pad:
         if install:
             _check_key_file_serves_only(state.key_file, pad.store_id)
@@ -391,9 +348,8 @@ def rotate_master(
         # beside, and a store it still opens can be given it with --key-file.
         kept = _keep_old_key(state.key_file) if install else None
         try:
-            new_keyring = new.keyring(new_store=True)
-            bar, update = _progress_bar("re-wrapping owner keys")
-            with bar:
+            new_keyring = new.keyring()
+            with _progress_bar("re-wrapping owner keys") as update:
                 report = pad.rotate_master_key(new_keyring, progress=update)
         except BaseException:
             if made is not None:
@@ -408,28 +364,32 @@ def rotate_master(
         report["next"] = _next_without_key_file(new, new_keyring, current.key_file)
     _show_report(report, "master key rotated")
     if not state.as_json:
-        err_console().print(plain(f"next: {report['next']}"), style="bold", highlight=False)
+        print_note(f"next: {report['next']}", "bold")
 
 
-def _check_new_key_source(
-    new_key_file: Path | None,
-    new_master_key_env: str | None,
-    new_passphrase_env: str | None,
-    new_master_key_uri: str | None,
+def _new_source(
+    key_file: Path | None,
+    master_key_env: str | None,
+    passphrase_env: str | None,
+    master_key_uri: str | None,
     install: bool,
-) -> None:
-    """Exactly one source of the new master key; ``--install`` only with a key file (or none).
+) -> State:
+    """The new master key's source (its key file is set once it is known): exactly
+    one source; ``--install`` only with a key file (or none).
 
     Raises:
         click.UsageError: the options do not name one source.
     """
-    chosen = [o for o in (new_key_file, new_master_key_env, new_passphrase_env, new_master_key_uri) if o]
+    chosen = [o for o in (key_file, master_key_env, passphrase_env, master_key_uri) if o]
     if len(chosen) > 1 or (not chosen and not install):
         raise click.UsageError(
             "give exactly one of --new-key-file, --new-master-key-env, --new-passphrase-env, --new-master-key-uri"
         )
-    if install and (new_master_key_env or new_passphrase_env or new_master_key_uri):
+    if install and (master_key_env or passphrase_env or master_key_uri):
         raise click.UsageError("--install installs a key file: use it with --new-key-file or alone")
+    new = State()
+    new.master_key_env, new.passphrase_env, new.master_key_uri = master_key_env, passphrase_env, master_key_uri
+    return new
 
 
 def _next_without_key_file(new: State, new_keyring: Keyring, old_key_file: Path | None) -> str:
@@ -500,9 +460,7 @@ def _keep_old_key(key_file: Path) -> Path:
     except OSError:
         pass  # a file system without hard links: copy it
     try:
-        fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(key_file.read_bytes())
+        write_new_file(kept, key_file.read_bytes())
     except OSError as exc:
         raise SecurepadError(f"cannot keep the current key at {kept}: {exc.strerror or exc}") from None
     return kept
@@ -532,28 +490,20 @@ def _check_key_file_serves_only(key_file: Path, store_id: str) -> None:
 @click.argument("owner")
 def rotate_owner(owner: str) -> None:
     """Give OWNER a new key version, re-wrap its item keys, retire the old versions."""
-    with current_state().open() as pad:
-        bar, update = _progress_bar(f"re-wrapping {owner}'s item keys")
-        with bar:
-            report = pad.rotate_owner_key(owner, progress=update)
+    with current_state().open() as pad, _progress_bar(f"re-wrapping {owner}'s item keys") as update:
+        report = pad.rotate_owner_key(owner, progress=update)
     _show_report(report, "owner key rotated")
 
 
-@command(main, name="forget-owner")
+@command(main, name="forget-owner", yes=True)
 @click.argument("owner")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 def forget_owner(owner: str, yes: bool) -> None:
     """Crypto-shred OWNER: delete its keys and entries and scrub them from the files.
 
     Exit status 1 when the store holds nothing of OWNER (a mistyped name deletes nothing)."""
-    state = current_state()
-    state.require_store()
-    if not yes:
-        click.confirm(f"Delete every entry and key of owner {for_terminal(repr(owner))} for good?", abort=True)
-    with state.open() as pad:
+    question = f"Delete every entry and key of owner {for_terminal(repr(owner))} for good?"
+    with confirmed(yes, question).open() as pad:
         report = pad.forget_owner(owner)
     found = any(v for k, v in report.items() if k not in ("owner_user_id", "wal_truncated") and isinstance(v, int))
     report["found"] = found
-    _show_report(report, "owner forgotten" if found else f"owner {owner!r} not found: nothing was deleted")
-    if not found:
-        sys.exit(1)
+    _show_report(report, "owner forgotten" if found else f"owner {owner!r} not found: nothing was deleted", ok=found)

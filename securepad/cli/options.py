@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ import click
 from click.core import ParameterSource
 
 from .. import NotFoundError, Principal, SecurepadError, StoreCorruptError, WrongKeyError
-from .failures import ABORTED, INTERRUPTED, USAGE_ERROR, SecurepadGroup, fail
+from .failures import ABORTED, INTERRUPTED, USAGE_ERROR, SecurepadGroup
 from .key_files import KeyFileUse, record_key_file_use
 from .output import to_json
 
@@ -28,20 +29,14 @@ __all__ = [
     "ENV_HELP",
     "INTERRUPTED",
     "USAGE_ERROR",
-    "SecurepadCommand",
     "SecurepadGroup",
     "SecurepadSubgroup",
     "State",
     "command",
+    "confirmed",
     "current_state",
-    "default_db_path",
     "emit",
-    "fail",
     "global_options",
-    "note_key_use",
-    "principal_options",
-    "required",
-    "turn_option",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -91,7 +86,6 @@ class State:
         self.as_json = False
         # The key sources given on the command line (the environment's key file yields to them).
         self.key_options: set[str] = set()
-        self.key_file_explicit = False
 
     @property
     def key_file(self) -> Path:
@@ -157,12 +151,12 @@ class State:
                 " SECUREPAD_DB); to use an existing store, point --db or SECUREPAD_DB at it"
             )
 
-    def keyring(self, *, new_store: bool = False) -> Keyring:
-        """The master key's source. A key file is created only for a new store.
+    def keyring(self) -> Keyring:
+        """The master key's source; the store's open decides whether the key is
+        its own (the library creates a key file only for a new store).
 
         Raises:
             click.UsageError: more than one key source, or an unset variable.
-            NotFoundError: the key file is missing for an existing store.
             KeySourceUriError: the master key URI is malformed.
         """
         from .. import Keyring
@@ -182,8 +176,6 @@ class State:
             if not passphrase:
                 raise click.UsageError(f"environment variable {self.passphrase_env} (--passphrase-env) is not set")
             return Keyring.from_passphrase(passphrase)
-        if not new_store and not self.key_file.exists():
-            raise self.missing_key()
         return Keyring.from_key_file(self.key_file)
 
     def admin_dsn(self) -> str | None:
@@ -200,38 +192,38 @@ class State:
             raise click.UsageError("--admin (SECUREPAD_ADMIN_DB) takes a postgresql:// DSN")
         return self.admin
 
-    def missing_key(self) -> NotFoundError:
-        return NotFoundError(
-            f"no key file at {self.key_file.absolute()}: opening an existing store never creates a key; give this"
-            " store's key with --key-file (SECUREPAD_KEY_FILE), --master-key-env, --passphrase-env or"
-            " --master-key-uri (SECUREPAD_MASTER_KEY_URI)"
-        )
+    def _open(self, keyring: Keyring, **options: Any) -> Scratchpad:
+        """``Scratchpad.open`` with the global options; the library never creates a
+        key file for a store that exists, and says ``WrongKeyError``: an absent
+        key file is reported as such instead."""
+        from .. import Scratchpad
+
+        try:
+            return Scratchpad.open(
+                self.db,
+                keyring=keyring,
+                policy=self.policy,
+                anchor=self.anchor,
+                admin=self.admin_dsn(),
+                call_timeout_s=self.call_timeout,
+                **options,
+            )
+        except WrongKeyError:
+            if keyring.key_file is not None and not keyring.key_file.exists():
+                raise NotFoundError(
+                    f"no key file at {self.key_file.absolute()}: opening an existing store never creates a key; give"
+                    " this store's key with --key-file (SECUREPAD_KEY_FILE), --master-key-env, --passphrase-env or"
+                    " --master-key-uri (SECUREPAD_MASTER_KEY_URI)"
+                ) from None
+            raise
 
     def open(self, *, adopt_anchor: bool = False) -> Scratchpad:
         """Open the existing store (never creating one); its key file records that it serves it.
 
         The store is opened before an absent key file is reported, so that a
-        path that is no store says so first. The library never creates a key
-        file for a store that exists: it raises ``WrongKeyError``.
-        """
-        self.require_store()
-        from .. import Scratchpad  # after the check: a missing store is reported without the store's layers
-
-        keyring = self.keyring(new_store=True)
-        try:
-            pad = Scratchpad.open(
-                self.db,
-                keyring=keyring,
-                policy=self.policy,
-                anchor=self.anchor,
-                adopt_anchor=adopt_anchor,
-                admin=self.admin_dsn(),
-                call_timeout_s=self.call_timeout,
-            )
-        except WrongKeyError:
-            if keyring.key_file is not None and not keyring.key_file.exists():
-                raise self.missing_key() from None
-            raise
+        path that is no store says so first."""
+        self.require_store()  # before the store's layers are imported: a missing store is reported without them
+        pad = self._open(self.keyring(), adopt_anchor=adopt_anchor)
         note_key_use(pad)
         return pad
 
@@ -239,29 +231,13 @@ class State:
         """Open the store, creating it (and its key file) if it is not there: ``init`` only.
 
         Returns the store, the stores its key file is recorded to serve (None
-        for a key not from a file) and whether the key file was made now.
-
-        A PostgreSQL store is not checked here: the library creates an absent
-        key file only if the store turns out to be new, and otherwise raises
-        ``WrongKeyError`` without creating one."""
-        from .. import Scratchpad
-
+        for a key not from a file) and whether the key file was made now. A
+        PostgreSQL store is not checked here: the library creates an absent key
+        file only if the store turns out to be new."""
         self.refuse_empty_file()
-        keyring = self.keyring(new_store=True)
+        keyring = self.keyring()
         key_existed = keyring.key_file is not None and keyring.key_file.exists()
-        try:
-            pad = Scratchpad.open(
-                self.db,
-                keyring=keyring,
-                policy=self.policy,
-                anchor=self.anchor,
-                admin=self.admin_dsn(),
-                call_timeout_s=self.call_timeout,
-            )
-        except WrongKeyError:
-            if keyring.key_file is not None and not keyring.key_file.exists():
-                raise self.missing_key() from None
-            raise
+        pad = self._open(keyring)
         key_created = keyring.key_file is not None and not key_existed
         return pad, note_key_use(pad, key_created=key_created), key_created
 
@@ -280,21 +256,12 @@ def note_key_use(pad: Scratchpad, *, key_created: bool = False) -> KeyFileUse | 
         return None
 
 
-def _db_value(value: str | None) -> str | Path | None:
-    if value is None:
-        return None
-    return value if value.startswith(_PG_SCHEMES) else Path(value).expanduser()
-
-
 def _set_db(state: State, value: str) -> None:
-    db = _db_value(value)
-    if db is not None:
-        state.db = db
+    state.db = value if value.startswith(_PG_SCHEMES) else Path(value).expanduser()
 
 
 def _set_key_file(state: State, value: str) -> None:
     state.key_file = Path(value).expanduser()
-    state.key_file_explicit = True
 
 
 def _set_call_timeout(state: State, value: str) -> None:
@@ -311,100 +278,63 @@ def _set_anchor(state: State, value: str) -> None:
     state.anchor = Path(value).expanduser()
 
 
-def _set_attr(name: str) -> Callable[[State, Any], None]:
-    def set_value(state: State, value: Any) -> None:
-        setattr(state, name, value)
-
-    return set_value
-
-
-# (name, option, envvar, help, setter); the key sources are the first four.
-_GLOBALS: tuple[tuple[str, str, str | None, str, Callable[[State, Any], None]], ...] = (
-    ("key_file", "--key-file", "SECUREPAD_KEY_FILE", "Master key file [default: user config dir/key].", _set_key_file),
+# (option, metavar, help, setter: None sets the State attribute of the option's name); the key
+# sources are the first four; an option's variable is its ENVIRONMENT row.
+_GLOBALS: tuple[tuple[str, str, str, Callable[[State, Any], None] | None], ...] = (
+    ("--key-file", "PATH", "Master key file [default: user config dir/key].", _set_key_file),
+    ("--master-key-env", "VAR", "Take the base64 master key from this variable.", None),
+    ("--passphrase-env", "VAR", "Derive the master key (Argon2id) from the passphrase in this variable.", None),
     (
-        "master_key_env",
-        "--master-key-env",
-        None,
-        "Take the base64 master key from this variable.",
-        _set_attr("master_key_env"),
-    ),
-    (
-        "passphrase_env",
-        "--passphrase-env",
-        None,
-        "Derive the master key (Argon2id) from the passphrase in this variable.",
-        _set_attr("passphrase_env"),
-    ),
-    (
-        "master_key_uri",
         "--master-key-uri",
-        "SECUREPAD_MASTER_KEY_URI",
+        "URI",
         "Use the master key in a token or KMS, where it stays: pkcs11:token=...;object=...?module-path=..."
         "&pin-source=... (RFC 7512) or aws-kms://arn:aws:kms:... (a new store creates an absent PKCS#11 key).",
-        _set_attr("master_key_uri"),
+        None,
     ),
+    ("--db", "PATH", "The store: a database file [default: user data dir/store.db] or a postgresql:// DSN.", _set_db),
     (
-        "db",
-        "--db",
-        "SECUREPAD_DB",
-        "The store: a database file [default: user data dir/store.db] or a postgresql:// DSN.",
-        _set_db,
-    ),
-    (
-        "admin",
         "--admin",
-        "SECUREPAD_ADMIN_DB",
+        "DSN",
         "PostgreSQL: the DSN of a login in securepad_admin, for housekeeping (gc, stats, audit, rotations,"
         " forget-owner) and migrations, when the --db login may only act as the application [default: --db].",
-        _set_attr("admin"),
+        None,
     ),
     (
-        "call_timeout",
         "--call-timeout",
-        "SECUREPAD_CALL_TIMEOUT",
+        "SECONDS",
         "PostgreSQL: the deadline of one call in seconds; past it the call fails with StoreUnavailableError"
         " [default: the policy's call_timeout_seconds, 60].",
         _set_call_timeout,
     ),
     (
-        "policy",
         "--policy",
-        "SECUREPAD_POLICY",
+        "NAME|PATH",
         "A shipped policy's name (default, strict, channel...) or a TOML policy file's path (./mine, mine.toml)"
         " [default: default].",
-        _set_attr("policy"),
+        None,
     ),
     (
-        "anchor",
         "--anchor",
-        "SECUREPAD_ANCHOR",
+        "PATH",
         "The snapshot-rollback anchor file, outside the store's directory [default: beside the key file;"
         " none with --master-key-env, --passphrase-env or --master-key-uri unless given].",
         _set_anchor,
     ),
 )
-_KEY_OPTIONS = ("--key-file", "--master-key-env", "--passphrase-env", "--master-key-uri")
-_METAVARS = {
-    "--master-key-env": "VAR",
-    "--passphrase-env": "VAR",
-    "--master-key-uri": "URI",
-    "--policy": "NAME|PATH",
-    "--admin": "DSN",
-    "--call-timeout": "SECONDS",
-}
+_KEY_OPTIONS = tuple(option for option, *_ in _GLOBALS[:4])
+_ENVVARS = {option: var for var, option, _ in ENVIRONMENT}
 
 
 def current_state() -> State:
     ctx = click.get_current_context()
-    state = ctx.find_object(State)
-    if state is None:
-        state = ctx.ensure_object(State)
-    return state
+    return ctx.find_object(State) or ctx.ensure_object(State)
 
 
-def _global_callback(
-    name: str, option: str, setter: Callable[[State, Any], None]
-) -> Callable[[click.Context, click.Parameter, Any], None]:
+def _attribute(option: str) -> str:
+    return option[2:].replace("-", "_")
+
+
+def _global_callback(name: str, option: str, setter: Callable[[State, Any], None] | None) -> Callable[..., None]:
     def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
         source = ctx.get_parameter_source(name)
         state = ctx.find_object(State) or ctx.ensure_object(State)
@@ -416,7 +346,10 @@ def _global_callback(
             state.key_options.add(option)
         if source is ParameterSource.ENVIRONMENT and option == "--key-file" and state.key_options - {"--key-file"}:
             return
-        setter(state, value)
+        if setter is None:
+            setattr(state, name, value)
+        else:
+            setter(state, value)
 
     return callback
 
@@ -427,21 +360,19 @@ def global_options(func: F) -> F:
         "--json",
         "as_json",
         is_flag=True,
-        default=False,
         expose_value=False,
-        is_eager=False,
-        callback=_global_callback("as_json", "--json", _set_attr("as_json")),
+        callback=_global_callback("as_json", "--json", None),
         help="Print JSON (results on stdout, errors on stderr).",
     )(func)
-    for name, option, envvar, help_text, setter in reversed(_GLOBALS):
+    for option, metavar, help_text, setter in reversed(_GLOBALS):
+        envvar = _ENVVARS.get(option)
         func = click.option(
             option,
-            name,
-            metavar=_METAVARS.get(option, "PATH"),
+            metavar=metavar,
             envvar=envvar,
             show_envvar=envvar is not None,
             expose_value=False,
-            callback=_global_callback(name, option, setter),
+            callback=_global_callback(_attribute(option), option, setter),
             help=help_text,
         )(func)
     return func
@@ -476,21 +407,38 @@ def principal_options(func: F) -> F:
 
 
 def turn_option(func: F) -> F:
-    return click.option(
-        "--turn",
-        "turn_id",
-        envvar="SECUREPAD_TURN",
-        show_envvar=True,
-        help="Turn id (required: the option or its variable).",
-    )(func)
+    """--turn (or its variable, required), turned into a ``turn`` argument."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, turn_id: str | None, **kwargs: Any) -> Any:
+        return func(*args, turn=required(turn_id, "--turn", "SECUREPAD_TURN"), **kwargs)
+
+    what = "Turn id (required: the option or its variable)."
+    return click.option("--turn", "turn_id", envvar="SECUREPAD_TURN", show_envvar=True, help=what)(wrapper)  # type: ignore[return-value]
 
 
-def emit(value: Any, render: Callable[[Any], None]) -> None:
-    """Print ``value`` as JSON with --json, else with ``render``."""
+def yes_option(func: F) -> F:
+    return click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")(func)
+
+
+def confirmed(yes: bool, question: str) -> State:
+    """The state, once the store is found and ``question`` answered yes (not asked
+    with --yes); a no aborts: nothing changed, exit status 1."""
+    state = current_state()
+    state.require_store()
+    if not yes:
+        click.confirm(question, abort=True)
+    return state
+
+
+def emit(value: Any, render: Callable[[Any], None], *, ok: bool = True) -> None:
+    """Print ``value`` as JSON with --json, else with ``render``; then exit with status 1 unless ``ok``."""
     if current_state().as_json:
         click.echo(to_json(value))
     else:
         render(value)
+    if not ok:
+        sys.exit(1)
 
 
 ENV_HELP = "\b\nEnvironment variables (the command line wins over them):\n" + "\n".join(
@@ -500,7 +448,7 @@ ENV_HELP = "\b\nEnvironment variables (the command line wins over them):\n" + "\
 )
 
 
-_GLOBAL_NAMES = frozenset({name for name, *_ in _GLOBALS} | {"as_json"})
+_GLOBAL_NAMES = frozenset({_attribute(option) for option, *_ in _GLOBALS} | {"as_json"})
 
 
 class _GlobalOptionsLast:
@@ -532,10 +480,16 @@ class SecurepadSubgroup(_GlobalOptionsLast, click.Group):
     """A group of subcommands (``keys``, ``turn``) whose help puts the global options last."""
 
 
-def command(group: click.Group, *args: Any, **kwargs: Any) -> Callable[[F], F]:
-    """A subcommand of ``group`` that also takes the global options."""
+def command(
+    group: click.Group, *args: Any, principal: bool = False, turn: bool = False, yes: bool = False, **kwargs: Any
+) -> Callable[[F], F]:
+    """A subcommand of ``group`` that also takes the global options, and the
+    principal's (``principal_options``), ``--turn`` and ``--yes`` when asked, in that order."""
 
     def decorate(func: F) -> F:
+        for wanted, options in ((yes, yes_option), (turn, turn_option), (principal, principal_options)):
+            if wanted:
+                func = options(func)
         group.command(*args, cls=SecurepadCommand, **kwargs)(global_options(func))
         return func
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -13,7 +15,17 @@ if TYPE_CHECKING:
     from rich.progress import Progress
     from rich.text import Text
 
-__all__ = ["console", "err_console", "for_terminal", "plain", "print_json", "print_line", "progress", "to_json"]
+__all__ = [
+    "console",
+    "err_console",
+    "for_terminal",
+    "plain",
+    "print_json",
+    "print_line",
+    "print_note",
+    "progress",
+    "to_json",
+]
 
 
 # rich is imported when a command first prints through it: a command that
@@ -68,6 +80,28 @@ def print_json(value: Any) -> None:
 def print_line(text: str) -> None:
     """A line of plain text (never markup), stripped for the terminal."""
     console().print(plain(text), highlight=False, soft_wrap=True)
+
+
+def write_new_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to the new file ``path``, mode 0600 (an entry or a key may be
+    private); a file the write failed to fill is removed.
+
+    Raises:
+        FileExistsError: the file exists (it is left alone).
+        OSError: it cannot be written.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+    except OSError:
+        path.unlink(missing_ok=True)
+        raise
+
+
+def print_note(text: str, style: str) -> None:
+    """A line of plain text on stderr (so --json output stays clean), in ``style``."""
+    err_console().print(plain(text), style=style, highlight=False)
 
 
 def progress(*, transient: bool, elapsed: bool = True) -> Progress:

@@ -3,6 +3,7 @@ observation, and what the turn shows back into text for the model."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -22,15 +23,10 @@ def as_observation(output: Any) -> Any:
     other text is text, bytes are binary, and any other value is recorded as it
     is (``Turn.record`` refuses what JSON cannot hold).
     """
-    if isinstance(output, str):
-        stripped = output.lstrip()
-        if stripped[:1] in ("{", "["):
-            try:
-                return json.loads(output)
-            except (json.JSONDecodeError, RecursionError):
-                return output
-        return output
-    if hasattr(output, "model_dump") and callable(output.model_dump):
+    if isinstance(output, str) and output.lstrip()[:1] in ("{", "["):
+        with contextlib.suppress(json.JSONDecodeError, RecursionError):
+            return json.loads(output)
+    elif callable(getattr(output, "model_dump", None)):
         return output.model_dump(mode="json")  # a pydantic model
     return output
 

@@ -6,27 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import AsyncIterator, Sequence
+import inspect
+from collections.abc import AsyncIterator
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import (
-    BaseCheckpointSaver,
-    ChannelVersions,
-    Checkpoint,
-    CheckpointMetadata,
-    CheckpointTuple,
-)
+from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 
 __all__ = ["ThreadedAsyncSaver"]
 
 
 class ThreadedAsyncSaver(BaseCheckpointSaver[str]):
-    """``BaseCheckpointSaver``'s async methods as the sync ones in a worker thread.
-    Each raises what its sync method raises."""
-
-    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return await asyncio.to_thread(self.get_tuple, config)
+    """``BaseCheckpointSaver``'s async methods as the sync ones in a worker thread
+    (the signatures are ``BaseCheckpointSaver``'s). Each raises what its sync method raises."""
 
     async def alist(
         self,
@@ -42,32 +34,16 @@ class ThreadedAsyncSaver(BaseCheckpointSaver[str]):
         for item in found:
             yield item
 
-    async def aput(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
 
-    async def aput_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+def _in_a_thread(name: str) -> Any:
+    async def method(self: BaseCheckpointSaver[str], /, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(getattr(self, name), *args, **kwargs)
 
-    async def adelete_thread(self, thread_id: str) -> None:
-        await asyncio.to_thread(self.delete_thread, thread_id)
+    method.__name__, method.__qualname__ = f"a{name}", f"ThreadedAsyncSaver.a{name}"
+    method.__doc__ = f"``{name}`` in a worker thread."
+    method.__signature__ = inspect.signature(getattr(BaseCheckpointSaver, f"a{name}"))  # type: ignore[attr-defined]
+    return method
 
-    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        await asyncio.to_thread(self.delete_for_runs, run_ids)
 
-    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
-
-    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+for _name in ("get_tuple", "put", "put_writes", "delete_thread", "delete_for_runs", "copy_thread", "prune"):
+    setattr(ThreadedAsyncSaver, f"a{_name}", _in_a_thread(_name))

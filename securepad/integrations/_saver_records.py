@@ -42,7 +42,6 @@ __all__ = [
     "expect",
     "highest",
     "keyed_turn",
-    "newest_per_namespace",
     "scope_of",
     "sealed",
     "turn_id",
@@ -115,16 +114,6 @@ def sealed(meta: dict[str, Any], data: bytes) -> dict[str, Any]:
     if len(data) <= META_DATA_BYTES:
         return {"content": b"", "metadata": {**meta, "data": base64.b64encode(data).decode("ascii")}}
     return {"content": data, "metadata": meta}
-
-
-def newest_per_namespace(listed: list[Stored]) -> list[Stored]:
-    """Each namespace's newest checkpoint among ``listed``."""
-    newest: dict[str, Stored] = {}
-    for stored in listed:
-        current = newest.get(stored.meta["ns"])
-        if current is None or stored.meta["checkpoint_id"] > current.meta["checkpoint_id"]:
-            newest[stored.meta["ns"]] = stored
-    return list(newest.values())
 
 
 def highest(listed: list[Stored], ns: str, checkpoint_id: str | None) -> Stored | None:
@@ -202,8 +191,11 @@ class SaverRecords:
 
     # -- reading -------------------------------------------------------------------
 
-    def listed(self, principal: Principal, turn: str, executor: str, needs: tuple[str, ...]) -> list[Stored]:
-        """The live entries of ``turn``, all of which must be the saver's ``executor`` entries.
+    def listed(
+        self, principal: Principal, turn: str, executor: str, needs: tuple[str, ...], **expected: Any
+    ) -> list[Stored]:
+        """The live entries of ``turn``, all of which must be the saver's ``executor``
+        entries with the sealed fields ``expected`` (``expect``).
 
         A listing's view fits the policy's ``inline_max_chars`` (it is what a
         model may see): sealed metadata longer than that is cut to its leading
@@ -213,7 +205,10 @@ class SaverRecords:
         the rest when it is wanted). Only a view cut before one of ``needs`` is read here.
         """
         items = self.pad.list_for_turn(principal, turn, now=self.clock())
-        return [self._stored(principal, turn, executor, needs, item) for item in items]
+        found = [self._stored(principal, turn, executor, needs, item) for item in items]
+        for stored in found:
+            expect(stored.meta, **expected)
+        return found
 
     def _stored(
         self, principal: Principal, turn: str, executor: str, needs: tuple[str, ...], item: dict[str, Any]
@@ -267,10 +262,7 @@ class SaverRecords:
         """The live checkpoint entries of a thread, their sealed metadata checked
         (and holding ``needs``, e.g. ``"metadata"`` to match LangGraph's, see ``listed``)."""
         turn = self.turn(principal, "thread", thread_id)
-        listed = self.listed(principal, turn, CHECKPOINT, CHECKPOINT_CHOICE + needs)
-        for stored in listed:
-            expect(stored.meta, thread_id=thread_id)
-        return listed
+        return self.listed(principal, turn, CHECKPOINT, CHECKPOINT_CHOICE + needs, thread_id=thread_id)
 
     def checkpoint(self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str | None) -> Stored | None:
         """The thread's checkpoint ``checkpoint_id`` of ``ns``, else its newest of
@@ -296,10 +288,8 @@ class SaverRecords:
     def writes(self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str) -> list[Stored]:
         """The live pending-write entries of a checkpoint, their sealed metadata checked."""
         turn = self.turn(principal, "writes", thread_id, ns, checkpoint_id)
-        listed = self.listed(principal, turn, WRITE, WRITE_CHOICE)
-        for stored in listed:
-            expect(stored.meta, thread_id=thread_id, ns=ns, checkpoint_id=checkpoint_id)
-        return listed
+        where = {"thread_id": thread_id, "ns": ns, "checkpoint_id": checkpoint_id}
+        return self.listed(principal, turn, WRITE, WRITE_CHOICE, **where)
 
     def pending_writes(
         self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str, loads: Loads
@@ -405,9 +395,8 @@ class SaverRecords:
             cached = self._values.get(key)
         if not known:
             turn = self.turn(principal, "value", thread_id, ns, channel, version)
-            listed = self.listed(principal, turn, BLOB, VALUE_CHOICE)
-            for stored in listed:
-                expect(stored.meta, thread_id=thread_id, ns=ns, channel=channel, version=version)
+            where = {"thread_id": thread_id, "ns": ns, "channel": channel, "version": version}
+            listed = self.listed(principal, turn, BLOB, VALUE_CHOICE, **where)
             cached = max(listed, key=lambda s: s.expires_at) if listed else None
         if isinstance(cached, Stored) and cached.expires_at - now < self.ttl_seconds / 2:
             turn = self.turn(principal, "value", thread_id, ns, channel, version)

@@ -143,11 +143,8 @@ def offload_tool_messages(turn: Turn | AsyncTurn, messages: Sequence[BaseMessage
         QuotaExceededError, StoreBusyError: as for ``Turn.record``.
     """
     sync = AsyncTurn.wrap(turn).sync
-    replaced = {
-        id(message): _replaced(message, *record_next(sync, _executor(message), _observation(message)))
-        for message in _pending(messages)
-    }
-    return [replaced.get(id(message), message) for message in messages]
+    done = {id(message): _replaced(message, *record_next(sync, *_recorded(message))) for message in _pending(messages)}
+    return [done.get(id(message), message) for message in messages]
 
 
 async def aoffload_tool_messages(turn: Turn | AsyncTurn, messages: Sequence[BaseMessage]) -> list[BaseMessage]:
@@ -157,11 +154,8 @@ async def aoffload_tool_messages(turn: Turn | AsyncTurn, messages: Sequence[Base
         InvalidArgumentError, QuotaExceededError, StoreBusyError: as for ``offload_tool_messages``.
     """
     bound = AsyncTurn.wrap(turn)
-    replaced = {}
-    for message in _pending(messages):
-        step_num, shown = await bound.append(_executor(message), _observation(message))
-        replaced[id(message)] = _replaced(message, step_num, shown)
-    return [replaced.get(id(message), message) for message in messages]
+    done = {id(message): _replaced(message, *await bound.append(*_recorded(message))) for message in _pending(messages)}
+    return [done.get(id(message), message) for message in messages]
 
 
 def offload_node(turn: Turn | AsyncTurn, *, messages_key: str = "messages") -> RunnableLambda[Any, dict[str, Any]]:
@@ -207,12 +201,10 @@ def _pending(messages: Sequence[BaseMessage]) -> list[ToolMessage]:
     ]
 
 
-def _executor(message: ToolMessage) -> str:
-    return message.name or "tool"
-
-
-def _observation(message: ToolMessage) -> Any:
-    return as_observation(message.content) if isinstance(message.content, str) else list(message.content)
+def _recorded(message: ToolMessage) -> tuple[str, Any]:
+    """The executor name and the observation a ToolMessage is recorded as."""
+    content = message.content
+    return message.name or "tool", as_observation(content) if isinstance(content, str) else list(content)
 
 
 def _replaced(message: ToolMessage, step_num: int, shown: Any) -> ToolMessage:

@@ -57,8 +57,8 @@ from ._saver_records import (
     Stored,
     ThreadList,
     copy_checkpoints,
+    highest,
     keyed_turn,
-    newest_per_namespace,
     sealed,
     turn_id,
 )
@@ -130,10 +130,14 @@ class SecurepadSaver(ThreadedAsyncSaver):
             raise InvalidArgumentError("principal_from_config must return a securepad.Principal")
         return principal
 
-    def get_next_version(self, current: str | None, channel: None) -> str:
+    def get_next_version(self, current: str | int | None, channel: None) -> str:
         """Versions unique per write (a counter and a random part), as LangGraph's
         own savers make them: a channel value is stored once per version."""
-        return _next_version(current)
+        if current is None or isinstance(current, int):
+            number = current or 0
+        else:
+            number = int(str(current).split(".")[0])
+        return f"{number + 1:032}.{random.random():016}"  # noqa: S311 (a tie-breaker, not a secret)
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint of ``config`` (its ``checkpoint_id``, else the thread's
@@ -210,9 +214,8 @@ class SecurepadSaver(ThreadedAsyncSaver):
                     self.records.note_inline(principal, thread_id, ns, channel, version)
                     continue
                 known = self.records.put_value(principal, thread_id, ns, channel, version, kind, data, now)
-            stored = known
-            referenced[channel] = [version, stored.scratchpad_id]
-            expiry = min(expiry, stored.expires_at)
+            referenced[channel] = [version, known.scratchpad_id]
+            expiry = min(expiry, known.expires_at)
         body = {**checkpoint, "channel_values": inline}
         kind, data = self.serde.dumps_typed(body)
         try:
@@ -235,7 +238,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
         ttl = max(1, min(self.ttl_seconds, int(expiry - now)))
         turn = self.records.turn(principal, "thread", thread_id)
         self.records.put(principal, turn, CHECKPOINT, observation, ttl, now)
-        return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
+        return _config(thread_id, ns, checkpoint["id"])
 
     def put_writes(
         self,
@@ -321,7 +324,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
                 continue
             principal = self._who({"configurable": {"thread_id": thread_id}})
             listed = self.records.checkpoints(principal, thread_id)
-            kept = newest_per_namespace(listed)
+            kept = [found for ns in {s.meta["ns"] for s in listed} if (found := highest(listed, ns, None))]
             self.records.drop(principal, thread_id, [s for s in listed if s not in kept], kept)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
@@ -376,6 +379,10 @@ def _thread_of(config: RunnableConfig) -> tuple[str, str]:
     return str(thread_id), str(configurable.get("checkpoint_ns") or "")
 
 
+def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
+
+
 def _checkpoint_tuple(saver: SecurepadSaver, principal: Principal, thread_id: str, stored: Stored) -> CheckpointTuple:
     """The checkpoint of ``stored`` as LangGraph wants it, with its big values and pending writes."""
     meta, content = saver.records.opened(principal, stored, f"checkpoint {stored.meta['checkpoint_id']}")
@@ -386,33 +393,14 @@ def _checkpoint_tuple(saver: SecurepadSaver, principal: Principal, thread_id: st
         value_meta, data = saver.records.value_content(principal, thread_id, ns, channel, version, value_id)
         values[channel] = saver.serde.loads_typed((value_meta["type"], data))
     checkpoint["channel_values"] = values
-    config: RunnableConfig = {
-        "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
-    }
     parent = meta["parent_checkpoint_id"]
-    parent_config: RunnableConfig | None = (
-        {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": parent}}
-        if parent is not None
-        else None
-    )
     return CheckpointTuple(
-        config=config,
+        config=_config(thread_id, ns, checkpoint_id),
         checkpoint=checkpoint,
         metadata=meta["metadata"],
-        parent_config=parent_config,
+        parent_config=None if parent is None else _config(thread_id, ns, parent),
         pending_writes=saver.records.pending_writes(principal, thread_id, ns, checkpoint_id, saver.serde.loads_typed),
     )
-
-
-def _next_version(current: str | int | None) -> str:
-    """The version after ``current``: its counter plus one, and a random tie-breaker."""
-    if current is None:
-        number = 0
-    elif isinstance(current, int):
-        number = current
-    else:
-        number = int(str(current).split(".")[0])
-    return f"{number + 1:032}.{random.random():016}"  # noqa: S311 (a tie-breaker, not a secret)
 
 
 def _selected(

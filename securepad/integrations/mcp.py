@@ -39,6 +39,8 @@ from ..store import Scratchpad
 __all__ = ["LIST_TOOL_NAME", "build_server", "serve", "serve_stdio"]
 
 LIST_TOOL_NAME = "scratchpad_list"
+# What scratchpad_list shows of each entry.
+_LISTED = ("scratchpad_id", "step_num", "executor_name", "kind", "size_bytes", "summary")
 
 _INSTRUCTIONS = (
     "Large tool results of this conversation turn are kept in securepad: the conversation shows a"
@@ -49,12 +51,10 @@ _INSTRUCTIONS = (
 
 def _tools() -> list[types.Tool]:
     read = SCRATCHPAD_READ_TOOL["function"]
+    reads_only = types.ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
     return [
         types.Tool(
-            name=TOOL_NAME,
-            description=read["description"],
-            input_schema=read["parameters"],
-            annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
+            name=TOOL_NAME, description=read["description"], input_schema=read["parameters"], annotations=reads_only
         ),
         types.Tool(
             name=LIST_TOOL_NAME,
@@ -63,7 +63,7 @@ def _tools() -> list[types.Tool]:
                 " (executor_name), kind, size_bytes and summary of each. Takes no arguments."
             ),
             input_schema={"type": "object", "properties": {}, "additionalProperties": False},
-            annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
+            annotations=reads_only,
         ),
     ]
 
@@ -82,17 +82,7 @@ async def _list_entries(pad: AsyncScratchpad, turn: AsyncTurn, arguments: dict[s
         shown = ", ".join(repr(str(key)[:40]) for key in sorted(arguments, key=str))
         return {"ok": False, "error": f"{LIST_TOOL_NAME} takes no arguments, not {shown}"}
     rows = await pad.list_for_turn(turn.principal, turn.turn_id)
-    entries = [
-        {
-            "scratchpad_id": row["scratchpad_id"],
-            "step_num": row["step_num"],
-            "executor_name": row["executor_name"],
-            "kind": row["kind"],
-            "size_bytes": row["size_bytes"],
-            "summary": row["summary"],
-        }
-        for row in rows
-    ]
+    entries = [{key: row[key] for key in _LISTED} for row in rows]
     return {"ok": True, "turn_id": turn.turn_id, "count": len(entries), "entries": entries}
 
 

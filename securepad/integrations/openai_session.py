@@ -150,32 +150,26 @@ class SecurepadSession(SessionABC):
         # the leading fields (format, session id), and the item is read when it is wanted.
         # Only a view cut before them is read here.
         if "metadata" in item["view"].get("view_cut", ()) and not {"format", "session_id"} <= meta.keys():
-            meta = item["view"]["metadata"] = self._whole_metadata(turn, item["scratchpad_id"])
+            meta = item["view"]["metadata"] = self._stored(turn, item["scratchpad_id"]).get("metadata") or {}
         if item["executor_name"] != _ITEM or meta.get("format") != _FORMAT or meta.get("session_id") != self.session_id:
             raise IntegrityError("an entry in the session's turn is not one of its items")
 
-    def _whole_metadata(self, turn: str, scratchpad_id: str) -> dict[str, Any]:
+    def _stored(self, turn: str, scratchpad_id: str) -> dict[str, Any]:
+        """A listed item's entry, whole: its observation as the session put it."""
         try:
-            entry = self.pad.get(self.principal, scratchpad_id, turn_id=turn)
+            observation = self.pad.get(self.principal, scratchpad_id, turn_id=turn).observation
         except NotFoundError:
             raise IntegrityError("a listed session item is missing from the store") from None
-        observation = entry.observation
-        metadata = observation.get("metadata") if isinstance(observation, dict) else None
-        if not isinstance(metadata, dict):
+        if not isinstance(observation, dict) or not isinstance(observation.get("metadata", {}), dict):
             raise IntegrityError("a session item is not one the session wrote")
-        return metadata
+        return observation
 
     def _item(self, turn: str, listed: dict[str, Any]) -> Any:
         meta = listed["view"]["metadata"]
         if "item" in meta:
             return json.loads(meta["item"])
-        scratchpad_id = listed["scratchpad_id"]
-        try:
-            entry = self.pad.get(self.principal, scratchpad_id, turn_id=turn)
-        except NotFoundError:
-            raise IntegrityError("a listed session item is missing from the store") from None
-        observation = entry.observation
-        if not isinstance(observation, dict) or not isinstance(observation.get("content"), str):
+        observation = self._stored(turn, listed["scratchpad_id"])
+        if not isinstance(observation.get("content"), str):
             raise IntegrityError("a session item is not one the session wrote")
         metadata = observation.get("metadata") or {}
         if any(metadata.get(name) != value for name, value in meta.items()):
