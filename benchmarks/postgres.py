@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from benchmarks import DEFAULT_OUT
 from securepad import Keyring, Principal, Scratchpad
 from securepad.bench.backends import PRINCIPAL, Backend, SecurepadBackend, bench_policy, register_backend
-from securepad.bench.config import DEFAULT_OUT, Config
+from securepad.bench.config import Config
 from securepad.bench.workloads import run_concurrent, run_resume
 from securepad.store import parts
 

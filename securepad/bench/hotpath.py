@@ -1,23 +1,17 @@
-"""The hot-path figures, as the ``hotpath`` workload of ``securepad bench``.
+"""The ``hotpath`` workload of ``securepad bench``: records with ``"section"`` set.
 
-Four sections, each a list of records with ``"section"`` set:
-
-- ``costs``: statements and WAL frames of one put at each size up to 1 MiB,
-  from ``securepad.bench.costs.put_costs`` (load-independent figures);
-- ``write``: 4 KiB observations per second with single puts and with
-  ``put_many`` of 8 and 64, under each durability setting (``normal``,
-  ``full``), and the same for the agent-framework stores (single writes, and
-  their own batch call: ``add_items`` of 8/64 items, ``put_writes`` of 8/64
-  writes);
+- ``costs``: statements and WAL frames of one put at each size up to 1 MiB
+  (load-independent: ``costs.put_costs``), beside raw apsw's WAL frames;
+- ``write``: 4 KiB observations per second, single puts and ``put_many`` of
+  8 and 64 under each durability setting, and the framework stores' single
+  writes and batches (``add_items``, ``put_writes``);
 - ``tail``: the last 2,000 characters of a 1 MiB observation, in process,
-  securepad's ``read(tail)`` beside each framework store's read of the item;
-- ``listing``: ``list_for_turn`` of a turn beside the unhardened design's
-  listing of the same turn, in process.
+  securepad's beside each framework store's read of the item;
+- ``listing``: ``list_for_turn`` beside the unhardened design's listing.
 
-The framework stores are optional peers: OpenAI Agents ``SQLiteSession`` and
-``EncryptedSession`` over it, LangGraph ``SqliteSaver`` with
-``EncryptedSerializer``. A peer whose package is missing is a record with
-``"skipped"`` and the reason.
+The framework stores are optional peers (OpenAI Agents ``SQLiteSession`` and
+``EncryptedSession``, LangGraph ``SqliteSaver`` with ``EncryptedSerializer``);
+a missing one is a record with ``"skipped"`` and the reason.
 """
 
 from __future__ import annotations
@@ -41,7 +35,7 @@ from . import data
 from .backends import PRINCIPAL, RawApswBackend, UnhardenedBackend, bench_policy
 from .config import Config, KiB, MiB, size_label
 from .costs import frames_in, put_costs
-from .stats import summarize
+from .stats import summarize, within
 
 Record = dict[str, Any]
 Step = Callable[[str], None]
@@ -50,10 +44,6 @@ BATCHES = (8, 64)
 DURABILITIES = ("normal", "full")
 TAIL_ENTRY = 1 * MiB
 TAIL_CHARS = 2000
-
-
-def hotpath_steps(cfg: Config) -> int:
-    return 5
 
 
 def run_hotpath(cfg: Config, name: str, workdir: Path, step: Step) -> Iterator[list[Record]]:
@@ -84,6 +74,12 @@ def _tag(section: str, record: Record) -> Record:
     return {"backend": "securepad", "section": section, **record}
 
 
+def _record(store: str, durability: str, mode: str, per_call: int, stats: dict[str, Any]) -> Record:
+    """A write rate's record."""
+    case = f"{store} {durability} {mode}" if store == "securepad" else f"{store} {mode}"
+    return {"store": store, "durability": durability, "mode": mode, "batch": per_call, "case": case, "stats": stats}
+
+
 def _costs(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
     sizes = [s for s in cfg.put_sizes if s <= MiB]
     records = []
@@ -110,10 +106,9 @@ def _raw_frames(root: Path, size: int) -> int:
     raw = RawApswBackend(root)
     try:
         raw.put("warm", 0, "warm-up")
-        conn = raw.conn
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        raw.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         raw.put("costs", 1, data.text(size, salt=size))
-        return frames_in(conn, raw.path)
+        return frames_in(raw.conn)
     finally:
         raw.close()
 
@@ -124,14 +119,10 @@ def _raw_frames(root: Path, size: int) -> int:
 def _timed(cfg: Config, operation: Callable[[int], None], per_call: int) -> dict[str, Any]:
     """Run ``operation(i)`` within the put budget; stats per call, plus observations per second."""
     samples: list[float] = []
-    began = time.perf_counter()
-    calls = 0
-    max_calls = max(cfg.put_min_ops, cfg.put_max_ops // per_call)
-    while calls < max_calls and (calls < cfg.put_min_ops or time.perf_counter() - began < cfg.put_budget_s):
+    for i in within(samples, cfg.put_budget_s, cfg.put_min_ops, max(cfg.put_min_ops, cfg.put_max_ops // per_call)):
         t0 = time.perf_counter()
-        operation(calls)
+        operation(i)
         samples.append(time.perf_counter() - t0)
-        calls += 1
     stats = summarize(samples, nbytes=WRITE_BYTES * per_call)
     stats["obs_per_s"] = stats["ops_per_s"] * per_call
     return stats
@@ -165,22 +156,9 @@ def _securepad_writes(cfg: Config, root: Path, keyring: Keyring) -> list[Record]
         policy = dataclasses.replace(bench_policy(), durability=setting)
         with Scratchpad.open(path, keyring=keyring, policy=policy) as pad:
             for mode, per_call, operation in _securepad_modes(pad, texts):
-                records.append(
-                    {
-                        "store": "securepad",
-                        "durability": setting,
-                        "mode": mode,
-                        "batch": per_call,
-                        "case": f"securepad {setting} {mode}",
-                        "stats": _timed(cfg, operation, per_call),
-                    }
-                )
+                records.append(_record("securepad", setting, mode, per_call, _timed(cfg, operation, per_call)))
         path.unlink(missing_ok=True)
     return records
-
-
-def _skip(store: str, durability: str, mode: str, reason: str) -> Record:
-    return {"store": store, "durability": durability, "mode": mode, "case": f"{store} {mode}", "skipped": reason}
 
 
 # -- the framework stores --------------------------------------------------------------------------
@@ -189,12 +167,16 @@ PEERS = ("SQLiteSession", "EncryptedSession", "SqliteSaver + EncryptedSerializer
 PEER_DURABILITY = "theirs: WAL, synchronous=FULL"
 
 
+_PEER_MODULES = {
+    "SQLiteSession": ("agents",),
+    "EncryptedSession": ("agents.extensions.memory",),
+    "SqliteSaver + EncryptedSerializer": ("langgraph.checkpoint.sqlite", "Crypto"),
+}
+
+
 def peer_missing(peer: str) -> str | None:
     """Why a framework store cannot run here, or None."""
-    modules = ["agents"] if "Session" in peer and "Saver" not in peer else ["langgraph.checkpoint.sqlite", "Crypto"]
-    if peer == "EncryptedSession":
-        modules = ["agents.extensions.memory"]
-    for module in modules:
+    for module in _PEER_MODULES[peer]:
         try:
             importlib.import_module(module)
         except ImportError as exc:
@@ -314,22 +296,14 @@ def _peer_writes(cfg: Config, root: Path) -> list[Record]:
     for peer in PEERS:
         reason = peer_missing(peer)
         if reason:
-            records += [_skip(peer, PEER_DURABILITY, m, reason) for m in ("single", *(f"batch {b}" for b in BATCHES))]
+            for mode in ("single", *(f"batch {b}" for b in BATCHES)):
+                records.append({"store": peer, "durability": PEER_DURABILITY, "mode": mode, "case": f"{peer} {mode}"})
+                records[-1]["skipped"] = reason
             continue
         store = _open_peer(peer, root / f"{peer}-write.db")
-        modes = store.modes(texts)
         try:
-            for mode, per_call, operation in modes:
-                records.append(
-                    {
-                        "store": peer,
-                        "durability": PEER_DURABILITY,
-                        "mode": mode,
-                        "batch": per_call,
-                        "case": f"{peer} {mode}",
-                        "stats": _timed(cfg, operation, per_call),
-                    }
-                )
+            for mode, per_call, operation in store.modes(texts):
+                records.append(_record(peer, PEER_DURABILITY, mode, per_call, _timed(cfg, operation, per_call)))
         finally:
             store.close()
     return records
@@ -342,10 +316,7 @@ def _read_stats(cfg: Config, read: Callable[[], str], expected: str) -> dict[str
     if read() != expected:
         raise AssertionError("the tail read returned the wrong characters")
     samples: list[float] = []
-    began = time.perf_counter()
-    while len(samples) < cfg.read_max_ops and (
-        len(samples) < cfg.read_min_ops or time.perf_counter() - began < cfg.read_budget_s
-    ):
+    for _ in within(samples, cfg.read_budget_s, cfg.read_min_ops, cfg.read_max_ops):
         t0 = time.perf_counter()
         read()
         samples.append(time.perf_counter() - t0)

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -91,21 +92,6 @@ def main(
     return 1 if results["failures"] else 0
 
 
-def costs(
-    *,
-    out: Path,
-    workdir: Path | None = None,
-    method: str | None = None,
-    tiny: bool = False,
-    ops: Sequence[str] | None = None,
-) -> int:
-    """``securepad bench --costs``: instructions (or CPU time) per operation (of
-    ``ops``, default all), counts and targets."""
-    from . import instructions
-
-    return instructions.main(out=out, workdir=workdir, method=method, tiny=tiny, ops=ops or instructions.OPERATIONS)
-
-
 def print_saved(path: Path, *, show_targets: bool = False, show_tables: bool = False) -> None:
     """Print the summary (and the targets, the tables when asked) of a saved run's JSON."""
     print(_text(json.loads(path.read_text(encoding="utf-8")), [str(path)], show_targets, show_tables), end="")
@@ -148,7 +134,7 @@ def run(
             "mode": config.mode,
             "started": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
             "machine": machine(scratch),
-            "config": config.as_dict(),
+            "config": asdict(config),
             "command": "securepad bench" + (" --quick" if config.mode == "quick" else ""),
             "memory_method": (
                 "peak RSS (Linux VmHWM, i.e. ru_maxrss) minus the RSS before the measured operations,"
@@ -258,11 +244,15 @@ def machine(workdir: Path) -> dict[str, Any]:
 
 def _proc_field(path: str, name: str) -> str | None:
     """The value of the first ``name: value`` line of a /proc file, or None."""
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError:
-        return None
+    lines = _lines(path)
     return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(name)), None)
+
+
+def _lines(path: str) -> list[str]:
+    try:
+        return Path(path).read_text().splitlines()
+    except OSError:
+        return []
 
 
 _SPIN = "import time\nt=time.perf_counter()\nn=0\nwhile time.perf_counter()-t<0.5: n+=1\nprint(n)"
@@ -293,27 +283,21 @@ def _loadavg() -> list[float] | None:
 
 
 def _filesystem(path: Path) -> str | None:
-    try:
-        mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
-    except OSError:
-        return None
-    best = None
+    """The file system of the longest mount point that holds ``path``: "<type> on <mount>"."""
     resolved = str(path.resolve())
-    for device, mount, fstype, *_ in mounts:
-        if resolved.startswith(mount) and (best is None or len(mount) > len(best[1])):
-            best = (device, mount, fstype)
-    return f"{best[2]} on {best[1]}" if best else None
+    mounts = [line.split()[1:3] for line in _lines("/proc/mounts")]
+    held = [(mount, fstype) for mount, fstype in mounts if resolved.startswith(mount)]
+    if not held:
+        return None
+    mount, fstype = max(held, key=lambda m: len(m[0]))
+    return f"{fstype} on {mount}"
 
 
 def _git_commit() -> str | None:
+    here = Path(__file__).resolve().parent
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
         )
     except (OSError, subprocess.SubprocessError):
         return None
