@@ -7,6 +7,7 @@ exact here because the benchmark text is ASCII.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import secrets
@@ -80,14 +81,21 @@ class Backend:
 
     name: ClassVar[str]
     description: ClassVar[str]
+    requires: ClassVar[tuple[str, str] | None] = None  # an optional module it needs, and the package that has it
 
     def __init__(self, root: Path, *, create: bool = True) -> None:
-        self.root = root
         root.mkdir(parents=True, exist_ok=True)
 
     @classmethod
     def unavailable(cls) -> str | None:
         """Why this backend cannot run here, or None."""
+        if cls.requires is None:
+            return None
+        module, package = cls.requires
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            return f"{module} is not installed ({exc}); pip install {package}"
         return None
 
     def put(self, turn_id: str, step: int, text: str, *, ttl: int = DEFAULT_TTL, now: float | None = None) -> str:
@@ -165,19 +173,12 @@ class SecurepadBackend(Backend):
 
 # -- the SQL baselines -------------------------------------------------------------------
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS entries(
-    id          {id_type} PRIMARY KEY,
-    turn_id     TEXT NOT NULL,
-    step_num    INTEGER NOT NULL,
-    created_at  REAL NOT NULL,
-    expires_at  REAL NOT NULL,
-    view        TEXT NOT NULL,
-    content     BLOB NOT NULL
-);
-CREATE INDEX IF NOT EXISTS entries_turn ON entries(turn_id, step_num);
-CREATE INDEX IF NOT EXISTS entries_expires ON entries(expires_at);
-"""
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS entries(id {id_type} PRIMARY KEY, turn_id TEXT NOT NULL, step_num INTEGER NOT NULL,"
+    " created_at REAL NOT NULL, expires_at REAL NOT NULL, view TEXT NOT NULL, content BLOB NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS entries_turn ON entries(turn_id, step_num)",
+    "CREATE INDEX IF NOT EXISTS entries_expires ON entries(expires_at)",
+)
 _INSERT = (
     "INSERT INTO entries(id, turn_id, step_num, created_at, expires_at, view, content) VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
@@ -187,18 +188,16 @@ class _SqlBackend(Backend):
     """The shared shape of the SQL baselines: one table, one connection per thread."""
 
     id_type = "TEXT"
-    file_name = "store.db"
 
     def __init__(self, root: Path, *, create: bool = True) -> None:
         super().__init__(root)
-        self.path = root / self.file_name
+        self.path = root / "store.db"
         self._local = threading.local()
         self._all: list[Any] = []
         self._lock = threading.Lock()
         conn = self.conn
         if create:
-            statements = [sql for sql in _SCHEMA.format(id_type=self.id_type).split(";") if sql.strip()]
-            self._write(lambda: [conn.execute(sql) for sql in statements])
+            self._write(lambda: [conn.execute(sql.format(id_type=self.id_type)) for sql in _SCHEMA])
 
     @property
     def conn(self) -> Any:
@@ -314,6 +313,7 @@ class UnhardenedBackend(_SqlBackend):
 class SqlCipherBackend(_SqlBackend):
     name = "sqlcipher"
     description = "SQLCipher 4 (sqlcipher3-binary), raw key, WAL + NORMAL, substr() reads"
+    requires = ("sqlcipher3", "sqlcipher3-binary")
 
     def __init__(self, root: Path, *, create: bool = True) -> None:
         key_file = root / "key.hex"
@@ -322,14 +322,6 @@ class SqlCipherBackend(_SqlBackend):
             key_file.write_text(secrets.token_hex(32))
         self._hex_key = key_file.read_text().strip()
         super().__init__(root, create=create)
-
-    @classmethod
-    def unavailable(cls) -> str | None:
-        try:
-            import sqlcipher3  # noqa: F401
-        except ImportError as exc:
-            return f"sqlcipher3 is not installed ({exc}); pip install sqlcipher3-binary"
-        return None
 
     def _connect(self) -> Any:
         from sqlcipher3 import dbapi2
@@ -353,20 +345,13 @@ class SqlCipherBackend(_SqlBackend):
 class DiskcacheBackend(Backend):
     name = "diskcache"
     description = "diskcache.Cache (eviction off), file-backed values read with a seek"
+    requires = ("diskcache", "diskcache")
 
     def __init__(self, root: Path, *, create: bool = True) -> None:
         super().__init__(root)
         import diskcache
 
         self.cache = diskcache.Cache(str(root / "cache"), size_limit=1 << 50, eviction_policy="none")
-
-    @classmethod
-    def unavailable(cls) -> str | None:
-        try:
-            import diskcache  # noqa: F401
-        except ImportError as exc:
-            return f"diskcache is not installed ({exc}); pip install diskcache"
-        return None
 
     @staticmethod
     def _id(turn_id: str, step: int) -> str:
@@ -418,10 +403,7 @@ class DiskcacheBackend(Backend):
         for first in range(0, count, 1000):
             with self.cache.transact():
                 for i in range(first, min(count, first + 1000)):
-                    text = data.text(size, salt=i)
-                    self.cache.set(
-                        self._id("gc-turn", i), text.encode(), expire=self._GC_TTL, tag=json.dumps(view_of(i, text))
-                    )
+                    self.put("gc-turn", i, data.text(size, salt=i), ttl=self._GC_TTL)
 
     def gc(self, now: float) -> int:
         return int(self.cache.expire(now=max(now, time.time() + 2 * self._GC_TTL)))

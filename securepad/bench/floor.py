@@ -63,6 +63,10 @@ _READ = (
     " CASE WHEN e.segment_count = 1 THEN e.content END, h.sealed FROM entries e"
     " JOIN heads h ON h.owner = e.owner_user_id AND h.turn = e.turn_id WHERE e.id = ? AND e.owner_user_id = ?"
 )
+_LIST = (
+    f"SELECT {_LISTED}, sealed_listing FROM entries WHERE owner_user_id = ? AND turn_id = ? AND expires_at > ?"
+    " ORDER BY step_num"
+)
 _ROWS = (
     "SELECT id, step_num, expires_at, size_bytes, actor, channel FROM entries WHERE owner_user_id = ? AND turn_id = ?"
 )
@@ -225,11 +229,8 @@ class SealedFloorBackend(Backend):
     def resume(self, turn_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         head, history = self._stored_head(turn_id), []
         items = head.items or {}
-        select = (
-            f"SELECT {_LISTED}, sealed_listing FROM entries WHERE owner_user_id = ? AND turn_id = ? AND expires_at > ?"
-        )
         now = time.time()
-        for values in self._query(f"{select} ORDER BY step_num", (self.owner, turn_id, now)):
+        for values in self._query(_LIST, (self.owner, turn_id, now)):
             row = dict(zip(_NAMES, values, strict=False))
             if items.get(row["id"]) != _ITEM(row):
                 raise IntegrityError(f"entry {row['id']} is not in its turn's head as its row says")

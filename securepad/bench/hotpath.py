@@ -26,6 +26,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -218,11 +219,7 @@ class _SessionPeer:
     def tail_reader(self, text: str) -> Callable[[], str]:
         session = self.session("tail")
         self.write(session, [text])
-        return functools.partial(self.tail, session, TAIL_CHARS)
-
-    def tail(self, session: Any, n: int) -> str:
-        items = self.loop.run_until_complete(session.get_items(limit=1))
-        return str(items[-1]["content"])[-n:]
+        return lambda: str(self.loop.run_until_complete(session.get_items(limit=1))[-1]["content"])[-TAIL_CHARS:]
 
     def close(self) -> None:
         self.loop.close()
@@ -273,12 +270,12 @@ class _SaverPeer:
 
     def tail_reader(self, text: str) -> Callable[[], str]:
         self.put("tail", text)
-        return functools.partial(self.tail, "tail", TAIL_CHARS)
+        return functools.partial(self.tail, "tail")
 
-    def tail(self, thread: str, n: int) -> str:
+    def tail(self, thread: str) -> str:
         found = self.saver.get_tuple({"configurable": {"thread_id": thread, "checkpoint_ns": ""}})
         assert found is not None
-        return str(found.checkpoint["channel_values"]["data"])[-n:]
+        return str(found.checkpoint["channel_values"]["data"])[-TAIL_CHARS:]
 
     def close(self) -> None:
         self.conn.close()
@@ -300,12 +297,9 @@ def _peer_writes(cfg: Config, root: Path) -> list[Record]:
                 records.append({"store": peer, "durability": PEER_DURABILITY, "mode": mode, "case": f"{peer} {mode}"})
                 records[-1]["skipped"] = reason
             continue
-        store = _open_peer(peer, root / f"{peer}-write.db")
-        try:
+        with closing(_open_peer(peer, root / f"{peer}-write.db")) as store:
             for mode, per_call, operation in store.modes(texts):
                 records.append(_record(peer, PEER_DURABILITY, mode, per_call, _timed(cfg, operation, per_call)))
-        finally:
-            store.close()
     return records
 
 
@@ -339,11 +333,8 @@ def _tails(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
         if reason:
             records.append({"store": peer, "case": peer, "skipped": reason})
             continue
-        store = _open_peer(peer, root / f"{peer}-tail.db")
-        try:
+        with closing(_open_peer(peer, root / f"{peer}-tail.db")) as store:
             records.append({"store": peer, "case": peer, "stats": _read_stats(cfg, store.tail_reader(text), expected)})
-        finally:
-            store.close()
     return records
 
 
@@ -355,29 +346,11 @@ def _listing(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
         for i in range(steps):
             pad.put(PRINCIPAL, "listed", i, "bench", texts[i % len(texts)])
 
-        def listed() -> str:
-            return str(len(pad.list_for_turn(PRINCIPAL, "listed")))
-
-        records.append(
-            {
-                "store": "securepad",
-                "case": f"list_for_turn {steps}",
-                "steps": steps,
-                "stats": _read_stats(cfg, listed, str(steps)),
-            }
-        )
-    plain = UnhardenedBackend(root / "unhardened")
-    try:
+        stats = _read_stats(cfg, lambda: str(len(pad.list_for_turn(PRINCIPAL, "listed"))), str(steps))
+        records.append({"store": "securepad", "case": f"list_for_turn {steps}", "steps": steps, "stats": stats})
+    with closing(UnhardenedBackend(root / "unhardened")) as plain:
         for i in range(steps):
             plain.put("listed", i, texts[i % len(texts)])
-        records.append(
-            {
-                "store": "unhardened",
-                "case": f"SELECT by turn {steps}",
-                "steps": steps,
-                "stats": _read_stats(cfg, lambda: str(len(plain.resume("listed")[0])), str(steps)),
-            }
-        )
-    finally:
-        plain.close()
+        stats = _read_stats(cfg, lambda: str(len(plain.resume("listed")[0])), str(steps))
+        records.append({"store": "unhardened", "case": f"SELECT by turn {steps}", "steps": steps, "stats": stats})
     return records

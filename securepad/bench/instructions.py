@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +66,7 @@ _MARKER = "sys_getswitchinterval"
 
 def prepare(name: str, root: Path, listed: int = LISTED) -> dict[str, Any]:
     """Build the store every measured process of backend ``name`` starts from."""
-    backend = open_backend(name, root)
-    try:
+    with closing(open_backend(name, root)) as backend:
         read_id = backend.put("costs-read", 0, text(ENTRY_BYTES, salt=1))
         for step in range(3):
             backend.put("costs-put", step, text(ENTRY_BYTES, salt=10 + step))
@@ -75,8 +75,6 @@ def prepare(name: str, root: Path, listed: int = LISTED) -> dict[str, Any]:
         if isinstance(backend, SecurepadBackend):
             items = [(step, "bench", text(ENTRY_BYTES, salt=step)) for step in range(BATCH)]
             backend.pad.put_many(PRINCIPAL, "costs-many", items)
-    finally:
-        backend.close()
     return {"read_id": read_id, "listed": listed}
 
 
@@ -247,15 +245,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         value = figures.get("securepad", {}).get(op)
         against = figures.get(base, {}).get(base_op)
         ratio = value / against if value is not None and against else None
-        out.append(
-            {
-                "operation": op,
-                "against": f"{base} {base_op}",
-                "at_most": most,
-                "ratio": ratio,
-                "met": None if ratio is None else ratio <= most,
-            }
-        )
+        met = None if ratio is None else ratio <= most
+        out.append({"operation": op, "against": f"{base} {base_op}", "at_most": most, "ratio": ratio, "met": met})
     return out
 
 
@@ -276,10 +267,8 @@ def _empty_wal(backend: Backend) -> None:
         _connection(backend).wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
 
 
-def work(
-    name: str, workdir: Path, prepared: dict[str, Any], chosen: Sequence[str] | None = None
-) -> dict[str, dict[str, int]]:
-    """One warm call of each operation (of ``chosen``), counted: statements, WAL frames, key work."""
+def work(name: str, workdir: Path, prepared: dict[str, Any], chosen: Sequence[str]) -> dict[str, dict[str, int]]:
+    """One warm call of each operation of ``chosen``, counted: statements, WAL frames, key work."""
     root = workdir / "counted"
     shutil.rmtree(root, ignore_errors=True)
     shutil.copytree(workdir / "prepared" / name, root)
@@ -287,7 +276,7 @@ def work(
     try:
         ops = _operations(backend, prepared)
         found = {}
-        for serial, op in enumerate(BACKENDS[name] if chosen is None else chosen):
+        for serial, op in enumerate(chosen):
             ops[op](10_000 + 2 * serial)  # warm
             _empty_wal(backend)
             conn = _connection(backend)
@@ -306,6 +295,12 @@ def work(
 
 def _figure(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+
+
+def _counted(c: dict[str, int] | None) -> str:
+    if c is None:
+        return "-"
+    return f"{c['statements']}/{c['wal_frames']}/{c['key_derivations']},{c['key_unwraps']},{c['header_digests']}"
 
 
 def report(results: dict[str, Any]) -> str:
@@ -327,15 +322,7 @@ def report(results: dict[str, Any]) -> str:
     lines += ["", "one warm call: SQL statements / WAL frames / key derivations, unwraps, header digests"]
     for op, label in ops.items():
         label = label.replace(", per observation", f" (one call: {BATCH} observations)")
-        cells = []
-        for name in names:
-            counted = results["work"].get(name, {}).get(op)
-            cells.append(
-                "-"
-                if counted is None
-                else f"{counted['statements']}/{counted['wal_frames']}/"
-                f"{counted['key_derivations']},{counted['key_unwraps']},{counted['header_digests']}"
-            )
+        cells = (_counted(results["work"].get(name, {}).get(op)) for name in names)
         lines.append(f"{label:<52}" + "".join(f"{cell:>16}" for cell in cells))
     lines += ["", "targets (securepad against its yardstick)"]
     for target in results["targets"]:

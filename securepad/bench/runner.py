@@ -31,9 +31,9 @@ from .config import Config
 from .floor import SealedFloorBackend
 from .workloads import WORKLOADS
 
-# Backends the suite runs only when named (``--backends``): the sealed floor, the
-# yardstick of what securepad's guarantees cost (``--costs`` measures it always).
-NAMED_ONLY: dict[str, type[Backend]] = {SealedFloorBackend.name: SealedFloorBackend}
+# Every backend the suite can run: those it runs by default, and the sealed floor, run only when
+# named (``--backends``), the yardstick of what securepad's guarantees cost (``--costs`` measures it always).
+KNOWN: dict[str, type[Backend]] = {**BACKENDS, SealedFloorBackend.name: SealedFloorBackend}
 
 
 def parse_names(field: str, given: str) -> list[str]:
@@ -47,7 +47,7 @@ def parse_names(field: str, given: str) -> list[str]:
 
         known: Sequence[str] | dict[str, Any] = OPERATIONS
     else:
-        known = {**BACKENDS, **NAMED_ONLY} if field == "backends" else WORKLOADS
+        known = KNOWN if field == "backends" else WORKLOADS
     chosen = [x.strip() for x in given.split(",") if x.strip()]
     unknown = [x for x in chosen if x not in known]
     if unknown:
@@ -105,10 +105,6 @@ def _text(results: dict[str, Any], written: list[str], show_targets: bool, show_
     return "".join(parts)
 
 
-def _backend(name: str) -> type[Backend]:
-    return BACKENDS.get(name) or NAMED_ONLY[name]
-
-
 def run(
     config: Config,
     backends: Sequence[str],
@@ -122,7 +118,7 @@ def run(
     started = time.time()
     available, skipped = [], []
     for name in backends:
-        reason = _backend(name).unavailable()
+        reason = KNOWN[name].unavailable()
         if reason:
             skipped.append({"backend": name, "reason": reason})
             err.print(Text.assemble(("skipping ", "yellow"), (f"{name}:", "yellow"), f" {reason}"), highlight=False)
@@ -142,7 +138,7 @@ def run(
             ),
         },
         "backends": {
-            name: {"description": _backend(name).description, "available": name in available} for name in backends
+            name: {"description": KNOWN[name].description, "available": name in available} for name in backends
         },
         "workloads": {},
         "skipped": skipped,

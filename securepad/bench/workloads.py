@@ -12,13 +12,14 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 from securepad import Keyring
 
 from . import data
-from .backends import PRINCIPAL, Backend, SecurepadBackend, SqlCipherBackend, open_backend, slice_of
+from .backends import PRINCIPAL, SecurepadBackend, open_backend, slice_of
 from .child import can_reset_peak, command, environment, output, run
 from .config import Config, KiB, size_label
 from .hotpath import run_hotpath
@@ -68,10 +69,9 @@ def run_read(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
     the peak cannot be reset)."""
     root = _fresh(workdir / "read" / name)
     n = cfg.read_chars
-    backend = open_backend(name, root)
     step(f"store {', '.join(size_label(s) for s in cfg.read_sizes)} entries")
     ids: dict[int, str] = {}
-    try:
+    with closing(open_backend(name, root)) as backend:
         warm_id = backend.put("read-turn", 0, data.text(4 * KiB, salt=1))
         for index, size in enumerate(cfg.read_sizes, start=1):
             text = data.text(size, salt=size)
@@ -81,8 +81,6 @@ def run_read(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
                 if got != slice_of(text, mode, n, size // 2):
                     raise AssertionError(f"{name}: {mode} of {size_label(size)} returned the wrong characters")
             del text
-    finally:
-        backend.close()
     yield []
     per_process = [list(READ_MODES)] if can_reset_peak() else [[mode] for mode in READ_MODES]
     spec = {"task": "read", "backend": name, "root": str(root), "warm_id": warm_id, "n": n}
@@ -93,18 +91,10 @@ def run_read(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
         for modes in per_process:
             result = run({**spec, "entry_id": ids[size], "modes": modes, "start": size // 2})
             for mode, got in result["modes"].items():
-                records.append(
-                    {
-                        "backend": name,
-                        "case": f"{mode} {n} of {size_label(size)}",
-                        "mode": mode,
-                        "entry_bytes": size,
-                        "chars": n,
-                        "stats": summarize(got["samples"], nbytes=n),
-                        "peak_rss_delta_kib": got["peak_rss_delta_kib"],
-                        "peak_reset": got["hwm_reset"],
-                    }
-                )
+                case = {"backend": name, "case": f"{mode} {n} of {size_label(size)}", "mode": mode, "entry_bytes": size}
+                stats = summarize(got["samples"], nbytes=n)
+                peak = {"peak_rss_delta_kib": got["peak_rss_delta_kib"], "peak_reset": got["hwm_reset"]}
+                records.append(case | {"chars": n, "stats": stats} | peak)
         yield records
     shutil.rmtree(root, ignore_errors=True)
 
@@ -117,11 +107,8 @@ def run_concurrent(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
         case = f"{processes}x{threads}"
         step(f"{case} for {cfg.concurrency_seconds:g} s")
         root = _fresh(workdir / "concurrent" / name / case)
-        backend = open_backend(name, root)
-        try:
+        with closing(open_backend(name, root)) as backend:
             read_ids = [backend.put("seed", i, data.text(cfg.concurrent_bytes, salt=i)) for i in range(50)]
-        finally:
-            backend.close()
         outputs = _run_workers(cfg, name, root, processes, threads, read_ids)
         put_lat = [x for o in outputs for x in o["put"]]
         read_lat = [x for o in outputs for x in o["read"]]
@@ -179,17 +166,13 @@ def _run_workers(cfg: Config, name: str, root: Path, processes: int, threads: in
 
 def _lost_writes(name: str, root: Path, acked: list[tuple[Any, ...]], size: int) -> int:
     """Acknowledged puts that are not readable with exactly the content put."""
-    backend = open_backend(name, root, create=False)
     lost = 0
-    try:
+    with closing(open_backend(name, root, create=False)) as backend:
         for entry_id, salt in acked:
             try:
-                if backend.get(entry_id) != data.text(size, salt):
-                    lost += 1
+                lost += backend.get(entry_id) != data.text(size, salt)
             except Exception:
                 lost += 1
-    finally:
-        backend.close()
     return lost
 
 
@@ -200,28 +183,18 @@ def run_resume(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
     """A fresh process opens the store and resumes a turn (history and tools ready)."""
     root = _fresh(workdir / "resume" / name)
     step(f"record turns of {', '.join(map(str, cfg.resume_steps))} steps")
-    backend = open_backend(name, root)
-    try:
+    with closing(open_backend(name, root)) as backend:
         for steps in cfg.resume_steps:
             for i in range(steps):
                 backend.put(f"turn-{steps}", i, data.text(cfg.resume_entry_bytes, salt=steps * 100_000 + i))
-    finally:
-        backend.close()
     yield []
     for steps in cfg.resume_steps:
         step(f"resume {steps} steps")
         spec = {"task": "resume", "backend": name, "root": str(root), "turn_id": f"turn-{steps}", "steps": steps}
         runs = [run(spec) for _ in range(cfg.resume_processes)]
-        yield [
-            {
-                "backend": name,
-                "case": f"{steps} steps",
-                "steps": steps,
-                "stats": summarize([r["seconds"] for r in runs]),
-                "peak_rss_delta_kib": max(r["peak_rss_delta_kib"] for r in runs),
-                "api": runs[0]["api"],
-            }
-        ]
+        stats, peak = summarize([r["seconds"] for r in runs]), max(r["peak_rss_delta_kib"] for r in runs)
+        case = {"backend": name, "case": f"{steps} steps", "steps": steps}
+        yield [case | {"stats": stats, "peak_rss_delta_kib": peak, "api": runs[0]["api"]}]
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -265,9 +238,8 @@ def run_open(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
     step("open")
     cases = _open_cases(name, root)
     if name != "securepad":  # securepad's openers create their stores on first use
-        seeded = open_backend(name, root / "raw" if name == "sqlcipher" else root)
-        seeded.put("open-turn", 0, data.text(4 * KiB))
-        seeded.close()
+        with closing(open_backend(name, root / "raw" if name == "sqlcipher" else root)) as seeded:
+            seeded.put("open-turn", 0, data.text(4 * KiB))
     records = []
     try:
         for case, opener in cases.items():
@@ -299,25 +271,21 @@ def _open_cases(name: str, root: Path) -> dict[str, Callable[[], Callable[[], No
                 root / "pass", lambda: Keyring.from_passphrase(PASSPHRASE)
             ),
         }
-    if name == "sqlcipher":
-        return {
-            "raw key": lambda: _sqlcipher_open(root / "raw", None),
-            "passphrase (PBKDF2-SHA512 256k)": lambda: _sqlcipher_open(root / "pass", PASSPHRASE),
-        }
 
-    def plain() -> Callable[[], None]:
-        backend: Backend = open_backend(name, root, create=False)
+    def plain(path: Path) -> Callable[[], None]:
+        backend = open_backend(name, path, create=False)
         backend.resume("none")  # one query: the store is really open
         return backend.close
 
-    return {"no key (plaintext)": plain}
+    if name == "sqlcipher":
+        return {
+            "raw key": lambda: plain(root / "raw"),
+            "passphrase (PBKDF2-SHA512 256k)": lambda: _sqlcipher_passphrase(root / "pass", PASSPHRASE),
+        }
+    return {"no key (plaintext)": lambda: plain(root)}
 
 
-def _sqlcipher_open(path: Path, passphrase: str | None) -> Callable[[], None]:
-    if passphrase is None:
-        backend = SqlCipherBackend(path, create=False)
-        backend.resume("none")
-        return backend.close
+def _sqlcipher_passphrase(path: Path, passphrase: str) -> Callable[[], None]:
     from sqlcipher3 import dbapi2
 
     path.mkdir(parents=True, exist_ok=True)
