@@ -8,6 +8,7 @@ exact here because the benchmark text is ASCII.
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import os
 import secrets
@@ -382,8 +383,7 @@ class DiskcacheBackend(Backend):
     def resume(self, turn_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         # A key-value store lists a turn by probing its step keys in order.
         history = []
-        step = 0
-        while True:
+        for step in itertools.count():
             key = self._id(turn_id, step)
             found = self.cache.get(key, read=True, tag=True)
             if found[0] is None:
@@ -391,7 +391,6 @@ class DiskcacheBackend(Backend):
             if hasattr(found[0], "close"):
                 found[0].close()
             history.append({"scratchpad_id": key, **json.loads(found[1])})
-            step += 1
         return history, [READ_TOOL] if history else []
 
     # diskcache takes expiry relative to its own clock at set(), and every set()

@@ -437,28 +437,18 @@ def chart(results: Results, path: Path) -> str | None:
     def size(r: Record) -> str:
         return size_label(r["entry_bytes"])
 
-    # (records, the key of a bar's case, its value, title, log scale, the case's label)
-    panels: list[tuple[list[Record], str, Callable[[Record], float], str, bool, Callable[[Record], str] | None]] = [
-        (w.get("put", []), "case", lambda r: r["stats"]["mb_per_s"], "put throughput (MB/s)", True, None),
-        (tails, "entry_bytes", lambda r: r["stats"]["median"] * 1e3, "tail 2000 chars: median (ms)", True, size),
-        (
-            tails,
-            "entry_bytes",
-            lambda r: max(r["peak_rss_delta_kib"], 1) / 1024,
-            "tail 2000 chars: reader's extra peak RSS (MiB)",
-            True,
-            size,
-        ),
-        (conc, "case", lambda r: r["stats"]["ops_per_s"], "concurrent 50/50: total ops/s (PxT)", False, None),
-        (conc, "case", lambda r: r["put"]["p99"] * 1e3, "concurrent 50/50: put p99 (ms)", True, None),
-        (
-            w.get("resume", []),
-            "steps",
-            lambda r: r["stats"]["median"] * 1e3,
-            "resume a turn in a fresh process: median (ms)",
-            True,
-            lambda r: r["case"],
-        ),
+    def case(r: Record) -> str:
+        return str(r["case"])
+
+    rss, resume = "tail 2000 chars: reader's extra peak RSS (MiB)", "resume a turn in a fresh process: median (ms)"
+    # (records, a bar's case, its value, title, log scale)
+    panels: list[tuple[list[Record], Callable[[Record], str], Callable[[Record], float], str, bool]] = [
+        (w.get("put", []), case, lambda r: r["stats"]["mb_per_s"], "put throughput (MB/s)", True),
+        (tails, size, lambda r: r["stats"]["median"] * 1e3, "tail 2000 chars: median (ms)", True),
+        (tails, size, lambda r: max(r["peak_rss_delta_kib"], 1) / 1024, rss, True),
+        (conc, case, lambda r: r["stats"]["ops_per_s"], "concurrent 50/50: total ops/s (PxT)", False),
+        (conc, case, lambda r: r["put"]["p99"] * 1e3, "concurrent 50/50: put p99 (ms)", True),
+        (w.get("resume", []), case, lambda r: r["stats"]["median"] * 1e3, resume, True),
     ]
     fig, axes = plt.subplots(2, 3, figsize=(17, 9.5))
     fig.suptitle(f"securepad benchmarks ({results['meta']['mode']} run, {results['meta']['machine']['summary']})")
@@ -473,29 +463,27 @@ def chart(results: Results, path: Path) -> str | None:
 def _bars(
     ax: Any,
     records: list[Record],
-    key: str,
+    case_of: Callable[[Record], str],
     value: Callable[[Record], float],
     title: str,
     log: bool,
-    label: Callable[[Record], str] | None,
 ) -> None:
     ax.set_title(title, fontsize=10)
     if not records:
         ax.text(0.5, 0.5, "not in this run", ha="center", va="center", transform=ax.transAxes)
         return
-    names = {r[key]: label(r) if label else str(r[key]) for r in reversed(records)}  # the first record's label
-    cases = list(dict.fromkeys(r[key] for r in records))
+    cases = list(dict.fromkeys(case_of(r) for r in records))
     backends = list(dict.fromkeys(r["backend"] for r in records))
     width = 0.8 / len(backends)
     for i, backend in enumerate(backends):
         xs, ys = [], []
         for j, case in enumerate(cases):
-            found = next((r for r in records if r["backend"] == backend and r[key] == case), None)
+            found = next((r for r in records if r["backend"] == backend and case_of(r) == case), None)
             if found is not None and value(found):
                 xs.append(j + i * width - 0.4 + width / 2)
                 ys.append(value(found))
         ax.bar(xs, ys, width, label=backend, color=COLORS.get(backend))
-    ax.set_xticks(range(len(cases)), [names[c] for c in cases], fontsize=8)
+    ax.set_xticks(range(len(cases)), cases, fontsize=8)
     if log:
         ax.set_yscale("log")
     ax.grid(axis="y", alpha=0.3)
