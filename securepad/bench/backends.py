@@ -77,6 +77,11 @@ def transaction(conn: Any, body: Callable[[], T]) -> T:
     return result
 
 
+# Every store class by name, as its module defines it: ``open_backend`` (and so a child process) finds
+# a store once its module is imported, the suite's own (``BACKENDS``) or not (the sealed floor, PostgreSQL).
+KNOWN: dict[str, type[Backend]] = {}
+
+
 class Backend:
     """One store under test, opened on a directory it owns."""
 
@@ -84,7 +89,13 @@ class Backend:
     description: ClassVar[str]
     requires: ClassVar[tuple[str, str] | None] = None  # an optional module it needs, and the package that has it
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:  # a store, not a shared base
+            KNOWN[cls.name] = cls
+
     def __init__(self, root: Path, *, create: bool = True) -> None:
+        self.root = root
         root.mkdir(parents=True, exist_ok=True)
 
     @classmethod
@@ -411,24 +422,14 @@ class DiskcacheBackend(Backend):
         self.cache.close()
 
 
+# The suite's own run, in its order.
 BACKENDS: dict[str, type[Backend]] = {
     b.name: b for b in (SecurepadBackend, RawApswBackend, UnhardenedBackend, DiskcacheBackend, SqlCipherBackend)
 }
 
 
-# Backends outside the suite's own run (PostgreSQL and variants), added by the module
-# that defines them (benchmarks/postgres.py): this module never imports them.
-EXTRA_BACKENDS: dict[str, type[Backend]] = {}
-
-
-def register_backend(backend: type[Backend]) -> None:
-    """Make ``backend`` known to ``open_backend`` (not to the suite's own run)."""
-    EXTRA_BACKENDS[backend.name] = backend
-
-
 def open_backend(name: str, root: Path, *, create: bool = True) -> Backend:
     """Open backend ``name`` on ``root``; ``create`` also creates its tables if absent."""
-    found = BACKENDS.get(name) or EXTRA_BACKENDS.get(name)
-    if found is None:
+    if name not in KNOWN:
         raise KeyError(f"unknown backend {name!r}")
-    return found(root, create=create)
+    return KNOWN[name](root, create=create)

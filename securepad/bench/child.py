@@ -31,8 +31,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from . import data, floor  # noqa: F401  (registers the sealed floor)
-from .backends import EXTRA_BACKENDS, open_backend
+from . import data, floor  # noqa: F401  (the sealed floor: known to open_backend)
+from .backends import BACKENDS, KNOWN, open_backend
 from .stats import within
 
 # -- running a child -------------------------------------------------------------------
@@ -40,8 +40,8 @@ from .stats import within
 
 def command(spec: dict[str, Any]) -> list[str]:
     """The command that runs ``spec``; ``-P``: the child never imports from its working directory."""
-    if spec.get("backend") in EXTRA_BACKENDS:  # defined outside the suite: the child imports its module
-        spec = {**spec, "module": EXTRA_BACKENDS[spec["backend"]].__module__}
+    if spec.get("backend") not in BACKENDS:  # defined outside the suite's own run: the child imports its module
+        spec = {**spec, "module": KNOWN[spec["backend"]].__module__}
     return [sys.executable, "-P", "-m", __name__, json.dumps(spec)]
 
 

@@ -21,17 +21,7 @@ from ..core.segments import SEGMENT_BYTES, split_bytes
 from ..crypto import formats
 from ..crypto import primitives as crypto
 from ..errors import IntegrityError
-from .backends import (
-    DEFAULT_TTL,
-    PRINCIPAL,
-    READ_TOOL,
-    Backend,
-    apsw_connection,
-    offset_of,
-    register_backend,
-    transaction,
-    view_of,
-)
+from .backends import DEFAULT_TTL, PRINCIPAL, READ_TOOL, Backend, apsw_connection, offset_of, transaction, view_of
 
 STORE_ID = "sealed-floor"
 _MOD = 1 << 256
@@ -256,7 +246,3 @@ class SealedFloorBackend(Backend):
 
     def close(self) -> None:
         self.conn.close()
-
-
-# Known to ``open_backend`` once imported; the suite runs it when named (``--backends``) and in ``--costs``.
-register_backend(SealedFloorBackend)

@@ -33,7 +33,7 @@ from .workloads import WORKLOADS
 
 # Every backend the suite can run: those it runs by default, and the sealed floor, run only when
 # named (``--backends``), the yardstick of what securepad's guarantees cost (``--costs`` measures it always).
-KNOWN: dict[str, type[Backend]] = {**BACKENDS, SealedFloorBackend.name: SealedFloorBackend}
+RUNNABLE: dict[str, type[Backend]] = {**BACKENDS, SealedFloorBackend.name: SealedFloorBackend}
 
 
 def parse_names(field: str, given: str) -> list[str]:
@@ -47,7 +47,7 @@ def parse_names(field: str, given: str) -> list[str]:
 
         known: Sequence[str] | dict[str, Any] = OPERATIONS
     else:
-        known = KNOWN if field == "backends" else WORKLOADS
+        known = RUNNABLE if field == "backends" else WORKLOADS
     chosen = [x.strip() for x in given.split(",") if x.strip()]
     unknown = [x for x in chosen if x not in known]
     if unknown:
@@ -118,7 +118,7 @@ def run(
     started = time.time()
     available, skipped = [], []
     for name in backends:
-        reason = KNOWN[name].unavailable()
+        reason = RUNNABLE[name].unavailable()
         if reason:
             skipped.append({"backend": name, "reason": reason})
             err.print(Text.assemble(("skipping ", "yellow"), (f"{name}:", "yellow"), f" {reason}"), highlight=False)
@@ -138,7 +138,7 @@ def run(
             ),
         },
         "backends": {
-            name: {"description": KNOWN[name].description, "available": name in available} for name in backends
+            name: {"description": RUNNABLE[name].description, "available": name in available} for name in backends
         },
         "workloads": {},
         "skipped": skipped,
