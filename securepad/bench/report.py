@@ -54,6 +54,10 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
+def _rate_cells(stats: dict[str, Any]) -> list[str]:
+    return [_ms(stats["median"]), f"{stats['obs_per_s']:,.0f}", str(stats["n"])]
+
+
 def _table(header: list[str], rows: Iterable[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -121,22 +125,13 @@ _HOTPATH: dict[str, tuple[str, list[str], Callable[[Record], list[str]]]] = {
         ["size", "statements", "WAL frames", "raw-apsw WAL frames"],
         lambda r: [
             r["case"].removeprefix("costs "),
-            str(r["statements"]),
-            str(r["wal_frames"]),
-            str(r["raw_wal_frames"]),
+            *(str(r[k]) for k in ("statements", "wal_frames", "raw_wal_frames")),
         ],
     ),
     "write": (
         "4 KiB observations per second, single writes and batches",
         ["store", "durability", "call", "median per call", "observations/s", "calls"],
-        lambda r: [
-            r["store"],
-            r["durability"],
-            r["mode"],
-            _ms(r["stats"]["median"]),
-            f"{r['stats']['obs_per_s']:,.0f}",
-            str(r["stats"]["n"]),
-        ],
+        lambda r: [r["store"], r["durability"], r["mode"], *_rate_cells(r["stats"])],
     ),
     "tail": (
         f"tail of {TAIL_CHARS} characters of {size_label(TAIL_ENTRY)}, in process",
