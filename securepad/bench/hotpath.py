@@ -88,17 +88,9 @@ def _costs(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
         pad.put(PRINCIPAL, "warm", 0, "bench", data.text(WRITE_BYTES, salt=1))
         for size in sizes:
             found = put_costs(pad, PRINCIPAL, size)
-            records.append(
-                {
-                    "store": "securepad",
-                    "case": f"costs {size_label(size)}",
-                    "size_bytes": size,
-                    "statements": int(found["statements"]),
-                    "wal_frames": int(found["wal_frames"]),
-                    "detail": {k: v for k, v in found.items() if k not in ("statements", "wal_frames")},
-                    "raw_wal_frames": _raw_frames(root / "raw-costs", size),
-                }
-            )
+            counts = {"statements": int(found.pop("statements")), "wal_frames": int(found.pop("wal_frames"))}
+            record = {"store": "securepad", "case": f"costs {size_label(size)}", "size_bytes": size, **counts}
+            records.append(record | {"detail": found, "raw_wal_frames": _raw_frames(root / "raw-costs", size)})
     return records
 
 
