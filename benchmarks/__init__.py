@@ -4,3 +4,8 @@ Not shipped in the wheel. ``securepad bench`` (the installed suite) is
 ``securepad.bench``; the fault proxy, PgBouncer launcher and meters these
 share with the tests are ``securepad.testing``.
 """
+
+from pathlib import Path
+
+# Where a benchmark writes its results unless told (--out): beside the user, as ``securepad bench``.
+DEFAULT_OUT = Path("securepad-bench-results")

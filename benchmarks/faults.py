@@ -35,8 +35,8 @@ from typing import Any
 
 import apsw
 
+from benchmarks import DEFAULT_OUT
 from securepad import Keyring, Policy, Principal, Scratchpad, SecurepadError, StoreBusyError
-from securepad.bench.config import DEFAULT_OUT
 from securepad.testing.faults import ALICE, LIMITS, damaged_copies, exercise, proxy_for, through
 
 SERVER_DSN = os.environ.get("SECUREPAD_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import DEFAULT_OUT
 from securepad import Keyring, Principal, Scratchpad
-from securepad.bench.config import DEFAULT_OUT
 from securepad.store import sqlite_of
 
 ENTRY = 64 * 1024

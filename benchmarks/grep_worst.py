@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks import DEFAULT_OUT
 from securepad import Keyring, Policy, Principal, Scratchpad
-from securepad.bench.config import DEFAULT_OUT
 from securepad.core.grep import GREP_TIME_BUDGET_S
 
 MIB = 1 << 20

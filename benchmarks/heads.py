@@ -42,10 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from securepad import Keyring, Principal, Scratchpad
-from securepad.bench.costs import put_costs, turn_put_costs
 from securepad.store import parts
 from securepad.tables.heads.cache import CACHE_TURNS
 from securepad.testing.meters import ReadMeter
+from tests.support.store_costs import put_costs, turn_put_costs
 
 __all__ = ["main", "read_length", "run"]
 

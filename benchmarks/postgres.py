@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from benchmarks import DEFAULT_OUT
 from securepad import Keyring, Principal, Scratchpad
-from securepad.bench.backends import PRINCIPAL, Backend, SecurepadBackend, bench_policy, register_backend
-from securepad.bench.config import DEFAULT_OUT, Config
+from securepad.bench.backends import PRINCIPAL, Backend, SecurepadBackend, bench_policy
+from securepad.bench.config import Config
 from securepad.bench.workloads import run_concurrent, run_resume
 from securepad.store import parts
 
@@ -107,6 +108,7 @@ def bench_database() -> str:
     return _dsn(DATABASE)
 
 
+# Like every Backend subclass with a name, known to open_backend (and its child processes) once defined.
 class SecurepadPostgresBackend(SecurepadBackend):
     name = "securepad-postgresql"
     description = "securepad Scratchpad on PostgreSQL: the same client-side encryption, row-level security"
@@ -136,12 +138,6 @@ class SecurepadPostgresBackend(SecurepadBackend):
 
 class PostgresOwnerPerProcess(_OwnerPerProcess, SecurepadPostgresBackend):
     name = "securepad-postgresql-owner-per-process"
-
-
-# What securepad.bench.backends.open_backend finds once this module is imported
-# (the suite's own run does not include them).
-for _backend in (SecurepadPostgresBackend, SqliteOwnerPerProcess, PostgresOwnerPerProcess):
-    register_backend(_backend)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,8 +26,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from benchmarks import DEFAULT_OUT
 from securepad import Keyring, Policy, Principal, Scratchpad, SecurepadError, StoreBusyError
-from securepad.bench.config import DEFAULT_OUT
 from securepad.store import sqlite_of
 
 

@@ -1,28 +1,14 @@
-"""The stores compared, behind one small interface.
-
-1. ``securepad``: the real thing, through the public ``Scratchpad`` API
-   (encrypted, authorized, default policy except a larger owner quota).
-2. ``raw-apsw``: the floor. One plaintext apsw table, WAL and
-   synchronous=NORMAL like securepad, one ``BEGIN IMMEDIATE`` per put, and
-   reads through SQLite's incremental blob I/O at byte offsets (exact here
-   because the benchmark text is ASCII). No store on SQLite does less work.
-3. ``unhardened``: the scratchpad design securepad replaces. stdlib
-   ``sqlite3``, default journal mode (DELETE, synchronous=FULL), one table
-   with the content as one BLOB, a commit per put, and reads that load the
-   whole blob, decode it and slice it.
-4. ``diskcache``: ``diskcache.Cache`` with eviction off; values over 32 KiB
-   live in files and are read through ``get(read=True)`` with a seek.
-5. ``sqlcipher``: SQLCipher 4 (``sqlcipher3-binary``) with a raw 256-bit key,
-   the floor's schema and pragmas; reads use ``substr()`` in SQL (the driver
-   has no incremental blob I/O).
-
-Every backend stores the same view (step, size, kind, head-and-tail summary)
-next to the content, so that resuming a turn is the same job everywhere.
+"""The stores compared, behind one small interface; each one's ``description``
+says what it is, and the performance page compares them. Every backend stores
+the same view (step, size, kind, head-and-tail summary) next to the content,
+so that resuming a turn is the same job everywhere. Reads at byte offsets are
+exact here because the benchmark text is ASCII.
 """
 
 from __future__ import annotations
 
-import functools
+import importlib
+import itertools
 import json
 import os
 import secrets
@@ -31,12 +17,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import apsw
 
 from securepad import Keyring, Policy, Principal, Scratchpad
 from securepad.core.views import text_summary
+
+from . import data
 
 PRINCIPAL = Principal("bench-owner", "bench-agent", "bench")
 BUSY_TIMEOUT_MS = 30_000
@@ -54,17 +42,44 @@ def view_of(step: int, text: str) -> dict[str, Any]:
     return {"step_num": step, "size_bytes": len(text), "kind": "text", "summary": text_summary(text)}
 
 
+def offset_of(mode: str, size: int, n: int, start: int) -> int:
+    """Where a head/tail/range read of ``n`` of ``size`` characters (or bytes) starts."""
+    return 0 if mode == "head" else max(0, size - n) if mode == "tail" else min(start, size)
+
+
 def slice_of(text: str, mode: str, n: int, start: int) -> str:
     """What a head/tail/range read of ``n`` characters returns."""
-    if mode == "head":
-        return text[:n]
-    if mode == "tail":
-        return text[-n:] if n else ""
-    return text[start : start + n]
+    first = offset_of(mode, len(text), n, start)
+    return text[first : first + n]
 
 
-def _execute(conn: Any, sql: str) -> Any:
-    return conn.execute(sql)
+T = TypeVar("T")
+
+
+def apsw_connection(path: Path) -> apsw.Connection:
+    """An apsw connection as securepad's: WAL, synchronous=NORMAL, a busy timeout."""
+    conn = apsw.Connection(str(path))
+    conn.setbusytimeout(BUSY_TIMEOUT_MS)
+    conn.execute("PRAGMA journal_mode = WAL").fetchall()
+    conn.execute("PRAGMA synchronous = NORMAL").fetchall()
+    return conn
+
+
+def transaction(conn: Any, body: Callable[[], T]) -> T:
+    """``body()`` in one ``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on error."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = body()
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return result
+
+
+# Every store class by name, as its module defines it: ``open_backend`` (and so a child process) finds
+# a store once its module is imported, the suite's own (``BACKENDS``) or not (the sealed floor, PostgreSQL).
+KNOWN: dict[str, type[Backend]] = {}
 
 
 class Backend:
@@ -72,6 +87,12 @@ class Backend:
 
     name: ClassVar[str]
     description: ClassVar[str]
+    requires: ClassVar[tuple[str, str] | None] = None  # an optional module it needs, and the package that has it
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:  # a store, not a shared base
+            KNOWN[cls.name] = cls
 
     def __init__(self, root: Path, *, create: bool = True) -> None:
         self.root = root
@@ -80,6 +101,13 @@ class Backend:
     @classmethod
     def unavailable(cls) -> str | None:
         """Why this backend cannot run here, or None."""
+        if cls.requires is None:
+            return None
+        module, package = cls.requires
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            return f"{module} is not installed ({exc}); pip install {package}"
         return None
 
     def put(self, turn_id: str, step: int, text: str, *, ttl: int = DEFAULT_TTL, now: float | None = None) -> str:
@@ -99,8 +127,11 @@ class Backend:
         raise NotImplementedError
 
     def fill_expired(self, count: int, size: int, now: float) -> None:
-        """Store ``count`` entries that have expired by ``now`` (setup for gc; not timed)."""
-        raise NotImplementedError
+        """Store ``count`` entries that have expired by ``now`` (setup for gc; not timed): here
+        through ``put`` with the clock in the past, each expiring a second after it is created."""
+        start = now - 10 - count * 0.001
+        for i in range(count):
+            self.put("gc-turn", i, data.text(size, salt=i), ttl=1, now=start + i * 0.001)
 
     def gc(self, now: float) -> int:
         """Delete expired entries; returns how many."""
@@ -145,13 +176,6 @@ class SecurepadBackend(Backend):
         resumed = self.pad.turn(PRINCIPAL, turn_id)
         return list(resumed.history()), list(resumed.tools())
 
-    def fill_expired(self, count: int, size: int, now: float) -> None:
-        # Through the public put, with the clock in the past: each entry expires
-        # one second after it is created, so all are expired by ``now``.
-        start = now - 10 - count * 0.001
-        for i in range(count):
-            self.put("gc-turn", i, _gc_text(size, i), ttl=1, now=start + i * 0.001)
-
     def gc(self, now: float) -> int:
         return self.pad.gc(now)
 
@@ -159,47 +183,33 @@ class SecurepadBackend(Backend):
         self.pad.close()
 
 
-def _gc_text(size: int, i: int) -> str:
-    from .data import text
-
-    return text(size, salt=i)
-
-
 # -- the SQL baselines -------------------------------------------------------------------
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS entries(
-    id          {id_type} PRIMARY KEY,
-    turn_id     TEXT NOT NULL,
-    step_num    INTEGER NOT NULL,
-    created_at  REAL NOT NULL,
-    expires_at  REAL NOT NULL,
-    view        TEXT NOT NULL,
-    content     BLOB NOT NULL
-);
-CREATE INDEX IF NOT EXISTS entries_turn ON entries(turn_id, step_num);
-CREATE INDEX IF NOT EXISTS entries_expires ON entries(expires_at);
-"""
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS entries(id {id_type} PRIMARY KEY, turn_id TEXT NOT NULL, step_num INTEGER NOT NULL,"
+    " created_at REAL NOT NULL, expires_at REAL NOT NULL, view TEXT NOT NULL, content BLOB NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS entries_turn ON entries(turn_id, step_num)",
+    "CREATE INDEX IF NOT EXISTS entries_expires ON entries(expires_at)",
+)
+_INSERT = (
+    "INSERT INTO entries(id, turn_id, step_num, created_at, expires_at, view, content) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
 
 
 class _SqlBackend(Backend):
     """The shared shape of the SQL baselines: one table, one connection per thread."""
 
     id_type = "TEXT"
-    file_name = "store.db"
 
     def __init__(self, root: Path, *, create: bool = True) -> None:
         super().__init__(root)
-        self.path = root / self.file_name
+        self.path = root / "store.db"
         self._local = threading.local()
         self._all: list[Any] = []
         self._lock = threading.Lock()
         conn = self.conn
-        if not create:
-            return
-        for statement in _SCHEMA.format(id_type=self.id_type).split(";"):
-            if statement.strip():
-                self._write(conn, functools.partial(_execute, sql=statement))
+        if create:
+            self._write(lambda: [conn.execute(sql.format(id_type=self.id_type)) for sql in _SCHEMA])
 
     @property
     def conn(self) -> Any:
@@ -214,37 +224,22 @@ class _SqlBackend(Backend):
     def _connect(self) -> Any:
         raise NotImplementedError
 
-    def _write(self, conn: Any, body: Callable[[Any], Any]) -> Any:
-        """One write transaction (BEGIN IMMEDIATE ... COMMIT, rollback on error)."""
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            result = body(conn)
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-        return result
+    def _write(self, body: Callable[[], T]) -> T:
+        return transaction(self.conn, body)
 
     def _new_id(self) -> Any:
         return secrets.token_hex(8)
 
     def put(self, turn_id: str, step: int, text: str, *, ttl: int = DEFAULT_TTL, now: float | None = None) -> str:
         created = time.time() if now is None else now
-        row = (turn_id, step, created, created + ttl, json.dumps(view_of(step, text)), text.encode("utf-8"))
-        return str(self._insert(row))
+        conn, entry_id = self.conn, self._new_id()
+        row = (entry_id, turn_id, step, created, created + ttl, json.dumps(view_of(step, text)), text.encode("utf-8"))
 
-    def _insert(self, row: tuple[Any, ...]) -> Any:
-        entry_id = self._new_id()
-
-        def insert(conn: Any) -> Any:
-            conn.execute(
-                "INSERT INTO entries(id, turn_id, step_num, created_at, expires_at, view, content)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (entry_id, *row),
-            )
+        def insert() -> Any:
+            conn.execute(_INSERT, row)
             return entry_id if entry_id is not None else conn.last_insert_rowid()
 
-        return self._write(self.conn, insert)
+        return str(self._write(insert))
 
     def get(self, entry_id: str) -> str:
         rows = self.conn.execute("SELECT content FROM entries WHERE id = ?", (self._key(entry_id),)).fetchall()
@@ -264,25 +259,24 @@ class _SqlBackend(Backend):
         return history, [READ_TOOL] if history else []
 
     def fill_expired(self, count: int, size: int, now: float) -> None:
-        created = now - 10
+        conn, created = self.conn, now - 10
 
-        def fill(conn: Any) -> None:
+        def fill() -> None:
             for i in range(count):
-                text = _gc_text(size, i)
-                conn.execute(
-                    "INSERT INTO entries(id, turn_id, step_num, created_at, expires_at, view, content)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (self._new_id(), "gc-turn", i, created, created + 1, json.dumps(view_of(i, text)), text.encode()),
-                )
+                text = data.text(size, salt=i)
+                view = json.dumps(view_of(i, text))
+                conn.execute(_INSERT, (self._new_id(), "gc-turn", i, created, created + 1, view, text.encode()))
 
-        self._write(self.conn, fill)
+        self._write(fill)
 
     def gc(self, now: float) -> int:
-        def delete(conn: Any) -> int:
+        conn = self.conn
+
+        def delete() -> int:
             conn.execute("DELETE FROM entries WHERE expires_at <= ?", (now,))
             return int(conn.execute("SELECT changes()").fetchall()[0][0])
 
-        return int(self._write(self.conn, delete))
+        return self._write(delete)
 
     def close(self) -> None:
         with self._lock:
@@ -297,11 +291,7 @@ class RawApswBackend(_SqlBackend):
     id_type = "INTEGER"
 
     def _connect(self) -> apsw.Connection:
-        conn = apsw.Connection(str(self.path))
-        conn.setbusytimeout(BUSY_TIMEOUT_MS)
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        return conn
+        return apsw_connection(self.path)
 
     def _new_id(self) -> Any:
         return None  # the rowid
@@ -311,9 +301,7 @@ class RawApswBackend(_SqlBackend):
 
     def read(self, entry_id: str, mode: str, n: int, start: int = 0) -> str:
         with self.conn.blob_open("main", "entries", "content", int(entry_id), False) as blob:
-            size = blob.length()
-            offset = 0 if mode == "head" else max(0, size - n) if mode == "tail" else min(start, size)
-            blob.seek(offset)
+            blob.seek(offset_of(mode, blob.length(), n, start))
             return bytes(blob.read(n)).decode("utf-8")
 
 
@@ -326,29 +314,18 @@ class UnhardenedBackend(_SqlBackend):
         # connection per thread still, check_same_thread off only so close() can run anywhere.
         return sqlite3.connect(self.path, check_same_thread=False)
 
-    def _write(self, conn: Any, body: Callable[[Any], Any]) -> Any:
-        # The unhardened design: implicit transaction, commit per put.
-        try:
-            result = body(conn)
-        except BaseException:
-            conn.rollback()
-            raise
-        conn.commit()
-        return result
+    def _write(self, body: Callable[[], T]) -> T:
+        with self.conn:  # the unhardened design: implicit transaction, commit per put (rollback on error)
+            return body()
 
     def read(self, entry_id: str, mode: str, n: int, start: int = 0) -> str:
         return slice_of(self.get(entry_id), mode, n, start)
-
-    def gc(self, now: float) -> int:
-        def delete(conn: Any) -> int:
-            return int(conn.execute("DELETE FROM entries WHERE expires_at <= ?", (now,)).rowcount)
-
-        return int(self._write(self.conn, delete))
 
 
 class SqlCipherBackend(_SqlBackend):
     name = "sqlcipher"
     description = "SQLCipher 4 (sqlcipher3-binary), raw key, WAL + NORMAL, substr() reads"
+    requires = ("sqlcipher3", "sqlcipher3-binary")
 
     def __init__(self, root: Path, *, create: bool = True) -> None:
         key_file = root / "key.hex"
@@ -357,14 +334,6 @@ class SqlCipherBackend(_SqlBackend):
             key_file.write_text(secrets.token_hex(32))
         self._hex_key = key_file.read_text().strip()
         super().__init__(root, create=create)
-
-    @classmethod
-    def unavailable(cls) -> str | None:
-        try:
-            import sqlcipher3  # noqa: F401
-        except ImportError as exc:
-            return f"sqlcipher3 is not installed ({exc}); pip install sqlcipher3-binary"
-        return None
 
     def _connect(self) -> Any:
         from sqlcipher3 import dbapi2
@@ -377,14 +346,9 @@ class SqlCipherBackend(_SqlBackend):
         return conn
 
     def read(self, entry_id: str, mode: str, n: int, start: int = 0) -> str:
-        if mode == "head":
-            sql = "SELECT substr(content, 1, ?) FROM entries WHERE id = ?"
-            params: tuple[int | str, ...] = (n, entry_id)
-        elif mode == "tail":
-            sql, params = "SELECT substr(content, -?) FROM entries WHERE id = ?", (n, entry_id)
-        else:
-            sql, params = "SELECT substr(content, ?, ?) FROM entries WHERE id = ?", (start + 1, n, entry_id)
-        return bytes(self.conn.execute(sql, params).fetchall()[0][0]).decode("utf-8")
+        first = 1 if mode == "head" else -n if mode == "tail" else start + 1  # substr() counts from 1, or from the end
+        found = self.conn.execute("SELECT substr(content, ?, ?) FROM entries WHERE id = ?", (first, n, entry_id))
+        return bytes(found.fetchall()[0][0]).decode("utf-8")
 
 
 # -- diskcache ---------------------------------------------------------------------------
@@ -393,20 +357,13 @@ class SqlCipherBackend(_SqlBackend):
 class DiskcacheBackend(Backend):
     name = "diskcache"
     description = "diskcache.Cache (eviction off), file-backed values read with a seek"
+    requires = ("diskcache", "diskcache")
 
     def __init__(self, root: Path, *, create: bool = True) -> None:
         super().__init__(root)
         import diskcache
 
         self.cache = diskcache.Cache(str(root / "cache"), size_limit=1 << 50, eviction_policy="none")
-
-    @classmethod
-    def unavailable(cls) -> str | None:
-        try:
-            import diskcache  # noqa: F401
-        except ImportError as exc:
-            return f"diskcache is not installed ({exc}); pip install diskcache"
-        return None
 
     @staticmethod
     def _id(turn_id: str, step: int) -> str:
@@ -425,9 +382,7 @@ class DiskcacheBackend(Backend):
         if isinstance(handle, bytes):  # values under disk_min_file_size come back whole
             return slice_of(handle.decode("utf-8"), mode, n, start)
         with handle:
-            size = handle.seek(0, os.SEEK_END)
-            offset = 0 if mode == "head" else max(0, size - n) if mode == "tail" else min(start, size)
-            handle.seek(offset)
+            handle.seek(offset_of(mode, handle.seek(0, os.SEEK_END), n, start))
             return bytes(handle.read(n)).decode("utf-8")
 
     def get(self, entry_id: str) -> str:
@@ -439,8 +394,7 @@ class DiskcacheBackend(Backend):
     def resume(self, turn_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         # A key-value store lists a turn by probing its step keys in order.
         history = []
-        step = 0
-        while True:
+        for step in itertools.count():
             key = self._id(turn_id, step)
             found = self.cache.get(key, read=True, tag=True)
             if found[0] is None:
@@ -448,7 +402,6 @@ class DiskcacheBackend(Backend):
             if hasattr(found[0], "close"):
                 found[0].close()
             history.append({"scratchpad_id": key, **json.loads(found[1])})
-            step += 1
         return history, [READ_TOOL] if history else []
 
     # diskcache takes expiry relative to its own clock at set(), and every set()
@@ -460,10 +413,7 @@ class DiskcacheBackend(Backend):
         for first in range(0, count, 1000):
             with self.cache.transact():
                 for i in range(first, min(count, first + 1000)):
-                    text = _gc_text(size, i)
-                    self.cache.set(
-                        self._id("gc-turn", i), text.encode(), expire=self._GC_TTL, tag=json.dumps(view_of(i, text))
-                    )
+                    self.put("gc-turn", i, data.text(size, salt=i), ttl=self._GC_TTL)
 
     def gc(self, now: float) -> int:
         return int(self.cache.expire(now=max(now, time.time() + 2 * self._GC_TTL)))
@@ -472,24 +422,14 @@ class DiskcacheBackend(Backend):
         self.cache.close()
 
 
+# The suite's own run, in its order.
 BACKENDS: dict[str, type[Backend]] = {
     b.name: b for b in (SecurepadBackend, RawApswBackend, UnhardenedBackend, DiskcacheBackend, SqlCipherBackend)
 }
 
 
-# Backends outside the suite's own run (PostgreSQL and variants), added by the module
-# that defines them (benchmarks/postgres.py): this module never imports them.
-EXTRA_BACKENDS: dict[str, type[Backend]] = {}
-
-
-def register_backend(backend: type[Backend]) -> None:
-    """Make ``backend`` known to ``open_backend`` (not to the suite's own run)."""
-    EXTRA_BACKENDS[backend.name] = backend
-
-
 def open_backend(name: str, root: Path, *, create: bool = True) -> Backend:
     """Open backend ``name`` on ``root``; ``create`` also creates its tables if absent."""
-    found = BACKENDS.get(name) or EXTRA_BACKENDS.get(name)
-    if found is None:
+    if name not in KNOWN:
         raise KeyError(f"unknown backend {name!r}")
-    return found(root, create=create)
+    return KNOWN[name](root, create=create)

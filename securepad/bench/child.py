@@ -1,9 +1,9 @@
 """The parts of the suite that run in a fresh process.
 
 ``python -m securepad.bench.child '<json spec>'`` runs one task and prints one
-JSON line. A fresh process is what the issue asks for (a resumed turn starts
-in a new process) and it is the only honest place to measure a reader's peak
-memory: it holds nothing but the store and the read.
+JSON line. A resumed turn starts in a new process, and a fresh process is the
+only honest place to measure a reader's peak memory: it holds nothing but the
+store and the read.
 
 Memory: the peak resident set size (Linux ``VmHWM``, the figure behind
 ``ru_maxrss``) minus the resident set just before the measured operations.
@@ -16,10 +16,13 @@ measured operation.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
+import os
 import random
 import re
 import resource
+import subprocess
 import sys
 import threading
 import time
@@ -28,8 +31,45 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from . import data, floor  # noqa: F401  (registers the sealed floor)
-from .backends import open_backend
+from . import data, floor  # noqa: F401  (the sealed floor: known to open_backend)
+from .backends import BACKENDS, KNOWN, open_backend
+from .stats import within
+
+# -- running a child -------------------------------------------------------------------
+
+
+def command(spec: dict[str, Any]) -> list[str]:
+    """The command that runs ``spec``; ``-P``: the child never imports from its working directory."""
+    if spec.get("backend") not in BACKENDS:  # defined outside the suite's own run: the child imports its module
+        spec = {**spec, "module": KNOWN[spec["backend"]].__module__}
+    return [sys.executable, "-P", "-m", __name__, json.dumps(spec)]
+
+
+def environment(**extra: str) -> dict[str, str]:
+    """This environment with the directory holding this securepad (a checkout or site-packages) first on
+    the path; not resolved: a checkout reached through a symlink keeps its own securepad."""
+    root = str(Path(__file__).absolute().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env | extra
+
+
+def output(stdout: str, stderr: str) -> dict[str, Any]:
+    """The JSON line a child printed last, or ``{"error": ...}`` when it printed none."""
+    lines = stdout.strip().splitlines()
+    return dict(json.loads(lines[-1])) if lines else {"error": stderr[-2000:]}
+
+
+def run(spec: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
+    """Run one task in a fresh process and return its JSON result; RuntimeError when it failed."""
+    proc = subprocess.run(
+        command(spec), capture_output=True, text=True, env=environment(), timeout=timeout, check=False
+    )
+    result = output(proc.stdout, proc.stderr)
+    if proc.returncode != 0 or "error" in result:
+        raise RuntimeError(f"child task {spec['task']} on {spec['backend']} failed:\n{result.get('error')}")
+    return result
+
 
 # -- memory --------------------------------------------------------------------------
 
@@ -53,14 +93,9 @@ def reset_peak() -> bool:
     return True
 
 
-def current_kib() -> int:
-    rss = _status_kib("VmRSS")
-    return rss if rss is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
-def peak_kib() -> int:
-    hwm = _status_kib("VmHWM")
-    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def _kib(field: str) -> int:
+    found = _status_kib(field)
+    return found if found is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def can_reset_peak() -> bool:
@@ -80,32 +115,29 @@ def task_read(spec: dict[str, Any]) -> dict[str, Any]:
         # a freed large buffer could stay in the heap and hide the next read's peak.
         backend.read(spec["warm_id"], mode, n, 0)
         reset = reset_peak()
-        base = current_kib() if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        base = _kib("VmRSS") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         samples: list[float] = []
-        began = time.perf_counter()
-        while len(samples) < spec["max_ops"] and (
-            len(samples) < spec["min_ops"] or time.perf_counter() - began < spec["budget_s"]
-        ):
+        for _ in within(samples, spec["budget_s"], spec["min_ops"], spec["max_ops"]):
             t0 = time.perf_counter()
             got = backend.read(spec["entry_id"], mode, n, start)
             samples.append(time.perf_counter() - t0)
             if len(got) != n:
                 raise AssertionError(f"{spec['backend']} {mode} returned {len(got)} characters, not {n}")
             del got
-        out[mode] = {"samples": samples, "peak_rss_delta_kib": max(0, peak_kib() - base), "hwm_reset": reset}
+        out[mode] = {"samples": samples, "peak_rss_delta_kib": max(0, _kib("VmHWM") - base), "hwm_reset": reset}
     backend.close()
     return {"modes": out}
 
 
 def task_resume(spec: dict[str, Any]) -> dict[str, Any]:
     """Open the store and resume a turn: history and tool list ready."""
-    base = current_kib()
+    base = _kib("VmRSS")
     reset_peak()
     t0 = time.perf_counter()
     backend = open_backend(spec["backend"], Path(spec["root"]), create=False)
     history, tools = backend.resume(spec["turn_id"])
     seconds = time.perf_counter() - t0
-    peak = peak_kib()
+    peak = _kib("VmHWM")
     if len(history) != spec["steps"] or not tools:
         raise AssertionError(f"resumed {len(history)} steps and {len(tools)} tools, expected {spec['steps']}")
     api = "pad.turn().history()/tools()" if spec["backend"] == "securepad" else None
@@ -119,7 +151,7 @@ def _timed(call: Any, latencies: list[float], errors: Counter[str]) -> Any:
     try:
         result = call()
     except Exception as exc:
-        errors[_describe(exc)] += 1
+        errors[f"{type(exc).__name__}: {str(exc)[:80]}"] += 1
         return None
     latencies.append(time.perf_counter() - t0)
     return result
@@ -129,12 +161,9 @@ def _work(backend: Any, spec: dict[str, Any], index: int, start: threading.Barri
     """One thread of a worker: 50/50 put/read from the go until the deadline."""
     rng = random.Random(spec["seed"] * 1000 + spec["proc"] * 100 + index)
     size, n, read_ids = spec["size"], spec["n"], spec["read_ids"]
-    put_lat: list[float] = []
-    read_lat: list[float] = []
-    errors: Counter[str] = Counter()
-    acked: list[tuple[str, int]] = []
+    done: dict[str, Any] = {"put": [], "read": [], "errors": Counter(), "acked": []}
     turn = f"c{spec['proc']}-{index}"
-    _timed(lambda: backend.read(rng.choice(read_ids), "head", n), [], errors)  # the connection, before the clock
+    _timed(lambda: backend.read(rng.choice(read_ids), "head", n), [], done["errors"])  # the connection, unclocked
     start.wait()  # ready
     start.wait()  # go
     deadline = window["start"] + spec["seconds"]
@@ -143,13 +172,13 @@ def _work(backend: Any, spec: dict[str, Any], index: int, start: threading.Barri
         if rng.random() < 0.5:
             salt = (spec["proc"] * 1000 + index) * 10_000_000 + seq
             text = data.text(size, salt)
-            entry_id = _timed(functools.partial(backend.put, turn, seq, text), put_lat, errors)
+            entry_id = _timed(functools.partial(backend.put, turn, seq, text), done["put"], done["errors"])
             if entry_id is not None:
-                acked.append((entry_id, salt))
+                done["acked"].append((entry_id, salt))
             seq += 1
         else:
-            _timed(functools.partial(backend.read, rng.choice(read_ids), "head", n), read_lat, errors)
-    return {"put": put_lat, "read": read_lat, "errors": dict(errors), "acked": acked}
+            _timed(functools.partial(backend.read, rng.choice(read_ids), "head", n), done["read"], done["errors"])
+    return done
 
 
 def task_worker(spec: dict[str, Any]) -> dict[str, Any]:
@@ -175,18 +204,13 @@ def task_worker(spec: dict[str, Any]) -> dict[str, Any]:
     start.wait()
     for worker in workers:
         worker.join()
-    window["end"] = time.perf_counter()
+    seconds = time.perf_counter() - window["start"]
     backend.close()
     merged: dict[str, Any] = {"put": [], "read": [], "errors": Counter(), "acked": []}
     for result in results:
-        for key in ("put", "read", "acked"):
+        for key in merged:
             merged[key] += result[key]
-        merged["errors"].update(result["errors"])
-    return {**merged, "errors": dict(merged["errors"]), "seconds": window["end"] - window["start"]}
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc)[:80]}"
+    return {**merged, "errors": dict(merged["errors"]), "seconds": seconds}
 
 
 TASKS = {"read": task_read, "resume": task_resume, "worker": task_worker}
@@ -195,8 +219,6 @@ TASKS = {"read": task_read, "resume": task_resume, "worker": task_worker}
 def main() -> int:
     spec = json.loads(sys.argv[1])
     if spec.get("module"):  # registers the backends defined outside the suite
-        import importlib
-
         importlib.import_module(spec["module"])
     try:
         result = TASKS[spec["task"]](spec)

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
-from typing import Any
-
-# Where a run writes its results unless told (--out): beside the user, never inside the package.
-DEFAULT_OUT = Path("securepad-bench-results")
+from dataclasses import dataclass, replace
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -110,6 +105,3 @@ class Config:
             gc_entries=200,
             open_reps=1,
         )
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)

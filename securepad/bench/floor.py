@@ -1,28 +1,10 @@
 """The sealed floor: the least work that keeps securepad's guarantees, written plainly.
 
 A yardstick, not a store to use: whatever securepad does beyond it must pay
-for itself. It seals with securepad's own crypto layer (so the formats and
-their cost are securepad's) and does nothing else:
-
-- a put: a random entry id and item key; the item key wrapped (AES-GCM) by the
-  owner's cached key, bound to id, owner and key version; the content sealed
-  (AES-GCM, segments of 64 KiB) under the item key, its AAD a digest of the
-  clear header; the listing part (the entry's view) sealed under the owner's
-  listing key; the turn head's keyed multiset term (HMAC-SHA256) added and
-  the head re-sealed; one INSERT and one UPSERT in one transaction. The
-  UPSERT writes only over the head this process sealed or checked last;
-  another writer's head is checked (opened, its rows recounted) and the put
-  tried again.
-- a read: one statement for the row and its turn's sealed head, by id and
-  owner; the head checked only when it is not the one this process checked
-  last; the entry's clear step, expiry, size and scope compared with the
-  head's inventory; the item key unwrapped, the content opened and sliced.
-  A one-segment entry is sliced by characters; a longer one opens only the
-  segments the slice needs, at byte offsets (exact for ASCII text, as the
-  raw-apsw baseline's reads).
-
-Not here: quotas, policies beyond the owner's scope, audit logs, key rotation,
-the anchor that detects a whole store rolled back.
+for itself. It seals with securepad's own crypto layer, so its formats and
+their cost are securepad's; the performance page walks through a put and a
+read. Not here: quotas, policies beyond the owner's scope, audit logs, key
+rotation, the anchor that detects a whole store rolled back.
 """
 
 from __future__ import annotations
@@ -33,17 +15,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import apsw
 import msgspec
 
 from ..core.segments import SEGMENT_BYTES, split_bytes
 from ..crypto import formats
 from ..crypto import primitives as crypto
 from ..errors import IntegrityError
-from .backends import BUSY_TIMEOUT_MS, DEFAULT_TTL, PRINCIPAL, READ_TOOL, Backend, register_backend, view_of
-from .data import text as bench_text
-
-__all__ = ["SealedFloorBackend"]
+from .backends import DEFAULT_TTL, PRINCIPAL, READ_TOOL, Backend, apsw_connection, offset_of, transaction, view_of
 
 STORE_ID = "sealed-floor"
 _MOD = 1 << 256
@@ -75,23 +53,18 @@ _READ = (
     " CASE WHEN e.segment_count = 1 THEN e.content END, h.sealed FROM entries e"
     " JOIN heads h ON h.owner = e.owner_user_id AND h.turn = e.turn_id WHERE e.id = ? AND e.owner_user_id = ?"
 )
+_LIST = (
+    f"SELECT {_LISTED}, sealed_listing FROM entries WHERE owner_user_id = ? AND turn_id = ? AND expires_at > ?"
+    " ORDER BY step_num"
+)
 _ROWS = (
     "SELECT id, step_num, expires_at, size_bytes, actor, channel FROM entries WHERE owner_user_id = ? AND turn_id = ?"
 )
 
 
-class _Owner:
-    """The owner's keys, unwrapped once: its key's wrapper and its listing key."""
-
-    def __init__(self, owner: str, version: int, key: crypto.KeyHandle) -> None:
-        self.owner, self.version, self.wrapper = owner, version, crypto.Wrapper.of(key)
-        self.listing = formats.ListingKey(key, STORE_ID, owner, version)
-
-
 class _Head:
-    """A turn head as this process sealed or opened it: its sealed bytes, its
-    tally (sequence number, count, digest) and, once its rows were recounted
-    against it, the entries it counts (None before)."""
+    """A turn head as this process sealed or opened it: its sealed bytes, its tally
+    and, once its rows were recounted against it, the entries it counts (None before)."""
 
     def __init__(self, sealed: bytes | None, tally: tuple[int, int, int], items: dict[str, Any] | None) -> None:
         self.sealed, (self.seq, self.count, self.digest), self.items = sealed, tally, items
@@ -112,42 +85,28 @@ class SealedFloorBackend(Backend):
             key_file.write_bytes(secrets.token_bytes(32))
             key_file.chmod(0o600)
         master = crypto.KeyHandle(key_file.read_bytes())
-        self._owner_wrap = crypto.Wrapper.for_master(master, STORE_ID)
+        owner_wrap = crypto.Wrapper.for_master(master, STORE_ID)
         self._seal = crypto.CounterSeal(crypto.anchor_key(master, STORE_ID), STORE_ID)
-        self.conn = apsw.Connection(str(root / "floor.db"))
-        self.conn.setbusytimeout(BUSY_TIMEOUT_MS)
-        for pragma in ("journal_mode = WAL", "synchronous = NORMAL"):
-            self.conn.execute(f"PRAGMA {pragma}").fetchall()
+        self.conn = apsw_connection(root / "floor.db")
         if create:
-            self._write(lambda: [self.conn.execute(sql) for sql in _SCHEMA])
+            transaction(self.conn, lambda: [self.conn.execute(sql) for sql in _SCHEMA])
         self._heads: dict[str, _Head] = {}  # by turn
-        self._keys = self._owner(PRINCIPAL.owner_user_id)
+        # The one owner's key, unwrapped once (created on first use): its wrapper and its listing key.
+        owner, select = PRINCIPAL.owner_user_id, "SELECT version, wrapped FROM owner_keys WHERE owner = ?"
+        if not self._query(select, (owner,)):
+            wrapped = owner_wrap.wrap(crypto.KeyHandle.random(), crypto.owner_key_aad(STORE_ID, owner, 1))
+            insert = "INSERT OR IGNORE INTO owner_keys VALUES (?, 1, ?)"
+            transaction(self.conn, lambda: self.conn.execute(insert, (owner, wrapped)))
+        ((self.version, blob),) = self._query(select, (owner,))
+        key = owner_wrap.unwrap(blob, crypto.owner_key_aad(STORE_ID, owner, self.version))
+        self.owner, self.wrapper = owner, crypto.Wrapper.of(key)
+        self.listing = formats.ListingKey(key, STORE_ID, owner, self.version)
 
     def _query(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
         return self.conn.execute(sql, params).fetchall()
 
-    def _write(self, body: Any) -> Any:
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            result = body()
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
-        self.conn.execute("COMMIT")
-        return result
-
-    def _owner(self, owner: str) -> _Owner:
-        select = "SELECT version, wrapped FROM owner_keys WHERE owner = ?"
-        if not self._query(select, (owner,)):
-            wrapped = self._owner_wrap.wrap(crypto.KeyHandle.random(), crypto.owner_key_aad(STORE_ID, owner, 1))
-            self._write(
-                lambda: self.conn.execute("INSERT OR IGNORE INTO owner_keys VALUES (?, 1, ?)", (owner, wrapped))
-            )
-        ((version, blob),) = self._query(select, (owner,))
-        return _Owner(owner, version, self._owner_wrap.unwrap(blob, crypto.owner_key_aad(STORE_ID, owner, version)))
-
     def _term(self, turn: str, entry_id: str, item: tuple[Any, ...]) -> int:
-        return self._seal.term(_PACK([self._keys.owner, turn, entry_id, *item]))
+        return self._seal.term(_PACK([self.owner, turn, entry_id, *item]))
 
     def _head(self, turn: str, sealed: bytes | None, *, inventory: bool = True) -> _Head:
         """The turn's head as stored (``sealed``): the one this process sealed or
@@ -155,21 +114,20 @@ class SealedFloorBackend(Backend):
         known = self._heads.get(turn)
         if known is not None and known.sealed == sealed and (known.items is not None or not inventory):
             return known
-        keys = self._keys
-        aad = crypto.head_aad(keys.owner, turn, keys.version)
-        seq, count, digest = _UNPACK(keys.wrapper.open(sealed, aad)) if sealed else (0, 0, b"")
+        aad = crypto.head_aad(self.owner, turn, self.version)
+        seq, count, digest = _UNPACK(self.wrapper.open(sealed, aad)) if sealed else (0, 0, b"")
         if known is not None and seq < known.seq:
             raise IntegrityError(f"turn {turn!r}'s head is older than one this process saw: rolled back")
         head = self._heads[turn] = _Head(sealed, (seq, count, int.from_bytes(digest)), None)
         if inventory:
-            items = {row[0]: tuple(row[1:]) for row in self._query(_ROWS, (self._keys.owner, turn))}
+            items = {row[0]: tuple(row[1:]) for row in self._query(_ROWS, (self.owner, turn))}
             if len(items) != count or sum(self._term(turn, i, t) for i, t in items.items()) % _MOD != head.digest:
                 raise IntegrityError(f"turn {turn!r} differs from its head: rows were added, removed or altered")
             head.items = items
         return head
 
     def _stored_head(self, turn: str, *, inventory: bool = True) -> _Head:
-        found = self._query("SELECT sealed FROM heads WHERE owner = ? AND turn = ?", (self._keys.owner, turn))
+        found = self._query("SELECT sealed FROM heads WHERE owner = ? AND turn = ?", (self.owner, turn))
         return self._head(turn, found[0][0] if found else None, inventory=inventory)
 
     def _new_head(self, turn: str, head: _Head, added: dict[str, Any], gone: dict[str, Any]) -> None:
@@ -177,11 +135,11 @@ class SealedFloorBackend(Backend):
         count, digest = head.count + len(added) - len(gone), head.digest
         digest += sum(self._term(turn, i, item) for i, item in added.items())
         digest -= sum(self._term(turn, i, item) for i, item in gone.items())
-        keys, seq, digest = self._keys, head.seq + 1, digest % _MOD
-        sealed = keys.wrapper.seal(
-            _PACK([seq, count, digest.to_bytes(32)]), crypto.head_aad(keys.owner, turn, keys.version)
+        seq, digest = head.seq + 1, digest % _MOD
+        sealed = self.wrapper.seal(
+            _PACK([seq, count, digest.to_bytes(32)]), crypto.head_aad(self.owner, turn, self.version)
         )
-        self.conn.execute(_UPSERT, (keys.owner, turn, seq, sealed, head.seq))
+        self.conn.execute(_UPSERT, (self.owner, turn, seq, sealed, head.seq))
         if self.conn.changes() != 1:
             raise _Stale
         items = head.items  # updated in place: a failed transaction drops the cached head (``_with_head``)
@@ -196,30 +154,30 @@ class SealedFloorBackend(Backend):
         last; when another process wrote since, again with the stored one."""
         try:
             try:
-                self._write(lambda: body(self._heads.get(turn) or _Head(None, (0, 0, 0), {})))
+                transaction(self.conn, lambda: body(self._heads.get(turn) or _Head(None, (0, 0, 0), {})))
             except _Stale:
-                self._write(lambda: body(self._stored_head(turn, inventory=False)))
+                transaction(self.conn, lambda: body(self._stored_head(turn, inventory=False)))
         except BaseException:
             self._heads.pop(turn, None)
             raise
 
     def put(self, turn_id: str, step: int, text: str, *, ttl: int = DEFAULT_TTL, now: float | None = None) -> str:
-        keys, entry_id, data = self._keys, secrets.token_hex(8), text.encode()
-        owner, created, segments = keys.owner, time.time() if now is None else now, split_bytes(data)
+        entry_id, data, owner, version = secrets.token_hex(8), text.encode(), self.owner, self.version
+        created, segments = time.time() if now is None else now, split_bytes(data)
         header = formats.Header(
-            entry_id, owner, turn_id, "text", len(data), len(text), len(segments), keys.version, formats.ENTRY_FORMAT
+            entry_id, owner, turn_id, "text", len(data), len(text), len(segments), version, formats.ENTRY_FORMAT
         )
         item_key, prefix = crypto.KeyHandle.random(), secrets.token_bytes(7)
         cipher = formats.EntryCipher(item_key, header, prefix)
         content = b"".join(cipher.seal_segment(i, part, i == len(segments) - 1) for i, part in enumerate(segments))
         row = {
-            "id": entry_id, "owner_user_id": owner, "turn_id": turn_id, "key_version": keys.version,
+            "id": entry_id, "owner_user_id": owner, "turn_id": turn_id, "key_version": version,
             "actor": PRINCIPAL.actor, "channel": PRINCIPAL.channel, "step_num": step, "executor_name": "bench",
             "content_kind": "text", "size_bytes": len(data), "size_chars": len(text), "segment_count": len(segments),
             "created_at": created, "expires_at": created + ttl, "commitment": cipher.commitment,
         }  # fmt: skip
-        listing = keys.listing.seal(row, _PACK(view_of(step, text)))
-        wrapped = keys.wrapper.wrap(item_key, crypto.item_key_aad(entry_id, owner, keys.version))
+        listing = self.listing.seal(row, _PACK(view_of(step, text)))
+        wrapped = self.wrapper.wrap(item_key, crypto.item_key_aad(entry_id, owner, version))
         values, item = (*row.values(), wrapped, prefix, listing, content), _ITEM(row)
 
         def write(head: _Head) -> None:
@@ -230,8 +188,7 @@ class SealedFloorBackend(Backend):
         return entry_id
 
     def read(self, entry_id: str, mode: str, n: int, start: int = 0) -> str:
-        keys = self._keys
-        found = self._query(_READ, (entry_id, keys.owner))
+        found = self._query(_READ, (entry_id, self.owner))
         if not found:
             raise KeyError(entry_id)
         row = found[0]
@@ -240,12 +197,12 @@ class SealedFloorBackend(Backend):
             raise IntegrityError(f"entry {entry_id} is not in its turn's head as its row says")
         if row[1] <= time.time():
             raise KeyError(entry_id)
-        header = formats.Header(entry_id, keys.owner, turn, "text", row[2], chars, count, version, formats.ENTRY_FORMAT)
-        cipher = formats.open_entry(keys.wrapper, header, wrapped, prefix, commitment)
+        header = formats.Header(entry_id, self.owner, turn, "text", row[2], chars, count, version, formats.ENTRY_FORMAT)
+        cipher = formats.open_entry(self.wrapper, header, wrapped, prefix, commitment)
         if count == 1:
-            first = 0 if mode == "head" else max(0, chars - n) if mode == "tail" else start
+            first = offset_of(mode, chars, n, start)
             return cipher.open_segment(0, only, True).decode()[first : first + n]
-        first = 0 if mode == "head" else max(0, row[2] - n) if mode == "tail" else min(start, row[2])
+        first = offset_of(mode, row[2], n, start)
         low, high = first // SEGMENT_BYTES, min(count, -(-(first + n) // SEGMENT_BYTES))
         with self.conn.blob_open("main", "entries", "content", rowid, False) as blob:
             blob.seek(low * _SEALED_SEGMENT)
@@ -260,32 +217,24 @@ class SealedFloorBackend(Backend):
         return self.read(entry_id, "head", 1 << 62)
 
     def resume(self, turn_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        keys = self._keys
         head, history = self._stored_head(turn_id), []
         items = head.items or {}
-        select = (
-            f"SELECT {_LISTED}, sealed_listing FROM entries WHERE owner_user_id = ? AND turn_id = ? AND expires_at > ?"
-        )
         now = time.time()
-        for values in self._query(f"{select} ORDER BY step_num", (keys.owner, turn_id, now)):
+        for values in self._query(_LIST, (self.owner, turn_id, now)):
             row = dict(zip(_NAMES, values, strict=False))
             if items.get(row["id"]) != _ITEM(row):
                 raise IntegrityError(f"entry {row['id']} is not in its turn's head as its row says")
             row["sealed_listing"] = values[-1]
-            history.append({"scratchpad_id": row["id"], **_UNPACK(keys.listing.open(row))})
+            history.append({"scratchpad_id": row["id"], **_UNPACK(self.listing.open(row))})
         if len(history) != sum(1 for item in items.values() if item[1] > now):
             raise IntegrityError(f"turn {turn_id!r} lists fewer entries than its head counts live")
         return history, [READ_TOOL] if history else []
-
-    def fill_expired(self, count: int, size: int, now: float) -> None:
-        for i in range(count):
-            self.put("gc-turn", i, bench_text(size, salt=i), ttl=1, now=now - 10 - count * 0.001 + i * 0.001)
 
     def gc(self, now: float) -> int:
         def collect() -> int:
             turns: dict[str, list[str]] = {}
             select = "SELECT turn_id, id FROM entries WHERE owner_user_id = ? AND expires_at <= ?"
-            for turn, entry_id in self._query(select, (self._keys.owner, now)):
+            for turn, entry_id in self._query(select, (self.owner, now)):
                 turns.setdefault(turn, []).append(entry_id)
             for turn, gone in turns.items():
                 head = self._stored_head(turn)
@@ -293,11 +242,7 @@ class SealedFloorBackend(Backend):
                 self._new_head(turn, head, {}, {i: (head.items or {})[i] for i in gone})
             return sum(map(len, turns.values()))
 
-        return int(self._write(collect))
+        return int(transaction(self.conn, collect))
 
     def close(self) -> None:
         self.conn.close()
-
-
-# Known to ``open_backend`` once imported; the suite runs it when named (``--backends``) and in ``--costs``.
-register_backend(SealedFloorBackend)

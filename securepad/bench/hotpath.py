@@ -1,23 +1,17 @@
-"""The hot-path figures, as the ``hotpath`` workload of ``securepad bench``.
+"""The ``hotpath`` workload of ``securepad bench``: records with ``"section"`` set.
 
-Four sections, each a list of records with ``"section"`` set:
-
-- ``costs``: statements and WAL frames of one put at each size up to 1 MiB,
-  from ``securepad.bench.costs.put_costs`` (load-independent figures);
-- ``write``: 4 KiB observations per second with single puts and with
-  ``put_many`` of 8 and 64, under each durability setting (``normal``,
-  ``full``), and the same for the agent-framework stores (single writes, and
-  their own batch call: ``add_items`` of 8/64 items, ``put_writes`` of 8/64
-  writes);
+- ``costs``: statements and WAL frames of one put at each size up to 1 MiB
+  (load-independent: ``costs.put_costs``), beside raw apsw's WAL frames;
+- ``write``: 4 KiB observations per second, single puts and ``put_many`` of
+  8 and 64 under each durability setting, and the framework stores' single
+  writes and batches (``add_items``, ``put_writes``);
 - ``tail``: the last 2,000 characters of a 1 MiB observation, in process,
-  securepad's ``read(tail)`` beside each framework store's read of the item;
-- ``listing``: ``list_for_turn`` of a turn beside the unhardened design's
-  listing of the same turn, in process.
+  securepad's beside each framework store's read of the item;
+- ``listing``: ``list_for_turn`` beside the unhardened design's listing.
 
-The framework stores are optional peers: OpenAI Agents ``SQLiteSession`` and
-``EncryptedSession`` over it, LangGraph ``SqliteSaver`` with
-``EncryptedSerializer``. A peer whose package is missing is a record with
-``"skipped"`` and the reason.
+The framework stores are optional peers (OpenAI Agents ``SQLiteSession`` and
+``EncryptedSession``, LangGraph ``SqliteSaver`` with ``EncryptedSerializer``);
+a missing one is a record with ``"skipped"`` and the reason.
 """
 
 from __future__ import annotations
@@ -32,6 +26,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +36,7 @@ from . import data
 from .backends import PRINCIPAL, RawApswBackend, UnhardenedBackend, bench_policy
 from .config import Config, KiB, MiB, size_label
 from .costs import frames_in, put_costs
-from .stats import summarize
+from .stats import summarize, within
 
 Record = dict[str, Any]
 Step = Callable[[str], None]
@@ -50,10 +45,6 @@ BATCHES = (8, 64)
 DURABILITIES = ("normal", "full")
 TAIL_ENTRY = 1 * MiB
 TAIL_CHARS = 2000
-
-
-def hotpath_steps(cfg: Config) -> int:
-    return 5
 
 
 def run_hotpath(cfg: Config, name: str, workdir: Path, step: Step) -> Iterator[list[Record]]:
@@ -84,6 +75,12 @@ def _tag(section: str, record: Record) -> Record:
     return {"backend": "securepad", "section": section, **record}
 
 
+def _record(store: str, durability: str, mode: str, per_call: int, stats: dict[str, Any]) -> Record:
+    """A write rate's record."""
+    case = f"{store} {durability} {mode}" if store == "securepad" else f"{store} {mode}"
+    return {"store": store, "durability": durability, "mode": mode, "batch": per_call, "case": case, "stats": stats}
+
+
 def _costs(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
     sizes = [s for s in cfg.put_sizes if s <= MiB]
     records = []
@@ -91,17 +88,9 @@ def _costs(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
         pad.put(PRINCIPAL, "warm", 0, "bench", data.text(WRITE_BYTES, salt=1))
         for size in sizes:
             found = put_costs(pad, PRINCIPAL, size)
-            records.append(
-                {
-                    "store": "securepad",
-                    "case": f"costs {size_label(size)}",
-                    "size_bytes": size,
-                    "statements": int(found["statements"]),
-                    "wal_frames": int(found["wal_frames"]),
-                    "detail": {k: v for k, v in found.items() if k not in ("statements", "wal_frames")},
-                    "raw_wal_frames": _raw_frames(root / "raw-costs", size),
-                }
-            )
+            counts = {"statements": int(found.pop("statements")), "wal_frames": int(found.pop("wal_frames"))}
+            record = {"store": "securepad", "case": f"costs {size_label(size)}", "size_bytes": size, **counts}
+            records.append(record | {"detail": found, "raw_wal_frames": _raw_frames(root / "raw-costs", size)})
     return records
 
 
@@ -110,10 +99,9 @@ def _raw_frames(root: Path, size: int) -> int:
     raw = RawApswBackend(root)
     try:
         raw.put("warm", 0, "warm-up")
-        conn = raw.conn
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        raw.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         raw.put("costs", 1, data.text(size, salt=size))
-        return frames_in(conn, raw.path)
+        return frames_in(raw.conn)
     finally:
         raw.close()
 
@@ -124,14 +112,10 @@ def _raw_frames(root: Path, size: int) -> int:
 def _timed(cfg: Config, operation: Callable[[int], None], per_call: int) -> dict[str, Any]:
     """Run ``operation(i)`` within the put budget; stats per call, plus observations per second."""
     samples: list[float] = []
-    began = time.perf_counter()
-    calls = 0
-    max_calls = max(cfg.put_min_ops, cfg.put_max_ops // per_call)
-    while calls < max_calls and (calls < cfg.put_min_ops or time.perf_counter() - began < cfg.put_budget_s):
+    for i in within(samples, cfg.put_budget_s, cfg.put_min_ops, max(cfg.put_min_ops, cfg.put_max_ops // per_call)):
         t0 = time.perf_counter()
-        operation(calls)
+        operation(i)
         samples.append(time.perf_counter() - t0)
-        calls += 1
     stats = summarize(samples, nbytes=WRITE_BYTES * per_call)
     stats["obs_per_s"] = stats["ops_per_s"] * per_call
     return stats
@@ -165,22 +149,9 @@ def _securepad_writes(cfg: Config, root: Path, keyring: Keyring) -> list[Record]
         policy = dataclasses.replace(bench_policy(), durability=setting)
         with Scratchpad.open(path, keyring=keyring, policy=policy) as pad:
             for mode, per_call, operation in _securepad_modes(pad, texts):
-                records.append(
-                    {
-                        "store": "securepad",
-                        "durability": setting,
-                        "mode": mode,
-                        "batch": per_call,
-                        "case": f"securepad {setting} {mode}",
-                        "stats": _timed(cfg, operation, per_call),
-                    }
-                )
+                records.append(_record("securepad", setting, mode, per_call, _timed(cfg, operation, per_call)))
         path.unlink(missing_ok=True)
     return records
-
-
-def _skip(store: str, durability: str, mode: str, reason: str) -> Record:
-    return {"store": store, "durability": durability, "mode": mode, "case": f"{store} {mode}", "skipped": reason}
 
 
 # -- the framework stores --------------------------------------------------------------------------
@@ -189,12 +160,16 @@ PEERS = ("SQLiteSession", "EncryptedSession", "SqliteSaver + EncryptedSerializer
 PEER_DURABILITY = "theirs: WAL, synchronous=FULL"
 
 
+_PEER_MODULES = {
+    "SQLiteSession": ("agents",),
+    "EncryptedSession": ("agents.extensions.memory",),
+    "SqliteSaver + EncryptedSerializer": ("langgraph.checkpoint.sqlite", "Crypto"),
+}
+
+
 def peer_missing(peer: str) -> str | None:
     """Why a framework store cannot run here, or None."""
-    modules = ["agents"] if "Session" in peer and "Saver" not in peer else ["langgraph.checkpoint.sqlite", "Crypto"]
-    if peer == "EncryptedSession":
-        modules = ["agents.extensions.memory"]
-    for module in modules:
+    for module in _PEER_MODULES[peer]:
         try:
             importlib.import_module(module)
         except ImportError as exc:
@@ -236,11 +211,7 @@ class _SessionPeer:
     def tail_reader(self, text: str) -> Callable[[], str]:
         session = self.session("tail")
         self.write(session, [text])
-        return functools.partial(self.tail, session, TAIL_CHARS)
-
-    def tail(self, session: Any, n: int) -> str:
-        items = self.loop.run_until_complete(session.get_items(limit=1))
-        return str(items[-1]["content"])[-n:]
+        return lambda: str(self.loop.run_until_complete(session.get_items(limit=1))[-1]["content"])[-TAIL_CHARS:]
 
     def close(self) -> None:
         self.loop.close()
@@ -291,12 +262,12 @@ class _SaverPeer:
 
     def tail_reader(self, text: str) -> Callable[[], str]:
         self.put("tail", text)
-        return functools.partial(self.tail, "tail", TAIL_CHARS)
+        return functools.partial(self.tail, "tail")
 
-    def tail(self, thread: str, n: int) -> str:
+    def tail(self, thread: str) -> str:
         found = self.saver.get_tuple({"configurable": {"thread_id": thread, "checkpoint_ns": ""}})
         assert found is not None
-        return str(found.checkpoint["channel_values"]["data"])[-n:]
+        return str(found.checkpoint["channel_values"]["data"])[-TAIL_CHARS:]
 
     def close(self) -> None:
         self.conn.close()
@@ -314,24 +285,13 @@ def _peer_writes(cfg: Config, root: Path) -> list[Record]:
     for peer in PEERS:
         reason = peer_missing(peer)
         if reason:
-            records += [_skip(peer, PEER_DURABILITY, m, reason) for m in ("single", *(f"batch {b}" for b in BATCHES))]
+            for mode in ("single", *(f"batch {b}" for b in BATCHES)):
+                records.append({"store": peer, "durability": PEER_DURABILITY, "mode": mode, "case": f"{peer} {mode}"})
+                records[-1]["skipped"] = reason
             continue
-        store = _open_peer(peer, root / f"{peer}-write.db")
-        modes = store.modes(texts)
-        try:
-            for mode, per_call, operation in modes:
-                records.append(
-                    {
-                        "store": peer,
-                        "durability": PEER_DURABILITY,
-                        "mode": mode,
-                        "batch": per_call,
-                        "case": f"{peer} {mode}",
-                        "stats": _timed(cfg, operation, per_call),
-                    }
-                )
-        finally:
-            store.close()
+        with closing(_open_peer(peer, root / f"{peer}-write.db")) as store:
+            for mode, per_call, operation in store.modes(texts):
+                records.append(_record(peer, PEER_DURABILITY, mode, per_call, _timed(cfg, operation, per_call)))
     return records
 
 
@@ -342,10 +302,7 @@ def _read_stats(cfg: Config, read: Callable[[], str], expected: str) -> dict[str
     if read() != expected:
         raise AssertionError("the tail read returned the wrong characters")
     samples: list[float] = []
-    began = time.perf_counter()
-    while len(samples) < cfg.read_max_ops and (
-        len(samples) < cfg.read_min_ops or time.perf_counter() - began < cfg.read_budget_s
-    ):
+    for _ in within(samples, cfg.read_budget_s, cfg.read_min_ops, cfg.read_max_ops):
         t0 = time.perf_counter()
         read()
         samples.append(time.perf_counter() - t0)
@@ -368,11 +325,8 @@ def _tails(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
         if reason:
             records.append({"store": peer, "case": peer, "skipped": reason})
             continue
-        store = _open_peer(peer, root / f"{peer}-tail.db")
-        try:
+        with closing(_open_peer(peer, root / f"{peer}-tail.db")) as store:
             records.append({"store": peer, "case": peer, "stats": _read_stats(cfg, store.tail_reader(text), expected)})
-        finally:
-            store.close()
     return records
 
 
@@ -384,29 +338,11 @@ def _listing(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
         for i in range(steps):
             pad.put(PRINCIPAL, "listed", i, "bench", texts[i % len(texts)])
 
-        def listed() -> str:
-            return str(len(pad.list_for_turn(PRINCIPAL, "listed")))
-
-        records.append(
-            {
-                "store": "securepad",
-                "case": f"list_for_turn {steps}",
-                "steps": steps,
-                "stats": _read_stats(cfg, listed, str(steps)),
-            }
-        )
-    plain = UnhardenedBackend(root / "unhardened")
-    try:
+        stats = _read_stats(cfg, lambda: str(len(pad.list_for_turn(PRINCIPAL, "listed"))), str(steps))
+        records.append({"store": "securepad", "case": f"list_for_turn {steps}", "steps": steps, "stats": stats})
+    with closing(UnhardenedBackend(root / "unhardened")) as plain:
         for i in range(steps):
             plain.put("listed", i, texts[i % len(texts)])
-        records.append(
-            {
-                "store": "unhardened",
-                "case": f"SELECT by turn {steps}",
-                "steps": steps,
-                "stats": _read_stats(cfg, lambda: str(len(plain.resume("listed")[0])), str(steps)),
-            }
-        )
-    finally:
-        plain.close()
+        stats = _read_stats(cfg, lambda: str(len(plain.resume("listed")[0])), str(steps))
+        records.append({"store": "unhardened", "case": f"SELECT by turn {steps}", "steps": steps, "stats": stats})
     return records

@@ -1,54 +1,40 @@
-"""``securepad bench --costs``: instructions per operation, for securepad, the
-sealed floor and raw apsw, beside the load-independent counts the tests guard.
+"""``securepad bench --costs``: instructions per operation for securepad, the
+sealed floor and raw apsw, beside the load-independent counts (``costs``).
 
-Each backend's store is prepared once (a turn to put into, a 4 KiB entry to
-read, a turn of 1,000 small entries to list), then copied fresh for the
-measured process. That process opens its copy and runs, per operation, one
-warm-up call, then ``N`` calls, then ``2N`` calls, each run of calls closed
-by a call of ``sys.getswitchinterval``, the marker at which valgrind's
-callgrind (``--dump-before``) writes what ran since the last one. An
-operation's figure is (Ir(2N) - Ir(N)) / N: whatever a run costs once
-(start-up, the marker, a first call's cold caches) cancels out, so it is a
-warm call's cost, and it does not depend on the machine's load. Each run
-ends with a truncating checkpoint, so a write's figure includes moving its
-WAL frames into the file, and no automatic checkpoint falls into one run
-and not the other. (securepad's anchor is kept by a background thread: the
-share of its work that falls into a run depends on the scheduler, which
-makes securepad's write figures move by a few percent between runs.)
-
-Without valgrind, the same process times each run in CPU time
-(``time.process_time``) and the figure is the mean over the 3N calls after
-the warm-up, in microseconds; the report says which it is.
-
-Beside each figure: the SQL statements and WAL frames of one warm call
-(SQLite's statement trace; the WAL's size after a truncating checkpoint)
-and its key work (``crypto.primitives.WORK``), as ``tests/tables/entries/test_hot_path.py``
-guards them for securepad; and the targets, each with its ratio.
+Each backend's store is prepared once, then copied fresh for one measured
+process, which runs per operation one warm-up call, ``N`` calls and ``2N``
+calls, each run closed by a truncating checkpoint (a write pays for moving
+its own WAL frames; no automatic checkpoint falls into one run and not the
+other) and by a call of ``sys.getswitchinterval``, the marker at which
+callgrind (``--dump-before``) writes what ran since the last one. A figure is
+(Ir(2N) - Ir(N)) / N: whatever a run costs once cancels out. (securepad's
+anchor is kept by a background thread, so its write figures move by a few
+percent between runs.) Without valgrind the figure is the mean CPU time
+(``time.process_time``) of the 3N calls, in microseconds, and the report says so.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import apsw
 
-from ..crypto.primitives import WORK
 from ..store import sqlite_of
 from .backends import PRINCIPAL, Backend, RawApswBackend, SecurepadBackend, open_backend
+from .child import environment, output
+from .costs import counting, frames_in
 from .data import text
 from .floor import SealedFloorBackend
-
-__all__ = ["COUNTS", "OPERATIONS", "TARGETS", "main", "measure", "report"]
 
 ENTRY_BYTES = 4 * 1024
 LISTED = 1000
@@ -72,14 +58,15 @@ TARGETS = (
     ("put_many", (SealedFloorBackend.name, "put"), 1.0),
     ("listing", (RawApswBackend.name, "listing"), 3.0),
 )
+# What ``work`` reports of a call's counts.
+_WORK = ("statements", "key_derivations", "key_unwraps", "header_digests", "wal_frames")
 # The marker: a function that nothing else calls while the operations run.
 _MARKER = "sys_getswitchinterval"
 
 
 def prepare(name: str, root: Path, listed: int = LISTED) -> dict[str, Any]:
     """Build the store every measured process of backend ``name`` starts from."""
-    backend = open_backend(name, root)
-    try:
+    with closing(open_backend(name, root)) as backend:
         read_id = backend.put("costs-read", 0, text(ENTRY_BYTES, salt=1))
         for step in range(3):
             backend.put("costs-put", step, text(ENTRY_BYTES, salt=10 + step))
@@ -88,29 +75,20 @@ def prepare(name: str, root: Path, listed: int = LISTED) -> dict[str, Any]:
         if isinstance(backend, SecurepadBackend):
             items = [(step, "bench", text(ENTRY_BYTES, salt=step)) for step in range(BATCH)]
             backend.pad.put_many(PRINCIPAL, "costs-many", items)
-    finally:
-        backend.close()
     return {"read_id": read_id, "listed": listed}
 
 
-class _Contents:
-    """The observations the puts store, made before they are measured."""
-
-    def __init__(self) -> None:
-        self._made: dict[int, str] = {}
-
-    def __call__(self, salt: int) -> str:
-        found = self._made.get(salt)
-        if found is None:
-            found = self._made[salt] = text(ENTRY_BYTES, salt=salt)
-        return found
+@functools.cache
+def _content(salt: int) -> str:
+    """An observation a put stores, made (and kept) before it is measured."""
+    return text(ENTRY_BYTES, salt=salt)
 
 
-def _operations(backend: Backend, prepared: dict[str, Any], content: _Contents) -> dict[str, Callable[[int], object]]:
+def _operations(backend: Backend, prepared: dict[str, Any]) -> dict[str, Callable[[int], object]]:
     """Each operation, called with a serial number (unique in the process: steps never repeat)."""
     read_id = prepared["read_id"]
     ops: dict[str, Callable[[int], object]] = {
-        "put": lambda i: backend.put("costs-put", 1000 + i, content(20_000 + i)),
+        "put": lambda i: backend.put("costs-put", 1000 + i, _content(20_000 + i)),
         "read": lambda i: backend.read(read_id, "tail", 2000),
         "listing": lambda i: backend.resume("costs-list"),
     }
@@ -119,7 +97,7 @@ def _operations(backend: Backend, prepared: dict[str, Any], content: _Contents) 
 
         def put_many(i: int) -> object:
             first = 1000 + i * BATCH
-            items = [(first + j, "bench", content(50_000 + first + j)) for j in range(BATCH)]
+            items = [(first + j, "bench", _content(50_000 + first + j)) for j in range(BATCH)]
             return pad.put_many(PRINCIPAL, "costs-many", items)
 
         ops["put_many"] = put_many
@@ -133,14 +111,13 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     moving its own frames into the file, whatever SQLite's automatic
     checkpoints would have done) and the marker; returns the runs and their CPU seconds."""
     backend = open_backend(spec["backend"], Path(spec["root"]), create=False)
-    content = _Contents()
-    ops = _operations(backend, spec["prepared"], content)
+    ops = _operations(backend, spec["prepared"])
     chosen = spec["ops"]
     calls = sum(1 + 3 * spec["counts"][op] for op in chosen)
     for salt in range(calls):  # the puts' observations (put_many's from step 1000 on)
-        content(20_000 + salt)
+        _content(20_000 + salt)
         for j in range(BATCH if "put_many" in ops else 0):
-            content(51_000 + salt * BATCH + j)
+            _content(51_000 + salt * BATCH + j)
     marker = sys.getswitchinterval
     runs: list[list[Any]] = []
     serial = 0
@@ -160,18 +137,6 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     return {"runs": runs}
 
 
-def _environment(workdir: Path) -> dict[str, str]:
-    # The directory holding this securepad first on the path (a checkout or site-packages).
-    root = str(Path(__file__).absolute().parents[2])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["PYTHONHASHSEED"] = "0"  # the same dict and set layouts in every process
-    # Bytecode compiled once, outside the source tree, so start-up does not compile every module.
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env["PYTHONPYCACHEPREFIX"] = str(workdir / "pycache")
-    return env
-
-
 def _measured(spec: dict[str, Any], workdir: Path, callgrind: bool) -> dict[tuple[str, str], tuple[float, int | None]]:
     """Run one measured process on a fresh copy of the prepared store: {(op, run): (CPU s, Ir or None)}."""
     root = workdir / "run"
@@ -183,10 +148,13 @@ def _measured(spec: dict[str, Any], workdir: Path, callgrind: bool) -> dict[tupl
     command = [sys.executable, "-P", "-m", __name__, json.dumps({**spec, "root": str(root)})]
     if callgrind:
         command = ["valgrind", "--tool=callgrind", f"--dump-before={_MARKER}", f"--callgrind-out-file={out}", *command]
-    done = subprocess.run(command, capture_output=True, text=True, env=_environment(workdir), check=False)
+    # The same dict and set layouts in every process; bytecode compiled once, outside the source tree.
+    env = environment(PYTHONHASHSEED="0", PYTHONPYCACHEPREFIX=str(workdir / "pycache"))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the measured process of {spec['backend']} failed: {done.stderr[-2000:]}")
-    runs = json.loads(done.stdout.strip().splitlines()[-1])["runs"]
+    runs = output(done.stdout, done.stderr)["runs"]
     found: dict[tuple[str, str], tuple[float, int | None]] = {}
     for k, (op, label, seconds) in enumerate(runs):
         # Dump 1 holds what ran before the first marker; run k ends at marker k + 2.
@@ -277,15 +245,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         value = figures.get("securepad", {}).get(op)
         against = figures.get(base, {}).get(base_op)
         ratio = value / against if value is not None and against else None
-        out.append(
-            {
-                "operation": op,
-                "against": f"{base} {base_op}",
-                "at_most": most,
-                "ratio": ratio,
-                "met": None if ratio is None else ratio <= most,
-            }
-        )
+        met = None if ratio is None else ratio <= most
+        out.append({"operation": op, "against": f"{base} {base_op}", "at_most": most, "ratio": ratio, "met": met})
     return out
 
 
@@ -306,49 +267,23 @@ def _empty_wal(backend: Backend) -> None:
         _connection(backend).wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
 
 
-def _wal_frames(conn: apsw.Connection) -> int:
-    page = int(conn.execute("PRAGMA page_size").fetchall()[0][0])  # type: ignore[arg-type]
-    wal = Path(f"{conn.filename}-wal")
-    return max(0, (wal.stat().st_size if wal.exists() else 0) - 32) // (page + 24)
-
-
-@contextmanager
-def _counting(conn: apsw.Connection) -> Iterator[dict[str, int]]:
-    counts = {"statements": 0}
-
-    def trace(event: dict[str, Any]) -> None:
-        if not event.get("trigger"):
-            counts["statements"] += 1
-
-    before = WORK.snapshot()
-    conn.trace_v2(apsw.SQLITE_TRACE_STMT, trace)
-    try:
-        yield counts
-    finally:
-        conn.trace_v2(0, None)
-        after = WORK.snapshot()
-        counts.update({name: after[name] - before[name] for name in after})
-
-
-def work(
-    name: str, workdir: Path, prepared: dict[str, Any], chosen: Sequence[str] | None = None
-) -> dict[str, dict[str, int]]:
-    """One warm call of each operation (of ``chosen``), counted: statements, WAL frames, key work."""
+def work(name: str, workdir: Path, prepared: dict[str, Any], chosen: Sequence[str]) -> dict[str, dict[str, int]]:
+    """One warm call of each operation of ``chosen``, counted: statements, WAL frames, key work."""
     root = workdir / "counted"
     shutil.rmtree(root, ignore_errors=True)
     shutil.copytree(workdir / "prepared" / name, root)
     backend = open_backend(name, root, create=False)
     try:
-        ops = _operations(backend, prepared, _Contents())
+        ops = _operations(backend, prepared)
         found = {}
-        for serial, op in enumerate(BACKENDS[name] if chosen is None else chosen):
+        for serial, op in enumerate(chosen):
             ops[op](10_000 + 2 * serial)  # warm
             _empty_wal(backend)
             conn = _connection(backend)
-            with _counting(conn) as counted:
+            with counting(conn) as counted:
                 ops[op](10_001 + 2 * serial)
-            counted["wal_frames"] = _wal_frames(conn)
-            found[op] = counted
+            counted["wal_frames"] = frames_in(conn)
+            found[op] = {key: counted[key] for key in _WORK}
     finally:
         backend.close()
         shutil.rmtree(root, ignore_errors=True)
@@ -360,6 +295,12 @@ def work(
 
 def _figure(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+
+
+def _counted(c: dict[str, int] | None) -> str:
+    if c is None:
+        return "-"
+    return f"{c['statements']}/{c['wal_frames']}/{c['key_derivations']},{c['key_unwraps']},{c['header_digests']}"
 
 
 def report(results: dict[str, Any]) -> str:
@@ -381,15 +322,7 @@ def report(results: dict[str, Any]) -> str:
     lines += ["", "one warm call: SQL statements / WAL frames / key derivations, unwraps, header digests"]
     for op, label in ops.items():
         label = label.replace(", per observation", f" (one call: {BATCH} observations)")
-        cells = []
-        for name in names:
-            counted = results["work"].get(name, {}).get(op)
-            cells.append(
-                "-"
-                if counted is None
-                else f"{counted['statements']}/{counted['wal_frames']}/"
-                f"{counted['key_derivations']},{counted['key_unwraps']},{counted['header_digests']}"
-            )
+        cells = (_counted(results["work"].get(name, {}).get(op)) for name in names)
         lines.append(f"{label:<52}" + "".join(f"{cell:>16}" for cell in cells))
     lines += ["", "targets (securepad against its yardstick)"]
     for target in results["targets"]:
@@ -411,12 +344,12 @@ def main(
     workdir: Path | None = None,
     method: str | None = None,
     tiny: bool = False,
-    ops: Sequence[str] = OPERATIONS,
+    ops: Sequence[str] | None = None,
 ) -> int:
-    """Measure (the operations ``ops``), print the report and write ``<out>/costs.json``."""
+    """Measure the operations ``ops`` (default all), print the report and write ``<out>/costs.json``."""
     scratch = Path(tempfile.mkdtemp(prefix="securepad-costs-", dir=workdir))
     try:
-        results = measure(scratch, method=method, tiny=tiny, ops=ops)
+        results = measure(scratch, method=method, tiny=tiny, ops=ops or OPERATIONS)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,17 +1,20 @@
-"""Turning results into the markdown tables, the targets, the JSON and the chart."""
+"""Turning results into the markdown tables, the summary, the targets, the JSON and the chart."""
 
 from __future__ import annotations
 
 import json
 import math
+import textwrap
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from . import hotpath_report
 from .config import MiB, size_label
+from .hotpath import BATCHES, DURABILITIES, PEERS, TAIL_CHARS, TAIL_ENTRY
 
 Results = dict[str, Any]
+Record = dict[str, Any]
+Rows = Callable[[Record], list[list[str]]]
 
 COLORS = {
     "securepad": "#1f77b4",
@@ -47,37 +50,119 @@ def fmt_kib(kib: int | None) -> str:
     return f"{kib / 1024:.1f} MiB" if kib >= 1024 else f"{kib} KiB"
 
 
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _rate_cells(stats: dict[str, Any]) -> list[str]:
+    return [_ms(stats["median"]), f"{stats['obs_per_s']:,.0f}", str(stats["n"])]
+
+
 def _table(header: list[str], rows: Iterable[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 
 
+FIG = ["n", "median", "p90", "p99", "max"]
+
+
 def _figures(stats: dict[str, Any]) -> list[str]:
     return [str(stats["n"]), *(fmt_time(stats[k]) for k in ("median", "p90", "p99", "max"))]
 
 
-FIG = ["n", "median", "p90", "p99", "max"]
+def _timed(r: Record, *last: str) -> list[list[str]]:
+    """One row: the case, its figures, its rate and the cells ``last``."""
+    return [[r["case"], *_figures(r["stats"]), fmt_rate(r["stats"]["ops_per_s"]), *last]]
+
+
+def _concurrent_rows(r: Record) -> list[list[str]]:
+    """One row per operation (put, read); the totals, errors and lost writes on the put row."""
+    totals = [fmt_rate(r["stats"]["ops_per_s"]), str(r["error_count"]), str(r["lost_writes"])]
+    return [
+        [r["case"], op, *_figures(r[op]), fmt_rate(r[op]["ops_per_s"]), *(totals if op == "put" else ["", "", ""])]
+        for op in ("put", "read")
+    ]
+
+
+# workload -> (heading, its columns after the backend's, its rows of one record), in the order markdown shows them.
+_SECTIONS: dict[str, tuple[str, list[str], Rows]] = {
+    "put": (
+        "put: sequential, one process, one entry per put",
+        ["size", *FIG, "ops/s", "MB/s"],
+        lambda r: _timed(r, fmt_rate(r["stats"]["mb_per_s"])),
+    ),
+    "read": (
+        "read: 2000 characters, fresh process per entry; peak RSS above the process's resting RSS",
+        ["read", *FIG, "ops/s", "peak RSS Δ"],
+        lambda r: _timed(r, fmt_kib(r["peak_rss_delta_kib"])),
+    ),
+    "concurrent": (
+        "concurrent: 50/50 put/read of 4 KiB entries, processes x threads, fixed time",
+        ["PxT", "op", *FIG, "op/s", "total ops/s", "errors", "lost writes"],
+        _concurrent_rows,
+    ),
+    "resume": (
+        "resume: a fresh process opens the store, history and tools ready",
+        ["turn", *FIG, "resumes/s", "peak RSS Δ", "how"],
+        lambda r: _timed(r, fmt_kib(r["peak_rss_delta_kib"]), r.get("api") or "SELECT by turn"),
+    ),
+    "gc": (
+        "gc: delete expired entries (one run each; securepad also zeroes and truncates the WAL)",
+        ["entries", "time", "entries/s"],
+        lambda r: [[r["case"], fmt_time(r["stats"]["max"]), fmt_rate(r["stats"]["ops_per_s"])]],
+    ),
+    "open": (
+        "open: an existing store, ready to serve",
+        ["key source", *FIG],
+        lambda r: [[r["case"], *_figures(r["stats"])]],
+    ),
+}
+# hotpath section -> (heading, columns, the row of one measured record)
+_HOTPATH: dict[str, tuple[str, list[str], Callable[[Record], list[str]]]] = {
+    "costs": (
+        "SQL statements and WAL frames of one put (load-independent)",
+        ["size", "statements", "WAL frames", "raw-apsw WAL frames"],
+        lambda r: [
+            r["case"].removeprefix("costs "),
+            *(str(r[k]) for k in ("statements", "wal_frames", "raw_wal_frames")),
+        ],
+    ),
+    "write": (
+        "4 KiB observations per second, single writes and batches",
+        ["store", "durability", "call", "median per call", "observations/s", "calls"],
+        lambda r: [r["store"], r["durability"], r["mode"], *_rate_cells(r["stats"])],
+    ),
+    "tail": (
+        f"tail of {TAIL_CHARS} characters of {size_label(TAIL_ENTRY)}, in process",
+        ["store", "median", "p99", "n"],
+        lambda r: [r["store"], _ms(r["stats"]["median"]), _ms(r["stats"]["p99"]), str(r["stats"]["n"])],
+    ),
+    "listing": (
+        "listing a turn, in process",
+        ["store", "call", "median", "n"],
+        lambda r: [r["store"], r["case"], _ms(r["stats"]["median"]), str(r["stats"]["n"])],
+    ),
+}
 
 
 def markdown(results: Results) -> str:
     """Every workload's table, then the targets."""
     w = results["workloads"]
     out: list[str] = []
-    for name, (heading, section) in _SECTIONS.items():
-        if w.get(name):
-            # put comes first: no blank line above its heading.
-            out.append(("" if name == "put" else "\n") + f"### {heading}\n")
-            out.extend(section(w[name]))
-    out += hotpath_report.markdown(w.get("hotpath", []))  # its own headings, one per part
+    for name, (heading, header, rows_of) in _SECTIONS.items():
+        if not w.get(name):
+            continue
+        out.append(("" if name == "put" else "\n") + f"### {heading}\n")  # put first: no blank line above
+        out.append(_table(["backend", *header], ([r["backend"], *row] for r in w[name] for row in rows_of(r))))
+        errors = [f"{r['backend']} {r['case']}: {v}x {k}" for r in w[name] for k, v in r.get("errors", {}).items()]
+        if errors:
+            out.append("\nerrors: " + "; ".join(errors))
+    out += hotpath_markdown(w.get("hotpath", []))
     if results.get("targets"):
         out.append("\n### targets (ratios measured in this run)\n")
-        out.append(
-            _table(
-                ["target", "measured", "result"],
-                ([t["target"], t["measured"], _verdict(t["passed"])] for t in results["targets"]),
-            )
-        )
+        rows = ([t["target"], t["measured"], _verdict(t["passed"])] for t in results["targets"])
+        out.append(_table(["target", "measured", "result"], rows))
     if results.get("failures"):
         failed = (f"{f['workload']} on {f['backend']}: {f['error']}" for f in results["failures"])
         out.append("\nFAILED: " + "; ".join(failed))
@@ -86,118 +171,40 @@ def markdown(results: Results) -> str:
     return "\n".join(out) + "\n"
 
 
-def _put_table(records: list[dict[str, Any]]) -> list[str]:
-    rows = (
-        [
-            r["backend"],
-            r["case"],
-            *_figures(r["stats"]),
-            fmt_rate(r["stats"]["ops_per_s"]),
-            fmt_rate(r["stats"]["mb_per_s"]),
-        ]
-        for r in records
-    )
-    return [_table(["backend", "size", *FIG, "ops/s", "MB/s"], rows)]
-
-
-def _read_table(records: list[dict[str, Any]]) -> list[str]:
-    rows = (
-        [
-            r["backend"],
-            r["case"],
-            *_figures(r["stats"]),
-            fmt_rate(r["stats"]["ops_per_s"]),
-            fmt_kib(r["peak_rss_delta_kib"]),
-        ]
-        for r in records
-    )
-    return [_table(["backend", "read", *FIG, "ops/s", "peak RSS Δ"], rows)]
-
-
-def _concurrent_table(records: list[dict[str, Any]]) -> list[str]:
-    """One row per operation (put, read); the totals, errors and lost writes on the put row."""
-    rows = []
-    for r in records:
-        for op in ("put", "read"):
-            rows.append(
-                [
-                    r["backend"],
-                    r["case"],
-                    op,
-                    *_figures(r[op]),
-                    fmt_rate(r[op]["ops_per_s"]),
-                    fmt_rate(r["stats"]["ops_per_s"]) if op == "put" else "",
-                    str(r["error_count"]) if op == "put" else "",
-                    str(r["lost_writes"]) if op == "put" else "",
-                ]
-            )
-    out = [_table(["backend", "PxT", "op", *FIG, "op/s", "total ops/s", "errors", "lost writes"], rows)]
-    errors = [(r["backend"], r["case"], k, v) for r in records for k, v in r["errors"].items()]
-    if errors:
-        out.append("\nerrors: " + "; ".join(f"{b} {c}: {v}x {k}" for b, c, k, v in errors))
+def hotpath_markdown(records: list[Record]) -> list[str]:
+    """The hot-path tables (costs, write rates, tail, listing), then the figures skipped and why."""
+    out: list[str] = []
+    for section, (heading, header, row) in _HOTPATH.items():
+        found = _section(records, section)
+        if found:
+            out.append(f"\n### hotpath: {heading}\n")
+            out.append(_table(header, (row(r) for r in found if "skipped" not in r)))
+    skipped = [r for r in records if "skipped" in r]
+    if skipped:
+        out.append("\nhotpath skipped: " + "; ".join(f"{r['case']}: {r['skipped']}" for r in skipped))
     return out
-
-
-def _resume_table(records: list[dict[str, Any]]) -> list[str]:
-    rows = (
-        [
-            r["backend"],
-            r["case"],
-            *_figures(r["stats"]),
-            fmt_rate(r["stats"]["ops_per_s"]),
-            fmt_kib(r["peak_rss_delta_kib"]),
-            r.get("api") or "SELECT by turn",
-        ]
-        for r in records
-    )
-    return [_table(["backend", "turn", *FIG, "resumes/s", "peak RSS Δ", "how"], rows)]
-
-
-def _gc_table(records: list[dict[str, Any]]) -> list[str]:
-    rows = ([r["backend"], r["case"], fmt_time(r["stats"]["max"]), fmt_rate(r["stats"]["ops_per_s"])] for r in records)
-    return [_table(["backend", "entries", "time", "entries/s"], rows)]
-
-
-def _open_table(records: list[dict[str, Any]]) -> list[str]:
-    return [
-        _table(["backend", "key source", *FIG], ([r["backend"], r["case"], *_figures(r["stats"])] for r in records))
-    ]
-
-
-# workload -> (heading, its table), in the order markdown shows them.
-_SECTIONS: dict[str, tuple[str, Callable[[list[dict[str, Any]]], list[str]]]] = {
-    "put": ("put: sequential, one process, one entry per put", _put_table),
-    "read": (
-        "read: 2000 characters, fresh process per entry; peak RSS above the process's resting RSS",
-        _read_table,
-    ),
-    "concurrent": ("concurrent: 50/50 put/read of 4 KiB entries, processes x threads, fixed time", _concurrent_table),
-    "resume": ("resume: a fresh process opens the store, history and tools ready", _resume_table),
-    "gc": ("gc: delete expired entries (one run each; securepad also zeroes and truncates the WAL)", _gc_table),
-    "open": ("open: an existing store, ready to serve", _open_table),
-}
 
 
 # -- the summary a person reads (80 columns) -----------------------------------------------
 
 WIDTH = 80
 _LABEL = 22  # the case column; each backend gets 11
-# workload -> (heading, which cases, the figure shown); the JSON and --tables keep everything.
-_SUMMARY: dict[str, tuple[str, Callable[[str], bool], Callable[[dict[str, Any]], str]]] = {
-    "put": ("put, one entry (median)", lambda case: True, lambda r: fmt_time(r["stats"]["median"])),
+# workload -> (heading, how the cases shown begin, the figure shown); the JSON and --tables keep everything.
+_SUMMARY: dict[str, tuple[str, str, Callable[[Record], str]]] = {
+    "put": ("put, one entry (median)", "", lambda r: fmt_time(r["stats"]["median"])),
     "read": (
         "read 2000 chars from the tail, fresh process (median)",
-        lambda case: case.startswith("tail "),
+        "tail ",
         lambda r: fmt_time(r["stats"]["median"]),
     ),
     "concurrent": (
         "concurrent 4 KiB put/read, processes x threads (total ops/s)",
-        lambda case: True,
+        "",
         lambda r: fmt_rate(r["stats"]["ops_per_s"]),
     ),
-    "resume": ("resume a turn, fresh process (median)", lambda case: True, lambda r: fmt_time(r["stats"]["median"])),
-    "gc": ("gc of expired entries (time)", lambda case: True, lambda r: fmt_time(r["stats"]["max"])),
-    "open": ("open an existing store (median)", lambda case: True, lambda r: fmt_time(r["stats"]["median"])),
+    "resume": ("resume a turn, fresh process (median)", "", lambda r: fmt_time(r["stats"]["median"])),
+    "gc": ("gc of expired entries (time)", "", lambda r: fmt_time(r["stats"]["max"])),
+    "open": ("open an existing store (median)", "", lambda r: fmt_time(r["stats"]["median"])),
 }
 
 
@@ -208,19 +215,15 @@ def summary(results: Results, written: Iterable[str] = ()) -> str:
     backends = [b for b, info in results["backends"].items() if info.get("available", True)]
     machine = meta.get("machine", {}).get("summary", "")
     out = _wrapped(f"securepad bench ({meta.get('mode', '?')}) on {machine}; {meta.get('elapsed_s', '?')} s")
-    for name, (heading, chosen, figure) in _SUMMARY.items():
-        records = [r for r in w.get(name, []) if chosen(str(r.get("case")))]
+    for name, (heading, begins, figure) in _SUMMARY.items():
+        records = [r for r in w.get(name, []) if str(r.get("case")).startswith(begins)]
         if not records:
             continue
         out += ["", heading[:WIDTH], f"{'':<{_LABEL}}" + "".join(f"{b[:10]:>11}" for b in backends)]
-        cases = list(dict.fromkeys(str(r["case"]) for r in records))
-        for case in cases:
+        for case in dict.fromkeys(str(r["case"]) for r in records):
             label = case if len(case) <= _LABEL - 2 else case[: _LABEL - 3] + "\u2026"
-            cells = []
-            for backend in backends:
-                found = _find(records, backend, case=case)
-                cells.append(f"{figure(found) if found else '-':>11}")
-            out.append(f"  {label:<{_LABEL - 2}}" + "".join(cells))
+            found = [_find(records, backend=backend, case=case) for backend in backends]
+            out.append(f"  {label:<{_LABEL - 2}}" + "".join(f"{figure(r) if r else '-':>11}" for r in found))
     if w.get("hotpath"):
         out += ["", f"hotpath: {len(w['hotpath'])} measurements (statements, WAL frames per put) in the JSON"]
     listed = results.get("targets") or []
@@ -247,8 +250,6 @@ def targets_text(results: Results) -> str:
 
 
 def _wrapped(text: str, indent: int = 2) -> list[str]:
-    import textwrap
-
     return textwrap.wrap(text, WIDTH, subsequent_indent=" " * indent, break_long_words=True) or [""]
 
 
@@ -259,87 +260,85 @@ def _verdict(passed: bool | None) -> str:
 # -- targets ---------------------------------------------------------------------------------
 
 
-def _find(records: list[dict[str, Any]], backend: str, **match: Any) -> dict[str, Any] | None:
-    for r in records:
-        if r["backend"] == backend and all(r.get(k) == v for k, v in match.items()):
-            return r
-    return None
+def _find(records: list[Record], **match: Any) -> Record | None:
+    """The first measured record (not skipped) with every field of ``match``."""
+    return next((r for r in records if "skipped" not in r and all(r.get(k) == v for k, v in match.items())), None)
 
 
-def targets(results: Results) -> list[dict[str, Any]]:
-    """The issue's targets, each a ratio of two figures from this run."""
-    w = results["workloads"]
-    return [
-        *_put_targets(w.get("put", [])),
-        *_read_targets(w.get("read", [])),
-        *_concurrent_targets(w.get("concurrent", [])),
-        *_resume_targets(w.get("resume", [])),
-        *_hotpath_targets(w.get("hotpath", [])),
-    ]
+def _section(records: list[Record], name: str) -> list[Record]:
+    return [r for r in records if r.get("section") == name]
 
 
-def _hotpath_targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = []
-    hotpath_report.targets(records, lambda *target: found.append(_target(*target)))
-    return found
-
-
-def _target(target: str, measured: str | None, passed: bool | None, value: float | None = None) -> dict[str, Any]:
+def _target(target: str, measured: str | None, passed: bool | None, value: float | None = None) -> Record:
     """One target's line; ``measured`` None: a figure it needs is not in this run."""
     return {"target": target, "measured": measured or "not measured in this run", "passed": passed, "value": value}
 
 
-def _put_targets(puts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """securepad's put rate against raw plaintext (per size) and against the unhardened store."""
+_UNITS = {"ops_per_s": "ops/s", "obs_per_s": "obs/s"}
+
+
+def _ratio(
+    name: str,
+    ours: Record | None,
+    theirs: Record | None,
+    key: str,
+    *,
+    least: float | None = None,
+    most: float | None = None,
+    digits: str = ".2f",
+    detail: bool = False,
+    why: str | None = None,
+) -> Record:
+    """The target ``name``: ``ours``' stats[key] over ``theirs``', at least ``least`` or at most ``most``;
+    with ``detail``, both figures beside the ratio. A missing record: not measured, ``why`` says why."""
+    if not (ours and theirs):
+        return _target(name, why, None)
+    x, y = ours["stats"][key], theirs["stats"][key]
+    ratio = x / y
+    measured = f"{ratio:{digits}}x"
+    if detail:
+        both = f"{fmt_time(x)} vs {fmt_time(y)}" if key == "median" else f"{x:,.0f} vs {y:,.0f} {_UNITS[key]}"
+        measured += f" ({both})"
+    passed = ratio >= least if least is not None else most is not None and ratio <= most
+    return _target(name, measured, passed, ratio)
+
+
+def targets(results: Results) -> list[Record]:
+    """The project's targets, each a ratio of two figures from this run."""
+    w = results["workloads"]
+    puts, reads, conc = w.get("put", []), w.get("read", []), w.get("concurrent", [])
     found = []
     for size, floor in ((4096, 0.5), (65536, 0.8), (MiB, 0.85)):
-        name = f"put {size_label(size)}: securepad >= {floor}x raw plaintext"
-        sp, raw = _find(puts, "securepad", size_bytes=size), _find(puts, "raw-apsw", size_bytes=size)
-        if sp and raw:
-            ratio = sp["stats"]["ops_per_s"] / raw["stats"]["ops_per_s"]
-            found.append(_target(name, f"{ratio:.2f}x", ratio >= floor, ratio))
-        else:
-            found.append(_target(name, None, None))
+        sp, raw = _find(puts, backend="securepad", size_bytes=size), _find(puts, backend="raw-apsw", size_bytes=size)
+        found.append(
+            _ratio(f"put {size_label(size)}: securepad >= {floor}x raw plaintext", sp, raw, "ops_per_s", least=floor)
+        )
     for sp in (r for r in puts if r["backend"] == "securepad"):
-        un = _find(puts, "unhardened", size_bytes=sp["size_bytes"])
+        un = _find(puts, backend="unhardened", size_bytes=sp["size_bytes"])
         if un:
             ratio = sp["stats"]["ops_per_s"] / un["stats"]["ops_per_s"]
             found.append(_target(f"put {sp['case']}: securepad above unhardened", f"{ratio:.2f}x", ratio > 1, ratio))
-    return found
-
-
-def _read_targets(reads: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The tail of a 100 MiB entry: against 64 KiB, against the unhardened store, its memory."""
-    big = _find(reads, "securepad", mode="tail", entry_bytes=100 * MiB)
-    ref = _find(reads, "securepad", mode="tail", entry_bytes=64 * 1024)
-    un_big = _find(reads, "unhardened", mode="tail", entry_bytes=100 * MiB)
-    found = []
+    big = _find(reads, backend="securepad", mode="tail", entry_bytes=100 * MiB)
+    ref = _find(reads, backend="securepad", mode="tail", entry_bytes=64 * 1024)
+    un_big = _find(reads, backend="unhardened", mode="tail", entry_bytes=100 * MiB)
     name = "tail 2000 of 100 MiB within 3x of the same read on 64 KiB (median)"
-    if big and ref:
-        ratio = big["stats"]["median"] / ref["stats"]["median"]
-        times = f"({fmt_time(big['stats']['median'])} vs {fmt_time(ref['stats']['median'])})"
-        found.append(_target(name, f"{ratio:.2f}x {times}", ratio <= 3, ratio))
-    else:
-        found.append(_target(name, None, None))
+    found.append(_ratio(name, big, ref, "median", most=3, detail=True))
     name = "tail 2000 of 100 MiB >= 100x faster than unhardened (median)"
-    if big and un_big:
-        ratio = un_big["stats"]["median"] / big["stats"]["median"]
-        times = f"({fmt_time(un_big['stats']['median'])} vs {fmt_time(big['stats']['median'])})"
-        found.append(_target(name, f"{ratio:,.0f}x {times}", ratio >= 100, ratio))
-    else:
-        found.append(_target(name, None, None))
+    found.append(_ratio(name, un_big, big, "median", least=100, digits=",.0f", detail=True))
     name = "tail 2000 of 100 MiB: < 4 MiB extra peak memory"
-    if big:
-        kib = big["peak_rss_delta_kib"]
-        found.append(_target(name, fmt_kib(kib), kib < 4 * 1024, kib))
-    else:
-        found.append(_target(name, None, None))
-    return found
+    kib = big["peak_rss_delta_kib"] if big else None
+    found.append(_target(name, fmt_kib(kib), kib < 4 * 1024, kib) if kib is not None else _target(name, None, None))
+    found += _concurrent_targets(conc)
+    resumes = w.get("resume", [])
+    sp, un = _find(resumes, backend="securepad", steps=1000), _find(resumes, backend="unhardened", steps=1000)
+    name = "resume 1000 steps within 5x of listing them from unhardened (median)"
+    found.append(_ratio(name, sp, un, "median", most=5, detail=True))
+    return found + hotpath_targets(w.get("hotpath", []))
 
 
-def _concurrent_targets(conc: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _concurrent_targets(conc: list[Record]) -> list[Record]:
     """2 processes x 4 threads: no errors, no lost writes, put latency, throughput against raw plaintext."""
-    sp, raw = _find(conc, "securepad", case="2x4"), _find(conc, "raw-apsw", case="2x4")
+    sp, raw = _find(conc, backend="securepad", case="2x4"), _find(conc, backend="raw-apsw", case="2x4")
     labels = ("2x4: 0 errors", "2x4: 0 lost writes", "2x4: put p99 <= 20 ms", "2x4: put max <= 200 ms")
     if sp:
         lost = f"{sp['lost_writes']} of {sp['acked_puts']} acknowledged"
@@ -352,24 +351,54 @@ def _concurrent_targets(conc: list[dict[str, Any]]) -> list[dict[str, Any]]:
     else:
         found = [_target(label, None, None) for label in labels]
     name = "2x4: throughput >= 0.5x raw plaintext"
-    if sp and raw:
-        ratio = sp["stats"]["ops_per_s"] / raw["stats"]["ops_per_s"]
-        rates = f"({sp['stats']['ops_per_s']:,.0f} vs {raw['stats']['ops_per_s']:,.0f} ops/s)"
-        found.append(_target(name, f"{ratio:.2f}x {rates}", ratio >= 0.5, ratio))
-    else:
-        found.append(_target(name, None, None))
-    return found
+    return [*found, _ratio(name, sp, raw, "ops_per_s", least=0.5, detail=True)]
 
 
-def _resume_targets(resumes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Resuming a 1000-step turn against listing it from the unhardened store."""
-    sp, un = _find(resumes, "securepad", steps=1000), _find(resumes, "unhardened", steps=1000)
-    name = "resume 1000 steps within 5x of listing them from unhardened (median)"
-    if sp and un:
-        ratio = sp["stats"]["median"] / un["stats"]["median"]
-        times = f"({fmt_time(sp['stats']['median'])} vs {fmt_time(un['stats']['median'])})"
-        return [_target(name, f"{ratio:.2f}x {times}", ratio <= 5, ratio)]
-    return [_target(name, None, None)]
+def _why(records: list[Record], store: str, **match: Any) -> str | None:
+    """The reason a figure is missing: the skipped record that stands for it, if any."""
+    for r in records:
+        if "skipped" in r and r.get("store") == store and all(r.get(k) == v for k, v in match.items()):
+            return str(r["skipped"])
+    return None
+
+
+def hotpath_targets(records: list[Record]) -> list[Record]:
+    """The hot path's targets that the hotpath workload measures; a missing figure's says why."""
+    found = []
+    costs = _section(records, "costs")
+    cost, why = _find(costs, size_bytes=4096), _why(costs, "securepad")
+    for label, key, limit in (("statements", "statements", 4), ("WAL frames", "wal_frames", 5)):
+        value = cost[key] if cost else None
+        measured = why if cost is None else str(value)
+        if cost and key == "wal_frames":
+            measured = f"{value} (raw apsw: {cost['raw_wal_frames']})"
+        found.append(
+            _target(f"put 4 KiB: <= {limit} {label}", measured, None if value is None else value <= limit, value)
+        )
+    writes = _section(records, "write")
+    for setting in DURABILITIES:
+        single = _find(writes, store="securepad", durability=setting, mode="single")
+        many = _find(writes, store="securepad", durability=setting, mode=f"put_many {BATCHES[-1]}")
+        why = _why(writes, "securepad", durability=setting)
+        name = f"put_many 64 x 4 KiB >= 5x the rate of single puts ({setting})"
+        found.append(_ratio(name, many, single, "obs_per_s", least=5, detail=True, why=why))
+        for peer in PEERS:
+            theirs = _find(writes, store=peer, mode="single")
+            why = _why(writes, peer) or _why(writes, "securepad", durability=setting, mode="single")
+            name = f"4 KiB write rate >= 3x {peer} ({setting} vs theirs)"
+            found.append(_ratio(name, single, theirs, "obs_per_s", least=3, detail=True, why=why))
+            why = _why(writes, peer) or _why(writes, "securepad", durability=setting)
+            name = f"put_many 64 rate >= 10x {peer}'s single writes ({setting})"
+            found.append(_ratio(name, many, theirs, "obs_per_s", least=10, detail=True, why=why))
+    tails = _section(records, "tail")
+    for peer in PEERS:
+        name = f"tail {TAIL_CHARS} of 1 MiB >= 20x faster than {peer} (median)"
+        ours, theirs = _find(tails, store="securepad"), _find(tails, store=peer)
+        found.append(_ratio(name, theirs, ours, "median", least=20, digits=".1f", why=_why(tails, peer)))
+    listing = _section(records, "listing")
+    sp, un = _find(listing, store="securepad"), _find(listing, store="unhardened")
+    name = f"list_for_turn {sp['steps'] if sp else 1000} steps within 5x of the unhardened listing (median)"
+    return [*found, _ratio(name, sp, un, "median", most=5)]
 
 
 # -- files -------------------------------------------------------------------------------------
@@ -397,40 +426,29 @@ def chart(results: Results, path: Path) -> str | None:
     except ImportError as exc:
         return f"matplotlib is not installed ({exc}); pip install matplotlib"
     w = results["workloads"]
+    tails = [r for r in w.get("read", []) if r["mode"] == "tail"]
+    conc = w.get("concurrent", [])
+
+    def size(r: Record) -> str:
+        return size_label(r["entry_bytes"])
+
+    def case(r: Record) -> str:
+        return str(r["case"])
+
+    rss, resume = "tail 2000 chars: reader's extra peak RSS (MiB)", "resume a turn in a fresh process: median (ms)"
+    # (records, a bar's case, its value, title, log scale)
+    panels: list[tuple[list[Record], Callable[[Record], str], Callable[[Record], float], str, bool]] = [
+        (w.get("put", []), case, lambda r: r["stats"]["mb_per_s"], "put throughput (MB/s)", True),
+        (tails, size, lambda r: r["stats"]["median"] * 1e3, "tail 2000 chars: median (ms)", True),
+        (tails, size, lambda r: max(r["peak_rss_delta_kib"], 1) / 1024, rss, True),
+        (conc, case, lambda r: r["stats"]["ops_per_s"], "concurrent 50/50: total ops/s (PxT)", False),
+        (conc, case, lambda r: r["put"]["p99"] * 1e3, "concurrent 50/50: put p99 (ms)", True),
+        (w.get("resume", []), case, lambda r: r["stats"]["median"] * 1e3, resume, True),
+    ]
     fig, axes = plt.subplots(2, 3, figsize=(17, 9.5))
     fig.suptitle(f"securepad benchmarks ({results['meta']['mode']} run, {results['meta']['machine']['summary']})")
-    _bars(axes[0][0], w.get("put", []), "case", lambda r: r["stats"]["mb_per_s"], "put throughput (MB/s)", log=True)
-    tails = [r for r in w.get("read", []) if r["mode"] == "tail"]
-    _bars(
-        axes[0][1],
-        tails,
-        "entry_bytes",
-        lambda r: r["stats"]["median"] * 1e3,
-        "tail 2000 chars: median (ms)",
-        log=True,
-        label=lambda r: size_label(r["entry_bytes"]),
-    )
-    _bars(
-        axes[0][2],
-        tails,
-        "entry_bytes",
-        lambda r: max(r["peak_rss_delta_kib"], 1) / 1024,
-        "tail 2000 chars: reader's extra peak RSS (MiB)",
-        log=True,
-        label=lambda r: size_label(r["entry_bytes"]),
-    )
-    conc = w.get("concurrent", [])
-    _bars(axes[1][0], conc, "case", lambda r: r["stats"]["ops_per_s"], "concurrent 50/50: total ops/s (PxT)")
-    _bars(axes[1][1], conc, "case", lambda r: r["put"]["p99"] * 1e3, "concurrent 50/50: put p99 (ms)", log=True)
-    _bars(
-        axes[1][2],
-        w.get("resume", []),
-        "steps",
-        lambda r: r["stats"]["median"] * 1e3,
-        "resume a turn in a fresh process: median (ms)",
-        log=True,
-        label=lambda r: r["case"],
-    )
+    for ax, panel in zip(axes.flat, panels, strict=True):
+        _bars(ax, *panel)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
@@ -438,31 +456,29 @@ def chart(results: Results, path: Path) -> str | None:
 
 
 def _bars(
-    ax: Any, records: list[dict[str, Any]], key: str, value: Any, title: str, *, log: bool = False, label: Any = None
+    ax: Any,
+    records: list[Record],
+    case_of: Callable[[Record], str],
+    value: Callable[[Record], float],
+    title: str,
+    log: bool,
 ) -> None:
     ax.set_title(title, fontsize=10)
     if not records:
         ax.text(0.5, 0.5, "not in this run", ha="center", va="center", transform=ax.transAxes)
         return
-    cases: list[Any] = []
-    names: dict[Any, str] = {}
-    for r in records:
-        if r[key] not in cases:
-            cases.append(r[key])
-            names[r[key]] = label(r) if label else str(r[key])
+    cases = list(dict.fromkeys(case_of(r) for r in records))
     backends = list(dict.fromkeys(r["backend"] for r in records))
     width = 0.8 / len(backends)
     for i, backend in enumerate(backends):
         xs, ys = [], []
         for j, case in enumerate(cases):
-            found: dict[str, Any] | None = next(
-                (r for r in records if r["backend"] == backend and r[key] == case), None
-            )
+            found = next((r for r in records if r["backend"] == backend and case_of(r) == case), None)
             if found is not None and value(found):
                 xs.append(j + i * width - 0.4 + width / 2)
                 ys.append(value(found))
         ax.bar(xs, ys, width, label=backend, color=COLORS.get(backend))
-    ax.set_xticks(range(len(cases)), [names[c] for c in cases], fontsize=8)
+    ax.set_xticks(range(len(cases)), cases, fontsize=8)
     if log:
         ax.set_yscale("log")
     ax.grid(axis="y", alpha=0.3)

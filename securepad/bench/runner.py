@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,9 +31,9 @@ from .config import Config
 from .floor import SealedFloorBackend
 from .workloads import WORKLOADS
 
-# Backends the suite runs only when named (``--backends``): the sealed floor, the
-# yardstick of what securepad's guarantees cost (``--costs`` measures it always).
-NAMED_ONLY: dict[str, type[Backend]] = {SealedFloorBackend.name: SealedFloorBackend}
+# Every backend the suite can run: those it runs by default, and the sealed floor, run only when
+# named (``--backends``), the yardstick of what securepad's guarantees cost (``--costs`` measures it always).
+RUNNABLE: dict[str, type[Backend]] = {**BACKENDS, SealedFloorBackend.name: SealedFloorBackend}
 
 
 def parse_names(field: str, given: str) -> list[str]:
@@ -46,7 +47,7 @@ def parse_names(field: str, given: str) -> list[str]:
 
         known: Sequence[str] | dict[str, Any] = OPERATIONS
     else:
-        known = {**BACKENDS, **NAMED_ONLY} if field == "backends" else WORKLOADS
+        known = RUNNABLE if field == "backends" else WORKLOADS
     chosen = [x.strip() for x in given.split(",") if x.strip()]
     unknown = [x for x in chosen if x not in known]
     if unknown:
@@ -91,21 +92,6 @@ def main(
     return 1 if results["failures"] else 0
 
 
-def costs(
-    *,
-    out: Path,
-    workdir: Path | None = None,
-    method: str | None = None,
-    tiny: bool = False,
-    ops: Sequence[str] | None = None,
-) -> int:
-    """``securepad bench --costs``: instructions (or CPU time) per operation (of
-    ``ops``, default all), counts and targets."""
-    from . import instructions
-
-    return instructions.main(out=out, workdir=workdir, method=method, tiny=tiny, ops=ops or instructions.OPERATIONS)
-
-
 def print_saved(path: Path, *, show_targets: bool = False, show_tables: bool = False) -> None:
     """Print the summary (and the targets, the tables when asked) of a saved run's JSON."""
     print(_text(json.loads(path.read_text(encoding="utf-8")), [str(path)], show_targets, show_tables), end="")
@@ -117,10 +103,6 @@ def _text(results: dict[str, Any], written: list[str], show_targets: bool, show_
     if show_targets:
         parts.append("\n" + report.targets_text(results))
     return "".join(parts)
-
-
-def _backend(name: str) -> type[Backend]:
-    return BACKENDS.get(name) or NAMED_ONLY[name]
 
 
 def run(
@@ -136,7 +118,7 @@ def run(
     started = time.time()
     available, skipped = [], []
     for name in backends:
-        reason = _backend(name).unavailable()
+        reason = RUNNABLE[name].unavailable()
         if reason:
             skipped.append({"backend": name, "reason": reason})
             err.print(Text.assemble(("skipping ", "yellow"), (f"{name}:", "yellow"), f" {reason}"), highlight=False)
@@ -148,7 +130,7 @@ def run(
             "mode": config.mode,
             "started": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
             "machine": machine(scratch),
-            "config": config.as_dict(),
+            "config": asdict(config),
             "command": "securepad bench" + (" --quick" if config.mode == "quick" else ""),
             "memory_method": (
                 "peak RSS (Linux VmHWM, i.e. ru_maxrss) minus the RSS before the measured operations,"
@@ -156,7 +138,7 @@ def run(
             ),
         },
         "backends": {
-            name: {"description": _backend(name).description, "available": name in available} for name in backends
+            name: {"description": RUNNABLE[name].description, "available": name in available} for name in backends
         },
         "workloads": {},
         "skipped": skipped,
@@ -258,11 +240,15 @@ def machine(workdir: Path) -> dict[str, Any]:
 
 def _proc_field(path: str, name: str) -> str | None:
     """The value of the first ``name: value`` line of a /proc file, or None."""
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError:
-        return None
+    lines = _lines(path)
     return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(name)), None)
+
+
+def _lines(path: str) -> list[str]:
+    try:
+        return Path(path).read_text().splitlines()
+    except OSError:
+        return []
 
 
 _SPIN = "import time\nt=time.perf_counter()\nn=0\nwhile time.perf_counter()-t<0.5: n+=1\nprint(n)"
@@ -293,27 +279,21 @@ def _loadavg() -> list[float] | None:
 
 
 def _filesystem(path: Path) -> str | None:
-    try:
-        mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
-    except OSError:
-        return None
-    best = None
+    """The file system of the longest mount point that holds ``path``: "<type> on <mount>"."""
     resolved = str(path.resolve())
-    for device, mount, fstype, *_ in mounts:
-        if resolved.startswith(mount) and (best is None or len(mount) > len(best[1])):
-            best = (device, mount, fstype)
-    return f"{best[2]} on {best[1]}" if best else None
+    mounts = [line.split()[1:3] for line in _lines("/proc/mounts")]
+    held = [(mount, fstype) for mount, fstype in mounts if resolved.startswith(mount)]
+    if not held:
+        return None
+    mount, fstype = max(held, key=lambda m: len(m[0]))
+    return f"{fstype} on {mount}"
 
 
 def _git_commit() -> str | None:
+    here = Path(__file__).resolve().parent
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
         )
     except (OSError, subprocess.SubprocessError):
         return None

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
-
-FIGURES = ("median", "p90", "p99", "max")
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -31,7 +30,7 @@ def summarize(samples: Sequence[float], *, nbytes: int | None = None, wall_s: fl
     n = len(ordered)
     busy = wall_s if wall_s is not None else sum(ordered)
     ops = n / busy if n and busy > 0 else 0.0
-    result: dict[str, Any] = {
+    return {
         "n": n,
         "median": percentile(ordered, 50),
         "p90": percentile(ordered, 90),
@@ -41,4 +40,10 @@ def summarize(samples: Sequence[float], *, nbytes: int | None = None, wall_s: fl
         "ops_per_s": ops,
         "mb_per_s": ops * nbytes / 1e6 if nbytes is not None else None,
     }
-    return result
+
+
+def within(samples: list[float], budget_s: float, min_ops: int, max_ops: int) -> Iterator[int]:
+    """0, 1, 2, ...: while ``samples`` holds fewer than ``max_ops``, and fewer than ``min_ops`` or ``budget_s`` runs."""
+    began = time.perf_counter()
+    while len(samples) < max_ops and (len(samples) < min_ops or time.perf_counter() - began < budget_s):
+        yield len(samples)

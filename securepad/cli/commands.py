@@ -474,8 +474,10 @@ def bench(
             ops = runner.parse_names("operations", costs_ops) if costs_ops else None
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--costs-ops") from None
+        from ..bench import instructions
+
         try:
-            sys.exit(runner.costs(out=out, workdir=workdir, method=costs_method, tiny=tiny, ops=ops))
+            sys.exit(instructions.main(out=out, workdir=workdir, method=costs_method, tiny=tiny, ops=ops))
         except RuntimeError as exc:
             raise click.ClickException(str(exc)) from None
     try:

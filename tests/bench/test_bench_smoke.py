@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from securepad.bench import hotpath, hotpath_report
+from securepad.bench import hotpath, report
 from securepad.cli import main
 from tests.support.paths import ROOT
 
@@ -154,8 +154,7 @@ def test_hotpath_targets_name_the_reason_of_a_missing_figure() -> None:
             "skipped": "EncryptedSession: not installed",
         },
     ]
-    found: dict[str, tuple[str | None, bool | None]] = {}
-    hotpath_report.targets(records, lambda target, measured, passed, value: found.update({target: (measured, passed)}))
+    found = {t["target"]: (t["measured"], t["passed"]) for t in report.hotpath_targets(records)}
     assert found["put 4 KiB: <= 4 statements"] == ("4", True)
     assert found["put 4 KiB: <= 5 WAL frames"] == ("6 (raw apsw: 3)", False)
     assert found["put_many 64 x 4 KiB >= 5x the rate of single puts (normal)"] == (
@@ -169,7 +168,7 @@ def test_hotpath_targets_name_the_reason_of_a_missing_figure() -> None:
     )
     assert found["4 KiB write rate >= 3x SQLiteSession (full vs theirs)"][1] is None
     assert "durability setting" in str(found["4 KiB write rate >= 3x SQLiteSession (full vs theirs)"][0])
-    text = "\n".join(hotpath_report.markdown(records))
+    text = "\n".join(report.hotpath_markdown(records))
     assert "put_many: not available" in text and "| securepad | normal | single |" in text
 
 

@@ -18,9 +18,9 @@ import apsw
 import pytest
 
 from securepad import Keyring, Policy, Scratchpad
-from securepad.bench.costs import turn_put_costs
 from securepad.errors import IntegrityError
 from tests.support.principals import ALICE
+from tests.support.store_costs import turn_put_costs
 
 INTERVAL = Policy.from_dict({"storage": {"anchor_sync": "interval", "anchor_interval_seconds": 1}})
 

@@ -27,13 +27,13 @@ from securepad import (
     Scratchpad,
     SecurepadError,
 )
-from securepad.bench.costs import listing_costs, put_costs, wal_frames
 from securepad.keys.keystore import WRAP_FLUSH_EVERY
 from securepad.storage.sqlite import SCHEMA_VERSION
 from securepad.store import sqlite_of
 from tests.support.counting import compiled
 from tests.support.paths import FIXTURES
 from tests.support.principals import AGENT_ALICE as ALICE
+from tests.support.store_costs import listing_costs, put_costs, wal_frames
 
 # BEGIN IMMEDIATE; one SELECT of the key version, the quota and the step's look;
 # INSERT entries (a one-segment entry carries its segment: migration 8); the turn

@@ -24,7 +24,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from securepad import IntegrityError, Keyring, NotFoundError, Policy, Principal, Scratchpad
-from securepad.bench.costs import listing_costs
 from securepad.core.shaping import PACKED_JSON, PACKED_MSGPACK, pack, unpack
 from securepad.crypto.formats import ENTRY_FORMAT, LISTING_FORMAT, Header
 from securepad.crypto.primitives import WORK
@@ -33,6 +32,7 @@ from securepad.store import parts, sqlite_of
 from tests.support.paths import FIXTURES
 from tests.support.principals import AGENT_ALICE as ALICE
 from tests.support.principals import AGENT_BOB as BOB
+from tests.support.store_costs import listing_costs
 
 REFUSED = (IntegrityError, NotFoundError)
 

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 from securepad import Keyring, Scratchpad
-from securepad.bench.costs import turn_put_costs
 from securepad.errors import IntegrityError, InvalidArgumentError, NotFoundError
 from securepad.turn import record_next
 from tests.support.paths import FIXTURES
 from tests.support.principals import ALICE, BOB, NOW
+from tests.support.store_costs import turn_put_costs
 from tests.support.tamper_edits import (
     Edit,
     Raw,
