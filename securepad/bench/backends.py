@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import apsw
 
 from securepad import Keyring, Policy, Principal, Scratchpad
-from securepad.core.views import text_summary
+from securepad.core.shaping import text_summary
 
 PRINCIPAL = Principal("bench-owner", "bench-agent", "bench")
 BUSY_TIMEOUT_MS = 30_000
