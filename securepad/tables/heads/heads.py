@@ -7,6 +7,10 @@ reservations (``owner``). Every write that changes a turn calls
 inventory, authenticated by its head (``inventory``). Why, and what each part
 trusts: SECURITY.md ("Tampering: the turn heads"). ``Heads`` holds its parts:
 ``owners``, ``reservations``, ``reads``, ``inventories`` and ``checks``.
+
+``with_heads``: a write's own one-row read and its turn's head rows: one statement on
+PostgreSQL (``beside_sql``: one Bind, one portal, one executor start-up
+rather than two), two on SQLite, where a statement costs no message.
 """
 
 from __future__ import annotations
@@ -22,16 +26,24 @@ from ...policy import Policy
 from ...principal import Principal
 from ...storage.base import Backend, Conn, OwnerLockNeeded, Params, Rows
 from ..access import audit_log
-from . import statements as sql
-from .cache import HeadCache, Verified
+from . import reading
 from .checks import HeadChecks
 from .inventory import CONSISTENT_TRIES, Inventories, turn_items
-from .last_sealed import Once, once_sql
-from .owner import NO_TURNS, OwnerHeads
+from .owner import NO_TURNS, Once, OwnerHeads, once_sql
 from .quota import Room
-from .reading import InventoryReads
+from .reading import (
+    ITEMS_SQL,
+    OWNER_HEAD,
+    USAGE_HEAD,
+    HeadCache,
+    InventoryReads,
+    Verified,
+    beside_sql,
+    expired_sql,
+    select_sql,
+    turn_select_sql,
+)
 from .reservations import Reservations
-from .statements import ITEMS_SQL, OWNER_HEAD, USAGE_HEAD, expired_sql
 from .tally import RECORD_KINDS, Head, HeadEdit, Tally, entry_item, record_item, same_entry
 
 __all__ = [
@@ -46,11 +58,34 @@ __all__ = [
     "Room",
     "Tally",
     "add_rows",
+    "beside_sql",
     "entry_item",
     "expired_sql",
+    "read_with_heads",
     "record_item",
     "same_entry",
+    "with_heads",
 ]
+
+
+def with_heads(
+    dialect: str, one_row: tuple[str, Params], owner: str, turn_id: str, *, turn_only: bool = False
+) -> list[tuple[str, Params]]:
+    """The reads of ``one_row`` and of the turn's head rows, as a write announces
+    them (``Conn.prefetch``) and ``read_with_heads`` answers them; ``turn_only``
+    (the owner's lock shared): on SQLite the turn's own head row alone."""
+    if dialect == "postgresql":
+        return [beside_sql(one_row, owner, turn_id)]
+    return [one_row, turn_select_sql(owner, turn_id) if turn_only else select_sql(owner, turn_id)]
+
+
+def read_with_heads(conn: Conn, reads: list[tuple[str, Params]]) -> tuple[dict[str, Any], Rows]:
+    """``with_heads``'s answer inside the write: the one row, and the head rows (for ``Heads.change``)."""
+    rows = conn.query(*reads[0])
+    if len(reads) == 1:
+        return rows[0], [row for row in rows if row["turn_id"] is not None]
+    return rows[0], conn.query(*reads[1])
+
 
 T = TypeVar("T")
 
@@ -59,9 +94,9 @@ class Heads:
     """The sealed heads of one store, composed of its parts. Safe to share between threads."""
 
     # Statements a caller announces (``Conn.prefetch``) or sends beside its own.
-    select_sql = staticmethod(sql.select_sql)
-    entry_select_sql = staticmethod(sql.entry_select_sql)
-    newest_sql = staticmethod(sql.newest_sql)
+    select_sql = staticmethod(reading.select_sql)
+    entry_select_sql = staticmethod(reading.entry_select_sql)
+    newest_sql = staticmethod(reading.newest_sql)
     items = staticmethod(turn_items)
 
     def __init__(self, db: Backend, keys: Keystore, policy: Policy) -> None:
@@ -105,7 +140,9 @@ class Heads:
         owner = principal.owner_user_id
         for _ in range(CONSISTENT_TRIES):
             row = fetch()
-            by_turn = {each["turn_id"]: each for each in self._db.query(*sql.select_sql(owner, turn_id), owner=owner)}
+            by_turn = {
+                each["turn_id"]: each for each in self._db.query(*reading.select_sql(owner, turn_id), owner=owner)
+            }
             newest = self.owners.tally(by_turn[turn_id], owner, turn_id).newest if turn_id in by_turn else None
             if newest is None or newest[2] <= now or not self.checks.in_scope(principal, newest[3], newest[4]):
                 break
@@ -173,7 +210,7 @@ class Heads:
                 bodies = [(turn_id, tally.dumps())]
             else:
                 bodies = self.reservations.bodies(conn, owner, turn_id, by_turn, tally, change.bytes, room, version)
-            spare = tally.r - tally.b  # before the tally is handed on (``last_sealed``: a put in one message edits it)
+            spare = tally.r - tally.b  # before the tally is handed on (``LastSealed``: a put in one message edits it)
             sealed = self.owners.write_bodies(conn, owner, bodies, version, insert)
             self.owners.last.attach(owner, turn_id, bodies[0][1], tally)
             token = None if token is None else self.reads.written(token, sealed[0])
@@ -217,7 +254,7 @@ class Heads:
         insert: tuple[str, Params],
         condition: tuple[str, Params] | None = None,
     ) -> Once | None:
-        """``change`` without reading the head this process sealed last (``last_sealed``): one
+        """``change`` without reading the head this process sealed last (``LastSealed``): one
         statement with the caller's ``insert`` that writes only if the stored head is
         still that one; None without a record, or past the turn's reservation."""
         version, wrapper = sealing
@@ -243,7 +280,7 @@ class Heads:
         by_turn = self.owners.heads_of(conn, owner, turn_id, None)
         if OWNER_HEAD not in by_turn:  # the owner's heads were removed: its reads say so
             self.last.take(owner, turn_id)
-            return conn.execute(sql.DELETE_HEAD_SQL, (owner, turn_id))
+            return conn.execute(reading.DELETE_HEAD_SQL, (owner, turn_id))
         self.owners.delete_head(conn, owner, turn_id)
         reserved = self.reservations.of_dropped(conn, owner, turn_id, by_turn)
         self.owners.drop(conn, owner, {turn_id: reserved}, by_turn, None)
@@ -262,7 +299,7 @@ class Heads:
             for row in conn.query(ITEMS_SQL.format(where="expires_at <= ?"), (cutoff,) * 3):
                 by_turn.setdefault((row["owner_user_id"], row["turn_id"]), []).append(row)
         else:  # the turns first: a turn left alone costs one row, not its expired ones
-            for row in conn.query(sql.EXPIRED_TURNS_SQL, (cutoff,) * 3):
+            for row in conn.query(reading.EXPIRED_TURNS_SQL, (cutoff,) * 3):
                 by_turn[(row["owner_user_id"], row["turn_id"])] = []
         kept: list[tuple[str, str]] = []
         dropped: dict[str, dict[str, int]] = {}
@@ -274,7 +311,7 @@ class Heads:
                         kept.append((owner, turn_id))
                         continue
                     budget -= counted
-                    rows.extend(conn.query(ITEMS_SQL.format(where=sql.TURN_EXPIRED), (owner, turn_id, cutoff) * 3))
+                    rows.extend(conn.query(ITEMS_SQL.format(where=reading.TURN_EXPIRED), (owner, turn_id, cutoff) * 3))
                 self.inventories.from_rows(conn.query(*self.reads.sql("?", turn_id, owner, kept=False)), owner, turn_id)
             except IntegrityError as exc:
                 audit_log.warning("gc left turn %r of owner %r uncollected: %s", turn_id, owner, exc)
@@ -292,7 +329,7 @@ class Heads:
 
     def reseal_owner(self, conn: Conn, owner: str) -> int:
         """Seal every head of the owner again under its newest key version (a rotation); how many."""
-        rows = conn.query(sql.OWNER_HEADS_SQL, (owner,))
+        rows = conn.query(reading.OWNER_HEADS_SQL, (owner,))
         for row in rows:
             self.write_body(conn, owner, row["turn_id"], self.open_body(row, owner, row["turn_id"]))
         return len(rows)
@@ -300,7 +337,7 @@ class Heads:
     @staticmethod
     def delete_owner(conn: Conn, owner: str) -> int:
         """Delete every head of the owner (forgetting it), in the caller's transaction."""
-        return conn.execute(sql.DELETE_OWNER_SQL, (owner,))
+        return conn.execute(reading.DELETE_OWNER_SQL, (owner,))
 
 
 def add_rows(edit: HeadEdit, rows: list[dict[str, Any]]) -> None:

@@ -1,6 +1,6 @@
 """A turn's inventory authenticated by its head, a read checked against it
 (the verified inventory kept while the read's freshness token holds:
-``reading``, ``cache``), and the turns this process found tampered."""
+``reading``), and the turns this process found tampered."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from ...crypto.primitives import CounterSeal
 from ...errors import IntegrityError, StoreBusyError
 from ...storage.base import Backend, Conn, Rows
 from .owner import OwnerHeads, owner_removed
-from .reading import InventoryReads, without_token
-from .statements import ITEMS_SQL, OWNER_HEAD
+from .reading import ITEMS_SQL, OWNER_HEAD, InventoryReads, without_token
 from .tally import KINDS, MOD, Head, Tally, entry_item, record_item, term
 
 __all__ = ["CONSISTENT_TRIES", "Inventories", "turn_items"]
