@@ -21,8 +21,8 @@ from ..keys.keystore import IfUnknown
 from ..principal import Principal
 from ..storage.base import Conn, Rows
 from . import access
+from .entries.open import EntryParts
 from .entries.prepare import check_write_bound
-from .entries.rows import EntryParts
 from .heads.heads import RECORD_KINDS, Head, Heads, expired_sql, record_item
 from .quota import record_cost, room
 

@@ -15,7 +15,7 @@ from ...crypto.primitives import Wrapper
 from ...errors import QuotaExceededError
 from ...policy import Policy
 from ...principal import Principal
-from .rows import listing_fields
+from .open import listing_fields
 
 __all__ = [
     "ENTRY_ROW_OVERHEAD",

@@ -25,8 +25,8 @@ from ..heads.heads import Room, entry_item, read_with_heads, with_heads
 from ..heads.owner import Once
 from ..quota import room
 from .listings import Listings, step_sql
+from .open import EntryParts, check_step_num, live
 from .prepare import Prepared, check_write_size
-from .rows import EntryParts, check_step_num, live
 
 __all__ = ["Putter", "Shown"]
 
