@@ -8,9 +8,9 @@ inventory, authenticated by its head (``inventory``). Why, and what each part
 trusts: SECURITY.md ("Tampering: the turn heads"). ``Heads`` holds its parts:
 ``owners``, ``reservations``, ``reads``, ``inventories`` and ``checks``.
 
-``with_heads``: a write's own one-row read and its turn's head rows: one statement on
-PostgreSQL (``beside_sql``: one Bind, one portal, one executor start-up
-rather than two), two on SQLite, where a statement costs no message.
+``with_heads``: a write's own one-row read and its turn's head rows in one statement
+(``beside_sql``: on PostgreSQL one Bind, one portal, one executor start-up rather
+than two; on SQLite one statement's execution less).
 """
 
 from __future__ import annotations
@@ -40,8 +40,6 @@ from .reading import (
     Verified,
     beside_sql,
     expired_sql,
-    select_sql,
-    turn_select_sql,
 )
 from .reservations import Reservations
 from .tally import RECORD_KINDS, Head, HeadEdit, Tally, entry_item, record_item, same_entry
@@ -71,20 +69,18 @@ __all__ = [
 def with_heads(
     dialect: str, one_row: tuple[str, Params], owner: str, turn_id: str, *, turn_only: bool = False
 ) -> list[tuple[str, Params]]:
-    """The reads of ``one_row`` and of the turn's head rows, as a write announces
-    them (``Conn.prefetch``) and ``read_with_heads`` answers them; ``turn_only``
-    (the owner's lock shared): on SQLite the turn's own head row alone."""
-    if dialect == "postgresql":
-        return [beside_sql(one_row, owner, turn_id)]
-    return [one_row, turn_select_sql(owner, turn_id) if turn_only else select_sql(owner, turn_id)]
+    """The read of ``one_row`` with the turn's head rows, as a write announces it
+    (``Conn.prefetch``) and ``read_with_heads`` answers it; ``turn_only`` (the
+    owner's lock shared): on SQLite the turn's own head row alone, all such a write
+    reads of the heads (it changes its turn's head only; a new turn, or one whose
+    reservation is short, takes the exclusive lock and reads the three)."""
+    return [beside_sql(one_row, owner, turn_id, turn_only=turn_only and dialect == "sqlite")]
 
 
 def read_with_heads(conn: Conn, reads: list[tuple[str, Params]]) -> tuple[dict[str, Any], Rows]:
     """``with_heads``'s answer inside the write: the one row, and the head rows (for ``Heads.change``)."""
     rows = conn.query(*reads[0])
-    if len(reads) == 1:
-        return rows[0], [row for row in rows if row["turn_id"] is not None]
-    return rows[0], conn.query(*reads[1])
+    return rows[0], [row for row in rows if row["turn_id"] is not None]
 
 
 T = TypeVar("T")

@@ -56,7 +56,6 @@ OTHER_TURNS_SQL = ALL_HEADS_SQL + " WHERE owner_user_id = ? AND turn_id NOT IN (
 TURN_HEADS_SQL = ALL_HEADS_SQL + " WHERE turn_id NOT IN (?, ?)"
 # A turn's head, its owner head and usage head (writers); ``turn`` is the placeholder of the turn's id.
 _HEAD_SQL = ALL_HEADS_SQL + " WHERE owner_user_id = ? AND turn_id IN ({turn}, ?, ?) ORDER BY turn_id"
-_TURN_HEAD_SQL = ALL_HEADS_SQL + " WHERE owner_user_id = ? AND turn_id = ?"
 NEWEST_SQL = f"SELECT {NEWEST_VERSION_SQL} AS v"
 UPSERT_SQL = (
     "INSERT INTO turn_heads(owner_user_id, turn_id, key_version, sealed) VALUES {values}"
@@ -124,13 +123,6 @@ def select_sql(owner: str, turn_id: str) -> tuple[str, Params]:
     return _HEAD_SQL.format(turn="?"), (owner, turn_id, OWNER_HEAD, USAGE_HEAD)
 
 
-def turn_select_sql(owner: str, turn_id: str) -> tuple[str, Params]:
-    """The turn's head row alone: all a write under the owner's shared lock reads of the heads
-    (it changes its turn's head only; a new turn, or one whose reservation is short, takes the
-    exclusive lock and reads ``select_sql``'s rows)."""
-    return _TURN_HEAD_SQL, (owner, turn_id)
-
-
 def entry_turn_params(entry_id: str, scope: Sequence[tuple[str, str]]) -> tuple[str | None, ...]:
     """The parameters of ``ENTRY_TURN_SQL`` for ``entry_id`` within ``scope`` (``Policy.scope_columns``)."""
     columns = dict(scope)
@@ -155,15 +147,16 @@ def expired_sql(cutoff: float, kept: list[tuple[str, str]]) -> tuple[str, Params
     return "expires_at <= ?" + (f" AND NOT ({keep})" if kept else ""), (cutoff, *(v for pair in kept for v in pair))
 
 
-def beside_sql(one_row: tuple[str, Params], owner: str, turn_id: str) -> tuple[str, Params]:
-    """The query ``one_row`` (one row of scalars) and the turn's head rows in one
-    statement: each head row carries the scalars; with no head row, one row of
-    the scalars and NULL head columns."""
+def beside_sql(one_row: tuple[str, Params], owner: str, turn_id: str, *, turn_only: bool = False) -> tuple[str, Params]:
+    """The query ``one_row`` (one row of scalars) and the turn's head rows (``turn_only``:
+    the turn's own alone) in one statement: each head row carries the scalars; with no
+    head row, one row of the scalars and NULL head columns."""
     sql, params = one_row
+    heads, named = ("= ?", (turn_id,)) if turn_only else ("IN (?, ?, ?)", (turn_id, OWNER_HEAD, USAGE_HEAD))
     return (
         f"SELECT one.*, h.owner_user_id, h.turn_id, h.key_version, h.sealed FROM ({sql}) AS one"
-        " LEFT JOIN turn_heads AS h ON h.owner_user_id = ? AND h.turn_id IN (?, ?, ?)",
-        (*params, owner, turn_id, OWNER_HEAD, USAGE_HEAD),
+        f" LEFT JOIN turn_heads AS h ON h.owner_user_id = ? AND h.turn_id {heads}",
+        (*params, owner, *named),
     )
 
 
