@@ -40,6 +40,7 @@ import os
 import re
 import secrets
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,15 @@ from tests.support.sources import master_key_uri  # noqa: F401 - a fixture: a fr
 # pytest-xdist's workers start with COLUMNS set; rich would fix the command
 # line's width at import from it. Each test that depends on the width says it.
 os.environ.pop("COLUMNS", None)
+
+# The tests' scratch files (``tmp_path``, and the temporary files of the processes
+# they start) live in memory where the machine has /dev/shm: each new store fsyncs
+# its key, anchor and database files, which on a disk costs several times the
+# store's CPU, and no test depends on the file system behind them. A TMPDIR (or
+# ``--basetemp``) set by whoever runs the tests is kept.
+if "TMPDIR" not in os.environ and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK):
+    os.environ["TMPDIR"] = "/dev/shm"
+    tempfile.tempdir = None  # read TMPDIR again
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

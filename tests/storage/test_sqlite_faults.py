@@ -293,7 +293,9 @@ def test_cli_json_with_a_huge_integer(tmp_path: Path) -> None:
 
 def test_wal_stays_bounded_under_a_long_reader(db_path: Path, keyring: Keyring) -> None:
     limit = 2 * 1024 * 1024
-    policy = Policy.from_dict({"storage": {"wal_limit_bytes": limit}})
+    # The anchor syncs at close: its background sync would be a second connection, whose
+    # transaction, when it overlaps the write after the reader, leaves the restart to a later write.
+    policy = Policy.from_dict({"storage": {"wal_limit_bytes": limit, "anchor_sync": "close"}})
     with Scratchpad.open(db_path, keyring=keyring, policy=policy) as pad:
         # The reader holds on throughout: a write waits 0.25 s for it, not the store's 2 s.
         assert sqlite_of(pad)._wal_wait_s == 2.0
