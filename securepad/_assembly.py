@@ -30,9 +30,8 @@ from .storage.sqlite import Database
 from .tables.access import Access
 from .tables.entries import entries
 from .tables.entries.listings import Listings
-from .tables.entries.open import Opener
+from .tables.entries.open import EntryParts, Opener
 from .tables.entries.put import Putter
-from .tables.entries.rows import EntryParts
 from .tables.heads.build import HeadBuilder
 from .tables.heads.heads import Heads
 from .tables.records import Records

@@ -31,7 +31,7 @@ from .storage.base import Backend
 from .storage.sqlite import Database
 from .tables.access import check_principal
 from .tables.entries import entries
-from .tables.entries.rows import Entry, Opened
+from .tables.entries.open import Entry, Opened
 from .turn import Turn, extend_turn
 
 __all__ = ["OWNER_KEY_CACHE_SIZE", "Entry", "Parts", "Scratchpad", "listed", "parts", "sqlite_of"]

@@ -29,7 +29,7 @@ from .errors import ExpiredError, InvalidArgumentError, NotFoundError, StoreUnav
 from .policy import Policy
 from .principal import Principal
 from .tables.entries import entries
-from .tables.entries.rows import Opened
+from .tables.entries.open import Opened
 from .tables.heads.heads import Heads
 from .tables.heads.tally import extend_head
 from .tables.records import Records

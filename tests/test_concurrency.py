@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from securepad import Keyring, Principal, Scratchpad
-from securepad.core.segments import SEGMENT_BYTES
+from securepad.core.shaping import SEGMENT_BYTES
 
 PUTS = 40
 

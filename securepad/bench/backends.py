@@ -22,7 +22,7 @@ from typing import Any, ClassVar, TypeVar
 import apsw
 
 from securepad import Keyring, Policy, Principal, Scratchpad
-from securepad.core.views import text_summary
+from securepad.core.shaping import text_summary
 
 from . import data
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from ..core.segments import SEGMENT_BYTES, split_bytes
+from ..core.shaping import SEGMENT_BYTES, split_bytes
 from ..crypto import formats
 from ..crypto import primitives as crypto
 from ..errors import IntegrityError

@@ -18,13 +18,12 @@ import bisect
 import itertools
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidArgumentError
 from . import grep
-from .grep import BREAK_CHARS as _BREAK_CHARS
 from .read_bounds import DEFAULT_MAX_MATCHES, DEFAULT_N, MAX_CONTEXT, MODES
 
 __all__ = [
@@ -34,7 +33,6 @@ __all__ = [
     "MODES",
     "SegmentedContent",
     "iter_lines",
-    "line_index",
     "read",
 ]
 
@@ -325,44 +323,6 @@ def _fit_json(text: str, limit: int, *, keep_end: bool) -> str:
         else:
             high = middle - 1
     return part(low)
-
-
-def _only_newlines(text: str) -> bool:
-    """Whether "\n" is the only one of _BREAK_CHARS ``text`` may hold: ASCII (a flag of the
-    string, no scan) without the other ASCII breaks (each looked for with memchr)."""
-    return (
-        text.isascii()
-        and "\r" not in text
-        and "\x0b" not in text
-        and "\x0c" not in text
-        and "\x1c" not in text
-        and "\x1d" not in text
-        and "\x1e" not in text
-    )
-
-
-def line_index(texts: Iterable[str]) -> tuple[list[int], int]:
-    """For text cut into ``texts``: the line breaks ending in each piece, and the line count.
-
-    A ``"\\r\\n"`` split between two pieces ends in the second one.
-    """
-    breaks: list[int] = []
-    last_char = ""
-    last_filled = -1
-    for seq, text in enumerate(texts):
-        if _only_newlines(text):  # every break a "\n": counted in C, no list of lines built
-            breaks.append(text.count("\n"))
-        else:
-            # splitlines() breaks on exactly _BREAK_CHARS ("\r\n" once) in one pass:
-            # five times faster than counting each character (11 ms of a 1 MiB put).
-            lines = len(text.splitlines())
-            breaks.append(lines - 1 if text and text[-1] not in _BREAK_CHARS else lines)
-        if text and text[0] == "\n" and last_char == "\r":
-            breaks[last_filled] -= 1
-        if text:
-            last_char, last_filled = text[-1], seq
-    trailing = 1 if last_char and last_char not in _BREAK_CHARS else 0
-    return breaks, sum(breaks) + trailing
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,6 @@ from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
-from ..errors import QuotaExceededError
-
 __all__ = [
     "Backend",
     "Conn",
@@ -30,7 +28,6 @@ __all__ = [
     "OwnerLockNeeded",
     "Params",
     "Rows",
-    "check_write_bound",
 ]
 
 Params = tuple[Any, ...]
@@ -185,19 +182,3 @@ class OnceWriter(Protocol):
             StoreUnavailableError: no connection to send it on, or the server
                 refused or cancelled it (nothing was written).
         """
-
-
-def check_write_bound(size: int, limit: int | None, what: str) -> None:
-    """Refuse, before anything is written, a write of ``what`` that could take
-    ``size`` bytes in one transaction when the backend stores at most ``limit``
-    in one (``Backend.write_limit_bytes``; None: no bound).
-
-    Raises:
-        QuotaExceededError: over the limit.
-    """
-    if limit is not None and size > limit:
-        raise QuotaExceededError(
-            f"the {what} would write up to {size} bytes in one transaction; this store writes at most {limit}"
-            " in one (half its write-ahead log limit, [storage] wal_limit_bytes): nothing was stored"
-            + ("; split the batch" if what == "batch" else "")
-        )

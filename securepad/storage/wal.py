@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import random
 import time
 from collections.abc import Callable
@@ -11,9 +12,9 @@ from pathlib import Path
 
 import apsw
 
-from ..errors import SecurepadError, StorageFullError, StoreBusyError
+from ..errors import SecurepadError, StorageFullError, StoreBusyError, StoreCorruptError
 
-__all__ = ["WAL_LIMIT_BYTES", "BusyHandler", "ErrorMap", "WalWatch"]
+__all__ = ["WAL_LIMIT_BYTES", "BusyHandler", "ErrorMap", "WalWatch", "storage_error"]
 
 # The write-ahead log's bound, on the frames a checkpoint has not yet copied
 # into the database (a passive checkpoint copies every frame older than the
@@ -301,3 +302,37 @@ class BusyHandler:
         time.sleep(min(0.002, 0.00005 * 2 ** min(tries, 6)) * random.uniform(0.5, 1.5))  # noqa: S311
         self._waited += time.monotonic() - started
         return True
+
+
+def storage_error(exc: apsw.Error | UnicodeDecodeError, path: Path, conn: apsw.Connection) -> SecurepadError:
+    """The typed error for an apsw error: what the caller can act on, and the file.
+
+    A TEXT column that is not UTF-8 (apsw raises UnicodeDecodeError) is damage
+    too: the store only ever writes valid text.
+    """
+    if isinstance(exc, UnicodeDecodeError):
+        return StoreCorruptError(f"the store {path} is damaged: a text field is not UTF-8")
+    if isinstance(exc, apsw.IOError) and _system_errno(conn) in (errno.ENOSPC, errno.EDQUOT):
+        exc = apsw.FullError(str(exc))
+    if isinstance(exc, apsw.FullError):
+        return StorageFullError(
+            f"the disk holding {path} is full (or the store reached its size limit); nothing was written"
+        )
+    if isinstance(exc, apsw.CorruptError | apsw.NotADBError):
+        return StoreCorruptError(f"the store {path} is damaged or is not a securepad store ({exc})")
+    if isinstance(exc, apsw.BusyError | apsw.LockedError):
+        return StoreBusyError("the store is busy; try again")
+    if isinstance(exc, apsw.IOError):
+        return SecurepadError(f"disk I/O error on the store {path} ({exc})")
+    if isinstance(exc, apsw.ReadOnlyError):
+        return SecurepadError(f"the store {path} is read-only ({exc})")
+    if isinstance(exc, apsw.CantOpenError):
+        return SecurepadError(f"cannot open store {path} ({exc})")
+    return SecurepadError(f"store error on {path}: {exc}")
+
+
+def _system_errno(conn: apsw.Connection) -> int:
+    try:
+        return int(conn.system_errno)
+    except apsw.Error:
+        return 0

@@ -19,9 +19,10 @@ from ..crypto.primitives import Wrapper
 from ..errors import IntegrityError, StoreUnavailableError
 from ..keys.keystore import IfUnknown
 from ..principal import Principal
-from ..storage.base import Conn, Rows, check_write_bound
+from ..storage.base import Conn, Rows
 from . import access
-from .entries.rows import EntryParts
+from .entries.open import EntryParts
+from .entries.prepare import check_write_bound
 from .heads.heads import RECORD_KINDS, Head, Heads, expired_sql, record_item
 from .quota import record_cost, room
 

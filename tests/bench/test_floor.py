@@ -20,7 +20,7 @@ from securepad import IntegrityError
 from securepad.bench.backends import open_backend
 from securepad.bench.data import text
 from securepad.bench.floor import SealedFloorBackend
-from securepad.core.segments import SEGMENT_BYTES
+from securepad.core.shaping import SEGMENT_BYTES
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from securepad import InvalidArgumentError, Keyring, NotFoundError, Policy, Principal, Scratchpad
-from securepad.core import grep, read_modes
-from securepad.core.segments import SEGMENT_BYTES
+from securepad.core import grep, read_modes, shaping
+from securepad.core.shaping import SEGMENT_BYTES
 
 # -- in-memory content with tiny segments: many segment boundaries in little text ------
 
@@ -35,7 +35,7 @@ class Recorder:
 def segmented(text: str, size: int = 7, *, index: bool = True) -> tuple[read_modes.SegmentedContent, Recorder]:
     pieces = [text[i : i + size] for i in range(0, len(text), size)] or [""]
     fetch = Recorder(pieces)
-    breaks, line_count = read_modes.line_index(pieces) if index else (None, None)
+    breaks, line_count = shaping.line_index(pieces) if index else (None, None)
     content = read_modes.SegmentedContent("text", [len(p) for p in pieces], fetch, breaks, line_count)
     return content, fetch
 
@@ -64,7 +64,7 @@ def test_lines_equal_splitlines_slicing(text: str, size: int, index: bool, start
 @given(text=line_text, size=st.integers(1, 9))
 def test_line_index_counts_splitlines(text: str, size: int) -> None:
     pieces = [text[i : i + size] for i in range(0, len(text), size)]
-    breaks, count = read_modes.line_index(pieces)
+    breaks, count = shaping.line_index(pieces)
     assert count == len(text.splitlines())
     # A line break ends every line but maybe the last.
     assert sum(breaks) == sum(a != b for a, b in zip(text.splitlines(keepends=True), text.splitlines(), strict=True))
@@ -83,7 +83,7 @@ def test_line_index_puts_each_break_in_the_piece_it_ends_in(text: str, size: int
         end += len(line)
         if line != bare:  # a break ends this line: it ends in the piece holding its last character
             expected[(end - 1) // size] += 1
-    assert read_modes.line_index(pieces) == (expected, len(text.splitlines()))
+    assert shaping.line_index(pieces) == (expected, len(text.splitlines()))
 
 
 @given(

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from securepad.core.views import fit_view
+from securepad.core.shaping import fit_view
 
 # What the store adds to a view ("ok" and the 16-hex id), as the limit counts it.
 FRAME = len(json.dumps({"ok": True, "scratchpad_id": "0" * 16}))

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from securepad import InvalidArgumentError, Keyring, Policy, Principal, Scratchpad
-from securepad.core.segments import SEGMENT_BYTES
+from securepad.core.shaping import SEGMENT_BYTES
 
 DEFAULT_CAP = 16000
 # A cap above every content these tests build, so that reads are plain slices.

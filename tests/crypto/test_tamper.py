@@ -19,7 +19,7 @@ import apsw
 import pytest
 
 from securepad import Keyring, Principal, Scratchpad
-from securepad.core.segments import SEGMENT_BYTES
+from securepad.core.shaping import SEGMENT_BYTES
 from securepad.errors import IntegrityError, NotFoundError
 from tests.support.principals import ALICE, BOB
 from tests.support.tamper_edits import raw_file

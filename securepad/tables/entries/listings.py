@@ -12,8 +12,7 @@ from ...principal import Principal, check_identifier
 from ...storage.base import Conn, Params, Rows
 from ..access import Access, check_principal
 from ..heads.heads import Head
-from .open import Opener
-from .rows import COLUMNS, LISTED_COLUMNS, EntryParts, Opened, check_row_types, check_step_num, live
+from .open import COLUMNS, LISTED_COLUMNS, EntryParts, Opened, Opener, check_row_types, check_step_num, live
 
 __all__ = ["Listings", "step_sql"]
 
@@ -210,16 +209,16 @@ class Listings:
     ) -> None:
         """Refuse a step a live entry of the turn in the principal's scope has
         (inside the put's write transaction with ``conn``); ``taken``: the
-        lookup's rows when the caller ran it already.
+        lookup's rows when the caller, which checked its arguments, ran it already.
 
         Raises:
             InvalidArgumentError: a bad principal, turn id or step, or the step is taken.
         """
-        check_principal(principal)
-        check_identifier("turn_id", turn_id)
-        check_step_num(step_num)
         rows = taken
         if rows is None:
+            check_principal(principal)
+            check_identifier("turn_id", turn_id)
+            check_step_num(step_num)
             rows = self._access.rows(principal, "entries", *_STEP_QUERY, (turn_id, step_num), conn=conn)
         if live(rows, self.now(now)):
             raise InvalidArgumentError(f"step {step_num} is already recorded in turn {turn_id!r}")

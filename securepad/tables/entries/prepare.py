@@ -8,17 +8,24 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...core import read_modes, shaping
-from ...core.segments import split_bytes, split_text
+from ...core import shaping
+from ...core.shaping import split_bytes, split_text
 from ...crypto.formats import ENTRY_FORMAT, EntryCipher, Header, ListingKey, seal_entry
 from ...crypto.primitives import Wrapper
 from ...errors import QuotaExceededError
 from ...policy import Policy
 from ...principal import Principal
-from ...storage.base import check_write_bound
-from .rows import listing_fields
+from .open import listing_fields
 
-__all__ = ["ENTRY_ROW_OVERHEAD", "Prepared", "check_write_size", "identifier_cost", "row_cost", "split"]
+__all__ = [
+    "ENTRY_ROW_OVERHEAD",
+    "Prepared",
+    "check_write_bound",
+    "check_write_size",
+    "identifier_cost",
+    "row_cost",
+    "split",
+]
 
 
 @dataclass
@@ -223,7 +230,7 @@ def split(content: str | bytes) -> tuple[list[bytes], list[int] | None, int, lis
         return split_bytes(content), None, 0, None, None
     segments, pieces = split_text(content)
     counts = [len(piece) for piece in pieces]
-    breaks, line_count = read_modes.line_index(pieces)
+    breaks, line_count = shaping.line_index(pieces)
     return segments, counts, sum(counts), breaks, line_count
 
 
@@ -239,3 +246,19 @@ def check_write_size(
     if limit is not None:
         check_write_bound(size, limit, what)
     return size
+
+
+def check_write_bound(size: int, limit: int | None, what: str) -> None:
+    """Refuse, before anything is written, a write of ``what`` that could take
+    ``size`` bytes in one transaction when the backend stores at most ``limit``
+    in one (``Backend.write_limit_bytes``; None: no bound).
+
+    Raises:
+        QuotaExceededError: over the limit.
+    """
+    if limit is not None and size > limit:
+        raise QuotaExceededError(
+            f"the {what} would write up to {size} bytes in one transaction; this store writes at most {limit}"
+            " in one (half its write-ahead log limit, [storage] wal_limit_bytes): nothing was stored"
+            + ("; split the batch" if what == "batch" else "")
+        )

@@ -21,13 +21,12 @@ from ...storage.base import (
     Rows,
 )
 from ..access import Access, check_principal, quota_sql, stored_entries, stored_sql
-from ..heads.beside import read_with_heads, with_heads
-from ..heads.heads import Room, entry_item
-from ..heads.last_sealed import Once
+from ..heads.heads import Room, entry_item, read_with_heads, with_heads
+from ..heads.owner import Once
 from ..quota import room
 from .listings import Listings, step_sql
+from .open import EntryParts, check_step_num, live
 from .prepare import Prepared, check_write_size
-from .rows import EntryParts, check_step_num, live
 
 __all__ = ["Putter", "Shown"]
 

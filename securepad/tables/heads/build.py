@@ -12,10 +12,10 @@ from typing import Any
 from ...errors import IntegrityError
 from ...keys.keystore import Keystore
 from ...storage.base import Backend, Conn
-from . import statements as sql
+from . import reading
 from .heads import Heads, add_rows
 from .owner import NO_TURNS, usage_body
-from .statements import ITEMS_SQL, OWNER_HEAD, USAGE_HEAD
+from .reading import ITEMS_SQL, OWNER_HEAD, USAGE_HEAD
 from .tally import HEAD_FORMAT, KINDS, Head, Tally
 
 __all__ = ["HeadBuilder"]
@@ -61,12 +61,12 @@ class HeadBuilder:
         """
         token = self._token()
         if meta is None:
-            rows = self._db.query(sql.META_SQL.format(key="turn_heads"))
+            rows = self._db.query(reading.META_SQL.format(key="turn_heads"))
             meta = {"turn_heads": rows[0]["value"]} if rows else {}
         if meta.get("turn_heads") == token:
             return 0
         with self._db.transaction(admin=True) as conn:
-            again = conn.query(sql.META_SQL.format(key="turn_heads"))
+            again = conn.query(reading.META_SQL.format(key="turn_heads"))
             state = again[0]["value"] if again else "pending"
             if state == token:
                 return 0
@@ -74,13 +74,13 @@ class HeadBuilder:
             if state not in ("pending", "built", "convert"):
                 self._keys.mark_owner_keys(conn, refuse_marked=False)
             self._seed_usage(conn)
-            conn.execute(sql.SET_META_SQL, (token,))
+            conn.execute(reading.SET_META_SQL, (token,))
         return done
 
     def _bring(self, conn: Conn, state: str, now: Callable[[float | None], float], writes: int) -> int:
         """``build_if_needed``'s work for the flag ``state``; the turns built or converted."""
         if state == "pending":
-            if writes > 0 or conn.query(sql.ANY_HEAD_SQL):
+            if writes > 0 or conn.query(reading.ANY_HEAD_SQL):
                 raise IntegrityError(
                     "store_meta.turn_heads was reset to 'pending' on a store that has turn heads: the file"
                     " was edited to make the heads rebuilt from it; refused (SECURITY.md, 'turn heads')"
@@ -108,9 +108,9 @@ class HeadBuilder:
         Raises:
             IntegrityError: such a head exists.
         """
-        later = usage and bool(conn.query(sql.ANY_USAGE_HEAD_SQL, (USAGE_HEAD,)))
+        later = usage and bool(conn.query(reading.ANY_USAGE_HEAD_SQL, (USAGE_HEAD,)))
         if not later:
-            for row in conn.query(sql.TURN_HEADS_SQL, (OWNER_HEAD, USAGE_HEAD)):
+            for row in conn.query(reading.TURN_HEADS_SQL, (OWNER_HEAD, USAGE_HEAD)):
                 try:
                     body = json.loads(self._heads.owners.open_body(row, row["owner_user_id"], row["turn_id"]))
                 except (IntegrityError, ValueError):
@@ -142,7 +142,7 @@ class HeadBuilder:
         """Each format-1 head (a listing of rows) as a tally of what it lists; a listed row gone
         is kept out only when its sealed expiry has passed, so earlier tampering stays visible."""
         converted = 0
-        for row in conn.query(sql.ALL_HEADS_SQL):
+        for row in conn.query(reading.ALL_HEADS_SQL):
             owner, turn_id = row["owner_user_id"], row["turn_id"]
             if turn_id == OWNER_HEAD:
                 continue
@@ -168,7 +168,7 @@ class HeadBuilder:
     def _reserve(self, conn: Conn) -> int:
         """Each format-2 tally with its bytes and an equal reservation (so the usage heads hold their sum)."""
         converted = 0
-        for row in conn.query(sql.ALL_HEADS_SQL):
+        for row in conn.query(reading.ALL_HEADS_SQL):
             if row["turn_id"] in (OWNER_HEAD, USAGE_HEAD):
                 continue
             body = self._converted(conn, row)
@@ -179,7 +179,7 @@ class HeadBuilder:
 
     def _owner_heads_for_keys(self, conn: Conn) -> None:
         """Give every owner with a key and no owner head an empty one (the invariant ``change`` relies on)."""
-        for row in conn.query(sql.KEYS_WITHOUT_HEADS_SQL, (OWNER_HEAD,)):
+        for row in conn.query(reading.KEYS_WITHOUT_HEADS_SQL, (OWNER_HEAD,)):
             self._heads.owners.write_body(conn, row["owner_user_id"], OWNER_HEAD, NO_TURNS, int(row["v"]))
 
     def _converted(self, conn: Conn, row: dict[str, Any]) -> bytes | None:
@@ -206,10 +206,10 @@ class HeadBuilder:
         its turns' reservations, in the transaction that builds or converts the heads
         (the one moment the clear ``store_meta.owner_usage`` flag is heeded; it is then
         deleted). A turn head that fails to open counts nothing. The usage heads written."""
-        if not conn.query(sql.META_SQL.format(key="owner_usage")):
+        if not conn.query(reading.META_SQL.format(key="owner_usage")):
             return 0
         totals: dict[str, int] = {}
-        for row in conn.query(sql.UNSEEDED_SQL, (USAGE_HEAD, OWNER_HEAD, USAGE_HEAD)):
+        for row in conn.query(reading.UNSEEDED_SQL, (USAGE_HEAD, OWNER_HEAD, USAGE_HEAD)):
             owner = row["owner_user_id"]
             totals.setdefault(owner, 0)
             if row["turn_id"] != OWNER_HEAD:
@@ -217,5 +217,5 @@ class HeadBuilder:
                     totals[owner] += self._heads.owners.tally(row, owner, row["turn_id"]).r
         for owner, total in totals.items():
             self._heads.owners.write_body(conn, owner, USAGE_HEAD, usage_body(total))
-        conn.execute(sql.DELETE_USAGE_META_SQL)
+        conn.execute(reading.DELETE_USAGE_META_SQL)
         return len(totals)

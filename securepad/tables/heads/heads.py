@@ -4,37 +4,53 @@ A head per (owner, turn) seals a constant-size tally of the turn's rows
 (``tally``); an owner head lists the owner's turns, a usage head its quota
 reservations (``owner``). Every write that changes a turn calls
 ``Heads.change`` in its transaction; every read is checked against the turn's
-inventory, authenticated by its head (``inventory``). Why, and what each part
+inventory, authenticated by its head (``Inventories``: a read checked against it, the
+verified inventory kept while the read's freshness token holds, ``reading``, and the turns
+this process found tampered). Why, and what each part
 trusts: SECURITY.md ("Tampering: the turn heads"). ``Heads`` holds its parts:
 ``owners``, ``reservations``, ``reads``, ``inventories`` and ``checks``.
+
+``with_heads``: a write's own one-row read and its turn's head rows in one statement
+(``beside_sql``: on PostgreSQL one Bind, one portal, one executor start-up rather
+than two; on SQLite one statement's execution less).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
-from ...crypto.primitives import Wrapper
-from ...errors import IntegrityError
+from ...core.lru import LRUCache
+from ...crypto.primitives import CounterSeal, Wrapper
+from ...errors import IntegrityError, StoreBusyError
 from ...keys.keystore import Keystore
 from ...policy import Policy
 from ...principal import Principal
 from ...storage.base import Backend, Conn, OwnerLockNeeded, Params, Rows
 from ..access import audit_log
-from . import statements as sql
-from .cache import HeadCache, Verified
+from . import reading
 from .checks import HeadChecks
-from .inventory import CONSISTENT_TRIES, Inventories, turn_items
-from .last_sealed import Once, once_sql
-from .owner import NO_TURNS, OwnerHeads
+from .owner import NO_TURNS, Once, OwnerHeads, once_sql, owner_removed
 from .quota import Room
-from .reading import InventoryReads
+from .reading import (
+    ITEMS_SQL,
+    OWNER_HEAD,
+    USAGE_HEAD,
+    HeadCache,
+    InventoryReads,
+    Verified,
+    beside_sql,
+    expired_sql,
+    without_token,
+)
 from .reservations import Reservations
-from .statements import ITEMS_SQL, OWNER_HEAD, USAGE_HEAD, expired_sql
-from .tally import RECORD_KINDS, Head, HeadEdit, Tally, entry_item, record_item, same_entry
+from .tally import KINDS, MOD, RECORD_KINDS, Head, HeadEdit, Tally, entry_item, record_item, same_entry, term
 
 __all__ = [
+    "CONSISTENT_TRIES",
     "ITEMS_SQL",
     "NO_TURNS",
     "OWNER_HEAD",
@@ -43,25 +59,225 @@ __all__ = [
     "Head",
     "HeadEdit",
     "Heads",
+    "Inventories",
     "Room",
     "Tally",
     "add_rows",
+    "beside_sql",
     "entry_item",
     "expired_sql",
+    "read_with_heads",
     "record_item",
     "same_entry",
+    "turn_items",
+    "with_heads",
 ]
 
 T = TypeVar("T")
+# Reads of a turn tried again on a consistent (head, rows) pair before a mismatch is believed.
+CONSISTENT_TRIES = 8
+# Digest terms kept, so that reading a turn again recomputes only what changed.
+_TERM_CACHE = 1 << 14
+# Turns this process found tampered, checked again before a write into them.
+_TAMPERED = 1 << 12
+
+
+class Inventories:
+    """Turn inventories authenticated by their heads (one per ``Heads``)."""
+
+    def __init__(self, db: Backend, owners: OwnerHeads, reads: InventoryReads, seal: CounterSeal) -> None:
+        self._db = db
+        self._owners = owners
+        self._reads = reads
+        self._term = functools.lru_cache(maxsize=_TERM_CACHE)(functools.partial(term, seal))
+        self._tampered: LRUCache[tuple[str, str], str] = LRUCache(_TAMPERED)
+
+    def terms(self, owner: str, turn_id: str) -> Callable[[str, str, tuple[Any, ...]], int]:
+        """The digest terms of the turn's rows (cached)."""
+        return functools.partial(self._term, owner, turn_id)
+
+    def rows(self, owner: str, turn_id: str, token: tuple[Any, ...] | None = None) -> list[dict[str, Any]]:
+        """The turn's head rows, token and inventory (left out when ``token`` is still the one)."""
+        return self._db.query(*self._reads.sql("?", turn_id, owner, token), owner=owner)
+
+    def from_rows(self, rows: list[dict[str, Any]], owner: str, turn_id: str) -> Head:
+        """The turn's inventory authenticated by its head (rows of ``InventoryReads.sql``).
+
+        Raises:
+            IntegrityError: a head fails authentication, the inventory differs, or the turn lost its head.
+        """
+        by_turn = {row["turn_id"]: row for row in rows if row["k"] == "h"}
+        if turn_id not in by_turn and OWNER_HEAD not in by_turn and any(row["k"] == "k" for row in rows):
+            raise owner_removed(owner)  # the owner has a key (a "k" row) but no heads
+        tally = self._owners.turn_tally(by_turn, owner, turn_id)
+        head = Head()
+        tally.check_found(self.recount(head, rows, owner, turn_id), turn_id)
+        return head
+
+    def recount(self, head: Head, rows: list[dict[str, Any]], owner: str, turn_id: str) -> Tally:
+        """The tally of the inventory rows, filling ``head`` with them (the read path's loop: kept lean)."""
+        term = self._term
+        sections = {"e": head.e, "c": head.c, "m": head.m}
+        sums = dict.fromkeys(KINDS, 0)
+        for row in rows:
+            kind = row["k"]
+            if kind not in sections or row["turn_id"] != turn_id:
+                continue
+            if kind == "e":
+                item = [row["n"], row["expires_at"], row["stored_bytes"], row["actor"], row["channel"]]
+            else:
+                item = [row["n"], row["expires_at"], row["actor"], row["channel"]]
+            sums[kind] += term(owner, turn_id, kind, row["id"], tuple(item))
+            sections[kind][row["id"]] = item
+        found = Tally({kind: len(sections[kind]) for kind in KINDS}, {kind: sums[kind] % MOD for kind in KINDS})
+        if head.e:
+            top = max(head.e.items(), key=lambda pair: (int(pair[1][0]), pair[0]))
+            found.last = int(top[1][0])
+            found.newest = [top[0], top[1][0], top[1][1], top[1][3], top[1][4]]
+        return found
+
+    def checked(
+        self,
+        owner: str,
+        turn_id: str,
+        fetch: Callable[[], T],
+        check: Callable[[Head, T], None],
+        first: tuple[T, Rows] | None = None,
+    ) -> T:
+        """``fetch()`` checked by ``check(head, fetched)`` against the turn's inventory
+        (``first``: a ``(fetched, head rows)`` pair read together, ``read_sql``'s):
+        the cached one while the read's token holds, else the inventory read and
+        verified (then kept); a failure is believed only on a consistent pair.
+
+        Raises:
+            IntegrityError: the check fails on a consistent pair.
+            StoreBusyError: writers kept changing the turn while it was read.
+        """
+        cache, reads = self._reads.cache, self._reads
+        scope = self._db.read_scope()
+        try:
+            if first is None:
+                fetched = fetch()
+                head_rows = self._db.query(*reads.read_sql(owner, turn_id), owner=owner)
+            else:
+                fetched, head_rows = first
+            token, same = reads.token(head_rows, turn_id)
+            entry = cache.get(scope, owner, turn_id)
+            fresh = entry is not None and token is not None and reads.holds(entry.token, token)
+            if not fresh and reads.first_part_only(head_rows):
+                # SQLite's token moved: the whole statement, with the inventory.
+                head_rows = self.rows(owner, turn_id, None if entry is None else entry.token)
+                token, same = reads.token(head_rows, turn_id)
+            if entry is not None and token is not None and reads.holds(entry.token, token):
+                try:
+                    check(entry.head, fetched)
+                    kept = reads.kept(entry.token, token)
+                    if entry.token != kept:  # the same inventory in a newer snapshot
+                        cache.put(scope, owner, turn_id, kept, entry.head)
+                    return fetched
+                except IntegrityError:
+                    cache.drop(owner, turn_id)
+                    same = True  # read the inventory itself
+            if same:  # the statement left out an inventory no longer cached (another thread's change)
+                head_rows = self.rows(owner, turn_id)
+            head = self.from_rows(head_rows, owner, turn_id)
+            check(head, fetched)
+            reads.keep(scope, owner, turn_id, head_rows, head)
+            return fetched
+        except IntegrityError:
+            pass  # tampering, or a writer or a rotation (a key retired) between the reads
+        return self._consistent(scope, owner, turn_id, fetch, check)
+
+    def _consistent(
+        self, scope: object, owner: str, turn_id: str, fetch: Callable[[], T], check: Callable[[Head, T], None]
+    ) -> T:
+        """``fetch()`` checked on a consistent pair: head and inventory the same before and after it."""
+        for _ in range(CONSISTENT_TRIES):
+            with self._one_snapshot():
+                before = self.rows(owner, turn_id)
+                fetched = fetch()
+                after = self.rows(owner, turn_id)
+            if without_token(after) == without_token(before):
+                try:
+                    head = self.from_rows(before, owner, turn_id)
+                    check(head, fetched)
+                except IntegrityError as exc:
+                    self.found_tampered(owner, turn_id, str(exc))
+                    raise
+                self._reads.keep(scope, owner, turn_id, before, head)
+                return fetched
+        raise StoreBusyError(f"turn {turn_id!r} kept changing while it was read; try again")
+
+    def _one_snapshot(self) -> AbstractContextManager[object]:
+        """A read transaction on SQLite outside a transaction; elsewhere nothing (the pair is compared)."""
+        snapshot = getattr(self._db, "snapshot", None)
+        conn = getattr(self._db, "conn", None)
+        if snapshot is None or conn is None or not conn.getautocommit():
+            return contextlib.nullcontext()
+        opened: AbstractContextManager[object] = snapshot()
+        return opened
+
+    def found_tampered(self, owner: str, turn_id: str, problem: str) -> None:
+        """Remember that the turn failed its check: a later write into it is refused with ``problem`` while it fails."""
+        self._tampered[(owner, turn_id)] = problem
+
+    def tampered(self, owner: str, turn_id: str) -> str | None:
+        """How the turn failed its check, when this process found it tampered."""
+        return self._tampered.get((owner, turn_id))
+
+    def forget(self, owner: str, turn_id: str) -> None:
+        """Forget that the turn was found tampered."""
+        self._tampered.pop((owner, turn_id))
+
+    def check_written(self, conn: Conn, owner: str, turn_id: str, problem: str | None) -> None:
+        """For a turn found tampered (``problem``), its inventory checked in the write's
+        transaction; a turn put back as it was is forgotten and takes writes again.
+
+        Raises:
+            IntegrityError: ``problem``: the turn still fails its check.
+        """
+        if problem is None:
+            return
+        try:
+            self.from_rows(conn.query(*self._reads.sql("?", turn_id, owner)), owner, turn_id)
+        except IntegrityError:
+            raise IntegrityError(problem) from None
+        self.forget(owner, turn_id)
+
+
+def turn_items(conn: Conn, owner: str, turn_id: str) -> dict[str, dict[str, list[Any]]]:
+    """The clear items of a turn's rows by kind (``{"e": {id: item}, ...}``), in the
+    caller's transaction: what an extension replaces (``extend_head``)."""
+    found: dict[str, dict[str, list[Any]]] = {kind: {} for kind in KINDS}
+    for row in conn.query(ITEMS_SQL.format(where="owner_user_id = ? AND turn_id = ?"), (owner, turn_id) * 3):
+        found[row["k"]][row["id"]] = entry_item(row) if row["k"] == "e" else record_item(row)
+    return found
+
+
+def with_heads(
+    dialect: str, one_row: tuple[str, Params], owner: str, turn_id: str, *, turn_only: bool = False
+) -> list[tuple[str, Params]]:
+    """The read of ``one_row`` with the turn's head rows, as a write announces it
+    (``Conn.prefetch``) and ``read_with_heads`` answers it; ``turn_only`` (the
+    owner's lock shared): on SQLite the turn's own head row alone, all such a write
+    reads of the heads (it changes its turn's head only; a new turn, or one whose
+    reservation is short, takes the exclusive lock and reads the three)."""
+    return [beside_sql(one_row, owner, turn_id, turn_only=turn_only and dialect == "sqlite")]
+
+
+def read_with_heads(conn: Conn, reads: list[tuple[str, Params]]) -> tuple[dict[str, Any], Rows]:
+    """``with_heads``'s answer inside the write: the one row, and the head rows (for ``Heads.change``)."""
+    rows = conn.query(*reads[0])
+    return rows[0], [row for row in rows if row["turn_id"] is not None]
 
 
 class Heads:
     """The sealed heads of one store, composed of its parts. Safe to share between threads."""
 
     # Statements a caller announces (``Conn.prefetch``) or sends beside its own.
-    select_sql = staticmethod(sql.select_sql)
-    entry_select_sql = staticmethod(sql.entry_select_sql)
-    newest_sql = staticmethod(sql.newest_sql)
+    select_sql = staticmethod(reading.select_sql)
+    entry_select_sql = staticmethod(reading.entry_select_sql)
+    newest_sql = staticmethod(reading.newest_sql)
     items = staticmethod(turn_items)
 
     def __init__(self, db: Backend, keys: Keystore, policy: Policy) -> None:
@@ -105,7 +321,9 @@ class Heads:
         owner = principal.owner_user_id
         for _ in range(CONSISTENT_TRIES):
             row = fetch()
-            by_turn = {each["turn_id"]: each for each in self._db.query(*sql.select_sql(owner, turn_id), owner=owner)}
+            by_turn = {
+                each["turn_id"]: each for each in self._db.query(*reading.select_sql(owner, turn_id), owner=owner)
+            }
             newest = self.owners.tally(by_turn[turn_id], owner, turn_id).newest if turn_id in by_turn else None
             if newest is None or newest[2] <= now or not self.checks.in_scope(principal, newest[3], newest[4]):
                 break
@@ -173,7 +391,7 @@ class Heads:
                 bodies = [(turn_id, tally.dumps())]
             else:
                 bodies = self.reservations.bodies(conn, owner, turn_id, by_turn, tally, change.bytes, room, version)
-            spare = tally.r - tally.b  # before the tally is handed on (``last_sealed``: a put in one message edits it)
+            spare = tally.r - tally.b  # before the tally is handed on (``LastSealed``: a put in one message edits it)
             sealed = self.owners.write_bodies(conn, owner, bodies, version, insert)
             self.owners.last.attach(owner, turn_id, bodies[0][1], tally)
             token = None if token is None else self.reads.written(token, sealed[0])
@@ -217,7 +435,7 @@ class Heads:
         insert: tuple[str, Params],
         condition: tuple[str, Params] | None = None,
     ) -> Once | None:
-        """``change`` without reading the head this process sealed last (``last_sealed``): one
+        """``change`` without reading the head this process sealed last (``LastSealed``): one
         statement with the caller's ``insert`` that writes only if the stored head is
         still that one; None without a record, or past the turn's reservation."""
         version, wrapper = sealing
@@ -243,7 +461,7 @@ class Heads:
         by_turn = self.owners.heads_of(conn, owner, turn_id, None)
         if OWNER_HEAD not in by_turn:  # the owner's heads were removed: its reads say so
             self.last.take(owner, turn_id)
-            return conn.execute(sql.DELETE_HEAD_SQL, (owner, turn_id))
+            return conn.execute(reading.DELETE_HEAD_SQL, (owner, turn_id))
         self.owners.delete_head(conn, owner, turn_id)
         reserved = self.reservations.of_dropped(conn, owner, turn_id, by_turn)
         self.owners.drop(conn, owner, {turn_id: reserved}, by_turn, None)
@@ -262,7 +480,7 @@ class Heads:
             for row in conn.query(ITEMS_SQL.format(where="expires_at <= ?"), (cutoff,) * 3):
                 by_turn.setdefault((row["owner_user_id"], row["turn_id"]), []).append(row)
         else:  # the turns first: a turn left alone costs one row, not its expired ones
-            for row in conn.query(sql.EXPIRED_TURNS_SQL, (cutoff,) * 3):
+            for row in conn.query(reading.EXPIRED_TURNS_SQL, (cutoff,) * 3):
                 by_turn[(row["owner_user_id"], row["turn_id"])] = []
         kept: list[tuple[str, str]] = []
         dropped: dict[str, dict[str, int]] = {}
@@ -274,7 +492,7 @@ class Heads:
                         kept.append((owner, turn_id))
                         continue
                     budget -= counted
-                    rows.extend(conn.query(ITEMS_SQL.format(where=sql.TURN_EXPIRED), (owner, turn_id, cutoff) * 3))
+                    rows.extend(conn.query(ITEMS_SQL.format(where=reading.TURN_EXPIRED), (owner, turn_id, cutoff) * 3))
                 self.inventories.from_rows(conn.query(*self.reads.sql("?", turn_id, owner, kept=False)), owner, turn_id)
             except IntegrityError as exc:
                 audit_log.warning("gc left turn %r of owner %r uncollected: %s", turn_id, owner, exc)
@@ -292,7 +510,7 @@ class Heads:
 
     def reseal_owner(self, conn: Conn, owner: str) -> int:
         """Seal every head of the owner again under its newest key version (a rotation); how many."""
-        rows = conn.query(sql.OWNER_HEADS_SQL, (owner,))
+        rows = conn.query(reading.OWNER_HEADS_SQL, (owner,))
         for row in rows:
             self.write_body(conn, owner, row["turn_id"], self.open_body(row, owner, row["turn_id"]))
         return len(rows)
@@ -300,7 +518,7 @@ class Heads:
     @staticmethod
     def delete_owner(conn: Conn, owner: str) -> int:
         """Delete every head of the owner (forgetting it), in the caller's transaction."""
-        return conn.execute(sql.DELETE_OWNER_SQL, (owner,))
+        return conn.execute(reading.DELETE_OWNER_SQL, (owner,))
 
 
 def add_rows(edit: HeadEdit, rows: list[dict[str, Any]]) -> None:

@@ -8,22 +8,146 @@ owner's lock shared (``reservations`` has the rest). The owner head and the
 usage head count the turns the owner created; each tally holds the count it
 last saw (``Tally.o``): heads that count fewer, or disagree, were put back
 from an older copy, and a write refuses (``counter_problems`` names them).
+
+The turn heads this process sealed last: a put in one message (``Heads.change_once``),
+and a write that finds the stored head to be the one recorded (``OwnerHeads.edited_tally``).
+
+The one-message statement writes only if the stored head is still the one sealed here
+(AES-GCM seals each head under a fresh nonce, so no other write seals the same
+bytes); a stale record only makes it write nothing, and the put reads the head.
+A write in a transaction compares the head it read with the record: the same
+bytes are the same head, so its tally is the recorded one, with no decryption
+and no parsing. Bounded; a writer takes its record out, so no two threads edit one tally.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ...crypto.primitives import Wrapper, head_aad
 from ...errors import IntegrityError
 from ...keys.keystore import Keystore
 from ...storage.base import Backend, Conn, Params, Rows
-from . import statements as sql
-from .last_sealed import LastSealed, Sealed
-from .statements import OWNER_HEAD, USAGE_HEAD
-from .tally import Tally
+from . import reading
+from .reading import ONCE_SQL, OWNER_HEAD, USAGE_HEAD
+from .tally import HeadEdit, Tally
+
+__all__ = ["LastSealed", "Once", "Sealed", "once_sql"]
+
+# Turns whose last sealed head is kept (emptied when full: a lost record costs one put a read).
+_TURNS = 1024
+
+
+@dataclass
+class Sealed:
+    """A turn head as this process sealed it (``tally``: ``body`` opened, when the writer had it)."""
+
+    version: int
+    sealed: bytes
+    body: bytes
+    tally: Tally | None = None
+
+    def matches(self, version: object, sealed: object) -> bool:
+        """Whether a stored head (its clear key version and sealed bytes) is this one."""
+        return version == self.version and bytes(sealed) == self.sealed  # type: ignore[call-overload]
+
+    def opened(self) -> Tally:
+        """The tally the head holds (parsed from ``body`` when not kept)."""
+        return self.tally if self.tally is not None else Tally.loads(self.body)
+
+
+class LastSealed:
+    """(owner, turn) -> the ``Sealed`` head this process wrote last."""
+
+    def __init__(self) -> None:
+        self._heads: dict[tuple[str, str], Sealed] = {}
+
+    def record(self, owner: str, turn_id: str, head: Sealed) -> None:
+        """``head`` is the one this process sealed last for the turn."""
+        if len(self._heads) >= _TURNS:
+            self._heads.clear()
+        self._heads[(owner, turn_id)] = head
+
+    def attach(self, owner: str, turn_id: str, body: bytes, tally: Tally) -> None:
+        """Keep ``tally`` with the record of the head just sealed from ``body``, so the next put need not parse it."""
+        head = self._heads.get((owner, turn_id))
+        if head is not None and head.body is body:
+            head.tally = tally
+
+    def has(self, owner: str, turn_id: str) -> bool:
+        """Whether a head of the turn is recorded (``take`` may still find none: another thread took it)."""
+        return (owner, turn_id) in self._heads
+
+    def take(self, owner: str, turn_id: str) -> Sealed | None:
+        """The record, removed: the caller edits its tally, and records the next head if it writes one."""
+        return self._heads.pop((owner, turn_id), None)
+
+    def following(
+        self,
+        owner: str,
+        turn_id: str,
+        edit: Callable[[HeadEdit], object],
+        term: Callable[[str, str, tuple[Any, ...]], int],
+        wrapper: Wrapper,
+        version: int,
+    ) -> tuple[Sealed, Sealed, int] | None:
+        """The turn's record taken out, the head that follows it once ``edit`` is applied,
+        sealed under ``version``, and the reservation left unused; None without a
+        record, or when the owner's usage head must change. The record stays out."""
+        last = self.take(owner, turn_id)
+        if last is None:
+            return None
+        tally = last.opened()
+        change = HeadEdit(tally, term)
+        edit(change)
+        tally.b = max(tally.b, 0)
+        if tally.b > tally.r or change.bytes < 0:
+            return None
+        body = tally.dumps()
+        head = Sealed(version, wrapper.seal(body, head_aad(owner, turn_id, version)), body, tally)
+        return last, head, tally.r - tally.b
+
+
+@dataclass
+class Once:
+    """A write of one turn in one statement (``Heads.change_once``): SQL, head, reservation left."""
+
+    sql: str
+    params: Params
+    head: Sealed
+    spare: int
+
+
+def once_sql(
+    insert: tuple[str, Params],
+    owner: str,
+    turn_id: str,
+    head: Sealed,
+    expected: Sealed,
+    condition: tuple[str, Params] | None = None,
+) -> tuple[str, Params]:
+    """``insert`` (``INSERT ... SELECT`` of one row, without ``FROM``) and ``head`` written
+    when the stored head is ``expected`` and ``condition`` holds; the row count says if it wrote."""
+    more, more_params = (f" AND {condition[0]}", condition[1]) if condition is not None else ("", ())
+    return (
+        ONCE_SQL.format(condition=more, insert=insert[0]),
+        (
+            head.version,
+            head.sealed,
+            owner,
+            turn_id,
+            expected.version,
+            expected.sealed,
+            head.version,
+            owner,
+            *more_params,
+            *insert[1],
+        ),
+    )
 
 
 def owner_body(turns: set[str], created: int | None) -> bytes:
@@ -73,7 +197,7 @@ class OwnerHeads:
     def __init__(self, db: Backend, keys: Keystore) -> None:
         self._db = db
         self._keys = keys
-        # The turn heads sealed here last (``last_sealed``): every turn head a transaction writes goes
+        # The turn heads sealed here last (``LastSealed``): every turn head a transaction writes goes
         # through ``write_bodies``; a put in one message records its own. A write whose stored head
         # is the one recorded edits the recorded tally (``edited_tally``) rather than opening the head.
         self.last = LastSealed()
@@ -138,7 +262,7 @@ class OwnerHeads:
     def heads_of(conn: Conn, owner: str, turn_id: str, rows: Rows | None) -> dict[str, dict[str, Any]]:
         """The turn's head rows by turn id: ``rows``, or read by ``select_sql``'s statement (prefetched)."""
         if rows is None:
-            rows = conn.query(*sql.select_sql(owner, turn_id))
+            rows = conn.query(*reading.select_sql(owner, turn_id))
         return {row["turn_id"]: row for row in rows}
 
     def write_body(self, conn: Conn, owner: str, turn_id: str, body: bytes, version: int | None = None) -> None:
@@ -161,7 +285,7 @@ class OwnerHeads:
             IntegrityError: the owner has no key.
         """
         if version is None:
-            found = conn.query(sql.NEWEST_SQL, (owner,))[0]["v"]
+            found = conn.query(reading.NEWEST_SQL, (owner,))[0]["v"]
             version = None if found is None else int(found)
         if version is None:
             raise IntegrityError(f"owner {owner!r} has no key to seal its turn head with")
@@ -174,7 +298,7 @@ class OwnerHeads:
             written.append(sealed)
             if turn_id not in (OWNER_HEAD, USAGE_HEAD):
                 self.last.record(owner, turn_id, Sealed(version, sealed, body))
-        upsert = sql.UPSERT_SQL.format(values=", ".join(["(?, ?, ?, ?)"] * len(bodies)))
+        upsert = reading.UPSERT_SQL.format(values=", ".join(["(?, ?, ?, ?)"] * len(bodies)))
         if insert is None:
             conn.defer(upsert, tuple(params))
         elif self._db.dialect == "postgresql":
@@ -187,7 +311,7 @@ class OwnerHeads:
 
     def delete_head(self, conn: Conn, owner: str, turn_id: str) -> None:
         """Delete a turn's head (a turn left empty), in the caller's transaction."""
-        conn.defer(sql.DELETE_HEAD_SQL, (owner, turn_id))
+        conn.defer(reading.DELETE_HEAD_SQL, (owner, turn_id))
         self.last.take(owner, turn_id)
 
     def drop(
@@ -215,14 +339,14 @@ class OwnerHeads:
         params: list[Any] = []
         for turn_id, body in ((OWNER_HEAD, NO_TURNS), (USAGE_HEAD, usage_body(0, 0))):
             params += [owner, turn_id, version, wrapper.seal(body, head_aad(owner, turn_id, version))]
-        conn.defer(sql.FIRST_OWNER_HEAD_SQL, tuple(params))
+        conn.defer(reading.FIRST_OWNER_HEAD_SQL, tuple(params))
         self._keys.count_wraps_later(owner, version, 2)
 
     def all_heads(self) -> dict[str, dict[str, Tally | set[str] | int | IntegrityError]]:
         """Every head of the store, opened (``verify``): ``{owner: {turn: Tally}}``, the owner
         head as its set of turns, the usage head as its total, a head that fails to open as its error."""
         found: dict[str, dict[str, Tally | set[str] | int | IntegrityError]] = {}
-        for row in self._db.query(sql.ALL_HEADS_SQL, admin=True):
+        for row in self._db.query(reading.ALL_HEADS_SQL, admin=True):
             owner, turn_id = row["owner_user_id"], row["turn_id"]
             opened: Tally | set[str] | int | IntegrityError
             try:
@@ -244,7 +368,7 @@ class OwnerHeads:
         created: dict[str, int | None] = {}
         counted: dict[str, int | None] = {}
         seen: dict[str, tuple[int, str]] = {}
-        for row in self._db.query(sql.ALL_HEADS_SQL, admin=True):
+        for row in self._db.query(reading.ALL_HEADS_SQL, admin=True):
             owner, turn_id = row["owner_user_id"], row["turn_id"]
             with contextlib.suppress(IntegrityError):
                 if turn_id == OWNER_HEAD:
@@ -269,7 +393,7 @@ class OwnerHeads:
 
     def owners_without_heads(self) -> list[str]:
         """Owners with a key but no owner head (``verify``): their heads were removed."""
-        rows = self._db.query(sql.OWNERS_WITHOUT_HEADS_SQL, (OWNER_HEAD,), admin=True)
+        rows = self._db.query(reading.OWNERS_WITHOUT_HEADS_SQL, (OWNER_HEAD,), admin=True)
         return [str(row["owner_user_id"]) for row in rows]
 
 

@@ -1,6 +1,6 @@
 """What a read of a turn sends beside its rows: the turn's head rows, its
 inventory and the **freshness token** of the inventory it has cached
-(``cache``). One statement returns the head rows, the token computed again
+(``HeadCache``). One statement returns the head rows, the token computed again
 after the read's rows, and the inventory, which the database leaves out
 (without reading it) when the token is the one sent:
 
@@ -16,24 +16,310 @@ after the read's rows, and the inventory, which the database leaves out
   calls the schema's read function instead (``pg_read_functions``).
 
 What each token trusts is in SECURITY.md ("Tampering: the turn heads").
+
+The heads' statements (the owner head and usage head's turn ids among them), and
+the cache of inventories: turn inventories already verified against their heads, kept between reads.
+
+Bounded (least recently used first out, by turns and by rows), safe to share
+between threads, emptied in a forked child. Each owner has a bounded share:
+an owner that holds more gives up its own entries before one that holds less,
+so a tenant flooding the cache evicts only its own. An entry belongs to a
+scope: the SQLite connection whose data version its token holds, or None.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from ...keys.keystore import NEWEST_VERSION_SQL
 from ...storage.base import Backend, Params, Rows
 from ...storage.postgres.functions import ENTRY_TURN_SQL, PG_CALLS, PG_FRESHNESS, PG_INVENTORY_SQL, PG_NO_FRESHNESS
-from .cache import HeadCache
-from .statements import OWNER_HEAD, entry_turn_params
 from .tally import Head
 
-__all__ = [
-    "ENTRY_TURN_SQL",
-    "InventoryReads",
-    "without_token",
-]
+__all__ = ["CACHE_ROWS", "CACHE_TURNS", "ENTRY_TURN_SQL", "HeadCache", "InventoryReads", "Verified", "without_token"]
+
+# The owner head lists the owner's turns; the usage head holds its reservations
+# (no turn can have either id: ``check_identifier`` refuses "" and control characters).
+OWNER_HEAD = ""
+USAGE_HEAD = "\x01usage"
+
+ALL_HEADS_SQL = "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads"
+OWNER_HEADS_SQL = ALL_HEADS_SQL + " WHERE owner_user_id = ?"
+# The owner's turn heads but one (reclaiming, dropping a turn).
+OTHER_TURNS_SQL = ALL_HEADS_SQL + " WHERE owner_user_id = ? AND turn_id NOT IN (?, ?, ?)"
+TURN_HEADS_SQL = ALL_HEADS_SQL + " WHERE turn_id NOT IN (?, ?)"
+# A turn's head, its owner head and usage head (writers); ``turn`` is the placeholder of the turn's id.
+_HEAD_SQL = ALL_HEADS_SQL + " WHERE owner_user_id = ? AND turn_id IN ({turn}, ?, ?) ORDER BY turn_id"
+NEWEST_SQL = f"SELECT {NEWEST_VERSION_SQL} AS v"
+UPSERT_SQL = (
+    "INSERT INTO turn_heads(owner_user_id, turn_id, key_version, sealed) VALUES {values}"
+    " ON CONFLICT (owner_user_id, turn_id) DO UPDATE SET key_version = excluded.key_version,"
+    " sealed = excluded.sealed"
+)
+FIRST_OWNER_HEAD_SQL = (
+    "INSERT INTO turn_heads(owner_user_id, turn_id, key_version, sealed) VALUES (?, ?, ?, ?), (?, ?, ?, ?)"
+    " ON CONFLICT (owner_user_id, turn_id) DO NOTHING"
+)
+DELETE_HEAD_SQL = "DELETE FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?"
+DELETE_OWNER_SQL = "DELETE FROM turn_heads WHERE owner_user_id = ?"
+OWNERS_WITHOUT_HEADS_SQL = (
+    "SELECT DISTINCT owner_user_id FROM owner_keys WHERE owner_user_id NOT IN"
+    " (SELECT owner_user_id FROM turn_heads WHERE turn_id = ?) ORDER BY owner_user_id"
+)
+KEYS_WITHOUT_HEADS_SQL = (
+    "SELECT owner_user_id, MAX(version) AS v FROM owner_keys WHERE owner_user_id NOT IN"
+    " (SELECT owner_user_id FROM turn_heads WHERE turn_id = ?) GROUP BY owner_user_id"
+)
+# The heads of the owners with an owner head and no usage head (seeding usage heads).
+UNSEEDED_SQL = (
+    "SELECT h.owner_user_id, h.turn_id, h.key_version, h.sealed FROM turn_heads h"
+    " WHERE h.turn_id != ? AND h.owner_user_id IN (SELECT o.owner_user_id FROM turn_heads o"
+    " WHERE o.turn_id = ? AND NOT EXISTS (SELECT 1 FROM turn_heads u"
+    " WHERE u.owner_user_id = o.owner_user_id AND u.turn_id = ?))"
+)
+META_SQL = "SELECT value FROM store_meta WHERE key = '{key}'"
+DELETE_USAGE_META_SQL = "DELETE FROM store_meta WHERE key = 'owner_usage'"
+ANY_HEAD_SQL = "SELECT 1 FROM turn_heads LIMIT 1"
+ANY_USAGE_HEAD_SQL = "SELECT 1 FROM turn_heads WHERE turn_id = ? LIMIT 1"
+SET_META_SQL = (
+    "INSERT INTO store_meta(key, value) VALUES ('turn_heads', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
+
+# The clear items of rows, by kind: what gc collects at a cutoff, one turn's rows.
+ITEMS_SQL = (
+    "SELECT 'e' AS k, owner_user_id, turn_id, id, step_num AS n, expires_at, stored_bytes, actor, channel"
+    " FROM entries WHERE {where}"
+    " UNION ALL SELECT 'c', owner_user_id, turn_id, id, seq, expires_at, NULL, actor, channel FROM checkpoints"
+    " WHERE {where}"
+    " UNION ALL SELECT 'm', owner_user_id, turn_id, id, seq, expires_at, NULL, actor, channel FROM compaction_marks"
+    " WHERE {where}"
+)
+# The turns with expired rows (a quick gc's first look), and one turn's expired rows.
+EXPIRED_TURNS_SQL = " UNION ".join(
+    f"SELECT owner_user_id, turn_id FROM {table} WHERE expires_at <= ?"
+    for table in ("entries", "checkpoints", "compaction_marks")
+)
+TURN_EXPIRED = "owner_user_id = ? AND turn_id = ? AND expires_at <= ?"
+
+# The turn head rewritten only if it is still the one this process sealed last
+# (its clear key version too: an edit of that alone would otherwise be
+# overwritten unseen) and the key version is the owner's newest; the caller's
+# INSERT ... SELECT takes its one row FROM head, so it inserts exactly when the
+# head was rewritten.
+ONCE_SQL = (
+    "WITH head AS (UPDATE turn_heads SET key_version = ?, sealed = ? WHERE owner_user_id = ? AND turn_id = ?"
+    f" AND key_version = ? AND sealed = ? AND ? = {NEWEST_VERSION_SQL}{{condition}} RETURNING 1) {{insert}} FROM head"
+)
+
+
+def select_sql(owner: str, turn_id: str) -> tuple[str, Params]:
+    """The turn's head rows (the turn's, the owner and usage heads), as ``Heads.change`` reads them."""
+    return _HEAD_SQL.format(turn="?"), (owner, turn_id, OWNER_HEAD, USAGE_HEAD)
+
+
+def entry_turn_params(entry_id: str, scope: Sequence[tuple[str, str]]) -> tuple[str | None, ...]:
+    """The parameters of ``ENTRY_TURN_SQL`` for ``entry_id`` within ``scope`` (``Policy.scope_columns``)."""
+    columns = dict(scope)
+    return (entry_id, columns["owner_user_id"], columns.get("channel"), columns.get("actor"))
+
+
+def entry_select_sql(owner: str, entry_id: str, scope: Sequence[tuple[str, str]]) -> tuple[str, Params]:
+    """``select_sql`` for the turn of entry ``entry_id``, found within ``scope`` (no default:
+    no caller forgets the channel and actor a policy names)."""
+    return _HEAD_SQL.format(turn=ENTRY_TURN_SQL), (owner, *entry_turn_params(entry_id, scope), OWNER_HEAD, USAGE_HEAD)
+
+
+def newest_sql(owner: str) -> tuple[str, Params]:
+    """The owner's newest key version, as ``Heads.change`` reads it without a version."""
+    return NEWEST_SQL, (owner,)
+
+
+def expired_sql(cutoff: float, kept: list[tuple[str, str]]) -> tuple[str, Params]:
+    """The condition (and values) of what gc deletes at ``cutoff``: expired rows,
+    but those of the turns ``Heads.prune`` left alone."""
+    keep = " OR ".join(["(owner_user_id = ? AND turn_id = ?)"] * len(kept))
+    return "expires_at <= ?" + (f" AND NOT ({keep})" if kept else ""), (cutoff, *(v for pair in kept for v in pair))
+
+
+def beside_sql(one_row: tuple[str, Params], owner: str, turn_id: str, *, turn_only: bool = False) -> tuple[str, Params]:
+    """The query ``one_row`` (one row of scalars) and the turn's head rows (``turn_only``:
+    the turn's own alone) in one statement: each head row carries the scalars; with no
+    head row, one row of the scalars and NULL head columns."""
+    sql, params = one_row
+    heads, named = ("= ?", (turn_id,)) if turn_only else ("IN (?, ?, ?)", (turn_id, OWNER_HEAD, USAGE_HEAD))
+    return (
+        f"SELECT one.*, h.owner_user_id, h.turn_id, h.key_version, h.sealed FROM ({sql}) AS one"
+        f" LEFT JOIN turn_heads AS h ON h.owner_user_id = ? AND h.turn_id {heads}",
+        (*params, owner, *named),
+    )
+
+
+# Turns kept at most, and inventory rows over all of them.
+CACHE_TURNS = 256
+CACHE_ROWS = 200_000
+
+_Key = tuple[int, str, str]
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A turn's inventory as verified, and the token of the snapshot it was verified in."""
+
+    token: tuple[Any, ...]
+    head: Head
+    scope: Callable[[], object]
+
+    @property
+    def rows(self) -> int:
+        return len(self.head.e) + len(self.head.c) + len(self.head.m)
+
+
+@dataclass
+class _Share:
+    """One owner's entries, least recently used first, and what they hold."""
+
+    keys: OrderedDict[_Key, None] = field(default_factory=OrderedDict)
+    rows: int = 0
+
+
+class HeadCache:
+    """Verified inventories by (scope, owner, turn), bounded per owner."""
+
+    def __init__(self, turns: int = CACHE_TURNS, rows: int = CACHE_ROWS) -> None:
+        self._turns = turns
+        self._rows = rows
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        # A new lock in a forked child: one held by another thread at the fork would never be released.
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[_Key, Verified] = OrderedDict()
+        self._by_owner: dict[tuple[int, str], set[str]] = {}
+        self._shares: dict[str, _Share] = {}
+        self._held = 0
+
+    def _forked(self) -> None:
+        if self._pid != os.getpid():
+            self._reset()
+
+    def limit(self, turns: int, rows: int = CACHE_ROWS) -> None:
+        """Keep at most ``turns`` turns and ``rows`` rows (0 turns: keep nothing, every read recounts)."""
+        self._forked()
+        with self._lock:
+            self._turns, self._rows = turns, rows
+            self._evict(None)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether anything is kept (``limit`` above 0 turns)."""
+        return self._turns > 0
+
+    def held(self, owner: str) -> tuple[int, int]:
+        """The turns and rows the owner's entries hold."""
+        with self._lock:
+            share = self._shares.get(owner)
+            return (0, 0) if share is None else (len(share.keys), share.rows)
+
+    def get(self, scope: object, owner: str, turn_id: str) -> Verified | None:
+        """The turn's entry in ``scope``, if any (the caller compares its token)."""
+        self._forked()
+        key = (id(scope), owner, turn_id)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            if entry.scope() is not scope:  # another object that got the same id
+                self._remove(key)
+                return None
+            self._entries.move_to_end(key)
+            self._shares[owner].keys.move_to_end(key)
+            return entry
+
+    def listing(self, scope: object, owner: str, entry_id: str) -> Verified | None:
+        """The entry of one of the owner's turns in ``scope`` that lists the entry ``entry_id``, if any."""
+        self._forked()
+        with self._lock:
+            turns = list(self._by_owner.get((id(scope), owner), ()))
+        for turn_id in turns:
+            entry = self.get(scope, owner, turn_id)
+            if entry is not None and entry_id in entry.head.e:
+                return entry
+        return None
+
+    def put(self, scope: object, owner: str, turn_id: str, token: tuple[Any, ...], head: Head) -> None:
+        self._forked()
+        if self._turns <= 0:
+            return
+        ref: Callable[[], object] = (lambda: None) if scope is None else weakref.ref(scope)
+        entry = Verified(token, head, ref)
+        key = (id(scope), owner, turn_id)
+        with self._lock:
+            self._remove(key)
+            self._entries[key] = entry
+            self._by_owner.setdefault((id(scope), owner), set()).add(turn_id)
+            share = self._shares.setdefault(owner, _Share())
+            share.keys[key] = None
+            share.rows += entry.rows
+            self._held += entry.rows
+            self._evict(owner)
+
+    def drop(self, owner: str, turn_id: str) -> None:
+        """Forget the turn in every scope (a write of this process changes it)."""
+        self.take(None, owner, turn_id)
+
+    def take(self, scope: object, owner: str, turn_id: str) -> Verified | None:
+        """Forget the turn in every scope; its entry in ``scope``, if any (for a write to edit and put back)."""
+        self._forked()
+        found = None
+        with self._lock:
+            share = self._shares.get(owner)
+            for key in [key for key in share.keys if key[2] == turn_id] if share is not None else []:
+                entry = self._entries[key]
+                if key[0] == id(scope) and scope is not None and entry.scope() is scope:
+                    found = entry
+                self._remove(key)
+        return found
+
+    def _remove(self, key: _Key) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return
+        self._held -= entry.rows
+        share = self._shares[key[1]]
+        del share.keys[key]
+        share.rows -= entry.rows
+        if not share.keys:
+            del self._shares[key[1]]
+        turns = self._by_owner.get(key[:2])
+        if turns is not None:
+            turns.discard(key[2])
+            if not turns:
+                del self._by_owner[key[:2]]
+
+    def _evict(self, owner: str | None) -> None:
+        """Within the bounds again after ``owner`` (None: nobody) added an entry."""
+        share = None if owner is None else self._shares.get(owner)
+        while self._entries:
+            over_turns, over_rows = len(self._entries) > self._turns, self._held > self._rows
+            if not (over_turns or over_rows):
+                return
+            oldest = next(iter(self._entries))
+            if share is not None and share.keys and oldest[1] != owner:
+                other = self._shares[oldest[1]]
+                if (over_turns and len(other.keys) < len(share.keys)) or (over_rows and other.rows < share.rows):
+                    # The newcomer's owner holds more: the owner that holds the most gives up its own
+                    # least recently used entry (the newcomer's owner, or one holding more still).
+                    biggest = max(self._shares.values(), key=lambda each: len(each.keys) if over_turns else each.rows)
+                    oldest = next(iter(biggest.keys))
+            self._remove(oldest)
+
 
 # The turn's head rows and inventory in one statement (one snapshot, one round
 # trip; expired rows not yet collected are part of the tally). The ``v`` row

@@ -9,11 +9,10 @@ from typing import Any
 
 from ...errors import IntegrityError
 from ...storage.base import Conn
-from . import statements as sql
-from .cache import HeadCache
+from . import reading
 from .owner import OwnerHeads, check_counted, owner_body, owner_removed, rolled_back, usage_body, usage_counts
 from .quota import Room, record_room, reserve
-from .statements import OWNER_HEAD, USAGE_HEAD
+from .reading import OWNER_HEAD, USAGE_HEAD, HeadCache
 from .tally import Tally
 
 __all__ = ["Reservations"]
@@ -79,7 +78,7 @@ class Reservations:
 
     def _others(self, conn: Conn, owner: str, turn_id: str) -> Iterator[tuple[str, Tally]]:
         """The owner's other turns' tallies (a head that fails to open is left to its reads and ``verify``)."""
-        for row in conn.query(sql.OTHER_TURNS_SQL, (owner, OWNER_HEAD, USAGE_HEAD, turn_id)):
+        for row in conn.query(reading.OTHER_TURNS_SQL, (owner, OWNER_HEAD, USAGE_HEAD, turn_id)):
             try:
                 tally = self._owners.tally(row, owner, row["turn_id"])
             except IntegrityError:

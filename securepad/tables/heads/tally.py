@@ -133,7 +133,7 @@ def _count(value: object) -> int:
 
 class HeadEdit:
     """One write's change to a turn's tally (rows added, removed, replaced), applied to
-    ``head`` too: the turn's inventory taken out of the cache (``cache``), if any."""
+    ``head`` too: the turn's inventory taken out of the cache (``reading.HeadCache``), if any."""
 
     def __init__(
         self, tally: Tally, term: Callable[[str, str, tuple[Any, ...]], int], head: Head | None = None

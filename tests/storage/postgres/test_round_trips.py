@@ -24,7 +24,7 @@ import pytest
 
 from securepad import Keyring, Scratchpad
 from securepad._steps import put_next
-from securepad.core.segments import SEGMENT_BYTES
+from securepad.core.shaping import SEGMENT_BYTES
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from psycopg import Connection  # noqa: E402  (needs psycopg)

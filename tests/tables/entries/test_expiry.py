@@ -12,7 +12,7 @@ import apsw
 import pytest
 
 from securepad import Keyring, Principal, Scratchpad
-from securepad.core.segments import SEGMENT_BYTES
+from securepad.core.shaping import SEGMENT_BYTES
 from securepad.errors import ExpiredError, NotFoundError
 
 T0 = 1_000_000.0

@@ -35,11 +35,12 @@ from tests.support.paths import FIXTURES
 from tests.support.principals import AGENT_ALICE as ALICE
 from tests.support.store_costs import listing_costs, put_costs, wal_frames
 
-# BEGIN IMMEDIATE; one SELECT of the key version, the quota and the step's look;
-# INSERT entries (a one-segment entry carries its segment: migration 8); the turn
-# head's SELECT and upsert; COMMIT. Before migration 8: 8 (+ INSERT
-# segments); before the step's look joined the quota's SELECT: 7.
-PUT_STATEMENTS = 6
+# BEGIN IMMEDIATE; one SELECT of the key version, the quota, the step's look and
+# the turn's head; INSERT entries (a one-segment entry carries its segment:
+# migration 8); the turn head's upsert; COMMIT. Before migration 8: 8 (+ INSERT
+# segments); before the step's look joined the quota's SELECT: 7; before the
+# turn's head joined it: 6.
+PUT_STATEMENTS = 5
 # None: the owner_usage triggers (2 statements a put: their firing and their
 # upsert) went with SQLite migration 11; the usage total is the usage head's,
 # written by the turn head's upsert (one statement, two rows: head_owner.py).

@@ -27,7 +27,7 @@ import pytest
 from securepad import Keyring, Policy, Scratchpad
 from securepad.errors import IntegrityError, NotFoundError
 from securepad.store import parts
-from securepad.tables.heads.cache import HeadCache
+from securepad.tables.heads.reading import HeadCache
 from securepad.tables.heads.tally import Head
 from securepad.testing.meters import ReadMeter
 from tests.support.principals import ALICE, NOW
