@@ -182,13 +182,15 @@ def test_lines_without_an_index_scan_from_the_start() -> None:
 
 @given(
     text=st.lists(st.sampled_from([*'a"\\\x01\x1f\né😀']), max_size=80).map("".join),
-    cap=st.integers(300, 900),
+    cap=st.integers(400, 900),
     mode=st.sampled_from(["head", "tail"]),
 )
 def test_a_fitted_read_fits_the_cap_and_is_whole_when_its_json_is_far_within(text: str, cap: int, mode: str) -> None:
     """Whether it encodes the content or counts each character at its longest
-    escape, a fitted read's JSON fits the cap; a text whose JSON leaves room
-    for the result's fields comes back whole."""
+    escape, a fitted read's JSON fits any cap that leaves room for a cut
+    result's own fields (with the hint, about 330 characters; below that the
+    read keeps one character of content and the fields overrun the cap); a
+    text whose JSON leaves room for the result's fields comes back whole."""
     content, _ = segmented(text)
     result = read_modes.read_fitted(content, mode, cap=cap, extra={"scratchpad_id": "0" * 16}, n=len(text))
     assert len(json.dumps(result, ensure_ascii=False)) <= cap
@@ -196,6 +198,15 @@ def test_a_fitted_read_fits_the_cap_and_is_whole_when_its_json_is_far_within(tex
     assert shown == (text[: len(shown)] if mode == "head" else text[len(text) - len(shown) :])
     if len(json.dumps(text, ensure_ascii=False)) + 300 <= cap:  # the fields take under 300
         assert shown == text
+
+
+def test_a_cap_below_a_cut_results_fields_keeps_one_character_and_says_where_to_go_on() -> None:
+    text = 'aaaaaaaaaaa""""""""\x01\x01\x01\x01'
+    content, _ = segmented(text)
+    result = read_modes.read_fitted(content, "head", cap=300, extra={"scratchpad_id": "0" * 16}, n=len(text))
+    meta = result["metadata"]
+    assert result["content"] == "a"
+    assert meta["capped"] and meta["truncated"] and meta["next_start"] == 1
 
 
 @given(text=line_text, cap=st.integers(16, 60), start=st.integers(0, 5))
