@@ -26,9 +26,9 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.xdist_group("langgraph")
 
-# A put's write transaction: BEGIN IMMEDIATE, the key version's SELECT, the turn
-# head's SELECT, the step's look, INSERT entries, the head's upsert, COMMIT.
-PUT_STATEMENTS = 7
+# A put's write transaction: BEGIN IMMEDIATE, one SELECT of the key version, the
+# quota and the turn's head, the step's look, INSERT entries, the head's upsert, COMMIT.
+PUT_STATEMENTS = 6
 # get_tuple of the latest 1 KiB checkpoint: the thread's rows beside its head, the
 # checkpoint read whole (beside its head), the writes' turn beside its head.
 GET_TUPLE_STATEMENTS = 6
