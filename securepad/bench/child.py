@@ -41,7 +41,10 @@ from .stats import within
 def command(spec: dict[str, Any]) -> list[str]:
     """The command that runs ``spec``; ``-P``: the child never imports from its working directory."""
     if spec.get("backend") not in BACKENDS:  # defined outside the suite's own run: the child imports its module
-        spec = {**spec, "module": KNOWN[spec["backend"]].__module__}
+        module = KNOWN[spec["backend"]].__module__
+        if module == "__main__":  # a script run with ``python -m``: the child imports it by its name
+            module = getattr(sys.modules["__main__"].__spec__, "name", module)
+        spec = {**spec, "module": module}
     return [sys.executable, "-P", "-m", __name__, json.dumps(spec)]
 
 
