@@ -60,8 +60,12 @@ BLOCKS = [block for page in PAGES if page != POSTGRESQL_GUIDE for block in _page
 
 
 def _environment(home: Path) -> dict[str, str]:
+    """The reader's environment; the examples' ``mktemp -d`` directories go beside HOME, with the test's files."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SECUREPAD_", "XDG_", "PG"))}
-    return env | {"HOME": str(home), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"}
+    scratch = home.parent / "tmp"
+    scratch.mkdir(exist_ok=True)
+    path = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env | {"HOME": str(home), "TMPDIR": str(scratch), "PATH": path}
 
 
 def _run(where: str, language: str, code: str, home: Path, work: Path) -> str:
