@@ -18,13 +18,13 @@ import hashlib
 import json
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from .._steps import keyed_or_former, keyed_turn_name, newest_first, put_next
 from ..errors import ExpiredError, IntegrityError, NotFoundError
 from ..principal import Principal
 from ..store import Scratchpad
+from ._saver_memory import SaverMemory, Scope, Stored, scope_of
 
 __all__ = [
     "BLOB",
@@ -63,19 +63,8 @@ CHECKPOINT_CHOICE = ("format", "thread_id", "ns", "checkpoint_id")
 WRITE_CHOICE = ("format", "thread_id", "ns", "checkpoint_id", "task_id", "task_path", "idxs", "type")
 VALUE_CHOICE = ("format", "thread_id", "ns", "channel", "version")
 THREAD_CHOICE = ("format", "thread_id")
-# How many threads a saver remembers as keyed (``SaverRecords.turn``) before it forgets them all.
-_KEYED_KEPT = 4096
 # The saver's ``serde.loads_typed``: (type, serialized form) -> the value.
 Loads = Callable[[tuple[str, bytes]], Any]
-# A principal's scope (``Policy.scope_columns``: the owner, and the channel and
-# actor the policy names): what the saver caches is what a scope finds, so it
-# is cached per scope, never per owner alone.
-Scope = tuple[tuple[str, str], ...]
-
-
-def scope_of(pad: Scratchpad, principal: Principal) -> Scope:
-    """The key of what the saver caches for ``principal``."""
-    return tuple(pad.policy.scope_columns(principal))
 
 
 def turn_id(kind: str, *parts: Any) -> str:
@@ -94,18 +83,6 @@ def keyed_turn(pad: Scratchpad, principal: Principal, kind: str, *parts: Any) ->
     from the store's master key, so a guess of a thread id cannot be tested
     against the file without it)."""
     return f"{TURN_PREFIX}{kind}:keyed:{keyed_turn_name(pad, principal, kind, *parts)}"
-
-
-@dataclass(frozen=True)
-class Stored:
-    """An entry as ``list_for_turn`` shows it: id, expiry and the sealed metadata,
-    whole or (``whole`` False) the leading fields the listing's view kept."""
-
-    scratchpad_id: str
-    expires_at: float
-    meta: dict[str, Any]
-    whole: bool = True
-    step_num: int = 0
 
 
 def sealed(meta: dict[str, Any], data: bytes) -> dict[str, Any]:
@@ -144,16 +121,8 @@ class SaverRecords:
         self.pad = pad
         self.ttl_seconds = ttl_seconds
         self.clock = clock
-        self._lock = threading.Lock()
-        # (scope, thread, ns, channel, version) -> the value's entry, or None when it is inline.
-        self._values: dict[tuple[Scope, str, str, str, str], Stored | None] = {}
-        # (the principal's scope, thread) whose checkpoints were found in the thread's keyed
-        # turn (``turn``): what a principal finds depends on its scope, not on its owner alone.
-        self._keyed: set[tuple[Scope, str]] = set()
-        # (the principal's scope, turn) -> the step this saver's last put in it took: the next
-        # put's guess (``put_next``), which spares reading the turn's newest step; a wrong
-        # guess (another writer came in between) only costs sealing again in the write.
-        self._last_steps: dict[tuple[Scope, str], int] = {}
+        # What the saver remembers between calls (turn names, steps, values, writes).
+        self.memory = SaverMemory(pad, ttl_seconds)
 
     # -- where each record lives ----------------------------------------------------
 
@@ -165,28 +134,28 @@ class SaverRecords:
         writes as before. A thread found keyed is remembered; one that is not
         is looked for again at each call (a live entry in either turn: two
         small reads), so a thread deleted elsewhere and written again keyed is
-        found there."""
+        found there. A keyed name is remembered with the thread (parts that
+        are strings only: the name is of their JSON)."""
+        if (name := self.memory.name(principal, kind, thread_id, parts)) is not None:
+            return name
         if self._former(principal, thread_id):
             return turn_id(kind, thread_id, *parts)
-        return keyed_turn(self.pad, principal, kind, thread_id, *parts)
+        name = keyed_turn(self.pad, principal, kind, thread_id, *parts)
+        self.memory.named(principal, kind, thread_id, parts, name)
+        return name
 
     def _former(self, principal: Principal, thread_id: str) -> bool:
         """Whether the thread's checkpoints are in its former (unkeyed) turn and
         not in its keyed one, as the principal's scope finds them (another
         actor's or channel's checkpoints in the keyed turn leave a principal
         outside their scope on the former turn, which holds its own)."""
-        key = (scope_of(self.pad, principal), thread_id)
-        with self._lock:
-            if key in self._keyed:
-                return False
+        if self.memory.keyed(principal, thread_id):
+            return False
         former = turn_id("thread", thread_id)
         keyed = keyed_turn(self.pad, principal, "thread", thread_id)
         turn, found_keyed = keyed_or_former(self.pad, principal, keyed, former, now=self.clock())
         if found_keyed:
-            with self._lock:
-                if len(self._keyed) >= _KEYED_KEPT:
-                    self._keyed.clear()
-                self._keyed.add(key)
+            self.memory.found_keyed(principal, thread_id)
         return turn == former
 
     # -- reading -------------------------------------------------------------------
@@ -296,14 +265,18 @@ class SaverRecords:
     ) -> list[tuple[str, str, Any]]:
         """A checkpoint's pending writes as LangGraph wants them: (task id, channel,
         value), in the order it applies them; ``loads`` is the saver's ``serde.loads_typed``."""
-        writes = []
-        for stored in self.writes(principal, thread_id, ns, checkpoint_id):
+        found: dict[tuple[str, int], tuple[tuple[str, str, int], tuple[str, str, Any]]] = {}
+        for stored in self.writes(principal, thread_id, ns, checkpoint_id):  # in step order
             meta = stored.meta
             for idx, channel, value in self.write_items(principal, stored, loads):
-                writes.append(((meta["task_path"], meta["task_id"], idx), (meta["task_id"], channel, value)))
+                # A write stored twice (by two writers) counts as put_writes keeps it: the
+                # first, except a special write (negative index), which the newer replaces.
+                task_id = meta["task_id"]
+                if idx >= 0 and (task_id, idx) in found:
+                    continue
+                found[task_id, idx] = ((meta["task_path"], task_id, idx), (task_id, channel, value))
         # LangGraph applies a step's writes in this order (see langgraph's writes_sort_key).
-        writes.sort(key=lambda pair: pair[0])
-        return [write for _, write in writes]
+        return [write for _, write in sorted(found.values(), key=lambda pair: pair[0])]
 
     def write_items(self, principal: Principal, stored: Stored, loads: Loads) -> list[tuple[int, str, Any]]:
         """The (idx, channel, value) writes of one put_writes entry."""
@@ -337,16 +310,11 @@ class SaverRecords:
         """Put an entry at its turn's next step (``_steps.put_next``); returns its
         view. ``newest``: the turn's newest step as the caller just listed it
         (0: empty), else the step this saver's last put in the turn took, is the guess."""
-        key = (scope_of(self.pad, principal), turn)
-        with self._lock:
-            last = self._last_steps.get(key) if newest is None else newest
+        last = self.memory.last_step(principal, turn) if newest is None else newest
         view = put_next(
             self.pad, principal, turn, executor, observation, ttl, now=now, guess=None if last is None else last + 1
         )
-        with self._lock:
-            if len(self._last_steps) >= _KEYED_KEPT:
-                self._last_steps.clear()
-            self._last_steps[key] = int(view["step_num"])
+        self.memory.took_step(principal, turn, int(view["step_num"]))
         return view
 
     def put_value(
@@ -360,7 +328,8 @@ class SaverRecords:
         data: bytes,
         now: float,
     ) -> Stored:
-        """Store a big channel value as an entry of its own, and remember it."""
+        """Store a big channel value as an entry of its own, and remember it. The
+        value's turn is new (versions are unique per write): its step is 1."""
         meta = {
             "format": FORMAT,
             "thread_id": thread_id,
@@ -370,41 +339,33 @@ class SaverRecords:
             "type": kind,
         }
         turn = self.turn(principal, "value", thread_id, ns, channel, version)
-        view = self.put(principal, turn, BLOB, {"content": data, "metadata": meta}, self.ttl_seconds, now)
+        view = self.put(principal, turn, BLOB, {"content": data, "metadata": meta}, self.ttl_seconds, now, 0)
         stored = Stored(view["scratchpad_id"], now + self.ttl_seconds, meta)
-        with self._lock:
-            self._values[(scope_of(self.pad, principal), thread_id, ns, channel, str(version))] = stored
+        self.memory.keep_channel_values(principal, thread_id, ns, {(channel, str(version)): stored})
         return stored
-
-    def note_inline(self, principal: Principal, thread_id: str, ns: str, channel: str, version: Any) -> None:
-        """Remember that the value of ``(thread_id, ns, channel, version)`` was put
-        inline (it has no entry of its own): a later checkpoint where the channel
-        is unchanged then finds it without looking up the value's turn. Versions
-        are unique per write, so no writer stores another value under it."""
-        with self._lock:
-            self._values[(scope_of(self.pad, principal), thread_id, ns, channel, str(version))] = None
 
     def value(
         self, principal: Principal, thread_id: str, ns: str, channel: str, version: Any, now: float
     ) -> Stored | None:
-        """The entry of an unchanged channel's value (None: the value was inline),
-        kept alive: one with less than half the TTL left gets the whole TTL again."""
-        key = (scope_of(self.pad, principal), thread_id, ns, channel, str(version))
-        with self._lock:
-            known = key in self._values
-            cached = self._values.get(key)
-        if not known:
-            turn = self.turn(principal, "value", thread_id, ns, channel, version)
-            where = {"thread_id": thread_id, "ns": ns, "channel": channel, "version": version}
-            listed = self.listed(principal, turn, BLOB, VALUE_CHOICE, **where)
-            cached = max(listed, key=lambda s: s.expires_at) if listed else None
-        if isinstance(cached, Stored) and cached.expires_at - now < self.ttl_seconds / 2:
-            turn = self.turn(principal, "value", thread_id, ns, channel, version)
-            self.pad.extend_turn(principal, turn, self.ttl_seconds, now=now)
-            cached = Stored(cached.scratchpad_id, now + self.ttl_seconds, cached.meta)
-        with self._lock:
-            self._values[key] = cached
-        return cached
+        """The entry of an unchanged channel's value that ``channel_values`` does
+        not know (None: the value was inline, or its entry is gone), from the
+        value's turn, kept alive (``kept_alive``)."""
+        turn = self.turn(principal, "value", thread_id, ns, channel, version)
+        where = {"thread_id": thread_id, "ns": ns, "channel": channel, "version": version}
+        listed = self.listed(principal, turn, BLOB, VALUE_CHOICE, **where)
+        found = max(listed, key=lambda s: s.expires_at) if listed else None
+        return None if found is None else self.kept_alive(principal, thread_id, ns, channel, version, found, now)
+
+    def kept_alive(
+        self, principal: Principal, thread_id: str, ns: str, channel: str, version: Any, stored: Stored, now: float
+    ) -> Stored:
+        """A value's entry that a new checkpoint refers to again: one with less than
+        half the TTL left gets the whole TTL again."""
+        if stored.expires_at - now >= self.ttl_seconds / 2:
+            return stored
+        turn = self.turn(principal, "value", thread_id, ns, channel, version)
+        self.pad.extend_turn(principal, turn, self.ttl_seconds, now=now)
+        return Stored(stored.scratchpad_id, now + self.ttl_seconds, stored.meta)
 
     # -- deleting ------------------------------------------------------------------
 
@@ -426,10 +387,8 @@ class SaverRecords:
                 if value_id not in in_use:
                     self.delete(principal, value_id)
             self.delete(principal, stored.scratchpad_id)
-        with self._lock:
-            gone = {value_id for stored in doomed for _, value_id in stored.meta["values"].values()} - in_use
-            for key in [k for k, v in self._values.items() if v is not None and v.scratchpad_id in gone]:
-                del self._values[key]
+        gone = {value_id for stored in doomed for _, value_id in stored.meta["values"].values()} - in_use
+        self.memory.forget(gone)
 
 
 def copy_checkpoints(

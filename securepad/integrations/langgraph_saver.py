@@ -48,6 +48,7 @@ from ..errors import InvalidArgumentError
 from ..principal import Principal
 from ..store import Scratchpad
 from ._saver_async import ThreadedAsyncSaver
+from ._saver_memory import ChannelValues, KnownWrites
 from ._saver_records import (
     CHECKPOINT,
     FORMAT,
@@ -67,6 +68,8 @@ __all__ = ["INLINE_MAX_BYTES", "TURN_PREFIX", "SecurepadSaver", "keyed_turn", "t
 
 # Channel values serialized larger than this get an entry of their own (see module doc).
 INLINE_MAX_BYTES = 16 * 1024
+# A channel version the saver has not seen (``SaverRecords.channel_values``).
+_UNKNOWN = object()
 
 
 class SecurepadSaver(ThreadedAsyncSaver):
@@ -194,28 +197,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
         thread_id, ns = _thread_of(config)
         now = self._clock()
         self.threads.register(principal, thread_id, now)
-        values = checkpoint.get("channel_values") or {}
-        inline: dict[str, Any] = {}
-        referenced: dict[str, builtins.list[Any]] = {}
-        expiry = now + self.ttl_seconds
-        for channel, version in checkpoint["channel_versions"].items():
-            # An unchanged channel refers to its value's entry again; one that has
-            # none (small, or its entry is gone) is stored like a new value.
-            known = None
-            if channel not in new_versions:
-                known = self.records.value(principal, thread_id, ns, channel, version, now)
-            if known is None:
-                if channel not in values:
-                    self.records.note_inline(principal, thread_id, ns, channel, version)
-                    continue
-                kind, data = self.serde.dumps_typed(values[channel])
-                if len(data) <= self.inline_max_bytes:
-                    inline[channel] = values[channel]
-                    self.records.note_inline(principal, thread_id, ns, channel, version)
-                    continue
-                known = self.records.put_value(principal, thread_id, ns, channel, version, kind, data, now)
-            referenced[channel] = [version, known.scratchpad_id]
-            expiry = min(expiry, known.expires_at)
+        inline, referenced, expiry = _channel_values(self, principal, thread_id, ns, checkpoint, new_versions, now)
         body = {**checkpoint, "channel_values": inline}
         kind, data = self.serde.dumps_typed(body)
         try:
@@ -256,14 +238,25 @@ class SecurepadSaver(ThreadedAsyncSaver):
         if checkpoint_id is None:
             raise InvalidArgumentError("put_writes needs a config with configurable.checkpoint_id")
         now = self._clock()
+        turn = self.records.turn(principal, "writes", thread_id, ns, checkpoint_id)
+        # A write stored twice counts once (``pending_writes`` resolves it as this does), so
+        # the turn is listed only for a special write that may replace a stored one: its
+        # entry is then written again without it. The writes this saver stored are known.
+        known = self.records.memory.known_writes(principal, turn, now)
+        if known is not None or all(WRITES_IDX_MAP.get(channel, 0) >= 0 for channel, _ in writes):
+            known = known or KnownWrites({}, 0, now)
+            fresh = _fresh_writes(writes, known.tasks.get(task_id, frozenset()))
+            if not fresh:
+                return
+            if not fresh.keys() & known.tasks.get(task_id, frozenset()):
+                items = [[idx, channel, value] for idx, (channel, value) in sorted(fresh.items())]
+                _put_writes(
+                    self, principal, turn, (thread_id, ns, checkpoint_id), task_id, task_path, items, known, now
+                )
+                return
         listed = self.records.writes(principal, thread_id, ns, checkpoint_id)
         mine = [s for s in listed if s.meta["task_id"] == task_id]
-        stored_idx = {idx for s in mine for idx in s.meta["idxs"]}
-        fresh: dict[int, tuple[str, Any]] = {}
-        for index, (channel, value) in enumerate(writes):
-            idx = WRITES_IDX_MAP.get(channel, index)
-            if idx < 0 or idx not in stored_idx:
-                fresh[idx] = (channel, value)
+        fresh = _fresh_writes(writes, frozenset(idx for s in mine for idx in s.meta["idxs"]))
         if not fresh:
             return
         # The special writes replace stored ones: their entries are written again without them.
@@ -272,20 +265,14 @@ class SecurepadSaver(ThreadedAsyncSaver):
         kept = {idx: (ch, v) for s in stale for idx, ch, v in self.records.write_items(principal, s, loads)}
         kept = {idx: write for idx, write in kept.items() if idx not in fresh}
         items = [[idx, channel, value] for idx, (channel, value) in sorted({**kept, **fresh}.items())]
-        kind, data = self.serde.dumps_typed(items)
-        meta = {
-            "format": FORMAT,
-            "thread_id": thread_id,
-            "ns": ns,
-            "checkpoint_id": checkpoint_id,
-            "task_id": task_id,
-            "task_path": task_path,
-            "idxs": [idx for idx, _, _ in items],
-            "type": kind,
-        }
-        turn = self.records.turn(principal, "writes", thread_id, ns, checkpoint_id)
-        newest = max((s.step_num for s in listed), default=0)
-        self.records.put(principal, turn, WRITE, sealed(meta, data), self.ttl_seconds, now, newest)
+        tasks: dict[str, frozenset[int]] = {}
+        for entry in listed:
+            if entry not in stale:
+                tasks[entry.meta["task_id"]] = tasks.get(entry.meta["task_id"], frozenset()) | set(entry.meta["idxs"])
+        # Every entry listed lives until its expiry: what is known of them holds a TTL before the first's.
+        since = min((s.expires_at - self.ttl_seconds for s in listed), default=now)
+        known = KnownWrites(tasks, max((s.step_num for s in listed), default=0), since)
+        _put_writes(self, principal, turn, (thread_id, ns, checkpoint_id), task_id, task_path, items, known, now)
         for entry in stale:
             self.records.delete(principal, entry.scratchpad_id)
 
@@ -371,6 +358,101 @@ class SecurepadSaver(ThreadedAsyncSaver):
         return len(found)
 
 
+def _channel_values(
+    saver: SecurepadSaver,
+    principal: Principal,
+    thread_id: str,
+    ns: str,
+    checkpoint: Checkpoint,
+    new_versions: ChannelVersions,
+    now: float,
+) -> tuple[dict[str, Any], dict[str, builtins.list[Any]], float]:
+    """The checkpoint's channel values that travel in its entry, the entries
+    (``[version, id]``) of the big ones, each new one stored here, and the
+    earliest expiry among those entries (or a TTL from now)."""
+    values = checkpoint.get("channel_values") or {}
+    known = saver.records.memory.channel_values(principal, thread_id, ns)
+    kept: ChannelValues = {}
+    inline: dict[str, Any] = {}
+    referenced: dict[str, builtins.list[Any]] = {}
+    expiry = now + saver.ttl_seconds
+    for channel, version in checkpoint["channel_versions"].items():
+        key = (channel, str(version))
+        entry: Stored | None = None
+        # An unchanged channel refers to its value's entry again (a value that was inline
+        # at its version still fits); one that has none (small, or its entry is gone) is
+        # stored like a new value.
+        if channel not in new_versions:
+            found = known.get(key, _UNKNOWN)
+            if found is None:
+                if channel in values:
+                    inline[channel] = values[channel]
+                kept[key] = None
+                continue
+            if isinstance(found, Stored):
+                entry = saver.records.kept_alive(principal, thread_id, ns, channel, version, found, now)
+            else:
+                entry = saver.records.value(principal, thread_id, ns, channel, version, now)
+        if entry is None:
+            if channel not in values:
+                kept[key] = None
+                continue
+            kind, data = saver.serde.dumps_typed(values[channel])
+            if len(data) <= saver.inline_max_bytes:
+                inline[channel] = values[channel]
+                kept[key] = None
+                continue
+            entry = saver.records.put_value(principal, thread_id, ns, channel, version, kind, data, now)
+        kept[key] = entry
+        referenced[channel] = [version, entry.scratchpad_id]
+        expiry = min(expiry, entry.expires_at)
+    saver.records.memory.keep_channel_values(principal, thread_id, ns, kept)
+    return inline, referenced, expiry
+
+
+def _put_writes(
+    saver: SecurepadSaver,
+    principal: Principal,
+    turn: str,
+    where: tuple[str, str, str],
+    task_id: str,
+    task_path: str,
+    items: builtins.list[builtins.list[Any]],
+    known: KnownWrites,
+    now: float,
+) -> None:
+    """Put one task's pending writes (``[idx, channel, value]``) for the checkpoint
+    ``where`` (thread, namespace, id) in its writes turn, and remember them with
+    what was ``known`` there (see ``SaverRecords.known_writes``)."""
+    thread_id, ns, checkpoint_id = where
+    kind, data = saver.serde.dumps_typed(items)
+    idxs = [idx for idx, _, _ in items]
+    meta = {
+        "format": FORMAT,
+        "thread_id": thread_id,
+        "ns": ns,
+        "checkpoint_id": checkpoint_id,
+        "task_id": task_id,
+        "task_path": task_path,
+        "idxs": idxs,
+        "type": kind,
+    }
+    view = saver.records.put(principal, turn, WRITE, sealed(meta, data), saver.ttl_seconds, now, known.newest)
+    taken = KnownWrites(known.tasks, int(view["step_num"]), known.since)
+    saver.records.memory.note_writes(principal, turn, taken, task_id, idxs)
+
+
+def _fresh_writes(writes: Sequence[tuple[str, Any]], stored: frozenset[int]) -> dict[int, tuple[str, Any]]:
+    """The writes (by index) that ``put_writes`` stores: those whose index is not
+    ``stored`` yet, and every special one (negative index, which replaces)."""
+    fresh: dict[int, tuple[str, Any]] = {}
+    for index, (channel, value) in enumerate(writes):
+        idx = WRITES_IDX_MAP.get(channel, index)
+        if idx < 0 or idx not in stored:
+            fresh[idx] = (channel, value)
+    return fresh
+
+
 def _thread_of(config: RunnableConfig) -> tuple[str, str]:
     configurable = config.get("configurable") or {}
     thread_id = configurable.get("thread_id")
@@ -393,6 +475,11 @@ def _checkpoint_tuple(saver: SecurepadSaver, principal: Principal, thread_id: st
         value_meta, data = saver.records.value_content(principal, thread_id, ns, channel, version, value_id)
         values[channel] = saver.serde.loads_typed((value_meta["type"], data))
     checkpoint["channel_values"] = values
+    # Its other channels were inline at their versions: the next put where they are unchanged knows so.
+    inline: ChannelValues = {
+        (ch, str(v)): None for ch, v in checkpoint["channel_versions"].items() if ch not in meta["values"]
+    }
+    saver.records.memory.keep_channel_values(principal, thread_id, ns, inline)
     parent = meta["parent_checkpoint_id"]
     return CheckpointTuple(
         config=_config(thread_id, ns, checkpoint_id),

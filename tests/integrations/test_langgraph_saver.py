@@ -519,3 +519,59 @@ def test_an_unchanged_value_refers_to_its_own_actors_entry(store_location: Any, 
             assert found is not None and found.checkpoint["channel_values"]["n"] == big + "mine"
         found = saver.get_tuple(config("other"))
         assert found is not None and found.checkpoint["channel_values"]["n"] == big + "other"
+
+
+# -- pending writes stored twice --------------------------------------------------------------
+
+
+def test_a_write_stored_by_two_writers_reads_as_put_writes_keeps_it(
+    store_location: Any, keyring: Keyring, alice: Principal
+) -> None:
+    from langgraph.checkpoint.base import ERROR, INTERRUPT
+
+    from securepad.integrations.langgraph import SecurepadSaver
+
+    with (
+        Scratchpad.open(store_location, keyring=keyring) as one,
+        Scratchpad.open(store_location, keyring=keyring) as two,
+    ):
+        # Two processes' savers: neither knows what the other stored for the checkpoint.
+        first, second = SecurepadSaver(one, alice), SecurepadSaver(two, alice)
+        stored = _put(first, "t", None, {"n": 1}, {"n": "1"})
+        first.put_writes(stored, [("a", "first"), (ERROR, "first error")], "task")
+        second.put_writes(stored, [("a", "second"), ("b", "second"), (ERROR, "second error")], "task")
+        first.put_writes(stored, [("a", "third"), (INTERRUPT, "pause")], "task")
+        for saver in (first, second):
+            found = saver.get_tuple(stored)
+            assert found is not None
+            # An index stored first stays; a special write (error, interrupt) is the newest one.
+            assert sorted(found.pending_writes or []) == sorted(
+                [
+                    ("task", "a", "first"),
+                    ("task", "b", "second"),
+                    ("task", ERROR, "second error"),
+                    ("task", INTERRUPT, "pause"),
+                ]
+            )
+
+
+def test_a_resumed_thread_puts_its_next_checkpoint_without_reading(
+    pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from securepad.integrations.langgraph import SecurepadSaver
+    from securepad.integrations.langgraph_saver import turn_id
+
+    earlier = SecurepadSaver(pad, alice)
+    stored = _put(earlier, "t", None, {"n": 1, "m": "x"}, {"n": "1", "m": "1"})
+    saver = SecurepadSaver(pad, alice)  # a new process's saver
+    assert saver.get_tuple(thread("t")) is not None
+    reads: list[str] = []
+    real_list, real_get = pad.list_for_turn, pad.get
+    monkeypatch.setattr(pad, "list_for_turn", lambda p, turn, **k: reads.append(turn) or real_list(p, turn, **k))
+    monkeypatch.setattr(pad, "get", lambda p, sid, **k: reads.append(sid) or real_get(p, sid, **k))
+    # Only "n" changed: "m" was inline at its version in the checkpoint just read, so its
+    # value's turn is not looked up (the owner's thread list is: the saver is new).
+    _put(saver, "t", stored, {"n": 2, "m": "x"}, {"n": "2"}, versions={"n": "2", "m": "1"})
+    assert reads == [turn_id("threads")]
+    found = saver.get_tuple(thread("t"))
+    assert found is not None and found.checkpoint["channel_values"] == {"n": 2, "m": "x"}

@@ -2,7 +2,7 @@
 statements, listing parts opened (``ListingKey.open``) and the saver's store
 calls. ``get_tuple`` of a thread's latest checkpoint costs the same whatever
 the thread's length; a put is one write transaction with no read before it;
-a graph step is one put and one small listing of its own pending writes."""
+a graph step puts its checkpoint and its writes and lists nothing."""
 
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ def graph_costs(saver: SecurepadSaver, meter: Meter, thread_id: str, steps: int)
     return meter.statements, meter.views, dict(meter.calls)
 
 
-def test_a_graph_step_costs_one_put_and_lists_only_its_own_writes(
+def test_a_graph_step_costs_a_put_per_checkpoint_and_per_task_and_lists_nothing(
     sqlite_pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from securepad.integrations.langgraph import SecurepadSaver
@@ -195,9 +195,9 @@ def test_a_graph_step_costs_one_put_and_lists_only_its_own_writes(
     graph_costs(saver, meter, "warm-up", 2)  # the owner's keys and the thread list exist
     short = graph_costs(saver, meter, "short", 5)
     long = graph_costs(saver, meter, "long", 15)
-    # Ten more steps: ten checkpoints and ten steps' writes put, each checkpoint's own
-    # (empty) writes turn listed once before its writes; no view opened, nothing read whole,
-    # no thread or value turn listed. (LangGraph puts from its worker threads, whose
-    # connections the statement trace does not see.)
+    # Ten more steps: ten checkpoints and ten steps' writes put; no view opened, nothing
+    # read whole, no turn listed (neither a checkpoint's writes, nor the thread, nor a
+    # value's). (LangGraph puts from its worker threads, whose connections the statement
+    # trace does not see.)
     assert long[1] - short[1] == 0
-    assert {name: long[2][name] - short[2].get(name, 0) for name in long[2]} == {"put": 20, "list_for_turn": 10}
+    assert {name: long[2][name] - short[2].get(name, 0) for name in long[2]} == {"put": 20}
