@@ -15,7 +15,9 @@ OpenAI Agents sessions: ``SecurepadSession`` (SQLite, PostgreSQL) beside
 ``SQLiteSession`` (file) and ``EncryptedSession`` over it: ``add_items`` of
 one item of each size to a session of 20 items, and ``get_items()`` of all.
 
-Medians in milliseconds; nothing here is asserted (``.ci/run`` runs
+Each repetition runs every store in turn (interleaved), so that a figure and
+its baseline share whatever else the machine was doing; the ratios between
+rows of one run are what to compare. Medians in milliseconds; nothing here is asserted (``.ci/run`` runs
 ``--quick --no-postgresql`` as a smoke run). PostgreSQL is ``SECUREPAD_BENCH_PG_DSN`` (default
 ``postgresql://postgres@127.0.0.1:5432/postgres``); each run uses a scratch
 database, dropped at the end. The module needs the ``bench`` extra.
@@ -155,38 +157,46 @@ def _savers(workdir: Path, dsn: str | None) -> dict[str, SaverFactory]:
 # -- checkpoints ------------------------------------------------------------------------------
 
 
+def _checkpoint_sample(saver: BaseCheckpointSaver[Any], thread_id: str, size: int, length: int) -> tuple[float, float]:
+    """put of the last checkpoint (one channel changed, ``size`` bytes) of a thread
+    of ``length``, and get_tuple of the latest, in seconds."""
+    config: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+    checkpoint = empty_checkpoint()
+    version = None
+    put = 0.0
+    for step in range(length):
+        version = saver.get_next_version(version, None)
+        payload = base64.b64encode(os.urandom(size * 3 // 4 + 1)).decode()[:size]
+        checkpoint = {
+            **checkpoint,
+            "id": str(_uuid6()),
+            "channel_values": {"data": payload, "step": step},
+            "channel_versions": {"data": version, "step": version},
+        }
+        started = time.perf_counter()
+        config = saver.put(config, checkpoint, {"source": "loop", "step": step}, {"data": version, "step": version})
+        put = time.perf_counter() - started
+    started = time.perf_counter()
+    found = saver.get_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}})
+    get = time.perf_counter() - started
+    assert found is not None and found.checkpoint["channel_values"]["data"] == payload
+    return put, get
+
+
 def _checkpoint_figures(
-    factory: SaverFactory, size: int, repeats: int, length: int = THREAD_LENGTH
-) -> dict[str, float]:
-    """put of the next checkpoint (one channel changed, ``size`` bytes) and
-    get_tuple of the latest, on a thread of ``length`` checkpoints."""
-    puts: list[float] = []
-    gets: list[float] = []
-    with factory() as saver:
+    factories: dict[str, SaverFactory], size: int, repeats: int, length: int = THREAD_LENGTH
+) -> dict[str, dict[str, float]]:
+    """Per saver, median put of the next checkpoint and get_tuple of the latest on
+    threads of ``length``; each repetition runs every saver in turn (a store each)."""
+    samples: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in factories}
+    with contextlib.ExitStack() as stack:
+        savers = {name: stack.enter_context(factory()) for name, factory in factories.items()}
         for run in range(repeats):
-            config: RunnableConfig = {"configurable": {"thread_id": f"t{run}", "checkpoint_ns": ""}}
-            checkpoint = empty_checkpoint()
-            version = None
-            for step in range(length):
-                version = saver.get_next_version(version, None)
-                payload = base64.b64encode(os.urandom(size * 3 // 4 + 1)).decode()[:size]
-                checkpoint = {
-                    **checkpoint,
-                    "id": str(_uuid6()),
-                    "channel_values": {"data": payload, "step": step},
-                    "channel_versions": {"data": version, "step": version},
-                }
-                started = time.perf_counter()
-                config = saver.put(
-                    config, checkpoint, {"source": "loop", "step": step}, {"data": version, "step": version}
-                )
-                if step == length - 1:
-                    puts.append(time.perf_counter() - started)
-            started = time.perf_counter()
-            found = saver.get_tuple({"configurable": {"thread_id": f"t{run}", "checkpoint_ns": ""}})
-            gets.append(time.perf_counter() - started)
-            assert found is not None and found.checkpoint["channel_values"]["data"] == payload
-    return {"put_ms": _ms(puts), "get_ms": _ms(gets)}
+            for name, saver in savers.items():
+                put, get = _checkpoint_sample(saver, f"t{run}", size, length)
+                samples[name][0].append(put)
+                samples[name][1].append(get)
+    return {name: {"put_ms": _ms(puts), "get_ms": _ms(gets)} for name, (puts, gets) in samples.items()}
 
 
 def _uuid6() -> str:
@@ -205,7 +215,8 @@ def _note(state: _Chat) -> dict[str, Any]:
     return {"notes": [f"step {count}: " + "n" * 190], "count": count}
 
 
-def _graph_run(factory: SaverFactory, repeats: int) -> dict[str, float]:
+def _graph_runs(factories: dict[str, SaverFactory], repeats: int) -> dict[str, dict[str, float]]:
+    """Per saver, the median 100-step run; each repetition runs every saver in turn."""
     builder = StateGraph(_Chat)
     names = [f"n{i}" for i in range(GRAPH_STEPS)]
     for name in names:
@@ -214,15 +225,17 @@ def _graph_run(factory: SaverFactory, repeats: int) -> dict[str, float]:
     for first, second in itertools.pairwise(names):
         builder.add_edge(first, second)
     builder.add_edge(names[-1], END)
-    times = []
-    with factory() as saver:
-        graph = builder.compile(checkpointer=saver)
+    times: dict[str, list[float]] = {name: [] for name in factories}
+    with contextlib.ExitStack() as stack:
+        graphs = {name: builder.compile(checkpointer=stack.enter_context(f())) for name, f in factories.items()}
         for run in range(repeats):
-            started = time.perf_counter()
-            result = graph.invoke({"count": 0}, {"configurable": {"thread_id": f"g{run}"}, "recursion_limit": 1000})
-            times.append(time.perf_counter() - started)
-            assert result["count"] == GRAPH_STEPS
-    return {"run_ms": _ms(times)}
+            for name, graph in graphs.items():
+                config: RunnableConfig = {"configurable": {"thread_id": f"g{run}"}, "recursion_limit": 1000}
+                started = time.perf_counter()
+                result = graph.invoke({"count": 0}, config)
+                times[name].append(time.perf_counter() - started)
+                assert result["count"] == GRAPH_STEPS
+    return {name: {"run_ms": _ms(samples)} for name, samples in times.items()}
 
 
 # -- sessions --------------------------------------------------------------------------------
@@ -252,25 +265,27 @@ def _securepad_session(pad: Scratchpad) -> Callable[[str], Any]:
     return lambda session_id: SecurepadSession(session_id, pad, PRINCIPAL)
 
 
-def _session_figures(make: Callable[[str], Any], size: int, repeats: int) -> dict[str, float]:
-    adds: list[float] = []
-    gets: list[float] = []
+def _session_figures(makers: dict[str, Callable[[str], Any]], size: int, repeats: int) -> dict[str, dict[str, float]]:
+    """Per session kind, median add_items of one item to a session of 19 and
+    get_items of all 20; each repetition runs every kind in turn."""
+    samples: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in makers}
 
-    async def one(run: int) -> None:
-        session = make(f"s{size}-{run}-{secrets.token_hex(3)}")
+    async def one(name: str, run: int) -> None:
+        session = makers[name](f"s{size}-{run}-{secrets.token_hex(3)}")
         text = "m" * size
         await session.add_items([{"role": "user", "content": f"{i}: {text}"} for i in range(THREAD_LENGTH - 1)])
         started = time.perf_counter()
         await session.add_items([{"role": "assistant", "content": text}])
-        adds.append(time.perf_counter() - started)
+        samples[name][0].append(time.perf_counter() - started)
         started = time.perf_counter()
         items = await session.get_items()
-        gets.append(time.perf_counter() - started)
+        samples[name][1].append(time.perf_counter() - started)
         assert len(items) == THREAD_LENGTH
 
     for run in range(repeats):
-        asyncio.run(one(run))
-    return {"add_ms": _ms(adds), "get_ms": _ms(gets)}
+        for name in makers:
+            asyncio.run(one(name, run))
+    return {name: {"add_ms": _ms(adds), "get_ms": _ms(gets)} for name, (adds, gets) in samples.items()}
 
 
 # -- the run and the report ------------------------------------------------------------------------
@@ -306,21 +321,19 @@ def run(*, quick: bool, postgresql: bool) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         dsn = stack.enter_context(_scratch_database()) if postgresql else None
-        for name, factory in _savers(workdir, dsn).items():
-            results["checkpoints"][name] = {
-                label: _checkpoint_figures(factory, size, _repeats(size, quick)) for label, size in SIZES.items()
-            }
-            results["get_tuple_by_thread_length"][name] = {
-                str(length): _checkpoint_figures(factory, 1024, 3 if quick else 20, length)["get_ms"]
-                for length in LENGTHS
-            }
-            results["graph_100_steps"][name] = _graph_run(factory, 2 if quick else 5)
-            print(f"  {name}: done", flush=True)
-        for name, make in _sessions(workdir, dsn, stack).items():
-            results["sessions"][name] = {
-                label: _session_figures(make, size, _repeats(size, quick)) for label, size in SIZES.items()
-            }
-            print(f"  {name}: done", flush=True)
+        savers = _savers(workdir, dsn)
+        by_size = {label: _checkpoint_figures(savers, size, _repeats(size, quick)) for label, size in SIZES.items()}
+        results["checkpoints"] = {name: {label: by_size[label][name] for label in SIZES} for name in savers}
+        by_length = {n: _checkpoint_figures(savers, 1024, 3 if quick else 20, n) for n in LENGTHS}
+        results["get_tuple_by_thread_length"] = {
+            name: {str(n): by_length[n][name]["get_ms"] for n in LENGTHS} for name in savers
+        }
+        results["graph_100_steps"] = _graph_runs(savers, 2 if quick else 5)
+        print("  checkpointers: done", flush=True)
+        sessions = _sessions(workdir, dsn, stack)
+        by_size = {label: _session_figures(sessions, size, _repeats(size, quick)) for label, size in SIZES.items()}
+        results["sessions"] = {name: {label: by_size[label][name] for label in SIZES} for name in sessions}
+        print("  sessions: done", flush=True)
     results["machine"]["load_average"]["end"] = _load()
     return results
 
