@@ -36,13 +36,10 @@ lock keys, pure functions of their arguments.
 
 from __future__ import annotations
 
-import atexit
 import os
 import re
 import secrets
-import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,17 +70,6 @@ if "TMPDIR" not in os.environ and os.path.isdir("/dev/shm") and os.access("/dev/
     os.environ["TMPDIR"] = "/dev/shm"
     tempfile.tempdir = None  # read TMPDIR again
 
-# Where PYTHONDONTWRITEBYTECODE is set, every process the tests start (each
-# ``securepad`` command, each example) would compile the package from source
-# again: most of a short command's CPU. Those processes keep their bytecode in
-# one directory of this run's own (made by the first test process, shared with
-# its pytest-xdist workers, removed at its end), never beside the sources
-# (``_children_keep_their_bytecode``).
-_CHILD_BYTECODE = "TESTS_CHILD_PYCACHE_DIR"
-if sys.flags.dont_write_bytecode and "PYTHONPYCACHEPREFIX" not in os.environ and _CHILD_BYTECODE not in os.environ:
-    os.environ[_CHILD_BYTECODE] = tempfile.mkdtemp(prefix="securepad-tests-pycache-")
-    atexit.register(shutil.rmtree, os.environ[_CHILD_BYTECODE], ignore_errors=True)
-
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -97,27 +83,6 @@ def stable_repr(value: object) -> str:
     """A parametrized test's id from ``repr`` without memory addresses, so that
     every pytest-xdist worker collects the same ids."""
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _children_keep_their_bytecode() -> Iterator[None]:
-    """The processes the tests start read and write their bytecode in the run's
-    cache directory. Only they: the test process itself keeps the environment's
-    setting (with the directory as its cache, it would compile the standard
-    library and every installed package again)."""
-    prefix = os.environ.get(_CHILD_BYTECODE)
-    if prefix is None:
-        yield
-        return
-    saved = {name: os.environ.get(name) for name in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    os.environ["PYTHONPYCACHEPREFIX"] = prefix
-    yield
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
 
 
 @pytest.fixture
