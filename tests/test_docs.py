@@ -20,15 +20,12 @@ reader would run them from zero, in a database and with logins of their own
 
 from __future__ import annotations
 
-import atexit
-import functools
 import os
 import re
 import secrets
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,28 +68,12 @@ def _page_blocks(page: Path) -> list[tuple[str, str, str]]:
 BLOCKS = [block for page in PAGES if page != POSTGRESQL_GUIDE for block in _page_blocks(page)]
 
 
-@functools.cache
-def _bytecode_cache() -> str:
-    """Where the examples' processes keep their bytecode: one directory for this
-    test process, removed at its end (``_environment``)."""
-    directory = tempfile.mkdtemp(prefix="securepad-docs-pycache-")
-    atexit.register(shutil.rmtree, directory, ignore_errors=True)
-    return directory
-
-
 def _environment(home: Path) -> dict[str, str]:
-    """The reader's environment; the examples' ``mktemp -d`` directories go beside HOME, with the test's files.
-    Where PYTHONDONTWRITEBYTECODE is set, each of the examples' many ``securepad``
-    commands would compile the package from source again (most of a short
-    command's CPU): they share a bytecode cache of their own instead, never
-    beside the sources."""
+    """The reader's environment; the examples' ``mktemp -d`` directories go beside HOME, with the test's files."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SECUREPAD_", "XDG_", "PG"))}
     scratch = home.parent / "tmp"
     scratch.mkdir(exist_ok=True)
     path = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    if env.get("PYTHONDONTWRITEBYTECODE") and "PYTHONPYCACHEPREFIX" not in env:
-        del env["PYTHONDONTWRITEBYTECODE"]
-        env["PYTHONPYCACHEPREFIX"] = _bytecode_cache()
     return env | {"HOME": str(home), "TMPDIR": str(scratch), "PATH": path}
 
 
