@@ -1,21 +1,13 @@
 """The isolation audit behind ``securepad audit``.
 
-It runs against a real store and its policy, as two synthetic audit owners
-(``audit-<random>-a`` and ``-b``) who store canary entries and then try
-everything one tenant could try against another: cross-owner get, read in
-every mode, list, stats and delete; forged, guessed and malformed ids;
-hostile principals and turn ids; expired entries; the policy's scope inside
-an owner; the read cap. It damages scratch copies of the file (never the
-user's file) the way an attacker with write access would, scans the
-database, WAL and journal files for the canaries' plaintext and, after gc,
-for the expired entries' ciphertext, and checks the deployment: file and
-directory permissions, where the key file lives, ``secure_delete``, the
-policy. Each check is one row: name, pass or fail, what was tried, what
-happened.
-
-Afterwards the audit owners are removed (``forget_owner``: entries, keys,
-scrubbed from the files) and every real entry is compared, byte for byte,
-with its state before the audit.
+Two synthetic owners store canary entries in a real store and try everything
+one tenant could try against another (every call, forged and malformed ids,
+hostile principals, expiry, the policy's scope, the read cap); scratch copies
+of the file are damaged as an attacker with write access would; the files are
+scanned for the canaries' plaintext and, after gc, the expired entries'
+ciphertext; and the deployment is checked. Each check is one row: name, pass
+or fail, what was tried, what happened. Afterwards the audit owners are
+forgotten and every real entry is compared, byte for byte, with its state before.
 
     with Scratchpad.open(path, keyring=keyring) as pad:
         report = run_audit(pad)
@@ -92,13 +84,11 @@ class AuditReport:
 
 @dataclass
 class Audit:
-    """One audit of an open store. ``checks`` names every row in order (for a
-    progress bar); ``run()`` yields each row as it completes; ``report()``
-    gathers them. An ``Audit`` runs once.
+    """One audit of an open store, run once: ``checks`` names every row in
+    order, ``run()`` yields each row as it completes, ``report()`` gathers them.
 
-    ``key_file`` defaults to the keyring's key file (None for a keyring built
-    from an environment variable or a passphrase). Scratch copies go to a
-    private directory under ``scratch_dir``, by default beside the store.
+    ``key_file`` defaults to the keyring's; scratch copies go to a private
+    directory under ``scratch_dir``, by default beside the store.
     """
 
     pad: Scratchpad
@@ -158,10 +148,8 @@ def run_audit(
     scratch_dir: str | os.PathLike[str] | None = None,
     on_result: Callable[[CheckResult], None] | None = None,
 ) -> AuditReport:
-    """Run the whole audit against ``pad`` and return its report.
-
-    ``on_result`` is called with each row as it completes. A failed check is
-    a row, not an exception: read ``report.passed``.
+    """Run the whole audit against ``pad`` and return its report; ``on_result``
+    gets each row as it completes. A failed check is a row, not an exception.
 
     Raises:
         SecurepadError: the store cannot be used at all (closed, busy...).

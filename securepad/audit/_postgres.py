@@ -1,10 +1,9 @@
 """The audit's checks of a PostgreSQL store: the server's own line of defence.
 
-There is no file to copy, scan or damage. The checks read what the server
-enforces (the roles' rights, row-level security forced with the expected
-policies, every grant and function as ``docs/how-to/postgresql.md`` documents
-them), count rows as the application role without the owner setting, and
-tamper with the audit owners' rows in place (one transaction each, then restored).
+The checks read what the server enforces (roles, forced row-level security,
+grants and functions as ``docs/how-to/postgresql.md`` documents them), count
+rows as the application role without the owner setting, and tamper with the
+audit owners' rows in place (then restore them).
 """
 
 from __future__ import annotations
@@ -43,10 +42,8 @@ UPDATE_COLUMNS: dict[str, frozenset[str]] = {
     "checkpoints": frozenset({"expires_at", "sealed"}),
     "compaction_marks": frozenset({"expires_at", "sealed"}),
 }
-# The schema's functions (migration 10: a warm read's, ``head_reads``): each
-# SECURITY INVOKER (it runs as its caller, under row-level security) with its
-# search_path pinned to the schema, owned by
-# the admin role, EXECUTE for the application role and not for PUBLIC.
+# The schema's functions (a warm read's): each SECURITY INVOKER with its
+# search_path pinned, owned by the admin role, EXECUTE for the application role alone.
 FUNCTIONS = frozenset({"turn_inventory", "entry_turn_inventory"})
 _TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 _COLUMN_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "REFERENCES")
@@ -138,11 +135,9 @@ def _app_role(ctx: Context) -> str:
     " CREATEROLE, and the roles with superuser or BYPASSRLS that it may SET ROLE to",
 )
 def _login(ctx: Context) -> str:
-    """The login the application's connections use: row-level security holds
-    ``securepad_app`` only while the session does not leave that role, and a
-    login that is a superuser or has BYPASSRLS (or may become a role that is
-    or has, or may grant itself one: CREATEROLE) leaves it with one
-    ``RESET ROLE``."""
+    """Row-level security holds ``securepad_app`` only while the session stays
+    in it: a login that is (or may become) a superuser or BYPASSRLS role
+    leaves it with one ``RESET ROLE``."""
     rows = _app(
         ctx,
         "SELECT l.rolname AS login, l.rolsuper AS superuser, l.rolbypassrls AS bypassrls,"
