@@ -21,13 +21,12 @@ from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ...errors import SecurepadError, StoreBusyError, StoreUnavailableError
 from .migrate import reason
 from .pipeline import Watch, Watchdog
-from .pool import CONNECT_TIMEOUT_S, Lender, bad_dsn, describe_source, handing_over
+from .pool import CONNECT_TIMEOUT_S, Lender, describe_source, handing_over, parse_dsn
 
 __all__ = ["HOUSEKEEPING_FACTOR", "Connections", "unavailable"]
 
@@ -135,10 +134,7 @@ class Connections:
 
     def _limits_for(self, dsn: str) -> dict[str, Any]:
         """The network limits the DSN does not set itself."""
-        try:
-            given = conninfo_to_dict(dsn)
-        except psycopg.ProgrammingError as exc:
-            raise bad_dsn(dsn, exc) from None
+        given = parse_dsn(dsn)
         return {key: value for key, value in self._network.items() if key not in given}
 
     def lender(self, admin: bool) -> Lender:

@@ -21,10 +21,10 @@ __all__ = [
     "KEEP_S",
     "HandOver",
     "Lender",
-    "bad_dsn",
     "describe",
     "describe_source",
     "handing_over",
+    "parse_dsn",
     "store_present",
 ]
 
@@ -157,10 +157,17 @@ def describe_source(source: str | ConnectionPool[Any], schema: str = "securepad"
     return f"postgresql://{info.get('user') or ''}@{host}:{port}/{info.get('dbname') or ''} (schema {schema})"
 
 
-def bad_dsn(dsn: str, exc: psycopg.ProgrammingError) -> SecurepadError:
-    """A connection string libpq cannot parse; its message may quote the whole
-    string, password included: the string is left out."""
-    return SecurepadError(f"not a PostgreSQL connection string: {reason(exc).replace(dsn, '(the DSN)')}")
+def parse_dsn(dsn: str) -> dict[str, Any]:
+    """The settings a connection string names.
+
+    Raises:
+        SecurepadError: libpq cannot parse it (the message leaves the string
+            out: it may hold a password).
+    """
+    try:
+        return conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise SecurepadError(f"not a PostgreSQL connection string: {reason(exc).replace(dsn, '(the DSN)')}") from None
 
 
 def store_present(dsn: str, schema: str = "securepad") -> bool:
@@ -170,10 +177,7 @@ def store_present(dsn: str, schema: str = "securepad") -> bool:
         SecurepadError: ``dsn`` is not a connection string.
         StoreUnavailableError: the server cannot be reached.
     """
-    try:
-        conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError as exc:
-        raise bad_dsn(dsn, exc) from None
+    parse_dsn(dsn)
     try:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn:
             row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.schema_version",)).fetchone()
