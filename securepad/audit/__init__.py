@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import PolicyError, SecurepadError
 from ..policy import SCOPES, Policy, setting_sections
-from ..store import Scratchpad, parts, sqlite_of
+from ..store import Scratchpad, parts
 from . import _api, _files, _postgres, _runtime
 from ._support import CheckFailed, Context, Step, Steps, holding, scan_files, store_files
 
@@ -35,6 +35,15 @@ __all__ = ["Audit", "AuditReport", "CheckResult", "run_audit"]
 # Observations are transient; a policy that keeps them longer than this
 # defeats expiry as a way of keeping little.
 MAX_SANE_TTL_SECONDS = 30 * 86_400
+# The tables of owners' rows on SQLite (PostgreSQL's are the schema's, ``_postgres.owner_tables``),
+# and what the comparison calls a row of each.
+_SQLITE_TABLES = ("owner_keys", "entries", "segments", "checkpoints", "compaction_marks")
+_LABELS = {
+    "owner_keys": "owner key",
+    "entries": "entry",
+    "checkpoints": "checkpoint",
+    "compaction_marks": "compaction mark",
+}
 
 
 @dataclass(frozen=True)
@@ -248,30 +257,30 @@ def _remove_tenants(ctx: Context) -> str:
 
 
 def _real_state(ctx: Context) -> dict[str, str]:
-    """A digest of every entry (row and segments) and owner key not of the audit's owners."""
+    """A digest of every row of the owner tables not of the audit's owners
+    (segments in their entry's), read in one snapshot."""
     pad, exclude = ctx.pad, ctx.synthetic.owners
-    if pad.backend != "sqlite":
-        return _postgres.real_state(ctx, exclude)
+    db = parts(pad).db
+    tables = _postgres.owner_tables(ctx) if pad.backend != "sqlite" else _SQLITE_TABLES
     digests: dict[str, Any] = {}
-    with sqlite_of(pad).snapshot() as conn:
-        # Every column, those of later schemas too (id and owner first, for the keys).
-        for table, name in (
-            ("entries", "entry"),
-            ("checkpoints", "checkpoint"),
-            ("compaction_marks", "compaction mark"),
-        ):
-            for row in conn.execute(f"SELECT id, owner_user_id, * FROM {table} ORDER BY id"):
-                if row[1] not in exclude:
-                    digests[f"{name} {row[0]}"] = hashlib.sha256(repr(row).encode())
-        for entry_id, seq, data in conn.execute("SELECT entry_id, seq, data FROM segments ORDER BY entry_id, seq"):
-            digest = digests.get(f"entry {entry_id}")
-            if digest is not None:
-                digest.update(repr(seq).encode() + bytes(data))
-        for owner, version, wrapped, created in conn.execute(
-            "SELECT owner_user_id, version, wrapped, created_at FROM owner_keys"
-        ):
-            if owner not in exclude:
-                digests[f"owner key {owner} v{version}"] = hashlib.sha256(repr((wrapped, created)).encode())
+    with db.snapshot():
+        for table in tables:
+            # Every column, those of later schemas too (the key's first).
+            for row in db.query(f"SELECT * FROM {table} ORDER BY 1, 2", admin=True):
+                if row.get("owner_user_id") in exclude:
+                    continue
+                text = repr(sorted(row.items())).encode()
+                if table == "segments":
+                    name = f"entry {row['entry_id']}"
+                    if name not in digests:
+                        if "owner_user_id" not in row:
+                            continue  # SQLite's segments carry no owner: an audit entry's, or an orphan
+                        digests[name] = hashlib.sha256(b"orphan segments")
+                    digests[name].update(text)
+                    continue
+                key = row.get("id") or "/".join(str(row[c]) for c in ("owner_user_id", "turn_id") if c in row)
+                sub = f" v{row['version']}" if table == "owner_keys" else ""
+                digests[f"{_LABELS.get(table, table)} {key}{sub}"] = hashlib.sha256(text)
     return {name: digest.hexdigest() for name, digest in digests.items()}
 
 

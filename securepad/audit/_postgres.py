@@ -8,7 +8,6 @@ audit owners' rows in place (then restore them).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -18,7 +17,7 @@ from ..store import parts
 from . import drills
 from ._support import CheckFailed, Context, Steps, expect_refused
 
-__all__ = ["DEPLOYMENT", "RAW_QUERY", "TAMPER", "owner_tables", "real_state"]
+__all__ = ["DEPLOYMENT", "RAW_QUERY", "TAMPER", "owner_tables"]
 
 # Tables whose rows belong to one owner (row-level security holds each): these
 # at least, and every other table of the schema with an owner_user_id column.
@@ -48,13 +47,6 @@ FUNCTIONS = frozenset({"turn_inventory", "entry_turn_inventory"})
 _TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 _COLUMN_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "REFERENCES")
 _OWNER_EXPR = "(owner_user_id = current_setting('securepad.owner'::text, true))"
-# What real_state calls a row of each owner table.
-_LABELS = {
-    "owner_keys": "owner key",
-    "entries": "entry",
-    "checkpoints": "checkpoint",
-    "compaction_marks": "compaction mark",
-}
 
 DEPLOYMENT = Steps("deployment")
 RAW_QUERY = Steps("isolation")
@@ -431,25 +423,3 @@ def _row_moved(ctx: Context) -> str:
         taken = expect_refused("b reads a's row relabelled as b's", ctx.pad.get, t.b, text)
         ctx.expect_not_found("a asks for its relabelled row", ctx.pad.get, t.a, text)
     return f"a's row (and its segments) relabelled as owner b's: b's get -> {taken}, a's get -> NotFoundError"
-
-
-# -- the state of the real rows ----------------------------------------------------------
-
-
-def real_state(ctx: Context, exclude: tuple[str, ...]) -> dict[str, str]:
-    """A digest of every row of every owner table not of ``exclude`` (segments in their entry's)."""
-    digests: dict[str, Any] = {}
-    for table in owner_tables(ctx):
-        for row in _admin(ctx, f"SELECT * FROM {table} ORDER BY 1, 2"):
-            if row["owner_user_id"] in exclude:
-                continue
-            if table == "segments":
-                name = f"entry {row['entry_id']}"
-                if name not in digests:  # an entry's segments follow it: an orphan is named on its own
-                    digests[name] = hashlib.sha256(b"orphan segments")
-                digests[name].update(repr(sorted(row.items())).encode())
-                continue
-            key = row.get("id") or "/".join(str(row[c]) for c in ("owner_user_id", "turn_id") if c in row)
-            sub = f" v{row['version']}" if table == "owner_keys" else ""
-            digests[f"{_LABELS.get(table, table)} {key}{sub}"] = hashlib.sha256(repr(sorted(row.items())).encode())
-    return {name: digest.hexdigest() for name, digest in digests.items()}
