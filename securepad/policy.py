@@ -204,6 +204,8 @@ class Policy:
 
     def scope_sql(self, principal: Principal) -> tuple[str, tuple[str, ...]]:
         """The SQL condition (for table ``entries``) and its parameters."""
+        if self.scope == "owner":  # the owner alone (``scope_columns``): every put and read asks
+            return _OWNER_SQL, (principal.owner_user_id,)
         columns = self.scope_columns(principal)
         sql = " AND ".join(f"{column} = ?" for column, _ in columns)
         return sql, tuple(value for _, value in columns)
@@ -221,6 +223,9 @@ class Policy:
         for column, value in self.scope_columns(principal):
             if row.get(column) != value:
                 raise NotFoundError(NOT_FOUND_MESSAGE)
+
+
+_OWNER_SQL = "owner_user_id = ?"
 
 
 def _validate(section: str, key: str, value: Any) -> Any:

@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from ..crypto.formats import ListingKey
 from ..crypto.primitives import ContentIdentity, KeyHandle, Wrapper
@@ -66,7 +66,6 @@ _COMMIT_TRIES = 3
 # dies undercounts by fewer than this many wraps per key, against a rotation
 # advice at 2**28 (16 times below AES-GCM's 2**32 bound).
 WRAP_FLUSH_EVERY = 256
-
 
 
 class LRUCache(Generic[K, V]):
@@ -118,9 +117,9 @@ class LRUCache(Generic[K, V]):
         return len(self._items)
 
 
-@dataclass(frozen=True)
-class IfUnknown(Generic[P]):
-    """What ``Keystore.write_current`` does with a write whose COMMIT's answer was lost."""
+class IfUnknown(NamedTuple, Generic[P]):
+    """What ``Keystore.write_current`` does with a write whose COMMIT's answer was lost
+    (a tuple: every put makes one, and a frozen dataclass costs a ``__setattr__`` per field)."""
 
     #: Inside a transaction under the write's locks: whether the sealed rows are stored.
     landed: Callable[[Conn, P], bool]
