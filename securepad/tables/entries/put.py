@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ...core.timeline import live
 from ...crypto.formats import EntryCipher, ListingKey
 from ...crypto.primitives import Wrapper
 from ...errors import IntegrityError, InvalidArgumentError, StoreBusyError, StoreUnavailableError
 from ...keys.keystore import IfUnknown, Keystore
-from ...principal import Principal, check_identifier
+from ...principal import Principal, check_identifier, check_step_num
 from ...storage.base import (
     Conn,
     DuplicateKeyError,
@@ -25,7 +26,7 @@ from ..heads.heads import Room, entry_item, read_with_heads, with_heads
 from ..heads.owner import Once
 from ..quota import room
 from .listings import Listings, step_sql
-from .open import EntryParts, check_step_num, live
+from .open import EntryParts
 from .prepare import Prepared, check_write_size
 
 __all__ = ["Putter", "Shown"]
@@ -40,7 +41,7 @@ class Putter:
     def __init__(self, parts: EntryParts, listings: Listings) -> None:
         self._keys, self._access = parts.keys, parts.access
         self.dialect = parts.db.dialect
-        self.policy, self.heads, self.ttl = parts.policy, parts.heads, parts.ttl
+        self.policy, self.heads, self.ttl = parts.policy, parts.heads, parts.policy.ttl
         self.write_now = parts.timeline.write_time
         self.listings = listings
         self._once = parts.db if isinstance(parts.db, OnceWriter) else None  # a put in one message
