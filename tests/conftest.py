@@ -40,7 +40,6 @@ import os
 import re
 import secrets
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -158,20 +157,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.slow)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_collection(session: pytest.Session) -> Iterator[object]:
-    """The test modules' bytecode (their asserts rewritten) is kept beside them
-    (``__pycache__``, ignored by git) even where PYTHONDONTWRITEBYTECODE is set:
-    rewriting the suite's asserts costs each test process several CPU-seconds,
-    once per change of a test module instead of at every run."""
-    saved = sys.dont_write_bytecode
-    sys.dont_write_bytecode = False
-    try:
-        return (yield)
-    finally:
-        sys.dont_write_bytecode = saved
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
