@@ -119,7 +119,7 @@ def run(
         "meta": {
             "mode": config.mode,
             "started": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
-            "machine": machine(scratch),
+            "machine": machine(scratch, config.scaling_seconds),
             "config": asdict(config),
             "command": "securepad bench" + (" --quick" if config.mode == "quick" else ""),
             "memory_method": (
@@ -190,7 +190,7 @@ def _interleaved(
     return sorted(records, key=lambda r: order[r["backend"]])  # stable: each backend's cases stay in order
 
 
-def machine(workdir: Path) -> dict[str, Any]:
+def machine(workdir: Path, scaling_seconds: float = 0.5) -> dict[str, Any]:
     import sqlite3
 
     import apsw
@@ -218,7 +218,7 @@ def machine(workdir: Path) -> dict[str, Any]:
         "sqlcipher": sqlcipher,
         "filesystem": _filesystem(workdir),
         "securepad_commit": _git_commit(),
-        "cpu_parallel_scaling": _cpu_scaling(),
+        "cpu_parallel_scaling": _cpu_scaling(scaling_seconds),
         # Other work on the machine skews every figure; this shows whether there was any.
         "loadavg_start": _loadavg(),
     }
@@ -238,17 +238,21 @@ def _lines(path: str) -> list[str]:
         return []
 
 
-_SPIN = "import time\nt=time.perf_counter()\nn=0\nwhile time.perf_counter()-t<0.5: n+=1\nprint(n)"
+_SPIN = "import sys, time\nt=time.perf_counter()\nn=0\nwhile time.perf_counter()-t<float(sys.argv[1]): n+=1\nprint(n)"
 
 
-def _cpu_scaling() -> float | None:
-    """Work of two CPU-bound processes at once over one alone: 2.0 on two free cores."""
+def _cpu_scaling(seconds: float) -> float | None:
+    """Work of two CPU-bound processes at once over one alone, each spinning for
+    ``seconds``: 2.0 on two free cores."""
     try:
         alone = int(
-            subprocess.run([sys.executable, "-P", "-c", _SPIN], capture_output=True, text=True, check=True).stdout
+            subprocess.run(
+                [sys.executable, "-P", "-c", _SPIN, str(seconds)], capture_output=True, text=True, check=True
+            ).stdout
         )
         pair = [
-            subprocess.Popen([sys.executable, "-P", "-c", _SPIN], stdout=subprocess.PIPE, text=True) for _ in range(2)
+            subprocess.Popen([sys.executable, "-P", "-c", _SPIN, str(seconds)], stdout=subprocess.PIPE, text=True)
+            for _ in range(2)
         ]
         together = sum(int(p.communicate()[0]) for p in pair)
     except (OSError, ValueError, subprocess.SubprocessError):
