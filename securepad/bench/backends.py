@@ -137,19 +137,25 @@ class Backend:
         raise NotImplementedError
 
 
-def bench_policy() -> Policy:
-    """The default policy with a quota large enough for the benchmark's gigabytes."""
-    return Policy.from_dict({"access": {"scope": "owner"}, "limits": {"owner_quota_bytes": 1 << 45}}, name="bench")
+def bench_policy(storage: dict[str, Any] | None = None) -> Policy:
+    """The default policy with a quota large enough for the benchmark's gigabytes
+    (``storage``: its ``[storage]`` options, say when the anchor syncs)."""
+    data: dict[str, Any] = {"access": {"scope": "owner"}, "limits": {"owner_quota_bytes": 1 << 45}}
+    if storage:
+        data["storage"] = storage
+    return Policy.from_dict(data, name="bench")
 
 
 class SecurepadBackend(Backend):
     name = "securepad"
     description = "securepad Scratchpad: AES-256-GCM segments, authorized, WAL"
 
-    def __init__(self, root: Path, *, create: bool = True, keyring: Keyring | None = None) -> None:
+    def __init__(
+        self, root: Path, *, create: bool = True, keyring: Keyring | None = None, policy: Policy | None = None
+    ) -> None:
         super().__init__(root)
         self.keyring = keyring or Keyring.from_key_file(root / "config" / "key")
-        self.pad = Scratchpad.open(root / "data" / "store.db", keyring=self.keyring, policy=bench_policy())
+        self.pad = Scratchpad.open(root / "data" / "store.db", keyring=self.keyring, policy=policy or bench_policy())
 
     def put(self, turn_id: str, step: int, text: str, *, ttl: int = DEFAULT_TTL, now: float | None = None) -> str:
         view = self.pad.put(PRINCIPAL, turn_id, step, "bench", text, ttl, now=now)

@@ -44,6 +44,11 @@ def _check_shape(results: dict[str, Any]) -> None:
     assert [floor["read"][k] for k in ("key_derivations", "key_unwraps", "header_digests")] == [1, 1, 1]
     assert results["work"]["securepad"]["listing"]["wal_frames"] == 0
     assert results["work"]["raw-apsw"]["put"]["statements"] == 3  # BEGIN, INSERT, COMMIT
+    # An anchor sync, counted alone: the counter's transaction (BEGIN, UPDATE, COMMIT), no key work.
+    sync = results["work"]["securepad"]["anchor_sync"]
+    assert sync["statements"] == 3 and sync["wal_frames"] >= 1
+    assert [sync[k] for k in ("key_derivations", "key_unwraps", "header_digests")] == [0, 0, 0]
+    assert results["anchor_sync"] == "close"
 
 
 def test_costs_in_cpu_time_when_chosen(tmp_path: Path) -> None:
@@ -85,6 +90,12 @@ def test_costs_of_the_operations_chosen(tmp_path: Path) -> None:
     assert {name: set(counted) for name, counted in results["work"].items()} == {name: {"listing"} for name in ALL}
     met = {target["operation"]: target["met"] for target in results["targets"]}
     assert isinstance(met.pop("listing"), bool) and set(met.values()) == {None}
+    (tmp_path / "sync").mkdir()
+    code, output, results = _costs(tmp_path / "sync", "--costs-method", "cpu", "--costs-ops", "anchor_sync")
+    assert code == 0, output
+    assert results is not None  # a sync is measured after a put, less the put: the put is measured too
+    assert {name: set(figures) for name, figures in results["figures"].items()} == {"securepad": {"put", "anchor_sync"}}
+    assert "securepad's anchor syncs only as the harness calls it" in output
     (tmp_path / "again").mkdir()
     code, output, results = _costs(tmp_path / "again", "--costs-ops", "put,lisitng")
     assert code == 2 and "lisitng" in output and results is None
