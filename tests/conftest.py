@@ -37,14 +37,11 @@ lock keys, pure functions of their arguments.
 from __future__ import annotations
 
 import atexit
-import compileall
-import importlib.util
 import os
 import re
 import secrets
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,17 +75,13 @@ if "TMPDIR" not in os.environ and os.path.isdir("/dev/shm") and os.access("/dev/
 # The processes the tests start (the command line's examples, the crash and fault
 # children) import the package from its source. Where no bytecode is written
 # (PYTHONDONTWRITEBYTECODE), each of them would compile every module it imports,
-# most of a short command's CPU: the package is compiled once, into a cache of
-# this run that they read (PYTHONPYCACHEPREFIX). A cache set by whoever runs the
-# tests is kept.
-if sys.flags.dont_write_bytecode and "PYTHONPYCACHEPREFIX" not in os.environ:
-    _package = importlib.util.find_spec("securepad")
-    if _package is not None and _package.submodule_search_locations:
-        sys.pycache_prefix = tempfile.mkdtemp(prefix="securepad-bytecode-")
-        atexit.register(shutil.rmtree, sys.pycache_prefix, ignore_errors=True)
-        for _location in _package.submodule_search_locations:
-            compileall.compile_dir(_location, quiet=1)
-        os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix
+# most of a short command's CPU: they write and read bytecode in a cache of this
+# run instead (PYTHONPYCACHEPREFIX, removed at exit), never beside the sources.
+# A cache set by whoever runs the tests is kept.
+if os.environ.get("PYTHONDONTWRITEBYTECODE") and "PYTHONPYCACHEPREFIX" not in os.environ:
+    os.environ["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="securepad-bytecode-")
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    atexit.register(shutil.rmtree, os.environ["PYTHONPYCACHEPREFIX"], ignore_errors=True)
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
