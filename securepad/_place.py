@@ -1,6 +1,4 @@
-"""``Place``, the face of ``Scratchpad`` (which inherits it) for where an open
-store lives and its copies: the location, the file, the engine, the schema
-upgrade its open made, ``backup`` and ``restore`` (its file work: ``_restore``)."""
+"""``Place``, the face of ``Scratchpad`` for where an open store lives and its copies."""
 
 from __future__ import annotations
 
@@ -47,9 +45,7 @@ class Place:
 
     @property
     def schema_upgrade(self) -> dict[str, int] | None:
-        """``{"from": old, "to": new}`` when this open upgraded the store's
-        schema (an older securepad then refuses it), else None; also logged
-        as a warning on the ``securepad`` logger."""
+        """``{"from": old, "to": new}`` when this open upgraded the store's schema (also logged), else None."""
         upgraded = self._parts.db.upgraded
         return None if upgraded is None else {"from": upgraded[0], "to": upgraded[1]}
 
@@ -84,12 +80,9 @@ class Place:
         return self._parts.db.dialect
 
     def backup(self, dest: str | os.PathLike[str]) -> dict[str, Any]:
-        """Write a consistent copy of the live store to the new file ``dest``
-        (mode 0600), while other connections go on reading and writing: one
-        ``VACUUM INTO``, which reads one snapshot and writes only live rows.
-        The copy is encrypted as the store is; keep the key apart from it.
-        ``Scratchpad.restore`` puts it back. Returns ``backup`` (the path),
-        ``bytes`` and ``store_id``.
+        """Write a consistent, encrypted copy of the live store to the new file ``dest``
+        (mode 0600; one ``VACUUM INTO``) while others read and write. Returns
+        ``backup`` (the path), ``bytes`` and ``store_id``.
 
         Raises:
             InvalidArgumentError: ``dest`` exists, or the store is on
@@ -124,18 +117,13 @@ class Place:
         anchor: str | os.PathLike[str] | bool | None = None,
         now: float | None = None,
     ) -> dict[str, Any]:
-        """Put the backup ``src`` (a file ``backup`` wrote) in place of the SQLite
-        store at ``db_path``, knowingly accepting it as the current copy.
+        """Put the backup ``src`` in place of the SQLite store at ``db_path``, knowingly
+        accepting it as the current copy (stop the store's writers first).
 
-        In order: ``src`` is copied to a private file beside ``db_path``; that
-        copy is opened with ``keyring`` and verified (a backup that fails
-        changes nothing); the store at ``db_path``, if there is one, is backed
-        up to ``<db_path>.replaced-N`` and its content replaced through
-        SQLite's backup API (so no connection open elsewhere sees a mix);
-        then the store is opened adopting its snapshot-rollback anchor (an
-        older copy is what a restore means) and verified again. Stop the
-        processes that write to the store first: what they write meanwhile
-        is replaced.
+        A private copy of ``src`` is verified first (a failing backup changes
+        nothing); the store, if any, is kept as ``<db_path>.replaced-N`` and replaced
+        through SQLite's backup API; then the store is opened adopting its rollback
+        anchor and verified again.
 
         Returns ``restored``, ``source``, ``replaced`` (the copy of the store
         it replaced, or None) and ``verify`` (the final check's report).
@@ -168,11 +156,7 @@ class Place:
 
 
 def sqlite_of_parts(parts: Parts) -> Database:
-    """The SQLite database of an open store's ``parts``.
-
-    Raises:
-        SecurepadError: the store is on PostgreSQL.
-    """
+    """The SQLite database of an open store's ``parts``. Raises SecurepadError: PostgreSQL."""
     db = parts.db
     if not isinstance(db, Database):
         raise SecurepadError(f"the store at {db.location} is not a SQLite file")

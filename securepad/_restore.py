@@ -1,6 +1,5 @@
-"""The file work of a restore (``Scratchpad.restore`` runs the steps): a
-private copy of the backup to check, and the checked copy made the store,
-with the store it replaces backed up beside it first."""
+"""The file work of ``Scratchpad.restore``: a private copy of the backup to check,
+and the checked copy made the store (the replaced store kept beside it)."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ __all__ = ["check_backup", "remove_staged", "replace_store", "stage_copy"]
 
 
 def check_backup(db_path: str | os.PathLike[str], src: str | os.PathLike[str]) -> tuple[Path, Path]:
-    """The store's path and the backup's, once a restore may put the one in place of the other.
+    """The store's path and the backup's.
 
     Raises:
         InvalidArgumentError: a PostgreSQL store, a missing ``src``, or a
@@ -55,9 +54,8 @@ def stage_copy(source: Path, target: Path) -> Path:
 
 
 def replace_store(target: Path, staged: Path, policy: Policy) -> str | None:
-    """Make the checked copy ``staged`` the store at ``target``: moved into
-    place when there is none, else copied in through SQLite's backup API after
-    the replaced store is backed up beside it. Returns that backup's path.
+    """Make the checked copy ``staged`` the store at ``target`` (linked, or copied in
+    through SQLite's backup API after backing the old one up). Returns that backup's path.
 
     Raises:
         StoreCorruptError: the file at ``target`` is not a securepad store.
@@ -71,8 +69,7 @@ def replace_store(target: Path, staged: Path, policy: Policy) -> str | None:
         return None
     db = open_backend(target, None, "securepad", policy)
     try:
-        if not isinstance(db, Database):  # pragma: no cover - a path is always a file
-            raise InvalidArgumentError("restore puts back a SQLite store")
+        assert isinstance(db, Database)  # a path is always a file
         n = 1
         while os.path.lexists(f"{target}.replaced-{n}"):
             n += 1

@@ -1,13 +1,6 @@
-"""Steps chosen for the integrations: ``put_next``, and the keyed names of
-their turns (``keyed_turn_name``, ``keyed_or_former``).
-
-``put_next`` is ``Scratchpad.put`` at the turn's next step, for the
-integrations' own entries (``SecurepadSaver``, ``SecurepadSession``): the
-step is chosen inside the write transaction, which serializes the owner's
-writes on both backends, so writers in other threads or processes never
-collide and never retry; each entry's step is above every live entry's of
-its turn when it is written.
-"""
+"""Steps chosen for the integrations: ``put_next`` (the step is taken inside the
+write transaction, so concurrent writers never collide nor retry), and the keyed
+names of their turns."""
 
 from __future__ import annotations
 
@@ -23,10 +16,8 @@ __all__ = ["keyed_or_former", "keyed_turn_name", "newest_first", "put_next"]
 
 
 def keyed_turn_name(pad: Scratchpad, principal: Principal, *ids: Any) -> str:
-    """The keyed digest (hex) that names the turn of ``ids`` (JSON values: a
-    kind and the caller's own ids) for the principal's owner, for the
-    integrations' turns (``crypto.CounterSeal.turn_name``): unlike a hash, it
-    cannot be recomputed from a guess of the ids without the store's key."""
+    """The keyed digest (hex) naming the turn of ``ids`` (JSON values) for the owner:
+    unlike a hash, it cannot be recomputed from a guess of the ids without the store's key."""
     message = json.dumps(list(ids), separators=(",", ":")).encode()
     return parts(pad).keys.counter_seal.turn_name(principal.owner_user_id, message)
 
@@ -34,10 +25,8 @@ def keyed_turn_name(pad: Scratchpad, principal: Principal, *ids: Any) -> str:
 def newest_first(
     pad: Scratchpad, principal: Principal, turn_id: str, *, now: float | None = None
 ) -> Iterator[dict[str, Any]]:
-    """The live entries of a turn in the principal's scope, highest step first,
-    each as ``Scratchpad.list_for_turn`` shows it (``store.listed``)
-    and opened only when the iteration reaches it (``Listings.turn_newest_first``:
-    the whole turn is checked against its head before the first).
+    """The live entries of a turn, highest step first, as ``Scratchpad.list_for_turn``
+    shows them, each opened when the iteration reaches it.
 
     Raises:
         InvalidArgumentError, IntegrityError: as for ``Scratchpad.list_for_turn``.
@@ -49,14 +38,9 @@ def newest_first(
 def keyed_or_former(
     pad: Scratchpad, principal: Principal, keyed: str, former: str, *, now: float | None = None
 ) -> tuple[str, bool]:
-    """The turn an integration's thread or session lives in, as the principal's
-    scope finds it, and whether its keyed turn holds entries (then the caller
-    may remember it). The keyed turn is looked at first, and its head decides
-    (its newest live step, checked against its head: one small read): a
-    former turn, holding entries (written before keyed names) or put back
-    from an older copy, never shadows a keyed turn with entries, nor one
-    whose entries were removed from the file (refused). The former turn only
-    when the keyed one is empty and it is not; else the keyed one.
+    """The turn an integration's thread or session lives in, and whether its keyed turn
+    holds entries. The former turn only when the keyed one is empty and it is not:
+    a former turn never shadows a keyed one with entries (or with entries removed).
 
     Raises:
         IntegrityError, StoreBusyError: as for a read of either turn.
@@ -78,18 +62,12 @@ def put_next(
     now: float | None = None,
     guess: int | None = None,
 ) -> dict[str, Any]:
-    """``Scratchpad.put`` at the turn's next step (one more than its highest
-    live step in the principal's scope, 1 for an empty turn); returns
-    ``put``'s view, whose ``step_num`` is the step taken.
+    """``Scratchpad.put`` at the turn's next step; returns ``put``'s view, whose
+    ``step_num`` is the step taken.
 
-    The step read before sealing is a guess that spares sealing the metadata
-    again under the write lock when no other writer came in between; a caller
-    that knows the step (``guess``: the one after the step it took last, or
-    after the newest it just listed) spares the read. When
-    writers kept changing the turn while it was read (``StoreBusyError`` from
-    the consistent read), the guess is 1 and the write transaction, which
-    reads the turn under the owner's serialization, takes the step: the read
-    that is only a guess never makes the put fail.
+    The step read before sealing (or ``guess``, from a caller that knows it) only
+    spares sealing again under the write lock: the write transaction takes the
+    step, so a read that fails never makes the put fail.
 
     Raises:
         InvalidArgumentError, QuotaExceededError, StoreBusyError: as for ``Scratchpad.put``.

@@ -1,15 +1,10 @@
 """asyncio front of the store: ``AsyncScratchpad`` and ``AsyncTurn``, derived
-from ``Scratchpad`` and ``Turn``.
+from ``Scratchpad`` and ``Turn`` so the two faces cannot drift.
 
-Each public method of the synchronous class becomes a coroutine of the same
-name, signature and docstring that runs it in a worker thread (with the
-caller's context variables), so the event loop never waits on SQLite, a lock
-or AES-GCM; each public attribute becomes a property that reads it. The two
-faces cannot drift apart: the async one is built from the sync one's names.
-``AsyncScratchpad`` owns a bounded pool of workers (``max_workers``, so at most
-that many connections); ``AsyncTurn.wrap`` puts a ``Turn`` behind asyncio's
-default pool. A call whose task is cancelled while it runs still finishes in
-its worker (a put is stored, or not, whole); only its result is dropped.
+Each public method becomes a coroutine of the same name, signature and
+docstring that runs it in a worker thread (with the caller's context
+variables); each public attribute a property. A call whose task is cancelled
+still finishes in its worker (a put is whole or absent); only its result is dropped.
 """
 
 from __future__ import annotations
@@ -33,8 +28,7 @@ __all__ = ["AsyncScratchpad", "AsyncTurn"]
 P = ParamSpec("P")
 T = TypeVar("T")
 
-# As many workers as asyncio's default pool would have: enough to keep reads
-# parallel, few enough that the connections (one per worker) stay bounded.
+# As asyncio's default pool: reads stay parallel, connections (one per worker) bounded.
 DEFAULT_MAX_WORKERS = min(32, (os.cpu_count() or 1) + 4)
 
 
@@ -75,9 +69,7 @@ def _derived(sync_class: type, name: str, member: Any) -> Any:
 
 
 def _derive(cls: type[T]) -> type[T]:
-    """Add to ``cls`` the counterpart of every public name of ``cls._sync_class``
-    that ``cls`` does not define itself: methods, properties, attributes
-    (``__slots__`` and class annotations)."""
+    """Add to ``cls`` the counterpart of every public name of ``cls._sync_class`` it does not define."""
     sync_class: type = cls._sync_class  # type: ignore[attr-defined]
     names = {name for name in dir(sync_class) if not name.startswith("_")}
     names |= set(getattr(sync_class, "__slots__", ())) | set(getattr(sync_class, "__annotations__", {}))
@@ -89,13 +81,10 @@ def _derive(cls: type[T]) -> type[T]:
 
 @_derive
 class AsyncScratchpad:
-    """The store for asyncio code. Open one with ``await AsyncScratchpad.open(...)``
-    and use it as an async context manager; ``AsyncScratchpad(pad)`` wraps a
-    ``Scratchpad`` already open (closing the ``AsyncScratchpad`` closes it).
-
-    Each method takes the arguments of the ``Scratchpad`` method of the same
-    name and raises what it raises; after ``close``, every call raises
-    ``SecurepadError``.
+    """The store for asyncio code: ``await AsyncScratchpad.open(...)``, or
+    ``AsyncScratchpad(pad)`` around an open ``Scratchpad`` (closed with it). Each
+    method is the ``Scratchpad`` method of the same name, run in this store's pool
+    of ``max_workers``; after ``close``, every call raises ``SecurepadError``.
     """
 
     _sync_class = Scratchpad
@@ -169,13 +158,8 @@ class AsyncScratchpad:
 
 @_derive
 class AsyncTurn:
-    """``Turn`` with async methods, each run in a worker thread; get one with
-    ``await pad.turn(principal, turn_id)`` on an ``AsyncScratchpad``, or
-    ``AsyncTurn.wrap(turn)`` for a synchronous ``Turn``.
-
-    Each method takes the arguments of the ``Turn`` method of the same name and
-    raises what it raises.
-    """
+    """``Turn`` with async methods, each run in a worker thread: ``await pad.turn(...)``
+    on an ``AsyncScratchpad``, or ``AsyncTurn.wrap(turn)`` for a ``Turn``."""
 
     _sync_class = Turn
 
@@ -187,8 +171,7 @@ class AsyncTurn:
 
     @classmethod
     def wrap(cls, turn: Turn | AsyncTurn) -> AsyncTurn:
-        """``turn`` itself if it is an ``AsyncTurn``, else an ``AsyncTurn`` whose
-        calls run in asyncio's default thread pool.
+        """``turn`` itself if it is an ``AsyncTurn``, else one on asyncio's default pool.
 
         Raises:
             InvalidArgumentError: ``turn`` is neither.
@@ -206,8 +189,7 @@ class AsyncTurn:
     async def append(
         self, executor_name: str, observation: Any, *, ttl_seconds: int | None = None, now: float | None = None
     ) -> tuple[int, Any]:
-        """``record_next``: record ``observation`` at the turn's next free step
-        (concurrent callers never collide); returns ``(step_num, shown)``.
+        """``record_next``: record at the turn's next free step; returns ``(step_num, shown)``.
 
         Raises:
             InvalidArgumentError, QuotaExceededError, StoreBusyError: as for ``Turn.record``.

@@ -72,16 +72,10 @@ class StoreBusyError(SecurepadError):
 class StoreUnavailableError(SecurepadError):
     """The database server cannot be reached, or did not answer in time.
 
-    Retryable, like ``StoreBusyError``: nothing was written (a transaction
-    that lost its connection is rolled back by the server), except where the
-    message says a write may have been applied: a connection lost during
-    COMMIT, or a put sent in one message (PostgreSQL) whose connection was
-    lost and whose outcome nothing could tell (the message names the entry
-    that may be stored: get it to know). The store is used again as soon as
-    the server answers.
-
-    ``maybe_stored`` holds the ids of the entries such a message names (empty
-    for every other error): get them before writing the same again.
+    Retryable, like ``StoreBusyError``: nothing was written, except where the
+    message says a write may have been applied (a connection lost during
+    COMMIT); then ``maybe_stored`` holds the ids of the entries that may be
+    stored: get them before writing the same again.
     """
 
     maybe_stored: tuple[str, ...] = ()
@@ -92,26 +86,15 @@ class StoreUnavailableError(SecurepadError):
 
 
 class StorageFullError(SecurepadError):
-    """The disk (or the database's size limit) is full: the write was rolled back.
-
-    The store is as it was before the call; free space (or run ``gc``) and retry.
-    """
+    """The disk (or the database's size limit) is full: the write was rolled back; free space and retry."""
 
 
 class StoreCorruptError(SecurepadError):
-    """The store's file is damaged or is not a securepad store at all.
-
-    Raised where SQLite detects the damage (at open, or on the page a read
-    touches). Tampering that keeps the file well-formed is ``IntegrityError``.
-    """
+    """The store's file is damaged or is not a securepad store (well-formed tampering is ``IntegrityError``)."""
 
 
 class KeySourceError(SecurepadError):
-    """The master key's source (a PKCS#11 token, a KMS) cannot be used.
-
-    The message is one line and names the source by its URI without secrets
-    (no PIN, no credentials).
-    """
+    """The master key's source (a PKCS#11 token, a KMS) cannot be used; the one-line message has no secret."""
 
 
 class KeySourceUriError(KeySourceError, InvalidArgumentError):
@@ -135,7 +118,4 @@ class KeySourceKeyError(KeySourceError):
 
 
 class KeySourceUnreachableError(KeySourceError):
-    """The source did not answer within its deadline, after its bounded retries.
-
-    Retryable: nothing was wrapped or stored.
-    """
+    """The source did not answer within its deadline, after its bounded retries. Retryable."""

@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .errors import NotFoundError, PolicyError, SecurepadError
+from .errors import InvalidArgumentError, NotFoundError, PolicyError, SecurepadError
 from .principal import Principal
 from .storage.files import POLICY_OVERRIDE, check_file_directories, check_trusted_file
 
@@ -202,8 +202,26 @@ class Policy:
             columns.append(("actor", principal.actor))
         return columns
 
+    def ttl(self, ttl_seconds: int | None) -> int:
+        """The default TTL, or ``ttl_seconds`` checked against ``max_ttl_seconds``.
+
+        Raises:
+            InvalidArgumentError: not a positive integer, or above ``max_ttl_seconds``.
+        """
+        if ttl_seconds is None:
+            return self.default_ttl_seconds
+        if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int) or ttl_seconds <= 0:
+            raise InvalidArgumentError(f"ttl_seconds must be a positive integer, not {ttl_seconds!r}")
+        if ttl_seconds > self.max_ttl_seconds:
+            raise InvalidArgumentError(
+                f"ttl_seconds {ttl_seconds} exceeds the policy's max_ttl_seconds ({self.max_ttl_seconds})"
+            )
+        return ttl_seconds
+
     def scope_sql(self, principal: Principal) -> tuple[str, tuple[str, ...]]:
         """The SQL condition (for table ``entries``) and its parameters."""
+        if self.scope == "owner":  # the owner alone (``scope_columns``): every put and read asks
+            return _OWNER_SQL, (principal.owner_user_id,)
         columns = self.scope_columns(principal)
         sql = " AND ".join(f"{column} = ?" for column, _ in columns)
         return sql, tuple(value for _, value in columns)
@@ -221,6 +239,9 @@ class Policy:
         for column, value in self.scope_columns(principal):
             if row.get(column) != value:
                 raise NotFoundError(NOT_FOUND_MESSAGE)
+
+
+_OWNER_SQL = "owner_user_id = ?"
 
 
 def _validate(section: str, key: str, value: Any) -> Any:

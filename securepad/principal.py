@@ -24,6 +24,12 @@ def check_identifier(name: str, value: object) -> str:
     return value
 
 
+def check_step_num(step_num: object) -> None:
+    """Raise InvalidArgumentError unless ``step_num`` is an integer from 0 to 2**31-1."""
+    if isinstance(step_num, bool) or not isinstance(step_num, int) or not 0 <= step_num < 2**31:
+        raise InvalidArgumentError(f"step_num must be an integer from 0 to 2**31-1, not {step_num!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class Principal:
     """The caller of every store operation.

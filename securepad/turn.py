@@ -1,14 +1,7 @@
-"""The runtime surface: one turn of one principal, as an agent runtime drives it.
-
-``pad.turn(principal, turn_id)`` gives a ``Turn``. Each step the runtime calls
-``record`` and puts what it returns into the model's history; it offers the
-model ``tools()``, answers its ``scratchpad_read`` calls with ``call_tool``,
-and passes every other tool's arguments through ``resolve`` so that
-``{{stepN.field}}`` references are filled from the stored observations.
-
-A ``Turn`` keeps nothing but its principal and turn id: everything comes from
-the store on each call, so a turn suspended in one process is resumed in
-another with ``pad.turn(principal, turn_id)`` on the same store and key.
+"""The runtime surface: one turn of one principal, as an agent runtime drives it
+(``record`` each step, offer ``tools()``, answer with ``call_tool``, fill
+``{{stepN.field}}`` with ``resolve``). A ``Turn`` keeps only its principal and
+turn id, so a turn suspended in one process is resumed in another.
 """
 
 from __future__ import annotations
@@ -42,11 +35,8 @@ BUDGET_FIELDS = ("tokens_left", "calls_left", "seconds_left")
 
 class Turn:
     """One turn of one principal. Get one with ``Scratchpad.turn(principal, turn_id)``.
-
-    Every method reads and writes through the store's authorized path: only
-    this principal's entries of this turn (within the policy's scope) are
-    ever seen. Safe to use from several threads, like the store.
-    """
+    Only this principal's entries of this turn (in the policy's scope) are ever seen;
+    thread-safe, like the store."""
 
     __slots__ = ("_parts", "principal", "turn_id")
 
@@ -67,25 +57,17 @@ class Turn:
         ttl_seconds: int | None = None,
         now: float | None = None,
     ) -> dict[str, Any] | Any:
-        """Store a step's observation (encrypted, whatever its size) and return
-        what goes into the model's history.
-
-        That is the observation itself when its JSON has at most the policy's
-        ``offload_threshold_bytes`` (strings cut to ``inline_max_chars``, with
-        the number of characters omitted), else the synthetic view: ``ok``,
-        ``scratchpad_id``, ``step_num``, ``size_bytes``, ``kind``, ``summary``,
-        ``metadata``, the top-level scalars and, for structured results,
-        ``list_field``, ``count``, ``schema`` and ``ref_hint``. Binary content
-        has no JSON form and always gets the view.
+        """Store a step's observation (encrypted) and return what goes into the model's history:
+        the observation itself when its JSON has at most ``offload_threshold_bytes``
+        (strings cut to ``inline_max_chars``), else the synthetic view (``ok``,
+        ``scratchpad_id``, ``step_num``, ``size_bytes``, ``kind``, ``summary``, ...).
 
         Raises:
             InvalidArgumentError: the step is already recorded in this turn, or
                 as for ``Scratchpad.put``.
             QuotaExceededError, StoreBusyError: as for ``Scratchpad.put``.
         """
-        # The step is checked inside the write transaction (free_step), where no
-        # other writer (another process too) can take it meanwhile: on
-        # PostgreSQL in the same round trip as the transaction's other reads.
+        # The step is checked inside the write transaction (free_step), where no other writer can take it.
         inline = _inline(observation, step_num, self._parts.tables.policy)
         view = self._parts.putter.put(
             self.principal,
@@ -107,10 +89,8 @@ class Turn:
         ttl_seconds: int | None = None,
         now: float | None = None,
     ) -> list[Any]:
-        """Record several observations, ``(executor_name, observation)`` each
-        (an agent's parallel tool calls), at the turn's next steps (after its
-        highest live one, consecutively), in one transaction: all or none.
-        Returns what ``record`` returns for each, in order.
+        """Record ``(executor_name, observation)`` pairs at the turn's next steps, in one
+        transaction: all or none. Returns what ``record`` returns for each, in order.
 
         Raises:
             InvalidArgumentError, QuotaExceededError, StoreBusyError: as for ``record``.
@@ -126,8 +106,7 @@ class Turn:
         )
 
     def history(self, *, now: float | None = None) -> list[Any]:
-        """What the model saw of each live step of this turn, in step order,
-        exactly as ``record`` returned it.
+        """What ``record`` returned for each live step of this turn, in step order.
 
         Raises:
             IntegrityError: a stored entry fails authentication.
@@ -167,18 +146,10 @@ class Turn:
         return self._parts.listings.turn_entries(self.principal, self.turn_id, now)
 
     def call_tool(self, name: object, arguments: object, *, now: float | None = None) -> dict[str, Any]:
-        """Answer a model's tool call: ``arguments`` as a dict or a JSON string.
-        An argument that is null counts as not given (the strict schema has the
-        model send every argument).
-
-        Returns the read's result, or ``{"ok": False, "error": "..."}`` with a
-        message the model can act on for anything wrong with the call: unknown
-        tool, malformed JSON, unknown or misplaced arguments, wrong types,
-        negative or huge numbers, start > end, an invalid pattern, or an id
-        that is not an entry of this turn and principal (absent, another
-        turn's or another owner's: one message for all). Never returns more
-        than the policy's read cap. Bad input never raises; what raises is not
-        the model's doing.
+        """Answer a model's tool call (``arguments`` a dict or a JSON string; null counts as
+        not given). Returns the read's result, capped, or ``{"ok": False, "error": "..."}``
+        with a message the model can act on: bad input never raises, and an id of another
+        turn or owner looks like an absent one.
 
         Raises:
             IntegrityError: the stored entry fails authentication (tampering).
@@ -202,16 +173,10 @@ class Turn:
             return tool_error(str(exc))
 
     def resolve(self, value: Any, *, now: float | None = None) -> Any:
-        """``value`` with every ``{{stepN.path}}`` / ``${stepN.path}`` replaced.
-
-        References are looked for in strings anywhere inside lists, tuples and
-        dict values. A path is dotted field names and list indexes into the
-        full stored observation of step N of this turn (never its summary);
-        ``{{stepN}}`` is the whole observation, and ``.content`` also names a
-        text or binary observation itself. A string that is exactly one
-        reference becomes the value, keeping its type (bytes stay bytes);
-        inside a longer string a value is inserted as text (JSON for numbers,
-        lists and dicts).
+        """``value`` with every ``{{stepN.path}}`` / ``${stepN.path}`` in its strings replaced
+        from the full stored observation of step N (dotted fields and list indexes;
+        ``{{stepN}}`` is all of it). A string that is exactly one reference becomes the
+        value with its type; inside a longer string it is inserted as text (JSON).
 
         Raises:
             InvalidArgumentError: an unknown step or field (the message names
@@ -221,12 +186,8 @@ class Turn:
         return references.resolve(value, _step_observations(self, now))
 
     def resume(self, *, extend_ttl: int | None = None, now: float | None = None) -> dict[str, Any]:
-        """Pick the turn up again (in this or another process). With
-        ``extend_ttl``, the turn's entries, checkpoints and compaction marks
-        live ``extend_ttl`` seconds from now (never less than they had).
-
-        Returns ``turn_id``, ``steps`` (live steps) and ``extended`` (how many
-        rows got a later expiry).
+        """Pick the turn up again; with ``extend_ttl``, its entries and records live that
+        long from now (never less). Returns ``turn_id``, ``steps`` and ``extended`` (rows).
 
         Raises:
             InvalidArgumentError: ``extend_ttl`` is not a positive integer within
@@ -249,14 +210,9 @@ class Turn:
         ttl_seconds: int | None = None,
         now: float | None = None,
     ) -> dict[str, Any]:
-        """Keep the fixed-field record a runtime writes when it compacts its context,
-        encrypted like an entry.
-
-        ``workspace`` maps each file changed to its state ("created",
-        "modified at step 4", ...); ``budget`` has any of ``tokens_left``,
-        ``calls_left``, ``seconds_left``; ``facts`` are what has been
-        established, ``unresolved`` the open problems. Returns the checkpoint
-        as ``latest_checkpoint`` would.
+        """Keep, encrypted, the record a runtime writes when it compacts its context:
+        ``workspace`` (file -> state), ``budget`` (any of ``tokens_left``, ``calls_left``,
+        ``seconds_left``), ``facts`` and ``unresolved``. Returns it as ``latest_checkpoint`` would.
 
         Raises:
             InvalidArgumentError: a field of the wrong shape, an unknown budget
@@ -292,9 +248,8 @@ class Turn:
         return {"turn_id": self.turn_id, **stamps, **found[0]["payload"]}
 
     def mark_compaction(self, *, ttl_seconds: int | None = None, now: float | None = None) -> dict[str, Any]:
-        """Note that the runtime compacted its context now. The mark keeps
-        (sealed) which entries existed, their paths and keyed content
-        identities, for ``reread_report``.
+        """Note that the runtime compacted its context now: the sealed mark keeps which
+        entries existed (paths, keyed content identities) for ``reread_report``.
 
         Raises:
             InvalidArgumentError: a bad ttl.
@@ -310,14 +265,10 @@ class Turn:
         return {"turn_id": self.turn_id, **saved, "entries_before": len(before)}
 
     def reread_report(self, *, now: float | None = None) -> dict[str, Any]:
-        """What was fetched again after the last compaction mark although it had
-        been stored before it: same path (observation metadata ``path`` or
-        ``url``) or identical content (keyed per-owner hash).
-
-        Returns ``mark`` (its ``seq`` and ``created_at``, or None when the turn
-        has no mark), ``stored_before``, ``fetched_after``, ``rereads`` (one
-        item per re-fetching step), ``reread_count``, ``same_path``,
-        ``same_content``, ``reread_paths`` and ``ratio`` (re-reads / steps after).
+        """What was fetched again after the last compaction mark although stored before it
+        (same ``path``/``url`` metadata, or same content). Returns ``mark`` (or None),
+        ``stored_before``, ``fetched_after``, ``rereads``, ``reread_count``, ``same_path``,
+        ``same_content``, ``reread_paths`` and ``ratio``.
 
         Raises:
             IntegrityError: a stored entry or the mark fails authentication.
@@ -354,13 +305,8 @@ def extend_turn(
     ttl_seconds: int | None,
     now: float | None,
 ) -> int:
-    """``Scratchpad.extend_turn``: the turn's live entries and records in the
-    principal's scope live ``ttl_seconds`` from now, never less than they had.
-
-    Only the small sealed metadata is re-sealed, all of it before one short
-    write transaction; a row that changed meanwhile is left as the other
-    writer made it. Returns how many rows were extended.
-    """
+    """``Scratchpad.extend_turn``: only the sealed metadata is re-sealed, before one short
+    write transaction (a row changed meanwhile is left). Returns how many rows were extended."""
     ttl = parts.tables.ttl(ttl_seconds)
     current = parts.tables.timeline.write_time(now)
     target = current + ttl
@@ -377,8 +323,7 @@ def extend_turn(
         return len(extended) + sum(len(ids) for ids in records_extended.values())
 
 
-# Another process may take the step we picked between our look and our write;
-# each retry looks again. More collisions than this in a row is not a race.
+# Another process may take the step we picked; more collisions than this in a row is not a race.
 _NEXT_ATTEMPTS = 8
 
 _registry_lock = threading.Lock()
@@ -412,16 +357,13 @@ def record_next(
     ttl_seconds: int | None = None,
     now: float | None = None,
 ) -> tuple[int, Any]:
-    """Record ``observation`` as the turn's next step (one more than its highest
-    live step, 1 for an empty turn); returns ``(step_num, shown)`` where
-    ``shown`` is what ``Turn.record`` returned for the model's history.
+    """Record ``observation`` as the turn's next step; returns ``(step_num, shown)``
+    where ``shown`` is what ``Turn.record`` returned.
 
     Raises:
         InvalidArgumentError, QuotaExceededError, StoreBusyError: as for ``Turn.record``.
-        StoreUnavailableError: as for ``Turn.record``; when the outcome is
-            unknown, ``maybe_stored`` names the entry that may be stored at the
-            step chosen: get it before calling ``record_next`` again, which
-            would take the next step.
+        StoreUnavailableError: as for ``Turn.record``; ``maybe_stored`` names an entry
+            that may be stored: get it before calling ``record_next`` again.
     """
     with _turn_lock(turn):
         for _ in range(_NEXT_ATTEMPTS):
@@ -441,9 +383,6 @@ def record_next(
                     maybe_stored=exc.maybe_stored,
                 ) from None
     raise InvalidArgumentError(f"could not find a free step in turn {turn.turn_id!r}: other writers keep taking it")
-
-
-# -- helpers ----------------------------------------------------------------------------
 
 
 def _shown(opened: Opened) -> Any:

@@ -36,11 +36,9 @@ lock keys, pure functions of their arguments.
 
 from __future__ import annotations
 
-import atexit
 import os
 import re
 import secrets
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -71,17 +69,6 @@ os.environ.pop("COLUMNS", None)
 if "TMPDIR" not in os.environ and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK):
     os.environ["TMPDIR"] = "/dev/shm"
     tempfile.tempdir = None  # read TMPDIR again
-
-# The processes the tests start (the command line's examples, the crash and fault
-# children) import the package from its source. Where no bytecode is written
-# (PYTHONDONTWRITEBYTECODE), each of them would compile every module it imports,
-# most of a short command's CPU: they write and read bytecode in a cache of this
-# run instead (PYTHONPYCACHEPREFIX, removed at exit), never beside the sources.
-# A cache set by whoever runs the tests is kept.
-if os.environ.get("PYTHONDONTWRITEBYTECODE") and "PYTHONPYCACHEPREFIX" not in os.environ:
-    os.environ["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="securepad-bytecode-")
-    del os.environ["PYTHONDONTWRITEBYTECODE"]
-    atexit.register(shutil.rmtree, os.environ["PYTHONPYCACHEPREFIX"], ignore_errors=True)
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

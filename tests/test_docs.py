@@ -4,9 +4,9 @@ Python blocks run in a fresh interpreter; bash blocks run in bash with a fresh
 HOME, in a scratch directory, with this environment's ``securepad`` first on
 the PATH. Each Python block runs twice in the same HOME and directory, so an
 example that only works once (a fixed store, step or owner it leaves behind)
-fails; the bash blocks run alone, then together in one HOME, in page order
-and then backwards (each twice), so that no example reads what another one
-left or works only once. The tutorial's
+fails; each bash block runs alone in a fresh HOME, then all of them together in
+one HOME, each after every other one, so that no example reads what another
+one left or works only once. The tutorial's
 Python steps continue one another and run as one program. A block preceded
 by ``<!-- not run: REASON -->`` is not run (it installs packages or names a
 deployment's paths); the Python blocks of the agent-loop and integration
@@ -38,6 +38,15 @@ POSTGRESQL_GUIDE = DOCS / "how-to" / "postgresql.md"
 TESTED_ELSEWHERE = {DOCS / "how-to" / "agent-loop.md", *(DOCS / "integrations").glob("*.md")}
 PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 STEPS = {DOCS / "tutorial.md"}
+# The bash blocks that leave nothing where another example could find it: all
+# their files are in directories of their own that ``mktemp -d`` made
+# (test_the_example_runs_twice checks it of each).
+SELF_CONTAINED = {
+    "docs/how-to/aws-kms.md#1",
+    "docs/how-to/backup.md#1",
+    "docs/how-to/keys.md#1",
+    "docs/how-to/pkcs11.md#1",
+}
 _BLOCK = re.compile(r"(<!-- not run: [^>]+ -->\n)?```(python|bash)\n(.*?)```", re.S)
 
 
@@ -81,26 +90,51 @@ def _home_and_work(tmp_path: Path) -> tuple[Path, Path]:
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir(parents=True)
     work.mkdir()
+    (tmp_path / "tmp").mkdir()  # TMPDIR
     return home, work
+
+
+def _findable(home: Path, work: Path) -> list[tuple[str, int, int]]:
+    """What another example could find (each file's path, size and time of change):
+    everything in HOME and in the working directory, and TMPDIR's own files (the
+    directories ``mktemp -d`` makes there have unguessable names: no other
+    example names one)."""
+    scratch = home.parent / "tmp"
+    found = [*home.rglob("*"), *work.rglob("*"), *(path for path in scratch.iterdir() if not path.is_dir())]
+    stats = [(str(path.relative_to(home.parent)), path.lstat()) for path in found]
+    return sorted((name, stat.st_size, stat.st_mtime_ns) for name, stat in stats)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("where", "language", "code"), BLOCKS, ids=[b[0] for b in BLOCKS])
 def test_the_example_runs_twice(where: str, language: str, code: str, tmp_path: Path) -> None:
-    """A bash block's second run is in the next test, with every other bash block in between."""
+    """A bash block's second run is in the next test, after every other bash block."""
     home, work = _home_and_work(tmp_path)
     for _ in range(2 if language == "python" else 1):
         _run(where, language, code, home, work)
+    if where in SELF_CONTAINED:
+        assert _findable(home, work) == [], where
 
 
 @pytest.mark.slow
 def test_the_command_line_examples_run_in_any_order_in_one_home(tmp_path: Path) -> None:
-    """No command-line example reads an entry, a step or a key that another one made."""
+    """No command-line example reads an entry, a step or a key that another one
+    made, nor works only once: every block runs here where every other block
+    has already run. The blocks that leave something behind run in page order,
+    then every block runs backwards, so each of those runs both before and
+    after each other block, the second time where it ran itself. A
+    self-contained block runs once, in the second round: its own earlier run,
+    or one before any other block, would leave nothing that this home's other
+    runs could find, so this home is the same as if it had."""
     home, work = _home_and_work(tmp_path)
     bash = [block for block in BLOCKS if block[1] == "bash"]
     assert len(bash) >= 4
-    for where, language, code in [*bash, *reversed(bash)]:
+    assert {where for where, _, _ in bash} >= SELF_CONTAINED
+    leave_something = [block for block in bash if block[0] not in SELF_CONTAINED]
+    for where, language, code in [*leave_something, *reversed(bash)]:
+        before = _findable(home, work)
         _run(where, language, code, home, work)
+        assert where not in SELF_CONTAINED or _findable(home, work) == before, where
 
 
 @pytest.fixture

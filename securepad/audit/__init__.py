@@ -1,21 +1,13 @@
 """The isolation audit behind ``securepad audit``.
 
-It runs against a real store and its policy, as two synthetic audit owners
-(``audit-<random>-a`` and ``-b``) who store canary entries and then try
-everything one tenant could try against another: cross-owner get, read in
-every mode, list, stats and delete; forged, guessed and malformed ids;
-hostile principals and turn ids; expired entries; the policy's scope inside
-an owner; the read cap. It damages scratch copies of the file (never the
-user's file) the way an attacker with write access would, scans the
-database, WAL and journal files for the canaries' plaintext and, after gc,
-for the expired entries' ciphertext, and checks the deployment: file and
-directory permissions, where the key file lives, ``secure_delete``, the
-policy. Each check is one row: name, pass or fail, what was tried, what
-happened.
-
-Afterwards the audit owners are removed (``forget_owner``: entries, keys,
-scrubbed from the files) and every real entry is compared, byte for byte,
-with its state before the audit.
+Two synthetic owners store canary entries in a real store and try everything
+one tenant could try against another (every call, forged and malformed ids,
+hostile principals, expiry, the policy's scope, the read cap); scratch copies
+of the file are damaged as an attacker with write access would; the files are
+scanned for the canaries' plaintext and, after gc, the expired entries'
+ciphertext; and the deployment is checked. Each check is one row: name, pass
+or fail, what was tried, what happened. Afterwards the audit owners are
+forgotten and every real entry is compared, byte for byte, with its state before.
 
     with Scratchpad.open(path, keyring=keyring) as pad:
         report = run_audit(pad)
@@ -34,7 +26,7 @@ from typing import Any
 
 from ..errors import PolicyError, SecurepadError
 from ..policy import SCOPES, Policy, setting_sections
-from ..store import Scratchpad, parts, sqlite_of
+from ..store import Scratchpad, parts
 from . import _api, _files, _postgres, _runtime
 from ._support import CheckFailed, Context, Step, Steps, holding, scan_files, store_files
 
@@ -43,6 +35,15 @@ __all__ = ["Audit", "AuditReport", "CheckResult", "run_audit"]
 # Observations are transient; a policy that keeps them longer than this
 # defeats expiry as a way of keeping little.
 MAX_SANE_TTL_SECONDS = 30 * 86_400
+# The tables of owners' rows on SQLite (PostgreSQL's are the schema's, ``_postgres.owner_tables``),
+# and what the comparison calls a row of each.
+_SQLITE_TABLES = ("owner_keys", "entries", "segments", "checkpoints", "compaction_marks")
+_LABELS = {
+    "owner_keys": "owner key",
+    "entries": "entry",
+    "checkpoints": "checkpoint",
+    "compaction_marks": "compaction mark",
+}
 
 
 @dataclass(frozen=True)
@@ -92,13 +93,11 @@ class AuditReport:
 
 @dataclass
 class Audit:
-    """One audit of an open store. ``checks`` names every row in order (for a
-    progress bar); ``run()`` yields each row as it completes; ``report()``
-    gathers them. An ``Audit`` runs once.
+    """One audit of an open store, run once: ``checks`` names every row in
+    order, ``run()`` yields each row as it completes, ``report()`` gathers them.
 
-    ``key_file`` defaults to the keyring's key file (None for a keyring built
-    from an environment variable or a passphrase). Scratch copies go to a
-    private directory under ``scratch_dir``, by default beside the store.
+    ``key_file`` defaults to the keyring's; scratch copies go to a private
+    directory under ``scratch_dir``, by default beside the store.
     """
 
     pad: Scratchpad
@@ -158,10 +157,8 @@ def run_audit(
     scratch_dir: str | os.PathLike[str] | None = None,
     on_result: Callable[[CheckResult], None] | None = None,
 ) -> AuditReport:
-    """Run the whole audit against ``pad`` and return its report.
-
-    ``on_result`` is called with each row as it completes. A failed check is
-    a row, not an exception: read ``report.passed``.
+    """Run the whole audit against ``pad`` and return its report; ``on_result``
+    gets each row as it completes. A failed check is a row, not an exception.
 
     Raises:
         SecurepadError: the store cannot be used at all (closed, busy...).
@@ -260,30 +257,30 @@ def _remove_tenants(ctx: Context) -> str:
 
 
 def _real_state(ctx: Context) -> dict[str, str]:
-    """A digest of every entry (row and segments) and owner key not of the audit's owners."""
+    """A digest of every row of the owner tables not of the audit's owners
+    (segments in their entry's), read in one snapshot."""
     pad, exclude = ctx.pad, ctx.synthetic.owners
-    if pad.backend != "sqlite":
-        return _postgres.real_state(ctx, exclude)
+    db = parts(pad).db
+    tables = _postgres.owner_tables(ctx) if pad.backend != "sqlite" else _SQLITE_TABLES
     digests: dict[str, Any] = {}
-    with sqlite_of(pad).snapshot() as conn:
-        # Every column, those of later schemas too (id and owner first, for the keys).
-        for table, name in (
-            ("entries", "entry"),
-            ("checkpoints", "checkpoint"),
-            ("compaction_marks", "compaction mark"),
-        ):
-            for row in conn.execute(f"SELECT id, owner_user_id, * FROM {table} ORDER BY id"):
-                if row[1] not in exclude:
-                    digests[f"{name} {row[0]}"] = hashlib.sha256(repr(row).encode())
-        for entry_id, seq, data in conn.execute("SELECT entry_id, seq, data FROM segments ORDER BY entry_id, seq"):
-            digest = digests.get(f"entry {entry_id}")
-            if digest is not None:
-                digest.update(repr(seq).encode() + bytes(data))
-        for owner, version, wrapped, created in conn.execute(
-            "SELECT owner_user_id, version, wrapped, created_at FROM owner_keys"
-        ):
-            if owner not in exclude:
-                digests[f"owner key {owner} v{version}"] = hashlib.sha256(repr((wrapped, created)).encode())
+    with db.snapshot():
+        for table in tables:
+            # Every column, those of later schemas too (the key's first).
+            for row in db.query(f"SELECT * FROM {table} ORDER BY 1, 2", admin=True):
+                if row.get("owner_user_id") in exclude:
+                    continue
+                text = repr(sorted(row.items())).encode()
+                if table == "segments":
+                    name = f"entry {row['entry_id']}"
+                    if name not in digests:
+                        if "owner_user_id" not in row:
+                            continue  # SQLite's segments carry no owner: an audit entry's, or an orphan
+                        digests[name] = hashlib.sha256(b"orphan segments")
+                    digests[name].update(text)
+                    continue
+                key = row.get("id") or "/".join(str(row[c]) for c in ("owner_user_id", "turn_id") if c in row)
+                sub = f" v{row['version']}" if table == "owner_keys" else ""
+                digests[f"{_LABELS.get(table, table)} {key}{sub}"] = hashlib.sha256(text)
     return {name: digest.hexdigest() for name, digest in digests.items()}
 
 

@@ -1,9 +1,6 @@
-"""The audit's checks through the library's API: the synthetic tenants, and
-what one principal can reach of another's entries.
-
-Every refusal must be exactly ``NotFoundError`` with the message an absent id
-gets; every allowed access must return what was stored (a store that refused
-everything would otherwise pass).
+"""The audit's checks through the library's API: what one principal can reach
+of another's entries. Every refusal must be exactly the ``NotFoundError`` an
+absent id gets, and every allowed access must return what was stored.
 """
 
 from __future__ import annotations

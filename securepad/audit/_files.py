@@ -1,11 +1,7 @@
-"""The audit's checks on files: deployment, what is at rest, and tampered copies.
-
-Deployment checks read file modes and pragmas. The at-rest checks scan the
-store's files (database, WAL, WAL index, journal) for the audit tenants'
-plaintext canaries and, around gc, for their ciphertext. The tamper checks
-damage SCRATCH COPIES of the store (``Context.tampered``), never the user's
-file, and require every read of the damaged entry to end in IntegrityError
-or NotFoundError.
+"""The audit's checks on files: deployment (modes, pragmas, the key's place),
+what is at rest (the tenants' canaries, and their ciphertext around gc), and
+tampered SCRATCH COPIES of the store, never the user's file, where every read
+of the damaged entry must end in IntegrityError or NotFoundError.
 """
 
 from __future__ import annotations
@@ -26,8 +22,7 @@ from ._support import CheckFailed, Context, Steps, Tenants, expect_refused, hold
 
 __all__ = ["AT_REST", "DEPLOYMENT", "KEY_SOURCE", "TAMPER", "entry_ciphertext"]
 
-# The SQLite store's deployment checks; where the master key is (both backends);
-# what is in the files; the drills on scratch copies.
+# KEY_SOURCE runs on both backends; the rest on SQLite.
 DEPLOYMENT = Steps("deployment")
 KEY_SOURCE = Steps("deployment")
 AT_REST = Steps("at rest")
@@ -160,9 +155,9 @@ def secure_delete_on(ctx: Context) -> str:
 
 
 def entry_ciphertext(ctx: Context, entry_id: str, label: str) -> dict[str, bytes]:
-    """32-byte pieces of an entry's ciphertext as stored: each segment, the sealed
-    metadata, the listing part and the wrapped item key. Random bytes: found in a file only if the
-    entry is still there."""
+    """32-byte pieces of an entry's ciphertext as stored (each segment, the
+    sealed metadata, the listing part, the wrapped item key): random bytes, in
+    a file only while the entry is."""
     pieces: dict[str, bytes] = {}
     rows = sqlite_of(ctx.pad).query(
         "SELECT sealed_meta, wrapped_key, only_segment, sealed_listing FROM entries WHERE id = ?", (entry_id,)

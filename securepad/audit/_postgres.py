@@ -1,15 +1,13 @@
 """The audit's checks of a PostgreSQL store: the server's own line of defence.
 
-There is no file to copy, scan or damage. The checks read what the server
-enforces (the roles' rights, row-level security forced with the expected
-policies, every grant and function as ``docs/how-to/postgresql.md`` documents
-them), count rows as the application role without the owner setting, and
-tamper with the audit owners' rows in place (one transaction each, then restored).
+The checks read what the server enforces (roles, forced row-level security,
+grants and functions as ``docs/how-to/postgresql.md`` documents them), count
+rows as the application role without the owner setting, and tamper with the
+audit owners' rows in place (then restore them).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -19,7 +17,7 @@ from ..store import parts
 from . import drills
 from ._support import CheckFailed, Context, Steps, expect_refused
 
-__all__ = ["DEPLOYMENT", "RAW_QUERY", "TAMPER", "owner_tables", "real_state"]
+__all__ = ["DEPLOYMENT", "RAW_QUERY", "TAMPER", "owner_tables"]
 
 # Tables whose rows belong to one owner (row-level security holds each): these
 # at least, and every other table of the schema with an owner_user_id column.
@@ -43,21 +41,12 @@ UPDATE_COLUMNS: dict[str, frozenset[str]] = {
     "checkpoints": frozenset({"expires_at", "sealed"}),
     "compaction_marks": frozenset({"expires_at", "sealed"}),
 }
-# The schema's functions (migration 10: a warm read's, ``head_reads``): each
-# SECURITY INVOKER (it runs as its caller, under row-level security) with its
-# search_path pinned to the schema, owned by
-# the admin role, EXECUTE for the application role and not for PUBLIC.
+# The schema's functions (a warm read's): each SECURITY INVOKER with its
+# search_path pinned, owned by the admin role, EXECUTE for the application role alone.
 FUNCTIONS = frozenset({"turn_inventory", "entry_turn_inventory"})
 _TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 _COLUMN_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "REFERENCES")
 _OWNER_EXPR = "(owner_user_id = current_setting('securepad.owner'::text, true))"
-# What real_state calls a row of each owner table.
-_LABELS = {
-    "owner_keys": "owner key",
-    "entries": "entry",
-    "checkpoints": "checkpoint",
-    "compaction_marks": "compaction mark",
-}
 
 DEPLOYMENT = Steps("deployment")
 RAW_QUERY = Steps("isolation")
@@ -138,11 +127,9 @@ def _app_role(ctx: Context) -> str:
     " CREATEROLE, and the roles with superuser or BYPASSRLS that it may SET ROLE to",
 )
 def _login(ctx: Context) -> str:
-    """The login the application's connections use: row-level security holds
-    ``securepad_app`` only while the session does not leave that role, and a
-    login that is a superuser or has BYPASSRLS (or may become a role that is
-    or has, or may grant itself one: CREATEROLE) leaves it with one
-    ``RESET ROLE``."""
+    """Row-level security holds ``securepad_app`` only while the session stays
+    in it: a login that is (or may become) a superuser or BYPASSRLS role
+    leaves it with one ``RESET ROLE``."""
     rows = _app(
         ctx,
         "SELECT l.rolname AS login, l.rolsuper AS superuser, l.rolbypassrls AS bypassrls,"
@@ -436,25 +423,3 @@ def _row_moved(ctx: Context) -> str:
         taken = expect_refused("b reads a's row relabelled as b's", ctx.pad.get, t.b, text)
         ctx.expect_not_found("a asks for its relabelled row", ctx.pad.get, t.a, text)
     return f"a's row (and its segments) relabelled as owner b's: b's get -> {taken}, a's get -> NotFoundError"
-
-
-# -- the state of the real rows ----------------------------------------------------------
-
-
-def real_state(ctx: Context, exclude: tuple[str, ...]) -> dict[str, str]:
-    """A digest of every row of every owner table not of ``exclude`` (segments in their entry's)."""
-    digests: dict[str, Any] = {}
-    for table in owner_tables(ctx):
-        for row in _admin(ctx, f"SELECT * FROM {table} ORDER BY 1, 2"):
-            if row["owner_user_id"] in exclude:
-                continue
-            if table == "segments":
-                name = f"entry {row['entry_id']}"
-                if name not in digests:  # an entry's segments follow it: an orphan is named on its own
-                    digests[name] = hashlib.sha256(b"orphan segments")
-                digests[name].update(repr(sorted(row.items())).encode())
-                continue
-            key = row.get("id") or "/".join(str(row[c]) for c in ("owner_user_id", "turn_id") if c in row)
-            sub = f" v{row['version']}" if table == "owner_keys" else ""
-            digests[f"{_LABELS.get(table, table)} {key}{sub}"] = hashlib.sha256(repr(sorted(row.items())).encode())
-    return {name: digest.hexdigest() for name, digest in digests.items()}

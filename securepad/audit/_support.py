@@ -1,10 +1,8 @@
 """What the audit's checks share: the run's context, the synthetic tenants,
 the expectations every refusal must meet, and the at-rest file scan.
 
-A check is a function ``check(ctx) -> str``: it returns what happened when
-the defence held and raises ``CheckFailed`` (saying what happened instead)
-when it did not. Any other exception is a failure too; the runner reports it.
-Each module declares its checks with a ``Steps`` list, in the order they run.
+A check ``check(ctx) -> str`` returns what happened when the defence held and
+raises ``CheckFailed`` when it did not (any other exception fails it too).
 """
 
 from __future__ import annotations
@@ -49,12 +47,9 @@ class CheckFailed(Exception):
 
 @dataclass
 class Tenants:
-    """The audit's synthetic owners and what they stored.
-
-    ``a`` and ``b`` differ only in their owner id, so every refusal between
-    them is the owner boundary at work. ``a_channel`` and ``a_actor`` are
-    owner ``a`` on another channel and as another actor (for policy scopes).
-    """
+    """The audit's synthetic owners and what they stored. ``a`` and ``b``
+    differ only in their owner id; ``a_channel`` and ``a_actor`` are ``a`` on
+    another channel and as another actor (for policy scopes)."""
 
     tag: str
     a: Principal
@@ -109,7 +104,7 @@ class Context:
 
     def expect_not_found(self, what: str, call: Callable[..., object], *args: Any, **kwargs: Any) -> None:
         """``call(*args, **kwargs)`` must raise exactly ``NotFoundError`` with the
-        message an absent id gets. ``what`` names the attempt in a failure.
+        message an absent id gets (``what`` names the attempt).
 
         Raises:
             CheckFailed: it returned something, raised another error, a subclass
@@ -129,8 +124,7 @@ class Context:
         raise CheckFailed(f"{what}: served {describe(result)}")
 
     def scratch(self) -> Path:
-        """A 0700 directory for scratch copies, beside the store unless told otherwise:
-        the copies then get the same disk and the same access rules as the store."""
+        """A 0700 directory for scratch copies, beside the store unless told otherwise."""
         if self.scratch_dir is None:
             parent = self.scratch_parent if self.scratch_parent is not None else self.pad.path.parent
             self.scratch_dir = Path(tempfile.mkdtemp(prefix=".securepad-audit-", dir=parent))
@@ -151,8 +145,7 @@ class Context:
     @contextmanager
     def tampered(self, *drills: Callable[[Path], None]) -> Iterator[tuple[Scratchpad, Path]]:
         """Open a scratch copy damaged by ``drills`` with the store's keyring and
-        policy, and no anchor: the copy has the store's id, and writes to it
-        must not move the real store's anchor (nor is the copy an older store)."""
+        policy, and no anchor (the copy's writes must not move the store's)."""
         path = self.drill_copy()
         for drill in drills:
             drill(path)
@@ -222,11 +215,8 @@ def store_files(db_path: Path) -> list[Path]:
 
 
 def scan_files(files: Iterable[Path], needles: dict[str, bytes]) -> dict[str, list[str]]:
-    """Which needles occur in which files: label -> names of the files holding it.
-
-    Reads each file in 1 MiB chunks that overlap by the longest needle, so a
-    needle across a chunk boundary is found and memory stays flat.
-    """
+    """Which needles occur in which files: label -> names of the files holding
+    it, read in chunks that overlap by the longest needle."""
     found: dict[str, list[str]] = {label: [] for label in needles}
     if not needles:
         return found

@@ -1,12 +1,8 @@
-"""Drills against the store's defences, run on scratch copies, never the user's file.
+"""Drills against the store's defences: damage a scratch copy the way an
+attacker with write access to the file would (the demo, the audit, the tests).
 
-Used by ``securepad demo``, ``securepad audit`` and the isolation tests: they
-copy the store, damage the copy the way an attacker with write access to the
-file would, and check that the damage is detected.
-
-Every function here opens its own apsw connection to the file it is given
-and commits before returning, so a ``Scratchpad`` open on the same file sees
-the damage on its next query.
+Every function commits on its own connection before returning, so a
+``Scratchpad`` open on the same file sees the damage on its next query.
 """
 
 from __future__ import annotations
@@ -77,11 +73,8 @@ def clone(src: Path, dest: Path) -> None:
 
 
 def keep_only_owners(path: Path, owners: Iterable[str]) -> None:
-    """Delete every other owner's entries, segments and keys from a scratch copy, then vacuum it.
-
-    The audit's drills need only its own tenants; shrinking the copy makes each
-    drill's fresh copy cheap and keeps other owners' ciphertext out of scratch files.
-    """
+    """Delete every other owner's entries, segments and keys from a scratch
+    copy, then vacuum it: each drill's copy is cheap and holds no other owner's ciphertext."""
     keep = tuple(sorted(set(owners)))
     marks = ", ".join("?" * len(keep))
     statements = [
@@ -122,8 +115,8 @@ def restore_entry(path: Path, row: dict[str, Any], segments: list[bytes] | None 
     _edit(path, statements)
 
 
-# A segment's ciphertext wherever it is kept: the segments table, or (segment 0
-# of a one-segment entry, schema 8 on) the entry row's only_segment. Parameters: entry id, seq (twice each).
+# A segment's ciphertext wherever it is kept: the segments table, or the row's
+# only_segment (a one-segment entry). Parameters: entry id, seq (twice each).
 SEGMENT_SQL = (
     "COALESCE((SELECT data FROM segments WHERE entry_id = ? AND seq = ?),"
     " (SELECT only_segment FROM entries WHERE id = ? AND ? = 0))"

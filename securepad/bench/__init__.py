@@ -1,6 +1,2 @@
-"""securepad's benchmark suite: securepad side by side with the alternatives.
-
-Shipped inside the package: ``pip install '.[bench]'``, then ``securepad bench``
-anywhere (``--quick`` for the smoke run, ``--out`` for where the results go).
-See the docs' performance page.
-"""
+"""securepad's benchmark suite, securepad beside the alternatives: ``pip install
+'.[bench]'``, then ``securepad bench`` (the docs' performance page)."""

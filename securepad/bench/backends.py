@@ -1,8 +1,6 @@
-"""The stores compared, behind one small interface; each one's ``description``
-says what it is, and the performance page compares them. Every backend stores
-the same view (step, size, kind, head-and-tail summary) next to the content,
-so that resuming a turn is the same job everywhere. Reads at byte offsets are
-exact here because the benchmark text is ASCII.
+"""The stores compared, behind one small interface. Every backend stores the same
+view next to the content, so resuming a turn is the same job everywhere; reads at
+byte offsets are exact because the benchmark text is ASCII.
 """
 
 from __future__ import annotations
@@ -77,8 +75,7 @@ def transaction(conn: Any, body: Callable[[], T]) -> T:
     return result
 
 
-# Every store class by name, as its module defines it: ``open_backend`` (and so a child process) finds
-# a store once its module is imported, the suite's own (``BACKENDS``) or not (the sealed floor, PostgreSQL).
+# Every store class by name, registered by its definition: a child process finds any imported store.
 KNOWN: dict[str, type[Backend]] = {}
 
 
@@ -127,8 +124,7 @@ class Backend:
         raise NotImplementedError
 
     def fill_expired(self, count: int, size: int, now: float) -> None:
-        """Store ``count`` entries that have expired by ``now`` (setup for gc; not timed): here
-        through ``put`` with the clock in the past, each expiring a second after it is created."""
+        """Store ``count`` entries that have expired by ``now`` (gc's setup, not timed)."""
         start = now - 10 - count * 0.001
         for i in range(count):
             self.put("gc-turn", i, data.text(size, salt=i), ttl=1, now=start + i * 0.001)
@@ -139,9 +135,6 @@ class Backend:
 
     def close(self) -> None:
         raise NotImplementedError
-
-
-# -- securepad ---------------------------------------------------------------------
 
 
 def bench_policy() -> Policy:
@@ -182,8 +175,6 @@ class SecurepadBackend(Backend):
     def close(self) -> None:
         self.pad.close()
 
-
-# -- the SQL baselines -------------------------------------------------------------------
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS entries(id {id_type} PRIMARY KEY, turn_id TEXT NOT NULL, step_num INTEGER NOT NULL,"
@@ -310,8 +301,7 @@ class UnhardenedBackend(_SqlBackend):
     description = "stdlib sqlite3, default journal (DELETE, synchronous=FULL), whole-blob reads"
 
     def _connect(self) -> sqlite3.Connection:
-        # Every default (5 s timeout, implicit transactions, DELETE journal); one
-        # connection per thread still, check_same_thread off only so close() can run anywhere.
+        # Every default; check_same_thread off only so that close() can run anywhere.
         return sqlite3.connect(self.path, check_same_thread=False)
 
     def _write(self, body: Callable[[], T]) -> T:
@@ -349,9 +339,6 @@ class SqlCipherBackend(_SqlBackend):
         first = 1 if mode == "head" else -n if mode == "tail" else start + 1  # substr() counts from 1, or from the end
         found = self.conn.execute("SELECT substr(content, ?, ?) FROM entries WHERE id = ?", (first, n, entry_id))
         return bytes(found.fetchall()[0][0]).decode("utf-8")
-
-
-# -- diskcache ---------------------------------------------------------------------------
 
 
 class DiskcacheBackend(Backend):
@@ -404,9 +391,8 @@ class DiskcacheBackend(Backend):
             history.append({"scratchpad_id": key, **json.loads(found[1])})
         return history, [READ_TOOL] if history else []
 
-    # diskcache takes expiry relative to its own clock at set(), and every set()
-    # culls a few expired entries itself; so the entries expire an hour after the
-    # fill, and gc runs with its clock two hours ahead.
+    # diskcache expires relative to its own clock and culls on set(): entries expire
+    # an hour after the fill, and gc runs with its clock two hours ahead.
     _GC_TTL = 3600
 
     def fill_expired(self, count: int, size: int, now: float) -> None:

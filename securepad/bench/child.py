@@ -1,16 +1,7 @@
-"""The parts of the suite that run in a fresh process.
-
-``python -m securepad.bench.child '<json spec>'`` runs one task and prints one
-JSON line. A resumed turn starts in a new process, and a fresh process is the
-only honest place to measure a reader's peak memory: it holds nothing but the
-store and the read.
-
-Memory: the peak resident set size (Linux ``VmHWM``, the figure behind
-``ru_maxrss``) minus the resident set just before the measured operations.
-The high-water mark is reset before each measured mode by writing 5 to
-``/proc/self/clear_refs``; where that is not possible the parent runs one
-mode per process instead, and the baseline is ``ru_maxrss`` before the first
-measured operation.
+"""The parts of the suite that run in a fresh process: ``python -m securepad.bench.child
+'<json spec>'`` runs one task and prints one JSON line. A fresh process is the only
+honest place to measure a reader's peak memory: peak RSS (``VmHWM``, reset through
+``/proc/self/clear_refs``, else one mode per process) minus the RSS before the reads.
 """
 
 from __future__ import annotations
@@ -35,8 +26,6 @@ from . import data, floor  # noqa: F401  (the sealed floor: known to open_backen
 from .backends import BACKENDS, KNOWN, open_backend
 from .stats import within
 
-# -- running a child -------------------------------------------------------------------
-
 
 def command(spec: dict[str, Any]) -> list[str]:
     """The command that runs ``spec``; ``-P``: the child never imports from its working directory."""
@@ -49,8 +38,8 @@ def command(spec: dict[str, Any]) -> list[str]:
 
 
 def environment(**extra: str) -> dict[str, str]:
-    """This environment with the directory holding this securepad (a checkout or site-packages) first on
-    the path; not resolved: a checkout reached through a symlink keeps its own securepad."""
+    """This environment with this securepad's directory first on the path (not resolved: a
+    checkout reached through a symlink keeps its own securepad)."""
     root = str(Path(__file__).absolute().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -72,9 +61,6 @@ def run(spec: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
     if proc.returncode != 0 or "error" in result:
         raise RuntimeError(f"child task {spec['task']} on {spec['backend']} failed:\n{result.get('error')}")
     return result
-
-
-# -- memory --------------------------------------------------------------------------
 
 
 def _status_kib(field: str) -> int | None:
@@ -105,17 +91,13 @@ def can_reset_peak() -> bool:
     return reset_peak() and _status_kib("VmHWM") is not None
 
 
-# -- tasks ---------------------------------------------------------------------------
-
-
 def task_read(spec: dict[str, Any]) -> dict[str, Any]:
     """Time head/tail/range reads of one entry and measure the reader's peak memory."""
     backend = open_backend(spec["backend"], Path(spec["root"]), create=False)
     n, start = spec["n"], spec["start"]
     out: dict[str, Any] = {}
     for mode in spec["modes"]:
-        # Warm the connection and caches on a small entry, never on the measured one:
-        # a freed large buffer could stay in the heap and hide the next read's peak.
+        # Warm up on a small entry: a freed large buffer could stay in the heap and hide the next peak.
         backend.read(spec["warm_id"], mode, n, 0)
         reset = reset_peak()
         base = _kib("VmRSS") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -149,7 +131,6 @@ def task_resume(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _timed(call: Any, latencies: list[float], errors: Counter[str]) -> Any:
-    """``call()``'s result, its latency appended; an exception counted instead."""
     t0 = time.perf_counter()
     try:
         result = call()
@@ -185,8 +166,7 @@ def _work(backend: Any, spec: dict[str, Any], index: int, start: threading.Barri
 
 
 def task_worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """One process of the concurrent workload: ``threads`` threads doing 50/50
-    put/read until the deadline. Prints "ready", waits for "go" on stdin."""
+    """One process of the concurrent workload. Prints "ready", waits for "go" on stdin."""
     backend = open_backend(spec["backend"], Path(spec["root"]), create=False)
     threads = spec["threads"]
     start = threading.Barrier(threads + 1)

@@ -43,6 +43,8 @@ class Config:
     # open() of an existing store, open_reps times per key source
     open_reps: int
     read_chars: int = 2000
+    # the machine's CPU scaling: how long each spinning process of the probe runs
+    scaling_seconds: float = 0.5
     concurrent_bytes: int = 4 * KiB
     resume_entry_bytes: int = 8 * KiB
     gc_entry_bytes: int = 1 * KiB
@@ -104,4 +106,5 @@ class Config:
             resume_steps=(10,),
             gc_entries=200,
             open_reps=1,
+            scaling_seconds=0.05,
         )

@@ -1,14 +1,6 @@
-"""Load-independent costs of a call on a SQLite store; time moves with the machine's load, these do not.
-
-- ``statements``: every SQL statement run on the connection (``BEGIN`` and
-  ``COMMIT`` included; each row of an ``executemany`` is one), counted by
-  SQLite's statement trace; a trigger's firing and the statements inside it
-  are counted apart, as ``trigger_statements``.
-- ``wal_frames``: frames the call appended to the write-ahead log (each frame
-  is one page plus a 24-byte header), read from the WAL file's size after a
-  truncating checkpoint emptied it.
-- ``key_derivations``, ``key_unwraps``, ``header_digests``, ``head_opens``:
-  the key work counted by ``securepad.crypto.primitives.WORK``.
+"""Load-independent costs of a call on a SQLite store: ``statements`` (SQLite's
+statement trace; a trigger's apart, as ``trigger_statements``), ``wal_frames``
+appended to an emptied WAL, and the key work ``crypto.primitives.WORK`` counts.
 """
 
 from __future__ import annotations
@@ -58,11 +50,8 @@ def counting(conn: apsw.Connection) -> Iterator[dict[str, int]]:
 
 
 def measure(pad: Scratchpad, call: Callable[[], object]) -> dict[str, int]:
-    """The costs of ``call()`` on ``pad``'s SQLite store, its WAL emptied first.
-
-    Raises:
-        RuntimeError: a reader kept the WAL from being emptied (the frames could not be counted).
-    """
+    """The costs of ``call()`` on ``pad``'s SQLite store.
+    Raises RuntimeError: a reader kept the WAL from being emptied."""
     db = sqlite_of(pad)
     if not db.checkpoint():
         raise RuntimeError("a reader kept the WAL from being emptied; cannot count frames")
@@ -73,10 +62,7 @@ def measure(pad: Scratchpad, call: Callable[[], object]) -> dict[str, int]:
 
 
 def put_costs(pad: Scratchpad, principal: Principal, size_bytes: int) -> dict[str, int]:
-    """The costs of one put of ``size_bytes`` of text into a new turn (the owner's key already exists).
-
-    Raises ``SecurepadError`` on a PostgreSQL store.
-    """
+    """The costs of one warm put of ``size_bytes`` into a new turn. Raises SecurepadError: PostgreSQL."""
     line = "observation line with some words in it 0123456789\n"
     text = (line * (size_bytes // len(line) + 1))[:size_bytes]
     turn = f"costs-{secrets.token_hex(4)}"

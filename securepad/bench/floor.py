@@ -1,10 +1,6 @@
-"""The sealed floor: the least work that keeps securepad's guarantees, written plainly.
-
-A yardstick, not a store to use: whatever securepad does beyond it must pay
-for itself. It seals with securepad's own crypto layer, so its formats and
-their cost are securepad's; the performance page walks through a put and a
-read. Not here: quotas, policies beyond the owner's scope, audit logs, key
-rotation, the anchor that detects a whole store rolled back.
+"""The sealed floor: the least work that keeps securepad's guarantees, with its own
+crypto layer, written plainly. A yardstick, not a store: no quotas, policies, audit,
+rotation or rollback anchor.
 """
 
 from __future__ import annotations
@@ -63,8 +59,7 @@ _ROWS = (
 
 
 class _Head:
-    """A turn head as this process sealed or opened it: its sealed bytes, its tally
-    and, once its rows were recounted against it, the entries it counts (None before)."""
+    """A turn head as sealed or opened here, and once its rows were recounted, its entries."""
 
     def __init__(self, sealed: bytes | None, tally: tuple[int, int, int], items: dict[str, Any] | None) -> None:
         self.sealed, (self.seq, self.count, self.digest), self.items = sealed, tally, items
@@ -109,8 +104,7 @@ class SealedFloorBackend(Backend):
         return self._seal.term(_PACK([self.owner, turn, entry_id, *item]))
 
     def _head(self, turn: str, sealed: bytes | None, *, inventory: bool = True) -> _Head:
-        """The turn's head as stored (``sealed``): the one this process sealed or
-        checked, else opened; with ``inventory``, its rows recounted against it once."""
+        """The turn's head as stored, opened unless this process knows it; ``inventory``: its rows recounted once."""
         known = self._heads.get(turn)
         if known is not None and known.sealed == sealed and (known.items is not None or not inventory):
             return known
@@ -150,8 +144,7 @@ class SealedFloorBackend(Backend):
         self._heads[turn] = _Head(sealed, (seq, count, digest), items)
 
     def _with_head(self, turn: str, body: Any) -> None:
-        """``body(head)`` in a write transaction, with the head this process sealed
-        last; when another process wrote since, again with the stored one."""
+        """``body(head)`` in a write transaction with the head sealed here last, else the stored one."""
         try:
             try:
                 transaction(self.conn, lambda: body(self._heads.get(turn) or _Head(None, (0, 0, 0), {})))

@@ -1,17 +1,7 @@
-"""The ``hotpath`` workload of ``securepad bench``: records with ``"section"`` set.
-
-- ``costs``: statements and WAL frames of one put at each size up to 1 MiB
-  (load-independent: ``costs.put_costs``), beside raw apsw's WAL frames;
-- ``write``: 4 KiB observations per second, single puts and ``put_many`` of
-  8 and 64 under each durability setting, and the framework stores' single
-  writes and batches (``add_items``, ``put_writes``);
-- ``tail``: the last 2,000 characters of a 1 MiB observation, in process,
-  securepad's beside each framework store's read of the item;
-- ``listing``: ``list_for_turn`` beside the unhardened design's listing.
-
-The framework stores are optional peers (OpenAI Agents ``SQLiteSession`` and
-``EncryptedSession``, LangGraph ``SqliteSaver`` with ``EncryptedSerializer``);
-a missing one is a record with ``"skipped"`` and the reason.
+"""The ``hotpath`` workload of ``securepad bench``: records whose ``"section"`` is
+``costs`` (statements and WAL frames per put), ``write`` (4 KiB write rates),
+``tail`` (2,000 characters of 1 MiB, in process) or ``listing``, securepad beside
+the framework stores (optional: a missing one is a record with ``"skipped"``).
 """
 
 from __future__ import annotations
@@ -48,8 +38,7 @@ TAIL_CHARS = 2000
 
 
 def run_hotpath(cfg: Config, name: str, workdir: Path, step: Step) -> Iterator[list[Record]]:
-    """The hot-path sections, once per run: only on the securepad backend
-    (the peers are measured beside it, inside this workload)."""
+    """The hot-path sections, once per run, on the securepad backend (the peers are measured beside it)."""
     if name != "securepad":
         return
     root = workdir / "hotpath"
@@ -76,7 +65,6 @@ def _tag(section: str, record: Record) -> Record:
 
 
 def _record(store: str, durability: str, mode: str, per_call: int, stats: dict[str, Any]) -> Record:
-    """A write rate's record."""
     case = f"{store} {durability} {mode}" if store == "securepad" else f"{store} {mode}"
     return {"store": store, "durability": durability, "mode": mode, "batch": per_call, "case": case, "stats": stats}
 
@@ -106,9 +94,6 @@ def _raw_frames(root: Path, size: int) -> int:
         raw.close()
 
 
-# -- write rates --------------------------------------------------------------------------------
-
-
 def _timed(cfg: Config, operation: Callable[[int], None], per_call: int) -> dict[str, Any]:
     """Run ``operation(i)`` within the put budget; stats per call, plus observations per second."""
     samples: list[float] = []
@@ -125,7 +110,6 @@ Modes = list[tuple[str, int, Callable[[int], None]]]
 
 
 def _securepad_modes(pad: Scratchpad, texts: list[str]) -> Modes:
-    """Single puts, and put_many of each batch size."""
     counter = iter(range(1 << 40))
 
     def single(i: int) -> None:
@@ -154,12 +138,8 @@ def _securepad_writes(cfg: Config, root: Path, keyring: Keyring) -> list[Record]
     return records
 
 
-# -- the framework stores --------------------------------------------------------------------------
-
 PEERS = ("SQLiteSession", "EncryptedSession", "SqliteSaver + EncryptedSerializer")
 PEER_DURABILITY = "theirs: WAL, synchronous=FULL"
-
-
 _PEER_MODULES = {
     "SQLiteSession": ("agents",),
     "EncryptedSession": ("agents.extensions.memory",),
@@ -285,17 +265,14 @@ def _peer_writes(cfg: Config, root: Path) -> list[Record]:
     for peer in PEERS:
         reason = peer_missing(peer)
         if reason:
-            for mode in ("single", *(f"batch {b}" for b in BATCHES)):
-                records.append({"store": peer, "durability": PEER_DURABILITY, "mode": mode, "case": f"{peer} {mode}"})
-                records[-1]["skipped"] = reason
+            modes = ("single", *(f"batch {b}" for b in BATCHES))
+            common = {"store": peer, "durability": PEER_DURABILITY}
+            records += [common | {"mode": m, "case": f"{peer} {m}", "skipped": reason} for m in modes]
             continue
         with closing(_open_peer(peer, root / f"{peer}-write.db")) as store:
             for mode, per_call, operation in store.modes(texts):
                 records.append(_record(peer, PEER_DURABILITY, mode, per_call, _timed(cfg, operation, per_call)))
     return records
-
-
-# -- tail and listing --------------------------------------------------------------------------------
 
 
 def _read_stats(cfg: Config, read: Callable[[], str], expected: str) -> dict[str, Any]:

@@ -1,16 +1,10 @@
 """``securepad bench --costs``: instructions per operation for securepad, the
 sealed floor and raw apsw, beside the load-independent counts (``costs``).
 
-Each backend's store is prepared once, then copied fresh for one measured
-process, which runs per operation one warm-up call, ``N`` calls and ``2N``
-calls, each run closed by a truncating checkpoint (a write pays for moving
-its own WAL frames; no automatic checkpoint falls into one run and not the
-other) and by a call of ``sys.getswitchinterval``, the marker at which
-callgrind (``--dump-before``) writes what ran since the last one. A figure is
-(Ir(2N) - Ir(N)) / N: whatever a run costs once cancels out. (securepad's
-anchor is kept by a background thread, so its write figures move by a few
-percent between runs.) Without valgrind the figure is the mean CPU time
-(``time.process_time``) of the 3N calls, in microseconds, and the report says so.
+A measured process runs per operation a warm-up call, ``N`` and ``2N`` calls,
+each run closed by a truncating checkpoint and a marker call at which callgrind
+dumps; a figure is (Ir(2N) - Ir(N)) / N, so one-off costs cancel out. Without
+valgrind it is the mean CPU time of the 3N calls, in microseconds.
 """
 
 from __future__ import annotations
@@ -106,10 +100,7 @@ def _operations(backend: Backend, prepared: dict[str, Any]) -> dict[str, Callabl
 
 
 def child(spec: dict[str, Any]) -> dict[str, Any]:
-    """The measured process: per operation a warm-up call, N calls, 2N calls,
-    each run closed by a truncating checkpoint of the WAL (so a run pays for
-    moving its own frames into the file, whatever SQLite's automatic
-    checkpoints would have done) and the marker; returns the runs and their CPU seconds."""
+    """The measured process (see the module's docstring); returns the runs and their CPU seconds."""
     backend = open_backend(spec["backend"], Path(spec["root"]), create=False)
     ops = _operations(backend, spec["prepared"])
     chosen = spec["ops"]
@@ -183,9 +174,8 @@ def measure(
     backends: Sequence[str] = tuple(BACKENDS),
     ops: Sequence[str] = OPERATIONS,
 ) -> dict[str, Any]:
-    """Prepare, measure and count the operations ``ops`` of ``backends`` (a
-    backend that runs none of them is left out); ``method`` is ``callgrind``
-    or ``cpu`` (default: callgrind when valgrind is installed)."""
+    """Prepare, measure and count ``ops`` of ``backends``; ``method``: ``callgrind`` or ``cpu``
+    (default: callgrind when valgrind is installed)."""
     method = method or ("callgrind" if has_valgrind() else "cpu")
     if method not in ("callgrind", "cpu"):
         raise ValueError(f"unknown method {method!r} (callgrind, cpu)")
@@ -250,9 +240,6 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-# -- the load-independent counts ------------------------------------------------------------
-
-
 def _connection(backend: Backend) -> apsw.Connection:
     if isinstance(backend, SecurepadBackend):
         return sqlite_of(backend.pad).conn
@@ -288,9 +275,6 @@ def work(name: str, workdir: Path, prepared: dict[str, Any], chosen: Sequence[st
         backend.close()
         shutil.rmtree(root, ignore_errors=True)
     return found
-
-
-# -- the report ------------------------------------------------------------------------------
 
 
 def _figure(value: float | None) -> str:

@@ -72,12 +72,10 @@ def _figures(stats: dict[str, Any]) -> list[str]:
 
 
 def _timed(r: Record, *last: str) -> list[list[str]]:
-    """One row: the case, its figures, its rate and the cells ``last``."""
     return [[r["case"], *_figures(r["stats"]), fmt_rate(r["stats"]["ops_per_s"]), *last]]
 
 
 def _concurrent_rows(r: Record) -> list[list[str]]:
-    """One row per operation (put, read); the totals, errors and lost writes on the put row."""
     totals = [fmt_rate(r["stats"]["ops_per_s"]), str(r["error_count"]), str(r["lost_writes"])]
     return [
         [r["case"], op, *_figures(r[op]), fmt_rate(r[op]["ops_per_s"]), *(totals if op == "put" else ["", "", ""])]
@@ -147,7 +145,6 @@ _HOTPATH: dict[str, tuple[str, list[str], Callable[[Record], list[str]]]] = {
 
 
 def markdown(results: Results) -> str:
-    """Every workload's table, then the targets."""
     w = results["workloads"]
     out: list[str] = []
     for name, (heading, header, rows_of) in _SECTIONS.items():
@@ -172,7 +169,6 @@ def markdown(results: Results) -> str:
 
 
 def hotpath_markdown(records: list[Record]) -> list[str]:
-    """The hot-path tables (costs, write rates, tail, listing), then the figures skipped and why."""
     out: list[str] = []
     for section, (heading, header, row) in _HOTPATH.items():
         found = _section(records, section)
@@ -184,8 +180,6 @@ def hotpath_markdown(records: list[Record]) -> list[str]:
         out.append("\nhotpath skipped: " + "; ".join(f"{r['case']}: {r['skipped']}" for r in skipped))
     return out
 
-
-# -- the summary a person reads (80 columns) -----------------------------------------------
 
 WIDTH = 80
 _LABEL = 22  # the case column; each backend gets 11
@@ -209,8 +203,7 @@ _SUMMARY: dict[str, tuple[str, str, Callable[[Record], str]]] = {
 
 
 def summary(results: Results, written: Iterable[str] = ()) -> str:
-    """What was measured, securepad beside each baseline, where the files are:
-    lines of at most 80 columns. The targets are counted, not listed (``targets_text``)."""
+    """What was measured, securepad beside each baseline, where the files are, in 80 columns."""
     meta, w = results["meta"], results["workloads"]
     backends = [b for b, info in results["backends"].items() if info.get("available", True)]
     machine = meta.get("machine", {}).get("summary", "")
@@ -242,7 +235,6 @@ def summary(results: Results, written: Iterable[str] = ()) -> str:
 
 
 def targets_text(results: Results) -> str:
-    """The targets, one per line (wrapped at 80 columns): result, target, figure."""
     out = ["targets (ratios measured in this run)"]
     for t in results.get("targets") or []:
         out += _wrapped(f"{_verdict(t['passed']).strip('*'):<5} {t['target']}: {t['measured']}", indent=6)
@@ -255,9 +247,6 @@ def _wrapped(text: str, indent: int = 2) -> list[str]:
 
 def _verdict(passed: bool | None) -> str:
     return "n/a" if passed is None else "pass" if passed else "**miss**"
-
-
-# -- targets ---------------------------------------------------------------------------------
 
 
 def _find(records: list[Record], **match: Any) -> Record | None:
@@ -289,8 +278,8 @@ def _ratio(
     detail: bool = False,
     why: str | None = None,
 ) -> Record:
-    """The target ``name``: ``ours``' stats[key] over ``theirs``', at least ``least`` or at most ``most``;
-    with ``detail``, both figures beside the ratio. A missing record: not measured, ``why`` says why."""
+    """``ours``' stats[key] over ``theirs``', at least ``least`` or at most ``most``; ``detail``
+    shows both figures; a missing record is not measured, for the reason ``why``."""
     if not (ours and theirs):
         return _target(name, why, None)
     x, y = ours["stats"][key], theirs["stats"][key]
@@ -304,7 +293,6 @@ def _ratio(
 
 
 def targets(results: Results) -> list[Record]:
-    """The project's targets, each a ratio of two figures from this run."""
     w = results["workloads"]
     puts, reads, conc = w.get("put", []), w.get("read", []), w.get("concurrent", [])
     found = []
@@ -337,7 +325,6 @@ def targets(results: Results) -> list[Record]:
 
 
 def _concurrent_targets(conc: list[Record]) -> list[Record]:
-    """2 processes x 4 threads: no errors, no lost writes, put latency, throughput against raw plaintext."""
     sp, raw = _find(conc, backend="securepad", case="2x4"), _find(conc, backend="raw-apsw", case="2x4")
     labels = ("2x4: 0 errors", "2x4: 0 lost writes", "2x4: put p99 <= 20 ms", "2x4: put max <= 200 ms")
     if sp:
@@ -355,7 +342,6 @@ def _concurrent_targets(conc: list[Record]) -> list[Record]:
 
 
 def _why(records: list[Record], store: str, **match: Any) -> str | None:
-    """The reason a figure is missing: the skipped record that stands for it, if any."""
     for r in records:
         if "skipped" in r and r.get("store") == store and all(r.get(k) == v for k, v in match.items()):
             return str(r["skipped"])
@@ -363,7 +349,6 @@ def _why(records: list[Record], store: str, **match: Any) -> str | None:
 
 
 def hotpath_targets(records: list[Record]) -> list[Record]:
-    """The hot path's targets that the hotpath workload measures; a missing figure's says why."""
     found = []
     costs = _section(records, "costs")
     cost, why = _find(costs, size_bytes=4096), _why(costs, "securepad")
@@ -399,9 +384,6 @@ def hotpath_targets(records: list[Record]) -> list[Record]:
     sp, un = _find(listing, store="securepad"), _find(listing, store="unhardened")
     name = f"list_for_turn {sp['steps'] if sp else 1000} steps within 5x of the unhardened listing (median)"
     return [*found, _ratio(name, sp, un, "median", most=5)]
-
-
-# -- files -------------------------------------------------------------------------------------
 
 
 def write_json(results: Results, path: Path) -> None:

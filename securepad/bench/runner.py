@@ -1,9 +1,5 @@
-"""Run the suite: ``securepad bench [--quick]``.
-
-Prints a summary that fits 80 columns (the targets with ``targets``, every
-table with ``tables``), writes ``<out>/<mode>.json`` and ``<out>/<mode>.png``. ``--quick`` runs every
-workload on tiny sizes (the CI smoke run); it asserts nothing about timings.
-"""
+"""Run the suite: ``securepad bench [--quick]``; print an 80-column summary, write
+``<out>/<mode>.json`` and ``<out>/<mode>.png``. Nothing is asserted about timings."""
 
 from __future__ import annotations
 
@@ -31,17 +27,13 @@ from .config import Config
 from .floor import SealedFloorBackend
 from .workloads import WORKLOADS
 
-# Every backend the suite can run: those it runs by default, and the sealed floor, run only when
-# named (``--backends``), the yardstick of what securepad's guarantees cost (``--costs`` measures it always).
+# The default backends, and the sealed floor, run only when named.
 RUNNABLE: dict[str, type[Backend]] = {**BACKENDS, SealedFloorBackend.name: SealedFloorBackend}
 
 
 def parse_names(field: str, given: str) -> list[str]:
-    """The comma-separated backends, workloads or operations (``--costs``) of ``given``, checked against the known ones.
-
-    Raises:
-        ValueError: an unknown name (the message names it and lists the known ones).
-    """
+    """The comma-separated backends, workloads or operations of ``given``.
+    Raises ValueError: an unknown name (the message lists the known ones)."""
     if field == "operations":
         from .instructions import OPERATIONS
 
@@ -68,8 +60,7 @@ def main(
     show_targets: bool = False,
     show_tables: bool = False,
 ) -> int:
-    """Run the suite, print its summary (and the targets, the tables when asked) and
-    write ``<out>/<mode>.json`` (and ``.png`` when drawn)."""
+    """Run the suite, print its summary and write ``<out>/<mode>.json`` (and ``.png``)."""
     config = Config.quick() if quick or tiny else Config.full()
     if tiny:
         config = config.tiny()
@@ -93,7 +84,7 @@ def main(
 
 
 def print_saved(path: Path, *, show_targets: bool = False, show_tables: bool = False) -> None:
-    """Print the summary (and the targets, the tables when asked) of a saved run's JSON."""
+    """Print the summary of a saved run's JSON."""
     print(_text(json.loads(path.read_text(encoding="utf-8")), [str(path)], show_targets, show_tables), end="")
 
 
@@ -113,7 +104,6 @@ def run(
     workdir: Path | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Run the chosen workloads on the chosen backends; returns the results dict."""
     err = Console(stderr=True)
     started = time.time()
     available, skipped = [], []
@@ -129,7 +119,7 @@ def run(
         "meta": {
             "mode": config.mode,
             "started": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
-            "machine": machine(scratch),
+            "machine": machine(scratch, config.scaling_seconds),
             "config": asdict(config),
             "command": "securepad bench" + (" --quick" if config.mode == "quick" else ""),
             "memory_method": (
@@ -172,9 +162,8 @@ def _interleaved(
     failures: list[dict[str, Any]],
     err: Console,
 ) -> list[dict[str, Any]]:
-    """Run one workload on every backend, case by case: each case is measured
-    on all backends back to back, so that a figure and its baseline share the
-    machine's state. A backend that fails drops out of this workload only."""
+    """Run one workload case by case on every backend back to back, so that a figure and
+    its baseline share the machine's state; a backend that fails drops out of this workload."""
     run, steps = WORKLOADS[workload]
     started = bar.tasks[task].completed
     cases: dict[str, Iterator[list[dict[str, Any]]]] = {}
@@ -201,8 +190,7 @@ def _interleaved(
     return sorted(records, key=lambda r: order[r["backend"]])  # stable: each backend's cases stay in order
 
 
-def machine(workdir: Path) -> dict[str, Any]:
-    """What the figures were measured on."""
+def machine(workdir: Path, scaling_seconds: float = 0.5) -> dict[str, Any]:
     import sqlite3
 
     import apsw
@@ -230,7 +218,7 @@ def machine(workdir: Path) -> dict[str, Any]:
         "sqlcipher": sqlcipher,
         "filesystem": _filesystem(workdir),
         "securepad_commit": _git_commit(),
-        "cpu_parallel_scaling": _cpu_scaling(),
+        "cpu_parallel_scaling": _cpu_scaling(scaling_seconds),
         # Other work on the machine skews every figure; this shows whether there was any.
         "loadavg_start": _loadavg(),
     }
@@ -239,7 +227,6 @@ def machine(workdir: Path) -> dict[str, Any]:
 
 
 def _proc_field(path: str, name: str) -> str | None:
-    """The value of the first ``name: value`` line of a /proc file, or None."""
     lines = _lines(path)
     return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(name)), None)
 
@@ -251,19 +238,21 @@ def _lines(path: str) -> list[str]:
         return []
 
 
-_SPIN = "import time\nt=time.perf_counter()\nn=0\nwhile time.perf_counter()-t<0.5: n+=1\nprint(n)"
+_SPIN = "import sys, time\nt=time.perf_counter()\nn=0\nwhile time.perf_counter()-t<float(sys.argv[1]): n+=1\nprint(n)"
 
 
-def _cpu_scaling() -> float | None:
-    """Work done by two CPU-bound processes at once, over one alone: 2.0 on two
-    free cores, nearer 1.0 where the vCPUs share a physical core or the host
-    is busy. It bounds what any multi-process workload can gain here."""
+def _cpu_scaling(seconds: float) -> float | None:
+    """Work of two CPU-bound processes at once over one alone, each spinning for
+    ``seconds``: 2.0 on two free cores."""
     try:
         alone = int(
-            subprocess.run([sys.executable, "-P", "-c", _SPIN], capture_output=True, text=True, check=True).stdout
+            subprocess.run(
+                [sys.executable, "-P", "-c", _SPIN, str(seconds)], capture_output=True, text=True, check=True
+            ).stdout
         )
         pair = [
-            subprocess.Popen([sys.executable, "-P", "-c", _SPIN], stdout=subprocess.PIPE, text=True) for _ in range(2)
+            subprocess.Popen([sys.executable, "-P", "-c", _SPIN, str(seconds)], stdout=subprocess.PIPE, text=True)
+            for _ in range(2)
         ]
         together = sum(int(p.communicate()[0]) for p in pair)
     except (OSError, ValueError, subprocess.SubprocessError):
@@ -279,7 +268,7 @@ def _loadavg() -> list[float] | None:
 
 
 def _filesystem(path: Path) -> str | None:
-    """The file system of the longest mount point that holds ``path``: "<type> on <mount>"."""
+    """ "<type> on <mount>" of the longest mount point that holds ``path``."""
     resolved = str(path.resolve())
     mounts = [line.split()[1:3] for line in _lines("/proc/mounts")]
     held = [(mount, fstype) for mount, fstype in mounts if resolved.startswith(mount)]

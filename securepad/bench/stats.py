@@ -19,13 +19,8 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
 
 
 def summarize(samples: Sequence[float], *, nbytes: int | None = None, wall_s: float | None = None) -> dict[str, Any]:
-    """Latency figures in seconds, and throughput.
-
-    ``samples`` are per-operation latencies in seconds. Throughput is
-    ``len(samples) / wall_s`` when the operations ran concurrently over a
-    wall-clock window, else ``len(samples) / sum(samples)`` (sequential).
-    ``nbytes`` is the payload of one operation, for MB/s (10**6 bytes per MB).
-    """
+    """Latency figures in seconds, and throughput: over ``wall_s`` when the operations
+    ran concurrently, else over their sum; ``nbytes`` per operation gives MB/s."""
     ordered = sorted(samples)
     n = len(ordered)
     busy = wall_s if wall_s is not None else sum(ordered)

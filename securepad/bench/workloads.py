@@ -1,9 +1,5 @@
-"""The workloads, driven from the parent process.
-
-Each is a generator over one backend that yields after every case a list of
-records (``{"backend", "case", ..., "stats": summarize(...)}``, latencies in
-seconds), so that the runner measures each case on every backend back to
-back: a figure and its baseline share whatever else the machine was doing."""
+"""The workloads: each a generator over one backend that yields every case's records
+(latencies in seconds), so the runner interleaves the backends case by case."""
 
 from __future__ import annotations
 
@@ -28,7 +24,6 @@ from .stats import summarize, within
 READ_MODES = ("head", "tail", "range")
 Record = dict[str, Any]
 Cases = Iterator[list[Record]]
-# Called before each step of a workload with a short description of it.
 Step = Callable[[str], None]
 
 
@@ -38,11 +33,7 @@ def _fresh(path: Path) -> Path:
     return path
 
 
-# -- put -----------------------------------------------------------------------------
-
-
 def run_put(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
-    """Sequential puts of each size into one store, one process."""
     backend = open_backend(name, _fresh(workdir / "put" / name))
     try:
         for size in cfg.put_sizes:
@@ -60,13 +51,9 @@ def run_put(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
         shutil.rmtree(workdir / "put" / name, ignore_errors=True)
 
 
-# -- head / tail / range -------------------------------------------------------------------
-
-
 def run_read(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
-    """Store one entry per size, check every read mode once here, then time
-    them and measure peak memory in a fresh process per entry (per mode where
-    the peak cannot be reset)."""
+    """Check every read mode once here, then time them and measure peak memory in a
+    fresh process per entry (per mode where the peak cannot be reset)."""
     root = _fresh(workdir / "read" / name)
     n = cfg.read_chars
     step(f"store {', '.join(size_label(s) for s in cfg.read_sizes)} entries")
@@ -99,9 +86,6 @@ def run_read(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
     shutil.rmtree(root, ignore_errors=True)
 
 
-# -- concurrent mixed put/read ---------------------------------------------------------------
-
-
 def run_concurrent(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
     for processes, threads in cfg.concurrency:
         case = f"{processes}x{threads}"
@@ -130,7 +114,6 @@ def run_concurrent(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
 
 
 def _run_workers(cfg: Config, name: str, root: Path, processes: int, threads: int, read_ids: list[str]) -> list[Any]:
-    """Start the worker processes, let them go together once all are ready, and collect what each measured."""
     common = {"task": "worker", "backend": name, "root": str(root), "threads": threads, "read_ids": read_ids}
     common |= {"seconds": cfg.concurrency_seconds, "seed": cfg.seed, "size": cfg.concurrent_bytes, "n": cfg.read_chars}
     pipe = subprocess.PIPE
@@ -165,7 +148,6 @@ def _run_workers(cfg: Config, name: str, root: Path, processes: int, threads: in
 
 
 def _lost_writes(name: str, root: Path, acked: list[tuple[Any, ...]], size: int) -> int:
-    """Acknowledged puts that are not readable with exactly the content put."""
     lost = 0
     with closing(open_backend(name, root, create=False)) as backend:
         for entry_id, salt in acked:
@@ -176,11 +158,7 @@ def _lost_writes(name: str, root: Path, acked: list[tuple[Any, ...]], size: int)
     return lost
 
 
-# -- turn resumption -----------------------------------------------------------------------
-
-
 def run_resume(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
-    """A fresh process opens the store and resumes a turn (history and tools ready)."""
     root = _fresh(workdir / "resume" / name)
     step(f"record turns of {', '.join(map(str, cfg.resume_steps))} steps")
     with closing(open_backend(name, root)) as backend:
@@ -198,11 +176,7 @@ def run_resume(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
     shutil.rmtree(root, ignore_errors=True)
 
 
-# -- gc ----------------------------------------------------------------------------------------
-
-
 def run_gc(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
-    """gc of ``gc_entries`` expired entries among a few live ones, timed once."""
     root = _fresh(workdir / "gc" / name)
     backend = open_backend(name, root)
     try:
@@ -227,13 +201,10 @@ def run_gc(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
     yield [{"backend": name, "case": f"{cfg.gc_entries} expired", "entries": cfg.gc_entries, "stats": stats}]
 
 
-# -- open ----------------------------------------------------------------------------------------
-
 PASSPHRASE = "correct horse battery staple"
 
 
 def run_open(cfg: Config, name: str, workdir: Path, step: Step) -> Cases:
-    """Opening an existing store: with each key source the backend has."""
     root = _fresh(workdir / "open" / name)
     step("open")
     cases = _open_cases(name, root)

@@ -36,10 +36,11 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
+from typing import Any
 
-from ..errors import InvalidArgumentError
+from ..errors import IntegrityError, InvalidArgumentError
 
-__all__ = ["Timeline", "check_now"]
+__all__ = ["Timeline", "check_now", "live"]
 
 
 def check_now(now: object) -> float:
@@ -132,3 +133,16 @@ class Timeline:
                 " collected ahead of time"
             )
         return value
+
+
+def live(rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """The rows that expire after ``now`` (filtered here, not in the query,
+    so that a turn's lookup keeps to the turn's index).
+
+    Raises:
+        IntegrityError: a clear expiry that is not a number.
+    """
+    for row in rows:
+        if not isinstance(row["expires_at"], (float, int)):  # a tuple: ``float | int`` is made anew each time
+            raise IntegrityError("the entry's clear expires_at has the wrong type")
+    return [row for row in rows if row["expires_at"] > now]

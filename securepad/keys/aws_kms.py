@@ -1,22 +1,15 @@
 """AWS KMS as the master key's source: ``aws-kms://arn:aws:kms:…`` (Tink's URI form).
 
-The master key is a KMS key and never leaves KMS. Each key securepad wraps
-under it (an owner key, the anchor key) is sealed by one ``Encrypt`` and
-opened by one ``Decrypt`` whose encryption context carries the associated
-data (store id, owner, key version): a wrapped key moved to another owner,
-version or store does not decrypt, and KMS's own log records each unwrap.
+Each wrapped key is one ``Encrypt``/``Decrypt`` whose encryption context
+carries the associated data, so a wrapped key moved to another owner, version
+or store does not decrypt. What this module enforces:
 
-What this module enforces:
-
-1. The URI names a key or alias ARN and nothing else: no query, no
-   credentials (boto3's chain gives them; the ARN gives the region).
-2. Another endpoint (an emulator, a VPC endpoint) comes from boto3's own
-   ``AWS_ENDPOINT_URL_KMS`` or ``AWS_ENDPOINT_URL``; plain ``http`` only to loopback.
-3. Every call is bounded (``KmsLimits``).
-4. Every failure is one typed line naming the URI and the call, never the
-   encryption context.
-5. A wrapped key names the key it was sealed under, and ``Decrypt`` names the
-   key: a blob of another key fails before any call.
+1. The URI names a key or alias ARN only: credentials come from boto3's chain.
+2. Another endpoint comes from ``AWS_ENDPOINT_URL_KMS`` or ``AWS_ENDPOINT_URL``;
+   plain ``http`` only to loopback.
+3. Every call is bounded (``KmsLimits``); every failure is one typed line
+   naming the URI and the call, never the encryption context.
+4. A wrapped key carries its key's tag: a blob of another key fails before any call.
 """
 
 from __future__ import annotations
@@ -49,8 +42,7 @@ __all__ = ["PREFIX", "AwsKmsSource", "KmsLimits"]
 
 PREFIX = "aws-kms://"
 
-# arn:<partition>:kms:<region>:<account>:key/<key id> | alias/<name>; a key id
-# is a UUID, or mrk-<32 hex> for a multi-Region key.
+# A key id is a UUID, or mrk-<32 hex> for a multi-Region key.
 _ARN = re.compile(
     r"arn:aws(?:-[a-z]+)*:kms:(?P<region>[a-z]{2}(?:-[a-z]+)+-\d{1,2}):\d{12}:"
     r"(?P<resource>key/(?:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|mrk-[0-9a-f]{32})"
@@ -59,7 +51,7 @@ _ARN = re.compile(
 # What a malformed URI may show of itself: ARN characters only (no '@', '+', '=').
 _SHOWABLE = re.compile(r"[A-Za-z0-9:/_.-]{1,300}")
 
-# Where a KMS call's name (DescribeKey) puts an underscore in boto3's method's (describe_key).
+# DescribeKey -> describe_key
 _SNAKE_CASE = re.compile(r"(?<!^)(?=[A-Z])")
 
 # A wrapped key: this format byte, the key's tag (``_tag``), KMS's ciphertext blob.
@@ -93,19 +85,16 @@ _BUSY = frozenset(
 
 @dataclass(frozen=True)
 class KmsLimits:
-    """How long one KMS call may take: per attempt a connect and a read
-    deadline (seconds), and the attempts in all (botocore's standard retry
-    mode, which sleeps at most 1 s, then 2 s, between them). With the
-    defaults an unreachable KMS fails within 3 * (2 + 5) + 1 + 2 = 24 s."""
+    """Per attempt a connect and a read deadline (seconds), and the attempts in all
+    (botocore's standard retries): an unreachable KMS fails within 3 * (2 + 5) + 1 + 2 = 24 s."""
 
     connect_timeout: float = 2.0
     read_timeout: float = 5.0
     max_attempts: int = 3
 
 
-# A boto3 client is thread-safe but not fork-safe, and making one costs tens of
-# milliseconds (it loads KMS's service model): one per process, endpoint,
-# region, credentials and limits, shared by every source and every open.
+# A boto3 client is thread-safe but not fork-safe and costs tens of milliseconds to
+# make: one per process, endpoint, region, credentials and limits.
 _CLIENTS: dict[tuple[object, ...], Any] = {}
 _CLIENTS_LOCK = threading.Lock()
 
@@ -153,8 +142,7 @@ class AwsKmsSource(MasterKeySource):
 
     def prepare(self, *, create: bool = False) -> None:
         """Make the client; resolve an alias ARN, and with ``create`` check that the
-        key is enabled, symmetric and for encryption (one ``DescribeKey``). KMS
-        keys are never created here.
+        key is an enabled symmetric encryption key (one ``DescribeKey``; none is created).
 
         Raises:
             KeySourceModuleError: boto3 is not installed.
@@ -227,7 +215,6 @@ class AwsKmsSource(MasterKeySource):
         return dict(self._call("attributes", "DescribeKey", KeyId=self._arn)["KeyMetadata"])
 
     def _call(self, counted: str, call: str, **params: Any) -> dict[str, Any]:
-        """KMS's answer to one ``call`` (counted as ``counted``); its failure as a typed one-line error."""
         method = getattr(self._client(), _SNAKE_CASE.sub("_", call).lower())
         self.calls.add(counted)
         try:
@@ -239,13 +226,11 @@ class AwsKmsSource(MasterKeySource):
         return self._env.get("AWS_ENDPOINT_URL_KMS") or self._env.get("AWS_ENDPOINT_URL") or None
 
     def _client(self) -> Any:
-        """The process's client for this region, endpoint and credentials."""
         endpoint = self._endpoint()
         if endpoint is not None:
             _check_endpoint(endpoint, self.shown_uri)
         env = self._env
-        # Keys in the environment are handed to boto3 (so that an ``environ``
-        # given to ``from_uri`` is the one used); else boto3's own chain.
+        # Keys in ``environ`` are handed to boto3 (so that the one given is used); else boto3's chain.
         access, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
         keys = (access, secret, env.get("AWS_SESSION_TOKEN")) if access and secret else (None, None, None)
         profile = None if access and secret else env.get("AWS_PROFILE")
@@ -286,7 +271,6 @@ class AwsKmsSource(MasterKeySource):
             raise self._failure(exc, "client") from None
 
     def _failure(self, exc: Exception, call: str) -> SecurepadError:
-        """The typed one-line error for ``exc``, raised by ``call``."""
         from botocore import exceptions as bx
 
         where = f"{self.shown_uri}: KMS {call}"
@@ -325,13 +309,11 @@ class AwsKmsSource(MasterKeySource):
 
 
 def _shown(arn: str) -> str:
-    """The URI of ``arn`` for a message: in full when it holds ARN characters only."""
     return PREFIX + arn if _SHOWABLE.fullmatch(arn) else PREFIX + "…"
 
 
 def _tag(key_arn: str) -> bytes:
-    """The key's tag in a wrapped key: from its key id, which a multi-Region
-    key's replicas share (they decrypt each other's blobs)."""
+    """From the key id, which a multi-Region key's replicas share (they decrypt each other's blobs)."""
     return hashlib.sha256(key_arn.rsplit("/", 1)[-1].encode()).digest()[:_TAG_BYTES]
 
 
@@ -340,7 +322,7 @@ def _context(associated_data: bytes) -> dict[str, str]:
 
 
 def _unfit(meta: Mapping[str, Any]) -> str:
-    """Why DescribeKey's answer rules the key out as a master key ('' when it does not)."""
+    """Why DescribeKey's answer rules the key out ('' when it does not)."""
     if meta.get("KeyState") != "Enabled":
         return f"is {meta.get('KeyState')}, not Enabled"
     if meta.get("KeyUsage") != "ENCRYPT_DECRYPT":
@@ -359,8 +341,7 @@ def _one_line(text: str) -> str:
 
 
 def _shown_endpoint(endpoint: str | None) -> str:
-    """The endpoint without user info."""
-    if not endpoint:
+    if not endpoint:  # shown without user info
         return ""
     parts = urlsplit(endpoint)
     port = f":{parts.port}" if parts.port else ""
@@ -368,8 +349,7 @@ def _shown_endpoint(endpoint: str | None) -> str:
 
 
 def _check_endpoint(endpoint: str, shown_uri: str) -> None:
-    """Refuse an endpoint that would carry keys in clear off this machine.
-    Raises KeySourceTokenError: not a URL, or plain http to a host that is not loopback."""
+    """Raises KeySourceTokenError: not a URL, or plain http off loopback (keys in clear off this machine)."""
     try:
         parts = urlsplit(endpoint)
         host, _ = parts.hostname or "", parts.port

@@ -1,16 +1,6 @@
-"""The keyring: where the master key comes from, and the key handles.
-
-Key hierarchy (see SECURITY.md):
-
-    master key (key file | environment variable | Argon2id(passphrase)
-                | a key in a PKCS#11 token or a KMS, used there: ``Keyring.from_uri``)
-      └─ wraps owner keys (one random key per owner and version)
-           └─ wrap item keys (one random key per entry)
-                └─ HKDF → content key, metadata key, key commitment
-
-Keys are handles, not bytes: they do not show in ``repr`` and refuse to be
-pickled, so they do not end up in logs, tracebacks or caches by accident.
-"""
+"""The keyring: where the master key comes from (key file, environment variable,
+Argon2id of a passphrase, or a token or KMS that keeps it: SECURITY.md has the
+key hierarchy). Keys are handles: no ``repr``, no pickling."""
 
 from __future__ import annotations
 
@@ -44,11 +34,8 @@ ARGON2_BOUNDS: dict[str, tuple[int, int]] = {
 
 
 class Keyring:
-    """The master key's source. Build one with a ``from_*`` class method.
-
-    The store derives the key when it opens: a passphrase needs the salt kept
-    in the store's metadata, so nothing is derived before that.
-    """
+    """The master key's source. Build one with a ``from_*`` class method; the key is
+    derived when a store opens (a passphrase needs the salt the store keeps)."""
 
     def __init__(
         self,
@@ -115,17 +102,13 @@ class Keyring:
 
     @classmethod
     def from_key_file(cls, path: str | os.PathLike[str] | None = None, *, allow_shared: bool = False) -> Keyring:
-        """Use the base64 master key in ``path`` (default: ``key`` in the user
-        config dir, apart from the data dir). An absent file is created (mode
-        0600, in a 0700 directory) only with a new store, or as the new key of
-        ``rotate_master_key``: opening an existing store raises ``WrongKeyError``
-        and creates nothing.
+        """Use the base64 master key in ``path`` (default: ``key`` in the user config
+        dir). An absent file is created (mode 0600, in a 0700 directory) only with a
+        new store or as ``rotate_master_key``'s new key.
 
-        The file must be the current user's, neither readable nor writable by
-        others, in a directory others cannot write: whoever reads the key reads
-        every entry, and whoever plants or replaces it reads what is stored
-        afterwards. ``allow_shared=True`` lifts these checks for a deliberate
-        setup (a key mounted by an orchestrator, say).
+        The file must be the current user's, unreadable and unwritable by others, in a
+        directory others cannot write; ``allow_shared=True`` lifts these checks (a key
+        mounted by an orchestrator, say).
 
         Raises:
             WrongKeyError: the file exists but does not hold a base64 32-byte key.
@@ -156,13 +139,9 @@ class Keyring:
     def from_uri(cls, uri: str, *, environ: Mapping[str, str] | None = None) -> Keyring:
         """Use the master key that ``uri`` names in a token or a KMS, where it stays:
         ``pkcs11:token=…;object=…?module-path=…&pin-source=…`` (RFC 7512) or
-        ``aws-kms://arn:aws:kms:…``. The token or KMS wraps and unwraps the owner
-        keys; the master key's bytes never enter the process.
-
-        Only the URI is read here; the source is reached when a store opens (a
-        new store, or a rotation's target, creates an absent PKCS#11 key). A PIN
-        comes from the place the URI names (``pin-source``), a variable from
-        ``environ`` (default ``os.environ``).
+        ``aws-kms://arn:aws:kms:…``. Only the URI is read here; the source is reached
+        when a store opens (a new store creates an absent PKCS#11 key). Variables come
+        from ``environ`` (default ``os.environ``).
 
         Raises:
             KeySourceUriError: the URI is malformed or of an unknown scheme.
@@ -177,16 +156,11 @@ class Keyring:
     ) -> Keyring:
         """Use the base64 32-byte master key in environment variable ``var``.
 
-        Once read, the variable is removed from this process's environment, so
-        that no subprocess the agent starts (a shell tool, say) inherits it,
-        and on Linux its value is overwritten in the initial environment block
-        that ``/proc/<pid>/environ`` shows to every process of the same user.
-        ``keep_in_env=True`` leaves it in both.
-
-        The process is also made non-dumpable on Linux (no core dump; its
-        ``/proc/<pid>/`` files, memory included, are root's; no debugger of
-        the same user attaches). ``keep_dumpable=True`` leaves it dumpable,
-        for debugging (``py-spy``, ``gdb -p``) at the price of those reads.
+        Once read, the variable is unset (no subprocess inherits it) and on Linux
+        overwritten in the block ``/proc/<pid>/environ`` shows; ``keep_in_env=True``
+        leaves it. The process is made non-dumpable on Linux (no core dump, no
+        same-user debugger or ``/proc`` memory read); ``keep_dumpable=True`` leaves it
+        dumpable for debugging.
 
         Raises:
             WrongKeyError: the variable is unset or does not hold a base64 32-byte key
@@ -215,9 +189,8 @@ class Keyring:
     ) -> Keyring:
         """Stretch ``passphrase`` with Argon2id into the master key.
 
-        The defaults are RFC 9106's second recommended parameters. They apply
-        when a store is created; an existing store keeps the salt and
-        parameters it was created with. Lower values are for tests.
+        The defaults are RFC 9106's second recommended parameters; an existing store
+        keeps the salt and parameters it was created with.
 
         Raises:
             InvalidArgumentError: the passphrase is empty or a parameter is out of range.
@@ -250,12 +223,9 @@ class Keyring:
 def master_key(
     keyring: Keyring, kdf: dict[str, Any] | None, *, new: bool = False
 ) -> tuple[KeyHandle, dict[str, Any] | None]:
-    """The master key of ``keyring`` for a store whose KDF record is ``kdf``;
-    ``new`` when the key is being set up (a new store, or the target of a
-    rotation): only then is an absent key file created.
-
-    Returns the key and, for a passphrase keyring opening a store without a
-    record, the new record to keep in the store.
+    """The master key of ``keyring`` for a store whose KDF record is ``kdf``, and the
+    new record to keep when a passphrase store has none; ``new`` (a new store, a
+    rotation's target) creates an absent key file.
 
     Raises:
         WrongKeyError: the store's passphrase record is unreadable or unusable,
@@ -289,9 +259,8 @@ def _within(value: object, low: int, high: int) -> bool:
 
 
 def _kdf_params(record: dict[str, Any]) -> tuple[bytes, dict[str, int]]:
-    """Salt and Argon2id parameters from a store's KDF record, within sane bounds: a tampered record
-    must fail clearly, not hang the open on a huge memory_cost. Raises WrongKeyError: the record is
-    unreadable or out of bounds."""
+    """Salt and Argon2id parameters within bounds: a tampered record must not hang the open.
+    Raises WrongKeyError: unreadable or out of bounds."""
     try:
         salt = base64.b64decode(record["salt"], validate=True)
         params = {name: record[name] for name in ARGON2_BOUNDS}
@@ -316,8 +285,7 @@ def _decode_key(raw: bytes, where: str) -> bytes:
 
 
 def _read_key_file(path: Path, allow_shared: bool) -> bytes | None:
-    """The key file's bytes after its safety checks; None when it does not exist.
-    Raises SecurepadError: unreadable, or others could read, plant or replace it."""
+    """The checked key file's bytes, or None. Raises SecurepadError: unreadable, or not private."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -337,10 +305,8 @@ def _read_key_file(path: Path, allow_shared: bool) -> bytes | None:
 
 
 def _create_key_file(path: Path, allow_shared: bool) -> bytes:
-    """Write a fresh key, mode 0600, atomically: written to a private temporary file, then
-    hard-linked into place so that a racing process either wins or reads the winner's complete
-    key, never a half-written one. Raises SecurepadError: it cannot be created, or its directory
-    is writable by others (unless ``allow_shared``)."""
+    """Write a fresh key, mode 0600, hard-linked into place from a private temporary file: a racing
+    process reads the winner's whole key. Raises SecurepadError: cannot be created, or a shared directory."""
     if not allow_shared and path.parent.exists():
         check_directory(path.parent, "key file")
     try:

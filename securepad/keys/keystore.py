@@ -1,4 +1,4 @@
-"""The keystore: the owner keys, their cache, and writing under the current one.
+"""The keystore: the owner keys, their caches (``LRUCache``), and writing under the current one.
 
 Everything that chooses an owner key lives here: the cache of unwrapped owner
 keys (and the keys derived from them), the wrap counts, and the one write of
@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
-from ..core.lru import LRUCache
 from ..crypto.formats import ListingKey
 from ..crypto.primitives import ContentIdentity, KeyHandle, Wrapper
 from ..errors import IntegrityError, StoreBusyError, StoreUnavailableError
@@ -36,9 +36,19 @@ from ..storage.meta import NEWEST_VERSION_SQL, insert_owner_key
 from .keyring import Keyring
 from .master import Master, Progress, store_meta
 
-__all__ = ["NEWEST_VERSION_SQL", "WRAP_FLUSH_EVERY", "IfUnknown", "Keystore", "Progress", "StaleOwnerKey"]
+__all__ = [
+    "NEWEST_VERSION_SQL",
+    "WRAP_FLUSH_EVERY",
+    "IfUnknown",
+    "Keystore",
+    "LRUCache",
+    "Progress",
+    "StaleOwnerKey",
+]
 
 T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
 P = TypeVar("P")
 D = TypeVar("D", ContentIdentity, ListingKey)
 # A key derived from an owner key: (owner key, store id, owner, version) -> key.
@@ -58,9 +68,58 @@ _COMMIT_TRIES = 3
 WRAP_FLUSH_EVERY = 256
 
 
-@dataclass(frozen=True)
-class IfUnknown(Generic[P]):
-    """What ``Keystore.write_current`` does with a write whose COMMIT's answer was lost."""
+class LRUCache(Generic[K, V]):
+    """At most ``maxsize`` items; a ``get`` or a ``put`` makes its key the most recent.
+
+    The store's owner-key caches use it (they kept every owner ever
+    seen, ~2.7 KB each): an owner evicted here costs one unwrap (one indexed
+    query and one AES-GCM open) on its next use.
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        if maxsize < 1:
+            raise ValueError("maxsize must be at least 1")
+        self.maxsize = maxsize
+        self._items: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        # No lock: each OrderedDict call is one step under the GIL, and nothing here
+        # iterates the items while calling Python code (``discard_if`` copies the keys first).
+        items = self._items
+        value = items.get(key)
+        if value is not None:
+            try:  # noqa: SIM105 (suppress() is a context manager: more work than the get)
+                items.move_to_end(key)
+            except KeyError:  # another thread dropped it meanwhile: the value found stands
+                pass
+        return value
+
+    def __setitem__(self, key: K, value: V) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.maxsize:
+                self._items.popitem(last=False)
+
+    def pop(self, key: K) -> V | None:
+        with self._lock:
+            return self._items.pop(key, None)
+
+    def discard_if(self, doomed: Callable[[K], bool]) -> None:
+        """Drop every key for which ``doomed(key)`` is true."""
+        with self._lock:
+            for key in list(self._items):
+                if doomed(key):
+                    self._items.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class IfUnknown(NamedTuple, Generic[P]):
+    """What ``Keystore.write_current`` does with a write whose COMMIT's answer was lost
+    (a tuple: every put makes one, and a frozen dataclass costs a ``__setattr__`` per field)."""
 
     #: Inside a transaction under the write's locks: whether the sealed rows are stored.
     landed: Callable[[Conn, P], bool]

@@ -1,15 +1,9 @@
-"""The store's master key: its check at open (and a new store's
-initialization), the wrapped anchor key, the owner keys wrapped under it,
-and its rotation.
+"""The store's master key: its check at open, the wrapped anchor key, the owner
+keys wrapped under it, and its rotation.
 
-A master key is in the process (a key file, a variable, a passphrase: HKDF
-gives the key check and the owner-wrap key) or held by a source (a PKCS#11
-token, a KMS), which wraps and unwraps inside itself. A source's store keeps
-the key's public identifier (``master_source``), its hash (``key_check``)
-and a random anchor key wrapped by the source: opening that wrapping is the
-proof, at each open, that the source holds the store's key (one call). An
-owner key costs one call when it is created, first unwrapped or rotated;
-none while cached.
+A source's store (PKCS#11, KMS) keeps the key's identifier (``master_source``),
+its hash (``key_check``) and a random anchor key wrapped by the source: opening
+that wrapping proves at each open that the source holds the store's key (one call).
 """
 
 from __future__ import annotations
@@ -40,10 +34,9 @@ from .keyring import Keyring, master_key
 
 __all__ = ["Master", "Progress", "store_meta"]
 
-# Owner keys a source's store keeps between their creation and their first read (a few: one per owner being set up).
+# Owner keys a source's store keeps between their creation and their first read.
 _FRESH_KEPT = 64
 
-# Progress callback: (done, total).
 Progress = Callable[[int, int], None]
 
 
@@ -64,12 +57,10 @@ class Master:
         """
         self._db = db
         self.keyring = keyring
-        # The metadata read to unlock: what the rest of the open needs of it (the
-        # heads' and usage flags) is not read again (a round trip each on PostgreSQL).
+        # The metadata read to unlock, which the rest of the open reads (no second round trip).
         self.opened_meta: dict[str, str] = {}
-        # A source's store: the anchor key as opened at unlock (kept, not opened again).
+        # A source's store: the anchor key opened at unlock, and owner keys just wrapped, until read back.
         self._anchor: KeyHandle | None = None
-        # A source's store: owner keys this process just wrapped, by wrapping, until read back.
         self._fresh: dict[bytes, tuple[str, int, KeyHandle]] = {}
         self._fresh_lock = threading.Lock()
         self.store_id, self._wrap, self._key_check = self._unlock(keyring)
@@ -79,8 +70,7 @@ class Master:
         if ("store_id" in meta) != ("key_check" in meta) or (
             "store_id" not in meta and self._db.query(keys_sql.ANY_OWNER_KEY_SQL, admin=True)
         ):
-            # A new store has neither, and no owner key: one without the other
-            # was edited, and initializing it again would wrap under another store id.
+            # Initializing again would wrap under another store id.
             raise IntegrityError("the store's id or master key check was deleted from store_meta: the file was edited")
         if "store_id" not in meta:
             meta = self._initialize(keyring)
@@ -104,8 +94,7 @@ class Master:
             raise WrongKeyError(f"the master key from {keyring!r} does not open this store")
         wrap = Wrapper.for_master(master, store_id)
         if "anchor_key" not in meta:
-            # The store's first anchored open (a new store, or one made before
-            # the anchor): derive the anchor key once and keep it wrapped.
+            # The first anchored open: derive the anchor key once and keep it wrapped.
             wrapped = wrap.wrap(anchor_key(master, store_id), anchor_key_aad(store_id)).hex()
             with self._db.transaction(admin=True) as conn:
                 if not conn.query(keys_sql.META_VALUE_SQL, ("anchor_key",)):
@@ -115,8 +104,7 @@ class Master:
         return store_id, wrap, meta["key_check"]
 
     def _initialize(self, keyring: Keyring) -> dict[str, str]:
-        """Record a new store's id and key check (and a source's random anchor
-        key, wrapped by it: one call). A racing opener's record wins."""
+        """Record a new store's id and key check (and a source's wrapped anchor key); a racing opener's wins."""
         store_id = secrets.token_hex(16)
         values, wrap = _set_up(keyring, store_id)
         anchor = KeyHandle.random() if keyring.source is not None else None  # else derived at unlock
@@ -130,8 +118,7 @@ class Master:
         return store_meta(self._db)
 
     def _unlock_by_source(self, keyring: Keyring, meta: dict[str, str], by_source: bool) -> Wrapper:
-        """The wrapper of a store whose master key a source holds, once the
-        wrapped anchor key opened through it (the one call of an open).
+        """The wrapper of a source's store, once the wrapped anchor key opened through it.
 
         Raises:
             WrongKeyError: the store and the keyring disagree on where the key
@@ -170,19 +157,17 @@ class Master:
         return wrap
 
     def counter_seal(self) -> CounterSeal:
-        """The seal of the store's write counter (``anchor.Anchor``), from the
-        anchor key read at unlock. Raises IntegrityError: it was altered."""
+        """The seal of the store's write counter. Raises IntegrityError: the anchor key was altered."""
         if self._anchor is not None:
             return CounterSeal(self._anchor, self.store_id)
         blob = _hex(self.opened_meta.get("anchor_key", ""))
         return CounterSeal(self._wrap.unwrap(blob, anchor_key_aad(self.store_id)), self.store_id)
 
     def new_owner_key(self, owner: str, version: int) -> tuple[bytes, KeyHandle]:
-        """A fresh owner key of ``version``, wrapped in the heads era: (its wrapping, the key)."""
+        """(its wrapping in the heads era, the key) of a fresh owner key."""
         wrapped, key = self._wrap.wrap_fresh(owner_key_aad(self.store_id, owner, version, HEADS_ERA))
         if isinstance(self._wrap, RemoteWrapper):
-            # A source's store: the keystore reads the new key back from its row
-            # once stored; the same bytes are this key (no second call for it).
+            # The keystore reads the new key back from its row: no second call for it.
             with self._fresh_lock:
                 if len(self._fresh) >= _FRESH_KEPT:
                     self._fresh.pop(next(iter(self._fresh)))
@@ -208,18 +193,15 @@ class Master:
             raise
 
     def _unwrap_either(self, wrapped: object, owner: str, version: int) -> tuple[KeyHandle, bool]:
-        """(the key, whether its wrapping carries the heads era): that AAD first,
-        a wrapping from before heads second."""
+        """(the key, whether its wrapping carries the heads era), trying that AAD first."""
         try:
             return self._wrap.unwrap(wrapped, owner_key_aad(self.store_id, owner, version, HEADS_ERA)), True
         except IntegrityError:
             return self._wrap.unwrap(wrapped, owner_key_aad(self.store_id, owner, version)), False
 
     def mark_owner_keys(self, conn: Conn, *, refuse_marked: bool) -> int:
-        """Wrap again in the heads era every owner key wrapped before heads, in
-        ``conn`` (the transaction that seals ``store_meta.turn_heads``); a key
-        that opens under neither AAD is left (its owner's reads refuse it).
-        Returns how many keys were wrapped again.
+        """Wrap again in the heads era every owner key wrapped before heads, in ``conn``
+        (a key that opens under neither AAD is left: its reads refuse it). Returns how many.
 
         Raises:
             IntegrityError: ``refuse_marked`` (the flag says the store never had
@@ -252,17 +234,14 @@ class Master:
         return len(updates)
 
     def check_current(self, conn: Conn | None = None) -> None:
-        """Raise WrongKeyError when another process has rotated the master key
-        since this store was opened: nothing may be wrapped under the old one."""
+        """Raise WrongKeyError when another process rotated the master key since the open."""
         rows = (conn if conn is not None else self._db).query(keys_sql.META_VALUE_SQL, ("key_check",))
         if not rows or rows[0]["value"] != self._key_check:
             raise WrongKeyError("the master key was rotated since this store was opened; open it with the new key")
 
     def rotate(self, new_keyring: Keyring, progress: Progress | None) -> int:
-        """Re-wrap every owner key (and the anchor key) under ``new_keyring``'s
-        master key in one transaction, after which only the new key opens the
-        store (either key may be a source's: one call per owner key there).
-        Returns how many owner keys were re-wrapped.
+        """Re-wrap every owner key (and the anchor key) under ``new_keyring``'s master
+        key in one transaction. Returns how many owner keys were re-wrapped.
 
         Raises:
             InvalidArgumentError: the new master key is the current one.
@@ -302,8 +281,7 @@ class Master:
 
 
 def _set_up(keyring: Keyring, store_id: str) -> tuple[dict[str, str], Wrapper]:
-    """What ``store_meta`` records of ``keyring``'s master key as a new store's or a
-    rotation's target (an absent key file or token key is created), and its owner-key wrapper."""
+    """What ``store_meta`` records of a new store's or rotation's master key, and its wrapper."""
     source = keyring.source
     if source is None:
         master, kdf = master_key(keyring, None, new=True)

@@ -1,23 +1,12 @@
 """The master key in a PKCS#11 token (an HSM, a smart card, SoftHSM2).
 
-The key is an AES-256 secret-key object named by its label (RFC 7512 URI
-``pkcs11:token=…;object=…?module-path=…&pin-source=…``); made here, it is a
-private, sensitive, non-extractable token object that may only encrypt and decrypt.
-
-Sealing is AES-256-GCM inside the token (``CKM_AES_GCM``), the associated
-data as GCM's AAD; a blob is the 12-byte IV, the ciphertext and the 16-byte
-tag. The token's key wrap (``CKM_AES_KEY_WRAP_PAD``) is not used: it binds no
-associated data (store id, owner and key version would need a second
-construction) and wraps key objects only (more calls). The IV comes from the
-OS's CSPRNG; a master key seals one blob per owner-key version, far below
-the 2**32 bound of random 96-bit IVs.
-
-The PIN, read from ``pin-source`` (a file, or ``env:NAME``) when the session
-opens, is never stored, shown or put in an error. Every PKCS#11 failure is a
-one-line ``KeySourceError`` subclass naming ``shown_uri``; a decryption the
-token rejects is ``IntegrityError``; a lost session is opened again once
-(``pkcs11_session.TokenLink``). A PKCS#11 call cannot be interrupted: its
-deadline is the module's own (a network HSM's client configuration).
+The key is an AES-256 secret-key object named by its label; made here, it is
+private, sensitive, non-extractable and may only encrypt and decrypt.
+Sealing is AES-256-GCM in the token with the associated data as AAD: IV (12
+bytes, random: one blob per owner-key version is far below the 2**32 bound)
+|| ciphertext || tag. The token's key wrap is not used: it binds no
+associated data. A PKCS#11 call cannot be interrupted: its deadline is the
+module's own.
 """
 
 from __future__ import annotations
@@ -176,6 +165,5 @@ class Pkcs11Source(MasterKeySource):
         )
 
     def close(self) -> None:
-        """Forget the key's handle. The token's session stays open for the
-        process's other sources (a login is the process's, not a session's)."""
+        """Forget the key's handle; the token's session stays the process's."""
         self._link.forget_key()

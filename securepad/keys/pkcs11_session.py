@@ -1,11 +1,9 @@
 """The way into a PKCS#11 token: its module, the process's session, the key.
 
-PKCS#11 logs in a process, not a session, and its sessions are not safe to
-share between threads: each token has one session in the process, shared by
-every source on it and used under a lock; a forked child opens its own. A
-lost session (device removed, session closed) is opened again once, then
-the call fails: bounded retries. The PIN is read when the session is opened
-and never kept.
+PKCS#11 logs in a process, not a session, and its sessions are not thread-safe:
+each token has one session per process, shared by every source on it and used
+under a lock. A lost session is opened again once, then the call fails. The
+PIN is read when the session is opened and never kept.
 """
 
 from __future__ import annotations
@@ -83,15 +81,13 @@ _LIBRARIES_LOCK = threading.Lock()
 
 @dataclass
 class _Token:
-    """One token's session in this process (PKCS#11 logs a process in, not a
-    session): every source on the token uses it, one call at a time."""
+    """One token's session in this process, used by every source on the token, one call at a time."""
 
     token: Any
     lock: threading.RLock
     pid: int
     session: Any = None
-    # Keys found in this session, by (label, CKA_ID asked for): a second source
-    # of the same key (a store opened again) does not search the token again.
+    # Keys found in this session, by (label, CKA_ID asked for): a store opened again does not search again.
     keys: dict[tuple[str, bytes | None], Any] = field(default_factory=dict)
     key_ids: dict[tuple[str, bytes | None], str] = field(default_factory=dict)
 
@@ -112,9 +108,7 @@ _SHARED_LOCK = threading.Lock()
 
 
 class TokenLink:
-    """The way to one key of one token: the module, the token, the process's
-    logged-in session on it, and the key found in it. Every call to the token
-    goes through ``with_key``, one at a time per token."""
+    """The way to one key of one token; every call to the token goes through ``with_key``."""
 
     def __init__(self, uri: Pkcs11Uri, environ: Mapping[str, str] | None, calls: CallCounter) -> None:
         self._uri = uri
@@ -128,12 +122,10 @@ class TokenLink:
         self._key_session: Any = None
 
     def forget_key(self) -> None:
-        """Drop this link's handle of the key (the token's session stays the process's)."""
         self._key = self._key_session = None
 
     def describe(self, key: Any) -> str:
-        """The identifier of ``key`` (found through ``with_key``): token label and
-        serial, key label and CKA_ID, read once per process."""
+        """Token label and serial, key label and CKA_ID of ``key``, read once per process."""
         shared = self.token()
         if self.place not in shared.key_ids:
             attribute = binding().Attribute
@@ -214,11 +206,9 @@ class TokenLink:
         return Path(source)
 
     def token(self) -> _Token:
-        """The token the URI names, shared by every source of this process on it."""
         if self._shared is not None and self._shared.pid == os.getpid():
             return self._shared
-        # The PIN is read once per source even when the token's session is
-        # open already: a source whose PIN is missing fails the same way alone.
+        # Read even when the session is open: a source whose PIN is missing fails the same way alone.
         self._pin()
         path = self._uri.path
         name = (
@@ -227,7 +217,7 @@ class TokenLink:
         )
         known = _NAMED.get(name)
         if known is not None and known.pid == os.getpid():
-            self._shared = known  # listing the slots again costs a rescan of the token's files (SoftHSM2)
+            self._shared = known  # listing the slots again rescans the token's files (SoftHSM2)
             return known
         pkcs11 = binding()
         lib = self._library()
@@ -256,7 +246,6 @@ class TokenLink:
         return shared
 
     def _session(self, shared: _Token) -> Any:
-        """The token's logged-in session, opened when there is none. Under ``shared.lock``."""
         if shared.session is not None:
             return shared.session
         pkcs11 = binding()
@@ -266,8 +255,7 @@ class TokenLink:
             try:
                 session = shared.token.open(rw=True, user_pin=pin)
             except pkcs11.exceptions.UserAlreadyLoggedIn:
-                # The login is the process's, not the session's: another session
-                # of this process (another library's, say) logged in already.
+                # The login is the process's: another session of this process logged in already.
                 session = shared.token.open(rw=True)
         except pkcs11.PKCS11Error as exc:
             refused = _PIN_REFUSALS.get(type(exc).__name__)

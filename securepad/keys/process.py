@@ -1,19 +1,9 @@
-"""What the process does so that its children and same-user readers do not find
-the master key: the environment's copy is overwritten, and the process made
-non-dumpable.
+"""Keeping the master key from children and same-user readers (Linux only; SECURITY.md).
 
-On Linux, ``/proc/<pid>/environ`` shows the process's *initial* environment
-block, the strings the kernel copied at ``execve``. ``unsetenv`` only drops
-libc's pointer to such a string; its bytes stay, readable by any process of
-the same user (a shell tool the agent runs reads its parent's). The block's
-bounds are fields 50 and 51 of ``/proc/self/stat``; the value is overwritten
-with NUL bytes in place there, once ``/proc/self/maps`` shows those bounds
-inside one writable mapping.
-
-A non-dumpable process (``prctl(PR_SET_DUMPABLE, 0)``) writes no core dump,
-and its ``/proc/<pid>/`` files (``environ``, ``mem``, ``maps``) belong to
-root, so that no other process of the same user reads them or attaches a
-debugger. Elsewhere than Linux both are left undone (SECURITY.md).
+``/proc/<pid>/environ`` shows the initial environment block the kernel copied
+at ``execve``; ``unsetenv`` leaves those bytes, so the value is overwritten in
+place. A non-dumpable process writes no core dump and its ``/proc/<pid>/``
+files belong to root, so no same-user process reads them or attaches a debugger.
 """
 
 from __future__ import annotations
@@ -31,11 +21,8 @@ _ENV_END_FIELD = 51 - 3
 
 
 def _environment_area(stat: bytes, maps: bytes) -> tuple[int, int] | None:
-    """The initial environment block's [start, end) as ``stat`` (``/proc/self/stat``)
-    gives it, when ``maps`` (``/proc/self/maps``) shows it inside one readable
-    and writable mapping; else None. Nothing is written on the word of ``stat``
-    alone: a wrong field (an older kernel, another process's /proc) would make
-    the overwrite write where it must not."""
+    """The initial environment block's [start, end) from ``/proc/self/stat``, only when
+    ``/proc/self/maps`` shows it inside one writable mapping (a wrong field must not be written to)."""
     # The command (field 2) is in parentheses and may hold spaces and ")".
     fields = stat[stat.rfind(b")") + 2 :].split()
     try:
@@ -57,13 +44,8 @@ def _environment_area(stat: bytes, maps: bytes) -> tuple[int, int] | None:
 
 
 def scrub_initial_environment(name: str) -> int:
-    """Overwrite with NUL bytes the value of every ``name=value`` string of the
-    process's initial environment block; return how many were found (0 where
-    the block's bounds are unknown: not Linux, no /proc).
-
-    Only the block the kernel copied at start is touched: strings libc
-    allocated later are libc's, and ``/proc/<pid>/environ`` does not show them.
-    """
+    """Overwrite with NUL bytes the value of every ``name=value`` of the initial
+    environment block; return how many were found (0 where its bounds are unknown)."""
     if not sys.platform.startswith("linux"):
         return 0
     try:

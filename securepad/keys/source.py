@@ -1,19 +1,10 @@
 """Master key sources that keep the key outside the process: a PKCS#11 token, a KMS.
 
-A source seals and opens small secrets (the owner keys, the anchor key) with
-associated data inside the token or KMS: the master key's bytes never enter
-the process. What a source guarantees:
-
-* ``encrypt`` and ``decrypt`` are one call each and bind the associated data
-  (a blob opened with other associated data, or under another key, raises
-  ``IntegrityError``);
-* ``key_id`` names the key, not the URI's spelling, and is never a secret;
-* ``shown_uri`` (in every message, ``repr`` and report) carries no secret;
-* every failure to use the source is a one-line ``KeySourceError`` subclass.
-
-Sources are found by URI scheme in ``SCHEMES`` and imported only when a URI
-of their scheme is used: a client library (boto3, the PKCS#11 binding) is
-needed only by those who use it.
+What a source guarantees: ``encrypt`` and ``decrypt`` are one call each and
+bind the associated data (else ``IntegrityError``); ``key_id`` names the key
+and is never a secret; ``shown_uri`` carries no secret; every failure is a
+one-line ``KeySourceError`` subclass. A source's module is imported only when
+a URI of its scheme is used, so its client library is optional.
 """
 
 from __future__ import annotations
@@ -55,9 +46,7 @@ class SourceCheck:
 
 
 class CallCounter:
-    """Calls this process made into a token or KMS, by kind ("encrypt",
-    "decrypt", "session", "find", "create", "attributes"): what the tests of
-    an open's, a first read's and the hot path's cost read."""
+    """Calls this process made into a token or KMS, by kind ("encrypt", "session", ...)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -79,14 +68,9 @@ class CallCounter:
 
 class MasterKeySource(abc.ABC):
     """A master key held by a token or a KMS, used through it and never read out.
+    Every method but ``from_uri`` and ``shown_uri`` may raise a ``KeySourceError`` subclass."""
 
-    Every method but ``from_uri`` and ``shown_uri`` may raise a
-    ``KeySourceError`` subclass saying what is missing or refused.
-    """
-
-    #: The URI scheme this source answers.
     scheme: ClassVar[str]
-    #: Calls made into the token or KMS (set by each source's constructor).
     calls: CallCounter
 
     @classmethod
@@ -102,14 +86,11 @@ class MasterKeySource(abc.ABC):
 
     @abc.abstractmethod
     def prepare(self, *, create: bool = False) -> None:
-        """Connect, log in and find the key, once (later calls cost nothing);
-        ``create`` (a new store, a rotation's target): make an absent key, never
-        readable out of the source."""
+        """Connect, log in and find the key, once; ``create``: make an absent key."""
 
     @abc.abstractmethod
     def key_id(self) -> str:
-        """The key's stable identifier (not a secret): what the store records and
-        what tells a rotation that the new key is the current one."""
+        """The key's stable identifier (not a secret), recorded by the store."""
 
     @abc.abstractmethod
     def encrypt(self, plaintext: bytes, associated_data: bytes) -> bytes:
@@ -158,8 +139,7 @@ def open_source(uri: str, *, environ: Mapping[str, str] | None = None) -> Master
 
 
 def redact_uri(uri: object) -> str:
-    """``uri`` with every secret-bearing attribute's value replaced by ``***``
-    (for messages about URIs too malformed to parse). Never raises."""
+    """``uri`` with every secret-bearing attribute's value replaced by ``***``. Never raises."""
     text = uri if isinstance(uri, str) else repr(type(uri))
     text = _SECRET_ATTRIBUTES.sub(lambda m: f"{m.group(1)}=***", text)
     return text if len(text) <= 300 else text[:300] + "..."

@@ -2,11 +2,7 @@
 
 Each operation is a sequence of transactions, each of which leaves a store
 that opens with the right key and serves every entry: running an interrupted
-operation again finishes it. Master rotation re-wraps owner keys only, in one
-transaction. Owner rotation adds a key version (new puts use it at once),
-re-wraps the owner's item keys in batches, then retires the old versions.
-Forgetting an owner deletes its keys and rows with ``secure_delete`` and
-scrubs the file. The statements are the tables' (``tables``).
+operation again finishes it.
 """
 
 from __future__ import annotations
@@ -119,9 +115,8 @@ class _Rewrap:
         self.done = 0
 
     def run(self, batch: int) -> None:
-        """Every table's rows under an old version, listed once by id then
-        fetched by id in chunks of ``batch``; a pass more for rows whose
-        compare-and-set lost a race (what is left after that waits for a rerun)."""
+        """Every table's rows under an old version, listed by id then fetched in
+        chunks of ``batch``; a pass more for rows whose compare-and-set lost a race."""
         for table, aad_of in _WRAPPED_TABLES:
             for _ in range(MAX_PASSES):
                 ids = [row["id"] for row in access.below_version(self._db, table, "id", self._owner, self._version)]
@@ -131,8 +126,7 @@ class _Rewrap:
                     self.chunk(table, aad_of, ids[first : first + batch])
 
     def chunk(self, table: str, aad_of: Callable[[str, str, int], bytes], ids: list[str]) -> None:
-        """Re-wrap the item keys of ``ids`` (still under an old version) in one
-        transaction; an entry's listing part is sealed again under the new version's listing key."""
+        """Re-wrap the item keys of ``ids`` (and reseal entries' listing parts) in one transaction."""
         owner, version = self._owner, self._version
         listed = table == "entries"
         # By primary key only, so the engine cannot pick the owner index and
@@ -158,8 +152,7 @@ class _Rewrap:
             self._progress(min(self.done, self.total), self.total)
 
     def _update(self, row: dict[str, Any], aad_of: Callable[[str, str, int], bytes], listed: bool) -> tuple[Any, ...]:
-        """The compare-and-set update of one row: its item key re-wrapped (its
-        listing part sealed again) under the new version, with its old values.
+        """The compare-and-set update of one row under the new version, with its old values.
 
         Raises:
             IntegrityError: a key is missing (retired meanwhile, or tampering) or a wrapping was altered.
@@ -201,10 +194,9 @@ _LISTING_COLUMNS = (
 
 
 def forget_owner(db: Backend, keys: Keystore, owner_user_id: str) -> dict[str, Any]:
-    """Crypto-shred an owner: delete its keys, entries, segments and turn records
-    with ``secure_delete``, then scrub the file (VACUUM, WAL truncated), so no
-    ciphertext or wrapped key of it remains (backups keep both: SECURITY.md).
-    Returns what was removed, per table.
+    """Crypto-shred an owner: delete its keys and rows with ``secure_delete``,
+    then scrub the file, so no ciphertext or wrapped key of it remains
+    (backups keep both: SECURITY.md). Returns what was removed, per table.
 
     Raises:
         StoreBusyError: the write lock was not obtained in time.

@@ -1,17 +1,12 @@
 """The anchor's file: the highest durable write counter of a store, kept outside it.
 
-What this module holds to (``anchor.py`` decides when it is read and written):
-
-* the file holds ``{"format": 1, "counter": N, "tag": ...}``, the tag made
-  under the store's anchor key (``crypto.CounterSeal``): a damaged file, a
-  forged one or another store's is ``IntegrityError``;
-* it gets the key file's checks: whoever may write it or plant files in its
-  directory could put an older genuine anchor back with an older copy of the
-  store (``allow_shared`` opts out, for a deliberate shared setup);
+* it holds ``{"format": 1, "counter": N, "tag": ...}``, tagged under the
+  store's anchor key: a damaged, forged or another store's file is ``IntegrityError``;
+* it gets the key file's checks: whoever may write it could put an older
+  genuine anchor back with an older copy of the store;
 * it is replaced atomically (temporary file, fsync, rename, fsync of the
   directory), mode 0600, under an exclusive ``fcntl`` lock on
-  ``<anchor>.lock``; a writer killed before its rename leaves its temporary
-  file, which the next open removes under that lock.
+  ``<anchor>.lock``; a killed writer's temporary file is removed at the next open.
 """
 
 from __future__ import annotations
@@ -121,10 +116,8 @@ class AnchorFile:
             raise SecurepadError(f"cannot write the anchor {self.path}: {exc.strerror}") from None
 
     def remove_stale_temporaries(self) -> None:
-        """Remove the temporary files of anchor writes that never reached their
-        rename (a writer killed mid-write). Called under ``locked``, which every
-        writer holds from its temporary file to the rename: any such file found
-        then is a dead writer's."""
+        """Remove the temporary files of killed writers; under ``locked``, which
+        every writer holds from its temporary file to the rename."""
         pattern = re.compile(rf"\.{re.escape(self.path.name)}\.{_TEMP_RANDOM}")
         try:
             names = os.listdir(self.path.parent)

@@ -1,16 +1,13 @@
 """What the store needs from a database engine: the one interface above SQLite and PostgreSQL.
 
-The store, the turn records and the key lifecycle speak portable SQL with
-``?`` placeholders (SQLite's and PostgreSQL's common ground: ``ON CONFLICT``,
-``CAST(... AS BIGINT)``, no boolean sums) through these two protocols; a
-backend owns its dialect's details, its connections and its migrations.
+The store speaks portable SQL with ``?`` placeholders (``ON CONFLICT``,
+``CAST(... AS BIGINT)``, no boolean sums) through these protocols; a backend
+owns its dialect, its connections and its migrations.
 
-Every call says whose rows it touches. ``owner`` scopes a call to one owner:
-PostgreSQL's row-level security then shows that owner's rows only, and write
-transactions of one owner are serialized as SQLite serializes every write.
-``admin`` marks the store-wide housekeeping (gc, rotation, forgetting an
-owner, store-wide stats, initialization), which PostgreSQL runs under a
-separate role. A call with neither sees no owner's rows on PostgreSQL.
+Every call says whose rows it touches. ``owner`` scopes it to one owner
+(PostgreSQL's row-level security shows that owner's rows only, and one
+owner's writes are serialized); ``admin`` marks store-wide housekeeping, run
+under a separate role. A call with neither sees no owner's rows on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -54,9 +51,8 @@ class Conn(Protocol):
     """A connection inside one transaction."""
 
     #: After the transaction failed: whether its COMMIT was sent and its answer
-    #: lost (PostgreSQL: the connection broke or was cut), so that it may or may
-    #: not have been applied. A transaction that takes the same locks afterwards
-    #: runs after it, if it ran, and sees its effect.
+    #: lost, so that it may or may not have been applied (a transaction that
+    #: takes the same locks afterwards sees which).
     commit_unknown: bool
 
     def query(self, sql: str, params: Params = ()) -> Rows:
@@ -74,16 +70,13 @@ class Conn(Protocol):
 
     def defer(self, sql: str, params: Params = ()) -> None:
         """Run a statement whose row count is not wanted: at once (SQLite), or
-        with the transaction's next message (PostgreSQL: no round trip of its
-        own). Its errors (``DuplicateKeyError``) may come from a later call of
-        the transaction, or from its COMMIT."""
+        with the transaction's next message (PostgreSQL); its errors may come
+        from a later call, or from COMMIT."""
 
     def prefetch(self, sql: str, params: Params = ()) -> None:
         """Announce a read that the transaction will ``query`` later with the
-        same SQL and parameters: PostgreSQL sends it with the next message and
-        keeps its rows (several reads share one round trip); SQLite runs it at
-        once and keeps its rows. Either way the later ``query`` gets the rows as
-        they were when announced."""
+        same SQL and parameters (PostgreSQL sends it with the next message):
+        the later ``query`` gets the rows as they were when announced."""
 
 
 class Backend(Protocol):
@@ -106,13 +99,10 @@ class Backend(Protocol):
     ) -> AbstractContextManager[Conn]:
         """A write transaction, rolled back on any exception.
 
-        ``wait=False`` gives up at once (StoreBusyError) where the engine can
-        tell that another writer holds the lock. With ``turn`` (and ``owner``),
-        a write that changes that turn's rows and head only (a put within the
-        turn's reservation, ``heads``): it excludes the owner's other writes of
-        that turn and the owner's owner-wide writes, not its writes of other
-        turns (PostgreSQL: the owner's advisory lock shared, the turn's
-        exclusive; SQLite serializes every write anyway).
+        ``wait=False`` gives up at once where the engine can tell that another
+        writer holds the lock. With ``turn`` (and ``owner``), a write of that
+        turn's rows and head only: it excludes the owner's writes of that turn
+        and its owner-wide writes, not its writes of other turns.
 
         Raises:
             StoreBusyError: the lock was not obtained in time.
@@ -123,16 +113,13 @@ class Backend(Protocol):
 
     def queries(self, *statements: tuple[str, Params], owner: str | None = None, admin: bool = False) -> list[Rows]:
         """The rows of each ``(sql, params)`` query, in order, outside any write
-        transaction: one message, one round trip on PostgreSQL; one after
-        another on SQLite. Queries run after one another may see writes
+        transaction (one round trip on PostgreSQL); they may see writes
         committed in between."""
 
     def snapshot(self) -> AbstractContextManager[object]:
-        """A read snapshot for this thread: every ``query`` and ``queries`` this
-        thread makes inside it sees the store as one state, whatever other
-        connections commit meanwhile (SQLite: one read transaction on the
-        thread's connection; PostgreSQL: one ``REPEATABLE READ READ ONLY``
-        transaction on one connection, as housekeeping). No write inside it.
+        """A read snapshot for this thread: every ``query`` and ``queries`` it
+        makes inside sees the store as one state, whatever commits meanwhile.
+        No write inside it.
 
         Raises:
             StoreBusyError: no connection could be had in time.
@@ -140,10 +127,8 @@ class Backend(Protocol):
         """
 
     def read_scope(self) -> object:
-        """What a cache of verified reads (``head_cache``) is bound to: SQLite's
-        connection of this thread (its data version compares only with its own),
-        None on PostgreSQL (a read's token there is the server's, the same for
-        every connection)."""
+        """What a cache of verified reads is bound to: SQLite's connection of
+        this thread, None on PostgreSQL (a read's token is the server's)."""
 
     def checkpoint(self, *, wait: bool = True) -> bool:
         """Make deleted data leave the engine's files where it can (SQLite's WAL);
@@ -155,8 +140,7 @@ class Backend(Protocol):
 
     def scrub_after_deletes(self) -> bool:
         """After deletes (gc): ``scrub`` when they left a meaningful share of the
-        files free (SQLite: ``SCRUB_FREE_SHARE`` of the pages), else ``checkpoint``.
-        Returns whether the files were rewritten."""
+        files free, else ``checkpoint``; whether the files were rewritten."""
 
     def close(self) -> None:
         """Close every connection this object opened."""
@@ -164,15 +148,13 @@ class Backend(Protocol):
 
 @runtime_checkable
 class OnceWriter(Protocol):
-    """A backend that can send a write of one turn as one message (PostgreSQL:
-    a put whose turn head this process sealed last, ``Heads.change_once``)."""
+    """A backend that can send a write of one turn as one message (PostgreSQL)."""
 
     def write_once(self, owner: str, turn_id: str, sql: str, params: Params) -> int | None:
-        """Run the one statement ``sql`` under the locks of
-        ``transaction(owner, turn=turn_id)``, in one message: the rows it
-        changed, or None when the connection failed after the message was sent
-        (it may or may not have been applied; a transaction that takes the
-        same locks afterwards sees which).
+        """Run ``sql`` under the locks of ``transaction(owner, turn=turn_id)``,
+        in one message: the rows it changed, or None when the connection failed
+        after the message was sent (a transaction that takes the same locks
+        afterwards sees whether it was applied).
 
         Raises:
             DuplicateKeyError: the statement hit a unique key; nothing was written.

@@ -92,9 +92,8 @@ def check_file_directories(path: Path, what: str, override: str) -> None:
 
 def create_private_file(path: Path, allow_shared: bool = False, *, companions: bool = True) -> None:
     """Create the database, -wal and -shm files 0600 in a 0700 directory before
-    SQLite does (SQLite gives the -wal and -shm files the database file's mode),
-    and refuse existing ones others may read or write, or a directory others
-    may write to (unless ``allow_shared``: a deliberate shared setup)."""
+    SQLite does, and refuse existing ones others may read or write, or a
+    directory others may write to (unless ``allow_shared``)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
@@ -123,10 +122,8 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 def check_is_database(path: Path) -> None:
-    """Refuse an existing file that is not a SQLite database, before anything
-    judges its mode or SQLite (which takes a file shorter than its header for
-    an empty database) writes a store over it. An empty file is the one this
-    module creates before SQLite first writes to it.
+    """Refuse an existing file that is not a SQLite database before SQLite
+    writes a store over it (an empty file is the one this module creates).
 
     Raises:
         StoreCorruptError: the file is not a SQLite database.
@@ -144,9 +141,8 @@ def check_is_database(path: Path) -> None:
             f"the store {path} is damaged or is not a securepad store (not a SQLite database); nothing was"
             " changed: check the path, or give a path that does not exist to `securepad init`"
         )
-    # The schema cookie (offset 40) moves with every schema change; the store
-    # sets its schema version (user_version, offset 60) in the transaction that
-    # creates its tables. Tables without a version: another program's database.
+    # Tables (a schema cookie, offset 40) without a user_version (offset 60,
+    # set with the store's tables): another program's database.
     if len(head) == 100 and head[60:64] == bytes(4) and head[40:44] != bytes(4):
         raise StoreCorruptError(
             f"{path} is a SQLite database but not a securepad store; nothing was changed: check the path"

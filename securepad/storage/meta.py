@@ -1,9 +1,5 @@
 """The statements of the keys' tables: ``store_meta`` (the store's clear
-metadata) and ``owner_keys`` (each owner's wrapped key versions).
-
-``keys.master`` and ``keys.keystore`` decide what is wrapped and when; the
-SQL they run is here, with the tables' other statements under ``storage/``.
-"""
+metadata) and ``owner_keys`` (each owner's wrapped key versions)."""
 
 from __future__ import annotations
 

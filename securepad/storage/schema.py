@@ -1,19 +1,15 @@
 """The schema: every table, index and server function, in ONE migration list.
 
-``MIGRATIONS[v]`` brings a store of schema ``v - 1`` to schema ``v``, on
-SQLite and on PostgreSQL alike: its parts are SQL written once for both
-(column types as ``{big}``, ``{real}``, ``{blob}``; ``{norowid}`` for SQLite's
-``WITHOUT ROWID``) and steps of one dialect alone (row-level security, roles'
-grants and server functions on PostgreSQL; triggers and table rebuilds on
-SQLite). A new store runs the list from the start; an existing one from its
-version. The backends run it: ``sqlite.Database`` (``user_version``) and
-``postgres.migrate`` (the ``schema_version`` table, under an advisory lock).
+``MIGRATIONS[v]`` brings a store of schema ``v - 1`` to schema ``v`` on both
+dialects: SQL written once (column types as ``{big}``, ``{real}``, ``{blob}``;
+``{norowid}`` for SQLite's ``WITHOUT ROWID``) and steps of one dialect alone
+(row-level security, grants and server functions on PostgreSQL; triggers and
+table rebuilds on SQLite).
 
-Stores written before the one list count their versions in their dialect's
-own numbering (SQLite 1-12, PostgreSQL 1-14); ``BEFORE`` maps each to this
-list (docs/decisions/0012-one-schema.md), and a store of the one list carries
-``NUMBERING_KEY`` in ``store_meta``. The version is a clear value: it decides
-which statements run, never what is trusted (SECURITY.md).
+Stores older than the one list count in their dialect's own numbering;
+``BEFORE`` maps it to this list (docs/decisions/0012-one-schema.md), and a
+store of the one list carries ``NUMBERING_KEY`` in ``store_meta``. The version
+decides which statements run, never what is trusted (SECURITY.md).
 """
 
 from __future__ import annotations
@@ -103,20 +99,19 @@ _ENTRY_NAMES = (
     " stored_bytes"
 )
 # SQLite's per-owner byte count (schemas 5 to 11), kept by triggers.
-_USAGE_TRIGGERS = """
-    CREATE TRIGGER owner_usage_insert AFTER INSERT ON entries BEGIN
+_USAGE_ADD = """
         INSERT INTO owner_usage(owner_user_id, stored_bytes) VALUES (NEW.owner_user_id, NEW.stored_bytes)
-            ON CONFLICT(owner_user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes;
-    END;
-    CREATE TRIGGER owner_usage_delete AFTER DELETE ON entries BEGIN
+            ON CONFLICT(owner_user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes;"""
+_USAGE_SUBTRACT = """
         UPDATE owner_usage SET stored_bytes = stored_bytes - OLD.stored_bytes WHERE owner_user_id = OLD.owner_user_id;
-        DELETE FROM owner_usage WHERE owner_user_id = OLD.owner_user_id AND stored_bytes <= 0;
+        DELETE FROM owner_usage WHERE owner_user_id = OLD.owner_user_id AND stored_bytes <= 0;"""
+_USAGE_MOVE = _USAGE_SUBTRACT + _USAGE_ADD
+_USAGE_TRIGGERS = f"""
+    CREATE TRIGGER owner_usage_insert AFTER INSERT ON entries BEGIN{_USAGE_ADD}
     END;
-    CREATE TRIGGER owner_usage_update AFTER UPDATE OF owner_user_id, stored_bytes ON entries BEGIN
-        UPDATE owner_usage SET stored_bytes = stored_bytes - OLD.stored_bytes WHERE owner_user_id = OLD.owner_user_id;
-        DELETE FROM owner_usage WHERE owner_user_id = OLD.owner_user_id AND stored_bytes <= 0;
-        INSERT INTO owner_usage(owner_user_id, stored_bytes) VALUES (NEW.owner_user_id, NEW.stored_bytes)
-            ON CONFLICT(owner_user_id) DO UPDATE SET stored_bytes = stored_bytes + excluded.stored_bytes;
+    CREATE TRIGGER owner_usage_delete AFTER DELETE ON entries BEGIN{_USAGE_SUBTRACT}
+    END;
+    CREATE TRIGGER owner_usage_update AFTER UPDATE OF owner_user_id, stored_bytes ON entries BEGIN{_USAGE_MOVE}
     END;
 """
 # PostgreSQL's per-owner byte count (schemas 5 to 11), as SQLite's triggers keep it.

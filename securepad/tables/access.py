@@ -11,6 +11,7 @@ housekeeping.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -271,11 +272,18 @@ def quota_sql(
     """``room``'s one query: the owner's newest key version, its live records'
     cost (``used``; NULL without ``records``: the shared lock checks no quota)
     and with ``step``, the latest expiry of the entries at the step."""
-    used, params = records_used_sql(owner, now) if records else ("NULL", ())
-    sql = f"SELECT {NEWEST_VERSION_SQL} AS newest, {used} AS used"
+    params = tuple(value for _ in _RECORD_TABLES for value in (owner, now)) if records else ()
     if step is None:
-        return sql, (owner, *params)
-    return f"{sql}, (SELECT MAX(expires_at) FROM ({step[0]}) AS taken) AS step_expires", (owner, *params, *step[1])
+        return _quota_text(records, None), (owner, *params)
+    return _quota_text(records, step[0]), (owner, *params, *step[1])
+
+
+@functools.lru_cache(maxsize=64)
+def _quota_text(records: bool, step: str | None) -> str:
+    """``quota_sql``'s statement (composed once per shape: every put sends one)."""
+    used = records_used_sql("", 0.0)[0] if records else "NULL"
+    sql = f"SELECT {NEWEST_VERSION_SQL} AS newest, {used} AS used"
+    return sql if step is None else f"{sql}, (SELECT MAX(expires_at) FROM ({step}) AS taken) AS step_expires"
 
 
 def segments_in_rows(conn: Conn, where: str, params: Params) -> int:

@@ -81,19 +81,15 @@ _COMMIT_PARSE = b"\x00COMMIT\x00"
 class FaultyProxy:
     """A TCP proxy on 127.0.0.1 in front of a server, with faults on demand.
 
-    ``black_hole`` keeps every connection open but forwards nothing either way
-    (the kernel still acknowledges packets: TCP keepalives see nothing wrong);
-    ``refuse`` drops every connection and refuses new ones; ``drop_all`` ends
-    every connection (what a client sees of a server restart); ``heal`` undoes
-    the faults.
+    ``black_hole`` forwards nothing either way while keeping connections open
+    (keepalives see nothing wrong); ``refuse`` drops every connection and
+    refuses new ones; ``drop_all`` ends every connection (a server restart);
+    ``heal`` undoes the faults.
 
-    ``lose_commit`` ends the connection of every ``lose_every``-th message that
-    carries a COMMIT (the store's: an unnamed Parse of ``COMMIT``): "reply"
-    forwards the message and drops the server's answer (the transaction is
-    applied, the client cannot know), "request" drops the message (the server
-    sees the connection end and rolls back), at most ``lose_at_most`` times
-    (None: no limit). ``commits`` counts the messages with a COMMIT seen,
-    ``lost`` those whose connection was ended.
+    ``lose_commit`` ends the connection of every ``lose_every``-th message with
+    a COMMIT, at most ``lose_at_most`` times: "reply" forwards it and drops the
+    answer (applied, the client cannot know), "request" drops it (rolled
+    back). ``commits`` counts such messages, ``lost`` those cut.
     """
 
     def __init__(self, target: tuple[str, int]) -> None:

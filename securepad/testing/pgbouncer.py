@@ -36,12 +36,9 @@ def _free_port() -> int:
 
 
 class PgBouncer:
-    """PgBouncer on a free local port, in transaction pooling mode, with its own
-    ini and userlist in a private temporary directory; stopped on exit.
-
-    ``users`` maps login names to passwords (or SCRAM secrets) for the userlist;
-    ``auth_type`` is PgBouncer's (``trust``, ``scram-sha-256``...). Every
-    database name is forwarded to the server at ``server_host:server_port``.
+    """PgBouncer on a free local port in transaction pooling mode, its ini and
+    userlist (``users``: login -> password or SCRAM secret) in a private
+    temporary directory; every database forwarded to the server; stopped on exit.
     """
 
     def __init__(
@@ -131,10 +128,9 @@ class PgBouncer:
 
 
 def pooled_store(dsn: str, keyring: Any, *, pool_size: int = 8, prepare: bool = False, **options: Any) -> Any:
-    """A store on a pool of its own (``Scratchpad.open`` takes pools): by default
-    one that never prepares statements (``prepare_threshold=None``), as the
+    """A store on a pool of its own that never prepares statements, as the
     PostgreSQL guide recommends behind a transaction pooler; with ``prepare``,
-    psycopg's defaults, so the store prepares until it notices a pooler."""
+    psycopg's defaults (the store prepares until it notices a pooler)."""
     from psycopg_pool import ConnectionPool
 
     kwargs: dict[str, Any] = {"autocommit": True} if prepare else {"autocommit": True, "prepare_threshold": None}

@@ -8,7 +8,7 @@ import pytest
 
 import securepad.keys.keystore
 from securepad import Principal, Scratchpad
-from securepad.core.lru import LRUCache
+from securepad.keys.keystore import LRUCache
 from securepad.store import parts
 
 

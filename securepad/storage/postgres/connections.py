@@ -1,19 +1,15 @@
 """The connections of a PostgreSQL store: its pools, a connection per call, and the call's deadline.
 
-What this module holds to (``database.py`` says what runs on a connection):
-
 * a pool made here from a DSN connects with ``connect_timeout``, TCP
   keepalives and ``tcp_user_timeout`` (unless the DSN sets them), makes its
-  first connection at once (a refused one is reported with the server's
-  reason) and retries a lost one about every second; a pool passed in keeps
-  its own settings and is never closed here;
-* every call takes one connection, waits at most ``pool_timeout_s`` for it,
-  and is watched until its deadline (``call_timeout_s``, housekeeping ten
-  times as long), when the watchdog cuts it;
-* a forked child never uses its parent's sockets: it opens pools of its own
-  and leaves the parent's alone;
-* a call that found its connection dead (it died idle in the pool) may run
-  again on another, never past its deadline.
+  first connection at once (a refusal is reported with the server's reason)
+  and retries a lost one about every second; a pool passed in keeps its own
+  settings and is never closed here;
+* every call waits at most ``pool_timeout_s`` for a connection and is cut at
+  its deadline (``call_timeout_s``, housekeeping ten times as long);
+* a forked child opens pools of its own and leaves its parent's sockets alone;
+* a call whose connection died idle in the pool may run again on another,
+  never past its deadline.
 """
 
 from __future__ import annotations
@@ -25,13 +21,12 @@ from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ...errors import SecurepadError, StoreBusyError, StoreUnavailableError
 from .migrate import reason
 from .pipeline import Watch, Watchdog
-from .pool import CONNECT_TIMEOUT_S, Lender, bad_dsn, describe_source, handing_over
+from .pool import CONNECT_TIMEOUT_S, Lender, describe_source, handing_over, parse_dsn
 
 __all__ = ["HOUSEKEEPING_FACTOR", "Connections", "unavailable"]
 
@@ -45,9 +40,9 @@ _NETWORK_LIMITS = {
     "keepalives_count": 3,
     "tcp_user_timeout": 10_000,
 }
-# How long a pool keeps retrying a lost connection before it gives the slot up
-# (a caller that then needs one makes it try at once): psycopg_pool doubles
-# its wait between tries, so with its default a return is noticed late.
+# How long a pool retries a lost connection before it gives the slot up (a
+# caller that then needs one makes it try at once): psycopg_pool's default
+# notices a server's return late.
 RECONNECT_TIMEOUT_S = 2.0
 # Housekeeping (the admin role) works store-wide and may run long: its
 # statement and call limits are this many times a principal's.
@@ -106,9 +101,8 @@ class Connections:
         kwargs = {"autocommit": True, **self._limits_for(source)}
         connection_class = handing_over()
         try:
-            # One connection made here first: a refused or failed connection is
-            # reported at once, with the server's reason (a pool would retry);
-            # then handed to the pool as its first, so opening connects once.
+            # A refusal is reported at once with the server's reason (a pool
+            # would retry); the connection is then the pool's first.
             connection_class.spare.append(connection_class.connect(source, **kwargs))
             opened = ConnectionPool(
                 source,
@@ -134,18 +128,13 @@ class Connections:
         return opened
 
     def _lenders(self, app: ConnectionPool[Any], admin: ConnectionPool[Any]) -> tuple[Lender, Lender]:
-        """A lender per pool, the application's then the admin's (one for both
-        when they share a pool): it keeps a connection between calls only from
-        a pool this object made."""
+        """The application's and the admin's lenders (one when they share a pool)."""
         lent = Lender(app, keep=app in self._owned)
         return lent, lent if admin is app else Lender(admin, keep=admin in self._owned)
 
     def _limits_for(self, dsn: str) -> dict[str, Any]:
         """The network limits the DSN does not set itself."""
-        try:
-            given = conninfo_to_dict(dsn)
-        except psycopg.ProgrammingError as exc:
-            raise bad_dsn(dsn, exc) from None
+        given = parse_dsn(dsn)
         return {key: value for key, value in self._network.items() if key not in given}
 
     def lender(self, admin: bool) -> Lender:
@@ -163,9 +152,7 @@ class Connections:
                 raise SecurepadError("a store opened on a connection pool cannot be used after fork; open it again")
             with self._lock:
                 if os.getpid() != self._pid:
-                    # Never closed nor collected here (nor the connections their
-                    # lenders keep): closing would end the parent's sessions on
-                    # the sockets both processes hold.
+                    # Never closed nor collected: that would end the parent's sessions.
                     self._inherited.extend([*self._owned, *self.lenders])
                     self._owned = []
                     self.app, self.admin = self._pools()
@@ -178,8 +165,7 @@ class Connections:
         return self._call_timeout_s * (HOUSEKEEPING_FACTOR if admin else 1)
 
     def checkout(self, admin: bool) -> Watch:
-        """A pooled connection for one call, watched until the call's deadline;
-        ``checkin`` gives it back (each caller's ``finally``).
+        """A pooled connection for one call, watched until its deadline; ``checkin`` gives it back.
 
         Raises:
             StoreUnavailableError: no connection within the pool timeout, and
@@ -221,8 +207,7 @@ class Connections:
 
     def retry(self, call: Watch, attempt: int) -> bool:
         """Whether a call whose first statement failed may run again on another
-        connection: the connection had died while idle in the pool (a server
-        restart ends every pooled session), not at the deadline."""
+        connection: its connection had died idle (a server restart), not at the deadline."""
         return call.conn.broken and not call.cut and attempt < self.pool_size and time.monotonic() < call.deadline
 
     def close(self) -> None:

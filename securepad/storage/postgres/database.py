@@ -1,23 +1,16 @@
 """PostgreSQL through psycopg 3: roles, row-level security settings, transactions.
 
-The store speaks the same SQL to both backends; this module translates it
-(``?`` to ``%s``, ``BLOB`` casts) and adds a second line of defence in the server:
+The store's portable SQL is translated here (``?`` to ``%s``, ``BLOB`` casts),
+and the server adds a second line of defence:
 
 * two roles: ``securepad_app`` for what a principal does (no BYPASSRLS), and
   ``securepad_admin``, the tables' owner, for housekeeping and migrations;
-  every transaction takes its role with ``SET LOCAL ROLE``;
 * every transaction sets ``securepad.owner``: the policies show the
   application role that owner's rows only, and none without an owner;
-* ``synchronous_commit`` follows the policy's durability (docs/reliability.md);
-* writes are serialized per owner by advisory locks (a shared store-wide one
-  beside), housekeeping takes the store-wide lock alone: the store's
-  check-then-write steps hold as on SQLite while owners write in parallel;
-* every call has a deadline (connect timeout, TCP keepalives and user
-  timeout, the server's lock and statement timeouts, the pool's wait, and a
-  watchdog that cuts a call still running at its deadline); an unreachable
-  server is ``StoreUnavailableError`` (retryable), connections that died idle
-  are replaced within the call (the pools and each call's connection:
-  ``connections.py``).
+* writes are serialized per owner by advisory locks, housekeeping by the
+  store-wide lock, so the check-then-write steps hold as on SQLite;
+* every call has a deadline (``connections.py``); an unreachable server is
+  ``StoreUnavailableError`` (retryable).
 """
 
 from __future__ import annotations
@@ -46,27 +39,23 @@ from .session import SYNCHRONOUS_COMMIT, Session
 
 __all__ = ["ADMIN_ROLE", "APP_ROLE", "SCHEMA_VERSION", "PostgresDatabase", "limits_for_call"]
 
-# How long a transaction waits for a lock (an owner's, or the store's) before StoreBusyError.
+# The time limits of every call (docs/reliability.md), each above the one
+# before, so a healthy server always answers first.
+# A lock wait (an owner's, or the store's) before StoreBusyError.
 LOCK_TIMEOUT_MS = 30_000
-# Connections per pool that Scratchpad.open creates from a DSN.
-DEFAULT_POOL_SIZE = 8
-# The time limits of every call (see the module docstring and docs/reliability.md).
-# Connecting (TCP, TLS, authentication): libpq's connect_timeout.
-# One statement on the server, lock waits included (so above LOCK_TIMEOUT_MS).
+# One statement on the server, lock waits included.
 STATEMENT_TIMEOUT_MS = 45_000
 # Waiting for a free pooled connection.
 POOL_TIMEOUT_S = 10.0
-# A whole call (one query, or one transaction from BEGIN to COMMIT): the
-# watchdog cuts its connection past this. Above the statement timeout, so a
-# healthy server always answers first.
+# A whole call (one query, or BEGIN to COMMIT): the watchdog cuts it past this.
 CALL_TIMEOUT_S = 60.0
+# Connections per pool that Scratchpad.open creates from a DSN.
+DEFAULT_POOL_SIZE = 8
 
 
 def limits_for_call(call_timeout_s: float) -> dict[str, float | int]:
-    """``PostgresDatabase``'s time limits for a whole-call deadline of
-    ``call_timeout_s``: the defaults, each cut to stay under the deadline in the
-    same order (a lock wait, then a statement, end before the call is cut), so
-    a healthy server still answers first.
+    """The time limits for a whole-call deadline of ``call_timeout_s``: the
+    defaults, each cut to stay under the deadline in the same order.
 
     Raises:
         SecurepadError: the deadline is not a positive number of seconds.
@@ -93,17 +82,7 @@ class PostgresDatabase:
     ``app`` (a DSN or a ``psycopg_pool.ConnectionPool``) serves principals;
     ``admin`` (default: the same) serves housekeeping and migrations. Pools
     made here from a DSN are closed by ``close``; pools passed in are not.
-
-    The pools, the connection of each call and its deadline are
-    ``connections.Connections``: pools made here connect with
-    ``connect_timeout``, TCP keepalives and ``tcp_user_timeout`` (unless the
-    DSN sets them) and retry a lost connection every ~1 s; a pool passed in
-    keeps its own settings. Every call
-    gets ``statement_timeout_ms`` on the server, waits at most
-    ``pool_timeout_s`` for a connection, and is cut at ``call_timeout_s``
-    (housekeeping: ten times the statement and call limits). ``durability``
-    (the policy's: "normal" or "full") is every transaction's
-    ``synchronous_commit`` (``SYNCHRONOUS_COMMIT``).
+    ``durability`` (the policy's) sets every transaction's ``synchronous_commit``.
     """
 
     dialect = "postgresql"
@@ -158,10 +137,7 @@ class PostgresDatabase:
     def transaction(
         self, owner: str | None = None, *, admin: bool = False, wait: bool = True, turn: str | None = None
     ) -> Iterator[Transaction]:
-        """A write transaction, serialized with the owner's other writes (or,
-        for store-wide housekeeping, with every write; with ``turn``, with the
-        owner's writes of that turn and its owner-wide ones: ``Backend.transaction``);
-        rolled back on any exception.
+        """A write transaction (``Backend.transaction``), rolled back on any exception.
 
         Raises:
             StoreBusyError: a lock was not obtained within the lock timeout (at
@@ -184,33 +160,24 @@ class PostgresDatabase:
             yield tx
             tx.commit()
             committed = True
-        except BUSY:
-            raise StoreBusyError("the store is busy; try again") from None
         except pg_errors.InsufficientPrivilege as exc:
             if admin and not wait:  # optional housekeeping this connection may not do: skipped
                 raise StoreBusyError(f"housekeeping skipped: {reason(exc)}") from None
-            raise SecurepadError(f"PostgreSQL refused the store's role: {reason(exc)}") from None
+            raise _failure(exc, tx.call) from None
         except psycopg.OperationalError as exc:
-            if tx.commit_unknown:
+            if tx.commit_unknown and not isinstance(exc, BUSY):
                 raise StoreUnavailableError(
                     f"{unavailable(exc, tx.call)}".removesuffix("; try again")
                     + " after the write's COMMIT was sent: it may or may not have been applied"
                 ) from None
-            raise unavailable(exc, tx.call) from None
+            raise _failure(exc, tx.call) from None
         finally:
             tx.close(committed)
 
     def write_once(self, owner: str, turn_id: str, sql: str, params: Params) -> int | None:
-        """One statement under the locks of ``transaction(owner, turn=turn_id)``,
-        in one message: the settings and locks, then ``sql``, which PostgreSQL
-        runs as one implicit transaction (no BEGIN, no COMMIT: one round trip,
-        two statements fewer for the server to run); the rows it changed.
-
-        None when the connection broke once the message was sent (a server
-        restart, a session ended by the server): the write may or may not
-        have been applied. It is not sent again here; a transaction that takes
-        the same locks afterwards runs after it, if it ran, and sees its effect
-        (``entry_put``: the put's fallback looks for its entry by id).
+        """``OnceWriter.write_once``: the settings and locks, then ``sql``, as one
+        implicit transaction (no BEGIN, no COMMIT); the rows it changed, or None
+        when the connection broke once the message was sent (it is not sent again).
 
         Raises:
             DuplicateKeyError: the statement hit a unique key; nothing was written.
@@ -230,25 +197,18 @@ class PostgresDatabase:
             return rowcount(send(call, self._statements, batch, first=True)[-1])
         except pg_errors.UniqueViolation:
             raise DuplicateKeyError from None
-        except BUSY:
-            raise StoreBusyError("the store is busy; try again") from None
-        except pg_errors.InsufficientPrivilege as exc:
-            raise SecurepadError(f"PostgreSQL refused the store's role: {reason(exc)}") from None
-        except psycopg.OperationalError as exc:
-            if call.cut:  # past the call's deadline: no fallback with a deadline of its own
-                raise OutcomeUnknown(str(unavailable(exc, call))) from None
-            if not call.conn.broken:  # the server's own error: the implicit transaction rolled back
-                raise unavailable(exc, call) from None
-            return None
+        except (psycopg.OperationalError, pg_errors.InsufficientPrivilege) as exc:
+            if isinstance(exc, psycopg.OperationalError) and not isinstance(exc, BUSY):
+                if call.cut:  # past the call's deadline: no fallback with a deadline of its own
+                    raise OutcomeUnknown(str(unavailable(exc, call))) from None
+                if call.conn.broken:  # else the server's own error: the implicit transaction rolled back
+                    return None
+            raise _failure(exc, call) from None
         finally:
             self.connections.checkin(call)
 
     def query(self, sql: str, params: Params = (), *, owner: str | None = None, admin: bool = False) -> Rows:
-        """Rows as dicts, in a transaction of their own.
-
-        One round trip: the settings and the query go as one message (one
-        pipeline, one Sync), which PostgreSQL runs as one implicit transaction
-        (so the local settings hold for the query and end with it).
+        """Rows as dicts: the settings and the query as one message, one implicit transaction.
 
         Raises:
             StoreBusyError: a lock wait timed out, or the pool had no free connection.
@@ -282,21 +242,14 @@ class PostgresDatabase:
                 finally:
                     self.connections.checkin(call)
             raise AssertionError("unreachable: the last attempt returns or raises")
-        except BUSY:
-            raise StoreBusyError("the store is busy; try again") from None
-        except pg_errors.InsufficientPrivilege as exc:
-            raise SecurepadError(f"PostgreSQL refused the store's role: {reason(exc)}") from None
-        except psycopg.OperationalError as exc:
-            raise unavailable(exc, call) from None
+        except (psycopg.OperationalError, pg_errors.InsufficientPrivilege) as exc:
+            raise _failure(exc, call) from None
 
     @contextmanager
     def snapshot(self) -> Iterator[None]:
-        """A read snapshot for this thread: until it ends, every ``query`` and
-        ``queries`` of this thread runs in one ``REPEATABLE READ READ ONLY``
-        transaction on one connection, as housekeeping (the admin role, whose
-        policy shows every owner's rows), so all of them see the store as it
-        was at the first one, whatever commits meanwhile (``verify``). Each
-        statement gets the call's deadline anew. Nested, it is the outer one.
+        """``Backend.snapshot``, as housekeeping (the admin role sees every
+        owner's rows); each statement gets the call's deadline anew. Nested, it
+        is the outer one.
 
         Raises:
             StoreBusyError: the pool had no free connection.
@@ -324,11 +277,10 @@ class PostgresDatabase:
                 self.connections.checkin(call)
 
     def _begin_snapshot(self, call: Watch) -> None:
-        """BEGIN (alone in its message: the isolation level must come before any
-        statement, the prepared statements' anchor included), then the settings
-        as the call's first message (``send``: its anchor). An anchor that finds
-        another server session (a transaction pooler) makes ``send`` roll back
-        and send the settings alone, unprepared: the snapshot then begins again.
+        """BEGIN alone (the isolation level comes before any statement, the
+        prepared statements' anchor included), then the settings as the call's
+        first message; behind a transaction pooler ``send`` rolls back and
+        sends them unprepared, and the snapshot begins again.
 
         Raises:
             psycopg.OperationalError: the connection failed.
@@ -348,10 +300,8 @@ class PostgresDatabase:
         try:
             results = send(call, self._statements, batch, first=False)
             return [rows_of(call, result) for result in results[1:]]
-        except BUSY:
-            raise StoreBusyError("the store is busy; try again") from None
         except psycopg.OperationalError as exc:
-            raise unavailable(exc, call) from None
+            raise _failure(exc, call) from None
 
     def read_scope(self) -> object:
         """None: a cached read's token (``head_reads``) is the server's snapshot and digest, on any connection."""
@@ -383,3 +333,13 @@ class PostgresDatabase:
     def close(self) -> None:
         """Close the pools this object made (never one that was passed in)."""
         self.connections.close()
+
+
+def _failure(exc: psycopg.Error, call: Watch | None) -> SecurepadError:
+    """What a failed call tells its caller: busy (a lock or serialization
+    conflict), the store's role refused, or the server unavailable."""
+    if isinstance(exc, BUSY):
+        return StoreBusyError("the store is busy; try again")
+    if isinstance(exc, psycopg.OperationalError):
+        return unavailable(exc, call)
+    return SecurepadError(f"PostgreSQL refused the store's role: {reason(exc)}")

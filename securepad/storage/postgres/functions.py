@@ -1,9 +1,8 @@
 """PostgreSQL's read of a turn on the server: the inventory statement and the
-read functions the schema creates (``storage.schema``), which a warm read calls.
+read functions the schema creates, which a warm read calls.
 
-``tables.heads.reading`` sends these statements and calls these functions; what
-their rows mean, and what a freshness token trusts, is said there and in
-SECURITY.md ("Tampering: the turn heads").
+What their rows mean, and what a freshness token trusts, is said in
+``tables.heads.reading`` and SECURITY.md ("Tampering: the turn heads").
 """
 
 from __future__ import annotations
@@ -19,16 +18,11 @@ __all__ = [
     "pg_scoped_read_functions",
 ]
 
-# PostgreSQL's statement: the same rows, each value sent once (``p``:
-# owner, turn, and the sent token's head, digest and snapshot), the turn's
-# clear columns read by one scan per table (``inv``), which both the digest
-# and the inventory read; and a plan whose parts the warm read never runs.
-# ``inv`` is computed only when something reads it: when the token's snapshot
-# is the one sent, nothing does (the digest is in a CASE branch not taken, the
-# other rows behind one-time filters on ``same``), and the head is not read.
-# Its first two CTEs (``_PG_TURN_ROWS``) open the lean statement of the read
-# functions too (``_PG_LEAN``), so that both read the turn's rows by the same
-# plan, in the same order.
+# Each value sent once (``p``: owner, turn, the sent token's head, digest and
+# snapshot); the turn's clear columns read by one scan per table (``inv``),
+# computed only when the token's snapshot is not the one sent. The lean
+# statement (``_PG_LEAN``) opens with the same two CTEs, so both read the
+# turn's rows by the same plan, in the same order.
 _PG_TURN_ROWS = (
     "WITH p AS MATERIALIZED (SELECT ?::text AS owner, {turn}::text AS turn, ?::bytea AS sealed, ?::text AS value,"
     " ?::text AS snap),"
@@ -54,37 +48,25 @@ PG_INVENTORY_SQL = (
     " UNION ALL SELECT 'v', NULL, token.turn_id, NULL, token.sealed, NULL, token.same, NULL, NULL, token.value,"
     " token.snap FROM token ORDER BY k, turn_id, id"
 )
-# The server's SHA-256 over the inventory's rows (``inv``), each as a row
-# value's text (fields quoted where needed, so unambiguous; the expiry as its 8
-# bytes, exact whatever ``extra_float_digits`` says), one a line. The rows come
-# in the order of the scans, not sorted: equal digests mean equal sequences of
-# rows, so equal inventories, whatever the order; a turn read in another order
-# (another plan) is only a miss. Owner and turn are the statement's (``p``).
-# Other ways to write it (a bytea concatenation with length prefixes,
-# ``record_send``, ``concat_ws``) cost the server the same within the noise
-# (docs/performance.md); reading the rows is a quarter of it.
+# SHA-256 over the inventory's rows, each as a row value's text (unambiguous;
+# the expiry as its 8 bytes, exact whatever ``extra_float_digits`` says), one a
+# line, in scan order: equal digests mean equal inventories, and a turn read in
+# another order is only a miss.
 _PG_DIGEST = (
     "(SELECT encode(sha256(convert_to(string_agg(ROW(r.k, r.id, r.n, float8send(r.expires_at), r.stored_bytes,"
     " r.actor, r.channel)::text, chr(10)), 'UTF8')), 'hex') FROM inv AS r)"
 )
-# The server's snapshot of the statement, with what tells one server lifetime
-# from another: the postmaster's start time (exact, as epoch seconds) and the
-# cluster's system identifier. Equal to the one of the statement that fetched
-# the cached inventory, no transaction has ended since (xmin:xmax:xip would
-# differ), in any database of the server: no row can differ (SECURITY.md,
-# "Tampering: the turn heads").
+# The statement's snapshot, with the postmaster's start time and the cluster's
+# identifier: equal to the cached one, no transaction has ended since in any
+# database of this server lifetime, so no row can differ.
 _PG_SNAPSHOT = (
     "concat_ws(' ', extract(epoch FROM pg_postmaster_start_time()), (pg_control_system()).system_identifier,"
     " pg_current_snapshot())"
 )
-# PostgreSQL's token: the snapshot above, then the turn's head and the digest.
-# When the snapshot is the one sent, neither the head nor the digest is
-# evaluated (each is an uncorrelated subquery, an initplan the server runs only
-# when its CASE branch is taken) and the statement returns the head and digest
-# sent with it; otherwise both are computed, and ``same`` says whether they are
-# the ones sent (a commit elsewhere that left this turn alone: the read still
-# fetches no inventory, and its cache takes the new snapshot). OFFSET 0: each
-# expression is computed once, not once per use.
+# The token: the snapshot, the turn's head and the digest. When the snapshot is
+# the one sent, head and digest are not evaluated (initplans in a CASE branch
+# not taken); otherwise ``same`` says whether they are the ones sent. OFFSET 0:
+# each expression is computed once, not once per use.
 PG_FRESHNESS = (
     "SELECT t.turn_id, t.sealed, CASE WHEN t.sealed = p.sealed AND t.value = p.value THEN 1 ELSE 0 END AS same,"
     " t.value, t.snap FROM p, (SELECT s.turn_id, s.snap,"
@@ -93,25 +75,15 @@ PG_FRESHNESS = (
     f" CASE WHEN s.snap = (SELECT snap FROM p) THEN (SELECT value FROM p) ELSE {_PG_DIGEST} END AS value"
     f" FROM (SELECT (SELECT turn FROM p) AS turn_id, {_PG_SNAPSHOT} AS snap OFFSET 0) AS s OFFSET 0) AS t"
 )
-# The warm read as a server-side function (schema 14
-# creates both, EXECUTE granted to the application role alone): a read that
-# sends a cached token calls it instead of the statement. The statement's
-# plan holds every scan of the head, the digest and the inventory, and the
-# server opens, locks and initializes all of them at every execution though a
-# warm read runs none (docs/decisions/0004-verified-inventory-cache.md); the
-# function compares the snapshot first and returns the token row alone when
-# it is the one sent (so the head and digest sent, as the statement does),
-# and otherwise runs the statement itself, the same rows in the same order.
-# PL/pgSQL keeps the statement's plan per server session; STABLE: the whole
-# call sees the calling statement's snapshot, as the one statement did.
-# SECURITY INVOKER (the default): it runs as the application role, so
-# row-level security and the owner setting apply as to the statement. Its
-# search_path is pinned to the store's schema (``FROM CURRENT``: the
-# migration's), so its names never resolve elsewhere whoever calls it; the
-# clause costs no server CPU measurable per call (docs/how-to/postgresql.md).
-# A migration is never edited: a change to the statements above needs a new
-# migration that replaces these functions (``CREATE OR REPLACE FUNCTION``);
-# tests/tables/heads/test_reading_token_postgres.py pins their text so that such a change cannot go unnoticed.
+# The warm read as a server-side function: the statement's plan makes the
+# server open every scan at each execution though a warm read runs none, so
+# the function compares the snapshot first and returns the token row alone
+# when it is the one sent, else runs the statement
+# (docs/decisions/0004-verified-inventory-cache.md). STABLE: one snapshot per
+# call. SECURITY INVOKER: row-level security applies as to the statement. Its
+# search_path is the migration's, whoever calls it. A migration is never
+# edited: a change to these statements needs a new migration that replaces
+# the functions (tests pin their text).
 _PG_FUNCTION_SIGNATURE = (
     "{name}(text, text, bytea, text, text, text) RETURNS TABLE(k text, owner_user_id text,"
     " turn_id text, key_version integer, sealed bytea, id text, n integer, expires_at double precision,"
@@ -138,27 +110,11 @@ _PG_READ_FUNCTION = (
     + _PG_WARM.replace("{snapshot}", _PG_SNAPSHOT)
     + _PG_FUNCTION_TAIL
 )
-# When the snapshot moved, the function above runs the whole statement, and
-# the server starts every node of its plan (48: every scan of the head, the
-# digest and the inventory, the UNION ALL of the four branches) to return, as
-# a rule, the token row alone: a commit anywhere on the server moves the
-# snapshot, and most leave the turn alone
-# (docs/decisions/0004-verified-inventory-cache.md). Schema 17 replaces
-# both functions with this one, which first runs
-# a lean statement: the turn's rows by the statement's own CTEs
-# (``_PG_TURN_ROWS``: the same scans, so the same rows in the same order),
-# the head, and the digest, evaluated only when the head is the one sent (a
-# changed turn has another head: its digest is computed once, by the
-# statement). Read by the digest alone, the rows are not materialized: the
-# digest reads them from the scans (the Append of the three, in order), not
-# from a tuple store written first (a fifth of the server's CPU for a
-# 1,000-entry turn, docs/how-to/postgresql.md). When both are the ones sent,
-# it returns the row the statement would return in that case: the turn, the
-# head, ``same`` set, the digest and the new snapshot (the one the statement
-# would compute: a STABLE function's statements all see the caller's).
-# Otherwise it runs the statement, as before; so the digest is what it was,
-# over the same rows, and a row edited, deleted or inserted still gives
-# another digest, hence the inventory.
+# A commit anywhere moves the snapshot, and most leave the turn alone: the
+# lean function first runs a lean statement (the same CTEs, so the same rows
+# in the same order, not materialized; the digest only when the head is the
+# one sent). When head and digest are the ones sent it returns the row the
+# statement would, with the new snapshot; otherwise it runs the statement.
 _PG_LEAN = (
     _PG_TURN_ROWS.replace(" inv AS MATERIALIZED (", " inv AS NOT MATERIALIZED (")
     + " h AS MATERIALIZED (SELECT (SELECT turn FROM p) AS turn_id, (SELECT sealed FROM turn_heads"
@@ -166,8 +122,7 @@ _PG_LEAN = (
     f" SELECT h.turn_id, h.sealed, CASE WHEN h.sealed = (SELECT sealed FROM p) THEN {_PG_DIGEST} END AS value"
     " FROM h"
 )
-# The snapshot is computed once (it reads the control file, ~10 us), before
-# the warm comparison, and is the lean answer's.
+# The snapshot is computed once (it reads the control file), and is the lean answer's.
 _PG_LEAN_READ_FUNCTION = (
     "CREATE OR REPLACE FUNCTION " + _PG_FUNCTION_SIGNATURE + "DECLARE\n"
     f"  server_snapshot text := {_PG_SNAPSHOT};\n"
@@ -184,30 +139,23 @@ _PG_LEAN_READ_FUNCTION = (
 PG_NO_FRESHNESS = (
     "SELECT NULL::text AS turn_id, NULL::bytea AS sealed, 0 AS same, NULL::text AS value, NULL::text AS snap"
 )
-# The turn of one entry of the principal's scope (``entry_select_sql``, a read
-# or delete by id): the id, the owner, and the channel and actor when the
-# policy's scope names them (NULL otherwise: ``entry_turn_params``). Another
-# owner's id, or one outside the scope, finds no turn, exactly as an absent id:
-# the statement then reads the owner's heads alone, whatever turn the id is
-# of, so its work tells nothing of another owner's turn names.
+# The turn of one entry of the principal's scope (the channel and actor NULL
+# when the scope does not name them). An id outside the scope finds no turn,
+# exactly as an absent id, so the statement's work tells nothing of others' turns.
 ENTRY_TURN_SQL = (
     "(SELECT turn_id FROM entries WHERE id = ? AND owner_user_id = ?"
     " AND channel = COALESCE(?, channel) AND actor = COALESCE(?, actor))"
 )
-# What schemas 14 and 17 built the entry's read function from (the turn of
-# an id whoever its owner; row-level security held it to the owner's rows):
-# kept so that their text stays what existing stores ran.
+# The read functions of schemas 14 and 17 by the turn expression of their
+# statement: name, and the turn of the warm branch (their text stays what
+# existing stores ran).
 _UNSCOPED_ENTRY_TURN_SQL = "(SELECT turn_id FROM entries WHERE id = ?)"
-# The read functions by the turn expression of their statement (the turn
-# given, or the turn of an entry), as schemas 14 and 17 created them: name,
-# and the turn of the warm branch.
 _PG_FUNCTIONS = {
     "?": ("turn_inventory", "$2"),
     _UNSCOPED_ENTRY_TURN_SQL: ("entry_turn_inventory", "(SELECT e.turn_id FROM entries AS e WHERE e.id = $2)"),
 }
-# The entry's read function as schema 18 replaces it: the turn of the id
-# within the caller's scope (``ENTRY_TURN_SQL``), its channel and actor as two
-# more arguments ($7, $8), NULL when the scope does not name them.
+# Schema 18's entry read function: the id's turn within the caller's scope,
+# its channel and actor as two more arguments ($7, $8).
 _PG_ARGUMENTS = "(text, text, bytea, text, text, text)"
 _PG_SCOPED_ARGUMENTS = "(text, text, bytea, text, text, text, text, text)"
 _PG_SCOPED_TURN = (
@@ -221,6 +169,10 @@ PG_CALLS = {
 }
 
 
+# The statement a read sends, whose text the functions run when the snapshot moved.
+_STATEMENT = PG_INVENTORY_SQL.replace("{token}", PG_FRESHNESS)
+
+
 def _numbered(sql: str) -> str:
     """``?`` placeholders as PL/pgSQL's ``$1``, ``$2``... in order."""
     pieces = sql.split("?")
@@ -228,41 +180,33 @@ def _numbered(sql: str) -> str:
 
 
 def pg_read_functions() -> dict[str, str]:
-    """The functions a warm PostgreSQL read calls (name -> its ``CREATE
-    FUNCTION`` and ``REVOKE``), for schema 14; the caller
-    grants EXECUTE to the application role."""
-    statement = PG_INVENTORY_SQL.replace("{token}", PG_FRESHNESS)
+    """Schema 14's read functions: name -> ``CREATE FUNCTION`` and ``REVOKE``."""
     return {
-        name: _PG_READ_FUNCTION.format(name=name, warm_turn=warm_turn, statement=_numbered(statement.format(turn=turn)))
+        name: _PG_READ_FUNCTION.format(
+            name=name, warm_turn=warm_turn, statement=_numbered(_STATEMENT.format(turn=turn))
+        )
         for turn, (name, warm_turn) in _PG_FUNCTIONS.items()
     }
 
 
 def pg_lean_read_functions() -> dict[str, str]:
-    """The same functions with the lean statement first (name -> its ``CREATE
-    OR REPLACE FUNCTION`` and ``REVOKE``), for schema 17: same
-    signature, settings and owner; the caller grants EXECUTE again."""
-    statement = PG_INVENTORY_SQL.replace("{token}", PG_FRESHNESS)
+    """Schema 17's read functions, the lean statement first (same signature, settings and owner)."""
     return {
         name: _PG_LEAN_READ_FUNCTION.format(
             name=name,
             warm_turn=warm_turn,
             lean=_numbered(_PG_LEAN.format(turn=turn)),
-            statement=_numbered(statement.format(turn=turn)),
+            statement=_numbered(_STATEMENT.format(turn=turn)),
         )
         for turn, (name, warm_turn) in _PG_FUNCTIONS.items()
     }
 
 
 def pg_scoped_read_functions() -> dict[str, str]:
-    """The entry's read function with the turn of the id found within the
-    caller's scope (name -> its ``DROP``, ``CREATE FUNCTION`` and ``REVOKE``),
-    for schema 18: the lean function of schema 17 with
-    ``ENTRY_TURN_SQL``'s condition and two more arguments (the channel and
-    actor, or NULL); the caller grants EXECUTE again."""
+    """Schema 18's entry read function (``DROP``, ``CREATE``, ``REVOKE``):
+    schema 17's, with the id's turn found within the caller's scope."""
     name = "entry_turn_inventory"
     turn = _PG_SCOPED_TURN.format(id="?")
-    statement = PG_INVENTORY_SQL.replace("{token}", PG_FRESHNESS)
     create = _PG_LEAN_READ_FUNCTION.replace("CREATE OR REPLACE FUNCTION", "CREATE FUNCTION").replace(
         _PG_ARGUMENTS, _PG_SCOPED_ARGUMENTS
     )
@@ -272,6 +216,6 @@ def pg_scoped_read_functions() -> dict[str, str]:
             name=name,
             warm_turn=_PG_SCOPED_TURN.format(id="$2"),
             lean=_numbered(_PG_LEAN.format(turn=turn)),
-            statement=_numbered(statement.format(turn=turn)),
+            statement=_numbered(_STATEMENT.format(turn=turn)),
         )
     }

@@ -1,13 +1,10 @@
 """psycopg_pool's warnings, relayed through the library's logger at a bounded rate.
 
-During a PostgreSQL outage psycopg_pool logs a warning for every failed
-reconnection of every pooled connection (dozens in a restart); with no
-logging configured Python prints each on stderr. The relay takes the
-"psycopg.pool" logger over (unless the application gave it handlers of its
-own): the first warning goes on to the "securepad.postgres" logger at once,
-later ones within ``RELAY_INTERVAL_S`` are counted and reported with the next
-one that goes on. A library does not print: the "securepad" logger has only a
-NullHandler until the application (or the command line) attaches one.
+During an outage psycopg_pool warns for every failed reconnection of every
+pooled connection, and Python prints each on stderr. The relay takes the
+"psycopg.pool" logger over (unless the application gave it handlers): the
+first warning goes on to "securepad.postgres" at once, later ones within
+``RELAY_INTERVAL_S`` are counted and reported with the next that goes on.
 """
 
 from __future__ import annotations

@@ -26,18 +26,15 @@ def lock_key(*parts: str) -> int:
 
 
 def reason(exc: BaseException) -> str:
-    """The exception's message on one line (psycopg's span several: the command
-    line prints an error as one line), or its class name when it has none."""
+    """The exception's message on one line (psycopg's span several), or its class name."""
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def migrate(
     schema_name: str, app_version: Callable[[], int | None], admin_pool: Callable[[], ConnectionPool[Any]]
 ) -> tuple[int, int] | None:
-    """Create the roles and schema when missing, then bring the tables to SCHEMA_VERSION.
-
-    A store already at SCHEMA_VERSION opens with the application role
-    alone: a process that serves principals needs no admin login. Returns
+    """Create the roles and schema when missing, then bring the tables to SCHEMA_VERSION
+    (a store already there opens with the application role alone). Returns
     (old, new) when an existing store was upgraded, else None.
 
     Raises:
@@ -72,8 +69,7 @@ def migrate(
 def _roles_and_schema(conn: psycopg.Connection[Any], schema_name: str) -> None:
     """Under the migration lock: the two roles and the schema when missing, then
     the admin role and the schema as the transaction's role and search path."""
-    # One migration at a time per database (roles are cluster-wide: a
-    # racing creation in another database is tolerated below).
+    # One migration at a time per database; roles are cluster-wide, so a racing creation is tolerated.
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key("securepad-migrate"),))
     existing = {
         r[0] for r in conn.execute("SELECT rolname FROM pg_roles WHERE rolname IN (%s, %s)", (APP_ROLE, ADMIN_ROLE))

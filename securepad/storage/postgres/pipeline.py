@@ -1,21 +1,13 @@
 """PostgreSQL connections in use: one transaction's statements in few round
-trips, and the watchdog that cuts a call past its deadline (see ``_pg``).
+trips, and the watchdog that cuts a call past its deadline.
 
-A transaction (``Transaction``) sends nothing until it must: BEGIN, the
-transaction's settings and locks, and the writes whose row count nobody reads
-(``defer``) wait for the next query, or for COMMIT, and go with it as one
-message: one libpq pipeline of the extended protocol ended by one Sync
-(``send``), the parameters bound by the server, ``bytea`` in binary, the rows
-in binary (``rows_of``). A put (owner-key check, quota, INSERTs, COMMIT) costs two round trips instead of
-thirteen (one when its turn's head was sealed by this process last: ``_pg.write_once``,
-``head_last``); a transaction that only writes costs one.
-
-The pipeline is driven at libpq's level (``psycopg.pq``) rather than through
-psycopg's cursors and ``Connection.pipeline``: per put that costs the client
-~70 us less CPU and the server ~120 us less than one simple-protocol message
-of ``EXECUTE`` statements with the parameters quoted into its text (the
-server parsed 8 KiB of hex per 4 KiB entry, and analysed each parameter as
-an expression), measured side by side (docs/decisions/0006-libpq-pipeline.md).
+A transaction sends nothing until it must: BEGIN, its settings and locks, and
+the writes whose row count nobody reads (``defer``) go with the next query, or
+with COMMIT, as one message: one libpq pipeline of the extended protocol ended
+by one Sync (``send``), ``bytea`` parameters and all rows in binary. A put
+costs two round trips; a transaction that only writes, one. The pipeline is
+driven at libpq's level (``psycopg.pq``), cheaper for client and server than
+psycopg's cursors (docs/decisions/0006-libpq-pipeline.md).
 """
 
 from __future__ import annotations
@@ -48,8 +40,7 @@ __all__ = ["BUSY", "Transaction", "Watch", "Watchdog", "cut", "end", "rowcount",
 # A prefetched read: its SQL (as the store wrote it) and parameters.
 _Key = tuple[str, tuple[Any, ...]]
 _TEXT, _BINARY = Format.TEXT, Format.BINARY
-# Every statement's rows come in binary: no hex text of a ``bytea`` for the server to
-# write and the client to parse (see ``rows_of``).
+# Every statement's rows come in binary: no hex text of a ``bytea`` to write and parse.
 _RESULTS = _BINARY
 # How often the watchdog looks at the calls in flight.
 _WATCH_TICK_S = 0.1
@@ -68,17 +59,10 @@ def translate(sql: str) -> str:
 
 
 def rows_of(call: Watch, result: PGresult) -> Rows:
-    """A statement's rows as dicts (none for a statement that returns no
-    rows), each value loaded as psycopg's binary cursors load it: by the
-    call's one ``Transformer``, which looks each column type's loader up once
-    per call, not once per column of each statement (a warm read's two
-    statements: 32 columns, 5 types); the column names decoded once per process.
-
-    Rows come in binary (``_RESULTS``): a ``bytea`` arrives as its bytes, not
-    as hex text the server writes and the client parses (twice its size: a
-    4 KiB entry's ciphertext was 8 KiB of hex). The values are those of text rows
-    for every type the store reads; a type psycopg has no binary loader for
-    (``void``, ``regclass``) would load as ``bytes``."""
+    """A statement's rows as dicts (none for a statement that returns no rows),
+    loaded as psycopg's binary cursors load them, by the call's one
+    ``Transformer`` (each column type's loader looked up once per call). A type
+    psycopg has no binary loader for (``void``, ``regclass``) loads as ``bytes``."""
     if result.status != ExecStatus.TUPLES_OK:
         return []
     loader = call.loader
@@ -103,12 +87,11 @@ def rowcount(result: PGresult) -> int:
 
 def send(call: Watch, statements: Statements, batch: Sequence[tuple[str, Params]], *, first: bool) -> list[PGresult]:
     """Send ``batch`` as one message, its statements prepared where
-    ``statements`` allows (see ``_pg_prepare``): each statement's result.
+    ``statements`` allows: each statement's result.
 
-    ``first``: the first message of a call. If the server session does not
-    have the connection's statements (a transaction pooler), the store
-    prepares no more and sends a first message again, unprepared; a later one
-    (its transaction's earlier messages ran) is ``StoreUnavailableError``.
+    ``first``: the first message of a call. If the server session lacks the
+    connection's statements (a transaction pooler), the store prepares no more
+    and sends a first message again, unprepared; a later one fails.
 
     Raises:
         psycopg.Error: the first statement that failed (the later ones did not run).
@@ -147,16 +130,10 @@ def _exchange(call: Watch, commands: list[Command]) -> list[PGresult]:
             for kind, what, values in commands:
                 if kind == PREPARE:
                     pgconn.send_prepare(_encoded(what, encoding), _encoded(values[0], encoding))
-                elif kind == EXECUTE:
-                    params, formats = _bind(conn, values, encoding) if values else _NO_PARAMS
-                    pgconn.send_query_prepared(
-                        _encoded(what, encoding), params, param_formats=formats, result_format=_RESULTS
-                    )
-                else:
-                    params, formats = _bind(conn, values, encoding) if values else _NO_PARAMS
-                    pgconn.send_query_params(
-                        _encoded(what, encoding), params, param_formats=formats, result_format=_RESULTS
-                    )
+                    continue
+                params, formats = _bind(conn, values, encoding) if values else _NO_PARAMS
+                run = pgconn.send_query_prepared if kind == EXECUTE else pgconn.send_query_params
+                run(_encoded(what, encoding), params, param_formats=formats, result_format=_RESULTS)
             pgconn.pipeline_sync()
             results = conn.wait(_round_trip(pgconn))
         finally:
@@ -182,11 +159,8 @@ _BYTES_LIKE = (bytes, bytearray, memoryview)
 def _bind(
     conn: psycopg.Connection[Any], values: Params, encoding: str
 ) -> tuple[list[bytes | None], list[Format] | None]:
-    """A statement's parameters for the server: ``bytes`` in binary, the
-    rest as text, their types those the server gave the statement's placeholders.
-
-    The formats are None (all text) unless a value is binary: most statements
-    bind no ``bytes``, and libpq reads None as all text."""
+    """A statement's parameters: ``bytes`` in binary, the rest as text, typed
+    by the server; the formats None (all text) unless a value is binary."""
     params: list[bytes | None] = []
     binary = False
     for value in values:
@@ -235,9 +209,8 @@ def _round_trip(pgconn: PGconn) -> PQGen[list[PGresult]]:
 
 
 def _leave_pipeline(conn: psycopg.Connection[Any]) -> None:
-    """Back to libpq's normal mode. A connection that died on the way is left
-    broken (the call may be retried on another, and the pool drops it); one
-    that cannot leave (its results were not all read) is closed, so the pool drops it."""
+    """Back to libpq's normal mode. A dead connection is left broken; one that
+    cannot leave (its results were not all read) is closed: the pool drops either."""
     pgconn = conn.pgconn
     if pgconn.pipeline_status == PipelineStatus.OFF or pgconn.status == ConnStatus.BAD:
         return
@@ -260,9 +233,8 @@ _COMMIT: tuple[str, Params] = ("COMMIT", ())
 
 
 def _check_alive(conn: psycopg.Connection[Any]) -> None:
-    """Read what the server sent while the connection was idle, without
-    waiting: a session the server ended (a restart) fails here, before a
-    message that must not be sent twice (one with COMMIT) goes out on it.
+    """Read what the server sent while the connection was idle: a session the
+    server ended fails here, before a message with COMMIT goes out on it.
 
     Raises:
         psycopg.OperationalError: the connection is closed.
@@ -272,15 +244,12 @@ def _check_alive(conn: psycopg.Connection[Any]) -> None:
 
 
 class Transaction:
-    """One write transaction as the store's ``Conn`` protocol, its statements
-    sent in as few round trips as the caller's reads allow.
+    """One write transaction as the store's ``Conn`` protocol, in as few round
+    trips as the caller's reads allow.
 
-    ``opening`` (the settings and locks statement, already in psycopg's
-    dialect) follows BEGIN; with ``try_lock`` its column ``locked`` is
-    ``pg_try_advisory_xact_lock``'s answer (False: StoreBusyError). The
-    connection is taken at the first message: ``connect()`` gives a watched
-    connection, ``release(call)`` gives it back, and one found dead at that
-    message (a server restart ends every pooled session) is replaced while
+    ``opening`` (the settings and locks) follows BEGIN; with ``try_lock`` its
+    column ``locked`` False is StoreBusyError. The connection is taken at the
+    first message (``connect``), and one found dead there is replaced while
     ``retry(call, attempt)`` allows.
     """
 
@@ -303,9 +272,7 @@ class Transaction:
         self._fetched: dict[_Key, Rows] = {}
         self._try_lock = try_lock
         self.call: Watch | None = None
-        # The COMMIT was sent and its answer lost (the connection broke, or the
-        # watchdog cut it): the transaction may or may not have been applied.
-        self.commit_unknown = False
+        self.commit_unknown = False  # ``Conn.commit_unknown``
         self._commit_sent = False  # the COMMIT's message went out (``commit_unknown`` needs it)
 
     def query(self, sql: str, params: Params = ()) -> Rows:
@@ -403,17 +370,14 @@ class Transaction:
 
 
 class Watch:
-    """One call in flight: its connection (with what it goes back to, since
-    when it is out of its pool, and its rows' loader), its deadline, and
-    whether the watchdog cut it."""
+    """One call in flight: its connection, its lender, its deadline, and whether the watchdog cut it."""
 
     __slots__ = ("conn", "cut", "deadline", "encoding", "loader", "pgconn", "pool", "since")
 
     def __init__(self, conn: psycopg.Connection[Any], deadline: float, pool: Any = None) -> None:
         self.conn = conn
         self.pgconn = conn.pgconn
-        # Read once per call: ``conn.info.encoding`` asks libpq again at every
-        # use (each message and each result's column names).
+        # Read once per call: ``conn.info.encoding`` asks libpq at every use.
         self.encoding = conn.info.encoding
         self.deadline = deadline
         self.pool = pool
@@ -426,12 +390,10 @@ class Watch:
 class Watchdog:
     """Cuts the connection of a call that runs past its deadline.
 
-    The server's statement timeout cannot help when the server (or the
-    network in between) does not answer at all, and TCP keepalives do not
-    fire while something on the path still acknowledges packets. Shutting the
-    socket down makes the blocked call fail at once (libpq sees the connection
-    closed); the pool then drops the connection. One thread per store, running
-    only while calls are in flight.
+    The statement timeout cannot help when the server does not answer at all,
+    nor keepalives while something on the path still acknowledges packets:
+    shutting the socket down makes the blocked call fail at once. One thread
+    per store, running only while calls are in flight.
     """
 
     def __init__(self) -> None:
@@ -441,11 +403,7 @@ class Watchdog:
         self._pid = os.getpid()
 
     def start(self, conn: psycopg.Connection[Any], deadline: float, pool: Any = None) -> Watch:
-        """Watch a call on ``conn`` until ``stop``: cut it at ``deadline``.
-
-        Two plain calls rather than a context manager: the store's own
-        ``try``/``finally`` around each call does the rest, without a
-        generator and an exit stack per call (``Connections.checkout``)."""
+        """Watch a call on ``conn`` until ``stop``: cut it at ``deadline``."""
         call = Watch(conn, deadline, pool)
         pid = os.getpid()
         with self._lock:

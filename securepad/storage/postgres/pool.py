@@ -21,10 +21,10 @@ __all__ = [
     "KEEP_S",
     "HandOver",
     "Lender",
-    "bad_dsn",
     "describe",
     "describe_source",
     "handing_over",
+    "parse_dsn",
     "store_present",
 ]
 
@@ -37,32 +37,22 @@ KEEP_S = 60.0
 class Lender:
     """Lends a pool's connections to calls, one call at a time each.
 
-    From a pool the store made (``keep``: nothing else takes connections from
-    it), the connection a call gives back healthy and idle is kept for the next
-    call instead of going back to the pool: psycopg_pool's ``getconn`` and
-    ``putconn`` (its lock, deque, statistics, log calls and return checks) cost
-    the client more CPU per call than a put's or a read's messages take to
-    build. What the pool decides still holds:
+    From a pool the store made (``keep``), the connection a call gives back
+    healthy and idle is kept for the next call, with its rows' loader:
+    psycopg_pool's ``getconn`` and ``putconn`` cost more client CPU than a
+    call's messages. What the pool decides still holds:
 
-    * its size: a kept connection is one the pool lent and counts as in use;
-    * one kept at most, and never while a call of this store waits for the
-      pool (``_waiting``: such a call looks at the kept one again after saying
-      it waits, and a call giving one back looks for waiting calls after
-      keeping it, so one of them always sees the other);
-    * dead and broken connections: one that is not idle (failed, closed, cut
-      by the watchdog, in a transaction) goes back to the pool, which drops or
+    * its size: a kept connection counts as in use;
+    * one kept at most, and never while a call waits for the pool
+      (``_waiting``: the waiter looks at the kept one again after saying it
+      waits, the giver looks for waiters after keeping it);
+    * a connection that is not idle goes back to the pool, which drops or
       resets it; one that died while kept fails at its next call's first
-      message, which runs again on another connection, as one that died in
-      the pool does (``Connections.retry``);
-    * its lifetime and idle rules: a connection goes back to the pool once
-      ``KEEP_S`` after it left it, and at ``drain`` (closing the store,
-      migrations that take connections from the pool directly).
+      message, which runs again on another (``Connections.retry``);
+    * its lifetime rules: a connection goes back ``KEEP_S`` after it left,
+      and at ``drain``.
 
-    The kept connection's rows' loader (``Watch.loader``) is kept with it: its
-    loaders per column type are made once, not at each call's first rows.
-
-    A pool passed in (``keep`` False) may be shared with other code: every
-    connection goes back to it at once.
+    A pool passed in (``keep`` False) may be shared: every connection goes back at once.
     """
 
     __slots__ = ("_kept", "_lock", "_waiting", "keep", "pool")
@@ -129,10 +119,8 @@ class Lender:
 
 class HandOver(psycopg.Connection[Any]):
     """The connection class of a pool made from a DSN: its first ``connect``
-    returns the connection the store opened to check the server (``spare``)
-    instead of opening another, so a fresh process connects once to open a
-    store, not twice (a connection is a TCP and authentication exchange and a
-    server process forked for it)."""
+    returns the connection the store opened to check the server (``spare``),
+    so opening a store connects once, not twice."""
 
     spare: ClassVar[list[HandOver]]
 
@@ -155,7 +143,7 @@ def handing_over() -> type[HandOver]:
     return type("HandOver", (HandOver,), {"spare": []})
 
 
-def describe_source(source: str | ConnectionPool[Any], schema: str) -> str:
+def describe_source(source: str | ConnectionPool[Any], schema: str = "securepad") -> str:
     """Where the store is, without a password."""
     conninfo = source if isinstance(source, str) else source.conninfo
     if not isinstance(conninfo, str):
@@ -169,10 +157,17 @@ def describe_source(source: str | ConnectionPool[Any], schema: str) -> str:
     return f"postgresql://{info.get('user') or ''}@{host}:{port}/{info.get('dbname') or ''} (schema {schema})"
 
 
-def bad_dsn(dsn: str, exc: psycopg.ProgrammingError) -> SecurepadError:
-    """A connection string libpq cannot parse; its message may quote the whole
-    string, password included: the string is left out."""
-    return SecurepadError(f"not a PostgreSQL connection string: {reason(exc).replace(dsn, '(the DSN)')}")
+def parse_dsn(dsn: str) -> dict[str, Any]:
+    """The settings a connection string names.
+
+    Raises:
+        SecurepadError: libpq cannot parse it (the message leaves the string
+            out: it may hold a password).
+    """
+    try:
+        return conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise SecurepadError(f"not a PostgreSQL connection string: {reason(exc).replace(dsn, '(the DSN)')}") from None
 
 
 def store_present(dsn: str, schema: str = "securepad") -> bool:
@@ -182,10 +177,7 @@ def store_present(dsn: str, schema: str = "securepad") -> bool:
         SecurepadError: ``dsn`` is not a connection string.
         StoreUnavailableError: the server cannot be reached.
     """
-    try:
-        conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError as exc:
-        raise bad_dsn(dsn, exc) from None
+    parse_dsn(dsn)
     try:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn:
             row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.schema_version",)).fetchone()
@@ -196,6 +188,4 @@ def store_present(dsn: str, schema: str = "securepad") -> bool:
     return bool(row and row[0])
 
 
-def describe(dsn: str, schema: str = "securepad") -> str:
-    """Where a store is, without a password (for messages)."""
-    return describe_source(dsn, schema)
+describe = describe_source

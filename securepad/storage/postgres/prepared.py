@@ -1,30 +1,20 @@
 """Server-side prepared statements in one pipeline of the extended protocol.
 
-Parsing and planning a statement costs the server 20 to 200 us (the quota
-check's four row-level-security subqueries: 190 us), more than executing it.
-Prepared once per connection, a statement is planned once: a message (one
-libpq pipeline, ended by one Sync: one round trip, see ``_pg_conn.send``)
-carries Parse for the statement the first time and only Bind and Execute
-after, its parameters bound by the server (``bytea`` in binary: no hex text
-to build on the client and to parse on the server). A statement that is not
-prepared goes as an unnamed Parse, Bind and Execute in the same pipeline.
+Parsing and planning a statement costs the server more than executing it: a
+message carries Parse for a statement the first time on a connection and only
+Bind and Execute after. One not prepared goes as an unnamed Parse, Bind and
+Execute in the same pipeline.
 
-Prepared statements belong to the server session. Behind a transaction
-pooler (PgBouncer in ``pool_mode = transaction``), consecutive transactions
-of one client connection may run on different server sessions. So:
+Prepared statements belong to the server session, and behind a transaction
+pooler consecutive transactions of one connection may run on different ones:
 
-* a connection whose ``prepare_threshold`` is None (what psycopg's own
-  statements need behind such a pooler, and what the PostgreSQL guide
-  tells pools made for one) never prepares;
-* names are unique per client connection (never reused, even after a failed
-  message: a prepared statement is not undone by ROLLBACK), so a name on a
-  server session always means what its client meant;
+* a connection whose ``prepare_threshold`` is None never prepares;
+* names are unique per client connection, never reused (ROLLBACK does not
+  undo a Parse), so a name on a server session means what its client meant;
 * every first message of a call on a connection that prepared anything
-  starts with an Execute of the connection's first statement, the anchor:
-  run on another server session, it fails (SQLSTATE 26000) before anything
-  else in the message runs, and the store stops preparing (``Statements.missing``)
-  and sends the message again. Every later message of the transaction runs
-  on the anchor's session, where all the connection's statements were prepared.
+  starts with an Execute of its first statement, the anchor: on another
+  server session it fails (SQLSTATE 26000) before anything else runs, and the
+  store stops preparing (``Statements.missing``) and sends the message again.
 """
 
 from __future__ import annotations
@@ -97,8 +87,7 @@ class Statements:
     def __init__(self, schema: str, *, enabled: bool = True) -> None:
         self.schema = schema
         self.enabled = enabled
-        # No lock (so nothing for a forked child to inherit held): a
-        # connection serves one call at a time, and each has its own key.
+        # No lock: a connection serves one call at a time, and each has its own key.
         self._sessions: weakref.WeakKeyDictionary[psycopg.Connection[Any], _Session] = weakref.WeakKeyDictionary()
         # The plans of messages on connections that prepare nothing (``message``).
         self._plans: dict[_PlanKey, _Plan] = {}
@@ -112,12 +101,10 @@ class Statements:
         return session
 
     def message(self, conn: psycopg.Connection[Any], batch: Sequence[tuple[str, Params]], *, first: bool) -> Message:
-        """``batch`` (statements in psycopg's dialect) as one message for ``conn``;
-        ``first``: the first message of a call (a transaction or a query).
-
-        A message that prepares nothing new is remembered by its texts (its
-        plan): the next with the same texts (every put's two, every read's
-        one) is made from it, without a name lookup per statement."""
+        """``batch`` (in psycopg's dialect) as one message for ``conn``; ``first``:
+        a call's first message. A message that prepares nothing new is
+        remembered by its texts, and the next with the same texts is made from
+        it without a name lookup per statement."""
         session = self._session(conn)
         message = Message(session)
         plans = self._plans if session is None else session.plans

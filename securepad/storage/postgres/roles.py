@@ -1,8 +1,4 @@
-"""The PostgreSQL backend's two role names, importable without psycopg.
-
-The audit names them in its checks; it is imported by the CLI on every store,
-and psycopg is an optional dependency (the ``postgresql`` extra).
-"""
+"""The PostgreSQL backend's two role names, importable without psycopg (an optional dependency)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
 """What every call on a PostgreSQL store begins with: its settings, and a write's advisory locks.
 
-Each call's first statement sets, for its transaction only (``set_config(...,
-true)``): the role (``securepad_app``, or ``securepad_admin`` for
-housekeeping), the store's schema as search path, ``securepad.owner`` (what
-the row-level policies show), the lock and statement timeouts (housekeeping's
-statement limit is ten times a principal's) and ``synchronous_commit`` (the
-policy's durability). A write transaction's first statement also takes its
-advisory locks: the store's lock shared and the owner's (a write of one
-turn: the owner's shared, then the turn's, always in that order), or the
+Each call's first statement sets, for its transaction only: the role, the
+schema as search path, ``securepad.owner`` (what the row-level policies
+show), the lock and statement timeouts and ``synchronous_commit``. A write's
+also takes its advisory locks: the store's shared and the owner's (a write of
+one turn: the owner's shared, then the turn's, always in that order), or the
 store's alone for store-wide housekeeping.
 """
 
@@ -26,18 +23,16 @@ _SETTINGS = (
     " set_config('securepad.owner', %s, true), set_config('lock_timeout', %s, true),"
     " set_config('statement_timeout', %s, true), set_config('synchronous_commit', %s, true)"
 )
-# A write transaction's first statement after BEGIN: the settings and its
-# advisory locks (``PostgresDatabase.transaction``). Built once: a string made
-# per call is hashed anew at each of the call's cache lookups (its name, its text).
+# A write transaction's first statement after BEGIN, built once: a string
+# made per call is hashed anew at each cache lookup.
 _OPENING_TURN = (
     _SETTINGS + ", pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s)"
 )
 _OPENING_OWNER = _SETTINGS + ", pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s)"
 _OPENING_STORE = _SETTINGS + ", pg_advisory_xact_lock(%s)"
 _OPENING_TRY_STORE = _SETTINGS + ", pg_try_advisory_xact_lock(%s) AS locked"
-# The policy's durability -> the server's synchronous_commit, set per
-# transaction (docs/reliability.md): "normal" acknowledges a commit before its
-# WAL flush (a server crash may lose the last ones, never part of one).
+# The policy's durability -> synchronous_commit (docs/reliability.md): "normal"
+# may lose the last commits in a server crash, never part of one.
 SYNCHRONOUS_COMMIT = {"normal": "off", "full": "on"}
 
 
@@ -67,8 +62,7 @@ class Session:
 
     def opening(self, owner: str | None, *, admin: bool, wait: bool, turn: str | None) -> tuple[str, Params]:
         """A write transaction's first statement: the settings and its advisory
-        locks (``PostgresDatabase.transaction`` says which); with neither owner
-        nor ``wait``, it tries the store's lock and answers ``locked``."""
+        locks; with neither owner nor ``wait``, it tries the store's lock and answers ``locked``."""
         if owner is not None and turn is not None:  # the owner's lock shared, then its turn's (always that order)
             text, locks = _OPENING_TURN, self.turn_locks(owner, turn)
         elif owner is not None:
@@ -90,6 +84,5 @@ class Session:
 
 @functools.lru_cache(maxsize=4096)
 def _lock_key(*parts: str) -> int:
-    """``lock_key``, remembered: the same owners' and turns' keys at every
-    transaction, a BLAKE2b digest each."""
+    """``lock_key``, remembered: the same owners' and turns' keys at every transaction."""
     return lock_key(*parts)

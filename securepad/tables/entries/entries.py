@@ -19,7 +19,8 @@ from .. import access
 from ..access import Access, check_principal
 from ..heads.heads import Heads, entry_item, expired_sql
 from .listings import Listings
-from .open import COLUMNS, ID_RE, EntryParts, Readable, listing_fields
+from .open import COLUMNS, ID_RE, EntryParts, Readable
+from .prepare import listing_fields
 
 __all__ = [
     "ROTATE_ADVICE_LOG2",

@@ -7,12 +7,13 @@ import operator
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from ...core.timeline import live
 from ...errors import IntegrityError, InvalidArgumentError
-from ...principal import Principal, check_identifier
+from ...principal import Principal, check_identifier, check_step_num
 from ...storage.base import Conn, Params, Rows
 from ..access import Access, check_principal
 from ..heads.heads import Head
-from .open import COLUMNS, LISTED_COLUMNS, EntryParts, Opened, Opener, check_row_types, check_step_num, live
+from .open import COLUMNS, LISTED_COLUMNS, EntryParts, Opened, Opener, check_row_types
 
 __all__ = ["Listings", "step_sql"]
 

@@ -33,9 +33,6 @@ __all__ = [
     "Opener",
     "Readable",
     "check_row_types",
-    "check_step_num",
-    "listing_fields",
-    "live",
 ]
 
 ID_RE = re.compile(r"[0-9a-f]{16}")
@@ -60,8 +57,6 @@ _COLUMN_TYPES: dict[str, type | tuple[type, ...]] = {
     **dict.fromkeys(("wrapped_key", "nonce_prefix", "commitment", "sealed_meta"), bytes),
     "sealed_listing": (bytes, type(None)),
 }
-# What a listing part holds; the rest of the metadata is sealed under the item key.
-_LISTING_FIELDS = ("view", "content_id", "inline")
 
 
 @dataclass(frozen=True)
@@ -129,11 +124,6 @@ class Readable(Opened):
         )
 
 
-def listing_fields(meta: dict[str, Any]) -> dict[str, Any]:
-    """The part of an entry's metadata that its listing part holds."""
-    return {name: meta[name] for name in _LISTING_FIELDS if name in meta}
-
-
 @dataclass(frozen=True)
 class EntryParts:
     """What the tables are built from (never a ``Scratchpad``)."""
@@ -151,20 +141,7 @@ class EntryParts:
         Raises:
             InvalidArgumentError: not a positive integer, or above ``max_ttl_seconds``.
         """
-        if ttl_seconds is None:
-            return self.policy.default_ttl_seconds
-        if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int) or ttl_seconds <= 0:
-            raise InvalidArgumentError(f"ttl_seconds must be a positive integer, not {ttl_seconds!r}")
-        if ttl_seconds > self.policy.max_ttl_seconds:
-            raise InvalidArgumentError(
-                f"ttl_seconds {ttl_seconds} exceeds the policy's max_ttl_seconds ({self.policy.max_ttl_seconds})"
-            )
-        return ttl_seconds
-
-
-def check_step_num(step_num: object) -> None:
-    if isinstance(step_num, bool) or not isinstance(step_num, int) or not 0 <= step_num < 2**31:
-        raise InvalidArgumentError(f"step_num must be an integer from 0 to 2**31-1, not {step_num!r}")
+        return self.policy.ttl(ttl_seconds)
 
 
 def check_row_types(row: dict[str, Any]) -> None:
@@ -172,19 +149,6 @@ def check_row_types(row: dict[str, Any]) -> None:
     for column, expected in _COLUMN_TYPES.items():
         if column in row and not isinstance(row[column], expected):
             raise IntegrityError(f"the entry's clear {column} has the wrong type")
-
-
-def live(rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
-    """The rows that expire after ``now`` (filtered here, not in the query,
-    so that a turn's lookup keeps to the turn's index).
-
-    Raises:
-        IntegrityError: a clear expiry that is not a number.
-    """
-    for row in rows:
-        if not isinstance(row["expires_at"], (float, int)):  # a tuple: ``float | int`` is made anew each time
-            raise IntegrityError("the entry's clear expires_at has the wrong type")
-    return [row for row in rows if row["expires_at"] > now]
 
 
 # Clear columns that the sealed metadata repeats; a mismatch means tampering.

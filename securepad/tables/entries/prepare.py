@@ -15,7 +15,6 @@ from ...crypto.primitives import Wrapper
 from ...errors import QuotaExceededError
 from ...policy import Policy
 from ...principal import Principal
-from .open import listing_fields
 
 __all__ = [
     "ENTRY_ROW_OVERHEAD",
@@ -23,9 +22,19 @@ __all__ = [
     "check_write_bound",
     "check_write_size",
     "identifier_cost",
+    "listing_fields",
     "row_cost",
     "split",
 ]
+
+
+# What a listing part holds; the rest of the metadata is sealed under the item key.
+_LISTING_FIELDS = ("view", "content_id", "inline")
+
+
+def listing_fields(meta: dict[str, Any]) -> dict[str, Any]:
+    """The part of an entry's metadata that its listing part holds."""
+    return {name: meta[name] for name in _LISTING_FIELDS if name in meta}
 
 
 @dataclass

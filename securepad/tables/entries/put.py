@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ...core.timeline import live
 from ...crypto.formats import EntryCipher, ListingKey
 from ...crypto.primitives import Wrapper
 from ...errors import IntegrityError, InvalidArgumentError, StoreBusyError, StoreUnavailableError
 from ...keys.keystore import IfUnknown, Keystore
-from ...principal import Principal, check_identifier
+from ...principal import Principal, check_identifier, check_step_num
 from ...storage.base import (
     Conn,
     DuplicateKeyError,
@@ -25,7 +26,7 @@ from ..heads.heads import Room, entry_item, read_with_heads, with_heads
 from ..heads.owner import Once
 from ..quota import room
 from .listings import Listings, step_sql
-from .open import EntryParts, check_step_num, live
+from .open import EntryParts
 from .prepare import Prepared, check_write_size
 
 __all__ = ["Putter", "Shown"]
@@ -40,7 +41,7 @@ class Putter:
     def __init__(self, parts: EntryParts, listings: Listings) -> None:
         self._keys, self._access = parts.keys, parts.access
         self.dialect = parts.db.dialect
-        self.policy, self.heads, self.ttl = parts.policy, parts.heads, parts.ttl
+        self.policy, self.heads, self.ttl = parts.policy, parts.heads, parts.policy.ttl
         self.write_now = parts.timeline.write_time
         self.listings = listings
         self._once = parts.db if isinstance(parts.db, OnceWriter) else None  # a put in one message
@@ -470,15 +471,14 @@ class _Batch:
         """Inside the owner's write transaction: steps, version, quota, inserts, the head's change."""
         rows, segments, _ = sealed
         owner = self.principal.owner_user_id
-        self._check_steps(conn, [row["step_num"] for row in rows], now)
+        steps = [row["step_num"] for row in rows]
+        found, head_rows = read_with_heads(conn, self._reads(now, None if self.shown is not None else steps))
+        # The given steps' latest expiry came with the quota's row: looked at row by row only when one is live.
+        if self.shown is not None or live(_taken(found), now):
+            self._check_steps(conn, steps, now)
         version = rows[0]["key_version"]
-        found, head_rows = read_with_heads(conn, self._reads(now))
         space = room(conn, self.entries.policy, owner, version, now, "batch", found)
-        columns = list(rows[0])
-        conn.executemany(
-            f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-            [tuple(row[c] for c in columns) for row in rows],
-        )
+        _insert_entries(conn, self.entries.dialect, rows)
         _insert_segments(conn, rows, segments)
         self.entries.heads.change(
             conn,
@@ -492,14 +492,15 @@ class _Batch:
         return sealed
 
     def _prefetch(self, now: float, steps: list[int]) -> list[tuple[str, Params]]:
-        """The write's reads, sent with BEGIN: the quota with the turn's heads, and the given steps."""
-        reads = self._reads(now)
-        return reads if self.shown is not None else [*reads, self._steps_sql(steps)]
+        """The write's reads, sent with BEGIN: the quota (with the given steps' latest expiry) and the turn's heads."""
+        return self._reads(now, None if self.shown is not None else steps)
 
-    def _reads(self, now: float) -> list[tuple[str, Params]]:
-        """The quota's row and the turn's heads (one statement on PostgreSQL: ``head_beside``)."""
+    def _reads(self, now: float, steps: list[int] | None) -> list[tuple[str, Params]]:
+        """The quota's row, with the latest expiry of the entries at ``steps`` when
+        given, and the turn's heads (one statement on PostgreSQL: ``head_beside``)."""
         owner = self.principal.owner_user_id
-        return with_heads(self.entries.dialect, quota_sql(owner, now), owner, self.turn_id)
+        quota = quota_sql(owner, now, None if steps is None else self._steps_sql(steps))
+        return with_heads(self.entries.dialect, quota, owner, self.turn_id)
 
     def _steps_query(self, steps: list[int]) -> tuple[str, str, str, Params]:
         """``_check_steps``'s query, as ``Access.rows`` and ``rows_sql`` take it."""
@@ -523,6 +524,25 @@ class _Batch:
             and self.entries.listings.last_step(self.principal, self.turn_id, now, conn) >= steps[0]
         ):
             raise DuplicateKeyError  # a higher step appeared: these are no longer the next ones
+
+
+# A batch's entry rows per INSERT on SQLite: one statement for a batch of up to this many
+# (21 columns: 1,344 parameters, far below SQLite's 32,766), each size compiled once.
+_ROWS_PER_INSERT = 64
+
+
+def _insert_entries(conn: Conn, dialect: str, rows: list[dict[str, Any]]) -> None:
+    """Insert a batch's entry rows: on SQLite in one statement (per ``_ROWS_PER_INSERT``),
+    on PostgreSQL one prepared statement per row, all sent in the transaction's next message."""
+    columns = list(rows[0])
+    one = f"({', '.join('?' * len(columns))})"
+    insert = f"INSERT INTO entries({', '.join(columns)}) VALUES "
+    if dialect == "postgresql":
+        conn.executemany(insert + one, [tuple(row[c] for c in columns) for row in rows])
+        return
+    for start in range(0, len(rows), _ROWS_PER_INSERT):
+        chunk = rows[start : start + _ROWS_PER_INSERT]
+        conn.defer(insert + ", ".join([one] * len(chunk)), tuple(row[c] for row in chunk for c in columns))
 
 
 def _insert_segments(conn: Conn, rows: list[dict[str, Any]], segments: list[list[bytes]]) -> None:

@@ -23,10 +23,9 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
-from ...core.lru import LRUCache
 from ...crypto.primitives import CounterSeal, Wrapper
 from ...errors import IntegrityError, StoreBusyError
-from ...keys.keystore import Keystore
+from ...keys.keystore import Keystore, LRUCache
 from ...policy import Policy
 from ...principal import Principal
 from ...storage.base import Backend, Conn, OwnerLockNeeded, Params, Rows

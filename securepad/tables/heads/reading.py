@@ -29,6 +29,7 @@ scope: the SQLite connection whose data version its token holds, or None.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
@@ -152,11 +153,17 @@ def beside_sql(one_row: tuple[str, Params], owner: str, turn_id: str, *, turn_on
     the turn's own alone) in one statement: each head row carries the scalars; with no
     head row, one row of the scalars and NULL head columns."""
     sql, params = one_row
-    heads, named = ("= ?", (turn_id,)) if turn_only else ("IN (?, ?, ?)", (turn_id, OWNER_HEAD, USAGE_HEAD))
+    named = (turn_id,) if turn_only else (turn_id, OWNER_HEAD, USAGE_HEAD)
+    return _beside_text(sql, turn_only), (*params, owner, *named)
+
+
+@functools.lru_cache(maxsize=64)
+def _beside_text(sql: str, turn_only: bool) -> str:
+    """``beside_sql``'s statement (composed once per query: every write sends one)."""
+    heads = "= ?" if turn_only else "IN (?, ?, ?)"
     return (
         f"SELECT one.*, h.owner_user_id, h.turn_id, h.key_version, h.sealed FROM ({sql}) AS one"
-        f" LEFT JOIN turn_heads AS h ON h.owner_user_id = ? AND h.turn_id {heads}",
-        (*params, owner, *named),
+        f" LEFT JOIN turn_heads AS h ON h.owner_user_id = ? AND h.turn_id {heads}"
     )
 
 

@@ -27,6 +27,7 @@ from securepad import (
     Scratchpad,
     SecurepadError,
 )
+from securepad.bench.costs import measure
 from securepad.keys.keystore import WRAP_FLUSH_EVERY
 from securepad.storage.sqlite import SCHEMA_VERSION
 from securepad.store import sqlite_of
@@ -45,6 +46,12 @@ PUT_STATEMENTS = 5
 # upsert) went with SQLite migration 11; the usage total is the usage head's,
 # written by the turn head's upsert (one statement, two rows: head_owner.py).
 PUT_TRIGGER_STATEMENTS = 0
+# A batch of given steps: BEGIN IMMEDIATE; one SELECT of the key version, the
+# quota, the steps' latest expiry and the turn's heads; one INSERT of every entry;
+# the heads' upsert; COMMIT, whatever the batch's size (up to 64 entries an INSERT; and
+# with every 256th wrap of a key, its count: ``WRAP_FLUSH_EVERY``).
+# Before the steps' look joined the quota's SELECT and the entries one INSERT: 5 + the batch's size.
+PUT_MANY_STATEMENTS = 5
 # Measured on a store of 200 entries (bench/costs.py, 7 puts each): 4 KiB 7-11
 # (entries leaf and overflow page, its id index and the turn index, owner_usage,
 # the turn_heads leaf, page 1; more when a page splits), 64 KiB 23-27.
@@ -113,6 +120,23 @@ def test_the_step_look_in_the_quota_statement_refuses_only_a_live_step_in_scope(
             "after expiry",
             "alice's step 3",
         ]
+
+
+@pytest.mark.parametrize("count", [1, 8, 32])
+def test_a_batch_runs_five_statements_whatever_its_size(filled: Scratchpad, count: int) -> None:
+    steps = iter(range(1000, 1200))
+    for _ in range(2):  # the first batch makes the turn's head; the second writes into it
+        batch = [(next(steps), "tool", "b" * 4096) for _ in range(count)]
+        costs = measure(filled, lambda batch=batch: filled.put_many(ALICE, f"batch-{count}", batch))
+        assert costs["statements"] == PUT_MANY_STATEMENTS, costs
+        assert (costs["key_derivations"], costs["header_digests"]) == (count, count)
+
+
+def test_a_batch_refuses_a_taken_step_and_stores_nothing(filled: Scratchpad) -> None:
+    filled.put_many(ALICE, "taken", [(1, "tool", "one"), (2, "tool", "two")])
+    with pytest.raises(InvalidArgumentError, match="step 2 is already recorded"):
+        filled.put_many(ALICE, "taken", [(3, "tool", "three"), (2, "tool", "again")])
+    assert [e["step_num"] for e in filled.list_for_turn(ALICE, "taken")] == [1, 2]
 
 
 def test_a_large_put_adds_one_statement_per_segment(filled: Scratchpad) -> None:

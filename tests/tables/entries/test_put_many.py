@@ -35,6 +35,13 @@ def test_put_many_stores_every_item_and_returns_the_views_in_order(pad: Scratchp
     assert [listed["view"] for listed in pad.list_for_turn(alice, "t")] == views
 
 
+def test_a_batch_larger_than_one_insert_stores_every_item(pad: Scratchpad, alice: Principal) -> None:
+    views = pad.put_many(alice, "big", [(step, "tool", f"item {step}") for step in range(150)])
+    assert [view["step_num"] for view in views] == list(range(150))
+    assert _ids(pad, alice, "big") == list(range(150))
+    assert pad.read(alice, views[149]["scratchpad_id"], "full")["content"] == "item 149"
+
+
 def test_an_empty_batch_stores_nothing(pad: Scratchpad, alice: Principal) -> None:
     assert pad.put_many(alice, "t", []) == []
     assert pad.list_for_turn(alice, "t") == []
