@@ -22,7 +22,7 @@ the timed reads, as ``timeit`` does), with the verified-head cache
 recounts its turn's inventory, as before the cache), alternating in blocks
 of ten reads on one store. Besides the time it counts what a read sends and fetches
 (statements, rows; round trips on PostgreSQL), which load does not change
-(``tests/tables/heads/test_cache.py`` guards them), and on PostgreSQL the serving
+(``tests/tables/heads/test_reading.py`` guards them), and on PostgreSQL the serving
 backend's CPU per read (``/proc/<pid>/stat``: the server still reads the
 turn's rows to digest them).
 """

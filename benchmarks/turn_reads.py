@@ -16,7 +16,7 @@ does):
   timed;
 * ``rows/read``: the rows the ``get`` of each case fetched (the entry's row
   and the head's statement; the turn's inventory when it was recounted):
-  counted, so independent of the machine's load (``tests/tables/heads/test_freshness.py``
+  counted, so independent of the machine's load (``tests/tables/heads/test_reading_freshness.py``
   guards them).
 """
 

@@ -182,7 +182,7 @@ def _json_size(value: Any) -> int:
 
 
 # msgspec's JSON escapes the characters ``json.dumps(..., ensure_ascii=False)`` escapes, each to
-# as many characters (tests/core/test_views.py holds it for every code point), in a fraction of the work.
+# as many characters (tests/core/test_shaping.py holds it for every code point), in a fraction of the work.
 _ENCODE = msgspec.json.Encoder().encode
 _LITERALS = {None: 4, True: 4, False: 5}
 

@@ -6,7 +6,7 @@ never another owner's plaintext, never a wrong answer.
 
 The damage is done with ``securepad.audit.drills`` (the same drills ``securepad
 audit`` runs on scratch copies) while no store is open; then a fresh store
-opens the file. tests/crypto/test_tamper.py covers bit flips and segment swaps.
+opens the file. tests/crypto/test_formats_tamper.py covers bit flips and segment swaps.
 """
 
 from __future__ import annotations

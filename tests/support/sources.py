@@ -1,7 +1,7 @@
 """One fixture for every master key source: ``master_key_uri`` is a fresh
 key's URI on each source whose test support is present (a SoftHSM2 token;
 an AWS KMS key on the local emulator), so the behaviour every source owes
-(tests/keys/test_sources.py) is written once."""
+(tests/keys/test_source.py) is written once."""
 
 from __future__ import annotations
 

@@ -304,7 +304,8 @@ class PostgresDatabase:
             raise _failure(exc, call) from None
 
     def read_scope(self) -> object:
-        """None: a cached read's token (``head_reads``) is the server's snapshot and digest, on any connection."""
+        """None: a cached read's token (``tables.heads.reading``) is the server's snapshot and digest,
+        on any connection."""
         return None
 
     def checkpoint(self, *, wait: bool = True) -> bool:

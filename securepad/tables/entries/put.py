@@ -497,7 +497,7 @@ class _Batch:
 
     def _reads(self, now: float, steps: list[int] | None) -> list[tuple[str, Params]]:
         """The quota's row, with the latest expiry of the entries at ``steps`` when
-        given, and the turn's heads (one statement on PostgreSQL: ``head_beside``)."""
+        given, and the turn's heads (one statement on PostgreSQL: ``beside_sql``)."""
         owner = self.principal.owner_user_id
         quota = quota_sql(owner, now, None if steps is None else self._steps_sql(steps))
         return with_heads(self.entries.dialect, quota, owner, self.turn_id)

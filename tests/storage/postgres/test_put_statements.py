@@ -9,7 +9,7 @@ head, if the stored one is still the one sealed here, and inserts the entry
 from it (``WITH head AS (UPDATE ...) INSERT ... FROM head``, ``_Put.once``).
 Any other put (a turn's first in this process, one after another process
 wrote the turn) sends two: the first reads the key version, the quota, the
-step's look and the turn's heads in one statement (``head_beside.beside_sql``);
+step's look and the turn's heads in one statement (``tables.heads.reading.beside_sql``);
 the second inserts the entry and upserts the turn's head in one (a
 data-modifying ``WITH``, ``OwnerHeads.write_bodies``). The folds must change
 no answer: a collision of the entry's id in either write is retried as

@@ -44,7 +44,7 @@ from tests.support.store_costs import listing_costs, put_costs, wal_frames
 PUT_STATEMENTS = 5
 # None: the owner_usage triggers (2 statements a put: their firing and their
 # upsert) went with SQLite migration 11; the usage total is the usage head's,
-# written by the turn head's upsert (one statement, two rows: head_owner.py).
+# written by the turn head's upsert (one statement, two rows: tables/heads/owner.py).
 PUT_TRIGGER_STATEMENTS = 0
 # A batch of given steps: BEGIN IMMEDIATE; one SELECT of the key version, the
 # quota, the steps' latest expiry and the turn's heads; one INSERT of every entry;

@@ -1,4 +1,4 @@
-"""A put in one message on PostgreSQL (``entry_put._Put.once``).
+"""A put in one message on PostgreSQL (``tables.entries.put``).
 
 When this process sealed a turn's head last, a put into that turn sends the
 settings and locks and one statement (``WITH head AS (UPDATE turn_heads ...)

@@ -1,6 +1,6 @@
 """A warm PostgreSQL read costs the server nothing per turn row while nothing commits.
 
-A read sends the freshness token of its cached inventory (``head_reads``):
+A read sends the freshness token of its cached inventory (``tables.heads.reading``):
 the server's snapshot (``xmin:xmax:xip``) with the postmaster's start time and
 the cluster's system identifier, then the turn's sealed head and the server's
 digest of the inventory. When the snapshot is the one sent, no transaction

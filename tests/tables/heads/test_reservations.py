@@ -1,4 +1,4 @@
-"""Per-turn bytes and quota reservations (``head_owner``), on both backends.
+"""Per-turn bytes and quota reservations (``tables.heads.owner``), on both backends.
 
 Each turn head seals its bytes ``b`` and its reservation ``r >= b``; the usage
 head seals R, the sum of the ``r``. The quota stays exact: a put never takes R

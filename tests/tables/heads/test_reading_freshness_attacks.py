@@ -1,7 +1,7 @@
 """Edits from outside that a warm read's freshness token must see (SQLite).
 
 SQLite's token holds, once another connection committed, the exact text of
-the turn's inventory rows (``head_reads``): every value of every row, so
+the turn's inventory rows (``tables.heads.reading``): every value of every row, so
 that an edit of a row the read does not fetch still sends the read to the
 turn's full check, which refuses it, as a read with nothing cached would.
 """

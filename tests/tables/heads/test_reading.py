@@ -1,4 +1,4 @@
-"""The read cost: a read reuses its turn's verified inventory (``head_cache``) while its token holds.
+"""The read cost: a read reuses its turn's verified inventory (``reading.HeadCache``) while its token holds.
 
 A warm read in an unchanged store checks its rows against the inventory
 verified before and fetches none of it: the same statements and rows in a

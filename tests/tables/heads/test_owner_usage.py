@@ -1,4 +1,4 @@
-"""Each owner's quota reservation lives in its sealed usage head (``head_owner``).
+"""Each owner's quota reservation lives in its sealed usage head (``tables.heads.owner``).
 
 the usage head holds the sum of the owner's turns' reservations,
 and each turn head its bytes and its reservation: ``totals`` must equal

@@ -1,4 +1,4 @@
-"""Each owner's share of the verified-inventory cache (``head_cache``).
+"""Each owner's share of the verified-inventory cache (``tables.heads.reading.HeadCache``).
 
 The cache is shared by every owner of the process. One owner reading many
 turns (hundreds of tiny ones) must not evict the inventories of the others:

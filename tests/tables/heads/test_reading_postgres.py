@@ -2,7 +2,7 @@
 
 A warm read sends, beside its own rows, the token of its cached inventory;
 the server computes the turn's head and its SHA-256 of the turn's inventory
-rows (``head_reads._PG_FRESHNESS``): equal to the cached pair, the inventory's rows
+rows (``storage.postgres.functions.PG_FRESHNESS``): equal to the cached pair, the inventory's rows
 are left out and the cached inventory checks the read's rows. The read stays
 one round trip. An edit by the admin role (the tables' owner) changes the
 digest or the head: the statement then sends the inventory (still one round

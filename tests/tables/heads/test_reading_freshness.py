@@ -1,8 +1,8 @@
 """A read's cost does not depend on the turn's length, nor on other turns' writers.
 
 A read of a turn checks its rows against the turn's verified inventory, kept
-between reads (``head_cache``) while its freshness token holds
-(``head_reads``). The token is per turn: a commit of another connection to
+between reads (``tables.heads.reading.HeadCache``) while its freshness token holds
+(``tables.heads.reading``). The token is per turn: a commit of another connection to
 another turn or another owner leaves it holding, and a write of this process
 edits the cached inventory as it edits the turn (SQLite: the token holds the
 head it sealed). Counted, not timed: the rows a read fetches (the entry's
