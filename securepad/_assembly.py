@@ -21,7 +21,6 @@ from .core.timeline import Timeline
 from .errors import InvalidArgumentError, SecurepadError, StorageFullError, StoreBusyError
 from .keys.keyring import Keyring
 from .keys.keystore import Keystore, Progress
-from .maintenance import lifecycle
 from .policy import Policy
 from .principal import Principal
 from .storage.anchor import Anchor, default_path
@@ -195,6 +194,8 @@ class Assembly:
 
     def rotate_master_key(self, new_keyring: Keyring, progress: Progress | None) -> dict[str, Any]:
         """``Scratchpad.rotate_master_key``; the anchor follows the key file."""
+        from .maintenance import lifecycle  # only a rotation loads the key lifecycle
+
         done = lifecycle.rotate_master_key(self.parts.db, self.parts.keys, new_keyring, progress=progress)
         self.anchor = _move_anchor(self.anchor, self.parts.keys, new_keyring)
         return done

@@ -8,8 +8,6 @@ from ._assembly import Assembly, Parts
 from .errors import InvalidArgumentError
 from .keys.keyring import Keyring
 from .keys.keystore import Progress
-from .maintenance import lifecycle
-from .maintenance.verify import verify_store
 from .principal import Principal
 
 __all__ = ["Housekeeping"]
@@ -29,11 +27,15 @@ class Housekeeping:
 
     def rotate_owner_key(self, owner_user_id: str, *, progress: Progress | None = None) -> dict[str, Any]:
         """New key version for an owner, old ones retired; see ``lifecycle.rotate_owner_key``."""
+        from .maintenance import lifecycle  # the maintenance modules load when used: a put never loads them
+
         parts = self._parts
         return lifecycle.rotate_owner_key(parts.db, parts.keys, owner_user_id, progress=progress, heads=parts.heads)
 
     def forget_owner(self, owner_user_id: str) -> dict[str, Any]:
         """Crypto-shred an owner's keys and entries; see ``lifecycle.forget_owner``."""
+        from .maintenance import lifecycle
+
         return lifecycle.forget_owner(self._parts.db, self._parts.keys, owner_user_id)
 
     def drop_turn(self, owner_user_id: str, turn_id: str) -> dict[str, Any]:
@@ -45,6 +47,8 @@ class Housekeeping:
             IntegrityError: the owner's owner head or usage head fails authentication.
             StoreBusyError: the write lock was not obtained in time.
         """
+        from .maintenance import lifecycle
+
         return lifecycle.drop_turn(self._parts.db, self._parts.heads, owner_user_id, turn_id)
 
     def gc(self, now: float | None = None, *, wait: bool = True) -> int:
@@ -75,6 +79,8 @@ class Housekeeping:
             InvalidArgumentError: a bad ``now``.
             StoreBusyError, StoreUnavailableError: the snapshot could not be had.
         """
+        from .maintenance.verify import verify_store
+
         parts = self._parts
         return verify_store(parts.db, parts.opener, parts.records, parts.heads, parts.tables.timeline.read_time(now))
 

@@ -13,11 +13,27 @@ Rules every command follows:
 - Stored text is data: it is never read as rich markup, and terminal control
   sequences are removed before it reaches a terminal.
 - With ``--json`` the result is JSON on stdout and an error is JSON on stderr.
+- A command loads only what it uses: its own module (``group.COMMAND_MODULES``),
+  the store's layers when it opens a store, rich when it prints a table, a
+  progress bar or styled text.
 """
 
-from . import maintenance  # noqa: F401  (registers its commands on main)
-from .commands import bench, main
+from typing import TYPE_CHECKING, Any
+
+from .group import main
 from .options import ENVIRONMENT
 from .output import for_terminal
 
+if TYPE_CHECKING:
+    from .benchmark import bench
+
 __all__ = ["ENVIRONMENT", "bench", "for_terminal", "main"]
+
+
+def __getattr__(name: str) -> Any:
+    """``bench``, the benchmark's command, imported when first named."""
+    if name == "bench":
+        from .benchmark import bench
+
+        return bench
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

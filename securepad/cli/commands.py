@@ -13,42 +13,16 @@ from typing import Any
 import click
 
 from .. import SCRATCHPAD_READ_TOOL, InvalidArgumentError, Principal, SecurepadError
-from .options import (
-    ENV_HELP,
-    SecurepadGroup,
-    SecurepadSubgroup,
-    command,
-    confirmed,
-    current_state,
-    emit,
-    global_options,
-)
+from .options import SecurepadSubgroup, command, confirmed, current_state, emit, global_options
 from .output import console, for_terminal, plain, print_json, print_line, print_note, to_json, write_new_file
 
-__all__ = ["bench", "main"]
-
-
-@click.group(
-    cls=SecurepadGroup,
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
-    epilog=ENV_HELP,
-)
-@click.version_option(package_name="securepad", prog_name="securepad", message="%(prog)s %(version)s")
-@global_options
-def main() -> None:
-    """securepad: the hardened observation store for LLM agent runtimes.
-
-    The global options (--db, --key-file, --master-key-env, --passphrase-env,
-    --policy, --json) go before or after the command. Only `securepad init`
-    creates a store; every other command needs an existing one.
-    """
-    current_state()
+__all__ = ["delete", "get", "init", "list_", "mcp", "put", "read", "turn_group"]
 
 
 # -- the commands ------------------------------------------------------------------------
 
 
-@command(main)
+@command()
 def init() -> None:
     """Create the store and its master key file (if absent) and check that the key opens it.
 
@@ -122,7 +96,7 @@ def _decode(raw: bytes, kind: str) -> Any:
     return raw
 
 
-@command(main, principal=True, turn=True)
+@command(principal=True, turn=True)
 @click.option("--step", "step_num", type=int, required=True, help="Step number within the turn (one live entry each).")
 @click.option("--executor", "executor_name", default="cli", show_default=True, help="Tool that produced it.")
 @click.option(
@@ -174,7 +148,7 @@ def _entry_bytes(observation: Any, kind: str) -> bytes:
     return (json.dumps(observation, ensure_ascii=False, indent=2) + "\n").encode("utf-8")
 
 
-@command(main, principal=True)
+@command(principal=True)
 @click.argument("scratchpad_id")
 @click.option("--turn", "turn_id", default=None, help="Only an entry of this turn.")
 @click.option(
@@ -223,7 +197,7 @@ def get(principal: Principal, scratchpad_id: str, turn_id: str | None, output: P
         click.echo(for_terminal(data.decode("utf-8")), nl=not data.endswith(b"\n"))
 
 
-@command(main, principal=True)
+@command(principal=True)
 @click.argument("scratchpad_id")
 def delete(principal: Principal, scratchpad_id: str) -> None:
     """Delete one entry of the owner's (Scratchpad.delete): zeroed in the file, its
@@ -243,7 +217,7 @@ _HINT_ARGUMENT = re.compile(r"\b(mode|start|end)=('?)([\w-]+)\2")
 _HINT_CAP = re.compile(r"cut to the read cap of \d+ (characters|bytes)")
 
 
-@command(main, principal=True)
+@command(principal=True)
 @click.argument("scratchpad_id")
 @click.option(
     "--mode",
@@ -308,7 +282,7 @@ def _cli_hint(hint: str, cap: int) -> str:
     return hint.replace("--mode", "read --mode").replace(", --", " --")
 
 
-@command(main, name="list", principal=True, turn=True)
+@command(name="list", principal=True, turn=True)
 def list_(principal: Principal, turn: str) -> None:
     """List a turn's live entries that the owner may see."""
     with current_state().open() as pad:
@@ -327,7 +301,7 @@ def list_(principal: Principal, turn: str) -> None:
     emit([{k: v for k, v in e.items() if k != "view"} for e in rows], render)
 
 
-@main.group(name="turn", cls=SecurepadSubgroup)
+@click.group(name="turn", cls=SecurepadSubgroup)
 @global_options
 def turn_group() -> None:
     """Inspect or drop an owner's turns."""
@@ -376,7 +350,7 @@ def turn_drop(principal: Principal, turn: str, yes: bool) -> None:
     )
 
 
-@command(main, principal=True, turn=True)
+@command(principal=True, turn=True)
 def mcp(principal: Principal, turn: str) -> None:
     """Serve scratchpad_read and scratchpad_list for one turn over MCP (stdio).
 
@@ -386,115 +360,3 @@ def mcp(principal: Principal, turn: str) -> None:
     except ImportError as exc:
         raise SecurepadError(f"securepad mcp needs the MCP SDK ({exc}): pip install '.[mcp]'") from None
     serve(current_state().open(), principal, turn)
-
-
-@main.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--quick", is_flag=True, help="Tiny sizes, every workload, about a minute (the CI smoke run).")
-@click.option(
-    "--out",
-    type=click.Path(path_type=Path, file_okay=False),
-    default=Path("securepad-bench-results"),
-    show_default=True,
-    help="Where to write <mode>.json (and <mode>.png with matplotlib).",
-)
-@click.option(
-    "--workdir",
-    type=click.Path(path_type=Path, file_okay=False),
-    default=None,
-    help="Where the stores go [default: a temporary dir].",
-)
-@click.option(
-    "--backends",
-    default=None,
-    help="Comma-separated backends [default: all]: securepad, raw-apsw, unhardened, diskcache, sqlcipher;"
-    " sealed-floor when named.",
-)
-@click.option(
-    "--workloads",
-    default=None,
-    help="Comma-separated workloads [default: all]: put, read, concurrent, resume, gc, open, hotpath.",
-)
-@click.option("--no-progress", is_flag=True, help="No progress bar.")
-@click.option("--no-chart", is_flag=True, help="Skip the PNG.")
-@click.option("--tiny", is_flag=True, hidden=True)  # the smoke test's config
-@click.option(
-    "--from-json",
-    type=click.Path(path_type=Path, dir_okay=False, exists=True),
-    help="Print the summary of a saved run's JSON; run nothing.",
-)
-@click.option("--targets", "show_targets", is_flag=True, help="Also list the project's targets, each met or missed.")
-@click.option("--tables", "show_tables", is_flag=True, help="Also print every workload's full table (Markdown).")
-@click.option(
-    "--costs",
-    is_flag=True,
-    help="Instead of the suite: instructions per operation (callgrind) for securepad, the sealed floor and"
-    " raw apsw, with statements, WAL frames, key work and the targets; writes <out>/costs.json.",
-)
-@click.option(
-    "--costs-method",
-    type=click.Choice(["callgrind", "cpu"]),
-    default=None,
-    help="How --costs measures [default: callgrind when valgrind is installed, else CPU time].",
-)
-@click.option(
-    "--costs-ops",
-    default=None,
-    help="Comma-separated operations --costs measures [default: all]: put, read, put_many, listing.",
-)
-def bench(
-    quick: bool,
-    out: Path,
-    workdir: Path | None,
-    backends: str | None,
-    workloads: str | None,
-    no_progress: bool,
-    no_chart: bool,
-    tiny: bool,
-    from_json: Path | None,
-    show_targets: bool,
-    show_tables: bool,
-    costs: bool,
-    costs_method: str | None,
-    costs_ops: str | None,
-) -> None:
-    """Benchmark securepad against raw SQLite, sqlite3, diskcache and SQLCipher on this machine.
-
-    Prints a summary in 80 columns: securepad beside each baseline, per
-    workload, and where the results are (every figure and target is in the
-    JSON). Needs the bench extra (pip install '.[bench]'); writes under --out."""
-    from ..bench import runner
-    from ..bench.backends import BACKENDS
-    from ..bench.workloads import WORKLOADS
-
-    if from_json is not None:
-        runner.print_saved(from_json, show_targets=show_targets, show_tables=show_tables)
-        return
-    if costs or costs_method is not None or costs_ops is not None:
-        try:
-            ops = runner.parse_names("operations", costs_ops) if costs_ops else None
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--costs-ops") from None
-        from ..bench import instructions
-
-        try:
-            sys.exit(instructions.main(out=out, workdir=workdir, method=costs_method, tiny=tiny, ops=ops))
-        except RuntimeError as exc:
-            raise click.ClickException(str(exc)) from None
-    try:
-        chosen_backends = runner.parse_names("backends", backends) if backends else list(BACKENDS)
-        chosen_workloads = runner.parse_names("workloads", workloads) if workloads else list(WORKLOADS)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-    status = runner.main(
-        out=out,
-        quick=quick,
-        tiny=tiny,
-        workdir=workdir,
-        backends=chosen_backends,
-        workloads=chosen_workloads,
-        progress=not no_progress,
-        chart=not no_chart,
-        show_targets=show_targets,
-        show_tables=show_tables,
-    )
-    sys.exit(status)

@@ -15,7 +15,6 @@ import click
 from click.core import ParameterSource
 
 from .. import InvalidArgumentError, Principal, SecurepadError
-from .commands import main
 from .key_files import key_file_use, record_key_file_use
 from .options import SecurepadSubgroup, State, command, confirmed, current_state, emit, global_options
 from .output import console, for_terminal, plain, print_line, print_note, progress, write_new_file
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
 __all__: list[str] = []
 
 
-@command(main)
+@command()
 def gc() -> None:
     """Delete expired entries and scrub them from the files."""
     with current_state().open() as pad:
@@ -34,7 +33,7 @@ def gc() -> None:
     emit({"deleted": deleted}, lambda v: print_line(f"deleted {v['deleted']} expired entries"))
 
 
-@command(main)
+@command()
 @click.argument("dest", type=click.Path(path_type=Path, dir_okay=False))
 def backup(dest: Path) -> None:
     """Write a consistent copy of the live store to DEST, a new file (mode 0600),
@@ -46,7 +45,7 @@ def backup(dest: Path) -> None:
     emit(result, lambda v: print_line(f"backed up to {v['backup']} ({v['bytes']} bytes)"))
 
 
-@command(main, yes=True)
+@command(yes=True)
 @click.argument("src", type=click.Path(path_type=Path, dir_okay=False))
 def restore(src: Path, yes: bool) -> None:
     """Put the backup SRC in place of the store (--db), accepting it as current.
@@ -79,7 +78,7 @@ def restore(src: Path, yes: bool) -> None:
     emit(result, render, ok=result["verify"]["ok"])
 
 
-@command(main, name="anchor-adopt", yes=True)
+@command(name="anchor-adopt", yes=True)
 def anchor_adopt(yes: bool) -> None:
     """Accept this copy of the store as current and reset its snapshot-rollback anchor.
 
@@ -91,7 +90,7 @@ def anchor_adopt(yes: bool) -> None:
     emit({"anchor": anchor}, lambda v: print_line(f"anchor reset: {json.dumps(v['anchor'])}"))
 
 
-@command(main)
+@command()
 @click.option("--owner", envvar="SECUREPAD_OWNER", show_envvar=True, default=None, help="Only this owner's entries.")
 @click.option("--actor", envvar="SECUREPAD_ACTOR", show_envvar=True, default="cli", show_default=True)
 @click.option("--channel", envvar="SECUREPAD_CHANNEL", show_envvar=True, default="cli", show_default=True)
@@ -160,7 +159,7 @@ def _store_or_throwaway(state: State, why: str | None) -> Iterator[Scratchpad]:
             yield pad
 
 
-@command(main)
+@command()
 def demo() -> None:
     """A real round trip: two owners, a refusal, a tampered copy detected.
 
@@ -189,7 +188,7 @@ def demo() -> None:
     emit(steps, lambda _: None, ok=all(s["ok"] for s in steps))  # shown step by step as it ran
 
 
-@command(main)
+@command()
 def verify() -> None:
     """Check the whole store: every owner's sealed turn heads, every entry (all its
     segments) and turn record authenticated and compared with its head. Exit
@@ -219,7 +218,7 @@ def _render_verify(r: dict[str, Any]) -> None:
     _print_wrapped(f"{counts}, {r['seconds']} s", 2)
 
 
-@command(main)
+@command()
 def audit() -> None:
     """Run the isolation audit: synthetic tenants attack each other, tampered scratch
     copies, at-rest scan, permissions. Exit status 1 when any check fails.
@@ -291,7 +290,7 @@ def _show_report(report: dict[str, Any], title: str, *, ok: bool = True) -> None
     emit(report, lambda v: _render_figures(v, title), ok=ok)
 
 
-@main.group(cls=SecurepadSubgroup)
+@click.group(cls=SecurepadSubgroup)
 @global_options
 def keys() -> None:
     """Rotate the master key or an owner's key."""
@@ -495,7 +494,7 @@ def rotate_owner(owner: str) -> None:
     _show_report(report, "owner key rotated")
 
 
-@command(main, name="forget-owner", yes=True)
+@command(name="forget-owner", yes=True)
 @click.argument("owner")
 def forget_owner(owner: str, yes: bool) -> None:
     """Crypto-shred OWNER: delete its keys and entries and scrub them from the files.

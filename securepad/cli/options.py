@@ -481,16 +481,24 @@ class SecurepadSubgroup(_GlobalOptionsLast, click.Group):
 
 
 def command(
-    group: click.Group, *args: Any, principal: bool = False, turn: bool = False, yes: bool = False, **kwargs: Any
-) -> Callable[[F], F]:
-    """A subcommand of ``group`` that also takes the global options, and the
+    group: click.Group | None = None,
+    *args: Any,
+    principal: bool = False,
+    turn: bool = False,
+    yes: bool = False,
+    **kwargs: Any,
+) -> Callable[[Callable[..., Any]], SecurepadCommand]:
+    """A subcommand (of ``group`` when given; the top-level ones are found by
+    ``group.COMMAND_MODULES``) that also takes the global options, and the
     principal's (``principal_options``), ``--turn`` and ``--yes`` when asked, in that order."""
 
-    def decorate(func: F) -> F:
+    def decorate(func: Callable[..., Any]) -> SecurepadCommand:
         for wanted, options in ((yes, yes_option), (turn, turn_option), (principal, principal_options)):
             if wanted:
                 func = options(func)
-        group.command(*args, cls=SecurepadCommand, **kwargs)(global_options(func))
-        return func
+        made = click.command(*args, cls=SecurepadCommand, **kwargs)(global_options(func))
+        if group is not None:
+            group.add_command(made)
+        return made
 
     return decorate

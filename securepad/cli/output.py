@@ -3,12 +3,14 @@ terminal control sequence from the store reaches a terminal."""
 
 from __future__ import annotations
 
+import builtins
 import functools
 import json
 import os
 import re
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -79,7 +81,9 @@ def print_json(value: Any) -> None:
 
 def print_line(text: str) -> None:
     """A line of plain text (never markup), stripped for the terminal."""
-    console().print(plain(text), highlight=False, soft_wrap=True)
+    line = for_terminal(text)
+    if not _wrote_plain(sys.stdout, line):
+        console().print(plain(text), highlight=False, soft_wrap=True)
 
 
 def write_new_file(path: Path, data: bytes) -> None:
@@ -101,7 +105,38 @@ def write_new_file(path: Path, data: bytes) -> None:
 
 def print_note(text: str, style: str) -> None:
     """A line of plain text on stderr (so --json output stays clean), in ``style``."""
-    err_console().print(plain(text), style=style, highlight=False)
+    line = for_terminal(text)
+    if not _wrote_plain(sys.stderr, line):
+        err_console().print(plain(text), style=style, highlight=False)
+
+
+def _rich_styles(stream: TextIO) -> bool:
+    """Whether rich might print more than the text itself on ``stream``: a terminal
+    (or one forced by the environment), a notebook or IDLE. Elsewhere a line without
+    tabs is what rich would print, and is written as is, without loading rich."""
+    if any(name in os.environ for name in ("FORCE_COLOR", "TTY_COMPATIBLE")):
+        return True
+    if hasattr(builtins, "get_ipython") or str(getattr(sys.stdin, "__module__", "")).startswith("idlelib"):
+        return True
+    try:
+        return stream.isatty()
+    except ValueError:  # a closed stream: rich finds no terminal there either, and says why it cannot write
+        return True
+
+
+def _wrote_plain(stream: TextIO, line: str) -> bool:
+    """Write ``line`` and a newline to ``stream`` as rich would (soft wrapped, unstyled,
+    flushed), when rich would add nothing to it; False when rich must print it (a tab
+    rich expands, styles it may add, or a character the stream cannot encode: rich's
+    error says how to fix that)."""
+    if "\t" in line or _rich_styles(stream):
+        return False
+    try:
+        stream.write(f"{line}\n")
+    except UnicodeEncodeError:
+        return False
+    stream.flush()
+    return True
 
 
 def progress(*, transient: bool, elapsed: bool = True) -> Progress:

@@ -15,8 +15,8 @@ import pytest
 from click.testing import Result
 
 from securepad import InvalidArgumentError, Keyring, Policy, PolicyError, Principal, Scratchpad
-from securepad.cli import ENVIRONMENT, for_terminal, main
-from tests.support.cli_runner import Cli, fresh_home, ok
+from securepad.cli import ENVIRONMENT, for_terminal
+from tests.support.cli_runner import Cli, every_command, fresh_home, ok
 from tests.support.paths import ROOT
 
 LOG = "".join(f"line {i}{' ERROR' if i % 2 == 0 else ''}\n" for i in range(1, 11))
@@ -287,7 +287,7 @@ def test_every_command_honours_the_variables(cli: Cli, tmp_path: Path) -> None:
 def test_version_and_short_help_everywhere(cli: Cli) -> None:
     assert re.fullmatch(r"securepad \d+\.\d+\.\d+\S*\n", ok(cli("--version")).stdout)
     commands: list[list[str]] = [[]]
-    for name, command in main.commands.items():
+    for name, command in every_command().items():
         commands.append([name])
         if isinstance(command, click.Group):
             commands += [[name, sub] for sub in command.commands]

@@ -55,13 +55,20 @@ STORE_LAYERS = (
 )
 
 
-def _modules_after(tmp_path: Path, *args: str) -> tuple[int, set[str]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SECUREPAD_")}
+def _run(tmp_path: Path, *args: str) -> tuple[int, set[str], str]:
+    """The exit status, the modules loaded and the output of ``securepad args``,
+    its output piped (no variable forcing a terminal)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SECUREPAD_", "FORCE_COLOR", "TTY_COMPATIBLE"))}
     env |= {"HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
     done = subprocess.run(
         [sys.executable, "-c", _PROGRAM, json.dumps(args)], env=env, capture_output=True, text=True, timeout=120
     )
-    return done.returncode, set(json.loads(done.stderr.splitlines()[-1]))
+    return done.returncode, set(json.loads(done.stderr.splitlines()[-1])), done.stdout
+
+
+def _modules_after(tmp_path: Path, *args: str) -> tuple[int, set[str]]:
+    status, modules, _ = _run(tmp_path, *args)
+    return status, modules
 
 
 def _loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
@@ -87,3 +94,44 @@ def test_a_command_on_a_store_loads_only_its_own_tools(tmp_path: Path) -> None:
     assert status == 0
     assert "securepad.store" in modules
     assert _loaded(modules, ("argon2", "re2", "securepad.audit", "securepad.bench", "securepad.integrations")) == []
+
+
+# What a command on entries never loads: rich when it prints plain lines, the other
+# commands' modules, and the library's maintenance, audit, benchmark and integrations.
+NEVER_FOR_ENTRIES = (
+    "rich",
+    "securepad.cli.maintenance",
+    "securepad.cli.benchmark",
+    "securepad.maintenance",
+    "securepad.audit",
+    "securepad.bench",
+    "securepad.integrations",
+    "securepad.aio",
+)
+
+
+def test_the_entry_commands_load_neither_the_renderer_nor_the_maintenance(tmp_path: Path) -> None:
+    assert _modules_after(tmp_path, "init")[0] == 0
+    (tmp_path / "note.txt").write_text("hello\nworld\n")
+    owner = ("--owner", "alice", "--turn", "t1")
+    status, modules, stored = _run(tmp_path, "put", *owner, "--step", "1", str(tmp_path / "note.txt"))
+    assert status == 0 and stored.startswith("stored ")
+    scratchpad_id = stored.split()[1].rstrip(":")
+    for args in (
+        ("put", "--json", *owner, "--step", "2", str(tmp_path / "note.txt")),
+        ("read", "--owner", "alice", "--mode", "tail", "-n", "5", scratchpad_id),
+        ("get", "--owner", "alice", scratchpad_id),
+        ("list", "--json", *owner),
+        ("delete", "--owner", "alice", scratchpad_id),
+    ):
+        status, modules, _ = _run(tmp_path, *args)
+        assert status == 0, args
+        assert "securepad.store" in modules
+        assert _loaded(modules, NEVER_FOR_ENTRIES) == [], args
+
+
+def test_a_table_loads_the_renderer_and_only_its_commands_module(tmp_path: Path) -> None:
+    assert _modules_after(tmp_path, "init")[0] == 0
+    status, modules = _modules_after(tmp_path, "list", "--owner", "alice", "--turn", "t1")
+    assert status == 0 and "rich.table" in modules
+    assert _loaded(modules, NEVER_FOR_ENTRIES[1:]) == []

@@ -9,9 +9,8 @@ import re
 import click
 import pytest
 
-from securepad.cli import main
 from securepad.core.tool import MAX_TOOL_INT
-from tests.support.cli_runner import Cli, as_json, ok, put
+from tests.support.cli_runner import Cli, as_json, every_command, ok, put
 
 QUOTED = '"quoted" line\n' * 3000
 
@@ -50,7 +49,7 @@ def test_the_audit_at_80_columns_splits_no_word(cli: Cli) -> None:
 
 def test_subcommand_help_opens_with_its_own_options(cli: Cli) -> None:
     commands: list[list[str]] = []
-    for name, command in main.commands.items():
+    for name, command in every_command().items():
         if isinstance(command, click.Group):
             commands += [[name, sub] for sub in command.commands]
         elif name != "bench":

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner, Result
 
@@ -50,6 +51,13 @@ def fresh_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: str | Non
     for var in ("XDG_DATA_HOME", "XDG_CONFIG_HOME", *(var for var, _, _ in ENVIRONMENT)):
         monkeypatch.delenv(var, raising=False)
     return Cli(home, env, store)
+
+
+def every_command() -> dict[str, click.Command]:
+    """The top-level commands by name, each loaded from its module as the command line names it."""
+    ctx = click.Context(main)
+    found = {name: main.get_command(ctx, name) for name in main.list_commands(ctx)}
+    return {name: command for name, command in found.items() if command is not None}
 
 
 def ok(result: Result) -> Result:
