@@ -259,12 +259,12 @@ class SecurepadSaver(ThreadedAsyncSaver):
         fresh = _fresh_writes(writes, frozenset(idx for s in mine for idx in s.meta["idxs"]))
         if not fresh:
             return
-        # The special writes replace stored ones: their entries are written again without them.
-        stale = [s for s in mine if set(s.meta["idxs"]) & fresh.keys()]
-        loads = self.serde.loads_typed
-        kept = {idx: (ch, v) for s in stale for idx, ch, v in self.records.write_items(principal, s, loads)}
-        kept = {idx: write for idx, write in kept.items() if idx not in fresh}
-        items = [[idx, channel, value] for idx, (channel, value) in sorted({**kept, **fresh}.items())]
+        # A special write replaces a stored one by being newer (``pending_writes`` takes the
+        # newest): it goes in an entry of its own, and an entry all of whose writes it
+        # replaces is removed. A stored ordinary write never moves to a newer step, where
+        # another writer's copy of its index could come before it.
+        stale = [s for s in mine if set(s.meta["idxs"]) <= fresh.keys()]
+        items = [[idx, channel, value] for idx, (channel, value) in sorted(fresh.items())]
         tasks: dict[str, frozenset[int]] = {}
         for entry in listed:
             if entry not in stale:

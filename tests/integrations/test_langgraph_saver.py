@@ -555,6 +555,28 @@ def test_a_write_stored_by_two_writers_reads_as_put_writes_keeps_it(
             )
 
 
+def test_a_special_write_never_moves_an_ordinary_write_after_another_writers_copy(
+    store_location: Any, keyring: Keyring, alice: Principal
+) -> None:
+    from langgraph.checkpoint.base import ERROR
+
+    from securepad.integrations.langgraph import SecurepadSaver
+
+    with (
+        Scratchpad.open(store_location, keyring=keyring) as one,
+        Scratchpad.open(store_location, keyring=keyring) as two,
+    ):
+        first, second = SecurepadSaver(one, alice), SecurepadSaver(two, alice)
+        stored = _put(first, "t", None, {"n": 1}, {"n": "1"})
+        first.put_writes(stored, [("a", "first"), (ERROR, "e1")], "task")
+        second.put_writes(stored, [("a", "second")], "task")  # its copy comes after the first's
+        first.put_writes(stored, [(ERROR, "e2")], "task")  # replaces e1 only
+        for saver in (first, second, SecurepadSaver(one, alice)):
+            found = saver.get_tuple(stored)
+            assert found is not None
+            assert sorted(found.pending_writes or []) == sorted([("task", "a", "first"), ("task", ERROR, "e2")])
+
+
 def test_a_resumed_thread_puts_its_next_checkpoint_without_reading(
     pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
