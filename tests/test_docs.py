@@ -94,13 +94,21 @@ def _home_and_work(tmp_path: Path) -> tuple[Path, Path]:
     return home, work
 
 
+_MKTEMP = re.compile(r"tmp\.[A-Za-z0-9]{10}")
+
+
+def _under(path: Path, directories: list[Path]) -> bool:
+    return any(path == d or d in path.parents for d in directories)
+
+
 def _findable(home: Path, work: Path) -> list[tuple[str, int, int]]:
     """What another example could find (each file's path, size and time of change):
-    everything in HOME and in the working directory, and TMPDIR's own files (the
-    directories ``mktemp -d`` makes there have unguessable names: no other
-    example names one)."""
+    everything in HOME and in the working directory, and everything in TMPDIR but
+    the directories ``mktemp -d`` makes there (``tmp.`` and ten random characters:
+    no other example can name one)."""
     scratch = home.parent / "tmp"
-    found = [*home.rglob("*"), *work.rglob("*"), *(path for path in scratch.iterdir() if not path.is_dir())]
+    unguessable = [path for path in scratch.iterdir() if path.is_dir() and _MKTEMP.fullmatch(path.name)]
+    found = [*home.rglob("*"), *work.rglob("*"), *(p for p in scratch.rglob("*") if not _under(p, unguessable))]
     stats = [(str(path.relative_to(home.parent)), path.lstat()) for path in found]
     return sorted((name, stat.st_size, stat.st_mtime_ns) for name, stat in stats)
 

@@ -62,7 +62,7 @@ __all__ = ["bench"]
 @click.option(
     "--costs-ops",
     default=None,
-    help="Comma-separated operations --costs measures [default: all]: put, read, put_many, listing.",
+    help="Comma-separated operations --costs measures [default: all]: put, read, put_many, listing, anchor_sync.",
 )
 def bench(
     quick: bool,

@@ -50,7 +50,6 @@ PUT_TRIGGER_STATEMENTS = 0
 # quota, the steps' latest expiry and the turn's heads; one INSERT of every entry;
 # the heads' upsert; COMMIT, whatever the batch's size (up to 64 entries an INSERT; and
 # with every 256th wrap of a key, its count: ``WRAP_FLUSH_EVERY``).
-# Before the steps' look joined the quota's SELECT and the entries one INSERT: 5 + the batch's size.
 PUT_MANY_STATEMENTS = 5
 # Measured on a store of 200 entries (bench/costs.py, 7 puts each): 4 KiB 7-11
 # (entries leaf and overflow page, its id index and the turn index, owner_usage,
@@ -123,7 +122,7 @@ def test_the_step_look_in_the_quota_statement_refuses_only_a_live_step_in_scope(
 
 
 @pytest.mark.parametrize("count", [1, 8, 32])
-def test_a_batch_runs_five_statements_whatever_its_size(filled: Scratchpad, count: int) -> None:
+def test_a_batch_of_up_to_64_runs_five_statements_whatever_its_size(filled: Scratchpad, count: int) -> None:
     steps = iter(range(1000, 1200))
     for _ in range(2):  # the first batch makes the turn's head; the second writes into it
         batch = [(next(steps), "tool", "b" * 4096) for _ in range(count)]

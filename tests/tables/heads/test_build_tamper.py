@@ -15,7 +15,8 @@ Then each other value those flags can take: absent, garbage, ``pending``,
 ``built``/``convert`` on a store with heads, and the seed row on a store whose
 heads are of this format (a deleted usage head stays named by ``verify``).
 Stores written by older code (``tests/fixtures``) still convert:
-``tests/tables/heads/test_heads_fixture_v7.py``, ``test_heads_era.py``, ``test_fixture_store*.py``.
+``tests/tables/heads/test_heads_fixture_v7.py``, ``tests/keys/test_master_heads_era.py``,
+``tests/storage/test_migrate_fixture_v*.py``.
 """
 
 from __future__ import annotations
