@@ -240,8 +240,8 @@ class SecurepadSaver(ThreadedAsyncSaver):
         now = self._clock()
         turn = self.records.turn(principal, "writes", thread_id, ns, checkpoint_id)
         # A write stored twice counts once (``pending_writes`` resolves it as this does), so
-        # the turn is listed only for a special write that may replace a stored one: its
-        # entry is then written again without it. The writes this saver stored are known.
+        # the turn is listed only for a special write that may replace a stored one, to
+        # remove an entry it wholly replaces. The writes this saver stored are known.
         known = self.records.memory.known_writes(principal, turn, now)
         if known is not None or all(WRITES_IDX_MAP.get(channel, 0) >= 0 for channel, _ in writes):
             known = known or KnownWrites({}, 0, now)

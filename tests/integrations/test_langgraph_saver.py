@@ -524,57 +524,56 @@ def test_an_unchanged_value_refers_to_its_own_actors_entry(store_location: Any, 
 # -- pending writes stored twice --------------------------------------------------------------
 
 
-def test_a_write_stored_by_two_writers_reads_as_put_writes_keeps_it(
-    store_location: Any, keyring: Keyring, alice: Principal
-) -> None:
-    from langgraph.checkpoint.base import ERROR, INTERRUPT
-
+@pytest.fixture
+def two_savers(store_location: Any, keyring: Keyring, alice: Principal) -> Iterator[tuple[Any, Any, Any]]:
+    """Two processes' savers on one store (neither knows what the other stored for
+    the checkpoint), and the config of a checkpoint the first put."""
     from securepad.integrations.langgraph import SecurepadSaver
 
     with (
         Scratchpad.open(store_location, keyring=keyring) as one,
         Scratchpad.open(store_location, keyring=keyring) as two,
     ):
-        # Two processes' savers: neither knows what the other stored for the checkpoint.
-        first, second = SecurepadSaver(one, alice), SecurepadSaver(two, alice)
-        stored = _put(first, "t", None, {"n": 1}, {"n": "1"})
-        first.put_writes(stored, [("a", "first"), (ERROR, "first error")], "task")
-        second.put_writes(stored, [("a", "second"), ("b", "second"), (ERROR, "second error")], "task")
-        first.put_writes(stored, [("a", "third"), (INTERRUPT, "pause")], "task")
-        for saver in (first, second):
-            found = saver.get_tuple(stored)
-            assert found is not None
-            # An index stored first stays; a special write (error, interrupt) is the newest one.
-            assert sorted(found.pending_writes or []) == sorted(
-                [
-                    ("task", "a", "first"),
-                    ("task", "b", "second"),
-                    ("task", ERROR, "second error"),
-                    ("task", INTERRUPT, "pause"),
-                ]
-            )
+        first = SecurepadSaver(one, alice)
+        yield first, SecurepadSaver(two, alice), _put(first, "t", None, {"n": 1}, {"n": "1"})
+
+
+def test_a_write_stored_by_two_writers_reads_as_put_writes_keeps_it(two_savers: tuple[Any, Any, Any]) -> None:
+    from langgraph.checkpoint.base import ERROR, INTERRUPT
+
+    first, second, stored = two_savers
+    first.put_writes(stored, [("a", "first"), (ERROR, "first error")], "task")
+    second.put_writes(stored, [("a", "second"), ("b", "second"), (ERROR, "second error")], "task")
+    first.put_writes(stored, [("a", "third"), (INTERRUPT, "pause")], "task")
+    for saver in (first, second):
+        found = saver.get_tuple(stored)
+        assert found is not None
+        # An index stored first stays; a special write (error, interrupt) is the newest one.
+        assert sorted(found.pending_writes or []) == sorted(
+            [
+                ("task", "a", "first"),
+                ("task", "b", "second"),
+                ("task", ERROR, "second error"),
+                ("task", INTERRUPT, "pause"),
+            ]
+        )
 
 
 def test_a_special_write_never_moves_an_ordinary_write_after_another_writers_copy(
-    store_location: Any, keyring: Keyring, alice: Principal
+    two_savers: tuple[Any, Any, Any], alice: Principal
 ) -> None:
     from langgraph.checkpoint.base import ERROR
 
     from securepad.integrations.langgraph import SecurepadSaver
 
-    with (
-        Scratchpad.open(store_location, keyring=keyring) as one,
-        Scratchpad.open(store_location, keyring=keyring) as two,
-    ):
-        first, second = SecurepadSaver(one, alice), SecurepadSaver(two, alice)
-        stored = _put(first, "t", None, {"n": 1}, {"n": "1"})
-        first.put_writes(stored, [("a", "first"), (ERROR, "e1")], "task")
-        second.put_writes(stored, [("a", "second")], "task")  # its copy comes after the first's
-        first.put_writes(stored, [(ERROR, "e2")], "task")  # replaces e1 only
-        for saver in (first, second, SecurepadSaver(one, alice)):
-            found = saver.get_tuple(stored)
-            assert found is not None
-            assert sorted(found.pending_writes or []) == sorted([("task", "a", "first"), ("task", ERROR, "e2")])
+    first, second, stored = two_savers
+    first.put_writes(stored, [("a", "first"), (ERROR, "e1")], "task")
+    second.put_writes(stored, [("a", "second")], "task")  # its copy comes after the first's
+    first.put_writes(stored, [(ERROR, "e2")], "task")  # replaces e1 only
+    for saver in (first, second, SecurepadSaver(first.pad, alice)):
+        found = saver.get_tuple(stored)
+        assert found is not None
+        assert sorted(found.pending_writes or []) == sorted([("task", "a", "first"), ("task", ERROR, "e2")])
 
 
 def test_a_resumed_thread_puts_its_next_checkpoint_without_reading(
