@@ -50,6 +50,12 @@ WRITE_SHARE_OF_WAL = 2
 
 # The policy's durability -> SQLite's synchronous setting, set on every connection.
 _SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL"}
+# apsw's statement cache is a ring of this many slots that every execution takes
+# one of: a statement not run for that many executions is compiled again. A
+# turn's read statement (with its inventory, a few KiB of SQL) then costs a
+# read after a few dozen puts more than the rest of the read; the store runs
+# about a hundred statements in all (512 slots: the most apsw keeps).
+STATEMENT_CACHE_SIZE = 512
 
 
 class CommitHooks(Protocol):
@@ -279,7 +285,7 @@ class Database:
 
     def _open(self) -> apsw.Connection:
         try:
-            conn = apsw.Connection(str(self.path))
+            conn = apsw.Connection(str(self.path), statementcachesize=STATEMENT_CACHE_SIZE)
         except apsw.Error as exc:
             raise SecurepadError(f"cannot open store {self.path}: {exc}") from None
         try:
