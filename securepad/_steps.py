@@ -10,9 +10,9 @@ from typing import Any
 
 from .errors import InvalidArgumentError, StoreBusyError
 from .principal import Principal
-from .store import Scratchpad, listed, parts
+from .store import Entry, Scratchpad, listed, parts
 
-__all__ = ["keyed_or_former", "keyed_turn_name", "newest_first", "put_next"]
+__all__ = ["keyed_or_former", "keyed_turn_name", "newest_entry", "newest_first", "put_next"]
 
 
 def keyed_turn_name(pad: Scratchpad, principal: Principal, *ids: Any) -> str:
@@ -33,6 +33,18 @@ def newest_first(
     """
     for opened in parts(pad).listings.turn_newest_first(principal, turn_id, now):
         yield listed(opened)
+
+
+def newest_entry(pad: Scratchpad, principal: Principal, turn_id: str, *, now: float | None = None) -> Entry | None:
+    """The turn's newest live entry that the principal may see, whole as ``Scratchpad.get``
+    returns it (None: none); the turn's rows checked against its head as a listing's
+    are, the newest alone opened.
+
+    Raises:
+        InvalidArgumentError, IntegrityError, StoreBusyError: as for ``Scratchpad.list_for_turn``.
+    """
+    opened = parts(pad).opener.newest(principal, turn_id, now)
+    return None if opened is None else opened.entry()
 
 
 def keyed_or_former(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...core import read_modes, shaping
-from ...core.timeline import Timeline
+from ...core.timeline import Timeline, live
 from ...crypto.formats import ENTRY_FORMAT, EntryCipher, Header, ListingKey, open_entry
 from ...errors import ExpiredError, IntegrityError, InvalidArgumentError, NotFoundError
 from ...keys.keystore import Keystore
@@ -155,10 +155,14 @@ def check_row_types(row: dict[str, Any]) -> None:
 _SEALED_COLUMNS = ("actor", "channel", "step_num", "executor_name", "created_at", "expires_at")
 # A one-segment entry (most) comes with its segment, selected with the authorized row itself.
 _OPEN_COLUMNS = f"{COLUMNS}, CASE WHEN segment_count = 1 THEN {ONLY_SEGMENT} END AS only_segment"
+# A turn's rows newest first ((step, id) follows the turn's index), and the clear
+# columns its inventory check compares (``Opener.newest``).
+_NEWEST_FIRST = "ORDER BY step_num DESC, id DESC"
+_CHECKED_COLUMNS = "id, turn_id, step_num, expires_at, stored_bytes"
 
 
 class Opener:
-    """Opens the entries of one store: ``open``, ``get``, ``read``, ``verify_row``."""
+    """Opens the entries of one store: ``open``, ``newest``, ``get``, ``read``, ``verify_row``."""
 
     def __init__(self, parts: EntryParts) -> None:
         self._db, self._keys, self._access = parts.db, parts.keys, parts.access
@@ -213,6 +217,55 @@ class Opener:
             self.timeline.found_expired(entry_id, current)
             raise ExpiredError("this entry has expired")
         return opened
+
+    def newest(self, principal: Principal, turn_id: str, now: float | None) -> Readable | None:
+        """The turn's newest live entry in the principal's scope, opened (None: none).
+        The turn's rows are checked against its inventory as a listing's are
+        (``Inventories.checked``: a row removed, added, moved or rolled back
+        anywhere in the turn is refused), with the clear columns that check
+        needs alone; only the newest row is fetched whole (in the same round
+        trip) and opened, where a listing opens every row's view.
+
+        Raises:
+            InvalidArgumentError: a bad principal or turn id.
+            IntegrityError: the turn's rows are not the ones its head lists, or
+                the newest fails authentication.
+            StoreBusyError: writers kept changing the turn while it was read.
+        """
+        check_principal(principal)
+        check_identifier("turn_id", turn_id)
+        current = self.timeline.read_time(now)
+        queries: tuple[access.Query, access.Query] = (
+            ("entries", _CHECKED_COLUMNS, "turn_id = ?", (turn_id,), _NEWEST_FIRST),
+            (
+                "entries",
+                _OPEN_COLUMNS,
+                "turn_id = ? AND expires_at > ?",
+                (turn_id, current),
+                _NEWEST_FIRST + " LIMIT 1",
+            ),
+        )
+
+        def fetch(got: list[Rows] | None = None) -> tuple[list[dict[str, Any]], Rows]:
+            rows, whole = got if got is not None else [self._access.rows(principal, *query) for query in queries]
+            return live(rows, current), whole
+
+        def check(head: Head, fetched: tuple[list[dict[str, Any]], Rows]) -> None:
+            rows, whole = fetched
+            self.heads.checks.check_entries_in(head, principal, turn_id, rows, current)
+            # The row fetched whole is the newest of the rows checked (a writer may have come between).
+            if [_checked(row) for row in rows[:1]] != [_checked(row) for row in whole]:
+                raise IntegrityError(f"turn {turn_id!r} changed while its newest entry was read")
+
+        got, head_rows = self._access.rows_beside(
+            principal, self.heads.read_sql(principal.owner_user_id, turn_id), *queries
+        )
+        _, whole = self.heads.inventories.checked(
+            principal.owner_user_id, turn_id, fetch, check, first=(fetch(got), head_rows)
+        )
+        if not whole:
+            return None
+        return next(self._access.open_each(principal, "entries", _OPEN_COLUMNS, whole, self.authenticate))
 
     def _first_fetch(
         self, principal: Principal, scratchpad_id: object, turn_id: str | None
@@ -351,6 +404,11 @@ class Opener:
         if self.policy.log_reads:
             audit_log.info("read: owner=%r id=%s mode=%s", principal.owner_user_id, opened.row["id"], mode)
         return result
+
+
+def _checked(row: dict[str, Any]) -> tuple[Any, ...]:
+    """What the inventory check compares of a row."""
+    return row["id"], row["turn_id"], row["step_num"], row["expires_at"], row["stored_bytes"]
 
 
 def _listing_meta(key: ListingKey, row: dict[str, Any]) -> dict[str, Any]:
