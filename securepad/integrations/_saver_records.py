@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._steps import keyed_or_former, keyed_turn_name, newest_first, put_next
+from .._steps import keyed_or_former, keyed_turn_name, newest_entry, newest_first, put_next
 from ..errors import ExpiredError, IntegrityError, NotFoundError
 from ..principal import Principal
 from ..store import Scratchpad
@@ -244,6 +244,10 @@ class SaverRecords:
         narrow views) makes every view worth reading whole: then the choice is
         made on the whole listing, by id."""
         turn = self.turn(principal, "thread", thread_id)
+        if checkpoint_id is None:  # the latest: the turn's newest entry, when it is of ``ns``
+            newest = self.newest(principal, turn, CHECKPOINT, thread_id=thread_id)
+            if newest is None or newest.meta["ns"] == ns:
+                return newest
         for item in newest_first(self.pad, principal, turn, now=self.clock()):
             shown = item["view"].get("metadata") or {}
             if not all(name in shown for name in CHECKPOINT_CHOICE):
@@ -253,6 +257,24 @@ class SaverRecords:
             if stored.meta["ns"] == ns and checkpoint_id in (None, stored.meta["checkpoint_id"]):
                 return stored
         return None
+
+    def newest(self, principal: Principal, turn: str, executor: str, **expected: Any) -> Stored | None:
+        """The turn's newest live entry, whole (``_steps.newest_entry``: the turn checked
+        against its head, the newest alone opened), which must be the saver's ``executor`` entry with the sealed
+        fields ``expected``; None: the turn has none."""
+        entry = newest_entry(self.pad, principal, turn, now=self.clock())
+        if entry is None:
+            return None
+        observation = entry.observation
+        if not isinstance(observation, dict) or not isinstance(observation.get("content"), bytes):
+            raise IntegrityError(f"an entry in the saver's turn {turn} is not one of its {executor} entries")
+        meta = observation.get("metadata") or {}
+        if entry.executor_name != executor or meta.get("format") != FORMAT:
+            raise IntegrityError(f"an entry in the saver's turn {turn} is not one of its {executor} entries")
+        expect(meta, **expected)
+        if "data" not in meta:
+            meta = {**meta, "data": base64.b64encode(observation["content"]).decode("ascii")}
+        return Stored(entry.scratchpad_id, float(entry.expires_at), meta, True, int(entry.step_num))
 
     def writes(self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str) -> list[Stored]:
         """The live pending-write entries of a checkpoint, their sealed metadata checked."""

@@ -32,17 +32,27 @@ LENGTH = 50
 
 
 class Opens:
-    """Counts the entries a saver reads whole (``Scratchpad.get``) and the key derivations."""
+    """Counts the entries a saver reads whole (``Scratchpad.get``, and a turn's newest
+    entry read whole: ``_steps.newest_entry``) and the key derivations."""
 
     def __init__(self, pad: Scratchpad, monkeypatch: pytest.MonkeyPatch) -> None:
+        from securepad.integrations import _saver_records
+
         self.count = 0
         real = pad.get
+        real_newest = _saver_records.newest_entry
 
         def get(*args: Any, **kwargs: Any) -> Any:
             self.count += 1
             return real(*args, **kwargs)
 
+        def newest_entry(*args: Any, **kwargs: Any) -> Any:
+            found = real_newest(*args, **kwargs)
+            self.count += found is not None
+            return found
+
         monkeypatch.setattr(pad, "get", get)
+        monkeypatch.setattr(_saver_records, "newest_entry", newest_entry)
         self.derivations = 0
 
     def __enter__(self) -> Opens:
@@ -138,7 +148,8 @@ def test_a_thread_of_small_checkpoints_is_read_from_its_listing(
         found = list(saver.list(config("tiny"), filter={"run_id": "run-1"}))
     assert latest is not None and latest.checkpoint["channel_values"]["step"] == 19
     assert [t.metadata["step"] for t in found] == [16, 11, 6, 1]
-    assert opens.count == 0
+    # The latest is the thread's newest entry, read whole alone; the listing brings the rest.
+    assert opens.count == 1
 
 
 @pytest.mark.parametrize("thread_id", ["cut-early", "t" * 2000])
@@ -146,7 +157,8 @@ def test_views_cut_before_the_fields_that_choose_are_read_whole(
     store_location: Any, keyring: Keyring, alice: Principal, monkeypatch: pytest.MonkeyPatch, thread_id: str
 ) -> None:
     """A policy whose views hold almost nothing (or a thread id longer than a
-    view): every checkpoint is read whole to choose, and every call still answers."""
+    view): the latest is the newest entry, read whole; every other checkpoint is
+    read whole to choose; and every call still answers."""
     from securepad.integrations.langgraph import SecurepadSaver
 
     narrow = dataclasses.replace(Policy.default(), inline_max_chars=200)
@@ -159,7 +171,11 @@ def test_views_cut_before_the_fields_that_choose_are_read_whole(
             latest = saver.get_tuple(config(thread_id))
         assert latest is not None and latest.metadata["step"] == 5
         assert latest.pending_writes == [("task-1", "note", "n")]
-        assert opens.count >= 6
+        # The newest checkpoint and the write entry whose view was cut.
+        assert opens.count == 2
+        with opens:
+            middle = saver.get_tuple(configs[2])
+        assert middle is not None and middle.metadata["step"] == 2 and opens.count >= 4
         assert [t.metadata["step"] for t in saver.list(config(thread_id), filter={"run_id": "run-2"})] == [2]
         saver.delete_for_runs(["run-1"])
         assert [t.metadata["step"] for t in saver.list(config(thread_id))] == [5, 4, 3, 2, 0]
@@ -205,8 +221,9 @@ def test_a_thread_written_before_reads_back_opening_only_what_it_returns(
     assert latest.metadata == expected["metadata"]
     assert latest.checkpoint["channel_values"] == {**expected["channel_values"], "big": "B" * 40_000}
     assert [list(w) for w in latest.pending_writes or []] == expected["pending_writes"]
-    # The checkpoint, its big value and its one big write entry, of a thread of 12 (+2 in a subgraph).
-    assert opens.count == 3
+    # The checkpoint, its big value and its one big write entry, of a thread of 12 (+2 in a
+    # subgraph, the newest of which is read whole first: the latest is chosen on the views then).
+    assert opens.count == 4
     everything = old_saver.list({"configurable": {"thread_id": thread_id}})
     listed = [[t.config["configurable"]["checkpoint_ns"], t.checkpoint["id"]] for t in everything]
     assert listed == OLD["listed"]
