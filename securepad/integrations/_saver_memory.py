@@ -41,6 +41,8 @@ class Stored:
     meta: dict[str, Any]
     whole: bool = True
     step_num: int = 0
+    # What the entry holds, when it was read whole with it (``SaverRecords.newest``).
+    data: bytes | None = None
 
 
 # (channel, version) -> the entry of the channel's value, or None when the value was inline.

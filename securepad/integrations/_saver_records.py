@@ -219,6 +219,8 @@ class SaverRecords:
         """An entry's whole sealed metadata and what it holds: in its sealed
         metadata when small (when the listing brought that whole, nothing is
         read), else its content."""
+        if stored.data is not None:
+            return stored.meta, stored.data
         if stored.whole and "data" in stored.meta:
             return stored.meta, base64.b64decode(stored.meta["data"])
         meta, content = self.content(principal, stored.scratchpad_id, what)
@@ -272,9 +274,8 @@ class SaverRecords:
         if entry.executor_name != executor or meta.get("format") != FORMAT:
             raise IntegrityError(f"an entry in the saver's turn {turn} is not one of its {executor} entries")
         expect(meta, **expected)
-        if "data" not in meta:
-            meta = {**meta, "data": base64.b64encode(observation["content"]).decode("ascii")}
-        return Stored(entry.scratchpad_id, float(entry.expires_at), meta, True, int(entry.step_num))
+        data = base64.b64decode(meta["data"]) if "data" in meta else observation["content"]
+        return Stored(entry.scratchpad_id, float(entry.expires_at), meta, True, int(entry.step_num), data)
 
     def writes(self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str) -> list[Stored]:
         """The live pending-write entries of a checkpoint, their sealed metadata checked."""

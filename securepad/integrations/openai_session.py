@@ -203,6 +203,8 @@ class SecurepadSession(SessionABC):
             guess = None if self._last_step is None else self._last_step + 1
             view = put_next(self.pad, self.principal, turn, _ITEM, observation, self.ttl_seconds, guess=guess)
             self._last_step = int(view["step_num"])
+            # The keyed turn holds an item now: a former turn never shadows it (``keyed_or_former``).
+            self._keyed = self._keyed or turn == self._keyed_turn
 
     def _pop_item(self) -> Any:
         with self._lock:
