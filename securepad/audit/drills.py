@@ -59,10 +59,12 @@ def entry_columns(path: Path) -> tuple[str, ...]:
         return tuple(str(row[1]) for row in conn.execute("PRAGMA table_info(entries)").fetchall())
 
 
-def _column(path: Path, name: str) -> str:
-    if name not in entry_columns(path):
-        raise ValueError(f"entries has no column {name!r}")
-    return name
+def _known(path: Path, names: Iterable[str]) -> list[str]:
+    """``names``, each a column of ``entries`` in this file. Raises ValueError: one is not."""
+    columns, names = entry_columns(path), list(names)
+    if unknown := [name for name in names if name not in columns]:
+        raise ValueError(f"entries has no column {unknown[0]!r}")
+    return names
 
 
 def clone(src: Path, dest: Path) -> None:
@@ -101,7 +103,7 @@ def entry_row(path: Path, entry_id: str) -> tuple[dict[str, Any], list[bytes]]:
 def restore_entry(path: Path, row: dict[str, Any], segments: list[bytes] | None = None) -> None:
     """Write ``row`` back over the entry with its id (and, given them, its segments):
     a rollback to an older state taken with ``entry_row``."""
-    columns = [_column(path, c) for c in row]
+    columns = _known(path, row)
     statements: list[tuple[str, tuple[Any, ...]]] = [
         ("DELETE FROM entries WHERE id = ?", (row["id"],)),
         (f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", tuple(row.values())),
@@ -152,12 +154,12 @@ def move_entry_to_owner(path: Path, entry_id: str, owner_user_id: str) -> None:
 
 def set_column(path: Path, entry_id: str, column: str, value: object) -> None:
     """Overwrite one clear column of an entry's row."""
-    _edit(path, [(f"UPDATE entries SET {_column(path, column)} = ? WHERE id = ?", (value, entry_id))])
+    _edit(path, [(f"UPDATE entries SET {_known(path, [column])[0]} = ? WHERE id = ?", (value, entry_id))])
 
 
 def copy_entry_columns(path: Path, src_id: str, dest_id: str, columns: Iterable[str]) -> None:
     """Copy columns (say ``wrapped_key``: an item key) from one entry's row onto another's."""
-    names = [_column(path, c) for c in columns]
+    names = _known(path, columns)
     assignments = ", ".join(f"{c} = (SELECT {c} FROM entries WHERE id = ?)" for c in names)
     _edit(path, [(f"UPDATE entries SET {assignments} WHERE id = ?", (*([src_id] * len(names)), dest_id))])
 

@@ -51,9 +51,6 @@ _ARN = re.compile(
 # What a malformed URI may show of itself: ARN characters only (no '@', '+', '=').
 _SHOWABLE = re.compile(r"[A-Za-z0-9:/_.-]{1,300}")
 
-# DescribeKey -> describe_key
-_SNAKE_CASE = re.compile(r"(?<!^)(?=[A-Z])")
-
 # A wrapped key: this format byte, the key's tag (``_tag``), KMS's ciphertext blob.
 _FORMAT = b"\x01"
 _TAG_BYTES = 8
@@ -215,7 +212,10 @@ class AwsKmsSource(MasterKeySource):
         return dict(self._call("attributes", "DescribeKey", KeyId=self._arn)["KeyMetadata"])
 
     def _call(self, counted: str, call: str, **params: Any) -> dict[str, Any]:
-        method = getattr(self._client(), _SNAKE_CASE.sub("_", call).lower())
+        client = self._client()
+        from botocore import xform_name  # DescribeKey -> describe_key
+
+        method = getattr(client, xform_name(call))
         self.calls.add(counted)
         try:
             return dict(method(**params))

@@ -163,7 +163,3 @@ class Pkcs11Source(MasterKeySource):
             f"PIN file {path} is the current user's, mode {mode:04o}",
             f"PIN file {path} (uid {info.st_uid}, mode {mode:04o}) may be read by others: chmod 600 it",
         )
-
-    def close(self) -> None:
-        """Forget the key's handle; the token's session stays the process's."""
-        self._link.forget_key()

@@ -105,9 +105,6 @@ class MasterKeySource(abc.ABC):
     def inspect(self) -> list[SourceCheck]:
         """What the audit checks of this source (its key's attributes, no secret in the URI)."""
 
-    def close(self) -> None:  # noqa: B027 - a source without a session has nothing to release
-        """Release the session or client. Idempotent."""
-
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.shown_uri}>"
 
