@@ -71,18 +71,17 @@ class MasterKeySource(abc.ABC):
     Every method but ``from_uri`` and ``shown_uri`` may raise a ``KeySourceError`` subclass."""
 
     scheme: ClassVar[str]
-    calls: CallCounter
+
+    def __init__(self, shown_uri: str) -> None:
+        #: The URI without its secrets: what errors, logs, reports and ``repr`` show.
+        self.shown_uri = shown_uri
+        self.calls = CallCounter()
 
     @classmethod
     @abc.abstractmethod
     def from_uri(cls, uri: str, *, environ: Mapping[str, str] | None = None) -> MasterKeySource:
         """The source ``uri`` names, parsed only (no I/O).
         Raises KeySourceUriError: the URI is malformed or has an unknown or missing attribute."""
-
-    @property
-    @abc.abstractmethod
-    def shown_uri(self) -> str:
-        """The URI without its secrets: what errors, logs, reports and ``repr`` show."""
 
     @abc.abstractmethod
     def prepare(self, *, create: bool = False) -> None:
