@@ -104,6 +104,9 @@ class MasterKeySource(abc.ABC):
     def inspect(self) -> list[SourceCheck]:
         """What the audit checks of this source (its key's attributes, no secret in the URI)."""
 
+    def close(self) -> None:  # noqa: B027 - a source without a session of its own has nothing to release
+        """Release what the source holds of its own (a token's session is the process's). Idempotent."""
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.shown_uri}>"
 
