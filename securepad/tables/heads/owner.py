@@ -30,7 +30,7 @@ from typing import Any
 
 from ...crypto.primitives import Wrapper, head_aad
 from ...errors import IntegrityError
-from ...keys.keystore import Keystore
+from ...keys.keystore import Keystore, LRUCache
 from ...storage.base import Backend, Conn, Params, Rows
 from . import reading
 from .reading import ONCE_SQL, OWNER_HEAD, USAGE_HEAD
@@ -150,6 +150,10 @@ def once_sql(
     )
 
 
+# Owner heads kept opened (``OwnerHeads.owner_turns``): one per owner in use is enough.
+_OWNER_HEADS_KEPT = 64
+
+
 def owner_body(turns: set[str], created: int | None) -> bytes:
     """An owner head's body: the owner's turns and its turn counter (None: from before the counter)."""
     body: dict[str, Any] = {"t": sorted(turns)}
@@ -201,6 +205,10 @@ class OwnerHeads:
         # through ``write_bodies``; a put in one message records its own. A write whose stored head
         # is the one recorded edits the recorded tally (``edited_tally``) rather than opening the head.
         self.last = LastSealed()
+        # (owner, key version, sealed bytes) -> what that owner head lists (``owner_turns``).
+        self._owner_heads: LRUCache[tuple[str, int, bytes], tuple[frozenset[str], int | None]] = LRUCache(
+            _OWNER_HEADS_KEPT
+        )
 
     def open_body(self, row: dict[str, Any], owner: str, turn_id: str) -> bytes:
         """A head's body, opened; raises IntegrityError when it fails authentication."""
@@ -213,6 +221,25 @@ class OwnerHeads:
 
     def owner_turns(self, row: dict[str, Any], owner: str) -> tuple[set[str], int | None]:
         """The turns an owner head lists, and its turn counter (None: from before it)."""
+        turns, created = self._owner_listing(row, owner)
+        return set(turns), created
+
+    def _owner_listing(self, row: dict[str, Any], owner: str) -> tuple[frozenset[str], int | None]:
+        """``owner_turns``, the owner heads opened lately kept by their sealed bytes: an
+        owner head lists every turn of its owner, and each read of an absent turn and
+        each write of a new one opens it. Bytes that opened under the owner's key
+        version open to the same body again; the clear fields and the key are checked
+        at each call, as ``open_body`` checks them."""
+        version = row["key_version"]
+        if not isinstance(version, int) or isinstance(version, bool) or row["turn_id"] != OWNER_HEAD:
+            raise IntegrityError("a turn head's clear fields are malformed")
+        if row["owner_user_id"] != owner:
+            raise IntegrityError("a turn head belongs to another owner")
+        key = (owner, version, bytes(row["sealed"]))
+        found = self._owner_heads.get(key)
+        if found is not None:
+            self._keys.owner_wrapper(owner, version)  # the key version must still be the owner's
+            return found
         try:
             body = json.loads(self.open_body(row, owner, OWNER_HEAD))
             turns, created = body["t"], body.get("c")
@@ -221,7 +248,8 @@ class OwnerHeads:
                 and all(isinstance(turn, str) for turn in turns)
                 and (created is None or _natural(created))
             ):
-                return set(turns), created
+                found = self._owner_heads[key] = (frozenset(turns), created)
+                return found
         except (ValueError, KeyError, TypeError, AttributeError):
             pass
         raise IntegrityError("an owner head is malformed")
@@ -238,7 +266,7 @@ class OwnerHeads:
         """
         if turn_id in by_turn:
             return self.tally(by_turn[turn_id], owner, turn_id)
-        if OWNER_HEAD in by_turn and turn_id in self.owner_turns(by_turn[OWNER_HEAD], owner)[0]:
+        if OWNER_HEAD in by_turn and turn_id in self._owner_listing(by_turn[OWNER_HEAD], owner)[0]:
             raise IntegrityError(f"turn {turn_id!r} lost its head: the turn was removed from the store")
         return Tally()
 
