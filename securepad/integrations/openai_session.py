@@ -26,6 +26,7 @@ import hashlib
 import itertools
 import json
 import threading
+import weakref
 from typing import Any
 
 from agents.items import TResponseInputItem
@@ -45,6 +46,12 @@ _ITEM = "openai.session_item"
 # sealed metadata, so that listing the session brings them (no read per item).
 META_ITEM_CHARS = 4 * 1024
 _FORMAT = 1
+# Per open store, the keyed session turns found holding items, by the principal's scope (what
+# a principal finds depends on it): a former turn never shadows one (``keyed_or_former``),
+# so a session object made for each request skips looking again.
+_KEYED: weakref.WeakKeyDictionary[Scratchpad, set[tuple[Any, ...]]] = weakref.WeakKeyDictionary()
+_KEYED_LOCK = threading.Lock()
+_KEYED_KEPT = 4096
 
 
 class SecurepadSession(SessionABC):
@@ -104,10 +111,27 @@ class SecurepadSession(SessionABC):
         Raises:
             IntegrityError: a turn's newest item is not the one its head recorded.
         """
-        if self._keyed:
+        if self._keyed or self._known_keyed():
+            self._keyed = True
             return self._keyed_turn
-        turn, self._keyed = keyed_or_former(self.pad, self.principal, self._keyed_turn, self._former_turn)
+        turn, keyed = keyed_or_former(self.pad, self.principal, self._keyed_turn, self._former_turn)
+        if keyed:
+            self._found_keyed()
         return turn
+
+    def _scoped(self) -> tuple[Any, ...]:
+        return (*self.pad.policy.scope_columns(self.principal), self._keyed_turn)
+
+    def _known_keyed(self) -> bool:
+        return self._scoped() in _KEYED.get(self.pad, ())
+
+    def _found_keyed(self) -> None:
+        self._keyed = True
+        with _KEYED_LOCK:
+            known = _KEYED.setdefault(self.pad, set())
+            if len(known) >= _KEYED_KEPT:
+                known.clear()
+            known.add(self._scoped())
 
     # -- the SDK's protocol (async: the store's calls run in a worker thread) -------
 
@@ -203,8 +227,8 @@ class SecurepadSession(SessionABC):
             guess = None if self._last_step is None else self._last_step + 1
             view = put_next(self.pad, self.principal, turn, _ITEM, observation, self.ttl_seconds, guess=guess)
             self._last_step = int(view["step_num"])
-            # The keyed turn holds an item now: a former turn never shadows it (``keyed_or_former``).
-            self._keyed = self._keyed or turn == self._keyed_turn
+            if not self._keyed and turn == self._keyed_turn:  # it holds an item now
+                self._found_keyed()
 
     def _pop_item(self) -> Any:
         with self._lock:
