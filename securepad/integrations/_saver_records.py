@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -108,6 +109,23 @@ def expect(meta: Mapping[str, Any], **fields: Any) -> None:
             raise IntegrityError(f"a stored entry's sealed {name} does not match where it was found")
 
 
+# Per open store, the lock its savers' writes take (``writer_lock``).
+_WRITERS: weakref.WeakKeyDictionary[Scratchpad, threading.Lock] = weakref.WeakKeyDictionary()
+_WRITERS_LOCK = threading.Lock()
+
+
+def writer_lock(pad: Scratchpad) -> threading.Lock:
+    """The lock every saver's writes into ``pad`` take in this process. SQLite has one
+    writer at a time: LangGraph puts a step's checkpoint and writes from several
+    threads (a connection each), which would otherwise meet on the write lock and
+    retry after sleeps (``BusyHandler``) where a lock hands over at once."""
+    with _WRITERS_LOCK:
+        found = _WRITERS.get(pad)
+        if found is None:
+            found = _WRITERS[pad] = threading.Lock()
+        return found
+
+
 class SaverRecords:
     """Checkpoint, write and value entries of one ``Scratchpad``, for any owner.
 
@@ -123,6 +141,8 @@ class SaverRecords:
         self.clock = clock
         # What the saver remembers between calls (turn names, steps, values, writes).
         self.memory = SaverMemory(pad, ttl_seconds)
+        # One of this process's writes into the store at a time (``writing``).
+        self.writing = writer_lock(pad)
 
     # -- where each record lives ----------------------------------------------------
 
@@ -334,9 +354,10 @@ class SaverRecords:
         view. ``newest``: the turn's newest step as the caller just listed it
         (0: empty), else the step this saver's last put in the turn took, is the guess."""
         last = self.memory.last_step(principal, turn) if newest is None else newest
-        view = put_next(
-            self.pad, principal, turn, executor, observation, ttl, now=now, guess=None if last is None else last + 1
-        )
+        with self.writing:
+            view = put_next(
+                self.pad, principal, turn, executor, observation, ttl, now=now, guess=None if last is None else last + 1
+            )
         self.memory.took_step(principal, turn, int(view["step_num"]))
         return view
 
@@ -387,14 +408,15 @@ class SaverRecords:
         if stored.expires_at - now >= self.ttl_seconds / 2:
             return stored
         turn = self.turn(principal, "value", thread_id, ns, channel, version)
-        self.pad.extend_turn(principal, turn, self.ttl_seconds, now=now)
+        with self.writing:
+            self.pad.extend_turn(principal, turn, self.ttl_seconds, now=now)
         return Stored(stored.scratchpad_id, now + self.ttl_seconds, stored.meta)
 
     # -- deleting ------------------------------------------------------------------
 
     def delete(self, principal: Principal, scratchpad_id: str) -> None:
         """Delete an entry; gone already (expired and collected, or deleted by another call) is fine."""
-        with contextlib.suppress(NotFoundError):
+        with self.writing, contextlib.suppress(NotFoundError):
             self.pad.delete(principal, scratchpad_id)
 
     def drop(self, principal: Principal, thread_id: str, doomed: list[Stored], kept: list[Stored]) -> None:
@@ -486,7 +508,8 @@ class ThreadList:
             self.records.put(principal, turn, THREAD, entry, ttl, now)
             expires = now + ttl
         elif expires - now < ttl / 2:
-            self.records.pad.extend_turn(principal, turn, ttl, now=now)
+            with self.records.writing:
+                self.records.pad.extend_turn(principal, turn, ttl, now=now)
             with self._lock:
                 for tid in known:
                     known[tid] = max(known[tid], now + ttl)
