@@ -31,15 +31,14 @@ from .workloads import WORKLOADS
 RUNNABLE: dict[str, type[Backend]] = {**BACKENDS, SealedFloorBackend.name: SealedFloorBackend}
 
 
-def parse_names(field: str, given: str) -> list[str]:
-    """The comma-separated backends, workloads or operations of ``given``.
+def parse_names(field: str, given: str | None) -> list[str]:
+    """The comma-separated backends, workloads or operations of ``given`` (None: the default ones).
     Raises ValueError: an unknown name (the message lists the known ones)."""
-    if field == "operations":
-        from .instructions import OPERATIONS
+    from .instructions import OPERATIONS
 
-        known: Sequence[str] | dict[str, Any] = OPERATIONS
-    else:
-        known = RUNNABLE if field == "backends" else WORKLOADS
+    known = {"operations": OPERATIONS, "backends": RUNNABLE, "workloads": WORKLOADS}[field]
+    if not given:
+        return list(BACKENDS if field == "backends" else known)
     chosen = [x.strip() for x in given.split(",") if x.strip()]
     unknown = [x for x in chosen if x not in known]
     if unknown:
@@ -61,23 +60,17 @@ def main(
     show_tables: bool = False,
 ) -> int:
     """Run the suite, print its summary and write ``<out>/<mode>.json`` (and ``.png``)."""
-    config = Config.quick() if quick or tiny else Config.full()
-    if tiny:
-        config = config.tiny()
-    console = Console()
+    config = Config().tiny() if tiny else Config().quick() if quick else Config()
     results = run(config, backends, workloads, workdir=workdir, progress=progress)
     out.mkdir(parents=True, exist_ok=True)
-    json_path = out / f"{config.mode}.json"
-    png_path = out / f"{config.mode}.png"
+    json_path, png_path = out / f"{config.mode}.json", out / f"{config.mode}.png"
     written = [json_path]
-    results["meta"]["chart"] = None
-    if chart:
-        skipped = report.chart(results, png_path)
-        if skipped:
-            console.print(f"chart skipped: {skipped}", markup=False, highlight=False)
-        else:
-            results["meta"]["chart"] = png_path.name
-            written.append(png_path)
+    skipped = report.chart(results, png_path) if chart else None
+    results["meta"]["chart"] = png_path.name if chart and not skipped else None
+    if skipped:
+        Console().print(f"chart skipped: {skipped}", markup=False, highlight=False)
+    elif chart:
+        written.append(png_path)
     report.write_json(results, json_path)
     print(_text(results, [str(p) for p in written], show_targets, show_tables), end="")
     return 1 if results["failures"] else 0
@@ -227,8 +220,7 @@ def machine(workdir: Path, scaling_seconds: float = 0.5) -> dict[str, Any]:
 
 
 def _proc_field(path: str, name: str) -> str | None:
-    lines = _lines(path)
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(name)), None)
+    return next((line.split(":", 1)[1].strip() for line in _lines(path) if line.startswith(name)), None)
 
 
 def _lines(path: str) -> list[str]:
@@ -244,16 +236,10 @@ _SPIN = "import sys, time\nt=time.perf_counter()\nn=0\nwhile time.perf_counter()
 def _cpu_scaling(seconds: float) -> float | None:
     """Work of two CPU-bound processes at once over one alone, each spinning for
     ``seconds``: 2.0 on two free cores."""
+    spin = [sys.executable, "-P", "-c", _SPIN, str(seconds)]
     try:
-        alone = int(
-            subprocess.run(
-                [sys.executable, "-P", "-c", _SPIN, str(seconds)], capture_output=True, text=True, check=True
-            ).stdout
-        )
-        pair = [
-            subprocess.Popen([sys.executable, "-P", "-c", _SPIN, str(seconds)], stdout=subprocess.PIPE, text=True)
-            for _ in range(2)
-        ]
+        alone = int(subprocess.run(spin, capture_output=True, text=True, check=True).stdout)
+        pair = [subprocess.Popen(spin, stdout=subprocess.PIPE, text=True) for _ in range(2)]
         together = sum(int(p.communicate()[0]) for p in pair)
     except (OSError, ValueError, subprocess.SubprocessError):
         return None
