@@ -108,15 +108,7 @@ def _decode(raw: bytes, kind: str) -> Any:
 )
 @click.option("--ttl", "ttl_seconds", type=int, default=None, help="Seconds until it expires (policy default).")
 @click.argument("source", type=click.File("rb"), default="-")
-def put(
-    principal: Principal,
-    turn: str,
-    step_num: int,
-    executor_name: str,
-    kind: str,
-    ttl_seconds: int | None,
-    source: Any,
-) -> None:
+def put(principal: Principal, turn: str, kind: str, source: Any, **entry: Any) -> None:
     """Store an observation read from SOURCE (a file, or - for standard input).
 
     A step of a turn holds one live entry: a step already recorded is refused.
@@ -128,7 +120,7 @@ def put(
     if kind != "json" and isinstance(name, str) and name not in ("-", "<stdin>"):
         observation = {"content": observation, "metadata": {"source": Path(name).name}}
     with current_state().open() as pad:
-        view = pad.put(principal, turn, step_num, executor_name, observation, ttl_seconds)
+        view = pad.put(principal, turn, observation=observation, **entry)
 
     def render(v: dict[str, Any]) -> None:
         where = f"step {v['step_num']} of turn {turn}"

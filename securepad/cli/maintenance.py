@@ -312,20 +312,14 @@ def keys() -> None:
     " until then); without --new-key-file, a new key is made for it. Refused unless the key file is recorded"
     " to open this store alone.",
 )
-def rotate_master(
-    new_key_file: Path | None,
-    new_master_key_env: str | None,
-    new_passphrase_env: str | None,
-    new_master_key_uri: str | None,
-    install: bool,
-) -> None:
+def rotate_master(install: bool, **sources: Any) -> None:
     """Re-wrap every owner key under a new master key (from exactly one source).
 
     Afterwards only the new key opens the store: --install puts a new key file in
     place of the current one (only when that file opens this store alone);
     otherwise the command says what to change."""
     state = current_state()
-    new = _new_source(new_key_file, new_master_key_env, new_passphrase_env, new_master_key_uri, install)
+    new, new_key_file = _new_source(sources, install), sources["new_key_file"]
     current = state.keyring()  # the source only: open() checks the key
     if install and current.key_file is None:
         raise click.UsageError("--install replaces the current key file, but this store's key is not from a file")
@@ -366,28 +360,23 @@ def rotate_master(
         print_note(f"next: {report['next']}", "bold")
 
 
-def _new_source(
-    key_file: Path | None,
-    master_key_env: str | None,
-    passphrase_env: str | None,
-    master_key_uri: str | None,
-    install: bool,
-) -> State:
-    """The new master key's source (its key file is set once it is known): exactly
-    one source; ``--install`` only with a key file (or none).
+def _new_source(sources: dict[str, Any], install: bool) -> State:
+    """The new master key's source (its key file is set once it is known) of the
+    ``--new-*`` options: exactly one source; ``--install`` only with a key file (or none).
 
     Raises:
         click.UsageError: the options do not name one source.
     """
-    chosen = [o for o in (key_file, master_key_env, passphrase_env, master_key_uri) if o]
+    chosen = [name for name, value in sources.items() if value]
     if len(chosen) > 1 or (not chosen and not install):
         raise click.UsageError(
             "give exactly one of --new-key-file, --new-master-key-env, --new-passphrase-env, --new-master-key-uri"
         )
-    if install and (master_key_env or passphrase_env or master_key_uri):
+    if install and chosen and chosen != ["new_key_file"]:
         raise click.UsageError("--install installs a key file: use it with --new-key-file or alone")
     new = State()
-    new.master_key_env, new.passphrase_env, new.master_key_uri = master_key_env, passphrase_env, master_key_uri
+    new.master_key_env, new.passphrase_env = sources["new_master_key_env"], sources["new_passphrase_env"]
+    new.master_key_uri = sources["new_master_key_uri"]
     return new
 
 
