@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -11,14 +12,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from . import report
@@ -27,6 +28,8 @@ from .config import Config
 from .floor import SealedFloorBackend
 from .workloads import WORKLOADS
 
+Records = list[dict[str, Any]]
+Step = Callable[[str, str], None]  # (backend, what it does now)
 # The default backends, and the sealed floor, run only when named.
 RUNNABLE: dict[str, type[Backend]] = {**BACKENDS, SealedFloorBackend.name: SealedFloorBackend}
 
@@ -90,12 +93,7 @@ def _text(results: dict[str, Any], written: list[str], show_targets: bool, show_
 
 
 def run(
-    config: Config,
-    backends: Sequence[str],
-    workloads: Sequence[str],
-    *,
-    workdir: Path | None = None,
-    progress: bool = True,
+    config: Config, backends: Sequence[str], workloads: Sequence[str], *, workdir: Path | None, progress: bool
 ) -> dict[str, Any]:
     err = Console(stderr=True)
     started = time.time()
@@ -134,9 +132,14 @@ def run(
         with bar:
             task = bar.add_task("benchmarks", total=total)
             for workload in workloads:
-                results["workloads"][workload] = _interleaved(
-                    workload, config, available, scratch, bar, task, results["failures"], err
-                )
+                started_at = bar.tasks[task].completed
+
+                def step(name: str, what: str, workload: str = workload) -> None:
+                    bar.update(task, description=f"{workload:<10} {name:<10} {what}", advance=1)
+
+                found = _interleaved(workload, config, available, scratch, step, results["failures"])
+                results["workloads"][workload] = found
+                bar.update(task, completed=started_at + WORKLOADS[workload][1](config) * len(available))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     results["targets"] = report.targets(results)
@@ -146,28 +149,12 @@ def run(
 
 
 def _interleaved(
-    workload: str,
-    config: Config,
-    names: Sequence[str],
-    scratch: Path,
-    bar: Progress,
-    task: TaskID,
-    failures: list[dict[str, Any]],
-    err: Console,
-) -> list[dict[str, Any]]:
+    workload: str, config: Config, names: list[str], scratch: Path, step: Step, failures: Records
+) -> Records:
     """Run one workload case by case on every backend back to back, so that a figure and
     its baseline share the machine's state; a backend that fails drops out of this workload."""
-    run, steps = WORKLOADS[workload]
-    started = bar.tasks[task].completed
-    cases: dict[str, Iterator[list[dict[str, Any]]]] = {}
-    for name in names:
-
-        def step(what: str, name: str = name) -> None:
-            bar.update(task, description=f"{workload:<10} {name:<10} {what}")
-            bar.advance(task)
-
-        cases[name] = run(config, name, scratch, step)
-    records: list[dict[str, Any]] = []
+    cases = {name: WORKLOADS[workload][0](config, name, scratch, functools.partial(step, name)) for name in names}
+    records: Records = []
     while cases:
         for name, pending in list(cases.items()):
             try:
@@ -177,8 +164,9 @@ def _interleaved(
             except Exception as exc:  # one broken backend must not cost the whole run
                 del cases[name]
                 failures.append({"workload": workload, "backend": name, "error": f"{type(exc).__name__}: {exc}"})
-                err.print(f"[red]failed:[/red] {workload} on {name}: {type(exc).__name__}: {exc}", highlight=False)
-    bar.update(task, completed=started + steps(config) * len(names))
+                Console(stderr=True).print(
+                    f"[red]failed:[/red] {workload} on {name}: {type(exc).__name__}: {exc}", highlight=False
+                )
     order = {name: i for i, name in enumerate(names)}
     return sorted(records, key=lambda r: order[r["backend"]])  # stable: each backend's cases stay in order
 

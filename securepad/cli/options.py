@@ -75,7 +75,6 @@ class State:
 
     def __init__(self) -> None:
         self.db: str | Path = default_db_path()
-        self._key_file: Path | None = None  # None: Keyring.default_key_file(), looked up when read
         self.master_key_env: str | None = None
         self.passphrase_env: str | None = None
         self.master_key_uri: str | None = None
@@ -87,18 +86,12 @@ class State:
         # The key sources given on the command line (the environment's key file yields to them).
         self.key_options: set[str] = set()
 
-    @property
+    @functools.cached_property
     def key_file(self) -> Path:
-        """The master key file: ``--key-file`` (or its variable), else the default."""
-        if self._key_file is None:
-            from .. import Keyring
+        """The master key file: ``--key-file`` (or its variable, set over this), else the default."""
+        from .. import Keyring
 
-            self._key_file = Keyring.default_key_file()
-        return self._key_file
-
-    @key_file.setter
-    def key_file(self, path: Path) -> None:
-        self._key_file = path
+        return Keyring.default_key_file()
 
     # -- the store and its key ---------------------------------------------------------
     # A SQLite store is its file: whether it is there and where it is need no more
