@@ -244,8 +244,11 @@ def measure(
         found = _measured(spec, workdir, callgrind=method == "callgrind")
         figures = results["figures"][name] = {}
         for op in chosen:
-            (seconds_n, ir_n), (seconds_2n, ir_2n), n = found[(op, "N")], found[(op, "2N")], counts[op]
-            per = (seconds_n + seconds_2n) / (3 * n) * 1e6 if ir_n is None or ir_2n is None else (ir_2n - ir_n) / n
+            (seconds_n, ir_n), (seconds_2n, ir_2n) = found[(op, "N")], found[(op, "2N")]
+            if ir_n is not None and ir_2n is not None:
+                per = (ir_2n - ir_n) / counts[op]
+            else:
+                per = (seconds_n + seconds_2n) / (3 * counts[op]) * 1e6
             figures[op] = per / BATCH if op == "put_many" else per
         if "anchor_sync" in figures:
             figures["anchor_sync"] -= figures["put"]

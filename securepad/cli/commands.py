@@ -14,7 +14,17 @@ import click
 
 from .. import SCRATCHPAD_READ_TOOL, InvalidArgumentError, Principal, SecurepadError
 from .options import SecurepadSubgroup, command, confirmed, current_state, emit, global_options
-from .output import console, for_terminal, plain, print_json, print_line, print_note, to_json, write_new_file
+from .output import (
+    console,
+    for_terminal,
+    plain,
+    print_json,
+    print_line,
+    print_note,
+    print_styled,
+    to_json,
+    write_new_file,
+)
 
 __all__ = ["delete", "get", "init", "list_", "mcp", "put", "read", "turn_group"]
 
@@ -306,18 +316,12 @@ def turn_show(principal: Principal, turn: str) -> None:
         steps = pad.turn(principal, turn).steps()
 
     def render(items: list[dict[str, Any]]) -> None:
-        from rich.text import Text
-
         if not items:
             print_line(f"turn {turn!r} has no live steps for this owner")
         for item in items:
             where = f"offloaded as {item['scratchpad_id']}" if item["offloaded"] else "inline"
-            console().print(
-                Text.assemble(
-                    ("step ", "bold"), (str(item["step_num"]), "bold"), " ", plain(f"{item['executor_name']} ({where})")
-                ),
-                highlight=False,
-            )
+            step = ("step ", "bold"), (str(item["step_num"]), "bold")
+            print_styled(*step, " ", f"{item['executor_name']} ({where})", soft_wrap=False)
             print_json(item["shown"])
 
     emit(steps, render)

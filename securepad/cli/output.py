@@ -25,6 +25,7 @@ __all__ = [
     "print_json",
     "print_line",
     "print_note",
+    "print_styled",
     "progress",
     "to_json",
 ]
@@ -73,6 +74,15 @@ def plain(value: object) -> Text:
     from rich.text import Text
 
     return Text(for_terminal(str(value)))
+
+
+def print_styled(*parts: str | tuple[str, str], soft_wrap: bool = True) -> None:
+    """A line of ``parts`` (plain text, or text and its style) that rich never reads as markup,
+    stripped for the terminal."""
+    from rich.text import Text
+
+    spans = (for_terminal(p) if isinstance(p, str) else (for_terminal(p[0]), p[1]) for p in parts)
+    console().print(Text.assemble(*spans), highlight=False, soft_wrap=soft_wrap)
 
 
 def print_json(value: Any) -> None:
