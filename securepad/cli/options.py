@@ -403,10 +403,6 @@ def turn_option(func: F) -> F:
     return click.option("--turn", "turn_id", envvar="SECUREPAD_TURN", show_envvar=True, help=what)(wrapper)  # type: ignore[return-value]
 
 
-def yes_option(func: F) -> F:
-    return click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")(func)
-
-
 def confirmed(yes: bool, question: str) -> State:
     """The state, once the store is found and ``question`` answered yes (not asked
     with --yes); a no aborts: nothing changed, exit status 1."""
@@ -479,6 +475,7 @@ def command(
     principal's (``principal_options``), ``--turn`` and ``--yes`` when asked, in that order."""
 
     def decorate(func: Callable[..., Any]) -> SecurepadCommand:
+        yes_option = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
         for wanted, options in ((yes, yes_option), (turn, turn_option), (principal, principal_options)):
             if wanted:
                 func = options(func)
