@@ -63,10 +63,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _status_kib(field: str) -> int | None:
     try:
-        status = Path("/proc/self/status").read_text()
+        found = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
     except OSError:
         return None
-    found = re.search(rf"^{field}:\s+(\d+) kB", status, re.MULTILINE)
     return int(found.group(1)) if found else None
 
 
