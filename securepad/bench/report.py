@@ -37,17 +37,11 @@ def fmt_time(seconds: float | None) -> str:
 
 
 def fmt_rate(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value >= 100:
-        return f"{value:,.0f}"
-    return f"{value:.3g}"
+    return "-" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
 def fmt_kib(kib: int | None) -> str:
-    if kib is None:
-        return "-"
-    return f"{kib / 1024:.1f} MiB" if kib >= 1024 else f"{kib} KiB"
+    return "-" if kib is None else f"{kib / 1024:.1f} MiB" if kib >= 1024 else f"{kib} KiB"
 
 
 def _ms(seconds: float) -> str:

@@ -246,18 +246,14 @@ def _filesystem(path: Path) -> str | None:
     resolved = str(path.resolve())
     mounts = [line.split()[1:3] for line in _lines("/proc/mounts")]
     held = [(mount, fstype) for mount, fstype in mounts if resolved.startswith(mount)]
-    if not held:
-        return None
-    mount, fstype = max(held, key=lambda m: len(m[0]))
-    return f"{fstype} on {mount}"
+    longest = max(held, key=lambda m: len(m[0]), default=None)
+    return f"{longest[1]} on {longest[0]}" if longest else None
 
 
 def _git_commit() -> str | None:
-    here = Path(__file__).resolve().parent
+    command = ["git", "rev-parse", "--short", "HEAD"]
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
-        )
+        out = subprocess.run(command, cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
