@@ -14,17 +14,7 @@ import click
 
 from .. import SCRATCHPAD_READ_TOOL, InvalidArgumentError, Principal, SecurepadError
 from .options import SecurepadSubgroup, command, confirmed, current_state, emit, global_options
-from .output import (
-    console,
-    for_terminal,
-    plain,
-    print_json,
-    print_line,
-    print_note,
-    print_styled,
-    to_json,
-    write_new_file,
-)
+from .output import for_terminal, print_json, print_line, print_note, print_styled, print_table, to_json, write_new_file
 
 __all__ = ["delete", "get", "init", "list_", "mcp", "put", "read", "turn_group"]
 
@@ -291,14 +281,11 @@ def list_(principal: Principal, turn: str) -> None:
         rows = pad.list_for_turn(principal, turn)
 
     def render(entries: list[dict[str, Any]]) -> None:
-        from rich.table import Table
-
-        table = Table("step", "id", "executor", "kind", "bytes", "summary")
+        rows = []
         for e in entries:
             first_line = e["summary"].splitlines()[0][:60] if e["summary"] else ""
-            cells = (e["step_num"], e["scratchpad_id"], e["executor_name"], e["kind"], e["size_bytes"], first_line)
-            table.add_row(*map(plain, cells))
-        console().print(table)
+            rows.append((e["step_num"], e["scratchpad_id"], e["executor_name"], e["kind"], e["size_bytes"], first_line))
+        print_table(("step", "id", "executor", "kind", "bytes", "summary"), rows)
 
     emit([{k: v for k, v in e.items() if k != "view"} for e in rows], render)
 

@@ -17,7 +17,7 @@ from click.core import ParameterSource
 from .. import InvalidArgumentError, Principal, SecurepadError
 from .key_files import key_file_use, record_key_file_use
 from .options import SecurepadSubgroup, State, command, confirmed, current_state, emit, global_options
-from .output import console, for_terminal, plain, print_line, print_note, print_styled, progress, write_new_file
+from .output import for_terminal, print_line, print_note, print_styled, print_table, progress, write_new_file
 
 if TYPE_CHECKING:
     from .. import Keyring, Scratchpad
@@ -195,20 +195,15 @@ def verify() -> None:
 
 
 def _render_verify(r: dict[str, Any]) -> None:
-    from rich.table import Table
-
     counts = ", ".join(
         f"{r[k]} {k.replace('_', ' ')}" for k in ("owners", "turns", "entries", "checkpoints", "compaction_marks")
     )
     if r["ok"]:
         print_styled(("verify: no problem found", "green"))
     else:
-        table = Table("owner", "turn", "id", "what", "problem", title=plain(f"{len(r['problems'])} problems"))
-        for p in r["problems"]:
-            table.add_row(
-                *(plain("" if p[k] is None else p[k]) for k in ("owner_user_id", "turn_id", "id", "what", "problem"))
-            )
-        console().print(table)
+        columns = ("owner_user_id", "turn_id", "id", "what", "problem")
+        rows = (("" if p[k] is None else p[k] for k in columns) for p in r["problems"])
+        print_table(("owner", "turn", "id", "what", "problem"), rows, f"{len(r['problems'])} problems")
         print_styled(("verify FAILED", "bold red"))
     _print_wrapped(f"{counts}, {r['seconds']} s", 2)
 
