@@ -232,7 +232,8 @@ class _SqlBackend(Backend):
         return (self._new_id(), turn_id, step, created, created + ttl, view, text.encode("utf-8"))
 
     def put(self, turn_id: str, step: int, text: str, *, ttl: int = DEFAULT_TTL, now: float | None = None) -> str:
-        conn, row = self.conn, self._row(turn_id, step, text, time.time() if now is None else now, ttl)
+        conn = self.conn
+        row = self._row(turn_id, step, text, time.time() if now is None else now, ttl)
 
         def insert() -> Any:
             conn.execute(_INSERT, row)
@@ -258,8 +259,8 @@ class _SqlBackend(Backend):
         return history, [READ_TOOL] if history else []
 
     def fill_expired(self, count: int, size: int, now: float) -> None:
-        conn, rows = self.conn, (self._row("gc-turn", i, data.text(size, salt=i), now - 10, 1) for i in range(count))
-        self._write(lambda: conn.executemany(_INSERT, rows))
+        rows = (self._row("gc-turn", i, data.text(size, salt=i), now - 10, 1) for i in range(count))
+        self._write(lambda: self.conn.executemany(_INSERT, rows))
 
     def gc(self, now: float) -> int:
         conn = self.conn

@@ -66,7 +66,8 @@ def main(
     config = Config().tiny() if tiny else Config().quick() if quick else Config()
     results = run(config, backends, workloads, workdir=workdir, progress=progress)
     out.mkdir(parents=True, exist_ok=True)
-    json_path, png_path = out / f"{config.mode}.json", out / f"{config.mode}.png"
+    json_path = out / f"{config.mode}.json"
+    png_path = out / f"{config.mode}.png"
     written = [json_path]
     skipped = report.chart(results, png_path) if chart else None
     results["meta"]["chart"] = png_path.name if chart and not skipped else None
