@@ -398,7 +398,6 @@ LAYERS: list[tuple[str, ...]] = [
         "securepad.aio",
     ),
     ("securepad.audit", "securepad.integrations", "securepad.mcp_server"),
-    ("securepad.testing",),
     ("securepad.bench",),
     ("securepad.cli",),
     ("securepad", "securepad.__main__"),

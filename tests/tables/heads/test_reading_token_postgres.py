@@ -29,7 +29,7 @@ import pytest
 from securepad import Keyring, Principal, Scratchpad
 from securepad.errors import IntegrityError
 from securepad.store import parts
-from securepad.testing.meters import ReadMeter
+from tests.support.meters import ReadMeter
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from psycopg.rows import dict_row  # noqa: E402  (needs psycopg)
