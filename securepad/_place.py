@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ._assembly import Parts, location_of, resolve_policy, store_exists
 from ._restore import check_backup, remove_staged, replace_store, stage_copy
@@ -24,24 +25,8 @@ class Place:
     exists = staticmethod(store_exists)
     location_of = staticmethod(location_of)
 
-    if TYPE_CHECKING:  # ``Scratchpad``'s, which ``restore`` opens the backup and the store with
-
-        @classmethod
-        def open(
-            cls,
-            db_path: str | os.PathLike[str] | Any,
-            *,
-            keyring: Keyring,
-            policy: str | os.PathLike[str] | Policy | None = None,
-            anchor: str | os.PathLike[str] | bool | None = None,
-            adopt_anchor: bool = False,
-        ) -> Self: ...
-
-        def verify(self, *, now: float | None = None) -> dict[str, Any]: ...
-
-        def __enter__(self) -> Self: ...
-
-        def __exit__(self, *exc: object) -> None: ...
+    if TYPE_CHECKING:  # ``Scratchpad.open``, which ``restore`` opens the backup and the store with
+        open: ClassVar[Callable[..., Any]]
 
     @property
     def schema_upgrade(self) -> dict[str, int] | None:
