@@ -389,7 +389,6 @@ LAYERS: list[tuple[str, ...]] = [
     ("securepad.maintenance",),
     (
         "securepad._assembly",
-        "securepad._restore",
         "securepad._housekeeping",
         "securepad._place",
         "securepad.store",
