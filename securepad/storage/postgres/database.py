@@ -218,11 +218,14 @@ class PostgresDatabase:
             StoreUnavailableError: the server cannot be reached or did not answer in time.
         """
         pinned: Watch | None = getattr(self._pinned, "call", None)
-        if pinned is not None:
-            return self._in_snapshot(pinned, owner, statements)
-        batch = [self.session.settings(owner, admin), *((translate(sql), params) for sql, params in statements)]
-        call: Watch | None = None
+        # Inside this thread's ``snapshot``: on its connection (never sent again), as housekeeping with ``owner`` set.
+        settings = self.session.settings(owner, admin or pinned is not None)
+        batch = [settings, *((translate(sql), params) for sql, params in statements)]
+        call = pinned
         try:
+            if pinned is not None:
+                pinned.deadline = time.monotonic() + self.connections.call_timeout(True)
+                return [rows_of(pinned, result) for result in send(pinned, self._statements, batch, first=False)[1:]]
             for attempt in range(self.connections.pool_size + 1):
                 call = self.connections.checkout(admin)
                 try:
@@ -284,17 +287,6 @@ class PostgresDatabase:
             if call.pgconn.transaction_status == TransactionStatus.INTRANS:
                 return
         raise StoreUnavailableError("PostgreSQL did not keep the read snapshot's transaction open; try again")
-
-    def _in_snapshot(self, call: Watch, owner: str | None, statements: tuple[tuple[str, Params], ...]) -> list[Rows]:
-        """``queries`` inside this thread's ``snapshot``: on its connection, as
-        housekeeping with ``owner`` set (no retry: the snapshot is the connection's)."""
-        batch = [self.session.settings(owner, True), *((translate(sql), params) for sql, params in statements)]
-        call.deadline = time.monotonic() + self.connections.call_timeout(True)
-        try:
-            results = send(call, self._statements, batch, first=False)
-            return [rows_of(call, result) for result in results[1:]]
-        except psycopg.OperationalError as exc:
-            raise _failure(exc, call) from None
 
     def read_scope(self) -> object:
         """None: a cached read's token (``tables.heads.reading``) is the server's snapshot and digest,
