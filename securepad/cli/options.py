@@ -463,12 +463,7 @@ class SecurepadSubgroup(_GlobalOptionsLast, click.Group):
 
 
 def command(
-    group: click.Group | None = None,
-    *args: Any,
-    principal: bool = False,
-    turn: bool = False,
-    yes: bool = False,
-    **kwargs: Any,
+    group: click.Group | None = None, *, principal: bool = False, turn: bool = False, yes: bool = False, **kwargs: Any
 ) -> Callable[[Callable[..., Any]], SecurepadCommand]:
     """A subcommand (of ``group`` when given; the top-level ones are found by
     ``group.COMMAND_MODULES``) that also takes the global options, and the
@@ -479,7 +474,7 @@ def command(
         for wanted, options in ((yes, yes_option), (turn, turn_option), (principal, principal_options)):
             if wanted:
                 func = options(func)
-        made = click.command(*args, cls=SecurepadCommand, **kwargs)(global_options(func))
+        made = click.command(cls=SecurepadCommand, **kwargs)(global_options(func))
         if group is not None:
             group.add_command(made)
         return made
