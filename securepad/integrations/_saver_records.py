@@ -43,6 +43,7 @@ __all__ = [
     "expect",
     "highest",
     "keyed_turn",
+    "newest_of",
     "scope_of",
     "sealed",
     "turn_id",
@@ -124,6 +125,29 @@ def writer_lock(pad: Scratchpad) -> threading.Lock:
         if found is None:
             found = _WRITERS[pad] = threading.Lock()
         return found
+
+
+def newest_of(
+    pad: Scratchpad, principal: Principal, turn: str, executor: str, now: float, **expected: Any
+) -> Stored | None:
+    """The turn's newest live entry, whole (``_steps.newest_entry``: the turn checked
+    against its head, the newest alone opened), which must be the saver's ``executor``
+    entry with the sealed fields ``expected``; None: the turn has none."""
+    entry = newest_entry(pad, principal, turn, now=now)
+    if entry is None:
+        return None
+    observation = entry.observation
+    meta = observation.get("metadata") if isinstance(observation, dict) else None
+    if (
+        not isinstance(meta, dict)
+        or not isinstance(observation.get("content"), bytes)
+        or entry.executor_name != executor
+        or meta.get("format") != FORMAT
+    ):
+        raise IntegrityError(f"an entry in the saver's turn {turn} is not one of its {executor} entries")
+    expect(meta, **expected)
+    data = base64.b64decode(meta["data"]) if "data" in meta else observation["content"]
+    return Stored(entry.scratchpad_id, float(entry.expires_at), meta, True, int(entry.step_num), data)
 
 
 class SaverRecords:
@@ -267,7 +291,7 @@ class SaverRecords:
         made on the whole listing, by id."""
         turn = self.turn(principal, "thread", thread_id)
         if checkpoint_id is None:  # the latest: the turn's newest entry, when it is of ``ns``
-            newest = self.newest(principal, turn, CHECKPOINT, thread_id=thread_id)
+            newest = newest_of(self.pad, principal, turn, CHECKPOINT, self.clock(), thread_id=thread_id)
             if newest is None or newest.meta["ns"] == ns:
                 return newest
         for item in newest_first(self.pad, principal, turn, now=self.clock()):
@@ -279,23 +303,6 @@ class SaverRecords:
             if stored.meta["ns"] == ns and checkpoint_id in (None, stored.meta["checkpoint_id"]):
                 return stored
         return None
-
-    def newest(self, principal: Principal, turn: str, executor: str, **expected: Any) -> Stored | None:
-        """The turn's newest live entry, whole (``_steps.newest_entry``: the turn checked
-        against its head, the newest alone opened), which must be the saver's ``executor`` entry with the sealed
-        fields ``expected``; None: the turn has none."""
-        entry = newest_entry(self.pad, principal, turn, now=self.clock())
-        if entry is None:
-            return None
-        observation = entry.observation
-        if not isinstance(observation, dict) or not isinstance(observation.get("content"), bytes):
-            raise IntegrityError(f"an entry in the saver's turn {turn} is not one of its {executor} entries")
-        meta = observation.get("metadata") or {}
-        if entry.executor_name != executor or meta.get("format") != FORMAT:
-            raise IntegrityError(f"an entry in the saver's turn {turn} is not one of its {executor} entries")
-        expect(meta, **expected)
-        data = base64.b64decode(meta["data"]) if "data" in meta else observation["content"]
-        return Stored(entry.scratchpad_id, float(entry.expires_at), meta, True, int(entry.step_num), data)
 
     def writes(self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str) -> list[Stored]:
         """The live pending-write entries of a checkpoint, their sealed metadata checked."""
