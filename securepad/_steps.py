@@ -4,15 +4,40 @@ names of their turns."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
+import weakref
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 from .errors import InvalidArgumentError, StoreBusyError
 from .principal import Principal
 from .store import Entry, Scratchpad, listed, parts
 
-__all__ = ["keyed_or_former", "keyed_turn_name", "newest_entry", "newest_first", "put_next"]
+__all__ = ["keyed_or_former", "keyed_turn_name", "newest_entry", "newest_first", "put_next", "writer_lock"]
+
+
+# Per open store, the lock the integrations' writes take (``writer_lock``).
+_WRITERS: weakref.WeakKeyDictionary[Scratchpad, threading.Lock] = weakref.WeakKeyDictionary()
+_WRITERS_LOCK = threading.Lock()
+
+
+def writer_lock(pad: Scratchpad) -> AbstractContextManager[Any]:
+    """The lock the integrations' writes into ``pad`` take in this process (``put_next``
+    and the saver's deletes), on SQLite, which has one writer at a time: LangGraph puts
+    a step's checkpoint and writes from several threads, and the Agents SDK each
+    session's items from a worker thread, each with a connection of its own, which
+    would meet on the write lock and retry after sleeps (``BusyHandler``) where a lock
+    hands over at once. PostgreSQL's writers of different owners go on side by side."""
+    if parts(pad).db.dialect != "sqlite":
+        return contextlib.nullcontext()
+    with _WRITERS_LOCK:
+        found = _WRITERS.get(pad)
+        if found is None:
+            found = _WRITERS[pad] = threading.Lock()
+        return found
 
 
 def keyed_turn_name(pad: Scratchpad, principal: Principal, *ids: Any) -> str:
@@ -92,6 +117,7 @@ def put_next(
             guess = found.listings.last_step(principal, turn_id, now) + 1
         except StoreBusyError:  # only a guess: the write transaction takes the step
             guess = 1
-    return found.putter.put(
-        principal, turn_id, guess, executor_name, observation, ttl_seconds, now=now, free_step=True, next_step=True
-    )
+    with writer_lock(pad):
+        return found.putter.put(
+            principal, turn_id, guess, executor_name, observation, ttl_seconds, now=now, free_step=True, next_step=True
+        )

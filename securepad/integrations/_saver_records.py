@@ -17,11 +17,10 @@ import contextlib
 import hashlib
 import json
 import threading
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._steps import keyed_or_former, keyed_turn_name, newest_entry, newest_first, put_next
+from .._steps import keyed_or_former, keyed_turn_name, newest_entry, newest_first, put_next, writer_lock
 from ..errors import ExpiredError, IntegrityError, NotFoundError
 from ..principal import Principal
 from ..store import Scratchpad
@@ -110,23 +109,6 @@ def expect(meta: Mapping[str, Any], **fields: Any) -> None:
             raise IntegrityError(f"a stored entry's sealed {name} does not match where it was found")
 
 
-# Per open store, the lock its savers' writes take (``writer_lock``).
-_WRITERS: weakref.WeakKeyDictionary[Scratchpad, threading.Lock] = weakref.WeakKeyDictionary()
-_WRITERS_LOCK = threading.Lock()
-
-
-def writer_lock(pad: Scratchpad) -> threading.Lock:
-    """The lock every saver's writes into ``pad`` take in this process. SQLite has one
-    writer at a time: LangGraph puts a step's checkpoint and writes from several
-    threads (a connection each), which would otherwise meet on the write lock and
-    retry after sleeps (``BusyHandler``) where a lock hands over at once."""
-    with _WRITERS_LOCK:
-        found = _WRITERS.get(pad)
-        if found is None:
-            found = _WRITERS[pad] = threading.Lock()
-        return found
-
-
 def newest_of(
     pad: Scratchpad, principal: Principal, turn: str, executor: str, now: float, **expected: Any
 ) -> Stored | None:
@@ -165,7 +147,7 @@ class SaverRecords:
         self.clock = clock
         # What the saver remembers between calls (turn names, steps, values, writes).
         self.memory = SaverMemory(pad, ttl_seconds)
-        # One of this process's writes into the store at a time (``writing``).
+        # One of this process's writes into the store at a time (``_steps.writer_lock``).
         self.writing = writer_lock(pad)
 
     # -- where each record lives ----------------------------------------------------
@@ -361,10 +343,9 @@ class SaverRecords:
         view. ``newest``: the turn's newest step as the caller just listed it
         (0: empty), else the step this saver's last put in the turn took, is the guess."""
         last = self.memory.last_step(principal, turn) if newest is None else newest
-        with self.writing:
-            view = put_next(
-                self.pad, principal, turn, executor, observation, ttl, now=now, guess=None if last is None else last + 1
-            )
+        view = put_next(
+            self.pad, principal, turn, executor, observation, ttl, now=now, guess=None if last is None else last + 1
+        )
         self.memory.took_step(principal, turn, int(view["step_num"]))
         return view
 

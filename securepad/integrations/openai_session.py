@@ -48,8 +48,9 @@ META_ITEM_CHARS = 4 * 1024
 _FORMAT = 1
 # Per open store, the keyed session turns found holding items, by the principal's scope (what
 # a principal finds depends on it): a former turn never shadows one (``keyed_or_former``),
-# so a session object made for each request skips looking again.
-_KEYED: weakref.WeakKeyDictionary[Scratchpad, set[tuple[Any, ...]]] = weakref.WeakKeyDictionary()
+# so a session object made for each request skips looking again. Each with the step this
+# process's last put in it took (0: none): the next put's guess (``put_next``).
+_KEYED: weakref.WeakKeyDictionary[Scratchpad, dict[tuple[Any, ...], int]] = weakref.WeakKeyDictionary()
 _KEYED_LOCK = threading.Lock()
 _KEYED_KEPT = 4096
 
@@ -125,13 +126,13 @@ class SecurepadSession(SessionABC):
     def _known_keyed(self) -> bool:
         return self._scoped() in _KEYED.get(self.pad, ())
 
-    def _found_keyed(self) -> None:
+    def _found_keyed(self, step: int = 0) -> None:
         self._keyed = True
         with _KEYED_LOCK:
-            known = _KEYED.setdefault(self.pad, set())
+            known = _KEYED.setdefault(self.pad, {})
             if len(known) >= _KEYED_KEPT:
                 known.clear()
-            known.add(self._scoped())
+            known[self._scoped()] = max(step, known.get(self._scoped(), 0))
 
     # -- the SDK's protocol (async: the store's calls run in a worker thread) -------
 
@@ -224,11 +225,14 @@ class SecurepadSession(SessionABC):
             else:
                 observation = {"content": text, "metadata": meta}
             # The next position: above every live item's, taken by no other writer.
-            guess = None if self._last_step is None else self._last_step + 1
+            last = self._last_step
+            if last is None and turn == self._keyed_turn:
+                last = _KEYED.get(self.pad, {}).get(self._scoped()) or None
+            guess = None if last is None else last + 1
             view = put_next(self.pad, self.principal, turn, _ITEM, observation, self.ttl_seconds, guess=guess)
             self._last_step = int(view["step_num"])
-            if not self._keyed and turn == self._keyed_turn:  # it holds an item now
-                self._found_keyed()
+            if turn == self._keyed_turn:  # it holds an item now
+                self._found_keyed(self._last_step)
 
     def _pop_item(self) -> Any:
         with self._lock:
