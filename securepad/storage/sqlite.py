@@ -335,6 +335,13 @@ class Database:
         Raises StoreBusyError (lock, or the WAL pinned past ``wal_wait_ms``), StorageFullError, StoreCorruptError."""
         return _Transaction(self, wait)
 
+    def write_once(self, owner: str, turn_id: str, sql: str, params: Params) -> int | None:
+        """``OnceWriter.write_once`` here: ``sql``'s statements, in order, in one write
+        transaction (whose outcome is always known); the rows its last statement changed.
+        Raises DuplicateKeyError (a unique key: nothing written), and as ``transaction``."""
+        with self.transaction() as tx:
+            return tx.execute(sql, params)
+
     @contextmanager
     def _begun(self, conn: apsw.Connection, begin: str, mapped: tuple[type[Exception], ...]) -> Iterator[None]:
         """``begin``, then COMMIT; ROLLBACK on any exception (``mapped`` ones as typed errors)."""

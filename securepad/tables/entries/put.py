@@ -251,7 +251,11 @@ class _Put:
         if once is None:
             self.kept = (version, sealed)
             return None
-        self.keys.count_wraps_later(owner, version)  # the entry's key, sent: counted whether or not it lands
+        # The entry's key and the head's seal: on SQLite (outcome known) counted once written;
+        # elsewhere once sent, whether or not it lands.
+        known = self.putter.dialect == "sqlite"
+        if not known:
+            self.keys.count_wraps_later(owner, version, 2)
         try:
             written = db.write_once(owner, turn_id, once.sql, once.params)
         except DuplicateKeyError:
@@ -259,7 +263,9 @@ class _Put:
         except OutcomeUnknown as exc:
             raise _maybe_stored([str(row["id"])], str(exc)) from None
         if written == 1:
-            heads.last.record(owner, turn_id, once.head)
+            if known:
+                self.keys.count_wraps_later(owner, version, 2)
+            heads.written_once(owner, turn_id, once)
             return str(row["id"]), once.spare
         if written is None:
             self.landed = (once, str(row["id"]))
