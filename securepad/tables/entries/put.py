@@ -3,6 +3,7 @@ written in one that checks the step, the owner key's version and the quota."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -136,6 +137,19 @@ def _if_unknown(owner: str, chosen: bool) -> IfUnknown[_SealedOne]:
 _STEP_FREE = "NOT EXISTS (SELECT 1 FROM ({step}) AS taken WHERE expires_at > ?)"
 
 
+# The statements' text is the same put after put (an entry's columns; a scope's step look): made once.
+@functools.lru_cache(maxsize=16)
+def _insert_select(columns: tuple[str, ...]) -> str:
+    """``_Put.once``'s ``INSERT ... SELECT`` of one entry row with ``columns``."""
+    return f"INSERT INTO entries({', '.join(columns)}) SELECT {', '.join('?' * len(columns))}"
+
+
+@functools.lru_cache(maxsize=16)
+def _step_free(step: str) -> str:
+    """``_STEP_FREE`` of the step's look ``step``."""
+    return _STEP_FREE.format(step=step)
+
+
 def _taken(found: dict[str, Any]) -> list[dict[str, Any]]:
     """The step's look from the quota's row, as a row for ``live``."""
     return [] if found["step_expires"] is None else [{"expires_at": found["step_expires"]}]
@@ -243,8 +257,8 @@ class _Put:
         except IntegrityError:  # a rotation retired the version: ``attempt`` finds out
             return None
         row = sealed[0]
-        insert = (f"INSERT INTO entries({', '.join(row)}) SELECT {', '.join('?' * len(row))}", tuple(row.values()))
-        free = None if self.step is None else (_STEP_FREE.format(step=self.step[0]), (*self.step[1], self.created))
+        insert = (_insert_select(tuple(row)), tuple(row.values()))
+        free = None if self.step is None else (_step_free(self.step[0]), (*self.step[1], self.created))
         once = heads.change_once(
             owner, turn_id, lambda head: head.add("e", row["id"], entry_item(row)), (version, wrapper), insert, free
         )

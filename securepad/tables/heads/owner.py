@@ -23,6 +23,7 @@ and no parsing. Bounded; a writer takes its record out, so no two threads edit o
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -127,6 +128,13 @@ class Once:
     kept: tuple[tuple[Any, ...], Head] | None = None
 
 
+@functools.lru_cache(maxsize=16)
+def _once_text(dialect: str, condition: str | None, insert: str) -> str:
+    """``once_sql``'s statement: the same put after put into a turn (made once)."""
+    template = ONCE_SQLITE_SQL if dialect == "sqlite" else ONCE_SQL
+    return template.format(condition="" if condition is None else f" AND {condition}", insert=insert)
+
+
 def once_sql(
     insert: tuple[str, Params],
     owner: str,
@@ -139,10 +147,9 @@ def once_sql(
     """``insert`` (``INSERT ... SELECT`` of one row, without ``FROM``) and ``head`` written
     when the stored head is ``expected`` and ``condition`` holds; the row count says if it wrote
     (on SQLite two statements, the row count the last one's)."""
-    more, more_params = (f" AND {condition[0]}", condition[1]) if condition is not None else ("", ())
-    template = ONCE_SQLITE_SQL if dialect == "sqlite" else ONCE_SQL
+    more_params = condition[1] if condition is not None else ()
     return (
-        template.format(condition=more, insert=insert[0]),
+        _once_text(dialect, None if condition is None else condition[0], insert[0]),
         (
             head.version,
             head.sealed,
