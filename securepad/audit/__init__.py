@@ -28,16 +28,14 @@ from ..errors import PolicyError, SecurepadError
 from ..policy import SCOPES, Policy, setting_sections
 from ..store import Scratchpad, parts
 from . import _api, _files, _postgres, _runtime
-from ._support import CheckFailed, Context, Step, Steps, holding, scan_files, store_files
+from ._support import OWNER_TABLES, CheckFailed, Context, Step, Steps, holding, scan_files, store_files
 
 __all__ = ["Audit", "AuditReport", "CheckResult", "run_audit"]
 
 # Observations are transient; a policy that keeps them longer than this
 # defeats expiry as a way of keeping little.
 MAX_SANE_TTL_SECONDS = 30 * 86_400
-# The tables of owners' rows on SQLite (PostgreSQL's are the schema's, ``_postgres.owner_tables``),
-# and what the comparison calls a row of each.
-_SQLITE_TABLES = ("owner_keys", "entries", "segments", "checkpoints", "compaction_marks")
+# What the comparison of owners' rows calls a row of each table.
 _LABELS = {
     "owner_keys": "owner key",
     "entries": "entry",
@@ -261,7 +259,7 @@ def _real_state(ctx: Context) -> dict[str, str]:
     (segments in their entry's), read in one snapshot."""
     pad, exclude = ctx.pad, ctx.synthetic.owners
     db = parts(pad).db
-    tables = _postgres.owner_tables(ctx) if pad.backend != "sqlite" else _SQLITE_TABLES
+    tables = _postgres.owner_tables(ctx) if pad.backend != "sqlite" else OWNER_TABLES
     digests: dict[str, Any] = {}
     with db.snapshot():
         for table in tables:

@@ -5,7 +5,6 @@ absent id gets, and every allowed access must return what was stored.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import logging.handlers
 import secrets
@@ -20,24 +19,15 @@ from ._support import CheckFailed, Context, Steps, Tenants, describe
 
 __all__ = ["ISOLATION", "SETUP", "a_labels", "new_tenants", "read_args"]
 
-# Arguments that make each read mode return something; modes added later get
-# what their parameters accept of these (see read_args).
-_READ_ARGS: dict[str, dict[str, Any]] = {
-    "head": {"n": 100},
-    "tail": {"n": 100},
-    "range": {"start": 10, "end": 200},
-    "full": {},
-    "lines": {"start": 1, "end": 5},
-    "grep": {"pattern": "audit"},
-}
-# The same, asking for as much as possible: for the read-cap check.
-_GREEDY_ARGS: dict[str, dict[str, Any]] = {
-    "head": {"n": 1 << 40},
-    "tail": {"n": 1 << 40},
-    "range": {"start": 0, "end": 1 << 40},
-    "full": {},
-    "lines": {"start": 1, "end": 1 << 30},
-    "grep": {"pattern": "0", "max_matches": 1 << 30},
+# Per read mode, arguments that make it return something, and those that ask for as much as
+# possible (for the read-cap check).
+_READ_ARGS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "head": ({"n": 100}, {"n": 1 << 40}),
+    "tail": ({"n": 100}, {"n": 1 << 40}),
+    "range": ({"start": 10, "end": 200}, {"start": 0, "end": 1 << 40}),
+    "full": ({}, {}),
+    "lines": ({"start": 1, "end": 5}, {"start": 1, "end": 1 << 30}),
+    "grep": ({"pattern": "audit"}, {"pattern": "0", "max_matches": 1 << 30}),
 }
 _SCOPE_FIELDS = {"owner": (), "owner+channel": ("channel",), "owner+channel+actor": ("channel", "actor")}
 # Far enough ahead that every audit entry has expired.
@@ -47,11 +37,9 @@ SETUP = Steps("setup")
 ISOLATION = Steps("isolation")
 
 
-def read_args(pad: Scratchpad, mode: str, *, greedy: bool = False) -> dict[str, Any]:
-    """Arguments for ``pad.read`` in ``mode``, limited to the parameters it has."""
-    accepted = inspect.signature(pad.read).parameters
-    table = _GREEDY_ARGS if greedy else _READ_ARGS
-    return {k: v for k, v in table.get(mode, {}).items() if k in accepted}
+def read_args(mode: str, *, greedy: bool = False) -> dict[str, Any]:
+    """Arguments for ``pad.read`` in ``mode``."""
+    return dict(_READ_ARGS[mode][greedy])
 
 
 def _visible(scope: str, reader: Principal, writer: Principal) -> bool:
@@ -148,7 +136,7 @@ def _read_back(pad: Scratchpad, t: Tenants) -> None:
             raise CheckFailed(f"the {label} entry did not read back as stored")
         for mode in read_modes.MODES:
             try:
-                result = pad.read(who, entry_id, mode=mode, **read_args(pad, mode))
+                result = pad.read(who, entry_id, mode=mode, **read_args(mode))
             except InvalidArgumentError:
                 if label == "binary" and mode not in ("head", "tail", "range", "full"):
                     continue  # line-based modes need not apply to binary content
@@ -164,29 +152,37 @@ def a_labels(t: Tenants) -> list[str]:
     return [label for label, who in t.writers.items() if who.owner_user_id == t.a.owner_user_id]
 
 
-@ISOLATION("cross-owner get", "owner b asks for each of owner a's ids, and a for b's")
-def _cross_get(ctx: Context) -> str:
-    t, pad = ctx.tenants, ctx.pad
+def _listed(pad: Scratchpad, reader: Principal, turn: str, **kwargs: Any) -> set[str]:
+    return {item["scratchpad_id"] for item in pad.list_for_turn(reader, turn, **kwargs)}
+
+
+def _refused_across(ctx: Context, verb: str, call: Callable[..., object], *, both: bool = True, **kwargs: Any) -> int:
+    """b ``verb`` each of a's ids (and with ``both`` a b's) with ``call``: NotFoundError each time.
+    Returns how many of a's ids were tried."""
+    t = ctx.tenants
     labels = a_labels(t)
     for label in labels:
-        ctx.expect_not_found(f"b gets a's {label} entry", pad.get, t.b, t.ids[label])
-    ctx.expect_not_found("a gets b's entry", pad.get, t.a, t.ids["b_text"])
+        ctx.expect_not_found(f"b {verb} a's {label} entry", call, t.b, t.ids[label], **kwargs)
+    if both:
+        ctx.expect_not_found(f"a {verb} b's entry", call, t.a, t.ids["b_text"], **kwargs)
+    return len(labels)
+
+
+@ISOLATION("cross-owner get", "owner b asks for each of owner a's ids, and a for b's")
+def _cross_get(ctx: Context) -> str:
+    count = _refused_across(ctx, "gets", ctx.pad.get)
     return (
-        f"b asked for each of a's {len(labels)} ids (live, expired, other channel and actor) and a for b's:"
-        f" NotFoundError({t.absent_message!r}) every time, as for an absent id"
+        f"b asked for each of a's {count} ids (live, expired, other channel and actor) and a for b's:"
+        f" NotFoundError({ctx.tenants.absent_message!r}) every time, as for an absent id"
     )
 
 
 def _cross_read(mode: str) -> None:
     @ISOLATION(f"cross-owner read: {mode}", f"b reads each of a's ids with mode={mode}, and a reads b's")
     def check(ctx: Context) -> str:
-        t, pad = ctx.tenants, ctx.pad
-        args = read_args(pad, mode)
-        labels = a_labels(t)
-        for label in labels:
-            ctx.expect_not_found(f"b reads a's {label}", pad.read, t.b, t.ids[label], mode=mode, **args)
-        ctx.expect_not_found("a reads b's entry", pad.read, t.a, t.ids["b_text"], mode=mode, **args)
-        return f"read(mode={mode!r}, {args}) of a's {len(labels)} ids as b, and of b's as a: NotFoundError each time"
+        args = read_args(mode)
+        count = _refused_across(ctx, "reads", ctx.pad.read, mode=mode, **args)
+        return f"read(mode={mode!r}, {args}) of a's {count} ids as b, and of b's as a: NotFoundError each time"
 
 
 for _mode in read_modes.MODES:
@@ -196,14 +192,12 @@ for _mode in read_modes.MODES:
 @ISOLATION("cross-owner list", "a and b list the same turn id; b lists after expiry")
 def _cross_list(ctx: Context) -> str:
     t, pad = ctx.tenants, ctx.pad
-    listed = {item["scratchpad_id"] for item in pad.list_for_turn(t.b, t.turn)}
+    listed = _listed(pad, t.b, t.turn)
     if listed != {t.ids["b_text"]}:
         raise CheckFailed(f"b's list of the shared turn id holds {sorted(listed)}, not just b's own entry")
-    mine = {item["scratchpad_id"] for item in pad.list_for_turn(t.a, t.turn)}
-    if t.ids["b_text"] in mine:
+    if t.ids["b_text"] in _listed(pad, t.a, t.turn):
         raise CheckFailed("a's list of the shared turn id holds b's entry")
-    later = pad.list_for_turn(t.b, t.turn, now=_FAR_FUTURE)
-    if later:
+    if later := pad.list_for_turn(t.b, t.turn, now=_FAR_FUTURE):
         raise CheckFailed(f"b's list after every entry expired holds {describe(later)}")
     return "a and b used the same turn id: b's list holds only b's entry, a's never b's; after expiry b's is empty"
 
@@ -231,12 +225,10 @@ def _cross_stats(ctx: Context) -> str:
 @ISOLATION("cross-owner delete", "b deletes each of a's ids")
 def _cross_delete(ctx: Context) -> str:
     t, pad = ctx.tenants, ctx.pad
-    labels = a_labels(t)
-    for label in labels:
-        ctx.expect_not_found(f"b deletes a's {label}", pad.delete, t.b, t.ids[label])
+    count = _refused_across(ctx, "deletes", pad.delete, both=False)
     if pad.get(t.a, t.ids["text"]).observation != t.puts["text"]:
         raise CheckFailed("a's entry changed after b's delete attempts")
-    return f"b tried to delete each of a's {len(labels)} ids: NotFoundError each time; a's entries are intact"
+    return f"b tried to delete each of a's {count} ids: NotFoundError each time; a's entries are intact"
 
 
 # -- ids -------------------------------------------------------------------------------
@@ -325,8 +317,7 @@ def _hostile(ctx: Context) -> str:
     scope = pad.policy.scope
     for reader in readers:
         want = {t.ids[label] for label in t.live() if _visible(scope, reader, t.writers[label])}
-        listed = {item["scratchpad_id"] for item in pad.list_for_turn(reader, t.turn)}
-        if listed != want:
+        if (listed := _listed(pad, reader, t.turn)) != want:
             raise CheckFailed(f"{reader} lists {sorted(listed)}; its scope allows {sorted(want)}")
         if pad.stats(reader)["entries"] != len(want):
             raise CheckFailed(f"{reader}'s stats count entries outside its scope")
@@ -363,7 +354,7 @@ def _expired_other(ctx: Context) -> str:
         ctx.expect_not_found("an outsider gets a's expired entry", pad.get, reader, expired)
         for mode in read_modes.MODES:
             what = f"an outsider reads a's expired entry ({mode})"
-            ctx.expect_not_found(what, pad.read, reader, expired, mode=mode, **read_args(pad, mode))
+            ctx.expect_not_found(what, pad.read, reader, expired, mode=mode, **read_args(mode))
         ctx.expect_not_found("after expiry, an outsider", pad.get, reader, t.ids["text"], now=_FAR_FUTURE)
     return (
         f"{len(outsiders)} principal(s) outside a's scope asked for a's expired entry (get, every read mode) and for"
@@ -387,7 +378,7 @@ def _expired_owner(ctx: Context) -> str:
     expired = t.ids["expired"]
     _expect_expired(lambda: pad.get(t.a, expired), "a gets its expired entry")
     _expect_expired(lambda: pad.read(t.a, expired, mode="full"), "a reads its expired entry")
-    if expired in {item["scratchpad_id"] for item in pad.list_for_turn(t.a, t.turn)}:
+    if expired in _listed(pad, t.a, t.turn):
         raise CheckFailed("a's list holds its expired entry")
     text = t.ids["text"]
     expires = pad.get(t.a, text).expires_at
@@ -395,7 +386,7 @@ def _expired_owner(ctx: Context) -> str:
         raise CheckFailed("the entry was not served just before it expires")
     _expect_expired(lambda: pad.get(t.a, text, now=expires), "a gets its entry at its expiry instant")
     _expect_expired(lambda: pad.read(t.a, text, mode="head", now=expires), "a reads its entry at its expiry instant")
-    if text in {item["scratchpad_id"] for item in pad.list_for_turn(t.a, t.turn, now=expires)}:
+    if text in _listed(pad, t.a, t.turn, now=expires):
         raise CheckFailed("a's list at the expiry instant holds the expired entry")
     stats = pad.stats(t.a, now=expires)
     if stats["entries"] >= _expected_stats(pad, t, t.a)[0]:
@@ -426,8 +417,7 @@ def _scope(ctx: Context) -> str:
             else:
                 ctx.expect_not_found(f"{name} gets {label}", pad.get, reader, entry_id)
                 ctx.expect_not_found(f"{name} reads {label}", pad.read, reader, entry_id, mode="head")
-        listed = {item["scratchpad_id"] for item in pad.list_for_turn(reader, t.turn)}
-        if listed != {t.ids[label] for label in want}:
+        if (listed := _listed(pad, reader, t.turn)) != {t.ids[label] for label in want}:
             raise CheckFailed(f"{name} lists {len(listed)} entries; its scope allows {len(want)}")
         if (pad.stats(reader)["entries"], pad.stats(reader)["bytes"]) != _expected_stats(pad, t, reader):
             raise CheckFailed(f"{name}'s stats do not match its scope")
@@ -439,11 +429,8 @@ def _returned_chars(value: object) -> int:
     """Characters of content a read returned (strings inside lists and dicts summed)."""
     if isinstance(value, str):
         return len(value)
-    if isinstance(value, list):
-        return sum(_returned_chars(v) for v in value)
-    if isinstance(value, dict):
-        return sum(_returned_chars(v) for v in value.values())
-    return 0
+    inner = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return sum(map(_returned_chars, inner))
 
 
 @ISOLATION("full-read cap", "every read mode asks for more than max_read_chars, text and binary")
@@ -465,7 +452,7 @@ def _full_cap(ctx: Context) -> str:
         try:
             for mode in read_modes.MODES:
                 try:
-                    result = pad.read(t.a, entry_id, mode=mode, **read_args(pad, mode, greedy=True))
+                    result = pad.read(t.a, entry_id, mode=mode, **read_args(mode, greedy=True))
                 except InvalidArgumentError:
                     continue  # refusing an oversized request returns nothing, which is within the cap
                 got = _returned_chars(result.get("content"))

@@ -15,13 +15,10 @@ from typing import Any
 from ..storage.postgres.roles import ADMIN_ROLE, APP_ROLE
 from ..store import parts
 from . import drills
-from ._support import CheckFailed, Context, Steps, expect_refused
+from ._support import OWNER_TABLES, CheckFailed, Context, Steps, expect_refused
 
 __all__ = ["DEPLOYMENT", "RAW_QUERY", "TAMPER", "owner_tables"]
 
-# Tables whose rows belong to one owner (row-level security holds each): these
-# at least, and every other table of the schema with an owner_user_id column.
-OWNER_TABLES = ("owner_keys", "entries", "segments", "checkpoints", "compaction_marks")
 # The application role's documented rights: table -> privileges on the whole
 # table, and the columns it may UPDATE where it may not update the whole row.
 TABLE_GRANTS: dict[str, frozenset[str]] = {
@@ -62,7 +59,8 @@ def _app(ctx: Context, sql: str, params: tuple[Any, ...] = (), owner: str | None
 
 
 def owner_tables(ctx: Context) -> tuple[str, ...]:
-    """OWNER_TABLES and every other table of the store's schema with an owner_user_id column."""
+    """OWNER_TABLES and every other table of the store's schema with an owner_user_id column (row-level
+    security holds each)."""
     rows = _admin(
         ctx,
         "SELECT c.relname AS name FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid"

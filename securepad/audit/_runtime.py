@@ -104,7 +104,7 @@ def _cross_tool(ctx: Context) -> str:
         for label in a_labels(t):
             entry_id = t.ids[label]
             for mode in read_modes.MODES:
-                arguments = {"scratchpad_id": entry_id, "mode": mode, **read_args(ctx.pad, mode)}
+                arguments = {"scratchpad_id": entry_id, "mode": mode, **read_args(mode)}
                 arguments.pop("max_matches", None)
                 for form in (arguments, json.dumps(arguments)):
                     result = caller.call_tool("scratchpad_read", form)

@@ -21,6 +21,7 @@ from ..store import Scratchpad, sqlite_of
 from . import drills
 
 __all__ = [
+    "OWNER_TABLES",
     "STORE_FILE_SUFFIXES",
     "Check",
     "CheckFailed",
@@ -37,6 +38,9 @@ __all__ = [
 # The files SQLite keeps for a store: the database, its WAL, the WAL index,
 # and the rollback journal (present only outside WAL mode or after a crash).
 STORE_FILE_SUFFIXES = ("", "-wal", "-shm", "-journal")
+
+# The tables whose rows belong to one owner (a PostgreSQL store's schema may add others).
+OWNER_TABLES = ("owner_keys", "entries", "segments", "checkpoints", "compaction_marks")
 
 _SCAN_CHUNK = 1 << 20
 

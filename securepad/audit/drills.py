@@ -28,9 +28,6 @@ __all__ = [
     "flip_segment_byte",
     "keep_only_owners",
     "move_entry_to_owner",
-    "owner_key_rows",
-    "restore_entry",
-    "restore_owner_keys",
     "set_column",
     "swap_owner_keys",
     "swap_segments",
@@ -59,10 +56,12 @@ def entry_columns(path: Path) -> tuple[str, ...]:
         return tuple(str(row[1]) for row in conn.execute("PRAGMA table_info(entries)").fetchall())
 
 
-def _column(path: Path, name: str) -> str:
-    if name not in entry_columns(path):
-        raise ValueError(f"entries has no column {name!r}")
-    return name
+def _known(path: Path, names: Iterable[str]) -> list[str]:
+    """``names``, each a column of ``entries`` in this file. Raises ValueError: one is not."""
+    columns, names = entry_columns(path), list(names)
+    if unknown := [name for name in names if name not in columns]:
+        raise ValueError(f"entries has no column {unknown[0]!r}")
+    return names
 
 
 def clone(src: Path, dest: Path) -> None:
@@ -96,23 +95,6 @@ def entry_row(path: Path, entry_id: str) -> tuple[dict[str, Any], list[bytes]]:
             raise LookupError(f"no entry {entry_id} in {path}")
         segments = conn.execute("SELECT data FROM segments WHERE entry_id = ? ORDER BY seq", (entry_id,)).fetchall()
     return dict(zip(columns, rows[0], strict=True)), [bytes(s[0]) for s in segments]  # type: ignore[arg-type]
-
-
-def restore_entry(path: Path, row: dict[str, Any], segments: list[bytes] | None = None) -> None:
-    """Write ``row`` back over the entry with its id (and, given them, its segments):
-    a rollback to an older state taken with ``entry_row``."""
-    columns = [_column(path, c) for c in row]
-    statements: list[tuple[str, tuple[Any, ...]]] = [
-        ("DELETE FROM entries WHERE id = ?", (row["id"],)),
-        (f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", tuple(row.values())),
-    ]
-    if segments is not None:
-        statements.append(("DELETE FROM segments WHERE entry_id = ?", (row["id"],)))
-        statements += [
-            ("INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)", (row["id"], seq, data))
-            for seq, data in enumerate(segments)
-        ]
-    _edit(path, statements)
 
 
 # A segment's ciphertext wherever it is kept: the segments table, or the row's
@@ -152,12 +134,12 @@ def move_entry_to_owner(path: Path, entry_id: str, owner_user_id: str) -> None:
 
 def set_column(path: Path, entry_id: str, column: str, value: object) -> None:
     """Overwrite one clear column of an entry's row."""
-    _edit(path, [(f"UPDATE entries SET {_column(path, column)} = ? WHERE id = ?", (value, entry_id))])
+    _edit(path, [(f"UPDATE entries SET {_known(path, [column])[0]} = ? WHERE id = ?", (value, entry_id))])
 
 
 def copy_entry_columns(path: Path, src_id: str, dest_id: str, columns: Iterable[str]) -> None:
     """Copy columns (say ``wrapped_key``: an item key) from one entry's row onto another's."""
-    names = [_column(path, c) for c in columns]
+    names = _known(path, columns)
     assignments = ", ".join(f"{c} = (SELECT {c} FROM entries WHERE id = ?)" for c in names)
     _edit(path, [(f"UPDATE entries SET {assignments} WHERE id = ?", (*([src_id] * len(names)), dest_id))])
 
@@ -230,31 +212,3 @@ def swap_owner_keys(path: Path, owner_a: str, owner_b: str) -> None:
             for owner, other in ((owner_a, owner_b), (owner_b, owner_a))
         ],
     )
-
-
-def owner_key_rows(path: Path, owner_user_id: str) -> list[dict[str, Any]]:
-    """An owner's key rows as stored (wrapped under the master key), for rollbacks and transplants."""
-    with _connect(path) as conn:
-        rows = conn.execute(
-            "SELECT owner_user_id, version, wrapped, created_at FROM owner_keys WHERE owner_user_id = ?",
-            (owner_user_id,),
-        ).fetchall()
-    names = ("owner_user_id", "version", "wrapped", "created_at")
-    return [dict(zip(names, row, strict=True)) for row in rows]
-
-
-def restore_owner_keys(path: Path, rows: list[dict[str, Any]], *, owner_user_id: str | None = None) -> None:
-    """Write key rows taken with ``owner_key_rows`` (from this file or another) over an
-    owner's current ones; with ``owner_user_id`` they are relabelled as that owner's."""
-    if not rows:
-        return
-    owner = owner_user_id if owner_user_id is not None else rows[0]["owner_user_id"]
-    statements: list[tuple[str, tuple[Any, ...]]] = [("DELETE FROM owner_keys WHERE owner_user_id = ?", (owner,))]
-    statements += [
-        (
-            "INSERT INTO owner_keys(owner_user_id, version, wrapped, created_at) VALUES (?, ?, ?, ?)",
-            (owner, row["version"], row["wrapped"], row["created_at"]),
-        )
-        for row in rows
-    ]
-    _edit(path, statements)

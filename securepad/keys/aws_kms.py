@@ -36,7 +36,7 @@ from ..errors import (
     KeySourceUriError,
     SecurepadError,
 )
-from .source import CallCounter, MasterKeySource, SourceCheck
+from .source import MasterKeySource, SourceCheck
 
 __all__ = ["PREFIX", "AwsKmsSource", "KmsLimits"]
 
@@ -51,15 +51,25 @@ _ARN = re.compile(
 # What a malformed URI may show of itself: ARN characters only (no '@', '+', '=').
 _SHOWABLE = re.compile(r"[A-Za-z0-9:/_.-]{1,300}")
 
-# DescribeKey -> describe_key
-_SNAKE_CASE = re.compile(r"(?<!^)(?=[A-Z])")
-
 # A wrapped key: this format byte, the key's tag (``_tag``), KMS's ciphertext blob.
 _FORMAT = b"\x01"
 _TAG_BYTES = 8
 # The encryption context's one entry: securepad's associated data, in base64.
 _CONTEXT_KEY = "securepad-aad"
 
+# What a store's KMS key must be: DescribeKey's field and value, the audit's check, what it shows,
+# and why a new store refuses another value.
+_FIT = (
+    ("KeyState", "Enabled", "key-enabled", "key state {}", "is {}, not Enabled"),
+    ("KeyUsage", "ENCRYPT_DECRYPT", "key-usage-encrypt-decrypt", "usage {}", "is for {}, not ENCRYPT_DECRYPT"),
+    (
+        "KeySpec",
+        "SYMMETRIC_DEFAULT",
+        "key-spec-symmetric",
+        "key spec {}",
+        "is {}, not a symmetric key (SYMMETRIC_DEFAULT)",
+    ),
+)
 # KMS's error codes, by what they mean to the operator.
 _INTEGRITY = frozenset({"InvalidCiphertextException", "IncorrectKeyException"})
 _LOGIN = frozenset(
@@ -113,6 +123,7 @@ class AwsKmsSource(MasterKeySource):
                 f"{_shown(arn)}: not a KMS key or alias ARN"
                 " (aws-kms://arn:aws:kms:<region>:<account>:key/<key id>, or …:alias/<name>)"
             )
+        super().__init__(PREFIX + arn)
         self._arn = arn
         self._region = match["region"]
         self._env = environ if environ is not None else os.environ
@@ -120,7 +131,6 @@ class AwsKmsSource(MasterKeySource):
         # The key's ARN: the URI's, or the alias's target once DescribeKey said it.
         self._key_arn: str | None = None if match["resource"].startswith("alias/") else arn
         self._usable = False  # DescribeKey found the key fit for a new store
-        self.calls = CallCounter()
 
     @classmethod
     def from_uri(cls, uri: str, *, environ: Mapping[str, str] | None = None) -> AwsKmsSource:
@@ -135,10 +145,6 @@ class AwsKmsSource(MasterKeySource):
                 " environment, another endpoint from AWS_ENDPOINT_URL_KMS"
             )
         return cls(arn, environ=environ)
-
-    @property
-    def shown_uri(self) -> str:
-        return PREFIX + self._arn
 
     def prepare(self, *, create: bool = False) -> None:
         """Make the client; resolve an alias ARN, and with ``create`` check that the
@@ -158,9 +164,9 @@ class AwsKmsSource(MasterKeySource):
         meta = self._describe()
         self._key_arn = str(meta["Arn"])
         if create:
-            problem = _unfit(meta)
-            if problem:
-                raise KeySourceKeyError(f"{self.shown_uri}: the KMS key {problem}")
+            for field, value, _, _, refused in _FIT:
+                if meta.get(field) != value:
+                    raise KeySourceKeyError(f"{self.shown_uri}: the KMS key {refused.format(meta.get(field))}")
             self._usable = True
 
     def key_id(self) -> str:
@@ -195,14 +201,14 @@ class AwsKmsSource(MasterKeySource):
     def inspect(self) -> list[SourceCheck]:
         """The audit's facts about the key, from one ``DescribeKey``."""
         meta = self._describe()
-        state, usage, spec, origin = (meta.get(k) for k in ("KeyState", "KeyUsage", "KeySpec", "Origin"))
-        endpoint = self._endpoint()
+        origin, endpoint = meta.get("Origin"), self._endpoint()
         where = f"; endpoint {_shown_endpoint(endpoint)}" if endpoint else ""
         imported = " (imported: a copy of the key may exist outside KMS)" if origin == "EXTERNAL" else ""
         return [
-            SourceCheck("key-enabled", state == "Enabled", f"{self.shown_uri}: key state {state}"),
-            SourceCheck("key-usage-encrypt-decrypt", usage == "ENCRYPT_DECRYPT", f"{self.shown_uri}: usage {usage}"),
-            SourceCheck("key-spec-symmetric", spec == "SYMMETRIC_DEFAULT", f"{self.shown_uri}: key spec {spec}"),
+            *(
+                SourceCheck(name, meta.get(field) == value, f"{self.shown_uri}: {shown.format(meta.get(field))}")
+                for field, value, name, shown, _ in _FIT
+            ),
             SourceCheck("key-material-in-kms", origin != "EXTERNAL", f"{self.shown_uri}: origin {origin}{imported}"),
             SourceCheck(
                 "no-credentials-in-uri",
@@ -215,7 +221,10 @@ class AwsKmsSource(MasterKeySource):
         return dict(self._call("attributes", "DescribeKey", KeyId=self._arn)["KeyMetadata"])
 
     def _call(self, counted: str, call: str, **params: Any) -> dict[str, Any]:
-        method = getattr(self._client(), _SNAKE_CASE.sub("_", call).lower())
+        client = self._client()
+        from botocore import xform_name  # DescribeKey -> describe_key
+
+        method = getattr(client, xform_name(call))
         self.calls.add(counted)
         try:
             return dict(method(**params))
@@ -319,17 +328,6 @@ def _tag(key_arn: str) -> bytes:
 
 def _context(associated_data: bytes) -> dict[str, str]:
     return {_CONTEXT_KEY: base64.b64encode(associated_data).decode("ascii")}
-
-
-def _unfit(meta: Mapping[str, Any]) -> str:
-    """Why DescribeKey's answer rules the key out ('' when it does not)."""
-    if meta.get("KeyState") != "Enabled":
-        return f"is {meta.get('KeyState')}, not Enabled"
-    if meta.get("KeyUsage") != "ENCRYPT_DECRYPT":
-        return f"is for {meta.get('KeyUsage')}, not ENCRYPT_DECRYPT"
-    if meta.get("KeySpec") != "SYMMETRIC_DEFAULT":
-        return f"is {meta.get('KeySpec')}, not a symmetric key (SYMMETRIC_DEFAULT)"
-    return ""
 
 
 def _one_line(text: str) -> str:

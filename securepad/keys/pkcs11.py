@@ -20,7 +20,7 @@ from typing import Any
 from ..errors import IntegrityError, KeySourceKeyError
 from .pkcs11_session import TokenLink, binding, one_line
 from .pkcs11_uri import Pkcs11Uri
-from .source import CallCounter, MasterKeySource, SourceCheck
+from .source import MasterKeySource, SourceCheck
 
 __all__ = ["Pkcs11Source"]
 
@@ -38,19 +38,14 @@ class Pkcs11Source(MasterKeySource):
     scheme = "pkcs11"
 
     def __init__(self, uri: Pkcs11Uri, environ: Mapping[str, str] | None) -> None:
+        super().__init__(uri.shown())
         self._uri = uri
-        self._shown = uri.shown()
-        self.calls = CallCounter()
         self._link = TokenLink(uri, environ, self.calls)
         self._key_id: str | None = None
 
     @classmethod
     def from_uri(cls, uri: str, *, environ: Mapping[str, str] | None = None) -> Pkcs11Source:
         return cls(Pkcs11Uri.parse(uri), environ)
-
-    @property
-    def shown_uri(self) -> str:
-        return self._shown
 
     def prepare(self, *, create: bool = False) -> None:
         """Open the session, log in and find the key (``create``: make it when absent).
@@ -163,7 +158,3 @@ class Pkcs11Source(MasterKeySource):
             f"PIN file {path} is the current user's, mode {mode:04o}",
             f"PIN file {path} (uid {info.st_uid}, mode {mode:04o}) may be read by others: chmod 600 it",
         )
-
-    def close(self) -> None:
-        """Forget the key's handle; the token's session stays the process's."""
-        self._link.forget_key()

@@ -118,11 +118,6 @@ class TokenLink:
         #: The key's label and the CKA_ID the URI asks for.
         self.place: tuple[str, bytes | None] = (uri.path["object"], uri.id)
         self._shared: _Token | None = None
-        self._key: Any = None
-        self._key_session: Any = None
-
-    def forget_key(self) -> None:
-        self._key = self._key_session = None
 
     def describe(self, key: Any) -> str:
         """Token label and serial, key label and CKA_ID of ``key``, read once per process."""
@@ -316,12 +311,9 @@ class TokenLink:
             for attempt in (1, 2):
                 session = self._session(shared)
                 try:
-                    if self._key is None or self._key_session is not session:
-                        place = self.place
-                        if place not in shared.keys:
-                            shared.keys[place] = self._find(session, create=create)
-                        self._key, self._key_session = shared.keys[place], session
-                    return run(self._key)
+                    if self.place not in shared.keys:
+                        shared.keys[self.place] = self._find(session, create=create)
+                    return run(shared.keys[self.place])
                 except lost as exc:
                     shared.drop()
                     if attempt == 2:

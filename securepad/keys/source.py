@@ -71,18 +71,17 @@ class MasterKeySource(abc.ABC):
     Every method but ``from_uri`` and ``shown_uri`` may raise a ``KeySourceError`` subclass."""
 
     scheme: ClassVar[str]
-    calls: CallCounter
+
+    def __init__(self, shown_uri: str) -> None:
+        #: The URI without its secrets: what errors, logs, reports and ``repr`` show.
+        self.shown_uri = shown_uri
+        self.calls = CallCounter()
 
     @classmethod
     @abc.abstractmethod
     def from_uri(cls, uri: str, *, environ: Mapping[str, str] | None = None) -> MasterKeySource:
         """The source ``uri`` names, parsed only (no I/O).
         Raises KeySourceUriError: the URI is malformed or has an unknown or missing attribute."""
-
-    @property
-    @abc.abstractmethod
-    def shown_uri(self) -> str:
-        """The URI without its secrets: what errors, logs, reports and ``repr`` show."""
 
     @abc.abstractmethod
     def prepare(self, *, create: bool = False) -> None:
@@ -105,8 +104,8 @@ class MasterKeySource(abc.ABC):
     def inspect(self) -> list[SourceCheck]:
         """What the audit checks of this source (its key's attributes, no secret in the URI)."""
 
-    def close(self) -> None:  # noqa: B027 - a source without a session has nothing to release
-        """Release the session or client. Idempotent."""
+    def close(self) -> None:  # noqa: B027 - a source without a session of its own has nothing to release
+        """Release what the source holds of its own (a token's session is the process's). Idempotent."""
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.shown_uri}>"

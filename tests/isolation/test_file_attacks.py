@@ -5,7 +5,8 @@ editing the clear metadata. Each ends in IntegrityError or NotFoundError:
 never another owner's plaintext, never a wrong answer.
 
 The damage is done with ``securepad.audit.drills`` (the same drills ``securepad
-audit`` runs on scratch copies) while no store is open; then a fresh store
+audit`` runs on scratch copies), rollbacks to rows taken earlier with
+``tests/support/rollbacks.py``, while no store is open; then a fresh store
 opens the file. tests/crypto/test_formats_tamper.py covers bit flips and segment swaps.
 """
 
@@ -23,6 +24,7 @@ import pytest
 from securepad import IntegrityError, Keyring, NotFoundError, Principal, Scratchpad, WrongKeyError
 from securepad.audit import drills
 from securepad.store import parts
+from tests.support import rollbacks
 from tests.support.principals import ALICE, BOB
 
 pytestmark = pytest.mark.slow
@@ -142,11 +144,11 @@ def test_rollback_to_the_item_key_wrapped_before_an_owner_key_rotation(store: St
 
 
 def test_rollback_of_an_owner_key_to_its_wrapping_under_the_old_master_key(store: Store, tmp_path: Path) -> None:
-    old_keys = drills.owner_key_rows(store.db_path, "alice")
+    old_keys = rollbacks.owner_key_rows(store.db_path, "alice")
     new_keyring = Keyring.from_key_file(tmp_path / "config" / "new-key")
     with store.open() as pad:
         pad.rotate_master_key(new_keyring)
-    drills.restore_owner_keys(store.db_path, old_keys)
+    rollbacks.restore_owner_keys(store.db_path, old_keys)
     with pytest.raises(WrongKeyError):
         store.open()  # the old master key no longer opens the store
     store.keyring = new_keyring
@@ -159,10 +161,10 @@ def test_rollback_of_one_owner_key_version_after_rotation(store: Store, backup: 
     does not make the rewrapped entries open under it."""
     with store.open() as pad:
         pad.rotate_owner_key("alice")
-    current = drills.owner_key_rows(store.db_path, "alice")
-    drills.restore_owner_keys(store.db_path, drills.owner_key_rows(backup, "alice"))  # only version 1 now
+    current = rollbacks.owner_key_rows(store.db_path, "alice")
+    rollbacks.restore_owner_keys(store.db_path, rollbacks.owner_key_rows(backup, "alice"))  # only version 1 now
     refused_everywhere(store.ask("a_text"))
-    drills.restore_owner_keys(store.db_path, current + drills.owner_key_rows(backup, "alice"))
+    rollbacks.restore_owner_keys(store.db_path, current + rollbacks.owner_key_rows(backup, "alice"))
     assert store.ask("a_text", (ALICE,)) == ["served"] * 3 + [
         "listed"
     ]  # both versions: the entry is read with version 2
@@ -174,7 +176,7 @@ def test_restoring_a_forgotten_owners_entries_from_a_backup_fails(store: Store, 
         pad.forget_owner("alice")
     for name in ("a_text", "a_json"):
         row, segments = drills.entry_row(backup, store.ids[name])
-        drills.restore_entry(store.db_path, row, segments)
+        rollbacks.restore_entry(store.db_path, row, segments)
     refused_everywhere(store.ask("a_text"))
     refused_everywhere(store.ask("a_json"))
 
@@ -187,7 +189,7 @@ def test_a_deleted_entry_restored_whole_from_a_backup_is_refused(store: Store, b
         pad.delete(ALICE, store.ids["a_text"])
     assert store.ask("a_text", (ALICE,)) == ["NotFoundError"] * 3 + ["unlisted"]
     row, segments = drills.entry_row(backup, store.ids["a_text"])
-    drills.restore_entry(store.db_path, row, segments)
+    rollbacks.restore_entry(store.db_path, row, segments)
     assert store.ask("a_text") == ["IntegrityError"] * 4 + ["NotFoundError"] * 3 + ["unlisted"]
 
 
@@ -242,10 +244,10 @@ def test_owner_key_rows_swapped_between_owners(store: Store) -> None:
 
 def test_entries_and_owner_key_transplanted_to_another_owner(store: Store) -> None:
     """Every row of alice relabelled as bob's, and bob's owner key replaced by alice's."""
-    alice_keys = drills.owner_key_rows(store.db_path, "alice")
+    alice_keys = rollbacks.owner_key_rows(store.db_path, "alice")
     for name in ("a_text", "a_json"):
         drills.move_entry_to_owner(store.db_path, store.ids[name], "bob")
-    drills.restore_owner_keys(store.db_path, alice_keys, owner_user_id="bob")
+    rollbacks.restore_owner_keys(store.db_path, alice_keys, owner_user_id="bob")
     refused_everywhere(store.ask("a_text"))
     refused_everywhere(store.ask("a_json"))
 
@@ -256,8 +258,8 @@ def test_owner_key_and_entry_from_another_store_with_the_same_master_key(store: 
     with Scratchpad.open(other_path, keyring=store.keyring) as other:
         other_id = other.put(ALICE, "turn-1", 9, "tool", "alice in another store", now=NOW - 60)["scratchpad_id"]
     row, segments = drills.entry_row(other_path, other_id)
-    drills.restore_entry(store.db_path, row, segments)
-    drills.restore_owner_keys(store.db_path, drills.owner_key_rows(other_path, "alice"))
+    rollbacks.restore_entry(store.db_path, row, segments)
+    rollbacks.restore_owner_keys(store.db_path, rollbacks.owner_key_rows(other_path, "alice"))
     store.ids["foreign"], store.truth[other_id] = other_id, (ALICE, "alice in another store")
     refused_everywhere(store.ask("foreign"))
     refused_everywhere(store.ask("a_text"))
