@@ -26,7 +26,7 @@ from ..access import Access, check_principal, quota_sql, stored_entries, stored_
 from ..heads.heads import Room, entry_item, read_with_heads, with_heads
 from ..heads.owner import Once
 from ..quota import room
-from .listings import Listings, step_sql
+from .listings import Listings, step_look
 from .open import EntryParts
 from .prepare import Prepared, check_write_size
 
@@ -43,12 +43,15 @@ class Putter:
         self._keys, self._access = parts.keys, parts.access
         self.dialect = parts.db.dialect
         self.policy, self.heads, self.ttl = parts.policy, parts.heads, parts.policy.ttl
+        self.default_ttl = parts.policy.ttl(None)
         self.write_now = parts.timeline.write_time
         self.listings = listings
         self._once = parts.db if isinstance(parts.db, OnceWriter) else None  # a put in one message
         self.write_limit = parts.db.write_limit_bytes
         # The reservation (owner, turn) had left after its last put here: a hint that picks the lock.
         self._spare: dict[tuple[str, str], int] = {}
+        # Each principal's step look (``step_look``), made at its first put.
+        self._looks: dict[Principal, tuple[str, Params]] = {}
 
     def put(
         self,
@@ -69,16 +72,17 @@ class Putter:
         (no ``inline``) takes the step after the highest inside the write."""
         if next_step and (inline is not None or not free_step):
             raise InvalidArgumentError("next_step needs free_step and no inline item")
-        check_principal(principal)
+        if type(principal) is not Principal:  # a subclass passes ``check_principal`` too
+            check_principal(principal)
         check_identifier("turn_id", turn_id)
         check_identifier("executor_name", executor_name)
         check_step_num(step_num)
-        ttl = self.ttl(ttl_seconds)
+        ttl = self.default_ttl if ttl_seconds is None else self.ttl(ttl_seconds)
         prepared = Prepared.of(observation, step_num, self.policy)
         bound = check_write_size([(prepared, executor_name)], principal, turn_id, self.write_limit, "entry")
         created = self.write_now(now)
         meta = prepared.meta(principal, step_num, executor_name, created, created + ttl, inline)
-        step = step_sql(self._access, principal, turn_id, step_num) if free_step and not next_step else None
+        step = self._step(principal, turn_id, step_num) if free_step and not next_step else None
         one = _Put(self, self._keys, principal, turn_id, observation, prepared, meta, step, next_step)
         owner = principal.owner_user_id
         # In one message (``_Put.once``), else under the shared lock when the turn had room, or exclusive.
@@ -88,6 +92,15 @@ class Putter:
             self._spare.clear()
         self._spare[(owner, turn_id)] = spare
         return {"ok": True, "scratchpad_id": entry_id, **meta["view"]}
+
+    def _step(self, principal: Principal, turn_id: str, step_num: int) -> tuple[str, Params]:
+        """The step's look (``step_look``) for ``principal``'s put at ``step_num`` of ``turn_id``."""
+        look = self._looks.get(principal)
+        if look is None:
+            if len(self._looks) >= _HINTS:
+                self._looks.clear()
+            look = self._looks[principal] = step_look(self._access, principal)
+        return look[0], (turn_id, step_num, *look[1])
 
     def put_many(
         self,
