@@ -2,7 +2,7 @@
 
 Not shipped in the wheel. ``securepad bench`` (the installed suite) is
 ``securepad.bench``; the fault proxy, PgBouncer launcher and meters these
-share with the tests are ``securepad.testing``.
+share with the tests are in ``tests/support/``.
 """
 
 from pathlib import Path

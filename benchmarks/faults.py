@@ -14,7 +14,7 @@ writes them all to ``--out`` (default ``securepad-bench-results/faults.json``).
 Nothing here is asserted: the test suite holds the behaviour, this measures it.
 
 The fault tools (``damaged_copies``, ``exercise``, ``FaultyProxy``) are the
-test suite's, from ``securepad.testing.faults``.
+test suite's, from ``tests.support.faults``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import apsw
 
 from benchmarks import DEFAULT_OUT
 from securepad import Keyring, Policy, Principal, Scratchpad, SecurepadError, StoreBusyError
-from securepad.testing.faults import ALICE, LIMITS, damaged_copies, exercise, proxy_for, through
+from tests.support.faults import ALICE, LIMITS, damaged_copies, exercise, proxy_for, through
 
 SERVER_DSN = os.environ.get("SECUREPAD_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 PARTS = ("threads", "damage", "wal", "vacuum", "caches", "postgres")

@@ -44,7 +44,7 @@ from typing import Any
 from securepad import Keyring, Principal, Scratchpad
 from securepad.store import parts
 from securepad.tables.heads.reading import CACHE_TURNS
-from securepad.testing.meters import ReadMeter
+from tests.support.meters import ReadMeter
 from tests.support.store_costs import put_costs, turn_put_costs
 
 __all__ = ["main", "read_length", "run"]

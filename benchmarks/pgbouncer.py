@@ -17,7 +17,7 @@ put/read of 4 KiB, for each target (``--targets``):
 It prints ops/s, p50 and p99 per target and client count, errors and lost
 writes (entries acknowledged but not in the store), then stops PgBouncer and
 drops the database. ``--quick`` runs 1 and 8 clients for 1 s each (a smoke
-run). ``PgBouncer`` (``securepad.testing.pgbouncer``) is also what the tests start.
+run). ``PgBouncer`` (``tests.support.pgbouncer``) is also what the tests start.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from securepad.testing.pgbouncer import SERVER_POOL_SIZE, PgBouncer, pooled_store
+from tests.support.pgbouncer import SERVER_POOL_SIZE, PgBouncer, pooled_store
 
 __all__ = ["TARGETS", "main", "run"]
 

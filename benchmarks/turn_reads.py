@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from securepad import Keyring, Principal, Scratchpad
-from securepad.testing.meters import ReadMeter
+from tests.support.meters import ReadMeter
 
 __all__ = ["main", "run"]
 

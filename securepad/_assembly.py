@@ -113,9 +113,9 @@ def location_of(where: str | os.PathLike[str]) -> str:
     """Where ``where`` is, for a message: the file's absolute path, or the DSN without its password."""
     if not str(where).startswith(_PG_SCHEMES):
         return str(Path(where).absolute())
-    from .storage.postgres.pool import describe
+    from .storage.postgres.pool import describe_source
 
-    return describe(str(where))
+    return describe_source(str(where))
 
 
 def open_backend(
@@ -140,22 +140,15 @@ def open_backend(
             allow_shared=policy.allow_shared_files,
         )
     try:
-        from .storage.postgres.database import PostgresDatabase, limits_for_call
+        from .storage.postgres.database import PostgresDatabase
     except ImportError:
         raise SecurepadError("PostgreSQL stores need psycopg: pip install 'psycopg[binary]' psycopg-pool") from None
-    try:
-        limits = limits_for_call(policy.call_timeout_seconds if call_timeout_s is None else call_timeout_s)
-    except SecurepadError as exc:
-        raise InvalidArgumentError(str(exc)) from None
     return PostgresDatabase(
         str(where) if isinstance(where, os.PathLike) else where,
         admin=admin,
         schema=schema,
         durability=policy.durability,
-        call_timeout_s=float(limits["call_timeout_s"]),
-        statement_timeout_ms=int(limits["statement_timeout_ms"]),
-        lock_timeout_ms=int(limits["lock_timeout_ms"]),
-        pool_timeout_s=float(limits["pool_timeout_s"]),
+        call_timeout_s=policy.call_timeout_seconds if call_timeout_s is None else call_timeout_s,
     )
 
 

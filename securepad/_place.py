@@ -1,13 +1,17 @@
-"""``Place``, the face of ``Scratchpad`` for where an open store lives and its copies."""
+"""``Place``, the face of ``Scratchpad`` for where an open store lives and its copies;
+the file work of a restore: a private copy of the backup to check, and the
+checked copy made the store (the replaced store kept beside it)."""
 
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from ._assembly import Parts, location_of, resolve_policy, store_exists
-from ._restore import check_backup, remove_staged, replace_store, stage_copy
+from ._assembly import Parts, location_of, open_backend, resolve_policy, store_exists
 from .errors import IntegrityError, InvalidArgumentError, SecurepadError
 from .keys.keyring import Keyring
 from .policy import Policy
@@ -24,24 +28,8 @@ class Place:
     exists = staticmethod(store_exists)
     location_of = staticmethod(location_of)
 
-    if TYPE_CHECKING:  # ``Scratchpad``'s, which ``restore`` opens the backup and the store with
-
-        @classmethod
-        def open(
-            cls,
-            db_path: str | os.PathLike[str] | Any,
-            *,
-            keyring: Keyring,
-            policy: str | os.PathLike[str] | Policy | None = None,
-            anchor: str | os.PathLike[str] | bool | None = None,
-            adopt_anchor: bool = False,
-        ) -> Self: ...
-
-        def verify(self, *, now: float | None = None) -> dict[str, Any]: ...
-
-        def __enter__(self) -> Self: ...
-
-        def __exit__(self, *exc: object) -> None: ...
+    if TYPE_CHECKING:  # ``Scratchpad.open``, which ``restore`` opens the backup and the store with
+        open: ClassVar[Callable[..., Any]]
 
     @property
     def schema_upgrade(self) -> dict[str, int] | None:
@@ -136,9 +124,9 @@ class Place:
             StoreCorruptError: ``src`` or the store at ``db_path`` is not a
                 securepad store.
         """
-        target, source = check_backup(db_path, src)
+        target, source = _check_backup(db_path, src)
         resolved = resolve_policy(policy)
-        staged = stage_copy(source, target)
+        staged = _stage_copy(source, target)
         try:
             with cls.open(staged, keyring=keyring, policy=resolved, anchor=False) as copy:
                 checked = copy.verify(now=now)
@@ -147,9 +135,9 @@ class Place:
                     f"the backup {source} fails verification ({len(checked['problems'])} problems): nothing was"
                     " changed; run securepad verify on a copy of it to see them"
                 )
-            replaced = replace_store(target, staged, resolved)
+            replaced = _replace_store(target, staged, resolved)
         finally:
-            remove_staged(staged)
+            _remove_staged(staged)
         with cls.open(target, keyring=keyring, policy=resolved, anchor=anchor, adopt_anchor=True) as pad:
             report = pad.verify(now=now)
         return {"restored": str(target), "source": str(source), "replaced": replaced, "verify": report}
@@ -161,6 +149,76 @@ def sqlite_of_parts(parts: Parts) -> Database:
     if not isinstance(db, Database):
         raise SecurepadError(f"the store at {db.location} is not a SQLite file")
     return db
+
+
+def _check_backup(db_path: str | os.PathLike[str], src: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """The store's path and the backup's.
+
+    Raises:
+        InvalidArgumentError: a PostgreSQL store, a missing ``src``, or a
+            ``src`` with a write-ahead log beside it (a live store, not a backup).
+    """
+    if str(db_path).startswith(("postgresql://", "postgres://")):
+        raise InvalidArgumentError("restore puts back a SQLite store; restore PostgreSQL with pg_restore")
+    source = Path(src)
+    if not source.is_file():
+        raise InvalidArgumentError(f"no backup file at {source}")
+    if Path(f"{source}-wal").exists() and Path(f"{source}-wal").stat().st_size:
+        raise InvalidArgumentError(
+            f"{source} has a write-ahead log beside it: it is a live store, not a backup (copy it with backup first)"
+        )
+    return Path(db_path), source
+
+
+def _stage_copy(source: Path, target: Path) -> Path:
+    """A private (0600) copy of ``source`` beside ``target``, for a restore to check.
+
+    Raises:
+        SecurepadError: the copy cannot be written.
+    """
+    staged = target.with_name(f".{target.name}.restore-{secrets.token_hex(6)}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out, open(source, "rb") as data:
+            shutil.copyfileobj(data, out)
+    except OSError as exc:
+        staged.unlink(missing_ok=True)
+        raise SecurepadError(f"cannot copy {source} beside {target}: {exc.strerror or exc}") from None
+    return staged
+
+
+def _replace_store(target: Path, staged: Path, policy: Policy) -> str | None:
+    """Make the checked copy ``staged`` the store at ``target`` (linked, or copied in
+    through SQLite's backup API after backing the old one up). Returns that backup's path.
+
+    Raises:
+        StoreCorruptError: the file at ``target`` is not a securepad store.
+        SecurepadError: a file cannot be written.
+    """
+    if not target.exists():
+        try:
+            os.link(staged, target)  # never over a file that appeared meanwhile
+        except OSError as exc:
+            raise SecurepadError(f"cannot create {target}: {exc.strerror or exc}") from None
+        return None
+    db = open_backend(target, None, "securepad", policy)
+    try:
+        assert isinstance(db, Database)  # a path is always a file
+        n = 1
+        while os.path.lexists(f"{target}.replaced-{n}"):
+            n += 1
+        aside = Path(f"{target}.replaced-{n}")
+        db.restore_from(staged, aside)
+    finally:
+        db.close()
+    return str(aside)
+
+
+def _remove_staged(staged: Path) -> None:
+    """Remove the checked copy and the files SQLite kept beside it."""
+    for leftover in (staged, Path(f"{staged}-wal"), Path(f"{staged}-shm")):
+        leftover.unlink(missing_ok=True)
 
 
 def _package_version() -> str:

@@ -78,8 +78,6 @@ class StoreUnavailableError(SecurepadError):
     stored: get them before writing the same again.
     """
 
-    maybe_stored: tuple[str, ...] = ()
-
     def __init__(self, message: str, *, maybe_stored: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.maybe_stored = maybe_stored

@@ -23,43 +23,37 @@ __all__ = ["NOT_FOUND_MESSAGE", "Policy", "setting_sections"]
 NOT_FOUND_MESSAGE = "no such entry"
 
 SCOPES = ("owner", "owner+channel", "owner+channel+actor")
-# SQLite's synchronous setting in WAL mode (docs/reliability.md): "normal"
-# syncs the WAL at checkpoints (a power cut can lose the last commits),
-# "full" at every commit.
-DURABILITY = ("normal", "full")
-
-# (section, key) -> (type, minimum, maximum); every value is validated here.
-_LIMITS: dict[tuple[str, str], tuple[type, int, int]] = {
-    ("limits", "offload_threshold_bytes"): (int, 0, 1 << 30),
-    ("limits", "inline_max_chars"): (int, 1, 1 << 24),
-    ("limits", "max_read_chars"): (int, 16, 1 << 26),
-    ("limits", "max_entry_bytes"): (int, 1, 1 << 40),
-    ("limits", "owner_quota_bytes"): (int, 1, 1 << 50),
-    ("limits", "default_ttl_seconds"): (int, 1, 10 * 365 * 86400),
-    ("limits", "max_ttl_seconds"): (int, 1, 10 * 365 * 86400),
+# (section, key) -> what it may be: one of its choices, ``bool`` (true or false),
+# or an integer from (minimum, maximum); every value is validated here.
+_SETTINGS: dict[tuple[str, str], Any] = {
+    ("access", "scope"): SCOPES,
+    ("access", "allow_shared_files"): bool,
+    ("limits", "offload_threshold_bytes"): (0, 1 << 30),
+    ("limits", "inline_max_chars"): (1, 1 << 24),
+    ("limits", "max_read_chars"): (16, 1 << 26),
+    ("limits", "max_entry_bytes"): (1, 1 << 40),
+    ("limits", "owner_quota_bytes"): (1, 1 << 50),
+    ("limits", "default_ttl_seconds"): (1, 10 * 365 * 86400),
+    ("limits", "max_ttl_seconds"): (1, 10 * 365 * 86400),
     # Nesting of a structured observation; past ~900 Python's JSON encoder overflows its stack.
-    ("limits", "max_json_depth"): (int, 1, 500),
+    ("limits", "max_json_depth"): (1, 500),
     # How far the ``now`` of a write or gc may run ahead of this host's clock
     # (timeline.py); a ``now`` behind the clock is not bounded.
-    ("limits", "max_clock_skew_seconds"): (int, 1, 86400),
-    ("storage", "wal_limit_bytes"): (int, 1 << 20, 1 << 40),
-    ("storage", "anchor_interval_seconds"): (int, 1, 86400),
-    ("storage", "call_timeout_seconds"): (int, 1, 86400),
+    ("limits", "max_clock_skew_seconds"): (1, 86400),
+    ("audit", "log_denied"): bool,
+    ("audit", "log_reads"): bool,
+    ("storage", "wal_limit_bytes"): (1 << 20, 1 << 40),
+    ("storage", "anchor_interval_seconds"): (1, 86400),
+    ("storage", "call_timeout_seconds"): (1, 86400),
+    ("storage", "incremental_vacuum"): bool,
+    # SQLite's synchronous setting in WAL mode (docs/reliability.md): "normal"
+    # syncs the WAL at checkpoints (a power cut can lose the last commits),
+    # "full" at every commit.
+    ("storage", "durability"): ("normal", "full"),
+    # The snapshot-rollback anchor's sync policy (anchor.py, SECURITY.md).
+    ("storage", "anchor_sync"): ("commit", "interval", "close"),
 }
-# The snapshot-rollback anchor's sync policy (anchor.py, SECURITY.md).
-ANCHOR_SYNC = ("commit", "interval", "close")
-_FLAGS = {
-    ("audit", "log_denied"),
-    ("audit", "log_reads"),
-    ("access", "allow_shared_files"),
-    ("storage", "incremental_vacuum"),
-}
-# (section, key) -> the values it may take.
-_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("storage", "durability"): DURABILITY,
-    ("storage", "anchor_sync"): ANCHOR_SYNC,
-}
-_SECTIONS = {"access", "limits", "audit", "storage"}
+_SECTIONS = {section for section, _ in _SETTINGS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,33 +239,25 @@ _OWNER_SQL = "owner_user_id = ?"
 
 
 def _validate(section: str, key: str, value: Any) -> Any:
-    if (section, key) == ("access", "scope"):
-        if value not in SCOPES:
-            raise PolicyError(f"access.scope must be one of {', '.join(SCOPES)}, not {value!r}")
-        return value
-    choices = _CHOICES.get((section, key))
-    if choices is not None:
-        if value not in choices:
-            raise PolicyError(f"{section}.{key} must be one of {', '.join(map(repr, choices))}, not {value!r}")
-        return value
-    if (section, key) in _FLAGS:
+    rule = _SETTINGS.get((section, key))
+    if rule is None:
+        raise PolicyError(f"unknown policy key {section}.{key}")
+    if rule is bool:
         if not isinstance(value, bool):
             raise PolicyError(f"{section}.{key} must be true or false, not {value!r}")
-        return value
-    limit = _LIMITS.get((section, key))
-    if limit is None:
-        raise PolicyError(f"unknown policy key {section}.{key}")
-    _, low, high = limit
-    if isinstance(value, bool) or not isinstance(value, int):
+    elif isinstance(rule[0], str):
+        if value not in rule:
+            raise PolicyError(f"{section}.{key} must be one of {', '.join(map(repr, rule))}, not {value!r}")
+    elif isinstance(value, bool) or not isinstance(value, int):
         raise PolicyError(f"{section}.{key} must be an integer, not {value!r}")
-    if not low <= value <= high:
-        raise PolicyError(f"{section}.{key} must be between {low} and {high}, not {value}")
+    elif not rule[0] <= value <= rule[1]:
+        raise PolicyError(f"{section}.{key} must be between {rule[0]} and {rule[1]}, not {value}")
     return value
 
 
 def setting_sections() -> dict[str, str]:
     """Every setting a policy file may hold besides ``access.scope``: its key and its section."""
-    return {key: section for section, key in (*_LIMITS, *_FLAGS, *_CHOICES)}
+    return {key: section for section, key in _SETTINGS if key != "scope"}
 
 
 def _is_name(value: str) -> bool:

@@ -389,7 +389,6 @@ LAYERS: list[tuple[str, ...]] = [
     ("securepad.maintenance",),
     (
         "securepad._assembly",
-        "securepad._restore",
         "securepad._housekeeping",
         "securepad._place",
         "securepad.store",
@@ -398,7 +397,6 @@ LAYERS: list[tuple[str, ...]] = [
         "securepad.aio",
     ),
     ("securepad.audit", "securepad.integrations", "securepad.mcp_server"),
-    ("securepad.testing",),
     ("securepad.bench",),
     ("securepad.cli",),
     ("securepad", "securepad.__main__"),

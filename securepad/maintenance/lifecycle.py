@@ -7,6 +7,7 @@ operation again finishes it.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,7 @@ from ..errors import IntegrityError, NotFoundError
 from ..keys.keyring import Keyring
 from ..keys.keystore import Keystore, Progress
 from ..principal import check_identifier
-from ..storage.base import Backend
+from ..storage.base import Backend, Params, Rows
 from ..tables import access
 from ..tables.entries import entries
 from ..tables.heads.heads import Heads
@@ -81,10 +82,7 @@ def rotate_owner_key(
     rewrap = _Rewrap(db, keys, owner_user_id, new_version, progress)
     rewrap.run(batch)
     with db.transaction(owner_user_id, admin=True) as conn:
-        left = sum(
-            int(conn.query(*access.count_below_sql(table, owner_user_id, new_version))[0]["n"])
-            for table, _ in _WRAPPED_TABLES
-        )
+        left = _below(conn.query, owner_user_id, new_version)
         if left:  # a writer slipped in under an old version: finish it next run
             retired: list[int] = []
         else:
@@ -103,15 +101,17 @@ def rotate_owner_key(
     }
 
 
+def _below(query: Callable[[str, Params], Rows], owner: str, version: int) -> int:
+    """How many of the owner's item keys are still wrapped under a version below ``version``."""
+    return sum(int(query(*access.count_below_sql(table, owner, version))[0]["n"]) for table, _ in _WRAPPED_TABLES)
+
+
 class _Rewrap:
     """One owner rotation's re-wrapping of item keys, chunk by chunk."""
 
     def __init__(self, db: Backend, keys: Keystore, owner: str, version: int, progress: Progress | None) -> None:
         self._db, self._keys, self._owner, self._version, self._progress = db, keys, owner, version, progress
-        self.total = sum(
-            int(db.query(*access.count_below_sql(table, owner, version), owner=owner, admin=True)[0]["n"])
-            for table, _ in _WRAPPED_TABLES
-        )
+        self.total = _below(functools.partial(db.query, owner=owner, admin=True), owner, version)
         self.done = 0
 
     def run(self, batch: int) -> None:

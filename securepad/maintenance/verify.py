@@ -11,6 +11,7 @@ entry. Every read is made in one read snapshot (``Backend.snapshot``).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -214,16 +215,9 @@ def _runs(ordered: list[int]) -> Steps:
 
 
 def _gaps(ordered: list[int], last: int) -> Steps:
-    """The runs of 1..``last`` that ``ordered`` (sorted) does not hold."""
-    gaps: Steps = []
-    expected = 1
-    for first, end in _runs([step for step in ordered if 1 <= step <= last]):
-        if first > expected:
-            gaps.append([expected, first - 1])
-        expected = end + 1
-    if expected <= last:
-        gaps.append([expected, last])
-    return gaps
+    """The runs of 1..``last`` that ``ordered`` (sorted) does not hold: between its runs, and the ends."""
+    ends = [[0, 0], *_runs([step for step in ordered if 1 <= step <= last]), [last + 1, last + 1]]
+    return [[before[1] + 1, after[0] - 1] for before, after in itertools.pairwise(ends) if after[0] > before[1] + 1]
 
 
 def _steps_text(named: dict[str, Any]) -> str:

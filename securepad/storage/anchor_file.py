@@ -138,11 +138,8 @@ class AnchorFile:
         lock = self.path.with_name(self.path.name + ".lock")
         try:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise SecurepadError(f"cannot open the anchor's lock {lock}: {exc.strerror}") from None
-        if not self.allow_shared:
-            check_directory(self.path.parent, "anchor", STORE_OVERRIDE)
-        try:
+            if not self.allow_shared:
+                check_directory(self.path.parent, "anchor", STORE_OVERRIDE)
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             raise SecurepadError(f"cannot open the anchor's lock {lock}: {exc.strerror}") from None

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..errors import SecurepadError
-from .postgres.functions import pg_lean_read_functions, pg_read_functions, pg_scoped_read_functions
+from .postgres.functions import pg_read_functions, pg_scoped_read_functions
 from .postgres.roles import ADMIN_ROLE, APP_ROLE
 
 __all__ = ["BEFORE", "MIGRATIONS", "NUMBERING_KEY", "SCHEMA_VERSION", "check_known", "steps", "version_of"]
@@ -376,7 +376,7 @@ MIGRATIONS: tuple[Step, ...] = (
     ),
     # 17: both read functions replaced by ones that run a lean statement first
     # when the snapshot moved (same signature, settings, owner and grants).
-    ({POSTGRES: _functions(pg_lean_read_functions())},),
+    ({POSTGRES: _functions(pg_read_functions(lean=True))},),
     # 18: SQLite: a turn's index holds the id, expiry and size of each entry
     # (the freshness token's rows' text reads them from it; the actor and
     # channel, which may be long, stay out: ``tables.quota``). PostgreSQL: the

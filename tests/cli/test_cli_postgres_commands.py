@@ -24,7 +24,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from securepad.cli import ENVIRONMENT, main
-from securepad.testing.pgbouncer import PgBouncer, find_pgbouncer
+from tests.support.pgbouncer import PgBouncer, find_pgbouncer
 
 LOG = "".join(f"line {i}{' ERROR' if i % 3 == 0 else ''}\n" for i in range(1, 21))
 

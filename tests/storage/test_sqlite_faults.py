@@ -37,7 +37,7 @@ from securepad import (
 )
 from securepad.cli import main
 from securepad.store import sqlite_of
-from securepad.testing.faults import damaged_copies, exercise
+from tests.support.faults import damaged_copies, exercise
 from tests.support.principals import ALICE
 
 

@@ -76,21 +76,18 @@ class Connections:
         self._pid = os.getpid()
         self._owned: list[ConnectionPool[Any]] = []
         self._inherited: list[object] = []
-        self.app, self.admin = self._pools()
-        self.lenders = self._lenders(self.app, self.admin)
+        self._open_pools()
 
-    def _pools(self) -> tuple[ConnectionPool[Any], ConnectionPool[Any]]:
+    def _open_pools(self) -> None:
+        """The application's and the admin's pools (one per DSN, made here; a
+        pool passed in as it is) and their lenders (one when they share a pool)."""
         made: dict[str, ConnectionPool[Any]] = {}
-
-        def pool(source: str | ConnectionPool[Any]) -> ConnectionPool[Any]:
-            if not isinstance(source, str):
-                return source
-            if source not in made:
-                made[source] = self._open_pool(source, made)
-                self._owned.append(made[source])
-            return made[source]
-
-        return pool(self._sources[0]), pool(self._sources[1])
+        for source in self._sources:
+            if isinstance(source, str) and source not in made:
+                self._owned.append(self._open_pool(source, made))
+        self.app, self.admin = (made[source] if isinstance(source, str) else source for source in self._sources)
+        lent = Lender(self.app, keep=self.app in self._owned)
+        self.lenders = lent, lent if self.admin is self.app else Lender(self.admin, keep=self.admin in self._owned)
 
     def _open_pool(self, source: str, made: dict[str, ConnectionPool[Any]]) -> ConnectionPool[Any]:
         """A pool for the DSN ``source``; on failure, the pools in ``made`` are closed too.
@@ -98,7 +95,8 @@ class Connections:
         Raises:
             StoreUnavailableError: the server refused or could not be reached.
         """
-        kwargs = {"autocommit": True, **self._limits_for(source)}
+        given = parse_dsn(source)  # the network limits the DSN does not set itself
+        kwargs = {"autocommit": True, **{key: value for key, value in self._network.items() if key not in given}}
         connection_class = handing_over()
         try:
             # A refusal is reported at once with the server's reason (a pool
@@ -127,16 +125,6 @@ class Connections:
             connection_class.close_spare()
         return opened
 
-    def _lenders(self, app: ConnectionPool[Any], admin: ConnectionPool[Any]) -> tuple[Lender, Lender]:
-        """The application's and the admin's lenders (one when they share a pool)."""
-        lent = Lender(app, keep=app in self._owned)
-        return lent, lent if admin is app else Lender(admin, keep=admin in self._owned)
-
-    def _limits_for(self, dsn: str) -> dict[str, Any]:
-        """The network limits the DSN does not set itself."""
-        given = parse_dsn(dsn)
-        return {key: value for key, value in self._network.items() if key not in given}
-
     def lender(self, admin: bool) -> Lender:
         """The lender of the admin's or the application's pool, in this process.
 
@@ -155,8 +143,7 @@ class Connections:
                     # Never closed nor collected: that would end the parent's sessions.
                     self._inherited.extend([*self._owned, *self.lenders])
                     self._owned = []
-                    self.app, self.admin = self._pools()
-                    self.lenders = self._lenders(self.app, self.admin)
+                    self._open_pools()
                     self._pid = os.getpid()
         return self.lenders[admin]
 

@@ -20,14 +20,14 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
-from ...errors import SecurepadError, StoreBusyError, StoreUnavailableError
+from ...errors import InvalidArgumentError, SecurepadError, StoreBusyError, StoreUnavailableError
 from ..base import DuplicateKeyError, OutcomeUnknown, Params, Rows
 from .connections import Connections, unavailable
 from .log import relay_pool_warnings
@@ -37,10 +37,11 @@ from .pool import CONNECT_TIMEOUT_S, describe_source
 from .prepared import Statements
 from .session import SYNCHRONOUS_COMMIT, Session
 
-__all__ = ["ADMIN_ROLE", "APP_ROLE", "SCHEMA_VERSION", "PostgresDatabase", "limits_for_call"]
+__all__ = ["ADMIN_ROLE", "APP_ROLE", "SCHEMA_VERSION", "PostgresDatabase"]
 
 # The time limits of every call (docs/reliability.md), each above the one
-# before, so a healthy server always answers first.
+# before, so a healthy server always answers first; a shorter call deadline
+# cuts each to fit under it in the same order.
 # A lock wait (an owner's, or the store's) before StoreBusyError.
 LOCK_TIMEOUT_MS = 30_000
 # One statement on the server, lock waits included.
@@ -53,23 +54,7 @@ CALL_TIMEOUT_S = 60.0
 DEFAULT_POOL_SIZE = 8
 
 
-def limits_for_call(call_timeout_s: float) -> dict[str, float | int]:
-    """The time limits for a whole-call deadline of ``call_timeout_s``: the
-    defaults, each cut to stay under the deadline in the same order.
-
-    Raises:
-        SecurepadError: the deadline is not a positive number of seconds.
-    """
-    if isinstance(call_timeout_s, bool) or not isinstance(call_timeout_s, int | float) or not call_timeout_s > 0:
-        raise SecurepadError(f"the call deadline must be a positive number of seconds, not {call_timeout_s!r}")
-    return {
-        "call_timeout_s": float(call_timeout_s),
-        "statement_timeout_ms": min(STATEMENT_TIMEOUT_MS, int(call_timeout_s * 750)),
-        "lock_timeout_ms": min(LOCK_TIMEOUT_MS, int(call_timeout_s * 500)),
-        "pool_timeout_s": min(POOL_TIMEOUT_S, call_timeout_s / 2),
-    }
-
-
+Limit = TypeVar("Limit", int, float)
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 # A read snapshot's first statement (``PostgresDatabase.snapshot``).
@@ -96,13 +81,17 @@ class PostgresDatabase:
         admin: str | ConnectionPool[Any] | None = None,
         schema: str = "securepad",
         pool_size: int = DEFAULT_POOL_SIZE,
-        lock_timeout_ms: int = LOCK_TIMEOUT_MS,
-        statement_timeout_ms: int = STATEMENT_TIMEOUT_MS,
-        connect_timeout_s: float = CONNECT_TIMEOUT_S,
-        pool_timeout_s: float = POOL_TIMEOUT_S,
         call_timeout_s: float = CALL_TIMEOUT_S,
+        lock_timeout_ms: int | None = None,
+        statement_timeout_ms: int | None = None,
+        pool_timeout_s: float | None = None,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
         durability: str = "normal",
     ) -> None:
+        if isinstance(call_timeout_s, bool) or not isinstance(call_timeout_s, int | float) or not call_timeout_s > 0:
+            raise InvalidArgumentError(
+                f"the call deadline must be a positive number of seconds, not {call_timeout_s!r}"
+            )
         if not _SCHEMA_RE.fullmatch(schema):
             raise SecurepadError(f"schema must be a lowercase SQL identifier, not {schema!r}")
         if durability not in SYNCHRONOUS_COMMIT:
@@ -111,7 +100,10 @@ class PostgresDatabase:
         self.schema = schema
         relay_pool_warnings()
         self.session = Session(
-            schema, lock_timeout_ms=lock_timeout_ms, statement_timeout_ms=statement_timeout_ms, durability=durability
+            schema,
+            lock_timeout_ms=_fit(lock_timeout_ms, LOCK_TIMEOUT_MS, int(call_timeout_s * 500)),
+            statement_timeout_ms=_fit(statement_timeout_ms, STATEMENT_TIMEOUT_MS, int(call_timeout_s * 750)),
+            durability=durability,
         )
         self._statements = Statements(schema)
         # The call of this thread's read snapshot (``snapshot``), while one is open.
@@ -122,13 +114,14 @@ class PostgresDatabase:
             schema=schema,
             pool_size=pool_size,
             connect_timeout_s=connect_timeout_s,
-            pool_timeout_s=pool_timeout_s,
-            call_timeout_s=call_timeout_s,
+            pool_timeout_s=_fit(pool_timeout_s, POOL_TIMEOUT_S, call_timeout_s / 2),
+            call_timeout_s=float(call_timeout_s),
         )
         self.location = describe_source(app, schema)
-        self.upgraded: tuple[int, int] | None = None
         try:
-            self._migrate()
+            self.upgraded: tuple[int, int] | None = migrate(
+                schema, self._app_version, lambda: self.connections.lender(admin=True).drain()
+            )
         except BaseException:
             self.close()
             raise
@@ -225,11 +218,14 @@ class PostgresDatabase:
             StoreUnavailableError: the server cannot be reached or did not answer in time.
         """
         pinned: Watch | None = getattr(self._pinned, "call", None)
-        if pinned is not None:
-            return self._in_snapshot(pinned, owner, statements)
-        batch = [self.session.settings(owner, admin), *((translate(sql), params) for sql, params in statements)]
-        call: Watch | None = None
+        # Inside this thread's ``snapshot``: on its connection (never sent again), as housekeeping with ``owner`` set.
+        settings = self.session.settings(owner, admin or pinned is not None)
+        batch = [settings, *((translate(sql), params) for sql, params in statements)]
+        call = pinned
         try:
+            if pinned is not None:
+                pinned.deadline = time.monotonic() + self.connections.call_timeout(True)
+                return [rows_of(pinned, result) for result in send(pinned, self._statements, batch, first=False)[1:]]
             for attempt in range(self.connections.pool_size + 1):
                 call = self.connections.checkout(admin)
                 try:
@@ -292,17 +288,6 @@ class PostgresDatabase:
                 return
         raise StoreUnavailableError("PostgreSQL did not keep the read snapshot's transaction open; try again")
 
-    def _in_snapshot(self, call: Watch, owner: str | None, statements: tuple[tuple[str, Params], ...]) -> list[Rows]:
-        """``queries`` inside this thread's ``snapshot``: on its connection, as
-        housekeeping with ``owner`` set (no retry: the snapshot is the connection's)."""
-        batch = [self.session.settings(owner, True), *((translate(sql), params) for sql, params in statements)]
-        call.deadline = time.monotonic() + self.connections.call_timeout(True)
-        try:
-            results = send(call, self._statements, batch, first=False)
-            return [rows_of(call, result) for result in results[1:]]
-        except psycopg.OperationalError as exc:
-            raise _failure(exc, call) from None
-
     def read_scope(self) -> object:
         """None: a cached read's token (``tables.heads.reading``) is the server's snapshot and digest,
         on any connection."""
@@ -328,12 +313,14 @@ class PostgresDatabase:
             return None
         return None if rows[0]["v"] is None else int(rows[0]["v"])
 
-    def _migrate(self) -> None:
-        self.upgraded = migrate(self.schema, self._app_version, lambda: self.connections.lender(admin=True).drain())
-
     def close(self) -> None:
         """Close the pools this object made (never one that was passed in)."""
         self.connections.close()
+
+
+def _fit(given: Limit | None, default: Limit, cap: Limit) -> Limit:
+    """A time limit: the one ``given``, else the default cut to ``cap`` (its share of the call's deadline)."""
+    return min(default, cap) if given is None else given
 
 
 def _failure(exc: psycopg.Error, call: Watch | None) -> SecurepadError:

@@ -13,7 +13,6 @@ __all__ = [
     "PG_FRESHNESS",
     "PG_INVENTORY_SQL",
     "PG_NO_FRESHNESS",
-    "pg_lean_read_functions",
     "pg_read_functions",
     "pg_scoped_read_functions",
 ]
@@ -179,43 +178,25 @@ def _numbered(sql: str) -> str:
     return "".join(piece + (f"${index}" if index < len(pieces) else "") for index, piece in enumerate(pieces, 1))
 
 
-def pg_read_functions() -> dict[str, str]:
-    """Schema 14's read functions: name -> ``CREATE FUNCTION`` and ``REVOKE``."""
-    return {
-        name: _PG_READ_FUNCTION.format(
-            name=name, warm_turn=warm_turn, statement=_numbered(_STATEMENT.format(turn=turn))
-        )
-        for turn, (name, warm_turn) in _PG_FUNCTIONS.items()
-    }
+def _function(template: str, name: str, turn: str, warm_turn: str) -> str:
+    """The read function ``name`` of ``template``, its statements reading ``turn`` (its warm branch: ``warm_turn``)."""
+    lean, statement = (_numbered(sql.format(turn=turn)) for sql in (_PG_LEAN, _STATEMENT))
+    return template.format(name=name, warm_turn=warm_turn, lean=lean, statement=statement)
 
 
-def pg_lean_read_functions() -> dict[str, str]:
-    """Schema 17's read functions, the lean statement first (same signature, settings and owner)."""
-    return {
-        name: _PG_LEAN_READ_FUNCTION.format(
-            name=name,
-            warm_turn=warm_turn,
-            lean=_numbered(_PG_LEAN.format(turn=turn)),
-            statement=_numbered(_STATEMENT.format(turn=turn)),
-        )
-        for turn, (name, warm_turn) in _PG_FUNCTIONS.items()
-    }
+def pg_read_functions(*, lean: bool = False) -> dict[str, str]:
+    """Schema 14's read functions (``lean``: schema 17's, the lean statement first, with the same
+    signature, settings and owner): name -> ``CREATE FUNCTION`` and ``REVOKE``."""
+    template = _PG_LEAN_READ_FUNCTION if lean else _PG_READ_FUNCTION
+    return {name: _function(template, name, turn, warm) for turn, (name, warm) in _PG_FUNCTIONS.items()}
 
 
 def pg_scoped_read_functions() -> dict[str, str]:
     """Schema 18's entry read function (``DROP``, ``CREATE``, ``REVOKE``):
     schema 17's, with the id's turn found within the caller's scope."""
     name = "entry_turn_inventory"
-    turn = _PG_SCOPED_TURN.format(id="?")
     create = _PG_LEAN_READ_FUNCTION.replace("CREATE OR REPLACE FUNCTION", "CREATE FUNCTION").replace(
         _PG_ARGUMENTS, _PG_SCOPED_ARGUMENTS
     )
-    return {
-        name: f"DROP FUNCTION {name}{_PG_ARGUMENTS};\n"
-        + create.format(
-            name=name,
-            warm_turn=_PG_SCOPED_TURN.format(id="$2"),
-            lean=_numbered(_PG_LEAN.format(turn=turn)),
-            statement=_numbered(_STATEMENT.format(turn=turn)),
-        )
-    }
+    turns = (_PG_SCOPED_TURN.format(id="?"), _PG_SCOPED_TURN.format(id="$2"))
+    return {name: f"DROP FUNCTION {name}{_PG_ARGUMENTS};\n" + _function(create, name, *turns)}

@@ -3,6 +3,7 @@ applied under an advisory lock: one migration at a time per database."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable
 from typing import Any
@@ -19,8 +20,9 @@ from .roles import ADMIN_ROLE, APP_ROLE
 __all__ = ["ADMIN_ROLE", "APP_ROLE", "SCHEMA_VERSION", "lock_key", "migrate", "reason"]
 
 
+@functools.lru_cache(maxsize=4096)
 def lock_key(*parts: str) -> int:
-    """A signed 64-bit advisory-lock key."""
+    """A signed 64-bit advisory-lock key (remembered: the same owners' and turns' keys at every transaction)."""
     digest = hashlib.blake2b("\x00".join(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
 

@@ -21,7 +21,6 @@ __all__ = [
     "KEEP_S",
     "HandOver",
     "Lender",
-    "describe",
     "describe_source",
     "handing_over",
     "parse_dsn",
@@ -186,6 +185,3 @@ def store_present(dsn: str, schema: str = "securepad") -> bool:
             f"cannot connect to PostgreSQL at {describe_source(dsn, schema)}: {reason(exc)}"
         ) from None
     return bool(row and row[0])
-
-
-describe = describe_source

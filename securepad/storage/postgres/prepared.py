@@ -24,6 +24,7 @@ import re
 import secrets
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -38,17 +39,15 @@ MAX_PER_CONNECTION = 256
 _PLACEHOLDER = re.compile(r"%%|%s")
 
 
+@dataclass(slots=True, eq=False)
 class _Session:
     """What one client connection prepared: (schema, SQL) -> name, and its anchor."""
 
-    __slots__ = ("anchor", "count", "names", "plans", "token")
-
-    def __init__(self) -> None:
-        self.token = secrets.token_hex(6)
-        self.count = 0
-        self.names: dict[tuple[str, str], str] = {}
-        self.anchor: str | None = None
-        self.plans: dict[_PlanKey, _Plan] = {}
+    token: str = field(default_factory=lambda: secrets.token_hex(6))
+    count: int = 0
+    names: dict[tuple[str, str], str] = field(default_factory=dict)
+    anchor: str | None = None
+    plans: dict[_PlanKey, _Plan] = field(default_factory=dict)
 
     def new_name(self) -> str:
         self.count += 1
@@ -67,17 +66,15 @@ _PlanKey = tuple[bool, tuple[str, ...]]
 _Plan = tuple[tuple[Command, ...], tuple[tuple[int, str], ...]]
 
 
+@dataclass(slots=True, eq=False)
 class Message:
     """One message: its commands, where each statement's result is among the
     message's results, and the names it prepares."""
 
-    __slots__ = ("commands", "prepared", "results", "session")
-
-    def __init__(self, session: _Session | None) -> None:
-        self.commands: list[Command] = []
-        self.results: list[int] = []
-        self.session = session
-        self.prepared: dict[tuple[str, str], str] = {}
+    session: _Session | None
+    commands: list[Command] = field(default_factory=list)
+    results: list[int] = field(default_factory=list)
+    prepared: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 class Statements:

@@ -10,8 +10,6 @@ store's alone for store-wide housekeeping.
 
 from __future__ import annotations
 
-import functools
-
 from ..base import Params
 from .connections import HOUSEKEEPING_FACTOR
 from .migrate import ADMIN_ROLE, APP_ROLE, lock_key
@@ -66,7 +64,7 @@ class Session:
         if owner is not None and turn is not None:  # the owner's lock shared, then its turn's (always that order)
             text, locks = _OPENING_TURN, self.turn_locks(owner, turn)
         elif owner is not None:
-            text, locks = _OPENING_OWNER, (self._store_lock, _lock_key("securepad-owner", self.schema, owner))
+            text, locks = _OPENING_OWNER, (self._store_lock, lock_key("securepad-owner", self.schema, owner))
         elif wait:
             text, locks = _OPENING_STORE, (self._store_lock,)
         else:
@@ -77,12 +75,6 @@ class Session:
         """The advisory locks of a write of one turn: the store's and the owner's shared, the turn's."""
         return (
             self._store_lock,
-            _lock_key("securepad-owner", self.schema, owner),
-            _lock_key("securepad-turn", self.schema, owner, turn),
+            lock_key("securepad-owner", self.schema, owner),
+            lock_key("securepad-turn", self.schema, owner, turn),
         )
-
-
-@functools.lru_cache(maxsize=4096)
-def _lock_key(*parts: str) -> int:
-    """``lock_key``, remembered: the same owners' and turns' keys at every transaction."""
-    return lock_key(*parts)

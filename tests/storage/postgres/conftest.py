@@ -15,7 +15,7 @@ from securepad import Keyring, Policy, Scratchpad
 @pytest.fixture
 def proxy(pg_database: str) -> Iterator[Any]:
     """A ``FaultyProxy`` in front of the test session's database."""
-    from securepad.testing.faults import proxy_for
+    from tests.support.faults import proxy_for
 
     faulty = proxy_for(pg_database)
     yield faulty
@@ -26,7 +26,7 @@ def proxy(pg_database: str) -> Iterator[Any]:
 def faulty_pad(pg_dsn: str, proxy: Any, keyring: Keyring) -> Iterator[Scratchpad]:
     """A store whose every connection goes through the proxy, with the tests' short limits."""
     from securepad.storage.postgres.database import PostgresDatabase
-    from securepad.testing.faults import LIMITS, through
+    from tests.support.faults import LIMITS, through
 
     db = PostgresDatabase(through(pg_dsn, proxy), schema="securepad", pool_size=4, **LIMITS)
     pad = Scratchpad(db, keyring, Policy.default(), time.time)

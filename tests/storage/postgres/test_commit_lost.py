@@ -8,7 +8,7 @@ again under the same locks (so after that COMMIT, if it ran): it looks its
 rows up by id and returns them if they are stored, or writes the same rows
 once if not. When even that fails, the error is ``StoreUnavailableError``
 naming the entries that may be stored. Faults come from
-``securepad.testing.faults.FaultyProxy`` on 127.0.0.1, which drops the answer
+``tests.support.faults.FaultyProxy`` on 127.0.0.1, which drops the answer
 to a COMMIT (the transaction applied) or the COMMIT itself (rolled back).
 """
 
@@ -30,8 +30,8 @@ if importlib.util.find_spec("langgraph") is None:  # found, not imported: the sa
 
 from securepad._steps import put_next  # noqa: E402
 from securepad.store import parts  # noqa: E402
-from securepad.testing.faults import FaultyProxy  # noqa: E402
 from securepad.turn import record_next  # noqa: E402
+from tests.support.faults import FaultyProxy  # noqa: E402
 from tests.support.principals import ALICE  # noqa: E402
 
 if TYPE_CHECKING:

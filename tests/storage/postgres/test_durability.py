@@ -97,7 +97,7 @@ def test_through_pgbouncer_the_setting_never_reaches_the_next_transaction(pg_dsn
     """PgBouncer in transaction pooling mode with one server connection: a store
     transaction and a plain client's next one run on the same server session;
     the plain one sees the server's default."""
-    from securepad.testing.pgbouncer import PgBouncer, find_pgbouncer, pooled_store
+    from tests.support.pgbouncer import PgBouncer, find_pgbouncer, pooled_store
 
     if find_pgbouncer() is None:
         reason = "the PgBouncer tests need Debian's pgbouncer (apt-get install pgbouncer)"

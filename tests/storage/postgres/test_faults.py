@@ -24,7 +24,7 @@ from securepad import Keyring, Scratchpad, StoreBusyError, StoreUnavailableError
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from securepad.cli import main  # noqa: E402
 from securepad.storage.postgres.database import PostgresDatabase  # noqa: E402  (needs psycopg)
-from securepad.testing.faults import LIMITS, FaultyProxy, through  # noqa: E402
+from tests.support.faults import LIMITS, FaultyProxy, through  # noqa: E402
 from tests.support.principals import ALICE  # noqa: E402
 
 

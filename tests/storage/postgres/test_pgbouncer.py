@@ -21,7 +21,7 @@ import pytest
 
 from securepad import Keyring, Principal, Scratchpad, SecurepadError
 from securepad.store import parts
-from securepad.testing.pgbouncer import PgBouncer, find_pgbouncer, pooled_store
+from tests.support.pgbouncer import PgBouncer, find_pgbouncer, pooled_store
 
 CLIENTS = 64
 STORES = 8  # 8 stores x 8 pooled connections = 64 client connections to PgBouncer

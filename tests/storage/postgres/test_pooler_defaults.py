@@ -26,7 +26,7 @@ import pytest
 
 from securepad import InvalidArgumentError, Keyring, Principal, Scratchpad
 from securepad.store import parts
-from securepad.testing.pgbouncer import PgBouncer, find_pgbouncer
+from tests.support.pgbouncer import PgBouncer, find_pgbouncer
 
 CLIENTS = 64
 STORES = 8  # 8 stores x 8 connections (the default pool size) = 64 client connections

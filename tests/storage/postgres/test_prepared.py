@@ -131,7 +131,7 @@ def test_through_a_transaction_pooler_the_store_stops_preparing_and_loses_nothin
     prepares at first; as soon as a transaction lands on another server
     session, its anchor fails and the store sends everything unprepared from
     then on: 16 clients, 0 errors, every write read back."""
-    from securepad.testing.pgbouncer import PgBouncer, find_pgbouncer
+    from tests.support.pgbouncer import PgBouncer, find_pgbouncer
 
     if find_pgbouncer() is None:
         if os.environ.get("CI", "").lower() == "true":

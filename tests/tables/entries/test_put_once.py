@@ -37,9 +37,9 @@ from securepad.storage.postgres.prepared import Statements  # noqa: E402
 from securepad.store import parts  # noqa: E402
 from securepad.tables.entries import prepare  # noqa: E402
 from securepad.tables.heads.heads import Heads  # noqa: E402
-from securepad.testing.pgbouncer import PgBouncer, find_pgbouncer  # noqa: E402
 from tests.support.counting import CountingConnection, counted  # noqa: E402
 from tests.support.pg_prepared_runs import ran  # noqa: E402  (needs psycopg)
+from tests.support.pgbouncer import PgBouncer, find_pgbouncer  # noqa: E402
 from tests.support.principals import ALICE, BOB  # noqa: E402
 
 Single = tuple[Scratchpad, ConnectionPool[Any]]

@@ -29,7 +29,7 @@ from securepad.errors import IntegrityError, NotFoundError
 from securepad.store import parts
 from securepad.tables.heads.reading import HeadCache
 from securepad.tables.heads.tally import Head
-from securepad.testing.meters import ReadMeter
+from tests.support.meters import ReadMeter
 from tests.support.principals import ALICE, NOW
 from tests.support.tamper_edits import raw_file, record_batches
 

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from securepad import Keyring, Policy, Principal, Scratchpad
 from securepad.errors import IntegrityError, StoreBusyError
 from securepad.store import parts
-from securepad.testing.meters import ReadMeter
+from tests.support.meters import ReadMeter
 from tests.support.principals import ALICE, BOB, NOW
 from tests.support.tamper_edits import raw_file
 

@@ -22,14 +22,14 @@ import pytest
 
 from securepad import Keyring, Scratchpad
 from securepad.errors import IntegrityError, NotFoundError
-from securepad.testing.meters import ReadMeter
+from tests.support.meters import ReadMeter
 from tests.support.tamper_edits import record_batches
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from psycopg_pool import ConnectionPool  # noqa: E402
 
-from securepad.testing.pgbouncer import PgBouncer, find_pgbouncer  # noqa: E402
 from tests.support.counting import CountingConnection, trips  # noqa: E402
+from tests.support.pgbouncer import PgBouncer, find_pgbouncer  # noqa: E402
 from tests.support.principals import ALICE, NOW  # noqa: E402
 
 LATER = NOW + 100

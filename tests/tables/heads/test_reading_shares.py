@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from securepad import Scratchpad
 from securepad.tables.heads.reading import CACHE_TURNS, HeadCache
 from securepad.tables.heads.tally import Head
-from securepad.testing.meters import ReadMeter
+from tests.support.meters import ReadMeter
 from tests.support.principals import ALICE, BOB, NOW
 
 

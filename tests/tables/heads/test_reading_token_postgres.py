@@ -29,7 +29,7 @@ import pytest
 from securepad import Keyring, Principal, Scratchpad
 from securepad.errors import IntegrityError
 from securepad.store import parts
-from securepad.testing.meters import ReadMeter
+from tests.support.meters import ReadMeter
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from psycopg.rows import dict_row  # noqa: E402  (needs psycopg)
@@ -378,7 +378,7 @@ SCHEMA_14_FUNCTIONS = {
 }
 
 
-# The same for schema 17, which replaces both (``pg_lean_read_functions``).
+# The same for schema 17, which replaces both (``pg_read_functions(lean=True)``).
 SCHEMA_17_FUNCTIONS = {
     "entry_turn_inventory": "50c52cf5cbcee81894a5c7c4c0115eb7f3fdf55950596347492f62c20365bbff",
     "turn_inventory": "a46b9a3a2bf45a2a4b74f07681b489f2db9b559364cd9217ad0a0a3cbe2ebfd2",
@@ -397,10 +397,10 @@ def test_schema_14_creates_the_functions_it_always_created() -> None:
 def test_schema_17_replaces_them_with_the_functions_it_always_created() -> None:
     import hashlib
 
-    from securepad.storage.postgres.functions import pg_lean_read_functions
+    from securepad.storage.postgres.functions import pg_read_functions
     from securepad.storage.schema import MIGRATIONS, POSTGRES
 
-    texts = pg_lean_read_functions()
+    texts = pg_read_functions(lean=True)
     assert {name: hashlib.sha256(text.encode()).hexdigest() for name, text in texts.items()} == SCHEMA_17_FUNCTIONS
     assert all(text.startswith(f"CREATE OR REPLACE FUNCTION {name}(") for name, text in texts.items())
     assert all(text in MIGRATIONS[17][0][POSTGRES] for text in texts.values())  # type: ignore[index]

@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from securepad import Keyring, NotFoundError, Principal, Scratchpad, SecurepadError
+from securepad import Keyring, NotFoundError, Scratchpad, SecurepadError
+from tests.support.principals import ALICE
 
 __all__ = ["ALICE", "LIMITS", "FaultyProxy", "damaged_copies", "exercise", "proxy_for", "through"]
-
-ALICE = Principal("alice", "planner", "web")
 
 # Small PostgreSQL limits, so that each fault shows within seconds (the tests' too).
 LIMITS: dict[str, Any] = {
