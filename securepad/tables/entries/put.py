@@ -263,7 +263,7 @@ class _Put:
         if not heads.last.has(owner, turn_id):
             return None
         version, wrapper = self.keys.current(owner)
-        if self.keys.flush_due(owner, version):  # as ``write_current`` decides it: that put writes them
+        if self.keys.flush_due(owner, version, 2):  # as ``write_current`` decides it: that put writes them
             return None
         try:
             sealed = self.seal(version, wrapper)
@@ -278,11 +278,9 @@ class _Put:
         if once is None:
             self.kept = (version, sealed)
             return None
-        # The entry's key and the head's seal: on SQLite (outcome known) counted once written;
-        # elsewhere once sent, whether or not it lands.
-        known = self.putter.dialect == "sqlite"
-        if not known:
-            self.keys.count_wraps_later(owner, version, 2)
+        # The entry's key and the head's seal, counted before the write whether or not it lands:
+        # a refused write leaves an overcount (the entry's key may be counted again by ``attempt``).
+        self.keys.count_wraps_later(owner, version, 2)
         try:
             written = db.write_once(owner, turn_id, once.sql, once.params)
         except DuplicateKeyError:
@@ -290,8 +288,6 @@ class _Put:
         except OutcomeUnknown as exc:
             raise _maybe_stored([str(row["id"])], str(exc)) from None
         if written == 1:
-            if known:
-                self.keys.count_wraps_later(owner, version, 2)
             heads.written_once(owner, turn_id, once)
             return str(row["id"]), once.spare
         if written is None:
