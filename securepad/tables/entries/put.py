@@ -246,7 +246,13 @@ class _Put:
         insert = (f"INSERT INTO entries({', '.join(row)}) SELECT {', '.join('?' * len(row))}", tuple(row.values()))
         free = None if self.step is None else (_STEP_FREE.format(step=self.step[0]), (*self.step[1], self.created))
         once = heads.change_once(
-            owner, turn_id, lambda head: head.add("e", row["id"], entry_item(row)), (version, wrapper), insert, free
+            owner,
+            turn_id,
+            lambda head: head.add("e", row["id"], entry_item(row)),
+            (version, wrapper),
+            insert,
+            free,
+            self.step_num,
         )
         if once is None:
             self.kept = (version, sealed)

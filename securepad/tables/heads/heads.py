@@ -433,17 +433,22 @@ class Heads:
         sealing: tuple[int, Wrapper],
         insert: tuple[str, Params],
         condition: tuple[str, Params] | None = None,
+        step: int | None = None,
     ) -> Once | None:
         """``change`` without reading the head this process sealed last (``LastSealed``): one
         statement with the caller's ``insert`` that writes only if the stored head is
-        still that one; None without a record, or past the turn's reservation."""
+        still that one and ``condition`` holds; None without a record, or past the
+        turn's reservation. A ``condition`` that a ``step`` is free is left out when
+        the step is above every step that head counts: the turn holds no entry with it."""
         version, wrapper = sealing
         if self.inventories.tampered(owner, turn_id) is not None:
             return None  # ``change`` checks the turn with the write
         found = self.last.following(owner, turn_id, edit, self.inventories.terms(owner, turn_id), wrapper, version)
         if found is None:
             return None
-        last, head, spare = found
+        last, head, spare, recorded = found
+        if step is not None and step > recorded:
+            condition = None
         self._cache.drop(owner, turn_id)
         self._keys.count_wraps_later(owner, version, 1)
         statement, params = once_sql(insert, owner, turn_id, head, last, condition)

@@ -94,14 +94,16 @@ class LastSealed:
         term: Callable[[str, str, tuple[Any, ...]], int],
         wrapper: Wrapper,
         version: int,
-    ) -> tuple[Sealed, Sealed, int] | None:
+    ) -> tuple[Sealed, Sealed, int, int] | None:
         """The turn's record taken out, the head that follows it once ``edit`` is applied,
-        sealed under ``version``, and the reservation left unused; None without a
-        record, or when the owner's usage head must change. The record stays out."""
+        sealed under ``version``, the reservation left unused and the highest step the
+        record counts; None without a record, or when the owner's usage head must
+        change. The record stays out."""
         last = self.take(owner, turn_id)
         if last is None:
             return None
         tally = last.opened()
+        recorded = tally.last  # before ``edit`` raises it
         change = HeadEdit(tally, term)
         edit(change)
         tally.b = max(tally.b, 0)
@@ -109,7 +111,7 @@ class LastSealed:
             return None
         body = tally.dumps()
         head = Sealed(version, wrapper.seal(body, head_aad(owner, turn_id, version)), body, tally)
-        return last, head, tally.r - tally.b
+        return last, head, tally.r - tally.b, recorded
 
 
 @dataclass
