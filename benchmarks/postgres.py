@@ -152,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with psycopg.connect(_dsn("postgres"), autocommit=True) as server:
         server.execute(f"ALTER DATABASE {DATABASE} SET synchronous_commit = {args.synchronous_commit}")
     config = dataclasses.replace(
-        Config.full(),
+        Config(),
         concurrency=((args.processes, args.threads),),
         concurrency_seconds=args.seconds,
         resume_steps=tuple(int(s) for s in args.resume_steps.split(",")),

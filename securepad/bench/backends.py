@@ -227,14 +227,17 @@ class _SqlBackend(Backend):
     def _new_id(self) -> Any:
         return secrets.token_hex(8)
 
+    def _row(self, turn_id: str, step: int, text: str, created: float, ttl: float) -> tuple[Any, ...]:
+        view = json.dumps(view_of(step, text))
+        return (self._new_id(), turn_id, step, created, created + ttl, view, text.encode("utf-8"))
+
     def put(self, turn_id: str, step: int, text: str, *, ttl: int = DEFAULT_TTL, now: float | None = None) -> str:
-        created = time.time() if now is None else now
-        conn, entry_id = self.conn, self._new_id()
-        row = (entry_id, turn_id, step, created, created + ttl, json.dumps(view_of(step, text)), text.encode("utf-8"))
+        conn = self.conn
+        row = self._row(turn_id, step, text, time.time() if now is None else now, ttl)
 
         def insert() -> Any:
             conn.execute(_INSERT, row)
-            return entry_id if entry_id is not None else conn.last_insert_rowid()
+            return row[0] if row[0] is not None else conn.last_insert_rowid()
 
         return str(self._write(insert))
 
@@ -256,15 +259,8 @@ class _SqlBackend(Backend):
         return history, [READ_TOOL] if history else []
 
     def fill_expired(self, count: int, size: int, now: float) -> None:
-        conn, created = self.conn, now - 10
-
-        def fill() -> None:
-            for i in range(count):
-                text = data.text(size, salt=i)
-                view = json.dumps(view_of(i, text))
-                conn.execute(_INSERT, (self._new_id(), "gc-turn", i, created, created + 1, view, text.encode()))
-
-        self._write(fill)
+        rows = (self._row("gc-turn", i, data.text(size, salt=i), now - 10, 1) for i in range(count))
+        self._write(lambda: self.conn.executemany(_INSERT, rows))
 
     def gc(self, now: float) -> int:
         conn = self.conn

@@ -52,11 +52,9 @@ def output(stdout: str, stderr: str) -> dict[str, Any]:
     return dict(json.loads(lines[-1])) if lines else {"error": stderr[-2000:]}
 
 
-def run(spec: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
+def run(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one task in a fresh process and return its JSON result; RuntimeError when it failed."""
-    proc = subprocess.run(
-        command(spec), capture_output=True, text=True, env=environment(), timeout=timeout, check=False
-    )
+    proc = subprocess.run(command(spec), capture_output=True, text=True, env=environment(), timeout=600, check=False)
     result = output(proc.stdout, proc.stderr)
     if proc.returncode != 0 or "error" in result:
         raise RuntimeError(f"child task {spec['task']} on {spec['backend']} failed:\n{result.get('error')}")
@@ -65,10 +63,9 @@ def run(spec: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
 
 def _status_kib(field: str) -> int | None:
     try:
-        status = Path("/proc/self/status").read_text()
+        found = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
     except OSError:
         return None
-    found = re.search(rf"^{field}:\s+(\d+) kB", status, re.MULTILINE)
     return int(found.group(1)) if found else None
 
 

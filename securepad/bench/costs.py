@@ -49,15 +49,25 @@ def counting(conn: apsw.Connection) -> Iterator[dict[str, int]]:
         counts["head_opens"] = WORK.head_opens - opened
 
 
-def measure(pad: Scratchpad, call: Callable[[], object]) -> dict[str, int]:
-    """The costs of ``call()`` on ``pad``'s SQLite store.
-    Raises RuntimeError: a reader kept the WAL from being emptied."""
-    db = sqlite_of(pad)
+def empty_wal(target: Scratchpad | apsw.Connection) -> apsw.Connection:
+    """Empty the write-ahead log of a store's SQLite database, or of a connection's,
+    and return the connection. Raises RuntimeError: a reader kept the WAL from being emptied."""
+    if isinstance(target, apsw.Connection):
+        target.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+        return target
+    db = sqlite_of(target)
     if not db.checkpoint():
         raise RuntimeError("a reader kept the WAL from being emptied; cannot count frames")
-    with counting(db.conn) as counts:
+    return db.conn
+
+
+def measure(target: Scratchpad | apsw.Connection, call: Callable[[], object]) -> dict[str, int]:
+    """The costs of ``call()`` on a store's SQLite database, or on a connection's.
+    Raises RuntimeError: a reader kept the WAL from being emptied."""
+    conn = empty_wal(target)
+    with counting(conn) as counts:
         call()
-    counts["wal_frames"] = frames_in(db.conn)
+    counts["wal_frames"] = frames_in(conn)
     return counts
 
 

@@ -14,7 +14,6 @@ import importlib
 import os
 import secrets
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
@@ -25,8 +24,8 @@ from securepad import Keyring, Scratchpad
 from . import data
 from .backends import PRINCIPAL, RawApswBackend, UnhardenedBackend, bench_policy
 from .config import Config, KiB, MiB, size_label
-from .costs import frames_in, put_costs
-from .stats import summarize, within
+from .costs import measure, put_costs
+from .stats import summarize, timed
 
 Record = dict[str, Any]
 Step = Callable[[str], None]
@@ -84,23 +83,15 @@ def _costs(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:
 
 def _raw_frames(root: Path, size: int) -> int:
     """WAL frames of one put of ``size`` bytes into the raw-apsw floor (after a warm-up put)."""
-    raw = RawApswBackend(root)
-    try:
+    text = data.text(size, salt=size)
+    with closing(RawApswBackend(root)) as raw:
         raw.put("warm", 0, "warm-up")
-        raw.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        raw.put("costs", 1, data.text(size, salt=size))
-        return frames_in(raw.conn)
-    finally:
-        raw.close()
+        return measure(raw.conn, lambda: raw.put("costs", 1, text))["wal_frames"]
 
 
 def _timed(cfg: Config, operation: Callable[[int], None], per_call: int) -> dict[str, Any]:
     """Run ``operation(i)`` within the put budget; stats per call, plus observations per second."""
-    samples: list[float] = []
-    for i in within(samples, cfg.put_budget_s, cfg.put_min_ops, max(cfg.put_min_ops, cfg.put_max_ops // per_call)):
-        t0 = time.perf_counter()
-        operation(i)
-        samples.append(time.perf_counter() - t0)
+    samples = timed(operation, cfg.put_budget_s, cfg.put_min_ops, max(cfg.put_min_ops, cfg.put_max_ops // per_call))
     stats = summarize(samples, nbytes=WRITE_BYTES * per_call)
     stats["obs_per_s"] = stats["ops_per_s"] * per_call
     return stats
@@ -278,12 +269,7 @@ def _peer_writes(cfg: Config, root: Path) -> list[Record]:
 def _read_stats(cfg: Config, read: Callable[[], str], expected: str) -> dict[str, Any]:
     if read() != expected:
         raise AssertionError("the tail read returned the wrong characters")
-    samples: list[float] = []
-    for _ in within(samples, cfg.read_budget_s, cfg.read_min_ops, cfg.read_max_ops):
-        t0 = time.perf_counter()
-        read()
-        samples.append(time.perf_counter() - t0)
-    return summarize(samples)
+    return summarize(timed(lambda _: read(), cfg.read_budget_s, cfg.read_min_ops, cfg.read_max_ops))
 
 
 def _tails(cfg: Config, root: Path, keyring: Keyring) -> list[Record]:

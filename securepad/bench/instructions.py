@@ -29,11 +29,12 @@ from typing import Any
 
 import apsw
 
+from .. import Scratchpad
 from ..storage.anchor import Anchor
 from ..store import sqlite_of
+from . import costs
 from .backends import PRINCIPAL, Backend, RawApswBackend, SecurepadBackend, bench_policy, open_backend
 from .child import environment, output
-from .costs import counting, frames_in
 from .data import text
 from .floor import SealedFloorBackend
 
@@ -72,6 +73,11 @@ def _open(name: str, root: Path) -> Backend:
     if name == SecurepadBackend.name:
         return SecurepadBackend(root, create=False, policy=bench_policy({"anchor_sync": MEASURED_ANCHOR_SYNC}))
     return open_backend(name, root, create=False)
+
+
+def _target(backend: Backend) -> Scratchpad | apsw.Connection:
+    """What ``costs`` measures of a backend: securepad's store, or the backend's connection."""
+    return backend.pad if isinstance(backend, SecurepadBackend) else backend.conn  # type: ignore[attr-defined]
 
 
 def _anchor(backend: SecurepadBackend) -> Anchor:
@@ -153,7 +159,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             for _ in range(calls):
                 call(serial)
                 serial += 1
-            _empty_wal(backend)
+            costs.empty_wal(_target(backend))
             seconds = time.process_time() - started
             marker()
             runs.append([op, label, seconds])
@@ -195,10 +201,6 @@ def _total(dump: Path) -> int:
     raise RuntimeError(f"callgrind wrote no total in {dump}")
 
 
-def has_valgrind() -> bool:
-    return shutil.which("valgrind") is not None
-
-
 def measure(
     workdir: Path,
     *,
@@ -209,19 +211,20 @@ def measure(
 ) -> dict[str, Any]:
     """Prepare, measure and count ``ops`` of ``backends``; ``method``: ``callgrind`` or ``cpu``
     (default: callgrind when valgrind is installed)."""
-    method = method or ("callgrind" if has_valgrind() else "cpu")
+    valgrind = shutil.which("valgrind") is not None
+    method = method or ("callgrind" if valgrind else "cpu")
     if method not in ("callgrind", "cpu"):
         raise ValueError(f"unknown method {method!r} (callgrind, cpu)")
     unknown = [op for op in ops if op not in OPERATIONS]
     if unknown:
         raise ValueError(f"unknown operations: {', '.join(unknown)} (known: {', '.join(OPERATIONS)})")
-    if method == "callgrind" and not has_valgrind():
+    if method == "callgrind" and not valgrind:
         raise RuntimeError("valgrind is not installed: measure with the cpu method")
     counts, listed = (TINY_COUNTS, TINY_LISTED) if tiny else (COUNTS, LISTED)
     results: dict[str, Any] = {
         "method": method,
         "unit": "instructions" if method == "callgrind" else "microseconds (CPU)",
-        "valgrind": has_valgrind(),
+        "valgrind": valgrind,
         "anchor_sync": MEASURED_ANCHOR_SYNC,
         "counts": counts,
         "operations": labels(listed),
@@ -241,12 +244,11 @@ def measure(
         found = _measured(spec, workdir, callgrind=method == "callgrind")
         figures = results["figures"][name] = {}
         for op in chosen:
-            n = counts[op]
             (seconds_n, ir_n), (seconds_2n, ir_2n) = found[(op, "N")], found[(op, "2N")]
             if ir_n is not None and ir_2n is not None:
-                per = (ir_2n - ir_n) / n
+                per = (ir_2n - ir_n) / counts[op]
             else:
-                per = (seconds_n + seconds_2n) / (3 * n) * 1e6
+                per = (seconds_n + seconds_2n) / (3 * counts[op]) * 1e6
             figures[op] = per / BATCH if op == "put_many" else per
         if "anchor_sync" in figures:
             figures["anchor_sync"] -= figures["put"]
@@ -279,20 +281,6 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _connection(backend: Backend) -> apsw.Connection:
-    if isinstance(backend, SecurepadBackend):
-        return sqlite_of(backend.pad).conn
-    return backend.conn  # type: ignore[attr-defined, no-any-return]
-
-
-def _empty_wal(backend: Backend) -> None:
-    if isinstance(backend, SecurepadBackend):
-        if not sqlite_of(backend.pad).checkpoint():
-            raise RuntimeError("a reader kept the WAL from being emptied; cannot count frames")
-    else:
-        _connection(backend).wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
-
-
 def work(name: str, workdir: Path, prepared: dict[str, Any], chosen: Sequence[str]) -> dict[str, dict[str, int]]:
     """One warm call of each operation of ``chosen``, counted: statements, WAL frames, key work."""
     root = workdir / "counted"
@@ -308,11 +296,7 @@ def work(name: str, workdir: Path, prepared: dict[str, Any], chosen: Sequence[st
             if op == "anchor_sync" and isinstance(backend, SecurepadBackend):
                 ops["put"](10_001 + 2 * serial)  # the sync alone is counted, after a put
                 call = _anchor(backend).advance
-            _empty_wal(backend)
-            conn = _connection(backend)
-            with counting(conn) as counted:
-                call()
-            counted["wal_frames"] = frames_in(conn)
+            counted = costs.measure(_target(backend), call)
             found[op] = {key: counted[key] for key in _WORK}
     finally:
         backend.close()

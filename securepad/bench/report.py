@@ -37,17 +37,11 @@ def fmt_time(seconds: float | None) -> str:
 
 
 def fmt_rate(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value >= 100:
-        return f"{value:,.0f}"
-    return f"{value:.3g}"
+    return "-" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
 def fmt_kib(kib: int | None) -> str:
-    if kib is None:
-        return "-"
-    return f"{kib / 1024:.1f} MiB" if kib >= 1024 else f"{kib} KiB"
+    return "-" if kib is None else f"{kib / 1024:.1f} MiB" if kib >= 1024 else f"{kib} KiB"
 
 
 def _ms(seconds: float) -> str:
@@ -410,22 +404,15 @@ def chart(results: Results, path: Path) -> str | None:
     w = results["workloads"]
     tails = [r for r in w.get("read", []) if r["mode"] == "tail"]
     conc = w.get("concurrent", [])
-
-    def size(r: Record) -> str:
-        return size_label(r["entry_bytes"])
-
-    def case(r: Record) -> str:
-        return str(r["case"])
-
     rss, resume = "tail 2000 chars: reader's extra peak RSS (MiB)", "resume a turn in a fresh process: median (ms)"
-    # (records, a bar's case, its value, title, log scale)
-    panels: list[tuple[list[Record], Callable[[Record], str], Callable[[Record], float], str, bool]] = [
-        (w.get("put", []), case, lambda r: r["stats"]["mb_per_s"], "put throughput (MB/s)", True),
-        (tails, size, lambda r: r["stats"]["median"] * 1e3, "tail 2000 chars: median (ms)", True),
-        (tails, size, lambda r: max(r["peak_rss_delta_kib"], 1) / 1024, rss, True),
-        (conc, case, lambda r: r["stats"]["ops_per_s"], "concurrent 50/50: total ops/s (PxT)", False),
-        (conc, case, lambda r: r["put"]["p99"] * 1e3, "concurrent 50/50: put p99 (ms)", True),
-        (w.get("resume", []), case, lambda r: r["stats"]["median"] * 1e3, resume, True),
+    # (records, a bar's value, title, log scale)
+    panels: list[tuple[list[Record], Callable[[Record], float], str, bool]] = [
+        (w.get("put", []), lambda r: r["stats"]["mb_per_s"], "put throughput (MB/s)", True),
+        (tails, lambda r: r["stats"]["median"] * 1e3, "tail 2000 chars: median (ms)", True),
+        (tails, lambda r: max(r["peak_rss_delta_kib"], 1) / 1024, rss, True),
+        (conc, lambda r: r["stats"]["ops_per_s"], "concurrent 50/50: total ops/s (PxT)", False),
+        (conc, lambda r: r["put"]["p99"] * 1e3, "concurrent 50/50: put p99 (ms)", True),
+        (w.get("resume", []), lambda r: r["stats"]["median"] * 1e3, resume, True),
     ]
     fig, axes = plt.subplots(2, 3, figsize=(17, 9.5))
     fig.suptitle(f"securepad benchmarks ({results['meta']['mode']} run, {results['meta']['machine']['summary']})")
@@ -437,25 +424,23 @@ def chart(results: Results, path: Path) -> str | None:
     return None
 
 
-def _bars(
-    ax: Any,
-    records: list[Record],
-    case_of: Callable[[Record], str],
-    value: Callable[[Record], float],
-    title: str,
-    log: bool,
-) -> None:
+def _case(r: Record) -> str:
+    """A bar's case: the entry's size of a read, else the record's case."""
+    return size_label(r["entry_bytes"]) if "entry_bytes" in r else str(r["case"])
+
+
+def _bars(ax: Any, records: list[Record], value: Callable[[Record], float], title: str, log: bool) -> None:
     ax.set_title(title, fontsize=10)
     if not records:
         ax.text(0.5, 0.5, "not in this run", ha="center", va="center", transform=ax.transAxes)
         return
-    cases = list(dict.fromkeys(case_of(r) for r in records))
+    cases = list(dict.fromkeys(_case(r) for r in records))
     backends = list(dict.fromkeys(r["backend"] for r in records))
     width = 0.8 / len(backends)
     for i, backend in enumerate(backends):
         xs, ys = [], []
         for j, case in enumerate(cases):
-            found = next((r for r in records if r["backend"] == backend and case_of(r) == case), None)
+            found = next((r for r in records if r["backend"] == backend and _case(r) == case), None)
             if found is not None and value(found):
                 xs.append(j + i * width - 0.4 + width / 2)
                 ys.append(value(found))

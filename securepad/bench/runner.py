@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -11,14 +12,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from . import report
@@ -27,19 +28,20 @@ from .config import Config
 from .floor import SealedFloorBackend
 from .workloads import WORKLOADS
 
+Records = list[dict[str, Any]]
+Step = Callable[[str, str], None]  # (backend, what it does now)
 # The default backends, and the sealed floor, run only when named.
 RUNNABLE: dict[str, type[Backend]] = {**BACKENDS, SealedFloorBackend.name: SealedFloorBackend}
 
 
-def parse_names(field: str, given: str) -> list[str]:
-    """The comma-separated backends, workloads or operations of ``given``.
+def parse_names(field: str, given: str | None) -> list[str]:
+    """The comma-separated backends, workloads or operations of ``given`` (None: the default ones).
     Raises ValueError: an unknown name (the message lists the known ones)."""
-    if field == "operations":
-        from .instructions import OPERATIONS
+    from .instructions import OPERATIONS
 
-        known: Sequence[str] | dict[str, Any] = OPERATIONS
-    else:
-        known = RUNNABLE if field == "backends" else WORKLOADS
+    known = {"operations": OPERATIONS, "backends": RUNNABLE, "workloads": WORKLOADS}[field]
+    if not given:
+        return list(BACKENDS if field == "backends" else known)
     chosen = [x.strip() for x in given.split(",") if x.strip()]
     unknown = [x for x in chosen if x not in known]
     if unknown:
@@ -61,23 +63,18 @@ def main(
     show_tables: bool = False,
 ) -> int:
     """Run the suite, print its summary and write ``<out>/<mode>.json`` (and ``.png``)."""
-    config = Config.quick() if quick or tiny else Config.full()
-    if tiny:
-        config = config.tiny()
-    console = Console()
+    config = Config().tiny() if tiny else Config().quick() if quick else Config()
     results = run(config, backends, workloads, workdir=workdir, progress=progress)
     out.mkdir(parents=True, exist_ok=True)
     json_path = out / f"{config.mode}.json"
     png_path = out / f"{config.mode}.png"
     written = [json_path]
-    results["meta"]["chart"] = None
-    if chart:
-        skipped = report.chart(results, png_path)
-        if skipped:
-            console.print(f"chart skipped: {skipped}", markup=False, highlight=False)
-        else:
-            results["meta"]["chart"] = png_path.name
-            written.append(png_path)
+    skipped = report.chart(results, png_path) if chart else None
+    results["meta"]["chart"] = png_path.name if chart and not skipped else None
+    if skipped:
+        Console().print(f"chart skipped: {skipped}", markup=False, highlight=False)
+    elif chart:
+        written.append(png_path)
     report.write_json(results, json_path)
     print(_text(results, [str(p) for p in written], show_targets, show_tables), end="")
     return 1 if results["failures"] else 0
@@ -97,12 +94,7 @@ def _text(results: dict[str, Any], written: list[str], show_targets: bool, show_
 
 
 def run(
-    config: Config,
-    backends: Sequence[str],
-    workloads: Sequence[str],
-    *,
-    workdir: Path | None = None,
-    progress: bool = True,
+    config: Config, backends: Sequence[str], workloads: Sequence[str], *, workdir: Path | None, progress: bool
 ) -> dict[str, Any]:
     err = Console(stderr=True)
     started = time.time()
@@ -141,9 +133,14 @@ def run(
         with bar:
             task = bar.add_task("benchmarks", total=total)
             for workload in workloads:
-                results["workloads"][workload] = _interleaved(
-                    workload, config, available, scratch, bar, task, results["failures"], err
-                )
+                started_at = bar.tasks[task].completed
+
+                def step(name: str, what: str, workload: str = workload) -> None:
+                    bar.update(task, description=f"{workload:<10} {name:<10} {what}", advance=1)
+
+                found = _interleaved(workload, config, available, scratch, step, results["failures"])
+                results["workloads"][workload] = found
+                bar.update(task, completed=started_at + WORKLOADS[workload][1](config) * len(available))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     results["targets"] = report.targets(results)
@@ -153,28 +150,12 @@ def run(
 
 
 def _interleaved(
-    workload: str,
-    config: Config,
-    names: Sequence[str],
-    scratch: Path,
-    bar: Progress,
-    task: TaskID,
-    failures: list[dict[str, Any]],
-    err: Console,
-) -> list[dict[str, Any]]:
+    workload: str, config: Config, names: list[str], scratch: Path, step: Step, failures: Records
+) -> Records:
     """Run one workload case by case on every backend back to back, so that a figure and
     its baseline share the machine's state; a backend that fails drops out of this workload."""
-    run, steps = WORKLOADS[workload]
-    started = bar.tasks[task].completed
-    cases: dict[str, Iterator[list[dict[str, Any]]]] = {}
-    for name in names:
-
-        def step(what: str, name: str = name) -> None:
-            bar.update(task, description=f"{workload:<10} {name:<10} {what}")
-            bar.advance(task)
-
-        cases[name] = run(config, name, scratch, step)
-    records: list[dict[str, Any]] = []
+    cases = {name: WORKLOADS[workload][0](config, name, scratch, functools.partial(step, name)) for name in names}
+    records: Records = []
     while cases:
         for name, pending in list(cases.items()):
             try:
@@ -184,8 +165,9 @@ def _interleaved(
             except Exception as exc:  # one broken backend must not cost the whole run
                 del cases[name]
                 failures.append({"workload": workload, "backend": name, "error": f"{type(exc).__name__}: {exc}"})
-                err.print(f"[red]failed:[/red] {workload} on {name}: {type(exc).__name__}: {exc}", highlight=False)
-    bar.update(task, completed=started + steps(config) * len(names))
+                Console(stderr=True).print(
+                    f"[red]failed:[/red] {workload} on {name}: {type(exc).__name__}: {exc}", highlight=False
+                )
     order = {name: i for i, name in enumerate(names)}
     return sorted(records, key=lambda r: order[r["backend"]])  # stable: each backend's cases stay in order
 
@@ -227,8 +209,7 @@ def machine(workdir: Path, scaling_seconds: float = 0.5) -> dict[str, Any]:
 
 
 def _proc_field(path: str, name: str) -> str | None:
-    lines = _lines(path)
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(name)), None)
+    return next((line.split(":", 1)[1].strip() for line in _lines(path) if line.startswith(name)), None)
 
 
 def _lines(path: str) -> list[str]:
@@ -244,16 +225,10 @@ _SPIN = "import sys, time\nt=time.perf_counter()\nn=0\nwhile time.perf_counter()
 def _cpu_scaling(seconds: float) -> float | None:
     """Work of two CPU-bound processes at once over one alone, each spinning for
     ``seconds``: 2.0 on two free cores."""
+    spin = [sys.executable, "-P", "-c", _SPIN, str(seconds)]
     try:
-        alone = int(
-            subprocess.run(
-                [sys.executable, "-P", "-c", _SPIN, str(seconds)], capture_output=True, text=True, check=True
-            ).stdout
-        )
-        pair = [
-            subprocess.Popen([sys.executable, "-P", "-c", _SPIN, str(seconds)], stdout=subprocess.PIPE, text=True)
-            for _ in range(2)
-        ]
+        alone = int(subprocess.run(spin, capture_output=True, text=True, check=True).stdout)
+        pair = [subprocess.Popen(spin, stdout=subprocess.PIPE, text=True) for _ in range(2)]
         together = sum(int(p.communicate()[0]) for p in pair)
     except (OSError, ValueError, subprocess.SubprocessError):
         return None
@@ -272,18 +247,14 @@ def _filesystem(path: Path) -> str | None:
     resolved = str(path.resolve())
     mounts = [line.split()[1:3] for line in _lines("/proc/mounts")]
     held = [(mount, fstype) for mount, fstype in mounts if resolved.startswith(mount)]
-    if not held:
-        return None
-    mount, fstype = max(held, key=lambda m: len(m[0]))
-    return f"{fstype} on {mount}"
+    longest = max(held, key=lambda m: len(m[0]), default=None)
+    return f"{longest[1]} on {longest[0]}" if longest else None
 
 
 def _git_commit() -> str | None:
-    here = Path(__file__).resolve().parent
+    command = ["git", "rev-parse", "--short", "HEAD"]
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
-        )
+        out = subprocess.run(command, cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 
@@ -42,3 +42,13 @@ def within(samples: list[float], budget_s: float, min_ops: int, max_ops: int) ->
     began = time.perf_counter()
     while len(samples) < max_ops and (len(samples) < min_ops or time.perf_counter() - began < budget_s):
         yield len(samples)
+
+
+def timed(call: Callable[[int], object], budget_s: float, min_ops: int, max_ops: int) -> list[float]:
+    """The seconds of each ``call(i)``, i = 0, 1, 2, ...: as many calls as ``within`` allows."""
+    samples: list[float] = []
+    for i in within(samples, budget_s, min_ops, max_ops):
+        t0 = time.perf_counter()
+        call(i)
+        samples.append(time.perf_counter() - t0)
+    return samples

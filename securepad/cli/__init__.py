@@ -18,22 +18,8 @@ Rules every command follows:
   progress bar or styled text.
 """
 
-from typing import TYPE_CHECKING, Any
-
 from .group import main
 from .options import ENVIRONMENT
 from .output import for_terminal
 
-if TYPE_CHECKING:
-    from .benchmark import bench
-
-__all__ = ["ENVIRONMENT", "bench", "for_terminal", "main"]
-
-
-def __getattr__(name: str) -> Any:
-    """``bench``, the benchmark's command, imported when first named."""
-    if name == "bench":
-        from .benchmark import bench
-
-        return bench
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["ENVIRONMENT", "for_terminal", "main"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -37,8 +38,8 @@ __all__ = ["bench"]
     default=None,
     help="Comma-separated workloads [default: all]: put, read, concurrent, resume, gc, open, hotpath.",
 )
-@click.option("--no-progress", is_flag=True, help="No progress bar.")
-@click.option("--no-chart", is_flag=True, help="Skip the PNG.")
+@click.option("--no-progress", "progress", flag_value=False, default=True, help="No progress bar.")
+@click.option("--no-chart", "chart", flag_value=False, default=True, help="Skip the PNG.")
 @click.option("--tiny", is_flag=True, hidden=True)  # the smoke test's config
 @click.option(
     "--from-json",
@@ -64,60 +65,34 @@ __all__ = ["bench"]
     default=None,
     help="Comma-separated operations --costs measures [default: all]: put, read, put_many, listing, anchor_sync.",
 )
-def bench(
-    quick: bool,
-    out: Path,
-    workdir: Path | None,
-    backends: str | None,
-    workloads: str | None,
-    no_progress: bool,
-    no_chart: bool,
-    tiny: bool,
-    from_json: Path | None,
-    show_targets: bool,
-    show_tables: bool,
-    costs: bool,
-    costs_method: str | None,
-    costs_ops: str | None,
-) -> None:
+def bench(**options: Any) -> None:
     """Benchmark securepad against raw SQLite, sqlite3, diskcache and SQLCipher on this machine.
 
     Prints a summary in 80 columns: securepad beside each baseline, per
     workload, and where the results are (every figure and target is in the
     JSON). Needs the bench extra (pip install '.[bench]'); writes under --out."""
     from ..bench import runner
-    from ..bench.backends import BACKENDS
-    from ..bench.workloads import WORKLOADS
 
-    if from_json is not None:
-        runner.print_saved(from_json, show_targets=show_targets, show_tables=show_tables)
-        return
-    if costs or costs_method is not None or costs_ops is not None:
+    saved, costs, method, ops = (options.pop(k) for k in ("from_json", "costs", "costs_method", "costs_ops"))
+    if saved is not None:
+        return runner.print_saved(saved, show_targets=options["show_targets"], show_tables=options["show_tables"])
+    if costs or method is not None or ops is not None:
         try:
-            ops = runner.parse_names("operations", costs_ops) if costs_ops else None
+            chosen = runner.parse_names("operations", ops)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--costs-ops") from None
         from ..bench import instructions
 
         try:
-            sys.exit(instructions.main(out=out, workdir=workdir, method=costs_method, tiny=tiny, ops=ops))
+            sys.exit(
+                instructions.main(
+                    out=options["out"], workdir=options["workdir"], method=method, tiny=options["tiny"], ops=chosen
+                )
+            )
         except RuntimeError as exc:
             raise click.ClickException(str(exc)) from None
     try:
-        chosen_backends = runner.parse_names("backends", backends) if backends else list(BACKENDS)
-        chosen_workloads = runner.parse_names("workloads", workloads) if workloads else list(WORKLOADS)
+        backends, workloads = (runner.parse_names(field, options.pop(field)) for field in ("backends", "workloads"))
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-    status = runner.main(
-        out=out,
-        quick=quick,
-        tiny=tiny,
-        workdir=workdir,
-        backends=chosen_backends,
-        workloads=chosen_workloads,
-        progress=not no_progress,
-        chart=not no_chart,
-        show_targets=show_targets,
-        show_tables=show_tables,
-    )
-    sys.exit(status)
+    sys.exit(runner.main(backends=backends, workloads=workloads, **options))

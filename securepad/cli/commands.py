@@ -14,7 +14,7 @@ import click
 
 from .. import SCRATCHPAD_READ_TOOL, InvalidArgumentError, Principal, SecurepadError
 from .options import SecurepadSubgroup, command, confirmed, current_state, emit, global_options
-from .output import console, for_terminal, plain, print_json, print_line, print_note, to_json, write_new_file
+from .output import for_terminal, print_json, print_line, print_note, print_styled, print_table, to_json, write_new_file
 
 __all__ = ["delete", "get", "init", "list_", "mcp", "put", "read", "turn_group"]
 
@@ -108,15 +108,7 @@ def _decode(raw: bytes, kind: str) -> Any:
 )
 @click.option("--ttl", "ttl_seconds", type=int, default=None, help="Seconds until it expires (policy default).")
 @click.argument("source", type=click.File("rb"), default="-")
-def put(
-    principal: Principal,
-    turn: str,
-    step_num: int,
-    executor_name: str,
-    kind: str,
-    ttl_seconds: int | None,
-    source: Any,
-) -> None:
+def put(principal: Principal, turn: str, kind: str, source: Any, **entry: Any) -> None:
     """Store an observation read from SOURCE (a file, or - for standard input).
 
     A step of a turn holds one live entry: a step already recorded is refused.
@@ -128,7 +120,7 @@ def put(
     if kind != "json" and isinstance(name, str) and name not in ("-", "<stdin>"):
         observation = {"content": observation, "metadata": {"source": Path(name).name}}
     with current_state().open() as pad:
-        view = pad.put(principal, turn, step_num, executor_name, observation, ttl_seconds)
+        view = pad.put(principal, turn, observation=observation, **entry)
 
     def render(v: dict[str, Any]) -> None:
         where = f"step {v['step_num']} of turn {turn}"
@@ -289,14 +281,11 @@ def list_(principal: Principal, turn: str) -> None:
         rows = pad.list_for_turn(principal, turn)
 
     def render(entries: list[dict[str, Any]]) -> None:
-        from rich.table import Table
-
-        table = Table("step", "id", "executor", "kind", "bytes", "summary")
+        rows = []
         for e in entries:
             first_line = e["summary"].splitlines()[0][:60] if e["summary"] else ""
-            cells = (e["step_num"], e["scratchpad_id"], e["executor_name"], e["kind"], e["size_bytes"], first_line)
-            table.add_row(*map(plain, cells))
-        console().print(table)
+            rows.append((e["step_num"], e["scratchpad_id"], e["executor_name"], e["kind"], e["size_bytes"], first_line))
+        print_table(("step", "id", "executor", "kind", "bytes", "summary"), rows)
 
     emit([{k: v for k, v in e.items() if k != "view"} for e in rows], render)
 
@@ -314,18 +303,12 @@ def turn_show(principal: Principal, turn: str) -> None:
         steps = pad.turn(principal, turn).steps()
 
     def render(items: list[dict[str, Any]]) -> None:
-        from rich.text import Text
-
         if not items:
             print_line(f"turn {turn!r} has no live steps for this owner")
         for item in items:
             where = f"offloaded as {item['scratchpad_id']}" if item["offloaded"] else "inline"
-            console().print(
-                Text.assemble(
-                    ("step ", "bold"), (str(item["step_num"]), "bold"), " ", plain(f"{item['executor_name']} ({where})")
-                ),
-                highlight=False,
-            )
+            step = ("step ", "bold"), (str(item["step_num"]), "bold")
+            print_styled(*step, " ", f"{item['executor_name']} ({where})", soft_wrap=False)
             print_json(item["shown"])
 
     emit(steps, render)

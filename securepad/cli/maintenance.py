@@ -17,7 +17,7 @@ from click.core import ParameterSource
 from .. import InvalidArgumentError, Principal, SecurepadError
 from .key_files import key_file_use, record_key_file_use
 from .options import SecurepadSubgroup, State, command, confirmed, current_state, emit, global_options
-from .output import console, for_terminal, plain, print_line, print_note, progress, write_new_file
+from .output import for_terminal, print_line, print_note, print_styled, print_table, progress, write_new_file
 
 if TYPE_CHECKING:
     from .. import Keyring, Scratchpad
@@ -121,12 +121,10 @@ def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
 
 def _render_figures(v: dict[str, Any], title: str | None = None) -> None:
     """Figures as ``name  value`` lines, nested ones under dotted names."""
-    from rich.text import Text
-
     rows = _flatten(v)
     width = min(max((len(name) for name, _ in rows), default=0), 32)
     if title:
-        console().print(Text(for_terminal(title), "bold"), highlight=False, soft_wrap=True)
+        print_styled((title, "bold"))
     for name, text in rows:
         print_line(f"{name:<{width}}  {text}")
 
@@ -165,8 +163,6 @@ def demo() -> None:
 
     On the configured store (its demo owners removed afterwards), or on a throwaway
     store when there is none yet or the store is on PostgreSQL."""
-    from rich.text import Text
-
     from ..audit.demo import run_demo
 
     state = current_state()
@@ -183,8 +179,8 @@ def demo() -> None:
         for step in run_demo(pad):
             steps.append({"step": step.title, "result": step.detail, "ok": step.ok})
             if not state.as_json:
-                mark = Text("ok", "green") if step.ok else Text("FAILED", "red")
-                console().print(Text.assemble(mark, "  ", plain(f"{step.title}: {step.detail}")), highlight=False)
+                mark = ("ok", "green") if step.ok else ("FAILED", "red")
+                print_styled(mark, "  ", f"{step.title}: {step.detail}", soft_wrap=False)
     emit(steps, lambda _: None, ok=all(s["ok"] for s in steps))  # shown step by step as it ran
 
 
@@ -199,22 +195,16 @@ def verify() -> None:
 
 
 def _render_verify(r: dict[str, Any]) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
     counts = ", ".join(
         f"{r[k]} {k.replace('_', ' ')}" for k in ("owners", "turns", "entries", "checkpoints", "compaction_marks")
     )
     if r["ok"]:
-        console().print(Text("verify: no problem found", "green"), soft_wrap=True)
+        print_styled(("verify: no problem found", "green"))
     else:
-        table = Table("owner", "turn", "id", "what", "problem", title=plain(f"{len(r['problems'])} problems"))
-        for p in r["problems"]:
-            table.add_row(
-                *(plain("" if p[k] is None else p[k]) for k in ("owner_user_id", "turn_id", "id", "what", "problem"))
-            )
-        console().print(table)
-        console().print(Text("verify FAILED", "bold red"), soft_wrap=True)
+        columns = ("owner_user_id", "turn_id", "id", "what", "problem")
+        rows = (("" if p[k] is None else p[k] for k in columns) for p in r["problems"])
+        print_table(("owner", "turn", "id", "what", "problem"), rows, f"{len(r['problems'])} problems")
+        print_styled(("verify FAILED", "bold red"))
     _print_wrapped(f"{counts}, {r['seconds']} s", 2)
 
 
@@ -238,28 +228,23 @@ def audit() -> None:
         report = run.report()
 
     def render(r: AuditReport) -> None:
-        from rich.text import Text
-
         # A list, not a table: at 80 columns a table's narrow columns split words.
         print_line(f"securepad audit of {r.store}")
         group = None
         for row in r.results:
             if row.group != group:
                 group = row.group
-                console().print(Text(for_terminal(f"\n{group}"), "bold"), highlight=False, soft_wrap=True)
-            mark = Text("pass", "green") if row.passed else Text("FAIL", "bold red")
-            console().print(Text.assemble("  ", mark, "  ", plain(row.name)), highlight=False, soft_wrap=True)
+                print_styled((f"\n{group}", "bold"))
+            print_styled("  ", ("pass", "green") if row.passed else ("FAIL", "bold red"), "  ", row.name)
             if not row.passed:
                 _print_wrapped(f"tried: {row.tried}", 8)
             _print_wrapped(row.happened, 8)
         failed = ", ".join(f.name for f in r.failed)
         print_line("")
         if failed:
-            console().print(
-                Text(f"{len(r.failed)} of {len(r.results)} checks FAILED: ", "bold red") + plain(failed), soft_wrap=True
-            )
+            print_styled((f"{len(r.failed)} of {len(r.results)} checks FAILED: ", "bold red"), failed)
         else:
-            console().print(Text(f"all {len(r.results)} checks passed", "green"), soft_wrap=True)
+            print_styled((f"all {len(r.results)} checks passed", "green"))
         print_line(f"policy {r.policy}, {r.key_source}")
         _render_verify(checked)
 
@@ -312,20 +297,14 @@ def keys() -> None:
     " until then); without --new-key-file, a new key is made for it. Refused unless the key file is recorded"
     " to open this store alone.",
 )
-def rotate_master(
-    new_key_file: Path | None,
-    new_master_key_env: str | None,
-    new_passphrase_env: str | None,
-    new_master_key_uri: str | None,
-    install: bool,
-) -> None:
+def rotate_master(install: bool, **sources: Any) -> None:
     """Re-wrap every owner key under a new master key (from exactly one source).
 
     Afterwards only the new key opens the store: --install puts a new key file in
     place of the current one (only when that file opens this store alone);
     otherwise the command says what to change."""
     state = current_state()
-    new = _new_source(new_key_file, new_master_key_env, new_passphrase_env, new_master_key_uri, install)
+    new, new_key_file = _new_source(sources, install), sources["new_key_file"]
     current = state.keyring()  # the source only: open() checks the key
     if install and current.key_file is None:
         raise click.UsageError("--install replaces the current key file, but this store's key is not from a file")
@@ -366,28 +345,23 @@ def rotate_master(
         print_note(f"next: {report['next']}", "bold")
 
 
-def _new_source(
-    key_file: Path | None,
-    master_key_env: str | None,
-    passphrase_env: str | None,
-    master_key_uri: str | None,
-    install: bool,
-) -> State:
-    """The new master key's source (its key file is set once it is known): exactly
-    one source; ``--install`` only with a key file (or none).
+def _new_source(sources: dict[str, Any], install: bool) -> State:
+    """The new master key's source (its key file is set once it is known) of the
+    ``--new-*`` options: exactly one source; ``--install`` only with a key file (or none).
 
     Raises:
         click.UsageError: the options do not name one source.
     """
-    chosen = [o for o in (key_file, master_key_env, passphrase_env, master_key_uri) if o]
+    chosen = [name for name, value in sources.items() if value]
     if len(chosen) > 1 or (not chosen and not install):
         raise click.UsageError(
             "give exactly one of --new-key-file, --new-master-key-env, --new-passphrase-env, --new-master-key-uri"
         )
-    if install and (master_key_env or passphrase_env or master_key_uri):
+    if install and chosen and chosen != ["new_key_file"]:
         raise click.UsageError("--install installs a key file: use it with --new-key-file or alone")
     new = State()
-    new.master_key_env, new.passphrase_env, new.master_key_uri = master_key_env, passphrase_env, master_key_uri
+    new.master_key_env, new.passphrase_env = sources["new_master_key_env"], sources["new_passphrase_env"]
+    new.master_key_uri = sources["new_master_key_uri"]
     return new
 
 

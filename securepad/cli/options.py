@@ -75,7 +75,6 @@ class State:
 
     def __init__(self) -> None:
         self.db: str | Path = default_db_path()
-        self._key_file: Path | None = None  # None: Keyring.default_key_file(), looked up when read
         self.master_key_env: str | None = None
         self.passphrase_env: str | None = None
         self.master_key_uri: str | None = None
@@ -87,18 +86,12 @@ class State:
         # The key sources given on the command line (the environment's key file yields to them).
         self.key_options: set[str] = set()
 
-    @property
+    @functools.cached_property
     def key_file(self) -> Path:
-        """The master key file: ``--key-file`` (or its variable), else the default."""
-        if self._key_file is None:
-            from .. import Keyring
+        """The master key file: ``--key-file`` (or its variable, set over this), else the default."""
+        from .. import Keyring
 
-            self._key_file = Keyring.default_key_file()
-        return self._key_file
-
-    @key_file.setter
-    def key_file(self, path: Path) -> None:
-        self._key_file = path
+        return Keyring.default_key_file()
 
     # -- the store and its key ---------------------------------------------------------
     # A SQLite store is its file: whether it is there and where it is need no more
@@ -256,32 +249,28 @@ def note_key_use(pad: Scratchpad, *, key_created: bool = False) -> KeyFileUse | 
         return None
 
 
-def _set_db(state: State, value: str) -> None:
-    state.db = value if value.startswith(_PG_SCHEMES) else Path(value).expanduser()
+def _path(value: str) -> Path:
+    return Path(value).expanduser()
 
 
-def _set_key_file(state: State, value: str) -> None:
-    state.key_file = Path(value).expanduser()
+def _db(value: str) -> str | Path:
+    return value if value.startswith(_PG_SCHEMES) else _path(value)
 
 
-def _set_call_timeout(state: State, value: str) -> None:
+def _seconds(value: str) -> float:
     try:
         seconds = float(value)
     except ValueError:
         seconds = 0.0
     if not 0 < seconds <= 86400:
         raise click.BadParameter(f"{value!r} is not a number of seconds from 0 to 86400", param_hint="--call-timeout")
-    state.call_timeout = seconds
+    return seconds
 
 
-def _set_anchor(state: State, value: str) -> None:
-    state.anchor = Path(value).expanduser()
-
-
-# (option, metavar, help, setter: None sets the State attribute of the option's name); the key
-# sources are the first four; an option's variable is its ENVIRONMENT row.
-_GLOBALS: tuple[tuple[str, str, str, Callable[[State, Any], None] | None], ...] = (
-    ("--key-file", "PATH", "Master key file [default: user config dir/key].", _set_key_file),
+# (option, metavar, help, how its value becomes the State attribute of the option's name: None as it is);
+# the key sources are the first four; an option's variable is its ENVIRONMENT row.
+_GLOBALS: tuple[tuple[str, str, str, Callable[[str], Any] | None], ...] = (
+    ("--key-file", "PATH", "Master key file [default: user config dir/key].", _path),
     ("--master-key-env", "VAR", "Take the base64 master key from this variable.", None),
     ("--passphrase-env", "VAR", "Derive the master key (Argon2id) from the passphrase in this variable.", None),
     (
@@ -291,7 +280,7 @@ _GLOBALS: tuple[tuple[str, str, str, Callable[[State, Any], None] | None], ...] 
         "&pin-source=... (RFC 7512) or aws-kms://arn:aws:kms:... (a new store creates an absent PKCS#11 key).",
         None,
     ),
-    ("--db", "PATH", "The store: a database file [default: user data dir/store.db] or a postgresql:// DSN.", _set_db),
+    ("--db", "PATH", "The store: a database file [default: user data dir/store.db] or a postgresql:// DSN.", _db),
     (
         "--admin",
         "DSN",
@@ -304,7 +293,7 @@ _GLOBALS: tuple[tuple[str, str, str, Callable[[State, Any], None] | None], ...] 
         "SECONDS",
         "PostgreSQL: the deadline of one call in seconds; past it the call fails with StoreUnavailableError"
         " [default: the policy's call_timeout_seconds, 60].",
-        _set_call_timeout,
+        _seconds,
     ),
     (
         "--policy",
@@ -318,7 +307,7 @@ _GLOBALS: tuple[tuple[str, str, str, Callable[[State, Any], None] | None], ...] 
         "PATH",
         "The snapshot-rollback anchor file, outside the store's directory [default: beside the key file;"
         " none with --master-key-env, --passphrase-env or --master-key-uri unless given].",
-        _set_anchor,
+        _path,
     ),
 )
 _KEY_OPTIONS = tuple(option for option, *_ in _GLOBALS[:4])
@@ -334,7 +323,7 @@ def _attribute(option: str) -> str:
     return option[2:].replace("-", "_")
 
 
-def _global_callback(name: str, option: str, setter: Callable[[State, Any], None] | None) -> Callable[..., None]:
+def _global_callback(name: str, option: str, convert: Callable[[str], Any] | None) -> Callable[..., None]:
     def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
         source = ctx.get_parameter_source(name)
         state = ctx.find_object(State) or ctx.ensure_object(State)
@@ -346,10 +335,7 @@ def _global_callback(name: str, option: str, setter: Callable[[State, Any], None
             state.key_options.add(option)
         if source is ParameterSource.ENVIRONMENT and option == "--key-file" and state.key_options - {"--key-file"}:
             return
-        if setter is None:
-            setattr(state, name, value)
-        else:
-            setter(state, value)
+        setattr(state, name, value if convert is None else convert(value))
 
     return callback
 
@@ -364,7 +350,7 @@ def global_options(func: F) -> F:
         callback=_global_callback("as_json", "--json", None),
         help="Print JSON (results on stdout, errors on stderr).",
     )(func)
-    for option, metavar, help_text, setter in reversed(_GLOBALS):
+    for option, metavar, help_text, convert in reversed(_GLOBALS):
         envvar = _ENVVARS.get(option)
         func = click.option(
             option,
@@ -372,7 +358,7 @@ def global_options(func: F) -> F:
             envvar=envvar,
             show_envvar=envvar is not None,
             expose_value=False,
-            callback=_global_callback(_attribute(option), option, setter),
+            callback=_global_callback(_attribute(option), option, convert),
             help=help_text,
         )(func)
     return func
@@ -415,10 +401,6 @@ def turn_option(func: F) -> F:
 
     what = "Turn id (required: the option or its variable)."
     return click.option("--turn", "turn_id", envvar="SECUREPAD_TURN", show_envvar=True, help=what)(wrapper)  # type: ignore[return-value]
-
-
-def yes_option(func: F) -> F:
-    return click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")(func)
 
 
 def confirmed(yes: bool, question: str) -> State:
@@ -481,22 +463,18 @@ class SecurepadSubgroup(_GlobalOptionsLast, click.Group):
 
 
 def command(
-    group: click.Group | None = None,
-    *args: Any,
-    principal: bool = False,
-    turn: bool = False,
-    yes: bool = False,
-    **kwargs: Any,
+    group: click.Group | None = None, *, principal: bool = False, turn: bool = False, yes: bool = False, **kwargs: Any
 ) -> Callable[[Callable[..., Any]], SecurepadCommand]:
     """A subcommand (of ``group`` when given; the top-level ones are found by
     ``group.COMMAND_MODULES``) that also takes the global options, and the
     principal's (``principal_options``), ``--turn`` and ``--yes`` when asked, in that order."""
 
     def decorate(func: Callable[..., Any]) -> SecurepadCommand:
+        yes_option = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
         for wanted, options in ((yes, yes_option), (turn, turn_option), (principal, principal_options)):
             if wanted:
                 func = options(func)
-        made = click.command(*args, cls=SecurepadCommand, **kwargs)(global_options(func))
+        made = click.command(cls=SecurepadCommand, **kwargs)(global_options(func))
         if group is not None:
             group.add_command(made)
         return made

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -25,6 +26,8 @@ __all__ = [
     "print_json",
     "print_line",
     "print_note",
+    "print_styled",
+    "print_table",
     "progress",
     "to_json",
 ]
@@ -73,6 +76,25 @@ def plain(value: object) -> Text:
     from rich.text import Text
 
     return Text(for_terminal(str(value)))
+
+
+def print_styled(*parts: str | tuple[str, str], soft_wrap: bool = True) -> None:
+    """A line of ``parts`` (plain text, or text and its style) that rich never reads as markup,
+    stripped for the terminal."""
+    from rich.text import Text
+
+    spans = (for_terminal(p) if isinstance(p, str) else (for_terminal(p[0]), p[1]) for p in parts)
+    console().print(Text.assemble(*spans), highlight=False, soft_wrap=soft_wrap)
+
+
+def print_table(columns: Iterable[str], rows: Iterable[Iterable[object]], title: str | None = None) -> None:
+    """A table on stdout whose title and cells rich never reads as markup, stripped for the terminal."""
+    from rich.table import Table
+
+    table = Table(*columns, title=None if title is None else plain(title))
+    for row in rows:
+        table.add_row(*map(plain, row))
+    console().print(table)
 
 
 def print_json(value: Any) -> None:

@@ -62,6 +62,10 @@ class CommitHooks(Protocol):
         """After a successful COMMIT."""
 
 
+class _NothingWritten(Exception):
+    """``Database.write_once``'s statements changed nothing: its transaction is rolled back."""
+
+
 class _Conn:
     """An apsw connection inside a transaction, as the store's ``Conn`` protocol."""
 
@@ -334,6 +338,21 @@ class Database:
         rolled back on any exception. ``wait=False``: a WAL over its limit is refused at once.
         Raises StoreBusyError (lock, or the WAL pinned past ``wal_wait_ms``), StorageFullError, StoreCorruptError."""
         return _Transaction(self, wait)
+
+    def write_once(self, owner: str, turn_id: str, sql: str, params: Params) -> int | None:
+        """``OnceWriter.write_once`` here: ``sql``'s statements, in order, in one write
+        transaction (whose outcome is always known); the rows its last statement changed.
+        A transaction whose statements changed nothing is rolled back: no commit, so no
+        commit hook (the anchor's counter) runs for it.
+        Raises DuplicateKeyError (a unique key: nothing written), and as ``transaction``."""
+        try:
+            with self.transaction() as tx:
+                changed = tx.execute(sql, params)
+                if not changed:
+                    raise _NothingWritten
+                return changed
+        except _NothingWritten:
+            return 0
 
     @contextmanager
     def _begun(self, conn: apsw.Connection, begin: str, mapped: tuple[type[Exception], ...]) -> Iterator[None]:

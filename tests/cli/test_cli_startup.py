@@ -5,13 +5,17 @@ modules a fresh interpreter holds afterwards (not by timing)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
+
+from securepad.cli.group import COMMAND_MODULES
 
 # Run as the ``securepad`` script runs, then list every module loaded.
 _PROGRAM = """
@@ -135,3 +139,11 @@ def test_a_table_loads_the_renderer_and_only_its_commands_module(tmp_path: Path)
     status, modules = _modules_after(tmp_path, "list", "--owner", "alice", "--turn", "t1")
     assert status == 0 and "rich.table" in modules
     assert _loaded(modules, NEVER_FOR_ENTRIES[1:]) == []
+
+
+def test_each_lazy_command_is_the_command_of_its_name() -> None:
+    """``COMMAND_MODULES`` names, for each command, the module and attribute that define it."""
+    for name, where in COMMAND_MODULES.items():
+        module, attribute = where.split(":")
+        found = getattr(importlib.import_module(f"securepad.cli.{module}"), attribute)
+        assert isinstance(found, click.Command) and found.name == name, where

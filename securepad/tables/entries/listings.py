@@ -15,7 +15,7 @@ from ..access import Access, check_principal
 from ..heads.heads import Head
 from .open import COLUMNS, LISTED_COLUMNS, EntryParts, Opened, Opener, check_row_types
 
-__all__ = ["Listings", "step_sql"]
+__all__ = ["Listings", "step_look"]
 
 # check_step_free's columns and condition (turn, step).
 _STEP_QUERY = ("expires_at", "turn_id = ? AND step_num = ?")
@@ -240,6 +240,7 @@ def _in_listing_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def step_sql(access: Access, principal: Principal, turn_id: str, step_num: int) -> tuple[str, Params]:
-    """``check_step_free``'s query (for ``Conn.prefetch``)."""
-    return access.rows_sql(principal, "entries", *_STEP_QUERY, (turn_id, step_num))
+def step_look(access: Access, principal: Principal) -> tuple[str, Params]:
+    """``check_step_free``'s query for ``principal`` (for ``Conn.prefetch``): its SQL, the same
+    for every turn and step, and the scope's parameters, which follow the turn's and the step's."""
+    return access.rows_sql(principal, "entries", *_STEP_QUERY)

@@ -88,9 +88,11 @@ class Prepared:
             limit,
         )
 
-    def cost_bound(self, meta: dict[str, Any], owner: str, turn_id: str) -> int:
+    def cost_bound(self, principal: Principal, turn_id: str, executor_name: str) -> int:
         """More than the entry's ``row_cost`` will be, before it is sealed."""
-        identifiers = self.identifiers(owner, turn_id, meta["actor"], meta["channel"], meta["executor_name"])
+        identifiers = self.identifiers(
+            principal.owner_user_id, turn_id, principal.actor, principal.channel, executor_name
+        )
         return self.stored_bytes + ENTRY_ROW_OVERHEAD + _SEALING_BOUND + 32 * len(self.segments) + identifiers
 
     def identifiers(self, owner: str, turn_id: str, actor: str, channel: str, executor_name: str) -> int:
@@ -249,9 +251,7 @@ def check_write_size(
     """Refuse, before anything is written, entries that could take more than
     ``limit`` bytes in one transaction (raises QuotaExceededError); the sum of
     their ``cost_bound``."""
-    names = {"actor": principal.actor, "channel": principal.channel}
-    owner = principal.owner_user_id
-    size = sum(p.cost_bound({**names, "executor_name": executor}, owner, turn_id) for p, executor in prepared)
+    size = sum([p.cost_bound(principal, turn_id, executor) for p, executor in prepared])
     if limit is not None:
         check_write_bound(size, limit, what)
     return size

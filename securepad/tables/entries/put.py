@@ -3,6 +3,7 @@ written in one that checks the step, the owner key's version and the quota."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +26,7 @@ from ..access import Access, check_principal, quota_sql, stored_entries, stored_
 from ..heads.heads import Room, entry_item, read_with_heads, with_heads
 from ..heads.owner import Once
 from ..quota import room
-from .listings import Listings, step_sql
+from .listings import Listings, step_look
 from .open import EntryParts
 from .prepare import Prepared, check_write_size
 
@@ -42,12 +43,15 @@ class Putter:
         self._keys, self._access = parts.keys, parts.access
         self.dialect = parts.db.dialect
         self.policy, self.heads, self.ttl = parts.policy, parts.heads, parts.policy.ttl
+        self.default_ttl = parts.policy.ttl(None)
         self.write_now = parts.timeline.write_time
         self.listings = listings
         self._once = parts.db if isinstance(parts.db, OnceWriter) else None  # a put in one message
         self.write_limit = parts.db.write_limit_bytes
         # The reservation (owner, turn) had left after its last put here: a hint that picks the lock.
         self._spare: dict[tuple[str, str], int] = {}
+        # Each principal's step look (``step_look``), made at its first put.
+        self._looks: dict[Principal, tuple[str, Params]] = {}
 
     def put(
         self,
@@ -68,16 +72,17 @@ class Putter:
         (no ``inline``) takes the step after the highest inside the write."""
         if next_step and (inline is not None or not free_step):
             raise InvalidArgumentError("next_step needs free_step and no inline item")
-        check_principal(principal)
+        if type(principal) is not Principal:  # a subclass passes ``check_principal`` too
+            check_principal(principal)
         check_identifier("turn_id", turn_id)
         check_identifier("executor_name", executor_name)
         check_step_num(step_num)
-        ttl = self.ttl(ttl_seconds)
+        ttl = self.default_ttl if ttl_seconds is None else self.ttl(ttl_seconds)
         prepared = Prepared.of(observation, step_num, self.policy)
         bound = check_write_size([(prepared, executor_name)], principal, turn_id, self.write_limit, "entry")
         created = self.write_now(now)
         meta = prepared.meta(principal, step_num, executor_name, created, created + ttl, inline)
-        step = step_sql(self._access, principal, turn_id, step_num) if free_step and not next_step else None
+        step = self._step(principal, turn_id, step_num) if free_step and not next_step else None
         one = _Put(self, self._keys, principal, turn_id, observation, prepared, meta, step, next_step)
         owner = principal.owner_user_id
         # In one message (``_Put.once``), else under the shared lock when the turn had room, or exclusive.
@@ -87,6 +92,15 @@ class Putter:
             self._spare.clear()
         self._spare[(owner, turn_id)] = spare
         return {"ok": True, "scratchpad_id": entry_id, **meta["view"]}
+
+    def _step(self, principal: Principal, turn_id: str, step_num: int) -> tuple[str, Params]:
+        """The step's look (``step_look``) for ``principal``'s put at ``step_num`` of ``turn_id``."""
+        look = self._looks.get(principal)
+        if look is None:
+            if len(self._looks) >= _HINTS:
+                self._looks.clear()
+            look = self._looks[principal] = step_look(self._access, principal)
+        return look[0], (turn_id, step_num, *look[1])
 
     def put_many(
         self,
@@ -134,6 +148,19 @@ def _if_unknown(owner: str, chosen: bool) -> IfUnknown[_SealedOne]:
 
 # ``_Put.once``'s condition that a given step is free.
 _STEP_FREE = "NOT EXISTS (SELECT 1 FROM ({step}) AS taken WHERE expires_at > ?)"
+
+
+# The statements' text is the same put after put (an entry's columns; a scope's step look): made once.
+@functools.lru_cache(maxsize=16)
+def _insert_select(columns: tuple[str, ...]) -> str:
+    """``_Put.once``'s ``INSERT ... SELECT`` of one entry row with ``columns``."""
+    return f"INSERT INTO entries({', '.join(columns)}) SELECT {', '.join('?' * len(columns))}"
+
+
+@functools.lru_cache(maxsize=16)
+def _step_free(step: str) -> str:
+    """``_STEP_FREE`` of the step's look ``step``."""
+    return _STEP_FREE.format(step=step)
 
 
 def _taken(found: dict[str, Any]) -> list[dict[str, Any]]:
@@ -243,8 +270,8 @@ class _Put:
         except IntegrityError:  # a rotation retired the version: ``attempt`` finds out
             return None
         row = sealed[0]
-        insert = (f"INSERT INTO entries({', '.join(row)}) SELECT {', '.join('?' * len(row))}", tuple(row.values()))
-        free = None if self.step is None else (_STEP_FREE.format(step=self.step[0]), (*self.step[1], self.created))
+        insert = (_insert_select(tuple(row)), tuple(row.values()))
+        free = None if self.step is None else (_step_free(self.step[0]), (*self.step[1], self.created))
         once = heads.change_once(
             owner,
             turn_id,
@@ -257,7 +284,11 @@ class _Put:
         if once is None:
             self.kept = (version, sealed)
             return None
-        self.keys.count_wraps_later(owner, version)  # the entry's key, sent: counted whether or not it lands
+        # The entry's key and the head's seal: on SQLite (outcome known) counted once written;
+        # elsewhere once sent, whether or not it lands.
+        known = self.putter.dialect == "sqlite"
+        if not known:
+            self.keys.count_wraps_later(owner, version, 2)
         try:
             written = db.write_once(owner, turn_id, once.sql, once.params)
         except DuplicateKeyError:
@@ -265,7 +296,9 @@ class _Put:
         except OutcomeUnknown as exc:
             raise _maybe_stored([str(row["id"])], str(exc)) from None
         if written == 1:
-            heads.last.record(owner, turn_id, once.head)
+            if known:
+                self.keys.count_wraps_later(owner, version, 2)
+            heads.written_once(owner, turn_id, once)
             return str(row["id"]), once.spare
         if written is None:
             self.landed = (once, str(row["id"]))

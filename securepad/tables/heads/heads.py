@@ -439,20 +439,36 @@ class Heads:
         statement with the caller's ``insert`` that writes only if the stored head is
         still that one and ``condition`` holds; None without a record, or past the
         turn's reservation. A ``condition`` that a ``step`` is free is left out when
-        the step is above every step that head counts: the turn holds no entry with it."""
+        the step is above every step that head counts: the turn holds no entry with it.
+        The caller counts the head's wrap with its own (``Keystore.count_wraps_later``)."""
         version, wrapper = sealing
         if self.inventories.tampered(owner, turn_id) is not None:
             return None  # ``change`` checks the turn with the write
-        found = self.last.following(owner, turn_id, edit, self.inventories.terms(owner, turn_id), wrapper, version)
+        # The turn's verified inventory is edited with the head (SQLite), else dropped.
+        if self.reads.keeps_writes:
+            taken = self._cache.take(self._db.read_scope(), owner, turn_id)
+        else:
+            taken = None
+            self._cache.drop(owner, turn_id)
+        kept = None if taken is None else (self.reads.sealed_of(taken.token), taken.head)
+        terms = self.inventories.terms(owner, turn_id)
+        found = self.last.following(owner, turn_id, edit, terms, wrapper, version, kept)
         if found is None:
             return None
         last, head, spare, recorded = found
         if step is not None and step > recorded:
             condition = None
-        self._cache.drop(owner, turn_id)
-        self._keys.count_wraps_later(owner, version, 1)
-        statement, params = once_sql(insert, owner, turn_id, head, last, condition)
-        return Once(statement, params, head, spare)
+        statement, params = once_sql(insert, owner, turn_id, head, last, condition, self._db.dialect)
+        edited = None if taken is None or kept is None or kept[0] != last.sealed else (taken.token, taken.head)
+        return Once(statement, params, head, spare, edited)
+
+    def written_once(self, owner: str, turn_id: str, once: Once) -> None:
+        """``once`` was written: its head is the one this process sealed last, and the
+        inventory it edited (SQLite) is kept for the reads, as ``change`` keeps it."""
+        self.last.record(owner, turn_id, once.head)
+        if once.kept is not None:
+            token, head = once.kept
+            self._cache.put(self._db.read_scope(), owner, turn_id, self.reads.written(token, once.head.sealed), head)
 
     def drop_turn(self, conn: Conn, owner: str, turn_id: str) -> int:
         """Delete the turn's head and drop it from the owner's heads whatever its check

@@ -23,6 +23,7 @@ and no parsing. Bounded; a writer takes its record out, so no two threads edit o
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,8 +34,8 @@ from ...errors import IntegrityError
 from ...keys.keystore import Keystore
 from ...storage.base import Backend, Conn, Params, Rows
 from . import reading
-from .reading import ONCE_SQL, OWNER_HEAD, USAGE_HEAD
-from .tally import HeadEdit, Tally
+from .reading import ONCE_SQL, ONCE_SQLITE_SQL, OWNER_HEAD, USAGE_HEAD
+from .tally import Head, HeadEdit, Tally
 
 __all__ = ["LastSealed", "Once", "Sealed", "once_sql"]
 
@@ -94,17 +95,19 @@ class LastSealed:
         term: Callable[[str, str, tuple[Any, ...]], int],
         wrapper: Wrapper,
         version: int,
+        kept: tuple[bytes | None, Head] | None = None,
     ) -> tuple[Sealed, Sealed, int, int] | None:
         """The turn's record taken out, the head that follows it once ``edit`` is applied,
         sealed under ``version``, the reservation left unused and the highest step the
         record counts; None without a record, or when the owner's usage head must
-        change. The record stays out."""
+        change. The record stays out. ``kept``: a verified inventory and the head it
+        was verified with, edited too when that head is the record."""
         last = self.take(owner, turn_id)
         if last is None:
             return None
         tally = last.opened()
         recorded = tally.last  # before ``edit`` raises it
-        change = HeadEdit(tally, term)
+        change = HeadEdit(tally, term, kept[1] if kept is not None and kept[0] == last.sealed else None)
         edit(change)
         tally.b = max(tally.b, 0)
         if tally.b > tally.r or change.bytes < 0:
@@ -122,6 +125,15 @@ class Once:
     params: Params
     head: Sealed
     spare: int
+    # The turn's verified inventory, edited, with the token it was verified with: kept again once written.
+    kept: tuple[tuple[Any, ...], Head] | None = None
+
+
+@functools.lru_cache(maxsize=16)
+def _once_text(dialect: str, condition: str | None, insert: str) -> str:
+    """``once_sql``'s statement: the same put after put into a turn (made once)."""
+    template = ONCE_SQLITE_SQL if dialect == "sqlite" else ONCE_SQL
+    return template.format(condition="" if condition is None else f" AND {condition}", insert=insert)
 
 
 def once_sql(
@@ -131,12 +143,14 @@ def once_sql(
     head: Sealed,
     expected: Sealed,
     condition: tuple[str, Params] | None = None,
+    dialect: str = "postgresql",
 ) -> tuple[str, Params]:
     """``insert`` (``INSERT ... SELECT`` of one row, without ``FROM``) and ``head`` written
-    when the stored head is ``expected`` and ``condition`` holds; the row count says if it wrote."""
-    more, more_params = (f" AND {condition[0]}", condition[1]) if condition is not None else ("", ())
+    when the stored head is ``expected`` and ``condition`` holds; the row count says if it wrote
+    (on SQLite two statements, the row count the last one's)."""
+    more_params = condition[1] if condition is not None else ()
     return (
-        ONCE_SQL.format(condition=more, insert=insert[0]),
+        _once_text(dialect, None if condition is None else condition[0], insert[0]),
         (
             head.version,
             head.sealed,

@@ -117,6 +117,13 @@ ONCE_SQL = (
     "WITH head AS (UPDATE turn_heads SET key_version = ?, sealed = ? WHERE owner_user_id = ? AND turn_id = ?"
     f" AND key_version = ? AND sealed = ? AND ? = {NEWEST_VERSION_SQL}{{condition}} RETURNING 1) {{insert}} FROM head"
 )
+# ``ONCE_SQL`` on SQLite: the same two writes as two statements of one transaction, the
+# parameters in the same order; the INSERT ... SELECT takes its one row only when the
+# UPDATE just before it rewrote the head (``changes()``: the rows of the statement before).
+ONCE_SQLITE_SQL = (
+    "UPDATE turn_heads SET key_version = ?, sealed = ? WHERE owner_user_id = ? AND turn_id = ?"
+    f" AND key_version = ? AND sealed = ? AND ? = {NEWEST_VERSION_SQL}{{condition}}; {{insert}} WHERE changes() = 1"
+)
 
 
 def select_sql(owner: str, turn_id: str) -> tuple[str, Params]:

@@ -36,12 +36,17 @@ from tests.support.paths import FIXTURES
 from tests.support.principals import AGENT_ALICE as ALICE
 from tests.support.store_costs import listing_costs, put_costs, wal_frames
 
+# A put into a turn whose head this process sealed last: BEGIN IMMEDIATE; the
+# turn head's UPDATE, only while it is that head, the key version the newest and
+# the step free; INSERT entries (a one-segment entry carries its segment:
+# migration 8) only when that UPDATE wrote; COMMIT.
+PUT_STATEMENTS = 4
+# Else (another process wrote the turn last, or the entry has several segments):
 # BEGIN IMMEDIATE; one SELECT of the key version, the quota, the step's look and
-# the turn's head; INSERT entries (a one-segment entry carries its segment:
-# migration 8); the turn head's upsert; COMMIT. Before migration 8: 8 (+ INSERT
-# segments); before the step's look joined the quota's SELECT: 7; before the
-# turn's head joined it: 6.
-PUT_STATEMENTS = 5
+# the turn's head; INSERT entries; the turn head's upsert; COMMIT. Before
+# migration 8: 8 (+ INSERT segments); before the step's look joined the quota's
+# SELECT: 7; before the turn's head joined it: 6.
+PUT_READING_HEAD_STATEMENTS = 5
 # None: the owner_usage triggers (2 statements a put: their firing and their
 # upsert) went with SQLite migration 11; the usage total is the usage head's,
 # written by the turn head's upsert (one statement, two rows: tables/heads/owner.py).
@@ -140,7 +145,7 @@ def test_a_batch_refuses_a_taken_step_and_stores_nothing(filled: Scratchpad) -> 
 
 def test_a_large_put_adds_one_statement_per_segment(filled: Scratchpad) -> None:
     costs = put_costs(filled, ALICE, 1024 * 1024)  # 16 segments of 64 KiB, in the segments table
-    assert costs["statements"] == PUT_STATEMENTS + 16
+    assert costs["statements"] == PUT_READING_HEAD_STATEMENTS + 16
 
 
 def test_a_listing_is_one_query_and_constant_key_work_per_entry(filled: Scratchpad) -> None:
