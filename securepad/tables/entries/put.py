@@ -249,8 +249,8 @@ class _Put:
             raise _maybe_stored([self.landed[1]], str(exc)) from None
 
     def once(self, db: OnceWriter) -> tuple[str, int] | None:
-        """The put in one message (PostgreSQL) when this process sealed the
-        turn's head last: one statement writes the entry and the next head only
+        """The put without a read (one message on PostgreSQL, one transaction on SQLite) when
+        this process sealed the turn's head last: its statement writes the entry and the next head only
         if the stored head and the key version are as recorded. ``attempt``'s
         answer, or None: then ``attempt`` runs, with this entry (``kept``), or
         looking for it first (``landed``), so a put is never stored twice.
