@@ -23,7 +23,7 @@ from ...storage.base import (
     Rows,
 )
 from ..access import Access, check_principal, quota_sql, stored_entries, stored_sql
-from ..heads.heads import Room, entry_item, read_with_heads, with_heads
+from ..heads.heads import HeadEdit, Room, entry_item, read_with_heads, with_heads
 from ..heads.owner import Once
 from ..quota import room
 from .listings import Listings, step_look
@@ -144,6 +144,11 @@ def _if_unknown(owner: str, chosen: bool) -> IfUnknown[_SealedOne]:
         lambda conn, sealed: bool(conn.query(*stored_sql("entries", owner, str(sealed[0]["id"])))),
         lambda sealed, why: _maybe_stored([str(sealed[0]["id"])], why, sent="the put's COMMIT", chosen=chosen),
     )
+
+
+def _add_entry(head: HeadEdit, row: dict[str, Any]) -> None:
+    """The entry ``row`` joins its turn's tally."""
+    head.add("e", row["id"], entry_item(row))
 
 
 # ``_Put.once``'s condition that a given step is free.
@@ -272,9 +277,8 @@ class _Put:
         row = sealed[0]
         insert = (_insert_select(tuple(row)), tuple(row.values()))
         free = None if self.step is None else (_step_free(self.step[0]), (*self.step[1], self.created))
-        once = heads.change_once(
-            owner, turn_id, lambda head: head.add("e", row["id"], entry_item(row)), (version, wrapper), insert, free
-        )
+        edit = functools.partial(_add_entry, row=row)
+        once = heads.change_once(owner, turn_id, edit, (version, wrapper), insert, free, self.step_num)
         if once is None:
             self.kept = (version, sealed)
             return None
