@@ -148,7 +148,8 @@ class Backend(Protocol):
 
 @runtime_checkable
 class OnceWriter(Protocol):
-    """A backend that can send a write of one turn as one message (PostgreSQL)."""
+    """A backend that writes one turn's conditional statements without a read first: in one
+    message (PostgreSQL), or in one write transaction whose outcome is always known (SQLite)."""
 
     def write_once(self, owner: str, turn_id: str, sql: str, params: Params) -> int | None:
         """Run ``sql`` under the locks of ``transaction(owner, turn=turn_id)``,

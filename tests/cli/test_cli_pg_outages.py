@@ -92,7 +92,7 @@ def test_the_call_deadline_from_open_and_from_the_policy(pg_dsn: str, keyring: K
         assert _limits(quick) == ("2s", "3s")
     with Scratchpad.open(pg_dsn, keyring=keyring, policy=Policy(call_timeout_seconds=2)) as from_policy:
         assert _limits(from_policy) == ("1s", "1500ms")
-    for bad in (0, -1, float("nan"), True):
+    for bad in (0, -1, float("nan"), float("inf"), True):
         with pytest.raises(InvalidArgumentError):
             Scratchpad.open(pg_dsn, keyring=keyring, call_timeout_s=bad)
 

@@ -15,6 +15,7 @@ and the server adds a second line of defence:
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 import time
@@ -88,7 +89,8 @@ class PostgresDatabase:
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         durability: str = "normal",
     ) -> None:
-        if isinstance(call_timeout_s, bool) or not isinstance(call_timeout_s, int | float) or not call_timeout_s > 0:
+        number = isinstance(call_timeout_s, int | float) and not isinstance(call_timeout_s, bool)
+        if not number or not math.isfinite(call_timeout_s) or not call_timeout_s > 0:  # the limits are cut from it
             raise InvalidArgumentError(
                 f"the call deadline must be a positive number of seconds, not {call_timeout_s!r}"
             )

@@ -23,7 +23,7 @@ from ...storage.base import (
     Rows,
 )
 from ..access import Access, check_principal, quota_sql, stored_entries, stored_sql
-from ..heads.heads import Room, entry_item, read_with_heads, with_heads
+from ..heads.heads import HeadEdit, Room, entry_item, read_with_heads, with_heads
 from ..heads.owner import Once
 from ..quota import room
 from .listings import Listings, step_look
@@ -146,6 +146,11 @@ def _if_unknown(owner: str, chosen: bool) -> IfUnknown[_SealedOne]:
     )
 
 
+def _add_entry(head: HeadEdit, row: dict[str, Any]) -> None:
+    """The entry ``row`` joins its turn's tally."""
+    head.add("e", row["id"], entry_item(row))
+
+
 # ``_Put.once``'s condition that a given step is free.
 _STEP_FREE = "NOT EXISTS (SELECT 1 FROM ({step}) AS taken WHERE expires_at > ?)"
 
@@ -244,8 +249,8 @@ class _Put:
             raise _maybe_stored([self.landed[1]], str(exc)) from None
 
     def once(self, db: OnceWriter) -> tuple[str, int] | None:
-        """The put in one message (PostgreSQL) when this process sealed the
-        turn's head last: one statement writes the entry and the next head only
+        """The put without a read (one message on PostgreSQL, one transaction on SQLite) when
+        this process sealed the turn's head last: its statement writes the entry and the next head only
         if the stored head and the key version are as recorded. ``attempt``'s
         answer, or None: then ``attempt`` runs, with this entry (``kept``), or
         looking for it first (``landed``), so a put is never stored twice.
@@ -263,7 +268,7 @@ class _Put:
         if not heads.last.has(owner, turn_id):
             return None
         version, wrapper = self.keys.current(owner)
-        if self.keys.flush_due(owner, version):  # as ``write_current`` decides it: that put writes them
+        if self.keys.flush_due(owner, version, 2):  # as ``write_current`` decides it: that put writes them
             return None
         try:
             sealed = self.seal(version, wrapper)
@@ -272,17 +277,14 @@ class _Put:
         row = sealed[0]
         insert = (_insert_select(tuple(row)), tuple(row.values()))
         free = None if self.step is None else (_step_free(self.step[0]), (*self.step[1], self.created))
-        once = heads.change_once(
-            owner, turn_id, lambda head: head.add("e", row["id"], entry_item(row)), (version, wrapper), insert, free
-        )
+        edit = functools.partial(_add_entry, row=row)
+        once = heads.change_once(owner, turn_id, edit, (version, wrapper), insert, free, self.step_num)
         if once is None:
             self.kept = (version, sealed)
             return None
-        # The entry's key and the head's seal: on SQLite (outcome known) counted once written;
-        # elsewhere once sent, whether or not it lands.
-        known = self.putter.dialect == "sqlite"
-        if not known:
-            self.keys.count_wraps_later(owner, version, 2)
+        # The entry's key and the head's seal, counted before the write whether or not it lands:
+        # a refused write leaves an overcount (the entry's key may be counted again by ``attempt``).
+        self.keys.count_wraps_later(owner, version, 2)
         try:
             written = db.write_once(owner, turn_id, once.sql, once.params)
         except DuplicateKeyError:
@@ -290,8 +292,6 @@ class _Put:
         except OutcomeUnknown as exc:
             raise _maybe_stored([str(row["id"])], str(exc)) from None
         if written == 1:
-            if known:
-                self.keys.count_wraps_later(owner, version, 2)
             heads.written_once(owner, turn_id, once)
             return str(row["id"]), once.spare
         if written is None:

@@ -433,11 +433,14 @@ class Heads:
         sealing: tuple[int, Wrapper],
         insert: tuple[str, Params],
         condition: tuple[str, Params] | None = None,
+        step: int | None = None,
     ) -> Once | None:
         """``change`` without reading the head this process sealed last (``LastSealed``): one
         statement with the caller's ``insert`` that writes only if the stored head is
-        still that one; None without a record, or past the turn's reservation. The
-        caller counts the head's wrap with its own (``Keystore.count_wraps_later``)."""
+        still that one and ``condition`` holds; None without a record, or past the
+        turn's reservation. A ``condition`` that a ``step`` is free is left out when
+        the step is above every step that head counts: the turn holds no entry with it.
+        The caller counts the head's wrap with its own (``Keystore.count_wraps_later``)."""
         version, wrapper = sealing
         if self.inventories.tampered(owner, turn_id) is not None:
             return None  # ``change`` checks the turn with the write
@@ -452,7 +455,9 @@ class Heads:
         found = self.last.following(owner, turn_id, edit, terms, wrapper, version, kept)
         if found is None:
             return None
-        last, head, spare = found
+        last, head, spare, recorded = found
+        if step is not None and step > recorded:
+            condition = None
         statement, params = once_sql(insert, owner, turn_id, head, last, condition, self._db.dialect)
         edited = None if taken is None or kept is None or kept[0] != last.sealed else (taken.token, taken.head)
         return Once(statement, params, head, spare, edited)

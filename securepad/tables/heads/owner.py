@@ -96,16 +96,17 @@ class LastSealed:
         wrapper: Wrapper,
         version: int,
         kept: tuple[bytes | None, Head] | None = None,
-    ) -> tuple[Sealed, Sealed, int] | None:
+    ) -> tuple[Sealed, Sealed, int, int] | None:
         """The turn's record taken out, the head that follows it once ``edit`` is applied,
-        sealed under ``version``, and the reservation left unused; None without a
-        record, or when the owner's usage head must change. The record stays out.
-        ``kept``: a verified inventory and the head it was verified with, edited too
-        when that head is the record."""
+        sealed under ``version``, the reservation left unused and the highest step the
+        record counts; None without a record, or when the owner's usage head must
+        change. The record stays out. ``kept``: a verified inventory and the head it
+        was verified with, edited too when that head is the record."""
         last = self.take(owner, turn_id)
         if last is None:
             return None
         tally = last.opened()
+        recorded = tally.last  # before ``edit`` raises it
         change = HeadEdit(tally, term, kept[1] if kept is not None and kept[0] == last.sealed else None)
         edit(change)
         tally.b = max(tally.b, 0)
@@ -113,7 +114,7 @@ class LastSealed:
             return None
         body = tally.dumps()
         head = Sealed(version, wrapper.seal(body, head_aad(owner, turn_id, version)), body, tally)
-        return last, head, tally.r - tally.b
+        return last, head, tally.r - tally.b, recorded
 
 
 @dataclass

@@ -11,11 +11,14 @@ from dataclasses import dataclass
 from ...errors import QuotaExceededError
 from .tally import Tally
 
-__all__ = ["CHUNK", "Room", "grant", "record_room", "refused", "reserve"]
+__all__ = ["CHUNK", "LARGEST_CHUNK", "Room", "grant", "record_room", "refused", "reserve"]
 
-# The most a grant adds beyond what the write needs (about 55 puts of a 4 KiB observation
-# before the turn's next grant); never more than an eighth of the room left (``grant``).
+# What a turn's first grant adds beyond what the write needs (about 55 puts of a 4 KiB
+# observation before the turn's next grant). A later grant adds as much as the turn holds,
+# up to ``LARGEST_CHUNK``: a turn written fast takes the owner's exclusive lock a few times,
+# not once every few dozen puts. Never more than an eighth of the room left (``grant``).
 CHUNK = 256 * 1024
+LARGEST_CHUNK = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -31,9 +34,11 @@ class Room:
     records_adding: int = 0
 
 
-def grant(quota: int, records: int, total: int, need: int) -> int:
-    """What a turn short of ``need`` bytes is granted: the need and a chunk (at most an eighth of the room left)."""
-    return need + max(0, min(CHUNK, (quota - records - total - need) // 8))
+def grant(quota: int, records: int, total: int, need: int, held: int = 0) -> int:
+    """What a turn short of ``need`` bytes is granted: the need and a chunk, ``CHUNK`` or
+    what the turn ``held`` reserved up to ``LARGEST_CHUNK`` (at most an eighth of the room left)."""
+    chunk = max(CHUNK, min(held, LARGEST_CHUNK))
+    return need + max(0, min(chunk, (quota - records - total - need) // 8))
 
 
 def refused(room: Room, adding: int) -> QuotaExceededError:
@@ -80,7 +85,7 @@ def reserve(
                 raise refused(room, added)
             tally.r = tally.b  # fits the live entries only (expired ones await gc): no more than that
             return total + need
-    granted = grant(room.quota, room.records, total, need)
+    granted = grant(room.quota, room.records, total, need, tally.r)
     tally.r += granted
     return total + granted
 

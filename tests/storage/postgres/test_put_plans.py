@@ -27,7 +27,7 @@ Single = tuple[Scratchpad, ConnectionPool[Any]]
 
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # about 4 KiB
 
-# The put's step check (``listings.step_sql`` inside ``access.quota_sql``), as the store sends it.
+# The put's step check (``listings.step_look`` inside ``access.quota_sql``), as the store sends it.
 STEP_CHECK = (
     "SELECT MAX(expires_at) FROM (SELECT owner_user_id, actor, channel, expires_at FROM entries"
     " WHERE turn_id = $1 AND step_num = $2 AND owner_user_id = $3) AS taken"

@@ -56,10 +56,12 @@ def _kind(text: str) -> str:
         return "read: version, quota, step, heads" + (", records" if "FROM checkpoints" in text else "")
     if text.startswith("WITH written AS (INSERT INTO entries(") and "INSERT INTO turn_heads" in text:
         return "write: entry, head upserted"
-    # The head only if it is still the one sealed here, the key version the newest and the step free.
-    once = ("WITH head AS (UPDATE turn_heads SET ", "owner_keys", "NOT EXISTS (", ") INSERT INTO entries(")
+    # The head only if it is still the one sealed here and the key version the newest; the step
+    # looked up unless it is above every step that head counts.
+    once = ("WITH head AS (UPDATE turn_heads SET ", "owner_keys", ") INSERT INTO entries(")
     if text.startswith(once[0]) and all(part in text for part in once[1:]) and text.endswith(" FROM head"):
-        return "write: entry if the head is the recorded one"
+        looked_up = ", the step free" if "NOT EXISTS (" in text else ""
+        return "write: entry if the head is the recorded one" + looked_up
     return text
 
 

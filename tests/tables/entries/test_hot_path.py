@@ -214,14 +214,16 @@ def test_wrap_counts_are_kept_in_memory_and_written_with_a_later_put_and_at_clos
         assert pad.stats()["key_usage"]["owner_key_max_wraps"] == counted
 
 
-def test_a_failed_put_counts_no_wrap(db_path: Path, keyring: Keyring) -> None:
+def test_a_put_refused_for_a_taken_step_counts_the_wraps_it_made(db_path: Path, keyring: Keyring) -> None:
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         pad.put(ALICE, "t", 1, "tool", "x")
         with pytest.raises(SecurepadError):
             pad.put(ALICE, "t", 1, "tool", "taken step")
         # item key, turn head, owner head (empty with the key, then listing the turn),
-        # usage head (zero with the key, then the put's total)
-        assert pad.stats()["key_usage"]["owner_key_max_wraps"] == 6
+        # usage head (zero with the key, then the put's total); then the refused put's
+        # item key and turn head, sealed before the store refused its step: never fewer
+        # wraps counted than made
+        assert pad.stats()["key_usage"]["owner_key_max_wraps"] == 8
 
 
 # -- migration 6 --------------------------------------------------------------------------------

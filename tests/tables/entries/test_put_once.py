@@ -155,6 +155,42 @@ def test_another_store_writing_the_turn_in_between_costs_one_fallback(single: Si
     assert pad.verify()["ok"] and other.verify()["ok"]
 
 
+# The columns of an entry a planted row copies from a stored one (all but its id and step).
+_COPIED = (
+    "owner_user_id, actor, channel, turn_id, executor_name, content_kind, size_bytes, size_chars, segment_count,"
+    " key_version, created_at, expires_at, wrapped_key, nonce_prefix, commitment, sealed_meta, only_segment,"
+    " sealed_listing, stored_bytes"
+)
+
+
+def test_a_step_above_every_step_of_the_head_sends_no_lookup_of_it(
+    single: Single, messages: list[list[str]], pg_dsn: str
+) -> None:
+    """The head this store sealed last records the turn's highest step: a put above
+    it sends no lookup of its step (no entry of the turn has it while the stored
+    head is that one); a put at or below it looks the step up. A row planted above
+    the head's steps does not refuse the put: the turn's check names it."""
+    pad, _ = single
+    pad.put(ALICE, "t1", 1, "shell", TEXT)
+    sent: dict[int, list[str]] = {}
+    for step in (5, 3, 9):
+        messages.clear()
+        view, trips = counted(lambda step=step: pad.put(ALICE, "t1", step, "shell", f"{TEXT}{step}"))
+        assert trips == 1 and view["ok"]
+        sent[step] = messages[0]
+    assert [("NOT EXISTS" in sent[step][1]) for step in (5, 3, 9)] == [False, True, False]
+    assert [step for step, _ in _steps(pad, ALICE, "t1")] == [1, 3, 5, 9]
+    _admin(
+        pg_dsn,
+        f"INSERT INTO securepad.entries(id, step_num, {_COPIED}) SELECT 'planted', 10, {_COPIED}"
+        " FROM securepad.entries WHERE turn_id = 't1' AND step_num = 9 RETURNING 1",
+    )
+    pad.put(ALICE, "t1", 10, "shell", "ten")
+    with pytest.raises(IntegrityError):
+        pad.list_for_turn(ALICE, "t1")
+    assert not pad.verify()["ok"]
+
+
 def test_a_live_entrys_step_is_refused_and_an_expired_ones_is_free(single: Single, pg_dsn: str) -> None:
     """A taken step is refused as before ("already recorded"), writing nothing; an expired entry's step is free."""
     pad, _ = single

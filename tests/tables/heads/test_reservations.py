@@ -23,7 +23,7 @@ from securepad import Keyring, Policy, Principal, QuotaExceededError, Scratchpad
 from securepad.store import parts
 from securepad.tables.entries.entries import every_row
 from securepad.tables.heads.owner import USAGE_HEAD
-from securepad.tables.heads.quota import CHUNK
+from securepad.tables.heads.quota import CHUNK, LARGEST_CHUNK, grant
 from securepad.tables.heads.tally import Tally
 from tests.support.older_heads import as_format_2
 from tests.support.principals import NOW
@@ -55,6 +55,26 @@ def test_a_put_within_its_turns_reservation_leaves_the_usage_head_alone(pad: Scr
     assert _heads(pad, "alice")["t"].b == _used(pad, "alice")
     exact(pad)
     assert pad.verify(now=NOW)["ok"]
+
+
+def test_a_turn_written_fast_is_granted_what_it_holds_up_to_the_largest_chunk() -> None:
+    """A turn's first grant adds ``CHUNK``; a later one as much as the turn holds, up to
+    ``LARGEST_CHUNK`` (a turn of 4 KiB puts takes a grant, and the owner's exclusive
+    lock, a few times rather than once every few dozen puts); never more than an
+    eighth of the room left."""
+    room = 1 << 40
+    assert grant(room, 0, 0, 4000) == 4000 + CHUNK
+    assert grant(room, 0, 0, 4000, held=CHUNK // 2) == 4000 + CHUNK
+    assert grant(room, 0, 0, 4000, held=3 * CHUNK) == 4000 + 3 * CHUNK
+    assert grant(room, 0, 0, 4000, held=1 << 30) == 4000 + LARGEST_CHUNK
+    assert grant(8 * CHUNK + 4000, CHUNK, 2 * CHUNK, 4000, held=1 << 30) == 4000 + 5 * CHUNK // 8
+    grants, reservation, stored = 0, 0, 0
+    for _ in range(2000):  # 2,000 puts of 6 KB into one turn
+        stored += 6000
+        if stored > reservation:
+            reservation += grant(room, 0, reservation, stored - reservation, held=reservation)
+            grants += 1
+    assert grants == 7  # 46 with a chunk of CHUNK each time
 
 
 def test_near_the_limit_other_turns_reservations_are_reclaimed(store_location: Any, keyring: Keyring) -> None:
