@@ -43,12 +43,9 @@ from tests.support.store_costs import listing_costs, put_costs, wal_frames
 PUT_STATEMENTS = 4
 # Else (another process wrote the turn last, or the entry has several segments):
 # BEGIN IMMEDIATE; one SELECT of the key version, the quota, the step's look and
-# the turn's head; INSERT entries; the turn head's upsert; COMMIT. Before
-# migration 8: 8 (+ INSERT segments); before the step's look joined the quota's
-# SELECT: 7; before the turn's head joined it: 6.
+# the turn's head; INSERT entries; the turn head's upsert; COMMIT.
 PUT_READING_HEAD_STATEMENTS = 5
-# None: the owner_usage triggers (2 statements a put: their firing and their
-# upsert) went with SQLite migration 11; the usage total is the usage head's,
+# None: no trigger writes on a put; the usage total is the usage head's,
 # written by the turn head's upsert (one statement, two rows: tables/heads/owner.py).
 PUT_TRIGGER_STATEMENTS = 0
 # A batch of given steps: BEGIN IMMEDIATE; one SELECT of the key version, the
