@@ -221,9 +221,10 @@ class OwnerHeads:
         # through ``write_bodies``; a put in one message records its own. A write whose stored head
         # is the one recorded edits the recorded tally (``edited_tally``) rather than opening the head.
         self.last = LastSealed()
-        # (owner, key version, sealed bytes) -> what that owner head lists (``owner_turns``).
-        self._owner_heads: LRUCache[tuple[str, int, bytes], tuple[frozenset[str], int | None]] = LRUCache(
-            _OWNER_HEADS_KEPT
+        # (owner, key version, sealed bytes) -> the owner key they opened under and what
+        # that owner head lists (``owner_turns``).
+        self._owner_heads: LRUCache[tuple[str, int, bytes], tuple[Wrapper, frozenset[str], int | None]] = (
+            LRUCache(_OWNER_HEADS_KEPT)
         )
 
     def open_body(self, row: dict[str, Any], owner: str, turn_id: str) -> bytes:
@@ -244,18 +245,20 @@ class OwnerHeads:
         """``owner_turns``, the owner heads opened lately kept by their sealed bytes: an
         owner head lists every turn of its owner, and each read of an absent turn and
         each write of a new one opens it. Bytes that opened under the owner's key
-        version open to the same body again; the clear fields and the key are checked
-        at each call, as ``open_body`` checks them."""
+        version open to the same body again while that key is the owner's: a key
+        forgotten (the owner crypto-shredded, then written again) is another key of
+        the same version, under which the bytes must open anew. The clear fields and
+        the key are checked at each call, as ``open_body`` checks them."""
         version = row["key_version"]
         if not isinstance(version, int) or isinstance(version, bool) or row["turn_id"] != OWNER_HEAD:
             raise IntegrityError("a turn head's clear fields are malformed")
         if row["owner_user_id"] != owner:
             raise IntegrityError("a turn head belongs to another owner")
         key = (owner, version, bytes(row["sealed"]))
+        wrapper = self._keys.owner_wrapper(owner, version)  # the key version must still be the owner's
         found = self._owner_heads.get(key)
-        if found is not None:
-            self._keys.owner_wrapper(owner, version)  # the key version must still be the owner's
-            return found
+        if found is not None and found[0] is wrapper:
+            return found[1], found[2]
         try:
             body = json.loads(self.open_body(row, owner, OWNER_HEAD))
             turns, created = body["t"], body.get("c")
@@ -264,8 +267,8 @@ class OwnerHeads:
                 and all(isinstance(turn, str) for turn in turns)
                 and (created is None or _natural(created))
             ):
-                found = self._owner_heads[key] = (frozenset(turns), created)
-                return found
+                self._owner_heads[key] = (wrapper, frozenset(turns), created)
+                return frozenset(turns), created
         except (ValueError, KeyError, TypeError, AttributeError):
             pass
         raise IntegrityError("an owner head is malformed")
