@@ -223,8 +223,8 @@ class OwnerHeads:
         self.last = LastSealed()
         # (owner, key version, sealed bytes) -> the owner key they opened under and what
         # that owner head lists (``owner_turns``).
-        self._owner_heads: LRUCache[tuple[str, int, bytes], tuple[Wrapper, frozenset[str], int | None]] = (
-            LRUCache(_OWNER_HEADS_KEPT)
+        self._owner_heads: LRUCache[tuple[str, int, bytes], tuple[Wrapper, frozenset[str], int | None]] = LRUCache(
+            _OWNER_HEADS_KEPT
         )
 
     def open_body(self, row: dict[str, Any], owner: str, turn_id: str) -> bytes:
