@@ -20,8 +20,27 @@ __all__ = ["keyed_or_former", "keyed_turn_name", "newest_entry", "newest_first",
 
 
 # Per open store, the lock the integrations' writes take (``writer_lock``).
-_WRITERS: weakref.WeakKeyDictionary[Scratchpad, threading.Lock] = weakref.WeakKeyDictionary()
+_WRITERS: weakref.WeakKeyDictionary[Scratchpad, _Writers] = weakref.WeakKeyDictionary()
 _WRITERS_LOCK = threading.Lock()
+# SQLite's wait for its write lock, for a backend that does not say (``Database.busy_timeout_s``).
+BUSY_TIMEOUT_S = 30.0
+
+
+class _Writers:
+    """One store's writer lock, waited for as long as SQLite waits for its write lock:
+    a write queued behind others raises StoreBusyError when that wait is over, as it
+    would on SQLite's lock, rather than after every write ahead of it timed out."""
+
+    def __init__(self, wait_s: float) -> None:
+        self._lock = threading.Lock()
+        self._wait_s = wait_s
+
+    def __enter__(self) -> None:
+        if not self._lock.acquire(timeout=self._wait_s):
+            raise StoreBusyError("the store's other writers in this process kept it busy; try again")
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
 
 
 def writer_lock(pad: Scratchpad) -> AbstractContextManager[Any]:
@@ -36,7 +55,7 @@ def writer_lock(pad: Scratchpad) -> AbstractContextManager[Any]:
     with _WRITERS_LOCK:
         found = _WRITERS.get(pad)
         if found is None:
-            found = _WRITERS[pad] = threading.Lock()
+            found = _WRITERS[pad] = _Writers(getattr(parts(pad).db, "busy_timeout_s", BUSY_TIMEOUT_S))
         return found
 
 

@@ -251,6 +251,8 @@ class Database:
         self.path = path
         self.location = str(path)
         self._busy_timeout_ms = busy_timeout_ms
+        # How long a write waits for SQLite's write lock before StoreBusyError.
+        self.busy_timeout_s = busy_timeout_ms / 1000
         if durability not in _SYNCHRONOUS:
             raise SecurepadError(f"durability must be one of {', '.join(_SYNCHRONOUS)}, not {durability!r}")
         self.durability = durability

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import secrets
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import apsw
 import pytest
 
 from securepad import Keyring, Policy, Principal, Scratchpad
+from securepad._steps import put_next
 from securepad.errors import (
     ExpiredError,
     IntegrityError,
@@ -534,6 +536,29 @@ def test_put_while_another_writer_holds_the_lock(
         impatient_pad.put(alice, "t", 1, "x", "data")
     with pytest.raises(StoreBusyError):
         impatient_pad.gc()
+
+
+def test_writers_of_one_process_queued_behind_a_busy_lock_each_wait_the_busy_timeout(
+    impatient_pad: Scratchpad, writer_lock: apsw.Connection, alice: Principal
+) -> None:
+    """The integrations' writes of one store take one lock in this process
+    (``writer_lock``): one waiting behind the others raises StoreBusyError within
+    about the busy timeout of its own, not the others' timeouts added up."""
+    waited: list[float] = []
+
+    def write(n: int) -> None:
+        started = time.monotonic()
+        with contextlib.suppress(StoreBusyError):
+            put_next(impatient_pad, alice, "t", "x", f"item {n}", guess=n + 1)
+        waited.append(time.monotonic() - started)
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(waited) == 16
+    assert max(waited) < 6 * 0.05  # two waits of 50 ms at most, with room for a slow machine (16 added up: 0.8 s)
 
 
 def test_reads_go_on_while_a_writer_holds_the_lock(
