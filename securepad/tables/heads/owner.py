@@ -221,9 +221,10 @@ class OwnerHeads:
         # through ``write_bodies``; a put in one message records its own. A write whose stored head
         # is the one recorded edits the recorded tally (``edited_tally``) rather than opening the head.
         self.last = LastSealed()
-        # (owner, key version, sealed bytes) -> the owner key they opened under and what
-        # that owner head lists (``owner_turns``).
-        self._owner_heads: LRUCache[tuple[str, int, bytes], tuple[Wrapper, frozenset[str], int | None]] = LRUCache(
+        # owner -> the owner head opened last (``owner_turns``): its key version and sealed
+        # bytes, the owner key they opened under, and what it lists. One per owner: an owner
+        # head lists every turn, and each new turn seals another, which replaces it here.
+        self._owner_heads: LRUCache[str, tuple[int, bytes, Wrapper, frozenset[str], int | None]] = LRUCache(
             _OWNER_HEADS_KEPT
         )
 
@@ -242,7 +243,7 @@ class OwnerHeads:
         return set(turns), created
 
     def _owner_listing(self, row: dict[str, Any], owner: str) -> tuple[frozenset[str], int | None]:
-        """``owner_turns``, the owner heads opened lately kept by their sealed bytes: an
+        """``owner_turns``, each owner's head opened last kept with its sealed bytes: an
         owner head lists every turn of its owner, and each read of an absent turn and
         each write of a new one opens it. Bytes that opened under the owner's key
         version open to the same body again while that key is the owner's: a key
@@ -254,11 +255,11 @@ class OwnerHeads:
             raise IntegrityError("a turn head's clear fields are malformed")
         if row["owner_user_id"] != owner:
             raise IntegrityError("a turn head belongs to another owner")
-        key = (owner, version, bytes(row["sealed"]))
+        sealed = bytes(row["sealed"])
         wrapper = self._keys.owner_wrapper(owner, version)  # the key version must still be the owner's
-        found = self._owner_heads.get(key)
-        if found is not None and found[0] is wrapper:
-            return found[1], found[2]
+        found = self._owner_heads.get(owner)
+        if found is not None and found[0] == version and found[1] == sealed and found[2] is wrapper:
+            return found[3], found[4]
         try:
             body = json.loads(self.open_body(row, owner, OWNER_HEAD))
             turns, created = body["t"], body.get("c")
@@ -267,8 +268,9 @@ class OwnerHeads:
                 and all(isinstance(turn, str) for turn in turns)
                 and (created is None or _natural(created))
             ):
-                self._owner_heads[key] = (wrapper, frozenset(turns), created)
-                return frozenset(turns), created
+                listed = frozenset(turns)
+                self._owner_heads[owner] = (version, sealed, wrapper, listed, created)
+                return listed, created
         except (ValueError, KeyError, TypeError, AttributeError):
             pass
         raise IntegrityError("an owner head is malformed")
