@@ -13,7 +13,7 @@ from .tally import Tally
 
 __all__ = ["CHUNK", "LARGEST_CHUNK", "Room", "grant", "record_room", "refused", "reserve"]
 
-# What a turn's first grant adds beyond what the write needs (about 55 puts of a 4 KiB
+# What a turn's first grant adds beyond what the write needs (a few dozen puts of a 4 KiB
 # observation before the turn's next grant). A later grant adds as much as the turn holds,
 # up to ``LARGEST_CHUNK``: a turn written fast takes the owner's exclusive lock a few times,
 # not once every few dozen puts. Never more than an eighth of the room left (``grant``).
