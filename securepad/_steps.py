@@ -14,7 +14,7 @@ from typing import Any
 
 from .errors import InvalidArgumentError, StoreBusyError
 from .principal import Principal
-from .store import Entry, Scratchpad, listed, parts
+from .store import Entry, Scratchpad, listed, parts, sqlite_of
 
 __all__ = ["keyed_or_former", "keyed_turn_name", "newest_entry", "newest_first", "put_next", "writer_lock"]
 
@@ -22,8 +22,6 @@ __all__ = ["keyed_or_former", "keyed_turn_name", "newest_entry", "newest_first",
 # Per open store, the lock the integrations' writes take (``writer_lock``).
 _WRITERS: weakref.WeakKeyDictionary[Scratchpad, _Writers] = weakref.WeakKeyDictionary()
 _WRITERS_LOCK = threading.Lock()
-# SQLite's wait for its write lock, for a backend that does not say (``Database.busy_timeout_s``).
-BUSY_TIMEOUT_S = 30.0
 
 
 class _Writers:
@@ -55,7 +53,7 @@ def writer_lock(pad: Scratchpad) -> AbstractContextManager[Any]:
     with _WRITERS_LOCK:
         found = _WRITERS.get(pad)
         if found is None:
-            found = _WRITERS[pad] = _Writers(getattr(parts(pad).db, "busy_timeout_s", BUSY_TIMEOUT_S))
+            found = _WRITERS[pad] = _Writers(sqlite_of(pad).busy_timeout_s)
         return found
 
 

@@ -230,12 +230,18 @@ class OwnerHeads:
 
     def open_body(self, row: dict[str, Any], owner: str, turn_id: str) -> bytes:
         """A head's body, opened; raises IntegrityError when it fails authentication."""
+        version, wrapper = self._sealed_under(row, owner, turn_id)
+        return wrapper.open(row["sealed"], head_aad(owner, turn_id, version))
+
+    def _sealed_under(self, row: dict[str, Any], owner: str, turn_id: str) -> tuple[int, Wrapper]:
+        """The key version a head row names and the owner's key of that version, once its
+        clear fields are the turn's and the owner's; raises IntegrityError otherwise."""
         version = row["key_version"]
         if not isinstance(version, int) or isinstance(version, bool) or row["turn_id"] != turn_id:
             raise IntegrityError("a turn head's clear fields are malformed")
         if row["owner_user_id"] != owner:
             raise IntegrityError("a turn head belongs to another owner")
-        return self._keys.owner_wrapper(owner, version).open(row["sealed"], head_aad(owner, turn_id, version))
+        return version, self._keys.owner_wrapper(owner, version)
 
     def owner_turns(self, row: dict[str, Any], owner: str) -> tuple[set[str], int | None]:
         """The turns an owner head lists, and its turn counter (None: from before it)."""
@@ -250,18 +256,13 @@ class OwnerHeads:
         forgotten (the owner crypto-shredded, then written again) is another key of
         the same version, under which the bytes must open anew. The clear fields and
         the key are checked at each call, as ``open_body`` checks them."""
-        version = row["key_version"]
-        if not isinstance(version, int) or isinstance(version, bool) or row["turn_id"] != OWNER_HEAD:
-            raise IntegrityError("a turn head's clear fields are malformed")
-        if row["owner_user_id"] != owner:
-            raise IntegrityError("a turn head belongs to another owner")
+        version, wrapper = self._sealed_under(row, owner, OWNER_HEAD)
         sealed = bytes(row["sealed"])
-        wrapper = self._keys.owner_wrapper(owner, version)  # the key version must still be the owner's
         found = self._owner_heads.get(owner)
         if found is not None and found[0] == version and found[1] == sealed and found[2] is wrapper:
             return found[3], found[4]
         try:
-            body = json.loads(self.open_body(row, owner, OWNER_HEAD))
+            body = json.loads(wrapper.open(sealed, head_aad(owner, OWNER_HEAD, version)))
             turns, created = body["t"], body.get("c")
             if (
                 isinstance(turns, list)
