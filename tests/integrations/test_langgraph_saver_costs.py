@@ -32,9 +32,9 @@ PUT_STATEMENTS = 6
 # get_tuple of a 1 KiB checkpoint by id: the thread's rows beside its head, the
 # checkpoint read whole (beside its head), the writes' turn beside its head.
 GET_TUPLE_STATEMENTS = 6
-# get_tuple of the latest: the thread's rows with its newest read whole beside its
-# head, the writes' turn beside its head.
-LATEST_STATEMENTS = 5
+# get_tuple of the latest: the thread's newest row alone, read whole beside its head's
+# token, the writes' turn beside its head.
+LATEST_STATEMENTS = 4
 
 
 class Meter:

@@ -155,10 +155,8 @@ def check_row_types(row: dict[str, Any]) -> None:
 _SEALED_COLUMNS = ("actor", "channel", "step_num", "executor_name", "created_at", "expires_at")
 # A one-segment entry (most) comes with its segment, selected with the authorized row itself.
 _OPEN_COLUMNS = f"{COLUMNS}, CASE WHEN segment_count = 1 THEN {ONLY_SEGMENT} END AS only_segment"
-# A turn's rows newest first ((step, id) follows the turn's index), and the clear
-# columns its inventory check compares (``Opener.newest``).
+# A turn's rows newest first ((step, id) follows the turn's index: ``Opener.newest``).
 _NEWEST_FIRST = "ORDER BY step_num DESC, id DESC"
-_CHECKED_COLUMNS = "id, turn_id, step_num, expires_at, stored_bytes"
 
 
 class Opener:
@@ -220,47 +218,42 @@ class Opener:
 
     def newest(self, principal: Principal, turn_id: str, now: float | None) -> Readable | None:
         """The turn's newest live entry in the principal's scope, opened (None: none).
-        The turn's rows are checked against its inventory as a listing's are
-        (``Inventories.checked``: a row removed, added, moved or rolled back
-        anywhere in the turn is refused), with the clear columns that check
-        needs alone; only the newest row is fetched whole (in the same round
-        trip) and opened, where a listing opens every row's view.
+        That row alone is fetched (the turn's index, highest (step, id) first),
+        beside the turn's head rows, and checked against the turn's inventory
+        (``Inventories.checked``, ``HeadChecks.check_newest``): it must be the
+        head's newest live entry of the scope, as the head lists it, so a row
+        planted above it, or the newest removed, rolled back or served as
+        expired, is refused; the inventory itself is the one the head
+        authenticates whole (a row removed or added anywhere in the turn
+        changes it). What a read costs does not grow with the turn.
 
         Raises:
             InvalidArgumentError: a bad principal or turn id.
-            IntegrityError: the turn's rows are not the ones its head lists, or
-                the newest fails authentication.
+            IntegrityError: the row is not the turn's newest as its head lists
+                it, or fails authentication.
             StoreBusyError: writers kept changing the turn while it was read.
         """
         check_principal(principal)
         check_identifier("turn_id", turn_id)
         current = self.timeline.read_time(now)
-        queries: tuple[access.Query, access.Query] = (
-            ("entries", _CHECKED_COLUMNS, "turn_id = ?", (turn_id,), _NEWEST_FIRST),
-            (
-                "entries",
-                _OPEN_COLUMNS,
-                "turn_id = ? AND expires_at > ?",
-                (turn_id, current),
-                _NEWEST_FIRST + " LIMIT 1",
-            ),
+        query: access.Query = (
+            "entries",
+            _OPEN_COLUMNS,
+            "turn_id = ? AND expires_at > ?",
+            (turn_id, current),
+            _NEWEST_FIRST + " LIMIT 1",
         )
 
-        def fetch(got: list[Rows] | None = None) -> tuple[list[dict[str, Any]], Rows]:
-            rows, whole = got if got is not None else [self._access.rows(principal, *query) for query in queries]
-            return live(rows, current), whole
+        def fetch(got: Rows | None = None) -> Rows:
+            return live(got if got is not None else self._access.rows(principal, *query), current)
 
-        def check(head: Head, fetched: tuple[list[dict[str, Any]], Rows]) -> None:
-            rows, whole = fetched
-            self.heads.checks.check_entries_in(head, principal, turn_id, rows, current)
-            # The row fetched whole is the newest of the rows checked (a writer may have come between).
-            if [_checked(row) for row in rows[:1]] != [_checked(row) for row in whole]:
-                raise IntegrityError(f"turn {turn_id!r} changed while its newest entry was read")
+        def check(head: Head, whole: Rows) -> None:
+            self.heads.checks.check_newest(head, principal, turn_id, whole[0] if whole else None, current)
 
-        got, head_rows = self._access.rows_beside(
-            principal, self.heads.read_sql(principal.owner_user_id, turn_id), *queries
+        (got,), head_rows = self._access.rows_beside(
+            principal, self.heads.read_sql(principal.owner_user_id, turn_id), query
         )
-        _, whole = self.heads.inventories.checked(
+        whole = self.heads.inventories.checked(
             principal.owner_user_id, turn_id, fetch, check, first=(fetch(got), head_rows)
         )
         if not whole:
@@ -404,11 +397,6 @@ class Opener:
         if self.policy.log_reads:
             audit_log.info("read: owner=%r id=%s mode=%s", principal.owner_user_id, opened.row["id"], mode)
         return result
-
-
-def _checked(row: dict[str, Any]) -> tuple[Any, ...]:
-    """What the inventory check compares of a row."""
-    return row["id"], row["turn_id"], row["step_num"], row["expires_at"], row["stored_bytes"]
 
 
 def _listing_meta(key: ListingKey, row: dict[str, Any]) -> dict[str, Any]:

@@ -76,6 +76,29 @@ class HeadChecks:
         if got != expected[: len(got)] or (complete and len(got) != len(expected)):
             raise IntegrityError(f"turn {turn_id!r}'s newest steps are not the ones its head lists: tampering")
 
+    def check_newest(
+        self, head: Head, principal: Principal, turn_id: str, row: dict[str, Any] | None, now: float
+    ) -> None:
+        """Check the newest live row of the principal's scope that a read fetched
+        alone (None: none): it must be listed by ``head`` as it is, in the scope,
+        and no live entry of the scope that ``head`` lists may come after it in
+        (step, id) order. The rest of the turn is the inventory's, which the
+        head authenticated whole.
+
+        Raises:
+            IntegrityError: the row is not the head's newest live entry in the scope.
+        """
+        top = None
+        if row is not None:
+            same_entry(head, row)
+            sealed = head.e[row["id"]]
+            if sealed[1] <= now or not self.in_scope(principal, sealed[3], sealed[4]):
+                raise IntegrityError(f"entry {row['id']} of turn {turn_id!r} is not a live entry of the scope")
+            top = (row["step_num"], row["id"])
+        for entry_id, item in head.e.items():
+            if (top is None or (item[0], entry_id) > top) and item[1] > now and self.in_scope(principal, *item[3:5]):
+                raise IntegrityError(f"turn {turn_id!r} lost step {item[0]} (entry {entry_id}) before its expiry")
+
     def check_expired_in(self, head: Head, row: dict[str, Any], now: float) -> None:
         """Refuse (IntegrityError) a row served as expired whose sealed expiry has not passed."""
         sealed = head.e.get(row["id"])
