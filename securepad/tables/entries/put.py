@@ -28,7 +28,7 @@ from ..heads.owner import Once
 from ..quota import room
 from .listings import Listings, step_look
 from .open import EntryParts
-from .prepare import Prepared, check_write_size
+from .prepare import Prepared, check_write_bound, check_write_size
 
 __all__ = ["Putter", "Shown"]
 
@@ -79,7 +79,8 @@ class Putter:
         check_step_num(step_num)
         ttl = self.default_ttl if ttl_seconds is None else self.ttl(ttl_seconds)
         prepared = Prepared.of(observation, step_num, self.policy)
-        bound = check_write_size([(prepared, executor_name)], principal, turn_id, self.write_limit, "entry")
+        bound = prepared.cost_bound(principal, turn_id, executor_name)
+        check_write_bound(bound, self.write_limit, "entry")  # ``check_write_size`` of one entry
         created = self.write_now(now)
         meta = prepared.meta(principal, step_num, executor_name, created, created + ttl, inline)
         step = self._step(principal, turn_id, step_num) if free_step and not next_step else None
