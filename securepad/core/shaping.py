@@ -490,7 +490,7 @@ def line_index(texts: Iterable[str]) -> tuple[list[int], int]:
 
     A ``"\\r\\n"`` split between two pieces ends in the second one.
     """
-    if type(texts) is list and len(texts) == 1 and _only_newlines(texts[0]):  # noqa: E721
+    if type(texts) is list and len(texts) == 1 and _only_newlines(texts[0]):
         # One piece whose breaks are all "\n" (most text): its count, and a trailing line if unended.
         text = texts[0]
         count = text.count("\n")

@@ -142,6 +142,8 @@ _JSON = msgspec.json.Encoder().encode
 def _hex(value: int) -> str:
     """A digest as ``Tally.dumps`` writes it: 64 hex digits."""
     return format(value, "064x")
+
+
 _JSON_DECODE = msgspec.json.Decoder().decode
 
 
