@@ -68,6 +68,13 @@ class CommitHooks(Protocol):
         """After a successful COMMIT."""
 
 
+@functools.lru_cache(maxsize=16)
+def _statements(sql: str) -> tuple[tuple[str, int], ...]:
+    """``write_once``'s statements of ``sql``, each with its parameter count (no literal
+    in them holds ``"; "`` or ``?``: the store's own statements)."""
+    return tuple((statement, statement.count("?")) for statement in sql.split("; "))
+
+
 class _NothingWritten(Exception):
     """``Database.write_once``'s statements changed nothing: its transaction is rolled back."""
 
@@ -348,16 +355,20 @@ class Database:
         return _Transaction(self, wait)
 
     def write_once(self, owner: str, turn_id: str, sql: str, params: Params) -> int | None:
-        """``OnceWriter.write_once`` here: ``sql``'s statements, in order, in one write
-        transaction (whose outcome is always known); the rows its last statement changed.
-        A transaction whose statements changed nothing is rolled back: no commit, so no
-        commit hook (the anchor's counter) runs for it.
+        """``OnceWriter.write_once`` here: ``sql``'s statements (separated by ``"; "``, each
+        taking its share of ``params`` in turn), in order, in one write transaction (whose
+        outcome is always known), each only when the one before changed rows; the rows the
+        last one changed. A transaction whose statement changed nothing is rolled back: no
+        commit, so no commit hook (the anchor's counter) runs for it.
         Raises DuplicateKeyError (a unique key: nothing written), and as ``transaction``."""
         try:
             with self.transaction() as tx:
-                changed = tx.execute(sql, params)
-                if not changed:
-                    raise _NothingWritten
+                changed, start = 0, 0
+                for statement, count in _statements(sql):
+                    changed = tx.execute(statement, params[start : start + count])
+                    start += count
+                    if not changed:
+                        raise _NothingWritten
                 return changed
         except _NothingWritten:
             return 0

@@ -164,6 +164,12 @@ def _insert_select(columns: tuple[str, ...]) -> str:
 
 
 @functools.lru_cache(maxsize=16)
+def _insert_values(columns: tuple[str, ...]) -> str:
+    """The ``INSERT ... VALUES`` of one entry row with ``columns`` (``_Put.insert``'s; ``_Put.once``'s on SQLite)."""
+    return f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+
+
+@functools.lru_cache(maxsize=16)
 def _step_free(step: str) -> str:
     """``_STEP_FREE`` of the step's look ``step``."""
     return _STEP_FREE.format(step=step)
@@ -276,7 +282,10 @@ class _Put:
         except IntegrityError:  # a rotation retired the version: ``attempt`` finds out
             return None
         row = sealed[0]
-        insert = (_insert_select(tuple(row)), tuple(row.values()))
+        columns = tuple(row)
+        # SQLite runs the entry's INSERT apart from the head's UPDATE (``Database.write_once``): VALUES.
+        statement = _insert_values(columns) if self.putter.dialect == "sqlite" else _insert_select(columns)
+        insert = (statement, tuple(row.values()))
         free = None if self.step is None else (_step_free(self.step[0]), (*self.step[1], self.created))
         edit = functools.partial(_add_entry, row=row)
         once = heads.change_once(owner, turn_id, edit, (version, wrapper), insert, free, self.step_num)
@@ -367,10 +376,7 @@ class _Put:
             room=room,
             turn_only=self.shared,
             rows=head_rows,
-            insert=(
-                f"INSERT INTO entries({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
-                tuple(row.values()),
-            ),
+            insert=(_insert_values(tuple(row)), tuple(row.values())),
         )
         _insert_segments(conn, [row], [segments])
         return spare
