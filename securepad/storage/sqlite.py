@@ -357,19 +357,21 @@ class Database:
     def write_once(self, owner: str, turn_id: str, sql: str, params: Params) -> int | None:
         """``OnceWriter.write_once`` here: ``sql``'s statements (separated by ``"; "``, each
         taking its share of ``params`` in turn), in order, in one write transaction (whose
-        outcome is always known), each only when the one before changed rows; the rows the
-        last one changed. A transaction whose statement changed nothing is rolled back: no
-        commit, so no commit hook (the anchor's counter) runs for it.
+        outcome is always known); the fewest rows any one of them changed (a put's: 1 when
+        its UPDATE rewrote the head and its INSERT added the entry). A transaction in which
+        one changed nothing is rolled back: no commit, so no commit hook (the anchor's
+        counter) runs for it.
         Raises DuplicateKeyError (a unique key: nothing written), and as ``transaction``."""
         try:
             with self.transaction() as tx:
-                changed, start = 0, 0
+                fewest, start = None, 0
                 for statement, count in _statements(sql):
                     changed = tx.execute(statement, params[start : start + count])
                     start += count
-                    if not changed:
-                        raise _NothingWritten
-                return changed
+                    fewest = changed if fewest is None else min(fewest, changed)
+                if not fewest:
+                    raise _NothingWritten
+                return fewest
         except _NothingWritten:
             return 0
 
