@@ -146,13 +146,15 @@ _SERVER_FIXTURES = frozenset({"pg_database", "pg_dsn"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The long tests first (otherwise in collection order): pytest-xdist deals
-    the first tests out one by one, so the long ones spread over the workers
-    and the short ones fill the end, instead of one worker finishing a long
-    test while the others idle. Then every test that reaches the PostgreSQL
-    server is a PostgreSQL run, left out of ``-m "not slow"`` like the
-    ``[postgresql]`` runs of ``pad``, and so is every test of an agent
-    framework (its ``xdist_group``: importing the framework costs seconds)."""
+    """The long tests first (otherwise in collection order): under
+    ``--dist=loadgroup`` pytest-xdist deals out each framework's group whole,
+    then every other test on its own as a worker frees up, so the long ones
+    spread over the workers and the short ones fill the end, instead of one
+    worker finishing a long test while the others idle. Then every test that
+    reaches the PostgreSQL server is a PostgreSQL run, left out of ``-m "not
+    slow"`` like the ``[postgresql]`` runs of ``pad``, and so is every test of
+    an agent framework (its ``xdist_group``: importing the framework costs
+    seconds)."""
     items.sort(key=lambda item: not _long(item))
     for item in items:
         if _SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.get_closest_marker("xdist_group"):

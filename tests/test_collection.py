@@ -7,7 +7,7 @@ LangChain and the MCP SDK about one each). A test module imports its framework
 (and its ``securepad.integrations`` adapter) only inside the fixtures, tests and
 helpers that use it, and marks those tests ``xdist_group`` with the framework's
 group: ``-m "not slow"`` leaves them out (``tests/conftest.py``), and
-``--dist loadgroup`` can keep each framework on one worker.
+``--dist=loadgroup`` (the test command's) keeps each framework on one worker.
 """
 
 from __future__ import annotations
