@@ -25,7 +25,7 @@ import apsw
 
 from ..errors import SecurepadError, StorageFullError, StoreCorruptError
 from . import schema
-from .base import Conn, DuplicateKeyError, Params, Rows
+from .base import Conn, DuplicateKeyError, Params, Rows, statements
 from .files import create_private_file
 from .schema import SCHEMA_VERSION
 from .wal import WAL_KEEP_BYTES, WAL_LIMIT_BYTES, WAL_WAIT_MS, BusyHandler, ErrorMap, WalWatch, storage_error
@@ -66,13 +66,6 @@ class CommitHooks(Protocol):
 
     def after_commit(self) -> None:
         """After a successful COMMIT."""
-
-
-@functools.lru_cache(maxsize=16)
-def _statements(sql: str) -> tuple[tuple[str, int], ...]:
-    """``write_once``'s statements of ``sql``, each with its parameter count (no literal
-    in them holds ``"; "`` or ``?``: the store's own statements)."""
-    return tuple((statement, statement.count("?")) for statement in sql.split("; "))
 
 
 class _NothingWritten(Exception):
@@ -355,19 +348,15 @@ class Database:
         return _Transaction(self, wait)
 
     def write_once(self, owner: str, turn_id: str, sql: str, params: Params) -> int | None:
-        """``OnceWriter.write_once`` here: ``sql``'s statements (separated by ``"; "``, each
-        taking its share of ``params`` in turn), in order, in one write transaction (whose
-        outcome is always known); the fewest rows any one of them changed (a put's: 1 when
-        its UPDATE rewrote the head and its INSERT added the entry). A transaction in which
-        one changed nothing is rolled back: no commit, so no commit hook (the anchor's
-        counter) runs for it.
-        Raises DuplicateKeyError (a unique key: nothing written), and as ``transaction``."""
+        """``OnceWriter.write_once`` here: ``sql``'s statements (``"; "`` between them, each taking
+        its share of ``params``), in order, in one write transaction (its outcome always known);
+        the fewest rows one changed. When one changed nothing it is rolled back: no commit, so no
+        commit hook (the anchor's counter) runs. Raises DuplicateKeyError (nothing written), and as ``transaction``."""
         try:
             with self.transaction() as tx:
                 fewest, start = None, 0
-                for statement, count in _statements(sql):
-                    changed = tx.execute(statement, params[start : start + count])
-                    start += count
+                for statement, count in statements(sql):
+                    changed, start = tx.execute(statement, params[start : start + count]), start + count
                     fewest = changed if fewest is None else min(fewest, changed)
                 if not fewest:
                     raise _NothingWritten
