@@ -12,6 +12,7 @@ under a separate role. A call with neither sees no owner's rows on PostgreSQL.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
@@ -25,10 +26,18 @@ __all__ = [
     "OwnerLockNeeded",
     "Params",
     "Rows",
+    "statements",
 ]
 
 Params = tuple[Any, ...]
 Rows = list[dict[str, Any]]
+
+
+@functools.lru_cache(maxsize=16)
+def statements(sql: str) -> tuple[tuple[str, int], ...]:
+    """``sql``'s statements (``"; "`` between them), each with its parameter count: the
+    store's own statements, no literal of which holds ``"; "`` or ``?`` (``OnceWriter``)."""
+    return tuple((statement, statement.count("?")) for statement in sql.split("; "))
 
 
 class DuplicateKeyError(Exception):

@@ -25,7 +25,7 @@ import apsw
 
 from ..errors import SecurepadError, StorageFullError, StoreCorruptError
 from . import schema
-from .base import Conn, DuplicateKeyError, Params, Rows
+from .base import Conn, DuplicateKeyError, Params, Rows, statements
 from .files import create_private_file
 from .schema import SCHEMA_VERSION
 from .wal import WAL_KEEP_BYTES, WAL_LIMIT_BYTES, WAL_WAIT_MS, BusyHandler, ErrorMap, WalWatch, storage_error
@@ -348,17 +348,19 @@ class Database:
         return _Transaction(self, wait)
 
     def write_once(self, owner: str, turn_id: str, sql: str, params: Params) -> int | None:
-        """``OnceWriter.write_once`` here: ``sql``'s statements, in order, in one write
-        transaction (whose outcome is always known); the rows its last statement changed.
-        A transaction whose statements changed nothing is rolled back: no commit, so no
-        commit hook (the anchor's counter) runs for it.
-        Raises DuplicateKeyError (a unique key: nothing written), and as ``transaction``."""
+        """``OnceWriter.write_once`` here: ``sql``'s statements (``"; "`` between them, each taking
+        its share of ``params``), in order, in one write transaction (its outcome always known);
+        the fewest rows one changed. When one changed nothing it is rolled back: no commit, so no
+        commit hook (the anchor's counter) runs. Raises DuplicateKeyError (nothing written), and as ``transaction``."""
         try:
             with self.transaction() as tx:
-                changed = tx.execute(sql, params)
-                if not changed:
+                fewest, start = None, 0
+                for statement, count in statements(sql):
+                    changed, start = tx.execute(statement, params[start : start + count]), start + count
+                    fewest = changed if fewest is None else min(fewest, changed)
+                if not fewest:
                     raise _NothingWritten
-                return changed
+                return fewest
         except _NothingWritten:
             return 0
 

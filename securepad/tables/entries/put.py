@@ -28,7 +28,7 @@ from ..heads.owner import Once
 from ..quota import room
 from .listings import Listings, step_look
 from .open import EntryParts
-from .prepare import Prepared, check_write_size
+from .prepare import Prepared, check_write_bound, check_write_size
 
 __all__ = ["Putter", "Shown"]
 
@@ -79,7 +79,8 @@ class Putter:
         check_step_num(step_num)
         ttl = self.default_ttl if ttl_seconds is None else self.ttl(ttl_seconds)
         prepared = Prepared.of(observation, step_num, self.policy)
-        bound = check_write_size([(prepared, executor_name)], principal, turn_id, self.write_limit, "entry")
+        bound = prepared.cost_bound(principal, turn_id, executor_name)
+        check_write_bound(bound, self.write_limit, "entry")  # ``check_write_size`` of one entry
         created = self.write_now(now)
         meta = prepared.meta(principal, step_num, executor_name, created, created + ttl, inline)
         step = self._step(principal, turn_id, step_num) if free_step and not next_step else None
@@ -160,6 +161,12 @@ _STEP_FREE = "NOT EXISTS (SELECT 1 FROM ({step}) AS taken WHERE expires_at > ?)"
 def _insert_select(columns: tuple[str, ...]) -> str:
     """``_Put.once``'s ``INSERT ... SELECT`` of one entry row with ``columns``."""
     return f"INSERT INTO entries({', '.join(columns)}) SELECT {', '.join('?' * len(columns))}"
+
+
+@functools.lru_cache(maxsize=16)
+def _insert_values(columns: tuple[str, ...]) -> str:
+    """The ``INSERT ... VALUES`` of one entry row with ``columns`` (``_Put.insert``'s; ``_Put.once``'s on SQLite)."""
+    return f"INSERT INTO entries({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
 
 
 @functools.lru_cache(maxsize=16)
@@ -275,7 +282,10 @@ class _Put:
         except IntegrityError:  # a rotation retired the version: ``attempt`` finds out
             return None
         row = sealed[0]
-        insert = (_insert_select(tuple(row)), tuple(row.values()))
+        columns = tuple(row)
+        # SQLite runs the entry's INSERT apart from the head's UPDATE (``Database.write_once``): VALUES.
+        statement = _insert_values(columns) if self.putter.dialect == "sqlite" else _insert_select(columns)
+        insert = (statement, tuple(row.values()))
         free = None if self.step is None else (_step_free(self.step[0]), (*self.step[1], self.created))
         edit = functools.partial(_add_entry, row=row)
         once = heads.change_once(owner, turn_id, edit, (version, wrapper), insert, free, self.step_num)
@@ -366,10 +376,7 @@ class _Put:
             room=room,
             turn_only=self.shared,
             rows=head_rows,
-            insert=(
-                f"INSERT INTO entries({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
-                tuple(row.values()),
-            ),
+            insert=(_insert_values(tuple(row)), tuple(row.values())),
         )
         _insert_segments(conn, [row], [segments])
         return spare

@@ -118,11 +118,12 @@ ONCE_SQL = (
     f" AND key_version = ? AND sealed = ? AND ? = {NEWEST_VERSION_SQL}{{condition}} RETURNING 1) {{insert}} FROM head"
 )
 # ``ONCE_SQL`` on SQLite: the same two writes as two statements of one transaction, the
-# parameters in the same order; the INSERT ... SELECT takes its one row only when the
-# UPDATE just before it rewrote the head (``changes()``: the rows of the statement before).
+# parameters in the same order; the caller's INSERT (``... VALUES``: cheaper to run than
+# ``... SELECT``) is rolled back with the transaction when the UPDATE did not rewrite the
+# head (``Database.write_once``: the fewest rows either statement changed).
 ONCE_SQLITE_SQL = (
     "UPDATE turn_heads SET key_version = ?, sealed = ? WHERE owner_user_id = ? AND turn_id = ?"
-    f" AND key_version = ? AND sealed = ? AND ? = {NEWEST_VERSION_SQL}{{condition}}; {{insert}} WHERE changes() = 1"
+    f" AND key_version = ? AND sealed = ? AND ? = {NEWEST_VERSION_SQL}{{condition}}; {{insert}}"
 )
 
 

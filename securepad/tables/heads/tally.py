@@ -60,10 +60,24 @@ class Tally:
         """The sealed body: compact JSON, keys sorted (msgspec's encoder: the bytes
         ``json.dumps(..., separators=(",", ":"), sort_keys=True)`` gives, but that
         text outside ASCII is written as UTF-8 rather than escaped; either reads back)."""
+        n, d = self.n, self.d
+        if len(n) == len(d) == 3 and "c" in n and "e" in n and "m" in n and "c" in d and "e" in d and "m" in d:
+            # Built in sorted order (keys and kinds): encoded as it is, with no sort.
+            sorted_body = {
+                "b": self.b,
+                "d": {"c": _hex(d["c"]), "e": _hex(d["e"]), "m": _hex(d["m"])},
+                "f": HEAD_FORMAT,
+                "l": self.last,
+                "n": {"c": n["c"], "e": n["e"], "m": n["m"]},
+                "o": self.o,
+                "r": self.r,
+                "w": self.newest,
+            }
+            return _JSON(sorted_body)
         body = {
             "f": HEAD_FORMAT,
-            "n": self.n,
-            "d": {k: format(v, "064x") for k, v in self.d.items()},
+            "n": n,
+            "d": {k: format(v, "064x") for k, v in d.items()},
             "l": self.last,
             "w": self.newest,
             "b": self.b,
@@ -122,6 +136,14 @@ class Tally:
 
 
 _JSON_SORTED = msgspec.json.Encoder(order="sorted").encode
+_JSON = msgspec.json.Encoder().encode
+
+
+def _hex(value: int) -> str:
+    """A digest as ``Tally.dumps`` writes it: 64 hex digits."""
+    return format(value, "064x")
+
+
 _JSON_DECODE = msgspec.json.Decoder().decode
 
 
