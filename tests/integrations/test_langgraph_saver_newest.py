@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import apsw
 import pytest
 
 from securepad import IntegrityError, Keyring, Principal, Scratchpad
+from tests.support.tamper_edits import edit_file
 
 from .test_langgraph_saver_costs import config, fill
 
@@ -31,29 +31,19 @@ def warm(db_path: Path, keyring: Keyring, alice: Principal) -> Iterator[tuple[An
         yield saver, [item["scratchpad_id"] for item in listed]
 
 
-def _edit(db_path: Path, sql: str, *args: Any) -> int:
-    conn = apsw.Connection(str(db_path))
-    try:
-        with conn:
-            conn.execute(sql, args)
-            return conn.changes()
-    finally:
-        conn.close()
-
-
 @pytest.mark.parametrize("which", [0, 2, -1], ids=["oldest", "middle", "newest"])
 def test_a_checkpoint_deleted_anywhere_is_refused_in_a_warm_process(
     warm: tuple[Any, list[str]], db_path: Path, which: int
 ) -> None:
     saver, ids = warm
-    assert _edit(db_path, "DELETE FROM entries WHERE id = ?", ids[which]) == 1
+    assert edit_file(db_path, "DELETE FROM entries WHERE id = ?", ids[which]) == 1
     with pytest.raises(IntegrityError):
         saver.get_tuple(config("t"))
 
 
 def test_the_newest_served_as_expired_is_refused_in_a_warm_process(warm: tuple[Any, list[str]], db_path: Path) -> None:
     saver, ids = warm
-    assert _edit(db_path, "UPDATE entries SET expires_at = 1 WHERE id = ?", ids[-1]) == 1
+    assert edit_file(db_path, "UPDATE entries SET expires_at = 1 WHERE id = ?", ids[-1]) == 1
     with pytest.raises(IntegrityError):
         saver.get_tuple(config("t"))
 
@@ -62,6 +52,6 @@ def test_an_older_row_moved_above_the_newest_is_refused_in_a_warm_process(
     warm: tuple[Any, list[str]], db_path: Path
 ) -> None:
     saver, ids = warm
-    assert _edit(db_path, "UPDATE entries SET step_num = 99 WHERE id = ?", ids[0]) == 1
+    assert edit_file(db_path, "UPDATE entries SET step_num = 99 WHERE id = ?", ids[0]) == 1
     with pytest.raises(IntegrityError):
         saver.get_tuple(config("t"))

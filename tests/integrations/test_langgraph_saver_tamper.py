@@ -19,6 +19,7 @@ import apsw
 import pytest
 
 from securepad import IntegrityError, Keyring, Principal, Scratchpad
+from tests.support.tamper_edits import edit_file
 
 if TYPE_CHECKING:
     from securepad.integrations.langgraph import SecurepadSaver
@@ -26,16 +27,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.xdist_group("langgraph")
 
 BIG = "b" * 50_000
-
-
-def _edit(db_path: Path, sql: str, *args: Any) -> int:
-    conn = apsw.Connection(str(db_path))
-    try:
-        with conn:
-            conn.execute(sql, args)
-            return conn.changes()
-    finally:
-        conn.close()
 
 
 def _put(saver: SecurepadSaver, thread_id: str, parent: Any, small: int, new: dict[str, str]) -> Any:
@@ -134,7 +125,7 @@ def test_an_edited_checkpoint_or_write_is_refused(world: World, executor: str) -
         conn.close()
     changed = bytearray(sealed)
     changed[len(changed) // 2] ^= 1
-    _edit(world.db_path, "UPDATE entries SET sealed_listing = ? WHERE id = ?", bytes(changed), entry_id)
+    edit_file(world.db_path, "UPDATE entries SET sealed_listing = ? WHERE id = ?", bytes(changed), entry_id)
     with pytest.raises(IntegrityError):
         world.listed("t1")
         world.listed("t2")
@@ -143,13 +134,13 @@ def test_an_edited_checkpoint_or_write_is_refused(world: World, executor: str) -
 def test_an_edited_big_value_is_refused(world: World) -> None:
     (value,) = world.ids("langgraph.blob", world.turn("value", "t1", "", "big", "1"))
     # One segment: kept in the entry's row (migration 8).
-    _edit(world.db_path, "UPDATE entries SET only_segment = zeroblob(length(only_segment)) WHERE id = ?", value)
+    edit_file(world.db_path, "UPDATE entries SET only_segment = zeroblob(length(only_segment)) WHERE id = ?", value)
     with pytest.raises(IntegrityError):
         world.latest()
 
 
 def test_a_deleted_big_value_is_refused(world: World) -> None:
-    assert _edit(
+    assert edit_file(
         world.db_path, "DELETE FROM entries WHERE executor_name = 'langgraph.blob' AND owner_user_id = 'alice'"
     )
     with pytest.raises(IntegrityError, match="missing"):
@@ -161,7 +152,7 @@ def test_a_big_value_swapped_for_another_threads_is_refused(world: World) -> Non
     (one,) = world.ids("langgraph.blob", world.turn("value", "t1", "", "big", "1"))
     (two,) = world.ids("langgraph.blob", world.turn("value", "t2", "", "big", "1"))
     # The value of t2 put in place of t1's (same owner, channel, version and size).
-    _edit(
+    edit_file(
         world.db_path,
         "UPDATE entries SET only_segment = (SELECT only_segment FROM entries WHERE id = ?) WHERE id = ?",
         two,
@@ -174,7 +165,7 @@ def test_a_big_value_swapped_for_another_threads_is_refused(world: World) -> Non
 
 def test_a_checkpoint_replayed_into_another_thread_is_refused(world: World) -> None:
     moved = world.ids("langgraph.checkpoint", world.turn("thread", "t2"))[0]
-    _edit(world.db_path, "UPDATE entries SET turn_id = ? WHERE id = ?", world.turn("thread", "t1"), moved)
+    edit_file(world.db_path, "UPDATE entries SET turn_id = ? WHERE id = ?", world.turn("thread", "t1"), moved)
     with pytest.raises(IntegrityError):
         world.latest("t1")
 
@@ -183,7 +174,7 @@ def test_a_pending_write_replayed_onto_another_checkpoint_is_refused(world: Worl
     first, second = (c["configurable"]["checkpoint_id"] for c in world.configs[("alice", "t1")])
     source = world.turn("writes", "t1", "", second)
     target = world.turn("writes", "t1", "", first)
-    assert _edit(world.db_path, "UPDATE entries SET turn_id = ? WHERE turn_id = ?", target, source) == 1
+    assert edit_file(world.db_path, "UPDATE entries SET turn_id = ? WHERE turn_id = ?", target, source) == 1
     with pytest.raises(IntegrityError):
         world.listed()
 
@@ -193,7 +184,7 @@ def test_a_checkpoint_given_to_another_owner_is_refused(world: World) -> None:
     turns that name none of bob's threads, so bob's thread reads as it was;
     alice's is refused (its head lists them) and verify finds the rows."""
     bobs = world.latest("t1", owner="bob").checkpoint
-    _edit(world.db_path, "UPDATE entries SET owner_user_id = 'bob' WHERE owner_user_id = 'alice'")
+    edit_file(world.db_path, "UPDATE entries SET owner_user_id = 'bob' WHERE owner_user_id = 'alice'")
     assert world.latest("t1", owner="bob").checkpoint == bobs
     with pytest.raises(IntegrityError):  # alice's thread head still lists them
         world.latest("t1", owner="alice")
@@ -202,7 +193,7 @@ def test_a_checkpoint_given_to_another_owner_is_refused(world: World) -> None:
 
 
 def test_a_reordered_or_relabelled_entry_is_refused(world: World) -> None:
-    _edit(world.db_path, "UPDATE entries SET step_num = 5 WHERE executor_name = 'langgraph.write'")
+    edit_file(world.db_path, "UPDATE entries SET step_num = 5 WHERE executor_name = 'langgraph.write'")
     with pytest.raises(IntegrityError):
         world.latest()
 
@@ -215,7 +206,7 @@ def test_deleting_the_newest_checkpoint_is_refused(world: World) -> None:
     with world.saver() as saver:  # which row is the newest checkpoint (the test may look; an attacker guesses)
         listed = saver.pad.list_for_turn(Principal("alice", "graph", "api"), world.turn("thread", "t1"))
     (newest,) = [item["scratchpad_id"] for item in listed if item["view"]["metadata"]["checkpoint_id"] == second]
-    assert _edit(world.db_path, "DELETE FROM entries WHERE id = ?", newest) == 1
+    assert edit_file(world.db_path, "DELETE FROM entries WHERE id = ?", newest) == 1
     with pytest.raises(IntegrityError):  # not the previous one served as the latest
         world.latest()
     with pytest.raises(IntegrityError):
@@ -228,7 +219,7 @@ def test_deleting_an_older_checkpoint_is_refused(world: World) -> None:
     with world.saver() as saver:
         listed = saver.pad.list_for_turn(Principal("alice", "graph", "api"), world.turn("thread", "t1"))
     (older,) = [item["scratchpad_id"] for item in listed if item["view"]["metadata"]["checkpoint_id"] == first]
-    assert _edit(world.db_path, "DELETE FROM entries WHERE id = ?", older) == 1
+    assert edit_file(world.db_path, "DELETE FROM entries WHERE id = ?", older) == 1
     with pytest.raises(IntegrityError):
         world.latest()
     with pytest.raises(IntegrityError):
@@ -236,7 +227,7 @@ def test_deleting_an_older_checkpoint_is_refused(world: World) -> None:
 
 
 def test_deleting_pending_writes_is_refused(world: World) -> None:
-    _edit(world.db_path, "DELETE FROM entries WHERE executor_name = 'langgraph.write' AND owner_user_id = 'alice'")
+    edit_file(world.db_path, "DELETE FROM entries WHERE executor_name = 'langgraph.write' AND owner_user_id = 'alice'")
     with pytest.raises(IntegrityError):
         world.latest()
 
@@ -271,6 +262,6 @@ def test_an_edited_large_checkpoint_is_refused(world: World) -> None:
         assert world.latest("t3") is not None
     (entry,) = world.ids("langgraph.checkpoint", world.turn("thread", "t3"))
     sql = "UPDATE entries SET only_segment = zeroblob(length(only_segment)) WHERE id = ?"  # its one segment
-    assert _edit(world.db_path, sql, entry) == 1
+    assert edit_file(world.db_path, sql, entry) == 1
     with pytest.raises(IntegrityError):
         world.latest("t3")

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from securepad import IntegrityError, InvalidArgumentError, Keyring, Principal, Scratchpad
+from tests.support.tamper_edits import edit_file
 
 if TYPE_CHECKING:
     from agents.testing import ModelCall, ModelStep
@@ -187,16 +188,6 @@ def test_a_scripted_agent_remembers_earlier_turns(pad: Scratchpad, alice: Princi
 # -- edits of the file -----------------------------------------------------------------------
 
 
-def _edit(db_path: Path, sql: str, *args: Any) -> int:
-    conn = apsw.Connection(str(db_path))
-    try:
-        with conn:
-            conn.execute(sql, args)
-            return conn.changes()
-    finally:
-        conn.close()
-
-
 @pytest.fixture
 def stored(db_path: Path, keyring: Keyring, alice: Principal) -> Path:
     from securepad.integrations.openai_agents import SecurepadSession
@@ -228,7 +219,7 @@ def test_an_edited_small_item_is_refused(stored: Path, keyring: Keyring, alice: 
         conn.close()
     changed = bytearray(sealed)
     changed[len(changed) // 2] ^= 1
-    assert _edit(stored, "UPDATE entries SET sealed_listing = ? WHERE id = ?", bytes(changed), entry_id) == 1
+    assert edit_file(stored, "UPDATE entries SET sealed_listing = ? WHERE id = ?", bytes(changed), entry_id) == 1
     with pytest.raises(IntegrityError):
         _items(stored, keyring, alice, "s1")
 
@@ -244,7 +235,7 @@ def test_an_edited_large_item_is_refused(stored: Path, keyring: Keyring, alice: 
         assert run(session.get_items()) == [large]
     # One segment: kept in the entry's row (migration 8).
     sql = "UPDATE entries SET only_segment = zeroblob(length(only_segment)) WHERE turn_id = ?"
-    assert _edit(stored, sql, session.turn_id) == 1
+    assert edit_file(stored, sql, session.turn_id) == 1
     with pytest.raises(IntegrityError):
         _items(stored, keyring, alice, "s3")
 
@@ -255,13 +246,16 @@ def test_an_item_moved_to_another_session_is_refused(stored: Path, keyring: Keyr
     with Scratchpad.open(stored, keyring=keyring) as pad:
         s2 = SecurepadSession("s2", pad, alice).turn_id
         s1 = SecurepadSession("s1", pad, alice).turn_id
-    assert _edit(stored, "UPDATE entries SET turn_id = ?, step_num = 7 WHERE turn_id = ? AND step_num = 1", s2, s1) == 1
+    assert (
+        edit_file(stored, "UPDATE entries SET turn_id = ?, step_num = 7 WHERE turn_id = ? AND step_num = 1", s2, s1)
+        == 1
+    )
     with pytest.raises(IntegrityError):
         _items(stored, keyring, alice, "s2")
 
 
 def test_reordered_items_are_refused(stored: Path, keyring: Keyring, alice: Principal) -> None:
-    _edit(stored, "UPDATE entries SET step_num = CASE step_num WHEN 1 THEN 3 WHEN 3 THEN 1 ELSE step_num END")
+    edit_file(stored, "UPDATE entries SET step_num = CASE step_num WHEN 1 THEN 3 WHEN 3 THEN 1 ELSE step_num END")
     with pytest.raises(IntegrityError):
         _items(stored, keyring, alice, "s1")
 
@@ -274,7 +268,7 @@ def test_an_item_given_to_another_owner_is_refused(
     alice's session is refused and verify finds the rows."""
     from securepad.integrations.openai_agents import SecurepadSession
 
-    _edit(stored, "UPDATE entries SET owner_user_id = 'bob'")
+    edit_file(stored, "UPDATE entries SET owner_user_id = 'bob'")
     with Scratchpad.open(stored, keyring=keyring) as pad:
         assert run(SecurepadSession("s1", pad, bob).get_items()) == []
         with pytest.raises(IntegrityError):  # alice's session head still lists them
@@ -289,7 +283,7 @@ def test_a_deleted_newest_item_is_refused(stored: Path, keyring: Keyring, alice:
 
     with Scratchpad.open(stored, keyring=keyring) as pad:
         s1 = SecurepadSession("s1", pad, alice).turn_id
-    _edit(stored, "DELETE FROM entries WHERE turn_id = ? AND step_num = 3", s1)
+    edit_file(stored, "DELETE FROM entries WHERE turn_id = ? AND step_num = 3", s1)
     with pytest.raises(IntegrityError):
         _items(stored, keyring, alice, "s1")
 
@@ -299,7 +293,7 @@ def test_a_deleted_middle_item_is_refused(stored: Path, keyring: Keyring, alice:
 
     with Scratchpad.open(stored, keyring=keyring) as pad:
         s1 = SecurepadSession("s1", pad, alice).turn_id
-    assert _edit(stored, "DELETE FROM entries WHERE turn_id = ? AND step_num = 2", s1) == 1
+    assert edit_file(stored, "DELETE FROM entries WHERE turn_id = ? AND step_num = 2", s1) == 1
     with pytest.raises(IntegrityError):
         _items(stored, keyring, alice, "s1")
 

@@ -80,6 +80,13 @@ def raw_file(db_path: Path) -> Iterator[apsw.Connection]:
         conn.close()
 
 
+def edit_file(db_path: Path, sql: str, *args: Any) -> int:
+    """Run one statement on the store file through ``raw_file``; the rows it changed."""
+    with raw_file(db_path) as conn:
+        conn.execute(sql, args)
+        return conn.changes()
+
+
 class Raw:
     """A connection outside securepad: SQL with ``?`` placeholders, on an apsw
     connection to the file or a psycopg connection as the admin role."""
