@@ -349,6 +349,16 @@ class SaverRecords:
         self.memory.took_step(principal, turn, int(view["step_num"]))
         return view
 
+    def put_checkpoint(self, principal: Principal, thread_id: str, observation: Any, ttl: int, now: float) -> None:
+        """Put a checkpoint entry in the thread's turn; a thread put in its keyed turn
+        is found keyed from then on (that turn holds a live checkpoint of the principal's
+        scope, so the former turn never shadows it): no later call looks for it again."""
+        turn = self.turn(principal, "thread", thread_id)
+        self.put(principal, turn, CHECKPOINT, observation, ttl, now)
+        if turn != turn_id("thread", thread_id) and not self.memory.keyed(principal, thread_id):
+            self.memory.found_keyed(principal, thread_id)
+            self.memory.named(principal, "thread", thread_id, (), turn)
+
     def put_value(
         self,
         principal: Principal,

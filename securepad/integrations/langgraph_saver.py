@@ -50,7 +50,6 @@ from ..store import Scratchpad
 from ._saver_async import ThreadedAsyncSaver
 from ._saver_memory import ChannelValues, KnownWrites
 from ._saver_records import (
-    CHECKPOINT,
     FORMAT,
     TURN_PREFIX,
     WRITE,
@@ -218,8 +217,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
         observation = sealed(meta, data)
         # The checkpoint dies no later than the values it refers to (see _value).
         ttl = max(1, min(self.ttl_seconds, int(expiry - now)))
-        turn = self.records.turn(principal, "thread", thread_id)
-        self.records.put(principal, turn, CHECKPOINT, observation, ttl, now)
+        self.records.put_checkpoint(principal, thread_id, observation, ttl, now)
         return _config(thread_id, ns, checkpoint["id"])
 
     def put_writes(

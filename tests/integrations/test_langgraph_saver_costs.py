@@ -18,6 +18,7 @@ import pytest
 from securepad import Keyring, Principal, Scratchpad
 from securepad.crypto.formats import ListingKey
 from securepad.store import sqlite_of
+from tests.support.meters import ReadMeter
 
 if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig
@@ -35,6 +36,8 @@ GET_TUPLE_STATEMENTS = 6
 # get_tuple of the latest: the thread's newest row alone, read whole beside its head's
 # token, the writes' turn beside its head.
 LATEST_STATEMENTS = 4
+# Its rows: the newest checkpoint's and its turn's token, the one write's and its turn's token.
+LATEST_ROWS = 4
 
 
 class Meter:
@@ -125,6 +128,26 @@ def test_get_tuple_costs_the_same_on_a_thread_of_one_and_of_fifty(
         counts.append((meter.statements, meter.views, dict(meter.calls)))
     # The checkpoint read whole (its listing part opened with it) and its one write's view.
     assert counts[0] == counts[1] == (LATEST_STATEMENTS, 2, {"list_for_turn": 1})
+
+
+def test_the_first_get_tuple_after_this_saver_put_the_thread_reads_no_inventory(
+    sqlite_pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread's turns were created by this connection's puts, which keep their
+    inventories verified: the first read costs what a warm one costs, whatever the length."""
+    from securepad.integrations.langgraph import SecurepadSaver
+
+    saver = SecurepadSaver(sqlite_pad, alice)
+    meter, rows = Meter(saver, monkeypatch), ReadMeter(sqlite_pad)
+    counts = []
+    for thread_id, length in (("short", 1), ("long", 50)):
+        configs = fill(saver, thread_id, length)
+        saver.put_writes(configs[-1], [("note", "n")], "task-1")
+        for _ in range(2):  # the first read, then a warm one
+            with meter:
+                fetched = rows.counts(lambda thread_id=thread_id: saver.get_tuple(config(thread_id)))["rows"]
+            counts.append((meter.statements, fetched))
+    assert counts == [(LATEST_STATEMENTS, LATEST_ROWS)] * 4
 
 
 def test_get_tuple_of_a_recent_checkpoint_opens_the_views_down_to_it(

@@ -260,8 +260,10 @@ def with_heads(
     (``Conn.prefetch``) and ``read_with_heads`` answers it; ``turn_only`` (the
     owner's lock shared): on SQLite the turn's own head row alone, all such a write
     reads of the heads (it changes its turn's head only; a new turn, or one whose
-    reservation is short, takes the exclusive lock and reads the three)."""
-    return [beside_sql(one_row, owner, turn_id, turn_only=turn_only and dialect == "sqlite")]
+    reservation is short, takes the exclusive lock and reads the three, and on SQLite
+    the new turn's seed: ``InventoryReads.seeded``)."""
+    sqlite = dialect == "sqlite"
+    return [beside_sql(one_row, owner, turn_id, turn_only=turn_only and sqlite, seed=sqlite and not turn_only)]
 
 
 def read_with_heads(conn: Conn, reads: list[tuple[str, Params]]) -> tuple[dict[str, Any], Rows]:
@@ -371,14 +373,14 @@ class Heads:
         tally = self.owners.edited_tally(by_turn, owner, turn_id)
         before, reserved = tally.state(), tally.r
         terms = self.inventories.terms(owner, turn_id)
-        change = HeadEdit(tally, terms, self._kept_head(kept, by_turn.get(turn_id)))
+        token, head = self._kept(kept, by_turn.get(turn_id), rows, turn_id)
+        change = HeadEdit(tally, terms, head)
         edit(change)
         tally.b = max(tally.b, 0)
         if turn_id in by_turn and not any(tally.n.values()):  # the turn left empty: it goes
             self._emptied(conn, (owner, turn_id), by_turn, reserved, version, turn_only, dropped)
             self.inventories.check_written(conn, owner, turn_id, tampered)
             return 0
-        token = None if kept is None else kept.token
         if tally.state() == before:  # nothing the head counts changed: the caller's insert alone
             if insert is not None:
                 conn.defer(*insert)
@@ -419,11 +421,17 @@ class Heads:
         else:
             self.owners.drop(conn, owner, {turn_id: reserved}, by_turn, version)
 
-    def _kept_head(self, kept: Verified | None, stored: dict[str, Any] | None) -> Head | None:
-        """The cached inventory a write edits with its tally, when the stored head is the one it was verified with."""
-        if kept is None or stored is None or not self.reads.keeps_writes:
-            return None
-        return kept.head if self.reads.sealed_of(kept.token) == bytes(stored["sealed"]) else None
+    def _kept(
+        self, kept: Verified | None, stored: dict[str, Any] | None, rows: Rows | None, turn_id: str
+    ) -> tuple[tuple[Any, ...] | None, Head | None]:
+        """The token and the inventory a write edits with its tally: the cached one when the
+        stored head is the one it was verified with; a new turn's, empty (``InventoryReads.seeded``)."""
+        if kept is None:
+            seeded = self.reads.seeded(rows, turn_id)
+            return (None, None) if seeded is None else (seeded, Head())
+        if stored is None or not self.reads.keeps_writes:
+            return kept.token, None
+        return kept.token, kept.head if self.reads.sealed_of(kept.token) == bytes(stored["sealed"]) else None
 
     def change_once(
         self,

@@ -156,22 +156,40 @@ def expired_sql(cutoff: float, kept: list[tuple[str, str]]) -> tuple[str, Params
     return "expires_at <= ?" + (f" AND NOT ({keep})" if kept else ""), (cutoff, *(v for pair in kept for v in pair))
 
 
-def beside_sql(one_row: tuple[str, Params], owner: str, turn_id: str, *, turn_only: bool = False) -> tuple[str, Params]:
+# A new turn's seed (``beside_sql`` with ``seed``): the connection's data version, read in
+# the write's transaction, when the turn has neither a head nor a row of any kind (expired
+# ones too), else NULL; an existing turn costs the head's one look. What the turn's first
+# write seals is then its whole inventory (``InventoryReads.seeded``).
+_SEED = (
+    "(SELECT CASE WHEN EXISTS (SELECT 1 FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?)"
+    " OR EXISTS (SELECT 1 FROM entries WHERE owner_user_id = ? AND turn_id = ?)"
+    " OR EXISTS (SELECT 1 FROM checkpoints WHERE owner_user_id = ? AND turn_id = ?)"
+    " OR EXISTS (SELECT 1 FROM compaction_marks WHERE owner_user_id = ? AND turn_id = ?)"
+    " THEN NULL ELSE (SELECT data_version FROM pragma_data_version()) END AS turn_seed) AS seed"
+)
+
+
+def beside_sql(
+    one_row: tuple[str, Params], owner: str, turn_id: str, *, turn_only: bool = False, seed: bool = False
+) -> tuple[str, Params]:
     """The query ``one_row`` (one row of scalars) and the turn's head rows (``turn_only``:
     the turn's own alone) in one statement: each head row carries the scalars; with no
-    head row, one row of the scalars and NULL head columns."""
+    head row, one row of the scalars and NULL head columns. ``seed`` (SQLite): each row
+    carries ``turn_seed`` too, the new turn's seed (``_SEED``)."""
     sql, params = one_row
     named = (turn_id,) if turn_only else (turn_id, OWNER_HEAD, USAGE_HEAD)
-    return _beside_text(sql, turn_only), (*params, owner, *named)
+    seeded = (owner, turn_id) * 4 if seed else ()
+    return _beside_text(sql, turn_only, seed), (*params, *seeded, owner, *named)
 
 
 @functools.lru_cache(maxsize=64)
-def _beside_text(sql: str, turn_only: bool) -> str:
+def _beside_text(sql: str, turn_only: bool, seed: bool) -> str:
     """``beside_sql``'s statement (composed once per query: every write sends one)."""
     heads = "= ?" if turn_only else "IN (?, ?, ?)"
+    seeded = (", seed.turn_seed", f" CROSS JOIN {_SEED}") if seed else ("", "")
     return (
-        f"SELECT one.*, h.owner_user_id, h.turn_id, h.key_version, h.sealed FROM ({sql}) AS one"
-        f" LEFT JOIN turn_heads AS h ON h.owner_user_id = ? AND h.turn_id {heads}"
+        f"SELECT one.*{seeded[0]}, h.owner_user_id, h.turn_id, h.key_version, h.sealed FROM ({sql}) AS one"
+        f"{seeded[1]} LEFT JOIN turn_heads AS h ON h.owner_user_id = ? AND h.turn_id {heads}"
     )
 
 
@@ -483,6 +501,20 @@ class InventoryReads:
         """Whether a write keeps the turn's cached inventory, edited, instead of dropping it: on
         SQLite, whose token holds the sealed head (PostgreSQL's holds the server's digest)."""
         return self._sqlite
+
+    def seeded(self, rows: Rows | None, turn_id: str) -> tuple[Any, ...] | None:
+        """The token of a new turn's inventory, empty before its first write, from the
+        write's head rows (``beside_sql`` with ``seed``): its data version, no head yet
+        (``written`` adds the one the write seals); None when the turn had a head or a
+        row, or nothing would keep it. Its own commit leaves the data version where the
+        write read it, so a read finds that inventory fresh only if no other connection
+        committed since and that head is stored."""
+        if not self._sqlite or not self.cache.enabled or not rows:
+            return None
+        version = rows[0].get("turn_seed")
+        if version is None or any(row["turn_id"] == turn_id for row in rows):
+            return None
+        return (version, None, None)
 
     @staticmethod
     def sealed_of(token: tuple[Any, ...]) -> bytes | None:

@@ -27,7 +27,7 @@ import pytest
 from securepad import Keyring, Policy, Scratchpad
 from securepad.errors import IntegrityError, NotFoundError
 from securepad.store import parts
-from securepad.tables.heads.reading import HeadCache
+from securepad.tables.heads.reading import CACHE_TURNS, HeadCache
 from securepad.tables.heads.tally import Head
 from tests.support.meters import ReadMeter
 from tests.support.principals import ALICE, NOW
@@ -203,8 +203,12 @@ def test_a_warm_read_fetches_no_inventory_whatever_the_turn_length(db_path: Path
         tails = {length: record_batches(pad, ALICE, f"length-{length}", length)[-1] for length in (1, 300)}
         meter = ReadMeter(pad)
         costs = {}
+        heads = parts(pad).heads
         for length, entry in tails.items():
             turn = f"length-{length}"
+            # The turns this connection wrote are kept verified: emptied, as another process's first read finds them.
+            heads.cache_limit(0)
+            heads.cache_limit(CACHE_TURNS)
             cold = meter.counts(lambda entry=entry: pad.read(ALICE, entry, "tail", n=2000, now=LATER))
             handle = pad.turn(ALICE, turn, now=LATER)  # opening a turn collects what expired (nothing here)
             handle.history(now=LATER)
