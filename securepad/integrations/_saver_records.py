@@ -355,7 +355,7 @@ class SaverRecords:
         scope, so the former turn never shadows it): no later call looks for it again."""
         turn = self.turn(principal, "thread", thread_id)
         self.put(principal, turn, CHECKPOINT, observation, ttl, now)
-        if turn != turn_id("thread", thread_id) and not self.memory.keyed(principal, thread_id):
+        if not self.memory.keyed(principal, thread_id) and turn != turn_id("thread", thread_id):
             self.memory.found_keyed(principal, thread_id)
             self.memory.named(principal, "thread", thread_id, (), turn)
 
