@@ -1,0 +1,61 @@
+"""The targets a benchmark run prints: each with its figure from the run, met
+or missed by its threshold, and "not measured" when the run lacks a figure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from securepad.bench import report
+
+
+def _put(backend: str, size: int, ops: float) -> dict[str, Any]:
+    return {"backend": backend, "size_bytes": size, "case": f"{size} B", "stats": {"ops_per_s": ops}}
+
+
+def _concurrent(backend: str, case: str, ops: float) -> dict[str, Any]:
+    put = {"ops_per_s": ops / 2, "p99": 0.001, "max": 0.002}
+    return {
+        "backend": backend,
+        "case": case,
+        "stats": {"ops_per_s": ops},
+        "put": put,
+        "error_count": 0,
+        "lost_writes": 0,
+        "acked_puts": 10,
+    }
+
+
+def _by_name(results: dict[str, Any]) -> dict[str, tuple[str, bool | None]]:
+    return {t["target"]: (t["measured"], t["passed"]) for t in report.targets(results)}
+
+
+def test_wall_targets_compare_with_raw_apsw_at_their_thresholds() -> None:
+    """A put of 4 KiB and of 64 KiB must reach 0.8x raw apsw's rate, 1 MiB 0.85x;
+    eight processes of 50/50 put/read 0.3x raw apsw's operations per second."""
+    puts = [_put("securepad", 4096, 79), _put("raw-apsw", 4096, 100)]
+    puts += [_put("securepad", 65536, 80), _put("raw-apsw", 65536, 100)]
+    conc = [_concurrent("securepad", "8x1", 300), _concurrent("raw-apsw", "8x1", 1000)]
+    found = _by_name({"workloads": {"put": puts, "concurrent": conc}})
+    assert found["put 4 KiB: securepad >= 0.8x raw plaintext"] == ("0.79x", False)
+    assert found["put 64 KiB: securepad >= 0.8x raw plaintext"] == ("0.80x", True)
+    assert found["8x1: throughput >= 0.3x raw plaintext"] == ("0.30x (300 vs 1,000 ops/s)", True)
+    assert found["put 1 MiB: securepad >= 0.85x raw plaintext"] == ("not measured in this run", None)
+    assert found["2x4: throughput >= 0.5x raw plaintext"] == ("not measured in this run", None)
+
+
+def test_postgresql_targets_against_sqlite() -> None:
+    """``python -m benchmarks.postgres`` judges one owner at 0.6x, an owner per
+    process at 0.8x SQLite's operations per second and CPU per put at 1.2x."""
+    from benchmarks import postgres
+
+    conc = [
+        {"backend": "securepad", "stats": {"ops_per_s": 1000.0}},
+        {"backend": "securepad-postgresql", "stats": {"ops_per_s": 610.0}},
+    ]
+    found = postgres.targets(conc, {"ratio": {"put": 1.94, "read": 2.1}})
+    assert [(t["value"], t["met"]) for t in found] == [(0.61, True), (None, None), (1.94, False)]
+    assert [t["target"].split(":")[0] for t in found] == [
+        "one owner",
+        "an owner per process",
+        "CPU per put, client + server",
+    ]
