@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from securepad.bench import report
 
 
@@ -59,3 +61,33 @@ def test_postgresql_targets_against_sqlite() -> None:
         "an owner per process",
         "CPU per put, client + server",
     ]
+
+
+@pytest.mark.slow  # imports LangGraph and the OpenAI Agents SDK
+def test_framework_targets_judge_every_cell_against_the_encrypted_peer() -> None:
+    """``python -m benchmarks.frameworks`` judges every cell of a securepad saver
+    against the same backend's saver with ``EncryptedSerializer`` (at most 1.0x),
+    its graph run against the plain saver (1.5x) and the session against
+    ``EncryptedSession`` (1.0x); a backend that did not run has no target."""
+    from benchmarks import frameworks
+
+    saver = {"SecurepadSaver (SQLite)": 1.0, "SqliteSaver + EncryptedSerializer": 2.0, "SqliteSaver": 0.5}
+    results = {
+        "checkpoints": {name: {"1 KiB": {"put_ms": ms, "get_ms": ms * 3}} for name, ms in saver.items()},
+        "get_tuple_by_thread_length": {name: {"50": ms} for name, ms in saver.items()},
+        "graph_100_steps": {name: {"run_ms": ms * 100} for name, ms in saver.items()},
+        "sessions": {
+            "SecurepadSession (SQLite)": {"1 KiB": {"add_ms": 1.1, "get_ms": 1.0}},
+            "EncryptedSession (over SQLiteSession)": {"1 KiB": {"add_ms": 1.0, "get_ms": 1.0}},
+        },
+    }
+    found = {t["target"]: (round(t["ratio"], 2), t["met"]) for t in frameworks.targets(results)}
+    assert found == {
+        "SecurepadSaver (SQLite) put 1 KiB": (0.5, True),
+        "SecurepadSaver (SQLite) get 1 KiB": (0.5, True),
+        "SecurepadSaver (SQLite) get_tuple, thread of 50": (0.5, True),
+        "SecurepadSaver (SQLite) 100-step graph against SqliteSaver": (2.0, False),
+        "SecurepadSession (SQLite) add 1 KiB": (1.1, False),
+        "SecurepadSession (SQLite) get 1 KiB": (1.0, True),
+    }
+    assert "missed  SecurepadSaver (SQLite) 100-step graph" in frameworks.targets_text(frameworks.targets(results))
