@@ -176,7 +176,8 @@ def hotpath_markdown(records: list[Record]) -> list[str]:
 
 
 WIDTH = 80
-_LABEL = 22  # the case column; each backend gets 11
+_LABEL = 22  # the case column; each backend gets 11, or 10 when six share the width
+_COLUMN = {"sealed-floor": "floor"}  # a backend's column heading, where its name is long
 # workload -> (heading, how the cases shown begin, the figure shown); the JSON and --tables keep everything.
 _SUMMARY: dict[str, tuple[str, str, Callable[[Record], str]]] = {
     "put": ("put, one entry (median)", "", lambda r: fmt_time(r["stats"]["median"])),
@@ -196,6 +197,11 @@ _SUMMARY: dict[str, tuple[str, str, Callable[[Record], str]]] = {
 }
 
 
+def _fit(text: str, width: int) -> str:
+    """``text``, cut to ``width`` characters with an ellipsis where it is longer."""
+    return text if len(text) <= width else text[: width - 1] + "\u2026"
+
+
 def summary(results: Results, written: Iterable[str] = ()) -> str:
     """What was measured, securepad beside each baseline, where the files are, in 80 columns."""
     meta, w = results["meta"], results["workloads"]
@@ -206,11 +212,14 @@ def summary(results: Results, written: Iterable[str] = ()) -> str:
         records = [r for r in w.get(name, []) if str(r.get("case")).startswith(begins)]
         if not records:
             continue
-        out += ["", heading[:WIDTH], f"{'':<{_LABEL}}" + "".join(f"{b[:10]:>11}" for b in backends)]
+        column = max(10, min(11, (WIDTH - _LABEL) // len(backends)))
+        width = min(_LABEL, WIDTH - column * len(backends))
+        names = (_fit(_COLUMN.get(b, b), column - 1) for b in backends)
+        out += ["", heading[:WIDTH], f"{'':<{width}}" + "".join(f"{name:>{column}}" for name in names)]
         for case in dict.fromkeys(str(r["case"]) for r in records):
-            label = case if len(case) <= _LABEL - 2 else case[: _LABEL - 3] + "\u2026"
+            label = _fit(case, width - 2)
             found = [_find(records, backend=backend, case=case) for backend in backends]
-            out.append(f"  {label:<{_LABEL - 2}}" + "".join(f"{figure(r) if r else '-':>11}" for r in found))
+            out.append(f"  {label:<{width - 2}}" + "".join(f"{figure(r) if r else '-':>{column}}" for r in found))
     if w.get("hotpath"):
         out += ["", f"hotpath: {len(w['hotpath'])} measurements (statements, WAL frames per put) in the JSON"]
     listed = results.get("targets") or []

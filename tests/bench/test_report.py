@@ -91,3 +91,20 @@ def test_framework_targets_judge_every_cell_against_the_encrypted_peer() -> None
         "SecurepadSession (SQLite) get 1 KiB": (1.0, True),
     }
     assert "missed  SecurepadSaver (SQLite) 100-step graph" in frameworks.targets_text(frameworks.targets(results))
+
+
+def test_summary_of_six_backends_fits_80_columns() -> None:
+    """The sealed floor named beside the five default backends: every line of the
+    summary still fits 80 columns, the floor's column headed "floor", a name too
+    long for the narrower column cut with an ellipsis."""
+    backends = ["securepad", "raw-apsw", "unhardened", "diskcache", "sqlcipher", "sealed-floor"]
+    puts = [{**_put(b, 16 << 20, 6.0), "case": "16 MiB", "stats": {"median": 0.16981}} for b in backends]
+    results = {
+        "meta": {"mode": "full", "machine": {"summary": "2 cores"}, "elapsed_s": 1.0},
+        "backends": {b: {"available": True} for b in backends},
+        "workloads": {"put": puts},
+    }
+    lines = report.summary(results).splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert lines[3].split() == ["securepad", "raw-apsw", "unharden\u2026", "diskcache", "sqlcipher", "floor"]
+    assert lines[4].split()[:3] == ["16", "MiB", "169.81"]
