@@ -227,6 +227,16 @@ class OwnerHeads:
         self._owner_heads: LRUCache[str, tuple[int, bytes, Wrapper, frozenset[str], int | None]] = LRUCache(
             _OWNER_HEADS_KEPT
         )
+        # (owner, body) -> what an owner head composed here lists, until ``write_bodies`` seals it.
+        self._composed: dict[tuple[str, bytes], tuple[frozenset[str], int | None]] = {}
+
+    def compose(self, owner: str, turns: frozenset[str], created: int | None) -> bytes:
+        """``owner_body`` of an owner head that ``write_bodies`` is to seal, remembered with what it lists."""
+        body = owner_body(set(turns), created)
+        if len(self._composed) >= _OWNER_HEADS_KEPT:
+            self._composed.clear()
+        self._composed[(owner, body)] = (turns, created)
+        return body
 
     def open_body(self, row: dict[str, Any], owner: str, turn_id: str) -> bytes:
         """A head's body, opened; raises IntegrityError when it fails authentication."""
@@ -346,6 +356,9 @@ class OwnerHeads:
             sealed = wrapper.seal(body, head_aad(owner, turn_id, version))
             params += [owner, turn_id, version, sealed]
             written.append(sealed)
+            composed = self._composed.pop((owner, body), None) if turn_id == OWNER_HEAD else None
+            if composed is not None:  # these bytes open to that body under this key: known opened
+                self._owner_heads[owner] = (version, sealed, wrapper, *composed)
             if turn_id not in (OWNER_HEAD, USAGE_HEAD):
                 self.last.record(owner, turn_id, Sealed(version, sealed, body))
         upsert = reading.UPSERT_SQL.format(values=", ".join(["(?, ?, ?, ?)"] * len(bodies)))
@@ -376,7 +389,7 @@ class OwnerHeads:
         if OWNER_HEAD not in by_turn:
             raise owner_removed(owner)
         turns, created = self.owner_turns(by_turn[OWNER_HEAD], owner)
-        bodies = [(OWNER_HEAD, owner_body(turns - set(dropped), created))]
+        bodies = [(OWNER_HEAD, self.compose(owner, frozenset(turns - set(dropped)), created))]
         usage = by_turn.get(USAGE_HEAD)
         if usage is not None:
             total, counted = usage_counts(self.open_body(usage, owner, USAGE_HEAD))

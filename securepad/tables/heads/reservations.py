@@ -10,7 +10,7 @@ from typing import Any
 from ...errors import IntegrityError
 from ...storage.base import Conn
 from . import reading
-from .owner import OwnerHeads, check_counted, owner_body, owner_removed, rolled_back, usage_body, usage_counts
+from .owner import OwnerHeads, check_counted, owner_removed, rolled_back, usage_body, usage_counts
 from .quota import Room, record_room, reserve
 from .reading import OWNER_HEAD, USAGE_HEAD, HeadCache
 from .tally import Tally
@@ -68,7 +68,7 @@ class Reservations:
             if None not in (created, counted) and created != counted:
                 raise rolled_back(owner, "its owner head and its usage head count different turns")
             counted = max(created if created is not None else len(turns), counted or 0) + 1
-            bodies = [(OWNER_HEAD, owner_body(turns | {turn_id}, counted))]
+            bodies = [(OWNER_HEAD, owners.compose(owner, frozenset(turns | {turn_id}), counted))]
         if counted is not None:
             tally.o = max(tally.o, counted)
         bodies.insert(0, (turn_id, tally.dumps()))

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from securepad import IntegrityError, Scratchpad
+from securepad.crypto.primitives import Wrapper, head_aad
 from securepad.tables.heads.heads import OWNER_HEAD
 from tests.support.principals import ALICE, NOW
 from tests.support.tamper_edits import owner_heads, put_back, raw_edit
@@ -30,3 +31,22 @@ def test_a_forgotten_owners_head_put_back_is_refused(pad: Scratchpad, store_loca
         fresh.put(ALICE, "c", 1, "tool", "a new turn", now=NOW)
     with pytest.raises(IntegrityError):
         pad.put(ALICE, "d", 1, "tool", "a new turn", now=NOW)
+
+
+def test_the_owner_head_a_write_sealed_is_known_opened(pad: Scratchpad, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each new turn seals another owner head (it lists every turn): the next new
+    turn and a read of an absent turn do not open it again."""
+    pad.put(ALICE, "a", 1, "tool", "the owner's keys and heads exist", now=NOW)
+    opened: list[bytes] = []
+    real = Wrapper.open
+
+    def counted(wrapper: Wrapper, blob: object, aad: bytes) -> bytes:
+        opened.append(aad)
+        return real(wrapper, blob, aad)
+
+    monkeypatch.setattr(Wrapper, "open", counted)
+    for turn in ("b", "c", "d"):
+        pad.put(ALICE, turn, 1, "tool", "a new turn", now=NOW)
+        assert pad.list_for_turn(ALICE, f"absent {turn}", now=NOW) == []
+    assert head_aad(ALICE.owner_user_id, OWNER_HEAD, 1) not in opened
+    assert [view["step_num"] for view in pad.list_for_turn(ALICE, "d", now=NOW)] == [1]
