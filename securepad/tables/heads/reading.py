@@ -8,7 +8,8 @@ after the read's rows, and the inventory, which the database leaves out
   moves with every commit of any other connection) with the turn's sealed
   head, then, when the data version moved, the exact text of the turn's
   inventory rows. This process's own writes edit the cached inventory and
-  keep the head they sealed (``Heads.change``). A read that sends a cached
+  keep the head they sealed (``Heads.change``); a write that creates a turn
+  keeps its whole inventory (``InventoryReads.seeded``). A read that sends a cached
   token sends the token's statement alone, and the whole one only when the
   token moved (``_SQLITE_QUICK``).
 * PostgreSQL's is the server's snapshot, then the turn's sealed head with the
@@ -156,10 +157,9 @@ def expired_sql(cutoff: float, kept: list[tuple[str, str]]) -> tuple[str, Params
     return "expires_at <= ?" + (f" AND NOT ({keep})" if kept else ""), (cutoff, *(v for pair in kept for v in pair))
 
 
-# A new turn's seed (``beside_sql`` with ``seed``): the connection's data version, read in
-# the write's transaction, when the turn has neither a head nor a row of any kind (expired
-# ones too), else NULL; an existing turn costs the head's one look. What the turn's first
-# write seals is then its whole inventory (``InventoryReads.seeded``).
+# A new turn's seed (``beside_sql`` with ``seed``, ``InventoryReads.seeded``): the connection's data
+# version, read in the write's transaction, when the turn has neither a head nor a row of any kind
+# (expired ones too), else NULL; an existing turn costs the head's one look.
 _SEED = (
     "(SELECT CASE WHEN EXISTS (SELECT 1 FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?)"
     " OR EXISTS (SELECT 1 FROM entries WHERE owner_user_id = ? AND turn_id = ?)"
