@@ -40,6 +40,7 @@ import os
 import re
 import secrets
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,6 +70,24 @@ os.environ.pop("COLUMNS", None)
 if "TMPDIR" not in os.environ and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK):
     os.environ["TMPDIR"] = "/dev/shm"
     tempfile.tempdir = None  # read TMPDIR again
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _children_bytecode(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The Python processes the tests start (the docs' examples, the command
+    line, the benchmark's children) compile each module once for the whole
+    run, outside the source tree: where bytecode is not written
+    (``PYTHONDONTWRITEBYTECODE``), each of them would compile every module it
+    imports again. The test processes themselves keep their own setting."""
+    if not sys.dont_write_bytecode or "PYTHONPYCACHEPREFIX" in os.environ:
+        return
+    basetemp = tmp_path_factory.getbasetemp()
+    run = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp  # shared by the workers
+    prefix = run / "pycache"
+    prefix.mkdir(mode=0o700, exist_ok=True)
+    os.environ["PYTHONPYCACHEPREFIX"] = str(prefix)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
