@@ -39,6 +39,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -55,6 +56,7 @@ from tests.support.collected_frameworks import FRAMEWORKS_AT_COLLECTION, importe
 from tests.support.moto_kms import AWS_VARIABLES, SECUREPAD_ACTIONS, MotoKms, start_moto
 from tests.support.principals import ALICE, BOB
 from tests.support.pristine import PristineStore
+from tests.support.scheduling import GROUPS_INPUT, GroupedLoadScheduling, groups_file, write_groups
 from tests.support.softhsm import SoftHsm, find_softhsm
 from tests.support.sources import master_key_uri  # noqa: F401 - a fixture: a fresh key's URI on each source
 
@@ -179,8 +181,38 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Which frameworks collecting imported (``tests/test_collection.py`` wants none)."""
+    """Which frameworks collecting imported (``tests/test_collection.py`` wants none);
+    in a pytest-xdist worker, the groups of the tests (``tests.support.scheduling``)."""
     session.config.stash[FRAMEWORKS_AT_COLLECTION] = imported_frameworks()
+    path = groups_file(session.config)
+    if path is not None:
+        write_groups(path, session.items)
+
+
+# Where the workers write their tests' groups (made by the controller when it starts the first).
+_GROUPS = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Tell each pytest-xdist worker where to write its tests' groups."""
+    stash = node.config.stash
+    if _GROUPS not in stash:
+        stash[_GROUPS] = Path(tempfile.mkdtemp(prefix="securepad-test-groups-")) / "groups.json"
+    node.workerinput[GROUPS_INPUT] = str(stash[_GROUPS])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist load`` (the default of ``-n``) keeps each ``xdist_group`` on one worker."""
+    if config.getvalue("dist") != "load" or _GROUPS not in config.stash:
+        return None
+    return GroupedLoadScheduling(config, log, config.stash[_GROUPS])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _GROUPS in config.stash:
+        shutil.rmtree(config.stash[_GROUPS].parent, ignore_errors=True)
 
 
 def _server_dsn(dbname: str) -> str:
