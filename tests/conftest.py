@@ -52,6 +52,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from securepad import Keyring, Principal, Scratchpad
+from tests.support.bytecode import share_bytecode
 from tests.support.collected_frameworks import FRAMEWORKS_AT_COLLECTION, imported_frameworks
 from tests.support.moto_kms import AWS_VARIABLES, SECUREPAD_ACTIONS, MotoKms, start_moto
 from tests.support.principals import ALICE, BOB
@@ -76,19 +77,14 @@ if "TMPDIR" not in os.environ and os.path.isdir("/dev/shm") and os.access("/dev/
 
 @pytest.fixture(scope="session", autouse=True)
 def _children_bytecode(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The Python processes the tests start (the docs' examples, the command
-    line, the benchmark's children) compile each module once for the whole
-    run, outside the source tree: where bytecode is not written
-    (``PYTHONDONTWRITEBYTECODE``), each of them would compile every module it
-    imports again. The test processes themselves keep their own setting."""
+    """The processes the tests start share one bytecode cache for the run
+    (``tests.support.bytecode``), where bytecode is not written; the test
+    processes themselves keep their own setting."""
     if not sys.dont_write_bytecode or "PYTHONPYCACHEPREFIX" in os.environ:
         return
     basetemp = tmp_path_factory.getbasetemp()
     run = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp  # shared by the workers
-    prefix = run / "pycache"
-    prefix.mkdir(mode=0o700, exist_ok=True)
-    os.environ["PYTHONPYCACHEPREFIX"] = str(prefix)
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    share_bytecode(run / "pycache")
 
 
 settings.register_profile(
