@@ -36,6 +36,7 @@ lock keys, pure functions of their arguments.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import secrets
@@ -178,8 +179,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Which frameworks collecting imported (``tests/test_collection.py`` wants none);
-    in a pytest-xdist worker, the groups of the tests (``tests.support.scheduling``)."""
+    what collecting made is frozen out of the garbage collector's passes; in a
+    pytest-xdist worker, the groups of the tests (``tests.support.scheduling``)."""
     session.config.stash[FRAMEWORKS_AT_COLLECTION] = imported_frameworks()
+    # What collecting made (modules, test items) lives until the end: the
+    # collector's full passes during the tests need not walk it again.
+    gc.collect()
+    gc.freeze()
     path = groups_file(session.config)
     if path is not None:
         write_groups(path, session.items)
