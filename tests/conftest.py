@@ -36,10 +36,13 @@ lock keys, pure functions of their arguments.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import secrets
+import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,10 +53,12 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from securepad import Keyring, Principal, Scratchpad
+from tests.support.bytecode import share_bytecode
 from tests.support.collected_frameworks import FRAMEWORKS_AT_COLLECTION, imported_frameworks
 from tests.support.moto_kms import AWS_VARIABLES, SECUREPAD_ACTIONS, MotoKms, start_moto
 from tests.support.principals import ALICE, BOB
 from tests.support.pristine import PristineStore
+from tests.support.scheduling import GROUPS_INPUT, GroupedLoadScheduling, groups_file, write_groups
 from tests.support.softhsm import SoftHsm, find_softhsm
 from tests.support.sources import master_key_uri  # noqa: F401 - a fixture: a fresh key's URI on each source
 
@@ -69,6 +74,19 @@ os.environ.pop("COLUMNS", None)
 if "TMPDIR" not in os.environ and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK):
     os.environ["TMPDIR"] = "/dev/shm"
     tempfile.tempdir = None  # read TMPDIR again
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _children_bytecode(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The processes the tests start share one bytecode cache for the run
+    (``tests.support.bytecode``), where bytecode is not written; the test
+    processes themselves keep their own setting."""
+    if not sys.dont_write_bytecode or "PYTHONPYCACHEPREFIX" in os.environ:
+        return
+    basetemp = tmp_path_factory.getbasetemp()
+    run = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp  # shared by the workers
+    share_bytecode(run / "pycache")
+
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -160,8 +178,43 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Which frameworks collecting imported (``tests/test_collection.py`` wants none)."""
+    """Which frameworks collecting imported (``tests/test_collection.py`` wants none);
+    what collecting made is frozen out of the garbage collector's passes; in a
+    pytest-xdist worker, the groups of the tests (``tests.support.scheduling``)."""
     session.config.stash[FRAMEWORKS_AT_COLLECTION] = imported_frameworks()
+    # What collecting made (modules, test items) lives until the end: the
+    # collector's full passes during the tests need not walk it again.
+    gc.collect()
+    gc.freeze()
+    path = groups_file(session.config)
+    if path is not None:
+        write_groups(path, session.items)
+
+
+# Where the workers write their tests' groups (made by the controller when it starts the first).
+_GROUPS = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Tell each pytest-xdist worker where to write its tests' groups."""
+    stash = node.config.stash
+    if _GROUPS not in stash:
+        stash[_GROUPS] = Path(tempfile.mkdtemp(prefix="securepad-test-groups-")) / "groups.json"
+    node.workerinput[GROUPS_INPUT] = str(stash[_GROUPS])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist load`` (the default of ``-n``) keeps each ``xdist_group`` on one worker."""
+    if config.getvalue("dist") != "load" or _GROUPS not in config.stash:
+        return None
+    return GroupedLoadScheduling(config, log, config.stash[_GROUPS])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _GROUPS in config.stash:
+        shutil.rmtree(config.stash[_GROUPS].parent, ignore_errors=True)
 
 
 def _server_dsn(dbname: str) -> str:

@@ -15,14 +15,17 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import apsw
 
-from securepad import Keyring, Policy, Principal, Scratchpad
+from securepad import Principal
 from securepad.core.shaping import text_summary
 
 from . import data
+
+if TYPE_CHECKING:
+    from securepad import Keyring, Policy
 
 PRINCIPAL = Principal("bench-owner", "bench-agent", "bench")
 BUSY_TIMEOUT_MS = 30_000
@@ -140,6 +143,8 @@ class Backend:
 def bench_policy(storage: dict[str, Any] | None = None) -> Policy:
     """The default policy with a quota large enough for the benchmark's gigabytes
     (``storage``: its ``[storage]`` options, say when the anchor syncs)."""
+    from securepad import Policy  # the baselines' processes load no store layer
+
     data: dict[str, Any] = {"access": {"scope": "owner"}, "limits": {"owner_quota_bytes": 1 << 45}}
     if storage:
         data["storage"] = storage
@@ -153,6 +158,8 @@ class SecurepadBackend(Backend):
     def __init__(
         self, root: Path, *, create: bool = True, keyring: Keyring | None = None, policy: Policy | None = None
     ) -> None:
+        from securepad import Keyring, Scratchpad  # the baselines' processes load no store layer
+
         super().__init__(root)
         self.keyring = keyring or Keyring.from_key_file(root / "config" / "key")
         self.pad = Scratchpad.open(root / "data" / "store.db", keyring=self.keyring, policy=policy or bench_policy())

@@ -9,13 +9,12 @@ import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import apsw
 
-from securepad import Principal, Scratchpad
-from securepad.crypto.primitives import WORK
-from securepad.store import sqlite_of
+if TYPE_CHECKING:
+    from securepad import Principal, Scratchpad
 
 # The WAL file: a 32-byte header, then frames of a 24-byte header and one page.
 _WAL_HEADER = 32
@@ -33,6 +32,8 @@ def frames_in(conn: apsw.Connection) -> int:
 @contextmanager
 def counting(conn: apsw.Connection) -> Iterator[dict[str, int]]:
     """Count the statements run on ``conn`` and the key work done meanwhile (filled in on exit)."""
+    from securepad.crypto.primitives import WORK  # the store's layers wait until counted: see ``empty_wal``
+
     counts = {"statements": 0, "trigger_statements": 0}
 
     def trace(event: dict[str, Any]) -> None:
@@ -55,6 +56,9 @@ def empty_wal(target: Scratchpad | apsw.Connection) -> apsw.Connection:
     if isinstance(target, apsw.Connection):
         target.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
         return target
+    # Imported here: a measured process of raw apsw loads apsw alone, not the store's layers.
+    from securepad.store import sqlite_of
+
     db = sqlite_of(target)
     if not db.checkpoint():
         raise RuntimeError("a reader kept the WAL from being emptied; cannot count frames")

@@ -16,6 +16,7 @@ runs and count as a share of each. A sync's own cost is the line
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import shutil
 import subprocess
@@ -25,18 +26,22 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import closing
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import apsw
 
-from .. import Scratchpad
-from ..storage.anchor import Anchor
-from ..store import sqlite_of
 from . import costs
 from .backends import PRINCIPAL, Backend, RawApswBackend, SecurepadBackend, bench_policy, open_backend
 from .child import environment, output
 from .data import text
-from .floor import SealedFloorBackend
+
+if TYPE_CHECKING:
+    from .. import Scratchpad
+    from ..storage.anchor import Anchor
+
+# The sealed floor (``floor.SealedFloorBackend``), imported only by the processes that
+# open it: a measured process loads its own backend's modules alone.
+FLOOR = "sealed-floor"
 
 ENTRY_BYTES = 4 * 1024
 LISTED = 1000
@@ -46,7 +51,7 @@ OPERATIONS = ("put", "read", "put_many", "listing", "anchor_sync")
 # What each backend runs, in this order (the writes last: they leave the others' rows as they were).
 BACKENDS: dict[str, tuple[str, ...]] = {
     "securepad": ("listing", "read", "put_many", "put", "anchor_sync"),
-    SealedFloorBackend.name: ("listing", "read", "put"),
+    FLOOR: ("listing", "read", "put"),
     RawApswBackend.name: ("listing", "read", "put"),
 }
 # N per operation (a put_many call stores BATCH observations): a callgrind process stays near a minute.
@@ -55,9 +60,9 @@ TINY_COUNTS = dict.fromkeys(COUNTS, 1)
 TINY_LISTED = 20
 # (operation, the figure it is held to: (backend, operation), at most this many times it)
 TARGETS = (
-    ("put", (SealedFloorBackend.name, "put"), 2.0),
-    ("read", (SealedFloorBackend.name, "read"), 2.0),
-    ("put_many", (SealedFloorBackend.name, "put"), 1.0),
+    ("put", (FLOOR, "put"), 2.0),
+    ("read", (FLOOR, "read"), 2.0),
+    ("put_many", (FLOOR, "put"), 1.0),
     ("listing", (RawApswBackend.name, "listing"), 3.0),
 )
 # What ``work`` reports of a call's counts.
@@ -68,11 +73,18 @@ _MARKER = "sys_getswitchinterval"
 MEASURED_ANCHOR_SYNC = "close"
 
 
+def _backend(name: str, root: Path, *, create: bool = True) -> Backend:
+    """Backend ``name`` on ``root`` (the sealed floor's module imported when it is the one)."""
+    if name == FLOOR:
+        importlib.import_module(".floor", __package__)  # registers it with open_backend
+    return open_backend(name, root, create=create)
+
+
 def _open(name: str, root: Path) -> Backend:
     """Backend ``name`` on a copy of its prepared store, as it is measured."""
     if name == SecurepadBackend.name:
         return SecurepadBackend(root, create=False, policy=bench_policy({"anchor_sync": MEASURED_ANCHOR_SYNC}))
-    return open_backend(name, root, create=False)
+    return _backend(name, root, create=False)
 
 
 def _target(backend: Backend) -> Scratchpad | apsw.Connection:
@@ -83,6 +95,9 @@ def _target(backend: Backend) -> Scratchpad | apsw.Connection:
 def _anchor(backend: SecurepadBackend) -> Anchor:
     """The anchor of securepad's store (the commit hooks of its database).
     Raises RuntimeError: the store has no anchor."""
+    from ..storage.anchor import Anchor
+    from ..store import sqlite_of
+
     hooks = sqlite_of(backend.pad).hooks
     if not isinstance(hooks, Anchor):
         raise RuntimeError("the measured store has no anchor: its sync cannot be measured")
@@ -91,7 +106,7 @@ def _anchor(backend: SecurepadBackend) -> Anchor:
 
 def prepare(name: str, root: Path, listed: int = LISTED) -> dict[str, Any]:
     """Build the store every measured process of backend ``name`` starts from."""
-    with closing(open_backend(name, root)) as backend:
+    with closing(_backend(name, root)) as backend:
         read_id = backend.put("costs-read", 0, text(ENTRY_BYTES, salt=1))
         for step in range(3):
             backend.put("costs-put", step, text(ENTRY_BYTES, salt=10 + step))
@@ -178,8 +193,10 @@ def _measured(spec: dict[str, Any], workdir: Path, callgrind: bool) -> dict[tupl
     command = [sys.executable, "-P", "-m", __name__, json.dumps({**spec, "root": str(root)})]
     if callgrind:
         command = ["valgrind", "--tool=callgrind", f"--dump-before={_MARKER}", f"--callgrind-out-file={out}", *command]
-    # The same dict and set layouts in every process; bytecode compiled once, outside the source tree.
-    env = environment(PYTHONHASHSEED="0", PYTHONPYCACHEPREFIX=str(workdir / "pycache"))
+    # The same dict and set layouts in every process; bytecode compiled once, outside the source
+    # tree (in the caller's bytecode cache when it names one).
+    env = environment(PYTHONHASHSEED="0")
+    env.setdefault("PYTHONPYCACHEPREFIX", str(workdir / "pycache"))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
