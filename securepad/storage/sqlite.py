@@ -61,6 +61,9 @@ STATEMENT_CACHE_SIZE = 512
 class CommitHooks(Protocol):
     """What runs around every write transaction's COMMIT (the anchor, ``anchor.Anchor``)."""
 
+    #: Whether ``before_commit`` runs in every write transaction (else it is never called).
+    every_commit: bool
+
     def before_commit(self, conn: Conn) -> None:
         """Inside the transaction, last: an exception rolls it back."""
 
@@ -128,10 +131,10 @@ class _Transaction:
     any exception (an apsw error raised as its typed error). A class, not a generator: every write
     enters one, and ``contextmanager``'s generator protocol costs more than the statements' calls."""
 
-    __slots__ = ("_conn", "_db", "_tx", "_wait")
+    __slots__ = ("_conn", "_db", "_hooked", "_tx", "_wait")
 
-    def __init__(self, db: Database, wait: bool) -> None:
-        self._db, self._wait = db, wait
+    def __init__(self, db: Database, wait: bool, hooked: bool) -> None:
+        self._db, self._wait, self._hooked = db, wait, hooked
 
     def __enter__(self) -> _Conn:
         db = self._db
@@ -145,8 +148,9 @@ class _Transaction:
         return self._tx
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        db, conn, hooks = self._db, self._conn, self._db.hooks
-        if exc is None and hooks is not None:
+        db, conn = self._db, self._conn
+        hooks = db.hooks if self._hooked else None
+        if exc is None and hooks is not None and hooks.every_commit:
             try:
                 hooks.before_commit(self._tx)
             except BaseException as failed:
@@ -340,12 +344,19 @@ class Database:
         return self._wal.status(self.incremental_vacuum)
 
     def transaction(
-        self, owner: str | None = None, *, admin: bool = False, wait: bool = True, turn: str | None = None
+        self,
+        owner: str | None = None,
+        *,
+        admin: bool = False,
+        wait: bool = True,
+        turn: str | None = None,
+        hooks: bool = True,
     ) -> _Transaction:
         """A write transaction (BEGIN IMMEDIATE; ``owner`` and ``turn`` change nothing: one writer),
         rolled back on any exception. ``wait=False``: a WAL over its limit is refused at once.
+        ``hooks=False``: without the commit hooks (the anchor's own transaction, ``Anchor.advance``).
         Raises StoreBusyError (lock, or the WAL pinned past ``wal_wait_ms``), StorageFullError, StoreCorruptError."""
-        return _Transaction(self, wait)
+        return _Transaction(self, wait, hooks)
 
     def write_once(self, owner: str, turn_id: str, sql: str, params: Params) -> int | None:
         """``OnceWriter.write_once`` here: ``sql``'s statements (``"; "`` between them, each taking
