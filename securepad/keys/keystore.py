@@ -174,7 +174,8 @@ class Keystore:
         self._owner_keys: LRUCache[tuple[str, int], tuple[Wrapper, KeyHandle]] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._identities: LRUCache[tuple[str, int], ContentIdentity] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._listings: LRUCache[tuple[str, int], ListingKey] = LRUCache(OWNER_KEY_CACHE_SIZE)
-        self._latest: LRUCache[str, int] = LRUCache(OWNER_KEY_CACHE_SIZE)
+        # Each owner's newest key version, with its wrapper.
+        self._latest: LRUCache[str, tuple[int, Wrapper]] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._wraps = WrapCounts()
         # Runs in the transaction that adds an owner's first key (the owner's
         # empty owner head, ``heads.Heads``): a key never exists without it.
@@ -249,15 +250,16 @@ class Keystore:
     def current(self, owner: str) -> tuple[int, Wrapper]:
         """The owner's newest key version and its wrapper, created (in its own short
         transaction) on first use. Raises WrongKeyError: another process rotated the master key."""
-        version = self._latest.get(owner)
-        if version is None:
+        found = self._latest.get(owner)
+        if found is None:
             version = self.newest_version(owner)
             if version is None:
                 version = 1
                 self.add_version(owner, version)
+            found = (version, self.owner_wrapper(owner, version))
             with self._lock:
-                self._latest[owner] = version
-        return version, self.owner_wrapper(owner, version)
+                self._latest[owner] = found
+        return found
 
     def newest_version(self, owner: str) -> int | None:
         rows = self._db.query(keys_sql.NEWEST_SQL, (owner,), owner=owner)

@@ -4,8 +4,9 @@ what its rows cost against the quota (``row_cost``)."""
 
 from __future__ import annotations
 
+import functools
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ...core import shaping
@@ -54,8 +55,6 @@ class Prepared:
     stored_bytes: int  # what the observation stores (max_entry_bytes); the row's cost on disk is row_cost
     view: dict[str, Any]
     inline_max_chars: int  # the view's bound, kept for the next-step re-seal
-    # ``identifiers``' last answer, with what it was for: the bound before the seal and the row's cost share it.
-    identifiers_kept: tuple[tuple[str, ...], int] | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, observation: Any, step_num: int, policy: Policy) -> Prepared:
@@ -63,7 +62,7 @@ class Prepared:
         max_entry_bytes = policy.max_entry_bytes
         kind, shape, content, rest = shaping.classify(observation, policy.max_json_depth)
         segments, counts, size_chars, breaks, line_count = split(content)
-        size_bytes = sum(len(s) for s in segments)
+        size_bytes = sum(map(len, segments))
         # The limits count everything the observation stores: content and other fields.
         stored_bytes = size_bytes + (len(shaping.dumps(rest)) if rest else 0)
         if stored_bytes > max_entry_bytes:
@@ -97,14 +96,8 @@ class Prepared:
 
     def identifiers(self, owner: str, turn_id: str, actor: str, channel: str, executor_name: str) -> int:
         """``identifier_cost`` of the entry's rows: the same for every id (16 hex characters each)."""
-        names = (owner, turn_id, actor, channel, executor_name)
-        kept = self.identifiers_kept
-        if kept is not None and kept[0] == names:
-            return kept[1]
         count = len(self.segments)
-        cost = identifier_cost("0" * 16, owner, turn_id, actor, channel, executor_name, count if count > 1 else 0)
-        self.identifiers_kept = (names, cost)
-        return cost
+        return _identifier_cost(owner, turn_id, actor, channel, executor_name, count if count > 1 else 0)
 
     def meta(
         self,
@@ -152,7 +145,15 @@ class Prepared:
             version,
             ENTRY_FORMAT,
         )
-        inner = shaping.pack({name: meta[name] for name in ("shape", "rest", "counts", "breaks", "lines")})
+        inner = shaping.pack(
+            {
+                "shape": meta["shape"],
+                "rest": meta["rest"],
+                "counts": meta["counts"],
+                "breaks": meta["breaks"],
+                "lines": meta["lines"],
+            }
+        )
         crypto_columns, sealed, cipher = seal_entry(wrapper, header, inner, self.segments)
         row = {
             "id": header.entry_id,
@@ -213,6 +214,13 @@ def identifier_cost(
     in_row += len(executor_name.encode())
     in_indexes = (id_size + 3 * owner_size + turn_size) * 3 // 2
     return in_row + in_indexes + segment_rows * 2 * (id_size + owner_size)
+
+
+# The identifiers' cost is the same put after put into a turn (a bound before the seal, the row's
+# cost after it): computed once per owner, turn, scope, executor and segment rows.
+@functools.lru_cache(maxsize=256)
+def _identifier_cost(owner: str, turn_id: str, actor: str, channel: str, executor_name: str, segment_rows: int) -> int:
+    return identifier_cost("0" * 16, owner, turn_id, actor, channel, executor_name, segment_rows)
 
 
 def row_cost(row: dict[str, Any], sealed: list[bytes], identifiers: int | None = None) -> int:

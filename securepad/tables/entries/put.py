@@ -86,9 +86,12 @@ class Putter:
         step = self._step(principal, turn_id, step_num) if free_step and not next_step else None
         one = _Put(self, self._keys, principal, turn_id, observation, prepared, meta, step, next_step)
         owner = principal.owner_user_id
-        # In one message (``_Put.once``), else under the shared lock when the turn had room, or exclusive.
-        done = one.once(self._once) if self._once is not None else None
-        entry_id, spare = done or one.written(shared=self._spare.get((owner, turn_id), 0) >= bound)
+        # In one message (``_Put.once``), else under the shared lock when the turn had room, or exclusive;
+        # a turn whose reservation this process left short goes to the exclusive lock at once (it grows it).
+        hint = self._spare.get((owner, turn_id))
+        roomy = hint is not None and hint >= bound
+        done = one.once(self._once) if self._once is not None and (hint is None or roomy) else None
+        entry_id, spare = done or one.written(shared=roomy)
         if len(self._spare) >= _HINTS:
             self._spare.clear()
         self._spare[(owner, turn_id)] = spare
