@@ -366,7 +366,7 @@ class Database:
         try:
             with self.transaction() as tx:
                 fewest, start = None, 0
-                for statement, count in statements(sql):
+                for statement, count in _statements(sql):
                     changed, start = tx.execute(statement, params[start : start + count]), start + count
                     fewest = changed if fewest is None else min(fewest, changed)
                 if not fewest:
@@ -581,6 +581,10 @@ def _fsync(path: Path) -> None:
             raise SecurepadError(f"cannot sync {name}: {exc.strerror}") from None
         finally:
             os.close(fd)
+
+
+# ``write_once``'s statements: the same text put after put into a turn, split once.
+_statements = functools.lru_cache(maxsize=64)(statements)
 
 
 def rows_of(cursor: apsw.Cursor) -> Rows:

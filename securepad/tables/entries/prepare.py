@@ -11,7 +11,7 @@ from typing import Any
 
 from ...core import shaping
 from ...core.shaping import split_bytes, split_text
-from ...crypto.formats import ENTRY_FORMAT, EntryCipher, Header, ListingKey, seal_entry
+from ...crypto.formats import ENTRY_FORMAT, NONCE_PREFIX_BYTES, EntryCipher, Header, ListingKey, seal_entry
 from ...crypto.primitives import Wrapper
 from ...errors import QuotaExceededError
 from ...policy import Policy
@@ -93,6 +93,18 @@ class Prepared:
             principal.owner_user_id, turn_id, principal.actor, principal.channel, executor_name
         )
         return self.stored_bytes + ENTRY_ROW_OVERHEAD + _SEALING_BOUND + 32 * len(self.segments) + identifiers
+
+    def cost_floor(self, principal: Principal, turn_id: str, executor_name: str) -> int:
+        """At most the entry's ``row_cost``, before it is sealed: its sealed content (a tag a
+        segment), the least its metadata, listing part (with the view's summary and the content
+        identity), nonce prefix and commitment can take, its identifiers and the fixed overhead."""
+        identifiers = self.identifiers(
+            principal.owner_user_id, turn_id, principal.actor, principal.channel, executor_name
+        )
+        summary = self.view.get("summary")
+        listing = _SEALED_LEAST + _CONTENT_ID_LEAST + (len(summary) if isinstance(summary, str) else 0)
+        sealed = self.size_bytes + 16 * len(self.segments) + _SEALED_LEAST + listing + NONCE_PREFIX_BYTES + 32
+        return sealed + identifiers + ENTRY_ROW_OVERHEAD
 
     def identifiers(self, owner: str, turn_id: str, actor: str, channel: str, executor_name: str) -> int:
         """``identifier_cost`` of the entry's rows: the same for every id (16 hex characters each)."""
@@ -200,6 +212,12 @@ ENTRY_ROW_OVERHEAD = 512
 # More than an entry's sealed fields add to its content (metadata, wrapped key,
 # nonce prefix, commitment, listing part; 32 bytes a segment besides): ``cost_bound``.
 _SEALING_BOUND = 2048
+
+
+# The least a sealed part takes (a format or version byte, a 12-byte nonce, a 16-byte tag),
+# and the least a content identity does ("<version>:" and 64 hex digits): ``cost_floor``.
+_SEALED_LEAST = 1 + 12 + 16
+_CONTENT_ID_LEAST = 2 + 64
 
 
 def identifier_cost(

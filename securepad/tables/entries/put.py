@@ -87,10 +87,12 @@ class Putter:
         one = _Put(self, self._keys, principal, turn_id, observation, prepared, meta, step, next_step)
         owner = principal.owner_user_id
         # In one message (``_Put.once``), else under the shared lock when the turn had room, or exclusive;
-        # a turn whose reservation this process left short goes to the exclusive lock at once (it grows it).
+        # a turn this process left with less reservation than the entry takes goes to the exclusive
+        # lock at once (the one message would seal a head only to find it short).
         hint = self._spare.get((owner, turn_id))
         roomy = hint is not None and hint >= bound
-        done = one.once(self._once) if self._once is not None and (hint is None or roomy) else None
+        short = hint is not None and not roomy and hint < prepared.cost_floor(principal, turn_id, executor_name)
+        done = one.once(self._once) if self._once is not None and not short else None
         entry_id, spare = done or one.written(shared=roomy)
         if len(self._spare) >= _HINTS:
             self._spare.clear()
