@@ -139,7 +139,9 @@ class _Transaction:
     def __enter__(self) -> _Conn:
         db = self._db
         conn = self._conn = db.conn
-        db._check_wal(conn, db._wal_wait_s if self._wait else 0)
+        wal = db._wal
+        if wal.pending() > wal.limit_pages():  # ``check``'s own first test, without its call when under
+            db._check_wal(conn, db._wal_wait_s if self._wait else 0)
         try:
             conn.execute("BEGIN IMMEDIATE")
         except apsw.Error as exc:
@@ -166,7 +168,8 @@ class _Transaction:
             raise db._error(failed, conn) from None
         if hooks is not None:
             hooks.after_commit()
-        db._wal.restart_if_due(conn, db._wal_wait_s if self._wait else None, db._error, db._busy_timeout_ms / 1000)
+        if db._wal.restart_due():
+            db._wal.restart_if_due(conn, db._wal_wait_s if self._wait else None, db._error, db._busy_timeout_ms / 1000)
 
     def _roll_back(self, exc: BaseException) -> None:
         """ROLLBACK after ``exc``; an apsw error is raised as its typed error."""

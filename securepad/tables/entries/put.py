@@ -52,6 +52,8 @@ class Putter:
         self._spare: dict[tuple[str, str], int] = {}
         # Each principal's step look (``step_look``), made at its first put.
         self._looks: dict[Principal, tuple[str, Params]] = {}
+        # (turn, executor) pairs whose identifiers passed ``check_identifier`` (a pure check of the strings).
+        self._checked: set[tuple[str, str]] = set()
 
     def put(
         self,
@@ -74,8 +76,12 @@ class Putter:
             raise InvalidArgumentError("next_step needs free_step and no inline item")
         if type(principal) is not Principal:  # a subclass passes ``check_principal`` too
             check_principal(principal)
-        check_identifier("turn_id", turn_id)
-        check_identifier("executor_name", executor_name)
+        if type(turn_id) is not str or type(executor_name) is not str or (turn_id, executor_name) not in self._checked:
+            check_identifier("turn_id", turn_id)
+            check_identifier("executor_name", executor_name)
+            if len(self._checked) >= _HINTS:
+                self._checked.clear()
+            self._checked.add((turn_id, executor_name))
         check_step_num(step_num)
         ttl = self.default_ttl if ttl_seconds is None else self.ttl(ttl_seconds)
         prepared = Prepared.of(observation, step_num, self.policy)
