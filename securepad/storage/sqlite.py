@@ -8,18 +8,16 @@ that names its cause (see ``wal.storage_error``).
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import functools
 import os
 import threading
-import types
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Protocol
 
 import apsw
 
@@ -28,6 +26,7 @@ from . import schema
 from .base import Conn, DuplicateKeyError, Params, Rows, statements
 from .files import create_private_file
 from .schema import SCHEMA_VERSION
+from .sqlite_rows import rows_of
 from .wal import WAL_KEEP_BYTES, WAL_LIMIT_BYTES, WAL_WAIT_MS, BusyHandler, ErrorMap, WalWatch, storage_error
 
 __all__ = ["SCHEMA_VERSION", "WAL_LIMIT_BYTES", "CommitHooks", "Database"]
@@ -588,27 +587,3 @@ def _fsync(path: Path) -> None:
 
 # ``write_once``'s statements: the same text put after put into a turn, split once.
 _statements = functools.lru_cache(maxsize=64)(statements)
-
-
-def rows_of(cursor: apsw.Cursor) -> Rows:
-    """The rows of an executed statement, as dicts (none for a statement without rows)."""
-    try:
-        return list(map(_row_maker(cursor.getdescription()), cursor))
-    except apsw.ExecutionCompleteError:  # no rows at all
-        return []
-
-
-@functools.lru_cache(maxsize=256)
-def _row_maker(description: tuple[tuple[str, str | None], ...]) -> Callable[[tuple[Any, ...]], dict[str, Any]]:
-    """A row as a dict: a dict display made once per statement's columns from a syntax tree, its keys
-    constants (a third cheaper per row than ``dict(zip())``, which grows the dict as it goes)."""
-    row = ast.arguments(posonlyargs=[], args=[ast.arg("row")], kwonlyargs=[], kw_defaults=[], defaults=[])
-    body = ast.Dict(
-        keys=[ast.Constant(str(name)) for name, _ in description],
-        values=[
-            ast.Subscript(ast.Name("row", ast.Load()), ast.Constant(i), ast.Load()) for i in range(len(description))
-        ],
-    )
-    tree = ast.fix_missing_locations(ast.Expression(ast.Lambda(row, body)))
-    (code,) = (const for const in compile(tree, "<row>", "eval").co_consts if isinstance(const, types.CodeType))
-    return types.FunctionType(code, {"__builtins__": {}})
