@@ -266,7 +266,7 @@ def split(content: str | bytes) -> tuple[list[bytes], list[int] | None, int, lis
     if isinstance(content, bytes):
         return split_bytes(content), None, 0, None, None
     segments, pieces = split_text(content)
-    counts = [len(piece) for piece in pieces]
+    counts = list(map(len, pieces))
     breaks, line_count = shaping.line_index(pieces)
     return segments, counts, sum(counts), breaks, line_count
 

@@ -51,6 +51,7 @@ class Putter:
         self._spare: dict[tuple[str, str], int] = {}
         # Each principal's step look (``step_look``), made at its first put.
         self._looks: dict[Principal, tuple[str, Params]] = {}
+        self._last_look: tuple[Principal | None, tuple[str, Params]] = (None, ("", ()))
         # (turn, executor) pairs whose identifiers passed ``check_identifier`` (a pure check of the strings).
         self._checked: set[tuple[str, str]] = set()
 
@@ -114,11 +115,17 @@ class Putter:
 
     def _step(self, principal: Principal, turn_id: str, step_num: int) -> tuple[str, Params]:
         """The step's look (``step_look``) for ``principal``'s put at ``step_num`` of ``turn_id``."""
-        look = self._looks.get(principal)
-        if look is None:
-            if len(self._looks) >= _HINTS:
-                self._looks.clear()
-            look = self._looks[principal] = step_look(self._access, principal)
+        last = self._last_look  # the same principal object as the last put: no hash of its fields
+        if last[0] is principal:
+            look = last[1]
+        else:
+            found = self._looks.get(principal)
+            if found is None:
+                if len(self._looks) >= _HINTS:
+                    self._looks.clear()
+                found = self._looks[principal] = step_look(self._access, principal)
+            look = found
+            self._last_look = (principal, look)
         return look[0], (turn_id, step_num, *look[1])
 
     def put_many(
