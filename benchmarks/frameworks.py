@@ -362,6 +362,48 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# (securepad's store, the peer it is judged against, the ratio it may reach at most)
+SAVER_PEERS = (
+    ("SecurepadSaver (SQLite)", "SqliteSaver + EncryptedSerializer", "SqliteSaver"),
+    ("SecurepadSaver (PostgreSQL)", "PostgresSaver + EncryptedSerializer", "PostgresSaver"),
+)
+SESSION_PEER = ("SecurepadSession (SQLite)", "EncryptedSession (over SQLiteSession)")
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target with its figure from this run: every cell of a securepad saver
+    at most 1.0x the same backend's saver with ``EncryptedSerializer``, its 100-step
+    graph at most 1.5x the plain saver's, every cell of ``SecurepadSession`` at
+    most 1.0x ``EncryptedSession``'s. A store not in the run has no target."""
+    found: list[tuple[str, float, float]] = []
+    cells = results["checkpoints"]
+    for ours, encrypted, plain in SAVER_PEERS:
+        if ours not in cells:
+            continue
+        for size, figures in cells[ours].items():
+            for op in ("put", "get"):
+                found.append((f"{ours} {op} {size}", figures[f"{op}_ms"] / cells[encrypted][size][f"{op}_ms"], 1.0))
+        lengths = results["get_tuple_by_thread_length"]
+        for length, ms in lengths[ours].items():
+            found.append((f"{ours} get_tuple, thread of {length}", ms / lengths[encrypted][length], 1.0))
+        graph = results["graph_100_steps"]
+        found.append((f"{ours} 100-step graph against {plain}", graph[ours]["run_ms"] / graph[plain]["run_ms"], 1.5))
+    ours, encrypted = SESSION_PEER
+    for size, figures in results["sessions"].get(ours, {}).items():
+        for op in ("add", "get"):
+            peer = results["sessions"][encrypted][size][f"{op}_ms"]
+            found.append((f"{ours} {op} {size}", figures[f"{op}_ms"] / peer, 1.0))
+    return [{"target": name, "ratio": ratio, "at_most": most, "met": ratio <= most} for name, ratio, most in found]
+
+
+def targets_text(found: list[dict[str, Any]]) -> str:
+    lines = ["Targets (a ratio of medians from this run; at most the figure in brackets):", ""]
+    for t in found:
+        verdict = "met" if t["met"] else "missed"
+        lines.append(f"{verdict:<7} {t['target']}: {t['ratio']:.2f}x (<= {t['at_most']:.1f}x)")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.frameworks", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="few repetitions (a smoke run)")
@@ -369,9 +411,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args(argv)
     results = run(quick=args.quick, postgresql=not args.no_postgresql)
+    results["targets"] = targets(results)
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(markdown(results))
+    print()
+    print(targets_text(results["targets"]))
     return 0
 
 

@@ -164,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     records["cpu"] = [cpu_per_op(_dsn(DATABASE), count=args.cpu_ops, size=config.concurrent_bytes)]
     _print_cpu(records["cpu"][0], args.cpu_ops)
     _print_resume(records["resume"], args.resume_processes)
+    records["targets"] = targets(records["concurrent"], records["cpu"][0])
+    _print_targets(records["targets"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, **records}, indent=2, default=str))
     print(f"\nresults: {args.out}")
@@ -243,6 +245,50 @@ def _print_resume(resume: list[dict[str, Any]], processes: int) -> None:
         print(
             f"| {r['backend']} | {r['steps']} | {s['median'] * 1e3:.1f} | {s['p90'] * 1e3:.1f} | {s['max'] * 1e3:.1f} |"
         )
+
+
+def _all_ops_ratio(concurrent: list[dict[str, Any]], sqlite: str, pg: str) -> float | None:
+    """PostgreSQL's operations per second (puts and reads) over SQLite's, or None when either did not run."""
+    by_name = {r["backend"]: r for r in concurrent}
+    if sqlite not in by_name or pg not in by_name:
+        return None
+    return float(by_name[pg]["stats"]["ops_per_s"] / max(by_name[sqlite]["stats"]["ops_per_s"], 1e-9))
+
+
+def targets(concurrent: list[dict[str, Any]], cpu: dict[str, Any]) -> list[dict[str, Any]]:
+    """PostgreSQL's targets against SQLite, each with its figure from this run
+    (``value`` None: not measured, e.g. ``--no-owner-per-process``)."""
+    found = [
+        (
+            "one owner: PostgreSQL >= 0.6x SQLite's operations per second",
+            "at_least",
+            0.6,
+            _all_ops_ratio(concurrent, "securepad", "securepad-postgresql"),
+        ),
+        (
+            "an owner per process: PostgreSQL >= 0.8x SQLite's operations per second",
+            "at_least",
+            0.8,
+            _all_ops_ratio(concurrent, "securepad-owner-per-process", "securepad-postgresql-owner-per-process"),
+        ),
+        ("CPU per put, client + server: PostgreSQL <= 1.2x SQLite's", "at_most", 1.2, cpu["ratio"]["put"]),
+    ]
+    return [
+        {
+            "target": name,
+            "value": value,
+            "met": None if value is None else (value >= limit if bound == "at_least" else value <= limit),
+        }
+        for name, bound, limit, value in found
+    ]
+
+
+def _print_targets(found: list[dict[str, Any]]) -> None:
+    print("\n## targets (figures from this run)")
+    for t in found:
+        verdict = {True: "met", False: "missed", None: "not measured"}[t["met"]]
+        figure = "" if t["value"] is None else f"{t['value']:.2f}x"
+        print(f"{verdict:<12} {t['target']}: {figure}")
 
 
 def _print_ratios(concurrent: list[dict[str, Any]]) -> None:

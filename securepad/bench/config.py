@@ -35,7 +35,7 @@ class Config:
     read_max_ops: int = 500
     read_min_ops: int = 5
     # concurrent mixed put/read, 50/50, of concurrent_bytes entries: (processes, threads)
-    concurrency: tuple[tuple[int, int], ...] = ((1, 1), (1, 4), (2, 1), (2, 4), (4, 2))
+    concurrency: tuple[tuple[int, int], ...] = ((1, 1), (1, 4), (2, 1), (2, 4), (4, 2), (8, 1))
     concurrency_seconds: float = 5.0
     # turn resumption in a fresh process; resume_processes fresh processes per backend and size
     resume_steps: tuple[int, ...] = (10, 100, 1000)
