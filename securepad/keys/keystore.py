@@ -150,6 +150,16 @@ class WrapCounts:
         with self._lock:
             return self._pending.get(key, 0) + adding >= WRAP_FLUSH_EVERY
 
+    def add_unless_due(self, key: tuple[str, int], adding: int) -> bool:
+        """Add ``adding`` wraps unless the next write of ``key`` must write the pending count
+        (``due``): whether it must (then nothing is added)."""
+        with self._lock:
+            pending = self._pending.get(key, 0) + adding
+            if pending >= WRAP_FLUSH_EVERY:
+                return True
+            self._pending[key] = pending
+            return False
+
     def add(self, key: tuple[str, int], count: int) -> None:
         if count:
             with self._lock:
@@ -324,6 +334,11 @@ class Keystore:
         counts to ``owner_keys`` in its transaction (``write_current`` does): a
         write without a transaction of its own (a put in one message) leaves it to one."""
         return self._wraps.due((owner, version), count)
+
+    def count_wraps_unless_due(self, owner: str, version: int, count: int = 1) -> bool:
+        """``count_wraps_later`` unless ``flush_due`` (then nothing is counted): whether it is due.
+        For a write without a transaction of its own that counts its wraps before it is sent."""
+        return self._wraps.add_unless_due((owner, version), count)
 
     def pending_wraps(self) -> dict[tuple[str, int], int]:
         """Wraps this process made that ``owner_keys.wrap_count`` does not count yet."""

@@ -188,6 +188,12 @@ class _Put:
     runs both again on a stale key or an id collision; ``written`` runs them
     under the exclusive lock when the shared one was not enough."""
 
+    __slots__ = (  # every put makes one: its fields set without a dict
+        "announced", "created", "identities", "kept", "keys", "landed", "listings", "meta",
+        "next_step", "observation", "owner", "prepared", "principal", "putter", "shared",
+        "step", "step_num", "turn_id",
+    )  # fmt: skip
+
     def __init__(
         self,
         putter: Putter,
@@ -273,7 +279,10 @@ class _Put:
         if not heads.last.has(owner, turn_id):
             return None
         version, wrapper = self.keys.current(owner)
-        if self.keys.flush_due(owner, version, 2):  # as ``write_current`` decides it: that put writes them
+        # The entry's key and the head's seal, counted now whether or not the message writes
+        # (a refused or skipped one leaves an overcount, never less); unless the pending counts
+        # are due, as ``write_current`` decides it: that put writes them.
+        if self.keys.count_wraps_unless_due(owner, version, 2):
             return None
         try:
             sealed = self.seal(version, wrapper)
@@ -290,9 +299,6 @@ class _Put:
         if once is None:
             self.kept = (version, sealed)
             return None
-        # The entry's key and the head's seal, counted before the write whether or not it lands:
-        # a refused write leaves an overcount (the entry's key may be counted again by ``attempt``).
-        self.keys.count_wraps_later(owner, version, 2)
         try:
             written = db.write_once(owner, turn_id, once.sql, once.params)
         except DuplicateKeyError:
