@@ -150,6 +150,16 @@ class WrapCounts:
         with self._lock:
             return self._pending.get(key, 0) + adding >= WRAP_FLUSH_EVERY
 
+    def add_unless_due(self, key: tuple[str, int], adding: int) -> bool:
+        """Add ``adding`` wraps unless the next write of ``key`` must write the pending count
+        (``due``): whether it must (then nothing is added)."""
+        with self._lock:
+            pending = self._pending.get(key, 0) + adding
+            if pending >= WRAP_FLUSH_EVERY:
+                return True
+            self._pending[key] = pending
+            return False
+
     def add(self, key: tuple[str, int], count: int) -> None:
         if count:
             with self._lock:
@@ -174,7 +184,8 @@ class Keystore:
         self._owner_keys: LRUCache[tuple[str, int], tuple[Wrapper, KeyHandle]] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._identities: LRUCache[tuple[str, int], ContentIdentity] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._listings: LRUCache[tuple[str, int], ListingKey] = LRUCache(OWNER_KEY_CACHE_SIZE)
-        self._latest: LRUCache[str, int] = LRUCache(OWNER_KEY_CACHE_SIZE)
+        # Each owner's newest key version, with its wrapper.
+        self._latest: LRUCache[str, tuple[int, Wrapper]] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._wraps = WrapCounts()
         # Runs in the transaction that adds an owner's first key (the owner's
         # empty owner head, ``heads.Heads``): a key never exists without it.
@@ -249,15 +260,16 @@ class Keystore:
     def current(self, owner: str) -> tuple[int, Wrapper]:
         """The owner's newest key version and its wrapper, created (in its own short
         transaction) on first use. Raises WrongKeyError: another process rotated the master key."""
-        version = self._latest.get(owner)
-        if version is None:
+        found = self._latest.get(owner)
+        if found is None:
             version = self.newest_version(owner)
             if version is None:
                 version = 1
                 self.add_version(owner, version)
+            found = (version, self.owner_wrapper(owner, version))
             with self._lock:
-                self._latest[owner] = version
-        return version, self.owner_wrapper(owner, version)
+                self._latest[owner] = found
+        return found
 
     def newest_version(self, owner: str) -> int | None:
         rows = self._db.query(keys_sql.NEWEST_SQL, (owner,), owner=owner)
@@ -322,6 +334,11 @@ class Keystore:
         counts to ``owner_keys`` in its transaction (``write_current`` does): a
         write without a transaction of its own (a put in one message) leaves it to one."""
         return self._wraps.due((owner, version), count)
+
+    def count_wraps_unless_due(self, owner: str, version: int, count: int = 1) -> bool:
+        """``count_wraps_later`` unless ``flush_due`` (then nothing is counted): whether it is due.
+        For a write without a transaction of its own that counts its wraps before it is sent."""
+        return self._wraps.add_unless_due((owner, version), count)
 
     def pending_wraps(self) -> dict[tuple[str, int], int]:
         """Wraps this process made that ``owner_keys.wrap_count`` does not count yet."""

@@ -96,6 +96,9 @@ class Anchor:
         self.sync = sync
         self.interval_s = interval_s
         self._seal = seal
+        # ``commit``: every write transaction advances the counter (``before_commit``); else only
+        # the sync's own transaction does, and a commit only marks the store as written since.
+        self.every_commit = sync == "commit"
         self._mutex = threading.Lock()
         self._local = threading.local()
         self.floor = 0  # the highest anchor this process has read or written
@@ -159,21 +162,23 @@ class Anchor:
     # -- the write path --------------------------------------------------------------------
 
     def before_commit(self, conn: Conn) -> None:
-        """Advance the store's counter inside the transaction: every write with
-        ``anchor_sync = "commit"``, else only the sync's own transaction.
+        """Advance the store's counter inside the transaction (``anchor_sync = "commit"``:
+        every write transaction; else the sync's own transaction alone, ``advance``).
 
         Raises:
             IntegrityError: the counter is below the anchor or was altered.
         """
-        if self.sync != "commit" and not getattr(self._local, "bumping", False):
-            return
+        self._local.pending = self._advance_counter(conn)
+
+    def _advance_counter(self, conn: Conn) -> tuple[int, str]:
+        """The counter advanced by one in ``conn``'s transaction: (counter, its row).
+        Raises IntegrityError: the counter is below the anchor or was altered."""
         last = self._last_value
         if last is not None:
             counter = int(last.split(":", 1)[0]) + 1
             value = self._row(counter)
             if conn.execute("UPDATE store_meta SET value = ? WHERE key = ? AND value = ?", (value, _ROW, last)):
-                self._local.pending = (counter, value)
-                return
+                return counter, value
         rows = conn.query("SELECT value FROM store_meta WHERE key = ?", (_ROW,))
         current = self._parse_row(rows[0]["value"]) if rows else -1
         if current < self.floor:
@@ -183,7 +188,7 @@ class Anchor:
             )
         value = self._row(current + 1)
         conn.execute("UPDATE store_meta SET value = ? WHERE key = ?", (value, _ROW))
-        self._local.pending = (current + 1, value)
+        return current + 1, value
 
     def after_commit(self) -> None:
         """Record the commit; sync the anchor when the policy says so.
@@ -197,11 +202,17 @@ class Anchor:
             SecurepadError: the anchor cannot be written (the write itself is
                 committed; the anchor catches up at the next sync or close).
         """
-        if getattr(self._local, "bumping", False):
-            return
-        failed, self._failed = self._failed, None
+        failed = self._failed
         if failed is not None:
+            self._failed = None
             raise failed
+        if not self.every_commit:
+            # No lock: ``advance`` takes and clears the mark under it, and a mark set just
+            # after that clear stays for the next sync (the commit it marks is done before).
+            self._dirty = True
+            if self.sync == "interval" and time.monotonic() - self._synced_at >= self.interval_s:
+                self._wake()
+            return
         pending: tuple[int, str] | None = getattr(self._local, "pending", None)
         self._local.pending = None
         with self._mutex:
@@ -209,13 +220,7 @@ class Anchor:
             if pending is not None:
                 self._last_value = pending[1]
                 self._committed = max(self._committed, pending[0])
-            due = self.sync == "commit" or (
-                self.sync == "interval" and time.monotonic() - self._synced_at >= self.interval_s
-            )
-        if due and self.sync == "commit":
-            self.advance()
-        elif due:
-            self._wake()
+        self.advance()
 
     def _wake(self) -> None:
         """Start the background syncer if this process has none, and wake it."""
@@ -254,19 +259,15 @@ class Anchor:
             self._synced_at = time.monotonic()
         if not dirty:
             return
-        if self.sync != "commit":
-            self._local.bumping = True
+        if not self.every_commit:
             try:
-                with self.db.transaction(admin=True):
-                    pass  # before_commit advances the counter
-                pending: tuple[int, str] = self._local.pending
+                # Its own transaction, without the commit hooks: it does what they would.
+                with self.db.transaction(admin=True, hooks=False) as conn:
+                    pending = self._advance_counter(conn)
             except BaseException:
                 with self._mutex:
                     self._dirty = True  # not anchored: the next sync tries again
                 raise
-            finally:
-                self._local.bumping = False
-                self._local.pending = None
             with self._mutex:
                 self._last_value = pending[1]
                 self._committed = max(self._committed, pending[0])

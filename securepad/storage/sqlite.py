@@ -8,18 +8,16 @@ that names its cause (see ``wal.storage_error``).
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import functools
 import os
 import threading
-import types
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Protocol
 
 import apsw
 
@@ -28,6 +26,7 @@ from . import schema
 from .base import Conn, DuplicateKeyError, Params, Rows, statements
 from .files import create_private_file
 from .schema import SCHEMA_VERSION
+from .sqlite_rows import rows_of
 from .wal import WAL_KEEP_BYTES, WAL_LIMIT_BYTES, WAL_WAIT_MS, BusyHandler, ErrorMap, WalWatch, storage_error
 
 __all__ = ["SCHEMA_VERSION", "WAL_LIMIT_BYTES", "CommitHooks", "Database"]
@@ -60,6 +59,9 @@ STATEMENT_CACHE_SIZE = 512
 
 class CommitHooks(Protocol):
     """What runs around every write transaction's COMMIT (the anchor, ``anchor.Anchor``)."""
+
+    #: Whether ``before_commit`` runs in every write transaction (else it is never called).
+    every_commit: bool
 
     def before_commit(self, conn: Conn) -> None:
         """Inside the transaction, last: an exception rolls it back."""
@@ -128,15 +130,17 @@ class _Transaction:
     any exception (an apsw error raised as its typed error). A class, not a generator: every write
     enters one, and ``contextmanager``'s generator protocol costs more than the statements' calls."""
 
-    __slots__ = ("_conn", "_db", "_tx", "_wait")
+    __slots__ = ("_conn", "_db", "_hooked", "_tx", "_wait")
 
-    def __init__(self, db: Database, wait: bool) -> None:
-        self._db, self._wait = db, wait
+    def __init__(self, db: Database, wait: bool, hooked: bool) -> None:
+        self._db, self._wait, self._hooked = db, wait, hooked
 
     def __enter__(self) -> _Conn:
         db = self._db
         conn = self._conn = db.conn
-        db._check_wal(conn, db._wal_wait_s if self._wait else 0)
+        wal = db._wal
+        if wal.pending() > wal.limit_pages():  # ``check``'s own first test, without its call when under
+            db._check_wal(conn, db._wal_wait_s if self._wait else 0)
         try:
             conn.execute("BEGIN IMMEDIATE")
         except apsw.Error as exc:
@@ -145,8 +149,9 @@ class _Transaction:
         return self._tx
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        db, conn, hooks = self._db, self._conn, self._db.hooks
-        if exc is None and hooks is not None:
+        db, conn = self._db, self._conn
+        hooks = db.hooks if self._hooked else None
+        if exc is None and hooks is not None and hooks.every_commit:
             try:
                 hooks.before_commit(self._tx)
             except BaseException as failed:
@@ -162,7 +167,8 @@ class _Transaction:
             raise db._error(failed, conn) from None
         if hooks is not None:
             hooks.after_commit()
-        db._wal.restart_if_due(conn, db._wal_wait_s if self._wait else None, db._error, db._busy_timeout_ms / 1000)
+        if db._wal.restart_due():
+            db._wal.restart_if_due(conn, db._wal_wait_s if self._wait else None, db._error, db._busy_timeout_ms / 1000)
 
     def _roll_back(self, exc: BaseException) -> None:
         """ROLLBACK after ``exc``; an apsw error is raised as its typed error."""
@@ -340,12 +346,19 @@ class Database:
         return self._wal.status(self.incremental_vacuum)
 
     def transaction(
-        self, owner: str | None = None, *, admin: bool = False, wait: bool = True, turn: str | None = None
+        self,
+        owner: str | None = None,
+        *,
+        admin: bool = False,
+        wait: bool = True,
+        turn: str | None = None,
+        hooks: bool = True,
     ) -> _Transaction:
         """A write transaction (BEGIN IMMEDIATE; ``owner`` and ``turn`` change nothing: one writer),
         rolled back on any exception. ``wait=False``: a WAL over its limit is refused at once.
+        ``hooks=False``: without the commit hooks (the anchor's own transaction, ``Anchor.advance``).
         Raises StoreBusyError (lock, or the WAL pinned past ``wal_wait_ms``), StorageFullError, StoreCorruptError."""
-        return _Transaction(self, wait)
+        return _Transaction(self, wait, hooks)
 
     def write_once(self, owner: str, turn_id: str, sql: str, params: Params) -> int | None:
         """``OnceWriter.write_once`` here: ``sql``'s statements (``"; "`` between them, each taking
@@ -355,7 +368,7 @@ class Database:
         try:
             with self.transaction() as tx:
                 fewest, start = None, 0
-                for statement, count in statements(sql):
+                for statement, count in _statements(sql):
                     changed, start = tx.execute(statement, params[start : start + count]), start + count
                     fewest = changed if fewest is None else min(fewest, changed)
                 if not fewest:
@@ -572,25 +585,5 @@ def _fsync(path: Path) -> None:
             os.close(fd)
 
 
-def rows_of(cursor: apsw.Cursor) -> Rows:
-    """The rows of an executed statement, as dicts (none for a statement without rows)."""
-    try:
-        return list(map(_row_maker(cursor.getdescription()), cursor))
-    except apsw.ExecutionCompleteError:  # no rows at all
-        return []
-
-
-@functools.lru_cache(maxsize=256)
-def _row_maker(description: tuple[tuple[str, str | None], ...]) -> Callable[[tuple[Any, ...]], dict[str, Any]]:
-    """A row as a dict: a dict display made once per statement's columns from a syntax tree, its keys
-    constants (a third cheaper per row than ``dict(zip())``, which grows the dict as it goes)."""
-    row = ast.arguments(posonlyargs=[], args=[ast.arg("row")], kwonlyargs=[], kw_defaults=[], defaults=[])
-    body = ast.Dict(
-        keys=[ast.Constant(str(name)) for name, _ in description],
-        values=[
-            ast.Subscript(ast.Name("row", ast.Load()), ast.Constant(i), ast.Load()) for i in range(len(description))
-        ],
-    )
-    tree = ast.fix_missing_locations(ast.Expression(ast.Lambda(row, body)))
-    (code,) = (const for const in compile(tree, "<row>", "eval").co_consts if isinstance(const, types.CodeType))
-    return types.FunctionType(code, {"__builtins__": {}})
+# ``write_once``'s statements: the same text put after put into a turn, split once.
+_statements = functools.lru_cache(maxsize=64)(statements)

@@ -4,13 +4,14 @@ what its rows cost against the quota (``row_cost``)."""
 
 from __future__ import annotations
 
+import functools
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ...core import shaping
 from ...core.shaping import split_bytes, split_text
-from ...crypto.formats import ENTRY_FORMAT, EntryCipher, Header, ListingKey, seal_entry
+from ...crypto.formats import ENTRY_FORMAT, NONCE_PREFIX_BYTES, EntryCipher, Header, ListingKey, seal_entry
 from ...crypto.primitives import Wrapper
 from ...errors import QuotaExceededError
 from ...policy import Policy
@@ -54,8 +55,6 @@ class Prepared:
     stored_bytes: int  # what the observation stores (max_entry_bytes); the row's cost on disk is row_cost
     view: dict[str, Any]
     inline_max_chars: int  # the view's bound, kept for the next-step re-seal
-    # ``identifiers``' last answer, with what it was for: the bound before the seal and the row's cost share it.
-    identifiers_kept: tuple[tuple[str, ...], int] | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, observation: Any, step_num: int, policy: Policy) -> Prepared:
@@ -63,7 +62,7 @@ class Prepared:
         max_entry_bytes = policy.max_entry_bytes
         kind, shape, content, rest = shaping.classify(observation, policy.max_json_depth)
         segments, counts, size_chars, breaks, line_count = split(content)
-        size_bytes = sum(len(s) for s in segments)
+        size_bytes = sum(map(len, segments))
         # The limits count everything the observation stores: content and other fields.
         stored_bytes = size_bytes + (len(shaping.dumps(rest)) if rest else 0)
         if stored_bytes > max_entry_bytes:
@@ -95,16 +94,22 @@ class Prepared:
         )
         return self.stored_bytes + ENTRY_ROW_OVERHEAD + _SEALING_BOUND + 32 * len(self.segments) + identifiers
 
+    def cost_floor(self, principal: Principal, turn_id: str, executor_name: str) -> int:
+        """At most the entry's ``row_cost``, before it is sealed: its sealed content (a tag a
+        segment), the least its metadata, listing part (with the view's summary and the content
+        identity), nonce prefix and commitment can take, its identifiers and the fixed overhead."""
+        identifiers = self.identifiers(
+            principal.owner_user_id, turn_id, principal.actor, principal.channel, executor_name
+        )
+        summary = self.view.get("summary")
+        listing = _SEALED_LEAST + _CONTENT_ID_LEAST + (len(summary) if isinstance(summary, str) else 0)
+        sealed = self.size_bytes + 16 * len(self.segments) + _SEALED_LEAST + listing + NONCE_PREFIX_BYTES + 32
+        return sealed + identifiers + ENTRY_ROW_OVERHEAD
+
     def identifiers(self, owner: str, turn_id: str, actor: str, channel: str, executor_name: str) -> int:
         """``identifier_cost`` of the entry's rows: the same for every id (16 hex characters each)."""
-        names = (owner, turn_id, actor, channel, executor_name)
-        kept = self.identifiers_kept
-        if kept is not None and kept[0] == names:
-            return kept[1]
         count = len(self.segments)
-        cost = identifier_cost("0" * 16, owner, turn_id, actor, channel, executor_name, count if count > 1 else 0)
-        self.identifiers_kept = (names, cost)
-        return cost
+        return _identifier_cost(owner, turn_id, actor, channel, executor_name, count if count > 1 else 0)
 
     def meta(
         self,
@@ -152,7 +157,15 @@ class Prepared:
             version,
             ENTRY_FORMAT,
         )
-        inner = shaping.pack({name: meta[name] for name in ("shape", "rest", "counts", "breaks", "lines")})
+        inner = shaping.pack(
+            {
+                "shape": meta["shape"],
+                "rest": meta["rest"],
+                "counts": meta["counts"],
+                "breaks": meta["breaks"],
+                "lines": meta["lines"],
+            }
+        )
         crypto_columns, sealed, cipher = seal_entry(wrapper, header, inner, self.segments)
         row = {
             "id": header.entry_id,
@@ -201,6 +214,12 @@ ENTRY_ROW_OVERHEAD = 512
 _SEALING_BOUND = 2048
 
 
+# The least a sealed part takes (a format or version byte, a 12-byte nonce, a 16-byte tag),
+# and the least a content identity does ("<version>:" and 64 hex digits): ``cost_floor``.
+_SEALED_LEAST = 1 + 12 + 16
+_CONTENT_ID_LEAST = 2 + 64
+
+
 def identifier_cost(
     entry_id: str, owner: str, turn_id: str, actor: str, channel: str, executor_name: str, segment_rows: int
 ) -> int:
@@ -213,6 +232,13 @@ def identifier_cost(
     in_row += len(executor_name.encode())
     in_indexes = (id_size + 3 * owner_size + turn_size) * 3 // 2
     return in_row + in_indexes + segment_rows * 2 * (id_size + owner_size)
+
+
+# The identifiers' cost is the same put after put into a turn (a bound before the seal, the row's
+# cost after it): computed once per owner, turn, scope, executor and segment rows.
+@functools.lru_cache(maxsize=256)
+def _identifier_cost(owner: str, turn_id: str, actor: str, channel: str, executor_name: str, segment_rows: int) -> int:
+    return identifier_cost("0" * 16, owner, turn_id, actor, channel, executor_name, segment_rows)
 
 
 def row_cost(row: dict[str, Any], sealed: list[bytes], identifiers: int | None = None) -> int:
@@ -240,7 +266,7 @@ def split(content: str | bytes) -> tuple[list[bytes], list[int] | None, int, lis
     if isinstance(content, bytes):
         return split_bytes(content), None, 0, None, None
     segments, pieces = split_text(content)
-    counts = [len(piece) for piece in pieces]
+    counts = list(map(len, pieces))
     breaks, line_count = shaping.line_index(pieces)
     return segments, counts, sum(counts), breaks, line_count
 

@@ -4,10 +4,8 @@ written in one that checks the step, the owner key's version and the quota."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
-from ...core.timeline import live
 from ...crypto.formats import EntryCipher, ListingKey
 from ...crypto.primitives import Wrapper
 from ...errors import IntegrityError, InvalidArgumentError, StoreBusyError, StoreUnavailableError
@@ -22,13 +20,14 @@ from ...storage.base import (
     Params,
     Rows,
 )
-from ..access import Access, check_principal, quota_sql, stored_entries, stored_sql
+from ..access import check_principal, quota_sql, stored_sql
 from ..heads.heads import HeadEdit, Room, entry_item, read_with_heads, with_heads
 from ..heads.owner import Once
 from ..quota import room
+from .batch import Batch, Shown, insert_segments, maybe_stored, taken
 from .listings import Listings, step_look
 from .open import EntryParts
-from .prepare import Prepared, check_write_bound, check_write_size
+from .prepare import Prepared, check_write_bound
 
 __all__ = ["Putter", "Shown"]
 
@@ -52,6 +51,9 @@ class Putter:
         self._spare: dict[tuple[str, str], int] = {}
         # Each principal's step look (``step_look``), made at its first put.
         self._looks: dict[Principal, tuple[str, Params]] = {}
+        self._last_look: tuple[Principal | None, tuple[str, Params]] = (None, ("", ()))
+        # (turn, executor) pairs whose identifiers passed ``check_identifier`` (a pure check of the strings).
+        self._checked: set[tuple[str, str]] = set()
 
     def put(
         self,
@@ -74,8 +76,12 @@ class Putter:
             raise InvalidArgumentError("next_step needs free_step and no inline item")
         if type(principal) is not Principal:  # a subclass passes ``check_principal`` too
             check_principal(principal)
-        check_identifier("turn_id", turn_id)
-        check_identifier("executor_name", executor_name)
+        if type(turn_id) is not str or type(executor_name) is not str or (turn_id, executor_name) not in self._checked:
+            check_identifier("turn_id", turn_id)
+            check_identifier("executor_name", executor_name)
+            if len(self._checked) >= _HINTS:
+                self._checked.clear()
+            self._checked.add((turn_id, executor_name))
         check_step_num(step_num)
         ttl = self.default_ttl if ttl_seconds is None else self.ttl(ttl_seconds)
         prepared = Prepared.of(observation, step_num, self.policy)
@@ -86,21 +92,40 @@ class Putter:
         step = self._step(principal, turn_id, step_num) if free_step and not next_step else None
         one = _Put(self, self._keys, principal, turn_id, observation, prepared, meta, step, next_step)
         owner = principal.owner_user_id
-        # In one message (``_Put.once``), else under the shared lock when the turn had room, or exclusive.
-        done = one.once(self._once) if self._once is not None else None
-        entry_id, spare = done or one.written(shared=self._spare.get((owner, turn_id), 0) >= bound)
+        # In one message (``_Put.once``), else under the shared lock when the turn had room, or exclusive;
+        # a turn this process left with less reservation than the entry takes goes to the exclusive
+        # lock at once (the one message would seal a head only to find it short).
+        hint = self._spare.get((owner, turn_id))
+        roomy = hint is not None and hint >= bound
+        short = hint is not None and not roomy and hint < prepared.cost_floor(principal, turn_id, executor_name)
+        done = one.once(self._once) if self._once is not None and not short else None
+        entry_id, spare = done or one.written(shared=roomy)
+        self.left(owner, turn_id, spare)
+        return {"ok": True, "scratchpad_id": entry_id, **meta["view"]}
+
+    def spare(self, owner: str, turn_id: str) -> int:
+        """The turn's reservation this process's last write into it left (0 unknown)."""
+        return self._spare.get((owner, turn_id), 0)
+
+    def left(self, owner: str, turn_id: str, spare: int) -> None:
+        """The turn's reservation left unused by this process's last write into it (the lock's hint)."""
         if len(self._spare) >= _HINTS:
             self._spare.clear()
         self._spare[(owner, turn_id)] = spare
-        return {"ok": True, "scratchpad_id": entry_id, **meta["view"]}
 
     def _step(self, principal: Principal, turn_id: str, step_num: int) -> tuple[str, Params]:
         """The step's look (``step_look``) for ``principal``'s put at ``step_num`` of ``turn_id``."""
-        look = self._looks.get(principal)
-        if look is None:
-            if len(self._looks) >= _HINTS:
-                self._looks.clear()
-            look = self._looks[principal] = step_look(self._access, principal)
+        last = self._last_look  # the same principal object as the last put: no hash of its fields
+        if last[0] is principal:
+            look = last[1]
+        else:
+            found = self._looks.get(principal)
+            if found is None:
+                if len(self._looks) >= _HINTS:
+                    self._looks.clear()
+                found = self._looks[principal] = step_look(self._access, principal)
+            look = found
+            self._last_look = (principal, look)
         return look[0], (turn_id, step_num, *look[1])
 
     def put_many(
@@ -113,37 +138,15 @@ class Putter:
         now: float | None = None,
         shown: Shown | None = None,
     ) -> list[dict[str, Any]]:
-        """``Scratchpad.put_many``; with ``shown``, the steps are chosen (``_Batch``)."""
-        return _Batch(self, self._keys, self._access, principal, turn_id, shown).put(items, ttl_seconds, now)
-
-
-def _maybe_stored(
-    entry_ids: list[str], why: str, *, sent: str = "the put's one message", chosen: bool = False
-) -> StoreUnavailableError:
-    """The error of a write whose ``sent`` message went before its connection
-    was lost; ``chosen``: the library chose the steps (writing again would store twice)."""
-    named = ", ".join(repr(entry_id) for entry_id in entry_ids)
-    several = len(entry_ids) > 1
-    what = f"entries {named}: get those ids" if several else f"entry {named}: get that id"
-    if chosen:
-        again = (
-            "before writing the same again: the library takes the next steps, so a second write would store it twice"
-        )
-    elif several:
-        again = "putting the same steps again is refused if they were stored"
-    else:
-        again = "putting the same step again is refused if it was stored"
-    return StoreUnavailableError(
-        f"{why.removesuffix('; try again')}; {sent} had been sent, so it may be stored as {what} to know ({again})",
-        maybe_stored=tuple(entry_ids),
-    )
+        """``Scratchpad.put_many``; with ``shown``, the steps are chosen (``batch.Batch``)."""
+        return Batch(self, self._keys, self._access, principal, turn_id, shown).put(items, ttl_seconds, now)
 
 
 def _if_unknown(owner: str, chosen: bool) -> IfUnknown[_SealedOne]:
     """A put whose COMMIT's answer was lost: its entry is looked up by id."""
     return IfUnknown(
         lambda conn, sealed: bool(conn.query(*stored_sql("entries", owner, str(sealed[0]["id"])))),
-        lambda sealed, why: _maybe_stored([str(sealed[0]["id"])], why, sent="the put's COMMIT", chosen=chosen),
+        lambda sealed, why: maybe_stored([str(sealed[0]["id"])], why, sent="the put's COMMIT", chosen=chosen),
     )
 
 
@@ -175,11 +178,6 @@ def _step_free(step: str) -> str:
     return _STEP_FREE.format(step=step)
 
 
-def _taken(found: dict[str, Any]) -> list[dict[str, Any]]:
-    """The step's look from the quota's row, as a row for ``live``."""
-    return [] if found["step_expires"] is None else [{"expires_at": found["step_expires"]}]
-
-
 # One put's sealed entry: its row, its sealed segments, its cipher.
 _SealedOne = tuple[dict[str, Any], list[bytes], EntryCipher]
 
@@ -189,6 +187,12 @@ class _Put:
     written (``write``): ``reads``, ``check``, ``insert``. ``write_current``
     runs both again on a stale key or an id collision; ``written`` runs them
     under the exclusive lock when the shared one was not enough."""
+
+    __slots__ = (  # every put makes one: its fields set without a dict
+        "announced", "created", "identities", "kept", "keys", "landed", "listings", "meta",
+        "next_step", "observation", "owner", "prepared", "principal", "putter", "shared",
+        "step", "step_num", "turn_id",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -253,7 +257,7 @@ class _Put:
         except (StoreBusyError, StoreUnavailableError) as exc:
             if self.landed is None:
                 raise
-            raise _maybe_stored([self.landed[1]], str(exc)) from None
+            raise maybe_stored([self.landed[1]], str(exc)) from None
 
     def once(self, db: OnceWriter) -> tuple[str, int] | None:
         """The put without a read (one message on PostgreSQL, one transaction on SQLite) when
@@ -275,7 +279,10 @@ class _Put:
         if not heads.last.has(owner, turn_id):
             return None
         version, wrapper = self.keys.current(owner)
-        if self.keys.flush_due(owner, version, 2):  # as ``write_current`` decides it: that put writes them
+        # The entry's key and the head's seal, counted now whether or not the message writes
+        # (a refused or skipped one leaves an overcount, never less); unless the pending counts
+        # are due, as ``write_current`` decides it: that put writes them.
+        if self.keys.count_wraps_unless_due(owner, version, 2):
             return None
         try:
             sealed = self.seal(version, wrapper)
@@ -292,15 +299,12 @@ class _Put:
         if once is None:
             self.kept = (version, sealed)
             return None
-        # The entry's key and the head's seal, counted before the write whether or not it lands:
-        # a refused write leaves an overcount (the entry's key may be counted again by ``attempt``).
-        self.keys.count_wraps_later(owner, version, 2)
         try:
             written = db.write_once(owner, turn_id, once.sql, once.params)
         except DuplicateKeyError:
             return None  # its id was taken: ``attempt`` seals it again under another
         except OutcomeUnknown as exc:
-            raise _maybe_stored([str(row["id"])], str(exc)) from None
+            raise maybe_stored([str(row["id"])], str(exc)) from None
         if written == 1:
             heads.written_once(owner, turn_id, once)
             return str(row["id"]), once.spare
@@ -357,7 +361,7 @@ class _Put:
         """
         if self.step is not None:
             self.putter.listings.check_step_free(
-                self.principal, self.turn_id, self.step_num, self.created, conn, taken=_taken(found)
+                self.principal, self.turn_id, self.step_num, self.created, conn, taken=taken(found)
             )
         if self.shared:
             Keystore.check_newest(found["newest"], row["key_version"])
@@ -378,220 +382,5 @@ class _Put:
             rows=head_rows,
             insert=(_insert_values(tuple(row)), tuple(row.values())),
         )
-        _insert_segments(conn, [row], [segments])
+        insert_segments(conn, [row], [segments])
         return spare
-
-
-# What ``Turn.record_many`` shows of an observation at a step: ``(history item,)``, or None.
-Shown = Callable[[Any, int], tuple[Any] | None]
-# A batch sealed: its rows, each row's sealed segments, each row's metadata.
-_Sealed = tuple[list[dict[str, Any]], list[list[bytes]], list[dict[str, Any]]]
-
-
-class _Batch:
-    """One ``put_many``: every item sealed first, then one transaction that
-    checks the steps, key version and quota and inserts all (or none). With
-    ``shown``, items are ``(executor_name, observation)`` at the next steps,
-    looked up before sealing and checked again inside the write."""
-
-    def __init__(
-        self,
-        entries: Putter,
-        keys: Keystore,
-        access: Access,
-        principal: Principal,
-        turn_id: str,
-        shown: Shown | None,
-    ) -> None:
-        check_principal(principal)
-        check_identifier("turn_id", turn_id)
-        self.entries, self.keys, self.access = entries, keys, access
-        self.principal, self.turn_id, self.shown = principal, turn_id, shown
-
-    def _items(self, items: Any) -> list[tuple[int, str, Any]]:
-        """The items as (step, executor, observation), validated (steps to choose are -1)."""
-        width = 2 if self.shown is not None else 3
-        if isinstance(items, str | bytes | dict) or not hasattr(items, "__iter__"):
-            raise InvalidArgumentError("items must be a sequence of tuples")
-        checked: list[tuple[int, str, Any]] = []
-        for item in items:
-            if not isinstance(item, tuple | list) or len(item) != width:
-                raise InvalidArgumentError(f"each item must be a tuple of {width} values, not {item!r:.80}")
-            step, executor, observation = (-1, *item) if width == 2 else item
-            if width == 3:
-                check_step_num(step)
-            check_identifier("executor_name", executor)
-            checked.append((step, executor, observation))
-        steps = [step for step, _, _ in checked]
-        if width == 3 and len(set(steps)) != len(steps):
-            raise InvalidArgumentError("a batch gives one step twice")
-        return checked
-
-    def put(self, items: Any, ttl_seconds: int | None, now: float | None) -> list[dict[str, Any]]:
-        """The batch's views (with ``shown``, the history items where there are some)."""
-        checked = self._items(items)
-        ttl = self.entries.ttl(ttl_seconds)
-        created = self.entries.write_now(now)
-        if not checked:
-            return []
-        owner = self.principal.owner_user_id
-        policy = self.entries.policy
-        fixed = [Prepared.of(obs, step, policy) for step, _, obs in checked] if self.shown is None else []
-        limit = self.entries.write_limit
-        executors = [executor for _, executor, _ in checked]
-        # Chosen steps (``shown``): checked in ``seal``, once shaped.
-        check_write_size(list(zip(fixed, executors, strict=False)), self.principal, self.turn_id, limit, "batch")
-        identities: dict[tuple[int, int], str] = {}
-        shown_items: list[tuple[Any] | None] = []
-
-        def seal(version: int, wrapper: Wrapper) -> _Sealed:
-            shown_items.clear()
-            steps, prepared = self._steps(checked, fixed, created)
-            rows: list[dict[str, Any]] = []
-            segments: list[list[bytes]] = []
-            metas: list[dict[str, Any]] = []
-            if self.shown is not None:
-                check_write_size(
-                    list(zip(prepared, executors, strict=True)), self.principal, self.turn_id, limit, "batch"
-                )
-            listing, identity = self.keys.listing_key(owner, version), self.keys.identity(owner, version)
-            for index, (step, (_, executor, obs), prep) in enumerate(zip(steps, checked, prepared, strict=True)):
-                inline = self.shown(obs, step) if self.shown is not None else None
-                shown_items.append(inline)
-                meta = prep.meta(self.principal, step, executor, created, created + ttl, inline)
-                if (version, index) not in identities or self.shown is not None:
-                    identities[(version, index)] = identity.of(prep.kind, prep.segments)
-                meta["content_id"] = identities[(version, index)]
-                row, sealed, _ = prep.seal(wrapper, listing, version, owner, self.turn_id, meta)
-                rows.append(row)
-                segments.append(sealed)
-                metas.append(meta)
-            return rows, segments, metas
-
-        rows, _, metas = self.keys.write_current(
-            owner,
-            seal,
-            lambda conn, sealed: self._write(conn, sealed, created),
-            attempts=5,
-            count=len(checked),
-            prefetch=self._prefetch(created, [step for step, _, _ in checked]),
-            busy="could not store the batch: its ids, steps or owner key kept changing; try again",
-            unknown=IfUnknown(self._landed, self._maybe_stored),
-        )
-        views = [
-            {"ok": True, "scratchpad_id": row["id"], **meta["view"]} for row, meta in zip(rows, metas, strict=True)
-        ]
-        if self.shown is None:
-            return views
-        return [view if inline is None else inline[0] for view, inline in zip(views, shown_items, strict=True)]
-
-    def _landed(self, conn: Conn, sealed: _Sealed) -> bool:
-        """Whether the batch's entries are stored (one transaction wrote all or none)."""
-        return bool(stored_entries(conn, self.principal.owner_user_id, [row["id"] for row in sealed[0]]))
-
-    def _maybe_stored(self, sealed: _Sealed, why: str) -> StoreUnavailableError:
-        """The error of a batch whose COMMIT's answer was lost and could not be looked up."""
-        ids = [str(row["id"]) for row in sealed[0]]
-        return _maybe_stored(ids, why, sent="the batch's COMMIT", chosen=self.shown is not None)
-
-    def _steps(
-        self, checked: list[tuple[int, str, Any]], fixed: list[Prepared], now: float
-    ) -> tuple[list[int], list[Prepared]]:
-        """The items' steps and shaped observations before each seal: the caller's
-        (``fixed``), or (``shown``) the next steps, looked up and shaped again each time."""
-        if self.shown is None:
-            return [step for step, _, _ in checked], fixed
-        first = self.entries.listings.last_step(self.principal, self.turn_id, now) + 1
-        steps = list(range(first, first + len(checked)))
-        check_step_num(steps[-1])
-        policy = self.entries.policy
-        return steps, [Prepared.of(obs, step, policy) for step, (_, _, obs) in zip(steps, checked, strict=True)]
-
-    def _write(self, conn: Conn, sealed: _Sealed, now: float) -> _Sealed:
-        """Inside the owner's write transaction: steps, version, quota, inserts, the head's change."""
-        rows, segments, _ = sealed
-        owner = self.principal.owner_user_id
-        steps = [row["step_num"] for row in rows]
-        found, head_rows = read_with_heads(conn, self._reads(now, None if self.shown is not None else steps))
-        # The given steps' latest expiry came with the quota's row: looked at row by row only when one is live.
-        if self.shown is not None or live(_taken(found), now):
-            self._check_steps(conn, steps, now)
-        version = rows[0]["key_version"]
-        space = room(conn, self.entries.policy, owner, version, now, "batch", found)
-        _insert_entries(conn, self.entries.dialect, rows)
-        _insert_segments(conn, rows, segments)
-        self.entries.heads.change(
-            conn,
-            owner,
-            self.turn_id,
-            lambda head: head.add_all("e", ((r["id"], entry_item(r)) for r in rows)),
-            version,
-            room=space,
-            rows=head_rows,
-        )
-        return sealed
-
-    def _prefetch(self, now: float, steps: list[int]) -> list[tuple[str, Params]]:
-        """The write's reads, sent with BEGIN: the quota (with the given steps' latest expiry) and the turn's heads."""
-        return self._reads(now, None if self.shown is not None else steps)
-
-    def _reads(self, now: float, steps: list[int] | None) -> list[tuple[str, Params]]:
-        """The quota's row, with the latest expiry of the entries at ``steps`` when
-        given, and the turn's heads (one statement on PostgreSQL: ``beside_sql``)."""
-        owner = self.principal.owner_user_id
-        quota = quota_sql(owner, now, None if steps is None else self._steps_sql(steps))
-        return with_heads(self.entries.dialect, quota, owner, self.turn_id)
-
-    def _steps_query(self, steps: list[int]) -> tuple[str, str, str, Params]:
-        """``_check_steps``'s query, as ``Access.rows`` and ``rows_sql`` take it."""
-        where = f"turn_id = ? AND step_num IN ({', '.join('?' * len(steps))})"
-        return "entries", "step_num, expires_at", where, (self.turn_id, *steps)
-
-    def _steps_sql(self, steps: list[int]) -> tuple[str, Params]:
-        """``_check_steps``'s query (for ``Conn.prefetch``)."""
-        return self.access.rows_sql(self.principal, *self._steps_query(steps))
-
-    def _check_steps(self, conn: Conn, steps: list[int], now: float) -> None:
-        """Refuse steps a live entry of the turn in the scope has (chosen ones: seal again)."""
-        rows = self.access.rows(self.principal, *self._steps_query(steps), conn=conn)
-        taken = sorted(row["step_num"] for row in live(rows, now))
-        if taken and self.shown is not None:
-            raise DuplicateKeyError
-        if taken:
-            raise InvalidArgumentError(f"step {taken[0]} is already recorded in turn {self.turn_id!r}")
-        if (
-            self.shown is not None
-            and self.entries.listings.last_step(self.principal, self.turn_id, now, conn) >= steps[0]
-        ):
-            raise DuplicateKeyError  # a higher step appeared: these are no longer the next ones
-
-
-# A batch's entry rows per INSERT on SQLite: one statement for a batch of up to this many
-# (21 columns: 1,344 parameters, far below SQLite's 32,766), each size compiled once.
-_ROWS_PER_INSERT = 64
-
-
-def _insert_entries(conn: Conn, dialect: str, rows: list[dict[str, Any]]) -> None:
-    """Insert a batch's entry rows: on SQLite in one statement (per ``_ROWS_PER_INSERT``),
-    on PostgreSQL one prepared statement per row, all sent in the transaction's next message."""
-    columns = list(rows[0])
-    one = f"({', '.join('?' * len(columns))})"
-    insert = f"INSERT INTO entries({', '.join(columns)}) VALUES "
-    if dialect == "postgresql":
-        conn.executemany(insert + one, [tuple(row[c] for c in columns) for row in rows])
-        return
-    for start in range(0, len(rows), _ROWS_PER_INSERT):
-        chunk = rows[start : start + _ROWS_PER_INSERT]
-        conn.defer(insert + ", ".join([one] * len(chunk)), tuple(row[c] for row in chunk for c in columns))
-
-
-def _insert_segments(conn: Conn, rows: list[dict[str, Any]], segments: list[list[bytes]]) -> None:
-    """Insert the segment rows of entries of several segments (one segment stays in its row)."""
-    values = [
-        (row["id"], seq, data)
-        for row, parts in zip(rows, segments, strict=True)
-        if len(parts) > 1
-        for seq, data in enumerate(parts)
-    ]
-    if values:
-        conn.executemany("INSERT INTO segments(entry_id, seq, data) VALUES (?, ?, ?)", values)
