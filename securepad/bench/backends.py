@@ -110,6 +110,13 @@ class Backend:
             return f"{module} is not installed ({exc}); pip install {package}"
         return None
 
+    @classmethod
+    def preload(cls) -> None:
+        """Import what opening this backend imports, before a measured process starts
+        its clock (a fresh process's timings measure the store, not Python's imports)."""
+        if cls.requires is not None:
+            importlib.import_module(cls.requires[0])
+
     def put(self, turn_id: str, step: int, text: str, *, ttl: int = DEFAULT_TTL, now: float | None = None) -> str:
         """Store one text observation; returns its id."""
         raise NotImplementedError
@@ -154,6 +161,10 @@ def bench_policy(storage: dict[str, Any] | None = None) -> Policy:
 class SecurepadBackend(Backend):
     name = "securepad"
     description = "securepad Scratchpad: AES-256-GCM segments, authorized, WAL"
+
+    @classmethod
+    def preload(cls) -> None:
+        from securepad import Keyring, Policy, Scratchpad  # noqa: F401
 
     def __init__(
         self, root: Path, *, create: bool = True, keyring: Keyring | None = None, policy: Policy | None = None

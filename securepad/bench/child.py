@@ -201,6 +201,8 @@ def main() -> int:
     importlib.import_module(".floor", __package__)  # the sealed floor: known to open_backend
     if spec.get("module"):  # registers the backends defined outside the suite
         importlib.import_module(spec["module"])
+    if spec.get("backend") in KNOWN:
+        KNOWN[spec["backend"]].preload()
     try:
         result = TASKS[spec["task"]](spec)
     except Exception:
