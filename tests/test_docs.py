@@ -205,6 +205,20 @@ def test_the_postgresql_guide_is_a_guide() -> None:
         assert any(step in heading for heading in headings), step
 
 
+def test_the_performance_page_gives_todays_figures_and_every_target() -> None:
+    """One page of current figures, each with the command that reproduces it,
+    and a table of every target with today's figure and whether it is met."""
+    text = (DOCS / "performance.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 250
+    targets = text.split("## The targets, today")[1].split("\n## ")[0]
+    rows = [line for line in targets.splitlines() if line.startswith("| ") and not line.startswith("| target")]
+    assert len(rows) >= 17
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert cells[2] in ("yes", "no") or cells[2].endswith(" of 3"), row
+        assert cells[3].startswith("`securepad bench") or cells[3].startswith("`python -m benchmarks."), row
+
+
 def test_every_page_has_its_examples_counted() -> None:
     """A block the pattern misses (a typo in the fence or the marker) would go untested."""
     for page in PAGES:
