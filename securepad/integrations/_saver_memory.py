@@ -72,8 +72,9 @@ class SaverMemory:
         # (scope, kind, thread, parts...) -> the turn's name, for threads found keyed:
         # naming a turn is an HMAC, which every call of a graph step would otherwise pay.
         self._names: dict[tuple[Any, ...], str] = {}
-        # (scope, turn) -> the step this saver's last put in it took: the next put's guess.
-        self._last_steps: dict[tuple[Scope, str], int] = {}
+        # (scope, turn) -> the step this saver's last put in it took (the next put's
+        # guess) and that entry's executor.
+        self._last_steps: dict[tuple[Scope, str], tuple[int, str]] = {}
         # (scope, thread, ns) -> the channel values of checkpoints put or read there.
         self._values: dict[tuple[Scope, str, str], ChannelValues] = {}
         # (scope, writes turn) -> the pending writes known stored there.
@@ -108,14 +109,20 @@ class SaverMemory:
 
     def last_step(self, principal: Principal, turn: str) -> int | None:
         """The step this saver's last put in ``turn`` took (None: none remembered)."""
-        return self._last_steps.get((scope_of(self.pad, principal), turn))
+        found = self._last_steps.get((scope_of(self.pad, principal), turn))
+        return None if found is None else found[0]
 
-    def took_step(self, principal: Principal, turn: str, step: int) -> None:
-        """Remember the step a put in ``turn`` took."""
+    def last_executor(self, principal: Principal, turn: str) -> str | None:
+        """The executor of the entry this saver put last in ``turn`` (None: none remembered)."""
+        found = self._last_steps.get((scope_of(self.pad, principal), turn))
+        return None if found is None else found[1]
+
+    def took_step(self, principal: Principal, turn: str, step: int, executor: str) -> None:
+        """Remember the step a put of an ``executor`` entry in ``turn`` took."""
         with self._lock:
             if len(self._last_steps) >= KEPT:
                 self._last_steps.clear()
-            self._last_steps[(scope_of(self.pad, principal), turn)] = step
+            self._last_steps[(scope_of(self.pad, principal), turn)] = (step, executor)
 
     # -- channel values --------------------------------------------------------------
 

@@ -419,8 +419,9 @@ def test_writers_of_one_thread_in_two_stores_never_share_a_step(
         listed = list(savers["b"].list(thread("shared")))
         assert len(listed) == 4 * per_writer
         assert all(len(item.pending_writes or []) == 1 for item in listed)
+        # Each checkpoint and each task's writes took a step of the thread's turn.
         steps = [item["step_num"] for item in one.list_for_turn(alice, keyed_turn(one, alice, "thread", "shared"))]
-        assert steps == list(range(1, 4 * per_writer + 1))
+        assert steps == list(range(1, 8 * per_writer + 1))
 
 
 def test_after_the_newest_checkpoints_expire_the_next_takes_the_freed_step(
