@@ -327,8 +327,8 @@ class SaverRecords:
         turn = self.turn(principal, "thread", thread_id)
         newest = None
         # The latest: the turn's newest entry, when it is of ``ns`` with no write below it
-        # (unless this saver's last put there was a write: then it is not).
-        if checkpoint_id is None and self.memory.last_executor(principal, turn) != WRITE:
+        # (unless this saver's highest step there holds a write: then it is not).
+        if checkpoint_id is None and self.memory.top_executor(principal, turn) != WRITE:
             found = newest_of(self.pad, principal, turn, (CHECKPOINT, WRITE), self.clock(), thread_id=thread_id)
             if found is None:
                 return None
@@ -445,6 +445,16 @@ class SaverRecords:
             self.memory.found_keyed(principal, thread_id)
             self.memory.named(principal, "thread", thread_id, (), turn)
 
+    def value_turn(
+        self, principal: Principal, thread_id: str, ns: str, channel: str, version: Any, format_: int
+    ) -> str:
+        """The turn of a big channel value's entry: of format 2, the turn of the
+        channel's values (``thread_id``, ``ns``, ``channel``), which a thread's first
+        big value of the channel makes; of format 1, the turn of its version alone."""
+        if format_ == 1:
+            return self.turn(principal, "value", thread_id, ns, channel, version)
+        return self.turn(principal, "values", thread_id, ns, channel)
+
     def put_value(
         self,
         principal: Principal,
@@ -456,8 +466,7 @@ class SaverRecords:
         data: bytes,
         now: float,
     ) -> Stored:
-        """Store a big channel value as an entry of its own, and remember it. The
-        value's turn is new (versions are unique per write): its step is 1."""
+        """Store a big channel value as an entry of its own in its channel's turn, and remember it."""
         meta = {
             "format": FORMAT,
             "thread_id": thread_id,
@@ -466,8 +475,8 @@ class SaverRecords:
             "version": version,
             "type": kind,
         }
-        turn = self.turn(principal, "value", thread_id, ns, channel, version)
-        view = self.put(principal, turn, BLOB, {"content": data, "metadata": meta}, self.ttl_seconds, now, 0)
+        turn = self.value_turn(principal, thread_id, ns, channel, version, FORMAT)
+        view = self.put(principal, turn, BLOB, {"content": data, "metadata": meta}, self.ttl_seconds, now)
         stored = Stored(view["scratchpad_id"], now + self.ttl_seconds, meta)
         self.memory.keep_channel_values(principal, thread_id, ns, {(channel, str(version)): stored})
         return stored
@@ -476,22 +485,28 @@ class SaverRecords:
         self, principal: Principal, thread_id: str, ns: str, channel: str, version: Any, now: float
     ) -> Stored | None:
         """The entry of an unchanged channel's value that ``channel_values`` does
-        not know (None: the value was inline, or its entry is gone), from the
-        value's turn, kept alive (``kept_alive``)."""
-        turn = self.turn(principal, "value", thread_id, ns, channel, version)
-        where = {"thread_id": thread_id, "ns": ns, "channel": channel, "version": version}
-        listed = self.listed(principal, turn, BLOB, VALUE_CHOICE, **where)
-        found = max(listed, key=lambda s: s.expires_at) if listed else None
-        return None if found is None else self.kept_alive(principal, thread_id, ns, channel, version, found, now)
+        not know (None: the value was inline, or its entry is gone), from its
+        channel's turn or (format 1) its version's, kept alive (``kept_alive``)."""
+        where = {"thread_id": thread_id, "ns": ns, "channel": channel}
+        for format_ in FORMATS[::-1]:
+            turn = self.value_turn(principal, thread_id, ns, channel, version, format_)
+            listed = [
+                s for s in self.listed(principal, turn, BLOB, VALUE_CHOICE, **where) if s.meta["version"] == version
+            ]
+            if listed:
+                found = max(listed, key=lambda s: s.expires_at)
+                return self.kept_alive(principal, thread_id, ns, channel, version, found, now)
+        return None
 
     def kept_alive(
         self, principal: Principal, thread_id: str, ns: str, channel: str, version: Any, stored: Stored, now: float
     ) -> Stored:
         """A value's entry that a new checkpoint refers to again: one with less than
-        half the TTL left gets the whole TTL again."""
+        half the TTL left gets the whole TTL again (with its turn: the channel's other
+        values live as long, until a drop deletes those no checkpoint refers to)."""
         if stored.expires_at - now >= self.ttl_seconds / 2:
             return stored
-        turn = self.turn(principal, "value", thread_id, ns, channel, version)
+        turn = self.value_turn(principal, thread_id, ns, channel, version, stored.meta.get("format", FORMAT))
         with self.writing:
             self.pad.extend_turn(principal, turn, self.ttl_seconds, now=now)
         return Stored(stored.scratchpad_id, now + self.ttl_seconds, stored.meta)

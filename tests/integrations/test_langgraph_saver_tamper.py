@@ -2,7 +2,7 @@
 access to the file (and no key) would make them.
 
 Every checkpoint, pending write and channel value is a sealed entry bound to
-its owner, turn (thread / channel version) and step, and a
+its owner, turn (thread / channel) and step, and a
 checkpoint names the entries of its big values. Deleting the newest
 checkpoint or a pending write is refused by the turn's sealed head (issue
 14); rolling the whole file back by the store's snapshot-rollback anchor.
@@ -132,7 +132,7 @@ def test_an_edited_checkpoint_or_write_is_refused(world: World, executor: str) -
 
 
 def test_an_edited_big_value_is_refused(world: World) -> None:
-    (value,) = world.ids("langgraph.blob", world.turn("value", "t1", "", "big", "1"))
+    (value,) = world.ids("langgraph.blob", world.turn("values", "t1", "", "big"))
     # One segment: kept in the entry's row (migration 8).
     edit_file(world.db_path, "UPDATE entries SET only_segment = zeroblob(length(only_segment)) WHERE id = ?", value)
     with pytest.raises(IntegrityError):
@@ -149,8 +149,8 @@ def test_a_deleted_big_value_is_refused(world: World) -> None:
 
 
 def test_a_big_value_swapped_for_another_threads_is_refused(world: World) -> None:
-    (one,) = world.ids("langgraph.blob", world.turn("value", "t1", "", "big", "1"))
-    (two,) = world.ids("langgraph.blob", world.turn("value", "t2", "", "big", "1"))
+    (one,) = world.ids("langgraph.blob", world.turn("values", "t1", "", "big"))
+    (two,) = world.ids("langgraph.blob", world.turn("values", "t2", "", "big"))
     # The value of t2 put in place of t1's (same owner, channel, version and size).
     edit_file(
         world.db_path,
