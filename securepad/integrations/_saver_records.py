@@ -360,8 +360,8 @@ class SaverRecords:
             elif chosen is None and stored.meta["ns"] == ns and checkpoint_id in (None, stored.meta["checkpoint_id"]):
                 chosen = stored
             if chosen is not None and (chosen.meta["format"] == 1 or stored.step_num <= writes_floor(chosen)):
-                return chosen, writes_of(chosen, writes)
-        return None
+                break
+        return None if chosen is None else (chosen, writes_of(chosen, writes))
 
     def writes(self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str) -> list[Stored]:
         """The live pending-write entries of a checkpoint of format 1 (in its own
