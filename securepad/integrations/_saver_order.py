@@ -60,6 +60,12 @@ class Arrivals:
         with self._changed:
             self._note(where, format_, newest)
 
+    def none_stored(self, principal: Principal, thread_id: str, ns: str) -> None:
+        """Note that the thread had no checkpoint in ``ns`` when its latest was read:
+        the checkpoints put there next are on their way."""
+        with self._changed:
+            self._newest.setdefault((scope_of(self.pad, principal), thread_id, ns), "")
+
     def _note(self, where: Where, format_: int, newest: bool) -> None:
         if len(self._stored) >= KEPT:
             self._stored.clear()

@@ -150,6 +150,8 @@ class SecurepadSaver(ThreadedAsyncSaver):
         wanted = get_checkpoint_id(config)
         found = self.records.checkpoint(principal, thread_id, ns, wanted)
         if found is None:
+            if wanted is None:
+                self.records.arrivals.none_stored(principal, thread_id, ns)
             return None
         stored, writes = found
         where = self.records.arrivals.where(principal, thread_id, ns, stored.meta["checkpoint_id"])

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig
     from langgraph.checkpoint.base import BaseCheckpointSaver
 
-    from securepad.integrations.langgraph import SecurepadSaver
 
 pytestmark = pytest.mark.xdist_group("langgraph")
 
