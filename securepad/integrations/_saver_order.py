@@ -108,12 +108,15 @@ class Arrivals:
 
     def begin_put(self, where: Where) -> int | None:
         """Start putting the checkpoint ``where``: once its early writes being put
-        are in, the lowest step of its early writes (None: none), which its
-        entry seals. A write for it from now on waits for ``end_put``."""
+        are in, the lowest step of its early writes (None: none; 1 for a
+        checkpoint this saver knows stored already), which its entry seals. A
+        write for it from now on waits for ``end_put``."""
         with self._changed:
             while where in self._putting or self._early.get(where, _Early()).putting:
                 self._changed.wait()
             self._putting.add(where)
+            if where in self._stored:  # put again: its writes may be anywhere above the first
+                return 1
             early = self._early.get(where)
             return min(early.steps) if early is not None and early.steps else None
 

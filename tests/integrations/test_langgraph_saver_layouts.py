@@ -285,3 +285,18 @@ def test_a_thread_written_in_format_1_reads_takes_writes_and_goes_on(pad: Scratc
     assert list(saver.list(config("old"))) == []
     assert pad.list_for_turn(alice, old_turn) == []
     assert pad.list_for_turn(alice, keyed_turn(pad, alice, "thread", "old")) == []
+
+
+def test_a_checkpoint_put_again_keeps_the_writes_put_between(pad: Scratchpad, alice: Principal) -> None:
+    from securepad.integrations.langgraph import SecurepadSaver
+
+    saver = SecurepadSaver(pad, alice)
+    checkpoint = checkpoint_of(0, "once")
+    versions = {"value": checkpoint["channel_versions"]["value"]}
+    stored = saver.put(config("again"), checkpoint, {"step": 0}, versions)
+    saver.put_writes(stored, [("note", "between")], "task")
+    saver.put(config("again"), checkpoint, {"step": 0}, versions)
+    for reader in (saver, SecurepadSaver(pad, alice)):
+        for wanted in (config("again"), stored):
+            found = reader.get_tuple(wanted)
+            assert found is not None and found.pending_writes == [("task", "note", "between")]
