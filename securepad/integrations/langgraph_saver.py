@@ -6,20 +6,29 @@ evidence and expiry are the store's own).
 - a thread is one turn of its owner, named by a keyed digest of the thread id
   (``_saver_records.keyed_turn``: never in clear, not recoverable by hashing
   guesses); each checkpoint (any namespace) is one entry of it, executor
-  ``langgraph.checkpoint``, its sealed metadata carrying the thread,
-  namespace, ids, LangGraph's metadata and the entries of its big values;
+  ``langgraph.checkpoint``, its sealed metadata carrying the format, thread,
+  namespace, ids, ``writes_from``, LangGraph's metadata and the entries of
+  its big values;
+- a task's pending writes for a checkpoint are one entry of the same turn
+  (format 2): those put once the checkpoint is stored take steps above it,
+  those LangGraph's loop puts while it is on its way steps below it, the
+  lowest of which the checkpoint seals as ``writes_from`` (``_saver_order``);
+  a graph step thus puts into turns that exist and makes none. A checkpoint
+  of format 1 (written before) has its writes in the turn of ``(thread,
+  namespace, checkpoint id)``, where a write put for it still goes;
 - a channel value serialized larger than ``inline_max_bytes`` is an entry of
-  the turn of ``(thread, namespace, channel, version)``, stored once per version;
-- a checkpoint's pending writes are entries of the turn of ``(thread,
-  namespace, checkpoint id)``; the owner's threads are listed in the turn
+  the turn of ``(thread, namespace, channel)`` (format 1: of its version),
+  stored once per version; the owner's threads are listed in the turn
   ``securepad.langgraph:threads``.
 
 ``get_tuple`` chooses on the thread's views newest first and opens the views
-up to the checkpoint it returns (the newest: one); ``list`` chooses on the
-whole listing; both open whole only what they return. Each entry takes its
-turn's next step in the write transaction; nothing depends on that order. A
-checkpoint never outlives the values it references. ``_saver_records`` holds
-the sealed records, ``_saver_async`` the async face derived from this one.
+down to the checkpoint it returns and its ``writes_from`` (the newest with no
+write below it: none, it is read whole alone); ``list`` chooses on the whole
+listing, which brings every checkpoint's writes; both open whole only what
+they return. Each entry takes its turn's next step in the write transaction.
+A checkpoint never outlives the values it references. ``_saver_records``
+holds the sealed records, ``_saver_writes`` ``put_writes``, ``_saver_async``
+the async face derived from this one.
 """
 
 from __future__ import annotations
@@ -261,7 +270,9 @@ class SecurepadSaver(ThreadedAsyncSaver):
     ) -> None:
         """Store a task's pending writes for ``config``'s checkpoint. A write that
         is already stored (same task and index) is kept, except the special
-        ones (errors, interrupts, ...), which the newer one replaces."""
+        ones (errors, interrupts, ...), which the newer one replaces. A write
+        put before its checkpoint is read back with it when this saver puts
+        the checkpoint (see the module doc)."""
         principal = self._who(config)
         thread_id, ns = _thread_of(config)
         checkpoint_id = get_checkpoint_id(config)
