@@ -34,13 +34,13 @@ __all__ = [
     "THREAD",
     "THREAD_CHOICE",
     "TURN_PREFIX",
+    "VALUE_CHOICE",
     "WRITE",
     "WRITES_FROM",
     "Loads",
     "SaverRecords",
     "Scope",
     "Stored",
-    "copy_checkpoints",
     "expect",
     "highest",
     "keyed_turn",
@@ -379,40 +379,6 @@ class SaverRecords:
             return writes
         return self.writes(principal, thread_id, checkpoint.meta["ns"], checkpoint.meta["checkpoint_id"])
 
-    def pending_writes(self, principal: Principal, entries: list[Stored], loads: Loads) -> list[tuple[str, str, Any]]:
-        """A checkpoint's pending write ``entries`` (in step order) as LangGraph wants
-        them: (task id, channel, value), in the order it applies them; ``loads`` is
-        the saver's ``serde.loads_typed``."""
-        found: dict[tuple[str, int], tuple[tuple[str, str, int], tuple[str, str, Any]]] = {}
-        for stored in entries:
-            meta = stored.meta
-            for idx, channel, value in self.write_items(principal, stored, loads):
-                # A write stored twice (by two writers) counts as put_writes keeps it: the
-                # first, except a special write (negative index), which the newer replaces.
-                task_id = meta["task_id"]
-                if idx >= 0 and (task_id, idx) in found:
-                    continue
-                found[task_id, idx] = ((meta["task_path"], task_id, idx), (task_id, channel, value))
-        # LangGraph applies a step's writes in this order (see langgraph's writes_sort_key).
-        return [write for _, write in sorted(found.values(), key=lambda pair: pair[0])]
-
-    def write_items(self, principal: Principal, stored: Stored, loads: Loads) -> list[tuple[int, str, Any]]:
-        """The (idx, channel, value) writes of one put_writes entry."""
-        meta, data = self.opened(principal, stored, "a pending write")
-        found = [(int(idx), str(channel), value) for idx, channel, value in loads((meta["type"], data))]
-        if [idx for idx, _, _ in found] != meta["idxs"]:
-            raise IntegrityError("a pending write entry does not hold the writes its metadata names")
-        return found
-
-    def value_content(
-        self, principal: Principal, thread_id: str, ns: str, channel: str, version: Any, value_id: str
-    ) -> tuple[dict[str, Any], bytes]:
-        """A big channel value's sealed metadata and serialized form, checked to be
-        the value of ``(thread_id, ns, channel, version)``."""
-        meta, data = self.content(principal, value_id, f"the value of channel {channel!r}")
-        expect(meta, thread_id=thread_id, ns=ns, channel=channel, version=version)
-        return meta, data
-
     # -- writing -------------------------------------------------------------------
 
     def put(
@@ -444,72 +410,6 @@ class SaverRecords:
         if not self.memory.keyed(principal, thread_id) and turn != turn_id("thread", thread_id):
             self.memory.found_keyed(principal, thread_id)
             self.memory.named(principal, "thread", thread_id, (), turn)
-
-    def value_turn(
-        self, principal: Principal, thread_id: str, ns: str, channel: str, version: Any, format_: int
-    ) -> str:
-        """The turn of a big channel value's entry: of format 2, the turn of the
-        channel's values (``thread_id``, ``ns``, ``channel``), which a thread's first
-        big value of the channel makes; of format 1, the turn of its version alone."""
-        if format_ == 1:
-            return self.turn(principal, "value", thread_id, ns, channel, version)
-        return self.turn(principal, "values", thread_id, ns, channel)
-
-    def put_value(
-        self,
-        principal: Principal,
-        thread_id: str,
-        ns: str,
-        channel: str,
-        version: Any,
-        kind: str,
-        data: bytes,
-        now: float,
-    ) -> Stored:
-        """Store a big channel value as an entry of its own in its channel's turn, and remember it."""
-        meta = {
-            "format": FORMAT,
-            "thread_id": thread_id,
-            "ns": ns,
-            "channel": channel,
-            "version": version,
-            "type": kind,
-        }
-        turn = self.value_turn(principal, thread_id, ns, channel, version, FORMAT)
-        view = self.put(principal, turn, BLOB, {"content": data, "metadata": meta}, self.ttl_seconds, now)
-        stored = Stored(view["scratchpad_id"], now + self.ttl_seconds, meta)
-        self.memory.keep_channel_values(principal, thread_id, ns, {(channel, str(version)): stored})
-        return stored
-
-    def value(
-        self, principal: Principal, thread_id: str, ns: str, channel: str, version: Any, now: float
-    ) -> Stored | None:
-        """The entry of an unchanged channel's value that ``channel_values`` does
-        not know (None: the value was inline, or its entry is gone), from its
-        channel's turn or (format 1) its version's, kept alive (``kept_alive``)."""
-        where = {"thread_id": thread_id, "ns": ns, "channel": channel}
-        for format_ in FORMATS[::-1]:
-            turn = self.value_turn(principal, thread_id, ns, channel, version, format_)
-            listed = [
-                s for s in self.listed(principal, turn, BLOB, VALUE_CHOICE, **where) if s.meta["version"] == version
-            ]
-            if listed:
-                found = max(listed, key=lambda s: s.expires_at)
-                return self.kept_alive(principal, thread_id, ns, channel, version, found, now)
-        return None
-
-    def kept_alive(
-        self, principal: Principal, thread_id: str, ns: str, channel: str, version: Any, stored: Stored, now: float
-    ) -> Stored:
-        """A value's entry that a new checkpoint refers to again: one with less than
-        half the TTL left gets the whole TTL again (with its turn: the channel's other
-        values live as long, until a drop deletes those no checkpoint refers to)."""
-        if stored.expires_at - now >= self.ttl_seconds / 2:
-            return stored
-        turn = self.value_turn(principal, thread_id, ns, channel, version, stored.meta.get("format", FORMAT))
-        with self.writing:
-            self.pad.extend_turn(principal, turn, self.ttl_seconds, now=now)
-        return Stored(stored.scratchpad_id, now + self.ttl_seconds, stored.meta)
 
     # -- deleting ------------------------------------------------------------------
 
@@ -548,40 +448,3 @@ class SaverRecords:
         gone = {value_id for stored in doomed for _, value_id in stored.meta["values"].values()} - in_use
         self.memory.forget(gone)
         self.arrivals.forget()
-
-
-def copy_checkpoints(
-    records: SaverRecords,
-    principal: Principal,
-    source: tuple[str, list[Stored], list[Stored]],
-    target_principal: Principal,
-    target: str,
-    now: float,
-) -> None:
-    """Copy the checkpoints of thread ``source`` (its id, checkpoints and writes as
-    ``SaverRecords.thread`` lists them), with their writes and values, to thread
-    ``target`` of the same owner (sealed again under its turns, in format 2: each
-    checkpoint, then its writes above it), through ``records``."""
-    source_id, listed, writes = source
-    copied_values: dict[str, Stored] = {}
-    turn = records.turn(target_principal, "thread", target)
-    for stored in sorted(listed, key=lambda s: s.meta["checkpoint_id"]):
-        meta, content = records.content(principal, stored.scratchpad_id, "a checkpoint")
-        ns, checkpoint_id = meta["ns"], meta["checkpoint_id"]
-        values = {}
-        for channel, (version, value_id) in meta["values"].items():
-            if value_id not in copied_values:
-                value_meta, data = records.content(principal, value_id, f"the value of channel {channel!r}")
-                copied_values[value_id] = records.put_value(
-                    target_principal, target, ns, channel, version, value_meta["type"], data, now
-                )
-            values[channel] = [version, copied_values[value_id].scratchpad_id]
-        head = {"format": FORMAT, "thread_id": target, "ns": ns, "checkpoint_id": checkpoint_id, WRITES_FROM: None}
-        sealed_meta: dict[str, Any] = {**head, **{k: v for k, v in meta.items() if k not in head}}
-        sealed_meta["values"] = values
-        observation = {"content": content, "metadata": sealed_meta}
-        records.put(target_principal, turn, CHECKPOINT, observation, records.ttl_seconds, now)
-        for write in records.writes_for(principal, source_id, stored, writes_of(stored, writes)):
-            write_meta, data = records.content(principal, write.scratchpad_id, "a pending write")
-            copied = {"content": data, "metadata": {**write_meta, "format": FORMAT, "thread_id": target}}
-            records.put(target_principal, turn, WRITE, copied, records.ttl_seconds, now)

@@ -12,12 +12,13 @@ from typing import Any
 from langgraph.checkpoint.base import WRITES_IDX_MAP
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from ..errors import IntegrityError
 from ..principal import Principal
 from ._saver_memory import KnownWrites
 from ._saver_order import EARLY
-from ._saver_records import FORMAT, WRITE, SaverRecords, Stored, sealed
+from ._saver_records import FORMAT, WRITE, Loads, SaverRecords, Stored, sealed
 
-__all__ = ["put_writes"]
+__all__ = ["pending_writes", "put_writes", "write_items"]
 
 
 def put_writes(
@@ -164,3 +165,34 @@ def _fresh_writes(writes: Sequence[tuple[str, Any]], stored: frozenset[int]) -> 
         if idx < 0 or idx not in stored:
             fresh[idx] = (channel, value)
     return fresh
+
+
+def pending_writes(
+    records: SaverRecords, principal: Principal, entries: list[Stored], loads: Loads
+) -> list[tuple[str, str, Any]]:
+    """A checkpoint's pending write ``entries`` (in step order) as LangGraph wants
+    them: (task id, channel, value), in the order it applies them; ``loads`` is
+    the saver's ``serde.loads_typed``."""
+    found: dict[tuple[str, int], tuple[tuple[str, str, int], tuple[str, str, Any]]] = {}
+    for stored in entries:
+        meta = stored.meta
+        for idx, channel, value in write_items(records, principal, stored, loads):
+            # A write stored twice (by two writers) counts as put_writes keeps it: the
+            # first, except a special write (negative index), which the newer replaces.
+            task_id = meta["task_id"]
+            if idx >= 0 and (task_id, idx) in found:
+                continue
+            found[task_id, idx] = ((meta["task_path"], task_id, idx), (task_id, channel, value))
+    # LangGraph applies a step's writes in this order (see langgraph's writes_sort_key).
+    return [write for _, write in sorted(found.values(), key=lambda pair: pair[0])]
+
+
+def write_items(
+    records: SaverRecords, principal: Principal, stored: Stored, loads: Loads
+) -> list[tuple[int, str, Any]]:
+    """The (idx, channel, value) writes of one put_writes entry."""
+    meta, data = records.opened(principal, stored, "a pending write")
+    found = [(int(idx), str(channel), value) for idx, channel, value in loads((meta["type"], data))]
+    if [idx for idx, _, _ in found] != meta["idxs"]:
+        raise IntegrityError("a pending write entry does not hold the writes its metadata names")
+    return found

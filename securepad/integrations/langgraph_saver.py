@@ -28,7 +28,7 @@ listing, which brings every checkpoint's writes; both open whole only what
 they return. Each entry takes its turn's next step in the write transaction.
 A checkpoint never outlives the values it references. ``_saver_records``
 holds the sealed records, ``_saver_writes`` ``put_writes``, ``_saver_async``
-the async face derived from this one.
+the async face derived from this one; ``_saver_values`` the big values and ``copy_thread``.
 """
 
 from __future__ import annotations
@@ -63,7 +63,6 @@ from ._saver_records import (
     WRITES_FROM,
     SaverRecords,
     Stored,
-    copy_checkpoints,
     highest,
     keyed_turn,
     sealed,
@@ -71,7 +70,8 @@ from ._saver_records import (
     writes_of,
 )
 from ._saver_threads import ThreadList
-from ._saver_writes import put_writes
+from ._saver_values import ValueRecords, copy_checkpoints
+from ._saver_writes import pending_writes, put_writes
 
 __all__ = ["INLINE_MAX_BYTES", "TURN_PREFIX", "SecurepadSaver", "keyed_turn", "turn_id"]
 
@@ -131,6 +131,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
         self.inline_max_bytes = inline_max_bytes
         self._clock = clock
         self.records = SaverRecords(pad, self.ttl_seconds, clock)
+        self.values = ValueRecords(self.records)
         self.threads = ThreadList(self.records)
 
     def _who(self, config: RunnableConfig) -> Principal:
@@ -333,7 +334,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
         now = self._clock()
         self.threads.register(target_principal, target_thread_id, now)
         source = (source_thread_id, listed, writes)
-        copy_checkpoints(self.records, principal, source, target_principal, target_thread_id, now)
+        copy_checkpoints(self.values, principal, source, target_principal, target_thread_id, now)
 
     def import_thread(self, source: BaseCheckpointSaver[Any], thread_id: str) -> int:
         """Copy a thread out of another checkpointer (``SqliteSaver``, ``PostgresSaver``, ...):
@@ -397,9 +398,9 @@ def _channel_values(
                 kept[key] = None
                 continue
             if isinstance(found, Stored):
-                entry = saver.records.kept_alive(principal, thread_id, ns, channel, version, found, now)
+                entry = saver.values.kept_alive(principal, thread_id, ns, channel, version, found, now)
             else:
-                entry = saver.records.value(principal, thread_id, ns, channel, version, now)
+                entry = saver.values.find(principal, thread_id, ns, channel, version, now)
         if entry is None:
             if channel not in values:
                 kept[key] = None
@@ -409,7 +410,7 @@ def _channel_values(
                 inline[channel] = values[channel]
                 kept[key] = None
                 continue
-            entry = saver.records.put_value(principal, thread_id, ns, channel, version, kind, data, now)
+            entry = saver.values.put(principal, thread_id, ns, channel, version, kind, data, now)
         kept[key] = entry
         referenced[channel] = [version, entry.scratchpad_id]
         expiry = min(expiry, entry.expires_at)
@@ -439,7 +440,7 @@ def _checkpoint_tuple(
     checkpoint: Checkpoint = saver.serde.loads_typed((meta["type"], content))
     values = dict(checkpoint.get("channel_values") or {})
     for channel, (version, value_id) in meta["values"].items():
-        value_meta, data = saver.records.value_content(principal, thread_id, ns, channel, version, value_id)
+        value_meta, data = saver.values.content(principal, thread_id, ns, channel, version, value_id)
         values[channel] = saver.serde.loads_typed((value_meta["type"], data))
     checkpoint["channel_values"] = values
     # Its other channels were inline at their versions: the next put where they are unchanged knows so.
@@ -454,7 +455,7 @@ def _checkpoint_tuple(
         checkpoint=checkpoint,
         metadata=meta["metadata"],
         parent_config=None if parent is None else _config(thread_id, ns, parent),
-        pending_writes=saver.records.pending_writes(principal, entries, saver.serde.loads_typed),
+        pending_writes=pending_writes(saver.records, principal, entries, saver.serde.loads_typed),
     )
 
 
