@@ -1,9 +1,11 @@
 """The sealed records under ``SecurepadSaver``: checkpoints, pending writes,
 channel values (blobs) and the owner's thread list as securepad entries.
 
-This layer knows where each record lives (its turn, its executor), checks
-that what it lists or opens is the saver's own record for the place it was
-found, keeps big values and the thread list alive, and deletes. It handles
+This layer knows where each record lives (its turn, its executor, the
+format that decides where a checkpoint's writes are), checks that what it
+lists or opens is the saver's own record for the place it was found, and
+deletes (``_saver_values`` keeps big values alive, ``_saver_threads`` the
+thread list). It handles
 bytes and sealed metadata only: the serializer (``serde``) belongs to the
 saver's face, which LangGraph may clone with another one
 (``BaseCheckpointSaver.with_allowlist``). See ``langgraph_saver`` for the
