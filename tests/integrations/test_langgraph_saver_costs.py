@@ -254,3 +254,27 @@ def test_a_graph_step_costs_a_put_per_checkpoint_and_per_task_and_lists_nothing(
     # trace does not see.)
     assert long[1] - short[1] == 0
     assert {name: long[2][name] - short[2].get(name, 0) for name in long[2]} == {"put": 20}
+
+
+def test_list_finds_every_checkpoints_writes_in_the_threads_listing(
+    sqlite_pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writes of the checkpoints ``list`` yields come with the thread's listing:
+    ``list(limit=3)`` costs the same at 5 and at 15 checkpoints, each with writes."""
+    from securepad.integrations.langgraph import SecurepadSaver
+
+    saver = SecurepadSaver(sqlite_pad, alice)
+    meter = Meter(saver, monkeypatch)
+    counts = []
+    for thread_id, length in (("short", 5), ("long", 15)):
+        for each in fill(saver, thread_id, length):
+            saver.put_writes(each, [("note", each["configurable"]["checkpoint_id"][-2:])], "task-1")
+        with meter:
+            found = list(saver.list(config(thread_id), limit=3))
+        assert [t.pending_writes for t in found] == [
+            [("task-1", "note", f"{n:02d}")] for n in (length - 1, length - 2, length - 3)
+        ]
+        counts.append((meter.statements, dict(meter.calls)))
+    # The thread's rows beside its head, and the three checkpoints read whole (their
+    # views are cut), each beside its head's token: no turn listed for their writes.
+    assert counts[0] == counts[1] == (2 + 3 * 2, {"list_for_turn": 1, "get": 3})
