@@ -1,7 +1,7 @@
 """Sealed turn heads: what each turn holds, so that a row cannot vanish unseen.
 
 A head per (owner, turn) seals a constant-size tally of the turn's rows
-(``tally``); an owner head lists the owner's turns, a usage head its quota
+(``tally``); an owner head counts the owner's turns, a usage head its quota
 reservations (``owner``). Every write that changes a turn calls
 ``Heads.change`` in its transaction; every read is checked against the turn's
 inventory, authenticated by its head (``Inventories``: a read checked against it, the

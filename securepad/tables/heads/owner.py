@@ -1,4 +1,4 @@
-"""Sealing heads; the owner heads (each owner's turns) and usage heads (its quota reservations).
+"""Sealing heads; the owner heads (each owner's turns, ``members``) and usage heads (its quota reservations).
 
 A usage head holds the owner's total reservation R, the sum of its turns'
 ``r`` (each turn's share of the quota, at least its entries' bytes ``b``),
