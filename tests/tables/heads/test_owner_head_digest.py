@@ -7,11 +7,13 @@ sealed list of format 1, which stores written before keep opening with."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from securepad import IntegrityError, Scratchpad
+from securepad import IntegrityError, Keyring, Scratchpad
+from securepad.bench.costs import measure
 from securepad.crypto.primitives import Wrapper
 from securepad.store import parts
 from securepad.tables.heads.heads import OWNER_HEAD, USAGE_HEAD
@@ -66,6 +68,18 @@ def test_a_new_turn_seals_as_much_at_500_turns_as_at_100(pad: Scratchpad, monkey
     body = _owner_body(pad)
     assert (body["f"], body["n"], body["c"]) == (2, 502, 502)
     assert pad.verify(now=NOW)["ok"]
+
+
+@pytest.mark.sqlite_only
+def test_a_new_turn_put_runs_as_many_statements_at_500_turns_as_at_10(db_path: Path, keyring: Keyring) -> None:
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        found = []
+        for start, end in ((0, 10), (10, 500)):
+            for i in range(start, end):
+                pad.put(ALICE, f"t{i:04d}", 1, "tool", "x", now=NOW)
+            turn = f"new-{end}"
+            found.append(measure(pad, lambda turn=turn: pad.put(ALICE, turn, 1, "tool", "a new turn", now=NOW)))
+        assert found[0]["statements"] == found[1]["statements"], found
 
 
 def test_a_process_writing_new_turns_reads_no_head_ids(pad: Scratchpad, monkeypatch: pytest.MonkeyPatch) -> None:
