@@ -128,6 +128,11 @@ class Known:
             self.pending = None
         return self
 
+    def base(self) -> tuple[frozenset[str], int] | None:
+        """Its turns (a copy) and the sum of their terms, when summed: ``resolve``'s ``base``."""
+        digest = self.digest
+        return None if digest is None else (frozenset(self.settled().turns), digest)
+
     def summed(self, term: Term, owner: str) -> int:
         """The digest of the turns counted (summed once for an owner head of format 1)."""
         if self.digest is None:
@@ -135,13 +140,23 @@ class Known:
         return self.digest
 
 
-def resolve(body: OwnerBody, present: set[str], asked: Collection[str], term: Term, owner: str) -> set[str]:
+def resolve(
+    body: OwnerBody,
+    present: set[str],
+    asked: Collection[str],
+    term: Term,
+    owner: str,
+    base: tuple[frozenset[str], int] | None = None,
+) -> set[str]:
     """The turns an owner head counts, given the owner's head rows' turn ids ``present``.
 
     Format 1: its list. Format 2: ``present`` when their terms add up to its digest;
     with the ``asked`` turns absent from ``present`` when they make it add up (each
     one's head and rows were removed: its reads and writes say so); without the one
     present head that makes it add up (a head it does not count: ``verify`` names it).
+    ``base``: turns and the sum of their terms known here (an owner head verified
+    before): the sum of ``present`` from the turns that differ, and from every turn
+    when that one does not add up.
 
     Raises:
         IntegrityError: the heads present do not add up to the digest, so a turn head
@@ -149,6 +164,13 @@ def resolve(body: OwnerBody, present: set[str], asked: Collection[str], term: Te
     """
     if body.listed is not None:
         return set(body.listed)
+    if base is not None and len(present) == body.count:
+        turns, digest = base
+        digest += sum(term(owner, turn) for turn in present - turns) - sum(
+            term(owner, turn) for turn in turns - present
+        )
+        if digest % MOD == body.digest:
+            return present
     terms = {turn: term(owner, turn) for turn in present}
     total = sum(terms.values()) % MOD
     if (len(present), total) == (body.count, body.digest):

@@ -312,7 +312,9 @@ class OwnerHeads:
         version, wrapper = self._sealed_under(head, owner, OWNER_HEAD)
         sealed = bytes(head["sealed"])
         body = parse_owner(wrapper.open(sealed, head_aad(owner, OWNER_HEAD, version)))
-        turns = resolve(body, present, asked, self._term, owner)
+        before = self._owner_heads.get(owner)  # the owner head verified here before, if any: what differs is summed
+        base = None if before is None or before.wrapper is not wrapper else before.base()
+        turns = resolve(body, present, asked, self._term, owner, base)
         known = Known(version, sealed, wrapper, body, turns, None if body.listed is not None else body.digest)
         self._owner_heads[owner] = known
         return known, present

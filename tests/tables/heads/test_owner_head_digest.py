@@ -14,7 +14,7 @@ import pytest
 
 from securepad import IntegrityError, Keyring, Scratchpad
 from securepad.bench.costs import measure
-from securepad.crypto.primitives import Wrapper
+from securepad.crypto.primitives import CounterSeal, Wrapper
 from securepad.store import parts
 from securepad.tables.heads.heads import OWNER_HEAD, USAGE_HEAD
 from securepad.tables.heads.members import owner_body
@@ -275,3 +275,32 @@ def heads_usage(pad: Scratchpad) -> bytes:
         admin=True,
     )[0]
     return parts(pad).heads.open_body(row, "alice", USAGE_HEAD)
+
+
+def test_a_process_after_another_ones_new_turn_sums_only_the_turns_that_differ(
+    store_location: Any, keyring: Keyring, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its owner head is stale: it reads the owner's head ids again (one statement), and sums
+    the terms of the turns it did not know, not the owner's every turn."""
+    terms: list[str] = []
+    real = CounterSeal.owner_term
+
+    def counted(seal: CounterSeal, owner: str, turn: str) -> int:
+        terms.append(turn)
+        return real(seal, owner, turn)
+
+    monkeypatch.setattr(CounterSeal, "owner_term", counted)
+    with (
+        Scratchpad.open(store_location, keyring=keyring) as one,
+        Scratchpad.open(store_location, keyring=keyring) as two,
+    ):
+        for i in range(50):
+            one.put(ALICE, f"t{i:02d}", 1, "tool", "x", now=NOW)
+        two.put(ALICE, "from-two", 1, "tool", "a new turn", now=NOW)  # its first scan sums every turn
+        terms.clear()
+        one.put(ALICE, "from-one", 1, "tool", "a new turn", now=NOW)
+        assert sorted(terms) == ["from-one", "from-two"]
+        terms.clear()
+        two.put(ALICE, "again", 1, "tool", "a new turn", now=NOW)
+        assert sorted(terms) == ["again", "from-one"]
+        assert one.verify(now=NOW)["ok"]
