@@ -26,16 +26,47 @@ from ...crypto.primitives import Wrapper
 from ...errors import IntegrityError
 from .tally import MOD
 
-__all__ = ["NO_TURNS", "PRESENT_SQL", "Known", "OwnerBody", "digest_body", "owner_body", "parse_owner", "resolve"]
+__all__ = [
+    "NO_TURNS",
+    "PRESENT_SQL",
+    "Known",
+    "OwnerBody",
+    "digest_body",
+    "owner_body",
+    "parse_owner",
+    "present_ids",
+    "resolve",
+]
 
 OWNER_FORMAT = 2
 
-# The owner's head rows by clear turn id, the owner head's sealed fields beside its own id
-# (one statement: the ids and the owner head they are checked against are of one snapshot).
-PRESENT_SQL = (
-    "SELECT turn_id, CASE WHEN turn_id = ? THEN key_version END AS key_version,"
-    " CASE WHEN turn_id = ? THEN sealed END AS sealed FROM turn_heads WHERE owner_user_id = ?"
+# The owner head's sealed fields and, beside them, the clear turn ids of the owner's other
+# head rows as one JSON array (one statement: the ids and the owner head they are checked
+# against are of one snapshot; one row, whatever the owner's turns). On SQLite an id that is
+# not text (a blob put in the file) is a null in the array, never its text.
+_PRESENT_SQL = (
+    "SELECT key_version, sealed, (SELECT {aggregate} FROM turn_heads WHERE owner_user_id = ?"
+    " AND turn_id NOT IN (?, ?)) AS ids FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?"
 )
+PRESENT_SQL = {
+    "sqlite": _PRESENT_SQL.format(aggregate="json_group_array(CASE WHEN typeof(turn_id) = 'text' THEN turn_id END)"),
+    "postgresql": _PRESENT_SQL.format(aggregate="json_agg(turn_id)"),
+}
+
+
+def present_ids(found: object) -> set[str]:
+    """The turn ids of ``PRESENT_SQL``'s ``ids`` (JSON text, or decoded; None: no row); raises IntegrityError."""
+    ids: Any = json.loads(found) if isinstance(found, (str, bytes)) else found
+    if ids is None:
+        return set()
+    try:
+        "".join(ids)  # every id is text (in C: a TypeError at the first that is not)
+    except TypeError:
+        ids = None
+    if not isinstance(ids, list):
+        raise IntegrityError("a turn head's clear turn id is malformed (tampering)")
+    return set(ids)
+
 
 Term = Callable[[str, str], int]
 

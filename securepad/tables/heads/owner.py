@@ -34,7 +34,7 @@ from ...errors import IntegrityError
 from ...keys.keystore import Keystore, LRUCache
 from ...storage.base import Backend, Conn, Params, Rows
 from . import reading
-from .members import NO_TURNS, PRESENT_SQL, Known, OwnerBody, digest_body, parse_owner, resolve
+from .members import NO_TURNS, PRESENT_SQL, Known, OwnerBody, digest_body, parse_owner, present_ids, resolve
 from .reading import ONCE_SQL, ONCE_SQLITE_SQL, OWNER_HEAD, USAGE_HEAD
 from .tally import MOD, Head, HeadEdit, Tally
 
@@ -297,18 +297,12 @@ class OwnerHeads:
             IntegrityError: the owner head is missing or fails authentication, or the owner's
                 heads are not the ones it counts (``resolve``).
         """
-        params = (OWNER_HEAD, OWNER_HEAD, owner)
-        rows = conn.query(PRESENT_SQL, params) if conn is not None else self._db.query(PRESENT_SQL, params, owner=owner)
-        present: set[str] = set()
-        head: dict[str, Any] | None = None
-        for row in rows:
-            turn_id = row["turn_id"]
-            if turn_id == OWNER_HEAD:
-                head = {"owner_user_id": owner, "turn_id": OWNER_HEAD, **row}
-            elif turn_id != USAGE_HEAD:
-                present.add(turn_id)
-        if head is None:
+        sql, params = PRESENT_SQL[self._db.dialect], (owner, OWNER_HEAD, USAGE_HEAD, owner, OWNER_HEAD)
+        rows = conn.query(sql, params) if conn is not None else self._db.query(sql, params, owner=owner)
+        if not rows:
             raise owner_removed(owner)
+        head = {"owner_user_id": owner, "turn_id": OWNER_HEAD, **rows[0]}
+        present = present_ids(head.pop("ids"))
         version, wrapper = self._sealed_under(head, owner, OWNER_HEAD)
         sealed = bytes(head["sealed"])
         body = parse_owner(wrapper.open(sealed, head_aad(owner, OWNER_HEAD, version)))
@@ -467,9 +461,15 @@ class OwnerHeads:
         head that fails to open (or an owner head its heads do not add up to) as its error."""
         found: dict[str, dict[str, Tally | set[str] | int | IntegrityError]] = {}
         owner_rows: dict[str, dict[str, Any]] = {}
+        malformed: set[str] = set()
         for row in self._db.query(reading.ALL_HEADS_SQL, admin=True):
             owner, turn_id = row["owner_user_id"], row["turn_id"]
             opened: Tally | set[str] | int | IntegrityError
+            if not isinstance(turn_id, str):  # SQLite keeps a blob in a text column: named, never a turn's id
+                turn_id = repr(turn_id)
+                malformed.add(turn_id)
+                found.setdefault(owner, {})[turn_id] = IntegrityError("a turn head's clear turn id is not text")
+                continue
             try:
                 if turn_id == OWNER_HEAD:
                     owner_rows[owner] = row
@@ -483,7 +483,7 @@ class OwnerHeads:
             found.setdefault(owner, {})[turn_id] = opened
         for owner, row in owner_rows.items():
             by_turn = found.setdefault(owner, {})
-            present = set(by_turn) - {USAGE_HEAD}
+            present = set(by_turn) - {USAGE_HEAD} - malformed
             asked = self._lost.get(owner) or frozenset()
             try:
                 by_turn[OWNER_HEAD] = resolve(self.owner_said(row, owner), present, asked, self._term, owner)
@@ -506,6 +506,8 @@ def counter_problems(owners: OwnerHeads, db: Backend) -> list[tuple[str, str | N
     seen: dict[str, tuple[int, str]] = {}
     for row in db.query(reading.ALL_HEADS_SQL, admin=True):
         owner, turn_id = row["owner_user_id"], row["turn_id"]
+        if not isinstance(turn_id, str):  # named by ``all_heads``
+            continue
         with contextlib.suppress(IntegrityError):
             if turn_id == OWNER_HEAD:
                 created[owner] = owners.owner_said(row, owner).created

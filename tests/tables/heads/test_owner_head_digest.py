@@ -19,6 +19,7 @@ from securepad.store import parts
 from securepad.tables.heads.heads import OWNER_HEAD, USAGE_HEAD
 from securepad.tables.heads.members import owner_body
 from tests.support.principals import ALICE, BOB, NOW
+from tests.support.tamper_edits import on_sqlite as raw_edit_sqlite
 from tests.support.tamper_edits import owner_heads, put_back, raw_edit, remove_turn
 
 
@@ -304,3 +305,24 @@ def test_a_process_after_another_ones_new_turn_sums_only_the_turns_that_differ(
         two.put(ALICE, "again", 1, "tool", "a new turn", now=NOW)
         assert sorted(terms) == ["again", "from-one"]
         assert one.verify(now=NOW)["ok"]
+
+
+@pytest.mark.sqlite_only
+def test_a_head_row_whose_id_is_a_blob_does_not_stand_for_the_turn(db_path: Path, keyring: Keyring) -> None:
+    """SQLite keeps a blob in a text column: its bytes are not the turn's id."""
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        pad.put(ALICE, "a", 1, "tool", "x", now=NOW)
+        pad.put(ALICE, "gone", 1, "tool", "x", now=NOW)
+    with raw_edit_sqlite(db_path) as raw:
+        remove_turn(raw, "gone")
+        raw.execute(
+            "INSERT INTO turn_heads(owner_user_id, turn_id, key_version, sealed) SELECT owner_user_id,"
+            " CAST('gone' AS BLOB), key_version, sealed FROM turn_heads WHERE owner_user_id = 'alice' AND turn_id = 'a'"
+        )
+    with Scratchpad.open(db_path, keyring=keyring) as fresh:
+        with pytest.raises(IntegrityError):
+            fresh.turn(ALICE, "gone", now=NOW).history(now=NOW)
+        with pytest.raises(IntegrityError):
+            fresh.put(ALICE, "new", 1, "tool", "a new turn", now=NOW)
+        problems = {(p["turn_id"], p["what"]) for p in fresh.verify(now=NOW)["problems"]}
+        assert (None, "owner head") in problems and ("b'gone'", "turn head") in problems
