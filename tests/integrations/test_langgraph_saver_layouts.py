@@ -75,11 +75,13 @@ def answers(saver: BaseCheckpointSaver[Any], thread_id: str, ids: list[tuple[str
 WRITES = st.lists(
     st.tuples(st.sampled_from(["a", "b", "__error__", "__interrupt__"]), st.integers(0, 9)), min_size=1, max_size=3
 )
-# ("put", namespace index) or ("writes", namespace index, how far ahead of the namespace's
-# next checkpoint (0: the newest put; 1: the next, not put yet), task, writes).
+# ("put", namespace index), ("writes", namespace index, how far ahead of the namespace's
+# next checkpoint (0: the newest put; 1: the next, not put yet), task, writes), or
+# ("restart",): a new process's saver, the checkpoints the old one had on their way never put.
 OPS = st.lists(
     st.one_of(
         st.tuples(st.just("put"), st.integers(0, 1)),
+        st.tuples(st.just("restart")),
         st.tuples(st.just("writes"), st.integers(0, 1), st.integers(-2, 1), st.sampled_from(["t1", "t2"]), WRITES),
     ),
     min_size=1,
@@ -87,14 +89,15 @@ OPS = st.lists(
 )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS)
 def test_any_interleaving_of_puts_and_writes_reads_back_as_in_memory(
     pad: Scratchpad, alice: Principal, ops: list[Any]
 ) -> None:
     """Checkpoints put in id order per namespace, each task's writes put for an earlier
-    checkpoint, the newest or the next one before it is put (as LangGraph's loop does);
-    the saver that wrote and a fresh one (nothing remembered) answer as ``InMemorySaver``."""
+    checkpoint, the newest or the next one before it is put (as LangGraph's loop does),
+    savers of new processes taking over; the last saver and a fresh one (nothing
+    remembered) answer as ``InMemorySaver``."""
     from langgraph.checkpoint.memory import InMemorySaver
 
     from securepad.integrations.langgraph import SecurepadSaver
@@ -105,6 +108,10 @@ def test_any_interleaving_of_puts_and_writes_reads_back_as_in_memory(
     numbers = itertools.count()
     upcoming = {ns: next(numbers) for ns in NAMESPACES}
     for op in ops:
+        if op[0] == "restart":
+            ours = SecurepadSaver(pad, alice)
+            upcoming = {ns: next(numbers) for ns in NAMESPACES}
+            continue
         ns = NAMESPACES[op[1]]
         if op[0] == "put":
             number, upcoming[ns] = upcoming[ns], next(numbers)
