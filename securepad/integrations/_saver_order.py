@@ -57,6 +57,8 @@ class Arrivals:
     def stored(self, where: Where, format_: int, *, newest: bool = False) -> None:
         """Note a checkpoint found stored, with its format; ``newest``: it was read
         as its thread's latest in its namespace."""
+        if self._stored.get(where) == format_ and (not newest or self._newest.get(where[:3]) == where[3]):
+            return  # known so already
         with self._changed:
             self._note(where, format_, newest)
 

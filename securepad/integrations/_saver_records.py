@@ -159,6 +159,8 @@ def writes_of(checkpoint: Stored, writes: list[Stored]) -> list[Stored] | None:
     meta = checkpoint.meta
     if meta["format"] == 1:
         return None
+    if not writes:
+        return []
     floor, ns, checkpoint_id = writes_floor(checkpoint), meta["ns"], meta["checkpoint_id"]
     mine = [w for w in writes if w.meta["ns"] == ns and w.meta["checkpoint_id"] == checkpoint_id]
     return sorted((w for w in mine if w.step_num >= floor), key=lambda w: w.step_num)
