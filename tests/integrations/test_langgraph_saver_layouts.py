@@ -307,3 +307,34 @@ def test_a_checkpoint_put_again_keeps_the_writes_put_between(pad: Scratchpad, al
         for wanted in (config("again"), stored):
             found = reader.get_tuple(wanted)
             assert found is not None and found.pending_writes == [("task", "note", "between")]
+
+
+def fan_out(saver: BaseCheckpointSaver[Any], width: int) -> Any:
+    """``width`` tasks in parallel at each of three steps, each writing the list channel."""
+    from langgraph.graph import END, START, StateGraph
+
+    builder = StateGraph(Chat)
+    for level in range(3):
+        for i in range(width):
+            builder.add_node(f"l{level}n{i}", lambda state, name=f"l{level}n{i}": {"notes": [name]})
+            builder.add_edge(START if level == 0 else f"join{level - 1}", f"l{level}n{i}")
+        builder.add_node(f"join{level}", lambda state: {})
+        builder.add_edge([f"l{level}n{i}" for i in range(width)], f"join{level}")
+    builder.add_edge("join2", END)
+    return builder.compile(checkpointer=saver)
+
+
+def test_parallel_tasks_writes_read_back_as_in_memory(pad: Scratchpad, alice: Principal) -> None:
+    """Several tasks of a step put their writes from LangGraph's worker threads, while
+    the step's checkpoint is on its way: each checkpoint reads back with all of them."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from securepad.integrations.langgraph import SecurepadSaver
+
+    saver, oracle = SecurepadSaver(pad, alice), InMemorySaver()
+    for each in (saver, oracle):
+        fan_out(each, 4).invoke({"count": 0}, {"configurable": {"thread_id": "fan"}})
+    expected = run_shape(oracle, "fan")
+    assert sum(len(writes) for _, writes in expected) >= 3 * 4
+    assert run_shape(saver, "fan") == expected
+    assert run_shape(SecurepadSaver(pad, alice), "fan") == expected
