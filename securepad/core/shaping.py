@@ -23,10 +23,13 @@ from .grep import BREAK_CHARS
 
 __all__ = [
     "SEGMENT_BYTES",
+    "SEGMENT_SLACK",
     "SUMMARY_EDGE_CHARS",
     "binary_counts",
     "binary_summary",
     "classify",
+    "cut_bytes",
+    "cut_text",
     "dumps",
     "fit_view",
     "line_index",
@@ -81,6 +84,79 @@ def split_bytes(data: bytes) -> list[bytes]:
     if not data:
         return [b""]
     return [data[i : i + SEGMENT_BYTES] for i in range(0, len(data), SEGMENT_BYTES)]
+
+
+# A tail of at most this many bytes joins the segment before it: content a little over
+# a segment (a 64 KiB value with its encoding's header) is one segment, kept in its row.
+# Entries of any cut read back: a text entry's sealed counts give each segment's
+# characters, and a binary entry's segments are full but its last, whatever its size.
+SEGMENT_SLACK = SEGMENT_BYTES // 16
+
+# A segment as it is sealed: the content's bytes, or a view of them (no copy).
+Piece = bytes | memoryview
+
+
+def _spans(size: int, segment: int, slack: int) -> list[tuple[int, int]]:
+    """(start, end) of each segment of ``size`` bytes: every ``segment`` bytes, the last up to ``slack`` more."""
+    starts = range(0, max(size - slack, 1), segment)  # a start leaves more than ``slack`` bytes after it
+    return [(start, start + segment) for start in starts[:-1]] + [(starts[-1], size)]
+
+
+def cut_bytes(data: bytes, segment: int = SEGMENT_BYTES, slack: int = SEGMENT_SLACK) -> list[Piece]:
+    """Binary content's segments: views of ``data``, each ``segment`` bytes but
+    the last (up to ``segment + slack``); one segment (``data``, empty or not) when it fits."""
+    if len(data) <= segment + slack:
+        return [data]
+    view = memoryview(data)
+    return [view[start:end] for start, end in _spans(len(data), segment, slack)]
+
+
+def cut_text(
+    text: str, segment: int = SEGMENT_BYTES, slack: int = SEGMENT_SLACK
+) -> tuple[list[Piece], list[int], list[int], int]:
+    """Text's UTF-8 segments (views of one encoding, cut on character boundaries,
+    each at most ``segment`` bytes (at least 4) but the last, up to ``segment + slack``), the
+    characters in each, the line breaks ending in each and the line count
+    (``line_index``'s): the text encoded once, and ASCII text (most) neither
+    decoded again nor copied, its breaks counted in the text itself.
+
+    Raises:
+        InvalidArgumentError: the text holds lone surrogates (not valid Unicode).
+    """
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError("text content must be valid Unicode (no lone surrogates)") from None
+    if len(data) <= segment + slack:  # one segment: the text is its own piece
+        breaks, lines = line_index([text])
+        return [data], [len(text)], breaks, lines
+    view = memoryview(data)
+    if not text.isascii():
+        pieces: list[Piece] = list(_utf8_pieces(view, segment, slack))
+        decoded = [str(piece, "utf-8") for piece in pieces]
+        breaks, lines = line_index(decoded)
+        return pieces, list(map(len, decoded)), breaks, lines
+    # One byte a character: the cuts are the same in the text and in its bytes.
+    spans = _spans(len(data), segment, slack)
+    pieces = [view[start:end] for start, end in spans]
+    counts = [end - start for start, end in spans]
+    if _only_newlines(text):
+        breaks = [text.count("\n", start, end) for start, end in spans]
+        return pieces, counts, breaks, sum(breaks) + (text[-1] != "\n")
+    breaks, lines = line_index([text[start:end] for start, end in spans])
+    return pieces, counts, breaks, lines
+
+
+def _utf8_pieces(view: memoryview, segment: int, slack: int) -> Iterator[memoryview]:
+    """``view`` (valid UTF-8, more than ``segment + slack`` bytes) cut as ``cut_text`` does."""
+    size, pos = len(view), 0
+    while size - pos > segment + slack:
+        end = pos + segment
+        while view[end] & 0xC0 == 0x80:  # a continuation byte: the cut moves back to its character's start
+            end -= 1
+        yield view[pos:end]
+        pos = end
+    yield view[pos:]
 
 
 SUMMARY_EDGE_CHARS = 500

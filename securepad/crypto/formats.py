@@ -24,6 +24,7 @@ import json
 import operator
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -196,7 +197,7 @@ class EntryCipher(Hidden):
     def _nonce(self, seq: int, last: bool) -> bytes:
         return self._prefix + struct.pack(">I?", seq, last)
 
-    def seal_segment(self, seq: int, data: bytes, last: bool) -> bytes:
+    def seal_segment(self, seq: int, data: bytes | memoryview, last: bool) -> bytes:
         return self._content.encrypt(self._nonce(seq, last), data, self._aad)
 
     def open_segment(self, seq: int, blob: bytes, last: bool) -> bytes:
@@ -219,7 +220,7 @@ class EntryCipher(Hidden):
 
 
 def seal_entry(
-    owner: Wrapper, header: Header, meta: bytes, segments: list[bytes]
+    owner: Wrapper, header: Header, meta: bytes, segments: Sequence[bytes | memoryview]
 ) -> tuple[dict[str, bytes], list[bytes], EntryCipher]:
     """Seal an entry under a fresh item key wrapped by ``owner`` (the owner's
     key of ``header.key_version``): the row's crypto columns, the sealed

@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import os
 import struct
+from collections.abc import Sequence
 from typing import NoReturn, Protocol
 
 from cryptography.exceptions import InvalidTag
@@ -406,7 +407,7 @@ class ContentIdentity(Hidden):
         self._mac = HMAC(derive(owner_key, "content-identity", lp(store_id, owner_user_id)), _SHA256)
         self._version = version
 
-    def of(self, kind: str, segments: list[bytes]) -> str:
+    def of(self, kind: str, segments: Sequence[bytes | memoryview]) -> str:
         mac = self._mac.copy()
         mac.update(_CONTENT + lp_texts(kind, str(sum(map(len, segments)))))
         for segment in segments:

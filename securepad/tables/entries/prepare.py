@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...core import shaping
-from ...core.shaping import split_bytes, split_text
+from ...core.shaping import Piece, cut_bytes, cut_text
 from ...crypto.formats import ENTRY_FORMAT, NONCE_PREFIX_BYTES, EntryCipher, Header, ListingKey, seal_entry
 from ...crypto.primitives import Wrapper
 from ...errors import QuotaExceededError
@@ -46,7 +46,7 @@ class Prepared:
     shape: str
     content: str | bytes
     rest: dict[str, Any] | None
-    segments: list[bytes]
+    segments: list[Piece]  # views of the content's bytes: sealed, never stored as they are
     counts: list[int] | None
     size_bytes: int
     size_chars: int
@@ -261,14 +261,12 @@ def row_cost(row: dict[str, Any], sealed: list[bytes], identifiers: int | None =
     return sealed_bytes + fields + identifiers + ENTRY_ROW_OVERHEAD
 
 
-def split(content: str | bytes) -> tuple[list[bytes], list[int] | None, int, list[int] | None, int | None]:
+def split(content: str | bytes) -> tuple[list[Piece], list[int] | None, int, list[int] | None, int | None]:
     """(segments, character counts, characters, line breaks, lines) of an entry's content."""
     if isinstance(content, bytes):
-        return split_bytes(content), None, 0, None, None
-    segments, pieces = split_text(content)
-    counts = list(map(len, pieces))
-    breaks, line_count = shaping.line_index(pieces)
-    return segments, counts, sum(counts), breaks, line_count
+        return cut_bytes(content), None, 0, None, None
+    segments, counts, breaks, line_count = cut_text(content)
+    return segments, counts, len(content), breaks, line_count
 
 
 def check_write_size(
