@@ -6,8 +6,9 @@ Modelled on Tink's AES-GCM-HKDF streaming AEAD, adapted to random access:
   the owner and the format version in the info, gives a content key, a
   metadata key and a 32-byte key commitment (stored, checked before use);
 * content is cut into segments of at most 64 KiB (text on UTF-8 character
-  boundaries) sealed with AES-256-GCM; the nonce is a random 7-byte prefix,
-  the 4-byte segment number and a last-segment flag, so reordering,
+  boundaries; a tail of at most 4 KiB joins the last) sealed with
+  AES-256-GCM; the nonce is a random 7-byte prefix, the 4-byte segment
+  number and a last-segment flag, so reordering,
   truncating or extending the segment list fails authentication;
 * every segment's AAD is a hash of the entry header (id, owner, turn, kind,
   sizes, segment count), so a segment, an item key or a whole row moved to
