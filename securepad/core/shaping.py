@@ -390,8 +390,13 @@ def dumps(value: Any, *, indent: int | None = None) -> bytes:
     Raises:
         InvalidArgumentError: the value is not JSON-serializable.
     """
+    return _json_text(value, indent).encode("utf-8")
+
+
+def _json_text(value: Any, indent: int | None) -> str:
+    """``dumps`` as text. Raises InvalidArgumentError: not JSON-serializable."""
     try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False, indent=indent).encode("utf-8")
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, indent=indent)
     except (TypeError, ValueError) as exc:
         raise InvalidArgumentError(f"the observation is not JSON-serializable: {exc}") from None
 
@@ -438,26 +443,27 @@ def unpack(blob: bytes) -> Any:
     raise IntegrityError("the entry's sealed metadata has an unknown encoding")
 
 
-def classify(observation: Any, max_depth: int) -> tuple[str, str, str | bytes, dict[str, Any] | None]:
-    """(kind, shape, content, rest): what is stored as content and what as sealed fields.
+def classify(observation: Any, max_depth: int) -> tuple[str, str, str | bytes, dict[str, Any] | None, int]:
+    """(kind, shape, content, rest, the size of rest's JSON (``dumps``; 0 without rest)):
+    what is stored as content and what as sealed fields.
 
     Raises:
         InvalidArgumentError: non-string keys, nesting deeper than ``max_depth``,
             or fields that are not JSON.
     """
     if isinstance(observation, str):
-        return "text", "str", observation, None
+        return "text", "str", observation, None, 0
     if isinstance(observation, bytes | bytearray | memoryview):
-        return "binary", "bytes", bytes(observation), None
+        return "binary", "bytes", bytes(observation), None, 0
     if isinstance(observation, dict) and isinstance(observation.get("content"), str | bytes):
         rest = {k: v for k, v in observation.items() if k != "content"}
         _check_structure(rest, max_depth)
-        dumps(rest)  # the other fields must be JSON; fail before anything is stored
+        size = len(dumps(rest)) if rest else 0  # the other fields must be JSON; fail before anything is stored
         content = observation["content"]
-        return ("binary" if isinstance(content, bytes) else "text"), "dict", content, rest
+        return ("binary" if isinstance(content, bytes) else "text"), "dict", content, rest, size
     _check_structure(observation, max_depth)
-    # Indented JSON: the readable content, so that lines and grep mean something.
-    return "json", "json", dumps(observation, indent=2).decode("utf-8"), None
+    # Indented JSON: the readable content, so that lines and grep mean something (text: encoded once, to seal).
+    return "json", "json", _json_text(observation, 2), None, 0
 
 
 def _check_structure(value: Any, max_depth: int) -> None:

@@ -146,3 +146,30 @@ def test_every_read_mode_returns_the_plain_slice(
         lines = read_modes.read(content, "lines", start=start, end=first + span, cap=cap)
         assert lines["content"] == "".join(value.splitlines(keepends=True)[first - 1 : first + span])
         assert lines["metadata"]["total_lines"] == len(value.splitlines())
+
+
+# -- classification: each part serialized once ---------------------------------------------
+
+
+def test_classification_serializes_each_part_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A json observation's content is its indented JSON as text (encoded once, when
+    cut); a dict's other fields are serialized once, their size returned with them."""
+    calls: list[object] = []
+    real = shaping.json.dumps
+
+    def counted(value: object, **kwargs: object) -> str:
+        calls.append(value)
+        return real(value, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shaping.json, "dumps", counted)
+    structured = {"items": [{"a": i, "b": "é"} for i in range(50)]}
+    kind, shape, content, rest, rest_bytes = shaping.classify(structured, 20)
+    assert (kind, shape, rest, rest_bytes) == ("json", "json", None, 0)
+    assert content == real(structured, ensure_ascii=False, indent=2)
+    assert len(calls) == 1
+    calls.clear()
+    fields = {"content": b"\x00" * 10, "metadata": {"path": "/tmp/ü"}, "status": 200}
+    kind, shape, content, rest, rest_bytes = shaping.classify(fields, 20)
+    assert (kind, shape, content) == ("binary", "dict", b"\x00" * 10)
+    assert len(calls) == 1
+    assert rest_bytes == len(shaping.dumps({"metadata": {"path": "/tmp/ü"}, "status": 200}))

@@ -60,11 +60,11 @@ class Prepared:
     def of(cls, observation: Any, step_num: int, policy: Policy) -> Prepared:
         """Raises InvalidArgumentError (not storable) or QuotaExceededError (over ``max_entry_bytes``)."""
         max_entry_bytes = policy.max_entry_bytes
-        kind, shape, content, rest = shaping.classify(observation, policy.max_json_depth)
+        kind, shape, content, rest, rest_bytes = shaping.classify(observation, policy.max_json_depth)
         segments, counts, size_chars, breaks, line_count = split(content)
         size_bytes = sum(map(len, segments))
         # The limits count everything the observation stores: content and other fields.
-        stored_bytes = size_bytes + (len(shaping.dumps(rest)) if rest else 0)
+        stored_bytes = size_bytes + rest_bytes
         if stored_bytes > max_entry_bytes:
             raise QuotaExceededError(
                 f"the observation has {stored_bytes} bytes; the policy's max_entry_bytes is {max_entry_bytes}"
