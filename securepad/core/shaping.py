@@ -1,8 +1,8 @@
 """Observation shaping, as pure functions: what is stored, what the model sees, what comes back.
 
 ``classify`` splits an observation into its content (text or bytes) and its
-other fields; ``split_text``/``split_bytes`` cut the content into the segments
-it is sealed in, ``line_index`` counts its lines; ``view`` builds the synthetic
+other fields; ``cut_text``/``cut_bytes`` cut the content into the segments
+it is sealed in, with ``line_index``'s count of its lines; ``view`` builds the synthetic
 view (text: head and tail with the exact number of characters omitted between;
 binary: size and a SHA-256 prefix, never a preview; structured: the item count
 and field names, never the items); ``rebuild`` gives the observation back from
@@ -37,50 +37,19 @@ __all__ = [
     "rebuild",
     "scalars",
     "split_bytes",
-    "split_text",
     "structure",
     "text_summary",
     "unpack",
     "view",
 ]
 
-# The largest segment: a read opens only the segments its slice needs.
+# A segment's size (the last may take SEGMENT_SLACK more): a read opens only the segments its slice needs.
 SEGMENT_BYTES = 64 * 1024
 
 
-def split_text(text: str) -> tuple[list[bytes], list[str]]:
-    """UTF-8 segments of at most SEGMENT_BYTES, cut on character boundaries,
-    and the text of each (decoded once, for the character and line indexes).
-
-    Raises:
-        InvalidArgumentError: the text holds lone surrogates (not valid Unicode).
-    """
-    try:
-        data = text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidArgumentError("text content must be valid Unicode (no lone surrogates)") from None
-    if len(data) <= SEGMENT_BYTES:  # one segment: the text is its own piece
-        return [data], [text]
-    segments = list(_utf8_chunks(data))
-    return segments, [chunk.decode("utf-8") for chunk in segments]
-
-
-def _utf8_chunks(data: bytes) -> Iterator[bytes]:
-    if not data:
-        yield b""
-        return
-    view = memoryview(data)
-    pos = 0
-    while pos < len(data):
-        end = min(pos + SEGMENT_BYTES, len(data))
-        while end < len(data) and data[end] & 0xC0 == 0x80:
-            end -= 1
-        yield bytes(view[pos:end])
-        pos = end
-
-
 def split_bytes(data: bytes) -> list[bytes]:
-    """Fixed-size segments of binary content (one empty segment for empty content)."""
+    """Fixed-size segments of binary content, the last the rest (one empty segment for
+    empty content): the sealed floor's cut, whose reads find a segment by its offset."""
     if not data:
         return [b""]
     return [data[i : i + SEGMENT_BYTES] for i in range(0, len(data), SEGMENT_BYTES)]
