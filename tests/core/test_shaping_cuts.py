@@ -146,6 +146,10 @@ def test_every_read_mode_returns_the_plain_slice(
         lines = read_modes.read(content, "lines", start=start, end=first + span, cap=cap)
         assert lines["content"] == "".join(value.splitlines(keepends=True)[first - 1 : first + span])
         assert lines["metadata"]["total_lines"] == len(value.splitlines())
+        found = read_modes.read(content, "grep", pattern="a", max_matches=1000, cap=cap)
+        expected = [(n, line) for n, line in enumerate(value.splitlines(), 1) if "a" in line]
+        assert found["metadata"]["match_lines"] == [n for n, _ in expected]
+        assert found["content"] == "\n".join(f"{n}:{line}" for n, line in expected)
 
 
 # -- classification: each part serialized once ---------------------------------------------
