@@ -26,6 +26,7 @@ __all__ = [
     "SEGMENT_SLACK",
     "SUMMARY_EDGE_CHARS",
     "binary_counts",
+    "binary_digest",
     "binary_summary",
     "classify",
     "cut_bytes",
@@ -142,9 +143,16 @@ def text_summary(text: str, edge: int = SUMMARY_EDGE_CHARS) -> str:
     return f"{text[:edge]}[... {omitted} characters omitted ...]{text[-edge:]}"
 
 
-def binary_summary(data: bytes) -> str:
-    """Size and a SHA-256 prefix of binary content."""
-    return f"binary, {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()[:16]}"
+def binary_summary(data: bytes, digest: bytes | None = None) -> str:
+    """Size and a SHA-256 prefix of binary content (``digest``: its SHA-256, taken already)."""
+    if digest is None:
+        digest = hashlib.sha256(data).digest()
+    return f"binary, {len(data)} bytes, sha256 {digest.hex()[:16]}"
+
+
+def binary_digest(data: bytes) -> bytes:
+    """The SHA-256 of binary content: its view's summary and its content identity both use it."""
+    return hashlib.sha256(data).digest()
 
 
 def structure(value: Any) -> dict[str, Any]:
@@ -474,9 +482,10 @@ def view(
     rest: dict[str, Any] | None,
     observation: Any,
     limit: int,
+    digest: bytes | None = None,
 ) -> dict[str, Any]:
     """The synthetic view, without the id (added when the entry is returned),
-    within ``limit`` characters as JSON (with the id)."""
+    within ``limit`` characters as JSON (with the id); ``digest``: binary content's SHA-256, taken already."""
     shown: dict[str, Any] = {"step_num": step_num, "size_bytes": size_bytes, "kind": kind}
     if kind == "text" and rest is None and type(observation) is str:
         # Plain text, the usual observation: no fields, so no scalars and no metadata to measure.
@@ -486,7 +495,7 @@ def view(
         return shown if type(step_num) is type(size_bytes) is int and size <= limit else fit_view(shown, {}, limit)
     fields = rest if rest is not None else (observation if isinstance(observation, dict) else {})
     if isinstance(content, bytes):
-        shown["summary"] = binary_summary(content)
+        shown["summary"] = binary_summary(content, digest)
     elif kind == "text":
         shown["summary"] = text_summary(content)
     else:

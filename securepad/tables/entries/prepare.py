@@ -12,7 +12,7 @@ from typing import Any
 from ...core import shaping
 from ...core.shaping import Piece, cut_bytes, cut_text
 from ...crypto.formats import ENTRY_FORMAT, NONCE_PREFIX_BYTES, EntryCipher, Header, ListingKey, seal_entry
-from ...crypto.primitives import Wrapper
+from ...crypto.primitives import ContentIdentity, Wrapper
 from ...errors import QuotaExceededError
 from ...policy import Policy
 from ...principal import Principal
@@ -55,6 +55,7 @@ class Prepared:
     stored_bytes: int  # what the observation stores (max_entry_bytes); the row's cost on disk is row_cost
     view: dict[str, Any]
     inline_max_chars: int  # the view's bound, kept for the next-step re-seal
+    digest: bytes | None = None  # binary content's SHA-256: its view's and its identity's one pass
 
     @classmethod
     def of(cls, observation: Any, step_num: int, policy: Policy) -> Prepared:
@@ -70,7 +71,8 @@ class Prepared:
                 f"the observation has {stored_bytes} bytes; the policy's max_entry_bytes is {max_entry_bytes}"
             )
         limit = policy.inline_max_chars
-        view = shaping.view(kind, step_num, size_bytes, content, rest, observation, limit)
+        digest = shaping.binary_digest(content) if isinstance(content, bytes) else None
+        view = shaping.view(kind, step_num, size_bytes, content, rest, observation, limit, digest)
         return cls(
             kind,
             shape,
@@ -85,7 +87,15 @@ class Prepared:
             stored_bytes,
             view,
             limit,
+            digest,
         )
+
+    def identity(self, identity: ContentIdentity) -> str:
+        """The content's identity under ``identity`` (the owner's, of one key version):
+        binary content's from its SHA-256 (hashed once, with its view), text's from its segments."""
+        if self.digest is not None:
+            return identity.of_digest(self.kind, self.size_bytes, self.digest)
+        return identity.of(self.kind, self.segments)
 
     def cost_bound(self, principal: Principal, turn_id: str, executor_name: str) -> int:
         """More than the entry's ``row_cost`` will be, before it is sealed."""
@@ -197,7 +207,14 @@ class Prepared:
         """Give the sealed ``row`` another step: its view made and its listing part sealed again."""
         meta["step_num"] = row["step_num"] = step_num
         meta["view"] = shaping.view(
-            self.kind, step_num, self.size_bytes, self.content, self.rest, observation, self.inline_max_chars
+            self.kind,
+            step_num,
+            self.size_bytes,
+            self.content,
+            self.rest,
+            observation,
+            self.inline_max_chars,
+            self.digest,
         )
         before = len(row["sealed_listing"])
         row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))

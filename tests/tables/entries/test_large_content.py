@@ -5,6 +5,7 @@ segment is one segment, put and read with a small entry's statements."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import itertools
 import random
 from pathlib import Path
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from securepad import Keyring, Policy, Scratchpad
 from securepad.bench.costs import measure
 from securepad.core.shaping import SEGMENT_BYTES, SEGMENT_SLACK
-from securepad.store import sqlite_of
+from securepad.store import parts, sqlite_of
 from tests.support.principals import AGENT_ALICE as ALICE
 
 # Sizes where segments are cut, and a little either side.
@@ -107,3 +108,22 @@ def test_a_value_a_little_over_a_segment_is_put_and_read_as_a_small_one(db_path:
             ("small", ids[1]), ("large", ids[2]))}  # fmt: skip
         assert costs["large"]["statements"] == costs["small"]["statements"], costs
         assert got["large"].observation == large
+
+
+def test_binary_content_is_hashed_once_for_its_view_and_its_identity(db_path: Path, keyring: Keyring) -> None:
+    """A binary entry's identity is taken from the SHA-256 its view shows a prefix of
+    (equal contents, put alone or in a batch, with other fields or none, compare equal);
+    a text entry's from its content, as ever."""
+    data = random.Random(7).randbytes(SEGMENT_BYTES * 2 + 9)
+    digest = hashlib.sha256(data).digest()
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        view = pad.put(ALICE, "t", 1, "tool", data)
+        assert view["summary"].endswith(f"sha256 {digest.hex()[:16]}")
+        pad.put(ALICE, "t", 2, "tool", {"content": data, "metadata": {"path": "/a"}})
+        pad.put_many(ALICE, "t", [(3, "tool", data), (4, "tool", data[:-1]), (5, "tool", "text")])
+        listed = parts(pad).listings.turn_entries(ALICE, "t", None)
+        ids = {entry.row["step_num"]: entry.meta["content_id"] for entry in listed}
+        identity = parts(pad).keys.identity(ALICE.owner_user_id, listed[0].row["key_version"])
+    assert ids[1] == ids[2] == ids[3] == identity.of_digest("binary", len(data), digest)
+    assert ids[4] != ids[1]
+    assert ids[5] == identity.of("text", [b"text"])
