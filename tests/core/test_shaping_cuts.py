@@ -41,6 +41,21 @@ def test_text_cuts_join_to_the_encoding_on_character_boundaries(text: str, segme
     assert lines == len(text.splitlines())
 
 
+@given(
+    line=st.integers(1, 60),
+    lines=st.integers(0, 200),
+    noise=st.binary(max_size=40),
+    dense=st.integers(0, 100),
+)
+def test_newlines_counts_what_count_counts_whatever_the_lines_length(
+    line: int, lines: int, noise: bytes, dense: int
+) -> None:
+    """Long lines (counted from break to break), short ones and runs of breaks (past the cap: ``count``)."""
+    data = (b"x" * (line - 1) + b"\n") * lines + noise + b"\n" * dense
+    assert shaping.newlines(data) == data.count(b"\n")
+    assert shaping.newlines(data[: len(data) // 2]) == data[: len(data) // 2].count(b"\n")
+
+
 @given(data=st.binary(max_size=80), segment=st.integers(1, 12), slack=slacks)
 def test_binary_cuts_are_full_segments_but_the_last(data: bytes, segment: int, slack: int) -> None:
     pieces = cut_bytes(data, segment, slack)
