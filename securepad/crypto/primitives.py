@@ -200,7 +200,7 @@ class CounterSeal(Hidden):
     (``"anchor"``) apart: one cannot be pasted as the other.
     """
 
-    __slots__ = ("_key", "_names", "_store_id", "_term_mac")
+    __slots__ = ("_key", "_names", "_owner_mac", "_store_id", "_term_mac")
 
     def __init__(self, key: KeyHandle, store_id: str) -> None:
         self._key = key
@@ -208,6 +208,7 @@ class CounterSeal(Hidden):
         # Keyed once, the terms' domain absorbed: each term copies it (no keying, no digest lookup per term).
         self._term_mac = _keyed_sha256(key._key, lp(TAG, "term", store_id))
         self._names: bytes | None = None  # the turn names' key, derived at its first use
+        self._owner_mac: _Mac | None = None  # the owner heads' terms, keyed at their first use
 
     def tag(self, purpose: str, counter: int) -> str:
         message = lp(TAG, "counter", purpose, self._store_id, str(counter))
@@ -223,6 +224,17 @@ class CounterSeal(Hidden):
         ``message`` must be self-delimiting (the callers pass msgpack)."""
         mac = self._term_mac.copy()
         mac.update(message)
+        return int.from_bytes(mac.digest(), "big")
+
+    def owner_term(self, owner_user_id: str, turn_id: str) -> int:
+        """HMAC-SHA256 of (owner, turn) as an integer: one turn's term of its owner
+        head's multiset digest (owner head format 2). Its own domain keeps it apart
+        from the rows' terms and the counter tags; the owner and the turn are
+        length-prefixed. Keyed by the anchor key: stable across owner-key rotations."""
+        if self._owner_mac is None:
+            self._owner_mac = _keyed_sha256(self._key._key, lp(TAG, "owner-turn", self._store_id))
+        mac = self._owner_mac.copy()
+        mac.update(lp_texts(owner_user_id, turn_id))
         return int.from_bytes(mac.digest(), "big")
 
     def turn_name(self, owner_user_id: str, message: bytes) -> str:

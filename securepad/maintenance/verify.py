@@ -21,6 +21,7 @@ from ..storage.base import Backend
 from ..tables.entries.entries import every_row
 from ..tables.entries.open import Opener
 from ..tables.heads.heads import OWNER_HEAD, RECORD_KINDS, USAGE_HEAD, HeadEdit, Heads, Tally, entry_item, record_item
+from ..tables.heads.owner import counter_problems
 from ..tables.records import TABLES, Records
 
 __all__ = ["verify_store"]
@@ -90,7 +91,7 @@ def _verify(db: Backend, opener: Opener, records: Records, heads: Heads, now: fl
                 problems.add(*where, row["id"], table[:-1], str(exc))
     reserved = _turn_problems(turn_heads, tally, steps, stored, now, problems)
     _usage_problems(owner_heads, reserved, problems)
-    for owner, counted_turn, what in heads.owners.counter_problems():  # an owner's heads put back from an older copy
+    for owner, counted_turn, what in counter_problems(heads.owners, db):  # an owner's heads put back from an older copy
         problems.add(owner, counted_turn, None, "owner head", f"{what}: put back from an older copy")
     for problem in problems:
         if problem["what"] == "turn":  # no write goes into it from this process while it fails

@@ -46,3 +46,18 @@ def test_a_content_identity_of_a_digest_is_hmac_sha256_of_the_digest_in_its_own_
     assert identity.of_digest(kind, len(data), digest) == f"3:{mac.hexdigest()}"
     # Never the identity of other content: the digest's domain is not the content's.
     assert identity.of_digest(kind, len(data), digest) != identity.of(kind, [digest])
+
+
+@given(owner=st.text(max_size=20), turn=st.text(max_size=20))
+def test_an_owner_term_is_hmac_sha256_of_owner_and_turn_in_its_own_domain(owner: str, turn: str) -> None:
+    seal = CounterSeal(_KEY, "store-1")
+    mac = hmac.new(bytes(range(32)), lp(TAG, "owner-turn", "store-1") + lp(owner, turn), hashlib.sha256)
+    assert seal.owner_term(owner, turn) == int.from_bytes(mac.digest(), "big")
+    assert seal.owner_term(owner, turn) != seal.term(lp(owner, turn))  # not a row's term
+    assert seal.owner_term(owner, turn) != CounterSeal(_KEY, "store-2").owner_term(owner, turn)
+
+
+def test_an_owner_term_binds_the_owner_and_the_turn_apart() -> None:
+    seal = CounterSeal(_KEY, "store-1")
+    assert seal.owner_term("ab", "c") != seal.owner_term("a", "bc")
+    assert seal.owner_term("alice", "t") != seal.owner_term("bob", "t")

@@ -1,7 +1,7 @@
 """Sealed turn heads: what each turn holds, so that a row cannot vanish unseen.
 
 A head per (owner, turn) seals a constant-size tally of the turn's rows
-(``tally``); an owner head lists the owner's turns, a usage head its quota
+(``tally``); an owner head counts the owner's turns, a usage head its quota
 reservations (``owner``). Every write that changes a turn calls
 ``Heads.change`` in its transaction; every read is checked against the turn's
 inventory, authenticated by its head (``Inventories``: a read checked against it, the
@@ -370,7 +370,7 @@ class Heads:
         by_turn = self.owners.heads_of(conn, owner, turn_id, rows)
         if turn_only and turn_id not in by_turn:
             raise OwnerLockNeeded  # a new turn joins the owner head: the exclusive lock's
-        tally = self.owners.edited_tally(by_turn, owner, turn_id)
+        tally = self.owners.edited_tally(by_turn, owner, turn_id, conn)
         before, reserved = tally.state(), tally.r
         terms = self.inventories.terms(owner, turn_id)
         token, head = self._kept(kept, by_turn.get(turn_id), rows, turn_id)
@@ -534,7 +534,8 @@ class Heads:
 
     def _counted(self, conn: Conn, owner: str, turn_id: str) -> int:
         """The rows the turn's head counts."""
-        return sum(self.owners.turn_tally(self.owners.heads_of(conn, owner, turn_id, None), owner, turn_id).n.values())
+        by_turn = self.owners.heads_of(conn, owner, turn_id, None)
+        return sum(self.owners.turn_tally(by_turn, owner, turn_id, conn).n.values())
 
     def reseal_owner(self, conn: Conn, owner: str) -> int:
         """Seal every head of the owner again under its newest key version (a rotation); how many."""

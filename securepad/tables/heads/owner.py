@@ -1,4 +1,4 @@
-"""Sealing heads; the owner heads (each owner's turns) and usage heads (its quota reservations).
+"""Sealing heads; the owner heads (each owner's turns, ``members``) and usage heads (its quota reservations).
 
 A usage head holds the owner's total reservation R, the sum of its turns'
 ``r`` (each turn's share of the quota, at least its entries' bytes ``b``),
@@ -34,10 +34,11 @@ from ...errors import IntegrityError
 from ...keys.keystore import Keystore, LRUCache
 from ...storage.base import Backend, Conn, Params, Rows
 from . import reading
+from .members import NO_TURNS, PRESENT_SQL, Known, OwnerBody, digest_body, parse_owner, present_ids, resolve
 from .reading import ONCE_SQL, ONCE_SQLITE_SQL, OWNER_HEAD, USAGE_HEAD
-from .tally import Head, HeadEdit, Tally
+from .tally import MOD, Head, HeadEdit, Tally
 
-__all__ = ["LastSealed", "Once", "Sealed", "once_sql"]
+__all__ = ["NO_TURNS", "LastSealed", "Once", "Sealed", "counter_problems", "once_sql"]
 
 # Turns whose last sealed head is kept (emptied when full: a lost record costs one put a read).
 _TURNS = 1024
@@ -166,19 +167,8 @@ def once_sql(
     )
 
 
-# Owner heads kept opened (``OwnerHeads.owner_turns``): one per owner in use is enough.
+# Owner heads kept verified (``OwnerHeads.members``): one per owner in use is enough.
 _OWNER_HEADS_KEPT = 64
-
-
-def owner_body(turns: set[str], created: int | None) -> bytes:
-    """An owner head's body: the owner's turns and its turn counter (None: from before the counter)."""
-    body: dict[str, Any] = {"t": sorted(turns)}
-    if created is not None:
-        body["c"] = created
-    return json.dumps(body).encode()
-
-
-NO_TURNS = owner_body(set(), 0)
 
 
 def usage_body(total: int, created: int | None = None) -> bytes:
@@ -217,25 +207,35 @@ class OwnerHeads:
     def __init__(self, db: Backend, keys: Keystore) -> None:
         self._db = db
         self._keys = keys
+        self._term = keys.counter_seal.owner_term
         # The turn heads sealed here last (``LastSealed``): every turn head a transaction writes goes
         # through ``write_bodies``; a put in one message records its own. A write whose stored head
         # is the one recorded edits the recorded tally (``edited_tally``) rather than opening the head.
         self.last = LastSealed()
-        # owner -> the owner head opened last (``owner_turns``): its key version and sealed
-        # bytes, the owner key they opened under, and what it lists. One per owner: an owner
-        # head lists every turn, and each new turn seals another, which replaces it here.
-        self._owner_heads: LRUCache[str, tuple[int, bytes, Wrapper, frozenset[str], int | None]] = LRUCache(
-            _OWNER_HEADS_KEPT
-        )
-        # (owner, body) -> what an owner head composed here lists, until ``write_bodies`` seals it.
-        self._composed: dict[tuple[str, bytes], tuple[frozenset[str], int | None]] = {}
+        # owner -> the owner head verified last (``members``, a ``Known``). One per owner: each
+        # new turn seals another owner head, which replaces it here (sharing its turns).
+        self._owner_heads: LRUCache[str, Known] = LRUCache(_OWNER_HEADS_KEPT)
+        # (owner, body) -> the owner head an owner head composed here follows, and the change,
+        # until ``write_bodies`` seals it.
+        self._composed: dict[tuple[str, bytes], tuple[Known, frozenset[str], frozenset[str], OwnerBody]] = {}
+        # owner -> the turns this process found removed whole (``turn_tally``): an owner head of
+        # format 2 cannot name them, ``all_heads`` asks for them so that ``verify`` does.
+        self._lost: LRUCache[str, frozenset[str]] = LRUCache(_OWNER_HEADS_KEPT)
 
-    def compose(self, owner: str, turns: frozenset[str], created: int | None) -> bytes:
-        """``owner_body`` of an owner head that ``write_bodies`` is to seal, remembered with what it lists."""
-        body = owner_body(set(turns), created)
+    def compose(self, owner: str, known: Known, created: int, added: frozenset[str], removed: frozenset[str]) -> bytes:
+        """The body of the owner head that follows ``known`` (verified: ``members``) once the turns
+        ``added`` join and ``removed`` leave, counting ``created`` turns created (format 2): the
+        terms of the turns that change added or subtracted, whatever the owner's turns."""
+        turns = known.settled().turns
+        added, removed = added - turns, removed & turns
+        digest = known.summed(self._term, owner)
+        digest += sum(self._term(owner, turn) for turn in added) - sum(self._term(owner, turn) for turn in removed)
+        count = len(turns) + len(added) - len(removed)
+        parsed = OwnerBody(created, None, count, digest % MOD)
+        body = digest_body(count, parsed.digest, created)
         if len(self._composed) >= _OWNER_HEADS_KEPT:
             self._composed.clear()
-        self._composed[(owner, body)] = (turns, created)
+        self._composed[(owner, body)] = (known, added, removed, parsed)
         return body
 
     def open_body(self, row: dict[str, Any], owner: str, turn_id: str) -> bytes:
@@ -253,56 +253,100 @@ class OwnerHeads:
             raise IntegrityError("a turn head belongs to another owner")
         return version, self._keys.owner_wrapper(owner, version)
 
-    def owner_turns(self, row: dict[str, Any], owner: str) -> tuple[set[str], int | None]:
-        """The turns an owner head lists, and its turn counter (None: from before it)."""
-        turns, created = self._owner_listing(row, owner)
-        return set(turns), created
+    def owner_said(self, row: dict[str, Any], owner: str) -> OwnerBody:
+        """What an owner head says (its turn counter, its format's turns), opened or known."""
+        known = self._known(row, owner)
+        if known is not None:
+            return known.body
+        version, wrapper = self._sealed_under(row, owner, OWNER_HEAD)
+        return parse_owner(wrapper.open(row["sealed"], head_aad(owner, OWNER_HEAD, version)))
 
-    def _owner_listing(self, row: dict[str, Any], owner: str) -> tuple[frozenset[str], int | None]:
-        """``owner_turns``, each owner's head opened last kept with its sealed bytes: an
-        owner head lists every turn of its owner, and each read of an absent turn and
-        each write of a new one opens it. Bytes that opened under the owner's key
-        version open to the same body again while that key is the owner's: a key
-        forgotten (the owner crypto-shredded, then written again) is another key of
-        the same version, under which the bytes must open anew. The clear fields and
-        the key are checked at each call, as ``open_body`` checks them."""
+    def _known(self, row: dict[str, Any], owner: str) -> Known | None:
+        """The owner head ``row`` as this process verified it, if it did; an owner head of
+        format 1, opened (its list decides). Bytes that opened under the owner's key version open
+        to the same body again while that key is the owner's: a key forgotten (the owner
+        crypto-shredded, then written again) is another key of the same version, under which
+        the bytes must open anew. The clear fields and the key are checked at each call."""
         version, wrapper = self._sealed_under(row, owner, OWNER_HEAD)
         sealed = bytes(row["sealed"])
         found = self._owner_heads.get(owner)
-        if found is not None and found[0] == version and found[1] == sealed and found[2] is wrapper:
-            return found[3], found[4]
-        try:
-            body = json.loads(wrapper.open(sealed, head_aad(owner, OWNER_HEAD, version)))
-            turns, created = body["t"], body.get("c")
-            if (
-                isinstance(turns, list)
-                and all(isinstance(turn, str) for turn in turns)
-                and (created is None or _natural(created))
-            ):
-                listed = frozenset(turns)
-                self._owner_heads[owner] = (version, sealed, wrapper, listed, created)
-                return listed, created
-        except (ValueError, KeyError, TypeError, AttributeError):
-            pass
-        raise IntegrityError("an owner head is malformed")
+        if found is not None and found.matches(version, sealed, wrapper):
+            return found.settled()
+        body = parse_owner(wrapper.open(sealed, head_aad(owner, OWNER_HEAD, version)))
+        if body.listed is None:
+            return None
+        known = Known(version, sealed, wrapper, body, set(body.listed), None)
+        self._owner_heads[owner] = known
+        return known
+
+    def members(self, conn: Conn | None, row: dict[str, Any], owner: str, asked: frozenset[str]) -> Known:
+        """The owner head ``row`` verified: the turns it counts (``resolve``; the owner's head
+        rows read, ``scan``, unless this process verified or sealed it).
+
+        Raises:
+            IntegrityError: it fails authentication, or the owner's heads are not the ones it counts.
+        """
+        known = self._known(row, owner)
+        return known if known is not None else self.scan(conn, owner, asked)[0]
+
+    def scan(self, conn: Conn | None, owner: str, asked: frozenset[str]) -> tuple[Known, set[str]]:
+        """The owner head verified against the owner's head rows as one statement finds them,
+        and the turns with a head in it; ``conn``: the caller's transaction (None: a read).
+
+        Raises:
+            IntegrityError: the owner head is missing or fails authentication, or the owner's
+                heads are not the ones it counts (``resolve``).
+        """
+        sql, params = PRESENT_SQL[self._db.dialect], (owner, OWNER_HEAD, USAGE_HEAD, owner, OWNER_HEAD)
+        rows = conn.query(sql, params) if conn is not None else self._db.query(sql, params, owner=owner)
+        if not rows:
+            raise owner_removed(owner)
+        head = {"owner_user_id": owner, "turn_id": OWNER_HEAD, **rows[0]}
+        present = present_ids(head.pop("ids"))
+        version, wrapper = self._sealed_under(head, owner, OWNER_HEAD)
+        sealed = bytes(head["sealed"])
+        body = parse_owner(wrapper.open(sealed, head_aad(owner, OWNER_HEAD, version)))
+        before = self._owner_heads.get(owner)  # the owner head verified here before, if any: what differs is summed
+        base = None if before is None or before.wrapper is not wrapper else before.base()
+        turns = resolve(body, present, asked, self._term, owner, base)
+        known = Known(version, sealed, wrapper, body, turns, None if body.listed is not None else body.digest)
+        self._owner_heads[owner] = known
+        return known, present
+
+    def owner_turns(self, row: dict[str, Any], owner: str) -> tuple[set[str], int | None]:
+        """The turns an owner head counts (verified: ``members``), and its turn counter (None: from before it)."""
+        known = self.members(None, row, owner, frozenset())
+        return set(known.settled().turns), known.body.created
 
     def tally(self, row: dict[str, Any], owner: str, turn_id: str) -> Tally:
         """A turn head's tally; raises IntegrityError when it fails authentication."""
         return Tally.loads(self.open_body(row, owner, turn_id))
 
-    def turn_tally(self, by_turn: dict[str, dict[str, Any]], owner: str, turn_id: str) -> Tally:
-        """The turn's tally, or an empty one for a turn the owner never wrote.
+    def turn_tally(
+        self, by_turn: dict[str, dict[str, Any]], owner: str, turn_id: str, conn: Conn | None = None
+    ) -> Tally:
+        """The turn's tally, or an empty one for a turn the owner never wrote (``conn``: the
+        caller's transaction; None: a read). An owner head that counts the turn, known here, is
+        checked again against the heads as they are (another reader's snapshot may be older).
 
         Raises:
-            IntegrityError: a head fails authentication, or the owner head lists the turn but it has no head.
+            IntegrityError: a head fails authentication, the owner head counts the turn but it
+                has no head, or the owner's heads are not the ones it counts.
         """
         if turn_id in by_turn:
             return self.tally(by_turn[turn_id], owner, turn_id)
-        if OWNER_HEAD in by_turn and turn_id in self._owner_listing(by_turn[OWNER_HEAD], owner)[0]:
-            raise IntegrityError(f"turn {turn_id!r} lost its head: the turn was removed from the store")
+        if OWNER_HEAD in by_turn:
+            known = self._known(by_turn[OWNER_HEAD], owner)
+            if known is None or turn_id in known.turns:
+                known, present = self.scan(conn, owner, frozenset((turn_id,)))
+                if turn_id in known.turns and turn_id not in present:
+                    self._lost[owner] = (self._lost.get(owner) or frozenset()) | {turn_id}
+                    raise IntegrityError(f"turn {turn_id!r} lost its head: the turn was removed from the store")
         return Tally()
 
-    def edited_tally(self, by_turn: dict[str, dict[str, Any]], owner: str, turn_id: str) -> Tally:
+    def edited_tally(
+        self, by_turn: dict[str, dict[str, Any]], owner: str, turn_id: str, conn: Conn | None = None
+    ) -> Tally:
         """``turn_tally`` for a write that edits it: the tally of the head this process sealed
         last, when the stored head is that one (its sealed bytes and clear key version: AES-GCM
         seals each head under a fresh nonce, so no other writer stores those bytes), else
@@ -316,7 +360,7 @@ class OwnerHeads:
         row = by_turn.get(turn_id)
         if last is not None and row is not None and last.matches(row["key_version"], row["sealed"]):
             return last.opened()
-        return self.turn_tally(by_turn, owner, turn_id)
+        return self.turn_tally(by_turn, owner, turn_id, conn)
 
     @staticmethod
     def heads_of(conn: Conn, owner: str, turn_id: str, rows: Rows | None) -> dict[str, dict[str, Any]]:
@@ -357,8 +401,10 @@ class OwnerHeads:
             params += [owner, turn_id, version, sealed]
             written.append(sealed)
             composed = self._composed.pop((owner, body), None) if turn_id == OWNER_HEAD else None
-            if composed is not None:  # these bytes open to that body under this key: known opened
-                self._owner_heads[owner] = (version, sealed, wrapper, *composed)
+            if composed is not None:  # these bytes open to that body under this key: known verified
+                known, added, removed, parsed = composed
+                pending = (added, removed)
+                self._owner_heads[owner] = Known(version, sealed, wrapper, parsed, known.turns, parsed.digest, pending)
             if turn_id not in (OWNER_HEAD, USAGE_HEAD):
                 self.last.record(owner, turn_id, Sealed(version, sealed, body))
         upsert = reading.UPSERT_SQL.format(values=", ".join(["(?, ?, ?, ?)"] * len(bodies)))
@@ -388,11 +434,14 @@ class OwnerHeads:
         """
         if OWNER_HEAD not in by_turn:
             raise owner_removed(owner)
-        turns, created = self.owner_turns(by_turn[OWNER_HEAD], owner)
-        bodies = [(OWNER_HEAD, self.compose(owner, frozenset(turns - set(dropped)), created))]
+        gone = frozenset(dropped)
+        known = self.members(conn, by_turn[OWNER_HEAD], owner, gone)
         usage = by_turn.get(USAGE_HEAD)
+        total, counted = (0, None) if usage is None else usage_counts(self.open_body(usage, owner, USAGE_HEAD))
+        # An owner head from before the counter counts as many turns as it lists (or as the usage head counts).
+        created = next(found for found in (known.body.created, counted, known.body.count) if found is not None)
+        bodies = [(OWNER_HEAD, self.compose(owner, known, created, frozenset(), gone))]
         if usage is not None:
-            total, counted = usage_counts(self.open_body(usage, owner, USAGE_HEAD))
             bodies.append((USAGE_HEAD, usage_body(max(total - sum(dropped.values()), 0), counted)))
         self.write_bodies(conn, owner, bodies, version)
 
@@ -407,57 +456,76 @@ class OwnerHeads:
 
     def all_heads(self) -> dict[str, dict[str, Tally | set[str] | int | IntegrityError]]:
         """Every head of the store, opened (``verify``): ``{owner: {turn: Tally}}``, the owner
-        head as its set of turns, the usage head as its total, a head that fails to open as its error."""
+        head as the set of turns it counts (``resolve``, against the owner's head rows read
+        here, with the turns this process found removed), the usage head as its total, a
+        head that fails to open (or an owner head its heads do not add up to) as its error."""
         found: dict[str, dict[str, Tally | set[str] | int | IntegrityError]] = {}
+        owner_rows: dict[str, dict[str, Any]] = {}
+        malformed: set[str] = set()
         for row in self._db.query(reading.ALL_HEADS_SQL, admin=True):
             owner, turn_id = row["owner_user_id"], row["turn_id"]
             opened: Tally | set[str] | int | IntegrityError
+            if not isinstance(turn_id, str):  # SQLite keeps a blob in a text column: named, never a turn's id
+                turn_id = repr(turn_id)
+                malformed.add(turn_id)
+                found.setdefault(owner, {})[turn_id] = IntegrityError("a turn head's clear turn id is not text")
+                continue
             try:
                 if turn_id == OWNER_HEAD:
-                    opened = self.owner_turns(row, owner)[0]
-                elif turn_id == USAGE_HEAD:
+                    owner_rows[owner] = row
+                    continue
+                if turn_id == USAGE_HEAD:
                     opened = usage_of(self.open_body(row, owner, turn_id))
                 else:
                     opened = self.tally(row, owner, turn_id)
             except IntegrityError as exc:
                 opened = exc
             found.setdefault(owner, {})[turn_id] = opened
+        for owner, row in owner_rows.items():
+            by_turn = found.setdefault(owner, {})
+            present = set(by_turn) - {USAGE_HEAD} - malformed
+            asked = self._lost.get(owner) or frozenset()
+            try:
+                by_turn[OWNER_HEAD] = resolve(self.owner_said(row, owner), present, asked, self._term, owner)
+            except IntegrityError as exc:
+                by_turn[OWNER_HEAD] = exc
         return found
-
-    def counter_problems(self) -> list[tuple[str, str | None, str]]:
-        """(owner, turn or None, what) for each owner whose owner head and usage head count
-        different turns, or whose usage head counts fewer turns than a turn head saw: put
-        back from an older copy (``verify``). Heads that fail to open are ``all_heads``'."""
-        created: dict[str, int | None] = {}
-        counted: dict[str, int | None] = {}
-        seen: dict[str, tuple[int, str]] = {}
-        for row in self._db.query(reading.ALL_HEADS_SQL, admin=True):
-            owner, turn_id = row["owner_user_id"], row["turn_id"]
-            with contextlib.suppress(IntegrityError):
-                if turn_id == OWNER_HEAD:
-                    created[owner] = self.owner_turns(row, owner)[1]
-                elif turn_id == USAGE_HEAD:
-                    counted[owner] = usage_counts(self.open_body(row, owner, turn_id))[1]
-                else:
-                    seen[owner] = max(seen.get(owner, (0, "")), (self.tally(row, owner, turn_id).o, turn_id))
-        problems: list[tuple[str, str | None, str]] = []
-        for owner in sorted(set(created) | set(counted)):
-            made, count = created.get(owner), counted.get(owner)
-            if made is not None and count is not None and made != count:
-                problems.append((owner, None, f"its owner head counts {made} turns created, its usage head {count}"))
-            top, turn_id = seen.get(owner, (0, ""))
-            if count is not None and top > count:
-                problems.append((owner, turn_id, f"the turn saw {top} turns created, the owner's usage head {count}"))
-            elif count is None and top > (made or 0):  # no counter in the usage head: the owner head's decides
-                problems.append(
-                    (owner, turn_id, f"the turn saw {top} turns created, the owner's owner head {made or 0}")
-                )
-        return problems
 
     def owners_without_heads(self) -> list[str]:
         """Owners with a key but no owner head (``verify``): their heads were removed."""
         rows = self._db.query(reading.OWNERS_WITHOUT_HEADS_SQL, (OWNER_HEAD,), admin=True)
         return [str(row["owner_user_id"]) for row in rows]
+
+
+def counter_problems(owners: OwnerHeads, db: Backend) -> list[tuple[str, str | None, str]]:
+    """(owner, turn or None, what) for each owner whose owner head and usage head count
+    different turns, or whose usage head counts fewer turns than a turn head saw: put
+    back from an older copy (``verify``). Heads that fail to open are ``OwnerHeads.all_heads``'."""
+    created: dict[str, int | None] = {}
+    counted: dict[str, int | None] = {}
+    seen: dict[str, tuple[int, str]] = {}
+    for row in db.query(reading.ALL_HEADS_SQL, admin=True):
+        owner, turn_id = row["owner_user_id"], row["turn_id"]
+        if not isinstance(turn_id, str):  # named by ``all_heads``
+            continue
+        with contextlib.suppress(IntegrityError):
+            if turn_id == OWNER_HEAD:
+                created[owner] = owners.owner_said(row, owner).created
+            elif turn_id == USAGE_HEAD:
+                counted[owner] = usage_counts(owners.open_body(row, owner, turn_id))[1]
+            else:
+                seen[owner] = max(seen.get(owner, (0, "")), (owners.tally(row, owner, turn_id).o, turn_id))
+    problems: list[tuple[str, str | None, str]] = []
+    for owner in sorted(set(created) | set(counted)):
+        made, count = created.get(owner), counted.get(owner)
+        if made is not None and count is not None and made != count:
+            problems.append((owner, None, f"its owner head counts {made} turns created, its usage head {count}"))
+        top, turn_id = seen.get(owner, (0, ""))
+        if count is not None and top > count:
+            problems.append((owner, turn_id, f"the turn saw {top} turns created, the owner's usage head {count}"))
+        elif count is None and top > (made or 0):  # no counter in the usage head: the owner head's decides
+            problems.append((owner, turn_id, f"the turn saw {top} turns created, the owner's owner head {made or 0}"))
+    return problems
 
 
 def check_counted(tally: Tally, counted: int | None, owner: str, turn_id: str) -> None:

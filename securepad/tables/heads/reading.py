@@ -46,7 +46,7 @@ from .tally import Head
 
 __all__ = ["CACHE_ROWS", "CACHE_TURNS", "ENTRY_TURN_SQL", "HeadCache", "InventoryReads", "Verified", "without_token"]
 
-# The owner head lists the owner's turns; the usage head holds its reservations
+# The owner head counts the owner's turns; the usage head holds its reservations
 # (no turn can have either id: ``check_identifier`` refuses "" and control characters).
 OWNER_HEAD = ""
 USAGE_HEAD = "\x01usage"

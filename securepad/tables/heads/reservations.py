@@ -51,7 +51,7 @@ class Reservations:
         total, counted = (None, None) if usage is None else usage_counts(owners.open_body(usage, owner, USAGE_HEAD))
         if counted is None and tally.o:
             # A usage head without the counter, for a turn that saw it: the owner head's counter decides.
-            check_counted(tally, owners.owner_turns(by_turn[OWNER_HEAD], owner)[1] or 0, owner, turn_id)
+            check_counted(tally, owners.owner_said(by_turn[OWNER_HEAD], owner).created or 0, owner, turn_id)
         else:
             check_counted(tally, counted, owner, turn_id)
 
@@ -64,11 +64,12 @@ class Reservations:
         new_turn = turn_id not in by_turn
         bodies = []
         if new_turn:  # the owner's turn counter grows, in its owner head and usage head
-            turns, created = owners.owner_turns(by_turn[OWNER_HEAD], owner)
+            known = owners.members(conn, by_turn[OWNER_HEAD], owner, frozenset((turn_id,)))
+            created = known.body.created
             if None not in (created, counted) and created != counted:
                 raise rolled_back(owner, "its owner head and its usage head count different turns")
-            counted = max(created if created is not None else len(turns), counted or 0) + 1
-            bodies = [(OWNER_HEAD, owners.compose(owner, frozenset(turns | {turn_id}), counted))]
+            counted = max(created if created is not None else known.body.count, counted or 0) + 1
+            bodies = [(OWNER_HEAD, owners.compose(owner, known, counted, frozenset((turn_id,)), frozenset()))]
         if counted is not None:
             tally.o = max(tally.o, counted)
         bodies.insert(0, (turn_id, tally.dumps()))
