@@ -42,7 +42,7 @@ def test_text_cuts_join_to_the_encoding_on_character_boundaries(text: str, segme
 
 
 @given(
-    line=st.integers(1, 60),
+    line=st.integers(1, 120),
     lines=st.integers(0, 200),
     noise=st.binary(max_size=40),
     dense=st.integers(0, 100),
