@@ -60,12 +60,14 @@ class Housekeeping:
 
         Raises:
             InvalidArgumentError: the identifier is malformed.
+            NotFoundError: the owner has no key (never stored anything, or forgotten).
             IntegrityError: the owner's owner head is missing, or it or its usage head fails authentication.
             StoreBusyError: the write lock was not obtained in time.
         """
         from .maintenance import lifecycle
 
-        return lifecycle.recount_turns(self._parts.db, self._parts.heads, owner_user_id)
+        parts = self._parts
+        return lifecycle.recount_turns(parts.db, parts.keys, parts.heads, owner_user_id)
 
     def gc(self, now: float | None = None, *, wait: bool = True) -> int:
         """Delete expired entries, checkpoints and compaction marks with ``secure_delete``,

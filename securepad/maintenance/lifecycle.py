@@ -236,7 +236,7 @@ def drop_turn(db: Backend, heads: Heads, owner_user_id: str, turn_id: str) -> di
     return removed
 
 
-def recount_turns(db: Backend, heads: Heads, owner_user_id: str) -> dict[str, Any]:
+def recount_turns(db: Backend, keys: Keystore, heads: Heads, owner_user_id: str) -> dict[str, Any]:
     """Count an owner's turns anew: its turns become those whose heads are present now,
     whatever the owner head says (the way out of a turn removed whole whose id is not
     known). The owner head and usage head are sealed again over them in one transaction
@@ -246,10 +246,13 @@ def recount_turns(db: Backend, heads: Heads, owner_user_id: str) -> dict[str, An
 
     Raises:
         InvalidArgumentError: the identifier is malformed.
+        NotFoundError: the owner has no key (never stored anything, or forgotten).
         IntegrityError: the owner head is missing, or it or the usage head fails authentication.
         StoreBusyError: the write lock was not obtained in time.
     """
     check_identifier("owner_user_id", owner_user_id)
+    if not keys.versions(owner_user_id):
+        raise NotFoundError(f"owner {owner_user_id!r} has no key")
     with db.transaction(owner_user_id, admin=True) as conn:
         done = heads.recount_turns(conn, owner_user_id)
     heads.owners.recounted(owner_user_id)
