@@ -40,6 +40,7 @@ def test_a_turn_this_process_found_removed_reads_empty_once_recounted(pad: Scrat
         assert ("gone", "turn head") in {(p["turn_id"], p["what"]) for p in fresh.verify(now=NOW)["problems"]}
         fresh.recount_turns("alice")
         assert fresh.turn(ALICE, "gone", now=NOW).history(now=NOW) == []
+        fresh.put(ALICE, "gone", 1, "tool", "a new turn of that name", now=NOW)
         assert fresh.verify(now=NOW)["ok"]
 
 
