@@ -86,6 +86,7 @@ class SegmentedContent:
     def slice(self, start: int, end: int) -> str | bytes:
         """content[start:end], decrypting only the segments that hold it."""
         empty: str | bytes = b"" if self.is_binary else ""
+        end = min(end, self.size)
         if start >= end:
             return empty
         ends = self._ends
@@ -95,7 +96,10 @@ class SegmentedContent:
         parts = self.fetch(first, last)
         if self.is_binary:
             return b"".join(parts)[start - offset : end - offset]
-        return "".join(p.decode("utf-8") for p in parts)[start - offset : end - offset]
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        if len(data) == ends[last] - offset:  # ASCII: a character a byte, so only the slice is decoded
+            return str(memoryview(data)[start - offset : end - offset], "utf-8")
+        return data.decode("utf-8")[start - offset : end - offset]
 
 
 def check_count(name: str, value: object, *, allow_none: bool = False) -> int | None:

@@ -1,8 +1,8 @@
 """Observation shaping, as pure functions: what is stored, what the model sees, what comes back.
 
 ``classify`` splits an observation into its content (text or bytes) and its
-other fields; ``split_text``/``split_bytes`` cut the content into the segments
-it is sealed in, ``line_index`` counts its lines; ``view`` builds the synthetic
+other fields; ``cut_text``/``cut_bytes`` cut the content into the segments
+it is sealed in, with ``line_index``'s count of its lines; ``view`` builds the synthetic
 view (text: head and tail with the exact number of characters omitted between;
 binary: size and a SHA-256 prefix, never a preview; structured: the item count
 and field names, never the items); ``rebuild`` gives the observation back from
@@ -23,31 +23,73 @@ from .grep import BREAK_CHARS
 
 __all__ = [
     "SEGMENT_BYTES",
+    "SEGMENT_SLACK",
     "SUMMARY_EDGE_CHARS",
     "binary_counts",
+    "binary_digest",
     "binary_summary",
     "classify",
+    "cut_bytes",
+    "cut_text",
     "dumps",
     "fit_view",
     "line_index",
+    "newlines",
     "pack",
     "rebuild",
     "scalars",
     "split_bytes",
-    "split_text",
     "structure",
     "text_summary",
     "unpack",
     "view",
 ]
 
-# The largest segment: a read opens only the segments its slice needs.
+# A segment's size (the last may take SEGMENT_SLACK more): a read opens only the segments its slice needs.
 SEGMENT_BYTES = 64 * 1024
 
 
-def split_text(text: str) -> tuple[list[bytes], list[str]]:
-    """UTF-8 segments of at most SEGMENT_BYTES, cut on character boundaries,
-    and the text of each (decoded once, for the character and line indexes).
+def split_bytes(data: bytes) -> list[bytes]:
+    """Fixed-size segments of binary content, the last the rest (one empty segment for
+    empty content): the sealed floor's cut, whose reads find a segment by its offset."""
+    if not data:
+        return [b""]
+    return [data[i : i + SEGMENT_BYTES] for i in range(0, len(data), SEGMENT_BYTES)]
+
+
+# A tail of at most this many bytes joins the segment before it: content a little over
+# a segment (a 64 KiB value with its encoding's header) is one segment, kept in its row.
+# Entries of any cut read back: a text entry's sealed counts give each segment's
+# characters, and a binary entry's segments are full but its last, whatever its size.
+SEGMENT_SLACK = SEGMENT_BYTES // 16
+
+# A segment as it is sealed: the content's bytes, or a view of them (no copy).
+Piece = bytes | memoryview
+
+
+def _spans(size: int, segment: int, slack: int) -> list[tuple[int, int]]:
+    """(start, end) of each segment of ``size`` bytes: every ``segment`` bytes, the last up to ``slack`` more."""
+    starts = range(0, max(size - slack, 1), segment)  # a start leaves more than ``slack`` bytes after it
+    return [(start, start + segment) for start in starts[:-1]] + [(starts[-1], size)]
+
+
+def cut_bytes(data: bytes, segment: int = SEGMENT_BYTES, slack: int = SEGMENT_SLACK) -> list[Piece]:
+    """Binary content's segments: views of ``data``, each ``segment`` bytes but
+    the last (up to ``segment + slack``); one segment (``data``, empty or not) when it fits."""
+    if len(data) <= segment + slack:
+        return [data]
+    view = memoryview(data)
+    return [view[start:end] for start, end in _spans(len(data), segment, slack)]
+
+
+def cut_text(
+    text: str, segment: int = SEGMENT_BYTES, slack: int = SEGMENT_SLACK
+) -> tuple[list[Piece], list[int], list[int], int]:
+    """Text's UTF-8 segments (views of one encoding, cut on character boundaries,
+    each at most ``segment`` bytes (at least 4) but the last, up to ``segment + slack``), the
+    characters in each, the line breaks ending in each and the line count
+    (``line_index``'s): the text encoded once, and ASCII text (most) neither
+    decoded again nor copied, its breaks counted in the text itself.
 
     Raises:
         InvalidArgumentError: the text holds lone surrogates (not valid Unicode).
@@ -56,31 +98,60 @@ def split_text(text: str) -> tuple[list[bytes], list[str]]:
         data = text.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidArgumentError("text content must be valid Unicode (no lone surrogates)") from None
-    if len(data) <= SEGMENT_BYTES:  # one segment: the text is its own piece
-        return [data], [text]
-    segments = list(_utf8_chunks(data))
-    return segments, [chunk.decode("utf-8") for chunk in segments]
-
-
-def _utf8_chunks(data: bytes) -> Iterator[bytes]:
-    if not data:
-        yield b""
-        return
+    only_newlines = _only_newlines(text)  # ASCII, every break a "\n" (most text): counted in its bytes
+    if len(data) <= segment + slack:  # one segment: the text is its own piece
+        if only_newlines:
+            count = newlines(data)
+            return [data], [len(text)], [count], count + (text[-1:] not in ("", "\n"))
+        breaks, lines = line_index([text])
+        return [data], [len(text)], breaks, lines
     view = memoryview(data)
-    pos = 0
-    while pos < len(data):
-        end = min(pos + SEGMENT_BYTES, len(data))
-        while end < len(data) and data[end] & 0xC0 == 0x80:
+    if not text.isascii():
+        pieces: list[Piece] = list(_utf8_pieces(view, segment, slack))
+        decoded = [str(piece, "utf-8") for piece in pieces]
+        breaks, lines = line_index(decoded)
+        return pieces, list(map(len, decoded)), breaks, lines
+    # One byte a character: the cuts are the same in the text and in its bytes.
+    spans = _spans(len(data), segment, slack)
+    pieces = [view[start:end] for start, end in spans]
+    counts = [end - start for start, end in spans]
+    if only_newlines:
+        breaks = [newlines(data[start:end]) for start, end in spans]
+        return pieces, counts, breaks, sum(breaks) + (text[-1] != "\n")
+    breaks, lines = line_index([text[start:end] for start, end in spans])
+    return pieces, counts, breaks, lines
+
+
+# Lines longer than this on average are counted from break to break (``newlines``).
+_LONG_LINE = 40
+# The bytes whose breaks choose how ``newlines`` counts.
+_SAMPLE = 4096
+
+
+def newlines(data: bytes) -> int:
+    """``data.count(b"\n")``. Where lines average more than ``_LONG_LINE`` bytes
+    (most text), CPython's ``bytes.replace`` goes from break to break with memchr,
+    faster than ``count``'s byte loop; on denser breaks memchr's calls cost more
+    than the loop, so the first ``_SAMPLE`` bytes choose, and a denser part further
+    on stops ``replace`` at its cap, after which ``count`` runs."""
+    size = len(data)
+    if size <= _SAMPLE or data.count(b"\n", 0, _SAMPLE) * _LONG_LINE >= _SAMPLE:
+        return data.count(b"\n")
+    cap = size // _LONG_LINE + 1
+    removed = size - len(data.replace(b"\n", b"", cap))
+    return removed if removed < cap else data.count(b"\n")
+
+
+def _utf8_pieces(view: memoryview, segment: int, slack: int) -> Iterator[memoryview]:
+    """``view`` (valid UTF-8, more than ``segment + slack`` bytes) cut as ``cut_text`` does."""
+    size, pos = len(view), 0
+    while size - pos > segment + slack:
+        end = pos + segment
+        while view[end] & 0xC0 == 0x80:  # a continuation byte: the cut moves back to its character's start
             end -= 1
-        yield bytes(view[pos:end])
+        yield view[pos:end]
         pos = end
-
-
-def split_bytes(data: bytes) -> list[bytes]:
-    """Fixed-size segments of binary content (one empty segment for empty content)."""
-    if not data:
-        return [b""]
-    return [data[i : i + SEGMENT_BYTES] for i in range(0, len(data), SEGMENT_BYTES)]
+    yield view[pos:]
 
 
 SUMMARY_EDGE_CHARS = 500
@@ -97,9 +168,16 @@ def text_summary(text: str, edge: int = SUMMARY_EDGE_CHARS) -> str:
     return f"{text[:edge]}[... {omitted} characters omitted ...]{text[-edge:]}"
 
 
-def binary_summary(data: bytes) -> str:
-    """Size and a SHA-256 prefix of binary content."""
-    return f"binary, {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()[:16]}"
+def binary_summary(data: bytes, digest: bytes | None = None) -> str:
+    """Size and a SHA-256 prefix of binary content (``digest``: its SHA-256, taken already)."""
+    if digest is None:
+        digest = hashlib.sha256(data).digest()
+    return f"binary, {len(data)} bytes, sha256 {digest.hex()[:16]}"
+
+
+def binary_digest(data: bytes) -> bytes:
+    """The SHA-256 of binary content: its view's summary and its content identity both use it."""
+    return hashlib.sha256(data).digest()
 
 
 def structure(value: Any) -> dict[str, Any]:
@@ -314,8 +392,13 @@ def dumps(value: Any, *, indent: int | None = None) -> bytes:
     Raises:
         InvalidArgumentError: the value is not JSON-serializable.
     """
+    return _json_text(value, indent).encode("utf-8")
+
+
+def _json_text(value: Any, indent: int | None) -> str:
+    """``dumps`` as text. Raises InvalidArgumentError: not JSON-serializable."""
     try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False, indent=indent).encode("utf-8")
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, indent=indent)
     except (TypeError, ValueError) as exc:
         raise InvalidArgumentError(f"the observation is not JSON-serializable: {exc}") from None
 
@@ -362,26 +445,27 @@ def unpack(blob: bytes) -> Any:
     raise IntegrityError("the entry's sealed metadata has an unknown encoding")
 
 
-def classify(observation: Any, max_depth: int) -> tuple[str, str, str | bytes, dict[str, Any] | None]:
-    """(kind, shape, content, rest): what is stored as content and what as sealed fields.
+def classify(observation: Any, max_depth: int) -> tuple[str, str, str | bytes, dict[str, Any] | None, int]:
+    """(kind, shape, content, rest, the size of rest's JSON (``dumps``; 0 without rest)):
+    what is stored as content and what as sealed fields.
 
     Raises:
         InvalidArgumentError: non-string keys, nesting deeper than ``max_depth``,
             or fields that are not JSON.
     """
     if isinstance(observation, str):
-        return "text", "str", observation, None
+        return "text", "str", observation, None, 0
     if isinstance(observation, bytes | bytearray | memoryview):
-        return "binary", "bytes", bytes(observation), None
+        return "binary", "bytes", bytes(observation), None, 0
     if isinstance(observation, dict) and isinstance(observation.get("content"), str | bytes):
         rest = {k: v for k, v in observation.items() if k != "content"}
         _check_structure(rest, max_depth)
-        dumps(rest)  # the other fields must be JSON; fail before anything is stored
+        size = len(dumps(rest)) if rest else 0  # the other fields must be JSON; fail before anything is stored
         content = observation["content"]
-        return ("binary" if isinstance(content, bytes) else "text"), "dict", content, rest
+        return ("binary" if isinstance(content, bytes) else "text"), "dict", content, rest, size
     _check_structure(observation, max_depth)
-    # Indented JSON: the readable content, so that lines and grep mean something.
-    return "json", "json", dumps(observation, indent=2).decode("utf-8"), None
+    # Indented JSON: the readable content, so that lines and grep mean something (text: encoded once, to seal).
+    return "json", "json", _json_text(observation, 2), None, 0
 
 
 def _check_structure(value: Any, max_depth: int) -> None:
@@ -423,9 +507,10 @@ def view(
     rest: dict[str, Any] | None,
     observation: Any,
     limit: int,
+    digest: bytes | None = None,
 ) -> dict[str, Any]:
     """The synthetic view, without the id (added when the entry is returned),
-    within ``limit`` characters as JSON (with the id)."""
+    within ``limit`` characters as JSON (with the id); ``digest``: binary content's SHA-256, taken already."""
     shown: dict[str, Any] = {"step_num": step_num, "size_bytes": size_bytes, "kind": kind}
     if kind == "text" and rest is None and type(observation) is str:
         # Plain text, the usual observation: no fields, so no scalars and no metadata to measure.
@@ -435,7 +520,7 @@ def view(
         return shown if type(step_num) is type(size_bytes) is int and size <= limit else fit_view(shown, {}, limit)
     fields = rest if rest is not None else (observation if isinstance(observation, dict) else {})
     if isinstance(content, bytes):
-        shown["summary"] = binary_summary(content)
+        shown["summary"] = binary_summary(content, digest)
     elif kind == "text":
         shown["summary"] = text_summary(content)
     else:

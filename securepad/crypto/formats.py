@@ -6,8 +6,9 @@ Modelled on Tink's AES-GCM-HKDF streaming AEAD, adapted to random access:
   the owner and the format version in the info, gives a content key, a
   metadata key and a 32-byte key commitment (stored, checked before use);
 * content is cut into segments of at most 64 KiB (text on UTF-8 character
-  boundaries) sealed with AES-256-GCM; the nonce is a random 7-byte prefix,
-  the 4-byte segment number and a last-segment flag, so reordering,
+  boundaries; a tail of at most 4 KiB joins the last) sealed with
+  AES-256-GCM; the nonce is a random 7-byte prefix, the 4-byte segment
+  number and a last-segment flag, so reordering,
   truncating or extending the segment list fails authentication;
 * every segment's AAD is a hash of the entry header (id, owner, turn, kind,
   sizes, segment count), so a segment, an item key or a whole row moved to
@@ -24,6 +25,7 @@ import json
 import operator
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -196,7 +198,7 @@ class EntryCipher(Hidden):
     def _nonce(self, seq: int, last: bool) -> bytes:
         return self._prefix + struct.pack(">I?", seq, last)
 
-    def seal_segment(self, seq: int, data: bytes, last: bool) -> bytes:
+    def seal_segment(self, seq: int, data: bytes | memoryview, last: bool) -> bytes:
         return self._content.encrypt(self._nonce(seq, last), data, self._aad)
 
     def open_segment(self, seq: int, blob: bytes, last: bool) -> bytes:
@@ -219,7 +221,7 @@ class EntryCipher(Hidden):
 
 
 def seal_entry(
-    owner: Wrapper, header: Header, meta: bytes, segments: list[bytes]
+    owner: Wrapper, header: Header, meta: bytes, segments: Sequence[bytes | memoryview]
 ) -> tuple[dict[str, bytes], list[bytes], EntryCipher]:
     """Seal an entry under a fresh item key wrapped by ``owner`` (the owner's
     key of ``header.key_version``): the row's crypto columns, the sealed

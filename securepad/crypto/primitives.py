@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import os
 import struct
+from collections.abc import Sequence
 from typing import NoReturn, Protocol
 
 from cryptography.exceptions import InvalidTag
@@ -396,6 +397,7 @@ class RemoteWrapper(Wrapper):
 
 
 _CONTENT = lp("content")
+_CONTENT_DIGEST = lp("content-sha256")
 _SHA256 = hashes.SHA256()
 
 
@@ -418,9 +420,16 @@ class ContentIdentity(Hidden):
         self._mac = HMAC(derive(owner_key, "content-identity", lp(store_id, owner_user_id)), _SHA256)
         self._version = version
 
-    def of(self, kind: str, segments: list[bytes]) -> str:
+    def of(self, kind: str, segments: Sequence[bytes | memoryview]) -> str:
         mac = self._mac.copy()
         mac.update(_CONTENT + lp_texts(kind, str(sum(map(len, segments)))))
         for segment in segments:
             mac.update(segment)
+        return f"{self._version}:{mac.finalize().hex()}"
+
+    def of_digest(self, kind: str, size: int, digest: bytes) -> str:
+        """The identity of content of ``size`` bytes whose SHA-256 is ``digest`` (binary
+        content, whose view takes it anyway: the content is hashed once), in a domain of its own."""
+        mac = self._mac.copy()
+        mac.update(_CONTENT_DIGEST + lp_texts(kind, str(size)) + digest)
         return f"{self._version}:{mac.finalize().hex()}"

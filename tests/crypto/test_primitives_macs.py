@@ -37,6 +37,17 @@ def test_a_content_identity_is_hmac_sha256_of_its_segments(segments: list[bytes]
     assert identity.of(kind, segments) == f"3:{mac.hexdigest()}"
 
 
+@given(data=st.binary(max_size=300), kind=st.sampled_from(["binary", "text"]))
+def test_a_content_identity_of_a_digest_is_hmac_sha256_of_the_digest_in_its_own_domain(data: bytes, kind: str) -> None:
+    identity = ContentIdentity(_KEY, "store-1", "alice", 3)
+    key = derive(_KEY, "content-identity", lp("store-1", "alice"))
+    digest = hashlib.sha256(data).digest()
+    mac = hmac.new(key, lp("content-sha256", kind, str(len(data))) + digest, hashlib.sha256)
+    assert identity.of_digest(kind, len(data), digest) == f"3:{mac.hexdigest()}"
+    # Never the identity of other content: the digest's domain is not the content's.
+    assert identity.of_digest(kind, len(data), digest) != identity.of(kind, [digest])
+
+
 @given(owner=st.text(max_size=20), turn=st.text(max_size=20))
 def test_an_owner_term_is_hmac_sha256_of_owner_and_turn_in_its_own_domain(owner: str, turn: str) -> None:
     seal = CounterSeal(_KEY, "store-1")

@@ -150,7 +150,7 @@ class Batch:
                 shown_items.append(inline)
                 meta = prep.meta(self.principal, step, executor, created, created + ttl, inline)
                 if (version, index) not in identities or self.shown is not None:
-                    identities[(version, index)] = identity.of(prep.kind, prep.segments)
+                    identities[(version, index)] = prep.identity(identity)
                 meta["content_id"] = identities[(version, index)]
                 row, sealed, _ = prep.seal(wrapper, listing, version, owner, self.turn_id, meta)
                 rows.append(row)

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...core import shaping
-from ...core.shaping import split_bytes, split_text
+from ...core.shaping import Piece, cut_bytes, cut_text
 from ...crypto.formats import ENTRY_FORMAT, NONCE_PREFIX_BYTES, EntryCipher, Header, ListingKey, seal_entry
-from ...crypto.primitives import Wrapper
+from ...crypto.primitives import ContentIdentity, Wrapper
 from ...errors import QuotaExceededError
 from ...policy import Policy
 from ...principal import Principal
@@ -46,7 +46,7 @@ class Prepared:
     shape: str
     content: str | bytes
     rest: dict[str, Any] | None
-    segments: list[bytes]
+    segments: list[Piece]  # views of the content's bytes: sealed, never stored as they are
     counts: list[int] | None
     size_bytes: int
     size_chars: int
@@ -55,22 +55,24 @@ class Prepared:
     stored_bytes: int  # what the observation stores (max_entry_bytes); the row's cost on disk is row_cost
     view: dict[str, Any]
     inline_max_chars: int  # the view's bound, kept for the next-step re-seal
+    digest: bytes | None = None  # binary content's SHA-256: its view's and its identity's one pass
 
     @classmethod
     def of(cls, observation: Any, step_num: int, policy: Policy) -> Prepared:
         """Raises InvalidArgumentError (not storable) or QuotaExceededError (over ``max_entry_bytes``)."""
         max_entry_bytes = policy.max_entry_bytes
-        kind, shape, content, rest = shaping.classify(observation, policy.max_json_depth)
+        kind, shape, content, rest, rest_bytes = shaping.classify(observation, policy.max_json_depth)
         segments, counts, size_chars, breaks, line_count = split(content)
         size_bytes = sum(map(len, segments))
         # The limits count everything the observation stores: content and other fields.
-        stored_bytes = size_bytes + (len(shaping.dumps(rest)) if rest else 0)
+        stored_bytes = size_bytes + rest_bytes
         if stored_bytes > max_entry_bytes:
             raise QuotaExceededError(
                 f"the observation has {stored_bytes} bytes; the policy's max_entry_bytes is {max_entry_bytes}"
             )
         limit = policy.inline_max_chars
-        view = shaping.view(kind, step_num, size_bytes, content, rest, observation, limit)
+        digest = shaping.binary_digest(content) if isinstance(content, bytes) else None
+        view = shaping.view(kind, step_num, size_bytes, content, rest, observation, limit, digest)
         return cls(
             kind,
             shape,
@@ -85,7 +87,15 @@ class Prepared:
             stored_bytes,
             view,
             limit,
+            digest,
         )
+
+    def identity(self, identity: ContentIdentity) -> str:
+        """The content's identity under ``identity`` (the owner's, of one key version):
+        binary content's from its SHA-256 (hashed once, with its view), text's from its segments."""
+        if self.digest is not None:
+            return identity.of_digest(self.kind, self.size_bytes, self.digest)
+        return identity.of(self.kind, self.segments)
 
     def cost_bound(self, principal: Principal, turn_id: str, executor_name: str) -> int:
         """More than the entry's ``row_cost`` will be, before it is sealed."""
@@ -197,7 +207,14 @@ class Prepared:
         """Give the sealed ``row`` another step: its view made and its listing part sealed again."""
         meta["step_num"] = row["step_num"] = step_num
         meta["view"] = shaping.view(
-            self.kind, step_num, self.size_bytes, self.content, self.rest, observation, self.inline_max_chars
+            self.kind,
+            step_num,
+            self.size_bytes,
+            self.content,
+            self.rest,
+            observation,
+            self.inline_max_chars,
+            self.digest,
         )
         before = len(row["sealed_listing"])
         row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))
@@ -261,14 +278,12 @@ def row_cost(row: dict[str, Any], sealed: list[bytes], identifiers: int | None =
     return sealed_bytes + fields + identifiers + ENTRY_ROW_OVERHEAD
 
 
-def split(content: str | bytes) -> tuple[list[bytes], list[int] | None, int, list[int] | None, int | None]:
+def split(content: str | bytes) -> tuple[list[Piece], list[int] | None, int, list[int] | None, int | None]:
     """(segments, character counts, characters, line breaks, lines) of an entry's content."""
     if isinstance(content, bytes):
-        return split_bytes(content), None, 0, None, None
-    segments, pieces = split_text(content)
-    counts = list(map(len, pieces))
-    breaks, line_count = shaping.line_index(pieces)
-    return segments, counts, sum(counts), breaks, line_count
+        return cut_bytes(content), None, 0, None, None
+    segments, counts, breaks, line_count = cut_text(content)
+    return segments, counts, len(content), breaks, line_count
 
 
 def check_write_size(

@@ -320,7 +320,7 @@ class _Put:
             return sealed
         if version not in self.identities:
             identity = self.keys.identity(self.owner, version)
-            self.identities[version] = identity.of(self.prepared.kind, self.prepared.segments)
+            self.identities[version] = self.prepared.identity(identity)
         self.meta["content_id"] = self.identities[version]
         self.listings[version] = self.keys.listing_key(self.owner, version)  # for a re-step inside the write, too
         return self.prepared.seal(wrapper, self.listings[version], version, self.owner, self.turn_id, self.meta)

@@ -24,7 +24,7 @@ import pytest
 
 from securepad import Keyring, Scratchpad
 from securepad._steps import put_next
-from securepad.core.shaping import SEGMENT_BYTES
+from securepad.core.shaping import SEGMENT_BYTES, SEGMENT_SLACK
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg (pip install 'psycopg[binary]')")
 from psycopg import Connection  # noqa: E402  (needs psycopg)
@@ -34,7 +34,7 @@ from tests.support.counting import CountingConnection, trips  # noqa: E402
 from tests.support.principals import ALICE  # noqa: E402
 
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # about 4 KiB, 60 lines
-BIG = "y" * (SEGMENT_BYTES + 1)  # two segments
+BIG = "y" * (SEGMENT_BYTES + SEGMENT_SLACK + 1)  # two segments
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import apsw
 import pytest
 
 from securepad import Keyring, Principal, Scratchpad
-from securepad.core.shaping import SEGMENT_BYTES
+from securepad.core.shaping import SEGMENT_BYTES, SEGMENT_SLACK
 from securepad.errors import ExpiredError, NotFoundError
 
 T0 = 1_000_000.0
@@ -136,7 +136,7 @@ def test_gc_at_the_boundary(db_path: Path, pad: Scratchpad, alice: Principal, bo
 
 def test_gc_truncates_the_wal_and_scrubs_the_ciphertext(db_path: Path, pad: Scratchpad, alice: Principal) -> None:
     keep = put(pad, alice, "keep me " * 20000, ttl=3600)
-    doomed = put(pad, alice, os.urandom(3 * SEGMENT_BYTES + 123), step=2)
+    doomed = put(pad, alice, os.urandom(3 * SEGMENT_BYTES + SEGMENT_SLACK + 123), step=2)  # 4 segments
     pieces = [bytes(data) for (data,) in rows(db_path, "SELECT data FROM segments WHERE entry_id = ?", (doomed,))]
     (row,) = rows(db_path, "SELECT wrapped_key, commitment, sealed_meta FROM entries WHERE id = ?", (doomed,))
     pieces += [bytes(value) for value in row]
