@@ -40,7 +40,7 @@ class Recount:
     created: int
     reserved_before: int
     reserved_after: int
-    deleted: list[str | bytes] = field(default_factory=list)
+    deleted: list[Any] = field(default_factory=list)  # as stored: text, or what SQLite kept instead
     resealed: bool = False
 
     def report(self) -> dict[str, Any]:
@@ -65,7 +65,7 @@ def recount(owners: OwnerHeads, conn: Conn, owner: str, term: Term) -> Recount:
         IntegrityError: the owner head is missing, or it or the usage head fails authentication.
     """
     found: dict[str, Tally] = {}
-    deleted: list[str | bytes] = []
+    deleted: list[Any] = []
     special: dict[str, dict[str, Any]] = {}
     for row in conn.query(reading.OWNER_HEADS_SQL, (owner,)):
         turn_id = row["turn_id"]
@@ -77,7 +77,7 @@ def recount(owners: OwnerHeads, conn: Conn, owner: str, term: Term) -> Recount:
                 raise IntegrityError("a turn head's clear turn id is not text")
             found[turn_id] = owners.tally(row, owner, turn_id)
         except IntegrityError:
-            deleted.append(turn_id if isinstance(turn_id, str) else bytes(turn_id))
+            deleted.append(turn_id)
     if OWNER_HEAD not in special:
         raise owner_removed(owner)
     said = parse_owner(owners.open_body(special[OWNER_HEAD], owner, OWNER_HEAD))
