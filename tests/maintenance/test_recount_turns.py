@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from securepad import AsyncScratchpad, IntegrityError, InvalidArgumentError, NotFoundError, Scratchpad
+from securepad import AsyncScratchpad, IntegrityError, InvalidArgumentError, Keyring, NotFoundError, Scratchpad
+from securepad.bench.costs import measure
+from securepad.crypto.primitives import CounterSeal
 from securepad.store import parts
 from securepad.tables.heads.heads import OWNER_HEAD, USAGE_HEAD
 from tests.support.principals import ALICE, BOB, NOW
-from tests.support.tamper_edits import forge_head, owner_heads, put_back, raw_edit, remove_turn
+from tests.support.tamper_edits import forge_head, on_sqlite, owner_heads, put_back, raw_edit, remove_turn
 
 
 def _heads(pad: Scratchpad, owner: str = "alice") -> dict[str, bytes]:
@@ -190,3 +193,26 @@ def test_the_async_face_recounts(pad: Scratchpad, store_location: Any) -> None:
     assert asyncio.run(run())["turns_after"] == 2
     with Scratchpad.open(store_location, keyring=pad.keyring) as fresh:
         assert fresh.verify(now=NOW)["ok"]
+
+
+@pytest.mark.sqlite_only
+def test_a_recount_opens_each_head_once_and_sums_one_term_per_turn(
+    db_path: Path, keyring: Keyring, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        for i in range(50):
+            pad.put(ALICE, f"t{i:02d}", 1, "tool", "x", now=NOW)
+    with on_sqlite(db_path) as raw:
+        remove_turn(raw, "t07")
+    terms: list[str] = []
+    real = CounterSeal.owner_term
+
+    def counted(seal: CounterSeal, owner: str, turn: str) -> int:
+        terms.append(turn)
+        return real(seal, owner, turn)
+
+    monkeypatch.setattr(CounterSeal, "owner_term", counted)
+    with Scratchpad.open(db_path, keyring=keyring) as fresh:
+        costs = measure(fresh, lambda: fresh.recount_turns("alice"))
+        assert costs["head_opens"] == 49 + 2  # the turn heads, the owner head and the usage head
+        assert sorted(terms) == sorted(f"t{i:02d}" for i in range(50) if i != 7)
