@@ -74,6 +74,9 @@ class SaverMemory:
         self._names: dict[tuple[Any, ...], str] = {}
         # (scope, turn) -> the step this saver's last put in it took: the next put's guess.
         self._last_steps: dict[tuple[Scope, str], int] = {}
+        # (scope, turn) -> the highest step this saver's puts in it took, and that entry's
+        # executor (puts from several threads end in any order).
+        self._tops: dict[tuple[Scope, str], tuple[int, str]] = {}
         # (scope, thread, ns) -> the channel values of checkpoints put or read there.
         self._values: dict[tuple[Scope, str, str], ChannelValues] = {}
         # (scope, writes turn) -> the pending writes known stored there.
@@ -110,12 +113,22 @@ class SaverMemory:
         """The step this saver's last put in ``turn`` took (None: none remembered)."""
         return self._last_steps.get((scope_of(self.pad, principal), turn))
 
-    def took_step(self, principal: Principal, turn: str, step: int) -> None:
-        """Remember the step a put in ``turn`` took."""
+    def top_executor(self, principal: Principal, turn: str) -> str | None:
+        """The executor of the entry at the highest step this saver's puts in ``turn``
+        took (None: none remembered): a hint of what the turn's newest entry is."""
+        found = self._tops.get((scope_of(self.pad, principal), turn))
+        return None if found is None else found[1]
+
+    def took_step(self, principal: Principal, turn: str, step: int, executor: str) -> None:
+        """Remember the step a put of an ``executor`` entry in ``turn`` took."""
+        key = (scope_of(self.pad, principal), turn)
         with self._lock:
             if len(self._last_steps) >= KEPT:
                 self._last_steps.clear()
-            self._last_steps[(scope_of(self.pad, principal), turn)] = step
+                self._tops.clear()
+            self._last_steps[key] = step
+            if step >= self._tops.get(key, (0, ""))[0]:
+                self._tops[key] = (step, executor)
 
     # -- channel values --------------------------------------------------------------
 

@@ -1,9 +1,11 @@
 """The sealed records under ``SecurepadSaver``: checkpoints, pending writes,
 channel values (blobs) and the owner's thread list as securepad entries.
 
-This layer knows where each record lives (its turn, its executor), checks
-that what it lists or opens is the saver's own record for the place it was
-found, keeps big values and the thread list alive, and deletes. It handles
+This layer knows where each record lives (its turn, its executor, the
+format that decides where a checkpoint's writes are), checks that what it
+lists or opens is the saver's own record for the place it was found, and
+deletes (``_saver_values`` keeps big values alive, ``_saver_threads`` the
+thread list). It handles
 bytes and sealed metadata only: the serializer (``serde``) belongs to the
 saver's face, which LangGraph may clone with another one
 (``BaseCheckpointSaver.with_allowlist``). See ``langgraph_saver`` for the
@@ -16,7 +18,6 @@ import base64
 import contextlib
 import hashlib
 import json
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,20 +26,23 @@ from ..errors import ExpiredError, IntegrityError, NotFoundError
 from ..principal import Principal
 from ..store import Scratchpad
 from ._saver_memory import SaverMemory, Scope, Stored, scope_of
+from ._saver_order import Arrivals
 
 __all__ = [
     "BLOB",
     "CHECKPOINT",
     "FORMAT",
+    "FORMATS",
     "THREAD",
+    "THREAD_CHOICE",
     "TURN_PREFIX",
+    "VALUE_CHOICE",
     "WRITE",
+    "WRITES_FROM",
     "Loads",
     "SaverRecords",
     "Scope",
     "Stored",
-    "ThreadList",
-    "copy_checkpoints",
     "expect",
     "highest",
     "keyed_turn",
@@ -46,6 +50,8 @@ __all__ = [
     "scope_of",
     "sealed",
     "turn_id",
+    "writes_floor",
+    "writes_of",
 ]
 
 # Every turn the saver uses starts with this; see SECURITY.md for what it reserves.
@@ -57,10 +63,16 @@ CHECKPOINT = "langgraph.checkpoint"
 WRITE = "langgraph.write"
 BLOB = "langgraph.blob"
 THREAD = "langgraph.thread"
-FORMAT = 1
+# The format the saver writes (2: a checkpoint's pending writes are entries of its
+# thread's turn, from its ``writes_from`` step up) and those it reads (1: a
+# checkpoint's pending writes are the entries of its own turn, see ``writes_turn``).
+FORMAT = 2
+FORMATS = (1, 2)
 # The leading sealed fields of each kind of entry that choose it (and check where
 # it was found); the saver writes them before the rest, the data last (see listed).
 CHECKPOINT_CHOICE = ("format", "thread_id", "ns", "checkpoint_id")
+# A checkpoint of format 2 also needs this one to choose its writes.
+WRITES_FROM = "writes_from"
 WRITE_CHOICE = ("format", "thread_id", "ns", "checkpoint_id", "task_id", "task_path", "idxs", "type")
 VALUE_CHOICE = ("format", "thread_id", "ns", "channel", "version")
 THREAD_CHOICE = ("format", "thread_id")
@@ -110,11 +122,11 @@ def expect(meta: Mapping[str, Any], **fields: Any) -> None:
 
 
 def newest_of(
-    pad: Scratchpad, principal: Principal, turn: str, executor: str, now: float, **expected: Any
-) -> Stored | None:
+    pad: Scratchpad, principal: Principal, turn: str, executors: tuple[str, ...], now: float, **expected: Any
+) -> tuple[str, Stored] | None:
     """The turn's newest live entry, whole (``_steps.newest_entry``: the turn checked
-    against its head, the newest alone opened), which must be the saver's ``executor``
-    entry with the sealed fields ``expected``; None: the turn has none."""
+    against its head, the newest alone opened), with its executor, which must be one
+    of the saver's ``executors``, its sealed fields ``expected``; None: the turn has none."""
     entry = newest_entry(pad, principal, turn, now=now)
     if entry is None:
         return None
@@ -123,13 +135,35 @@ def newest_of(
     if (
         not isinstance(meta, dict)
         or not isinstance(observation.get("content"), bytes)
-        or entry.executor_name != executor
-        or meta.get("format") != FORMAT
+        or entry.executor_name not in executors
+        or meta.get("format") not in FORMATS
     ):
-        raise IntegrityError(f"an entry in the saver's turn {turn} is not one of its {executor} entries")
+        raise IntegrityError(f"an entry in the saver's turn {turn} is not one of its {executors} entries")
     expect(meta, **expected)
     data = base64.b64decode(meta["data"]) if "data" in meta else observation["content"]
-    return Stored(entry.scratchpad_id, float(entry.expires_at), meta, True, int(entry.step_num), data)
+    stored = Stored(entry.scratchpad_id, float(entry.expires_at), meta, True, int(entry.step_num), data)
+    return entry.executor_name, stored
+
+
+def writes_floor(checkpoint: Stored) -> int:
+    """The lowest step of a format 2 checkpoint's pending writes in its thread's turn:
+    its ``writes_from`` (the lowest of the writes put before it), else its own step."""
+    floor = checkpoint.meta.get(WRITES_FROM)
+    return checkpoint.step_num if floor is None else int(floor)
+
+
+def writes_of(checkpoint: Stored, writes: list[Stored]) -> list[Stored] | None:
+    """A checkpoint's pending write entries among its thread's ``writes``, in step
+    order: those of its namespace and id from ``writes_floor`` up (a checkpoint of
+    format 1: None, its writes are the entries of its own turn)."""
+    meta = checkpoint.meta
+    if meta["format"] == 1:
+        return None
+    if not writes:
+        return []
+    floor, ns, checkpoint_id = writes_floor(checkpoint), meta["ns"], meta["checkpoint_id"]
+    mine = [w for w in writes if w.meta["ns"] == ns and w.meta["checkpoint_id"] == checkpoint_id]
+    return sorted((w for w in mine if w.step_num >= floor), key=lambda w: w.step_num)
 
 
 class SaverRecords:
@@ -147,6 +181,8 @@ class SaverRecords:
         self.clock = clock
         # What the saver remembers between calls (turn names, steps, values, writes).
         self.memory = SaverMemory(pad, ttl_seconds)
+        # Which checkpoints this saver knows stored, and their early writes.
+        self.arrivals = Arrivals(pad)
         # One of this process's writes into the store at a time (``_steps.writer_lock``).
         self.writing = writer_lock(pad)
 
@@ -212,10 +248,12 @@ class SaverRecords:
         its view was cut before one of ``needs``), checked to be a saver entry."""
         meta = item["view"].get("metadata") or {}
         whole = "metadata" not in item["view"].get("view_cut", ())
+        if executor == CHECKPOINT and meta.get("format") != 1:
+            needs = (*needs, WRITES_FROM)
         if not whole and not all(name in meta for name in needs):
             meta, _ = self.content(principal, item["scratchpad_id"], f"an entry of the saver's turn {turn}")
             whole = True
-        if item["executor_name"] != executor or meta.get("format") != FORMAT:
+        if item["executor_name"] != executor or meta.get("format") not in FORMATS:
             raise IntegrityError(f"an entry in the saver's turn {turn} is not one of its {executor} entries")
         return Stored(item["scratchpad_id"], float(item["expires_at"]), meta, whole, int(item["step_num"]))
 
@@ -239,7 +277,7 @@ class SaverRecords:
         if all(name in stored.meta for name in names):
             return stored
         meta, _ = self.opened(principal, stored, f"entry {stored.scratchpad_id}")
-        return Stored(stored.scratchpad_id, stored.expires_at, meta)
+        return Stored(stored.scratchpad_id, stored.expires_at, meta, True, stored.step_num)
 
     def opened(self, principal: Principal, stored: Stored, what: str) -> tuple[dict[str, Any], bytes]:
         """An entry's whole sealed metadata and what it holds: in its sealed
@@ -255,77 +293,95 @@ class SaverRecords:
             raise IntegrityError(f"{what} changed while it was read")
         return meta, base64.b64decode(meta["data"]) if "data" in meta else content
 
-    def checkpoints(self, principal: Principal, thread_id: str, *needs: str) -> list[Stored]:
-        """The live checkpoint entries of a thread, their sealed metadata checked
-        (and holding ``needs``, e.g. ``"metadata"`` to match LangGraph's, see ``listed``)."""
+    def thread(self, principal: Principal, thread_id: str, *needs: str) -> tuple[list[Stored], list[Stored]]:
+        """The live checkpoint and pending-write entries of a thread's turn, their
+        sealed metadata checked (a checkpoint's holding ``needs``, e.g. ``"metadata"``
+        to match LangGraph's, see ``listed``), each in step order."""
         turn = self.turn(principal, "thread", thread_id)
-        return self.listed(principal, turn, CHECKPOINT, CHECKPOINT_CHOICE + needs, thread_id=thread_id)
-
-    def checkpoint(self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str | None) -> Stored | None:
-        """The thread's checkpoint ``checkpoint_id`` of ``ns``, else its newest of
-        ``ns`` (None: none), choosing on the views newest step first, so that
-        the newest opens one view (``_steps.newest_first``: the whole turn is
-        still checked against its head). A thread's checkpoints take its steps
-        in the order they are put, which is their ids' order: LangGraph's ids
-        grow with time, and ``import_thread`` and ``copy_thread`` put the oldest
-        first. A view cut before the fields that choose (a policy of very
-        narrow views) makes every view worth reading whole: then the choice is
-        made on the whole listing, by id."""
-        turn = self.turn(principal, "thread", thread_id)
-        if checkpoint_id is None:  # the latest: the turn's newest entry, when it is of ``ns``
-            newest = newest_of(self.pad, principal, turn, CHECKPOINT, self.clock(), thread_id=thread_id)
-            if newest is None or newest.meta["ns"] == ns:
-                return newest
-        for item in newest_first(self.pad, principal, turn, now=self.clock()):
-            shown = item["view"].get("metadata") or {}
-            if not all(name in shown for name in CHECKPOINT_CHOICE):
-                return highest(self.checkpoints(principal, thread_id), ns, checkpoint_id)
-            stored = self._stored(principal, turn, CHECKPOINT, CHECKPOINT_CHOICE, item)
+        checkpoints: list[Stored] = []
+        writes: list[Stored] = []
+        for item in self.pad.list_for_turn(principal, turn, now=self.clock()):
+            stored = self._either(principal, turn, item, CHECKPOINT_CHOICE + needs)
             expect(stored.meta, thread_id=thread_id)
-            if stored.meta["ns"] == ns and checkpoint_id in (None, stored.meta["checkpoint_id"]):
-                return stored
-        return None
+            (checkpoints if item["executor_name"] == CHECKPOINT else writes).append(stored)
+        return checkpoints, writes
+
+    def _either(self, principal: Principal, turn: str, item: dict[str, Any], needs: tuple[str, ...]) -> Stored:
+        """A listed entry of a thread's turn: a checkpoint (holding ``needs``) or a pending write."""
+        if item["executor_name"] == WRITE:
+            return self._stored(principal, turn, WRITE, WRITE_CHOICE, item)
+        return self._stored(principal, turn, CHECKPOINT, needs, item)
+
+    def checkpoints(self, principal: Principal, thread_id: str, *needs: str) -> list[Stored]:
+        """The live checkpoint entries of a thread (see ``thread``)."""
+        return self.thread(principal, thread_id, *needs)[0]
+
+    def checkpoint(
+        self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str | None
+    ) -> tuple[Stored, list[Stored] | None] | None:
+        """The thread's checkpoint ``checkpoint_id`` of ``ns``, else its newest of
+        ``ns`` (None: none), with its pending write entries (``writes_of``),
+        choosing on the views newest step first and opening them down to its
+        ``writes_floor``, so that the newest opens few views (``_steps.newest_first``:
+        the whole turn is still checked against its head). A thread's checkpoints
+        take its steps in the order they are put, which is their ids' order:
+        LangGraph's ids grow with time, and ``import_thread`` and ``copy_thread``
+        put the oldest first. An entry whose view was cut before the fields that
+        choose (a policy of very narrow views) is read whole when reached."""
+        turn = self.turn(principal, "thread", thread_id)
+        newest = None
+        # The latest: the turn's newest entry, when it is of ``ns`` with no write below it
+        # (unless this saver's highest step there holds a write: then it is not).
+        if checkpoint_id is None and self.memory.top_executor(principal, turn) != WRITE:
+            found = newest_of(self.pad, principal, turn, (CHECKPOINT, WRITE), self.clock(), thread_id=thread_id)
+            if found is None:
+                return None
+            kind, newest = found
+            if kind == CHECKPOINT and newest.meta["ns"] == ns and newest.meta.get(WRITES_FROM) is None:
+                return newest, writes_of(newest, [])
+        return self._scan(principal, thread_id, turn, (ns, checkpoint_id), whole=newest)
+
+    def _scan(
+        self, principal: Principal, thread_id: str, turn: str, wanted: tuple[str, str | None], whole: Stored | None
+    ) -> tuple[Stored, list[Stored] | None] | None:
+        """``checkpoint``'s choice on the views of the thread's turn, newest first;
+        ``whole``: an entry of it already read whole (not read again)."""
+        ns, checkpoint_id = wanted
+        writes: list[Stored] = []
+        chosen: Stored | None = None
+        for item in newest_first(self.pad, principal, turn, now=self.clock()):
+            if (
+                whole is not None
+                and item["scratchpad_id"] == whole.scratchpad_id
+                and item["step_num"] == whole.step_num
+            ):
+                stored = whole
+            else:
+                stored = self._either(principal, turn, item, CHECKPOINT_CHOICE)
+            expect(stored.meta, thread_id=thread_id)
+            if item["executor_name"] == WRITE:
+                writes.append(stored)
+            elif chosen is None and stored.meta["ns"] == ns and checkpoint_id in (None, stored.meta["checkpoint_id"]):
+                chosen = stored
+            if chosen is not None and (chosen.meta["format"] == 1 or stored.step_num <= writes_floor(chosen)):
+                break
+        return None if chosen is None else (chosen, writes_of(chosen, writes))
 
     def writes(self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str) -> list[Stored]:
-        """The live pending-write entries of a checkpoint, their sealed metadata checked."""
+        """The live pending-write entries of a checkpoint of format 1 (in its own
+        turn, ``writes_turn``), their sealed metadata checked."""
         turn = self.turn(principal, "writes", thread_id, ns, checkpoint_id)
         where = {"thread_id": thread_id, "ns": ns, "checkpoint_id": checkpoint_id}
         return self.listed(principal, turn, WRITE, WRITE_CHOICE, **where)
 
-    def pending_writes(
-        self, principal: Principal, thread_id: str, ns: str, checkpoint_id: str, loads: Loads
-    ) -> list[tuple[str, str, Any]]:
-        """A checkpoint's pending writes as LangGraph wants them: (task id, channel,
-        value), in the order it applies them; ``loads`` is the saver's ``serde.loads_typed``."""
-        found: dict[tuple[str, int], tuple[tuple[str, str, int], tuple[str, str, Any]]] = {}
-        for stored in self.writes(principal, thread_id, ns, checkpoint_id):  # in step order
-            meta = stored.meta
-            for idx, channel, value in self.write_items(principal, stored, loads):
-                # A write stored twice (by two writers) counts as put_writes keeps it: the
-                # first, except a special write (negative index), which the newer replaces.
-                task_id = meta["task_id"]
-                if idx >= 0 and (task_id, idx) in found:
-                    continue
-                found[task_id, idx] = ((meta["task_path"], task_id, idx), (task_id, channel, value))
-        # LangGraph applies a step's writes in this order (see langgraph's writes_sort_key).
-        return [write for _, write in sorted(found.values(), key=lambda pair: pair[0])]
-
-    def write_items(self, principal: Principal, stored: Stored, loads: Loads) -> list[tuple[int, str, Any]]:
-        """The (idx, channel, value) writes of one put_writes entry."""
-        meta, data = self.opened(principal, stored, "a pending write")
-        found = [(int(idx), str(channel), value) for idx, channel, value in loads((meta["type"], data))]
-        if [idx for idx, _, _ in found] != meta["idxs"]:
-            raise IntegrityError("a pending write entry does not hold the writes its metadata names")
-        return found
-
-    def value_content(
-        self, principal: Principal, thread_id: str, ns: str, channel: str, version: Any, value_id: str
-    ) -> tuple[dict[str, Any], bytes]:
-        """A big channel value's sealed metadata and serialized form, checked to be
-        the value of ``(thread_id, ns, channel, version)``."""
-        meta, data = self.content(principal, value_id, f"the value of channel {channel!r}")
-        expect(meta, thread_id=thread_id, ns=ns, channel=channel, version=version)
-        return meta, data
+    def writes_for(
+        self, principal: Principal, thread_id: str, checkpoint: Stored, writes: list[Stored] | None
+    ) -> list[Stored]:
+        """A checkpoint's pending write entries in step order: ``writes`` (``writes_of``),
+        or for a checkpoint of format 1 (None) the entries of its own turn."""
+        if writes is not None:
+            return writes
+        return self.writes(principal, thread_id, checkpoint.meta["ns"], checkpoint.meta["checkpoint_id"])
 
     # -- writing -------------------------------------------------------------------
 
@@ -346,7 +402,7 @@ class SaverRecords:
         view = put_next(
             self.pad, principal, turn, executor, observation, ttl, now=now, guess=None if last is None else last + 1
         )
-        self.memory.took_step(principal, turn, int(view["step_num"]))
+        self.memory.took_step(principal, turn, int(view["step_num"]), executor)
         return view
 
     def put_checkpoint(self, principal: Principal, thread_id: str, observation: Any, ttl: int, now: float) -> None:
@@ -359,57 +415,6 @@ class SaverRecords:
             self.memory.found_keyed(principal, thread_id)
             self.memory.named(principal, "thread", thread_id, (), turn)
 
-    def put_value(
-        self,
-        principal: Principal,
-        thread_id: str,
-        ns: str,
-        channel: str,
-        version: Any,
-        kind: str,
-        data: bytes,
-        now: float,
-    ) -> Stored:
-        """Store a big channel value as an entry of its own, and remember it. The
-        value's turn is new (versions are unique per write): its step is 1."""
-        meta = {
-            "format": FORMAT,
-            "thread_id": thread_id,
-            "ns": ns,
-            "channel": channel,
-            "version": version,
-            "type": kind,
-        }
-        turn = self.turn(principal, "value", thread_id, ns, channel, version)
-        view = self.put(principal, turn, BLOB, {"content": data, "metadata": meta}, self.ttl_seconds, now, 0)
-        stored = Stored(view["scratchpad_id"], now + self.ttl_seconds, meta)
-        self.memory.keep_channel_values(principal, thread_id, ns, {(channel, str(version)): stored})
-        return stored
-
-    def value(
-        self, principal: Principal, thread_id: str, ns: str, channel: str, version: Any, now: float
-    ) -> Stored | None:
-        """The entry of an unchanged channel's value that ``channel_values`` does
-        not know (None: the value was inline, or its entry is gone), from the
-        value's turn, kept alive (``kept_alive``)."""
-        turn = self.turn(principal, "value", thread_id, ns, channel, version)
-        where = {"thread_id": thread_id, "ns": ns, "channel": channel, "version": version}
-        listed = self.listed(principal, turn, BLOB, VALUE_CHOICE, **where)
-        found = max(listed, key=lambda s: s.expires_at) if listed else None
-        return None if found is None else self.kept_alive(principal, thread_id, ns, channel, version, found, now)
-
-    def kept_alive(
-        self, principal: Principal, thread_id: str, ns: str, channel: str, version: Any, stored: Stored, now: float
-    ) -> Stored:
-        """A value's entry that a new checkpoint refers to again: one with less than
-        half the TTL left gets the whole TTL again."""
-        if stored.expires_at - now >= self.ttl_seconds / 2:
-            return stored
-        turn = self.turn(principal, "value", thread_id, ns, channel, version)
-        with self.writing:
-            self.pad.extend_turn(principal, turn, self.ttl_seconds, now=now)
-        return Stored(stored.scratchpad_id, now + self.ttl_seconds, stored.meta)
-
     # -- deleting ------------------------------------------------------------------
 
     def delete(self, principal: Principal, scratchpad_id: str) -> None:
@@ -417,108 +422,33 @@ class SaverRecords:
         with self.writing, contextlib.suppress(NotFoundError):
             self.pad.delete(principal, scratchpad_id)
 
-    def drop(self, principal: Principal, thread_id: str, doomed: list[Stored], kept: list[Stored]) -> None:
-        """Delete checkpoints with their pending writes and the values no kept checkpoint refers to."""
+    def drop(
+        self,
+        principal: Principal,
+        thread_id: str,
+        doomed: list[Stored],
+        kept: list[Stored],
+        writes: list[Stored],
+    ) -> None:
+        """Delete checkpoints with their pending writes (of format 2: those among the
+        thread's ``writes`` for their namespace and id) and the values no kept
+        checkpoint refers to. ``kept`` empty: the whole thread goes, every write with it."""
         doomed = [self.having(principal, stored, "values") for stored in doomed]
         kept = [self.having(principal, stored, "values") for stored in kept]
         in_use = {value_id for stored in kept for _, value_id in stored.meta["values"].values()}
+        going = {(s.meta["ns"], s.meta["checkpoint_id"]) for s in doomed}
+        for write in writes:
+            if not kept or (write.meta["ns"], write.meta["checkpoint_id"]) in going:
+                self.delete(principal, write.scratchpad_id)
         for stored in doomed:
             meta = stored.meta
-            for write in self.writes(principal, thread_id, meta["ns"], meta["checkpoint_id"]):
-                self.delete(principal, write.scratchpad_id)
+            if meta["format"] == 1:
+                for write in self.writes(principal, thread_id, meta["ns"], meta["checkpoint_id"]):
+                    self.delete(principal, write.scratchpad_id)
             for _, value_id in meta["values"].values():
                 if value_id not in in_use:
                     self.delete(principal, value_id)
             self.delete(principal, stored.scratchpad_id)
         gone = {value_id for stored in doomed for _, value_id in stored.meta["values"].values()} - in_use
         self.memory.forget(gone)
-
-
-def copy_checkpoints(
-    records: SaverRecords,
-    principal: Principal,
-    listed: list[Stored],
-    source: str,
-    target_principal: Principal,
-    target: str,
-    now: float,
-) -> None:
-    """Copy the checkpoints ``listed`` of thread ``source``, with their writes and
-    values, to thread ``target`` of the same owner (sealed again under its turns),
-    through ``records``."""
-    copied_values: dict[str, Stored] = {}
-    for stored in sorted(listed, key=lambda s: s.meta["checkpoint_id"]):
-        meta, content = records.content(principal, stored.scratchpad_id, "a checkpoint")
-        ns, checkpoint_id = meta["ns"], meta["checkpoint_id"]
-        values = {}
-        for channel, (version, value_id) in meta["values"].items():
-            if value_id not in copied_values:
-                value_meta, data = records.content(principal, value_id, f"the value of channel {channel!r}")
-                copied_values[value_id] = records.put_value(
-                    target_principal, target, ns, channel, version, value_meta["type"], data, now
-                )
-            values[channel] = [version, copied_values[value_id].scratchpad_id]
-        for write in records.writes(principal, source, ns, checkpoint_id):
-            write_meta, data = records.content(principal, write.scratchpad_id, "a pending write")
-            observation: dict[str, Any] = {"content": data, "metadata": {**write_meta, "thread_id": target}}
-            turn = records.turn(target_principal, "writes", target, ns, checkpoint_id)
-            records.put(target_principal, turn, WRITE, observation, records.ttl_seconds, now)
-        observation = {"content": content, "metadata": {**meta, "thread_id": target, "values": values}}
-        turn = records.turn(target_principal, "thread", target)
-        records.put(target_principal, turn, CHECKPOINT, observation, records.ttl_seconds, now)
-
-
-class ThreadList:
-    """Each owner's threads, in the turn ``securepad.langgraph:threads`` (for
-    ``delete_for_runs`` and ``list(None)``), cached with each entry's expiry
-    per principal scope (an actor or channel the policy's scope names lists
-    its own entries of the list only)."""
-
-    def __init__(self, records: SaverRecords) -> None:
-        self.records = records
-        self._lock = threading.Lock()
-        # the principal's scope -> {thread_id: expiry of its entry in the owner's thread list}:
-        # what a principal finds in the list depends on its scope, not on its owner alone.
-        self._threads: dict[Scope, dict[str, float]] = {}
-
-    def of(self, principal: Principal) -> dict[str, float]:
-        """The owner's threads in the principal's scope, each with the expiry of its entry in the list."""
-        scope = scope_of(self.records.pad, principal)
-        with self._lock:
-            known = self._threads.get(scope)
-        if known is None:
-            known = {}
-            for stored in self.records.listed(principal, turn_id("threads"), THREAD, THREAD_CHOICE):
-                tid = stored.meta["thread_id"]
-                known[tid] = max(known.get(tid, 0.0), stored.expires_at)
-            with self._lock:
-                self._threads[scope] = known
-        return known
-
-    def register(self, principal: Principal, thread_id: str, now: float) -> None:
-        """Note the thread in the owner's list (once), and keep the list alive."""
-        known = self.of(principal)
-        expires = known.get(thread_id)
-        turn = turn_id("threads")
-        ttl = self.records.ttl_seconds
-        if expires is None:
-            entry = {"content": thread_id.encode(), "metadata": {"format": FORMAT, "thread_id": thread_id}}
-            self.records.put(principal, turn, THREAD, entry, ttl, now)
-            expires = now + ttl
-        elif expires - now < ttl / 2:
-            with self.records.writing:
-                self.records.pad.extend_turn(principal, turn, ttl, now=now)
-            with self._lock:
-                for tid in known:
-                    known[tid] = max(known[tid], now + ttl)
-            expires = now + ttl
-        with self._lock:
-            known[thread_id] = expires
-
-    def unregister(self, principal: Principal, thread_id: str) -> None:
-        """Take the thread out of the owner's list."""
-        for stored in self.records.listed(principal, turn_id("threads"), THREAD, THREAD_CHOICE):
-            if stored.meta["thread_id"] == thread_id:
-                self.records.delete(principal, stored.scratchpad_id)
-        with self._lock:
-            self._threads.get(scope_of(self.records.pad, principal), {}).pop(thread_id, None)
+        self.arrivals.forget()

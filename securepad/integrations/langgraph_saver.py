@@ -6,20 +6,29 @@ evidence and expiry are the store's own).
 - a thread is one turn of its owner, named by a keyed digest of the thread id
   (``_saver_records.keyed_turn``: never in clear, not recoverable by hashing
   guesses); each checkpoint (any namespace) is one entry of it, executor
-  ``langgraph.checkpoint``, its sealed metadata carrying the thread,
-  namespace, ids, LangGraph's metadata and the entries of its big values;
+  ``langgraph.checkpoint``, its sealed metadata carrying the format, thread,
+  namespace, ids, ``writes_from``, LangGraph's metadata and the entries of
+  its big values;
+- a task's pending writes for a checkpoint are one entry of the same turn
+  (format 2): those put once the checkpoint is stored take steps above it,
+  those LangGraph's loop puts while it is on its way steps below it, the
+  lowest of which the checkpoint seals as ``writes_from`` (``_saver_order``);
+  a graph step thus puts into turns that exist and makes none. A checkpoint
+  of format 1 (written before) has its writes in the turn of ``(thread,
+  namespace, checkpoint id)``, where a write put for it still goes;
 - a channel value serialized larger than ``inline_max_bytes`` is an entry of
-  the turn of ``(thread, namespace, channel, version)``, stored once per version;
-- a checkpoint's pending writes are entries of the turn of ``(thread,
-  namespace, checkpoint id)``; the owner's threads are listed in the turn
+  the turn of ``(thread, namespace, channel)`` (format 1: of its version),
+  stored once per version; the owner's threads are listed in the turn
   ``securepad.langgraph:threads``.
 
 ``get_tuple`` chooses on the thread's views newest first and opens the views
-up to the checkpoint it returns (the newest: one); ``list`` chooses on the
-whole listing; both open whole only what they return. Each entry takes its
-turn's next step in the write transaction; nothing depends on that order. A
-checkpoint never outlives the values it references. ``_saver_records`` holds
-the sealed records, ``_saver_async`` the async face derived from this one.
+down to the checkpoint it returns and its ``writes_from`` (the newest with no
+write below it: none, it is read whole alone); ``list`` chooses on the whole
+listing, which brings every checkpoint's writes; both open whole only what
+they return. Each entry takes its turn's next step in the write transaction.
+A checkpoint never outlives the values it references. ``_saver_records``
+holds the sealed records, ``_saver_writes`` ``put_writes``, ``_saver_async``
+the async face derived from this one; ``_saver_values`` the big values and ``copy_thread``.
 """
 
 from __future__ import annotations
@@ -33,7 +42,6 @@ from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
-    WRITES_IDX_MAP,
     BaseCheckpointSaver,
     ChannelVersions,
     Checkpoint,
@@ -48,20 +56,22 @@ from ..errors import InvalidArgumentError
 from ..principal import Principal
 from ..store import Scratchpad
 from ._saver_async import ThreadedAsyncSaver
-from ._saver_memory import ChannelValues, KnownWrites
+from ._saver_memory import ChannelValues
 from ._saver_records import (
     FORMAT,
     TURN_PREFIX,
-    WRITE,
+    WRITES_FROM,
     SaverRecords,
     Stored,
-    ThreadList,
-    copy_checkpoints,
     highest,
     keyed_turn,
     sealed,
     turn_id,
+    writes_of,
 )
+from ._saver_threads import ThreadList
+from ._saver_values import ValueRecords, copy_checkpoints
+from ._saver_writes import pending_writes, put_writes
 
 __all__ = ["INLINE_MAX_BYTES", "TURN_PREFIX", "SecurepadSaver", "keyed_turn", "turn_id"]
 
@@ -121,6 +131,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
         self.inline_max_bytes = inline_max_bytes
         self._clock = clock
         self.records = SaverRecords(pad, self.ttl_seconds, clock)
+        self.values = ValueRecords(self.records)
         self.threads = ThreadList(self.records)
 
     def _who(self, config: RunnableConfig) -> Principal:
@@ -148,7 +159,14 @@ class SecurepadSaver(ThreadedAsyncSaver):
         thread_id, ns = _thread_of(config)
         wanted = get_checkpoint_id(config)
         found = self.records.checkpoint(principal, thread_id, ns, wanted)
-        return None if found is None else _checkpoint_tuple(self, principal, thread_id, found)
+        if found is None:
+            if wanted is None:
+                self.records.arrivals.none_stored(principal, thread_id, ns)
+            return None
+        stored, writes = found
+        where = self.records.arrivals.where(principal, thread_id, ns, stored.meta["checkpoint_id"])
+        self.records.arrivals.stored(where, stored.meta["format"], newest=wanted is None)
+        return _checkpoint_tuple(self, principal, thread_id, stored, writes)
 
     def list(
         self,
@@ -174,14 +192,15 @@ class SecurepadSaver(ThreadedAsyncSaver):
         below = get_checkpoint_id(before) if before is not None else None
         if limit is not None and limit <= 0:
             return
-        found: builtins.list[tuple[str, Stored]] = []
+        found: builtins.list[tuple[str, Stored, builtins.list[Stored]]] = []
         for thread_id in threads:
-            for stored in self.records.checkpoints(principal, thread_id, *(["metadata"] if filter else [])):
+            checkpoints, writes = self.records.thread(principal, thread_id, *(["metadata"] if filter else []))
+            for stored in checkpoints:
                 if _selected(stored.meta, ns=ns, wanted=wanted, below=below, filter=filter):
-                    found.append((thread_id, stored))
+                    found.append((thread_id, stored, writes))
         found.sort(key=lambda item: item[1].meta["checkpoint_id"], reverse=True)
-        for thread_id, stored in found[:limit]:
-            yield _checkpoint_tuple(self, principal, thread_id, stored)
+        for thread_id, stored, writes in found[:limit]:
+            yield _checkpoint_tuple(self, principal, thread_id, stored, writes_of(stored, writes))
 
     def put(
         self,
@@ -194,6 +213,29 @@ class SecurepadSaver(ThreadedAsyncSaver):
         the rest in the checkpoint's entry. Returns the checkpoint's config."""
         principal = self._who(config)
         thread_id, ns = _thread_of(config)
+        where = self.records.arrivals.where(principal, thread_id, ns, checkpoint["id"])
+        # The lowest step of the writes put before it (``_saver_order``), once they are in.
+        writes_from = self.records.arrivals.begin_put(where)
+        stored = None
+        try:
+            self._put(principal, (thread_id, ns, writes_from), config, checkpoint, metadata, new_versions)
+            stored = FORMAT
+        finally:
+            self.records.arrivals.end_put(where, stored)
+        return _config(thread_id, ns, checkpoint["id"])
+
+    def _put(
+        self,
+        principal: Principal,
+        where: tuple[str, str, int | None],
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> None:
+        """``put`` of a checkpoint of thread and namespace ``where``, whose writes
+        start at ``where``'s step (None: above it)."""
+        thread_id, ns, writes_from = where
         now = self._clock()
         self.threads.register(principal, thread_id, now)
         inline, referenced, expiry = _channel_values(self, principal, thread_id, ns, checkpoint, new_versions, now)
@@ -209,6 +251,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
             "thread_id": thread_id,
             "ns": ns,
             "checkpoint_id": checkpoint["id"],
+            WRITES_FROM: writes_from,
             "parent_checkpoint_id": parent,
             "type": kind,
             "metadata": sealed_metadata,
@@ -218,7 +261,6 @@ class SecurepadSaver(ThreadedAsyncSaver):
         # The checkpoint dies no later than the values it refers to (see _value).
         ttl = max(1, min(self.ttl_seconds, int(expiry - now)))
         self.records.put_checkpoint(principal, thread_id, observation, ttl, now)
-        return _config(thread_id, ns, checkpoint["id"])
 
     def put_writes(
         self,
@@ -229,55 +271,22 @@ class SecurepadSaver(ThreadedAsyncSaver):
     ) -> None:
         """Store a task's pending writes for ``config``'s checkpoint. A write that
         is already stored (same task and index) is kept, except the special
-        ones (errors, interrupts, ...), which the newer one replaces."""
+        ones (errors, interrupts, ...), which the newer one replaces. A write
+        put before its checkpoint is read back with it when this saver puts
+        the checkpoint (see the module doc)."""
         principal = self._who(config)
         thread_id, ns = _thread_of(config)
         checkpoint_id = get_checkpoint_id(config)
         if checkpoint_id is None:
             raise InvalidArgumentError("put_writes needs a config with configurable.checkpoint_id")
-        now = self._clock()
-        turn = self.records.turn(principal, "writes", thread_id, ns, checkpoint_id)
-        # A write stored twice counts once (``pending_writes`` resolves it as this does), so
-        # the turn is listed only for a special write that may replace a stored one, to
-        # remove an entry it wholly replaces. The writes this saver stored are known.
-        known = self.records.memory.known_writes(principal, turn, now)
-        if known is not None or all(WRITES_IDX_MAP.get(channel, 0) >= 0 for channel, _ in writes):
-            known = known or KnownWrites({}, 0, now)
-            fresh = _fresh_writes(writes, known.tasks.get(task_id, frozenset()))
-            if not fresh:
-                return
-            if not fresh.keys() & known.tasks.get(task_id, frozenset()):
-                items = [[idx, channel, value] for idx, (channel, value) in sorted(fresh.items())]
-                _put_writes(
-                    self, principal, turn, (thread_id, ns, checkpoint_id), task_id, task_path, items, known, now
-                )
-                return
-        listed = self.records.writes(principal, thread_id, ns, checkpoint_id)
-        mine = [s for s in listed if s.meta["task_id"] == task_id]
-        fresh = _fresh_writes(writes, frozenset(idx for s in mine for idx in s.meta["idxs"]))
-        if not fresh:
-            return
-        # A special write replaces a stored one by being newer (``pending_writes`` takes the
-        # newest): it goes in an entry of its own, and an entry all of whose writes it
-        # replaces is removed. A stored ordinary write never moves to a newer step, where
-        # another writer's copy of its index could come before it.
-        stale = [s for s in mine if set(s.meta["idxs"]) <= fresh.keys()]
-        items = [[idx, channel, value] for idx, (channel, value) in sorted(fresh.items())]
-        tasks: dict[str, frozenset[int]] = {}
-        for entry in listed:
-            if entry not in stale:
-                tasks[entry.meta["task_id"]] = tasks.get(entry.meta["task_id"], frozenset()) | set(entry.meta["idxs"])
-        # Every entry listed lives until its expiry: what is known of them holds a TTL before the first's.
-        since = min((s.expires_at - self.ttl_seconds for s in listed), default=now)
-        known = KnownWrites(tasks, max((s.step_num for s in listed), default=0), since)
-        _put_writes(self, principal, turn, (thread_id, ns, checkpoint_id), task_id, task_path, items, known, now)
-        for entry in stale:
-            self.records.delete(principal, entry.scratchpad_id)
+        where = (thread_id, ns, checkpoint_id)
+        put_writes(self.records, self.serde, principal, where, (task_id, task_path), writes, self._clock())
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, pending write and value of the thread."""
         principal = self._who({"configurable": {"thread_id": thread_id}})
-        self.records.drop(principal, thread_id, self.records.checkpoints(principal, thread_id), [])
+        checkpoints, writes = self.records.thread(principal, thread_id)
+        self.records.drop(principal, thread_id, checkpoints, [], writes)
         self.threads.unregister(principal, thread_id)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
@@ -288,11 +297,11 @@ class SecurepadSaver(ThreadedAsyncSaver):
         runs = set(run_ids)
         principal = self._who({"configurable": {}})
         for thread_id in sorted(self.threads.of(principal)):
-            listed = self.records.checkpoints(principal, thread_id, "metadata")
+            listed, writes = self.records.thread(principal, thread_id, "metadata")
             doomed = [s for s in listed if s.meta["metadata"].get("run_id") in runs]
             if doomed:
                 kept = [s for s in listed if s not in doomed]
-                self.records.drop(principal, thread_id, doomed, kept)
+                self.records.drop(principal, thread_id, doomed, kept, writes)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest``: keep each namespace's newest checkpoint of each thread;
@@ -308,9 +317,9 @@ class SecurepadSaver(ThreadedAsyncSaver):
                 self.delete_thread(thread_id)
                 continue
             principal = self._who({"configurable": {"thread_id": thread_id}})
-            listed = self.records.checkpoints(principal, thread_id)
+            listed, writes = self.records.thread(principal, thread_id)
             kept = [found for ns in {s.meta["ns"] for s in listed} if (found := highest(listed, ns, None))]
-            self.records.drop(principal, thread_id, [s for s in listed if s not in kept], kept)
+            self.records.drop(principal, thread_id, [s for s in listed if s not in kept], kept, writes)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint of a thread, with its writes and values, to another
@@ -319,12 +328,13 @@ class SecurepadSaver(ThreadedAsyncSaver):
         target_principal = self._who({"configurable": {"thread_id": target_thread_id}})
         if target_principal.owner_user_id != principal.owner_user_id:
             raise InvalidArgumentError("copy_thread copies within one owner")
-        listed = self.records.checkpoints(principal, source_thread_id)
+        listed, writes = self.records.thread(principal, source_thread_id)
         if not listed:
             return
         now = self._clock()
         self.threads.register(target_principal, target_thread_id, now)
-        copy_checkpoints(self.records, principal, listed, source_thread_id, target_principal, target_thread_id, now)
+        source = (source_thread_id, listed, writes)
+        copy_checkpoints(self.values, principal, source, target_principal, target_thread_id, now)
 
     def import_thread(self, source: BaseCheckpointSaver[Any], thread_id: str) -> int:
         """Copy a thread out of another checkpointer (``SqliteSaver``, ``PostgresSaver``, ...):
@@ -388,9 +398,9 @@ def _channel_values(
                 kept[key] = None
                 continue
             if isinstance(found, Stored):
-                entry = saver.records.kept_alive(principal, thread_id, ns, channel, version, found, now)
+                entry = saver.values.kept_alive(principal, thread_id, ns, channel, version, found, now)
             else:
-                entry = saver.records.value(principal, thread_id, ns, channel, version, now)
+                entry = saver.values.find(principal, thread_id, ns, channel, version, now)
         if entry is None:
             if channel not in values:
                 kept[key] = None
@@ -400,55 +410,12 @@ def _channel_values(
                 inline[channel] = values[channel]
                 kept[key] = None
                 continue
-            entry = saver.records.put_value(principal, thread_id, ns, channel, version, kind, data, now)
+            entry = saver.values.put(principal, thread_id, ns, channel, version, kind, data, now)
         kept[key] = entry
         referenced[channel] = [version, entry.scratchpad_id]
         expiry = min(expiry, entry.expires_at)
     saver.records.memory.keep_channel_values(principal, thread_id, ns, kept)
     return inline, referenced, expiry
-
-
-def _put_writes(
-    saver: SecurepadSaver,
-    principal: Principal,
-    turn: str,
-    where: tuple[str, str, str],
-    task_id: str,
-    task_path: str,
-    items: builtins.list[builtins.list[Any]],
-    known: KnownWrites,
-    now: float,
-) -> None:
-    """Put one task's pending writes (``[idx, channel, value]``) for the checkpoint
-    ``where`` (thread, namespace, id) in its writes turn, and remember them with
-    what was ``known`` there (see ``SaverRecords.known_writes``)."""
-    thread_id, ns, checkpoint_id = where
-    kind, data = saver.serde.dumps_typed(items)
-    idxs = [idx for idx, _, _ in items]
-    meta = {
-        "format": FORMAT,
-        "thread_id": thread_id,
-        "ns": ns,
-        "checkpoint_id": checkpoint_id,
-        "task_id": task_id,
-        "task_path": task_path,
-        "idxs": idxs,
-        "type": kind,
-    }
-    view = saver.records.put(principal, turn, WRITE, sealed(meta, data), saver.ttl_seconds, now, known.newest)
-    taken = KnownWrites(known.tasks, int(view["step_num"]), known.since)
-    saver.records.memory.note_writes(principal, turn, taken, task_id, idxs)
-
-
-def _fresh_writes(writes: Sequence[tuple[str, Any]], stored: frozenset[int]) -> dict[int, tuple[str, Any]]:
-    """The writes (by index) that ``put_writes`` stores: those whose index is not
-    ``stored`` yet, and every special one (negative index, which replaces)."""
-    fresh: dict[int, tuple[str, Any]] = {}
-    for index, (channel, value) in enumerate(writes):
-        idx = WRITES_IDX_MAP.get(channel, index)
-        if idx < 0 or idx not in stored:
-            fresh[idx] = (channel, value)
-    return fresh
 
 
 def _thread_of(config: RunnableConfig) -> tuple[str, str]:
@@ -463,14 +430,17 @@ def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
 
 
-def _checkpoint_tuple(saver: SecurepadSaver, principal: Principal, thread_id: str, stored: Stored) -> CheckpointTuple:
-    """The checkpoint of ``stored`` as LangGraph wants it, with its big values and pending writes."""
+def _checkpoint_tuple(
+    saver: SecurepadSaver, principal: Principal, thread_id: str, stored: Stored, writes: builtins.list[Stored] | None
+) -> CheckpointTuple:
+    """The checkpoint of ``stored`` as LangGraph wants it, with its big values and its
+    pending ``writes`` (``writes_of``; None: a checkpoint of format 1, from its own turn)."""
     meta, content = saver.records.opened(principal, stored, f"checkpoint {stored.meta['checkpoint_id']}")
     ns, checkpoint_id = meta["ns"], meta["checkpoint_id"]
     checkpoint: Checkpoint = saver.serde.loads_typed((meta["type"], content))
     values = dict(checkpoint.get("channel_values") or {})
     for channel, (version, value_id) in meta["values"].items():
-        value_meta, data = saver.records.value_content(principal, thread_id, ns, channel, version, value_id)
+        value_meta, data = saver.values.content(principal, thread_id, ns, channel, version, value_id)
         values[channel] = saver.serde.loads_typed((value_meta["type"], data))
     checkpoint["channel_values"] = values
     # Its other channels were inline at their versions: the next put where they are unchanged knows so.
@@ -479,12 +449,13 @@ def _checkpoint_tuple(saver: SecurepadSaver, principal: Principal, thread_id: st
     }
     saver.records.memory.keep_channel_values(principal, thread_id, ns, inline)
     parent = meta["parent_checkpoint_id"]
+    entries = saver.records.writes_for(principal, thread_id, stored, writes)
     return CheckpointTuple(
         config=_config(thread_id, ns, checkpoint_id),
         checkpoint=checkpoint,
         metadata=meta["metadata"],
         parent_config=None if parent is None else _config(thread_id, ns, parent),
-        pending_writes=saver.records.pending_writes(principal, thread_id, ns, checkpoint_id, saver.serde.loads_typed),
+        pending_writes=pending_writes(saver.records, principal, entries, saver.serde.loads_typed),
     )
 
 

@@ -376,12 +376,12 @@ def test_an_unchanged_value_whose_entry_is_gone_is_stored_again(pad: Scratchpad,
 
     big = "g" * 40_000
     first = _put(SecurepadSaver(pad, alice), "t", None, {"big": big}, {"big": "1"})
-    (value,) = pad.list_for_turn(alice, keyed_turn(pad, alice, "value", "t", "", "big", "1"))
+    (value,) = pad.list_for_turn(alice, keyed_turn(pad, alice, "values", "t", "", "big"))
     pad.delete(alice, value["scratchpad_id"])  # as gc does once it has expired
     saver = SecurepadSaver(pad, alice)  # a new process: nothing cached
     second = _put(saver, "t", first, {"big": big, "n": 1}, {"n": "1"}, versions={"big": "1", "n": "1"})
     assert saver.get_tuple(second).checkpoint["channel_values"] == {"big": big, "n": 1}  # type: ignore[union-attr]
-    assert len(pad.list_for_turn(alice, keyed_turn(pad, alice, "value", "t", "", "big", "1"))) == 1
+    assert len(pad.list_for_turn(alice, keyed_turn(pad, alice, "values", "t", "", "big"))) == 1
 
 
 # -- one live entry per step (the store's rule) ----------------------------------------------
@@ -419,8 +419,9 @@ def test_writers_of_one_thread_in_two_stores_never_share_a_step(
         listed = list(savers["b"].list(thread("shared")))
         assert len(listed) == 4 * per_writer
         assert all(len(item.pending_writes or []) == 1 for item in listed)
+        # Each checkpoint and each task's writes took a step of the thread's turn.
         steps = [item["step_num"] for item in one.list_for_turn(alice, keyed_turn(one, alice, "thread", "shared"))]
-        assert steps == list(range(1, 4 * per_writer + 1))
+        assert steps == list(range(1, 8 * per_writer + 1))
 
 
 def test_after_the_newest_checkpoints_expire_the_next_takes_the_freed_step(

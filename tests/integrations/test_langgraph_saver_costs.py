@@ -1,8 +1,9 @@
 """What ``SecurepadSaver`` costs per call, counted and not timed: SQLite
-statements, listing parts opened (``ListingKey.open``) and the saver's store
-calls. ``get_tuple`` of a thread's latest checkpoint costs the same whatever
-the thread's length; a put is one write transaction with no read before it;
-a graph step puts its checkpoint and its writes and lists nothing."""
+statements, listing parts opened (``ListingKey.open``), the saver's store
+calls and the owner's turns. ``get_tuple`` of a thread's latest checkpoint
+costs the same statements whatever the thread's length; a put is one write
+transaction with no read before it; a graph step puts its checkpoint and its
+writes into the thread's turn, lists nothing and makes no turn."""
 
 from __future__ import annotations
 
@@ -31,13 +32,14 @@ pytestmark = pytest.mark.xdist_group("langgraph")
 # quota and the turn's head, the step's look, INSERT entries, the head's upsert, COMMIT.
 PUT_STATEMENTS = 6
 # get_tuple of a 1 KiB checkpoint by id: the thread's rows beside its head, the
-# checkpoint read whole (beside its head), the writes' turn beside its head.
-GET_TUPLE_STATEMENTS = 6
-# get_tuple of the latest: the thread's newest row alone, read whole beside its head's
-# token, the writes' turn beside its head.
+# checkpoint read whole (beside its head); its writes are among the thread's rows.
+GET_TUPLE_STATEMENTS = 4
+# get_tuple of the latest when it is the thread's newest entry (no write above it, as
+# after a graph's run): that row alone, read whole beside its head's token.
+NEWEST_STATEMENTS = 2
+NEWEST_ROWS = 2
+# get_tuple of the latest below its writes (put after it): as by id.
 LATEST_STATEMENTS = 4
-# Its rows: the newest checkpoint's and its turn's token, the one write's and its turn's token.
-LATEST_ROWS = 4
 
 
 class Meter:
@@ -93,31 +95,44 @@ def config(thread_id: str, **extra: str) -> RunnableConfig:
 
 def fill(saver: SecurepadSaver, thread_id: str, count: int) -> list[RunnableConfig]:
     """``count`` checkpoints of a 1 KiB channel, put in id order as LangGraph puts them."""
-    from langgraph.checkpoint.base import empty_checkpoint
-
-    configs, parent, version = [], config(thread_id), None
+    configs, parent = [], config(thread_id)
     for step in range(count):
-        version = saver.get_next_version(version, None)
-        checkpoint = {
-            **empty_checkpoint(),
-            "id": f"1f000000-0000-6000-8000-{step:012d}",
-            "channel_values": {"data": "d" * 1024, "step": step},
-            "channel_versions": {"data": version, "step": version},
-        }
-        parent = saver.put(parent, checkpoint, {"step": step}, {"data": version, "step": version})  # type: ignore[arg-type]
+        parent = fill_one(saver, parent, step)
         configs.append(parent)
     return configs
 
 
+def fill_one(saver: SecurepadSaver, parent: RunnableConfig, step: int) -> RunnableConfig:
+    """The checkpoint of ``step`` (its id ends in it), child of ``parent``."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    version = saver.get_next_version(step, None)
+    checkpoint = {
+        **empty_checkpoint(),
+        "id": f"1f000000-0000-6000-8000-{step:012d}",
+        "channel_values": {"data": "d" * 1024, "step": step},
+        "channel_versions": {"data": version, "step": version},
+    }
+    return saver.put(parent, checkpoint, {"step": step}, {"data": version, "step": version})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("writes", ["above", "below"])
 def test_get_tuple_costs_the_same_on_a_thread_of_one_and_of_fifty(
-    sqlite_pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
+    sqlite_pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch, writes: str
 ) -> None:
+    """The latest's writes put after it (as an interrupt's) or before it (as LangGraph's
+    loop puts a step's writes while the step's checkpoint is on its way)."""
     from securepad.integrations.langgraph import SecurepadSaver
 
     saver = SecurepadSaver(sqlite_pad, alice)
-    short, long = fill(saver, "short", 1), fill(saver, "long", 50)
-    saver.put_writes(long[-1], [("note", "n")], "task-1")
-    saver.put_writes(short[-1], [("note", "n")], "task-1")
+    for thread_id, length in (("short", 1), ("long", 50)):
+        configs = fill(saver, thread_id, length - (writes == "below"))
+        if writes == "above":
+            saver.put_writes(configs[-1], [("note", "n")], "task-1")
+        else:
+            latest = config(thread_id, checkpoint_id=f"1f000000-0000-6000-8000-{length - 1:012d}")
+            saver.put_writes(latest, [("note", "n")], "task-1")
+            fill_one(saver, configs[-1] if configs else config(thread_id), length - 1)
     meter = Meter(saver, monkeypatch)
     counts = []
     for thread_id in ("short", "long"):
@@ -126,15 +141,22 @@ def test_get_tuple_costs_the_same_on_a_thread_of_one_and_of_fifty(
             found = saver.get_tuple(config(thread_id))
         assert found is not None and found.pending_writes == [("task-1", "note", "n")]
         counts.append((meter.statements, meter.views, dict(meter.calls)))
-    # The checkpoint read whole (its listing part opened with it) and its one write's view.
-    assert counts[0] == counts[1] == (LATEST_STATEMENTS, 2, {"list_for_turn": 1})
+    if writes == "above":
+        # The thread's rows with its head, the views of the write and the checkpoint,
+        # and the checkpoint read whole (its listing part opened with it).
+        assert counts[0] == counts[1] == (LATEST_STATEMENTS, 3, {"get": 1})
+    else:
+        # The newest row read whole (its listing part opened with it), then the thread's
+        # rows beside its head: the views of the checkpoint (not read again) and the write below it.
+        assert counts[0] == counts[1] == (NEWEST_STATEMENTS + 2, 3, {})
 
 
 def test_the_first_get_tuple_after_this_saver_put_the_thread_reads_no_inventory(
     sqlite_pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The thread's turns were created by this connection's puts, which keep their
-    inventories verified: the first read costs what a warm one costs, whatever the length."""
+    inventories verified: the first read costs what a warm one costs, whatever the
+    length; the latest with no write above it fetches its own row and its head's token."""
     from securepad.integrations.langgraph import SecurepadSaver
 
     saver = SecurepadSaver(sqlite_pad, alice)
@@ -142,12 +164,17 @@ def test_the_first_get_tuple_after_this_saver_put_the_thread_reads_no_inventory(
     counts = []
     for thread_id, length in (("short", 1), ("long", 50)):
         configs = fill(saver, thread_id, length)
-        saver.put_writes(configs[-1], [("note", "n")], "task-1")
         for _ in range(2):  # the first read, then a warm one
             with meter:
                 fetched = rows.counts(lambda thread_id=thread_id: saver.get_tuple(config(thread_id)))["rows"]
             counts.append((meter.statements, fetched))
-    assert counts == [(LATEST_STATEMENTS, LATEST_ROWS)] * 4
+        saver.put_writes(configs[-1], [("note", "n")], "task-1")
+        with meter:
+            fetched = rows.counts(lambda thread_id=thread_id: saver.get_tuple(config(thread_id)))["rows"]
+        # The thread's rows (checkpoints and the write) and its head's, the checkpoint's
+        # row and its head's token: no inventory read.
+        assert (meter.statements, fetched) == (LATEST_STATEMENTS, length + 1 + 3)
+    assert counts == [(NEWEST_STATEMENTS, NEWEST_ROWS)] * 4
 
 
 def test_get_tuple_of_a_recent_checkpoint_opens_the_views_down_to_it(
@@ -227,3 +254,27 @@ def test_a_graph_step_costs_a_put_per_checkpoint_and_per_task_and_lists_nothing(
     # trace does not see.)
     assert long[1] - short[1] == 0
     assert {name: long[2][name] - short[2].get(name, 0) for name in long[2]} == {"put": 20}
+
+
+def test_list_finds_every_checkpoints_writes_in_the_threads_listing(
+    sqlite_pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writes of the checkpoints ``list`` yields come with the thread's listing:
+    ``list(limit=3)`` costs the same at 5 and at 15 checkpoints, each with writes."""
+    from securepad.integrations.langgraph import SecurepadSaver
+
+    saver = SecurepadSaver(sqlite_pad, alice)
+    meter = Meter(saver, monkeypatch)
+    counts = []
+    for thread_id, length in (("short", 5), ("long", 15)):
+        for each in fill(saver, thread_id, length):
+            saver.put_writes(each, [("note", each["configurable"]["checkpoint_id"][-2:])], "task-1")
+        with meter:
+            found = list(saver.list(config(thread_id), limit=3))
+        assert [t.pending_writes for t in found] == [
+            [("task-1", "note", f"{n:02d}")] for n in (length - 1, length - 2, length - 3)
+        ]
+        counts.append((meter.statements, dict(meter.calls)))
+    # The thread's rows beside its head, and the three checkpoints read whole (their
+    # views are cut), each beside its head's token: no turn listed for their writes.
+    assert counts[0] == counts[1] == (2 + 3 * 2, {"list_for_turn": 1, "get": 3})

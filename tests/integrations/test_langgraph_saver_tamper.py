@@ -2,7 +2,7 @@
 access to the file (and no key) would make them.
 
 Every checkpoint, pending write and channel value is a sealed entry bound to
-its owner, turn (thread / checkpoint / channel version) and step, and a
+its owner, turn (thread / channel) and step, and a
 checkpoint names the entries of its big values. Deleting the newest
 checkpoint or a pending write is refused by the turn's sealed head (issue
 14); rolling the whole file back by the store's snapshot-rollback anchor.
@@ -132,7 +132,7 @@ def test_an_edited_checkpoint_or_write_is_refused(world: World, executor: str) -
 
 
 def test_an_edited_big_value_is_refused(world: World) -> None:
-    (value,) = world.ids("langgraph.blob", world.turn("value", "t1", "", "big", "1"))
+    (value,) = world.ids("langgraph.blob", world.turn("values", "t1", "", "big"))
     # One segment: kept in the entry's row (migration 8).
     edit_file(world.db_path, "UPDATE entries SET only_segment = zeroblob(length(only_segment)) WHERE id = ?", value)
     with pytest.raises(IntegrityError):
@@ -149,8 +149,8 @@ def test_a_deleted_big_value_is_refused(world: World) -> None:
 
 
 def test_a_big_value_swapped_for_another_threads_is_refused(world: World) -> None:
-    (one,) = world.ids("langgraph.blob", world.turn("value", "t1", "", "big", "1"))
-    (two,) = world.ids("langgraph.blob", world.turn("value", "t2", "", "big", "1"))
+    (one,) = world.ids("langgraph.blob", world.turn("values", "t1", "", "big"))
+    (two,) = world.ids("langgraph.blob", world.turn("values", "t2", "", "big"))
     # The value of t2 put in place of t1's (same owner, channel, version and size).
     edit_file(
         world.db_path,
@@ -170,13 +170,15 @@ def test_a_checkpoint_replayed_into_another_thread_is_refused(world: World) -> N
         world.latest("t1")
 
 
-def test_a_pending_write_replayed_onto_another_checkpoint_is_refused(world: World) -> None:
-    first, second = (c["configurable"]["checkpoint_id"] for c in world.configs[("alice", "t1")])
-    source = world.turn("writes", "t1", "", second)
-    target = world.turn("writes", "t1", "", first)
-    assert edit_file(world.db_path, "UPDATE entries SET turn_id = ? WHERE turn_id = ?", target, source) == 1
+def test_a_pending_write_replayed_onto_another_thread_is_refused(world: World) -> None:
+    """A write names its checkpoint in its sealed metadata and is bound to its
+    thread's turn: moved into another thread's turn, it is refused there."""
+    (moved,) = world.ids("langgraph.write", world.turn("thread", "t1"))
+    assert edit_file(world.db_path, "UPDATE entries SET turn_id = ? WHERE id = ?", world.turn("thread", "t2"), moved)
     with pytest.raises(IntegrityError):
-        world.listed()
+        world.listed("t2")
+    with pytest.raises(IntegrityError):
+        world.latest("t1")
 
 
 def test_a_checkpoint_given_to_another_owner_is_refused(world: World) -> None:
@@ -205,7 +207,11 @@ def test_deleting_the_newest_checkpoint_is_refused(world: World) -> None:
     second = world.configs[("alice", "t1")][1]["configurable"]["checkpoint_id"]
     with world.saver() as saver:  # which row is the newest checkpoint (the test may look; an attacker guesses)
         listed = saver.pad.list_for_turn(Principal("alice", "graph", "api"), world.turn("thread", "t1"))
-    (newest,) = [item["scratchpad_id"] for item in listed if item["view"]["metadata"]["checkpoint_id"] == second]
+    (newest,) = [
+        item["scratchpad_id"]
+        for item in listed
+        if item["view"]["metadata"]["checkpoint_id"] == second and item["executor_name"] == "langgraph.checkpoint"
+    ]
     assert edit_file(world.db_path, "DELETE FROM entries WHERE id = ?", newest) == 1
     with pytest.raises(IntegrityError):  # not the previous one served as the latest
         world.latest()
@@ -218,7 +224,11 @@ def test_deleting_an_older_checkpoint_is_refused(world: World) -> None:
     first = world.configs[("alice", "t1")][0]["configurable"]["checkpoint_id"]
     with world.saver() as saver:
         listed = saver.pad.list_for_turn(Principal("alice", "graph", "api"), world.turn("thread", "t1"))
-    (older,) = [item["scratchpad_id"] for item in listed if item["view"]["metadata"]["checkpoint_id"] == first]
+    (older,) = [
+        item["scratchpad_id"]
+        for item in listed
+        if item["view"]["metadata"]["checkpoint_id"] == first and item["executor_name"] == "langgraph.checkpoint"
+    ]
     assert edit_file(world.db_path, "DELETE FROM entries WHERE id = ?", older) == 1
     with pytest.raises(IntegrityError):
         world.latest()
