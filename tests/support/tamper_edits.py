@@ -330,10 +330,20 @@ def put_back(raw: Raw, rows: list[tuple[Any, ...]]) -> None:
         )
 
 
-def remove_turn(raw: Raw, turn_id: str) -> None:
+def remove_turn(raw: Raw, turn_id: str, owner: str = "alice") -> None:
+    """The turn removed whole: its rows and its head."""
     raw.execute(
-        "DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE owner_user_id = 'alice' AND turn_id = ?)",
-        (turn_id,),
+        "DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE owner_user_id = ? AND turn_id = ?)",
+        (owner, turn_id),
     )
     for table in ("entries", "checkpoints", "compaction_marks", "turn_heads"):
-        raw.execute(f"DELETE FROM {table} WHERE owner_user_id = 'alice' AND turn_id = ?", (turn_id,))
+        raw.execute(f"DELETE FROM {table} WHERE owner_user_id = ? AND turn_id = ?", (owner, turn_id))
+
+
+def forge_head(raw: Raw, turn_id: str, copied_from: str, owner: str = "alice") -> None:
+    """A head row under ``turn_id`` holding another turn's genuine sealed bytes (it fails authentication)."""
+    raw.execute(
+        "INSERT INTO turn_heads(owner_user_id, turn_id, key_version, sealed) SELECT owner_user_id, ?, key_version,"
+        " sealed FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?",
+        (turn_id, owner, copied_from),
+    )
