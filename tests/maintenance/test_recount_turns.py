@@ -6,7 +6,6 @@ is clean. Heads that do not open under the owner's key are never counted."""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,15 @@ from securepad.crypto.primitives import CounterSeal
 from securepad.store import parts
 from securepad.tables.heads.heads import OWNER_HEAD, USAGE_HEAD
 from tests.support.principals import ALICE, BOB, NOW
-from tests.support.tamper_edits import forge_head, on_sqlite, owner_heads, put_back, raw_edit, remove_turn
+from tests.support.tamper_edits import (
+    forge_head,
+    on_sqlite,
+    owner_head_body,
+    owner_heads,
+    put_back,
+    raw_edit,
+    remove_turn,
+)
 
 
 def _heads(pad: Scratchpad, owner: str = "alice") -> dict[str, bytes]:
@@ -27,17 +34,6 @@ def _heads(pad: Scratchpad, owner: str = "alice") -> dict[str, bytes]:
         "SELECT turn_id, sealed FROM turn_heads WHERE owner_user_id = ?", (owner,), admin=True, owner=owner
     )
     return {str(row["turn_id"]): bytes(row["sealed"]) for row in rows}
-
-
-def _owner_said(pad: Scratchpad) -> dict[str, Any]:
-    row = parts(pad).db.query(
-        "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads WHERE owner_user_id = 'alice'"
-        " AND turn_id = ?",
-        (OWNER_HEAD,),
-        admin=True,
-    )[0]
-    found: dict[str, Any] = json.loads(parts(pad).heads.open_body(row, "alice", OWNER_HEAD))
-    return found
 
 
 def _three_turns_one_removed(pad: Scratchpad, store_location: Any) -> None:
@@ -77,7 +73,7 @@ def test_a_turn_removed_whole_is_given_up_and_the_owner_goes_on(pad: Scratchpad,
         fresh.put(ALICE, "gone", 1, "tool", "a new turn of that name", now=NOW)
         report = fresh.verify(now=NOW)
         assert report["ok"], report["problems"]
-        assert (_owner_said(fresh)["n"], _owner_said(fresh)["c"]) == (4, 5)  # the counter never went back
+        assert (owner_head_body(fresh)["n"], owner_head_body(fresh)["c"]) == (4, 5)  # the counter never went back
     with Scratchpad.open(store_location, keyring=pad.keyring) as later:  # a process that knew nothing before
         assert later.verify(now=NOW)["ok"]
         assert [e["summary"] for e in later.list_for_turn(BOB, "a", now=NOW)] == ["bob's"]
@@ -156,7 +152,7 @@ def test_heads_put_back_from_an_older_copy_are_recounted_with_counters_that_hold
         fresh.put_many(ALICE, "new", [(2, "tool", "y"), (3, "tool", "z")], now=NOW)
         fresh.put(ALICE, "third", 1, "tool", "a new turn", now=NOW)
         assert fresh.verify(now=NOW)["ok"]
-        assert _owner_said(fresh)["c"] == 3
+        assert owner_head_body(fresh)["c"] == 3
 
 
 def test_a_recount_is_refused_when_the_owner_head_fails_authentication(pad: Scratchpad, store_location: Any) -> None:

@@ -14,6 +14,7 @@ test can show that an edit undone reads again (no sticky false alarm).
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -24,6 +25,8 @@ import apsw
 import psycopg
 
 from securepad import Principal, Scratchpad
+from securepad.store import parts
+from securepad.tables.heads.heads import OWNER_HEAD
 from tests.support.principals import NOW
 
 TURN = "t1"
@@ -311,6 +314,17 @@ def head_of_another_owner(raw: Raw, s: dict[str, Any]) -> None:
 
 def raw_edit(pad: Scratchpad, where: Any) -> AbstractContextManager[Raw]:
     return on_sqlite(where) if pad.backend == "sqlite" else as_admin(where)
+
+
+def owner_head_body(pad: Scratchpad, owner: str = "alice") -> dict[str, Any]:
+    """The owner's owner head, opened: its body as stored."""
+    row = parts(pad).db.query(
+        "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?",
+        (owner, OWNER_HEAD),
+        admin=True,
+    )[0]
+    found: dict[str, Any] = json.loads(parts(pad).heads.open_body(row, owner, OWNER_HEAD))
+    return found
 
 
 def owner_heads(raw: Raw, which: tuple[str, ...]) -> list[tuple[Any, ...]]:

@@ -4,7 +4,6 @@ this process and in another one; head rows that are not the owner's are not coun
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,18 +14,7 @@ from securepad.store import parts
 from securepad.tables.heads.heads import OWNER_HEAD
 from securepad.tables.heads.members import HeadsNotCounted, owner_body
 from tests.support.principals import ALICE, NOW
-from tests.support.tamper_edits import on_sqlite, raw_edit, remove_turn
-
-
-def _owner_said(pad: Scratchpad) -> dict[str, Any]:
-    row = parts(pad).db.query(
-        "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads WHERE owner_user_id = 'alice'"
-        " AND turn_id = ?",
-        (OWNER_HEAD,),
-        admin=True,
-    )[0]
-    found: dict[str, Any] = json.loads(parts(pad).heads.open_body(row, "alice", OWNER_HEAD))
-    return found
+from tests.support.tamper_edits import on_sqlite, owner_head_body, raw_edit, remove_turn
 
 
 def test_a_turn_this_process_found_removed_reads_empty_once_recounted(pad: Scratchpad, store_location: Any) -> None:
@@ -53,7 +41,7 @@ def test_another_process_writes_new_turns_after_a_recount(pad: Scratchpad, store
     with Scratchpad.open(store_location, keyring=pad.keyring) as other:
         other.recount_turns("alice")
     pad.put(ALICE, "b", 1, "tool", "a new turn", now=NOW)  # this process knew the owner head of three turns
-    assert (_owner_said(pad)["n"], _owner_said(pad)["c"]) == (2, 3)
+    assert (owner_head_body(pad)["n"], owner_head_body(pad)["c"]) == (2, 3)
     assert pad.verify(now=NOW)["ok"]
 
 
@@ -77,7 +65,7 @@ def test_an_owner_head_of_format_1_is_recounted_as_format_2(pad: Scratchpad, sto
     with Scratchpad.open(store_location, keyring=pad.keyring) as fresh:
         found = fresh.recount_turns("alice")
         assert (found["turns_before"], found["turns_after"], found["resealed"]) == (3, 2, True)
-        body = _owner_said(fresh)
+        body = owner_head_body(fresh)
         assert (body["f"], body["n"], body["c"]) == (2, 2, 3)
         fresh.put(ALICE, "c", 1, "tool", "a new turn", now=NOW)
         assert fresh.verify(now=NOW)["ok"]
