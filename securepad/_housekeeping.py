@@ -51,6 +51,24 @@ class Housekeeping:
 
         return lifecycle.drop_turn(self._parts.db, self._parts.heads, owner_user_id, turn_id)
 
+    def recount_turns(self, owner_user_id: str) -> dict[str, Any]:
+        """Count an owner's turns anew from the turn heads present now, whatever its owner
+        head says: the way out of a turn removed whole (its head and rows) whose id is not
+        known, which otherwise refuses every new turn of the owner. Heads that do not open
+        under the owner's key are not counted, and deleted. Returns ``turns_before``,
+        ``turns_after`` and what else changed; an owner whose heads add up is left as it is.
+
+        Raises:
+            InvalidArgumentError: the identifier is malformed.
+            NotFoundError: the owner has no key (never stored anything, or forgotten).
+            IntegrityError: the owner's owner head is missing, or it or its usage head fails authentication.
+            StoreBusyError: the write lock was not obtained in time.
+        """
+        from .maintenance import lifecycle
+
+        parts = self._parts
+        return lifecycle.recount_turns(parts.db, parts.keys, parts.heads, owner_user_id)
+
     def gc(self, now: float | None = None, *, wait: bool = True) -> int:
         """Delete expired entries, checkpoints and compaction marks with ``secure_delete``,
         then truncate the WAL; ``scrub`` too when a quarter of the file's pages are free.

@@ -293,7 +293,7 @@ def list_(principal: Principal, turn: str) -> None:
 @click.group(name="turn", cls=SecurepadSubgroup)
 @global_options
 def turn_group() -> None:
-    """Inspect or drop an owner's turns."""
+    """Inspect, drop or recount an owner's turns."""
 
 
 @command(turn_group, name="show", principal=True, turn=True)
@@ -329,6 +329,29 @@ def turn_drop(principal: Principal, turn: str, yes: bool) -> None:
         lambda v: print_line(
             f"dropped turn {turn} of owner {owner}: {v['entries']} entries, {v['checkpoints']} checkpoints,"
             f" {v['compaction_marks']} compaction marks"
+        ),
+    )
+
+
+@command(turn_group, name="recount", principal=True, yes=True)
+def turn_recount(principal: Principal, yes: bool) -> None:
+    """Count an owner's turns anew from the turn heads present (Scratchpad.recount_turns),
+    whatever its owner head says: the way out of a turn removed whole whose id is not
+    known, which refuses every new turn of the owner. The removed turn is given up;
+    head rows that are not the owner's are deleted. An owner whose heads add up is left as it is."""
+    owner = principal.owner_user_id
+    question = (
+        f"Count the turns of owner {for_terminal(repr(owner))} anew from the heads present,"
+        " giving up any turn removed from the store?"
+    )
+    with confirmed(yes, question).open() as pad:
+        report = pad.recount_turns(owner)
+    emit(
+        report,
+        lambda v: print_line(
+            f"owner {owner}: {v['turns_before']} turns counted before, {v['turns_after']} now"
+            + (f"; head rows deleted: {', '.join(v['heads_deleted'])}" if v["heads_deleted"] else "")
+            + ("" if v["resealed"] else " (its heads added up: nothing changed)")
         ),
     )
 

@@ -124,8 +124,8 @@ def cut_text(
 
 # Lines longer than this on average are counted from break to break (``newlines``).
 _LONG_LINE = 40
-# The bytes whose breaks choose how ``newlines`` counts.
-_SAMPLE = 4096
+# The first bytes, whose breaks choose how ``newlines`` counts.
+_SAMPLE = 256
 
 
 def newlines(data: bytes) -> int:

@@ -19,11 +19,12 @@ from ..keys.keystore import Keystore, Progress
 from ..principal import check_identifier
 from ..storage.base import Backend, Params, Rows
 from ..tables import access
+from ..tables.access import audit_log
 from ..tables.entries import entries
 from ..tables.heads.heads import Heads
 from ..tables.records import TABLES, Records
 
-__all__ = ["Progress", "forget_owner", "rotate_master_key", "rotate_owner_key"]
+__all__ = ["Progress", "drop_turn", "forget_owner", "recount_turns", "rotate_master_key", "rotate_owner_key"]
 
 # Item keys re-wrapped per transaction (writers wait milliseconds), passes per table in one rotation.
 REWRAP_BATCH = 500
@@ -233,3 +234,32 @@ def drop_turn(db: Backend, heads: Heads, owner_user_id: str, turn_id: str) -> di
     heads.turn_dropped(owner_user_id, turn_id)
     db.checkpoint(wait=False)
     return removed
+
+
+def recount_turns(db: Backend, keys: Keystore, heads: Heads, owner_user_id: str) -> dict[str, Any]:
+    """Count an owner's turns anew: its turns become those whose heads are present now,
+    whatever the owner head says (the way out of a turn removed whole whose id is not
+    known). The owner head and usage head are sealed again over them in one transaction
+    under the owner's exclusive lock; a head row that does not open under the owner's
+    key is not counted and is deleted (``tables/heads/recount.py`` says why). Returns
+    the turns counted before and after and what else changed.
+
+    Raises:
+        InvalidArgumentError: the identifier is malformed.
+        NotFoundError: the owner has no key (never stored anything, or forgotten).
+        IntegrityError: the owner head is missing, or it or the usage head fails authentication.
+        StoreBusyError: the write lock was not obtained in time.
+    """
+    check_identifier("owner_user_id", owner_user_id)
+    if not keys.versions(owner_user_id):
+        raise NotFoundError(f"owner {owner_user_id!r} has no key")
+    with db.transaction(owner_user_id, admin=True) as conn:
+        done = heads.recount_turns(conn, owner_user_id)
+    heads.owners.recounted(owner_user_id)
+    if done.deleted:
+        audit_log.warning(
+            "recounting owner %r's turns deleted head rows that are not the owner's: %r", owner_user_id, done.deleted
+        )
+    if done.resealed:
+        db.checkpoint(wait=False)
+    return {"owner_user_id": owner_user_id, **done.report()}

@@ -21,12 +21,21 @@ from ..storage.base import Backend
 from ..tables.entries.entries import every_row
 from ..tables.entries.open import Opener
 from ..tables.heads.heads import OWNER_HEAD, RECORD_KINDS, USAGE_HEAD, HeadEdit, Heads, Tally, entry_item, record_item
+from ..tables.heads.members import HeadsNotCounted
 from ..tables.heads.owner import counter_problems
 from ..tables.records import TABLES, Records
 
 __all__ = ["verify_store"]
 
 Problem = dict[str, Any]
+
+# What an operator does about an owner whose heads do not add up to its owner head.
+_WAY_OUT = (
+    "; the owner's new turns are refused until its heads add up again: restore the store from a backup, drop the"
+    " removed turn by name when it is known (`drop_turn`, `securepad turn drop`), or count the owner's turns anew"
+    " from the heads present (`recount_turns`, `securepad turn recount`), which keeps its other turns and gives up"
+    " the removed one"
+)
 Steps = list[list[int]]  # runs of step numbers, [first, last] each
 
 
@@ -142,7 +151,9 @@ def _check_heads(
     totals: dict[str, int | None] = {}
     for owner, by_turn in opened.items():
         turns = by_turn.get(OWNER_HEAD)
-        if isinstance(turns, IntegrityError):
+        if isinstance(turns, HeadsNotCounted):
+            problems.add(owner, None, None, "owner head", f"{turns}{_WAY_OUT}")
+        elif isinstance(turns, IntegrityError):
             problems.add(owner, None, None, "owner head", str(turns))
         elif turns is None:
             problems.add(owner, None, None, "owner head", "the owner's turn heads have no owner head")

@@ -14,6 +14,7 @@ test can show that an edit undone reads again (no sticky false alarm).
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -24,6 +25,8 @@ import apsw
 import psycopg
 
 from securepad import Principal, Scratchpad
+from securepad.store import parts
+from securepad.tables.heads.heads import OWNER_HEAD
 from tests.support.principals import NOW
 
 TURN = "t1"
@@ -313,6 +316,17 @@ def raw_edit(pad: Scratchpad, where: Any) -> AbstractContextManager[Raw]:
     return on_sqlite(where) if pad.backend == "sqlite" else as_admin(where)
 
 
+def owner_head_body(pad: Scratchpad, owner: str = "alice") -> dict[str, Any]:
+    """The owner's owner head, opened: its body as stored."""
+    row = parts(pad).db.query(
+        "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?",
+        (owner, OWNER_HEAD),
+        admin=True,
+    )[0]
+    found: dict[str, Any] = json.loads(parts(pad).heads.open_body(row, owner, OWNER_HEAD))
+    return found
+
+
 def owner_heads(raw: Raw, which: tuple[str, ...]) -> list[tuple[Any, ...]]:
     marks = ", ".join("?" * len(which))
     return raw.execute(
@@ -330,10 +344,20 @@ def put_back(raw: Raw, rows: list[tuple[Any, ...]]) -> None:
         )
 
 
-def remove_turn(raw: Raw, turn_id: str) -> None:
+def remove_turn(raw: Raw, turn_id: str, owner: str = "alice") -> None:
+    """The turn removed whole: its rows and its head."""
     raw.execute(
-        "DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE owner_user_id = 'alice' AND turn_id = ?)",
-        (turn_id,),
+        "DELETE FROM segments WHERE entry_id IN (SELECT id FROM entries WHERE owner_user_id = ? AND turn_id = ?)",
+        (owner, turn_id),
     )
     for table in ("entries", "checkpoints", "compaction_marks", "turn_heads"):
-        raw.execute(f"DELETE FROM {table} WHERE owner_user_id = 'alice' AND turn_id = ?", (turn_id,))
+        raw.execute(f"DELETE FROM {table} WHERE owner_user_id = ? AND turn_id = ?", (owner, turn_id))
+
+
+def forge_head(raw: Raw, turn_id: str, copied_from: str, owner: str = "alice") -> None:
+    """A head row under ``turn_id`` holding another turn's genuine sealed bytes (it fails authentication)."""
+    raw.execute(
+        "INSERT INTO turn_heads(owner_user_id, turn_id, key_version, sealed) SELECT owner_user_id, ?, key_version,"
+        " sealed FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?",
+        (turn_id, owner, copied_from),
+    )

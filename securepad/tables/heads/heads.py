@@ -45,6 +45,7 @@ from .reading import (
     expired_sql,
     without_token,
 )
+from .recount import Recount, recount
 from .reservations import Reservations
 from .tally import KINDS, MOD, RECORD_KINDS, Head, HeadEdit, Tally, entry_item, record_item, same_entry, term
 
@@ -500,6 +501,20 @@ class Heads:
     def turn_dropped(self, owner: str, turn_id: str) -> None:
         """Forget that the turn was found tampered, once its drop committed."""
         self.inventories.forget(owner, turn_id)
+
+    def recount_turns(self, conn: Conn, owner: str) -> Recount:
+        """The owner's turns counted anew from its heads present (``recount``), in the
+        caller's transaction; the head rows it deletes are forgotten here.
+
+        Raises:
+            IntegrityError: the owner head is missing, or it or the usage head fails authentication.
+        """
+        done = recount(self.owners, conn, owner, self._keys.counter_seal.owner_term)
+        for turn_id in done.deleted:
+            if isinstance(turn_id, str):
+                self._cache.drop(owner, turn_id)
+                self.last.take(owner, turn_id)
+        return done
 
     def prune(self, conn: Conn, cutoff: float, budget: int | None = None) -> tuple[int, list[tuple[str, str]]]:
         """Subtract what gc collects at ``cutoff`` from its turns' heads, in gc's transaction;

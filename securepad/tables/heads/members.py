@@ -29,6 +29,7 @@ from .tally import MOD
 __all__ = [
     "NO_TURNS",
     "PRESENT_SQL",
+    "HeadsNotCounted",
     "Known",
     "OwnerBody",
     "digest_body",
@@ -69,6 +70,11 @@ def present_ids(found: object) -> set[str]:
 
 
 Term = Callable[[str, str], int]
+
+
+class HeadsNotCounted(IntegrityError):
+    """The owner's turn heads are not the ones its owner head counts (``resolve``): a turn
+    removed whole, or heads added; which turn cannot be told from the digest."""
 
 
 def owner_body(turns: Iterable[str], created: int | None) -> bytes:
@@ -217,7 +223,7 @@ def resolve(
         for turn, value in terms.items():
             if (total - value) % MOD == body.digest:
                 return present - {turn}
-    raise IntegrityError(
+    raise HeadsNotCounted(
         f"owner {owner!r}'s owner head counts {body.count} turns, and its {len(present)} turn heads are not the"
         " ones it counts: a turn and its head were removed, or a head added (tampering)"
     )

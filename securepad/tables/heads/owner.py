@@ -245,6 +245,11 @@ class OwnerHeads:
         self._composed[(owner, body)] = (known, added, removed, parsed)
         return body
 
+    def recounted(self, owner: str) -> None:
+        """Forget what this process knew of the owner's turns, once a recount committed."""
+        self._owner_heads.pop(owner)
+        self._lost.pop(owner)
+
     def open_body(self, row: dict[str, Any], owner: str, turn_id: str) -> bytes:
         """A head's body, opened; raises IntegrityError when it fails authentication."""
         version, wrapper = self._sealed_under(row, owner, turn_id)

@@ -20,17 +20,7 @@ from securepad.tables.heads.heads import OWNER_HEAD, USAGE_HEAD
 from securepad.tables.heads.members import owner_body
 from tests.support.principals import ALICE, BOB, NOW
 from tests.support.tamper_edits import on_sqlite as raw_edit_sqlite
-from tests.support.tamper_edits import owner_heads, put_back, raw_edit, remove_turn
-
-
-def _owner_body(pad: Scratchpad, owner: str = "alice") -> dict[str, Any]:
-    row = parts(pad).db.query(
-        "SELECT owner_user_id, turn_id, key_version, sealed FROM turn_heads WHERE owner_user_id = ? AND turn_id = ?",
-        (owner, OWNER_HEAD),
-        admin=True,
-    )[0]
-    found: dict[str, Any] = json.loads(parts(pad).heads.open_body(row, owner, OWNER_HEAD))
-    return found
+from tests.support.tamper_edits import owner_head_body, owner_heads, put_back, raw_edit, remove_turn
 
 
 def _sealed_per_new_turn(pad: Scratchpad, monkeypatch: pytest.MonkeyPatch, turn: str) -> int:
@@ -66,7 +56,7 @@ def test_a_new_turn_seals_as_much_at_500_turns_as_at_100(pad: Scratchpad, monkey
         pad.put(ALICE, f"t{i:04d}", 1, "tool", "x", now=NOW)
     assert abs(_sealed_per_new_turn(pad, monkeypatch, "new-0500") - at_100) < 8
     assert _owner_head_size(pad) == head_at_100
-    body = _owner_body(pad)
+    body = owner_head_body(pad)
     assert (body["f"], body["n"], body["c"]) == (2, 502, 502)
     assert pad.verify(now=NOW)["ok"]
 
@@ -123,7 +113,7 @@ def test_a_turn_removed_whole_is_refused_and_blocks_new_turns_until_dropped(
         fresh.drop_turn("alice", "gone")  # the way out, by its name
         fresh.put(ALICE, "c", 1, "tool", "a new turn", now=NOW)
         assert fresh.verify(now=NOW)["ok"]
-        assert _owner_body(fresh)["n"] == 3
+        assert owner_head_body(fresh)["n"] == 3
 
 
 def test_a_head_deleted_with_its_rows_kept_is_named(pad: Scratchpad, store_location: Any) -> None:
@@ -249,9 +239,9 @@ def test_an_owner_head_of_format_1_opens_and_the_next_new_turn_writes_format_2(
             fresh.turn(ALICE, "gone", now=NOW).history(now=NOW)
         assert fresh.list_for_turn(ALICE, "never", now=NOW) == []
         fresh.drop_turn("alice", "gone")
-        assert _owner_body(fresh) == {"c": 3, "f": 2, "n": 2, "s": _owner_body(fresh)["s"]}
+        assert owner_head_body(fresh) == {"c": 3, "f": 2, "n": 2, "s": owner_head_body(fresh)["s"]}
         fresh.put(ALICE, "c", 1, "tool", "a new turn", now=NOW)
-        assert (_owner_body(fresh)["n"], _owner_body(fresh)["c"]) == (3, 4)
+        assert (owner_head_body(fresh)["n"], owner_head_body(fresh)["c"]) == (3, 4)
         assert fresh.verify(now=NOW)["ok"]
 
 
@@ -263,7 +253,7 @@ def test_an_owner_head_of_format_1_without_the_counter_converts(pad: Scratchpad,
         heads.write_body(conn, "alice", USAGE_HEAD, json.dumps(json.loads(heads_usage(pad))[0]).encode())
     with Scratchpad.open(store_location, keyring=pad.keyring) as fresh:
         fresh.put(ALICE, "b", 1, "tool", "a new turn", now=NOW)
-        body = _owner_body(fresh)
+        body = owner_head_body(fresh)
         assert (body["f"], body["n"], body["c"]) == (2, 2, 2)
         assert fresh.verify(now=NOW)["ok"]
 
