@@ -9,10 +9,14 @@ returns that entry, at the step it was stored with, once.
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from securepad import Keyring, Principal, Scratchpad
 from securepad._steps import put_next
@@ -42,6 +46,13 @@ def single(pg_store_dsn: str, keyring: Keyring) -> Iterator[Scratchpad]:
 @pytest.fixture
 def other(pg_store_dsn: str, keyring: Keyring) -> Iterator[Scratchpad]:
     """A second store object on the same database: another process, as far as the first can tell."""
+    with Scratchpad.open(pg_store_dsn, keyring=keyring) as pad:
+        yield pad
+
+
+@pytest.fixture
+def third(pg_store_dsn: str, keyring: Keyring) -> Iterator[Scratchpad]:
+    """A third store object on the same database, on a pool of its own."""
     with Scratchpad.open(pg_store_dsn, keyring=keyring) as pad:
         yield pad
 
@@ -99,3 +110,48 @@ def test_a_lost_reply_of_an_applied_next_step_put_returns_its_entry_at_its_step_
     assert trips == 1  # the landed head is this store's last again
     assert [step for step, _ in _steps(pad)] == [1, 2, 3]
     assert pad.verify()["ok"]
+
+
+_OWNERS = itertools.count()
+# One step of the property: (what, which store, a number: the entry deleted or the step a plain put skips to).
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("next"), st.integers(0, 1), st.integers(0, 3), st.booleans()),
+        st.tuples(st.just("plain"), st.integers(0, 1), st.integers(1, 3), st.booleans()),
+        st.tuples(st.just("delete"), st.integers(0, 1), st.integers(0, 99), st.just(False)),
+    ),
+    max_size=15,
+)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=_OPS)
+def test_next_step_puts_of_two_stores_take_the_transactions_step(
+    other: Scratchpad, third: Scratchpad, ops: list[tuple[str, int, int, bool]]
+) -> None:
+    """As on SQLite: each next-step put takes the highest live step plus one, whoever wrote last."""
+    stores = (other, third)  # on pools of their own (a pool of one cannot load a key inside a transaction)
+    who = Principal(f"prop-{next(_OWNERS)}", "planner", "web")
+    clock = time.time()
+    live: dict[str, tuple[int, float]] = {}  # entry id -> (step, expires at)
+    for what, store, number, short in ops:
+        clock += 1
+        pad = stores[store]
+        steps = [step for step, expires in live.values() if expires > clock]
+        top = max(steps, default=0)
+        ttl = 3 if short else 3600
+        if what == "next":
+            guess = top + 1 if number == 0 else number
+            view = put_next(pad, who, "t", "tool", f"next {clock}", ttl, now=clock, guess=guess)
+            assert view["step_num"] == top + 1
+            live[view["scratchpad_id"]] = (top + 1, clock + ttl)
+        elif what == "plain":
+            view = pad.put(who, "t", top + number, "tool", f"plain {clock}", ttl, now=clock)
+            live[view["scratchpad_id"]] = (top + number, clock + ttl)
+        elif steps:
+            alive = sorted(entry for entry, (_, expires) in live.items() if expires > clock)
+            pad.delete(who, alive[number % len(alive)])
+            del live[alive[number % len(alive)]]
+    listed = [(entry["step_num"], entry["scratchpad_id"]) for entry in other.list_for_turn(who, "t", now=clock)]
+    assert sorted(listed) == sorted((step, entry) for entry, (step, expires) in live.items() if expires > clock)
+    assert third.verify(now=clock)["ok"]
