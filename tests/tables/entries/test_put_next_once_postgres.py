@@ -4,7 +4,8 @@ The statement is the plain one-message put's (``once_sql``), its entry sealed at
 after the newest entry of the head this process sealed last: one round trip while that
 head is stored; another process's write in between makes it write nothing, and the
 two-message put takes the step in its transaction; a lost reply of an applied statement
-returns that entry, at the step it was stored with, once.
+returns that entry, at the step it was stored with, once; and whatever two stores put
+and delete, each next-step put takes the step the transaction's look would take.
 """
 
 from __future__ import annotations
