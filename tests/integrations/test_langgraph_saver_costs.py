@@ -28,9 +28,9 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.xdist_group("langgraph")
 
-# A put's write transaction: BEGIN IMMEDIATE, one SELECT of the key version, the
-# quota and the turn's head, the step's look, INSERT entries, the head's upsert, COMMIT.
-PUT_STATEMENTS = 6
+# A put into the thread's turn whose head this process sealed last: BEGIN IMMEDIATE, the head's
+# UPDATE while it is that head (the step the one after its newest entry), INSERT entries, COMMIT.
+PUT_STATEMENTS = 4
 # get_tuple of a 1 KiB checkpoint by id: the thread's rows beside its head, the
 # checkpoint read whole (beside its head); its writes are among the thread's rows.
 GET_TUPLE_STATEMENTS = 4

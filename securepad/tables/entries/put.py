@@ -22,7 +22,7 @@ from ...storage.base import (
 )
 from ..access import check_principal, quota_sql, stored_sql
 from ..heads.heads import HeadEdit, Room, entry_item, read_with_heads, with_heads
-from ..heads.owner import Once
+from ..heads.owner import Once, Sealed
 from ..quota import room
 from .batch import Batch, Shown, insert_segments, maybe_stored, taken
 from .listings import Listings, step_look
@@ -257,7 +257,7 @@ class _Put:
         except (StoreBusyError, StoreUnavailableError) as exc:
             if self.landed is None:
                 raise
-            raise maybe_stored([self.landed[1]], str(exc)) from None
+            raise maybe_stored([self.landed[1]], str(exc), chosen=self.next_step) from None
 
     def once(self, db: OnceWriter) -> tuple[str, int] | None:
         """The put without a read (one message on PostgreSQL, one transaction on SQLite) when
@@ -265,7 +265,9 @@ class _Put:
         if the stored head and the key version are as recorded. ``attempt``'s
         answer, or None: then ``attempt`` runs, with this entry (``kept``), or
         looking for it first (``landed``), so a put is never stored twice.
-        Not for ``next_step``, entries of several segments, or a wrap-count flush.
+        A ``next_step`` put takes the step after the record's (``following_step``),
+        sealed before the statement; the stored head being the record, no writer took it since.
+        Not for entries of several segments, or a wrap-count flush.
 
         Raises:
             StoreBusyError: the turn's locks were not obtained in time.
@@ -274,9 +276,11 @@ class _Put:
                 once the message was sent, naming the entry that may be stored.
         """
         heads, owner, turn_id = self.putter.heads, self.owner, self.turn_id
-        if self.next_step or len(self.prepared.segments) > 1:
+        if len(self.prepared.segments) > 1:
             return None
-        if not heads.last.has(owner, turn_id):
+        record = heads.last.peek(owner, turn_id)
+        step = self.step_num if record is None or not self.next_step else self.following_step(record)
+        if record is None or step is None:
             return None
         version, wrapper = self.keys.current(owner)
         # The entry's key and the head's seal, counted now whether or not the message writes
@@ -289,13 +293,16 @@ class _Put:
         except IntegrityError:  # a rotation retired the version: ``attempt`` finds out
             return None
         row = sealed[0]
+        if step != row["step_num"]:  # ``next_step``'s guess was not the record's next step
+            self.prepared.restep(row, self.meta, self.listings[version], step, self.observation)
         columns = tuple(row)
         # SQLite runs the entry's INSERT apart from the head's UPDATE (``Database.write_once``): VALUES.
         statement = _insert_values(columns) if self.putter.dialect == "sqlite" else _insert_select(columns)
         insert = (statement, tuple(row.values()))
         free = None if self.step is None else (_step_free(self.step[0]), (*self.step[1], self.created))
         edit = functools.partial(_add_entry, row=row)
-        once = heads.change_once(owner, turn_id, edit, (version, wrapper), insert, free, self.step_num)
+        expect = record if self.next_step else None  # the step holds only while the record does
+        once = heads.change_once(owner, turn_id, edit, (version, wrapper), insert, free, step, expect)
         if once is None:
             self.kept = (version, sealed)
             return None
@@ -304,7 +311,7 @@ class _Put:
         except DuplicateKeyError:
             return None  # its id was taken: ``attempt`` seals it again under another
         except OutcomeUnknown as exc:
-            raise maybe_stored([str(row["id"])], str(exc)) from None
+            raise maybe_stored([str(row["id"])], str(exc), chosen=self.next_step) from None
         if written == 1:
             heads.written_once(owner, turn_id, once)
             return str(row["id"]), once.spare
@@ -328,8 +335,7 @@ class _Put:
     def write(self, conn: Conn, sealed: _SealedOne) -> tuple[str, int]:
         """Inside the owner's write transaction; ``attempt``'s answer."""
         row, segments, _ = sealed
-        if self.next_step:
-            self.take_next_step(conn, row)
+        step = self.take_next_step(conn) if self.next_step else None  # sent with the reads (PostgreSQL)
         found, head_rows = read_with_heads(conn, self.announced)
         if self.landed is not None and conn.query(*stored_sql("entries", self.owner, self.landed[1])):
             # ``once`` was applied before its connection failed: its entry is stored (with its head, in one statement).
@@ -337,6 +343,10 @@ class _Put:
             if any(head["turn_id"] == self.turn_id and head["sealed"] == once.head.sealed for head in head_rows):
                 self.putter.heads.last.record(self.owner, self.turn_id, once.head)
             return entry_id, once.spare
+        if step is not None:
+            check_step_num(step)
+            if step != row["step_num"]:  # the listing part sealed again
+                self.prepared.restep(row, self.meta, self.listings[row["key_version"]], step, self.observation)
         room = self.check(conn, found, row)
         return str(row["id"]), self.insert(conn, row, segments, room, head_rows)
 
@@ -345,12 +355,32 @@ class _Put:
         quota = quota_sql(self.owner, self.created, self.step, records=not self.shared)
         return with_heads(self.putter.dialect, quota, self.owner, self.turn_id, turn_only=self.shared)
 
-    def take_next_step(self, conn: Conn, row: dict[str, Any]) -> None:
-        """``next_step``: the step after the turn's highest, the listing part sealed again if it moved."""
-        taken = self.putter.listings.last_step(self.principal, self.turn_id, self.created, conn) + 1
-        check_step_num(taken)
-        if taken != row["step_num"]:
-            self.prepared.restep(row, self.meta, self.listings[row["key_version"]], taken, self.observation)
+    def take_next_step(self, conn: Conn) -> int:
+        """``next_step``: the step after the highest of the turn's live entries in the scope."""
+        return self.putter.listings.last_step(self.principal, self.turn_id, self.created, conn) + 1
+
+    def following_step(self, record: Sealed) -> int | None:
+        """``take_next_step``'s step from the head this process sealed last, ``record``: its
+        newest entry (the highest (step, id) the turn holds) when live and in the scope, so
+        the highest such step; None when the record cannot tell (its newest left, expired, or is
+        another scope's: a deleted top step is reused, as the rows' look gives it)."""
+        newest = record.opened().newest
+        if newest is None:
+            return None
+        _, step, expires_at, actor, channel = newest
+        if type(step) is not int or not isinstance(expires_at, (int, float)):
+            return None
+        if expires_at <= self.putter.listings.now(self.created):  # ``live`` at the write's time
+            return None
+        principal = self.principal
+        clear = {"owner_user_id": principal.owner_user_id, "actor": actor, "channel": channel}
+        if any(clear[column] != value for column, value in self.putter.policy.scope_columns(principal)):
+            return None
+        try:
+            check_step_num(step + 1)
+        except InvalidArgumentError:
+            return None  # ``take_next_step`` refuses it
+        return step + 1
 
     def check(self, conn: Conn, found: dict[str, Any], row: dict[str, Any]) -> Room | None:
         """The step is free, the key version the newest, and (exclusive lock) the quota's room.

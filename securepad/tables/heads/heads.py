@@ -32,7 +32,7 @@ from ...storage.base import Backend, Conn, OwnerLockNeeded, Params, Rows
 from ..access import audit_log
 from . import reading
 from .checks import HeadChecks
-from .owner import NO_TURNS, Once, OwnerHeads, once_sql, owner_removed
+from .owner import NO_TURNS, Once, OwnerHeads, Sealed, once_sql, owner_removed
 from .quota import Room
 from .reading import (
     ITEMS_SQL,
@@ -443,13 +443,15 @@ class Heads:
         insert: tuple[str, Params],
         condition: tuple[str, Params] | None = None,
         step: int | None = None,
+        expect: Sealed | None = None,
     ) -> Once | None:
         """``change`` without reading the head this process sealed last (``LastSealed``): one
         statement with the caller's ``insert`` that writes only if the stored head is
         still that one and ``condition`` holds; None without a record, or past the
         turn's reservation. A ``condition`` that a ``step`` is free is left out when
         the step is above every step that head counts: the turn holds no entry with it.
-        The caller counts the head's wrap with its own (``Keystore.count_wraps_later``)."""
+        The caller counts the head's wrap with its own (``Keystore.count_wraps_later``);
+        ``expect``: the record it sealed from (``LastSealed.peek``), None when another took its place."""
         version, wrapper = sealing
         if self.inventories.tampered(owner, turn_id) is not None:
             return None  # ``change`` checks the turn with the write
@@ -461,7 +463,7 @@ class Heads:
             self._cache.drop(owner, turn_id)
         kept = None if taken is None else (self.reads.sealed_of(taken.token), taken.head)
         terms = self.inventories.terms(owner, turn_id)
-        found = self.last.following(owner, turn_id, edit, terms, wrapper, version, kept)
+        found = self.last.following(owner, turn_id, edit, terms, wrapper, version, kept, expect)
         if found is None:
             return None
         last, head, spare, recorded = found

@@ -84,6 +84,11 @@ class LastSealed:
         """Whether a head of the turn is recorded (``take`` may still find none: another thread took it)."""
         return (owner, turn_id) in self._heads
 
+    def peek(self, owner: str, turn_id: str) -> Sealed | None:
+        """The record, left in place (a writer reads it before sealing, then ``following`` takes it
+        only if it is still this one)."""
+        return self._heads.get((owner, turn_id))
+
     def take(self, owner: str, turn_id: str) -> Sealed | None:
         """The record, removed: the caller edits its tally, and records the next head if it writes one."""
         return self._heads.pop((owner, turn_id), None)
@@ -97,14 +102,16 @@ class LastSealed:
         wrapper: Wrapper,
         version: int,
         kept: tuple[bytes | None, Head] | None = None,
+        expect: Sealed | None = None,
     ) -> tuple[Sealed, Sealed, int, int] | None:
         """The turn's record taken out, the head that follows it once ``edit`` is applied,
         sealed under ``version``, the reservation left unused and the highest step the
         record counts; None without a record, or when the owner's usage head must
         change. The record stays out. ``kept``: a verified inventory and the head it
-        was verified with, edited too when that head is the record."""
+        was verified with, edited too when that head is the record. ``expect``: the record
+        the caller ``peek``ed and sealed from; None when another took its place."""
         last = self.take(owner, turn_id)
-        if last is None:
+        if last is None or (expect is not None and last is not expect):
             return None
         tally = last.opened()
         recorded = tally.last  # before ``edit`` raises it

@@ -278,12 +278,14 @@ def test_the_langgraph_savers_put_whose_commit_is_lost_stores_its_checkpoint_onc
     saver = SecurepadSaver(faulty_pad, ALICE)
     config = {"configurable": {"thread_id": "th", "checkpoint_ns": ""}}
     saver.put(config, generate_checkpoint(), {}, {})  # the owner's key and the thread's turn exist
+    # Another process writes the turn: the next put reads its head, in two messages (one would have no COMMIT).
+    SecurepadSaver(direct, ALICE).put(config, generate_checkpoint(), {}, {})
     _lose(proxy, how, at_most=1)
     checkpoint = generate_checkpoint()
     stored = saver.put(config, checkpoint, {}, {})
     assert proxy.lost == 1
     assert stored["configurable"]["checkpoint_id"] == checkpoint["id"]
-    assert len(direct.list_for_turn(ALICE, _thread_turn(saver))) == 2
+    assert len(direct.list_for_turn(ALICE, _thread_turn(saver))) == 3
     listed = [c.config["configurable"]["checkpoint_id"] for c in SecurepadSaver(direct, ALICE).list(config)]
     assert listed.count(checkpoint["id"]) == 1
 

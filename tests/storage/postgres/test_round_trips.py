@@ -11,9 +11,9 @@ implicit transaction (``_Put.once``). Every other put is two, as before: its
 reads (owner-key version, step, quota, the turn's heads) go with BEGIN and the
 settings, and its writes with COMMIT: a turn's first put in this process, a
 put after another process wrote the turn (after the one message, which wrote
-nothing: three in all), ``put_many``, a step chosen in the transaction
-(``put_next``, after the two round trips that read the turn's last step) and an entry of more
-than one segment.
+nothing: three in all), ``put_many`` and an entry of more than one segment. A step
+the library takes (``put_next``) is one too, when the head this process sealed last
+tells it (after the two round trips that read the turn's last step, unless given a guess).
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ def measure(pad: Scratchpad, other: Scratchpad) -> dict[str, int]:
     other.put(ALICE, "t1", 10, "shell", TEXT)
     figures["put (after another process wrote the turn)"] = trips(lambda: pad.put(ALICE, "t1", 11, "shell", TEXT))
     figures["put_next"] = trips(lambda: put_next(pad, ALICE, "t1", "shell", TEXT))
+    figures["put_next (a guess given)"] = trips(lambda: put_next(pad, ALICE, "t1", "shell", TEXT, guess=1))
     figures |= {
         "get": trips(lambda: pad.get(ALICE, entry)),
         "read head": trips(lambda: pad.read(ALICE, entry, "head", n=100)),
@@ -87,9 +88,10 @@ BUDGET = {
     "put (after put_many)": 1,  # put_many recorded the head it sealed
     "put of two segments": 2,  # the segment rows follow the entry's: never in one message
     "put (after another process wrote the turn)": 3,  # the one message wrote nothing, then two
-    # The turn's last step (its newest entries, then the head that checks them), then the two messages:
-    # the step is taken in the transaction, which one message cannot do.
-    "put_next": 4,
+    # The turn's last step (its newest entries, then the head that checks them), then one message: the
+    # step after the newest entry of the head this process sealed last, written only while that head is stored.
+    "put_next": 3,
+    "put_next (a guess given)": 1,
     "get": 1,
     "read head": 1,
     "read tail": 1,
