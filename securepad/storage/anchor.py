@@ -149,10 +149,13 @@ class Anchor:
                     f" ({anchored}, {self.path}): this is an older copy put back in place of the current"
                     " store." + FIX
                 )
+            # The row as checked now: the first advance updates it in one statement.
+            self._last_value = str(rows[0]["value"]) if rows else None
             if not rows or adopt:
+                self._last_value = self._row(counter)
                 with self.db.transaction(admin=True) as conn:
                     conn.execute(
-                        "INSERT OR REPLACE INTO store_meta(key, value) VALUES (?, ?)", (_ROW, self._row(counter))
+                        "INSERT OR REPLACE INTO store_meta(key, value) VALUES (?, ?)", (_ROW, self._last_value)
                     )
             self.db.sync()
             self._write_anchor(counter, -1 if anchored is None else anchored)
