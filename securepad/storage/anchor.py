@@ -19,10 +19,13 @@ and lock) is ``anchor_file.AnchorFile``; this module decides when it is
 read and written.
 
 ``anchor_sync`` (policy, ``[storage]``) chooses when the anchor follows the
-counter: ``commit`` (after every write), ``interval`` (at most every
-``anchor_interval_seconds``, in a background thread: the write that crosses
-the interval only wakes it), ``close`` (at open and close only). SECURITY.md
-states the window each leaves.
+counter: ``commit`` (every write transaction advances the counter, and the
+anchor follows after its commit), ``interval`` (at most every
+``anchor_interval_seconds``: the write transaction that crosses the interval
+advances the counter, as every one does with ``commit``, and wakes a background
+thread, which makes the commits durable and raises the anchor to that
+counter), ``close`` (at open and close only: ``close`` advances the counter in
+a transaction of its own). SECURITY.md states the window each leaves.
 
 A store that is never closed still ends cleanly: the background thread holds
 only a weak reference to its anchor and ends when the anchor is garbage
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import os
 import threading
 import time
@@ -96,16 +100,18 @@ class Anchor:
         self.sync = sync
         self.interval_s = interval_s
         self._seal = seal
-        # ``commit``: every write transaction advances the counter (``before_commit``); else only
-        # the sync's own transaction does, and a commit only marks the store as written since.
+        # ``commit``: every write transaction advances the counter (``before_commit``);
+        # ``interval``: the one that begins its commit at or after ``advance_at`` does. Any
+        # other write only marks the store as written since (``advance`` and ``close``
+        # advance the counter after it, in a transaction of their own).
         self.every_commit = sync == "commit"
+        self.advance_at = time.monotonic() + interval_s if sync == "interval" else math.inf
         self._mutex = threading.Lock()
         self._local = threading.local()
         self.floor = 0  # the highest anchor this process has read or written
         self._committed = 0  # the highest counter this process committed
         self._last_value: str | None = None  # the store row as last written here
-        self._synced_at = time.monotonic()
-        self._dirty = False  # written since the last sync
+        self._dirty = False  # written without advancing the counter since the last ``advance``
         # ``interval``: the syncs run in a background thread, off the put path.
         self._syncer: threading.Thread | None = None
         self._syncer_pid = 0
@@ -143,10 +149,13 @@ class Anchor:
                     f" ({anchored}, {self.path}): this is an older copy put back in place of the current"
                     " store." + FIX
                 )
+            # The row as checked now: the first advance updates it in one statement.
+            self._last_value = str(rows[0]["value"]) if rows else None
             if not rows or adopt:
+                self._last_value = self._row(counter)
                 with self.db.transaction(admin=True) as conn:
                     conn.execute(
-                        "INSERT OR REPLACE INTO store_meta(key, value) VALUES (?, ?)", (_ROW, self._row(counter))
+                        "INSERT OR REPLACE INTO store_meta(key, value) VALUES (?, ?)", (_ROW, self._last_value)
                     )
             self.db.sync()
             self._write_anchor(counter, -1 if anchored is None else anchored)
@@ -163,7 +172,9 @@ class Anchor:
 
     def before_commit(self, conn: Conn) -> None:
         """Advance the store's counter inside the transaction (``anchor_sync = "commit"``:
-        every write transaction; else the sync's own transaction alone, ``advance``).
+        every write transaction; ``interval``: the one that crosses the interval). The
+        counter is recorded as committed by ``after_commit`` only: a transaction that
+        rolls back after this leaves it pending, and the next one replaces it.
 
         Raises:
             IntegrityError: the counter is below the anchor or was altered.
@@ -190,37 +201,41 @@ class Anchor:
         conn.execute("UPDATE store_meta SET value = ? WHERE key = ?", (value, _ROW))
         return current + 1, value
 
-    def after_commit(self) -> None:
-        """Record the commit; sync the anchor when the policy says so.
-
-        With ``interval`` the sync runs in a background thread (``_sync_loop``):
-        the put that crosses the interval only wakes it, and pays no fsync.
+    def after_commit(self, advanced: bool) -> None:
+        """Record the commit; ``advanced``: its transaction advanced the counter
+        (``before_commit``), which the anchor now follows: at once with ``commit``;
+        with ``interval`` in the background thread (``_sync_loop``), which the
+        write only wakes: it pays no fsync.
 
         Raises:
-            IntegrityError: the sync (this one, or the background one since the
-                last write) found the store below its anchor.
+            IntegrityError: the background sync since the last write found the
+                anchor altered or unreadable under this store's key.
             SecurepadError: the anchor cannot be written (the write itself is
                 committed; the anchor catches up at the next sync or close).
         """
+        if not advanced:
+            # No lock: ``advance`` takes and clears the mark under it, and a mark set just
+            # after that clear stays for the next one (the commit it marks is done before).
+            self._dirty = True
+        else:
+            pending: tuple[int, str] | None = getattr(self._local, "pending", None)
+            self._local.pending = None
+            with self._mutex:
+                if pending is not None:
+                    self._last_value = pending[1]
+                    self._committed = max(self._committed, pending[0])
+                if self.sync == "interval":
+                    self.advance_at = time.monotonic() + self.interval_s
         failed = self._failed
         if failed is not None:
             self._failed = None
             raise failed
-        if not self.every_commit:
-            # No lock: ``advance`` takes and clears the mark under it, and a mark set just
-            # after that clear stays for the next sync (the commit it marks is done before).
-            self._dirty = True
-            if self.sync == "interval" and time.monotonic() - self._synced_at >= self.interval_s:
-                self._wake()
+        if not advanced:
             return
-        pending: tuple[int, str] | None = getattr(self._local, "pending", None)
-        self._local.pending = None
-        with self._mutex:
-            self._dirty = True
-            if pending is not None:
-                self._last_value = pending[1]
-                self._committed = max(self._committed, pending[0])
-        self.advance()
+        if self.every_commit:
+            self._raise_anchor()
+        else:
+            self._wake()
 
     def _wake(self) -> None:
         """Start the background syncer if this process has none, and wake it."""
@@ -246,9 +261,9 @@ class Anchor:
         self._syncer = None
 
     def advance(self) -> None:
-        """Anchor every write so far: advance the counter (in its own
-        transaction, unless every commit already does), make the commits
-        durable (fsync), then raise the anchor to the counter.
+        """Anchor every write so far: advance the counter in a transaction of its
+        own when a write since the last one did not (``close``, and a caller that
+        wants the writes anchored now), then ``_raise_anchor``.
 
         Raises:
             IntegrityError: the store is below its anchor (checked by the advance).
@@ -256,10 +271,9 @@ class Anchor:
         """
         with self._mutex:
             dirty, self._dirty = self._dirty, False
-            self._synced_at = time.monotonic()
-        if not dirty:
-            return
-        if not self.every_commit:
+            if self.sync == "interval":
+                self.advance_at = time.monotonic() + self.interval_s
+        if dirty and not self.every_commit:
             try:
                 # Its own transaction, without the commit hooks: it does what they would.
                 with self.db.transaction(admin=True, hooks=False) as conn:
@@ -271,6 +285,16 @@ class Anchor:
             with self._mutex:
                 self._last_value = pending[1]
                 self._committed = max(self._committed, pending[0])
+        self._raise_anchor()
+
+    def _raise_anchor(self) -> None:
+        """Make the commits durable (fsync), then raise the anchor to the highest
+        counter this process committed; nothing when the anchor already holds it.
+
+        Raises:
+            IntegrityError: the anchor was altered or made under another key.
+            SecurepadError: the store or the anchor cannot be synced or written.
+        """
         counter = self._committed
         if counter <= self.floor:
             return
@@ -343,12 +367,13 @@ _OPEN: weakref.WeakSet[Anchor] = weakref.WeakSet()
 
 
 def _sync_loop(anchor_ref: weakref.ref[Anchor], due: threading.Event, stop: threading.Event) -> None:
-    """The ``interval`` syncs of one anchor, one at a time, each on this thread's
-    connection. It holds the anchor only while a sync runs, so an anchor whose
+    """The ``interval`` syncs of one anchor, one at a time: the counter a write
+    advanced, made durable and written to the anchor (no transaction of its
+    own). It holds the anchor only while a sync runs, so an anchor whose
     store was dropped without ``close`` is collected, and its finalizer ends
-    this loop. A rollback it finds is raised by the next write (or close); a
-    busy or full store is tried again at the next interval (``advance`` keeps
-    the writes marked as not anchored)."""
+    this loop. An altered anchor it finds is raised by the next write (or
+    close); an fsync or anchor write that fails is done by the next sync
+    (the next crossing write's, or close's)."""
     while True:
         due.wait()
         due.clear()
@@ -358,7 +383,7 @@ def _sync_loop(anchor_ref: weakref.ref[Anchor], due: threading.Event, stop: thre
         if anchor is None:
             return
         try:
-            anchor.advance()
+            anchor._raise_anchor()
         except IntegrityError as exc:
             anchor._failed = exc
         except SecurepadError:

@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from time import monotonic
 from types import TracebackType
 from typing import Protocol
 
@@ -60,14 +61,17 @@ STATEMENT_CACHE_SIZE = 512
 class CommitHooks(Protocol):
     """What runs around every write transaction's COMMIT (the anchor, ``anchor.Anchor``)."""
 
-    #: Whether ``before_commit`` runs in every write transaction (else it is never called).
+    #: Whether ``before_commit`` runs in every write transaction.
     every_commit: bool
+    #: Else it runs in a write transaction that begins its commit at or after this
+    #: ``time.monotonic()`` (infinite: never).
+    advance_at: float
 
     def before_commit(self, conn: Conn) -> None:
         """Inside the transaction, last: an exception rolls it back."""
 
-    def after_commit(self) -> None:
-        """After a successful COMMIT."""
+    def after_commit(self, advanced: bool) -> None:
+        """After a successful COMMIT; ``advanced``: ``before_commit`` ran in its transaction."""
 
 
 class _NothingWritten(Exception):
@@ -151,7 +155,9 @@ class _Transaction:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         db, conn = self._db, self._conn
         hooks = db.hooks if self._hooked else None
-        if exc is None and hooks is not None and hooks.every_commit:
+        advanced = False
+        if exc is None and hooks is not None and (hooks.every_commit or monotonic() >= hooks.advance_at):
+            advanced = True
             try:
                 hooks.before_commit(self._tx)
             except BaseException as failed:
@@ -166,7 +172,7 @@ class _Transaction:
             db._rollback(conn)
             raise db._error(failed, conn) from None
         if hooks is not None:
-            hooks.after_commit()
+            hooks.after_commit(advanced)
         if db._wal.restart_due():
             db._wal.restart_if_due(conn, db._wal_wait_s if self._wait else None, db._error, db._busy_timeout_ms / 1000)
 

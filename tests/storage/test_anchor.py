@@ -16,6 +16,7 @@ import pytest
 
 from securepad import Keyring, Policy, Scratchpad
 from securepad.errors import IntegrityError, InvalidArgumentError, PolicyError, WrongKeyError
+from tests.support.anchors import copy_store, put_back
 from tests.support.paths import FIXTURES
 from tests.support.principals import ALICE
 
@@ -41,21 +42,6 @@ def counters(db_path: Path, anchor: Path) -> tuple[int, int]:
 def record(db_path: Path, keyring: Keyring, step: int, turn: str = "t1", **options: Any) -> None:
     with Scratchpad.open(db_path, keyring=keyring, **options) as pad:
         pad.turn(ALICE, turn).record(step, "shell", f"step {step}")
-
-
-def copy_store(db_path: Path, dest: Path) -> None:
-    dest.mkdir()
-    for name in (db_path.name, f"{db_path.name}-wal", f"{db_path.name}-shm"):
-        if (db_path.parent / name).exists():
-            shutil.copy(db_path.parent / name, dest / name)
-
-
-def put_back(copy: Path, db_path: Path) -> None:
-    for name in (db_path.name, f"{db_path.name}-wal", f"{db_path.name}-shm"):
-        (db_path.parent / name).unlink(missing_ok=True)
-        if (copy / name).exists():
-            shutil.copy(copy / name, db_path.parent / name)
-            (db_path.parent / name).chmod(0o600)
 
 
 @pytest.fixture
