@@ -31,7 +31,6 @@ scope: the SQLite connection whose data version its token holds, or None.
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -40,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...keys.keystore import NEWEST_VERSION_SQL
+from ...storage import process
 from ...storage.base import Backend, Params, Rows
 from ...storage.postgres.functions import ENTRY_TURN_SQL, PG_CALLS, PG_FRESHNESS, PG_INVENTORY_SQL, PG_NO_FRESHNESS
 from .tally import Head
@@ -230,7 +230,7 @@ class HeadCache:
         self._reset()
 
     def _reset(self) -> None:
-        self._pid = os.getpid()
+        self._pid = process.pid
         # A new lock in a forked child: one held by another thread at the fork would never be released.
         self._lock = threading.Lock()
         self._entries: OrderedDict[_Key, Verified] = OrderedDict()
@@ -239,7 +239,7 @@ class HeadCache:
         self._held = 0
 
     def _forked(self) -> None:
-        if self._pid != os.getpid():
+        if self._pid != process.pid:
             self._reset()
 
     def limit(self, turns: int, rows: int = CACHE_ROWS) -> None:
