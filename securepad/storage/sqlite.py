@@ -426,6 +426,9 @@ class Database:
 
     def read_scope(self) -> object:
         """This thread's connection: the one ``PRAGMA data_version`` (a read's token) belongs to."""
+        holder = getattr(self._local, "holder", None)  # ``conn``'s fast path, without its call
+        if holder is not None and holder.pid == process.pid and not self._connections.closed:
+            return holder.conn
         return self.conn
 
     def checkpoint(self, *, wait: bool = True) -> bool:

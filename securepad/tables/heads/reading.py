@@ -225,8 +225,7 @@ class HeadCache:
     """Verified inventories by (scope, owner, turn), bounded per owner."""
 
     def __init__(self, turns: int = CACHE_TURNS, rows: int = CACHE_ROWS) -> None:
-        self._turns = turns
-        self._rows = rows
+        self._turns, self._rows = turns, rows
         self._reset()
 
     def _reset(self) -> None:
@@ -238,13 +237,10 @@ class HeadCache:
         self._shares: dict[str, _Share] = {}
         self._held = 0
 
-    def _forked(self) -> None:
-        if self._pid != process.pid:
-            self._reset()
-
     def limit(self, turns: int, rows: int = CACHE_ROWS) -> None:
         """Keep at most ``turns`` turns and ``rows`` rows (0 turns: keep nothing, every read recounts)."""
-        self._forked()
+        if self._pid != process.pid:  # a forked child starts empty
+            self._reset()
         with self._lock:
             self._turns, self._rows = turns, rows
             self._evict(None)
@@ -262,7 +258,8 @@ class HeadCache:
 
     def get(self, scope: object, owner: str, turn_id: str) -> Verified | None:
         """The turn's entry in ``scope``, if any (the caller compares its token)."""
-        self._forked()
+        if self._pid != process.pid:  # a forked child starts empty
+            self._reset()
         key = (id(scope), owner, turn_id)
         with self._lock:
             entry = self._entries.get(key)
@@ -277,7 +274,8 @@ class HeadCache:
 
     def listing(self, scope: object, owner: str, entry_id: str) -> Verified | None:
         """The entry of one of the owner's turns in ``scope`` that lists the entry ``entry_id``, if any."""
-        self._forked()
+        if self._pid != process.pid:  # a forked child starts empty
+            self._reset()
         with self._lock:
             turns = list(self._by_owner.get((id(scope), owner), ()))
         for turn_id in turns:
@@ -287,7 +285,8 @@ class HeadCache:
         return None
 
     def put(self, scope: object, owner: str, turn_id: str, token: tuple[Any, ...], head: Head) -> None:
-        self._forked()
+        if self._pid != process.pid:  # a forked child starts empty
+            self._reset()
         if self._turns <= 0:
             return
         ref: Callable[[], object] = (lambda: None) if scope is None else weakref.ref(scope)
@@ -309,7 +308,8 @@ class HeadCache:
 
     def take(self, scope: object, owner: str, turn_id: str) -> Verified | None:
         """Forget the turn in every scope; its entry in ``scope``, if any (for a write to edit and put back)."""
-        self._forked()
+        if self._pid != process.pid:  # a forked child starts empty
+            self._reset()
         found = None
         with self._lock:
             share = self._shares.get(owner)
