@@ -1,17 +1,18 @@
 """A write in two messages whose COMMIT's answer is lost (PostgreSQL).
 
 A put, a batch, a step the library takes (``record_next``, ``put_next``,
-``Turn.record_many``, the LangGraph saver's puts) sends its reads with
-BEGIN, then its writes with COMMIT, unless it takes the one-message put (the
-turn's head sealed last by this process; the tests make another process
-write first). When the connection is lost after the COMMIT was sent, the
-client cannot know whether it was applied. The write then runs again under
-the same locks (so after that COMMIT, if it ran): it looks its rows up by id
-and returns them if they are stored, or writes the same rows once if not.
-When even that fails, the error is ``StoreUnavailableError`` naming the
-entries that may be stored. Faults come from
-``tests.support.faults.FaultyProxy`` on 127.0.0.1, which drops the answer to
-a COMMIT (the transaction applied) or the COMMIT itself (rolled back)."""
+``Turn.record_many``, the LangGraph saver's puts) sends its reads with BEGIN,
+then its writes with COMMIT, unless it takes the one-message put (the turn's
+head sealed last by this process; the tests make another process write
+first). When the connection is lost after the COMMIT was sent, the client
+cannot know whether it was applied. The write then runs
+again under the same locks (so after that COMMIT, if it ran): it looks its
+rows up by id and returns them if they are stored, or writes the same rows
+once if not. When even that fails, the error is ``StoreUnavailableError``
+naming the entries that may be stored. Faults come from
+``tests.support.faults.FaultyProxy`` on 127.0.0.1, which drops the answer
+to a COMMIT (the transaction applied) or the COMMIT itself (rolled back).
+"""
 
 from __future__ import annotations
 
