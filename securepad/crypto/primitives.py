@@ -10,6 +10,7 @@ under keys that each seal few messages (see SECURITY.md for the limits).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import os
@@ -114,7 +115,7 @@ class KeyHandle(Hidden):
     def hkdf(self, info: bytes, length: int = KEY_BYTES, salt: bytes | None = None) -> bytes:
         """HKDF-SHA256 of this key for ``info`` (counted in ``WORK.derivations``)."""
         WORK.derivations += 1
-        return HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=info).derive(self._key)
+        return HKDF(algorithm=_HKDF_HASH, length=length, salt=salt, info=info).derive(self._key)
 
     def aead(self) -> AESGCM:
         return AESGCM(self._key)
@@ -129,6 +130,8 @@ def lp(*parts: str | bytes) -> bytes:
 
 
 _LENGTH = struct.Struct(">I").pack
+# One hash algorithm object for every HKDF (stateless: a name and sizes), not one per derivation.
+_HKDF_HASH = hashes.SHA256()
 
 
 def lp_texts(first: str, second: str, third: str | None = None) -> bytes:
@@ -274,6 +277,8 @@ def record_key_aad(record_id: str, owner_user_id: str, key_version: int) -> byte
     return lp("record-key", record_id, owner_user_id, str(key_version))
 
 
+# A writer seals the same turn's head put after put: its AAD is built once (an AAD is no secret).
+@functools.lru_cache(maxsize=1024, typed=True)
 def head_aad(owner_user_id: str, turn_id: str, key_version: int) -> bytes:
     """AAD of a sealed turn head (``turn_id`` empty: the owner head): binds owner, turn and key version."""
     return _TURN_HEAD + lp_texts(owner_user_id, turn_id, str(key_version))

@@ -235,6 +235,15 @@ class Keystore:
         """Raises IntegrityError, WrongKeyError: as ``owner_wrapper``."""
         return self._derived(self._listings, ListingKey, owner, version)
 
+    def sealing(self, owner: str, version: int) -> tuple[ContentIdentity, ListingKey]:
+        """``identity`` and ``listing_key`` of one version (what every put seals with), in one call.
+        Raises IntegrityError, WrongKeyError: as ``owner_wrapper``."""
+        key = (owner, version)
+        identity, listing = self._identities.get(key), self._listings.get(key)
+        if identity is None or listing is None:
+            return self.identity(owner, version), self.listing_key(owner, version)
+        return identity, listing
+
     def _derived(self, cache: LRUCache[tuple[str, int], D], make: Derive[D], owner: str, version: int) -> D:
         """A key derived from the owner's key of ``version``, once, then cached."""
         found = cache.get((owner, version))

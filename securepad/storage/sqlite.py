@@ -23,7 +23,7 @@ from typing import Protocol
 import apsw
 
 from ..errors import SecurepadError, StorageFullError, StoreCorruptError
-from . import schema
+from . import process, schema
 from .base import Conn, DuplicateKeyError, Params, Rows, statements
 from .files import create_private_file
 from .schema import SCHEMA_VERSION
@@ -143,7 +143,8 @@ class _Transaction:
         db = self._db
         conn = self._conn = db.conn
         wal = db._wal
-        if wal.pending() > wal.limit_pages():  # ``check``'s own first test, without its call when under
+        # ``check``'s own first test (``pending() > limit_pages()``), without its calls when under.
+        if wal.pages - wal.moved > wal.limit_bytes // wal.page_size:
             db._check_wal(conn, db._wal_wait_s if self._wait else 0)
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -207,7 +208,7 @@ class _Connections:
 
     def add(self, conn: apsw.Connection) -> None:
         with self._lock:
-            self._open[id(conn)] = (conn, os.getpid())
+            self._open[id(conn)] = (conn, process.pid)
 
     def release(self, conn: apsw.Connection, pid: int) -> None:
         """Close ``conn`` (opened in process ``pid``): its thread ended, or it failed."""
@@ -235,7 +236,7 @@ class _Holder:
 
     def __init__(self, conn: apsw.Connection, connections: _Connections) -> None:
         self.conn = conn
-        self.pid = os.getpid()
+        self.pid = process.pid
         self.finalizer = weakref.finalize(self, connections.release, conn, self.pid)
 
 
@@ -295,7 +296,7 @@ class Database:
         if self._connections.closed:
             raise SecurepadError("the store is closed")
         holder: _Holder | None = getattr(self._local, "holder", None)
-        if holder is None or holder.pid != os.getpid():
+        if holder is None or holder.pid != process.pid:
             holder = _Holder(self._open(), self._connections)
             self._local.holder = holder
             self._connections.add(holder.conn)
@@ -425,6 +426,9 @@ class Database:
 
     def read_scope(self) -> object:
         """This thread's connection: the one ``PRAGMA data_version`` (a read's token) belongs to."""
+        holder = getattr(self._local, "holder", None)  # ``conn``'s fast path, without its call
+        if holder is not None and holder.pid == process.pid and not self._connections.closed:
+            return holder.conn
         return self.conn
 
     def checkpoint(self, *, wait: bool = True) -> bool:

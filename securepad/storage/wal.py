@@ -140,7 +140,7 @@ class WalWatch:
         else:
             self.written += pages - self.pages
         self.pages = pages
-        if self.pending() >= AUTOCHECKPOINT_PAGES:
+        if self.pages - self.moved >= AUTOCHECKPOINT_PAGES:  # ``pending()``, without its call
             try:
                 self.counts["passive"] += 1
                 frames, moved = conn.wal_checkpoint(dbname, apsw.SQLITE_CHECKPOINT_PASSIVE)

@@ -325,11 +325,11 @@ class _Put:
         if self.kept is not None and self.kept[0] == version:
             sealed, self.kept = self.kept[1], None
             return sealed
+        identity, listing = self.keys.sealing(self.owner, version)
         if version not in self.identities:
-            identity = self.keys.identity(self.owner, version)
             self.identities[version] = self.prepared.identity(identity)
         self.meta["content_id"] = self.identities[version]
-        self.listings[version] = self.keys.listing_key(self.owner, version)  # for a re-step inside the write, too
+        self.listings[version] = listing  # for a re-step inside the write, too
         return self.prepared.seal(wrapper, self.listings[version], version, self.owner, self.turn_id, self.meta)
 
     def write(self, conn: Conn, sealed: _SealedOne) -> tuple[str, int]:

@@ -31,7 +31,6 @@ scope: the SQLite connection whose data version its token holds, or None.
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -40,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...keys.keystore import NEWEST_VERSION_SQL
+from ...storage import process
 from ...storage.base import Backend, Params, Rows
 from ...storage.postgres.functions import ENTRY_TURN_SQL, PG_CALLS, PG_FRESHNESS, PG_INVENTORY_SQL, PG_NO_FRESHNESS
 from .tally import Head
@@ -225,12 +225,11 @@ class HeadCache:
     """Verified inventories by (scope, owner, turn), bounded per owner."""
 
     def __init__(self, turns: int = CACHE_TURNS, rows: int = CACHE_ROWS) -> None:
-        self._turns = turns
-        self._rows = rows
+        self._turns, self._rows = turns, rows
         self._reset()
 
     def _reset(self) -> None:
-        self._pid = os.getpid()
+        self._pid = process.pid
         # A new lock in a forked child: one held by another thread at the fork would never be released.
         self._lock = threading.Lock()
         self._entries: OrderedDict[_Key, Verified] = OrderedDict()
@@ -238,13 +237,10 @@ class HeadCache:
         self._shares: dict[str, _Share] = {}
         self._held = 0
 
-    def _forked(self) -> None:
-        if self._pid != os.getpid():
-            self._reset()
-
     def limit(self, turns: int, rows: int = CACHE_ROWS) -> None:
         """Keep at most ``turns`` turns and ``rows`` rows (0 turns: keep nothing, every read recounts)."""
-        self._forked()
+        if self._pid != process.pid:  # a forked child starts empty
+            self._reset()
         with self._lock:
             self._turns, self._rows = turns, rows
             self._evict(None)
@@ -262,7 +258,8 @@ class HeadCache:
 
     def get(self, scope: object, owner: str, turn_id: str) -> Verified | None:
         """The turn's entry in ``scope``, if any (the caller compares its token)."""
-        self._forked()
+        if self._pid != process.pid:  # a forked child starts empty
+            self._reset()
         key = (id(scope), owner, turn_id)
         with self._lock:
             entry = self._entries.get(key)
@@ -277,7 +274,8 @@ class HeadCache:
 
     def listing(self, scope: object, owner: str, entry_id: str) -> Verified | None:
         """The entry of one of the owner's turns in ``scope`` that lists the entry ``entry_id``, if any."""
-        self._forked()
+        if self._pid != process.pid:  # a forked child starts empty
+            self._reset()
         with self._lock:
             turns = list(self._by_owner.get((id(scope), owner), ()))
         for turn_id in turns:
@@ -287,7 +285,8 @@ class HeadCache:
         return None
 
     def put(self, scope: object, owner: str, turn_id: str, token: tuple[Any, ...], head: Head) -> None:
-        self._forked()
+        if self._pid != process.pid:  # a forked child starts empty
+            self._reset()
         if self._turns <= 0:
             return
         ref: Callable[[], object] = (lambda: None) if scope is None else weakref.ref(scope)
@@ -309,7 +308,8 @@ class HeadCache:
 
     def take(self, scope: object, owner: str, turn_id: str) -> Verified | None:
         """Forget the turn in every scope; its entry in ``scope``, if any (for a write to edit and put back)."""
-        self._forked()
+        if self._pid != process.pid:  # a forked child starts empty
+            self._reset()
         found = None
         with self._lock:
             share = self._shares.get(owner)

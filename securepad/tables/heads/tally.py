@@ -65,7 +65,12 @@ class Tally:
             # Built in sorted order (keys and kinds): encoded as it is, with no sort.
             sorted_body = {
                 "b": self.b,
-                "d": {"c": _hex(d["c"]), "e": _hex(d["e"]), "m": _hex(d["m"])},
+                # Each digest as 64 hex digits (``format(value, "064x")``, a quarter of its work).
+                "d": {
+                    "c": d["c"].to_bytes(32, "big").hex(),
+                    "e": d["e"].to_bytes(32, "big").hex(),
+                    "m": d["m"].to_bytes(32, "big").hex(),
+                },
                 "f": HEAD_FORMAT,
                 "l": self.last,
                 "n": {"c": n["c"], "e": n["e"], "m": n["m"]},
@@ -137,11 +142,6 @@ class Tally:
 
 _JSON_SORTED = msgspec.json.Encoder(order="sorted").encode
 _JSON = msgspec.json.Encoder().encode
-
-
-def _hex(value: int) -> str:
-    """A digest as ``Tally.dumps`` writes it: 64 hex digits (``format(value, "064x")``, a quarter of its work)."""
-    return value.to_bytes(32, "big").hex()
 
 
 _JSON_DECODE = msgspec.json.Decoder().decode

@@ -416,16 +416,16 @@ def test_a_put_overtaken_by_a_rotation_while_sealing_seals_again(
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         pad.put(ALICE, "t", 1, "tool", "before")
         keys = parts(pad).keys
-        derive = keys.listing_key
+        derive = keys.sealing
         rotations: list[dict[str, Any]] = []
 
-        def listing_key(owner: str, version: int) -> Any:
-            if not rotations:  # the first seal: a rotation completes before the key is derived
+        def sealing(owner: str, version: int) -> Any:
+            if not rotations:  # the first seal: a rotation completes before the keys are derived
                 rotations.append({})
                 rotations[0] = pad.rotate_owner_key(owner)
             return derive(owner, version)
 
-        monkeypatch.setattr(keys, "listing_key", listing_key)
+        monkeypatch.setattr(keys, "sealing", sealing)
         entry = pad.put(ALICE, "t", 2, "tool", "during")["scratchpad_id"]
         assert rotations[0]["retired_versions"] == [1]
         assert pad.get(ALICE, entry).observation == "during"
