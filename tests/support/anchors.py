@@ -40,10 +40,10 @@ def cross_interval(pad: Scratchpad) -> None:
 
 
 def await_anchored(pad: Scratchpad, counter: int, timeout: float = 30.0) -> None:
-    """Wait until the background sync has raised the anchor to ``counter`` (a bound on a hang)."""
+    """Wait until the background sync has raised the anchor, and its file, to ``counter`` (a bound on a hang)."""
     anchor = anchor_of_pad(pad)
     deadline = time.monotonic() + timeout
-    while anchor.floor < counter:
+    while anchor.floor < counter or (_file_counter_or_none(pad) or -1) < counter:
         if time.monotonic() > deadline:
             raise AssertionError(f"the anchor stayed at {anchor.floor}, below {counter}")
         time.sleep(0.01)
@@ -57,6 +57,14 @@ def store_counter(db_path: Path) -> int:
     finally:
         conn.close()
     return int(str(value).split(":", 1)[0])
+
+
+def _file_counter_or_none(pad: Scratchpad) -> int | None:
+    """``file_counter``, or None while the file is not there yet (or being replaced)."""
+    try:
+        return file_counter(pad)
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def file_counter(pad: Scratchpad) -> int:
