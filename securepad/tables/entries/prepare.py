@@ -38,6 +38,11 @@ def listing_fields(meta: dict[str, Any]) -> dict[str, Any]:
     return {name: meta[name] for name in _LISTING_FIELDS if name in meta}
 
 
+def new_entry_id() -> str:
+    """A fresh entry id: 8 random bytes as hex (``secrets.token_hex(8)``, without its two calls)."""
+    return os.urandom(8).hex()
+
+
 @dataclass
 class Prepared:
     """An observation shaped and cut into segments, before it is sealed (pure)."""
@@ -157,7 +162,7 @@ class Prepared:
         a listing shows under ``listing``, the owner's listing key of ``version``,
         bound to the clear columns (which format 1 repeated inside its metadata)."""
         header = Header(
-            os.urandom(8).hex(),  # ``secrets.token_hex(8)``, without its two calls
+            new_entry_id(),
             owner,
             turn_id,
             self.kind,

@@ -18,6 +18,7 @@ before, and a failure of either half writes nothing.
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import pytest
@@ -108,14 +109,9 @@ def test_an_id_collision_in_the_folded_write_is_sealed_again_and_leaves_nothing(
     taken = pad.put(ALICE, "t1", 1, "shell", TEXT)["scratchpad_id"]
     ids = iter([taken])
 
-    class Secrets:
-        """``secrets`` for ``entry_shape``: the id just taken once, then fresh ones."""
-
-        @staticmethod
-        def token_hex(n: int) -> str:
-            import secrets
-
-            return next(ids, None) or secrets.token_hex(n)
+    def new_entry_id() -> str:
+        """The id just taken once, then fresh ones."""
+        return next(ids, None) or secrets.token_hex(8)
 
     sent: list[str] = []  # what each one-message put's statement did
     write_once = PostgresDatabase.write_once
@@ -129,7 +125,7 @@ def test_an_id_collision_in_the_folded_write_is_sealed_again_and_leaves_nothing(
         sent.append(f"wrote {written}")
         return written
 
-    monkeypatch.setattr(prepare, "secrets", Secrets)
+    monkeypatch.setattr(prepare, "new_entry_id", new_entry_id)
     monkeypatch.setattr(PostgresDatabase, "write_once", noted)
     second = pad.put(ALICE, turn, 2, "shell", "second")["scratchpad_id"]
     assert next(ids, None) is None and second != taken  # the taken id was tried, then another

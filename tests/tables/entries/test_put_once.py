@@ -243,14 +243,11 @@ def test_an_id_collision_in_the_one_message_put_is_stored_under_another_id(
     pad.put(ALICE, "t1", 2, "shell", "two")
     ids = iter([taken])
 
-    class Secrets:
-        """``secrets`` for ``entry_shape``: the id just taken once, then fresh ones."""
+    def new_entry_id() -> str:
+        """The id just taken once, then fresh ones."""
+        return next(ids, None) or secrets.token_hex(8)
 
-        @staticmethod
-        def token_hex(n: int) -> str:
-            return next(ids, None) or secrets.token_hex(n)
-
-    monkeypatch.setattr(prepare, "secrets", Secrets)
+    monkeypatch.setattr(prepare, "new_entry_id", new_entry_id)
     view, trips = counted(lambda: pad.put(ALICE, "t1", 3, "shell", "three"))
     assert next(ids, None) is None and view["scratchpad_id"] != taken  # the taken id was tried, then another
     assert trips == 3  # the one message failed as a whole; the two-message put wrote the entry
