@@ -13,7 +13,6 @@ an entry twice nor two entries at one step.
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,12 +20,12 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from securepad import Keyring, Policy, Principal, Scratchpad
 from securepad._steps import put_next
 from securepad.bench.costs import measure
 from securepad.tables.heads.heads import Heads
+from tests.support.next_steps import next_step_ops, run_next_step_ops
 from tests.support.principals import ALICE
 
 from .test_hot_path import PUT_STATEMENTS
@@ -177,20 +176,8 @@ def test_threads_of_one_store_take_unique_steps(pad: Scratchpad) -> None:
     assert pad.verify()["ok"]
 
 
-_OWNERS = itertools.count()
-# One step of the property: (what, which store, a number: the entry deleted or the step a plain put skips to).
-_OPS = st.lists(
-    st.one_of(
-        st.tuples(st.just("next"), st.integers(0, 1), st.integers(0, 3), st.booleans()),
-        st.tuples(st.just("plain"), st.integers(0, 1), st.integers(1, 3), st.booleans()),
-        st.tuples(st.just("delete"), st.integers(0, 1), st.integers(0, 99), st.just(False)),
-    ),
-    max_size=25,
-)
-
-
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=_OPS)
+@given(ops=next_step_ops(max_size=25))
 def test_next_step_puts_of_two_stores_with_deletes_and_plain_puts_take_the_transactions_step(
     db_path: Path, keyring: Keyring, ops: list[tuple[str, int, int, bool]]
 ) -> None:
@@ -198,30 +185,4 @@ def test_next_step_puts_of_two_stores_with_deletes_and_plain_puts_take_the_trans
     transaction's look at the rows gives (the highest live step, plus one): steps rise above every
     live one, and no two live entries share a step."""
     with Scratchpad.open(db_path, keyring=keyring) as first, Scratchpad.open(db_path, keyring=keyring) as second:
-        stores = (first, second)
-        who = Principal(f"prop-{next(_OWNERS)}", "planner", "web")  # one store file for every example
-        clock = T0
-        live: dict[str, tuple[int, float]] = {}  # entry id -> (step, expires at)
-        for what, store, number, short in ops:
-            clock += 1
-            pad = stores[store]
-            steps = [step for step, expires in live.values() if expires > clock]
-            top = max(steps, default=0)
-            ttl = 3 if short else 3600
-            if what == "next":
-                guess = top + 1 if number == 0 else number  # the saver's guess is mostly right
-                view = put_next(pad, who, "t", "tool", f"next {clock}", ttl, now=clock, guess=guess)
-                assert view["step_num"] == top + 1
-                live[view["scratchpad_id"]] = (top + 1, clock + ttl)
-            elif what == "plain":
-                view = pad.put(who, "t", top + number, "tool", f"plain {clock}", ttl, now=clock)
-                live[view["scratchpad_id"]] = (top + number, clock + ttl)
-            elif steps:
-                alive = sorted(entry for entry, (_, expires) in live.items() if expires > clock)
-                pad.delete(who, alive[number % len(alive)])
-                del live[alive[number % len(alive)]]
-        listed = [(entry["step_num"], entry["scratchpad_id"]) for entry in first.list_for_turn(who, "t", now=clock)]
-        expected = sorted((step, entry) for entry, (step, expires) in live.items() if expires > clock)
-        assert sorted(listed) == expected
-        assert len({step for step, _ in listed}) == len(listed)
-        assert second.verify(now=clock)["ok"]
+        run_next_step_ops((first, second), ops, T0)  # one store file for every example: an owner each

@@ -10,14 +10,12 @@ and delete, each next-step put takes the step the transaction's look would take.
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from securepad import Keyring, Principal, Scratchpad
 from securepad._steps import put_next
@@ -27,6 +25,7 @@ from psycopg_pool import ConnectionPool  # noqa: E402
 
 from securepad.storage.postgres.database import PostgresDatabase  # noqa: E402
 from tests.support.counting import CountingConnection, counted  # noqa: E402
+from tests.support.next_steps import next_step_ops, run_next_step_ops  # noqa: E402
 from tests.support.principals import ALICE  # noqa: E402
 
 TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # about 4 KiB, one segment
@@ -113,46 +112,11 @@ def test_a_lost_reply_of_an_applied_next_step_put_returns_its_entry_at_its_step_
     assert pad.verify()["ok"]
 
 
-_OWNERS = itertools.count()
-# One step of the property: (what, which store, a number: the entry deleted or the step a plain put skips to).
-_OPS = st.lists(
-    st.one_of(
-        st.tuples(st.just("next"), st.integers(0, 1), st.integers(0, 3), st.booleans()),
-        st.tuples(st.just("plain"), st.integers(0, 1), st.integers(1, 3), st.booleans()),
-        st.tuples(st.just("delete"), st.integers(0, 1), st.integers(0, 99), st.just(False)),
-    ),
-    max_size=15,
-)
-
-
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=_OPS)
+@given(ops=next_step_ops(max_size=15))
 def test_next_step_puts_of_two_stores_take_the_transactions_step(
     other: Scratchpad, third: Scratchpad, ops: list[tuple[str, int, int, bool]]
 ) -> None:
     """As on SQLite: each next-step put takes the highest live step plus one, whoever wrote last."""
-    stores = (other, third)  # on pools of their own (a pool of one cannot load a key inside a transaction)
-    who = Principal(f"prop-{next(_OWNERS)}", "planner", "web")
-    clock = time.time()
-    live: dict[str, tuple[int, float]] = {}  # entry id -> (step, expires at)
-    for what, store, number, short in ops:
-        clock += 1
-        pad = stores[store]
-        steps = [step for step, expires in live.values() if expires > clock]
-        top = max(steps, default=0)
-        ttl = 3 if short else 3600
-        if what == "next":
-            guess = top + 1 if number == 0 else number
-            view = put_next(pad, who, "t", "tool", f"next {clock}", ttl, now=clock, guess=guess)
-            assert view["step_num"] == top + 1
-            live[view["scratchpad_id"]] = (top + 1, clock + ttl)
-        elif what == "plain":
-            view = pad.put(who, "t", top + number, "tool", f"plain {clock}", ttl, now=clock)
-            live[view["scratchpad_id"]] = (top + number, clock + ttl)
-        elif steps:
-            alive = sorted(entry for entry, (_, expires) in live.items() if expires > clock)
-            pad.delete(who, alive[number % len(alive)])
-            del live[alive[number % len(alive)]]
-    listed = [(entry["step_num"], entry["scratchpad_id"]) for entry in other.list_for_turn(who, "t", now=clock)]
-    assert sorted(listed) == sorted((step, entry) for entry, (step, expires) in live.items() if expires > clock)
-    assert third.verify(now=clock)["ok"]
+    # On pools of their own (a pool of one cannot load a key inside a transaction).
+    run_next_step_ops((other, third), ops, time.time())
