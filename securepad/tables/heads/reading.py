@@ -36,7 +36,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...keys.keystore import NEWEST_VERSION_SQL
 from ...storage import process
@@ -200,17 +200,19 @@ CACHE_ROWS = 200_000
 _Key = tuple[int, str, str]
 
 
-@dataclass(frozen=True)
-class Verified:
-    """A turn's inventory as verified, and the token of the snapshot it was verified in."""
+class Verified(NamedTuple):
+    """A turn's inventory as verified, and the token of the snapshot it was verified in
+    (a named tuple: every write that keeps the turn's inventory makes one)."""
 
     token: tuple[Any, ...]
     head: Head
     scope: Callable[[], object]
+    rows: int  # the inventory's rows when it was kept (what it holds of the cache's bound)
 
-    @property
-    def rows(self) -> int:
-        return len(self.head.e) + len(self.head.c) + len(self.head.m)
+
+def _no_scope() -> None:
+    """The scope of an entry kept for no connection (``HeadCache.put`` with None)."""
+    return None
 
 
 @dataclass
@@ -289,18 +291,25 @@ class HeadCache:
             self._reset()
         if self._turns <= 0:
             return
-        ref: Callable[[], object] = (lambda: None) if scope is None else weakref.ref(scope)
-        entry = Verified(token, head, ref)
+        ref: Callable[[], object] = _no_scope if scope is None else weakref.ref(scope)
+        rows = len(head.e) + len(head.c) + len(head.m)
+        entry = Verified(token, head, ref, rows)
         key = (id(scope), owner, turn_id)
         with self._lock:
             self._remove(key)
             self._entries[key] = entry
-            self._by_owner.setdefault((id(scope), owner), set()).add(turn_id)
-            share = self._shares.setdefault(owner, _Share())
+            turns = self._by_owner.get(key[:2])
+            if turns is None:
+                turns = self._by_owner[key[:2]] = set()
+            turns.add(turn_id)
+            share = self._shares.get(owner)
+            if share is None:
+                share = self._shares[owner] = _Share()
             share.keys[key] = None
-            share.rows += entry.rows
-            self._held += entry.rows
-            self._evict(owner)
+            share.rows += rows
+            self._held += rows
+            if len(self._entries) > self._turns or self._held > self._rows:
+                self._evict(owner)
 
     def drop(self, owner: str, turn_id: str) -> None:
         """Forget the turn in every scope (a write of this process changes it)."""
@@ -324,10 +333,11 @@ class HeadCache:
         entry = self._entries.pop(key, None)
         if entry is None:
             return
-        self._held -= entry.rows
+        rows = entry.rows
+        self._held -= rows
         share = self._shares[key[1]]
         del share.keys[key]
-        share.rows -= entry.rows
+        share.rows -= rows
         if not share.keys:
             del self._shares[key[1]]
         turns = self._by_owner.get(key[:2])

@@ -63,13 +63,15 @@ class Tally:
         n, d = self.n, self.d
         if len(n) == len(d) == 3 and "c" in n and "e" in n and "m" in n and "c" in d and "e" in d and "m" in d:
             # Built in sorted order (keys and kinds): encoded as it is, with no sort.
+            c, e, m = d["c"], d["e"], d["m"]
             sorted_body = {
                 "b": self.b,
-                # Each digest as 64 hex digits (``format(value, "064x")``, a quarter of its work).
+                # Each digest as 64 hex digits (``format(value, "064x")``, a quarter of its work;
+                # a kind without rows, as a turn without checkpoints has, written as it is).
                 "d": {
-                    "c": d["c"].to_bytes(32, "big").hex(),
-                    "e": d["e"].to_bytes(32, "big").hex(),
-                    "m": d["m"].to_bytes(32, "big").hex(),
+                    "c": c.to_bytes(32, "big").hex() if c else _ZERO_HEX,
+                    "e": e.to_bytes(32, "big").hex() if e else _ZERO_HEX,
+                    "m": m.to_bytes(32, "big").hex() if m else _ZERO_HEX,
                 },
                 "f": HEAD_FORMAT,
                 "l": self.last,
@@ -141,6 +143,7 @@ class Tally:
 
 
 _JSON_SORTED = msgspec.json.Encoder(order="sorted").encode
+_ZERO_HEX = "0" * 64
 _JSON = msgspec.json.Encoder().encode
 
 
