@@ -33,14 +33,19 @@ clocks; docs/reliability.md says what skew between them does.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import IntegrityError, InvalidArgumentError
 
 __all__ = ["Timeline", "check_now", "live"]
+
+# This host's clock (as imported: a clock put in its place later is checked as any other).
+_HOST_CLOCK = time.time
 
 
 def check_now(now: object) -> float:
@@ -114,6 +119,12 @@ class Timeline:
             for passed, when in [(name, when) for name, when in self._ahead.items() if when <= clock]:
                 self._expired_by = max(self._expired_by, when)
                 del self._ahead[passed]
+
+    @property
+    def write_clock(self) -> Callable[[], float]:
+        """What a write given no ``now`` reads its time from (``write_time(None)``): this
+        host's clock itself when it is ``time.time`` (a finite float, nothing to check)."""
+        return self._clock if self._clock is _HOST_CLOCK else functools.partial(self.write_time, None)
 
     def write_time(self, given: object | None) -> float:
         """The time a write seals (a put's ``created_at``, an extension's

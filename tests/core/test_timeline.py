@@ -5,6 +5,7 @@ call expires or collects live entries ahead of time."""
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -143,6 +144,14 @@ def test_a_write_time_is_accepted_exactly_when_finite_and_within_the_skew(clock:
     else:
         with pytest.raises(InvalidArgumentError):
             timeline.read_time(now)
+
+
+def test_a_write_without_now_reads_the_host_clock_as_it_is_and_checks_any_other() -> None:
+    assert Timeline(time.time, SKEW).write_clock is time.time  # a finite float: nothing to check
+    assert Timeline(lambda: CLOCK, SKEW).write_clock() == CLOCK
+    for bad in (math.nan, math.inf, "1700000000"):
+        with pytest.raises(InvalidArgumentError):
+            Timeline(lambda bad=bad: bad, SKEW).write_clock()
 
 
 def test_a_read_ahead_of_the_clock_expires_nothing_early_for_another_owner(clocked: Scratchpad) -> None:

@@ -33,6 +33,8 @@ __all__ = ["Putter", "Shown"]
 
 # Turns whose lock hint ``Putter`` keeps (emptied when full: a lost hint costs one put the exclusive lock).
 _HINTS = 4096
+# The steps ``check_step_num`` allows: 0 to 2**31-1.
+_STEPS = 2**31
 
 
 class Putter:
@@ -43,7 +45,7 @@ class Putter:
         self.dialect = parts.db.dialect
         self.policy, self.heads, self.ttl = parts.policy, parts.heads, parts.policy.ttl
         self.default_ttl = parts.policy.ttl(None)
-        self.write_now = parts.timeline.write_time
+        self.write_now, self.write_clock = parts.timeline.write_time, parts.timeline.write_clock
         self.listings = listings
         self._once = parts.db if isinstance(parts.db, OnceWriter) else None  # a put in one message
         self.write_limit = parts.db.write_limit_bytes
@@ -82,12 +84,13 @@ class Putter:
             if len(self._checked) >= _HINTS:
                 self._checked.clear()
             self._checked.add((turn_id, executor_name))
-        check_step_num(step_num)
+        if type(step_num) is not int or not 0 <= step_num < _STEPS:  # ``check_step_num``'s test, first
+            check_step_num(step_num)
         ttl = self.default_ttl if ttl_seconds is None else self.ttl(ttl_seconds)
         prepared = Prepared.of(observation, step_num, self.policy)
         bound = prepared.cost_bound(principal, turn_id, executor_name)
         check_write_bound(bound, self.write_limit, "entry")  # ``check_write_size`` of one entry
-        created = self.write_now(now)
+        created = self.write_clock() if now is None else self.write_now(now)
         meta = prepared.meta(principal, step_num, executor_name, created, created + ttl, inline)
         step = self._step(principal, turn_id, step_num) if free_step and not next_step else None
         one = _Put(self, self._keys, principal, turn_id, observation, prepared, meta, step, next_step)

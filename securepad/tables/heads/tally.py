@@ -36,7 +36,9 @@ class Head:
     m: dict[str, list[Any]] = field(default_factory=dict)
 
     def section(self, kind: str) -> dict[str, list[Any]]:
-        return {"e": self.e, "c": self.c, "m": self.m}[kind]
+        if kind == "e":  # every put's
+            return self.e
+        return {"c": self.c, "m": self.m}[kind]
 
 
 @dataclass
