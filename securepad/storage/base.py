@@ -155,6 +155,22 @@ class Backend(Protocol):
         """Close every connection this object opened."""
 
 
+class CommitHooks(Protocol):
+    """What runs around every write transaction's COMMIT on SQLite (the anchor, ``anchor.Anchor``)."""
+
+    #: Whether ``before_commit`` runs in every write transaction.
+    every_commit: bool
+    #: Else it runs in a write transaction that begins its commit at or after this
+    #: ``time.monotonic()`` (infinite: never).
+    advance_at: float
+
+    def before_commit(self, conn: Conn) -> None:
+        """Inside the transaction, last: an exception rolls it back."""
+
+    def after_commit(self, advanced: bool) -> None:
+        """After a successful COMMIT; ``advanced``: ``before_commit`` ran in its transaction."""
+
+
 @runtime_checkable
 class OnceWriter(Protocol):
     """A backend that writes one turn's conditional statements without a read first: in one

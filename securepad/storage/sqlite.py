@@ -18,16 +18,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from time import monotonic
 from types import TracebackType
-from typing import Protocol
 
 import apsw
 
 from ..errors import SecurepadError, StorageFullError, StoreCorruptError
 from . import process, schema
-from .base import Conn, DuplicateKeyError, Params, Rows, statements
+from .base import CommitHooks, DuplicateKeyError, Params, Rows, statements
 from .files import create_private_file
 from .schema import SCHEMA_VERSION
-from .sqlite_rows import rows_of
+from .sqlite_rows import row_maker
 from .wal import WAL_KEEP_BYTES, WAL_LIMIT_BYTES, WAL_WAIT_MS, BusyHandler, ErrorMap, WalWatch, storage_error
 
 __all__ = ["SCHEMA_VERSION", "WAL_LIMIT_BYTES", "CommitHooks", "Database"]
@@ -58,22 +57,6 @@ _SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL"}
 STATEMENT_CACHE_SIZE = 512
 
 
-class CommitHooks(Protocol):
-    """What runs around every write transaction's COMMIT (the anchor, ``anchor.Anchor``)."""
-
-    #: Whether ``before_commit`` runs in every write transaction.
-    every_commit: bool
-    #: Else it runs in a write transaction that begins its commit at or after this
-    #: ``time.monotonic()`` (infinite: never).
-    advance_at: float
-
-    def before_commit(self, conn: Conn) -> None:
-        """Inside the transaction, last: an exception rolls it back."""
-
-    def after_commit(self, advanced: bool) -> None:
-        """After a successful COMMIT; ``advanced``: ``before_commit`` ran in its transaction."""
-
-
 class _NothingWritten(Exception):
     """``Database.write_once``'s statements changed nothing: its transaction is rolled back."""
 
@@ -95,7 +78,10 @@ class _Conn:
         if fetched is not None:
             return fetched
         try:
-            return rows_of(self.raw.execute(sql, params))
+            cursor = self.raw.execute(sql, params)
+            return list(map(row_maker(cursor.getdescription()), cursor))
+        except apsw.ExecutionCompleteError:  # no rows at all
+            return []
         except (apsw.Error, UnicodeDecodeError) as exc:
             raise self._error(exc, self.raw) from None
 
@@ -416,7 +402,10 @@ class Database:
         """Rows as dicts, on this thread's connection (StoreCorruptError, SecurepadError)."""
         conn = self.conn
         try:
-            return rows_of(conn.execute(sql, params))
+            cursor = conn.execute(sql, params)
+            return list(map(row_maker(cursor.getdescription()), cursor))
+        except apsw.ExecutionCompleteError:  # no rows at all
+            return []
         except (apsw.Error, UnicodeDecodeError) as exc:
             raise self._error(exc, conn) from None
 

@@ -1,4 +1,5 @@
-"""SQLite rows as the store's rows: dicts, built by a function made once per statement's columns."""
+"""SQLite rows as the store's rows: dicts, built by a function made once per statement's columns
+(``row_maker``: cached, so a statement run again calls the function it made, and no code here)."""
 
 from __future__ import annotations
 
@@ -8,23 +9,11 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-import apsw
-
-from .base import Rows
-
-__all__ = ["rows_of"]
-
-
-def rows_of(cursor: apsw.Cursor) -> Rows:
-    """The rows of an executed statement, as dicts (none for a statement without rows)."""
-    try:
-        return list(map(_row_maker(cursor.getdescription()), cursor))
-    except apsw.ExecutionCompleteError:  # no rows at all
-        return []
+__all__ = ["row_maker"]
 
 
 @functools.lru_cache(maxsize=256)
-def _row_maker(description: tuple[tuple[str, str | None], ...]) -> Callable[[tuple[Any, ...]], dict[str, Any]]:
+def row_maker(description: tuple[tuple[str, str | None], ...]) -> Callable[[tuple[Any, ...]], dict[str, Any]]:
     """A row as a dict: a dict display made once per statement's columns from a syntax tree, its keys
     constants (a third cheaper per row than ``dict(zip())``, which grows the dict as it goes)."""
     row = ast.arguments(posonlyargs=[], args=[ast.arg("row")], kwonlyargs=[], kw_defaults=[], defaults=[])
