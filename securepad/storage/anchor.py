@@ -111,13 +111,15 @@ class Anchor:
         self.floor = 0  # the highest anchor this process has read or written
         self._committed = 0  # the highest counter this process committed
         self._last_value: str | None = None  # the store row as last written here
-        self._dirty = False  # written without advancing the counter since the last ``advance``
+        # Written without advancing the counter since the last ``advance``: set after such a
+        # commit (by the database itself, ``CommitHooks.written``: all ``after_commit`` does then).
+        self.written = False
         # ``interval``: the syncs run in a background thread, off the put path.
         self._syncer: threading.Thread | None = None
         self._syncer_pid = 0
         self._due = threading.Event()
         self._stop = threading.Event()
-        self._failed: IntegrityError | None = None  # what the syncer found, raised by the next write
+        self.failed: IntegrityError | None = None  # what the syncer found, raised by the next write
         # Collected without close: the syncer (which holds only a weak reference) is told to end.
         weakref.finalize(self, _end_syncer, self._stop, self._due).atexit = False
 
@@ -205,7 +207,8 @@ class Anchor:
         """Record the commit; ``advanced``: its transaction advanced the counter
         (``before_commit``), which the anchor now follows: at once with ``commit``;
         with ``interval`` in the background thread (``_sync_loop``), which the
-        write only wakes: it pays no fsync.
+        write only wakes: it pays no fsync. A commit that did not advance it only marks
+        ``written``: the database does that itself, unless ``failed`` holds what to raise.
 
         Raises:
             IntegrityError: the background sync since the last write found the
@@ -216,7 +219,7 @@ class Anchor:
         if not advanced:
             # No lock: ``advance`` takes and clears the mark under it, and a mark set just
             # after that clear stays for the next one (the commit it marks is done before).
-            self._dirty = True
+            self.written = True
         else:
             pending: tuple[int, str] | None = getattr(self._local, "pending", None)
             self._local.pending = None
@@ -226,9 +229,9 @@ class Anchor:
                     self._committed = max(self._committed, pending[0])
                 if self.sync == "interval":
                     self.advance_at = time.monotonic() + self.interval_s
-        failed = self._failed
+        failed = self.failed
         if failed is not None:
-            self._failed = None
+            self.failed = None
             raise failed
         if not advanced:
             return
@@ -270,7 +273,7 @@ class Anchor:
             SecurepadError: the store or the anchor cannot be written or synced.
         """
         with self._mutex:
-            dirty, self._dirty = self._dirty, False
+            dirty, self.written = self.written, False
             if self.sync == "interval":
                 self.advance_at = time.monotonic() + self.interval_s
         if dirty and not self.every_commit:
@@ -280,7 +283,7 @@ class Anchor:
                     pending = self._advance_counter(conn)
             except BaseException:
                 with self._mutex:
-                    self._dirty = True  # not anchored: the next sync tries again
+                    self.written = True  # not anchored: the next sync tries again
                 raise
             with self._mutex:
                 self._last_value = pending[1]
@@ -314,7 +317,7 @@ class Anchor:
         if self.db.hooks is self:
             try:
                 self._stop_syncer()
-                failed, self._failed = self._failed, None
+                failed, self.failed = self.failed, None
                 if failed is not None:
                     raise failed
                 self.advance()
@@ -385,7 +388,7 @@ def _sync_loop(anchor_ref: weakref.ref[Anchor], due: threading.Event, stop: thre
         try:
             anchor._raise_anchor()
         except IntegrityError as exc:
-            anchor._failed = exc
+            anchor.failed = exc
         except SecurepadError:
             pass
         del anchor

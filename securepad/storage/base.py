@@ -163,6 +163,11 @@ class CommitHooks(Protocol):
     #: Else it runs in a write transaction that begins its commit at or after this
     #: ``time.monotonic()`` (infinite: never).
     advance_at: float
+    #: Set after a commit whose transaction did not run ``before_commit``, and nothing else
+    #: to do then: the database sets it without calling ``after_commit`` (one call less a write).
+    written: bool
+    #: Set when the commits must be told of a failure: the database calls ``after_commit``, which raises it.
+    failed: Exception | None
 
     def before_commit(self, conn: Conn) -> None:
         """Inside the transaction, last: an exception rolls it back."""

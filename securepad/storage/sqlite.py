@@ -159,7 +159,10 @@ class _Transaction:
             db._rollback(conn)
             raise db._error(failed, conn) from None
         if hooks is not None:
-            hooks.after_commit(advanced)
+            if advanced or hooks.failed is not None:
+                hooks.after_commit(advanced)
+            else:
+                hooks.written = True  # ``after_commit``'s whole work when it did not advance, without its call
         if db._wal.restart_due():
             db._wal.restart_if_due(conn, db._wal_wait_s if self._wait else None, db._error, db._busy_timeout_ms / 1000)
 

@@ -220,3 +220,29 @@ def test_threads_writing_across_the_interval_leave_the_anchor_at_the_store(db_pa
         assert file_counter(pad) == counter
     with Scratchpad.open(db_path, keyring=keyring, policy=INTERVAL) as pad:
         assert [len(_steps(pad, f"t{i}")) for i in range(4)] == [10] * 4
+
+
+def test_a_quiet_write_marks_the_store_written_without_a_call_and_a_failure_still_reaches_the_next(
+    db_path: Path, keyring: Keyring, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write inside the interval does all ``after_commit`` would (the mark that ``close``
+    anchors) without calling it; a failure the sync found still stops the next write."""
+    with Scratchpad.open(db_path, keyring=keyring, policy=INTERVAL) as pad:
+        _put(pad, 1)
+        anchor = anchor_of_pad(pad)
+        calls: list[bool] = []
+        after_commit = type(anchor).after_commit
+        monkeypatch.setattr(
+            type(anchor), "after_commit", lambda self, advanced: calls.append(advanced) or after_commit(self, advanced)
+        )
+        anchor.advance()  # anchored: nothing written since
+        assert not anchor.written
+        _put(pad, 2)
+        assert anchor.written and calls == []
+        anchor.failed = IntegrityError("the anchor was altered")
+        with pytest.raises(IntegrityError, match="altered"):
+            _put(pad, 3)  # committed, then told
+        assert calls == [False] and anchor.failed is None
+        anchor.advance()  # the marked writes anchored, as ``close`` anchors them
+        assert not anchor.written
+        assert file_counter(pad) == store_counter(db_path)
