@@ -296,7 +296,8 @@ class HeadCache:
         entry = Verified(token, head, ref, rows)
         key = (id(scope), owner, turn_id)
         with self._lock:
-            self._remove(key)
+            if key in self._entries:  # not when a write put back what it took
+                self._remove(key)
             self._entries[key] = entry
             turns = self._by_owner.get(key[:2])
             if turns is None:
@@ -322,7 +323,9 @@ class HeadCache:
         found = None
         with self._lock:
             share = self._shares.get(owner)
-            for key in [key for key in share.keys if key[2] == turn_id] if share is not None else []:
+            for key in list(share.keys) if share is not None else ():  # a copy: ``_remove`` edits them
+                if key[2] != turn_id:
+                    continue
                 entry = self._entries[key]
                 if key[0] == id(scope) and scope is not None and entry.scope() is scope:
                     found = entry
