@@ -163,7 +163,7 @@ class _Transaction:
                 hooks.after_commit(advanced)
             else:
                 hooks.written = True  # ``after_commit``'s whole work when it did not advance, without its call
-        if db._wal.restart_due():
+        if db._wal.pages >= db._wal.restart_at:  # ``restart_due``, without its call
             db._wal.restart_if_due(conn, db._wal_wait_s if self._wait else None, db._error, db._busy_timeout_ms / 1000)
 
     def _roll_back(self, exc: BaseException) -> None:

@@ -89,7 +89,8 @@ class Putter:
         ttl = self.default_ttl if ttl_seconds is None else self.ttl(ttl_seconds)
         prepared = Prepared.of(observation, step_num, self.policy)
         bound = prepared.cost_bound(principal, turn_id, executor_name)
-        check_write_bound(bound, self.write_limit, "entry")  # ``check_write_size`` of one entry
+        if self.write_limit is not None and bound > self.write_limit:  # ``check_write_size`` of one entry
+            check_write_bound(bound, self.write_limit, "entry")
         created = self.write_clock() if now is None else self.write_now(now)
         meta = prepared.meta(principal, step_num, executor_name, created, created + ttl, inline)
         step = self._step(principal, turn_id, step_num) if free_step and not next_step else None
