@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ...core.timeline import live
+from ...crypto.formats import EntrySealer
 from ...crypto.primitives import Wrapper
 from ...errors import InvalidArgumentError, StoreUnavailableError
 from ...keys.keystore import IfUnknown, Keystore
@@ -144,7 +145,8 @@ class Batch:
                 check_write_size(
                     list(zip(prepared, executors, strict=True)), self.principal, self.turn_id, limit, "batch"
                 )
-            listing, identity = self.keys.listing_key(owner, version), self.keys.identity(owner, version)
+            identity, listing = self.keys.sealing(owner, version)
+            sealer = EntrySealer(wrapper, owner, self.turn_id, version)
             for index, (step, (_, executor, obs), prep) in enumerate(zip(steps, checked, prepared, strict=True)):
                 inline = self.shown(obs, step) if self.shown is not None else None
                 shown_items.append(inline)
@@ -152,7 +154,7 @@ class Batch:
                 if (version, index) not in identities or self.shown is not None:
                     identities[(version, index)] = prep.identity(identity)
                 meta["content_id"] = identities[(version, index)]
-                row, sealed, _ = prep.seal(wrapper, listing, version, owner, self.turn_id, meta)
+                row, sealed = prep.seal_in(sealer, listing, version, owner, self.turn_id, meta)
                 rows.append(row)
                 segments.append(sealed)
                 metas.append(meta)
@@ -292,9 +294,12 @@ def _insert_entries(conn: Conn, dialect: str, rows: list[dict[str, Any]]) -> Non
     if dialect == "postgresql":
         conn.executemany(insert + one, [tuple(row[c] for c in columns) for row in rows])
         return
+    # Every row of a batch has its columns in one order (``Prepared.seal_in``): its values as they come.
+    same = all(list(row) == columns for row in rows)
     for start in range(0, len(rows), _ROWS_PER_INSERT):
         chunk = rows[start : start + _ROWS_PER_INSERT]
-        conn.defer(insert + ", ".join([one] * len(chunk)), tuple(row[c] for row in chunk for c in columns))
+        values = [v for row in chunk for v in row.values()] if same else [row[c] for row in chunk for c in columns]
+        conn.defer(insert + ", ".join([one] * len(chunk)), tuple(values))
 
 
 def insert_segments(conn: Conn, rows: list[dict[str, Any]], segments: list[list[bytes]]) -> None:
