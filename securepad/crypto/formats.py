@@ -263,27 +263,26 @@ class EntrySealer(Hidden):
     owner's and the turn's parts of the header digest's input, of the HKDF info
     and of the wrapped item key's AAD."""
 
-    __slots__ = ("_info", "_key_aad", "_owner", "_texts", "_turn", "_wrapper")
+    __slots__ = ("_info", "_key_aad", "_lengths", "_texts", "_wrapper")
 
     def __init__(self, owner: Wrapper, owner_user_id: str, turn_id: str, version: int) -> None:
         self._wrapper = owner
-        self._owner, self._turn = owner_user_id.encode(), turn_id.encode()
+        owner_bytes, turn_bytes = owner_user_id.encode(), turn_id.encode()
+        self._lengths, self._texts = (len(owner_bytes), len(turn_bytes)), owner_bytes + turn_bytes
         # lp_texts(entry id, owner) and item_key_aad(entry id, owner, version), but for the id's part.
-        self._info = _LENGTH(len(self._owner)) + self._owner
+        self._info = _LENGTH(len(owner_bytes)) + owner_bytes
         tail = lp_texts(owner_user_id, str(version))
         self._key_aad = (item_key_aad("", owner_user_id, version)[: -len(tail) - 4], tail)
-        self._texts = self._owner + self._turn
 
     def seal(
         self, entry_id: str, kind: str, sizes: tuple[int, int], meta: bytes, segments: Sequence[bytes | memoryview]
-    ) -> tuple[dict[str, bytes], list[bytes]]:
-        """The row's crypto columns and sealed segments of entry ``entry_id`` (``sizes``:
-        its bytes and characters), its metadata ``meta`` sealed under its item key."""
+    ) -> tuple[bytes, bytes, bytes, bytes, list[bytes]]:
+        """Entry ``entry_id`` (``sizes``: its bytes and characters) sealed: its wrapped item key,
+        nonce prefix, key commitment, metadata ``meta`` sealed under its item key, and sealed segments."""
         WORK.digests += 1
         id_bytes, kind_bytes = entry_id.encode(), kind.encode()
-        lengths = (len(id_bytes), len(self._owner), len(self._turn), len(kind_bytes))
         try:
-            fixed = _HEADER_LAYOUT.pack(*lengths, *sizes, len(segments))
+            fixed = _HEADER_LAYOUT.pack(len(id_bytes), *self._lengths, len(kind_bytes), *sizes, len(segments))
         except struct.error:
             raise IntegrityError("the entry's clear sizes are out of range") from None
         aad = hashlib.sha256(b"".join((_HEADER_TAG, fixed, id_bytes, self._texts, kind_bytes))).digest()
@@ -293,13 +292,8 @@ class EntrySealer(Hidden):
         last = len(segments) - 1
         sealed = [cipher.seal_segment(seq, data, seq == last) for seq, data in enumerate(segments)]
         head, tail = self._key_aad
-        columns = {
-            "wrapped_key": self._wrapper.wrap(item_key, head + id_part + tail),
-            "nonce_prefix": nonce_prefix,
-            "commitment": cipher.commitment,
-            "sealed_meta": cipher.seal_meta(meta),
-        }
-        return columns, sealed
+        wrapped = self._wrapper.wrap(item_key, head + id_part + tail)
+        return wrapped, nonce_prefix, cipher.commitment, cipher.seal_meta(meta), sealed
 
 
 def open_entry(

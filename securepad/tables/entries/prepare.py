@@ -214,9 +214,11 @@ class Prepared:
         entry_id = new_entry_id()
         inner = _pack_inner(meta["shape"], meta["rest"], meta["counts"], meta["breaks"], meta["lines"])
         sizes = (self.size_bytes, self.size_chars)
-        crypto_columns, sealed = sealer.seal(entry_id, self.kind, sizes, inner, self.segments)
+        wrapped, nonce_prefix, commitment, sealed_meta, sealed = sealer.seal(
+            entry_id, self.kind, sizes, inner, self.segments
+        )
         actor, channel, executor = meta["actor"], meta["channel"], meta["executor_name"]
-        row = {
+        row = {  # every column at once, in ``seal``'s order (the last two set below)
             "id": entry_id,
             "owner_user_id": owner,
             "actor": actor,
@@ -231,8 +233,13 @@ class Prepared:
             "key_version": version,
             "created_at": meta["created_at"],
             "expires_at": meta["expires_at"],
-            **crypto_columns,
+            "wrapped_key": wrapped,
+            "nonce_prefix": nonce_prefix,
+            "commitment": commitment,
+            "sealed_meta": sealed_meta,
             "only_segment": sealed[0] if len(sealed) == 1 else None,
+            "sealed_listing": None,
+            "stored_bytes": 0,
         }
         row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))
         row["stored_bytes"] = row_cost(row, sealed, self.identifiers(owner, turn_id, actor, channel, executor))

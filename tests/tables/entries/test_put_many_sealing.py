@@ -46,13 +46,13 @@ def test_an_entry_a_sealer_seals_opens_as_its_header_says(content: str | bytes) 
     sizes = (sum(map(len, segments)), 0 if isinstance(content, bytes) else len(content))
     sealer = EntrySealer(owner, "alice", "turn", 3)
     before = WORK.snapshot()
-    columns, sealed = sealer.seal("0123456789abcdef", kind, sizes, b"meta", segments)
+    wrapped, prefix, commitment, sealed_meta, sealed = sealer.seal("0123456789abcdef", kind, sizes, b"meta", segments)
     after = WORK.snapshot()
     # One item key: one HKDF, one header digest.
     assert [after[n] - before[n] for n in ("key_derivations", "header_digests")] == [1, 1]
     header = _header("0123456789abcdef", "turn", kind, sizes, len(segments))
-    cipher = open_entry(owner, header, columns["wrapped_key"], columns["nonce_prefix"], columns["commitment"])
-    assert cipher.open_meta(columns["sealed_meta"]) == b"meta"
+    cipher = open_entry(owner, header, wrapped, prefix, commitment)
+    assert cipher.open_meta(sealed_meta) == b"meta"
     last = len(sealed) - 1
     opened = b"".join(cipher.open_segment(seq, blob, seq == last) for seq, blob in enumerate(sealed))
     assert opened == (content if isinstance(content, bytes) else content.encode())
@@ -69,19 +69,21 @@ def test_an_entry_a_sealer_seals_opens_as_its_header_says(content: str | bytes) 
 )
 def test_a_sealed_entry_is_bound_to_its_id_turn_kind_and_sizes(other: dict[str, Any]) -> None:
     owner = Wrapper.of(KeyHandle.random())
-    columns, sealed = EntrySealer(owner, "alice", "turn", 3).seal("0123456789abcdef", "text", (5, 5), b"m", [b"hello"])
+    wrapped, prefix, commitment, _, sealed = EntrySealer(owner, "alice", "turn", 3).seal(
+        "0123456789abcdef", "text", (5, 5), b"m", [b"hello"]
+    )
     fields: dict[str, Any] = {"entry_id": "0123456789abcdef", "turn": "turn", "kind": "text", "sizes": (5, 5)}
     header = _header(**{**fields, **other}, count=1)
     with pytest.raises(IntegrityError):
-        cipher = open_entry(owner, header, columns["wrapped_key"], columns["nonce_prefix"], columns["commitment"])
+        cipher = open_entry(owner, header, wrapped, prefix, commitment)
         cipher.open_segment(0, sealed[0], True)
 
 
 def test_the_entries_of_a_batch_have_their_own_keys_and_nonces() -> None:
     sealer = EntrySealer(Wrapper.of(KeyHandle.random()), "alice", "turn", 3)
-    columns = [sealer.seal(f"{i:016x}", "text", (1, 1), b"m", [b"x"])[0] for i in range(20)]
-    for name in ("wrapped_key", "nonce_prefix", "commitment", "sealed_meta"):
-        assert len({c[name] for c in columns}) == 20, name
+    sealed = [sealer.seal(f"{i:016x}", "text", (1, 1), b"m", [b"x"]) for i in range(20)]
+    for column in range(5):  # wrapped key, nonce prefix, commitment, sealed metadata and segment
+        assert len({repr(entry[column]) for entry in sealed}) == 20, column
 
 
 def _rows(pad: Scratchpad, turn: str) -> list[dict[str, Any]]:
