@@ -96,6 +96,7 @@ class Batch:
         self.principal, self.turn_id, self.shown = principal, turn_id, shown
         self.shared = False  # this attempt holds the owner's lock shared (the quota is the turn's reservation)
         self.left = 0  # the turn's reservation the write left unused
+        self.announced: list[tuple[str, Params]] = []  # this attempt's reads, sent with its BEGIN
 
     def _items(self, items: Any) -> list[tuple[int, str, Any]]:
         """The items as (step, executor, observation), validated (steps to choose are -1)."""
@@ -182,13 +183,14 @@ class Batch:
         """The sealed batch written (``Keystore.write_current``), under the owner's lock ``shared``
         or exclusive. Raises OwnerLockNeeded: ``shared``, and the turn's reservation fell short."""
         self.shared = shared
+        self.announced = self._prefetch(created, steps)  # built once: the same statements again inside ``_write``
         return self.keys.write_current(
             self.principal.owner_user_id,
             seal,
             lambda conn, sealed: self._write(conn, sealed, created),
             attempts=5,
             count=len(steps),
-            prefetch=self._prefetch(created, steps),
+            prefetch=self.announced,
             busy="could not store the batch: its ids, steps or owner key kept changing; try again",
             turn=self.turn_id if shared else None,
             unknown=IfUnknown(self._landed, self._maybe_stored),
@@ -221,7 +223,7 @@ class Batch:
         rows, segments, _ = sealed
         owner = self.principal.owner_user_id
         steps = [row["step_num"] for row in rows]
-        found, head_rows = read_with_heads(conn, self._reads(now, None if self.shown is not None else steps))
+        found, head_rows = read_with_heads(conn, self.announced)
         # The given steps' latest expiry came with the quota's row: looked at row by row only when one is live.
         if self.shown is not None or live(taken(found), now):
             self._check_steps(conn, steps, now)
