@@ -241,7 +241,10 @@ class Prepared:
             "sealed_listing": None,
             "stored_bytes": 0,
         }
-        row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))
+        # ``listing_fields`` of a batch's metadata (the identity set, no history item) without its lookups.
+        plain = "inline" not in meta and "content_id" in meta
+        shown = {"view": meta["view"], "content_id": meta["content_id"]} if plain else listing_fields(meta)
+        row["sealed_listing"] = listing.seal(row, shaping.pack(shown))
         row["stored_bytes"] = row_cost(row, sealed, self.identifiers(owner, turn_id, actor, channel, executor))
         return row, sealed
 
