@@ -201,18 +201,12 @@ _Key = tuple[int, str, str]
 
 
 class Verified(NamedTuple):
-    """A turn's inventory as verified, and the token of the snapshot it was verified in
-    (a named tuple: every write that keeps the turn's inventory makes one)."""
+    """A turn's inventory as verified, and the token of the snapshot it was verified in."""
 
     token: tuple[Any, ...]
     head: Head
     scope: Callable[[], object]
     rows: int  # the inventory's rows when it was kept (what it holds of the cache's bound)
-
-
-def _no_scope() -> None:
-    """The scope of an entry kept for no connection (``HeadCache.put`` with None)."""
-    return None
 
 
 @dataclass
@@ -291,21 +285,17 @@ class HeadCache:
             self._reset()
         if self._turns <= 0:
             return
-        ref: Callable[[], object] = _no_scope if scope is None else weakref.ref(scope)
+        ref: Callable[[], object] = (lambda: None) if scope is None else weakref.ref(scope)
         rows = len(head.e) + len(head.c) + len(head.m)
         entry = Verified(token, head, ref, rows)
         key = (id(scope), owner, turn_id)
         with self._lock:
-            if key in self._entries:  # not when a write put back what it took
+            if key in self._entries:  # not when a write puts back what it took
                 self._remove(key)
             self._entries[key] = entry
-            turns = self._by_owner.get(key[:2])
-            if turns is None:
-                turns = self._by_owner[key[:2]] = set()
-            turns.add(turn_id)
-            share = self._shares.get(owner)
-            if share is None:
-                share = self._shares[owner] = _Share()
+            # Built only when missing (``setdefault`` would build one each time).
+            (self._by_owner.get(key[:2]) or self._by_owner.setdefault(key[:2], set())).add(turn_id)
+            share = self._shares.get(owner) or self._shares.setdefault(owner, _Share())
             share.keys[key] = None
             share.rows += rows
             self._held += rows
@@ -323,9 +313,7 @@ class HeadCache:
         found = None
         with self._lock:
             share = self._shares.get(owner)
-            for key in list(share.keys) if share is not None else ():  # a copy: ``_remove`` edits them
-                if key[2] != turn_id:
-                    continue
+            for key in [key for key in share.keys if key[2] == turn_id] if share is not None else []:
                 entry = self._entries[key]
                 if key[0] == id(scope) and scope is not None and entry.scope() is scope:
                     found = entry
@@ -336,11 +324,10 @@ class HeadCache:
         entry = self._entries.pop(key, None)
         if entry is None:
             return
-        rows = entry.rows
-        self._held -= rows
+        self._held -= entry.rows
         share = self._shares[key[1]]
         del share.keys[key]
-        share.rows -= rows
+        share.rows -= entry.rows
         if not share.keys:
             del self._shares[key[1]]
         turns = self._by_owner.get(key[:2])
