@@ -166,8 +166,10 @@ class CommitHooks(Protocol):
     #: Set after a commit whose transaction did not run ``before_commit``, and nothing else
     #: to do then: the database sets it without calling ``after_commit`` (one call less a write).
     written: bool
-    #: Set when the commits must be told of a failure: the database calls ``after_commit``, which raises it.
-    failed: Exception | None
+
+    @property
+    def failed(self) -> Exception | None:
+        """Set when the commits must be told of a failure: the database calls ``after_commit``, which raises it."""
 
     def before_commit(self, conn: Conn) -> None:
         """Inside the transaction, last: an exception rolls it back."""
