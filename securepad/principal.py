@@ -8,6 +8,9 @@ from .errors import InvalidArgumentError
 
 __all__ = ["Principal"]
 
+# A step is an integer from 0 to STEP_LIMIT - 1 (a signed 32-bit column on PostgreSQL).
+STEP_LIMIT = 2**31
+
 # Identifiers go into SQL parameters, AAD and HKDF info; bounding them keeps
 # headers small and rejects junk early with a typed error.
 MAX_IDENTIFIER_CHARS = 256
@@ -26,7 +29,7 @@ def check_identifier(name: str, value: object) -> str:
 
 def check_step_num(step_num: object) -> None:
     """Raise InvalidArgumentError unless ``step_num`` is an integer from 0 to 2**31-1."""
-    if isinstance(step_num, bool) or not isinstance(step_num, int) or not 0 <= step_num < 2**31:
+    if isinstance(step_num, bool) or not isinstance(step_num, int) or not 0 <= step_num < STEP_LIMIT:
         raise InvalidArgumentError(f"step_num must be an integer from 0 to 2**31-1, not {step_num!r}")
 
 

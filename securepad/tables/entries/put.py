@@ -10,7 +10,7 @@ from ...crypto.formats import EntryCipher, ListingKey
 from ...crypto.primitives import Wrapper
 from ...errors import IntegrityError, InvalidArgumentError, StoreBusyError, StoreUnavailableError
 from ...keys.keystore import IfUnknown, Keystore
-from ...principal import Principal, check_identifier, check_step_num
+from ...principal import STEP_LIMIT, Principal, check_identifier, check_step_num
 from ...storage.base import (
     Conn,
     DuplicateKeyError,
@@ -33,8 +33,6 @@ __all__ = ["Putter", "Shown"]
 
 # Turns whose lock hint ``Putter`` keeps (emptied when full: a lost hint costs one put the exclusive lock).
 _HINTS = 4096
-# The steps ``check_step_num`` allows: 0 to 2**31-1.
-_STEPS = 2**31
 
 
 class Putter:
@@ -84,7 +82,7 @@ class Putter:
             if len(self._checked) >= _HINTS:
                 self._checked.clear()
             self._checked.add((turn_id, executor_name))
-        if type(step_num) is not int or not 0 <= step_num < _STEPS:  # ``check_step_num``'s test, first
+        if type(step_num) is not int or not 0 <= step_num < STEP_LIMIT:  # ``check_step_num``'s test, first
             check_step_num(step_num)
         ttl = self.default_ttl if ttl_seconds is None else self.ttl(ttl_seconds)
         prepared = Prepared.of(observation, step_num, self.policy)
