@@ -36,6 +36,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from ..errors import IntegrityError
 from .primitives import (
     FORMAT_VERSION,
+    ITEM_KEY_TAG,
     KEY_BYTES,
     TAG,
     WORK,
@@ -149,12 +150,15 @@ class Header:
         WORK.digests += 1
         if self.format == ENTRY_FORMAT:
             # Length-prefixed strings and fixed-width numbers: unambiguous, and cheaper than the JSON below.
-            texts = (self.entry_id.encode(), self.owner_user_id.encode(), self.turn_id.encode(), self.kind.encode())
-            try:
-                fixed = _HEADER_LAYOUT.pack(*map(len, texts), self.size_bytes, self.size_chars, self.segment_count)
-            except struct.error:
-                raise IntegrityError("the entry's clear sizes are out of range") from None
-            return hashlib.sha256(b"".join((_HEADER_TAG, fixed, *texts))).digest()
+            owner, turn = self.owner_user_id.encode(), self.turn_id.encode()
+            return _digest(
+                self.entry_id.encode(),
+                (len(owner), len(turn)),
+                owner + turn,
+                self.kind.encode(),
+                (self.size_bytes, self.size_chars),
+                self.segment_count,
+            )
         if self.format != 1:
             raise IntegrityError(f"unknown entry format {self.format}")
         # Not dataclasses.asdict: its deep copy is paid on every put and read.
@@ -171,6 +175,20 @@ _DIGEST_FIELDS = tuple(f.name for f in fields(Header) if f.name not in ("key_ver
 # segment count (fixed width), then the strings.
 _HEADER_LAYOUT = struct.Struct(">4IQQQ")
 _HEADER_TAG = lp(TAG + b"header", str(ENTRY_FORMAT))
+
+
+def _digest(
+    entry_id: bytes, lengths: tuple[int, int], owner_turn: bytes, kind: bytes, sizes: tuple[int, int], segments: int
+) -> bytes:
+    """Format 2's header digest: ``lengths`` are the owner's and the turn's, ``owner_turn``
+    the two joined (``EntrySealer`` builds them once for a batch)."""
+    try:
+        fixed = _HEADER_LAYOUT.pack(len(entry_id), *lengths, len(kind), *sizes, segments)
+    except struct.error:
+        raise IntegrityError("the entry's clear sizes are out of range") from None
+    return hashlib.sha256(b"".join((_HEADER_TAG, fixed, entry_id, owner_turn, kind))).digest()
+
+
 _LENGTH = struct.Struct(">I").pack
 
 
@@ -271,8 +289,7 @@ class EntrySealer(Hidden):
         self._lengths, self._texts = (len(owner_bytes), len(turn_bytes)), owner_bytes + turn_bytes
         # lp_texts(entry id, owner) and item_key_aad(entry id, owner, version), but for the id's part.
         self._info = _LENGTH(len(owner_bytes)) + owner_bytes
-        tail = lp_texts(owner_user_id, str(version))
-        self._key_aad = (item_key_aad("", owner_user_id, version)[: -len(tail) - 4], tail)
+        self._key_aad = lp_texts(owner_user_id, str(version))
 
     def seal(
         self, entry_id: str, kind: str, sizes: tuple[int, int], meta: bytes, segments: Sequence[bytes | memoryview]
@@ -280,19 +297,14 @@ class EntrySealer(Hidden):
         """Entry ``entry_id`` (``sizes``: its bytes and characters) sealed: its wrapped item key,
         nonce prefix, key commitment, metadata ``meta`` sealed under its item key, and sealed segments."""
         WORK.digests += 1
-        id_bytes, kind_bytes = entry_id.encode(), kind.encode()
-        try:
-            fixed = _HEADER_LAYOUT.pack(len(id_bytes), *self._lengths, len(kind_bytes), *sizes, len(segments))
-        except struct.error:
-            raise IntegrityError("the entry's clear sizes are out of range") from None
-        aad = hashlib.sha256(b"".join((_HEADER_TAG, fixed, id_bytes, self._texts, kind_bytes))).digest()
+        id_bytes = entry_id.encode()
+        aad = _digest(id_bytes, self._lengths, self._texts, kind.encode(), sizes, len(segments))
         id_part = _LENGTH(len(id_bytes)) + id_bytes
         item_key, nonce_prefix = KeyHandle.random(), os.urandom(NONCE_PREFIX_BYTES)
         cipher = EntryCipher._of(item_key, _ENTRY_INFO + id_part + self._info, aad, nonce_prefix)
         last = len(segments) - 1
         sealed = [cipher.seal_segment(seq, data, seq == last) for seq, data in enumerate(segments)]
-        head, tail = self._key_aad
-        wrapped = self._wrapper.wrap(item_key, head + id_part + tail)
+        wrapped = self._wrapper.wrap(item_key, ITEM_KEY_TAG + id_part + self._key_aad)
         return wrapped, nonce_prefix, cipher.commitment, cipher.seal_meta(meta), sealed
 
 

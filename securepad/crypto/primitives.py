@@ -29,6 +29,7 @@ from ..errors import IntegrityError, InvalidArgumentError
 __all__ = [
     "FORMAT_VERSION",
     "HEADS_ERA",
+    "ITEM_KEY_TAG",
     "KEY_BYTES",
     "TAG",
     "WORK",
@@ -265,11 +266,11 @@ def owner_key_aad(store_id: str, owner_user_id: str, version: int, era: str = ""
 
 def item_key_aad(entry_id: str, owner_user_id: str, key_version: int) -> bytes:
     """AAD of a wrapped item key: binds entry, owner and owner-key version."""
-    return _ITEM_KEY + lp_texts(entry_id, owner_user_id, str(key_version))
+    return ITEM_KEY_TAG + lp_texts(entry_id, owner_user_id, str(key_version))
 
 
-# The constant first parts of the AADs built on every put and read (``lp`` of them, once).
-_ITEM_KEY = lp("item-key")
+# The constant first part of ``item_key_aad`` (``lp`` of it, once; a batch joins it to each entry's id).
+ITEM_KEY_TAG = lp("item-key")
 
 
 def record_key_aad(record_id: str, owner_user_id: str, key_version: int) -> bytes:
