@@ -150,7 +150,9 @@ def _store(
     # In the checkpoint's own turn, the turn's newest step is the guess; in the thread's,
     # the step this saver's last put there took.
     guess = known.newest if own_turn else None
-    view = records.put(principal, turn, WRITE, sealed(meta, data), records.ttl_seconds, now, guess)
+    view = records.put(
+        principal, turn, WRITE, sealed(meta, data, records.pad.policy.inline_max_chars), records.ttl_seconds, now, guess
+    )
     step = int(view["step_num"])
     records.memory.note_writes(principal, known_key, KnownWrites(known.tasks, step, known.since), task[0], idxs)
     return step

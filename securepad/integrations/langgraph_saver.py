@@ -257,7 +257,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
             "metadata": sealed_metadata,
             "values": referenced,
         }
-        observation = sealed(meta, data)
+        observation = sealed(meta, data, self.pad.policy.inline_max_chars)
         # The checkpoint dies no later than the values it refers to (see _value).
         ttl = max(1, min(self.ttl_seconds, int(expiry - now)))
         self.records.put_checkpoint(principal, thread_id, observation, ttl, now)
