@@ -18,8 +18,11 @@ import base64
 import contextlib
 import hashlib
 import json
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import msgspec
 
 from .._steps import keyed_or_former, keyed_turn_name, newest_entry, newest_first, put_next, writer_lock
 from ..errors import ExpiredError, IntegrityError, NotFoundError
@@ -79,6 +82,7 @@ WRITES_FROM = "writes_from"
 WRITE_CHOICE = ("format", "thread_id", "ns", "checkpoint_id", "task_id", "task_path", "idxs", "type")
 VALUE_CHOICE = ("format", "thread_id", "ns", "channel", "version")
 THREAD_CHOICE = ("format", "thread_id")
+_JSON_ENCODE = msgspec.json.Encoder().encode
 # The saver's ``serde.loads_typed``: (type, serialized form) -> the value.
 Loads = Callable[[tuple[str, bytes]], Any]
 
@@ -108,11 +112,22 @@ def sealed(meta: dict[str, Any], data: bytes, view_chars: int) -> dict[str, Any]
     content, and the view shows the metadata whole, cut by nothing (cutting a view to
     fit measures each of its fields: the data would be cut from it anyway)."""
     if len(data) <= META_DATA_BYTES and (len(data) + 2) // 3 * 4 < view_chars:
-        text = base64.b64encode(data).decode("ascii")
-        with_data = {**meta, "data": text}
-        if len(json.dumps(with_data, ensure_ascii=False)) + VIEW_FRAME_CHARS <= view_chars:
+        with_data = {**meta, "data": base64.b64encode(data).decode("ascii")}
+        if _json_chars_at_most(with_data) + VIEW_FRAME_CHARS <= view_chars:
             return {"content": b"", "metadata": with_data}
     return {"content": data, "metadata": meta}
+
+
+def _json_chars_at_most(value: dict[str, Any]) -> int:
+    """``len(json.dumps(value, ensure_ascii=False))``, the size of a view's metadata, or
+    more: msgspec's compact JSON (its UTF-8 bytes, at least its characters) and a space
+    for each comma and colon in it (json's separators; those in strings count too).
+    (A float may be written a character shorter: the view's frame leaves room.)"""
+    try:
+        encoded = _JSON_ENCODE(value)
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError):
+        return sys.maxsize  # not measured: the data goes in the content
+    return len(encoded) + encoded.count(b",") + encoded.count(b":")
 
 
 def highest(listed: list[Stored], ns: str, checkpoint_id: str | None) -> Stored | None:
