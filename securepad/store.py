@@ -89,8 +89,8 @@ class Scratchpad(Housekeeping, Place):
         ``postgresql://`` DSN or a ``psycopg_pool.ConnectionPool`` (install
         ``psycopg[binary]`` and ``psycopg-pool``). On PostgreSQL, ``admin``
         (a DSN or pool; default: the same as ``db_path``) runs housekeeping
-        and migrations, and the store lives in ``schema``; see
-        the README's PostgreSQL section for roles and grants.
+        and migrations, and the store lives in ``schema``; roles and
+        grants: docs/how-to/postgresql.md.
 
         ``policy`` is a shipped policy's name (``"strict"``), a path to a TOML
         policy, a ``Policy``, or None for the shipped default. ``clock`` is the time source for expiry.

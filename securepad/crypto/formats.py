@@ -53,6 +53,7 @@ __all__ = [
     "ENTRY_FORMAT",
     "LISTING_FORMAT",
     "EntryCipher",
+    "EntrySealer",
     "Header",
     "ListingKey",
     "listing_aad",
@@ -170,6 +171,7 @@ _DIGEST_FIELDS = tuple(f.name for f in fields(Header) if f.name not in ("key_ver
 # segment count (fixed width), then the strings.
 _HEADER_LAYOUT = struct.Struct(">4IQQQ")
 _HEADER_TAG = lp(TAG + b"header", str(ENTRY_FORMAT))
+_LENGTH = struct.Struct(">I").pack
 
 
 # The constant first parts of an entry's HKDF info (``lp`` of them, once).
@@ -194,6 +196,20 @@ class EntryCipher(Hidden):
             del okm
         self._aad = header.digest()
         self._prefix = nonce_prefix
+
+    @classmethod
+    def _of(cls, item_key: KeyHandle, info: bytes, aad: bytes, nonce_prefix: bytes) -> EntryCipher:
+        """``__init__``'s cipher from its HKDF info and header digest, built already (``EntrySealer``)."""
+        cipher = cls.__new__(cls)
+        okm = item_key.hkdf(info, 3 * KEY_BYTES)
+        try:
+            cipher._content = AESGCM(okm[:32])
+            cipher._meta = AESGCM(okm[32:64])
+            cipher.commitment = okm[64:]
+        finally:
+            del okm
+        cipher._aad, cipher._prefix = aad, nonce_prefix
+        return cipher
 
     def _nonce(self, seq: int, last: bool) -> bytes:
         return self._prefix + struct.pack(">I?", seq, last)
@@ -238,6 +254,46 @@ def seal_entry(
         "sealed_meta": cipher.seal_meta(meta),
     }
     return columns, sealed, cipher
+
+
+class EntrySealer(Hidden):
+    """Seals the entries of one owner's turn under one owner-key version (a batch):
+    each exactly as ``seal_entry`` seals it (its own fresh item key, nonce prefix
+    and header digest, format 2), with what the entries share built once: the
+    owner's and the turn's parts of the header digest's input, of the HKDF info
+    and of the wrapped item key's AAD."""
+
+    __slots__ = ("_info", "_key_aad", "_lengths", "_texts", "_wrapper")
+
+    def __init__(self, owner: Wrapper, owner_user_id: str, turn_id: str, version: int) -> None:
+        self._wrapper = owner
+        owner_bytes, turn_bytes = owner_user_id.encode(), turn_id.encode()
+        self._lengths, self._texts = (len(owner_bytes), len(turn_bytes)), owner_bytes + turn_bytes
+        # lp_texts(entry id, owner) and item_key_aad(entry id, owner, version), but for the id's part.
+        self._info = _LENGTH(len(owner_bytes)) + owner_bytes
+        tail = lp_texts(owner_user_id, str(version))
+        self._key_aad = (item_key_aad("", owner_user_id, version)[: -len(tail) - 4], tail)
+
+    def seal(
+        self, entry_id: str, kind: str, sizes: tuple[int, int], meta: bytes, segments: Sequence[bytes | memoryview]
+    ) -> tuple[bytes, bytes, bytes, bytes, list[bytes]]:
+        """Entry ``entry_id`` (``sizes``: its bytes and characters) sealed: its wrapped item key,
+        nonce prefix, key commitment, metadata ``meta`` sealed under its item key, and sealed segments."""
+        WORK.digests += 1
+        id_bytes, kind_bytes = entry_id.encode(), kind.encode()
+        try:
+            fixed = _HEADER_LAYOUT.pack(len(id_bytes), *self._lengths, len(kind_bytes), *sizes, len(segments))
+        except struct.error:
+            raise IntegrityError("the entry's clear sizes are out of range") from None
+        aad = hashlib.sha256(b"".join((_HEADER_TAG, fixed, id_bytes, self._texts, kind_bytes))).digest()
+        id_part = _LENGTH(len(id_bytes)) + id_bytes
+        item_key, nonce_prefix = KeyHandle.random(), os.urandom(NONCE_PREFIX_BYTES)
+        cipher = EntryCipher._of(item_key, _ENTRY_INFO + id_part + self._info, aad, nonce_prefix)
+        last = len(segments) - 1
+        sealed = [cipher.seal_segment(seq, data, seq == last) for seq, data in enumerate(segments)]
+        head, tail = self._key_aad
+        wrapped = self._wrapper.wrap(item_key, head + id_part + tail)
+        return wrapped, nonce_prefix, cipher.commitment, cipher.seal_meta(meta), sealed
 
 
 def open_entry(

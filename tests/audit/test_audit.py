@@ -20,7 +20,7 @@ from securepad.store import parts
 from securepad.tables.entries.listings import Listings
 from tests.support.paths import ROOT
 
-# The audit scans and copies the store's files: a SQLite feature (the README's PostgreSQL section).
+# The audit scans and copies the store's files: a SQLite feature (docs/how-to/postgresql.md).
 pytestmark = [pytest.mark.slow, pytest.mark.sqlite_only]
 
 REAL = [Principal("carol", "planner", "web"), Principal("dave", "coder", "slack")]

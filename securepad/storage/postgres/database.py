@@ -296,7 +296,8 @@ class PostgresDatabase:
         return None
 
     def checkpoint(self, *, wait: bool = True) -> bool:
-        """Nothing to do: the server manages its own files (see the README's PostgreSQL section on VACUUM)."""
+        """Nothing to do: the server manages its own files (when VACUUM reclaims dead rows:
+        docs/how-to/postgresql.md, "Deletion, distribution and what is not tested")."""
         return True
 
     def scrub(self) -> bool:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ...core.timeline import live
+from ...crypto.formats import EntrySealer
 from ...crypto.primitives import Wrapper
 from ...errors import InvalidArgumentError, StoreUnavailableError
 from ...keys.keystore import IfUnknown, Keystore
@@ -95,6 +96,7 @@ class Batch:
         self.principal, self.turn_id, self.shown = principal, turn_id, shown
         self.shared = False  # this attempt holds the owner's lock shared (the quota is the turn's reservation)
         self.left = 0  # the turn's reservation the write left unused
+        self.announced: list[tuple[str, Params]] = []  # this attempt's reads, sent with its BEGIN
 
     def _items(self, items: Any) -> list[tuple[int, str, Any]]:
         """The items as (step, executor, observation), validated (steps to choose are -1)."""
@@ -144,7 +146,8 @@ class Batch:
                 check_write_size(
                     list(zip(prepared, executors, strict=True)), self.principal, self.turn_id, limit, "batch"
                 )
-            listing, identity = self.keys.listing_key(owner, version), self.keys.identity(owner, version)
+            identity, listing = self.keys.sealing(owner, version)
+            sealer = EntrySealer(wrapper, owner, self.turn_id, version)
             for index, (step, (_, executor, obs), prep) in enumerate(zip(steps, checked, prepared, strict=True)):
                 inline = self.shown(obs, step) if self.shown is not None else None
                 shown_items.append(inline)
@@ -152,7 +155,7 @@ class Batch:
                 if (version, index) not in identities or self.shown is not None:
                     identities[(version, index)] = prep.identity(identity)
                 meta["content_id"] = identities[(version, index)]
-                row, sealed, _ = prep.seal(wrapper, listing, version, owner, self.turn_id, meta)
+                row, sealed = prep.seal_in(sealer, listing, version, owner, self.turn_id, meta)
                 rows.append(row)
                 segments.append(sealed)
                 metas.append(meta)
@@ -180,13 +183,14 @@ class Batch:
         """The sealed batch written (``Keystore.write_current``), under the owner's lock ``shared``
         or exclusive. Raises OwnerLockNeeded: ``shared``, and the turn's reservation fell short."""
         self.shared = shared
+        self.announced = self._prefetch(created, steps)  # built once: the same statements again inside ``_write``
         return self.keys.write_current(
             self.principal.owner_user_id,
             seal,
             lambda conn, sealed: self._write(conn, sealed, created),
             attempts=5,
             count=len(steps),
-            prefetch=self._prefetch(created, steps),
+            prefetch=self.announced,
             busy="could not store the batch: its ids, steps or owner key kept changing; try again",
             turn=self.turn_id if shared else None,
             unknown=IfUnknown(self._landed, self._maybe_stored),
@@ -219,7 +223,7 @@ class Batch:
         rows, segments, _ = sealed
         owner = self.principal.owner_user_id
         steps = [row["step_num"] for row in rows]
-        found, head_rows = read_with_heads(conn, self._reads(now, None if self.shown is not None else steps))
+        found, head_rows = read_with_heads(conn, self.announced)
         # The given steps' latest expiry came with the quota's row: looked at row by row only when one is live.
         if self.shown is not None or live(taken(found), now):
             self._check_steps(conn, steps, now)
@@ -292,9 +296,12 @@ def _insert_entries(conn: Conn, dialect: str, rows: list[dict[str, Any]]) -> Non
     if dialect == "postgresql":
         conn.executemany(insert + one, [tuple(row[c] for c in columns) for row in rows])
         return
+    # Every row of a batch has its columns in one order (``Prepared.seal_in``): its values as they come.
+    same = all(list(row) == columns for row in rows)
     for start in range(0, len(rows), _ROWS_PER_INSERT):
         chunk = rows[start : start + _ROWS_PER_INSERT]
-        conn.defer(insert + ", ".join([one] * len(chunk)), tuple(row[c] for row in chunk for c in columns))
+        values = [v for row in chunk for v in row.values()] if same else [row[c] for row in chunk for c in columns]
+        conn.defer(insert + ", ".join([one] * len(chunk)), tuple(values))
 
 
 def insert_segments(conn: Conn, rows: list[dict[str, Any]], segments: list[list[bytes]]) -> None:

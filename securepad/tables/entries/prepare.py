@@ -11,7 +11,7 @@ from typing import Any
 
 from ...core import shaping
 from ...core.shaping import Piece, cut_bytes, cut_text
-from ...crypto.formats import ENTRY_FORMAT, NONCE_PREFIX_BYTES, EntryCipher, Header, ListingKey, seal_entry
+from ...crypto.formats import ENTRY_FORMAT, NONCE_PREFIX_BYTES, EntryCipher, EntrySealer, Header, ListingKey, seal_entry
 from ...crypto.primitives import ContentIdentity, Wrapper
 from ...errors import QuotaExceededError
 from ...policy import Policy
@@ -206,6 +206,48 @@ class Prepared:
         row["stored_bytes"] = row_cost(row, sealed, identifiers)
         return row, sealed, cipher
 
+    def seal_in(
+        self, sealer: EntrySealer, listing: ListingKey, version: int, owner: str, turn_id: str, meta: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[bytes]]:
+        """``seal`` by a batch's ``sealer`` (of ``owner``, ``turn_id`` and ``version``): the same
+        row under a fresh id and item key, and its sealed segments."""
+        entry_id = new_entry_id()
+        inner = _pack_inner(meta["shape"], meta["rest"], meta["counts"], meta["breaks"], meta["lines"])
+        sizes = (self.size_bytes, self.size_chars)
+        wrapped, nonce_prefix, commitment, sealed_meta, sealed = sealer.seal(
+            entry_id, self.kind, sizes, inner, self.segments
+        )
+        actor, channel, executor = meta["actor"], meta["channel"], meta["executor_name"]
+        row = {  # every column at once, in ``seal``'s order (the last two set below)
+            "id": entry_id,
+            "owner_user_id": owner,
+            "actor": actor,
+            "channel": channel,
+            "turn_id": turn_id,
+            "step_num": meta["step_num"],
+            "executor_name": executor,
+            "content_kind": self.kind,
+            "size_bytes": self.size_bytes,
+            "size_chars": self.size_chars,
+            "segment_count": len(sealed),
+            "key_version": version,
+            "created_at": meta["created_at"],
+            "expires_at": meta["expires_at"],
+            "wrapped_key": wrapped,
+            "nonce_prefix": nonce_prefix,
+            "commitment": commitment,
+            "sealed_meta": sealed_meta,
+            "only_segment": sealed[0] if len(sealed) == 1 else None,
+            "sealed_listing": None,
+            "stored_bytes": 0,
+        }
+        # ``listing_fields`` of a batch's metadata (the identity set, no history item) without its lookups.
+        plain = "inline" not in meta and "content_id" in meta
+        shown = {"view": meta["view"], "content_id": meta["content_id"]} if plain else listing_fields(meta)
+        row["sealed_listing"] = listing.seal(row, shaping.pack(shown))
+        row["stored_bytes"] = row_cost(row, sealed, self.identifiers(owner, turn_id, actor, channel, executor))
+        return row, sealed
+
     def restep(
         self, row: dict[str, Any], meta: dict[str, Any], listing: ListingKey, step_num: int, observation: Any
     ) -> None:
@@ -224,6 +266,11 @@ class Prepared:
         before = len(row["sealed_listing"])
         row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))
         row["stored_bytes"] += len(row["sealed_listing"]) - before
+
+
+def _pack_inner(shape: str, rest: Any, counts: Any, breaks: Any, lines: Any) -> bytes:
+    """``shaping.pack`` of what only a read needs of an entry's metadata (``seal``'s ``inner``)."""
+    return shaping.pack({"shape": shape, "rest": rest, "counts": counts, "breaks": breaks, "lines": lines})
 
 
 # What a row costs on disk besides its sealed bytes (measured: an empty entry

@@ -167,7 +167,7 @@ def test_gc_that_begins_a_turn_does_not_wait_for_another_collector(pg_pad: Scrat
 def test_a_login_with_the_application_role_only_serves_principals(
     pg_pad: Scratchpad, pg_dsn: str, keyring: Keyring
 ) -> None:
-    """The deployment the README's PostgreSQL section describes: the runtime's login is a member
+    """The deployment docs/how-to/postgresql.md describes: the runtime's login is a member
     of securepad_app only. It opens the store, puts, reads and runs turns (the
     gc that begins a turn is skipped); housekeeping is refused."""
     import secrets

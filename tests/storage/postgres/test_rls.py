@@ -2,7 +2,7 @@
 of the application role sees and may do, whatever SQL it runs.
 
 These tests connect as a login role that is a member of ``securepad_app``
-only, as an application deployed per the README's PostgreSQL section does.
+only, as an application deployed per docs/how-to/postgresql.md does.
 """
 
 from __future__ import annotations
