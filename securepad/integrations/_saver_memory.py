@@ -10,13 +10,14 @@ what is remembered spares a read or a sealing again, nothing else.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ..principal import Principal
 from ..store import Scratchpad
 
-__all__ = ["KEPT", "ChannelValues", "KnownWrites", "SaverMemory", "Scope", "Stored", "scope_of"]
+__all__ = ["KEPT", "ChannelValues", "KnownWrites", "SaverMemory", "Scope", "Stored", "WritesKey", "scope_of"]
 
 # How many of each thing a saver remembers before it forgets them all.
 KEPT = 4096
@@ -26,9 +27,19 @@ KEPT = 4096
 Scope = tuple[tuple[str, str], ...]
 
 
+# The last scope found, with its policy and principal (both frozen: the same objects, the same
+# scope): a saver's calls come from one principal mostly, and a call asks several times.
+_LAST_SCOPE: list[tuple[Any, Any, Scope]] = [(None, None, ())]
+
+
 def scope_of(pad: Scratchpad, principal: Principal) -> Scope:
     """The key of what the saver remembers for ``principal``."""
-    return tuple(pad.policy.scope_columns(principal))
+    policy, last = pad.policy, _LAST_SCOPE[0]
+    if last[1] is principal and last[0] is policy:
+        return last[2]
+    scope = tuple(policy.scope_columns(principal))
+    _LAST_SCOPE[0] = (policy, principal, scope)
+    return scope
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,9 @@ class Stored:
     data: bytes | None = None
 
 
+# Where pending writes are known (``SaverMemory.known_writes``): a checkpoint's own turn (format 1),
+# or its thread's turn, namespace and id (format 2).
+WritesKey = str | tuple[str, str, str]
 # (channel, version) -> the entry of the channel's value, or None when the value was inline.
 ChannelValues = dict[tuple[str, str], Stored | None]
 
@@ -79,8 +93,8 @@ class SaverMemory:
         self._tops: dict[tuple[Scope, str], tuple[int, str]] = {}
         # (scope, thread, ns) -> the channel values of checkpoints put or read there.
         self._values: dict[tuple[Scope, str, str], ChannelValues] = {}
-        # (scope, writes turn) -> the pending writes known stored there.
-        self._writes: dict[tuple[Scope, str], KnownWrites] = {}
+        # (scope, where) -> the pending writes known stored there (``WritesKey``).
+        self._writes: dict[tuple[Scope, WritesKey], KnownWrites] = {}
 
     # -- threads and turns -----------------------------------------------------------
 
@@ -146,13 +160,17 @@ class SaverMemory:
                 found = self._values.setdefault(key, {})
         return found
 
-    def keep_channel_values(self, principal: Principal, thread_id: str, ns: str, kept: ChannelValues) -> None:
+    def keep_channel_values(
+        self, principal: Principal, thread_id: str, ns: str, kept: ChannelValues, still: Iterable[Any] = ()
+    ) -> None:
         """Remember ``kept`` with the thread's channel values in ``ns``; past
-        ``KEPT`` versions, only ``kept``."""
+        ``KEPT`` versions, only ``kept`` and ``still`` ((channel, version) known
+        inline already, which a checkpoint put just now had unchanged)."""
         with self._lock:
             known = self._values.setdefault((scope_of(self.pad, principal), thread_id, ns), {})
             if len(known) + len(kept) > KEPT:
                 known.clear()
+                known.update(dict.fromkeys(still))
             known.update(kept)
 
     def forget(self, gone: set[str]) -> None:
@@ -166,7 +184,7 @@ class SaverMemory:
 
     # -- pending writes --------------------------------------------------------------
 
-    def known_writes(self, principal: Principal, turn: str, now: float) -> KnownWrites | None:
+    def known_writes(self, principal: Principal, turn: WritesKey, now: float) -> KnownWrites | None:
         """The pending writes this saver stored in a writes turn (with those it
         listed there), while each of them is surely live; None: none known.
         Another writer's may be missing: it only spares storing a write again,
@@ -175,7 +193,9 @@ class SaverMemory:
         known = self._writes.get((scope_of(self.pad, principal), turn))
         return known if known is not None and now < known.since + self.ttl_seconds else None
 
-    def note_writes(self, principal: Principal, turn: str, known: KnownWrites, task_id: str, idxs: list[int]) -> None:
+    def note_writes(
+        self, principal: Principal, turn: WritesKey, known: KnownWrites, task_id: str, idxs: list[int]
+    ) -> None:
         """Remember the pending writes of a writes turn: ``known`` (what was known
         or listed before the put) and the task's ``idxs`` just put at step
         ``known.newest``, with what another thread of this saver noted meanwhile."""

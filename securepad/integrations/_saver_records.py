@@ -18,8 +18,11 @@ import base64
 import contextlib
 import hashlib
 import json
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import msgspec
 
 from .._steps import keyed_or_former, keyed_turn_name, newest_entry, newest_first, put_next, writer_lock
 from ..errors import ExpiredError, IntegrityError, NotFoundError
@@ -57,8 +60,11 @@ __all__ = [
 # Every turn the saver uses starts with this; see SECURITY.md for what it reserves.
 TURN_PREFIX = "securepad.langgraph:"
 # Checkpoints and writes serialized at most this large are kept in the entry's
-# sealed metadata (see sealed); larger ones are its content.
+# sealed metadata when its view shows them whole (see sealed); the others are its content.
 META_DATA_BYTES = 4 * 1024
+# What a saver entry's view shows besides its sealed metadata, at most, as JSON: the id
+# the store adds, the step, size, kind and a binary summary (``core.shaping.view``).
+VIEW_FRAME_CHARS = 256
 CHECKPOINT = "langgraph.checkpoint"
 WRITE = "langgraph.write"
 BLOB = "langgraph.blob"
@@ -76,6 +82,7 @@ WRITES_FROM = "writes_from"
 WRITE_CHOICE = ("format", "thread_id", "ns", "checkpoint_id", "task_id", "task_path", "idxs", "type")
 VALUE_CHOICE = ("format", "thread_id", "ns", "channel", "version")
 THREAD_CHOICE = ("format", "thread_id")
+_JSON_ENCODE = msgspec.json.Encoder().encode
 # The saver's ``serde.loads_typed``: (type, serialized form) -> the value.
 Loads = Callable[[tuple[str, bytes]], Any]
 
@@ -98,12 +105,29 @@ def keyed_turn(pad: Scratchpad, principal: Principal, kind: str, *parts: Any) ->
     return f"{TURN_PREFIX}{kind}:keyed:{keyed_turn_name(pad, principal, kind, *parts)}"
 
 
-def sealed(meta: dict[str, Any], data: bytes) -> dict[str, Any]:
-    """The observation to put: small data travels in the sealed metadata (a
-    turn's listing then brings it, with no read per entry), the rest as content."""
-    if len(data) <= META_DATA_BYTES:
-        return {"content": b"", "metadata": {**meta, "data": base64.b64encode(data).decode("ascii")}}
+def sealed(meta: dict[str, Any], data: bytes, view_chars: int) -> dict[str, Any]:
+    """The observation to put: small data travels in the sealed metadata when the
+    entry's view, of at most ``view_chars`` (the policy's ``inline_max_chars``), shows it
+    whole (a turn's listing then brings it, with no read per entry); else it is the
+    content, and the view shows the metadata whole, cut by nothing (cutting a view to
+    fit measures each of its fields: the data would be cut from it anyway)."""
+    if len(data) <= META_DATA_BYTES and (len(data) + 2) // 3 * 4 < view_chars:
+        with_data = {**meta, "data": base64.b64encode(data).decode("ascii")}
+        if _json_chars_at_most(with_data) + VIEW_FRAME_CHARS <= view_chars:
+            return {"content": b"", "metadata": with_data}
     return {"content": data, "metadata": meta}
+
+
+def _json_chars_at_most(value: dict[str, Any]) -> int:
+    """``len(json.dumps(value, ensure_ascii=False))``, the size of a view's metadata, or
+    more: msgspec's compact JSON (its UTF-8 bytes, at least its characters) and a space
+    for each comma and colon in it (json's separators; those in strings count too).
+    (A float may be written a character shorter: the view's frame leaves room.)"""
+    try:
+        encoded = _JSON_ENCODE(value)
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError):
+        return sys.maxsize  # not measured: the data goes in the content
+    return len(encoded) + encoded.count(b",") + encoded.count(b":")
 
 
 def highest(listed: list[Stored], ns: str, checkpoint_id: str | None) -> Stored | None:
@@ -250,12 +274,14 @@ class SaverRecords:
         whole = "metadata" not in item["view"].get("view_cut", ())
         if executor == CHECKPOINT and meta.get("format") != 1:
             needs = (*needs, WRITES_FROM)
+        data = None
         if not whole and not all(name in meta for name in needs):
-            meta, _ = self.content(principal, item["scratchpad_id"], f"an entry of the saver's turn {turn}")
+            meta, content = self.content(principal, item["scratchpad_id"], f"an entry of the saver's turn {turn}")
             whole = True
+            data = base64.b64decode(meta["data"]) if "data" in meta else content
         if item["executor_name"] != executor or meta.get("format") not in FORMATS:
             raise IntegrityError(f"an entry in the saver's turn {turn} is not one of its {executor} entries")
-        return Stored(item["scratchpad_id"], float(item["expires_at"]), meta, whole, int(item["step_num"]))
+        return Stored(item["scratchpad_id"], float(item["expires_at"]), meta, whole, int(item["step_num"]), data)
 
     def content(self, principal: Principal, scratchpad_id: str, what: str) -> tuple[dict[str, Any], bytes]:
         """An entry's sealed metadata and content. A live checkpoint's part that is

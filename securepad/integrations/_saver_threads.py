@@ -11,6 +11,9 @@ from ._saver_records import FORMAT, THREAD, THREAD_CHOICE, SaverRecords, Scope, 
 
 __all__ = ["ThreadList"]
 
+# The owner's thread list's turn (the same for every owner: each owner's turns are its own).
+THREADS_TURN = turn_id("threads")
+
 
 class ThreadList:
     """Each owner's threads, in the turn ``securepad.langgraph:threads`` (for
@@ -32,7 +35,7 @@ class ThreadList:
             known = self._threads.get(scope)
         if known is None:
             known = {}
-            for stored in self.records.listed(principal, turn_id("threads"), THREAD, THREAD_CHOICE):
+            for stored in self.records.listed(principal, THREADS_TURN, THREAD, THREAD_CHOICE):
                 tid = stored.meta["thread_id"]
                 known[tid] = max(known.get(tid, 0.0), stored.expires_at)
             with self._lock:
@@ -43,15 +46,16 @@ class ThreadList:
         """Note the thread in the owner's list (once), and keep the list alive."""
         known = self.of(principal)
         expires = known.get(thread_id)
-        turn = turn_id("threads")
         ttl = self.records.ttl_seconds
+        if expires is not None and expires - now >= ttl / 2:
+            return  # listed, and alive for a while yet
         if expires is None:
             entry = {"content": thread_id.encode(), "metadata": {"format": FORMAT, "thread_id": thread_id}}
-            self.records.put(principal, turn, THREAD, entry, ttl, now)
+            self.records.put(principal, THREADS_TURN, THREAD, entry, ttl, now)
             expires = now + ttl
-        elif expires - now < ttl / 2:
+        else:
             with self.records.writing:
-                self.records.pad.extend_turn(principal, turn, ttl, now=now)
+                self.records.pad.extend_turn(principal, THREADS_TURN, ttl, now=now)
             with self._lock:
                 for tid in known:
                     known[tid] = max(known[tid], now + ttl)
@@ -61,7 +65,7 @@ class ThreadList:
 
     def unregister(self, principal: Principal, thread_id: str) -> None:
         """Take the thread out of the owner's list."""
-        for stored in self.records.listed(principal, turn_id("threads"), THREAD, THREAD_CHOICE):
+        for stored in self.records.listed(principal, THREADS_TURN, THREAD, THREAD_CHOICE):
             if stored.meta["thread_id"] == thread_id:
                 self.records.delete(principal, stored.scratchpad_id)
         with self._lock:

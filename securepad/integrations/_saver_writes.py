@@ -5,7 +5,6 @@ own turn), placed as ``_saver_order.Arrivals`` says."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +13,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from ..errors import IntegrityError
 from ..principal import Principal
-from ._saver_memory import KnownWrites
+from ._saver_memory import KnownWrites, WritesKey
 from ._saver_order import EARLY
 from ._saver_records import FORMAT, WRITE, Loads, SaverRecords, Stored, sealed
 
@@ -49,7 +48,7 @@ def put_writes(
             step = _put(records, serde, principal, (turn, turn, True), where, task, writes, now, listing=None)
         else:
             turn = records.turn(principal, "thread", thread_id)
-            known_key = json.dumps([turn, ns, checkpoint_id])
+            known_key = (turn, ns, checkpoint_id)
             listing = [] if place == EARLY else (found[1] if found is not None else None)
             step = _put(records, serde, principal, (turn, known_key, False), where, task, writes, now, listing=listing)
     finally:
@@ -61,7 +60,7 @@ def _put(
     records: SaverRecords,
     serde: SerializerProtocol,
     principal: Principal,
-    into: tuple[str, str, bool],
+    into: tuple[str, WritesKey, bool],
     where: tuple[str, str, str],
     task: tuple[str, str],
     writes: Sequence[tuple[str, Any]],
@@ -123,7 +122,7 @@ def _store(
     records: SaverRecords,
     serde: SerializerProtocol,
     principal: Principal,
-    into: tuple[str, str, bool],
+    into: tuple[str, WritesKey, bool],
     where: tuple[str, str, str],
     task: tuple[str, str],
     items: list[list[Any]],
@@ -150,7 +149,9 @@ def _store(
     # In the checkpoint's own turn, the turn's newest step is the guess; in the thread's,
     # the step this saver's last put there took.
     guess = known.newest if own_turn else None
-    view = records.put(principal, turn, WRITE, sealed(meta, data), records.ttl_seconds, now, guess)
+    view = records.put(
+        principal, turn, WRITE, sealed(meta, data, records.pad.policy.inline_max_chars), records.ttl_seconds, now, guess
+    )
     step = int(view["step_num"])
     records.memory.note_writes(principal, known_key, KnownWrites(known.tasks, step, known.since), task[0], idxs)
     return step

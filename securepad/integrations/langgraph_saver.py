@@ -257,7 +257,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
             "metadata": sealed_metadata,
             "values": referenced,
         }
-        observation = sealed(meta, data)
+        observation = sealed(meta, data, self.pad.policy.inline_max_chars)
         # The checkpoint dies no later than the values it refers to (see _value).
         ttl = max(1, min(self.ttl_seconds, int(expiry - now)))
         self.records.put_checkpoint(principal, thread_id, observation, ttl, now)
@@ -381,11 +381,15 @@ def _channel_values(
     values = checkpoint.get("channel_values") or {}
     known = saver.records.memory.channel_values(principal, thread_id, ns)
     kept: ChannelValues = {}
+    unchanged: builtins.list[tuple[str, str]] = []  # known inline (or without a value) at their versions
     inline: dict[str, Any] = {}
     referenced: dict[str, builtins.list[Any]] = {}
     expiry = now + saver.ttl_seconds
+    # A graph's checkpoint versions every channel ever written (each node's trigger), most
+    # of them unchanged, with no value, and known so: each of those costs a look-up alone.
     for channel, version in checkpoint["channel_versions"].items():
-        key = (channel, str(version))
+        key = (channel, version if type(version) is str else str(version))
+        value = values.get(channel, _UNKNOWN)
         entry: Stored | None = None
         # An unchanged channel refers to its value's entry again (a value that was inline
         # at its version still fits); one that has none (small, or its entry is gone) is
@@ -393,28 +397,28 @@ def _channel_values(
         if channel not in new_versions:
             found = known.get(key, _UNKNOWN)
             if found is None:
-                if channel in values:
-                    inline[channel] = values[channel]
-                kept[key] = None
+                if value is not _UNKNOWN:
+                    inline[channel] = value
+                unchanged.append(key)
                 continue
             if isinstance(found, Stored):
                 entry = saver.values.kept_alive(principal, thread_id, ns, channel, version, found, now)
             else:
                 entry = saver.values.find(principal, thread_id, ns, channel, version, now)
         if entry is None:
-            if channel not in values:
+            if value is _UNKNOWN:
                 kept[key] = None
                 continue
-            kind, data = saver.serde.dumps_typed(values[channel])
+            kind, data = saver.serde.dumps_typed(value)
             if len(data) <= saver.inline_max_bytes:
-                inline[channel] = values[channel]
+                inline[channel] = value
                 kept[key] = None
                 continue
             entry = saver.values.put(principal, thread_id, ns, channel, version, kind, data, now)
         kept[key] = entry
         referenced[channel] = [version, entry.scratchpad_id]
         expiry = min(expiry, entry.expires_at)
-    saver.records.memory.keep_channel_values(principal, thread_id, ns, kept)
+    saver.records.memory.keep_channel_values(principal, thread_id, ns, kept, unchanged)
     return inline, referenced, expiry
 
 

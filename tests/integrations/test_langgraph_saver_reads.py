@@ -152,6 +152,31 @@ def test_a_thread_of_small_checkpoints_is_read_from_its_listing(
     assert opens.count == 1
 
 
+def test_a_saver_entrys_view_is_never_cut_at_the_default_policy(pad: Scratchpad, alice: Principal) -> None:
+    """Data that its entry's view would not show whole is the entry's content, not its
+    sealed metadata: no view is cut to fit (cutting measures each field again), and
+    the listing still brings the data of those small enough to show."""
+    from securepad.integrations._saver_records import keyed_turn
+    from securepad.integrations.langgraph import SecurepadSaver
+
+    saver = SecurepadSaver(pad, alice)
+    for size in (10, 400, 1024, 3000, 20_000):
+        configs = fill(saver, f"s{size}", 2, size=size)
+        saver.put_writes(configs[-1], [("note", "n" * size)], "task-1")
+        listed = pad.list_for_turn(alice, keyed_turn(pad, alice, "thread", f"s{size}"))
+        assert len(listed) == 3
+        assert all("view_cut" not in item["view"] for item in listed)
+        # (The 20,000-character channel is an entry of its own: its checkpoints are small.)
+        shown = [(item["executor_name"], "data" in item["view"]["metadata"]) for item in listed]
+        small = {10: True, 400: None, 1024: False, 3000: False, 20_000: True}[size]
+        if small is not None:
+            assert shown[:2] == [("langgraph.checkpoint", small)] * 2
+        assert shown[2] == ("langgraph.write", size <= 400)
+        found = saver.get_tuple(config(f"s{size}"))
+        assert found is not None and found.checkpoint["channel_values"]["data"] == "1:" + "d" * size
+        assert found.pending_writes == [("task-1", "note", "n" * size)]
+
+
 @pytest.mark.parametrize("thread_id", ["cut-early", "t" * 2000])
 def test_views_cut_before_the_fields_that_choose_are_read_whole(
     store_location: Any, keyring: Keyring, alice: Principal, monkeypatch: pytest.MonkeyPatch, thread_id: str
