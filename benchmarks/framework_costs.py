@@ -29,9 +29,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import itertools
 import json
-import operator
 import os
 import shutil
 import subprocess
@@ -40,7 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import Any
 
 SAVERS = ("SecurepadSaver", "SqliteSaver + EncryptedSerializer", "SqliteSaver")
 # op -> (what it is, N): N calls (a graph: nodes) per run, 2N in the second.
@@ -143,30 +141,11 @@ class _Thread:
             raise AssertionError("get_tuple did not return the latest checkpoint")
 
 
-class _Chat(TypedDict, total=False):
-    notes: Annotated[list[str], operator.add]
-    count: int
-
-
-def _note(state: _Chat) -> dict[str, Any]:
-    """A node of ``benchmarks.frameworks``'s graph: ~200 bytes appended, the counter bumped."""
-    count = state.get("count", 0) + 1
-    return {"notes": [f"step {count}: " + "n" * 190], "count": count}
-
-
 def _graph(nodes: int) -> Any:
     """A graph of ``nodes`` in a row, as ``benchmarks.frameworks`` runs it."""
-    from langgraph.graph import END, START, StateGraph
+    from .frameworks import graph_builder
 
-    builder = StateGraph(_Chat)
-    names = [f"n{i}" for i in range(nodes)]
-    for name in names:
-        builder.add_node(name, _note)
-    builder.add_edge(START, names[0])
-    for first, second in itertools.pairwise(names):
-        builder.add_edge(first, second)
-    builder.add_edge(names[-1], END)
-    return builder
+    return graph_builder(nodes)
 
 
 def _repeated(call: Callable[[], None]) -> Callable[[int], None]:

@@ -62,6 +62,18 @@ def trace(call: Callable[[], Any]) -> tuple[list[str], list[str]]:
     return order, sequence
 
 
+def warm_calls(pad: Scratchpad) -> dict[str, Callable[[], Any]]:
+    """The traced calls on ``pad``, warmed first: the owner key, the turn's head and
+    reservation, the statement caches."""
+    ids = [pad.put(ALICE, "turn", step, "tool", "line\n" * 200)["scratchpad_id"] for step in range(1, 6)]
+    for entry_id in ids:
+        pad.read(ALICE, entry_id, "tail")
+    return {
+        "put": lambda: pad.put(ALICE, "turn", 6, "tool", "line\n" * 200),
+        "read(tail)": lambda: pad.read(ALICE, ids[-1], "tail"),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--verbose", action="store_true", help="list the modules")
@@ -69,15 +81,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         keyring = Keyring.from_key_file(Path(tmp) / "key")
         with Scratchpad.open(Path(tmp) / "store.db", keyring=keyring) as pad:
-            # Warm: the owner key, the turn's head and reservation, the statement caches.
-            ids = [pad.put(ALICE, "turn", step, "tool", "line\n" * 200)["scratchpad_id"] for step in range(1, 6)]
-            for entry_id in ids:
-                pad.read(ALICE, entry_id, "tail")
-            calls = {
-                "put": lambda: pad.put(ALICE, "turn", 6, "tool", "line\n" * 200),
-                "read(tail)": lambda: pad.read(ALICE, ids[-1], "tail"),
-            }
-            for name, call in calls.items():
+            for name, call in warm_calls(pad).items():
                 order, sequence = trace(call)
                 climbs = len(sequence) - len(set(sequence))
                 print(f"{name}: {len(order)} modules, {climbs} returns to a module already entered")

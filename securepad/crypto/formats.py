@@ -205,29 +205,27 @@ class EntryCipher(Hidden):
     def __init__(self, item_key: KeyHandle, header: Header, nonce_prefix: object) -> None:
         if not isinstance(nonce_prefix, bytes) or len(nonce_prefix) != NONCE_PREFIX_BYTES:
             raise IntegrityError("an entry's nonce prefix has the wrong length")
-        okm = item_key.hkdf(_ENTRY_INFO + lp_texts(header.entry_id, header.owner_user_id), 3 * KEY_BYTES)
-        try:
-            self._content = AESGCM(okm[:32])
-            self._meta = AESGCM(okm[32:64])
-            self.commitment = okm[64:]
-        finally:
-            del okm
-        self._aad = header.digest()
+        self._derive(item_key, _ENTRY_INFO + lp_texts(header.entry_id, header.owner_user_id), header.digest())
         self._prefix = nonce_prefix
 
     @classmethod
     def _of(cls, item_key: KeyHandle, info: bytes, aad: bytes, nonce_prefix: bytes) -> EntryCipher:
         """``__init__``'s cipher from its HKDF info and header digest, built already (``EntrySealer``)."""
         cipher = cls.__new__(cls)
+        cipher._derive(item_key, info, aad)
+        cipher._prefix = nonce_prefix
+        return cipher
+
+    def _derive(self, item_key: KeyHandle, info: bytes, aad: bytes) -> None:
+        """The content and metadata keys and the key commitment, from ``item_key`` under ``info``."""
         okm = item_key.hkdf(info, 3 * KEY_BYTES)
         try:
-            cipher._content = AESGCM(okm[:32])
-            cipher._meta = AESGCM(okm[32:64])
-            cipher.commitment = okm[64:]
+            self._content = AESGCM(okm[:32])
+            self._meta = AESGCM(okm[32:64])
+            self.commitment = okm[64:]
         finally:
             del okm
-        cipher._aad, cipher._prefix = aad, nonce_prefix
-        return cipher
+        self._aad = aad
 
     def _nonce(self, seq: int, last: bool) -> bytes:
         return self._prefix + struct.pack(">I?", seq, last)

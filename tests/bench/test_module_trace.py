@@ -7,7 +7,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from benchmarks.module_trace import ALICE, trace
+from benchmarks.module_trace import trace, warm_calls
 from securepad import Keyring, Scratchpad
 
 # Entered by neither call: the step's range, the host clock and a quiet commit's mark are
@@ -23,14 +23,7 @@ def test_a_warm_put_and_tail_read_enter_only_the_modules_that_decide() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         keyring = Keyring.from_key_file(Path(tmp) / "key")
         with Scratchpad.open(Path(tmp) / "store.db", keyring=keyring) as pad:
-            ids = [pad.put(ALICE, "turn", step, "tool", "line\n" * 200)["scratchpad_id"] for step in range(1, 6)]
-            for entry_id in ids:
-                pad.read(ALICE, entry_id, "tail")
-            calls = {
-                "put": lambda: pad.put(ALICE, "turn", 6, "tool", "line\n" * 200),
-                "read(tail)": lambda: pad.read(ALICE, ids[-1], "tail"),
-            }
-            for name, call in calls.items():
+            for name, call in warm_calls(pad).items():
                 entered, _ = trace(call)
                 assert not NOT_ENTERED[name] & set(entered), (name, entered)
                 assert len(entered) <= AT_MOST[name], (name, entered)
