@@ -161,7 +161,7 @@ class SealedFloorBackend(Backend):
             entry_id, owner, turn_id, "text", len(data), len(text), len(segments), version, formats.ENTRY_FORMAT
         )
         item_key, prefix = crypto.KeyHandle.random(), secrets.token_bytes(7)
-        cipher = formats.EntryCipher(item_key, header, prefix)
+        cipher = formats.EntryCipher.of(item_key, header, prefix)
         content = b"".join(cipher.seal_segment(i, part, i == len(segments) - 1) for i, part in enumerate(segments))
         row = {
             "id": entry_id, "owner_user_id": owner, "turn_id": turn_id, "key_version": version,

@@ -202,22 +202,9 @@ class EntryCipher(Hidden):
 
     __slots__ = ("_aad", "_content", "_meta", "_prefix", "commitment")
 
-    def __init__(self, item_key: KeyHandle, header: Header, nonce_prefix: object) -> None:
-        if not isinstance(nonce_prefix, bytes) or len(nonce_prefix) != NONCE_PREFIX_BYTES:
-            raise IntegrityError("an entry's nonce prefix has the wrong length")
-        self._derive(item_key, _ENTRY_INFO + lp_texts(header.entry_id, header.owner_user_id), header.digest())
-        self._prefix = nonce_prefix
-
-    @classmethod
-    def _of(cls, item_key: KeyHandle, info: bytes, aad: bytes, nonce_prefix: bytes) -> EntryCipher:
-        """``__init__``'s cipher from its HKDF info and header digest, built already (``EntrySealer``)."""
-        cipher = cls.__new__(cls)
-        cipher._derive(item_key, info, aad)
-        cipher._prefix = nonce_prefix
-        return cipher
-
-    def _derive(self, item_key: KeyHandle, info: bytes, aad: bytes) -> None:
-        """The content and metadata keys and the key commitment, from ``item_key`` under ``info``."""
+    def __init__(self, item_key: KeyHandle, info: bytes, aad: bytes, nonce_prefix: bytes) -> None:
+        """The cipher of the keys derived from ``item_key`` under HKDF ``info``, binding ``aad``
+        (the header's digest); ``of`` builds both from a header."""
         okm = item_key.hkdf(info, 3 * KEY_BYTES)
         try:
             self._content = AESGCM(okm[:32])
@@ -226,6 +213,16 @@ class EntryCipher(Hidden):
         finally:
             del okm
         self._aad = aad
+        self._prefix = nonce_prefix
+
+    @classmethod
+    def of(cls, item_key: KeyHandle, header: Header, nonce_prefix: object) -> EntryCipher:
+        """The cipher of the entry ``header`` describes.
+        Raises IntegrityError: the nonce prefix has the wrong length, or a clear size is out of range."""
+        if not isinstance(nonce_prefix, bytes) or len(nonce_prefix) != NONCE_PREFIX_BYTES:
+            raise IntegrityError("an entry's nonce prefix has the wrong length")
+        info = _ENTRY_INFO + lp_texts(header.entry_id, header.owner_user_id)
+        return cls(item_key, info, header.digest(), nonce_prefix)
 
     def _nonce(self, seq: int, last: bool) -> bytes:
         return self._prefix + struct.pack(">I?", seq, last)
@@ -260,7 +257,7 @@ def seal_entry(
     segments, and the entry's cipher (to seal its metadata again)."""
     item_key = KeyHandle.random()
     nonce_prefix = os.urandom(NONCE_PREFIX_BYTES)
-    cipher = EntryCipher(item_key, header, nonce_prefix)
+    cipher = EntryCipher.of(item_key, header, nonce_prefix)
     last = len(segments) - 1
     sealed = [cipher.seal_segment(seq, data, seq == last) for seq, data in enumerate(segments)]
     columns = {
@@ -299,7 +296,7 @@ class EntrySealer(Hidden):
         aad = _digest(id_bytes, self._lengths, self._texts, kind.encode(), sizes, len(segments))
         id_part = _LENGTH(len(id_bytes)) + id_bytes
         item_key, nonce_prefix = KeyHandle.random(), os.urandom(NONCE_PREFIX_BYTES)
-        cipher = EntryCipher._of(item_key, _ENTRY_INFO + id_part + self._info, aad, nonce_prefix)
+        cipher = EntryCipher(item_key, _ENTRY_INFO + id_part + self._info, aad, nonce_prefix)
         last = len(segments) - 1
         sealed = [cipher.seal_segment(seq, data, seq == last) for seq, data in enumerate(segments)]
         wrapped = self._wrapper.wrap(item_key, ITEM_KEY_TAG + id_part + self._key_aad)
@@ -312,7 +309,7 @@ def open_entry(
     """The cipher of a stored entry: its item key unwrapped, its commitment checked.
     Raises IntegrityError: the wrapped key, the nonce prefix or the commitment is not this entry's."""
     aad = item_key_aad(header.entry_id, header.owner_user_id, header.key_version)
-    cipher = EntryCipher(owner.unwrap(wrapped_key, aad), header, nonce_prefix)
+    cipher = EntryCipher.of(owner.unwrap(wrapped_key, aad), header, nonce_prefix)
     if not isinstance(commitment, bytes) or not hmac.compare_digest(commitment, cipher.commitment):
         raise IntegrityError("the entry's key commitment does not match")
     return cipher
