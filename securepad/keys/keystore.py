@@ -58,6 +58,8 @@ Derive = Callable[[KeyHandle, str, str, int], D]
 OWNER_KEY_CACHE_SIZE = 4096
 # Runs of a write whose COMMIT's answer was lost and that may simply run again (``add_version``).
 _COMMIT_TRIES = 3
+# Reads of the owner's newest key version when a rotation retires the one read before its key (``current``).
+_ROTATION_TRIES = 3
 
 
 # Item-key wraps under an owner key are counted in memory and added to
@@ -271,14 +273,34 @@ class Keystore:
         transaction) on first use. Raises WrongKeyError: another process rotated the master key."""
         found = self._latest.get(owner)
         if found is None:
-            version = self.newest_version(owner)
-            if version is None:
-                version = 1
-                self.add_version(owner, version)
-            found = (version, self.owner_wrapper(owner, version))
+            found = self._newest(owner)
             with self._lock:
                 self._latest[owner] = found
         return found
+
+    def _newest(self, owner: str) -> tuple[int, Wrapper]:
+        """``current``'s answer read from the store. A rotation may retire the
+        version read as the newest before its key is read: then the newest is
+        read again; a newest version whose key is missing is tampering.
+
+        Raises:
+            IntegrityError: the newest version's key is missing or altered, or
+                rotations retired each version read (``_ROTATION_TRIES`` times).
+            WrongKeyError: another process rotated the master key.
+        """
+        version = self.newest_version(owner)
+        for _ in range(_ROTATION_TRIES):
+            if version is None:
+                version = 1
+                self.add_version(owner, version)
+            try:
+                return version, self.owner_wrapper(owner, version)
+            except IntegrityError:
+                newer = self.newest_version(owner)
+                if newer == version:
+                    raise
+                version = newer
+        raise IntegrityError("rotations retired each newest owner key version before it was read")
 
     def newest_version(self, owner: str) -> int | None:
         rows = self._db.query(keys_sql.NEWEST_SQL, (owner,), owner=owner)

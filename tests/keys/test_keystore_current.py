@@ -1,6 +1,8 @@
 """A write under the owner's current key (``Keystore.write_current``, run by
 ``CurrentWrite``): sealed again when a newer key version appeared or an id
-was taken, never past its attempts, and a failure counts no wrap."""
+was taken, never past its attempts, and a failure counts no wrap. The current
+key itself (``Keystore.current``) is read again when a rotation retires the
+version read as the newest before its key is read."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 import pytest
 
 from securepad import Scratchpad
-from securepad.errors import StoreBusyError
+from securepad.errors import IntegrityError, StoreBusyError
 from securepad.keys.keystore import Keystore
 from securepad.storage.base import Conn, DuplicateKeyError
 from securepad.store import parts
@@ -89,3 +91,41 @@ def test_a_written_row_counts_its_wraps(pad: Scratchpad) -> None:
     before = keys.pending_wraps().get((OWNER, 1), 0)
     keys.write_current(OWNER, _sealer([]), _checked(keys), attempts=1, busy="busy", count=3)
     assert keys.pending_wraps().get((OWNER, 1), 0) == before + 3
+
+
+def test_a_rotation_retiring_the_version_read_as_newest_before_its_key_is_read_gives_the_new_version(
+    pad: Scratchpad, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = parts(pad).keys
+    keys.current(OWNER)
+    keys.forget(OWNER)
+    original = Keystore.newest_version
+    rotations: list[dict[str, Any]] = []
+
+    def rotate_after_the_first_read(self: Keystore, owner: str) -> int | None:
+        found = original(self, owner)
+        if not rotations:
+            rotations.append({})
+            rotations[0] = pad.rotate_owner_key(OWNER)  # retires ``found`` and forgets the cached keys
+        return found
+
+    monkeypatch.setattr(Keystore, "newest_version", rotate_after_the_first_read)
+    version, _ = keys.current(OWNER)
+    assert (version, rotations[0]["retired_versions"]) == (2, [1])
+    result = keys.write_current(OWNER, _sealer([]), _checked(keys), attempts=1, busy="busy")
+    assert result == "written under 2"
+
+
+def test_a_newest_key_that_does_not_unwrap_is_refused_not_replaced(pad: Scratchpad) -> None:
+    keys = parts(pad).keys
+    keys.current(OWNER)
+    keys.current("bob")
+    with parts(pad).db.transaction(OWNER, admin=True) as conn:
+        conn.execute(
+            "UPDATE owner_keys SET wrapped = (SELECT wrapped FROM owner_keys WHERE owner_user_id = 'bob')"
+            " WHERE owner_user_id = 'alice'"
+        )
+    keys.forget(OWNER)
+    with pytest.raises(IntegrityError):
+        keys.current(OWNER)
+    assert keys.newest_version(OWNER) == 1
