@@ -20,6 +20,7 @@ import msgspec
 
 from ..errors import IntegrityError, InvalidArgumentError
 from .grep import BREAK_CHARS
+from .json_size import checked_structure, dumps_bytes, item_size, json_size, text_size
 
 __all__ = [
     "SEGMENT_BYTES",
@@ -254,57 +255,23 @@ _OPTIONAL = ("list_field", "count", "summary", "ref_hint", "schema", "metadata")
 _CUT_RESERVE = len(', "view_cut": ') + len(json.dumps([*_OPTIONAL, "scalars"]))
 
 
-def _json_size(value: Any) -> int:
-    """``len(json.dumps(value, ensure_ascii=False))``: what the model is shown of a view, in characters."""
-    return len(json.dumps(value, ensure_ascii=False))
-
-
-# msgspec's JSON escapes the characters ``json.dumps(..., ensure_ascii=False)`` escapes, each to
-# as many characters (tests/core/test_shaping.py holds it for every code point), in a fraction of the work.
-_ENCODE = msgspec.json.Encoder().encode
-_LITERALS = {None: 4, True: 4, False: 5}
-
-
-def _text_size(text: str) -> int:
-    """``_json_size`` of a string."""
-    try:
-        encoded = _ENCODE(text)
-    except UnicodeEncodeError:  # a lone surrogate: json writes it as it is
-        return _json_size(text)
-    return len(encoded) if text.isascii() else len(encoded.decode())
-
-
-def _item_size(value: Any) -> int:
-    """``_json_size`` of a view's value: strings, numbers and literals measured without json's encoder."""
-    kind = type(value)
-    if kind is str:
-        return _text_size(value)
-    if kind is int:
-        return len(int.__repr__(value))
-    if kind is bool or value is None:
-        return _LITERALS[value]
-    if (kind is dict or kind is list) and not value:
-        return 2
-    return _json_size(value)
-
-
 def _view_size(view: dict[str, Any]) -> int:
-    """``_json_size`` of a view (a dict of string keys): ``{"key": value, ...}`` with json's separators."""
+    """``json_size`` of a view (a dict of string keys): ``{"key": value, ...}`` with json's separators."""
     if not view:
         return 2
     size = 4 * len(view)
     # One pass, the usual values (text, whole numbers) measured in line: every put measures its view.
     for key, value in view.items():
         if type(key) is not str:
-            return _json_size(view)
-        size += _KEY_SIZES.get(key) or _text_size(key)
+            return json_size(view)
+        size += _KEY_SIZES.get(key) or text_size(key)
         kind = type(value)
         if kind is int:
             size += len(int.__repr__(value))
         elif kind is str:
-            size += _text_size(value)
+            size += text_size(value)
         else:
-            size += _item_size(value)
+            size += item_size(value)
     return size
 
 
@@ -322,13 +289,13 @@ def fit_view(view: dict[str, Any], kept_scalars: dict[str, Any], limit: int) -> 
     cut: list[str] = []
 
     def room() -> int:
-        return budget - _json_size(fitted)
+        return budget - json_size(fitted)
 
     for key in _OPTIONAL:
         if key not in view:
             continue
         value = view[key]
-        cost = len(json.dumps(key)) + 4 + _json_size(value)  # ', "key": value'
+        cost = len(json.dumps(key)) + 4 + json_size(value)  # ', "key": value'
         if cost <= room():
             fitted[key] = value
             continue
@@ -344,7 +311,7 @@ def fit_view(view: dict[str, Any], kept_scalars: dict[str, Any], limit: int) -> 
     for key, value in kept_scalars.items():
         if key in view:
             continue
-        if len(json.dumps(key)) + 4 + _json_size(value) <= room():
+        if len(json.dumps(key)) + 4 + json_size(value) <= room():
             fitted[key] = value
         elif "scalars" not in cut:
             cut.append("scalars")
@@ -357,8 +324,8 @@ def _cut_text(text: str, room: int) -> str:
     if room < 4:
         return ""
     cut = min(len(text), room)
-    while cut > 0 and _json_size(text[:cut] + "…") > room:
-        cut = max(0, min(cut - 1, cut - (_json_size(text[:cut] + "…") - room)))
+    while cut > 0 and json_size(text[:cut] + "…") > room:
+        cut = max(0, min(cut - 1, cut - (json_size(text[:cut] + "…") - room)))
     return text[:cut] + "…" if cut else ""
 
 
@@ -367,7 +334,7 @@ def _prefix_fitting(items: list[Any], room: int, *, pairs: bool = False) -> list
     kept: list[Any] = []
     used = 2  # the brackets
     for item in items:
-        cost = (len(json.dumps(item[0])) + 2 + _json_size(item[1]) if pairs else _json_size(item)) + 2
+        cost = (len(json.dumps(item[0])) + 2 + json_size(item[1]) if pairs else json_size(item)) + 2
         if used + cost > room:
             break
         kept.append(item)
@@ -459,35 +426,16 @@ def classify(observation: Any, max_depth: int) -> tuple[str, str, str | bytes, d
         return "binary", "bytes", bytes(observation), None, 0
     if isinstance(observation, dict) and isinstance(observation.get("content"), str | bytes):
         rest = {k: v for k, v in observation.items() if k != "content"}
-        _check_structure(rest, max_depth)
-        size = len(dumps(rest)) if rest else 0  # the other fields must be JSON; fail before anything is stored
+        spaces = checked_structure(rest, max_depth)
+        # The other fields must be JSON (json refuses what is not): fail before anything is stored.
+        size = dumps_bytes(rest, spaces) if rest else 0
+        if size is None:
+            size = len(dumps(rest))
         content = observation["content"]
         return ("binary" if isinstance(content, bytes) else "text"), "dict", content, rest, size
-    _check_structure(observation, max_depth)
+    checked_structure(observation, max_depth)
     # Indented JSON: the readable content, so that lines and grep mean something (text: encoded once, to seal).
     return "json", "json", _json_text(observation, 2), None, 0
-
-
-def _check_structure(value: Any, max_depth: int) -> None:
-    """Refuse non-string dict keys anywhere (JSON would turn 1 into "1" and the
-    observation would come back different from what was put), and nesting
-    deeper than ``max_depth`` (JSON's encoder would hit Python's recursion
-    limit). Iterative: a deep value cannot exhaust the stack here."""
-    pending: list[tuple[Any, int]] = [(value, 1)]
-    while pending:
-        item, depth = pending.pop()
-        if not isinstance(item, dict | list | tuple):
-            continue
-        if depth > max_depth:
-            raise InvalidArgumentError(
-                f"the observation nests deeper than {max_depth} levels (the policy's limits.max_json_depth)"
-            )
-        if isinstance(item, dict):
-            if any(not isinstance(k, str) for k in item):
-                raise InvalidArgumentError("structured observations need string keys at every level")
-            pending.extend((v, depth + 1) for v in item.values())
-        else:
-            pending.extend((v, depth + 1) for v in item)
 
 
 def rebuild(shape: str, whole: str | bytes, rest: dict[str, Any] | None) -> Any:
@@ -516,7 +464,7 @@ def view(
         # Plain text, the usual observation: no fields, so no scalars and no metadata to measure.
         shown["summary"] = summary = text_summary(observation)
         shown["metadata"] = {}
-        size = _TEXT_VIEW_SIZE + len(int.__repr__(step_num)) + len(int.__repr__(size_bytes)) + _text_size(summary)
+        size = _TEXT_VIEW_SIZE + len(int.__repr__(step_num)) + len(int.__repr__(size_bytes)) + text_size(summary)
         return shown if type(step_num) is type(size_bytes) is int and size <= limit else fit_view(shown, {}, limit)
     fields = rest if rest is not None else (observation if isinstance(observation, dict) else {})
     if isinstance(content, bytes):

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from securepad import InvalidArgumentError
-from securepad.core import read_modes, shaping
+from securepad.core import json_size, read_modes, shaping
 from securepad.core.shaping import SEGMENT_BYTES, SEGMENT_SLACK, cut_bytes, cut_text
 
 # Every line break splitlines knows, ASCII and not, among plain characters.
@@ -172,15 +172,22 @@ def test_every_read_mode_returns_the_plain_slice(
 
 def test_classification_serializes_each_part_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A json observation's content is its indented JSON as text (encoded once, when
-    cut); a dict's other fields are serialized once, their size returned with them."""
+    cut); a dict's other fields are serialized once (by json, or by msgspec when they
+    are plain JSON: ``core.json_size``), their size returned with them."""
     calls: list[object] = []
     real = shaping.json.dumps
+    real_encode = json_size._ENCODE
 
     def counted(value: object, **kwargs: object) -> str:
         calls.append(value)
         return real(value, **kwargs)  # type: ignore[arg-type]
 
+    def encoded(value: object) -> bytes:
+        calls.append(value)
+        return real_encode(value)
+
     monkeypatch.setattr(shaping.json, "dumps", counted)
+    monkeypatch.setattr(json_size, "_ENCODE", encoded)
     structured = {"items": [{"a": i, "b": "é"} for i in range(50)]}
     kind, shape, content, rest, rest_bytes = shaping.classify(structured, 20)
     assert (kind, shape, rest, rest_bytes) == ("json", "json", None, 0)
