@@ -20,9 +20,10 @@ import msgspec
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["checked_structure", "dumps_bytes", "item_size", "json_size", "text_size"]
+__all__ = ["checked_structure", "dumps_bytes", "item_size", "json_copy", "json_size", "plain_spaces", "text_size"]
 
 _ENCODE = msgspec.json.Encoder().encode
+_DECODE = msgspec.json.Decoder().decode
 _LITERALS = {None: 4, True: 4, False: 5}
 _CONTAINERS = (dict, list, tuple)
 # The exact types of plain JSON (see the module doc), looked up by each item's ``type``.
@@ -59,7 +60,7 @@ def item_size(value: Any) -> int:
     if kind is dict or kind is list or kind is tuple:
         if not value:
             return 2
-        spaces = _plain_spaces(value)
+        spaces = plain_spaces(value)
         if spaces is not None:
             try:
                 encoded = _ENCODE(value)
@@ -141,10 +142,25 @@ def _check_keys(item: dict[Any, Any]) -> None:
         raise InvalidArgumentError("structured observations need string keys at every level")
 
 
-def _plain_spaces(value: Any) -> int | None:
+def plain_spaces(value: Any) -> int | None:
     """``checked_structure``'s spaces of a value without its checks (None: not plain,
     a non-string key among them)."""
     try:
         return checked_structure(value, 1 << 30)
     except InvalidArgumentError:
         return None
+
+
+def json_copy(value: Any) -> Any:
+    """``json.loads(json.dumps(value))`` (what a value is once stored as JSON: tuples
+    become lists, other keys strings), a plain value copied through msgspec.
+
+    Raises:
+        TypeError, ValueError: as ``json.dumps`` does.
+    """
+    if plain_spaces(value) is not None:
+        try:
+            return _DECODE(_ENCODE(value))
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError, msgspec.DecodeError):
+            pass
+    return json.loads(json.dumps(value))

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from securepad import InvalidArgumentError
 from securepad.core import shaping
-from securepad.core.json_size import checked_structure, item_size
+from securepad.core.json_size import checked_structure, item_size, json_copy
 
 
 class Text(str):
@@ -109,3 +109,16 @@ def test_the_other_fields_are_sized_as_dumps_writes_them_or_refused_alike(rest: 
             shaping.classify(observation, 64)
         return
     assert shaping.classify(observation, 64)[4] == expected
+
+
+@given(value=any_values.filter(lambda v: "nan" not in repr(v)))
+def test_a_value_is_copied_as_json_stores_it(value: Any) -> None:
+    try:
+        expected = json.loads(json.dumps(value))
+    except (TypeError, ValueError) as exc:
+        with pytest.raises(type(exc)):
+            json_copy(value)
+        return
+    copied = json_copy(value)
+    assert copied == expected
+    assert json.dumps(copied) == json.dumps(expected)  # the same types (a list stays a list, True stays True)
