@@ -34,7 +34,6 @@ the async face derived from this one; ``_saver_values`` the big values and ``cop
 from __future__ import annotations
 
 import builtins
-import json
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -52,6 +51,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from ..core.json_size import json_copy
 from ..errors import InvalidArgumentError
 from ..principal import Principal
 from ..store import Scratchpad
@@ -77,6 +77,8 @@ __all__ = ["INLINE_MAX_BYTES", "TURN_PREFIX", "SecurepadSaver", "keyed_turn", "t
 
 # Channel values serialized larger than this get an entry of their own (see module doc).
 INLINE_MAX_BYTES = 16 * 1024
+# The counter's digits in a version (``get_next_version``).
+VERSION_DIGITS = 16
 # A channel version the saver has not seen (``SaverRecords.channel_values``).
 _UNKNOWN = object()
 
@@ -144,13 +146,17 @@ class SecurepadSaver(ThreadedAsyncSaver):
         return principal
 
     def get_next_version(self, current: str | int | None, channel: None) -> str:
-        """Versions unique per write (a counter and a random part), as LangGraph's
-        own savers make them: a channel value is stored once per version."""
+        """Versions unique per write (a counter and 53 random bits), as LangGraph's
+        own savers make them (a channel value is stored once per version), in fewer
+        characters: a checkpoint holds every channel's version and each node's seen
+        ones. LangGraph compares versions as strings: the counter's 16 digits order
+        these by count, and each after every version of the former 32-digit form
+        (LangGraph's own savers'), so a channel's versions grow across the change."""
         if current is None or isinstance(current, int):
             number = current or 0
         else:
             number = int(str(current).split(".")[0])
-        return f"{number + 1:032}.{random.random():016}"  # noqa: S311 (a tie-breaker, not a secret)
+        return f"{number + 1:0{VERSION_DIGITS}}.{random.getrandbits(53):014x}"  # a tie-breaker, not a secret
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint of ``config`` (its ``checkpoint_id``, else the thread's
@@ -242,7 +248,7 @@ class SecurepadSaver(ThreadedAsyncSaver):
         body = {**checkpoint, "channel_values": inline}
         kind, data = self.serde.dumps_typed(body)
         try:
-            sealed_metadata = json.loads(json.dumps(get_serializable_checkpoint_metadata(config, metadata)))
+            sealed_metadata = json_copy(get_serializable_checkpoint_metadata(config, metadata))
         except (TypeError, ValueError) as exc:
             raise InvalidArgumentError(f"the checkpoint's metadata is not JSON: {exc}") from None
         parent = (config.get("configurable") or {}).get("checkpoint_id")
