@@ -256,6 +256,35 @@ def test_a_graph_step_costs_a_put_per_checkpoint_and_per_task_and_lists_nothing(
     assert {name: long[2][name] - short[2].get(name, 0) for name in long[2]} == {"put": 20}
 
 
+def test_a_graph_steps_entries_are_measured_without_json(
+    sqlite_pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sealed metadata of a graph step's checkpoints and writes is plain JSON: a put
+    sizes it and its view through msgspec (``core.json_size``), never through json."""
+    from securepad.core import json_size, shaping
+    from securepad.integrations.langgraph import SecurepadSaver
+
+    saver = SecurepadSaver(sqlite_pad, alice)
+    meter = Meter(saver, monkeypatch)
+    graph_costs(saver, meter, "warm-up", 2)
+    measured: list[object] = []
+    real_dumps, real_size = shaping.dumps, json_size.json_size
+
+    def dumps(value: object, **kwargs: object) -> bytes:
+        measured.append(value)
+        return real_dumps(value, **kwargs)  # type: ignore[arg-type]
+
+    def size(value: object) -> int:
+        measured.append(value)
+        return real_size(value)
+
+    monkeypatch.setattr(shaping, "dumps", dumps)
+    monkeypatch.setattr(json_size, "json_size", size)
+    _, _, calls = graph_costs(saver, meter, "steps", 5)
+    assert calls["put"] >= 10  # a checkpoint and a task's writes a node, at least
+    assert measured == []
+
+
 def test_list_finds_every_checkpoints_writes_in_the_threads_listing(
     sqlite_pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
