@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,8 +92,10 @@ class SaverMemory:
         # (scope, turn) -> the highest step this saver's puts in it took, and that entry's
         # executor (puts from several threads end in any order).
         self._tops: dict[tuple[Scope, str], tuple[int, str]] = {}
-        # (scope, thread, ns) -> the channel values of checkpoints put or read there.
+        # (scope, thread, ns) -> the channel values of checkpoints put or read there, and
+        # the (channel, version) among them that were inline (their value None), as a set.
         self._values: dict[tuple[Scope, str, str], ChannelValues] = {}
+        self._inline: dict[tuple[Scope, str, str], set[tuple[str, str]]] = {}
         # (scope, where) -> the pending writes known stored there (``WritesKey``).
         self._writes: dict[tuple[Scope, WritesKey], KnownWrites] = {}
 
@@ -157,8 +160,13 @@ class SaverMemory:
             with self._lock:
                 if len(self._values) >= KEPT:
                     self._values.clear()
+                    self._inline.clear()
                 found = self._values.setdefault(key, {})
         return found
+
+    def inline_values(self, principal: Principal, thread_id: str, ns: str) -> AbstractSet[tuple[str, str]]:
+        """The (channel, version) that ``channel_values`` knows inline (None), as a set."""
+        return self._inline.get((scope_of(self.pad, principal), thread_id, ns)) or frozenset()
 
     def keep_channel_values(
         self, principal: Principal, thread_id: str, ns: str, kept: ChannelValues, still: Iterable[Any] = ()
@@ -166,12 +174,19 @@ class SaverMemory:
         """Remember ``kept`` with the thread's channel values in ``ns``; past
         ``KEPT`` versions, only ``kept`` and ``still`` ((channel, version) known
         inline already, which a checkpoint put just now had unchanged)."""
+        key = (scope_of(self.pad, principal), thread_id, ns)
         with self._lock:
-            known = self._values.setdefault((scope_of(self.pad, principal), thread_id, ns), {})
+            known = self._values.setdefault(key, {})
+            inline = self._inline.setdefault(key, set())
             if len(known) + len(kept) > KEPT:
+                still = list(still)
                 known.clear()
                 known.update(dict.fromkeys(still))
+                inline.clear()
+                inline.update(still)
             known.update(kept)
+            inline.update(k for k, v in kept.items() if v is None)
+            inline.difference_update(k for k, v in kept.items() if v is not None)
 
     def forget(self, gone: set[str]) -> None:
         """Forget the value entries ``gone`` (deleted), and every known write

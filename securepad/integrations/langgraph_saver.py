@@ -34,9 +34,11 @@ the async face derived from this one; ``_saver_values`` the big values and ``cop
 from __future__ import annotations
 
 import builtins
+import itertools
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -385,15 +387,20 @@ def _channel_values(
     (``[version, id]``) of the big ones, each new one stored here, and the
     earliest expiry among those entries (or a TTL from now)."""
     values = checkpoint.get("channel_values") or {}
-    known = saver.records.memory.channel_values(principal, thread_id, ns)
+    memory = saver.records.memory
+    known = memory.channel_values(principal, thread_id, ns)
     kept: ChannelValues = {}
     unchanged: builtins.list[tuple[str, str]] = []  # known inline (or without a value) at their versions
     inline: dict[str, Any] = {}
     referenced: dict[str, builtins.list[Any]] = {}
     expiry = now + saver.ttl_seconds
     # A graph's checkpoint versions every channel ever written (each node's trigger), most
-    # of them unchanged, with no value, and known so: each of those costs a look-up alone.
-    for channel, version in checkpoint["channel_versions"].items():
+    # of them unchanged, with no value, and known inline so: those cost a set look-up each
+    # (``_known_inline``), the others the look-ups below.
+    versions = checkpoint["channel_versions"]
+    known_inline = memory.inline_values(principal, thread_id, ns)
+    rest = [item for item in versions.items() if item not in known_inline or item[0] in new_versions]
+    for channel, version in rest:
         key = (channel, version if type(version) is str else str(version))
         value = values.get(channel, _UNKNOWN)
         entry: Stored | None = None
@@ -424,8 +431,35 @@ def _channel_values(
         kept[key] = entry
         referenced[channel] = [version, entry.scratchpad_id]
         expiry = min(expiry, entry.expires_at)
-    saver.records.memory.keep_channel_values(principal, thread_id, ns, kept, unchanged)
+    still: Iterable[tuple[str, str]] = unchanged
+    if len(rest) < len(versions):
+        inline = _known_inline(inline, values, versions, (known_inline, new_versions))
+        # Only read if the memory is full (``keep_channel_values``).
+        still = itertools.chain(
+            unchanged, (i for i in versions.items() if i in known_inline and i[0] not in new_versions)
+        )
+    memory.keep_channel_values(principal, thread_id, ns, kept, still)
     return inline, referenced, expiry
+
+
+def _known_inline(
+    inline: dict[str, Any],
+    values: dict[str, Any],
+    versions: ChannelVersions,
+    known: tuple[AbstractSet[tuple[str, str]], ChannelVersions],
+) -> dict[str, Any]:
+    """``inline`` with the ``values`` of the unchanged channels (not in ``new_versions``)
+    known inline at their versions (``known_inline``), in the versions' order."""
+    known_inline, new_versions = known
+    found = {
+        channel: value
+        for channel, value in values.items()
+        if (channel, versions.get(channel)) in known_inline and channel not in new_versions
+    }
+    if not found:
+        return inline
+    found.update(inline)
+    return {channel: found[channel] for channel in versions if channel in found}
 
 
 def _thread_of(config: RunnableConfig) -> tuple[str, str]:
