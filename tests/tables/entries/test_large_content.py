@@ -150,11 +150,15 @@ def test_content_put_unidentified_is_not_hashed_and_reads_back_whole(
         putter = parts(pad).putter
         view = putter.put(ALICE, "t", 1, "tool", {"content": data, "metadata": {"k": 1}}, identified=False)
         text = putter.put(ALICE, "t", 2, "tool", "some text", identified=False)
+        # A next-step put guessing a step below the turn's next: its view is made again, unhashed too.
+        again = putter.put(ALICE, "t", 1, "tool", data, free_step=True, next_step=True, identified=False)
+        assert again["step_num"] == 3 and again["summary"] == f"binary, {len(data)} bytes"
         assert hashed == [] and identities == []
         assert view["summary"] == f"binary, {len(data)} bytes"
         assert text["summary"] == "some text"
         listed = parts(pad).listings.turn_entries(ALICE, "t", None)
-        assert ["content_id" in entry.meta for entry in listed] == [False, False]
+        assert ["content_id" in entry.meta for entry in listed] == [False, False, False]
+        assert listed[2].meta["view"]["summary"] == again["summary"]
         assert pad.get(ALICE, view["scratchpad_id"]).observation == {"content": data, "metadata": {"k": 1}}
         assert pad.read(ALICE, view["scratchpad_id"], "range", start=SEGMENT_BYTES - 2, end=SEGMENT_BYTES + 2)
         assert pad.verify()["ok"]
@@ -163,5 +167,5 @@ def test_content_put_unidentified_is_not_hashed_and_reads_back_whole(
         (row,) = sqlite_of(pad).query("SELECT stored_bytes FROM entries WHERE id = ?", (view["scratchpad_id"],))
         assert prepared.cost_floor(ALICE, "t", "tool") <= row["stored_bytes"]
         # Put identified (the default), the same content is hashed once and identified.
-        pad.put(ALICE, "t", 3, "tool", data)
+        pad.put(ALICE, "t", 4, "tool", data)
         assert hashed == [len(data)] and identities == ["digest"]
