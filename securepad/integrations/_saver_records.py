@@ -437,9 +437,11 @@ class SaverRecords:
     def put_checkpoint(self, principal: Principal, thread_id: str, observation: Any, ttl: int, now: float) -> None:
         """Put a checkpoint entry in the thread's turn; a thread put in its keyed turn
         is found keyed from then on (that turn holds a live checkpoint of the principal's
-        scope, so the former turn never shadows it): no later call looks for it again."""
+        scope, so the former turn never shadows it): no later call looks for it again.
+        The saver alone reads a checkpoint back (by its view and id): it is put unidentified
+        (no content identity, its bytes not hashed for a view's summary), as a big value is."""
         turn = self.turn(principal, "thread", thread_id)
-        self.put(principal, turn, CHECKPOINT, observation, ttl, now)
+        self.put(principal, turn, CHECKPOINT, observation, ttl, now, identified=False)
         if not self.memory.keyed(principal, thread_id) and turn != turn_id("thread", thread_id):
             self.memory.found_keyed(principal, thread_id)
             self.memory.named(principal, "thread", thread_id, (), turn)

@@ -147,11 +147,11 @@ def _store(
         "type": kind,
     }
     # In the checkpoint's own turn, the turn's newest step is the guess; in the thread's,
-    # the step this saver's last put there took.
+    # the step this saver's last put there took. The saver alone reads the writes back:
+    # they are put unidentified, as its checkpoints and big values are.
     guess = known.newest if own_turn else None
-    view = records.put(
-        principal, turn, WRITE, sealed(meta, data, records.pad.policy.inline_max_chars), records.ttl_seconds, now, guess
-    )
+    observation = sealed(meta, data, records.pad.policy.inline_max_chars)
+    view = records.put(principal, turn, WRITE, observation, records.ttl_seconds, now, guess, identified=False)
     step = int(view["step_num"])
     records.memory.note_writes(principal, known_key, KnownWrites(known.tasks, step, known.since), task[0], idxs)
     return step

@@ -431,7 +431,7 @@ def _channel_values(
         kept[key] = entry
         referenced[channel] = [version, entry.scratchpad_id]
         expiry = min(expiry, entry.expires_at)
-    still: Iterable[tuple[str, str]] = unchanged
+    still: Iterable[tuple[str, Any]] = unchanged
     if len(rest) < len(versions):
         inline = _known_inline(inline, values, versions, (known_inline, new_versions))
         # Only read if the memory is full (``keep_channel_values``).

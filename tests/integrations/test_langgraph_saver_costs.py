@@ -256,13 +256,15 @@ def test_a_graph_step_costs_a_put_per_checkpoint_and_per_task_and_lists_nothing(
     assert {name: long[2][name] - short[2].get(name, 0) for name in long[2]} == {"put": 20}
 
 
-def test_a_graph_steps_entries_are_measured_without_json(
+def test_a_graph_steps_entries_are_measured_without_json_and_not_hashed(
     sqlite_pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The sealed metadata of a graph step's checkpoints and writes is plain JSON: a put
-    sizes it and its view through msgspec (``core.json_size``), never through json."""
+    sizes it and its view through msgspec (``core.json_size``), never through json. The
+    saver alone reads them back: they are put unidentified, their content not hashed."""
     from securepad.core import json_size, shaping
     from securepad.integrations.langgraph import SecurepadSaver
+    from securepad.store import parts
 
     saver = SecurepadSaver(sqlite_pad, alice)
     meter = Meter(saver, monkeypatch)
@@ -278,11 +280,23 @@ def test_a_graph_steps_entries_are_measured_without_json(
         measured.append(value)
         return real_size(value)
 
+    hashed: list[int] = []
+    real_digest = shaping.binary_digest
+
+    def digest(data: bytes) -> bytes:
+        hashed.append(len(data))
+        return real_digest(data)
+
     monkeypatch.setattr(shaping, "dumps", dumps)
     monkeypatch.setattr(json_size, "json_size", size)
+    monkeypatch.setattr(shaping, "binary_digest", digest)
     _, _, calls = graph_costs(saver, meter, "steps", 5)
     assert calls["put"] >= 10  # a checkpoint and a task's writes a node, at least
     assert measured == []
+    assert hashed == [len(b"steps")]  # the thread's entry in the owner's thread list, once a thread
+    for stored in saver.records.checkpoints(alice, "steps"):
+        opened = parts(sqlite_pad).opener.open(alice, stored.scratchpad_id, None)
+        assert "content_id" not in opened.meta
 
 
 def test_list_finds_every_checkpoints_writes_in_the_threads_listing(
