@@ -394,11 +394,9 @@ def _channel_values(
     inline: dict[str, Any] = {}
     referenced: dict[str, builtins.list[Any]] = {}
     expiry = now + saver.ttl_seconds
-    # A graph's checkpoint versions every channel ever written (each node's trigger), most
-    # of them unchanged, with no value, and known inline so: those cost a set look-up each
-    # (``_known_inline``), the others the look-ups below.
-    versions = checkpoint["channel_versions"]
-    known_inline = memory.inline_values(principal, thread_id, ns)
+    # A graph's checkpoint versions every channel ever written (each node's trigger), most unchanged,
+    # with no value, known inline so: one set look-up each (``_known_inline``), the others as below.
+    versions, known_inline = checkpoint["channel_versions"], memory.inline_values(principal, thread_id, ns)
     rest = [item for item in versions.items() if item not in known_inline or item[0] in new_versions]
     for channel, version in rest:
         key = (channel, version if type(version) is str else str(version))
@@ -433,33 +431,33 @@ def _channel_values(
         expiry = min(expiry, entry.expires_at)
     still: Iterable[tuple[str, Any]] = unchanged
     if len(rest) < len(versions):
-        inline = _known_inline(inline, values, versions, (known_inline, new_versions))
-        # Only read if the memory is full (``keep_channel_values``).
-        still = itertools.chain(
-            unchanged, (i for i in versions.items() if i in known_inline and i[0] not in new_versions)
-        )
+        inline, still = _known_inline(inline, unchanged, checkpoint, (known_inline, new_versions))
     memory.keep_channel_values(principal, thread_id, ns, kept, still)
     return inline, referenced, expiry
 
 
 def _known_inline(
     inline: dict[str, Any],
-    values: dict[str, Any],
-    versions: ChannelVersions,
+    unchanged: Iterable[tuple[str, Any]],
+    checkpoint: Checkpoint,
     known: tuple[AbstractSet[tuple[str, str]], ChannelVersions],
-) -> dict[str, Any]:
-    """``inline`` with the ``values`` of the unchanged channels (not in ``new_versions``)
-    known inline at their versions (``known_inline``), in the versions' order."""
+) -> tuple[dict[str, Any], Iterable[tuple[str, Any]]]:
+    """``inline`` with the values of the checkpoint's unchanged channels (not in
+    ``new_versions``) known inline at their versions (``known_inline``), in the versions'
+    order; ``unchanged`` with those channels' (channel, version), read only if the
+    memory is full (``SaverMemory.keep_channel_values``)."""
     known_inline, new_versions = known
+    versions, values = checkpoint["channel_versions"], checkpoint.get("channel_values") or {}
+    taken = (item for item in versions.items() if item in known_inline and item[0] not in new_versions)
     found = {
         channel: value
         for channel, value in values.items()
         if (channel, versions.get(channel)) in known_inline and channel not in new_versions
     }
-    if not found:
-        return inline
-    found.update(inline)
-    return {channel: found[channel] for channel in versions if channel in found}
+    if found:
+        found.update(inline)
+        inline = {channel: found[channel] for channel in versions if channel in found}
+    return inline, itertools.chain(unchanged, taken)
 
 
 def _thread_of(config: RunnableConfig) -> tuple[str, str]:
