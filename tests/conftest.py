@@ -304,7 +304,8 @@ def _lends_kept(request: pytest.FixtureRequest) -> bool:
     if _LENDS not in stash:
         callspec = getattr(request.node, "callspec", None)
         on_postgres = callspec is not None and callspec.params.get("backend") == "postgresql"
-        wants_a_store = (on_postgres and "pad" in request.fixturenames) or "pg_store_dsn" in request.fixturenames
+        names = request.fixturenames
+        wants_a_store = (on_postgres and ("pad" in names or "new_store_location" in names)) or "pg_store_dsn" in names
         stash[_LENDS] = bool(wants_a_store and request.getfixturevalue("_pristine").kept)
     return stash[_LENDS]
 
@@ -405,6 +406,17 @@ def store_location(backend: str, request: pytest.FixtureRequest) -> Any:
     if backend == "sqlite":
         return request.getfixturevalue("db_path")
     return request.getfixturevalue("pg_dsn")
+
+
+@pytest.fixture
+def new_store_location(backend: str, request: pytest.FixtureRequest) -> Any:
+    """Where a store of ``keyring`` that no test has written to is: a SQLite
+    file path (the first open makes the store there), or ``pg_store_dsn``
+    (the kept PostgreSQL store, or one made now): for a test that opens the
+    store itself, with ``keyring`` and the default policy."""
+    if backend == "sqlite":
+        return request.getfixturevalue("db_path")
+    return request.getfixturevalue("pg_store_dsn")
 
 
 @pytest.fixture
