@@ -115,9 +115,11 @@ def put_next(
     *,
     now: float | None = None,
     guess: int | None = None,
+    identified: bool = True,
 ) -> dict[str, Any]:
     """``Scratchpad.put`` at the turn's next step; returns ``put``'s view, whose
-    ``step_num`` is the step taken.
+    ``step_num`` is the step taken. ``identified`` False: the content gets no identity
+    and binary content is not hashed (``Putter.put``).
 
     The step read before sealing (or ``guess``, from a caller that knows it) only
     spares sealing again under the write lock: the write transaction takes the
@@ -136,5 +138,14 @@ def put_next(
             guess = 1
     with writer_lock(pad):
         return found.putter.put(
-            principal, turn_id, guess, executor_name, observation, ttl_seconds, now=now, free_step=True, next_step=True
+            principal,
+            turn_id,
+            guess,
+            executor_name,
+            observation,
+            ttl_seconds,
+            now=now,
+            free_step=True,
+            next_step=True,
+            identified=identified,
         )

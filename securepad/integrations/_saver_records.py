@@ -420,13 +420,16 @@ class SaverRecords:
         ttl: int,
         now: float,
         newest: int | None = None,
+        identified: bool = True,
     ) -> dict[str, Any]:
         """Put an entry at its turn's next step (``_steps.put_next``); returns its
         view. ``newest``: the turn's newest step as the caller just listed it
-        (0: empty), else the step this saver's last put in the turn took, is the guess."""
+        (0: empty), else the step this saver's last put in the turn took, is the guess;
+        ``identified`` False: no content identity, binary content not hashed."""
         last = self.memory.last_step(principal, turn) if newest is None else newest
+        guess = None if last is None else last + 1
         view = put_next(
-            self.pad, principal, turn, executor, observation, ttl, now=now, guess=None if last is None else last + 1
+            self.pad, principal, turn, executor, observation, ttl, now=now, guess=guess, identified=identified
         )
         self.memory.took_step(principal, turn, int(view["step_num"]), executor)
         return view

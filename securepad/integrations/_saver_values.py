@@ -49,7 +49,9 @@ class ValueRecords:
         data: bytes,
         now: float,
     ) -> Stored:
-        """Store a big channel value as an entry of its own in its channel's turn, and remember it."""
+        """Store a big channel value as an entry of its own in its channel's turn, and remember it.
+        The saver alone reads it back, by id: it is put unidentified (no content identity, its
+        bytes not hashed for a view's summary), a pass over them fewer."""
         meta = {
             "format": FORMAT,
             "thread_id": thread_id,
@@ -59,9 +61,8 @@ class ValueRecords:
             "type": kind,
         }
         turn = self.turn(principal, thread_id, ns, channel, version, FORMAT)
-        view = self.records.put(
-            principal, turn, BLOB, {"content": data, "metadata": meta}, self.records.ttl_seconds, now
-        )
+        observation = {"content": data, "metadata": meta}
+        view = self.records.put(principal, turn, BLOB, observation, self.records.ttl_seconds, now, identified=False)
         stored = Stored(view["scratchpad_id"], now + self.records.ttl_seconds, meta)
         self.records.memory.keep_channel_values(principal, thread_id, ns, {(channel, str(version)): stored})
         return stored

@@ -278,3 +278,38 @@ def test_list_finds_every_checkpoints_writes_in_the_threads_listing(
     # The thread's rows beside its head, and the three checkpoints read whole (their
     # views are cut), each beside its head's token: no turn listed for their writes.
     assert counts[0] == counts[1] == (2 + 3 * 2, {"list_for_turn": 1, "get": 3})
+
+
+def test_a_big_value_is_not_hashed_nor_identified(
+    pad: Scratchpad, alice: Principal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint's big channel value, which the saver alone reads back by id, is put
+    unidentified: no pass of SHA-256 over its bytes (``shaping.binary_digest``) and no
+    content identity in its listing part; it reads back whole."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from securepad.core import shaping
+    from securepad.integrations.langgraph import SecurepadSaver
+    from securepad.store import parts
+
+    saver = SecurepadSaver(pad, alice)
+    hashed: list[int] = []
+    real = shaping.binary_digest
+    monkeypatch.setattr(shaping, "binary_digest", lambda data: hashed.append(len(data)) or real(data))
+    value = "v" * (4 * saver.inline_max_bytes)
+    version = saver.get_next_version(None, None)
+    checkpoint = {
+        **empty_checkpoint(),
+        "id": "1f000000-0000-6000-8000-000000000001",
+        "channel_values": {"data": value},
+        "channel_versions": {"data": version},
+    }
+    stored = saver.put(config("big"), checkpoint, {"step": 1}, {"data": version})  # type: ignore[arg-type]
+    assert all(size < len(value) for size in hashed), hashed
+    found = saver.get_tuple(stored)
+    assert found is not None and found.checkpoint["channel_values"]["data"] == value
+    (checkpoint_entry,) = saver.records.checkpoints(alice, "big", "values")
+    ((_, value_id),) = checkpoint_entry.meta["values"].values()
+    opened = parts(pad).opener.open(alice, value_id, None)
+    assert "content_id" not in opened.meta
+    assert opened.meta["view"]["summary"] == f"binary, {opened.row['size_bytes']} bytes"

@@ -29,6 +29,8 @@ __all__ = [
 ]
 
 
+# ``Prepared.digest`` of content put unidentified: not hashed (``shaping.view``'s empty digest).
+UNHASHED = b""
 # What a listing part holds; the rest of the metadata is sealed under the item key.
 _LISTING_FIELDS = ("view", "content_id", "inline")
 
@@ -60,11 +62,16 @@ class Prepared:
     stored_bytes: int  # what the observation stores (max_entry_bytes); the row's cost on disk is row_cost
     view: dict[str, Any]
     inline_max_chars: int  # the view's bound, kept for the next-step re-seal
-    digest: bytes | None = None  # binary content's SHA-256: its view's and its identity's one pass
+    # Binary content's SHA-256: its view's and its identity's one pass (``UNHASHED``: not identified).
+    digest: bytes | None = None
 
     @classmethod
-    def of(cls, observation: Any, step_num: int, policy: Policy) -> Prepared:
-        """Raises InvalidArgumentError (not storable) or QuotaExceededError (over ``max_entry_bytes``)."""
+    def of(cls, observation: Any, step_num: int, policy: Policy, identified: bool = True) -> Prepared:
+        """``identified`` False: the content gets no identity (the re-read report never finds it
+        again) and binary content is not hashed (its view's summary gives its size alone), a
+        pass over its bytes fewer, for content only its writer reads back (a saver's values).
+
+        Raises InvalidArgumentError (not storable) or QuotaExceededError (over ``max_entry_bytes``)."""
         max_entry_bytes = policy.max_entry_bytes
         kind, shape, content, rest, rest_bytes = shaping.classify(observation, policy.max_json_depth)
         segments, counts, size_chars, breaks, line_count = split(content)
@@ -76,7 +83,11 @@ class Prepared:
                 f"the observation has {stored_bytes} bytes; the policy's max_entry_bytes is {max_entry_bytes}"
             )
         limit = policy.inline_max_chars
-        digest = shaping.binary_digest(content) if isinstance(content, bytes) else None
+        digest = None
+        if not identified:
+            digest = UNHASHED
+        elif isinstance(content, bytes):
+            digest = shaping.binary_digest(content)
         view = shaping.view(kind, step_num, size_bytes, content, rest, observation, limit, digest)
         return cls(
             kind,
@@ -95,9 +106,15 @@ class Prepared:
             digest,
         )
 
+    @property
+    def identified(self) -> bool:
+        """Whether the entry gets a content identity (``of``'s ``identified``)."""
+        return self.digest != UNHASHED
+
     def identity(self, identity: ContentIdentity) -> str:
         """The content's identity under ``identity`` (the owner's, of one key version):
-        binary content's from its SHA-256 (hashed once, with its view), text's from its segments."""
+        binary content's from its SHA-256 (hashed once, with its view), text's from its segments
+        (only when ``identified``)."""
         if self.digest is not None:
             return identity.of_digest(self.kind, self.size_bytes, self.digest)
         return identity.of(self.kind, self.segments)
@@ -117,7 +134,8 @@ class Prepared:
             principal.owner_user_id, turn_id, principal.actor, principal.channel, executor_name
         )
         summary = self.view.get("summary")
-        listing = _SEALED_LEAST + _CONTENT_ID_LEAST + (len(summary) if isinstance(summary, str) else 0)
+        listing = _SEALED_LEAST + (_CONTENT_ID_LEAST if self.identified else 0)
+        listing += len(summary) if isinstance(summary, str) else 0
         sealed = self.size_bytes + 16 * len(self.segments) + _SEALED_LEAST + listing + NONCE_PREFIX_BYTES + 32
         return sealed + identifiers + ENTRY_ROW_OVERHEAD
 

@@ -68,10 +68,12 @@ class Putter:
         inline: tuple[Any] | None = None,
         free_step: bool = False,
         next_step: bool = False,
+        identified: bool = True,
     ) -> dict[str, Any]:
         """``Scratchpad.put``; ``inline``: ``(item,)`` the history showed. ``free_step``
         refuses a step a live entry of the turn in the scope has; ``next_step``
-        (no ``inline``) takes the step after the highest inside the write."""
+        (no ``inline``) takes the step after the highest inside the write;
+        ``identified`` False: no content identity (``Prepared.of``)."""
         if next_step and (inline is not None or not free_step):
             raise InvalidArgumentError("next_step needs free_step and no inline item")
         if type(principal) is not Principal:  # a subclass passes ``check_principal`` too
@@ -85,7 +87,7 @@ class Putter:
         if type(step_num) is not int or not 0 <= step_num < STEP_LIMIT:  # ``check_step_num``'s test, first
             check_step_num(step_num)
         ttl = self.default_ttl if ttl_seconds is None else self.ttl(ttl_seconds)
-        prepared = Prepared.of(observation, step_num, self.policy)
+        prepared = Prepared.of(observation, step_num, self.policy, identified)
         bound = prepared.cost_bound(principal, turn_id, executor_name)
         if self.write_limit is not None and bound > self.write_limit:  # ``check_write_size`` of one entry
             check_write_bound(bound, self.write_limit, "entry")
@@ -328,9 +330,10 @@ class _Put:
             sealed, self.kept = self.kept[1], None
             return sealed
         identity, listing = self.keys.sealing(self.owner, version)
-        if version not in self.identities:
-            self.identities[version] = self.prepared.identity(identity)
-        self.meta["content_id"] = self.identities[version]
+        if self.prepared.identified:  # content put unidentified has none
+            if version not in self.identities:
+                self.identities[version] = self.prepared.identity(identity)
+            self.meta["content_id"] = self.identities[version]
         self.listings[version] = listing  # for a re-step inside the write, too
         return self.prepared.seal(wrapper, self.listings[version], version, self.owner, self.turn_id, self.meta)
 

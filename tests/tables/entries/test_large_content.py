@@ -11,13 +11,17 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from securepad import Keyring, Policy, Scratchpad
 from securepad.bench.costs import measure
+from securepad.core import shaping
 from securepad.core.shaping import SEGMENT_BYTES, SEGMENT_SLACK
+from securepad.crypto.primitives import ContentIdentity
 from securepad.store import parts, sqlite_of
+from securepad.tables.entries.prepare import Prepared
 from tests.support.principals import AGENT_ALICE as ALICE
 
 # Sizes where segments are cut, and a little either side.
@@ -127,3 +131,41 @@ def test_binary_content_is_hashed_once_for_its_view_and_its_identity(db_path: Pa
     assert ids[1] == ids[2] == ids[3] == identity.of_digest("binary", len(data), digest)
     assert ids[4] != ids[1]
     assert ids[5] == identity.of("text", [b"text"])
+
+
+def test_content_put_unidentified_is_not_hashed_and_reads_back_whole(
+    db_path: Path, keyring: Keyring, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put with ``identified=False`` (a saver's values, read back by id alone) neither
+    hashes binary content nor takes any content's identity: its view's summary gives the
+    size alone, its listing part has no ``content_id``; it is sealed, costed and read as any."""
+    data = random.Random(8).randbytes(3 * SEGMENT_BYTES + 9)
+    hashed: list[int] = []
+    identities: list[str] = []
+    real_digest, real_of, real_of_digest = shaping.binary_digest, ContentIdentity.of, ContentIdentity.of_digest
+    monkeypatch.setattr(shaping, "binary_digest", lambda content: hashed.append(len(content)) or real_digest(content))
+    monkeypatch.setattr(ContentIdentity, "of", lambda *a: identities.append("of") or real_of(*a))
+    monkeypatch.setattr(ContentIdentity, "of_digest", lambda *a: identities.append("digest") or real_of_digest(*a))
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        putter = parts(pad).putter
+        view = putter.put(ALICE, "t", 1, "tool", {"content": data, "metadata": {"k": 1}}, identified=False)
+        text = putter.put(ALICE, "t", 2, "tool", "some text", identified=False)
+        # A next-step put guessing a step below the turn's next: its view is made again, unhashed too.
+        again = putter.put(ALICE, "t", 1, "tool", data, free_step=True, next_step=True, identified=False)
+        assert again["step_num"] == 3 and again["summary"] == f"binary, {len(data)} bytes"
+        assert hashed == [] and identities == []
+        assert view["summary"] == f"binary, {len(data)} bytes"
+        assert text["summary"] == "some text"
+        listed = parts(pad).listings.turn_entries(ALICE, "t", None)
+        assert ["content_id" in entry.meta for entry in listed] == [False, False, False]
+        assert listed[2].meta["view"]["summary"] == again["summary"]
+        assert pad.get(ALICE, view["scratchpad_id"]).observation == {"content": data, "metadata": {"k": 1}}
+        assert pad.read(ALICE, view["scratchpad_id"], "range", start=SEGMENT_BYTES - 2, end=SEGMENT_BYTES + 2)
+        assert pad.verify()["ok"]
+        # The least the row can cost counts no content identity: at most what it costs.
+        prepared = Prepared.of({"content": data, "metadata": {"k": 1}}, 1, pad.policy, identified=False)
+        (row,) = sqlite_of(pad).query("SELECT stored_bytes FROM entries WHERE id = ?", (view["scratchpad_id"],))
+        assert prepared.cost_floor(ALICE, "t", "tool") <= row["stored_bytes"]
+        # Put identified (the default), the same content is hashed once and identified.
+        pad.put(ALICE, "t", 4, "tool", data)
+        assert hashed == [len(data)] and identities == ["digest"]
