@@ -159,22 +159,27 @@ def _long(item: pytest.Item) -> bool:
     return len(marks) > len(as_a_run)
 
 
-# The fixtures through which a test reaches the PostgreSQL server.
-_SERVER_FIXTURES = frozenset({"pg_database", "pg_dsn"})
+# The fixtures through which a test reaches the PostgreSQL server, or the KMS
+# emulator (moto's server: a worker starts its own, seconds of CPU).
+_SERVER_FIXTURES = frozenset({"pg_database", "pg_dsn", "moto_kms"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The long tests first (otherwise in collection order): pytest-xdist deals
-    the first tests out one by one, so the long ones spread over the workers
-    and the short ones fill the end, instead of one worker finishing a long
-    test while the others idle. Then every test that reaches the PostgreSQL
-    server is a PostgreSQL run, left out of ``-m "not slow"`` like the
-    ``[postgresql]`` runs of ``pad``, and so is every test of an agent
-    framework (its ``xdist_group``: importing the framework costs seconds)."""
-    items.sort(key=lambda item: not _long(item))
+    """Every test that reaches the PostgreSQL server or the KMS emulator is a
+    server run, left out of ``-m "not slow"`` like the ``[postgresql]`` runs
+    of ``pad``, and so is every test of an agent framework (its
+    ``xdist_group``: importing the framework costs seconds). Then the order
+    (otherwise the collection's): the long tests first, then the server runs
+    (a server's round trips, a child process), then the rest. pytest-xdist
+    deals the first tests out one by one and the rest in chunks as the workers
+    ask: the long ones spread over the workers, and the short local tests fill
+    the end, instead of one worker finishing a chunk of server runs while the
+    others idle."""
+    long = {item.nodeid for item in items if _long(item)}
     for item in items:
         if _SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: 0 if item.nodeid in long else 1 if item.get_closest_marker("slow") else 2)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -299,7 +304,8 @@ def _lends_kept(request: pytest.FixtureRequest) -> bool:
     if _LENDS not in stash:
         callspec = getattr(request.node, "callspec", None)
         on_postgres = callspec is not None and callspec.params.get("backend") == "postgresql"
-        wants_a_store = (on_postgres and "pad" in request.fixturenames) or "pg_store_dsn" in request.fixturenames
+        names = request.fixturenames
+        wants_a_store = (on_postgres and ("pad" in names or "new_store_location" in names)) or "pg_store_dsn" in names
         stash[_LENDS] = bool(wants_a_store and request.getfixturevalue("_pristine").kept)
     return stash[_LENDS]
 
@@ -400,6 +406,17 @@ def store_location(backend: str, request: pytest.FixtureRequest) -> Any:
     if backend == "sqlite":
         return request.getfixturevalue("db_path")
     return request.getfixturevalue("pg_dsn")
+
+
+@pytest.fixture
+def new_store_location(backend: str, request: pytest.FixtureRequest) -> Any:
+    """Where a store of ``keyring`` that no test has written to is: a SQLite
+    file path (the first open makes the store there), or ``pg_store_dsn``
+    (the kept PostgreSQL store, or one made now): for a test that opens the
+    store itself, with ``keyring`` and the default policy."""
+    if backend == "sqlite":
+        return request.getfixturevalue("db_path")
+    return request.getfixturevalue("pg_store_dsn")
 
 
 @pytest.fixture

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+# Building the site costs seconds (mkdocs with the theme and its plugins).
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 # A tag that makes the browser fetch what it names (a link, <a>, is not a request).
 _FETCHING_TAG = re.compile(r"<(?:link|script|img|iframe|source|video|audio|embed|object)\b[^>]*>", re.I)

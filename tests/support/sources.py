@@ -15,9 +15,12 @@ SOURCES = [("pkcs11", "softhsm")] + (
 )
 
 
-@pytest.fixture(params=[name for name, _ in SOURCES])
+@pytest.fixture(
+    params=[pytest.param(name, marks=pytest.mark.slow) if name == "aws-kms" else name for name, _ in SOURCES]
+)
 def master_key_uri(request: pytest.FixtureRequest) -> str:
-    """A URI naming a new key on one source (each source in turn)."""
+    """A URI naming a new key on one source (each source in turn); the KMS
+    emulator's runs are server runs, left out of ``-m "not slow"``."""
     fixture = dict(SOURCES)[request.param]
     value = request.getfixturevalue(fixture)
     return str(value.uri()) if request.param == "pkcs11" else str(value)

@@ -23,12 +23,13 @@ def proxy(pg_database: str) -> Iterator[Any]:
 
 
 @pytest.fixture
-def faulty_pad(pg_dsn: str, proxy: Any, keyring: Keyring) -> Iterator[Scratchpad]:
-    """A store whose every connection goes through the proxy, with the tests' short limits."""
+def faulty_pad(pg_store_dsn: str, proxy: Any, keyring: Keyring) -> Iterator[Scratchpad]:
+    """A store (no test has written to it) whose every connection goes through
+    the proxy, with the tests' short limits."""
     from securepad.storage.postgres.database import PostgresDatabase
     from tests.support.faults import LIMITS, through
 
-    db = PostgresDatabase(through(pg_dsn, proxy), schema="securepad", pool_size=4, **LIMITS)
+    db = PostgresDatabase(through(pg_store_dsn, proxy), schema="securepad", pool_size=4, **LIMITS)
     pad = Scratchpad(db, keyring, Policy.default(), time.time)
     yield pad
     proxy.heal()

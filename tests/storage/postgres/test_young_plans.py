@@ -39,6 +39,8 @@ TEXT = "".join(f"line {i}: {'x' * 60}\n" for i in range(60))  # about 4 KiB
 TURNS = [f"t{turn}" for turn in range(1, 7)]
 # The tables of the owners' rows whose scans are checked (turn_heads is left out: see above).
 CHECKED = ("entries", "segments", "checkpoints", "compaction_marks", "owner_keys")
+# The tables autovacuum is held off while a test runs.
+YOUNG_TABLES = ("entries", "segments", "checkpoints", "compaction_marks", "turn_heads", "owner_keys")
 
 
 class Explained:
@@ -114,7 +116,7 @@ def young(pg_single: tuple[Scratchpad, ConnectionPool[Any]], pg_dsn: str) -> Ite
     and bob's entry; the entries' ids by (turn, step)."""
     pad, pool = pg_single
     with psycopg.connect(pg_dsn, autocommit=True) as admin:
-        for table in ("entries", "segments", "checkpoints", "compaction_marks", "turn_heads", "owner_keys"):
+        for table in YOUNG_TABLES:
             admin.execute(f"ALTER TABLE securepad.{table} SET (autovacuum_enabled = false)")
     explained = Explained(pad, pool)
     ids: dict[Any, str] = {}
@@ -133,6 +135,11 @@ def young(pg_single: tuple[Scratchpad, ConnectionPool[Any]], pg_dsn: str) -> Ite
         ).fetchone()
     assert analyzed == (0,)  # never analyzed: the planner's young-store estimates
     yield explained, ids
+    # The tables' own settings as the store made them: emptied, the store is
+    # lent to the next test if it proves pristine (tests/support/pristine.py).
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+        for table in YOUNG_TABLES:
+            admin.execute(f"ALTER TABLE securepad.{table} RESET (autovacuum_enabled)")
 
 
 def _turn(round_: int) -> str:

@@ -57,8 +57,8 @@ class Store:
 
 
 @pytest.fixture
-def store(store_location: Any, keyring: Keyring, backend: str) -> Iterator[Store]:
-    yield Store(store_location, keyring, backend)
+def store(new_store_location: Any, keyring: Keyring, backend: str) -> Iterator[Store]:
+    yield Store(new_store_location, keyring, backend)
 
 
 def _delete_owner_history(raw: Raw) -> None:

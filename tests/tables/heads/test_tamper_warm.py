@@ -146,19 +146,19 @@ def _record(pad: Scratchpad, principal: Principal, turn: str, steps: int) -> lis
 
 
 @pytest.fixture
-def warm(store_location: Any, backend: str, keyring: Keyring) -> Iterator[dict[str, Any]]:
+def warm(new_store_location: Any, backend: str, keyring: Keyring) -> Iterator[dict[str, Any]]:
     """An open store holding the three turns, and a way to edit its rows from outside."""
-    where = str(store_location)
+    where = str(new_store_location)
     raw: Callable[[], AbstractContextManager[Raw]] = (
-        (lambda: on_sqlite(store_location)) if backend == "sqlite" else (lambda: as_admin(where))
+        (lambda: on_sqlite(new_store_location)) if backend == "sqlite" else (lambda: as_admin(where))
     )
-    with Scratchpad.open(store_location, keyring=keyring) as pad:
+    with Scratchpad.open(new_store_location, keyring=keyring) as pad:
         s = {
             "ids": _record(pad, ALICE, TURN, 5),
             "other": _record(pad, ALICE, "t2", 2),
             "bob": _record(pad, BOB, TURN, 2),
         }
-        yield {**s, "pad": pad, "raw": raw, "location": store_location, "keyring": keyring}
+        yield {**s, "pad": pad, "raw": raw, "location": new_store_location, "keyring": keyring}
 
 
 def _served(pad: Scratchpad, s: dict[str, Any], reads: dict[str, Read]) -> list[str]:

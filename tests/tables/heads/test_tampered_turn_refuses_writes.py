@@ -44,11 +44,11 @@ WRITES: dict[str, Callable[[Scratchpad, dict[str, Any]], Any]] = {
 
 
 @pytest.fixture
-def store(store_location: Any, keyring: Keyring, backend: str) -> Iterator[dict[str, Any]]:
-    with Scratchpad.open(store_location, keyring=keyring) as pad:
+def store(new_store_location: Any, keyring: Keyring, backend: str) -> Iterator[dict[str, Any]]:
+    with Scratchpad.open(new_store_location, keyring=keyring) as pad:
         ids = record_turn(pad, ALICE, "t1", 5)
         record_turn(pad, ALICE, "t2", 2)
-    yield {"where": store_location, "keyring": keyring, "ids": ids, "backend": backend}
+    yield {"where": new_store_location, "keyring": keyring, "ids": ids, "backend": backend}
 
 
 def _raw(s: dict[str, Any]) -> AbstractContextManager[Raw]:
