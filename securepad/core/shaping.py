@@ -464,7 +464,9 @@ def view(
         # Plain text, the usual observation: no fields, so no scalars and no metadata to measure.
         shown["summary"] = summary = text_summary(observation)
         shown["metadata"] = {}
-        size = _TEXT_VIEW_SIZE + len(int.__repr__(step_num)) + len(int.__repr__(size_bytes)) + text_size(summary)
+        # msgspec escapes an ASCII string as json does (``text_size``'s test, in place).
+        summary_size = len(_json_encode(summary)) if summary.isascii() else text_size(summary)
+        size = _TEXT_VIEW_SIZE + len(int.__repr__(step_num)) + len(int.__repr__(size_bytes)) + summary_size
         return shown if type(step_num) is type(size_bytes) is int and size <= limit else fit_view(shown, {}, limit)
     fields = rest if rest is not None else (observation if isinstance(observation, dict) else {})
     if isinstance(content, bytes):
