@@ -1,7 +1,8 @@
 """SQLite through apsw: connections, pragmas, migrations, the one transaction helper.
 
 One connection per thread (concurrency comes from several connections, never
-from sharing one), closed when its thread ends and re-opened after fork, all
+from sharing one), kept for the next thread or closed when its thread ends
+(``sqlite_threads``) and re-opened after fork, all
 configured here. Every apsw error leaves this module as a ``SecurepadError``
 that names its cause (see ``wal.storage_error``).
 """
@@ -12,7 +13,6 @@ import contextlib
 import functools
 import os
 import threading
-import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,6 +27,7 @@ from .base import CommitHooks, DuplicateKeyError, Params, Rows, statements
 from .files import create_private_file
 from .schema import SCHEMA_VERSION
 from .sqlite_rows import row_maker
+from .sqlite_threads import Connections, Holder
 from .wal import WAL_KEEP_BYTES, WAL_LIMIT_BYTES, WAL_WAIT_MS, BusyHandler, ErrorMap, WalWatch, storage_error
 
 __all__ = ["SCHEMA_VERSION", "WAL_LIMIT_BYTES", "CommitHooks", "Database"]
@@ -174,61 +175,6 @@ class _Transaction:
             raise db._error(exc, conn) from None
 
 
-class _Connections:
-    """The open connections of one Database, closed as their threads end.
-
-    Each thread's connection hangs off a holder in that thread's
-    ``threading.local``; when the thread ends its locals go, and the holder's
-    finalizer closes the connection. A process with many short-lived threads
-    therefore holds one connection (2 file descriptors, ~180 KB) per *live*
-    thread, not per thread that ever used the store (2,000 threads
-    left 2,001 connections and 4,000 descriptors open).
-
-    A connection inherited through fork is never closed by the child: that
-    would disturb the parent's locks on the shared file. It is kept (not
-    collected) and left alone.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._open: dict[int, tuple[apsw.Connection, int]] = {}
-        self._inherited: list[apsw.Connection] = []
-        self.closed = False
-
-    def add(self, conn: apsw.Connection) -> None:
-        with self._lock:
-            self._open[id(conn)] = (conn, process.pid)
-
-    def release(self, conn: apsw.Connection, pid: int) -> None:
-        """Close ``conn`` (opened in process ``pid``): its thread ended, or it failed."""
-        with self._lock:
-            self._open.pop(id(conn), None)
-            if pid != os.getpid():
-                self._inherited.append(conn)
-                return
-        conn.close()
-
-    def close_all(self) -> None:
-        """Close every connection this process opened (a forked child leaves its parent's alone)."""
-        with self._lock:
-            self.closed = True
-            conns, self._open = list(self._open.values()), {}
-            pid = os.getpid()
-            self._inherited.extend(conn for conn, opened_in in conns if opened_in != pid)
-        for conn, opened_in in conns:
-            if opened_in == pid:
-                conn.close()
-
-
-class _Holder:
-    """One thread's connection; its finalizer closes the connection when the thread's locals go."""
-
-    def __init__(self, conn: apsw.Connection, connections: _Connections) -> None:
-        self.conn = conn
-        self.pid = process.pid
-        self.finalizer = weakref.finalize(self, connections.release, conn, self.pid)
-
-
 class Database:
     """A store file and its per-thread apsw connections (the SQLite backend);
     owners and the admin flag change nothing here (the file's permissions are
@@ -261,7 +207,7 @@ class Database:
         self.wal_limit_bytes = wal_limit_bytes
         self._wal_wait_s = wal_wait_ms / 1000
         self._local = threading.local()
-        self._connections = _Connections()
+        self._connections = Connections()
         self._wal = WalWatch(limit_bytes=wal_limit_bytes)
         self.incremental_vacuum = False
         # Set once by the anchor after its open check; the one hook into every write.
@@ -284,9 +230,9 @@ class Database:
         """This thread's connection, opened on first use and after fork (SecurepadError, StoreCorruptError)."""
         if self._connections.closed:
             raise SecurepadError("the store is closed")
-        holder: _Holder | None = getattr(self._local, "holder", None)
+        holder: Holder | None = getattr(self._local, "holder", None)
         if holder is None or holder.pid != process.pid:
-            holder = _Holder(self._open(), self._connections)
+            holder = Holder(self._connections.take_idle() or self._open(), self._connections)
             self._local.holder = holder
             self._connections.add(holder.conn)
         return holder.conn
@@ -516,11 +462,12 @@ class Database:
             conn.execute("ROLLBACK")
         except apsw.Error:
             # The connection is in an unknown state: drop it; the next call opens another.
-            holder: _Holder | None = getattr(self._local, "holder", None)
+            holder: Holder | None = getattr(self._local, "holder", None)
             if holder is not None and holder.conn is conn:
                 del self._local.holder
+                holder.finalizer.detach()
                 with contextlib.suppress(apsw.Error):
-                    holder.finalizer()
+                    self._connections.release(conn, holder.pid, keep=False)
 
     def close(self) -> None:
         """Close every connection this object opened, in any thread."""
