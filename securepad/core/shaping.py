@@ -456,9 +456,12 @@ def view(
     observation: Any,
     limit: int,
     digest: bytes | None = None,
+    *,
+    hashed: bool = True,
 ) -> dict[str, Any]:
     """The synthetic view, without the id (added when it is returned), within ``limit`` characters
-    as JSON (with the id); ``digest``: binary content's SHA-256, taken already (empty: not taken)."""
+    as JSON (with the id); ``digest``: binary content's SHA-256, taken already; not ``hashed``:
+    binary content's summary gives its size alone (no pass over its bytes)."""
     shown: dict[str, Any] = {"step_num": step_num, "size_bytes": size_bytes, "kind": kind}
     if kind == "text" and rest is None and type(observation) is str:
         # Plain text, the usual observation: no fields, so no scalars and no metadata to measure.
@@ -470,7 +473,7 @@ def view(
         return shown if type(step_num) is type(size_bytes) is int and size <= limit else fit_view(shown, {}, limit)
     fields = rest if rest is not None else (observation if isinstance(observation, dict) else {})
     if isinstance(content, bytes):
-        shown["summary"] = binary_summary(content, digest) if digest != b"" else f"binary, {size_bytes} bytes"
+        shown["summary"] = binary_summary(content, digest) if hashed else f"binary, {size_bytes} bytes"
     elif kind == "text":
         shown["summary"] = text_summary(content)
     else:

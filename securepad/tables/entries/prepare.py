@@ -29,8 +29,6 @@ __all__ = [
 ]
 
 
-# ``Prepared.digest`` of content put unidentified: not hashed (``shaping.view``'s empty digest).
-UNHASHED = b""
 # What a listing part holds; the rest of the metadata is sealed under the item key.
 _LISTING_FIELDS = ("view", "content_id", "inline")
 
@@ -62,8 +60,8 @@ class Prepared:
     stored_bytes: int  # what the observation stores (max_entry_bytes); the row's cost on disk is row_cost
     view: dict[str, Any]
     inline_max_chars: int  # the view's bound, kept for the next-step re-seal
-    # Binary content's SHA-256: its view's and its identity's one pass (``UNHASHED``: not identified).
-    digest: bytes | None = None
+    digest: bytes | None = None  # binary content's SHA-256: its view's and its identity's one pass
+    identified: bool = True  # whether the entry gets a content identity (``of``'s ``identified``)
 
     @classmethod
     def of(cls, observation: Any, step_num: int, policy: Policy, identified: bool = True) -> Prepared:
@@ -83,12 +81,8 @@ class Prepared:
                 f"the observation has {stored_bytes} bytes; the policy's max_entry_bytes is {max_entry_bytes}"
             )
         limit = policy.inline_max_chars
-        digest = None
-        if not identified:
-            digest = UNHASHED
-        elif isinstance(content, bytes):
-            digest = shaping.binary_digest(content)
-        view = shaping.view(kind, step_num, size_bytes, content, rest, observation, limit, digest)
+        digest = shaping.binary_digest(content) if identified and isinstance(content, bytes) else None
+        view = shaping.view(kind, step_num, size_bytes, content, rest, observation, limit, digest, hashed=identified)
         return cls(
             kind,
             shape,
@@ -104,12 +98,8 @@ class Prepared:
             view,
             limit,
             digest,
+            identified,
         )
-
-    @property
-    def identified(self) -> bool:
-        """Whether the entry gets a content identity (``of``'s ``identified``)."""
-        return self.digest != UNHASHED
 
     def identity(self, identity: ContentIdentity) -> str:
         """The content's identity under ``identity`` (the owner's, of one key version):
@@ -280,6 +270,7 @@ class Prepared:
             observation,
             self.inline_max_chars,
             self.digest,
+            hashed=self.identified,
         )
         before = len(row["sealed_listing"])
         row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))
