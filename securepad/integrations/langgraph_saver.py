@@ -152,8 +152,8 @@ class SecurepadSaver(ThreadedAsyncSaver):
         own savers make them (a channel value is stored once per version), in fewer
         characters: a checkpoint holds every channel's version and each node's seen
         ones. LangGraph compares versions as strings: the counter's 16 digits order
-        these by count, and each after every version of the former 32-digit form
-        (LangGraph's own savers'), so a channel's versions grow across the change."""
+        these by count, and each after every version of the 32-digit form LangGraph's
+        own savers write, so a thread's versions keep growing whichever saver wrote its last."""
         if current is None or isinstance(current, int):
             number = current or 0
         else:

@@ -1,5 +1,5 @@
 """``SecurepadSaver.get_next_version``: versions order as their counts do, after every
-version of the former 32-digit form (LangGraph's own savers' too), and are unique per write."""
+version of the 32-digit form LangGraph's own savers write, and are unique per write."""
 
 from __future__ import annotations
 
