@@ -40,6 +40,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from securepad.bench.instructions import marked_runs
+
 SAVERS = ("SecurepadSaver", "SqliteSaver + EncryptedSerializer", "SqliteSaver")
 # op -> (what it is, N): N calls (a graph: nodes) per run, 2N in the second.
 OPS: dict[str, tuple[str, int]] = {
@@ -245,21 +247,7 @@ def _measured(name: str, ops: list[str], workdir: Path, callgrind: bool) -> dict
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"the measured process of {name} failed: {done.stderr[-3000:]}")
-    runs = json.loads(lines[-1])["runs"]
-    found: dict[tuple[str, str], tuple[float, int | None]] = {}
-    for k, (op, label, seconds) in enumerate(runs):
-        # Dump 1 holds what ran before the first marker; run k ends at marker k + 2.
-        found[(op, label)] = (seconds, _total(out.with_name(f"{out.name}.{k + 2}")) if callgrind else None)
-    if callgrind and out.with_name(f"{out.name}.{len(runs) + 2}").exists():
-        raise RuntimeError(f"something else called {MARKER}: the runs cannot be told apart")
-    return found
-
-
-def _total(dump: Path) -> int:
-    for line in dump.read_text().splitlines():
-        if line.startswith("summary:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"callgrind wrote no total in {dump}")
+    return marked_runs(json.loads(lines[-1])["runs"], out, MARKER, callgrind=callgrind)
 
 
 def measure(savers: list[str], ops: list[str], *, callgrind: bool) -> dict[str, Any]:

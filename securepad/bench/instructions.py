@@ -201,13 +201,24 @@ def _measured(spec: dict[str, Any], workdir: Path, callgrind: bool) -> dict[tupl
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the measured process of {spec['backend']} failed: {done.stderr[-2000:]}")
-    runs = output(done.stdout, done.stderr)["runs"]
+    return marked_runs(output(done.stdout, done.stderr)["runs"], out, _MARKER, callgrind=callgrind)
+
+
+def marked_runs(
+    runs: Sequence[Sequence[Any]], out: Path, marker: str, *, callgrind: bool
+) -> dict[tuple[str, str], tuple[float, int | None]]:
+    """Each run's ``(op, label)``: its seconds and (``callgrind``) its instructions, read from the
+    dumps callgrind wrote to ``out`` at each call of ``marker`` (the first dump holds what ran
+    before the first marker; run k ends at marker k + 2).
+
+    Raises:
+        RuntimeError: a dump holds no total, or ``marker`` was called once more than the runs.
+    """
     found: dict[tuple[str, str], tuple[float, int | None]] = {}
     for k, (op, label, seconds) in enumerate(runs):
-        # Dump 1 holds what ran before the first marker; run k ends at marker k + 2.
         found[(op, label)] = (seconds, _total(out.with_name(f"{out.name}.{k + 2}")) if callgrind else None)
     if callgrind and out.with_name(f"{out.name}.{len(runs) + 2}").exists():
-        raise RuntimeError(f"something else called {_MARKER}: the runs cannot be told apart")
+        raise RuntimeError(f"something else called {marker}: the runs cannot be told apart")
     return found
 
 
