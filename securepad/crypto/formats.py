@@ -283,11 +283,11 @@ class EntrySealer(Hidden):
 
     def __init__(self, owner: Wrapper, owner_user_id: str, turn_id: str, version: int) -> None:
         self._wrapper = owner
-        owner_bytes, turn_bytes = owner_user_id.encode(), turn_id.encode()
+        owner_bytes, turn_bytes, version_bytes = owner_user_id.encode(), turn_id.encode(), str(version).encode()
         self._lengths, self._texts = (len(owner_bytes), len(turn_bytes)), owner_bytes + turn_bytes
         # lp_texts(entry id, owner) and item_key_aad(entry id, owner, version), but for the id's part.
         self._info = _LENGTH(len(owner_bytes)) + owner_bytes
-        self._key_aad = lp_texts(owner_user_id, str(version))
+        self._key_aad = self._info + _LENGTH(len(version_bytes)) + version_bytes
 
     def seal(
         self, entry_id: str, kind: str, sizes: tuple[int, int], meta: bytes, segments: Sequence[bytes | memoryview]

@@ -107,7 +107,7 @@ class Prepared:
         (only when ``identified``)."""
         if self.digest is not None:
             return identity.of_digest(self.kind, self.size_bytes, self.digest)
-        return identity.of(self.kind, self.segments)
+        return identity.of(self.kind, self.segments, self.size_bytes)
 
     def cost_bound(self, principal: Principal, turn_id: str, executor_name: str) -> int:
         """More than the entry's ``row_cost`` will be, before it is sealed."""
