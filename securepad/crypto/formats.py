@@ -33,7 +33,7 @@ import msgspec
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from ..errors import IntegrityError, InvalidArgumentError
+from ..errors import IntegrityError
 from .primitives import (
     FORMAT_VERSION,
     ITEM_KEY_TAG,
@@ -61,7 +61,6 @@ __all__ = [
     "open_entry",
     "open_record",
     "reseal_record",
-    "seal_entry",
     "seal_record",
 ]
 
@@ -247,29 +246,6 @@ class EntryCipher(Hidden):
             return self._meta.decrypt(blob[:12], blob[12:], self._aad)
         except (InvalidTag, TypeError, ValueError):
             raise IntegrityError("the entry's metadata failed authentication") from None
-
-
-def seal_entry(
-    owner: Wrapper, header: Header, meta: bytes, segments: Sequence[bytes | memoryview]
-) -> tuple[dict[str, bytes], list[bytes], EntryCipher]:
-    """Seal the entry ``header`` describes (format 2, ``header.segment_count`` segments) under a
-    fresh item key wrapped by ``owner`` (the owner's key of ``header.key_version``): the row's
-    crypto columns, the sealed segments, and the entry's cipher (to seal its metadata again).
-    ``EntrySealer.entry`` seals it, without a header."""
-    if header.format != ENTRY_FORMAT or header.segment_count != len(segments):
-        raise InvalidArgumentError("seal_entry seals format 2 entries whose header counts their segments")
-    sealer = EntrySealer(owner, header.owner_user_id, header.turn_id, header.key_version)
-    sizes = (header.size_bytes, header.size_chars)
-    wrapped, nonce_prefix, cipher, sealed_meta, sealed = sealer.entry(
-        header.entry_id, header.kind, sizes, meta, segments
-    )
-    columns = {
-        "wrapped_key": wrapped,
-        "nonce_prefix": nonce_prefix,
-        "commitment": cipher.commitment,
-        "sealed_meta": sealed_meta,
-    }
-    return columns, sealed, cipher
 
 
 class EntrySealer(Hidden):
