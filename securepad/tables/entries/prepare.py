@@ -71,7 +71,7 @@ class Prepared:
 
         Raises InvalidArgumentError (not storable) or QuotaExceededError (over ``max_entry_bytes``)."""
         max_entry_bytes = policy.max_entry_bytes
-        kind, shape, content, rest, rest_bytes = shaping.classify(observation, policy.max_json_depth)
+        kind, shape, content, rest, rest_bytes, measured = shaping.classify(observation, policy.max_json_depth)
         segments, counts, size_chars, breaks, line_count = split(content)
         size_bytes = sum(map(len, segments))
         # The limits count everything the observation stores: content and other fields.
@@ -82,7 +82,11 @@ class Prepared:
             )
         limit = policy.inline_max_chars
         digest = shaping.binary_digest(content) if identified and isinstance(content, bytes) else None
-        view = shaping.view(kind, step_num, size_bytes, content, rest, observation, limit, digest, hashed=identified)
+        # ``rest`` is classify's copy, its values the observation's plain dicts, lists and strings:
+        # no code of the caller's runs between the two, so its metadata is as classify measured it.
+        view = shaping.view(
+            kind, step_num, size_bytes, content, rest, observation, limit, digest, hashed=identified, metadata_size=measured
+        )
         return cls(
             kind,
             shape,
