@@ -501,19 +501,24 @@ def view(
         )
     metadata = fields.get("metadata")
     shown["metadata"] = metadata if isinstance(metadata, dict) else {}
+    if rest is None:
+        metadata_size = None
+    elif metadata_size is not None and len(rest) == 1 and type(step_num) is type(size_bytes) is int:
+        # The metadata alone beside the content, measured: no scalars, so the view is measured in line.
+        size = _VIEW_KEYS_SIZE + len(int.__repr__(step_num)) + len(int.__repr__(size_bytes)) + len(kind) + 2
+        if size + text_size(shown["summary"]) + metadata_size <= limit:
+            return shown
     # Scalars (counts, flags, messages) sit at the top level; the view's own keys win.
-    return fit_view(shown, scalars(fields), limit, metadata_size if rest is not None else None)
+    return fit_view(shown, scalars(fields), limit, metadata_size)
 
 
-# A plain text view's JSON (with the id the store adds) but for its step, size and summary:
-# five keys, "text" and an empty metadata object (``view``'s fast path; ``fit_view`` measures the same).
-_TEXT_VIEW_SIZE = (
-    _VIEW_FRAME
-    + 4 * 5
-    + sum(_KEY_SIZES[key] for key in ("step_num", "size_bytes", "kind", "summary", "metadata"))
-    + len(json.dumps("text"))
-    + 2
+# A view's JSON (with the id the store adds) but for the values of its five keys (step, size,
+# kind, summary, metadata): ``view``'s measures in line (``fit_view`` measures the same).
+_VIEW_KEYS_SIZE = (
+    _VIEW_FRAME + 4 * 5 + sum(_KEY_SIZES[key] for key in ("step_num", "size_bytes", "kind", "summary", "metadata"))
 )
+# A plain text view's: "text" and an empty metadata object besides.
+_TEXT_VIEW_SIZE = _VIEW_KEYS_SIZE + len(json.dumps("text")) + 2
 
 
 def binary_counts(size: int, segment_count: int) -> list[int]:

@@ -126,15 +126,21 @@ def test_the_metadata_measured_with_the_other_fields_is_what_json_writes(metadat
         assert other is not None or plain_json(metadata, checked_structure(metadata, 64)) is None
 
 
-@given(metadata=st.dictionaries(keys, json_values, max_size=5), limit=st.integers(40, 400))
-def test_a_view_of_measured_metadata_is_the_view_measured_anew(metadata: Any, limit: int) -> None:
-    observation = {"content": b"\x01", "metadata": metadata}
+@given(
+    metadata=st.dictionaries(keys, json_values, max_size=5),
+    content=st.sampled_from([b"", b"\x01", "", "a text", "é" * 600]),
+    limit=st.integers(40, 400),
+)
+def test_a_view_of_measured_metadata_is_the_view_measured_anew(metadata: Any, content: Any, limit: int) -> None:
+    observation = {"content": content, "metadata": metadata}
     try:
         kind, _, content, rest, _, measured = shaping.classify(observation, 64)
     except (InvalidArgumentError, UnicodeEncodeError):
         return
     anew = shaping.view(kind, 3, 1, content, rest, observation, limit)
     assert shaping.view(kind, 3, 1, content, rest, observation, limit, metadata_size=measured) == anew
+    fitted = {"ok": True, "scratchpad_id": "0" * 16, **anew}
+    assert "view_cut" in anew or len(json.dumps(fitted, ensure_ascii=False)) <= limit
 
 
 @given(value=any_values.filter(lambda v: "nan" not in repr(v)))
