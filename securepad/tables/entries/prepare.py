@@ -43,7 +43,7 @@ def new_entry_id() -> str:
     return os.urandom(8).hex()
 
 
-@dataclass
+@dataclass(slots=True)
 class Prepared:
     """An observation shaped and cut into segments, before it is sealed (pure)."""
 
@@ -211,9 +211,13 @@ class Prepared:
             "sealed_listing": None,
             "stored_bytes": 0,
         }
-        # ``listing_fields`` of metadata with an identity and no history item, without its lookups.
-        plain = "inline" not in meta and "content_id" in meta
-        shown = {"view": meta["view"], "content_id": meta["content_id"]} if plain else listing_fields(meta)
+        # ``listing_fields`` of metadata with no history item (with an identity or without), without its lookups.
+        if "inline" in meta:
+            shown = listing_fields(meta)
+        elif "content_id" in meta:
+            shown = {"view": meta["view"], "content_id": meta["content_id"]}
+        else:
+            shown = {"view": meta["view"]}
         row["sealed_listing"] = listing.seal(row, shaping.pack(shown))
         row["stored_bytes"] = row_cost(row, sealed, self.identifiers(owner, turn_id, actor, channel, executor))
         return row, sealed, cipher
