@@ -226,8 +226,28 @@ class Prepared:
         self, row: dict[str, Any], meta: dict[str, Any], listing: ListingKey, step_num: int, observation: Any
     ) -> None:
         """Give the sealed ``row`` another step: its view made and its listing part sealed again."""
+        meta["view"] = self.view_at(meta["view"], step_num, observation)
         meta["step_num"] = row["step_num"] = step_num
-        meta["view"] = shaping.view(
+        before = len(row["sealed_listing"])
+        row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))
+        row["stored_bytes"] += len(row["sealed_listing"]) - before
+
+
+    def view_at(self, view: dict[str, Any], step_num: int, observation: Any) -> dict[str, Any]:
+        """The entry's view at ``step_num``, from ``view``, its view at another step: that view with
+        the step changed when it was whole and the new step has no more digits (only a json view
+        holds its step elsewhere, in its hint: every other one fits as it did, its fields as they
+        were sealed); else made again from ``observation``."""
+        old = view["step_num"]
+        if (
+            self.kind != "json"
+            and "view_cut" not in view
+            and type(step_num) is int
+            and type(old) is int
+            and len(int.__repr__(step_num)) <= len(int.__repr__(old))
+        ):
+            return {**view, "step_num": step_num}
+        return shaping.view(
             self.kind,
             step_num,
             self.size_bytes,
@@ -238,9 +258,6 @@ class Prepared:
             self.digest,
             hashed=self.identified,
         )
-        before = len(row["sealed_listing"])
-        row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))
-        row["stored_bytes"] += len(row["sealed_listing"]) - before
 
 
 def _pack_inner(shape: str, rest: Any, counts: Any, breaks: Any, lines: Any) -> bytes:
