@@ -100,6 +100,24 @@ class _Conn:
     def defer(self, sql: str, params: Params = ()) -> None:
         self.execute(sql, params)
 
+    def fewest(self, sql: str, params: Params) -> int:
+        """``sql``'s statements (``"; "`` between them, each taking its share of ``params``)
+        run in order: the fewest rows one changed (``execute``'s errors)."""
+        cursor, raw = self._held.cursor, self.raw
+        fewest, start = -1, 0
+        try:
+            for statement, count in _statements(sql):
+                cursor.execute(statement, params[start : start + count])
+                start += count
+                changed = raw.changes()
+                if fewest < 0 or changed < fewest:
+                    fewest = changed
+        except apsw.ConstraintError:
+            raise DuplicateKeyError from None
+        except apsw.Error as exc:
+            raise self._error(exc, raw) from None
+        return fewest
+
     def prefetch(self, sql: str, params: Params = ()) -> None:
         """Run the read now and keep its rows for the same ``query`` later: the
         rows are as of this point of the transaction, as on PostgreSQL (where
@@ -315,12 +333,9 @@ class Database:
         the fewest rows one changed. When one changed nothing it is rolled back: no commit, so no
         commit hook (the anchor's counter) runs. Raises DuplicateKeyError (nothing written), and as ``transaction``."""
         try:
-            with self.transaction() as tx:
-                fewest, start = None, 0
-                for statement, count in _statements(sql):
-                    changed, start = tx.execute(statement, params[start : start + count]), start + count
-                    fewest = changed if fewest is None else min(fewest, changed)
-                if not fewest:
+            with _Transaction(self, True, True) as tx:  # ``transaction()``'s
+                fewest = tx.fewest(sql, params)
+                if fewest <= 0:
                     raise _NothingWritten
                 return fewest
         except _NothingWritten:

@@ -154,7 +154,7 @@ def _if_unknown(owner: str, chosen: bool) -> IfUnknown[_SealedOne]:
     )
 
 
-def _add_entry(head: HeadEdit, row: dict[str, Any]) -> None:
+def _add_entry(row: dict[str, Any], head: HeadEdit) -> None:
     """The entry ``row`` joins its turn's tally."""
     head.add("e", row["id"], entry_item(row))
 
@@ -304,7 +304,7 @@ class _Put:
         statement = _insert_values(columns) if self.putter.dialect == "sqlite" else _insert_select(columns)
         insert = (statement, tuple(row.values()))
         free = None if self.step is None else (_step_free(self.step[0]), (*self.step[1], self.created))
-        edit = functools.partial(_add_entry, row=row)
+        edit = functools.partial(_add_entry, row)
         expect = record if self.next_step else None  # the step holds only while the record does
         once = heads.change_once(owner, turn_id, edit, (version, wrapper), insert, free, step, expect)
         if once is None:

@@ -180,6 +180,8 @@ class HeadEdit:
     """One write's change to a turn's tally (rows added, removed, replaced), applied to
     ``head`` too: the turn's inventory taken out of the cache (``reading.HeadCache``), if any."""
 
+    __slots__ = ("_term", "bytes", "head", "tally")  # one per write: no instance dict
+
     def __init__(
         self, tally: Tally, term: Callable[[str, str, tuple[Any, ...]], int], head: Head | None = None
     ) -> None:
@@ -309,7 +311,8 @@ def extend_head(
 
 def entry_item(row: dict[str, Any]) -> list[Any]:
     """The clear item of an entry row: step, expiry, stored bytes, actor, channel."""
-    return [row.get("step_num", row.get("n")), row["expires_at"], row["stored_bytes"], row["actor"], row["channel"]]
+    step = row["step_num"] if "step_num" in row else row.get("n")
+    return [step, row["expires_at"], row["stored_bytes"], row["actor"], row["channel"]]
 
 
 def record_item(row: dict[str, Any]) -> list[Any]:
