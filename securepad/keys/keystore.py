@@ -152,14 +152,14 @@ class WrapCounts:
         with self._lock:
             return self._pending.get(key, 0) + adding >= WRAP_FLUSH_EVERY
 
-    def add_unless_due(self, key: tuple[str, int], adding: int) -> bool:
-        """Add ``adding`` wraps unless the next write of ``key`` must write the pending count
-        (``due``): whether it must (then nothing is added)."""
+    def add_unless_due(self, key: tuple[str, int], adding: int, due_with: int) -> bool:
+        """Add ``adding`` wraps unless the next write of ``key`` adding ``due_with`` must
+        write the pending count (``due``): whether it must (then nothing is added)."""
         with self._lock:
-            pending = self._pending.get(key, 0) + adding
-            if pending >= WRAP_FLUSH_EVERY:
+            pending = self._pending.get(key, 0)
+            if pending + due_with >= WRAP_FLUSH_EVERY:
                 return True
-            self._pending[key] = pending
+            self._pending[key] = pending + adding
             return False
 
     def add(self, key: tuple[str, int], count: int) -> None:
@@ -366,10 +366,13 @@ class Keystore:
         write without a transaction of its own (a put in one message) leaves it to one."""
         return self._wraps.due((owner, version), count)
 
-    def count_wraps_unless_due(self, owner: str, version: int, count: int = 1) -> bool:
+    def count_wraps_unless_due(self, owner: str, version: int, count: int = 1, written: int | None = None) -> bool:
         """``count_wraps_later`` unless ``flush_due`` (then nothing is counted): whether it is due.
-        For a write without a transaction of its own that counts its wraps before it is sent."""
-        return self._wraps.add_unless_due((owner, version), count)
+        For a write without a transaction of its own that counts its wraps before it is sent;
+        ``written``: the ``count`` that ``write_current`` is given for the same write, when the
+        rest of its wraps are counted inside it (a turn head's, ``count_wraps_later``), so
+        that the write it leaves to ``write_current`` is one that writes the pending count."""
+        return self._wraps.add_unless_due((owner, version), count, count if written is None else written)
 
     def pending_wraps(self) -> dict[tuple[str, int], int]:
         """Wraps this process made that ``owner_keys.wrap_count`` does not count yet."""

@@ -289,8 +289,9 @@ class _Put:
         version, wrapper = self.keys.current(owner)
         # The entry's key and the head's seal, counted now whether or not the message writes
         # (a refused or skipped one leaves an overcount, never less); unless the pending counts
-        # are due, as ``write_current`` decides it: that put writes them.
-        if self.keys.count_wraps_unless_due(owner, version, 2):
+        # are due, as ``write_current`` decides it for the entry's key (``attempt``'s count; the
+        # head's seal is counted inside it): that put writes them.
+        if self.keys.count_wraps_unless_due(owner, version, 2, 1):
             return None
         try:
             sealed = self.seal(version, wrapper)
