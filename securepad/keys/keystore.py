@@ -129,6 +129,15 @@ class IfUnknown(NamedTuple, Generic[P]):
     error: Callable[[P, str], StoreUnavailableError]
 
 
+class Current(NamedTuple):
+    """An owner's newest key version, its wrapper and its sealing keys (``Keystore.current_sealing``)."""
+
+    version: int
+    wrapper: Wrapper
+    identity: ContentIdentity
+    listing: ListingKey
+
+
 class StaleOwnerKey(Exception):
     """The row was sealed for an owner-key version that is no longer the newest
     (raised inside ``write_current``'s transaction; it never leaves the retry)."""
@@ -188,6 +197,8 @@ class Keystore:
         self._listings: LRUCache[tuple[str, int], ListingKey] = LRUCache(OWNER_KEY_CACHE_SIZE)
         # Each owner's newest key version, with its wrapper.
         self._latest: LRUCache[str, tuple[int, Wrapper]] = LRUCache(OWNER_KEY_CACHE_SIZE)
+        # The same with that version's sealing keys (``current_sealing``: what a put seals with).
+        self._sealing: LRUCache[str, Current] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._wraps = WrapCounts()
         # Runs in the transaction that adds an owner's first key (the owner's
         # empty owner head, ``heads.Heads``): a key never exists without it.
@@ -204,7 +215,7 @@ class Keystore:
     def cache_sizes(self) -> dict[str, int]:
         """How many entries each owner-key cache holds (bounded by ``OWNER_KEY_CACHE_SIZE``)."""
         caches: dict[str, Sized] = {"owner_keys": self._owner_keys, "identities": self._identities}
-        caches.update(listings=self._listings, latest=self._latest)
+        caches.update(listings=self._listings, latest=self._latest, sealing=self._sealing)
         return {name: len(cache) for name, cache in caches.items()}
 
     def is_cached(self, owner: str, version: int) -> bool:
@@ -245,6 +256,17 @@ class Keystore:
         if identity is None or listing is None:
             return self.identity(owner, version), self.listing_key(owner, version)
         return identity, listing
+
+    def current_sealing(self, owner: str) -> Current:
+        """``current`` with its version's ``sealing`` keys, in one lookup (a put's).
+        Raises IntegrityError, WrongKeyError: as ``current`` and ``sealing``."""
+        found = self._sealing.get(owner)
+        if found is None:
+            version, wrapper = self.current(owner)
+            found = Current(version, wrapper, *self.sealing(owner, version))
+            with self._lock:
+                self._sealing[owner] = found
+        return found
 
     def _derived(self, cache: LRUCache[tuple[str, int], D], make: Derive[D], owner: str, version: int) -> D:
         """A key derived from the owner's key of ``version``, once, then cached."""
@@ -397,6 +419,7 @@ class Keystore:
         """Drop the owner's cached keys (after a rotation, or when it is forgotten)."""
         with self._lock:
             self._latest.pop(owner)
+            self._sealing.pop(owner)
             self._owner_keys.discard_if(lambda key: key[0] == owner)
             self._identities.discard_if(lambda key: key[0] == owner)
             self._listings.discard_if(lambda key: key[0] == owner)
