@@ -61,7 +61,6 @@ __all__ = [
     "open_entry",
     "open_record",
     "reseal_record",
-    "seal_entry",
     "seal_record",
 ]
 
@@ -249,48 +248,35 @@ class EntryCipher(Hidden):
             raise IntegrityError("the entry's metadata failed authentication") from None
 
 
-def seal_entry(
-    owner: Wrapper, header: Header, meta: bytes, segments: Sequence[bytes | memoryview]
-) -> tuple[dict[str, bytes], list[bytes], EntryCipher]:
-    """Seal an entry under a fresh item key wrapped by ``owner`` (the owner's
-    key of ``header.key_version``): the row's crypto columns, the sealed
-    segments, and the entry's cipher (to seal its metadata again)."""
-    item_key = KeyHandle.random()
-    nonce_prefix = os.urandom(NONCE_PREFIX_BYTES)
-    cipher = EntryCipher.of(item_key, header, nonce_prefix)
-    last = len(segments) - 1
-    sealed = [cipher.seal_segment(seq, data, seq == last) for seq, data in enumerate(segments)]
-    columns = {
-        "wrapped_key": owner.wrap(item_key, item_key_aad(header.entry_id, header.owner_user_id, header.key_version)),
-        "nonce_prefix": nonce_prefix,
-        "commitment": cipher.commitment,
-        "sealed_meta": cipher.seal_meta(meta),
-    }
-    return columns, sealed, cipher
-
-
 class EntrySealer(Hidden):
-    """Seals the entries of one owner's turn under one owner-key version (a batch):
-    each exactly as ``seal_entry`` seals it (its own fresh item key, nonce prefix
-    and header digest, format 2), with what the entries share built once: the
-    owner's and the turn's parts of the header digest's input, of the HKDF info
-    and of the wrapped item key's AAD."""
+    """Seals the entries of one owner's turn under one owner-key version (a put's one, a
+    batch's several): each under its own fresh item key, nonce prefix and header digest
+    (format 2; ``open_entry`` opens it by its ``Header``), with what the entries share
+    built once: the owner's and the turn's parts of the header digest's input, of the
+    HKDF info and of the wrapped item key's AAD."""
 
     __slots__ = ("_info", "_key_aad", "_lengths", "_texts", "_wrapper")
 
     def __init__(self, owner: Wrapper, owner_user_id: str, turn_id: str, version: int) -> None:
         self._wrapper = owner
-        owner_bytes, turn_bytes = owner_user_id.encode(), turn_id.encode()
+        owner_bytes, turn_bytes, version_bytes = owner_user_id.encode(), turn_id.encode(), str(version).encode()
         self._lengths, self._texts = (len(owner_bytes), len(turn_bytes)), owner_bytes + turn_bytes
         # lp_texts(entry id, owner) and item_key_aad(entry id, owner, version), but for the id's part.
         self._info = _LENGTH(len(owner_bytes)) + owner_bytes
-        self._key_aad = lp_texts(owner_user_id, str(version))
+        self._key_aad = self._info + _LENGTH(len(version_bytes)) + version_bytes
 
     def seal(
         self, entry_id: str, kind: str, sizes: tuple[int, int], meta: bytes, segments: Sequence[bytes | memoryview]
     ) -> tuple[bytes, bytes, bytes, bytes, list[bytes]]:
         """Entry ``entry_id`` (``sizes``: its bytes and characters) sealed: its wrapped item key,
         nonce prefix, key commitment, metadata ``meta`` sealed under its item key, and sealed segments."""
+        wrapped, nonce_prefix, cipher, sealed_meta, sealed = self.entry(entry_id, kind, sizes, meta, segments)
+        return wrapped, nonce_prefix, cipher.commitment, sealed_meta, sealed
+
+    def entry(
+        self, entry_id: str, kind: str, sizes: tuple[int, int], meta: bytes, segments: Sequence[bytes | memoryview]
+    ) -> tuple[bytes, bytes, EntryCipher, bytes, list[bytes]]:
+        """``seal``, with the entry's cipher (its key commitment: ``commitment``) in place of the commitment."""
         WORK.digests += 1
         id_bytes = entry_id.encode()
         aad = _digest(id_bytes, self._lengths, self._texts, kind.encode(), sizes, len(segments))
@@ -300,7 +286,7 @@ class EntrySealer(Hidden):
         last = len(segments) - 1
         sealed = [cipher.seal_segment(seq, data, seq == last) for seq, data in enumerate(segments)]
         wrapped = self._wrapper.wrap(item_key, ITEM_KEY_TAG + id_part + self._key_aad)
-        return wrapped, nonce_prefix, cipher.commitment, cipher.seal_meta(meta), sealed
+        return wrapped, nonce_prefix, cipher, cipher.seal_meta(meta), sealed
 
 
 def open_entry(

@@ -426,9 +426,10 @@ class ContentIdentity(Hidden):
         self._mac = HMAC(derive(owner_key, "content-identity", lp(store_id, owner_user_id)), _SHA256)
         self._version = version
 
-    def of(self, kind: str, segments: Sequence[bytes | memoryview]) -> str:
+    def of(self, kind: str, segments: Sequence[bytes | memoryview], size: int | None = None) -> str:
+        """The identity of content cut into ``segments`` (``size``: their bytes, when known)."""
         mac = self._mac.copy()
-        mac.update(_CONTENT + lp_texts(kind, str(sum(map(len, segments)))))
+        mac.update(_CONTENT + lp_texts(kind, str(sum(map(len, segments)) if size is None else size)))
         for segment in segments:
             mac.update(segment)
         return f"{self._version}:{mac.finalize().hex()}"

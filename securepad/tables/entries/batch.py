@@ -155,7 +155,7 @@ class Batch:
                 if (version, index) not in identities or self.shown is not None:
                     identities[(version, index)] = prep.identity(identity)
                 meta["content_id"] = identities[(version, index)]
-                row, sealed = prep.seal_in(sealer, listing, version, owner, self.turn_id, meta)
+                row, sealed, _ = prep.seal_in(sealer, listing, version, owner, self.turn_id, meta)
                 rows.append(row)
                 segments.append(sealed)
                 metas.append(meta)

@@ -11,7 +11,7 @@ from typing import Any
 
 from ...core import shaping
 from ...core.shaping import Piece, cut_bytes, cut_text
-from ...crypto.formats import ENTRY_FORMAT, NONCE_PREFIX_BYTES, EntryCipher, EntrySealer, Header, ListingKey, seal_entry
+from ...crypto.formats import NONCE_PREFIX_BYTES, EntryCipher, EntrySealer, ListingKey
 from ...crypto.primitives import ContentIdentity, Wrapper
 from ...errors import QuotaExceededError
 from ...policy import Policy
@@ -107,7 +107,7 @@ class Prepared:
         (only when ``identified``)."""
         if self.digest is not None:
             return identity.of_digest(self.kind, self.size_bytes, self.digest)
-        return identity.of(self.kind, self.segments)
+        return identity.of(self.kind, self.segments, self.size_bytes)
 
     def cost_bound(self, principal: Principal, turn_id: str, executor_name: str) -> int:
         """More than the entry's ``row_cost`` will be, before it is sealed."""
@@ -169,64 +169,21 @@ class Prepared:
         key (format 2): what only a read needs is sealed under the item key, what
         a listing shows under ``listing``, the owner's listing key of ``version``,
         bound to the clear columns (which format 1 repeated inside its metadata)."""
-        header = Header(
-            new_entry_id(),
-            owner,
-            turn_id,
-            self.kind,
-            self.size_bytes,
-            self.size_chars,
-            len(self.segments),
-            version,
-            ENTRY_FORMAT,
-        )
-        inner = shaping.pack(
-            {
-                "shape": meta["shape"],
-                "rest": meta["rest"],
-                "counts": meta["counts"],
-                "breaks": meta["breaks"],
-                "lines": meta["lines"],
-            }
-        )
-        crypto_columns, sealed, cipher = seal_entry(wrapper, header, inner, self.segments)
-        row = {
-            "id": header.entry_id,
-            "owner_user_id": owner,
-            "actor": meta["actor"],
-            "channel": meta["channel"],
-            "turn_id": turn_id,
-            "step_num": meta["step_num"],
-            "executor_name": meta["executor_name"],
-            "content_kind": self.kind,
-            "size_bytes": self.size_bytes,
-            "size_chars": self.size_chars,
-            "segment_count": len(self.segments),
-            "key_version": version,
-            "created_at": meta["created_at"],
-            "expires_at": meta["expires_at"],
-            **crypto_columns,
-            # A one-segment entry's sealed segment stays in its row (no segments row).
-            "only_segment": sealed[0] if len(sealed) == 1 else None,
-        }
-        row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))
-        identifiers = self.identifiers(owner, turn_id, meta["actor"], meta["channel"], meta["executor_name"])
-        row["stored_bytes"] = row_cost(row, sealed, identifiers)
-        return row, sealed, cipher
+        return self.seal_in(EntrySealer(wrapper, owner, turn_id, version), listing, version, owner, turn_id, meta)
 
     def seal_in(
         self, sealer: EntrySealer, listing: ListingKey, version: int, owner: str, turn_id: str, meta: dict[str, Any]
-    ) -> tuple[dict[str, Any], list[bytes]]:
-        """``seal`` by a batch's ``sealer`` (of ``owner``, ``turn_id`` and ``version``): the same
-        row under a fresh id and item key, and its sealed segments."""
+    ) -> tuple[dict[str, Any], list[bytes], EntryCipher]:
+        """``seal`` by ``sealer`` (of ``owner``, ``turn_id`` and ``version``; a batch's, shared by
+        its entries): the row under a fresh id and item key, its sealed segments and its cipher."""
         entry_id = new_entry_id()
         inner = _pack_inner(meta["shape"], meta["rest"], meta["counts"], meta["breaks"], meta["lines"])
         sizes = (self.size_bytes, self.size_chars)
-        wrapped, nonce_prefix, commitment, sealed_meta, sealed = sealer.seal(
+        wrapped, nonce_prefix, cipher, sealed_meta, sealed = sealer.entry(
             entry_id, self.kind, sizes, inner, self.segments
         )
         actor, channel, executor = meta["actor"], meta["channel"], meta["executor_name"]
-        row = {  # every column at once, in ``seal``'s order (the last two set below)
+        row = {  # every column at once (the last two set below)
             "id": entry_id,
             "owner_user_id": owner,
             "actor": actor,
@@ -243,18 +200,19 @@ class Prepared:
             "expires_at": meta["expires_at"],
             "wrapped_key": wrapped,
             "nonce_prefix": nonce_prefix,
-            "commitment": commitment,
+            "commitment": cipher.commitment,
             "sealed_meta": sealed_meta,
+            # A one-segment entry's sealed segment stays in its row (no segments row).
             "only_segment": sealed[0] if len(sealed) == 1 else None,
             "sealed_listing": None,
             "stored_bytes": 0,
         }
-        # ``listing_fields`` of a batch's metadata (the identity set, no history item) without its lookups.
+        # ``listing_fields`` of metadata with an identity and no history item, without its lookups.
         plain = "inline" not in meta and "content_id" in meta
         shown = {"view": meta["view"], "content_id": meta["content_id"]} if plain else listing_fields(meta)
         row["sealed_listing"] = listing.seal(row, shaping.pack(shown))
         row["stored_bytes"] = row_cost(row, sealed, self.identifiers(owner, turn_id, actor, channel, executor))
-        return row, sealed
+        return row, sealed, cipher
 
     def restep(
         self, row: dict[str, Any], meta: dict[str, Any], listing: ListingKey, step_num: int, observation: Any

@@ -1,6 +1,6 @@
 """A batch seals each entry as a put does: ``EntrySealer`` (one owner, turn and
-key version, what they share built once) gives the rows ``seal_entry`` gives, each
-under its own item key and nonce prefix; put_many stores what as many puts store."""
+key version, what they share built once) gives each entry its own item key and
+nonce prefix; put_many stores what as many puts store."""
 
 from __future__ import annotations
 
