@@ -1,6 +1,6 @@
 """Instructions of one warm call of the LangGraph checkpointers, side by side.
 
-    python -m benchmarks.framework_costs [--cpu] [--big] [--savers NAMES] [--ops NAMES] [--out FILE.json]
+    python -m benchmarks.framework_costs [--cpu | --misses] [--big] [--savers NAMES] [--ops NAMES] [--out FILE.json]
 
 ``SecurepadSaver`` (SQLite) beside ``SqliteSaver`` with LangGraph's
 ``EncryptedSerializer`` and plain ``SqliteSaver``, on the calls
@@ -19,6 +19,12 @@ of ``N`` (fresh threads), over ``N``: the steps of the second half of a run of
 ``2N``, the half whose list channel outgrows the saver's inline values; the
 whole run of ``2N`` nodes is given too. ``--cpu`` (or no valgrind): the mean
 CPU time of the 3N calls in microseconds instead, which moves with the machine's load.
+``--misses``: the misses of a simulated 1 MiB last-level cache instead
+(callgrind's cache simulation; instruction and data lines): instructions
+weigh alike whether their code and data are cached or not, and a call whose
+work spreads over more code and data than a core's cache holds (or than
+other processes leave of it) runs fewer instructions per second. Like
+instructions, these do not depend on the load.
 
 Not shipped with the package: run from a checkout with the ``bench`` and
 ``langgraph`` extras. Nothing here is asserted.
@@ -60,6 +66,10 @@ SIZES = {"1 KiB": 1024, "64 KiB": 64 * 1024, "1 MiB": 1024 * 1024}
 THREAD_LENGTH = 20
 # The marker: a function that nothing else calls while the operations run.
 MARKER = "sys_getswitchinterval"
+# ``--misses``: callgrind's cache simulation, its last level 1 MiB (16-way, 64-byte lines).
+CACHE_SIMULATION = ("--cache-sim=yes", "--LL=1048576,16,64")
+# The events that count a simulated last-level miss: instruction reads, data reads and writes.
+MISS_EVENTS = ("ILmr", "DLmr", "DLmw")
 
 
 # -- the measured process -----------------------------------------------------------------------
@@ -231,8 +241,11 @@ def _environment(workdir: Path) -> dict[str, str]:
     return env
 
 
-def _measured(name: str, ops: list[str], workdir: Path, callgrind: bool) -> dict[tuple[str, str], tuple[float, Any]]:
-    """One measured process of saver ``name``: {(op, run): (CPU seconds, Ir or None)}."""
+def _measured(
+    name: str, ops: list[str], workdir: Path, callgrind: bool, misses: bool = False
+) -> dict[tuple[str, str], tuple[float, Any]]:
+    """One measured process of saver ``name``: {(op, run): (CPU seconds, Ir, or with
+    ``misses`` the simulated last-level misses, or None)}."""
     run_dir = workdir / "run"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
@@ -242,23 +255,46 @@ def _measured(name: str, ops: list[str], workdir: Path, callgrind: bool) -> dict
     spec = {"saver": name, "ops": ops, "workdir": str(run_dir)}
     command = [sys.executable, "-m", "benchmarks.framework_costs", "--child", json.dumps(spec)]
     if callgrind:
-        command = ["valgrind", "--tool=callgrind", f"--dump-before={MARKER}", f"--callgrind-out-file={out}", *command]
+        simulated = CACHE_SIMULATION if misses else ()
+        marked = [f"--dump-before={MARKER}", f"--callgrind-out-file={out}"]
+        command = ["valgrind", "--tool=callgrind", *simulated, *marked, *command]
     done = subprocess.run(command, capture_output=True, text=True, env=_environment(workdir), check=False)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"the measured process of {name} failed: {done.stderr[-3000:]}")
-    return marked_runs(json.loads(lines[-1])["runs"], out, MARKER, callgrind=callgrind)
+    runs = json.loads(lines[-1])["runs"]
+    found = marked_runs(runs, out, MARKER, callgrind=callgrind)
+    if callgrind and misses:  # run k ends at marker k + 2 (``marked_runs``)
+        for k, (op, label, seconds) in enumerate(runs):
+            found[(op, label)] = (seconds, _misses(out.with_name(f"{out.name}.{k + 2}")))
+    return found
 
 
-def measure(savers: list[str], ops: list[str], *, callgrind: bool) -> dict[str, Any]:
-    """Per saver and operation: one warm call's instructions (or CPU microseconds)."""
-    results: dict[str, Any] = {"unit": "instructions" if callgrind else "CPU microseconds", "figures": {}}
+def _misses(dump: Path) -> int:
+    """The simulated last-level misses (``MISS_EVENTS``) of one callgrind dump."""
+    events: list[str] = []
+    for line in dump.read_text().splitlines():
+        if line.startswith("events:"):
+            events = line.split()[1:]
+        elif line.startswith("summary:"):
+            totals = dict(zip(events, (int(x) for x in line.split()[1:]), strict=False))
+            return sum(totals.get(event, 0) for event in MISS_EVENTS)
+    raise RuntimeError(f"callgrind wrote no total in {dump}")
+
+
+def measure(savers: list[str], ops: list[str], *, callgrind: bool, misses: bool = False) -> dict[str, Any]:
+    """Per saver and operation: one warm call's instructions (``misses``: simulated
+    last-level misses; or CPU microseconds)."""
+    unit = "CPU microseconds"
+    if callgrind:
+        unit = "misses of a simulated 1 MiB last-level cache" if misses else "instructions"
+    results: dict[str, Any] = {"unit": unit, "figures": {}}
     with tempfile.TemporaryDirectory(prefix="framework-costs-") as scratch:
         workdir = Path(scratch)
         for name in savers:
             if callgrind:
                 _measured(name, ops, workdir, callgrind=False)  # bytecode compiled once, natively
-            found = _measured(name, ops, workdir, callgrind=callgrind)
+            found = _measured(name, ops, workdir, callgrind=callgrind, misses=misses)
             figures = results["figures"][name] = {}
             for op in ops:
                 n = OPS[op][1]
@@ -295,6 +331,7 @@ def report(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.framework_costs", description=__doc__.split("\n")[0])
     parser.add_argument("--cpu", action="store_true", help="CPU time instead of callgrind's instructions")
+    parser.add_argument("--misses", action="store_true", help="simulated 1 MiB last-level cache misses (callgrind)")
     parser.add_argument("--big", action="store_true", help="also the 1 MiB put and get_tuple (slow under callgrind)")
     parser.add_argument("--savers", help=f"comma-separated, of: {', '.join(SAVERS)}")
     parser.add_argument("--ops", help=f"comma-separated, of: {', '.join(OPS)}")
@@ -310,7 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown: {', '.join(unknown)}")
     callgrind = not args.cpu and shutil.which("valgrind") is not None
-    results = measure(savers, ops, callgrind=callgrind)
+    if args.misses and not callgrind:
+        parser.error("--misses needs valgrind (and not --cpu)")
+    results = measure(savers, ops, callgrind=callgrind, misses=args.misses)
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
     print(report(results))

@@ -7,13 +7,24 @@ LangGraph checkpointers: ``SecurepadSaver`` (SQLite file, PostgreSQL) beside
 ``EncryptedSerializer`` (AES, ``from_pycryptodome_aes``). Per state size
 (1 KiB, 64 KiB, 1 MiB of one channel that changes every step, plus a small
 counter): ``put`` of the next checkpoint and ``get_tuple`` of the latest, in
-a thread of 20 checkpoints; ``get_tuple`` of the latest 1 KiB checkpoint in
-threads of 1 and 50 (its cost should not grow with the thread). Then a 100-step graph run end to end (each step
+a thread of 20 checkpoints, and the mean of all the thread's puts; ``get_tuple``
+of the latest 1 KiB checkpoint in threads of 1 and 50 (its cost should not
+grow with the thread). Then a 100-step graph run end to end (each step
 appends ~200 bytes to a list channel and bumps a counter), on every saver.
 
 OpenAI Agents sessions: ``SecurepadSession`` (SQLite, PostgreSQL) beside
 ``SQLiteSession`` (file) and ``EncryptedSession`` over it: ``add_items`` of
 one item of each size to a session of 20 items, and ``get_items()`` of all.
+
+A SQLite saver checkpoints its WAL at the commit that takes it past 1,000 frames,
+copying the frames into the database and syncing both files: with 1 MiB
+states that is every fourth put, so a thread of 20 ends on the same point of
+that cycle at every repetition, and its last put either pays a checkpoint
+each time or never. The thread's mean put carries each saver's checkpoints
+and syncs in proportion, whatever its durability setting: one that syncs
+the WAL only at checkpoints (securepad's ``normal``) pays those syncs in
+the checkpointing put, one that syncs it at every commit (``SqliteSaver``)
+in every put.
 
 Each repetition runs every store in turn (interleaved), so that a figure and
 its baseline share whatever else the machine was doing; the ratios between
@@ -35,6 +46,7 @@ import operator
 import os
 import platform
 import secrets
+import sqlite3
 import statistics
 import tempfile
 import time
@@ -157,13 +169,29 @@ def _savers(workdir: Path, dsn: str | None) -> dict[str, SaverFactory]:
 # -- checkpoints ------------------------------------------------------------------------------
 
 
-def _checkpoint_sample(saver: BaseCheckpointSaver[Any], thread_id: str, size: int, length: int) -> tuple[float, float]:
+def _database_file(saver: BaseCheckpointSaver[Any]) -> Path | None:
+    """The SQLite database file a saver writes (None on PostgreSQL)."""
+    if isinstance(saver, SecurepadSaver):
+        return saver.pad.path if saver.pad.backend == "sqlite" else None
+    conn = getattr(saver, "conn", None)
+    if isinstance(conn, sqlite3.Connection):
+        return Path(conn.execute("PRAGMA database_list").fetchall()[0][2])
+    return None
+
+
+def _checkpoint_sample(
+    saver: BaseCheckpointSaver[Any], thread_id: str, size: int, length: int
+) -> tuple[float, float, float, bool | None]:
     """put of the last checkpoint (one channel changed, ``size`` bytes) of a thread
-    of ``length``, and get_tuple of the latest, in seconds."""
+    of ``length``, the mean of all its puts, and get_tuple of the latest, in seconds;
+    whether that last put checkpointed the WAL (it wrote the database file: in WAL
+    mode only a checkpoint does; None on PostgreSQL)."""
     config: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
     checkpoint = empty_checkpoint()
     version = None
-    put = 0.0
+    put = puts = 0.0
+    database = _database_file(saver)
+    written = None
     for step in range(length):
         version = saver.get_next_version(version, None)
         payload = base64.b64encode(os.urandom(size * 3 // 4 + 1)).decode()[:size]
@@ -173,30 +201,48 @@ def _checkpoint_sample(saver: BaseCheckpointSaver[Any], thread_id: str, size: in
             "channel_values": {"data": payload, "step": step},
             "channel_versions": {"data": version, "step": version},
         }
+        if database is not None and step == length - 1:
+            written = database.stat().st_mtime_ns
         started = time.perf_counter()
         config = saver.put(config, checkpoint, {"source": "loop", "step": step}, {"data": version, "step": version})
         put = time.perf_counter() - started
+        puts += put
+    checkpointed = None if database is None else database.stat().st_mtime_ns != written
     started = time.perf_counter()
     found = saver.get_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}})
     get = time.perf_counter() - started
     assert found is not None and found.checkpoint["channel_values"]["data"] == payload
-    return put, get
+    return put, puts / length, get, checkpointed
 
 
 def _checkpoint_figures(
     factories: dict[str, SaverFactory], size: int, repeats: int, length: int = THREAD_LENGTH
-) -> dict[str, dict[str, float]]:
-    """Per saver, median put of the next checkpoint and get_tuple of the latest on
-    threads of ``length``; each repetition runs every saver in turn (a store each)."""
-    samples: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in factories}
+) -> dict[str, dict[str, Any]]:
+    """Per saver, median put of the next checkpoint, median mean put of a whole thread
+    and get_tuple of the latest on threads of ``length`` (``_checkpoint_sample``), and
+    how many of those puts of the next checkpoint checkpointed the WAL (SQLite); each
+    repetition runs every saver in turn (a store each)."""
+    samples: dict[str, tuple[list[float], list[float], list[float]]] = {name: ([], [], []) for name in factories}
+    checkpointed: dict[str, int | None] = dict.fromkeys(factories, 0)
     with contextlib.ExitStack() as stack:
         savers = {name: stack.enter_context(factory()) for name, factory in factories.items()}
         for run in range(repeats):
             for name, saver in savers.items():
-                put, get = _checkpoint_sample(saver, f"t{run}", size, length)
-                samples[name][0].append(put)
-                samples[name][1].append(get)
-    return {name: {"put_ms": _ms(puts), "get_ms": _ms(gets)} for name, (puts, gets) in samples.items()}
+                *figures, wrote = _checkpoint_sample(saver, f"t{run}", size, length)
+                for found, figure in zip(samples[name], figures, strict=True):
+                    found.append(figure)
+                count = checkpointed[name]
+                checkpointed[name] = None if wrote is None or count is None else count + wrote
+    return {
+        name: {
+            "put_ms": _ms(puts),
+            "thread_put_ms": _ms(means),
+            "get_ms": _ms(gets),
+            "puts_checkpointed": checkpointed[name],
+            "repeats": repeats,
+        }
+        for name, (puts, means, gets) in samples.items()
+    }
 
 
 def _uuid6() -> str:
@@ -353,6 +399,13 @@ def markdown(results: dict[str, Any]) -> str:
         cells = [f"{figures[s]['put_ms']:.2f} | {figures[s]['get_ms']:.2f}" for s in sizes]
         run_ms = results["graph_100_steps"][name]["run_ms"]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {run_ms:.0f} |")
+    lines += ["", "Every put of a thread of 20, the mean (median ms over the repetitions); in brackets, the"]
+    lines += ["repetitions whose put of the next checkpoint (above) checkpointed the WAL:", ""]
+    lines.append("| saver | " + " | ".join(sizes) + " |")
+    lines.append("|---|" + "---:|" * len(sizes))
+    for name, figures in results["checkpoints"].items():
+        cells = [_thread_cell(figures[s]) for s in sizes]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lengths = [str(length) for length in LENGTHS]
     lines += ["", "get_tuple of the latest 1 KiB checkpoint by thread length (median ms):", ""]
     lines.append("| saver | " + " | ".join(f"{n} checkpoint{'s' * (n != '1')}" for n in lengths) + " |")
@@ -366,6 +419,14 @@ def markdown(results: dict[str, Any]) -> str:
         cells = [f"{figures[s]['add_ms']:.2f} | {figures[s]['get_ms']:.2f}" for s in sizes]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _thread_cell(figures: dict[str, Any]) -> str:
+    """A size's mean put of a thread, with the repetitions whose last put checkpointed (SQLite)."""
+    cell = f"{figures['thread_put_ms']:.2f}"
+    if figures.get("puts_checkpointed") is None:
+        return cell
+    return f"{cell} ({figures['puts_checkpointed']}/{figures['repeats']})"
 
 
 # (securepad's store, the peer it is judged against, the ratio it may reach at most)

@@ -129,6 +129,15 @@ class IfUnknown(NamedTuple, Generic[P]):
     error: Callable[[P, str], StoreUnavailableError]
 
 
+class Current(NamedTuple):
+    """An owner's newest key version, its wrapper and its sealing keys (``Keystore.current_sealing``)."""
+
+    version: int
+    wrapper: Wrapper
+    identity: ContentIdentity
+    listing: ListingKey
+
+
 class StaleOwnerKey(Exception):
     """The row was sealed for an owner-key version that is no longer the newest
     (raised inside ``write_current``'s transaction; it never leaves the retry)."""
@@ -152,14 +161,14 @@ class WrapCounts:
         with self._lock:
             return self._pending.get(key, 0) + adding >= WRAP_FLUSH_EVERY
 
-    def add_unless_due(self, key: tuple[str, int], adding: int) -> bool:
-        """Add ``adding`` wraps unless the next write of ``key`` must write the pending count
-        (``due``): whether it must (then nothing is added)."""
+    def add_unless_due(self, key: tuple[str, int], adding: int, due_with: int) -> bool:
+        """Add ``adding`` wraps unless the next write of ``key`` adding ``due_with`` must
+        write the pending count (``due``): whether it must (then nothing is added)."""
         with self._lock:
-            pending = self._pending.get(key, 0) + adding
-            if pending >= WRAP_FLUSH_EVERY:
+            pending = self._pending.get(key, 0)
+            if pending + due_with >= WRAP_FLUSH_EVERY:
                 return True
-            self._pending[key] = pending
+            self._pending[key] = pending + adding
             return False
 
     def add(self, key: tuple[str, int], count: int) -> None:
@@ -188,6 +197,8 @@ class Keystore:
         self._listings: LRUCache[tuple[str, int], ListingKey] = LRUCache(OWNER_KEY_CACHE_SIZE)
         # Each owner's newest key version, with its wrapper.
         self._latest: LRUCache[str, tuple[int, Wrapper]] = LRUCache(OWNER_KEY_CACHE_SIZE)
+        # The same with that version's sealing keys (``current_sealing``: what a put seals with).
+        self._sealing: LRUCache[str, Current] = LRUCache(OWNER_KEY_CACHE_SIZE)
         self._wraps = WrapCounts()
         # Runs in the transaction that adds an owner's first key (the owner's
         # empty owner head, ``heads.Heads``): a key never exists without it.
@@ -204,7 +215,7 @@ class Keystore:
     def cache_sizes(self) -> dict[str, int]:
         """How many entries each owner-key cache holds (bounded by ``OWNER_KEY_CACHE_SIZE``)."""
         caches: dict[str, Sized] = {"owner_keys": self._owner_keys, "identities": self._identities}
-        caches.update(listings=self._listings, latest=self._latest)
+        caches.update(listings=self._listings, latest=self._latest, sealing=self._sealing)
         return {name: len(cache) for name, cache in caches.items()}
 
     def is_cached(self, owner: str, version: int) -> bool:
@@ -245,6 +256,17 @@ class Keystore:
         if identity is None or listing is None:
             return self.identity(owner, version), self.listing_key(owner, version)
         return identity, listing
+
+    def current_sealing(self, owner: str) -> Current:
+        """``current`` with its version's ``sealing`` keys, in one lookup (a put's).
+        Raises IntegrityError, WrongKeyError: as ``current`` and ``sealing``."""
+        found = self._sealing.get(owner)
+        if found is None:
+            version, wrapper = self.current(owner)
+            found = Current(version, wrapper, *self.sealing(owner, version))
+            with self._lock:
+                self._sealing[owner] = found
+        return found
 
     def _derived(self, cache: LRUCache[tuple[str, int], D], make: Derive[D], owner: str, version: int) -> D:
         """A key derived from the owner's key of ``version``, once, then cached."""
@@ -366,10 +388,13 @@ class Keystore:
         write without a transaction of its own (a put in one message) leaves it to one."""
         return self._wraps.due((owner, version), count)
 
-    def count_wraps_unless_due(self, owner: str, version: int, count: int = 1) -> bool:
+    def count_wraps_unless_due(self, owner: str, version: int, count: int = 1, written: int | None = None) -> bool:
         """``count_wraps_later`` unless ``flush_due`` (then nothing is counted): whether it is due.
-        For a write without a transaction of its own that counts its wraps before it is sent."""
-        return self._wraps.add_unless_due((owner, version), count)
+        For a write without a transaction of its own that counts its wraps before it is sent;
+        ``written``: the ``count`` that ``write_current`` is given for the same write, when the
+        rest of its wraps are counted inside it (a turn head's, ``count_wraps_later``), so
+        that the write it leaves to ``write_current`` is one that writes the pending count."""
+        return self._wraps.add_unless_due((owner, version), count, count if written is None else written)
 
     def pending_wraps(self) -> dict[tuple[str, int], int]:
         """Wraps this process made that ``owner_keys.wrap_count`` does not count yet."""
@@ -394,6 +419,7 @@ class Keystore:
         """Drop the owner's cached keys (after a rotation, or when it is forgotten)."""
         with self._lock:
             self._latest.pop(owner)
+            self._sealing.pop(owner)
             self._owner_keys.discard_if(lambda key: key[0] == owner)
             self._identities.discard_if(lambda key: key[0] == owner)
             self._listings.discard_if(lambda key: key[0] == owner)

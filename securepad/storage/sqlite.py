@@ -68,8 +68,9 @@ class _Conn:
     # A local COMMIT is applied or fails rolled back: its outcome is always known.
     commit_unknown = False
 
-    def __init__(self, conn: apsw.Connection, error: ErrorMap) -> None:
-        self.raw = conn
+    def __init__(self, held: Holder, error: ErrorMap) -> None:
+        self.raw = held.conn
+        self._held = held  # its cursor runs the statements
         self._error = error
         # Prefetched reads' rows, by (SQL, parameters), until the same query takes them.
         self._fetched: dict[tuple[str, Params], Rows] = {}
@@ -79,16 +80,17 @@ class _Conn:
         if fetched is not None:
             return fetched
         try:
-            cursor = self.raw.execute(sql, params)
+            cursor = self._held.cursor.execute(sql, params)
             return list(map(row_maker(cursor.getdescription()), cursor))
         except apsw.ExecutionCompleteError:  # no rows at all
             return []
         except (apsw.Error, UnicodeDecodeError) as exc:
+            self._held.renew()
             raise self._error(exc, self.raw) from None
 
     def execute(self, sql: str, params: Params = ()) -> int:
         try:
-            self.raw.execute(sql, params)
+            self._held.cursor.execute(sql, params)
         except apsw.ConstraintError:
             raise DuplicateKeyError from None
         except apsw.Error as exc:
@@ -97,6 +99,24 @@ class _Conn:
 
     def defer(self, sql: str, params: Params = ()) -> None:
         self.execute(sql, params)
+
+    def fewest(self, sql: str, params: Params) -> int:
+        """``sql``'s statements (``"; "`` between them, each taking its share of ``params``)
+        run in order: the fewest rows one changed (``execute``'s errors)."""
+        cursor, raw = self._held.cursor, self.raw
+        fewest, start = -1, 0
+        try:
+            for statement, count in _statements(sql):
+                cursor.execute(statement, params[start : start + count])
+                start += count
+                changed = raw.changes()
+                if fewest < 0 or changed < fewest:
+                    fewest = changed
+        except apsw.ConstraintError:
+            raise DuplicateKeyError from None
+        except apsw.Error as exc:
+            raise self._error(exc, raw) from None
+        return fewest
 
     def prefetch(self, sql: str, params: Params = ()) -> None:
         """Run the read now and keep its rows for the same ``query`` later: the
@@ -109,7 +129,7 @@ class _Conn:
 
     def executemany(self, sql: str, rows: Iterable[Params]) -> None:
         try:
-            self.raw.executemany(sql, rows)
+            self._held.cursor.executemany(sql, rows)
         except apsw.ConstraintError:
             raise DuplicateKeyError from None
         except apsw.Error as exc:
@@ -121,23 +141,24 @@ class _Transaction:
     any exception (an apsw error raised as its typed error). A class, not a generator: every write
     enters one, and ``contextmanager``'s generator protocol costs more than the statements' calls."""
 
-    __slots__ = ("_conn", "_db", "_hooked", "_tx", "_wait")
+    __slots__ = ("_conn", "_db", "_held", "_hooked", "_tx", "_wait")
 
     def __init__(self, db: Database, wait: bool, hooked: bool) -> None:
         self._db, self._wait, self._hooked = db, wait, hooked
 
     def __enter__(self) -> _Conn:
         db = self._db
-        conn = self._conn = db.conn
+        held = self._held = db.held()
+        conn = self._conn = held.conn
         wal = db._wal
         # ``check``'s own first test (``pending() > limit_pages()``), without its calls when under.
         if wal.pages - wal.moved > wal.limit_bytes // wal.page_size:
             db._check_wal(conn, db._wal_wait_s if self._wait else 0)
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            held.cursor.execute("BEGIN IMMEDIATE")
         except apsw.Error as exc:
             raise db._error(exc, conn) from None
-        self._tx = _Conn(conn, db._error)
+        self._tx = _Conn(held, db._error)
         return self._tx
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -155,7 +176,7 @@ class _Transaction:
             self._roll_back(exc)
             return  # the body's exception goes on as it is
         try:
-            conn.execute("COMMIT")
+            self._held.cursor.execute("COMMIT")
         except apsw.Error as failed:
             db._rollback(conn)
             raise db._error(failed, conn) from None
@@ -228,6 +249,10 @@ class Database:
     @property
     def conn(self) -> apsw.Connection:
         """This thread's connection, opened on first use and after fork (SecurepadError, StoreCorruptError)."""
+        return self.held().conn
+
+    def held(self) -> Holder:
+        """This thread's connection with its cursor (``conn``)."""
         if self._connections.closed:
             raise SecurepadError("the store is closed")
         holder: Holder | None = getattr(self._local, "holder", None)
@@ -235,7 +260,7 @@ class Database:
             holder = Holder(self._connections.take_idle() or self._open(), self._connections)
             self._local.holder = holder
             self._connections.add(holder.conn)
-        return holder.conn
+        return holder
 
     def _open(self) -> apsw.Connection:
         try:
@@ -308,12 +333,9 @@ class Database:
         the fewest rows one changed. When one changed nothing it is rolled back: no commit, so no
         commit hook (the anchor's counter) runs. Raises DuplicateKeyError (nothing written), and as ``transaction``."""
         try:
-            with self.transaction() as tx:
-                fewest, start = None, 0
-                for statement, count in _statements(sql):
-                    changed, start = tx.execute(statement, params[start : start + count]), start + count
-                    fewest = changed if fewest is None else min(fewest, changed)
-                if not fewest:
+            with _Transaction(self, True, True) as tx:  # ``transaction()``'s
+                fewest = tx.fewest(sql, params)
+                if fewest <= 0:
                     raise _NothingWritten
                 return fewest
         except _NothingWritten:
@@ -349,13 +371,15 @@ class Database:
 
     def query(self, sql: str, params: Params = (), *, owner: str | None = None, admin: bool = False) -> Rows:
         """Rows as dicts, on this thread's connection (StoreCorruptError, SecurepadError)."""
-        conn = self.conn
+        held = self.held()
+        conn = held.conn
         try:
-            cursor = conn.execute(sql, params)
+            cursor = held.cursor.execute(sql, params)
             return list(map(row_maker(cursor.getdescription()), cursor))
         except apsw.ExecutionCompleteError:  # no rows at all
             return []
         except (apsw.Error, UnicodeDecodeError) as exc:
+            held.renew()
             raise self._error(exc, conn) from None
 
     def queries(self, *statements: tuple[str, Params], owner: str | None = None, admin: bool = False) -> list[Rows]:

@@ -4,6 +4,7 @@ thread ends, to wait for the next thread or be closed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
@@ -88,9 +89,19 @@ class Connections:
 
 
 class Holder:
-    """One thread's connection; its finalizer gives the connection back when the thread's locals go."""
+    """One thread's connection and its cursor; its finalizer gives the connection back when
+    the thread's locals go. The cursor runs the statements whose rows are taken at once (or
+    that return none): a statement run on it needs no cursor of its own, made and freed."""
 
     def __init__(self, conn: apsw.Connection, connections: Connections) -> None:
         self.conn = conn
+        self.cursor = conn.cursor()
         self.pid = process.pid
         self.finalizer = weakref.finalize(self, connections.release, conn, self.pid)
+
+    def renew(self) -> None:
+        """A new cursor, after a statement failed on this one: a statement stopped among
+        its rows would keep its read snapshot open until the cursor's next statement."""
+        with contextlib.suppress(apsw.Error):  # a closed connection: its next use says so
+            self.cursor.close(True)
+            self.cursor = self.conn.cursor()

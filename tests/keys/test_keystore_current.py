@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from securepad import Scratchpad
+from securepad import Principal, Scratchpad
 from securepad.errors import IntegrityError, StoreBusyError
 from securepad.keys.keystore import Keystore
 from securepad.storage.base import Conn, DuplicateKeyError
@@ -129,3 +129,19 @@ def test_a_newest_key_that_does_not_unwrap_is_refused_not_replaced(pad: Scratchp
     with pytest.raises(IntegrityError):
         keys.current(OWNER)
     assert keys.newest_version(OWNER) == 1
+
+
+def test_a_put_seals_with_the_newest_version_and_its_keys_after_a_rotation(pad: Scratchpad) -> None:
+    """``current_sealing`` (a put's one lookup) is ``current`` with that version's
+    ``sealing`` keys, and follows a rotation: the next put seals under the new version."""
+    keys, alice = parts(pad).keys, Principal(OWNER, "agent", "web")
+    pad.put(alice, "t", 1, "tool", "before")
+    found = keys.current_sealing(OWNER)
+    assert (found.version, found.wrapper) == keys.current(OWNER)
+    assert (found.identity, found.listing) == keys.sealing(OWNER, found.version)
+    pad.rotate_owner_key(OWNER)
+    entry = pad.put(alice, "t", 2, "tool", "after")["scratchpad_id"]
+    assert keys.current_sealing(OWNER).version == found.version + 1 == keys.current(OWNER)[0]
+    row = parts(pad).db.query("SELECT key_version FROM entries WHERE id = ?", (entry,), admin=True)[0]
+    assert row["key_version"] == found.version + 1
+    assert pad.get(alice, entry).observation == "after"

@@ -7,7 +7,7 @@ import functools
 from typing import Any
 
 from ...crypto.formats import EntryCipher, ListingKey
-from ...crypto.primitives import Wrapper
+from ...crypto.primitives import ContentIdentity, Wrapper
 from ...errors import IntegrityError, InvalidArgumentError, StoreBusyError, StoreUnavailableError
 from ...keys.keystore import IfUnknown, Keystore
 from ...principal import STEP_LIMIT, Principal, check_identifier, check_step_num
@@ -154,7 +154,7 @@ def _if_unknown(owner: str, chosen: bool) -> IfUnknown[_SealedOne]:
     )
 
 
-def _add_entry(head: HeadEdit, row: dict[str, Any]) -> None:
+def _add_entry(row: dict[str, Any], head: HeadEdit) -> None:
     """The entry ``row`` joins its turn's tally."""
     head.add("e", row["id"], entry_item(row))
 
@@ -286,15 +286,15 @@ class _Put:
         step = self.step_num if record is None or not self.next_step else self.following_step(record)
         if record is None or step is None:
             return None
-        version, wrapper = self.keys.current(owner)
-        # The entry's key and the head's seal, counted now whether or not the message writes
-        # (a refused or skipped one leaves an overcount, never less); unless the pending counts
-        # are due, as ``write_current`` decides it: that put writes them.
-        if self.keys.count_wraps_unless_due(owner, version, 2):
-            return None
         try:
-            sealed = self.seal(version, wrapper)
-        except IntegrityError:  # a rotation retired the version: ``attempt`` finds out
+            version, wrapper, identity, listing = self.keys.current_sealing(owner)
+            # The entry's key and the head's seal, counted now whether or not the message writes (a refused
+            # or skipped one leaves an overcount, never less); unless the pending counts are due, as
+            # ``write_current`` decides it with ``attempt``'s count (the head's is counted inside): it writes them.
+            if self.keys.count_wraps_unless_due(owner, version, 2, 1):
+                return None
+            sealed = self.seal(version, wrapper, (identity, listing))
+        except IntegrityError:  # a rotation retired the version (its keys, or its entry's): ``attempt`` finds out
             return None
         row = sealed[0]
         if step != row["step_num"]:  # ``next_step``'s guess was not the record's next step
@@ -304,7 +304,7 @@ class _Put:
         statement = _insert_values(columns) if self.putter.dialect == "sqlite" else _insert_select(columns)
         insert = (statement, tuple(row.values()))
         free = None if self.step is None else (_step_free(self.step[0]), (*self.step[1], self.created))
-        edit = functools.partial(_add_entry, row=row)
+        edit = functools.partial(_add_entry, row)
         expect = record if self.next_step else None  # the step holds only while the record does
         once = heads.change_once(owner, turn_id, edit, (version, wrapper), insert, free, step, expect)
         if once is None:
@@ -324,12 +324,15 @@ class _Put:
         self.kept = (version, sealed)
         return None
 
-    def seal(self, version: int, wrapper: Wrapper) -> _SealedOne:
-        """The entry sealed under owner-key ``version``; ``once``'s when of ``version`` and unsent."""
+    def seal(
+        self, version: int, wrapper: Wrapper, keys: tuple[ContentIdentity, ListingKey] | None = None
+    ) -> _SealedOne:
+        """The entry sealed under owner-key ``version`` (``keys``: its ``Keystore.sealing``, when
+        the caller has them); ``once``'s when of ``version`` and unsent."""
         if self.kept is not None and self.kept[0] == version:
             sealed, self.kept = self.kept[1], None
             return sealed
-        identity, listing = self.keys.sealing(self.owner, version)
+        identity, listing = self.keys.sealing(self.owner, version) if keys is None else keys
         if self.prepared.identified:  # content put unidentified has none
             if version not in self.identities:
                 self.identities[version] = self.prepared.identity(identity)

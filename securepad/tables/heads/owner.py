@@ -44,7 +44,7 @@ __all__ = ["NO_TURNS", "LastSealed", "Once", "Sealed", "counter_problems", "once
 _TURNS = 1024
 
 
-@dataclass
+@dataclass(slots=True)  # one per put: no instance dict
 class Sealed:
     """A turn head as this process sealed it (``tally``: ``body`` opened, when the writer had it)."""
 
@@ -125,7 +125,7 @@ class LastSealed:
         return last, head, tally.r - tally.b, recorded
 
 
-@dataclass
+@dataclass(slots=True)  # one per put: no instance dict
 class Once:
     """A write of one turn in one statement (``Heads.change_once``): SQL, head, reservation left."""
 

@@ -63,26 +63,23 @@ class Tally:
         ``json.dumps(..., separators=(",", ":"), sort_keys=True)`` gives, but that
         text outside ASCII is written as UTF-8 rather than escaped; either reads back)."""
         n, d = self.n, self.d
-        if len(n) == len(d) == 3 and "c" in n and "e" in n and "m" in n and "c" in d and "e" in d and "m" in d:
-            # Built in sorted order (keys and kinds): encoded as it is, with no sort.
-            c, e, m = d["c"], d["e"], d["m"]
-            sorted_body = {
-                "b": self.b,
-                # Each digest as 64 hex digits (``format(value, "064x")``, a quarter of its work;
-                # a kind without rows, as a turn without checkpoints has, written as it is).
-                "d": {
-                    "c": c.to_bytes(32, "big").hex() if c else _ZERO_HEX,
-                    "e": e.to_bytes(32, "big").hex() if e else _ZERO_HEX,
-                    "m": m.to_bytes(32, "big").hex() if m else _ZERO_HEX,
-                },
-                "f": HEAD_FORMAT,
-                "l": self.last,
-                "n": {"c": n["c"], "e": n["e"], "m": n["m"]},
-                "o": self.o,
-                "r": self.r,
-                "w": self.newest,
-            }
-            return _JSON(sorted_body)
+        if len(n) == len(d) == 3:
+            try:
+                c, e, m = d["c"], d["e"], d["m"]
+                counts = _Kinds(n["c"], n["e"], n["m"])
+            except KeyError:  # kinds of another set: written as they are, below
+                pass
+            else:
+                # The sorted body as structs whose fields are declared in sorted order: encoded as
+                # they are, with no dict built or sorted. Each digest as 64 hex digits
+                # (``format(value, "064x")``, a quarter of its work; a kind without rows, as
+                # a turn without checkpoints has, written as it is).
+                digests = _Kinds(
+                    c.to_bytes(32, "big").hex() if c else _ZERO_HEX,
+                    e.to_bytes(32, "big").hex() if e else _ZERO_HEX,
+                    m.to_bytes(32, "big").hex() if m else _ZERO_HEX,
+                )
+                return _JSON(_Body(self.b, digests, HEAD_FORMAT, self.last, counts, self.o, self.r, self.newest))
         body = {
             "f": HEAD_FORMAT,
             "n": n,
@@ -144,6 +141,27 @@ class Tally:
             ) from None
 
 
+class _Kinds(msgspec.Struct):
+    """A per-kind part of ``Tally.dumps``'s body (``n`` or ``d``), its fields in sorted order."""
+
+    c: Any
+    e: Any
+    m: Any
+
+
+class _Body(msgspec.Struct):
+    """``Tally.dumps``'s body, its fields in sorted order: encoded, the bytes of the sorted dict."""
+
+    b: Any
+    d: _Kinds
+    f: Any
+    l: Any  # noqa: E741 (the body's key)
+    n: _Kinds
+    o: Any
+    r: Any
+    w: Any
+
+
 _JSON_SORTED = msgspec.json.Encoder(order="sorted").encode
 _ZERO_HEX = "0" * 64
 _JSON = msgspec.json.Encoder().encode
@@ -162,6 +180,8 @@ class HeadEdit:
     """One write's change to a turn's tally (rows added, removed, replaced), applied to
     ``head`` too: the turn's inventory taken out of the cache (``reading.HeadCache``), if any."""
 
+    __slots__ = ("_term", "bytes", "head", "tally")  # one per write: no instance dict
+
     def __init__(
         self, tally: Tally, term: Callable[[str, str, tuple[Any, ...]], int], head: Head | None = None
     ) -> None:
@@ -176,20 +196,22 @@ class HeadEdit:
         if kind == "e":
             # The newest stays known while entries come in; after the newest left,
             # an entry above every step ever recorded is the newest again.
-            newest = tally.newest
+            newest, step, size = tally.newest, int(item[0]), int(item[2])
             if (
                 tally.n["e"] == 0
-                or (newest is not None and (int(item[0]), item_id) > (int(newest[1]), newest[0]))
-                or (newest is None and int(item[0]) > tally.last)
+                or (newest is not None and (step, item_id) > (int(newest[1]), newest[0]))
+                or (newest is None and step > tally.last)
             ):
                 tally.newest = [item_id, item[0], item[1], item[3], item[4]]
-            tally.last = max(tally.last, int(item[0]))
-            self.bytes += int(item[2])
-            tally.b += int(item[2])
+            if step > tally.last:
+                tally.last = step
+            self.bytes += size
+            tally.b += size
         tally.n[kind] += 1
         tally.d[kind] = (tally.d[kind] + self._term(kind, item_id, tuple(item))) % MOD
-        if self.head is not None:
-            self.head.section(kind)[item_id] = list(item)
+        head = self.head
+        if head is not None:
+            (head.e if kind == "e" else head.section(kind))[item_id] = list(item)
 
     def add_all(self, kind: str, items: Iterable[tuple[str, list[Any]]]) -> None:
         for item_id, item in items:
@@ -289,7 +311,8 @@ def extend_head(
 
 def entry_item(row: dict[str, Any]) -> list[Any]:
     """The clear item of an entry row: step, expiry, stored bytes, actor, channel."""
-    return [row.get("step_num", row.get("n")), row["expires_at"], row["stored_bytes"], row["actor"], row["channel"]]
+    step = row["step_num"] if "step_num" in row else row.get("n")
+    return [step, row["expires_at"], row["stored_bytes"], row["actor"], row["channel"]]
 
 
 def record_item(row: dict[str, Any]) -> list[Any]:

@@ -30,7 +30,7 @@ from securepad import (
 from securepad.bench.costs import measure
 from securepad.keys.keystore import WRAP_FLUSH_EVERY
 from securepad.storage.sqlite import SCHEMA_VERSION
-from securepad.store import sqlite_of
+from securepad.store import parts, sqlite_of
 from tests.support.counting import compiled
 from tests.support.paths import FIXTURES
 from tests.support.principals import AGENT_ALICE as ALICE
@@ -209,6 +209,33 @@ def test_wrap_counts_are_kept_in_memory_and_written_with_a_later_put_and_at_clos
     with Scratchpad.open(db_path, keyring=keyring) as pad:
         assert _file_wraps(pad) == counted  # close wrote the rest
         assert pad.stats()["key_usage"]["owner_key_max_wraps"] == counted
+
+
+def test_a_put_left_to_a_transaction_for_the_key_use_count_writes_it(db_path: Path, keyring: Keyring) -> None:
+    """A put that leaves the one-message path because the owner key's use count is due
+    is one whose transaction writes the count: no put runs a transaction of its own
+    that only adds its wraps to the pending ones (the head's and its entry's, 2)."""
+    with Scratchpad.open(db_path, keyring=keyring) as pad:
+        conn, keys = sqlite_of(pad).conn, parts(pad).keys
+        statements: list[str] = []
+
+        def traced(_cursor: apsw.Cursor, sql: str, _bindings: object) -> bool:
+            statements.append(sql)
+            return True
+
+        conn.exec_trace = traced
+        flushes, alone = 0, []
+        for step in range(3 * WRAP_FLUSH_EVERY // 2):
+            before = keys.pending_wraps().get(("alice", 1), 0)
+            statements.clear()
+            pad.put(ALICE, "t", step, "tool", "x")
+            added = keys.pending_wraps().get(("alice", 1), 0) - before
+            flushes += added < 0
+            if step and len(statements) != PUT_STATEMENTS and added == 2:
+                alone.append(step)  # a transaction that neither wrote the count nor a grant
+        conn.exec_trace = None
+    assert flushes >= 1
+    assert alone == []
 
 
 def test_a_put_refused_for_a_taken_step_counts_the_wraps_it_made(db_path: Path, keyring: Keyring) -> None:
