@@ -26,7 +26,7 @@ __all__ = [
     "item_size",
     "json_copy",
     "json_size",
-    "metadata_size",
+    "measured_metadata",
     "plain_json",
     "plain_spaces",
     "text_size",
@@ -103,7 +103,7 @@ def plain_json(value: Any, spaces: int | None) -> bytes | None:
 _METADATA_FRAME = len(_ENCODE({"metadata": None})) - len(_ENCODE(None))
 
 
-def metadata_size(fields: dict[str, Any], encoded: bytes | None, spaces: int | None) -> int | None:
+def measured_metadata(fields: dict[str, Any], encoded: bytes | None, spaces: int | None) -> int | None:
     """``json_size(fields["metadata"])`` when ``fields`` holds that one field, a plain dict, and
     ``encoded`` is their msgspec JSON (``plain_json``) whose separators add ``spaces``: the
     measure of the whole, less the field's frame and the one space after its colon, without

@@ -20,7 +20,7 @@ import msgspec
 
 from ..errors import IntegrityError, InvalidArgumentError
 from .grep import BREAK_CHARS
-from .json_size import checked_structure, item_size, json_size, metadata_size, plain_json, text_size
+from .json_size import checked_structure, item_size, json_size, measured_metadata, plain_json, text_size
 
 __all__ = [
     "SEGMENT_BYTES",
@@ -418,11 +418,9 @@ def unpack(blob: bytes) -> Any:
     raise IntegrityError("the entry's sealed metadata has an unknown encoding")
 
 
-def classify(
-    observation: Any, max_depth: int
-) -> tuple[str, str, str | bytes, dict[str, Any] | None, int, int | None]:
+def classify(observation: Any, max_depth: int) -> tuple[str, str, str | bytes, dict[str, Any] | None, int, int | None]:
     """(kind, shape, content, rest, the size of rest's JSON (``dumps``; 0 without rest), the
-    ``json_size`` of rest's metadata when measured on the way (``json_size.metadata_size``;
+    ``json_size`` of rest's metadata when measured on the way (``json_size.measured_metadata``;
     else None)): what is stored as content and what as sealed fields.
 
     Raises:
@@ -444,7 +442,7 @@ def classify(
             size = len(dumps(rest)) if rest else 0
         content = observation["content"]
         kind = "binary" if isinstance(content, bytes) else "text"
-        return kind, "dict", content, rest, size, metadata_size(rest, encoded, spaces)
+        return kind, "dict", content, rest, size, measured_metadata(rest, encoded, spaces)
     checked_structure(observation, max_depth)
     # Indented JSON: the readable content, so that lines and grep mean something (text: encoded once, to seal).
     return "json", "json", _json_text(observation, 2), None, 0, None

@@ -82,10 +82,19 @@ class Prepared:
             )
         limit = policy.inline_max_chars
         digest = shaping.binary_digest(content) if identified and isinstance(content, bytes) else None
-        # ``rest`` is classify's copy, its values the observation's plain dicts, lists and strings:
-        # no code of the caller's runs between the two, so its metadata is as classify measured it.
+        # Back to back on classify's copy of the fields, whose measure (plain builtins only: no
+        # code of the caller's runs in either) holds for the metadata the view shows.
         view = shaping.view(
-            kind, step_num, size_bytes, content, rest, observation, limit, digest, hashed=identified, metadata_size=measured
+            kind,
+            step_num,
+            size_bytes,
+            content,
+            rest,
+            observation,
+            limit,
+            digest,
+            hashed=identified,
+            metadata_size=measured,
         )
         return cls(
             kind,
@@ -231,7 +240,6 @@ class Prepared:
         before = len(row["sealed_listing"])
         row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))
         row["stored_bytes"] += len(row["sealed_listing"]) - before
-
 
     def view_at(self, view: dict[str, Any], step_num: int, observation: Any) -> dict[str, Any]:
         """The entry's view at ``step_num``, from ``view``, its view at another step: that view with
