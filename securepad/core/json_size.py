@@ -20,7 +20,17 @@ import msgspec
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["checked_structure", "dumps_bytes", "item_size", "json_copy", "json_size", "plain_spaces", "text_size"]
+__all__ = [
+    "checked_structure",
+    "dumps_bytes",
+    "item_size",
+    "json_copy",
+    "json_size",
+    "measured_metadata",
+    "plain_json",
+    "plain_spaces",
+    "text_size",
+]
 
 _ENCODE = msgspec.json.Encoder().encode
 _DECODE = msgspec.json.Decoder().decode
@@ -74,12 +84,34 @@ def dumps_bytes(value: Any, spaces: int | None) -> int | None:
     """``len(shaping.dumps(value))`` (its UTF-8 bytes) from msgspec's JSON of a plain
     value whose separators add ``spaces`` (``checked_structure``'s answer); None: not
     plain, or msgspec refuses it (the caller measures with json, which raises as it does)."""
+    encoded = plain_json(value, spaces)
+    return None if encoded is None else len(encoded) + spaces  # type: ignore[operator]
+
+
+def plain_json(value: Any, spaces: int | None) -> bytes | None:
+    """msgspec's compact JSON of a plain value (``spaces``: ``checked_structure``'s answer,
+    None: not plain); None: not plain, or msgspec refuses it."""
     if spaces is None:
         return None
     try:
-        return len(_ENCODE(value)) + spaces
+        return _ENCODE(value)
     except (TypeError, ValueError, OverflowError, msgspec.EncodeError):
         return None
+
+
+# ``{"metadata":`` and ``}``: what a dict of that one field adds to its value's compact JSON.
+_METADATA_FRAME = len(_ENCODE({"metadata": None})) - len(_ENCODE(None))
+
+
+def measured_metadata(fields: dict[str, Any], encoded: bytes | None, spaces: int | None) -> int | None:
+    """``json_size(fields["metadata"])`` when ``fields`` holds that one field, a plain dict, and
+    ``encoded`` is their msgspec JSON (``plain_json``) whose separators add ``spaces``: the
+    measure of the whole, less the field's frame and the one space after its colon, without
+    walking the value again. None: not so (the view measures its metadata itself)."""
+    if encoded is None or spaces is None or len(fields) != 1 or type(fields.get("metadata")) is not dict:
+        return None
+    chars = len(encoded) if encoded.isascii() else len(encoded.decode())
+    return chars - _METADATA_FRAME + spaces - 1
 
 
 def checked_structure(value: Any, max_depth: int) -> int | None:

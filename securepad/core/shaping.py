@@ -20,7 +20,7 @@ import msgspec
 
 from ..errors import IntegrityError, InvalidArgumentError
 from .grep import BREAK_CHARS
-from .json_size import checked_structure, dumps_bytes, item_size, json_size, text_size
+from .json_size import checked_structure, item_size, json_size, measured_metadata, plain_json, text_size
 
 __all__ = [
     "SEGMENT_BYTES",
@@ -255,8 +255,9 @@ _OPTIONAL = ("list_field", "count", "summary", "ref_hint", "schema", "metadata")
 _CUT_RESERVE = len(', "view_cut": ') + len(json.dumps([*_OPTIONAL, "scalars"]))
 
 
-def _view_size(view: dict[str, Any]) -> int:
-    """``json_size`` of a view (a dict of string keys): ``{"key": value, ...}`` with json's separators."""
+def _view_size(view: dict[str, Any], metadata: int | None = None) -> int:
+    """``json_size`` of a view (a dict of string keys): ``{"key": value, ...}`` with json's
+    separators; ``metadata``: the ``json_size`` of its metadata, measured already."""
     if not view:
         return 2
     size = 4 * len(view)
@@ -270,19 +271,24 @@ def _view_size(view: dict[str, Any]) -> int:
             size += len(int.__repr__(value))
         elif kind is str:
             size += text_size(value)
+        elif metadata is not None and key == "metadata":
+            size += metadata
         else:
             size += item_size(value)
     return size
 
 
-def fit_view(view: dict[str, Any], kept_scalars: dict[str, Any], limit: int) -> dict[str, Any]:
+def fit_view(
+    view: dict[str, Any], kept_scalars: dict[str, Any], limit: int, metadata_size: int | None = None
+) -> dict[str, Any]:
     """``{**kept_scalars, **view}`` if its JSON (with the id the store adds)
     fits in ``limit`` characters; else the view cut to fit: the summary
     shortened, schema names, metadata fields and scalars kept only while they
     fit, and ``view_cut`` naming what was cut (read the entry for the rest).
-    Only the core (step, size, kind) can overrun a limit too small for it."""
+    Only the core (step, size, kind) can overrun a limit too small for it.
+    ``metadata_size``: the ``json_size`` of ``view["metadata"]``, measured already."""
     whole = {**kept_scalars, **view}
-    if _view_size(whole) + _VIEW_FRAME <= limit:
+    if _view_size(whole, metadata_size) + _VIEW_FRAME <= limit:
         return whole
     budget = limit - _VIEW_FRAME - _CUT_RESERVE
     fitted: dict[str, Any] = {key: view[key] for key in _CORE if key in view}
@@ -412,30 +418,34 @@ def unpack(blob: bytes) -> Any:
     raise IntegrityError("the entry's sealed metadata has an unknown encoding")
 
 
-def classify(observation: Any, max_depth: int) -> tuple[str, str, str | bytes, dict[str, Any] | None, int]:
-    """(kind, shape, content, rest, the size of rest's JSON (``dumps``; 0 without rest)):
-    what is stored as content and what as sealed fields.
+def classify(observation: Any, max_depth: int) -> tuple[str, str, str | bytes, dict[str, Any] | None, int, int | None]:
+    """(kind, shape, content, rest, the size of rest's JSON (``dumps``; 0 without rest), the
+    ``json_size`` of rest's metadata when measured on the way (``json_size.measured_metadata``;
+    else None)): what is stored as content and what as sealed fields.
 
     Raises:
         InvalidArgumentError: non-string keys, nesting deeper than ``max_depth``,
             or fields that are not JSON.
     """
     if isinstance(observation, str):
-        return "text", "str", observation, None, 0
+        return "text", "str", observation, None, 0, None
     if isinstance(observation, bytes | bytearray | memoryview):
-        return "binary", "bytes", bytes(observation), None, 0
+        return "binary", "bytes", bytes(observation), None, 0, None
     if isinstance(observation, dict) and isinstance(observation.get("content"), str | bytes):
         rest = {k: v for k, v in observation.items() if k != "content"}
         spaces = checked_structure(rest, max_depth)
+        encoded = plain_json(rest, spaces) if rest else None
         # The other fields must be JSON (json refuses what is not): fail before anything is stored.
-        size = dumps_bytes(rest, spaces) if rest else 0
-        if size is None:
-            size = len(dumps(rest))
+        if encoded is not None:
+            size = len(encoded) + spaces  # type: ignore[operator]
+        else:
+            size = len(dumps(rest)) if rest else 0
         content = observation["content"]
-        return ("binary" if isinstance(content, bytes) else "text"), "dict", content, rest, size
+        kind = "binary" if isinstance(content, bytes) else "text"
+        return kind, "dict", content, rest, size, measured_metadata(rest, encoded, spaces)
     checked_structure(observation, max_depth)
     # Indented JSON: the readable content, so that lines and grep mean something (text: encoded once, to seal).
-    return "json", "json", _json_text(observation, 2), None, 0
+    return "json", "json", _json_text(observation, 2), None, 0, None
 
 
 def rebuild(shape: str, whole: str | bytes, rest: dict[str, Any] | None) -> Any:
@@ -458,10 +468,12 @@ def view(
     digest: bytes | None = None,
     *,
     hashed: bool = True,
+    metadata_size: int | None = None,
 ) -> dict[str, Any]:
     """The synthetic view, without the id (added when it is returned), within ``limit`` characters
     as JSON (with the id); ``digest``: binary content's SHA-256, taken already; not ``hashed``:
-    binary content's summary gives its size alone (no pass over its bytes)."""
+    binary content's summary gives its size alone (no pass over its bytes); ``metadata_size``:
+    ``classify``'s measure of ``rest``'s metadata, given only when nothing changed ``rest`` since."""
     shown: dict[str, Any] = {"step_num": step_num, "size_bytes": size_bytes, "kind": kind}
     if kind == "text" and rest is None and type(observation) is str:
         # Plain text, the usual observation: no fields, so no scalars and no metadata to measure.
@@ -487,19 +499,24 @@ def view(
         )
     metadata = fields.get("metadata")
     shown["metadata"] = metadata if isinstance(metadata, dict) else {}
+    if rest is None:
+        metadata_size = None
+    elif metadata_size is not None and len(rest) == 1 and type(step_num) is type(size_bytes) is int:
+        # The metadata alone beside the content, measured: no scalars, so the view is measured in line.
+        size = _VIEW_KEYS_SIZE + len(int.__repr__(step_num)) + len(int.__repr__(size_bytes)) + len(kind) + 2
+        if size + text_size(shown["summary"]) + metadata_size <= limit:
+            return shown
     # Scalars (counts, flags, messages) sit at the top level; the view's own keys win.
-    return fit_view(shown, scalars(fields), limit)
+    return fit_view(shown, scalars(fields), limit, metadata_size)
 
 
-# A plain text view's JSON (with the id the store adds) but for its step, size and summary:
-# five keys, "text" and an empty metadata object (``view``'s fast path; ``fit_view`` measures the same).
-_TEXT_VIEW_SIZE = (
-    _VIEW_FRAME
-    + 4 * 5
-    + sum(_KEY_SIZES[key] for key in ("step_num", "size_bytes", "kind", "summary", "metadata"))
-    + len(json.dumps("text"))
-    + 2
+# A view's JSON (with the id the store adds) but for the values of its five keys (step, size,
+# kind, summary, metadata): ``view``'s measures in line (``fit_view`` measures the same).
+_VIEW_KEYS_SIZE = (
+    _VIEW_FRAME + 4 * 5 + sum(_KEY_SIZES[key] for key in ("step_num", "size_bytes", "kind", "summary", "metadata"))
 )
+# A plain text view's: "text" and an empty metadata object besides.
+_TEXT_VIEW_SIZE = _VIEW_KEYS_SIZE + len(json.dumps("text")) + 2
 
 
 def binary_counts(size: int, segment_count: int) -> list[int]:

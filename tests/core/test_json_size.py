@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from securepad import InvalidArgumentError
 from securepad.core import shaping
-from securepad.core.json_size import checked_structure, item_size, json_copy
+from securepad.core.json_size import checked_structure, item_size, json_copy, plain_json
 
 
 class Text(str):
@@ -109,6 +109,38 @@ def test_the_other_fields_are_sized_as_dumps_writes_them_or_refused_alike(rest: 
             shaping.classify(observation, 64)
         return
     assert shaping.classify(observation, 64)[4] == expected
+
+
+@given(metadata=st.dictionaries(keys, json_values, max_size=4), other=st.none() | leaves)
+def test_the_metadata_measured_with_the_other_fields_is_what_json_writes(metadata: Any, other: Any) -> None:
+    observation = {"content": b"", "metadata": metadata}
+    if other is not None:
+        observation["status"] = other
+    try:
+        measured = shaping.classify(observation, 64)[5]
+    except (InvalidArgumentError, UnicodeEncodeError):
+        return
+    if measured is not None:
+        assert measured == len(json.dumps(metadata, ensure_ascii=False))
+    else:  # measured by the view itself: another field beside it, or not plain
+        assert other is not None or plain_json(metadata, checked_structure(metadata, 64)) is None
+
+
+@given(
+    metadata=st.dictionaries(keys, json_values, max_size=5),
+    content=st.sampled_from([b"", b"\x01", "", "a text", "é" * 600]),
+    limit=st.integers(40, 400),
+)
+def test_a_view_of_measured_metadata_is_the_view_measured_anew(metadata: Any, content: Any, limit: int) -> None:
+    observation = {"content": content, "metadata": metadata}
+    try:
+        kind, _, content, rest, _, measured = shaping.classify(observation, 64)
+    except (InvalidArgumentError, UnicodeEncodeError):
+        return
+    anew = shaping.view(kind, 3, 1, content, rest, observation, limit)
+    assert shaping.view(kind, 3, 1, content, rest, observation, limit, metadata_size=measured) == anew
+    fitted = {"ok": True, "scratchpad_id": "0" * 16, **anew}
+    assert "view_cut" in anew or len(json.dumps(fitted, ensure_ascii=False)) <= limit
 
 
 @given(value=any_values.filter(lambda v: "nan" not in repr(v)))

@@ -189,13 +189,13 @@ def test_classification_serializes_each_part_once(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(shaping.json, "dumps", counted)
     monkeypatch.setattr(json_size, "_ENCODE", encoded)
     structured = {"items": [{"a": i, "b": "é"} for i in range(50)]}
-    kind, shape, content, rest, rest_bytes = shaping.classify(structured, 20)
+    kind, shape, content, rest, rest_bytes, _ = shaping.classify(structured, 20)
     assert (kind, shape, rest, rest_bytes) == ("json", "json", None, 0)
     assert content == real(structured, ensure_ascii=False, indent=2)
     assert len(calls) == 1
     calls.clear()
     fields = {"content": b"\x00" * 10, "metadata": {"path": "/tmp/ü"}, "status": 200}
-    kind, shape, content, rest, rest_bytes = shaping.classify(fields, 20)
+    kind, shape, content, rest, rest_bytes, _ = shaping.classify(fields, 20)
     assert (kind, shape, content) == ("binary", "dict", b"\x00" * 10)
     assert len(calls) == 1
     assert rest_bytes == len(shaping.dumps({"metadata": {"path": "/tmp/ü"}, "status": 200}))

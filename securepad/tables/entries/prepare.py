@@ -43,7 +43,7 @@ def new_entry_id() -> str:
     return os.urandom(8).hex()
 
 
-@dataclass
+@dataclass(slots=True)
 class Prepared:
     """An observation shaped and cut into segments, before it is sealed (pure)."""
 
@@ -71,7 +71,7 @@ class Prepared:
 
         Raises InvalidArgumentError (not storable) or QuotaExceededError (over ``max_entry_bytes``)."""
         max_entry_bytes = policy.max_entry_bytes
-        kind, shape, content, rest, rest_bytes = shaping.classify(observation, policy.max_json_depth)
+        kind, shape, content, rest, rest_bytes, measured = shaping.classify(observation, policy.max_json_depth)
         segments, counts, size_chars, breaks, line_count = split(content)
         size_bytes = sum(map(len, segments))
         # The limits count everything the observation stores: content and other fields.
@@ -82,7 +82,20 @@ class Prepared:
             )
         limit = policy.inline_max_chars
         digest = shaping.binary_digest(content) if identified and isinstance(content, bytes) else None
-        view = shaping.view(kind, step_num, size_bytes, content, rest, observation, limit, digest, hashed=identified)
+        # Back to back on classify's copy of the fields, whose measure (plain builtins only: no
+        # code of the caller's runs in either) holds for the metadata the view shows.
+        view = shaping.view(
+            kind,
+            step_num,
+            size_bytes,
+            content,
+            rest,
+            observation,
+            limit,
+            digest,
+            hashed=identified,
+            metadata_size=measured,
+        )
         return cls(
             kind,
             shape,
@@ -207,9 +220,13 @@ class Prepared:
             "sealed_listing": None,
             "stored_bytes": 0,
         }
-        # ``listing_fields`` of metadata with an identity and no history item, without its lookups.
-        plain = "inline" not in meta and "content_id" in meta
-        shown = {"view": meta["view"], "content_id": meta["content_id"]} if plain else listing_fields(meta)
+        # ``listing_fields`` of metadata with no history item (with an identity or without), without its lookups.
+        if "inline" in meta:
+            shown = listing_fields(meta)
+        elif "content_id" in meta:
+            shown = {"view": meta["view"], "content_id": meta["content_id"]}
+        else:
+            shown = {"view": meta["view"]}
         row["sealed_listing"] = listing.seal(row, shaping.pack(shown))
         row["stored_bytes"] = row_cost(row, sealed, self.identifiers(owner, turn_id, actor, channel, executor))
         return row, sealed, cipher
@@ -218,8 +235,27 @@ class Prepared:
         self, row: dict[str, Any], meta: dict[str, Any], listing: ListingKey, step_num: int, observation: Any
     ) -> None:
         """Give the sealed ``row`` another step: its view made and its listing part sealed again."""
+        meta["view"] = self.view_at(meta["view"], step_num, observation)
         meta["step_num"] = row["step_num"] = step_num
-        meta["view"] = shaping.view(
+        before = len(row["sealed_listing"])
+        row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))
+        row["stored_bytes"] += len(row["sealed_listing"]) - before
+
+    def view_at(self, view: dict[str, Any], step_num: int, observation: Any) -> dict[str, Any]:
+        """The entry's view at ``step_num``, from ``view``, its view at another step: that view with
+        the step changed when it was whole and the new step has no more digits (only a json view
+        holds its step elsewhere, in its hint: every other one fits as it did, its fields as they
+        were sealed); else made again from ``observation``."""
+        old = view["step_num"]
+        if (
+            self.kind != "json"
+            and "view_cut" not in view
+            and type(step_num) is int
+            and type(old) is int
+            and len(int.__repr__(step_num)) <= len(int.__repr__(old))
+        ):
+            return {**view, "step_num": step_num}
+        return shaping.view(
             self.kind,
             step_num,
             self.size_bytes,
@@ -230,9 +266,6 @@ class Prepared:
             self.digest,
             hashed=self.identified,
         )
-        before = len(row["sealed_listing"])
-        row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))
-        row["stored_bytes"] += len(row["sealed_listing"]) - before
 
 
 def _pack_inner(shape: str, rest: Any, counts: Any, breaks: Any, lines: Any) -> bytes:
