@@ -220,14 +220,7 @@ class Prepared:
             "sealed_listing": None,
             "stored_bytes": 0,
         }
-        # ``listing_fields`` of metadata with no history item (with an identity or without), without its lookups.
-        if "inline" in meta:
-            shown = listing_fields(meta)
-        elif "content_id" in meta:
-            shown = {"view": meta["view"], "content_id": meta["content_id"]}
-        else:
-            shown = {"view": meta["view"]}
-        row["sealed_listing"] = listing.seal(row, shaping.pack(shown))
+        row["sealed_listing"] = listing.seal(row, shaping.pack(listing_fields(meta)))
         row["stored_bytes"] = row_cost(row, sealed, self.identifiers(owner, turn_id, actor, channel, executor))
         return row, sealed, cipher
 
